@@ -1,0 +1,1 @@
+//! zcompute: tensors, CPU and CUDA backends, kernels and graph capture. See ARCHITECTURE.md.

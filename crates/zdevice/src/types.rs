@@ -1,0 +1,215 @@
+//! Plain handle and descriptor types shared by every [`Driver`](crate::Driver).
+//!
+//! Handles are opaque integers rather than raw pointers so that the trait stays object-safe,
+//! `Send` and `Sync`, and so that the simulated driver can encode what it needs (for example a
+//! generation in the upper bits of a device address). Only the driver that issued a handle may
+//! interpret it.
+
+use std::fmt;
+
+macro_rules! handle {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(pub u64);
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($name), "({:#x})"), self.0)
+            }
+        }
+    };
+}
+
+handle!(
+    /// A context (`CUcontext`).
+    Context
+);
+handle!(
+    /// A stream (`CUstream`). Streams made through [`Device`](crate::Device) are non-blocking.
+    Stream
+);
+handle!(
+    /// An event (`CUevent`).
+    Event
+);
+handle!(
+    /// A captured graph (`CUgraph`).
+    Graph
+);
+handle!(
+    /// An instantiated, launchable graph (`CUgraphExec`).
+    GraphExec
+);
+handle!(
+    /// A loaded module (`CUmodule`).
+    Module
+);
+handle!(
+    /// A kernel inside a module (`CUfunction`).
+    Function
+);
+handle!(
+    /// A stream-ordered memory pool (`CUmemoryPool`).
+    MemPool
+);
+handle!(
+    /// A cuBLAS handle (`cublasHandle_t`).
+    BlasHandle
+);
+handle!(
+    /// Page-locked host memory from `cuMemAllocHost`.
+    HostPtr
+);
+
+/// A device address (`CUdeviceptr`). Arithmetic within one allocation is allowed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct DevicePtr(pub u64);
+
+impl DevicePtr {
+    /// The null address.
+    pub const NULL: DevicePtr = DevicePtr(0);
+
+    /// This address plus `bytes`.
+    #[must_use]
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr(self.0 + bytes)
+    }
+}
+
+impl fmt::Debug for DevicePtr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DevicePtr({:#x})", self.0)
+    }
+}
+
+/// Stream creation flags. The device only ever asks for non-blocking streams; the blocking kind
+/// exists so the simulated driver can reproduce the measured 906 rows of capture-rules.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `CU_STREAM_NON_BLOCKING`: no implicit ordering with the legacy default stream.
+    NonBlocking,
+    /// `CU_STREAM_DEFAULT`: implicitly ordered with the legacy default stream.
+    Blocking,
+}
+
+/// `CUstreamCaptureMode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureMode {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL`: unsafe calls from any thread are refused.
+    Global,
+    /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: unsafe calls from the capturing thread are refused.
+    ThreadLocal,
+    /// `CU_STREAM_CAPTURE_MODE_RELAXED`: nothing is refused.
+    Relaxed,
+}
+
+/// `CUstreamCaptureStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureStatus {
+    /// Not capturing.
+    None,
+    /// Capturing, and the capture is still valid.
+    Active,
+    /// Capturing, but an illegal call invalidated the capture; ending it returns 901.
+    Invalidated,
+}
+
+/// Whether asynchronous work has finished (`cuStreamQuery` / `cuEventQuery`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// All work has completed.
+    Ready,
+    /// Work is still pending (`CUDA_ERROR_NOT_READY`).
+    NotReady,
+}
+
+/// `cuGraphInstantiate` flags we use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct InstantiateFlags {
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+    pub auto_free_on_launch: bool,
+}
+
+/// Grid and block shape of a kernel launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks per grid (x, y, z).
+    pub grid: (u32, u32, u32),
+    /// Threads per block (x, y, z).
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A one-dimensional launch covering `n` elements with `block` threads per block, each thread
+    /// handling `per_thread` elements.
+    #[must_use]
+    pub fn linear(n: u64, block: u32, per_thread: u32) -> LaunchConfig {
+        let per_block = u64::from(block) * u64::from(per_thread.max(1));
+        let blocks = n.div_ceil(per_block).clamp(1, u64::from(u32::MAX)) as u32;
+        LaunchConfig { grid: (blocks, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 }
+    }
+}
+
+/// One kernel parameter, passed by value as CUDA does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KernelArg {
+    /// A device address.
+    Ptr(DevicePtr),
+    /// `unsigned int`.
+    U32(u32),
+    /// `int`.
+    I32(i32),
+    /// `unsigned long long`.
+    U64(u64),
+    /// `long long`.
+    I64(i64),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+}
+
+/// cuBLAS operation on an operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transpose {
+    /// `CUBLAS_OP_N`.
+    No,
+    /// `CUBLAS_OP_T`.
+    Yes,
+}
+
+/// `cublasSgemmStridedBatched` in cuBLAS's column-major convention:
+/// `C[i] = alpha * op(A[i]) * op(B[i]) + beta * C[i]` for `i` in `0..batch`, where `op(A)` is
+/// `m x k`, `op(B)` is `k x n` and `C` is `m x n`, with leading dimensions and element strides.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[allow(missing_docs)]
+pub struct GemmF32 {
+    pub transa: Transpose,
+    pub transb: Transpose,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub alpha: f32,
+    pub a: DevicePtr,
+    pub lda: i32,
+    pub stride_a: i64,
+    pub b: DevicePtr,
+    pub ldb: i32,
+    pub stride_b: i64,
+    pub beta: f32,
+    pub c: DevicePtr,
+    pub ldc: i32,
+    pub stride_c: i64,
+    pub batch: i32,
+}
+
+/// Properties of a stream-ordered memory pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolProps {
+    /// Device ordinal the pool allocates on.
+    pub ordinal: u32,
+    /// Upper bound on the pool's size in bytes (`maxSize`; 0 = unlimited).
+    pub max_size: u64,
+}

@@ -1,0 +1,2 @@
+//! zgrad: autograd tape, optimisers and the trainer. See ARCHITECTURE.md.
+#![forbid(unsafe_code)]
