@@ -1,5 +1,21 @@
 //! zdevice: the device boundary.
+//!
+//! Two layers. [`Driver`] is the narrow set of raw calls the workspace makes, implemented by
+//! `CudaDriver` (the real CUDA driver through `cuda-sys`) and `SimDriver` (a deterministic
+//! simulation that answers as the real driver was measured to, see capture-rules.md).
+//! [`Device`] sits over any driver and holds every guard exactly once: primary context,
+//! non-blocking streams, a cuBLAS workspace reserved before capture, deadlines on every wait,
+//! no polling during capture, refusal of the calls the driver would silently leave out of a
+//! graph, and `DeviceLost` after a sticky error or a driver call that never returned.
+//!
+//! [`MockDevice`] is `Device<SimDriver>`: what every higher crate tests against.
+
+pub mod device;
 pub mod driver;
+pub mod error;
 pub mod types;
+
+pub use device::*;
 pub use driver::*;
+pub use error::*;
 pub use types::*;

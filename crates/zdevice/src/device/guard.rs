@@ -1,0 +1,253 @@
+//! The guards every device call goes through: lost-device latch, capture bookkeeping, hold-off
+//! of polling threads during capture, deadlines and the watchdog for blocking driver calls.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use crate::driver::{Driver, DriverError, DriverResult};
+use crate::error::{DeviceError, DeviceResult};
+use crate::types::{Readiness, Stream};
+
+use super::Device;
+
+/// Who is capturing, and how many threads are inside a poll right now.
+#[derive(Debug, Default)]
+pub(crate) struct CaptureBook {
+    /// The capturing stream and the thread that began the capture (one capture at a time).
+    pub(crate) active: Option<(Stream, ThreadId)>,
+    /// Threads between entering and leaving a stream/event query.
+    pub(crate) polls: usize,
+}
+
+/// Mutex plus condition variable over the [`CaptureBook`].
+#[derive(Debug, Default)]
+pub(crate) struct CaptureGate {
+    pub(crate) book: Mutex<CaptureBook>,
+    pub(crate) changed: Condvar,
+}
+
+impl CaptureGate {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, CaptureBook> {
+        // A poisoned lock only means another thread panicked while holding it; the book is
+        // plain data that stays consistent, so keep going.
+        self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Released when a poll finishes, so a capture waiting to begin can proceed.
+pub(crate) struct PollTicket<'a> {
+    gate: &'a CaptureGate,
+}
+
+impl Drop for PollTicket<'_> {
+    fn drop(&mut self) {
+        let mut book = self.gate.lock();
+        book.polls -= 1;
+        self.gate.changed.notify_all();
+    }
+}
+
+impl<D: Driver> Device<D> {
+    /// Fails with `DeviceLost` once the device has been lost.
+    pub(crate) fn check_lost(&self) -> DeviceResult<()> {
+        let lost = self.inner.lost.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*lost {
+            Some(reason) => Err(DeviceError::DeviceLost { reason: reason.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Latches the device as lost (first reason wins).
+    pub(crate) fn mark_lost(&self, reason: String) {
+        let mut lost = self.inner.lost.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if lost.is_none() {
+            tracing::error!(target: "zdevice.device.lost", %reason, "device lost");
+            *lost = Some(reason);
+        }
+    }
+
+    /// Whether a capture is active on any of this device's streams.
+    #[must_use]
+    pub fn is_capturing(&self) -> bool {
+        self.inner.gate.lock().active.is_some()
+    }
+
+    /// Refuses `call` while any stream captures (the guard over the driver's silent rows).
+    pub(crate) fn refuse_during_capture(
+        &self,
+        call: &'static str,
+        why: &'static str,
+    ) -> DeviceResult<()> {
+        if !self.inner.guard_enabled.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        if self.inner.gate.lock().active.is_some() {
+            tracing::warn!(target: "zdevice.device.capture", call, "refused during capture");
+            return Err(DeviceError::CaptureIllegal { call, why });
+        }
+        Ok(())
+    }
+
+    /// Converts a raw driver result, latching the device as lost on a sticky status.
+    pub(crate) fn checked<T>(&self, r: DriverResult<T>) -> DeviceResult<T> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(DriverError::Cuda { call, code }) if code.is_sticky() => {
+                self.mark_lost(format!("{call} returned sticky {code}"));
+                Err(DeviceError::Driver { call, code })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Runs one non-blocking driver call: lost check, status check, sticky latch.
+    pub(crate) fn call<T>(&self, f: impl FnOnce(&D) -> DriverResult<T>) -> DeviceResult<T> {
+        self.check_lost()?;
+        let r = f(&self.inner.driver);
+        self.checked(r)
+    }
+
+    /// Runs a driver call that may block inside the driver (allocations, module loads) so that
+    /// the caller gets `Timeout` at `deadline` instead of hanging. With a real driver the call
+    /// runs on a watchdog thread; a call that outlives its deadline is abandoned there and the
+    /// device is marked lost (the driver may never return). With virtual time, the call runs
+    /// inline and the time it took on the driver's clock is judged against the deadline.
+    pub(crate) fn call_watched<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        deadline: Duration,
+        f: impl FnOnce(&D) -> DriverResult<T> + Send + 'static,
+    ) -> DeviceResult<T> {
+        self.check_lost()?;
+        let driver = Arc::clone(&self.inner.driver);
+        if driver.is_virtual_time() {
+            let start = driver.now();
+            let r = f(&driver);
+            let elapsed = driver.now().saturating_sub(start);
+            if elapsed > deadline {
+                return Err(self.driver_call_timed_out(call, deadline));
+            }
+            return self.checked(r);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name(format!("zdevice-watchdog-{call}"))
+            .spawn(move || {
+                // The receiver may be gone if we timed out; nothing to do then.
+                let _ = tx.send(f(&driver));
+            });
+        if let Err(e) = spawned {
+            return Err(DeviceError::InvalidArgument {
+                call,
+                reason: format!("could not start the watchdog thread: {e}"),
+            });
+        }
+        match rx.recv_timeout(deadline) {
+            Ok(r) => self.checked(r),
+            Err(_) => Err(self.driver_call_timed_out(call, deadline)),
+        }
+    }
+
+    fn driver_call_timed_out(&self, call: &'static str, deadline: Duration) -> DeviceError {
+        self.mark_lost(format!("{call} did not return within {deadline:?}"));
+        DeviceError::Timeout { waited_for: format!("{call} to return"), deadline, elapsed: deadline }
+    }
+
+    /// Enters a poll: waits (bounded) while a capture is active, unless this thread owns the
+    /// capture, in which case polling would invalidate it and is refused.
+    fn enter_poll(&self, call: &'static str, deadline: Instant) -> DeviceResult<PollTicket<'_>> {
+        let gate = &self.inner.gate;
+        let mut book = gate.lock();
+        while let Some((_, owner)) = book.active {
+            if owner == std::thread::current().id() {
+                return Err(DeviceError::CaptureIllegal {
+                    call,
+                    why: "waiting on the device from the capturing thread would invalidate the capture; end the capture first",
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(DeviceError::Timeout {
+                    waited_for: "the active stream capture to end before polling".into(),
+                    deadline: self.inner.config.sync_deadline,
+                    elapsed: self.inner.config.sync_deadline,
+                });
+            }
+            book = gate
+                .changed
+                .wait_timeout(book, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        book.polls += 1;
+        Ok(PollTicket { gate })
+    }
+
+    /// Polls `query` until it reports ready or `deadline` passes on the driver's clock. Never
+    /// issues a query while a stream captures (the thread holds off instead).
+    pub(crate) fn poll_until_ready(
+        &self,
+        call: &'static str,
+        what: impl Fn() -> String,
+        query: impl Fn(&D) -> DriverResult<Readiness>,
+    ) -> DeviceResult<()> {
+        self.check_lost()?;
+        let deadline = self.inner.config.sync_deadline;
+        let driver = &self.inner.driver;
+        let start = driver.now();
+        let real_deadline = Instant::now() + deadline;
+        let mut interval = Duration::from_micros(2);
+        loop {
+            let ticket = self.enter_poll(call, real_deadline)?;
+            let state = self.checked(query(driver));
+            drop(ticket);
+            if state? == Readiness::Ready {
+                return Ok(());
+            }
+            let elapsed = driver.now().saturating_sub(start);
+            if elapsed >= deadline {
+                return Err(DeviceError::Timeout { waited_for: what(), deadline, elapsed });
+            }
+            driver.pause(interval.min(deadline - elapsed));
+            interval = (interval * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Marks `stream` as capturing for this thread; waits (bounded) for in-flight polls first.
+    pub(crate) fn book_capture(&self, stream: Stream) -> DeviceResult<()> {
+        let gate = &self.inner.gate;
+        let deadline = Instant::now() + self.inner.config.sync_deadline;
+        let mut book = gate.lock();
+        if book.active.is_some() {
+            return Err(DeviceError::CaptureIllegal {
+                call: "cuStreamBeginCapture_v2",
+                why: "another capture is active on this device; one capture at a time",
+            });
+        }
+        while book.polls > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(DeviceError::Timeout {
+                    waited_for: "in-flight stream queries to finish before capture".into(),
+                    deadline: self.inner.config.sync_deadline,
+                    elapsed: self.inner.config.sync_deadline,
+                });
+            }
+            book = gate
+                .changed
+                .wait_timeout(book, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        book.active = Some((stream, std::thread::current().id()));
+        Ok(())
+    }
+
+    /// Clears the capture mark and wakes held-off threads.
+    pub(crate) fn unbook_capture(&self) {
+        let mut book = self.inner.gate.lock();
+        book.active = None;
+        self.inner.gate.changed.notify_all();
+    }
+}
