@@ -1,0 +1,278 @@
+//! Every row of `../shared/reference/capture-rules.md`, through the raw driver layer: one call
+//! during a capture, then what the call returned, the capture's state, what ending it returned
+//! and how many nodes the graph holds.
+
+use zdevice::*;
+
+use crate::util::*;
+
+/// The call made during capture (one per table row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Row {
+    MemAlloc,
+    MemAllocManaged,
+    MemAllocHost,
+    MemcpyHtoD,
+    MemcpyDtoH,
+    MemcpyDtoD,
+    MemsetD8,
+    MemcpyHtoDAsyncPageable,
+    MemsetD8Async,
+    MemAllocAsync,
+    StreamSynchronize,
+    CtxSynchronize,
+    StreamQuery,
+    EventRecord,
+    EventQuery,
+    EventSynchronize,
+    MemGetInfo,
+    MemFreeLive,
+    GemmWithWorkspace,
+    GemmDefaultWorkspace,
+}
+
+/// What the table says happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The call fails with this code and invalidates the capture; ending returns 901.
+    Invalidates(u32),
+    /// The call succeeds, runs now, and the graph stays empty (a silent row).
+    Silent,
+    /// The call succeeds and adds this many nodes (None: the table does not say).
+    Captured(Option<usize>),
+    /// The call succeeds; nothing is captured.
+    Succeeds,
+}
+
+/// The expected outcome of `row` in `mode` on a stream of `kind`, transcribed from the table.
+pub fn expected(row: Row, mode: CaptureMode, kind: StreamKind) -> Outcome {
+    use Outcome::*;
+    use Row::*;
+    if matches!(row, MemcpyHtoD | MemcpyDtoH | MemcpyDtoD | MemsetD8) {
+        // Synchronous copies and memsets: 906 on a blocking capturing stream, silent otherwise.
+        return if kind == StreamKind::Blocking { Invalidates(906) } else { Silent };
+    }
+    let relaxed = mode == CaptureMode::Relaxed;
+    match row {
+        MemAlloc | MemAllocManaged | MemAllocHost | MemFreeLive | EventQuery | EventSynchronize => {
+            if relaxed { Succeeds } else { Invalidates(900) }
+        }
+        MemcpyHtoDAsyncPageable | MemsetD8Async | MemAllocAsync => Captured(Some(1)),
+        StreamSynchronize | CtxSynchronize | StreamQuery => Invalidates(900),
+        EventRecord => Captured(None),
+        GemmWithWorkspace => Captured(Some(2)),
+        GemmDefaultWorkspace => Captured(Some(4)),
+        MemGetInfo | MemcpyHtoD | MemcpyDtoH | MemcpyDtoD | MemsetD8 => Succeeds,
+    }
+}
+
+struct Prepared {
+    a: DevicePtr,
+    b: DevicePtr,
+    live: DevicePtr,
+    event: Event,
+    blas: Option<BlasHandle>,
+    workspace: Option<DevicePtr>,
+    host: Vec<u8>,
+}
+
+const N: u64 = 4096;
+
+/// Runs one row on `dev`'s driver and compares with [`expected`].
+pub fn check_row<D: Driver>(dev: &Device<D>, row: Row, mode: CaptureMode, kind: StreamKind) -> Check {
+    let d = dev.driver();
+    dev.bind_thread().map_err(s)?;
+    let stream = d.stream_create(kind).map_err(s)?;
+    let p = prepare(d, row, stream)?;
+    d.stream_synchronize(stream).map_err(s)?;
+    d.stream_begin_capture(stream, mode).map_err(s)?;
+    let (code, extra) = call(d, row, stream, &p);
+    let status = d.stream_is_capturing(stream).map_err(s)?;
+    let ended = d.stream_end_capture(stream);
+    let end_code = ended.as_ref().err().and_then(DriverError::cuda_code).map(|c| c.0);
+    let nodes = match &ended {
+        Ok(g) => Some(d.graph_node_count(*g).map_err(s)?),
+        Err(_) => None,
+    };
+    // What a silent call wrote, read after the capture has ended.
+    let mut now = vec![0u8; N as usize];
+    d.memcpy_dtoh(&mut now, p.a).map_err(s)?;
+    cleanup(d, stream, p, extra, ended.ok())?;
+    let got = format!("call {code:?}, status {status:?}, end {end_code:?}, nodes {nodes:?}");
+    let want = expected(row, mode, kind);
+    let ok = match want {
+        Outcome::Invalidates(c) => {
+            code == Some(c) && status == CaptureStatus::Invalidated && end_code == Some(901)
+        }
+        Outcome::Silent => {
+            let ran = match row {
+                Row::MemsetD8 => now.iter().all(|&x| x == 0x11),
+                Row::MemcpyHtoD => now.iter().all(|&x| x == 0x22),
+                Row::MemcpyDtoD => now.iter().all(|&x| x == 0x33),
+                _ => true,
+            };
+            code.is_none() && status == CaptureStatus::Active && nodes == Some(0) && ran
+        }
+        Outcome::Captured(n) => {
+            code.is_none()
+                && status == CaptureStatus::Active
+                && nodes.is_some()
+                && (n.is_none() || nodes == n)
+        }
+        Outcome::Succeeds => code.is_none() && status == CaptureStatus::Active && nodes == Some(0),
+    };
+    ensure(ok, format!("{row:?} in {mode:?} on a {kind:?} stream: expected {want:?}, got {got}"))
+}
+
+fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, String> {
+    let a = d.mem_alloc(N).map_err(s)?;
+    let b = d.mem_alloc(N).map_err(s)?;
+    let live = d.mem_alloc(256).map_err(s)?;
+    d.memset_d8(a, 0, N).map_err(s)?;
+    d.memset_d8(b, 0x33, N).map_err(s)?;
+    let event = d.event_create(false).map_err(s)?;
+    d.event_record(event, stream).map_err(s)?;
+    let (mut blas, mut workspace) = (None, None);
+    if matches!(row, Row::GemmDefaultWorkspace | Row::GemmWithWorkspace) {
+        let h = d.blas_create().map_err(s)?;
+        d.blas_set_stream(h, stream).map_err(s)?;
+        if row == Row::GemmWithWorkspace {
+            let ws = d.mem_alloc(32 << 20).map_err(s)?;
+            d.blas_set_workspace(h, ws, 32 << 20).map_err(s)?;
+            workspace = Some(ws);
+        }
+        // Warm the handle up before capture, as the measurement did.
+        // SAFETY: a and b hold N bytes = 1024 floats; the 16x16 product reads 256 floats of a
+        // and writes 256 floats of b; both live until cleanup.
+        unsafe { d.gemm_strided_batched_f32(h, &gemm16(a, b)) }.map_err(s)?;
+        d.stream_synchronize(stream).map_err(s)?;
+        blas = Some(h);
+    }
+    Ok(Prepared { a, b, live, event, blas, workspace, host: vec![0x22; N as usize] })
+}
+
+fn gemm16(a: DevicePtr, c: DevicePtr) -> GemmF32 {
+    GemmF32 {
+        transa: Transpose::No,
+        transb: Transpose::No,
+        m: 16,
+        n: 16,
+        k: 16,
+        alpha: 1.0,
+        a,
+        lda: 16,
+        stride_a: 256,
+        b: a,
+        ldb: 16,
+        stride_b: 256,
+        beta: 0.0,
+        c,
+        ldc: 16,
+        stride_c: 256,
+        batch: 1,
+    }
+}
+
+/// Makes the row's call; returns its CUDA code (None on success) and anything it allocated.
+fn call<D: Driver>(d: &D, row: Row, stream: Stream, p: &Prepared) -> (Option<u32>, Extra) {
+    let code = |e: DriverError| Some(e.cuda_code().map_or(u32::MAX, |c| c.0));
+    let mut extra = Extra::None;
+    let r: Result<(), DriverError> = match row {
+        Row::MemAlloc => d.mem_alloc(256).map(|p| extra = Extra::Device(p)),
+        Row::MemAllocManaged => d.mem_alloc_managed(256).map(|p| extra = Extra::Device(p)),
+        Row::MemAllocHost => d.mem_alloc_host(256).map(|p| extra = Extra::Host(p)),
+        Row::MemcpyHtoD => d.memcpy_htod(p.a, &p.host),
+        Row::MemcpyDtoH => d.memcpy_dtoh(&mut vec![0u8; N as usize], p.b),
+        Row::MemcpyDtoD => d.memcpy_dtod(p.a, p.b, N),
+        Row::MemsetD8 => d.memset_d8(p.a, 0x11, N),
+        // SAFETY: `p.host` outlives the graph, which is destroyed in cleanup, never launched.
+        Row::MemcpyHtoDAsyncPageable => unsafe { d.memcpy_htod_async_pageable(p.a, &p.host, stream) },
+        Row::MemsetD8Async => d.memset_d8_async(p.a, 0x44, N, stream),
+        Row::MemAllocAsync => d.mem_alloc_async(256, stream).map(|_| ()),
+        Row::StreamSynchronize => d.stream_synchronize(stream),
+        Row::CtxSynchronize => d.ctx_synchronize(),
+        Row::StreamQuery => d.stream_query(stream).map(|_| ()),
+        Row::EventRecord => d.event_record(p.event, stream),
+        Row::EventQuery => d.event_query(p.event).map(|_| ()),
+        Row::EventSynchronize => d.event_synchronize(p.event),
+        Row::MemGetInfo => d.mem_get_info().map(|_| ()),
+        Row::MemFreeLive => d.mem_free(p.live).map(|()| extra = Extra::FreedLive),
+        Row::GemmWithWorkspace | Row::GemmDefaultWorkspace => match p.blas {
+            // SAFETY: as in the warm-up: operands within a and b, live until cleanup.
+            Some(h) => unsafe { d.gemm_strided_batched_f32(h, &gemm16(p.a, p.b)) },
+            None => Ok(()),
+        },
+    };
+    (r.err().and_then(code), extra)
+}
+
+/// Memory a row's call allocated (or freed) that cleanup must account for.
+enum Extra {
+    None,
+    Device(DevicePtr),
+    Host(HostPtr),
+    FreedLive,
+}
+
+fn cleanup<D: Driver>(
+    d: &D,
+    stream: Stream,
+    p: Prepared,
+    extra: Extra,
+    graph: Option<Graph>,
+) -> Check {
+    if let Some(g) = graph {
+        d.graph_destroy(g).map_err(s)?;
+    }
+    d.stream_synchronize(stream).map_err(s)?;
+    match extra {
+        Extra::Device(x) => d.mem_free(x).map_err(s)?,
+        Extra::Host(x) => d.mem_free_host(x).map_err(s)?,
+        Extra::FreedLive | Extra::None => {}
+    }
+    let freed_live = matches!(extra, Extra::FreedLive);
+    if !freed_live {
+        d.mem_free(p.live).map_err(s)?;
+    }
+    if let Some(h) = p.blas {
+        d.blas_destroy(h).map_err(s)?;
+    }
+    if let Some(ws) = p.workspace {
+        d.mem_free(ws).map_err(s)?;
+    }
+    d.event_destroy(p.event).map_err(s)?;
+    d.mem_free(p.a).map_err(s)?;
+    d.mem_free(p.b).map_err(s)?;
+    d.stream_destroy(stream).map_err(s)
+}
+
+/// Memory nodes: a graph holding `cuMemAllocAsync` and no free launches once; the second launch
+/// returns 1 (INVALID_VALUE), unless instantiated with auto-free-on-launch.
+pub fn memory_node_relaunch<D: Driver>(dev: &Device<D>, auto_free: bool) -> Check {
+    let d = dev.driver();
+    dev.bind_thread().map_err(s)?;
+    let stream = d.stream_create(StreamKind::NonBlocking).map_err(s)?;
+    d.stream_begin_capture(stream, CaptureMode::Global).map_err(s)?;
+    let p = d.mem_alloc_async(1 << 16, stream).map_err(s)?;
+    d.memset_d8_async(p, 1, 1 << 16, stream).map_err(s)?;
+    let graph = d.stream_end_capture(stream).map_err(s)?;
+    let flags = InstantiateFlags { auto_free_on_launch: auto_free };
+    let exec = d.graph_instantiate(graph, flags).map_err(s)?;
+    let first = d.graph_launch(exec, stream);
+    d.stream_synchronize(stream).map_err(s)?;
+    let second = d.graph_launch(exec, stream);
+    d.stream_synchronize(stream).map_err(s)?;
+    let second_code = second.as_ref().err().and_then(DriverError::cuda_code).map(|c| c.0);
+    // The graph's allocation outlives its launches unless freed; return it to the pool.
+    d.mem_free_async(p, stream).map_err(s)?;
+    d.stream_synchronize(stream).map_err(s)?;
+    d.graph_exec_destroy(exec).map_err(s)?;
+    d.graph_destroy(graph).map_err(s)?;
+    d.stream_destroy(stream).map_err(s)?;
+    ensure(first.is_ok(), format!("first launch failed: {first:?}"))?;
+    if auto_free {
+        ensure(second.is_ok(), format!("second launch with auto-free failed: {second:?}"))
+    } else {
+        ensure(second_code == Some(1), format!("second launch returned {second:?}, expected 1"))
+    }
+}
