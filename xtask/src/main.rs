@@ -1,1 +1,50 @@
-fn main() {}
+//! `cargo xtask`: the workspace's build chores (bindings, kernels, GPU test runs).
+// A command-line tool reports to its user on the terminal.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod bindgen_cmd;
+mod error;
+mod toolchain;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask",
+    about = "Workspace chores: bindings, kernels, GPU tests"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Regenerate cuda-sys's bindings from the pinned CUDA 13.0 headers.
+    Bindgen {
+        /// Regenerate into a temporary folder and fail if the committed files differ.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Generation proper, in a child process that has LIBCLANG_PATH set.
+    #[command(hide = true)]
+    BindgenInner { out: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Bindgen { check } => bindgen_cmd::run(check),
+        Cmd::BindgenInner { out } => bindgen_cmd::inner(&out),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

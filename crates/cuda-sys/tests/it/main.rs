@@ -1,0 +1,4 @@
+//! cuda-sys integration tests: all run without CUDA installed.
+
+mod loader;
+mod names;
