@@ -4,6 +4,7 @@
 
 mod bindgen_cmd;
 mod error;
+mod kernels_cmd;
 mod toolchain;
 
 use std::path::PathBuf;
@@ -29,6 +30,12 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Compile kernels/*.cu to kernels/ptx/*.ptx with the pinned nvcc.
+    BuildKernels {
+        /// Compile into a temporary folder and fail if committed PTX is stale, missing or extra.
+        #[arg(long)]
+        check: bool,
+    },
     /// Generation proper, in a child process that has LIBCLANG_PATH set.
     #[command(hide = true)]
     BindgenInner { out: PathBuf },
@@ -38,6 +45,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Bindgen { check } => bindgen_cmd::run(check),
+        Cmd::BuildKernels { check } => kernels_cmd::run(check),
         Cmd::BindgenInner { out } => bindgen_cmd::inner(&out),
     };
     match result {
