@@ -80,10 +80,10 @@ fn list(dir: &Path, ext: &str) -> Result<Vec<String>> {
     let mut stems = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io("listing", dir))? {
         let path = entry.map_err(io("listing", dir))?.path();
-        if path.extension().and_then(|e| e.to_str()) == Some(ext) {
-            if let Some(stem) = path.file_stem().and_then(|s| s.to_str()) {
-                stems.push(stem.to_string());
-            }
+        if path.extension().and_then(|e| e.to_str()) == Some(ext)
+            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+        {
+            stems.push(stem.to_string());
         }
     }
     stems.sort();
