@@ -4,6 +4,7 @@
 
 mod bindgen_cmd;
 mod error;
+mod hw_tests;
 mod kernels_cmd;
 mod toolchain;
 
@@ -36,6 +37,16 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Run every test with the GPU features (fails without a GPU or if no GPU test ran), or
+    /// with --bundle, build the test binaries and a run.sh for a GPU machine without Rust.
+    TestGpu {
+        /// Write stripped release test binaries and run.sh into this folder instead of running.
+        #[arg(long)]
+        bundle: Option<PathBuf>,
+        /// Extra arguments for the test binaries (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
     /// Generation proper, in a child process that has LIBCLANG_PATH set.
     #[command(hide = true)]
     BindgenInner { out: PathBuf },
@@ -46,6 +57,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Bindgen { check } => bindgen_cmd::run(check),
         Cmd::BuildKernels { check } => kernels_cmd::run(check),
+        Cmd::TestGpu {
+            bundle: Some(dir), ..
+        } => hw_tests::bundle(&dir),
+        Cmd::TestGpu { bundle: None, args } => hw_tests::run(&args),
         Cmd::BindgenInner { out } => bindgen_cmd::inner(&out),
     };
     match result {

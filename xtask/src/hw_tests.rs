@@ -1,0 +1,233 @@
+//! `cargo xtask test-gpu [--bundle DIR] [-- ARGS]`: the GPU test run, here or on a machine
+//! without Rust.
+//!
+//! GPU tests are, by convention, the tests whose path contains `gpu` (module `gpu`,
+//! `cuda_conformance_gpu`, ...). A run that executes none of them fails: a GPU job that silently
+//! tested only the CPU paths is worse than a red one.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::error::{Result, XtaskError, io};
+use crate::toolchain::{self, workspace_root};
+
+/// `--features` value naming every workspace package's `gpu` feature.
+fn gpu_features() -> Result<String> {
+    let meta = toolchain::output(
+        Command::new(cargo())
+            .args(["metadata", "--format-version", "1", "--no-deps"])
+            .current_dir(workspace_root()),
+    )?;
+    let meta: serde_json::Value = serde_json::from_str(&meta)
+        .map_err(|e| XtaskError::Other(format!("cargo metadata is not JSON: {e}")))?;
+    let mut features = Vec::new();
+    for pkg in meta["packages"].as_array().into_iter().flatten() {
+        if pkg["features"].get("gpu").is_some()
+            && let Some(name) = pkg["name"].as_str()
+        {
+            features.push(format!("{name}/gpu"));
+        }
+    }
+    if features.is_empty() {
+        return Err(XtaskError::Other(
+            "no workspace package has a `gpu` feature".into(),
+        ));
+    }
+    Ok(features.join(","))
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
+}
+
+/// Whether a libtest line reports a GPU test that ran (passed or failed, not ignored).
+fn ran_gpu_test(line: &str) -> bool {
+    let Some(rest) = line.strip_prefix("test ") else {
+        return false;
+    };
+    let Some((name, outcome)) = rest.split_once(" ... ") else {
+        return false;
+    };
+    name.contains("gpu") && (outcome.starts_with("ok") || outcome.starts_with("FAILED"))
+}
+
+/// `cargo xtask test-gpu [-- ARGS]`: runs the whole workspace's tests with the GPU features.
+pub fn run(extra: &[String]) -> Result<()> {
+    let smi = Command::new("nvidia-smi").arg("-L").output();
+    match smi {
+        Ok(out) if out.status.success() => eprint!("{}", String::from_utf8_lossy(&out.stdout)),
+        _ => {
+            return Err(XtaskError::Other(
+                "no GPU found: `nvidia-smi -L` is absent or failed".into(),
+            ));
+        }
+    }
+    let features = gpu_features()?;
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root())
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--features",
+            &features,
+            "--",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped());
+    let shown = format!("{cmd:?}");
+    let mut child = cmd.spawn().map_err(|e| XtaskError::Command {
+        command: shown.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut gpu_tests = 0usize;
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let line = line.map_err(io("reading output of", "cargo test"))?;
+            println!("{line}");
+            gpu_tests += usize::from(ran_gpu_test(&line));
+        }
+    }
+    let status = child.wait().map_err(|e| XtaskError::Command {
+        command: shown.clone(),
+        reason: e.to_string(),
+    })?;
+    eprintln!("{gpu_tests} GPU test(s) ran");
+    if !status.success() {
+        return Err(XtaskError::Command {
+            command: shown,
+            reason: status.to_string(),
+        });
+    }
+    if gpu_tests == 0 {
+        return Err(XtaskError::Other(
+            "no GPU test ran (no test path contains `gpu`)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `cargo xtask test-gpu --bundle DIR`: release test binaries plus `run.sh`, for a GPU machine
+/// without Rust.
+pub fn bundle(dir: &Path) -> Result<()> {
+    let features = gpu_features()?;
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root()).args([
+        "test",
+        "--release",
+        "--workspace",
+        "--features",
+        &features,
+        "--no-run",
+        "--message-format=json",
+    ]);
+    let out = toolchain::output(&mut cmd)?;
+    let bin = dir.join("bin");
+    if bin.exists() {
+        std::fs::remove_dir_all(&bin).map_err(io("clearing", &bin))?;
+    }
+    std::fs::create_dir_all(&bin).map_err(io("creating", &bin))?;
+    let mut total = 0u64;
+    let mut count = 0usize;
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let name = binary_name(&msg);
+        let dest = bin.join(&name);
+        std::fs::copy(exe, &dest).map_err(io("copying", exe))?;
+        // Release test binaries are already stripped by the profile; this catches a profile
+        // change, and a missing `strip` only costs size.
+        let _ = Command::new("strip").arg(&dest).status();
+        total += std::fs::metadata(&dest)
+            .map_err(io("reading", &dest))?
+            .len();
+        count += 1;
+    }
+    if count == 0 {
+        return Err(XtaskError::Other("cargo built no test binary".into()));
+    }
+    let script = dir.join("run.sh");
+    std::fs::write(&script, RUN_SH).map_err(io("writing", &script))?;
+    set_executable(&script)?;
+    total += RUN_SH.len() as u64;
+    println!(
+        "bundle {}: {count} test binaries + run.sh, {:.1} MiB",
+        dir.display(),
+        total as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
+}
+
+/// `<package dir>-<kind>-<target>`, e.g. `zdevice-test-it`: readable and unique per workspace.
+fn binary_name(msg: &serde_json::Value) -> String {
+    let package = msg["manifest_path"]
+        .as_str()
+        .map(PathBuf::from)
+        .and_then(|p| {
+            p.parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "package".into());
+    let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
+    let target = msg["target"]["name"].as_str().unwrap_or("target");
+    format!("{package}-{kind}-{target}")
+}
+
+fn set_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(io("chmod", path))
+}
+
+/// Runs every binary, logs into `${OUT:-bundle}/logs`, sums libtest's results into the last line
+/// `N passed, N failed`, and fails on any failure or when no GPU test ran.
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Generated by `cargo xtask test-gpu --bundle`. Usage: ./run.sh [libtest args...]
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+logs="${OUT:-$here}/logs"
+mkdir -p "$logs"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || echo "nvidia-smi failed: no GPU?"
+passed=0; failed=0; gpu=0; bad=0
+for bin in "$here"/bin/*; do
+  name="$(basename "$bin")"
+  log="$logs/$name.log"
+  echo "== $name"
+  "$bin" --test-threads=1 "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then bad=1; echo "== $name exited $rc"; fi
+  while read -r p f; do
+    passed=$((passed + p)); failed=$((failed + f))
+  done < <(sed -nE 's/^test result: [A-Za-z]+\. ([0-9]+) passed; ([0-9]+) failed.*/\1 \2/p' "$log")
+  g=$(grep -cE '^test [^ ]*gpu[^ ]* \.\.\. (ok|FAILED)' "$log" || true)
+  gpu=$((gpu + g))
+done
+echo "$gpu GPU test(s) ran"
+if [ "$gpu" -eq 0 ]; then echo "no GPU test ran"; bad=1; fi
+if [ "$failed" -ne 0 ]; then bad=1; fi
+echo "$passed passed, $failed failed"
+exit "$bad"
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::ran_gpu_test;
+
+    #[test]
+    fn accelerator_tests_are_recognised_by_path() {
+        assert!(ran_gpu_test("test gpu::fill_runs ... ok"));
+        assert!(ran_gpu_test("test cuda_conformance_gpu::alloc ... FAILED"));
+        assert!(!ran_gpu_test("test gpu::slow ... ignored"));
+        assert!(!ran_gpu_test("test sim::alloc ... ok"));
+        assert!(!ran_gpu_test("test result: ok. 3 passed; 0 failed"));
+    }
+}
