@@ -13,6 +13,7 @@
 pub mod device;
 pub mod driver;
 pub mod error;
+pub mod sim;
 pub mod types;
 
 pub use device::*;

@@ -1,0 +1,60 @@
+//! Configuration of a simulated device.
+
+use std::time::Duration;
+
+/// What the simulated device looks like and how it behaves.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Device memory in bytes (`cuMemGetInfo` total, `cuDeviceTotalMem`).
+    pub capacity: u64,
+    /// `cuDeviceGetName`.
+    pub device_name: String,
+    /// `cuDriverGetVersion` (13000 = CUDA 13.0).
+    pub driver_version: u32,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    /// Overwrite freed device memory with 0xFF bytes (a float32 NaN) and hand out fresh
+    /// allocations filled the same way, so a use of stale or uninitialised memory computes NaN.
+    pub poison_on_free: bool,
+    /// Every call, starting with `cuInit`, fails as if `libcuda` could not be loaded.
+    pub missing_driver: bool,
+    /// Highest PTX ISA version `cuModuleLoadData` accepts (newer → 222 UNSUPPORTED_PTX_VERSION).
+    pub max_ptx_isa: (u32, u32),
+    /// Virtual time every driver call costs, so that polling loops see time move.
+    pub call_time: Duration,
+    /// Virtual time every queued operation takes on its stream, before size-dependent time.
+    pub op_time: Duration,
+    /// Copy and memset bandwidth in bytes per virtual microsecond (about 1 TB/s by default).
+    pub bytes_per_us: u64,
+    /// Matrix-product rate in floating-point operations per virtual microsecond.
+    pub flops_per_us: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            capacity: 256 << 20,
+            device_name: "Simulated CUDA device".to_string(),
+            driver_version: 13000,
+            compute_capability: (9, 0),
+            poison_on_free: true,
+            missing_driver: false,
+            max_ptx_isa: (9, 0),
+            call_time: Duration::from_micros(1),
+            op_time: Duration::from_micros(5),
+            bytes_per_us: 1_000_000,
+            flops_per_us: 50_000_000,
+        }
+    }
+}
+
+impl SimConfig {
+    /// The default device with `capacity` bytes of memory.
+    #[must_use]
+    pub fn with_capacity(capacity: u64) -> Self {
+        SimConfig {
+            capacity,
+            ..SimConfig::default()
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! `SimDriver`: a deterministic simulated CUDA driver, host-backed, answering every call the
+//! way the real driver was measured to (`shared/reference/capture-rules.md`).
+//!
+//! What it models, and where:
+//! - memory (`memory`, `memcalls`): a capacity, 256-byte granularity, generation-stamped
+//!   addresses, poison, stream-ordered pools and frees, page-locked host memory;
+//! - streams and events (`streams`): FIFO queues run only when observed, a virtual clock;
+//! - capture and graphs (`capture`, `graphs`): the capture-rules table in one `match`, graphs
+//!   that replay only what was recorded, memory nodes;
+//! - kernels (`kernels`, `launch`, `access`): Rust closures over checked memory;
+//! - cuBLAS (`blas`, `gemm`): a CPU strided-batched gemm;
+//! - the fault plan (`faults`) and the op log (`oplog`).
+//!
+//! Tests drive it through the [`Driver`](crate::Driver) trait, plus the test helpers here
+//! (fault plan, op log, `peek`, kernel registration).
+
+mod access;
+mod blas;
+pub mod calls;
+mod capture;
+mod config;
+mod copies;
+mod driver_impl;
+mod faults;
+mod gemm;
+mod graphs;
+pub mod kernels;
+mod launch;
+mod memcalls;
+mod memory;
+mod oplog;
+mod ops;
+mod state;
+mod storage;
+mod streams;
+
+#[cfg(test)]
+mod tests_capture;
+#[cfg(test)]
+mod tests_memory;
+#[cfg(test)]
+mod tests_streams;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use access::{KernelArgs, KernelFault, SimMemory};
+pub use config::SimConfig;
+pub use faults::FaultAction;
+pub use kernels::{BUILTIN_PTX, KernelFn};
+pub use oplog::{CaptureSnapshot, Effect, OpRecord};
+
+use crate::driver::{CuCode, DriverResult};
+use crate::types::{DevicePtr, KernelArg, LaunchConfig, Stream};
+use state::{Cx, State};
+
+/// The simulated driver. Cheap to share: all state sits behind one mutex.
+#[derive(Debug)]
+pub struct SimDriver {
+    state: Mutex<State>,
+}
+
+impl Default for SimDriver {
+    fn default() -> Self {
+        SimDriver::new(SimConfig::default())
+    }
+}
+
+impl SimDriver {
+    /// A simulated device as configured, with the built-in kernels (`fill_f32`, `axpy_f32`)
+    /// registered. Like the real driver, it needs `init` before anything else.
+    #[must_use]
+    pub fn new(config: SimConfig) -> Self {
+        SimDriver {
+            state: Mutex::new(State::new(config)),
+        }
+    }
+
+    /// A poisoned lock only means a kernel closure panicked in another thread; the state is
+    /// still consistent enough to report on, so carry on rather than panic again.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What every driver call shares: the prologue (missing driver, init, sticky error, fault
+    /// plan, clock), the call's work, then the epilogue (stall, op log).
+    fn call<T>(
+        &self,
+        call: &'static str,
+        stream: Option<Stream>,
+        work: impl FnOnce(&mut State, &mut Cx) -> DriverResult<T>,
+    ) -> DriverResult<T> {
+        let mut st = self.lock();
+        let mut cx = Cx::new(call, stream);
+        let snapshot = st.capture_snapshot();
+        let result = st.prologue(&mut cx).and_then(|()| work(&mut st, &mut cx));
+        let logged = result.as_ref().map(|_| ()).map_err(Clone::clone);
+        st.epilogue(&mut cx, snapshot, logged);
+        result
+    }
+
+    /// The configuration the simulator was made with.
+    #[must_use]
+    pub fn config(&self) -> SimConfig {
+        self.lock().cfg.clone()
+    }
+
+    /// Device memory in bytes (the `total` of `cuMemGetInfo`): a request above it can never fit.
+    #[must_use]
+    pub fn capacity(&self) -> u64 {
+        self.lock().mem.capacity
+    }
+
+    /// Bytes counted against capacity now (allocations rounded to 256 bytes, plus pool
+    /// reservations and graph memory).
+    #[must_use]
+    pub fn used_bytes(&self) -> u64 {
+        self.lock().mem.used
+    }
+
+    /// Every live device allocation as (address, requested bytes), in address order.
+    #[must_use]
+    pub fn live_allocations(&self) -> Vec<(DevicePtr, u64)> {
+        self.lock()
+            .mem
+            .live()
+            .into_iter()
+            .map(|(p, size, _)| (p, size))
+            .collect()
+    }
+
+    /// Test help: reads device memory as it is now, without draining any queue and without a
+    /// driver call (no log entry, no capture rule). Checked like a kernel access.
+    pub fn peek(&self, ptr: DevicePtr, len: u64) -> Result<Vec<u8>, KernelFault> {
+        self.lock().mem.read(ptr, len)
+    }
+
+    /// Test help: `peek` as float32 values.
+    pub fn peek_f32(&self, ptr: DevicePtr, n: u64) -> Result<Vec<f32>, KernelFault> {
+        let mut st = self.lock();
+        SimMemory::new(&mut st.mem).read_f32(ptr, n)
+    }
+
+    /// Operations queued on `stream` and not yet run (0 for an unknown stream).
+    #[must_use]
+    pub fn pending_ops(&self, stream: Stream) -> usize {
+        self.lock()
+            .streams
+            .get(&stream.0)
+            .map_or(0, |s| s.queue.len())
+    }
+
+    // --- kernels ----------------------------------------------------------------------------
+
+    /// Registers (or replaces) the simulated kernel behind PTX entry `name`. The closure sees
+    /// only its launch configuration and arguments, and reaches memory through [`SimMemory`];
+    /// a returned fault becomes a sticky `CUDA_ERROR_ILLEGAL_ADDRESS` at the next sync.
+    /// Functions already resolved keep the closure they were resolved with.
+    pub fn register_kernel<F>(&self, name: &str, kernel: F)
+    where
+        F: Fn(&LaunchConfig, &[KernelArg], &mut SimMemory<'_>) -> Result<(), KernelFault>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.lock()
+            .kernels
+            .registry
+            .insert(name.to_string(), Arc::new(kernel));
+    }
+
+    // --- fault plan ---------------------------------------------------------------------------
+
+    /// Schedules `action` for the `n`th next call of `call` (1 = the next one).
+    pub fn fault(&self, call: &'static str, n: u64, action: FaultAction) {
+        self.lock().faults.add(call, n, action);
+    }
+
+    /// The `n`th next call of `call` (1 = the next one) fails with `code` and has no effect.
+    /// For a cuBLAS call the error is `DriverError::Cublas` with status `code.0`.
+    pub fn fail_nth(&self, call: &'static str, n: u64, code: CuCode) {
+        self.lock().faults.add(call, n, FaultAction::Fail(code));
+    }
+
+    /// The `n`th next call of `call` takes `d` longer in virtual time: a synchronous call
+    /// advances the clock by `d` before returning; an asynchronous one keeps its stream busy
+    /// `d` longer (so a later sync or query sees it).
+    pub fn stall(&self, call: &'static str, n: u64, d: Duration) {
+        self.lock().faults.add(call, n, FaultAction::Stall(d));
+    }
+
+    /// The `n`th next call of `call` fails with `code`, and so does every call after it.
+    pub fn sticky(&self, call: &'static str, n: u64, code: CuCode) {
+        self.lock().faults.add(call, n, FaultAction::Sticky(code));
+    }
+
+    /// An error from "earlier asynchronous work": the next synchronising call (stream or event
+    /// synchronize or query, context synchronize, a synchronous copy or memset, `cuMemFree`)
+    /// returns `code`; a sticky code then stays for every later call.
+    pub fn fail_at_next_sync(&self, code: CuCode) {
+        self.lock().pending = Some(code);
+    }
+
+    /// Drops every scheduled fault (sticky errors already raised stay).
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// How many times `call` has been made (every attempt that got past initialisation).
+    #[must_use]
+    pub fn call_count(&self, call: &str) -> u64 {
+        self.lock().faults.count(call)
+    }
+
+    // --- op log -------------------------------------------------------------------------------
+
+    /// Every driver call since creation or the last `clear_op_log`, in order.
+    #[must_use]
+    pub fn op_log(&self) -> Vec<OpRecord> {
+        self.lock().log.clone()
+    }
+
+    /// Empties the op log.
+    pub fn clear_op_log(&self) {
+        self.lock().log.clear();
+    }
+}

@@ -1,0 +1,426 @@
+//! Streams as FIFO queues of operations with completion times, events as markers in them, and
+//! the calls that create, order, query and synchronise them.
+//!
+//! Queued work does not run when it is enqueued. It runs when something observes it: a
+//! synchronisation (which first advances the clock to the work's completion time), a query that
+//! finds its time has come, or a wait on an event recorded behind it. Nothing else drains a
+//! non-blocking stream, so a test that forgets to synchronise reads stale data, as on a GPU.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::capture::{Ask, Gate};
+use super::oplog::Effect;
+use super::ops::Op;
+use super::state::{Cx, LEGACY, State};
+use crate::driver::{CuCode, DriverResult};
+use crate::types::{Event, Readiness, Stream, StreamKind};
+
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub seq: u64,
+    pub ready_at: Duration,
+    pub op: Op,
+}
+
+#[derive(Debug)]
+pub(crate) struct StreamState {
+    pub kind: StreamKind,
+    pub queue: VecDeque<Queued>,
+    /// When the last queued operation completes.
+    pub busy_until: Duration,
+}
+
+impl StreamState {
+    pub(crate) fn new(kind: StreamKind) -> Self {
+        StreamState {
+            kind,
+            queue: VecDeque::new(),
+            busy_until: Duration::ZERO,
+        }
+    }
+}
+
+/// Where an event's latest record stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recorded {
+    Never,
+    /// Queued as operation `seq` on `stream`, completing at `ready_at`.
+    Pending {
+        stream: Stream,
+        seq: u64,
+        ready_at: Duration,
+    },
+    Done {
+        seq: u64,
+        at: Duration,
+    },
+    /// Last recorded into a capture (a graph node), not on any stream.
+    InCapture,
+}
+
+#[derive(Debug)]
+pub(crate) struct EventState {
+    pub timing: bool,
+    pub rec: Recorded,
+}
+
+/// How far to drain a stream.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Upto {
+    All,
+    Seq(u64),
+    Time(Duration),
+}
+
+impl State {
+    pub(crate) fn stream_exists(&self, cx: &Cx, s: Stream) -> DriverResult<()> {
+        if self.streams.contains_key(&s.0) {
+            Ok(())
+        } else {
+            Err(cx.cuda(CuCode::INVALID_HANDLE))
+        }
+    }
+
+    /// Queues `op` on `stream`, to start no earlier than `after` and when the stream is free.
+    pub(crate) fn enqueue_after(
+        &mut self,
+        cx: &mut Cx,
+        stream: Stream,
+        op: Op,
+        after: Duration,
+    ) -> DriverResult<u64> {
+        let duration = op.duration(&self.cfg).saturating_add(cx.take_stall());
+        let seq = self.next_seq;
+        let s = self
+            .streams
+            .get_mut(&stream.0)
+            .ok_or(cx.cuda(CuCode::INVALID_HANDLE))?;
+        let ready_at = self
+            .now
+            .max(s.busy_until)
+            .max(after)
+            .saturating_add(duration);
+        s.busy_until = ready_at;
+        s.queue.push_back(Queued { seq, ready_at, op });
+        self.next_seq += 1;
+        cx.effect = Effect::Enqueued;
+        Ok(seq)
+    }
+
+    pub(crate) fn enqueue(&mut self, cx: &mut Cx, stream: Stream, op: Op) -> DriverResult<u64> {
+        self.enqueue_after(cx, stream, op, Duration::ZERO)
+    }
+
+    /// Runs queued operations of `stream` in order, as far as `upto` says.
+    pub(crate) fn drain(&mut self, stream: Stream, upto: Upto) {
+        loop {
+            let Some(s) = self.streams.get_mut(&stream.0) else {
+                return;
+            };
+            let Some(front) = s.queue.front() else { return };
+            let go = match upto {
+                Upto::All => true,
+                Upto::Seq(q) => front.seq <= q,
+                Upto::Time(t) => front.ready_at <= t,
+            };
+            if !go {
+                return;
+            }
+            let Some(item) = s.queue.pop_front() else {
+                return;
+            };
+            self.execute(item);
+        }
+    }
+
+    /// Drains every stream completely, in handle order (deterministic).
+    pub(crate) fn drain_everything(&mut self) {
+        let mut ids: Vec<u64> = self.streams.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.drain(Stream(id), Upto::All);
+        }
+    }
+
+    /// Advances the clock to the end of every blocking stream's work and drains them: what the
+    /// legacy stream's implicit ordering does for a synchronous copy or memset.
+    pub(crate) fn drain_blocking(&mut self) {
+        let mut ids: Vec<u64> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.kind == StreamKind::Blocking)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        for id in ids {
+            if let Some(s) = self.streams.get(&id) {
+                self.now = self.now.max(s.busy_until);
+            }
+            self.drain(Stream(id), Upto::All);
+        }
+    }
+
+    fn execute(&mut self, item: Queued) {
+        match &item.op {
+            // Waits reference strictly earlier operations, so this recursion ends.
+            Op::Wait { stream, seq } => self.drain(*stream, Upto::Seq(*seq)),
+            Op::EventRecord { event } => {
+                if let Some(e) = self.events.get_mut(&event.0)
+                    && matches!(e.rec, Recorded::Pending { seq, .. } if seq == item.seq)
+                {
+                    e.rec = Recorded::Done {
+                        seq: item.seq,
+                        at: item.ready_at,
+                    };
+                }
+            }
+            Op::Free { ptr } => self.release_device(*ptr),
+            Op::AllocNode { ptr } | Op::FreeNode { ptr } => {
+                if let Some((base, _)) = self.mem.find_base(*ptr) {
+                    self.mem.poison_alloc(base);
+                }
+            }
+            op if self.faulted() => tracing::debug!(?op, "skipped: the context has faulted"),
+            op => {
+                if let Some(Err(fault)) = op.run_data(&mut self.mem) {
+                    tracing::warn!(%fault, ?op, "simulated illegal address");
+                    if self.pending.is_none_or(|c| !c.is_sticky()) {
+                        self.pending = Some(CuCode::ILLEGAL_ADDRESS);
+                    }
+                }
+            }
+        }
+    }
+
+    // --- stream calls -------------------------------------------------------------------------
+
+    pub(crate) fn stream_create(&mut self, cx: &mut Cx, kind: StreamKind) -> DriverResult<Stream> {
+        self.gate(cx, Ask::none())?;
+        let id = self.handle();
+        self.streams.insert(id, StreamState::new(kind));
+        Ok(Stream(id))
+    }
+
+    /// The real call returns at once and lets queued work finish; the simulator runs it now so
+    /// events recorded there still complete.
+    pub(crate) fn stream_destroy(&mut self, cx: &mut Cx, s: Stream) -> DriverResult<()> {
+        self.gate(cx, Ask::on(s))?;
+        if s == LEGACY {
+            return Err(cx.cuda(CuCode::INVALID_HANDLE));
+        }
+        self.stream_exists(cx, s)?;
+        self.drain(s, Upto::All);
+        self.streams.remove(&s.0);
+        Ok(())
+    }
+
+    pub(crate) fn stream_query(&mut self, cx: &mut Cx, s: Stream) -> DriverResult<Readiness> {
+        self.gate(cx, Ask::on(s))?;
+        self.stream_exists(cx, s)?;
+        self.drain(s, Upto::Time(self.now));
+        self.surface(cx)?;
+        let idle = self.streams.get(&s.0).is_none_or(|st| st.queue.is_empty());
+        Ok(if idle {
+            Readiness::Ready
+        } else {
+            Readiness::NotReady
+        })
+    }
+
+    pub(crate) fn stream_synchronize(&mut self, cx: &mut Cx, s: Stream) -> DriverResult<()> {
+        self.gate(cx, Ask::on(s))?;
+        let busy = self
+            .streams
+            .get(&s.0)
+            .ok_or(cx.cuda(CuCode::INVALID_HANDLE))?
+            .busy_until;
+        self.now = self.now.max(busy).saturating_add(cx.take_stall());
+        self.drain(s, Upto::All);
+        self.surface(cx)
+    }
+
+    pub(crate) fn ctx_synchronize(&mut self, cx: &mut Cx) -> DriverResult<()> {
+        self.gate(cx, Ask::none())?;
+        let busy = self
+            .streams
+            .values()
+            .map(|s| s.busy_until)
+            .max()
+            .unwrap_or_default();
+        self.now = self.now.max(busy).saturating_add(cx.take_stall());
+        self.drain_everything();
+        self.surface(cx)
+    }
+
+    /// Waiting on an event never recorded, or already complete, is a no-op (CUDA semantics).
+    pub(crate) fn stream_wait_event(
+        &mut self,
+        cx: &mut Cx,
+        s: Stream,
+        e: Event,
+    ) -> DriverResult<()> {
+        self.gate(cx, Ask::on(s))?;
+        self.stream_exists(cx, s)?;
+        let rec = self
+            .events
+            .get(&e.0)
+            .ok_or(cx.cuda(CuCode::INVALID_HANDLE))?
+            .rec;
+        if let Recorded::Pending {
+            stream,
+            seq,
+            ready_at,
+        } = rec
+        {
+            self.enqueue_after(cx, s, Op::Wait { stream, seq }, ready_at)?;
+        }
+        Ok(())
+    }
+
+    // --- event calls --------------------------------------------------------------------------
+
+    pub(crate) fn event_create(&mut self, cx: &mut Cx, timing: bool) -> DriverResult<Event> {
+        self.gate(cx, Ask::none())?;
+        let id = self.handle();
+        self.events.insert(
+            id,
+            EventState {
+                timing,
+                rec: Recorded::Never,
+            },
+        );
+        Ok(Event(id))
+    }
+
+    pub(crate) fn event_destroy(&mut self, cx: &mut Cx, e: Event) -> DriverResult<()> {
+        self.gate(cx, Ask::none())?;
+        self.events
+            .remove(&e.0)
+            .map(|_| ())
+            .ok_or(cx.cuda(CuCode::INVALID_HANDLE))
+    }
+
+    pub(crate) fn event_record(&mut self, cx: &mut Cx, e: Event, s: Stream) -> DriverResult<()> {
+        if !self.events.contains_key(&e.0) {
+            return Err(cx.cuda(CuCode::INVALID_HANDLE));
+        }
+        if self.gate(cx, Ask::on(s))? == Gate::Capture {
+            self.capture_nodes(cx, vec![Op::EventRecord { event: e }]);
+            if let Some(ev) = self.events.get_mut(&e.0) {
+                ev.rec = Recorded::InCapture;
+            }
+            return Ok(());
+        }
+        let seq = self.enqueue(cx, s, Op::EventRecord { event: e })?;
+        self.mark_recorded(e, s, seq);
+        Ok(())
+    }
+
+    /// Points the event at the record operation `seq` just queued on `s`.
+    pub(crate) fn mark_recorded(&mut self, e: Event, s: Stream, seq: u64) {
+        let ready_at = self
+            .streams
+            .get(&s.0)
+            .map(|st| st.busy_until)
+            .unwrap_or(self.now);
+        if let Some(ev) = self.events.get_mut(&e.0) {
+            ev.rec = Recorded::Pending {
+                stream: s,
+                seq,
+                ready_at,
+            };
+        }
+    }
+
+    /// Completes the event's record if its time has come; returns its completion time if done.
+    fn settle(&mut self, e: Event) -> Option<Duration> {
+        match self.events.get(&e.0)?.rec {
+            Recorded::Done { at, .. } => Some(at),
+            Recorded::Pending {
+                stream,
+                seq,
+                ready_at,
+            } if ready_at <= self.now => {
+                self.drain(stream, Upto::Seq(seq));
+                match self.events.get(&e.0)?.rec {
+                    Recorded::Done { at, .. } => Some(at),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn event_status_for_capture(&self, e: Event) -> super::capture::EventStatus {
+        use super::capture::EventStatus;
+        let begin = self.capture.as_ref().map_or(u64::MAX, |c| c.begin_seq);
+        match self.events.get(&e.0).map(|ev| ev.rec) {
+            None | Some(Recorded::Never) => EventStatus::NeverRecorded,
+            Some(Recorded::InCapture) => EventStatus::InCapture,
+            Some(Recorded::Pending { seq, .. } | Recorded::Done { seq, .. }) if seq < begin => {
+                EventStatus::BeforeCapture
+            }
+            Some(_) => EventStatus::InCapture,
+        }
+    }
+
+    pub(crate) fn event_query(&mut self, cx: &mut Cx, e: Event) -> DriverResult<Readiness> {
+        let status = self.event_status_for_capture(e);
+        self.gate(cx, Ask::event(status))?;
+        let rec = self
+            .events
+            .get(&e.0)
+            .ok_or(cx.cuda(CuCode::INVALID_HANDLE))?
+            .rec;
+        let done = match rec {
+            Recorded::Never | Recorded::InCapture => true,
+            _ => self.settle(e).is_some(),
+        };
+        self.surface(cx)?;
+        Ok(if done {
+            Readiness::Ready
+        } else {
+            Readiness::NotReady
+        })
+    }
+
+    pub(crate) fn event_synchronize(&mut self, cx: &mut Cx, e: Event) -> DriverResult<()> {
+        let status = self.event_status_for_capture(e);
+        self.gate(cx, Ask::event(status))?;
+        let rec = self
+            .events
+            .get(&e.0)
+            .ok_or(cx.cuda(CuCode::INVALID_HANDLE))?
+            .rec;
+        if let Recorded::Pending { ready_at, .. } = rec {
+            self.now = self.now.max(ready_at);
+        }
+        self.now = self.now.saturating_add(cx.take_stall());
+        self.settle(e);
+        self.surface(cx)
+    }
+
+    pub(crate) fn event_elapsed_ms(
+        &mut self,
+        cx: &mut Cx,
+        start: Event,
+        end: Event,
+    ) -> DriverResult<f32> {
+        self.gate(cx, Ask::none())?;
+        for e in [start, end] {
+            let ev = self
+                .events
+                .get(&e.0)
+                .ok_or(cx.cuda(CuCode::INVALID_HANDLE))?;
+            if !ev.timing || matches!(ev.rec, Recorded::Never | Recorded::InCapture) {
+                return Err(cx.cuda(CuCode::INVALID_HANDLE));
+            }
+        }
+        let (Some(t0), Some(t1)) = (self.settle(start), self.settle(end)) else {
+            return Err(cx.cuda(CuCode::NOT_READY));
+        };
+        let ms = (t1.as_secs_f64() - t0.as_secs_f64()) * 1e3;
+        Ok(ms as f32)
+    }
+}
