@@ -49,7 +49,9 @@ fn ran_gpu_test(line: &str) -> bool {
     let Some((name, outcome)) = rest.split_once(" ... ") else {
         return false;
     };
-    name.contains("gpu") && (outcome.starts_with("ok") || outcome.starts_with("FAILED"))
+    // With --nocapture the test's own output may follow "... " before the outcome, so a started
+    // test counts unless it was ignored.
+    name.contains("gpu") && !outcome.starts_with("ignored")
 }
 
 /// `cargo xtask test-gpu [-- ARGS]`: runs the whole workspace's tests with the GPU features.
@@ -208,7 +210,8 @@ for bin in "$here"/bin/*; do
   while read -r p f; do
     passed=$((passed + p)); failed=$((failed + f))
   done < <(sed -nE 's/^test result: [A-Za-z]+\. ([0-9]+) passed; ([0-9]+) failed.*/\1 \2/p' "$log")
-  g=$(grep -cE '^test [^ ]*gpu[^ ]* \.\.\. (ok|FAILED)' "$log" || true)
+  # A started GPU test counts unless ignored (with --nocapture its output follows "... ").
+  g=$(grep -E '^test [^ ]*gpu[^ ]* \.\.\. ' "$log" | grep -cvE ' \.\.\. ignored' || true)
   gpu=$((gpu + g))
 done
 echo "$gpu GPU test(s) ran"
@@ -227,6 +230,9 @@ mod tests {
         assert!(ran_gpu_test("test gpu::fill_runs ... ok"));
         assert!(ran_gpu_test("test cuda_conformance_gpu::alloc ... FAILED"));
         assert!(!ran_gpu_test("test gpu::slow ... ignored"));
+        assert!(ran_gpu_test(
+            "test gpu_smoke ... CudaDriver (libcuda, driver API 13.0)"
+        ));
         assert!(!ran_gpu_test("test sim::alloc ... ok"));
         assert!(!ran_gpu_test("test result: ok. 3 passed; 0 failed"));
     }

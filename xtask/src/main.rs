@@ -4,6 +4,7 @@
 
 mod bindgen_cmd;
 mod error;
+// Not named after `gpu`: its own unit test must not count as a GPU test.
 mod hw_tests;
 mod kernels_cmd;
 mod toolchain;
