@@ -1,2 +1,34 @@
-//! zmem: device memory management (arena, pools, capture reservations). See ARCHITECTURE.md.
+//! zmem: device memory for the engine, over any `zdevice::Device<D>`.
+//!
+//! - [`Arena`]: scratch segments (256-byte bump allocation within a [`Step`], reclaimed at its
+//!   end), a held region for `saved` and `persistent` blocks, a stream-ordered overflow pool
+//!   with memory reserved up front, and [`CaptureReservation`]s for captured graphs.
+//! - [`Block`]: a cheap, cloneable handle carrying its memory's generation.
+//! - [`Diagnostics`] and the timeline ([`TimelineSnapshot`]) explain the arena at any time.
+//!
+//! Live scratch at step end: a step's end keeps exactly the scratch blocks still referenced
+//! and reclaims everything else (no floor); `Step::end_strict` reports them as an error.
+//! See README.md.
 #![forbid(unsafe_code)]
+
+mod arena;
+mod block;
+mod capture;
+mod class;
+mod config;
+mod diag;
+mod error;
+mod step;
+mod timeline;
+pub mod units;
+
+pub use arena::reclaim_summary::StepSummary;
+pub use arena::{Arena, Protection, Sink};
+pub use block::{Block, Source};
+pub use capture::{CapturePlan, CaptureReservation, CaptureScope, Recording};
+pub use class::{AllocClass, ClassBytes};
+pub use config::{ArenaConfig, ENV_VARS};
+pub use diag::{CaptureStats, Diagnostics, FillCause, OverflowStats, ResetInfo};
+pub use error::{LiveBlock, MemError, MemResult};
+pub use step::{Scratch, Step};
+pub use timeline::{Event, EventKind, StepRecord, TimelineSnapshot};

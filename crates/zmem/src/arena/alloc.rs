@@ -1,0 +1,399 @@
+//! The allocation paths: scratch bump (the fast path), the held region, growth within the cap,
+//! the overflow pool, and capture reservations.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, MutexGuard};
+
+use zdevice::{DeviceError, DevicePtr, Driver};
+
+use super::Shared;
+use super::held::HeldSegment;
+use super::scratch::Segment;
+use super::state::{OVERFLOW_SEG, State, StepBlock};
+use crate::block::{Block, BlockInner, GenCell, Source};
+use crate::class::AllocClass;
+use crate::error::{MemError, MemResult};
+use crate::timeline::{Event, EventKind};
+use crate::units::{Bytes, align_up};
+
+impl<D: Driver> Shared<D> {
+    /// Issues a block of `class`. Never waits without a deadline, never synchronises the
+    /// device, never makes a device call while a stream captures.
+    pub(crate) fn alloc(&self, class: AllocClass, requested: u64) -> MemResult<Block> {
+        let too_large = |why: String| MemError::TooLarge {
+            requested,
+            class,
+            why,
+        };
+        let size = align_up(requested).ok_or_else(|| too_large("it overflows 64 bits".into()))?;
+        let total = self.device.info().total_memory;
+        if size > total {
+            return Err(too_large(format!("the device has {} in all", Bytes(total))));
+        }
+        let routing = self.flags.capture_routing.load(Ordering::Relaxed);
+        let capturing = routing && self.device.is_capturing();
+        let mut events = Vec::new();
+        let block = {
+            let mut st = self.lock();
+            if !capturing && !st.pending.is_empty() {
+                events.extend(self.flush_pending(&mut st));
+            }
+            if let Some(rec) = st.recording.as_mut() {
+                rec.push(size);
+            }
+            let block = match (routing, st.active.clone()) {
+                (true, Some(res)) => self.alloc_reserved(&mut st, &res, requested, size)?,
+                _ if capturing => {
+                    return Err(MemError::AllocationDuringCapture { class, requested });
+                }
+                _ => match class {
+                    AllocClass::Scratch => self.alloc_scratch(&mut st, requested, size)?,
+                    _ => self.alloc_held(&mut st, class, requested, size)?,
+                },
+            };
+            st.count_alloc(block.class(), requested, size);
+            if self.config.timeline_events > 0 || self.wants_events() {
+                let ev = st.timeline.push(
+                    None,
+                    EventKind::Alloc {
+                        class: block.class(),
+                        bytes: size,
+                        ptr: block.raw_ptr().0,
+                        source: block.source(),
+                    },
+                );
+                if self.wants_events() {
+                    events.push(ev);
+                }
+            }
+            if block.source() == Source::Overflow {
+                self.overflowed(&mut st, &mut events);
+            }
+            block
+        };
+        self.publish(&events);
+        Ok(block)
+    }
+
+    fn make(
+        &self,
+        st: &State,
+        class: AllocClass,
+        source: Source,
+        ptr: DevicePtr,
+        requested: u64,
+        size: u64,
+        cell: &Arc<GenCell>,
+    ) -> Block {
+        let returns = matches!(source, Source::Held | Source::Overflow);
+        Block(Arc::new(BlockInner {
+            ptr,
+            size,
+            requested,
+            class,
+            source,
+            step: st.step_now(),
+            generation: AtomicU64::new(cell.current()),
+            cell: Arc::clone(cell),
+            owner: returns.then(|| self.reclaimer()),
+            _reservation: None,
+        }))
+    }
+
+    fn alloc_scratch(&self, st: &mut State, requested: u64, size: u64) -> MemResult<Block> {
+        let found = (st.cur..st.segs.len()).find_map(|i| st.segs[i].fit(size).map(|off| (i, off)));
+        let (i, off) = match found {
+            Some(hit) => hit,
+            None => match self.room_for(st, size) {
+                Some(seg_size) => {
+                    self.grow_scratch(st, seg_size)?;
+                    let i = st.segs.len() - 1;
+                    // A fresh segment always fits: it is at least `size` long.
+                    let off = st.segs[i].fit(size).unwrap_or(0);
+                    (i, off)
+                }
+                None => {
+                    let b = self.overflow(st, AllocClass::Scratch, requested, size)?;
+                    st.overflow_scratch += size;
+                    st.step_blocks.push(StepBlock {
+                        seg: OVERFLOW_SEG,
+                        start: 0,
+                        end: size,
+                        block: Arc::downgrade(&b.0),
+                    });
+                    return Ok(b);
+                }
+            },
+        };
+        st.cur = i;
+        let seg = &mut st.segs[i];
+        if off < seg.used_ever {
+            st.n.reuses += 1;
+        }
+        seg.used_ever = seg.used_ever.max(off + size);
+        let ptr = seg.base.offset(off);
+        let cell = Arc::clone(&seg.cell);
+        let used: u64 = st.segs.iter().map(|s| s.off).sum();
+        st.n.high_water = st.n.high_water.max(used);
+        let b = self.make(
+            st,
+            AllocClass::Scratch,
+            Source::Arena,
+            ptr,
+            requested,
+            size,
+            &cell,
+        );
+        st.step_blocks.push(StepBlock {
+            seg: i as u32,
+            start: off,
+            end: off + size,
+            block: Arc::downgrade(&b.0),
+        });
+        Ok(b)
+    }
+
+    fn alloc_held(
+        &self,
+        st: &mut State,
+        class: AllocClass,
+        requested: u64,
+        size: u64,
+    ) -> MemResult<Block> {
+        let mut found = st
+            .held
+            .iter_mut()
+            .find_map(|h| h.alloc(size).map(|(o, r)| (h.base, o, r)));
+        if found.is_none()
+            && let Some(seg_size) = self.room_for(st, size)
+        {
+            let base = self.device_alloc(st, class, requested, seg_size)?;
+            st.held.push(HeldSegment::new(base, seg_size));
+            st.seg_bytes += seg_size;
+            found = st
+                .held
+                .last_mut()
+                .and_then(|h| h.alloc(size).map(|(o, r)| (h.base, o, r)));
+        }
+        match found {
+            Some((base, off, reused)) => {
+                st.n.reuses += u64::from(reused);
+                st.returnable_live += 1;
+                let cell = Arc::clone(&st.held_cell);
+                Ok(self.make(
+                    st,
+                    class,
+                    Source::Held,
+                    base.offset(off),
+                    requested,
+                    size,
+                    &cell,
+                ))
+            }
+            None => self.overflow(st, class, requested, size),
+        }
+    }
+
+    /// The size of a new segment for `size` bytes if the cap allows one.
+    fn room_for(&self, st: &State, size: u64) -> Option<u64> {
+        let seg = size.max(self.config.segment_bytes);
+        let left = st.cap.saturating_sub(st.seg_bytes);
+        if seg <= left {
+            Some(seg)
+        } else if size <= left {
+            // The last, partial segment up to the cap.
+            Some(left - left % crate::units::ALIGN)
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn grow_scratch(&self, st: &mut State, size: u64) -> MemResult<()> {
+        let base = self.device_alloc(st, AllocClass::Scratch, size, size)?;
+        st.segs
+            .push(Segment::new(base, size, GenCell::new(&self.flags)));
+        st.seg_bytes += size;
+        Ok(())
+    }
+
+    fn device_alloc(
+        &self,
+        st: &State,
+        class: AllocClass,
+        requested: u64,
+        bytes: u64,
+    ) -> MemResult<DevicePtr> {
+        self.device
+            .alloc(bytes)
+            .map_err(|e| self.map_device_error(st, class, requested, e))
+    }
+
+    pub(crate) fn map_device_error(
+        &self,
+        st: &State,
+        class: AllocClass,
+        requested: u64,
+        e: DeviceError,
+    ) -> MemError {
+        match e {
+            DeviceError::OutOfMemory { .. } => MemError::OutOfMemory {
+                requested,
+                class,
+                diagnostics: Box::new(st.diagnostics()),
+                device: Some(e),
+            },
+            DeviceError::TooLarge { total, .. } => MemError::TooLarge {
+                requested,
+                class,
+                why: format!("the device has {} in all", Bytes(total)),
+            },
+            DeviceError::Timeout {
+                waited_for,
+                deadline,
+                ..
+            } => MemError::Timeout {
+                waited_for,
+                deadline,
+                diagnostics: Box::new(st.diagnostics()),
+            },
+            other => MemError::Device(other),
+        }
+    }
+
+    /// Serves a request the segments cannot, from the stream-ordered pool, in stream order on
+    /// the engine's stream, bounded by the device's allocation deadline.
+    fn overflow(
+        &self,
+        st: &mut State,
+        class: AllocClass,
+        requested: u64,
+        size: u64,
+    ) -> MemResult<Block> {
+        let _span = tracing::debug_span!("zmem.arena.overflow", requested, %class).entered();
+        let Some(pool) = st.pool else {
+            return Err(MemError::OutOfMemory {
+                requested,
+                class,
+                diagnostics: Box::new(st.diagnostics()),
+                device: None,
+            });
+        };
+        let stream = self.device.stream();
+        let ptr = self
+            .device
+            .alloc_from_pool(pool.pool, size, stream)
+            .map_err(|e| self.map_device_error(st, class, requested, e))?;
+        let o = &mut st.overflow;
+        o.calls += 1;
+        o.bytes += size;
+        o.outstanding += size;
+        o.peak = o.peak.max(o.outstanding);
+        st.timeline.current.overflow_calls += 1;
+        st.timeline.current.overflow_bytes += size;
+        st.returnable_live += 1;
+        let cell = Arc::clone(&st.held_cell);
+        Ok(self.make(st, class, Source::Overflow, ptr, requested, size, &cell))
+    }
+
+    /// Records the overflow event; warns (with the full diagnostics) the first time the arena
+    /// overflows, and afterwards at most once per step, when the step goes above the highest
+    /// overflow of every earlier step.
+    fn overflowed(&self, st: &mut MutexGuard<'_, State>, events: &mut Vec<Event>) {
+        let o = st.overflow;
+        let step = st.step_now();
+        let at = Some(self.device.driver().now());
+        let ev = st.timeline.push(
+            at,
+            EventKind::Overflow {
+                bytes: o.bytes,
+                outstanding: o.outstanding,
+            },
+        );
+        if self.wants_events() {
+            events.push(ev);
+        }
+        let first = !st.overflow_warned && o.calls > 0;
+        let new_peak =
+            st.overflow_warned && st.warned_step != step && o.outstanding > st.prev_steps_peak;
+        if !first && !new_peak {
+            return;
+        }
+        st.overflow_warned = true;
+        st.warned_step = step;
+        tracing::warn!(
+            target: "zmem.arena.overflow",
+            first,
+            step,
+            outstanding = o.outstanding,
+            peak = o.peak,
+            diagnostics = %st.diagnostics(),
+            "{}",
+            if first { "arena overflowed into the stream-ordered pool" } else { "arena overflow reached a new peak" }
+        );
+    }
+
+    fn alloc_reserved(
+        &self,
+        st: &mut State,
+        res: &Arc<crate::capture::ReservationMem>,
+        requested: u64,
+        size: u64,
+    ) -> MemResult<Block> {
+        let Some(info) = st.reservations.get_mut(&res.id) else {
+            return Err(MemError::CaptureActive {
+                op: "allocating from a dropped reservation",
+            });
+        };
+        if info.used + size > info.bytes {
+            return Err(MemError::CaptureReservationExhausted {
+                reservation: res.id,
+                requested,
+                needed_more: info.used + size - info.bytes,
+                reserved: info.bytes,
+                used: info.used,
+            });
+        }
+        let ptr = res.ptr.offset(info.used);
+        info.used += size;
+        let b = Block(Arc::new(BlockInner {
+            ptr,
+            size,
+            requested,
+            class: AllocClass::Graph,
+            source: Source::Reservation,
+            step: st.step_now(),
+            generation: AtomicU64::new(res.cell.current()),
+            cell: Arc::clone(&res.cell),
+            owner: None,
+            _reservation: Some(Arc::clone(res)),
+        }));
+        if let Some(info) = st.reservations.get_mut(&res.id) {
+            info.blocks.push(Arc::downgrade(&b.0));
+        }
+        Ok(b)
+    }
+
+    /// Marks a step open.
+    pub(crate) fn open_step(&self, origin: &std::panic::Location<'_>) -> MemResult<u64> {
+        let (index, ev) = {
+            let mut st = self.lock();
+            if let Some(open) = st.open_step {
+                return Err(MemError::StepAlreadyOpen { open });
+            }
+            let index = st.last_step + 1;
+            st.open_step = Some(index);
+            st.last_step = index;
+            st.step_origin = origin.to_string();
+            st.timeline.current = crate::timeline::StepRecord {
+                step: index,
+                ..Default::default()
+            };
+            let held = st.by_class;
+            st.timeline.observe(&held);
+            let at = Some(self.device.driver().now());
+            (index, st.timeline.push(at, EventKind::StepStart))
+        };
+        self.publish(&[ev]);
+        Ok(index)
+    }
+}

@@ -1,0 +1,302 @@
+//! The arena: scratch segments, the held region, the overflow pool and capture reservations
+//! over one `Device<D>`, with one mutex around the host-side bookkeeping.
+
+mod alloc;
+mod held;
+mod reclaim;
+pub(crate) mod reclaim_summary {
+    pub use super::reclaim::StepSummary;
+}
+mod scratch;
+pub(crate) mod state;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+
+use zdevice::{Device, Driver};
+
+use crate::block::{Block, Flags, GenCell, Reclaim, Returned};
+use crate::class::{AllocClass, ClassBytes};
+use crate::config::ArenaConfig;
+use crate::diag::{Diagnostics, OverflowStats};
+use crate::error::{MemError, MemResult};
+use crate::step::Step;
+use crate::timeline::{Event, Timeline, TimelineSnapshot};
+use state::{Counters, State};
+
+/// A subscriber to the timeline, called (outside the arena's lock) with each event.
+pub type Sink = Arc<dyn Fn(&Event) + Send + Sync>;
+
+static NEXT_ARENA: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) struct Shared<D: Driver> {
+    pub(crate) device: Device<D>,
+    pub(crate) config: ArenaConfig,
+    pub(crate) flags: Arc<Flags>,
+    pub(crate) state: Mutex<State>,
+    pub(crate) sinks: RwLock<Vec<Sink>>,
+    pub(crate) has_sinks: AtomicBool,
+    pub(crate) me: Weak<Shared<D>>,
+}
+
+/// Device memory for one engine: step-scoped scratch, saved and persistent blocks, overflow
+/// into a stream-ordered pool, and capture reservations. Cheap to clone (shared).
+pub struct Arena<D: Driver> {
+    pub(crate) shared: Arc<Shared<D>>,
+}
+
+impl<D: Driver> Clone for Arena<D> {
+    fn clone(&self) -> Self {
+        Arena {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for Arena<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Arena({})", self.diagnostics())
+    }
+}
+
+/// Negative-control switches: each removes one protection so its test can be seen to fail.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protection {
+    /// `Block::ptr` refuses handles whose memory was reclaimed.
+    GenerationCheck,
+    /// Step end keeps scratch blocks that are still referenced.
+    KeepLiveScratch,
+    /// Allocations during a capture come from the active reservation (or are refused).
+    CaptureRouting,
+}
+
+impl<D: Driver> Arena<D> {
+    /// Creates an arena on `device`: allocates the initial scratch segments and the overflow
+    /// pool with its reserve, then logs the configuration and a diagnostics snapshot
+    /// (`zmem.arena.new`). Refused during capture.
+    pub fn new(device: Device<D>, config: ArenaConfig) -> MemResult<Arena<D>> {
+        config.validate()?;
+        if device.is_capturing() {
+            return Err(MemError::CaptureActive {
+                op: "creating an arena",
+            });
+        }
+        let total = device.info().total_memory;
+        let cap = config.cap_bytes.unwrap_or(total / 4 * 3);
+        let flags = Arc::new(Flags {
+            arena_id: NEXT_ARENA.fetch_add(1, Ordering::Relaxed),
+            generation_check: AtomicBool::new(true),
+            keep_live_scratch: AtomicBool::new(true),
+            capture_routing: AtomicBool::new(true),
+        });
+        let state = State {
+            segs: Vec::new(),
+            cur: 0,
+            step_blocks: Vec::new(),
+            held: Vec::new(),
+            held_cell: GenCell::new(&flags),
+            seg_bytes: 0,
+            cap,
+            pool: None,
+            capture_pool: None,
+            overflow: OverflowStats::default(),
+            overflow_scratch: 0,
+            overflow_warned: false,
+            warned_step: 0,
+            prev_steps_peak: 0,
+            by_class: ClassBytes::default(),
+            returnable_live: 0,
+            n: Counters::default(),
+            open_step: None,
+            last_step: 0,
+            step_origin: String::new(),
+            recording: None,
+            active: None,
+            reservations: BTreeMap::new(),
+            next_reservation: 1,
+            pending: Vec::new(),
+            timeline: Timeline::new(config.timeline_events),
+        };
+        let shared = Arc::new_cyclic(|me| Shared {
+            device,
+            config,
+            flags,
+            state: Mutex::new(state),
+            sinks: RwLock::new(Vec::new()),
+            has_sinks: AtomicBool::new(false),
+            me: me.clone(),
+        });
+        let arena = Arena { shared };
+        {
+            let sh = &arena.shared;
+            let mut st = sh.lock();
+            let want = sh.config.initial_bytes.min(cap);
+            while st.seg_bytes < want {
+                let size = sh.config.segment_bytes.min(cap - st.seg_bytes);
+                sh.grow_scratch(&mut st, size)?;
+            }
+            let reserve = sh.config.overflow_reserve_bytes;
+            let pool = sh.device.create_pool(reserve, u64::MAX)?;
+            st.overflow.reserved = pool.reserved;
+            st.pool = Some(pool);
+            tracing::info!(
+                target: "zmem.arena.new",
+                config = %sh.config,
+                device = %sh.device.info().name,
+                diagnostics = %st.diagnostics(),
+                "arena created"
+            );
+        }
+        Ok(arena)
+    }
+
+    /// Opens a step. Scratch blocks allocated through it are reclaimed when it ends, except
+    /// those a handle still refers to (kept, exactly). One step at a time per arena.
+    #[track_caller]
+    pub fn step(&self) -> MemResult<Step<'_, D>> {
+        let origin = std::panic::Location::caller();
+        let index = self.shared.open_step(origin)?;
+        Ok(Step::new(self, index))
+    }
+
+    /// Allocates a block saved for backward: it lives until its last handle is dropped, and no
+    /// step reclaim ever touches it.
+    pub fn alloc_saved(&self, bytes: u64) -> MemResult<Block> {
+        self.shared.alloc(AllocClass::Saved, bytes)
+    }
+
+    /// Allocates a persistent block (parameters, gradients, optimiser state).
+    pub fn alloc_persistent(&self, bytes: u64) -> MemResult<Block> {
+        self.shared.alloc(AllocClass::Persistent, bytes)
+    }
+
+    /// The block's address, checked: `UseAfterReclaim` if its memory was reclaimed,
+    /// `ForeignBlock` if another arena issued it.
+    pub fn resolve(&self, block: &Block) -> MemResult<zdevice::DevicePtr> {
+        if block.arena_id() != self.shared.flags.arena_id {
+            return Err(MemError::ForeignBlock);
+        }
+        block.ptr()
+    }
+
+    /// A snapshot of the arena's state.
+    #[must_use]
+    pub fn diagnostics(&self) -> Diagnostics {
+        self.shared.lock().diagnostics()
+    }
+
+    /// A copy of the timeline (recent events and every step's aggregates).
+    #[must_use]
+    pub fn timeline(&self) -> TimelineSnapshot {
+        self.shared.lock().timeline.snapshot()
+    }
+
+    /// Calls `sink` with every later event, outside the arena's lock (a sink may use the arena).
+    pub fn subscribe(&self, sink: Sink) {
+        let mut sinks = self
+            .shared
+            .sinks
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sinks.push(sink);
+        self.shared.has_sinks.store(true, Ordering::Release);
+    }
+
+    /// The configuration the arena runs with.
+    #[must_use]
+    pub fn config(&self) -> &ArenaConfig {
+        &self.shared.config
+    }
+
+    /// The device underneath.
+    #[must_use]
+    pub fn device(&self) -> &Device<D> {
+        &self.shared.device
+    }
+
+    /// Applies frees and poison that arrived while a capture was active. Every allocation and
+    /// step end does this too; call it after a capture to return memory sooner.
+    pub fn flush(&self) -> MemResult<()> {
+        if self.shared.device.is_capturing() {
+            return Err(MemError::CaptureActive { op: "flush" });
+        }
+        let events = {
+            let mut st = self.shared.lock();
+            self.shared.flush_pending(&mut st)
+        };
+        self.shared.publish(&events);
+        Ok(())
+    }
+
+    /// Test-only: switches one protection off or on, to prove that its test can fail.
+    /// Never turn a protection off in real code.
+    #[doc(hidden)]
+    pub fn set_protection_for_tests(&self, protection: Protection, enabled: bool) {
+        let f = &self.shared.flags;
+        let flag = match protection {
+            Protection::GenerationCheck => &f.generation_check,
+            Protection::KeepLiveScratch => &f.keep_live_scratch,
+            Protection::CaptureRouting => &f.capture_routing,
+        };
+        flag.store(enabled, Ordering::Relaxed);
+    }
+}
+
+impl<D: Driver> Shared<D> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the bookkeeping half-updated in a way
+        // that matters more than losing the arena, so keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends events to subscribers (call after releasing the lock).
+    pub(crate) fn publish(&self, events: &[Event]) {
+        if events.is_empty() || !self.has_sinks.load(Ordering::Acquire) {
+            return;
+        }
+        let sinks = self
+            .sinks
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for e in events {
+            for s in &sinks {
+                s(e);
+            }
+        }
+    }
+
+    pub(crate) fn wants_events(&self) -> bool {
+        self.has_sinks.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn reclaimer(&self) -> Weak<dyn Reclaim> {
+        self.me.clone()
+    }
+}
+
+impl<D: Driver> Reclaim for Shared<D> {
+    fn give_back(&self, r: Returned) {
+        self.return_memory(r);
+    }
+
+    fn graph_dropped(&self, reservation: u64) {
+        let ev = {
+            let mut st = self.lock();
+            let at = Some(self.device.driver().now());
+            st.timeline
+                .push(at, crate::timeline::EventKind::GraphDrop { reservation })
+        };
+        self.publish(&[ev]);
+    }
+}
+
+impl<D: Driver> Drop for Shared<D> {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}

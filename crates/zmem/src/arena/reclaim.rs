@@ -1,0 +1,268 @@
+//! Giving memory back: step end (scratch reclaim with exactly the live blocks kept), returns of
+//! held/overflow/reservation memory, poison, deferral while a capture is active, teardown.
+
+use std::sync::Arc;
+
+use zdevice::{DevicePtr, Driver};
+
+use super::Shared;
+use super::scratch::{Pin, Reclaimed, reclaim};
+use super::state::{OVERFLOW_SEG, State};
+use crate::block::{Returned, Source};
+use crate::class::AllocClass;
+use crate::diag::ResetInfo;
+use crate::error::{LiveBlock, MemError, MemResult};
+use crate::timeline::{Event, EventKind};
+
+/// The 0xFF byte: four of them are a float32 NaN, so stale reads compute NaN.
+pub(crate) const POISON_BYTE: u8 = 0xFF;
+
+/// What a step's end did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepSummary {
+    /// The step.
+    pub step: u64,
+    /// Scratch bytes made reusable.
+    pub reclaimed_bytes: u64,
+    /// Scratch blocks still referenced, kept exactly (their memory is not reissued while they
+    /// live; everything around them is).
+    pub kept: Vec<LiveBlock>,
+    /// The reclaim was deferred to the next step end because a capture was active.
+    pub deferred: bool,
+}
+
+impl<D: Driver> Shared<D> {
+    fn poison(&self, ranges: &[(DevicePtr, u64)]) -> MemResult<()> {
+        if !self.config.poison {
+            return Ok(());
+        }
+        let stream = self.device.stream();
+        for &(ptr, len) in ranges {
+            self.device.memset_d8_async(ptr, POISON_BYTE, len, stream)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the open step: reclaims its scratch except the blocks still referenced.
+    pub(crate) fn end_step(&self, index: u64, by: String) -> MemResult<StepSummary> {
+        let _span = tracing::debug_span!("zmem.arena.reset", step = index).entered();
+        let capturing = self.device.is_capturing();
+        let mut events: Vec<Event> = Vec::new();
+        let mut kept_arcs = Vec::new();
+        let result = {
+            let mut st = self.lock();
+            st.open_step = None;
+            st.prev_steps_peak = st.overflow.peak;
+            let at = Some(self.device.driver().now());
+            if capturing || st.active.is_some() {
+                // The graph may have baked in this step's addresses: reclaim at the next
+                // step end instead, after the capture.
+                st.timeline.current.kept_blocks = 0;
+                let rec = st.timeline.current.clone();
+                st.timeline.steps.push(rec);
+                events.push(st.timeline.push(
+                    at,
+                    EventKind::StepEnd {
+                        kept_blocks: 0,
+                        deferred: true,
+                    },
+                ));
+                tracing::warn!(target: "zmem.arena.reset", step = index, "step ended during a capture: reclaim deferred");
+                Err(MemError::CaptureActive {
+                    op: "reclaiming a step's scratch",
+                })
+            } else {
+                events.extend(self.flush_pending(&mut st));
+                self.reclaim_scratch(&mut st, index, by, &mut kept_arcs, &mut events)
+            }
+        };
+        drop(kept_arcs);
+        self.publish(&events);
+        result
+    }
+
+    fn reclaim_scratch(
+        &self,
+        st: &mut State,
+        index: u64,
+        by: String,
+        kept_arcs: &mut Vec<Arc<crate::block::BlockInner>>,
+        events: &mut Vec<Event>,
+    ) -> MemResult<StepSummary> {
+        let keep = self
+            .flags
+            .keep_live_scratch
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut per_seg: Vec<Vec<Pin>> = (0..st.segs.len()).map(|_| Vec::new()).collect();
+        let mut kept: Vec<LiveBlock> = Vec::new();
+        for b in st.step_blocks.drain(..) {
+            if b.seg == OVERFLOW_SEG {
+                // Overflow scratch returns to the pool when its last handle drops.
+                if let Some(inner) = b.block.upgrade() {
+                    kept.push(crate::block::describe(&inner));
+                    kept_arcs.push(inner);
+                }
+            } else if let Some(pins) = per_seg.get_mut(b.seg as usize) {
+                pins.push(Pin {
+                    start: b.start,
+                    end: b.end,
+                    block: b.block,
+                });
+            }
+        }
+        let mut out = Reclaimed::default();
+        for (seg, pins) in st.segs.iter_mut().zip(per_seg) {
+            kept.extend(reclaim(seg, pins, keep, &mut out));
+        }
+        kept_arcs.append(&mut out.kept);
+        st.cur = 0;
+        let pinned: u64 = st.segs.iter().map(|s| s.pinned_bytes()).sum();
+        st.by_class.0[AllocClass::Scratch as usize] = pinned + st.overflow_scratch;
+        st.n.resets += 1;
+        st.n.since_reset = 0;
+        st.n.bytes_since_reset = 0;
+        st.n.last_reset = Some(ResetInfo {
+            step: index,
+            by: by.clone(),
+            reclaimed_bytes: out.bytes,
+            kept_blocks: kept.len(),
+        });
+        st.timeline.current.resets += 1;
+        st.timeline.current.kept_blocks = kept.len();
+        let rec = st.timeline.current.clone();
+        st.timeline.steps.push(rec);
+        let at = Some(self.device.driver().now());
+        let reset = EventKind::Reset {
+            reclaimed_bytes: out.bytes,
+            cause: by,
+        };
+        events.push(st.timeline.push(at, reset));
+        let end = EventKind::StepEnd {
+            kept_blocks: kept.len(),
+            deferred: false,
+        };
+        events.push(st.timeline.push(at, end));
+        if !kept.is_empty() {
+            tracing::debug!(target: "zmem.arena.reset", step = index, kept = kept.len(), "live scratch kept");
+        }
+        self.poison(&out.ranges)?;
+        Ok(StepSummary {
+            step: index,
+            reclaimed_bytes: out.bytes,
+            kept,
+            deferred: false,
+        })
+    }
+
+    /// A block's last handle is gone: return its memory now, or after the capture.
+    pub(crate) fn return_memory(&self, r: Returned) {
+        let capturing = self.device.is_capturing();
+        let ev = {
+            let mut st = self.lock();
+            if capturing {
+                // A free during capture would invalidate it; the memory cannot be reissued
+                // meanwhile because nothing allocates from these regions while capturing.
+                st.pending.push(r);
+                return;
+            }
+            let mut evs = self.flush_pending(&mut st);
+            evs.push(self.apply_return(&mut st, r));
+            evs
+        };
+        self.publish(&ev);
+    }
+
+    /// Applies the returns deferred during a capture; the caller publishes the events after
+    /// releasing the lock.
+    pub(crate) fn flush_pending(&self, st: &mut State) -> Vec<Event> {
+        let pending = std::mem::take(&mut st.pending);
+        pending
+            .into_iter()
+            .map(|r| self.apply_return(st, r))
+            .collect()
+    }
+
+    /// Returns one block's memory (poisoned first when poison is on). Errors are logged: a
+    /// drop has nowhere to report them.
+    fn apply_return(&self, st: &mut State, r: Returned) -> Event {
+        if let Err(e) = self.poison(&[(r.ptr, r.size)]) {
+            tracing::warn!(target: "zmem.arena.free", error = %e, "poisoning freed memory failed");
+        }
+        let stream = self.device.stream();
+        match r.source {
+            Source::Held => {
+                if let Some(h) = st.held.iter_mut().find(|h| h.contains(r.ptr)) {
+                    h.free(r.ptr.0 - h.base.0, r.size);
+                }
+                st.by_class.sub(r.class, r.size);
+                st.returnable_live = st.returnable_live.saturating_sub(1);
+            }
+            Source::Overflow => {
+                if let Err(e) = self.device.free_async(r.ptr, stream) {
+                    tracing::warn!(target: "zmem.arena.free", error = %e, "overflow free failed");
+                }
+                st.overflow.outstanding = st.overflow.outstanding.saturating_sub(r.size);
+                if r.class == AllocClass::Scratch {
+                    st.overflow_scratch = st.overflow_scratch.saturating_sub(r.size);
+                }
+                st.by_class.sub(r.class, r.size);
+                st.returnable_live = st.returnable_live.saturating_sub(1);
+            }
+            Source::Reservation => {
+                if let Err(e) = self.device.free_async(r.ptr, stream) {
+                    tracing::warn!(target: "zmem.arena.free", error = %e, "reservation free failed");
+                }
+                if let Some(info) = st.reservations.remove(&r.reservation) {
+                    st.by_class.sub(AllocClass::Graph, info.used);
+                }
+            }
+            Source::Arena => {}
+        }
+        let kind = EventKind::Free {
+            class: r.class,
+            bytes: r.size,
+            ptr: r.ptr.0,
+            source: r.source,
+        };
+        st.timeline.push(None, kind)
+    }
+
+    /// Frees everything the arena owns. Handles that outlive it go stale (their generation
+    /// moves), so a later `ptr()` is `UseAfterReclaim`, not a read of someone else's memory.
+    pub(crate) fn teardown(&self) {
+        let mut st = self.lock();
+        for s in &st.segs {
+            s.cell.advance();
+        }
+        st.held_cell.advance();
+        if self.device.is_capturing() || self.device.lost_reason().is_some() {
+            tracing::warn!(target: "zmem.arena.drop", "arena dropped during a capture or after device loss: its memory is left to the process");
+            return;
+        }
+        drop(self.flush_pending(&mut st));
+        // Queued work may still read the segments: let it finish (bounded) before freeing.
+        if let Err(e) = self.device.synchronize(self.device.stream()) {
+            tracing::warn!(target: "zmem.arena.drop", error = %e, "could not drain the stream; leaking the arena's memory");
+            return;
+        }
+        let bases: Vec<DevicePtr> = st
+            .segs
+            .iter()
+            .map(|s| s.base)
+            .chain(st.held.iter().map(|h| h.base))
+            .collect();
+        for base in bases {
+            if let Err(e) = self.device.free(base) {
+                tracing::warn!(target: "zmem.arena.drop", error = %e, "segment free failed");
+            }
+        }
+        for pool in [st.pool.take(), st.capture_pool.take()]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(e) = self.device.destroy_pool(pool) {
+                tracing::warn!(target: "zmem.arena.drop", error = %e, "pool destroy failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The arena's host-side bookkeeping, kept behind one mutex.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+
+use zdevice::DevicePool;
+
+use super::held::HeldSegment;
+use super::scratch::Segment;
+use crate::block::{BlockInner, GenCell, Returned};
+use crate::capture::ReservationMem;
+use crate::class::{AllocClass, ClassBytes};
+use crate::diag::{CaptureStats, Diagnostics, OverflowStats, ResetInfo};
+use crate::timeline::Timeline;
+
+/// Segment index used for scratch blocks that came from the overflow pool.
+pub(crate) const OVERFLOW_SEG: u32 = u32::MAX;
+
+/// A scratch block issued in the open step (or in steps whose reclaim was deferred).
+pub(crate) struct StepBlock {
+    pub(crate) seg: u32,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) block: Weak<BlockInner>,
+}
+
+/// A capture reservation as the arena tracks it.
+pub(crate) struct ResInfo {
+    pub(crate) bytes: u64,
+    pub(crate) used: u64,
+    pub(crate) blocks: Vec<Weak<BlockInner>>,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) allocations: u64,
+    pub(crate) since_reset: u64,
+    pub(crate) bytes_since_reset: u64,
+    pub(crate) largest: u64,
+    pub(crate) reuses: u64,
+    pub(crate) resets: u64,
+    pub(crate) high_water: u64,
+    pub(crate) last_reset: Option<ResetInfo>,
+}
+
+pub(crate) struct State {
+    pub(crate) segs: Vec<Segment>,
+    /// Scratch segment the bump pointer is in.
+    pub(crate) cur: usize,
+    pub(crate) step_blocks: Vec<StepBlock>,
+    pub(crate) held: Vec<HeldSegment>,
+    /// Generation of held and overflow memory: moves only when the arena is torn down.
+    pub(crate) held_cell: Arc<GenCell>,
+    pub(crate) seg_bytes: u64,
+    pub(crate) cap: u64,
+    pub(crate) pool: Option<DevicePool>,
+    pub(crate) capture_pool: Option<DevicePool>,
+    pub(crate) overflow: OverflowStats,
+    pub(crate) overflow_scratch: u64,
+    /// Whether the first-overflow warning has been given.
+    pub(crate) overflow_warned: bool,
+    /// The step of the last overflow warning (at most one per step).
+    pub(crate) warned_step: u64,
+    /// Highest overflow outstanding over the steps already ended: a later step warns only
+    /// when it goes above it, so a steady loop that overflows the same amount warns once.
+    pub(crate) prev_steps_peak: u64,
+    pub(crate) by_class: ClassBytes,
+    /// Live held and overflow handles (they report their drop).
+    pub(crate) returnable_live: u64,
+    pub(crate) n: Counters,
+    pub(crate) open_step: Option<u64>,
+    pub(crate) last_step: u64,
+    pub(crate) step_origin: String,
+    pub(crate) recording: Option<Vec<u64>>,
+    pub(crate) active: Option<Arc<ReservationMem>>,
+    pub(crate) reservations: BTreeMap<u64, ResInfo>,
+    pub(crate) next_reservation: u64,
+    /// Returns that arrived while a capture was active: applied once it has ended.
+    pub(crate) pending: Vec<Returned>,
+    pub(crate) timeline: Timeline,
+}
+
+impl State {
+    pub(crate) fn diagnostics(&self) -> Diagnostics {
+        let scratch_live = self
+            .step_blocks
+            .iter()
+            .filter(|b| b.block.strong_count() > 0)
+            .count();
+        let pins_live: usize = self
+            .segs
+            .iter()
+            .flat_map(|s| s.pins.iter())
+            .filter(|p| p.block.strong_count() > 0)
+            .count();
+        let graph_live: usize = self
+            .reservations
+            .values()
+            .flat_map(|r| r.blocks.iter())
+            .filter(|b| b.strong_count() > 0)
+            .count();
+        let scratch_overflow_live = self
+            .step_blocks
+            .iter()
+            .filter(|b| b.seg == OVERFLOW_SEG && b.block.strong_count() > 0)
+            .count();
+        let capture = CaptureStats {
+            reservations: self.reservations.len(),
+            reserved: self.reservations.values().map(|r| r.bytes).sum(),
+            used: self.reservations.values().map(|r| r.used).sum(),
+            active: self.active.is_some(),
+        };
+        Diagnostics {
+            capacity: self.seg_bytes,
+            cap: self.cap,
+            scratch_segments: self.segs.len(),
+            held_segments: self.held.len(),
+            offset: self.segs.iter().map(|s| s.off).sum(),
+            high_water: self.n.high_water,
+            allocations_since_reset: self.n.since_reset,
+            bytes_since_reset: self.n.bytes_since_reset,
+            allocations: self.n.allocations,
+            largest_request: self.n.largest,
+            reuses: self.n.reuses,
+            resets: self.n.resets,
+            last_reset: self.n.last_reset.clone(),
+            overflow: self.overflow,
+            bytes_by_class: self.by_class,
+            // Overflow scratch blocks are counted both as step blocks and as returnable.
+            live_handles: (scratch_live + pins_live + graph_live) as u64 + self.returnable_live
+                - scratch_overflow_live as u64,
+            pinned_bytes: self.segs.iter().map(Segment::pinned_bytes).sum(),
+            held_free: self.held.iter().map(HeldSegment::free_bytes).sum(),
+            capture,
+            open_step: self.open_step.unwrap_or(0),
+        }
+    }
+
+    /// Counts one issued block.
+    pub(crate) fn count_alloc(&mut self, class: AllocClass, requested: u64, size: u64) {
+        self.n.allocations += 1;
+        self.n.since_reset += 1;
+        self.n.bytes_since_reset += size;
+        self.n.largest = self.n.largest.max(requested);
+        self.by_class.add(class, size);
+        let t = &mut self.timeline.current;
+        t.allocations += 1;
+        t.bytes += size;
+        let held = self.by_class;
+        self.timeline.observe(&held);
+    }
+
+    /// The step events are attributed to.
+    pub(crate) fn step_now(&self) -> u64 {
+        self.open_step.unwrap_or(self.last_step)
+    }
+}

@@ -1,0 +1,334 @@
+//! Capture reservations: memory reserved for one graph before its capture begins, sized by a
+//! recorded warm-up (or a dry run of known sizes). While a reservation is active every
+//! allocation of the arena comes from it, so nothing allocates inside the capture; the graph
+//! owns it until dropped, and step resets never touch it.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+
+use zdevice::{DevicePtr, Driver};
+
+use crate::arena::Arena;
+use crate::arena::state::ResInfo;
+use crate::block::{Block, GenCell, Reclaim, Returned, Source};
+use crate::class::AllocClass;
+use crate::error::{MemError, MemResult};
+use crate::timeline::EventKind;
+use crate::units::{ALIGN, align_up};
+
+/// The memory a graph needs: the aligned sizes of the requests a warm-up made, plus headroom.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CapturePlan {
+    requests: Vec<u64>,
+    headroom: u64,
+}
+
+impl CapturePlan {
+    /// A dry-run plan from known request sizes (each rounded up to 256).
+    #[must_use]
+    pub fn from_requests(sizes: impl IntoIterator<Item = u64>) -> CapturePlan {
+        let requests = sizes
+            .into_iter()
+            .map(|s| align_up(s).unwrap_or(u64::MAX))
+            .collect();
+        CapturePlan {
+            requests,
+            headroom: 0,
+        }
+    }
+
+    /// Adds `bytes` of headroom.
+    #[must_use]
+    pub fn with_headroom(mut self, bytes: u64) -> CapturePlan {
+        self.headroom = self.headroom.saturating_add(bytes);
+        self
+    }
+
+    /// Bytes to reserve: every request (a reservation never reuses within a capture, since the
+    /// graph replays all of them) plus headroom.
+    #[must_use]
+    pub fn bytes(&self) -> u64 {
+        self.requests
+            .iter()
+            .fold(self.headroom, |a, b| a.saturating_add(*b))
+    }
+
+    /// The recorded (aligned) request sizes, in order.
+    #[must_use]
+    pub fn requests(&self) -> &[u64] {
+        &self.requests
+    }
+}
+
+/// The device memory of a reservation. Kept alive by its `CaptureReservation` and by every
+/// block issued from it; given back (in stream order) when all are gone.
+pub(crate) struct ReservationMem {
+    pub(crate) id: u64,
+    pub(crate) ptr: DevicePtr,
+    pub(crate) size: u64,
+    pub(crate) cell: Arc<GenCell>,
+    owner: Weak<dyn Reclaim>,
+}
+
+impl Drop for ReservationMem {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.upgrade() {
+            owner.give_back(Returned {
+                ptr: self.ptr,
+                size: self.size,
+                class: AllocClass::Graph,
+                source: Source::Reservation,
+                reservation: self.id,
+            });
+        }
+    }
+}
+
+/// Memory reserved for one captured graph. Keep it with the graph; drop it with the graph.
+pub struct CaptureReservation {
+    mem: Arc<ReservationMem>,
+    arena_id: u64,
+    retained: Mutex<Vec<Block>>,
+}
+
+impl CaptureReservation {
+    /// Its id (in the timeline and diagnostics).
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.mem.id
+    }
+
+    /// Bytes reserved.
+    #[must_use]
+    pub fn bytes(&self) -> u64 {
+        self.mem.size
+    }
+
+    /// Keeps `block` alive for as long as the graph: use it for graph inputs allocated before
+    /// the capture, whose addresses the graph bakes in.
+    pub fn retain(&self, block: &Block) {
+        self.retained
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(block.clone());
+    }
+}
+
+impl Drop for CaptureReservation {
+    fn drop(&mut self) {
+        if let Some(owner) = self.mem.owner.upgrade() {
+            owner.graph_dropped(self.mem.id);
+        }
+    }
+}
+
+impl std::fmt::Debug for CaptureReservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureReservation")
+            .field("id", &self.mem.id)
+            .field("bytes", &self.mem.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// While alive, every allocation of the arena comes from the reservation. Begin the device
+/// capture after creating it and end the capture before dropping it.
+pub struct CaptureScope<'a, D: Driver> {
+    arena: &'a Arena<D>,
+    reservation: &'a CaptureReservation,
+}
+
+impl<D: Driver> CaptureScope<'_, D> {
+    /// Bytes of the reservation handed out so far.
+    #[must_use]
+    pub fn used(&self) -> u64 {
+        let st = self.arena.shared.lock();
+        st.reservations
+            .get(&self.reservation.id())
+            .map_or(0, |r| r.used)
+    }
+}
+
+impl<D: Driver> Drop for CaptureScope<'_, D> {
+    fn drop(&mut self) {
+        let sh = &self.arena.shared;
+        let (active, ev) = {
+            let mut st = sh.lock();
+            let active = st.active.take();
+            let id = self.reservation.id();
+            let used = st.reservations.get(&id).map_or(0, |r| r.used);
+            let at = Some(sh.device.driver().now());
+            (
+                active,
+                st.timeline.push(
+                    at,
+                    EventKind::CaptureEnd {
+                        reservation: id,
+                        used,
+                    },
+                ),
+            )
+        };
+        drop(active);
+        sh.publish(&[ev]);
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for CaptureScope<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureScope")
+            .field("reservation", self.reservation)
+            .finish()
+    }
+}
+
+/// Records the sizes of every allocation while alive; [`Recording::finish`] turns them into a
+/// plan. Run one warm-up of the workload to be captured inside it.
+pub struct Recording<'a, D: Driver> {
+    arena: &'a Arena<D>,
+}
+
+impl<D: Driver> Recording<'_, D> {
+    /// Stops recording and returns the plan.
+    #[must_use]
+    pub fn finish(self) -> CapturePlan {
+        let requests = self
+            .arena
+            .shared
+            .lock()
+            .recording
+            .take()
+            .unwrap_or_default();
+        CapturePlan {
+            requests,
+            headroom: 0,
+        }
+    }
+}
+
+impl<D: Driver> Drop for Recording<'_, D> {
+    fn drop(&mut self) {
+        self.arena.shared.lock().recording = None;
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for Recording<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Recording")
+    }
+}
+
+impl<D: Driver> Arena<D> {
+    /// Starts recording allocation sizes (for a warm-up run).
+    pub fn start_recording(&self) -> MemResult<Recording<'_, D>> {
+        let mut st = self.shared.lock();
+        if st.recording.is_some() {
+            return Err(MemError::CaptureActive {
+                op: "starting a second recording",
+            });
+        }
+        st.recording = Some(Vec::new());
+        Ok(Recording { arena: self })
+    }
+
+    /// Runs `warm_up` while recording and returns its result with the plan it implies.
+    pub fn record_plan<R>(&self, warm_up: impl FnOnce() -> R) -> MemResult<(R, CapturePlan)> {
+        let rec = self.start_recording()?;
+        let r = warm_up();
+        Ok((r, rec.finish()))
+    }
+
+    /// Reserves `plan.bytes()` for one graph from the arena's capture pool (stream-ordered, so
+    /// giving it back never synchronises the device). Refused during capture.
+    pub fn reserve_for_capture(&self, plan: &CapturePlan) -> MemResult<CaptureReservation> {
+        let sh = &self.shared;
+        if sh.device.is_capturing() {
+            return Err(MemError::CaptureActive {
+                op: "reserving memory for a capture",
+            });
+        }
+        let size = plan.bytes().max(ALIGN);
+        let (res, ev) = {
+            let mut st = sh.lock();
+            let pool = match st.capture_pool {
+                Some(p) => p,
+                None => {
+                    let p = sh.device.create_pool(0, u64::MAX)?;
+                    st.capture_pool = Some(p);
+                    p
+                }
+            };
+            let ptr = sh
+                .device
+                .alloc_from_pool(pool.pool, size, sh.device.stream())
+                .map_err(|e| sh.map_device_error(&st, AllocClass::Graph, size, e))?;
+            let id = st.next_reservation;
+            st.next_reservation += 1;
+            st.reservations.insert(
+                id,
+                ResInfo {
+                    bytes: size,
+                    used: 0,
+                    blocks: Vec::new(),
+                },
+            );
+            let mem = Arc::new(ReservationMem {
+                id,
+                ptr,
+                size,
+                cell: GenCell::new(&sh.flags),
+                owner: sh.reclaimer(),
+            });
+            let at = Some(sh.device.driver().now());
+            let ev = st.timeline.push(
+                at,
+                EventKind::Reserve {
+                    reservation: id,
+                    bytes: size,
+                },
+            );
+            let res = CaptureReservation {
+                mem,
+                arena_id: sh.flags.arena_id,
+                retained: Mutex::default(),
+            };
+            (res, ev)
+        };
+        tracing::debug!(target: "zmem.arena.capture", id = res.id(), bytes = size, "reserved for capture");
+        sh.publish(&[ev]);
+        Ok(res)
+    }
+
+    /// Routes every allocation of this arena into `reservation` until the scope is dropped.
+    pub fn capture_into<'a>(
+        &'a self,
+        reservation: &'a CaptureReservation,
+    ) -> MemResult<CaptureScope<'a, D>> {
+        let sh = &self.shared;
+        if reservation.arena_id != sh.flags.arena_id {
+            return Err(MemError::ForeignBlock);
+        }
+        let ev = {
+            let mut st = sh.lock();
+            if st.active.is_some() {
+                return Err(MemError::CaptureActive {
+                    op: "activating a second reservation",
+                });
+            }
+            st.active = Some(Arc::clone(&reservation.mem));
+            let at = Some(sh.device.driver().now());
+            st.timeline.push(
+                at,
+                EventKind::CaptureBegin {
+                    reservation: reservation.id(),
+                },
+            )
+        };
+        let _ = sh.flags.capture_routing.load(Ordering::Relaxed);
+        sh.publish(&[ev]);
+        Ok(CaptureScope {
+            arena: self,
+            reservation,
+        })
+    }
+}

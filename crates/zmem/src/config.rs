@@ -1,0 +1,206 @@
+//! Arena configuration: by API, or from `ZMEM_*` environment variables read once per process.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::error::MemError;
+use crate::units::{Bytes, parse_bytes};
+
+/// How an [`Arena`](crate::Arena) sizes itself. Every field can also come from the environment
+/// (see [`ArenaConfig::from_env`]); the arena logs the values it runs with at creation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArenaConfig {
+    /// Scratch memory allocated at creation (rounded up to whole segments).
+    /// `ZMEM_ARENA_BYTES`.
+    pub initial_bytes: u64,
+    /// Size of each segment the arena grows by (a request larger than this gets a segment of
+    /// its own size). `ZMEM_SEGMENT_BYTES`.
+    pub segment_bytes: u64,
+    /// Most the arena's segments (scratch and saved/persistent together) may add up to; past
+    /// it, requests go to the overflow pool. `None`: three quarters of the device's memory.
+    /// `ZMEM_ARENA_CAP_BYTES`.
+    pub cap_bytes: Option<u64>,
+    /// Bytes reserved in the overflow pool up front, so that overflow reuses memory instead of
+    /// asking the operating system under pressure. `ZMEM_OVERFLOW_RESERVE_BYTES`.
+    pub overflow_reserve_bytes: u64,
+    /// Fill reclaimed scratch and freed memory with 0xFF bytes (a float32 NaN) so that a read
+    /// of stale memory produces NaN at the op that read it. `ZMEM_POISON` (`1`/`0`).
+    pub poison: bool,
+    /// Events kept in the timeline's ring. `ZMEM_TIMELINE_EVENTS`.
+    pub timeline_events: usize,
+    /// Which fields came from the environment (for the creation report).
+    pub from_env: Vec<&'static str>,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        ArenaConfig {
+            initial_bytes: 64 << 20,
+            segment_bytes: 64 << 20,
+            cap_bytes: None,
+            overflow_reserve_bytes: 64 << 20,
+            poison: false,
+            timeline_events: 4096,
+            from_env: Vec::new(),
+        }
+    }
+}
+
+/// The environment variables the arena reads.
+pub const ENV_VARS: [&str; 6] = [
+    "ZMEM_ARENA_BYTES",
+    "ZMEM_SEGMENT_BYTES",
+    "ZMEM_ARENA_CAP_BYTES",
+    "ZMEM_OVERFLOW_RESERVE_BYTES",
+    "ZMEM_POISON",
+    "ZMEM_TIMELINE_EVENTS",
+];
+
+static ENV: OnceLock<Result<ArenaConfig, MemError>> = OnceLock::new();
+
+impl ArenaConfig {
+    /// The defaults overridden by the `ZMEM_*` variables, read once per process (later changes
+    /// to the environment are not seen, so every arena of a run agrees). A malformed value is an
+    /// error naming the variable, never a silent default.
+    pub fn from_env() -> Result<ArenaConfig, MemError> {
+        ENV.get_or_init(|| ArenaConfig::default().with_vars(std::env::vars()))
+            .clone()
+    }
+
+    /// `self` overridden by the `ZMEM_*` entries of `vars` (others are ignored).
+    pub fn with_vars(
+        mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<ArenaConfig, MemError> {
+        for (k, v) in vars {
+            let Some(name) = ENV_VARS.iter().copied().find(|n| *n == k) else {
+                continue;
+            };
+            let bad = |reason: String| MemError::Config {
+                var: name,
+                value: v.clone(),
+                reason,
+            };
+            match name {
+                "ZMEM_ARENA_BYTES" => self.initial_bytes = parse_bytes(&v).map_err(bad)?,
+                "ZMEM_SEGMENT_BYTES" => self.segment_bytes = parse_bytes(&v).map_err(bad)?,
+                "ZMEM_ARENA_CAP_BYTES" => self.cap_bytes = Some(parse_bytes(&v).map_err(bad)?),
+                "ZMEM_OVERFLOW_RESERVE_BYTES" => {
+                    self.overflow_reserve_bytes = parse_bytes(&v).map_err(bad)?;
+                }
+                "ZMEM_POISON" => {
+                    self.poison = match v.trim().to_ascii_lowercase().as_str() {
+                        "1" | "true" | "on" | "yes" => true,
+                        "0" | "false" | "off" | "no" | "" => false,
+                        _ => return Err(bad("expected 1 or 0".into())),
+                    };
+                }
+                _ => {
+                    self.timeline_events = v.trim().parse().map_err(|e| bad(format!("{e}")))?;
+                }
+            }
+            if !self.from_env.contains(&name) {
+                self.from_env.push(name);
+            }
+        }
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Checks the values make sense together.
+    pub fn validate(&self) -> Result<(), MemError> {
+        let bad = |var: &'static str, value: u64, reason: &str| MemError::Config {
+            var,
+            value: value.to_string(),
+            reason: reason.to_string(),
+        };
+        if self.segment_bytes < crate::units::ALIGN {
+            return Err(bad(
+                "ZMEM_SEGMENT_BYTES",
+                self.segment_bytes,
+                "must be at least 256",
+            ));
+        }
+        if let Some(cap) = self.cap_bytes
+            && cap < self.initial_bytes
+        {
+            return Err(bad(
+                "ZMEM_ARENA_CAP_BYTES",
+                cap,
+                "is smaller than ZMEM_ARENA_BYTES",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ArenaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "initial {} segment {} cap {} overflow reserve {} poison {} timeline {} events",
+            Bytes(self.initial_bytes),
+            Bytes(self.segment_bytes),
+            self.cap_bytes
+                .map_or("3/4 of device".to_string(), |c| Bytes(c).to_string()),
+            Bytes(self.overflow_reserve_bytes),
+            if self.poison { "on" } else { "off" },
+            self.timeline_events,
+        )?;
+        if !self.from_env.is_empty() {
+            write!(f, " (from env: {})", self.from_env.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn vars(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn env_overrides_and_reports_sources() {
+        let c = ArenaConfig::default()
+            .with_vars(vars(&[
+                ("ZMEM_ARENA_BYTES", "1M"),
+                ("ZMEM_SEGMENT_BYTES", "512K"),
+                ("ZMEM_ARENA_CAP_BYTES", "4M"),
+                ("ZMEM_OVERFLOW_RESERVE_BYTES", "2M"),
+                ("ZMEM_POISON", "1"),
+                ("ZMEM_TIMELINE_EVENTS", "10"),
+                ("PATH", "/bin"),
+            ]))
+            .unwrap();
+        assert_eq!(c.initial_bytes, 1 << 20);
+        assert_eq!(c.segment_bytes, 512 << 10);
+        assert_eq!(c.cap_bytes, Some(4 << 20));
+        assert_eq!(c.overflow_reserve_bytes, 2 << 20);
+        assert!(c.poison);
+        assert_eq!(c.timeline_events, 10);
+        assert_eq!(c.from_env.len(), 6);
+        assert!(c.to_string().contains("from env: ZMEM_ARENA_BYTES"));
+    }
+
+    #[rstest]
+    #[case("ZMEM_ARENA_BYTES", "lots")]
+    #[case("ZMEM_POISON", "maybe")]
+    #[case("ZMEM_TIMELINE_EVENTS", "-1")]
+    #[case("ZMEM_SEGMENT_BYTES", "16")]
+    #[case("ZMEM_ARENA_CAP_BYTES", "1K")]
+    fn malformed_values_name_the_variable(#[case] var: &str, #[case] value: &str) {
+        let err = ArenaConfig::default()
+            .with_vars(vars(&[(var, value)]))
+            .unwrap_err();
+        assert!(
+            matches!(&err, MemError::Config { var: v, .. } if *v == var),
+            "{err}"
+        );
+    }
+}
