@@ -24,7 +24,7 @@ mod driver_impl;
 mod faults;
 mod gemm;
 mod graphs;
-pub mod kernels;
+mod kernels;
 mod launch;
 mod memcalls;
 mod memory;
@@ -208,7 +208,8 @@ impl SimDriver {
         self.lock().faults.clear();
     }
 
-    /// How many times `call` has been made (every attempt that got past initialisation).
+    /// How many times `call` reached the fault plan (every attempt after the missing-driver,
+    /// initialisation and sticky-error checks).
     #[must_use]
     pub fn call_count(&self, call: &str) -> u64 {
         self.lock().faults.count(call)
