@@ -61,7 +61,10 @@ impl CuCode {
     #[must_use]
     pub fn is_sticky(self) -> bool {
         // The codes CUDA documents as corrupting the context: "the process must terminate".
-        matches!(self.0, 700 | 701 | 702 | 710 | 714 | 715 | 716 | 717 | 718 | 719 | 999)
+        matches!(
+            self.0,
+            700 | 701 | 702 | 710 | 714 | 715 | 716 | 717 | 718 | 719 | 999
+        )
     }
 }
 
@@ -103,7 +106,9 @@ pub enum DriverError {
     Load(#[from] cuda_sys::LoadError),
     /// The simulated driver does not know what the real driver answers to this call while a
     /// stream captures, so it refuses it rather than guess (see capture-rules.md).
-    #[error("{call} during stream capture is not covered by capture-rules.md; the simulated driver refuses it")]
+    #[error(
+        "{call} during stream capture is not covered by capture-rules.md; the simulated driver refuses it"
+    )]
     NotModelled {
         /// The CUDA function that was refused.
         call: &'static str,
@@ -374,6 +379,9 @@ pub trait Driver: Send + Sync + 'static {
     ///
     /// # Safety
     /// Every operand described by `gemm` must lie in live device memory.
-    unsafe fn gemm_strided_batched_f32(&self, handle: BlasHandle, gemm: &GemmF32)
-    -> DriverResult<()>;
+    unsafe fn gemm_strided_batched_f32(
+        &self,
+        handle: BlasHandle,
+        gemm: &GemmF32,
+    ) -> DriverResult<()>;
 }

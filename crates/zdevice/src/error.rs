@@ -38,9 +38,7 @@ pub enum DeviceError {
         name: &'static str,
     },
     /// Not enough free device memory now; freeing memory (or waiting for frees) may help.
-    #[error(
-        "out of device memory in {call}: requested {requested} bytes, {free} free of {total}"
-    )]
+    #[error("out of device memory in {call}: requested {requested} bytes, {free} free of {total}")]
     OutOfMemory {
         /// The allocation call.
         call: &'static str,

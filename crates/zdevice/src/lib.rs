@@ -10,11 +10,19 @@
 //!
 //! [`MockDevice`] is `Device<SimDriver>`: what every higher crate tests against.
 
+pub mod cuda;
 pub mod device;
 pub mod driver;
 pub mod error;
+pub mod kernels;
 pub mod sim;
 pub mod types;
+
+pub use cuda::CudaDriver;
+pub use sim::{FaultAction, SimConfig, SimDriver};
+
+/// The device over the simulated driver: what every higher crate tests against.
+pub type MockDevice = Device<SimDriver>;
 
 pub use device::*;
 pub use driver::*;

@@ -148,7 +148,11 @@ impl LaunchConfig {
     pub fn linear(n: u64, block: u32, per_thread: u32) -> LaunchConfig {
         let per_block = u64::from(block) * u64::from(per_thread.max(1));
         let blocks = n.div_ceil(per_block).clamp(1, u64::from(u32::MAX)) as u32;
-        LaunchConfig { grid: (blocks, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid: (blocks, 1, 1),
+            block: (block, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 }
 

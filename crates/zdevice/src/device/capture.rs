@@ -44,7 +44,11 @@ impl<D: Driver> Device<D> {
             return Err(e);
         }
         tracing::debug!(target: "zdevice.device.capture", ?stream, "capture begun");
-        Ok(Capture { device: self, stream, ended: false })
+        Ok(Capture {
+            device: self,
+            stream,
+            ended: false,
+        })
     }
 }
 
@@ -68,8 +72,13 @@ impl<'d, D: Driver> Capture<'d, D> {
         let r = self.device.call(|d| d.stream_end_capture(self.stream));
         self.device.unbook_capture();
         match r {
-            Ok(graph) => Ok(CapturedGraph { device: self.device.clone(), graph }),
-            Err(DeviceError::Driver { call, code }) if code == CuCode::STREAM_CAPTURE_INVALIDATED => {
+            Ok(graph) => Ok(CapturedGraph {
+                device: self.device.clone(),
+                graph,
+            }),
+            Err(DeviceError::Driver { call, code })
+                if code == CuCode::STREAM_CAPTURE_INVALIDATED =>
+            {
                 Err(DeviceError::CaptureInvalidated { call, code })
             }
             Err(e) => Err(e),
@@ -87,7 +96,9 @@ impl<D: Driver> Drop for Capture<'_, D> {
             Ok(graph) => {
                 let _ = d.graph_destroy(graph);
             }
-            Err(e) => tracing::debug!(target: "zdevice.device.capture", error = %e, "abandoned capture"),
+            Err(e) => {
+                tracing::debug!(target: "zdevice.device.capture", error = %e, "abandoned capture")
+            }
         }
         self.device.unbook_capture();
     }
@@ -108,11 +119,17 @@ impl<D: Driver> CapturedGraph<D> {
     /// Instantiates the graph for launching.
     pub fn instantiate(&self, flags: InstantiateFlags) -> DeviceResult<GraphInstance<D>> {
         let call = "cuGraphInstantiateWithFlags";
-        self.device.refuse_during_capture(call, "instantiate after the capture ends")?;
+        self.device
+            .refuse_during_capture(call, "instantiate after the capture ends")?;
         let graph = self.graph;
         let deadline = self.device.inner.config.build_deadline;
-        let exec = self.device.call_watched(call, deadline, move |d| d.graph_instantiate(graph, flags))?;
-        Ok(GraphInstance { device: self.device.clone(), exec })
+        let exec = self
+            .device
+            .call_watched(call, deadline, move |d| d.graph_instantiate(graph, flags))?;
+        Ok(GraphInstance {
+            device: self.device.clone(),
+            exec,
+        })
     }
 }
 
@@ -148,4 +165,3 @@ impl<D: Driver> Drop for GraphInstance<D> {
         }
     }
 }
-

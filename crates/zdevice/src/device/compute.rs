@@ -16,7 +16,8 @@ pub struct LoadedModule<D: Driver> {
 impl<D: Driver> LoadedModule<D> {
     /// Looks up a kernel by its `extern "C"` name.
     pub fn function(&self, name: &str) -> DeviceResult<Function> {
-        self.device.call(|d| d.module_get_function(self.module, name))
+        self.device
+            .call(|d| d.module_get_function(self.module, name))
     }
 }
 
@@ -46,7 +47,10 @@ const PTX_ISA_TABLE: &[((u32, u32), &str, &str)] = &[
 
 /// The `.version X.Y` of a PTX text.
 fn ptx_isa(ptx: &str) -> Option<(u32, u32)> {
-    let line = ptx.lines().map(str::trim).find(|l| l.starts_with(".version"))?;
+    let line = ptx
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with(".version"))?;
     let (major, minor) = line.trim_start_matches(".version").trim().split_once('.')?;
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
@@ -81,7 +85,10 @@ impl<D: Driver> Device<D> {
                 }
                 other => other,
             })?;
-        Ok(LoadedModule { device: self.clone(), module })
+        Ok(LoadedModule {
+            device: self.clone(),
+            module,
+        })
     }
 
     /// Launches a kernel on `stream` (capturable).

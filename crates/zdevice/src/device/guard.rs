@@ -31,7 +31,9 @@ impl CaptureGate {
     pub(crate) fn lock(&self) -> MutexGuard<'_, CaptureBook> {
         // A poisoned lock only means another thread panicked while holding it; the book is
         // plain data that stays consistent, so keep going.
-        self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.book
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -51,16 +53,26 @@ impl Drop for PollTicket<'_> {
 impl<D: Driver> Device<D> {
     /// Fails with `DeviceLost` once the device has been lost.
     pub(crate) fn check_lost(&self) -> DeviceResult<()> {
-        let lost = self.inner.lost.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let lost = self
+            .inner
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &*lost {
-            Some(reason) => Err(DeviceError::DeviceLost { reason: reason.clone() }),
+            Some(reason) => Err(DeviceError::DeviceLost {
+                reason: reason.clone(),
+            }),
             None => Ok(()),
         }
     }
 
     /// Latches the device as lost (first reason wins).
     pub(crate) fn mark_lost(&self, reason: String) {
-        let mut lost = self.inner.lost.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut lost = self
+            .inner
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if lost.is_none() {
             tracing::error!(target: "zdevice.device.lost", %reason, "device lost");
             *lost = Some(reason);
@@ -79,7 +91,11 @@ impl<D: Driver> Device<D> {
         call: &'static str,
         why: &'static str,
     ) -> DeviceResult<()> {
-        if !self.inner.guard_enabled.load(std::sync::atomic::Ordering::Relaxed) {
+        if !self
+            .inner
+            .guard_enabled
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
             return Ok(());
         }
         if self.inner.gate.lock().active.is_some() {
@@ -151,7 +167,11 @@ impl<D: Driver> Device<D> {
 
     fn driver_call_timed_out(&self, call: &'static str, deadline: Duration) -> DeviceError {
         self.mark_lost(format!("{call} did not return within {deadline:?}"));
-        DeviceError::Timeout { waited_for: format!("{call} to return"), deadline, elapsed: deadline }
+        DeviceError::Timeout {
+            waited_for: format!("{call} to return"),
+            deadline,
+            elapsed: deadline,
+        }
     }
 
     /// Enters a poll: waits (bounded) while a capture is active, unless this thread owns the
@@ -207,7 +227,11 @@ impl<D: Driver> Device<D> {
             }
             let elapsed = driver.now().saturating_sub(start);
             if elapsed >= deadline {
-                return Err(DeviceError::Timeout { waited_for: what(), deadline, elapsed });
+                return Err(DeviceError::Timeout {
+                    waited_for: what(),
+                    deadline,
+                    elapsed,
+                });
             }
             driver.pause(interval.min(deadline - elapsed));
             interval = (interval * 2).min(Duration::from_millis(1));

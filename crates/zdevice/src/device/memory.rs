@@ -8,8 +8,7 @@ use crate::types::*;
 
 use super::Device;
 
-const NO_SYNC_ALLOC: &str =
-    "synchronous allocation is illegal during capture; allocate from a capture reservation made before it";
+const NO_SYNC_ALLOC: &str = "synchronous allocation is illegal during capture; allocate from a capture reservation made before it";
 const NO_SYNC_FREE: &str =
     "frees during capture invalidate it; free after the capture ends (or drop the graph first)";
 const SILENT: &str = "the driver would run it now and leave it out of the graph; use the async form on the capturing stream";
@@ -59,9 +58,18 @@ impl<D: Driver> Device<D> {
                     .mem_get_info()
                     .unwrap_or((0, self.inner.info.total_memory));
                 if requested > total {
-                    DeviceError::TooLarge { call, requested, total }
+                    DeviceError::TooLarge {
+                        call,
+                        requested,
+                        total,
+                    }
                 } else {
-                    DeviceError::OutOfMemory { call, requested, free, total }
+                    DeviceError::OutOfMemory {
+                        call,
+                        requested,
+                        free,
+                        total,
+                    }
                 }
             }
             other => other,
@@ -78,7 +86,10 @@ impl<D: Driver> Device<D> {
         let call = "cuMemAlloc_v2";
         self.refuse_during_capture(call, NO_SYNC_ALLOC)?;
         if bytes == 0 {
-            return Err(DeviceError::InvalidArgument { call, reason: "zero-byte allocation".into() });
+            return Err(DeviceError::InvalidArgument {
+                call,
+                reason: "zero-byte allocation".into(),
+            });
         }
         let deadline = self.inner.config.alloc_deadline;
         self.call_watched(call, deadline, move |d| d.mem_alloc(bytes))
@@ -163,12 +174,19 @@ impl<D: Driver> Device<D> {
         self.refuse_during_capture(call, NO_SYNC_ALLOC)?;
         let deadline = self.inner.config.alloc_deadline;
         let ptr = self.call_watched(call, deadline, move |d| d.mem_alloc_host(bytes))?;
-        Ok(PinnedBuffer { ptr, len: bytes, pending: Mutex::new(None) })
+        Ok(PinnedBuffer {
+            ptr,
+            len: bytes,
+            pending: Mutex::new(None),
+        })
     }
 
     /// Waits for the transfer that last used `buf`, if any.
     fn settle(&self, buf: &PinnedBuffer) -> DeviceResult<()> {
-        let mut pending = buf.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut pending = buf
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(event) = *pending {
             self.wait_event(event)?;
             self.call(|d| d.event_destroy(event))?;
@@ -243,7 +261,9 @@ impl<D: Driver> Device<D> {
     fn mark_pending(&self, buf: &PinnedBuffer, stream: Stream) -> DeviceResult<()> {
         let event = self.call(|d| d.event_create(false))?;
         self.call(|d| d.event_record(event, stream))?;
-        *buf.pending.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(event);
+        *buf.pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(event);
         Ok(())
     }
 
@@ -262,7 +282,10 @@ impl<D: Driver> Device<D> {
     pub fn create_pool(&self, reserve: u64, release_threshold: u64) -> DeviceResult<DevicePool> {
         let call = "cuMemPoolCreate";
         self.refuse_during_capture(call, "create pools before capture")?;
-        let props = PoolProps { ordinal: self.inner.info.ordinal, max_size: 0 };
+        let props = PoolProps {
+            ordinal: self.inner.info.ordinal,
+            max_size: 0,
+        };
         let pool = self.call(|d| d.mem_pool_create(props))?;
         let threshold = release_threshold.max(reserve);
         self.call(|d| d.mem_pool_set_release_threshold(pool, threshold))?;
@@ -292,8 +315,10 @@ impl<D: Driver> Device<D> {
         let call = "cuMemAllocFromPoolAsync";
         self.refuse_during_capture(call, NO_SYNC_ALLOC)?;
         let deadline = self.inner.config.alloc_deadline;
-        self.call_watched(call, deadline, move |d| d.mem_alloc_from_pool_async(bytes, pool, stream))
-            .map_err(|e| self.alloc_error(call, bytes, e))
+        self.call_watched(call, deadline, move |d| {
+            d.mem_alloc_from_pool_async(bytes, pool, stream)
+        })
+        .map_err(|e| self.alloc_error(call, bytes, e))
     }
 
     /// Returns pool memory in `stream` order. Refused during capture.

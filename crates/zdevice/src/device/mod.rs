@@ -93,22 +93,27 @@ pub struct Device<D: Driver> {
 
 impl<D: Driver> Clone for Device<D> {
     fn clone(&self) -> Self {
-        Device { inner: Arc::clone(&self.inner) }
+        Device {
+            inner: Arc::clone(&self.inner),
+        }
     }
 }
 
 impl<D: Driver> std::fmt::Debug for Device<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("info", &self.inner.info).finish_non_exhaustive()
+        f.debug_struct("Device")
+            .field("info", &self.inner.info)
+            .finish_non_exhaustive()
     }
 }
 
 fn open_err(ordinal: u32) -> impl Fn(crate::driver::DriverError) -> DeviceError {
     move |e| match e {
         crate::driver::DriverError::Load(l) => DeviceError::Unavailable(l),
-        crate::driver::DriverError::Cuda { call, code } => {
-            DeviceError::NoDevice { ordinal, reason: format!("{call} returned {code}") }
-        }
+        crate::driver::DriverError::Cuda { call, code } => DeviceError::NoDevice {
+            ordinal,
+            reason: format!("{call} returned {code}"),
+        },
         other => other.into(),
     }
 }
@@ -207,7 +212,11 @@ impl<D: Driver> Device<D> {
     /// Whether the device has been lost, and why.
     #[must_use]
     pub fn lost_reason(&self) -> Option<String> {
-        self.inner.lost.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.inner
+            .lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Makes the device's context current on the calling thread (needed once per thread for
@@ -220,7 +229,11 @@ impl<D: Driver> Device<D> {
     pub fn create_stream(&self) -> DeviceResult<Stream> {
         self.refuse_during_capture("cuStreamCreate", "create streams before capture")?;
         let s = self.call(|d| d.stream_create(StreamKind::NonBlocking))?;
-        self.inner.streams.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(s);
+        self.inner
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(s);
         Ok(s)
     }
 
@@ -273,7 +286,9 @@ impl<D: Driver> Device<D> {
     /// of that guard can fail; never turn it off in real code.
     #[doc(hidden)]
     pub fn set_capture_guard_for_tests(&self, enabled: bool) {
-        self.inner.guard_enabled.store(enabled, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .guard_enabled
+            .store(enabled, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -293,8 +308,14 @@ impl<D: Driver> Drop for Inner<D> {
                 .flatten(),
             d.stream_destroy(self.stream).err(),
         ];
-        let streams = self.streams.get_mut().map(std::mem::take).unwrap_or_default();
-        let more = streams.into_iter().filter_map(|s| d.stream_destroy(s).err());
+        let streams = self
+            .streams
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let more = streams
+            .into_iter()
+            .filter_map(|s| d.stream_destroy(s).err());
         for e in results.into_iter().flatten().chain(more) {
             tracing::warn!(target: "zdevice.device.close", error = %e, "while closing the device");
         }

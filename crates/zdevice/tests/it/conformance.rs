@@ -17,7 +17,10 @@ pub fn alloc_copy_round_trip<D: Driver>(dev: &Device<D>, bytes: usize) -> Check 
     dev.copy_dtoh(&mut back, b).map_err(s)?;
     dev.free(a).map_err(s)?;
     dev.free(b).map_err(s)?;
-    ensure(back == data, format!("round trip of {bytes} bytes changed the data"))
+    ensure(
+        back == data,
+        format!("round trip of {bytes} bytes changed the data"),
+    )
 }
 
 /// Work queued on one stream runs in order; a second stream ordered by an event sees it.
@@ -27,9 +30,11 @@ pub fn stream_ordering<D: Driver>(dev: &Device<D>) -> Check {
     let s2 = dev.create_stream().map_err(s)?;
     let [a, b, c, d] = [0; 4].map(|_| dev.alloc(n * 4));
     let (a, b, c, d) = (a.map_err(s)?, b.map_err(s)?, c.map_err(s)?, d.map_err(s)?);
-    dev.memset_d32_async(a, 1.0f32.to_bits(), n, s1).map_err(s)?;
+    dev.memset_d32_async(a, 1.0f32.to_bits(), n, s1)
+        .map_err(s)?;
     dev.copy_dtod_async(b, a, n * 4, s1).map_err(s)?;
-    dev.memset_d32_async(a, 2.0f32.to_bits(), n, s1).map_err(s)?;
+    dev.memset_d32_async(a, 2.0f32.to_bits(), n, s1)
+        .map_err(s)?;
     dev.copy_dtod_async(c, a, n * 4, s1).map_err(s)?;
     let done = dev.create_event(false).map_err(s)?;
     dev.record_event(done, s1).map_err(s)?;
@@ -37,9 +42,18 @@ pub fn stream_ordering<D: Driver>(dev: &Device<D>) -> Check {
     dev.copy_dtod_async(d, c, n * 4, s2).map_err(s)?;
     dev.synchronize(s2).map_err(s)?;
     dev.synchronize(s1).map_err(s)?;
-    ensure(read_f32(dev, b, n as usize)?.iter().all(|&x| x == 1.0), "first copy saw later work")?;
-    ensure(read_f32(dev, c, n as usize)?.iter().all(|&x| x == 2.0), "second copy missed work")?;
-    ensure(read_f32(dev, d, n as usize)?.iter().all(|&x| x == 2.0), "event did not order s2")?;
+    ensure(
+        read_f32(dev, b, n as usize)?.iter().all(|&x| x == 1.0),
+        "first copy saw later work",
+    )?;
+    ensure(
+        read_f32(dev, c, n as usize)?.iter().all(|&x| x == 2.0),
+        "second copy missed work",
+    )?;
+    ensure(
+        read_f32(dev, d, n as usize)?.iter().all(|&x| x == 2.0),
+        "event did not order s2",
+    )?;
     dev.destroy_event(done).map_err(s)?;
     for p in [a, b, c, d] {
         dev.free(p).map_err(s)?;
@@ -61,7 +75,10 @@ pub fn events<D: Driver>(dev: &Device<D>) -> Check {
     ensure(ms >= 0.0 && ms.is_finite(), format!("elapsed {ms} ms"))?;
     let mut back = vec![0u8; n as usize];
     dev.copy_dtoh(&mut back, p).map_err(s)?;
-    ensure(back.iter().all(|&x| x == 3), "memset before the event did not land")?;
+    ensure(
+        back.iter().all(|&x| x == 3),
+        "memset before the event did not land",
+    )?;
     dev.destroy_event(start).map_err(s)?;
     dev.destroy_event(end).map_err(s)?;
     dev.free(p).map_err(s)
@@ -87,7 +104,14 @@ pub fn gemm_against_f64<D: Driver>(dev: &Device<D>, g: Gemm) -> Check {
 
 /// Capture copies, memsets, a gemm and a kernel launch; replay with new input data.
 pub fn capture_and_replay<D: Driver>(dev: &Device<D>, fill: &LoadedModule<D>) -> Check {
-    let g = Gemm { batch: 2, m: 5, n: 3, k: 4, ta: false, tb: true };
+    let g = Gemm {
+        batch: 2,
+        m: 5,
+        n: 3,
+        k: 4,
+        ta: false,
+        tb: true,
+    };
     let input = dev.alloc((g.a_len() * 4) as u64).map_err(s)?;
     let work_a = upload(dev, &vec![0.0; g.a_len()])?;
     let b = upload(dev, &g.random_b(9))?;
@@ -97,9 +121,15 @@ pub fn capture_and_replay<D: Driver>(dev: &Device<D>, fill: &LoadedModule<D>) ->
     let stream = dev.stream();
     let graph = {
         let cap = dev.begin_capture(stream).map_err(s)?;
-        dev.copy_dtod_async(work_a, input, (g.a_len() * 4) as u64, stream).map_err(s)?;
+        dev.copy_dtod_async(work_a, input, (g.a_len() * 4) as u64, stream)
+            .map_err(s)?;
         let n = g.a_len() as u64;
-        let args = [KernelArg::Ptr(work_a), KernelArg::Ptr(input), KernelArg::F32(0.5), KernelArg::U64(n)];
+        let args = [
+            KernelArg::Ptr(work_a),
+            KernelArg::Ptr(input),
+            KernelArg::F32(0.5),
+            KernelArg::U64(n),
+        ];
         // SAFETY: axpy_f32(float* y, const float* x, float a, unsigned long long n) with y and x
         // holding n floats each, live until the graph is dropped below.
         unsafe { dev.launch(axpy, LaunchConfig::linear(n, 128, 1), &args, stream) }.map_err(s)?;
@@ -109,7 +139,10 @@ pub fn capture_and_replay<D: Driver>(dev: &Device<D>, fill: &LoadedModule<D>) ->
         cap.end().map_err(s)?
     };
     let nodes = graph.node_count().map_err(s)?;
-    ensure(nodes >= 4, format!("graph has {nodes} nodes, expected at least 4"))?;
+    ensure(
+        nodes >= 4,
+        format!("graph has {nodes} nodes, expected at least 4"),
+    )?;
     let exec = graph.instantiate(InstantiateFlags::default()).map_err(s)?;
     let bh = read_f32(dev, b, g.b_len())?;
     for round in 0..3u64 {
@@ -120,10 +153,16 @@ pub fn capture_and_replay<D: Driver>(dev: &Device<D>, fill: &LoadedModule<D>) ->
         dev.synchronize(stream).map_err(s)?;
         let scaled: Vec<f32> = x.iter().map(|v| v * 1.5).collect();
         let err = rel_err(&read_f32(dev, c, g.c_len())?, &g.reference(&scaled, &bh));
-        ensure(err <= 1e-5, format!("replay {round}: relative error {err:e}"))?;
+        ensure(
+            err <= 1e-5,
+            format!("replay {round}: relative error {err:e}"),
+        )?;
         let mut m = vec![0u8; 256];
         dev.copy_dtoh(&mut m, marker).map_err(s)?;
-        ensure(m.iter().all(|&v| v == 0x5a), format!("replay {round}: memset node did not run"))?;
+        ensure(
+            m.iter().all(|&v| v == 0x5a),
+            format!("replay {round}: memset node did not run"),
+        )?;
     }
     drop(exec);
     drop(graph);
@@ -165,12 +204,22 @@ pub fn guard_refuses_silent_rows<D: Driver>(dev: &Device<D>) -> Check {
     for r in refusals {
         match r {
             Err(DeviceError::CaptureIllegal { .. }) => {}
-            other => return Err(format!("a synchronous call during capture was not refused: {other:?}")),
+            other => {
+                return Err(format!(
+                    "a synchronous call during capture was not refused: {other:?}"
+                ));
+            }
         }
     }
     ensure(nodes == 1, format!("graph has {nodes} nodes, expected 1"))?;
-    ensure(ha.iter().all(|&v| v == 9), "replay wrote buffer a, which no node should touch")?;
-    ensure(hb.iter().all(|&v| v == 5), "replay did not run the async memset")
+    ensure(
+        ha.iter().all(|&v| v == 9),
+        "replay wrote buffer a, which no node should touch",
+    )?;
+    ensure(
+        hb.iter().all(|&v| v == 5),
+        "replay did not run the async memset",
+    )
 }
 
 /// The device is usable: a small round trip and a sync succeed, and no capture is active.
@@ -188,16 +237,18 @@ pub fn waiter_does_not_invalidate_capture<D: Driver>(dev: &Device<D>) -> Check {
     let cap = dev.begin_capture(stream).map_err(s)?;
     let waiter = {
         let dev = dev.clone();
-        std::thread::spawn(move || {
-            dev.bind_thread()?;
-            dev.synchronize(dev.stream())
-        })
+        std::thread::spawn(move || dev.synchronize(dev.stream()))
     };
     // Give the waiter time to reach its wait while we capture.
     std::thread::sleep(std::time::Duration::from_millis(50));
     dev.memset_d8_async(a, 1, 4096, stream).map_err(s)?;
-    let graph = cap.end().map_err(|e| format!("capture did not survive the waiter: {e}"))?;
-    waiter.join().map_err(|_| "waiter panicked".to_string())?.map_err(s)?;
+    let graph = cap
+        .end()
+        .map_err(|e| format!("capture did not survive the waiter: {e}"))?;
+    waiter
+        .join()
+        .map_err(|_| "waiter panicked".to_string())?
+        .map_err(s)?;
     let nodes = graph.node_count().map_err(s)?;
     drop(graph);
     dev.free(a).map_err(s)?;

@@ -45,7 +45,14 @@ macro_rules! conformance_suite {
             #[case] ta: bool,
             #[case] tb: bool,
         ) {
-            let g = crate::util::Gemm { batch, m, n, k, ta, tb };
+            let g = crate::util::Gemm {
+                batch,
+                m,
+                n,
+                k,
+                ta,
+                tb,
+            };
             c::gemm_against_f64(&$open(), g).unwrap();
         }
 
@@ -115,8 +122,16 @@ macro_rules! conformance_suite {
         #[case(Row::MemFreeLive, CaptureMode::Global, StreamKind::NonBlocking)]
         #[case(Row::MemFreeLive, CaptureMode::Relaxed, StreamKind::NonBlocking)]
         #[case(Row::GemmWithWorkspace, CaptureMode::Global, StreamKind::NonBlocking)]
-        #[case(Row::GemmDefaultWorkspace, CaptureMode::Global, StreamKind::NonBlocking)]
-        fn capture_rules_h100_row(#[case] row: Row, #[case] mode: CaptureMode, #[case] kind: StreamKind) {
+        #[case(
+            Row::GemmDefaultWorkspace,
+            CaptureMode::Global,
+            StreamKind::NonBlocking
+        )]
+        fn capture_rules_h100_row(
+            #[case] row: Row,
+            #[case] mode: CaptureMode,
+            #[case] kind: StreamKind,
+        ) {
             let dev = $open();
             rules::check_row(&dev, row, mode, kind).unwrap();
             c::still_usable(&dev).unwrap();
@@ -134,8 +149,11 @@ macro_rules! conformance_suite {
 /// The suite on the simulated driver (always).
 mod mock {
     fn open() -> zdevice::MockDevice {
-        zdevice::MockDevice::open(zdevice::SimDriver::default(), zdevice::DeviceConfig::default())
-            .expect("the simulated device opens")
+        zdevice::MockDevice::open(
+            zdevice::SimDriver::default(),
+            zdevice::DeviceConfig::default(),
+        )
+        .expect("the simulated device opens")
     }
     conformance_suite!(open);
 }

@@ -50,12 +50,20 @@ pub fn expected(row: Row, mode: CaptureMode, kind: StreamKind) -> Outcome {
     use Row::*;
     if matches!(row, MemcpyHtoD | MemcpyDtoH | MemcpyDtoD | MemsetD8) {
         // Synchronous copies and memsets: 906 on a blocking capturing stream, silent otherwise.
-        return if kind == StreamKind::Blocking { Invalidates(906) } else { Silent };
+        return if kind == StreamKind::Blocking {
+            Invalidates(906)
+        } else {
+            Silent
+        };
     }
     let relaxed = mode == CaptureMode::Relaxed;
     match row {
         MemAlloc | MemAllocManaged | MemAllocHost | MemFreeLive | EventQuery | EventSynchronize => {
-            if relaxed { Succeeds } else { Invalidates(900) }
+            if relaxed {
+                Succeeds
+            } else {
+                Invalidates(900)
+            }
         }
         MemcpyHtoDAsyncPageable | MemsetD8Async | MemAllocAsync => Captured(Some(1)),
         StreamSynchronize | CtxSynchronize | StreamQuery => Invalidates(900),
@@ -79,7 +87,12 @@ struct Prepared {
 const N: u64 = 4096;
 
 /// Runs one row on `dev`'s driver and compares with [`expected`].
-pub fn check_row<D: Driver>(dev: &Device<D>, row: Row, mode: CaptureMode, kind: StreamKind) -> Check {
+pub fn check_row<D: Driver>(
+    dev: &Device<D>,
+    row: Row,
+    mode: CaptureMode,
+    kind: StreamKind,
+) -> Check {
     let d = dev.driver();
     dev.bind_thread().map_err(s)?;
     let stream = d.stream_create(kind).map_err(s)?;
@@ -89,7 +102,11 @@ pub fn check_row<D: Driver>(dev: &Device<D>, row: Row, mode: CaptureMode, kind: 
     let (code, extra) = call(d, row, stream, &p);
     let status = d.stream_is_capturing(stream).map_err(s)?;
     let ended = d.stream_end_capture(stream);
-    let end_code = ended.as_ref().err().and_then(DriverError::cuda_code).map(|c| c.0);
+    let end_code = ended
+        .as_ref()
+        .err()
+        .and_then(DriverError::cuda_code)
+        .map(|c| c.0);
     let nodes = match &ended {
         Ok(g) => Some(d.graph_node_count(*g).map_err(s)?),
         Err(_) => None,
@@ -121,7 +138,10 @@ pub fn check_row<D: Driver>(dev: &Device<D>, row: Row, mode: CaptureMode, kind: 
         }
         Outcome::Succeeds => code.is_none() && status == CaptureStatus::Active && nodes == Some(0),
     };
-    ensure(ok, format!("{row:?} in {mode:?} on a {kind:?} stream: expected {want:?}, got {got}"))
+    ensure(
+        ok,
+        format!("{row:?} in {mode:?} on a {kind:?} stream: expected {want:?}, got {got}"),
+    )
 }
 
 fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, String> {
@@ -148,7 +168,15 @@ fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, Strin
         d.stream_synchronize(stream).map_err(s)?;
         blas = Some(h);
     }
-    Ok(Prepared { a, b, live, event, blas, workspace, host: vec![0x22; N as usize] })
+    Ok(Prepared {
+        a,
+        b,
+        live,
+        event,
+        blas,
+        workspace,
+        host: vec![0x22; N as usize],
+    })
 }
 
 fn gemm16(a: DevicePtr, c: DevicePtr) -> GemmF32 {
@@ -186,7 +214,9 @@ fn call<D: Driver>(d: &D, row: Row, stream: Stream, p: &Prepared) -> (Option<u32
         Row::MemcpyDtoD => d.memcpy_dtod(p.a, p.b, N),
         Row::MemsetD8 => d.memset_d8(p.a, 0x11, N),
         // SAFETY: `p.host` outlives the graph, which is destroyed in cleanup, never launched.
-        Row::MemcpyHtoDAsyncPageable => unsafe { d.memcpy_htod_async_pageable(p.a, &p.host, stream) },
+        Row::MemcpyHtoDAsyncPageable => unsafe {
+            d.memcpy_htod_async_pageable(p.a, &p.host, stream)
+        },
         Row::MemsetD8Async => d.memset_d8_async(p.a, 0x44, N, stream),
         Row::MemAllocAsync => d.mem_alloc_async(256, stream).map(|_| ()),
         Row::StreamSynchronize => d.stream_synchronize(stream),
@@ -252,17 +282,24 @@ pub fn memory_node_relaunch<D: Driver>(dev: &Device<D>, auto_free: bool) -> Chec
     let d = dev.driver();
     dev.bind_thread().map_err(s)?;
     let stream = d.stream_create(StreamKind::NonBlocking).map_err(s)?;
-    d.stream_begin_capture(stream, CaptureMode::Global).map_err(s)?;
+    d.stream_begin_capture(stream, CaptureMode::Global)
+        .map_err(s)?;
     let p = d.mem_alloc_async(1 << 16, stream).map_err(s)?;
     d.memset_d8_async(p, 1, 1 << 16, stream).map_err(s)?;
     let graph = d.stream_end_capture(stream).map_err(s)?;
-    let flags = InstantiateFlags { auto_free_on_launch: auto_free };
+    let flags = InstantiateFlags {
+        auto_free_on_launch: auto_free,
+    };
     let exec = d.graph_instantiate(graph, flags).map_err(s)?;
     let first = d.graph_launch(exec, stream);
     d.stream_synchronize(stream).map_err(s)?;
     let second = d.graph_launch(exec, stream);
     d.stream_synchronize(stream).map_err(s)?;
-    let second_code = second.as_ref().err().and_then(DriverError::cuda_code).map(|c| c.0);
+    let second_code = second
+        .as_ref()
+        .err()
+        .and_then(DriverError::cuda_code)
+        .map(|c| c.0);
     // The graph's allocation outlives its launches unless freed; return it to the pool.
     d.mem_free_async(p, stream).map_err(s)?;
     d.stream_synchronize(stream).map_err(s)?;
@@ -271,8 +308,14 @@ pub fn memory_node_relaunch<D: Driver>(dev: &Device<D>, auto_free: bool) -> Chec
     d.stream_destroy(stream).map_err(s)?;
     ensure(first.is_ok(), format!("first launch failed: {first:?}"))?;
     if auto_free {
-        ensure(second.is_ok(), format!("second launch with auto-free failed: {second:?}"))
+        ensure(
+            second.is_ok(),
+            format!("second launch with auto-free failed: {second:?}"),
+        )
     } else {
-        ensure(second_code == Some(1), format!("second launch returned {second:?}, expected 1"))
+        ensure(
+            second_code == Some(1),
+            format!("second launch returned {second:?}, expected 1"),
+        )
     }
 }

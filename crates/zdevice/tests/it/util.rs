@@ -31,7 +31,9 @@ pub fn upload<D: Driver>(dev: &Device<D>, v: &[f32]) -> Result<DevicePtr, String
 pub fn read_f32<D: Driver>(dev: &Device<D>, p: DevicePtr, n: usize) -> Result<Vec<f32>, String> {
     let mut b = vec![0u8; n * 4];
     dev.copy_dtoh(&mut b, p).map_err(s)?;
-    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 /// ‖got − want‖ / ‖want‖ in float64 (NaN if any element is not finite).
@@ -39,17 +41,25 @@ pub fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     if got.len() != want.len() || got.iter().any(|x| !x.is_finite()) {
         return f64::NAN;
     }
-    let num: f64 = got.iter().zip(want).map(|(g, w)| (f64::from(*g) - w).powi(2)).sum();
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (f64::from(*g) - w).powi(2))
+        .sum();
     let den: f64 = want.iter().map(|w| w * w).sum();
     (num / den.max(f64::MIN_POSITIVE)).sqrt()
 }
 
 /// Deterministic values in [-1, 1).
 pub fn pseudo_random(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -119,8 +129,16 @@ impl Gemm {
                 for j in 0..n {
                     let mut acc = 0.0f64;
                     for p in 0..k {
-                        let av = if self.ta { a[ao + p * m + i] } else { a[ao + i * k + p] };
-                        let bv = if self.tb { b[bo + j * k + p] } else { b[bo + p * n + j] };
+                        let av = if self.ta {
+                            a[ao + p * m + i]
+                        } else {
+                            a[ao + i * k + p]
+                        };
+                        let bv = if self.tb {
+                            b[bo + j * k + p]
+                        } else {
+                            b[bo + p * n + j]
+                        };
                         acc += f64::from(av) * f64::from(bv);
                     }
                     c[co + i * n + j] = acc;

@@ -1,0 +1,337 @@
+//! The device guards under faults, on the simulated driver's fault plan and virtual clock:
+//! missing driver, stalls against deadlines, failures that leave the device usable, sticky
+//! errors that lose it, and every call the device refuses during capture.
+
+use std::time::Duration;
+
+use rstest::rstest;
+use zdevice::sim::calls;
+use zdevice::*;
+
+use crate::conformance::still_usable;
+
+fn open_with(config: DeviceConfig) -> MockDevice {
+    MockDevice::open(SimDriver::default(), config).expect("the simulated device opens")
+}
+
+fn open() -> MockDevice {
+    open_with(DeviceConfig::default())
+}
+
+#[test]
+fn missing_driver_is_a_typed_error_listing_what_was_tried() {
+    let sim = SimDriver::new(SimConfig {
+        missing_driver: true,
+        ..SimConfig::default()
+    });
+    match MockDevice::open(sim, DeviceConfig::default()) {
+        Err(DeviceError::Unavailable(cuda_sys::LoadError::LibraryNotFound { tried, .. })) => {
+            assert!(!tried.is_empty(), "no paths listed");
+        }
+        other => panic!("expected Unavailable(LibraryNotFound), got {other:?}"),
+    }
+}
+
+/// On this machine (no CUDA), loading the real driver from an empty folder names that folder.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn missing_cuda_library_names_the_paths_tried() {
+    let dir = std::env::temp_dir().join(format!("zgpu-empty-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kind = cuda_sys::LibraryKind::Cuda;
+    let candidates = cuda_sys::search_candidates(std::slice::from_ref(&dir), kind.sonames());
+    let tried = cuda_sys::load_library::<cuda_sys::driver::Cuda>(&candidates)
+        .err()
+        .map(|e| e.to_string());
+    let Some(message) = tried else {
+        // A machine with a real driver installed finds it through the system loader.
+        return;
+    };
+    assert!(message.contains(dir.to_str().unwrap()), "{message}");
+    assert!(message.contains("libcuda.so.1"), "{message}");
+}
+
+#[test]
+fn stalled_allocation_times_out_at_its_deadline_then_the_device_is_lost() {
+    let deadline = Duration::from_secs(20);
+    let dev = open_with(DeviceConfig {
+        alloc_deadline: deadline,
+        ..DeviceConfig::default()
+    });
+    let sim = dev.driver();
+    sim.fault(
+        calls::MEM_ALLOC,
+        1,
+        FaultAction::Stall(Duration::from_secs(100)),
+    );
+    let before = sim.now();
+    let err = dev.alloc(4096).unwrap_err();
+    let waited = sim.now() - before;
+    match &err {
+        DeviceError::Timeout {
+            elapsed,
+            deadline: d,
+            waited_for,
+        } => {
+            assert!(*elapsed >= deadline && *d == deadline, "{err}");
+            assert!(waited_for.contains("cuMemAlloc"), "{err}");
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(waited >= deadline, "virtual time waited {waited:?}");
+    assert!(matches!(dev.alloc(16), Err(DeviceError::DeviceLost { .. })));
+    assert!(matches!(
+        dev.synchronize(dev.stream()),
+        Err(DeviceError::DeviceLost { .. })
+    ));
+}
+
+#[test]
+fn stalled_stream_work_times_out_at_the_sync_deadline_and_the_device_stays_usable() {
+    let deadline = Duration::from_secs(60);
+    let dev = open_with(DeviceConfig {
+        sync_deadline: deadline,
+        ..DeviceConfig::default()
+    });
+    let sim = dev.driver();
+    let p = dev.alloc(1024).unwrap();
+    sim.fault(
+        calls::MEMSET_D8_ASYNC,
+        1,
+        FaultAction::Stall(Duration::from_secs(90)),
+    );
+    dev.memset_d8_async(p, 7, 1024, dev.stream()).unwrap();
+    let before = sim.now();
+    match dev.synchronize(dev.stream()) {
+        Err(DeviceError::Timeout { elapsed, .. }) => assert!(elapsed >= deadline),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(sim.now() - before >= deadline);
+    // The work finishes later; the device was never lost.
+    dev.synchronize(dev.stream()).unwrap();
+    let mut back = vec![0u8; 1024];
+    dev.copy_dtoh(&mut back, p).unwrap();
+    assert!(back.iter().all(|&b| b == 7));
+    still_usable(&dev).unwrap();
+}
+
+#[test]
+fn failed_call_leaves_the_device_usable() {
+    let dev = open();
+    dev.driver().fault(
+        calls::MEM_ALLOC,
+        1,
+        FaultAction::Fail(CuCode::OUT_OF_MEMORY),
+    );
+    assert!(matches!(
+        dev.alloc(4096),
+        Err(DeviceError::OutOfMemory {
+            requested: 4096,
+            ..
+        })
+    ));
+    dev.driver().fault(
+        calls::MEMCPY_HTOD,
+        1,
+        FaultAction::Fail(CuCode::INVALID_VALUE),
+    );
+    let p = dev.alloc(64).unwrap();
+    assert!(matches!(
+        dev.copy_htod(p, &[1; 64]),
+        Err(DeviceError::Driver { .. })
+    ));
+    assert!(dev.lost_reason().is_none());
+    still_usable(&dev).unwrap();
+}
+
+#[test]
+fn out_of_memory_now_differs_from_never_fits() {
+    let sim = SimDriver::new(SimConfig::with_capacity(64 << 20));
+    let dev = MockDevice::open(
+        sim,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .unwrap();
+    let big = dev.alloc(48 << 20).unwrap();
+    match dev.alloc(32 << 20) {
+        Err(DeviceError::OutOfMemory {
+            requested,
+            free,
+            total,
+            ..
+        }) => {
+            assert_eq!((requested, total), (32 << 20, 64 << 20));
+            assert!(free < requested);
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    assert!(matches!(
+        dev.alloc(65 << 20),
+        Err(DeviceError::TooLarge { .. })
+    ));
+    dev.free(big).unwrap();
+    dev.alloc(32 << 20).unwrap();
+}
+
+#[test]
+fn sticky_error_loses_the_device() {
+    let dev = open();
+    let p = dev.alloc(64).unwrap();
+    dev.driver().fault(
+        calls::MEMCPY_HTOD,
+        1,
+        FaultAction::Sticky(CuCode::ILLEGAL_ADDRESS),
+    );
+    let first = dev.copy_htod(p, &[0; 64]).unwrap_err();
+    assert!(
+        matches!(
+            first,
+            DeviceError::Driver {
+                code: CuCode::ILLEGAL_ADDRESS,
+                ..
+            }
+        ),
+        "{first}"
+    );
+    for r in [
+        dev.alloc(16).map(|_| ()),
+        dev.synchronize(dev.stream()),
+        dev.free(p),
+    ] {
+        assert!(matches!(r, Err(DeviceError::DeviceLost { .. })), "{r:?}");
+    }
+}
+
+#[test]
+fn error_surfacing_at_the_next_sync_loses_the_device() {
+    let dev = open();
+    dev.driver().fail_at_next_sync(CuCode::ILLEGAL_ADDRESS);
+    let err = dev.synchronize(dev.stream()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DeviceError::Driver {
+                code: CuCode::ILLEGAL_ADDRESS,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(matches!(dev.alloc(16), Err(DeviceError::DeviceLost { .. })));
+}
+
+/// Every call the device refuses during capture: refused by name, never reaching the driver,
+/// and the capture stays valid.
+#[rstest]
+#[case::alloc("cuMemAlloc_v2")]
+#[case::free("cuMemFree_v2")]
+#[case::copy_htod("cuMemcpyHtoD_v2")]
+#[case::copy_dtoh("cuMemcpyDtoH_v2")]
+#[case::copy_dtod("cuMemcpyDtoD_v2")]
+#[case::memset_d8("cuMemsetD8_v2")]
+#[case::memset_d32("cuMemsetD32_v2")]
+#[case::alloc_pinned("cuMemAllocHost_v2")]
+#[case::alloc_async("cuMemAllocAsync")]
+#[case::pool_alloc("cuMemAllocFromPoolAsync")]
+#[case::free_async("cuMemFreeAsync")]
+#[case::create_pool("cuMemPoolCreate")]
+#[case::load_module("cuModuleLoadData")]
+#[case::create_stream("cuStreamCreate")]
+#[case::synchronize_from_capturing_thread("cuStreamQuery")]
+#[case::wait_event_from_capturing_thread("cuEventQuery")]
+fn refused_during_capture(#[case] call: &'static str) {
+    let dev = open();
+    let p = dev.alloc(1024).unwrap();
+    let pool = dev.create_pool(1 << 20, 1 << 20).unwrap();
+    let event = dev.create_event(false).unwrap();
+    dev.record_event(event, dev.stream()).unwrap();
+    dev.synchronize(dev.stream()).unwrap();
+    dev.driver().clear_op_log();
+    let stream = dev.stream();
+    let cap = dev.begin_capture(stream).unwrap();
+    let r: Result<(), DeviceError> = match call {
+        "cuMemAlloc_v2" => dev.alloc(64).map(drop),
+        "cuMemFree_v2" => dev.free(p),
+        "cuMemcpyHtoD_v2" => dev.copy_htod(p, &[1; 16]),
+        "cuMemcpyDtoH_v2" => dev.copy_dtoh(&mut [0; 16], p),
+        "cuMemcpyDtoD_v2" => dev.copy_dtod(p, p.offset(512), 16),
+        "cuMemsetD8_v2" => dev.memset_d8(p, 1, 16),
+        "cuMemsetD32_v2" => dev.memset_d32(p, 1, 4),
+        "cuMemAllocHost_v2" => dev.alloc_pinned(64).map(drop),
+        "cuMemAllocAsync" => dev.alloc_async(64, stream).map(drop),
+        "cuMemAllocFromPoolAsync" => dev.alloc_from_pool(pool.pool, 64, stream).map(drop),
+        "cuMemFreeAsync" => dev.free_async(p, stream),
+        "cuMemPoolCreate" => dev.create_pool(0, 0).map(drop),
+        "cuModuleLoadData" => dev.load_module(kernels::FILL_PTX).map(drop),
+        "cuStreamCreate" => dev.create_stream().map(drop),
+        "cuStreamQuery" => dev.synchronize(stream),
+        "cuEventQuery" => dev.wait_event(event),
+        other => panic!("no case for {other}"),
+    };
+    match r {
+        Err(DeviceError::CaptureIllegal { call: refused, .. }) => assert_eq!(refused, call),
+        other => panic!("{call} during capture: expected CaptureIllegal, got {other:?}"),
+    }
+    let reached: Vec<_> = dev
+        .driver()
+        .op_log()
+        .into_iter()
+        .filter(|op| op.call == call)
+        .collect();
+    assert!(
+        reached.is_empty(),
+        "{call} reached the driver during capture: {reached:?}"
+    );
+    let graph = cap.end().expect("the capture is still valid");
+    assert_eq!(graph.node_count().unwrap(), 0);
+    drop(graph);
+    still_usable(&dev).unwrap();
+}
+
+#[test]
+fn dropping_a_capture_ends_it_and_the_device_stays_usable() {
+    let dev = open();
+    let p = dev.alloc(256).unwrap();
+    {
+        let _cap = dev.begin_capture(dev.stream()).unwrap();
+        dev.memset_d8_async(p, 1, 256, dev.stream()).unwrap();
+    }
+    assert_eq!(
+        dev.driver().stream_is_capturing(dev.stream()).unwrap(),
+        CaptureStatus::None
+    );
+    still_usable(&dev).unwrap();
+}
+
+#[test]
+fn a_second_capture_while_one_is_active_is_refused() {
+    let dev = open();
+    let other = dev.create_stream().unwrap();
+    let cap = dev.begin_capture(dev.stream()).unwrap();
+    assert!(matches!(
+        dev.begin_capture(other),
+        Err(DeviceError::CaptureIllegal { .. })
+    ));
+    cap.end().unwrap();
+    still_usable(&dev).unwrap();
+}
+
+#[test]
+fn ptx_newer_than_the_driver_names_the_driver_needed() {
+    let sim = SimDriver::new(SimConfig {
+        max_ptx_isa: (8, 4),
+        driver_version: 12040,
+        ..SimConfig::default()
+    });
+    let dev = MockDevice::open(sim, DeviceConfig::default()).unwrap();
+    match dev.load_module(kernels::FILL_PTX) {
+        Err(e @ DeviceError::PtxTooNew { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("580") && msg.contains("12.4"), "{msg}");
+        }
+        other => panic!("expected PtxTooNew, got {other:?}"),
+    }
+}
