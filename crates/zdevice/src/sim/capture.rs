@@ -153,6 +153,10 @@ pub(crate) fn rule(call: &str, v: &View) -> Outcome {
         // "cuMemGetInfo | success | same | same". Querying capture status is what the
         // measurement itself did after every call.
         MEM_GET_INFO | STREAM_IS_CAPTURING => Run,
+        // Not in the document: binding a thread to the primary context submits, waits for and
+        // allocates nothing, and the device binds waiter threads while a capture runs. The
+        // conformance test `waiter_does_not_invalidate_capture` checks this row on the GPU.
+        CTX_SET_CURRENT => Run,
         // "cuMemAlloc | 900, invalidated, end 901 | same as global | success"; likewise
         // cuMemAllocManaged and cuMemAllocHost.
         MEM_ALLOC | MEM_ALLOC_MANAGED | MEM_ALLOC_HOST => unsafe_call,
