@@ -183,9 +183,10 @@ impl Timeline {
         }
     }
 
-    pub(crate) fn snapshot(&self) -> TimelineSnapshot {
+    /// `step_open`: whether `current` is a step still running (an ended one is in `steps`).
+    pub(crate) fn snapshot(&self, step_open: bool) -> TimelineSnapshot {
         let mut steps = self.steps.clone();
-        if self.current.step > 0 {
+        if step_open {
             steps.push(self.current.clone());
         }
         TimelineSnapshot {
@@ -339,7 +340,7 @@ mod tests {
         for _ in 0..5 {
             t.push(None, EventKind::StepStart);
         }
-        let snap = t.snapshot();
+        let snap = t.snapshot(false);
         assert_eq!(snap.events.len(), 3);
         assert_eq!(snap.dropped, 2);
         assert_eq!(snap.events[0].seq, 3);
@@ -355,7 +356,7 @@ mod tests {
                 cause: "a \"quoted\"\npath".into(),
             },
         );
-        let json = t.snapshot().to_json();
+        let json = t.snapshot(false).to_json();
         assert!(
             json.contains(r#""cause":"a \"quoted\"\u000apath""#),
             "{json}"

@@ -16,6 +16,14 @@ use crate::error::{MemError, MemResult};
 use crate::timeline::{Event, EventKind};
 use crate::units::{Bytes, align_up};
 
+/// What a new block is.
+struct Issue {
+    class: AllocClass,
+    source: Source,
+    requested: u64,
+    size: u64,
+}
+
 impl<D: Driver> Shared<D> {
     /// Issues a block of `class`. Never waits without a deadline, never synchronises the
     /// device, never makes a device call while a stream captures.
@@ -75,23 +83,15 @@ impl<D: Driver> Shared<D> {
         Ok(block)
     }
 
-    fn make(
-        &self,
-        st: &State,
-        class: AllocClass,
-        source: Source,
-        ptr: DevicePtr,
-        requested: u64,
-        size: u64,
-        cell: &Arc<GenCell>,
-    ) -> Block {
-        let returns = matches!(source, Source::Held | Source::Overflow);
+    /// A block over `ptr`; held and overflow blocks give their memory back on drop.
+    fn make(&self, st: &State, what: Issue, ptr: DevicePtr, cell: &Arc<GenCell>) -> Block {
+        let returns = matches!(what.source, Source::Held | Source::Overflow);
         Block(Arc::new(BlockInner {
             ptr,
-            size,
-            requested,
-            class,
-            source,
+            size: what.size,
+            requested: what.requested,
+            class: what.class,
+            source: what.source,
             step: st.step_now(),
             generation: AtomicU64::new(cell.current()),
             cell: Arc::clone(cell),
@@ -135,15 +135,13 @@ impl<D: Driver> Shared<D> {
         let cell = Arc::clone(&seg.cell);
         let used: u64 = st.segs.iter().map(|s| s.off).sum();
         st.n.high_water = st.n.high_water.max(used);
-        let b = self.make(
-            st,
-            AllocClass::Scratch,
-            Source::Arena,
-            ptr,
+        let what = Issue {
+            class: AllocClass::Scratch,
+            source: Source::Arena,
             requested,
             size,
-            &cell,
-        );
+        };
+        let b = self.make(st, what, ptr, &cell);
         st.step_blocks.push(StepBlock {
             seg: i as u32,
             start: off,
@@ -180,15 +178,13 @@ impl<D: Driver> Shared<D> {
                 st.n.reuses += u64::from(reused);
                 st.returnable_live += 1;
                 let cell = Arc::clone(&st.held_cell);
-                Ok(self.make(
-                    st,
+                let what = Issue {
                     class,
-                    Source::Held,
-                    base.offset(off),
+                    source: Source::Held,
                     requested,
                     size,
-                    &cell,
-                ))
+                };
+                Ok(self.make(st, what, base.offset(off), &cell))
             }
             None => self.overflow(st, class, requested, size),
         }
@@ -292,7 +288,13 @@ impl<D: Driver> Shared<D> {
         st.timeline.current.overflow_bytes += size;
         st.returnable_live += 1;
         let cell = Arc::clone(&st.held_cell);
-        Ok(self.make(st, class, Source::Overflow, ptr, requested, size, &cell))
+        let what = Issue {
+            class,
+            source: Source::Overflow,
+            requested,
+            size,
+        };
+        Ok(self.make(st, what, ptr, &cell))
     }
 
     /// Records the overflow event; warns (with the full diagnostics) the first time the arena

@@ -190,7 +190,8 @@ impl<D: Driver> Arena<D> {
     /// A copy of the timeline (recent events and every step's aggregates).
     #[must_use]
     pub fn timeline(&self) -> TimelineSnapshot {
-        self.shared.lock().timeline.snapshot()
+        let st = self.shared.lock();
+        st.timeline.snapshot(st.open_step.is_some())
     }
 
     /// Calls `sink` with every later event, outside the arena's lock (a sink may use the arena).

@@ -95,12 +95,15 @@ impl<D: Driver> Shared<D> {
             .load(std::sync::atomic::Ordering::Relaxed);
         let mut per_seg: Vec<Vec<Pin>> = (0..st.segs.len()).map(|_| Vec::new()).collect();
         let mut kept: Vec<LiveBlock> = Vec::new();
-        for b in st.step_blocks.drain(..) {
+        let mut still_out = Vec::new();
+        for b in std::mem::take(&mut st.step_blocks) {
             if b.seg == OVERFLOW_SEG {
-                // Overflow scratch returns to the pool when its last handle drops.
+                // Overflow scratch returns to the pool when its last handle drops; until then
+                // it is listed as kept at every step end.
                 if let Some(inner) = b.block.upgrade() {
                     kept.push(crate::block::describe(&inner));
                     kept_arcs.push(inner);
+                    still_out.push(b);
                 }
             } else if let Some(pins) = per_seg.get_mut(b.seg as usize) {
                 pins.push(Pin {
@@ -110,6 +113,7 @@ impl<D: Driver> Shared<D> {
                 });
             }
         }
+        st.step_blocks = still_out;
         let mut out = Reclaimed::default();
         for (seg, pins) in st.segs.iter_mut().zip(per_seg) {
             kept.extend(reclaim(seg, pins, keep, &mut out));

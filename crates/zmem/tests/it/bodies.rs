@@ -1,0 +1,243 @@
+//! Scenario bodies, generic over the driver: each runs on the simulated device (mock modules)
+//! and on the CUDA device (`gpu`), with the same code.
+
+use zdevice::{Device, Driver};
+use zmem::{AllocClass, Arena, ArenaConfig, Block, Source};
+
+use crate::util::{Check, Logs, ensure, s};
+
+fn f32_bits(v: f32) -> u32 {
+    v.to_bits()
+}
+
+/// Waits for the engine stream, then reads `n` floats at `block`.
+pub fn read_f32<D: Driver>(dev: &Device<D>, block: &Block, n: usize) -> Result<Vec<f32>, String> {
+    dev.synchronize(dev.stream()).map_err(s)?;
+    let mut b = vec![0u8; n * 4];
+    dev.copy_dtoh(&mut b, block.ptr().map_err(s)?).map_err(s)?;
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+fn fill<D: Driver>(dev: &Device<D>, block: &Block, v: f32) -> Check {
+    let ptr = block.ptr().map_err(s)?;
+    dev.memset_d32_async(ptr, f32_bits(v), block.size() / 4, dev.stream())
+        .map_err(s)
+}
+
+/// An arena smaller than the working set: every step overflows into the stream-ordered pool,
+/// the loop completes, and the overflow warning is emitted once.
+pub fn overflow_loop<D: Driver>(dev: &Device<D>, logs: &Logs) -> Check {
+    logs.capture(|| -> Check {
+        let cfg = ArenaConfig {
+            initial_bytes: 128 << 10,
+            ..crate::util::small(256 << 10)
+        };
+        let arena = Arena::new(dev.clone(), cfg).map_err(s)?;
+        let params = arena.alloc_persistent(128 << 10).map_err(s)?;
+        fill(dev, &params, 0.5)?;
+        for i in 0..10 {
+            let step = arena.step().map_err(s)?;
+            let blocks: Vec<_> = (0..6)
+                .map(|_| step.alloc_scratch(64 << 10))
+                .collect::<Result<_, _>>()
+                .map_err(s)?;
+            for b in &blocks {
+                fill(dev, b, i as f32)?;
+            }
+            let last = read_f32(dev, &blocks[5], 4)?;
+            ensure(
+                last == vec![i as f32; 4],
+                format!("step {i} computed {last:?}"),
+            )?;
+            drop(blocks);
+            step.end().map_err(s)?;
+        }
+        let d = arena.diagnostics();
+        ensure(
+            d.overflow.calls == 40,
+            format!("expected 40 overflow calls: {d}"),
+        )?;
+        ensure(
+            d.overflow.outstanding == 0,
+            format!("overflow not returned: {d}"),
+        )?;
+        ensure(d.overflow.peak == 256 << 10, format!("peak: {d}"))?;
+        ensure(params.ptr().is_ok() && d.resets == 10, format!("{d}"))?;
+        Ok(())
+    })?;
+    let warnings = logs.count(&["WARN", "zmem.arena.overflow"]);
+    ensure(
+        warnings == 1,
+        format!(
+            "expected one overflow warning, got {warnings}:\n{}",
+            logs.text()
+        ),
+    )?;
+    ensure(
+        logs.count(&["zmem.arena.overflow", "verdict"]) == 1,
+        "the warning carries diagnostics",
+    )
+}
+
+/// A capture allocates from its reservation, survives step resets, and replays.
+pub fn capture_from_reservation<D: Driver>(dev: &Device<D>) -> Result<Arena<D>, String> {
+    let arena = Arena::new(dev.clone(), crate::util::small(1 << 20)).map_err(s)?;
+    let input = arena.alloc_persistent(4096).map_err(s)?;
+    let warm = arena.step().map_err(s)?;
+    let (r, plan) = arena
+        .record_plan(|| -> Check {
+            let _a = warm.alloc_scratch(4096).map_err(s)?;
+            let _b = warm.alloc_scratch(8000).map_err(s)?;
+            Ok(())
+        })
+        .map_err(s)?;
+    r?;
+    warm.end().map_err(s)?;
+    ensure(plan.bytes() == 4096 + 8192, format!("plan {plan:?}"))?;
+    let res = arena.reserve_for_capture(&plan).map_err(s)?;
+    res.retain(&input);
+    let step = arena.step().map_err(s)?;
+    let (a, b, graph) = {
+        let scope = arena.capture_into(&res).map_err(s)?;
+        let cap = dev.begin_capture(dev.stream()).map_err(s)?;
+        let a = step.alloc_scratch(4096).map_err(s)?.clone();
+        let b = step.alloc_scratch(8000).map_err(s)?.clone();
+        dev.memset_d32_async(a.ptr().map_err(s)?, f32_bits(2.0), 1024, cap.stream())
+            .map_err(s)?;
+        dev.memset_d32_async(b.ptr().map_err(s)?, f32_bits(3.0), 2000, cap.stream())
+            .map_err(s)?;
+        let graph = cap.end().map_err(s)?;
+        ensure(
+            scope.used() == plan.bytes(),
+            "the capture used exactly the plan",
+        )?;
+        (a, b, graph)
+    };
+    for blk in [&a, &b] {
+        ensure(
+            blk.class() == AllocClass::Graph,
+            format!("{blk:?} is not graph memory"),
+        )?;
+        ensure(
+            blk.source() == Source::Reservation,
+            format!("{blk:?} not from the reservation"),
+        )?;
+    }
+    step.end().map_err(s)?;
+    // Steps that reuse scratch heavily must not touch the graph's memory.
+    for _ in 0..3 {
+        let st = arena.step().map_err(s)?;
+        for _ in 0..8 {
+            let x = st.alloc_scratch(16 << 10).map_err(s)?;
+            let (xa, xe) = (x.raw_ptr().0, x.raw_ptr().0 + x.size());
+            for g in [&a, &b] {
+                let (ga, ge) = (g.raw_ptr().0, g.raw_ptr().0 + g.size());
+                ensure(xe <= ga || ge <= xa, "scratch overlapped graph memory")?;
+            }
+            fill(dev, &x, -1.0)?;
+        }
+        st.end().map_err(s)?;
+    }
+    let exec = graph.instantiate(Default::default()).map_err(s)?;
+    exec.launch(dev.stream()).map_err(s)?;
+    let got = read_f32(dev, &a, 1024)?;
+    ensure(
+        got.iter().all(|v| *v == 2.0),
+        format!("replay wrote {:?}", &got[..4]),
+    )?;
+    let got = read_f32(dev, &b, 2000)?;
+    ensure(
+        got.iter().all(|v| *v == 3.0),
+        format!("replay wrote {:?}", &got[..4]),
+    )?;
+    drop(exec);
+    drop(graph);
+    drop(res);
+    ensure(
+        arena.diagnostics().capture.reservations == 1,
+        "blocks keep the reservation alive",
+    )?;
+    drop((a, b));
+    ensure(
+        arena.diagnostics().capture.reservations == 0,
+        "reservation given back",
+    )?;
+    Ok(arena)
+}
+
+/// Saved blocks (and scratch clones kept by a tape) survive any number of step ends with
+/// their contents, while each step's scratch is reused around them.
+pub fn saved_survives_step_end<D: Driver>(dev: &Device<D>, poison: bool) -> Check {
+    let cfg = ArenaConfig {
+        poison,
+        ..crate::util::small(512 << 10)
+    };
+    let arena = Arena::new(dev.clone(), cfg).map_err(s)?;
+    let mut tape: Vec<(Block, f32)> = Vec::new();
+    let mut first_scratch = None;
+    for sample in 0..6u8 {
+        let step = arena.step().map_err(s)?;
+        let saved = step.alloc_saved(4096).map_err(s)?;
+        fill(dev, &saved, f32::from(sample) + 1.0)?;
+        tape.push((saved, f32::from(sample) + 1.0));
+        for k in 0..8 {
+            let x = step.alloc_scratch(8192).map_err(s)?;
+            fill(dev, &x, -7.0)?;
+            if k == 3 {
+                // A forward output handed to backward as an input: the tape keeps a clone.
+                fill(dev, &x, 100.0 + f32::from(sample))?;
+                tape.push((x.clone(), 100.0 + f32::from(sample)));
+            }
+            if k == 0 {
+                let p = x.raw_ptr();
+                ensure(
+                    *first_scratch.get_or_insert(p) == p,
+                    "scratch was not reused",
+                )?;
+            }
+        }
+        let summary = step.end().map_err(s)?;
+        ensure(
+            summary.kept.len() == (sample as usize + 1),
+            format!("kept {summary:?}"),
+        )?;
+    }
+    for (block, want) in &tape {
+        let got = read_f32(dev, block, block.size() as usize / 4)?;
+        ensure(
+            got.iter().all(|v| v == want),
+            format!("{block:?} holds {:?}, want {want}", &got[..2]),
+        )?;
+    }
+    Ok(())
+}
+
+/// Reclaimed scratch reads as NaN when poison is on.
+pub fn poison_reclaimed_scratch<D: Driver>(dev: &Device<D>, poison: bool) -> Check {
+    let arena = Arena::new(
+        dev.clone(),
+        ArenaConfig {
+            poison,
+            ..crate::util::small(1 << 20)
+        },
+    )
+    .map_err(s)?;
+    let step = arena.step().map_err(s)?;
+    let stale = step.alloc_scratch(1024).map_err(s)?.raw_ptr();
+    dev.memset_d32_async(stale, f32_bits(1.0), 256, dev.stream())
+        .map_err(s)?;
+    step.end().map_err(s)?;
+    dev.synchronize(dev.stream()).map_err(s)?;
+    let mut b = vec![0u8; 1024];
+    dev.copy_dtoh(&mut b, stale).map_err(s)?;
+    let v: Vec<f32> = b
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    ensure(
+        v.iter().all(|x| x.is_nan()),
+        format!("stale scratch reads {:?}", &v[..4]),
+    )
+}

@@ -1,0 +1,13 @@
+//! zmem's integration tests, one binary. `bodies` holds the scenario bodies, generic over the
+//! driver; the mock modules run them on the simulated device and `gpu` on the real one.
+
+mod bodies;
+mod capture;
+mod classes;
+mod props;
+mod scenarios;
+mod timeline;
+mod util;
+
+#[cfg(feature = "gpu")]
+mod gpu;

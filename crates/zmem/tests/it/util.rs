@@ -1,0 +1,104 @@
+//! Helpers: the simulated device, small arena configurations, captured tracing output.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use zdevice::{Device, DeviceConfig, MockDevice, SimConfig, SimDriver};
+use zmem::ArenaConfig;
+
+/// A check: `Err` says what did not hold.
+pub type Check = Result<(), String>;
+
+/// Fails with `msg` unless `cond`.
+pub fn ensure(cond: bool, msg: impl Into<String>) -> Check {
+    if cond { Ok(()) } else { Err(msg.into()) }
+}
+
+/// Formats any error.
+pub fn s(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// A simulated device with `capacity` bytes (freed memory is not poisoned by the simulator,
+/// so poison seen in tests is the arena's own).
+pub fn mock(capacity: u64) -> MockDevice {
+    let cfg = SimConfig {
+        poison_on_free: false,
+        ..SimConfig::with_capacity(capacity)
+    };
+    let driver = SimDriver::new(cfg);
+    Device::open(
+        driver,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .expect("the simulated device opens")
+}
+
+/// A small arena: 256 KiB of scratch in 64 KiB segments, capped at `cap`, 1 MiB overflow
+/// reserve, no poison.
+pub fn small(cap: u64) -> ArenaConfig {
+    ArenaConfig {
+        initial_bytes: (256 << 10).min(cap),
+        segment_bytes: 64 << 10,
+        cap_bytes: Some(cap),
+        overflow_reserve_bytes: 1 << 20,
+        poison: false,
+        timeline_events: 4096,
+        from_env: Vec::new(),
+    }
+}
+
+/// Tracing output captured for the duration of a closure on this thread.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Runs `f` with a subscriber that writes here.
+    pub fn capture<R>(&self, f: impl FnOnce() -> R) -> R {
+        let sub = tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        tracing::subscriber::with_default(sub, f)
+    }
+
+    /// Everything written.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+
+    /// Lines containing every one of `needles`.
+    pub fn count(&self, needles: &[&str]) -> usize {
+        self.text()
+            .lines()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .count()
+    }
+}
+
+/// The writer half of [`Logs`].
+pub struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = LogWriter;
+    fn make_writer(&'a self) -> LogWriter {
+        LogWriter(Arc::clone(&self.0))
+    }
+}
