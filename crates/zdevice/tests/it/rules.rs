@@ -81,6 +81,7 @@ struct Prepared {
     event: Event,
     blas: Option<BlasHandle>,
     workspace: Option<DevicePtr>,
+    gemm_operands: Option<DevicePtr>,
     host: Vec<u8>,
 }
 
@@ -152,7 +153,7 @@ fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, Strin
     d.memset_d8(b, 0x33, N).map_err(s)?;
     let event = d.event_create(false).map_err(s)?;
     d.event_record(event, stream).map_err(s)?;
-    let (mut blas, mut workspace) = (None, None);
+    let (mut blas, mut workspace, mut gemm_operands) = (None, None, None);
     if matches!(row, Row::GemmDefaultWorkspace | Row::GemmWithWorkspace) {
         let h = d.blas_create().map_err(s)?;
         d.blas_set_stream(h, stream).map_err(s)?;
@@ -161,10 +162,13 @@ fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, Strin
             d.blas_set_workspace(h, ws, 32 << 20).map_err(s)?;
             workspace = Some(ws);
         }
+        let operands = d.mem_alloc(GEMM_BYTES).map_err(s)?;
+        d.memset_d8(operands, 0, GEMM_BYTES).map_err(s)?;
+        gemm_operands = Some(operands);
         // Warm the handle up before capture, as the measurement did.
-        // SAFETY: a and b hold N bytes = 1024 floats; the 16x16 product reads 256 floats of a
-        // and writes 256 floats of b; both live until cleanup.
-        unsafe { d.gemm_strided_batched_f32(h, &gemm16(a, b)) }.map_err(s)?;
+        // SAFETY: `operands` holds GEMM_BYTES, which covers every operand of `gemm_row`; it
+        // lives until cleanup.
+        unsafe { d.gemm_strided_batched_f32(h, &gemm_row(operands)) }.map_err(s)?;
         d.stream_synchronize(stream).map_err(s)?;
         blas = Some(h);
     }
@@ -175,28 +179,35 @@ fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, Strin
         event,
         blas,
         workspace,
+        gemm_operands,
         host: vec![0x22; N as usize],
     })
 }
 
-fn gemm16(a: DevicePtr, c: DevicePtr) -> GemmF32 {
+/// A long-k product (64x64, k = 8192), the shape for which cuBLAS splits k and uses its
+/// workspace; its node count in a graph is what the cuBLAS rows compare.
+const GEMM_K: i32 = 8192;
+const GEMM_BYTES: u64 = (2 * 64 * GEMM_K as u64 + 64 * 64) * 4;
+
+fn gemm_row(base: DevicePtr) -> GemmF32 {
+    let b_at = base.offset(64 * GEMM_K as u64 * 4);
     GemmF32 {
         transa: Transpose::No,
         transb: Transpose::No,
-        m: 16,
-        n: 16,
-        k: 16,
+        m: 64,
+        n: 64,
+        k: GEMM_K,
         alpha: 1.0,
-        a,
-        lda: 16,
-        stride_a: 256,
-        b: a,
-        ldb: 16,
-        stride_b: 256,
+        a: base,
+        lda: 64,
+        stride_a: 0,
+        b: b_at,
+        ldb: GEMM_K,
+        stride_b: 0,
         beta: 0.0,
-        c,
-        ldc: 16,
-        stride_c: 256,
+        c: b_at.offset(64 * GEMM_K as u64 * 4),
+        ldc: 64,
+        stride_c: 0,
         batch: 1,
     }
 }
@@ -227,10 +238,10 @@ fn call<D: Driver>(d: &D, row: Row, stream: Stream, p: &Prepared) -> (Option<u32
         Row::EventSynchronize => d.event_synchronize(p.event),
         Row::MemGetInfo => d.mem_get_info().map(|_| ()),
         Row::MemFreeLive => d.mem_free(p.live).map(|()| extra = Extra::FreedLive),
-        Row::GemmWithWorkspace | Row::GemmDefaultWorkspace => match p.blas {
-            // SAFETY: as in the warm-up: operands within a and b, live until cleanup.
-            Some(h) => unsafe { d.gemm_strided_batched_f32(h, &gemm16(p.a, p.b)) },
-            None => Ok(()),
+        Row::GemmWithWorkspace | Row::GemmDefaultWorkspace => match (p.blas, p.gemm_operands) {
+            // SAFETY: as in the warm-up: operands within `gemm_operands`, live until cleanup.
+            (Some(h), Some(ops)) => unsafe { d.gemm_strided_batched_f32(h, &gemm_row(ops)) },
+            _ => Ok(()),
         },
     };
     (r.err().and_then(code), extra)
@@ -267,8 +278,8 @@ fn cleanup<D: Driver>(
     if let Some(h) = p.blas {
         d.blas_destroy(h).map_err(s)?;
     }
-    if let Some(ws) = p.workspace {
-        d.mem_free(ws).map_err(s)?;
+    for buf in [p.workspace, p.gemm_operands].into_iter().flatten() {
+        d.mem_free(buf).map_err(s)?;
     }
     d.event_destroy(p.event).map_err(s)?;
     d.mem_free(p.a).map_err(s)?;
