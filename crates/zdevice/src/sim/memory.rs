@@ -76,7 +76,9 @@ pub(crate) struct Memory {
     pub used: u64,
     pub poison: bool,
     pub pools: HashMap<u64, Pool>,
-    host: BTreeMap<u64, Vec<u8>>,
+    /// Page-locked host memory: (size, bytes), stored lazily like device memory so that a huge
+    /// request costs nothing until written.
+    host: BTreeMap<u64, (u64, Storage)>,
     next_host: u64,
 }
 
@@ -309,7 +311,7 @@ impl Memory {
         if bytes == 0 {
             return Err(AllocError::Invalid);
         }
-        let len = usize::try_from(bytes).map_err(|_| AllocError::OutOfMemory)?;
+        usize::try_from(bytes).map_err(|_| AllocError::OutOfMemory)?;
         let step = bytes
             .checked_next_multiple_of(HOST_ALIGN)
             .ok_or(AllocError::Invalid)?;
@@ -317,7 +319,7 @@ impl Memory {
         self.next_host = base
             .checked_add(step + HOST_ALIGN)
             .ok_or(AllocError::OutOfMemory)?;
-        self.host.insert(base, vec![0; len]);
+        self.host.insert(base, (bytes, Storage::new(0)));
         Ok(HostPtr(base))
     }
 
@@ -326,10 +328,10 @@ impl Memory {
     }
 
     fn host_range(&self, ptr: u64, len: u64) -> Option<(u64, usize)> {
-        let (base, v) = self.host.range(..=ptr).next_back()?;
+        let (base, (size, _)) = self.host.range(..=ptr).next_back()?;
         let within = ptr - base;
         let end = within.checked_add(len)?;
-        (end <= v.len() as u64).then_some((*base, usize::try_from(within).ok()?))
+        (end <= *size).then_some((*base, usize::try_from(within).ok()?))
     }
 
     pub(crate) fn host_valid(&self, ptr: HostPtr, len: u64) -> bool {
@@ -338,14 +340,14 @@ impl Memory {
 
     pub(crate) fn host_read(&self, ptr: HostPtr, len: u64) -> Option<Vec<u8>> {
         let (base, off) = self.host_range(ptr.0, len)?;
-        let len = usize::try_from(len).ok()?;
-        self.host.get(&base).map(|v| v[off..off + len].to_vec())
+        let mut out = vec![0u8; usize::try_from(len).ok()?];
+        self.host.get(&base)?.1.read(off, &mut out);
+        Some(out)
     }
 
     pub(crate) fn host_write(&mut self, ptr: HostPtr, data: &[u8]) -> Option<()> {
         let (base, off) = self.host_range(ptr.0, data.len() as u64)?;
-        let v = self.host.get_mut(&base)?;
-        v[off..off + data.len()].copy_from_slice(data);
+        self.host.get_mut(&base)?.1.write(off, data);
         Some(())
     }
 }

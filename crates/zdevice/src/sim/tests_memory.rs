@@ -208,6 +208,10 @@ fn host_memory_round_trips_and_async_copies_use_it_in_stream_order() {
     assert_eq!(back, [6; 16]);
     d.mem_free_host(h).unwrap();
     assert!(d.host_read(h, &mut back).is_err());
+    // Host memory is stored lazily too: a terabyte request costs nothing until written.
+    let huge = d.mem_alloc_host(1 << 40).unwrap();
+    d.host_write(HostPtr(huge.0 + (1 << 39)), &[1]).unwrap();
+    d.mem_free_host(huge).unwrap();
     assert_eq!(
         d.mem_free_host(h).unwrap_err().cuda_code(),
         Some(CuCode::INVALID_VALUE)
