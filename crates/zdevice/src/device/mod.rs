@@ -118,6 +118,41 @@ fn open_err(ordinal: u32) -> impl Fn(crate::driver::DriverError) -> DeviceError 
     }
 }
 
+type Undo<D> = Box<dyn FnOnce(&D) -> crate::driver::DriverResult<()>>;
+
+/// The engine's stream, the cuBLAS handle bound to it, and the cuBLAS workspace. On failure,
+/// returns the steps that release what was acquired so far.
+#[allow(clippy::type_complexity)]
+fn acquire<D: Driver>(
+    driver: &D,
+    context: Context,
+    config: &DeviceConfig,
+) -> Result<(Stream, BlasHandle, DevicePtr), (crate::driver::DriverError, Vec<Undo<D>>)> {
+    let mut undo: Vec<Undo<D>> = Vec::new();
+    macro_rules! step {
+        ($e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(e) => return Err((e, undo)),
+            }
+        };
+    }
+    step!(driver.ctx_set_current(context));
+    let stream = step!(driver.stream_create(StreamKind::NonBlocking));
+    undo.push(Box::new(move |d: &D| d.stream_destroy(stream)));
+    let blas = step!(driver.blas_create());
+    undo.push(Box::new(move |d: &D| d.blas_destroy(blas)));
+    step!(driver.blas_set_stream(blas, stream));
+    let mut workspace = DevicePtr::NULL;
+    if config.blas_workspace_bytes > 0 {
+        workspace = step!(driver.mem_alloc(config.blas_workspace_bytes));
+        undo.push(Box::new(move |d: &D| d.mem_free(workspace)));
+        step!(driver.blas_set_workspace(blas, workspace, config.blas_workspace_bytes));
+    }
+    step!(driver.blas_set_tf32(blas, false));
+    Ok((stream, blas, workspace))
+}
+
 impl<D: Driver> Device<D> {
     /// Opens the device: initialises the driver, retains the primary context (the one cuBLAS
     /// uses), creates the engine's non-blocking stream, creates the cuBLAS handle and reserves
@@ -144,18 +179,18 @@ impl<D: Driver> Device<D> {
             driver: driver.describe(),
         };
         let context = driver.primary_ctx_retain(ordinal)?;
-        driver.ctx_set_current(context)?;
-        let stream = driver.stream_create(StreamKind::NonBlocking)?;
-        let blas = driver.blas_create()?;
-        driver.blas_set_stream(blas, stream)?;
-        let blas_workspace = if config.blas_workspace_bytes > 0 {
-            let ws = driver.mem_alloc(config.blas_workspace_bytes)?;
-            driver.blas_set_workspace(blas, ws, config.blas_workspace_bytes)?;
-            ws
-        } else {
-            DevicePtr::NULL
+        let (stream, blas, blas_workspace) = match acquire(&driver, context, &config) {
+            Ok(parts) => parts,
+            Err((e, undo)) => {
+                // Give back what was acquired before the failure, newest first; the original
+                // error is what the caller needs to see.
+                for step in undo.into_iter().rev() {
+                    let _ = step(&driver);
+                }
+                let _ = driver.primary_ctx_release(ordinal);
+                return Err(e.into());
+            }
         };
-        driver.blas_set_tf32(blas, false)?;
         tracing::info!(
             target: "zdevice.device.open",
             name = %info.name, total = info.total_memory, driver_version = info.driver_version,

@@ -335,3 +335,17 @@ fn ptx_newer_than_the_driver_names_the_driver_needed() {
         other => panic!("expected PtxTooNew, got {other:?}"),
     }
 }
+
+#[test]
+fn open_fails_cleanly_when_cublas_cannot_start() {
+    let sim = SimDriver::default();
+    sim.fault(
+        calls::BLAS_CREATE,
+        1,
+        FaultAction::Fail(CuCode::NOT_INITIALIZED),
+    );
+    match MockDevice::open(sim, DeviceConfig::default()) {
+        Err(DeviceError::Blas { call, .. }) => assert_eq!(call, calls::BLAS_CREATE),
+        other => panic!("expected a cuBLAS error, got {other:?}"),
+    }
+}
