@@ -158,20 +158,30 @@ impl Timeline {
     }
 
     pub(crate) fn push(&mut self, at: Option<Duration>, kind: EventKind) -> Event {
-        self.seq += 1;
         let ev = Event {
-            seq: self.seq,
+            seq: self.seq + 1,
             step: self.current.step,
             at,
             kind,
         };
+        self.record(ev.clone());
+        ev
+    }
+
+    /// Records an event without handing a copy back (the allocation fast path: no clone).
+    pub(crate) fn record(&mut self, ev: Event) {
+        self.seq += 1;
         if self.capacity > 0 {
             if self.ring.len() == self.capacity {
                 self.ring.pop_front();
             }
-            self.ring.push_back(ev.clone());
+            self.ring.push_back(ev);
         }
-        ev
+    }
+
+    /// The next sequence number and the step, for building an event to `record`.
+    pub(crate) fn stamp(&self) -> (u64, u64) {
+        (self.seq + 1, self.current.step)
     }
 
     /// Updates the step's peak with the current bytes by class.

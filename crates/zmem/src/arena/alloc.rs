@@ -8,8 +8,9 @@ use zdevice::{DeviceError, DevicePtr, Driver};
 
 use super::Shared;
 use super::held::HeldSegment;
+use super::scratch::Pin;
 use super::scratch::Segment;
-use super::state::{OVERFLOW_SEG, State, StepBlock};
+use super::state::{State, StepBlock};
 use crate::block::{Block, BlockInner, GenCell, Source};
 use crate::class::AllocClass;
 use crate::error::{MemError, MemResult};
@@ -61,18 +62,23 @@ impl<D: Driver> Shared<D> {
             };
             st.count_alloc(block.class(), requested, size);
             if self.config.timeline_events > 0 || self.wants_events() {
-                let ev = st.timeline.push(
-                    None,
-                    EventKind::Alloc {
-                        class: block.class(),
-                        bytes: size,
-                        ptr: block.raw_ptr().0,
-                        source: block.source(),
-                    },
-                );
+                let (seq, step) = st.timeline.stamp();
+                let kind = EventKind::Alloc {
+                    class: block.class(),
+                    bytes: size,
+                    ptr: block.raw_ptr().0,
+                    source: block.source(),
+                };
+                let ev = Event {
+                    seq,
+                    step,
+                    at: None,
+                    kind,
+                };
                 if self.wants_events() {
-                    events.push(ev);
+                    events.push(ev.clone());
                 }
+                st.timeline.record(ev);
             }
             if block.source() == Source::Overflow {
                 self.overflowed(&mut st, &mut events);
@@ -115,12 +121,7 @@ impl<D: Driver> Shared<D> {
                 None => {
                     let b = self.overflow(st, AllocClass::Scratch, requested, size)?;
                     st.overflow_scratch += size;
-                    st.step_blocks.push(StepBlock {
-                        seg: OVERFLOW_SEG,
-                        start: 0,
-                        end: size,
-                        block: Arc::downgrade(&b.0),
-                    });
+                    st.overflow_blocks.push(Arc::downgrade(&b.0));
                     return Ok(b);
                 }
             },
@@ -132,22 +133,41 @@ impl<D: Driver> Shared<D> {
         }
         seg.used_ever = seg.used_ever.max(off + size);
         let ptr = seg.base.offset(off);
-        let cell = Arc::clone(&seg.cell);
-        let used: u64 = st.segs.iter().map(|s| s.off).sum();
-        st.n.high_water = st.n.high_water.max(used);
-        let what = Issue {
-            class: AllocClass::Scratch,
-            source: Source::Arena,
-            requested,
-            size,
+        let generation = seg.cell.current();
+        let step = st.step_now();
+        // Reuse a dead block's allocation when there is one (no malloc on the fast path).
+        let recycled = st.spare.pop().and_then(|mut spare| {
+            let inner = Arc::get_mut(&mut spare)?;
+            inner.ptr = ptr;
+            inner.size = size;
+            inner.requested = requested;
+            inner.step = step;
+            *inner.generation.get_mut() = generation;
+            if !Arc::ptr_eq(&inner.cell, &st.segs[i].cell) {
+                inner.cell = Arc::clone(&st.segs[i].cell);
+            }
+            Some(spare)
+        });
+        let arc = match recycled {
+            Some(a) => a,
+            None => {
+                let cell = Arc::clone(&st.segs[i].cell);
+                let what = Issue {
+                    class: AllocClass::Scratch,
+                    source: Source::Arena,
+                    requested,
+                    size,
+                };
+                self.make(st, what, ptr, &cell).0
+            }
         };
-        let b = self.make(st, what, ptr, &cell);
-        st.step_blocks.push(StepBlock {
-            seg: i as u32,
+        let b = Block(Arc::clone(&arc));
+        let pin = Pin {
             start: off,
             end: off + size,
-            block: Arc::downgrade(&b.0),
-        });
+            block: arc,
+        };
+        st.step_blocks.push(StepBlock { seg: i as u32, pin });
         Ok(b)
     }
 

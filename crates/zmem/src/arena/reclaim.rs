@@ -7,7 +7,7 @@ use zdevice::{DevicePtr, Driver};
 
 use super::Shared;
 use super::scratch::{Pin, Reclaimed, reclaim};
-use super::state::{OVERFLOW_SEG, State};
+use super::state::State;
 use crate::block::{Returned, Source};
 use crate::class::AllocClass;
 use crate::diag::ResetInfo;
@@ -16,6 +16,9 @@ use crate::timeline::{Event, EventKind};
 
 /// The 0xFF byte: four of them are a float32 NaN, so stale reads compute NaN.
 pub(crate) const POISON_BYTE: u8 = 0xFF;
+
+/// Most dead scratch blocks kept for reuse.
+const SPARE_MAX: usize = 1 << 16;
 
 /// What a step's end did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,32 +96,32 @@ impl<D: Driver> Shared<D> {
             .flags
             .keep_live_scratch
             .load(std::sync::atomic::Ordering::Relaxed);
+        st.n.high_water = st.n.high_water.max(st.bumped());
         let mut per_seg: Vec<Vec<Pin>> = (0..st.segs.len()).map(|_| Vec::new()).collect();
         let mut kept: Vec<LiveBlock> = Vec::new();
+        // Overflow scratch returns to the pool when its last handle drops; until then it is
+        // listed as kept at every step end.
         let mut still_out = Vec::new();
-        for b in std::mem::take(&mut st.step_blocks) {
-            if b.seg == OVERFLOW_SEG {
-                // Overflow scratch returns to the pool when its last handle drops; until then
-                // it is listed as kept at every step end.
-                if let Some(inner) = b.block.upgrade() {
-                    kept.push(crate::block::describe(&inner));
-                    kept_arcs.push(inner);
-                    still_out.push(b);
-                }
-            } else if let Some(pins) = per_seg.get_mut(b.seg as usize) {
-                pins.push(Pin {
-                    start: b.start,
-                    end: b.end,
-                    block: b.block,
-                });
+        for w in std::mem::take(&mut st.overflow_blocks) {
+            if let Some(inner) = w.upgrade() {
+                kept.push(crate::block::describe(&inner));
+                kept_arcs.push(inner);
+                still_out.push(w);
             }
         }
-        st.step_blocks = still_out;
+        st.overflow_blocks = still_out;
+        for b in std::mem::take(&mut st.step_blocks) {
+            if let Some(pins) = per_seg.get_mut(b.seg as usize) {
+                pins.push(b.pin);
+            }
+        }
         let mut out = Reclaimed::default();
         for (seg, pins) in st.segs.iter_mut().zip(per_seg) {
             kept.extend(reclaim(seg, pins, keep, &mut out));
         }
-        kept_arcs.append(&mut out.kept);
+        // Bounded, so a step with a million tiny blocks does not pin their memory forever.
+        let room = SPARE_MAX.saturating_sub(st.spare.len());
+        st.spare.extend(out.spare.drain(..).take(room));
         st.cur = 0;
         let pinned: u64 = st.segs.iter().map(|s| s.pinned_bytes()).sum();
         st.by_class.0[AllocClass::Scratch as usize] = pinned + st.overflow_scratch;

@@ -3,20 +3,31 @@
 //! A block still referenced when its step ends is *kept*: its range becomes a pin that later
 //! steps bump around, and only that range. There is no floor: memory below a pin is reused as
 //! freely as memory above it, so one long-lived tensor never strands the rest of the arena.
+//!
+//! The arena holds one strong reference to each scratch block it issued; the block is alive
+//! while anyone else holds one too (`strong_count > 1`). Dead blocks' allocations are recycled
+//! for later steps, so the fast path neither mallocs nor frees in steady state.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
 
 use zdevice::DevicePtr;
 
 use crate::block::{BlockInner, GenCell};
 use crate::error::LiveBlock;
 
-/// A kept range `[start, end)` of a segment and the block that keeps it.
+/// A range `[start, end)` of a segment and the block issued there (the arena's reference).
 pub(crate) struct Pin {
     pub(crate) start: u64,
     pub(crate) end: u64,
-    pub(crate) block: Weak<BlockInner>,
+    pub(crate) block: Arc<BlockInner>,
+}
+
+impl Pin {
+    /// Whether a handle other than the arena's own refers to the block.
+    pub(crate) fn alive(&self) -> bool {
+        Arc::strong_count(&self.block) > 1
+    }
 }
 
 pub(crate) struct Segment {
@@ -71,7 +82,7 @@ impl Segment {
     pub(crate) fn pinned_bytes(&self) -> u64 {
         self.pins
             .iter()
-            .filter(|p| p.block.strong_count() > 0)
+            .filter(|p| p.alive())
             .map(|p| p.end - p.start)
             .sum()
     }
@@ -84,8 +95,8 @@ pub(crate) struct Reclaimed {
     pub(crate) bytes: u64,
     /// Ranges (absolute address, length) that were made reusable, for poisoning.
     pub(crate) ranges: Vec<(DevicePtr, u64)>,
-    /// Blocks kept because a handle still refers to them (upgraded: drop them outside the lock).
-    pub(crate) kept: Vec<Arc<BlockInner>>,
+    /// Dead blocks whose allocations can be reused.
+    pub(crate) spare: Vec<Arc<BlockInner>>,
 }
 
 /// Reclaims one segment at step end. `new_pins` are this step's blocks in this segment that are
@@ -101,10 +112,13 @@ pub(crate) fn reclaim(
     let mut extent = seg.off;
     let mut pins: Vec<Pin> = Vec::with_capacity(old.len() + new_pins.len());
     for p in old.into_iter().chain(new_pins.drain(..)) {
-        if keep && p.block.strong_count() > 0 {
+        if keep && p.alive() {
             pins.push(p);
         } else {
             extent = extent.max(p.end);
+            if !p.alive() {
+                out.spare.push(p.block);
+            }
         }
     }
     pins.sort_by_key(|p| p.start);
@@ -119,11 +133,8 @@ pub(crate) fn reclaim(
         }
         cursor = cursor.max(p.end);
         // A kept block moves to the new generation with its memory: it stays valid.
-        if let Some(b) = p.block.upgrade() {
-            b.generation.store(generation, Ordering::Release);
-            kept_desc.push(crate::block::describe(&b));
-            out.kept.push(b);
-        }
+        p.block.generation.store(generation, Ordering::Release);
+        kept_desc.push(crate::block::describe(&p.block));
     }
     if cursor < extent {
         out.ranges.push((seg.base.offset(cursor), extent - cursor));
@@ -151,19 +162,33 @@ mod tests {
         Segment::new(DevicePtr(0x1000), size, GenCell::new(&flags))
     }
 
+    fn block(s: &Segment) -> Arc<BlockInner> {
+        Arc::new(BlockInner {
+            ptr: s.base,
+            size: 512,
+            requested: 512,
+            class: crate::AllocClass::Scratch,
+            source: crate::Source::Arena,
+            step: 0,
+            generation: std::sync::atomic::AtomicU64::new(0),
+            cell: Arc::clone(&s.cell),
+            owner: None,
+            _reservation: None,
+        })
+    }
+
     #[test]
     fn bump_skips_pins_and_fills_around_them() {
         let mut s = seg(4096);
-        let keep = Arc::new(0u8);
-        // A Weak to an Arc<u8> stands in for a live block: only strong_count matters here.
-        let w: Weak<u8> = Arc::downgrade(&keep);
-        assert_eq!(w.strong_count(), 1);
-        s.pins.push(Pin {
+        let b = block(&s);
+        let pin = Pin {
             start: 512,
             end: 1024,
-            block: Weak::new(),
-        });
-        // A dead pin (Weak::new) is still skipped until a reclaim drops it.
+            block: b,
+        };
+        assert!(!pin.alive(), "only the arena's reference");
+        s.pins.push(pin);
+        // A dead pin is still skipped until a reclaim drops it (and recycles its block).
         assert_eq!(s.fit(256), Some(0));
         assert_eq!(s.fit(256), Some(256));
         assert_eq!(s.fit(256), Some(1024));
@@ -172,6 +197,7 @@ mod tests {
         let kept = reclaim(&mut s, Vec::new(), true, &mut out);
         assert!(kept.is_empty());
         assert!(s.pins.is_empty());
+        assert_eq!(out.spare.len(), 1);
         assert_eq!(s.fit(1024), Some(0));
     }
 }

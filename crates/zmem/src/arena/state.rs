@@ -6,22 +6,17 @@ use std::sync::{Arc, Weak};
 use zdevice::DevicePool;
 
 use super::held::HeldSegment;
-use super::scratch::Segment;
+use super::scratch::{Pin, Segment};
 use crate::block::{BlockInner, GenCell, Returned};
 use crate::capture::ReservationMem;
 use crate::class::{AllocClass, ClassBytes};
 use crate::diag::{CaptureStats, Diagnostics, OverflowStats, ResetInfo};
 use crate::timeline::Timeline;
 
-/// Segment index used for scratch blocks that came from the overflow pool.
-pub(crate) const OVERFLOW_SEG: u32 = u32::MAX;
-
 /// A scratch block issued in the open step (or in steps whose reclaim was deferred).
 pub(crate) struct StepBlock {
     pub(crate) seg: u32,
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    pub(crate) block: Weak<BlockInner>,
+    pub(crate) pin: Pin,
 }
 
 /// A capture reservation as the arena tracks it.
@@ -48,6 +43,10 @@ pub(crate) struct State {
     /// Scratch segment the bump pointer is in.
     pub(crate) cur: usize,
     pub(crate) step_blocks: Vec<StepBlock>,
+    /// Scratch blocks served by the overflow pool (they return themselves when dropped).
+    pub(crate) overflow_blocks: Vec<Weak<BlockInner>>,
+    /// Dead scratch blocks whose allocations the next ones reuse.
+    pub(crate) spare: Vec<Arc<BlockInner>>,
     pub(crate) held: Vec<HeldSegment>,
     /// Generation of held and overflow memory: moves only when the arena is torn down.
     pub(crate) held_cell: Arc<GenCell>,
@@ -82,27 +81,18 @@ pub(crate) struct State {
 
 impl State {
     pub(crate) fn diagnostics(&self) -> Diagnostics {
-        let scratch_live = self
-            .step_blocks
-            .iter()
-            .filter(|b| b.block.strong_count() > 0)
-            .count();
+        let scratch_live = self.step_blocks.iter().filter(|b| b.pin.alive()).count();
         let pins_live: usize = self
             .segs
             .iter()
             .flat_map(|s| s.pins.iter())
-            .filter(|p| p.block.strong_count() > 0)
+            .filter(|p| p.alive())
             .count();
         let graph_live: usize = self
             .reservations
             .values()
             .flat_map(|r| r.blocks.iter())
             .filter(|b| b.strong_count() > 0)
-            .count();
-        let scratch_overflow_live = self
-            .step_blocks
-            .iter()
-            .filter(|b| b.seg == OVERFLOW_SEG && b.block.strong_count() > 0)
             .count();
         let capture = CaptureStats {
             reservations: self.reservations.len(),
@@ -115,8 +105,8 @@ impl State {
             cap: self.cap,
             scratch_segments: self.segs.len(),
             held_segments: self.held.len(),
-            offset: self.segs.iter().map(|s| s.off).sum(),
-            high_water: self.n.high_water,
+            offset: self.bumped(),
+            high_water: self.n.high_water.max(self.bumped()),
             allocations_since_reset: self.n.since_reset,
             bytes_since_reset: self.n.bytes_since_reset,
             allocations: self.n.allocations,
@@ -126,9 +116,8 @@ impl State {
             last_reset: self.n.last_reset.clone(),
             overflow: self.overflow,
             bytes_by_class: self.by_class,
-            // Overflow scratch blocks are counted both as step blocks and as returnable.
-            live_handles: (scratch_live + pins_live + graph_live) as u64 + self.returnable_live
-                - scratch_overflow_live as u64,
+            // Overflow scratch blocks are counted as returnable (they report their drop).
+            live_handles: (scratch_live + pins_live + graph_live) as u64 + self.returnable_live,
             pinned_bytes: self.segs.iter().map(Segment::pinned_bytes).sum(),
             held_free: self.held.iter().map(HeldSegment::free_bytes).sum(),
             capture,
@@ -148,6 +137,12 @@ impl State {
         t.bytes += size;
         let held = self.by_class;
         self.timeline.observe(&held);
+    }
+
+    /// Scratch bytes bumped in the current step. Offsets only grow within a step, so the
+    /// high-water mark is taken from this at each step end instead of on every allocation.
+    pub(crate) fn bumped(&self) -> u64 {
+        self.segs.iter().map(|s| s.off).sum()
     }
 
     /// The step events are attributed to.

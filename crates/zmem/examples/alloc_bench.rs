@@ -1,0 +1,77 @@
+//! GPU benchmark: arena alloc+free vs cuMemAllocAsync+cuMemFreeAsync vs cuMemAlloc+cuMemFree,
+//! measured in one run on CUDA device 0, printed as a table with the device name.
+//! `cargo run --release -p zmem --features gpu --example alloc_bench`
+#![allow(clippy::print_stdout)] // The table on stdout is this program's output.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use zdevice::{CudaDriver, Device, DeviceConfig, Driver};
+use zmem::{Arena, ArenaConfig};
+
+const BYTES: u64 = 4096;
+
+fn per_op(iters: u32, mut f: impl FnMut()) -> f64 {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    t.elapsed().as_nanos() as f64 / f64::from(iters)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dev = Device::open(CudaDriver::load()?, DeviceConfig::default())?;
+    let cfg = ArenaConfig {
+        initial_bytes: 256 << 20,
+        segment_bytes: 256 << 20,
+        ..Default::default()
+    };
+    let arena = Arena::new(dev.clone(), cfg)?;
+    let stream = dev.stream();
+    let drv = dev.driver();
+
+    let mut step = Some(arena.step()?);
+    let mut n = 0u32;
+    let arena_ns = per_op(1_000_000, || {
+        let s = step.as_ref().expect("a step is open");
+        black_box(s.alloc_scratch(BYTES).expect("arena alloc").raw_ptr());
+        n += 1;
+        if n.is_multiple_of(1024) {
+            if let Some(s) = step.take() {
+                s.end().expect("step end");
+            }
+            step = Some(arena.step().expect("step"));
+        }
+    });
+    drop(step);
+    let saved_ns = per_op(200_000, || {
+        black_box(arena.alloc_saved(BYTES).expect("saved alloc").raw_ptr());
+    });
+    // The raw driver calls, without the device layer's watchdog thread (which the arena's
+    // fast path never needs): what cuMemAllocAsync and cuMemAlloc themselves cost.
+    let async_ns = per_op(200_000, || {
+        let p = drv.mem_alloc_async(BYTES, stream).expect("cuMemAllocAsync");
+        drv.mem_free_async(p, stream).expect("cuMemFreeAsync");
+    });
+    dev.synchronize(stream)?;
+    let sync_ns = per_op(20_000, || {
+        let p = drv.mem_alloc(BYTES).expect("cuMemAlloc");
+        drv.mem_free(p).expect("cuMemFree");
+    });
+    println!("device: {} ({})", dev.info().name, dev.info().driver);
+    println!("| path ({BYTES} B) | ns per alloc+free | vs arena |");
+    println!("|---|---:|---:|");
+    for (name, ns) in [
+        ("arena scratch alloc+free", arena_ns),
+        ("arena saved alloc+free", saved_ns),
+        ("cuMemAllocAsync+cuMemFreeAsync", async_ns),
+        ("cuMemAlloc+cuMemFree", sync_ns),
+    ] {
+        println!("| {name} | {ns:.1} | {:.1}x |", ns / arena_ns);
+    }
+    println!("{}", arena.diagnostics());
+    Ok(())
+}
