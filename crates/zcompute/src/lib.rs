@@ -1,1 +1,25 @@
-//! zcompute: tensors, CPU and CUDA backends, kernels and graph capture. See ARCHITECTURE.md.
+//! zcompute: tensors as strided views over pluggable storage, and the op set behind the
+//! `Backend` trait. `CpuBackend` implements it in f32 and f64 (the f64 run is the reference);
+//! a CUDA backend over zmem blocks comes next (see README.md).
+//!
+//! The heart is `Layout` (shape, strides, offset): views are layout rewrites, data movement is
+//! explicit (`Backend::contiguous`, `Backend::copy_into`).
+
+pub mod backend;
+pub mod cpu;
+pub mod element;
+pub mod error;
+pub mod layout;
+pub mod storage;
+pub mod tensor;
+
+pub use backend::{
+    ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, BTensor, Backend, BinaryOp, LayerNormOut,
+    MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+};
+pub use cpu::CpuBackend;
+pub use element::{DType, Element};
+pub use error::{ComputeError, Result};
+pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};
+pub use storage::{CpuStorage, Storage};
+pub use tensor::{CpuTensor, Tensor};

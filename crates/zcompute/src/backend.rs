@@ -1,0 +1,252 @@
+//! The op set as a trait. `CpuBackend` implements it for f32 and f64 now; a `CudaBackend`
+//! implements `Backend<f32>` next, so the type system keeps f64 (references only) off the GPU.
+//! Ops are grouped by kind behind small enums (one method per kernel family) so a device backend
+//! maps each family to one kernel with an op code; the per-op methods are provided on top.
+
+use crate::element::Element;
+use crate::error::Result;
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+
+/// Elementwise functions of one tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    Tanh,
+    /// `1 / (1 + exp(-x))`, evaluated without overflow for large `|x|`.
+    Sigmoid,
+    Relu,
+    /// Exact GELU: `x/2 * (1 + erf(x / sqrt 2))` (PyTorch's default, not the tanh approximation).
+    Gelu,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 9] = [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+    ];
+}
+
+/// Elementwise functions of two tensors, broadcast as NumPy does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// Elementwise maximum; a NaN in either operand gives NaN (as `torch.maximum`).
+    Maximum,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 5] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Maximum,
+    ];
+}
+
+/// Which side of a binary op the scalar stands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScalarSide {
+    /// `x op s`
+    Rhs,
+    /// `s op x`
+    Lhs,
+}
+
+/// Reductions over one axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    /// Maximum; NaN propagates. Refused over an empty axis (no identity).
+    Max,
+}
+
+/// Transpose flags of a matrix product: `trans_a` reads `a` as `[..., k, m]`, `trans_b` reads
+/// `b` as `[..., n, k]` (so `x · Wᵀ` for a PyTorch `[out, in]` weight is `trans_b`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MatmulOpts {
+    pub trans_a: bool,
+    pub trans_b: bool,
+}
+
+/// LayerNorm's forward results. `mean` and `rstd` have the input's shape with the last axis
+/// kept as 1, ready to broadcast against the input in backward.
+#[derive(Clone, Debug)]
+pub struct LayerNormOut<S: Storage> {
+    pub out: Tensor<S>,
+    pub mean: Tensor<S>,
+    pub rstd: Tensor<S>,
+}
+
+/// The constant hyper-parameters of AdamW. The learning rate and step count are not here: they
+/// change every step, so they travel in a slot tensor (`[lr, t]`) that the op reads from memory,
+/// which keeps a captured optimiser step correct on replay.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWConfig<T> {
+    pub beta1: T,
+    pub beta2: T,
+    pub eps: T,
+    pub weight_decay: T,
+}
+
+/// Index of the learning rate in the AdamW slot tensor.
+pub const ADAMW_SLOT_LR: usize = 0;
+/// Index of the step count `t` (counted from 1) in the AdamW slot tensor.
+pub const ADAMW_SLOT_STEP: usize = 1;
+
+/// A tensor of backend `B` with elements `T`.
+pub type BTensor<B, T> = Tensor<<B as Backend<T>>::Storage>;
+
+/// The op set. Every method checks shapes and returns `ComputeError` on bad input; outputs are
+/// fresh dense (row-major) tensors; the in-place ops (`fill`, `copy_into`, `adamw_step`) write
+/// through their destination views.
+pub trait Backend<T: Element> {
+    type Storage: Storage<Elem = T>;
+
+    /// Short name for logs (`"cpu"`, `"cuda"`).
+    fn name(&self) -> &'static str;
+
+    /// Uploads `data` (row-major) as a dense tensor of `shape`.
+    fn upload(&self, data: &[T], shape: &[usize]) -> Result<BTensor<Self, T>>;
+
+    /// Downloads `x` in logical row-major order.
+    fn download(&self, x: &BTensor<Self, T>) -> Result<Vec<T>>;
+
+    /// A dense tensor with every element `value`.
+    fn full(&self, shape: &[usize], value: T) -> Result<BTensor<Self, T>>;
+
+    /// Writes `value` into every element of the view `dst`.
+    fn fill(&self, dst: &BTensor<Self, T>, value: T) -> Result<()>;
+
+    /// An explicit dense copy of `x` in fresh storage (always a copy, even if `x` is dense, so
+    /// the result never aliases its input).
+    fn contiguous(&self, x: &BTensor<Self, T>) -> Result<BTensor<Self, T>>;
+
+    /// Copies `src` into the view `dst` of the same shape (the backward of narrow and split
+    /// writes a gradient into a strided window of a larger one). `src` may alias `dst`.
+    fn copy_into(&self, src: &BTensor<Self, T>, dst: &BTensor<Self, T>) -> Result<()>;
+
+    fn unary(&self, op: UnaryOp, x: &BTensor<Self, T>) -> Result<BTensor<Self, T>>;
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+    ) -> Result<BTensor<Self, T>>;
+
+    fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        x: &BTensor<Self, T>,
+        s: T,
+        side: ScalarSide,
+    ) -> Result<BTensor<Self, T>>;
+
+    /// Reduces `axis`; with `keepdim` the axis stays with size 1.
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: &BTensor<Self, T>,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<BTensor<Self, T>>;
+
+    /// Softmax over the last axis, shifted by the row maximum so it never overflows.
+    fn softmax_last(&self, x: &BTensor<Self, T>) -> Result<BTensor<Self, T>>;
+
+    /// LayerNorm over the last axis with the biased variance (as PyTorch):
+    /// `(x - mean) * rstd * weight + bias`, `rstd = 1 / sqrt(var + eps)`.
+    fn layer_norm(
+        &self,
+        x: &BTensor<Self, T>,
+        weight: Option<&BTensor<Self, T>>,
+        bias: Option<&BTensor<Self, T>>,
+        eps: T,
+    ) -> Result<LayerNormOut<Self::Storage>>;
+
+    /// Batched matrix product `[..., m, k] x [..., k, n] -> [..., m, n]` (operands read
+    /// transposed per `opts`); batch axes broadcast as NumPy does.
+    fn matmul(
+        &self,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+        opts: MatmulOpts,
+    ) -> Result<BTensor<Self, T>>;
+
+    /// Mean over all elements of `max(x,0) - x*y + log1p(exp(-|x|))`: BCE on logits, stable for
+    /// any `x`. Returns a rank-0 tensor.
+    fn bce_with_logits_mean(
+        &self,
+        logits: &BTensor<Self, T>,
+        targets: &BTensor<Self, T>,
+    ) -> Result<BTensor<Self, T>>;
+
+    /// One fused AdamW update of `p`, `m`, `v` in place from gradient `g`; `slot` is `[lr, t]`
+    /// (see `ADAMW_SLOT_LR`, `ADAMW_SLOT_STEP`). `p`, `m`, `v`, `g` and `slot` must not share
+    /// storage.
+    fn adamw_step(
+        &self,
+        p: &BTensor<Self, T>,
+        m: &BTensor<Self, T>,
+        v: &BTensor<Self, T>,
+        g: &BTensor<Self, T>,
+        slot: &BTensor<Self, T>,
+        cfg: &AdamWConfig<T>,
+    ) -> Result<()>;
+
+    // Provided shorthands over the op families.
+
+    fn zeros(&self, shape: &[usize]) -> Result<BTensor<Self, T>> {
+        self.full(shape, T::ZERO)
+    }
+
+    fn add(&self, a: &BTensor<Self, T>, b: &BTensor<Self, T>) -> Result<BTensor<Self, T>> {
+        self.binary(BinaryOp::Add, a, b)
+    }
+
+    fn sub(&self, a: &BTensor<Self, T>, b: &BTensor<Self, T>) -> Result<BTensor<Self, T>> {
+        self.binary(BinaryOp::Sub, a, b)
+    }
+
+    fn mul(&self, a: &BTensor<Self, T>, b: &BTensor<Self, T>) -> Result<BTensor<Self, T>> {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+
+    fn div(&self, a: &BTensor<Self, T>, b: &BTensor<Self, T>) -> Result<BTensor<Self, T>> {
+        self.binary(BinaryOp::Div, a, b)
+    }
+
+    fn maximum(&self, a: &BTensor<Self, T>, b: &BTensor<Self, T>) -> Result<BTensor<Self, T>> {
+        self.binary(BinaryOp::Maximum, a, b)
+    }
+
+    fn sum(&self, x: &BTensor<Self, T>, axis: usize, keepdim: bool) -> Result<BTensor<Self, T>> {
+        self.reduce(ReduceOp::Sum, x, axis, keepdim)
+    }
+
+    fn mean(&self, x: &BTensor<Self, T>, axis: usize, keepdim: bool) -> Result<BTensor<Self, T>> {
+        self.reduce(ReduceOp::Mean, x, axis, keepdim)
+    }
+
+    fn max(&self, x: &BTensor<Self, T>, axis: usize, keepdim: bool) -> Result<BTensor<Self, T>> {
+        self.reduce(ReduceOp::Max, x, axis, keepdim)
+    }
+}

@@ -1,0 +1,193 @@
+//! The CPU backend: every op of `Backend` for f32 and f64 over host `Vec`s. It is the reference
+//! the CUDA backend is tested against, so it favours plain, checkable loops (one gather into
+//! logical order, then dense row-wise work) over speed; only matrix products use a tuned kernel.
+
+mod elementwise;
+pub(crate) mod math;
+mod matmul;
+mod norm;
+mod reduce;
+mod train;
+
+use crate::backend::{
+    AdamWConfig, Backend, BinaryOp, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+};
+use crate::element::Element;
+use crate::error::{ComputeError, Result};
+use crate::layout::Layout;
+use crate::storage::CpuStorage;
+use crate::tensor::CpuTensor;
+
+/// The host backend. Stateless: tensors own their storage.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+/// Elements of `x` in logical row-major order.
+pub(crate) fn gather<T: Element>(x: &CpuTensor<T>) -> Vec<T> {
+    x.to_vec()
+}
+
+/// A fresh dense tensor; `data.len()` must match `shape` (callers build it from the shape).
+pub(crate) fn dense<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<CpuTensor<T>> {
+    CpuTensor::from_vec(data, shape)
+}
+
+/// Refuses destination views that reach one element twice (broadcast views): writing through
+/// them would depend on iteration order. Sorting axes by stride, each stride must clear the span
+/// of the smaller ones. This accepts every layout the view ops can build without broadcasting.
+pub(crate) fn check_writable(op: &'static str, layout: &Layout) -> Result<()> {
+    // An empty view writes nothing, whatever its strides (a reshape of an empty tensor has a
+    // stride of 0 in front of the zero-sized axis).
+    if layout.numel() == 0 {
+        return Ok(());
+    }
+    let mut axes: smallvec::SmallVec<[(usize, usize); 6]> = layout
+        .shape()
+        .iter()
+        .zip(layout.strides())
+        .filter(|&(&d, _)| d > 1)
+        .map(|(&d, &s)| (s, d))
+        .collect();
+    axes.sort_unstable();
+    let mut span = 0usize;
+    for (stride, dim) in axes {
+        if stride <= span {
+            return Err(ComputeError::OverlappingDestination {
+                op,
+                shape: layout.shape().into(),
+                strides: layout.strides().into(),
+            });
+        }
+        span += (dim - 1) * stride;
+    }
+    Ok(())
+}
+
+pub(crate) fn same_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<()> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(ComputeError::ShapeMismatch {
+            op,
+            lhs: a.into(),
+            rhs: b.into(),
+        })
+    }
+}
+
+/// Writes `values` (logical order) through the view `dst`.
+fn scatter<T: Element>(values: &[T], dst: &CpuTensor<T>) {
+    let mut data = dst.storage().write();
+    for (o, &v) in dst.layout().offsets().zip(values) {
+        data[o] = v;
+    }
+}
+
+impl<T: Element> Backend<T> for CpuBackend {
+    type Storage = CpuStorage<T>;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn upload(&self, data: &[T], shape: &[usize]) -> Result<CpuTensor<T>> {
+        CpuTensor::from_vec(data.to_vec(), shape)
+    }
+
+    fn download(&self, x: &CpuTensor<T>) -> Result<Vec<T>> {
+        Ok(gather(x))
+    }
+
+    fn full(&self, shape: &[usize], value: T) -> Result<CpuTensor<T>> {
+        let n = crate::layout::checked_numel("full", shape)?;
+        dense(vec![value; n], shape)
+    }
+
+    fn fill(&self, dst: &CpuTensor<T>, value: T) -> Result<()> {
+        check_writable("fill", dst.layout())?;
+        let mut data = dst.storage().write();
+        for o in dst.layout().offsets() {
+            data[o] = value;
+        }
+        Ok(())
+    }
+
+    fn contiguous(&self, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
+        dense(gather(x), x.shape())
+    }
+
+    fn copy_into(&self, src: &CpuTensor<T>, dst: &CpuTensor<T>) -> Result<()> {
+        same_shape("copy_into", src.shape(), dst.shape())?;
+        check_writable("copy_into", dst.layout())?;
+        // Gather first (read lock released) so `src` may alias `dst`, even overlapping.
+        let values = gather(src);
+        scatter(&values, dst);
+        Ok(())
+    }
+
+    fn unary(&self, op: UnaryOp, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
+        elementwise::unary(op, x)
+    }
+
+    fn binary(&self, op: BinaryOp, a: &CpuTensor<T>, b: &CpuTensor<T>) -> Result<CpuTensor<T>> {
+        elementwise::binary(op, a, b)
+    }
+
+    fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        x: &CpuTensor<T>,
+        s: T,
+        side: ScalarSide,
+    ) -> Result<CpuTensor<T>> {
+        elementwise::binary_scalar(op, x, s, side)
+    }
+
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        x: &CpuTensor<T>,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<CpuTensor<T>> {
+        reduce::reduce(op, x, axis, keepdim)
+    }
+
+    fn softmax_last(&self, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
+        norm::softmax_last(x)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor<T>,
+        weight: Option<&CpuTensor<T>>,
+        bias: Option<&CpuTensor<T>>,
+        eps: T,
+    ) -> Result<LayerNormOut<CpuStorage<T>>> {
+        norm::layer_norm(x, weight, bias, eps)
+    }
+
+    fn matmul(&self, a: &CpuTensor<T>, b: &CpuTensor<T>, opts: MatmulOpts) -> Result<CpuTensor<T>> {
+        matmul::matmul(a, b, opts)
+    }
+
+    fn bce_with_logits_mean(
+        &self,
+        logits: &CpuTensor<T>,
+        targets: &CpuTensor<T>,
+    ) -> Result<CpuTensor<T>> {
+        train::bce_with_logits_mean(logits, targets)
+    }
+
+    fn adamw_step(
+        &self,
+        p: &CpuTensor<T>,
+        m: &CpuTensor<T>,
+        v: &CpuTensor<T>,
+        g: &CpuTensor<T>,
+        slot: &CpuTensor<T>,
+        cfg: &AdamWConfig<T>,
+    ) -> Result<()> {
+        train::adamw_step(p, m, v, g, slot, cfg)
+    }
+}

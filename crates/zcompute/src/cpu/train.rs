@@ -1,0 +1,91 @@
+//! The loss and the optimiser step.
+
+use super::{check_writable, gather, math, same_shape};
+use crate::backend::{ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
+use crate::element::Element;
+use crate::error::{ComputeError, Result};
+use crate::tensor::CpuTensor;
+
+pub(super) fn bce_with_logits_mean<T: Element>(
+    logits: &CpuTensor<T>,
+    targets: &CpuTensor<T>,
+) -> Result<CpuTensor<T>> {
+    same_shape("bce_with_logits", logits.shape(), targets.shape())?;
+    let n = logits.numel();
+    if n == 0 {
+        return Err(ComputeError::EmptyReduction {
+            op: "bce_with_logits",
+            axis: 0,
+        });
+    }
+    let terms: Vec<T> = gather(logits)
+        .into_iter()
+        .zip(gather(targets))
+        .map(|(x, y)| math::bce_with_logits(x, y))
+        .collect();
+    let mean = math::pairwise_sum(&terms) / T::from_f64(n as f64);
+    Ok(CpuTensor::scalar(mean))
+}
+
+pub(super) fn adamw_step<T: Element>(
+    p: &CpuTensor<T>,
+    m: &CpuTensor<T>,
+    v: &CpuTensor<T>,
+    g: &CpuTensor<T>,
+    slot: &CpuTensor<T>,
+    cfg: &AdamWConfig<T>,
+) -> Result<()> {
+    const OP: &str = "adamw";
+    same_shape(OP, m.shape(), p.shape())?;
+    same_shape(OP, v.shape(), p.shape())?;
+    same_shape(OP, g.shape(), p.shape())?;
+    same_shape(OP, slot.shape(), &[2])?;
+    let named = [("p", p), ("m", m), ("v", v), ("g", g), ("slot", slot)];
+    for (i, (ln, l)) in named.iter().enumerate() {
+        for (rn, r) in &named[i + 1..] {
+            if l.shares_storage(r) {
+                return Err(ComputeError::Aliased {
+                    op: OP,
+                    lhs: ln,
+                    rhs: rn,
+                });
+            }
+        }
+    }
+    for t in [p, m, v] {
+        check_writable(OP, t.layout())?;
+    }
+
+    // Read lr and t from memory at the time of the call, as the device kernel will on replay.
+    let s = gather(slot);
+    let (lr, t) = (s[ADAMW_SLOT_LR], s[ADAMW_SLOT_STEP]);
+    let AdamWConfig {
+        beta1: b1,
+        beta2: b2,
+        eps,
+        weight_decay: wd,
+    } = *cfg;
+    let bc1 = T::ONE - b1.powf(t);
+    let bc2 = T::ONE - b2.powf(t);
+    let decay = T::ONE - lr * wd;
+
+    let grads = gather(g);
+    let mut pd = p.storage().write();
+    let mut md = m.storage().write();
+    let mut vd = v.storage().write();
+    let offsets = p
+        .layout()
+        .offsets()
+        .zip(m.layout().offsets())
+        .zip(v.layout().offsets());
+    for (((po, mo), vo), &gi) in offsets.zip(&grads) {
+        let mi = b1 * md[mo] + (T::ONE - b1) * gi;
+        let vi = b2 * vd[vo] + (T::ONE - b2) * gi * gi;
+        let m_hat = mi / bc1;
+        let v_hat = vi / bc2;
+        pd[po] = pd[po] * decay - lr * m_hat / (v_hat.sqrt() + eps);
+        md[mo] = mi;
+        vd[vo] = vi;
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! zcompute integration tests: one binary, one module per area.
+
+mod binary;
+mod common;
+mod errors;
+mod layout_props;
+mod matmul;
+mod norm;
+mod reduce;
+mod train;
+mod unary;
+mod views;
