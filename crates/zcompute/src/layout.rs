@@ -366,3 +366,82 @@ impl Iterator for Offsets<'_> {
 }
 
 impl ExactSizeIterator for Offsets<'_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case(&[], &[])]
+    #[case(&[7], &[1])]
+    #[case(&[2, 3, 4], &[12, 4, 1])]
+    #[case(&[3, 0, 2], &[0, 2, 1])]
+    fn strides_are_row_major(#[case] shape: &[usize], #[case] strides: &[usize]) {
+        assert_eq!(contiguous_strides(shape).as_slice(), strides);
+    }
+
+    #[rstest]
+    #[case(&[3], &[3], Some(&[3][..]))]
+    #[case(&[], &[2, 3], Some(&[2, 3][..]))]
+    #[case(&[2, 1], &[1, 5], Some(&[2, 5][..]))]
+    #[case(&[4, 1, 3], &[2, 1], Some(&[4, 2, 3][..]))]
+    #[case(&[3], &[4], None)]
+    #[case(&[2, 3], &[3, 3], None)]
+    fn broadcast_table(#[case] a: &[usize], #[case] b: &[usize], #[case] out: Option<&[usize]>) {
+        let got = broadcast_shapes("t", a, b).ok();
+        assert_eq!(got.as_deref(), out);
+        // Broadcasting is symmetric.
+        assert_eq!(broadcast_shapes("t", b, a).ok().as_deref(), out);
+    }
+
+    #[test]
+    fn contiguity_ignores_unit_axes_and_empty_views() {
+        assert!(Layout::new(&[1, 3], &[99, 1], 4).unwrap().is_contiguous());
+        assert!(
+            !Layout::contiguous(&[2, 3])
+                .transpose(0, 1)
+                .unwrap()
+                .is_contiguous()
+        );
+        assert!(Layout::new(&[2, 0], &[7, 7], 0).unwrap().is_contiguous());
+        let row = Layout::contiguous(&[4, 5]).narrow(0, 2, 1).unwrap();
+        assert!(row.is_contiguous());
+        assert_eq!(row.offset(), 10);
+        let col = Layout::contiguous(&[4, 5]).narrow(1, 2, 1).unwrap();
+        assert!(!col.is_contiguous());
+    }
+
+    #[test]
+    fn narrow_and_broadcast_offsets() {
+        let l = Layout::contiguous(&[3, 4]).narrow(1, 1, 2).unwrap();
+        assert_eq!(l.offsets().collect::<Vec<_>>(), vec![1, 2, 5, 6, 9, 10]);
+        assert_eq!(l.max_offset(), Some(10));
+        let b = Layout::contiguous(&[3]).broadcast_to(&[2, 3]).unwrap();
+        assert_eq!(b.strides(), &[0, 1]);
+        assert_eq!(b.offsets().collect::<Vec<_>>(), vec![0, 1, 2, 0, 1, 2]);
+        let empty = Layout::contiguous(&[3, 4]).narrow(0, 3, 0).unwrap();
+        assert_eq!(empty.offsets().count(), 0);
+        assert_eq!(empty.max_offset(), None);
+    }
+
+    #[test]
+    fn unsqueeze_keeps_contiguity() {
+        let l = Layout::contiguous(&[2, 3]);
+        for axis in 0..=2 {
+            let u = l.unsqueeze(axis).unwrap();
+            assert!(u.is_contiguous(), "axis {axis}: {u:?}");
+            assert_eq!(u.offsets().collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn permute_then_inverse_is_identity() {
+        let l = Layout::new(&[2, 3, 4], &[40, 1, 5], 3).unwrap();
+        let p = l.permute(&[2, 0, 1]).unwrap();
+        assert_eq!(p.shape(), &[4, 2, 3]);
+        assert_eq!(p.permute(&[1, 2, 0]).unwrap(), l);
+        assert_eq!(l.offset_of(&[1, 2, 3]), Some(3 + 40 + 2 + 15));
+        assert_eq!(l.offset_of(&[2, 0, 0]), None);
+    }
+}

@@ -66,6 +66,7 @@ pub(super) fn matmul<T: Element>(
     out_shape.extend([m, n]);
     let out_len = crate::layout::checked_numel(OP, &out_shape)?;
 
+    tracing::trace!(?batch, m, k, n, ?opts, "cpu matmul");
     let da = gather(a);
     let db = gather(b);
     let mut out = vec![T::ZERO; out_len];

@@ -191,3 +191,20 @@ impl<T: Element> Backend<T> for CpuBackend {
         train::adamw_step(p, m, v, g, slot, cfg)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writable_layouts() {
+        let ok = |l: Layout| check_writable("t", &l).is_ok();
+        assert!(ok(Layout::contiguous(&[3, 4])));
+        assert!(ok(Layout::contiguous(&[3, 4]).transpose(0, 1).unwrap()));
+        assert!(ok(Layout::contiguous(&[3, 4]).narrow(1, 1, 2).unwrap()));
+        assert!(ok(Layout::new(&[1, 4], &[0, 1], 0).unwrap()));
+        assert!(ok(Layout::new(&[5, 0], &[0, 1], 0).unwrap()));
+        assert!(!ok(Layout::contiguous(&[4]).broadcast_to(&[2, 4]).unwrap()));
+        assert!(!ok(Layout::new(&[2, 3], &[2, 1], 0).unwrap()));
+    }
+}

@@ -65,6 +65,12 @@ pub(super) fn adamw_step<T: Element>(
         eps,
         weight_decay: wd,
     } = *cfg;
+    tracing::trace!(
+        lr = lr.to_f64(),
+        t = t.to_f64(),
+        numel = p.numel(),
+        "cpu adamw"
+    );
     let bc1 = T::ONE - b1.powf(t);
     let bc2 = T::ONE - b2.powf(t);
     let decay = T::ONE - lr * wd;
