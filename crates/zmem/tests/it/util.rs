@@ -51,19 +51,41 @@ pub fn small(cap: u64) -> ArenaConfig {
     }
 }
 
+thread_local! {
+    /// Where this thread's tracing output goes while a `Logs::capture` runs.
+    static SINK: std::cell::RefCell<Option<Arc<Mutex<Vec<u8>>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// One global subscriber writing to the calling thread's sink. A global one (rather than a
+/// scoped `with_default` per test) keeps tracing's per-callsite interest cache consistent when
+/// tests run in parallel threads.
+fn install() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let sub = tracing_subscriber::fmt()
+            .with_writer(ThreadSink)
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        // Fails only if another global subscriber exists; then nothing is captured and the
+        // log assertions say so.
+        let _ = tracing::subscriber::set_global_default(sub);
+    });
+}
+
 /// Tracing output captured for the duration of a closure on this thread.
 #[derive(Clone, Default)]
 pub struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Logs {
-    /// Runs `f` with a subscriber that writes here.
+    /// Runs `f` with this thread's tracing output going here.
     pub fn capture<R>(&self, f: impl FnOnce() -> R) -> R {
-        let sub = tracing_subscriber::fmt()
-            .with_writer(self.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
-        tracing::subscriber::with_default(sub, f)
+        install();
+        let previous = SINK.with(|s| s.replace(Some(Arc::clone(&self.0))));
+        let r = f();
+        SINK.with(|s| *s.borrow_mut() = previous);
+        r
     }
 
     /// Everything written.
@@ -80,15 +102,18 @@ impl Logs {
     }
 }
 
-/// The writer half of [`Logs`].
-pub struct LogWriter(Arc<Mutex<Vec<u8>>>);
+/// The writer half: appends to the calling thread's sink, if any.
+pub struct ThreadSink;
 
-impl Write for LogWriter {
+impl Write for ThreadSink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
+        SINK.with(|s| {
+            if let Some(sink) = s.borrow().as_ref() {
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(buf);
+            }
+        });
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -96,9 +121,9 @@ impl Write for LogWriter {
     }
 }
 
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
-    type Writer = LogWriter;
-    fn make_writer(&'a self) -> LogWriter {
-        LogWriter(Arc::clone(&self.0))
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for ThreadSink {
+    type Writer = ThreadSink;
+    fn make_writer(&'a self) -> ThreadSink {
+        ThreadSink
     }
 }
