@@ -3,7 +3,6 @@
 //! allocation of the arena comes from it, so nothing allocates inside the capture; the graph
 //! owns it until dropped, and step resets never touch it.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use zdevice::{DevicePtr, Driver};
@@ -324,7 +323,6 @@ impl<D: Driver> Arena<D> {
                 },
             )
         };
-        let _ = sh.flags.capture_routing.load(Ordering::Relaxed);
         sh.publish(&[ev]);
         Ok(CaptureScope {
             arena: self,
