@@ -1,6 +1,7 @@
 //! The guards every device call goes through: lost-device latch, capture bookkeeping, hold-off
 //! of polling threads during capture, deadlines and the watchdog for blocking driver calls.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -25,6 +26,8 @@ pub(crate) struct CaptureBook {
 pub(crate) struct CaptureGate {
     pub(crate) book: Mutex<CaptureBook>,
     pub(crate) changed: Condvar,
+    /// Mirrors `book.active.is_some()`; written only with `book` locked.
+    pub(crate) capturing: AtomicBool,
 }
 
 impl CaptureGate {
@@ -82,7 +85,9 @@ impl<D: Driver> Device<D> {
     /// Whether a capture is active on any of this device's streams.
     #[must_use]
     pub fn is_capturing(&self) -> bool {
-        self.inner.gate.lock().active.is_some()
+        // A mirror of `book.active.is_some()`, read without the lock: allocators ask on every
+        // allocation. The answer can be stale by one racing begin/end, as the locked read could.
+        self.inner.gate.capturing.load(Ordering::Acquire)
     }
 
     /// Refuses `call` while any stream captures (the guard over the driver's silent rows).
@@ -98,7 +103,7 @@ impl<D: Driver> Device<D> {
         {
             return Ok(());
         }
-        if self.inner.gate.lock().active.is_some() {
+        if self.is_capturing() {
             tracing::warn!(target: "zdevice.device.capture", call, "refused during capture");
             return Err(DeviceError::CaptureIllegal { call, why });
         }
@@ -265,6 +270,7 @@ impl<D: Driver> Device<D> {
                 .0;
         }
         book.active = Some((stream, std::thread::current().id()));
+        gate.capturing.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -272,6 +278,7 @@ impl<D: Driver> Device<D> {
     pub(crate) fn unbook_capture(&self) {
         let mut book = self.inner.gate.lock();
         book.active = None;
+        self.inner.gate.capturing.store(false, Ordering::Release);
         self.inner.gate.changed.notify_all();
     }
 }
