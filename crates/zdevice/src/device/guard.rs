@@ -152,17 +152,12 @@ impl<D: Driver> Device<D> {
             return self.checked(r);
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let spawned = std::thread::Builder::new()
-            .name(format!("zdevice-watchdog-{call}"))
-            .spawn(move || {
-                // The receiver may be gone if we timed out; nothing to do then.
-                let _ = tx.send(f(&driver));
-            });
-        if let Err(e) = spawned {
-            return Err(DeviceError::InvalidArgument {
-                call,
-                reason: format!("could not start the watchdog thread: {e}"),
-            });
+        let job = Box::new(move || {
+            // The receiver may be gone if we timed out; nothing to do then.
+            let _ = tx.send(f(&driver));
+        });
+        if let Err(reason) = self.inner.watchdog.submit(job) {
+            return Err(DeviceError::InvalidArgument { call, reason });
         }
         match rx.recv_timeout(deadline) {
             Ok(r) => self.checked(r),

@@ -13,6 +13,7 @@ mod capture;
 mod compute;
 mod guard;
 mod memory;
+mod watchdog;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -84,6 +85,7 @@ pub(crate) struct Inner<D: Driver> {
     pub(crate) gate: guard::CaptureGate,
     pub(crate) lost: Mutex<Option<String>>,
     pub(crate) guard_enabled: AtomicBool,
+    pub(crate) watchdog: watchdog::Watchdog,
 }
 
 /// The guarded device. See the module docs for the threading contract.
@@ -210,6 +212,7 @@ impl<D: Driver> Device<D> {
                 gate: guard::CaptureGate::default(),
                 lost: Mutex::new(None),
                 guard_enabled: AtomicBool::new(true),
+                watchdog: watchdog::Watchdog::default(),
             }),
         })
     }

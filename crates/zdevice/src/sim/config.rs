@@ -18,6 +18,11 @@ pub struct SimConfig {
     pub poison_on_free: bool,
     /// Every call, starting with `cuInit`, fails as if `libcuda` could not be loaded.
     pub missing_driver: bool,
+    /// A stalled synchronous call also blocks the calling thread for the stall's length in
+    /// real time (holding the driver, as a call stuck inside a real driver does), and the
+    /// driver says its time is not virtual, so the device runs blocking calls on its watchdog
+    /// worker. For testing that watchdog; the clock itself stays virtual.
+    pub real_time_stalls: bool,
     /// Highest PTX ISA version `cuModuleLoadData` accepts (newer → 222 UNSUPPORTED_PTX_VERSION).
     pub max_ptx_isa: (u32, u32),
     /// Virtual time every driver call costs, so that polling loops see time move.
@@ -39,6 +44,7 @@ impl Default for SimConfig {
             compute_capability: (9, 0),
             poison_on_free: true,
             missing_driver: false,
+            real_time_stalls: false,
             max_ptx_isa: (9, 0),
             call_time: Duration::from_micros(1),
             op_time: Duration::from_micros(5),

@@ -38,7 +38,7 @@ impl Driver for SimDriver {
     }
 
     fn is_virtual_time(&self) -> bool {
-        true
+        !self.lock().cfg.real_time_stalls
     }
 
     fn init(&self) -> DriverResult<()> {

@@ -177,6 +177,9 @@ impl State {
     ) {
         let stall = cx.take_stall();
         self.now = self.now.saturating_add(stall);
+        if self.cfg.real_time_stalls && !stall.is_zero() {
+            std::thread::sleep(stall);
+        }
         if result.is_err() && cx.effect != super::oplog::Effect::Refused {
             cx.effect = Effect::Failed;
         }

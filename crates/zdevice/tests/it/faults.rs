@@ -349,3 +349,39 @@ fn open_fails_cleanly_when_cublas_cannot_start() {
         other => panic!("expected a cuBLAS error, got {other:?}"),
     }
 }
+
+/// With a driver whose time is real, a blocking call runs on the watchdog worker: the caller
+/// gets `Timeout` at the deadline while the call is still stuck, and the device is lost.
+#[test]
+fn watchdog_gives_up_on_a_driver_call_stuck_in_real_time() {
+    let sim = SimDriver::new(SimConfig {
+        real_time_stalls: true,
+        ..SimConfig::default()
+    });
+    let deadline = Duration::from_millis(200);
+    let dev = MockDevice::open(
+        sim,
+        DeviceConfig {
+            alloc_deadline: deadline,
+            ..DeviceConfig::default()
+        },
+    )
+    .unwrap();
+    // A normal allocation goes through the worker and returns.
+    let p = dev.alloc(256).unwrap();
+    dev.free(p).unwrap();
+    dev.driver().fault(
+        calls::MEM_ALLOC,
+        1,
+        FaultAction::Stall(Duration::from_secs(2)),
+    );
+    let started = std::time::Instant::now();
+    let err = dev.alloc(256).unwrap_err();
+    let waited = started.elapsed();
+    assert!(matches!(err, DeviceError::Timeout { .. }), "{err}");
+    assert!(
+        waited >= deadline && waited < Duration::from_secs(2),
+        "waited {waited:?}"
+    );
+    assert!(matches!(dev.alloc(16), Err(DeviceError::DeviceLost { .. })));
+}
