@@ -96,13 +96,17 @@ pub(crate) trait Reclaim: Send + Sync {
     fn graph_dropped(&self, reservation: u64);
 }
 
+/// A block's description. Address, sizes and step are atomics only so that the arena can
+/// reissue a dead scratch block's allocation (its own reference is then the only one) without
+/// `Arc::get_mut`'s compare-and-swap; they change only under the arena's lock, while no
+/// handle other than the arena's refers to the block.
 pub(crate) struct BlockInner {
-    pub(crate) ptr: DevicePtr,
-    pub(crate) size: u64,
-    pub(crate) requested: u64,
+    pub(crate) ptr: AtomicU64,
+    pub(crate) size: AtomicU64,
+    pub(crate) requested: AtomicU64,
     pub(crate) class: AllocClass,
     pub(crate) source: Source,
-    pub(crate) step: u64,
+    pub(crate) step: AtomicU64,
     pub(crate) generation: AtomicU64,
     pub(crate) cell: Arc<GenCell>,
     /// Held and overflow blocks return their memory on drop; scratch blocks do not (step end
@@ -111,12 +115,30 @@ pub(crate) struct BlockInner {
     pub(crate) _reservation: Option<Arc<ReservationMem>>,
 }
 
+impl BlockInner {
+    pub(crate) fn ptr(&self) -> DevicePtr {
+        DevicePtr(self.ptr.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn size(&self) -> u64 {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn requested(&self) -> u64 {
+        self.requested.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn step(&self) -> u64 {
+        self.step.load(Ordering::Relaxed)
+    }
+}
+
 impl Drop for BlockInner {
     fn drop(&mut self) {
         if let Some(owner) = self.owner.as_ref().and_then(Weak::upgrade) {
             owner.give_back(Returned {
-                ptr: self.ptr,
-                size: self.size,
+                ptr: self.ptr(),
+                size: self.size(),
                 class: self.class,
                 source: self.source,
                 reservation: 0,
@@ -139,30 +161,30 @@ impl Block {
         if issued != current && b.cell.flags.generation_check.load(Ordering::Relaxed) {
             return Err(MemError::UseAfterReclaim {
                 class: b.class,
-                size: b.size,
+                size: b.size(),
                 block_generation: issued,
                 memory_generation: current,
             });
         }
-        Ok(b.ptr)
+        Ok(b.ptr())
     }
 
     /// The address without the generation check: for logs and overlap checks only.
     #[must_use]
     pub fn raw_ptr(&self) -> DevicePtr {
-        self.0.ptr
+        self.0.ptr()
     }
 
     /// Size in bytes (the request rounded up to 256).
     #[must_use]
     pub fn size(&self) -> u64 {
-        self.0.size
+        self.0.size()
     }
 
     /// The size that was asked for.
     #[must_use]
     pub fn requested(&self) -> u64 {
-        self.0.requested
+        self.0.requested()
     }
 
     /// The class it was allocated as (`Graph` for anything allocated inside a capture).
@@ -180,7 +202,7 @@ impl Block {
     /// The step that allocated it.
     #[must_use]
     pub fn step(&self) -> u64 {
-        self.0.step
+        self.0.step()
     }
 
     /// The generation it was issued (or last re-stamped) at.
@@ -215,17 +237,17 @@ impl Block {
 pub(crate) fn describe(b: &BlockInner) -> LiveBlock {
     LiveBlock {
         class: b.class,
-        size: b.size,
-        ptr: b.ptr.0,
-        step: b.step,
+        size: b.size(),
+        ptr: b.ptr().0,
+        step: b.step(),
     }
 }
 
 impl fmt::Debug for Block {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Block")
-            .field("ptr", &self.0.ptr)
-            .field("size", &self.0.size)
+            .field("ptr", &self.0.ptr())
+            .field("size", &self.0.size())
             .field("class", &self.0.class)
             .field("source", &self.0.source)
             .field("generation", &self.generation())

@@ -10,7 +10,7 @@ use super::Shared;
 use super::held::HeldSegment;
 use super::scratch::Pin;
 use super::scratch::Segment;
-use super::state::{State, StepBlock};
+use super::state::State;
 use crate::block::{Block, BlockInner, GenCell, Source};
 use crate::class::AllocClass;
 use crate::error::{MemError, MemResult};
@@ -93,12 +93,12 @@ impl<D: Driver> Shared<D> {
     fn make(&self, st: &State, what: Issue, ptr: DevicePtr, cell: &Arc<GenCell>) -> Block {
         let returns = matches!(what.source, Source::Held | Source::Overflow);
         Block(Arc::new(BlockInner {
-            ptr,
-            size: what.size,
-            requested: what.requested,
+            ptr: AtomicU64::new(ptr.0),
+            size: AtomicU64::new(what.size),
+            requested: AtomicU64::new(what.requested),
             class: what.class,
             source: what.source,
-            step: st.step_now(),
+            step: AtomicU64::new(st.step_now()),
             generation: AtomicU64::new(cell.current()),
             cell: Arc::clone(cell),
             owner: returns.then(|| self.reclaimer()),
@@ -135,19 +135,20 @@ impl<D: Driver> Shared<D> {
         let ptr = seg.base.offset(off);
         let generation = seg.cell.current();
         let step = st.step_now();
-        // Reuse a dead block's allocation when there is one (no malloc on the fast path).
-        let recycled = st.spare.pop().and_then(|mut spare| {
-            let inner = Arc::get_mut(&mut spare)?;
-            inner.ptr = ptr;
-            inner.size = size;
-            inner.requested = requested;
-            inner.step = step;
-            *inner.generation.get_mut() = generation;
-            if !Arc::ptr_eq(&inner.cell, &st.segs[i].cell) {
-                inner.cell = Arc::clone(&st.segs[i].cell);
-            }
-            Some(spare)
-        });
+        // Reuse a dead block's allocation when there is one (no malloc on the fast path). A
+        // segment's spares are its own dead blocks (same generation cell), referred to by the
+        // arena alone: nothing else can make a new reference to them.
+        let recycled = st.segs[i]
+            .spare
+            .pop()
+            .filter(|spare| Arc::strong_count(spare) == 1 && Arc::weak_count(spare) == 0);
+        if let Some(inner) = &recycled {
+            inner.ptr.store(ptr.0, Ordering::Relaxed);
+            inner.size.store(size, Ordering::Relaxed);
+            inner.requested.store(requested, Ordering::Relaxed);
+            inner.step.store(step, Ordering::Relaxed);
+            inner.generation.store(generation, Ordering::Release);
+        }
         let arc = match recycled {
             Some(a) => a,
             None => {
@@ -167,7 +168,7 @@ impl<D: Driver> Shared<D> {
             end: off + size,
             block: arc,
         };
-        st.step_blocks.push(StepBlock { seg: i as u32, pin });
+        st.segs[i].fresh.push(pin);
         Ok(b)
     }
 
@@ -378,12 +379,12 @@ impl<D: Driver> Shared<D> {
         let ptr = res.ptr.offset(info.used);
         info.used += size;
         let b = Block(Arc::new(BlockInner {
-            ptr,
-            size,
-            requested,
+            ptr: AtomicU64::new(ptr.0),
+            size: AtomicU64::new(size),
+            requested: AtomicU64::new(requested),
             class: AllocClass::Graph,
             source: Source::Reservation,
-            step: st.step_now(),
+            step: AtomicU64::new(st.step_now()),
             generation: AtomicU64::new(res.cell.current()),
             cell: Arc::clone(&res.cell),
             owner: None,

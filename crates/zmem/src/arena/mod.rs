@@ -94,9 +94,7 @@ impl<D: Driver> Arena<D> {
         let state = State {
             segs: Vec::new(),
             cur: 0,
-            step_blocks: Vec::new(),
             overflow_blocks: Vec::new(),
-            spare: Vec::new(),
             held: Vec::new(),
             held_cell: GenCell::new(&flags),
             seg_bytes: 0,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use zdevice::{DevicePtr, Driver};
 
 use super::Shared;
-use super::scratch::{Pin, Reclaimed, reclaim};
+use super::scratch::{Reclaimed, reclaim};
 use super::state::State;
 use crate::block::{Returned, Source};
 use crate::class::AllocClass;
@@ -97,7 +97,6 @@ impl<D: Driver> Shared<D> {
             .keep_live_scratch
             .load(std::sync::atomic::Ordering::Relaxed);
         st.n.high_water = st.n.high_water.max(st.bumped());
-        let mut per_seg: Vec<Vec<Pin>> = (0..st.segs.len()).map(|_| Vec::new()).collect();
         let mut kept: Vec<LiveBlock> = Vec::new();
         // Overflow scratch returns to the pool when its last handle drops; until then it is
         // listed as kept at every step end.
@@ -110,18 +109,13 @@ impl<D: Driver> Shared<D> {
             }
         }
         st.overflow_blocks = still_out;
-        for b in std::mem::take(&mut st.step_blocks) {
-            if let Some(pins) = per_seg.get_mut(b.seg as usize) {
-                pins.push(b.pin);
-            }
-        }
         let mut out = Reclaimed::default();
-        for (seg, pins) in st.segs.iter_mut().zip(per_seg) {
-            kept.extend(reclaim(seg, pins, keep, &mut out));
+        for seg in &mut st.segs {
+            kept.extend(reclaim(seg, Vec::new(), keep, &mut out));
+            // Bounded, so a step with a million tiny blocks does not pin their memory forever.
+            let room = SPARE_MAX.saturating_sub(seg.spare.len());
+            seg.spare.extend(out.spare.drain(..).take(room));
         }
-        // Bounded, so a step with a million tiny blocks does not pin their memory forever.
-        let room = SPARE_MAX.saturating_sub(st.spare.len());
-        st.spare.extend(out.spare.drain(..).take(room));
         st.cur = 0;
         let pinned: u64 = st.segs.iter().map(|s| s.pinned_bytes()).sum();
         st.by_class.0[AllocClass::Scratch as usize] = pinned + st.overflow_scratch;

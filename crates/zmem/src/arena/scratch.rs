@@ -39,6 +39,11 @@ pub(crate) struct Segment {
     pub(crate) used_ever: u64,
     /// Kept blocks, sorted by start, non-overlapping.
     pub(crate) pins: Vec<Pin>,
+    /// Blocks issued here since the last reclaim (its buffer is kept across steps, so the
+    /// fast path does not reallocate it).
+    pub(crate) fresh: Vec<Pin>,
+    /// Dead blocks of this segment whose allocations later ones reuse.
+    pub(crate) spare: Vec<Arc<BlockInner>>,
     /// First pin whose end is above `off` (pins below it are already passed).
     cursor: usize,
     pub(crate) cell: Arc<GenCell>,
@@ -52,6 +57,8 @@ impl Segment {
             off: 0,
             used_ever: 0,
             pins: Vec::new(),
+            fresh: Vec::new(),
+            spare: Vec::new(),
             cursor: 0,
             cell,
         }
@@ -99,8 +106,9 @@ pub(crate) struct Reclaimed {
     pub(crate) spare: Vec<Arc<BlockInner>>,
 }
 
-/// Reclaims one segment at step end. `new_pins` are this step's blocks in this segment that are
-/// still alive. When `keep` is false (negative control only), live blocks are reclaimed too.
+/// Reclaims one segment at step end. The segment's `fresh` blocks and `new_pins` are this
+/// step's blocks in this segment. When `keep` is false (negative control only), live blocks
+/// are reclaimed too.
 pub(crate) fn reclaim(
     seg: &mut Segment,
     mut new_pins: Vec<Pin>,
@@ -108,10 +116,15 @@ pub(crate) fn reclaim(
     out: &mut Reclaimed,
 ) -> Vec<LiveBlock> {
     let old = std::mem::take(&mut seg.pins);
+    let mut fresh = std::mem::take(&mut seg.fresh);
     // The touched extent: this step's bump offset, and any pin that died since the last reclaim.
     let mut extent = seg.off;
-    let mut pins: Vec<Pin> = Vec::with_capacity(old.len() + new_pins.len());
-    for p in old.into_iter().chain(new_pins.drain(..)) {
+    let mut pins: Vec<Pin> = Vec::new();
+    for p in old
+        .into_iter()
+        .chain(fresh.drain(..))
+        .chain(new_pins.drain(..))
+    {
         if keep && p.alive() {
             pins.push(p);
         } else {
@@ -141,6 +154,12 @@ pub(crate) fn reclaim(
     }
     out.bytes += out.ranges[first_range..].iter().map(|r| r.1).sum::<u64>();
     seg.pins = pins;
+    // Keep the larger (now empty) buffer for the next step's blocks.
+    seg.fresh = if fresh.capacity() >= new_pins.capacity() {
+        fresh
+    } else {
+        new_pins
+    };
     seg.off = 0;
     seg.cursor = 0;
     kept_desc
@@ -164,12 +183,12 @@ mod tests {
 
     fn block(s: &Segment) -> Arc<BlockInner> {
         Arc::new(BlockInner {
-            ptr: s.base,
-            size: 512,
-            requested: 512,
+            ptr: std::sync::atomic::AtomicU64::new(s.base.0),
+            size: std::sync::atomic::AtomicU64::new(512),
+            requested: std::sync::atomic::AtomicU64::new(512),
             class: crate::AllocClass::Scratch,
             source: crate::Source::Arena,
-            step: 0,
+            step: std::sync::atomic::AtomicU64::new(0),
             generation: std::sync::atomic::AtomicU64::new(0),
             cell: Arc::clone(&s.cell),
             owner: None,

@@ -6,18 +6,12 @@ use std::sync::{Arc, Weak};
 use zdevice::DevicePool;
 
 use super::held::HeldSegment;
-use super::scratch::{Pin, Segment};
+use super::scratch::Segment;
 use crate::block::{BlockInner, GenCell, Returned};
 use crate::capture::ReservationMem;
 use crate::class::{AllocClass, ClassBytes};
 use crate::diag::{CaptureStats, Diagnostics, OverflowStats, ResetInfo};
 use crate::timeline::Timeline;
-
-/// A scratch block issued in the open step (or in steps whose reclaim was deferred).
-pub(crate) struct StepBlock {
-    pub(crate) seg: u32,
-    pub(crate) pin: Pin,
-}
 
 /// A capture reservation as the arena tracks it.
 pub(crate) struct ResInfo {
@@ -42,11 +36,8 @@ pub(crate) struct State {
     pub(crate) segs: Vec<Segment>,
     /// Scratch segment the bump pointer is in.
     pub(crate) cur: usize,
-    pub(crate) step_blocks: Vec<StepBlock>,
     /// Scratch blocks served by the overflow pool (they return themselves when dropped).
     pub(crate) overflow_blocks: Vec<Weak<BlockInner>>,
-    /// Dead scratch blocks whose allocations the next ones reuse.
-    pub(crate) spare: Vec<Arc<BlockInner>>,
     pub(crate) held: Vec<HeldSegment>,
     /// Generation of held and overflow memory: moves only when the arena is torn down.
     pub(crate) held_cell: Arc<GenCell>,
@@ -81,7 +72,13 @@ pub(crate) struct State {
 
 impl State {
     pub(crate) fn diagnostics(&self) -> Diagnostics {
-        let scratch_live = self.step_blocks.iter().filter(|b| b.pin.alive()).count();
+        // Scratch blocks issued in the open step (or in steps whose reclaim was deferred).
+        let scratch_live = self
+            .segs
+            .iter()
+            .flat_map(|s| s.fresh.iter())
+            .filter(|p| p.alive())
+            .count();
         let pins_live: usize = self
             .segs
             .iter()
