@@ -119,15 +119,18 @@ impl State {
         value: u32,
         count: u64,
     ) -> DriverResult<()> {
-        self.check_device(
-            cx,
-            dst,
-            count.checked_mul(4).ok_or(cx.cuda(CuCode::INVALID_VALUE))?,
-        )?;
+        self.check_words(cx, dst, count)?;
+        self.run_sync(cx, Op::Set32 { dst, value, count })
+    }
+
+    /// `count` 32-bit words at a 4-byte aligned `dst`, inside one live allocation.
+    fn check_words(&mut self, cx: &mut Cx, dst: DevicePtr, count: u64) -> DriverResult<()> {
+        let bytes = count.checked_mul(4).ok_or(cx.cuda(CuCode::INVALID_VALUE))?;
+        self.check_device(cx, dst, bytes)?;
         if !dst.0.is_multiple_of(4) {
             return Err(cx.cuda(CuCode::INVALID_VALUE));
         }
-        self.run_sync(cx, Op::Set32 { dst, value, count })
+        Ok(())
     }
 
     pub(crate) fn memcpy_dtod_async(
@@ -163,14 +166,7 @@ impl State {
         count: u64,
         s: Stream,
     ) -> DriverResult<()> {
-        self.check_device(
-            cx,
-            dst,
-            count.checked_mul(4).ok_or(cx.cuda(CuCode::INVALID_VALUE))?,
-        )?;
-        if !dst.0.is_multiple_of(4) {
-            return Err(cx.cuda(CuCode::INVALID_VALUE));
-        }
+        self.check_words(cx, dst, count)?;
         self.run_async(cx, s, Op::Set32 { dst, value, count })
     }
 
