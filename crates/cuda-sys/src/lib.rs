@@ -14,66 +14,40 @@ pub use loader::{
 };
 pub use names::{cu_result_name, cublas_status_name, nvrtc_result_name};
 
-/// The CUDA driver API (`cuda.h`): [`driver::Cuda`] holds every resolved entry point.
-#[allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    missing_debug_implementations,
-    unsafe_op_in_unsafe_fn,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc,
-    reason = "bindgen output, kept as generated"
-)]
-#[path = "generated/driver.rs"]
-pub mod driver;
+/// Declares one module of bindgen output, with the lints bindgen's code cannot meet allowed.
+macro_rules! generated {
+    ($(#[$doc:meta])* $name:ident = $path:literal) => {
+        $(#[$doc])*
+        #[allow(
+            non_upper_case_globals,
+            non_camel_case_types,
+            non_snake_case,
+            dead_code,
+            missing_debug_implementations,
+            unsafe_op_in_unsafe_fn,
+            clippy::all,
+            clippy::undocumented_unsafe_blocks,
+            clippy::missing_safety_doc,
+            reason = "bindgen output, kept as generated"
+        )]
+        #[path = $path]
+        pub mod $name;
+    };
+}
 
-/// NVRTC (`nvrtc.h`): [`nvrtc::Nvrtc`].
-#[allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    missing_debug_implementations,
-    unsafe_op_in_unsafe_fn,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc,
-    reason = "bindgen output, kept as generated"
-)]
-#[path = "generated/nvrtc.rs"]
-pub mod nvrtc;
-
-/// cuBLAS (`cublas_v2.h`): [`cublas::Cublas`].
-#[allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    missing_debug_implementations,
-    unsafe_op_in_unsafe_fn,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc,
-    reason = "bindgen output, kept as generated"
-)]
-#[path = "generated/cublas.rs"]
-pub mod cublas;
-
-/// cuBLASLt (`cublasLt.h`): [`cublaslt::CublasLt`].
-#[allow(
-    non_upper_case_globals,
-    non_camel_case_types,
-    non_snake_case,
-    dead_code,
-    missing_debug_implementations,
-    unsafe_op_in_unsafe_fn,
-    clippy::all,
-    clippy::undocumented_unsafe_blocks,
-    clippy::missing_safety_doc,
-    reason = "bindgen output, kept as generated"
-)]
-#[path = "generated/cublaslt.rs"]
-pub mod cublaslt;
+generated!(
+    /// The CUDA driver API (`cuda.h`): [`driver::Cuda`] holds every resolved entry point.
+    driver = "generated/driver.rs"
+);
+generated!(
+    /// NVRTC (`nvrtc.h`): [`nvrtc::Nvrtc`].
+    nvrtc = "generated/nvrtc.rs"
+);
+generated!(
+    /// cuBLAS (`cublas_v2.h`): [`cublas::Cublas`].
+    cublas = "generated/cublas.rs"
+);
+generated!(
+    /// cuBLASLt (`cublasLt.h`): [`cublaslt::CublasLt`].
+    cublaslt = "generated/cublaslt.rs"
+);
