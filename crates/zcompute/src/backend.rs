@@ -7,6 +7,7 @@ use crate::element::Element;
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
+pub use zmem::AllocClass;
 
 /// Elementwise functions of one tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +127,12 @@ pub trait Backend<T: Element> {
     /// Uploads `data` (row-major) as a dense tensor of `shape`.
     fn upload(&self, data: &[T], shape: &[usize]) -> Result<BTensor<Self, T>>;
 
+    /// Writes `data` (logical row-major order) into the existing view `dst` (the static input
+    /// tensors of a captured graph are refilled this way before each replay). On a device this
+    /// is an asynchronous upload on the backend's stream, staged through pinned memory; it is
+    /// refused while the backend is capturing.
+    fn upload_into(&self, data: &[T], dst: &BTensor<Self, T>) -> Result<()>;
+
     /// Downloads `x` in logical row-major order.
     fn download(&self, x: &BTensor<Self, T>) -> Result<Vec<T>>;
 
@@ -212,6 +219,43 @@ pub trait Backend<T: Element> {
         cfg: &AdamWConfig<T>,
     ) -> Result<()>;
 
+    // Memory lifetimes and step scopes. Host storage is plain reference-counted memory, so the
+    // CPU backend keeps the provided no-op versions; device backends map them onto zmem.
+
+    /// Sets the allocation class of the outputs of later ops on this backend and returns the
+    /// previous one. Device backends allocate `Scratch` in the open step (reclaimed at its end
+    /// unless still referenced), `Saved` and `Persistent` in zmem's held region.
+    fn set_alloc_class(&self, class: AllocClass) -> AllocClass {
+        let _ = class;
+        AllocClass::Persistent
+    }
+
+    /// The allocation class outputs are allocated in now.
+    fn alloc_class(&self) -> AllocClass {
+        AllocClass::Persistent
+    }
+
+    /// The allocation class of the memory behind `x` (`None` for host memory).
+    fn storage_class(&self, x: &BTensor<Self, T>) -> Option<AllocClass> {
+        let _ = x;
+        None
+    }
+
+    /// Opens a step scope: scratch outputs of later ops are reclaimed when it ends.
+    fn begin_step(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Ends the open step scope (its scratch memory is reused by the next step).
+    fn end_step(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Waits (with the device's deadline) until every op issued so far has finished.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
     // Provided shorthands over the op families.
 
     fn zeros(&self, shape: &[usize]) -> Result<BTensor<Self, T>> {
@@ -249,4 +293,21 @@ pub trait Backend<T: Element> {
     fn max(&self, x: &BTensor<Self, T>, axis: usize, keepdim: bool) -> Result<BTensor<Self, T>> {
         self.reduce(ReduceOp::Max, x, axis, keepdim)
     }
+}
+
+/// A sequence of ops recorded once and replayed. The contract is the same on every backend, so
+/// code that captures (the trainer) is tested on the CPU too:
+///
+/// - `capture` runs `body` exactly once for real (the warm-up that sizes a device graph's memory)
+///   and returns a graph; each `replay` runs the same work once more.
+/// - Inputs change between replays only through the tensors `body` reads, refilled with
+///   `Backend::upload_into` or `Backend::copy_into` before `replay`.
+/// - A failure inside `capture` leaves the backend usable for eager execution.
+pub trait Capture<T: Element>: Backend<T> {
+    /// What `capture` returns: a device graph, or the recorded body on the host.
+    type Graph;
+
+    fn capture(&self, body: Box<dyn FnMut() -> Result<()>>) -> Result<Self::Graph>;
+
+    fn replay(&self, graph: &mut Self::Graph) -> Result<()>;
 }

@@ -14,10 +14,10 @@ pub mod storage;
 pub mod tensor;
 
 pub use backend::{
-    ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, BTensor, Backend, BinaryOp, LayerNormOut,
-    MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+    ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend, BinaryOp, Capture,
+    LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
 };
-pub use cpu::CpuBackend;
+pub use cpu::{CpuBackend, CpuGraph};
 pub use element::{DType, Element};
 pub use error::{ComputeError, Result};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};

@@ -157,6 +157,13 @@ pub enum MemError {
         /// The open step.
         open: u64,
     },
+    /// Scratch memory is issued only inside a step: open one ([`Arena::step`](crate::Arena::step)
+    /// or [`Arena::step_owned`](crate::Arena::step_owned)) first.
+    #[error("scratch allocation of {requested} bytes with no step open; open a step first")]
+    NoOpenStep {
+        /// Bytes asked for.
+        requested: u64,
+    },
     /// The block belongs to a different arena.
     #[error("the block was issued by another arena")]
     ForeignBlock,

@@ -30,5 +30,5 @@ pub use class::{AllocClass, ClassBytes};
 pub use config::{ArenaConfig, ENV_VARS};
 pub use diag::{CaptureStats, Diagnostics, FillCause, OverflowStats, ResetInfo};
 pub use error::{LiveBlock, MemError, MemResult};
-pub use step::{Scratch, Step};
+pub use step::{OwnedStep, Scratch, Step};
 pub use timeline::{Event, EventKind, StepRecord, TimelineSnapshot};

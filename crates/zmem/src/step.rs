@@ -119,3 +119,63 @@ impl<D: Driver> std::fmt::Debug for Step<'_, D> {
             .finish_non_exhaustive()
     }
 }
+
+/// A step that owns a handle to its arena instead of borrowing it, for owners that hold the
+/// arena and the open step side by side (a compute backend driven by a training loop). Scratch
+/// comes out as plain [`Block`]s, checked at run time only: the step's end keeps exactly the
+/// ones still referenced, and generations catch any use after their reclaim.
+pub struct OwnedStep<D: Driver> {
+    arena: Arena<D>,
+    index: u64,
+    ended: bool,
+}
+
+impl<D: Driver> OwnedStep<D> {
+    pub(crate) fn new(arena: Arena<D>, index: u64) -> OwnedStep<D> {
+        OwnedStep {
+            arena,
+            index,
+            ended: false,
+        }
+    }
+
+    /// The step's number.
+    #[must_use]
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// Bump-allocates `bytes` of scratch in this step (from the active reservation while a
+    /// capture is on).
+    pub fn alloc_scratch(&self, bytes: u64) -> MemResult<Block> {
+        self.arena.shared.alloc(AllocClass::Scratch, bytes)
+    }
+
+    /// Ends the step, as [`Step::end`].
+    #[track_caller]
+    pub fn end(mut self) -> MemResult<StepSummary> {
+        self.ended = true;
+        let by = format!("OwnedStep::end at {}", std::panic::Location::caller());
+        self.arena.shared.end_step(self.index, by)
+    }
+}
+
+impl<D: Driver> Drop for OwnedStep<D> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let by = format!("OwnedStep drop (step {})", self.index);
+        if let Err(e) = self.arena.shared.end_step(self.index, by) {
+            tracing::warn!(target: "zmem.arena.reset", step = self.index, error = %e, "ending a dropped step");
+        }
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for OwnedStep<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedStep")
+            .field("index", &self.index)
+            .finish_non_exhaustive()
+    }
+}

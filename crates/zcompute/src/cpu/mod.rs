@@ -94,6 +94,19 @@ impl<T: Element> Backend<T> for CpuBackend {
         CpuTensor::from_vec(data.to_vec(), shape)
     }
 
+    fn upload_into(&self, data: &[T], dst: &CpuTensor<T>) -> Result<()> {
+        if data.len() != dst.numel() {
+            return Err(ComputeError::LengthMismatch {
+                op: "upload_into",
+                expected: dst.numel(),
+                got: data.len(),
+            });
+        }
+        check_writable("upload_into", dst.layout())?;
+        scatter(data, dst);
+        Ok(())
+    }
+
     fn download(&self, x: &CpuTensor<T>) -> Result<Vec<T>> {
         Ok(gather(x))
     }
@@ -192,6 +205,43 @@ impl<T: Element> Backend<T> for CpuBackend {
     }
 }
 
+/// The host twin of a device graph: the recorded body, run again on each replay.
+pub struct CpuGraph {
+    body: Box<dyn FnMut() -> Result<()>>,
+    replays: u64,
+}
+
+impl CpuGraph {
+    /// How many times the graph was replayed.
+    #[must_use]
+    pub fn replays(&self) -> u64 {
+        self.replays
+    }
+}
+
+impl std::fmt::Debug for CpuGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuGraph")
+            .field("replays", &self.replays)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Element> crate::backend::Capture<T> for CpuBackend {
+    type Graph = CpuGraph;
+
+    fn capture(&self, mut body: Box<dyn FnMut() -> Result<()>>) -> Result<CpuGraph> {
+        body()?;
+        Ok(CpuGraph { body, replays: 0 })
+    }
+
+    fn replay(&self, graph: &mut CpuGraph) -> Result<()> {
+        (graph.body)()?;
+        graph.replays += 1;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +256,45 @@ mod tests {
         assert!(ok(Layout::new(&[5, 0], &[0, 1], 0).unwrap()));
         assert!(!ok(Layout::contiguous(&[4]).broadcast_to(&[2, 4]).unwrap()));
         assert!(!ok(Layout::new(&[2, 3], &[2, 1], 0).unwrap()));
+    }
+
+    #[test]
+    fn upload_into_writes_through_a_view_and_checks_length() {
+        let b = CpuBackend;
+        let t = CpuTensor::<f32>::from_vec(vec![0.0; 6], &[2, 3]).unwrap();
+        let col = t.narrow(1, 1, 1).unwrap();
+        Backend::upload_into(&b, &[7.0, 8.0], &col).unwrap();
+        assert_eq!(t.to_vec(), vec![0.0, 7.0, 0.0, 0.0, 8.0, 0.0]);
+        let err = Backend::upload_into(&b, &[1.0], &col).unwrap_err();
+        assert!(matches!(
+            err,
+            ComputeError::LengthMismatch {
+                expected: 2,
+                got: 1,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn cpu_capture_runs_once_then_once_per_replay() {
+        use crate::backend::Capture;
+        let b = CpuBackend;
+        let x = CpuTensor::<f32>::from_vec(vec![1.0, 2.0], &[2]).unwrap();
+        let acc = CpuTensor::<f32>::from_vec(vec![0.0, 0.0], &[2]).unwrap();
+        let (xc, ac) = (x.clone(), acc.clone());
+        let mut g = Capture::<f32>::capture(
+            &b,
+            Box::new(move || {
+                let s = Backend::add(&CpuBackend, &ac, &xc)?;
+                Backend::copy_into(&CpuBackend, &s, &ac)
+            }),
+        )
+        .unwrap();
+        assert_eq!(acc.to_vec(), vec![1.0, 2.0]);
+        Backend::upload_into(&b, &[10.0, 20.0], &x).unwrap();
+        Capture::<f32>::replay(&b, &mut g).unwrap();
+        assert_eq!(acc.to_vec(), vec![11.0, 22.0]);
+        assert_eq!(g.replays(), 1);
     }
 }

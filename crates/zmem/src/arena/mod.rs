@@ -21,7 +21,7 @@ use crate::class::{AllocClass, ClassBytes};
 use crate::config::ArenaConfig;
 use crate::diag::{Diagnostics, OverflowStats};
 use crate::error::{MemError, MemResult};
-use crate::step::Step;
+use crate::step::{OwnedStep, Step};
 use crate::timeline::{Event, Timeline, TimelineSnapshot};
 use state::{Counters, State};
 
@@ -159,6 +159,24 @@ impl<D: Driver> Arena<D> {
         let origin = std::panic::Location::caller();
         let index = self.shared.open_step(origin)?;
         Ok(Step::new(self, index))
+    }
+
+    /// Opens a step that holds its own handle to the arena (see [`OwnedStep`]). Same rules as
+    /// [`Arena::step`]: one step at a time.
+    #[track_caller]
+    pub fn step_owned(&self) -> MemResult<OwnedStep<D>> {
+        let origin = std::panic::Location::caller();
+        let index = self.shared.open_step(origin)?;
+        Ok(OwnedStep::new(self.clone(), index))
+    }
+
+    /// Allocates scratch in the open step, as a plain [`Block`] (`NoOpenStep` if none is open).
+    /// Prefer [`Step::alloc_scratch`], whose handles cannot outlive the step at compile time.
+    pub fn alloc_scratch(&self, bytes: u64) -> MemResult<Block> {
+        if self.shared.lock().open_step.is_none() {
+            return Err(MemError::NoOpenStep { requested: bytes });
+        }
+        self.shared.alloc(AllocClass::Scratch, bytes)
     }
 
     /// Allocates a block saved for backward: it lives until its last handle is dropped, and no

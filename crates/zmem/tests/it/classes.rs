@@ -234,3 +234,33 @@ fn every_block_is_256_aligned(#[case] bytes: u64, #[case] size: u64) {
         assert_eq!(blk.raw_ptr().0 % 256, 0);
     }
 }
+
+/// The owned step (for owners holding the arena and the step side by side): scratch needs an
+/// open step, the end reclaims what is dropped and keeps exactly what is referenced.
+#[test]
+fn owned_step_issues_scratch_and_keeps_live_blocks() {
+    let arena = Arena::new(mock(64 << 20), small(1 << 20)).unwrap();
+    assert!(matches!(
+        arena.alloc_scratch(100),
+        Err(MemError::NoOpenStep { requested: 100 })
+    ));
+    let step = arena.step_owned().unwrap();
+    assert!(matches!(
+        arena.step_owned(),
+        Err(MemError::StepAlreadyOpen { .. })
+    ));
+    let dropped = arena.alloc_scratch(4096).unwrap();
+    let first = dropped.raw_ptr();
+    drop(dropped);
+    let kept = step.alloc_scratch(4096).unwrap();
+    assert_eq!(kept.class(), AllocClass::Scratch);
+    let summary = step.end().unwrap();
+    assert_eq!(summary.kept.len(), 1);
+    let step = arena.step_owned().unwrap();
+    let again = step.alloc_scratch(4096).unwrap();
+    assert_eq!(again.raw_ptr(), first, "reclaimed scratch is reused");
+    assert!(arena.resolve(&kept).is_ok());
+    drop(again);
+    drop(step);
+    assert!(arena.alloc_scratch(1).is_err(), "dropping the step ends it");
+}
