@@ -1,0 +1,284 @@
+//! Checkpoints in safetensors: parameters under their XASSET.md names (so the file is also a
+//! parameter file the PyTorch oracle reads), optimiser state under `optim.<slot>.<name>`, the
+//! run's counters, generator state and data order as `ztrain.*` integer tensors, and the
+//! configuration as JSON in the metadata. Written atomically (a temporary file beside the
+//! target, flushed, then renamed over it), so an interrupted write leaves the old checkpoint.
+//!
+//! Safetensors does not checksum its data, so the metadata carries an FNV-1a checksum of every
+//! tensor's bytes: a flipped bit is "corrupt", not a silently different run.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use serde_json::Value;
+
+use crate::config::fnv1a;
+use crate::error::{Result, TrainError};
+
+/// Version of the layout below; a reader refuses other versions.
+pub const FORMAT: &str = "ztrain-checkpoint-1";
+
+const KEY_FORMAT: &str = "ztrain.format";
+const KEY_CONFIG: &str = "ztrain.config";
+const KEY_CHECKSUM: &str = "ztrain.checksum";
+const KEY_BACKEND: &str = "ztrain.backend";
+const T_COUNTERS: &str = "ztrain.counters";
+const T_RNG: &str = "ztrain.rng";
+const T_ORDER: &str = "ztrain.order";
+
+/// A float32 tensor on the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Where the run is: enough to continue it exactly.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// Optimiser steps taken.
+    pub step: u64,
+    /// Epochs completed.
+    pub epoch: u64,
+    /// Samples of the current epoch's order already trained on.
+    pub position: u64,
+    /// The run generator's state (after drawing the current epoch's order).
+    pub rng: [u64; 4],
+    /// The current epoch's sample order.
+    pub order: Vec<u64>,
+}
+
+/// Everything a checkpoint holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    /// The run configuration (`RunConfig::to_json`).
+    pub config: Value,
+    /// The backend that wrote it (`cpu`, `cuda`, `cuda-sim`): bitwise resume holds on the same.
+    pub backend: String,
+    pub progress: Progress,
+    /// Parameters by name.
+    pub params: BTreeMap<String, HostTensor>,
+    /// Optimiser state by `<slot>.<parameter name>` (e.g. `m.emb.weight`).
+    pub optim: BTreeMap<String, HostTensor>,
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn u64_bytes(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl Checkpoint {
+    /// Serialises to safetensors bytes.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let p = &self.progress;
+        // (name, dtype, shape, bytes), sorted by name (safetensors' order) for the checksum.
+        let mut entries: BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> = BTreeMap::new();
+        for (name, t) in &self.params {
+            entries.insert(
+                name.clone(),
+                (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)),
+            );
+        }
+        for (name, t) in &self.optim {
+            entries.insert(
+                format!("optim.{name}"),
+                (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)),
+            );
+        }
+        let counters = [p.step, p.epoch, p.position];
+        entries.insert(
+            T_COUNTERS.into(),
+            (Dtype::U64, vec![3], u64_bytes(&counters)),
+        );
+        entries.insert(T_RNG.into(), (Dtype::U64, vec![4], u64_bytes(&p.rng)));
+        entries.insert(
+            T_ORDER.into(),
+            (Dtype::U64, vec![p.order.len()], u64_bytes(&p.order)),
+        );
+        let checksum = checksum(
+            entries
+                .iter()
+                .map(|(n, (_, _, b))| (n.as_str(), b.as_slice())),
+        );
+        let mut views = Vec::with_capacity(entries.len());
+        for (name, (dtype, shape, bytes)) in &entries {
+            let view = TensorView::new(*dtype, shape.clone(), bytes)
+                .map_err(|e| TrainError::Options(format!("checkpoint tensor {name}: {e}")))?;
+            views.push((name.clone(), view));
+        }
+        let meta = HashMap::from([
+            (KEY_FORMAT.to_string(), FORMAT.to_string()),
+            (KEY_CONFIG.to_string(), self.config.to_string()),
+            (KEY_CHECKSUM.to_string(), format!("{checksum:016x}")),
+            (KEY_BACKEND.to_string(), self.backend.clone()),
+        ]);
+        safetensors::serialize(views, Some(meta))
+            .map_err(|e| TrainError::Options(format!("serialising the checkpoint: {e}")))
+    }
+
+    /// Parses safetensors bytes; `path` is only for messages.
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Checkpoint> {
+        let corrupt = |reason: String| TrainError::CheckpointCorrupt {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let st = SafeTensors::deserialize(bytes)
+            .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
+        let (_, header) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        let get = |k: &str| {
+            meta.get(k)
+                .cloned()
+                .ok_or_else(|| corrupt(format!("metadata has no `{k}`")))
+        };
+        let format = get(KEY_FORMAT)?;
+        if format != FORMAT {
+            return Err(corrupt(format!(
+                "format `{format}`, this ztrain reads `{FORMAT}`"
+            )));
+        }
+        let config: Value = serde_json::from_str(&get(KEY_CONFIG)?)
+            .map_err(|e| corrupt(format!("configuration is not JSON: {e}")))?;
+        let want_sum = get(KEY_CHECKSUM)?;
+        let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+        names.sort();
+        let mut views = Vec::with_capacity(names.len());
+        for n in &names {
+            let v = st
+                .tensor(n)
+                .map_err(|e| corrupt(format!("tensor {n}: {e}")))?;
+            views.push((n.clone(), v));
+        }
+        let got_sum = checksum(views.iter().map(|(n, v)| (n.as_str(), v.data())));
+        if format!("{got_sum:016x}") != want_sum {
+            return Err(corrupt(
+                "tensor data does not match its checksum (the file was changed or damaged)".into(),
+            ));
+        }
+        let mut params = BTreeMap::new();
+        let mut optim = BTreeMap::new();
+        let mut ints: HashMap<String, Vec<u64>> = HashMap::new();
+        for (name, v) in &views {
+            match (name.as_str(), v.dtype()) {
+                (T_COUNTERS | T_RNG | T_ORDER, Dtype::U64) => {
+                    let data = v
+                        .data()
+                        .chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                        .collect();
+                    ints.insert(name.clone(), data);
+                }
+                (_, Dtype::F32) if !name.starts_with("ztrain.") => {
+                    let t = HostTensor {
+                        shape: v.shape().to_vec(),
+                        data: v
+                            .data()
+                            .chunks_exact(4)
+                            .map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default()))
+                            .collect(),
+                    };
+                    match name.strip_prefix("optim.") {
+                        Some(rest) => optim.insert(rest.to_string(), t),
+                        None => params.insert(name.clone(), t),
+                    };
+                }
+                (_, dtype) => {
+                    return Err(corrupt(format!(
+                        "unexpected tensor {name} of type {dtype:?}"
+                    )));
+                }
+            }
+        }
+        let mut take = |k: &str, len: Option<usize>| {
+            let v = ints
+                .remove(k)
+                .ok_or_else(|| corrupt(format!("no `{k}` tensor")))?;
+            match len {
+                Some(l) if v.len() != l => {
+                    Err(corrupt(format!("`{k}` has {} values, not {l}", v.len())))
+                }
+                _ => Ok(v),
+            }
+        };
+        let counters = take(T_COUNTERS, Some(3))?;
+        let rng = take(T_RNG, Some(4))?;
+        let order = take(T_ORDER, None)?;
+        let rng = [rng[0], rng[1], rng[2], rng[3]];
+        if rng == [0; 4] {
+            return Err(corrupt("generator state is all zero".into()));
+        }
+        Ok(Checkpoint {
+            config,
+            backend: meta.get(KEY_BACKEND).cloned().unwrap_or_default(),
+            progress: Progress {
+                step: counters[0],
+                epoch: counters[1],
+                position: counters[2],
+                rng,
+                order,
+            },
+            params,
+            optim,
+        })
+    }
+
+    /// Writes to `path` atomically: `path.tmp` beside it, flushed to disk, then renamed.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let bytes = self.to_bytes()?;
+        let tmp = temp_path(path);
+        let io = |what: &'static str, p: &Path| {
+            let p = p.to_path_buf();
+            move |source| TrainError::Io {
+                what,
+                path: p,
+                source,
+            }
+        };
+        {
+            let mut f = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
+            f.write_all(&bytes).map_err(io("writing", &tmp))?;
+            f.sync_all().map_err(io("flushing", &tmp))?;
+        }
+        std::fs::rename(&tmp, path).map_err(io("renaming the temporary checkpoint to", path))?;
+        tracing::info!(target: "ztrain.checkpoint.save", path = %path.display(), bytes = bytes.len(), step = self.progress.step);
+        Ok(())
+    }
+
+    /// Reads and checks the checkpoint at `path`.
+    pub fn load(path: &Path) -> Result<Checkpoint> {
+        let bytes = std::fs::read(path).map_err(|source| TrainError::Io {
+            what: "reading the checkpoint",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Checkpoint::from_bytes(&bytes, path)
+    }
+}
+
+/// `file.safetensors` -> `file.safetensors.tmp` in the same folder (so the rename stays on one
+/// file system and is atomic).
+fn temp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+fn checksum<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u8])>) -> u64 {
+    let mut all = Vec::new();
+    for (name, bytes) in tensors {
+        all.extend_from_slice(name.as_bytes());
+        all.push(0);
+        all.extend_from_slice(&fnv1a(bytes).to_le_bytes());
+    }
+    fnv1a(&all)
+}
+
+#[cfg(test)]
+#[path = "checkpoint_tests.rs"]
+mod tests;

@@ -1,0 +1,99 @@
+use super::*;
+use serde_json::json;
+
+fn sample() -> Checkpoint {
+    let t = |shape: Vec<usize>, base: f32| HostTensor {
+        data: (0..shape.iter().product::<usize>())
+            .map(|i| base + i as f32 * 0.25)
+            .collect(),
+        shape,
+    };
+    Checkpoint {
+        config: json!({"batch": 4, "lr": 0.001}),
+        backend: "cpu".into(),
+        progress: Progress {
+            step: 7,
+            epoch: 1,
+            position: 12,
+            rng: [1, 2, 3, u64::MAX],
+            order: vec![3, 0, 2, 1],
+        },
+        params: BTreeMap::from([
+            ("emb.weight".to_string(), t(vec![2, 3], 1.0)),
+            ("head.bias".to_string(), t(vec![1], -0.5)),
+        ]),
+        optim: BTreeMap::from([
+            ("m.emb.weight".to_string(), t(vec![2, 3], 0.0)),
+            ("v.emb.weight".to_string(), t(vec![2, 3], 9.0)),
+        ]),
+    }
+}
+
+#[test]
+fn round_trips_exactly_through_a_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("run.safetensors");
+    let c = sample();
+    c.save(&path).expect("save");
+    assert!(!temp_path(&path).exists(), "temporary file renamed away");
+    assert_eq!(Checkpoint::load(&path).expect("load"), c);
+}
+
+#[test]
+fn parameters_are_readable_under_their_plain_names() {
+    let bytes = sample().to_bytes().expect("bytes");
+    let st = SafeTensors::deserialize(&bytes).expect("safetensors");
+    let w = st.tensor("emb.weight").expect("plain name");
+    assert_eq!((w.dtype(), w.shape()), (Dtype::F32, &[2usize, 3][..]));
+}
+
+#[test]
+fn save_replaces_an_existing_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("run.safetensors");
+    std::fs::write(&path, b"old").expect("write");
+    sample().save(&path).expect("save");
+    assert_eq!(Checkpoint::load(&path).expect("load").progress.step, 7);
+}
+
+fn corrupt_reason(bytes: &[u8]) -> String {
+    match Checkpoint::from_bytes(bytes, Path::new("ck.safetensors")) {
+        Err(TrainError::CheckpointCorrupt { reason, .. }) => reason,
+        other => panic!("expected CheckpointCorrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn empty_truncated_and_garbage_files_are_corrupt() {
+    let good = sample().to_bytes().expect("bytes");
+    assert!(corrupt_reason(&[]).contains("safetensors"));
+    assert!(corrupt_reason(&good[..good.len() - 5]).contains("safetensors"));
+    assert!(corrupt_reason(b"this is not a checkpoint at all").contains("safetensors"));
+}
+
+#[test]
+fn a_flipped_data_bit_is_caught_by_the_checksum() {
+    let mut bytes = sample().to_bytes().expect("bytes");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10;
+    assert!(corrupt_reason(&bytes).contains("checksum"));
+}
+
+#[test]
+fn a_plain_safetensors_file_is_not_a_checkpoint() {
+    let data = f32_bytes(&[1.0, 2.0]);
+    let view = TensorView::new(Dtype::F32, vec![2], &data).expect("view");
+    let bytes = safetensors::serialize([("w", view)], None).expect("serialize");
+    assert!(corrupt_reason(&bytes).contains("ztrain.format"));
+}
+
+#[test]
+fn the_error_names_the_file() {
+    let err = Checkpoint::from_bytes(b"", Path::new("runs/ck.safetensors")).expect_err("corrupt");
+    assert!(err.to_string().contains("runs/ck.safetensors"), "{err}");
+    let missing = Checkpoint::load(Path::new("/nonexistent/ck.safetensors")).expect_err("io");
+    assert!(
+        missing.to_string().contains("/nonexistent/ck.safetensors"),
+        "{missing}"
+    );
+}

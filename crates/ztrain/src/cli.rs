@@ -1,0 +1,369 @@
+//! The command line. Every option's help says what it does and its default; `Options::config`
+//! turns them into a checked [`RunConfig`].
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::config::{DataSource, ModelSize, RunConfig};
+use crate::error::{Result, TrainError};
+
+/// Where the model trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceChoice {
+    /// The GPU when one is usable (driver loads, a device opens), else the CPU; says which.
+    Auto,
+    /// The CPU backend (multi-threaded matrix products, no device memory system).
+    Cpu,
+    /// The CUDA backend on GPU 0; an error if there is no usable GPU.
+    Cuda,
+    /// The CUDA backend over the simulated driver (host memory, virtual clock): the whole
+    /// device path (arena, step scopes, timeline) without a GPU. Slow; for small sizes.
+    Sim,
+}
+
+/// How a mini-batch becomes one optimiser step (XASSET.md, "Two training schedules").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Schedule {
+    /// One forward and backward over the whole batch.
+    Batched,
+    /// Forward and backward per sample (loss / B), gradients accumulating, the step's scratch
+    /// memory reclaimed after every sample.
+    PerSample,
+}
+
+/// How the learning rate moves over the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LrSchedule {
+    /// `--lr` throughout (after the warm-up).
+    Constant,
+    /// Cosine decay from `--lr` to 0 over the run's steps (after the warm-up).
+    Cosine,
+    /// Straight-line decay from `--lr` to 0 over the run's steps (after the warm-up).
+    Linear,
+}
+
+/// Train the XAsset model (reference/XASSET.md) on a CSV file or on a deterministic synthetic
+/// data set, and report loss, accuracy, speed and memory.
+///
+/// With no options: the default model size on the synthetic data, on the GPU when one is usable
+/// and on the CPU otherwise.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "ztrain", version, about, long_about, max_term_width = 100)]
+pub struct Options {
+    /// Where to train: auto, cpu, cuda, or sim (the CUDA backend on the simulated driver).
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Auto, help_heading = "Device")]
+    pub device: DeviceChoice,
+
+    /// Memory of the simulated device for --device sim (K/M/G suffixes).
+    #[arg(long, default_value = "4G", value_parser = parse_size, help_heading = "Device")]
+    pub sim_memory: u64,
+
+    /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
+    /// feature columns (column = s·F + f) and a 0/1 label. See the README.
+    #[arg(long, value_name = "FILE.csv", help_heading = "Data")]
+    pub data: Option<PathBuf>,
+
+    /// Size of the synthetic data set (train and validation together).
+    #[arg(long, default_value_t = 10_240, help_heading = "Data")]
+    pub samples: usize,
+
+    /// Seed of the synthetic data set (independent of --seed).
+    #[arg(long, default_value_t = 1, help_heading = "Data")]
+    pub data_seed: u64,
+
+    /// Fraction of the samples (the last rows) held out for validation, in [0, 1).
+    #[arg(long, default_value_t = 0.2, help_heading = "Data")]
+    pub validate_fraction: f64,
+
+    /// Scales per sample (S).
+    #[arg(
+        long,
+        default_value_t = 12,
+        help_heading = "Model (XASSET.md; defaults are its size)"
+    )]
+    pub scales: usize,
+
+    /// Features per scale (F).
+    #[arg(
+        long,
+        default_value_t = 193,
+        help_heading = "Model (XASSET.md; defaults are its size)"
+    )]
+    pub features: usize,
+
+    /// Model width (D); a multiple of --heads.
+    #[arg(
+        long,
+        default_value_t = 256,
+        help_heading = "Model (XASSET.md; defaults are its size)"
+    )]
+    pub width: usize,
+
+    /// Attention heads (H); head width is D / H.
+    #[arg(
+        long,
+        default_value_t = 4,
+        help_heading = "Model (XASSET.md; defaults are its size)"
+    )]
+    pub heads: usize,
+
+    /// Feed-forward width (FF).
+    #[arg(
+        long,
+        default_value_t = 1024,
+        help_heading = "Model (XASSET.md; defaults are its size)"
+    )]
+    pub ff: usize,
+
+    /// Passes over the training samples.
+    #[arg(long, default_value_t = 3, help_heading = "Training")]
+    pub epochs: usize,
+
+    /// Samples per optimiser step (B). The last batch of an epoch may be smaller.
+    #[arg(long, default_value_t = 256, help_heading = "Training")]
+    pub batch: usize,
+
+    /// Peak learning rate of AdamW.
+    #[arg(long, default_value_t = 1e-3, help_heading = "Training")]
+    pub lr: f64,
+
+    /// How the learning rate moves over the run.
+    #[arg(long, value_enum, default_value_t = LrSchedule::Constant, help_heading = "Training")]
+    pub lr_schedule: LrSchedule,
+
+    /// Steps of linear warm-up from 0 to --lr before the schedule starts.
+    #[arg(long, default_value_t = 0, help_heading = "Training")]
+    pub warmup_steps: u64,
+
+    /// AdamW weight decay (applied to every parameter, as XASSET.md).
+    #[arg(long, default_value_t = 0.01, help_heading = "Training")]
+    pub weight_decay: f64,
+
+    /// Scale gradients down so their global L2 norm is at most this (off when absent).
+    #[arg(long, value_name = "NORM", help_heading = "Training")]
+    pub clip_grad: Option<f64>,
+
+    /// batched: one forward/backward per batch; per-sample: one per sample, gradients
+    /// accumulated, scratch memory reclaimed after every sample.
+    #[arg(long, value_enum, default_value_t = Schedule::Batched, help_heading = "Training")]
+    pub schedule: Schedule,
+
+    /// Capture the training step once and replay it (a CUDA graph on the GPU; the recorded
+    /// step on the CPU). Results equal the eager run.
+    #[arg(long, help_heading = "Training")]
+    pub capture: bool,
+
+    /// Seed of the parameter initialisation and of the data order.
+    #[arg(long, default_value_t = 0, help_heading = "Training")]
+    pub seed: u64,
+
+    /// Scratch memory the arena allocates at start (K/M/G suffixes; default from
+    /// ZMEM_ARENA_BYTES, else 64M).
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    pub arena_bytes: Option<u64>,
+
+    /// Size of each segment the arena grows by (default ZMEM_SEGMENT_BYTES, else 64M).
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    pub segment_bytes: Option<u64>,
+
+    /// Most the arena may grow to; past it requests go to the overflow pool (default
+    /// ZMEM_ARENA_CAP_BYTES, else 3/4 of device memory).
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    pub arena_cap: Option<u64>,
+
+    /// Overflow pool memory reserved up front (default ZMEM_OVERFLOW_RESERVE_BYTES, else 64M).
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    pub overflow_reserve: Option<u64>,
+
+    /// Fill reclaimed and freed device memory with NaN so a use after reset fails loudly.
+    #[arg(long, help_heading = "Device memory (arena)")]
+    pub poison: bool,
+
+    /// Write a checkpoint here at the end of every epoch, every --checkpoint-every steps, and
+    /// at the end of the run (atomically: a temporary file, then a rename).
+    #[arg(long, value_name = "FILE", help_heading = "Checkpoints")]
+    pub checkpoint: Option<PathBuf>,
+
+    /// Also write the checkpoint every this many optimiser steps.
+    #[arg(
+        long,
+        value_name = "STEPS",
+        requires = "checkpoint",
+        help_heading = "Checkpoints"
+    )]
+    pub checkpoint_every: Option<u64>,
+
+    /// Continue the run saved in this checkpoint (the options must match the ones it was
+    /// written with; --epochs may be raised). Ends bitwise equal to an uninterrupted run on the
+    /// same device and backend.
+    #[arg(long, value_name = "FILE", help_heading = "Checkpoints")]
+    pub resume: Option<PathBuf>,
+
+    /// Stop after this many optimiser steps in all (counting resumed ones), writing the
+    /// checkpoint: splits a long run into pieces.
+    #[arg(long, value_name = "STEPS", help_heading = "Checkpoints")]
+    pub stop_after: Option<u64>,
+
+    /// Write a self-contained HTML page with an SVG timeline of device memory by class per
+    /// step (needs a device arena: --device cuda or sim).
+    #[arg(long, value_name = "FILE.html", help_heading = "Output")]
+    pub memory_report: Option<PathBuf>,
+
+    /// Log level for the libraries' tracing output on stderr (error, warn, info, debug).
+    #[arg(long, default_value = "warn", help_heading = "Output")]
+    pub log: String,
+}
+
+fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    zmem::units::parse_bytes(text)
+}
+
+impl Options {
+    /// The checked run configuration.
+    pub fn config(&self) -> Result<RunConfig> {
+        let bad = |m: String| Err(TrainError::Options(m));
+        let model = ModelSize {
+            scales: self.scales,
+            features: self.features,
+            width: self.width,
+            heads: self.heads,
+            ff: self.ff,
+        };
+        model.check()?;
+        if self.batch == 0 {
+            return bad("--batch must be at least 1".into());
+        }
+        if self.epochs == 0 {
+            return bad("--epochs must be at least 1".into());
+        }
+        if !(0.0..1.0).contains(&self.validate_fraction) {
+            return bad(format!(
+                "--validate-fraction {} must be in [0, 1)",
+                self.validate_fraction
+            ));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("--lr {} must be a positive number", self.lr));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad(format!("--weight-decay {} must be >= 0", self.weight_decay));
+        }
+        if let Some(c) = self.clip_grad
+            && !(c.is_finite() && c > 0.0)
+        {
+            return bad(format!("--clip-grad {c} must be a positive number"));
+        }
+        if self.checkpoint_every == Some(0) {
+            return bad("--checkpoint-every must be at least 1".into());
+        }
+        if self.stop_after.is_some() && self.checkpoint.is_none() {
+            return bad("--stop-after needs --checkpoint (else the work is lost)".into());
+        }
+        let data = match &self.data {
+            Some(path) => DataSource::Csv { path: path.clone() },
+            None if self.samples < 2 => {
+                return bad("--samples must be at least 2".into());
+            }
+            None => DataSource::Synthetic {
+                samples: self.samples,
+                seed: self.data_seed,
+            },
+        };
+        Ok(RunConfig {
+            model,
+            data,
+            validate_fraction: self.validate_fraction,
+            epochs: self.epochs,
+            batch: self.batch,
+            lr: self.lr,
+            lr_schedule: self.lr_schedule,
+            warmup_steps: self.warmup_steps,
+            weight_decay: self.weight_decay,
+            clip_grad: self.clip_grad,
+            schedule: self.schedule,
+            capture: self.capture,
+            seed: self.seed,
+        })
+    }
+
+    /// The arena configuration: the `ZMEM_*` environment, then these options over it.
+    pub fn arena_config(&self) -> Result<zmem::ArenaConfig> {
+        let mut cfg = zmem::ArenaConfig::from_env()?;
+        if let Some(v) = self.arena_bytes {
+            cfg.initial_bytes = v;
+        }
+        if let Some(v) = self.segment_bytes {
+            cfg.segment_bytes = v;
+        }
+        if let Some(v) = self.arena_cap {
+            cfg.cap_bytes = Some(v);
+        }
+        if let Some(v) = self.overflow_reserve {
+            cfg.overflow_reserve_bytes = v;
+        }
+        cfg.poison |= self.poison;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use rstest::rstest;
+
+    fn parse(args: &[&str]) -> Options {
+        Options::try_parse_from(std::iter::once("ztrain").chain(args.iter().copied()))
+            .expect("parses")
+    }
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        Options::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_are_the_xasset_size_on_synthetic_data() {
+        let c = parse(&[]).config().expect("valid");
+        assert_eq!(
+            (
+                c.model.scales,
+                c.model.features,
+                c.model.width,
+                c.model.heads,
+                c.model.ff
+            ),
+            (12, 193, 256, 4, 1024)
+        );
+        assert_eq!(c.batch, 256);
+        assert!(matches!(c.data, DataSource::Synthetic { .. }));
+    }
+
+    #[rstest]
+    #[case(&["--width", "10", "--heads", "4"], "multiple")]
+    #[case(&["--batch", "0"], "--batch")]
+    #[case(&["--epochs", "0"], "--epochs")]
+    #[case(&["--validate-fraction", "1"], "--validate-fraction")]
+    #[case(&["--lr=-1"], "--lr")]
+    #[case(&["--clip-grad", "0"], "--clip-grad")]
+    #[case(&["--samples", "1"], "--samples")]
+    #[case(&["--stop-after", "3"], "--checkpoint")]
+    #[case(&["--features", "0"], "--features")]
+    fn bad_values_are_named(#[case] args: &[&str], #[case] named: &str) {
+        let err = parse(args).config().expect_err("invalid");
+        assert!(err.to_string().contains(named), "{err}");
+    }
+
+    #[test]
+    fn arena_options_override_and_sizes_take_suffixes() {
+        let o = parse(&["--arena-bytes", "1M", "--segment-bytes", "512K", "--poison"]);
+        let a = o.arena_config().expect("valid");
+        assert_eq!(
+            (a.initial_bytes, a.segment_bytes, a.poison),
+            (1 << 20, 512 << 10, true)
+        );
+        assert!(Options::try_parse_from(["ztrain", "--arena-bytes", "12Q"]).is_err());
+    }
+}

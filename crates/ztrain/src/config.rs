@@ -1,0 +1,264 @@
+//! The run configuration: what a checkpoint records, and what a resumed run must match.
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+use crate::cli::{LrSchedule, Schedule};
+use crate::error::{Result, TrainError};
+
+/// The XAsset model's sizes (XASSET.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelSize {
+    pub scales: usize,
+    pub features: usize,
+    pub width: usize,
+    pub heads: usize,
+    pub ff: usize,
+}
+
+impl ModelSize {
+    /// Every size positive and the width a multiple of the heads.
+    pub fn check(&self) -> Result<()> {
+        for (name, v) in [
+            ("--scales", self.scales),
+            ("--features", self.features),
+            ("--width", self.width),
+            ("--heads", self.heads),
+            ("--ff", self.ff),
+        ] {
+            if v == 0 {
+                return Err(TrainError::Options(format!("{name} must be at least 1")));
+            }
+        }
+        if !self.width.is_multiple_of(self.heads) {
+            return Err(TrainError::Options(format!(
+                "--width {} must be a multiple of --heads {}",
+                self.width, self.heads
+            )));
+        }
+        Ok(())
+    }
+
+    /// Parameter count (XASSET.md's table).
+    #[must_use]
+    pub fn parameters(&self) -> usize {
+        let (d, f, ff, dh) = (self.width, self.features, self.ff, self.width / self.heads);
+        (d * f + d)
+            + 2 * d
+            + (3 * d * d + 3 * d)
+            + 4 * dh
+            + (d * d + d)
+            + 2 * d
+            + (ff * d + ff)
+            + (d * ff + d)
+            + (d + 1)
+    }
+}
+
+/// Where the samples come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataSource {
+    Synthetic { samples: usize, seed: u64 },
+    Csv { path: PathBuf },
+}
+
+/// Everything that determines a run's result (the device does not: it is chosen at start).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunConfig {
+    pub model: ModelSize,
+    pub data: DataSource,
+    pub validate_fraction: f64,
+    pub epochs: usize,
+    pub batch: usize,
+    pub lr: f64,
+    pub lr_schedule: LrSchedule,
+    pub warmup_steps: u64,
+    pub weight_decay: f64,
+    pub clip_grad: Option<f64>,
+    pub schedule: Schedule,
+    pub capture: bool,
+    pub seed: u64,
+}
+
+/// Names a clap value the way the command line spells it.
+fn spelled<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+impl RunConfig {
+    /// The configuration as JSON, with the data file's fingerprint (`data_digest`: FNV-1a of
+    /// its bytes) so that resuming on a changed file is caught. Floats are written exactly
+    /// (serde_json prints the shortest string that parses back to the same `f64`).
+    #[must_use]
+    pub fn to_json(&self, data_digest: Option<u64>) -> Value {
+        let m = &self.model;
+        let data = match &self.data {
+            DataSource::Synthetic { samples, seed } => {
+                json!({"kind": "synthetic", "samples": samples, "seed": seed})
+            }
+            DataSource::Csv { path } => json!({
+                "kind": "csv",
+                "path": path.display().to_string(),
+                "digest": data_digest.map(|d| format!("{d:016x}")),
+            }),
+        };
+        json!({
+            "model": {"scales": m.scales, "features": m.features, "width": m.width,
+                      "heads": m.heads, "ff": m.ff},
+            "data": data,
+            "validate_fraction": self.validate_fraction,
+            "epochs": self.epochs,
+            "batch": self.batch,
+            "lr": self.lr,
+            "lr_schedule": spelled(&self.lr_schedule),
+            "warmup_steps": self.warmup_steps,
+            "weight_decay": self.weight_decay,
+            "clip_grad": self.clip_grad,
+            "schedule": spelled(&self.schedule),
+            "capture": self.capture,
+            "seed": self.seed,
+        })
+    }
+}
+
+/// Keys whose difference is allowed on resume: the number of epochs (a run may be extended,
+/// unless a decaying learning-rate schedule depends on it), capture (replay computes the same
+/// values) and the data file's path (it may move; its digest must match).
+fn may_differ(key: &str, saved: &Value) -> bool {
+    match key {
+        "capture" | "data.path" => true,
+        "epochs" => saved.get("lr_schedule").and_then(Value::as_str) == Some("constant"),
+        _ => false,
+    }
+}
+
+/// Lists the differences between a checkpoint's configuration and this run's (`key: checkpoint
+/// X, now Y`), leaving out the ones a resume may change. Empty when they match.
+#[must_use]
+pub fn differences(saved: &Value, now: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    diff_into("", saved, now, saved, &mut out);
+    out
+}
+
+fn diff_into(prefix: &str, a: &Value, b: &Value, root: &Value, out: &mut Vec<String>) {
+    if let (Value::Object(ma), Value::Object(mb)) = (a, b) {
+        let mut keys: Vec<&String> = ma.keys().chain(mb.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            let (va, vb) = (
+                ma.get(k).unwrap_or(&Value::Null),
+                mb.get(k).unwrap_or(&Value::Null),
+            );
+            diff_into(&key, va, vb, root, out);
+        }
+    } else if a != b && !may_differ(prefix, root) {
+        out.push(format!("{prefix}: checkpoint {a}, now {b}"));
+    }
+}
+
+/// FNV-1a over `bytes`: a cheap fingerprint of the data file (not a security measure).
+#[must_use]
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> RunConfig {
+        RunConfig {
+            model: ModelSize {
+                scales: 12,
+                features: 193,
+                width: 256,
+                heads: 4,
+                ff: 1024,
+            },
+            data: DataSource::Synthetic {
+                samples: 100,
+                seed: 1,
+            },
+            validate_fraction: 0.2,
+            epochs: 3,
+            batch: 256,
+            lr: 1e-3,
+            lr_schedule: LrSchedule::Constant,
+            warmup_steps: 0,
+            weight_decay: 0.01,
+            clip_grad: None,
+            schedule: Schedule::Batched,
+            capture: false,
+            seed: 0,
+        }
+    }
+
+    #[test]
+    fn default_size_has_xasset_parameter_count() {
+        assert_eq!(base().model.parameters(), 839_937);
+    }
+
+    #[test]
+    fn equal_configs_have_no_differences_and_json_round_trips() {
+        let a = base().to_json(None);
+        let text = a.to_string();
+        let back: Value = serde_json::from_str(&text).expect("json");
+        assert!(differences(&back, &base().to_json(None)).is_empty());
+    }
+
+    #[test]
+    fn differences_name_the_key_and_both_values() {
+        let mut b = base();
+        b.batch = 128;
+        b.model.width = 128;
+        b.capture = true;
+        let d = differences(&base().to_json(None), &b.to_json(None));
+        assert_eq!(
+            d,
+            vec![
+                "batch: checkpoint 256, now 128".to_string(),
+                "model.width: checkpoint 256, now 128".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn epochs_may_grow_only_with_a_constant_lr() {
+        let mut b = base();
+        b.epochs = 5;
+        assert!(differences(&base().to_json(None), &b.to_json(None)).is_empty());
+        let mut a = base();
+        a.lr_schedule = LrSchedule::Cosine;
+        b.lr_schedule = LrSchedule::Cosine;
+        assert_eq!(differences(&a.to_json(None), &b.to_json(None)).len(), 1);
+    }
+
+    #[test]
+    fn a_changed_data_file_is_a_difference_a_moved_one_is_not() {
+        let mut a = base();
+        a.data = DataSource::Csv {
+            path: "a.csv".into(),
+        };
+        let mut b = a.clone();
+        b.data = DataSource::Csv {
+            path: "b.csv".into(),
+        };
+        assert!(differences(&a.to_json(Some(1)), &b.to_json(Some(1))).is_empty());
+        assert_eq!(
+            differences(&a.to_json(Some(1)), &b.to_json(Some(2))).len(),
+            1
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! The CSV format: plain comma-separated values, no quoting.
+//!
+//! - Line 1 is a header row (names are free; only its column count is checked).
+//! - Then one row per sample: `S·F` feature columns in the order column = `s·F + f` (scale `s`,
+//!   feature `f`, both from 0), then the label, `0` or `1`. `S` and `F` come from the options.
+//! - Cells may have spaces around them; values are decimal floats (`1`, `-0.5`, `3e-2`).
+//! - A final newline is optional; `\r\n` line ends are accepted.
+//!
+//! Anything else stops the run with an error that names the line and column (both counted from
+//! 1): a wrong column count, a cell that is not a number, NaN or infinity, a label other than 0
+//! or 1, a blank row, an empty file, or a header with no samples. No row is skipped silently.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::Dataset;
+use crate::error::{CsvProblem, TrainError};
+
+/// A CSV problem located in the text (the caller adds the file name).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CsvFault {
+    pub line: usize,
+    pub column: usize,
+    pub problem: CsvProblem,
+}
+
+fn fault(line: usize, column: usize, problem: CsvProblem) -> CsvFault {
+    CsvFault {
+        line,
+        column,
+        problem,
+    }
+}
+
+/// Parses CSV `text` holding samples of `scales × features`.
+pub fn parse(text: &str, scales: usize, features: usize) -> Result<Dataset, CsvFault> {
+    let width = scales * features;
+    let columns = width + 1;
+    // `lines()` drops one trailing newline and strips `\r` before `\n`.
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l));
+    let Some((_, header)) = lines.next().filter(|(_, l)| !l.trim().is_empty()) else {
+        return Err(fault(1, 1, CsvProblem::Empty));
+    };
+    let header_columns = header.split(',').count();
+    if header_columns != columns {
+        return Err(fault(
+            1,
+            header_columns.min(columns) + 1,
+            CsvProblem::ColumnCount {
+                expected: columns,
+                found: header_columns,
+            },
+        ));
+    }
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    for (line, row) in lines {
+        if row.trim().is_empty() {
+            return Err(fault(line, 1, CsvProblem::BlankRow));
+        }
+        let cells: Vec<&str> = row.split(',').collect();
+        if cells.len() != columns {
+            return Err(fault(
+                line,
+                cells.len().min(columns) + 1,
+                CsvProblem::ColumnCount {
+                    expected: columns,
+                    found: cells.len(),
+                },
+            ));
+        }
+        for (i, cell) in cells.into_iter().enumerate() {
+            let cell = cell.trim();
+            let value: f32 = cell.parse().map_err(|_| {
+                fault(
+                    line,
+                    i + 1,
+                    CsvProblem::NotANumber {
+                        cell: cell.to_string(),
+                    },
+                )
+            })?;
+            if !value.is_finite() {
+                return Err(fault(
+                    line,
+                    i + 1,
+                    CsvProblem::NotFinite {
+                        cell: cell.to_string(),
+                    },
+                ));
+            }
+            if i < width {
+                x.push(value);
+            } else if value == 0.0 || value == 1.0 {
+                y.push(value);
+            } else {
+                return Err(fault(
+                    line,
+                    i + 1,
+                    CsvProblem::BadLabel {
+                        cell: cell.to_string(),
+                    },
+                ));
+            }
+        }
+    }
+    if y.is_empty() {
+        return Err(fault(2, 1, CsvProblem::NoSamples));
+    }
+    Ok(Dataset {
+        scales,
+        features,
+        x,
+        y,
+    })
+}
+
+/// Reads and parses the CSV file at `path`.
+pub fn load(path: &Path, scales: usize, features: usize) -> Result<Dataset, TrainError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io {
+        what: "reading the data file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, scales, features).map_err(|f| TrainError::Csv {
+        path: path.to_path_buf(),
+        line: f.line,
+        column: f.column,
+        problem: f.problem,
+    })
+}
+
+/// Writes `data` in the format `parse` reads (header `x_s_f,…,label`; values printed so that
+/// they parse back to the same `f32`).
+#[must_use]
+pub fn to_csv(data: &Dataset) -> String {
+    let mut out = String::new();
+    for s in 0..data.scales {
+        for f in 0..data.features {
+            let _ = write!(out, "x_{s}_{f},");
+        }
+    }
+    out.push_str("label\n");
+    let w = data.sample_width();
+    for (i, label) in data.y.iter().enumerate() {
+        for v in &data.x[i * w..(i + 1) * w] {
+            let _ = write!(out, "{v},");
+        }
+        let _ = writeln!(out, "{label}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::synthetic;
+    use rstest::rstest;
+
+    const HEADER: &str = "a,b,c,d,label\n"; // S = 2, F = 2
+
+    #[test]
+    fn round_trips_a_data_set_exactly() {
+        let d = synthetic::generate(17, 3, 4, 9);
+        assert_eq!(parse(&to_csv(&d), 3, 4), Ok(d));
+    }
+
+    #[test]
+    fn accepts_spaces_crlf_and_no_final_newline() {
+        let text = "a,b,c,d,label\r\n 1, -2.5 ,3e-2,4,1\r\n0,0,0,0,0";
+        let d = parse(text, 2, 2).expect("valid");
+        assert_eq!(d.x, vec![1.0, -2.5, 0.03, 4.0, 0.0, 0.0, 0.0, 0.0]);
+        assert_eq!(d.y, vec![1.0, 0.0]);
+    }
+
+    #[rstest]
+    #[case::empty("", 1, 1, CsvProblem::Empty)]
+    #[case::only_spaces("  \n", 1, 1, CsvProblem::Empty)]
+    #[case::header_only(HEADER, 2, 1, CsvProblem::NoSamples)]
+    #[case::header_short("a,b,label\n1,2,3,4,1\n", 1, 4, CsvProblem::ColumnCount { expected: 5, found: 3 })]
+    #[case::row_short("a,b,c,d,label\n1,2,3,4,1\n1,2,3,1\n", 3, 5, CsvProblem::ColumnCount { expected: 5, found: 4 })]
+    #[case::row_long("a,b,c,d,label\n1,2,3,4,5,1\n", 2, 6, CsvProblem::ColumnCount { expected: 5, found: 6 })]
+    #[case::word("a,b,c,d,label\n1,2,x,4,1\n", 2, 3, CsvProblem::NotANumber { cell: "x".into() })]
+    #[case::empty_cell("a,b,c,d,label\n1,,3,4,1\n", 2, 2, CsvProblem::NotANumber { cell: String::new() })]
+    #[case::nan("a,b,c,d,label\n1,2,3,NaN,1\n", 2, 4, CsvProblem::NotFinite { cell: "NaN".into() })]
+    #[case::inf("a,b,c,d,label\n-inf,2,3,4,1\n", 2, 1, CsvProblem::NotFinite { cell: "-inf".into() })]
+    #[case::overflow("a,b,c,d,label\n1e39,2,3,4,1\n", 2, 1, CsvProblem::NotFinite { cell: "1e39".into() })]
+    #[case::label_two("a,b,c,d,label\n1,2,3,4,0\n1,2,3,4,2\n", 3, 5, CsvProblem::BadLabel { cell: "2".into() })]
+    #[case::label_half("a,b,c,d,label\n1,2,3,4,0.5\n", 2, 5, CsvProblem::BadLabel { cell: "0.5".into() })]
+    #[case::label_nan("a,b,c,d,label\n1,2,3,4,nan\n", 2, 5, CsvProblem::NotFinite { cell: "nan".into() })]
+    #[case::blank_row("a,b,c,d,label\n1,2,3,4,0\n\n1,2,3,4,1\n", 3, 1, CsvProblem::BlankRow)]
+    fn malformed_input_names_line_and_column(
+        #[case] text: &str,
+        #[case] line: usize,
+        #[case] column: usize,
+        #[case] problem: CsvProblem,
+    ) {
+        assert_eq!(
+            parse(text, 2, 2),
+            Err(CsvFault {
+                line,
+                column,
+                problem
+            })
+        );
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bad.csv");
+        std::fs::write(&path, "a,b,c,d,label\n1,2,3,4,7\n").expect("write");
+        let err = load(&path, 2, 2).expect_err("bad label");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("bad.csv") && msg.contains("line 2, column 5"),
+            "{msg}"
+        );
+        let missing = load(&dir.path().join("none.csv"), 2, 2).expect_err("missing");
+        assert!(missing.to_string().contains("none.csv"), "{missing}");
+    }
+}

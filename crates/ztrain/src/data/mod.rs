@@ -1,0 +1,143 @@
+//! Data sets: samples of `S` scales × `F` features with a 0/1 label, from a CSV file
+//! ([`csv`]) or generated ([`synthetic`]); the train/validation split and the epoch order.
+
+pub mod csv;
+pub mod synthetic;
+
+use crate::rng::Rng;
+
+/// Samples in memory, row-major: sample `i`'s features are `x[i·S·F .. (i+1)·S·F]`, feature `f`
+/// of scale `s` at offset `s·F + f` (the CSV column order), its label `y[i]` (0.0 or 1.0).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    pub scales: usize,
+    pub features: usize,
+    pub x: Vec<f32>,
+    pub y: Vec<f32>,
+}
+
+impl Dataset {
+    /// Number of samples.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.y.is_empty()
+    }
+
+    /// Values per sample (`S·F`).
+    #[must_use]
+    pub fn sample_width(&self) -> usize {
+        self.scales * self.features
+    }
+
+    /// The samples at `indices`, in that order: `x` as `[indices.len(), S, F]` row-major and the
+    /// labels. Indices must be below `len()`.
+    #[must_use]
+    pub fn gather(&self, indices: &[usize]) -> (Vec<f32>, Vec<f32>) {
+        let w = self.sample_width();
+        let mut x = Vec::with_capacity(indices.len() * w);
+        let mut y = Vec::with_capacity(indices.len());
+        for &i in indices {
+            x.extend_from_slice(&self.x[i * w..(i + 1) * w]);
+            y.push(self.y[i]);
+        }
+        (x, y)
+    }
+
+    /// Splits off the last `fraction` of the samples (rounded up, at least one when `fraction >
+    /// 0`) as the validation set. The tail, not a random subset: CSV rows are often in time
+    /// order, and validating on the latest rows is what a time series needs.
+    #[must_use]
+    pub fn split_validation(mut self, fraction: f64) -> (Dataset, Dataset) {
+        let n = self.len();
+        let n_val = if fraction <= 0.0 {
+            0
+        } else {
+            ((n as f64 * fraction).ceil() as usize).clamp(1, n)
+        };
+        let n_train = n - n_val;
+        let w = self.sample_width();
+        let val = Dataset {
+            scales: self.scales,
+            features: self.features,
+            x: self.x.split_off(n_train * w),
+            y: self.y.split_off(n_train),
+        };
+        (self, val)
+    }
+
+    /// Fraction of labels equal to 1.
+    #[must_use]
+    pub fn positive_fraction(&self) -> f64 {
+        if self.is_empty() {
+            return 0.0;
+        }
+        self.y.iter().filter(|&&v| v == 1.0).count() as f64 / self.len() as f64
+    }
+}
+
+/// The order samples are visited in one epoch: a fresh shuffle of `0..n` from the run's
+/// generator at the start of each epoch, so the order is part of the generator's state and a
+/// checkpoint restores it exactly.
+#[must_use]
+pub fn epoch_order(n: usize, rng: &mut Rng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    rng.shuffle(&mut order);
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn counting(n: usize) -> Dataset {
+        Dataset {
+            scales: 2,
+            features: 3,
+            x: (0..n * 6).map(|v| v as f32).collect(),
+            y: (0..n).map(|i| (i % 2) as f32).collect(),
+        }
+    }
+
+    #[rstest]
+    #[case(10, 0.0, 10, 0)]
+    #[case(10, 0.1, 9, 1)]
+    #[case(10, 0.15, 8, 2)]
+    #[case(10, 0.01, 9, 1)]
+    #[case(10, 1.0, 0, 10)]
+    fn split_takes_the_tail(
+        #[case] n: usize,
+        #[case] fraction: f64,
+        #[case] n_train: usize,
+        #[case] n_val: usize,
+    ) {
+        let (train, val) = counting(n).split_validation(fraction);
+        assert_eq!((train.len(), val.len()), (n_train, n_val));
+        assert_eq!(train.x.len(), n_train * 6);
+        if n_val > 0 {
+            assert_eq!(val.x[0], (n_train * 6) as f32);
+        }
+    }
+
+    #[test]
+    fn gather_keeps_sample_rows_together() {
+        let d = counting(4);
+        let (x, y) = d.gather(&[3, 0]);
+        assert_eq!(&x[..6], &[18.0, 19.0, 20.0, 21.0, 22.0, 23.0]);
+        assert_eq!(&x[6..], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(y, vec![1.0, 0.0]);
+    }
+
+    #[test]
+    fn epoch_order_depends_only_on_the_generator() {
+        let a = epoch_order(50, &mut Rng::new(3));
+        let b = epoch_order(50, &mut Rng::new(3));
+        assert_eq!(a, b);
+        assert_ne!(a, (0..50).collect::<Vec<_>>());
+    }
+}

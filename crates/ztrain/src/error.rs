@@ -1,0 +1,109 @@
+//! ztrain's one error type. Each variant says what went wrong and what to do about it; `main`
+//! prints it and exits with status 1 (2 for bad command-line usage, from clap).
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// What is wrong with a CSV cell or row.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CsvProblem {
+    /// No header row.
+    Empty,
+    /// A header and no sample rows.
+    NoSamples,
+    /// An empty line between rows.
+    BlankRow,
+    /// The row (or header) does not have `S·F + 1` columns.
+    ColumnCount { expected: usize, found: usize },
+    /// The cell does not parse as a number.
+    NotANumber { cell: String },
+    /// NaN or infinity (or a value too large for float32).
+    NotFinite { cell: String },
+    /// The label column holds something other than 0 or 1.
+    BadLabel { cell: String },
+}
+
+impl fmt::Display for CsvProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CsvProblem::Empty => {
+                f.write_str("the file is empty; expected a header row, then one row per sample")
+            }
+            CsvProblem::NoSamples => f.write_str("a header row but no samples"),
+            CsvProblem::BlankRow => f.write_str("blank row (remove it; rows are never skipped)"),
+            CsvProblem::ColumnCount { expected, found } => write!(
+                f,
+                "expected {expected} columns (scales × features, then the label), found {found}; check --scales and --features"
+            ),
+            CsvProblem::NotANumber { cell } => write!(f, "`{cell}` is not a number"),
+            CsvProblem::NotFinite { cell } => write!(f, "`{cell}` is not a finite float32"),
+            CsvProblem::BadLabel { cell } => write!(f, "label `{cell}` must be 0 or 1"),
+        }
+    }
+}
+
+/// Everything that can stop a run.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The data file is malformed at a known place.
+    #[error("{}: line {line}, column {column}: {problem}", path.display())]
+    Csv {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        problem: CsvProblem,
+    },
+
+    /// A file could not be read or written.
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Options that do not fit together (or a value out of range).
+    #[error("invalid options: {0}")]
+    Options(String),
+
+    /// The checkpoint cannot be read as one of ours.
+    #[error("checkpoint {} is corrupt or not a ztrain checkpoint: {reason}", path.display())]
+    CheckpointCorrupt { path: PathBuf, reason: String },
+
+    /// The checkpoint was written by a run with another configuration.
+    #[error(
+        "checkpoint {} was written with a different configuration ({differences}); resume with the options it was written with, or start a new run without --resume",
+        path.display()
+    )]
+    CheckpointMismatch { path: PathBuf, differences: String },
+
+    /// `--device cuda` and no usable GPU.
+    #[error(
+        "--device cuda: no usable GPU ({reason}); use --device cpu, or --device auto to fall back to the CPU"
+    )]
+    NoGpu { reason: String },
+
+    /// The memory report needs a device arena.
+    #[error("--memory-report: {0}")]
+    MemoryReport(String),
+
+    /// A tensor operation failed.
+    #[error("compute: {0}")]
+    Compute(#[from] zcompute::ComputeError),
+
+    /// The device failed.
+    #[error("device: {0}")]
+    Device(#[from] zdevice::DeviceError),
+
+    /// Device memory failed.
+    #[error("memory: {0}")]
+    Memory(#[from] zmem::MemError),
+
+    /// Training diverged.
+    #[error("training diverged at step {step}: the loss is {loss}; lower --lr or set --clip-grad")]
+    Diverged { step: u64, loss: f32 },
+}
+
+/// ztrain's result.
+pub type Result<T> = std::result::Result<T, TrainError>;

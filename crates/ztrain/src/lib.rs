@@ -1,0 +1,14 @@
+//! ztrain: trains the XAsset model (reference/XASSET.md) from the command line. The library
+//! holds the pieces (options, data, checkpoints, the memory report, the training run) so that
+//! tests reach them; `main.rs` is the thin command.
+
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod lr;
+pub mod report;
+pub mod rng;
+
+pub use error::{Result, TrainError};
