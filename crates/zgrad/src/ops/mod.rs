@@ -1,0 +1,86 @@
+//! The differentiable op set: one `impl Tape` block per family, each op with its backward.
+//! Every op of zcompute's `Backend` that computes a value has a tape method here; the in-place
+//! ones (`fill`, `copy_into`, `upload_into`, `adamw_step`) are methods of `Var` and the
+//! optimisers, which bump versions instead of recording.
+
+mod elementwise;
+mod linalg;
+mod reduce;
+mod view;
+
+use crate::error::Result;
+use zcompute::{BTensor, Backend, BinaryOp, Element, ScalarSide, UnaryOp};
+
+/// Sums `g` down to `shape` (the inverse of NumPy broadcasting): extra leading axes are summed
+/// away, axes where `shape` has 1 are summed with keepdim.
+pub(crate) fn sum_to_shape<B: Backend<T>, T: Element>(
+    b: &B,
+    g: BTensor<B, T>,
+    shape: &[usize],
+) -> Result<BTensor<B, T>> {
+    let mut g = g;
+    while g.rank() > shape.len() {
+        g = b.sum(&g, 0, false)?;
+    }
+    for (axis, &size) in shape.iter().enumerate() {
+        if size == 1 && g.shape()[axis] != 1 {
+            g = b.sum(&g, axis, true)?;
+        }
+    }
+    Ok(g)
+}
+
+/// 1 where `x > 0`, else 0 (NaN stays NaN), exactly: `relu(x) / max(relu(x), tiny)` is `r/r = 1`
+/// for every positive normal `x` and `0/tiny = 0` otherwise. The backend has no comparison op,
+/// and this keeps the masks on the device (and inside a captured graph).
+pub(crate) fn positive_mask<B: Backend<T>, T: Element>(
+    b: &B,
+    x: &BTensor<B, T>,
+) -> Result<BTensor<B, T>> {
+    let r = b.unary(UnaryOp::Relu, x)?;
+    let tiny = T::from_f64(f64::from(f32::MIN_POSITIVE));
+    let den = b.binary_scalar(BinaryOp::Maximum, &r, tiny, ScalarSide::Rhs)?;
+    Ok(b.div(&r, &den)?)
+}
+
+/// The gradient share of `a` in `maximum(a, b)`: 1 where `a > b`, 1/2 on ties (as PyTorch),
+/// 0 where `a < b`. `a_minus_b` is `a - b`.
+pub(crate) fn max_share<B: Backend<T>, T: Element>(
+    b: &B,
+    a_minus_b: &BTensor<B, T>,
+) -> Result<BTensor<B, T>> {
+    let above = positive_mask(b, a_minus_b)?;
+    let neg = b.unary(UnaryOp::Neg, a_minus_b)?;
+    let below = positive_mask(b, &neg)?;
+    // share = above + (1 - above - below) / 2 = (1 + above - below) / 2
+    let d = b.sub(&above, &below)?;
+    let d1 = b.binary_scalar(BinaryOp::Add, &d, T::ONE, ScalarSide::Rhs)?;
+    Ok(b.binary_scalar(BinaryOp::Mul, &d1, T::from_f64(0.5), ScalarSide::Rhs)?)
+}
+
+/// `x` with a new shape, copying first if its layout cannot be reshaped as a view.
+pub(crate) fn reshape_any<B: Backend<T>, T: Element>(
+    b: &B,
+    x: &BTensor<B, T>,
+    shape: &[usize],
+) -> Result<BTensor<B, T>> {
+    if x.is_contiguous() {
+        Ok(x.reshape(shape)?)
+    } else {
+        Ok(b.contiguous(x)?.reshape(shape)?)
+    }
+}
+
+/// The single output gradient of a one-output op (the engine calls backward only with one).
+pub(crate) fn only<S: zcompute::Storage>(
+    grads: &[Option<zcompute::Tensor<S>>],
+) -> Result<&zcompute::Tensor<S>> {
+    grads.first().and_then(Option::as_ref).ok_or_else(|| {
+        zcompute::ComputeError::LengthMismatch {
+            op: "backward (output gradient)",
+            expected: 1,
+            got: 0,
+        }
+        .into()
+    })
+}

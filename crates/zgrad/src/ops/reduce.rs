@@ -1,0 +1,264 @@
+//! Reductions over an axis, softmax and LayerNorm over the last axis, with their backward.
+
+use super::{only, positive_mask, reshape_any};
+use crate::error::Result;
+use crate::tape::{BackwardOp, Saved, Tape};
+use crate::var::Var;
+use zcompute::{BTensor, Backend, BinaryOp, Element, ReduceOp, ScalarSide};
+
+type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
+
+struct ReduceBackward<B: Backend<T>, T: Element> {
+    op: ReduceOp,
+    axis: usize,
+    keepdim: bool,
+    in_shape: Vec<usize>,
+    /// Max only: the input and the kept-dim maximum.
+    max: Option<(Saved<B, T>, Saved<B, T>)>,
+}
+
+fn reduce_name(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Mean => "mean",
+        ReduceOp::Max => "max",
+    }
+}
+
+impl<B: Backend<T>, T: Element> BackwardOp<B, T> for ReduceBackward<B, T> {
+    fn name(&self) -> &'static str {
+        reduce_name(self.op)
+    }
+
+    fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        let g = only(grads)?;
+        let g = if self.keepdim {
+            g.clone()
+        } else {
+            g.unsqueeze(self.axis)?
+        };
+        let n = self.in_shape[self.axis];
+        let spread = match self.op {
+            ReduceOp::Sum => g,
+            ReduceOp::Mean => {
+                b.binary_scalar(BinaryOp::Div, &g, T::from_f64(n as f64), ScalarSide::Rhs)?
+            }
+            // The gradient goes to the maximal elements, split evenly between ties (amax).
+            ReduceOp::Max => {
+                let name = self.name();
+                let (x, m) = self.max.as_ref().map_or_else(
+                    || {
+                        Err(crate::GradError::from(
+                            zcompute::ComputeError::LengthMismatch {
+                                op: "max backward (saved tensors)",
+                                expected: 2,
+                                got: 0,
+                            },
+                        ))
+                    },
+                    |(x, m)| Ok((x.get(name)?, m.get(name)?)),
+                )?;
+                let below = positive_mask(b, &b.sub(m, x)?)?;
+                let hit = b.binary_scalar(BinaryOp::Sub, &below, T::ONE, ScalarSide::Lhs)?;
+                let count = b.sum(&hit, self.axis, true)?;
+                b.mul(&b.div(&g, &count)?, &hit)?
+            }
+        };
+        let full = b.contiguous(&spread.broadcast_to(&self.in_shape)?)?;
+        Ok(vec![Some(full)])
+    }
+}
+
+struct SoftmaxBackward<B: Backend<T>, T: Element> {
+    y: Saved<B, T>,
+}
+
+impl<B: Backend<T>, T: Element> BackwardOp<B, T> for SoftmaxBackward<B, T> {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+
+    fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        let g = only(grads)?;
+        let y = self.y.get("softmax")?;
+        let last = y.rank() - 1;
+        let dot = b.sum(&b.mul(g, y)?, last, true)?;
+        Ok(vec![Some(b.mul(y, &b.sub(g, &dot)?)?)])
+    }
+}
+
+struct LayerNormBackward<B: Backend<T>, T: Element> {
+    x: Saved<B, T>,
+    mean: Saved<B, T>,
+    rstd: Saved<B, T>,
+    weight: Option<Saved<B, T>>,
+    needs: [bool; 3],
+}
+
+/// Sums every axis but the last: `[..., n] -> [n]`.
+fn sum_rows<B: Backend<T>, T: Element>(b: &B, t: &BTensor<B, T>) -> Result<BTensor<B, T>> {
+    let n = t.shape().last().copied().unwrap_or(1);
+    let rows = t.numel() / n.max(1);
+    let flat = reshape_any(b, t, &[rows, n])?;
+    Ok(b.sum(&flat, 0, false)?)
+}
+
+impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
+    fn name(&self) -> &'static str {
+        "layer_norm"
+    }
+
+    fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        const OP: &str = "layer_norm";
+        let g = only(grads)?;
+        let x = self.x.get(OP)?;
+        let rstd = self.rstd.get(OP)?;
+        let xhat = b.mul(&b.sub(x, self.mean.get(OP)?)?, rstd)?;
+        let gx = if self.needs[0] {
+            let gxhat = match &self.weight {
+                Some(w) => b.mul(g, w.get(OP)?)?,
+                None => g.clone(),
+            };
+            let last = x.rank() - 1;
+            let m1 = b.mean(&gxhat, last, true)?;
+            let m2 = b.mean(&b.mul(&gxhat, &xhat)?, last, true)?;
+            let inner = b.sub(&b.sub(&gxhat, &m1)?, &b.mul(&xhat, &m2)?)?;
+            Some(b.mul(&inner, rstd)?)
+        } else {
+            None
+        };
+        let gw = if self.needs[1] {
+            Some(sum_rows(b, &b.mul(g, &xhat)?)?)
+        } else {
+            None
+        };
+        let gb = if self.needs[2] {
+            Some(sum_rows(b, g)?)
+        } else {
+            None
+        };
+        Ok(vec![gx, gw, gb])
+    }
+}
+
+impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+    /// Sum, mean or max over `axis` (`keepdim` keeps it with size 1).
+    pub fn reduce(
+        &self,
+        op: ReduceOp,
+        x: &Var<B, T>,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<Var<B, T>> {
+        let tracked = self.tracks(reduce_name(op), &[x])?;
+        let y = self.run(tracked, |b| b.reduce(op, &x.value, axis, keepdim))?;
+        if !tracked {
+            return Ok(self.constant(y));
+        }
+        let version = self.new_version();
+        let max = if op == ReduceOp::Max {
+            let m = if keepdim {
+                y.clone()
+            } else {
+                y.unsqueeze(axis)?
+            };
+            Some((
+                self.save(x, "input")?,
+                self.save_output(&m, &version, "maximum"),
+            ))
+        } else {
+            None
+        };
+        let node = ReduceBackward {
+            op,
+            axis,
+            keepdim,
+            in_shape: x.shape().to_vec(),
+            max,
+        };
+        Ok(self.push1(Box::new(node), &[x], y, version))
+    }
+
+    pub fn sum(&self, x: &Var<B, T>, axis: usize, keepdim: bool) -> Result<Var<B, T>> {
+        self.reduce(ReduceOp::Sum, x, axis, keepdim)
+    }
+
+    pub fn mean(&self, x: &Var<B, T>, axis: usize, keepdim: bool) -> Result<Var<B, T>> {
+        self.reduce(ReduceOp::Mean, x, axis, keepdim)
+    }
+
+    pub fn max(&self, x: &Var<B, T>, axis: usize, keepdim: bool) -> Result<Var<B, T>> {
+        self.reduce(ReduceOp::Max, x, axis, keepdim)
+    }
+
+    /// Sum of every element, as a rank-0 variable.
+    pub fn sum_all(&self, x: &Var<B, T>) -> Result<Var<B, T>> {
+        let flat = self.reshape(x, &[x.value.numel()])?;
+        self.sum(&flat, 0, false)
+    }
+
+    /// Mean of every element, as a rank-0 variable.
+    pub fn mean_all(&self, x: &Var<B, T>) -> Result<Var<B, T>> {
+        let flat = self.reshape(x, &[x.value.numel()])?;
+        self.mean(&flat, 0, false)
+    }
+
+    /// Softmax over the last axis.
+    pub fn softmax_last(&self, x: &Var<B, T>) -> Result<Var<B, T>> {
+        let tracked = self.tracks("softmax", &[x])?;
+        let y = self.run(tracked, |b| b.softmax_last(&x.value))?;
+        if !tracked {
+            return Ok(self.constant(y));
+        }
+        let version = self.new_version();
+        let node = SoftmaxBackward {
+            y: self.save_output(&y, &version, "output"),
+        };
+        Ok(self.push1(Box::new(node), &[x], y, version))
+    }
+
+    /// LayerNorm over the last axis (biased variance), with optional affine weight and bias.
+    pub fn layer_norm(
+        &self,
+        x: &Var<B, T>,
+        weight: Option<&Var<B, T>>,
+        bias: Option<&Var<B, T>>,
+        eps: T,
+    ) -> Result<Var<B, T>> {
+        let mut inputs = vec![x];
+        inputs.extend(weight);
+        inputs.extend(bias);
+        let tracked = self.tracks("layer_norm", &inputs)?;
+        let out = {
+            let _class =
+                tracked.then(|| crate::memory::ClassGuard::new(self.backend(), self.saved_class()));
+            self.backend().layer_norm(
+                &x.value,
+                weight.map(|w| &w.value),
+                bias.map(|b| &b.value),
+                eps,
+            )?
+        };
+        if !tracked {
+            return Ok(self.constant(out.out));
+        }
+        // Statistics are fresh outputs nobody else can write: their own version counters.
+        let stats = self.new_version();
+        let node = LayerNormBackward {
+            x: self.save(x, "input")?,
+            mean: self.save_output(&out.mean, &stats, "mean"),
+            rstd: self.save_output(&out.rstd, &stats, "rstd"),
+            weight: weight.map(|w| self.save(w, "weight")).transpose()?,
+            needs: [
+                x.requires_grad(),
+                weight.is_some_and(Var::requires_grad),
+                bias.is_some_and(Var::requires_grad),
+            ],
+        };
+        // The tape routes gradients by input position: pad absent affine inputs with constants.
+        let absent = Var::constant(out.mean.clone());
+        let w = weight.unwrap_or(&absent);
+        let bb = bias.unwrap_or(&absent);
+        Ok(self.push1(Box::new(node), &[x, w, bb], out.out, self.new_version()))
+    }
+}

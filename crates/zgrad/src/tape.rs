@@ -1,0 +1,370 @@
+//! The tape: ops append nodes in execution order (so reverse order is a topological order) and
+//! backward walks them once from the root down.
+//!
+//! Memory policy (failure class C of the brief): while a tape records, the outputs of ops that
+//! need a gradient are allocated in zmem's `Saved` class, and an input an op saves that lives
+//! in `Scratch` (an uploaded batch, a no-grad result) is copied into `Saved` first. So every
+//! tensor a node keeps for backward owns memory that no step reset reclaims; the node drops it
+//! as soon as its backward ran, or when the tape is dropped. Backward's temporaries are
+//! `Scratch`. `Tape::unprotected` turns the policy off (saved tensors stay in `Scratch`): it
+//! exists only as the negative control of scenario C.
+
+use crate::error::{GradError, Result};
+use crate::memory::ClassGuard;
+use crate::var::{Origin, Var, Version, new_version};
+use smallvec::{SmallVec, smallvec};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use zcompute::{AllocClass, BTensor, Backend, Element};
+
+static NEXT_TAPE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A tensor a node keeps for its backward, with the version of the data when it was saved.
+pub(crate) struct Saved<B: Backend<T>, T: Element> {
+    tensor: BTensor<B, T>,
+    version: Version,
+    at: u64,
+    name: &'static str,
+}
+
+impl<B: Backend<T>, T: Element> Saved<B, T> {
+    /// The saved tensor, refused if it was written in place since it was saved.
+    pub(crate) fn get(&self, op: &'static str) -> Result<&BTensor<B, T>> {
+        let now = self.version.get();
+        if now != self.at {
+            return Err(GradError::ModifiedInPlace {
+                op,
+                saved: self.name,
+                then: self.at,
+                now,
+            });
+        }
+        Ok(&self.tensor)
+    }
+}
+
+/// Gradients per output slot of a node (`None`: no gradient reached that output).
+pub(crate) type SlotGrads<B, T> = SmallVec<[Option<BTensor<B, T>>; 1]>;
+
+/// The backward of one recorded op.
+pub(crate) trait BackwardOp<B: Backend<T>, T: Element> {
+    /// Op name for errors and logs.
+    fn name(&self) -> &'static str;
+
+    /// Gradients of the op's inputs (in input order; `None` for inputs that need none) from
+    /// the gradients of its outputs. At least one of `grads` is `Some`.
+    fn backward(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+    ) -> Result<Vec<Option<BTensor<B, T>>>>;
+}
+
+/// Where an input's gradient goes.
+enum Edge<B: Backend<T>, T: Element> {
+    Skip,
+    Node { id: usize, slot: usize },
+    Leaf(BTensor<B, T>),
+}
+
+struct Node<'b, B: Backend<T>, T: Element> {
+    op: Box<dyn BackwardOp<B, T> + 'b>,
+    inputs: SmallVec<[Edge<B, T>; 3]>,
+}
+
+struct NodeInfo {
+    name: &'static str,
+    outputs: usize,
+}
+
+/// Records ops for backward (or, in no-grad mode, only runs them).
+pub struct Tape<'b, B: Backend<T>, T: Element> {
+    backend: &'b B,
+    id: u64,
+    recording: bool,
+    saved_class: AllocClass,
+    nodes: RefCell<Vec<Option<Node<'b, B, T>>>>,
+    info: RefCell<Vec<NodeInfo>>,
+}
+
+impl<B: Backend<T>, T: Element> std::fmt::Debug for Tape<'_, B, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tape")
+            .field("id", &self.id)
+            .field("recording", &self.recording)
+            .field("saved_class", &self.saved_class)
+            .field("nodes", &self.info.borrow().len())
+            .field("pending", &self.pending_nodes())
+            .finish()
+    }
+}
+
+impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+    fn with(backend: &'b B, recording: bool, saved_class: AllocClass) -> Self {
+        Tape {
+            backend,
+            id: NEXT_TAPE_ID.fetch_add(1, Ordering::Relaxed),
+            recording,
+            saved_class,
+            nodes: RefCell::new(Vec::new()),
+            info: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// A recording tape: saved tensors live in the `Saved` class.
+    #[must_use]
+    pub fn new(backend: &'b B) -> Self {
+        Self::with(backend, true, AllocClass::Saved)
+    }
+
+    /// A tape that records nothing: ops only run (validation, inference). Outputs are allocated
+    /// in whatever class the backend is set to (scratch inside a step).
+    #[must_use]
+    pub fn no_grad(backend: &'b B) -> Self {
+        Self::with(backend, false, AllocClass::Scratch)
+    }
+
+    /// NEGATIVE CONTROL ONLY (scenario C): a recording tape that leaves saved tensors in the
+    /// `Scratch` class, as the engine of the brief did. A step reset between forward and
+    /// backward on a device backend may then hand their memory out again.
+    #[must_use]
+    pub fn unprotected(backend: &'b B) -> Self {
+        Self::with(backend, true, AllocClass::Scratch)
+    }
+
+    #[must_use]
+    pub fn backend(&self) -> &'b B {
+        self.backend
+    }
+
+    #[must_use]
+    pub fn is_recording(&self) -> bool {
+        self.recording
+    }
+
+    /// The class saved tensors are allocated in (`Saved`, or `Scratch` for `unprotected`).
+    #[must_use]
+    pub fn saved_class(&self) -> AllocClass {
+        self.saved_class
+    }
+
+    /// Nodes still holding their saved tensors (recorded, not yet consumed by backward).
+    #[must_use]
+    pub fn pending_nodes(&self) -> usize {
+        self.nodes.borrow().iter().filter(|n| n.is_some()).count()
+    }
+
+    /// Whether an op on `inputs` must be recorded; refuses variables of another tape.
+    pub(crate) fn tracks(&self, op: &'static str, inputs: &[&Var<B, T>]) -> Result<bool> {
+        let mut any = false;
+        for v in inputs {
+            match v.origin {
+                Origin::Constant => {}
+                Origin::Leaf(_) => any = true,
+                Origin::Node { tape, .. } if tape == self.id => any = true,
+                Origin::Node { tape, .. } => {
+                    return Err(GradError::ForeignVar {
+                        op,
+                        var_tape: tape,
+                        tape: self.id,
+                    });
+                }
+            }
+        }
+        Ok(any && self.recording)
+    }
+
+    /// Runs a forward kernel; a tracked output goes to the saved class (a later op may keep it).
+    pub(crate) fn run<F>(&self, tracked: bool, f: F) -> Result<BTensor<B, T>>
+    where
+        F: FnOnce(&B) -> zcompute::Result<BTensor<B, T>>,
+    {
+        let _class = tracked.then(|| ClassGuard::new(self.backend, self.saved_class));
+        Ok(f(self.backend)?)
+    }
+
+    /// Saves an input for backward: owned by the node, in the saved class (a scratch input is
+    /// copied there first, so no step reset can reclaim what backward will read).
+    pub(crate) fn save(&self, v: &Var<B, T>, name: &'static str) -> Result<Saved<B, T>> {
+        let scratch = self.backend.storage_class(&v.value) == Some(AllocClass::Scratch);
+        let tensor = if scratch && self.saved_class == AllocClass::Saved {
+            let _class = ClassGuard::new(self.backend, AllocClass::Saved);
+            self.backend.contiguous(&v.value)?
+        } else {
+            v.value.clone()
+        };
+        Ok(Saved {
+            tensor,
+            version: v.version.clone(),
+            at: v.version.get(),
+            name,
+        })
+    }
+
+    /// Saves an output (already allocated in the saved class by `run`).
+    pub(crate) fn save_output(
+        &self,
+        t: &BTensor<B, T>,
+        version: &Version,
+        name: &'static str,
+    ) -> Saved<B, T> {
+        Saved {
+            tensor: t.clone(),
+            version: version.clone(),
+            at: version.get(),
+            name,
+        }
+    }
+
+    /// A fresh version counter for an op output.
+    pub(crate) fn new_version(&self) -> Version {
+        new_version()
+    }
+
+    /// Records a node with several outputs; each output gets its version counter.
+    pub(crate) fn push(
+        &self,
+        op: Box<dyn BackwardOp<B, T> + 'b>,
+        inputs: &[&Var<B, T>],
+        outputs: Vec<(BTensor<B, T>, Version)>,
+    ) -> Vec<Var<B, T>> {
+        let edges = inputs
+            .iter()
+            .map(|v| match &v.origin {
+                Origin::Constant => Edge::Skip,
+                Origin::Leaf(g) => Edge::Leaf(g.clone()),
+                Origin::Node { id, slot, .. } => Edge::Node {
+                    id: *id,
+                    slot: *slot,
+                },
+            })
+            .collect();
+        let mut nodes = self.nodes.borrow_mut();
+        let id = nodes.len();
+        self.info.borrow_mut().push(NodeInfo {
+            name: op.name(),
+            outputs: outputs.len(),
+        });
+        nodes.push(Some(Node { op, inputs: edges }));
+        outputs
+            .into_iter()
+            .enumerate()
+            .map(|(slot, (value, version))| Var {
+                value,
+                origin: Origin::Node {
+                    tape: self.id,
+                    id,
+                    slot,
+                },
+                version,
+            })
+            .collect()
+    }
+
+    /// Records a single-output node.
+    pub(crate) fn push1(
+        &self,
+        op: Box<dyn BackwardOp<B, T> + 'b>,
+        inputs: &[&Var<B, T>],
+        out: BTensor<B, T>,
+        version: Version,
+    ) -> Var<B, T> {
+        let mut v = self.push(op, inputs, vec![(out, version)]);
+        // `push` returns exactly one variable per output given.
+        v.swap_remove(0)
+    }
+
+    /// The result of an untracked op: a constant.
+    pub(crate) fn constant(&self, out: BTensor<B, T>) -> Var<B, T> {
+        Var::constant(out)
+    }
+
+    /// Backward from a root with a seed of ones (a scalar loss: d loss / d loss = 1).
+    pub fn backward(&self, root: &Var<B, T>) -> Result<()> {
+        let seed = {
+            let _class = ClassGuard::new(self.backend, AllocClass::Scratch);
+            self.backend.full(root.shape(), T::ONE)?
+        };
+        self.backward_with(root, seed)
+    }
+
+    /// Backward from `root` with the given gradient of the root. Gradients of parameters are
+    /// added into their persistent buffers; every node on the way drops its saved tensors as
+    /// soon as its backward ran.
+    pub fn backward_with(&self, root: &Var<B, T>, seed: BTensor<B, T>) -> Result<()> {
+        if seed.shape() != root.shape() {
+            return Err(GradError::SeedShape {
+                seed: seed.shape().to_vec(),
+                root: root.shape().to_vec(),
+            });
+        }
+        let _class = ClassGuard::new(self.backend, AllocClass::Scratch);
+        let (root_id, root_slot) = match &root.origin {
+            Origin::Node { tape, id, slot } if *tape == self.id => (*id, *slot),
+            Origin::Node { tape, .. } => {
+                return Err(GradError::ForeignVar {
+                    op: "backward",
+                    var_tape: *tape,
+                    tape: self.id,
+                });
+            }
+            Origin::Leaf(g) => return accumulate_leaf(self.backend, g, &seed),
+            Origin::Constant => return Err(GradError::RootNotRecorded),
+        };
+        let mut grads: Vec<Option<SlotGrads<B, T>>> = Vec::new();
+        grads.resize_with(root_id + 1, || None);
+        let outputs = self.info.borrow()[root_id].outputs;
+        let mut root_grads: SlotGrads<B, T> = smallvec![None; outputs];
+        root_grads[root_slot] = Some(seed);
+        grads[root_id] = Some(root_grads);
+
+        for id in (0..=root_id).rev() {
+            let Some(out_grads) = grads[id].take() else {
+                continue;
+            };
+            let name = self.info.borrow()[id].name;
+            let node = self.nodes.borrow_mut()[id]
+                .take()
+                .ok_or(GradError::BackwardTwice { op: name })?;
+            tracing::trace!(target: "zgrad.tape.backward", op = name, id, "node");
+            let input_grads = node.op.backward(self.backend, &out_grads)?;
+            drop(out_grads);
+            for (edge, g) in node.inputs.iter().zip(input_grads) {
+                let Some(g) = g else { continue };
+                match edge {
+                    Edge::Skip => {}
+                    Edge::Leaf(buf) => accumulate_leaf(self.backend, buf, &g)?,
+                    Edge::Node { id: src, slot } => {
+                        let n = self.info.borrow()[*src].outputs;
+                        let entry = grads[*src].get_or_insert_with(|| smallvec![None; n]);
+                        entry[*slot] = Some(match entry[*slot].take() {
+                            Some(prev) => self.backend.add(&prev, &g)?,
+                            None => g,
+                        });
+                    }
+                }
+            }
+            // `node` (and with it every tensor it saved) is dropped here.
+        }
+        Ok(())
+    }
+}
+
+/// Adds `g` into a parameter's persistent gradient buffer, in place.
+fn accumulate_leaf<B: Backend<T>, T: Element>(
+    b: &B,
+    buf: &BTensor<B, T>,
+    g: &BTensor<B, T>,
+) -> Result<()> {
+    let sum = b.add(buf, g)?;
+    if sum.shape() != buf.shape() {
+        return Err(zcompute::ComputeError::ShapeMismatch {
+            op: "gradient accumulation",
+            lhs: buf.shape().into(),
+            rhs: g.shape().into(),
+        }
+        .into());
+    }
+    b.copy_into(&sum, buf)?;
+    Ok(())
+}
