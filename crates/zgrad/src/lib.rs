@@ -9,12 +9,23 @@
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod io;
+pub mod loss;
 mod memory;
+pub mod nn;
 mod ops;
+pub mod optim;
 pub mod rng;
+pub mod schedule;
 mod tape;
 mod var;
+pub mod xasset;
 
 pub use error::{GradError, NonFiniteKind, Result};
+pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
+pub use loss::one_hot;
+pub use optim::{AdamW, AdamWHyper, AdamWState, Sgd, clip_grad_norm, grad_norm, zero_grad};
+pub use schedule::LrSchedule;
 pub use tape::Tape;
 pub use var::Var;
+pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

@@ -1,0 +1,138 @@
+//! Building blocks: Linear and LayerNorm (this file), QK-normalised multi-head attention and
+//! the tanh feed-forward block. Each holds its parameters as leaves and runs its forward on a
+//! tape; parameters are initialised as PyTorch does (XASSET.md).
+
+mod attention;
+mod feedforward;
+
+pub use attention::QkNormAttention;
+pub use feedforward::FeedForward;
+
+use crate::error::Result;
+use crate::rng::SplitMix64;
+use crate::tape::Tape;
+use crate::var::Var;
+use zcompute::{Backend, Element, MatmulOpts};
+
+/// LayerNorm's epsilon everywhere in XAsset.
+pub const LN_EPS: f64 = 1e-5;
+
+/// Uploads host values as a trainable leaf.
+pub(crate) fn leaf<B: Backend<T>, T: Element>(
+    b: &B,
+    data: &[f64],
+    shape: &[usize],
+) -> Result<Var<B, T>> {
+    let data: Vec<T> = data.iter().map(|&v| T::from_f64(v)).collect();
+    Var::parameter_from(b, &data, shape)
+}
+
+/// `y = x · Wᵀ + b` with a PyTorch-layout weight `[out, in]`.
+pub struct Linear<B: Backend<T>, T: Element> {
+    pub weight: Var<B, T>,
+    pub bias: Var<B, T>,
+}
+
+impl<B: Backend<T>, T: Element> Clone for Linear<B, T> {
+    fn clone(&self) -> Self {
+        Linear {
+            weight: self.weight.clone(),
+            bias: self.bias.clone(),
+        }
+    }
+}
+
+impl<B: Backend<T>, T: Element> std::fmt::Debug for Linear<B, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Linear({:?})", self.weight.shape())
+    }
+}
+
+impl<B: Backend<T>, T: Element> Linear<B, T> {
+    /// PyTorch's default: weight and bias uniform in ±1/sqrt(in).
+    pub fn init(b: &B, inputs: usize, outputs: usize, rng: &mut SplitMix64) -> Result<Self> {
+        let bound = 1.0 / (inputs as f64).sqrt();
+        let w = rng.uniform_vec(inputs * outputs, -bound, bound);
+        let bias = rng.uniform_vec(outputs, -bound, bound);
+        Ok(Linear {
+            weight: leaf(b, &w, &[outputs, inputs])?,
+            bias: leaf(b, &bias, &[outputs])?,
+        })
+    }
+
+    #[must_use]
+    pub fn in_features(&self) -> usize {
+        self.weight.shape()[1]
+    }
+
+    #[must_use]
+    pub fn out_features(&self) -> usize {
+        self.weight.shape()[0]
+    }
+
+    /// `x [..., in] -> [..., out]`: the leading axes are folded into one matrix product.
+    pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
+        let shape = x.shape().to_vec();
+        let inputs = self.in_features();
+        let rows = x.value().numel() / inputs.max(1);
+        let x = if x.value().is_contiguous() {
+            x.clone()
+        } else {
+            tape.contiguous(x)?
+        };
+        let flat = tape.reshape(&x, &[rows, inputs])?;
+        let opts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        let y = tape.add(&tape.matmul(&flat, &self.weight, opts)?, &self.bias)?;
+        let mut out_shape = shape;
+        if let Some(last) = out_shape.last_mut() {
+            *last = self.out_features();
+        }
+        tape.reshape(&y, &out_shape)
+    }
+}
+
+/// LayerNorm over the last axis with affine weight and bias.
+pub struct LayerNorm<B: Backend<T>, T: Element> {
+    pub weight: Var<B, T>,
+    pub bias: Var<B, T>,
+    pub eps: f64,
+}
+
+impl<B: Backend<T>, T: Element> Clone for LayerNorm<B, T> {
+    fn clone(&self) -> Self {
+        LayerNorm {
+            weight: self.weight.clone(),
+            bias: self.bias.clone(),
+            eps: self.eps,
+        }
+    }
+}
+
+impl<B: Backend<T>, T: Element> std::fmt::Debug for LayerNorm<B, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LayerNorm({:?}, eps {})", self.weight.shape(), self.eps)
+    }
+}
+
+impl<B: Backend<T>, T: Element> LayerNorm<B, T> {
+    /// PyTorch's default: weight 1, bias 0.
+    pub fn init(b: &B, width: usize) -> Result<Self> {
+        Ok(LayerNorm {
+            weight: leaf(b, &vec![1.0; width], &[width])?,
+            bias: leaf(b, &vec![0.0; width], &[width])?,
+            eps: LN_EPS,
+        })
+    }
+
+    pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
+        tape.layer_norm(
+            x,
+            Some(&self.weight),
+            Some(&self.bias),
+            T::from_f64(self.eps),
+        )
+    }
+}

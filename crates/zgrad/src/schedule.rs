@@ -1,0 +1,73 @@
+//! Learning-rate schedules: the rate of optimiser step `t` (counted from 1) as a function of the
+//! base rate. Pure host arithmetic; the trainer writes the result into the optimiser's slot in
+//! device memory before each step, so a captured step follows the schedule on replay.
+
+/// How the learning rate changes over the steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LrSchedule {
+    /// The base rate at every step.
+    Constant,
+    /// Rises linearly from `base/warmup_steps` to `base` over the first `warmup_steps`, then
+    /// stays there.
+    LinearWarmup { warmup_steps: u64 },
+    /// Linear warm-up, then a half cosine from `base` down to `base * min_ratio` at
+    /// `total_steps`; stays at the minimum after.
+    Cosine {
+        warmup_steps: u64,
+        total_steps: u64,
+        min_ratio: f64,
+    },
+}
+
+impl LrSchedule {
+    /// The rate of step `step` (1-based; 0 is treated as 1).
+    #[must_use]
+    pub fn lr_at(&self, base: f64, step: u64) -> f64 {
+        let step = step.max(1);
+        let warm = |w: u64| {
+            if w > 0 && step < w {
+                step as f64 / w as f64
+            } else {
+                1.0
+            }
+        };
+        match *self {
+            LrSchedule::Constant => base,
+            LrSchedule::LinearWarmup { warmup_steps } => base * warm(warmup_steps),
+            LrSchedule::Cosine {
+                warmup_steps,
+                total_steps,
+                min_ratio,
+            } => {
+                if step < warmup_steps {
+                    return base * warm(warmup_steps);
+                }
+                let span = total_steps.saturating_sub(warmup_steps).max(1);
+                let done = (step - warmup_steps).min(span) as f64 / span as f64;
+                let cos = 0.5 * (1.0 + (std::f64::consts::PI * done).cos());
+                base * (min_ratio + (1.0 - min_ratio) * cos)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LrSchedule;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case::constant(LrSchedule::Constant, 7, 1.0)]
+    #[case::warmup_first(LrSchedule::LinearWarmup { warmup_steps: 4 }, 1, 0.25)]
+    #[case::warmup_mid(LrSchedule::LinearWarmup { warmup_steps: 4 }, 2, 0.5)]
+    #[case::warmup_done(LrSchedule::LinearWarmup { warmup_steps: 4 }, 9, 1.0)]
+    #[case::cosine_warm(LrSchedule::Cosine { warmup_steps: 2, total_steps: 12, min_ratio: 0.1 }, 1, 0.5)]
+    #[case::cosine_top(LrSchedule::Cosine { warmup_steps: 2, total_steps: 12, min_ratio: 0.1 }, 2, 1.0)]
+    #[case::cosine_half(LrSchedule::Cosine { warmup_steps: 2, total_steps: 12, min_ratio: 0.1 }, 7, 0.55)]
+    #[case::cosine_end(LrSchedule::Cosine { warmup_steps: 2, total_steps: 12, min_ratio: 0.1 }, 12, 0.1)]
+    #[case::cosine_after(LrSchedule::Cosine { warmup_steps: 2, total_steps: 12, min_ratio: 0.1 }, 40, 0.1)]
+    fn rates(#[case] s: LrSchedule, #[case] step: u64, #[case] ratio: f64) {
+        let lr = s.lr_at(2e-3, step);
+        assert!((lr - 2e-3 * ratio).abs() < 1e-15, "{s:?} step {step}: {lr}");
+    }
+}
