@@ -98,4 +98,51 @@ pub enum ComputeError {
     /// A size computation overflowed usize (absurd shapes from untrusted input).
     #[error("{op}: size overflow for shape {shape:?}")]
     SizeOverflow { op: &'static str, shape: ErrDims },
+    // Device backends: memory, capture and the device itself. Details are the lower layer's
+    // message (zmem's diagnostics, the CUDA call and status), kept as text so this type stays
+    // `Clone + Eq`.
+    /// A tensor's memory was reclaimed by a step end while the tensor was still used: keep the
+    /// step open while it is needed, or allocate it as `Saved`/`Persistent`.
+    #[error(
+        "{op}: a tensor's memory was reclaimed under it ({detail}); allocate it as saved or persistent, or use it within its step"
+    )]
+    UseAfterReclaim { op: &'static str, detail: String },
+    /// The device (or the arena's cap) has no room for the request now; end steps, drop tensors
+    /// or raise the arena cap.
+    #[error("{op}: out of device memory: {detail}")]
+    OutOfMemory { op: &'static str, detail: String },
+    /// The allocation class is `Scratch` but no step is open: call `begin_step` first, or
+    /// `set_alloc_class(Saved | Persistent)`.
+    #[error(
+        "{op}: scratch allocation with no step open; call begin_step first or switch the allocation class to saved or persistent"
+    )]
+    NoOpenStep { op: &'static str },
+    /// A step operation out of order (`begin_step` with one open, `end_step` with none, either
+    /// during capture).
+    #[error("{op}: {why}")]
+    StepState { op: &'static str, why: &'static str },
+    /// The call cannot be expressed inside a capture (uploads, downloads, syncs, step changes):
+    /// do it before the capture or between replays.
+    #[error("{op} is not allowed while capturing: {why}")]
+    CaptureIllegal { op: &'static str, why: String },
+    /// A capture could not be completed; it has ended and the backend still runs eagerly.
+    #[error(
+        "capture failed while {stage}: {detail}; the capture was abandoned and eager execution still works"
+    )]
+    CaptureFailed { stage: &'static str, detail: String },
+    /// A bounded wait on the device ran out (the detail names what was waited for).
+    #[error("{op}: timed out: {detail}")]
+    Timeout { op: &'static str, detail: String },
+    /// The device refused or failed a call. `lost`: the device is unusable from now on and the
+    /// process must recreate it; otherwise fix the input and retry.
+    #[error("{op}: device error: {detail}{}", if *.lost { " (device lost)" } else { "" })]
+    DeviceFailed {
+        op: &'static str,
+        detail: String,
+        lost: bool,
+    },
+    /// The backend cannot run this input (for example a view of more than 6 non-mergeable
+    /// axes, or a matrix product whose sizes exceed cuBLAS's 32-bit dimensions).
+    #[error("{op}: unsupported on this backend: {reason}")]
+    Unsupported { op: &'static str, reason: String },
 }

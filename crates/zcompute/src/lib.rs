@@ -1,12 +1,14 @@
 //! zcompute: tensors as strided views over pluggable storage, and the op set behind the
 //! `Backend` trait. `CpuBackend` implements it in f32 and f64 (the f64 run is the reference);
-//! a CUDA backend over zmem blocks comes next (see README.md).
+//! `CudaBackend` implements it in f32 over zmem blocks on any `zdevice::Driver` (the real GPU,
+//! or the simulated device in CI), with the one capture entry point (`Capture`).
 //!
 //! The heart is `Layout` (shape, strides, offset): views are layout rewrites, data movement is
 //! explicit (`Backend::contiguous`, `Backend::copy_into`).
 
 pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod element;
 pub mod error;
 pub mod layout;
@@ -18,6 +20,7 @@ pub use backend::{
     LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
 };
 pub use cpu::{CpuBackend, CpuGraph};
+pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};
 pub use error::{ComputeError, Result};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};

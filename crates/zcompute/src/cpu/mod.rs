@@ -5,9 +5,9 @@
 mod elementwise;
 pub(crate) mod math;
 mod matmul;
-mod norm;
-mod reduce;
-mod train;
+pub(crate) mod norm;
+pub(crate) mod reduce;
+pub(crate) mod train;
 
 use crate::backend::{
     AdamWConfig, Backend, BinaryOp, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,

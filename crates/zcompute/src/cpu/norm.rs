@@ -19,7 +19,7 @@ fn last_axis<T: Element>(op: &'static str, x: &CpuTensor<T>) -> Result<usize> {
         })
 }
 
-pub(super) fn softmax_last<T: Element>(x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
+pub(crate) fn softmax_last<T: Element>(x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
     let n = last_axis("softmax", x)?;
     let mut data = gather(x);
     if n > 0 {
@@ -37,7 +37,7 @@ pub(super) fn softmax_last<T: Element>(x: &CpuTensor<T>) -> Result<CpuTensor<T>>
     dense(data, x.shape())
 }
 
-pub(super) fn layer_norm<T: Element>(
+pub(crate) fn layer_norm<T: Element>(
     x: &CpuTensor<T>,
     weight: Option<&CpuTensor<T>>,
     bias: Option<&CpuTensor<T>>,

@@ -8,7 +8,7 @@ use crate::error::{ComputeError, Result};
 use crate::layout::Dims;
 use crate::tensor::CpuTensor;
 
-pub(super) fn reduce<T: Element>(
+pub(crate) fn reduce<T: Element>(
     op: ReduceOp,
     x: &CpuTensor<T>,
     axis: usize,

@@ -6,7 +6,7 @@ use crate::element::Element;
 use crate::error::{ComputeError, Result};
 use crate::tensor::CpuTensor;
 
-pub(super) fn bce_with_logits_mean<T: Element>(
+pub(crate) fn bce_with_logits_mean<T: Element>(
     logits: &CpuTensor<T>,
     targets: &CpuTensor<T>,
 ) -> Result<CpuTensor<T>> {
@@ -27,7 +27,7 @@ pub(super) fn bce_with_logits_mean<T: Element>(
     Ok(CpuTensor::scalar(mean))
 }
 
-pub(super) fn adamw_step<T: Element>(
+pub(crate) fn adamw_step<T: Element>(
     p: &CpuTensor<T>,
     m: &CpuTensor<T>,
     v: &CpuTensor<T>,

@@ -2,6 +2,7 @@
 
 mod binary;
 mod common;
+mod cuda;
 mod errors;
 mod layout_props;
 mod matmul;

@@ -1,0 +1,362 @@
+//! The kernel-id table: every kernel of `kernels/*.cu` by id, with its PTX module, its entry
+//! name and its parameter list (checked against the arguments of every launch), plus the op
+//! codes and the strided-operand encoding the kernels share with the host.
+
+use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
+use crate::error::{ComputeError, Result};
+use smallvec::SmallVec;
+use zdevice::{DevicePtr, KernelArg, LaunchConfig};
+
+/// Most axes a strided kernel takes (`ZC_MAX_RANK` in `kernels/common.cuh`).
+pub(crate) const MAX_RANK: usize = 6;
+
+/// The PTX modules, embedded at compile time and loaded once per backend.
+pub(crate) const MODULES: [(&str, &str); 3] = [
+    (
+        "elementwise",
+        include_str!("../../../../kernels/ptx/elementwise.ptx"),
+    ),
+    ("rows", include_str!("../../../../kernels/ptx/rows.ptx")),
+    ("train", include_str!("../../../../kernels/ptx/train.ptx")),
+];
+
+/// Kinds of kernel parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Param {
+    Ptr,
+    U32,
+    U64,
+    F32,
+}
+
+/// Every kernel the backend launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Unary,
+    UnaryStrided,
+    Binary,
+    BinaryStrided,
+    BinaryScalar,
+    CopyStrided,
+    FillStrided,
+    ReduceRows,
+    SoftmaxRows,
+    LayerNormRows,
+    BceMean,
+    AdamW,
+}
+
+/// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
+/// sizes and six strides per strided operand.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spec {
+    pub module: usize,
+    pub name: &'static str,
+    pub params: &'static [Param],
+    pub strided: usize,
+}
+
+use Param::{F32, Ptr, U32, U64};
+
+impl Kernel {
+    pub const ALL: [Kernel; 12] = [
+        Kernel::Unary,
+        Kernel::UnaryStrided,
+        Kernel::Binary,
+        Kernel::BinaryStrided,
+        Kernel::BinaryScalar,
+        Kernel::CopyStrided,
+        Kernel::FillStrided,
+        Kernel::ReduceRows,
+        Kernel::SoftmaxRows,
+        Kernel::LayerNormRows,
+        Kernel::BceMean,
+        Kernel::AdamW,
+    ];
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    pub(crate) fn spec(self) -> Spec {
+        let s = |module, name, params, strided| Spec {
+            module,
+            name,
+            params,
+            strided,
+        };
+        match self {
+            Kernel::Unary => s(0, "zc_unary_f32", &[Ptr, Ptr, U32, U64], 0),
+            Kernel::UnaryStrided => s(0, "zc_unary_strided_f32", &[Ptr, Ptr, U32, U64], 1),
+            Kernel::Binary => s(0, "zc_binary_f32", &[Ptr, Ptr, Ptr, U32, U64], 0),
+            Kernel::BinaryStrided => s(0, "zc_binary_strided_f32", &[Ptr, Ptr, Ptr, U32, U64], 2),
+            Kernel::BinaryScalar => s(
+                0,
+                "zc_binary_scalar_f32",
+                &[Ptr, Ptr, F32, U32, U32, U64],
+                0,
+            ),
+            Kernel::CopyStrided => s(0, "zc_copy_strided_f32", &[Ptr, Ptr, U64], 2),
+            Kernel::FillStrided => s(0, "zc_fill_strided_f32", &[Ptr, F32, U64], 1),
+            Kernel::ReduceRows => s(1, "zc_reduce_rows_f32", &[Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::SoftmaxRows => s(1, "zc_softmax_rows_f32", &[Ptr, Ptr, U64, U64], 0),
+            Kernel::LayerNormRows => s(
+                1,
+                "zc_layer_norm_rows_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32],
+                0,
+            ),
+            Kernel::BceMean => s(2, "zc_bce_mean_f32", &[Ptr, Ptr, Ptr, U64], 0),
+            Kernel::AdamW => s(
+                2,
+                "zc_adamw_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, F32],
+                0,
+            ),
+        }
+    }
+
+    /// Whether `args` match the parameter list exactly (count and kinds).
+    pub(crate) fn accepts(self, args: &[KernelArg]) -> bool {
+        let spec = self.spec();
+        let tail = if spec.strided > 0 {
+            1 + MAX_RANK * (1 + spec.strided)
+        } else {
+            0
+        };
+        if args.len() != spec.params.len() + tail {
+            return false;
+        }
+        let kind = |a: &KernelArg| match a {
+            KernelArg::Ptr(_) => Some(Ptr),
+            KernelArg::U32(_) => Some(U32),
+            KernelArg::U64(_) => Some(U64),
+            KernelArg::F32(_) => Some(F32),
+            _ => None,
+        };
+        let (head, rest) = args.split_at(spec.params.len());
+        head.iter()
+            .zip(spec.params)
+            .all(|(a, p)| kind(a) == Some(*p))
+            && rest
+                .iter()
+                .enumerate()
+                .all(|(i, a)| kind(a) == Some(if i == 0 { U32 } else { U64 }))
+    }
+}
+
+pub(crate) fn unary_code(op: UnaryOp) -> u32 {
+    match op {
+        UnaryOp::Neg => 0,
+        UnaryOp::Exp => 1,
+        UnaryOp::Log => 2,
+        UnaryOp::Sqrt => 3,
+        UnaryOp::Rsqrt => 4,
+        UnaryOp::Tanh => 5,
+        UnaryOp::Sigmoid => 6,
+        UnaryOp::Relu => 7,
+        UnaryOp::Gelu => 8,
+    }
+}
+
+pub(crate) fn binary_code(op: BinaryOp) -> u32 {
+    match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Maximum => 4,
+    }
+}
+
+pub(crate) fn reduce_code(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Mean => 1,
+        ReduceOp::Max => 2,
+    }
+}
+
+/// A kernel argument list (strided kernels take up to 28).
+pub(crate) type Args = SmallVec<[KernelArg; 32]>;
+
+/// Merges axes that every operand walks as one (outer stride = inner stride * inner size) and
+/// drops size-1 axes, so most views reach the kernels with rank 1-3. Returns the merged shape
+/// and one stride vector per operand.
+pub(crate) fn coalesce(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: Vec<Vec<usize>> = vec![Vec::with_capacity(shape.len()); strides.len()];
+    for (ax, &d) in shape.iter().enumerate() {
+        if d == 1 {
+            continue;
+        }
+        let mergeable = !out_shape.is_empty()
+            && strides.iter().zip(&out_strides).all(|(s, o)| {
+                o.last()
+                    .is_some_and(|&outer| Some(outer) == s[ax].checked_mul(d))
+            });
+        if mergeable {
+            if let Some(last) = out_shape.last_mut() {
+                *last *= d;
+            }
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                if let Some(last) = o.last_mut() {
+                    *last = s[ax];
+                }
+            }
+        } else {
+            out_shape.push(d);
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                o.push(s[ax]);
+            }
+        }
+    }
+    if out_shape.is_empty() {
+        out_shape.push(1);
+        for o in &mut out_strides {
+            o.push(0);
+        }
+    }
+    (out_shape, out_strides)
+}
+
+/// Appends the strided tail (rank, sizes, strides per operand) for `shape` and `strides`.
+pub(crate) fn push_strided(
+    op: &'static str,
+    args: &mut Args,
+    shape: &[usize],
+    strides: &[&[usize]],
+) -> Result<()> {
+    let (shape, strides) = coalesce(shape, strides);
+    if shape.len() > MAX_RANK {
+        return Err(ComputeError::Unsupported {
+            op,
+            reason: format!(
+                "a view of {} axes that cannot be merged (at most {MAX_RANK}); make it contiguous in steps",
+                shape.len()
+            ),
+        });
+    }
+    let padded = |v: &[usize]| {
+        let mut a = [0u64; MAX_RANK];
+        for (x, &y) in a.iter_mut().zip(v) {
+            *x = y as u64;
+        }
+        a
+    };
+    args.push(KernelArg::U32(shape.len() as u32));
+    let dims = padded(&shape);
+    // Unused axes have size 1 so the kernel's index arithmetic never divides by zero.
+    for (i, d) in dims.iter().enumerate() {
+        args.push(KernelArg::U64(if i < shape.len() { *d } else { 1 }));
+    }
+    for s in &strides {
+        args.extend(padded(s).iter().map(|&x| KernelArg::U64(x)));
+    }
+    Ok(())
+}
+
+/// Decodes a strided tail (for the simulated kernels): shape and the per-operand strides.
+pub(crate) fn read_strided(
+    rest: &[KernelArg],
+    operands: usize,
+) -> Option<(Vec<u64>, Vec<Vec<u64>>)> {
+    let u = |a: &KernelArg| match a {
+        KernelArg::U64(v) => Some(*v),
+        KernelArg::U32(v) => Some(u64::from(*v)),
+        _ => None,
+    };
+    if rest.len() != 1 + MAX_RANK * (1 + operands) {
+        return None;
+    }
+    let rank = usize::try_from(u(&rest[0])?).ok()?.min(MAX_RANK);
+    let shape = rest[1..=rank].iter().map(u).collect::<Option<Vec<_>>>()?;
+    let mut strides = Vec::with_capacity(operands);
+    for k in 0..operands {
+        let start = 1 + MAX_RANK * (1 + k);
+        strides.push(
+            rest[start..start + rank]
+                .iter()
+                .map(u)
+                .collect::<Option<Vec<_>>>()?,
+        );
+    }
+    Some((shape, strides))
+}
+
+/// Threads per block of every kernel.
+pub(crate) const BLOCK: u32 = 256;
+
+/// An elementwise launch: 4 elements per thread, grid capped (the loops are grid-stride).
+pub(crate) fn elementwise_config(n: usize) -> LaunchConfig {
+    let blocks = (n as u64).div_ceil(u64::from(BLOCK) * 4).clamp(1, 16_384) as u32;
+    LaunchConfig {
+        grid: (blocks, 1, 1),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A row launch: one warp per row, 8 rows per block.
+pub(crate) fn rows_config(rows: usize) -> LaunchConfig {
+    let blocks = (rows as u64).div_ceil(8).clamp(1, 65_535) as u32;
+    LaunchConfig {
+        grid: (blocks, 1, 1),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block (the loss reduction).
+pub(crate) fn single_block() -> LaunchConfig {
+    LaunchConfig {
+        grid: (1, 1, 1),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+pub(crate) fn ptr(p: DevicePtr) -> KernelArg {
+    KernelArg::Ptr(p)
+}
+
+pub(crate) fn u64a(n: usize) -> KernelArg {
+    KernelArg::U64(n as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_dense_axes_and_drops_ones() {
+        let (s, st) = coalesce(&[2, 3, 4], &[&[12, 4, 1]]);
+        assert_eq!((s, st), (vec![24], vec![vec![1]]));
+        // A transposed view does not merge.
+        let (s, st) = coalesce(&[4, 3], &[&[1, 4]]);
+        assert_eq!((s, st), (vec![4, 3], vec![vec![1, 4]]));
+        // Broadcast operand: the stride-0 axis stays separate for it, so nothing merges.
+        let (s, st) = coalesce(&[2, 1, 3], &[&[3, 3, 1], &[0, 0, 1]]);
+        assert_eq!((s, st), (vec![2, 3], vec![vec![3, 1], vec![0, 1]]));
+        let (s, st) = coalesce(&[], &[&[]]);
+        assert_eq!((s, st), (vec![1], vec![vec![0]]));
+    }
+
+    #[test]
+    fn strided_tail_round_trips_and_specs_accept_their_arguments() {
+        let mut args = Args::new();
+        args.extend([
+            ptr(DevicePtr(256)),
+            ptr(DevicePtr(512)),
+            KernelArg::U32(0),
+            u64a(6),
+        ]);
+        push_strided("t", &mut args, &[3, 2], &[&[1, 3]]).unwrap();
+        assert!(Kernel::UnaryStrided.accepts(&args));
+        assert!(!Kernel::Unary.accepts(&args));
+        let (shape, strides) = read_strided(&args[4..], 1).unwrap();
+        assert_eq!((shape, strides), (vec![3, 2], vec![vec![1, 3]]));
+        let err = push_strided("t", &mut Args::new(), &[2; 7], &[&[0, 1, 0, 1, 0, 1, 0]]);
+        assert!(matches!(err, Err(ComputeError::Unsupported { .. })));
+    }
+}

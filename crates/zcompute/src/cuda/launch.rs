@@ -1,0 +1,54 @@
+//! The one place zcompute uses `unsafe`: kernel launches and cuBLAS gemms on the backend's
+//! stream. Every argument list is checked against the kernel-id table before the launch, and
+//! every pointer comes from a block resolved (generation-checked) by the caller.
+
+use super::kernels::{Args, Kernel};
+use super::{CudaBackend, device_error};
+use crate::error::{ComputeError, Result};
+use zdevice::{Driver, GemmF32, LaunchConfig};
+
+impl<D: Driver> CudaBackend<D> {
+    /// Launches `kernel` on the backend's stream.
+    pub(crate) fn launch(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        config: LaunchConfig,
+        args: &Args,
+    ) -> Result<()> {
+        if !kernel.accepts(args) {
+            return Err(ComputeError::Unsupported {
+                op,
+                reason: format!(
+                    "internal: arguments do not match {}'s parameters",
+                    kernel.spec().name
+                ),
+            });
+        }
+        let function = self.inner.functions[kernel.index()];
+        tracing::trace!(target: "zcompute.cuda.launch", kernel = kernel.spec().name, ?config);
+        // SAFETY: `args` matches the kernel's parameter list in number and kind (checked just
+        // above against the table, which mirrors the `extern "C"` signatures in kernels/*.cu).
+        // Every pointer was resolved from a live, generation-checked block by the caller, and the
+        // kernels touch only the ranges the caller's layouts reach, which `Tensor::from_parts`
+        // keeps inside the storage. Memory is only reused in stream order (zmem frees, step
+        // reclaims and held-region reuse all go through this same stream), so it stays valid
+        // until the launch has run even if the caller drops its handles right after.
+        unsafe {
+            self.inner
+                .device
+                .launch(function, config, args, self.inner.stream)
+        }
+        .map_err(|e| device_error(op, e))
+    }
+
+    /// Runs a strided batched float32 gemm on the backend's stream.
+    pub(crate) fn gemm(&self, op: &'static str, gemm: &GemmF32) -> Result<()> {
+        // SAFETY: `matmul` builds `gemm` from resolved blocks and layouts it checked: each
+        // operand's last element (batch stride, leading dimension and sizes included) lies
+        // within its storage, and the output is a fresh block of exactly batch*m*n floats.
+        // Stream ordering keeps the memory valid until the gemm has run (as for launches).
+        unsafe { self.inner.device.gemm_f32(gemm, self.inner.stream) }
+            .map_err(|e| device_error(op, e))
+    }
+}

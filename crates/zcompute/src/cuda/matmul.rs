@@ -1,0 +1,171 @@
+//! Batched matrix products through cuBLAS's strided batched gemm.
+//!
+//! cuBLAS is column-major; a row-major `C[m,n]` is the column-major `Cᵀ[n,m]`, so the call
+//! computes `Cᵀ = op(B)ᵀ · op(A)ᵀ` with the operands swapped. Each operand is used in place
+//! when its matrices are row-major or column-major with a leading dimension (a transposed view
+//! is just the other order) and its batch axes collapse to one stride (0 when broadcast);
+//! anything else is first copied dense.
+
+use super::kernels::coalesce;
+use super::{CudaBackend, CudaTensor};
+use crate::backend::MatmulOpts;
+use crate::error::{ComputeError, Result};
+use crate::layout::{Dims, broadcast_shapes, checked_numel};
+use zdevice::{DevicePtr, Driver, GemmF32, Transpose};
+
+const OP: &str = "matmul";
+
+/// How cuBLAS reads one operand's matrices.
+#[derive(Debug)]
+struct Operand {
+    /// Keeps a dense copy alive until the gemm is queued (stream order covers the rest).
+    _keep: CudaTensor,
+    ptr: DevicePtr,
+    /// Stored column-major (a transposed view of a row-major matrix).
+    col_major: bool,
+    ld: usize,
+    batch_stride: usize,
+}
+
+fn split(x: &CudaTensor) -> Result<(&[usize], usize, usize)> {
+    match x.shape() {
+        [batch @ .., r, c] => Ok((batch, *r, *c)),
+        _ => Err(ComputeError::RankTooLow {
+            op: OP,
+            min: 2,
+            shape: x.shape().into(),
+        }),
+    }
+}
+
+fn to_i32(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| ComputeError::Unsupported {
+        op: OP,
+        reason: format!("{what} = {v} exceeds cuBLAS's 32-bit sizes"),
+    })
+}
+
+/// Leading dimension and order of a `[r, c]` matrix with strides `(sr, sc)`, if cuBLAS can
+/// read it in place.
+fn matrix_order(r: usize, c: usize, sr: usize, sc: usize) -> Option<(bool, usize)> {
+    if (sc == 1 || c == 1) && (r == 1 || sr >= c.max(1)) {
+        return Some((false, if r == 1 { c.max(1) } else { sr }));
+    }
+    if (sr == 1 || r == 1) && (c == 1 || sc >= r.max(1)) {
+        return Some((true, if c == 1 { r.max(1) } else { sc }));
+    }
+    None
+}
+
+impl<D: Driver> CudaBackend<D> {
+    fn operand(&self, x: &CudaTensor, batch: &[usize]) -> Result<Operand> {
+        let (_, r, c) = split(x)?;
+        let mut full: Dims = batch.into();
+        full.extend([r, c]);
+        let view = x.broadcast_to(&full)?;
+        let strides = view.layout().strides();
+        let (bs, ms) = strides.split_at(batch.len());
+        let (bshape, bstrides) = coalesce(batch, &[bs]);
+        let batch_stride = (bshape.len() == 1).then(|| bstrides[0][0]);
+        if let (Some(batch_stride), Some((col_major, ld))) =
+            (batch_stride, matrix_order(r, c, ms[0], ms[1]))
+        {
+            return Ok(Operand {
+                ptr: self.ptr(OP, &view)?,
+                _keep: view,
+                col_major,
+                ld,
+                batch_stride,
+            });
+        }
+        let dense = self.alloc_temp(OP, &full)?;
+        self.copy_view(OP, &view, &dense)?;
+        Ok(Operand {
+            ptr: self.ptr(OP, &dense)?,
+            _keep: dense,
+            col_major: false,
+            ld: c.max(1),
+            batch_stride: r * c,
+        })
+    }
+
+    pub(crate) fn matmul_gemm(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+    ) -> Result<CudaTensor> {
+        let (a_batch, ar, ac) = split(a)?;
+        let (b_batch, br, bc) = split(b)?;
+        let (m, ka) = if opts.trans_a { (ac, ar) } else { (ar, ac) };
+        let (kb, n) = if opts.trans_b { (bc, br) } else { (br, bc) };
+        if ka != kb {
+            return Err(ComputeError::ShapeMismatch {
+                op: OP,
+                lhs: a.shape().into(),
+                rhs: b.shape().into(),
+            });
+        }
+        let k = ka;
+        let batch = broadcast_shapes(OP, a_batch, b_batch)?;
+        let mut out_shape: Dims = batch.clone();
+        out_shape.extend([m, n]);
+        let out = self.alloc(OP, &out_shape)?;
+        let count = checked_numel(OP, &batch)?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        if k == 0 {
+            self.fill_zero(&out)?;
+            return Ok(out);
+        }
+        tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, "gemm");
+        let oa = self.operand(a, &batch)?;
+        let ob = self.operand(b, &batch)?;
+        let t = |yes: bool| if yes { Transpose::Yes } else { Transpose::No };
+        let gemm = GemmF32 {
+            transa: t(opts.trans_b != ob.col_major),
+            transb: t(opts.trans_a != oa.col_major),
+            m: to_i32("n", n)?,
+            n: to_i32("m", m)?,
+            k: to_i32("k", k)?,
+            alpha: 1.0,
+            a: ob.ptr,
+            lda: to_i32("ld of b", ob.ld)?,
+            stride_a: ob.batch_stride as i64,
+            b: oa.ptr,
+            ldb: to_i32("ld of a", oa.ld)?,
+            stride_b: oa.batch_stride as i64,
+            beta: 0.0,
+            c: self.ptr(OP, &out)?,
+            ldc: to_i32("n", n)?,
+            stride_c: (m * n) as i64,
+            batch: to_i32("batch", count)?,
+        };
+        self.gemm(OP, &gemm)?;
+        Ok(out)
+    }
+
+    fn fill_zero(&self, t: &CudaTensor) -> Result<()> {
+        let p = self.ptr(OP, t)?;
+        self.inner
+            .device
+            .memset_d32_async(p, 0, t.numel() as u64, self.inner.stream)
+            .map_err(|e| super::device_error(OP, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matrix_order;
+
+    #[test]
+    fn orders_of_views() {
+        assert_eq!(matrix_order(3, 4, 4, 1), Some((false, 4)));
+        assert_eq!(matrix_order(4, 3, 1, 4), Some((true, 4)));
+        assert_eq!(matrix_order(3, 4, 8, 1), Some((false, 8)));
+        assert_eq!(matrix_order(1, 4, 0, 1), Some((false, 4)));
+        assert_eq!(matrix_order(3, 4, 8, 2), None);
+        assert_eq!(matrix_order(3, 4, 0, 1), None);
+    }
+}

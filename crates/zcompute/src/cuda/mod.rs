@@ -1,0 +1,315 @@
+//! The CUDA backend: `Backend<f32>` and `Capture<f32>` over a zmem `Arena` on any
+//! `zdevice::Driver`. On `SimDriver` (MockDevice) every kernel runs as its Rust twin
+//! (`sim.rs`), so the whole op suite runs in CI; on `CudaDriver` it runs the PTX of
+//! `kernels/*.cu` and cuBLAS.
+//!
+//! Rules it keeps:
+//! - Every op is queued on the device's engine stream; nothing synchronises the device except
+//!   `download` and `synchronize`, which wait on that stream with the device's deadline.
+//! - Outputs are allocated in the backend's allocation class: `Scratch` from the open step
+//!   (`begin_step`/`end_step` drive a zmem `OwnedStep`; with no step open a scratch
+//!   allocation is the typed error `NoOpenStep`, never a silent fallback), `Saved` and
+//!   `Persistent` from zmem's held region. Temporaries (a contiguous copy of a strided
+//!   operand) are held memory returned when dropped. The default class is `Persistent`.
+//! - Every pointer is resolved through zmem's generation check, so a tensor whose scratch was
+//!   reclaimed fails with `UseAfterReclaim` at the op that used it.
+//! - Inside `capture` every allocation comes from the graph's reservation, and uploads,
+//!   downloads, syncs and step changes are refused (`capture.rs`).
+
+mod capture;
+mod kernels;
+mod launch;
+mod matmul;
+mod ops;
+mod rows;
+pub mod sim;
+mod storage;
+mod transfer;
+
+pub use capture::CudaGraph;
+pub use kernels::Kernel;
+pub use storage::{CudaStorage, CudaTensor};
+
+use crate::backend::AllocClass;
+use crate::error::{ComputeError, Result};
+use crate::layout::{Layout, checked_numel};
+use crate::tensor::Tensor;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use zdevice::{Device, DeviceError, DevicePtr, Driver, Function, LoadedModule, SimDriver, Stream};
+use zmem::{Arena, Block, MemError, OwnedStep};
+
+/// The CUDA backend. Cheap to clone: clones share the arena, the stream, the loaded kernels,
+/// the open step and the allocation class (a captured body holds a clone).
+pub struct CudaBackend<D: Driver> {
+    inner: Arc<Inner<D>>,
+}
+
+impl<D: Driver> Clone for CudaBackend<D> {
+    fn clone(&self) -> Self {
+        CudaBackend {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for CudaBackend<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("device", &self.inner.device.info().name)
+            .field("class", &*lock(&self.inner.class))
+            .field("poison", &self.inner.poison.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct Inner<D: Driver> {
+    arena: Arena<D>,
+    device: Device<D>,
+    stream: Stream,
+    functions: Vec<Function>,
+    class: Mutex<AllocClass>,
+    step: Mutex<Option<OwnedStep<D>>>,
+    poison: AtomicBool,
+    capture: Mutex<CaptureState>,
+    staging: Mutex<transfer::Staging>,
+    // Dropped last: functions above belong to these modules.
+    _modules: Vec<LoadedModule<D>>,
+}
+
+impl<D: Driver> Drop for Inner<D> {
+    fn drop(&mut self) {
+        let staging = std::mem::take(&mut *lock(&self.staging));
+        staging.release(&self.device);
+    }
+}
+
+/// Where a `capture` call is.
+#[derive(Debug, Default)]
+pub(crate) enum CaptureState {
+    #[default]
+    Off,
+    /// The warm-up run: ops run for real, allocations are recorded for the plan.
+    WarmUp,
+    /// The captured run: every block the captured work touched, retained by the graph's
+    /// reservation so memory whose address the graph baked in stays the graph's.
+    On(Vec<Block>),
+}
+
+/// Locks a mutex, carrying on past poisoning (the guarded data are plain values).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The NaN pattern outputs are poisoned with (0xFFFFFFFF is a quiet NaN).
+const POISON_BITS: u32 = 0xFFFF_FFFF;
+
+impl<D: Driver> CudaBackend<D> {
+    /// A backend over `arena` (and its device): loads the PTX modules once and resolves every
+    /// kernel of the id table. On the simulated driver the kernels' Rust twins are registered
+    /// first. Refused during capture.
+    pub fn new(arena: Arena<D>) -> Result<CudaBackend<D>> {
+        const OP: &str = "CudaBackend::new";
+        let device = arena.device().clone();
+        if let Some(sim) = (device.driver() as &dyn std::any::Any).downcast_ref::<SimDriver>() {
+            sim::register(sim);
+        }
+        device.bind_thread().map_err(|e| device_error(OP, e))?;
+        let modules = kernels::MODULES
+            .iter()
+            .map(|(_, ptx)| device.load_module(ptx).map_err(|e| device_error(OP, e)))
+            .collect::<Result<Vec<_>>>()?;
+        let functions = Kernel::ALL
+            .iter()
+            .map(|k| {
+                let spec = k.spec();
+                modules[spec.module]
+                    .function(spec.name)
+                    .map_err(|e| device_error(OP, e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        tracing::debug!(
+            target: "zcompute.cuda.new",
+            device = %device.info().name,
+            kernels = functions.len(),
+            "CUDA backend ready"
+        );
+        let stream = device.stream();
+        Ok(CudaBackend {
+            inner: Arc::new(Inner {
+                arena,
+                device,
+                stream,
+                functions,
+                class: Mutex::new(AllocClass::Persistent),
+                step: Mutex::new(None),
+                poison: AtomicBool::new(false),
+                capture: Mutex::new(CaptureState::Off),
+                staging: Mutex::new(transfer::Staging::default()),
+                _modules: modules,
+            }),
+        })
+    }
+
+    /// The arena the backend allocates from.
+    #[must_use]
+    pub fn arena(&self) -> &Arena<D> {
+        &self.inner.arena
+    }
+
+    /// The device underneath.
+    #[must_use]
+    pub fn device(&self) -> &Device<D> {
+        &self.inner.device
+    }
+
+    /// When on, every op fills its fresh outputs with NaN before computing them, so an element
+    /// an op forgets to write shows up as NaN (the tests run with it on).
+    pub fn set_poison(&self, on: bool) {
+        self.inner.poison.store(on, Ordering::Relaxed);
+    }
+
+    /// TF32 tensor-op math for matrix products (`false`, the default: strict float32).
+    pub fn set_tf32(&self, on: bool) -> Result<()> {
+        self.inner
+            .device
+            .set_tf32(on)
+            .map_err(|e| device_error("set_tf32", e))
+    }
+
+    /// Whether a `capture` call is under way (its warm-up or its captured run): uploads,
+    /// downloads, syncs and step changes are refused then.
+    pub(crate) fn capturing(&self) -> bool {
+        !matches!(*lock(&self.inner.capture), CaptureState::Off)
+    }
+
+    fn recording_graph(&self) -> bool {
+        matches!(*lock(&self.inner.capture), CaptureState::On(_))
+    }
+
+    /// A fresh dense tensor of `shape` in the current allocation class (poisoned if asked).
+    pub(crate) fn alloc(&self, op: &'static str, shape: &[usize]) -> Result<CudaTensor> {
+        let class = *lock(&self.inner.class);
+        self.alloc_in(op, shape, Some(class))
+    }
+
+    /// A fresh dense temporary (held memory, returned when dropped; the reservation while
+    /// capturing).
+    pub(crate) fn alloc_temp(&self, op: &'static str, shape: &[usize]) -> Result<CudaTensor> {
+        self.alloc_in(op, shape, None)
+    }
+
+    fn alloc_in(
+        &self,
+        op: &'static str,
+        shape: &[usize],
+        class: Option<AllocClass>,
+    ) -> Result<CudaTensor> {
+        let n = checked_numel(op, shape)?;
+        let bytes = (n.max(1) as u64)
+            .checked_mul(4)
+            .ok_or_else(|| ComputeError::SizeOverflow {
+                op,
+                shape: shape.into(),
+            })?;
+        let arena = &self.inner.arena;
+        let block = if self.recording_graph() {
+            // Routed to the active capture reservation whatever the class.
+            arena.alloc_saved(bytes)
+        } else {
+            match class {
+                None | Some(AllocClass::Saved) => arena.alloc_saved(bytes),
+                Some(AllocClass::Persistent) => arena.alloc_persistent(bytes),
+                Some(AllocClass::Scratch) => match lock(&self.inner.step).as_ref() {
+                    Some(step) => step.alloc_scratch(bytes),
+                    None => return Err(ComputeError::NoOpenStep { op }),
+                },
+                Some(AllocClass::Graph) => {
+                    return Err(ComputeError::Unsupported {
+                        op,
+                        reason: "graph memory is issued only inside capture; choose scratch, saved or persistent".into(),
+                    });
+                }
+            }
+        }
+        .map_err(|e| mem_error(op, e))?;
+        let t = Tensor::from_parts(CudaStorage::new(block, n), Layout::contiguous(shape))?;
+        if n > 0 && self.inner.poison.load(Ordering::Relaxed) {
+            let p = self.ptr(op, &t)?;
+            self.inner
+                .device
+                .memset_d32_async(p, POISON_BITS, n as u64, self.inner.stream)
+                .map_err(|e| device_error(op, e))?;
+        }
+        Ok(t)
+    }
+
+    /// The address of `t`'s first element, after zmem's generation check. While capturing, the
+    /// block is recorded so the graph keeps it.
+    pub(crate) fn ptr(&self, op: &'static str, t: &CudaTensor) -> Result<DevicePtr> {
+        let block = t.storage().block();
+        let base = self
+            .inner
+            .arena
+            .resolve(block)
+            .map_err(|e| mem_error(op, e))?;
+        if let CaptureState::On(used) = &mut *lock(&self.inner.capture)
+            && !used.iter().any(|b| b.same(block))
+        {
+            used.push(block.clone());
+        }
+        Ok(base.offset(t.layout().offset() as u64 * 4))
+    }
+}
+
+/// Maps a zmem error onto what the caller of an op can do about it.
+pub(crate) fn mem_error(op: &'static str, e: MemError) -> ComputeError {
+    let detail = e.to_string();
+    match e {
+        MemError::UseAfterReclaim { .. } | MemError::ForeignBlock => {
+            ComputeError::UseAfterReclaim { op, detail }
+        }
+        MemError::OutOfMemory { .. }
+        | MemError::TooLarge { .. }
+        | MemError::CaptureReservationExhausted { .. } => ComputeError::OutOfMemory { op, detail },
+        MemError::NoOpenStep { .. } => ComputeError::NoOpenStep { op },
+        MemError::StepAlreadyOpen { .. } => ComputeError::StepState {
+            op,
+            why: "another step is open on this arena; end it first",
+        },
+        MemError::AllocationDuringCapture { .. } | MemError::CaptureActive { .. } => {
+            ComputeError::CaptureIllegal { op, why: detail }
+        }
+        MemError::Timeout { .. } => ComputeError::Timeout { op, detail },
+        MemError::Device(d) => device_error(op, d),
+        _ => ComputeError::DeviceFailed {
+            op,
+            detail,
+            lost: false,
+        },
+    }
+}
+
+/// Maps a device error onto what the caller of an op can do about it.
+pub(crate) fn device_error(op: &'static str, e: DeviceError) -> ComputeError {
+    let detail = e.to_string();
+    match e {
+        DeviceError::CaptureIllegal { .. } | DeviceError::CaptureInvalidated { .. } => {
+            ComputeError::CaptureIllegal { op, why: detail }
+        }
+        DeviceError::Timeout { .. } => ComputeError::Timeout { op, detail },
+        DeviceError::OutOfMemory { .. } | DeviceError::TooLarge { .. } => {
+            ComputeError::OutOfMemory { op, detail }
+        }
+        DeviceError::DeviceLost { .. } => ComputeError::DeviceFailed {
+            op,
+            detail,
+            lost: true,
+        },
+        _ => ComputeError::DeviceFailed {
+            op,
+            detail,
+            lost: false,
+        },
+    }
+}

@@ -1,0 +1,243 @@
+//! Row-wise ops (reductions, softmax, LayerNorm), the loss and the optimiser step. Inputs are
+//! brought to a dense `[rows, n]` form (a reduction permutes its axis last) and one warp
+//! handles one row.
+
+use super::kernels::{self, Args, Kernel, ptr, reduce_code, u64a};
+use super::{CudaBackend, CudaStorage, CudaTensor};
+use crate::backend::{AdamWConfig, LayerNormOut, ReduceOp};
+use crate::cpu::{check_writable, same_shape};
+use crate::error::{ComputeError, Result};
+use crate::layout::Dims;
+use zdevice::{DevicePtr, Driver, KernelArg};
+
+fn last_axis(op: &'static str, x: &CudaTensor) -> Result<usize> {
+    x.shape()
+        .last()
+        .copied()
+        .ok_or_else(|| ComputeError::RankTooLow {
+            op,
+            min: 1,
+            shape: x.shape().into(),
+        })
+}
+
+impl<D: Driver> CudaBackend<D> {
+    pub(crate) fn reduce_axis(
+        &self,
+        op: ReduceOp,
+        x: &CudaTensor,
+        axis: usize,
+        keepdim: bool,
+    ) -> Result<CudaTensor> {
+        let name = match op {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+        };
+        x.layout().check_axis(name, axis)?;
+        let n = x.shape()[axis];
+        if n == 0 && op != ReduceOp::Sum {
+            return Err(ComputeError::EmptyReduction { op: name, axis });
+        }
+        let mut shape: Dims = x.shape().into();
+        if keepdim {
+            shape[axis] = 1;
+        } else {
+            shape.remove(axis);
+        }
+        let out = self.alloc(name, &shape)?;
+        let rows = out.numel();
+        if rows == 0 {
+            return Ok(out);
+        }
+        if n == 0 {
+            self.fill_dense(name, &out, 0.0)?;
+            return Ok(out);
+        }
+        let mut perm: Dims = (0..x.rank()).filter(|&i| i != axis).collect();
+        perm.push(axis);
+        let src = self.dense(name, &x.permute(&perm)?)?;
+        let args: Args = [
+            ptr(self.ptr(name, &out)?),
+            ptr(self.ptr(name, &src)?),
+            u64a(rows),
+            u64a(n),
+            KernelArg::U32(reduce_code(op)),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(name, Kernel::ReduceRows, kernels::rows_config(rows), &args)?;
+        Ok(out)
+    }
+
+    fn fill_dense(&self, op: &'static str, t: &CudaTensor, value: f32) -> Result<()> {
+        let p = self.ptr(op, t)?;
+        self.inner
+            .device
+            .memset_d32_async(p, value.to_bits(), t.numel() as u64, self.inner.stream)
+            .map_err(|e| super::device_error(op, e))
+    }
+
+    pub(crate) fn softmax_rows(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "softmax";
+        let n = last_axis(OP, x)?;
+        let out = self.alloc(OP, x.shape())?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        let src = self.dense(OP, x)?;
+        let rows = out.numel() / n;
+        let args: Args = [
+            ptr(self.ptr(OP, &out)?),
+            ptr(self.ptr(OP, &src)?),
+            u64a(rows),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::SoftmaxRows, kernels::rows_config(rows), &args)?;
+        Ok(out)
+    }
+
+    pub(crate) fn layer_norm_rows(
+        &self,
+        x: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        bias: Option<&CudaTensor>,
+        eps: f32,
+    ) -> Result<LayerNormOut<CudaStorage>> {
+        const OP: &str = "layer_norm";
+        let n = last_axis(OP, x)?;
+        if n == 0 {
+            return Err(ComputeError::EmptyReduction {
+                op: OP,
+                axis: x.rank() - 1,
+            });
+        }
+        let param = |t: Option<&CudaTensor>, what: &'static str| -> Result<Option<CudaTensor>> {
+            t.map(|t| {
+                same_shape(what, t.shape(), &[n])?;
+                self.dense(OP, t)
+            })
+            .transpose()
+        };
+        let w = param(weight, "layer_norm weight")?;
+        let b = param(bias, "layer_norm bias")?;
+        let mut stat_shape: Dims = x.shape().into();
+        if let Some(last) = stat_shape.last_mut() {
+            *last = 1;
+        }
+        let out = self.alloc(OP, x.shape())?;
+        let mean = self.alloc(OP, &stat_shape)?;
+        let rstd = self.alloc(OP, &stat_shape)?;
+        let rows = mean.numel();
+        if rows > 0 {
+            let src = self.dense(OP, x)?;
+            let opt_ptr = |t: &Option<CudaTensor>| -> Result<DevicePtr> {
+                t.as_ref().map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t))
+            };
+            let args: Args = [
+                ptr(self.ptr(OP, &out)?),
+                ptr(self.ptr(OP, &mean)?),
+                ptr(self.ptr(OP, &rstd)?),
+                ptr(self.ptr(OP, &src)?),
+                ptr(opt_ptr(&w)?),
+                ptr(opt_ptr(&b)?),
+                KernelArg::U32(u32::from(w.is_some())),
+                KernelArg::U32(u32::from(b.is_some())),
+                u64a(rows),
+                u64a(n),
+                KernelArg::F32(eps),
+            ]
+            .into_iter()
+            .collect();
+            self.launch(OP, Kernel::LayerNormRows, kernels::rows_config(rows), &args)?;
+        }
+        Ok(LayerNormOut { out, mean, rstd })
+    }
+
+    pub(crate) fn bce_mean(&self, logits: &CudaTensor, targets: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "bce_with_logits";
+        same_shape(OP, logits.shape(), targets.shape())?;
+        let n = logits.numel();
+        if n == 0 {
+            return Err(ComputeError::EmptyReduction { op: OP, axis: 0 });
+        }
+        let (x, y) = (self.dense(OP, logits)?, self.dense(OP, targets)?);
+        let out = self.alloc(OP, &[])?;
+        let args: Args = [
+            ptr(self.ptr(OP, &out)?),
+            ptr(self.ptr(OP, &x)?),
+            ptr(self.ptr(OP, &y)?),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::BceMean, kernels::single_block(), &args)?;
+        Ok(out)
+    }
+
+    pub(crate) fn adamw(
+        &self,
+        p: &CudaTensor,
+        m: &CudaTensor,
+        v: &CudaTensor,
+        g: &CudaTensor,
+        slot: &CudaTensor,
+        cfg: &AdamWConfig<f32>,
+    ) -> Result<()> {
+        const OP: &str = "adamw";
+        same_shape(OP, m.shape(), p.shape())?;
+        same_shape(OP, v.shape(), p.shape())?;
+        same_shape(OP, g.shape(), p.shape())?;
+        same_shape(OP, slot.shape(), &[2])?;
+        let named = [("p", p), ("m", m), ("v", v), ("g", g), ("slot", slot)];
+        for (i, (ln, l)) in named.iter().enumerate() {
+            for (rn, r) in &named[i + 1..] {
+                if l.shares_storage(r) {
+                    return Err(ComputeError::Aliased {
+                        op: OP,
+                        lhs: ln,
+                        rhs: rn,
+                    });
+                }
+            }
+        }
+        for t in [p, m, v] {
+            check_writable(OP, t.layout())?;
+        }
+        let n = p.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        tracing::trace!(target: "zcompute.cuda.adamw", numel = n, "adamw");
+        // The kernel updates dense p, m, v in place; views go through dense temporaries that
+        // are copied back.
+        let state: Vec<CudaTensor> = [p, m, v]
+            .into_iter()
+            .map(|t| self.dense(OP, t))
+            .collect::<Result<_>>()?;
+        let (gc, sc) = (self.dense(OP, g)?, self.dense(OP, slot)?);
+        let args: Args = [
+            ptr(self.ptr(OP, &state[0])?),
+            ptr(self.ptr(OP, &state[1])?),
+            ptr(self.ptr(OP, &state[2])?),
+            ptr(self.ptr(OP, &gc)?),
+            ptr(self.ptr(OP, &sc)?),
+            u64a(n),
+            KernelArg::F32(cfg.beta1),
+            KernelArg::F32(cfg.beta2),
+            KernelArg::F32(cfg.eps),
+            KernelArg::F32(cfg.weight_decay),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::AdamW, kernels::elementwise_config(n), &args)?;
+        for (t, orig) in state.iter().zip([p, m, v]) {
+            if !orig.is_contiguous() {
+                self.copy_view(OP, t, orig)?;
+            }
+        }
+        Ok(())
+    }
+}

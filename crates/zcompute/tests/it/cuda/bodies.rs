@@ -1,0 +1,432 @@
+//! Op bodies generic over the driver: the same inputs (and the same views) on the CPU backend
+//! and on a CUDA backend, compared per tensor as ||ours - cpu|| / ||cpu||.
+
+use crate::common::{rel_err, uniform};
+use zcompute::{
+    AdamWConfig, Backend, BinaryOp, CpuBackend, CpuTensor, CudaBackend, CudaTensor, MatmulOpts,
+    ReduceOp, ScalarSide, UnaryOp,
+};
+use zdevice::Driver;
+
+/// Per-tensor budget, float32 against float32 on the CPU.
+pub const TOL: f64 = 1e-5;
+/// With TF32 matrix products.
+pub const TOL_TF32: f64 = 1e-3;
+
+const CPU: CpuBackend = CpuBackend;
+
+/// How an input reaches the op: dense, or as a view over a larger or reordered buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    Dense,
+    /// The last two axes stored swapped, then transposed back (strides not row-major).
+    Transposed,
+    /// Stored with 3 extra entries on the last axis, narrowed to the middle.
+    Narrowed,
+}
+
+/// Values in `[lo, hi)` for `shape` seen through `view`, built the same way on any backend.
+pub fn input<B: Backend<f32>>(
+    b: &B,
+    shape: &[usize],
+    view: View,
+    seed: u64,
+    lo: f64,
+    hi: f64,
+) -> zcompute::BTensor<B, f32> {
+    let rank = shape.len();
+    let mut stored = shape.to_vec();
+    match view {
+        View::Transposed if rank >= 2 => stored.swap(rank - 1, rank - 2),
+        View::Narrowed if rank >= 1 => stored[rank - 1] += 3,
+        _ => {}
+    }
+    let n: usize = stored.iter().product();
+    let data: Vec<f32> = uniform(n, seed, lo, hi).iter().map(|&v| v as f32).collect();
+    let t = b.upload(&data, &stored).expect("upload");
+    match view {
+        View::Transposed if rank >= 2 => t.transpose(rank - 1, rank - 2).expect("transpose"),
+        View::Narrowed if rank >= 1 => t.narrow(rank - 1, 1, shape[rank - 1]).expect("narrow"),
+        _ => t,
+    }
+}
+
+/// Asserts the device result matches the CPU's (shape and values).
+pub fn assert_close<D: Driver>(
+    what: &str,
+    gpu: &CudaBackend<D>,
+    ours: &CudaTensor,
+    cpu: &CpuTensor<f32>,
+    tol: f64,
+) {
+    assert_eq!(ours.shape(), cpu.shape(), "{what}: shape");
+    let got = gpu.download(ours).expect("download");
+    let want: Vec<f64> = cpu.to_vec().iter().map(|&v| f64::from(v)).collect();
+    let err = rel_err(&got, &want);
+    assert!(
+        err <= tol,
+        "{what}: relative error {err:e} (budget {tol:e})"
+    );
+}
+
+fn range(op: UnaryOp) -> (f64, f64) {
+    match op {
+        UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => (0.1, 4.0),
+        UnaryOp::Exp => (-4.0, 4.0),
+        _ => (-3.0, 3.0),
+    }
+}
+
+pub fn unary<D: Driver>(gpu: &CudaBackend<D>, op: UnaryOp, shape: &[usize], view: View) {
+    let (lo, hi) = range(op);
+    let x = input(gpu, shape, view, 1, lo, hi);
+    let xc = input(&CPU, shape, view, 1, lo, hi);
+    let ours = gpu.unary(op, &x).expect("unary");
+    let want = Backend::<f32>::unary(&CPU, op, &xc).expect("cpu unary");
+    assert_close(
+        &format!("{op:?} {shape:?} {view:?}"),
+        gpu,
+        &ours,
+        &want,
+        TOL,
+    );
+}
+
+pub fn binary<D: Driver>(gpu: &CudaBackend<D>, op: BinaryOp, a: &[usize], b: &[usize], view: View) {
+    let (lo, hi) = if op == BinaryOp::Div {
+        (0.5, 2.0)
+    } else {
+        (-2.0, 2.0)
+    };
+    let (xa, xb) = (
+        input(gpu, a, view, 2, -2.0, 2.0),
+        input(gpu, b, View::Dense, 3, lo, hi),
+    );
+    let (ca, cb) = (
+        input(&CPU, a, view, 2, -2.0, 2.0),
+        input(&CPU, b, View::Dense, 3, lo, hi),
+    );
+    let ours = gpu.binary(op, &xa, &xb).expect("binary");
+    let want = Backend::<f32>::binary(&CPU, op, &ca, &cb).expect("cpu binary");
+    assert_close(
+        &format!("{op:?} {a:?} {b:?} {view:?}"),
+        gpu,
+        &ours,
+        &want,
+        TOL,
+    );
+    // Operands swapped: the broadcast on the other side.
+    let ours = gpu.binary(op, &xb, &xa).expect("binary");
+    let want = Backend::<f32>::binary(&CPU, op, &cb, &ca).expect("cpu binary");
+    assert_close(
+        &format!("{op:?} {b:?} {a:?} {view:?}"),
+        gpu,
+        &ours,
+        &want,
+        TOL,
+    );
+}
+
+pub fn binary_scalar<D: Driver>(gpu: &CudaBackend<D>, op: BinaryOp, shape: &[usize], view: View) {
+    let x = input(gpu, shape, view, 4, 0.5, 2.0);
+    let xc = input(&CPU, shape, view, 4, 0.5, 2.0);
+    for side in [ScalarSide::Lhs, ScalarSide::Rhs] {
+        let ours = gpu.binary_scalar(op, &x, 1.75, side).expect("scalar");
+        let want = Backend::<f32>::binary_scalar(&CPU, op, &xc, 1.75, side).expect("cpu");
+        assert_close(
+            &format!("{op:?} {side:?} {shape:?}"),
+            gpu,
+            &ours,
+            &want,
+            TOL,
+        );
+    }
+}
+
+pub fn reduce<D: Driver>(gpu: &CudaBackend<D>, op: ReduceOp, shape: &[usize], view: View) {
+    let x = input(gpu, shape, view, 5, -2.0, 2.0);
+    let xc = input(&CPU, shape, view, 5, -2.0, 2.0);
+    for axis in 0..shape.len() {
+        for keepdim in [false, true] {
+            let ours = gpu.reduce(op, &x, axis, keepdim).expect("reduce");
+            let want = Backend::<f32>::reduce(&CPU, op, &xc, axis, keepdim).expect("cpu");
+            let what = format!("{op:?} {shape:?} axis {axis} keepdim {keepdim} {view:?}");
+            assert_close(&what, gpu, &ours, &want, TOL);
+        }
+    }
+}
+
+pub fn softmax<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    // Wide range: the row-max shift must keep exp from overflowing.
+    let x = input(gpu, shape, view, 6, -60.0, 60.0);
+    let xc = input(&CPU, shape, view, 6, -60.0, 60.0);
+    let ours = gpu.softmax_last(&x).expect("softmax");
+    let want = Backend::<f32>::softmax_last(&CPU, &xc).expect("cpu");
+    assert_close(
+        &format!("softmax {shape:?} {view:?}"),
+        gpu,
+        &ours,
+        &want,
+        TOL,
+    );
+}
+
+pub fn layer_norm<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View, affine: bool) {
+    let x = input(gpu, shape, view, 7, -3.0, 5.0);
+    let xc = input(&CPU, shape, view, 7, -3.0, 5.0);
+    let n = shape[shape.len() - 1];
+    let (w, b) = (
+        input(gpu, &[n], View::Dense, 8, 0.5, 1.5),
+        input(gpu, &[n], View::Dense, 9, -1.0, 1.0),
+    );
+    let (wc, bc) = (
+        input(&CPU, &[n], View::Dense, 8, 0.5, 1.5),
+        input(&CPU, &[n], View::Dense, 9, -1.0, 1.0),
+    );
+    let (ours, want) = if affine {
+        (
+            gpu.layer_norm(&x, Some(&w), Some(&b), 1e-5).expect("ln"),
+            Backend::<f32>::layer_norm(&CPU, &xc, Some(&wc), Some(&bc), 1e-5).expect("cpu"),
+        )
+    } else {
+        (
+            gpu.layer_norm(&x, None, None, 1e-5).expect("ln"),
+            Backend::<f32>::layer_norm(&CPU, &xc, None, None, 1e-5).expect("cpu"),
+        )
+    };
+    let what = format!("layer_norm {shape:?} {view:?} affine {affine}");
+    assert_close(&format!("{what} out"), gpu, &ours.out, &want.out, TOL);
+    assert_close(&format!("{what} mean"), gpu, &ours.mean, &want.mean, TOL);
+    assert_close(&format!("{what} rstd"), gpu, &ours.rstd, &want.rstd, TOL);
+}
+
+/// `a` and `b` are the stored shapes; `opts` say how they are read. `view` transposes the
+/// stored operands (the transposed view is then read with the flag flipped, same product).
+pub fn matmul<D: Driver>(
+    gpu: &CudaBackend<D>,
+    a: &[usize],
+    b: &[usize],
+    opts: MatmulOpts,
+    view: View,
+    tol: f64,
+) {
+    let xa = input(gpu, a, view, 10, -1.0, 1.0);
+    let xb = input(gpu, b, view, 11, -1.0, 1.0);
+    let ca = input(&CPU, a, view, 10, -1.0, 1.0);
+    let cb = input(&CPU, b, view, 11, -1.0, 1.0);
+    let ours = gpu.matmul(&xa, &xb, opts).expect("matmul");
+    let want = Backend::<f32>::matmul(&CPU, &ca, &cb, opts).expect("cpu");
+    assert_close(
+        &format!("matmul {a:?} {b:?} {opts:?} {view:?}"),
+        gpu,
+        &ours,
+        &want,
+        tol,
+    );
+}
+
+pub fn bce<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let x = input(gpu, shape, view, 12, -30.0, 30.0);
+    let y = input(gpu, shape, View::Dense, 13, 0.0, 1.0);
+    let xc = input(&CPU, shape, view, 12, -30.0, 30.0);
+    let yc = input(&CPU, shape, View::Dense, 13, 0.0, 1.0);
+    let ours = gpu.bce_with_logits_mean(&x, &y).expect("bce");
+    let want = Backend::<f32>::bce_with_logits_mean(&CPU, &xc, &yc).expect("cpu");
+    assert_close(&format!("bce {shape:?} {view:?}"), gpu, &ours, &want, TOL);
+}
+
+/// Three AdamW steps with the learning rate and step count changed in the slot between them.
+pub fn adamw<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let cfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let (p, m, v) = (
+        input(gpu, shape, view, 14, -1.0, 1.0),
+        input(gpu, shape, view, 15, -0.1, 0.1),
+        input(gpu, shape, view, 16, 0.0, 0.01),
+    );
+    let (pc, mc, vc) = (
+        input(&CPU, shape, view, 14, -1.0, 1.0),
+        input(&CPU, shape, view, 15, -0.1, 0.1),
+        input(&CPU, shape, view, 16, 0.0, 0.01),
+    );
+    let slot = gpu.upload(&[0.0, 0.0], &[2]).expect("slot");
+    let slot_c = CpuTensor::from_vec(vec![0.0f32, 0.0], &[2]).expect("slot");
+    for t in 1..=3u64 {
+        let g = input(gpu, shape, View::Dense, 16 + t, -1.0, 1.0);
+        let gc = input(&CPU, shape, View::Dense, 16 + t, -1.0, 1.0);
+        let lr = 1e-2 / t as f32;
+        gpu.upload_into(&[lr, t as f32], &slot).expect("slot");
+        Backend::<f32>::upload_into(&CPU, &[lr, t as f32], &slot_c).expect("slot");
+        gpu.adamw_step(&p, &m, &v, &g, &slot, &cfg).expect("adamw");
+        Backend::<f32>::adamw_step(&CPU, &pc, &mc, &vc, &gc, &slot_c, &cfg).expect("cpu");
+    }
+    for (name, ours, want) in [("p", &p, &pc), ("m", &m, &mc), ("v", &v, &vc)] {
+        assert_close(
+            &format!("adamw {name} {shape:?} {view:?}"),
+            gpu,
+            ours,
+            want,
+            TOL,
+        );
+    }
+}
+
+/// fill, full/zeros, contiguous, copy_into (also aliased) and upload_into through views.
+pub fn data_movement<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let x = input(gpu, shape, view, 20, -1.0, 1.0);
+    let xc = input(&CPU, shape, view, 20, -1.0, 1.0);
+    let ours = gpu.contiguous(&x).expect("contiguous");
+    assert!(ours.is_contiguous());
+    assert_close(
+        "contiguous",
+        gpu,
+        &ours,
+        &Backend::<f32>::contiguous(&CPU, &xc).expect("cpu"),
+        0.0,
+    );
+
+    let z = gpu.zeros(shape).expect("zeros");
+    assert_close(
+        "zeros",
+        gpu,
+        &z,
+        &Backend::<f32>::zeros(&CPU, shape).expect("cpu"),
+        0.0,
+    );
+    let f = gpu.full(shape, -2.5).expect("full");
+    assert_close(
+        "full",
+        gpu,
+        &f,
+        &Backend::<f32>::full(&CPU, shape, -2.5).expect("cpu"),
+        0.0,
+    );
+
+    // Writes through a view into a larger destination.
+    let dst = input(gpu, shape, view, 21, -1.0, 1.0);
+    let dst_c = input(&CPU, shape, view, 21, -1.0, 1.0);
+    gpu.fill(&dst, 3.0).expect("fill");
+    Backend::<f32>::fill(&CPU, &dst_c, 3.0).expect("cpu");
+    assert_close("fill", gpu, &dst, &dst_c, 0.0);
+    gpu.copy_into(&ours, &dst).expect("copy_into");
+    Backend::<f32>::copy_into(&CPU, &xc, &dst_c).expect("cpu");
+    assert_close("copy_into", gpu, &dst, &dst_c, 0.0);
+    let n: usize = shape.iter().product();
+    let fresh: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    gpu.upload_into(&fresh, &dst).expect("upload_into");
+    Backend::<f32>::upload_into(&CPU, &fresh, &dst_c).expect("cpu");
+    assert_close("upload_into", gpu, &dst, &dst_c, 0.0);
+    // Aliased copy: a tensor into its own reversed-axis view of the same shape (square).
+    if shape.len() == 2 && shape[0] == shape[1] {
+        let t = gpu.contiguous(&x).expect("c");
+        let tc = Backend::<f32>::contiguous(&CPU, &xc).expect("c");
+        gpu.copy_into(&t.transpose(0, 1).expect("t"), &t)
+            .expect("aliased copy");
+        Backend::<f32>::copy_into(&CPU, &tc.transpose(0, 1).expect("t"), &tc).expect("cpu");
+        assert_close("aliased copy_into", gpu, &t, &tc, 0.0);
+    }
+}
+
+/// Bad inputs get the same typed error from the device backend as from the CPU.
+pub fn errors<D: Driver>(gpu: &CudaBackend<D>) {
+    let g = |shape: &[usize]| input(gpu, shape, View::Dense, 30, -1.0, 1.0);
+    let c = |shape: &[usize]| input(&CPU, shape, View::Dense, 30, -1.0, 1.0);
+    let cpu = |r: zcompute::Result<CpuTensor<f32>>| r.expect_err("cpu accepts a bad input");
+    let dev = |r: zcompute::Result<CudaTensor>| r.expect_err("cuda accepts a bad input");
+
+    assert_eq!(
+        dev(gpu.add(&g(&[3]), &g(&[4]))),
+        cpu(Backend::<f32>::add(&CPU, &c(&[3]), &c(&[4])))
+    );
+    let nt = MatmulOpts::default();
+    assert_eq!(
+        dev(gpu.matmul(&g(&[2, 3]), &g(&[4, 5]), nt)),
+        cpu(Backend::<f32>::matmul(&CPU, &c(&[2, 3]), &c(&[4, 5]), nt))
+    );
+    assert_eq!(
+        dev(gpu.matmul(&g(&[3]), &g(&[3, 3]), nt)),
+        cpu(Backend::<f32>::matmul(&CPU, &c(&[3]), &c(&[3, 3]), nt))
+    );
+    assert_eq!(
+        dev(gpu.matmul(&g(&[2, 3, 4]), &g(&[3, 4, 2]), nt)),
+        cpu(Backend::<f32>::matmul(
+            &CPU,
+            &c(&[2, 3, 4]),
+            &c(&[3, 4, 2]),
+            nt
+        ))
+    );
+    assert_eq!(
+        dev(gpu.sum(&g(&[3, 4]), 2, false)),
+        cpu(Backend::<f32>::sum(&CPU, &c(&[3, 4]), 2, false))
+    );
+    assert_eq!(
+        dev(gpu.max(&g(&[3, 0]), 1, false)),
+        cpu(Backend::<f32>::max(&CPU, &c(&[3, 0]), 1, false))
+    );
+    assert_eq!(
+        dev(gpu.softmax_last(&g(&[]))),
+        cpu(Backend::<f32>::softmax_last(&CPU, &c(&[])))
+    );
+    assert_eq!(
+        gpu.layer_norm(&g(&[2, 3]), Some(&g(&[4])), None, 1e-5)
+            .expect_err("bad weight")
+            .to_string(),
+        Backend::<f32>::layer_norm(&CPU, &c(&[2, 3]), Some(&c(&[4])), None, 1e-5)
+            .expect_err("bad weight")
+            .to_string()
+    );
+    assert_eq!(
+        dev(gpu.bce_with_logits_mean(&g(&[3]), &g(&[4]))),
+        cpu(Backend::<f32>::bce_with_logits_mean(
+            &CPU,
+            &c(&[3]),
+            &c(&[4])
+        ))
+    );
+    assert_eq!(
+        dev(gpu.bce_with_logits_mean(&g(&[0]), &g(&[0]))),
+        cpu(Backend::<f32>::bce_with_logits_mean(
+            &CPU,
+            &c(&[0]),
+            &c(&[0])
+        ))
+    );
+    assert!(matches!(
+        dev(gpu.upload(&[1.0, 2.0], &[3])),
+        zcompute::ComputeError::LengthMismatch {
+            expected: 3,
+            got: 2,
+            ..
+        }
+    ));
+    // Writing into a broadcast view, copying between shapes, aliased optimiser state.
+    let bg = g(&[4]).broadcast_to(&[2, 4]).expect("broadcast");
+    let bc = c(&[4]).broadcast_to(&[2, 4]).expect("broadcast");
+    assert_eq!(
+        gpu.fill(&bg, 1.0).expect_err("fill"),
+        Backend::<f32>::fill(&CPU, &bc, 1.0).expect_err("fill")
+    );
+    assert_eq!(
+        gpu.copy_into(&g(&[3]), &g(&[4])).expect_err("copy"),
+        Backend::<f32>::copy_into(&CPU, &c(&[3]), &c(&[4])).expect_err("copy")
+    );
+    let cfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let (p, s) = (g(&[4]), g(&[2]));
+    let (pc, sc) = (c(&[4]), c(&[2]));
+    assert_eq!(
+        gpu.adamw_step(&p, &g(&[4]), &g(&[4]), &p, &s, &cfg)
+            .expect_err("aliased"),
+        Backend::<f32>::adamw_step(&CPU, &pc, &c(&[4]), &c(&[4]), &pc, &sc, &cfg)
+            .expect_err("aliased")
+    );
+}

@@ -1,0 +1,74 @@
+//! The CUDA backend against the CPU backend. Every body is generic over the driver: the
+//! `mock` suite runs it on the simulated device (CI), the `gpu` suite (feature `gpu`) on CUDA
+//! device 0. Outputs are poisoned with NaN before each op, so an element a kernel forgets to
+//! write fails the comparison.
+
+pub mod bodies;
+pub mod capture;
+#[macro_use]
+mod suite;
+mod memory;
+
+use zcompute::CudaBackend;
+use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
+use zmem::{Arena, ArenaConfig};
+
+fn arena_config() -> ArenaConfig {
+    ArenaConfig {
+        initial_bytes: 16 << 20,
+        segment_bytes: 16 << 20,
+        cap_bytes: Some(192 << 20),
+        overflow_reserve_bytes: 4 << 20,
+        poison: true,
+        timeline_events: 256,
+        from_env: Vec::new(),
+    }
+}
+
+/// A backend over `device` with poison on.
+pub fn backend_on<D: Driver>(device: Device<D>) -> CudaBackend<D> {
+    let arena = Arena::new(device, arena_config()).expect("arena");
+    let b = CudaBackend::new(arena).expect("backend");
+    b.set_poison(true);
+    b
+}
+
+/// A fresh simulated device (freed memory poisoned by the simulator too) and backend.
+pub fn mock() -> CudaBackend<SimDriver> {
+    let sim = SimDriver::new(SimConfig {
+        poison_on_free: true,
+        ..SimConfig::with_capacity(512 << 20)
+    });
+    let dev = Device::open(
+        sim,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .expect("the simulated device opens");
+    backend_on(dev)
+}
+
+/// One backend on CUDA device 0 for the whole test binary (module loads and cuBLAS setup are
+/// paid once; the bundle runs tests on one thread).
+#[cfg(feature = "gpu")]
+pub fn gpu() -> CudaBackend<zdevice::CudaDriver> {
+    use std::sync::OnceLock;
+    static GPU: OnceLock<CudaBackend<zdevice::CudaDriver>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
+        let dev = Device::open(driver, DeviceConfig::default()).expect("CUDA device 0 opens");
+        backend_on(dev)
+    })
+    .clone()
+}
+
+mod mock_suite {
+    op_suite!(super::mock);
+}
+
+#[cfg(feature = "gpu")]
+mod gpu_suite {
+    op_suite!(super::gpu);
+}

@@ -1,0 +1,191 @@
+//! The op suite as a macro over a backend constructor, so the same rstest tables run on the
+//! simulated device (`mock_suite`) and on the GPU (`gpu_suite`). Shapes are odd on purpose:
+//! 1, 7, 193, 1025, broadcasting in each position, batches of 1.
+
+macro_rules! op_suite {
+    ($backend:path) => {
+        use super::bodies::{self, View};
+        use rstest::rstest;
+        use zcompute::{BinaryOp, MatmulOpts, ReduceOp, UnaryOp};
+
+        const N: MatmulOpts = MatmulOpts {
+            trans_a: false,
+            trans_b: false,
+        };
+        const TA: MatmulOpts = MatmulOpts {
+            trans_a: true,
+            trans_b: false,
+        };
+        const TB: MatmulOpts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        const TT: MatmulOpts = MatmulOpts {
+            trans_a: true,
+            trans_b: true,
+        };
+
+        #[rstest]
+        fn unary(
+            #[values(
+                UnaryOp::Neg,
+                UnaryOp::Exp,
+                UnaryOp::Log,
+                UnaryOp::Sqrt,
+                UnaryOp::Rsqrt,
+                UnaryOp::Tanh,
+                UnaryOp::Sigmoid,
+                UnaryOp::Relu,
+                UnaryOp::Gelu
+            )]
+            op: UnaryOp,
+            #[values(&[1][..], &[7], &[1025], &[7, 193], &[3, 5, 7])] shape: &[usize],
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            bodies::unary(&$backend(), op, shape, view);
+        }
+
+        #[rstest]
+        #[case::same(&[7, 193], &[7, 193])]
+        #[case::row(&[7, 193], &[193])]
+        #[case::column(&[7, 193], &[7, 1])]
+        #[case::both(&[1, 193], &[7, 1])]
+        #[case::middle(&[3, 1, 5], &[3, 4, 5])]
+        #[case::outer(&[2, 3, 5], &[1, 3, 5])]
+        #[case::scalar(&[1025], &[1])]
+        #[case::rank0(&[7], &[])]
+        #[case::long(&[1025], &[1025])]
+        fn binary(
+            #[case] a: &[usize],
+            #[case] b: &[usize],
+            #[values(
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Maximum
+            )]
+            op: BinaryOp,
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            bodies::binary(&$backend(), op, a, b, view);
+        }
+
+        #[rstest]
+        fn binary_scalar(
+            #[values(
+                BinaryOp::Add,
+                BinaryOp::Sub,
+                BinaryOp::Mul,
+                BinaryOp::Div,
+                BinaryOp::Maximum
+            )]
+            op: BinaryOp,
+            #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+        ) {
+            bodies::binary_scalar(&$backend(), op, shape, view);
+        }
+
+        #[rstest]
+        fn reduce(
+            #[values(ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max)] op: ReduceOp,
+            #[values(&[1][..], &[1025], &[7, 193], &[1, 1025], &[3, 5, 7])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+        ) {
+            bodies::reduce(&$backend(), op, shape, view);
+        }
+
+        #[rstest]
+        fn softmax(
+            #[values(&[1][..], &[7], &[7, 193], &[3, 1025], &[2, 3, 7])] shape: &[usize],
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            bodies::softmax(&$backend(), shape, view);
+        }
+
+        #[rstest]
+        fn layer_norm(
+            #[values(&[1][..], &[7, 193], &[1, 1025], &[2, 3, 7])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+            #[values(false, true)] affine: bool,
+        ) {
+            bodies::layer_norm(&$backend(), shape, view, affine);
+        }
+
+        #[rstest]
+        #[case::vector_out(&[7, 193], &[193, 1], N)]
+        #[case::odd(&[193, 7], &[7, 1025], N)]
+        #[case::trans_a(&[7, 193], &[7, 5], TA)]
+        #[case::trans_b(&[5, 193], &[7, 193], TB)]
+        #[case::trans_both(&[193, 5], &[7, 193], TT)]
+        #[case::batch_of_one(&[1, 7, 5], &[1, 5, 3], N)]
+        #[case::batch_broadcast_b(&[4, 7, 5], &[5, 3], N)]
+        #[case::batch_broadcast_a(&[7, 5], &[4, 3, 5], TB)]
+        #[case::batch_both(&[2, 1, 7, 5], &[3, 5, 4], N)]
+        #[case::attention(&[24, 12, 64], &[24, 12, 64], TB)]
+        #[case::k_zero(&[3, 0], &[0, 4], N)]
+        fn matmul(
+            #[case] a: &[usize],
+            #[case] b: &[usize],
+            #[case] opts: MatmulOpts,
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            bodies::matmul(&$backend(), a, b, opts, view, bodies::TOL);
+        }
+
+        #[rstest]
+        #[case::qkv(&[96, 256], &[768, 256], TB)]
+        #[case::odd(&[193, 65], &[65, 7], N)]
+        fn matmul_tf32(#[case] a: &[usize], #[case] b: &[usize], #[case] opts: MatmulOpts) {
+            let gpu = $backend();
+            gpu.set_tf32(true).expect("tf32 on");
+            bodies::matmul(&gpu, a, b, opts, View::Dense, bodies::TOL_TF32);
+            gpu.set_tf32(false).expect("tf32 off");
+        }
+
+        #[rstest]
+        fn bce(
+            #[values(&[1][..], &[7], &[193, 7], &[1025])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+        ) {
+            bodies::bce(&$backend(), shape, view);
+        }
+
+        #[rstest]
+        fn adamw(
+            #[values(&[1][..], &[7], &[1025], &[7, 193])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+        ) {
+            bodies::adamw(&$backend(), shape, view);
+        }
+
+        #[rstest]
+        fn data_movement(
+            #[values(&[1][..], &[7], &[1025], &[7, 193], &[5, 5], &[3, 5, 7])] shape: &[usize],
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            bodies::data_movement(&$backend(), shape, view);
+        }
+
+        #[test]
+        fn errors_match_the_cpu() {
+            bodies::errors(&$backend());
+        }
+
+        #[test]
+        fn capture_replays_100_times_like_eager() {
+            super::capture::replay_matches_eager(&$backend(), 100);
+        }
+
+        #[test]
+        fn capture_refuses_uploads_and_stays_eager_after_failures() {
+            super::capture::failures_leave_eager_working(&$backend());
+        }
+
+        #[test]
+        fn adamw_captured_reads_lr_and_step_from_memory() {
+            super::capture::adamw_replay_reads_slot(&$backend());
+        }
+    };
+}

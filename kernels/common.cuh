@@ -1,0 +1,104 @@
+// Shared pieces of the zcompute kernels: scalar formulas (the same ones as
+// crates/zcompute/src/cpu/math.rs), strided indexing, warp reductions.
+#pragma once
+
+typedef unsigned long long u64;
+
+// Most axes a strided kernel takes; the host merges adjacent axes first, so views of higher
+// rank usually fit.
+#define ZC_MAX_RANK 6
+
+// Unary op codes (crates/zcompute/src/cuda/kernels.rs: unary_code).
+#define U_NEG 0
+#define U_EXP 1
+#define U_LOG 2
+#define U_SQRT 3
+#define U_RSQRT 4
+#define U_TANH 5
+#define U_SIGMOID 6
+#define U_RELU 7
+#define U_GELU 8
+
+// Binary op codes (binary_code).
+#define B_ADD 0
+#define B_SUB 1
+#define B_MUL 2
+#define B_DIV 3
+#define B_MAX 4
+
+__device__ __forceinline__ float zc_sigmoid(float x) {
+    if (x >= 0.0f) {
+        return 1.0f / (1.0f + expf(-x));
+    }
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+template <int OP>
+__device__ __forceinline__ float unary_apply(float x) {
+    if (OP == U_NEG) return -x;
+    if (OP == U_EXP) return expf(x);
+    if (OP == U_LOG) return logf(x);
+    if (OP == U_SQRT) return sqrtf(x);
+    if (OP == U_RSQRT) return 1.0f / sqrtf(x);
+    if (OP == U_TANH) return tanhf(x);
+    if (OP == U_SIGMOID) return zc_sigmoid(x);
+    if (OP == U_RELU) return x < 0.0f ? 0.0f : x;
+    // Exact GELU (erf form).
+    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+}
+
+// NaN-propagating maximum: NaN in either operand gives NaN.
+__device__ __forceinline__ float zc_maximum(float a, float b) {
+    return (isnan(a) || a >= b) ? a : b;
+}
+
+template <int OP>
+__device__ __forceinline__ float binary_apply(float a, float b) {
+    if (OP == B_ADD) return a + b;
+    if (OP == B_SUB) return a - b;
+    if (OP == B_MUL) return a * b;
+    if (OP == B_DIV) return a / b;
+    return zc_maximum(a, b);
+}
+
+// Shape and strides (in elements) of a strided operand, as passed by the host: rank, then
+// ZC_MAX_RANK sizes, then ZC_MAX_RANK strides per operand.
+struct Dims {
+    unsigned rank;
+    u64 shape[ZC_MAX_RANK];
+};
+
+// Offset of logical (row-major) element `i` through `stride`.
+__device__ __forceinline__ u64 strided_offset(u64 i, const Dims& d, const u64* stride) {
+    u64 off = 0;
+    for (int ax = (int)d.rank - 1; ax >= 0; --ax) {
+        u64 s = d.shape[ax];
+        off += (i % s) * stride[ax];
+        i /= s;
+    }
+    return off;
+}
+
+#define DIMS_PARAMS unsigned rank, u64 d0, u64 d1, u64 d2, u64 d3, u64 d4, u64 d5
+#define STRIDE_PARAMS(p) u64 p##0, u64 p##1, u64 p##2, u64 p##3, u64 p##4, u64 p##5
+#define MAKE_DIMS(d) Dims d = {rank, {d0, d1, d2, d3, d4, d5}}
+#define MAKE_STRIDES(p) const u64 p[ZC_MAX_RANK] = {p##0, p##1, p##2, p##3, p##4, p##5}
+
+#define GRID_STRIDE_LOOP(i, start, n)                                                       \
+    for (u64 i = (start) + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);            \
+         i += (u64)blockDim.x * gridDim.x)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = zc_maximum(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (((unsigned long long)p) & 15ull) == 0;
+}
