@@ -18,6 +18,7 @@ pub mod optim;
 pub mod rng;
 pub mod schedule;
 mod tape;
+mod trainer;
 mod var;
 pub mod xasset;
 
@@ -27,5 +28,6 @@ pub use loss::one_hot;
 pub use optim::{AdamW, AdamWHyper, AdamWState, Sgd, clip_grad_norm, grad_norm, zero_grad};
 pub use schedule::LrSchedule;
 pub use tape::Tape;
+pub use trainer::{EvalReport, StepReport, TrainSchedule, Trainer, TrainerConfig};
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

@@ -1,0 +1,141 @@
+//! The work of one training step, as functions of cloned handles only, so the same code runs
+//! eagerly and as the body of a captured graph (a `'static` closure holding clones). Nothing
+//! here moves data between host and device or opens or closes a step: every call is legal
+//! inside a capture.
+
+use crate::error::{GradError, Result};
+use crate::optim::{AdamWTensors, clip_grad_norm, grad_norm, zero_grad};
+use crate::tape::Tape;
+use crate::var::Var;
+use crate::xasset::XAsset;
+use std::cell::RefCell;
+use std::rc::Rc;
+use zcompute::{BTensor, Backend, ComputeError, Element};
+
+/// What every step body reads and writes. Cloning shares the tensors.
+pub(crate) struct StepParts<B: Backend<T>, T: Element> {
+    pub model: XAsset<B, T>,
+    pub params: Vec<Var<B, T>>,
+    /// Persistent `[loss, grad norm]` of the last batched step (read back after it).
+    pub stats: BTensor<B, T>,
+    pub clip: Option<T>,
+    /// Negative control: saved tensors stay in scratch.
+    pub unprotected: bool,
+}
+
+impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
+    fn clone(&self) -> Self {
+        StepParts {
+            model: self.model.clone(),
+            params: self.params.clone(),
+            stats: self.stats.clone(),
+            clip: self.clip,
+            unprotected: self.unprotected,
+        }
+    }
+}
+
+impl<B: Backend<T>, T: Element> StepParts<B, T> {
+    fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
+        if self.unprotected {
+            Tape::unprotected(b)
+        } else {
+            Tape::new(b)
+        }
+    }
+
+    /// Forward and backward of the mean BCE over `x`'s samples, the loss multiplied by `scale`
+    /// (a rank-0 tensor in device memory) for backward when given; gradients accumulate into
+    /// the parameters' buffers. Returns the unscaled loss (rank 0).
+    pub fn forward_backward(
+        &self,
+        b: &B,
+        x: &Var<B, T>,
+        y: &Var<B, T>,
+        scale: Option<&BTensor<B, T>>,
+    ) -> Result<BTensor<B, T>> {
+        let tape = self.tape(b);
+        let (loss, _logits) = self.model.loss(&tape, x, y)?;
+        match scale {
+            Some(s) => {
+                let scaled = tape.mul(&loss, &Var::constant(s.clone()))?;
+                tape.backward(&scaled)?;
+            }
+            None => tape.backward(&loss)?,
+        }
+        Ok(loss.value().clone())
+    }
+
+    /// Global gradient norm (clipping first when configured), rank 0.
+    pub fn norm(&self, b: &B) -> Result<BTensor<B, T>> {
+        match self.clip {
+            Some(c) => clip_grad_norm(b, &self.params, c),
+            None => grad_norm(b, &self.params),
+        }
+    }
+
+    /// Writes `[loss, norm]` into the persistent stats tensor.
+    pub fn write_stats(&self, b: &B, loss: &BTensor<B, T>, norm: &BTensor<B, T>) -> Result<()> {
+        b.copy_into(&loss.reshape(&[1])?, &self.stats.narrow(0, 0, 1)?)?;
+        b.copy_into(&norm.reshape(&[1])?, &self.stats.narrow(0, 1, 1)?)?;
+        Ok(())
+    }
+
+    /// The batched step: zero_grad, forward, backward, norm (and clipping), stats, and the
+    /// AdamW update when `adamw` is given (the captured form holds it all).
+    pub fn batched(
+        &self,
+        b: &B,
+        x: &Var<B, T>,
+        y: &Var<B, T>,
+        adamw: Option<&AdamWTensors<B, T>>,
+    ) -> Result<()> {
+        zero_grad(b, &self.params)?;
+        let loss = self.forward_backward(b, x, y, None)?;
+        let norm = self.norm(b)?;
+        self.write_stats(b, &loss, &norm)?;
+        if let Some(opt) = adamw {
+            opt.apply(b, &self.params)?;
+        }
+        Ok(())
+    }
+
+    /// One sample of the per-sample schedule: forward and backward with the loss scaled by
+    /// `scale` (1/B), the sample's loss copied to `sample_loss`.
+    pub fn per_sample(
+        &self,
+        b: &B,
+        xs: &Var<B, T>,
+        ys: &Var<B, T>,
+        scale: &BTensor<B, T>,
+        sample_loss: &BTensor<B, T>,
+    ) -> Result<()> {
+        let loss = self.forward_backward(b, xs, ys, Some(scale))?;
+        b.copy_into(&loss, sample_loss)?;
+        Ok(())
+    }
+}
+
+/// Where a capture body leaves an error that is not the backend's own (a capture body can only
+/// return `ComputeError`); the trainer reports it instead of the placeholder.
+pub(crate) type ErrorSlot = Rc<RefCell<Option<GradError>>>;
+
+/// Turns a body's `GradError` into the `ComputeError` a capture body returns.
+pub(crate) fn into_body_error(e: GradError, slot: &ErrorSlot) -> ComputeError {
+    match e {
+        GradError::Compute(c) => c,
+        other => {
+            let detail = other.to_string();
+            *slot.borrow_mut() = Some(other);
+            ComputeError::CaptureFailed {
+                stage: "running the zgrad training body",
+                detail,
+            }
+        }
+    }
+}
+
+/// The error to report after a capture or replay failed: the body's own, if it left one.
+pub(crate) fn take_body_error(e: ComputeError, slot: &ErrorSlot) -> GradError {
+    slot.borrow_mut().take().unwrap_or(GradError::Compute(e))
+}

@@ -1,0 +1,263 @@
+//! The trainer: XAsset with AdamW in both schedules of XASSET.md (batched, and per-sample
+//! gradient accumulation), eager or with graph capture, and evaluation in no-grad mode.
+//!
+//! Step scopes are the trainer's job: it opens a step before the work of every sample (or
+//! batch) and closes it after, so the backend's scratch memory is reclaimed every time
+//! without the caller doing anything. Parameters, gradients, optimiser state and the static
+//! inputs of captured graphs are persistent; saved tensors belong to the tape.
+
+mod body;
+mod capture;
+mod checks;
+mod eval;
+
+use crate::error::{GradError, Result};
+use crate::memory::ClassGuard;
+use crate::optim::{AdamW, AdamWHyper};
+use crate::schedule::LrSchedule;
+use crate::var::Var;
+use crate::xasset::XAsset;
+use body::StepParts;
+use std::rc::Rc;
+use zcompute::{AllocClass, Backend, Capture, Element};
+
+pub use eval::EvalReport;
+
+/// How a batch becomes one optimiser step (XASSET.md, "Two training schedules").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrainSchedule {
+    /// One forward and backward over the whole batch.
+    Batched,
+    /// Forward and backward per sample with the loss divided by B, gradients accumulating;
+    /// the step's scratch memory is reclaimed after every sample.
+    PerSample,
+}
+
+/// Everything the trainer needs to know.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainerConfig {
+    pub schedule: TrainSchedule,
+    /// Capture the per-sample forward+backward (per-sample) or the whole step (batched) as a
+    /// graph and replay it; falls back to eager execution with a warning if capture fails.
+    pub capture: bool,
+    /// Base learning rate (the schedule scales it).
+    pub lr: f64,
+    pub lr_schedule: LrSchedule,
+    /// Clip gradients to this global norm before the optimiser step.
+    pub clip_grad: Option<f64>,
+    pub adamw: AdamWHyper,
+    /// Samples per chunk in `evaluate`.
+    pub eval_batch: usize,
+    /// NEGATIVE CONTROL ONLY (scenario C): saved tensors stay in scratch memory.
+    pub unprotected_saved_tensors: bool,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig {
+            schedule: TrainSchedule::Batched,
+            capture: false,
+            lr: 1e-3,
+            lr_schedule: LrSchedule::Constant,
+            clip_grad: None,
+            adamw: AdamWHyper::default(),
+            eval_batch: 256,
+            unprotected_saved_tensors: false,
+        }
+    }
+}
+
+/// What one optimiser step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    /// The optimiser step just taken (1-based).
+    pub step: u64,
+    /// Mean loss over the batch.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    pub samples: usize,
+    /// Whether this step ran (or was recorded) as a captured graph.
+    pub captured: bool,
+}
+
+/// Trains an `XAsset` with AdamW on backend `B`.
+pub struct Trainer<B: Capture<T> + 'static, T: Element = f32> {
+    backend: Rc<B>,
+    parts: StepParts<B, T>,
+    optim: AdamW<B, T>,
+    config: TrainerConfig,
+    graphs: capture::Graphs<B, T>,
+}
+
+impl<B: Capture<T> + 'static, T: Element> std::fmt::Debug for Trainer<B, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("config", &self.config)
+            .field("step", &self.optim.step_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs `f` inside a step scope; the step is closed even when `f` fails (its error wins).
+pub(crate) fn in_step<B: Backend<T>, T: Element, R>(
+    b: &B,
+    f: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    b.begin_step()?;
+    let out = {
+        let _class = ClassGuard::new(b, AllocClass::Scratch);
+        f()
+    };
+    let ended = b.end_step();
+    let out = out?;
+    ended?;
+    Ok(out)
+}
+
+impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+    pub fn new(
+        backend: impl Into<Rc<B>>,
+        model: XAsset<B, T>,
+        config: TrainerConfig,
+    ) -> Result<Self> {
+        let backend = backend.into();
+        let params = model.parameters();
+        let optim = AdamW::new(&*backend, &params, config.adamw)?;
+        let stats = {
+            let _class = ClassGuard::new(&*backend, AllocClass::Persistent);
+            backend.zeros(&[2])?
+        };
+        Ok(Trainer {
+            parts: StepParts {
+                model,
+                params,
+                stats,
+                clip: config.clip_grad.map(T::from_f64),
+                unprotected: config.unprotected_saved_tensors,
+            },
+            backend,
+            optim,
+            config,
+            graphs: capture::Graphs::default(),
+        })
+    }
+
+    #[must_use]
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    #[must_use]
+    pub fn model(&self) -> &XAsset<B, T> {
+        &self.parts.model
+    }
+
+    #[must_use]
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    #[must_use]
+    pub fn optimizer(&self) -> &AdamW<B, T> {
+        &self.optim
+    }
+
+    /// For restoring a checkpoint (`AdamW::import`).
+    pub fn optimizer_mut(&mut self) -> &mut AdamW<B, T> {
+        &mut self.optim
+    }
+
+    /// Optimiser steps taken so far.
+    #[must_use]
+    pub fn step(&self) -> u64 {
+        self.optim.step_count()
+    }
+
+    /// Checks a batch and returns S (scales per sample).
+    fn shape_of(&self, x: &[T], y: &[T], batch: usize) -> Result<usize> {
+        let f = self.parts.model.config.features;
+        if batch == 0 || y.len() != batch || x.is_empty() || !x.len().is_multiple_of(batch * f) {
+            return Err(GradError::BadInput(format!(
+                "batch {batch}: x has {} values, y {} (x must be batch x S x {f}, y batch)",
+                x.len(),
+                y.len()
+            )));
+        }
+        Ok(x.len() / (batch * f))
+    }
+
+    /// One optimiser step on `batch` samples: `x` is `[batch, S, F]` row-major, `y` holds
+    /// `batch` labels in {0, 1}. Stops with `NonFinite` (naming the step and, where it can be
+    /// found, the sample) before the update if the loss or a gradient is not finite.
+    pub fn train_batch(&mut self, x: &[T], y: &[T], batch: usize) -> Result<StepReport> {
+        let scales = self.shape_of(x, y, batch)?;
+        let step = self.optim.step_count() + 1;
+        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
+        let shape = [batch, scales, self.parts.model.config.features];
+        let report = match self.config.schedule {
+            TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
+                self.batched_captured(x, y, &shape, lr)?
+            }
+            TrainSchedule::Batched => self.batched_eager(x, y, &shape, lr)?,
+            TrainSchedule::PerSample => self.per_sample(x, y, &shape, lr)?,
+        };
+        tracing::debug!(
+            target: "zgrad.trainer.step",
+            step = report.step,
+            loss = report.loss,
+            grad_norm = report.grad_norm,
+            lr,
+            captured = report.captured,
+            "step"
+        );
+        Ok(report)
+    }
+
+    /// Uploads a batch as constants (in the saved class: the first matmul keeps `x`).
+    fn upload_batch(&self, x: &[T], y: &[T], shape: &[usize]) -> Result<(Var<B, T>, Var<B, T>)> {
+        let b = &*self.backend;
+        let class = if self.parts.unprotected {
+            AllocClass::Scratch
+        } else {
+            AllocClass::Saved
+        };
+        let _class = ClassGuard::new(b, class);
+        Ok((
+            Var::constant(b.upload(x, shape)?),
+            Var::constant(b.upload(y, &shape[..1])?),
+        ))
+    }
+
+    /// Reads `[loss, norm]` back and refuses non-finite values.
+    fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
+        let s = self.backend.download(&self.parts.stats)?;
+        let (loss, norm) = (s[0].to_f64(), s[1].to_f64());
+        checks::finite(step, loss, norm)?;
+        Ok((loss, norm))
+    }
+
+    fn batched_eager(&mut self, x: &[T], y: &[T], shape: &[usize], lr: f64) -> Result<StepReport> {
+        let step = self.optim.step_count() + 1;
+        let b = Rc::clone(&self.backend);
+        let checked = in_step(&*b, || {
+            let (xv, yv) = self.upload_batch(x, y, shape)?;
+            self.parts.batched(&*b, &xv, &yv, None)?;
+            let stats = self.read_stats(step)?;
+            self.optim.step(&*b, &self.parts.params, lr)?;
+            Ok(stats)
+        });
+        let (loss, grad_norm) =
+            checks::locate(checked, |kind| self.find_sample(x, y, shape, kind))?;
+        Ok(StepReport {
+            step,
+            loss,
+            grad_norm,
+            lr,
+            samples: shape[0],
+            captured: false,
+        })
+    }
+}
