@@ -1,0 +1,305 @@
+//! The trainer and the tape on zcompute's CUDA backend: on the simulated device in CI
+//! (`mock`), on CUDA device 0 with `--features gpu` (`gpu`). Poison is on, so memory reclaimed
+//! under a live tensor reads as NaN. Bodies are generic over the driver.
+
+use std::path::PathBuf;
+use zcompute::{AllocClass, Backend, CudaBackend, MatmulOpts};
+use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
+use zgrad::{
+    AdamW, AdamWHyper, LrSchedule, Tape, TensorFile, TrainSchedule, Trainer, TrainerConfig, Var,
+    XAsset, read_tensors,
+};
+use zmem::{Arena, ArenaConfig, Protection};
+
+fn arena_config() -> ArenaConfig {
+    ArenaConfig {
+        initial_bytes: 16 << 20,
+        segment_bytes: 16 << 20,
+        cap_bytes: Some(192 << 20),
+        overflow_reserve_bytes: 4 << 20,
+        poison: true,
+        timeline_events: 256,
+        from_env: Vec::new(),
+    }
+}
+
+fn backend_on<D: Driver>(device: Device<D>) -> CudaBackend<D> {
+    let arena = Arena::new(device, arena_config()).expect("arena");
+    let b = CudaBackend::new(arena).expect("backend");
+    b.set_poison(true);
+    b
+}
+
+fn mock() -> CudaBackend<SimDriver> {
+    let sim = SimDriver::new(SimConfig {
+        poison_on_free: true,
+        ..SimConfig::with_capacity(512 << 20)
+    });
+    let dev = Device::open(
+        sim,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .expect("the simulated device opens");
+    backend_on(dev)
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+struct Tiny {
+    input: TensorFile<f32>,
+    oracle: TensorFile<f64>,
+    path: PathBuf,
+}
+
+fn tiny() -> Tiny {
+    let path = fixture("xasset_tiny_in.safetensors");
+    Tiny {
+        input: read_tensors(&path).unwrap(),
+        oracle: read_tensors(&fixture("xasset_tiny_oracle.safetensors")).unwrap(),
+        path,
+    }
+}
+
+fn rel(got: &[f32], want: &[f64]) -> f64 {
+    let d: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (f64::from(*a) - b).powi(2))
+        .sum();
+    let n: f64 = want.iter().map(|b| b * b).sum();
+    d.sqrt() / n.sqrt()
+}
+
+fn norm(v: &[f32]) -> f64 {
+    v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt()
+}
+
+/// One step of each schedule, eager and captured: loss and every gradient within 1e-5 of the
+/// oracle (kn.bias by its norm), the updated parameters too.
+fn one_step_matches_the_oracle<D: Driver>(b: CudaBackend<D>) {
+    let f = tiny();
+    let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+    for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
+        for capture in [false, true] {
+            let model = XAsset::from_tensors(&b, &f.input, &f.path).unwrap();
+            let cfg = TrainerConfig {
+                schedule,
+                capture,
+                ..TrainerConfig::default()
+            };
+            let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
+            let r = t.train_batch(x, y, 4).unwrap();
+            assert_eq!(
+                r.captured, capture,
+                "{schedule:?}: capture works on this device"
+            );
+            let want = f.oracle.tensors["loss"].data[0];
+            assert!(
+                ((r.loss - want) / want).abs() < 1e-5,
+                "{schedule:?} loss {} vs {want}",
+                r.loss
+            );
+            for (name, p) in t.model().named_parameters() {
+                let g = b.download(p.grad().unwrap()).unwrap();
+                if name == "kn.bias" {
+                    assert!(norm(&g) < 1e-6, "kn.bias gradient norm {}", norm(&g));
+                    continue;
+                }
+                let e = rel(&g, &f.oracle.tensors[&format!("grad.{name}")].data);
+                assert!(
+                    e <= 1e-5,
+                    "{schedule:?} capture {capture} grad.{name}: {e:e}"
+                );
+                let p_after = p.to_vec(&b).unwrap();
+                let e = rel(&p_after, &f.oracle.tensors[&format!("adamw.{name}")].data);
+                assert!(
+                    e <= 1e-5,
+                    "{schedule:?} capture {capture} adamw.{name}: {e:e}"
+                );
+            }
+        }
+    }
+}
+
+/// AdamW fed the oracle's gradients reproduces the oracle's parameters (1e-6 per tensor).
+fn adamw_matches_the_oracle<D: Driver>(b: CudaBackend<D>) {
+    let f = tiny();
+    let model = XAsset::<_, f32>::from_tensors(&b, &f.input, &f.path).unwrap();
+    let params = model.parameters();
+    for (name, p) in model.named_parameters() {
+        let g: Vec<f32> = f.oracle.tensors[&format!("grad.{name}")]
+            .data
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        b.upload_into(&g, p.grad().unwrap()).unwrap();
+    }
+    let mut opt = AdamW::new(&b, &params, AdamWHyper::default()).unwrap();
+    opt.step(&b, &params, 1e-3).unwrap();
+    for (name, p) in model.named_parameters() {
+        let e = rel(
+            &p.to_vec(&b).unwrap(),
+            &f.oracle.tensors[&format!("adamw.{name}")].data,
+        );
+        assert!(e <= 1e-6, "adamw.{name}: {e:e}");
+    }
+}
+
+/// Three replays of the captured batched step equal three eager steps.
+fn captured_steps_equal_eager_steps<D: Driver>(b: CudaBackend<D>) {
+    let f = tiny();
+    let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+    let run = |schedule, capture| {
+        let model = XAsset::from_tensors(&b, &f.input, &f.path).unwrap();
+        let cfg = TrainerConfig {
+            schedule,
+            capture,
+            clip_grad: Some(0.5),
+            lr: 1e-2,
+            lr_schedule: LrSchedule::LinearWarmup { warmup_steps: 2 },
+            ..TrainerConfig::default()
+        };
+        let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
+        let mut losses = Vec::new();
+        for k in 0..3 {
+            let xs: Vec<f32> = x.iter().map(|v| v * (1.0 + 0.1 * k as f32)).collect();
+            losses.push(t.train_batch(&xs, y, 4).unwrap().loss);
+        }
+        let params: Vec<Vec<f32>> = t
+            .model()
+            .parameters()
+            .iter()
+            .map(|p| p.to_vec(&b).unwrap())
+            .collect();
+        (losses, params)
+    };
+    for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
+        let (le, pe) = run(schedule, false);
+        let (lc, pc) = run(schedule, true);
+        for (e, c) in le.iter().zip(&lc) {
+            assert!(
+                (e - c).abs() <= 1e-6 * e.abs(),
+                "{schedule:?} loss {e} vs {c}"
+            );
+        }
+        for (e, c) in pe.iter().zip(&pc) {
+            let want: Vec<f64> = e.iter().map(|&v| f64::from(v)).collect();
+            let err = rel(c, &want);
+            assert!(err <= 1e-6, "{schedule:?}: parameters differ by {err:e}");
+        }
+    }
+}
+
+/// Scenario C on the device: forward, a step reset that reclaims everything it may (the
+/// arena's own protections for live scratch switched off), then backward. Saved tensors
+/// (class `Saved`) come through; the negative control (saved tensors in scratch) does not.
+fn reset_between_forward_and_backward<D: Driver>(b: CudaBackend<D>, protected: bool) -> Vec<f32> {
+    b.arena()
+        .set_protection_for_tests(Protection::KeepLiveScratch, false);
+    b.arena()
+        .set_protection_for_tests(Protection::GenerationCheck, false);
+    let w = Var::parameter_from(&b, &[0.3, -0.2, 0.5, 0.1, 0.7, -0.4], &[3, 2]).unwrap();
+    b.begin_step().unwrap();
+    b.set_alloc_class(AllocClass::Scratch);
+    let x = Var::constant(b.upload(&[1.0, 2.0, -1.0, 0.5, 0.0, 3.0], &[2, 3]).unwrap());
+    let tape = if protected {
+        Tape::new(&b)
+    } else {
+        Tape::unprotected(&b)
+    };
+    let h = tape
+        .tanh(&tape.matmul(&x, &w, MatmulOpts::default()).unwrap())
+        .unwrap();
+    let loss = tape.sum_all(&tape.mul(&h, &h).unwrap()).unwrap();
+    b.end_step().unwrap();
+    b.begin_step().unwrap();
+    // Later work of the next step reuses the reclaimed memory.
+    let _filler = b.full(&[4096], 1.0e3).unwrap();
+    tape.backward(&loss).unwrap();
+    let g = b.download(w.grad().unwrap()).unwrap();
+    b.end_step().unwrap();
+    b.arena()
+        .set_protection_for_tests(Protection::KeepLiveScratch, true);
+    b.arena()
+        .set_protection_for_tests(Protection::GenerationCheck, true);
+    g
+}
+
+fn reference_gradient() -> Vec<f32> {
+    let cpu = zcompute::CpuBackend;
+    let w =
+        Var::<_, f32>::parameter_from(&cpu, &[0.3, -0.2, 0.5, 0.1, 0.7, -0.4], &[3, 2]).unwrap();
+    let x = Var::constant(
+        cpu.upload(&[1.0f32, 2.0, -1.0, 0.5, 0.0, 3.0], &[2, 3])
+            .unwrap(),
+    );
+    let tape = Tape::new(&cpu);
+    let h = tape
+        .tanh(&tape.matmul(&x, &w, MatmulOpts::default()).unwrap())
+        .unwrap();
+    let loss = tape.sum_all(&tape.mul(&h, &h).unwrap()).unwrap();
+    tape.backward(&loss).unwrap();
+    cpu.download(w.grad().unwrap()).unwrap()
+}
+
+fn saved_tensors_survive_the_reset<D: Driver>(b: CudaBackend<D>) {
+    let want: Vec<f64> = reference_gradient().iter().map(|&v| f64::from(v)).collect();
+    let got = reset_between_forward_and_backward(b, true);
+    assert!(rel(&got, &want) < 1e-6, "{got:?} vs {want:?}");
+}
+
+fn negative_control_scratch_saved_tensors_break<D: Driver>(b: CudaBackend<D>) {
+    let want: Vec<f64> = reference_gradient().iter().map(|&v| f64::from(v)).collect();
+    let got = reset_between_forward_and_backward(b, false);
+    assert!(
+        got.iter().any(|v| !v.is_finite()) || rel(&got, &want) > 1e-3,
+        "unprotected saved tensors should have been overwritten: {got:?}"
+    );
+}
+
+macro_rules! suite {
+    ($make:path) => {
+        #[test]
+        fn one_step_matches_the_oracle() {
+            super::one_step_matches_the_oracle($make());
+        }
+        #[test]
+        fn adamw_matches_the_oracle() {
+            super::adamw_matches_the_oracle($make());
+        }
+        #[test]
+        fn captured_steps_equal_eager_steps() {
+            super::captured_steps_equal_eager_steps($make());
+        }
+        #[test]
+        fn saved_tensors_survive_the_reset() {
+            super::saved_tensors_survive_the_reset($make());
+        }
+        #[test]
+        fn negative_control_scratch_saved_tensors_break() {
+            super::negative_control_scratch_saved_tensors_break($make());
+        }
+    };
+}
+
+mod mock {
+    suite!(super::mock);
+}
+
+#[cfg(feature = "gpu")]
+mod gpu {
+    fn device() -> zcompute::CudaBackend<zdevice::CudaDriver> {
+        let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
+        let dev = zdevice::Device::open(driver, zdevice::DeviceConfig::default())
+            .expect("CUDA device 0 opens");
+        super::backend_on(dev)
+    }
+    suite!(device);
+}
