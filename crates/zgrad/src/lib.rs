@@ -8,6 +8,7 @@
 //! user doing anything.
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 mod error;
 pub mod io;
 pub mod loss;
@@ -22,6 +23,7 @@ mod trainer;
 mod var;
 pub mod xasset;
 
+pub use checkpoint::STEP_KEY;
 pub use error::{GradError, NonFiniteKind, Result};
 pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
 pub use loss::one_hot;

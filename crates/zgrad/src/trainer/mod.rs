@@ -150,6 +150,10 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         &self.backend
     }
 
+    pub(crate) fn backend_rc(&self) -> &Rc<B> {
+        &self.backend
+    }
+
     #[must_use]
     pub fn model(&self) -> &XAsset<B, T> {
         &self.parts.model

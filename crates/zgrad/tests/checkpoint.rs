@@ -1,0 +1,157 @@
+//! Parameter files and checkpoints: save/load round trips, and training resumed from a
+//! checkpoint continuing exactly as the uninterrupted run.
+
+use std::collections::HashMap;
+use zcompute::CpuBackend;
+use zgrad::{
+    GradError, PARAMETER_NAMES, STEP_KEY, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    XAssetConfig, read_tensors,
+};
+
+const B: CpuBackend = CpuBackend;
+
+fn small() -> XAssetConfig {
+    XAssetConfig {
+        features: 5,
+        scales: 3,
+        width: 8,
+        heads: 2,
+        ff: 6,
+    }
+}
+
+fn data(step: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = zgrad::rng::SplitMix64::new(100 + step);
+    let x = rng
+        .normal_vec(4 * 3 * 5)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect();
+    let y = (0..4).map(|i| ((i + step as usize) % 2) as f32).collect();
+    (x, y)
+}
+
+#[test]
+fn default_size_has_the_documented_parameter_count() {
+    assert_eq!(XAssetConfig::default().parameter_count(), 839_937);
+    let m = XAsset::<CpuBackend, f32>::init(&B, small(), 1).unwrap();
+    let n: usize = m.parameters().iter().map(|p| p.value().numel()).sum();
+    assert_eq!(n, small().parameter_count());
+}
+
+#[test]
+fn init_follows_pytorch_defaults() {
+    let m = XAsset::<CpuBackend, f64>::init(&B, small(), 7).unwrap();
+    for (name, p) in m.named_parameters() {
+        let v = p.to_vec(&B).unwrap();
+        if ["ln", "qn", "kn"].iter().any(|p| name.starts_with(p)) {
+            let want = if name.ends_with("weight") { 1.0 } else { 0.0 };
+            assert!(v.iter().all(|&x| x == want), "{name}");
+        } else {
+            let fan_in = match name.split('.').next().unwrap() {
+                "emb" => 5.0,
+                "f2" => 6.0,
+                _ => 8.0,
+            };
+            let bound = 1.0 / f64::sqrt(fan_in);
+            assert!(v.iter().all(|x| x.abs() <= bound), "{name}");
+            assert!(
+                v.iter().any(|x| x.abs() > bound / 2.0),
+                "{name} spreads over its range"
+            );
+        }
+    }
+    let again = XAsset::<CpuBackend, f64>::init(&B, small(), 7).unwrap();
+    assert_eq!(
+        m.parameters()[4].to_vec(&B).unwrap(),
+        again.parameters()[4].to_vec(&B).unwrap(),
+        "same seed, same parameters"
+    );
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let bad = XAssetConfig {
+        heads: 3,
+        ..small()
+    };
+    assert!(matches!(
+        XAsset::<CpuBackend, f32>::init(&B, bad, 0),
+        Err(GradError::Config(_))
+    ));
+}
+
+#[test]
+fn parameters_round_trip_through_safetensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.safetensors");
+    let m = XAsset::<CpuBackend, f32>::init(&B, small(), 3).unwrap();
+    m.save(&B, &path, None).unwrap();
+    let file = read_tensors::<f32>(&path).unwrap();
+    assert_eq!(file.tensors.keys().len(), 20);
+    for name in PARAMETER_NAMES {
+        assert!(file.tensors.contains_key(name), "{name}");
+    }
+    let back = XAsset::<CpuBackend, f32>::load(&B, &path).unwrap();
+    assert_eq!(back.config.width, 8);
+    assert_eq!(back.config.heads, 2);
+    for (a, b) in m.parameters().iter().zip(back.parameters()) {
+        assert_eq!(a.to_vec(&B).unwrap(), b.to_vec(&B).unwrap());
+    }
+}
+
+#[test]
+fn a_missing_tensor_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.safetensors");
+    let m = XAsset::<CpuBackend, f32>::init(&B, small(), 3).unwrap();
+    let mut tensors = m.to_host(&B).unwrap();
+    tensors.retain(|(n, _)| n != "o.bias");
+    zgrad::write_tensors(&path, &tensors, None).unwrap();
+    let err = XAsset::<CpuBackend, f32>::load(&B, &path).unwrap_err();
+    assert!(err.to_string().contains("o.bias"), "{err}");
+}
+
+fn trainer(seed: u64) -> Trainer<CpuBackend, f32> {
+    let m = XAsset::init(&B, small(), seed).unwrap();
+    let cfg = TrainerConfig {
+        schedule: TrainSchedule::PerSample,
+        ..TrainerConfig::default()
+    };
+    Trainer::new(B, m, cfg).unwrap()
+}
+
+#[test]
+fn resuming_from_a_checkpoint_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt.safetensors");
+    let mut straight = trainer(5);
+    let mut first = trainer(5);
+    for step in 0..2 {
+        let (x, y) = data(step);
+        straight.train_batch(&x, &y, 4).unwrap();
+        first.train_batch(&x, &y, 4).unwrap();
+    }
+    let meta = HashMap::from([("run".to_string(), "test".to_string())]);
+    first.save_checkpoint(&path, meta).unwrap();
+
+    let mut resumed = trainer(99); // different initial values, all overwritten
+    let meta = resumed.load_checkpoint(&path).unwrap();
+    assert_eq!(meta.get("run").map(String::as_str), Some("test"));
+    assert_eq!(meta.get(STEP_KEY).map(String::as_str), Some("2"));
+    assert_eq!(resumed.step(), 2);
+    for step in 2..4 {
+        let (x, y) = data(step);
+        let a = straight.train_batch(&x, &y, 4).unwrap();
+        let b = resumed.train_batch(&x, &y, 4).unwrap();
+        assert_eq!((a.step, a.loss, a.grad_norm), (b.step, b.loss, b.grad_norm));
+    }
+    for (a, b) in straight
+        .model()
+        .parameters()
+        .iter()
+        .zip(resumed.model().parameters())
+    {
+        assert_eq!(a.to_vec(&B).unwrap(), b.to_vec(&B).unwrap());
+    }
+}
