@@ -237,6 +237,12 @@ fn matmul(#[case] shapes: &str, #[case] f: OpFn) {
 #[case::layer_norm_bias_only("4,6;6", |t: &Tp<'_>, x: &[V]| t.layer_norm(&x[0], None, Some(&x[1]), 1e-5))]
 #[case::layer_norm_strided("6,4", |t: &Tp<'_>, x: &[V]| t.layer_norm(&t.transpose(&x[0], 0, 1)?, None, None, 1e-5))]
 #[case::bce("7;7", |t: &Tp<'_>, x: &[V]| t.bce_with_logits(&x[0], &x[1]))]
+#[case::mse("2,3;2,3", |t: &Tp<'_>, x: &[V]| t.mse(&x[0], &x[1]))]
+#[case::cross_entropy("3,4", |t: &Tp<'_>, x: &[V]| {
+    let targets = zgrad::one_hot::<f64>(&[2, 0, 3], 4)?;
+    let targets = Var::constant(zcompute::Backend::upload(t.backend(), &targets, &[3, 4])?);
+    t.cross_entropy(&x[0], &targets)
+})]
 fn rows_and_losses(#[case] shapes: &str, #[case] f: OpFn) {
     let dist = if shapes == "7;7" {
         Dist::Probability
