@@ -264,42 +264,66 @@ fn negative_control_scratch_saved_tensors_break<D: Driver>(b: CudaBackend<D>) {
     );
 }
 
+/// `$make()` returns a guard (held for the test) and a backend.
 macro_rules! suite {
     ($make:path) => {
         #[test]
         fn one_step_matches_the_oracle() {
-            super::one_step_matches_the_oracle($make());
+            let (_guard, b) = $make();
+            super::one_step_matches_the_oracle(b);
         }
         #[test]
         fn adamw_matches_the_oracle() {
-            super::adamw_matches_the_oracle($make());
+            let (_guard, b) = $make();
+            super::adamw_matches_the_oracle(b);
         }
         #[test]
         fn captured_steps_equal_eager_steps() {
-            super::captured_steps_equal_eager_steps($make());
+            let (_guard, b) = $make();
+            super::captured_steps_equal_eager_steps(b);
         }
         #[test]
         fn saved_tensors_survive_the_reset() {
-            super::saved_tensors_survive_the_reset($make());
+            let (_guard, b) = $make();
+            super::saved_tensors_survive_the_reset(b);
         }
         #[test]
         fn negative_control_scratch_saved_tensors_break() {
-            super::negative_control_scratch_saved_tensors_break($make());
+            let (_guard, b) = $make();
+            super::negative_control_scratch_saved_tensors_break(b);
         }
     };
 }
 
 mod mock {
-    suite!(super::mock);
+    /// A fresh simulated device per test: tests run in parallel.
+    fn device() -> ((), zcompute::CudaBackend<zdevice::SimDriver>) {
+        ((), super::mock())
+    }
+    suite!(device);
 }
 
 #[cfg(feature = "gpu")]
 mod gpu {
-    fn device() -> zcompute::CudaBackend<zdevice::CudaDriver> {
-        let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
-        let dev = zdevice::Device::open(driver, zdevice::DeviceConfig::default())
-            .expect("CUDA device 0 opens");
-        super::backend_on(dev)
+    use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+    /// One backend on CUDA device 0 for the binary; the guard serialises the tests (they share
+    /// its step scope and arena switches).
+    fn device() -> (
+        MutexGuard<'static, ()>,
+        zcompute::CudaBackend<zdevice::CudaDriver>,
+    ) {
+        static LOCK: Mutex<()> = Mutex::new(());
+        static GPU: OnceLock<zcompute::CudaBackend<zdevice::CudaDriver>> = OnceLock::new();
+        let guard = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+        let b = GPU.get_or_init(|| {
+            let driver =
+                zdevice::CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
+            let dev = zdevice::Device::open(driver, zdevice::DeviceConfig::default())
+                .expect("CUDA device 0 opens");
+            super::backend_on(dev)
+        });
+        (guard, b.clone())
     }
     suite!(device);
 }
