@@ -182,6 +182,13 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         })
     }
 
+    fn slots(&self) -> Result<&SampleSlots<B, T>> {
+        self.graphs
+            .samples
+            .as_ref()
+            .ok_or_else(|| GradError::BadInput("per-sample slots missing".into()))
+    }
+
     fn sample_slots(&mut self, sample_shape: &[usize]) -> Result<()> {
         if self
             .graphs
@@ -269,31 +276,21 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
         let losses = persistent_zeros(&*b, &[batch])?;
-        let captured = self.config.capture && !self.graphs.disabled;
-        if let Some(s) = &self.graphs.samples {
-            s.scale_upload(&*b, batch)?;
-        }
+        self.slots()?.scale_upload(&*b, batch)?;
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
         while i < batch {
-            let done =
-                in_step(&*b, || {
-                    let s =
-                        self.graphs.samples.as_ref().ok_or_else(|| {
-                            GradError::BadInput("per-sample slots missing".into())
-                        })?;
-                    s.xs.upload(&*b, &x[i * per..(i + 1) * per])?;
-                    s.ys.upload(&*b, &y[i..=i])?;
-                    if !self.run_sample(&parts)? {
-                        return Ok(false);
-                    }
-                    let s =
-                        self.graphs.samples.as_ref().ok_or_else(|| {
-                            GradError::BadInput("per-sample slots missing".into())
-                        })?;
-                    b.copy_into(&s.sample_loss, &losses.narrow(0, i, 1)?.reshape(&[])?)?;
-                    Ok(true)
-                })?;
+            let done = in_step(&*b, || {
+                let s = self.slots()?;
+                s.xs.upload(&*b, &x[i * per..(i + 1) * per])?;
+                s.ys.upload(&*b, &y[i..=i])?;
+                if !self.run_sample(&parts)? {
+                    return Ok(false);
+                }
+                let dst = losses.narrow(0, i, 1)?.reshape(&[])?;
+                b.copy_into(&self.slots()?.sample_loss, &dst)?;
+                Ok(true)
+            })?;
             if done {
                 i += 1;
             } else {
@@ -324,7 +321,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             grad_norm,
             lr,
             samples: batch,
-            captured: captured && self.config.capture && !self.graphs.disabled,
+            captured: self.config.capture && !self.graphs.disabled,
         })
     }
 }
