@@ -37,10 +37,24 @@ pub enum Schedule {
 pub enum LrSchedule {
     /// `--lr` throughout (after the warm-up).
     Constant,
-    /// Cosine decay from `--lr` to 0 over the run's steps (after the warm-up).
+    /// Half-cosine decay from `--lr` to 0 over the run's steps (after the warm-up).
     Cosine,
-    /// Straight-line decay from `--lr` to 0 over the run's steps (after the warm-up).
-    Linear,
+}
+
+impl LrSchedule {
+    /// zgrad's schedule for a run of `total_steps` with `warmup_steps` of linear warm-up.
+    #[must_use]
+    pub fn to_zgrad(self, warmup_steps: u64, total_steps: u64) -> zgrad::LrSchedule {
+        match self {
+            LrSchedule::Constant if warmup_steps == 0 => zgrad::LrSchedule::Constant,
+            LrSchedule::Constant => zgrad::LrSchedule::LinearWarmup { warmup_steps },
+            LrSchedule::Cosine => zgrad::LrSchedule::Cosine {
+                warmup_steps,
+                total_steps,
+                min_ratio: 0.0,
+            },
+        }
+    }
 }
 
 /// Train the XAsset model (reference/XASSET.md) on a CSV file or on a deterministic synthetic
@@ -49,7 +63,14 @@ pub enum LrSchedule {
 /// With no options: the default model size on the synthetic data, on the GPU when one is usable
 /// and on the CPU otherwise.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "ztrain", version, about, long_about, max_term_width = 100)]
+#[command(
+    name = "ztrain",
+    version,
+    about,
+    long_about,
+    max_term_width = 100,
+    args_override_self = true
+)]
 pub struct Options {
     /// Where to train: auto, cpu, cuda, or sim (the CUDA backend on the simulated driver).
     #[arg(long, value_enum, default_value_t = DeviceChoice::Auto, help_heading = "Device")]
@@ -117,7 +138,7 @@ pub struct Options {
     pub ff: usize,
 
     /// Passes over the training samples.
-    #[arg(long, default_value_t = 3, help_heading = "Training")]
+    #[arg(long, default_value_t = 2, help_heading = "Training")]
     pub epochs: usize,
 
     /// Samples per optimiser step (B). The last batch of an epoch may be smaller.

@@ -82,7 +82,7 @@ pub struct RunConfig {
 }
 
 /// Names a clap value the way the command line spells it.
-fn spelled<T: clap::ValueEnum>(v: &T) -> String {
+pub fn spelled<T: clap::ValueEnum>(v: &T) -> String {
     v.to_possible_value()
         .map(|p| p.get_name().to_string())
         .unwrap_or_default()

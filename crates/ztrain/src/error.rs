@@ -92,6 +92,10 @@ pub enum TrainError {
     #[error("compute: {0}")]
     Compute(#[from] zcompute::ComputeError),
 
+    /// Autograd, the model or the optimiser failed.
+    #[error("training: {0}")]
+    Grad(#[from] zgrad::GradError),
+
     /// The device failed.
     #[error("device: {0}")]
     Device(#[from] zdevice::DeviceError),

@@ -6,9 +6,13 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod error;
-pub mod lr;
+pub mod memory;
+pub mod progress;
 pub mod report;
 pub mod rng;
+pub mod run;
+pub mod step;
 
 pub use error::{Result, TrainError};

@@ -9,8 +9,12 @@
 //! ```
 //!
 //! (feature `f < K` weighs `+1` when `f` is even, `−1` when odd; the other features are noise).
-//! Then each label is flipped with probability `FLIP_PROBABILITY` (5%), so no model can beat
-//! 0.95 accuracy in expectation and a model that has learnt the rule lands near it.
+//! Samples too close to the boundary are redrawn: with `z` the sum above scaled to unit variance
+//! (`z = Σ_s Σ_f w_f x[s, f] / sqrt(S·K)`), a draw with `|z| < MARGIN` is discarded and the
+//! sample drawn again, so the classes are separated by a gap a model can find from a few
+//! thousand samples. Then each label is flipped with probability `FLIP_PROBABILITY` (5%), so
+//! no model can beat 0.95 accuracy in expectation and a model that has learnt the rule lands
+//! near it.
 //!
 //! Why this rule: the XAsset model pools over scales with a mean and has no position
 //! information, so its output is a symmetric function of the scales; a rule on scale averages
@@ -21,6 +25,9 @@ use crate::rng::Rng;
 
 /// Features that carry the signal (the first ones; fewer when `F` is smaller).
 pub const INFORMATIVE_FEATURES: usize = 8;
+
+/// Half-width of the gap around the boundary, in standard deviations of the rule's score.
+pub const MARGIN: f64 = 0.5;
 
 /// Probability that a label is flipped after the rule is applied.
 pub const FLIP_PROBABILITY: f64 = 0.05;
@@ -37,17 +44,29 @@ pub fn rule_weight(f: usize) -> f64 {
     }
 }
 
+/// The rule's score of one sample given as `S·F` values in CSV order, scaled to unit variance
+/// for standard normal features.
+#[must_use]
+pub fn score(sample: &[f32], scales: usize, features: usize) -> f64 {
+    let k = features.min(INFORMATIVE_FEATURES);
+    let mut sum = 0.0f64;
+    for s in 0..scales {
+        for f in 0..k {
+            sum += rule_weight(f) * f64::from(sample[s * features + f]);
+        }
+    }
+    sum / ((scales * k) as f64).sqrt()
+}
+
 /// The clean (unflipped) label of one sample given as `S·F` values in CSV order.
 #[must_use]
 pub fn clean_label(sample: &[f32], scales: usize, features: usize) -> f32 {
-    let mut score = 0.0f64;
-    for s in 0..scales {
-        for f in 0..features.min(INFORMATIVE_FEATURES) {
-            score += rule_weight(f) * f64::from(sample[s * features + f]);
-        }
+    // Averaging over the scales (or scaling) does not change the sign.
+    if score(sample, scales, features) > 0.0 {
+        1.0
+    } else {
+        0.0
     }
-    // Dividing by S (to get the averages) does not change the sign.
-    if score > 0.0 { 1.0 } else { 0.0 }
 }
 
 /// `samples` samples of `scales × features`, from `seed`.
@@ -59,7 +78,13 @@ pub fn generate(samples: usize, scales: usize, features: usize, seed: u64) -> Da
     let mut y = Vec::with_capacity(samples);
     for _ in 0..samples {
         let start = x.len();
-        x.extend((0..width).map(|_| rng.normal() as f32));
+        loop {
+            x.extend((0..width).map(|_| rng.normal() as f32));
+            if score(&x[start..], scales, features).abs() >= MARGIN {
+                break;
+            }
+            x.truncate(start);
+        }
         let mut label = clean_label(&x[start..], scales, features);
         if rng.next_f64() < FLIP_PROBABILITY {
             label = 1.0 - label;
@@ -104,6 +129,15 @@ mod tests {
         assert!((rate - FLIP_PROBABILITY).abs() < 0.006, "flip rate {rate}");
         // The rule is symmetric, so the classes are balanced.
         assert!((d.positive_fraction() - 0.5).abs() < 0.02);
+    }
+
+    #[test]
+    fn no_sample_lies_inside_the_margin() {
+        let d = generate(2000, 12, 193, 3);
+        let w = d.sample_width();
+        for i in 0..d.len() {
+            assert!(score(&d.x[i * w..(i + 1) * w], 12, 193).abs() >= MARGIN);
+        }
     }
 
     #[test]

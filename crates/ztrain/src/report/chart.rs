@@ -65,20 +65,25 @@ pub fn columns(steps: &[StepRecord], max: usize) -> Vec<Column> {
         .collect()
 }
 
-/// A "nice" axis maximum at or above `v` (1, 2 or 5 times a power of two's decimal neighbour).
+/// A "nice" axis maximum at or above `v`: 1, 2, 5 or 10 times a power of ten of a binary unit
+/// (B, KiB, MiB, GiB), so the gridlines read as round numbers in the units they print in.
 fn nice_max(v: u64) -> u64 {
     let v = v.max(1);
     let mut unit = 1u64;
-    while unit.saturating_mul(10) <= v {
-        unit = unit.saturating_mul(10);
+    while unit < (1 << 40) && v >= unit * 1024 {
+        unit *= 1024;
     }
-    for m in [1u64, 2, 5, 10] {
-        let c = unit.saturating_mul(m);
-        if c >= v {
-            return c;
-        }
+    let scaled = v.div_ceil(unit);
+    let mut pow = 1u64;
+    while pow * 10 < scaled {
+        pow *= 10;
     }
-    unit.saturating_mul(10)
+    let m = [1u64, 2, 5, 10]
+        .into_iter()
+        .map(|m| m * pow)
+        .find(|c| *c >= scaled)
+        .unwrap_or(10 * pow);
+    m.saturating_mul(unit)
 }
 
 /// Renders the chart for `steps` (empty runs get a chart with a note).
@@ -260,7 +265,7 @@ pub fn svg(steps: &[StepRecord]) -> String {
     }
     let _ = write!(
         s,
-        r#"<text x="{:.1}" y="{}" text-anchor="middle">step (optimiser step; ticks below the plot: arena resets)</text></svg>"#,
+        r#"<text x="{:.1}" y="{}" text-anchor="middle">arena step (ticks below the plot: steps whose end reset the arena)</text></svg>"#,
         LEFT + pw / 2.0,
         label_y + 22.0
     );
@@ -302,7 +307,9 @@ mod tests {
         assert_eq!(nice_max(0), 1);
         assert_eq!(nice_max(7), 10);
         assert_eq!(nice_max(130), 200);
-        assert_eq!(nice_max(4_000_001), 5_000_000);
+        assert_eq!(nice_max(624 * 1024 + 512), 1000 * 1024);
+        assert_eq!(nice_max(3 << 20), 5 << 20);
+        assert_eq!(nice_max(1 << 20), 1 << 20);
     }
 
     #[test]

@@ -117,8 +117,9 @@ impl MemoryReport {
         );
         s.push_str(&chart::svg(&self.steps));
         s.push_str(
-            "<p class=\"note\">Each column is one optimiser step (long runs are bucketed: a column shows its \
-             bucket's highest step). The stack is device memory held at the step's peak, by allocation class: \
+            "<p class=\"note\">Each column is one arena step: a step scope of the trainer (one per batch; one per \
+             sample and one for the update with the per-sample schedule; one per validation batch). Long runs \
+             are bucketed: a column shows its bucket's highest step. The stack is device memory held at the step's peak, by allocation class: \
              persistent (parameters, gradients, optimiser state), saved (tensors kept for backward), scratch \
              (the step's temporaries, reclaimed at its end), graph (memory owned by captured graphs). \
              The red line is memory the overflow pool served in the step (already counted in its class). \
