@@ -37,7 +37,7 @@ fn scratch(iters: u64, arena: &Arena<SimDriver>) -> Duration {
     let mut step = arena.step().expect("step");
     for i in 0..iters {
         let b = step.alloc_scratch(4096).expect("alloc");
-        black_box(&*b);
+        black_box(b.raw_ptr());
         drop(b);
         if i % 1024 == 1023 {
             step.end().expect("end");

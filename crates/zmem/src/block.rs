@@ -223,6 +223,23 @@ impl Block {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// A scratch block whose memory is not this handle's (its generation is never current).
+    pub(crate) fn stale_scratch(flags: &Arc<Flags>, p: &crate::arena::fast::Plain) -> Block {
+        let cell = GenCell::new(flags);
+        Block(Arc::new(BlockInner {
+            ptr: AtomicU64::new(p.ptr),
+            size: AtomicU64::new(p.size),
+            requested: AtomicU64::new(p.requested),
+            class: AllocClass::Scratch,
+            source: Source::Arena,
+            step: AtomicU64::new(p.step),
+            generation: AtomicU64::new(cell.current().wrapping_sub(1)),
+            cell,
+            owner: None,
+            _reservation: None,
+        }))
+    }
+
     pub(crate) fn arena_id(&self) -> u64 {
         self.0.cell.flags.arena_id
     }

@@ -275,7 +275,7 @@ impl<D: Driver> Arena<D> {
                 id,
                 ptr,
                 size,
-                cell: GenCell::new(&sh.flags),
+                cell: GenCell::new(&sh.core.flags),
                 owner: sh.reclaimer(),
             });
             let at = Some(sh.device.driver().now());
@@ -288,7 +288,7 @@ impl<D: Driver> Arena<D> {
             );
             let res = CaptureReservation {
                 mem,
-                arena_id: sh.flags.arena_id,
+                arena_id: sh.core.flags.arena_id,
                 retained: Mutex::default(),
             };
             (res, ev)
@@ -304,7 +304,7 @@ impl<D: Driver> Arena<D> {
         reservation: &'a CaptureReservation,
     ) -> MemResult<CaptureScope<'a, D>> {
         let sh = &self.shared;
-        if reservation.arena_id != sh.flags.arena_id {
+        if reservation.arena_id != sh.core.flags.arena_id {
             return Err(MemError::ForeignBlock);
         }
         let ev = {

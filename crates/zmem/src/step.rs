@@ -2,37 +2,30 @@
 //! step while one of them is alive does not compile. A handle cloned out of the scope (a plain
 //! `Block`) is checked at run time instead: the step's end keeps exactly that block.
 
+use std::cell::Cell;
 use std::marker::PhantomData;
-use std::ops::Deref;
 
 use zdevice::Driver;
 
 use crate::StepSummary;
 use crate::arena::Arena;
+use crate::arena::window::StepScratch;
 use crate::block::Block;
 use crate::class::AllocClass;
 use crate::error::{MemError, MemResult};
+use crate::scratch::Scratch;
+use crate::units::align_up;
 
 /// One step of a training loop. Ends with [`Step::end`] (or on drop, which logs errors).
+///
+/// `Send` but not `Sync`: its scratch fast path bumps through a window of the arena without
+/// the arena's lock, which is sound because one thread at a time allocates from it. Other
+/// threads allocate through the [`Arena`] (locked) meanwhile.
 pub struct Step<'a, D: Driver> {
     arena: &'a Arena<D>,
     index: u64,
     ended: bool,
-}
-
-/// A scratch block borrowed from its step: the step cannot end while this lives.
-/// Derefs to [`Block`]; clone that to keep memory past the step (the step's end then keeps it).
-#[derive(Debug)]
-pub struct Scratch<'s> {
-    block: Block,
-    _step: PhantomData<&'s ()>,
-}
-
-impl Deref for Scratch<'_> {
-    type Target = Block;
-    fn deref(&self) -> &Block {
-        &self.block
-    }
+    _one_thread: PhantomData<Cell<()>>,
 }
 
 impl<'a, D: Driver> Step<'a, D> {
@@ -41,6 +34,7 @@ impl<'a, D: Driver> Step<'a, D> {
             arena,
             index,
             ended: false,
+            _one_thread: PhantomData,
         }
     }
 
@@ -58,11 +52,25 @@ impl<'a, D: Driver> Step<'a, D> {
 
     /// Bump-allocates `bytes` of scratch (256-aligned). Inside a capture it comes from the
     /// active reservation instead (class `Graph`).
+    ///
+    /// The fast path takes no lock and counts no references: the step's window serves the
+    /// request unless it is too small (then the arena's lock is taken once to claim the next
+    /// window) or the arena must see the request (a recording, an active reservation, a
+    /// capture, a subscriber, returns deferred by a capture).
+    #[inline]
     pub fn alloc_scratch(&self, bytes: u64) -> MemResult<Scratch<'_>> {
-        let block = self.arena.shared.alloc(AllocClass::Scratch, bytes)?;
-        Ok(Scratch {
-            block,
-            _step: PhantomData,
+        let shared = &*self.arena.shared;
+        let core = &shared.core;
+        if core.fast.gate.load(std::sync::atomic::Ordering::Relaxed)
+            && !shared.device.is_capturing()
+            && let Some(size) = align_up(bytes)
+            && let Some(p) = core.fast.try_bump(size, bytes, self.index)
+        {
+            return Ok(Scratch::plain(p, core));
+        }
+        Ok(match shared.alloc_step_scratch(bytes, self.index)? {
+            StepScratch::Plain(p) => Scratch::plain(p, core),
+            StepScratch::Block(b) => Scratch::block(b, core),
         })
     }
 

@@ -1,7 +1,8 @@
 //! The timeline: a bounded ring of recent events, per-step aggregates kept for the whole run,
 //! and JSON export (written by hand: the format is small and fixed, no serde needed).
 
-use std::collections::VecDeque;
+mod ring;
+
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -139,9 +140,7 @@ pub struct StepRecord {
 }
 
 pub(crate) struct Timeline {
-    ring: VecDeque<Event>,
-    capacity: usize,
-    seq: u64,
+    ring: ring::Ring,
     pub(crate) steps: Vec<StepRecord>,
     pub(crate) current: StepRecord,
 }
@@ -149,9 +148,7 @@ pub(crate) struct Timeline {
 impl Timeline {
     pub(crate) fn new(capacity: usize) -> Timeline {
         Timeline {
-            ring: VecDeque::with_capacity(capacity.min(1 << 16)),
-            capacity,
-            seq: 0,
+            ring: ring::Ring::new(capacity),
             steps: Vec::new(),
             current: StepRecord::default(),
         }
@@ -159,7 +156,7 @@ impl Timeline {
 
     pub(crate) fn push(&mut self, at: Option<Duration>, kind: EventKind) -> Event {
         let ev = Event {
-            seq: self.seq + 1,
+            seq: self.ring.recorded() + 1,
             step: self.current.step,
             at,
             kind,
@@ -170,18 +167,19 @@ impl Timeline {
 
     /// Records an event without handing a copy back (the allocation fast path: no clone).
     pub(crate) fn record(&mut self, ev: Event) {
-        self.seq += 1;
-        if self.capacity > 0 {
-            if self.ring.len() == self.capacity {
-                self.ring.pop_front();
-            }
-            self.ring.push_back(ev);
-        }
+        self.ring.record(ev);
+    }
+
+    /// Records a scratch allocation of the current step (the fast path's, at a fold).
+    #[inline]
+    pub(crate) fn record_scratch_alloc(&mut self, bytes: u64, ptr: u64) {
+        let step = self.current.step;
+        self.ring.record_scratch_alloc(step, bytes, ptr);
     }
 
     /// The next sequence number and the step, for building an event to `record`.
     pub(crate) fn stamp(&self) -> (u64, u64) {
-        (self.seq + 1, self.current.step)
+        (self.ring.recorded() + 1, self.current.step)
     }
 
     /// Updates the step's peak with the current bytes by class.
@@ -200,9 +198,9 @@ impl Timeline {
             steps.push(self.current.clone());
         }
         TimelineSnapshot {
-            events: self.ring.iter().cloned().collect(),
+            events: self.ring.events(),
             steps,
-            dropped: self.seq.saturating_sub(self.ring.len() as u64),
+            dropped: self.ring.recorded() - self.ring.len() as u64,
         }
     }
 }

@@ -9,6 +9,7 @@ pub const ALIGN: u64 = 256;
 /// `bytes` rounded up to [`ALIGN`]; zero-byte requests take one aligned unit so that every
 /// block has a distinct address. `None` if the rounding overflows.
 #[must_use]
+#[inline]
 pub fn align_up(bytes: u64) -> Option<u64> {
     let bytes = bytes.max(1);
     bytes.checked_add(ALIGN - 1).map(|b| b & !(ALIGN - 1))

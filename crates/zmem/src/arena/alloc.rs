@@ -1,14 +1,13 @@
 //! The allocation paths: scratch bump (the fast path), the held region, growth within the cap,
 //! the overflow pool, and capture reservations.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, MutexGuard};
 
 use zdevice::{DeviceError, DevicePtr, Driver};
 
 use super::Shared;
 use super::held::HeldSegment;
-use super::scratch::Pin;
 use super::scratch::Segment;
 use super::state::State;
 use crate::block::{Block, BlockInner, GenCell, Source};
@@ -39,7 +38,7 @@ impl<D: Driver> Shared<D> {
         if size > total {
             return Err(too_large(format!("the device has {} in all", Bytes(total))));
         }
-        let routing = self.flags.capture_routing.load(Ordering::Relaxed);
+        let routing = self.core.flags.capture_routing.load(Ordering::Relaxed);
         let capturing = routing && self.device.is_capturing();
         let mut events = Vec::new();
         let block = {
@@ -127,49 +126,14 @@ impl<D: Driver> Shared<D> {
             },
         };
         st.cur = i;
+        let step = st.step_now();
         let seg = &mut st.segs[i];
         if off < seg.used_ever {
             st.n.reuses += 1;
         }
         seg.used_ever = seg.used_ever.max(off + size);
-        let ptr = seg.base.offset(off);
         let generation = seg.cell.current();
-        let step = st.step_now();
-        // Reuse a dead block's allocation when there is one (no malloc on the fast path). A
-        // segment's spares are its own dead blocks (same generation cell), referred to by the
-        // arena alone: nothing else can make a new reference to them.
-        let recycled = st.segs[i]
-            .spare
-            .pop()
-            .filter(|spare| Arc::strong_count(spare) == 1 && Arc::weak_count(spare) == 0);
-        if let Some(inner) = &recycled {
-            inner.ptr.store(ptr.0, Ordering::Relaxed);
-            inner.size.store(size, Ordering::Relaxed);
-            inner.requested.store(requested, Ordering::Relaxed);
-            inner.step.store(step, Ordering::Relaxed);
-            inner.generation.store(generation, Ordering::Release);
-        }
-        let arc = match recycled {
-            Some(a) => a,
-            None => {
-                let cell = Arc::clone(&st.segs[i].cell);
-                let what = Issue {
-                    class: AllocClass::Scratch,
-                    source: Source::Arena,
-                    requested,
-                    size,
-                };
-                self.make(st, what, ptr, &cell).0
-            }
-        };
-        let b = Block(Arc::clone(&arc));
-        let pin = Pin {
-            start: off,
-            end: off + size,
-            block: arc,
-        };
-        st.segs[i].fresh.push(pin);
-        Ok(b)
+        Ok(Block(seg.issue(off, size, requested, step, generation)))
     }
 
     fn alloc_held(
@@ -212,7 +176,7 @@ impl<D: Driver> Shared<D> {
     }
 
     /// The size of a new segment for `size` bytes if the cap allows one.
-    fn room_for(&self, st: &State, size: u64) -> Option<u64> {
+    pub(crate) fn room_for(&self, st: &State, size: u64) -> Option<u64> {
         let seg = size.max(self.config.segment_bytes);
         let left = st.cap.saturating_sub(st.seg_bytes);
         if seg <= left {
@@ -228,7 +192,7 @@ impl<D: Driver> Shared<D> {
     pub(crate) fn grow_scratch(&self, st: &mut State, size: u64) -> MemResult<()> {
         let base = self.device_alloc(st, AllocClass::Scratch, size, size)?;
         st.segs
-            .push(Segment::new(base, size, GenCell::new(&self.flags)));
+            .push(Segment::new(base, size, GenCell::new(&self.core.flags)));
         st.seg_bytes += size;
         Ok(())
     }
@@ -321,7 +285,7 @@ impl<D: Driver> Shared<D> {
     /// Records the overflow event; warns (with the full diagnostics) the first time the arena
     /// overflows, and afterwards at most once per step, when the step goes above the highest
     /// overflow of every earlier step.
-    fn overflowed(&self, st: &mut MutexGuard<'_, State>, events: &mut Vec<Event>) {
+    fn overflowed(&self, st: &mut State, events: &mut Vec<Event>) {
         let o = st.overflow;
         let step = st.step_now();
         let at = Some(self.device.driver().now());
@@ -405,6 +369,7 @@ impl<D: Driver> Shared<D> {
             }
             let index = st.last_step + 1;
             st.open_step = Some(index);
+            self.core.fast.set_open_step(index);
             st.last_step = index;
             st.step_origin = origin.to_string();
             st.timeline.current = crate::timeline::StepRecord {

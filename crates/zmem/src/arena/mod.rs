@@ -1,18 +1,22 @@
 //! The arena: scratch segments, the held region, the overflow pool and capture reservations
-//! over one `Device<D>`, with one mutex around the host-side bookkeeping.
+//! over one `Device<D>`, with one mutex around the host-side bookkeeping, and a lock-free
+//! scratch window for the open `Step` (see `fast`).
 
 mod alloc;
+pub(crate) mod fast;
 mod held;
+mod locked;
 mod reclaim;
 pub(crate) mod reclaim_summary {
     pub use super::reclaim::StepSummary;
 }
 mod scratch;
 pub(crate) mod state;
+pub(crate) mod window;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use zdevice::{Device, Driver};
 
@@ -23,6 +27,8 @@ use crate::diag::{Diagnostics, OverflowStats};
 use crate::error::{MemError, MemResult};
 use crate::step::{OwnedStep, Step};
 use crate::timeline::{Event, Timeline, TimelineSnapshot};
+use fast::FastScratch;
+pub(crate) use locked::{Core, Locked};
 use state::{Counters, State};
 
 /// A subscriber to the timeline, called (outside the arena's lock) with each event.
@@ -33,10 +39,8 @@ static NEXT_ARENA: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct Shared<D: Driver> {
     pub(crate) device: Device<D>,
     pub(crate) config: ArenaConfig,
-    pub(crate) flags: Arc<Flags>,
-    pub(crate) state: Mutex<State>,
+    pub(crate) core: Core,
     pub(crate) sinks: RwLock<Vec<Sink>>,
-    pub(crate) has_sinks: AtomicBool,
     pub(crate) me: Weak<Shared<D>>,
 }
 
@@ -118,14 +122,22 @@ impl<D: Driver> Arena<D> {
             next_reservation: 1,
             pending: Vec::new(),
             timeline: Timeline::new(config.timeline_events),
+            folded: fast::Folded::default(),
+            window_seg: None,
+            window_unused: 0,
+            plain_live: 0,
         };
+        let fast = FastScratch::new(config.timeline_events);
         let shared = Arc::new_cyclic(|me| Shared {
             device,
             config,
-            flags,
-            state: Mutex::new(state),
+            core: Core {
+                flags,
+                state: Mutex::new(state),
+                fast,
+                has_sinks: AtomicBool::new(false),
+            },
             sinks: RwLock::new(Vec::new()),
-            has_sinks: AtomicBool::new(false),
             me: me.clone(),
         });
         let arena = Arena { shared };
@@ -193,7 +205,7 @@ impl<D: Driver> Arena<D> {
     /// The block's address, checked: `UseAfterReclaim` if its memory was reclaimed,
     /// `ForeignBlock` if another arena issued it.
     pub fn resolve(&self, block: &Block) -> MemResult<zdevice::DevicePtr> {
-        if block.arena_id() != self.shared.flags.arena_id {
+        if block.arena_id() != self.shared.core.flags.arena_id {
             return Err(MemError::ForeignBlock);
         }
         block.ptr()
@@ -213,14 +225,17 @@ impl<D: Driver> Arena<D> {
     }
 
     /// Calls `sink` with every later event, outside the arena's lock (a sink may use the arena).
+    /// Allocations then take the locked path, so that the sink sees each event as it happens.
     pub fn subscribe(&self, sink: Sink) {
+        // Under the arena's lock: releasing it closes the fast path's gate.
+        let _st = self.shared.lock();
         let mut sinks = self
             .shared
             .sinks
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         sinks.push(sink);
-        self.shared.has_sinks.store(true, Ordering::Release);
+        self.shared.core.has_sinks.store(true, Ordering::Release);
     }
 
     /// The configuration the arena runs with.
@@ -253,7 +268,7 @@ impl<D: Driver> Arena<D> {
     /// Never turn a protection off in real code.
     #[doc(hidden)]
     pub fn set_protection_for_tests(&self, protection: Protection, enabled: bool) {
-        let f = &self.shared.flags;
+        let f = &self.shared.core.flags;
         let flag = match protection {
             Protection::GenerationCheck => &f.generation_check,
             Protection::KeepLiveScratch => &f.keep_live_scratch,
@@ -264,17 +279,13 @@ impl<D: Driver> Arena<D> {
 }
 
 impl<D: Driver> Shared<D> {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the bookkeeping half-updated in a way
-        // that matters more than losing the arena, so keep going.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        self.core.lock()
     }
 
     /// Sends events to subscribers (call after releasing the lock).
     pub(crate) fn publish(&self, events: &[Event]) {
-        if events.is_empty() || !self.has_sinks.load(Ordering::Acquire) {
+        if events.is_empty() || !self.core.has_sinks.load(Ordering::Acquire) {
             return;
         }
         let sinks = self
@@ -290,7 +301,7 @@ impl<D: Driver> Shared<D> {
     }
 
     pub(crate) fn wants_events(&self) -> bool {
-        self.has_sinks.load(Ordering::Relaxed)
+        self.core.has_sinks.load(Ordering::Relaxed)
     }
 
     pub(crate) fn reclaimer(&self) -> Weak<dyn Reclaim> {

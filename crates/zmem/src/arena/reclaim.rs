@@ -54,6 +54,9 @@ impl<D: Driver> Shared<D> {
         let mut kept_arcs = Vec::new();
         let result = {
             let mut st = self.lock();
+            self.close_window(&mut st);
+            // Plain scratch of the step is dead (it borrowed the step); any left is stale.
+            self.core.fast.set_open_step(0);
             st.open_step = None;
             st.prev_steps_peak = st.overflow.peak;
             let at = Some(self.device.driver().now());
@@ -93,6 +96,7 @@ impl<D: Driver> Shared<D> {
         events: &mut Vec<Event>,
     ) -> MemResult<StepSummary> {
         let keep = self
+            .core
             .flags
             .keep_live_scratch
             .load(std::sync::atomic::Ordering::Relaxed);

@@ -9,11 +9,12 @@
 //! for later steps, so the fast path neither mallocs nor frees in steady state.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use zdevice::DevicePtr;
 
-use crate::block::{BlockInner, GenCell};
+use crate::block::{BlockInner, GenCell, Source};
+use crate::class::AllocClass;
 use crate::error::LiveBlock;
 
 /// A range `[start, end)` of a segment and the block issued there (the arena's reference).
@@ -83,6 +84,77 @@ impl Segment {
                 }
             }
         }
+    }
+
+    /// Claims a window for bump allocation without the lock: at least `size` bytes (aligned)
+    /// from where `fit` would place them, extended up to `want` bytes, the next pin or the
+    /// segment's end. Returns `[start, end)`.
+    pub(crate) fn claim(&mut self, size: u64, want: u64) -> Option<(u64, u64)> {
+        let start = self.fit(size)?;
+        // `fit` left `cursor` at the first pin ending above `start`, which begins at or after
+        // `start + size`.
+        let mut end = self.size.min(start.saturating_add(want.max(size)));
+        if let Some(pin) = self.pins.get(self.cursor) {
+            end = end.min(pin.start).max(start + size);
+        }
+        self.off = end;
+        Some((start, end))
+    }
+
+    /// Gives back the unbumped tail `[cur, end)` of a window (if nothing was bumped above it
+    /// since) and records how far it was used.
+    pub(crate) fn unclaim(&mut self, cur: u64, end: u64) {
+        self.used_ever = self.used_ever.max(cur);
+        if self.off == end {
+            self.off = cur;
+        }
+    }
+
+    /// The arena's reference to a block over `[off, off + size)`, registered as issued in
+    /// this step: a dead block's allocation is reused when there is one (no malloc).
+    pub(crate) fn issue(
+        &mut self,
+        off: u64,
+        size: u64,
+        requested: u64,
+        step: u64,
+        generation: u64,
+    ) -> Arc<BlockInner> {
+        let ptr = self.base.offset(off).0;
+        // A segment's spares are its own dead blocks (same generation cell), referred to by
+        // the arena alone: nothing else can make a new reference to them.
+        let recycled = self
+            .spare
+            .pop()
+            .filter(|spare| Arc::strong_count(spare) == 1 && Arc::weak_count(spare) == 0);
+        let arc = match recycled {
+            Some(inner) => {
+                inner.ptr.store(ptr, Ordering::Relaxed);
+                inner.size.store(size, Ordering::Relaxed);
+                inner.requested.store(requested, Ordering::Relaxed);
+                inner.step.store(step, Ordering::Relaxed);
+                inner.generation.store(generation, Ordering::Release);
+                inner
+            }
+            None => Arc::new(BlockInner {
+                ptr: AtomicU64::new(ptr),
+                size: AtomicU64::new(size),
+                requested: AtomicU64::new(requested),
+                class: AllocClass::Scratch,
+                source: Source::Arena,
+                step: AtomicU64::new(step),
+                generation: AtomicU64::new(generation),
+                cell: Arc::clone(&self.cell),
+                owner: None,
+                _reservation: None,
+            }),
+        };
+        self.fresh.push(Pin {
+            start: off,
+            end: off + size,
+            block: Arc::clone(&arc),
+        });
+        arc
     }
 
     /// Bytes of live pins.

@@ -5,6 +5,7 @@ use std::sync::{Arc, Weak};
 
 use zdevice::DevicePool;
 
+use super::fast::Folded;
 use super::held::HeldSegment;
 use super::scratch::Segment;
 use crate::block::{BlockInner, GenCell, Returned};
@@ -68,11 +69,21 @@ pub(crate) struct State {
     /// Returns that arrived while a capture was active: applied once it has ended.
     pub(crate) pending: Vec<Returned>,
     pub(crate) timeline: Timeline,
+    /// How much of the fast path's counters and events has been folded in.
+    pub(crate) folded: Folded,
+    /// The segment of the open `Step`'s window, if one is open.
+    pub(crate) window_seg: Option<usize>,
+    /// Bytes of the window not bumped yet (as of the last fold): counted in its segment's
+    /// offset, but not allocated.
+    pub(crate) window_unused: u64,
+    /// Plain scratch handles alive (as of the last fold).
+    pub(crate) plain_live: u64,
 }
 
 impl State {
     pub(crate) fn diagnostics(&self) -> Diagnostics {
-        // Scratch blocks issued in the open step (or in steps whose reclaim was deferred).
+        // Scratch blocks issued in the open step (or in steps whose reclaim was deferred) that
+        // became refcounted handles; plain ones are counted by the fast path.
         let scratch_live = self
             .segs
             .iter()
@@ -114,7 +125,9 @@ impl State {
             overflow: self.overflow,
             bytes_by_class: self.by_class,
             // Overflow scratch blocks are counted as returnable (they report their drop).
-            live_handles: (scratch_live + pins_live + graph_live) as u64 + self.returnable_live,
+            live_handles: (scratch_live + pins_live + graph_live) as u64
+                + self.returnable_live
+                + self.plain_live,
             pinned_bytes: self.segs.iter().map(Segment::pinned_bytes).sum(),
             held_free: self.held.iter().map(HeldSegment::free_bytes).sum(),
             capture,
@@ -139,7 +152,8 @@ impl State {
     /// Scratch bytes bumped in the current step. Offsets only grow within a step, so the
     /// high-water mark is taken from this at each step end instead of on every allocation.
     pub(crate) fn bumped(&self) -> u64 {
-        self.segs.iter().map(|s| s.off).sum()
+        let offsets: u64 = self.segs.iter().map(|s| s.off).sum();
+        offsets.saturating_sub(self.window_unused)
     }
 
     /// The step events are attributed to.

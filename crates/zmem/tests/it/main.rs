@@ -4,6 +4,7 @@
 mod bodies;
 mod capture;
 mod classes;
+mod fast;
 mod props;
 mod scenarios;
 mod timeline;
