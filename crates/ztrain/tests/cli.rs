@@ -1,67 +1,9 @@
 //! The `ztrain` command as a user runs it: the built binary on tiny model sizes.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-use ztrain::checkpoint::Checkpoint;
+use common::{assert_fails_with, path_str, resume_matches_uninterrupted, text, tiny, ztrain};
 use ztrain::data::{csv, synthetic};
-
-/// A tiny model and data set: a run takes well under a second.
-const TINY: &[&str] = &[
-    "--features",
-    "6",
-    "--scales",
-    "3",
-    "--width",
-    "16",
-    "--heads",
-    "2",
-    "--ff",
-    "32",
-    "--samples",
-    "200",
-    "--batch",
-    "16",
-    "--epochs",
-    "2",
-];
-
-fn ztrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ztrain"))
-        .args(args)
-        .env_remove("ZMEM_ARENA_BYTES")
-        .output()
-        .expect("runs ztrain")
-}
-
-fn tiny(extra: &[&str]) -> Output {
-    let args: Vec<&str> = TINY.iter().chain(extra).copied().collect();
-    ztrain(&args)
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-fn assert_fails_with(o: &Output, needles: &[&str]) {
-    let (stdout, stderr) = text(o);
-    assert_eq!(
-        o.status.code(),
-        Some(1),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    for n in needles {
-        assert!(stderr.contains(n), "`{n}` not in stderr:\n{stderr}");
-    }
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
-}
 
 #[test]
 fn help_explains_every_option() {
@@ -235,50 +177,6 @@ fn a_checkpoint_of_another_configuration_is_refused() {
     );
 }
 
-/// Trains the tiny run once straight through and once stopped at `stop` and resumed; the
-/// final checkpoints (parameters, optimiser state, counters, generator, order) are equal.
-fn resume_matches_uninterrupted(extra: &[&str], stop: &str) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (full, split) = (dir.path().join("full.st"), dir.path().join("split.st"));
-    let run = |args: &[&str]| {
-        let o = tiny(&[extra, args].concat());
-        assert!(o.status.success(), "{:?}", text(&o));
-        text(&o).0
-    };
-    run(&["--checkpoint", path_str(&full)]);
-    let first = run(&["--checkpoint", path_str(&split), "--stop-after", stop]);
-    assert!(
-        first.contains(&format!("stopped after step {stop}")),
-        "{first}"
-    );
-    let partial = Checkpoint::load(&split).expect("partial checkpoint");
-    assert_eq!(partial.progress.step.to_string(), stop);
-    let second = run(&[
-        "--checkpoint",
-        path_str(&split),
-        "--resume",
-        path_str(&split),
-    ]);
-    assert!(
-        second.contains(&format!("resumed from {} at step {stop}", split.display())),
-        "{second}"
-    );
-    let (a, b) = (
-        Checkpoint::load(&full).expect("full"),
-        Checkpoint::load(&split).expect("split"),
-    );
-    assert_eq!(a.progress, b.progress);
-    for (name, t) in &a.params {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(&t.data),
-            bits(&b.params[name].data),
-            "parameter {name} differs"
-        );
-    }
-    assert_eq!(a.optim, b.optim);
-}
-
 #[test]
 fn resume_mid_epoch_equals_an_uninterrupted_run_on_the_cpu() {
     // 160 training samples in batches of 16: step 13 is in the middle of the second epoch.
@@ -337,4 +235,39 @@ fn memory_report_needs_a_device_arena() {
         "/tmp/never-written.html",
     ]);
     assert_fails_with(&o, &["--memory-report", "--device sim"]);
+}
+
+/// Final parameters of a tiny run with `extra` options, as bits.
+fn final_bits(extra: &[&str]) -> Vec<(String, Vec<u32>)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ck = dir.path().join("ck.st");
+    let o = tiny(&[extra, &["--checkpoint", path_str(&ck)]].concat());
+    assert!(o.status.success(), "{:?}", text(&o));
+    let c = ztrain::checkpoint::Checkpoint::load(&ck).expect("checkpoint");
+    c.params
+        .into_iter()
+        .map(|(n, t)| (n, t.data.iter().map(|v| v.to_bits()).collect()))
+        .collect()
+}
+
+#[test]
+fn capture_gives_the_eager_result_on_the_simulated_device() {
+    for schedule in ["batched", "per-sample"] {
+        let base = [
+            "--device",
+            "sim",
+            "--sim-memory",
+            "256M",
+            "--samples",
+            "60",
+            "--schedule",
+            schedule,
+        ];
+        let eager = final_bits(&base);
+        let captured = final_bits(&[&base[..], &["--capture"]].concat());
+        assert!(
+            eager == captured,
+            "{schedule}: captured run differs from eager"
+        );
+    }
 }

@@ -1,0 +1,108 @@
+//! Running the built `ztrain` binary on tiny sizes (shared by the CLI tests and their GPU twins).
+#![allow(dead_code)] // each test binary uses a subset
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use ztrain::checkpoint::Checkpoint;
+
+/// A tiny model and data set: a run takes well under a second.
+pub const TINY: &[&str] = &[
+    "--features",
+    "6",
+    "--scales",
+    "3",
+    "--width",
+    "16",
+    "--heads",
+    "2",
+    "--ff",
+    "32",
+    "--samples",
+    "200",
+    "--batch",
+    "16",
+    "--epochs",
+    "2",
+];
+
+pub fn ztrain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ztrain"))
+        .args(args)
+        .env_remove("ZMEM_ARENA_BYTES")
+        .output()
+        .expect("runs ztrain")
+}
+
+pub fn tiny(extra: &[&str]) -> Output {
+    let args: Vec<&str> = TINY.iter().chain(extra).copied().collect();
+    ztrain(&args)
+}
+
+pub fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+pub fn assert_fails_with(o: &Output, needles: &[&str]) {
+    let (stdout, stderr) = text(o);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    for n in needles {
+        assert!(stderr.contains(n), "`{n}` not in stderr:\n{stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// Trains the tiny run once straight through and once stopped at `stop` and resumed; the
+/// final checkpoints (parameters, optimiser state, counters, generator, order) are equal.
+pub fn resume_matches_uninterrupted(extra: &[&str], stop: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (full, split) = (dir.path().join("full.st"), dir.path().join("split.st"));
+    let run = |args: &[&str]| {
+        let o = tiny(&[extra, args].concat());
+        assert!(o.status.success(), "{:?}", text(&o));
+        text(&o).0
+    };
+    run(&["--checkpoint", path_str(&full)]);
+    let first = run(&["--checkpoint", path_str(&split), "--stop-after", stop]);
+    assert!(
+        first.contains(&format!("stopped after step {stop}")),
+        "{first}"
+    );
+    let partial = Checkpoint::load(&split).expect("partial checkpoint");
+    assert_eq!(partial.progress.step.to_string(), stop);
+    let second = run(&[
+        "--checkpoint",
+        path_str(&split),
+        "--resume",
+        path_str(&split),
+    ]);
+    assert!(
+        second.contains(&format!("resumed from {} at step {stop}", split.display())),
+        "{second}"
+    );
+    let (a, b) = (
+        Checkpoint::load(&full).expect("full"),
+        Checkpoint::load(&split).expect("split"),
+    );
+    assert_eq!(a.progress, b.progress);
+    for (name, t) in &a.params {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&t.data),
+            bits(&b.params[name].data),
+            "parameter {name} differs"
+        );
+    }
+    assert_eq!(a.optim, b.optim);
+}
