@@ -16,7 +16,7 @@ out=${2:-${report%.html}.png}
 if [[ $# -lt 1 ]]; then
     mkdir -p "$(dirname "$report")"
     cargo run --release -p ztrain -- --device sim --sim-memory 512M \
-        --samples 1024 --epochs 2 --batch 64 --width 64 --heads 4 --ff 256 \
+        --samples 512 --epochs 2 --batch 64 --width 64 --heads 4 --ff 256 \
         --schedule per-sample --arena-bytes 256K --segment-bytes 256K --arena-cap 2M \
         --overflow-reserve 4M --memory-report "$report"
 fi

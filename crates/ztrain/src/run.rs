@@ -274,6 +274,16 @@ fn evaluate<B: TrainBackend>(learner: &Trainer<B>, data: &Dataset) -> Result<Opt
     Ok(Some(Tally::of(e.samples, e.loss, e.accuracy)))
 }
 
+/// `batched, capture off`.
+fn schedule_line(c: &zgrad::TrainerConfig) -> String {
+    let schedule = match c.schedule {
+        zgrad::TrainSchedule::Batched => "batched",
+        zgrad::TrainSchedule::PerSample => "per-sample",
+    };
+    let capture = if c.capture { "on" } else { "off" };
+    format!("{schedule}, capture {capture}")
+}
+
 /// `F=193 S=12 D=256 H=4 FF=1024`.
 fn model_line(c: &XAssetConfig) -> String {
     format!(
