@@ -329,14 +329,7 @@ fn finish<B: TrainBackend + MemorySource>(
             facts: vec![
                 ("device".into(), description.to_string()),
                 ("model".into(), model_line(&learner.model().config)),
-                (
-                    "schedule".into(),
-                    format!(
-                        "{:?}, capture {}",
-                        learner.config().schedule,
-                        learner.config().capture
-                    ),
-                ),
+                ("schedule".into(), schedule_line(learner.config())),
                 ("optimiser steps".into(), steps.to_string()),
             ],
             steps: b.steps().unwrap_or_default(),
