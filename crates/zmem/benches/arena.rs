@@ -1,6 +1,6 @@
-//! Host cost of the arena's paths on the simulated device (the scratch fast path makes no
-//! device call, so this is what it costs on any device). Step ends are included, amortised
-//! over 1024 allocations, as in a loop that reclaims after every sample.
+//! Host cost of the arena's paths on the simulated device (the scratch paths make no device
+//! call, so this is what they cost on any device). Step ends are included, amortised over 1024
+//! allocations, as in a loop that reclaims after every sample.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -48,11 +48,32 @@ fn scratch(iters: u64, arena: &Arena<SimDriver>) -> Duration {
     t.elapsed()
 }
 
+/// The same through an `OwnedStep`, whose scratch comes out as refcounted `Block`s (the
+/// locked path: what a compute backend holding the step beside the arena uses).
+fn owned(iters: u64, arena: &Arena<SimDriver>) -> Duration {
+    let t = Instant::now();
+    let mut step = arena.step_owned().expect("step");
+    for i in 0..iters {
+        let b = step.alloc_scratch(4096).expect("alloc");
+        black_box(b.raw_ptr());
+        drop(b);
+        if i % 1024 == 1023 {
+            step.end().expect("end");
+            step = arena.step_owned().expect("step");
+        }
+    }
+    drop(step);
+    t.elapsed()
+}
+
 fn benches(c: &mut Criterion) {
     let dev = device();
     let arena = Arena::new(dev.clone(), config()).expect("arena");
     c.bench_function("arena scratch alloc+free (4 KiB)", |b| {
         b.iter_custom(|iters| scratch(iters, &arena));
+    });
+    c.bench_function("owned step scratch Block alloc+free (4 KiB)", |b| {
+        b.iter_custom(|iters| owned(iters, &arena));
     });
     c.bench_function("arena saved alloc+free (4 KiB)", |b| {
         b.iter(|| black_box(arena.alloc_saved(4096).expect("alloc")));
