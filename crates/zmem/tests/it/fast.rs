@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
-use zmem::{AllocClass, Arena, ArenaConfig, Block, Event, EventKind, Scratch, Source};
+use rstest::rstest;
+use zmem::{AllocClass, Arena, ArenaConfig, Block, CapturePlan, Event, EventKind, Scratch, Source};
 
 use crate::util::mock;
 
@@ -55,6 +56,9 @@ struct Expect {
     allocs_total: u64,
     allocs_step: u64,
     bytes_step: u64,
+    /// Scratch bytes held: kept and overflow ones from earlier steps, this step's, less the
+    /// overflow ones given back (arena scratch stays counted until the step ends).
+    scratch_held: u64,
 }
 
 fn check(
@@ -89,6 +93,12 @@ fn check(
     prop_assert_eq!(d.allocations, want.allocs_total, "{}", d);
     prop_assert_eq!(d.allocations_since_reset, want.allocs_step, "{}", d);
     prop_assert_eq!(d.bytes_since_reset, want.bytes_step, "{}", d);
+    prop_assert_eq!(
+        d.bytes_by_class.get(AllocClass::Scratch),
+        want.scratch_held,
+        "{}",
+        d
+    );
     prop_assert_eq!(d.live_handles, (plains.len() + kept.len()) as u64, "{}", d);
     prop_assert!(d.offset <= d.capacity, "{}", d);
     if ring >= 4096 {
@@ -142,6 +152,7 @@ proptest! {
             let mut first = true;
             want.allocs_step = 0;
             want.bytes_step = 0;
+            want.scratch_held = arena.diagnostics().bytes_by_class.get(AllocClass::Scratch);
             let mut plains: Vec<Scratch<'_>> = Vec::new();
             for (k, op) in ops.into_iter().enumerate() {
                 if sink_at == Some(index) && k == 1 {
@@ -151,15 +162,23 @@ proptest! {
                     }));
                     subscribed_at = Some(want.allocs_total);
                 }
-                let mut count = |n: u64| {
+                let mut count = |n: u64, scratch: bool| {
+                    let size = zmem::units::align_up(n).unwrap_or(0);
                     want.allocs_total += 1;
                     want.allocs_step += 1;
-                    want.bytes_step += zmem::units::align_up(n).unwrap_or(0);
+                    want.bytes_step += size;
+                    if scratch {
+                        want.scratch_held += size;
+                    }
+                };
+                // An overflow scratch handle gives its bytes back when its last clone goes.
+                let returned = |class: AllocClass, source: Source, size: u64| {
+                    if class == AllocClass::Scratch && source == Source::Overflow { size } else { 0 }
                 };
                 match op {
                     Op::Plain(n) | Op::Temp(n) | Op::Keep(n) => {
                         let s = step.alloc_scratch(n).map_err(fail)?;
-                        count(n);
+                        count(n, true);
                         if s.source() == Source::Arena {
                             let at = s.raw_ptr().0;
                             if first && reuse_expected {
@@ -171,12 +190,15 @@ proptest! {
                         match op {
                             Op::Plain(_) => plains.push(s),
                             Op::Keep(_) => kept.push(s.clone()),
-                            _ => drop(s),
+                            _ => {
+                                want.scratch_held -= returned(s.class(), s.source(), s.size());
+                                drop(s);
+                            }
                         }
                     }
                     Op::Locked(n) => {
                         let b = arena.alloc_scratch(n).map_err(fail)?;
-                        count(n);
+                        count(n, true);
                         if b.source() == Source::Arena {
                             if first && reuse_expected {
                                 prop_assert_eq!(Some(b.raw_ptr().0), base, "reclaimed scratch not reused");
@@ -188,16 +210,21 @@ proptest! {
                     }
                     Op::Saved(n) => {
                         kept.push(step.alloc_saved(n).map_err(fail)?);
-                        count(n);
+                        count(n, false);
                     }
                     Op::DropPlain(i) => {
                         if !plains.is_empty() {
-                            plains.swap_remove(i % plains.len());
+                            let s = plains.swap_remove(i % plains.len());
+                            want.scratch_held -= returned(s.class(), s.source(), s.size());
                         }
                     }
                     Op::DropKept(i) => {
                         if !kept.is_empty() {
-                            kept.swap_remove(i % kept.len());
+                            let b = kept.swap_remove(i % kept.len());
+                            let last = !kept.iter().any(|k| k.same(&b));
+                            if last {
+                                want.scratch_held -= returned(b.class(), b.source(), b.size());
+                            }
                         }
                     }
                 }
@@ -307,4 +334,109 @@ fn a_plain_scratch_becomes_a_block_once_and_only_when_asked() {
     assert!(b1.ptr().is_ok());
     drop((b1, b2));
     assert_eq!(arena.diagnostics().live_handles, 0);
+}
+
+/// What closes the fast path's gate while the step's window is open.
+#[derive(Clone, Copy, Debug)]
+enum Gate {
+    Recording,
+    Reservation,
+    Subscriber,
+    DeferredReturns,
+}
+
+/// With the window open (one allocation made), each of these must send the next scratch
+/// request to the locked path, where it is seen: recorded, served by the reservation, told to
+/// the subscriber, or preceded by the returns a capture deferred.
+#[rstest]
+#[case(Gate::Recording)]
+#[case(Gate::Reservation)]
+#[case(Gate::Subscriber)]
+#[case(Gate::DeferredReturns)]
+fn the_gate_sends_requests_past_an_open_window(#[case] gate: Gate) {
+    let dev = mock(64 << 20);
+    let arena = Arena::new(dev.clone(), crate::util::small(1 << 20)).unwrap();
+    let res = arena
+        .reserve_for_capture(&CapturePlan::from_requests([4096]))
+        .unwrap();
+    let persistent = arena.alloc_persistent(4096).unwrap();
+    let step = arena.step().unwrap();
+    let first = step.alloc_scratch(256).unwrap();
+    assert_eq!(first.source(), Source::Arena, "the window is open");
+    drop(first);
+    let seen: Arc<Mutex<Vec<Event>>> = Arc::default();
+    match gate {
+        Gate::Recording => {
+            let rec = arena.start_recording().unwrap();
+            drop(step.alloc_scratch(3000).unwrap());
+            assert_eq!(rec.finish().requests(), &[3072]);
+        }
+        Gate::Reservation => {
+            let _scope = arena.capture_into(&res).unwrap();
+            let s = step.alloc_scratch(3000).unwrap();
+            assert_eq!(
+                (s.class(), s.source()),
+                (AllocClass::Graph, Source::Reservation)
+            );
+        }
+        Gate::Subscriber => {
+            let to = Arc::clone(&seen);
+            arena.subscribe(Arc::new(move |e: &Event| {
+                to.lock().unwrap_or_else(|p| p.into_inner()).push(e.clone());
+            }));
+            drop(step.alloc_scratch(3000).unwrap());
+            let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            assert!(
+                matches!(
+                    got.last().map(|e| &e.kind),
+                    Some(EventKind::Alloc { bytes: 3072, .. })
+                ),
+                "{got:?}"
+            );
+        }
+        Gate::DeferredReturns => {
+            {
+                let _scope = arena.capture_into(&res).unwrap();
+                let cap = dev.begin_capture(dev.stream()).unwrap();
+                drop(persistent);
+                cap.end().unwrap();
+            }
+            let held = |a: &Arena<_>| a.diagnostics().bytes_by_class.get(AllocClass::Persistent);
+            assert_eq!(held(&arena), 4096, "deferred while capturing");
+            drop(step.alloc_scratch(3000).unwrap());
+            assert_eq!(
+                held(&arena),
+                0,
+                "the next allocation applies deferred returns"
+            );
+            return;
+        }
+    }
+    drop(persistent);
+}
+
+/// The window is claimed whole, but the diagnostics count what was bumped: offset and
+/// high-water follow the allocations, and reuse counts only memory an earlier step used.
+#[test]
+fn offset_high_water_and_reuse_count_allocations_not_the_window() {
+    let arena = Arena::new(mock(64 << 20), crate::util::small(1 << 20)).unwrap();
+    let step = arena.step().unwrap();
+    for _ in 0..4 {
+        drop(step.alloc_scratch(1024).unwrap());
+    }
+    let d = arena.diagnostics();
+    assert_eq!((d.offset, d.high_water, d.reuses), (4096, 4096, 0), "{d}");
+    step.end().unwrap();
+    let step = arena.step().unwrap();
+    for _ in 0..6 {
+        drop(step.alloc_scratch(1024).unwrap());
+    }
+    let d = arena.diagnostics();
+    assert_eq!((d.offset, d.high_water, d.reuses), (6144, 6144, 4), "{d}");
+    assert_eq!(d.bytes_by_class.get(AllocClass::Scratch), 6144, "{d}");
+    let summary = step.end().unwrap();
+    assert_eq!(
+        summary.reclaimed_bytes, 6144,
+        "the unused window is not reported"
+    );
 }
