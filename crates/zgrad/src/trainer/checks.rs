@@ -101,3 +101,60 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         Ok(found)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{bad_input, finite, locate};
+    use crate::error::{GradError, NonFiniteKind};
+
+    #[test]
+    fn loss_is_reported_before_gradient() {
+        assert!(finite(3, 0.5, 1.0).is_ok());
+        let kind = |r: crate::Result<()>| match r {
+            Err(GradError::NonFinite {
+                step: 3,
+                sample: None,
+                kind,
+            }) => Some(kind),
+            _ => None,
+        };
+        assert_eq!(
+            kind(finite(3, f64::NAN, f64::INFINITY)),
+            Some(NonFiniteKind::Loss)
+        );
+        assert_eq!(
+            kind(finite(3, 0.5, f64::INFINITY)),
+            Some(NonFiniteKind::Gradient)
+        );
+    }
+
+    #[test]
+    fn locate_fills_in_the_sample_and_keeps_other_errors() {
+        let err = || -> crate::Result<()> { finite(7, 0.1, f64::NAN) };
+        match locate(err(), |k| Ok((k == NonFiniteKind::Gradient).then_some(5))) {
+            Err(GradError::NonFinite {
+                step: 7,
+                sample: Some(5),
+                kind: NonFiniteKind::Gradient,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        // A failing search leaves the sample unknown rather than hiding the error.
+        match locate(err(), |_| Err(GradError::BadInput("x".into()))) {
+            Err(GradError::NonFinite { sample: None, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            locate::<()>(Err(GradError::Config("c".into())), |_| Ok(Some(1))),
+            Err(GradError::Config(_))
+        ));
+    }
+
+    #[test]
+    fn bad_input_finds_the_first_sample_with_a_non_finite_value() {
+        let x = [0.0f32, 1.0, 2.0, f32::INFINITY, 4.0, 5.0];
+        assert_eq!(bad_input(&x, &[0.0, 1.0, 0.0], 3), Some(1));
+        assert_eq!(bad_input(&[0.0f32; 6], &[0.0, f32::NAN, 0.0], 3), Some(1));
+        assert_eq!(bad_input(&[0.0f32; 6], &[0.0; 3], 3), None);
+    }
+}
