@@ -327,3 +327,48 @@ fn bad_batches_are_refused() {
         Err(GradError::BadInput(_))
     ));
 }
+
+#[rstest]
+#[case::batched(TrainSchedule::Batched)]
+#[case::per_sample(TrainSchedule::PerSample)]
+fn a_non_finite_gradient_with_a_finite_loss_names_the_sample(#[case] schedule: TrainSchedule) {
+    let f = tiny::<f32>();
+    let (b, mut t) = trainer(&f, config(schedule, false));
+    let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+    // Huge but finite inputs in sample 3, labelled against the sign of its (huge) logit: the
+    // loss stays finite (about 1e29), the squared gradient norm overflows float32.
+    let per = x.len() / 4;
+    let mut x = x.clone();
+    for v in &mut x[3 * per..] {
+        *v *= 1e30;
+    }
+    let mut y = y.clone();
+    let logit = t.predict(&x[3 * per..], 1).unwrap()[0];
+    y[3] = if logit > 0.0 { 0.0 } else { 1.0 };
+    let y = &y;
+    let before: Vec<Vec<f64>> = t
+        .model()
+        .parameters()
+        .iter()
+        .map(|p| host(&b, p.value()))
+        .collect();
+    let err = t.train_batch(&x, y, 4).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GradError::NonFinite {
+                step: 1,
+                sample: Some(3),
+                kind: NonFiniteKind::Gradient
+            }
+        ),
+        "{err}"
+    );
+    let after: Vec<Vec<f64>> = t
+        .model()
+        .parameters()
+        .iter()
+        .map(|p| host(&b, p.value()))
+        .collect();
+    assert_eq!(before, after, "no update after a non-finite gradient");
+}
