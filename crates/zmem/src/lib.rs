@@ -4,6 +4,8 @@
 //!   end), a held region for `saved` and `persistent` blocks, a stream-ordered overflow pool
 //!   with memory reserved up front, and [`CaptureReservation`]s for captured graphs.
 //! - [`Block`]: a cheap, cloneable handle carrying its memory's generation.
+//! - [`Scratch`]: a step's scratch allocation, a plain value (no lock, no reference count on
+//!   the fast path) until it is dereferenced to a `Block` to be kept.
 //! - [`Diagnostics`] and the timeline ([`TimelineSnapshot`]) explain the arena at any time.
 //!
 //! Live scratch at step end: a step's end keeps exactly the scratch blocks still referenced
