@@ -13,7 +13,7 @@ use crate::error::{Result, TrainError};
 pub enum DeviceChoice {
     /// The GPU when one is usable (driver loads, a device opens), else the CPU; says which.
     Auto,
-    /// The CPU backend (multi-threaded matrix products, no device memory system).
+    /// The CPU backend (tensors in host memory; no device arena).
     Cpu,
     /// The CUDA backend on GPU 0; an error if there is no usable GPU.
     Cuda,
@@ -181,24 +181,27 @@ pub struct Options {
 
     /// Scratch memory the arena allocates at start (K/M/G suffixes; default from
     /// ZMEM_ARENA_BYTES, else 64M).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
     pub arena_bytes: Option<u64>,
 
     /// Size of each segment the arena grows by (default ZMEM_SEGMENT_BYTES, else 64M).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
     pub segment_bytes: Option<u64>,
 
     /// Most the arena may grow to; past it requests go to the overflow pool (default
     /// ZMEM_ARENA_CAP_BYTES, else 3/4 of device memory).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
     pub arena_cap: Option<u64>,
 
     /// Overflow pool memory reserved up front (default ZMEM_OVERFLOW_RESERVE_BYTES, else 64M).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (arena)")]
+    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
     pub overflow_reserve: Option<u64>,
 
     /// Fill reclaimed and freed device memory with NaN so a use after reset fails loudly.
-    #[arg(long, help_heading = "Device memory (arena)")]
+    #[arg(
+        long,
+        help_heading = "Device memory (zmem arena; --device cuda or sim)"
+    )]
     pub poison: bool,
 
     /// Write a checkpoint here at the end of every epoch, every --checkpoint-every steps, and
@@ -216,7 +219,7 @@ pub struct Options {
     pub checkpoint_every: Option<u64>,
 
     /// Continue the run saved in this checkpoint (the options must match the ones it was
-    /// written with; --epochs may be raised). Ends bitwise equal to an uninterrupted run on the
+    /// written with; --epochs may be raised when --lr-schedule is constant). Ends bitwise equal to an uninterrupted run on the
     /// same device and backend.
     #[arg(long, value_name = "FILE", help_heading = "Checkpoints")]
     pub resume: Option<PathBuf>,
@@ -231,8 +234,8 @@ pub struct Options {
     #[arg(long, value_name = "FILE.html", help_heading = "Output")]
     pub memory_report: Option<PathBuf>,
 
-    /// Log level for the libraries' tracing output on stderr (error, warn, info, debug).
-    #[arg(long, default_value = "warn", help_heading = "Output")]
+    /// Log level of the libraries' tracing output on stderr.
+    #[arg(long, default_value = "warn", value_parser = ["error", "warn", "info", "debug", "trace"], help_heading = "Output")]
     pub log: String,
 }
 
