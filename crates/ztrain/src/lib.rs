@@ -11,6 +11,7 @@ pub mod error;
 pub mod memory;
 pub mod progress;
 pub mod report;
+pub mod resume;
 pub mod rng;
 pub mod run;
 pub mod step;
