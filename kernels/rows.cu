@@ -31,59 +31,10 @@ extern "C" __global__ void zc_reduce_rows_f32(float* out, const float* in, u64 r
     }
 }
 
-// Rows of up to 32 * V elements are held in registers (V per lane, lane-strided so every warp
-// load is one coalesced 128-byte line): one read of global memory, one write.
-template <int V>
-__device__ __forceinline__ void softmax_row_regs(float* y, const float* x, u64 n, unsigned lane) {
-    float v[V];
-    float m = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        u64 j = lane + 32ull * i;
-        v[i] = j < n ? x[j] : -INFINITY;
-        m = zc_maximum(m, v[i]);
-    }
-    m = warp_max(m);
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        u64 j = lane + 32ull * i;
-        v[i] = j < n ? expf(v[i] - m) : 0.0f;
-        s += v[i];
-    }
-    float inv = 1.0f / warp_sum(s);
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        u64 j = lane + 32ull * i;
-        if (j < n) y[j] = v[i] * inv;
-    }
-}
-
-// Calls BODY<V> with the smallest V in {1, 2, 4, 8, 16, 32} such that 32 * V >= n (n <= 1024).
-#define DISPATCH_REGS(n, BODY)              \
-    do {                                    \
-        u64 per_lane = ((n) + 31) / 32;     \
-        if (per_lane <= 1) BODY(1);         \
-        else if (per_lane <= 2) BODY(2);    \
-        else if (per_lane <= 4) BODY(4);    \
-        else if (per_lane <= 8) BODY(8);    \
-        else if (per_lane <= 16) BODY(16);  \
-        else BODY(32);                      \
-    } while (0)
-
-// out = exp(x - max) / sum(exp(x - max)) per row. Rows up to 1024 wide stay in registers;
-// longer ones take one pass for the running max and rescaled sum (online softmax) and one to
-// write.
+// out = exp(x - max) / sum(exp(x - max)) per row; one pass for the running max and rescaled
+// sum (online softmax), one to write.
 extern "C" __global__ void zc_softmax_rows_f32(float* out, const float* in, u64 rows, u64 n) {
     unsigned lane = threadIdx.x % 32;
-    if (n <= 1024) {
-        ROW_LOOP(row, rows) {
-#define BODY(V) softmax_row_regs<V>(out + row * n, in + row * n, n, lane)
-            DISPATCH_REGS(n, BODY);
-#undef BODY
-        }
-        return;
-    }
     ROW_LOOP(row, rows) {
         const float* x = in + row * n;
         float* y = out + row * n;
@@ -110,65 +61,13 @@ extern "C" __global__ void zc_softmax_rows_f32(float* out, const float* in, u64 
     }
 }
 
-// LayerNorm of one row held in registers (see softmax_row_regs).
-template <int V>
-__device__ __forceinline__ void layer_norm_row_regs(float* y, float* mean_out, float* rstd_out,
-                                                    const float* x, const float* weight,
-                                                    const float* bias, unsigned has_weight,
-                                                    unsigned has_bias, u64 n, float eps,
-                                                    unsigned lane) {
-    float v[V];
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        u64 j = lane + 32ull * i;
-        v[i] = j < n ? x[j] : 0.0f;
-        s += v[i];
-    }
-    float mean = warp_sum(s) * (1.0f / (float)n);
-    float q = 0.0f;
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        u64 j = lane + 32ull * i;
-        float c = v[i] - mean;
-        q += j < n ? c * c : 0.0f;
-    }
-    float var = warp_sum(q) * (1.0f / (float)n);
-    float rstd = 1.0f / sqrtf(var + eps);
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-        u64 j = lane + 32ull * i;
-        if (j < n) {
-            float t = (v[i] - mean) * rstd;
-            if (has_weight) t = t * weight[j];
-            if (has_bias) t = t + bias[j];
-            y[j] = t;
-        }
-    }
-    if (lane == 0) {
-        *mean_out = mean;
-        *rstd_out = rstd;
-    }
-}
-
 // LayerNorm with biased variance, two passes (mean, then squared deviations), as the CPU.
-// weight/bias are read only when has_weight/has_bias are set. Rows up to 1024 wide stay in
-// registers (one read of global memory); longer rows read it three times.
+// weight/bias are read only when has_weight/has_bias are set.
 extern "C" __global__ void zc_layer_norm_rows_f32(float* out, float* mean_out, float* rstd_out,
                                                   const float* in, const float* weight,
                                                   const float* bias, unsigned has_weight,
                                                   unsigned has_bias, u64 rows, u64 n, float eps) {
     unsigned lane = threadIdx.x % 32;
-    if (n <= 1024) {
-        ROW_LOOP(row, rows) {
-#define BODY(V)                                                                              \
-    layer_norm_row_regs<V>(out + row * n, mean_out + row, rstd_out + row, in + row * n, weight, \
-                           bias, has_weight, has_bias, n, eps, lane)
-            DISPATCH_REGS(n, BODY);
-#undef BODY
-        }
-        return;
-    }
     ROW_LOOP(row, rows) {
         const float* x = in + row * n;
         float* y = out + row * n;
