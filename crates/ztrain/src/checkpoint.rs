@@ -100,10 +100,13 @@ impl Checkpoint {
             T_ORDER.into(),
             (Dtype::U64, vec![p.order.len()], u64_bytes(&p.order)),
         );
+        let config_text = self.config.to_string();
         let checksum = checksum(
             entries
                 .iter()
-                .map(|(n, (_, _, b))| (n.as_str(), b.as_slice())),
+                .map(|(n, (d, shape, b))| (n.as_str(), *d, shape.as_slice(), b.as_slice())),
+            &config_text,
+            &self.backend,
         );
         let mut views = Vec::with_capacity(entries.len());
         for (name, (dtype, shape, bytes)) in &entries {
@@ -113,7 +116,7 @@ impl Checkpoint {
         }
         let meta = HashMap::from([
             (KEY_FORMAT.to_string(), FORMAT.to_string()),
-            (KEY_CONFIG.to_string(), self.config.to_string()),
+            (KEY_CONFIG.to_string(), config_text),
             (KEY_CHECKSUM.to_string(), format!("{checksum:016x}")),
             (KEY_BACKEND.to_string(), self.backend.clone()),
         ]);
@@ -143,8 +146,8 @@ impl Checkpoint {
                 "format `{format}`, this ztrain reads `{FORMAT}`"
             )));
         }
-        let config: Value = serde_json::from_str(&get(KEY_CONFIG)?)
-            .map_err(|e| corrupt(format!("configuration is not JSON: {e}")))?;
+        let config_text = get(KEY_CONFIG)?;
+        let backend = meta.get(KEY_BACKEND).cloned().unwrap_or_default();
         let want_sum = get(KEY_CHECKSUM)?;
         let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
         names.sort();
@@ -155,12 +158,20 @@ impl Checkpoint {
                 .map_err(|e| corrupt(format!("tensor {n}: {e}")))?;
             views.push((n.clone(), v));
         }
-        let got_sum = checksum(views.iter().map(|(n, v)| (n.as_str(), v.data())));
+        let got_sum = checksum(
+            views
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.dtype(), v.shape(), v.data())),
+            &config_text,
+            &backend,
+        );
         if format!("{got_sum:016x}") != want_sum {
             return Err(corrupt(
-                "tensor data does not match its checksum (the file was changed or damaged)".into(),
+                "contents do not match their checksum (the file was changed or damaged)".into(),
             ));
         }
+        let config: Value = serde_json::from_str(&config_text)
+            .map_err(|e| corrupt(format!("configuration is not JSON: {e}")))?;
         let mut params = BTreeMap::new();
         let mut optim = BTreeMap::new();
         let mut ints: HashMap<String, Vec<u64>> = HashMap::new();
@@ -215,7 +226,7 @@ impl Checkpoint {
         }
         Ok(Checkpoint {
             config,
-            backend: meta.get(KEY_BACKEND).cloned().unwrap_or_default(),
+            backend,
             progress: Progress {
                 step: counters[0],
                 epoch: counters[1],
@@ -269,13 +280,21 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-fn checksum<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u8])>) -> u64 {
+/// FNV-1a over every tensor's name, dtype, shape and bytes, the configuration text and the
+/// backend name: any change to what the run would read back is caught.
+fn checksum<'a>(
+    tensors: impl Iterator<Item = (&'a str, Dtype, &'a [usize], &'a [u8])>,
+    config: &str,
+    backend: &str,
+) -> u64 {
     let mut all = Vec::new();
-    for (name, bytes) in tensors {
-        all.extend_from_slice(name.as_bytes());
-        all.push(0);
+    for (name, dtype, shape, bytes) in tensors {
+        all.extend_from_slice(format!("{name}\0{dtype:?}{shape:?}\0").as_bytes());
         all.extend_from_slice(&fnv1a(bytes).to_le_bytes());
     }
+    all.extend_from_slice(config.as_bytes());
+    all.push(0);
+    all.extend_from_slice(backend.as_bytes());
     fnv1a(&all)
 }
 

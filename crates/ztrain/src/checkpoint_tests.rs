@@ -79,6 +79,24 @@ fn a_flipped_data_bit_is_caught_by_the_checksum() {
     assert!(corrupt_reason(&bytes).contains("checksum"));
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Any single flipped bit, in the header, the metadata or the data, is an error: never a
+    /// checkpoint that loads with different contents.
+    #[test]
+    fn any_flipped_bit_is_refused(at in 0.0f64..1.0, bit in 0u8..8) {
+        let mut bytes = sample().to_bytes().expect("bytes");
+        let i = ((bytes.len() as f64 * at) as usize).min(bytes.len() - 1);
+        bytes[i] ^= 1 << bit;
+        match Checkpoint::from_bytes(&bytes, Path::new("ck")) {
+            Err(TrainError::CheckpointCorrupt { .. }) => {}
+            Ok(c) => proptest::prop_assert_eq!(c, sample(), "byte {} bit {} loaded differently", i, bit),
+            Err(e) => proptest::prop_assert!(false, "byte {} bit {}: {}", i, bit, e),
+        }
+    }
+}
+
 #[test]
 fn a_plain_safetensors_file_is_not_a_checkpoint() {
     let data = f32_bytes(&[1.0, 2.0]);

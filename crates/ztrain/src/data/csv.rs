@@ -205,6 +205,21 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Any text either parses to a consistent data set or is a located fault: no panic, no
+        /// row dropped (every parsed data set has one label per data row).
+        #[test]
+        fn arbitrary_text_never_panics(text in "[0-9a-z.,\\- \n]{0,200}") {
+            match parse(&text, 1, 2) {
+                Ok(d) => {
+                    proptest::prop_assert_eq!(d.x.len(), d.y.len() * 2);
+                    proptest::prop_assert_eq!(d.y.len() + 1, text.lines().count());
+                }
+                Err(f) => proptest::prop_assert!(f.line >= 1 && f.column >= 1 && f.column <= 4),
+            }
+        }
+    }
+
     #[test]
     fn load_names_the_file() {
         let dir = tempfile::tempdir().expect("tempdir");
