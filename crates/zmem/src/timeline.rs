@@ -170,11 +170,15 @@ impl Timeline {
         self.ring.record(ev);
     }
 
-    /// Records a scratch allocation of the current step (the fast path's, at a fold).
-    #[inline]
-    pub(crate) fn record_scratch_alloc(&mut self, bytes: u64, ptr: u64) {
+    /// Records `count` scratch allocations of the current step (the fast path's, at a fold);
+    /// `event(i)` gives the `i`-th one's `(bytes, ptr)`.
+    pub(crate) fn record_scratch_allocs(
+        &mut self,
+        count: u64,
+        event: impl FnMut(u64) -> (u64, u64),
+    ) {
         let step = self.current.step;
-        self.ring.record_scratch_alloc(step, bytes, ptr);
+        self.ring.record_scratch_allocs(step, count, event);
     }
 
     /// The next sequence number and the step, for building an event to `record`.

@@ -205,15 +205,12 @@ pub(crate) fn fold(st: &mut State, f: &FastScratch) {
     let reuses = f.reuses.load(Ordering::Relaxed);
     let (n, b) = (allocs - st.folded.allocs, bytes - st.folded.bytes);
     if !f.log.is_empty() {
-        let mask = f.log.len() - 1;
-        for i in st.folded.allocs..allocs {
-            let slot = &f.log[i as usize & mask];
-            let (size, ptr) = (
-                slot.size.load(Ordering::Relaxed),
-                slot.ptr.load(Ordering::Relaxed),
-            );
-            st.timeline.record_scratch_alloc(size, ptr);
-        }
+        let (mask, from) = (f.log.len() - 1, st.folded.allocs);
+        st.timeline.record_scratch_allocs(n, |i| {
+            let slot = &f.log[(from + i) as usize & mask];
+            let size = slot.size.load(Ordering::Relaxed);
+            (size, slot.ptr.load(Ordering::Relaxed))
+        });
         f.drained.store(allocs, Ordering::Release);
     }
     st.n.allocations += n;

@@ -108,15 +108,41 @@ impl Ring {
         }
     }
 
-    /// Records a scratch allocation from the arena (the fast path's events).
-    #[inline]
-    pub(crate) fn record_scratch_alloc(&mut self, step: u64, bytes: u64, ptr: u64) {
-        self.put(Slot {
+    /// Records `count` scratch allocations from the arena made in `step` (the fast path's
+    /// events, at a fold), the `i`-th one's `(bytes, ptr)` given by `event(i)`. One pass with
+    /// the ring's state in locals: thousands of these arrive at once.
+    pub(crate) fn record_scratch_allocs(
+        &mut self,
+        step: u64,
+        count: u64,
+        mut event: impl FnMut(u64) -> (u64, u64),
+    ) {
+        let tag = Tag::Alloc(AllocClass::Scratch, Source::Arena);
+        let slot = |(bytes, ptr)| Slot {
             step,
             bytes,
             ptr,
-            tag: Tag::Alloc(AllocClass::Scratch, Source::Arena),
-        });
+            tag,
+        };
+        self.seq += count;
+        let mut i = 0;
+        while i < count && self.slots.len() < self.capacity {
+            self.slots.push(slot(event(i)));
+            i += 1;
+        }
+        if i == count || self.capacity == 0 {
+            return;
+        }
+        let (cap, mut head) = (self.capacity, self.head);
+        let slots = &mut self.slots[..cap];
+        for j in i..count {
+            slots[head] = slot(event(j));
+            head += 1;
+            if head == cap {
+                head = 0;
+            }
+        }
+        self.head = head;
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -192,7 +218,7 @@ mod tests {
             if i % 3 == 0 {
                 ring.record(other(i));
             } else {
-                ring.record_scratch_alloc(i, 256 * i, 0x1000 + i);
+                ring.record_scratch_allocs(i, 1, |_| (256 * i, 0x1000 + i));
             }
         }
         let events = ring.events();
@@ -214,11 +240,33 @@ mod tests {
         ));
     }
 
+    /// A batch larger than the ring keeps its newest events, after the older ones it pushes
+    /// out, exactly as one event at a time would.
+    #[test]
+    fn a_batch_wraps_like_single_events() {
+        let mut batch = Ring::new(7);
+        let mut single = Ring::new(7);
+        for r in [&mut batch, &mut single] {
+            r.record(other(1));
+            r.record_scratch_allocs(1, 1, |_| (256, 1));
+        }
+        batch.record_scratch_allocs(2, 20, |i| (512, 100 + i));
+        for i in 0..20 {
+            single.record_scratch_allocs(2, 1, |_| (512, 100 + i));
+        }
+        assert_eq!(batch.events(), single.events());
+        assert_eq!(batch.recorded(), 22);
+        assert!(matches!(
+            batch.events().last().map(|e| &e.kind),
+            Some(EventKind::Alloc { ptr: 119, .. })
+        ));
+    }
+
     #[test]
     fn a_ring_of_nothing_only_counts() {
         let mut ring = Ring::new(0);
         ring.record(other(1));
-        ring.record_scratch_alloc(1, 256, 0);
+        ring.record_scratch_allocs(1, 1, |_| (256, 0));
         assert_eq!((ring.recorded(), ring.len()), (2, 0));
         assert!(ring.events().is_empty() && ring.others.is_empty());
     }
