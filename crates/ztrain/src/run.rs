@@ -50,12 +50,13 @@ fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> TrainError {
 pub fn run(options: &Options, out: &mut dyn Write, show_bar: bool) -> Result<Outcome> {
     let config = options.config()?;
     let arena = options.arena_config()?;
-    if options.memory_report.is_some() && matches!(options.device, crate::cli::DeviceChoice::Cpu) {
-        return Err(TrainError::MemoryReport(
-            "the CPU backend has no device arena to report on; use --device sim (or cuda)".into(),
-        ));
-    }
     let opened = device::open(options.device, &arena, options.sim_memory)?;
+    if options.memory_report.is_some() && matches!(opened.engine, Engine::Cpu(_)) {
+        return Err(TrainError::MemoryReport(format!(
+            "the {} has no device arena to report on; use --device sim (or cuda)",
+            opened.description
+        )));
+    }
     let w = io_err("writing to");
     writeln!(out, "ztrain: {}", opened.description).map_err(&w)?;
     let name = opened.engine.backend_name();
