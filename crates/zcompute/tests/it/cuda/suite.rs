@@ -170,7 +170,7 @@ macro_rules! op_suite {
 
         #[test]
         fn errors_match_the_cpu() {
-            bodies::errors(&$backend());
+            super::errors::errors(&$backend());
         }
 
         #[test]
