@@ -49,6 +49,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
     drop(step);
+    // The same through an `OwnedStep` (scratch as refcounted `Block`s, the locked path): what a
+    // compute backend holding its step beside the arena pays per output.
+    let mut owned = Some(arena.step_owned()?);
+    let mut n = 0u32;
+    let owned_ns = per_op(200_000, || {
+        let s = owned.as_ref().expect("a step is open");
+        black_box(s.alloc_scratch(BYTES).expect("owned alloc").raw_ptr());
+        n += 1;
+        if n.is_multiple_of(1024) {
+            if let Some(s) = owned.take() {
+                s.end().expect("step end");
+            }
+            owned = Some(arena.step_owned().expect("step"));
+        }
+    });
+    drop(owned);
     let saved_ns = per_op(200_000, || {
         black_box(arena.alloc_saved(BYTES).expect("saved alloc").raw_ptr());
     });
@@ -68,6 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---:|---:|");
     for (name, ns) in [
         ("arena scratch alloc+free", arena_ns),
+        ("arena OwnedStep scratch Block alloc+free", owned_ns),
         ("arena saved alloc+free", saved_ns),
         ("cuMemAllocAsync+cuMemFreeAsync", async_ns),
         ("cuMemAlloc+cuMemFree", sync_ns),
