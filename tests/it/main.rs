@@ -2,6 +2,7 @@
 //! together. Each body is generic over the driver and expanded for the simulated device (tiny
 //! XAsset) and, under `gpu`, for CUDA device 0 (default XAsset size).
 
+mod a_overflow;
 mod b_capture;
 mod c_saved;
 mod common;

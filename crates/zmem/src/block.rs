@@ -24,6 +24,8 @@ pub(crate) struct Flags {
     pub(crate) generation_check: AtomicBool,
     pub(crate) keep_live_scratch: AtomicBool,
     pub(crate) capture_routing: AtomicBool,
+    /// Whether requests the segments cannot serve may go to the overflow pool.
+    pub(crate) overflow_enabled: AtomicBool,
 }
 
 /// The current generation of one piece of memory (a scratch segment, the held region, the

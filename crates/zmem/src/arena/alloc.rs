@@ -251,7 +251,8 @@ impl<D: Driver> Shared<D> {
         size: u64,
     ) -> MemResult<Block> {
         let _span = tracing::debug_span!("zmem.arena.overflow", requested, %class).entered();
-        let Some(pool) = st.pool else {
+        let enabled = self.core.flags.overflow_enabled.load(Ordering::Relaxed);
+        let (Some(pool), true) = (st.pool, enabled) else {
             return Err(MemError::OutOfMemory {
                 requested,
                 class,

@@ -94,6 +94,7 @@ impl<D: Driver> Arena<D> {
             generation_check: AtomicBool::new(true),
             keep_live_scratch: AtomicBool::new(true),
             capture_routing: AtomicBool::new(true),
+            overflow_enabled: AtomicBool::new(true),
         });
         let state = State {
             segs: Vec::new(),
@@ -262,6 +263,28 @@ impl<D: Driver> Arena<D> {
         };
         self.shared.publish(&events);
         Ok(())
+    }
+
+    /// Allows or forbids overflow into the stream-ordered pool (allowed by default). With it
+    /// forbidden, a request the segments cannot serve within the cap is `OutOfMemory` at once,
+    /// carrying the diagnostics: for runs that must stay inside the arena's budget.
+    pub fn set_overflow_enabled(&self, enabled: bool) {
+        self.shared
+            .core
+            .flags
+            .overflow_enabled
+            .store(enabled, Ordering::Relaxed);
+        tracing::info!(target: "zmem.arena.overflow", enabled, "overflow into the pool switched");
+    }
+
+    /// Whether requests may overflow into the pool.
+    #[must_use]
+    pub fn overflow_enabled(&self) -> bool {
+        self.shared
+            .core
+            .flags
+            .overflow_enabled
+            .load(Ordering::Relaxed)
     }
 
     /// Test-only: switches one protection off or on, to prove that its test can fail.

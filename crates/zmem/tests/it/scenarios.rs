@@ -188,3 +188,36 @@ fn overflow_never_synchronises_the_device() {
     }
     assert!(calls.contains(&"cuMemAllocFromPoolAsync") && calls.contains(&"cuMemFreeAsync"));
 }
+
+/// With overflow forbidden, a request past the cap is `OutOfMemory` at once (the diagnostics
+/// say why, nothing reached the pool); allowed again, the same request overflows.
+#[test]
+fn forbidden_overflow_is_out_of_memory_at_once() {
+    let arena = Arena::new(mock(64 << 20), small(256 << 10)).unwrap();
+    assert!(arena.overflow_enabled());
+    arena.set_overflow_enabled(false);
+    let step = arena.step().unwrap();
+    let mut live = Vec::new();
+    let err = loop {
+        match step.alloc_scratch(64 << 10) {
+            Ok(b) => live.push(b.clone()),
+            Err(e) => break e,
+        }
+    };
+    match &err {
+        MemError::OutOfMemory {
+            diagnostics,
+            device,
+            ..
+        } => {
+            assert_eq!(diagnostics.overflow.calls, 0, "{diagnostics}");
+            assert!(device.is_none(), "no device call was made");
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    assert_eq!(live.len(), 4, "the cap holds four 64 KiB blocks");
+    arena.set_overflow_enabled(true);
+    let b = step.alloc_scratch(64 << 10).unwrap();
+    assert_eq!(b.source(), zmem::Source::Overflow);
+    assert_eq!(arena.diagnostics().overflow.calls, 1);
+}
