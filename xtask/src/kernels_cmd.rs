@@ -20,6 +20,14 @@ pub fn run(check: bool) -> Result<()> {
     let kernels = root.join("kernels");
     let committed = kernels.join("ptx");
     let sources = sources(&kernels)?;
+    if sources.is_empty() {
+        // An xtask built from another checkout (its workspace root is compiled in) would
+        // otherwise "check" an absent folder and pass.
+        return Err(XtaskError::Other(format!(
+            "no kernels/*.cu under {}; is this xtask built from this checkout?",
+            root.display()
+        )));
+    }
     let nvcc = nvcc()?;
     let out = if check {
         root.join("target/xtask-kernels-check")
