@@ -249,6 +249,7 @@ mod tests {
             generation_check: AtomicBool::new(true),
             keep_live_scratch: AtomicBool::new(true),
             capture_routing: AtomicBool::new(true),
+            overflow_enabled: AtomicBool::new(true),
         });
         Segment::new(DevicePtr(0x1000), size, GenCell::new(&flags))
     }
