@@ -46,11 +46,9 @@ fn mock() -> CudaBackend<SimDriver> {
     backend_on(dev)
 }
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::fixture;
 
 struct Tiny {
     input: TensorFile<f32>,

@@ -9,11 +9,9 @@ use std::path::PathBuf;
 use zcompute::{Backend, CpuBackend, Element};
 use zgrad::{AdamW, AdamWHyper, PARAMETER_NAMES, Tape, TensorFile, Var, XAsset, read_tensors};
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::fixture;
 
 fn rel(got: &[f64], want: &[f64]) -> f64 {
     let d: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();

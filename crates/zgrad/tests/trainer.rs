@@ -14,11 +14,9 @@ use zgrad::{
     TrainerConfig, XAsset, read_tensors,
 };
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-}
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::fixture;
 
 struct Tiny<T> {
     input: TensorFile<T>,
