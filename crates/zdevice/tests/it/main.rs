@@ -161,6 +161,7 @@ mod mock {
 /// The suite on the real CUDA device (the `gpu` feature; fails when there is no GPU).
 #[cfg(feature = "gpu")]
 mod gpu {
+    #[allow(clippy::print_stderr)] // the device name belongs in the GPU run's log
     fn open() -> zdevice::Device<zdevice::CudaDriver> {
         let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
         let dev = zdevice::Device::open(driver, zdevice::DeviceConfig::default())
