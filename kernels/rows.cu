@@ -1,7 +1,8 @@
 // Row-wise kernels over the last axis of a dense [rows, n] tensor: reductions, softmax and
 // LayerNorm. One warp per row (8 rows per 256-thread block, grid-stride over rows); each lane
 // walks the row with stride 32 and the warp combines with shuffles, a tree whose error grows
-// with log(n), like the CPU's pairwise sums.
+// with log(n), like the CPU's pairwise sums. Softmax and LayerNorm also have register-resident
+// variants for narrow rows (see "Rows in registers" below).
 #include "common.cuh"
 
 #define WARPS_PER_BLOCK 8
@@ -93,3 +94,198 @@ extern "C" __global__ void zc_layer_norm_rows_f32(float* out, float* mean_out, f
         }
     }
 }
+
+// ---- Rows in registers ----------------------------------------------------------------------
+// For rows with n % 4 == 0, n <= 128 * V and 16-byte aligned base pointers (the host checks all
+// three): each lane holds up to V float4s of its row (float4 index lane + 32 * i), so the row is
+// read from global memory once, with 16-byte loads, and written once. One entry per V, so each
+// instance gets the register budget of its own width (a single kernel with a runtime switch
+// over V would carry the widest variant's registers and lose occupancy). Each warp handles R
+// rows at a time so that narrow rows still keep enough loads in flight.
+
+__device__ __forceinline__ float4 float4_splat(float v) { return make_float4(v, v, v, v); }
+
+template <int V, int R>
+__device__ __forceinline__ void softmax_rows_vec(float* out, const float* in, u64 rows, u64 n) {
+    const unsigned lane = threadIdx.x % 32;
+    const u64 n4 = n / 4;
+    const u64 warps = (u64)gridDim.x * WARPS_PER_BLOCK;
+    for (u64 first = ((u64)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32) * R; first < rows;
+         first += warps * R) {
+        float4 v[R][V];
+        float m[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float4* x = reinterpret_cast<const float4*>(in + (first + r) * n);
+            bool live = first + r < rows;
+            m[r] = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                u64 j = lane + 32ull * i;
+                v[r][i] = (live && j < n4) ? __ldcs(x + j) : float4_splat(-INFINITY);
+                m[r] = zc_maximum(m[r], zc_maximum(zc_maximum(v[r][i].x, v[r][i].y),
+                                                   zc_maximum(v[r][i].z, v[r][i].w)));
+            }
+        }
+        float s[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            m[r] = warp_max(m[r]);
+            s[r] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                u64 j = lane + 32ull * i;
+                if (j < n4) {
+                    float4 e;
+                    e.x = expf(v[r][i].x - m[r]);
+                    e.y = expf(v[r][i].y - m[r]);
+                    e.z = expf(v[r][i].z - m[r]);
+                    e.w = expf(v[r][i].w - m[r]);
+                    v[r][i] = e;
+                    s[r] += (e.x + e.y) + (e.z + e.w);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            // A NaN anywhere makes the max, every exp and the sum NaN, so the row is NaN, as in
+            // the general kernel.
+            float inv = 1.0f / warp_sum(s[r]);
+            if (first + r >= rows) continue;
+            float4* y = reinterpret_cast<float4*>(out + (first + r) * n);
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                u64 j = lane + 32ull * i;
+                if (j < n4) {
+                    float4 o = v[r][i];
+                    o.x *= inv;
+                    o.y *= inv;
+                    o.z *= inv;
+                    o.w *= inv;
+                    __stcs(y + j, o);
+                }
+            }
+        }
+    }
+}
+
+template <int V, int R>
+__device__ __forceinline__ void layer_norm_rows_vec(float* out, float* mean_out, float* rstd_out,
+                                                    const float* in, const float* weight,
+                                                    const float* bias, unsigned has_weight,
+                                                    unsigned has_bias, u64 rows, u64 n,
+                                                    float eps) {
+    const unsigned lane = threadIdx.x % 32;
+    const u64 n4 = n / 4;
+    const u64 warps = (u64)gridDim.x * WARPS_PER_BLOCK;
+    const float inv_n = 1.0f / (float)n;
+    for (u64 first = ((u64)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32) * R; first < rows;
+         first += warps * R) {
+        float4 v[R][V];
+        float mean[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float4* x = reinterpret_cast<const float4*>(in + (first + r) * n);
+            bool live = first + r < rows;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                u64 j = lane + 32ull * i;
+                v[r][i] = (live && j < n4) ? __ldcs(x + j) : float4_splat(0.0f);
+                s += (v[r][i].x + v[r][i].y) + (v[r][i].z + v[r][i].w);
+            }
+            mean[r] = s;
+        }
+        float rstd[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            mean[r] = warp_sum(mean[r]) * inv_n;
+            // Two passes as the CPU: squared deviations from the mean, from registers.
+            float q = 0.0f;
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                u64 j = lane + 32ull * i;
+                if (j < n4) {
+                    float4 c = v[r][i];
+                    c.x -= mean[r];
+                    c.y -= mean[r];
+                    c.z -= mean[r];
+                    c.w -= mean[r];
+                    q += (c.x * c.x + c.y * c.y) + (c.z * c.z + c.w * c.w);
+                }
+            }
+            rstd[r] = q;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float var = warp_sum(rstd[r]) * inv_n;
+            rstd[r] = 1.0f / sqrtf(var + eps);
+        }
+        const float4* w4 = reinterpret_cast<const float4*>(weight);
+        const float4* b4 = reinterpret_cast<const float4*>(bias);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            u64 j = lane + 32ull * i;
+            if (j >= n4) continue;
+            float4 w = has_weight ? w4[j] : float4_splat(1.0f);
+            float4 b = has_bias ? b4[j] : float4_splat(0.0f);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (first + r >= rows) continue;
+                float4 o = v[r][i];
+                o.x = (o.x - mean[r]) * rstd[r];
+                o.y = (o.y - mean[r]) * rstd[r];
+                o.z = (o.z - mean[r]) * rstd[r];
+                o.w = (o.w - mean[r]) * rstd[r];
+                if (has_weight) {
+                    o.x *= w.x;
+                    o.y *= w.y;
+                    o.z *= w.z;
+                    o.w *= w.w;
+                }
+                if (has_bias) {
+                    o.x += b.x;
+                    o.y += b.y;
+                    o.z += b.z;
+                    o.w += b.w;
+                }
+                __stcs(reinterpret_cast<float4*>(out + (first + r) * n) + j, o);
+            }
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (first + r < rows) {
+                    mean_out[first + r] = mean[r];
+                    rstd_out[first + r] = rstd[r];
+                }
+            }
+        }
+    }
+}
+
+// Rows per warp of the V = 1, 2, 4, 8 entries (kernels.rs: Kernel::rows_per_warp mirrors it).
+#define ROWS_PER_WARP(V) ((V) <= 2 ? 2 : 1)
+
+#define SOFTMAX_VEC_ENTRY(V)                                                                 \
+    extern "C" __global__ void zc_softmax_rows_v##V##_f32(float* out, const float* in,       \
+                                                          u64 rows, u64 n) {                 \
+        softmax_rows_vec<V, ROWS_PER_WARP(V)>(out, in, rows, n);                             \
+    }
+SOFTMAX_VEC_ENTRY(1)
+SOFTMAX_VEC_ENTRY(2)
+SOFTMAX_VEC_ENTRY(4)
+SOFTMAX_VEC_ENTRY(8)
+
+#define LAYER_NORM_VEC_ENTRY(V)                                                              \
+    extern "C" __global__ void zc_layer_norm_rows_v##V##_f32(                                \
+        float* out, float* mean_out, float* rstd_out, const float* in, const float* weight,  \
+        const float* bias, unsigned has_weight, unsigned has_bias, u64 rows, u64 n,          \
+        float eps) {                                                                         \
+        layer_norm_rows_vec<V, ROWS_PER_WARP(V)>(out, mean_out, rstd_out, in, weight, bias,  \
+                                                 has_weight, has_bias, rows, n, eps);        \
+    }
+LAYER_NORM_VEC_ENTRY(1)
+LAYER_NORM_VEC_ENTRY(2)
+LAYER_NORM_VEC_ENTRY(4)
+LAYER_NORM_VEC_ENTRY(8)

@@ -44,6 +44,16 @@ pub enum Kernel {
     LayerNormRows,
     BceMean,
     AdamW,
+    /// Register-resident softmax rows, 1/2/4/8 float4s per lane (see [`vec_lanes`]).
+    SoftmaxRowsV1,
+    SoftmaxRowsV2,
+    SoftmaxRowsV4,
+    SoftmaxRowsV8,
+    /// Register-resident LayerNorm rows, 1/2/4/8 float4s per lane.
+    LayerNormRowsV1,
+    LayerNormRowsV2,
+    LayerNormRowsV4,
+    LayerNormRowsV8,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -58,8 +68,14 @@ pub(crate) struct Spec {
 
 use Param::{F32, Ptr, U32, U64};
 
+/// Parameters of every softmax row kernel: out, in, rows, n.
+const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];
+/// Parameters of every LayerNorm row kernel: out, mean, rstd, in, weight, bias, has_weight,
+/// has_bias, rows, n, eps.
+const LAYER_NORM: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32];
+
 impl Kernel {
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 20] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -72,10 +88,52 @@ impl Kernel {
         Kernel::LayerNormRows,
         Kernel::BceMean,
         Kernel::AdamW,
+        Kernel::SoftmaxRowsV1,
+        Kernel::SoftmaxRowsV2,
+        Kernel::SoftmaxRowsV4,
+        Kernel::SoftmaxRowsV8,
+        Kernel::LayerNormRowsV1,
+        Kernel::LayerNormRowsV2,
+        Kernel::LayerNormRowsV4,
+        Kernel::LayerNormRowsV8,
     ];
 
     pub(crate) fn index(self) -> usize {
         self as usize
+    }
+
+    /// The register-resident softmax kernel holding `lanes` float4s per lane (1, 2, 4 or 8).
+    pub(crate) fn softmax_vec(lanes: u32) -> Option<Kernel> {
+        match lanes {
+            1 => Some(Kernel::SoftmaxRowsV1),
+            2 => Some(Kernel::SoftmaxRowsV2),
+            4 => Some(Kernel::SoftmaxRowsV4),
+            8 => Some(Kernel::SoftmaxRowsV8),
+            _ => None,
+        }
+    }
+
+    /// The register-resident LayerNorm kernel holding `lanes` float4s per lane.
+    pub(crate) fn layer_norm_vec(lanes: u32) -> Option<Kernel> {
+        match lanes {
+            1 => Some(Kernel::LayerNormRowsV1),
+            2 => Some(Kernel::LayerNormRowsV2),
+            4 => Some(Kernel::LayerNormRowsV4),
+            8 => Some(Kernel::LayerNormRowsV8),
+            _ => None,
+        }
+    }
+
+    /// Float4s per lane of a register-resident row kernel (`V` in rows.cu), or `None` for the
+    /// other kernels.
+    pub(crate) fn vec_lanes(self) -> Option<u32> {
+        match self {
+            Kernel::SoftmaxRowsV1 | Kernel::LayerNormRowsV1 => Some(1),
+            Kernel::SoftmaxRowsV2 | Kernel::LayerNormRowsV2 => Some(2),
+            Kernel::SoftmaxRowsV4 | Kernel::LayerNormRowsV4 => Some(4),
+            Kernel::SoftmaxRowsV8 | Kernel::LayerNormRowsV8 => Some(8),
+            _ => None,
+        }
     }
 
     pub(crate) fn spec(self) -> Spec {
@@ -99,13 +157,16 @@ impl Kernel {
             Kernel::CopyStrided => s(0, "zc_copy_strided_f32", &[Ptr, Ptr, U64], 2),
             Kernel::FillStrided => s(0, "zc_fill_strided_f32", &[Ptr, F32, U64], 1),
             Kernel::ReduceRows => s(1, "zc_reduce_rows_f32", &[Ptr, Ptr, U64, U64, U32], 0),
-            Kernel::SoftmaxRows => s(1, "zc_softmax_rows_f32", &[Ptr, Ptr, U64, U64], 0),
-            Kernel::LayerNormRows => s(
-                1,
-                "zc_layer_norm_rows_f32",
-                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32],
-                0,
-            ),
+            Kernel::SoftmaxRows => s(1, "zc_softmax_rows_f32", SOFTMAX, 0),
+            Kernel::LayerNormRows => s(1, "zc_layer_norm_rows_f32", LAYER_NORM, 0),
+            Kernel::SoftmaxRowsV1 => s(1, "zc_softmax_rows_v1_f32", SOFTMAX, 0),
+            Kernel::SoftmaxRowsV2 => s(1, "zc_softmax_rows_v2_f32", SOFTMAX, 0),
+            Kernel::SoftmaxRowsV4 => s(1, "zc_softmax_rows_v4_f32", SOFTMAX, 0),
+            Kernel::SoftmaxRowsV8 => s(1, "zc_softmax_rows_v8_f32", SOFTMAX, 0),
+            Kernel::LayerNormRowsV1 => s(1, "zc_layer_norm_rows_v1_f32", LAYER_NORM, 0),
+            Kernel::LayerNormRowsV2 => s(1, "zc_layer_norm_rows_v2_f32", LAYER_NORM, 0),
+            Kernel::LayerNormRowsV4 => s(1, "zc_layer_norm_rows_v4_f32", LAYER_NORM, 0),
+            Kernel::LayerNormRowsV8 => s(1, "zc_layer_norm_rows_v8_f32", LAYER_NORM, 0),
             Kernel::BceMean => s(2, "zc_bce_mean_f32", &[Ptr, Ptr, Ptr, U64], 0),
             Kernel::AdamW => s(
                 2,
@@ -307,6 +368,41 @@ pub(crate) fn rows_config(rows: usize) -> LaunchConfig {
     }
 }
 
+/// Widest row the register-resident kernels take: 32 lanes × 8 float4s.
+pub(crate) const VEC_MAX_WIDTH: usize = 1024;
+
+/// Float4s per lane (1, 2, 4 or 8) of the register-resident kernel for rows `n` wide, or `None`
+/// where it does not apply (`n` not a multiple of 4, or wider than [`VEC_MAX_WIDTH`]). The
+/// caller must also check that every row pointer is 16-byte aligned ([`vec_aligned`]).
+pub(crate) fn vec_lanes(n: usize) -> Option<u32> {
+    if n == 0 || !n.is_multiple_of(4) || n > VEC_MAX_WIDTH {
+        return None;
+    }
+    u32::try_from((n / 4).div_ceil(32).next_power_of_two()).ok()
+}
+
+/// Whether `p` meets the register-resident kernels' 16-byte (float4) alignment.
+pub(crate) fn vec_aligned(p: DevicePtr) -> bool {
+    p.0.is_multiple_of(16)
+}
+
+/// Rows one warp handles at a time in the register-resident kernels (`ROWS_PER_WARP` in
+/// rows.cu): narrow rows go two at a time, so each warp keeps more loads in flight.
+pub(crate) fn vec_rows_per_warp(lanes: u32) -> u64 {
+    if lanes <= 2 { 2 } else { 1 }
+}
+
+/// A register-resident row launch: 8 warps per block, `vec_rows_per_warp` rows per warp.
+pub(crate) fn rows_vec_config(rows: usize, lanes: u32) -> LaunchConfig {
+    let per_block = 8 * vec_rows_per_warp(lanes);
+    let blocks = (rows as u64).div_ceil(per_block).clamp(1, 65_535) as u32;
+    LaunchConfig {
+        grid: (blocks, 1, 1),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// One block (the loss reduction).
 pub(crate) fn single_block() -> LaunchConfig {
     LaunchConfig {
@@ -327,6 +423,35 @@ pub(crate) fn u64a(n: usize) -> KernelArg {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn register_resident_rows_pick_the_narrowest_kernel_that_holds_the_row() {
+        let cases = [
+            (4, Some(1)),
+            (128, Some(1)),
+            (132, Some(2)),
+            (256, Some(2)),
+            (260, Some(4)),
+            (512, Some(4)),
+            (516, Some(8)),
+            (1024, Some(8)),
+            (1028, None),
+            (0, None),
+            (6, None),
+            (1025, None),
+        ];
+        for (n, lanes) in cases {
+            assert_eq!(vec_lanes(n), lanes, "n = {n}");
+            if let Some(l) = lanes {
+                assert!(n <= 128 * l as usize);
+                assert!(Kernel::softmax_vec(l).and_then(Kernel::vec_lanes) == Some(l));
+                assert!(Kernel::layer_norm_vec(l).and_then(Kernel::vec_lanes) == Some(l));
+            }
+        }
+        assert!(vec_aligned(DevicePtr(256)) && !vec_aligned(DevicePtr(260)));
+        assert_eq!(rows_vec_config(65_536, 2).grid.0, 4096);
+        assert_eq!(rows_vec_config(65_536, 8).grid.0, 8192);
+    }
 
     #[test]
     fn coalesce_merges_dense_axes_and_drops_ones() {

@@ -1,6 +1,8 @@
 //! Row-wise ops (reductions, softmax, LayerNorm), the loss and the optimiser step. Inputs are
 //! brought to a dense `[rows, n]` form (a reduction permutes its axis last) and one warp
-//! handles one row.
+//! handles one row. Softmax and LayerNorm rows up to 1024 wide (a multiple of 4, 16-byte
+//! aligned) go to register-resident kernels that read the row once with 16-byte loads; other
+//! rows to the general kernels, which loop over the row.
 
 use super::kernels::{self, Args, Kernel, ptr, reduce_code, u64a};
 use super::{CudaBackend, CudaStorage, CudaTensor};
@@ -87,15 +89,18 @@ impl<D: Driver> CudaBackend<D> {
         }
         let src = self.dense(OP, x)?;
         let rows = out.numel() / n;
-        let args: Args = [
-            ptr(self.ptr(OP, &out)?),
-            ptr(self.ptr(OP, &src)?),
-            u64a(rows),
-            u64a(n),
-        ]
-        .into_iter()
-        .collect();
-        self.launch(OP, Kernel::SoftmaxRows, kernels::rows_config(rows), &args)?;
+        let (out_ptr, src_ptr) = (self.ptr(OP, &out)?, self.ptr(OP, &src)?);
+        let args: Args = [ptr(out_ptr), ptr(src_ptr), u64a(rows), u64a(n)]
+            .into_iter()
+            .collect();
+        let (kernel, config) = match kernels::vec_lanes(n)
+            .filter(|_| kernels::vec_aligned(out_ptr) && kernels::vec_aligned(src_ptr))
+            .and_then(|lanes| Some((Kernel::softmax_vec(lanes)?, lanes)))
+        {
+            Some((k, lanes)) => (k, kernels::rows_vec_config(rows, lanes)),
+            None => (Kernel::SoftmaxRows, kernels::rows_config(rows)),
+        };
+        self.launch(OP, kernel, config, &args)?;
         Ok(out)
     }
 
@@ -136,13 +141,15 @@ impl<D: Driver> CudaBackend<D> {
             let opt_ptr = |t: &Option<CudaTensor>| -> Result<DevicePtr> {
                 t.as_ref().map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t))
             };
+            let (out_ptr, src_ptr) = (self.ptr(OP, &out)?, self.ptr(OP, &src)?);
+            let (w_ptr, b_ptr) = (opt_ptr(&w)?, opt_ptr(&b)?);
             let args: Args = [
-                ptr(self.ptr(OP, &out)?),
+                ptr(out_ptr),
                 ptr(self.ptr(OP, &mean)?),
                 ptr(self.ptr(OP, &rstd)?),
-                ptr(self.ptr(OP, &src)?),
-                ptr(opt_ptr(&w)?),
-                ptr(opt_ptr(&b)?),
+                ptr(src_ptr),
+                ptr(w_ptr),
+                ptr(b_ptr),
                 KernelArg::U32(u32::from(w.is_some())),
                 KernelArg::U32(u32::from(b.is_some())),
                 u64a(rows),
@@ -151,7 +158,18 @@ impl<D: Driver> CudaBackend<D> {
             ]
             .into_iter()
             .collect();
-            self.launch(OP, Kernel::LayerNormRows, kernels::rows_config(rows), &args)?;
+            // NULL (absent weight or bias) counts as aligned: the kernel does not read it.
+            let aligned = [out_ptr, src_ptr, w_ptr, b_ptr]
+                .into_iter()
+                .all(kernels::vec_aligned);
+            let (kernel, config) = match kernels::vec_lanes(n)
+                .filter(|_| aligned)
+                .and_then(|lanes| Some((Kernel::layer_norm_vec(lanes)?, lanes)))
+            {
+                Some((k, lanes)) => (k, kernels::rows_vec_config(rows, lanes)),
+                None => (Kernel::LayerNormRows, kernels::rows_config(rows)),
+            };
+            self.launch(OP, kernel, config, &args)?;
         }
         Ok(LayerNormOut { out, mean, rstd })
     }

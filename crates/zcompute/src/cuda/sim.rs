@@ -34,6 +34,14 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormRows => layer_norm_rows,
         Kernel::BceMean => bce_mean,
         Kernel::AdamW => adamw,
+        Kernel::SoftmaxRowsV1 => softmax_rows_vec::<1>,
+        Kernel::SoftmaxRowsV2 => softmax_rows_vec::<2>,
+        Kernel::SoftmaxRowsV4 => softmax_rows_vec::<4>,
+        Kernel::SoftmaxRowsV8 => softmax_rows_vec::<8>,
+        Kernel::LayerNormRowsV1 => layer_norm_rows_vec::<1>,
+        Kernel::LayerNormRowsV2 => layer_norm_rows_vec::<2>,
+        Kernel::LayerNormRowsV4 => layer_norm_rows_vec::<4>,
+        Kernel::LayerNormRowsV8 => layer_norm_rows_vec::<8>,
     }
 }
 
@@ -262,7 +270,48 @@ fn softmax_rows(
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let k = checked(Kernel::SoftmaxRows, args)?;
+    softmax_body(Kernel::SoftmaxRows, args, mem)
+}
+
+/// The register-resident kernels' contract on top of the general one: rows a multiple of 4
+/// wide and at most 128 * V, and the pointers at `ptrs` 16-byte aligned (null counts as
+/// aligned: those operands are flagged absent). A launch that breaks it would read or write
+/// the wrong elements on the GPU, so the twin refuses it.
+fn check_vec(k: Kernel, args: &KernelArgs<'_>, n: u64, ptrs: &[usize]) -> Result<(), KernelFault> {
+    let lanes = k
+        .vec_lanes()
+        .ok_or_else(|| bad(0, "not a register-resident kernel"))?;
+    if !n.is_multiple_of(4) || n > 128 * u64::from(lanes) {
+        return Err(bad(
+            0,
+            &format!(
+                "{} takes rows a multiple of 4 and at most {} wide, not {n}",
+                k.spec().name,
+                128 * lanes
+            ),
+        ));
+    }
+    for &i in ptrs {
+        if !args.ptr(i)?.0.is_multiple_of(16) {
+            return Err(bad(i, "pointer is not 16-byte aligned"));
+        }
+    }
+    Ok(())
+}
+
+fn softmax_rows_vec<const V: u32>(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = Kernel::softmax_vec(V).ok_or_else(|| bad(0, "no such softmax kernel"))?;
+    let a = checked(k, args)?;
+    check_vec(k, &a, a.u64(3)?, &[0, 1])?;
+    softmax_body(k, args, mem)
+}
+
+fn softmax_body(k: Kernel, args: &[KernelArg], mem: &mut SimMemory<'_>) -> Result<(), KernelFault> {
+    let k = checked(k, args)?;
     let (out, x, rows, n) = (k.ptr(0)?, k.ptr(1)?, k.u64(2)?, k.u64(3)?);
     let t = rows_tensor(mem, x, rows, n)?;
     let r = cpu::norm::softmax_last(&t).map_err(cpu_err)?;
@@ -274,7 +323,26 @@ fn layer_norm_rows(
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let k = checked(Kernel::LayerNormRows, args)?;
+    layer_norm_body(Kernel::LayerNormRows, args, mem)
+}
+
+fn layer_norm_rows_vec<const V: u32>(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = Kernel::layer_norm_vec(V).ok_or_else(|| bad(0, "no such LayerNorm kernel"))?;
+    let a = checked(k, args)?;
+    check_vec(k, &a, a.u64(9)?, &[0, 3, 4, 5])?;
+    layer_norm_body(k, args, mem)
+}
+
+fn layer_norm_body(
+    k: Kernel,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(k, args)?;
     let (out, mean, rstd, x) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?);
     let (rows, n, eps) = (k.u64(8)?, k.u64(9)?, k.f32(10)?);
     let param = |i: usize, flag: usize| -> Result<Option<CpuTensor<f32>>, KernelFault> {

@@ -98,7 +98,13 @@ macro_rules! op_suite {
 
         #[rstest]
         fn softmax(
-            #[values(&[1][..], &[7], &[7, 193], &[3, 1025], &[2, 3, 7])] shape: &[usize],
+            // [256] narrowed starts 4 bytes into its storage (the general kernel); the
+            // multiples of 4 up to 1024 take the register-resident kernels (all four widths).
+            #[values(
+                                &[1][..], &[7], &[7, 193], &[3, 1025], &[2, 3, 7],
+                                &[256], &[33, 256], &[2, 3, 36], &[4, 300], &[5, 516], &[3, 1024]
+                            )]
+            shape: &[usize],
             #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
         ) {
             bodies::softmax(&$backend(), shape, view);
@@ -106,7 +112,11 @@ macro_rules! op_suite {
 
         #[rstest]
         fn layer_norm(
-            #[values(&[1][..], &[7, 193], &[1, 1025], &[2, 3, 7])] shape: &[usize],
+            #[values(
+                                &[1][..], &[7, 193], &[1, 1025], &[2, 3, 7],
+                                &[33, 256], &[2, 3, 36], &[4, 300], &[5, 516], &[3, 1024]
+                            )]
+            shape: &[usize],
             #[values(View::Dense, View::Transposed)] view: View,
             #[values(false, true)] affine: bool,
         ) {
