@@ -387,9 +387,9 @@ pub(crate) fn vec_aligned(p: DevicePtr) -> bool {
 }
 
 /// Rows one warp handles at a time in the register-resident kernels (`ROWS_PER_WARP` in
-/// rows.cu): narrow rows go two at a time, so each warp keeps more loads in flight.
+/// rows.cu): rows up to 128 wide go two at a time, so each warp keeps more loads in flight.
 pub(crate) fn vec_rows_per_warp(lanes: u32) -> u64 {
-    if lanes <= 2 { 2 } else { 1 }
+    if lanes == 1 { 2 } else { 1 }
 }
 
 /// A register-resident row launch: 8 warps per block, `vec_rows_per_warp` rows per warp.
@@ -449,7 +449,8 @@ mod tests {
             }
         }
         assert!(vec_aligned(DevicePtr(256)) && !vec_aligned(DevicePtr(260)));
-        assert_eq!(rows_vec_config(65_536, 2).grid.0, 4096);
+        assert_eq!(rows_vec_config(65_536, 1).grid.0, 4096);
+        assert_eq!(rows_vec_config(65_536, 2).grid.0, 8192);
         assert_eq!(rows_vec_config(65_536, 8).grid.0, 8192);
     }
 
