@@ -169,9 +169,10 @@ pub fn bundle(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Release builds of every workspace example named `*_bench` (built with the GPU features) into
-/// `DIR/bench/`, the PyTorch reference scripts `crates/*/benches/*.py` beside them, and
-/// `bench.sh`, which runs them all. Returns how many files it bundled.
+/// Release builds (with the GPU features) of the workspace's commands into `DIR/` and of every
+/// example named `*_bench` into `DIR/bench/`, the PyTorch reference scripts
+/// `crates/*/benches/*.py` beside them, and `bench.sh`, which runs the benchmarks. Returns how
+/// many files it bundled.
 fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
     let mut cmd = Command::new(cargo());
     cmd.current_dir(workspace_root()).args([
@@ -179,6 +180,7 @@ fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
         "--release",
         "--workspace",
         "--examples",
+        "--bins",
         "--features",
         features,
         "--message-format=json",
@@ -195,7 +197,18 @@ fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
             continue;
         };
         let name = msg["target"]["name"].as_str().unwrap_or_default();
-        if msg["reason"] != "compiler-artifact" || !name.ends_with("_bench") {
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        // The workspace's commands (ztrain) go beside `bin/`, where their CLI tests look.
+        if msg["target"]["kind"][0] == "bin" && name != "xtask" {
+            if let Some(exe) = msg["executable"].as_str() {
+                std::fs::copy(exe, dir.join(name)).map_err(io("copying", exe))?;
+                count += 1;
+            }
+            continue;
+        }
+        if !name.ends_with("_bench") {
             continue;
         }
         if let Some(exe) = msg["executable"].as_str() {

@@ -1,7 +1,7 @@
 //! Running the built `ztrain` binary on tiny sizes (shared by the CLI tests and their GPU twins).
 #![allow(dead_code)] // each test binary uses a subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ztrain::checkpoint::Checkpoint;
@@ -26,8 +26,34 @@ pub const TINY: &[&str] = &[
     "2",
 ];
 
+/// The `ztrain` binary: `ZTRAIN_BIN` if set, else the one cargo built, else one beside the test
+/// binary or in its parent folder (the GPU bundle copies test binaries to `bin/` and `ztrain`
+/// beside that folder, on a machine where the build path does not exist).
+pub fn ztrain_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("ZTRAIN_BIN") {
+        return PathBuf::from(p);
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_ztrain"));
+    if built.is_file() {
+        return built;
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join("ztrain"))
+        .find(|p| p.is_file())
+        .unwrap_or(built)
+}
+
 pub fn ztrain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ztrain"))
+    ztrain_with_env(args, &[])
+}
+
+/// Runs `ztrain` with extra environment variables.
+pub fn ztrain_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(ztrain_binary())
+        .envs(env.iter().copied())
         .args(args)
         .env_remove("ZMEM_ARENA_BYTES")
         .output()
