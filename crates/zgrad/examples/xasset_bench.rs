@@ -5,7 +5,9 @@
 //! wall-clock milliseconds per optimiser step (each step ends by reading the loss back, so the
 //! device has finished), plus the arena's high-water mark.
 //!
-//! `cargo run --release -p zgrad --features gpu --example xasset_bench [-- --iters N]`
+//! `cargo run --release -p zgrad --features gpu --example xasset_bench [-- --iters N]
+//! [--only batched|per-sample]` (`--only` times one schedule, e.g. to profile it alone; the
+//! other's fields print as null).
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
@@ -65,13 +67,26 @@ fn run(
     Ok((ms, captured))
 }
 
+/// The value after `flag` on the command line, if any.
+fn arg(flag: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != flag).nth(1)
+}
+
+/// A timing as JSON: three decimals, or null where the schedule was skipped.
+fn json_ms(ms: Option<f64>) -> String {
+    ms.map_or_else(|| "null".into(), |v| format!("{v:.3}"))
+}
+
 fn main() -> Result<(), Error> {
-    let iters: usize = std::env::args()
-        .skip_while(|a| a != "--iters")
-        .nth(1)
-        .map(|v| v.parse())
-        .transpose()?
-        .unwrap_or(20);
+    let iters: usize = arg("--iters").map(|v| v.parse()).transpose()?.unwrap_or(20);
+    let only = arg("--only");
+    if let Some(o) = only.as_deref()
+        && o != "batched"
+        && o != "per-sample"
+    {
+        return Err(format!("--only takes batched or per-sample, not {o}").into());
+    }
+    let want = |s: &str| only.as_deref().is_none_or(|o| o == s);
     let driver = CudaDriver::load()?;
     let dev = Device::open(
         driver,
@@ -106,24 +121,36 @@ fn main() -> Result<(), Error> {
         .collect();
     let data = (x, y);
 
-    let (batched_eager, _) = run(&gpu, TrainSchedule::Batched, false, &data, iters)?;
-    let high_water = gpu.arena().diagnostics().high_water;
-    let (batched_graph, bg) = run(&gpu, TrainSchedule::Batched, true, &data, iters)?;
-    let ps_iters = (iters / 4).max(3);
-    let (per_sample_eager, _) = run(&gpu, TrainSchedule::PerSample, false, &data, ps_iters)?;
-    let (per_sample_graph, pg) = run(&gpu, TrainSchedule::PerSample, true, &data, ps_iters)?;
+    let (mut batched_eager, mut batched_graph, mut bg) = (None, None, false);
+    let mut high_water = 0.0;
+    if want("batched") {
+        batched_eager = Some(run(&gpu, TrainSchedule::Batched, false, &data, iters)?.0);
+        high_water = gpu.arena().diagnostics().high_water as f64 / f64::from(1 << 20);
+        let (ms, captured) = run(&gpu, TrainSchedule::Batched, true, &data, iters)?;
+        (batched_graph, bg) = (Some(ms), captured);
+    }
+    let (mut per_sample_eager, mut per_sample_graph, mut pg) = (None, None, false);
+    if want("per-sample") {
+        let ps_iters = (iters / 4).max(3);
+        per_sample_eager = Some(run(&gpu, TrainSchedule::PerSample, false, &data, ps_iters)?.0);
+        let (ms, captured) = run(&gpu, TrainSchedule::PerSample, true, &data, ps_iters)?;
+        (per_sample_graph, pg) = (Some(ms), captured);
+    }
     println!(
         "{{\"device\":\"{device}\",\"config\":[{},{},{},{},{}],\"batch\":256,\"iters\":{iters},\
-         \"batched_eager_ms\":{batched_eager:.3},\"batched_graph_ms\":{batched_graph:.3},\
-         \"batched_graph_captured\":{bg},\"per_sample_eager_ms\":{per_sample_eager:.2},\
-         \"per_sample_graph_ms\":{per_sample_graph:.2},\"per_sample_graph_captured\":{pg},\
-         \"arena_high_water_MiB_after_batched_eager\":{:.1}}}",
+         \"batched_eager_ms\":{},\"batched_graph_ms\":{},\
+         \"batched_graph_captured\":{bg},\"per_sample_eager_ms\":{},\
+         \"per_sample_graph_ms\":{},\"per_sample_graph_captured\":{pg},\
+         \"arena_high_water_MiB_after_batched_eager\":{high_water:.1}}}",
         c.features,
         c.scales,
         c.width,
         c.heads,
         c.ff,
-        high_water as f64 / f64::from(1 << 20)
+        json_ms(batched_eager),
+        json_ms(batched_graph),
+        json_ms(per_sample_eager),
+        json_ms(per_sample_graph),
     );
     Ok(())
 }
