@@ -55,6 +55,12 @@ extern "C" __global__ void zc_unary_f32(float* out, const float* in, unsigned op
 
 template <int OP>
 __device__ void unary_strided(float* out, const float* in, u64 n, const Dims& d, const u64* s) {
+    if (fits32(n, d, s)) {
+        GRID_STRIDE_LOOP(i, 0, n) {
+            out[i] = unary_apply<OP>(in[strided_offset32((unsigned)i, d, s)]);
+        }
+        return;
+    }
     GRID_STRIDE_LOOP(i, 0, n) { out[i] = unary_apply<OP>(in[strided_offset(i, d, s)]); }
 }
 
@@ -102,6 +108,13 @@ extern "C" __global__ void zc_binary_f32(float* out, const float* a, const float
 template <int OP>
 __device__ void binary_strided(float* out, const float* a, const float* b, u64 n, const Dims& d,
                                const u64* sa, const u64* sb) {
+    if (fits32(n, d, sa) && fits32(n, d, sb)) {
+        GRID_STRIDE_LOOP(i, 0, n) {
+            unsigned j = (unsigned)i;
+            out[i] = binary_apply<OP>(a[strided_offset32(j, d, sa)], b[strided_offset32(j, d, sb)]);
+        }
+        return;
+    }
     GRID_STRIDE_LOOP(i, 0, n) {
         out[i] = binary_apply<OP>(a[strided_offset(i, d, sa)], b[strided_offset(i, d, sb)]);
     }
@@ -115,6 +128,56 @@ extern "C" __global__ void zc_binary_strided_f32(float* out, const float* a, con
     MAKE_STRIDES(sa);
     MAKE_STRIDES(sb);
 #define CALL(OP) binary_strided<OP>(out, a, b, n, d, sa, sb)
+    DISPATCH_BINARY(op, CALL)
+#undef CALL
+}
+
+// Row-tiled strided kernels, for views whose last (merged) axis is long: each block takes 8
+// rows, 8 of its threads compute the rows' operand offsets once (the divisions of
+// strided_offset), and each warp then walks one row with stride 32, so the index arithmetic is
+// paid per row instead of per element.
+#define ROWS_PER_TILE 8
+
+template <int OP>
+__device__ void binary_rows(float* out, const float* a, const float* b, u64 n, const Dims& d,
+                            const u64* sa, const u64* sb) {
+    __shared__ u64 aoff[ROWS_PER_TILE];
+    __shared__ u64 boff[ROWS_PER_TILE];
+    const u64 len = d.shape[d.rank - 1];
+    const u64 a_in = sa[d.rank - 1];
+    const u64 b_in = sb[d.rank - 1];
+    Dims outer = d;
+    outer.rank = d.rank - 1;
+    const u64 rows = n / len;
+    const unsigned tx = threadIdx.x % 32;
+    const unsigned ty = threadIdx.x / 32;
+    for (u64 r0 = (u64)blockIdx.x * ROWS_PER_TILE; r0 < rows;
+         r0 += (u64)gridDim.x * ROWS_PER_TILE) {
+        if (threadIdx.x < ROWS_PER_TILE && r0 + threadIdx.x < rows) {
+            aoff[threadIdx.x] = strided_offset(r0 + threadIdx.x, outer, sa);
+            boff[threadIdx.x] = strided_offset(r0 + threadIdx.x, outer, sb);
+        }
+        __syncthreads();
+        const u64 r = r0 + ty;
+        if (r < rows) {
+            const float* ar = a + aoff[ty];
+            const float* br = b + boff[ty];
+            float* o = out + r * len;
+            for (u64 j = tx; j < len; j += 32) o[j] = binary_apply<OP>(ar[j * a_in], br[j * b_in]);
+        }
+        __syncthreads();
+    }
+}
+
+// As zc_binary_strided_f32 (same parameters), row-tiled; the host uses it for rank >= 2 views
+// whose last merged axis is long (kernels.rs: row_tiles).
+extern "C" __global__ void zc_binary_rows_strided_f32(float* out, const float* a, const float* b,
+                                                      unsigned op, u64 n, DIMS_PARAMS,
+                                                      STRIDE_PARAMS(sa), STRIDE_PARAMS(sb)) {
+    MAKE_DIMS(d);
+    MAKE_STRIDES(sa);
+    MAKE_STRIDES(sb);
+#define CALL(OP) binary_rows<OP>(out, a, b, n, d, sa, sb)
     DISPATCH_BINARY(op, CALL)
 #undef CALL
 }
@@ -159,6 +222,13 @@ extern "C" __global__ void zc_copy_strided_f32(float* dst, const float* src, u64
     MAKE_DIMS(d);
     MAKE_STRIDES(ss);
     MAKE_STRIDES(ds);
+    if (fits32(n, d, ss) && fits32(n, d, ds)) {
+        GRID_STRIDE_LOOP(i, 0, n) {
+            unsigned j = (unsigned)i;
+            dst[strided_offset32(j, d, ds)] = src[strided_offset32(j, d, ss)];
+        }
+        return;
+    }
     GRID_STRIDE_LOOP(i, 0, n) { dst[strided_offset(i, d, ds)] = src[strided_offset(i, d, ss)]; }
 }
 
@@ -168,4 +238,37 @@ extern "C" __global__ void zc_fill_strided_f32(float* dst, float value, u64 n, D
     MAKE_DIMS(d);
     MAKE_STRIDES(ds);
     GRID_STRIDE_LOOP(i, 0, n) { dst[strided_offset(i, d, ds)] = value; }
+}
+
+// As zc_copy_strided_f32 (same parameters), row-tiled (see binary_rows).
+extern "C" __global__ void zc_copy_rows_strided_f32(float* dst, const float* src, u64 n,
+                                                    DIMS_PARAMS, STRIDE_PARAMS(ss),
+                                                    STRIDE_PARAMS(ds)) {
+    MAKE_DIMS(d);
+    MAKE_STRIDES(ss);
+    MAKE_STRIDES(ds);
+    __shared__ u64 soff[ROWS_PER_TILE];
+    __shared__ u64 doff[ROWS_PER_TILE];
+    const u64 len = d.shape[d.rank - 1];
+    const u64 s_in = ss[d.rank - 1];
+    const u64 d_in = ds[d.rank - 1];
+    Dims outer = d;
+    outer.rank = d.rank - 1;
+    const u64 rows = n / len;
+    const unsigned tx = threadIdx.x % 32;
+    const unsigned ty = threadIdx.x / 32;
+    for (u64 r0 = (u64)blockIdx.x * ROWS_PER_TILE; r0 < rows;
+         r0 += (u64)gridDim.x * ROWS_PER_TILE) {
+        if (threadIdx.x < ROWS_PER_TILE && r0 + threadIdx.x < rows) {
+            soff[threadIdx.x] = strided_offset(r0 + threadIdx.x, outer, ss);
+            doff[threadIdx.x] = strided_offset(r0 + threadIdx.x, outer, ds);
+        }
+        __syncthreads();
+        if (r0 + ty < rows) {
+            const float* sr = src + soff[ty];
+            float* dr = dst + doff[ty];
+            for (u64 j = tx; j < len; j += 32) dr[j * d_in] = sr[j * s_in];
+        }
+        __syncthreads();
+    }
 }

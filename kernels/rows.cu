@@ -32,6 +32,79 @@ extern "C" __global__ void zc_reduce_rows_f32(float* out, const float* in, u64 r
     }
 }
 
+// First pass over few long rows of a dense [rows, n] (a whole-tensor sum, e.g. a gradient's
+// squared norm, would otherwise be one warp walking millions of elements): block (p, r) of
+// 256 threads reduces segment p (`seg` elements) of row r and writes its partial to
+// out[p * rows + r]; the host reduces the [parts, rows] partials with zc_reduce_cols_f32.
+// op: 2 max (NaN-propagating), else sum.
+extern "C" __global__ void zc_reduce_rows_split_f32(float* out, const float* in, u64 rows, u64 n,
+                                                    u64 seg, unsigned op) {
+    __shared__ float part[WARPS_PER_BLOCK];
+    const bool is_max = op == 2;
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned warp = threadIdx.x / 32;
+    const u64 j0 = (u64)blockIdx.x * seg;
+    const u64 j1 = min(j0 + seg, n);
+    for (u64 row = blockIdx.y; row < rows; row += gridDim.y) {
+        const float* x = in + row * n;
+        float acc = is_max ? -INFINITY : 0.0f;
+        for (u64 j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+            acc = is_max ? zc_maximum(acc, x[j]) : acc + x[j];
+        }
+        acc = is_max ? warp_max(acc) : warp_sum(acc);
+        if (lane == 0) part[warp] = acc;
+        __syncthreads();
+        if (warp == 0) {
+            acc = lane < WARPS_PER_BLOCK ? part[lane] : (is_max ? -INFINITY : 0.0f);
+            acc = is_max ? warp_max(acc) : warp_sum(acc);
+            if (lane == 0) out[(u64)blockIdx.x * rows + row] = acc;
+        }
+        __syncthreads();
+    }
+}
+
+// Reduces the middle axis of a dense [outer, n, inner] tensor (inner > 1: a reduction over a
+// leading or batch axis, e.g. a bias gradient) without transposing it first. Block of 256
+// threads = 32 adjacent columns (coalesced loads) x 8 row lanes; blockIdx.x walks the
+// (outer, 32-column tile) pairs, blockIdx.y the chunks of `chunk` rows. Rows of a chunk are
+// read by the 8 row lanes in turn and combined through shared memory, and chunk c writes its
+// result to out + c * outer * inner, so a reduction with several chunks leaves a
+// [chunks, outer * inner] tensor of partials that the host reduces again (same kernel), in a
+// fixed order: no atomics, the same bits on every run. op: 2 max (NaN-propagating), else sum;
+// sums are divided by `div` (n for a mean's last pass, else 1).
+extern "C" __global__ void zc_reduce_cols_f32(float* out, const float* in, u64 outer, u64 n,
+                                              u64 inner, u64 chunk, unsigned op, float div) {
+    __shared__ float part[WARPS_PER_BLOCK][33];
+    const unsigned tx = threadIdx.x % 32;
+    const unsigned ty = threadIdx.x / 32;
+    const u64 tiles = (inner + 31) / 32;
+    const u64 r0 = (u64)blockIdx.y * chunk;
+    const u64 r1 = min(r0 + chunk, n);
+    const bool is_max = op == 2;
+    for (u64 t = blockIdx.x; t < outer * tiles; t += gridDim.x) {
+        const u64 o = t / tiles;
+        const u64 col = (t % tiles) * 32 + tx;
+        float acc = is_max ? -INFINITY : 0.0f;
+        if (col < inner) {
+            const float* x = in + o * n * inner + col;
+#pragma unroll 4
+            for (u64 r = r0 + ty; r < r1; r += WARPS_PER_BLOCK) {
+                float v = x[r * inner];
+                acc = is_max ? zc_maximum(acc, v) : acc + v;
+            }
+        }
+        part[ty][tx] = acc;
+        __syncthreads();
+        if (ty == 0 && col < inner) {
+            for (int k = 1; k < WARPS_PER_BLOCK; ++k) {
+                acc = is_max ? zc_maximum(acc, part[k][tx]) : acc + part[k][tx];
+            }
+            out[(u64)blockIdx.y * outer * inner + o * inner + col] = is_max ? acc : acc / div;
+        }
+        __syncthreads();
+    }
+}
+
 // out = exp(x - max) / sum(exp(x - max)) per row; one pass for the running max and rescaled
 // sum (online softmax), one to write.
 extern "C" __global__ void zc_softmax_rows_f32(float* out, const float* in, u64 rows, u64 n) {
@@ -91,6 +164,56 @@ extern "C" __global__ void zc_layer_norm_rows_f32(float* out, float* mean_out, f
         if (lane == 0) {
             mean_out[row] = mean;
             rstd_out[row] = rstd;
+        }
+    }
+}
+
+// Backward of softmax over dense [rows, n]: gx = y * (g - sum(g * y)) per row, the composite
+// formula (mul, row sum, sub, mul) in one pass over the row for the sum and one to write.
+extern "C" __global__ void zc_softmax_backward_rows_f32(float* gx, const float* g, const float* y,
+                                                        u64 rows, u64 n) {
+    unsigned lane = threadIdx.x % 32;
+    ROW_LOOP(row, rows) {
+        const float* gr = g + row * n;
+        const float* yr = y + row * n;
+        float s = 0.0f;
+        for (u64 j = lane; j < n; j += 32) s += gr[j] * yr[j];
+        float dot = warp_sum(s);
+        for (u64 j = lane; j < n; j += 32) gx[row * n + j] = yr[j] * (gr[j] - dot);
+    }
+}
+
+// Backward of LayerNorm over dense [rows, n] from the forward's per-row mean and rstd, the
+// composite formula in one kernel: xhat = (x - mean) * rstd, gxhat = g * weight,
+// gx = ((gxhat - mean(gxhat)) - xhat * mean(gxhat * xhat)) * rstd (written if want_gx), and
+// g * xhat (written if want_gxhat; its column sums are the weight's gradient).
+extern "C" __global__ void zc_layer_norm_backward_rows_f32(
+    float* gx, float* g_xhat, const float* g, const float* x, const float* mean,
+    const float* rstd, const float* weight, unsigned has_weight, unsigned want_gx,
+    unsigned want_gxhat, u64 rows, u64 n) {
+    unsigned lane = threadIdx.x % 32;
+    ROW_LOOP(row, rows) {
+        const float* gr = g + row * n;
+        const float* xr = x + row * n;
+        const float mu = mean[row];
+        const float rs = rstd[row];
+        float s1 = 0.0f;
+        float s2 = 0.0f;
+        for (u64 j = lane; j < n; j += 32) {
+            float xh = (xr[j] - mu) * rs;
+            float gj = gr[j];
+            float gh = has_weight ? gj * weight[j] : gj;
+            s1 += gh;
+            s2 += gh * xh;
+            if (want_gxhat) g_xhat[row * n + j] = gj * xh;
+        }
+        if (!want_gx) continue;
+        float m1 = warp_sum(s1) / (float)n;
+        float m2 = warp_sum(s2) / (float)n;
+        for (u64 j = lane; j < n; j += 32) {
+            float xh = (xr[j] - mu) * rs;
+            float gh = has_weight ? gr[j] * weight[j] : gr[j];
+            gx[row * n + j] = ((gh - m1) - xh * m2) * rs;
         }
     }
 }

@@ -96,6 +96,16 @@ pub struct LayerNormOut<S: Storage> {
     pub rstd: Tensor<S>,
 }
 
+/// The gradients [`Backend::layer_norm_backward`] returns, each only where asked for.
+#[derive(Clone, Debug)]
+pub struct LayerNormGrads<S: Storage> {
+    /// The input's gradient.
+    pub input: Option<Tensor<S>>,
+    /// `g * xhat`, the output gradient times the normalised input: summed over every axis but
+    /// the last it is the weight's gradient (the bias's is the same sum of `g`).
+    pub g_xhat: Option<Tensor<S>>,
+}
+
 /// The constant hyper-parameters of AdamW. The learning rate and step count are not here: they
 /// change every step, so they travel in a slot tensor (`[lr, t]`) that the op reads from memory,
 /// which keeps a captured optimiser step correct on replay.
@@ -254,6 +264,55 @@ pub trait Backend<T: Element> {
     /// Waits (with the device's deadline) until every op issued so far has finished.
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Softmax's backward over the last axis from its output `y` and output gradient `g`:
+    /// `y * (g - sum(g * y))`. The provided body composes it from the op set; a device backend
+    /// may fuse it.
+    fn softmax_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        y: &BTensor<Self, T>,
+    ) -> Result<BTensor<Self, T>> {
+        let last = y.rank().saturating_sub(1);
+        let dot = self.sum(&self.mul(g, y)?, last, true)?;
+        self.mul(y, &self.sub(g, &dot)?)
+    }
+
+    /// LayerNorm's backward over the last axis from the output gradient `g`, the input `x`,
+    /// the forward's `mean` and `rstd` (last axis 1) and the weight: with
+    /// `xhat = (x - mean) * rstd` and `gxhat = g * weight`, the input gradient
+    /// `((gxhat - mean(gxhat)) - xhat * mean(gxhat * xhat)) * rstd` if `want[0]`, and `g * xhat`
+    /// if `want[1]`. The provided body composes it from the op set; a device backend may fuse it.
+    fn layer_norm_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        x: &BTensor<Self, T>,
+        mean: &BTensor<Self, T>,
+        rstd: &BTensor<Self, T>,
+        weight: Option<&BTensor<Self, T>>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<Self::Storage>> {
+        let xhat = self.mul(&self.sub(x, mean)?, rstd)?;
+        let input = if want[0] {
+            let gxhat = match weight {
+                Some(w) => self.mul(g, w)?,
+                None => g.clone(),
+            };
+            let last = x.rank().saturating_sub(1);
+            let m1 = self.mean(&gxhat, last, true)?;
+            let m2 = self.mean(&self.mul(&gxhat, &xhat)?, last, true)?;
+            let inner = self.sub(&self.sub(&gxhat, &m1)?, &self.mul(&xhat, &m2)?)?;
+            Some(self.mul(&inner, rstd)?)
+        } else {
+            None
+        };
+        let g_xhat = if want[1] {
+            Some(self.mul(g, &xhat)?)
+        } else {
+            None
+        };
+        Ok(LayerNormGrads { input, g_xhat })
     }
 
     // Provided shorthands over the op families.

@@ -17,7 +17,7 @@ pub mod tensor;
 
 pub use backend::{
     ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend, BinaryOp, Capture,
-    LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+    LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
 };
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};

@@ -36,12 +36,23 @@ pub enum Kernel {
     UnaryStrided,
     Binary,
     BinaryStrided,
+    /// Row-tiled `BinaryStrided` / `CopyStrided` (same parameters; see [`row_tiles`]).
+    BinaryRowsStrided,
     BinaryScalar,
     CopyStrided,
+    CopyRowsStrided,
     FillStrided,
     ReduceRows,
+    /// A reduction over a middle axis of `[outer, n, inner]`, in row chunks (see
+    /// [`cols_chunking`]).
+    ReduceCols,
+    /// First pass of a reduction over few long rows (see [`rows_split`]).
+    ReduceRowsSplit,
     SoftmaxRows,
     LayerNormRows,
+    /// Fused backward of softmax and LayerNorm rows.
+    SoftmaxBackwardRows,
+    LayerNormBackwardRows,
     BceMean,
     AdamW,
     /// Register-resident softmax rows, 1/2/4/8 float4s per lane (see [`vec_lanes`]).
@@ -75,17 +86,23 @@ const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];
 const LAYER_NORM: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32];
 
 impl Kernel {
-    pub const ALL: [Kernel; 20] = [
+    pub const ALL: [Kernel; 26] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
         Kernel::BinaryStrided,
+        Kernel::BinaryRowsStrided,
         Kernel::BinaryScalar,
         Kernel::CopyStrided,
+        Kernel::CopyRowsStrided,
         Kernel::FillStrided,
         Kernel::ReduceRows,
+        Kernel::ReduceCols,
+        Kernel::ReduceRowsSplit,
         Kernel::SoftmaxRows,
         Kernel::LayerNormRows,
+        Kernel::SoftmaxBackwardRows,
+        Kernel::LayerNormBackwardRows,
         Kernel::BceMean,
         Kernel::AdamW,
         Kernel::SoftmaxRowsV1,
@@ -148,6 +165,12 @@ impl Kernel {
             Kernel::UnaryStrided => s(0, "zc_unary_strided_f32", &[Ptr, Ptr, U32, U64], 1),
             Kernel::Binary => s(0, "zc_binary_f32", &[Ptr, Ptr, Ptr, U32, U64], 0),
             Kernel::BinaryStrided => s(0, "zc_binary_strided_f32", &[Ptr, Ptr, Ptr, U32, U64], 2),
+            Kernel::BinaryRowsStrided => s(
+                0,
+                "zc_binary_rows_strided_f32",
+                &[Ptr, Ptr, Ptr, U32, U64],
+                2,
+            ),
             Kernel::BinaryScalar => s(
                 0,
                 "zc_binary_scalar_f32",
@@ -155,10 +178,35 @@ impl Kernel {
                 0,
             ),
             Kernel::CopyStrided => s(0, "zc_copy_strided_f32", &[Ptr, Ptr, U64], 2),
+            Kernel::CopyRowsStrided => s(0, "zc_copy_rows_strided_f32", &[Ptr, Ptr, U64], 2),
             Kernel::FillStrided => s(0, "zc_fill_strided_f32", &[Ptr, F32, U64], 1),
             Kernel::ReduceRows => s(1, "zc_reduce_rows_f32", &[Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::ReduceCols => s(
+                1,
+                "zc_reduce_cols_f32",
+                &[Ptr, Ptr, U64, U64, U64, U64, U32, F32],
+                0,
+            ),
+            Kernel::ReduceRowsSplit => s(
+                1,
+                "zc_reduce_rows_split_f32",
+                &[Ptr, Ptr, U64, U64, U64, U32],
+                0,
+            ),
             Kernel::SoftmaxRows => s(1, "zc_softmax_rows_f32", SOFTMAX, 0),
             Kernel::LayerNormRows => s(1, "zc_layer_norm_rows_f32", LAYER_NORM, 0),
+            Kernel::SoftmaxBackwardRows => s(
+                1,
+                "zc_softmax_backward_rows_f32",
+                &[Ptr, Ptr, Ptr, U64, U64],
+                0,
+            ),
+            Kernel::LayerNormBackwardRows => s(
+                1,
+                "zc_layer_norm_backward_rows_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U64, U64],
+                0,
+            ),
             Kernel::SoftmaxRowsV1 => s(1, "zc_softmax_rows_v1_f32", SOFTMAX, 0),
             Kernel::SoftmaxRowsV2 => s(1, "zc_softmax_rows_v2_f32", SOFTMAX, 0),
             Kernel::SoftmaxRowsV4 => s(1, "zc_softmax_rows_v4_f32", SOFTMAX, 0),
@@ -345,6 +393,30 @@ pub(crate) fn read_strided(
     Some((shape, strides))
 }
 
+/// Shortest last merged axis that the row-tiled strided kernels take. Measured on H200 in the
+/// XAsset step: bias adds over rows of 256-1024 gain (5 adds 139 -> 84 us), while 64-wide rows
+/// (attention's head permutes) were slower tiled (27.9 vs 21.6 us per [12288, 64] copy): eight
+/// threads computing the tile's offsets in 64-bit arithmetic is latency the short rows cannot hide.
+const ROW_TILED_MIN_LEN: usize = 128;
+
+/// For a strided op over `shape` with these operand strides: the launch of the row-tiled kernel
+/// (8 rows per block, offsets computed once per row) when the merged view has rank >= 2 and a
+/// last axis at least 128 long, else `None` (the per-element kernel).
+pub(crate) fn row_tiles(shape: &[usize], strides: &[&[usize]]) -> Option<LaunchConfig> {
+    let (merged, _) = coalesce(shape, strides);
+    let len = *merged.last()?;
+    if merged.len() < 2 || len < ROW_TILED_MIN_LEN {
+        return None;
+    }
+    let rows: usize = merged[..merged.len() - 1].iter().product();
+    let blocks = (rows as u64).div_ceil(8).clamp(1, 65_535) as u32;
+    Some(LaunchConfig {
+        grid: (blocks, 1, 1),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 /// Threads per block of every kernel.
 pub(crate) const BLOCK: u32 = 256;
 
@@ -363,6 +435,73 @@ pub(crate) fn rows_config(rows: usize) -> LaunchConfig {
     let blocks = (rows as u64).div_ceil(8).clamp(1, 65_535) as u32;
     LaunchConfig {
         grid: (blocks, 1, 1),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Blocks a column reduction aims to keep busy (about 8 resident 256-thread blocks on each of
+/// an H100/H200's 132 SMs).
+const COLS_TARGET_BLOCKS: u64 = 1024;
+/// Fewest rows per chunk of a column reduction (4 per row lane), so a chunk's partial is worth
+/// the second pass that reads it.
+const COLS_MIN_CHUNK: u64 = 32;
+
+/// Row chunking of a column reduction over `[outer, n, inner]`: `(chunk, chunks)`, rows per
+/// chunk and chunk count, enough chunks that the grid fills the GPU when there are few columns.
+pub(crate) fn cols_chunking(outer: usize, n: usize, inner: usize) -> (u64, u64) {
+    let tiles = (outer as u64)
+        .saturating_mul((inner as u64).div_ceil(32))
+        .max(1);
+    let n = (n as u64).max(1);
+    let wanted = (COLS_TARGET_BLOCKS / tiles).clamp(1, (n / COLS_MIN_CHUNK).max(1));
+    let chunk = n.div_ceil(wanted);
+    (chunk, n.div_ceil(chunk))
+}
+
+/// Rows at least this long are split across blocks when there are too few rows to fill the GPU.
+const SPLIT_MIN_ROW: u64 = 8192;
+/// Fewest elements per block of a split row (8 per thread).
+const SPLIT_MIN_SEG: u64 = 2048;
+
+/// Segmenting of a reduction over `rows` rows of `n`: `Some((seg, parts))` when the rows are
+/// long and too few for one warp each to fill the GPU (one warp would walk a million-element
+/// gradient alone), else `None` (the one-warp-per-row kernel).
+pub(crate) fn rows_split(rows: usize, n: usize) -> Option<(u64, u64)> {
+    let (rows, n) = (rows as u64, n as u64);
+    if n < SPLIT_MIN_ROW || rows >= COLS_TARGET_BLOCKS * 8 {
+        return None;
+    }
+    let wanted = (COLS_TARGET_BLOCKS / rows.max(1)).clamp(1, n.div_ceil(SPLIT_MIN_SEG));
+    if wanted < 2 {
+        return None;
+    }
+    let seg = n.div_ceil(wanted);
+    Some((seg, n.div_ceil(seg)))
+}
+
+/// A split-row launch: x over the segments, y over the rows.
+pub(crate) fn rows_split_config(rows: usize, parts: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid: (
+            parts.clamp(1, 65_535) as u32,
+            (rows as u64).clamp(1, 65_535) as u32,
+            1,
+        ),
+        block: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A column-reduction launch: x over (outer, 32-column tiles), y over the `chunks` row chunks.
+pub(crate) fn cols_config(outer: usize, inner: usize, chunks: u64) -> LaunchConfig {
+    let tiles = (outer as u64).saturating_mul((inner as u64).div_ceil(32));
+    LaunchConfig {
+        grid: (
+            tiles.clamp(1, 65_535) as u32,
+            chunks.clamp(1, 65_535) as u32,
+            1,
+        ),
         block: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -452,6 +591,32 @@ mod tests {
         assert_eq!(rows_vec_config(65_536, 1).grid.0, 4096);
         assert_eq!(rows_vec_config(65_536, 2).grid.0, 8192);
         assert_eq!(rows_vec_config(65_536, 8).grid.0, 8192);
+    }
+
+    #[test]
+    fn column_reductions_split_rows_only_when_columns_are_few() {
+        // [3072, 1024]: 32 column tiles, so 32 chunks of 96 rows fill ~1024 blocks.
+        assert_eq!(cols_chunking(1, 3072, 1024), (96, 32));
+        // Their [32, 1024] partials: one chunk, no further pass.
+        assert_eq!(cols_chunking(1, 32, 1024), (32, 1));
+        // Plenty of columns: one chunk.
+        assert_eq!(cols_chunking(256, 12, 256), (12, 1));
+        // Few rows: never below 32 rows per chunk.
+        assert_eq!(cols_chunking(1, 40, 64), (40, 1));
+        assert_eq!(cols_chunking(1, 12_288, 64), (32, 384));
+        // A 262144-element gradient's squared norm: 128 segments of 2048.
+        assert_eq!(rows_split(1, 262_144), Some((2048, 128)));
+        assert_eq!(rows_split(1, 8191), None);
+        assert_eq!(rows_split(4096, 65_536), None);
+        assert_eq!(rows_split(3, 20_000), Some((2000, 10)));
+        // [3072, 256] + [256] (a bias add): row-tiled, 384 blocks of 8 rows.
+        let tiled = row_tiles(&[3072, 256], &[&[256, 1], &[0, 1]]).map(|c| c.grid.0);
+        assert_eq!(tiled, Some(384));
+        assert!(row_tiles(&[3072, 256], &[&[256, 1], &[256, 1]]).is_none());
+        assert!(row_tiles(&[64, 12], &[&[1, 64], &[12, 1]]).is_none());
+        assert!(row_tiles(&[12_288, 64], &[&[64, 1], &[1, 12_288]]).is_none());
+        let cfg = cols_config(1, 1024, 32);
+        assert_eq!((cfg.grid.0, cfg.grid.1), (32, 32));
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! - Inside `capture` every allocation comes from the graph's reservation, and uploads,
 //!   downloads, syncs and step changes are refused (`capture.rs`).
 
+mod backward;
 mod capture;
 mod kernels;
 mod launch;
@@ -23,6 +24,7 @@ mod matmul;
 mod ops;
 mod rows;
 pub mod sim;
+mod sim_rows;
 mod storage;
 mod transfer;
 

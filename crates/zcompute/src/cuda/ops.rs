@@ -5,8 +5,8 @@
 use super::kernels::{self, Args, Kernel, binary_code, ptr, u64a, unary_code};
 use super::{CudaBackend, CudaStorage, CudaTensor, device_error, lock};
 use crate::backend::{
-    AdamWConfig, AllocClass, Backend, BinaryOp, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide,
-    UnaryOp,
+    AdamWConfig, AllocClass, Backend, BinaryOp, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp,
+    ScalarSide, UnaryOp,
 };
 use crate::cpu::{check_writable, same_shape};
 use crate::error::{ComputeError, Result};
@@ -44,18 +44,17 @@ impl<D: Driver> CudaBackend<D> {
                 .map_err(|e| device_error(op, e));
         }
         let mut args: Args = [ptr(dp), ptr(sp), u64a(n)].into_iter().collect();
-        kernels::push_strided(
-            op,
-            &mut args,
-            src.shape(),
-            &[src.layout().strides(), dst.layout().strides()],
-        )?;
-        self.launch(
-            op,
-            Kernel::CopyStrided,
-            kernels::elementwise_config(n),
-            &args,
-        )
+        let strides = [src.layout().strides(), dst.layout().strides()];
+        kernels::push_strided(op, &mut args, src.shape(), &strides)?;
+        match kernels::row_tiles(src.shape(), &strides) {
+            Some(config) => self.launch(op, Kernel::CopyRowsStrided, config, &args),
+            None => self.launch(
+                op,
+                Kernel::CopyStrided,
+                kernels::elementwise_config(n),
+                &args,
+            ),
+        }
     }
 
     /// `x` itself if dense, else a dense temporary copy (for read-only operands).
@@ -232,15 +231,19 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
             && b.shape() == &shape[..]
             && a.is_contiguous()
             && b.is_contiguous();
-        let kernel = if dense {
-            Kernel::Binary
+        let (kernel, config) = if dense {
+            (Kernel::Binary, kernels::elementwise_config(n))
         } else {
             let la = a.layout().broadcast_to(&shape)?;
             let lb = b.layout().broadcast_to(&shape)?;
-            kernels::push_strided(name, &mut args, &shape, &[la.strides(), lb.strides()])?;
-            Kernel::BinaryStrided
+            let strides = [la.strides(), lb.strides()];
+            kernels::push_strided(name, &mut args, &shape, &strides)?;
+            match kernels::row_tiles(&shape, &strides) {
+                Some(config) => (Kernel::BinaryRowsStrided, config),
+                None => (Kernel::BinaryStrided, kernels::elementwise_config(n)),
+            }
         };
-        self.launch(name, kernel, kernels::elementwise_config(n), &args)?;
+        self.launch(name, kernel, config, &args)?;
         Ok(out)
     }
 
@@ -299,6 +302,22 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         eps: f32,
     ) -> Result<LayerNormOut<CudaStorage>> {
         self.layer_norm_rows(x, weight, bias, eps)
+    }
+
+    fn softmax_backward(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {
+        self.softmax_backward_rows(g, y)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &CudaTensor,
+        x: &CudaTensor,
+        mean: &CudaTensor,
+        rstd: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<CudaStorage>> {
+        self.layer_norm_backward_rows(g, x, mean, rstd, weight, want)
     }
 
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor, opts: MatmulOpts) -> Result<CudaTensor> {

@@ -56,9 +56,33 @@ impl<D: Driver> CudaBackend<D> {
             self.fill_dense(name, &out, 0.0)?;
             return Ok(out);
         }
-        let mut perm: Dims = (0..x.rank()).filter(|&i| i != axis).collect();
-        perm.push(axis);
-        let src = self.dense(name, &x.permute(&perm)?)?;
+        let inner: usize = x.shape()[axis + 1..].iter().product();
+        if inner > 1 {
+            // A leading or middle axis: reduce the columns in place rather than transposing.
+            let src = self.dense(name, x)?;
+            self.reduce_cols(name, op, &out, &src, rows / inner, n, inner, n)?;
+            return Ok(out);
+        }
+        let src = self.dense(name, x)?;
+        if let Some((seg, parts)) = kernels::rows_split(rows, n) {
+            // Few long rows: segments in parallel into [parts, rows] partials, then those.
+            let partial = self.alloc_temp(name, &[parts as usize, rows])?;
+            let code = if op == ReduceOp::Max { 2 } else { 0 };
+            let args: Args = [
+                ptr(self.ptr(name, &partial)?),
+                ptr(self.ptr(name, &src)?),
+                u64a(rows),
+                u64a(n),
+                KernelArg::U64(seg),
+                KernelArg::U32(code),
+            ]
+            .into_iter()
+            .collect();
+            let config = kernels::rows_split_config(rows, parts);
+            self.launch(name, Kernel::ReduceRowsSplit, config, &args)?;
+            self.reduce_cols(name, op, &out, &partial, 1, parts as usize, rows, n)?;
+            return Ok(out);
+        }
         let args: Args = [
             ptr(self.ptr(name, &out)?),
             ptr(self.ptr(name, &src)?),
@@ -70,6 +94,60 @@ impl<D: Driver> CudaBackend<D> {
         .collect();
         self.launch(name, Kernel::ReduceRows, kernels::rows_config(rows), &args)?;
         Ok(out)
+    }
+
+    /// Reduces the middle axis of the dense `[outer, n, inner]` tensor `src` into `out`
+    /// (`[outer, inner]`): one column-reduction pass, or, when the rows are split into chunks to
+    /// fill the GPU, a pass into `[chunks, outer * inner]` partials and then the same over those.
+    /// A mean divides by `count` (the reduced axis's length, also when `src` holds partials).
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_cols(
+        &self,
+        name: &'static str,
+        op: ReduceOp,
+        out: &CudaTensor,
+        src: &CudaTensor,
+        outer: usize,
+        n: usize,
+        inner: usize,
+        count: usize,
+    ) -> Result<()> {
+        let code = if op == ReduceOp::Max { 2 } else { 0 };
+        let total = count as f32;
+        let (mut src, mut outer, mut n, mut inner) = (src.clone(), outer, n, inner);
+        loop {
+            let (chunk, chunks) = kernels::cols_chunking(outer, n, inner);
+            let last = chunks == 1;
+            let dst = if last {
+                out.clone()
+            } else {
+                self.alloc_temp(name, &[chunks as usize, outer * inner])?
+            };
+            let div = if last && op == ReduceOp::Mean {
+                total
+            } else {
+                1.0
+            };
+            let args: Args = [
+                ptr(self.ptr(name, &dst)?),
+                ptr(self.ptr(name, &src)?),
+                u64a(outer),
+                u64a(n),
+                u64a(inner),
+                KernelArg::U64(chunk),
+                KernelArg::U32(code),
+                KernelArg::F32(div),
+            ]
+            .into_iter()
+            .collect();
+            let config = kernels::cols_config(outer, inner, chunks);
+            self.launch(name, Kernel::ReduceCols, config, &args)?;
+            if last {
+                return Ok(());
+            }
+            // The partials are [chunks, outer * inner]: one block of wide columns.
+            (src, outer, n, inner) = (dst, 1, chunks as usize, outer * inner);
+        }
     }
 
     fn fill_dense(&self, op: &'static str, t: &CudaTensor, value: f32) -> Result<()> {

@@ -5,6 +5,7 @@
 //! allocation, capture) is the same code that drives the GPU.
 
 use super::kernels::{Kernel, read_strided};
+use super::sim_rows;
 use crate::backend::{ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, BinaryOp, ReduceOp, UnaryOp};
 use crate::cpu::{self, math};
 use crate::tensor::CpuTensor;
@@ -26,12 +27,18 @@ fn twin(k: Kernel) -> Twin {
         Kernel::UnaryStrided => unary_strided,
         Kernel::Binary => binary,
         Kernel::BinaryStrided => binary_strided,
+        Kernel::BinaryRowsStrided => binary_rows_strided,
         Kernel::BinaryScalar => binary_scalar,
         Kernel::CopyStrided => copy_strided,
+        Kernel::CopyRowsStrided => copy_rows_strided,
         Kernel::FillStrided => fill_strided,
         Kernel::ReduceRows => reduce_rows,
+        Kernel::ReduceCols => sim_rows::reduce_cols,
+        Kernel::ReduceRowsSplit => sim_rows::reduce_rows_split,
         Kernel::SoftmaxRows => softmax_rows,
         Kernel::LayerNormRows => layer_norm_rows,
+        Kernel::SoftmaxBackwardRows => sim_rows::softmax_backward,
+        Kernel::LayerNormBackwardRows => sim_rows::layer_norm_backward,
         Kernel::BceMean => bce_mean,
         Kernel::AdamW => adamw,
         Kernel::SoftmaxRowsV1 => softmax_rows_vec::<1>,
@@ -45,14 +52,14 @@ fn twin(k: Kernel) -> Twin {
     }
 }
 
-fn bad(index: usize, reason: &str) -> KernelFault {
+pub(super) fn bad(index: usize, reason: &str) -> KernelFault {
     KernelFault::BadArgument {
         index,
         reason: reason.to_string(),
     }
 }
 
-fn checked(k: Kernel, args: &[KernelArg]) -> Result<KernelArgs<'_>, KernelFault> {
+pub(super) fn checked(k: Kernel, args: &[KernelArg]) -> Result<KernelArgs<'_>, KernelFault> {
     if k.accepts(args) {
         Ok(KernelArgs(args))
     } else {
@@ -74,7 +81,7 @@ fn binary_op(code: u32, index: usize) -> Result<BinaryOp, KernelFault> {
         .ok_or_else(|| bad(index, "unknown binary op"))
 }
 
-fn usize_of(v: u64, index: usize) -> Result<usize, KernelFault> {
+pub(super) fn usize_of(v: u64, index: usize) -> Result<usize, KernelFault> {
     usize::try_from(v).map_err(|_| bad(index, "size does not fit usize"))
 }
 
@@ -174,7 +181,24 @@ fn binary_strided(
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let k = checked(Kernel::BinaryStrided, args)?;
+    binary_strided_body(Kernel::BinaryStrided, args, mem)
+}
+
+/// The row-tiled kernel has the per-element kernel's contract.
+fn binary_rows_strided(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    binary_strided_body(Kernel::BinaryRowsStrided, args, mem)
+}
+
+fn binary_strided_body(
+    kernel: Kernel,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(kernel, args)?;
     let (out, a, b, n) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.u64(4)?);
     let op = binary_op(k.u32(3)?, 3)?;
     let offs = strided_tail(args, 5, 2, n)?;
@@ -215,7 +239,24 @@ fn copy_strided(
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let k = checked(Kernel::CopyStrided, args)?;
+    copy_strided_body(Kernel::CopyStrided, args, mem)
+}
+
+/// The row-tiled kernel has the per-element kernel's contract.
+fn copy_rows_strided(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    copy_strided_body(Kernel::CopyRowsStrided, args, mem)
+}
+
+fn copy_strided_body(
+    kernel: Kernel,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(kernel, args)?;
     let (dst, src, n) = (k.ptr(0)?, k.ptr(1)?, k.u64(2)?);
     let offs = strided_tail(args, 3, 2, n)?;
     let v = gather(mem, src, &offs[0])?;
@@ -234,7 +275,7 @@ fn fill_strided(
 }
 
 /// Reads a dense `[rows, n]` matrix as a CPU tensor.
-fn rows_tensor(
+pub(super) fn rows_tensor(
     mem: &SimMemory<'_>,
     p: DevicePtr,
     rows: u64,
@@ -245,7 +286,7 @@ fn rows_tensor(
     CpuTensor::from_vec(data, &shape).map_err(|e| bad(2, &e.to_string()))
 }
 
-fn cpu_err(e: crate::error::ComputeError) -> KernelFault {
+pub(super) fn cpu_err(e: crate::error::ComputeError) -> KernelFault {
     bad(0, &e.to_string())
 }
 

@@ -5,7 +5,9 @@
 //! backend's stream. Two upload buffers alternate (a chunk is staged while the previous one is
 //! in flight); a buffer is rewritten only after its last transfer completed (zdevice waits for
 //! it, bounded by the sync deadline). Large transfers go in `CHUNK`-byte pieces, so pinned
-//! memory stays bounded at three chunks per backend. Downloads wait for their copy (bounded).
+//! memory stays bounded at three chunks per backend, plus a ring of `SMALL_SLOTS` small
+//! buffers (1 MiB together) for small uploads, so refilling a graph's inputs sample after
+//! sample rarely waits. Downloads wait for their copy (bounded).
 
 use super::{CudaBackend, device_error, lock};
 use crate::error::{ComputeError, Result};
@@ -13,12 +15,21 @@ use zdevice::{Device, DevicePtr, Driver, PinnedBuffer};
 
 /// Bytes per staged piece.
 pub(crate) const CHUNK: usize = 8 << 20;
+/// Uploads up to this many bytes (a graph's per-sample inputs) go through the small ring.
+pub(crate) const SMALL: usize = 64 << 10;
+/// Buffers in the small ring: a per-sample loop refills two inputs per replay, so the host
+/// can queue up to 8 samples before it waits for the GPU to finish reading a buffer (with
+/// the two large buffers alone it waited on every sample, one replay behind, and the GPU
+/// idled while the host woke up).
+pub(crate) const SMALL_SLOTS: usize = 16;
 
 /// The backend's pinned buffers, allocated on first use.
 #[derive(Debug, Default)]
 pub(crate) struct Staging {
     up: [Option<PinnedBuffer>; 2],
     next_up: usize,
+    small: [Option<PinnedBuffer>; SMALL_SLOTS],
+    next_small: usize,
     down: Option<PinnedBuffer>,
 }
 
@@ -26,7 +37,8 @@ impl Staging {
     /// Frees the buffers (each after its last transfer).
     pub(crate) fn release<D: Driver>(self, device: &Device<D>) {
         let [a, b] = self.up;
-        for buf in [a, b, self.down].into_iter().flatten() {
+        let bufs = [a, b, self.down].into_iter().chain(self.small);
+        for buf in bufs.flatten() {
             if let Err(e) = device.free_pinned(buf) {
                 tracing::warn!(target: "zcompute.cuda.transfer", error = %e, "freeing a staging buffer");
             }
@@ -38,11 +50,12 @@ fn ensure<'a, D: Driver>(
     slot: &'a mut Option<PinnedBuffer>,
     device: &Device<D>,
     op: &'static str,
+    bytes: usize,
 ) -> Result<&'a PinnedBuffer> {
     if slot.is_none() {
         *slot = Some(
             device
-                .alloc_pinned(CHUNK as u64)
+                .alloc_pinned(bytes as u64)
                 .map_err(|e| device_error(op, e))?,
         );
     }
@@ -77,9 +90,15 @@ impl<D: Driver> CudaBackend<D> {
         let device = &self.inner.device;
         let mut st = lock(&self.inner.staging);
         for (i, chunk) in data.chunks(CHUNK / 4).enumerate() {
-            let k = st.next_up;
-            st.next_up ^= 1;
-            let buf = ensure(&mut st.up[k], device, op)?;
+            let buf = if chunk.len() * 4 <= SMALL {
+                let k = st.next_small;
+                st.next_small = (k + 1) % SMALL_SLOTS;
+                ensure(&mut st.small[k], device, op, SMALL)?
+            } else {
+                let k = st.next_up;
+                st.next_up ^= 1;
+                ensure(&mut st.up[k], device, op, CHUNK)?
+            };
             let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
             device
                 .write_pinned(buf, &bytes)
@@ -107,7 +126,7 @@ impl<D: Driver> CudaBackend<D> {
         self.refuse_in_capture(op, "download after the capture, or after a replay")?;
         let device = &self.inner.device;
         let mut st = lock(&self.inner.staging);
-        let buf = ensure(&mut st.down, device, op)?;
+        let buf = ensure(&mut st.down, device, op, CHUNK)?;
         let mut out = Vec::with_capacity(n);
         let mut bytes = vec![0u8; CHUNK.min(n * 4)];
         let mut done = 0usize;

@@ -19,6 +19,14 @@ pub(crate) fn sum_to_shape<B: Backend<T>, T: Element>(
     shape: &[usize],
 ) -> Result<BTensor<B, T>> {
     let mut g = g;
+    let extra = g.rank().saturating_sub(shape.len());
+    if extra > 1 && g.is_contiguous() {
+        // Leading axes of a dense gradient merge into one, summed by a single reduction.
+        let lead: usize = g.shape()[..extra].iter().product();
+        let mut merged = vec![lead];
+        merged.extend_from_slice(&g.shape()[extra..]);
+        g = g.reshape(&merged)?;
+    }
     while g.rank() > shape.len() {
         g = b.sum(&g, 0, false)?;
     }

@@ -81,9 +81,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for SoftmaxBackward<B, T> {
     fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
         let g = only(grads)?;
         let y = self.y.get("softmax")?;
-        let last = y.rank() - 1;
-        let dot = b.sum(&b.mul(g, y)?, last, true)?;
-        Ok(vec![Some(b.mul(y, &b.sub(g, &dot)?)?)])
+        Ok(vec![Some(b.softmax_backward(g, y)?)])
     }
 }
 
@@ -111,27 +109,17 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
     fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
         const OP: &str = "layer_norm";
         let g = only(grads)?;
-        let x = self.x.get(OP)?;
-        let rstd = self.rstd.get(OP)?;
-        let xhat = b.mul(&b.sub(x, self.mean.get(OP)?)?, rstd)?;
-        let gx = if self.needs[0] {
-            let gxhat = match &self.weight {
-                Some(w) => b.mul(g, w.get(OP)?)?,
-                None => g.clone(),
-            };
-            let last = x.rank() - 1;
-            let m1 = b.mean(&gxhat, last, true)?;
-            let m2 = b.mean(&b.mul(&gxhat, &xhat)?, last, true)?;
-            let inner = b.sub(&b.sub(&gxhat, &m1)?, &b.mul(&xhat, &m2)?)?;
-            Some(b.mul(&inner, rstd)?)
-        } else {
-            None
-        };
-        let gw = if self.needs[1] {
-            Some(sum_rows(b, &b.mul(g, &xhat)?)?)
-        } else {
-            None
-        };
+        let weight = self.weight.as_ref().map(|w| w.get(OP)).transpose()?;
+        let grads = b.layer_norm_backward(
+            g,
+            self.x.get(OP)?,
+            self.mean.get(OP)?,
+            self.rstd.get(OP)?,
+            weight,
+            [self.needs[0], self.needs[1]],
+        )?;
+        let gx = grads.input;
+        let gw = grads.g_xhat.map(|t| sum_rows(b, &t)).transpose()?;
         let gb = if self.needs[2] {
             Some(sum_rows(b, g)?)
         } else {

@@ -200,6 +200,54 @@ pub fn layer_norm<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View, 
     assert_close(&format!("{what} rstd"), gpu, &ours.rstd, &want.rstd, TOL);
 }
 
+/// Softmax's and LayerNorm's backward (every `want` combination) against the CPU backend's
+/// composite formulas, from the outputs of the forward ops.
+pub fn row_backward<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View, affine: bool) {
+    let (x, xc) = (
+        input(gpu, shape, view, 10, -3.0, 5.0),
+        input(&CPU, shape, view, 10, -3.0, 5.0),
+    );
+    let (g, gc) = (
+        input(gpu, shape, view, 11, -1.0, 1.0),
+        input(&CPU, shape, view, 11, -1.0, 1.0),
+    );
+    let what = format!("{shape:?} {view:?}");
+    let y = gpu.softmax_last(&x).expect("softmax");
+    let yc = Backend::<f32>::softmax_last(&CPU, &xc).expect("cpu");
+    let ours = gpu.softmax_backward(&g, &y).expect("softmax backward");
+    let want = Backend::<f32>::softmax_backward(&CPU, &gc, &yc).expect("cpu");
+    assert_close(&format!("softmax backward {what}"), gpu, &ours, &want, TOL);
+
+    let n = shape[shape.len() - 1];
+    let w = input(gpu, &[n], View::Dense, 12, 0.5, 1.5);
+    let wc = input(&CPU, &[n], View::Dense, 12, 0.5, 1.5);
+    let (w, wc) = if affine {
+        (Some(&w), Some(&wc))
+    } else {
+        (None, None)
+    };
+    let f = gpu.layer_norm(&x, w, None, 1e-5).expect("ln");
+    let fc = Backend::<f32>::layer_norm(&CPU, &xc, wc, None, 1e-5).expect("cpu");
+    for want in [[true, true], [true, false], [false, true], [false, false]] {
+        let ours = gpu
+            .layer_norm_backward(&g, &x, &f.mean, &f.rstd, w, want)
+            .expect("ln backward");
+        let cpu = Backend::<f32>::layer_norm_backward(&CPU, &gc, &xc, &fc.mean, &fc.rstd, wc, want)
+            .expect("cpu");
+        let what = format!("layer_norm backward {what} affine {affine} want {want:?}");
+        for (name, o, c) in [
+            ("input", ours.input, cpu.input),
+            ("g_xhat", ours.g_xhat, cpu.g_xhat),
+        ] {
+            match (o, c) {
+                (Some(o), Some(c)) => assert_close(&format!("{what} {name}"), gpu, &o, &c, TOL),
+                (None, None) => {}
+                _ => panic!("{what} {name}: present on one backend only"),
+            }
+        }
+    }
+}
+
 /// `a` and `b` are the stored shapes; `opts` say how they are read. `view` transposes the
 /// stored operands (the transposed view is then read with the flag flipped, same product).
 pub fn matmul<D: Driver>(

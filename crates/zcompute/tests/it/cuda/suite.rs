@@ -55,6 +55,7 @@ macro_rules! op_suite {
         #[case::scalar(&[1025], &[1])]
         #[case::rank0(&[7], &[])]
         #[case::long(&[1025], &[1025])]
+        #[case::bias(&[33, 2, 160], &[160])]
         fn binary(
             #[case] a: &[usize],
             #[case] b: &[usize],
@@ -90,7 +91,13 @@ macro_rules! op_suite {
         #[rstest]
         fn reduce(
             #[values(ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max)] op: ReduceOp,
-            #[values(&[1][..], &[1025], &[7, 193], &[1, 1025], &[3, 5, 7])] shape: &[usize],
+            // [1025, 33] and [4100, 7] reduce their first axis in row chunks (two and three
+            // column-reduction passes); [20000] and [3, 9000] split their long rows.
+            #[values(
+                                &[1][..], &[1025], &[7, 193], &[1, 1025], &[3, 5, 7],
+                                &[1025, 33], &[4100, 7], &[20000], &[3, 9000]
+                            )]
+            shape: &[usize],
             #[values(View::Dense, View::Transposed)] view: View,
         ) {
             bodies::reduce(&$backend(), op, shape, view);
@@ -121,6 +128,15 @@ macro_rules! op_suite {
             #[values(false, true)] affine: bool,
         ) {
             bodies::layer_norm(&$backend(), shape, view, affine);
+        }
+
+        #[rstest]
+        fn row_backward(
+            #[values(&[1][..], &[7, 193], &[2, 3, 7], &[33, 256], &[3, 1025])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+            #[values(false, true)] affine: bool,
+        ) {
+            bodies::row_backward(&$backend(), shape, view, affine);
         }
 
         #[rstest]
