@@ -24,7 +24,6 @@ mod matmul;
 mod ops;
 mod rows;
 pub mod sim;
-mod sim_rows;
 mod storage;
 mod transfer;
 

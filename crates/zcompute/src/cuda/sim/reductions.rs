@@ -1,14 +1,29 @@
-//! Simulated twins of the column reduction and the fused row backward kernels (`rows.cu`),
-//! split from `sim.rs` to keep files short. The backward twins run the CPU backend's
-//! composite formulas (`Backend`'s provided bodies) on the rows read from device memory.
+//! Simulated twins of the reduction kernels (`rows.cu`): one-warp-per-row reductions, the
+//! first pass of a split long-row reduction, and chunked column reductions. Each returns the
+//! partials the GPU kernel would, so the host's second passes run unchanged.
 
-use super::kernels::Kernel;
-use super::sim::{bad, checked, cpu_err, rows_tensor, usize_of};
-use crate::backend::Backend;
-use crate::cpu::{CpuBackend, math};
-use crate::tensor::CpuTensor;
+use super::{bad, checked, cpu_err, rows_tensor, usize_of};
+use crate::backend::ReduceOp;
+use crate::cpu::{self, math};
+use crate::cuda::kernels::Kernel;
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
+
+pub(super) fn reduce_rows(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::ReduceRows, args)?;
+    let (out, x, rows, n) = (k.ptr(0)?, k.ptr(1)?, k.u64(2)?, k.u64(3)?);
+    let op = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max]
+        .get(k.u32(4)? as usize)
+        .copied()
+        .ok_or_else(|| bad(4, "unknown reduction"))?;
+    let t = rows_tensor(mem, x, rows, n)?;
+    let r = cpu::reduce::reduce(op, &t, 1, false).map_err(cpu_err)?;
+    mem.write_f32(out, &r.to_vec())
+}
 
 /// `[outer, n, inner]` reduced over `n` chunk by chunk: chunk `c` (rows `c * chunk ..`) to
 /// `out[c, outer, inner]`; sums divided by `div`.
@@ -79,56 +94,4 @@ pub(super) fn reduce_rows_split(
         }
     }
     mem.write_f32(out, &result)
-}
-
-/// `gx = y * (g - sum(g * y))` over dense `[rows, n]`.
-pub(super) fn softmax_backward(
-    _: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let k = checked(Kernel::SoftmaxBackwardRows, args)?;
-    let (out, rows, n) = (k.ptr(0)?, k.u64(3)?, k.u64(4)?);
-    let g = rows_tensor(mem, k.ptr(1)?, rows, n)?;
-    let y = rows_tensor(mem, k.ptr(2)?, rows, n)?;
-    let r = Backend::<f32>::softmax_backward(&CpuBackend, &g, &y).map_err(cpu_err)?;
-    mem.write_f32(out, &r.to_vec())
-}
-
-/// LayerNorm's backward over dense `[rows, n]`: the input gradient and `g * xhat`, each
-/// written only where its flag asks.
-pub(super) fn layer_norm_backward(
-    _: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let k = checked(Kernel::LayerNormBackwardRows, args)?;
-    let (rows, n) = (k.u64(10)?, k.u64(11)?);
-    let g = rows_tensor(mem, k.ptr(2)?, rows, n)?;
-    let x = rows_tensor(mem, k.ptr(3)?, rows, n)?;
-    let mean = rows_tensor(mem, k.ptr(4)?, rows, 1)?;
-    let rstd = rows_tensor(mem, k.ptr(5)?, rows, 1)?;
-    let weight = if k.u32(7)? == 0 {
-        None
-    } else {
-        let data = mem.read_f32(k.ptr(6)?, n)?;
-        Some(CpuTensor::from_vec(data, &[usize_of(n, 11)?]).map_err(cpu_err)?)
-    };
-    let want = [k.u32(8)? != 0, k.u32(9)? != 0];
-    let r = Backend::<f32>::layer_norm_backward(
-        &CpuBackend,
-        &g,
-        &x,
-        &mean,
-        &rstd,
-        weight.as_ref(),
-        want,
-    )
-    .map_err(cpu_err)?;
-    for (i, t) in [(0, r.input), (1, r.g_xhat)] {
-        if let Some(t) = t {
-            mem.write_f32(k.ptr(i)?, &t.to_vec())?;
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,50 @@
+//! Simulated twins of the training kernels (`train.cu`): the mean BCE-with-logits loss and
+//! the fused AdamW step, which reads its learning rate and step count from a device slot.
+
+use super::{checked, cpu_err, rows_tensor};
+use crate::backend::{ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
+use crate::cpu;
+use crate::cuda::kernels::Kernel;
+use crate::tensor::CpuTensor;
+use zdevice::sim::{KernelFault, SimMemory};
+use zdevice::{KernelArg, LaunchConfig};
+
+pub(super) fn bce_mean(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::BceMean, args)?;
+    let (out, x, y, n) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.u64(3)?);
+    let (tx, ty) = (rows_tensor(mem, x, 1, n)?, rows_tensor(mem, y, 1, n)?);
+    let r = cpu::train::bce_with_logits_mean(&tx, &ty).map_err(cpu_err)?;
+    mem.write_f32(out, &r.to_vec())
+}
+
+pub(super) fn adamw(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::AdamW, args)?;
+    let [p, m, v, g, slot] = [0, 1, 2, 3, 4].map(|i| k.ptr(i));
+    let (p, m, v, g, slot) = (p?, m?, v?, g?, slot?);
+    let n = k.u64(5)?;
+    let cfg = AdamWConfig {
+        beta1: k.f32(6)?,
+        beta2: k.f32(7)?,
+        eps: k.f32(8)?,
+        weight_decay: k.f32(9)?,
+    };
+    let t = |mem: &SimMemory<'_>, ptr| rows_tensor(mem, ptr, 1, n);
+    let (tp, tm, tv, tg) = (t(mem, p)?, t(mem, m)?, t(mem, v)?, t(mem, g)?);
+    let s = mem.read_f32(slot, 2)?;
+    let mut slot_values = [0.0f32; 2];
+    slot_values[ADAMW_SLOT_LR] = s[ADAMW_SLOT_LR];
+    slot_values[ADAMW_SLOT_STEP] = s[ADAMW_SLOT_STEP];
+    let ts = CpuTensor::from_vec(slot_values.to_vec(), &[2]).map_err(cpu_err)?;
+    cpu::train::adamw_step(&tp, &tm, &tv, &tg, &ts, &cfg).map_err(cpu_err)?;
+    mem.write_f32(p, &tp.to_vec())?;
+    mem.write_f32(m, &tm.to_vec())?;
+    mem.write_f32(v, &tv.to_vec())
+}
