@@ -16,7 +16,7 @@ use crate::common::{
 };
 
 /// Per-tensor relative tolerance of gradients computed from the same parameters.
-const GRAD_TOL: f64 = 1e-3;
+const GRAD_TOL: f64 = 1e-5;
 
 /// At every mini-batch, from the device per-sample trainer's current parameters: the device
 /// per-sample, device batched, CPU per-sample and CPU batched gradients agree within 1e-5; the
