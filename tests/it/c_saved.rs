@@ -7,7 +7,7 @@
 
 use zcompute::{AllocClass, Backend, CpuBackend, CudaBackend};
 use zdevice::Driver;
-use zgrad::{Tape, TrainSchedule, TrainerConfig, Var, XAsset};
+use zgrad::{Tape, TrainSchedule, Trainer, TrainerConfig, Var, XAsset};
 use zmem::Protection;
 
 use crate::common::{
@@ -18,6 +18,50 @@ use crate::common::{
 /// Per-tensor relative tolerance of gradients computed from the same parameters.
 const GRAD_TOL: f64 = 1e-5;
 
+/// The four runs scenario C compares: each schedule on the device and on the CPU, all from
+/// the same initial parameters.
+struct FourRuns<D: Driver> {
+    dev_ps: Trainer<CudaBackend<D>, f32>,
+    dev_bt: Trainer<CudaBackend<D>, f32>,
+    cpu_ps: Trainer<CpuBackend, f32>,
+    cpu_bt: Trainer<CpuBackend, f32>,
+}
+
+impl<D: Driver> FourRuns<D> {
+    fn new(dev: &CudaBackend<D>, size: &Size, init: &[Vec<f32>]) -> Self {
+        let per_sample = || config(TrainSchedule::PerSample, false);
+        let batched = || config(TrainSchedule::Batched, false);
+        FourRuns {
+            dev_ps: trainer(dev.clone(), size, init, per_sample()),
+            dev_bt: trainer(dev.clone(), size, init, batched()),
+            cpu_ps: trainer(CpuBackend, size, init, per_sample()),
+            cpu_bt: trainer(CpuBackend, size, init, batched()),
+        }
+    }
+
+    /// One mini-batch on each run; the losses in field order.
+    fn train_batch(&mut self, x: &[f32], y: &[f32], batch: usize) -> [f64; 4] {
+        [
+            self.dev_ps
+                .train_batch(x, y, batch)
+                .expect("device per-sample step")
+                .loss,
+            self.dev_bt
+                .train_batch(x, y, batch)
+                .expect("device batched step")
+                .loss,
+            self.cpu_ps
+                .train_batch(x, y, batch)
+                .expect("CPU per-sample step")
+                .loss,
+            self.cpu_bt
+                .train_batch(x, y, batch)
+                .expect("CPU batched step")
+                .loss,
+        ]
+    }
+}
+
 /// At every mini-batch, from the device per-sample trainer's current parameters: the device
 /// per-sample, device batched, CPU per-sample and CPU batched gradients agree within 1e-5; the
 /// per-sample run reclaims scratch after every sample and reuses it for the next.
@@ -25,59 +69,24 @@ pub fn gradients_agree_at_every_batch<D: Driver>(dev: CudaBackend<D>, size: Size
     let ds = data(&size, 11);
     let init = initial_parameters(&size);
     let events = record_events(dev.arena());
-    let mut dev_ps = trainer(
-        dev.clone(),
-        &size,
-        &init,
-        config(TrainSchedule::PerSample, false),
-    );
-    let mut dev_bt = trainer(
-        dev.clone(),
-        &size,
-        &init,
-        config(TrainSchedule::Batched, false),
-    );
-    let mut cpu_ps = trainer(
-        CpuBackend,
-        &size,
-        &init,
-        config(TrainSchedule::PerSample, false),
-    );
-    let mut cpu_bt = trainer(
-        CpuBackend,
-        &size,
-        &init,
-        config(TrainSchedule::Batched, false),
-    );
+    let mut runs = FourRuns::new(&dev, &size, &init);
     let resets_before = dev.arena().diagnostics().resets;
     let mut worst = [0.0f64; 4];
     for k in 0..size.batches {
         let (x, y) = batch(&size, &ds, k);
-        let params = parameters(&dev, dev_ps.model());
-        set_parameters(&dev_bt, &params);
-        for t in [&cpu_ps, &cpu_bt] {
-            set_parameters(t, &params);
-        }
-        let r = dev_ps
-            .train_batch(x, y, size.batch)
-            .expect("device per-sample step");
-        dev_bt
-            .train_batch(x, y, size.batch)
-            .expect("device batched step");
-        cpu_ps
-            .train_batch(x, y, size.batch)
-            .expect("CPU per-sample step");
-        cpu_bt
-            .train_batch(x, y, size.batch)
-            .expect("CPU batched step");
-        let (g_dps, g_dbt) = (gradients(&dev_ps), gradients(&dev_bt));
-        let (g_cps, g_cbt) = (gradients(&cpu_ps), gradients(&cpu_bt));
+        let params = parameters(&dev, runs.dev_ps.model());
+        set_parameters(&runs.dev_bt, &params);
+        set_parameters(&runs.cpu_ps, &params);
+        set_parameters(&runs.cpu_bt, &params);
+        let [loss, ..] = runs.train_batch(x, y, size.batch);
+        let (g_dps, g_dbt) = (gradients(&runs.dev_ps), gradients(&runs.dev_bt));
+        let (g_cps, g_cbt) = (gradients(&runs.cpu_ps), gradients(&runs.cpu_bt));
         let head = |g: &[(&str, Vec<f32>)]| {
             norm(&g.iter().find(|(n, _)| *n == "head.weight").expect("head").1)
         };
         println!(
             "batch {k:2}: loss {:.6}  |grad head.weight| device per-sample {:.6}  CPU per-sample {:.6}  CPU batched {:.6}",
-            r.loss,
+            loss,
             head(&g_dps),
             head(&g_cps),
             head(&g_cbt)
@@ -128,51 +137,11 @@ pub fn gradients_agree_at_every_batch<D: Driver>(dev: CudaBackend<D>, size: Size
 pub fn trajectories_agree<D: Driver>(dev: CudaBackend<D>, size: Size) {
     let ds = data(&size, 12);
     let init = initial_parameters(&size);
-    let mut dev_ps = trainer(
-        dev.clone(),
-        &size,
-        &init,
-        config(TrainSchedule::PerSample, false),
-    );
-    let mut dev_bt = trainer(
-        dev.clone(),
-        &size,
-        &init,
-        config(TrainSchedule::Batched, false),
-    );
-    let mut cpu_ps = trainer(
-        CpuBackend,
-        &size,
-        &init,
-        config(TrainSchedule::PerSample, false),
-    );
-    let mut cpu_bt = trainer(
-        CpuBackend,
-        &size,
-        &init,
-        config(TrainSchedule::Batched, false),
-    );
+    let mut runs = FourRuns::new(&dev, &size, &init);
     let (mut first, mut last) = (0.0, 0.0);
     for k in 0..size.batches {
         let (x, y) = batch(&size, &ds, k);
-        let losses = [
-            dev_ps
-                .train_batch(x, y, size.batch)
-                .expect("device per-sample")
-                .loss,
-            dev_bt
-                .train_batch(x, y, size.batch)
-                .expect("device batched")
-                .loss,
-            cpu_ps
-                .train_batch(x, y, size.batch)
-                .expect("CPU per-sample")
-                .loss,
-            cpu_bt
-                .train_batch(x, y, size.batch)
-                .expect("CPU batched")
-                .loss,
-        ];
+        let losses = runs.train_batch(x, y, size.batch);
         for l in &losses[1..] {
             assert!(
                 (l - losses[0]).abs() <= 1e-3 * losses[0].abs(),
@@ -184,14 +153,17 @@ pub fn trajectories_agree<D: Driver>(dev: CudaBackend<D>, size: Size) {
         }
         last = losses[0];
     }
-    let reference = parameters(&CpuBackend, cpu_bt.model());
+    let reference = parameters(&CpuBackend, runs.cpu_bt.model());
     // kn.bias has a zero gradient in exact arithmetic: AdamW turns its rounding noise into
     // steps of up to lr in either direction, so it is held to 2·lr per element per step.
     let kn_bound = 2.0 * TrainerConfig::default().lr * size.batches as f64;
     for (what, params) in [
-        ("device per-sample", parameters(&dev, dev_ps.model())),
-        ("device batched", parameters(&dev, dev_bt.model())),
-        ("CPU per-sample", parameters(&CpuBackend, cpu_ps.model())),
+        ("device per-sample", parameters(&dev, runs.dev_ps.model())),
+        ("device batched", parameters(&dev, runs.dev_bt.model())),
+        (
+            "CPU per-sample",
+            parameters(&CpuBackend, runs.cpu_ps.model()),
+        ),
     ] {
         for ((p, r), name) in params.iter().zip(&reference).zip(zgrad::PARAMETER_NAMES) {
             if name == "kn.bias" {
