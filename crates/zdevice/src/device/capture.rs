@@ -1,5 +1,13 @@
 //! Stream capture and graphs: one way in (`Device::begin_capture`), one way out (`Capture::end`
 //! or drop), and graphs that own their driver handles.
+//!
+//! The guard (refusal of synchronous calls, hold-off of other threads' polls) stays on for as
+//! long as the driver captures: a failed end that leaves the driver capturing hands the
+//! `Capture` back, and a drop that cannot end it marks the device lost rather than switch the
+//! guard off under a capturing stream.
+
+use std::marker::PhantomData;
+use std::time::Duration;
 
 use crate::driver::{CuCode, Driver};
 use crate::error::{DeviceError, DeviceResult};
@@ -7,15 +15,109 @@ use crate::types::*;
 
 use super::Device;
 
+const END_CAPTURE: &str = "cuStreamEndCapture";
+
 /// An active global-mode capture on one stream. While it lives, the device refuses synchronous
 /// copies, memsets, allocations and frees, and other threads hold off their waits. End it with
 /// [`Capture::end`]; dropping it ends the capture and discards the graph, leaving the device
-/// usable.
+/// usable (or, if the driver cannot be made to stop capturing, lost).
+///
+/// The capture and its end belong to the thread that began it: the driver answers
+/// `cuStreamEndCapture` from any other thread with 908 (wrong thread) and keeps capturing. So a
+/// `Capture` is not `Send`:
+///
+/// ```compile_fail
+/// fn needs_send<T: Send>(_: T) {}
+/// fn try_to_move(cap: zdevice::Capture<'_, zdevice::SimDriver>) {
+///     needs_send(cap); // error: `*const ()` cannot be sent between threads safely
+/// }
+/// ```
+///
+/// # Deadline
+/// The body and the end together are judged against the device's sync deadline, on the
+/// driver's clock, from the moment the capture began. The end call itself runs on this thread
+/// (a watchdog thread would get 908), so a driver that never returns keeps this thread; one
+/// that returns late gives `Timeout` naming `cuStreamEndCapture` and the device is lost, as
+/// after any driver call that overran its deadline.
 #[derive(Debug)]
 pub struct Capture<'d, D: Driver> {
     device: &'d Device<D>,
     stream: Stream,
-    ended: bool,
+    /// When the capture began, on the driver's clock.
+    began: Duration,
+    /// The driver no longer captures (ended, or found not capturing): drop has nothing to do.
+    finished: bool,
+    /// Not `Send`/`Sync`: see the type's docs.
+    _this_thread: PhantomData<*const ()>,
+}
+
+/// A failed [`Capture::end`]: the error, and the capture itself when the driver is still
+/// capturing (the guard then stays on). End it again with [`CaptureEndError::into_capture`] and
+/// [`Capture::end`], or drop it: dropping ends the capture, or marks the device lost when the
+/// driver cannot be made to stop.
+pub struct CaptureEndError<'d, D: Driver> {
+    error: DeviceError,
+    capture: Option<Capture<'d, D>>,
+}
+
+impl<'d, D: Driver> CaptureEndError<'d, D> {
+    /// What the end failed with.
+    #[must_use]
+    pub fn error(&self) -> &DeviceError {
+        &self.error
+    }
+
+    /// Whether the driver is still capturing (the capture was handed back; the guard is on).
+    #[must_use]
+    pub fn still_capturing(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// The capture to end again, when the driver is still capturing.
+    #[must_use]
+    pub fn into_capture(self) -> Option<Capture<'d, D>> {
+        self.capture
+    }
+
+    /// The error; a capture still held is dropped (ended, or the device lost).
+    #[must_use]
+    pub fn into_error(self) -> DeviceError {
+        self.error
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for CaptureEndError<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaptureEndError")
+            .field("error", &self.error)
+            .field("still_capturing", &self.still_capturing())
+            .finish()
+    }
+}
+
+impl<D: Driver> std::fmt::Display for CaptureEndError<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ending the capture failed: {}", self.error)?;
+        if self.still_capturing() {
+            write!(
+                f,
+                " (the stream is still capturing; end it again or drop it)"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl<D: Driver> std::error::Error for CaptureEndError<'_, D> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<D: Driver> From<CaptureEndError<'_, D>> for DeviceError {
+    fn from(e: CaptureEndError<'_, D>) -> DeviceError {
+        e.into_error()
+    }
 }
 
 /// A captured graph (not yet launchable). Destroyed on drop.
@@ -38,8 +140,9 @@ impl<D: Driver> Device<D> {
     pub fn begin_capture(&self, stream: Stream) -> DeviceResult<Capture<'_, D>> {
         self.check_lost()?;
         self.book_capture(stream)?;
-        let began = self.call(|d| d.stream_begin_capture(stream, CaptureMode::Global));
-        if let Err(e) = began {
+        let began = self.inner.driver.now();
+        let begun = self.call(|d| d.stream_begin_capture(stream, CaptureMode::Global));
+        if let Err(e) = begun {
             self.unbook_capture();
             return Err(e);
         }
@@ -47,8 +150,19 @@ impl<D: Driver> Device<D> {
         Ok(Capture {
             device: self,
             stream,
-            ended: false,
+            began,
+            finished: false,
+            _this_thread: PhantomData,
         })
+    }
+
+    /// After a failed end: whether the driver has stopped capturing on `stream`. A status the
+    /// driver cannot give counts as still capturing (the guard must not come off blind).
+    fn stopped_capturing(&self, stream: Stream) -> bool {
+        matches!(
+            self.inner.driver.stream_is_capturing(stream),
+            Ok(CaptureStatus::None)
+        )
     }
 }
 
@@ -65,30 +179,82 @@ impl<'d, D: Driver> Capture<'d, D> {
         self.device
     }
 
-    /// Ends the capture and returns the graph. A capture the driver invalidated ends with
-    /// `CaptureInvalidated`; either way the stream is no longer capturing.
-    pub fn end(mut self) -> DeviceResult<CapturedGraph<D>> {
-        self.ended = true;
-        let r = self.device.call(|d| d.stream_end_capture(self.stream));
-        self.device.unbook_capture();
-        match r {
-            Ok(graph) => Ok(CapturedGraph {
-                device: self.device.clone(),
-                graph,
-            }),
+    /// Ends the capture and returns the graph.
+    ///
+    /// Errors: a capture the driver invalidated ends with `CaptureInvalidated` (the driver
+    /// stopped capturing); a capture that took longer than the sync deadline, body and end
+    /// together, ends with `Timeout` naming `cuStreamEndCapture` and the device is lost; any
+    /// other failure leaves the guard on exactly as long as the driver still captures, and then
+    /// hands this `Capture` back inside the error so it can be ended again.
+    pub fn end(mut self) -> Result<CapturedGraph<D>, CaptureEndError<'d, D>> {
+        let device = self.device;
+        let stream = self.stream;
+        let ended = device.call(|d| d.stream_end_capture(stream));
+        let elapsed = device.inner.driver.now().saturating_sub(self.began);
+        let deadline = device.inner.config.sync_deadline;
+        let late = elapsed > deadline;
+        let error = match ended {
+            Ok(graph) => {
+                self.finish();
+                let graph = CapturedGraph {
+                    device: device.clone(),
+                    graph,
+                };
+                if !late {
+                    return Ok(graph);
+                }
+                // Destroyed while the device still answers; it is lost right after.
+                drop(graph);
+                None
+            }
             Err(DeviceError::Driver { call, code })
                 if code == CuCode::STREAM_CAPTURE_INVALIDATED =>
             {
-                Err(DeviceError::CaptureInvalidated { call, code })
+                Some(DeviceError::CaptureInvalidated { call, code })
             }
-            Err(e) => Err(e),
+            Err(e) => Some(e),
+        };
+        if let Some(e) = &error {
+            tracing::warn!(target: "zdevice.device.capture", error = %e, "ending the capture failed");
+        }
+        let error = match error {
+            Some(e) if !late => e,
+            _ => {
+                device.mark_lost(format!(
+                    "{END_CAPTURE} returned {elapsed:?} after the capture began, past the sync deadline of {deadline:?}"
+                ));
+                DeviceError::Timeout {
+                    waited_for: format!("{END_CAPTURE} to return"),
+                    deadline,
+                    elapsed,
+                }
+            }
+        };
+        if self.finished || device.stopped_capturing(stream) {
+            self.finish();
+            return Err(CaptureEndError {
+                error,
+                capture: None,
+            });
+        }
+        Err(CaptureEndError {
+            error,
+            capture: Some(self),
+        })
+    }
+
+    /// The driver has stopped capturing: the guard comes off.
+    fn finish(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            self.device.unbook_capture();
         }
     }
 }
 
 impl<D: Driver> Drop for Capture<'_, D> {
     fn drop(&mut self) {
-        if self.ended {
+        if self.finished {
             return;
         }
         let d = &self.device.inner.driver;
@@ -97,10 +263,18 @@ impl<D: Driver> Drop for Capture<'_, D> {
                 let _ = d.graph_destroy(graph);
             }
             Err(e) => {
-                tracing::debug!(target: "zdevice.device.capture", error = %e, "abandoned capture")
+                tracing::debug!(target: "zdevice.device.capture", error = %e, "abandoned capture");
+                if !self.device.stopped_capturing(self.stream) {
+                    // The guard stays on, and nothing more runs on this device: the driver
+                    // would silently leave synchronous work out of a graph nobody will launch.
+                    self.device.mark_lost(format!(
+                        "{END_CAPTURE} failed ({e}) and the stream is still capturing"
+                    ));
+                    return;
+                }
             }
         }
-        self.device.unbook_capture();
+        self.finish();
     }
 }
 
@@ -163,5 +337,33 @@ impl<D: Driver> Drop for GraphInstance<D> {
         {
             tracing::warn!(target: "zdevice.device.graph", error = %e, "graph exec destroy failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{CuCode, DeviceConfig, DeviceError, Driver, MockDevice, SimDriver};
+
+    /// The "obvious fix" for an unbounded end, running it as a watched call, moves it to the
+    /// watchdog thread: the real driver answers 908 there, and so does the simulated one, since
+    /// watched calls run on the worker with virtual time too.
+    #[test]
+    fn ending_a_capture_from_the_watchdog_thread_is_refused_as_on_the_gpu() {
+        let dev = MockDevice::open(SimDriver::default(), DeviceConfig::default()).unwrap();
+        let stream = dev.stream();
+        let cap = dev.begin_capture(stream).unwrap();
+        let watched = dev.call_watched(super::END_CAPTURE, Duration::from_secs(60), move |d| {
+            d.stream_end_capture(stream)
+        });
+        match watched {
+            Err(DeviceError::Driver { code, .. }) => {
+                assert_eq!(code, CuCode::STREAM_CAPTURE_WRONG_THREAD);
+            }
+            other => panic!("a watched end: expected 908, got {other:?}"),
+        }
+        cap.end().expect("the capturing thread ends it");
+        assert!(!dev.is_capturing());
     }
 }

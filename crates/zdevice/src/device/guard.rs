@@ -130,10 +130,13 @@ impl<D: Driver> Device<D> {
     }
 
     /// Runs a driver call that may block inside the driver (allocations, module loads) so that
-    /// the caller gets `Timeout` at `deadline` instead of hanging. With a real driver the call
-    /// runs on a watchdog thread; a call that outlives its deadline is abandoned there and the
-    /// device is marked lost (the driver may never return). With virtual time, the call runs
-    /// inline and the time it took on the driver's clock is judged against the deadline.
+    /// the caller gets `Timeout` at `deadline` instead of hanging. The call runs on a watchdog
+    /// thread; a call that outlives its deadline is abandoned there and the device is marked
+    /// lost (the driver may never return). With virtual time the caller waits for the worker
+    /// and the time the call took on the driver's clock is judged against the deadline. The
+    /// call runs on the worker thread in both cases, so a call that depends on its thread (the
+    /// driver ends a global-mode capture only from the thread that began it) fails on the
+    /// simulated driver as it does on the GPU: such calls must not be watched.
     pub(crate) fn call_watched<T: Send + 'static>(
         &self,
         call: &'static str,
@@ -142,15 +145,8 @@ impl<D: Driver> Device<D> {
     ) -> DeviceResult<T> {
         self.check_lost()?;
         let driver = Arc::clone(&self.inner.driver);
-        if driver.is_virtual_time() {
-            let start = driver.now();
-            let r = f(&driver);
-            let elapsed = driver.now().saturating_sub(start);
-            if elapsed > deadline {
-                return Err(self.driver_call_timed_out(call, deadline));
-            }
-            return self.checked(r);
-        }
+        let virtual_time = driver.is_virtual_time();
+        let start = driver.now();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let job = Box::new(move || {
             // The receiver may be gone if we timed out; nothing to do then.
@@ -158,6 +154,18 @@ impl<D: Driver> Device<D> {
         });
         if let Err(reason) = self.inner.watchdog.submit(job) {
             return Err(DeviceError::InvalidArgument { call, reason });
+        }
+        if virtual_time {
+            let Ok(r) = rx.recv() else {
+                let reason = format!("{call} gave no answer (it panicked on the watchdog worker)");
+                self.mark_lost(reason.clone());
+                return Err(DeviceError::DeviceLost { reason });
+            };
+            let elapsed = self.inner.driver.now().saturating_sub(start);
+            if elapsed > deadline {
+                return Err(self.driver_call_timed_out(call, deadline));
+            }
+            return self.checked(r);
         }
         match rx.recv_timeout(deadline) {
             Ok(r) => self.checked(r),

@@ -23,7 +23,7 @@ use crate::driver::Driver;
 use crate::error::{DeviceError, DeviceResult};
 use crate::types::*;
 
-pub use capture::{Capture, CapturedGraph, GraphInstance};
+pub use capture::{Capture, CaptureEndError, CapturedGraph, GraphInstance};
 pub use compute::LoadedModule;
 pub use memory::{DevicePool, PinnedBuffer};
 

@@ -1,6 +1,7 @@
 //! zdevice's integration tests: the conformance suite over every driver, plus the device
 //! guards' fault scenarios on the simulated driver.
 
+mod capture_end;
 mod conformance;
 mod faults;
 mod rules;
@@ -170,4 +171,15 @@ mod gpu {
         dev
     }
     conformance_suite!(open);
+
+    /// A capture ends from its own thread on the real driver, and body plus end are judged
+    /// against the sync deadline (the mock twin is `capture_end::end_deadline_counts_body_and_end_on_the_mock`).
+    #[test]
+    fn capture_end_deadline_counts_body_and_end() {
+        crate::capture_end::end_deadline_counts_body_and_end(|config| {
+            let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads");
+            zdevice::Device::open(driver, config).expect("CUDA device 0 opens")
+        })
+        .unwrap();
+    }
 }
