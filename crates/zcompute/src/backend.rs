@@ -362,6 +362,13 @@ pub trait Backend<T: Element> {
 /// - Inputs change between replays only through the tensors `body` reads, refilled with
 ///   `Backend::upload_into` or `Backend::copy_into` before `replay`.
 /// - A failure inside `capture` leaves the backend usable for eager execution.
+/// - Tensors the body allocates and stores outside (in an `Rc<RefCell<…>>` it captured, say)
+///   hold, once `capture` returns, the result of the one real run (the warm-up), on every
+///   backend; after each `replay` they hold that replay's result. (A device graph's tensors are
+///   not the warm-up's: the CUDA backend copies the warm-up's values into them before
+///   `capture` returns, pairing the two runs' allocations in order, and refuses a body whose
+///   two runs allocate differently with `CaptureFailed`.) Writing results into tensors
+///   allocated before `capture` (refilled slots, as the trainer does) needs none of this.
 pub trait Capture<T: Element>: Backend<T> {
     /// What `capture` returns: a device graph, or the recorded body on the host.
     type Graph;

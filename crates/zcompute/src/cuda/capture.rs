@@ -6,19 +6,30 @@
 //! 3. The arena routes every allocation into the reservation, the device begins a global-mode
 //!    capture on the engine stream, and the body runs again: its launches, gemms, async copies
 //!    and memsets become graph nodes, its allocations come from the reservation. The capture
-//!    ends whatever the body returned, and must finish within the device's sync deadline.
-//! 4. The graph is instantiated (bounded by the device's build deadline).
+//!    ends whatever the body returned; the body and the end together must finish within the
+//!    device's sync deadline (zdevice judges it: a late end is `Timeout` and the device lost).
+//!    An end that fails while the driver still captures is retried once by dropping the
+//!    capture; if the driver still will not stop, zdevice marks the device lost rather than
+//!    let eager work run under a capturing stream.
+//! 4. Tensors the warm-up allocated and that are still held when it returns (the body stored
+//!    them outside) are paired, in allocation order, with the captured run's tensors, and
+//!    their values copied over (stream-ordered, device to device). So after `capture`
+//!    returns, a tensor the body stored outside holds the warm-up's result, as on the CPU
+//!    backend, instead of the graph's not-yet-run memory; each replay then overwrites it.
+//! 5. The graph is instantiated (bounded by the device's build deadline).
 //!
 //! The graph owns its reservation, every block its nodes touched (retained in the
 //! reservation) and the body (with the tensors it holds), so no address baked into the graph
 //! is handed out again while the graph lives. Any failure ends the capture, drops what it
 //! made, and leaves the backend eager.
 
-use super::{CaptureState, CudaBackend, device_error, lock, mem_error};
+use std::sync::Arc;
+
+use super::{CaptureState, CudaBackend, CudaStorage, Recorded, device_error, lock, mem_error};
 use crate::backend::Capture;
 use crate::error::{ComputeError, Result};
-use zdevice::{CapturedGraph, Driver, GraphInstance, InstantiateFlags};
-use zmem::CaptureReservation;
+use zdevice::{CapturedGraph, DeviceError, Driver, GraphInstance, InstantiateFlags};
+use zmem::{Block, CaptureReservation};
 
 /// A captured, instantiated sequence of ops. Replay with `Capture::replay`; refill inputs with
 /// `upload_into`/`copy_into` between replays.
@@ -75,6 +86,57 @@ impl<D: Driver> Drop for Eager<'_, D> {
     }
 }
 
+/// The warm-up's tensors still held when it returned, by their index in allocation order.
+type Survivors = Vec<(usize, Arc<Block>)>;
+
+impl<D: Driver> CudaBackend<D> {
+    /// Copies each warm-up tensor still held into its counterpart of the captured run (see the
+    /// module docs, step 4). The runs must have allocated alike; a body that did not is refused.
+    fn fill_from_warm_up(
+        &self,
+        survivors: &Survivors,
+        warm_allocations: usize,
+        captured: &[CudaStorage],
+    ) -> Result<()> {
+        if survivors.is_empty() {
+            return Ok(());
+        }
+        let mismatch = |detail: String| failed("pairing the captured run with its warm-up")(detail);
+        if captured.len() != warm_allocations {
+            return Err(mismatch(format!(
+                "the warm-up allocated {warm_allocations} tensors and the captured run {}; a captured body must allocate the same tensors on every run",
+                captured.len()
+            )));
+        }
+        let (arena, device, stream) = (&self.inner.arena, &self.inner.device, self.inner.stream);
+        for (i, warm) in survivors {
+            let dst = captured[*i].block();
+            if dst.requested() != warm.requested() {
+                return Err(mismatch(format!(
+                    "allocation {i} was {} bytes in the warm-up and {} in the captured run",
+                    warm.requested(),
+                    dst.requested()
+                )));
+            }
+            let src = arena.resolve(warm).map_err(|e| mem_error("capture", e))?;
+            let dst = arena.resolve(dst).map_err(|e| mem_error("capture", e))?;
+            device
+                .copy_dtod_async(dst, src, warm.requested(), stream)
+                .map_err(|e| device_error("capture", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a failed end of capture means to the caller: a deadline overrun or a lost device as
+/// such (the device is gone), anything else a failed capture with the backend eager.
+fn end_failed(e: DeviceError) -> ComputeError {
+    match e {
+        DeviceError::Timeout { .. } | DeviceError::DeviceLost { .. } => device_error("capture", e),
+        other => failed("ending the capture")(other.to_string()),
+    }
+}
+
 impl<D: Driver> Capture<f32> for CudaBackend<D> {
     type Graph = CudaGraph<D>;
 
@@ -83,12 +145,25 @@ impl<D: Driver> Capture<f32> for CudaBackend<D> {
         let arena = &self.inner.arena;
         let device = &self.inner.device;
         let eager = Eager(self);
-        *lock(&self.inner.capture) = CaptureState::WarmUp;
+        *lock(&self.inner.capture) = CaptureState::WarmUp(Vec::new());
 
         let (warm, plan) = arena
             .record_plan(&mut body)
             .map_err(|e| mem_error("capture", e))?;
         warm?;
+        let (survivors, warm_allocations): (Survivors, usize) =
+            match std::mem::take(&mut *lock(&self.inner.capture)) {
+                CaptureState::WarmUp(made) => (
+                    made.iter()
+                        .enumerate()
+                        .filter_map(|(i, w)| w.upgrade().map(|b| (i, b)))
+                        .collect(),
+                    made.len(),
+                ),
+                _ => (Vec::new(), 0),
+            };
+        // Still warming up as far as the refusals go, until the captured run starts.
+        *lock(&self.inner.capture) = CaptureState::WarmUp(Vec::new());
         let reservation = arena
             .reserve_for_capture(&plan)
             .map_err(|e| failed("reserving memory")(mem_error("capture", e).to_string()))?;
@@ -97,32 +172,28 @@ impl<D: Driver> Capture<f32> for CudaBackend<D> {
             let scope = arena
                 .capture_into(&reservation)
                 .map_err(|e| failed("activating the reservation")(e.to_string()))?;
-            *lock(&self.inner.capture) = CaptureState::On(Vec::new());
+            *lock(&self.inner.capture) = CaptureState::On(Recorded::default());
             let cap = device
                 .begin_capture(self.inner.stream)
                 .map_err(|e| failed("beginning the capture")(e.to_string()))?;
-            let t0 = device.driver().now();
             let ran = body();
-            let elapsed = device.driver().now().saturating_sub(t0);
-            let ended = cap.end();
-            let used = match std::mem::take(&mut *lock(&self.inner.capture)) {
-                CaptureState::On(used) => used,
-                _ => Vec::new(),
+            // A capture the driver still runs after a failed end is dropped inside
+            // `into_error`: ended then, or the device marked lost (never left unguarded).
+            let ended = cap.end().map_err(|e| end_failed(e.into_error()));
+            let run = match std::mem::take(&mut *lock(&self.inner.capture)) {
+                CaptureState::On(run) => run,
+                _ => Recorded::default(),
             };
             drop(scope);
             ran?;
-            let graph = ended.map_err(|e| failed("ending the capture")(e.to_string()))?;
-            let deadline = device.config().sync_deadline;
-            if elapsed > deadline {
-                return Err(failed("capturing")(format!(
-                    "the captured run took {elapsed:?}, over the deadline of {deadline:?}"
-                )));
-            }
-            for block in &used {
+            let graph = ended?;
+            for block in &run.used {
                 reservation.retain(block);
             }
+            self.fill_from_warm_up(&survivors, warm_allocations, &run.allocated)?;
             graph
         };
+        drop(survivors);
         drop(eager);
 
         let exec = graph

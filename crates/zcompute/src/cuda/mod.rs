@@ -36,7 +36,7 @@ use crate::error::{ComputeError, Result};
 use crate::layout::{Layout, checked_numel};
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use zdevice::{Device, DeviceError, DevicePtr, Driver, Function, LoadedModule, SimDriver, Stream};
 use zmem::{Arena, Block, MemError, OwnedStep};
 
@@ -90,11 +90,21 @@ impl<D: Driver> Drop for Inner<D> {
 pub(crate) enum CaptureState {
     #[default]
     Off,
-    /// The warm-up run: ops run for real, allocations are recorded for the plan.
-    WarmUp,
-    /// The captured run: every block the captured work touched, retained by the graph's
-    /// reservation so memory whose address the graph baked in stays the graph's.
-    On(Vec<Block>),
+    /// The warm-up run: ops run for real, allocations are recorded for the plan, and every
+    /// tensor allocated is listed in order (weakly: the body's temporaries are freed as usual).
+    WarmUp(Vec<Weak<Block>>),
+    /// The captured run.
+    On(Recorded),
+}
+
+/// What the captured run touched and made.
+#[derive(Debug, Default)]
+pub(crate) struct Recorded {
+    /// Every block the captured work touched, retained by the graph's reservation so memory
+    /// whose address the graph baked in stays the graph's.
+    pub(crate) used: Vec<Block>,
+    /// Every tensor the captured run allocated, in order (paired with the warm-up's).
+    pub(crate) allocated: Vec<CudaStorage>,
 }
 
 /// Locks a mutex, carrying on past poisoning (the guarded data are plain values).
@@ -235,6 +245,11 @@ impl<D: Driver> CudaBackend<D> {
         }
         .map_err(|e| mem_error(op, e))?;
         let t = Tensor::from_parts(CudaStorage::new(block, n), Layout::contiguous(shape))?;
+        match &mut *lock(&self.inner.capture) {
+            CaptureState::Off => {}
+            CaptureState::WarmUp(made) => made.push(Arc::downgrade(t.storage().shared())),
+            CaptureState::On(run) => run.allocated.push(t.storage().clone()),
+        }
         if n > 0 && self.inner.poison.load(Ordering::Relaxed) {
             let p = self.ptr(op, &t)?;
             self.inner
@@ -254,10 +269,10 @@ impl<D: Driver> CudaBackend<D> {
             .arena
             .resolve(block)
             .map_err(|e| mem_error(op, e))?;
-        if let CaptureState::On(used) = &mut *lock(&self.inner.capture)
-            && !used.iter().any(|b| b.same(block))
+        if let CaptureState::On(run) = &mut *lock(&self.inner.capture)
+            && !run.used.iter().any(|b| b.same(block))
         {
-            used.push(block.clone());
+            run.used.push(block.clone());
         }
         Ok(base.offset(t.layout().offset() as u64 * 4))
     }

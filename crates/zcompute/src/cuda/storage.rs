@@ -3,6 +3,8 @@
 //! memory, or a graph's reservation), and every use resolves it through zmem's generation
 //! check, so a tensor whose scratch was reclaimed fails by name instead of reading garbage.
 
+use std::sync::Arc;
+
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use zmem::{AllocClass, Block};
@@ -10,7 +12,9 @@ use zmem::{AllocClass, Block};
 /// Device memory behind a tensor.
 #[derive(Clone, Debug)]
 pub struct CudaStorage {
-    block: Block,
+    /// Shared by the tensor's clones and views only (not by the arena or a reservation), so
+    /// `capture` can tell which of a warm-up's tensors are still held when it ends.
+    block: Arc<Block>,
     len: usize,
 }
 
@@ -19,7 +23,15 @@ pub type CudaTensor = Tensor<CudaStorage>;
 
 impl CudaStorage {
     pub(crate) fn new(block: Block, len: usize) -> CudaStorage {
-        CudaStorage { block, len }
+        CudaStorage {
+            block: Arc::new(block),
+            len,
+        }
+    }
+
+    /// The handle shared by this storage's tensors.
+    pub(crate) fn shared(&self) -> &Arc<Block> {
+        &self.block
     }
 
     /// The zmem block (for diagnostics, or to `retain` it in a capture reservation).

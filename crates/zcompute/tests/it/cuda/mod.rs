@@ -5,6 +5,7 @@
 
 pub mod bodies;
 pub mod capture;
+pub mod capture_end;
 pub mod errors;
 #[macro_use]
 mod suite;

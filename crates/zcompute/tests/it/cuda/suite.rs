@@ -213,5 +213,11 @@ macro_rules! op_suite {
         fn adamw_captured_reads_lr_and_step_from_memory() {
             super::capture::adamw_replay_reads_slot(&$backend());
         }
+
+        /// The device twin of `capture_end::cpu_stored_tensor_holds_one_completed_run`.
+        #[test]
+        fn capture_stored_tensor_holds_one_completed_run() {
+            super::capture_end::stored_tensor_holds_one_completed_run(&$backend());
+        }
     };
 }
