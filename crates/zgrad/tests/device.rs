@@ -299,6 +299,59 @@ mod mock {
         ((), super::mock())
     }
     suite!(device);
+
+    /// An injected failure of `cuStreamEndCapture` at the first capture: the trainer's
+    /// capture gets a typed error, falls back to eager, and its steps equal an eager run's
+    /// (before the fix: the guard came off under a capturing stream, and the next upload
+    /// failed with 900, the eager fallback with 901).
+    #[test]
+    fn failed_end_of_capture_falls_back_to_eager() {
+        use zdevice::{CuCode, FaultAction, sim::calls};
+        use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset};
+        let f = super::tiny();
+        let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+        for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
+            let run = |capture: bool| {
+                let b = super::mock();
+                if capture {
+                    b.device().driver().fault(
+                        calls::STREAM_END_CAPTURE,
+                        1,
+                        FaultAction::Fail(CuCode::INVALID_VALUE),
+                    );
+                }
+                let model = XAsset::from_tensors(&b, &f.input, &f.path).unwrap();
+                let cfg = TrainerConfig {
+                    schedule,
+                    capture,
+                    lr: 1e-2,
+                    ..TrainerConfig::default()
+                };
+                let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
+                let losses: Vec<f64> = (0..3)
+                    .map(|k| {
+                        let xs: Vec<f32> = x.iter().map(|v| v * (1.0 + 0.1 * k as f32)).collect();
+                        t.train_batch(&xs, y, 4)
+                            .unwrap_or_else(|e| panic!("{schedule:?} step {k}: {e}"))
+                            .loss
+                    })
+                    .collect();
+                assert!(!b.device().is_capturing());
+                assert!(b.device().lost_reason().is_none());
+                let params: Vec<Vec<f32>> = t
+                    .model()
+                    .parameters()
+                    .iter()
+                    .map(|p| p.to_vec(&b).unwrap())
+                    .collect();
+                (losses, params)
+            };
+            let (le, pe) = run(false);
+            let (lf, pf) = run(true);
+            assert_eq!(le, lf, "{schedule:?}: losses after the failed end");
+            assert_eq!(pe, pf, "{schedule:?}: parameters after the failed end");
+        }
+    }
 }
 
 #[cfg(feature = "gpu")]
