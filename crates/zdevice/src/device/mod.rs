@@ -7,7 +7,9 @@
 //! (issue a stream's work from one thread, or order it with events). While a stream captures,
 //! threads that want to poll or wait on the device hold off until the capture ends (bounded by
 //! the sync deadline), because a query during a global-mode capture would invalidate it; the
-//! capturing thread itself gets `CaptureIllegal` instead of waiting on itself.
+//! capturing thread itself gets `CaptureIllegal` instead of waiting on itself. A [`Capture`]
+//! is the exception to `Send`: it stays on the thread that began it, because the driver ends
+//! a global-mode capture only from there.
 
 mod capture;
 mod compute;
