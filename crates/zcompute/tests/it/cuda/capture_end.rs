@@ -123,3 +123,41 @@ fn stalled_end_of_capture_times_out_and_loses_the_device() {
         Err(ComputeError::DeviceFailed { lost: true, .. })
     ));
 }
+
+/// A body that stores a tensor outside but allocates differently in its two runs cannot have
+/// its stored tensor paired with the warm-up's: refused by name, and the backend stays eager.
+#[test]
+fn stored_tensor_of_a_body_whose_runs_differ_is_refused() {
+    let gpu = mock();
+    let x = gpu.upload(&[1.0, 2.0, 3.0], &[3]).expect("x");
+    let stored: Rc<RefCell<Option<zcompute::CudaTensor>>> = Rc::default();
+    let body = {
+        let (be, x, stored) = (gpu.clone(), x.clone(), Rc::clone(&stored));
+        let mut runs = 0;
+        move || {
+            runs += 1;
+            let src = if runs == 1 {
+                be.unary(UnaryOp::Exp, &x)?
+            } else {
+                x.clone()
+            };
+            *stored.borrow_mut() = Some(be.add(&src, &x)?);
+            Ok(())
+        }
+    };
+    let err = gpu.capture(Box::new(body)).expect_err("runs that differ");
+    assert!(
+        matches!(
+            err,
+            ComputeError::CaptureFailed {
+                stage: "pairing the captured run with its warm-up",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let y = gpu
+        .unary(UnaryOp::Neg, &x)
+        .expect("eager after the refusal");
+    assert_eq!(gpu.download(&y).expect("download"), vec![-1.0, -2.0, -3.0]);
+}
