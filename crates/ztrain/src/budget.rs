@@ -177,6 +177,39 @@ fn parse_meminfo(text: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
+    use crate::cli::Options;
+    use clap::Parser as _;
+
+    proptest::proptest! {
+        /// Any sizes on the command line give a configuration and an estimate, or a typed error:
+        /// never an overflow panic.
+        #[test]
+        fn hostile_sizes_never_panic(
+            sizes in proptest::collection::vec(
+                proptest::prop_oneof![0u64..4, 1u64..100_000, proptest::num::u64::ANY],
+                7,
+            ),
+            per_sample in proptest::bool::ANY,
+        ) {
+            let names = ["--scales", "--features", "--width", "--heads", "--ff", "--samples", "--batch"];
+            let mut args = vec!["ztrain".to_string()];
+            for (n, v) in names.iter().zip(&sizes) {
+                args.push(format!("{n}={v}"));
+            }
+            if per_sample {
+                args.push("--schedule=per-sample".into());
+            }
+            let options = Options::try_parse_from(&args).expect("parses");
+            if let Ok(config) = options.config()
+                && let Ok(e) = Estimate::of(&config)
+            {
+                let _ = e.device();
+                let _ = e.check_host(u64::MAX);
+                let _ = e.check_device(1 << 30, "the test device", "");
+            }
+        }
+    }
+
     #[test]
     fn reads_mem_available() {
         let text = "MemTotal: 100 kB\nMemAvailable:   2048 kB\n";
