@@ -131,6 +131,9 @@ fn gpu_per_sample_soak_is_flat_after_warm_up() {
         }
         // The driver's number counts the whole GPU: flat within a MiB per 1,000 steps.
         let device = slope("device_used_bytes").expect("device slope");
-        assert!(device.abs() < f64::from(1 << 20), "{capture:?}: {device}: {r}");
+        assert!(
+            device.abs() < f64::from(1 << 20),
+            "{capture:?}: {device}: {r}"
+        );
     }
 }
