@@ -1,15 +1,15 @@
 //! Checkpoints in safetensors: parameters under their XASSET.md names (so the file is also a
 //! parameter file the PyTorch oracle reads), optimiser state under `optim.<slot>.<name>`, the
 //! run's counters, generator state and data order as `ztrain.*` integer tensors, and the
-//! configuration as JSON in the metadata. Written atomically (a temporary file beside the
-//! target, flushed, then renamed over it), so an interrupted write leaves the old checkpoint.
+//! configuration as JSON in the metadata. Written atomically (`crate::files`), so an interrupted
+//! or failed write leaves the old checkpoint.
 //!
 //! Safetensors does not checksum its data, so the metadata carries an FNV-1a checksum of every
 //! tensor's bytes: a flipped bit is "corrupt", not a silently different run.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::io::Read as _;
+use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use serde_json::Value;
@@ -239,45 +239,93 @@ impl Checkpoint {
         })
     }
 
-    /// Writes to `path` atomically: `path.tmp` beside it, flushed to disk, then renamed.
+    /// Writes to `path` atomically (see [`crate::files::write_atomically`]).
     pub fn save(&self, path: &Path) -> Result<()> {
         let bytes = self.to_bytes()?;
-        let tmp = temp_path(path);
-        let io = |what: &'static str, p: &Path| {
-            let p = p.to_path_buf();
-            move |source| TrainError::Io {
-                what,
-                path: p,
-                source,
-            }
-        };
-        {
-            let mut f = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
-            f.write_all(&bytes).map_err(io("writing", &tmp))?;
-            f.sync_all().map_err(io("flushing", &tmp))?;
-        }
-        std::fs::rename(&tmp, path).map_err(io("renaming the temporary checkpoint to", path))?;
+        crate::files::write_atomically(path, "writing the checkpoint", &bytes)?;
         tracing::info!(target: "ztrain.checkpoint.save", path = %path.display(), bytes = bytes.len(), step = self.progress.step);
         Ok(())
     }
 
-    /// Reads and checks the checkpoint at `path`.
-    pub fn load(path: &Path) -> Result<Checkpoint> {
-        let bytes = std::fs::read(path).map_err(|source| TrainError::Io {
-            what: "reading the checkpoint",
-            path: path.to_path_buf(),
-            source,
-        })?;
+    /// Reads and checks the checkpoint at `path`, reading no more than its own size fields
+    /// say (and at most `limit` bytes in all): `/dev/zero` or a pipe that never ends is an
+    /// error, not a hang.
+    pub fn load_bounded(path: &Path, limit: u64) -> Result<Checkpoint> {
+        let bytes = read_safetensors(path, limit)?;
         Checkpoint::from_bytes(&bytes, path)
+    }
+
+    /// [`Checkpoint::load_bounded`] with the bound of the safetensors format itself.
+    pub fn load(path: &Path) -> Result<Checkpoint> {
+        Checkpoint::load_bounded(path, u64::MAX)
     }
 }
 
-/// `file.safetensors` -> `file.safetensors.tmp` in the same folder (so the rename stays on one
-/// file system and is atomic).
-fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    path.with_file_name(name)
+/// The safetensors format's own bound on its JSON header.
+const MAX_HEADER: u64 = 100_000_000;
+
+/// Reads one safetensors file: the 8-byte header length, the header, then exactly the data the
+/// header's offsets cover, and checks nothing follows.
+fn read_safetensors(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let corrupt = |reason: String| TrainError::CheckpointCorrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let io = |source| TrainError::Io {
+        what: "reading the checkpoint",
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut take = |n: u64, bytes: &mut Vec<u8>| -> Result<()> {
+        let before = bytes.len() as u64;
+        (&mut f).take(n).read_to_end(bytes).map_err(io)?;
+        if bytes.len() as u64 - before < n {
+            return Err(corrupt(format!(
+                "the file ends after {} bytes; its header promises {}",
+                bytes.len(),
+                before + n
+            )));
+        }
+        Ok(())
+    };
+    let mut bytes = Vec::new();
+    take(8, &mut bytes)?;
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
+    if n == 0 || n > MAX_HEADER || n > limit {
+        return Err(corrupt(format!(
+            "header length {n} is outside 1..={}",
+            MAX_HEADER.min(limit)
+        )));
+    }
+    take(n, &mut bytes)?;
+    let header: Value = serde_json::from_slice(&bytes[8..])
+        .map_err(|e| corrupt(format!("not a valid safetensors file: header: {e}")))?;
+    let data_len = header
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != "__metadata__")
+        .filter_map(|(_, v)| v.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    let total = 8 + n + data_len;
+    if total > limit {
+        return Err(TrainError::TooLarge {
+            what: "reading the checkpoint",
+            path: path.to_path_buf(),
+            limit,
+            reason: format!(
+                "its header claims {total} bytes; a checkpoint of this model is smaller"
+            ),
+        });
+    }
+    take(data_len, &mut bytes)?;
+    let mut extra = [0u8; 1];
+    if f.read(&mut extra).map_err(io)? != 0 {
+        return Err(corrupt("bytes follow the data its header describes".into()));
+    }
+    Ok(bytes)
 }
 
 /// FNV-1a over every tensor's name, dtype, shape and bytes, the configuration text and the

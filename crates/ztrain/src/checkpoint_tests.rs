@@ -1,4 +1,5 @@
 use super::*;
+use crate::files::temp_path;
 use serde_json::json;
 
 fn sample() -> Checkpoint {
@@ -114,4 +115,32 @@ fn the_error_names_the_file() {
         missing.to_string().contains("/nonexistent/ck.safetensors"),
         "{missing}"
     );
+}
+
+#[test]
+fn reads_stop_at_the_sizes_the_format_gives() {
+    // /dev/zero: a header length of 0, refused after 8 bytes instead of reading forever.
+    let err = Checkpoint::load(Path::new("/dev/zero")).expect_err("not a checkpoint");
+    assert!(err.to_string().contains("header length 0"), "{err}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("run.safetensors");
+    sample().save(&path).expect("save");
+    let len = std::fs::metadata(&path).expect("meta").len();
+    // A bound below the file's own size is a typed error, not a partial read.
+    let err = Checkpoint::load_bounded(&path, len - 1).expect_err("too large");
+    assert!(err.to_string().contains("more than"), "{err}");
+    assert_eq!(
+        Checkpoint::load_bounded(&path, len).expect("fits"),
+        sample()
+    );
+    // Bytes after the data the header describes, and a file cut short, are corrupt.
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes.push(0);
+    std::fs::write(&path, &bytes).expect("write");
+    let err = Checkpoint::load(&path).expect_err("trailing byte");
+    assert!(err.to_string().contains("bytes follow"), "{err}");
+    bytes.truncate(bytes.len() - 10);
+    std::fs::write(&path, &bytes).expect("write");
+    let err = Checkpoint::load(&path).expect_err("cut short");
+    assert!(err.to_string().contains("the file ends after"), "{err}");
 }

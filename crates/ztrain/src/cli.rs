@@ -57,6 +57,12 @@ impl LrSchedule {
     }
 }
 
+/// The exit statuses, in `--help` and the README.
+pub const EXIT_CODES: &str = "Exit status: 0 the run finished (or stopped at --stop-after); 1 an \
+error (the message says what to do); 2 bad command-line usage; 130 stopped by SIGINT (Ctrl-C), \
+143 by SIGTERM: the current step finishes, the checkpoint is written if --checkpoint was \
+given, the summary is printed; a second signal exits at once with the same status.";
+
 /// Train the XAsset model (reference/XASSET.md) on a CSV file or on a deterministic synthetic
 /// data set, and report loss, accuracy, speed and memory.
 ///
@@ -69,7 +75,8 @@ impl LrSchedule {
     about,
     long_about,
     max_term_width = 100,
-    args_override_self = true
+    args_override_self = true,
+    after_help = EXIT_CODES
 )]
 pub struct Options {
     /// Where to train: auto, cpu, cuda, or sim (the CUDA backend on the simulated driver).
@@ -234,6 +241,22 @@ pub struct Options {
     #[arg(long, value_name = "FILE.html", help_heading = "Output")]
     pub memory_report: Option<PathBuf>,
 
+    /// Soak test: sample memory (arena in use and high-water, device memory in use, host
+    /// resident memory) every --soak-every steps and write them, with each one's slope per
+    /// 1,000 steps after the warm-up (the first tenth of the steps), as JSON here.
+    #[arg(long, value_name = "FILE.json", help_heading = "Output")]
+    pub soak_report: Option<PathBuf>,
+
+    /// Steps between two soak samples.
+    #[arg(
+        long,
+        value_name = "STEPS",
+        default_value_t = 100,
+        requires = "soak_report",
+        help_heading = "Output"
+    )]
+    pub soak_every: u64,
+
     /// Log level of the libraries' tracing output on stderr.
     #[arg(long, default_value = "warn", value_parser = ["error", "warn", "info", "debug", "trace"], help_heading = "Output")]
     pub log: String,
@@ -278,6 +301,15 @@ impl Options {
         {
             return bad(format!("--clip-grad {c} must be a positive number"));
         }
+        if self.sim_memory < 1 << 20 {
+            return bad(format!(
+                "--sim-memory {} must be at least 1M",
+                zmem::units::Bytes(self.sim_memory)
+            ));
+        }
+        if self.soak_every == 0 {
+            return bad("--soak-every must be at least 1".into());
+        }
         if self.checkpoint_every == Some(0) {
             return bad("--checkpoint-every must be at least 1".into());
         }
@@ -311,6 +343,20 @@ impl Options {
         })
     }
 
+    /// How each arena setting was named (the option when given, else its `ZMEM_*` variable).
+    #[must_use]
+    pub fn arena_sources(&self, cfg: &zmem::ArenaConfig) -> crate::arena_options::Sources {
+        crate::arena_options::Sources::new(
+            cfg,
+            [
+                self.arena_bytes.is_some(),
+                self.segment_bytes.is_some(),
+                self.arena_cap.is_some(),
+                self.overflow_reserve.is_some(),
+            ],
+        )
+    }
+
     /// The arena configuration: the `ZMEM_*` environment, then these options over it.
     pub fn arena_config(&self) -> Result<zmem::ArenaConfig> {
         let mut cfg = zmem::ArenaConfig::from_env()?;
@@ -333,61 +379,5 @@ impl Options {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-    use rstest::rstest;
-
-    fn parse(args: &[&str]) -> Options {
-        Options::try_parse_from(std::iter::once("ztrain").chain(args.iter().copied()))
-            .expect("parses")
-    }
-
-    #[test]
-    fn the_command_definition_is_consistent() {
-        Options::command().debug_assert();
-    }
-
-    #[test]
-    fn defaults_are_the_xasset_size_on_synthetic_data() {
-        let c = parse(&[]).config().expect("valid");
-        assert_eq!(
-            (
-                c.model.scales,
-                c.model.features,
-                c.model.width,
-                c.model.heads,
-                c.model.ff
-            ),
-            (12, 193, 256, 4, 1024)
-        );
-        assert_eq!(c.batch, 256);
-        assert!(matches!(c.data, DataSource::Synthetic { .. }));
-    }
-
-    #[rstest]
-    #[case(&["--width", "10", "--heads", "4"], "multiple")]
-    #[case(&["--batch", "0"], "--batch")]
-    #[case(&["--epochs", "0"], "--epochs")]
-    #[case(&["--validate-fraction", "1"], "--validate-fraction")]
-    #[case(&["--lr=-1"], "--lr")]
-    #[case(&["--clip-grad", "0"], "--clip-grad")]
-    #[case(&["--samples", "1"], "--samples")]
-    #[case(&["--stop-after", "3"], "--checkpoint")]
-    #[case(&["--features", "0"], "--features")]
-    fn bad_values_are_named(#[case] args: &[&str], #[case] named: &str) {
-        let err = parse(args).config().expect_err("invalid");
-        assert!(err.to_string().contains(named), "{err}");
-    }
-
-    #[test]
-    fn arena_options_override_and_sizes_take_suffixes() {
-        let o = parse(&["--arena-bytes", "1M", "--segment-bytes", "512K", "--poison"]);
-        let a = o.arena_config().expect("valid");
-        assert_eq!(
-            (a.initial_bytes, a.segment_bytes, a.poison),
-            (1 << 20, 512 << 10, true)
-        );
-        assert!(Options::try_parse_from(["ztrain", "--arena-bytes", "12Q"]).is_err());
-    }
-}
+#[path = "cli_tests.rs"]
+mod tests;

@@ -40,19 +40,46 @@ impl ModelSize {
         Ok(())
     }
 
-    /// Parameter count (XASSET.md's table).
-    #[must_use]
-    pub fn parameters(&self) -> usize {
-        let (d, f, ff, dh) = (self.width, self.features, self.ff, self.width / self.heads);
-        (d * f + d)
-            + 2 * d
-            + (3 * d * d + 3 * d)
-            + 4 * dh
-            + (d * d + d)
-            + 2 * d
-            + (ff * d + ff)
-            + (d * ff + d)
-            + (d + 1)
+    /// Parameter count (XASSET.md's table), in checked arithmetic: sizes whose count does not
+    /// fit in 64 bits are a typed error, not an overflow.
+    pub fn parameters(&self) -> Result<u64> {
+        let (d, f, ff, dh) = (
+            self.width as u128,
+            self.features as u128,
+            self.ff as u128,
+            (self.width / self.heads) as u128,
+        );
+        let terms = [
+            [d, f],
+            [d, 1],
+            [2, d],
+            [3 * d, d],
+            [3, d],
+            [4, dh],
+            [d, d],
+            [d, 1],
+            [2, d],
+            [ff, d],
+            [ff, 1],
+            [d, ff],
+            [d, 1],
+            [d, 1],
+            [1, 1],
+        ];
+        let n = terms
+            .iter()
+            .try_fold(0u128, |acc, [a, b]| acc.checked_add(a.checked_mul(*b)?));
+        match n.and_then(|n| u64::try_from(n).ok()) {
+            Some(n) => Ok(n),
+            None => Err(TrainError::OutOfMemory {
+                needed: format!(
+                    "more than 2^64 parameters (--width {}, --features {}, --ff {})",
+                    self.width, self.features, self.ff
+                ),
+                available: "no machine holds that many".into(),
+                advice: "lower --width, --features or --ff".into(),
+            }),
+        }
     }
 }
 
@@ -207,7 +234,7 @@ mod tests {
 
     #[test]
     fn default_size_has_xasset_parameter_count() {
-        assert_eq!(base().model.parameters(), 839_937);
+        assert_eq!(base().model.parameters().expect("fits"), 839_937);
     }
 
     #[test]

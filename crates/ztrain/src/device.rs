@@ -38,14 +38,23 @@ pub struct Opened {
     pub description: String,
 }
 
-/// Opens the GPU: the driver library, device 0, an arena and the CUDA backend.
-fn open_gpu(arena: &ArenaConfig) -> std::result::Result<CudaBackend<CudaDriver>, String> {
+/// Checks a device of `total` bytes, called `name`, before its arena is made: the arena
+/// options and the run's memory estimate.
+pub type Check<'a> = &'a dyn Fn(u64, &str) -> Result<()>;
+
+/// Opens the GPU: the driver library and device 0.
+fn open_gpu() -> std::result::Result<Device<CudaDriver>, String> {
     let driver = CudaDriver::load().map_err(|e| e.to_string())?;
-    let device = Device::open(driver, DeviceConfig::default()).map_err(|e| e.to_string())?;
-    cuda_backend(device, arena).map_err(|e| e.to_string())
+    Device::open(driver, DeviceConfig::default()).map_err(|e| e.to_string())
 }
 
-fn cuda_backend<D: Driver>(device: Device<D>, arena: &ArenaConfig) -> Result<CudaBackend<D>> {
+fn cuda_backend<D: Driver>(
+    device: Device<D>,
+    arena: &ArenaConfig,
+    name: &str,
+    check: Check<'_>,
+) -> Result<CudaBackend<D>> {
+    check(device.info().total_memory, name)?;
     let arena = Arena::new(device, arena.clone())?;
     Ok(CudaBackend::new(arena)?)
 }
@@ -59,25 +68,30 @@ fn describe<D: Driver>(what: &str, b: &CudaBackend<D>) -> String {
     )
 }
 
-/// Opens the backend `choice` asks for. `sim_memory` sizes the simulated device.
-pub fn open(choice: DeviceChoice, arena: &ArenaConfig, sim_memory: u64) -> Result<Opened> {
+/// Opens the backend `choice` asks for. `sim_memory` sizes the simulated device; `check` runs
+/// on the device before its arena is made (a GPU that is there but too small is its error,
+/// not a fallback to the CPU).
+pub fn open(
+    choice: DeviceChoice,
+    arena: &ArenaConfig,
+    sim_memory: u64,
+    check: Check<'_>,
+) -> Result<Opened> {
+    let gpu = |device| {
+        let b = cuda_backend(device, arena, "the GPU", check)?;
+        Ok(Opened {
+            description: describe("CUDA backend", &b),
+            engine: Engine::Cuda(b),
+        })
+    };
     match choice {
         DeviceChoice::Cpu => Ok(Opened {
             engine: Engine::Cpu(CpuBackend),
             description: "CPU backend (--device cpu)".into(),
         }),
-        DeviceChoice::Cuda => {
-            let b = open_gpu(arena).map_err(|reason| TrainError::NoGpu { reason })?;
-            Ok(Opened {
-                description: describe("CUDA backend", &b),
-                engine: Engine::Cuda(b),
-            })
-        }
-        DeviceChoice::Auto => match open_gpu(arena) {
-            Ok(b) => Ok(Opened {
-                description: describe("CUDA backend", &b),
-                engine: Engine::Cuda(b),
-            }),
+        DeviceChoice::Cuda => gpu(open_gpu().map_err(|reason| TrainError::NoGpu { reason })?),
+        DeviceChoice::Auto => match open_gpu() {
+            Ok(device) => gpu(device),
             Err(reason) => {
                 tracing::info!(target: "ztrain.device.open", %reason, "no usable GPU; using the CPU backend");
                 Ok(Opened {
@@ -89,7 +103,7 @@ pub fn open(choice: DeviceChoice, arena: &ArenaConfig, sim_memory: u64) -> Resul
         DeviceChoice::Sim => {
             let sim = SimDriver::new(SimConfig::with_capacity(sim_memory));
             let device = Device::open(sim, DeviceConfig::default())?;
-            let b = cuda_backend(device, arena)?;
+            let b = cuda_backend(device, arena, "the simulated device (--sim-memory)", check)?;
             Ok(Opened {
                 description: describe("CUDA backend over the simulated driver", &b),
                 engine: Engine::Sim(b),
@@ -118,11 +132,11 @@ mod tests {
         if CudaDriver::load().is_ok() {
             return; // a driver library is present: covered by the gpu tests instead
         }
-        match open(DeviceChoice::Cuda, &small_arena(), 0) {
+        match open(DeviceChoice::Cuda, &small_arena(), 0, &|_, _| Ok(())) {
             Err(TrainError::NoGpu { reason }) => assert!(!reason.is_empty()),
             other => panic!("expected NoGpu, got {other:?}"),
         }
-        let auto = open(DeviceChoice::Auto, &small_arena(), 0).expect("falls back");
+        let auto = open(DeviceChoice::Auto, &small_arena(), 0, &|_, _| Ok(())).expect("falls back");
         assert!(matches!(auto.engine, Engine::Cpu(_)));
         assert!(
             auto.description.contains("no usable GPU"),
@@ -133,7 +147,7 @@ mod tests {
 
     #[test]
     fn sim_opens_the_cuda_backend_on_the_simulated_driver() {
-        let o = open(DeviceChoice::Sim, &small_arena(), 256 << 20).expect("sim");
+        let o = open(DeviceChoice::Sim, &small_arena(), 256 << 20, &|_, _| Ok(())).expect("sim");
         assert_eq!(o.engine.backend_name(), "cuda-sim");
         assert!(o.description.contains("simulated"), "{}", o.description);
     }

@@ -104,6 +104,49 @@ pub enum TrainError {
     #[error("memory: {0}")]
     Memory(#[from] zmem::MemError),
 
+    /// An output option names a file that must not be written (or cannot be).
+    #[error("{option} {}: {reason}", path.display())]
+    Output {
+        option: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+
+    /// An input is larger than its format (or the memory available) allows.
+    #[error("{what} {}: more than {limit} bytes ({reason})", path.display())]
+    TooLarge {
+        what: &'static str,
+        path: PathBuf,
+        limit: u64,
+        reason: String,
+    },
+
+    /// The run would need more memory than there is (or a size that does not fit in 64 bits).
+    #[error("the run needs {needed} but {available}; {advice}")]
+    OutOfMemory {
+        needed: String,
+        available: String,
+        advice: String,
+    },
+
+    /// A device-memory option (or its `ZMEM_*` variable) out of its valid range.
+    #[error("{name} {value}: {reason}")]
+    ArenaOption {
+        name: String,
+        value: String,
+        reason: String,
+    },
+
+    /// `--epochs` below what the checkpoint's run was configured for or has already trained.
+    #[error(
+        "--epochs {asked} is below the checkpoint's {saved} epochs ({trained} already trained); resume with --epochs {saved} or more, or start a new run without --resume"
+    )]
+    EpochsBelowCheckpoint {
+        asked: u64,
+        saved: u64,
+        trained: u64,
+    },
+
     /// Training diverged.
     #[error("training diverged at step {step}: the loss is {loss}; lower --lr or set --clip-grad")]
     Diverged { step: u64, loss: f32 },

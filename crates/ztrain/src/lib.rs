@@ -2,18 +2,25 @@
 //! holds the pieces (options, data, checkpoints, the memory report, the training run) so that
 //! tests reach them; `main.rs` is the thin command.
 
+pub mod arena_options;
+pub mod budget;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod data;
 pub mod device;
 pub mod error;
+pub mod files;
 pub mod memory;
 pub mod progress;
 pub mod report;
 pub mod resume;
 pub mod rng;
 pub mod run;
+pub mod signals;
+pub mod soak;
 pub mod step;
+pub mod summary;
 
 pub use error::{Result, TrainError};

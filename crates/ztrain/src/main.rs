@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use tracing_subscriber::filter::LevelFilter;
 use ztrain::cli::Options;
+use ztrain::signals::StopSignal;
 
 fn main() -> ExitCode {
     let options = Options::parse();
@@ -17,15 +18,25 @@ fn main() -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let show_bar = std::io::stderr().is_terminal();
-    match ztrain::run::run(&options, &mut out, show_bar) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            // The command's one place that prints an error: the user's terminal.
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("error: {e}");
-            }
-            ExitCode::FAILURE
-        }
+    let stop = match StopSignal::install() {
+        Ok(stop) => stop,
+        Err(e) => return fail(&format!("installing the SIGINT/SIGTERM handlers: {e}")),
+    };
+    match ztrain::run::run(&options, &mut out, show_bar, &stop) {
+        // 128 + the signal, as a shell reports a process the signal ended (130, 143).
+        Ok(outcome) => match outcome.interrupted {
+            Some(sig) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)),
+            None => ExitCode::SUCCESS,
+        },
+        Err(e) => fail(&e.to_string()),
     }
+}
+
+/// The command's one place that prints an error: the user's terminal.
+fn fail(message: &str) -> ExitCode {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("error: {message}");
+    }
+    ExitCode::FAILURE
 }

@@ -24,6 +24,15 @@ pub trait MemorySource {
 
     /// The arena's per-step aggregates for the whole run (`None`: no arena).
     fn steps(&self) -> Option<Vec<StepRecord>>;
+
+    /// Arena bytes in use now (0 without an arena).
+    fn arena_in_use(&self) -> u64;
+
+    /// The arena's high-water mark so far (0 without an arena).
+    fn arena_high_water(&self) -> u64;
+
+    /// Device memory in use according to the driver (0 without a device).
+    fn device_used(&self) -> u64;
 }
 
 impl MemorySource for CpuBackend {
@@ -47,6 +56,18 @@ impl MemorySource for CpuBackend {
 
     fn steps(&self) -> Option<Vec<StepRecord>> {
         None
+    }
+
+    fn arena_in_use(&self) -> u64 {
+        0
+    }
+
+    fn arena_high_water(&self) -> u64 {
+        0
+    }
+
+    fn device_used(&self) -> u64 {
+        0
     }
 }
 
@@ -77,5 +98,19 @@ impl<D: Driver> MemorySource for CudaBackend<D> {
 
     fn steps(&self) -> Option<Vec<StepRecord>> {
         Some(self.arena().timeline().steps)
+    }
+
+    fn arena_in_use(&self) -> u64 {
+        self.in_use()
+    }
+
+    fn arena_high_water(&self) -> u64 {
+        self.peak()
+    }
+
+    fn device_used(&self) -> u64 {
+        self.device()
+            .mem_info()
+            .map_or(0, |(free, total)| total.saturating_sub(free))
     }
 }

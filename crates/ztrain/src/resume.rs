@@ -3,7 +3,6 @@
 //! a wrong or damaged checkpoint an error instead of a silently different run.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use zgrad::optim::Moments;
@@ -11,6 +10,7 @@ use zgrad::{AdamWState, Trainer};
 
 use crate::checkpoint::{Checkpoint, HostTensor, Progress};
 use crate::config::differences;
+use crate::console::Console;
 use crate::error::{Result, TrainError};
 use crate::step::TrainBackend;
 
@@ -70,16 +70,39 @@ pub fn checkpoint_of<B: TrainBackend>(
     })
 }
 
-/// Restores `learner` from the checkpoint at `path` and returns where the run was.
+/// What a resumed run is: its configuration, backend, training samples and epochs, and the
+/// most bytes its checkpoint can take.
+#[derive(Clone, Copy, Debug)]
+pub struct ResumeAt<'a> {
+    pub config: &'a serde_json::Value,
+    pub backend: &'a str,
+    pub n_train: usize,
+    pub epochs: u64,
+    pub limit: u64,
+}
+
+/// Restores `learner` from the checkpoint at `path` and returns where the run was. Says so
+/// when the checkpoint's run is already finished; `--epochs` below the checkpoint's is an
+/// error.
 pub fn resume<B: TrainBackend>(
     learner: &mut Trainer<B>,
     path: &Path,
-    config: &serde_json::Value,
-    backend: &str,
-    n_train: usize,
-    out: &mut dyn Write,
+    at: &ResumeAt<'_>,
+    out: &mut Console<'_>,
 ) -> Result<Progress> {
-    let ck = Checkpoint::load(path)?;
+    let (config, backend, n_train) = (at.config, at.backend, at.n_train);
+    let ck = Checkpoint::load_bounded(path, at.limit)?;
+    let saved_epochs = ck.config.get("epochs").and_then(serde_json::Value::as_u64);
+    let trained = ck.progress.epoch;
+    if let Some(saved) = saved_epochs
+        && (at.epochs < saved || at.epochs < trained)
+    {
+        return Err(TrainError::EpochsBelowCheckpoint {
+            asked: at.epochs,
+            saved,
+            trained,
+        });
+    }
     let diff = differences(&ck.config, config);
     if !diff.is_empty() {
         return Err(TrainError::CheckpointMismatch {
@@ -142,22 +165,25 @@ pub fn resume<B: TrainBackend>(
             "data order is not a permutation of the {n_train} training samples"
         )));
     }
-    let w = |source| TrainError::Io {
-        what: "writing to",
-        path: "standard output".into(),
-        source,
-    };
     if !ck.backend.is_empty() && ck.backend != backend {
-        writeln!(out, "ztrain: note: checkpoint written by the {} backend, continuing on {backend} (not bitwise equal to an uninterrupted run)", ck.backend).map_err(&w)?;
+        out.line(&format!("ztrain: note: checkpoint written by the {} backend, continuing on {backend} (not bitwise equal to an uninterrupted run)", ck.backend));
     }
-    writeln!(
-        out,
+    if p.epoch >= at.epochs {
+        out.line(&format!(
+            "ztrain: the run in {} is already finished ({} of {} epochs, step {}): nothing to train; raise --epochs (with --lr-schedule constant) to train further",
+            path.display(),
+            p.epoch,
+            at.epochs,
+            p.step
+        ));
+        return Ok(p);
+    }
+    out.line(&format!(
         "ztrain: resumed from {} at step {} (epoch {}, sample {} of it)",
         path.display(),
         p.step,
         p.epoch + 1,
         p.position
-    )
-    .map_err(&w)?;
+    ));
     Ok(p)
 }

@@ -1,74 +1,141 @@
-//! The training run: data, model, epochs, validation, checkpoints, the memory report and the
-//! summary. Output lines go to the writer the caller passes (stdout from `main`, a buffer in
-//! tests); the progress bar goes to stderr when it is a terminal.
+//! The training run: the checks before it (outputs, memory, arena options), data, model,
+//! epochs, validation, checkpoints and stops (`--stop-after`, SIGINT/SIGTERM); `summary` ends
+//! it. Output lines go to the writer the caller passes (stdout from `main`, a buffer in tests)
+//! through a `Console`, so a closed stdout never stops training; the progress bar goes to
+//! stderr when it is a terminal.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use zgrad::{Trainer, XAsset, XAssetConfig};
 use zmem::units::Bytes;
 
+use crate::arena_options;
+use crate::budget::{Estimate, host_available};
 use crate::checkpoint::Progress;
-use crate::cli::Options;
+use crate::cli::{DeviceChoice, Options};
 use crate::config::{DataSource, RunConfig, fnv1a};
+use crate::console::Console;
 use crate::data::{self, Dataset, epoch_order};
 use crate::device::{self, Engine};
 use crate::error::{Result, TrainError};
+use crate::files::{self, Named};
 use crate::memory::MemorySource;
 use crate::progress::EpochBar;
-use crate::report::MemoryReport;
-use crate::resume::{checkpoint_of, resume};
+use crate::resume::{ResumeAt, checkpoint_of, resume};
 use crate::rng::Rng;
+use crate::signals::{self, StopSignal};
+use crate::soak::Soak;
 use crate::step::{Tally, TrainBackend, trainer_config};
 
-/// How a run ended.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Outcome {
-    /// Optimiser steps taken in all (resumed ones included).
-    pub steps: u64,
-    /// Whether `--stop-after` ended it before the last epoch.
-    pub stopped_early: bool,
-    /// Last epoch's running training loss and accuracy (`None` if no epoch finished here).
-    pub train: Option<Tally>,
-    /// Validation loss and accuracy at the end (`None` without a validation set).
-    pub validation: Option<Tally>,
-}
+pub use crate::summary::Outcome;
+use crate::summary::{End, Ended, finish, sample_memory};
 
 /// Salt of the data-order generator, so it never equals the initialisation's stream.
 const ORDER_SALT: u64 = 0x6f72_6465_725f_7267;
 
-fn io_err(what: &'static str) -> impl Fn(std::io::Error) -> TrainError {
-    move |source| TrainError::Io {
-        what,
-        path: "standard output".into(),
-        source,
+/// Checks every output against the inputs and each other, and that it can be written, before
+/// anything trains (`crate::files`).
+fn check_files(options: &Options) -> Result<()> {
+    fn named<'a>(option: &'static str, path: &'a Option<PathBuf>) -> Option<Named<'a>> {
+        path.as_deref().map(|path| Named { option, path })
     }
+    let outputs: Vec<Named<'_>> = [
+        named("--checkpoint", &options.checkpoint),
+        named("--memory-report", &options.memory_report),
+        named("--soak-report", &options.soak_report),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let inputs: Vec<Named<'_>> = [
+        named("--data", &options.data),
+        named("--resume", &options.resume),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    files::check_outputs(&outputs, &inputs, &[("--checkpoint", "--resume")])
 }
 
-/// Parses nothing: runs what `options` say, writing progress lines to `out`. `show_bar`: draw
-/// the progress bar on stderr (when it is a terminal).
-pub fn run(options: &Options, out: &mut dyn Write, show_bar: bool) -> Result<Outcome> {
+/// Parses nothing: runs what `options` say, writing progress lines to `out` (a closed `out`
+/// stops the printing, not the run). `show_bar`: draw the progress bar on stderr (when it is a
+/// terminal). `stop`: a signal asking the run to stop after the current step.
+pub fn run(
+    options: &Options,
+    out: &mut dyn Write,
+    show_bar: bool,
+    stop: &StopSignal,
+) -> Result<Outcome> {
     let config = options.config()?;
     let arena = options.arena_config()?;
-    let opened = device::open(options.device, &arena, options.sim_memory)?;
+    check_files(options)?;
+    let estimate = Estimate::of(&config)?;
+    let names = options.arena_sources(&arena);
+    if options.device == DeviceChoice::Sim {
+        // The simulated device's memory is known now: its options first, before the host.
+        arena_options::check(&arena, options.sim_memory, &names)?;
+    }
+    let sim_arena = arena
+        .initial_bytes
+        .saturating_add(arena.overflow_reserve_bytes);
+    match options.device {
+        DeviceChoice::Cpu => estimate.check_host(estimate.device()?)?,
+        DeviceChoice::Sim => estimate.check_host(estimate.device()?.max(sim_arena))?,
+        DeviceChoice::Auto | DeviceChoice::Cuda => estimate.check_host(0)?,
+    }
+    let check = |total: u64, name: &str| {
+        arena_options::check(&arena, total, &names)?;
+        let raise = if options.device == DeviceChoice::Sim {
+            ", or raise --sim-memory"
+        } else {
+            ""
+        };
+        estimate.check_device(total, name, raise)
+    };
+    let opened = device::open(options.device, &arena, options.sim_memory, &check)?;
     if options.memory_report.is_some() && matches!(opened.engine, Engine::Cpu(_)) {
         return Err(TrainError::MemoryReport(format!(
             "the {} has no device arena to report on; use --device sim (or cuda)",
             opened.description
         )));
     }
-    let w = io_err("writing to");
-    writeln!(out, "ztrain: {}", opened.description).map_err(&w)?;
+    if options.device == DeviceChoice::Auto && matches!(opened.engine, Engine::Cpu(_)) {
+        estimate.check_host(estimate.device()?)?;
+    }
+    let mut console = Console::new(out);
+    console.line(&format!("ztrain: {}", opened.description));
     let name = opened.engine.backend_name();
     let d = opened.description.as_str();
+    let ctx = Context {
+        options,
+        config: &config,
+        backend_name: name,
+        description: d,
+        show_bar,
+        stop,
+    };
     match opened.engine {
-        Engine::Cpu(b) => train(b, (name, d), &config, options, out, show_bar),
-        Engine::Cuda(b) => train(b, (name, d), &config, options, out, show_bar),
-        Engine::Sim(b) => train(b, (name, d), &config, options, out, show_bar),
+        Engine::Cpu(b) => train(b, &ctx, &mut console),
+        Engine::Cuda(b) => train(b, &ctx, &mut console),
+        Engine::Sim(b) => train(b, &ctx, &mut console),
     }
 }
 
-/// Loads or generates the data set; returns it with the CSV file's digest.
+/// What a run's training loop reads.
+pub(crate) struct Context<'a> {
+    pub(crate) options: &'a Options,
+    pub(crate) config: &'a RunConfig,
+    /// The backend's short name (for checkpoints) and its description.
+    pub(crate) backend_name: &'a str,
+    pub(crate) description: &'a str,
+    pub(crate) show_bar: bool,
+    pub(crate) stop: &'a StopSignal,
+}
+
+/// Loads or generates the data set; returns it with the CSV file's digest. The file is read
+/// once (a pipe works), bounded by the host's available memory.
 fn load_data(config: &RunConfig) -> Result<(Dataset, Option<u64>)> {
     let m = &config.model;
     match &config.data {
@@ -77,27 +144,38 @@ fn load_data(config: &RunConfig) -> Result<(Dataset, Option<u64>)> {
             None,
         )),
         DataSource::Csv { path } => {
-            let bytes = std::fs::read(path).map_err(|source| TrainError::Io {
-                what: "reading the data file",
-                path: path.clone(),
-                source,
-            })?;
+            // Parsing holds the text and the values (about as large): a quarter of what is free.
+            let limit = host_available().map_or(u64::MAX, |a| a / 4);
+            let bytes = files::read_bounded(
+                path,
+                "reading the data file",
+                limit,
+                "a quarter of the host's available memory: the text and its values must fit",
+            )?;
             let digest = fnv1a(&bytes);
-            Ok((data::csv::load(path, m.scales, m.features)?, Some(digest)))
+            Ok((
+                data::csv::load_bytes(path, &bytes, m.scales, m.features)?,
+                Some(digest),
+            ))
         }
     }
 }
 
-/// `backend`: the backend's short name (for checkpoints) and its description.
+/// The most bytes a checkpoint of `params` parameters and `n_train` samples can take: the
+/// parameters and both moments, the data order, and a header well under a MiB.
+fn checkpoint_limit(params: u64, n_train: usize) -> u64 {
+    params
+        .saturating_mul(12)
+        .saturating_add((n_train as u64).saturating_mul(8))
+        .saturating_add(1 << 20)
+}
+
 fn train<B: TrainBackend + MemorySource>(
     b: B,
-    (backend_name, description): (&str, &str),
-    config: &RunConfig,
-    options: &Options,
-    out: &mut dyn Write,
-    show_bar: bool,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
 ) -> Result<Outcome> {
-    let w = io_err("writing to");
+    let (config, options) = (ctx.config, ctx.options);
     let started = Instant::now();
     let (dataset, digest) = load_data(config)?;
     let (train_set, val_set) = dataset.split_validation(config.validate_fraction);
@@ -115,14 +193,31 @@ fn train<B: TrainBackend + MemorySource>(
         heads: m.heads,
         ff: m.ff,
     };
-    let model = XAsset::init(&b, model_config, config.seed)?;
     let n_train = train_set.len();
     let steps_per_epoch = n_train.div_ceil(config.batch) as u64;
-    let total_steps = steps_per_epoch * config.epochs as u64;
+    let total_steps = steps_per_epoch
+        .checked_mul(config.epochs as u64)
+        .ok_or_else(|| {
+            TrainError::Options(format!(
+                "--epochs {}: the run would take more than 2^64 steps",
+                config.epochs
+            ))
+        })?;
+    let model = XAsset::init(&b, model_config, config.seed)?;
     let mut learner = Trainer::new(b.clone(), model, trainer_config(config, total_steps))?;
 
     let mut progress = match &options.resume {
-        Some(path) => resume(&mut learner, path, &config_json, backend_name, n_train, out)?,
+        Some(path) => {
+            let limit = checkpoint_limit(m.parameters()?, n_train);
+            let at = ResumeAt {
+                config: &config_json,
+                backend: ctx.backend_name,
+                n_train,
+                limit,
+                epochs: config.epochs as u64,
+            };
+            resume(&mut learner, path, &at, out)?
+        }
         None => {
             let mut rng = Rng::new(config.seed ^ ORDER_SALT);
             let order = epoch_order(n_train, &mut rng);
@@ -139,30 +234,35 @@ fn train<B: TrainBackend + MemorySource>(
         path: options.resume.clone().unwrap_or_default(),
         reason: "generator state is all zero".into(),
     })?;
-    writeln!(
-        out,
+    out.line(&format!(
         "ztrain: XAsset F={} S={} D={} H={} FF={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
-        m.features, m.scales, m.width, m.heads, m.ff, m.parameters(), n_train, val_set.len(),
+        m.features, m.scales, m.width, m.heads, m.ff, m.parameters()?, n_train, val_set.len(),
         config.batch, config.epochs, crate::config::spelled(&config.schedule)
-    )
-    .map_err(&w)?;
+    ));
 
     let save = |learner: &Trainer<B>, progress: &Progress| -> Result<()> {
         match &options.checkpoint {
-            Some(path) => checkpoint_of(learner, progress, &config_json, backend_name)?.save(path),
+            Some(path) => {
+                checkpoint_of(learner, progress, &config_json, ctx.backend_name)?.save(path)
+            }
             None => Ok(()),
         }
     };
+    let mut soak = options
+        .soak_report
+        .as_ref()
+        .map(|_| Soak::new(options.soak_every));
     let mut validation = None;
     let epochs = config.epochs as u64;
-    while progress.epoch < epochs {
+    let mut ended = Ended::Finished;
+    'epochs: while progress.epoch < epochs {
         let order: Vec<usize> = progress.order.iter().map(|&i| i as usize).collect();
         let bar = EpochBar::new(
             progress.epoch + 1,
             epochs,
             n_train as u64,
             progress.position,
-            show_bar,
+            ctx.show_bar,
         );
         let mut tally = Tally::default();
         while (progress.position as usize) < n_train {
@@ -174,33 +274,27 @@ fn train<B: TrainBackend + MemorySource>(
             progress.step = report.step;
             progress.position += chunk.len() as u64;
             bar.update(progress.position, tally.mean_loss(), b.in_use());
+            if let Some(s) = soak.as_mut().filter(|s| s.due(progress.step)) {
+                s.samples.push(sample_memory(&b, progress.step));
+            }
+            let signal = ctx.stop.received();
             let stop = options.stop_after.is_some_and(|s| progress.step >= s);
             let every = options
                 .checkpoint_every
                 .is_some_and(|e| progress.step.is_multiple_of(e));
-            if stop || every {
+            if stop || every || signal.is_some() {
                 progress.rng = rng.state();
                 save(&learner, &progress)?;
             }
+            if let Some(sig) = signal {
+                bar.finish();
+                ended = Ended::Signal(sig);
+                break 'epochs;
+            }
             if stop && (progress.position as usize) < n_train {
                 bar.finish();
-                writeln!(
-                    out,
-                    "ztrain: stopped after step {} (--stop-after); resume with --resume",
-                    progress.step
-                )
-                .map_err(&w)?;
-                return finish(
-                    &b,
-                    &learner,
-                    (options, description),
-                    out,
-                    started,
-                    progress.step,
-                    true,
-                    None,
-                    None,
-                );
+                ended = Ended::StopAfter;
+                break 'epochs;
             }
         }
         let rate = bar.samples_per_second(progress.position);
@@ -220,7 +314,6 @@ fn train<B: TrainBackend + MemorySource>(
             b.kind(),
             Bytes(b.in_use())
         );
-        writeln!(out, "{line}").map_err(&w)?;
         progress.epoch += 1;
         progress.position = 0;
         progress.order = epoch_order(n_train, &mut rng)
@@ -228,119 +321,65 @@ fn train<B: TrainBackend + MemorySource>(
             .map(|&i| i as u64)
             .collect();
         progress.rng = rng.state();
+        // The checkpoint first: a line that announces the epoch means its checkpoint is there.
         save(&learner, &progress)?;
+        out.line(&line);
+        if let Some(sig) = ctx.stop.received() {
+            ended = Ended::Signal(sig);
+            break;
+        }
         if options.stop_after.is_some_and(|s| progress.step >= s) && progress.epoch < epochs {
-            writeln!(
-                out,
-                "ztrain: stopped after step {} (--stop-after); resume with --resume",
-                progress.step
-            )
-            .map_err(&w)?;
-            return finish(
-                &b,
-                &learner,
-                (options, description),
-                out,
-                started,
-                progress.step,
-                true,
-                None,
-                validation,
-            );
+            ended = Ended::StopAfter;
+            break;
         }
     }
-    // The final numbers: the whole training set in no-grad mode, like the validation set.
-    let train_final = evaluate(&learner, &train_set)?;
-    finish(
-        &b,
-        &learner,
-        (options, description),
-        out,
+    let end = End {
         started,
-        progress.step,
-        false,
-        train_final,
-        validation,
-    )
+        steps: progress.step,
+        ended,
+        soak: soak.as_ref(),
+        config: &config_json,
+    };
+    match ended {
+        Ended::Finished => {
+            // The final numbers: the whole training set in no-grad mode, like the validation set.
+            let train_final = evaluate(&learner, &train_set)?;
+            finish(&b, &learner, ctx, out, &end, train_final, validation)
+        }
+        Ended::StopAfter => {
+            out.line(&format!(
+                "ztrain: stopped after step {} (--stop-after); resume with --resume",
+                progress.step
+            ));
+            finish(&b, &learner, ctx, out, &end, None, validation)
+        }
+        Ended::Signal(sig) => {
+            let saved = match &options.checkpoint {
+                Some(p) => format!(
+                    "checkpoint written to {}; resume with --resume {}",
+                    p.display(),
+                    p.display()
+                ),
+                None => "no --checkpoint was given, so the progress is not saved".into(),
+            };
+            out.line(&format!(
+                "ztrain: stopped by {} after step {}; {saved}",
+                signals::name(sig),
+                progress.step
+            ));
+            finish(&b, &learner, ctx, out, &end, None, validation)
+        }
+    }
 }
 
 /// Loss and accuracy over `data` in no-grad mode (`None` for an empty set).
-fn evaluate<B: TrainBackend>(learner: &Trainer<B>, data: &Dataset) -> Result<Option<Tally>> {
+pub(crate) fn evaluate<B: TrainBackend>(
+    learner: &Trainer<B>,
+    data: &Dataset,
+) -> Result<Option<Tally>> {
     if data.is_empty() {
         return Ok(None);
     }
     let e = learner.evaluate(&data.x, &data.y)?;
     Ok(Some(Tally::of(e.samples, e.loss, e.accuracy)))
-}
-
-/// `batched, capture off`.
-fn schedule_line(c: &zgrad::TrainerConfig) -> String {
-    let schedule = match c.schedule {
-        zgrad::TrainSchedule::Batched => "batched",
-        zgrad::TrainSchedule::PerSample => "per-sample",
-    };
-    let capture = if c.capture { "on" } else { "off" };
-    format!("{schedule}, capture {capture}")
-}
-
-/// `F=193 S=12 D=256 H=4 FF=1024`.
-fn model_line(c: &XAssetConfig) -> String {
-    format!(
-        "F={} S={} D={} H={} FF={}",
-        c.features, c.scales, c.width, c.heads, c.ff
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn finish<B: TrainBackend + MemorySource>(
-    b: &B,
-    learner: &Trainer<B>,
-    (options, description): (&Options, &str),
-    out: &mut dyn Write,
-    started: Instant,
-    steps: u64,
-    stopped_early: bool,
-    train: Option<Tally>,
-    validation: Option<Tally>,
-) -> Result<Outcome> {
-    let w = io_err("writing to");
-    b.synchronize()?;
-    let mut summary = format!(
-        "summary: {steps} steps in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    if let Some(t) = &train {
-        summary += &format!("; train loss {:.4} acc {:.4}", t.mean_loss(), t.accuracy());
-    }
-    if let Some(v) = &validation {
-        summary += &format!(
-            "; validation loss {:.4} acc {:.4}",
-            v.mean_loss(),
-            v.accuracy()
-        );
-    }
-    summary += &format!("; peak {} memory {}", b.kind(), Bytes(b.peak()));
-    writeln!(out, "{summary}").map_err(&w)?;
-    writeln!(out, "arena: {}", b.diagnostics()).map_err(&w)?;
-    if let Some(path) = &options.memory_report {
-        let report = MemoryReport {
-            title: "ztrain memory report".into(),
-            facts: vec![
-                ("device".into(), description.to_string()),
-                ("model".into(), model_line(&learner.model().config)),
-                ("schedule".into(), schedule_line(learner.config())),
-                ("optimiser steps".into(), steps.to_string()),
-            ],
-            steps: b.steps().unwrap_or_default(),
-            diagnostics: b.diagnostics(),
-        };
-        report.write(path)?;
-        writeln!(out, "memory report: {}", path.display()).map_err(&w)?;
-    }
-    Ok(Outcome {
-        steps,
-        stopped_early,
-        train,
-        validation,
-    })
 }

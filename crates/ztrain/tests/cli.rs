@@ -37,8 +37,21 @@ fn help_explains_every_option() {
         "--validate-fraction",
         "--samples",
         "--data-seed",
+        "--soak-report",
+        "--soak-every",
     ] {
         assert!(stdout.contains(opt), "{opt} missing from --help:\n{stdout}");
+    }
+    for status in [
+        "Exit status",
+        "130 stopped by SIGINT",
+        "143 by SIGTERM",
+        "a second signal",
+    ] {
+        assert!(
+            stdout.contains(status),
+            "`{status}` missing from --help:\n{stdout}"
+        );
     }
 }
 

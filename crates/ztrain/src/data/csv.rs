@@ -115,14 +115,25 @@ pub fn parse(text: &str, scales: usize, features: usize) -> Result<Dataset, CsvF
     })
 }
 
-/// Reads and parses the CSV file at `path`.
+/// Reads and parses the CSV file at `path` (once, through one open file, so a pipe works).
 pub fn load(path: &Path, scales: usize, features: usize) -> Result<Dataset, TrainError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TrainError::Io {
+    let bytes = crate::files::read_bounded(path, "reading the data file", u64::MAX, "")?;
+    load_bytes(path, &bytes, scales, features)
+}
+
+/// Parses the CSV `bytes` read from `path` (named in errors).
+pub fn load_bytes(
+    path: &Path,
+    bytes: &[u8],
+    scales: usize,
+    features: usize,
+) -> Result<Dataset, TrainError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| TrainError::Io {
         what: "reading the data file",
         path: path.to_path_buf(),
-        source,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     })?;
-    parse(&text, scales, features).map_err(|f| TrainError::Csv {
+    parse(text, scales, features).map_err(|f| TrainError::Csv {
         path: path.to_path_buf(),
         line: f.line,
         column: f.column,

@@ -10,7 +10,7 @@ use std::path::Path;
 use zmem::StepRecord;
 use zmem::units::Bytes;
 
-use crate::error::{Result, TrainError};
+use crate::error::Result;
 
 /// What the page shows.
 #[derive(Clone, Debug, Default)]
@@ -135,11 +135,7 @@ impl MemoryReport {
 
     /// Writes the page to `path`.
     pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.html()).map_err(|source| TrainError::Io {
-            what: "writing the memory report",
-            path: path.to_path_buf(),
-            source,
-        })
+        crate::files::write_atomically(path, "writing the memory report", self.html().as_bytes())
     }
 }
 

@@ -1,0 +1,137 @@
+//! How a run ends: the summary lines, the soak and memory reports, and the [`Outcome`].
+
+use std::time::Instant;
+
+use zgrad::{Trainer, XAssetConfig};
+use zmem::units::Bytes;
+
+use crate::console::Console;
+use crate::error::Result;
+use crate::files;
+use crate::memory::MemorySource;
+use crate::progress::host_memory;
+use crate::report::MemoryReport;
+use crate::run::Context;
+use crate::soak::{Sample, Soak};
+use crate::step::{Tally, TrainBackend};
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// Optimiser steps taken in all (resumed ones included).
+    pub steps: u64,
+    /// Whether `--stop-after` (or a signal) ended it before the last epoch.
+    pub stopped_early: bool,
+    /// The signal that stopped it (`main` exits with 128 + it).
+    pub interrupted: Option<i32>,
+    /// Last epoch's running training loss and accuracy (`None` if no epoch finished here).
+    pub train: Option<Tally>,
+    /// Validation loss and accuracy at the end (`None` without a validation set).
+    pub validation: Option<Tally>,
+}
+
+/// Why the epoch loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    Finished,
+    StopAfter,
+    Signal(i32),
+}
+
+/// The end of a run, for the summary.
+pub(crate) struct End<'a> {
+    pub(crate) started: Instant,
+    pub(crate) steps: u64,
+    pub(crate) ended: Ended,
+    pub(crate) soak: Option<&'a Soak>,
+    pub(crate) config: &'a serde_json::Value,
+}
+
+pub(crate) fn sample_memory<B: MemorySource>(b: &B, step: u64) -> Sample {
+    Sample {
+        step,
+        arena_bytes: b.arena_in_use(),
+        arena_high_water: b.arena_high_water(),
+        device_used: b.device_used(),
+        host_rss: host_memory().map_or(0, |(now, _)| now),
+    }
+}
+
+/// `batched, capture off`.
+fn schedule_line(c: &zgrad::TrainerConfig) -> String {
+    let schedule = match c.schedule {
+        zgrad::TrainSchedule::Batched => "batched",
+        zgrad::TrainSchedule::PerSample => "per-sample",
+    };
+    let capture = if c.capture { "on" } else { "off" };
+    format!("{schedule}, capture {capture}")
+}
+
+/// `F=193 S=12 D=256 H=4 FF=1024`.
+fn model_line(c: &XAssetConfig) -> String {
+    format!(
+        "F={} S={} D={} H={} FF={}",
+        c.features, c.scales, c.width, c.heads, c.ff
+    )
+}
+
+pub(crate) fn finish<B: TrainBackend + MemorySource>(
+    b: &B,
+    learner: &Trainer<B>,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
+    end: &End<'_>,
+    train: Option<Tally>,
+    validation: Option<Tally>,
+) -> Result<Outcome> {
+    let (options, description, steps) = (ctx.options, ctx.description, end.steps);
+    b.synchronize()?;
+    let mut summary = format!(
+        "summary: {steps} steps in {:.1} s",
+        end.started.elapsed().as_secs_f64()
+    );
+    if let Some(t) = &train {
+        summary += &format!("; train loss {:.4} acc {:.4}", t.mean_loss(), t.accuracy());
+    }
+    if let Some(v) = &validation {
+        summary += &format!(
+            "; validation loss {:.4} acc {:.4}",
+            v.mean_loss(),
+            v.accuracy()
+        );
+    }
+    summary += &format!("; peak {} memory {}", b.kind(), Bytes(b.peak()));
+    out.line(&summary);
+    out.line(&format!("arena: {}", b.diagnostics()));
+    if let (Some(path), Some(soak)) = (&options.soak_report, end.soak) {
+        let json = soak.to_json(description, end.config);
+        files::write_atomically(path, "writing the soak report", json.to_string().as_bytes())?;
+        out.line(&soak.summary());
+        out.line(&format!("soak report: {}", path.display()));
+    }
+    if let Some(path) = &options.memory_report {
+        let report = MemoryReport {
+            title: "ztrain memory report".into(),
+            facts: vec![
+                ("device".into(), description.to_string()),
+                ("model".into(), model_line(&learner.model().config)),
+                ("schedule".into(), schedule_line(learner.config())),
+                ("optimiser steps".into(), steps.to_string()),
+            ],
+            steps: b.steps().unwrap_or_default(),
+            diagnostics: b.diagnostics(),
+        };
+        report.write(path)?;
+        out.line(&format!("memory report: {}", path.display()));
+    }
+    Ok(Outcome {
+        steps,
+        stopped_early: end.ended != Ended::Finished,
+        interrupted: match end.ended {
+            Ended::Signal(s) => Some(s),
+            _ => None,
+        },
+        train,
+        validation,
+    })
+}
