@@ -263,19 +263,21 @@ impl<D: Driver> Arena<D> {
                 .map_err(|e| sh.map_device_error(&st, AllocClass::Graph, size, e))?;
             let id = st.next_reservation;
             st.next_reservation += 1;
+            let cell = GenCell::new(&sh.core.flags);
             st.reservations.insert(
                 id,
                 ResInfo {
                     bytes: size,
                     used: 0,
                     blocks: Vec::new(),
+                    cell: Arc::clone(&cell),
                 },
             );
             let mem = Arc::new(ReservationMem {
                 id,
                 ptr,
                 size,
-                cell: GenCell::new(&sh.core.flags),
+                cell,
                 owner: sh.reclaimer(),
             });
             let at = Some(sh.device.driver().now());

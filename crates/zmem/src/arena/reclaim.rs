@@ -240,6 +240,10 @@ impl<D: Driver> Shared<D> {
             s.cell.advance();
         }
         st.held_cell.advance();
+        // Graph blocks too: their reservation's memory goes with the capture pool below.
+        for r in st.reservations.values() {
+            r.cell.advance();
+        }
         if self.device.is_capturing() || self.device.lost_reason().is_some() {
             tracing::warn!(target: "zmem.arena.drop", "arena dropped during a capture or after device loss: its memory is left to the process");
             return;

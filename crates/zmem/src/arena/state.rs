@@ -19,6 +19,9 @@ pub(crate) struct ResInfo {
     pub(crate) bytes: u64,
     pub(crate) used: u64,
     pub(crate) blocks: Vec<Weak<BlockInner>>,
+    /// The reservation's generation: moved at teardown, so that graph blocks outliving the
+    /// arena go stale like every other class.
+    pub(crate) cell: Arc<GenCell>,
 }
 
 #[derive(Default)]
