@@ -385,6 +385,7 @@ mod gpu {
             overflow_reserve_bytes: 64 << 20,
             poison,
             timeline_events: 4096,
+            sanitize: false,
             from_env: Vec::new(),
         })
     }
