@@ -155,7 +155,10 @@ mod tests {
     fn sanitize_sh_passes_clean_runs_and_prints_a_line_per_binary_and_tool() {
         let (ok, text) = fake_run("0", true, &["--run", "zmem=memcheck,initcheck"]);
         assert!(ok, "{text}");
-        assert!(text.contains("control planted out-of-bounds write: memcheck 1 error(s)"), "{text}");
+        assert!(
+            text.contains("control planted out-of-bounds write: memcheck 1 error(s)"),
+            "{text}"
+        );
         assert_eq!(text.matches("sanitize: zmem-test-it ").count(), 2, "{text}");
         assert!(!text.contains("zgrad-test-it"), "{text}");
     }
@@ -164,7 +167,10 @@ mod tests {
     fn sanitize_sh_fails_on_any_reported_error() {
         let (ok, text) = fake_run("3", true, &["--tools", "memcheck"]);
         assert!(!ok, "{text}");
-        assert!(text.contains("3 error(s)") && text.contains("FAILED"), "{text}");
+        assert!(
+            text.contains("3 error(s)") && text.contains("FAILED"),
+            "{text}"
+        );
     }
 
     #[test]

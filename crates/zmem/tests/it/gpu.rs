@@ -53,7 +53,11 @@ fn gpu_poison_makes_stale_reads_nan() {
 fn gpu_planted_out_of_bounds_write_inside_a_block() {
     let sanitize = zmem::sanitize_forced().unwrap();
     let plant = std::env::var("ZMEM_PLANT_OOB").is_ok_and(|v| v == "1");
-    let floats = if plant { 1024 } else { bodies::PLANT_BLOCK_FLOATS };
+    let floats = if plant {
+        1024
+    } else {
+        bodies::PLANT_BLOCK_FLOATS
+    };
     let synced = bodies::planted_oob_write(&open(), sanitize, floats).unwrap();
     if !plant || !sanitize {
         // In bounds, or planted inside the arena's own segment: nothing can see it.

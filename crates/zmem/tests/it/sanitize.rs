@@ -17,9 +17,8 @@ fn scenario_bodies_hold_in_sanitizer_mode(#[case] body: &str) {
     let dev = mock(64 << 20);
     let r = sanitized(true, || match body {
         "overflow" => bodies::overflow_loop(&dev, &Logs::default()),
-        "capture" => bodies::capture_from_reservation(&dev).and_then(|a| {
-            crate::util::ensure(a.sanitize(), "the arena is not in sanitizer mode")
-        }),
+        "capture" => bodies::capture_from_reservation(&dev)
+            .and_then(|a| crate::util::ensure(a.sanitize(), "the arena is not in sanitizer mode")),
         "saved" => bodies::saved_survives_step_end(&dev, false),
         _ => bodies::saved_survives_step_end(&dev, true),
     });
@@ -52,7 +51,11 @@ fn every_block_is_its_own_allocation_and_goes_back_when_reclaimed() {
         assert!(has_alloc(&arena, p, size), "{p:#x} {size}");
     }
     let d = arena.diagnostics();
-    assert_eq!((d.capacity, d.scratch_segments, d.held_segments), (9216, 2, 1), "{d}");
+    assert_eq!(
+        (d.capacity, d.scratch_segments, d.held_segments),
+        (9216, 2, 1),
+        "{d}"
+    );
     drop((a, b));
     let summary = step.end().unwrap();
     assert_eq!(summary.kept.len(), 1);
@@ -64,7 +67,10 @@ fn every_block_is_its_own_allocation_and_goes_back_when_reclaimed() {
     assert!(!has_alloc(&arena, pa, 1024));
     let p = saved.raw_ptr().0;
     drop(saved);
-    assert!(!has_alloc(&arena, p, 5120), "a held block goes back on its last drop");
+    assert!(
+        !has_alloc(&arena, p, 5120),
+        "a held block goes back on its last drop"
+    );
     let d = arena.diagnostics();
     assert_eq!((d.capacity, d.live_handles), (0, 0), "{d}");
     assert_eq!(d.bytes_by_class.get(AllocClass::Saved), 0, "{d}");
@@ -126,7 +132,10 @@ fn a_stale_read_of_reclaimed_scratch_is_a_use_after_free() {
         bodies::poison_reclaimed_scratch(&mock(64 << 20), true)
     });
     let err = r.unwrap_err();
-    assert!(err.contains("CUDA_ERROR") || err.contains("stale") || err.contains("700"), "{err}");
+    assert!(
+        err.contains("CUDA_ERROR") || err.contains("stale") || err.contains("700"),
+        "{err}"
+    );
 }
 
 /// The negative control's simulated twin: the planted write past a block faults in sanitizer
