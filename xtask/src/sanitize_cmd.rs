@@ -119,7 +119,8 @@ mod tests {
         std::fs::create_dir_all(dir.join("bin")).unwrap();
         write_script(&dir).unwrap();
         let test_bin = "#!/usr/bin/env bash\n\
-            if [ \"$1\" = --list ]; then echo 'gpu::gpu_a: test'; echo 'gpu::gpu_planted_out_of_bounds_write_inside_a_block: test'; exit 0; fi\n\
+            if [ \"$1\" = --list ]; then [ \"$3\" = --skip ] && [ \"$4\" = negative_control ] || exit 1; echo 'gpu::gpu_a: test'; exit 0; fi\n\
+            case \" $* \" in *' --skip negative_control '*|*' --exact '*) ;; *) exit 3 ;; esac\n\
             echo \"test gpu::gpu_planted_out_of_bounds_write_inside_a_block ... ok\"\n";
         for name in ["zmem-test-it", "zgrad-test-it"] {
             let p = dir.join("bin").join(name);
