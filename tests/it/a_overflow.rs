@@ -114,6 +114,7 @@ mod mock {
             overflow_reserve_bytes: 8 << 20,
             poison: true,
             timeline_events: 1024,
+            sanitize: false,
             from_env: Vec::new(),
         })
     }
@@ -145,6 +146,7 @@ mod gpu {
             overflow_reserve_bytes: 256 << 20,
             poison: true,
             timeline_events: 4096,
+            sanitize: false,
             from_env: Vec::new(),
         })
     }

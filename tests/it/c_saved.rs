@@ -125,8 +125,9 @@ pub fn gradients_agree_at_every_batch<D: Driver>(dev: CudaBackend<D>, size: Size
         .windows(2)
         .filter(|w| w[1].iter().any(|p| w[0].contains(p)))
         .count();
+    // Sanitizer mode (ZMEM_SANITIZE=1) gives every block its own allocation: no reuse to see.
     assert!(
-        reused * 10 >= (steps.len() - 1) * 9,
+        dev.arena().sanitize() || reused * 10 >= (steps.len() - 1) * 9,
         "only {reused} of {} consecutive steps reused scratch addresses",
         steps.len() - 1
     );
@@ -385,6 +386,7 @@ mod gpu {
             overflow_reserve_bytes: 64 << 20,
             poison,
             timeline_events: 4096,
+            sanitize: false,
             from_env: Vec::new(),
         })
     }

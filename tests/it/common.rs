@@ -38,6 +38,7 @@ pub fn roomy_arena(poison: bool) -> ArenaConfig {
         overflow_reserve_bytes: 8 << 20,
         poison,
         timeline_events: 1024,
+        sanitize: false,
         from_env: Vec::new(),
     }
 }

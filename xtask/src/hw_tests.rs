@@ -1,5 +1,5 @@
-//! `cargo xtask test-gpu [--bundle DIR] [-- ARGS]`: the GPU test run, here or on a machine
-//! without Rust.
+//! `cargo xtask test-gpu [--bundle DIR | --sanitize ...] [-- ARGS]`: the GPU test run, here or
+//! on a machine without Rust, or under compute-sanitizer (`sanitize_cmd`).
 //!
 //! GPU tests are, by convention, the tests whose path contains `gpu` (module `gpu`,
 //! `cuda_conformance_gpu`, ...). A run that executes none of them fails: a GPU job that silently
@@ -110,17 +110,54 @@ pub fn run(extra: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask test-gpu --bundle DIR`: release test binaries plus `run.sh`, for a GPU machine
-/// without Rust.
+/// `cargo xtask test-gpu --bundle DIR`: release test binaries plus `run.sh` and `sanitize.sh`,
+/// for a GPU machine without Rust.
 pub fn bundle(dir: &Path) -> Result<()> {
     let features = gpu_features()?;
+    let (count, mut total) = build_test_binaries(dir, &features)?;
+    let script = dir.join("run.sh");
+    std::fs::write(&script, RUN_SH).map_err(io("writing", &script))?;
+    set_executable(&script)?;
+    total += RUN_SH.len() as u64;
+    crate::sanitize_cmd::write_script(dir)?;
+    let benches = bundle_benches(dir, &features)?;
+    println!(
+        "bundle {}: {count} test binaries + run.sh + sanitize.sh, {benches} benchmark(s) + bench.sh, {:.1} MiB",
+        dir.display(),
+        total as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
+}
+
+/// `cargo xtask test-gpu --sanitize`: the release test binaries and `sanitize.sh` in
+/// `target/sanitize-bundle`, then the script with `args` (see `sanitize_cmd`).
+pub fn sanitize(args: &[String]) -> Result<()> {
+    let smi = Command::new("nvidia-smi").arg("-L").output();
+    if !matches!(&smi, Ok(out) if out.status.success()) {
+        return Err(XtaskError::Other(
+            "no GPU found: `nvidia-smi -L` is absent or failed".into(),
+        ));
+    }
+    let features = gpu_features()?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    let dir = target.join("sanitize-bundle");
+    let (count, _) = build_test_binaries(&dir, &features)?;
+    crate::sanitize_cmd::write_script(&dir)?;
+    eprintln!("{count} test binaries in {}", dir.display());
+    crate::sanitize_cmd::run_script(&dir, args)
+}
+
+/// Builds the workspace's release test binaries with the GPU features into `DIR/bin` (emptied
+/// first), named by [`binary_name`]. Returns how many and their total size.
+fn build_test_binaries(dir: &Path, features: &str) -> Result<(usize, u64)> {
     let mut cmd = Command::new(cargo());
     cmd.current_dir(workspace_root()).args([
         "test",
         "--release",
         "--workspace",
         "--features",
-        &features,
+        features,
         "--no-run",
         "--message-format=json",
     ]);
@@ -156,17 +193,7 @@ pub fn bundle(dir: &Path) -> Result<()> {
     if count == 0 {
         return Err(XtaskError::Other("cargo built no test binary".into()));
     }
-    let script = dir.join("run.sh");
-    std::fs::write(&script, RUN_SH).map_err(io("writing", &script))?;
-    set_executable(&script)?;
-    total += RUN_SH.len() as u64;
-    let benches = bundle_benches(dir, &features)?;
-    println!(
-        "bundle {}: {count} test binaries + run.sh, {benches} benchmark(s) + bench.sh, {:.1} MiB",
-        dir.display(),
-        total as f64 / (1024.0 * 1024.0)
-    );
-    Ok(())
+    Ok((count, total))
 }
 
 /// Release builds (with the GPU features) of the workspace's commands into `DIR/` and of every
@@ -277,7 +304,7 @@ fn binary_name(msg: &serde_json::Value) -> String {
     format!("{package}-{kind}-{target}")
 }
 
-fn set_executable(path: &Path) -> Result<()> {
+pub(crate) fn set_executable(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .map_err(io("chmod", path))

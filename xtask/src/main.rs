@@ -7,6 +7,7 @@ mod error;
 // Not named after `gpu`: its own unit test must not count as a GPU test.
 mod hw_tests;
 mod kernels_cmd;
+mod sanitize_cmd;
 mod toolchain;
 
 use std::path::PathBuf;
@@ -38,12 +39,32 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Run every test with the GPU features (fails without a GPU or if no GPU test ran), or
-    /// with --bundle, build the test binaries and a run.sh for a GPU machine without Rust.
+    /// Run every test with the GPU features (fails without a GPU or if no GPU test ran); with
+    /// --bundle, build the test binaries, run.sh and sanitize.sh for a GPU machine without Rust;
+    /// with --sanitize, run compute-sanitizer over the GPU suites in zmem's sanitizer mode.
     TestGpu {
-        /// Write stripped release test binaries and run.sh into this folder instead of running.
-        #[arg(long)]
+        /// Write stripped release test binaries, run.sh and sanitize.sh into this folder instead
+        /// of running.
+        #[arg(long, conflicts_with = "sanitize")]
         bundle: Option<PathBuf>,
+        /// Run the GPU tests under compute-sanitizer with ZMEM_SANITIZE=1 (every arena block its
+        /// own driver allocation), after the planted out-of-bounds control; fails if a tool
+        /// reports an error. Prints one line per binary x tool (errors, wall time).
+        #[arg(long)]
+        sanitize: bool,
+        /// With --sanitize: the tools for suites without their own list (comma-separated from
+        /// memcheck, racecheck, initcheck, synccheck; default all).
+        #[arg(long, requires = "sanitize")]
+        tools: Option<String>,
+        /// With --sanitize: `SUITE[:FILTER]=TOOLS`, repeatable, e.g. `--sanitize-run zmem=all
+        /// --sanitize-run zcompute=memcheck`. SUITE: a test-binary prefix (zdevice, zmem,
+        /// zcompute, zgrad, tests); FILTER: a libtest filter (default `gpu`). Default: zdevice,
+        /// zmem, zcompute and zgrad with --tools.
+        #[arg(long = "sanitize-run", requires = "sanitize")]
+        sanitize_run: Vec<String>,
+        /// With --sanitize: skip the planted out-of-bounds control.
+        #[arg(long, requires = "sanitize")]
+        no_control: bool,
         /// Extra arguments for the test binaries (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -61,7 +82,15 @@ fn main() -> ExitCode {
         Cmd::TestGpu {
             bundle: Some(dir), ..
         } => hw_tests::bundle(&dir),
-        Cmd::TestGpu { bundle: None, args } => hw_tests::run(&args),
+        Cmd::TestGpu {
+            sanitize: true,
+            tools,
+            sanitize_run,
+            no_control,
+            ..
+        } => sanitize_cmd::script_args(tools.as_deref(), &sanitize_run, !no_control)
+            .and_then(|a| hw_tests::sanitize(&a)),
+        Cmd::TestGpu { args, .. } => hw_tests::run(&args),
         Cmd::BindgenInner { out } => bindgen_cmd::inner(&out),
     };
     match result {

@@ -274,6 +274,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             overflow_reserve_bytes: 64 << 20,
             poison: false,
             timeline_events: 0,
+            sanitize: false,
             from_env: Vec::new(),
         },
     )?;

@@ -105,6 +105,7 @@ fn main() -> Result<(), Error> {
             overflow_reserve_bytes: 64 << 20,
             poison: false,
             timeline_events: 0,
+            sanitize: false,
             from_env: Vec::new(),
         },
     )?;

@@ -19,6 +19,7 @@ fn arena_config() -> ArenaConfig {
         overflow_reserve_bytes: 4 << 20,
         poison: true,
         timeline_events: 256,
+        sanitize: false,
         from_env: Vec::new(),
     }
 }

@@ -26,6 +26,8 @@ pub(crate) struct Flags {
     pub(crate) capture_routing: AtomicBool,
     /// Whether requests the segments cannot serve may go to the overflow pool.
     pub(crate) overflow_enabled: AtomicBool,
+    /// Sanitizer mode (fixed at creation): every block is its own driver allocation.
+    pub(crate) sanitize: bool,
 }
 
 /// The current generation of one piece of memory (a scratch segment, the held region, the

@@ -52,6 +52,12 @@ impl CapturePlan {
             .fold(self.headroom, |a, b| a.saturating_add(*b))
     }
 
+    /// The headroom added to the requests.
+    #[must_use]
+    pub fn headroom(&self) -> u64 {
+        self.headroom
+    }
+
     /// The recorded (aligned) request sizes, in order.
     #[must_use]
     pub fn requests(&self) -> &[u64] {
@@ -63,7 +69,9 @@ impl CapturePlan {
 /// block issued from it; given back (in stream order) when all are gone.
 pub(crate) struct ReservationMem {
     pub(crate) id: u64,
-    pub(crate) ptr: DevicePtr,
+    /// Its driver allocations (address, bytes): one, or one per block in sanitizer mode.
+    pub(crate) allocs: Vec<(DevicePtr, u64)>,
+    /// Bytes blocks may use, over all of them.
     pub(crate) size: u64,
     pub(crate) cell: Arc<GenCell>,
     owner: Weak<dyn Reclaim>,
@@ -72,13 +80,15 @@ pub(crate) struct ReservationMem {
 impl Drop for ReservationMem {
     fn drop(&mut self) {
         if let Some(owner) = self.owner.upgrade() {
-            owner.give_back(Returned {
-                ptr: self.ptr,
-                size: self.size,
-                class: AllocClass::Graph,
-                source: Source::Reservation,
-                reservation: self.id,
-            });
+            for &(ptr, size) in &self.allocs {
+                owner.give_back(Returned {
+                    ptr,
+                    size,
+                    class: AllocClass::Graph,
+                    source: Source::Reservation,
+                    reservation: self.id,
+                });
+            }
         }
     }
 }
@@ -246,36 +256,29 @@ impl<D: Driver> Arena<D> {
                 op: "reserving memory for a capture",
             });
         }
-        let size = plan.bytes().max(ALIGN);
-        let (res, ev) = {
+        let (res, ev, size) = {
             let mut st = sh.lock();
-            let pool = match st.capture_pool {
-                Some(p) => p,
-                None => {
-                    let p = sh.device.create_pool(0, u64::MAX)?;
-                    st.capture_pool = Some(p);
-                    p
-                }
-            };
-            let ptr = sh
-                .device
-                .alloc_from_pool(pool.pool, size, sh.device.stream())
-                .map_err(|e| sh.map_device_error(&st, AllocClass::Graph, size, e))?;
+            let slots = sh.reserve_slots(&mut st, plan)?;
+            let size: u64 = slots.iter().map(|s| s.size).sum();
+            let allocs = slots.iter().map(|s| (s.ptr, s.size.max(ALIGN))).collect();
             let id = st.next_reservation;
             st.next_reservation += 1;
+            let cell = GenCell::new(&sh.core.flags);
             st.reservations.insert(
                 id,
                 ResInfo {
                     bytes: size,
                     used: 0,
+                    slots,
                     blocks: Vec::new(),
+                    cell: Arc::clone(&cell),
                 },
             );
             let mem = Arc::new(ReservationMem {
                 id,
-                ptr,
+                allocs,
                 size,
-                cell: GenCell::new(&sh.core.flags),
+                cell,
                 owner: sh.reclaimer(),
             });
             let at = Some(sh.device.driver().now());
@@ -291,7 +294,7 @@ impl<D: Driver> Arena<D> {
                 arena_id: sh.core.flags.arena_id,
                 retained: Mutex::default(),
             };
-            (res, ev)
+            (res, ev, size)
         };
         tracing::debug!(target: "zmem.arena.capture", id = res.id(), bytes = size, "reserved for capture");
         sh.publish(&[ev]);

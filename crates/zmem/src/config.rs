@@ -28,6 +28,12 @@ pub struct ArenaConfig {
     pub poison: bool,
     /// Events kept in the timeline's ring. `ZMEM_TIMELINE_EVENTS`.
     pub timeline_events: usize,
+    /// Sanitizer mode: every block is its own driver allocation (no sub-allocation), so that
+    /// compute-sanitizer sees an out-of-bounds access past a block's end. Slower; meant for
+    /// `cargo xtask test-gpu --sanitize`. `ZMEM_SANITIZE` (`1`/`0`); `ZMEM_SANITIZE=1` in the
+    /// process environment also turns it on for arenas whose config says `false` (see
+    /// [`sanitize_forced`]), so that suites building their own configs run sanitized.
+    pub sanitize: bool,
     /// Which fields came from the environment (for the creation report).
     pub from_env: Vec<&'static str>,
 }
@@ -41,22 +47,50 @@ impl Default for ArenaConfig {
             overflow_reserve_bytes: 64 << 20,
             poison: false,
             timeline_events: 4096,
+            sanitize: false,
             from_env: Vec::new(),
         }
     }
 }
 
 /// The environment variables the arena reads.
-pub const ENV_VARS: [&str; 6] = [
+pub const ENV_VARS: [&str; 7] = [
     "ZMEM_ARENA_BYTES",
     "ZMEM_SEGMENT_BYTES",
     "ZMEM_ARENA_CAP_BYTES",
     "ZMEM_OVERFLOW_RESERVE_BYTES",
     "ZMEM_POISON",
     "ZMEM_TIMELINE_EVENTS",
+    "ZMEM_SANITIZE",
 ];
 
 static ENV: OnceLock<Result<ArenaConfig, MemError>> = OnceLock::new();
+static FORCED: OnceLock<Result<bool, MemError>> = OnceLock::new();
+
+/// Whether `ZMEM_SANITIZE` in the process environment (read once per process) turns sanitizer
+/// mode on for every arena, whatever its config says. A malformed value is an error naming the
+/// variable; `0` or unset forces nothing (a config may still ask for the mode).
+pub fn sanitize_forced() -> Result<bool, MemError> {
+    FORCED
+        .get_or_init(|| match std::env::var("ZMEM_SANITIZE") {
+            Ok(v) => parse_switch("ZMEM_SANITIZE", &v),
+            Err(_) => Ok(false),
+        })
+        .clone()
+}
+
+/// A `1`/`0` switch (also `true`/`on`/`yes`, `false`/`off`/`no`, empty: off).
+fn parse_switch(var: &'static str, v: &str) -> Result<bool, MemError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" | "" => Ok(false),
+        _ => Err(MemError::Config {
+            var,
+            value: v.to_string(),
+            reason: "expected 1 or 0".into(),
+        }),
+    }
+}
 
 impl ArenaConfig {
     /// The defaults overridden by the `ZMEM_*` variables, read once per process (later changes
@@ -88,13 +122,8 @@ impl ArenaConfig {
                 "ZMEM_OVERFLOW_RESERVE_BYTES" => {
                     self.overflow_reserve_bytes = parse_bytes(&v).map_err(bad)?;
                 }
-                "ZMEM_POISON" => {
-                    self.poison = match v.trim().to_ascii_lowercase().as_str() {
-                        "1" | "true" | "on" | "yes" => true,
-                        "0" | "false" | "off" | "no" | "" => false,
-                        _ => return Err(bad("expected 1 or 0".into())),
-                    };
-                }
+                "ZMEM_POISON" => self.poison = parse_switch(name, &v)?,
+                "ZMEM_SANITIZE" => self.sanitize = parse_switch(name, &v)?,
                 _ => {
                     self.timeline_events = v.trim().parse().map_err(|e| bad(format!("{e}")))?;
                 }
@@ -138,7 +167,7 @@ impl fmt::Display for ArenaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "initial {} segment {} cap {} overflow reserve {} poison {} timeline {} events",
+            "initial {} segment {} cap {} overflow reserve {} poison {} timeline {} events{}",
             Bytes(self.initial_bytes),
             Bytes(self.segment_bytes),
             self.cap_bytes
@@ -146,6 +175,11 @@ impl fmt::Display for ArenaConfig {
             Bytes(self.overflow_reserve_bytes),
             if self.poison { "on" } else { "off" },
             self.timeline_events,
+            if self.sanitize {
+                " sanitize on (one driver allocation per block)"
+            } else {
+                ""
+            },
         )?;
         if !self.from_env.is_empty() {
             write!(f, " (from env: {})", self.from_env.join(", "))?;
@@ -175,6 +209,7 @@ mod tests {
                 ("ZMEM_OVERFLOW_RESERVE_BYTES", "2M"),
                 ("ZMEM_POISON", "1"),
                 ("ZMEM_TIMELINE_EVENTS", "10"),
+                ("ZMEM_SANITIZE", "on"),
                 ("PATH", "/bin"),
             ]))
             .unwrap();
@@ -184,13 +219,16 @@ mod tests {
         assert_eq!(c.overflow_reserve_bytes, 2 << 20);
         assert!(c.poison);
         assert_eq!(c.timeline_events, 10);
-        assert_eq!(c.from_env.len(), 6);
+        assert!(c.sanitize);
+        assert!(c.to_string().contains("sanitize on"), "{c}");
+        assert_eq!(c.from_env.len(), 7);
         assert!(c.to_string().contains("from env: ZMEM_ARENA_BYTES"));
     }
 
     #[rstest]
     #[case("ZMEM_ARENA_BYTES", "lots")]
     #[case("ZMEM_POISON", "maybe")]
+    #[case("ZMEM_SANITIZE", "2")]
     #[case("ZMEM_TIMELINE_EVENTS", "-1")]
     #[case("ZMEM_SEGMENT_BYTES", "16")]
     #[case("ZMEM_ARENA_CAP_BYTES", "1K")]

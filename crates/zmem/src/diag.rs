@@ -119,6 +119,9 @@ pub struct Diagnostics {
     pub capture: CaptureStats,
     /// The step open now (0 if none).
     pub open_step: u64,
+    /// Sanitizer mode: every block is its own driver allocation (segments hold one block each;
+    /// `capacity` counts the bytes of those allocations).
+    pub sanitize: bool,
 }
 
 impl Diagnostics {
@@ -175,7 +178,7 @@ impl fmt::Display for Diagnostics {
         }
         write!(
             f,
-            "; overflow {} calls/{} (now {}, peak {}, reserve {}); held {}; {} live handles, pinned {}, held free {}; capture {} res {} used {}{}; verdict: {}",
+            "; overflow {} calls/{} (now {}, peak {}, reserve {}); held {}; {} live handles, pinned {}, held free {}; capture {} res {} used {}{}{}; verdict: {}",
             self.overflow.calls,
             Bytes(self.overflow.bytes),
             Bytes(self.overflow.outstanding),
@@ -189,6 +192,11 @@ impl fmt::Display for Diagnostics {
             Bytes(self.capture.reserved),
             Bytes(self.capture.used),
             if self.capture.active { " (active)" } else { "" },
+            if self.sanitize {
+                "; sanitize on (one driver allocation per block)"
+            } else {
+                ""
+            },
             self.fill_cause().name(),
         )
     }

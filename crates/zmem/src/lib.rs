@@ -30,7 +30,7 @@ pub use arena::{Arena, Protection, Sink};
 pub use block::{Block, Source};
 pub use capture::{CapturePlan, CaptureReservation, CaptureScope, Recording};
 pub use class::{AllocClass, ClassBytes};
-pub use config::{ArenaConfig, ENV_VARS};
+pub use config::{ArenaConfig, ENV_VARS, sanitize_forced};
 pub use diag::{CaptureStats, Diagnostics, FillCause, OverflowStats, ResetInfo};
 pub use error::{LiveBlock, MemError, MemResult};
 pub use scratch::Scratch;

@@ -106,7 +106,12 @@ impl<D: Driver> Shared<D> {
     }
 
     fn alloc_scratch(&self, st: &mut State, requested: u64, size: u64) -> MemResult<Block> {
-        let found = (st.cur..st.segs.len()).find_map(|i| st.segs[i].fit(size).map(|off| (i, off)));
+        // Sanitizer mode: never share a segment, every block gets a new one of its own size.
+        let found = if self.sanitized() {
+            None
+        } else {
+            (st.cur..st.segs.len()).find_map(|i| st.segs[i].fit(size).map(|off| (i, off)))
+        };
         let (i, off) = match found {
             Some(hit) => hit,
             None => match self.room_for(st, size) {
@@ -143,10 +148,13 @@ impl<D: Driver> Shared<D> {
         requested: u64,
         size: u64,
     ) -> MemResult<Block> {
-        let mut found = st
-            .held
-            .iter_mut()
-            .find_map(|h| h.alloc(size).map(|(o, r)| (h.base, o, r)));
+        let mut found = if self.sanitized() {
+            None
+        } else {
+            st.held
+                .iter_mut()
+                .find_map(|h| h.alloc(size).map(|(o, r)| (h.base, o, r)))
+        };
         if found.is_none()
             && let Some(seg_size) = self.room_for(st, size)
         {
@@ -177,8 +185,13 @@ impl<D: Driver> Shared<D> {
 
     /// The size of a new segment for `size` bytes if the cap allows one.
     pub(crate) fn room_for(&self, st: &State, size: u64) -> Option<u64> {
-        let seg = size.max(self.config.segment_bytes);
         let left = st.cap.saturating_sub(st.seg_bytes);
+        if self.sanitized() {
+            // A segment of exactly the block (a zero-byte block still needs a driver allocation).
+            let seg = size.max(crate::units::ALIGN);
+            return (seg <= left).then_some(seg);
+        }
+        let seg = size.max(self.config.segment_bytes);
         if seg <= left {
             Some(seg)
         } else if size <= left {
@@ -204,9 +217,22 @@ impl<D: Driver> Shared<D> {
         requested: u64,
         bytes: u64,
     ) -> MemResult<DevicePtr> {
-        self.device
-            .alloc(bytes)
-            .map_err(|e| self.map_device_error(st, class, requested, e))
+        let got = match st.block_pool {
+            Some(pool) => self
+                .device
+                .alloc_from_pool(pool.pool, bytes, self.device.stream()),
+            None => self.device.alloc(bytes),
+        };
+        got.map_err(|e| self.map_device_error(st, class, requested, e))
+    }
+
+    /// Gives a segment's memory back to the driver: in stream order in sanitizer mode (after
+    /// the work queued on it), else synchronously (teardown only, after draining the stream).
+    pub(crate) fn device_free(&self, st: &State, base: DevicePtr) -> zdevice::DeviceResult<()> {
+        match st.block_pool {
+            Some(_) => self.device.free_async(base, self.device.stream()),
+            None => self.device.free(base),
+        }
     }
 
     pub(crate) fn map_device_error(
@@ -318,47 +344,6 @@ impl<D: Driver> Shared<D> {
             "{}",
             if first { "arena overflowed into the stream-ordered pool" } else { "arena overflow reached a new peak" }
         );
-    }
-
-    fn alloc_reserved(
-        &self,
-        st: &mut State,
-        res: &Arc<crate::capture::ReservationMem>,
-        requested: u64,
-        size: u64,
-    ) -> MemResult<Block> {
-        let Some(info) = st.reservations.get_mut(&res.id) else {
-            return Err(MemError::CaptureActive {
-                op: "allocating from a dropped reservation",
-            });
-        };
-        if info.used + size > info.bytes {
-            return Err(MemError::CaptureReservationExhausted {
-                reservation: res.id,
-                requested,
-                needed_more: info.used + size - info.bytes,
-                reserved: info.bytes,
-                used: info.used,
-            });
-        }
-        let ptr = res.ptr.offset(info.used);
-        info.used += size;
-        let b = Block(Arc::new(BlockInner {
-            ptr: AtomicU64::new(ptr.0),
-            size: AtomicU64::new(size),
-            requested: AtomicU64::new(requested),
-            class: AllocClass::Graph,
-            source: Source::Reservation,
-            step: AtomicU64::new(st.step_now()),
-            generation: AtomicU64::new(res.cell.current()),
-            cell: Arc::clone(&res.cell),
-            owner: None,
-            _reservation: Some(Arc::clone(res)),
-        }));
-        if let Some(info) = st.reservations.get_mut(&res.id) {
-            info.blocks.push(Arc::downgrade(&b.0));
-        }
-        Ok(b)
     }
 
     /// Marks a step open.

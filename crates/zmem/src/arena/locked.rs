@@ -40,7 +40,8 @@ impl DerefMut for Locked<'_> {
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         // Still under the lock: every change of these is, so the gate cannot go stale.
-        let open = self.st.recording.is_none()
+        let open = !self.core.flags.sanitize
+            && self.st.recording.is_none()
             && self.st.active.is_none()
             && self.st.pending.is_empty()
             && !self.core.has_sinks.load(Ordering::Relaxed);

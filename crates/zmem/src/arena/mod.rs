@@ -7,6 +7,7 @@ pub(crate) mod fast;
 mod held;
 mod locked;
 mod reclaim;
+mod reserve;
 pub(crate) mod reclaim_summary {
     pub use super::reclaim::StepSummary;
 }
@@ -82,6 +83,7 @@ impl<D: Driver> Arena<D> {
     /// (`zmem.arena.new`). Refused during capture.
     pub fn new(device: Device<D>, config: ArenaConfig) -> MemResult<Arena<D>> {
         config.validate()?;
+        let sanitize = config.sanitize || crate::config::sanitize_forced()?;
         if device.is_capturing() {
             return Err(MemError::CaptureActive {
                 op: "creating an arena",
@@ -95,6 +97,7 @@ impl<D: Driver> Arena<D> {
             keep_live_scratch: AtomicBool::new(true),
             capture_routing: AtomicBool::new(true),
             overflow_enabled: AtomicBool::new(true),
+            sanitize,
         });
         let state = State {
             segs: Vec::new(),
@@ -106,6 +109,7 @@ impl<D: Driver> Arena<D> {
             cap,
             pool: None,
             capture_pool: None,
+            block_pool: None,
             overflow: OverflowStats::default(),
             overflow_scratch: 0,
             overflow_warned: false,
@@ -145,7 +149,16 @@ impl<D: Driver> Arena<D> {
         {
             let sh = &arena.shared;
             let mut st = sh.lock();
-            let want = sh.config.initial_bytes.min(cap);
+            if sanitize {
+                // Before any block: every one is allocated from it, none from segments made
+                // up front (there are none in this mode).
+                st.block_pool = Some(sh.device.create_pool(0, u64::MAX)?);
+            }
+            let want = if sanitize {
+                0
+            } else {
+                sh.config.initial_bytes.min(cap)
+            };
             while st.seg_bytes < want {
                 let size = sh.config.segment_bytes.min(cap - st.seg_bytes);
                 sh.grow_scratch(&mut st, size)?;
@@ -157,6 +170,7 @@ impl<D: Driver> Arena<D> {
             tracing::info!(
                 target: "zmem.arena.new",
                 config = %sh.config,
+                sanitize,
                 device = %sh.device.info().name,
                 diagnostics = %st.diagnostics(),
                 "arena created"
@@ -245,6 +259,13 @@ impl<D: Driver> Arena<D> {
         &self.shared.config
     }
 
+    /// Whether the arena runs in sanitizer mode (its config or `ZMEM_SANITIZE=1`): every block
+    /// is its own driver allocation.
+    #[must_use]
+    pub fn sanitize(&self) -> bool {
+        self.shared.core.flags.sanitize
+    }
+
     /// The device underneath.
     #[must_use]
     pub fn device(&self) -> &Device<D> {
@@ -325,6 +346,11 @@ impl<D: Driver> Shared<D> {
 
     pub(crate) fn wants_events(&self) -> bool {
         self.core.has_sinks.load(Ordering::Relaxed)
+    }
+
+    /// Sanitizer mode (see [`ArenaConfig::sanitize`]).
+    pub(crate) fn sanitized(&self) -> bool {
+        self.core.flags.sanitize
     }
 
     pub(crate) fn reclaimer(&self) -> Weak<dyn Reclaim> {

@@ -150,13 +150,34 @@ impl<D: Driver> Shared<D> {
         if !kept.is_empty() {
             tracing::debug!(target: "zmem.arena.reset", step = index, kept = kept.len(), "live scratch kept");
         }
-        self.poison(&out.ranges)?;
+        let poisoned = self.poison(&out.ranges);
+        // Sanitizer mode: a segment is one block; once nothing keeps it, it goes back to the
+        // driver (in stream order, after the poison), so a later access is one the sanitizer
+        // sees. Freed even when the poison failed: the segments are no longer tracked.
+        if self.sanitized() {
+            self.free_dead_segments(st);
+        }
+        poisoned?;
         Ok(StepSummary {
             step: index,
             reclaimed_bytes: out.bytes,
             kept,
             deferred: false,
         })
+    }
+
+    /// Sanitizer mode: frees the scratch segments no kept block pins.
+    fn free_dead_segments(&self, st: &mut State) {
+        let (dead, live): (Vec<_>, Vec<_>) = std::mem::take(&mut st.segs)
+            .into_iter()
+            .partition(|s| s.pins.is_empty());
+        st.segs = live;
+        for seg in dead {
+            st.seg_bytes = st.seg_bytes.saturating_sub(seg.size);
+            if let Err(e) = self.device_free(st, seg.base) {
+                tracing::warn!(target: "zmem.arena.free", error = %e, "sanitize: scratch block free failed");
+            }
+        }
     }
 
     /// A block's last handle is gone: return its memory now, or after the capture.
@@ -195,6 +216,18 @@ impl<D: Driver> Shared<D> {
         }
         let stream = self.device.stream();
         match r.source {
+            Source::Held if self.sanitized() => {
+                // The block was its segment: give it back to the driver.
+                if let Some(i) = st.held.iter().position(|h| h.contains(r.ptr)) {
+                    let h = st.held.swap_remove(i);
+                    st.seg_bytes = st.seg_bytes.saturating_sub(h.size);
+                    if let Err(e) = self.device_free(st, h.base) {
+                        tracing::warn!(target: "zmem.arena.free", error = %e, "sanitize: held block free failed");
+                    }
+                }
+                st.by_class.sub(r.class, r.size);
+                st.returnable_live = st.returnable_live.saturating_sub(1);
+            }
             Source::Held => {
                 if let Some(h) = st.held.iter_mut().find(|h| h.contains(r.ptr)) {
                     h.free(r.ptr.0 - h.base.0, r.size);
@@ -240,6 +273,10 @@ impl<D: Driver> Shared<D> {
             s.cell.advance();
         }
         st.held_cell.advance();
+        // Graph blocks too: their reservation's memory goes with the capture pool below.
+        for r in st.reservations.values() {
+            r.cell.advance();
+        }
         if self.device.is_capturing() || self.device.lost_reason().is_some() {
             tracing::warn!(target: "zmem.arena.drop", "arena dropped during a capture or after device loss: its memory is left to the process");
             return;
@@ -257,11 +294,18 @@ impl<D: Driver> Shared<D> {
             .chain(st.held.iter().map(|h| h.base))
             .collect();
         for base in bases {
-            if let Err(e) = self.device.free(base) {
+            if let Err(e) = self.device_free(&st, base) {
                 tracing::warn!(target: "zmem.arena.drop", error = %e, "segment free failed");
             }
         }
-        for pool in [st.pool.take(), st.capture_pool.take()]
+        if st.block_pool.is_some() {
+            // The stream-ordered frees above must complete before the pool goes.
+            if let Err(e) = self.device.synchronize(self.device.stream()) {
+                tracing::warn!(target: "zmem.arena.drop", error = %e, "could not drain the frees; leaking the block pool");
+                return;
+            }
+        }
+        for pool in [st.pool.take(), st.capture_pool.take(), st.block_pool.take()]
             .into_iter()
             .flatten()
         {

@@ -250,6 +250,7 @@ mod tests {
             keep_live_scratch: AtomicBool::new(true),
             capture_routing: AtomicBool::new(true),
             overflow_enabled: AtomicBool::new(true),
+            sanitize: false,
         });
         Segment::new(DevicePtr(0x1000), size, GenCell::new(&flags))
     }

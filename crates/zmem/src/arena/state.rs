@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
-use zdevice::DevicePool;
+use zdevice::{DevicePool, DevicePtr};
 
 use super::fast::Folded;
 use super::held::HeldSegment;
@@ -14,11 +14,28 @@ use crate::class::{AllocClass, ClassBytes};
 use crate::diag::{CaptureStats, Diagnostics, OverflowStats, ResetInfo};
 use crate::timeline::Timeline;
 
+/// One driver allocation of a capture reservation. By default a reservation is one shared
+/// slot that blocks bump through; in sanitizer mode it is one exclusive slot per recorded
+/// request (plus a shared one for headroom), so that each graph block is its own allocation.
+pub(crate) struct Slot {
+    pub(crate) ptr: DevicePtr,
+    /// Bytes blocks may use.
+    pub(crate) size: u64,
+    /// Bytes handed out (an exclusive slot is used whole by its one block).
+    pub(crate) used: u64,
+    /// Whether several blocks bump through it.
+    pub(crate) shared: bool,
+}
+
 /// A capture reservation as the arena tracks it.
 pub(crate) struct ResInfo {
     pub(crate) bytes: u64,
     pub(crate) used: u64,
+    pub(crate) slots: Vec<Slot>,
     pub(crate) blocks: Vec<Weak<BlockInner>>,
+    /// The reservation's generation: moved at teardown, so that graph blocks outliving the
+    /// arena go stale like every other class.
+    pub(crate) cell: Arc<GenCell>,
 }
 
 #[derive(Default)]
@@ -46,6 +63,9 @@ pub(crate) struct State {
     pub(crate) cap: u64,
     pub(crate) pool: Option<DevicePool>,
     pub(crate) capture_pool: Option<DevicePool>,
+    /// Sanitizer mode only: the stream-ordered pool every scratch and held block is its own
+    /// allocation from (freed in stream order, so giving one back never syncs the device).
+    pub(crate) block_pool: Option<DevicePool>,
     pub(crate) overflow: OverflowStats,
     pub(crate) overflow_scratch: u64,
     /// Whether the first-overflow warning has been given.
@@ -132,6 +152,7 @@ impl State {
             held_free: self.held.iter().map(HeldSegment::free_bytes).sum(),
             capture,
             open_step: self.open_step.unwrap_or(0),
+            sanitize: self.block_pool.is_some(),
         }
     }
 

@@ -27,7 +27,8 @@ impl<D: Driver> Shared<D> {
         let capturing = self.device.is_capturing();
         if let Some(size) = align_up(requested).filter(|s| *s <= total && !capturing) {
             let mut st = self.lock();
-            let open = st.recording.is_none()
+            let open = !self.sanitized()
+                && st.recording.is_none()
                 && st.active.is_none()
                 && st.pending.is_empty()
                 && !self.wants_events();

@@ -1,7 +1,7 @@
 //! Scenario bodies, generic over the driver: each runs on the simulated device (mock modules)
 //! and on the CUDA device (`gpu`), with the same code.
 
-use zdevice::{Device, Driver};
+use zdevice::{Device, Driver, KernelArg, LaunchConfig};
 use zmem::{AllocClass, Arena, ArenaConfig, Block, Source};
 
 use crate::util::{Check, Logs, ensure, s};
@@ -190,7 +190,8 @@ pub fn saved_survives_step_end<D: Driver>(dev: &Device<D>, poison: bool) -> Chec
                 fill(dev, &x, 100.0 + f32::from(sample))?;
                 tape.push((x.clone(), 100.0 + f32::from(sample)));
             }
-            if k == 0 {
+            // Sanitizer mode gives each block its own allocation: no address reuse to check.
+            if k == 0 && !arena.sanitize() {
                 let p = x.raw_ptr();
                 ensure(
                     *first_scratch.get_or_insert(p) == p,
@@ -240,4 +241,56 @@ pub fn poison_reclaimed_scratch<D: Driver>(dev: &Device<D>, poison: bool) -> Che
         v.iter().all(|x| x.is_nan()),
         format!("stale scratch reads {:?}", &v[..4]),
     )
+}
+
+/// Floats in the planted control's block (1 KiB).
+pub const PLANT_BLOCK_FLOATS: u64 = 256;
+
+/// The sanitizer's negative control: zdevice's fill kernel over `floats` floats of a 1 KiB
+/// scratch block (`PLANT_BLOCK_FLOATS`), the arena's only block. With more floats than that it
+/// writes out of the block: by default into the rest of the arena's 1 MiB segment, where no
+/// tool can tell it from a legal write; in sanitizer mode past the block's own driver
+/// allocation, where compute-sanitizer (and the simulator's bounds check) sees it. The outer
+/// result is the set-up; the inner one is what the stream's sync answered after the kernel.
+/// `floats` is at most 1024 (4 KiB), so the default mode's write stays inside the segment.
+pub fn planted_oob_write<D: Driver>(
+    dev: &Device<D>,
+    sanitize: bool,
+    floats: u64,
+) -> Result<Result<(), String>, String> {
+    ensure(floats <= 1024, "the planted write stays within 4 KiB")?;
+    let cfg = ArenaConfig {
+        initial_bytes: 1 << 20,
+        segment_bytes: 1 << 20,
+        cap_bytes: Some(4 << 20),
+        overflow_reserve_bytes: 1 << 20,
+        sanitize,
+        ..ArenaConfig::default()
+    };
+    let arena = Arena::new(dev.clone(), cfg).map_err(s)?;
+    let module = dev.load_module(zdevice::kernels::FILL_PTX).map_err(s)?;
+    let fill = module.function(zdevice::kernels::FILL_F32).map_err(s)?;
+    let step = arena.step().map_err(s)?;
+    let block = step.alloc_scratch(PLANT_BLOCK_FLOATS * 4).map_err(s)?;
+    let args = [
+        KernelArg::Ptr(block.ptr().map_err(s)?),
+        KernelArg::F32(7.0),
+        KernelArg::U64(floats),
+    ];
+    let launch = LaunchConfig::linear(floats, 128, 1);
+    // SAFETY: fill_f32(float* out, float value, unsigned long long n). Up to
+    // PLANT_BLOCK_FLOATS the writes are the block's. Past it (the planted control only) they
+    // land in this test's own arena: the rest of its 1 MiB segment by default (owned by the
+    // arena, no other block there), or past the block's own allocation in sanitizer mode,
+    // which is the access the sanitizer must report (the simulator refuses it).
+    unsafe { dev.launch(fill, launch, &args, dev.stream()) }.map_err(s)?;
+    let synced = dev.synchronize(dev.stream()).map_err(s);
+    drop(block);
+    if synced.is_ok() {
+        step.end().map_err(s)?;
+    } else {
+        // The device is lost (a sticky fault): the step's end would only report that again.
+        std::mem::forget(step);
+    }
+    Ok(synced)
 }

@@ -157,3 +157,39 @@ fn warm_up_recording_matches_the_capture() {
     assert_eq!(plan.requests(), &[256, 512]);
     assert_eq!(plan.bytes(), 1024);
 }
+
+/// A graph block (and its reservation, held by the graph) outliving the arena is stale like
+/// every other class: the arena's teardown frees the capture pool its memory came from.
+#[test]
+fn graph_blocks_outliving_their_arena_are_stale() {
+    let dev = mock(64 << 20);
+    let arena = Arena::new(dev.clone(), small(1 << 20)).unwrap();
+    let plan = CapturePlan::from_requests([4096]);
+    let res = arena.reserve_for_capture(&plan).unwrap();
+    let step = arena.step().unwrap();
+    let block = {
+        let _scope = arena.capture_into(&res).unwrap();
+        let cap = dev.begin_capture(dev.stream()).unwrap();
+        let b = step.alloc_scratch(4096).unwrap().clone();
+        drop(cap.end().unwrap());
+        b
+    };
+    assert_eq!(block.class(), AllocClass::Graph);
+    assert!(block.ptr().is_ok() && block.is_valid());
+    step.end().unwrap();
+    drop(arena);
+    assert!(!block.is_valid(), "{block:?}");
+    assert!(
+        matches!(
+            block.ptr(),
+            Err(MemError::UseAfterReclaim {
+                class: AllocClass::Graph,
+                size: 4096,
+                ..
+            })
+        ),
+        "{:?}",
+        block.ptr()
+    );
+    drop(res);
+}

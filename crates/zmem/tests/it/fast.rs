@@ -135,6 +135,7 @@ proptest! {
             overflow_reserve_bytes: 1 << 20,
             poison: false,
             timeline_events: ring,
+            sanitize: false,
             from_env: Vec::new(),
         };
         let arena = Arena::new(dev, cfg).map_err(fail)?;

@@ -6,6 +6,7 @@ mod capture;
 mod classes;
 mod fast;
 mod props;
+mod sanitize;
 mod scenarios;
 mod timeline;
 mod util;

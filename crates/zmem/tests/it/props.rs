@@ -70,6 +70,17 @@ fn check(
         prop_assert_eq!(d.bytes_by_class.get(class), held, "{} bytes: {}", class, d);
     }
     prop_assert_eq!(d.live_handles, live.len() as u64, "{}", d);
+    prop_assert_eq!(d.sanitize, arena.sanitize(), "{}", d);
+    if arena.sanitize() {
+        // Every live block is its own driver allocation, of exactly its size.
+        let allocs = arena.device().driver().live_allocations();
+        for b in live {
+            prop_assert!(
+                allocs.contains(&(b.raw_ptr(), b.size())),
+                "sanitize: {b:?} is not its own allocation"
+            );
+        }
+    }
     prop_assert_eq!(d.allocations, allocs, "{}", d);
     prop_assert!(d.capacity <= d.cap, "{}", d);
     Ok(())
@@ -79,7 +90,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn arena_invariants_hold(ops in prop::collection::vec(op(), 1..60)) {
+    fn arena_invariants_hold(ops in prop::collection::vec(op(), 1..60), sanitize in any::<bool>()) {
         let dev = mock(32 << 20);
         let cfg = ArenaConfig {
             initial_bytes: 128 << 10,
@@ -88,6 +99,7 @@ proptest! {
             overflow_reserve_bytes: 256 << 10,
             poison: false,
             timeline_events: 64,
+            sanitize,
             from_env: Vec::new(),
         };
         let arena = Arena::new(dev.clone(), cfg).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -105,7 +117,7 @@ proptest! {
                     allocs += 1;
                     if b.source() == Source::Arena {
                         let first = *base.get_or_insert(b.raw_ptr().0);
-                        if expect_base {
+                        if expect_base && !arena.sanitize() {
                             prop_assert_eq!(b.raw_ptr().0, first, "reclaimed scratch not reused");
                         }
                     }
@@ -170,5 +182,12 @@ proptest! {
         prop_assert_eq!(d.capture.reservations, 0, "{}", d);
         prop_assert_eq!(d.overflow.outstanding, 0, "{}", d);
         prop_assert_eq!(d.bytes_by_class.get(AllocClass::Saved) + d.bytes_by_class.get(AllocClass::Persistent), 0, "{}", d);
+        if arena.sanitize() {
+            // Once a step end has seen the last scratch handles go, nothing is left allocated.
+            arena.step().map_err(|e| TestCaseError::fail(e.to_string()))?.end().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let d = arena.diagnostics();
+            prop_assert_eq!(d.capacity, 0, "{}", d);
+            prop_assert_eq!(d.scratch_segments + d.held_segments, 0, "{}", d);
+        }
     }
 }

@@ -37,8 +37,22 @@ pub fn mock(capacity: u64) -> MockDevice {
     .expect("the simulated device opens")
 }
 
+thread_local! {
+    /// Whether `small` configures sanitizer mode on this thread (see `sanitized`).
+    static SANITIZE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every `small` config of this thread in sanitizer mode (one driver allocation
+/// per block), so that a scenario body runs unchanged in both modes.
+pub fn sanitized<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    let before = SANITIZE.with(|c| c.replace(on));
+    let r = f();
+    SANITIZE.with(|c| c.set(before));
+    r
+}
+
 /// A small arena: 256 KiB of scratch in 64 KiB segments, capped at `cap`, 1 MiB overflow
-/// reserve, no poison.
+/// reserve, no poison; sanitizer mode inside `sanitized(true, ..)`.
 pub fn small(cap: u64) -> ArenaConfig {
     ArenaConfig {
         initial_bytes: (256 << 10).min(cap),
@@ -47,6 +61,7 @@ pub fn small(cap: u64) -> ArenaConfig {
         overflow_reserve_bytes: 1 << 20,
         poison: false,
         timeline_events: 4096,
+        sanitize: SANITIZE.with(std::cell::Cell::get),
         from_env: Vec::new(),
     }
 }
