@@ -48,7 +48,7 @@ pub use access::{KernelArgs, KernelFault, SimMemory};
 pub use config::SimConfig;
 pub use faults::FaultAction;
 pub use kernels::{BUILTIN_PTX, KernelFn};
-pub use oplog::{CaptureSnapshot, Effect, OpRecord};
+pub use oplog::{CaptureSnapshot, DEFAULT_OP_LOG_CAPACITY, Effect, OpRecord};
 
 use crate::driver::{CuCode, DriverResult};
 use crate::types::{DevicePtr, KernelArg, LaunchConfig, Stream};
@@ -217,13 +217,27 @@ impl SimDriver {
 
     // --- op log -------------------------------------------------------------------------------
 
-    /// Every driver call since creation or the last `clear_op_log`, in order.
+    /// The driver calls since creation or the last `clear_op_log`, in order: the most recent
+    /// [`SimConfig::op_log_capacity`] of them (see [`SimDriver::op_log_dropped`]).
     #[must_use]
     pub fn op_log(&self) -> Vec<OpRecord> {
-        self.lock().log.clone()
+        self.lock().log.records()
     }
 
-    /// Empties the op log.
+    /// How many records the op log dropped (oldest first) since creation or the last
+    /// `clear_op_log` because it held `op_log_capacity` already.
+    #[must_use]
+    pub fn op_log_dropped(&self) -> u64 {
+        self.lock().log.dropped()
+    }
+
+    /// Records the op log holds now (at most `op_log_capacity`), without copying them.
+    #[must_use]
+    pub fn op_log_len(&self) -> usize {
+        self.lock().log.len()
+    }
+
+    /// Empties the op log and resets its dropped count.
     pub fn clear_op_log(&self) {
         self.lock().log.clear();
     }

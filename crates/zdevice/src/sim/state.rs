@@ -14,7 +14,7 @@ use super::faults::{FaultAction, FaultPlan};
 use super::graphs::Graphs;
 use super::kernels::Kernels;
 use super::memory::Memory;
-use super::oplog::{CaptureSnapshot, Effect, OpRecord};
+use super::oplog::{CaptureSnapshot, Effect, OpLog, OpRecord};
 use super::streams::{EventState, StreamState};
 use crate::driver::{CuCode, DriverError, DriverResult};
 use crate::types::{CaptureStatus, Stream, StreamKind};
@@ -94,7 +94,7 @@ pub(crate) struct State {
     /// An error from earlier asynchronous work, surfacing at the next synchronising call.
     pub pending: Option<CuCode>,
     pub faults: FaultPlan,
-    pub log: Vec<OpRecord>,
+    pub log: OpLog,
     pub log_seq: u64,
     pub mem: Memory,
     pub streams: HashMap<u64, StreamState>,
@@ -114,13 +114,13 @@ impl State {
         streams.insert(LEGACY.0, StreamState::new(StreamKind::Blocking));
         State {
             mem: Memory::new(cfg.capacity, cfg.poison_on_free),
+            log: OpLog::new(cfg.op_log_capacity),
             cfg,
             now: Duration::ZERO,
             initialized: false,
             sticky: None,
             pending: None,
             faults: FaultPlan::default(),
-            log: Vec::new(),
             log_seq: 0,
             streams,
             events: HashMap::new(),
