@@ -10,13 +10,13 @@ use super::blas::BlasState;
 use super::calls;
 use super::capture::Capture;
 use super::config::SimConfig;
-use super::faults::{FaultAction, FaultPlan};
 use super::graphs::Graphs;
 use super::kernels::Kernels;
 use super::memory::Memory;
 use super::oplog::{CaptureSnapshot, Effect, OpLog, OpRecord};
 use super::streams::{EventState, StreamState};
 use crate::driver::{CuCode, DriverError, DriverResult};
+use crate::faults::{FaultAction, FaultPlan};
 use crate::types::{CaptureStatus, Stream, StreamKind};
 
 /// The legacy default stream (`CU_STREAM_LEGACY`, handle 0): blocking, never destroyed.
@@ -162,6 +162,10 @@ impl State {
             }
             Some(FaultAction::Stall(d)) => {
                 cx.stall = d;
+                Ok(())
+            }
+            Some(FaultAction::FailAtNextSync(code)) => {
+                self.pending = Some(code);
                 Ok(())
             }
             None => Ok(()),
