@@ -3,6 +3,7 @@
 
 mod conformance;
 mod faults;
+mod leaks;
 mod rules;
 mod util;
 
