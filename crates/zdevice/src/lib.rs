@@ -22,7 +22,7 @@ pub mod types;
 
 pub use cuda::CudaDriver;
 pub use faults::FaultAction;
-pub use faulty::{FaultController, FaultyDriver};
+pub use faulty::{AsyncStall, FaultController, FaultyDriver};
 pub use sim::{SimConfig, SimDriver};
 
 /// The device over the simulated driver: what every higher crate tests against.

@@ -134,6 +134,7 @@ pub fn record<D: Driver>(
 ) -> (CallList, Vec<Vec<f32>>) {
     let driver = FaultyDriver::new(make());
     let ctl = driver.controller();
+    ctl.set_async_stall(s.async_stall);
     // The clean run may JIT the kernels on a cold cache: default deadlines for it.
     let clean = Settings {
         device: DeviceConfig {
@@ -211,6 +212,7 @@ fn run_case<D: Driver>(
 ) -> Result<CaseResult, String> {
     let driver = FaultyDriver::new(make());
     let ctl = driver.controller();
+    ctl.set_async_stall(s.async_stall);
     let action = fault.action(call, s.stall);
     if !in_steps {
         ctl.fault(call, 1, action);
@@ -304,6 +306,7 @@ pub(super) fn missing_driver_case<D: Driver>(
 ) -> CaseResult {
     let driver = FaultyDriver::new(make());
     let ctl = driver.controller();
+    ctl.set_async_stall(s.async_stall);
     ctl.set_missing_driver(true);
     let mut opened = None;
     let outcome = match setup(driver, s, MODES[0], params, &mut opened) {

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use zdevice::{CudaDriver, DeviceConfig, Driver};
+use zdevice::{AsyncStall, CudaDriver, DeviceConfig, Driver};
 
 use super::child::{CHILD_CASE, in_child, run_child};
 use super::{CaseResult, Fault, Settings, deadlines, matrix, small_arena};
@@ -27,6 +27,7 @@ fn settings() -> Settings {
             Duration::from_secs(1),
         ),
         stall: Duration::from_millis(500),
+        async_stall: AsyncStall::SpinKernel,
         // Captured and eager steps after a fallback agree to about 1e-7 on the GPU.
         tolerance: 1e-5,
     }

@@ -25,7 +25,7 @@ mod table;
 
 use std::time::Duration;
 
-use zdevice::{CuCode, DeviceConfig, FaultAction};
+use zdevice::{AsyncStall, CuCode, DeviceConfig, FaultAction};
 use zgrad::TrainSchedule;
 use zmem::ArenaConfig;
 
@@ -117,6 +117,8 @@ pub struct Settings {
     pub device: DeviceConfig,
     /// How late a stalled call is (longer than every deadline).
     pub stall: Duration,
+    /// How a stalled asynchronous call keeps its stream busy (a spinning kernel on the GPU).
+    pub async_stall: AsyncStall,
     /// Largest relative difference per parameter tensor from the clean run.
     pub tolerance: f64,
 }

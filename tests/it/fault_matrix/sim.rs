@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use zdevice::{DeviceConfig, SimConfig, SimDriver, sim::calls};
+use zdevice::{AsyncStall, DeviceConfig, SimConfig, SimDriver, sim::calls};
 
 use super::case::{case, record};
 use super::child::{CHILD_CASE, in_child, run_child};
@@ -30,6 +30,7 @@ fn settings() -> Settings {
             Duration::from_secs(1),
         ),
         stall: Duration::from_secs(3),
+        async_stall: AsyncStall::Emulated,
         tolerance: 1e-6,
     }
 }

@@ -60,6 +60,7 @@ impl<D: Driver> Driver for FaultyDriver<D> {
     }
 
     fn primary_ctx_release(&self, ordinal: u32) -> DriverResult<()> {
+        self.unload_spin();
         self.sync_call(calls::PRIMARY_CTX_RELEASE, |d| {
             d.primary_ctx_release(ordinal)
         })?;
@@ -68,7 +69,9 @@ impl<D: Driver> Driver for FaultyDriver<D> {
     }
 
     fn ctx_set_current(&self, ctx: Context) -> DriverResult<()> {
-        self.sync_call(calls::CTX_SET_CURRENT, |d| d.ctx_set_current(ctx))
+        self.sync_call(calls::CTX_SET_CURRENT, |d| d.ctx_set_current(ctx))?;
+        self.load_spin();
+        Ok(())
     }
 
     fn ctx_synchronize(&self) -> DriverResult<()> {

@@ -11,9 +11,11 @@
 //!   earlier asynchronous work does;
 //! - **stalls**: a synchronous call returns `d` late ([`Driver::pause`] after the real call:
 //!   a sleep on a real driver, virtual time on the simulator); an asynchronous call (one that
-//!   names a stream) keeps its stream busy `d` longer: queries of the stream, and of events
-//!   recorded on it afterwards, answer `NotReady` and synchronizes wait until then, judged on
-//!   [`Driver::now`]. That is what the device sees of a kernel that runs long, without one;
+//!   names a stream) keeps its stream busy `d` longer, in one of two ways ([`AsyncStall`]):
+//!   emulated (queries of the stream, and of events recorded on it afterwards, answer
+//!   `NotReady` and synchronizes wait until then, judged on [`Driver::now`]; any driver), or
+//!   with a real kernel that spins on the GPU's clock for `d` (`kernels/spin.cu`), queued
+//!   on the stream right after the call, so that the driver itself answers `NotReady`;
 //! - **sticky**: the call fails and so does every later one, without reaching the driver;
 //! - **missing driver**: every call fails as if `libcuda` could not be loaded.
 //!
@@ -25,6 +27,7 @@
 //! driver; the test keeps the controller).
 
 mod driver_impl;
+mod spin;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,6 +42,21 @@ use crate::sim::calls;
 pub struct FaultyDriver<D: Driver> {
     inner: D,
     ctl: FaultController,
+    /// The spinning kernel, once loaded in the current context (for [`AsyncStall::SpinKernel`]).
+    spin: Mutex<Option<(crate::types::Module, crate::types::Function)>>,
+}
+
+/// How a stalled asynchronous call keeps its stream busy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AsyncStall {
+    /// The wrapper answers `NotReady` for the stream and for events recorded behind the stall
+    /// until it has passed (works over any driver; the default).
+    #[default]
+    Emulated,
+    /// A kernel spinning for the stall's length is queued on the stream (a real GPU: the
+    /// driver's own queries then see it). The kernel is loaded when a context is made current;
+    /// where it cannot be (the simulator has no twin for it), stalls fall back to `Emulated`.
+    SpinKernel,
 }
 
 impl<D: Driver> FaultyDriver<D> {
@@ -47,6 +65,7 @@ impl<D: Driver> FaultyDriver<D> {
         FaultyDriver {
             inner,
             ctl: FaultController::default(),
+            spin: Mutex::new(None),
         }
     }
 
@@ -104,6 +123,7 @@ struct FaultState {
     seen: Vec<(&'static str, u64)>,
     /// Live resources by kind.
     live: HashMap<&'static str, HashSet<u64>>,
+    async_stall: AsyncStall,
 }
 
 /// Schedules faults on a [`FaultyDriver`] and reads what it recorded. Cheap to clone.
@@ -150,6 +170,12 @@ impl FaultController {
     /// `false`, calls pass again).
     pub fn set_missing_driver(&self, missing: bool) {
         self.lock().missing_driver = missing;
+    }
+
+    /// Chooses how stalled asynchronous calls keep their stream busy (set it before the
+    /// device opens: the spinning kernel is loaded when the context is made current).
+    pub fn set_async_stall(&self, how: AsyncStall) {
+        self.lock().async_stall = how;
     }
 
     /// Drops every scheduled fault and a pending error (a sticky error already raised stays).
@@ -271,7 +297,9 @@ impl<D: Driver> FaultyDriver<D> {
     ) -> DriverResult<T> {
         let go = self.enter(call)?;
         let out = f(&self.inner);
-        if let (Some(d), true) = (go.stall, out.is_ok()) {
+        if let (Some(d), true) = (go.stall, out.is_ok())
+            && !self.spin_on(stream, d)
+        {
             let until = self.inner.now().saturating_add(d);
             let mut st = self.ctl.lock();
             let busy = st.busy_streams.entry(stream).or_default();

@@ -177,3 +177,24 @@ fn the_ledger_follows_acquire_and_release_and_the_call_list_is_in_order() {
         ]
     );
 }
+
+/// The simulator has no twin of `spin_ns`: the spinning-kernel mode falls back to emulation
+/// there, and a stall still keeps the stream busy.
+#[test]
+fn without_the_spinning_kernel_a_stall_is_emulated() {
+    let d = FaultyDriver::new(SimDriver::default());
+    d.controller()
+        .set_async_stall(super::AsyncStall::SpinKernel);
+    d.init().unwrap();
+    let ctx = d.primary_ctx_retain(0).unwrap();
+    d.ctx_set_current(ctx).unwrap();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let p = d.mem_alloc(256).unwrap();
+    d.controller()
+        .stall(calls::MEMSET_D8_ASYNC, 1, Duration::from_secs(2));
+    d.memset_d8_async(p, 1, 256, s).unwrap();
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::NotReady);
+    d.stream_synchronize(s).unwrap();
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
+    d.primary_ctx_release(0).unwrap();
+}
