@@ -30,6 +30,9 @@ pub(crate) struct Cx {
     pub thread: ThreadId,
     pub stall: Duration,
     pub effect: Effect,
+    /// An error the fault plan gave this call to leave for the next synchronising call (set
+    /// after the call, so that a synchronising call itself succeeds).
+    pub fail_next_sync: Option<CuCode>,
 }
 
 impl Cx {
@@ -40,6 +43,7 @@ impl Cx {
             thread: std::thread::current().id(),
             stall: Duration::ZERO,
             effect: Effect::Immediate,
+            fail_next_sync: None,
         }
     }
 
@@ -165,7 +169,7 @@ impl State {
                 Ok(())
             }
             Some(FaultAction::FailAtNextSync(code)) => {
-                self.pending = Some(code);
+                cx.fail_next_sync = Some(code);
                 Ok(())
             }
             None => Ok(()),
@@ -179,6 +183,9 @@ impl State {
         capture: Option<CaptureSnapshot>,
         result: Result<(), DriverError>,
     ) {
+        if let Some(code) = cx.fail_next_sync.take() {
+            self.pending = Some(code);
+        }
         let stall = cx.take_stall();
         self.now = self.now.saturating_add(stall);
         if self.cfg.real_time_stalls && !stall.is_zero() {
