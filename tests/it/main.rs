@@ -6,3 +6,4 @@ mod a_overflow;
 mod b_capture;
 mod c_saved;
 mod common;
+mod fault_matrix;

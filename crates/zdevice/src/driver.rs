@@ -143,6 +143,14 @@ pub type DriverResult<T> = Result<T, DriverError>;
 /// Nothing here checks capture state, deadlines or lost devices: that is [`Device`](crate::Device)'s
 /// job. Methods are `unsafe` where the real driver would read or write memory the caller must keep
 /// valid (host pointers of asynchronous copies, kernel argument lists, cuBLAS operands).
+///
+/// # Adding a method
+/// Whoever adds a method here adds it to every implementation in this crate in the same change:
+/// [`CudaDriver`](crate::CudaDriver), [`SimDriver`](crate::SimDriver) (with its answer during
+/// capture, from capture-rules.md) and the fault-injecting wrapper
+/// [`FaultyDriver`](crate::FaultyDriver) (through its fault plan, with the call's name in
+/// [`sim::calls`](crate::sim::calls), and in its ledger if the call acquires or releases a
+/// resource), so that the fault matrix covers the new call on both drivers.
 pub trait Driver: Send + Sync + 'static {
     /// A one-line description of the implementation (for logs).
     fn describe(&self) -> String;

@@ -14,12 +14,16 @@ pub mod cuda;
 pub mod device;
 pub mod driver;
 pub mod error;
+pub mod faults;
+pub mod faulty;
 pub mod kernels;
 pub mod sim;
 pub mod types;
 
 pub use cuda::CudaDriver;
-pub use sim::{FaultAction, SimConfig, SimDriver};
+pub use faults::FaultAction;
+pub use faulty::{AsyncStall, FaultController, FaultyDriver};
+pub use sim::{SimConfig, SimDriver};
 
 /// The device over the simulated driver: what every higher crate tests against.
 pub type MockDevice = Device<SimDriver>;

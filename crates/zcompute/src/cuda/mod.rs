@@ -37,7 +37,9 @@ use crate::layout::{Layout, checked_numel};
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use zdevice::{Device, DeviceError, DevicePtr, Driver, Function, LoadedModule, SimDriver, Stream};
+use zdevice::{
+    Device, DeviceError, DevicePtr, Driver, FaultyDriver, Function, LoadedModule, SimDriver, Stream,
+};
 use zmem::{Arena, Block, MemError, OwnedStep};
 
 /// The CUDA backend. Cheap to clone: clones share the arena, the stream, the loaded kernels,
@@ -118,12 +120,16 @@ const POISON_BITS: u32 = 0xFFFF_FFFF;
 impl<D: Driver> CudaBackend<D> {
     /// A backend over `arena` (and its device): loads the PTX modules once and resolves every
     /// kernel of the id table. On the simulated driver the kernels' Rust twins are registered
-    /// first. Refused during capture.
+    /// first (also under a `FaultyDriver` wrapping it). Refused during capture.
     pub fn new(arena: Arena<D>) -> Result<CudaBackend<D>> {
         const OP: &str = "CudaBackend::new";
         let device = arena.device().clone();
-        if let Some(sim) = (device.driver() as &dyn std::any::Any).downcast_ref::<SimDriver>() {
+        let driver = device.driver() as &dyn std::any::Any;
+        if let Some(sim) = driver.downcast_ref::<SimDriver>() {
             sim::register(sim);
+        } else if let Some(faulty) = driver.downcast_ref::<FaultyDriver<SimDriver>>() {
+            // The fault matrix's wrapper over the simulator runs the same twins.
+            sim::register(faulty.inner());
         }
         device.bind_thread().map_err(|e| device_error(OP, e))?;
         let modules = kernels::MODULES

@@ -259,8 +259,17 @@ impl<D: Driver> Device<D> {
     }
 
     fn mark_pending(&self, buf: &PinnedBuffer, stream: Stream) -> DeviceResult<()> {
-        let event = self.call(|d| d.event_create(false))?;
-        self.call(|d| d.event_record(event, stream))?;
+        // Without an event to wait on, the buffer must not be touched until the queued copy
+        // ran: wait for the stream (bounded) before reporting the failure, and destroy an
+        // event that could not be recorded (the fault matrix found it leaked).
+        let event = self.call(|d| d.event_create(false)).inspect_err(|_| {
+            let _ = self.synchronize(stream);
+        })?;
+        if let Err(e) = self.call(|d| d.event_record(event, stream)) {
+            let _ = self.synchronize(stream);
+            let _ = self.call(|d| d.event_destroy(event));
+            return Err(e);
+        }
         *buf.pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(event);
@@ -288,18 +297,34 @@ impl<D: Driver> Device<D> {
         };
         let pool = self.call(|d| d.mem_pool_create(props))?;
         let threshold = release_threshold.max(reserve);
-        self.call(|d| d.mem_pool_set_release_threshold(pool, threshold))?;
-        if reserve > 0 {
-            let stream = self.inner.stream;
-            let ptr = self
-                .alloc_from_pool(pool, reserve, stream)
-                .inspect_err(|_| {
-                    let _ = self.inner.driver.mem_pool_destroy(pool);
-                })?;
-            self.call(|d| d.mem_free_async(ptr, stream))?;
-            self.synchronize(stream)?;
-        }
-        let reserved = self.call(|d| d.mem_pool_reserved(pool))?;
+        // Any failure after the pool exists destroys it again, or every failed attempt would
+        // leave a pool behind (the fault matrix found this for each step below).
+        let stream = self.inner.stream;
+        let filled = (|| {
+            self.call(|d| d.mem_pool_set_release_threshold(pool, threshold))?;
+            if reserve > 0 {
+                let ptr = self.alloc_from_pool(pool, reserve, stream)?;
+                if let Err(e) = self.call(|d| d.mem_free_async(ptr, stream)) {
+                    // Once more, so the reservation does not stay outstanding in the pool
+                    // destroyed below (a pool is released only once its blocks are).
+                    let _ = self.call(|d| d.mem_free_async(ptr, stream));
+                    return Err(e);
+                }
+                self.synchronize(stream)?;
+            }
+            self.call(|d| d.mem_pool_reserved(pool))
+        })();
+        let reserved = match filled {
+            Ok(reserved) => reserved,
+            Err(e) => {
+                // A pool destroyed with an allocation outstanding is released by the driver
+                // once that allocation is gone (cuMemPoolDestroy's contract).
+                if let Err(d) = self.inner.driver.mem_pool_destroy(pool) {
+                    tracing::warn!(target: "zdevice.device.pool", error = %d, "destroying a pool that failed to fill failed too");
+                }
+                return Err(e);
+            }
+        };
         tracing::info!(target: "zdevice.device.pool", reserve, reserved, threshold, "pool created");
         Ok(DevicePool { pool, reserved })
     }

@@ -33,6 +33,10 @@ pub struct SimConfig {
     pub bytes_per_us: u64,
     /// Matrix-product rate in floating-point operations per virtual microsecond.
     pub flops_per_us: u64,
+    /// Records the op log keeps (a ring: older ones are dropped and counted, see
+    /// [`SimDriver::op_log_dropped`](super::SimDriver::op_log_dropped)). Default
+    /// [`DEFAULT_OP_LOG_CAPACITY`](super::DEFAULT_OP_LOG_CAPACITY) = 65,536.
+    pub op_log_capacity: usize,
 }
 
 impl Default for SimConfig {
@@ -50,6 +54,7 @@ impl Default for SimConfig {
             op_time: Duration::from_micros(5),
             bytes_per_us: 1_000_000,
             flops_per_us: 50_000_000,
+            op_log_capacity: super::DEFAULT_OP_LOG_CAPACITY,
         }
     }
 }

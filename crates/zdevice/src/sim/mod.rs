@@ -9,7 +9,7 @@
 //!   that replay only what was recorded, memory nodes;
 //! - kernels (`kernels`, `launch`, `access`): Rust closures over checked memory;
 //! - cuBLAS (`blas`, `gemm`): a CPU strided-batched gemm;
-//! - the fault plan (`faults`) and the op log (`oplog`).
+//! - the fault plan (`crate::faults`, shared with `FaultyDriver`) and the op log (`oplog`).
 //!
 //! Tests drive it through the [`Driver`](crate::Driver) trait, plus the test helpers here
 //! (fault plan, op log, `peek`, kernel registration).
@@ -21,7 +21,6 @@ mod capture;
 mod config;
 mod copies;
 mod driver_impl;
-mod faults;
 mod gemm;
 mod graphs;
 mod kernels;
@@ -44,14 +43,15 @@ mod tests_streams;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+pub use crate::faults::FaultAction;
 pub use access::{KernelArgs, KernelFault, SimMemory};
 pub use config::SimConfig;
-pub use faults::FaultAction;
 pub use kernels::{BUILTIN_PTX, KernelFn};
-pub use oplog::{CaptureSnapshot, Effect, OpRecord};
+pub use oplog::{CaptureSnapshot, DEFAULT_OP_LOG_CAPACITY, Effect, OpRecord};
 
 use crate::driver::{CuCode, DriverResult};
 use crate::types::{DevicePtr, KernelArg, LaunchConfig, Stream};
+pub(crate) use state::blas_status_name;
 use state::{Cx, State};
 
 /// The simulated driver. Cheap to share: all state sits behind one mutex.
@@ -217,13 +217,27 @@ impl SimDriver {
 
     // --- op log -------------------------------------------------------------------------------
 
-    /// Every driver call since creation or the last `clear_op_log`, in order.
+    /// The driver calls since creation or the last `clear_op_log`, in order: the most recent
+    /// [`SimConfig::op_log_capacity`] of them (see [`SimDriver::op_log_dropped`]).
     #[must_use]
     pub fn op_log(&self) -> Vec<OpRecord> {
-        self.lock().log.clone()
+        self.lock().log.records()
     }
 
-    /// Empties the op log.
+    /// How many records the op log dropped (oldest first) since creation or the last
+    /// `clear_op_log` because it held `op_log_capacity` already.
+    #[must_use]
+    pub fn op_log_dropped(&self) -> u64 {
+        self.lock().log.dropped()
+    }
+
+    /// Records the op log holds now (at most `op_log_capacity`), without copying them.
+    #[must_use]
+    pub fn op_log_len(&self) -> usize {
+        self.lock().log.len()
+    }
+
+    /// Empties the op log and resets its dropped count.
     pub fn clear_op_log(&self) {
         self.lock().log.clear();
     }

@@ -10,13 +10,13 @@ use super::blas::BlasState;
 use super::calls;
 use super::capture::Capture;
 use super::config::SimConfig;
-use super::faults::{FaultAction, FaultPlan};
 use super::graphs::Graphs;
 use super::kernels::Kernels;
 use super::memory::Memory;
-use super::oplog::{CaptureSnapshot, Effect, OpRecord};
+use super::oplog::{CaptureSnapshot, Effect, OpLog, OpRecord};
 use super::streams::{EventState, StreamState};
 use crate::driver::{CuCode, DriverError, DriverResult};
+use crate::faults::{FaultAction, FaultPlan};
 use crate::types::{CaptureStatus, Stream, StreamKind};
 
 /// The legacy default stream (`CU_STREAM_LEGACY`, handle 0): blocking, never destroyed.
@@ -30,6 +30,9 @@ pub(crate) struct Cx {
     pub thread: ThreadId,
     pub stall: Duration,
     pub effect: Effect,
+    /// An error the fault plan gave this call to leave for the next synchronising call (set
+    /// after the call, so that a synchronising call itself succeeds).
+    pub fail_next_sync: Option<CuCode>,
 }
 
 impl Cx {
@@ -40,6 +43,7 @@ impl Cx {
             thread: std::thread::current().id(),
             stall: Duration::ZERO,
             effect: Effect::Immediate,
+            fail_next_sync: None,
         }
     }
 
@@ -94,7 +98,7 @@ pub(crate) struct State {
     /// An error from earlier asynchronous work, surfacing at the next synchronising call.
     pub pending: Option<CuCode>,
     pub faults: FaultPlan,
-    pub log: Vec<OpRecord>,
+    pub log: OpLog,
     pub log_seq: u64,
     pub mem: Memory,
     pub streams: HashMap<u64, StreamState>,
@@ -114,13 +118,13 @@ impl State {
         streams.insert(LEGACY.0, StreamState::new(StreamKind::Blocking));
         State {
             mem: Memory::new(cfg.capacity, cfg.poison_on_free),
+            log: OpLog::new(cfg.op_log_capacity),
             cfg,
             now: Duration::ZERO,
             initialized: false,
             sticky: None,
             pending: None,
             faults: FaultPlan::default(),
-            log: Vec::new(),
             log_seq: 0,
             streams,
             events: HashMap::new(),
@@ -164,6 +168,10 @@ impl State {
                 cx.stall = d;
                 Ok(())
             }
+            Some(FaultAction::FailAtNextSync(code)) => {
+                cx.fail_next_sync = Some(code);
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -175,6 +183,9 @@ impl State {
         capture: Option<CaptureSnapshot>,
         result: Result<(), DriverError>,
     ) {
+        if let Some(code) = cx.fail_next_sync.take() {
+            self.pending = Some(code);
+        }
         let stall = cx.take_stall();
         self.now = self.now.saturating_add(stall);
         if self.cfg.real_time_stalls && !stall.is_zero() {

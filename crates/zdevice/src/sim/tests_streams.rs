@@ -421,3 +421,20 @@ fn op_log_records_calls_with_capture_state() {
         Some(CaptureStatus::Invalidated)
     );
 }
+
+#[test]
+fn a_call_failing_at_the_next_sync_itself_succeeds_even_when_it_syncs() {
+    let d = sim();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    d.fault(
+        calls::STREAM_QUERY,
+        1,
+        FaultAction::FailAtNextSync(CuCode::INVALID_VALUE),
+    );
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
+    assert_eq!(
+        d.stream_query(s).unwrap_err().cuda_code(),
+        Some(CuCode::INVALID_VALUE)
+    );
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
+}

@@ -1,7 +1,13 @@
 //! The fault plan: scripted failures, stalls and sticky errors keyed by CUDA function name.
 //!
+//! Shared by the two drivers that inject faults: the simulated driver ([`SimDriver`]) and the
+//! wrapper over any driver ([`FaultyDriver`]), so one plan reads the same on both.
+//!
 //! Calls are counted per name from the moment the driver is created; a rule registered "for the
 //! Nth call" targets the Nth call of that name after registration (1 = the next one).
+//!
+//! [`SimDriver`]: crate::SimDriver
+//! [`FaultyDriver`]: crate::faulty::FaultyDriver
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,6 +25,23 @@ pub enum FaultAction {
     /// The call fails with this code and every later call fails the same way (as after a real
     /// sticky error such as 700).
     Sticky(CuCode),
+    /// The call itself succeeds, and the next synchronising call (stream or event synchronize
+    /// or query, context synchronize) fails with this code, as an error of asynchronous work
+    /// queued earlier does; a sticky code then stays for every later call.
+    FailAtNextSync(CuCode),
+}
+
+impl FaultAction {
+    /// A short name for tables: `fail 2`, `sticky 700`, `stall 2s`, `fail at next sync 719`.
+    #[must_use]
+    pub fn label(&self) -> String {
+        match self {
+            FaultAction::Fail(c) => format!("fail {}", c.0),
+            FaultAction::Stall(d) => format!("stall {d:?}"),
+            FaultAction::Sticky(c) => format!("sticky {}", c.0),
+            FaultAction::FailAtNextSync(c) => format!("fail at next sync {}", c.0),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -1,0 +1,200 @@
+//! The wrapper over the simulated driver: each fault kind, the ledger, the call list.
+
+use std::time::Duration;
+
+use super::{FaultyDriver, resource};
+use crate::driver::{CuCode, Driver, DriverError};
+use crate::faults::FaultAction;
+use crate::sim::{SimDriver, calls};
+use crate::types::*;
+
+fn wrapped() -> FaultyDriver<SimDriver> {
+    let d = FaultyDriver::new(SimDriver::default());
+    d.init().unwrap();
+    d
+}
+
+#[test]
+fn the_nth_call_fails_without_reaching_the_driver() {
+    let d = wrapped();
+    let ctl = d.controller();
+    ctl.fail_nth(calls::MEM_ALLOC, 2, CuCode::OUT_OF_MEMORY);
+    d.mem_alloc(256).unwrap();
+    let err = d.mem_alloc(256).unwrap_err();
+    assert!(matches!(
+        err,
+        DriverError::Cuda {
+            call: calls::MEM_ALLOC,
+            code: CuCode::OUT_OF_MEMORY
+        }
+    ));
+    // The failed call never reached the simulator: one allocation there, one in the ledger.
+    assert_eq!(d.inner().live_allocations().len(), 1);
+    assert_eq!(ctl.live_resources(), vec![(resource::DEVICE_MEMORY, 1)]);
+    assert_eq!(ctl.call_count(calls::MEM_ALLOC), 2);
+    d.mem_alloc(256).unwrap();
+}
+
+#[test]
+fn a_failed_blas_call_is_a_cublas_error() {
+    let d = wrapped();
+    d.controller()
+        .fault(calls::BLAS_CREATE, 1, FaultAction::Fail(CuCode(3)));
+    assert!(matches!(
+        d.blas_create().unwrap_err(),
+        DriverError::Cublas {
+            call: calls::BLAS_CREATE,
+            status: 3,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn an_error_at_the_next_sync_surfaces_at_the_next_query_once() {
+    let d = wrapped();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    d.controller().fault(
+        calls::MEMSET_D8_ASYNC,
+        1,
+        FaultAction::FailAtNextSync(CuCode::INVALID_VALUE),
+    );
+    let p = d.mem_alloc(256).unwrap();
+    d.memset_d8_async(p, 1, 256, s).unwrap();
+    d.mem_get_info().unwrap();
+    assert_eq!(
+        d.stream_query(s).unwrap_err().cuda_code(),
+        Some(CuCode::INVALID_VALUE)
+    );
+    // Reported once: the stream then drains normally.
+    d.stream_synchronize(s).unwrap();
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
+}
+
+#[test]
+fn a_sticky_error_at_the_next_sync_latches() {
+    let d = wrapped();
+    let e = d.event_create(false).unwrap();
+    d.controller().fail_at_next_sync(CuCode::ILLEGAL_ADDRESS);
+    assert_eq!(
+        d.event_query(e).unwrap_err().cuda_code(),
+        Some(CuCode::ILLEGAL_ADDRESS)
+    );
+    assert_eq!(
+        d.mem_alloc(16).unwrap_err().cuda_code(),
+        Some(CuCode::ILLEGAL_ADDRESS)
+    );
+    assert_eq!(d.controller().sticky_error(), Some(CuCode::ILLEGAL_ADDRESS));
+}
+
+#[test]
+fn a_sticky_fault_fails_every_later_call_without_the_driver() {
+    let d = wrapped();
+    let ctl = d.controller();
+    ctl.sticky(calls::STREAM_CREATE, 1, CuCode::LAUNCH_FAILED);
+    assert!(d.stream_create(StreamKind::NonBlocking).is_err());
+    let before = d.inner().call_count(calls::MEM_GET_INFO);
+    assert_eq!(
+        d.mem_get_info().unwrap_err().cuda_code(),
+        Some(CuCode::LAUNCH_FAILED)
+    );
+    assert_eq!(d.inner().call_count(calls::MEM_GET_INFO), before);
+    ctl.clear_faults();
+    assert!(
+        d.mem_get_info().is_err(),
+        "clearing the plan keeps a raised sticky error"
+    );
+}
+
+#[test]
+fn a_stalled_async_call_keeps_its_stream_and_later_events_busy() {
+    let d = wrapped();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let other = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let e = d.event_create(false).unwrap();
+    let p = d.mem_alloc(256).unwrap();
+    d.controller()
+        .stall(calls::MEMSET_D8_ASYNC, 1, Duration::from_secs(2));
+    d.memset_d8_async(p, 1, 256, s).unwrap();
+    d.event_record(e, s).unwrap();
+    d.stream_wait_event(other, e).unwrap();
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::NotReady);
+    assert_eq!(d.event_query(e).unwrap(), Readiness::NotReady);
+    assert_eq!(d.stream_query(other).unwrap(), Readiness::NotReady);
+    let start = d.now();
+    d.stream_synchronize(s).unwrap();
+    assert!(d.now() - start >= Duration::from_millis(1900));
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
+    assert_eq!(d.event_query(e).unwrap(), Readiness::Ready);
+    assert_eq!(d.stream_query(other).unwrap(), Readiness::Ready);
+}
+
+#[test]
+fn a_stalled_sync_call_returns_late() {
+    let d = wrapped();
+    d.controller()
+        .stall(calls::MEM_ALLOC, 1, Duration::from_secs(3));
+    let start = d.now();
+    d.mem_alloc(256).unwrap();
+    assert!(d.now() - start >= Duration::from_secs(3));
+}
+
+#[test]
+fn a_missing_driver_fails_every_call_as_a_load_error() {
+    let d = FaultyDriver::new(SimDriver::default());
+    d.controller().set_missing_driver(true);
+    assert!(matches!(d.init().unwrap_err(), DriverError::Load(_)));
+    assert!(matches!(
+        d.driver_version().unwrap_err(),
+        DriverError::Load(_)
+    ));
+    d.controller().set_missing_driver(false);
+    d.init().unwrap();
+}
+
+#[test]
+fn the_ledger_follows_acquire_and_release_and_the_call_list_is_in_order() {
+    let d = wrapped();
+    let ctl = d.controller();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let e = d.event_create(false).unwrap();
+    let h = d.mem_alloc_host(64).unwrap();
+    let p = d.mem_alloc_async(512, s).unwrap();
+    assert_eq!(ctl.live_resources().len(), 4);
+    d.mem_free_async(p, s).unwrap();
+    d.mem_free_host(h).unwrap();
+    d.event_destroy(e).unwrap();
+    d.stream_destroy(s).unwrap();
+    assert_eq!(ctl.live_resources(), vec![]);
+    let names: Vec<_> = ctl.calls_seen().into_iter().map(|(c, _)| c).collect();
+    assert_eq!(
+        names[..4],
+        [
+            calls::INIT,
+            calls::STREAM_CREATE,
+            calls::EVENT_CREATE,
+            calls::MEM_ALLOC_HOST
+        ]
+    );
+}
+
+/// The simulator has no twin of `spin_ns`: the spinning-kernel mode falls back to emulation
+/// there, and a stall still keeps the stream busy.
+#[test]
+fn without_the_spinning_kernel_a_stall_is_emulated() {
+    let d = FaultyDriver::new(SimDriver::default());
+    d.controller()
+        .set_async_stall(super::AsyncStall::SpinKernel);
+    d.init().unwrap();
+    let ctx = d.primary_ctx_retain(0).unwrap();
+    d.ctx_set_current(ctx).unwrap();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let p = d.mem_alloc(256).unwrap();
+    d.controller()
+        .stall(calls::MEMSET_D8_ASYNC, 1, Duration::from_secs(2));
+    d.memset_d8_async(p, 1, 256, s).unwrap();
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::NotReady);
+    d.stream_synchronize(s).unwrap();
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
+    d.primary_ctx_release(0).unwrap();
+}
