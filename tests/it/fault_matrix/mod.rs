@@ -187,6 +187,7 @@ pub fn small_arena() -> ArenaConfig {
         cap_bytes: Some(64 << 20),
         overflow_reserve_bytes: 1 << 20,
         poison: true,
+        sanitize: false,
         timeline_events: 64,
         from_env: Vec::new(),
     }

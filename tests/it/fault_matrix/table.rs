@@ -13,11 +13,6 @@ use crate::common::initial_parameters;
 /// (then remove it here).
 pub const KNOWN: &[(&str, Fault, &str)] = &[
     (
-        "cuStreamEndCapture",
-        Fault::Now,
-        "issue 10 item 1: a failed cuStreamEndCapture unbooks the capture while the driver still captures",
-    ),
-    (
         "cuMemFreeAsync",
         Fault::Stall,
         "zmem: Arena::new fails on a timed-out wait (not lost); its teardown's one drain also times out, so it leaves its first segment to the process",
