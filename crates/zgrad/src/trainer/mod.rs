@@ -13,13 +13,14 @@ mod eval;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
+pub(crate) use crate::memory::{in_step, in_step_split};
 use crate::optim::{AdamW, AdamWHyper};
 use crate::schedule::LrSchedule;
 use crate::var::Var;
 use crate::xasset::XAsset;
 use body::StepParts;
 use std::rc::Rc;
-use zcompute::{AllocClass, Backend, Capture, Element};
+use zcompute::{AllocClass, Capture, Element};
 
 pub use eval::EvalReport;
 
@@ -99,33 +100,6 @@ impl<B: Capture<T> + 'static, T: Element> std::fmt::Debug for Trainer<B, T> {
             .field("step", &self.optim.step_count())
             .finish_non_exhaustive()
     }
-}
-
-/// Runs `f` inside a step scope; the step is closed even when `f` fails (its error wins).
-pub(crate) fn in_step<B: Backend<T>, T: Element, R>(
-    b: &B,
-    f: impl FnOnce() -> Result<R>,
-) -> Result<R> {
-    let (out, ended) = in_step_split(b, f);
-    let out = out?;
-    ended?;
-    Ok(out)
-}
-
-/// `in_step` returning `f`'s result and the closing of the step apart: closing the step can
-/// fail after `f`'s work (an update included) was done, which the caller must report as such.
-pub(crate) fn in_step_split<B: Backend<T>, T: Element, R>(
-    b: &B,
-    f: impl FnOnce() -> Result<R>,
-) -> (Result<R>, Result<()>) {
-    if let Err(e) = b.begin_step() {
-        return (Err(e.into()), Ok(()));
-    }
-    let out = {
-        let _class = ClassGuard::new(b, AllocClass::Scratch);
-        f()
-    };
-    (out, b.end_step().map_err(GradError::from))
 }
 
 impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
