@@ -19,7 +19,10 @@ pub const STEP_KEY: &str = "zgrad.step";
 
 impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// Writes parameters, optimiser state and `metadata` (plus `zgrad.step`) to `path`.
+    /// Refuses (`StateUnknown`) while a failed step left the state unknown: such a checkpoint
+    /// would pass a partly applied update off as a clean step.
     pub fn save_checkpoint(&self, path: &Path, metadata: HashMap<String, String>) -> Result<()> {
+        self.optimizer().check_state()?;
         let b = self.backend();
         let mut tensors = self.model().to_host(b)?;
         let names: Vec<String> = tensors.iter().map(|(n, _)| n.clone()).collect();

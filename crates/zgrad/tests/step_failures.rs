@@ -334,6 +334,13 @@ fn the_trainer_refuses_to_step_on_an_unknown_state_until_a_checkpoint_is_loaded(
     );
     assert_eq!(refused.applied(), Some(Applied::No));
     assert_eq!(t.step(), 1);
+    let unknown = dir.path().join("unknown.safetensors");
+    let not_saved = t.save_checkpoint(&unknown, Default::default()).unwrap_err();
+    assert!(
+        matches!(not_saved, GradError::StateUnknown { step: 2 }),
+        "{not_saved}"
+    );
+    assert!(!unknown.exists(), "no checkpoint of an unknown state");
 
     t.load_checkpoint(&ckpt).unwrap();
     for k in 1..3 {
