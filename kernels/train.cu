@@ -28,7 +28,10 @@ extern "C" __global__ void zc_bce_mean_f32(float* out, const float* logits, cons
 // at run time, so a captured step replays with the current learning rate and step count.
 extern "C" __global__ void zc_adamw_f32(float* p, float* m, float* v, const float* g,
                                         const float* slot, u64 n, float beta1, float beta2,
-                                        float eps, float weight_decay) {
+                                        float eps, float weight_decay, u64 slot_len) {
+    // A 3-element slot carries a gate: only exactly 0 updates (NaN or anything else skips, so
+    // a captured step whose loss or gradient norm is not finite leaves p, m, v untouched).
+    if (slot_len > 2 && !(slot[2] == 0.0f)) return;
     float lr = slot[0];
     float t = slot[1];
     float bc1 = 1.0f - powf(beta1, t);

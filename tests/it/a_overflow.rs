@@ -5,7 +5,7 @@
 
 use zcompute::{ComputeError, CpuBackend, CudaBackend};
 use zdevice::Driver;
-use zgrad::{GradError, TrainSchedule};
+use zgrad::{Applied, GradError, TrainSchedule};
 use zmem::FillCause;
 
 use crate::common::{Size, batch, config, data, initial_parameters, trainer};
@@ -66,7 +66,8 @@ pub fn without_overflow_it_is_out_of_memory<D: Driver>(dev: CudaBackend<D>, size
     let err = t
         .train_batch(x, y, size.batch)
         .expect_err("the step cannot fit");
-    match &err {
+    assert_eq!(err.applied(), Some(Applied::No), "{err}");
+    match err.cause() {
         GradError::Compute(ComputeError::OutOfMemory { detail, .. }) => {
             println!("{err}");
             assert!(

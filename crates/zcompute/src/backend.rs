@@ -107,8 +107,8 @@ pub struct LayerNormGrads<S: Storage> {
 }
 
 /// The constant hyper-parameters of AdamW. The learning rate and step count are not here: they
-/// change every step, so they travel in a slot tensor (`[lr, t]`) that the op reads from memory,
-/// which keeps a captured optimiser step correct on replay.
+/// change every step, so they travel in a slot tensor (`[lr, t]` or `[lr, t, gate]`) that the
+/// op reads from memory, which keeps a captured optimiser step correct on replay.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig<T> {
     pub beta1: T,
@@ -121,6 +121,11 @@ pub struct AdamWConfig<T> {
 pub const ADAMW_SLOT_LR: usize = 0;
 /// Index of the step count `t` (counted from 1) in the AdamW slot tensor.
 pub const ADAMW_SLOT_STEP: usize = 1;
+/// Index of the optional gate in a 3-element AdamW slot: the update runs only when the gate is
+/// exactly zero (NaN or any other value skips it, leaving `p`, `m` and `v` untouched). A
+/// captured step writes `0 * loss + 0 * grad_norm` there, so a non-finite loss or gradient
+/// skips the update on the device, with no host round trip.
+pub const ADAMW_SLOT_GATE: usize = 2;
 
 /// A tensor of backend `B` with elements `T`.
 pub type BTensor<B, T> = Tensor<<B as Backend<T>>::Storage>;
@@ -217,7 +222,8 @@ pub trait Backend<T: Element> {
     ) -> Result<BTensor<Self, T>>;
 
     /// One fused AdamW update of `p`, `m`, `v` in place from gradient `g`; `slot` is `[lr, t]`
-    /// (see `ADAMW_SLOT_LR`, `ADAMW_SLOT_STEP`). `p`, `m`, `v`, `g` and `slot` must not share
+    /// or `[lr, t, gate]` (see `ADAMW_SLOT_LR`, `ADAMW_SLOT_STEP`, `ADAMW_SLOT_GATE`: a
+    /// non-zero gate skips the update). `p`, `m`, `v`, `g` and `slot` must not share
     /// storage.
     fn adamw_step(
         &self,

@@ -16,8 +16,8 @@ pub mod storage;
 pub mod tensor;
 
 pub use backend::{
-    ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend, BinaryOp, Capture,
-    LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+    ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
+    BinaryOp, Capture, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
 };
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};

@@ -22,6 +22,33 @@ impl std::fmt::Display for NonFiniteKind {
     }
 }
 
+/// Whether a failed optimiser step changed the model (`GradError::Step`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// Nothing changed: parameters, moments and the step count are bitwise as before the
+    /// call. Retrying the same batch is safe.
+    No,
+    /// The update was applied and counted (the step count moved); what failed came after it.
+    /// Do not retry the batch: go on with the next one.
+    Yes,
+    /// The update may have been applied, in full or in part. The optimiser refuses to step
+    /// (`GradError::StateUnknown`) until its state is restored (`Trainer::load_checkpoint`,
+    /// or `AdamW::import` together with the parameters).
+    Maybe,
+}
+
+impl std::fmt::Display for Applied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Applied::No => "the update was not applied; the model is unchanged",
+            Applied::Yes => "the update was applied and counted; do not retry this batch",
+            Applied::Maybe => {
+                "the update may have been applied in part; load a checkpoint before training on"
+            }
+        })
+    }
+}
+
 /// Why a tape, an optimiser, a file or the trainer refused.
 #[derive(Debug, Error)]
 pub enum GradError {
@@ -80,8 +107,8 @@ pub enum GradError {
     /// The safetensors encoding refused the data.
     #[error("{path}: safetensors: {message}")]
     SafeTensors { path: String, message: String },
-    /// The loss or a gradient is NaN or infinite: training stops before the optimiser step
-    /// (except inside a captured batched step, whose update already ran; reload a checkpoint).
+    /// The loss or a gradient is NaN or infinite: the optimiser step is skipped (in a captured
+    /// batched step, on the device, by the update kernels' gate), so the model is unchanged.
     #[error("step {step}: non-finite {kind}{}", sample.map(|s| format!(" (sample {s} of the batch)")).unwrap_or_default())]
     NonFinite {
         step: u64,
@@ -91,4 +118,56 @@ pub enum GradError {
     /// The training inputs do not match the model (lengths, batch size, labels).
     #[error("bad training input: {0}")]
     BadInput(String),
+    /// An optimiser step (`AdamW::step`, `Trainer::train_batch`) failed; `applied` says whether
+    /// its update reached the model, and so whether the batch may be retried.
+    #[error("step {step} failed ({applied}): {source}")]
+    Step {
+        step: u64,
+        applied: Applied,
+        #[source]
+        source: Box<GradError>,
+    },
+    /// An earlier step failed after its update may have started (`Applied::Maybe`): the
+    /// parameters and moments are of unknown step. Restore them (`Trainer::load_checkpoint`,
+    /// or `AdamW::import` with the parameters) before stepping again.
+    #[error(
+        "step {step} may have been partly applied: the model's state is unknown; load a \
+         checkpoint (or import the optimiser state and the parameters) before stepping again"
+    )]
+    StateUnknown { step: u64 },
+}
+
+impl GradError {
+    /// Wraps `self` as the failure of optimiser step `step` (an error that already is a
+    /// `Step` is kept as it is).
+    #[must_use]
+    pub fn at_step(self, step: u64, applied: Applied) -> GradError {
+        match self {
+            e @ GradError::Step { .. } => e,
+            e => GradError::Step {
+                step,
+                applied,
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// For a failed step: whether its update was applied (`None` for other errors).
+    #[must_use]
+    pub fn applied(&self) -> Option<Applied> {
+        match self {
+            GradError::Step { applied, .. } => Some(*applied),
+            GradError::StateUnknown { .. } => Some(Applied::No),
+            _ => None,
+        }
+    }
+
+    /// The error under any `Step` wrapper: what actually went wrong.
+    #[must_use]
+    pub fn cause(&self) -> &GradError {
+        match self {
+            GradError::Step { source, .. } => source.cause(),
+            e => e,
+        }
+    }
 }

@@ -24,9 +24,10 @@ mod var;
 pub mod xasset;
 
 pub use checkpoint::STEP_KEY;
-pub use error::{GradError, NonFiniteKind, Result};
+pub use error::{Applied, GradError, NonFiniteKind, Result};
 pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
 pub use loss::one_hot;
+pub use memory::in_step;
 pub use optim::{AdamW, AdamWHyper, AdamWState, Sgd, clip_grad_norm, grad_norm, zero_grad};
 pub use schedule::LrSchedule;
 pub use tape::Tape;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use zcompute::{AllocClass, Backend, CudaBackend, MatmulOpts};
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
 use zgrad::{
-    AdamW, AdamWHyper, LrSchedule, Tape, TensorFile, TrainSchedule, Trainer, TrainerConfig, Var,
-    XAsset, read_tensors,
+    AdamW, AdamWHyper, Applied, GradError, LrSchedule, Tape, TensorFile, TrainSchedule, Trainer,
+    TrainerConfig, Var, XAsset, read_tensors,
 };
 use zmem::{Arena, ArenaConfig, Protection};
 
@@ -196,6 +196,47 @@ fn captured_steps_equal_eager_steps<D: Driver>(b: CudaBackend<D>) {
     }
 }
 
+/// Issue 10 item 4: a replayed batched step whose loss is NaN skips its update on the device
+/// (the AdamW kernels' gate): parameters bitwise unchanged, the step not counted, the error
+/// "not applied"; the next finite step is counted as the one that was skipped.
+fn a_captured_non_finite_step_is_skipped<D: Driver>(b: CudaBackend<D>) {
+    let f = tiny();
+    let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+    let model = XAsset::from_tensors(&b, &f.input, &f.path).unwrap();
+    let cfg = TrainerConfig {
+        capture: true,
+        lr: 1e-2,
+        ..TrainerConfig::default()
+    };
+    let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
+    assert!(t.train_batch(x, y, 4).unwrap().captured);
+    let params = |t: &Trainer<CudaBackend<D>, f32>| -> Vec<Vec<u32>> {
+        let ps = t.model().parameters();
+        let bits = |p: &Var<CudaBackend<D>, f32>| p.to_vec(&b).unwrap();
+        ps.iter()
+            .map(|p| bits(p).iter().map(|v| v.to_bits()).collect())
+            .collect()
+    };
+    let before = params(&t);
+    let mut bad = x.clone();
+    bad[0] = f32::NAN;
+    let err = t.train_batch(&bad, y, 4).unwrap_err();
+    assert_eq!(err.applied(), Some(Applied::No), "{err}");
+    assert!(
+        matches!(err.cause(), GradError::NonFinite { step: 2, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        params(&t),
+        before,
+        "the gated update left the parameters alone"
+    );
+    assert_eq!(t.step(), 1);
+    let r = t.train_batch(x, y, 4).unwrap();
+    assert!(r.captured && r.step == 2 && r.loss.is_finite(), "{r:?}");
+    assert_ne!(params(&t), before);
+}
+
 /// Scenario C on the device: forward, a step reset that reclaims everything it may (the
 /// arena's own protections for live scratch switched off), then backward. Saved tensors
 /// (class `Saved`) come through; the negative control (saved tensors in scratch) does not.
@@ -280,6 +321,11 @@ macro_rules! suite {
         fn captured_steps_equal_eager_steps() {
             let (_guard, b) = $make();
             super::captured_steps_equal_eager_steps(b);
+        }
+        #[test]
+        fn a_captured_non_finite_step_is_skipped() {
+            let (_guard, b) = $make();
+            super::a_captured_non_finite_step_is_skipped(b);
         }
         #[test]
         fn saved_tensors_survive_the_reset() {

@@ -85,9 +85,12 @@ fn adamw_reads_rate_and_step_from_its_slot() {
         "{p:?}"
     );
     let slot = B.download(&opt.tensors().slot).unwrap();
-    assert_eq!(slot, vec![0.1, 1.0]);
+    assert_eq!(slot, vec![0.1, 1.0, 0.0], "[lr, t, gate]");
     opt.step(&B, &ps, 0.05).unwrap();
-    assert_eq!(B.download(&opt.tensors().slot).unwrap(), vec![0.05, 2.0]);
+    assert_eq!(
+        B.download(&opt.tensors().slot).unwrap(),
+        vec![0.05, 2.0, 0.0]
+    );
     assert_eq!(opt.step_count(), 2);
     let state = opt.export(&B, &["a".into(), "b".into()]).unwrap();
     assert_eq!(state.step, 2);

@@ -1,10 +1,12 @@
 //! The examples of `docs/guide.md`, compiled and run, so the guide stays true. Each function
-//! here is one code block of the guide (keep them in step when either changes).
+//! here is one code block of the guide (keep them in step when either changes). Every example
+//! that takes a backend runs on the CPU and on the simulated device (`CudaBackend` over
+//! `SimDriver`), as the guide promises.
 
-use zcompute::{Backend, CpuBackend, CudaBackend, MatmulOpts, UnaryOp};
+use zcompute::{Backend, Capture, CpuBackend, CudaBackend, MatmulOpts, UnaryOp};
 use zdevice::{DeviceConfig, MockDevice, SimConfig, SimDriver};
 use zgrad::{
-    AdamW, AdamWHyper, Tape, Trainer, TrainerConfig, Var, XAsset, XAssetConfig, zero_grad,
+    AdamW, AdamWHyper, Tape, Trainer, TrainerConfig, Var, XAsset, XAssetConfig, in_step, zero_grad,
 };
 use zmem::{Arena, ArenaConfig};
 
@@ -47,8 +49,7 @@ fn tanh_linear<B: Backend<f32>>(b: &B) -> zcompute::Result<Vec<f32>> {
 }
 
 // Guide: "zgrad with a custom model": a two-layer network learns XOR.
-fn xor_mlp() -> Result<(f32, f32), AnyError> {
-    let b = CpuBackend;
+fn xor_mlp<B: Backend<f32>>(b: B) -> Result<(f32, f32), AnyError> {
     let xs = [0.0f32, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0];
     let ys = [0.0f32, 1.0, 1.0, 0.0];
     let init: Vec<f32> = (0..16).map(|i| ((i * 7 % 11) as f32 - 5.0) / 5.0).collect();
@@ -62,21 +63,24 @@ fn xor_mlp() -> Result<(f32, f32), AnyError> {
     let y = Var::constant(b.upload(&ys, &[4])?);
     let mut losses = Vec::new();
     for _ in 0..300 {
-        let tape = Tape::new(&b);
-        let h = tape.tanh(&tape.add(&tape.matmul(&x, &w1, MatmulOpts::default())?, &b1)?)?;
-        let logits = tape.add(&tape.matmul(&h, &w2, MatmulOpts::default())?, &b2)?;
-        let loss = tape.bce_with_logits(&tape.reshape(&logits, &[4])?, &y)?;
-        tape.backward(&loss)?;
-        opt.step(&b, &params, 0.05)?;
-        zero_grad(&b, &params)?;
-        losses.push(loss.to_vec(&b)?[0]);
+        // A step scope: the iteration's temporaries are the step's scratch memory.
+        let loss = in_step(&b, || {
+            let tape = Tape::new(&b);
+            let h = tape.tanh(&tape.add(&tape.matmul(&x, &w1, MatmulOpts::default())?, &b1)?)?;
+            let logits = tape.add(&tape.matmul(&h, &w2, MatmulOpts::default())?, &b2)?;
+            let loss = tape.bce_with_logits(&tape.reshape(&logits, &[4])?, &y)?;
+            tape.backward(&loss)?;
+            opt.step(&b, &params, 0.05)?;
+            zero_grad(&b, &params)?;
+            Ok(loss.to_vec(&b)?[0]) // read inside the step: its memory is reclaimed after
+        })?;
+        losses.push(loss);
     }
     Ok((losses[0], losses[losses.len() - 1]))
 }
 
 // Guide: "zgrad's trainer on the XAsset model at any size".
-fn xasset_trainer() -> Result<(f64, f64), AnyError> {
-    let b = CpuBackend;
+fn xasset_trainer<B: Capture<f32> + 'static>(b: B) -> Result<(f64, f64), AnyError> {
     let config = XAssetConfig {
         features: 4,
         scales: 3,
@@ -84,7 +88,7 @@ fn xasset_trainer() -> Result<(f64, f64), AnyError> {
         heads: 2,
         ff: 32,
     };
-    let model = XAsset::<CpuBackend, f32>::init(&b, config, 7)?;
+    let model = XAsset::<B, f32>::init(&b, config, 7)?;
     let mut trainer = Trainer::new(b, model, TrainerConfig::default())?;
     let data = ztrain::data::synthetic::generate(64, 3, 4, 1);
     let first = trainer.train_batch(&data.x, &data.y, 64)?;
@@ -120,14 +124,31 @@ fn zcompute_alone_gives_the_same_numbers_on_cpu_and_simulated_cuda() {
     }
 }
 
+fn mock_backend() -> CudaBackend<SimDriver> {
+    let arena = Arena::new(mock_device().expect("device"), ArenaConfig::default()).expect("arena");
+    CudaBackend::new(arena).expect("backend")
+}
+
 #[test]
 fn zgrad_custom_model_learns_xor() {
-    let (first, last) = xor_mlp().expect("example runs");
+    let (first, last) = xor_mlp(CpuBackend).expect("example runs");
+    assert!(last < 0.1 && last < first / 5.0, "loss {first} -> {last}");
+}
+
+#[test]
+fn zgrad_custom_model_learns_xor_on_the_simulated_device() {
+    let (first, last) = xor_mlp(mock_backend()).expect("example runs on the device backend");
     assert!(last < 0.1 && last < first / 5.0, "loss {first} -> {last}");
 }
 
 #[test]
 fn zgrad_trainer_lowers_the_loss_of_a_small_xasset() {
-    let (first, last) = xasset_trainer().expect("example runs");
+    let (first, last) = xasset_trainer(CpuBackend).expect("example runs");
+    assert!(last < first, "loss {first} -> {last}");
+}
+
+#[test]
+fn zgrad_trainer_lowers_the_loss_of_a_small_xasset_on_the_simulated_device() {
+    let (first, last) = xasset_trainer(mock_backend()).expect("example runs on the device");
     assert!(last < first, "loss {first} -> {last}");
 }

@@ -1,7 +1,7 @@
 //! The loss and the optimiser step.
 
 use super::{check_writable, gather, math, same_shape};
-use crate::backend::{ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
+use crate::backend::{ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
 use crate::element::Element;
 use crate::error::{ComputeError, Result};
 use crate::tensor::CpuTensor;
@@ -39,7 +39,9 @@ pub(crate) fn adamw_step<T: Element>(
     same_shape(OP, m.shape(), p.shape())?;
     same_shape(OP, v.shape(), p.shape())?;
     same_shape(OP, g.shape(), p.shape())?;
-    same_shape(OP, slot.shape(), &[2])?;
+    if slot.shape() != [3] {
+        same_shape(OP, slot.shape(), &[2])?;
+    }
     let named = [("p", p), ("m", m), ("v", v), ("g", g), ("slot", slot)];
     for (i, (ln, l)) in named.iter().enumerate() {
         for (rn, r) in &named[i + 1..] {
@@ -58,6 +60,10 @@ pub(crate) fn adamw_step<T: Element>(
 
     // Read lr and t from memory at the time of the call, as the device kernel will on replay.
     let s = gather(slot);
+    if s.get(ADAMW_SLOT_GATE).is_some_and(|&gate| gate != T::ZERO) {
+        tracing::trace!(numel = p.numel(), "cpu adamw skipped by its gate");
+        return Ok(());
+    }
     let (lr, t) = (s[ADAMW_SLOT_LR], s[ADAMW_SLOT_STEP]);
     let AdamWConfig {
         beta1: b1,

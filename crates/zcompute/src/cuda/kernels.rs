@@ -227,7 +227,7 @@ impl Kernel {
             Kernel::AdamW => s(
                 2,
                 "zc_adamw_f32",
-                &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, F32],
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, F32, U64],
                 0,
             ),
         }

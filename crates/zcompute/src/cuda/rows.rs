@@ -286,7 +286,9 @@ impl<D: Driver> CudaBackend<D> {
         same_shape(OP, m.shape(), p.shape())?;
         same_shape(OP, v.shape(), p.shape())?;
         same_shape(OP, g.shape(), p.shape())?;
-        same_shape(OP, slot.shape(), &[2])?;
+        if slot.shape() != [3] {
+            same_shape(OP, slot.shape(), &[2])?;
+        }
         let named = [("p", p), ("m", m), ("v", v), ("g", g), ("slot", slot)];
         for (i, (ln, l)) in named.iter().enumerate() {
             for (rn, r) in &named[i + 1..] {
@@ -325,6 +327,7 @@ impl<D: Driver> CudaBackend<D> {
             KernelArg::F32(cfg.beta2),
             KernelArg::F32(cfg.eps),
             KernelArg::F32(cfg.weight_decay),
+            u64a(slot.numel()),
         ]
         .into_iter()
         .collect();

@@ -270,8 +270,9 @@ fn aliased() {
         ),
         "{e}"
     );
+    // A slot is [lr, t] or [lr, t, gate]: any other length is refused.
     let e = cpu32()
-        .adamw_step(&p, &t(&[4]), &v, &g, &t(&[3]), &cfg)
+        .adamw_step(&p, &t(&[4]), &v, &g, &t(&[4]), &cfg)
         .unwrap_err();
     assert!(
         matches!(e, ComputeError::ShapeMismatch { op: "adamw", .. }),

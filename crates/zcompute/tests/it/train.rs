@@ -150,3 +150,37 @@ fn adamw_updates_through_strided_views() {
         assert!((a - b).abs() < 1e-6, "{got:?}");
     }
 }
+
+#[test]
+fn adamw_skips_the_update_unless_the_gate_is_zero() {
+    let cfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let run = |slot: &[f64]| {
+        let p = CpuTensor::from_vec(vec![1.0f64, -2.0, 0.5], &[3]).unwrap();
+        let m = CpuTensor::from_vec(vec![0.1, 0.0, -0.1], &[3]).unwrap();
+        let v = CpuTensor::from_vec(vec![0.01, 0.02, 0.0], &[3]).unwrap();
+        let g = CpuTensor::from_vec(vec![0.5, -1.0, 2.0], &[3]).unwrap();
+        let slot = CpuTensor::from_vec(slot.to_vec(), &[slot.len()]).unwrap();
+        cpu64().adamw_step(&p, &m, &v, &g, &slot, &cfg).unwrap();
+        [p.to_vec(), m.to_vec(), v.to_vec()]
+    };
+    let untouched = [
+        vec![1.0, -2.0, 0.5],
+        vec![0.1, 0.0, -0.1],
+        vec![0.01, 0.02, 0.0],
+    ];
+    for gate in [f64::NAN, f64::INFINITY, -1.0, 1e-30] {
+        assert_eq!(run(&[0.1, 2.0, gate]), untouched, "gate {gate}");
+    }
+    assert_eq!(run(&[0.1, 2.0, 0.0]), run(&[0.1, 2.0]));
+    assert_ne!(run(&[0.1, 2.0, 0.0]), untouched);
+    // Any other slot length is refused.
+    let one = || CpuTensor::from_vec(vec![1.0f64], &[1]).unwrap();
+    let (p, m, v, g) = (one(), one(), one(), one());
+    let slot = CpuTensor::from_vec(vec![0.1, 1.0, 0.0, 0.0], &[4]).unwrap();
+    assert!(cpu64().adamw_step(&p, &m, &v, &g, &slot, &cfg).is_err());
+}

@@ -1,13 +1,21 @@
 //! AdamW through the backend's fused `adamw_step` (one kernel per parameter on the GPU; the CPU
-//! backend's loop is the reference). The learning rate and step count live in a persistent
-//! `[lr, t]` slot tensor that the kernel reads from memory: `prepare` writes it before a step,
-//! `apply` only launches kernels, so a captured `apply` stays correct on every replay.
+//! backend's loop is the reference). The learning rate, step count and gate live in a
+//! persistent `[lr, t, gate]` slot tensor that the kernel reads from memory: `prepare` writes
+//! it before a step, `apply` only launches kernels, so a captured `apply` stays correct on
+//! every replay, and a captured step can skip its own update by writing a non-zero gate.
+//!
+//! The step count moves only once a step's update was queued without error (`commit`): a step
+//! that fails before any update kernel leaves `t`, the moments and the parameters as they were,
+//! so retrying it matches a run that never failed. A failure after the first update kernel was
+//! queued leaves the state unknown; the optimiser then refuses to step until `import` restores
+//! it.
 
-use crate::error::{GradError, Result};
+use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 use crate::var::Var;
 use zcompute::{
-    ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend, Element,
+    ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
+    ComputeError, Element,
 };
 
 /// AdamW's constant hyper-parameters (XASSET.md's values by default).
@@ -60,21 +68,62 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
 }
 
 impl<B: Backend<T>, T: Element> AdamWTensors<B, T> {
-    /// One fused update of every parameter from its gradient, reading lr and t from the slot.
-    /// Launches kernels only (no host transfer): legal inside a capture.
+    /// One fused update of every parameter from its gradient, reading lr, t and the gate from
+    /// the slot. Launches kernels only (no host transfer): legal inside a capture.
     pub fn apply(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {
+        self.apply_tracked(b, params).map_err(|(_, e)| e)
+    }
+
+    /// `apply`, saying on failure whether any update may have reached the model: `No` when the
+    /// error came before the first update kernel was queued (bad input, or the first launch
+    /// refused before it was queued), `Maybe` otherwise.
+    pub fn apply_tracked(
+        &self,
+        b: &B,
+        params: &[Var<B, T>],
+    ) -> std::result::Result<(), (Applied, GradError)> {
         if params.len() != self.m.len() {
-            return Err(GradError::BadInput(format!(
-                "AdamW holds state for {} parameters, got {}",
-                self.m.len(),
-                params.len()
-            )));
+            return Err((
+                Applied::No,
+                GradError::BadInput(format!(
+                    "AdamW holds state for {} parameters, got {}",
+                    self.m.len(),
+                    params.len()
+                )),
+            ));
         }
+        let mut queued = false;
         for ((p, m), v) in params.iter().zip(&self.m).zip(&self.v) {
             let Some(g) = p.grad() else { continue };
-            b.adamw_step(p.value(), m, v, g, &self.slot, &self.config)?;
+            if let Err(e) = b.adamw_step(p.value(), m, v, g, &self.slot, &self.config) {
+                // A device error may come from work already queued (this kernel's included,
+                // for a parameter view copied back after it): only a refusal of the first
+                // launch's inputs proves that nothing ran.
+                let device = matches!(
+                    e,
+                    ComputeError::DeviceFailed { .. } | ComputeError::Timeout { .. }
+                );
+                let applied = if queued || device {
+                    Applied::Maybe
+                } else {
+                    Applied::No
+                };
+                return Err((applied, e.into()));
+            }
+            queued = true;
             p.bump_version();
         }
+        Ok(())
+    }
+
+    /// Writes the gate of a captured step: `0 * loss + 0 * norm`, which is 0 when both are
+    /// finite and NaN otherwise, so the update kernels skip a non-finite step on the device.
+    /// Launches kernels only: legal inside a capture.
+    pub fn write_gate(&self, b: &B, loss: &BTensor<B, T>, norm: &BTensor<B, T>) -> Result<()> {
+        use zcompute::{BinaryOp, ScalarSide};
+        let zero = |t: &BTensor<B, T>| b.binary_scalar(BinaryOp::Mul, t, T::ZERO, ScalarSide::Rhs);
+        let gate = b.add(&zero(loss)?.reshape(&[1])?, &zero(norm)?.reshape(&[1])?)?;
+        b.copy_into(&gate, &self.slot.narrow(0, ADAMW_SLOT_GATE, 1)?)?;
         Ok(())
     }
 }
@@ -100,12 +149,16 @@ pub struct Moments<T> {
 pub struct AdamW<B: Backend<T>, T: Element> {
     tensors: AdamWTensors<B, T>,
     step: u64,
+    /// Set to the step that failed after its update may have started: the state is unknown
+    /// until `import` restores it.
+    unknown: Option<u64>,
 }
 
 impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamW<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdamW")
             .field("step", &self.step)
+            .field("unknown", &self.unknown)
             .field("tensors", &self.tensors)
             .finish()
     }
@@ -121,7 +174,7 @@ impl<B: Backend<T>, T: Element> AdamW<B, T> {
             m.push(b.zeros(p.shape())?);
             v.push(b.zeros(p.shape())?);
         }
-        let slot = b.zeros(&[2])?;
+        let slot = b.zeros(&[3])?;
         let config = AdamWConfig {
             beta1: T::from_f64(hyper.beta1),
             beta2: T::from_f64(hyper.beta2),
@@ -131,6 +184,7 @@ impl<B: Backend<T>, T: Element> AdamW<B, T> {
         Ok(AdamW {
             tensors: AdamWTensors { m, v, slot, config },
             step: 0,
+            unknown: None,
         })
     }
 
@@ -146,20 +200,61 @@ impl<B: Backend<T>, T: Element> AdamW<B, T> {
         self.tensors.clone()
     }
 
-    /// Counts the next step and writes `[lr, t]` into the slot (a host-to-device copy: call it
-    /// outside a capture, before `apply` or a replay).
+    /// The step a failure left of unknown state, if any (cleared by `import`).
+    #[must_use]
+    pub fn unknown_step(&self) -> Option<u64> {
+        self.unknown
+    }
+
+    /// Refuses with `StateUnknown` while a failed step left the state unknown.
+    pub fn check_state(&self) -> Result<()> {
+        match self.unknown {
+            Some(step) => Err(GradError::StateUnknown { step }),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `[lr, t, 0]` for the next step `t = step_count() + 1` into the slot (a
+    /// host-to-device copy: call it outside a capture, before `apply` or a replay). Does not
+    /// count the step: `commit` does, once its update was queued. Refuses while the state is
+    /// unknown.
     pub fn prepare(&mut self, b: &B, lr: f64) -> Result<()> {
-        self.step += 1;
-        let slot = [T::from_f64(lr), T::from_f64(self.step as f64)];
-        debug_assert_eq!((ADAMW_SLOT_LR, ADAMW_SLOT_STEP), (0, 1));
+        self.check_state()?;
+        let mut slot = [T::ZERO; 3];
+        slot[ADAMW_SLOT_LR] = T::from_f64(lr);
+        slot[ADAMW_SLOT_STEP] = T::from_f64((self.step + 1) as f64);
+        slot[ADAMW_SLOT_GATE] = T::ZERO;
         b.upload_into(&slot, &self.tensors.slot)?;
         Ok(())
     }
 
-    /// `prepare` then `apply`: one eager optimiser step.
+    /// Counts the prepared step: call it once its update was queued (or replayed) without
+    /// error and was not skipped by its gate.
+    pub fn commit(&mut self) {
+        self.step += 1;
+    }
+
+    /// Records that step `step_count() + 1` failed after its update may have started: the
+    /// optimiser refuses to step until `import` restores the state.
+    pub fn mark_unknown(&mut self) {
+        self.unknown = Some(self.step + 1);
+    }
+
+    /// `prepare`, `apply` and `commit`: one eager optimiser step. On failure the error is a
+    /// `GradError::Step` saying whether the update was applied: `No` leaves `t`, the moments
+    /// and the parameters bitwise unchanged (retry freely); `Maybe` marks the state unknown.
     pub fn step(&mut self, b: &B, params: &[Var<B, T>], lr: f64) -> Result<()> {
-        self.prepare(b, lr)?;
-        self.tensors.apply(b, params)
+        let next = self.step + 1;
+        self.prepare(b, lr)
+            .map_err(|e| e.at_step(next, Applied::No))?;
+        if let Err((applied, e)) = self.tensors.apply_tracked(b, params) {
+            if applied == Applied::Maybe {
+                self.mark_unknown();
+            }
+            return Err(e.at_step(next, applied));
+        }
+        self.commit();
+        Ok(())
     }
 
     /// Copies the state to the host for a checkpoint; `names` label the parameters in order.
@@ -180,7 +275,10 @@ impl<B: Backend<T>, T: Element> AdamW<B, T> {
         })
     }
 
-    /// Restores a state exported by `export` (shapes must match, in parameter order).
+    /// Restores a state exported by `export` (shapes must match, in parameter order). Clears
+    /// an unknown state left by a failed step once every moment is written (the caller
+    /// restores the parameters; `Trainer::load_checkpoint` does both); a failure while writing
+    /// leaves the state unknown.
     pub fn import(&mut self, b: &B, state: &AdamWState<T>) -> Result<()> {
         if state.moments.len() != self.tensors.m.len() {
             return Err(GradError::BadInput(format!(
@@ -200,10 +298,13 @@ impl<B: Backend<T>, T: Element> AdamW<B, T> {
                     dm.shape()
                 )));
             }
-            b.upload_into(m, dm)?;
-            b.upload_into(v, dv)?;
+            if let Err(e) = b.upload_into(m, dm).and_then(|()| b.upload_into(v, dv)) {
+                self.unknown = Some(self.unknown.unwrap_or(self.step + 1));
+                return Err(e.into());
+            }
         }
         self.step = state.step;
+        self.unknown = None;
         Ok(())
     }
 }

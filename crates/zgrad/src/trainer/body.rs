@@ -8,7 +8,7 @@ use crate::optim::{AdamWTensors, clip_grad_norm, grad_norm, zero_grad};
 use crate::tape::Tape;
 use crate::var::Var;
 use crate::xasset::XAsset;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use zcompute::{BTensor, Backend, ComputeError, Element};
 
@@ -81,23 +81,36 @@ impl<B: Backend<T>, T: Element> StepParts<B, T> {
         Ok(())
     }
 
-    /// The batched step: zero_grad, forward, backward, norm (and clipping), stats, and the
-    /// AdamW update when `adamw` is given (the captured form holds it all).
+    /// The batched step up to the update: zero_grad, forward, backward, norm (and clipping)
+    /// and stats. Returns the loss and the norm (rank 0).
     pub fn batched(
         &self,
         b: &B,
         x: &Var<B, T>,
         y: &Var<B, T>,
-        adamw: Option<&AdamWTensors<B, T>>,
-    ) -> Result<()> {
+    ) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
         zero_grad(b, &self.params)?;
         let loss = self.forward_backward(b, x, y, None)?;
         let norm = self.norm(b)?;
         self.write_stats(b, &loss, &norm)?;
-        if let Some(opt) = adamw {
-            opt.apply(b, &self.params)?;
-        }
-        Ok(())
+        Ok((loss, norm))
+    }
+
+    /// The captured batched step: `batched`, then the AdamW update gated on the device by the
+    /// finiteness of the loss and the norm (a non-finite step leaves the model untouched).
+    /// `started` is set just before the first update kernel.
+    pub fn batched_gated(
+        &self,
+        b: &B,
+        x: &Var<B, T>,
+        y: &Var<B, T>,
+        adamw: &AdamWTensors<B, T>,
+        started: &Cell<bool>,
+    ) -> Result<()> {
+        let (loss, norm) = self.batched(b, x, y)?;
+        adamw.write_gate(b, &loss, &norm)?;
+        started.set(true);
+        adamw.apply(b, &self.params)
     }
 
     /// One sample of the per-sample schedule: forward and backward with the loss scaled by

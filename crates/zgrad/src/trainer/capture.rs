@@ -5,11 +5,17 @@
 //!
 //! A failed capture logs a warning and turns capture off for the rest of the run. A body that
 //! completed before the failure (the device backend's warm-up runs it for real) has done its
-//! work, which the eager fallback then continues instead of repeating.
+//! work, which the eager fallback then continues instead of repeating; a body that failed
+//! inside its update leaves the state unknown (`Applied::Maybe`).
+//!
+//! The captured batched step holds its AdamW update, gated on the device by the finiteness of
+//! the loss and the gradient norm (`AdamWTensors::write_gate`): a non-finite step leaves the
+//! model untouched. The host counts the step (`AdamW::commit`) only after reading back finite
+//! stats.
 
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
-use super::{StepReport, Trainer, checks, in_step};
-use crate::error::{GradError, NonFiniteKind, Result};
+use super::{StepReport, Trainer, checks, in_step, in_step_split};
+use crate::error::{Applied, GradError, NonFiniteKind, Result};
 use crate::memory::ClassGuard;
 use crate::optim::zero_grad;
 use crate::var::Var;
@@ -32,6 +38,9 @@ struct SampleSlots<B: Capture<T>, T: Element> {
     ys: Var<B, T>,
     scale: BTensor<B, T>,
     sample_loss: BTensor<B, T>,
+    /// Every sample's loss of the batch (kept between batches of the same size: freeing it
+    /// would poison it after the step's update, an error nobody could report).
+    losses: BTensor<B, T>,
     shape: Vec<usize>,
     graph: Option<B::Graph>,
     errors: ErrorSlot,
@@ -72,6 +81,16 @@ fn warn_fallback(what: &str, e: &GradError) {
     );
 }
 
+/// What the first call of the captured batched step did.
+enum FirstRun<G> {
+    /// The body ran for real with its gated update (the device backend's warm-up, or the CPU
+    /// backend's run); the graph, when the capture itself succeeded.
+    Gated(Option<G>),
+    /// The capture failed before the body completed without starting the update: the step
+    /// ran eagerly (and was counted there), with this loss and norm.
+    Eager(f64, f64),
+}
+
 impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     pub(super) fn batched_captured(
         &mut self,
@@ -91,43 +110,49 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let yv = Var::constant(persistent_zeros(&*b, &shape[..1])?);
         let errors = ErrorSlot::default();
         let runs = Runs::default();
-        let outcome = in_step(&*b, || {
+        let started = Rc::new(Cell::new(false));
+        let (outcome, ended) = in_step_split(&*b, || {
             xv.upload(&*b, x)?;
             yv.upload(&*b, y)?;
             self.optim.prepare(&*b, lr)?;
             let body = {
                 let (b, parts, x, y) = (Rc::clone(&b), self.parts.clone(), xv.clone(), yv.clone());
                 let (adamw, errors, runs) = (self.optim.tensors(), errors.clone(), runs.clone());
+                let started = Rc::clone(&started);
                 move || {
                     parts
-                        .batched(&*b, &x, &y, Some(&adamw))
+                        .batched_gated(&*b, &x, &y, &adamw, &started)
                         .map_err(|e| into_body_error(e, &errors))?;
                     runs.set(runs.get() + 1);
                     Ok(())
                 }
             };
-            let captured = match b.capture(Box::new(body)) {
-                Ok(graph) => Some(graph),
+            match b.capture(Box::new(body)) {
+                Ok(graph) => Ok(FirstRun::Gated(Some(graph))),
                 Err(e) => {
-                    warn_fallback("batched step", &take_body_error(e, &errors));
-                    if runs.get() == 0 {
-                        // Nothing was applied: the eager step (slot already prepared).
-                        self.parts.batched(&*b, &xv, &yv, None)?;
-                        self.read_stats(step)?;
-                        self.optim.tensors().apply(&*b, &self.parts.params)?;
+                    let e = take_body_error(e, &errors);
+                    if runs.get() > 0 {
+                        warn_fallback("batched step", &e);
+                        return Ok(FirstRun::Gated(None));
                     }
-                    None
+                    if started.get() {
+                        // The body failed inside its update: some parameters may have moved.
+                        self.optim.mark_unknown();
+                        return Err(e.at_step(step, Applied::Maybe));
+                    }
+                    warn_fallback("batched step", &e);
+                    // Nothing was applied: the eager step, which prepares its slot again (the
+                    // failed body may have written the gate).
+                    self.parts.batched(&*b, &xv, &yv)?;
+                    let (loss, norm) = self.read_stats(step)?;
+                    self.optim.step(&*b, &self.parts.params, lr)?;
+                    Ok(FirstRun::Eager(loss, norm))
                 }
-            };
-            Ok(captured)
+            }
         });
-        let graph = checks::locate(outcome, |k| self.find_sample(x, y, shape, k))?;
-        // From here on the update ran inside the graph: re-running samples on the updated
-        // parameters would blame the wrong one, so only the inputs can name a sample.
-        let inputs_only = |_| Ok(checks::bad_input(x, y, shape[0]));
-        let captured = graph.is_some();
-        match graph {
-            Some(graph) => {
+        let outcome = checks::locate(outcome, |k| self.find_sample(x, y, shape, k))?;
+        let captured = match outcome {
+            FirstRun::Gated(Some(graph)) => {
                 self.graphs.batched = Some(BatchedGraph {
                     graph,
                     x: xv,
@@ -135,51 +160,92 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                     shape: shape.to_vec(),
                     errors,
                 });
+                true
             }
-            None => self.graphs.disabled = true,
-        }
-        let (loss, grad_norm) = if captured {
-            checks::locate(self.read_stats(step), inputs_only)?
-        } else {
-            checks::locate(self.read_stats(step), |k| self.find_sample(x, y, shape, k))?
+            FirstRun::Gated(None) => {
+                self.graphs.disabled = true;
+                false
+            }
+            FirstRun::Eager(loss, grad_norm) => {
+                self.graphs.disabled = true;
+                ended?;
+                return Ok(self.report(step, loss, grad_norm, lr, shape[0], false));
+            }
         };
-        Ok(StepReport {
+        let (loss, grad_norm) = self.after_gated(x, y, shape, step, ended)?;
+        Ok(self.report(step, loss, grad_norm, lr, shape[0], captured))
+    }
+
+    /// After a gated update was queued without error: reads the stats and counts the step when
+    /// they are finite. Non-finite stats mean the gate skipped the update (`NonFinite`, not
+    /// applied, the sample located on the unchanged parameters); stats that cannot be read
+    /// leave the update unknown. `ended` is the closing of the step scope, which, failing
+    /// after a counted update, is reported as applied.
+    fn after_gated(
+        &mut self,
+        x: &[T],
+        y: &[T],
+        shape: &[usize],
+        step: u64,
+        ended: Result<()>,
+    ) -> Result<(f64, f64)> {
+        match self.read_stats(step) {
+            Ok(stats) => {
+                self.optim.commit();
+                ended.map_err(|e| e.at_step(step, Applied::Yes))?;
+                Ok(stats)
+            }
+            Err(e @ GradError::NonFinite { .. }) => {
+                checks::locate(Err(e), |k| self.find_sample(x, y, shape, k))
+            }
+            Err(e) => {
+                self.optim.mark_unknown();
+                Err(e.at_step(step, Applied::Maybe))
+            }
+        }
+    }
+
+    fn report(
+        &self,
+        step: u64,
+        loss: f64,
+        grad_norm: f64,
+        lr: f64,
+        samples: usize,
+        captured: bool,
+    ) -> StepReport {
+        StepReport {
             step,
             loss,
             grad_norm,
             lr,
-            samples: shape[0],
+            samples,
             captured,
-        })
+        }
     }
 
-    /// Replays the captured batched step on new inputs. The update is inside the graph, so a
-    /// non-finite value is reported after it was applied.
+    /// Replays the captured batched step on new inputs. The update inside the graph is gated
+    /// on the device by the finiteness of the loss and the norm; it is counted once the stats
+    /// read back are finite.
     fn batched_replay(&mut self, x: &[T], y: &[T], shape: &[usize], lr: f64) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
         let b = Rc::clone(&self.backend);
         let Some(g) = self.graphs.batched.as_mut() else {
             return self.batched_eager(x, y, shape, lr);
         };
-        in_step(&*b, || {
+        let (queued, ended) = in_step_split(&*b, || {
             g.x.upload(&*b, x)?;
             g.y.upload(&*b, y)?;
             self.optim.prepare(&*b, lr)?;
-            b.replay(&mut g.graph)
-                .map_err(|e| take_body_error(e, &g.errors))
-        })?;
-        // The update ran inside the graph: only the inputs can name a sample.
-        let (loss, grad_norm) = checks::locate(self.read_stats(step), |_| {
-            Ok(checks::bad_input(x, y, shape[0]))
-        })?;
-        Ok(StepReport {
-            step,
-            loss,
-            grad_norm,
-            lr,
-            samples: shape[0],
-            captured: true,
-        })
+            b.replay(&mut g.graph).map_err(|e| {
+                // The graph may have run in part, its update included.
+                self.optim.mark_unknown();
+                take_body_error(e, &g.errors).at_step(step, Applied::Maybe)
+            })
+        });
+        queued?;
+        let (loss, grad_norm) = self.after_gated(x, y, shape, step, ended)?;
+        Ok(self.report(step, loss, grad_norm, lr, shape[0], true))
     }
 
     fn slots(&self) -> Result<&SampleSlots<B, T>> {
@@ -189,17 +255,18 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             .ok_or_else(|| GradError::BadInput("per-sample slots missing".into()))
     }
 
-    fn sample_slots(&mut self, sample_shape: &[usize]) -> Result<()> {
-        if self
-            .graphs
-            .samples
-            .as_ref()
-            .is_some_and(|s| s.shape == sample_shape)
+    fn sample_slots(&mut self, sample_shape: &[usize], batch: usize) -> Result<()> {
+        let b = &*self.backend;
+        if let Some(s) = self.graphs.samples.as_mut()
+            && s.shape == sample_shape
         {
+            if s.losses.shape() != [batch] {
+                s.losses = persistent_zeros(b, &[batch])?;
+            }
             return Ok(());
         }
-        let b = &*self.backend;
         self.graphs.samples = Some(SampleSlots {
+            losses: persistent_zeros(b, &[batch])?,
             xs: Var::constant(persistent_zeros(b, sample_shape)?),
             ys: Var::constant(persistent_zeros(b, &[1])?),
             scale: persistent_zeros(b, &[])?,
@@ -272,10 +339,10 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let step = self.optim.step_count() + 1;
         let batch = shape[0];
         let per: usize = shape[1..].iter().product();
-        self.sample_slots(&[1, shape[1], shape[2]])?;
+        self.sample_slots(&[1, shape[1], shape[2]], batch)?;
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
-        let losses = persistent_zeros(&*b, &[batch])?;
+        let losses = self.slots()?.losses.clone();
         self.slots()?.scale_upload(&*b, batch)?;
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;

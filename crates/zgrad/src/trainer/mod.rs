@@ -11,15 +11,16 @@ mod capture;
 mod checks;
 mod eval;
 
-use crate::error::{GradError, Result};
+use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
+pub(crate) use crate::memory::{in_step, in_step_split};
 use crate::optim::{AdamW, AdamWHyper};
 use crate::schedule::LrSchedule;
 use crate::var::Var;
 use crate::xasset::XAsset;
 use body::StepParts;
 use std::rc::Rc;
-use zcompute::{AllocClass, Backend, Capture, Element};
+use zcompute::{AllocClass, Capture, Element};
 
 pub use eval::EvalReport;
 
@@ -101,22 +102,6 @@ impl<B: Capture<T> + 'static, T: Element> std::fmt::Debug for Trainer<B, T> {
     }
 }
 
-/// Runs `f` inside a step scope; the step is closed even when `f` fails (its error wins).
-pub(crate) fn in_step<B: Backend<T>, T: Element, R>(
-    b: &B,
-    f: impl FnOnce() -> Result<R>,
-) -> Result<R> {
-    b.begin_step()?;
-    let out = {
-        let _class = ClassGuard::new(b, AllocClass::Scratch);
-        f()
-    };
-    let ended = b.end_step();
-    let out = out?;
-    ended?;
-    Ok(out)
-}
-
 impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     pub fn new(
         backend: impl Into<Rc<B>>,
@@ -194,30 +179,64 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     }
 
     /// One optimiser step on `batch` samples: `x` is `[batch, S, F]` row-major, `y` holds
-    /// `batch` labels in {0, 1}. Stops with `NonFinite` (naming the step and, where it can be
-    /// found, the sample) before the update if the loss or a gradient is not finite.
+    /// `batch` labels in {0, 1}. A non-finite loss or gradient skips the update (on the device
+    /// for a captured batched step) and is reported as `NonFinite`, naming the step and, where
+    /// it can be found, the sample.
+    ///
+    /// Every error is a `GradError::Step` whose `applied` says what happened to the model:
+    /// `No`: nothing changed, retrying the batch is safe; `Yes`: the update was applied and
+    /// counted (`step()` moved) and what failed came after it, so go on with the next batch;
+    /// `Maybe`: the update may have been applied in part, and every later call refuses with
+    /// `StateUnknown` until `load_checkpoint` restores the state. A retry after any error thus
+    /// never applies an update twice.
     pub fn train_batch(&mut self, x: &[T], y: &[T], batch: usize) -> Result<StepReport> {
-        let scales = self.shape_of(x, y, batch)?;
         let step = self.optim.step_count() + 1;
-        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        let shape = [batch, scales, self.parts.model.config.features];
-        let report = match self.config.schedule {
-            TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
-                self.batched_captured(x, y, &shape, lr)?
-            }
-            TrainSchedule::Batched => self.batched_eager(x, y, &shape, lr)?,
-            TrainSchedule::PerSample => self.per_sample(x, y, &shape, lr)?,
-        };
+        let report = self
+            .train_batch_inner(x, y, batch, step)
+            .map_err(|e| self.settle(step, e))?;
         tracing::debug!(
             target: "zgrad.trainer.step",
             step = report.step,
             loss = report.loss,
             grad_norm = report.grad_norm,
-            lr,
+            lr = report.lr,
             captured = report.captured,
             "step"
         );
         Ok(report)
+    }
+
+    fn train_batch_inner(
+        &mut self,
+        x: &[T],
+        y: &[T],
+        batch: usize,
+        step: u64,
+    ) -> Result<StepReport> {
+        self.optim.check_state()?;
+        let scales = self.shape_of(x, y, batch)?;
+        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
+        let shape = [batch, scales, self.parts.model.config.features];
+        match self.config.schedule {
+            TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
+                self.batched_captured(x, y, &shape, lr)
+            }
+            TrainSchedule::Batched => self.batched_eager(x, y, &shape, lr),
+            TrainSchedule::PerSample => self.per_sample(x, y, &shape, lr),
+        }
+    }
+
+    /// The verdict on a failed step `step`: a `Step` error keeps its own; any other error is
+    /// `Yes` when the step was counted (it came after the update was queued, say from closing
+    /// the step scope) and `No` otherwise (every path counts its update as soon as it was
+    /// queued, and marks a possibly partial one `Maybe` itself).
+    fn settle(&self, step: u64, e: GradError) -> GradError {
+        let applied = if self.optim.step_count() >= step {
+            Applied::Yes
+        } else {
+            Applied::No
+        };
+        e.at_step(step, applied)
     }
 
     /// Uploads a batch as constants (in the saved class: the first matmul keeps `x`).
@@ -248,7 +267,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let b = Rc::clone(&self.backend);
         let checked = in_step(&*b, || {
             let (xv, yv) = self.upload_batch(x, y, shape)?;
-            self.parts.batched(&*b, &xv, &yv, None)?;
+            self.parts.batched(&*b, &xv, &yv)?;
             let stats = self.read_stats(step)?;
             self.optim.step(&*b, &self.parts.params, lr)?;
             Ok(stats)

@@ -1,8 +1,8 @@
 //! Simulated twins of the training kernels (`train.cu`): the mean BCE-with-logits loss and
-//! the fused AdamW step, which reads its learning rate and step count from a device slot.
+//! the fused AdamW step, which reads its learning rate, step count and gate from a device slot.
 
 use super::{checked, cpu_err, rows_tensor};
-use crate::backend::{ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
+use crate::backend::AdamWConfig;
 use crate::cpu;
 use crate::cuda::kernels::Kernel;
 use crate::tensor::CpuTensor;
@@ -38,11 +38,10 @@ pub(super) fn adamw(
     };
     let t = |mem: &SimMemory<'_>, ptr| rows_tensor(mem, ptr, 1, n);
     let (tp, tm, tv, tg) = (t(mem, p)?, t(mem, m)?, t(mem, v)?, t(mem, g)?);
-    let s = mem.read_f32(slot, 2)?;
-    let mut slot_values = [0.0f32; 2];
-    slot_values[ADAMW_SLOT_LR] = s[ADAMW_SLOT_LR];
-    slot_values[ADAMW_SLOT_STEP] = s[ADAMW_SLOT_STEP];
-    let ts = CpuTensor::from_vec(slot_values.to_vec(), &[2]).map_err(cpu_err)?;
+    let slot_len = k.u64(10)?;
+    // As the kernel: a 3-element slot carries a gate, and only a gate of exactly 0 updates.
+    let s = mem.read_f32(slot, slot_len.min(3))?;
+    let ts = CpuTensor::from_vec(s, &[slot_len.min(3) as usize]).map_err(cpu_err)?;
     cpu::train::adamw_step(&tp, &tm, &tv, &tg, &ts, &cfg).map_err(cpu_err)?;
     mem.write_f32(p, &tp.to_vec())?;
     mem.write_f32(m, &tm.to_vec())?;

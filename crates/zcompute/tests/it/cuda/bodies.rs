@@ -323,6 +323,49 @@ pub fn adamw<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
     }
 }
 
+/// The gate of a 3-element slot `[lr, t, gate]`: 0 updates exactly as the 2-element slot does;
+/// NaN, infinity or 1 leave `p`, `m` and `v` bitwise untouched (the kernel and its sim twin).
+pub fn adamw_gate<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let cfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let state = || {
+        (
+            input(gpu, shape, view, 24, -1.0, 1.0),
+            input(gpu, shape, view, 25, -0.1, 0.1),
+            input(gpu, shape, view, 26, 0.0, 0.01),
+        )
+    };
+    let g = input(gpu, shape, View::Dense, 27, -1.0, 1.0);
+    let bits = |t: &CudaTensor| -> Vec<u32> {
+        let v: Vec<f32> = gpu.download(t).expect("download");
+        v.iter().map(|x| x.to_bits()).collect()
+    };
+    for gate in [f32::NAN, f32::INFINITY, 1.0] {
+        let (p, m, v) = state();
+        let before = [bits(&p), bits(&m), bits(&v)];
+        let slot = gpu.upload(&[1e-2, 2.0, gate], &[3]).expect("slot");
+        gpu.adamw_step(&p, &m, &v, &g, &slot, &cfg).expect("adamw");
+        assert_eq!([bits(&p), bits(&m), bits(&v)], before, "gate {gate}");
+    }
+    let (p, m, v) = state();
+    let (p2, m2, v2) = state();
+    let open = gpu.upload(&[1e-2, 2.0, 0.0], &[3]).expect("slot");
+    let plain = gpu.upload(&[1e-2, 2.0], &[2]).expect("slot");
+    gpu.adamw_step(&p, &m, &v, &g, &open, &cfg).expect("adamw");
+    gpu.adamw_step(&p2, &m2, &v2, &g, &plain, &cfg)
+        .expect("adamw");
+    assert_eq!(
+        [bits(&p), bits(&m), bits(&v)],
+        [bits(&p2), bits(&m2), bits(&v2)]
+    );
+    let (fresh, _, _) = state();
+    assert_ne!(bits(&p), bits(&fresh), "a zero gate updates");
+}
+
 /// fill, full/zeros, contiguous, copy_into (also aliased) and upload_into through views.
 pub fn data_movement<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
     let x = input(gpu, shape, view, 20, -1.0, 1.0);

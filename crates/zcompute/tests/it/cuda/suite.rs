@@ -187,6 +187,14 @@ macro_rules! op_suite {
         }
 
         #[rstest]
+        fn adamw_gate(
+            #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+        ) {
+            bodies::adamw_gate(&$backend(), shape, view);
+        }
+
+        #[rstest]
         fn data_movement(
             #[values(&[1][..], &[7], &[1025], &[7, 193], &[5, 5], &[3, 5, 7])] shape: &[usize],
             #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
