@@ -38,6 +38,7 @@ fn mock() -> Mock {
             cap_bytes: Some(192 << 20),
             overflow_reserve_bytes: 4 << 20,
             poison: true,
+            sanitize: false,
             timeline_events: 256,
             from_env: Vec::new(),
         },
