@@ -7,6 +7,7 @@ mod classes;
 mod fast;
 mod props;
 mod sanitize;
+mod teardown;
 mod scenarios;
 mod timeline;
 mod util;
