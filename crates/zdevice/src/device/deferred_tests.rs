@@ -31,7 +31,12 @@ fn held(ctl: &FaultController, kind: &str) -> usize {
 }
 
 /// Queues a memset of `ptr` that keeps the stream busy for `secs`.
-fn busy(dev: &Device<FaultyDriver<SimDriver>>, ctl: &FaultController, ptr: crate::DevicePtr, secs: u64) {
+fn busy(
+    dev: &Device<FaultyDriver<SimDriver>>,
+    ctl: &FaultController,
+    ptr: crate::DevicePtr,
+    secs: u64,
+) {
     ctl.stall(calls::MEMSET_D8_ASYNC, 1, Duration::from_secs(secs));
     dev.memset_d8_async(ptr, 1, 256, dev.stream()).unwrap();
 }

@@ -306,7 +306,10 @@ impl<D: Driver> Shared<D> {
                 .flatten()
                 .map(|p| Release::DestroyPool(p.pool)),
         );
-        if let Err(e) = self.device.release_after_drain(self.device.stream(), releases) {
+        if let Err(e) = self
+            .device
+            .release_after_drain(self.device.stream(), releases)
+        {
             tracing::warn!(target: "zmem.arena.drop", error = %e, "could not drain the stream: the device frees the arena's memory once it has");
         }
     }

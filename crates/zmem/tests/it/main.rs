@@ -7,8 +7,8 @@ mod classes;
 mod fast;
 mod props;
 mod sanitize;
-mod teardown;
 mod scenarios;
+mod teardown;
 mod timeline;
 mod util;
 

@@ -42,7 +42,10 @@ fn held(ctl: &FaultController, kind: &str) -> usize {
 
 /// Arena memory and pools the driver still holds.
 fn arena_held(ctl: &FaultController) -> (usize, usize) {
-    (held(ctl, resource::DEVICE_MEMORY), held(ctl, resource::POOL))
+    (
+        held(ctl, resource::DEVICE_MEMORY),
+        held(ctl, resource::POOL),
+    )
 }
 
 #[rstest]
@@ -71,8 +74,15 @@ fn a_teardown_whose_drain_times_out_frees_after_the_stream_drains(
     );
     // The first wait still times out; a later successful one performs the releases.
     let first = device.synchronize(device.stream());
-    assert!(matches!(first, Err(DeviceError::Timeout { .. })), "{first:?}");
-    assert_eq!(arena_held(&ctl), (mem, pools), "freed before the stream drained");
+    assert!(
+        matches!(first, Err(DeviceError::Timeout { .. })),
+        "{first:?}"
+    );
+    assert_eq!(
+        arena_held(&ctl),
+        (mem, pools),
+        "freed before the stream drained"
+    );
     device.synchronize(device.stream()).unwrap();
     assert_eq!(
         arena_held(&ctl),
