@@ -11,18 +11,7 @@ use crate::common::initial_parameters;
 /// Broken promises the matrix finds that belong to other changes: (call, fault, why). The
 /// matrix marks them `known` instead of failing, and fails once one of them stops happening
 /// (then remove it here).
-pub const KNOWN: &[(&str, Fault, &str)] = &[
-    (
-        "cuMemFreeAsync",
-        Fault::Stall,
-        "zmem: Arena::new fails on a timed-out wait (not lost); its teardown's one drain also times out, so it leaves its first segment to the process",
-    ),
-    (
-        "cuMemAllocFromPoolAsync",
-        Fault::Stall,
-        "zmem: as for cuMemFreeAsync (the overflow pool's reservation keeps the stream busy past Arena::new's drain)",
-    ),
-];
+pub const KNOWN: &[(&str, Fault, &str)] = &[];
 
 fn known(call: &str, fault: Fault) -> Option<usize> {
     KNOWN.iter().position(|(c, f, _)| *c == call && *f == fault)

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use zdevice::{DevicePtr, Driver};
+use zdevice::{DevicePtr, Driver, Release};
 
 use super::Shared;
 use super::scratch::{Reclaimed, reclaim};
@@ -282,36 +282,35 @@ impl<D: Driver> Shared<D> {
             return;
         }
         drop(self.flush_pending(&mut st));
-        // Queued work may still read the segments: let it finish (bounded) before freeing.
-        if let Err(e) = self.device.synchronize(self.device.stream()) {
-            tracing::warn!(target: "zmem.arena.drop", error = %e, "could not drain the stream; leaking the arena's memory");
-            return;
-        }
-        let bases: Vec<DevicePtr> = st
+        // Queued work may still read the segments: the device frees them once the stream has
+        // drained (bounded). A drain that times out leaves them with the device, which frees
+        // them after a later successful wait or when it closes; never freed early, never
+        // leaked while the device can still free them.
+        let free = |base| {
+            if st.block_pool.is_some() {
+                Release::FreeAsync(base)
+            } else {
+                Release::Free(base)
+            }
+        };
+        let mut releases: Vec<Release> = st
             .segs
             .iter()
-            .map(|s| s.base)
-            .chain(st.held.iter().map(|h| h.base))
+            .map(|s| free(s.base))
+            .chain(st.held.iter().map(|h| free(h.base)))
             .collect();
-        for base in bases {
-            if let Err(e) = self.device_free(&st, base) {
-                tracing::warn!(target: "zmem.arena.drop", error = %e, "segment free failed");
-            }
-        }
-        if st.block_pool.is_some() {
-            // The stream-ordered frees above must complete before the pool goes.
-            if let Err(e) = self.device.synchronize(self.device.stream()) {
-                tracing::warn!(target: "zmem.arena.drop", error = %e, "could not drain the frees; leaking the block pool");
-                return;
-            }
-        }
-        for pool in [st.pool.take(), st.capture_pool.take(), st.block_pool.take()]
-            .into_iter()
-            .flatten()
+        // Pools last: each goes once the stream-ordered frees before it have run.
+        releases.extend(
+            [st.pool.take(), st.capture_pool.take(), st.block_pool.take()]
+                .into_iter()
+                .flatten()
+                .map(|p| Release::DestroyPool(p.pool)),
+        );
+        if let Err(e) = self
+            .device
+            .release_after_drain(self.device.stream(), releases)
         {
-            if let Err(e) = self.device.destroy_pool(pool) {
-                tracing::warn!(target: "zmem.arena.drop", error = %e, "pool destroy failed");
-            }
+            tracing::warn!(target: "zmem.arena.drop", error = %e, "could not drain the stream: the device frees the arena's memory once it has");
         }
     }
 }

@@ -8,6 +8,7 @@ mod fast;
 mod props;
 mod sanitize;
 mod scenarios;
+mod teardown;
 mod timeline;
 mod util;
 
