@@ -273,13 +273,15 @@ pub trait Backend<T: Element> {
     }
 
     /// Softmax's backward over the last axis from its output `y` and output gradient `g`:
-    /// `y * (g - sum(g * y))`. The provided body composes it from the op set; a device backend
-    /// may fuse it.
+    /// `y * (g - sum(g * y))`. The provided body checks the arguments as every backend does
+    /// (`g` shaped as `y`, rank >= 1), then composes it from the op set; a device backend may
+    /// fuse it.
     fn softmax_backward(
         &self,
         g: &BTensor<Self, T>,
         y: &BTensor<Self, T>,
     ) -> Result<BTensor<Self, T>> {
+        crate::validate::softmax_backward(g, y)?;
         let last = y.rank().saturating_sub(1);
         let dot = self.sum(&self.mul(g, y)?, last, true)?;
         self.mul(y, &self.sub(g, &dot)?)
@@ -289,7 +291,9 @@ pub trait Backend<T: Element> {
     /// the forward's `mean` and `rstd` (last axis 1) and the weight: with
     /// `xhat = (x - mean) * rstd` and `gxhat = g * weight`, the input gradient
     /// `((gxhat - mean(gxhat)) - xhat * mean(gxhat * xhat)) * rstd` if `want[0]`, and `g * xhat`
-    /// if `want[1]`. The provided body composes it from the op set; a device backend may fuse it.
+    /// if `want[1]`. The provided body checks the arguments as every backend does (`g` shaped as
+    /// `x`, a non-empty last axis, `mean`/`rstd` as the forward returns them, the weight `[n]`),
+    /// then composes it from the op set; a device backend may fuse it.
     fn layer_norm_backward(
         &self,
         g: &BTensor<Self, T>,
@@ -299,6 +303,7 @@ pub trait Backend<T: Element> {
         weight: Option<&BTensor<Self, T>>,
         want: [bool; 2],
     ) -> Result<LayerNormGrads<Self::Storage>> {
+        crate::validate::layer_norm_backward(g, x, mean, rstd, weight)?;
         let xhat = self.mul(&self.sub(x, mean)?, rstd)?;
         let input = if want[0] {
             let gxhat = match weight {

@@ -98,6 +98,15 @@ pub enum ComputeError {
     /// A size computation overflowed usize (absurd shapes from untrusted input).
     #[error("{op}: size overflow for shape {shape:?}")]
     SizeOverflow { op: &'static str, shape: ErrDims },
+    /// A scalar argument the op cannot compute with (NaN, infinite, or out of its range, such
+    /// as an AdamW beta of 1): `value` is the argument as given, `expected` its valid range.
+    #[error("{op}: {arg} = {value} is invalid; expected {expected}")]
+    InvalidScalar {
+        op: &'static str,
+        arg: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     // Device backends: memory, capture and the device itself. Details are the lower layer's
     // message (zmem's diagnostics, the CUDA call and status), kept as text so this type stays
     // `Clone + Eq`.

@@ -14,6 +14,7 @@ pub mod error;
 pub mod layout;
 pub mod storage;
 pub mod tensor;
+mod validate;
 
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,

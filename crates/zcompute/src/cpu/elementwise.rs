@@ -4,8 +4,8 @@ use super::{dense, gather, math};
 use crate::backend::{BinaryOp, ScalarSide, UnaryOp};
 use crate::element::Element;
 use crate::error::Result;
-use crate::layout::broadcast_shapes;
 use crate::tensor::CpuTensor;
+use crate::validate;
 
 pub(super) fn unary<T: Element>(op: UnaryOp, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
     let out = gather(x).into_iter().map(|v| math::unary(op, v)).collect();
@@ -17,7 +17,7 @@ pub(super) fn binary<T: Element>(
     a: &CpuTensor<T>,
     b: &CpuTensor<T>,
 ) -> Result<CpuTensor<T>> {
-    let shape = broadcast_shapes(op_name(op), a.shape(), b.shape())?;
+    let shape = validate::binary(op, a, b)?;
     // Broadcast views walk both operands in the output's logical order, stride 0 repeating.
     let la = a.layout().broadcast_to(&shape)?;
     let lb = b.layout().broadcast_to(&shape)?;
@@ -52,14 +52,4 @@ pub(super) fn binary_scalar<T: Element>(
         })
         .collect();
     dense(out, x.shape())
-}
-
-fn op_name(op: BinaryOp) -> &'static str {
-    match op {
-        BinaryOp::Add => "add",
-        BinaryOp::Sub => "sub",
-        BinaryOp::Mul => "mul",
-        BinaryOp::Div => "div",
-        BinaryOp::Maximum => "maximum",
-    }
 }

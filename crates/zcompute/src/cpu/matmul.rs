@@ -6,23 +6,12 @@ use super::{dense, gather};
 use crate::backend::MatmulOpts;
 use crate::element::Element;
 use crate::error::{ComputeError, Result};
-use crate::layout::{Dims, Layout, broadcast_shapes};
+use crate::layout::Layout;
 use crate::tensor::CpuTensor;
+use crate::validate;
 use ndarray::{ArrayView2, ArrayViewMut2, linalg::general_mat_mul};
 
 const OP: &str = "matmul";
-
-/// Splits `[..., r, c]` into (batch dims, r, c), refusing rank < 2.
-fn split_matrix<T: Element>(x: &CpuTensor<T>) -> Result<(&[usize], usize, usize)> {
-    match x.shape() {
-        [batch @ .., r, c] => Ok((batch, *r, *c)),
-        _ => Err(ComputeError::RankTooLow {
-            op: OP,
-            min: 2,
-            shape: x.shape().into(),
-        }),
-    }
-}
 
 fn length_error(expected: usize, got: usize) -> ComputeError {
     ComputeError::LengthMismatch {
@@ -49,22 +38,16 @@ pub(super) fn matmul<T: Element>(
     b: &CpuTensor<T>,
     opts: MatmulOpts,
 ) -> Result<CpuTensor<T>> {
-    let (a_batch, ar, ac) = split_matrix(a)?;
-    let (b_batch, br, bc) = split_matrix(b)?;
-    let (m, ka) = if opts.trans_a { (ac, ar) } else { (ar, ac) };
-    let (kb, n) = if opts.trans_b { (bc, br) } else { (br, bc) };
-    if ka != kb {
-        return Err(ComputeError::ShapeMismatch {
-            op: OP,
-            lhs: a.shape().into(),
-            rhs: b.shape().into(),
-        });
-    }
-    let k = ka;
-    let batch = broadcast_shapes(OP, a_batch, b_batch)?;
-    let mut out_shape: Dims = batch.clone();
-    out_shape.extend([m, n]);
-    let out_len = crate::layout::checked_numel(OP, &out_shape)?;
+    let validate::MatmulShape {
+        batch,
+        m,
+        k,
+        n,
+        out: out_shape,
+    } = validate::matmul(a, b, opts)?;
+    let (a_batch, ar, ac) = validate::split_matrix(a)?;
+    let (b_batch, br, bc) = validate::split_matrix(b)?;
+    let out_len = out_shape.iter().product();
 
     tracing::trace!(?batch, m, k, n, ?opts, "cpu matmul");
     let da = gather(a);

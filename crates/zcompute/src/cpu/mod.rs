@@ -13,10 +13,10 @@ use crate::backend::{
     AdamWConfig, Backend, BinaryOp, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
 };
 use crate::element::Element;
-use crate::error::{ComputeError, Result};
-use crate::layout::Layout;
+use crate::error::Result;
 use crate::storage::CpuStorage;
 use crate::tensor::CpuTensor;
+use crate::validate;
 
 /// The host backend. Stateless: tensors own their storage.
 #[derive(Clone, Copy, Debug, Default)]
@@ -30,49 +30,6 @@ pub(crate) fn gather<T: Element>(x: &CpuTensor<T>) -> Vec<T> {
 /// A fresh dense tensor; `data.len()` must match `shape` (callers build it from the shape).
 pub(crate) fn dense<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<CpuTensor<T>> {
     CpuTensor::from_vec(data, shape)
-}
-
-/// Refuses destination views that reach one element twice (broadcast views): writing through
-/// them would depend on iteration order. Sorting axes by stride, each stride must clear the span
-/// of the smaller ones. This accepts every layout the view ops can build without broadcasting.
-pub(crate) fn check_writable(op: &'static str, layout: &Layout) -> Result<()> {
-    // An empty view writes nothing, whatever its strides (a reshape of an empty tensor has a
-    // stride of 0 in front of the zero-sized axis).
-    if layout.numel() == 0 {
-        return Ok(());
-    }
-    let mut axes: smallvec::SmallVec<[(usize, usize); 6]> = layout
-        .shape()
-        .iter()
-        .zip(layout.strides())
-        .filter(|&(&d, _)| d > 1)
-        .map(|(&d, &s)| (s, d))
-        .collect();
-    axes.sort_unstable();
-    let mut span = 0usize;
-    for (stride, dim) in axes {
-        if stride <= span {
-            return Err(ComputeError::OverlappingDestination {
-                op,
-                shape: layout.shape().into(),
-                strides: layout.strides().into(),
-            });
-        }
-        span += (dim - 1) * stride;
-    }
-    Ok(())
-}
-
-pub(crate) fn same_shape(op: &'static str, a: &[usize], b: &[usize]) -> Result<()> {
-    if a == b {
-        Ok(())
-    } else {
-        Err(ComputeError::ShapeMismatch {
-            op,
-            lhs: a.into(),
-            rhs: b.into(),
-        })
-    }
 }
 
 /// Writes `values` (logical order) through the view `dst`.
@@ -91,18 +48,12 @@ impl<T: Element> Backend<T> for CpuBackend {
     }
 
     fn upload(&self, data: &[T], shape: &[usize]) -> Result<CpuTensor<T>> {
-        CpuTensor::from_vec(data.to_vec(), shape)
+        validate::upload::<T>(data.len(), shape)?;
+        dense(data.to_vec(), shape)
     }
 
     fn upload_into(&self, data: &[T], dst: &CpuTensor<T>) -> Result<()> {
-        if data.len() != dst.numel() {
-            return Err(ComputeError::LengthMismatch {
-                op: "upload_into",
-                expected: dst.numel(),
-                got: data.len(),
-            });
-        }
-        check_writable("upload_into", dst.layout())?;
+        validate::upload_into(data.len(), dst)?;
         scatter(data, dst);
         Ok(())
     }
@@ -112,12 +63,12 @@ impl<T: Element> Backend<T> for CpuBackend {
     }
 
     fn full(&self, shape: &[usize], value: T) -> Result<CpuTensor<T>> {
-        let n = crate::layout::checked_numel("full", shape)?;
+        let n = validate::full::<T>(shape)?;
         dense(vec![value; n], shape)
     }
 
     fn fill(&self, dst: &CpuTensor<T>, value: T) -> Result<()> {
-        check_writable("fill", dst.layout())?;
+        validate::fill(dst)?;
         let mut data = dst.storage().write();
         for o in dst.layout().offsets() {
             data[o] = value;
@@ -130,8 +81,7 @@ impl<T: Element> Backend<T> for CpuBackend {
     }
 
     fn copy_into(&self, src: &CpuTensor<T>, dst: &CpuTensor<T>) -> Result<()> {
-        same_shape("copy_into", src.shape(), dst.shape())?;
-        check_writable("copy_into", dst.layout())?;
+        validate::copy_into(src, dst)?;
         // Gather first (read lock released) so `src` may alias `dst`, even overlapping.
         let values = gather(src);
         scatter(&values, dst);
@@ -245,18 +195,7 @@ impl<T: Element> crate::backend::Capture<T> for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn writable_layouts() {
-        let ok = |l: Layout| check_writable("t", &l).is_ok();
-        assert!(ok(Layout::contiguous(&[3, 4])));
-        assert!(ok(Layout::contiguous(&[3, 4]).transpose(0, 1).unwrap()));
-        assert!(ok(Layout::contiguous(&[3, 4]).narrow(1, 1, 2).unwrap()));
-        assert!(ok(Layout::new(&[1, 4], &[0, 1], 0).unwrap()));
-        assert!(ok(Layout::new(&[5, 0], &[0, 1], 0).unwrap()));
-        assert!(!ok(Layout::contiguous(&[4]).broadcast_to(&[2, 4]).unwrap()));
-        assert!(!ok(Layout::new(&[2, 3], &[2, 1], 0).unwrap()));
-    }
+    use crate::error::ComputeError;
 
     #[test]
     fn upload_into_writes_through_a_view_and_checks_length() {

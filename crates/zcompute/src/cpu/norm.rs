@@ -1,26 +1,14 @@
 //! Row-wise ops over the last axis: softmax and LayerNorm.
 
-use super::{dense, gather, math, same_shape};
+use super::{dense, gather, math};
 use crate::backend::LayerNormOut;
 use crate::element::Element;
-use crate::error::{ComputeError, Result};
-use crate::layout::Dims;
+use crate::error::Result;
 use crate::tensor::CpuTensor;
-
-/// Size of the last axis, refusing rank 0.
-fn last_axis<T: Element>(op: &'static str, x: &CpuTensor<T>) -> Result<usize> {
-    x.shape()
-        .last()
-        .copied()
-        .ok_or_else(|| ComputeError::RankTooLow {
-            op,
-            min: 1,
-            shape: x.shape().into(),
-        })
-}
+use crate::validate;
 
 pub(crate) fn softmax_last<T: Element>(x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
-    let n = last_axis("softmax", x)?;
+    let validate::Rows { n, .. } = validate::softmax(x)?;
     let mut data = gather(x);
     if n > 0 {
         for row in data.chunks_exact_mut(n) {
@@ -43,19 +31,9 @@ pub(crate) fn layer_norm<T: Element>(
     bias: Option<&CpuTensor<T>>,
     eps: T,
 ) -> Result<LayerNormOut<crate::storage::CpuStorage<T>>> {
-    let n = last_axis("layer_norm", x)?;
-    if n == 0 {
-        return Err(ComputeError::EmptyReduction {
-            op: "layer_norm",
-            axis: x.rank() - 1,
-        });
-    }
-    let w = weight
-        .map(|w| same_shape("layer_norm weight", w.shape(), &[n]).map(|()| gather(w)))
-        .transpose()?;
-    let b = bias
-        .map(|b| same_shape("layer_norm bias", b.shape(), &[n]).map(|()| gather(b)))
-        .transpose()?;
+    let validate::Rows { n, .. } = validate::layer_norm(x, weight, bias, eps)?;
+    let w = weight.map(gather);
+    let b = bias.map(gather);
 
     let mut data = gather(x);
     let rows = data.len() / n;
@@ -84,10 +62,7 @@ pub(crate) fn layer_norm<T: Element>(
         means.push(mean);
         rstds.push(rstd);
     }
-    let mut stat_shape: Dims = x.shape().into();
-    if let Some(last) = stat_shape.last_mut() {
-        *last = 1;
-    }
+    let stat_shape = validate::stat_shape(x);
     Ok(LayerNormOut {
         out: dense(data, x.shape())?,
         mean: dense(means, &stat_shape)?,

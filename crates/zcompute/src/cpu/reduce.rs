@@ -4,9 +4,10 @@
 use super::{dense, math};
 use crate::backend::ReduceOp;
 use crate::element::Element;
-use crate::error::{ComputeError, Result};
+use crate::error::Result;
 use crate::layout::Dims;
 use crate::tensor::CpuTensor;
+use crate::validate;
 
 pub(crate) fn reduce<T: Element>(
     op: ReduceOp,
@@ -14,26 +15,11 @@ pub(crate) fn reduce<T: Element>(
     axis: usize,
     keepdim: bool,
 ) -> Result<CpuTensor<T>> {
-    let name = match op {
-        ReduceOp::Sum => "sum",
-        ReduceOp::Mean => "mean",
-        ReduceOp::Max => "max",
-    };
-    x.layout().check_axis(name, axis)?;
-    let n = x.shape()[axis];
-    if n == 0 && op != ReduceOp::Sum {
-        return Err(ComputeError::EmptyReduction { op: name, axis });
-    }
+    let validate::Reduced { shape, n, .. } = validate::reduce(op, x, axis, keepdim)?;
     let mut perm: Dims = (0..x.rank()).filter(|&i| i != axis).collect();
     perm.push(axis);
     let rows = x.permute(&perm)?.to_vec();
 
-    let mut shape: Dims = x.shape().into();
-    if keepdim {
-        shape[axis] = 1;
-    } else {
-        shape.remove(axis);
-    }
     let outer: usize = shape.iter().product();
     let out: Vec<T> = if n == 0 {
         vec![T::ZERO; outer]

@@ -1,23 +1,17 @@
 //! The loss and the optimiser step.
 
-use super::{check_writable, gather, math, same_shape};
+use super::{gather, math};
 use crate::backend::{ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
 use crate::element::Element;
-use crate::error::{ComputeError, Result};
+use crate::error::Result;
 use crate::tensor::CpuTensor;
+use crate::validate;
 
 pub(crate) fn bce_with_logits_mean<T: Element>(
     logits: &CpuTensor<T>,
     targets: &CpuTensor<T>,
 ) -> Result<CpuTensor<T>> {
-    same_shape("bce_with_logits", logits.shape(), targets.shape())?;
-    let n = logits.numel();
-    if n == 0 {
-        return Err(ComputeError::EmptyReduction {
-            op: "bce_with_logits",
-            axis: 0,
-        });
-    }
+    let n = validate::bce(logits, targets)?;
     let terms: Vec<T> = gather(logits)
         .into_iter()
         .zip(gather(targets))
@@ -35,28 +29,7 @@ pub(crate) fn adamw_step<T: Element>(
     slot: &CpuTensor<T>,
     cfg: &AdamWConfig<T>,
 ) -> Result<()> {
-    const OP: &str = "adamw";
-    same_shape(OP, m.shape(), p.shape())?;
-    same_shape(OP, v.shape(), p.shape())?;
-    same_shape(OP, g.shape(), p.shape())?;
-    if slot.shape() != [3] {
-        same_shape(OP, slot.shape(), &[2])?;
-    }
-    let named = [("p", p), ("m", m), ("v", v), ("g", g), ("slot", slot)];
-    for (i, (ln, l)) in named.iter().enumerate() {
-        for (rn, r) in &named[i + 1..] {
-            if l.shares_storage(r) {
-                return Err(ComputeError::Aliased {
-                    op: OP,
-                    lhs: ln,
-                    rhs: rn,
-                });
-            }
-        }
-    }
-    for t in [p, m, v] {
-        check_writable(OP, t.layout())?;
-    }
+    validate::adamw(p, m, v, g, slot, cfg)?;
 
     // Read lr and t from memory at the time of the call, as the device kernel will on replay.
     let s = gather(slot);

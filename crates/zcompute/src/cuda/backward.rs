@@ -5,32 +5,9 @@
 use super::kernels::{self, Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::backend::LayerNormGrads;
-use crate::cpu::same_shape;
-use crate::error::{ComputeError, Result};
+use crate::error::Result;
+use crate::validate;
 use zdevice::{DevicePtr, Driver, KernelArg};
-
-/// `[rows, n]` of a tensor reduced over its last axis, refusing rank 0 and empty rows.
-fn rows_of(op: &'static str, x: &CudaTensor) -> Result<(usize, usize)> {
-    let n = x
-        .shape()
-        .last()
-        .copied()
-        .ok_or_else(|| ComputeError::RankTooLow {
-            op,
-            min: 1,
-            shape: x.shape().into(),
-        })?;
-    Ok((x.numel() / n.max(1), n))
-}
-
-/// The shape of a per-row statistic of `x`: `x`'s with the last axis 1.
-fn stat_shape(x: &CudaTensor) -> Vec<usize> {
-    let mut s = x.shape().to_vec();
-    if let Some(last) = s.last_mut() {
-        *last = 1;
-    }
-    s
-}
 
 impl<D: Driver> CudaBackend<D> {
     pub(crate) fn softmax_backward_rows(
@@ -39,8 +16,7 @@ impl<D: Driver> CudaBackend<D> {
         y: &CudaTensor,
     ) -> Result<CudaTensor> {
         const OP: &str = "softmax_backward";
-        same_shape(OP, g.shape(), y.shape())?;
-        let (rows, n) = rows_of(OP, y)?;
+        let validate::Rows { rows, n } = validate::softmax_backward(g, y)?;
         let out = self.alloc(OP, y.shape())?;
         if out.numel() == 0 {
             return Ok(out);
@@ -74,14 +50,7 @@ impl<D: Driver> CudaBackend<D> {
         want: [bool; 2],
     ) -> Result<LayerNormGrads<CudaStorage>> {
         const OP: &str = "layer_norm_backward";
-        same_shape(OP, g.shape(), x.shape())?;
-        let (rows, n) = rows_of(OP, x)?;
-        let stats = stat_shape(x);
-        same_shape(OP, mean.shape(), &stats)?;
-        same_shape(OP, rstd.shape(), &stats)?;
-        if let Some(w) = weight {
-            same_shape("layer_norm_backward weight", w.shape(), &[n])?;
-        }
+        let validate::Rows { rows, n } = validate::layer_norm_backward(g, x, mean, rstd, weight)?;
         let fresh = |on: bool| on.then(|| self.alloc(OP, x.shape())).transpose();
         let (input, g_xhat) = (fresh(want[0])?, fresh(want[1])?);
         if x.numel() == 0 || !(want[0] || want[1]) {

@@ -10,7 +10,8 @@ use super::kernels::coalesce;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::MatmulOpts;
 use crate::error::{ComputeError, Result};
-use crate::layout::{Dims, broadcast_shapes, checked_numel};
+use crate::layout::{Dims, checked_numel};
+use crate::validate::{self, split_matrix as split};
 use zdevice::{DevicePtr, Driver, GemmF32, Transpose};
 
 const OP: &str = "matmul";
@@ -25,17 +26,6 @@ struct Operand {
     col_major: bool,
     ld: usize,
     batch_stride: usize,
-}
-
-fn split(x: &CudaTensor) -> Result<(&[usize], usize, usize)> {
-    match x.shape() {
-        [batch @ .., r, c] => Ok((batch, *r, *c)),
-        _ => Err(ComputeError::RankTooLow {
-            op: OP,
-            min: 2,
-            shape: x.shape().into(),
-        }),
-    }
 }
 
 fn to_i32(what: &str, v: usize) -> Result<i32> {
@@ -95,21 +85,13 @@ impl<D: Driver> CudaBackend<D> {
         b: &CudaTensor,
         opts: MatmulOpts,
     ) -> Result<CudaTensor> {
-        let (a_batch, ar, ac) = split(a)?;
-        let (b_batch, br, bc) = split(b)?;
-        let (m, ka) = if opts.trans_a { (ac, ar) } else { (ar, ac) };
-        let (kb, n) = if opts.trans_b { (bc, br) } else { (br, bc) };
-        if ka != kb {
-            return Err(ComputeError::ShapeMismatch {
-                op: OP,
-                lhs: a.shape().into(),
-                rhs: b.shape().into(),
-            });
-        }
-        let k = ka;
-        let batch = broadcast_shapes(OP, a_batch, b_batch)?;
-        let mut out_shape: Dims = batch.clone();
-        out_shape.extend([m, n]);
+        let validate::MatmulShape {
+            batch,
+            m,
+            k,
+            n,
+            out: out_shape,
+        } = validate::matmul(a, b, opts)?;
         let out = self.alloc(OP, &out_shape)?;
         let count = checked_numel(OP, &batch)?;
         if out.numel() == 0 {

@@ -8,20 +8,9 @@ use crate::backend::{
     AdamWConfig, AllocClass, Backend, BinaryOp, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp,
     ScalarSide, UnaryOp,
 };
-use crate::cpu::{check_writable, same_shape};
 use crate::error::{ComputeError, Result};
-use crate::layout::{broadcast_shapes, checked_numel};
+use crate::validate::{self, binary_name};
 use zdevice::{Driver, KernelArg};
-
-fn binary_name(op: BinaryOp) -> &'static str {
-    match op {
-        BinaryOp::Add => "add",
-        BinaryOp::Sub => "sub",
-        BinaryOp::Mul => "mul",
-        BinaryOp::Div => "div",
-        BinaryOp::Maximum => "maximum",
-    }
-}
 
 impl<D: Driver> CudaBackend<D> {
     /// Writes the view `src` into the view `dst` (same shape, not overlapping).
@@ -85,15 +74,8 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
 
     fn upload(&self, data: &[f32], shape: &[usize]) -> Result<CudaTensor> {
         const OP: &str = "upload";
+        let n = validate::upload::<f32>(data.len(), shape)?;
         self.refuse_in_capture(OP, "upload persistent tensors before the capture")?;
-        let n = checked_numel(OP, shape)?;
-        if data.len() != n {
-            return Err(ComputeError::LengthMismatch {
-                op: OP,
-                expected: n,
-                got: data.len(),
-            });
-        }
         let out = self.alloc(OP, shape)?;
         if n > 0 {
             self.stage_upload(OP, data, self.ptr(OP, &out)?)?;
@@ -103,18 +85,11 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
 
     fn upload_into(&self, data: &[f32], dst: &CudaTensor) -> Result<()> {
         const OP: &str = "upload_into";
+        validate::upload_into(data.len(), dst)?;
         self.refuse_in_capture(
             OP,
             "refill the graph's inputs between replays, not inside the capture",
         )?;
-        if data.len() != dst.numel() {
-            return Err(ComputeError::LengthMismatch {
-                op: OP,
-                expected: dst.numel(),
-                got: data.len(),
-            });
-        }
-        check_writable(OP, dst.layout())?;
         if data.is_empty() {
             return Ok(());
         }
@@ -137,6 +112,7 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
     }
 
     fn full(&self, shape: &[usize], value: f32) -> Result<CudaTensor> {
+        validate::full::<f32>(shape)?;
         let out = self.alloc("full", shape)?;
         if out.numel() > 0 {
             self.memset("full", &out, value)?;
@@ -146,7 +122,7 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
 
     fn fill(&self, dst: &CudaTensor, value: f32) -> Result<()> {
         const OP: &str = "fill";
-        check_writable(OP, dst.layout())?;
+        validate::fill(dst)?;
         let n = dst.numel();
         if n == 0 {
             return Ok(());
@@ -174,8 +150,7 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
 
     fn copy_into(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {
         const OP: &str = "copy_into";
-        same_shape(OP, src.shape(), dst.shape())?;
-        check_writable(OP, dst.layout())?;
+        validate::copy_into(src, dst)?;
         if src.shares_storage(dst) {
             // Parallel threads would race on overlapping ranges: go through a temporary.
             let tmp = self.alloc_temp(OP, src.shape())?;
@@ -211,8 +186,8 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
     }
 
     fn binary(&self, op: BinaryOp, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        let shape = validate::binary(op, a, b)?;
         let name = binary_name(op);
-        let shape = broadcast_shapes(name, a.shape(), b.shape())?;
         let out = self.alloc(name, &shape)?;
         let n = out.numel();
         if n == 0 {

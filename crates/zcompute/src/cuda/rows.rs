@@ -7,21 +7,9 @@
 use super::kernels::{self, Args, Kernel, ptr, reduce_code, u64a};
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::backend::{AdamWConfig, LayerNormOut, ReduceOp};
-use crate::cpu::{check_writable, same_shape};
-use crate::error::{ComputeError, Result};
-use crate::layout::Dims;
+use crate::error::Result;
+use crate::validate;
 use zdevice::{DevicePtr, Driver, KernelArg};
-
-fn last_axis(op: &'static str, x: &CudaTensor) -> Result<usize> {
-    x.shape()
-        .last()
-        .copied()
-        .ok_or_else(|| ComputeError::RankTooLow {
-            op,
-            min: 1,
-            shape: x.shape().into(),
-        })
-}
 
 impl<D: Driver> CudaBackend<D> {
     pub(crate) fn reduce_axis(
@@ -31,22 +19,7 @@ impl<D: Driver> CudaBackend<D> {
         axis: usize,
         keepdim: bool,
     ) -> Result<CudaTensor> {
-        let name = match op {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Mean => "mean",
-            ReduceOp::Max => "max",
-        };
-        x.layout().check_axis(name, axis)?;
-        let n = x.shape()[axis];
-        if n == 0 && op != ReduceOp::Sum {
-            return Err(ComputeError::EmptyReduction { op: name, axis });
-        }
-        let mut shape: Dims = x.shape().into();
-        if keepdim {
-            shape[axis] = 1;
-        } else {
-            shape.remove(axis);
-        }
+        let validate::Reduced { name, shape, n } = validate::reduce(op, x, axis, keepdim)?;
         let out = self.alloc(name, &shape)?;
         let rows = out.numel();
         if rows == 0 {
@@ -160,7 +133,7 @@ impl<D: Driver> CudaBackend<D> {
 
     pub(crate) fn softmax_rows(&self, x: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "softmax";
-        let n = last_axis(OP, x)?;
+        let validate::Rows { n, .. } = validate::softmax(x)?;
         let out = self.alloc(OP, x.shape())?;
         if out.numel() == 0 {
             return Ok(out);
@@ -190,26 +163,10 @@ impl<D: Driver> CudaBackend<D> {
         eps: f32,
     ) -> Result<LayerNormOut<CudaStorage>> {
         const OP: &str = "layer_norm";
-        let n = last_axis(OP, x)?;
-        if n == 0 {
-            return Err(ComputeError::EmptyReduction {
-                op: OP,
-                axis: x.rank() - 1,
-            });
-        }
-        let param = |t: Option<&CudaTensor>, what: &'static str| -> Result<Option<CudaTensor>> {
-            t.map(|t| {
-                same_shape(what, t.shape(), &[n])?;
-                self.dense(OP, t)
-            })
-            .transpose()
-        };
-        let w = param(weight, "layer_norm weight")?;
-        let b = param(bias, "layer_norm bias")?;
-        let mut stat_shape: Dims = x.shape().into();
-        if let Some(last) = stat_shape.last_mut() {
-            *last = 1;
-        }
+        let validate::Rows { n, .. } = validate::layer_norm(x, weight, bias, eps)?;
+        let w = weight.map(|t| self.dense(OP, t)).transpose()?;
+        let b = bias.map(|t| self.dense(OP, t)).transpose()?;
+        let stat_shape = validate::stat_shape(x);
         let out = self.alloc(OP, x.shape())?;
         let mean = self.alloc(OP, &stat_shape)?;
         let rstd = self.alloc(OP, &stat_shape)?;
@@ -254,11 +211,7 @@ impl<D: Driver> CudaBackend<D> {
 
     pub(crate) fn bce_mean(&self, logits: &CudaTensor, targets: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "bce_with_logits";
-        same_shape(OP, logits.shape(), targets.shape())?;
-        let n = logits.numel();
-        if n == 0 {
-            return Err(ComputeError::EmptyReduction { op: OP, axis: 0 });
-        }
+        let n = validate::bce(logits, targets)?;
         let (x, y) = (self.dense(OP, logits)?, self.dense(OP, targets)?);
         let out = self.alloc(OP, &[])?;
         let args: Args = [
@@ -283,27 +236,7 @@ impl<D: Driver> CudaBackend<D> {
         cfg: &AdamWConfig<f32>,
     ) -> Result<()> {
         const OP: &str = "adamw";
-        same_shape(OP, m.shape(), p.shape())?;
-        same_shape(OP, v.shape(), p.shape())?;
-        same_shape(OP, g.shape(), p.shape())?;
-        if slot.shape() != [3] {
-            same_shape(OP, slot.shape(), &[2])?;
-        }
-        let named = [("p", p), ("m", m), ("v", v), ("g", g), ("slot", slot)];
-        for (i, (ln, l)) in named.iter().enumerate() {
-            for (rn, r) in &named[i + 1..] {
-                if l.shares_storage(r) {
-                    return Err(ComputeError::Aliased {
-                        op: OP,
-                        lhs: ln,
-                        rhs: rn,
-                    });
-                }
-            }
-        }
-        for t in [p, m, v] {
-            check_writable(OP, t.layout())?;
-        }
+        validate::adamw(p, m, v, g, slot, cfg)?;
         let n = p.numel();
         if n == 0 {
             return Ok(());

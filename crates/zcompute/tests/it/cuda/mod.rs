@@ -9,6 +9,9 @@ pub mod capture_end;
 pub mod errors;
 #[macro_use]
 mod suite;
+pub mod validation;
+#[macro_use]
+mod validation_table;
 mod memory;
 
 use zcompute::CudaBackend;
@@ -69,9 +72,11 @@ pub fn gpu() -> CudaBackend<zdevice::CudaDriver> {
 
 mod mock_suite {
     op_suite!(super::mock);
+    validation_table!(super::super::mock);
 }
 
 #[cfg(feature = "gpu")]
 mod gpu_suite {
     op_suite!(super::gpu);
+    validation_table!(super::super::gpu);
 }
