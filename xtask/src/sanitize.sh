@@ -81,7 +81,10 @@ sanitize() {
   shift
   local t0 t1
   t0=$(date +%s.%N)
-  env "${envs[@]}" "$cs" --tool "$tool" --print-limit 20 "$@" >"$log" 2>&1
+  # API errors are not reported: GPU tests provoke driver errors on purpose (the capture-rules
+  # measurements, injected faults), and the engine checks every call's status itself. What the
+  # tools are for is memory, race, initialisation and synchronisation errors in kernels.
+  env "${envs[@]}" "$cs" --tool "$tool" --report-api-errors no --print-limit 20 "$@" >"$log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
@@ -127,6 +130,12 @@ for spec in "${runs[@]}"; do
       log="$logs/$name.$tool.log"
       sanitize "$tool" "$log" ZMEM_SANITIZE=1 -- "$bin" --test-threads=1 --skip negative_control "$filter"
       status=ok
+      # A binary whose matching tests make no CUDA call (simulated twins whose names contain
+      # `gpu`): the tool has nothing to check and exits non-zero; the tests themselves passed.
+      if [ "$err" = "?" ] && grep -q 'terminated before first instrumented API call' "$log" \
+        && grep -qE '^test result: ok\.' "$log"; then
+        err=0; rc=0; status="ok (no CUDA call)"
+      fi
       if [ "$err" != 0 ] || [ "$rc" -ne 0 ]; then status=FAILED; bad=1; fi
       echo "sanitize: $name $tool ($n tests matching '$filter'): $err error(s), tests rc $rc, ${secs}s: $status"
     done
