@@ -26,7 +26,7 @@ pub use backend::{
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};
-pub use engine::{ArenaSetting, Engine, EngineConfig};
+pub use engine::{ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriver};
 pub use error::{ComputeError, Result};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};
 pub use storage::{CpuStorage, Storage};

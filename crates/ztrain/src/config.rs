@@ -4,82 +4,114 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::cli::{LrSchedule, Schedule};
+use clap::ValueEnum;
+use zgrad::{TrainSchedule, XAssetConfig};
+
 use crate::error::{Result, TrainError};
 
-/// The XAsset model's sizes (XASSET.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ModelSize {
-    pub scales: usize,
-    pub features: usize,
-    pub width: usize,
-    pub heads: usize,
-    pub ff: usize,
+/// How the learning rate moves over the run (the command line's choice; `to_zgrad` makes
+/// zgrad's schedule of it once the run's length is known).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LrSchedule {
+    /// `--lr` throughout (after the warm-up).
+    Constant,
+    /// Half-cosine decay from `--lr` to 0 over the run's steps (after the warm-up).
+    Cosine,
 }
 
-impl ModelSize {
-    /// Every size positive and the width a multiple of the heads.
-    pub fn check(&self) -> Result<()> {
-        for (name, v) in [
-            ("--scales", self.scales),
-            ("--features", self.features),
-            ("--width", self.width),
-            ("--heads", self.heads),
-            ("--ff", self.ff),
-        ] {
-            if v == 0 {
-                return Err(TrainError::Options(format!("{name} must be at least 1")));
-            }
+impl LrSchedule {
+    /// zgrad's schedule for a run of `total_steps` with `warmup_steps` of linear warm-up.
+    #[must_use]
+    pub fn to_zgrad(self, warmup_steps: u64, total_steps: u64) -> zgrad::LrSchedule {
+        match self {
+            LrSchedule::Constant if warmup_steps == 0 => zgrad::LrSchedule::Constant,
+            LrSchedule::Constant => zgrad::LrSchedule::LinearWarmup { warmup_steps },
+            LrSchedule::Cosine => zgrad::LrSchedule::Cosine {
+                warmup_steps,
+                total_steps,
+                min_ratio: 0.0,
+            },
         }
-        if !self.width.is_multiple_of(self.heads) {
-            return Err(TrainError::Options(format!(
-                "--width {} must be a multiple of --heads {}",
-                self.width, self.heads
-            )));
-        }
-        Ok(())
     }
+}
 
-    /// Parameter count (XASSET.md's table), in checked arithmetic: sizes whose count does not
-    /// fit in 64 bits are a typed error, not an overflow.
-    pub fn parameters(&self) -> Result<u64> {
-        let (d, f, ff, dh) = (
-            self.width as u128,
-            self.features as u128,
-            self.ff as u128,
-            (self.width / self.heads) as u128,
-        );
-        let terms = [
-            [d, f],
-            [d, 1],
-            [2, d],
-            [3 * d, d],
-            [3, d],
-            [4, dh],
-            [d, d],
-            [d, 1],
-            [2, d],
-            [ff, d],
-            [ff, 1],
-            [d, ff],
-            [d, 1],
-            [d, 1],
-            [1, 1],
-        ];
-        let n = terms
-            .iter()
-            .try_fold(0u128, |acc, [a, b]| acc.checked_add(a.checked_mul(*b)?));
-        match n.and_then(|n| u64::try_from(n).ok()) {
-            Some(n) => Ok(n),
-            None => Err(TrainError::OutOfMemory {
-                needed: format!(
-                    "more than 2^64 parameters (--width {}, --features {}, --ff {})",
-                    self.width, self.features, self.ff
-                ),
-                available: "no machine holds that many".into(),
-                advice: "lower --width, --features or --ff".into(),
-            }),
+/// The command line's spelling of zgrad's training schedules.
+pub const SCHEDULE_NAMES: [(&str, TrainSchedule); 2] = [
+    ("batched", TrainSchedule::Batched),
+    ("per-sample", TrainSchedule::PerSample),
+];
+
+/// How the command line (and the checkpoint's configuration) spells `schedule`.
+#[must_use]
+pub fn schedule_name(schedule: TrainSchedule) -> &'static str {
+    match schedule {
+        TrainSchedule::Batched => "batched",
+        TrainSchedule::PerSample => "per-sample",
+    }
+}
+
+/// Every size positive and the width a multiple of the heads, named by option.
+pub fn check_model(m: &XAssetConfig) -> Result<()> {
+    for (name, v) in [
+        ("--scales", m.scales),
+        ("--features", m.features),
+        ("--width", m.width),
+        ("--heads", m.heads),
+        ("--ff", m.ff),
+    ] {
+        if v == 0 {
+            return Err(TrainError::Options(format!("{name} must be at least 1")));
         }
+    }
+    if !m.width.is_multiple_of(m.heads) {
+        return Err(TrainError::Options(format!(
+            "--width {} must be a multiple of --heads {}",
+            m.width, m.heads
+        )));
+    }
+    Ok(())
+}
+
+/// Parameter count (XASSET.md's table) in checked arithmetic: sizes whose count does not fit
+/// in 64 bits are a typed error, not an overflow (zgrad's `parameter_count` is for sizes that
+/// were allocated).
+pub fn parameters(m: &XAssetConfig) -> Result<u64> {
+    let (d, f, ff, dh) = (
+        m.width as u128,
+        m.features as u128,
+        m.ff as u128,
+        (m.width / m.heads.max(1)) as u128,
+    );
+    let terms = [
+        [d, f],
+        [d, 1],
+        [2, d],
+        [3 * d, d],
+        [3, d],
+        [4, dh],
+        [d, d],
+        [d, 1],
+        [2, d],
+        [ff, d],
+        [ff, 1],
+        [d, ff],
+        [d, 1],
+        [d, 1],
+        [1, 1],
+    ];
+    let n = terms
+        .iter()
+        .try_fold(0u128, |acc, [a, b]| acc.checked_add(a.checked_mul(*b)?));
+    match n.and_then(|n| u64::try_from(n).ok()) {
+        Some(n) => Ok(n),
+        None => Err(TrainError::OutOfMemory {
+            needed: format!(
+                "more than 2^64 parameters (--width {}, --features {}, --ff {})",
+                m.width, m.features, m.ff
+            ),
+            available: "no machine holds that many".into(),
+            advice: "lower --width, --features or --ff".into(),
+        }),
     }
 }
 
@@ -93,7 +125,7 @@ pub enum DataSource {
 /// Everything that determines a run's result (the device does not: it is chosen at start).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunConfig {
-    pub model: ModelSize,
+    pub model: XAssetConfig,
     pub data: DataSource,
     pub validate_fraction: f64,
     pub epochs: usize,
@@ -103,7 +135,7 @@ pub struct RunConfig {
     pub warmup_steps: u64,
     pub weight_decay: f64,
     pub clip_grad: Option<f64>,
-    pub schedule: Schedule,
+    pub schedule: TrainSchedule,
     pub capture: bool,
     pub seed: u64,
 }
@@ -144,7 +176,7 @@ impl RunConfig {
             "warmup_steps": self.warmup_steps,
             "weight_decay": self.weight_decay,
             "clip_grad": self.clip_grad,
-            "schedule": spelled(&self.schedule),
+            "schedule": schedule_name(self.schedule),
             "capture": self.capture,
             "seed": self.seed,
         })
@@ -207,13 +239,7 @@ mod tests {
 
     fn base() -> RunConfig {
         RunConfig {
-            model: ModelSize {
-                scales: 12,
-                features: 193,
-                width: 256,
-                heads: 4,
-                ff: 1024,
-            },
+            model: XAssetConfig::default(),
             data: DataSource::Synthetic {
                 samples: 100,
                 seed: 1,
@@ -226,7 +252,7 @@ mod tests {
             warmup_steps: 0,
             weight_decay: 0.01,
             clip_grad: None,
-            schedule: Schedule::Batched,
+            schedule: TrainSchedule::Batched,
             capture: false,
             seed: 0,
         }
@@ -234,7 +260,8 @@ mod tests {
 
     #[test]
     fn default_size_has_xasset_parameter_count() {
-        assert_eq!(base().model.parameters().expect("fits"), 839_937);
+        assert_eq!(parameters(&base().model).expect("fits"), 839_937);
+        assert_eq!(XAssetConfig::default().parameter_count(), 839_937);
     }
 
     #[test]

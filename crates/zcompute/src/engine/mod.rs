@@ -17,8 +17,11 @@
 mod settings;
 
 pub use settings::{ArenaSetting, EngineConfig, Labels};
+/// The drivers an engine's backend is generic over (so a user names `CudaBackend<SimDriver>`
+/// without depending on zdevice).
+pub use zdevice::{CudaDriver, Driver, SimDriver};
 
-use zdevice::{CudaDriver, Device, DeviceConfig, Driver, SimConfig, SimDriver};
+use zdevice::{Device, DeviceConfig, SimConfig};
 use zmem::Arena;
 
 use crate::cpu::CpuBackend;
