@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use zgrad::{TrainSchedule, XAssetConfig};
+use zgrad::{LrDecay, TrainSchedule, XAssetConfig};
 
 use crate::arena_options::ArenaOptions;
-use crate::config::{DataSource, LrSchedule, RunConfig, SCHEDULE_NAMES, check_model};
+use crate::config::{DataSource, LR_DECAY_NAMES, RunConfig, SCHEDULE_NAMES, check_model};
 use crate::error::{Result, TrainError};
 
 /// Where the model trains.
@@ -31,10 +31,10 @@ fn schedule_parser() -> impl clap::builder::TypedValueParser<Value = TrainSchedu
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
     PossibleValuesParser::new([
         PossibleValue::new(SCHEDULE_NAMES[0].0)
-            .help("One forward and backward over the whole batch."),
+            .help("One forward and backward over the whole batch"),
         PossibleValue::new(SCHEDULE_NAMES[1].0).help(
             "Forward and backward per sample (loss / B), gradients accumulating, the step's \
-             scratch memory reclaimed after every sample.",
+             scratch memory reclaimed after every sample",
         ),
     ])
     .map(|name: String| {
@@ -42,6 +42,22 @@ fn schedule_parser() -> impl clap::builder::TypedValueParser<Value = TrainSchedu
             .iter()
             .find(|(n, _)| *n == name)
             .map_or(TrainSchedule::Batched, |(_, s)| *s)
+    })
+}
+
+/// Parses `--lr-schedule` into zgrad's decay (`constant` or `cosine`).
+fn lr_decay_parser() -> impl clap::builder::TypedValueParser<Value = LrDecay> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new(LR_DECAY_NAMES[0].0).help("--lr throughout (after the warm-up)"),
+        PossibleValue::new(LR_DECAY_NAMES[1].0)
+            .help("Half-cosine decay from --lr to 0 over the run's steps (after the warm-up)."),
+    ])
+    .map(|name: String| {
+        LR_DECAY_NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(LrDecay::Constant, |(_, d)| *d)
     })
 }
 
@@ -145,8 +161,8 @@ pub struct Options {
     pub lr: f64,
 
     /// How the learning rate moves over the run.
-    #[arg(long, value_enum, default_value_t = LrSchedule::Constant, help_heading = "Training")]
-    pub lr_schedule: LrSchedule,
+    #[arg(long, value_parser = lr_decay_parser(), default_value = "constant", help_heading = "Training")]
+    pub lr_schedule: LrDecay,
 
     /// Steps of linear warm-up from 0 to --lr before the schedule starts.
     #[arg(long, default_value_t = 0, help_heading = "Training")]

@@ -4,34 +4,20 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use clap::ValueEnum;
-use zgrad::{TrainSchedule, XAssetConfig};
+use zgrad::{LrDecay, TrainSchedule, XAssetConfig};
 
 use crate::error::{Result, TrainError};
 
-/// How the learning rate moves over the run (the command line's choice; `to_zgrad` makes
-/// zgrad's schedule of it once the run's length is known).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LrSchedule {
-    /// `--lr` throughout (after the warm-up).
-    Constant,
-    /// Half-cosine decay from `--lr` to 0 over the run's steps (after the warm-up).
-    Cosine,
-}
+/// The command line's spelling of zgrad's learning-rate decays.
+pub const LR_DECAY_NAMES: [(&str, LrDecay); 2] =
+    [("constant", LrDecay::Constant), ("cosine", LrDecay::Cosine)];
 
-impl LrSchedule {
-    /// zgrad's schedule for a run of `total_steps` with `warmup_steps` of linear warm-up.
-    #[must_use]
-    pub fn to_zgrad(self, warmup_steps: u64, total_steps: u64) -> zgrad::LrSchedule {
-        match self {
-            LrSchedule::Constant if warmup_steps == 0 => zgrad::LrSchedule::Constant,
-            LrSchedule::Constant => zgrad::LrSchedule::LinearWarmup { warmup_steps },
-            LrSchedule::Cosine => zgrad::LrSchedule::Cosine {
-                warmup_steps,
-                total_steps,
-                min_ratio: 0.0,
-            },
-        }
+/// How the command line (and the checkpoint's configuration) spells `decay`.
+#[must_use]
+pub fn lr_decay_name(decay: LrDecay) -> &'static str {
+    match decay {
+        LrDecay::Constant => "constant",
+        LrDecay::Cosine => "cosine",
     }
 }
 
@@ -131,20 +117,13 @@ pub struct RunConfig {
     pub epochs: usize,
     pub batch: usize,
     pub lr: f64,
-    pub lr_schedule: LrSchedule,
+    pub lr_schedule: LrDecay,
     pub warmup_steps: u64,
     pub weight_decay: f64,
     pub clip_grad: Option<f64>,
     pub schedule: TrainSchedule,
     pub capture: bool,
     pub seed: u64,
-}
-
-/// Names a clap value the way the command line spells it.
-pub fn spelled<T: clap::ValueEnum>(v: &T) -> String {
-    v.to_possible_value()
-        .map(|p| p.get_name().to_string())
-        .unwrap_or_default()
 }
 
 impl RunConfig {
@@ -172,7 +151,7 @@ impl RunConfig {
             "epochs": self.epochs,
             "batch": self.batch,
             "lr": self.lr,
-            "lr_schedule": spelled(&self.lr_schedule),
+            "lr_schedule": lr_decay_name(self.lr_schedule),
             "warmup_steps": self.warmup_steps,
             "weight_decay": self.weight_decay,
             "clip_grad": self.clip_grad,
@@ -248,7 +227,7 @@ mod tests {
             epochs: 3,
             batch: 256,
             lr: 1e-3,
-            lr_schedule: LrSchedule::Constant,
+            lr_schedule: LrDecay::Constant,
             warmup_steps: 0,
             weight_decay: 0.01,
             clip_grad: None,
@@ -294,8 +273,8 @@ mod tests {
         b.epochs = 5;
         assert!(differences(&base().to_json(None), &b.to_json(None)).is_empty());
         let mut a = base();
-        a.lr_schedule = LrSchedule::Cosine;
-        b.lr_schedule = LrSchedule::Cosine;
+        a.lr_schedule = LrDecay::Cosine;
+        b.lr_schedule = LrDecay::Cosine;
         assert_eq!(differences(&a.to_json(None), &b.to_json(None)).len(), 1);
     }
 

@@ -19,7 +19,7 @@ pub fn trainer_config(config: &RunConfig, total_steps: u64) -> TrainerConfig {
         lr: config.lr,
         lr_schedule: config
             .lr_schedule
-            .to_zgrad(config.warmup_steps, total_steps),
+            .schedule(config.warmup_steps, total_steps),
         clip_grad: config.clip_grad,
         adamw: zgrad::AdamWHyper {
             weight_decay: config.weight_decay,
