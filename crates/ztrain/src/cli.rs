@@ -51,7 +51,7 @@ fn lr_decay_parser() -> impl clap::builder::TypedValueParser<Value = LrDecay> {
     PossibleValuesParser::new([
         PossibleValue::new(LR_DECAY_NAMES[0].0).help("--lr throughout (after the warm-up)"),
         PossibleValue::new(LR_DECAY_NAMES[1].0)
-            .help("Half-cosine decay from --lr to 0 over the run's steps (after the warm-up)."),
+            .help("Half-cosine decay from --lr to 0 over the run's steps (after the warm-up)"),
     ])
     .map(|name: String| {
         LR_DECAY_NAMES
