@@ -74,3 +74,38 @@ fn cuda_without_a_driver_is_device_unavailable() {
         other => panic!("expected DeviceUnavailable, got {other:?}"),
     }
 }
+
+/// The GPU twins of the tests above (feature `gpu`: a missing GPU fails them).
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::*;
+
+    #[test]
+    fn cuda_opens_the_given_ordinal_and_runs_ops() {
+        let b = small().cuda(0).expect("GPU 0 opens");
+        assert_eq!(b.device().info().ordinal, 0);
+        let x = b.upload(&[0.0f32, 1.0], &[2]).expect("upload");
+        let y = b.unary(UnaryOp::Tanh, &x).expect("tanh runs as PTX");
+        let got = b.download(&y).expect("download");
+        assert!((got[1] - 1.0f32.tanh()).abs() < 1e-6, "{got:?}");
+        assert_eq!(b.arena().config().initial_bytes, M);
+    }
+
+    #[test]
+    fn cuda_refuses_an_ordinal_past_the_last_device() {
+        match small().cuda(u32::MAX) {
+            Err(ComputeError::DeviceUnavailable { ordinal, .. }) => assert_eq!(ordinal, u32::MAX),
+            other => panic!("expected DeviceUnavailable, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cuda_refuses_a_cap_above_the_device() {
+        match small().arena_cap(u64::MAX).cuda(0) {
+            Err(ComputeError::ArenaSetting { setting, .. }) => {
+                assert_eq!(setting, ArenaSetting::CapBytes);
+            }
+            other => panic!("expected ArenaSetting, got {other:?}"),
+        }
+    }
+}
