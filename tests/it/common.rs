@@ -50,6 +50,8 @@ pub fn sim_device(capacity: u64) -> Device<SimDriver> {
         poison_on_free: true,
         ..SimConfig::with_capacity(capacity)
     });
+    // The kernels' Rust twins, registered explicitly (as `zcompute::Engine::sim` does).
+    zcompute::cuda::twins::register(&sim);
     Device::open(
         sim,
         DeviceConfig {

@@ -150,6 +150,20 @@ pub enum ComputeError {
         detail: String,
         lost: bool,
     },
+    /// An engine's arena setting the arena would not honour exactly, or a malformed `ZMEM_*`
+    /// variable: `name` is how the caller spelled it (its variable, or the override's label),
+    /// `reason` the valid range. Nothing was opened; change the setting.
+    #[error("{name} {value}: {reason}")]
+    ArenaSetting {
+        setting: crate::engine::ArenaSetting,
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+    /// `Engine::cuda`: the driver library does not load or the device does not open (no GPU,
+    /// no such ordinal, a driver too old). Use another ordinal, `Engine::sim` or the CPU.
+    #[error("GPU {ordinal} is not usable: {reason}")]
+    DeviceUnavailable { ordinal: u32, reason: String },
     /// The backend cannot run this input (for example a view of more than 6 non-mergeable
     /// axes, or a matrix product whose sizes exceed cuBLAS's 32-bit dimensions).
     #[error("{op}: unsupported on this backend: {reason}")]

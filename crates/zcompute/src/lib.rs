@@ -5,11 +5,15 @@
 //!
 //! The heart is `Layout` (shape, strides, offset): views are layout rewrites, data movement is
 //! explicit (`Backend::contiguous`, `Backend::copy_into`).
+//!
+//! Start from [`Engine`]: `Engine::cuda(ordinal)?`, `Engine::sim(capacity)?` or
+//! `Engine::cpu()`, with arena settings from one [`EngineConfig`].
 
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod element;
+pub mod engine;
 pub mod error;
 pub mod layout;
 pub mod storage;
@@ -23,6 +27,7 @@ pub use backend::{
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};
+pub use engine::{ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriver};
 pub use error::{ComputeError, Result};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};
 pub use storage::{CpuStorage, Storage};

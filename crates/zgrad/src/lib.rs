@@ -29,7 +29,7 @@ pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
 pub use loss::one_hot;
 pub use memory::in_step;
 pub use optim::{AdamW, AdamWHyper, AdamWState, Sgd, clip_grad_norm, grad_norm, zero_grad};
-pub use schedule::LrSchedule;
+pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use trainer::{EvalReport, StepReport, TrainSchedule, Trainer, TrainerConfig};
 pub use var::Var;

@@ -19,6 +19,32 @@ pub enum LrSchedule {
     },
 }
 
+/// How the rate decays after the warm-up, before the run's length is known (a command line's
+/// choice); [`LrDecay::schedule`] makes the [`LrSchedule`] once it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LrDecay {
+    /// The base rate throughout (after the warm-up).
+    Constant,
+    /// A half cosine from the base rate to 0 over the run's steps (after the warm-up).
+    Cosine,
+}
+
+impl LrDecay {
+    /// The schedule of a run of `total_steps` with `warmup_steps` of linear warm-up.
+    #[must_use]
+    pub fn schedule(self, warmup_steps: u64, total_steps: u64) -> LrSchedule {
+        match self {
+            LrDecay::Constant if warmup_steps == 0 => LrSchedule::Constant,
+            LrDecay::Constant => LrSchedule::LinearWarmup { warmup_steps },
+            LrDecay::Cosine => LrSchedule::Cosine {
+                warmup_steps,
+                total_steps,
+                min_ratio: 0.0,
+            },
+        }
+    }
+}
+
 impl LrSchedule {
     /// The rate of step `step` (1-based; 0 is treated as 1).
     #[must_use]
@@ -53,8 +79,20 @@ impl LrSchedule {
 
 #[cfg(test)]
 mod tests {
-    use super::LrSchedule;
+    use super::{LrDecay, LrSchedule};
     use rstest::rstest;
+
+    #[rstest]
+    #[case(LrDecay::Constant, 0, LrSchedule::Constant)]
+    #[case(LrDecay::Constant, 3, LrSchedule::LinearWarmup { warmup_steps: 3 })]
+    #[case(LrDecay::Cosine, 3, LrSchedule::Cosine { warmup_steps: 3, total_steps: 10, min_ratio: 0.0 })]
+    fn a_decay_becomes_the_schedule_of_the_run(
+        #[case] decay: LrDecay,
+        #[case] warmup: u64,
+        #[case] want: LrSchedule,
+    ) {
+        assert_eq!(decay.schedule(warmup, 10), want);
+    }
 
     #[rstest]
     #[case::constant(LrSchedule::Constant, 7, 1.0)]

@@ -36,6 +36,7 @@ fn mock() -> CudaBackend<SimDriver> {
         poison_on_free: true,
         ..SimConfig::with_capacity(512 << 20)
     });
+    zcompute::cuda::twins::register(&sim);
     let dev = Device::open(
         sim,
         DeviceConfig {

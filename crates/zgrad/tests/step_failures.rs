@@ -25,6 +25,7 @@ fn mock() -> Mock {
         poison_on_free: true,
         ..SimConfig::with_capacity(512 << 20)
     });
+    zcompute::cuda::twins::register(&sim);
     let config = DeviceConfig {
         blas_workspace_bytes: 0,
         ..DeviceConfig::default()

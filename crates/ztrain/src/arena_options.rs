@@ -1,167 +1,136 @@
 //! The device-memory options (`--arena-bytes`, `--segment-bytes`, `--arena-cap`,
-//! `--overflow-reserve`, and their `ZMEM_*` variables) checked against the device before the
-//! arena is made. zmem rounds the initial size up to whole segments, grows on demand from 0 and
-//! clamps it to the cap; a run must never change what the user asked for without a word, so a
-//! value the arena would not honour exactly is refused here, naming its valid range.
+//! `--overflow-reserve`, `--poison`) as one value: they become zcompute's `EngineConfig`
+//! (zmem's defaults, then the `ZMEM_*` environment, then these options), which checks them
+//! once, against the device, when the engine opens. Errors name a setting the way the user gave
+//! it: the option, or the variable when it came from the environment.
 
-use zmem::ArenaConfig;
-use zmem::units::Bytes;
+use clap::Args;
+use zcompute::{ArenaSetting, ComputeError, EngineConfig};
 
 use crate::error::{Result, TrainError};
 
-/// How the user named one arena setting: the option when given, else its variable.
-#[derive(Clone, Copy, Debug)]
-pub struct Sources {
-    pub arena_bytes: &'static str,
-    pub segment_bytes: &'static str,
-    pub arena_cap: &'static str,
-    pub overflow_reserve: &'static str,
+/// The arena's options.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ArenaOptions {
+    /// Scratch memory the arena allocates at start (K/M/G suffixes; default from
+    /// ZMEM_ARENA_BYTES, else 64M).
+    #[arg(long, value_parser = crate::cli::parse_size, help_heading = HEADING)]
+    pub arena_bytes: Option<u64>,
+
+    /// Size of each segment the arena grows by (default ZMEM_SEGMENT_BYTES, else 64M).
+    #[arg(long, value_parser = crate::cli::parse_size, help_heading = HEADING)]
+    pub segment_bytes: Option<u64>,
+
+    /// Most the arena may grow to; past it requests go to the overflow pool (default
+    /// ZMEM_ARENA_CAP_BYTES, else 3/4 of device memory).
+    #[arg(long, value_parser = crate::cli::parse_size, help_heading = HEADING)]
+    pub arena_cap: Option<u64>,
+
+    /// Overflow pool memory reserved up front (default ZMEM_OVERFLOW_RESERVE_BYTES, else 64M).
+    #[arg(long, value_parser = crate::cli::parse_size, help_heading = HEADING)]
+    pub overflow_reserve: Option<u64>,
+
+    /// Fill reclaimed and freed device memory with NaN so a use after reset fails loudly.
+    #[arg(long, help_heading = HEADING)]
+    pub poison: bool,
 }
 
-impl Sources {
-    /// The names for a configuration where `given` lists the options on the command line.
-    #[must_use]
-    pub fn new(cfg: &ArenaConfig, given: [bool; 4]) -> Sources {
-        let name = |given: bool, option: &'static str, var: &'static str| {
-            if !given && cfg.from_env.contains(&var) {
-                var
-            } else {
-                option
-            }
-        };
-        Sources {
-            arena_bytes: name(given[0], "--arena-bytes", "ZMEM_ARENA_BYTES"),
-            segment_bytes: name(given[1], "--segment-bytes", "ZMEM_SEGMENT_BYTES"),
-            arena_cap: name(given[2], "--arena-cap", "ZMEM_ARENA_CAP_BYTES"),
-            overflow_reserve: name(
-                given[3],
-                "--overflow-reserve",
-                "ZMEM_OVERFLOW_RESERVE_BYTES",
-            ),
+const HEADING: &str = "Device memory (zmem arena; --device cuda or sim)";
+
+/// The option that sets `setting` (errors name it so).
+#[must_use]
+pub fn option_name(setting: ArenaSetting) -> &'static str {
+    match setting {
+        ArenaSetting::InitialBytes => "--arena-bytes",
+        ArenaSetting::SegmentBytes => "--segment-bytes",
+        ArenaSetting::CapBytes => "--arena-cap",
+        ArenaSetting::OverflowReserveBytes => "--overflow-reserve",
+        ArenaSetting::Poison => "--poison",
+        // No option: only the variable sets them.
+        other => other.env_var(),
+    }
+}
+
+impl ArenaOptions {
+    /// The engine configuration: the `ZMEM_*` environment, then these options over it.
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        let mut cfg = EngineConfig::from_env()
+            .map_err(refused)?
+            .labels(option_name);
+        if let Some(v) = self.arena_bytes {
+            cfg = cfg.arena_bytes(v);
         }
+        if let Some(v) = self.segment_bytes {
+            cfg = cfg.segment_bytes(v);
+        }
+        if let Some(v) = self.arena_cap {
+            cfg = cfg.arena_cap(v);
+        }
+        if let Some(v) = self.overflow_reserve {
+            cfg = cfg.overflow_reserve(v);
+        }
+        if self.poison {
+            cfg = cfg.poison(true);
+        }
+        Ok(cfg)
     }
 }
 
-fn refuse(name: &str, value: u64, reason: String) -> TrainError {
-    TrainError::ArenaOption {
-        name: name.to_string(),
-        value: Bytes(value).to_string(),
-        reason,
+/// An arena setting the engine refused, as the option (or variable) the user gave; other
+/// errors unchanged.
+#[must_use]
+pub fn refused(e: ComputeError) -> TrainError {
+    match e {
+        ComputeError::ArenaSetting {
+            name,
+            value,
+            reason,
+            ..
+        } => TrainError::ArenaOption {
+            name: name.to_string(),
+            value,
+            reason,
+        },
+        other => TrainError::Compute(other),
     }
-}
-
-/// Checks `cfg` on a device of `total` bytes: the arena will hold exactly what was asked.
-pub fn check(cfg: &ArenaConfig, total: u64, names: &Sources) -> Result<()> {
-    let cap = cfg.cap_bytes.unwrap_or(total / 4 * 3);
-    let cap_name = if cfg.cap_bytes.is_some() {
-        names.arena_cap
-    } else {
-        "the default arena cap (3/4 of the device's memory)"
-    };
-    if let Some(c) = cfg.cap_bytes
-        && c > total
-    {
-        return Err(refuse(
-            names.arena_cap,
-            c,
-            format!("must be at most the device's memory, {}", Bytes(total)),
-        ));
-    }
-    let seg = cfg.segment_bytes;
-    if seg > cap {
-        return Err(refuse(
-            names.segment_bytes,
-            seg,
-            format!("must be between 256 B and {cap_name}, {}", Bytes(cap)),
-        ));
-    }
-    let init = cfg.initial_bytes;
-    if init < seg || init > cap || !init.is_multiple_of(seg) {
-        let below = (init / seg).max(1) * seg;
-        let nearest = if below >= init || below + seg > cap {
-            Bytes(below.min(cap / seg * seg)).to_string()
-        } else {
-            format!("{} or {}", Bytes(below), Bytes(below + seg))
-        };
-        return Err(refuse(
-            names.arena_bytes,
-            init,
-            format!(
-                "must be a whole number of segments ({} = {} each) between one segment and {cap_name}, {}; e.g. {nearest}",
-                names.segment_bytes,
-                Bytes(seg),
-                Bytes(cap)
-            ),
-        ));
-    }
-    let reserve = cfg.overflow_reserve_bytes;
-    if init.saturating_add(reserve) > total {
-        return Err(refuse(
-            names.overflow_reserve,
-            reserve,
-            format!(
-                "with {} {} it exceeds the device's memory, {}",
-                names.arena_bytes,
-                Bytes(init),
-                Bytes(total)
-            ),
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rstest::rstest;
 
     const G: u64 = 1 << 30;
-    const M: u64 = 1 << 20;
 
-    fn names() -> Sources {
-        Sources::new(&ArenaConfig::default(), [true; 4])
-    }
-
-    #[rstest]
-    #[case::zero(0, None, "--arena-bytes 0 B")]
-    #[case::one(1, None, "--arena-bytes 1 B")]
-    #[case::four_k(4 << 10, None, "--arena-bytes 4.0 KiB")]
-    #[case::not_whole(100 * M, None, "e.g. 64.0 MiB or 128.0 MiB")]
-    #[case::above_default_cap(100 * G, None, "3/4 of the device's memory")]
-    #[case::cap_above_device(64 * M, Some(5 * G), "--arena-cap")]
-    fn values_the_arena_would_change_are_refused(
-        #[case] initial: u64,
-        #[case] cap: Option<u64>,
-        #[case] says: &str,
-    ) {
-        let cfg = ArenaConfig {
-            initial_bytes: initial,
-            cap_bytes: cap,
-            ..ArenaConfig::default()
+    #[test]
+    fn a_refused_option_is_named_by_its_flag() {
+        let o = ArenaOptions {
+            arena_bytes: Some(4 << 10),
+            ..ArenaOptions::default()
         };
-        let err = check(&cfg, 4 * G, &names()).expect_err("refused");
-        assert!(err.to_string().contains(says), "{err}");
-    }
-
-    #[rstest]
-    #[case(64 * M, None)]
-    #[case(3 * G, None)]
-    #[case(4 * G - 64 * M, Some(4 * G))]
-    fn values_it_honours_pass(#[case] initial: u64, #[case] cap: Option<u64>) {
-        let cfg = ArenaConfig {
-            initial_bytes: initial,
-            cap_bytes: cap,
-            ..ArenaConfig::default()
-        };
-        check(&cfg, 4 * G, &names()).expect("honoured");
+        let cfg = o.engine_config().expect("parses");
+        let err = refused(cfg.arena_config(4 * G).expect_err("refused"));
+        assert!(
+            err.to_string().starts_with("--arena-bytes 4.0 KiB"),
+            "{err}"
+        );
     }
 
     #[test]
-    fn an_environment_value_is_named_by_its_variable() {
-        let cfg = ArenaConfig::default()
-            .with_vars([("ZMEM_ARENA_BYTES".to_string(), "4K".to_string())])
-            .expect("parses");
-        let err = check(&cfg, 4 * G, &Sources::new(&cfg, [false; 4])).expect_err("refused");
-        assert!(err.to_string().starts_with("ZMEM_ARENA_BYTES"), "{err}");
+    fn options_override_and_poison_only_turns_on() {
+        let o = ArenaOptions {
+            arena_bytes: Some(1 << 20),
+            segment_bytes: Some(512 << 10),
+            poison: true,
+            ..ArenaOptions::default()
+        };
+        let a = o
+            .engine_config()
+            .expect("parses")
+            .arena_config(4 * G)
+            .expect("valid");
+        assert_eq!(
+            (a.initial_bytes, a.segment_bytes, a.poison),
+            (1 << 20, 512 << 10, true)
+        );
     }
 }

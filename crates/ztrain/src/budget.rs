@@ -19,9 +19,9 @@
 
 use zmem::units::Bytes;
 
-use crate::cli::Schedule;
 use crate::config::{DataSource, RunConfig};
 use crate::error::{Result, TrainError};
+use zgrad::TrainSchedule;
 
 /// Bytes a run needs, by where they live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl Estimate {
             m.heads as u64,
             m.ff as u64,
         );
-        let params = m.parameters()?;
+        let params = crate::config::parameters(m)?;
         let model = product("the parameters and optimiser state", &[params, 16])?;
         let per_sample = sum(
             "the activations",
@@ -92,8 +92,8 @@ impl Estimate {
             batch
         };
         let held = match config.schedule {
-            Schedule::Batched => product("the activations", &[2, batch])?,
-            Schedule::PerSample => 2,
+            TrainSchedule::Batched => product("the activations", &[2, batch])?,
+            TrainSchedule::PerSample => 2,
         }
         .max(batch);
         let activations = product("the activations", &[per_sample, held, 4])?;

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use crate::config::{DataSource, ModelSize, RunConfig};
+use zgrad::{LrDecay, TrainSchedule, XAssetConfig};
+
+use crate::arena_options::ArenaOptions;
+use crate::config::{DataSource, LR_DECAY_NAMES, RunConfig, SCHEDULE_NAMES, check_model};
 use crate::error::{Result, TrainError};
 
 /// Where the model trains.
@@ -22,39 +25,40 @@ pub enum DeviceChoice {
     Sim,
 }
 
-/// How a mini-batch becomes one optimiser step (XASSET.md, "Two training schedules").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Schedule {
-    /// One forward and backward over the whole batch.
-    Batched,
-    /// Forward and backward per sample (loss / B), gradients accumulating, the step's scratch
-    /// memory reclaimed after every sample.
-    PerSample,
+/// Parses `--schedule` into zgrad's schedule (the command line spells it `batched` or
+/// `per-sample`).
+fn schedule_parser() -> impl clap::builder::TypedValueParser<Value = TrainSchedule> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new(SCHEDULE_NAMES[0].0)
+            .help("One forward and backward over the whole batch"),
+        PossibleValue::new(SCHEDULE_NAMES[1].0).help(
+            "Forward and backward per sample (loss / B), gradients accumulating, the step's \
+             scratch memory reclaimed after every sample",
+        ),
+    ])
+    .map(|name: String| {
+        SCHEDULE_NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(TrainSchedule::Batched, |(_, s)| *s)
+    })
 }
 
-/// How the learning rate moves over the run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LrSchedule {
-    /// `--lr` throughout (after the warm-up).
-    Constant,
-    /// Half-cosine decay from `--lr` to 0 over the run's steps (after the warm-up).
-    Cosine,
-}
-
-impl LrSchedule {
-    /// zgrad's schedule for a run of `total_steps` with `warmup_steps` of linear warm-up.
-    #[must_use]
-    pub fn to_zgrad(self, warmup_steps: u64, total_steps: u64) -> zgrad::LrSchedule {
-        match self {
-            LrSchedule::Constant if warmup_steps == 0 => zgrad::LrSchedule::Constant,
-            LrSchedule::Constant => zgrad::LrSchedule::LinearWarmup { warmup_steps },
-            LrSchedule::Cosine => zgrad::LrSchedule::Cosine {
-                warmup_steps,
-                total_steps,
-                min_ratio: 0.0,
-            },
-        }
-    }
+/// Parses `--lr-schedule` into zgrad's decay (`constant` or `cosine`).
+fn lr_decay_parser() -> impl clap::builder::TypedValueParser<Value = LrDecay> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new(LR_DECAY_NAMES[0].0).help("--lr throughout (after the warm-up)"),
+        PossibleValue::new(LR_DECAY_NAMES[1].0)
+            .help("Half-cosine decay from --lr to 0 over the run's steps (after the warm-up)"),
+    ])
+    .map(|name: String| {
+        LR_DECAY_NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(LrDecay::Constant, |(_, d)| *d)
+    })
 }
 
 /// The exit statuses, in `--help` and the README.
@@ -157,8 +161,8 @@ pub struct Options {
     pub lr: f64,
 
     /// How the learning rate moves over the run.
-    #[arg(long, value_enum, default_value_t = LrSchedule::Constant, help_heading = "Training")]
-    pub lr_schedule: LrSchedule,
+    #[arg(long, value_parser = lr_decay_parser(), default_value = "constant", help_heading = "Training")]
+    pub lr_schedule: LrDecay,
 
     /// Steps of linear warm-up from 0 to --lr before the schedule starts.
     #[arg(long, default_value_t = 0, help_heading = "Training")]
@@ -174,8 +178,8 @@ pub struct Options {
 
     /// batched: one forward/backward per batch; per-sample: one per sample, gradients
     /// accumulated, scratch memory reclaimed after every sample.
-    #[arg(long, value_enum, default_value_t = Schedule::Batched, help_heading = "Training")]
-    pub schedule: Schedule,
+    #[arg(long, value_parser = schedule_parser(), default_value = "batched", help_heading = "Training")]
+    pub schedule: TrainSchedule,
 
     /// Capture the training step once and replay it (a CUDA graph on the GPU; the recorded
     /// step on the CPU). Results equal the eager run.
@@ -186,30 +190,9 @@ pub struct Options {
     #[arg(long, default_value_t = 0, help_heading = "Training")]
     pub seed: u64,
 
-    /// Scratch memory the arena allocates at start (K/M/G suffixes; default from
-    /// ZMEM_ARENA_BYTES, else 64M).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
-    pub arena_bytes: Option<u64>,
-
-    /// Size of each segment the arena grows by (default ZMEM_SEGMENT_BYTES, else 64M).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
-    pub segment_bytes: Option<u64>,
-
-    /// Most the arena may grow to; past it requests go to the overflow pool (default
-    /// ZMEM_ARENA_CAP_BYTES, else 3/4 of device memory).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
-    pub arena_cap: Option<u64>,
-
-    /// Overflow pool memory reserved up front (default ZMEM_OVERFLOW_RESERVE_BYTES, else 64M).
-    #[arg(long, value_parser = parse_size, help_heading = "Device memory (zmem arena; --device cuda or sim)")]
-    pub overflow_reserve: Option<u64>,
-
-    /// Fill reclaimed and freed device memory with NaN so a use after reset fails loudly.
-    #[arg(
-        long,
-        help_heading = "Device memory (zmem arena; --device cuda or sim)"
-    )]
-    pub poison: bool,
+    /// The device-memory (arena) options.
+    #[command(flatten)]
+    pub arena: ArenaOptions,
 
     /// Write a checkpoint here at the end of every epoch, every --checkpoint-every steps, and
     /// at the end of the run (atomically: a temporary file, then a rename).
@@ -262,7 +245,7 @@ pub struct Options {
     pub log: String,
 }
 
-fn parse_size(text: &str) -> std::result::Result<u64, String> {
+pub(crate) fn parse_size(text: &str) -> std::result::Result<u64, String> {
     zmem::units::parse_bytes(text)
 }
 
@@ -270,14 +253,14 @@ impl Options {
     /// The checked run configuration.
     pub fn config(&self) -> Result<RunConfig> {
         let bad = |m: String| Err(TrainError::Options(m));
-        let model = ModelSize {
+        let model = XAssetConfig {
             scales: self.scales,
             features: self.features,
             width: self.width,
             heads: self.heads,
             ff: self.ff,
         };
-        model.check()?;
+        check_model(&model)?;
         if self.batch == 0 {
             return bad("--batch must be at least 1".into());
         }
@@ -341,40 +324,6 @@ impl Options {
             capture: self.capture,
             seed: self.seed,
         })
-    }
-
-    /// How each arena setting was named (the option when given, else its `ZMEM_*` variable).
-    #[must_use]
-    pub fn arena_sources(&self, cfg: &zmem::ArenaConfig) -> crate::arena_options::Sources {
-        crate::arena_options::Sources::new(
-            cfg,
-            [
-                self.arena_bytes.is_some(),
-                self.segment_bytes.is_some(),
-                self.arena_cap.is_some(),
-                self.overflow_reserve.is_some(),
-            ],
-        )
-    }
-
-    /// The arena configuration: the `ZMEM_*` environment, then these options over it.
-    pub fn arena_config(&self) -> Result<zmem::ArenaConfig> {
-        let mut cfg = zmem::ArenaConfig::from_env()?;
-        if let Some(v) = self.arena_bytes {
-            cfg.initial_bytes = v;
-        }
-        if let Some(v) = self.segment_bytes {
-            cfg.segment_bytes = v;
-        }
-        if let Some(v) = self.arena_cap {
-            cfg.cap_bytes = Some(v);
-        }
-        if let Some(v) = self.overflow_reserve {
-            cfg.overflow_reserve_bytes = v;
-        }
-        cfg.poison |= self.poison;
-        cfg.validate()?;
-        Ok(cfg)
     }
 }
 

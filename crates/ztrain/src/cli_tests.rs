@@ -46,7 +46,12 @@ fn bad_values_are_named(#[case] args: &[&str], #[case] named: &str) {
 #[test]
 fn arena_options_override_and_sizes_take_suffixes() {
     let o = parse(&["--arena-bytes", "1M", "--segment-bytes", "512K", "--poison"]);
-    let a = o.arena_config().expect("valid");
+    let a = o
+        .arena
+        .engine_config()
+        .expect("parses")
+        .arena_config(4 << 30)
+        .expect("valid");
     assert_eq!(
         (a.initial_bytes, a.segment_bytes, a.poison),
         (1 << 20, 512 << 10, true)

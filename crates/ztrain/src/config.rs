@@ -4,82 +4,100 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::cli::{LrSchedule, Schedule};
+use zgrad::{LrDecay, TrainSchedule, XAssetConfig};
+
 use crate::error::{Result, TrainError};
 
-/// The XAsset model's sizes (XASSET.md).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ModelSize {
-    pub scales: usize,
-    pub features: usize,
-    pub width: usize,
-    pub heads: usize,
-    pub ff: usize,
+/// The command line's spelling of zgrad's learning-rate decays.
+pub const LR_DECAY_NAMES: [(&str, LrDecay); 2] =
+    [("constant", LrDecay::Constant), ("cosine", LrDecay::Cosine)];
+
+/// How the command line (and the checkpoint's configuration) spells `decay`.
+#[must_use]
+pub fn lr_decay_name(decay: LrDecay) -> &'static str {
+    match decay {
+        LrDecay::Constant => "constant",
+        LrDecay::Cosine => "cosine",
+    }
 }
 
-impl ModelSize {
-    /// Every size positive and the width a multiple of the heads.
-    pub fn check(&self) -> Result<()> {
-        for (name, v) in [
-            ("--scales", self.scales),
-            ("--features", self.features),
-            ("--width", self.width),
-            ("--heads", self.heads),
-            ("--ff", self.ff),
-        ] {
-            if v == 0 {
-                return Err(TrainError::Options(format!("{name} must be at least 1")));
-            }
-        }
-        if !self.width.is_multiple_of(self.heads) {
-            return Err(TrainError::Options(format!(
-                "--width {} must be a multiple of --heads {}",
-                self.width, self.heads
-            )));
-        }
-        Ok(())
-    }
+/// The command line's spelling of zgrad's training schedules.
+pub const SCHEDULE_NAMES: [(&str, TrainSchedule); 2] = [
+    ("batched", TrainSchedule::Batched),
+    ("per-sample", TrainSchedule::PerSample),
+];
 
-    /// Parameter count (XASSET.md's table), in checked arithmetic: sizes whose count does not
-    /// fit in 64 bits are a typed error, not an overflow.
-    pub fn parameters(&self) -> Result<u64> {
-        let (d, f, ff, dh) = (
-            self.width as u128,
-            self.features as u128,
-            self.ff as u128,
-            (self.width / self.heads) as u128,
-        );
-        let terms = [
-            [d, f],
-            [d, 1],
-            [2, d],
-            [3 * d, d],
-            [3, d],
-            [4, dh],
-            [d, d],
-            [d, 1],
-            [2, d],
-            [ff, d],
-            [ff, 1],
-            [d, ff],
-            [d, 1],
-            [d, 1],
-            [1, 1],
-        ];
-        let n = terms
-            .iter()
-            .try_fold(0u128, |acc, [a, b]| acc.checked_add(a.checked_mul(*b)?));
-        match n.and_then(|n| u64::try_from(n).ok()) {
-            Some(n) => Ok(n),
-            None => Err(TrainError::OutOfMemory {
-                needed: format!(
-                    "more than 2^64 parameters (--width {}, --features {}, --ff {})",
-                    self.width, self.features, self.ff
-                ),
-                available: "no machine holds that many".into(),
-                advice: "lower --width, --features or --ff".into(),
-            }),
+/// How the command line (and the checkpoint's configuration) spells `schedule`.
+#[must_use]
+pub fn schedule_name(schedule: TrainSchedule) -> &'static str {
+    match schedule {
+        TrainSchedule::Batched => "batched",
+        TrainSchedule::PerSample => "per-sample",
+    }
+}
+
+/// Every size positive and the width a multiple of the heads, named by option.
+pub fn check_model(m: &XAssetConfig) -> Result<()> {
+    for (name, v) in [
+        ("--scales", m.scales),
+        ("--features", m.features),
+        ("--width", m.width),
+        ("--heads", m.heads),
+        ("--ff", m.ff),
+    ] {
+        if v == 0 {
+            return Err(TrainError::Options(format!("{name} must be at least 1")));
         }
+    }
+    if !m.width.is_multiple_of(m.heads) {
+        return Err(TrainError::Options(format!(
+            "--width {} must be a multiple of --heads {}",
+            m.width, m.heads
+        )));
+    }
+    Ok(())
+}
+
+/// Parameter count (XASSET.md's table) in checked arithmetic: sizes whose count does not fit
+/// in 64 bits are a typed error, not an overflow (zgrad's `parameter_count` is for sizes that
+/// were allocated).
+pub fn parameters(m: &XAssetConfig) -> Result<u64> {
+    let (d, f, ff, dh) = (
+        m.width as u128,
+        m.features as u128,
+        m.ff as u128,
+        (m.width / m.heads.max(1)) as u128,
+    );
+    let terms = [
+        [d, f],
+        [d, 1],
+        [2, d],
+        [3 * d, d],
+        [3, d],
+        [4, dh],
+        [d, d],
+        [d, 1],
+        [2, d],
+        [ff, d],
+        [ff, 1],
+        [d, ff],
+        [d, 1],
+        [d, 1],
+        [1, 1],
+    ];
+    let n = terms
+        .iter()
+        .try_fold(0u128, |acc, [a, b]| acc.checked_add(a.checked_mul(*b)?));
+    match n.and_then(|n| u64::try_from(n).ok()) {
+        Some(n) => Ok(n),
+        None => Err(TrainError::OutOfMemory {
+            needed: format!(
+                "more than 2^64 parameters (--width {}, --features {}, --ff {})",
+                m.width, m.features, m.ff
+            ),
+            available: "no machine holds that many".into(),
+            advice: "lower --width, --features or --ff".into(),
+        }),
     }
 }
 
@@ -93,26 +111,19 @@ pub enum DataSource {
 /// Everything that determines a run's result (the device does not: it is chosen at start).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunConfig {
-    pub model: ModelSize,
+    pub model: XAssetConfig,
     pub data: DataSource,
     pub validate_fraction: f64,
     pub epochs: usize,
     pub batch: usize,
     pub lr: f64,
-    pub lr_schedule: LrSchedule,
+    pub lr_schedule: LrDecay,
     pub warmup_steps: u64,
     pub weight_decay: f64,
     pub clip_grad: Option<f64>,
-    pub schedule: Schedule,
+    pub schedule: TrainSchedule,
     pub capture: bool,
     pub seed: u64,
-}
-
-/// Names a clap value the way the command line spells it.
-pub fn spelled<T: clap::ValueEnum>(v: &T) -> String {
-    v.to_possible_value()
-        .map(|p| p.get_name().to_string())
-        .unwrap_or_default()
 }
 
 impl RunConfig {
@@ -140,11 +151,11 @@ impl RunConfig {
             "epochs": self.epochs,
             "batch": self.batch,
             "lr": self.lr,
-            "lr_schedule": spelled(&self.lr_schedule),
+            "lr_schedule": lr_decay_name(self.lr_schedule),
             "warmup_steps": self.warmup_steps,
             "weight_decay": self.weight_decay,
             "clip_grad": self.clip_grad,
-            "schedule": spelled(&self.schedule),
+            "schedule": schedule_name(self.schedule),
             "capture": self.capture,
             "seed": self.seed,
         })
@@ -207,13 +218,7 @@ mod tests {
 
     fn base() -> RunConfig {
         RunConfig {
-            model: ModelSize {
-                scales: 12,
-                features: 193,
-                width: 256,
-                heads: 4,
-                ff: 1024,
-            },
+            model: XAssetConfig::default(),
             data: DataSource::Synthetic {
                 samples: 100,
                 seed: 1,
@@ -222,11 +227,11 @@ mod tests {
             epochs: 3,
             batch: 256,
             lr: 1e-3,
-            lr_schedule: LrSchedule::Constant,
+            lr_schedule: LrDecay::Constant,
             warmup_steps: 0,
             weight_decay: 0.01,
             clip_grad: None,
-            schedule: Schedule::Batched,
+            schedule: TrainSchedule::Batched,
             capture: false,
             seed: 0,
         }
@@ -234,7 +239,8 @@ mod tests {
 
     #[test]
     fn default_size_has_xasset_parameter_count() {
-        assert_eq!(base().model.parameters().expect("fits"), 839_937);
+        assert_eq!(parameters(&base().model).expect("fits"), 839_937);
+        assert_eq!(XAssetConfig::default().parameter_count(), 839_937);
     }
 
     #[test]
@@ -267,8 +273,8 @@ mod tests {
         b.epochs = 5;
         assert!(differences(&base().to_json(None), &b.to_json(None)).is_empty());
         let mut a = base();
-        a.lr_schedule = LrSchedule::Cosine;
-        b.lr_schedule = LrSchedule::Cosine;
+        a.lr_schedule = LrDecay::Cosine;
+        b.lr_schedule = LrDecay::Cosine;
         assert_eq!(differences(&a.to_json(None), &b.to_json(None)).len(), 1);
     }
 

@@ -1,13 +1,18 @@
 //! Choosing where to train: the CPU backend, the CUDA backend on the GPU, or the CUDA backend
-//! over the simulated driver. A missing GPU is a typed error (`--device cuda`) or a fallback
-//! that says why (`--device auto`), never a panic.
+//! over the simulated driver, all opened through zcompute's engine builder. A missing GPU is a
+//! typed error (`--device cuda`) or a fallback that says why (`--device auto`), never a panic;
+//! a GPU that is there but refuses the arena options is its error, not a fallback.
 
-use zcompute::{CpuBackend, CudaBackend};
-use zdevice::{CudaDriver, Device, DeviceConfig, Driver, SimConfig, SimDriver};
-use zmem::{Arena, ArenaConfig};
+use zcompute::{
+    ComputeError, CpuBackend, CudaBackend, CudaDriver, Driver, EngineConfig, SimDriver,
+};
 
+use crate::arena_options::refused;
 use crate::cli::DeviceChoice;
 use crate::error::{Result, TrainError};
+
+/// The GPU ztrain trains on.
+const GPU_ORDINAL: u32 = 0;
 
 /// An opened backend.
 #[derive(Debug)]
@@ -27,6 +32,16 @@ impl Engine {
             Engine::Sim(_) => "cuda-sim",
         }
     }
+
+    /// The device's memory, for the run's estimate (`None` on the CPU).
+    #[must_use]
+    pub fn device_memory(&self) -> Option<u64> {
+        match self {
+            Engine::Cpu(_) => None,
+            Engine::Cuda(b) => Some(b.device().info().total_memory),
+            Engine::Sim(b) => Some(b.device().info().total_memory),
+        }
+    }
 }
 
 /// What was opened and why, for the first line of output.
@@ -38,27 +53,6 @@ pub struct Opened {
     pub description: String,
 }
 
-/// Checks a device of `total` bytes, called `name`, before its arena is made: the arena
-/// options and the run's memory estimate.
-pub type Check<'a> = &'a dyn Fn(u64, &str) -> Result<()>;
-
-/// Opens the GPU: the driver library and device 0.
-fn open_gpu() -> std::result::Result<Device<CudaDriver>, String> {
-    let driver = CudaDriver::load().map_err(|e| e.to_string())?;
-    Device::open(driver, DeviceConfig::default()).map_err(|e| e.to_string())
-}
-
-fn cuda_backend<D: Driver>(
-    device: Device<D>,
-    arena: &ArenaConfig,
-    name: &str,
-    check: Check<'_>,
-) -> Result<CudaBackend<D>> {
-    check(device.info().total_memory, name)?;
-    let arena = Arena::new(device, arena.clone())?;
-    Ok(CudaBackend::new(arena)?)
-}
-
 fn describe<D: Driver>(what: &str, b: &CudaBackend<D>) -> String {
     let info = b.device().info();
     format!(
@@ -68,42 +62,39 @@ fn describe<D: Driver>(what: &str, b: &CudaBackend<D>) -> String {
     )
 }
 
-/// Opens the backend `choice` asks for. `sim_memory` sizes the simulated device; `check` runs
-/// on the device before its arena is made (a GPU that is there but too small is its error,
-/// not a fallback to the CPU).
-pub fn open(
-    choice: DeviceChoice,
-    arena: &ArenaConfig,
-    sim_memory: u64,
-    check: Check<'_>,
-) -> Result<Opened> {
-    let gpu = |device| {
-        let b = cuda_backend(device, arena, "the GPU", check)?;
-        Ok(Opened {
-            description: describe("CUDA backend", &b),
-            engine: Engine::Cuda(b),
-        })
+fn cpu(description: String) -> Opened {
+    Opened {
+        engine: Engine::Cpu(zcompute::Engine::cpu()),
+        description,
+    }
+}
+
+/// Opens the backend `choice` asks for, its arena sized by `engine` (checked against the
+/// device as it opens). `sim_memory` sizes the simulated device.
+pub fn open(choice: DeviceChoice, engine: &EngineConfig, sim_memory: u64) -> Result<Opened> {
+    let gpu = |b: CudaBackend<CudaDriver>| Opened {
+        description: describe("CUDA backend", &b),
+        engine: Engine::Cuda(b),
     };
     match choice {
-        DeviceChoice::Cpu => Ok(Opened {
-            engine: Engine::Cpu(CpuBackend),
-            description: "CPU backend (--device cpu)".into(),
-        }),
-        DeviceChoice::Cuda => gpu(open_gpu().map_err(|reason| TrainError::NoGpu { reason })?),
-        DeviceChoice::Auto => match open_gpu() {
-            Ok(device) => gpu(device),
-            Err(reason) => {
-                tracing::info!(target: "ztrain.device.open", %reason, "no usable GPU; using the CPU backend");
-                Ok(Opened {
-                    engine: Engine::Cpu(CpuBackend),
-                    description: format!("CPU backend (no usable GPU: {reason})"),
-                })
+        DeviceChoice::Cpu => Ok(cpu("CPU backend (--device cpu)".into())),
+        DeviceChoice::Cuda => match engine.cuda(GPU_ORDINAL) {
+            Ok(b) => Ok(gpu(b)),
+            Err(ComputeError::DeviceUnavailable { reason, .. }) => {
+                Err(TrainError::NoGpu { reason })
             }
+            Err(e) => Err(refused(e)),
+        },
+        DeviceChoice::Auto => match engine.cuda(GPU_ORDINAL) {
+            Ok(b) => Ok(gpu(b)),
+            Err(ComputeError::DeviceUnavailable { reason, .. }) => {
+                tracing::info!(target: "ztrain.device.open", %reason, "no usable GPU; using the CPU backend");
+                Ok(cpu(format!("CPU backend (no usable GPU: {reason})")))
+            }
+            Err(e) => Err(refused(e)),
         },
         DeviceChoice::Sim => {
-            let sim = SimDriver::new(SimConfig::with_capacity(sim_memory));
-            let device = Device::open(sim, DeviceConfig::default())?;
-            let b = cuda_backend(device, arena, "the simulated device (--sim-memory)", check)?;
+            let b = engine.sim(sim_memory).map_err(refused)?;
             Ok(Opened {
                 description: describe("CUDA backend over the simulated driver", &b),
                 engine: Engine::Sim(b),
@@ -116,13 +107,11 @@ pub fn open(
 mod tests {
     use super::*;
 
-    fn small_arena() -> ArenaConfig {
-        ArenaConfig {
-            initial_bytes: 1 << 20,
-            segment_bytes: 1 << 20,
-            overflow_reserve_bytes: 1 << 20,
-            ..ArenaConfig::default()
-        }
+    fn small_arena() -> EngineConfig {
+        EngineConfig::new()
+            .arena_bytes(1 << 20)
+            .segment_bytes(1 << 20)
+            .overflow_reserve(1 << 20)
     }
 
     /// This machine has no GPU (CI neither): `cuda` is the typed error, `auto` the CPU.
@@ -132,11 +121,11 @@ mod tests {
         if CudaDriver::load().is_ok() {
             return; // a driver library is present: covered by the gpu tests instead
         }
-        match open(DeviceChoice::Cuda, &small_arena(), 0, &|_, _| Ok(())) {
+        match open(DeviceChoice::Cuda, &small_arena(), 0) {
             Err(TrainError::NoGpu { reason }) => assert!(!reason.is_empty()),
             other => panic!("expected NoGpu, got {other:?}"),
         }
-        let auto = open(DeviceChoice::Auto, &small_arena(), 0, &|_, _| Ok(())).expect("falls back");
+        let auto = open(DeviceChoice::Auto, &small_arena(), 0).expect("falls back");
         assert!(matches!(auto.engine, Engine::Cpu(_)));
         assert!(
             auto.description.contains("no usable GPU"),
@@ -147,8 +136,20 @@ mod tests {
 
     #[test]
     fn sim_opens_the_cuda_backend_on_the_simulated_driver() {
-        let o = open(DeviceChoice::Sim, &small_arena(), 256 << 20, &|_, _| Ok(())).expect("sim");
+        let o = open(DeviceChoice::Sim, &small_arena(), 256 << 20).expect("sim");
         assert_eq!(o.engine.backend_name(), "cuda-sim");
+        assert_eq!(o.engine.device_memory(), Some(256 << 20));
         assert!(o.description.contains("simulated"), "{}", o.description);
+    }
+
+    #[test]
+    fn a_refused_arena_option_is_named_by_its_flag_not_a_fallback() {
+        let cfg = small_arena()
+            .labels(crate::arena_options::option_name)
+            .arena_bytes(3 << 19);
+        match open(DeviceChoice::Sim, &cfg, 256 << 20) {
+            Err(TrainError::ArenaOption { name, .. }) => assert_eq!(name, "--arena-bytes"),
+            other => panic!("expected ArenaOption, got {other:?}"),
+        }
     }
 }

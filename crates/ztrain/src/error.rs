@@ -96,10 +96,6 @@ pub enum TrainError {
     #[error("training: {0}")]
     Grad(#[from] zgrad::GradError),
 
-    /// The device failed.
-    #[error("device: {0}")]
-    Device(#[from] zdevice::DeviceError),
-
     /// Device memory failed.
     #[error("memory: {0}")]
     Memory(#[from] zmem::MemError),

@@ -2,8 +2,7 @@
 //! arena's diagnostics and timeline on a device backend, the process's resident memory on the
 //! CPU backend (which has no arena).
 
-use zcompute::{CpuBackend, CudaBackend};
-use zdevice::Driver;
+use zcompute::{CpuBackend, CudaBackend, Driver};
 use zmem::StepRecord;
 
 use crate::progress::host_memory;

@@ -69,32 +69,35 @@ pub fn run(
     stop: &StopSignal,
 ) -> Result<Outcome> {
     let config = options.config()?;
-    let arena = options.arena_config()?;
+    let engine = options.arena.engine_config()?;
     check_files(options)?;
     let estimate = Estimate::of(&config)?;
-    let names = options.arena_sources(&arena);
+    let mut sim_arena = 0;
     if options.device == DeviceChoice::Sim {
         // The simulated device's memory is known now: its options first, before the host.
-        arena_options::check(&arena, options.sim_memory, &names)?;
+        let arena = engine
+            .arena_config(options.sim_memory)
+            .map_err(arena_options::refused)?;
+        sim_arena = arena
+            .initial_bytes
+            .saturating_add(arena.overflow_reserve_bytes);
     }
-    let sim_arena = arena
-        .initial_bytes
-        .saturating_add(arena.overflow_reserve_bytes);
     match options.device {
         DeviceChoice::Cpu => estimate.check_host(estimate.device()?)?,
         DeviceChoice::Sim => estimate.check_host(estimate.device()?.max(sim_arena))?,
         DeviceChoice::Auto | DeviceChoice::Cuda => estimate.check_host(0)?,
     }
-    let check = |total: u64, name: &str| {
-        arena_options::check(&arena, total, &names)?;
-        let raise = if options.device == DeviceChoice::Sim {
-            ", or raise --sim-memory"
-        } else {
-            ""
+    let opened = device::open(options.device, &engine, options.sim_memory)?;
+    if let Some(total) = opened.engine.device_memory() {
+        let (name, raise) = match opened.engine {
+            Engine::Sim(_) => (
+                "the simulated device (--sim-memory)",
+                ", or raise --sim-memory",
+            ),
+            _ => ("the GPU", ""),
         };
-        estimate.check_device(total, name, raise)
-    };
-    let opened = device::open(options.device, &arena, options.sim_memory, &check)?;
+        estimate.check_device(total, name, raise)?;
+    }
     if options.memory_report.is_some() && matches!(opened.engine, Engine::Cpu(_)) {
         return Err(TrainError::MemoryReport(format!(
             "the {} has no device arena to report on; use --device sim (or cuda)",
@@ -186,13 +189,7 @@ fn train<B: TrainBackend + MemorySource>(
     }
     let config_json = config.to_json(digest);
     let m = config.model;
-    let model_config = XAssetConfig {
-        features: m.features,
-        scales: m.scales,
-        width: m.width,
-        heads: m.heads,
-        ff: m.ff,
-    };
+    let model_config: XAssetConfig = m;
     let n_train = train_set.len();
     let steps_per_epoch = n_train.div_ceil(config.batch) as u64;
     let total_steps = steps_per_epoch
@@ -208,7 +205,7 @@ fn train<B: TrainBackend + MemorySource>(
 
     let mut progress = match &options.resume {
         Some(path) => {
-            let limit = checkpoint_limit(m.parameters()?, n_train);
+            let limit = checkpoint_limit(crate::config::parameters(&m)?, n_train);
             let at = ResumeAt {
                 config: &config_json,
                 backend: ctx.backend_name,
@@ -236,8 +233,8 @@ fn train<B: TrainBackend + MemorySource>(
     })?;
     out.line(&format!(
         "ztrain: XAsset F={} S={} D={} H={} FF={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
-        m.features, m.scales, m.width, m.heads, m.ff, m.parameters()?, n_train, val_set.len(),
-        config.batch, config.epochs, crate::config::spelled(&config.schedule)
+        m.features, m.scales, m.width, m.heads, m.ff, crate::config::parameters(&m)?, n_train, val_set.len(),
+        config.batch, config.epochs, crate::config::schedule_name(config.schedule)
     ));
 
     let save = |learner: &Trainer<B>, progress: &Progress| -> Result<()> {

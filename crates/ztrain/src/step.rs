@@ -2,9 +2,8 @@
 //! configuration from the run's, and running tallies of loss and accuracy.
 
 use zcompute::{Backend, Capture};
-use zgrad::{TrainSchedule, TrainerConfig};
+use zgrad::TrainerConfig;
 
-use crate::cli::Schedule;
 use crate::config::RunConfig;
 
 /// The backend traits the run needs (zgrad's trainer captures through `Capture`).
@@ -15,15 +14,12 @@ impl<B: Backend<f32> + Capture<f32> + Clone + 'static> TrainBackend for B {}
 #[must_use]
 pub fn trainer_config(config: &RunConfig, total_steps: u64) -> TrainerConfig {
     TrainerConfig {
-        schedule: match config.schedule {
-            Schedule::Batched => TrainSchedule::Batched,
-            Schedule::PerSample => TrainSchedule::PerSample,
-        },
+        schedule: config.schedule,
         capture: config.capture,
         lr: config.lr,
         lr_schedule: config
             .lr_schedule
-            .to_zgrad(config.warmup_steps, total_steps),
+            .schedule(config.warmup_steps, total_steps),
         clip_grad: config.clip_grad,
         adamw: zgrad::AdamWHyper {
             weight_decay: config.weight_decay,

@@ -59,10 +59,7 @@ pub(crate) fn sample_memory<B: MemorySource>(b: &B, step: u64) -> Sample {
 
 /// `batched, capture off`.
 fn schedule_line(c: &zgrad::TrainerConfig) -> String {
-    let schedule = match c.schedule {
-        zgrad::TrainSchedule::Batched => "batched",
-        zgrad::TrainSchedule::PerSample => "per-sample",
-    };
+    let schedule = crate::config::schedule_name(c.schedule);
     let capture = if c.capture { "on" } else { "off" };
     format!("{schedule}, capture {capture}")
 }

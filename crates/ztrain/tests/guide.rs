@@ -1,10 +1,14 @@
 //! The examples of `docs/guide.md`, compiled and run, so the guide stays true. Each function
 //! here is one code block of the guide (keep them in step when either changes). Every example
-//! that takes a backend runs on the CPU and on the simulated device (`CudaBackend` over
-//! `SimDriver`), as the guide promises.
+//! that takes a backend runs on the CPU and on the simulated device (`Engine::sim`: the CUDA
+//! backend over `SimDriver`), as the guide promises. ztrain does not depend on zdevice, so the
+//! one example below the engine ("zmem alone") reaches the simulated device through the
+//! engine's arena.
 
-use zcompute::{Backend, Capture, CpuBackend, CudaBackend, MatmulOpts, UnaryOp};
-use zdevice::{DeviceConfig, MockDevice, SimConfig, SimDriver};
+use zcompute::{
+    ArenaSetting, Backend, Capture, ComputeError, CudaBackend, Engine, EngineConfig, MatmulOpts,
+    SimDriver, UnaryOp,
+};
 use zgrad::{
     AdamW, AdamWHyper, Tape, Trainer, TrainerConfig, Var, XAsset, XAssetConfig, in_step, zero_grad,
 };
@@ -12,14 +16,34 @@ use zmem::{Arena, ArenaConfig};
 
 type AnyError = Box<dyn std::error::Error>;
 
-fn mock_device() -> Result<MockDevice, AnyError> {
-    let sim = SimDriver::new(SimConfig::with_capacity(256 << 20));
-    Ok(MockDevice::open(sim, DeviceConfig::default())?)
+// Guide: "Start here: an engine".
+fn start_here() -> Result<CudaBackend<SimDriver>, AnyError> {
+    let engine = Engine::sim(256 << 20)?;
+    let _ = Engine::cpu();
+    let configured = EngineConfig::from_env()?
+        .arena_bytes(64 << 20)
+        .segment_bytes(32 << 20)
+        .poison(true)
+        .sim(256 << 20)?;
+    assert_eq!(configured.arena().config().initial_bytes, 64 << 20);
+    assert!(configured.arena().config().poison);
+    let refused = EngineConfig::new().arena_bytes(100 << 20).sim(256 << 20);
+    assert!(matches!(
+        refused,
+        Err(ComputeError::ArenaSetting {
+            setting: ArenaSetting::InitialBytes,
+            ..
+        })
+    ));
+    Ok(engine)
 }
 
 // Guide: "zmem alone".
 fn zmem_alone() -> Result<String, AnyError> {
-    let arena = Arena::new(mock_device()?, ArenaConfig::default())?;
+    // The guide opens `MockDevice` directly (zdevice); ztrain, which has no zdevice
+    // dependency, takes the same simulated device from an engine.
+    let device = Engine::sim(256 << 20)?.device().clone();
+    let arena = Arena::new(device, ArenaConfig::default())?;
     let weights = arena.alloc_persistent(4 << 20)?; // lives until its last handle drops
     for _ in 0..3 {
         let step = arena.step()?;
@@ -109,10 +133,8 @@ fn zmem_alone_runs_and_explains_itself() {
 
 #[test]
 fn zcompute_alone_gives_the_same_numbers_on_cpu_and_simulated_cuda() {
-    let cpu = tanh_linear(&CpuBackend).expect("cpu");
-    let arena = Arena::new(mock_device().expect("device"), ArenaConfig::default()).expect("arena");
-    let cuda = CudaBackend::new(arena).expect("backend");
-    let sim = tanh_linear(&cuda).expect("sim");
+    let cpu = tanh_linear(&Engine::cpu()).expect("cpu");
+    let sim = tanh_linear(&mock_backend()).expect("sim");
     let want = [
         (-1.5f32).tanh(),
         (4.25f32).tanh(),
@@ -125,13 +147,28 @@ fn zcompute_alone_gives_the_same_numbers_on_cpu_and_simulated_cuda() {
 }
 
 fn mock_backend() -> CudaBackend<SimDriver> {
-    let arena = Arena::new(mock_device().expect("device"), ArenaConfig::default()).expect("arena");
-    CudaBackend::new(arena).expect("backend")
+    Engine::sim(256 << 20).expect("the simulated engine opens")
+}
+
+#[test]
+fn start_here_opens_configures_and_refuses() {
+    start_here().expect("example runs");
+}
+
+#[test]
+fn engine_cuda_without_a_gpu_is_device_unavailable() {
+    // The guide's commented alternative. On a GPU machine the gpu suite runs it instead.
+    if let Err(e) = Engine::cuda(0) {
+        assert!(
+            matches!(e, ComputeError::DeviceUnavailable { ordinal: 0, .. }),
+            "{e:?}"
+        );
+    }
 }
 
 #[test]
 fn zgrad_custom_model_learns_xor() {
-    let (first, last) = xor_mlp(CpuBackend).expect("example runs");
+    let (first, last) = xor_mlp(Engine::cpu()).expect("example runs");
     assert!(last < 0.1 && last < first / 5.0, "loss {first} -> {last}");
 }
 
@@ -143,7 +180,7 @@ fn zgrad_custom_model_learns_xor_on_the_simulated_device() {
 
 #[test]
 fn zgrad_trainer_lowers_the_loss_of_a_small_xasset() {
-    let (first, last) = xasset_trainer(CpuBackend).expect("example runs");
+    let (first, last) = xasset_trainer(Engine::cpu()).expect("example runs");
     assert!(last < first, "loss {first} -> {last}");
 }
 

@@ -10,10 +10,14 @@ use super::{Fault, MODES, Settings, deadlines, matrix, small_arena};
 use crate::common::{TINY, initial_parameters};
 
 fn sim() -> SimDriver {
-    SimDriver::new(SimConfig {
+    let sim = SimDriver::new(SimConfig {
         poison_on_free: true,
         ..SimConfig::with_capacity(1 << 30)
-    })
+    });
+    // The kernels' Rust twins, registered explicitly: the backend under the fault wrapper
+    // resolves them from the simulator it wraps.
+    zcompute::cuda::twins::register(&sim);
+    sim
 }
 
 /// 1 s deadlines and 3 s stalls, in virtual time.

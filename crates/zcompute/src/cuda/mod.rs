@@ -1,7 +1,7 @@
 //! The CUDA backend: `Backend<f32>` and `Capture<f32>` over a zmem `Arena` on any
 //! `zdevice::Driver`. On `SimDriver` (MockDevice) every kernel runs as its Rust twin
-//! (`sim.rs`), so the whole op suite runs in CI; on `CudaDriver` it runs the PTX of
-//! `kernels/*.cu` and cuBLAS.
+//! (`twins.rs`, registered on the simulator by whoever builds it: `Engine::sim` does), so the
+//! whole op suite runs in CI; on `CudaDriver` it runs the PTX of `kernels/*.cu` and cuBLAS.
 //!
 //! Rules it keeps:
 //! - Every op is queued on the device's engine stream; nothing synchronises the device except
@@ -23,9 +23,9 @@ mod launch;
 mod matmul;
 mod ops;
 mod rows;
-pub mod sim;
 mod storage;
 mod transfer;
+pub mod twins;
 
 pub use capture::CudaGraph;
 pub use kernels::Kernel;
@@ -37,9 +37,7 @@ use crate::layout::{Layout, checked_numel};
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use zdevice::{
-    Device, DeviceError, DevicePtr, Driver, FaultyDriver, Function, LoadedModule, SimDriver, Stream,
-};
+use zdevice::{Device, DeviceError, DevicePtr, Driver, Function, LoadedModule, Stream};
 use zmem::{Arena, Block, MemError, OwnedStep};
 
 /// The CUDA backend. Cheap to clone: clones share the arena, the stream, the loaded kernels,
@@ -119,18 +117,15 @@ const POISON_BITS: u32 = 0xFFFF_FFFF;
 
 impl<D: Driver> CudaBackend<D> {
     /// A backend over `arena` (and its device): loads the PTX modules once and resolves every
-    /// kernel of the id table. On the simulated driver the kernels' Rust twins are registered
-    /// first (also under a `FaultyDriver` wrapping it). Refused during capture.
+    /// kernel of the id table. Refused during capture. Most callers want [`crate::Engine`],
+    /// which builds the device and the arena too.
+    ///
+    /// Over a simulated driver the kernels' Rust twins must be registered on it first
+    /// ([`twins::register`]; `Engine::sim` does it): a simulator without them has no function
+    /// under the kernels' names, and this constructor fails with the driver's `DeviceFailed`.
     pub fn new(arena: Arena<D>) -> Result<CudaBackend<D>> {
         const OP: &str = "CudaBackend::new";
         let device = arena.device().clone();
-        let driver = device.driver() as &dyn std::any::Any;
-        if let Some(sim) = driver.downcast_ref::<SimDriver>() {
-            sim::register(sim);
-        } else if let Some(faulty) = driver.downcast_ref::<FaultyDriver<SimDriver>>() {
-            // The fault matrix's wrapper over the simulator runs the same twins.
-            sim::register(faulty.inner());
-        }
         device.bind_thread().map_err(|e| device_error(OP, e))?;
         let modules = kernels::MODULES
             .iter()

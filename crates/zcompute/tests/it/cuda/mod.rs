@@ -45,6 +45,8 @@ pub fn mock() -> CudaBackend<SimDriver> {
         poison_on_free: true,
         ..SimConfig::with_capacity(512 << 20)
     });
+    // The kernels' Rust twins: registered explicitly, as `Engine::sim` does.
+    zcompute::cuda::twins::register(&sim);
     let dev = Device::open(
         sim,
         DeviceConfig {

@@ -1,12 +1,14 @@
 //! The simulated twins of `kernels/*.cu`: one Rust closure per kernel-id entry, registered on a
 //! `SimDriver` under the PTX entry name, so `CudaBackend<SimDriver>` runs the whole op suite in
-//! CI. Each twin implements its kernel's contract (arguments in, memory out) with the CPU
+//! CI. Nothing in the production path calls this: `Engine::sim` (and a test building its own
+//! simulator, e.g. one wrapped in a `FaultyDriver`) registers them explicitly before the
+//! backend resolves its kernels. Each twin implements its kernel's contract (arguments in, memory out) with the CPU
 //! backend's formulas; the host code around it (layouts, strides, launches, gemm descriptors,
 //! allocation, capture) is the same code that drives the GPU.
 //!
 //! This file holds the twin table and the argument helpers every twin shares; the twins live
-//! by kernel family in `sim/elementwise.rs`, `sim/reductions.rs`, `sim/rows.rs` and
-//! `sim/train.rs` (one per group of `kernels/*.cu` entries).
+//! by kernel family in `twins/elementwise.rs`, `twins/reductions.rs`, `twins/rows.rs` and
+//! `twins/train.rs` (one per group of `kernels/*.cu` entries).
 
 mod elementwise;
 mod reductions;
@@ -20,7 +22,8 @@ use zdevice::{DevicePtr, KernelArg, LaunchConfig, SimDriver};
 
 type Twin = fn(&LaunchConfig, &[KernelArg], &mut SimMemory<'_>) -> Result<(), KernelFault>;
 
-/// Registers every twin on `sim` (idempotent).
+/// Registers every twin on `sim` (idempotent). Call it before `CudaBackend::new` resolves the
+/// kernels: functions already resolved keep what they were resolved with.
 pub fn register(sim: &SimDriver) {
     for k in Kernel::ALL {
         sim.register_kernel(k.spec().name, twin(k));
