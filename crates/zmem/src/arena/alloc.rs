@@ -362,8 +362,7 @@ impl<D: Driver> Shared<D> {
                 step: index,
                 ..Default::default()
             };
-            let held = st.by_class;
-            st.timeline.observe(&held);
+            st.observe_held();
             let at = Some(self.device.driver().now());
             (index, st.timeline.push(at, EventKind::StepStart))
         };

@@ -222,8 +222,7 @@ pub(crate) fn fold(st: &mut State, f: &FastScratch) {
     let t = &mut st.timeline.current;
     t.allocations += n;
     t.bytes += b;
-    let held = st.by_class;
-    st.timeline.observe(&held);
+    st.observe_held();
     st.folded = Folded {
         allocs,
         bytes,

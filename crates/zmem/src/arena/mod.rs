@@ -116,6 +116,7 @@ impl<D: Driver> Arena<D> {
             warned_step: 0,
             prev_steps_peak: 0,
             by_class: ClassBytes::default(),
+            peak_by_class: ClassBytes::default(),
             returnable_live: 0,
             n: Counters::default(),
             open_step: None,
@@ -230,6 +231,13 @@ impl<D: Driver> Arena<D> {
     #[must_use]
     pub fn diagnostics(&self) -> Diagnostics {
         self.shared.lock().diagnostics()
+    }
+
+    /// Starts the per-class peaks ([`Diagnostics::peak_bytes_by_class`]) again from the bytes
+    /// held now, to measure a later stretch of the run alone.
+    pub fn reset_peaks(&self) {
+        let mut st = self.shared.lock();
+        st.peak_by_class = st.by_class;
     }
 
     /// A copy of the timeline (recent events and every step's aggregates).

@@ -76,6 +76,8 @@ pub(crate) struct State {
     /// when it goes above it, so a steady loop that overflows the same amount warns once.
     pub(crate) prev_steps_peak: u64,
     pub(crate) by_class: ClassBytes,
+    /// Highest `by_class` seen, per class independently (since creation or `reset_peaks`).
+    pub(crate) peak_by_class: ClassBytes,
     /// Live held and overflow handles (they report their drop).
     pub(crate) returnable_live: u64,
     pub(crate) n: Counters,
@@ -144,6 +146,7 @@ impl State {
             last_reset: self.n.last_reset.clone(),
             overflow: self.overflow,
             bytes_by_class: self.by_class,
+            peak_bytes_by_class: self.peak_by_class,
             // Overflow scratch blocks are counted as returnable (they report their drop).
             live_handles: (scratch_live + pins_live + graph_live) as u64
                 + self.returnable_live
@@ -166,8 +169,15 @@ impl State {
         let t = &mut self.timeline.current;
         t.allocations += 1;
         t.bytes += size;
+        self.observe_held();
+    }
+
+    /// Feeds the bytes held by class now to the step's timeline record and to the per-class
+    /// peaks. Called wherever `by_class` grows.
+    pub(crate) fn observe_held(&mut self) {
         let held = self.by_class;
         self.timeline.observe(&held);
+        self.peak_by_class.raise_to(&held);
     }
 
     /// Scratch bytes bumped in the current step. Offsets only grow within a step, so the
