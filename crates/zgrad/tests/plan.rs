@@ -7,7 +7,9 @@ use rstest::rstest;
 use zcompute::CudaBackend;
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
 use zgrad::rng::SplitMix64;
-use zgrad::{PlanRequest, SchedulePlan, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{
+    PlanRequest, SchedulePlan, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+};
 use zmem::{AllocClass, Arena, ArenaConfig};
 
 fn request(model: XAssetConfig, batch: usize, capture: bool, arena: ArenaConfig) -> PlanRequest {
@@ -48,7 +50,10 @@ fn real_run<D: Driver>(
     let y: Vec<f32> = (0..req.batch).map(|i| (i % 2) as f32).collect();
     let mut captured = req.trainer.capture;
     for _ in 0..req.steps {
-        captured &= trainer.train_batch(&x, &y, req.batch).expect("step").captured;
+        captured &= trainer
+            .train_batch(&x, &y, req.batch)
+            .expect("step")
+            .captured;
     }
     let d = arena.diagnostics();
     assert_eq!(d.overflow.calls, 0, "the real run overflowed: {d}");
@@ -100,10 +105,21 @@ fn plan_equals_the_computing_simulators_run(
     let real = real_run(computing_sim(), &req, schedule);
     assert_eq!(planned, &real, "plan vs real run");
     assert_eq!(planned.captured, capture, "the sim captures when asked");
-    for class in [AllocClass::Persistent, AllocClass::Saved, AllocClass::Scratch] {
-        assert!(planned.peak.get(class) > 0, "{class} planned as 0: {planned:?}");
+    for class in [
+        AllocClass::Persistent,
+        AllocClass::Saved,
+        AllocClass::Scratch,
+    ] {
+        assert!(
+            planned.peak.get(class) > 0,
+            "{class} planned as 0: {planned:?}"
+        );
     }
-    assert_eq!(planned.peak.get(AllocClass::Graph) > 0, capture, "{planned:?}");
+    assert_eq!(
+        planned.peak.get(AllocClass::Graph) > 0,
+        capture,
+        "{planned:?}"
+    );
     assert_eq!(
         plan.device_bytes_for(planned),
         planned.arena_bytes
@@ -116,10 +132,16 @@ fn plan_equals_the_computing_simulators_run(
 #[test]
 fn plan_refuses_a_bad_request_by_name() {
     let mut req = request(tiny(), 0, false, small_arena());
-    assert!(matches!(zgrad::plan(&req), Err(zgrad::GradError::Config(_))));
+    assert!(matches!(
+        zgrad::plan(&req),
+        Err(zgrad::GradError::Config(_))
+    ));
     req.batch = 4;
     req.model.heads = 3;
-    assert!(matches!(zgrad::plan(&req), Err(zgrad::GradError::Config(_))));
+    assert!(matches!(
+        zgrad::plan(&req),
+        Err(zgrad::GradError::Config(_))
+    ));
     req.model = tiny();
     req.arena.segment_bytes = 0;
     let err = zgrad::plan(&req).unwrap_err();

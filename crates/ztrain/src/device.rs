@@ -48,6 +48,14 @@ fn open_gpu() -> std::result::Result<Device<CudaDriver>, String> {
     Device::open(driver, DeviceConfig::default()).map_err(|e| e.to_string())
 }
 
+/// The GPU `--device auto`/`cuda` would train on, for a memory plan: its name and memory, or
+/// why there is none.
+pub fn gpu_memory() -> std::result::Result<(String, u64), String> {
+    let device = open_gpu()?;
+    let info = device.info();
+    Ok((info.name.clone(), info.total_memory))
+}
+
 fn cuda_backend<D: Driver>(
     device: Device<D>,
     arena: &ArenaConfig,

@@ -306,7 +306,10 @@ fn accounting_only_counts_memory_but_runs_no_data_operation() {
     d.stream_synchronize(s).unwrap();
     let mut back = [1u8; 16];
     d.memcpy_dtoh(&mut back, big).unwrap();
-    assert_eq!(back, [0; 16], "device memory reads as zeros: nothing was written");
+    assert_eq!(
+        back, [0; 16],
+        "device memory reads as zeros: nothing was written"
+    );
     d.mem_free(big).unwrap();
     assert_eq!(d.used_bytes(), 0);
     assert_eq!(

@@ -32,12 +32,21 @@ fn each_class_keeps_its_own_peak_after_the_memory_is_gone(#[values(false, true)]
         assert_eq!(d.bytes_by_class.get(AllocClass::Scratch), 0);
         let p = d.peak_bytes_by_class;
         assert_eq!(
-            [AllocClass::Scratch, AllocClass::Saved, AllocClass::Persistent, AllocClass::Graph]
-                .map(|c| p.get(c)),
+            [
+                AllocClass::Scratch,
+                AllocClass::Saved,
+                AllocClass::Persistent,
+                AllocClass::Graph
+            ]
+            .map(|c| p.get(c)),
             [3072 + 1024, 2048, 1024, 0],
             "{d}"
         );
-        assert!(d.to_string().contains("(peak scratch=4.0 KiB saved=2.0 KiB"), "{d}");
+        assert!(
+            d.to_string()
+                .contains("(peak scratch=4.0 KiB saved=2.0 KiB"),
+            "{d}"
+        );
         arena.reset_peaks();
         assert_eq!(peaks(&arena), arena.diagnostics().bytes_by_class);
         assert_eq!(peaks(&arena).get(AllocClass::Persistent), 1024);
