@@ -128,6 +128,7 @@ fn peak_rss_kib(child: &mut std::process::Child) -> u64 {
 }
 
 #[test]
+#[allow(clippy::print_stdout)] // the time and RSS belong in the test's output (reported)
 fn plan_at_width_16384_stays_under_1_gib_of_host_memory() {
     let start = Instant::now();
     let mut child = Command::new(ztrain_binary())
