@@ -55,6 +55,12 @@ pub enum GradError {
     /// An op of the backend refused its inputs (shapes, axes, aliasing, device errors).
     #[error(transparent)]
     Compute(#[from] ComputeError),
+    /// A memory plan could not open its accounting-only simulated device.
+    #[error("memory plan: the accounting device did not open")]
+    PlanDevice(#[source] zdevice::DeviceError),
+    /// A memory plan's arena could not be made (a configuration the arena refuses).
+    #[error("memory plan: the arena could not be made")]
+    PlanArena(#[source] zmem::MemError),
     /// A tensor saved for backward was written in place after it was saved (as PyTorch's
     /// "modified by an inplace operation"): recompute the forward, or write into a copy.
     #[error(

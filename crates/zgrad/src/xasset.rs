@@ -235,6 +235,22 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
         Self::assemble(config, vars)
     }
 
+    /// The model with every parameter zero, made on the device without host data: the same
+    /// persistent allocations as [`XAsset::init`], for memory plans (`crate::plan`) where a
+    /// host copy of a large model's parameters would cost more than the plan itself.
+    pub fn zeroed(b: &B, config: XAssetConfig) -> Result<Self> {
+        config.validate()?;
+        let mut vars = Vec::with_capacity(PARAMETER_NAMES.len());
+        for shape in Self::shapes(&config) {
+            let value = {
+                let _class = crate::memory::ClassGuard::new(b, zcompute::AllocClass::Persistent);
+                b.zeros(&shape)?
+            };
+            vars.push(Var::parameter(b, value)?);
+        }
+        Self::assemble(config, vars)
+    }
+
     /// Loads a parameter file (F32 or F64).
     pub fn load(b: &B, path: &Path) -> Result<Self> {
         Self::from_tensors(b, &read_tensors(path)?, path)

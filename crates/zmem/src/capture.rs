@@ -152,7 +152,8 @@ impl<D: Driver> CaptureScope<'_, D> {
     #[must_use]
     pub fn used(&self) -> u64 {
         let st = self.arena.shared.lock();
-        st.reservations
+        st.capture
+            .reservations
             .get(&self.reservation.id())
             .map_or(0, |r| r.used)
     }
@@ -163,9 +164,9 @@ impl<D: Driver> Drop for CaptureScope<'_, D> {
         let sh = &self.arena.shared;
         let (active, ev) = {
             let mut st = sh.lock();
-            let active = st.active.take();
+            let active = st.capture.active.take();
             let id = self.reservation.id();
-            let used = st.reservations.get(&id).map_or(0, |r| r.used);
+            let used = st.capture.reservations.get(&id).map_or(0, |r| r.used);
             let at = Some(sh.device.driver().now());
             (
                 active,
@@ -205,6 +206,7 @@ impl<D: Driver> Recording<'_, D> {
             .arena
             .shared
             .lock()
+            .capture
             .recording
             .take()
             .unwrap_or_default();
@@ -217,7 +219,7 @@ impl<D: Driver> Recording<'_, D> {
 
 impl<D: Driver> Drop for Recording<'_, D> {
     fn drop(&mut self) {
-        self.arena.shared.lock().recording = None;
+        self.arena.shared.lock().capture.recording = None;
     }
 }
 
@@ -231,12 +233,12 @@ impl<D: Driver> Arena<D> {
     /// Starts recording allocation sizes (for a warm-up run).
     pub fn start_recording(&self) -> MemResult<Recording<'_, D>> {
         let mut st = self.shared.lock();
-        if st.recording.is_some() {
+        if st.capture.recording.is_some() {
             return Err(MemError::CaptureActive {
                 op: "starting a second recording",
             });
         }
-        st.recording = Some(Vec::new());
+        st.capture.recording = Some(Vec::new());
         Ok(Recording { arena: self })
     }
 
@@ -261,10 +263,10 @@ impl<D: Driver> Arena<D> {
             let slots = sh.reserve_slots(&mut st, plan)?;
             let size: u64 = slots.iter().map(|s| s.size).sum();
             let allocs = slots.iter().map(|s| (s.ptr, s.size.max(ALIGN))).collect();
-            let id = st.next_reservation;
-            st.next_reservation += 1;
+            let id = st.capture.next_reservation;
+            st.capture.next_reservation += 1;
             let cell = GenCell::new(&sh.core.flags);
-            st.reservations.insert(
+            st.capture.reservations.insert(
                 id,
                 ResInfo {
                     bytes: size,
@@ -312,12 +314,12 @@ impl<D: Driver> Arena<D> {
         }
         let ev = {
             let mut st = sh.lock();
-            if st.active.is_some() {
+            if st.capture.active.is_some() {
                 return Err(MemError::CaptureActive {
                     op: "activating a second reservation",
                 });
             }
-            st.active = Some(Arc::clone(&reservation.mem));
+            st.capture.active = Some(Arc::clone(&reservation.mem));
             let at = Some(sh.device.driver().now());
             st.timeline.push(
                 at,

@@ -69,6 +69,13 @@ impl ClassBytes {
         self.0[class.index()] += bytes;
     }
 
+    /// Raises each class to at least its value in `other`.
+    pub(crate) fn raise_to(&mut self, other: &ClassBytes) {
+        for (mine, theirs) in self.0.iter_mut().zip(other.0) {
+            *mine = (*mine).max(theirs);
+        }
+    }
+
     pub(crate) fn sub(&mut self, class: AllocClass, bytes: u64) {
         let v = &mut self.0[class.index()];
         *v = v.saturating_sub(bytes);

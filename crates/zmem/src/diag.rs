@@ -109,6 +109,11 @@ pub struct Diagnostics {
     pub overflow: OverflowStats,
     /// Bytes held by class (scratch counts this step's blocks and kept ones).
     pub bytes_by_class: ClassBytes,
+    /// Peak live bytes by class, each class's own highest (since the arena was made or
+    /// [`Arena::reset_peaks`](crate::Arena::reset_peaks)): scratch counts the bytes a step
+    /// bumped through plus kept blocks, graph the bytes handed out from capture reservations.
+    /// What a memory plan predicts.
+    pub peak_bytes_by_class: ClassBytes,
     /// Live handles (blocks with at least one clone alive).
     pub live_handles: u64,
     /// Scratch bytes kept across step ends by live handles.
@@ -178,13 +183,14 @@ impl fmt::Display for Diagnostics {
         }
         write!(
             f,
-            "; overflow {} calls/{} (now {}, peak {}, reserve {}); held {}; {} live handles, pinned {}, held free {}; capture {} res {} used {}{}{}; verdict: {}",
+            "; overflow {} calls/{} (now {}, peak {}, reserve {}); held {} (peak {}); {} live handles, pinned {}, held free {}; capture {} res {} used {}{}{}; verdict: {}",
             self.overflow.calls,
             Bytes(self.overflow.bytes),
             Bytes(self.overflow.outstanding),
             Bytes(self.overflow.peak),
             Bytes(self.overflow.reserved),
             self.bytes_by_class,
+            self.peak_bytes_by_class,
             self.live_handles,
             Bytes(self.pinned_bytes),
             Bytes(self.held_free),

@@ -112,7 +112,7 @@ impl<D: Driver> Drop for Step<'_, D> {
         if self.ended {
             return;
         }
-        let origin = self.arena.shared.lock().step_origin.clone();
+        let origin = self.arena.shared.lock().steps.origin.clone();
         let by = format!("Step drop (opened at {origin})");
         if let Err(e) = self.arena.shared.end_step(self.index, by) {
             tracing::warn!(target: "zmem.arena.reset", step = self.index, error = %e, "ending a dropped step");

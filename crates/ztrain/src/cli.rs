@@ -240,6 +240,17 @@ pub struct Options {
     )]
     pub soak_every: u64,
 
+    /// Print the memory plan of this run and exit without training: peak device memory by
+    /// class (persistent, saved, scratch, graph) for both schedules, the arena size that holds
+    /// one step without overflow, and whether the GPU has it. Runs on an accounting-only
+    /// simulated device, so it needs no GPU and takes seconds at any model size.
+    #[arg(long, help_heading = "Output")]
+    pub plan: bool,
+
+    /// With --plan: print the plan as one JSON object.
+    #[arg(long, requires = "plan", help_heading = "Output")]
+    pub json: bool,
+
     /// Log level of the libraries' tracing output on stderr.
     #[arg(long, default_value = "warn", value_parser = ["error", "warn", "info", "debug", "trace"], help_heading = "Output")]
     pub log: String,

@@ -53,6 +53,12 @@ pub struct Opened {
     pub description: String,
 }
 
+/// The GPU `--device auto`/`cuda` would train on, for a memory plan: its name and memory, or
+/// why there is none.
+pub fn gpu_memory() -> std::result::Result<(String, u64), String> {
+    zcompute::Engine::gpu_info(GPU_ORDINAL).map_err(|e| e.to_string())
+}
+
 fn describe<D: Driver>(what: &str, b: &CudaBackend<D>) -> String {
     let info = b.device().info();
     format!(

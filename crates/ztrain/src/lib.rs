@@ -13,6 +13,7 @@ pub mod device;
 pub mod error;
 pub mod files;
 pub mod memory;
+pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod resume;

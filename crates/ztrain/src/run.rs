@@ -68,6 +68,17 @@ pub fn run(
     show_bar: bool,
     stop: &StopSignal,
 ) -> Result<Outcome> {
+    if options.plan {
+        let report = crate::plan::print(options, out)?;
+        tracing::debug!(target: "ztrain.plan", fits = ?report.fits(), "memory plan printed");
+        return Ok(Outcome {
+            steps: 0,
+            stopped_early: false,
+            interrupted: None,
+            train: None,
+            validation: None,
+        });
+    }
     let config = options.config()?;
     let engine = options.arena.engine_config()?;
     check_files(options)?;

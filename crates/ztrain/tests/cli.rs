@@ -39,6 +39,8 @@ fn help_explains_every_option() {
         "--data-seed",
         "--soak-report",
         "--soak-every",
+        "--plan",
+        "--json",
     ] {
         assert!(stdout.contains(opt), "{opt} missing from --help:\n{stdout}");
     }

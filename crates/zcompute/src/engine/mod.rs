@@ -46,6 +46,15 @@ impl Engine {
         EngineConfig::from_env()?.sim(capacity)
     }
 
+    /// GPU `ordinal`'s name and total memory, without making an arena (what a memory plan
+    /// compares itself with). No driver library or no such device:
+    /// [`ComputeError::DeviceUnavailable`].
+    pub fn gpu_info(ordinal: u32) -> Result<(String, u64)> {
+        let device = open_cuda(ordinal)?;
+        let info = device.info();
+        Ok((info.name.clone(), info.total_memory))
+    }
+
     /// The CPU backend (no device, no arena).
     #[must_use]
     pub fn cpu() -> CpuBackend {
@@ -56,14 +65,7 @@ impl Engine {
 impl EngineConfig {
     /// The CUDA backend over the real driver on GPU `ordinal`, its arena sized by `self`.
     pub fn cuda(&self, ordinal: u32) -> Result<CudaBackend<CudaDriver>> {
-        let unavailable = |reason: String| ComputeError::DeviceUnavailable { ordinal, reason };
-        let driver = CudaDriver::load().map_err(|e| unavailable(e.to_string()))?;
-        let config = DeviceConfig {
-            ordinal,
-            ..DeviceConfig::default()
-        };
-        let device = Device::open(driver, config).map_err(|e| unavailable(e.to_string()))?;
-        self.on_device(device)
+        self.on_device(open_cuda(ordinal)?)
     }
 
     /// The CUDA backend over a simulated driver of `capacity` bytes, twins registered.
@@ -93,6 +95,17 @@ impl EngineConfig {
         let arena = Arena::new(device, config).map_err(|e| mem_error("Engine::arena", e))?;
         CudaBackend::new(arena)
     }
+}
+
+/// Opens GPU `ordinal` over the real driver.
+fn open_cuda(ordinal: u32) -> Result<Device<CudaDriver>> {
+    let unavailable = |reason: String| ComputeError::DeviceUnavailable { ordinal, reason };
+    let driver = CudaDriver::load().map_err(|e| unavailable(e.to_string()))?;
+    let config = DeviceConfig {
+        ordinal,
+        ..DeviceConfig::default()
+    };
+    Device::open(driver, config).map_err(|e| unavailable(e.to_string()))
 }
 
 #[cfg(test)]

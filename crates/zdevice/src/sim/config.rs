@@ -37,6 +37,12 @@ pub struct SimConfig {
     /// [`SimDriver::op_log_dropped`](super::SimDriver::op_log_dropped)). Default
     /// [`DEFAULT_OP_LOG_CAPACITY`](super::DEFAULT_OP_LOG_CAPACITY) = 65,536.
     pub op_log_capacity: usize,
+    /// Accounting only (for memory plans): allocations, frees, pools, streams, events, capture
+    /// and graphs behave as usual, but no host memory stands behind device memory: kernels,
+    /// matrix products, memsets and copies into device memory are queued, timed and logged but
+    /// not run, and device memory reads as zeros (a download yields zeros; poison is off). Any
+    /// model size can then be walked through for its sizes and lifetimes in seconds.
+    pub accounting_only: bool,
 }
 
 impl Default for SimConfig {
@@ -55,6 +61,7 @@ impl Default for SimConfig {
             bytes_per_us: 1_000_000,
             flops_per_us: 50_000_000,
             op_log_capacity: super::DEFAULT_OP_LOG_CAPACITY,
+            accounting_only: false,
         }
     }
 }
@@ -65,6 +72,18 @@ impl SimConfig {
     pub fn with_capacity(capacity: u64) -> Self {
         SimConfig {
             capacity,
+            ..SimConfig::default()
+        }
+    }
+
+    /// An accounting-only device of `capacity` bytes (see [`SimConfig::accounting_only`]):
+    /// sizes and lifetimes without data, for memory plans.
+    #[must_use]
+    pub fn accounting(capacity: u64) -> Self {
+        SimConfig {
+            capacity,
+            poison_on_free: false,
+            accounting_only: true,
             ..SimConfig::default()
         }
     }

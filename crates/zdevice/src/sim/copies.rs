@@ -36,7 +36,7 @@ impl State {
         self.gate(cx, Ask::none())?;
         self.drain_blocking();
         self.now = self.now.saturating_add(op.duration(&self.cfg));
-        if let Some(Err(fault)) = op.run_data(&mut self.mem) {
+        if let Some(Err(fault)) = op.run_data(&mut self.mem, self.cfg.accounting_only) {
             tracing::debug!(%fault, call = cx.call, "synchronous copy rejected");
             return Err(cx.cuda(CuCode::INVALID_VALUE));
         }

@@ -137,7 +137,20 @@ impl Op {
 
     /// Runs a data operation (copy, memset, kernel, gemm) against memory. Returns None for the
     /// operations the stream machinery handles itself (events, waits, frees, memory nodes).
-    pub(crate) fn run_data(&self, mem: &mut Memory) -> Option<Result<(), KernelFault>> {
+    /// With `accounting_only`, only device-to-host copies run (reading zeros, the memory never
+    /// having been written): everything else is bookkeeping without data.
+    pub(crate) fn run_data(
+        &self,
+        mem: &mut Memory,
+        accounting_only: bool,
+    ) -> Option<Result<(), KernelFault>> {
+        if accounting_only && !matches!(self, Op::CopyDtoH { .. }) {
+            return match self {
+                Op::EventRecord { .. } | Op::Wait { .. } | Op::Free { .. } => None,
+                Op::AllocNode { .. } | Op::FreeNode { .. } => None,
+                _ => Some(Ok(())),
+            };
+        }
         let result = match self {
             Op::CopyDtoD { dst, src, bytes } => {
                 mem.read(*src, *bytes).and_then(|d| mem.write(*dst, &d))

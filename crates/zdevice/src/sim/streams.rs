@@ -183,7 +183,7 @@ impl State {
             }
             op if self.faulted() => tracing::debug!(?op, "skipped: the context has faulted"),
             op => {
-                if let Some(Err(fault)) = op.run_data(&mut self.mem) {
+                if let Some(Err(fault)) = op.run_data(&mut self.mem, self.cfg.accounting_only) {
                     tracing::warn!(%fault, ?op, "simulated illegal address");
                     if self.pending.is_none_or(|c| !c.is_sticky()) {
                         self.pending = Some(CuCode::ILLEGAL_ADDRESS);

@@ -291,3 +291,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn accounting_only_counts_memory_but_runs_no_data_operation() {
+    // A terabyte device: allocations are bookkeeping only, and a memset over 64 GiB neither
+    // writes nor allocates host memory (without the mode it would materialise every page).
+    let d = SimDriver::new(SimConfig::accounting(1 << 40));
+    d.init().unwrap();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let big = d.mem_alloc(64 << 30).unwrap();
+    assert_eq!(d.used_bytes(), 64 << 30);
+    d.memset_d8_async(big, 7, 64 << 30, s).unwrap();
+    d.memset_d8(big, 9, 64 << 30).unwrap();
+    d.stream_synchronize(s).unwrap();
+    let mut back = [1u8; 16];
+    d.memcpy_dtoh(&mut back, big).unwrap();
+    assert_eq!(
+        back, [0; 16],
+        "device memory reads as zeros: nothing was written"
+    );
+    d.mem_free(big).unwrap();
+    assert_eq!(d.used_bytes(), 0);
+    assert_eq!(
+        d.mem_alloc(2 << 40).unwrap_err().cuda_code(),
+        Some(CuCode::OUT_OF_MEMORY),
+        "the capacity still holds"
+    );
+}

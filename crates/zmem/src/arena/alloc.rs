@@ -43,13 +43,13 @@ impl<D: Driver> Shared<D> {
         let mut events = Vec::new();
         let block = {
             let mut st = self.lock();
-            if !capturing && !st.pending.is_empty() {
+            if !capturing && !st.capture.pending.is_empty() {
                 events.extend(self.flush_pending(&mut st));
             }
-            if let Some(rec) = st.recording.as_mut() {
+            if let Some(rec) = st.capture.recording.as_mut() {
                 rec.push(size);
             }
-            let block = match (routing, st.active.clone()) {
+            let block = match (routing, st.capture.active.clone()) {
                 (true, Some(res)) => self.alloc_reserved(&mut st, &res, requested, size)?,
                 _ if capturing => {
                     return Err(MemError::AllocationDuringCapture { class, requested });
@@ -124,8 +124,8 @@ impl<D: Driver> Shared<D> {
                 }
                 None => {
                     let b = self.overflow(st, AllocClass::Scratch, requested, size)?;
-                    st.overflow_scratch += size;
-                    st.overflow_blocks.push(Arc::downgrade(&b.0));
+                    st.overflow.scratch += size;
+                    st.overflow.blocks.push(Arc::downgrade(&b.0));
                     return Ok(b);
                 }
             },
@@ -169,7 +169,7 @@ impl<D: Driver> Shared<D> {
         match found {
             Some((base, off, reused)) => {
                 st.n.reuses += u64::from(reused);
-                st.returnable_live += 1;
+                st.usage.returnable_live += 1;
                 let cell = Arc::clone(&st.held_cell);
                 let what = Issue {
                     class,
@@ -278,7 +278,7 @@ impl<D: Driver> Shared<D> {
     ) -> MemResult<Block> {
         let _span = tracing::debug_span!("zmem.arena.overflow", requested, %class).entered();
         let enabled = self.core.flags.overflow_enabled.load(Ordering::Relaxed);
-        let (Some(pool), true) = (st.pool, enabled) else {
+        let (Some(pool), true) = (st.overflow.pool, enabled) else {
             return Err(MemError::OutOfMemory {
                 requested,
                 class,
@@ -291,14 +291,14 @@ impl<D: Driver> Shared<D> {
             .device
             .alloc_from_pool(pool.pool, size, stream)
             .map_err(|e| self.map_device_error(st, class, requested, e))?;
-        let o = &mut st.overflow;
+        let o = &mut st.overflow.stats;
         o.calls += 1;
         o.bytes += size;
         o.outstanding += size;
         o.peak = o.peak.max(o.outstanding);
         st.timeline.current.overflow_calls += 1;
         st.timeline.current.overflow_bytes += size;
-        st.returnable_live += 1;
+        st.usage.returnable_live += 1;
         let cell = Arc::clone(&st.held_cell);
         let what = Issue {
             class,
@@ -313,7 +313,7 @@ impl<D: Driver> Shared<D> {
     /// overflows, and afterwards at most once per step, when the step goes above the highest
     /// overflow of every earlier step.
     fn overflowed(&self, st: &mut State, events: &mut Vec<Event>) {
-        let o = st.overflow;
+        let o = st.overflow.stats;
         let step = st.step_now();
         let at = Some(self.device.driver().now());
         let ev = st.timeline.push(
@@ -326,14 +326,15 @@ impl<D: Driver> Shared<D> {
         if self.wants_events() {
             events.push(ev);
         }
-        let first = !st.overflow_warned && o.calls > 0;
-        let new_peak =
-            st.overflow_warned && st.warned_step != step && o.outstanding > st.prev_steps_peak;
+        let first = !st.overflow.warned && o.calls > 0;
+        let new_peak = st.overflow.warned
+            && st.overflow.warned_step != step
+            && o.outstanding > st.overflow.prev_steps_peak;
         if !first && !new_peak {
             return;
         }
-        st.overflow_warned = true;
-        st.warned_step = step;
+        st.overflow.warned = true;
+        st.overflow.warned_step = step;
         tracing::warn!(
             target: "zmem.arena.overflow",
             first,
@@ -350,20 +351,19 @@ impl<D: Driver> Shared<D> {
     pub(crate) fn open_step(&self, origin: &std::panic::Location<'_>) -> MemResult<u64> {
         let (index, ev) = {
             let mut st = self.lock();
-            if let Some(open) = st.open_step {
+            if let Some(open) = st.steps.open {
                 return Err(MemError::StepAlreadyOpen { open });
             }
-            let index = st.last_step + 1;
-            st.open_step = Some(index);
+            let index = st.steps.last + 1;
+            st.steps.open = Some(index);
             self.core.fast.set_open_step(index);
-            st.last_step = index;
-            st.step_origin = origin.to_string();
+            st.steps.last = index;
+            st.steps.origin = origin.to_string();
             st.timeline.current = crate::timeline::StepRecord {
                 step: index,
                 ..Default::default()
             };
-            let held = st.by_class;
-            st.timeline.observe(&held);
+            st.observe_held();
             let at = Some(self.device.driver().now());
             (index, st.timeline.push(at, EventKind::StepStart))
         };

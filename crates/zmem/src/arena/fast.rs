@@ -195,17 +195,20 @@ pub(crate) struct Folded {
 /// about to record). Runs at every acquisition of the arena's lock.
 pub(crate) fn fold(st: &mut State, f: &FastScratch) {
     let (cur, end) = f.window();
-    st.window_unused = end - cur;
-    st.plain_live = f.live.load(Ordering::Relaxed);
+    st.window.unused = end - cur;
+    st.window.plain_live = f.live.load(Ordering::Relaxed);
     let allocs = f.allocs.load(Ordering::Acquire);
-    if allocs == st.folded.allocs {
+    if allocs == st.window.folded.allocs {
         return;
     }
     let bytes = f.bytes.load(Ordering::Relaxed);
     let reuses = f.reuses.load(Ordering::Relaxed);
-    let (n, b) = (allocs - st.folded.allocs, bytes - st.folded.bytes);
+    let (n, b) = (
+        allocs - st.window.folded.allocs,
+        bytes - st.window.folded.bytes,
+    );
     if !f.log.is_empty() {
-        let (mask, from) = (f.log.len() - 1, st.folded.allocs);
+        let (mask, from) = (f.log.len() - 1, st.window.folded.allocs);
         st.timeline.record_scratch_allocs(n, |i| {
             let slot = &f.log[(from + i) as usize & mask];
             let size = slot.size.load(Ordering::Relaxed);
@@ -217,14 +220,13 @@ pub(crate) fn fold(st: &mut State, f: &FastScratch) {
     st.n.since_reset += n;
     st.n.bytes_since_reset += b;
     st.n.largest = st.n.largest.max(f.largest.load(Ordering::Relaxed));
-    st.n.reuses += reuses - st.folded.reuses;
-    st.by_class.add(AllocClass::Scratch, b);
+    st.n.reuses += reuses - st.window.folded.reuses;
+    st.usage.by_class.add(AllocClass::Scratch, b);
     let t = &mut st.timeline.current;
     t.allocations += n;
     t.bytes += b;
-    let held = st.by_class;
-    st.timeline.observe(&held);
-    st.folded = Folded {
+    st.observe_held();
+    st.window.folded = Folded {
         allocs,
         bytes,
         reuses,

@@ -41,9 +41,9 @@ impl Drop for Locked<'_> {
     fn drop(&mut self) {
         // Still under the lock: every change of these is, so the gate cannot go stale.
         let open = !self.core.flags.sanitize
-            && self.st.recording.is_none()
-            && self.st.active.is_none()
-            && self.st.pending.is_empty()
+            && self.st.capture.recording.is_none()
+            && self.st.capture.active.is_none()
+            && self.st.capture.pending.is_empty()
             && !self.core.has_sinks.load(Ordering::Relaxed);
         self.core.fast.gate.store(open, Ordering::Relaxed);
     }
@@ -76,7 +76,7 @@ impl Core {
     pub(crate) fn materialize(&self, p: &Plain) -> Block {
         let mut st = self.lock();
         self.fast.plain_gone();
-        st.plain_live = st.plain_live.saturating_sub(1);
+        st.window.plain_live = st.window.plain_live.saturating_sub(1);
         let seg = st
             .segs
             .iter_mut()

@@ -15,22 +15,21 @@ mod scratch;
 pub(crate) mod state;
 pub(crate) mod window;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use zdevice::{Device, Driver};
 
 use crate::block::{Block, Flags, GenCell, Reclaim, Returned};
-use crate::class::{AllocClass, ClassBytes};
+use crate::class::AllocClass;
 use crate::config::ArenaConfig;
-use crate::diag::{Diagnostics, OverflowStats};
+use crate::diag::Diagnostics;
 use crate::error::{MemError, MemResult};
 use crate::step::{OwnedStep, Step};
 use crate::timeline::{Event, Timeline, TimelineSnapshot};
 use fast::FastScratch;
 pub(crate) use locked::{Core, Locked};
-use state::{Counters, State};
+use state::{CaptureBook, Counters, Overflow, State, StepBook, Usage, WindowBook};
 
 /// A subscriber to the timeline, called (outside the arena's lock) with each event.
 pub type Sink = Arc<dyn Fn(&Event) + Send + Sync>;
@@ -102,35 +101,18 @@ impl<D: Driver> Arena<D> {
         let state = State {
             segs: Vec::new(),
             cur: 0,
-            overflow_blocks: Vec::new(),
             held: Vec::new(),
             held_cell: GenCell::new(&flags),
             seg_bytes: 0,
             cap,
-            pool: None,
-            capture_pool: None,
             block_pool: None,
-            overflow: OverflowStats::default(),
-            overflow_scratch: 0,
-            overflow_warned: false,
-            warned_step: 0,
-            prev_steps_peak: 0,
-            by_class: ClassBytes::default(),
-            returnable_live: 0,
+            overflow: Overflow::default(),
+            capture: CaptureBook::default(),
+            steps: StepBook::default(),
+            window: WindowBook::default(),
+            usage: Usage::default(),
             n: Counters::default(),
-            open_step: None,
-            last_step: 0,
-            step_origin: String::new(),
-            recording: None,
-            active: None,
-            reservations: BTreeMap::new(),
-            next_reservation: 1,
-            pending: Vec::new(),
             timeline: Timeline::new(config.timeline_events),
-            folded: fast::Folded::default(),
-            window_seg: None,
-            window_unused: 0,
-            plain_live: 0,
         };
         let fast = FastScratch::new(config.timeline_events);
         let shared = Arc::new_cyclic(|me| Shared {
@@ -165,8 +147,8 @@ impl<D: Driver> Arena<D> {
             }
             let reserve = sh.config.overflow_reserve_bytes;
             let pool = sh.device.create_pool(reserve, u64::MAX)?;
-            st.overflow.reserved = pool.reserved;
-            st.pool = Some(pool);
+            st.overflow.stats.reserved = pool.reserved;
+            st.overflow.pool = Some(pool);
             tracing::info!(
                 target: "zmem.arena.new",
                 config = %sh.config,
@@ -200,7 +182,7 @@ impl<D: Driver> Arena<D> {
     /// Allocates scratch in the open step, as a plain [`Block`] (`NoOpenStep` if none is open).
     /// Prefer [`Step::alloc_scratch`], whose handles cannot outlive the step at compile time.
     pub fn alloc_scratch(&self, bytes: u64) -> MemResult<Block> {
-        if self.shared.lock().open_step.is_none() {
+        if self.shared.lock().steps.open.is_none() {
             return Err(MemError::NoOpenStep { requested: bytes });
         }
         self.shared.alloc(AllocClass::Scratch, bytes)
@@ -232,11 +214,18 @@ impl<D: Driver> Arena<D> {
         self.shared.lock().diagnostics()
     }
 
+    /// Starts the per-class peaks ([`Diagnostics::peak_bytes_by_class`]) again from the bytes
+    /// held now, to measure a later stretch of the run alone.
+    pub fn reset_peaks(&self) {
+        let mut st = self.shared.lock();
+        st.usage.peak = st.usage.by_class;
+    }
+
     /// A copy of the timeline (recent events and every step's aggregates).
     #[must_use]
     pub fn timeline(&self) -> TimelineSnapshot {
         let st = self.shared.lock();
-        st.timeline.snapshot(st.open_step.is_some())
+        st.timeline.snapshot(st.steps.open.is_some())
     }
 
     /// Calls `sink` with every later event, outside the arena's lock (a sink may use the arena).

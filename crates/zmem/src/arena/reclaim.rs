@@ -57,10 +57,10 @@ impl<D: Driver> Shared<D> {
             self.close_window(&mut st);
             // Plain scratch of the step is dead (it borrowed the step); any left is stale.
             self.core.fast.set_open_step(0);
-            st.open_step = None;
-            st.prev_steps_peak = st.overflow.peak;
+            st.steps.open = None;
+            st.overflow.prev_steps_peak = st.overflow.stats.peak;
             let at = Some(self.device.driver().now());
-            if capturing || st.active.is_some() {
+            if capturing || st.capture.active.is_some() {
                 // The graph may have baked in this step's addresses: reclaim at the next
                 // step end instead, after the capture.
                 st.timeline.current.kept_blocks = 0;
@@ -105,14 +105,14 @@ impl<D: Driver> Shared<D> {
         // Overflow scratch returns to the pool when its last handle drops; until then it is
         // listed as kept at every step end.
         let mut still_out = Vec::new();
-        for w in std::mem::take(&mut st.overflow_blocks) {
+        for w in std::mem::take(&mut st.overflow.blocks) {
             if let Some(inner) = w.upgrade() {
                 kept.push(crate::block::describe(&inner));
                 kept_arcs.push(inner);
                 still_out.push(w);
             }
         }
-        st.overflow_blocks = still_out;
+        st.overflow.blocks = still_out;
         let mut out = Reclaimed::default();
         for seg in &mut st.segs {
             kept.extend(reclaim(seg, Vec::new(), keep, &mut out));
@@ -122,7 +122,7 @@ impl<D: Driver> Shared<D> {
         }
         st.cur = 0;
         let pinned: u64 = st.segs.iter().map(|s| s.pinned_bytes()).sum();
-        st.by_class.0[AllocClass::Scratch as usize] = pinned + st.overflow_scratch;
+        st.usage.by_class.0[AllocClass::Scratch as usize] = pinned + st.overflow.scratch;
         st.n.resets += 1;
         st.n.since_reset = 0;
         st.n.bytes_since_reset = 0;
@@ -188,7 +188,7 @@ impl<D: Driver> Shared<D> {
             if capturing {
                 // A free during capture would invalidate it; the memory cannot be reissued
                 // meanwhile because nothing allocates from these regions while capturing.
-                st.pending.push(r);
+                st.capture.pending.push(r);
                 return;
             }
             let mut evs = self.flush_pending(&mut st);
@@ -201,7 +201,7 @@ impl<D: Driver> Shared<D> {
     /// Applies the returns deferred during a capture; the caller publishes the events after
     /// releasing the lock.
     pub(crate) fn flush_pending(&self, st: &mut State) -> Vec<Event> {
-        let pending = std::mem::take(&mut st.pending);
+        let pending = std::mem::take(&mut st.capture.pending);
         pending
             .into_iter()
             .map(|r| self.apply_return(st, r))
@@ -225,33 +225,34 @@ impl<D: Driver> Shared<D> {
                         tracing::warn!(target: "zmem.arena.free", error = %e, "sanitize: held block free failed");
                     }
                 }
-                st.by_class.sub(r.class, r.size);
-                st.returnable_live = st.returnable_live.saturating_sub(1);
+                st.usage.by_class.sub(r.class, r.size);
+                st.usage.returnable_live = st.usage.returnable_live.saturating_sub(1);
             }
             Source::Held => {
                 if let Some(h) = st.held.iter_mut().find(|h| h.contains(r.ptr)) {
                     h.free(r.ptr.0 - h.base.0, r.size);
                 }
-                st.by_class.sub(r.class, r.size);
-                st.returnable_live = st.returnable_live.saturating_sub(1);
+                st.usage.by_class.sub(r.class, r.size);
+                st.usage.returnable_live = st.usage.returnable_live.saturating_sub(1);
             }
             Source::Overflow => {
                 if let Err(e) = self.device.free_async(r.ptr, stream) {
                     tracing::warn!(target: "zmem.arena.free", error = %e, "overflow free failed");
                 }
-                st.overflow.outstanding = st.overflow.outstanding.saturating_sub(r.size);
+                st.overflow.stats.outstanding =
+                    st.overflow.stats.outstanding.saturating_sub(r.size);
                 if r.class == AllocClass::Scratch {
-                    st.overflow_scratch = st.overflow_scratch.saturating_sub(r.size);
+                    st.overflow.scratch = st.overflow.scratch.saturating_sub(r.size);
                 }
-                st.by_class.sub(r.class, r.size);
-                st.returnable_live = st.returnable_live.saturating_sub(1);
+                st.usage.by_class.sub(r.class, r.size);
+                st.usage.returnable_live = st.usage.returnable_live.saturating_sub(1);
             }
             Source::Reservation => {
                 if let Err(e) = self.device.free_async(r.ptr, stream) {
                     tracing::warn!(target: "zmem.arena.free", error = %e, "reservation free failed");
                 }
-                if let Some(info) = st.reservations.remove(&r.reservation) {
-                    st.by_class.sub(AllocClass::Graph, info.used);
+                if let Some(info) = st.capture.reservations.remove(&r.reservation) {
+                    st.usage.by_class.sub(AllocClass::Graph, info.used);
                 }
             }
             Source::Arena => {}
@@ -274,7 +275,7 @@ impl<D: Driver> Shared<D> {
         }
         st.held_cell.advance();
         // Graph blocks too: their reservation's memory goes with the capture pool below.
-        for r in st.reservations.values() {
+        for r in st.capture.reservations.values() {
             r.cell.advance();
         }
         if self.device.is_capturing() || self.device.lost_reason().is_some() {
@@ -301,7 +302,7 @@ impl<D: Driver> Shared<D> {
             .collect();
         // Pools last: each goes once the stream-ordered frees before it have run.
         releases.extend(
-            [st.pool.take(), st.capture_pool.take(), st.block_pool.take()]
+            [st.overflow.pool.take(), st.capture.pool.take(), st.block_pool.take()]
                 .into_iter()
                 .flatten()
                 .map(|p| Release::DestroyPool(p.pool)),

@@ -20,11 +20,11 @@ impl<D: Driver> Shared<D> {
     /// request and a shared one for the headroom (or one of 256 bytes for an empty plan). On
     /// failure, the slots already allocated are given back.
     pub(crate) fn reserve_slots(&self, st: &mut State, plan: &CapturePlan) -> MemResult<Vec<Slot>> {
-        let pool = match st.capture_pool {
+        let pool = match st.capture.pool {
             Some(p) => p,
             None => {
                 let p = self.device.create_pool(0, u64::MAX)?;
-                st.capture_pool = Some(p);
+                st.capture.pool = Some(p);
                 p
             }
         };
@@ -76,7 +76,7 @@ impl<D: Driver> Shared<D> {
         requested: u64,
         size: u64,
     ) -> MemResult<Block> {
-        let Some(info) = st.reservations.get_mut(&res.id) else {
+        let Some(info) = st.capture.reservations.get_mut(&res.id) else {
             return Err(MemError::CaptureActive {
                 op: "allocating from a dropped reservation",
             });
@@ -119,7 +119,7 @@ impl<D: Driver> Shared<D> {
             owner: None,
             _reservation: Some(Arc::clone(res)),
         }));
-        if let Some(info) = st.reservations.get_mut(&res.id) {
+        if let Some(info) = st.capture.reservations.get_mut(&res.id) {
             info.blocks.push(Arc::downgrade(&b.0));
         }
         Ok(b)

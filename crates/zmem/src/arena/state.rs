@@ -50,54 +50,101 @@ pub(crate) struct Counters {
     pub(crate) last_reset: Option<ResetInfo>,
 }
 
-pub(crate) struct State {
-    pub(crate) segs: Vec<Segment>,
-    /// Scratch segment the bump pointer is in.
-    pub(crate) cur: usize,
-    /// Scratch blocks served by the overflow pool (they return themselves when dropped).
-    pub(crate) overflow_blocks: Vec<Weak<BlockInner>>,
-    pub(crate) held: Vec<HeldSegment>,
-    /// Generation of held and overflow memory: moves only when the arena is torn down.
-    pub(crate) held_cell: Arc<GenCell>,
-    pub(crate) seg_bytes: u64,
-    pub(crate) cap: u64,
+/// The overflow pool and what it serves.
+#[derive(Default)]
+pub(crate) struct Overflow {
     pub(crate) pool: Option<DevicePool>,
-    pub(crate) capture_pool: Option<DevicePool>,
-    /// Sanitizer mode only: the stream-ordered pool every scratch and held block is its own
-    /// allocation from (freed in stream order, so giving one back never syncs the device).
-    pub(crate) block_pool: Option<DevicePool>,
-    pub(crate) overflow: OverflowStats,
-    pub(crate) overflow_scratch: u64,
+    pub(crate) stats: OverflowStats,
+    /// Scratch bytes the pool serves now.
+    pub(crate) scratch: u64,
+    /// Scratch blocks served by the pool (they return themselves when dropped).
+    pub(crate) blocks: Vec<Weak<BlockInner>>,
     /// Whether the first-overflow warning has been given.
-    pub(crate) overflow_warned: bool,
+    pub(crate) warned: bool,
     /// The step of the last overflow warning (at most one per step).
     pub(crate) warned_step: u64,
     /// Highest overflow outstanding over the steps already ended: a later step warns only
     /// when it goes above it, so a steady loop that overflows the same amount warns once.
     pub(crate) prev_steps_peak: u64,
-    pub(crate) by_class: ClassBytes,
-    /// Live held and overflow handles (they report their drop).
-    pub(crate) returnable_live: u64,
-    pub(crate) n: Counters,
-    pub(crate) open_step: Option<u64>,
-    pub(crate) last_step: u64,
-    pub(crate) step_origin: String,
+}
+
+/// Capture: the dry run being recorded, the reservation allocations are routed to, the live
+/// reservations, and the returns held back while a capture runs.
+pub(crate) struct CaptureBook {
+    pub(crate) pool: Option<DevicePool>,
     pub(crate) recording: Option<Vec<u64>>,
     pub(crate) active: Option<Arc<ReservationMem>>,
     pub(crate) reservations: BTreeMap<u64, ResInfo>,
     pub(crate) next_reservation: u64,
     /// Returns that arrived while a capture was active: applied once it has ended.
     pub(crate) pending: Vec<Returned>,
-    pub(crate) timeline: Timeline,
+}
+
+impl Default for CaptureBook {
+    fn default() -> Self {
+        CaptureBook {
+            pool: None,
+            recording: None,
+            active: None,
+            reservations: BTreeMap::new(),
+            next_reservation: 1,
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// Which step is open, the last one opened, and where it was opened.
+#[derive(Default)]
+pub(crate) struct StepBook {
+    pub(crate) open: Option<u64>,
+    pub(crate) last: u64,
+    pub(crate) origin: String,
+}
+
+/// The open `Step`'s lock-free window, as of the last fold of the fast path.
+#[derive(Default)]
+pub(crate) struct WindowBook {
     /// How much of the fast path's counters and events has been folded in.
     pub(crate) folded: Folded,
-    /// The segment of the open `Step`'s window, if one is open.
-    pub(crate) window_seg: Option<usize>,
-    /// Bytes of the window not bumped yet (as of the last fold): counted in its segment's
-    /// offset, but not allocated.
-    pub(crate) window_unused: u64,
-    /// Plain scratch handles alive (as of the last fold).
+    /// The segment of the window, if one is open.
+    pub(crate) seg: Option<usize>,
+    /// Bytes of the window not bumped yet: counted in its segment's offset, but not allocated.
+    pub(crate) unused: u64,
+    /// Plain scratch handles alive.
     pub(crate) plain_live: u64,
+}
+
+/// Bytes held by class now and at their peaks, and the live handles that report their drop.
+#[derive(Default)]
+pub(crate) struct Usage {
+    pub(crate) by_class: ClassBytes,
+    /// Highest `by_class` seen, per class independently (since creation or `reset_peaks`).
+    pub(crate) peak: ClassBytes,
+    /// Live held and overflow handles (they report their drop).
+    pub(crate) returnable_live: u64,
+}
+
+/// The arena's bookkeeping, by concern: scratch segments and the held region here, the rest
+/// in one small struct each.
+pub(crate) struct State {
+    pub(crate) segs: Vec<Segment>,
+    /// Scratch segment the bump pointer is in.
+    pub(crate) cur: usize,
+    pub(crate) held: Vec<HeldSegment>,
+    /// Generation of held and overflow memory: moves only when the arena is torn down.
+    pub(crate) held_cell: Arc<GenCell>,
+    pub(crate) seg_bytes: u64,
+    pub(crate) cap: u64,
+    /// Sanitizer mode only: the stream-ordered pool every scratch and held block is its own
+    /// allocation from (freed in stream order, so giving one back never syncs the device).
+    pub(crate) block_pool: Option<DevicePool>,
+    pub(crate) overflow: Overflow,
+    pub(crate) capture: CaptureBook,
+    pub(crate) steps: StepBook,
+    pub(crate) window: WindowBook,
+    pub(crate) usage: Usage,
+    pub(crate) n: Counters,
+    pub(crate) timeline: Timeline,
 }
 
 impl State {
@@ -117,16 +164,17 @@ impl State {
             .filter(|p| p.alive())
             .count();
         let graph_live: usize = self
+            .capture
             .reservations
             .values()
             .flat_map(|r| r.blocks.iter())
             .filter(|b| b.strong_count() > 0)
             .count();
         let capture = CaptureStats {
-            reservations: self.reservations.len(),
-            reserved: self.reservations.values().map(|r| r.bytes).sum(),
-            used: self.reservations.values().map(|r| r.used).sum(),
-            active: self.active.is_some(),
+            reservations: self.capture.reservations.len(),
+            reserved: self.capture.reservations.values().map(|r| r.bytes).sum(),
+            used: self.capture.reservations.values().map(|r| r.used).sum(),
+            active: self.capture.active.is_some(),
         };
         Diagnostics {
             capacity: self.seg_bytes,
@@ -142,16 +190,17 @@ impl State {
             reuses: self.n.reuses,
             resets: self.n.resets,
             last_reset: self.n.last_reset.clone(),
-            overflow: self.overflow,
-            bytes_by_class: self.by_class,
+            overflow: self.overflow.stats,
+            bytes_by_class: self.usage.by_class,
+            peak_bytes_by_class: self.usage.peak,
             // Overflow scratch blocks are counted as returnable (they report their drop).
             live_handles: (scratch_live + pins_live + graph_live) as u64
-                + self.returnable_live
-                + self.plain_live,
+                + self.usage.returnable_live
+                + self.window.plain_live,
             pinned_bytes: self.segs.iter().map(Segment::pinned_bytes).sum(),
             held_free: self.held.iter().map(HeldSegment::free_bytes).sum(),
             capture,
-            open_step: self.open_step.unwrap_or(0),
+            open_step: self.steps.open.unwrap_or(0),
             sanitize: self.block_pool.is_some(),
         }
     }
@@ -162,23 +211,30 @@ impl State {
         self.n.since_reset += 1;
         self.n.bytes_since_reset += size;
         self.n.largest = self.n.largest.max(requested);
-        self.by_class.add(class, size);
+        self.usage.by_class.add(class, size);
         let t = &mut self.timeline.current;
         t.allocations += 1;
         t.bytes += size;
-        let held = self.by_class;
+        self.observe_held();
+    }
+
+    /// Feeds the bytes held by class now to the step's timeline record and to the per-class
+    /// peaks. Called wherever `by_class` grows.
+    pub(crate) fn observe_held(&mut self) {
+        let held = self.usage.by_class;
         self.timeline.observe(&held);
+        self.usage.peak.raise_to(&held);
     }
 
     /// Scratch bytes bumped in the current step. Offsets only grow within a step, so the
     /// high-water mark is taken from this at each step end instead of on every allocation.
     pub(crate) fn bumped(&self) -> u64 {
         let offsets: u64 = self.segs.iter().map(|s| s.off).sum();
-        offsets.saturating_sub(self.window_unused)
+        offsets.saturating_sub(self.window.unused)
     }
 
     /// The step events are attributed to.
     pub(crate) fn step_now(&self) -> u64 {
-        self.open_step.unwrap_or(self.last_step)
+        self.steps.open.unwrap_or(self.steps.last)
     }
 }

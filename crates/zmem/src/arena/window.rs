@@ -28,9 +28,9 @@ impl<D: Driver> Shared<D> {
         if let Some(size) = align_up(requested).filter(|s| *s <= total && !capturing) {
             let mut st = self.lock();
             let open = !self.sanitized()
-                && st.recording.is_none()
-                && st.active.is_none()
-                && st.pending.is_empty()
+                && st.capture.recording.is_none()
+                && st.capture.active.is_none()
+                && st.capture.pending.is_empty()
                 && !self.wants_events();
             if open {
                 // The fold on locking emptied the event log, so a window that fits serves it.
@@ -69,8 +69,8 @@ impl<D: Driver> Shared<D> {
             },
         };
         st.cur = i;
-        st.window_seg = Some(i);
-        st.window_unused = end - start;
+        st.window.seg = Some(i);
+        st.window.unused = end - start;
         let seg = &st.segs[i];
         let base = seg.base.0;
         self.core.fast.open_window(
@@ -84,12 +84,12 @@ impl<D: Driver> Shared<D> {
 
     /// Closes the open `Step`'s window, giving its unbumped tail back to its segment.
     pub(crate) fn close_window(&self, st: &mut State) {
-        if let Some(i) = st.window_seg.take() {
+        if let Some(i) = st.window.seg.take() {
             let (cur, end) = self.core.fast.close_window();
             let seg = &mut st.segs[i];
             let base = seg.base.0;
             seg.unclaim(cur - base, end - base);
-            st.window_unused = 0;
+            st.window.unused = 0;
         }
     }
 }

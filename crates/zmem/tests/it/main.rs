@@ -5,6 +5,7 @@ mod bodies;
 mod capture;
 mod classes;
 mod fast;
+mod peaks;
 mod props;
 mod sanitize;
 mod scenarios;

@@ -1,0 +1,190 @@
+//! Memory plans: what a training run will need, known before it runs.
+//!
+//! [`plan`] runs the first optimiser steps of the configured model, in both schedules, on an
+//! accounting-only simulated device (`SimConfig::accounting`: sizes and lifetimes, no kernel
+//! bodies, no host memory behind allocations, parameters made on the device as zeros), and
+//! reads zmem's per-class peaks (`Diagnostics::peak_bytes_by_class`). The arena there has no
+//! practical cap and may not overflow, so the segments it grows to are the arena size that
+//! holds those steps without overflow. Any model size plans in seconds.
+//!
+//! The plan answers the question a full arena raises: mis-sized (the cap is below
+//! [`SchedulePlan::arena_bytes`]), legitimately full (the device is smaller than
+//! [`MemoryPlan::device_bytes`]), or never reset (the real run's peaks exceed the plan's).
+
+use crate::error::{GradError, Result};
+use crate::trainer::{TrainSchedule, Trainer, TrainerConfig};
+use crate::xasset::{XAsset, XAssetConfig};
+use zcompute::CudaBackend;
+use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
+use zmem::{Arena, ArenaConfig, ClassBytes};
+
+/// Memory of the accounting device plans run on: large enough for any model a GPU could hold.
+pub const PLAN_DEVICE_BYTES: u64 = 1 << 50;
+
+/// What to plan: the run's model, batch, trainer and arena settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanRequest {
+    pub model: XAssetConfig,
+    /// Samples per optimiser step.
+    pub batch: usize,
+    /// The trainer's settings; `schedule` is ignored (both schedules are planned) and
+    /// `capture` says whether the steps are captured.
+    pub trainer: TrainerConfig,
+    /// The arena's settings (segment size, initial size, overflow reserve); its cap is
+    /// replaced by one the plan never reaches.
+    pub arena: ArenaConfig,
+    /// cuBLAS workspace the device reserves when it opens.
+    pub blas_workspace_bytes: u64,
+    /// Optimiser steps to run (at least 1). The default 2 covers the first step (a capture's
+    /// warm-up and recording) and a steady one (its replay).
+    pub steps: u64,
+}
+
+impl PlanRequest {
+    /// A request with the device's default cuBLAS workspace and two steps.
+    #[must_use]
+    pub fn new(
+        model: XAssetConfig,
+        batch: usize,
+        trainer: TrainerConfig,
+        arena: ArenaConfig,
+    ) -> PlanRequest {
+        PlanRequest {
+            model,
+            batch,
+            trainer,
+            arena,
+            blas_workspace_bytes: DeviceConfig::default().blas_workspace_bytes,
+            steps: 2,
+        }
+    }
+}
+
+/// The plan of one schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulePlan {
+    pub schedule: TrainSchedule,
+    /// Whether the steps ran captured (capture asked for and not fallen back from).
+    pub captured: bool,
+    /// Peak live bytes per class (persistent, saved, scratch, graph).
+    pub peak: ClassBytes,
+    /// The arena's segments at the end: the arena cap that holds the steps without overflow.
+    pub arena_bytes: u64,
+    /// Bytes reserved for captured graphs (driver allocations beside the arena).
+    pub capture_reserved_bytes: u64,
+}
+
+/// The plan of a run: both schedules, and what the device must hold beside the arena.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryPlan {
+    pub request: PlanRequest,
+    /// `Batched` first, then `PerSample`.
+    pub schedules: Vec<SchedulePlan>,
+}
+
+impl MemoryPlan {
+    /// The plan of `schedule`.
+    #[must_use]
+    pub fn schedule(&self, schedule: TrainSchedule) -> Option<&SchedulePlan> {
+        self.schedules.iter().find(|s| s.schedule == schedule)
+    }
+
+    /// Device memory the run of `schedule` needs: the arena, the capture reservations, the
+    /// overflow pool's reserve and the cuBLAS workspace.
+    #[must_use]
+    pub fn device_bytes_for(&self, plan: &SchedulePlan) -> u64 {
+        plan.arena_bytes
+            + plan.capture_reserved_bytes
+            + self.request.arena.overflow_reserve_bytes
+            + self.request.blas_workspace_bytes
+    }
+
+    /// Device memory the more demanding schedule needs.
+    #[must_use]
+    pub fn device_bytes(&self) -> u64 {
+        self.schedules
+            .iter()
+            .map(|s| self.device_bytes_for(s))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The arena size the more demanding schedule needs.
+    #[must_use]
+    pub fn arena_bytes(&self) -> u64 {
+        self.schedules
+            .iter()
+            .map(|s| s.arena_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Plans both schedules of `request` on the accounting device (see the module's docs).
+pub fn plan(request: &PlanRequest) -> Result<MemoryPlan> {
+    request.model.validate()?;
+    if request.batch == 0 || request.steps == 0 {
+        return Err(GradError::Config(format!(
+            "memory plan: batch {} and steps {} must both be at least 1",
+            request.batch, request.steps
+        )));
+    }
+    let schedules = [TrainSchedule::Batched, TrainSchedule::PerSample]
+        .into_iter()
+        .map(|s| plan_schedule(request, s))
+        .collect::<Result<Vec<_>>>()?;
+    let plan = MemoryPlan {
+        request: request.clone(),
+        schedules,
+    };
+    tracing::info!(
+        target: "zgrad.plan",
+        arena = plan.arena_bytes(),
+        device = plan.device_bytes(),
+        "memory plan made"
+    );
+    Ok(plan)
+}
+
+/// Plans one schedule: a fresh accounting device, arena, backend, zeroed model and trainer,
+/// then `steps` steps on an all-zero batch.
+pub fn plan_schedule(request: &PlanRequest, schedule: TrainSchedule) -> Result<SchedulePlan> {
+    let device = Device::open(
+        SimDriver::new(SimConfig::accounting(PLAN_DEVICE_BYTES)),
+        DeviceConfig {
+            blas_workspace_bytes: request.blas_workspace_bytes,
+            ..DeviceConfig::default()
+        },
+    )
+    .map_err(GradError::PlanDevice)?;
+    let config = ArenaConfig {
+        cap_bytes: Some(PLAN_DEVICE_BYTES / 2),
+        poison: false,
+        ..request.arena.clone()
+    };
+    let arena = Arena::new(device, config).map_err(GradError::PlanArena)?;
+    // A plan that needed the overflow pool would not be the arena's size: refuse instead.
+    arena.set_overflow_enabled(false);
+    let backend = CudaBackend::new(arena.clone())?;
+    let model = XAsset::zeroed(&backend, request.model)?;
+    let trainer_config = TrainerConfig {
+        schedule,
+        ..request.trainer
+    };
+    let mut trainer = Trainer::new(backend, model, trainer_config)?;
+    let m = request.model;
+    let x = vec![0.0f32; request.batch * m.scales * m.features];
+    let y = vec![0.0f32; request.batch];
+    let mut captured = request.trainer.capture;
+    for _ in 0..request.steps {
+        captured &= trainer.train_batch(&x, &y, request.batch)?.captured;
+    }
+    let d = arena.diagnostics();
+    Ok(SchedulePlan {
+        schedule,
+        captured,
+        peak: d.peak_bytes_by_class,
+        arena_bytes: d.capacity,
+        capture_reserved_bytes: d.capture.reserved,
+    })
+}

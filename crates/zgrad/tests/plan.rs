@@ -1,0 +1,215 @@
+//! Memory plans (`zgrad::plan`) against real runs: the accounting device's per-class peaks
+//! equal those of a run that computes, both schedules, eager and captured. On the simulated
+//! device (computing, poison on) exactly at a tiny size; on CUDA device 0 with `--features gpu`
+//! within 2% at the sizes of the issue.
+
+use rstest::rstest;
+use zcompute::CudaBackend;
+use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
+use zgrad::rng::SplitMix64;
+use zgrad::{
+    PlanRequest, SchedulePlan, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+};
+use zmem::{AllocClass, Arena, ArenaConfig};
+
+fn request(model: XAssetConfig, batch: usize, capture: bool, arena: ArenaConfig) -> PlanRequest {
+    PlanRequest::new(
+        model,
+        batch,
+        TrainerConfig {
+            capture,
+            ..TrainerConfig::default()
+        },
+        arena,
+    )
+}
+
+/// The run the plan predicts, computing for real on `device`: a seeded model, a random
+/// batch, `req.steps` steps; the arena's per-class peaks, its segments and capture bytes.
+fn real_run<D: Driver>(
+    device: Device<D>,
+    req: &PlanRequest,
+    schedule: TrainSchedule,
+) -> SchedulePlan {
+    let arena = Arena::new(device, req.arena.clone()).expect("arena");
+    let backend = CudaBackend::new(arena.clone()).expect("backend");
+    backend.set_poison(true);
+    let model = XAsset::init(&backend, req.model, 7).expect("model");
+    let config = TrainerConfig {
+        schedule,
+        ..req.trainer
+    };
+    let mut trainer = Trainer::new(backend, model, config).expect("trainer");
+    let m = req.model;
+    let mut rng = SplitMix64::new(11);
+    let x: Vec<f32> = rng
+        .uniform_vec(req.batch * m.scales * m.features, -1.0, 1.0)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect();
+    let y: Vec<f32> = (0..req.batch).map(|i| (i % 2) as f32).collect();
+    let mut captured = req.trainer.capture;
+    for _ in 0..req.steps {
+        captured &= trainer
+            .train_batch(&x, &y, req.batch)
+            .expect("step")
+            .captured;
+    }
+    let d = arena.diagnostics();
+    assert_eq!(d.overflow.calls, 0, "the real run overflowed: {d}");
+    SchedulePlan {
+        schedule,
+        captured,
+        peak: d.peak_bytes_by_class,
+        arena_bytes: d.capacity,
+        capture_reserved_bytes: d.capture.reserved,
+    }
+}
+
+fn tiny() -> XAssetConfig {
+    XAssetConfig {
+        features: 8,
+        scales: 4,
+        width: 16,
+        heads: 2,
+        ff: 32,
+    }
+}
+
+fn small_arena() -> ArenaConfig {
+    ArenaConfig {
+        initial_bytes: 1 << 20,
+        segment_bytes: 1 << 20,
+        cap_bytes: None,
+        overflow_reserve_bytes: 1 << 20,
+        ..ArenaConfig::default()
+    }
+}
+
+fn computing_sim() -> Device<SimDriver> {
+    let sim = SimDriver::new(SimConfig {
+        poison_on_free: true,
+        ..SimConfig::with_capacity(512 << 20)
+    });
+    Device::open(sim, DeviceConfig::default()).expect("the simulated device opens")
+}
+
+#[rstest]
+fn plan_equals_the_computing_simulators_run(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+) {
+    let req = request(tiny(), 4, capture, small_arena());
+    let plan = zgrad::plan(&req).expect("plan");
+    let planned = plan.schedule(schedule).expect("both schedules are planned");
+    let real = real_run(computing_sim(), &req, schedule);
+    assert_eq!(planned, &real, "plan vs real run");
+    assert_eq!(planned.captured, capture, "the sim captures when asked");
+    for class in [
+        AllocClass::Persistent,
+        AllocClass::Saved,
+        AllocClass::Scratch,
+    ] {
+        assert!(
+            planned.peak.get(class) > 0,
+            "{class} planned as 0: {planned:?}"
+        );
+    }
+    assert_eq!(
+        planned.peak.get(AllocClass::Graph) > 0,
+        capture,
+        "{planned:?}"
+    );
+    assert_eq!(
+        plan.device_bytes_for(planned),
+        planned.arena_bytes
+            + planned.capture_reserved_bytes
+            + req.arena.overflow_reserve_bytes
+            + req.blas_workspace_bytes
+    );
+}
+
+#[test]
+fn plan_refuses_a_bad_request_by_name() {
+    let mut req = request(tiny(), 0, false, small_arena());
+    assert!(matches!(
+        zgrad::plan(&req),
+        Err(zgrad::GradError::Config(_))
+    ));
+    req.batch = 4;
+    req.model.heads = 3;
+    assert!(matches!(
+        zgrad::plan(&req),
+        Err(zgrad::GradError::Config(_))
+    ));
+    req.model = tiny();
+    req.arena.segment_bytes = 0;
+    let err = zgrad::plan(&req).unwrap_err();
+    assert!(matches!(err, zgrad::GradError::PlanArena(_)), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some());
+}
+
+#[test]
+fn a_large_model_plans_without_its_host_memory() {
+    // 4096 wide: 3.2 GB of device memory for parameters, gradients and AdamW state, which the
+    // accounting device never backs with host memory.
+    let model = XAssetConfig {
+        width: 4096,
+        ..XAssetConfig::default()
+    };
+    let plan = zgrad::plan(&request(model, 8, true, ArenaConfig::default())).expect("plan");
+    let params = model.parameter_count() as u64 * 4;
+    for s in &plan.schedules {
+        // Parameters, gradients, AdamW's two moments, and a few small persistent slots.
+        let persistent = s.peak.get(AllocClass::Persistent);
+        assert!(persistent >= 4 * params, "{s:?}");
+        assert!(persistent < 4 * params + (64 << 20), "{s:?}");
+        assert!(s.arena_bytes >= persistent, "{s:?}");
+    }
+    assert!(plan.device_bytes() > plan.arena_bytes());
+}
+
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::*;
+    use std::sync::{Mutex, PoisonError};
+
+    static LOCK: Mutex<()> = Mutex::new(());
+
+    fn cuda_device() -> Device<zdevice::CudaDriver> {
+        let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
+        Device::open(driver, DeviceConfig::default()).expect("CUDA device 0 opens")
+    }
+
+    fn within_2_percent(planned: u64, real: u64) -> bool {
+        planned.abs_diff(real) as f64 <= 0.02 * real.max(1) as f64
+    }
+
+    #[rstest]
+    fn gpu_plan_matches_the_real_run_per_class(
+        #[values((256, 1024, 256), (512, 2048, 256), (256, 1024, 1024))] size: (
+            usize,
+            usize,
+            usize,
+        ),
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+        #[values(false, true)] capture: bool,
+    ) {
+        let _one_at_a_time = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+        let (width, ff, batch) = size;
+        let model = XAssetConfig {
+            width,
+            ff,
+            ..XAssetConfig::default()
+        };
+        let req = request(model, batch, capture, ArenaConfig::default());
+        let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+        let real = real_run(cuda_device(), &req, schedule);
+        assert_eq!(planned.captured, real.captured);
+        for class in AllocClass::ALL {
+            let (p, r) = (planned.peak.get(class), real.peak.get(class));
+            assert!(within_2_percent(p, r), "{class}: plan {p} vs real {r}");
+        }
+        assert!(within_2_percent(planned.arena_bytes, real.arena_bytes));
+    }
+}

@@ -1,0 +1,259 @@
+//! `ztrain --plan`: the memory plan of the configured run (`zgrad::plan`), printed before any
+//! training, as a table or (`--json`) as one JSON object. It needs no GPU: the plan runs on an
+//! accounting-only simulated device, and the GPU is only asked how much memory it has.
+
+use std::io::Write;
+
+use serde_json::json;
+use zgrad::{MemoryPlan, PlanRequest, SchedulePlan, TrainSchedule, XAssetConfig};
+use zmem::AllocClass;
+use zmem::units::Bytes;
+
+use crate::cli::{DeviceChoice, Options};
+use crate::console::Console;
+use crate::error::Result;
+use crate::step::trainer_config;
+
+/// The device the plan is checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A device with this name and memory (the GPU, or the simulated one of `--device sim`).
+    Device { name: String, total: u64 },
+    /// No usable GPU, and why.
+    NoGpu { reason: String },
+    /// `--device cpu`: no device memory is used.
+    Cpu,
+}
+
+/// The plan and what it says about the chosen device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanReport {
+    pub plan: MemoryPlan,
+    pub target: Target,
+    /// The arena cap the run would have: `--arena-cap` (or its variable), else 3/4 of the
+    /// device's memory; `None` when neither is known.
+    pub cap: Option<u64>,
+}
+
+impl PlanReport {
+    /// Whether the device holds what the plan needs (`None`: no device to ask).
+    #[must_use]
+    pub fn fits(&self) -> Option<bool> {
+        match &self.target {
+            Target::Device { total, .. } => Some(self.plan.device_bytes() <= *total),
+            _ => None,
+        }
+    }
+
+    /// Whether the arena cap holds one step without overflow (`None`: cap unknown).
+    #[must_use]
+    pub fn cap_holds(&self) -> Option<bool> {
+        self.cap.map(|c| c >= self.plan.arena_bytes())
+    }
+}
+
+/// Makes the plan of `options` and looks at the device they choose.
+pub fn make(options: &Options) -> Result<PlanReport> {
+    let config = options.config()?;
+    let engine = options.arena.engine_config()?;
+    let m = config.model;
+    let model = XAssetConfig {
+        features: m.features,
+        scales: m.scales,
+        width: m.width,
+        heads: m.heads,
+        ff: m.ff,
+    };
+    let target = match options.device {
+        DeviceChoice::Cpu => Target::Cpu,
+        DeviceChoice::Sim => Target::Device {
+            name: "the simulated device (--sim-memory)".into(),
+            total: options.sim_memory,
+        },
+        DeviceChoice::Auto | DeviceChoice::Cuda => match crate::device::gpu_memory() {
+            Ok((name, total)) => Target::Device { name, total },
+            Err(reason) => Target::NoGpu { reason },
+        },
+    };
+    // Checked against the chosen device's memory as a run would be; with no device, merged only.
+    let arena = match &target {
+        Target::Device { total, .. } => engine
+            .arena_config(*total)
+            .map_err(crate::arena_options::refused)?,
+        _ => engine.merged(),
+    };
+    let request = PlanRequest::new(
+        model,
+        config.batch,
+        trainer_config(&config, 1),
+        arena.clone(),
+    );
+    let plan = zgrad::plan(&request)?;
+    let cap = match &target {
+        Target::Device { total, .. } => Some(arena.cap_bytes.unwrap_or(total / 4 * 3)),
+        _ => arena.cap_bytes,
+    };
+    Ok(PlanReport { plan, target, cap })
+}
+
+fn schedule_name(s: TrainSchedule) -> &'static str {
+    match s {
+        TrainSchedule::Batched => "batched",
+        TrainSchedule::PerSample => "per-sample",
+    }
+}
+
+/// The classes in the order of the table and the JSON.
+const CLASSES: [AllocClass; 4] = [
+    AllocClass::Persistent,
+    AllocClass::Saved,
+    AllocClass::Scratch,
+    AllocClass::Graph,
+];
+
+fn schedule_json(plan: &MemoryPlan, s: &SchedulePlan) -> serde_json::Value {
+    let peak: serde_json::Map<String, serde_json::Value> = CLASSES
+        .iter()
+        .map(|c| (c.name().to_string(), json!(s.peak.get(*c))))
+        .collect();
+    json!({
+        "schedule": schedule_name(s.schedule),
+        "captured": s.captured,
+        "peak_bytes": peak,
+        "arena_bytes": s.arena_bytes,
+        "capture_reserved_bytes": s.capture_reserved_bytes,
+        "device_bytes": plan.device_bytes_for(s),
+    })
+}
+
+/// The report as one JSON object (`--plan --json`).
+#[must_use]
+pub fn to_json(r: &PlanReport) -> serde_json::Value {
+    let req = &r.plan.request;
+    let m = req.model;
+    let device = match &r.target {
+        Target::Device { name, total } => json!({"name": name, "total_bytes": total}),
+        Target::NoGpu { reason } => json!({"name": null, "no_gpu": reason}),
+        Target::Cpu => json!({"name": "cpu"}),
+    };
+    json!({
+        "model": {"features": m.features, "scales": m.scales, "width": m.width,
+                  "heads": m.heads, "ff": m.ff},
+        "batch": req.batch,
+        "capture": req.trainer.capture,
+        "steps": req.steps,
+        "schedules": r.plan.schedules.iter().map(|s| schedule_json(&r.plan, s)).collect::<Vec<_>>(),
+        "arena_bytes": r.plan.arena_bytes(),
+        "overflow_reserve_bytes": req.arena.overflow_reserve_bytes,
+        "blas_workspace_bytes": req.blas_workspace_bytes,
+        "device_bytes": r.plan.device_bytes(),
+        "arena_cap_bytes": r.cap,
+        "arena_cap_holds": r.cap_holds(),
+        "device": device,
+        "fits": r.fits(),
+    })
+}
+
+/// The report as the lines `ztrain --plan` prints.
+#[must_use]
+pub fn to_lines(r: &PlanReport) -> Vec<String> {
+    let req = &r.plan.request;
+    let m = req.model;
+    let mut lines = vec![
+        format!(
+            "ztrain --plan: XAsset D={} H={} FF={} S={} F={}, batch {}, {} ({} steps per schedule on an accounting-only simulated device)",
+            m.width,
+            m.heads,
+            m.ff,
+            m.scales,
+            m.features,
+            req.batch,
+            if req.trainer.capture {
+                "captured"
+            } else {
+                "eager"
+            },
+            req.steps
+        ),
+        format!(
+            "{:<11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            "schedule", "persistent", "saved", "scratch", "graph", "arena", "device"
+        ),
+    ];
+    for s in &r.plan.schedules {
+        let mut row = format!("{:<11}", schedule_name(s.schedule));
+        for c in CLASSES {
+            row.push_str(&format!(" {:>11}", Bytes(s.peak.get(c)).to_string()));
+        }
+        row.push_str(&format!(
+            " {:>11} {:>11}",
+            Bytes(s.arena_bytes).to_string(),
+            Bytes(r.plan.device_bytes_for(s)).to_string()
+        ));
+        if req.trainer.capture && !s.captured {
+            row.push_str(" (capture fell back to eager)");
+        }
+        lines.push(row);
+    }
+    let worst = r
+        .plan
+        .schedules
+        .iter()
+        .max_by_key(|s| r.plan.device_bytes_for(s));
+    lines.push(format!(
+        "arena that holds one step without overflow: {} (--arena-cap)",
+        Bytes(r.plan.arena_bytes())
+    ));
+    if let Some(s) = worst {
+        lines.push(format!(
+            "device memory needed: {} = arena {} + capture reservations {} + overflow reserve {} + cuBLAS workspace {} ({})",
+            Bytes(r.plan.device_bytes()),
+            Bytes(s.arena_bytes),
+            Bytes(s.capture_reserved_bytes),
+            Bytes(req.arena.overflow_reserve_bytes),
+            Bytes(req.blas_workspace_bytes),
+            schedule_name(s.schedule)
+        ));
+    }
+    lines.push(match (&r.target, r.fits()) {
+        (Target::Device { name, total }, Some(true)) => {
+            format!("device: {name} ({}): it fits", Bytes(*total))
+        }
+        (Target::Device { name, total }, _) => format!(
+            "device: {name} ({}): it does NOT fit (short by {})",
+            Bytes(*total),
+            Bytes(r.plan.device_bytes().saturating_sub(*total))
+        ),
+        (Target::NoGpu { reason }, _) => format!(
+            "device: no usable GPU on this machine ({reason}); the plan holds for any GPU with at least {}",
+            Bytes(r.plan.device_bytes())
+        ),
+        (Target::Cpu, _) => "device: --device cpu uses no device memory; the plan is for a GPU".into(),
+    });
+    if let (Some(cap), Some(holds)) = (r.cap, r.cap_holds()) {
+        lines.push(if holds {
+            format!("arena cap {}: holds one step", Bytes(cap))
+        } else {
+            format!(
+                "arena cap {}: too small, the step would overflow; raise --arena-cap to at least {}",
+                Bytes(cap),
+                Bytes(r.plan.arena_bytes())
+            )
+        });
+    }
+    lines
+}
+
+/// Makes and prints the plan of `options` (`--json`: one JSON object).
+pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
+    let report = make(options)?;
+    let mut console = Console::new(out);
+    if options.json {
+        console.line(&to_json(&report).to_string());
+    } else {
+        for line in to_lines(&report) {
+            console.line(&line);
+        }
+    }
+    Ok(report)
+}
