@@ -49,8 +49,24 @@ pub struct TrainerConfig {
     pub adamw: AdamWHyper,
     /// Samples per chunk in `evaluate`.
     pub eval_batch: usize,
-    /// NEGATIVE CONTROL ONLY (scenario C): saved tensors stay in scratch memory.
+    /// NEGATIVE CONTROL ONLY (scenario C): saved tensors stay in scratch memory. Only with the
+    /// `testing` feature (tests enable it; a release build of `ztrain` has no such switch).
+    #[cfg(any(test, feature = "testing"))]
     pub unprotected_saved_tensors: bool,
+}
+
+impl TrainerConfig {
+    /// Whether saved tensors stay in scratch (the negative control).
+    #[cfg(any(test, feature = "testing"))]
+    fn saved_tensors_unprotected(&self) -> bool {
+        self.unprotected_saved_tensors
+    }
+
+    /// Without the `testing` feature saved tensors are always protected.
+    #[cfg(not(any(test, feature = "testing")))]
+    fn saved_tensors_unprotected(&self) -> bool {
+        false
+    }
 }
 
 impl Default for TrainerConfig {
@@ -63,6 +79,7 @@ impl Default for TrainerConfig {
             clip_grad: None,
             adamw: AdamWHyper::default(),
             eval_batch: 256,
+            #[cfg(any(test, feature = "testing"))]
             unprotected_saved_tensors: false,
         }
     }
@@ -121,7 +138,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                 params,
                 stats,
                 clip: config.clip_grad.map(T::from_f64),
-                unprotected: config.unprotected_saved_tensors,
+                unprotected: config.saved_tensors_unprotected(),
             },
             backend,
             optim,
