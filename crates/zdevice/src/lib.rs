@@ -41,3 +41,8 @@ pub use types::{
     GraphExec, HostPtr, InstantiateFlags, KernelArg, LaunchConfig, MemPool, Module, PoolProps,
     Readiness, Stream, StreamKind, Transpose,
 };
+
+/// The README's example, compiled and run by `cargo test --doc` so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
