@@ -25,10 +25,10 @@ mod step;
 mod timeline;
 pub mod units;
 
-pub use arena::reclaim_summary::StepSummary;
-pub use arena::{Arena, Sink};
 #[cfg(any(test, feature = "testing"))]
 pub use arena::Protection;
+pub use arena::reclaim_summary::StepSummary;
+pub use arena::{Arena, Sink};
 pub use block::{Block, Source};
 pub use capture::{CapturePlan, CaptureReservation, CaptureScope, Recording};
 pub use class::{AllocClass, ClassBytes};

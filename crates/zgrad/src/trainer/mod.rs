@@ -6,17 +6,18 @@
 //! without the caller doing anything. Parameters, gradients, optimiser state and the static
 //! inputs of captured graphs are persistent; saved tensors belong to the tape.
 
+mod batched;
 mod body;
-mod capture;
+mod captured;
 mod checks;
 mod eval;
+mod per_sample;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
 use crate::optim::{AdamW, AdamWHyper};
 use crate::schedule::LrSchedule;
-use crate::var::Var;
 use crate::xasset::XAsset;
 use body::StepParts;
 use std::rc::Rc;
@@ -107,7 +108,7 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32> {
     parts: StepParts<B, T>,
     optim: AdamW<B, T>,
     config: TrainerConfig,
-    graphs: capture::Graphs<B, T>,
+    graphs: captured::Graphs<B, T>,
 }
 
 impl<B: Capture<T> + 'static, T: Element> std::fmt::Debug for Trainer<B, T> {
@@ -143,7 +144,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             backend,
             optim,
             config,
-            graphs: capture::Graphs::default(),
+            graphs: captured::Graphs::default(),
         })
     }
 
@@ -256,48 +257,11 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         e.at_step(step, applied)
     }
 
-    /// Uploads a batch as constants (in the saved class: the first matmul keeps `x`).
-    fn upload_batch(&self, x: &[T], y: &[T], shape: &[usize]) -> Result<(Var<B, T>, Var<B, T>)> {
-        let b = &*self.backend;
-        let class = if self.parts.unprotected {
-            AllocClass::Scratch
-        } else {
-            AllocClass::Saved
-        };
-        let _class = ClassGuard::new(b, class);
-        Ok((
-            Var::constant(b.upload(x, shape)?),
-            Var::constant(b.upload(y, &shape[..1])?),
-        ))
-    }
-
     /// Reads `[loss, norm]` back and refuses non-finite values.
     fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
         let s = self.backend.download(&self.parts.stats)?;
         let (loss, norm) = (s[0].to_f64(), s[1].to_f64());
         checks::finite(step, loss, norm)?;
         Ok((loss, norm))
-    }
-
-    fn batched_eager(&mut self, x: &[T], y: &[T], shape: &[usize], lr: f64) -> Result<StepReport> {
-        let step = self.optim.step_count() + 1;
-        let b = Rc::clone(&self.backend);
-        let checked = in_step(&*b, || {
-            let (xv, yv) = self.upload_batch(x, y, shape)?;
-            self.parts.batched(&*b, &xv, &yv)?;
-            let stats = self.read_stats(step)?;
-            self.optim.step(&*b, &self.parts.params, lr)?;
-            Ok(stats)
-        });
-        let (loss, grad_norm) =
-            checks::locate(checked, |kind| self.find_sample(x, y, shape, kind))?;
-        Ok(StepReport {
-            step,
-            loss,
-            grad_norm,
-            lr,
-            samples: shape[0],
-            captured: false,
-        })
     }
 }
