@@ -51,3 +51,8 @@ generated!(
     /// cuBLASLt (`cublasLt.h`): [`cublaslt::CublasLt`].
     cublaslt = "generated/cublaslt.rs"
 );
+
+/// The README's example, compiled and run by `cargo test --doc` so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -7,7 +7,7 @@
 //! tensor a node keeps for backward owns memory that no step reset reclaims; the node drops it
 //! as soon as its backward ran, or when the tape is dropped. Backward's temporaries are
 //! `Scratch`. `Tape::unprotected` turns the policy off (saved tensors stay in `Scratch`): it
-//! exists only as the negative control of scenario C.
+//! exists only as the negative control of scenario C, with the `testing` feature.
 
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
@@ -126,9 +126,17 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
 
     /// NEGATIVE CONTROL ONLY (scenario C): a recording tape that leaves saved tensors in the
     /// `Scratch` class, as the engine of the brief did. A step reset between forward and
-    /// backward on a device backend may then hand their memory out again.
+    /// backward on a device backend may then hand their memory out again. Only with the
+    /// `testing` feature (tests enable it; a release build of `ztrain` has no such switch).
+    #[cfg(any(test, feature = "testing"))]
     #[must_use]
     pub fn unprotected(backend: &'b B) -> Self {
+        Self::unprotected_in_crate(backend)
+    }
+
+    /// The unprotected tape for the trainer's own negative control (reachable only through
+    /// `TrainerConfig::unprotected_saved_tensors`, itself behind the `testing` feature).
+    pub(crate) fn unprotected_in_crate(backend: &'b B) -> Self {
         Self::with(backend, true, AllocClass::Scratch)
     }
 

@@ -25,8 +25,10 @@ mod step;
 mod timeline;
 pub mod units;
 
+#[cfg(any(test, feature = "testing"))]
+pub use arena::Protection;
 pub use arena::reclaim_summary::StepSummary;
-pub use arena::{Arena, Protection, Sink};
+pub use arena::{Arena, Sink};
 pub use block::{Block, Source};
 pub use capture::{CapturePlan, CaptureReservation, CaptureScope, Recording};
 pub use class::{AllocClass, ClassBytes};

@@ -336,8 +336,9 @@ impl<D: Driver> Device<D> {
 
     /// Test-only switch: when `false`, synchronous copies and memsets are no longer refused
     /// during capture, so the driver's silent rows get through. Exists to prove that the tests
-    /// of that guard can fail; never turn it off in real code.
-    #[doc(hidden)]
+    /// of that guard can fail; never turn it off in real code. Only with the `testing` feature
+    /// (tests enable it; a release build of `ztrain` has no such switch).
+    #[cfg(any(test, feature = "testing"))]
     pub fn set_capture_guard_for_tests(&self, enabled: bool) {
         self.inner
             .guard_enabled

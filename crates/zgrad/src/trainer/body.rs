@@ -19,7 +19,8 @@ pub(crate) struct StepParts<B: Backend<T>, T: Element> {
     /// Persistent `[loss, grad norm]` of the last batched step (read back after it).
     pub stats: BTensor<B, T>,
     pub clip: Option<T>,
-    /// Negative control: saved tensors stay in scratch.
+    /// Negative control: saved tensors stay in scratch (always `false` without the `testing`
+    /// feature).
     pub unprotected: bool,
 }
 
@@ -38,7 +39,7 @@ impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
 impl<B: Backend<T>, T: Element> StepParts<B, T> {
     fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
         if self.unprotected {
-            Tape::unprotected(b)
+            Tape::unprotected_in_crate(b)
         } else {
             Tape::new(b)
         }

@@ -6,17 +6,18 @@
 //! without the caller doing anything. Parameters, gradients, optimiser state and the static
 //! inputs of captured graphs are persistent; saved tensors belong to the tape.
 
+mod batched;
 mod body;
-mod capture;
+mod captured;
 mod checks;
 mod eval;
+mod per_sample;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
 use crate::optim::{AdamW, AdamWHyper};
 use crate::schedule::LrSchedule;
-use crate::var::Var;
 use crate::xasset::XAsset;
 use body::StepParts;
 use std::rc::Rc;
@@ -49,8 +50,24 @@ pub struct TrainerConfig {
     pub adamw: AdamWHyper,
     /// Samples per chunk in `evaluate`.
     pub eval_batch: usize,
-    /// NEGATIVE CONTROL ONLY (scenario C): saved tensors stay in scratch memory.
+    /// NEGATIVE CONTROL ONLY (scenario C): saved tensors stay in scratch memory. Only with the
+    /// `testing` feature (tests enable it; a release build of `ztrain` has no such switch).
+    #[cfg(any(test, feature = "testing"))]
     pub unprotected_saved_tensors: bool,
+}
+
+impl TrainerConfig {
+    /// Whether saved tensors stay in scratch (the negative control).
+    #[cfg(any(test, feature = "testing"))]
+    fn saved_tensors_unprotected(&self) -> bool {
+        self.unprotected_saved_tensors
+    }
+
+    /// Without the `testing` feature saved tensors are always protected.
+    #[cfg(not(any(test, feature = "testing")))]
+    fn saved_tensors_unprotected(&self) -> bool {
+        false
+    }
 }
 
 impl Default for TrainerConfig {
@@ -63,6 +80,7 @@ impl Default for TrainerConfig {
             clip_grad: None,
             adamw: AdamWHyper::default(),
             eval_batch: 256,
+            #[cfg(any(test, feature = "testing"))]
             unprotected_saved_tensors: false,
         }
     }
@@ -90,7 +108,7 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32> {
     parts: StepParts<B, T>,
     optim: AdamW<B, T>,
     config: TrainerConfig,
-    graphs: capture::Graphs<B, T>,
+    graphs: captured::Graphs<B, T>,
 }
 
 impl<B: Capture<T> + 'static, T: Element> std::fmt::Debug for Trainer<B, T> {
@@ -121,12 +139,12 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                 params,
                 stats,
                 clip: config.clip_grad.map(T::from_f64),
-                unprotected: config.unprotected_saved_tensors,
+                unprotected: config.saved_tensors_unprotected(),
             },
             backend,
             optim,
             config,
-            graphs: capture::Graphs::default(),
+            graphs: captured::Graphs::default(),
         })
     }
 
@@ -239,48 +257,11 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         e.at_step(step, applied)
     }
 
-    /// Uploads a batch as constants (in the saved class: the first matmul keeps `x`).
-    fn upload_batch(&self, x: &[T], y: &[T], shape: &[usize]) -> Result<(Var<B, T>, Var<B, T>)> {
-        let b = &*self.backend;
-        let class = if self.parts.unprotected {
-            AllocClass::Scratch
-        } else {
-            AllocClass::Saved
-        };
-        let _class = ClassGuard::new(b, class);
-        Ok((
-            Var::constant(b.upload(x, shape)?),
-            Var::constant(b.upload(y, &shape[..1])?),
-        ))
-    }
-
     /// Reads `[loss, norm]` back and refuses non-finite values.
     fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
         let s = self.backend.download(&self.parts.stats)?;
         let (loss, norm) = (s[0].to_f64(), s[1].to_f64());
         checks::finite(step, loss, norm)?;
         Ok((loss, norm))
-    }
-
-    fn batched_eager(&mut self, x: &[T], y: &[T], shape: &[usize], lr: f64) -> Result<StepReport> {
-        let step = self.optim.step_count() + 1;
-        let b = Rc::clone(&self.backend);
-        let checked = in_step(&*b, || {
-            let (xv, yv) = self.upload_batch(x, y, shape)?;
-            self.parts.batched(&*b, &xv, &yv)?;
-            let stats = self.read_stats(step)?;
-            self.optim.step(&*b, &self.parts.params, lr)?;
-            Ok(stats)
-        });
-        let (loss, grad_norm) =
-            checks::locate(checked, |kind| self.find_sample(x, y, shape, kind))?;
-        Ok(StepReport {
-            step,
-            loss,
-            grad_norm,
-            lr,
-            samples: shape[0],
-            captured: false,
-        })
     }
 }

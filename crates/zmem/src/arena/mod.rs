@@ -65,7 +65,8 @@ impl<D: Driver> std::fmt::Debug for Arena<D> {
 }
 
 /// Negative-control switches: each removes one protection so its test can be seen to fail.
-#[doc(hidden)]
+/// Only with the `testing` feature.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protection {
     /// `Block::ptr` refuses handles whose memory was reclaimed.
@@ -298,8 +299,9 @@ impl<D: Driver> Arena<D> {
     }
 
     /// Test-only: switches one protection off or on, to prove that its test can fail.
-    /// Never turn a protection off in real code.
-    #[doc(hidden)]
+    /// Never turn a protection off in real code. Only with the `testing` feature (tests enable
+    /// it; a release build of `ztrain` has no such switch).
+    #[cfg(any(test, feature = "testing"))]
     pub fn set_protection_for_tests(&self, protection: Protection, enabled: bool) {
         let f = &self.shared.core.flags;
         let flag = match protection {

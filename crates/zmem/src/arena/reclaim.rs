@@ -302,10 +302,14 @@ impl<D: Driver> Shared<D> {
             .collect();
         // Pools last: each goes once the stream-ordered frees before it have run.
         releases.extend(
-            [st.overflow.pool.take(), st.capture.pool.take(), st.block_pool.take()]
-                .into_iter()
-                .flatten()
-                .map(|p| Release::DestroyPool(p.pool)),
+            [
+                st.overflow.pool.take(),
+                st.capture.pool.take(),
+                st.block_pool.take(),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|p| Release::DestroyPool(p.pool)),
         );
         if let Err(e) = self
             .device
