@@ -119,8 +119,9 @@ pub enum GradError {
     #[error("bad training input: {0}")]
     BadInput(String),
     /// An optimiser step (`AdamW::step`, `Trainer::train_batch`) failed; `applied` says whether
-    /// its update reached the model, and so whether the batch may be retried.
-    #[error("step {step} failed ({applied}): {source}")]
+    /// its update reached the model, and so whether the batch may be retried. What failed is
+    /// the `source()` (and [`GradError::cause`]).
+    #[error("step {step} failed ({applied})")]
     Step {
         step: u64,
         applied: Applied,

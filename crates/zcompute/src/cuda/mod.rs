@@ -284,54 +284,33 @@ impl<D: Driver> CudaBackend<D> {
     }
 }
 
-/// Maps a zmem error onto what the caller of an op can do about it.
+/// Maps a zmem error onto what the caller of an op can do about it, keeping it as the source.
 pub(crate) fn mem_error(op: &'static str, e: MemError) -> ComputeError {
-    let detail = e.to_string();
     match e {
         MemError::UseAfterReclaim { .. } | MemError::ForeignBlock => {
-            ComputeError::UseAfterReclaim { op, detail }
+            ComputeError::UseAfterReclaim { op, source: e }
         }
-        MemError::OutOfMemory { .. }
-        | MemError::TooLarge { .. }
-        | MemError::CaptureReservationExhausted { .. } => ComputeError::OutOfMemory { op, detail },
+        MemError::OutOfMemory { .. } => ComputeError::OutOfMemory { op, source: e },
+        MemError::TooLarge { .. } => ComputeError::TooLarge { op, source: e },
+        MemError::CaptureReservationExhausted { .. } => {
+            ComputeError::CaptureReservationExhausted { op, source: e }
+        }
         MemError::NoOpenStep { .. } => ComputeError::NoOpenStep { op },
         MemError::StepAlreadyOpen { .. } => ComputeError::StepState {
             op,
             why: "another step is open on this arena; end it first",
         },
-        MemError::AllocationDuringCapture { .. } | MemError::CaptureActive { .. } => {
-            ComputeError::CaptureIllegal { op, why: detail }
-        }
-        MemError::Timeout { .. } => ComputeError::Timeout { op, detail },
         MemError::Device(d) => device_error(op, d),
-        _ => ComputeError::DeviceFailed {
-            op,
-            detail,
-            lost: false,
-        },
+        _ => ComputeError::Memory { op, source: e },
     }
 }
 
-/// Maps a device error onto what the caller of an op can do about it.
+/// Maps a device error onto what the caller of an op can do about it, keeping it as the
+/// source.
 pub(crate) fn device_error(op: &'static str, e: DeviceError) -> ComputeError {
-    let detail = e.to_string();
     match e {
-        DeviceError::CaptureIllegal { .. } | DeviceError::CaptureInvalidated { .. } => {
-            ComputeError::CaptureIllegal { op, why: detail }
-        }
-        DeviceError::Timeout { .. } => ComputeError::Timeout { op, detail },
-        DeviceError::OutOfMemory { .. } | DeviceError::TooLarge { .. } => {
-            ComputeError::OutOfMemory { op, detail }
-        }
-        DeviceError::DeviceLost { .. } => ComputeError::DeviceFailed {
-            op,
-            detail,
-            lost: true,
-        },
-        _ => ComputeError::DeviceFailed {
-            op,
-            detail,
-            lost: false,
-        },
+        DeviceError::CaptureInvalidated { .. } => ComputeError::CaptureInvalidated { op, source: e },
+        DeviceError::Timeout { .. } => ComputeError::Timeout { op, source: e },
+        _ => ComputeError::Device { op, source: e },
     }
 }
