@@ -62,7 +62,9 @@ fn over_the_device_capacity_is_too_large_down_to_zdevice() {
     let b = mock(512 << 20);
     let (col, row) = column_and_row(&b, 16 << 10);
     let tape = Tape::new(&b);
-    let err = tape.add(&col, &row).expect_err("a 1 GiB sum on a 512 MiB device");
+    let err = tape
+        .add(&col, &row)
+        .expect_err("a 1 GiB sum on a 512 MiB device");
     assert!(
         matches!(
             &err,
@@ -90,7 +92,9 @@ fn a_sum_that_fits_after_a_free_is_out_of_memory_down_to_zdevice() {
     let (col, row) = column_and_row(&b, 2048);
     let tape = Tape::no_grad(&b);
     let first = tape.add(&col, &row).expect("the first sum fits");
-    let err = tape.add(&col, &row).expect_err("a second sum does not fit now");
+    let err = tape
+        .add(&col, &row)
+        .expect_err("a second sum does not fit now");
     assert!(
         matches!(
             &err,
@@ -169,7 +173,10 @@ fn a_captured_tape_body_the_driver_invalidated_is_capture_invalidated_down_to_zd
         ),
         "{err:?}"
     );
-    assert!(err.is_capture_invalidated() && !err.is_device_lost(), "{err:?}");
+    assert!(
+        err.is_capture_invalidated() && !err.is_device_lost(),
+        "{err:?}"
+    );
     assert!(
         matches!(
             cause::<DeviceError>(&err),

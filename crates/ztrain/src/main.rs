@@ -20,7 +20,11 @@ fn main() -> ExitCode {
     let show_bar = std::io::stderr().is_terminal();
     let stop = match StopSignal::install() {
         Ok(stop) => stop,
-        Err(e) => return fail(&format!("error: installing the SIGINT/SIGTERM handlers: {e}")),
+        Err(e) => {
+            return fail(&format!(
+                "error: installing the SIGINT/SIGTERM handlers: {e}"
+            ));
+        }
     };
     match ztrain::run::run(&options, &mut out, show_bar, &stop) {
         // 128 + the signal, as a shell reports a process the signal ended (130, 143).

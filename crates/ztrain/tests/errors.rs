@@ -110,14 +110,23 @@ fn over_the_device_capacity_is_too_large_in_the_printed_chain() {
         "{err:?}"
     );
     assert!(
-        matches!(cause::<DeviceError>(&err), Some(DeviceError::TooLarge { .. })),
+        matches!(
+            cause::<DeviceError>(&err),
+            Some(DeviceError::TooLarge { .. })
+        ),
         "{err:?}"
     );
     let printed = report(&err);
     let lines: Vec<&str> = printed.lines().collect();
     assert_eq!(lines.len(), 3, "{printed}");
-    assert!(lines[0].starts_with("error: add: the request can never fit"), "{printed}");
-    assert!(lines[1].starts_with("  caused by: a persistent request of 1.0 GiB can never fit"), "{printed}");
+    assert!(
+        lines[0].starts_with("error: add: the request can never fit"),
+        "{printed}"
+    );
+    assert!(
+        lines[1].starts_with("  caused by: a persistent request of 1.0 GiB can never fit"),
+        "{printed}"
+    );
     assert!(lines[2].starts_with("  caused by: zmem.arena.alloc: requested 1073741824 bytes, more than the device's 536870912"), "{printed}");
 }
 
@@ -137,13 +146,25 @@ fn a_request_that_fits_after_a_free_is_out_of_memory_in_the_printed_chain() {
         "{err:?}"
     );
     assert!(
-        matches!(cause::<DeviceError>(&err), Some(DeviceError::OutOfMemory { .. })),
+        matches!(
+            cause::<DeviceError>(&err),
+            Some(DeviceError::OutOfMemory { .. })
+        ),
         "{err:?}"
     );
     let printed = report(&err);
-    assert!(printed.starts_with("error: add: out of device memory now"), "{printed}");
-    assert!(printed.contains("\n  caused by: out of memory for a persistent request"), "{printed}");
-    assert!(printed.contains("\n  caused by: out of device memory in cuMemAlloc"), "{printed}");
+    assert!(
+        printed.starts_with("error: add: out of device memory now"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("\n  caused by: out of memory for a persistent request"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("\n  caused by: out of device memory in cuMemAlloc"),
+        "{printed}"
+    );
     drop(first);
     outer_sum(&b, &tape, 2048).expect("fits once the first is freed");
 }
@@ -180,8 +201,14 @@ fn reservation_exhaustion_and_an_invalidated_capture_stay_distinct_in_the_printe
         "{exhausted:?}"
     );
     let printed = report(&exhausted);
-    assert!(printed.contains("the capture reservation is exhausted"), "{printed}");
-    assert!(printed.contains("\n  caused by: capture reservation"), "{printed}");
+    assert!(
+        printed.contains("the capture reservation is exhausted"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("\n  caused by: capture reservation"),
+        "{printed}"
+    );
 
     let be = b.clone();
     let invalidated: TrainError = b
@@ -207,6 +234,12 @@ fn reservation_exhaustion_and_an_invalidated_capture_stay_distinct_in_the_printe
         "{invalidated:?}"
     );
     let printed = report(&invalidated);
-    assert!(printed.contains("the driver invalidated the capture"), "{printed}");
-    assert!(printed.contains("\n  caused by: stream capture was invalidated"), "{printed}");
+    assert!(
+        printed.contains("the driver invalidated the capture"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("\n  caused by: stream capture was invalidated"),
+        "{printed}"
+    );
 }

@@ -309,7 +309,9 @@ pub(crate) fn mem_error(op: &'static str, e: MemError) -> ComputeError {
 /// source.
 pub(crate) fn device_error(op: &'static str, e: DeviceError) -> ComputeError {
     match e {
-        DeviceError::CaptureInvalidated { .. } => ComputeError::CaptureInvalidated { op, source: e },
+        DeviceError::CaptureInvalidated { .. } => {
+            ComputeError::CaptureInvalidated { op, source: e }
+        }
         DeviceError::Timeout { .. } => ComputeError::Timeout { op, source: e },
         _ => ComputeError::Device { op, source: e },
     }

@@ -76,5 +76,8 @@ fn an_exhausted_reservation_is_its_own_condition_not_out_of_memory() {
     assert!(err.is_capture_reservation_exhausted(), "{err:?}");
     assert!(!err.is_out_of_memory() && !err.is_too_large(), "{err:?}");
     // zmem's own condition: the device was not asked, so there is no device error under it.
-    assert!(err.source().is_none() && err.device_error().is_none(), "{err:?}");
+    assert!(
+        err.source().is_none() && err.device_error().is_none(),
+        "{err:?}"
+    );
 }

@@ -39,7 +39,9 @@ fn backend_with(capacity: u64) -> CudaBackend<SimDriver> {
 }
 
 fn eager_still_works(gpu: &CudaBackend<SimDriver>) {
-    let x = gpu.upload(&[1.0, 2.0], &[2]).expect("upload after the failure");
+    let x = gpu
+        .upload(&[1.0, 2.0], &[2])
+        .expect("upload after the failure");
     let y = gpu.unary(UnaryOp::Neg, &x).expect("op after the failure");
     assert_eq!(gpu.download(&y).expect("download"), vec![-1.0, -2.0]);
 }
@@ -47,7 +49,9 @@ fn eager_still_works(gpu: &CudaBackend<SimDriver>) {
 #[test]
 fn over_the_device_capacity_is_too_large_down_to_zdevice() {
     let gpu = mock(); // 512 MiB
-    let err = gpu.zeros(&[1 << 28]).expect_err("1 GiB on a 512 MiB device");
+    let err = gpu
+        .zeros(&[1 << 28])
+        .expect_err("1 GiB on a 512 MiB device");
     assert!(
         matches!(
             &err,
@@ -158,7 +162,10 @@ fn a_capture_the_driver_invalidated_is_capture_invalidated_down_to_zdevice() {
         ),
         "{err:?}"
     );
-    assert!(err.is_capture_invalidated() && !err.is_device_lost(), "{err:?}");
+    assert!(
+        err.is_capture_invalidated() && !err.is_device_lost(),
+        "{err:?}"
+    );
     assert!(
         !matches!(err, ComputeError::CaptureIllegal { .. }),
         "{err:?}"
