@@ -100,7 +100,8 @@ pub enum ComputeError {
     SizeOverflow { op: &'static str, shape: ErrDims },
     // Device backends: memory, capture and the device itself. Each keeps the lower layer's
     // error (zmem's `MemError`, zdevice's `DeviceError`) as its `source()`, fields and all;
-    // the messages here say what failed and what to do, the sources say why.
+    // the messages here say what failed and what to do, the sources say why. `MemError` is
+    // boxed to keep every `Result` of the crate small; `mem_error()` gives it typed.
     /// A tensor's memory was reclaimed by a step end while the tensor was still used (or the
     /// block belongs to another arena): keep the step open while it is needed, or allocate it
     /// as `Saved`/`Persistent`.
@@ -110,7 +111,7 @@ pub enum ComputeError {
     UseAfterReclaim {
         op: &'static str,
         #[source]
-        source: zmem::MemError,
+        source: Box<zmem::MemError>,
     },
     /// The device (or the arena's cap) has no room for the request now, though it fits the
     /// device: end steps, drop tensors or raise the arena cap, then retry.
@@ -118,14 +119,14 @@ pub enum ComputeError {
     OutOfMemory {
         op: &'static str,
         #[source]
-        source: zmem::MemError,
+        source: Box<zmem::MemError>,
     },
     /// The request can never fit, whatever is freed (it exceeds the device's memory): split it.
     #[error("{op}: the request can never fit on this device; split it into smaller tensors")]
     TooLarge {
         op: &'static str,
         #[source]
-        source: zmem::MemError,
+        source: Box<zmem::MemError>,
     },
     /// A request inside a capture did not fit the graph's reservation: the capture was
     /// abandoned (eager execution still works); capture again with a body that allocates as its
@@ -136,7 +137,7 @@ pub enum ComputeError {
     CaptureReservationExhausted {
         op: &'static str,
         #[source]
-        source: zmem::MemError,
+        source: Box<zmem::MemError>,
     },
     /// The allocation class is `Scratch` but no step is open: call `begin_step` first, or
     /// `set_alloc_class(Saved | Persistent)`.
@@ -194,7 +195,7 @@ pub enum ComputeError {
     Memory {
         op: &'static str,
         #[source]
-        source: zmem::MemError,
+        source: Box<zmem::MemError>,
     },
     /// The device refused or failed a call. If it is lost (`is_device_lost`), the process must
     /// recreate it; otherwise fix the input and retry.
@@ -228,7 +229,7 @@ impl ComputeError {
             | ComputeError::OutOfMemory { source, .. }
             | ComputeError::TooLarge { source, .. }
             | ComputeError::CaptureReservationExhausted { source, .. }
-            | ComputeError::Memory { source, .. } => Some(source),
+            | ComputeError::Memory { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }
@@ -300,7 +301,7 @@ impl ComputeError {
                 D::CaptureIllegal { .. } | D::OutOfMemory { .. } | D::TooLarge { .. }
             ),
             ComputeError::Memory { source, .. } => !matches!(
-                source,
+                **source,
                 M::AllocationDuringCapture { .. } | M::CaptureActive { .. }
             ),
             _ => false,

@@ -66,13 +66,7 @@ fn over_the_device_capacity_is_too_large_down_to_zdevice() {
         .add(&col, &row)
         .expect_err("a 1 GiB sum on a 512 MiB device");
     assert!(
-        matches!(
-            &err,
-            GradError::Compute(ComputeError::TooLarge {
-                source: MemError::TooLarge { .. },
-                ..
-            })
-        ),
+        matches!(&err, GradError::Compute(ComputeError::TooLarge { .. })),
         "{err:?}"
     );
     assert!(err.is_too_large() && !err.is_out_of_memory(), "{err:?}");
@@ -96,13 +90,7 @@ fn a_sum_that_fits_after_a_free_is_out_of_memory_down_to_zdevice() {
         .add(&col, &row)
         .expect_err("a second sum does not fit now");
     assert!(
-        matches!(
-            &err,
-            GradError::Compute(ComputeError::OutOfMemory {
-                source: MemError::OutOfMemory { .. },
-                ..
-            })
-        ),
+        matches!(&err, GradError::Compute(ComputeError::OutOfMemory { .. })),
         "{err:?}"
     );
     assert!(err.is_out_of_memory() && !err.is_too_large(), "{err:?}");
@@ -139,16 +127,19 @@ fn a_captured_tape_body_that_outgrows_its_reservation_is_reservation_exhausted()
     assert!(
         matches!(
             &err,
-            GradError::Compute(ComputeError::CaptureReservationExhausted {
-                source: MemError::CaptureReservationExhausted { .. },
-                ..
-            })
+            GradError::Compute(ComputeError::CaptureReservationExhausted { .. })
         ),
         "{err:?}"
     );
     assert!(err.is_capture_reservation_exhausted(), "{err:?}");
     assert!(!err.is_out_of_memory() && !err.is_too_large(), "{err:?}");
-    assert!(cause::<MemError>(&err).is_some(), "{err:?}");
+    assert!(
+        matches!(
+            err.compute_error().and_then(ComputeError::mem_error),
+            Some(MemError::CaptureReservationExhausted { .. })
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]

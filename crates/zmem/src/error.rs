@@ -136,15 +136,13 @@ pub enum MemError {
     /// The overflow pool did not answer within the device's allocation deadline. The device
     /// is lost afterwards (the driver call may never return); the diagnostics say why the arena
     /// had overflowed.
-    #[error("timed out after {deadline:?} waiting for {waited_for}: {diagnostics}")]
+    #[error("the overflow pool did not answer within {deadline:?}: {diagnostics}")]
     Timeout {
-        /// What was waited for.
-        waited_for: String,
         /// The deadline.
         deadline: Duration,
         /// The arena's state when it gave up.
         diagnostics: Box<Diagnostics>,
-        /// The device's timeout (the call that did not answer).
+        /// The device's timeout (what was waited for, and how long).
         #[source]
         device: DeviceError,
     },

@@ -195,7 +195,7 @@ fn reservation_exhaustion_and_an_invalidated_capture_stay_distinct_in_the_printe
     );
     assert!(
         matches!(
-            cause::<MemError>(&exhausted),
+            cause::<Box<MemError>>(&exhausted).map(|m| &**m),
             Some(MemError::CaptureReservationExhausted { .. })
         ),
         "{exhausted:?}"

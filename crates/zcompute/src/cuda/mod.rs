@@ -288,20 +288,33 @@ impl<D: Driver> CudaBackend<D> {
 pub(crate) fn mem_error(op: &'static str, e: MemError) -> ComputeError {
     match e {
         MemError::UseAfterReclaim { .. } | MemError::ForeignBlock => {
-            ComputeError::UseAfterReclaim { op, source: e }
+            ComputeError::UseAfterReclaim {
+                op,
+                source: Box::new(e),
+            }
         }
-        MemError::OutOfMemory { .. } => ComputeError::OutOfMemory { op, source: e },
-        MemError::TooLarge { .. } => ComputeError::TooLarge { op, source: e },
-        MemError::CaptureReservationExhausted { .. } => {
-            ComputeError::CaptureReservationExhausted { op, source: e }
-        }
+        MemError::OutOfMemory { .. } => ComputeError::OutOfMemory {
+            op,
+            source: Box::new(e),
+        },
+        MemError::TooLarge { .. } => ComputeError::TooLarge {
+            op,
+            source: Box::new(e),
+        },
+        MemError::CaptureReservationExhausted { .. } => ComputeError::CaptureReservationExhausted {
+            op,
+            source: Box::new(e),
+        },
         MemError::NoOpenStep { .. } => ComputeError::NoOpenStep { op },
         MemError::StepAlreadyOpen { .. } => ComputeError::StepState {
             op,
             why: "another step is open on this arena; end it first",
         },
         MemError::Device(d) => device_error(op, d),
-        _ => ComputeError::Memory { op, source: e },
+        _ => ComputeError::Memory {
+            op,
+            source: Box::new(e),
+        },
     }
 }
 

@@ -261,12 +261,7 @@ impl<D: Driver> Shared<D> {
                 why: format!("the device has {} in all", Bytes(total)),
                 device: Some(e),
             },
-            DeviceError::Timeout {
-                ref waited_for,
-                deadline,
-                ..
-            } => MemError::Timeout {
-                waited_for: waited_for.clone(),
+            DeviceError::Timeout { deadline, .. } => MemError::Timeout {
                 deadline,
                 diagnostics: Box::new(st.diagnostics()),
                 device: e,
