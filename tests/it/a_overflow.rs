@@ -68,11 +68,12 @@ pub fn without_overflow_it_is_out_of_memory<D: Driver>(dev: CudaBackend<D>, size
         .expect_err("the step cannot fit");
     assert_eq!(err.applied(), Some(Applied::No), "{err}");
     match err.cause() {
-        GradError::Compute(ComputeError::OutOfMemory { detail, .. }) => {
+        GradError::Compute(ComputeError::OutOfMemory { source, .. }) => {
             println!("{err}");
+            let detail = source.to_string();
             assert!(
                 detail.contains("overflow"),
-                "the message carries the diagnostics: {detail}"
+                "the zmem error under it carries the diagnostics: {detail}"
             );
         }
         other => panic!("expected OutOfMemory, got {other}"),

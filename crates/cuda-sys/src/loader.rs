@@ -10,7 +10,7 @@ use crate::{cublas::Cublas, cublaslt::CublasLt, driver::Cuda, nvrtc::Nvrtc};
 pub const LIB_DIR_ENV: &str = "ZGPU_CUDA_LIB_DIR";
 
 /// A CUDA library or symbol could not be loaded.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
     /// No candidate path could be opened.
     #[error("could not load {library}: tried {}", tried.join(", "))]

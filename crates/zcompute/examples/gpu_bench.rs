@@ -18,10 +18,9 @@ type Gpu = CudaBackend<CudaDriver>;
 /// timed with CUDA events on the backend's stream.
 fn time(gpu: &Gpu, iters: u32, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let dev = gpu.device();
-    let err = |e: zdevice::DeviceError| zcompute::ComputeError::DeviceFailed {
+    let err = |source: zdevice::DeviceError| zcompute::ComputeError::Device {
         op: "bench",
-        detail: e.to_string(),
-        lost: false,
+        source,
     };
     for _ in 0..3 {
         f()?;
@@ -72,11 +71,7 @@ fn copy_ms(gpu: &Gpu, x: &CudaTensor, y: &CudaTensor, iters: u32) -> Result<f64>
     let bytes = x.numel() as u64 * 4;
     time(gpu, iters, || {
         dev.copy_dtod_async(dst, src, bytes, dev.stream())
-            .map_err(|e| zcompute::ComputeError::DeviceFailed {
-                op: "copy",
-                detail: e.to_string(),
-                lost: false,
-            })
+            .map_err(|source| zcompute::ComputeError::Device { op: "copy", source })
     })
 }
 

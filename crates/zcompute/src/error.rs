@@ -107,19 +107,47 @@ pub enum ComputeError {
         value: String,
         expected: &'static str,
     },
-    // Device backends: memory, capture and the device itself. Details are the lower layer's
-    // message (zmem's diagnostics, the CUDA call and status), kept as text so this type stays
-    // `Clone + Eq`.
-    /// A tensor's memory was reclaimed by a step end while the tensor was still used: keep the
-    /// step open while it is needed, or allocate it as `Saved`/`Persistent`.
+    // Device backends: memory, capture and the device itself. Each keeps the lower layer's
+    // error (zmem's `MemError`, zdevice's `DeviceError`) as its `source()`, fields and all;
+    // the messages here say what failed and what to do, the sources say why. `MemError` is
+    // boxed to keep every `Result` of the crate small; `mem_error()` gives it typed.
+    /// A tensor's memory was reclaimed by a step end while the tensor was still used (or the
+    /// block belongs to another arena): keep the step open while it is needed, or allocate it
+    /// as `Saved`/`Persistent`.
     #[error(
-        "{op}: a tensor's memory was reclaimed under it ({detail}); allocate it as saved or persistent, or use it within its step"
+        "{op}: a tensor's memory was reclaimed under it; allocate it as saved or persistent, or use it within its step"
     )]
-    UseAfterReclaim { op: &'static str, detail: String },
-    /// The device (or the arena's cap) has no room for the request now; end steps, drop tensors
-    /// or raise the arena cap.
-    #[error("{op}: out of device memory: {detail}")]
-    OutOfMemory { op: &'static str, detail: String },
+    UseAfterReclaim {
+        op: &'static str,
+        #[source]
+        source: Box<zmem::MemError>,
+    },
+    /// The device (or the arena's cap) has no room for the request now, though it fits the
+    /// device: end steps, drop tensors or raise the arena cap, then retry.
+    #[error("{op}: out of device memory now; end steps, drop tensors or raise the arena cap")]
+    OutOfMemory {
+        op: &'static str,
+        #[source]
+        source: Box<zmem::MemError>,
+    },
+    /// The request can never fit, whatever is freed (it exceeds the device's memory): split it.
+    #[error("{op}: the request can never fit on this device; split it into smaller tensors")]
+    TooLarge {
+        op: &'static str,
+        #[source]
+        source: Box<zmem::MemError>,
+    },
+    /// A request inside a capture did not fit the graph's reservation: the capture was
+    /// abandoned (eager execution still works); capture again with a body that allocates as its
+    /// warm-up did, or with more headroom.
+    #[error(
+        "{op}: the capture reservation is exhausted; the capture was abandoned and eager execution still works"
+    )]
+    CaptureReservationExhausted {
+        op: &'static str,
+        #[source]
+        source: Box<zmem::MemError>,
+    },
     /// The allocation class is `Scratch` but no step is open: call `begin_step` first, or
     /// `set_alloc_class(Saved | Persistent)`.
     #[error(
@@ -134,21 +162,57 @@ pub enum ComputeError {
     /// do it before the capture or between replays.
     #[error("{op} is not allowed while capturing: {why}")]
     CaptureIllegal { op: &'static str, why: String },
-    /// A capture could not be completed; it has ended and the backend still runs eagerly.
-    #[error(
-        "capture failed while {stage}: {detail}; the capture was abandoned and eager execution still works"
-    )]
-    CaptureFailed { stage: &'static str, detail: String },
-    /// A bounded wait on the device ran out (the detail names what was waited for).
-    #[error("{op}: timed out: {detail}")]
-    Timeout { op: &'static str, detail: String },
-    /// The device refused or failed a call. `lost`: the device is unusable from now on and the
-    /// process must recreate it; otherwise fix the input and retry.
-    #[error("{op}: device error: {detail}{}", if *.lost { " (device lost)" } else { "" })]
-    DeviceFailed {
+    /// The driver invalidated the capture (a call it cannot record was made during it): the
+    /// capture has ended, the device is usable and eager execution still works; remove the call
+    /// from the captured body.
+    #[error("{op}: the driver invalidated the capture; eager execution still works")]
+    CaptureInvalidated {
         op: &'static str,
-        detail: String,
-        lost: bool,
+        #[source]
+        source: zdevice::DeviceError,
+    },
+    /// A capture could not be completed at `stage`; it has ended and the backend still runs
+    /// eagerly. The source says what failed.
+    #[error(
+        "capture failed while {stage}; the capture was abandoned and eager execution still works"
+    )]
+    CaptureFailed {
+        stage: &'static str,
+        #[source]
+        source: Box<ComputeError>,
+    },
+    /// A captured body allocated differently in its warm-up and its captured run, so the
+    /// tensors it stores outside cannot be paired: a captured body must allocate the same
+    /// tensors on every run.
+    #[error("the captured run allocated unlike its warm-up: {detail}")]
+    CaptureRunsDiffer { detail: String },
+    /// A capture body failed with an error of the layer that wrote it (that layer keeps the
+    /// typed error and reports it instead).
+    #[error("{detail}")]
+    BodyFailed { detail: String },
+    /// A bounded wait on the device ran out; the source names what was waited for. The
+    /// device is lost if the wait was inside the driver (`is_device_lost`).
+    #[error("{op}: timed out waiting for the device")]
+    Timeout {
+        op: &'static str,
+        #[source]
+        source: zdevice::DeviceError,
+    },
+    /// The arena failed in a way not listed above (an allocation during a capture without
+    /// reservation, a capture already active, a stalled overflow pool): the source says what.
+    #[error("{op}: device memory failed")]
+    Memory {
+        op: &'static str,
+        #[source]
+        source: Box<zmem::MemError>,
+    },
+    /// The device refused or failed a call. If it is lost (`is_device_lost`), the process must
+    /// recreate it; otherwise fix the input and retry.
+    #[error("{op}: device error{}", if .source.is_fatal() { " (device lost)" } else { "" })]
+    Device {
+        op: &'static str,
+        #[source]
+        source: zdevice::DeviceError,
     },
     /// An engine's arena setting the arena would not honour exactly, or a malformed `ZMEM_*`
     /// variable: `name` is how the caller spelled it (its variable, or the override's label),
@@ -168,4 +232,102 @@ pub enum ComputeError {
     /// axes, or a matrix product whose sizes exceed cuBLAS's 32-bit dimensions).
     #[error("{op}: unsupported on this backend: {reason}")]
     Unsupported { op: &'static str, reason: String },
+}
+
+impl ComputeError {
+    /// The error under any `CaptureFailed` wrappers: what actually went wrong.
+    #[must_use]
+    pub fn cause(&self) -> &ComputeError {
+        match self {
+            ComputeError::CaptureFailed { source, .. } => source.cause(),
+            e => e,
+        }
+    }
+
+    /// zmem's error under this one (looking through `CaptureFailed`), if the arena failed.
+    #[must_use]
+    pub fn mem_error(&self) -> Option<&zmem::MemError> {
+        match self.cause() {
+            ComputeError::UseAfterReclaim { source, .. }
+            | ComputeError::OutOfMemory { source, .. }
+            | ComputeError::TooLarge { source, .. }
+            | ComputeError::CaptureReservationExhausted { source, .. }
+            | ComputeError::Memory { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// zdevice's error at the bottom of this one (through zmem's, and through
+    /// `CaptureFailed`), if the device reported one.
+    #[must_use]
+    pub fn device_error(&self) -> Option<&zdevice::DeviceError> {
+        match self.cause() {
+            ComputeError::CaptureInvalidated { source, .. }
+            | ComputeError::Timeout { source, .. }
+            | ComputeError::Device { source, .. } => Some(source),
+            other => other.mem_error().and_then(zmem::MemError::device_error),
+        }
+    }
+
+    /// Whether memory was short now for a request that fits the device: freeing memory
+    /// (ending steps, dropping tensors) or raising the arena cap may let a retry succeed.
+    #[must_use]
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self.cause(), ComputeError::OutOfMemory { .. })
+            || self
+                .device_error()
+                .is_some_and(zdevice::DeviceError::is_out_of_memory)
+    }
+
+    /// Whether the request can never fit, whatever is freed: split it.
+    #[must_use]
+    pub fn is_too_large(&self) -> bool {
+        matches!(self.cause(), ComputeError::TooLarge { .. })
+            || self
+                .device_error()
+                .is_some_and(zdevice::DeviceError::is_too_large)
+    }
+
+    /// Whether a capture's reservation ran out (the capture was abandoned).
+    #[must_use]
+    pub fn is_capture_reservation_exhausted(&self) -> bool {
+        matches!(
+            self.cause(),
+            ComputeError::CaptureReservationExhausted { .. }
+        )
+    }
+
+    /// Whether the driver invalidated a capture (it ended; the device is usable).
+    #[must_use]
+    pub fn is_capture_invalidated(&self) -> bool {
+        matches!(self.cause(), ComputeError::CaptureInvalidated { .. })
+    }
+
+    /// Whether the device is lost: nothing more runs on it; recreate it.
+    #[must_use]
+    pub fn is_device_lost(&self) -> bool {
+        self.device_error()
+            .is_some_and(zdevice::DeviceError::is_fatal)
+    }
+
+    /// Whether the device (not the op's inputs, nor a refusal before any call) failed, so work
+    /// already queued may or may not have run: a failed or timed-out device call, or the arena
+    /// failing other than by refusing an allocation during a capture.
+    #[must_use]
+    pub fn is_device_failure(&self) -> bool {
+        use zdevice::DeviceError as D;
+        use zmem::MemError as M;
+        match self.cause() {
+            ComputeError::Timeout { .. } => true,
+            ComputeError::Device { source, .. } => !matches!(
+                source,
+                D::CaptureIllegal { .. } | D::OutOfMemory { .. } | D::TooLarge { .. }
+            ),
+            ComputeError::Memory { source, .. } => !matches!(
+                **source,
+                M::AllocationDuringCapture { .. } | M::CaptureActive { .. }
+            ),
+            _ => false,
+        }
+    }
 }

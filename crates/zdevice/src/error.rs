@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::driver::{CuCode, DriverError};
 
 /// What a [`Device`](crate::Device) call can fail with.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
     /// The CUDA driver or one of its libraries could not be loaded: install a driver, or point
     /// `ZGPU_CUDA_LIB_DIR` at the folder holding it.
@@ -130,6 +130,25 @@ impl DeviceError {
     #[must_use]
     pub fn is_fatal(&self) -> bool {
         matches!(self, DeviceError::DeviceLost { .. })
+    }
+
+    /// Whether the device lacked free memory for a request that fits its capacity: freeing
+    /// memory (or waiting for frees) may let a retry succeed.
+    #[must_use]
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, DeviceError::OutOfMemory { .. })
+    }
+
+    /// Whether the request exceeds the device's capacity: no retry can succeed; split it.
+    #[must_use]
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, DeviceError::TooLarge { .. })
+    }
+
+    /// Whether the driver invalidated a capture (it has ended; the device stays usable).
+    #[must_use]
+    pub fn is_capture_invalidated(&self) -> bool {
+        matches!(self, DeviceError::CaptureInvalidated { .. })
     }
 }
 

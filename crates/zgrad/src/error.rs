@@ -125,8 +125,9 @@ pub enum GradError {
     #[error("bad training input: {0}")]
     BadInput(String),
     /// An optimiser step (`AdamW::step`, `Trainer::train_batch`) failed; `applied` says whether
-    /// its update reached the model, and so whether the batch may be retried.
-    #[error("step {step} failed ({applied}): {source}")]
+    /// its update reached the model, and so whether the batch may be retried. What failed is
+    /// the `source()` (and [`GradError::cause`]).
+    #[error("step {step} failed ({applied})")]
     Step {
         step: u64,
         applied: Applied,
@@ -175,5 +176,51 @@ impl GradError {
             GradError::Step { source, .. } => source.cause(),
             e => e,
         }
+    }
+
+    /// The backend's error under any `Step` wrapper, if an op or the device failed (its
+    /// [`ComputeError::mem_error`] and [`ComputeError::device_error`] reach the layers below).
+    #[must_use]
+    pub fn compute_error(&self) -> Option<&ComputeError> {
+        match self.cause() {
+            GradError::Compute(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Whether device memory was short now for a request that fits: free memory (end steps,
+    /// drop tensors) or raise the arena cap, then retry ([`ComputeError::is_out_of_memory`]).
+    #[must_use]
+    pub fn is_out_of_memory(&self) -> bool {
+        self.compute_error()
+            .is_some_and(ComputeError::is_out_of_memory)
+    }
+
+    /// Whether a request can never fit on the device: shrink the model or the batch
+    /// ([`ComputeError::is_too_large`]).
+    #[must_use]
+    pub fn is_too_large(&self) -> bool {
+        self.compute_error().is_some_and(ComputeError::is_too_large)
+    }
+
+    /// Whether a capture's reservation ran out ([`ComputeError::is_capture_reservation_exhausted`]).
+    #[must_use]
+    pub fn is_capture_reservation_exhausted(&self) -> bool {
+        self.compute_error()
+            .is_some_and(ComputeError::is_capture_reservation_exhausted)
+    }
+
+    /// Whether the driver invalidated a capture ([`ComputeError::is_capture_invalidated`]).
+    #[must_use]
+    pub fn is_capture_invalidated(&self) -> bool {
+        self.compute_error()
+            .is_some_and(ComputeError::is_capture_invalidated)
+    }
+
+    /// Whether the device is lost: recreate it ([`ComputeError::is_device_lost`]).
+    #[must_use]
+    pub fn is_device_lost(&self) -> bool {
+        self.compute_error()
+            .is_some_and(ComputeError::is_device_lost)
     }
 }

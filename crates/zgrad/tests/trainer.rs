@@ -230,7 +230,7 @@ fn a_non_finite_loss_names_step_and_sample(#[case] schedule: TrainSchedule, #[ca
         "{err}"
     );
     assert!(
-        err.to_string().contains("step 2") && err.to_string().contains("sample 2"),
+        err.to_string().contains("step 2") && err.cause().to_string().contains("sample 2"),
         "{err}"
     );
     let after: Vec<Vec<f64>> = t

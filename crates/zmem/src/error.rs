@@ -45,7 +45,7 @@ fn list(alive: &[LiveBlock]) -> String {
 }
 
 /// What a zmem call can fail with.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum MemError {
     /// Neither the arena (at its cap) nor the overflow pool could serve the request now.
@@ -72,6 +72,10 @@ pub enum MemError {
         class: AllocClass,
         /// The limit it exceeds.
         why: String,
+        /// The device's own refusal, when the limit is the device's capacity (checked before
+        /// any driver call, or answered by the driver).
+        #[source]
+        device: Option<DeviceError>,
     },
     /// The handle's memory was reclaimed (its step ended with the handle's protection removed,
     /// or its arena was dropped): the handle is stale and must not be used. This is a bug in
@@ -132,14 +136,15 @@ pub enum MemError {
     /// The overflow pool did not answer within the device's allocation deadline. The device
     /// is lost afterwards (the driver call may never return); the diagnostics say why the arena
     /// had overflowed.
-    #[error("timed out after {deadline:?} waiting for {waited_for}: {diagnostics}")]
+    #[error("the overflow pool did not answer within {deadline:?}: {diagnostics}")]
     Timeout {
-        /// What was waited for.
-        waited_for: String,
         /// The deadline.
         deadline: Duration,
         /// The arena's state when it gave up.
         diagnostics: Box<Diagnostics>,
+        /// The device's timeout (what was waited for, and how long).
+        #[source]
+        device: DeviceError,
     },
     /// [`Step::end_strict`](crate::Step::end_strict) found scratch blocks still referenced. The
     /// step has ended and exactly these blocks were kept; drop them, or allocate them as
@@ -177,9 +182,43 @@ pub enum MemError {
         /// What is wrong.
         reason: String,
     },
-    /// The device failed in a way zmem cannot interpret (for example `DeviceLost`).
-    #[error(transparent)]
+    /// The device failed in a way zmem cannot interpret (for example `DeviceLost`); the device
+    /// error (the source) says what to do.
+    #[error("a device call failed")]
     Device(#[from] DeviceError),
+}
+
+impl MemError {
+    /// Whether the memory was not available now but the request fits: ending steps, dropping
+    /// blocks or raising the arena cap / overflow reserve may let a retry succeed.
+    #[must_use]
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, MemError::OutOfMemory { .. })
+    }
+
+    /// Whether the request can never be served (it exceeds the device or the arena's limit).
+    #[must_use]
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, MemError::TooLarge { .. })
+    }
+
+    /// Whether a capture's reservation ran out (record the plan again, or add headroom).
+    #[must_use]
+    pub fn is_capture_reservation_exhausted(&self) -> bool {
+        matches!(self, MemError::CaptureReservationExhausted { .. })
+    }
+
+    /// The device's error under this one, if the device reported one.
+    #[must_use]
+    pub fn device_error(&self) -> Option<&DeviceError> {
+        match self {
+            MemError::OutOfMemory { device, .. } | MemError::TooLarge { device, .. } => {
+                device.as_ref()
+            }
+            MemError::Timeout { device, .. } | MemError::Device(device) => Some(device),
+            _ => None,
+        }
+    }
 }
 
 /// Result of a zmem call.

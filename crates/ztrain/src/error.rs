@@ -88,16 +88,17 @@ pub enum TrainError {
     #[error("--memory-report: {0}")]
     MemoryReport(String),
 
-    /// A tensor operation failed.
-    #[error("compute: {0}")]
+    /// A tensor operation failed (the error and its causes say what and why).
+    #[error(transparent)]
     Compute(#[from] zcompute::ComputeError),
 
-    /// Autograd, the model or the optimiser failed.
-    #[error("training: {0}")]
+    /// Autograd, the model or the optimiser failed (the error and its causes say what and
+    /// why).
+    #[error(transparent)]
     Grad(#[from] zgrad::GradError),
 
     /// Device memory failed.
-    #[error("memory: {0}")]
+    #[error(transparent)]
     Memory(#[from] zmem::MemError),
 
     /// An output option names a file that must not be written (or cannot be).
@@ -150,3 +151,23 @@ pub enum TrainError {
 
 /// ztrain's result.
 pub type Result<T> = std::result::Result<T, TrainError>;
+
+/// An error and every error under it (`source()`), as the command prints them: `error: …`,
+/// then one `  caused by: …` line per cause, down to the device's own error. A cause whose
+/// message its parent already shows in full is not repeated.
+#[must_use]
+pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = format!("error: {e}");
+    let mut shown = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !shown.contains(&text) {
+            out.push_str("\n  caused by: ");
+            out.push_str(&text);
+        }
+        shown = text;
+        next = cause.source();
+    }
+    out
+}

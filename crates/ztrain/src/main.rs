@@ -20,7 +20,11 @@ fn main() -> ExitCode {
     let show_bar = std::io::stderr().is_terminal();
     let stop = match StopSignal::install() {
         Ok(stop) => stop,
-        Err(e) => return fail(&format!("installing the SIGINT/SIGTERM handlers: {e}")),
+        Err(e) => {
+            return fail(&format!(
+                "error: installing the SIGINT/SIGTERM handlers: {e}"
+            ));
+        }
     };
     match ztrain::run::run(&options, &mut out, show_bar, &stop) {
         // 128 + the signal, as a shell reports a process the signal ended (130, 143).
@@ -28,15 +32,15 @@ fn main() -> ExitCode {
             Some(sig) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)),
             None => ExitCode::SUCCESS,
         },
-        Err(e) => fail(&e.to_string()),
+        Err(e) => fail(&ztrain::error::report(&e)),
     }
 }
 
-/// The command's one place that prints an error: the user's terminal.
-fn fail(message: &str) -> ExitCode {
+/// The command's one place that prints an error, with its causes: the user's terminal.
+fn fail(report: &str) -> ExitCode {
     #[allow(clippy::print_stderr)]
     {
-        eprintln!("error: {message}");
+        eprintln!("{report}");
     }
     ExitCode::FAILURE
 }

@@ -19,7 +19,7 @@ struct Run<D: Driver> {
     adamw: AdamWState<f32>,
 }
 
-/// `GradError::Compute(ComputeError::DeviceFailed { .. })` → `Compute::DeviceFailed`.
+/// `GradError::Compute(ComputeError::Device { .. })` → `Compute::Device`.
 fn variant_path(debug: &str) -> String {
     let end = debug.find([' ', '{', '"']).unwrap_or(debug.len());
     debug[..end].trim_end_matches('(').replace('(', "::")

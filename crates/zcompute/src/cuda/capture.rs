@@ -73,8 +73,12 @@ impl<D: Driver> std::fmt::Debug for CudaGraph<D> {
     }
 }
 
-fn failed(stage: &'static str) -> impl Fn(String) -> ComputeError {
-    move |detail| ComputeError::CaptureFailed { stage, detail }
+/// Wraps what failed at `stage` of a capture as the capture's failure (the backend is eager).
+fn failed(stage: &'static str) -> impl Fn(ComputeError) -> ComputeError {
+    move |e| ComputeError::CaptureFailed {
+        stage,
+        source: Box::new(e),
+    }
 }
 
 /// Puts the backend back to eager mode when dropped (also on early returns).
@@ -101,7 +105,11 @@ impl<D: Driver> CudaBackend<D> {
         if survivors.is_empty() {
             return Ok(());
         }
-        let mismatch = |detail: String| failed("pairing the captured run with its warm-up")(detail);
+        let mismatch = |detail: String| {
+            failed("pairing the captured run with its warm-up")(ComputeError::CaptureRunsDiffer {
+                detail,
+            })
+        };
         if captured.len() != warm_allocations {
             return Err(mismatch(format!(
                 "the warm-up allocated {warm_allocations} tensors and the captured run {}; a captured body must allocate the same tensors on every run",
@@ -129,11 +137,14 @@ impl<D: Driver> CudaBackend<D> {
 }
 
 /// What a failed end of capture means to the caller: a deadline overrun or a lost device as
-/// such (the device is gone), anything else a failed capture with the backend eager.
+/// such (the device is gone), an invalidated capture as such (the body made a call the driver
+/// cannot record), anything else a failed capture with the backend eager.
 fn end_failed(e: DeviceError) -> ComputeError {
     match e {
-        DeviceError::Timeout { .. } | DeviceError::DeviceLost { .. } => device_error("capture", e),
-        other => failed("ending the capture")(other.to_string()),
+        DeviceError::Timeout { .. }
+        | DeviceError::DeviceLost { .. }
+        | DeviceError::CaptureInvalidated { .. } => device_error("capture", e),
+        other => failed("ending the capture")(device_error("capture", other)),
     }
 }
 
@@ -166,16 +177,16 @@ impl<D: Driver> Capture<f32> for CudaBackend<D> {
         *lock(&self.inner.capture) = CaptureState::WarmUp(Vec::new());
         let reservation = arena
             .reserve_for_capture(&plan)
-            .map_err(|e| failed("reserving memory")(mem_error("capture", e).to_string()))?;
+            .map_err(|e| failed("reserving memory")(mem_error("capture", e)))?;
 
         let graph = {
             let scope = arena
                 .capture_into(&reservation)
-                .map_err(|e| failed("activating the reservation")(e.to_string()))?;
+                .map_err(|e| failed("activating the reservation")(mem_error("capture", e)))?;
             *lock(&self.inner.capture) = CaptureState::On(Recorded::default());
             let cap = device
                 .begin_capture(self.inner.stream)
-                .map_err(|e| failed("beginning the capture")(e.to_string()))?;
+                .map_err(|e| failed("beginning the capture")(device_error("capture", e)))?;
             let ran = body();
             // A capture the driver still runs after a failed end is dropped inside
             // `into_error`: ended then, or the device marked lost (never left unguarded).
@@ -198,7 +209,7 @@ impl<D: Driver> Capture<f32> for CudaBackend<D> {
 
         let exec = graph
             .instantiate(InstantiateFlags::default())
-            .map_err(|e| failed("instantiating the graph")(e.to_string()))?;
+            .map_err(|e| failed("instantiating the graph")(device_error("capture", e)))?;
         let nodes = graph.node_count().map_err(|e| device_error("capture", e))?;
         tracing::info!(
             target: "zcompute.cuda.capture",

@@ -122,7 +122,7 @@ impl<D: Driver> CudaBackend<D> {
     ///
     /// Over a simulated driver the kernels' Rust twins must be registered on it first
     /// ([`twins::register`]; `Engine::sim` does it): a simulator without them has no function
-    /// under the kernels' names, and this constructor fails with the driver's `DeviceFailed`.
+    /// under the kernels' names, and this constructor fails with the driver's `Device` error.
     pub fn new(arena: Arena<D>) -> Result<CudaBackend<D>> {
         const OP: &str = "CudaBackend::new";
         let device = arena.device().clone();
@@ -279,54 +279,48 @@ impl<D: Driver> CudaBackend<D> {
     }
 }
 
-/// Maps a zmem error onto what the caller of an op can do about it.
+/// Maps a zmem error onto what the caller of an op can do about it, keeping it as the source.
 pub(crate) fn mem_error(op: &'static str, e: MemError) -> ComputeError {
-    let detail = e.to_string();
     match e {
         MemError::UseAfterReclaim { .. } | MemError::ForeignBlock => {
-            ComputeError::UseAfterReclaim { op, detail }
+            ComputeError::UseAfterReclaim {
+                op,
+                source: Box::new(e),
+            }
         }
-        MemError::OutOfMemory { .. }
-        | MemError::TooLarge { .. }
-        | MemError::CaptureReservationExhausted { .. } => ComputeError::OutOfMemory { op, detail },
+        MemError::OutOfMemory { .. } => ComputeError::OutOfMemory {
+            op,
+            source: Box::new(e),
+        },
+        MemError::TooLarge { .. } => ComputeError::TooLarge {
+            op,
+            source: Box::new(e),
+        },
+        MemError::CaptureReservationExhausted { .. } => ComputeError::CaptureReservationExhausted {
+            op,
+            source: Box::new(e),
+        },
         MemError::NoOpenStep { .. } => ComputeError::NoOpenStep { op },
         MemError::StepAlreadyOpen { .. } => ComputeError::StepState {
             op,
             why: "another step is open on this arena; end it first",
         },
-        MemError::AllocationDuringCapture { .. } | MemError::CaptureActive { .. } => {
-            ComputeError::CaptureIllegal { op, why: detail }
-        }
-        MemError::Timeout { .. } => ComputeError::Timeout { op, detail },
         MemError::Device(d) => device_error(op, d),
-        _ => ComputeError::DeviceFailed {
+        _ => ComputeError::Memory {
             op,
-            detail,
-            lost: false,
+            source: Box::new(e),
         },
     }
 }
 
-/// Maps a device error onto what the caller of an op can do about it.
+/// Maps a device error onto what the caller of an op can do about it, keeping it as the
+/// source.
 pub(crate) fn device_error(op: &'static str, e: DeviceError) -> ComputeError {
-    let detail = e.to_string();
     match e {
-        DeviceError::CaptureIllegal { .. } | DeviceError::CaptureInvalidated { .. } => {
-            ComputeError::CaptureIllegal { op, why: detail }
+        DeviceError::CaptureInvalidated { .. } => {
+            ComputeError::CaptureInvalidated { op, source: e }
         }
-        DeviceError::Timeout { .. } => ComputeError::Timeout { op, detail },
-        DeviceError::OutOfMemory { .. } | DeviceError::TooLarge { .. } => {
-            ComputeError::OutOfMemory { op, detail }
-        }
-        DeviceError::DeviceLost { .. } => ComputeError::DeviceFailed {
-            op,
-            detail,
-            lost: true,
-        },
-        _ => ComputeError::DeviceFailed {
-            op,
-            detail,
-            lost: false,
-        },
+        DeviceError::Timeout { .. } => ComputeError::Timeout { op, source: e },
+        _ => ComputeError::Device { op, source: e },
     }
 }

@@ -51,8 +51,8 @@ fn a_simulator_without_twins_is_refused_by_the_backend_not_patched_up() {
     .expect("device");
     let err = small().on_device(device).expect_err("no twins");
     assert!(
-        matches!(err, ComputeError::DeviceFailed { .. }),
-        "expected DeviceFailed, got {err:?}"
+        matches!(err, ComputeError::Device { .. }),
+        "expected Device, got {err:?}"
     );
     // Registered explicitly, the same path works.
     let sim = SimDriver::new(SimConfig::with_capacity(64 * M));

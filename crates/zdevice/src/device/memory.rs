@@ -48,6 +48,21 @@ pub struct DevicePool {
 }
 
 impl<D: Driver> Device<D> {
+    /// Refuses, without a driver call, a request of `requested` bytes that can never fit on this
+    /// device (`TooLarge`, the error an allocation of that size gets from the driver), so that
+    /// a layer above (the arena) can check before it calls the driver. `call` names the caller.
+    pub fn check_fits(&self, call: &'static str, requested: u64) -> DeviceResult<()> {
+        let total = self.inner.info.total_memory;
+        if requested > total {
+            return Err(DeviceError::TooLarge {
+                call,
+                requested,
+                total,
+            });
+        }
+        Ok(())
+    }
+
     /// Maps an allocation failure to `OutOfMemory` or `TooLarge` with the device's numbers.
     fn alloc_error(&self, call: &'static str, requested: u64, e: DeviceError) -> DeviceError {
         match e {

@@ -15,7 +15,7 @@ use crate::memory::ClassGuard;
 use crate::var::Var;
 use zcompute::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
-    ComputeError, Element,
+    Element,
 };
 
 /// AdamW's constant hyper-parameters (XASSET.md's values by default).
@@ -99,10 +99,7 @@ impl<B: Backend<T>, T: Element> AdamWTensors<B, T> {
                 // A device error may come from work already queued (this kernel's included,
                 // for a parameter view copied back after it): only a refusal of the first
                 // launch's inputs proves that nothing ran.
-                let device = matches!(
-                    e,
-                    ComputeError::DeviceFailed { .. } | ComputeError::Timeout { .. }
-                );
+                let device = e.is_device_failure();
                 let applied = if queued || device {
                     Applied::Maybe
                 } else {

@@ -143,7 +143,7 @@ pub(crate) fn into_body_error(e: GradError, slot: &ErrorSlot) -> ComputeError {
             *slot.borrow_mut() = Some(other);
             ComputeError::CaptureFailed {
                 stage: "running the zgrad training body",
-                detail,
+                source: Box::new(ComputeError::BodyFailed { detail }),
             }
         }
     }

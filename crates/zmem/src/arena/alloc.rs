@@ -28,15 +28,21 @@ impl<D: Driver> Shared<D> {
     /// Issues a block of `class`. Never waits without a deadline, never synchronises the
     /// device, never makes a device call while a stream captures.
     pub(crate) fn alloc(&self, class: AllocClass, requested: u64) -> MemResult<Block> {
-        let too_large = |why: String| MemError::TooLarge {
+        let size = align_up(requested).ok_or_else(|| MemError::TooLarge {
             requested,
             class,
-            why,
-        };
-        let size = align_up(requested).ok_or_else(|| too_large("it overflows 64 bits".into()))?;
-        let total = self.device.info().total_memory;
-        if size > total {
-            return Err(too_large(format!("the device has {} in all", Bytes(total))));
+            why: "it overflows 64 bits".into(),
+            device: None,
+        })?;
+        // Checked here, before any driver call, with the device's own answer kept as the source.
+        if let Err(e) = self.device.check_fits("zmem.arena.alloc", size) {
+            let total = self.device.info().total_memory;
+            return Err(MemError::TooLarge {
+                requested,
+                class,
+                why: format!("the device has {} in all", Bytes(total)),
+                device: Some(e),
+            });
         }
         let routing = self.core.flags.capture_routing.load(Ordering::Relaxed);
         let capturing = routing && self.device.is_capturing();
@@ -253,15 +259,12 @@ impl<D: Driver> Shared<D> {
                 requested,
                 class,
                 why: format!("the device has {} in all", Bytes(total)),
+                device: Some(e),
             },
-            DeviceError::Timeout {
-                waited_for,
-                deadline,
-                ..
-            } => MemError::Timeout {
-                waited_for,
+            DeviceError::Timeout { deadline, .. } => MemError::Timeout {
                 deadline,
                 diagnostics: Box::new(st.diagnostics()),
+                device: e,
             },
             other => MemError::Device(other),
         }

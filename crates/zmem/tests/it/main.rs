@@ -4,6 +4,7 @@
 mod bodies;
 mod capture;
 mod classes;
+mod errors;
 mod fast;
 mod peaks;
 mod props;

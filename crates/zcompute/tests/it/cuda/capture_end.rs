@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::mock;
 use zcompute::{BTensor, Backend, Capture, ComputeError, CpuBackend, UnaryOp};
 use zdevice::sim::calls;
-use zdevice::{CuCode, FaultAction};
+use zdevice::{CuCode, DeviceError, FaultAction};
 
 /// The body computes `y = exp(x) + x` (a temporary and an output, both allocated inside) and
 /// stores `y` outside. After `capture` it holds the warm-up's result, on every backend; after
@@ -78,9 +78,18 @@ fn failed_end_of_capture_is_typed_and_eager_work_follows() {
         .capture(Box::new(move || be.unary(UnaryOp::Neg, &xx).map(drop)))
         .expect_err("the injected end failure");
     match &err {
-        ComputeError::CaptureFailed { stage, detail } => {
+        ComputeError::CaptureFailed { stage, source } => {
             assert_eq!(*stage, "ending the capture", "{err}");
-            assert!(detail.contains("cuStreamEndCapture"), "{err}");
+            assert!(
+                matches!(
+                    source.device_error(),
+                    Some(DeviceError::Driver {
+                        call: "cuStreamEndCapture",
+                        code: CuCode::INVALID_VALUE
+                    })
+                ),
+                "{err:?}"
+            );
         }
         other => panic!("expected CaptureFailed, got {other:?}"),
     }
@@ -112,15 +121,19 @@ fn stalled_end_of_capture_times_out_and_loses_the_device() {
         .capture(Box::new(move || be.unary(UnaryOp::Neg, &xx).map(drop)))
         .expect_err("a stalled end");
     match &err {
-        ComputeError::Timeout { detail, .. } => {
-            assert!(detail.contains("cuStreamEndCapture"), "{err}")
-        }
+        ComputeError::Timeout { source, .. } => assert!(
+            matches!(source, DeviceError::Timeout { waited_for, .. } if waited_for.contains("cuStreamEndCapture")),
+            "{err:?}"
+        ),
         other => panic!("expected Timeout, got {other:?}"),
     }
     assert!(gpu.device().lost_reason().is_some());
     assert!(matches!(
         gpu.unary(UnaryOp::Neg, &x),
-        Err(ComputeError::DeviceFailed { lost: true, .. })
+        Err(ComputeError::Device {
+            source: DeviceError::DeviceLost { .. },
+            ..
+        })
     ));
 }
 

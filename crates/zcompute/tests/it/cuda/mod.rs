@@ -6,6 +6,7 @@
 pub mod bodies;
 pub mod capture;
 pub mod capture_end;
+mod chain;
 pub mod errors;
 #[macro_use]
 mod suite;
