@@ -37,4 +37,4 @@ pub use diag::{CaptureStats, Diagnostics, FillCause, OverflowStats, ResetInfo};
 pub use error::{LiveBlock, MemError, MemResult};
 pub use scratch::Scratch;
 pub use step::{OwnedStep, Step};
-pub use timeline::{Event, EventKind, StepRecord, TimelineSnapshot};
+pub use timeline::{Event, EventKind, STEP_RECORDS_MAX, StepRecord, TimelineSnapshot};

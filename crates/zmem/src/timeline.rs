@@ -1,7 +1,10 @@
-//! The timeline: a bounded ring of recent events, per-step aggregates kept for the whole run,
-//! and JSON export (written by hand: the format is small and fixed, no serde needed).
+//! The timeline: a bounded ring of recent events, per-step aggregates covering the whole run in
+//! bounded memory (folded into step ranges as the run grows), and JSON export (written by hand: the format is small and fixed, no serde needed).
 
 mod ring;
+mod steps;
+
+pub use steps::{STEP_RECORDS_MAX, StepRecord};
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -116,32 +119,10 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-/// Aggregates of one step, kept for the whole run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StepRecord {
-    /// The step.
-    pub step: u64,
-    /// Bytes held (all classes) at the step's peak.
-    pub peak_bytes: u64,
-    /// Bytes by class at that peak.
-    pub peak_by_class: ClassBytes,
-    /// Allocations made in the step.
-    pub allocations: u64,
-    /// Bytes allocated in the step.
-    pub bytes: u64,
-    /// Resets the step's end made (0 when deferred).
-    pub resets: u32,
-    /// Requests that went to the overflow pool.
-    pub overflow_calls: u64,
-    /// Their bytes.
-    pub overflow_bytes: u64,
-    /// Scratch blocks kept at the step's end.
-    pub kept_blocks: usize,
-}
-
 pub(crate) struct Timeline {
     ring: ring::Ring,
-    pub(crate) steps: Vec<StepRecord>,
+    steps: steps::StepLog,
+    /// The open step's aggregates (or the last ended step's, until the next opens).
     pub(crate) current: StepRecord,
 }
 
@@ -149,7 +130,7 @@ impl Timeline {
     pub(crate) fn new(capacity: usize) -> Timeline {
         Timeline {
             ring: ring::Ring::new(capacity),
-            steps: Vec::new(),
+            steps: steps::StepLog::new(STEP_RECORDS_MAX),
             current: StepRecord::default(),
         }
     }
@@ -195,11 +176,16 @@ impl Timeline {
         }
     }
 
+    /// Files the current step's aggregates: its end was recorded.
+    pub(crate) fn end_step(&mut self) {
+        self.steps.push(self.current.of_one_step());
+    }
+
     /// `step_open`: whether `current` is a step still running (an ended one is in `steps`).
     pub(crate) fn snapshot(&self, step_open: bool) -> TimelineSnapshot {
-        let mut steps = self.steps.clone();
+        let mut steps = self.steps.records().to_vec();
         if step_open {
-            steps.push(self.current.clone());
+            steps.push(self.current.of_one_step());
         }
         TimelineSnapshot {
             events: self.ring.events(),
@@ -214,14 +200,16 @@ impl Timeline {
 pub struct TimelineSnapshot {
     /// The most recent events, oldest first.
     pub events: Vec<Event>,
-    /// Every step's aggregates (the open step last).
+    /// Aggregates covering every step, oldest first, the open step last: one record per step
+    /// until a long run folds them into ranges (at most [`STEP_RECORDS_MAX`] records).
     pub steps: Vec<StepRecord>,
     /// Events that fell out of the ring.
     pub dropped: u64,
 }
 
 impl TimelineSnapshot {
-    /// `{"dropped":N,"events":[...],"steps":[...]}`.
+    /// `{"dropped":N,"events":[...],"steps":[...]}`; a step record's `step` is the first step
+    /// it covers and `last_step` the last.
     #[must_use]
     pub fn to_json(&self) -> String {
         let mut s = String::with_capacity(64 + 96 * self.events.len() + 160 * self.steps.len());
@@ -239,15 +227,18 @@ impl TimelineSnapshot {
             }
             let _ = write!(
                 s,
-                "{{\"step\":{},\"peak_bytes\":{},\"peak_by_class\":{},\"allocations\":{},\"bytes\":{},\"resets\":{},\"overflow_calls\":{},\"overflow_bytes\":{},\"kept_blocks\":{}}}",
+                "{{\"step\":{},\"last_step\":{},\"peak_bytes\":{},\"peak_by_class\":{},\"peak_step\":{},\"allocations\":{},\"bytes\":{},\"resets\":{},\"overflow_calls\":{},\"overflow_bytes\":{},\"step_overflow_bytes_max\":{},\"kept_blocks\":{}}}",
                 r.step,
+                r.last_step,
                 r.peak_bytes,
                 class_json(&r.peak_by_class),
+                r.peak_step,
                 r.allocations,
                 r.bytes,
                 r.resets,
                 r.overflow_calls,
                 r.overflow_bytes,
+                r.step_overflow_bytes_max,
                 r.kept_blocks
             );
         }

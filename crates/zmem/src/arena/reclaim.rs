@@ -64,8 +64,7 @@ impl<D: Driver> Shared<D> {
                 // The graph may have baked in this step's addresses: reclaim at the next
                 // step end instead, after the capture.
                 st.timeline.current.kept_blocks = 0;
-                let rec = st.timeline.current.clone();
-                st.timeline.steps.push(rec);
+                st.timeline.end_step();
                 events.push(st.timeline.push(
                     at,
                     EventKind::StepEnd {
@@ -134,8 +133,7 @@ impl<D: Driver> Shared<D> {
         });
         st.timeline.current.resets += 1;
         st.timeline.current.kept_blocks = kept.len();
-        let rec = st.timeline.current.clone();
-        st.timeline.steps.push(rec);
+        st.timeline.end_step();
         let at = Some(self.device.driver().now());
         let reset = EventKind::Reset {
             reclaimed_bytes: out.bytes,

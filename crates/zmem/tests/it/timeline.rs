@@ -80,3 +80,54 @@ fn the_ring_is_bounded_but_steps_are_kept() {
     assert!(t.dropped > 0);
     assert_eq!(t.steps.len(), 20);
 }
+
+/// The GPU soak found host memory growing ~96 bytes per arena step: one aggregate record per
+/// step, kept forever. The records are bounded now; a long run folds them into coarser ones
+/// that still cover every step, with the run's totals and highest peak exact.
+#[test]
+fn step_records_stay_bounded_over_a_long_run_with_totals_exact() {
+    const STEPS: u64 = 100_000;
+    let cfg = ArenaConfig {
+        timeline_events: 16,
+        ..small(1 << 20)
+    };
+    let arena = Arena::new(mock(64 << 20), cfg).unwrap();
+    let (mut allocations, mut bytes, mut max_peak, mut peak_at) = (0u64, 0u64, 0u64, 0u64);
+    for i in 1..=STEPS {
+        let step = arena.step().unwrap();
+        // One step in 7,919 allocates more, so the run's highest peak is one known step.
+        let n = if i == 7_919 { 9 } else { 1 + i % 3 };
+        let held: Vec<_> = (0..n).map(|_| step.alloc_scratch(256).unwrap()).collect();
+        allocations += n;
+        bytes += 256 * n;
+        if 256 * n > max_peak {
+            (max_peak, peak_at) = (256 * n, i);
+        }
+        drop(held);
+        step.end().unwrap();
+    }
+    let t = arena.timeline();
+    assert!(
+        t.steps.len() <= zmem::STEP_RECORDS_MAX,
+        "{} step records kept for {STEPS} steps",
+        t.steps.len()
+    );
+    assert!(
+        t.steps.len() >= zmem::STEP_RECORDS_MAX / 4,
+        "{}",
+        t.steps.len()
+    );
+    // The records tile the run: in order, no gap, no overlap.
+    assert_eq!(t.steps[0].step, 1);
+    assert_eq!(t.steps.last().unwrap().last_step, STEPS);
+    for w in t.steps.windows(2) {
+        assert_eq!(w[1].step, w[0].last_step + 1, "{:?}", (&w[0], &w[1]));
+    }
+    let sum = |f: fn(&zmem::StepRecord) -> u64| t.steps.iter().map(f).sum::<u64>();
+    assert_eq!(sum(|r| r.allocations), allocations);
+    assert_eq!(sum(|r| r.bytes), bytes);
+    assert_eq!(sum(|r| r.resets), STEPS);
+    let hw = t.steps.iter().max_by_key(|r| r.peak_bytes).unwrap();
+    assert_eq!((hw.peak_bytes, hw.peak_step), (max_peak, peak_at));
+    assert_eq!(hw.peak_by_class.get(AllocClass::Scratch), max_peak);
+}

@@ -10,6 +10,8 @@ use zmem::{AllocClass, StepRecord};
 use super::esc;
 
 /// Most columns drawn; longer runs are bucketed (each column shows its bucket's highest step).
+/// zmem's records may already cover ranges of steps (a long run's are folded; all but the
+/// newest cover the same number), so buckets group records and report the steps they cover.
 pub const MAX_COLUMNS: usize = 1500;
 
 /// Classes stacked from the bottom, with their colours.
@@ -35,7 +37,7 @@ const BOTTOM: f64 = 70.0;
 pub struct Column {
     /// Steps covered (first, last).
     pub steps: (u64, u64),
-    /// The highest step's record.
+    /// The record with the highest peak (its `peak_step` is the step that reached it).
     pub peak: StepRecord,
     /// Resets in the bucket.
     pub resets: u64,
@@ -52,17 +54,43 @@ pub fn columns(steps: &[StepRecord], max: usize) -> Vec<Column> {
         .map(|chunk| {
             let peak = chunk
                 .iter()
-                .max_by_key(|r| (r.peak_bytes, std::cmp::Reverse(r.step)))
+                .max_by_key(|r| (r.peak_bytes, std::cmp::Reverse(r.peak_step)))
                 .cloned()
                 .unwrap_or_default();
             Column {
-                steps: (chunk[0].step, chunk[chunk.len() - 1].step),
-                resets: chunk.iter().map(|r| u64::from(r.resets)).sum(),
-                overflow_bytes: chunk.iter().map(|r| r.overflow_bytes).max().unwrap_or(0),
+                steps: (chunk[0].step, last_step(&chunk[chunk.len() - 1])),
+                resets: chunk.iter().map(|r| r.resets).sum(),
+                overflow_bytes: chunk
+                    .iter()
+                    .map(|r| r.step_overflow_bytes_max.max(per_step_overflow(r)))
+                    .max()
+                    .unwrap_or(0),
                 peak,
             }
         })
         .collect()
+}
+
+/// The last step `r` covers (`r.step` for a record whose range was left unset).
+#[must_use]
+pub fn last_step(r: &StepRecord) -> u64 {
+    r.step + r.span() - 1
+}
+
+/// Overflow bytes of `r`'s one step, when it covers one (ranges carry their per-step maximum
+/// in `step_overflow_bytes_max`).
+fn per_step_overflow(r: &StepRecord) -> u64 {
+    if r.span() == 1 { r.overflow_bytes } else { 0 }
+}
+
+/// `step N`, or `steps N–M` for a record covering a range.
+#[must_use]
+pub fn steps_label(r: &StepRecord) -> String {
+    if r.span() == 1 {
+        format!("step {}", r.step)
+    } else {
+        format!("steps {}–{}", r.step, last_step(r))
+    }
 }
 
 /// A "nice" axis maximum at or above `v`: 1, 2, 5 or 10 times a power of ten of a binary unit
@@ -195,7 +223,7 @@ pub fn svg(steps: &[StepRecord]) -> String {
         } else {
             format!(
                 "steps {}–{} (highest: {})",
-                c.steps.0, c.steps.1, c.peak.step
+                c.steps.0, c.steps.1, c.peak.peak_step
             )
         };
         let _ = write!(
@@ -233,7 +261,7 @@ pub fn svg(steps: &[StepRecord]) -> String {
         LEFT + pw - 4.0,
         y(hwm) - 5.0,
         Bytes(hwm),
-        cols[hw_col].peak.step,
+        cols[hw_col].peak.peak_step,
         y = y(hwm),
     );
     // First overflow.
@@ -241,12 +269,12 @@ pub fn svg(steps: &[StepRecord]) -> String {
         let first = steps
             .iter()
             .find(|r| r.overflow_calls > 0)
-            .map_or(c.steps.0, |r| r.step);
+            .map_or_else(|| format!("step {}", c.steps.0), steps_label);
         let xx = x(i as f64 + 0.5);
         let anchor = if xx > LEFT + pw * 0.7 { "end" } else { "start" };
         let _ = write!(
             s,
-            r#"<line class="first-overflow" x1="{xx:.2}" y1="{TOP}" x2="{xx:.2}" y2="{}" stroke="{OVERFLOW_COLOUR}" stroke-width="1.5"/><text class="first-overflow-label" x="{:.2}" y="{}" fill="{OVERFLOW_COLOUR}" text-anchor="{anchor}">first overflow: step {first}</text>"#,
+            r#"<line class="first-overflow" x1="{xx:.2}" y1="{TOP}" x2="{xx:.2}" y2="{}" stroke="{OVERFLOW_COLOUR}" stroke-width="1.5"/><text class="first-overflow-label" x="{:.2}" y="{}" fill="{OVERFLOW_COLOUR}" text-anchor="{anchor}">first overflow: {first}</text>"#,
             TOP + ph,
             if anchor == "end" { xx - 4.0 } else { xx + 4.0 },
             TOP + 14.0,
@@ -279,8 +307,11 @@ mod tests {
     pub(crate) fn rec(step: u64, scratch: u64, persistent: u64, overflow: u64) -> StepRecord {
         let mut r = StepRecord {
             step,
+            last_step: step,
+            peak_step: step,
             resets: 1,
             overflow_bytes: overflow,
+            step_overflow_bytes_max: overflow,
             overflow_calls: u64::from(overflow > 0),
             ..StepRecord::default()
         };

@@ -1,6 +1,6 @@
 //! The memory report: one self-contained HTML file (inline CSS and SVG, no script, nothing
 //! fetched) with the timeline of device memory by class over the whole run, from zmem's
-//! per-step aggregates (`Arena::timeline().steps`).
+//! per-step aggregates (`Arena::timeline().steps`; a long run's cover ranges of steps).
 
 pub mod chart;
 
@@ -19,7 +19,7 @@ pub struct MemoryReport {
     pub title: String,
     /// Key facts shown as a table (device, model, schedule, ...).
     pub facts: Vec<(String, String)>,
-    /// Per-step aggregates of the whole run.
+    /// Per-step aggregates of the whole run, oldest first (a long run's cover ranges of steps).
     pub steps: Vec<StepRecord>,
     /// The arena's one-line diagnostics at the end of the run.
     pub diagnostics: String,
@@ -54,23 +54,24 @@ impl MemoryReport {
     #[must_use]
     pub fn summary(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        out.push(("steps".to_string(), self.steps.len().to_string()));
+        let covered: u64 = self.steps.iter().map(StepRecord::span).sum();
+        out.push(("steps".to_string(), covered.to_string()));
         if let Some(hw) = self
             .steps
             .iter()
-            .max_by_key(|r| (r.peak_bytes, std::cmp::Reverse(r.step)))
+            .max_by_key(|r| (r.peak_bytes, std::cmp::Reverse(r.peak_step)))
         {
             out.push((
                 "high-water mark".into(),
                 format!(
                     "{} at step {} ({})",
                     Bytes(hw.peak_bytes),
-                    hw.step,
+                    hw.peak_step,
                     hw.peak_by_class
                 ),
             ));
         }
-        let resets: u64 = self.steps.iter().map(|r| u64::from(r.resets)).sum();
+        let resets: u64 = self.steps.iter().map(|r| r.resets).sum();
         out.push(("arena resets".into(), resets.to_string()));
         let overflow: u64 = self.steps.iter().map(|r| r.overflow_bytes).sum();
         let first = self.steps.iter().find(|r| r.overflow_calls > 0);
@@ -78,9 +79,10 @@ impl MemoryReport {
             "overflow".into(),
             match first {
                 Some(r) => format!(
-                    "{} in all; first at step {} ({} calls, {})",
+                    "{} in all; first {} {} ({} calls, {})",
                     Bytes(overflow),
-                    r.step,
+                    if r.span() == 1 { "at" } else { "in" },
+                    chart::steps_label(r),
                     r.overflow_calls,
                     Bytes(r.overflow_bytes)
                 ),
@@ -119,7 +121,8 @@ impl MemoryReport {
         s.push_str(
             "<p class=\"note\">Each column is one arena step: a step scope of the trainer (one per batch; one per \
              sample and one for the update with the per-sample schedule; one per validation batch). Long runs \
-             are bucketed: a column shows its bucket's highest step. The stack is device memory held at the step's peak, by allocation class: \
+             are bucketed: a column shows its bucket's highest step (zmem keeps at most a few thousand step \
+             records, folding a long run's into ranges of steps, so its columns cover ranges either way). The stack is device memory held at the step's peak, by allocation class: \
              persistent (parameters, gradients, optimiser state), saved (tensors kept for backward), scratch \
              (the step's temporaries, reclaimed at its end), graph (memory owned by captured graphs). \
              The red line is memory the overflow pool served in the step (already counted in its class). \

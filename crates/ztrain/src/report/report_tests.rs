@@ -4,8 +4,11 @@ use zmem::AllocClass;
 fn rec(step: u64, scratch: u64, saved: u64, persistent: u64, overflow: u64) -> StepRecord {
     let mut r = StepRecord {
         step,
+        last_step: step,
+        peak_step: step,
         resets: 1,
         overflow_bytes: overflow,
+        step_overflow_bytes_max: overflow,
         overflow_calls: u64::from(overflow > 0),
         ..StepRecord::default()
     };
@@ -138,4 +141,44 @@ fn write_creates_the_file() {
         .write(&dir.path().join("no/such/dir.html"))
         .expect_err("io");
     assert!(err.to_string().contains("memory report"), "{err}");
+}
+
+/// zmem folds a long run's step records into ranges: the report counts the steps they cover,
+/// names the step that reached the high-water mark, and draws the whole run.
+#[test]
+fn folded_records_report_the_steps_they_cover() {
+    let range = |first: u64, last: u64, peak_at: u64, scratch: u64, overflow: u64| {
+        let mut r = rec(first, scratch, 20, 50, overflow);
+        r.last_step = last;
+        r.peak_step = peak_at;
+        r.resets = last - first + 1;
+        r.step_overflow_bytes_max = overflow / 2;
+        r
+    };
+    let r = report(vec![
+        range(1, 64, 17, 100, 0),
+        range(65, 128, 100, 900, 512),
+        range(129, 150, 140, 100, 0),
+    ]);
+    let facts: std::collections::HashMap<String, String> = r.summary().into_iter().collect();
+    assert_eq!(facts["steps"], "150");
+    assert!(
+        facts["high-water mark"].starts_with("970 B at step 100"),
+        "{facts:?}"
+    );
+    assert_eq!(facts["arena resets"], "150");
+    assert_eq!(
+        facts["overflow"],
+        "512 B in all; first in steps 65–128 (1 calls, 512 B)"
+    );
+    let html = r.html();
+    assert!(html.contains("high-water 970 B (step 100)"), "{html}");
+    assert!(html.contains("first overflow: steps 65–128"), "{html}");
+    assert!(html.contains("steps 129–150 (highest: 140)"), "{html}");
+    let cols = chart::columns(&r.steps, chart::MAX_COLUMNS);
+    assert_eq!(cols.last().map(|c| c.steps), Some((129, 150)));
+    assert_eq!(
+        cols[1].overflow_bytes, 256,
+        "the most one step of the range served"
+    );
 }
