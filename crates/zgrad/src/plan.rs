@@ -149,8 +149,11 @@ pub fn plan(request: &PlanRequest) -> Result<MemoryPlan> {
 /// Plans one schedule: a fresh accounting device, arena, backend, zeroed model and trainer,
 /// then `steps` steps on an all-zero batch.
 pub fn plan_schedule(request: &PlanRequest, schedule: TrainSchedule) -> Result<SchedulePlan> {
+    let sim = SimDriver::new(SimConfig::accounting(PLAN_DEVICE_BYTES));
+    // The backend looks its kernels up by name; the accounting device runs none of them.
+    zcompute::cuda::twins::register(&sim);
     let device = Device::open(
-        SimDriver::new(SimConfig::accounting(PLAN_DEVICE_BYTES)),
+        sim,
         DeviceConfig {
             blas_workspace_bytes: request.blas_workspace_bytes,
             ..DeviceConfig::default()

@@ -20,6 +20,7 @@ fn mock(capacity: u64) -> Mock {
         blas_workspace_bytes: 0,
         ..DeviceConfig::default()
     };
+    zcompute::cuda::twins::register(&sim);
     let dev = Device::open(sim, config).expect("the simulated device opens");
     let arena = Arena::new(
         dev,

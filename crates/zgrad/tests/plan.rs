@@ -91,6 +91,7 @@ fn computing_sim() -> Device<SimDriver> {
         poison_on_free: true,
         ..SimConfig::with_capacity(512 << 20)
     });
+    zcompute::cuda::twins::register(&sim);
     Device::open(sim, DeviceConfig::default()).expect("the simulated device opens")
 }
 

@@ -75,13 +75,9 @@ pub fn make(options: &Options) -> Result<PlanReport> {
             Err(reason) => Target::NoGpu { reason },
         },
     };
-    // Checked against the chosen device's memory as a run would be; with no device, merged only.
-    let arena = match &target {
-        Target::Device { total, .. } => engine
-            .arena_config(*total)
-            .map_err(crate::arena_options::refused)?,
-        _ => engine.merged(),
-    };
+    // Merged, not checked against the device: whether the device holds it is what the plan
+    // reports (a run with these settings is refused before it starts).
+    let arena = engine.merged();
     let request = PlanRequest::new(
         model,
         config.batch,

@@ -27,6 +27,7 @@ fn cause<'e, E: Error + 'static>(e: &'e (dyn Error + 'static)) -> Option<&'e E> 
 /// A backend on a simulated device of `capacity` bytes.
 fn backend_with(capacity: u64) -> CudaBackend<SimDriver> {
     let sim = SimDriver::new(SimConfig::with_capacity(capacity));
+    zcompute::cuda::twins::register(&sim);
     let dev = Device::open(
         sim,
         DeviceConfig {
