@@ -77,6 +77,9 @@ impl<B: Backend<T>, T: Element> AdamWTensors<B, T> {
     /// `apply`, saying on failure whether any update may have reached the model: `No` when the
     /// error came before the first update kernel was queued (bad input, or the first launch
     /// refused before it was queued), `Maybe` otherwise.
+    // The pair is the whole failure report of one optimiser step, built only on the error path
+    // (once per failed step); boxing it would cost every caller an allocation to read it.
+    #[allow(clippy::result_large_err)]
     pub fn apply_tracked(
         &self,
         b: &B,
