@@ -1,0 +1,100 @@
+//! `CommError`: what went wrong with a collective, a rendezvous or the launch environment, and
+//! what the caller can do about it.
+
+use std::time::Duration;
+
+/// Errors of this crate. Operations name the collective (`"all_reduce"`, `"broadcast"`,
+/// `"init"`) and the optimiser step they belong to.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommError {
+    /// The collective library (NCCL) could not be opened or lacks a symbol: install it or point
+    /// `ZGPU_NCCL_LIB_DIR` at it.
+    #[error("the NCCL library could not be loaded")]
+    Library(#[source] cuda_sys::LoadError),
+
+    /// The loaded library is older than the bindings need.
+    #[error("NCCL {found} is loaded but {needed} or newer is needed")]
+    VersionTooOld { found: String, needed: String },
+
+    /// A wait passed its deadline: a peer is stalled or gone. The communicator was aborted; the
+    /// job cannot go on.
+    #[error("rank {rank}: {op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted")]
+    Timeout {
+        rank: usize,
+        op: &'static str,
+        step: u64,
+        waited_for: Duration,
+    },
+
+    /// A peer reported a failure or vanished (connection closed, asynchronous error).
+    #[error("rank {rank}: {op} of step {step} failed: {detail}")]
+    PeerFailed {
+        rank: usize,
+        op: &'static str,
+        step: u64,
+        detail: String,
+    },
+
+    /// The collective library returned an error code.
+    #[error("rank {rank}: {op} of step {step}: NCCL returned {name} ({code})")]
+    Nccl {
+        rank: usize,
+        op: &'static str,
+        step: u64,
+        code: i32,
+        name: String,
+    },
+
+    /// Creating or registering a communicator (or anything else that is not a plain
+    /// collective) while the device captures: do it before capture.
+    #[error("{call} is not allowed while the device captures a graph; create communicators before capture")]
+    CaptureIllegal { call: &'static str },
+
+    /// A rank outside `0..world`.
+    #[error("rank {rank} is outside a world of {world} ({op}, step {step})")]
+    BadRank {
+        rank: usize,
+        world: usize,
+        op: &'static str,
+        step: u64,
+    },
+
+    /// A launcher variable is missing or malformed (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `MASTER_ADDR`, `MASTER_PORT`).
+    #[error("launch environment: {var}={value:?}: {problem}")]
+    BadEnv {
+        var: &'static str,
+        value: String,
+        problem: String,
+    },
+
+    /// The rendezvous (rank 0 handing out the unique id over TCP) failed or passed its deadline.
+    #[error("rendezvous at {addr} (rank {rank}): {detail}")]
+    Rendezvous {
+        addr: String,
+        rank: usize,
+        detail: String,
+        #[source]
+        source: Option<std::io::Error>,
+    },
+
+    /// The device failed under a collective.
+    #[error("{op}: the device failed")]
+    Device {
+        op: &'static str,
+        #[source]
+        source: zdevice::DeviceError,
+    },
+
+    /// The backend refused or failed an operation around a collective.
+    #[error("{op}: the backend failed")]
+    Compute {
+        op: &'static str,
+        #[source]
+        source: zcompute::ComputeError,
+    },
+}
+
+/// This crate's result.
+pub type Result<T> = std::result::Result<T, CommError>;

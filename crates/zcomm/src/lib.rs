@@ -1,0 +1,87 @@
+//! Data-parallel collectives for the engine. One process per GPU; each process holds one
+//! [`Collective`] joined to the others, and sums gradients or broadcasts parameters through it on
+//! the backend's engine stream, so a captured step can contain the collective.
+//!
+//! Every wait has a deadline: a peer that dies or stalls makes the others return a typed
+//! [`CommError`] naming the rank, the operation and the step, never a hang. Creating or
+//! registering anything while the device captures is refused.
+#![forbid(unsafe_code)]
+
+mod error;
+
+pub use error::{CommError, Result};
+
+use zcompute::{BTensor, Backend, Element};
+
+/// Where this process stands among the ranks of one job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    /// 0-based global rank.
+    pub rank: usize,
+    /// Number of ranks in the job.
+    pub world: usize,
+    /// Rank within this host: the device ordinal this rank opens.
+    pub local_rank: usize,
+}
+
+impl RankInfo {
+    /// The one rank of a single-process job.
+    pub const SINGLE: RankInfo = RankInfo {
+        rank: 0,
+        world: 1,
+        local_rank: 0,
+    };
+}
+
+/// Collectives over a backend's tensors. Operations are queued on the backend's engine stream
+/// (legal inside a capture: a captured step may contain them) and complete in stream order;
+/// [`Collective::synchronize`] waits, with the device's deadline, for all of them and reports
+/// a peer's failure.
+pub trait Collective<B: Backend<T>, T: Element> {
+    /// This rank.
+    fn info(&self) -> RankInfo;
+
+    /// Replaces `x` (dense) by the sum of every rank's `x`. `step` names the optimiser step in
+    /// errors.
+    fn all_reduce_sum(&self, b: &B, x: &BTensor<B, T>, step: u64) -> Result<()>;
+
+    /// Replaces `x` (dense) on every rank by rank `root`'s `x`.
+    fn broadcast(&self, b: &B, x: &BTensor<B, T>, root: usize, step: u64) -> Result<()>;
+
+    /// Waits until every operation queued so far has completed on this rank, bounded by the
+    /// device's deadline, polling the communicator's asynchronous error.
+    fn synchronize(&self, b: &B) -> Result<()>;
+}
+
+/// The collective of a single-process job: world 1, every operation leaves `x` as it is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleProcess;
+
+impl<B: Backend<T>, T: Element> Collective<B, T> for SingleProcess {
+    fn info(&self) -> RankInfo {
+        RankInfo::SINGLE
+    }
+
+    fn all_reduce_sum(&self, _b: &B, _x: &BTensor<B, T>, _step: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn broadcast(&self, _b: &B, _x: &BTensor<B, T>, root: usize, step: u64) -> Result<()> {
+        if root != 0 {
+            return Err(CommError::BadRank {
+                rank: root,
+                world: 1,
+                op: "broadcast",
+                step,
+            });
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self, b: &B) -> Result<()> {
+        b.synchronize().map_err(|source| CommError::Compute {
+            op: "synchronize",
+            source,
+        })
+    }
+}
