@@ -276,6 +276,7 @@ impl<D: Driver> Arena<D> {
                     cell: Arc::clone(&cell),
                 },
             );
+            st.raise_reserved_peak();
             let mem = Arc::new(ReservationMem {
                 id,
                 allocs,

@@ -114,6 +114,18 @@ pub struct Diagnostics {
     /// bumped through plus kept blocks, graph the bytes handed out from capture reservations.
     /// What a memory plan predicts.
     pub peak_bytes_by_class: ClassBytes,
+    /// Peak live bytes over all classes at one moment (scratch + saved + persistent + graph,
+    /// overflow blocks included in their class), since the arena was made or `reset_peaks`:
+    /// the counterpart of PyTorch's `max_memory_allocated`. At most the sum of the per-class
+    /// peaks, which need not fall at the same moment.
+    pub peak_live_bytes: u64,
+    /// Device bytes the arena holds now, used or not: segments (scratch and held region),
+    /// capture reservations and the overflow pool (its up-front reserve, or what is
+    /// outstanding when more). The counterpart of PyTorch's `memory_reserved`.
+    pub reserved_bytes: u64,
+    /// Highest `reserved_bytes` since the arena was made or `reset_peaks` (PyTorch's
+    /// `max_memory_reserved`).
+    pub peak_reserved_bytes: u64,
     /// Live handles (blocks with at least one clone alive).
     pub live_handles: u64,
     /// Scratch bytes kept across step ends by live handles.
@@ -183,7 +195,7 @@ impl fmt::Display for Diagnostics {
         }
         write!(
             f,
-            "; overflow {} calls/{} (now {}, peak {}, reserve {}); held {} (peak {}); {} live handles, pinned {}, held free {}; capture {} res {} used {}{}{}; verdict: {}",
+            "; overflow {} calls/{} (now {}, peak {}, reserve {}); held {} (peak {}); live peak {}, reserved {} (peak {}); {} live handles, pinned {}, held free {}; capture {} res {} used {}{}{}; verdict: {}",
             self.overflow.calls,
             Bytes(self.overflow.bytes),
             Bytes(self.overflow.outstanding),
@@ -191,6 +203,9 @@ impl fmt::Display for Diagnostics {
             Bytes(self.overflow.reserved),
             self.bytes_by_class,
             self.peak_bytes_by_class,
+            Bytes(self.peak_live_bytes),
+            Bytes(self.reserved_bytes),
+            Bytes(self.peak_reserved_bytes),
             self.live_handles,
             Bytes(self.pinned_bytes),
             Bytes(self.held_free),

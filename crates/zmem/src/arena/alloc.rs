@@ -167,6 +167,7 @@ impl<D: Driver> Shared<D> {
             let base = self.device_alloc(st, class, requested, seg_size)?;
             st.held.push(HeldSegment::new(base, seg_size));
             st.seg_bytes += seg_size;
+            st.raise_reserved_peak();
             found = st
                 .held
                 .last_mut()
@@ -213,6 +214,7 @@ impl<D: Driver> Shared<D> {
         st.segs
             .push(Segment::new(base, size, GenCell::new(&self.core.flags)));
         st.seg_bytes += size;
+        st.raise_reserved_peak();
         Ok(())
     }
 

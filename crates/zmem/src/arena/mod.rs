@@ -149,6 +149,7 @@ impl<D: Driver> Arena<D> {
             let reserve = sh.config.overflow_reserve_bytes;
             let pool = sh.device.create_pool(reserve, u64::MAX)?;
             st.overflow.stats.reserved = pool.reserved;
+            st.raise_reserved_peak();
             st.overflow.pool = Some(pool);
             tracing::info!(
                 target: "zmem.arena.new",
@@ -215,11 +216,14 @@ impl<D: Driver> Arena<D> {
         self.shared.lock().diagnostics()
     }
 
-    /// Starts the per-class peaks ([`Diagnostics::peak_bytes_by_class`]) again from the bytes
-    /// held now, to measure a later stretch of the run alone.
+    /// Starts the peaks ([`Diagnostics::peak_bytes_by_class`], `peak_live_bytes`,
+    /// `peak_reserved_bytes`) again from the bytes held now, to measure a later stretch of the
+    /// run alone (one step, say, as PyTorch's `reset_peak_memory_stats` does).
     pub fn reset_peaks(&self) {
         let mut st = self.shared.lock();
         st.usage.peak = st.usage.by_class;
+        st.usage.peak_total = st.usage.by_class.total();
+        st.usage.peak_reserved = st.reserved_bytes();
     }
 
     /// A copy of the timeline (recent events and every step's aggregates).

@@ -120,6 +120,11 @@ pub(crate) struct Usage {
     pub(crate) by_class: ClassBytes,
     /// Highest `by_class` seen, per class independently (since creation or `reset_peaks`).
     pub(crate) peak: ClassBytes,
+    /// Highest `by_class.total()` seen at one moment (since creation or `reset_peaks`): every
+    /// class at once, overflow blocks included (they count in their class).
+    pub(crate) peak_total: u64,
+    /// Highest [`State::reserved_bytes`] seen (since creation or `reset_peaks`).
+    pub(crate) peak_reserved: u64,
     /// Live held and overflow handles (they report their drop).
     pub(crate) returnable_live: u64,
 }
@@ -193,6 +198,9 @@ impl State {
             overflow: self.overflow.stats,
             bytes_by_class: self.usage.by_class,
             peak_bytes_by_class: self.usage.peak,
+            peak_live_bytes: self.usage.peak_total,
+            reserved_bytes: self.reserved_bytes(),
+            peak_reserved_bytes: self.usage.peak_reserved.max(self.reserved_bytes()),
             // Overflow scratch blocks are counted as returnable (they report their drop).
             live_handles: (scratch_live + pins_live + graph_live) as u64
                 + self.usage.returnable_live
@@ -224,6 +232,23 @@ impl State {
         let held = self.usage.by_class;
         self.timeline.observe(&held);
         self.usage.peak.raise_to(&held);
+        self.usage.peak_total = self.usage.peak_total.max(held.total());
+        self.raise_reserved_peak();
+    }
+
+    /// Raises the reserved peak to the bytes reserved now. Called wherever they grow (a new
+    /// segment, a capture reservation, the overflow pool) and with every `observe_held`.
+    pub(crate) fn raise_reserved_peak(&mut self) {
+        self.usage.peak_reserved = self.usage.peak_reserved.max(self.reserved_bytes());
+    }
+
+    /// Device bytes the arena holds now, used or not: its segments (scratch and the held
+    /// region), its live capture reservations, and the overflow pool (what it reserved up
+    /// front, or what is outstanding in it when that is more).
+    pub(crate) fn reserved_bytes(&self) -> u64 {
+        let reservations: u64 = self.capture.reservations.values().map(|r| r.bytes).sum();
+        let o = &self.overflow.stats;
+        self.seg_bytes + reservations + o.reserved.max(o.outstanding)
     }
 
     /// Scratch bytes bumped in the current step. Offsets only grow within a step, so the
