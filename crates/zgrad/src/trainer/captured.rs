@@ -24,19 +24,19 @@ use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Backend, Capture, Element};
 
 /// The captured batched step and its static inputs.
-struct BatchedGraph<B: Capture<T>, T: Element> {
-    graph: B::Graph,
-    x: Var<B, T>,
-    y: Var<B, T>,
-    shape: Vec<usize>,
-    errors: ErrorSlot,
+pub(super) struct BatchedGraph<B: Capture<T>, T: Element> {
+    pub(super) graph: B::Graph,
+    pub(super) x: Var<B, T>,
+    pub(super) y: Var<B, T>,
+    pub(super) shape: Vec<usize>,
+    pub(super) errors: ErrorSlot,
 }
 
 /// The trainer's graphs.
 pub(crate) struct Graphs<B: Capture<T>, T: Element> {
     /// Set after a capture failed: the rest of the run is eager.
     pub disabled: bool,
-    batched: Option<BatchedGraph<B, T>>,
+    pub(super) batched: Option<BatchedGraph<B, T>>,
     pub(super) samples: Option<SampleSlots<B, T>>,
 }
 
@@ -170,7 +170,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// applied, the sample located on the unchanged parameters); stats that cannot be read
     /// leave the update unknown. `ended` is the closing of the step scope, which, failing
     /// after a counted update, is reported as applied.
-    fn after_gated(
+    pub(super) fn after_gated(
         &mut self,
         x: &[T],
         y: &[T],
@@ -194,7 +194,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         }
     }
 
-    fn report(
+    pub(super) fn report(
         &self,
         step: u64,
         loss: f64,

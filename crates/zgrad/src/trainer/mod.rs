@@ -12,6 +12,7 @@ mod captured;
 mod checks;
 mod eval;
 mod per_sample;
+mod resident;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
@@ -24,6 +25,7 @@ use std::rc::Rc;
 use zcompute::{AllocClass, Capture, Element};
 
 pub use eval::EvalReport;
+pub use resident::ReplayMark;
 
 /// How a batch becomes one optimiser step (XASSET.md, "Two training schedules").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

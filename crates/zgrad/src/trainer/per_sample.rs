@@ -180,3 +180,10 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         Ok(())
     }
 }
+
+impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
+    /// The captured per-sample forward+backward, once captured (`Trainer::sample_graph`).
+    pub(super) fn graph(&self) -> Option<&B::Graph> {
+        self.graph.as_ref()
+    }
+}

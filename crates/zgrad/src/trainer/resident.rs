@@ -1,0 +1,99 @@
+//! The captured steps as a benchmark (or a loop whose data already lives on the device) sees
+//! them: the graphs themselves (for their node counts), and one optimiser step replayed on
+//! the batch already on the device, with hooks just before and after the replay is queued so
+//! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
+
+use super::checks;
+use super::{StepReport, Trainer, in_step_split};
+use crate::error::{Applied, GradError, Result};
+use std::rc::Rc;
+use zcompute::{Capture, Element};
+
+/// Where [`Trainer::replay_resident`] is: just before or just after it queued the replay of
+/// the captured batched step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayMark {
+    /// The learning rate and step count are in place; nothing of the step is queued yet.
+    Before,
+    /// The whole step (forward, backward, norm, gated AdamW) is queued; nothing was read back.
+    After,
+}
+
+impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+    /// The captured batched step, once `train_batch` captured it (its node count on the CUDA
+    /// backend: `CudaGraph::nodes`).
+    #[must_use]
+    pub fn batched_graph(&self) -> Option<&B::Graph> {
+        self.graphs.batched.as_ref().map(|g| &g.graph)
+    }
+
+    /// The captured per-sample forward+backward, once `train_batch` captured it.
+    #[must_use]
+    pub fn sample_graph(&self) -> Option<&B::Graph> {
+        self.graphs.samples.as_ref().and_then(|s| s.graph())
+    }
+
+    /// One optimiser step replaying the captured batched step on the batch already on the
+    /// device: the graph's static inputs as the last `train_batch` filled them (nothing is
+    /// uploaded but the `[lr, t, gate]` slot, before `ReplayMark::Before`). The step is whole:
+    /// the update, gated on the device by finite stats, and the stats read back and the step
+    /// counted as `train_batch` does, with the same errors (`NonFinite` names the sample, read
+    /// from the device's copy of the batch). `mark` is called just before and just after the
+    /// replay is queued (record timing events on the engine stream there).
+    ///
+    /// Refuses with `BadInput` (nothing applied) before a batched step was captured: call
+    /// `train_batch` with `capture` on and the batched schedule first.
+    pub fn replay_resident(&mut self, mark: impl FnMut(ReplayMark)) -> Result<StepReport> {
+        let step = self.optim.step_count() + 1;
+        self.replay_resident_inner(step, mark)
+            .map_err(|e| self.settle(step, e))
+    }
+
+    fn replay_resident_inner(
+        &mut self,
+        step: u64,
+        mut mark: impl FnMut(ReplayMark),
+    ) -> Result<StepReport> {
+        self.optim.check_state()?;
+        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
+        let b = Rc::clone(&self.backend);
+        let Some(g) = self.graphs.batched.as_mut() else {
+            return Err(GradError::BadInput(
+                "replay_resident: no captured batched step yet (train_batch with capture on captures it)"
+                    .into(),
+            ));
+        };
+        let shape = g.shape.clone();
+        let (queued, ended) = in_step_split(&*b, || {
+            self.optim.prepare(&*b, lr)?;
+            mark(ReplayMark::Before);
+            b.replay(&mut g.graph).map_err(|e| {
+                // The graph may have run in part, its update included.
+                self.optim.mark_unknown();
+                super::body::take_body_error(e, &g.errors).at_step(step, Applied::Maybe)
+            })?;
+            mark(ReplayMark::After);
+            Ok(())
+        });
+        queued?;
+        let (loss, grad_norm) = match self.read_stats(step) {
+            Ok(stats) => stats,
+            Err(e @ GradError::NonFinite { .. }) => {
+                // The gate skipped the update; the sample is looked for on the host copy of
+                // the device's batch.
+                let (x, y) = match self.graphs.batched.as_ref() {
+                    Some(g) => (g.x.to_vec(&b)?, g.y.to_vec(&b)?),
+                    None => return Err(e),
+                };
+                return checks::locate(Err(e), |k| self.find_sample(&x, &y, &shape, k));
+            }
+            Err(e) => {
+                self.optim.mark_unknown();
+                return Err(e.at_step(step, Applied::Maybe));
+            }
+        };
+        self.optim.commit();
+        ended.map_err(|e| e.at_step(step, Applied::Yes))?;
+        Ok(self.report(step, loss, grad_norm, lr, shape[0], true))
+    }
+}
