@@ -1,70 +1,147 @@
-//! Times one XAsset training step at the default size (F=193, S=12, D=256, H=4, FF=1024,
-//! B=256) on CUDA device 0, in both schedules, eager and captured (the batched graph holds
-//! zero_grad, forward, backward and AdamW; the per-sample graph one sample's forward+backward),
-//! as `reference/xasset_torch.py bench` does for PyTorch. Prints one JSON object: medians of
-//! wall-clock milliseconds per optimiser step (each step ends by reading the loss back, so the
-//! device has finished), plus the arena's high-water mark.
+//! Times XAsset training at the default size (F=193, S=12, D=256, H=4, FF=1024, B=256) on CUDA
+//! device 0, in both schedules, eager and captured (the batched graph holds zero_grad, forward,
+//! backward, norm and AdamW; the per-sample graph one sample's forward+backward), timed as
+//! `reference/xasset_torch.py bench` times PyTorch. Prints one JSON object (`benches/compare.py`
+//! puts it beside PyTorch's):
+//!
+//! - `batched_graph_ms`: CUDA events around the replay of the captured batched step with the
+//!   batch already on the device (`Trainer::replay_resident`; the update and the stats read
+//!   back are part of every step, outside the events): the GPU time per step, kernels and the
+//!   gaps between them, as PyTorch's events around `g.replay()`. `batched_graph_host_ms` is the
+//!   same call's host wall-clock, read-back included.
+//! - `batched_graph_e2e_ms`: host wall-clock of `train_batch` on the captured step: the batch
+//!   copied in (through the backend's pinned staging buffers), the replay, the loss read back.
+//! - `per_sample_graph_ms`: CUDA events around the per-sample schedule's `train_batch` (every
+//!   sample's forward+backward replayed, the AdamW step, the stats read back; the samples are
+//!   uploaded from the host one by one: see `per_sample_timing`).
+//! - `*_first_step_ms`: host wall-clock of a fresh trainer's first captured step (warm-up run,
+//!   capture, instantiation); `*_nodes`: nodes of the captured graphs.
+//! - `*_eager_ms`: host wall-clock per `train_batch` (each ends by reading the loss back), the
+//!   median over `--runs` runs (default 3) of each run's median; the runs are listed.
+//! - `batched_step_peak_live_MiB` / `batched_step_peak_reserved_MiB`: the arena's peak live
+//!   bytes over all classes and its peak reserved bytes over one eager batched step after a
+//!   warm one (PyTorch: `max_memory_allocated` / `max_memory_reserved` after
+//!   `reset_peak_memory_stats`); the cuBLAS workspace the device reserved at open is beside.
 //!
 //! `cargo run --release -p zgrad --features gpu --example xasset_bench [-- --iters N]
-//! [--only batched|per-sample]` (`--only` times one schedule, e.g. to profile it alone; the
-//! other's fields print as null).
+//! [--runs R] [--only batched|per-sample]` (`--only` times one schedule, e.g. to profile it
+//! alone; the other's fields print as null).
 #![allow(clippy::print_stdout)]
 
-use std::time::{Duration, Instant};
+mod timing;
+
+use std::time::Duration;
+use timing::{Error, EventPair, Json, median, median_of, wall_ms};
 use zcompute::CudaBackend;
-use zdevice::{CudaDriver, Device, DeviceConfig};
+use zdevice::{CudaDriver, Device, DeviceConfig, DeviceError};
 use zgrad::rng::SplitMix64;
-use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 use zmem::{Arena, ArenaConfig};
 
 type Gpu = CudaBackend<CudaDriver>;
-type Error = Box<dyn std::error::Error>;
+const BATCH: usize = 256;
+const MIB: f64 = (1u64 << 20) as f64;
 
-/// Median milliseconds of `iters` timed steps after `warm` untimed ones.
-fn median_ms(
-    warm: usize,
+struct Bench {
+    gpu: Gpu,
+    x: Vec<f32>,
+    y: Vec<f32>,
     iters: usize,
-    mut step: impl FnMut() -> zgrad::Result<()>,
-) -> Result<f64, Error> {
-    for _ in 0..warm {
-        step()?;
-    }
-    let mut ms = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t0 = Instant::now();
-        step()?;
-        ms.push(t0.elapsed().as_secs_f64() * 1e3);
-    }
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[ms.len() / 2])
+    runs: usize,
 }
 
-fn run(
-    gpu: &Gpu,
-    schedule: TrainSchedule,
-    capture: bool,
-    data: &(Vec<f32>, Vec<f32>),
-    iters: usize,
-) -> Result<(f64, bool), Error> {
-    let model = XAsset::init(gpu, XAssetConfig::default(), 0)?;
-    let cfg = TrainerConfig {
-        schedule,
-        capture,
-        ..TrainerConfig::default()
-    };
-    let mut t = Trainer::new(gpu.clone(), model, cfg)?;
-    let (x, y) = data;
-    let mut captured = false;
-    let warm = if schedule == TrainSchedule::Batched {
-        5
-    } else {
-        2
-    };
-    let ms = median_ms(warm, iters, || {
-        captured = t.train_batch(x, y, 256)?.captured;
-        Ok(())
+impl Bench {
+    fn trainer(&self, schedule: TrainSchedule, capture: bool) -> Result<Trainer<Gpu>, Error> {
+        let model = XAsset::init(&self.gpu, XAssetConfig::default(), 0)?;
+        self.trainer_of(model, schedule, capture)
+    }
+
+    fn trainer_of(
+        &self,
+        model: XAsset<Gpu>,
+        schedule: TrainSchedule,
+        capture: bool,
+    ) -> Result<Trainer<Gpu>, Error> {
+        let cfg = TrainerConfig {
+            schedule,
+            capture,
+            ..TrainerConfig::default()
+        };
+        Ok(Trainer::new(self.gpu.clone(), model, cfg)?)
+    }
+
+    fn step(&self, t: &mut Trainer<Gpu>) -> Result<bool, Error> {
+        Ok(t.train_batch(&self.x, &self.y, BATCH)?.captured)
+    }
+
+    /// Host wall-clock per eager `train_batch`: each run's median, `runs` fresh trainers.
+    fn eager_runs(&self, schedule: TrainSchedule) -> Result<Vec<f64>, Error> {
+        let (warm, iters) = match schedule {
+            TrainSchedule::Batched => (5, self.iters),
+            TrainSchedule::PerSample => (2, (self.iters / 6).max(5)),
+        };
+        (0..self.runs)
+            .map(|_| {
+                let mut t = self.trainer(schedule, false)?;
+                median_of(warm, iters, || Ok(wall_ms(|| self.step(&mut t))?.0))
+            })
+            .collect()
+    }
+
+    /// Peak live and peak reserved MiB of one eager batched step after a warm one, and the
+    /// scratch high-water mark (what earlier tables reported).
+    fn eager_batched_memory(&self) -> Result<(f64, f64, f64), Error> {
+        let mut t = self.trainer(TrainSchedule::Batched, false)?;
+        self.step(&mut t)?;
+        self.gpu.arena().reset_peaks();
+        self.step(&mut t)?;
+        let d = self.gpu.arena().diagnostics();
+        Ok((
+            d.peak_live_bytes as f64 / MIB,
+            d.peak_reserved_bytes as f64 / MIB,
+            d.high_water as f64 / MIB,
+        ))
+    }
+
+    /// A fresh captured trainer and its first step's wall-clock milliseconds (warm-up,
+    /// capture, instantiation), whether it captured, and its graph's nodes.
+    fn first_captured(
+        &self,
+        schedule: TrainSchedule,
+    ) -> Result<(Trainer<Gpu>, f64, bool, Option<usize>), Error> {
+        let model = XAsset::init(&self.gpu, XAssetConfig::default(), 0)?;
+        let (ms, (t, captured)) = wall_ms(|| {
+            let mut t = self.trainer_of(model, schedule, true)?;
+            let captured = self.step(&mut t)?;
+            Ok((t, captured))
+        })?;
+        let nodes = match schedule {
+            TrainSchedule::Batched => t.batched_graph().map(|g| g.nodes()),
+            TrainSchedule::PerSample => t.sample_graph().map(|g| g.nodes()),
+        };
+        Ok((t, ms, captured, nodes))
+    }
+}
+
+/// CUDA-event milliseconds of one resident replay of the captured batched step (the events
+/// enclose the replay only), and the call's host wall-clock.
+fn resident_ms(t: &mut Trainer<Gpu>, ev: &EventPair) -> Result<(f64, f64), Error> {
+    let mut failed: Option<DeviceError> = None;
+    let (host, _) = wall_ms(|| {
+        Ok(t.replay_resident(|mark| {
+            let r = match mark {
+                ReplayMark::Before => ev.start(),
+                ReplayMark::After => ev.end(),
+            };
+            if let Err(e) = r {
+                failed.get_or_insert(e);
+            }
+        })?)
     })?;
-    Ok((ms, captured))
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    Ok((ev.elapsed_ms()?, host))
 }
 
 /// The value after `flag` on the command line, if any.
@@ -72,21 +149,7 @@ fn arg(flag: &str) -> Option<String> {
     std::env::args().skip_while(|a| a != flag).nth(1)
 }
 
-/// A timing as JSON: three decimals, or null where the schedule was skipped.
-fn json_ms(ms: Option<f64>) -> String {
-    ms.map_or_else(|| "null".into(), |v| format!("{v:.3}"))
-}
-
-fn main() -> Result<(), Error> {
-    let iters: usize = arg("--iters").map(|v| v.parse()).transpose()?.unwrap_or(20);
-    let only = arg("--only");
-    if let Some(o) = only.as_deref()
-        && o != "batched"
-        && o != "per-sample"
-    {
-        return Err(format!("--only takes batched or per-sample, not {o}").into());
-    }
-    let want = |s: &str| only.as_deref().is_none_or(|o| o == s);
+fn open_gpu() -> Result<Gpu, Error> {
     let driver = CudaDriver::load()?;
     let dev = Device::open(
         driver,
@@ -95,7 +158,6 @@ fn main() -> Result<(), Error> {
             ..DeviceConfig::default()
         },
     )?;
-    let device = dev.info().name.clone();
     let arena = Arena::new(
         dev,
         ArenaConfig {
@@ -109,49 +171,120 @@ fn main() -> Result<(), Error> {
             from_env: Vec::new(),
         },
     )?;
-    let gpu = CudaBackend::new(arena)?;
+    Ok(CudaBackend::new(arena)?)
+}
+
+fn batched(b: &Bench, out: &mut Json) -> Result<(), Error> {
+    // Memory first, before any capture (as the PyTorch script measures it).
+    let (live, reserved, high_water) = b.eager_batched_memory()?;
+    out.raw("batched_step_peak_live_MiB", format!("{live:.1}"));
+    out.raw("batched_step_peak_reserved_MiB", format!("{reserved:.1}"));
+    out.raw(
+        "arena_high_water_MiB_after_batched_eager",
+        format!("{high_water:.1}"),
+    );
+    let mut runs = b.eager_runs(TrainSchedule::Batched)?;
+    out.list("batched_eager_runs_ms", &runs);
+    out.ms("batched_eager_ms", Some(median(&mut runs)));
+
+    let (mut t, first, captured, nodes) = b.first_captured(TrainSchedule::Batched)?;
+    out.ms("batched_first_step_ms", Some(first));
+    out.raw("batched_graph_captured", captured);
+    out.opt("batched_graph_nodes", nodes);
+    let e2e = median_of(5, b.iters, || Ok(wall_ms(|| b.step(&mut t))?.0))?;
+    let ev = EventPair::new(&b.gpu)?;
+    let mut host = Vec::new();
+    let gpu = median_of(5, b.iters.max(50), || {
+        let (gpu, h) = resident_ms(&mut t, &ev)?;
+        host.push(h);
+        Ok(gpu)
+    })?;
+    out.ms("batched_graph_ms", Some(gpu));
+    out.ms("batched_graph_host_ms", Some(median(&mut host)));
+    out.ms("batched_graph_e2e_ms", Some(e2e));
+    Ok(())
+}
+
+fn per_sample(b: &Bench, out: &mut Json) -> Result<(), Error> {
+    let mut runs = b.eager_runs(TrainSchedule::PerSample)?;
+    out.list("per_sample_eager_runs_ms", &runs);
+    out.ms("per_sample_eager_ms", Some(median(&mut runs)));
+    let (mut t, first, captured, nodes) = b.first_captured(TrainSchedule::PerSample)?;
+    out.ms("per_sample_first_step_ms", Some(first));
+    out.raw("per_sample_graph_captured", captured);
+    out.opt("per_sample_graph_nodes", nodes);
+    let ev = EventPair::new(&b.gpu)?;
+    let ms = median_of(2, (b.iters / 6).max(5), || {
+        ev.start()?;
+        b.step(&mut t)?;
+        ev.end()?;
+        ev.elapsed_ms()
+    })?;
+    out.ms("per_sample_graph_ms", Some(ms));
+    out.str(
+        "per_sample_timing",
+        "CUDA events around train_batch: samples uploaded from the host one by one",
+    );
+    Ok(())
+}
+
+fn main() -> Result<(), Error> {
+    let iters: usize = arg("--iters").map(|v| v.parse()).transpose()?.unwrap_or(30);
+    let runs: usize = arg("--runs").map(|v| v.parse()).transpose()?.unwrap_or(3);
+    if iters == 0 || runs == 0 {
+        return Err("--iters and --runs take a positive count".into());
+    }
+    let only = arg("--only");
+    if let Some(o) = only.as_deref()
+        && o != "batched"
+        && o != "per-sample"
+    {
+        return Err(format!("--only takes batched or per-sample, not {o}").into());
+    }
+    let want = |s: &str| only.as_deref().is_none_or(|o| o == s);
+    let gpu = open_gpu()?;
     let c = XAssetConfig::default();
     let mut rng = SplitMix64::new(1);
     let x: Vec<f32> = rng
-        .normal_vec(256 * c.scales * c.features)
+        .normal_vec(BATCH * c.scales * c.features)
         .iter()
         .map(|&v| v as f32)
         .collect();
-    let y: Vec<f32> = (0..256)
+    let y: Vec<f32> = (0..BATCH)
         .map(|_| f32::from(u8::from(rng.next_f64() > 0.5)))
         .collect();
-    let data = (x, y);
-
-    let (mut batched_eager, mut batched_graph, mut bg) = (None, None, false);
-    let mut high_water = 0.0;
-    if want("batched") {
-        batched_eager = Some(run(&gpu, TrainSchedule::Batched, false, &data, iters)?.0);
-        high_water = gpu.arena().diagnostics().high_water as f64 / f64::from(1 << 20);
-        let (ms, captured) = run(&gpu, TrainSchedule::Batched, true, &data, iters)?;
-        (batched_graph, bg) = (Some(ms), captured);
-    }
-    let (mut per_sample_eager, mut per_sample_graph, mut pg) = (None, None, false);
-    if want("per-sample") {
-        let ps_iters = (iters / 4).max(3);
-        per_sample_eager = Some(run(&gpu, TrainSchedule::PerSample, false, &data, ps_iters)?.0);
-        let (ms, captured) = run(&gpu, TrainSchedule::PerSample, true, &data, ps_iters)?;
-        (per_sample_graph, pg) = (Some(ms), captured);
-    }
-    println!(
-        "{{\"device\":\"{device}\",\"config\":[{},{},{},{},{}],\"batch\":256,\"iters\":{iters},\
-         \"batched_eager_ms\":{},\"batched_graph_ms\":{},\
-         \"batched_graph_captured\":{bg},\"per_sample_eager_ms\":{},\
-         \"per_sample_graph_ms\":{},\"per_sample_graph_captured\":{pg},\
-         \"arena_high_water_MiB_after_batched_eager\":{high_water:.1}}}",
-        c.features,
-        c.scales,
-        c.width,
-        c.heads,
-        c.ff,
-        json_ms(batched_eager),
-        json_ms(batched_graph),
-        json_ms(per_sample_eager),
-        json_ms(per_sample_graph),
+    let mut out = Json::default();
+    out.str("device", &gpu.device().info().name);
+    out.raw(
+        "config",
+        format!(
+            "[{},{},{},{},{}]",
+            c.features, c.scales, c.width, c.heads, c.ff
+        ),
     );
+    out.raw("batch", BATCH);
+    out.raw("iters", iters);
+    out.raw("runs", runs);
+    out.raw(
+        "blas_workspace_MiB",
+        format!(
+            "{:.1}",
+            DeviceConfig::default().blas_workspace_bytes as f64 / MIB
+        ),
+    );
+    let b = Bench {
+        gpu,
+        x,
+        y,
+        iters,
+        runs,
+    };
+    if want("batched") {
+        batched(&b, &mut out)?;
+    }
+    if want("per-sample") {
+        per_sample(&b, &mut out)?;
+    }
+    println!("{}", out.finish());
     Ok(())
 }
