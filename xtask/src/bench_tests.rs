@@ -1,0 +1,102 @@
+//! `bench.sh` run end to end on stand-ins for the GPU programs (shell and Python stubs printing
+//! the JSON the real ones print), with the real `compare.py`: one table, every row, the ratios.
+//! Needs bash and python3 (CI has both: `build-kernels` uses python3).
+
+use super::BENCH_SH;
+use crate::toolchain::workspace_root;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const OURS: &str = r#"{"device":"GPU","batch":256,"batched_step_peak_live_MiB":120.0,"batched_step_peak_reserved_MiB":352.0,"batched_eager_ms":2.251,"batched_first_step_ms":150.0,"batched_graph_captured":true,"batched_graph_nodes":420,"batched_graph_ms":1.950,"batched_graph_e2e_ms":2.300,"per_sample_eager_ms":208.8,"per_sample_graph_nodes":250,"per_sample_graph_ms":88.0}"#;
+const TORCH: &str = r#"{"device": "GPU", "torch": "2.11", "batched_step_peak_MiB": 150.0, "batched_eager_ms": 3.492, "per_sample_eager_ms": 763.8, "batched_graph_ms": 1.179, "per_sample_graph_ms": 57.48, "compiled_batched_graph_ms": 0.975, "compiled_per_sample_graph_ms": 57.74}"#;
+const E2E: &str = r#"{"batched_step_peak_MiB": 150.0, "batched_step_peak_reserved_MiB": 176.0, "batched_first_step_ms": 900.0, "batched_graph_nodes": 167, "batched_graph_e2e_ms": 1.5, "compiled_batched_graph_e2e_ms": 1.15}"#;
+
+/// A fresh bundle-like folder: bench.sh, the real compare.py, stubs for the rest.
+fn bundle(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("xtask-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("bench")).unwrap();
+    let write = |rel: &str, text: &str| {
+        let p = dir.join(rel);
+        std::fs::write(&p, text).unwrap();
+        super::set_executable(&p).unwrap();
+    };
+    write("bench.sh", BENCH_SH);
+    let compare = workspace_root().join("crates/zgrad/benches/compare.py");
+    write("bench/compare.py", &std::fs::read_to_string(compare).unwrap());
+    write("bench/xasset_bench", &format!("#!/bin/sh\necho '{OURS}'\n"));
+    // Python stand-ins: print the object and write it to the file after --json.
+    let py = |obj: &str| {
+        format!(
+            "import sys\nobj = '{obj}'\nprint(obj)\nif '--json' in sys.argv:\n    open(sys.argv[sys.argv.index('--json') + 1], 'w').write(obj)\n"
+        )
+    };
+    write("bench/xasset_e2e_torch.py", &py(E2E));
+    write("reference.py", &py(TORCH));
+    write(
+        "ztrain",
+        "#!/bin/sh\necho 'epoch 1/1: 4000 samples/s'\necho 'summary: 205 steps in 9.0 s; 52428 samples trained at 5123 samples/s; peak gpu memory 1 MiB'\n",
+    );
+    write("bench/other_bench", "#!/bin/sh\necho other bench ran\n");
+    write("bench/torch_ref.py", "print('torch_ref ran')\n");
+    dir
+}
+
+fn bench_sh(dir: &Path, args: &[&str]) -> (Output, String) {
+    let out = Command::new("bash")
+        .arg(dir.join("bench.sh"))
+        .args(args)
+        .env("OUT", dir)
+        .env_remove("XASSET_TORCH")
+        .current_dir(dir)
+        .output()
+        .expect("bash runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out, text)
+}
+
+#[test]
+fn bench_sh_prints_one_table_with_every_row_and_ratio() {
+    let dir = bundle("table");
+    let reference = dir.join("reference.py");
+    let (out, text) = bench_sh(&dir, &["--reference", reference.to_str().unwrap()]);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for row in [
+        "| batched, whole step as one graph (ms, CUDA events, data on device) | 1.950 | 1.179 | 0.975 | 2.00 |",
+        "| per-sample, each sample's forward+backward captured (ms) | 88.00 | 57.48 | 57.74 | 1.53 |",
+        "| batched, eager (ms, median of runs) | 2.251 | 3.492 | - | 0.64 |",
+        "| per-sample, eager (ms, median of runs) | 208.8 | 763.8 | - | 0.27 |",
+        "| batched graph end to end: pinned copy in, replay, loss read back (ms) | 2.300 | 1.500 | 1.150 | 2.00 |",
+        "| peak live memory of an eager batched step (MiB; torch: max_memory_allocated) | 120.0 | 150.0 | - | 0.80 |",
+        "| peak reserved memory of an eager batched step (MiB; torch: max_memory_reserved) | 352.0 | 176.0 | - | 2.00 |",
+        "| graph nodes per captured batched step | 420 | 167 | - | 2.51 |",
+        "| graph nodes per captured per-sample step (one sample) | 250 | - | - | - |",
+        "| time to the first captured batched step (ms: warm-up, capture, instantiate) | 150.0 | 900.0 | - | 0.17 |",
+        "| ztrain samples/s (its own summary) | 5123 | - | - | - |",
+    ] {
+        assert!(text.contains(row), "missing `{row}` in:\n{text}");
+    }
+    assert!(text.contains("other bench ran") && text.contains("torch_ref ran"), "{text}");
+    let merged = std::fs::read_to_string(dir.join("bench-results/comparison.json")).unwrap();
+    let merged: serde_json::Value = serde_json::from_str(&merged).unwrap();
+    assert_eq!(merged["batched_graph_ms"]["torch"], 1.179);
+    assert_eq!(merged["ztrain_samples_per_s"], 5123.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_sh_without_the_reference_fails_but_still_prints_our_side() {
+    let dir = bundle("noref");
+    let (out, text) = bench_sh(&dir, &["--xasset-only"]);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("xasset_torch.py not found: pass --reference FILE"), "{text}");
+    // Our numbers and PyTorch's end-to-end ones still make the table; the reference's are dashes.
+    assert!(
+        text.contains("| batched, whole step as one graph (ms, CUDA events, data on device) | 1.950 | - | - | - |"),
+        "{text}"
+    );
+    assert!(!text.contains("other bench ran"), "--xasset-only ran the others:\n{text}");
+    let (out, text) = bench_sh(&dir, &["--bogus"]);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
