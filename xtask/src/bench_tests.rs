@@ -23,7 +23,10 @@ fn bundle(name: &str) -> PathBuf {
     };
     write("bench.sh", BENCH_SH);
     let compare = workspace_root().join("crates/zgrad/benches/compare.py");
-    write("bench/compare.py", &std::fs::read_to_string(compare).unwrap());
+    write(
+        "bench/compare.py",
+        &std::fs::read_to_string(compare).unwrap(),
+    );
     write("bench/xasset_bench", &format!("#!/bin/sh\necho '{OURS}'\n"));
     // Python stand-ins: print the object and write it to the file after --json.
     let py = |obj: &str| {
@@ -60,7 +63,11 @@ fn bench_sh_prints_one_table_with_every_row_and_ratio() {
     let dir = bundle("table");
     let reference = dir.join("reference.py");
     let (out, text) = bench_sh(&dir, &["--reference", reference.to_str().unwrap()]);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for row in [
         "| batched, whole step as one graph (ms, CUDA events, data on device) | 1.950 | 1.179 | 0.975 | 2.00 |",
         "| per-sample, each sample's forward+backward captured (ms) | 88.00 | 57.48 | 57.74 | 1.53 |",
@@ -76,7 +83,10 @@ fn bench_sh_prints_one_table_with_every_row_and_ratio() {
     ] {
         assert!(text.contains(row), "missing `{row}` in:\n{text}");
     }
-    assert!(text.contains("other bench ran") && text.contains("torch_ref ran"), "{text}");
+    assert!(
+        text.contains("other bench ran") && text.contains("torch_ref ran"),
+        "{text}"
+    );
     let merged = std::fs::read_to_string(dir.join("bench-results/comparison.json")).unwrap();
     let merged: serde_json::Value = serde_json::from_str(&merged).unwrap();
     assert_eq!(merged["batched_graph_ms"]["torch"], 1.179);
@@ -89,13 +99,19 @@ fn bench_sh_without_the_reference_fails_but_still_prints_our_side() {
     let dir = bundle("noref");
     let (out, text) = bench_sh(&dir, &["--xasset-only"]);
     assert_eq!(out.status.code(), Some(1), "{text}");
-    assert!(text.contains("xasset_torch.py not found: pass --reference FILE"), "{text}");
+    assert!(
+        text.contains("xasset_torch.py not found: pass --reference FILE"),
+        "{text}"
+    );
     // Our numbers and PyTorch's end-to-end ones still make the table; the reference's are dashes.
     assert!(
         text.contains("| batched, whole step as one graph (ms, CUDA events, data on device) | 1.950 | - | - | - |"),
         "{text}"
     );
-    assert!(!text.contains("other bench ran"), "--xasset-only ran the others:\n{text}");
+    assert!(
+        !text.contains("other bench ran"),
+        "--xasset-only ran the others:\n{text}"
+    );
     let (out, text) = bench_sh(&dir, &["--bogus"]);
     assert_eq!(out.status.code(), Some(2), "{text}");
     let _ = std::fs::remove_dir_all(&dir);

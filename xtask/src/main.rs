@@ -44,7 +44,9 @@ enum Cmd {
     /// with --sanitize, run compute-sanitizer over the GPU suites in zmem's sanitizer mode.
     TestGpu {
         /// Write stripped release test binaries, run.sh and sanitize.sh into this folder instead
-        /// of running.
+        /// of running, plus the commands, the `*_bench` examples, the `crates/*/benches/*.py`
+        /// scripts and bench.sh (`./bench.sh [--reference xasset_torch.py] [--xasset-only]`:
+        /// the XAsset comparison table of ours, PyTorch and torch.compile, then the rest).
         #[arg(long, conflicts_with = "sanitize")]
         bundle: Option<PathBuf>,
         /// Run the GPU tests under compute-sanitizer with ZMEM_SANITIZE=1 (every arena block its

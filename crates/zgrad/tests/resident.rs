@@ -93,8 +93,14 @@ fn replay_resident_without_a_captured_step_is_refused_and_applies_nothing() {
         let mut marks = 0;
         let e = t.replay_resident(|_| marks += 1).unwrap_err();
         assert_eq!(e.applied(), Some(Applied::No), "{e}");
-        assert!(matches!(e.cause(), GradError::BadInput(m) if m.contains("no captured batched step")), "{e:?}");
-        assert_eq!((marks, t.step(), params(&b, &t)), (0, u64::from(!capture), before));
+        assert!(
+            matches!(e.cause(), GradError::BadInput(m) if m.contains("no captured batched step")),
+            "{e:?}"
+        );
+        assert_eq!(
+            (marks, t.step(), params(&b, &t)),
+            (0, u64::from(!capture), before)
+        );
     }
 }
 
@@ -111,7 +117,13 @@ fn a_non_finite_resident_step_names_its_sample_and_applies_nothing() {
     let e = t.replay_resident(|_| {}).unwrap_err();
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
-        matches!(e.cause(), GradError::NonFinite { sample: Some(2), .. }),
+        matches!(
+            e.cause(),
+            GradError::NonFinite {
+                sample: Some(2),
+                ..
+            }
+        ),
         "{e:?}"
     );
     assert_eq!((t.step(), params(&b, &t)), (1, before));

@@ -115,12 +115,18 @@ fn overflow_and_capture_count_in_live_and_reserved_bytes() {
     assert_eq!(d.peak_reserved_bytes, (256 << 10) + (2 << 20), "{d}");
     arena.reset_peaks();
     let d = arena.diagnostics();
-    assert_eq!((d.peak_live_bytes, d.peak_reserved_bytes), (0, d.reserved_bytes));
+    assert_eq!(
+        (d.peak_live_bytes, d.peak_reserved_bytes),
+        (0, d.reserved_bytes)
+    );
 
     let res = arena
         .reserve_for_capture(&CapturePlan::from_requests([1000, 3000]))
         .unwrap();
-    assert_eq!(arena.diagnostics().reserved_bytes, (256 << 10) + (1 << 20) + 4096);
+    assert_eq!(
+        arena.diagnostics().reserved_bytes,
+        (256 << 10) + (1 << 20) + 4096
+    );
     {
         let step = arena.step().unwrap();
         let scope = arena.capture_into(&res).unwrap();
