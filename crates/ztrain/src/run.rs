@@ -30,7 +30,7 @@ use crate::soak::Soak;
 use crate::step::{Tally, TrainBackend, trainer_config};
 
 pub use crate::summary::Outcome;
-use crate::summary::{End, Ended, finish, sample_memory};
+use crate::summary::{End, Ended, Throughput, finish, sample_memory};
 
 /// Salt of the data-order generator, so it never equals the initialisation's stream.
 const ORDER_SALT: u64 = 0x6f72_6465_725f_7267;
@@ -263,6 +263,7 @@ fn train<B: TrainBackend + MemorySource>(
     let mut validation = None;
     let epochs = config.epochs as u64;
     let mut ended = Ended::Finished;
+    let mut training = Throughput::default();
     'epochs: while progress.epoch < epochs {
         let order: Vec<usize> = progress.order.iter().map(|&i| i as usize).collect();
         let bar = EpochBar::new(
@@ -277,7 +278,9 @@ fn train<B: TrainBackend + MemorySource>(
             let start = progress.position as usize;
             let chunk = &order[start..(start + config.batch).min(n_train)];
             let (x, y) = train_set.gather(chunk);
+            let t0 = Instant::now();
             let report = learner.train_batch(&x, &y, chunk.len())?;
+            training.add(chunk.len(), t0.elapsed());
             tally.add(Tally::of(chunk.len(), report.loss, 0.0));
             progress.step = report.step;
             progress.position += chunk.len() as u64;
@@ -344,6 +347,7 @@ fn train<B: TrainBackend + MemorySource>(
     let end = End {
         started,
         steps: progress.step,
+        training,
         ended,
         soak: soak.as_ref(),
         config: &config_json,

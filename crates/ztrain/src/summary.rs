@@ -1,6 +1,6 @@
 //! How a run ends: the summary lines, the soak and memory reports, and the [`Outcome`].
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use zgrad::{Trainer, XAssetConfig};
 use zmem::units::Bytes;
@@ -14,6 +14,30 @@ use crate::report::MemoryReport;
 use crate::run::Context;
 use crate::soak::{Sample, Soak};
 use crate::step::{Tally, TrainBackend};
+
+/// Samples trained and the time the trainer took for them: its own samples per second, without
+/// data loading, evaluation or checkpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Throughput {
+    pub(crate) samples: u64,
+    pub(crate) time: Duration,
+}
+
+impl Throughput {
+    pub(crate) fn add(&mut self, samples: usize, time: Duration) {
+        self.samples += samples as u64;
+        self.time += time;
+    }
+
+    /// `; 3072 samples trained at 5123 samples/s`, or nothing when none were.
+    pub(crate) fn summary_part(&self) -> String {
+        if self.samples == 0 {
+            return String::new();
+        }
+        let rate = self.samples as f64 / self.time.as_secs_f64().max(1e-9);
+        format!("; {} samples trained at {rate:.0} samples/s", self.samples)
+    }
+}
 
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +66,9 @@ pub(crate) enum Ended {
 pub(crate) struct End<'a> {
     pub(crate) started: Instant,
     pub(crate) steps: u64,
+    /// The samples this run trained on (resumed ones not counted) and the time spent in
+    /// `train_batch` on them.
+    pub(crate) training: Throughput,
     pub(crate) ended: Ended,
     pub(crate) soak: Option<&'a Soak>,
     pub(crate) config: &'a serde_json::Value,
@@ -87,6 +114,7 @@ pub(crate) fn finish<B: TrainBackend + MemorySource>(
         "summary: {steps} steps in {:.1} s",
         end.started.elapsed().as_secs_f64()
     );
+    summary += &end.training.summary_part();
     if let Some(t) = &train {
         summary += &format!("; train loss {:.4} acc {:.4}", t.mean_loss(), t.accuracy());
     }

@@ -80,6 +80,23 @@ fn a_tiny_run_on_the_cpu_prints_epochs_and_a_summary() {
     ] {
         assert!(summary.contains(part), "{part}: {summary}");
     }
+    // The trainer's own throughput: every training sample of both epochs, at a rate.
+    let n_train: u64 = stdout
+        .split(" train / ")
+        .next()
+        .and_then(|head| head.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the training set's size in the header");
+    let (trained, rate) = summary
+        .split("; ")
+        .find_map(|part| {
+            let (n, rest) = part.split_once(" samples trained at ")?;
+            let rate = rest.strip_suffix(" samples/s")?;
+            Some((n.parse::<u64>().ok()?, rate.parse::<f64>().ok()?))
+        })
+        .expect("`N samples trained at R samples/s` in the summary");
+    assert_eq!(trained, 2 * n_train, "{summary}");
+    assert!(rate > 0.0, "{summary}");
     assert!(stdout.contains("\narena: "), "{stdout}");
 }
 
