@@ -16,6 +16,7 @@ Default size (F=193, S=12, D=256, H=4, FF=1024), batch 256, float32, TF32 off. O
                             3 warm-up steps on a side stream, capture, instantiation
   batched_graph_nodes       nodes of the captured graph (cudaGraphDebugDotPrint; null when
                             this PyTorch cannot dump it)
+  per_sample_graph_nodes    nodes of one sample's captured forward+backward, likewise
   batched_step_peak_MiB, batched_step_peak_reserved_MiB
                             max_memory_allocated / max_memory_reserved over one eager batched
                             step (foreach AdamW) after a warm one, before any capture
@@ -132,6 +133,30 @@ def captured_rows(fwd, params, X, Y, Xp, Yp, iters, prefix, r):
     r[prefix + "batched_graph_e2e_gpu_ms"] = statistics.median(gpu)
 
 
+def per_sample_nodes(fwd, X, Y):
+    """Nodes of one sample's captured forward+backward (the reference's per-sample graph)."""
+    xs, ys = X[:1].clone(), Y[:1].clone()
+
+    def one():
+        (F.binary_cross_entropy_with_logits(fwd(xs), ys) / B).backward()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            one()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    try:
+        g.enable_debug_mode()
+    except Exception:
+        pass
+    with torch.cuda.graph(g):
+        one()
+    torch.cuda.synchronize()
+    return graph_nodes(g)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="also write the JSON object to this file")
@@ -149,6 +174,7 @@ def main():
     r = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "iters": a.iters}
     r["batched_step_peak_MiB"], r["batched_step_peak_reserved_MiB"] = memory(model, X, Y)
     captured_rows(model, model.parameters(), X, Y, Xp, Yp, a.iters, "", r)
+    r["per_sample_graph_nodes"] = per_sample_nodes(model, X, Y)
     if a.compiled:
         cm = torch.compile(model)
         captured_rows(cm, model.parameters(), X, Y, Xp, Yp, a.iters, "compiled_", r)
