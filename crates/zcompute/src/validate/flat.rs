@@ -34,11 +34,7 @@ pub(crate) fn clip_scale<S: Storage>(
 }
 
 /// `finite_gate`: three one-element tensors, `dst` in other memory than `a` and `b`.
-pub(crate) fn finite_gate<S: Storage>(
-    a: &Tensor<S>,
-    b: &Tensor<S>,
-    dst: &Tensor<S>,
-) -> Result<()> {
+pub(crate) fn finite_gate<S: Storage>(a: &Tensor<S>, b: &Tensor<S>, dst: &Tensor<S>) -> Result<()> {
     const OP: &str = "finite_gate";
     for t in [a, b, dst] {
         one_element(OP, t)?;

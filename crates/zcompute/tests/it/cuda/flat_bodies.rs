@@ -23,7 +23,11 @@ pub fn norm2<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
             .map(|v: &f32| v.to_bits())
             .collect::<Vec<_>>()
     };
-    assert_eq!(bits(&ours), bits(&again), "norm2 {shape:?}: two runs differ");
+    assert_eq!(
+        bits(&ours),
+        bits(&again),
+        "norm2 {shape:?}: two runs differ"
+    );
 }
 
 /// Clipping by a norm in device memory: scaled to `max_norm` above it, untouched below, NaN
@@ -72,7 +76,11 @@ pub fn finite_gate<D: Driver>(gpu: &CudaBackend<D>) {
         Backend::<f32>::finite_gate(&CPU, &ca, &cb, &cdst.narrow(0, 2, 1).expect("narrow"))
             .expect("cpu finite_gate");
         let cpu = cdst.to_vec();
-        assert_eq!(&got[..2], &[7.0, 7.0], "finite_gate({a}, {b}) wrote outside dst");
+        assert_eq!(
+            &got[..2],
+            &[7.0, 7.0],
+            "finite_gate({a}, {b}) wrote outside dst"
+        );
         match want {
             Some(w) => assert!(got[2] == w && cpu[2] == w, "finite_gate({a}, {b}): {got:?}"),
             None => assert!(
