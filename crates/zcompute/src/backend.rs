@@ -374,6 +374,15 @@ pub trait Backend<T: Element> {
         self.copy_into(&gate.reshape(dst.shape())?, dst)
     }
 
+    /// `dst += src` in place (same shapes, other memory): how backward adds a parameter's
+    /// gradient into its buffer. The provided body adds into a fresh tensor and copies it back;
+    /// a device backend may do it in one launch.
+    fn add_into(&self, src: &BTensor<Self, T>, dst: &BTensor<Self, T>) -> Result<()> {
+        crate::validate::add_into(src, dst)?;
+        let sum = self.add(dst, src)?;
+        self.copy_into(&sum, dst)
+    }
+
     // Provided shorthands over the op families.
 
     fn zeros(&self, shape: &[usize]) -> Result<BTensor<Self, T>> {

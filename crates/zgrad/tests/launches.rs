@@ -206,3 +206,29 @@ fn a_captured_batched_step_adds_a_fixed_handful_of_nodes_to_forward_and_backward
         captured_calls - fwd_bwd
     );
 }
+
+/// Backward adds a parameter's gradient into its buffer (a view of the flat gradient buffer)
+/// in place: one launch, no sum allocated and copied back.
+#[test]
+fn a_leaf_gradient_accumulates_in_one_launch() {
+    let b = mock();
+    let model = XAsset::init(&b, small(), 3).expect("model");
+    let w = model.ff.f1.weight.clone();
+    let n = w.value().numel();
+    let seed: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
+    b.begin_step().expect("step");
+    for round in 1..=2 {
+        let s = b.upload(&seed, w.shape()).expect("seed");
+        let tape = Tape::new(&b);
+        let (count, ()) = launches(&b, || tape.backward_with(&w, s).expect("backward"));
+        assert_eq!(
+            count, 1,
+            "round {round}: one launch accumulates the gradient"
+        );
+        let g = b.download(w.grad().expect("leaf")).expect("grad");
+        for (i, (got, s)) in g.iter().zip(&seed).enumerate() {
+            assert_eq!(*got, s * round as f32, "element {i} after {round} rounds");
+        }
+    }
+    b.end_step().expect("end");
+}

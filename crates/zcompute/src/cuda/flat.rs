@@ -5,9 +5,9 @@
 //! buffer, so the global gradient norm and clipping cost two and one launches whatever the
 //! parameter count.
 
-use super::kernels::{self, Args, Kernel, ptr, u64a};
+use super::kernels::{self, Args, Kernel, binary_code, ptr, u64a};
 use super::{CudaBackend, CudaTensor};
-use crate::backend::Backend;
+use crate::backend::{Backend, BinaryOp};
 use crate::error::Result;
 use crate::validate;
 use zdevice::{Driver, KernelArg, LaunchConfig};
@@ -120,5 +120,30 @@ impl<D: Driver> CudaBackend<D> {
             shared_mem_bytes: 0,
         };
         self.launch(OP, Kernel::FiniteGate, one, &args)
+    }
+
+    pub(crate) fn add_into_fused(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        const OP: &str = "add_into";
+        validate::add_into(src, dst)?;
+        let n = dst.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        if !(src.is_contiguous() && dst.is_contiguous()) {
+            let sum = self.add(dst, src)?;
+            return self.copy_into(&sum, dst);
+        }
+        // The dense binary kernel reads a[i] and b[i] before writing out[i] in the same
+        // thread, so out = a = dst is an in-place add.
+        let args: Args = [
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, src)?),
+            KernelArg::U32(binary_code(BinaryOp::Add)),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::Binary, kernels::elementwise_config(n), &args)
     }
 }

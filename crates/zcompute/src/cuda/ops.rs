@@ -307,6 +307,10 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.finite_gate_fused(a, b, dst)
     }
 
+    fn add_into(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.add_into_fused(src, dst)
+    }
+
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor, opts: MatmulOpts) -> Result<CudaTensor> {
         self.matmul_gemm(a, b, opts)
     }

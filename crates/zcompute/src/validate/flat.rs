@@ -1,4 +1,5 @@
-//! Checks of the ops over flat buffers (`Backend::norm2`, `clip_scale`, `finite_gate`).
+//! Checks of the ops over flat buffers (`Backend::norm2`, `clip_scale`, `finite_gate`,
+//! `add_into`).
 
 use super::{distinct, same_shape, scalar_in, writable};
 use crate::error::Result;
@@ -41,4 +42,12 @@ pub(crate) fn finite_gate<S: Storage>(a: &Tensor<S>, b: &Tensor<S>, dst: &Tensor
     }
     distinct(OP, &[("a", a), ("dst", dst)])?;
     distinct(OP, &[("b", b), ("dst", dst)])
+}
+
+/// `add_into`: `src` shaped as `dst`, a writable `dst` in other memory.
+pub(crate) fn add_into<S: Storage>(src: &Tensor<S>, dst: &Tensor<S>) -> Result<()> {
+    const OP: &str = "add_into";
+    same_shape(OP, src.shape(), dst.shape())?;
+    writable(OP, dst.layout())?;
+    distinct(OP, &[("src", src), ("dst", dst)])
 }

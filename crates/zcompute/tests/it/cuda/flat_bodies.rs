@@ -90,3 +90,33 @@ pub fn finite_gate<D: Driver>(gpu: &CudaBackend<D>) {
         }
     }
 }
+
+/// `dst += src` in place, dense (one launch) and through views, the same as the CPU; memory
+/// next to a narrowed destination is left alone.
+pub fn add_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let dst = input(gpu, shape, view, 43, -1.0, 1.0);
+    let dst_c = input(&CPU, shape, view, 43, -1.0, 1.0);
+    let src = input(gpu, shape, View::Dense, 44, -1.0, 1.0);
+    let src_c = input(&CPU, shape, View::Dense, 44, -1.0, 1.0);
+    for _ in 0..2 {
+        gpu.add_into(&src, &dst).expect("add_into");
+        Backend::<f32>::add_into(&CPU, &src_c, &dst_c).expect("cpu add_into");
+    }
+    assert_close(
+        &format!("add_into {shape:?} {view:?}"),
+        gpu,
+        &dst,
+        &dst_c,
+        TOL,
+    );
+    let stored = gpu.upload(&vec![3.0f32; 2 * dst.numel()], &[2 * dst.numel()]);
+    let stored = stored.expect("stored");
+    let half = stored.narrow(0, 0, dst.numel()).expect("narrow");
+    let flat_src = src.reshape(&[src.numel()]).expect("reshape");
+    gpu.add_into(&flat_src, &half).expect("add_into a view");
+    let got = gpu.download(&stored).expect("download");
+    assert!(
+        got[dst.numel()..].iter().all(|&v| v == 3.0),
+        "add_into wrote past its view"
+    );
+}

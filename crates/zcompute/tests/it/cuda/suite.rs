@@ -210,6 +210,14 @@ macro_rules! op_suite {
             super::flat_bodies::clip_scale(&$backend(), shape, view);
         }
 
+        #[rstest]
+        fn flat_add_into(
+            #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            super::flat_bodies::add_into(&$backend(), shape, view);
+        }
+
         #[test]
         fn flat_finite_gate() {
             super::flat_bodies::finite_gate(&$backend());
