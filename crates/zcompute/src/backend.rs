@@ -326,6 +326,63 @@ pub trait Backend<T: Element> {
         Ok(LayerNormGrads { input, g_xhat })
     }
 
+    /// The Euclidean norm of every element of `x`, `sqrt(sum of x²)`, as a rank-0 tensor (0 for
+    /// an empty `x`). Stays on the device: a captured step computes a global gradient norm
+    /// with it over a flat gradient buffer. The provided body composes it from the op set; a
+    /// device backend may fuse it (the CUDA backend: two launches, a fixed grid of per-block
+    /// partial sums then one block summing them in a fixed order, so no atomics and the same
+    /// bits every run).
+    fn norm2(&self, x: &BTensor<Self, T>) -> Result<BTensor<Self, T>> {
+        let squares = self.mul(x, x)?;
+        let flat = squares.reshape(&[squares.numel()])?;
+        self.unary(UnaryOp::Sqrt, &self.sum(&flat, 0, false)?)
+    }
+
+    /// Scales `x` in place by `min(1, max_norm / (norm + 1e-6))`, PyTorch's `clip_grad_norm_`
+    /// coefficient, with the one-element `norm` read from memory (no host round trip:
+    /// capturable). A NaN norm makes every element NaN. The provided body composes it from the
+    /// op set; a device backend may fuse it (one launch).
+    fn clip_scale(&self, x: &BTensor<Self, T>, norm: &BTensor<Self, T>, max_norm: T) -> Result<()> {
+        crate::validate::clip_scale(x, norm, max_norm)?;
+        let rhs = ScalarSide::Rhs;
+        let norm = norm.reshape(&[])?;
+        let den = self.binary_scalar(BinaryOp::Add, &norm, T::from_f64(1e-6), rhs)?;
+        let coef = self.binary_scalar(BinaryOp::Div, &den, max_norm, ScalarSide::Lhs)?;
+        // min(coef, 1) = -max(-coef, -1), NaN-propagating.
+        let neg = self.unary(UnaryOp::Neg, &coef)?;
+        let clamped = self.binary_scalar(BinaryOp::Maximum, &neg, -T::ONE, rhs)?;
+        let coef = self.unary(UnaryOp::Neg, &clamped)?;
+        let scaled = self.mul(x, &coef)?;
+        self.copy_into(&scaled, x)
+    }
+
+    /// Writes `0 * a + 0 * b` into the one-element `dst` (all three one-element tensors): 0
+    /// when `a` and `b` are finite, NaN otherwise. AdamW's gate (`ADAMW_SLOT_GATE`) from a
+    /// step's loss and gradient norm, on the device. The provided body composes it from the op
+    /// set; a device backend may fuse it (one launch).
+    fn finite_gate(
+        &self,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+        dst: &BTensor<Self, T>,
+    ) -> Result<()> {
+        crate::validate::finite_gate(a, b, dst)?;
+        let zero = |t: &BTensor<Self, T>| {
+            self.binary_scalar(BinaryOp::Mul, &t.reshape(&[])?, T::ZERO, ScalarSide::Rhs)
+        };
+        let gate = self.add(&zero(a)?, &zero(b)?)?;
+        self.copy_into(&gate.reshape(dst.shape())?, dst)
+    }
+
+    /// `dst += src` in place (same shapes, other memory): how backward adds a parameter's
+    /// gradient into its buffer. The provided body adds into a fresh tensor and copies it back;
+    /// a device backend may do it in one launch.
+    fn add_into(&self, src: &BTensor<Self, T>, dst: &BTensor<Self, T>) -> Result<()> {
+        crate::validate::add_into(src, dst)?;
+        let sum = self.add(dst, src)?;
+        self.copy_into(&sum, dst)
+    }
+
     // Provided shorthands over the op families.
 
     fn zeros(&self, shape: &[usize]) -> Result<BTensor<Self, T>> {

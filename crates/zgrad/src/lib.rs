@@ -23,13 +23,16 @@ mod tape;
 mod trainer;
 mod var;
 pub mod xasset;
+mod xasset_init;
 
 pub use checkpoint::STEP_KEY;
 pub use error::{Applied, GradError, NonFiniteKind, Result};
 pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
 pub use loss::one_hot;
 pub use memory::in_step;
-pub use optim::{AdamW, AdamWHyper, AdamWState, Sgd, clip_grad_norm, grad_norm, zero_grad};
+pub use optim::{
+    AdamW, AdamWHyper, AdamWState, ParameterSet, Sgd, clip_grad_norm, grad_norm, zero_grad,
+};
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;

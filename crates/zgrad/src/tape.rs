@@ -364,6 +364,12 @@ fn accumulate_leaf<B: Backend<T>, T: Element>(
     buf: &BTensor<B, T>,
     g: &BTensor<B, T>,
 ) -> Result<()> {
+    // The usual case: a contribution shaped as the buffer adds in place (one launch on the
+    // device). A broadcastable one goes through a sum shaped as the buffer.
+    if g.shape() == buf.shape() && !g.shares_storage(buf) {
+        b.add_into(g, buf)?;
+        return Ok(());
+    }
     let sum = b.add(buf, g)?;
     if sum.shape() != buf.shape() {
         return Err(zcompute::ComputeError::ShapeMismatch {

@@ -101,6 +101,29 @@ impl<B: Backend<T>, T: Element> Var<B, T> {
         })
     }
 
+    /// A trainable leaf over given storage: `value` and its gradient buffer `grad` (same shape,
+    /// other memory), both views the caller keeps zeroed or filled; `ParameterSet` makes its
+    /// parameters this way, as views of its flat buffers.
+    pub fn parameter_view(value: BTensor<B, T>, grad: BTensor<B, T>) -> Result<Self> {
+        if value.shape() != grad.shape() {
+            return Err(crate::error::GradError::BadInput(format!(
+                "a parameter's gradient must have its shape {:?}, got {:?}",
+                value.shape(),
+                grad.shape()
+            )));
+        }
+        if value.shares_storage(&grad) {
+            return Err(crate::error::GradError::BadInput(
+                "a parameter's gradient must not share the parameter's memory".into(),
+            ));
+        }
+        Ok(Var {
+            value,
+            origin: Origin::Leaf(grad),
+            version: new_version(),
+        })
+    }
+
     /// Uploads `data` as a persistent trainable leaf of `shape`.
     pub fn parameter_from(backend: &B, data: &[T], shape: &[usize]) -> Result<Self> {
         let value = {

@@ -5,8 +5,8 @@
 
 use crate::error::{GradError, Result};
 use crate::io::{HostTensor, TensorFile, read_tensors, take, write_tensors};
-use crate::nn::{FeedForward, LayerNorm, Linear, QkNormAttention, leaf};
-use crate::rng::SplitMix64;
+use crate::nn::{FeedForward, LayerNorm, Linear, QkNormAttention};
+use crate::optim::ParameterSet;
 use crate::tape::Tape;
 use crate::var::Var;
 use std::collections::HashMap;
@@ -132,20 +132,39 @@ pub const PARAMETER_NAMES: [&str; 20] = [
 
 impl<B: Backend<T>, T: Element> XAsset<B, T> {
     /// PyTorch's default initialisation from `seed` (Linear weights and biases uniform in
-    /// ±1/sqrt(in), LayerNorm weight 1 and bias 0).
+    /// ±1/sqrt(in), LayerNorm weight 1 and bias 0): the values the `nn` blocks' own `init`
+    /// draws, uploaded in one copy into the model's flat parameter buffer.
     pub fn init(b: &B, config: XAssetConfig, seed: u64) -> Result<Self> {
         config.validate()?;
-        let mut rng = SplitMix64::new(seed);
-        let d = config.width;
-        Ok(XAsset {
-            config,
-            emb: Linear::init(b, config.features, d, &mut rng)?,
-            ln1: LayerNorm::init(b, d)?,
-            attn: QkNormAttention::init(b, d, config.heads, &mut rng)?,
-            ln2: LayerNorm::init(b, d)?,
-            ff: FeedForward::init(b, d, config.ff, &mut rng)?,
-            head: Linear::init(b, d, 1, &mut rng)?,
+        let values: Vec<Vec<T>> = crate::xasset_init::init_values(&config, seed)
+            .into_iter()
+            .map(|v| v.into_iter().map(T::from_f64).collect())
+            .collect();
+        let (_, vars) = ParameterSet::allocate(b, &Self::shapes(&config), Some(&values))?;
+        Self::assemble(config, vars)
+    }
+
+    /// The model's flat parameter and gradient buffers (every parameter is a view of them, in
+    /// XASSET.md's order, offsets padded to `optim::FLAT_ALIGN` elements). The data-parallel
+    /// collective all-reduces `grads()`, this one buffer. A model one of whose parameters was
+    /// replaced by a separately allocated one has none: `Config` error.
+    pub fn parameter_set(&self) -> Result<ParameterSet<B, T>> {
+        ParameterSet::of(&self.parameters()).ok_or_else(|| {
+            GradError::Config(
+                "the parameters are not views of one flat buffer (a parameter was replaced)".into(),
+            )
         })
+    }
+
+    /// The flat parameter buffer (see [`XAsset::parameter_set`]).
+    pub fn flat_parameters(&self) -> Result<zcompute::BTensor<B, T>> {
+        Ok(self.parameter_set()?.values().clone())
+    }
+
+    /// The flat gradient buffer: the data-parallel collective all-reduces this one buffer
+    /// (see [`XAsset::parameter_set`]).
+    pub fn flat_gradients(&self) -> Result<zcompute::BTensor<B, T>> {
+        Ok(self.parameter_set()?.grads().clone())
     }
 
     /// Every parameter with its XASSET.md name, in that order.
@@ -226,12 +245,12 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
             )));
         }
         let shapes = Self::shapes(&config);
-        let mut vars = Vec::with_capacity(20);
+        let mut values = Vec::with_capacity(PARAMETER_NAMES.len());
         for (name, shape) in PARAMETER_NAMES.iter().zip(&shapes) {
             let t = take(file, path, name, Some(shape))?;
-            let data: Vec<f64> = t.data.iter().map(|v| v.to_f64()).collect();
-            vars.push(leaf(b, &data, shape)?);
+            values.push(t.data.iter().map(|v| T::from_f64(v.to_f64())).collect());
         }
+        let (_, vars) = ParameterSet::allocate(b, &shapes, Some(&values))?;
         Self::assemble(config, vars)
     }
 
@@ -240,14 +259,7 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
     /// host copy of a large model's parameters would cost more than the plan itself.
     pub fn zeroed(b: &B, config: XAssetConfig) -> Result<Self> {
         config.validate()?;
-        let mut vars = Vec::with_capacity(PARAMETER_NAMES.len());
-        for shape in Self::shapes(&config) {
-            let value = {
-                let _class = crate::memory::ClassGuard::new(b, zcompute::AllocClass::Persistent);
-                b.zeros(&shape)?
-            };
-            vars.push(Var::parameter(b, value)?);
-        }
+        let (_, vars) = ParameterSet::allocate(b, &Self::shapes(&config), None)?;
         Self::assemble(config, vars)
     }
 

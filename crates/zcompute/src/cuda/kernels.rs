@@ -19,13 +19,14 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 3] = [
+pub(crate) const MODULES: [(&str, &str); 4] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
     ),
     ("rows", include_str!("../../../../kernels/ptx/rows.ptx")),
     ("train", include_str!("../../../../kernels/ptx/train.ptx")),
+    ("flat", include_str!("../../../../kernels/ptx/flat.ptx")),
 ];
 
 /// Kinds of kernel parameters.
@@ -73,6 +74,12 @@ pub enum Kernel {
     LayerNormRowsV2,
     LayerNormRowsV4,
     LayerNormRowsV8,
+    /// Over flat buffers (`flat.cu`): the norm's per-block sums of squares and its finishing
+    /// pass, clipping by a norm in device memory, and AdamW's finiteness gate.
+    SumSquaresPartial,
+    NormFinish,
+    ClipScale,
+    FiniteGate,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -94,7 +101,7 @@ const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];
 const LAYER_NORM: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32];
 
 impl Kernel {
-    pub const ALL: [Kernel; 26] = [
+    pub const ALL: [Kernel; 30] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -121,6 +128,10 @@ impl Kernel {
         Kernel::LayerNormRowsV2,
         Kernel::LayerNormRowsV4,
         Kernel::LayerNormRowsV8,
+        Kernel::SumSquaresPartial,
+        Kernel::NormFinish,
+        Kernel::ClipScale,
+        Kernel::FiniteGate,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -230,6 +241,10 @@ impl Kernel {
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, F32, U64],
                 0,
             ),
+            Kernel::SumSquaresPartial => s(3, "zc_sum_squares_partial_f32", &[Ptr, Ptr, U64], 0),
+            Kernel::NormFinish => s(3, "zc_norm_finish_f32", &[Ptr, Ptr, U64], 0),
+            Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
+            Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
         }
     }
 }

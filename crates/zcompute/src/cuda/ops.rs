@@ -295,6 +295,22 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.layer_norm_backward_rows(g, x, mean, rstd, weight, want)
     }
 
+    fn norm2(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        self.norm2_fused(x)
+    }
+
+    fn clip_scale(&self, x: &CudaTensor, norm: &CudaTensor, max_norm: f32) -> Result<()> {
+        self.clip_scale_fused(x, norm, max_norm)
+    }
+
+    fn finite_gate(&self, a: &CudaTensor, b: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.finite_gate_fused(a, b, dst)
+    }
+
+    fn add_into(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.add_into_fused(src, dst)
+    }
+
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor, opts: MatmulOpts) -> Result<CudaTensor> {
         self.matmul_gemm(a, b, opts)
     }

@@ -7,10 +7,11 @@
 //! allocation, capture) is the same code that drives the GPU.
 //!
 //! This file holds the twin table and the argument helpers every twin shares; the twins live
-//! by kernel family in `twins/elementwise.rs`, `twins/reductions.rs`, `twins/rows.rs` and
-//! `twins/train.rs` (one per group of `kernels/*.cu` entries).
+//! by kernel family in `twins/elementwise.rs`, `twins/reductions.rs`, `twins/rows.rs`,
+//! `twins/train.rs` and `twins/flat.rs` (one per group of `kernels/*.cu` entries).
 
 mod elementwise;
+mod flat;
 mod reductions;
 mod rows;
 mod train;
@@ -58,6 +59,10 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormRowsV2 => rows::layer_norm_rows_vec::<2>,
         Kernel::LayerNormRowsV4 => rows::layer_norm_rows_vec::<4>,
         Kernel::LayerNormRowsV8 => rows::layer_norm_rows_vec::<8>,
+        Kernel::SumSquaresPartial => flat::sum_squares_partial,
+        Kernel::NormFinish => flat::norm_finish,
+        Kernel::ClipScale => flat::clip_scale,
+        Kernel::FiniteGate => flat::finite_gate,
     }
 }
 

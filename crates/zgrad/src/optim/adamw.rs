@@ -1,5 +1,8 @@
-//! AdamW through the backend's fused `adamw_step` (one kernel per parameter on the GPU; the CPU
-//! backend's loop is the reference). The learning rate, step count and gate live in a
+//! AdamW through the backend's fused `adamw_step`: one launch over the flat parameter,
+//! gradient and moment buffers when the parameters are a [`ParameterSet`]'s views (every
+//! `XAsset`'s), one per parameter otherwise (the CPU backend's loop is the reference). The
+//! weight decay applies to every parameter, as XASSET.md's AdamW does; the flat buffers'
+//! padding stays zero under it (zero gradient, zero moments, zero parameter). The learning rate, step count and gate live in a
 //! persistent `[lr, t, gate]` slot tensor that the kernel reads from memory: `prepare` writes
 //! it before a step, `apply` only launches kernels, so a captured `apply` stays correct on
 //! every replay, and a captured step can skip its own update by writing a non-zero gate.
@@ -10,6 +13,7 @@
 //! queued leaves the state unknown; the optimiser then refuses to step until `import` restores
 //! it.
 
+use super::flat::ParameterSet;
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 use crate::var::Var;
@@ -39,12 +43,33 @@ impl Default for AdamWHyper {
 }
 
 /// The device side of AdamW: moments, the `[lr, t]` slot and the constants. Cloning shares the
-/// tensors (a capture body holds a clone).
+/// tensors (a capture body holds a clone). Over a [`ParameterSet`] the moments are views of two
+/// flat buffers laid out as the set's (`flat`).
 pub struct AdamWTensors<B: Backend<T>, T: Element> {
+    /// First moment of each parameter, in parameter order.
     pub m: Vec<BTensor<B, T>>,
+    /// Second moment of each parameter, in parameter order.
     pub v: Vec<BTensor<B, T>>,
     pub slot: BTensor<B, T>,
     pub config: AdamWConfig<T>,
+    flat: Option<FlatMoments<B, T>>,
+}
+
+/// The flat moment buffers beside the set they follow.
+struct FlatMoments<B: Backend<T>, T: Element> {
+    set: ParameterSet<B, T>,
+    m: BTensor<B, T>,
+    v: BTensor<B, T>,
+}
+
+impl<B: Backend<T>, T: Element> Clone for FlatMoments<B, T> {
+    fn clone(&self) -> Self {
+        FlatMoments {
+            set: self.set.clone(),
+            m: self.m.clone(),
+            v: self.v.clone(),
+        }
+    }
 }
 
 impl<B: Backend<T>, T: Element> Clone for AdamWTensors<B, T> {
@@ -54,6 +79,7 @@ impl<B: Backend<T>, T: Element> Clone for AdamWTensors<B, T> {
             v: self.v.clone(),
             slot: self.slot.clone(),
             config: self.config,
+            flat: self.flat.clone(),
         }
     }
 }
@@ -62,6 +88,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdamWTensors")
             .field("params", &self.m.len())
+            .field("flat", &self.flat.is_some())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -76,7 +103,8 @@ impl<B: Backend<T>, T: Element> AdamWTensors<B, T> {
 
     /// `apply`, saying on failure whether any update may have reached the model: `No` when the
     /// error came before the first update kernel was queued (bad input, or the first launch
-    /// refused before it was queued), `Maybe` otherwise.
+    /// refused before it was queued), `Maybe` otherwise. Over the flat buffers of the set the
+    /// moments were made for, one launch; otherwise one per parameter.
     // The pair is the whole failure report of one optimiser step, built only on the error path
     // (once per failed step); boxing it would cost every caller an allocation to read it.
     #[allow(clippy::result_large_err)]
@@ -94,6 +122,25 @@ impl<B: Backend<T>, T: Element> AdamWTensors<B, T> {
                     params.len()
                 )),
             ));
+        }
+        if let Some(flat) = self.flat.as_ref().filter(|f| f.set.holds(params)) {
+            let (set, cfg) = (&flat.set, &self.config);
+            if let Err(e) =
+                b.adamw_step(set.values(), &flat.m, &flat.v, set.grads(), &self.slot, cfg)
+            {
+                // A device error may come from work already queued: only a refusal of the
+                // launch's inputs proves that nothing ran.
+                let applied = if e.is_device_failure() {
+                    Applied::Maybe
+                } else {
+                    Applied::No
+                };
+                return Err((applied, e.into()));
+            }
+            for p in params {
+                p.bump_version();
+            }
+            return Ok(());
         }
         let mut queued = false;
         for ((p, m), v) in params.iter().zip(&self.m).zip(&self.v) {
@@ -118,12 +165,9 @@ impl<B: Backend<T>, T: Element> AdamWTensors<B, T> {
 
     /// Writes the gate of a captured step: `0 * loss + 0 * norm`, which is 0 when both are
     /// finite and NaN otherwise, so the update kernels skip a non-finite step on the device.
-    /// Launches kernels only: legal inside a capture.
+    /// One launch (`Backend::finite_gate`): legal inside a capture.
     pub fn write_gate(&self, b: &B, loss: &BTensor<B, T>, norm: &BTensor<B, T>) -> Result<()> {
-        use zcompute::{BinaryOp, ScalarSide};
-        let zero = |t: &BTensor<B, T>| b.binary_scalar(BinaryOp::Mul, t, T::ZERO, ScalarSide::Rhs);
-        let gate = b.add(&zero(loss)?.reshape(&[1])?, &zero(norm)?.reshape(&[1])?)?;
-        b.copy_into(&gate, &self.slot.narrow(0, ADAMW_SLOT_GATE, 1)?)?;
+        b.finite_gate(loss, norm, &self.slot.narrow(0, ADAMW_SLOT_GATE, 1)?)?;
         Ok(())
     }
 }
@@ -165,15 +209,27 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamW<B, T> {
 }
 
 impl<B: Backend<T>, T: Element> AdamW<B, T> {
-    /// Zero moments (persistent) for each parameter and a slot tensor.
+    /// Zero moments (persistent) for each parameter and a slot tensor. When `params` are a
+    /// [`ParameterSet`]'s views, the moments are two flat buffers laid out as the set's, so
+    /// each step is one launch.
     pub fn new(b: &B, params: &[Var<B, T>], hyper: AdamWHyper) -> Result<Self> {
         let _class = ClassGuard::new(b, AllocClass::Persistent);
-        let mut m = Vec::with_capacity(params.len());
-        let mut v = Vec::with_capacity(params.len());
-        for p in params {
-            m.push(b.zeros(p.shape())?);
-            v.push(b.zeros(p.shape())?);
-        }
+        let (m, v, flat) = match ParameterSet::of(params) {
+            Some(set) => {
+                let (fm, fv) = (b.zeros(&[set.len()])?, b.zeros(&[set.len()])?);
+                let (m, v) = (set.views_of(&fm)?, set.views_of(&fv)?);
+                (m, v, Some(FlatMoments { set, m: fm, v: fv }))
+            }
+            None => {
+                let mut m = Vec::with_capacity(params.len());
+                let mut v = Vec::with_capacity(params.len());
+                for p in params {
+                    m.push(b.zeros(p.shape())?);
+                    v.push(b.zeros(p.shape())?);
+                }
+                (m, v, None)
+            }
+        };
         let slot = b.zeros(&[3])?;
         let config = AdamWConfig {
             beta1: T::from_f64(hyper.beta1),
@@ -182,7 +238,13 @@ impl<B: Backend<T>, T: Element> AdamW<B, T> {
             weight_decay: T::from_f64(hyper.weight_decay),
         };
         Ok(AdamW {
-            tensors: AdamWTensors { m, v, slot, config },
+            tensors: AdamWTensors {
+                m,
+                v,
+                slot,
+                config,
+                flat,
+            },
             step: 0,
             unknown: None,
         })

@@ -1,19 +1,29 @@
 //! Optimisers and the gradient utilities around them: zero_grad, the global gradient norm and
 //! clipping by it (computed on the device, so they can sit inside a captured step), SGD and
 //! AdamW (the backend's fused kernel, with the learning rate and step count in device memory).
+//!
+//! Parameters made by a [`ParameterSet`] (every `XAsset`'s) live in one flat buffer and their
+//! gradients in another; given exactly such a list, each utility here works on the flat buffers
+//! in a fixed number of launches (zero_grad 1, grad_norm 2, clip_grad_norm 3, AdamW 1), and on
+//! any other list per tensor.
 
 mod adamw;
+mod flat;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWHyper, AdamWState, AdamWTensors, Moments};
+pub use flat::{FLAT_ALIGN, ParameterSet, flat_layout, padded};
 pub use sgd::Sgd;
 
 use crate::error::Result;
 use crate::var::Var;
-use zcompute::{BTensor, Backend, BinaryOp, Element, ScalarSide, UnaryOp};
+use zcompute::{BTensor, Backend, Element, UnaryOp};
 
-/// Sets every parameter's gradient to zero, in place.
+/// Sets every parameter's gradient to zero, in place (one fill of a flat gradient buffer).
 pub fn zero_grad<B: Backend<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Result<()> {
+    if let Some(set) = ParameterSet::of(params) {
+        return set.zero_grad(b);
+    }
     for p in params {
         p.zero_grad(b)?;
     }
@@ -22,6 +32,9 @@ pub fn zero_grad<B: Backend<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Resu
 
 /// `sqrt(sum of g² over every gradient)` as a rank-0 tensor (stays on the device).
 pub fn grad_norm<B: Backend<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Result<BTensor<B, T>> {
+    if let Some(set) = ParameterSet::of(params) {
+        return set.grad_norm(b);
+    }
     let mut total: Option<BTensor<B, T>> = None;
     for g in params.iter().filter_map(Var::grad) {
         let flat = g.reshape(&[g.numel()])?;
@@ -45,17 +58,12 @@ pub fn clip_grad_norm<B: Backend<T>, T: Element>(
     params: &[Var<B, T>],
     max_norm: T,
 ) -> Result<BTensor<B, T>> {
+    if let Some(set) = ParameterSet::of(params) {
+        return set.clip_grad_norm(b, max_norm);
+    }
     let norm = grad_norm(b, params)?;
-    let rhs = ScalarSide::Rhs;
-    let den = b.binary_scalar(BinaryOp::Add, &norm, T::from_f64(1e-6), rhs)?;
-    let coef = b.binary_scalar(BinaryOp::Div, &den, max_norm, ScalarSide::Lhs)?;
-    // min(coef, 1) = -max(-coef, -1)
-    let neg = b.unary(UnaryOp::Neg, &coef)?;
-    let clamped = b.binary_scalar(BinaryOp::Maximum, &neg, -T::ONE, rhs)?;
-    let coef = b.unary(UnaryOp::Neg, &clamped)?;
     for g in params.iter().filter_map(Var::grad) {
-        let scaled = b.mul(g, &coef)?;
-        b.copy_into(&scaled, g)?;
+        b.clip_scale(g, &norm, max_norm)?;
     }
     Ok(norm)
 }

@@ -22,7 +22,7 @@ use crate::schedule::LrSchedule;
 use crate::xasset::XAsset;
 use body::StepParts;
 use std::rc::Rc;
-use zcompute::{AllocClass, Capture, Element};
+use zcompute::{AllocClass, BTensor, Capture, Element};
 
 pub use eval::EvalReport;
 pub use resident::ReplayMark;
@@ -162,6 +162,23 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     #[must_use]
     pub fn model(&self) -> &XAsset<B, T> {
         &self.parts.model
+    }
+
+    /// The model's flat parameter and gradient buffers (`XAsset::parameter_set`).
+    pub fn parameter_set(&self) -> Result<crate::optim::ParameterSet<B, T>> {
+        self.parts.model.parameter_set()
+    }
+
+    /// The flat gradient buffer every parameter's gradient is a view of: after a step's
+    /// backward it holds the whole model's gradient, and the data-parallel collective
+    /// all-reduces this one buffer (in place; the optimiser then reads it).
+    pub fn gradients(&self) -> Result<BTensor<B, T>> {
+        self.parts.model.flat_gradients()
+    }
+
+    /// The flat parameter buffer every parameter is a view of.
+    pub fn flat_parameters(&self) -> Result<BTensor<B, T>> {
+        self.parts.model.flat_parameters()
     }
 
     #[must_use]

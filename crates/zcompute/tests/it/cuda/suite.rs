@@ -195,6 +195,35 @@ macro_rules! op_suite {
         }
 
         #[rstest]
+        fn flat_norm2(
+            #[values(&[0][..], &[1], &[7], &[1025], &[7, 193], &[300_001])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+        ) {
+            super::flat_bodies::norm2(&$backend(), shape, view);
+        }
+
+        #[rstest]
+        fn flat_clip_scale(
+            #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
+            #[values(View::Dense, View::Transposed)] view: View,
+        ) {
+            super::flat_bodies::clip_scale(&$backend(), shape, view);
+        }
+
+        #[rstest]
+        fn flat_add_into(
+            #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            super::flat_bodies::add_into(&$backend(), shape, view);
+        }
+
+        #[test]
+        fn flat_finite_gate() {
+            super::flat_bodies::finite_gate(&$backend());
+        }
+
+        #[rstest]
         fn data_movement(
             #[values(&[1][..], &[7], &[1025], &[7, 193], &[5, 5], &[3, 5, 7])] shape: &[usize],
             #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,

@@ -1,0 +1,149 @@
+//! The ops over flat buffers as fused kernels (`flat.cu`): the Euclidean norm in two launches
+//! (per-block partial sums of squares over a grid fixed by the size, then one block summing
+//! them in a fixed order: deterministic, no atomics), clipping by a norm read from memory in
+//! one launch, and AdamW's finiteness gate in one launch. A model's whole gradient lives in one
+//! buffer, so the global gradient norm and clipping cost two and one launches whatever the
+//! parameter count.
+
+use super::kernels::{self, Args, Kernel, binary_code, ptr, u64a};
+use super::{CudaBackend, CudaTensor};
+use crate::backend::{Backend, BinaryOp};
+use crate::error::Result;
+use crate::validate;
+use zdevice::{Driver, KernelArg, LaunchConfig};
+
+/// Threads per block of the norm passes (`FLAT_THREADS` in flat.cu: its shared-memory tree is
+/// that wide).
+const FLAT_THREADS: u32 = 256;
+/// Elements each thread of the first norm pass reads at least (so a block's partial is worth
+/// the second pass reading it).
+const NORM_PER_THREAD: u64 = 8;
+/// Most partial sums of the first norm pass (about 8 resident 256-thread blocks on each of an
+/// H100/H200's 132 SMs); the second pass's one block reads them all.
+const NORM_MAX_PARTS: u64 = 1024;
+
+/// Blocks of the first norm pass over `n` elements: a function of `n` only, so the summation
+/// order, and the result's bits, are the same every run.
+pub(crate) fn norm_parts(n: u64) -> u64 {
+    n.div_ceil(u64::from(FLAT_THREADS) * NORM_PER_THREAD)
+        .clamp(1, NORM_MAX_PARTS)
+}
+
+impl<D: Driver> CudaBackend<D> {
+    pub(crate) fn norm2_fused(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "norm2";
+        let out = self.alloc(OP, &[])?;
+        let n = x.numel() as u64;
+        if n == 0 {
+            self.fill(&out, 0.0)?;
+            return Ok(out);
+        }
+        let xc = self.dense(OP, x)?;
+        let parts = norm_parts(n);
+        let partial = self.alloc_temp(OP, &[parts as usize])?;
+        let first: Args = [
+            ptr(self.ptr(OP, &partial)?),
+            ptr(self.ptr(OP, &xc)?),
+            u64a(n as usize),
+        ]
+        .into_iter()
+        .collect();
+        let grid = LaunchConfig {
+            grid: (parts as u32, 1, 1),
+            block: (FLAT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::SumSquaresPartial, grid, &first)?;
+        let second: Args = [
+            ptr(self.ptr(OP, &out)?),
+            ptr(self.ptr(OP, &partial)?),
+            u64a(parts as usize),
+        ]
+        .into_iter()
+        .collect();
+        let one_block = LaunchConfig {
+            grid: (1, 1, 1),
+            block: (FLAT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::NormFinish, one_block, &second)?;
+        Ok(out)
+    }
+
+    pub(crate) fn clip_scale_fused(
+        &self,
+        x: &CudaTensor,
+        norm: &CudaTensor,
+        max_norm: f32,
+    ) -> Result<()> {
+        const OP: &str = "clip_scale";
+        validate::clip_scale(x, norm, max_norm)?;
+        let n = x.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        // The kernel scales dense memory in place; a view goes through a dense copy written back.
+        let xc = self.dense(OP, x)?;
+        let args: Args = [
+            ptr(self.ptr(OP, &xc)?),
+            ptr(self.ptr(OP, norm)?),
+            KernelArg::F32(max_norm),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::ClipScale, kernels::elementwise_config(n), &args)?;
+        if !x.is_contiguous() {
+            self.copy_view(OP, &xc, x)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn finite_gate_fused(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        dst: &CudaTensor,
+    ) -> Result<()> {
+        const OP: &str = "finite_gate";
+        validate::finite_gate(a, b, dst)?;
+        let args: Args = [
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, a)?),
+            ptr(self.ptr(OP, b)?),
+        ]
+        .into_iter()
+        .collect();
+        let one = LaunchConfig {
+            grid: (1, 1, 1),
+            block: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::FiniteGate, one, &args)
+    }
+
+    pub(crate) fn add_into_fused(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        const OP: &str = "add_into";
+        validate::add_into(src, dst)?;
+        let n = dst.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        if !(src.is_contiguous() && dst.is_contiguous()) {
+            let sum = self.add(dst, src)?;
+            return self.copy_into(&sum, dst);
+        }
+        // The dense binary kernel reads a[i] and b[i] before writing out[i] in the same
+        // thread, so out = a = dst is an in-place add.
+        let args: Args = [
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, src)?),
+            KernelArg::U32(binary_code(BinaryOp::Add)),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::Binary, kernels::elementwise_config(n), &args)
+    }
+}

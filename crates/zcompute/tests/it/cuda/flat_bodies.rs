@@ -1,0 +1,122 @@
+//! Bodies of the flat-buffer ops (`norm2`, `clip_scale`, `finite_gate`), generic over the
+//! driver: the CUDA backend's fused kernels against the CPU backend's composed ops.
+
+use super::bodies::{TOL, View, assert_close, input};
+use zcompute::{Backend, CpuBackend, CpuTensor, CudaBackend};
+use zdevice::Driver;
+
+const CPU: CpuBackend = CpuBackend;
+
+/// `sqrt(sum x²)` matches the CPU and has the same bits when computed twice (fixed summation
+/// order: no atomics).
+pub fn norm2<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let x = input(gpu, shape, view, 41, -1.0, 1.0);
+    let xc = input(&CPU, shape, view, 41, -1.0, 1.0);
+    let ours = gpu.norm2(&x).expect("norm2");
+    let want = Backend::<f32>::norm2(&CPU, &xc).expect("cpu norm2");
+    assert_close(&format!("norm2 {shape:?} {view:?}"), gpu, &ours, &want, TOL);
+    let again = gpu.norm2(&x).expect("norm2 again");
+    let bits = |t| {
+        gpu.download(t)
+            .expect("download")
+            .iter()
+            .map(|v: &f32| v.to_bits())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        bits(&ours),
+        bits(&again),
+        "norm2 {shape:?}: two runs differ"
+    );
+}
+
+/// Clipping by a norm in device memory: scaled to `max_norm` above it, untouched below, NaN
+/// everywhere for a NaN norm; the same as the CPU's composed ops.
+pub fn clip_scale<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    for (max_norm, norm) in [(0.5f32, 2.0f32), (10.0, 2.0), (1.0, f32::NAN)] {
+        let x = input(gpu, shape, view, 42, -1.0, 1.0);
+        let xc = input(&CPU, shape, view, 42, -1.0, 1.0);
+        let n = gpu.upload(&[norm], &[]).expect("norm");
+        let nc = CpuTensor::from_vec(vec![norm], &[]).expect("norm");
+        gpu.clip_scale(&x, &n, max_norm).expect("clip_scale");
+        Backend::<f32>::clip_scale(&CPU, &xc, &nc, max_norm).expect("cpu clip_scale");
+        let what = format!("clip_scale {shape:?} {view:?} max {max_norm} norm {norm}");
+        if norm.is_nan() {
+            let got = gpu.download(&x).expect("download");
+            assert!(got.iter().all(|v| v.is_nan()), "{what}: {got:?}");
+            assert!(xc.to_vec().iter().all(|v| v.is_nan()), "{what}: cpu");
+        } else {
+            assert_close(&what, gpu, &x, &xc, TOL);
+        }
+    }
+}
+
+/// The gate is 0 for finite operands, NaN when either is NaN or infinite, on both backends.
+pub fn finite_gate<D: Driver>(gpu: &CudaBackend<D>) {
+    let cases = [
+        (1.5f32, -2.0f32, Some(0.0f32)),
+        (f32::NAN, 1.0, None),
+        (1.0, f32::INFINITY, None),
+        (f32::NEG_INFINITY, f32::NAN, None),
+    ];
+    for (a, b, want) in cases {
+        let (ta, tb) = (
+            gpu.upload(&[a], &[]).expect("a"),
+            gpu.upload(&[b], &[1]).expect("b"),
+        );
+        let dst = gpu.upload(&[7.0, 7.0, 7.0], &[3]).expect("dst");
+        let slot = dst.narrow(0, 2, 1).expect("narrow");
+        gpu.finite_gate(&ta, &tb, &slot).expect("finite_gate");
+        let got = gpu.download(&dst).expect("download");
+        let (ca, cb) = (
+            CpuTensor::from_vec(vec![a], &[]).expect("a"),
+            CpuTensor::from_vec(vec![b], &[1]).expect("b"),
+        );
+        let cdst = CpuTensor::from_vec(vec![7.0f32; 3], &[3]).expect("dst");
+        Backend::<f32>::finite_gate(&CPU, &ca, &cb, &cdst.narrow(0, 2, 1).expect("narrow"))
+            .expect("cpu finite_gate");
+        let cpu = cdst.to_vec();
+        assert_eq!(
+            &got[..2],
+            &[7.0, 7.0],
+            "finite_gate({a}, {b}) wrote outside dst"
+        );
+        match want {
+            Some(w) => assert!(got[2] == w && cpu[2] == w, "finite_gate({a}, {b}): {got:?}"),
+            None => assert!(
+                got[2].is_nan() && cpu[2].is_nan(),
+                "finite_gate({a}, {b}): {got:?} cpu {cpu:?}"
+            ),
+        }
+    }
+}
+
+/// `dst += src` in place, dense (one launch) and through views, the same as the CPU; memory
+/// next to a narrowed destination is left alone.
+pub fn add_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let dst = input(gpu, shape, view, 43, -1.0, 1.0);
+    let dst_c = input(&CPU, shape, view, 43, -1.0, 1.0);
+    let src = input(gpu, shape, View::Dense, 44, -1.0, 1.0);
+    let src_c = input(&CPU, shape, View::Dense, 44, -1.0, 1.0);
+    for _ in 0..2 {
+        gpu.add_into(&src, &dst).expect("add_into");
+        Backend::<f32>::add_into(&CPU, &src_c, &dst_c).expect("cpu add_into");
+    }
+    assert_close(
+        &format!("add_into {shape:?} {view:?}"),
+        gpu,
+        &dst,
+        &dst_c,
+        TOL,
+    );
+    let stored = gpu.upload(&vec![3.0f32; 2 * dst.numel()], &[2 * dst.numel()]);
+    let stored = stored.expect("stored");
+    let half = stored.narrow(0, 0, dst.numel()).expect("narrow");
+    let flat_src = src.reshape(&[src.numel()]).expect("reshape");
+    gpu.add_into(&flat_src, &half).expect("add_into a view");
+    let got = gpu.download(&stored).expect("download");
+    assert!(
+        got[dst.numel()..].iter().all(|&v| v == 3.0),
+        "add_into wrote past its view"
+    );
+}
