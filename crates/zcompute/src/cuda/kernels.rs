@@ -19,13 +19,17 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 3] = [
+pub(crate) const MODULES: [(&str, &str); 4] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
     ),
     ("rows", include_str!("../../../../kernels/ptx/rows.ptx")),
     ("train", include_str!("../../../../kernels/ptx/train.ptx")),
+    (
+        "attention",
+        include_str!("../../../../kernels/ptx/attention.ptx"),
+    ),
 ];
 
 /// Kinds of kernel parameters.
@@ -73,6 +77,9 @@ pub enum Kernel {
     LayerNormRowsV2,
     LayerNormRowsV4,
     LayerNormRowsV8,
+    /// Attention's core, fused per (batch, head) (`attention.cu`; see `cuda/attention.rs`).
+    QkNormAttention,
+    QkNormAttentionBackward,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -93,8 +100,16 @@ const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];
 /// has_bias, rows, n, eps.
 const LAYER_NORM: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32];
 
+/// Attention's forward: out, qkv, q weight, q bias, k weight, k bias, batch, seq, heads, dh,
+/// eps.
+const ATTENTION: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32];
+/// Attention's backward: g_qkv, partials, g, qkv, then the forward's parameters after qkv.
+const ATTENTION_BACKWARD: &[Param] = &[
+    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32,
+];
+
 impl Kernel {
-    pub const ALL: [Kernel; 26] = [
+    pub const ALL: [Kernel; 28] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -121,6 +136,8 @@ impl Kernel {
         Kernel::LayerNormRowsV2,
         Kernel::LayerNormRowsV4,
         Kernel::LayerNormRowsV8,
+        Kernel::QkNormAttention,
+        Kernel::QkNormAttentionBackward,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -228,6 +245,13 @@ impl Kernel {
                 2,
                 "zc_adamw_f32",
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, F32, U64],
+                0,
+            ),
+            Kernel::QkNormAttention => s(3, "zc_qk_norm_attention_f32", ATTENTION, 0),
+            Kernel::QkNormAttentionBackward => s(
+                3,
+                "zc_qk_norm_attention_backward_f32",
+                ATTENTION_BACKWARD,
                 0,
             ),
         }

@@ -10,6 +10,7 @@
 //! by kernel family in `twins/elementwise.rs`, `twins/reductions.rs`, `twins/rows.rs` and
 //! `twins/train.rs` (one per group of `kernels/*.cu` entries).
 
+mod attention;
 mod elementwise;
 mod reductions;
 mod rows;
@@ -58,6 +59,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormRowsV2 => rows::layer_norm_rows_vec::<2>,
         Kernel::LayerNormRowsV4 => rows::layer_norm_rows_vec::<4>,
         Kernel::LayerNormRowsV8 => rows::layer_norm_rows_vec::<8>,
+        Kernel::QkNormAttention => attention::forward,
+        Kernel::QkNormAttentionBackward => attention::backward,
     }
 }
 
