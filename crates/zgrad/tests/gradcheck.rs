@@ -296,7 +296,9 @@ fn k_bias_gradient_vanishes() {
     let qkv = p(rng.normal_vec(2 * 3 * 12), &[2, 3, 12]);
     let params: Vec<V> = (0..4).map(|_| p(rng.normal_vec(4), &[4])).collect();
     let out = tape
-        .qk_norm_attention(&qkv, &params[0], &params[1], &params[2], &params[3], 1, 1e-5)
+        .qk_norm_attention(
+            &qkv, &params[0], &params[1], &params[2], &params[3], 1, 1e-5,
+        )
         .unwrap();
     let w = Var::constant(
         zcompute::CpuTensor::from_vec(rng.normal_vec(out.value().numel()), out.shape()).unwrap(),
@@ -305,6 +307,12 @@ fn k_bias_gradient_vanishes() {
         .unwrap();
     let gkb = zcompute::Backend::download(&BE, params[3].grad().unwrap()).unwrap();
     let gkw = zcompute::Backend::download(&BE, params[2].grad().unwrap()).unwrap();
-    assert!(gkb.iter().all(|g| g.abs() < 1e-12), "k bias gradient {gkb:?}");
-    assert!(gkw.iter().any(|g| g.abs() > 1e-3), "k weight gradient {gkw:?}");
+    assert!(
+        gkb.iter().all(|g| g.abs() < 1e-12),
+        "k bias gradient {gkb:?}"
+    );
+    assert!(
+        gkw.iter().any(|g| g.abs() > 1e-3),
+        "k weight gradient {gkw:?}"
+    );
 }

@@ -67,7 +67,10 @@ fn head<T: Element>(qkv: &[T], a: Attention, p: &Params<T>, b: usize, h: usize) 
         for (part, w, bias) in [(0, &p.q_weight, &p.q_bias), (1, &p.k_weight, &p.k_bias)] {
             let start = at(a, b, s, part, h);
             let (xhat, rstd) = normalise(&qkv[start..start + dh], p.eps);
-            let affine = xhat.iter().zip(w.iter().zip(bias)).map(|(&x, (&w, &c))| x * w + c);
+            let affine = xhat
+                .iter()
+                .zip(w.iter().zip(bias))
+                .map(|(&x, (&w, &c))| x * w + c);
             if part == 0 {
                 hd.qn.extend(affine);
                 hd.qhat.extend(xhat);

@@ -101,7 +101,13 @@ fn attention<S: Storage>(
     ] {
         same_shape(name, t.shape(), &[dh])?;
     }
-    scalar_in(op, "eps", norm.eps, (0.0, f64::MAX, false), "a finite eps >= 0")?;
+    scalar_in(
+        op,
+        "eps",
+        norm.eps,
+        (0.0, f64::MAX, false),
+        "a finite eps >= 0",
+    )?;
     Ok(Attention {
         batch,
         seq,

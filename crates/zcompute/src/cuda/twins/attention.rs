@@ -26,7 +26,10 @@ fn launch_shape(
         dh: size(first + 3)?,
     };
     if a.seq == 0 || a.seq > FUSED_MAX_SEQ || a.dh == 0 || a.dh > FUSED_MAX_DH {
-        return Err(bad(first + 1, "sequence or head width outside the fused kernels' range"));
+        return Err(bad(
+            first + 1,
+            "sequence or head width outside the fused kernels' range",
+        ));
     }
     if config.grid.0 as usize != a.batch * a.heads || config.block.0 as usize != WARPS * 32 {
         return Err(bad(0, "launch is not one 8-warp block per (batch, head)"));
