@@ -312,32 +312,36 @@ fn cpu_f32_matches_f64(
 #[test]
 fn fused_kernels_are_taken_on_the_simulator() {
     let gpu = crate::cuda::mock();
-    let launches = |c: Case| -> (usize, usize) {
+    let launches = |c: Case, composite: bool| -> usize {
         let sim = gpu.device().driver();
         sim.clear_op_log();
-        let _ = run::<_, f32>(&gpu, c, false);
-        let log = sim.op_log();
+        let _ = run::<_, f32>(&gpu, c, composite);
         let is_launch = |r: &&zdevice::sim::OpRecord| {
             r.call == zdevice::sim::calls::LAUNCH_KERNEL
                 || r.call == zdevice::sim::calls::GEMM_STRIDED_BATCHED
         };
-        (log.iter().filter(is_launch).count(), log.len())
+        sim.op_log().iter().filter(is_launch).count()
     };
-    let fused = launches(Case {
+    let xasset = Case {
         batch: 3,
         seq: 12,
         heads: 4,
         dh: 64,
-    })
-    .0;
+    };
+    let (fused, before) = (launches(xasset, false), launches(xasset, true));
+    println!(
+        "attention core forward+backward {xasset:?}: composite {before} launches, fused {fused}"
+    );
     assert_eq!(fused, 2 + 1, "forward 1, backward 1 + one column reduction");
-    let composite = launches(Case {
-        batch: 1,
-        seq: 70,
-        heads: 2,
-        dh: 8,
-    })
-    .0;
+    let composite = launches(
+        Case {
+            batch: 1,
+            seq: 70,
+            heads: 2,
+            dh: 8,
+        },
+        false,
+    );
     assert!(composite > 10, "composite launches {composite}");
 }
 
