@@ -137,6 +137,15 @@ pub fn deterministic<D: Driver>(gpu: &CudaBackend<D>, c: Case) {
     assert_eq!(bits(&first), bits(&second), "{c:?}: two runs differ");
 }
 
+/// qkv shape, heads, k weight width, g shape, the error expected.
+type ErrorRow = (
+    &'static [usize],
+    usize,
+    usize,
+    &'static [usize],
+    &'static str,
+);
+
 /// Bad arguments give the same typed error on the CPU and on `gpu`.
 pub fn errors<D: Driver>(gpu: &CudaBackend<D>) {
     fn first_error<B: Backend<f32>>(
@@ -161,7 +170,7 @@ pub fn errors<D: Driver>(gpu: &CudaBackend<D>) {
         let show = |e: Option<ComputeError>| e.map_or("ok".to_string(), |e| format!("{e:?}"));
         format!("{} | {}", show(fwd), show(bwd))
     }
-    let table: [(&[usize], usize, usize, &[usize], &str); 6] = [
+    let table: [ErrorRow; 6] = [
         (&[2, 3, 24], 2, 4, &[2, 3, 8], "ok"),
         (&[3, 24], 2, 4, &[3, 8], "RankTooLow"),
         (&[2, 3, 25], 2, 4, &[2, 3, 8], "ShapeMismatch"),
@@ -310,6 +319,7 @@ fn cpu_f32_matches_f64(
 /// On the simulated device the fused shapes take the fused kernels (one launch forward; the
 /// backward kernel and the partials' column reduction), the others the composite.
 #[test]
+#[allow(clippy::print_stdout)] // the counts belong in the test's output (reported)
 fn fused_kernels_are_taken_on_the_simulator() {
     let gpu = crate::cuda::mock();
     let launches = |c: Case, composite: bool| -> usize {
