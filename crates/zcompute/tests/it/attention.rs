@@ -137,6 +137,77 @@ pub fn deterministic<D: Driver>(gpu: &CudaBackend<D>, c: Case) {
     assert_eq!(bits(&first), bits(&second), "{c:?}: two runs differ");
 }
 
+/// Forward and backward of the core into preallocated outputs (out, g_qkv, then the four
+/// parameter gradients): the body a capture records.
+fn core_into<B: Backend<f32>>(
+    b: &B,
+    qkv: &zcompute::BTensor<B, f32>,
+    g: &zcompute::BTensor<B, f32>,
+    params: &[zcompute::BTensor<B, f32>; 4],
+    heads: usize,
+    outs: &[zcompute::BTensor<B, f32>; 6],
+) -> zcompute::Result<()> {
+    let norm = QkNorm {
+        q_weight: &params[0],
+        q_bias: &params[1],
+        k_weight: &params[2],
+        k_bias: &params[3],
+        heads,
+        eps: 1e-5,
+    };
+    let out = b.qk_norm_attention(qkv, &norm)?;
+    let r = b.qk_norm_attention_backward(g, qkv, &norm)?;
+    let results = [out, r.qkv, r.q_weight, r.q_bias, r.k_weight, r.k_bias];
+    for (t, dst) in results.iter().zip(outs) {
+        b.copy_into(t, dst)?;
+    }
+    Ok(())
+}
+
+/// A captured forward+backward, replayed with fresh qkv and g, equals the eager run on the
+/// same inputs bit for bit.
+pub fn captured_equals_eager<D: Driver>(gpu: &CudaBackend<D>, c: Case) {
+    use zcompute::Capture;
+    let [qkv0, qw, qb, kw, kb, g0] = inputs(c);
+    let f32s = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
+    let up = |v: &[f64], shape: &[usize]| gpu.upload(&f32s(v), shape).expect("upload");
+    let (qkv_shape, out_shape) = ([c.batch, c.seq, 3 * c.width()], [c.batch, c.seq, c.width()]);
+    let qkv = up(&qkv0, &qkv_shape);
+    let g = up(&g0, &out_shape);
+    let params = [&qw, &qb, &kw, &kb].map(|v| up(v, &[c.dh]));
+    let shapes: [&[usize]; 6] = [&out_shape, &qkv_shape, &[c.dh], &[c.dh], &[c.dh], &[c.dh]];
+    let outs = shapes.map(|s| gpu.zeros(s).expect("output"));
+    let eager_outs = shapes.map(|s| gpu.zeros(s).expect("output"));
+    let body = {
+        let (be, qkv, g, params, outs) = (
+            gpu.clone(),
+            qkv.clone(),
+            g.clone(),
+            params.clone(),
+            outs.clone(),
+        );
+        Box::new(move || core_into(&be, &qkv, &g, &params, c.heads, &outs))
+    };
+    let mut graph = gpu.capture(body).expect("capture");
+    for r in 0..2u64 {
+        let fresh = |n: usize, seed: u64| f32s(&uniform(n, seed, -2.0, 2.0));
+        gpu.upload_into(&fresh(qkv0.len(), 500 + r), &qkv)
+            .expect("qkv");
+        gpu.upload_into(&fresh(g0.len(), 600 + r), &g).expect("g");
+        gpu.replay(&mut graph).expect("replay");
+        core_into(gpu, &qkv, &g, &params, c.heads, &eager_outs).expect("eager");
+        for (i, (cap, eager)) in outs.iter().zip(&eager_outs).enumerate() {
+            let (cap, eager) = (gpu.download(cap).unwrap(), gpu.download(eager).unwrap());
+            assert!(
+                cap.iter().all(|v| v.is_finite()),
+                "{c:?} output {i}: not finite"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&cap), bits(&eager), "{c:?} replay {r} output {i}");
+        }
+    }
+}
+
 /// qkv shape, heads, k weight width, g shape, the error expected.
 type ErrorRow = (
     &'static [usize],
@@ -246,6 +317,26 @@ macro_rules! attention_suite {
             #[case] dh: usize,
         ) {
             deterministic(
+                &$backend(),
+                Case {
+                    batch,
+                    seq,
+                    heads,
+                    dh,
+                },
+            );
+        }
+
+        #[rstest]
+        #[case::fused(3, 12, 4, 64)]
+        #[case::composite(1, 70, 2, 8)]
+        fn captured_equals_eager(
+            #[case] batch: usize,
+            #[case] seq: usize,
+            #[case] heads: usize,
+            #[case] dh: usize,
+        ) {
+            super::captured_equals_eager(
                 &$backend(),
                 Case {
                     batch,
