@@ -383,6 +383,30 @@ pub trait Backend<T: Element> {
         self.copy_into(&sum, dst)
     }
 
+    /// Attention's core after the qkv product (see [`crate::attention`]): `qkv [B, S, 3D]`
+    /// laid out `[B, S, 3, H, dh]` (q first) to `softmax(LN(q)·LN(k)ᵀ/sqrt(dh))·v` per batch
+    /// and head, heads concatenated `[B, S, D]`. The provided body composes it from the op set;
+    /// a backend may fuse it.
+    fn qk_norm_attention(
+        &self,
+        qkv: &BTensor<Self, T>,
+        norm: &crate::attention::QkNorm<'_, Self::Storage>,
+    ) -> Result<BTensor<Self, T>> {
+        crate::attention::composite_forward(self, qkv, norm)
+    }
+
+    /// The backward of [`Backend::qk_norm_attention`] from the output gradient `g [B, S, D]`:
+    /// the gradient of `qkv` and of the four LayerNorm parameters, recomputing the forward
+    /// from `qkv`. Deterministic on every backend (fixed-order sums, no atomics).
+    fn qk_norm_attention_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        qkv: &BTensor<Self, T>,
+        norm: &crate::attention::QkNorm<'_, Self::Storage>,
+    ) -> Result<crate::attention::QkNormAttentionGrads<Self::Storage>> {
+        crate::attention::composite_backward(self, g, qkv, norm)
+    }
+
     // Provided shorthands over the op families.
 
     fn zeros(&self, shape: &[usize]) -> Result<BTensor<Self, T>> {

@@ -9,6 +9,7 @@
 //! Start from [`Engine`]: `Engine::cuda(ordinal)?`, `Engine::sim(capacity)?` or
 //! `Engine::cpu()`, with arena settings from one [`EngineConfig`].
 
+pub mod attention;
 pub mod backend;
 pub mod cpu;
 pub mod cuda;
@@ -20,6 +21,7 @@ pub mod storage;
 pub mod tensor;
 mod validate;
 
+pub use attention::{QkNorm, QkNormAttentionGrads};
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
     BinaryOp, Capture, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,

@@ -267,3 +267,52 @@ fn rows_and_losses(#[case] shapes: &str, #[case] f: OpFn) {
 fn views(#[case] shapes: &str, #[case] f: OpFn) {
     check(&parse(shapes), Dist::Normal, f);
 }
+
+/// A fixed k bias: attention's output does not depend on it (it adds `q·b` to every score of
+/// a row, which softmax cancels), so its gradient is zero up to rounding and a relative
+/// difference is meaningless; `k_bias_gradient_vanishes` checks that one instead.
+fn fixed_k_bias(dh: usize) -> V {
+    let data: Vec<f64> = (0..dh).map(|i| 0.3 - 0.2 * i as f64).collect();
+    Var::constant(zcompute::CpuTensor::from_vec(data, &[dh]).unwrap())
+}
+
+/// Attention's core (one node): qkv `[B, S, 3D]`, then q weight, q bias and k weight `[dh]`.
+#[rstest]
+#[case::one_head("2,3,12;4;4;4", |t: &Tp<'_>, x: &[V]| {
+    t.qk_norm_attention(&x[0], &x[1], &x[2], &x[3], &fixed_k_bias(4), 1, 1e-5)
+})]
+#[case::two_odd_heads("1,5,18;3;3;3", |t: &Tp<'_>, x: &[V]| {
+    t.qk_norm_attention(&x[0], &x[1], &x[2], &x[3], &fixed_k_bias(3), 2, 1e-5)
+})]
+fn qk_norm_attention(#[case] shapes: &str, #[case] f: OpFn) {
+    check(&parse(shapes), Dist::Normal, f);
+}
+
+#[test]
+fn k_bias_gradient_vanishes() {
+    let mut rng = SplitMix64::new(7);
+    let tape = Tape::new(&BE);
+    let p = |data: Vec<f64>, shape: &[usize]| Var::parameter_from(&BE, &data, shape).unwrap();
+    let qkv = p(rng.normal_vec(2 * 3 * 12), &[2, 3, 12]);
+    let params: Vec<V> = (0..4).map(|_| p(rng.normal_vec(4), &[4])).collect();
+    let out = tape
+        .qk_norm_attention(
+            &qkv, &params[0], &params[1], &params[2], &params[3], 1, 1e-5,
+        )
+        .unwrap();
+    let w = Var::constant(
+        zcompute::CpuTensor::from_vec(rng.normal_vec(out.value().numel()), out.shape()).unwrap(),
+    );
+    tape.backward(&tape.sum_all(&tape.mul(&out, &w).unwrap()).unwrap())
+        .unwrap();
+    let gkb = zcompute::Backend::download(&BE, params[3].grad().unwrap()).unwrap();
+    let gkw = zcompute::Backend::download(&BE, params[2].grad().unwrap()).unwrap();
+    assert!(
+        gkb.iter().all(|g| g.abs() < 1e-12),
+        "k bias gradient {gkb:?}"
+    );
+    assert!(
+        gkw.iter().any(|g| g.abs() > 1e-3),
+        "k weight gradient {gkw:?}"
+    );
+}

@@ -2,6 +2,7 @@
 //! the CUDA backend is tested against, so it favours plain, checkable loops (one gather into
 //! logical order, then dense row-wise work) over speed; only matrix products use a tuned kernel.
 
+pub(crate) mod attention;
 mod elementwise;
 pub(crate) mod math;
 mod matmul;
@@ -114,6 +115,23 @@ impl<T: Element> Backend<T> for CpuBackend {
         keepdim: bool,
     ) -> Result<CpuTensor<T>> {
         reduce::reduce(op, x, axis, keepdim)
+    }
+
+    fn qk_norm_attention(
+        &self,
+        qkv: &CpuTensor<T>,
+        norm: &crate::attention::QkNorm<'_, CpuStorage<T>>,
+    ) -> Result<CpuTensor<T>> {
+        attention::forward(qkv, norm)
+    }
+
+    fn qk_norm_attention_backward(
+        &self,
+        g: &CpuTensor<T>,
+        qkv: &CpuTensor<T>,
+        norm: &crate::attention::QkNorm<'_, CpuStorage<T>>,
+    ) -> Result<crate::attention::QkNormAttentionGrads<CpuStorage<T>>> {
+        attention::backward(g, qkv, norm)
     }
 
     fn softmax_last(&self, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {

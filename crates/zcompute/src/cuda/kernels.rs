@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 4] = [
+pub(crate) const MODULES: [(&str, &str); 5] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -27,6 +27,10 @@ pub(crate) const MODULES: [(&str, &str); 4] = [
     ("rows", include_str!("../../../../kernels/ptx/rows.ptx")),
     ("train", include_str!("../../../../kernels/ptx/train.ptx")),
     ("flat", include_str!("../../../../kernels/ptx/flat.ptx")),
+    (
+        "attention",
+        include_str!("../../../../kernels/ptx/attention.ptx"),
+    ),
 ];
 
 /// Kinds of kernel parameters.
@@ -80,6 +84,9 @@ pub enum Kernel {
     NormFinish,
     ClipScale,
     FiniteGate,
+    /// Attention's core, fused per (batch, head) (`attention.cu`; see `cuda/attention.rs`).
+    QkNormAttention,
+    QkNormAttentionBackward,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -100,8 +107,16 @@ const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];
 /// has_bias, rows, n, eps.
 const LAYER_NORM: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32];
 
+/// Attention's forward: out, qkv, q weight, q bias, k weight, k bias, batch, seq, heads, dh,
+/// eps.
+const ATTENTION: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32];
+/// Attention's backward: g_qkv, partials, g, qkv, then the forward's parameters after qkv.
+const ATTENTION_BACKWARD: &[Param] = &[
+    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32,
+];
+
 impl Kernel {
-    pub const ALL: [Kernel; 30] = [
+    pub const ALL: [Kernel; 32] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -132,6 +147,8 @@ impl Kernel {
         Kernel::NormFinish,
         Kernel::ClipScale,
         Kernel::FiniteGate,
+        Kernel::QkNormAttention,
+        Kernel::QkNormAttentionBackward,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -245,6 +262,13 @@ impl Kernel {
             Kernel::NormFinish => s(3, "zc_norm_finish_f32", &[Ptr, Ptr, U64], 0),
             Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
             Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
+            Kernel::QkNormAttention => s(3, "zc_qk_norm_attention_f32", ATTENTION, 0),
+            Kernel::QkNormAttentionBackward => s(
+                3,
+                "zc_qk_norm_attention_backward_f32",
+                ATTENTION_BACKWARD,
+                0,
+            ),
         }
     }
 }

@@ -311,6 +311,23 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.add_into_fused(src, dst)
     }
 
+    fn qk_norm_attention(
+        &self,
+        qkv: &CudaTensor,
+        norm: &crate::attention::QkNorm<'_, CudaStorage>,
+    ) -> Result<CudaTensor> {
+        self.qk_norm_attention_fused(qkv, norm)
+    }
+
+    fn qk_norm_attention_backward(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &crate::attention::QkNorm<'_, CudaStorage>,
+    ) -> Result<crate::attention::QkNormAttentionGrads<CudaStorage>> {
+        self.qk_norm_attention_backward_fused(g, qkv, norm)
+    }
+
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor, opts: MatmulOpts) -> Result<CudaTensor> {
         self.matmul_gemm(a, b, opts)
     }

@@ -10,6 +10,7 @@
 //! by kernel family in `twins/elementwise.rs`, `twins/reductions.rs`, `twins/rows.rs`,
 //! `twins/train.rs` and `twins/flat.rs` (one per group of `kernels/*.cu` entries).
 
+mod attention;
 mod elementwise;
 mod flat;
 mod reductions;
@@ -63,6 +64,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::NormFinish => flat::norm_finish,
         Kernel::ClipScale => flat::clip_scale,
         Kernel::FiniteGate => flat::finite_gate,
+        Kernel::QkNormAttention => attention::forward,
+        Kernel::QkNormAttentionBackward => attention::backward,
     }
 }
 

@@ -19,9 +19,11 @@
 //! Ops with no constraint on their arguments (`unary`, `binary_scalar`, `contiguous`,
 //! `download`: any tensor is valid, the output has the input's shape) have no function here.
 
+mod attention;
 mod flat;
 mod ops;
 
+pub(crate) use attention::*;
 pub(crate) use flat::*;
 pub(crate) use ops::*;
 

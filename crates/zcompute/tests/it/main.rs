@@ -1,5 +1,6 @@
 //! zcompute integration tests: one binary, one module per area.
 
+mod attention;
 mod binary;
 mod common;
 mod cuda;

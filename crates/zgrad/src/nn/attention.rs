@@ -56,14 +56,28 @@ impl<B: Backend<T>, T: Element> QkNormAttention<B, T> {
         })
     }
 
-    /// `x [B, S, D] -> [B, S, D]`.
+    /// `x [B, S, D] -> [B, S, D]`: the qkv product, attention's core as one tape node
+    /// (`Tape::qk_norm_attention`: fused on the device for short sequences), the o product.
     pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
-        let &[batch, seq, width] = x.shape() else {
-            return Err(GradError::BadInput(format!(
-                "attention input must be [B, S, D], got {:?}",
-                x.shape()
-            )));
-        };
+        self.check_input(x)?;
+        let qkv = self.qkv.forward(tape, x)?;
+        let a = tape.qk_norm_attention(
+            &qkv,
+            &self.qn.weight,
+            &self.qn.bias,
+            &self.kn.weight,
+            &self.kn.bias,
+            self.heads,
+            T::from_f64(self.qn.eps),
+        )?;
+        self.o.forward(tape, &a)
+    }
+
+    /// The same function as [`Self::forward`] composed of separate tape ops (reshape and
+    /// permute copies, two LayerNorms, batched products, softmax), as the model ran before the
+    /// fused core: kept as the reference the fused path is tested and measured against.
+    pub fn forward_composite(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
+        let (batch, seq, width) = self.check_input(x)?;
         let h = self.heads;
         let dh = width / h;
         let qkv = self.qkv.forward(tape, x)?;
@@ -87,5 +101,17 @@ impl<B: Backend<T>, T: Element> QkNormAttention<B, T> {
         let a = tape.contiguous(&tape.permute(&a, &[0, 2, 1, 3])?)?;
         let a = tape.reshape(&a, &[batch, seq, width])?;
         self.o.forward(tape, &a)
+    }
+
+    /// `(B, S, D)` of an input `[B, S, D]` whose width is this block's.
+    fn check_input(&self, x: &Var<B, T>) -> Result<(usize, usize, usize)> {
+        match *x.shape() {
+            [batch, seq, width] if width == self.o.out_features() => Ok((batch, seq, width)),
+            _ => Err(GradError::BadInput(format!(
+                "attention input must be [B, S, {}], got {:?}",
+                self.o.out_features(),
+                x.shape()
+            ))),
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! ones (`fill`, `copy_into`, `upload_into`, `adamw_step`) are methods of `Var` and the
 //! optimisers, which bump versions instead of recording.
 
+mod attention;
 mod elementwise;
 mod linalg;
 mod reduce;

@@ -1,0 +1,192 @@
+//! QK-normalised attention's core as one op pair: from the qkv projection `[B, S, 3D]` (laid
+//! out `[B, S, 3, H, dh]`, q first) to the heads' outputs concatenated `[B, S, D]`, with
+//! LayerNorm of q and k over `dh`, scores scaled by `1/sqrt(dh)`, softmax over keys and `A·v`.
+//! The backward recomputes the forward from `qkv` (cheap at the short sequences it is built
+//! for), so the forward saves nothing but its input.
+//!
+//! This file holds the op's argument types and the composite over the op set (reshape and
+//! permute copies, two LayerNorms, batched products, softmax) that `Backend` provides and that
+//! a device backend falls back to for shapes its fused kernels do not take.
+
+use crate::backend::{Backend, MatmulOpts};
+use crate::element::Element;
+use crate::error::Result;
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+use crate::validate;
+
+/// The QK-norm parameters and the head split of attention's core: LayerNorm weight and bias of
+/// q and of k (each `[dh]`), the head count `H` (dividing the width `D`) and LayerNorm's eps.
+#[derive(Debug)]
+pub struct QkNorm<'a, S: Storage> {
+    pub q_weight: &'a Tensor<S>,
+    pub q_bias: &'a Tensor<S>,
+    pub k_weight: &'a Tensor<S>,
+    pub k_bias: &'a Tensor<S>,
+    pub heads: usize,
+    pub eps: S::Elem,
+}
+
+/// What [`Backend::qk_norm_attention_backward`] returns: the gradient of `qkv` (`[B, S, 3D]`)
+/// and of the four LayerNorm parameters (each `[dh]`).
+#[derive(Clone, Debug)]
+pub struct QkNormAttentionGrads<S: Storage> {
+    pub qkv: Tensor<S>,
+    pub q_weight: Tensor<S>,
+    pub q_bias: Tensor<S>,
+    pub k_weight: Tensor<S>,
+    pub k_bias: Tensor<S>,
+}
+
+/// The forward's intermediates in the head-major layout `[B, H, S, dh]` (`probs` `[B, H, S, S]`).
+struct Heads<S: Storage> {
+    /// q and k before their LayerNorm, and v (dense copies out of `qkv`).
+    q: Tensor<S>,
+    k: Tensor<S>,
+    v: Tensor<S>,
+    qn: crate::backend::LayerNormOut<S>,
+    kn: crate::backend::LayerNormOut<S>,
+    probs: Tensor<S>,
+}
+
+const NT: MatmulOpts = MatmulOpts {
+    trans_a: false,
+    trans_b: true,
+};
+const TN: MatmulOpts = MatmulOpts {
+    trans_a: true,
+    trans_b: false,
+};
+
+fn heads_forward<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+    a: validate::Attention,
+) -> Result<Heads<B::Storage>> {
+    // [B, S, 3, H, dh] -> [3, B, H, S, dh]; a narrow of the first axis gives q, k, v.
+    let split = qkv
+        .reshape(&[a.batch, a.seq, 3, a.heads, a.dh])?
+        .permute(&[2, 0, 3, 1, 4])?;
+    let heads_shape = [a.batch, a.heads, a.seq, a.dh];
+    let part = |i: usize| -> Result<Tensor<B::Storage>> {
+        b.contiguous(&split.narrow(0, i, 1)?)?.reshape(&heads_shape)
+    };
+    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let qn = b.layer_norm(&q, Some(norm.q_weight), Some(norm.q_bias), norm.eps)?;
+    let kn = b.layer_norm(&k, Some(norm.k_weight), Some(norm.k_bias), norm.eps)?;
+    let scores = b.matmul(&qn.out, &kn.out, NT)?;
+    let scores = b.binary_scalar(
+        crate::backend::BinaryOp::Mul,
+        &scores,
+        a.scale::<T>(),
+        crate::backend::ScalarSide::Rhs,
+    )?;
+    let probs = b.softmax_last(&scores)?;
+    Ok(Heads {
+        q,
+        k,
+        v,
+        qn,
+        kn,
+        probs,
+    })
+}
+
+/// `[B, H, S, dh]` -> `[B, S, H, dh]` dense -> `[B, S, D]`.
+fn concat_heads<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    x: &Tensor<B::Storage>,
+    a: validate::Attention,
+) -> Result<Tensor<B::Storage>> {
+    b.contiguous(&x.permute(&[0, 2, 1, 3])?)?
+        .reshape(&[a.batch, a.seq, a.heads * a.dh])
+}
+
+/// The forward as today's composite of the op set (the reference the fused kernels replace).
+pub fn composite_forward<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+) -> Result<Tensor<B::Storage>> {
+    let a = validate::qk_norm_attention(qkv, norm)?;
+    if a.is_empty() {
+        return b.zeros(&[a.batch, a.seq, a.heads * a.dh]);
+    }
+    let h = heads_forward(b, qkv, norm, a)?;
+    let out = b.matmul(&h.probs, &h.v, MatmulOpts::default())?;
+    concat_heads(b, &out, a)
+}
+
+/// The backward as a composite of the op set: the forward recomputed, then the chain rule
+/// through `A·v`, softmax, the scaled `q·kᵀ` and both LayerNorms.
+pub fn composite_backward<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    g: &Tensor<B::Storage>,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+) -> Result<QkNormAttentionGrads<B::Storage>> {
+    let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
+    if a.is_empty() {
+        let dh = [a.dh];
+        return Ok(QkNormAttentionGrads {
+            qkv: b.zeros(qkv.shape())?,
+            q_weight: b.zeros(&dh)?,
+            q_bias: b.zeros(&dh)?,
+            k_weight: b.zeros(&dh)?,
+            k_bias: b.zeros(&dh)?,
+        });
+    }
+    let h = heads_forward(b, qkv, norm, a)?;
+    // g [B, S, D] -> [B, H, S, dh]
+    let go = b.contiguous(
+        &g.reshape(&[a.batch, a.seq, a.heads, a.dh])?
+            .permute(&[0, 2, 1, 3])?,
+    )?;
+    let dv = b.matmul(&h.probs, &go, TN)?;
+    let dp = b.matmul(&go, &h.v, NT)?;
+    let ds = b.softmax_backward(&dp, &h.probs)?;
+    let ds = b.binary_scalar(
+        crate::backend::BinaryOp::Mul,
+        &ds,
+        a.scale::<T>(),
+        crate::backend::ScalarSide::Rhs,
+    )?;
+    let dqn = b.matmul(&ds, &h.kn.out, MatmulOpts::default())?;
+    let dkn = b.matmul(&ds, &h.qn.out, TN)?;
+    let rows = [a.batch * a.heads * a.seq, a.dh];
+    let ln = |g: &Tensor<B::Storage>,
+              x: &Tensor<B::Storage>,
+              stats: &crate::backend::LayerNormOut<B::Storage>,
+              w: &Tensor<B::Storage>|
+     -> Result<[Tensor<B::Storage>; 3]> {
+        let r = b.layer_norm_backward(g, x, &stats.mean, &stats.rstd, Some(w), [true, true])?;
+        let missing = || crate::error::ComputeError::LengthMismatch {
+            op: "qk_norm_attention_backward (layer_norm_backward results)",
+            expected: 2,
+            got: 1,
+        };
+        let gx = r.input.ok_or_else(missing)?;
+        let gw = b.sum(&r.g_xhat.ok_or_else(missing)?.reshape(&rows)?, 0, false)?;
+        let gb = b.sum(&g.reshape(&rows)?, 0, false)?;
+        Ok([gx, gw, gb])
+    };
+    let [dq, dqw, dqb] = ln(&dqn, &h.q, &h.qn, norm.q_weight)?;
+    let [dk, dkw, dkb] = ln(&dkn, &h.k, &h.kn, norm.k_weight)?;
+    // Written back through [3, B, H, S, dh] views of a [B, S, 3, H, dh] gradient.
+    let g_qkv = b.zeros(&[a.batch, a.seq, 3 * a.heads * a.dh])?;
+    let dst = g_qkv
+        .reshape(&[a.batch, a.seq, 3, a.heads, a.dh])?
+        .permute(&[2, 0, 3, 1, 4])?;
+    for (i, part) in [dq, dk, dv].iter().enumerate() {
+        let view = dst.narrow(0, i, 1)?;
+        b.copy_into(&part.reshape(view.shape())?, &view)?;
+    }
+    Ok(QkNormAttentionGrads {
+        qkv: g_qkv,
+        q_weight: dqw,
+        q_bias: dqb,
+        k_weight: dkw,
+        k_bias: dkb,
+    })
+}

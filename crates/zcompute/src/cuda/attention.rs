@@ -1,0 +1,126 @@
+//! Attention's core on the device: the fused kernels of `kernels/attention.cu` (one block per
+//! (batch, head), q, k, v read in the projection's layout) for the short sequences they are
+//! built for, and the composite of the op set (`crate::attention`) for every other shape. The
+//! backward kernel writes per-(batch, head) rows of LayerNorm parameter partials that one
+//! column reduction sums in a fixed order: no atomics, two runs give the same bits.
+
+use super::kernels::{Args, Kernel, ptr};
+use super::{CudaBackend, CudaStorage, CudaTensor};
+use crate::attention::{QkNorm, QkNormAttentionGrads, composite_backward, composite_forward};
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::validate::{self, Attention};
+use zdevice::{Driver, KernelArg, LaunchConfig};
+
+/// Longest sequence the fused kernels take (their per-row loops are sized for short ones).
+pub(crate) const FUSED_MAX_SEQ: usize = 64;
+/// Widest head the fused kernels take.
+pub(crate) const FUSED_MAX_DH: usize = 256;
+/// Dynamic shared memory a launch may use without the per-function opt-in (48 KiB on every
+/// GPU since compute 2.0); larger heads go to the composite.
+pub(crate) const FUSED_MAX_SHARED: usize = 48 * 1024;
+/// Warps per block (`ATTN_WARPS` in attention.cu).
+pub(crate) const WARPS: usize = 8;
+
+/// Shared memory of the forward kernel: kn and v, one q row and one probability row per warp.
+pub(crate) fn forward_shared_bytes(a: Attention) -> usize {
+    4 * (2 * a.seq * a.dh + WARPS * (a.dh + a.seq))
+}
+
+/// Shared memory of the backward kernel: qhat, khat, v, go `[S, dh]`, P and dS `[S, S]`, two
+/// rstd rows.
+pub(crate) fn backward_shared_bytes(a: Attention) -> usize {
+    4 * (4 * a.seq * a.dh + 2 * a.seq * a.seq + 2 * a.seq)
+}
+
+/// The launch of a fused kernel needing `shared` bytes, or `None` where the shape is outside
+/// what the kernels take (the caller runs the composite).
+pub(crate) fn fused_config(a: Attention, shared: usize) -> Option<LaunchConfig> {
+    let blocks = u32::try_from(a.batch.checked_mul(a.heads)?).ok()?;
+    let fits = !a.is_empty()
+        && a.seq <= FUSED_MAX_SEQ
+        && a.dh <= FUSED_MAX_DH
+        && shared <= FUSED_MAX_SHARED
+        && blocks < i32::MAX as u32;
+    fits.then(|| LaunchConfig {
+        grid: (blocks, 1, 1),
+        block: (WARPS as u32 * 32, 1, 1),
+        shared_mem_bytes: shared as u32,
+    })
+}
+
+fn sizes(a: Attention) -> [KernelArg; 4] {
+    // The fused shapes are small (checked by `fused_config`), so each size fits in 32 bits.
+    [a.batch, a.seq, a.heads, a.dh].map(|v| KernelArg::U32(v as u32))
+}
+
+impl<D: Driver> CudaBackend<D> {
+    /// Dense copies (or the tensors themselves) of the LayerNorm parameters, as kernel
+    /// arguments in the kernels' order.
+    fn norm_args(&self, op: &'static str, norm: &QkNorm<'_, CudaStorage>) -> Result<Args> {
+        let mut args = Args::new();
+        for t in [norm.q_weight, norm.q_bias, norm.k_weight, norm.k_bias] {
+            let t = self.dense(op, t)?;
+            args.push(ptr(self.ptr(op, &t)?));
+        }
+        Ok(args)
+    }
+
+    pub(crate) fn qk_norm_attention_fused(
+        &self,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "qk_norm_attention";
+        let a = validate::qk_norm_attention(qkv, norm)?;
+        let Some(config) = fused_config(a, forward_shared_bytes(a)) else {
+            return composite_forward(self, qkv, norm);
+        };
+        let out = self.alloc(OP, &[a.batch, a.seq, a.heads * a.dh])?;
+        let src = self.dense(OP, qkv)?;
+        let mut args: Args = [ptr(self.ptr(OP, &out)?), ptr(self.ptr(OP, &src)?)]
+            .into_iter()
+            .collect();
+        args.extend(self.norm_args(OP, norm)?);
+        args.extend(sizes(a));
+        args.push(KernelArg::F32(norm.eps));
+        self.launch(OP, Kernel::QkNormAttention, config, &args)?;
+        Ok(out)
+    }
+
+    pub(crate) fn qk_norm_attention_backward_fused(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+    ) -> Result<QkNormAttentionGrads<CudaStorage>> {
+        const OP: &str = "qk_norm_attention_backward";
+        let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
+        let Some(config) = fused_config(a, backward_shared_bytes(a)) else {
+            return composite_backward(self, g, qkv, norm);
+        };
+        let g_qkv = self.alloc(OP, qkv.shape())?;
+        let rows = a.batch * a.heads;
+        let partials = self.alloc_temp(OP, &[rows, 4 * a.dh])?;
+        let (gc, src) = (self.dense(OP, g)?, self.dense(OP, qkv)?);
+        let mut args: Args = [&g_qkv, &partials, &gc, &src]
+            .into_iter()
+            .map(|t| self.ptr(OP, t).map(ptr))
+            .collect::<Result<_>>()?;
+        args.extend(self.norm_args(OP, norm)?);
+        args.extend(sizes(a));
+        args.push(KernelArg::F32(norm.eps));
+        self.launch(OP, Kernel::QkNormAttentionBackward, config, &args)?;
+        // One fixed-order column reduction over the (batch, head) rows: [4 * dh], then a view
+        // per parameter.
+        let sums = self.sum(&partials, 0, false)?.reshape(&[4, a.dh])?;
+        let part = |k: usize| sums.narrow(0, k, 1)?.reshape(&[a.dh]);
+        Ok(QkNormAttentionGrads {
+            qkv: g_qkv,
+            q_weight: part(0)?,
+            q_bias: part(1)?,
+            k_weight: part(2)?,
+            k_bias: part(3)?,
+        })
+    }
+}

@@ -1,0 +1,228 @@
+// Attention's core after the qkv product, fused: one block per (batch, head), reading q, k, v
+// straight out of qkv [B, S, 3, H, dh] (q first), with QK-norm (LayerNorm of q and k over dh),
+// scores scaled by 1/sqrt(dh), softmax over keys and P·v, writing the head's slice of
+// out [B, S, H*dh]. For short sequences (S <= 64, dh <= 256, the host checks the shared memory
+// fits); the host falls back to the composite of row kernels and gemms otherwise. Every sum
+// runs in a fixed order (warp trees or plain loops): two runs give the same bits.
+#include "common.cuh"
+
+#define ATTN_WARPS 8
+
+// LayerNorm of one dh-wide row by one warp: src -> dst (xhat * w + b when w is not null, else
+// xhat); returns rstd. Two passes (mean, then squared deviations), as the CPU reference.
+__device__ __forceinline__ float attn_norm_row(float* dst, const float* src, const float* w,
+                                               const float* b, unsigned dh, float eps,
+                                               unsigned lane) {
+    float sum = 0.0f;
+    for (unsigned d = lane; d < dh; d += 32) {
+        float x = src[d];
+        dst[d] = x;
+        sum += x;
+    }
+    float mean = warp_sum(sum) / (float)dh;
+    float sq = 0.0f;
+    for (unsigned d = lane; d < dh; d += 32) {
+        float c = dst[d] - mean;
+        sq += c * c;
+    }
+    float rstd = 1.0f / sqrtf(warp_sum(sq) / (float)dh + eps);
+    for (unsigned d = lane; d < dh; d += 32) {
+        float xhat = (dst[d] - mean) * rstd;
+        dst[d] = w ? xhat * w[d] + b[d] : xhat;
+    }
+    return rstd;
+}
+
+// Softmax of one S-wide row in shared memory by one warp, in place.
+__device__ __forceinline__ void attn_softmax_row(float* p, unsigned seq, unsigned lane) {
+    float m = -INFINITY;
+    for (unsigned j = lane; j < seq; j += 32) m = zc_maximum(m, p[j]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (unsigned j = lane; j < seq; j += 32) {
+        float e = expf(p[j] - m);
+        p[j] = e;
+        sum += e;
+    }
+    sum = warp_sum(sum);
+    __syncwarp();
+    float inv = 1.0f / sum;
+    for (unsigned j = lane; j < seq; j += 32) p[j] *= inv;
+    __syncwarp();
+}
+
+// Forward. Grid: batch * heads blocks of ATTN_WARPS warps. Shared memory (floats):
+// kn [S*dh], v [S*dh], one q row [dh] and one probability row [S] per warp.
+extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv,
+                                                   const float* qw, const float* qb,
+                                                   const float* kw, const float* kb,
+                                                   unsigned batch, unsigned seq,
+                                                   unsigned heads, unsigned dh, float eps) {
+    extern __shared__ float sm[];
+    const unsigned bh = blockIdx.x;
+    if (bh >= batch * heads) return;
+    const unsigned b = bh / heads, h = bh % heads;
+    const unsigned width = heads * dh;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* kn = sm;
+    float* vs = kn + seq * dh;
+    float* qrow = vs + seq * dh + warp * dh;
+    float* prow = vs + seq * dh + ATTN_WARPS * dh + warp * seq;
+    const u64 row_stride = 3ull * width;
+    const float* base = qkv + (u64)b * seq * row_stride + (u64)h * dh;
+    for (unsigned r = warp; r < seq; r += ATTN_WARPS) {
+        const float* src = base + (u64)r * row_stride;
+        attn_norm_row(kn + r * dh, src + width, kw, kb, dh, eps, lane);
+        for (unsigned d = lane; d < dh; d += 32) vs[r * dh + d] = src[2 * width + d];
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)dh);
+    for (unsigned i = warp; i < seq; i += ATTN_WARPS) {
+        attn_norm_row(qrow, base + (u64)i * row_stride, qw, qb, dh, eps, lane);
+        __syncwarp();
+        for (unsigned j = lane; j < seq; j += 32) {
+            float s = 0.0f;
+            for (unsigned d = 0; d < dh; ++d) s += qrow[d] * kn[j * dh + d];
+            prow[j] = s * scale;
+        }
+        __syncwarp();
+        attn_softmax_row(prow, seq, lane);
+        float* dst = out + ((u64)b * seq + i) * width + (u64)h * dh;
+        for (unsigned d = lane; d < dh; d += 32) {
+            float acc = 0.0f;
+            for (unsigned j = 0; j < seq; ++j) acc += prow[j] * vs[j * dh + d];
+            dst[d] = acc;
+        }
+        __syncwarp();
+    }
+}
+
+// Backward, recomputing the forward. Grid: batch * heads blocks of ATTN_WARPS warps. Writes
+// the head's slices of g_qkv [B, S, 3*H*dh] and its row of partials [B*H, 4, dh] (q weight,
+// q bias, k weight, k bias gradients of this head; the host sums the rows in order).
+// Shared memory (floats): qhat, khat, v (later dkn), go (later dqn) [S*dh each], P and dS
+// [S*S each], q and k rstd [S each].
+extern "C" __global__ void zc_qk_norm_attention_backward_f32(
+    float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,
+    const float* qb, const float* kw, const float* kb, unsigned batch, unsigned seq,
+    unsigned heads, unsigned dh, float eps) {
+    extern __shared__ float sm[];
+    const unsigned bh = blockIdx.x;
+    if (bh >= batch * heads) return;
+    const unsigned b = bh / heads, h = bh % heads;
+    const unsigned width = heads * dh;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned sd = seq * dh, ss = seq * seq;
+    float* qhat = sm;
+    float* khat = qhat + sd;
+    float* vs = khat + sd;  // v, then dkn
+    float* go = vs + sd;    // the output gradient, then dqn
+    float* p = go + sd;
+    float* ds = p + ss;
+    float* qrstd = ds + ss;
+    float* krstd = qrstd + seq;
+    const u64 row_stride = 3ull * width;
+    const float* base = qkv + (u64)b * seq * row_stride + (u64)h * dh;
+    float* gbase = g_qkv + (u64)b * seq * row_stride + (u64)h * dh;
+    const float* gin = g + (u64)b * seq * width + (u64)h * dh;
+    for (unsigned r = warp; r < seq; r += ATTN_WARPS) {
+        const float* src = base + (u64)r * row_stride;
+        float rq = attn_norm_row(qhat + r * dh, src, nullptr, nullptr, dh, eps, lane);
+        float rk = attn_norm_row(khat + r * dh, src + width, nullptr, nullptr, dh, eps, lane);
+        if (lane == 0) {
+            qrstd[r] = rq;
+            krstd[r] = rk;
+        }
+        for (unsigned d = lane; d < dh; d += 32) {
+            vs[r * dh + d] = src[2 * width + d];
+            go[r * dh + d] = gin[(u64)r * width + d];
+        }
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)dh);
+    for (unsigned e = threadIdx.x; e < ss; e += blockDim.x) {
+        unsigned i = e / seq, j = e % seq;
+        float s = 0.0f;
+        for (unsigned d = 0; d < dh; ++d) {
+            s += (qhat[i * dh + d] * qw[d] + qb[d]) * (khat[j * dh + d] * kw[d] + kb[d]);
+        }
+        p[e] = s * scale;
+    }
+    __syncthreads();
+    for (unsigned i = warp; i < seq; i += ATTN_WARPS) attn_softmax_row(p + i * seq, seq, lane);
+    __syncthreads();
+    // dv = Pᵀ·go (to global), dP = go·vᵀ (into ds).
+    for (unsigned e = threadIdx.x; e < sd; e += blockDim.x) {
+        unsigned j = e / dh, d = e % dh;
+        float acc = 0.0f;
+        for (unsigned i = 0; i < seq; ++i) acc += p[i * seq + j] * go[i * dh + d];
+        gbase[(u64)j * row_stride + 2 * width + d] = acc;
+    }
+    for (unsigned e = threadIdx.x; e < ss; e += blockDim.x) {
+        unsigned i = e / seq, j = e % seq;
+        float acc = 0.0f;
+        for (unsigned d = 0; d < dh; ++d) acc += go[i * dh + d] * vs[j * dh + d];
+        ds[e] = acc;
+    }
+    __syncthreads();
+    // dS = P * (dP - rowsum(P * dP)) * scale, one warp per row.
+    for (unsigned i = warp; i < seq; i += ATTN_WARPS) {
+        float dot = 0.0f;
+        for (unsigned j = lane; j < seq; j += 32) dot += p[i * seq + j] * ds[i * seq + j];
+        dot = warp_sum(dot);
+        for (unsigned j = lane; j < seq; j += 32) {
+            float pj = p[i * seq + j];
+            ds[i * seq + j] = pj * (ds[i * seq + j] - dot) * scale;
+        }
+    }
+    __syncthreads();
+    // dqn = dS·kn (into go), dkn = dSᵀ·qn (into vs): go and v are no longer read.
+    for (unsigned e = threadIdx.x; e < sd; e += blockDim.x) {
+        unsigned i = e / dh, d = e % dh;
+        float aq = 0.0f, ak = 0.0f;
+        for (unsigned j = 0; j < seq; ++j) {
+            aq += ds[i * seq + j] * (khat[j * dh + d] * kw[d] + kb[d]);
+            ak += ds[j * seq + i] * (qhat[j * dh + d] * qw[d] + qb[d]);
+        }
+        go[e] = aq;
+        vs[e] = ak;
+    }
+    __syncthreads();
+    // This head's parameter partials, one thread per column, rows in order.
+    float* part = partials + (u64)bh * 4 * dh;
+    for (unsigned d = threadIdx.x; d < dh; d += blockDim.x) {
+        float gwq = 0.0f, gbq = 0.0f, gwk = 0.0f, gbk = 0.0f;
+        for (unsigned i = 0; i < seq; ++i) {
+            gwq += go[i * dh + d] * qhat[i * dh + d];
+            gbq += go[i * dh + d];
+            gwk += vs[i * dh + d] * khat[i * dh + d];
+            gbk += vs[i * dh + d];
+        }
+        part[d] = gwq;
+        part[dh + d] = gbq;
+        part[2 * dh + d] = gwk;
+        part[3 * dh + d] = gbk;
+    }
+    // LayerNorm's input gradients, one warp per row (q rows, then k rows):
+    // rstd * (gx - mean(gx) - xhat * mean(gx * xhat)), gx = dn * w.
+    for (unsigned r = warp; r < 2 * seq; r += ATTN_WARPS) {
+        const bool is_k = r >= seq;
+        const unsigned i = is_k ? r - seq : r;
+        const float* dn = (is_k ? vs : go) + i * dh;
+        const float* xh = (is_k ? khat : qhat) + i * dh;
+        const float* w = is_k ? kw : qw;
+        float s1 = 0.0f, s2 = 0.0f;
+        for (unsigned d = lane; d < dh; d += 32) {
+            float gx = dn[d] * w[d];
+            s1 += gx;
+            s2 += gx * xh[d];
+        }
+        float m1 = warp_sum(s1) / (float)dh;
+        float m2 = warp_sum(s2) / (float)dh;
+        float rstd = is_k ? krstd[i] : qrstd[i];
+        float* dst = gbase + (u64)i * row_stride + (is_k ? width : 0);
+        for (unsigned d = lane; d < dh; d += 32) {
+            dst[d] = rstd * (dn[d] * w[d] - m1 - xh[d] * m2);
+        }
+    }
+}
