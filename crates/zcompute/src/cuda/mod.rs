@@ -18,6 +18,7 @@
 
 mod backward;
 mod capture;
+mod fused;
 mod kernels;
 mod launch;
 mod matmul;

@@ -11,6 +11,7 @@
 //! `twins/train.rs` (one per group of `kernels/*.cu` entries).
 
 mod elementwise;
+mod fused;
 mod reductions;
 mod rows;
 mod train;
@@ -58,6 +59,12 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormRowsV2 => rows::layer_norm_rows_vec::<2>,
         Kernel::LayerNormRowsV4 => rows::layer_norm_rows_vec::<4>,
         Kernel::LayerNormRowsV8 => rows::layer_norm_rows_vec::<8>,
+        Kernel::BiasAct => fused::bias_act,
+        Kernel::TanhBackward => fused::tanh_backward,
+        Kernel::AddLayerNormRows => fused::add_layer_norm,
+        Kernel::LayerNormBackwardAddRows => fused::layer_norm_backward_add,
+        Kernel::PoolHeadBce => fused::pool_head_bce,
+        Kernel::PoolHeadBceBackward => fused::pool_head_bce_backward,
     }
 }
 

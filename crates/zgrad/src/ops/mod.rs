@@ -4,6 +4,7 @@
 //! optimisers, which bump versions instead of recording.
 
 mod elementwise;
+mod fused;
 mod linalg;
 mod reduce;
 mod view;
