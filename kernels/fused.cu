@@ -117,16 +117,18 @@ __device__ __forceinline__ float bce_term(float x, float y) {
 
 // Mean-pool over S of h [B, S, D], the head (w [D], bias [1]) and the mean BCE against y [B]:
 // logits[b] = bias + (sum_j w[j] * sum_s h[b, s, j]) / S, loss[0] = mean_b bce(logits[b], y[b]).
-// One block of 8 warps; warp k takes samples k, k + 8, ...; the per-warp loss sums are added
-// in warp order.
+// One block of POOL_WARPS warps (1024 threads: the whole batch's h is read by one SM, so it
+// takes as many loads in flight as a block can hold); warp k takes samples k, k + 32, ...; the
+// per-warp loss sums are added in warp order.
+#define POOL_WARPS 32
 extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* logits, const float* h,
                                                 const float* w, const float* bias,
                                                 const float* y, u64 batch, u64 s, u64 d) {
-    __shared__ float part[FUSED_WARPS];
+    __shared__ float part[POOL_WARPS];
     const unsigned lane = threadIdx.x % 32;
     const unsigned warp = threadIdx.x / 32;
     float terms = 0.0f;
-    for (u64 b = warp; b < batch; b += FUSED_WARPS) {
+    for (u64 b = warp; b < batch; b += POOL_WARPS) {
         const float* hb = h + b * s * d;
         float acc = 0.0f;
         for (u64 j = lane; j < d; j += 32) {
@@ -142,7 +144,7 @@ extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* logits, cons
     __syncthreads();
     if (threadIdx.x == 0) {
         float total = 0.0f;
-        for (int k = 0; k < FUSED_WARPS; ++k) total += part[k];
+        for (int k = 0; k < POOL_WARPS; ++k) total += part[k];
         loss[0] = total / (float)batch;
     }
 }

@@ -27,6 +27,18 @@ fn bias_act_config(rows: usize) -> LaunchConfig {
     }
 }
 
+/// Threads of the pooled head's one block (`POOL_WARPS` warps in fused.cu).
+pub(crate) const POOL_THREADS: u32 = 1024;
+
+/// The pooled head's forward: one block of [`POOL_THREADS`].
+fn pool_config() -> LaunchConfig {
+    LaunchConfig {
+        grid: (1, 1, 1),
+        block: (POOL_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The launch of the pooled head's backward: x over 32-column tiles, y over groups of 8
 /// samples.
 fn pool_backward_config(batch: usize, width: usize) -> LaunchConfig {
@@ -220,7 +232,7 @@ impl<D: Driver> CudaBackend<D> {
             args.push(ptr(self.ptr(OP, t)?));
         }
         args.extend([u64a(batch), u64a(scales), u64a(width)]);
-        self.launch(OP, Kernel::PoolHeadBce, kernels::single_block(), &args)?;
+        self.launch(OP, Kernel::PoolHeadBce, pool_config(), &args)?;
         Ok(PoolHeadBceOut { loss, logits })
     }
 

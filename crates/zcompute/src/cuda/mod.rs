@@ -18,7 +18,7 @@
 
 mod backward;
 mod capture;
-mod fused;
+pub(crate) mod fused;
 mod kernels;
 mod launch;
 mod matmul;
