@@ -101,7 +101,7 @@ fn pooled_logits<B: Backend<T> + ?Sized, T: Element>(
     };
     let logit = be.add(&be.matmul(&pooled, weight, opts)?, bias)?;
     let batch = h.shape()[0];
-    Ok(logit.reshape(&[batch])?)
+    logit.reshape(&[batch])
 }
 
 /// Mean-pool over S, the head and the mean BCE from the op set.

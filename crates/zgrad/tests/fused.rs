@@ -12,6 +12,8 @@ use zgrad::{Tape, Var, XAsset, XAssetConfig, in_step};
 use zmem::{Arena, ArenaConfig};
 
 type Mock = CudaBackend<SimDriver>;
+/// Stream work per driver call (`cuLaunchKernel`, a gemm, ...): how many were enqueued.
+type Work = Vec<(&'static str, usize)>;
 
 /// A simulated device; `poison` fills fresh and reclaimed memory with NaN (which costs memsets
 /// that a production step does not issue, so the node count runs without it).
@@ -46,8 +48,8 @@ fn mock(poison: bool) -> Mock {
 }
 
 /// Stream work per kind (launches, gemms, copies, memsets) in `log`.
-fn stream_work(log: &[OpRecord]) -> Vec<(&'static str, usize)> {
-    let mut counts: Vec<(&'static str, usize)> = Vec::new();
+fn stream_work(log: &[OpRecord]) -> Work {
+    let mut counts: Work = Vec::new();
     for r in log.iter().filter(|r| r.effect == Effect::Enqueued) {
         match counts.iter_mut().find(|(c, _)| *c == r.call) {
             Some((_, n)) => *n += 1,
@@ -60,12 +62,7 @@ fn stream_work(log: &[OpRecord]) -> Vec<(&'static str, usize)> {
 /// One forward+backward of `model` on a batch of `batch` samples with `scales` scales: the
 /// loss, every gradient, and the stream work it issued (uploads excluded: the batch is
 /// uploaded before the count starts).
-fn step(
-    b: &Mock,
-    model: &XAsset<Mock>,
-    batch: usize,
-    scales: usize,
-) -> (f32, Vec<Vec<f32>>, Vec<(&'static str, usize)>) {
+fn step(b: &Mock, model: &XAsset<Mock>, batch: usize, scales: usize) -> (f32, Vec<Vec<f32>>, Work) {
     let features = model.config.features;
     let mut rng = SplitMix64::new(7);
     let x: Vec<f32> = rng
@@ -108,6 +105,7 @@ fn total(work: &[(&'static str, usize)]) -> usize {
 const PER_SAMPLE_BUDGET: usize = 109;
 
 #[test]
+#[allow(clippy::print_stdout)] // the count per kind belongs in the test's output (reported)
 fn a_per_sample_step_stays_within_its_node_budget() {
     let b = mock(false);
     let model = XAsset::init(&b, XAssetConfig::default(), 3).unwrap();

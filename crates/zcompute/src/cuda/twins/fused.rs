@@ -150,7 +150,10 @@ pub(super) fn pool_head_bce(
     // One block whose warps split the samples and whose warp sums make the loss.
     let threads = crate::cuda::fused::POOL_THREADS;
     if config.grid != (1, 1, 1) || config.block != (threads, 1, 1) {
-        return Err(bad(0, &format!("zc_pool_head_bce_f32 runs as one block of {threads} threads")));
+        return Err(bad(
+            0,
+            &format!("zc_pool_head_bce_f32 runs as one block of {threads} threads"),
+        ));
     }
     let k = checked(Kernel::PoolHeadBce, args)?;
     let [b, s, d] = pool_shape(&k, 6)?;
