@@ -407,6 +407,87 @@ pub trait Backend<T: Element> {
         crate::attention::composite_backward(self, g, qkv, norm)
     }
 
+    // Fused ops (`crate::fused`): provided as composites of the op set; the CPU backend
+    // implements each for f32 and f64, the CUDA backend as one kernel.
+
+    /// `act(x + bias)` for `x` `[..., n]` and `bias` `[n]` (the epilogue of a product).
+    fn bias_act(
+        &self,
+        x: &BTensor<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: crate::fused::Activation,
+    ) -> Result<BTensor<Self, T>> {
+        crate::fused::bias_act(self, x, bias, act)
+    }
+
+    /// Tanh's backward from its output: `g * (1 - y²)`.
+    fn tanh_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        y: &BTensor<Self, T>,
+    ) -> Result<BTensor<Self, T>> {
+        crate::fused::tanh_backward(self, g, y)
+    }
+
+    /// The residual add and LayerNorm: `h = a + b` and `layer_norm(h, weight, bias, eps)`.
+    fn add_layer_norm(
+        &self,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+        weight: Option<&BTensor<Self, T>>,
+        bias: Option<&BTensor<Self, T>>,
+        eps: T,
+    ) -> Result<crate::fused::AddLayerNormOut<Self::Storage>> {
+        crate::fused::add_layer_norm(self, a, b, weight, bias, eps)
+    }
+
+    /// [`Backend::layer_norm_backward`] with the residual stream's gradient added to the
+    /// input's: `input = LN'(g) + residual` (the gradient of `h` in `h = a + b; y = LN(h)`
+    /// when `h` is used again).
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward_add(
+        &self,
+        g: &BTensor<Self, T>,
+        residual: Option<&BTensor<Self, T>>,
+        x: &BTensor<Self, T>,
+        mean: &BTensor<Self, T>,
+        rstd: &BTensor<Self, T>,
+        weight: Option<&BTensor<Self, T>>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<Self::Storage>> {
+        crate::validate::layer_norm_backward_add(g, residual, x, mean, rstd, weight)?;
+        let mut grads = self.layer_norm_backward(g, x, mean, rstd, weight, want)?;
+        if let (Some(gx), Some(res)) = (grads.input.as_ref(), residual) {
+            grads.input = Some(self.add(gx, res)?);
+        }
+        Ok(grads)
+    }
+
+    /// Mean-pool of `h` `[B, S, D]` over S, the head `[1, D]` (+ bias `[1]`) and the mean
+    /// BCE-with-logits against `targets` `[B]`: the loss (rank 0) and the logits `[B]`.
+    fn pool_head_bce(
+        &self,
+        h: &BTensor<Self, T>,
+        weight: &BTensor<Self, T>,
+        bias: &BTensor<Self, T>,
+        targets: &BTensor<Self, T>,
+    ) -> Result<crate::fused::PoolHeadBceOut<Self::Storage>> {
+        crate::fused::pool_head_bce(self, h, weight, bias, targets)
+    }
+
+    /// `pool_head_bce`'s backward from the loss gradient `g` (rank 0): the gradients of `h`,
+    /// of the head weight and of its bias (the targets get none).
+    fn pool_head_bce_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        h: &BTensor<Self, T>,
+        weight: &BTensor<Self, T>,
+        logits: &BTensor<Self, T>,
+        targets: &BTensor<Self, T>,
+    ) -> Result<crate::fused::PoolHeadBceGrads<Self::Storage>> {
+        crate::fused::pool_head_bce_backward(self, g, h, weight, logits, targets)
+    }
+
     // Provided shorthands over the op families.
 
     fn zeros(&self, shape: &[usize]) -> Result<BTensor<Self, T>> {

@@ -376,9 +376,10 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
         })
     }
 
-    /// `x [B, S, F] -> logits [B]` (XASSET.md steps 1-8).
-    pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
-        let &[batch, _scales, features] = x.shape() else {
+    /// XASSET.md steps 1-6: `x [B, S, F]` to the residual stream `h [B, S, D]` before
+    /// pooling. The residual add before `ln2` and `ln2` are one fused op.
+    fn trunk(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
+        let &[_batch, _scales, features] = x.shape() else {
             return Err(GradError::BadInput(format!(
                 "x must be [B, S, F], got {:?}",
                 x.shape()
@@ -392,22 +393,35 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
         }
         let h = self.emb.forward(tape, x)?;
         let u = self.ln1.forward(tape, &h)?;
-        let h = tape.add(&h, &self.attn.forward(tape, &u)?)?;
-        let u = self.ln2.forward(tape, &h)?;
-        let h = tape.add(&h, &self.ff.forward(tape, &u)?)?;
+        let attended = self.attn.forward(tape, &u)?;
+        let eps = T::from_f64(self.ln2.eps);
+        let (h, u) = tape.add_layer_norm(&h, &attended, &self.ln2.weight, &self.ln2.bias, eps)?;
+        tape.add(&h, &self.ff.forward(tape, &u)?)
+    }
+
+    /// `x [B, S, F] -> logits [B]` (XASSET.md steps 1-8).
+    pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
+        let h = self.trunk(tape, x)?;
+        let batch = h.shape()[0];
         let pooled = tape.mean(&h, 1, false)?;
         let logit = self.head.forward(tape, &pooled)?;
         tape.reshape(&logit, &[batch])
     }
 
-    /// Mean BCE-with-logits of the batch (XASSET.md step 9) and the logits.
+    /// Mean BCE-with-logits of the batch (XASSET.md step 9) and the logits. Pooling, the head
+    /// and the loss run as one fused op, whose logits are detached (for reporting); with
+    /// targets that need a gradient, the unfused path.
     pub fn loss(
         &self,
         tape: &Tape<'_, B, T>,
         x: &Var<B, T>,
         y: &Var<B, T>,
     ) -> Result<(Var<B, T>, Var<B, T>)> {
-        let logits = self.forward(tape, x)?;
-        Ok((tape.bce_with_logits(&logits, y)?, logits))
+        if y.requires_grad() {
+            let logits = self.forward(tape, x)?;
+            return Ok((tape.bce_with_logits(&logits, y)?, logits));
+        }
+        let h = self.trunk(tape, x)?;
+        tape.pool_head_bce(&h, &self.head.weight, &self.head.bias, y)
     }
 }

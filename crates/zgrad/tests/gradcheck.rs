@@ -316,3 +316,29 @@ fn k_bias_gradient_vanishes() {
         "k weight gradient {gkw:?}"
     );
 }
+
+/// The fused ops (bias epilogue, residual add + LayerNorm, pooled head + BCE), at odd widths
+/// and S in {1, 12, 17}. Both outputs of `add_layer_norm` feed the loss, so its backward sees
+/// the residual gradient and LayerNorm's at once.
+#[rstest]
+#[case::bias_identity("3,5;5", |t: &Tp<'_>, x: &[V]| t.bias_act(&x[0], &x[1], zcompute::Activation::Identity))]
+#[case::bias_tanh("2,3,5;5", |t: &Tp<'_>, x: &[V]| t.bias_act(&x[0], &x[1], zcompute::Activation::Tanh))]
+#[case::add_layer_norm("2,3,5;2,3,5;5;5", |t: &Tp<'_>, x: &[V]| {
+    let (h, y) = t.add_layer_norm(&x[0], &x[1], &x[2], &x[3], 1e-5)?;
+    t.add(&t.tanh(&h)?, &y)
+})]
+#[case::add_layer_norm_y_only("4,5;4,5;5;5", |t: &Tp<'_>, x: &[V]| Ok(t.add_layer_norm(&x[0], &x[1], &x[2], &x[3], 1e-5)?.1))]
+#[case::add_layer_norm_h_only("4,5;4,5;5;5", |t: &Tp<'_>, x: &[V]| Ok(t.add_layer_norm(&x[0], &x[1], &x[2], &x[3], 1e-5)?.0))]
+#[case::pool_head_bce_s1("3,1,5;1,5;1", pool_head)]
+#[case::pool_head_bce_s12("2,12,5;1,5;1", pool_head)]
+#[case::pool_head_bce_s17("3,17,4;1,4;1", pool_head)]
+fn fused(#[case] shapes: &str, #[case] f: OpFn) {
+    check(&parse(shapes), Dist::Normal, f);
+}
+
+fn pool_head(t: &Tp<'_>, x: &[V]) -> zgrad::Result<V> {
+    let batch = x[0].shape()[0];
+    let y: Vec<f64> = (0..batch).map(|i| [0.0, 1.0, 0.25][i % 3]).collect();
+    let y = Var::constant(zcompute::Backend::upload(t.backend(), &y, &[batch])?);
+    Ok(t.pool_head_bce(&x[0], &x[1], &x[2], &y)?.0)
+}

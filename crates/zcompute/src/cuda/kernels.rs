@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 5] = [
+pub(crate) const MODULES: [(&str, &str); 6] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -31,6 +31,7 @@ pub(crate) const MODULES: [(&str, &str); 5] = [
         "attention",
         include_str!("../../../../kernels/ptx/attention.ptx"),
     ),
+    ("fused", include_str!("../../../../kernels/ptx/fused.ptx")),
 ];
 
 /// Kinds of kernel parameters.
@@ -87,6 +88,13 @@ pub enum Kernel {
     /// Attention's core, fused per (batch, head) (`attention.cu`; see `cuda/attention.rs`).
     QkNormAttention,
     QkNormAttentionBackward,
+    /// Fused epilogues and tail (`fused.cu`, launched from `cuda/fused.rs`).
+    BiasAct,
+    TanhBackward,
+    AddLayerNormRows,
+    LayerNormBackwardAddRows,
+    PoolHeadBce,
+    PoolHeadBceBackward,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -116,7 +124,7 @@ const ATTENTION_BACKWARD: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 32] = [
+    pub const ALL: [Kernel; 38] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -149,6 +157,12 @@ impl Kernel {
         Kernel::FiniteGate,
         Kernel::QkNormAttention,
         Kernel::QkNormAttentionBackward,
+        Kernel::BiasAct,
+        Kernel::TanhBackward,
+        Kernel::AddLayerNormRows,
+        Kernel::LayerNormBackwardAddRows,
+        Kernel::PoolHeadBce,
+        Kernel::PoolHeadBceBackward,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -251,6 +265,36 @@ impl Kernel {
             Kernel::LayerNormRowsV2 => s(1, "zc_layer_norm_rows_v2_f32", LAYER_NORM, 0),
             Kernel::LayerNormRowsV4 => s(1, "zc_layer_norm_rows_v4_f32", LAYER_NORM, 0),
             Kernel::LayerNormRowsV8 => s(1, "zc_layer_norm_rows_v8_f32", LAYER_NORM, 0),
+            Kernel::BiasAct => s(3, "zc_bias_act_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::TanhBackward => s(3, "zc_tanh_backward_f32", &[Ptr, Ptr, Ptr, U64], 0),
+            Kernel::AddLayerNormRows => s(
+                3,
+                "zc_add_layer_norm_rows_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32,
+                ],
+                0,
+            ),
+            Kernel::LayerNormBackwardAddRows => s(
+                3,
+                "zc_layer_norm_backward_add_rows_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U64, U64,
+                ],
+                0,
+            ),
+            Kernel::PoolHeadBce => s(
+                3,
+                "zc_pool_head_bce_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                0,
+            ),
+            Kernel::PoolHeadBceBackward => s(
+                3,
+                "zc_pool_head_bce_backward_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                0,
+            ),
             Kernel::BceMean => s(2, "zc_bce_mean_f32", &[Ptr, Ptr, Ptr, U64], 0),
             Kernel::AdamW => s(
                 2,

@@ -20,6 +20,7 @@ mod attention;
 mod backward;
 mod capture;
 mod flat;
+pub(crate) mod fused;
 mod kernels;
 mod launch;
 mod matmul;

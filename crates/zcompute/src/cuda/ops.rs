@@ -352,6 +352,64 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.adamw(p, m, v, g, slot, cfg)
     }
 
+    fn bias_act(
+        &self,
+        x: &CudaTensor,
+        bias: &CudaTensor,
+        act: crate::fused::Activation,
+    ) -> Result<CudaTensor> {
+        self.bias_act_fused(x, bias, act)
+    }
+
+    fn tanh_backward(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {
+        self.tanh_backward_fused(g, y)
+    }
+
+    fn add_layer_norm(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        bias: Option<&CudaTensor>,
+        eps: f32,
+    ) -> Result<crate::fused::AddLayerNormOut<CudaStorage>> {
+        self.add_layer_norm_fused(a, b, weight, bias, eps)
+    }
+
+    fn layer_norm_backward_add(
+        &self,
+        g: &CudaTensor,
+        residual: Option<&CudaTensor>,
+        x: &CudaTensor,
+        mean: &CudaTensor,
+        rstd: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<CudaStorage>> {
+        self.layer_norm_backward_add_fused(g, residual, x, mean, rstd, weight, want)
+    }
+
+    fn pool_head_bce(
+        &self,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        bias: &CudaTensor,
+        targets: &CudaTensor,
+    ) -> Result<crate::fused::PoolHeadBceOut<CudaStorage>> {
+        self.pool_head_bce_fused(h, weight, bias, targets)
+    }
+
+    fn pool_head_bce_backward(
+        &self,
+        g: &CudaTensor,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        logits: &CudaTensor,
+        targets: &CudaTensor,
+    ) -> Result<crate::fused::PoolHeadBceGrads<CudaStorage>> {
+        self.pool_head_bce_backward_fused(g, h, weight, logits, targets)
+    }
+
     fn set_alloc_class(&self, class: AllocClass) -> AllocClass {
         std::mem::replace(&mut *lock(&self.inner.class), class)
     }

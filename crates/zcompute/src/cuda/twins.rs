@@ -13,6 +13,7 @@
 mod attention;
 mod elementwise;
 mod flat;
+mod fused;
 mod reductions;
 mod rows;
 mod train;
@@ -66,6 +67,12 @@ fn twin(k: Kernel) -> Twin {
         Kernel::FiniteGate => flat::finite_gate,
         Kernel::QkNormAttention => attention::forward,
         Kernel::QkNormAttentionBackward => attention::backward,
+        Kernel::BiasAct => fused::bias_act,
+        Kernel::TanhBackward => fused::tanh_backward,
+        Kernel::AddLayerNormRows => fused::add_layer_norm,
+        Kernel::LayerNormBackwardAddRows => fused::layer_norm_backward_add,
+        Kernel::PoolHeadBce => fused::pool_head_bce,
+        Kernel::PoolHeadBceBackward => fused::pool_head_bce_backward,
     }
 }
 

@@ -21,10 +21,12 @@
 
 mod attention;
 mod flat;
+mod fused;
 mod ops;
 
 pub(crate) use attention::*;
 pub(crate) use flat::*;
+pub(crate) use fused::*;
 pub(crate) use ops::*;
 
 use crate::element::Element;

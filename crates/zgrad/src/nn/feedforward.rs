@@ -1,11 +1,12 @@
-//! The feed-forward block: `f2(tanh(f1(x)))` (the residual add is the model's).
+//! The feed-forward block: `f2(tanh(f1(x)))` (the residual add is the model's); the bias and
+//! tanh of `f1` run as the product's epilogue.
 
 use super::Linear;
 use crate::error::Result;
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Backend, Element};
+use zcompute::{Activation, Backend, Element};
 
 pub struct FeedForward<B: Backend<T>, T: Element> {
     pub f1: Linear<B, T>,
@@ -39,7 +40,8 @@ impl<B: Backend<T>, T: Element> FeedForward<B, T> {
     }
 
     pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
-        let hidden = tape.tanh(&self.f1.forward(tape, x)?)?;
+        // tanh(x · W1ᵀ + b1) in the product's epilogue (one kernel, and one for its backward).
+        let hidden = self.f1.forward_act(tape, x, Activation::Tanh)?;
         self.f2.forward(tape, &hidden)
     }
 }

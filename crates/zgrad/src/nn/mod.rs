@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Backend, Element, MatmulOpts};
+use zcompute::{Activation, Backend, Element, MatmulOpts};
 
 /// LayerNorm's epsilon everywhere in XAsset.
 pub const LN_EPS: f64 = 1e-5;
@@ -70,8 +70,19 @@ impl<B: Backend<T>, T: Element> Linear<B, T> {
         self.weight.shape()[0]
     }
 
-    /// `x [..., in] -> [..., out]`: the leading axes are folded into one matrix product.
+    /// `x [..., in] -> [..., out]`: the leading axes are folded into one matrix product, the
+    /// bias added by the epilogue kernel.
     pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
+        self.forward_act(tape, x, Activation::Identity)
+    }
+
+    /// `act(x · Wᵀ + b)`: the product, then bias and activation in one epilogue kernel.
+    pub fn forward_act(
+        &self,
+        tape: &Tape<'_, B, T>,
+        x: &Var<B, T>,
+        act: Activation,
+    ) -> Result<Var<B, T>> {
         let shape = x.shape().to_vec();
         let inputs = self.in_features();
         let rows = x.value().numel() / inputs.max(1);
@@ -85,7 +96,7 @@ impl<B: Backend<T>, T: Element> Linear<B, T> {
             trans_a: false,
             trans_b: true,
         };
-        let y = tape.add(&tape.matmul(&flat, &self.weight, opts)?, &self.bias)?;
+        let y = tape.bias_act(&tape.matmul(&flat, &self.weight, opts)?, &self.bias, act)?;
         let mut out_shape = shape;
         if let Some(last) = out_shape.last_mut() {
             *last = self.out_features();

@@ -5,6 +5,7 @@
 
 mod attention;
 mod elementwise;
+mod fused;
 mod linalg;
 mod reduce;
 mod view;

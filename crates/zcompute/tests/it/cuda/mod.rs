@@ -9,6 +9,7 @@ pub mod capture_end;
 mod chain;
 pub mod errors;
 pub mod flat_bodies;
+mod fused;
 #[macro_use]
 mod suite;
 pub mod validation;

@@ -1,0 +1,274 @@
+//! The fused ops (`crate::fused`) on the device, one kernel each from `kernels/fused.cu`:
+//! bias + activation after a product, tanh's backward, the residual add with LayerNorm and its
+//! backward with the residual gradient added, and mean-pool + head + BCE with its backward.
+//! Operands are brought to dense form first (views through a dense temporary, as every row op).
+
+use super::kernels::{self, Args, Kernel, ptr, u64a};
+use super::{CudaBackend, CudaStorage, CudaTensor};
+use crate::backend::{LayerNormGrads, LayerNormOut};
+use crate::error::Result;
+use crate::fused::{Activation, AddLayerNormOut, PoolHeadBceGrads, PoolHeadBceOut};
+use crate::validate;
+use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
+
+/// Rows per block of the bias epilogue (`FUSED_WARPS` in fused.cu): blocks of 32 x 8 threads.
+const ROWS_PER_BLOCK: u64 = 8;
+
+/// The launch of the bias epilogue: one row per 32-thread row of the block.
+fn bias_act_config(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid: (
+            (rows as u64).div_ceil(ROWS_PER_BLOCK).clamp(1, 65_535) as u32,
+            1,
+            1,
+        ),
+        block: (32, ROWS_PER_BLOCK as u32, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Threads of the pooled head's one block (`POOL_WARPS` warps in fused.cu).
+pub(crate) const POOL_THREADS: u32 = 1024;
+
+/// The pooled head's forward: one block of [`POOL_THREADS`].
+fn pool_config() -> LaunchConfig {
+    LaunchConfig {
+        grid: (1, 1, 1),
+        block: (POOL_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The launch of the pooled head's backward: x over 32-column tiles, y over groups of 8
+/// samples.
+fn pool_backward_config(batch: usize, width: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid: (
+            (width as u64).div_ceil(32).clamp(1, 65_535) as u32,
+            (batch as u64).div_ceil(ROWS_PER_BLOCK).clamp(1, 1024) as u32,
+            1,
+        ),
+        block: (32, ROWS_PER_BLOCK as u32, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn act_code(act: Activation) -> u32 {
+    match act {
+        Activation::Identity => 0,
+        Activation::Tanh => 1,
+    }
+}
+
+impl<D: Driver> CudaBackend<D> {
+    fn opt_ptr(&self, op: &'static str, t: Option<&CudaTensor>) -> Result<DevicePtr> {
+        t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(op, t))
+    }
+
+    pub(crate) fn bias_act_fused(
+        &self,
+        x: &CudaTensor,
+        bias: &CudaTensor,
+        act: Activation,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "bias_act";
+        let validate::Rows { rows, n } = validate::bias_act(x, bias)?;
+        let out = self.alloc(OP, x.shape())?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        let (xc, bc) = (self.dense(OP, x)?, self.dense(OP, bias)?);
+        let args: Args = [
+            ptr(self.ptr(OP, &out)?),
+            ptr(self.ptr(OP, &xc)?),
+            ptr(self.ptr(OP, &bc)?),
+            u64a(rows),
+            u64a(n),
+            KernelArg::U32(act_code(act)),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::BiasAct, bias_act_config(rows), &args)?;
+        Ok(out)
+    }
+
+    pub(crate) fn tanh_backward_fused(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "tanh_backward";
+        let n = validate::tanh_backward(g, y)?;
+        let out = self.alloc(OP, y.shape())?;
+        if n == 0 {
+            return Ok(out);
+        }
+        let (gc, yc) = (self.dense(OP, g)?, self.dense(OP, y)?);
+        let args: Args = [
+            ptr(self.ptr(OP, &out)?),
+            ptr(self.ptr(OP, &gc)?),
+            ptr(self.ptr(OP, &yc)?),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        let config = kernels::elementwise_config(n);
+        self.launch(OP, Kernel::TanhBackward, config, &args)?;
+        Ok(out)
+    }
+
+    pub(crate) fn add_layer_norm_fused(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        bias: Option<&CudaTensor>,
+        eps: f32,
+    ) -> Result<AddLayerNormOut<CudaStorage>> {
+        const OP: &str = "add_layer_norm";
+        let validate::Rows { rows, n } = validate::add_layer_norm(a, b, weight, bias, eps)?;
+        let w = weight.map(|t| self.dense(OP, t)).transpose()?;
+        let bb = bias.map(|t| self.dense(OP, t)).transpose()?;
+        let stat_shape = validate::stat_shape(a);
+        let sum = self.alloc(OP, a.shape())?;
+        let out = self.alloc(OP, a.shape())?;
+        let mean = self.alloc(OP, &stat_shape)?;
+        let rstd = self.alloc(OP, &stat_shape)?;
+        if rows > 0 {
+            let (ac, bc) = (self.dense(OP, a)?, self.dense(OP, b)?);
+            let args: Args = [
+                ptr(self.ptr(OP, &sum)?),
+                ptr(self.ptr(OP, &out)?),
+                ptr(self.ptr(OP, &mean)?),
+                ptr(self.ptr(OP, &rstd)?),
+                ptr(self.ptr(OP, &ac)?),
+                ptr(self.ptr(OP, &bc)?),
+                ptr(self.opt_ptr(OP, w.as_ref())?),
+                ptr(self.opt_ptr(OP, bb.as_ref())?),
+                KernelArg::U32(u32::from(w.is_some())),
+                KernelArg::U32(u32::from(bb.is_some())),
+                u64a(rows),
+                u64a(n),
+                KernelArg::F32(eps),
+            ]
+            .into_iter()
+            .collect();
+            let config = kernels::rows_config(rows);
+            self.launch(OP, Kernel::AddLayerNormRows, config, &args)?;
+        }
+        Ok(AddLayerNormOut {
+            sum,
+            norm: LayerNormOut { out, mean, rstd },
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layer_norm_backward_add_fused(
+        &self,
+        g: &CudaTensor,
+        residual: Option<&CudaTensor>,
+        x: &CudaTensor,
+        mean: &CudaTensor,
+        rstd: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<CudaStorage>> {
+        const OP: &str = "layer_norm_backward_add";
+        let validate::Rows { rows, n } =
+            validate::layer_norm_backward_add(g, residual, x, mean, rstd, weight)?;
+        let fresh = |on: bool| on.then(|| self.alloc(OP, x.shape())).transpose();
+        let (input, g_xhat) = (fresh(want[0])?, fresh(want[1])?);
+        if x.numel() == 0 || !(want[0] || want[1]) {
+            return Ok(LayerNormGrads { input, g_xhat });
+        }
+        let dense = [g, x, mean, rstd]
+            .into_iter()
+            .map(|t| self.dense(OP, t))
+            .collect::<Result<Vec<_>>>()?;
+        let res = residual.map(|t| self.dense(OP, t)).transpose()?;
+        let w = weight.map(|t| self.dense(OP, t)).transpose()?;
+        let args: Args = [
+            ptr(self.opt_ptr(OP, input.as_ref())?),
+            ptr(self.opt_ptr(OP, g_xhat.as_ref())?),
+            ptr(self.ptr(OP, &dense[0])?),
+            ptr(self.opt_ptr(OP, res.as_ref())?),
+            ptr(self.ptr(OP, &dense[1])?),
+            ptr(self.ptr(OP, &dense[2])?),
+            ptr(self.ptr(OP, &dense[3])?),
+            ptr(self.opt_ptr(OP, w.as_ref())?),
+            KernelArg::U32(u32::from(w.is_some())),
+            KernelArg::U32(u32::from(res.is_some())),
+            KernelArg::U32(u32::from(want[0])),
+            KernelArg::U32(u32::from(want[1])),
+            u64a(rows),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        let config = kernels::rows_config(rows);
+        self.launch(OP, Kernel::LayerNormBackwardAddRows, config, &args)?;
+        Ok(LayerNormGrads { input, g_xhat })
+    }
+
+    pub(crate) fn pool_head_bce_fused(
+        &self,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        bias: &CudaTensor,
+        targets: &CudaTensor,
+    ) -> Result<PoolHeadBceOut<CudaStorage>> {
+        const OP: &str = "pool_head_bce";
+        let validate::PoolDims {
+            batch,
+            scales,
+            width,
+        } = validate::pool_head_bce(h, weight, bias, targets)?;
+        let operands = [h, weight, bias, targets]
+            .into_iter()
+            .map(|t| self.dense(OP, t))
+            .collect::<Result<Vec<_>>>()?;
+        let loss = self.alloc(OP, &[])?;
+        let logits = self.alloc(OP, &[batch])?;
+        let mut args: Args = [ptr(self.ptr(OP, &loss)?), ptr(self.ptr(OP, &logits)?)]
+            .into_iter()
+            .collect();
+        for t in &operands {
+            args.push(ptr(self.ptr(OP, t)?));
+        }
+        args.extend([u64a(batch), u64a(scales), u64a(width)]);
+        self.launch(OP, Kernel::PoolHeadBce, pool_config(), &args)?;
+        Ok(PoolHeadBceOut { loss, logits })
+    }
+
+    pub(crate) fn pool_head_bce_backward_fused(
+        &self,
+        g: &CudaTensor,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        logits: &CudaTensor,
+        targets: &CudaTensor,
+    ) -> Result<PoolHeadBceGrads<CudaStorage>> {
+        const OP: &str = "pool_head_bce_backward";
+        let validate::PoolDims { batch, width, .. } =
+            validate::pool_head_bce_backward(g, h, weight, logits, targets)?;
+        let operands = [g, h, weight, logits, targets]
+            .into_iter()
+            .map(|t| self.dense(OP, t))
+            .collect::<Result<Vec<_>>>()?;
+        let gh = self.alloc(OP, h.shape())?;
+        let gw = self.alloc(OP, &[1, width])?;
+        let gb = self.alloc(OP, &[1])?;
+        let mut args: Args = [gh.clone(), gw.clone(), gb.clone()]
+            .iter()
+            .map(|t| self.ptr(OP, t).map(ptr))
+            .collect::<Result<Args>>()?;
+        for t in &operands {
+            args.push(ptr(self.ptr(OP, t)?));
+        }
+        let scales = h.shape()[1];
+        args.extend([u64a(batch), u64a(scales), u64a(width)]);
+        let config = pool_backward_config(batch, width);
+        self.launch(OP, Kernel::PoolHeadBceBackward, config, &args)?;
+        Ok(PoolHeadBceGrads {
+            h: gh,
+            weight: gw,
+            bias: gb,
+        })
+    }
+}
