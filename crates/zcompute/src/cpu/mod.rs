@@ -3,6 +3,7 @@
 //! logical order, then dense row-wise work) over speed; only matrix products use a tuned kernel.
 
 mod elementwise;
+pub(crate) mod indexed;
 pub(crate) mod math;
 mod matmul;
 pub(crate) mod norm;
@@ -152,6 +153,25 @@ impl<T: Element> Backend<T> for CpuBackend {
         cfg: &AdamWConfig<T>,
     ) -> Result<()> {
         train::adamw_step(p, m, v, g, slot, cfg)
+    }
+
+    fn gather_row(
+        &self,
+        src: &CpuTensor<T>,
+        index: &CpuTensor<T>,
+        dst: &CpuTensor<T>,
+    ) -> Result<()> {
+        indexed::gather_row(src, index, dst)
+    }
+
+    fn scatter_row(
+        &self,
+        src: &CpuTensor<T>,
+        index: &CpuTensor<T>,
+        dst: &CpuTensor<T>,
+        advance: bool,
+    ) -> Result<()> {
+        indexed::scatter_row(src, index, dst, advance)
     }
 }
 

@@ -19,13 +19,17 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 3] = [
+pub(crate) const MODULES: [(&str, &str); 4] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
     ),
     ("rows", include_str!("../../../../kernels/ptx/rows.ptx")),
     ("train", include_str!("../../../../kernels/ptx/train.ptx")),
+    (
+        "indexed",
+        include_str!("../../../../kernels/ptx/indexed.ptx"),
+    ),
 ];
 
 /// Kinds of kernel parameters.
@@ -73,6 +77,10 @@ pub enum Kernel {
     LayerNormRowsV2,
     LayerNormRowsV4,
     LayerNormRowsV8,
+    /// A row of a dense table, picked by an index in device memory (`indexed.cu`).
+    GatherRow,
+    /// A row written at an index in device memory, which it may then advance.
+    ScatterRow,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -94,7 +102,7 @@ const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];
 const LAYER_NORM: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32];
 
 impl Kernel {
-    pub const ALL: [Kernel; 26] = [
+    pub const ALL: [Kernel; 28] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -121,6 +129,8 @@ impl Kernel {
         Kernel::LayerNormRowsV2,
         Kernel::LayerNormRowsV4,
         Kernel::LayerNormRowsV8,
+        Kernel::GatherRow,
+        Kernel::ScatterRow,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -230,6 +240,8 @@ impl Kernel {
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, F32, U64],
                 0,
             ),
+            Kernel::GatherRow => s(3, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
+            Kernel::ScatterRow => s(3, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
         }
     }
 }

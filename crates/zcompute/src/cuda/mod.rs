@@ -18,6 +18,7 @@
 
 mod backward;
 mod capture;
+mod indexed;
 mod kernels;
 mod launch;
 mod matmul;

@@ -319,6 +319,20 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.adamw(p, m, v, g, slot, cfg)
     }
 
+    fn gather_row(&self, src: &CudaTensor, index: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.gather_row_at(src, index, dst)
+    }
+
+    fn scatter_row(
+        &self,
+        src: &CudaTensor,
+        index: &CudaTensor,
+        dst: &CudaTensor,
+        advance: bool,
+    ) -> Result<()> {
+        self.scatter_row_at(src, index, dst, advance)
+    }
+
     fn set_alloc_class(&self, class: AllocClass) -> AllocClass {
         std::mem::replace(&mut *lock(&self.inner.class), class)
     }

@@ -11,6 +11,7 @@
 //! `twins/train.rs` (one per group of `kernels/*.cu` entries).
 
 mod elementwise;
+mod indexed;
 mod reductions;
 mod rows;
 mod train;
@@ -58,6 +59,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormRowsV2 => rows::layer_norm_rows_vec::<2>,
         Kernel::LayerNormRowsV4 => rows::layer_norm_rows_vec::<4>,
         Kernel::LayerNormRowsV8 => rows::layer_norm_rows_vec::<8>,
+        Kernel::GatherRow => indexed::gather_row,
+        Kernel::ScatterRow => indexed::scatter_row,
     }
 }
 

@@ -19,8 +19,10 @@
 //! Ops with no constraint on their arguments (`unary`, `binary_scalar`, `contiguous`,
 //! `download`: any tensor is valid, the output has the input's shape) have no function here.
 
+mod indexed;
 mod ops;
 
+pub(crate) use indexed::indexed_row;
 pub(crate) use ops::*;
 
 use crate::element::Element;

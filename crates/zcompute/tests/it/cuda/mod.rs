@@ -8,6 +8,7 @@ pub mod capture;
 pub mod capture_end;
 mod chain;
 pub mod errors;
+mod indexed;
 #[macro_use]
 mod suite;
 pub mod validation;
