@@ -81,6 +81,13 @@ enum FirstRun<G> {
 }
 
 impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+    /// The captured batched step, once a batched step with capture on made it (for its node
+    /// count and memory reservation: budgets and reports).
+    #[must_use]
+    pub fn batched_graph(&self) -> Option<&B::Graph> {
+        self.graphs.batched.as_ref().map(|g| &g.graph)
+    }
+
     pub(super) fn batched_captured(
         &mut self,
         x: &[T],
