@@ -146,6 +146,24 @@ fn per_sample_host_work_is_one_graph_launch_per_sample_and_one_batch_upload_per_
         );
     }
 }
+/// The eager per-sample schedule reads the same device-resident batch: one batch upload per
+/// step (beside AdamW's slot) whatever the batch, no upload per sample.
+#[test]
+fn eager_per_sample_uploads_the_batch_once_per_step() {
+    let mut r = run(TrainSchedule::PerSample, false);
+    r.step(8);
+    for n in [8, 3] {
+        let log = r.logged_step(n);
+        let uploads = count(&log, calls::MEMCPY_HTOD_ASYNC);
+        eprintln!(
+            "eager, batch {n}: {uploads} uploads, {} calls in the step",
+            log.len()
+        );
+        // A batch of 3 after one of 8 writes 1/B again.
+        assert_eq!(uploads, if n == 8 { 2 } else { 3 }, "batch {n}");
+    }
+}
+
 /// Peak bytes by class of a captured per-sample run with batch `n`, and the graph's
 /// reservation.
 fn per_sample_peaks(n: usize) -> (ClassBytes, u64) {
