@@ -53,7 +53,7 @@ pub fn gather_and_scatter_match_the_cpu<D: Driver>(b: &CudaBackend<D>) {
         assert_eq!(bits(&row), bits(&row_cpu), "gathered row at {at}");
         assert_eq!(bits(&written), bits(&written_cpu), "table at {at}");
         assert_eq!(bits(&index), bits(&index_cpu), "index at {at}");
-        let valid = at >= 0.0 && at < 5.0 && at.fract() == 0.0;
+        let valid = (0.0..5.0).contains(&at) && at.fract() == 0.0;
         if valid {
             let r = at as usize;
             assert_eq!(row, table[r * 6..(r + 1) * 6], "row {r}");
