@@ -235,6 +235,31 @@ pub trait Backend<T: Element> {
         cfg: &AdamWConfig<T>,
     ) -> Result<()>;
 
+    /// Copies row `index` of `src` (dense `[rows, ...]`) into `dst` (dense, one row's
+    /// elements, any shape), the index read from memory when the op runs (on every replay of
+    /// a captured graph): so a graph can walk a device-resident batch with no host upload.
+    /// `index` holds one element, naming a row only if it is a whole number in `[0, rows)`;
+    /// any other value fills `dst` with NaN. No two operands may share storage.
+    fn gather_row(
+        &self,
+        src: &BTensor<Self, T>,
+        index: &BTensor<Self, T>,
+        dst: &BTensor<Self, T>,
+    ) -> Result<()>;
+
+    /// Copies `src` (dense, one row's elements) into row `index` of `dst` (dense
+    /// `[rows, ...]`), the index read from memory when the op runs; an index naming no row
+    /// (see [`Backend::gather_row`]) writes nothing. With `advance`, the op then adds 1 to the
+    /// index in memory, so the next replay of a captured graph works on the next row. No two
+    /// operands may share storage.
+    fn scatter_row(
+        &self,
+        src: &BTensor<Self, T>,
+        index: &BTensor<Self, T>,
+        dst: &BTensor<Self, T>,
+        advance: bool,
+    ) -> Result<()>;
+
     // Memory lifetimes and step scopes. Host storage is plain reference-counted memory, so the
     // CPU backend keeps the provided no-op versions; device backends map them onto zmem.
 

@@ -5,6 +5,7 @@
 pub(crate) mod attention;
 mod elementwise;
 pub(crate) mod fused;
+pub(crate) mod indexed;
 pub(crate) mod math;
 mod matmul;
 pub(crate) mod norm;
@@ -216,6 +217,25 @@ impl<T: Element> Backend<T> for CpuBackend {
         targets: &CpuTensor<T>,
     ) -> Result<crate::fused::PoolHeadBceGrads<CpuStorage<T>>> {
         fused::pool_head_bce_backward(g, h, weight, logits, targets)
+    }
+
+    fn gather_row(
+        &self,
+        src: &CpuTensor<T>,
+        index: &CpuTensor<T>,
+        dst: &CpuTensor<T>,
+    ) -> Result<()> {
+        indexed::gather_row(src, index, dst)
+    }
+
+    fn scatter_row(
+        &self,
+        src: &CpuTensor<T>,
+        index: &CpuTensor<T>,
+        dst: &CpuTensor<T>,
+        advance: bool,
+    ) -> Result<()> {
+        indexed::scatter_row(src, index, dst, advance)
     }
 }
 

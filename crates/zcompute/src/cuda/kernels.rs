@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 6] = [
+pub(crate) const MODULES: [(&str, &str); 7] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -32,6 +32,10 @@ pub(crate) const MODULES: [(&str, &str); 6] = [
         include_str!("../../../../kernels/ptx/attention.ptx"),
     ),
     ("fused", include_str!("../../../../kernels/ptx/fused.ptx")),
+    (
+        "indexed",
+        include_str!("../../../../kernels/ptx/indexed.ptx"),
+    ),
 ];
 
 /// Kinds of kernel parameters.
@@ -95,6 +99,10 @@ pub enum Kernel {
     LayerNormBackwardAddRows,
     PoolHeadBce,
     PoolHeadBceBackward,
+    /// A row of a dense table, picked by an index in device memory (`indexed.cu`).
+    GatherRow,
+    /// A row written at an index in device memory, which it may then advance.
+    ScatterRow,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -124,7 +132,7 @@ const ATTENTION_BACKWARD: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 38] = [
+    pub const ALL: [Kernel; 40] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -163,6 +171,8 @@ impl Kernel {
         Kernel::LayerNormBackwardAddRows,
         Kernel::PoolHeadBce,
         Kernel::PoolHeadBceBackward,
+        Kernel::GatherRow,
+        Kernel::ScatterRow,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -313,6 +323,8 @@ impl Kernel {
                 ATTENTION_BACKWARD,
                 0,
             ),
+            Kernel::GatherRow => s(3, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
+            Kernel::ScatterRow => s(3, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
         }
     }
 }

@@ -21,6 +21,7 @@ mod backward;
 mod capture;
 mod flat;
 pub(crate) mod fused;
+mod indexed;
 mod kernels;
 mod launch;
 mod matmul;

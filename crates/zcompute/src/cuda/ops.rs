@@ -410,6 +410,20 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.pool_head_bce_backward_fused(g, h, weight, logits, targets)
     }
 
+    fn gather_row(&self, src: &CudaTensor, index: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.gather_row_at(src, index, dst)
+    }
+
+    fn scatter_row(
+        &self,
+        src: &CudaTensor,
+        index: &CudaTensor,
+        dst: &CudaTensor,
+        advance: bool,
+    ) -> Result<()> {
+        self.scatter_row_at(src, index, dst, advance)
+    }
+
     fn set_alloc_class(&self, class: AllocClass) -> AllocClass {
         std::mem::replace(&mut *lock(&self.inner.class), class)
     }

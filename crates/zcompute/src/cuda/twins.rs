@@ -14,6 +14,7 @@ mod attention;
 mod elementwise;
 mod flat;
 mod fused;
+mod indexed;
 mod reductions;
 mod rows;
 mod train;
@@ -73,6 +74,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormBackwardAddRows => fused::layer_norm_backward_add,
         Kernel::PoolHeadBce => fused::pool_head_bce,
         Kernel::PoolHeadBceBackward => fused::pool_head_bce_backward,
+        Kernel::GatherRow => indexed::gather_row,
+        Kernel::ScatterRow => indexed::scatter_row,
     }
 }
 

@@ -22,11 +22,13 @@
 mod attention;
 mod flat;
 mod fused;
+mod indexed;
 mod ops;
 
 pub(crate) use attention::*;
 pub(crate) use flat::*;
 pub(crate) use fused::*;
+pub(crate) use indexed::indexed_row;
 pub(crate) use ops::*;
 
 use crate::element::Element;

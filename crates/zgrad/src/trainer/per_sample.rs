@@ -1,8 +1,15 @@
 //! The per-sample schedule (XASSET.md): gradient accumulation over the batch, one step scope
-//! per sample, then one AdamW step. Each sample's forward+backward runs eagerly, or, with
-//! capture on, is captured once as a graph over static persistent slots (refilled before each
-//! replay) and replayed. A failed capture falls back to eager execution as `captured.rs`
-//! describes; a capture that left nothing done restarts the batch.
+//! per sample, then one AdamW step.
+//!
+//! The batch goes to the device once per step, as a persistent table whose row `i` is sample
+//! `i`'s features followed by its label. Eagerly, sample `i` reads views of row `i` and writes
+//! its loss into `losses[i]`. With capture on, one sample's work is captured once as a graph
+//! that reads its sample through an index held in device memory: it gathers row `index` into
+//! a static slot, runs forward+backward on views of the slot, scatters the loss into
+//! `losses[index]` and advances the index, so each replay takes the next sample and the host's
+//! work per sample is one graph launch. Samples still run one after another, so the memory
+//! peak is one sample's whatever the batch. A failed capture falls back to eager execution as
+//! `captured.rs` describes; a capture that left nothing done restarts the batch.
 
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{Runs, persistent_zeros, warn_fallback};
@@ -13,18 +20,120 @@ use crate::var::Var;
 use std::rc::Rc;
 use zcompute::{BTensor, Capture, Element};
 
-/// The per-sample schedule's static inputs and outputs, and its graph once captured.
+/// The per-sample schedule's device-resident batch, static slots and outputs, and its graph
+/// once captured.
 pub(super) struct SampleSlots<B: Capture<T>, T: Element> {
+    /// The batch, `[capacity, S*F + 1]`: row `i` is sample `i`'s features, then its label.
+    /// Grown (and the graph dropped) only when a larger batch comes.
+    table: BTensor<B, T>,
+    /// Host staging of the table's rows, reused from step to step.
+    staging: Vec<T>,
+    /// The row the graph gathers, `[S*F + 1]`; `xs` and `ys` are views of it.
+    row: BTensor<B, T>,
     xs: Var<B, T>,
     ys: Var<B, T>,
+    /// The sample the graph runs next (a whole number in `T`), advanced by the graph itself.
+    index: BTensor<B, T>,
+    /// 1/B, and the B it holds (0: not written yet).
     scale: BTensor<B, T>,
-    sample_loss: BTensor<B, T>,
-    /// Every sample's loss of the batch (kept between batches of the same size: freeing it
-    /// would poison it after the step's update, an error nobody could report).
+    scale_batch: usize,
+    /// Every sample's loss, `[capacity]` (kept between batches: freeing it would poison it
+    /// after the step's update, an error nobody could report).
     losses: BTensor<B, T>,
+    /// `[1, S, F]`.
     shape: Vec<usize>,
     graph: Option<B::Graph>,
     errors: ErrorSlot,
+}
+
+impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
+    fn new(b: &B, sample_shape: &[usize], capacity: usize) -> Result<Self> {
+        let per: usize = sample_shape.iter().product();
+        let row = persistent_zeros(b, &[per + 1])?;
+        Ok(SampleSlots {
+            table: persistent_zeros(b, &[capacity, per + 1])?,
+            staging: Vec::new(),
+            xs: Var::constant(row.narrow(0, 0, per)?.reshape(sample_shape)?),
+            ys: Var::constant(row.narrow(0, per, 1)?),
+            row,
+            index: persistent_zeros(b, &[1])?,
+            scale: persistent_zeros(b, &[])?,
+            scale_batch: 0,
+            losses: persistent_zeros(b, &[capacity])?,
+            shape: sample_shape.to_vec(),
+            graph: None,
+            errors: ErrorSlot::default(),
+        })
+    }
+
+    fn capacity(&self) -> usize {
+        self.table.shape()[0]
+    }
+
+    /// Uploads the batch as the table's first rows (one upload), writes 1/B when B changed,
+    /// and, for the graph, sets the index to sample 0.
+    fn load(&mut self, b: &B, x: &[T], y: &[T], batch: usize, indexed: bool) -> Result<()> {
+        let per = x.len() / batch;
+        self.staging.clear();
+        for (features, label) in x.chunks_exact(per).zip(y) {
+            self.staging.extend_from_slice(features);
+            self.staging.push(*label);
+        }
+        b.upload_into(&self.staging, &self.table.narrow(0, 0, batch)?)?;
+        if self.scale_batch != batch {
+            b.upload_into(&[T::from_f64(1.0 / batch as f64)], &self.scale)?;
+            self.scale_batch = batch;
+        }
+        if indexed {
+            b.fill(&self.index, T::ZERO)?;
+        }
+        Ok(())
+    }
+
+    /// Sample `i`'s features `[1, S, F]` and label `[1]`: views of the table's row `i`.
+    fn sample(&self, i: usize) -> Result<(Var<B, T>, Var<B, T>)> {
+        let per: usize = self.shape.iter().product();
+        let row = self.table.narrow(0, i, 1)?;
+        Ok((
+            Var::constant(row.narrow(1, 0, per)?.reshape(&self.shape)?),
+            Var::constant(row.narrow(1, per, 1)?.reshape(&[1])?),
+        ))
+    }
+
+    /// The body of the captured graph: the sample at the index, its forward+backward, its
+    /// loss into `losses[index]`, the index advanced. Every call is legal inside a capture.
+    fn indexed_body(
+        &self,
+        b: &Rc<B>,
+        parts: &StepParts<B, T>,
+        runs: &Runs,
+    ) -> impl FnMut() -> zcompute::Result<()> + 'static
+    where
+        B: 'static,
+    {
+        let (b, parts, runs) = (Rc::clone(b), parts.clone(), Rc::clone(runs));
+        let (table, row, index, losses) = (
+            self.table.clone(),
+            self.row.clone(),
+            self.index.clone(),
+            self.losses.clone(),
+        );
+        let (xs, ys, scale, errors) = (
+            self.xs.clone(),
+            self.ys.clone(),
+            self.scale.clone(),
+            self.errors.clone(),
+        );
+        move || {
+            b.gather_row(&table, &index, &row)?;
+            let loss = parts
+                .forward_backward(&*b, &xs, &ys, Some(&scale))
+                .map_err(|e| into_body_error(e, &errors))?;
+            b.scatter_row(&loss, &index, &losses, true)?;
+            runs.set(runs.get() + 1);
+            Ok(())
+        }
+    }
 }
 
 impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
@@ -35,39 +144,45 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             .ok_or_else(|| GradError::BadInput("per-sample slots missing".into()))
     }
 
+    fn slots_mut(&mut self) -> Result<&mut SampleSlots<B, T>> {
+        self.graphs
+            .samples
+            .as_mut()
+            .ok_or_else(|| GradError::BadInput("per-sample slots missing".into()))
+    }
+
+    /// Slots for samples of `sample_shape` and a batch of `batch`: kept while they fit (a
+    /// smaller batch uses the table's first rows), made anew (graph and all) otherwise.
     fn sample_slots(&mut self, sample_shape: &[usize], batch: usize) -> Result<()> {
-        let b = &*self.backend;
-        if let Some(s) = self.graphs.samples.as_mut()
+        if let Some(s) = self.graphs.samples.as_ref()
             && s.shape == sample_shape
+            && s.capacity() >= batch
         {
-            if s.losses.shape() != [batch] {
-                s.losses = persistent_zeros(b, &[batch])?;
-            }
             return Ok(());
         }
-        self.graphs.samples = Some(SampleSlots {
-            losses: persistent_zeros(b, &[batch])?,
-            xs: Var::constant(persistent_zeros(b, sample_shape)?),
-            ys: Var::constant(persistent_zeros(b, &[1])?),
-            scale: persistent_zeros(b, &[])?,
-            sample_loss: persistent_zeros(b, &[])?,
-            shape: sample_shape.to_vec(),
-            graph: None,
-            errors: ErrorSlot::default(),
-        });
+        // Dropped before the new ones are made, so the two never hold memory together.
+        self.graphs.samples = None;
+        self.graphs.samples = Some(SampleSlots::new(&*self.backend, sample_shape, batch)?);
         Ok(())
     }
 
-    /// Runs sample `i` (inputs already in the slots): eagerly, by capturing, or by replaying.
-    /// Returns `false` when a failed capture left nothing done and the batch must restart.
-    fn run_sample(&mut self, parts: &StepParts<B, T>) -> Result<bool> {
+    fn wants_graph(&self) -> bool {
+        self.config.capture && !self.graphs.disabled
+    }
+
+    /// Runs sample `i`: eagerly, by capturing (the capture's warm-up runs it), or by
+    /// replaying. Returns `false` when a failed capture left nothing done and the batch must
+    /// restart.
+    fn run_sample(&mut self, parts: &StepParts<B, T>, i: usize) -> Result<bool> {
         let b = Rc::clone(&self.backend);
-        let want = self.config.capture && !self.graphs.disabled;
+        let want = self.wants_graph();
         let Some(s) = self.graphs.samples.as_mut() else {
             return Err(GradError::BadInput("per-sample slots missing".into()));
         };
         if !want {
-            parts.per_sample(&*b, &s.xs, &s.ys, &s.scale, &s.sample_loss)?;
+            let (xs, ys) = s.sample(i)?;
+            let loss = s.losses.narrow(0, i, 1)?.reshape(&[])?;
+            parts.per_sample(&*b, &xs, &ys, &s.scale, &loss)?;
             return Ok(true);
         }
         if let Some(graph) = s.graph.as_mut() {
@@ -75,23 +190,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             return Ok(true);
         }
         let runs = Runs::default();
-        let body = {
-            let (b, parts, errors, runs) =
-                (Rc::clone(&b), parts.clone(), s.errors.clone(), runs.clone());
-            let (xs, ys, scale, out) = (
-                s.xs.clone(),
-                s.ys.clone(),
-                s.scale.clone(),
-                s.sample_loss.clone(),
-            );
-            move || {
-                parts
-                    .per_sample(&*b, &xs, &ys, &scale, &out)
-                    .map_err(|e| into_body_error(e, &errors))?;
-                runs.set(runs.get() + 1);
-                Ok(())
-            }
-        };
+        let body = s.indexed_body(&b, parts, &runs);
         match b.capture(Box::new(body)) {
             Ok(graph) => {
                 s.graph = Some(graph);
@@ -118,27 +217,15 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     ) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
         let batch = shape[0];
-        let per: usize = shape[1..].iter().product();
         self.sample_slots(&[1, shape[1], shape[2]], batch)?;
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
-        let losses = self.slots()?.losses.clone();
-        self.slots()?.scale_upload(&*b, batch)?;
+        let indexed = self.wants_graph();
+        self.slots_mut()?.load(&*b, x, y, batch, indexed)?;
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
         while i < batch {
-            let done = in_step(&*b, || {
-                let s = self.slots()?;
-                s.xs.upload(&*b, &x[i * per..(i + 1) * per])?;
-                s.ys.upload(&*b, &y[i..=i])?;
-                if !self.run_sample(&parts)? {
-                    return Ok(false);
-                }
-                let dst = losses.narrow(0, i, 1)?.reshape(&[])?;
-                b.copy_into(&self.slots()?.sample_loss, &dst)?;
-                Ok(true)
-            })?;
-            if done {
+            if in_step(&*b, || self.run_sample(&parts, i))? {
                 i += 1;
             } else {
                 zero_grad(&*b, &parts.params)?;
@@ -148,7 +235,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let checked = in_step(&*b, || {
             let norm = parts.norm(&*b)?;
             let norm = b.download(&norm)?[0].to_f64();
-            let losses = b.download(&losses)?;
+            let losses = b.download(&self.slots()?.losses.narrow(0, 0, batch)?)?;
             if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite()) {
                 return Err(GradError::NonFinite {
                     step,
@@ -168,16 +255,8 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             grad_norm,
             lr,
             samples: batch,
-            captured: self.config.capture && !self.graphs.disabled,
+            captured: self.wants_graph(),
         })
-    }
-}
-
-impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
-    /// Writes 1/B into the loss-scale slot (read by the captured body on every replay).
-    fn scale_upload(&self, b: &B, batch: usize) -> Result<()> {
-        b.upload_into(&[T::from_f64(1.0 / batch as f64)], &self.scale)?;
-        Ok(())
     }
 }
 

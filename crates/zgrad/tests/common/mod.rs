@@ -204,6 +204,23 @@ where
             cfg,
         )
     }
+    fn gather_row(
+        &self,
+        src: &TTensor<T>,
+        index: &TTensor<T>,
+        dst: &TTensor<T>,
+    ) -> zcompute::Result<()> {
+        CPU.gather_row(&inner(src), &inner(index), &inner(dst))
+    }
+    fn scatter_row(
+        &self,
+        src: &TTensor<T>,
+        index: &TTensor<T>,
+        dst: &TTensor<T>,
+        advance: bool,
+    ) -> zcompute::Result<()> {
+        CPU.scatter_row(&inner(src), &inner(index), &inner(dst), advance)
+    }
     fn set_alloc_class(&self, class: AllocClass) -> AllocClass {
         let prev = self.current();
         self.class.set(Some(class));

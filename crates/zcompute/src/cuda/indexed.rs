@@ -1,0 +1,62 @@
+//! Row ops indexed from device memory (`Backend::gather_row`, `Backend::scatter_row`): one
+//! kernel each (`kernels/indexed.cu`) that reads the index when it runs, so a captured graph
+//! walks a device-resident table on its replays with no host work. The operands are dense
+//! (checked by `validate::indexed_row`), so the kernels take plain pointers.
+
+use super::kernels::{self, Args, Kernel, ptr, u64a};
+use super::{CudaBackend, CudaTensor};
+use crate::error::Result;
+use crate::validate;
+use zdevice::{Driver, KernelArg};
+
+impl<D: Driver> CudaBackend<D> {
+    pub(crate) fn gather_row_at(
+        &self,
+        src: &CudaTensor,
+        index: &CudaTensor,
+        dst: &CudaTensor,
+    ) -> Result<()> {
+        const OP: &str = "gather_row";
+        let table = validate::indexed_row(OP, src, dst, index)?;
+        if table.row_len == 0 {
+            return Ok(());
+        }
+        let args: Args = [
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, src)?),
+            ptr(self.ptr(OP, index)?),
+            u64a(table.rows),
+            u64a(table.row_len),
+        ]
+        .into_iter()
+        .collect();
+        let config = kernels::elementwise_config(table.row_len);
+        self.launch(OP, Kernel::GatherRow, config, &args)
+    }
+
+    pub(crate) fn scatter_row_at(
+        &self,
+        src: &CudaTensor,
+        index: &CudaTensor,
+        dst: &CudaTensor,
+        advance: bool,
+    ) -> Result<()> {
+        const OP: &str = "scatter_row";
+        let table = validate::indexed_row(OP, dst, src, index)?;
+        if table.row_len == 0 && !advance {
+            return Ok(());
+        }
+        let args: Args = [
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, src)?),
+            ptr(self.ptr(OP, index)?),
+            u64a(table.rows),
+            u64a(table.row_len),
+            KernelArg::U32(u32::from(advance)),
+        ]
+        .into_iter()
+        .collect();
+        // One block: the kernel moves the index only after every thread has written.
+        self.launch(OP, Kernel::ScatterRow, kernels::single_block(), &args)
+    }
+}

@@ -1,0 +1,52 @@
+//! Simulated twins of the row kernels indexed from device memory (`indexed.cu`): the index
+//! is read from simulated memory when the kernel runs, under the CPU backend's rule
+//! (`cpu::indexed::row_of`).
+
+use super::{checked, usize_of};
+use crate::cpu::indexed::row_of;
+use crate::cuda::kernels::Kernel;
+use zdevice::sim::{KernelFault, SimMemory};
+use zdevice::{KernelArg, LaunchConfig};
+
+/// The row the index at `index` names among `rows`, read now.
+fn row(
+    mem: &SimMemory<'_>,
+    index: zdevice::DevicePtr,
+    rows: u64,
+) -> Result<Option<u64>, KernelFault> {
+    let at = mem.read_f32(index, 1)?[0];
+    Ok(row_of(f64::from(at), usize_of(rows, 3)?).map(|r| r as u64))
+}
+
+pub(super) fn gather_row(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::GatherRow, args)?;
+    let (dst, src, index, rows, len) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.u64(3)?, k.u64(4)?);
+    let values = match row(mem, index, rows)? {
+        Some(r) => mem.read_f32(src.offset(r * len * 4), len)?,
+        None => vec![f32::NAN; usize_of(len, 4)?],
+    };
+    mem.write_f32(dst, &values)
+}
+
+pub(super) fn scatter_row(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::ScatterRow, args)?;
+    let (dst, src, index, rows, len) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.u64(3)?, k.u64(4)?);
+    let advance = k.u32(5)? != 0;
+    let at = mem.read_f32(index, 1)?[0];
+    if let Some(r) = row(mem, index, rows)? {
+        let values = mem.read_f32(src, len)?;
+        mem.write_f32(dst.offset(r * len * 4), &values)?;
+    }
+    if advance {
+        mem.write_f32(index, &[at + 1.0])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The row ops indexed from device memory (`gather_row`, `scatter_row`) against the CPU
+//! backend, eagerly and as a captured graph whose replays walk a table through an index the
+//! graph advances itself. Bodies generic over the driver: the simulated device here, CUDA
+//! device 0 under `gpu`. Poison is on, so an element a kernel forgets to write reads NaN.
+
+use crate::common::uniform;
+use zcompute::{BTensor, Backend, Capture, CpuBackend, CudaBackend};
+use zdevice::Driver;
+
+const CPU: CpuBackend = CpuBackend;
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Gathers and scatters at `at` on backend `be`: (gathered row, table after the scatter,
+/// index after the advancing scatter).
+fn rows_at<B: Backend<f32>>(be: &B, at: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let table = be
+        .upload(
+            &uniform(5 * 3 * 2, 7, -1.0, 1.0)
+                .iter()
+                .map(|&v| v as f32)
+                .collect::<Vec<_>>(),
+            &[5, 3, 2],
+        )
+        .expect("table");
+    let index = be.upload(&[at], &[]).expect("index");
+    let row = be.full(&[1, 3, 2], -9.0).expect("row");
+    be.gather_row(&table, &index, &row).expect("gather_row");
+    let src = be
+        .upload(&[10.0, 11.0, 12.0, 13.0, 14.0, 15.0], &[3, 2])
+        .expect("src");
+    be.scatter_row(&src, &index, &table, true)
+        .expect("scatter_row");
+    (
+        be.download(&row).expect("row"),
+        be.download(&table).expect("table"),
+        be.download(&index).expect("index"),
+    )
+}
+
+/// Every index value, a row or none, gives the CPU's bits; a valid one reads and writes its
+/// row, an invalid one gathers NaN and scatters nothing, and the index advances either way.
+pub fn gather_and_scatter_match_the_cpu<D: Driver>(b: &CudaBackend<D>) {
+    let table: Vec<f32> = uniform(30, 7, -1.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    for at in [0.0f32, 3.0, 4.0, 5.0, -1.0, 0.5, f32::NAN, f32::INFINITY] {
+        let (row, written, index) = rows_at(b, at);
+        let (row_cpu, written_cpu, index_cpu) = rows_at(&CPU, at);
+        assert_eq!(bits(&row), bits(&row_cpu), "gathered row at {at}");
+        assert_eq!(bits(&written), bits(&written_cpu), "table at {at}");
+        assert_eq!(bits(&index), bits(&index_cpu), "index at {at}");
+        let valid = (0.0..5.0).contains(&at) && at.fract() == 0.0;
+        if valid {
+            let r = at as usize;
+            assert_eq!(row, table[r * 6..(r + 1) * 6], "row {r}");
+            assert_eq!(
+                written[r * 6..(r + 1) * 6],
+                [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+            );
+            assert_eq!(index, [at + 1.0]);
+        } else {
+            assert!(row.iter().all(|v| v.is_nan()), "no row at {at}: NaN");
+            assert_eq!(written, table, "no row at {at}: nothing written");
+        }
+    }
+}
+
+/// `out[i] = 2 * table[i] + 1` for every row, one row per run of a captured body that
+/// gathers at the index, computes, and scatters advancing it: the warm-up does row 0 and each
+/// replay the next. Returns (out, index).
+fn captured_walk<B: Capture<f32> + Clone + 'static>(be: &B, rows: usize) -> (Vec<f32>, Vec<f32>)
+where
+    BTensor<B, f32>: 'static,
+{
+    let n = 5;
+    let values: Vec<f32> = uniform(rows * n, 11, -1.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let table = be.upload(&values, &[rows, n]).expect("table");
+    let out = be.zeros(&[rows, n]).expect("out");
+    let index = be.zeros(&[1]).expect("index");
+    let slot = be.zeros(&[n]).expect("slot");
+    let body = {
+        let (be, table, out, index, slot) = (
+            be.clone(),
+            table.clone(),
+            out.clone(),
+            index.clone(),
+            slot.clone(),
+        );
+        Box::new(move || {
+            be.gather_row(&table, &index, &slot)?;
+            let y = be.binary_scalar(
+                zcompute::BinaryOp::Mul,
+                &slot,
+                2.0,
+                zcompute::ScalarSide::Rhs,
+            )?;
+            let y =
+                be.binary_scalar(zcompute::BinaryOp::Add, &y, 1.0, zcompute::ScalarSide::Rhs)?;
+            be.scatter_row(&y, &index, &out, true)
+        })
+    };
+    let mut graph = be.capture(body).expect("capture");
+    for _ in 1..rows {
+        be.replay(&mut graph).expect("replay");
+    }
+    (
+        be.download(&out).expect("out"),
+        be.download(&index).expect("index"),
+    )
+}
+
+/// A captured graph walks the table through the index it advances: equal to the CPU's
+/// recorded body, bit for bit, every row visited once.
+pub fn a_captured_graph_walks_the_rows<D: Driver>(b: &CudaBackend<D>) {
+    let rows = 4;
+    let (out, index) = captured_walk(b, rows);
+    let (out_cpu, index_cpu) = captured_walk(&CPU, rows);
+    assert_eq!(bits(&out), bits(&out_cpu));
+    assert_eq!(index, [rows as f32]);
+    assert_eq!(index_cpu, [rows as f32]);
+    let values: Vec<f32> = uniform(rows * 5, 11, -1.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let want: Vec<f32> = values.iter().map(|v| v * 2.0 + 1.0).collect();
+    assert_eq!(out, want);
+}
+
+/// Bad operands get the same typed error as on the CPU.
+pub fn bad_operands_are_refused<D: Driver>(b: &CudaBackend<D>) {
+    fn errors<B: Backend<f32>>(be: &B) -> Vec<String> {
+        let table = be.zeros(&[4, 3]).expect("table");
+        let index = be.zeros(&[]).expect("index");
+        let row = be.zeros(&[3]).expect("row");
+        let scalar = be.zeros(&[]).expect("scalar");
+        let short = be.zeros(&[2]).expect("short");
+        let two = be.zeros(&[2]).expect("two");
+        let strided = be.zeros(&[3, 4]).expect("wide");
+        let strided = strided.transpose(0, 1).expect("transpose");
+        [
+            be.gather_row(&scalar, &index, &row),
+            be.gather_row(&table, &two, &row),
+            be.gather_row(&table, &index, &short),
+            be.gather_row(&strided, &index, &row),
+            be.gather_row(&table, &index, &table.narrow(0, 1, 1).expect("narrow")),
+            be.scatter_row(&row, &index, &strided, false),
+            be.scatter_row(&row, &row.narrow(0, 0, 1).expect("narrow"), &table, true),
+        ]
+        .into_iter()
+        .map(|r| r.expect_err("refused").to_string())
+        .collect()
+    }
+    let ours = errors(b);
+    assert_eq!(ours, errors(&CPU));
+    assert!(ours[0].contains("rank >= 1"), "{}", ours[0]);
+    assert!(
+        ours[2].contains("expected 3 elements, got 2"),
+        "{}",
+        ours[2]
+    );
+    assert!(ours[3].contains("not contiguous"), "{}", ours[3]);
+    assert!(ours[4].contains("share storage"), "{}", ours[4]);
+}
+
+mod mock {
+    #[test]
+    fn gather_and_scatter_match_the_cpu() {
+        super::gather_and_scatter_match_the_cpu(&super::super::mock());
+    }
+
+    #[test]
+    fn a_captured_graph_walks_the_rows() {
+        super::a_captured_graph_walks_the_rows(&super::super::mock());
+    }
+
+    #[test]
+    fn bad_operands_are_refused() {
+        super::bad_operands_are_refused(&super::super::mock());
+    }
+}
+
+#[cfg(feature = "gpu")]
+mod gpu {
+    #[test]
+    fn gather_and_scatter_match_the_cpu() {
+        super::gather_and_scatter_match_the_cpu(&super::super::gpu());
+    }
+
+    #[test]
+    fn a_captured_graph_walks_the_rows() {
+        super::a_captured_graph_walks_the_rows(&super::super::gpu());
+    }
+
+    #[test]
+    fn bad_operands_are_refused() {
+        super::bad_operands_are_refused(&super::super::gpu());
+    }
+}

@@ -1,0 +1,41 @@
+// Device-side indexing of a leading axis by an index held in device memory. The per-sample
+// schedule's captured graph reads sample i of a device-resident batch and writes sample i's
+// loss to losses[i], advancing i itself, so a replay needs no host upload.
+//
+// The index is a float (the tensors' element type) read when the kernel runs. It names a row
+// only if it is a whole number in [0, rows); any other value (NaN, negative, fractional, too
+// large) names none: a gather then writes NaN (visible downstream), a scatter writes nothing.
+// The same rule is crates/zcompute/src/cpu/indexed.rs's `row_of`.
+#include "common.cuh"
+
+__device__ __forceinline__ bool zc_row_of(float f, u64 rows, u64* row) {
+    double d = (double)f;
+    if (!isfinite(d) || d < 0.0 || d != floor(d) || d >= (double)rows) return false;
+    *row = (u64)d;
+    return true;
+}
+
+// dst[j] = src[row * row_len + j] for j < row_len, row = index[0]; NaN if the index names no
+// row. src is dense [rows, row_len], dst dense [row_len].
+extern "C" __global__ void zc_gather_row_f32(float* dst, const float* src, const float* index,
+                                             u64 rows, u64 row_len) {
+    u64 row = 0;
+    bool ok = zc_row_of(index[0], rows, &row);
+    GRID_STRIDE_LOOP(j, 0, row_len) {
+        dst[j] = ok ? src[row * row_len + j] : __int_as_float(0x7fffffff);
+    }
+}
+
+// dst[row * row_len + j] = src[j] for j < row_len, row = index[0] (nothing if the index names no
+// row); then, if advance != 0, index[0] += 1. One block: every thread has read the index and
+// written its share before thread 0 moves the index.
+extern "C" __global__ void zc_scatter_row_f32(float* dst, const float* src, float* index, u64 rows,
+                                              u64 row_len, unsigned advance) {
+    float f = index[0];
+    u64 row = 0;
+    if (zc_row_of(f, rows, &row)) {
+        for (u64 j = threadIdx.x; j < row_len; j += blockDim.x) dst[row * row_len + j] = src[j];
+    }
+    __syncthreads();
+    if (advance != 0 && threadIdx.x == 0) index[0] = f + 1.0f;
+}
