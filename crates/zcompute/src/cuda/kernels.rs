@@ -275,10 +275,10 @@ impl Kernel {
             Kernel::LayerNormRowsV2 => s(1, "zc_layer_norm_rows_v2_f32", LAYER_NORM, 0),
             Kernel::LayerNormRowsV4 => s(1, "zc_layer_norm_rows_v4_f32", LAYER_NORM, 0),
             Kernel::LayerNormRowsV8 => s(1, "zc_layer_norm_rows_v8_f32", LAYER_NORM, 0),
-            Kernel::BiasAct => s(3, "zc_bias_act_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
-            Kernel::TanhBackward => s(3, "zc_tanh_backward_f32", &[Ptr, Ptr, Ptr, U64], 0),
+            Kernel::BiasAct => s(5, "zc_bias_act_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::TanhBackward => s(5, "zc_tanh_backward_f32", &[Ptr, Ptr, Ptr, U64], 0),
             Kernel::AddLayerNormRows => s(
-                3,
+                5,
                 "zc_add_layer_norm_rows_f32",
                 &[
                     Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U64, U64, F32,
@@ -286,7 +286,7 @@ impl Kernel {
                 0,
             ),
             Kernel::LayerNormBackwardAddRows => s(
-                3,
+                5,
                 "zc_layer_norm_backward_add_rows_f32",
                 &[
                     Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U64, U64,
@@ -294,13 +294,13 @@ impl Kernel {
                 0,
             ),
             Kernel::PoolHeadBce => s(
-                3,
+                5,
                 "zc_pool_head_bce_f32",
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
                 0,
             ),
             Kernel::PoolHeadBceBackward => s(
-                3,
+                5,
                 "zc_pool_head_bce_backward_f32",
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
                 0,
@@ -316,15 +316,15 @@ impl Kernel {
             Kernel::NormFinish => s(3, "zc_norm_finish_f32", &[Ptr, Ptr, U64], 0),
             Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
             Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
-            Kernel::QkNormAttention => s(3, "zc_qk_norm_attention_f32", ATTENTION, 0),
+            Kernel::QkNormAttention => s(4, "zc_qk_norm_attention_f32", ATTENTION, 0),
             Kernel::QkNormAttentionBackward => s(
-                3,
+                4,
                 "zc_qk_norm_attention_backward_f32",
                 ATTENTION_BACKWARD,
                 0,
             ),
-            Kernel::GatherRow => s(3, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
-            Kernel::ScatterRow => s(3, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::GatherRow => s(6, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
+            Kernel::ScatterRow => s(6, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
         }
     }
 }
@@ -358,5 +358,26 @@ pub(crate) fn reduce_code(op: ReduceOp) -> u32 {
         ReduceOp::Sum => 0,
         ReduceOp::Mean => 1,
         ReduceOp::Max => 2,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Kernel, MODULES};
+
+    /// Every kernel names an entry of the module it is looked up in. Module indices are
+    /// positions in `MODULES`; a kernel family added beside another once pointed at the wrong
+    /// module, and the simulator answered `cuModuleGetFunction` 500 at `CudaBackend::new`.
+    #[test]
+    fn every_kernel_is_an_entry_of_its_own_module() {
+        for k in Kernel::ALL {
+            let spec = k.spec();
+            let (module, ptx) = MODULES[spec.module];
+            assert!(
+                ptx.contains(&format!(".entry {}(", spec.name)),
+                "{k:?}: {} is not an entry of {module}.ptx",
+                spec.name
+            );
+        }
     }
 }
