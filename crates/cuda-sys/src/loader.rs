@@ -3,9 +3,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::names::{
-    CUBLAS_SYMBOLS, CUBLASLT_SYMBOLS, DRIVER_SYMBOLS, NCCL_SYMBOLS, NVRTC_SYMBOLS,
-};
+use crate::names::{CUBLAS_SYMBOLS, CUBLASLT_SYMBOLS, DRIVER_SYMBOLS, NCCL_SYMBOLS, NVRTC_SYMBOLS};
 use crate::{cublas::Cublas, cublaslt::CublasLt, driver::Cuda, nccl::Nccl, nvrtc::Nvrtc};
 
 /// Environment variable naming a folder searched before the system loader's paths.

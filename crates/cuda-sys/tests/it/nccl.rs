@@ -39,7 +39,10 @@ fn a_library_without_nccl_symbols_is_missing_symbol() {
             library, symbol, ..
         } => {
             assert_eq!(library, "libnccl");
-            assert_eq!(symbol, "ncclGetVersion", "the first symbol of the allowlist");
+            assert_eq!(
+                symbol, "ncclGetVersion",
+                "the first symbol of the allowlist"
+            );
         }
         other => panic!("expected MissingSymbol, got {other:?}"),
     }
@@ -81,7 +84,11 @@ fn nccl_binds_every_call_a_communicator_makes() {
     ] {
         assert!(symbols.contains(&s), "{s} missing from the NCCL allowlist");
     }
-    assert_eq!(cuda_sys::nccl::NCCL_VERSION_CODE, 22803, "pinned nccl.h 2.28.3");
+    assert_eq!(
+        cuda_sys::nccl::NCCL_VERSION_CODE,
+        22803,
+        "pinned nccl.h 2.28.3"
+    );
     assert_eq!(cuda_sys::nccl::NCCL_UNIQUE_ID_BYTES, 128);
 }
 
