@@ -151,7 +151,12 @@ const NCCL_FUNCTIONS: &[&str] = &[
     "ncclGetLastError",
 ];
 
-const NCCL_TYPES: &[&str] = &["ncclResult_t", "ncclRedOp_t", "ncclDataType_t", "ncclConfig_t"];
+const NCCL_TYPES: &[&str] = &[
+    "ncclResult_t",
+    "ncclRedOp_t",
+    "ncclDataType_t",
+    "ncclConfig_t",
+];
 
 const NCCL_VARS: &[&str] = &[
     "NCCL_MAJOR",
