@@ -9,7 +9,8 @@ use std::process::Command;
 
 use crate::error::{Result, XtaskError, io};
 use crate::toolchain::{
-    self, BINDGEN_WHEELS, CUBLAS, CUDA_CCCL, CUDA_CRT, CUDA_NVRTC, CUDA_RUNTIME, LIBCLANG,
+    self, BINDGEN_WHEELS, CUBLAS, CUDA_CCCL, CUDA_CRT, CUDA_NVRTC, CUDA_RUNTIME, LIBCLANG, NCCL,
+    Wheel,
 };
 
 /// One generated file: a header, the library it binds and what to keep from it.
@@ -21,6 +22,11 @@ struct Binding {
     functions: &'static [&'static str],
     /// Types to keep even though no allowlisted function mentions them (flag enums).
     types: &'static [&'static str],
+    /// `#define`d constants to keep (version numbers).
+    vars: &'static [&'static str],
+    /// The wheel whose include folder holds `header`, when it is not a CUDA toolkit header
+    /// (its provenance is named in the file too). The CUDA include folder is searched as well.
+    wheel: Option<Wheel>,
 }
 
 /// Real symbol names (cuda.h `#define`s many calls to `_v2` symbols; these are what `dlsym` finds).
@@ -129,6 +135,37 @@ const CUBLAS_TYPES: &[&str] = &["cublasStatus_t", "cublasMath_t", "cublasOperati
 
 const CUBLASLT_FUNCTIONS: &[&str] = &["cublasLtCreate", "cublasLtDestroy", "cublasLtGetVersion"];
 
+/// NCCL: what a communicator per rank needs (init from a unique id, non-blocking, polled through
+/// its asynchronous error; all-reduce and broadcast on a stream; finalize, destroy, abort).
+const NCCL_FUNCTIONS: &[&str] = &[
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRankConfig",
+    "ncclCommFinalize",
+    "ncclCommDestroy",
+    "ncclCommAbort",
+    "ncclCommGetAsyncError",
+    "ncclAllReduce",
+    "ncclBroadcast",
+    "ncclGetErrorString",
+    "ncclGetLastError",
+];
+
+const NCCL_TYPES: &[&str] = &[
+    "ncclResult_t",
+    "ncclRedOp_t",
+    "ncclDataType_t",
+    "ncclConfig_t",
+];
+
+const NCCL_VARS: &[&str] = &[
+    "NCCL_MAJOR",
+    "NCCL_MINOR",
+    "NCCL_PATCH",
+    "NCCL_VERSION_CODE",
+    "NCCL_UNIQUE_ID_BYTES",
+];
+
 const BINDINGS: &[Binding] = &[
     Binding {
         file: "driver.rs",
@@ -136,6 +173,8 @@ const BINDINGS: &[Binding] = &[
         struct_name: "Cuda",
         functions: DRIVER_FUNCTIONS,
         types: DRIVER_TYPES,
+        vars: &[],
+        wheel: None,
     },
     Binding {
         file: "nvrtc.rs",
@@ -143,6 +182,8 @@ const BINDINGS: &[Binding] = &[
         struct_name: "Nvrtc",
         functions: NVRTC_FUNCTIONS,
         types: &["nvrtcResult"],
+        vars: &[],
+        wheel: None,
     },
     Binding {
         file: "cublas.rs",
@@ -150,6 +191,8 @@ const BINDINGS: &[Binding] = &[
         struct_name: "Cublas",
         functions: CUBLAS_FUNCTIONS,
         types: CUBLAS_TYPES,
+        vars: &[],
+        wheel: None,
     },
     Binding {
         file: "cublaslt.rs",
@@ -157,6 +200,17 @@ const BINDINGS: &[Binding] = &[
         struct_name: "CublasLt",
         functions: CUBLASLT_FUNCTIONS,
         types: &[],
+        vars: &[],
+        wheel: None,
+    },
+    Binding {
+        file: "nccl.rs",
+        header: "nccl.h",
+        struct_name: "Nccl",
+        functions: NCCL_FUNCTIONS,
+        types: NCCL_TYPES,
+        vars: NCCL_VARS,
+        wheel: Some(NCCL),
     },
 ];
 
@@ -257,12 +311,27 @@ pub fn inner(out: &Path) -> Result<()> {
             "driver.rs" => tables.push_str(&name_table(&code, "cu_result", "cudaError_enum")?),
             "nvrtc.rs" => tables.push_str(&name_table(&code, "nvrtc_result", "nvrtcResult")?),
             "cublas.rs" => tables.push_str(&name_table(&code, "cublas_status", "cublasStatus_t")?),
+            "nccl.rs" => tables.push_str(&name_table(&code, "nccl_result", "ncclResult_t")?),
             _ => {}
         }
     }
     let names = out.join("names.rs");
     std::fs::write(&names, rustfmt(&tables)?).map_err(io("writing", &names))?;
     Ok(())
+}
+
+/// The first line of a generated file: the CUDA headers' provenance, and `wheel`'s when the
+/// header came from another wheel.
+fn provenance_of(wheel: Option<Wheel>) -> String {
+    let base = provenance();
+    match wheel {
+        None => base,
+        Some(w) => base.replacen(
+            " with bindgen",
+            &format!(" and {}=={} with bindgen", w.name, w.version),
+            1,
+        ),
+    }
 }
 
 fn provenance() -> String {
@@ -285,13 +354,18 @@ fn provenance() -> String {
 }
 
 fn generate(binding: &Binding, include: &Path, system_include: &Path) -> Result<String> {
-    let header = include.join(binding.header);
+    let own_include = binding
+        .wheel
+        .map(|w| toolchain::include_dir(&w))
+        .unwrap_or_else(|| include.to_path_buf());
+    let header = own_include.join(binding.header);
     let mut builder = bindgen::Builder::default()
         .header(header.to_string_lossy())
+        .clang_arg(format!("-I{}", own_include.display()))
         .clang_arg(format!("-I{}", include.display()))
         .clang_arg(format!("-isystem{}", system_include.display()))
         .disable_header_comment()
-        .raw_line(provenance())
+        .raw_line(provenance_of(binding.wheel))
         .generate_comments(false)
         .layout_tests(false)
         .prepend_enum_name(false)
@@ -306,6 +380,9 @@ fn generate(binding: &Binding, include: &Path, system_include: &Path) -> Result<
     }
     for t in binding.types {
         builder = builder.allowlist_type(format!("^{t}$"));
+    }
+    for v in binding.vars {
+        builder = builder.allowlist_var(format!("^{v}$"));
     }
     let bindings = builder
         .generate()
@@ -332,7 +409,7 @@ fn names_header() -> String {
     format!(
         "{}\n//! Names of status codes and the symbols each library must export, derived from the \
          generated bindings.\n\n",
-        provenance()
+        provenance_of(Some(NCCL))
     )
 }
 

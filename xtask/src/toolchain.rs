@@ -22,6 +22,8 @@ pub struct Wheel {
     pub version: &'static str,
     /// Unpack only `nvidia/cu13/include/` (the package's libraries are not needed).
     pub headers_only: bool,
+    /// The wheel's header folder inside the prefix (`nvidia/cu13/include` for the CUDA wheels).
+    pub include: &'static str,
 }
 
 const fn wheel(name: &'static str, version: &'static str, headers_only: bool) -> Wheel {
@@ -29,8 +31,12 @@ const fn wheel(name: &'static str, version: &'static str, headers_only: bool) ->
         name,
         version,
         headers_only,
+        include: CUDA_INCLUDE,
     }
 }
+
+/// Where the CUDA 13 wheels keep their headers, relative to [`prefix`].
+const CUDA_INCLUDE: &str = "nvidia/cu13/include";
 
 /// `cuda.h` and the runtime headers cuBLAS includes (`driver_types.h`, `cuComplex.h`...).
 pub const CUDA_RUNTIME: Wheel = wheel("nvidia-cuda-runtime", "13.0.96", true);
@@ -42,6 +48,15 @@ pub const CUDA_CCCL: Wheel = wheel("nvidia-cuda-cccl", "13.0.85", true);
 pub const CUDA_NVRTC: Wheel = wheel("nvidia-cuda-nvrtc", "13.0.88", true);
 /// `cublas_api.h`, `cublas_v2.h`, `cublasLt.h` (newest 13.0.x).
 pub const CUBLAS: Wheel = wheel("nvidia-cublas", "13.0.2.14", true);
+/// `nccl.h`: the release the GPU machines' system `libnccl.so.2` carries (PyTorch's wheel
+/// carries 2.28.9, newer, which the bindings accept); the bindings refuse a library older
+/// than this header.
+pub const NCCL: Wheel = Wheel {
+    name: "nvidia-nccl-cu13",
+    version: "2.28.3",
+    headers_only: true,
+    include: "nvidia/nccl/include",
+};
 /// libclang for bindgen (the wheel ships `clang/native/libclang.so`).
 pub const LIBCLANG: Wheel = wheel("libclang", "18.1.1", false);
 /// nvcc itself.
@@ -56,6 +71,7 @@ pub const BINDGEN_WHEELS: &[Wheel] = &[
     CUDA_CCCL,
     CUDA_NVRTC,
     CUBLAS,
+    NCCL,
     LIBCLANG,
 ];
 /// What `nvcc -ptx` needs.
@@ -80,6 +96,11 @@ pub fn cuda_home() -> PathBuf {
     prefix().join("nvidia").join("cu13")
 }
 
+/// The folder holding `w`'s headers once installed.
+pub fn include_dir(w: &Wheel) -> PathBuf {
+    prefix().join(w.include)
+}
+
 /// Installs every wheel in `wheels` that is not installed yet.
 pub fn ensure(wheels: &[Wheel]) -> Result<()> {
     let prefix = prefix();
@@ -97,7 +118,7 @@ pub fn ensure(wheels: &[Wheel]) -> Result<()> {
             prefix.display()
         );
         let file = download(w)?;
-        unpack(&file, &prefix, w.headers_only)?;
+        unpack(&file, &prefix, w.headers_only.then_some(w.include))?;
         std::fs::write(&marker, b"").map_err(io("writing", &marker))?;
     }
     Ok(())
@@ -152,7 +173,7 @@ fn find_wheel(dir: &Path, stem: &str) -> Result<Option<PathBuf>> {
 
 /// Unpacks a wheel (a zip) with Python's zipfile, restoring executable bits (nvcc, cicc), which
 /// `zipfile.extractall` drops.
-fn unpack(wheel: &Path, prefix: &Path, headers_only: bool) -> Result<()> {
+fn unpack(wheel: &Path, prefix: &Path, headers: Option<&str>) -> Result<()> {
     const SNIPPET: &str = r#"
 import os, sys, zipfile
 wheel, dest, only = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -165,11 +186,7 @@ with zipfile.ZipFile(wheel) as z:
         if mode and not info.is_dir():
             os.chmod(path, mode)
 "#;
-    let only = if headers_only {
-        "nvidia/cu13/include/"
-    } else {
-        ""
-    };
+    let only = headers.map(|dir| format!("{dir}/")).unwrap_or_default();
     let mut cmd = Command::new(python());
     cmd.arg("-c").arg(SNIPPET).arg(wheel).arg(prefix).arg(only);
     run(&mut cmd)

@@ -1,4 +1,5 @@
-//! Raw CUDA 13.0 bindings: the driver API, NVRTC, cuBLAS and cuBLASLt, opened at run time.
+//! Raw CUDA 13.0 bindings: the driver API, NVRTC, cuBLAS and cuBLASLt, and NCCL 2.28, opened at
+//! run time.
 //!
 //! The bindings in `src/generated/` are produced by `cargo xtask bindgen` from pinned headers and
 //! committed, so building needs no CUDA toolkit. Libraries are opened with `libloading` on first
@@ -9,10 +10,10 @@ mod loader;
 mod names;
 
 pub use loader::{
-    Api, LIB_DIR_ENV, LibraryKind, LoadError, cublas, cublas_lt, cuda, load_library, nvrtc,
-    search_candidates,
+    Api, LIB_DIR_ENV, LibraryKind, LoadError, NCCL_LIB_DIR_ENV, cublas, cublas_lt, cuda,
+    load_library, nccl, nvrtc, search_candidates,
 };
-pub use names::{cu_result_name, cublas_status_name, nvrtc_result_name};
+pub use names::{cu_result_name, cublas_status_name, nccl_result_name, nvrtc_result_name};
 
 /// Declares one module of bindgen output, with the lints bindgen's code cannot meet allowed.
 macro_rules! generated {
@@ -50,6 +51,11 @@ generated!(
 generated!(
     /// cuBLASLt (`cublasLt.h`): [`cublaslt::CublasLt`].
     cublaslt = "generated/cublaslt.rs"
+);
+generated!(
+    /// NCCL (`nccl.h` of the pinned 2.28 wheel): [`nccl::Nccl`]. The library's version is not
+    /// checked here (`ncclGetVersion` against [`nccl::NCCL_VERSION_CODE`] is zdevice's job).
+    nccl = "generated/nccl.rs"
 );
 
 /// The README's example, compiled and run by `cargo test --doc` so that it stays true.

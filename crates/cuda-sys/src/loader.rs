@@ -3,11 +3,15 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use crate::names::{CUBLAS_SYMBOLS, CUBLASLT_SYMBOLS, DRIVER_SYMBOLS, NVRTC_SYMBOLS};
-use crate::{cublas::Cublas, cublaslt::CublasLt, driver::Cuda, nvrtc::Nvrtc};
+use crate::names::{CUBLAS_SYMBOLS, CUBLASLT_SYMBOLS, DRIVER_SYMBOLS, NCCL_SYMBOLS, NVRTC_SYMBOLS};
+use crate::{cublas::Cublas, cublaslt::CublasLt, driver::Cuda, nccl::Nccl, nvrtc::Nvrtc};
 
 /// Environment variable naming a folder searched before the system loader's paths.
 pub const LIB_DIR_ENV: &str = "ZGPU_CUDA_LIB_DIR";
+
+/// Environment variable naming a folder searched for NCCL before the system loader's paths
+/// (NCCL ships apart from the toolkit: a PyTorch wheel's `nvidia/nccl/lib`, say).
+pub const NCCL_LIB_DIR_ENV: &str = "ZGPU_NCCL_LIB_DIR";
 
 /// A CUDA library or symbol could not be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +47,8 @@ pub enum LibraryKind {
     Cublas,
     /// `libcublasLt`.
     CublasLt,
+    /// The collective library, `libnccl`.
+    Nccl,
 }
 
 impl LibraryKind {
@@ -54,6 +60,7 @@ impl LibraryKind {
             LibraryKind::Nvrtc => "libnvrtc",
             LibraryKind::Cublas => "libcublas",
             LibraryKind::CublasLt => "libcublasLt",
+            LibraryKind::Nccl => "libnccl",
         }
     }
 
@@ -65,6 +72,7 @@ impl LibraryKind {
             LibraryKind::Nvrtc => &["libnvrtc.so.13", "libnvrtc.so"],
             LibraryKind::Cublas => &["libcublas.so.13", "libcublas.so"],
             LibraryKind::CublasLt => &["libcublasLt.so.13", "libcublasLt.so"],
+            LibraryKind::Nccl => &["libnccl.so.2", "libnccl.so"],
         }
     }
 
@@ -76,6 +84,16 @@ impl LibraryKind {
             LibraryKind::Nvrtc => NVRTC_SYMBOLS,
             LibraryKind::Cublas => CUBLAS_SYMBOLS,
             LibraryKind::CublasLt => CUBLASLT_SYMBOLS,
+            LibraryKind::Nccl => NCCL_SYMBOLS,
+        }
+    }
+
+    /// The environment variable naming the folder searched first for this library.
+    #[must_use]
+    pub fn lib_dir_env(self) -> &'static str {
+        match self {
+            LibraryKind::Nccl => NCCL_LIB_DIR_ENV,
+            _ => LIB_DIR_ENV,
         }
     }
 }
@@ -111,6 +129,18 @@ api!(Cuda, LibraryKind::Cuda);
 api!(Nvrtc, LibraryKind::Nvrtc);
 api!(Cublas, LibraryKind::Cublas);
 api!(CublasLt, LibraryKind::CublasLt);
+
+// NCCL's own impl: its exports keep their signatures across 2.x (new behaviour comes as new
+// symbols or config fields), which is what makes resolving them from a newer 2.28 sound.
+impl sealed::Sealed for Nccl {}
+impl Api for Nccl {
+    const KIND: LibraryKind = LibraryKind::Nccl;
+    fn resolve(library: libloading::Library) -> Result<Self, libloading::Error> {
+        // SAFETY: the generated struct types each symbol with the signature from the pinned
+        // nccl.h 2.28.3; NCCL keeps the C signatures of these calls stable across 2.x.
+        unsafe { Nccl::from_library(library) }
+    }
+}
 
 /// Paths to try, in order: each of `search_dirs` joined with each soname, then the bare sonames
 /// (which the system loader resolves through its own search path).
@@ -167,9 +197,10 @@ pub fn load_library<A: Api>(candidates: &[PathBuf]) -> Result<A, LoadError> {
     })
 }
 
-/// The candidates for `kind` in the standard order: `$ZGPU_CUDA_LIB_DIR` first, then the sonames.
+/// The candidates for `kind` in the standard order: the folder in its variable
+/// ([`LibraryKind::lib_dir_env`]) first, then the sonames.
 fn default_candidates(kind: LibraryKind) -> Vec<PathBuf> {
-    let dirs: Vec<PathBuf> = std::env::var_os(LIB_DIR_ENV)
+    let dirs: Vec<PathBuf> = std::env::var_os(kind.lib_dir_env())
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .into_iter()
@@ -206,5 +237,11 @@ pub fn cublas() -> Result<&'static Cublas, LoadError> {
 /// cuBLASLt, opened once per process.
 pub fn cublas_lt() -> Result<&'static CublasLt, LoadError> {
     static CELL: OnceLock<Result<CublasLt, LoadError>> = OnceLock::new();
+    memoised(&CELL)
+}
+
+/// NCCL, opened once per process (`$ZGPU_NCCL_LIB_DIR` first, then `libnccl.so.2`).
+pub fn nccl() -> Result<&'static Nccl, LoadError> {
+    static CELL: OnceLock<Result<Nccl, LoadError>> = OnceLock::new();
     memoised(&CELL)
 }

@@ -4,7 +4,9 @@
 #[path = "generated/names.rs"]
 mod table;
 
-pub(crate) use table::{CUBLAS_SYMBOLS, CUBLASLT_SYMBOLS, DRIVER_SYMBOLS, NVRTC_SYMBOLS};
+pub(crate) use table::{
+    CUBLAS_SYMBOLS, CUBLASLT_SYMBOLS, DRIVER_SYMBOLS, NCCL_SYMBOLS, NVRTC_SYMBOLS,
+};
 
 /// The CUDA name of a `CUresult` (`2` → `CUDA_ERROR_OUT_OF_MEMORY`), or `CUDA_ERROR_<unknown>`
 /// for a value the 13.0 headers do not define.
@@ -23,4 +25,10 @@ pub fn cublas_status_name(status: u32) -> &'static str {
 #[must_use]
 pub fn nvrtc_result_name(result: u32) -> &'static str {
     table::nvrtc_result_name(result).unwrap_or("NVRTC_ERROR_<unknown>")
+}
+
+/// The NCCL name of an `ncclResult_t` (`6` → `ncclRemoteError`), or `ncclResult_<unknown>`.
+#[must_use]
+pub fn nccl_result_name(result: u32) -> &'static str {
+    table::nccl_result_name(result).unwrap_or("ncclResult_<unknown>")
 }

@@ -19,7 +19,9 @@ pub enum CommError {
 
     /// A wait passed its deadline: a peer is stalled or gone. The communicator was aborted; the
     /// job cannot go on.
-    #[error("rank {rank}: {op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted")]
+    #[error(
+        "rank {rank}: {op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted"
+    )]
     Timeout {
         rank: usize,
         op: &'static str,
@@ -48,7 +50,9 @@ pub enum CommError {
 
     /// Creating or registering a communicator (or anything else that is not a plain
     /// collective) while the device captures: do it before capture.
-    #[error("{call} is not allowed while the device captures a graph; create communicators before capture")]
+    #[error(
+        "{call} is not allowed while the device captures a graph; create communicators before capture"
+    )]
     CaptureIllegal { call: &'static str },
 
     /// A rank outside `0..world`.
@@ -86,6 +90,16 @@ pub enum CommError {
         #[source]
         source: zdevice::DeviceError,
     },
+
+    /// An argument was rejected before reaching the collective library (a strided view, a
+    /// tensor on another device, a unique id of the wrong length).
+    #[error("{op}: invalid argument: {reason}")]
+    InvalidArgument { op: &'static str, reason: String },
+
+    /// The collective library needs the real CUDA driver; this backend's driver (the
+    /// simulator) has none of its streams or memory. Use the simulated communicator there.
+    #[error("NCCL needs the real CUDA driver; {driver} cannot run it")]
+    NotCuda { driver: String },
 
     /// The backend refused or failed an operation around a collective.
     #[error("{op}: the backend failed")]

@@ -8,8 +8,10 @@
 #![forbid(unsafe_code)]
 
 mod error;
+pub mod nccl;
 
 pub use error::{CommError, Result};
+pub use nccl::NcclCollective;
 
 use zcompute::{BTensor, Backend, Element};
 

@@ -2,3 +2,4 @@
 
 mod loader;
 mod names;
+mod nccl;

@@ -265,6 +265,13 @@ impl<D: Driver> CudaBackend<D> {
         Ok(t)
     }
 
+    /// The address of `t`'s first element for a library that works on the engine stream
+    /// outside the op set (NCCL collectives): zmem's generation check first, and while
+    /// capturing, the block is recorded so the graph keeps the memory it baked in.
+    pub fn device_ptr(&self, op: &'static str, t: &CudaTensor) -> Result<DevicePtr> {
+        self.ptr(op, t)
+    }
+
     /// The address of `t`'s first element, after zmem's generation check. While capturing, the
     /// block is recorded so the graph keeps it.
     pub(crate) fn ptr(&self, op: &'static str, t: &CudaTensor) -> Result<DevicePtr> {

@@ -9,6 +9,7 @@
 mod args;
 mod blas;
 mod driver_impl;
+pub mod nccl;
 
 use std::cell::Cell;
 use std::collections::BTreeMap;

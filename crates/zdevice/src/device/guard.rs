@@ -184,7 +184,11 @@ impl<D: Driver> Device<D> {
 
     /// Enters a poll: waits (bounded) while a capture is active, unless this thread owns the
     /// capture, in which case polling would invalidate it and is refused.
-    fn enter_poll(&self, call: &'static str, deadline: Instant) -> DeviceResult<PollTicket<'_>> {
+    pub(crate) fn enter_poll(
+        &self,
+        call: &'static str,
+        deadline: Instant,
+    ) -> DeviceResult<PollTicket<'_>> {
         let gate = &self.inner.gate;
         let mut book = gate.lock();
         while let Some((_, owner)) = book.active {

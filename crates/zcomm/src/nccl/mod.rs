@@ -1,0 +1,222 @@
+//! [`NcclCollective`]: the [`Collective`] over NCCL, one process per GPU.
+//!
+//! Rank 0 makes a unique id ([`NcclCollective::unique_id`]) and hands its bytes to every rank
+//! (the rendezvous does it over TCP); each rank then calls [`NcclCollective::join`] with its
+//! backend (on the device `LOCAL_RANK` names) and its [`RankInfo`]. Joining is non-blocking
+//! underneath and bounded by the device's sync deadline, and refused while the device captures.
+//!
+//! Collectives are queued on the backend's engine stream, in place, on dense f32 tensors; they
+//! are legal inside a capture (the graph then contains them). After each one the
+//! communicator's asynchronous error is polled until NCCL has accepted it; [`Collective::synchronize`]
+//! waits for the stream while polling the same error. Every wait ends at the device's sync
+//! deadline: the communicator is aborted (so no peer hangs on this rank either) and the error
+//! names the rank, the operation and the step (`Timeout`, `PeerFailed`, `Nccl`).
+//!
+//! NCCL needs the real CUDA driver: over the simulator `join` fails with
+//! [`CommError::NotCuda`] (after the capture and argument checks, which hold on every driver).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use zcompute::{BTensor, CudaBackend};
+use zdevice::cuda::nccl::{self, NcclComm, NcclError};
+use zdevice::{CudaDriver, DeviceError, Driver};
+
+use crate::{Collective, CommError, RankInfo, Result};
+
+mod errors;
+
+/// Bytes of a unique id: what the rendezvous carries from rank 0 to the others.
+pub const UNIQUE_ID_BYTES: usize = nccl::UNIQUE_ID_BYTES;
+
+/// One rank's NCCL communicator over a CUDA backend's device. Dropping it finalizes and
+/// destroys the communicator (bounded; aborted at the deadline).
+#[derive(Debug)]
+pub struct NcclCollective<D: Driver = CudaDriver> {
+    comm: NcclComm<D>,
+    info: RankInfo,
+    /// The step of the latest operation, named by `synchronize`'s errors.
+    step: AtomicU64,
+}
+
+impl NcclCollective<CudaDriver> {
+    /// A fresh unique id (rank 0 calls this and hands the bytes to every rank). Loads NCCL and
+    /// checks its version first.
+    ///
+    /// # Errors
+    /// [`CommError::Library`], [`CommError::VersionTooOld`], or [`CommError::Nccl`] from
+    /// `ncclGetUniqueId`.
+    pub fn unique_id() -> Result<[u8; UNIQUE_ID_BYTES]> {
+        nccl::unique_id().map_err(|e| errors::convert(e, 0, "unique_id", 0))
+    }
+
+    /// The loaded NCCL's version (`2.28.3`), after the same checks as [`Self::unique_id`].
+    ///
+    /// # Errors
+    /// As [`Self::unique_id`].
+    pub fn library_version() -> Result<String> {
+        nccl::version()
+            .map(nccl::version_string)
+            .map_err(|e| errors::convert(e, 0, "version", 0))
+    }
+}
+
+impl<D: Driver> NcclCollective<D> {
+    /// Joins rank `info.rank` of `info.world` to the communicator named by `id` (the bytes of
+    /// rank 0's [`NcclCollective::unique_id`]), on `backend`'s device. Waits, bounded by the
+    /// device's sync deadline, until every rank has joined.
+    ///
+    /// # Errors
+    /// [`CommError::BadRank`] for a rank outside the world, [`CommError::InvalidArgument`] for
+    /// an id that is not [`UNIQUE_ID_BYTES`] long, [`CommError::CaptureIllegal`] while the
+    /// device captures, [`CommError::NotCuda`] over a driver NCCL cannot use, and the library's,
+    /// version's, timeout's or NCCL's errors (op `"init"`, step 0).
+    pub fn join(backend: &CudaBackend<D>, info: RankInfo, id: &[u8]) -> Result<NcclCollective<D>> {
+        const OP: &str = "init";
+        if info.world == 0 || info.rank >= info.world {
+            return Err(CommError::BadRank {
+                rank: info.rank,
+                world: info.world,
+                op: OP,
+                step: 0,
+            });
+        }
+        let device = backend.device();
+        if device.is_capturing() {
+            return Err(CommError::CaptureIllegal {
+                call: "NcclCollective::join",
+            });
+        }
+        let id: &[u8; UNIQUE_ID_BYTES] =
+            id.try_into().map_err(|_| CommError::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "a unique id is {UNIQUE_ID_BYTES} bytes, got {} (pass rank 0's NcclCollective::unique_id)",
+                    id.len()
+                ),
+            })?;
+        let comm = NcclComm::init(device, info.rank, info.world, id)
+            .map_err(|e| errors::convert(e, info.rank, OP, 0))?;
+        tracing::info!(
+            target: "zcomm.nccl.join",
+            rank = info.rank, world = info.world, local_rank = info.local_rank,
+            device = %device.info().name,
+            "joined the NCCL communicator"
+        );
+        Ok(NcclCollective {
+            comm,
+            info,
+            step: AtomicU64::new(0),
+        })
+    }
+
+    /// Aborts the communicator now (a rank giving up aborts it so its peers fail fast):
+    /// every later operation fails with [`CommError::PeerFailed`].
+    pub fn abort(&self) {
+        self.comm.abort();
+    }
+
+    /// Whether the communicator was aborted (by a failure or by [`Self::abort`]).
+    #[must_use]
+    pub fn is_aborted(&self) -> bool {
+        self.comm.is_aborted()
+    }
+
+    /// The device pointer and element count of `x`, after checking it is dense and lives on
+    /// this communicator's device.
+    fn operand(
+        &self,
+        b: &CudaBackend<D>,
+        x: &BTensor<CudaBackend<D>, f32>,
+        op: &'static str,
+        step: u64,
+    ) -> Result<(zdevice::DevicePtr, usize)> {
+        self.step.store(step, Ordering::Relaxed);
+        if b.device().context() != self.comm.device().context() {
+            return Err(CommError::InvalidArgument {
+                op,
+                reason: format!(
+                    "the tensor's backend is on device {}, the communicator on device {}",
+                    b.device().info().ordinal,
+                    self.comm.device().info().ordinal
+                ),
+            });
+        }
+        if !x.layout().is_contiguous() {
+            return Err(CommError::InvalidArgument {
+                op,
+                reason: format!(
+                    "collectives work on dense tensors; shape {:?} with strides {:?} is a view (make it contiguous first)",
+                    x.shape(),
+                    x.layout().strides()
+                ),
+            });
+        }
+        let ptr = b
+            .device_ptr(op, x)
+            .map_err(|source| CommError::Compute { op, source })?;
+        Ok((ptr, x.numel()))
+    }
+}
+
+impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
+    fn info(&self) -> RankInfo {
+        self.info
+    }
+
+    fn all_reduce_sum(
+        &self,
+        b: &CudaBackend<D>,
+        x: &BTensor<CudaBackend<D>, f32>,
+        step: u64,
+    ) -> Result<()> {
+        const OP: &str = "all_reduce";
+        let (ptr, count) = self.operand(b, x, OP, step)?;
+        self.comm
+            .all_reduce_sum_f32(ptr, count, b.device().stream())
+            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+    }
+
+    fn broadcast(
+        &self,
+        b: &CudaBackend<D>,
+        x: &BTensor<CudaBackend<D>, f32>,
+        root: usize,
+        step: u64,
+    ) -> Result<()> {
+        const OP: &str = "broadcast";
+        if root >= self.info.world {
+            return Err(CommError::BadRank {
+                rank: root,
+                world: self.info.world,
+                op: OP,
+                step,
+            });
+        }
+        let (ptr, count) = self.operand(b, x, OP, step)?;
+        self.comm
+            .broadcast_f32(ptr, count, root, b.device().stream())
+            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+    }
+
+    fn synchronize(&self, b: &CudaBackend<D>) -> Result<()> {
+        const OP: &str = "synchronize";
+        let step = self.step.load(Ordering::Relaxed);
+        if b.device().is_capturing() {
+            return Err(CommError::CaptureIllegal { call: OP });
+        }
+        self.comm
+            .synchronize(b.device().stream())
+            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+    }
+}
+
+/// Whether an error is a device refusal during capture (kept apart for the conversion).
+fn is_capture_refusal(e: &NcclError) -> Option<&'static str> {
+    match e {
+        NcclError::Device(DeviceError::CaptureIllegal { call, .. }) => Some(call),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+//! What holds without a GPU: the checks `join` makes on every driver, in order (rank, capture,
+//! id, then the driver), and how NCCL's errors become `CommError`s naming rank, op and step.
+
+use std::time::Duration;
+
+use rstest::rstest;
+use zcompute::{CudaBackend, Engine};
+use zdevice::cuda::nccl::NcclError;
+use zdevice::{DeviceError, SimDriver};
+
+use super::{NcclCollective, UNIQUE_ID_BYTES, errors::convert};
+use crate::{CommError, RankInfo};
+
+fn sim() -> CudaBackend<SimDriver> {
+    Engine::sim(1 << 30).expect("the simulated engine opens")
+}
+
+fn rank(rank: usize, world: usize) -> RankInfo {
+    RankInfo {
+        rank,
+        world,
+        local_rank: rank,
+    }
+}
+
+#[rstest]
+#[case(2, 2)]
+#[case(0, 0)]
+#[case(5, 3)]
+fn join_refuses_a_rank_outside_the_world(#[case] r: usize, #[case] world: usize) {
+    let err = NcclCollective::join(&sim(), rank(r, world), &[0; UNIQUE_ID_BYTES]).unwrap_err();
+    assert!(
+        matches!(err, CommError::BadRank { rank, world: w, op: "init", step: 0 } if rank == r && w == world),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn join_is_refused_while_the_device_captures() {
+    let b = sim();
+    let dev = b.device().clone();
+    let cap = dev.begin_capture(dev.stream()).expect("capture begins");
+    let err = NcclCollective::join(&b, rank(0, 2), &[0; UNIQUE_ID_BYTES]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CommError::CaptureIllegal {
+                call: "NcclCollective::join"
+            }
+        ),
+        "{err:?}"
+    );
+    cap.end().map_err(|e| e.into_error()).expect("capture ends");
+    // Out of the capture, the same call gets past the capture check (to the driver check).
+    let err = NcclCollective::join(&b, rank(0, 2), &[0; UNIQUE_ID_BYTES]).unwrap_err();
+    assert!(matches!(err, CommError::NotCuda { .. }), "{err:?}");
+}
+
+#[rstest]
+#[case(0)]
+#[case(127)]
+#[case(129)]
+fn join_refuses_an_id_of_the_wrong_length(#[case] len: usize) {
+    let err = NcclCollective::join(&sim(), rank(1, 2), &vec![7; len]).unwrap_err();
+    match err {
+        CommError::InvalidArgument { op: "init", reason } => {
+            assert!(reason.contains(&len.to_string()), "{reason}");
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn join_over_the_simulator_says_nccl_needs_cuda() {
+    let err = NcclCollective::join(&sim(), rank(0, 1), &[0; UNIQUE_ID_BYTES]).unwrap_err();
+    match err {
+        CommError::NotCuda { driver } => assert!(!driver.is_empty()),
+        other => panic!("expected NotCuda, got {other:?}"),
+    }
+}
+
+#[test]
+fn unique_id_is_bytes_or_a_typed_load_error() {
+    match NcclCollective::unique_id() {
+        // A machine with NCCL: an id is never all zeros (it carries the root's address).
+        Ok(id) => assert!(id.iter().any(|b| *b != 0)),
+        Err(CommError::Library(e)) => assert!(e.to_string().contains("libnccl"), "{e}"),
+        Err(other) => panic!("expected an id or CommError::Library, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_timeout_names_rank_op_step_and_the_deadline() {
+    let e = NcclError::Timeout {
+        call: "ncclAllReduce",
+        deadline: Duration::from_secs(3),
+    };
+    let err = convert(e, 1, "all_reduce", 10);
+    assert!(
+        matches!(
+            err,
+            CommError::Timeout { rank: 1, op: "all_reduce", step: 10, waited_for } if waited_for == Duration::from_secs(3)
+        ),
+        "{err:?}"
+    );
+    let shown = err.to_string();
+    assert!(shown.contains("rank 1") && shown.contains("all_reduce") && shown.contains("step 10"));
+}
+
+#[rstest]
+#[case("ncclRemoteError", 6, true)]
+#[case("ncclSystemError", 2, true)]
+#[case("ncclInternalError", 3, false)]
+#[case("ncclInvalidUsage", 5, false)]
+fn an_asynchronous_error_from_a_peer_is_peer_failed(
+    #[case] name: &'static str,
+    #[case] code: u32,
+    #[case] peer: bool,
+) {
+    let e = NcclError::Async {
+        call: "synchronize",
+        code,
+        name,
+        detail: "socket closed".into(),
+    };
+    match convert(e, 0, "synchronize", 4) {
+        CommError::PeerFailed {
+            rank: 0,
+            op: "synchronize",
+            step: 4,
+            detail,
+        } => {
+            assert!(peer, "{name} is not a peer's failure");
+            assert!(
+                detail.contains(name) && detail.contains("socket closed"),
+                "{detail}"
+            );
+        }
+        CommError::Nccl {
+            rank: 0,
+            op: "synchronize",
+            step: 4,
+            code: c,
+            name: shown,
+        } => {
+            assert!(!peer, "{name} is a peer's failure");
+            assert_eq!(c, i32::try_from(code).unwrap());
+            assert!(shown.contains(name), "{shown}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn other_nccl_errors_keep_their_kind() {
+    let aborted = convert(
+        NcclError::Aborted {
+            call: "ncclAllReduce",
+        },
+        1,
+        "all_reduce",
+        2,
+    );
+    assert!(
+        matches!(
+            aborted,
+            CommError::PeerFailed {
+                rank: 1,
+                op: "all_reduce",
+                step: 2,
+                ..
+            }
+        ),
+        "{aborted:?}"
+    );
+    let call = convert(
+        NcclError::Call {
+            call: "ncclBroadcast",
+            code: 4,
+            name: "ncclInvalidArgument",
+            detail: String::new(),
+        },
+        0,
+        "broadcast",
+        0,
+    );
+    assert!(
+        matches!(call, CommError::Nccl { code: 4, ref name, .. } if name.contains("ncclInvalidArgument")),
+        "{call:?}"
+    );
+    let old = convert(
+        NcclError::VersionTooOld {
+            found: "2.27.7".into(),
+            needed: "2.28.3".into(),
+        },
+        0,
+        "init",
+        0,
+    );
+    assert!(matches!(old, CommError::VersionTooOld { .. }), "{old:?}");
+    let capture = convert(
+        NcclError::Device(DeviceError::CaptureIllegal {
+            call: "cuStreamQuery",
+            why: "end the capture first",
+        }),
+        0,
+        "synchronize",
+        3,
+    );
+    assert!(
+        matches!(
+            capture,
+            CommError::CaptureIllegal {
+                call: "cuStreamQuery"
+            }
+        ),
+        "{capture:?}"
+    );
+}

@@ -1,0 +1,299 @@
+//! NCCL on the machine's GPUs, one process per rank (`--features gpu`).
+//!
+//! Each multi-rank test re-runs this test binary once per rank, filtered to itself, with
+//! `ZCOMM_TEST_RANK` set: the copy with the variable is a rank (it opens the GPU its rank
+//! names and joins the communicator from the id in `ZCOMM_TEST_ID`), the copy without it is
+//! the parent, which makes the unique id, starts the ranks, waits for them with a deadline
+//! (killing them at it) and checks their exit codes. World: the GPUs present, at most 4 (one
+//! GPU still runs every collective at world 1).
+//!
+//! Simulated twins: the checks `join` makes on any driver, and the error conversion, are the
+//! unit tests of `zcomm::nccl`; the multi-rank semantics over simulated devices are the
+//! simulated communicator's (DIST), which share the expected values computed here.
+#![cfg(feature = "gpu")]
+#![allow(clippy::print_stderr)] // what ran (world size, a case not run) belongs in the GPU log
+
+mod gpu {
+    use std::process::{Child, Command};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use zcomm::{Collective, CommError, NcclCollective, RankInfo};
+    use zcompute::{Backend, Capture, ComputeError, CudaBackend, CudaDriver, EngineConfig};
+    use zdevice::{Device, DeviceConfig, Driver};
+
+    const RANK_VAR: &str = "ZCOMM_TEST_RANK";
+    const WORLD_VAR: &str = "ZCOMM_TEST_WORLD";
+    const ID_VAR: &str = "ZCOMM_TEST_ID";
+    /// Each rank's device deadline: every wait of the communicator ends by it.
+    const DEADLINE: Duration = Duration::from_secs(10);
+    /// The parent's bound on a rank's whole life (init, collectives, a timeout, teardown).
+    const RANK_LIFETIME: Duration = Duration::from_secs(120);
+
+    fn gpu_count() -> usize {
+        let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
+        driver.init().expect("cuInit");
+        driver.device_count().expect("cuDeviceGetCount") as usize
+    }
+
+    /// This process's role: `Some((info, id))` in a rank, `None` in the parent.
+    fn role() -> Option<(RankInfo, Vec<u8>)> {
+        let rank: usize = std::env::var(RANK_VAR).ok()?.parse().expect("rank");
+        let world: usize = std::env::var(WORLD_VAR)
+            .expect("world")
+            .parse()
+            .expect("world");
+        let id = std::env::var(ID_VAR).expect("id");
+        let id = (0..id.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&id[i..i + 2], 16).expect("hex id"))
+            .collect();
+        let info = RankInfo {
+            rank,
+            world,
+            local_rank: rank,
+        };
+        Some((info, id))
+    }
+
+    /// Starts `world` ranks of test `name` and returns each one's exit code, in rank order.
+    fn run_ranks(name: &str, world: usize) -> Vec<Option<i32>> {
+        let id = NcclCollective::unique_id().expect("NCCL loads and makes an id");
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let exe = std::env::current_exe().expect("the test binary");
+        let mut children: Vec<Child> = (0..world)
+            .map(|rank| {
+                Command::new(&exe)
+                    .args([name, "--exact", "--nocapture", "--test-threads=1"])
+                    .env(RANK_VAR, rank.to_string())
+                    .env(WORLD_VAR, world.to_string())
+                    .env(ID_VAR, &hex)
+                    .env("NCCL_NVLS_ENABLE", "0")
+                    .spawn()
+                    .expect("a rank starts")
+            })
+            .collect();
+        let until = Instant::now() + RANK_LIFETIME;
+        let mut codes = vec![None; world];
+        let mut done = vec![false; world];
+        while done.iter().any(|d| !d) {
+            for (r, child) in children.iter_mut().enumerate() {
+                if !done[r]
+                    && let Some(status) = child.try_wait().expect("try_wait")
+                {
+                    codes[r] = status.code();
+                    done[r] = true;
+                }
+            }
+            if Instant::now() >= until {
+                for (r, child) in children.iter_mut().enumerate() {
+                    if !done[r] {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                }
+                panic!("ranks of {name} still running after {RANK_LIFETIME:?}: {done:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        codes
+    }
+
+    /// The rank's backend on GPU `local_rank`, with the test's deadline.
+    fn open(info: RankInfo) -> CudaBackend<CudaDriver> {
+        let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads");
+        let config = DeviceConfig {
+            ordinal: u32::try_from(info.local_rank).expect("ordinal"),
+            sync_deadline: DEADLINE,
+            ..DeviceConfig::default()
+        };
+        let device = Device::open(driver, config).expect("the rank's GPU opens");
+        EngineConfig::new()
+            .arena_bytes(64 << 20)
+            .on_device(device)
+            .expect("the rank's engine opens")
+    }
+
+    fn world() -> usize {
+        gpu_count().clamp(1, 4)
+    }
+
+    /// Rank r holds (r + 1) * (i % 7 + 1): the sum over ranks is W(W+1)/2 * (i % 7 + 1), exact.
+    fn contribution(rank: usize, n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((rank + 1) * (i % 7 + 1)) as f32).collect()
+    }
+
+    #[test]
+    fn gpu_all_reduce_and_broadcast_agree_across_ranks() {
+        const NAME: &str = "gpu::gpu_all_reduce_and_broadcast_agree_across_ranks";
+        let Some((info, id)) = role() else {
+            let world = world();
+            let codes = run_ranks(NAME, world);
+            assert!(
+                codes.iter().all(|c| *c == Some(0)),
+                "rank exit codes {codes:?}"
+            );
+            eprintln!("all-reduce and broadcast checked on {world} rank(s)");
+            return;
+        };
+        let b = open(info);
+        let comm = NcclCollective::join(&b, info, &id).expect("join");
+        let (w, n) = (info.world, 1003);
+        // All-reduce, odd length.
+        let x = b.upload(&contribution(info.rank, n), &[n]).unwrap();
+        comm.all_reduce_sum(&b, &x, 1).expect("all-reduce");
+        comm.synchronize(&b).expect("synchronize");
+        let got = b.download(&x).unwrap();
+        let want: Vec<f32> = (0..n)
+            .map(|i| (w * (w + 1) / 2 * (i % 7 + 1)) as f32)
+            .collect();
+        assert_eq!(got, want, "rank {}", info.rank);
+        // Broadcast from the last rank.
+        let root = w - 1;
+        let mine: Vec<f32> = (0..n).map(|i| (info.rank * 10_000 + i) as f32).collect();
+        let y = b.upload(&mine, &[n]).unwrap();
+        comm.broadcast(&b, &y, root, 2).expect("broadcast");
+        comm.synchronize(&b).expect("synchronize");
+        let want: Vec<f32> = (0..n).map(|i| (root * 10_000 + i) as f32).collect();
+        assert_eq!(b.download(&y).unwrap(), want, "rank {}", info.rank);
+        // Argument checks on the GPU as on the simulator: a strided view, a root outside.
+        let m = b.upload(&contribution(info.rank, 12), &[3, 4]).unwrap();
+        let view = m.transpose(0, 1).unwrap();
+        let err = comm.all_reduce_sum(&b, &view, 3).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CommError::InvalidArgument {
+                    op: "all_reduce",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = comm.broadcast(&b, &y, w, 3).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CommError::BadRank {
+                    op: "broadcast",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            !comm.is_aborted(),
+            "argument errors leave the communicator usable"
+        );
+    }
+
+    #[test]
+    fn gpu_captured_all_reduce_replays() {
+        const NAME: &str = "gpu::gpu_captured_all_reduce_replays";
+        let Some((info, id)) = role() else {
+            let world = world();
+            let codes = run_ranks(NAME, world);
+            assert!(
+                codes.iter().all(|c| *c == Some(0)),
+                "rank exit codes {codes:?}"
+            );
+            return;
+        };
+        let b = open(info);
+        let comm = Arc::new(NcclCollective::join(&b, info, &id).expect("join"));
+        let (w, n) = (info.world, 4099);
+        let z = b.upload(&contribution(info.rank, n), &[n]).unwrap();
+        let body = {
+            let (b, comm, z) = (b.clone(), Arc::clone(&comm), z.clone());
+            Box::new(move || {
+                comm.all_reduce_sum(&b, &z, 7)
+                    .map_err(|e| ComputeError::BodyFailed {
+                        detail: e.to_string(),
+                    })
+            })
+        };
+        // The warm-up runs the body once for real (the sum), then the graph is captured.
+        let mut graph = b.capture(body).expect("an all-reduce can be captured");
+        b.synchronize().unwrap();
+        let after_warm_up = b.download(&z).unwrap();
+        let s = w * (w + 1) / 2;
+        let want: Vec<f32> = (0..n).map(|i| (s * (i % 7 + 1)) as f32).collect();
+        assert_eq!(after_warm_up, want, "rank {}: the warm-up's sum", info.rank);
+        // Every rank then holds the same values, so each replay multiplies them by W.
+        for replay in 1..=3u32 {
+            b.replay(&mut graph).expect("replay");
+            comm.synchronize(&b).expect("synchronize after replay");
+            let got = b.download(&z).unwrap();
+            let scale = (w as u64).pow(replay);
+            let want: Vec<f32> = (0..n)
+                .map(|i| (s as u64 * scale * (i % 7 + 1) as u64) as f32)
+                .collect();
+            assert_eq!(got, want, "rank {}, replay {replay}", info.rank);
+        }
+        drop(graph);
+    }
+
+    #[test]
+    fn gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time() {
+        const NAME: &str = "gpu::gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time";
+        let Some((info, id)) = role() else {
+            let world = gpu_count().min(4);
+            if world < 2 {
+                // One GPU: the stalled-peer case is `gpu_a_rank_whose_peer_never_joins_...`.
+                eprintln!("{NAME}: needs 2 GPUs, found {world}; not run");
+                return;
+            }
+            let codes = run_ranks(NAME, world);
+            assert_ne!(codes[world - 1], Some(0), "the last rank dies");
+            for (r, code) in codes.iter().enumerate().take(world - 1) {
+                assert_eq!(*code, Some(0), "rank {r} returned a typed error in time");
+            }
+            return;
+        };
+        let b = open(info);
+        let comm = NcclCollective::join(&b, info, &id).expect("join");
+        let n = 1 << 20;
+        let x = b.upload(&contribution(info.rank, n), &[n]).unwrap();
+        comm.all_reduce_sum(&b, &x, 1).expect("a first all-reduce");
+        comm.synchronize(&b).expect("synchronize");
+        let last = info.world - 1;
+        if info.rank == last {
+            // Queue the next collective and die in the middle of it, as SIGKILL would.
+            let _ = comm.all_reduce_sum(&b, &x, 2);
+            std::process::abort();
+        }
+        let outcome = comm
+            .all_reduce_sum(&b, &x, 2)
+            .and_then(|()| comm.synchronize(&b));
+        match outcome {
+            Err(CommError::Timeout { rank, step: 2, .. })
+            | Err(CommError::PeerFailed { rank, step: 2, .. }) => assert_eq!(rank, info.rank),
+            other => panic!(
+                "rank {}: expected a typed peer failure, got {other:?}",
+                info.rank
+            ),
+        }
+        assert!(comm.is_aborted(), "a failed wait aborts the communicator");
+        let later = comm.all_reduce_sum(&b, &x, 3).unwrap_err();
+        assert!(
+            matches!(later, CommError::PeerFailed { step: 3, .. }),
+            "{later:?}"
+        );
+    }
+
+    #[test]
+    fn gpu_a_rank_whose_peer_never_joins_times_out() {
+        let id = NcclCollective::unique_id().expect("NCCL loads and makes an id");
+        let info = RankInfo {
+            rank: 0,
+            world: 2,
+            local_rank: 0,
+        };
+        let b = open(info);
+        let err = NcclCollective::join(&b, info, &id).unwrap_err();
+        assert!(
+            matches!(err, CommError::Timeout { rank: 0, op: "init", step: 0, waited_for } if waited_for == DEADLINE),
+            "{err:?}"
+        );
+    }
+}

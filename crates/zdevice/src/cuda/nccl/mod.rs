@@ -1,0 +1,472 @@
+//! NCCL over the real CUDA driver: a small safe API over `cuda_sys::nccl`, the only place in the
+//! workspace that calls NCCL.
+//!
+//! A communicator is always created non-blocking (`config.blocking = 0`): every NCCL call
+//! returns at once (`ncclInProgress` while its work goes on on NCCL's threads), and the
+//! communicator's asynchronous error is polled until it reads `ncclSuccess`, with the device's
+//! sync deadline. At the deadline, or on any error, the communicator is aborted
+//! (`ncclCommAbort`), which makes NCCL's kernels and threads give up, so no rank waits forever
+//! for a peer that died or stalled; an aborted communicator refuses every later call.
+//!
+//! NCCL reads raw CUDA streams and device addresses, so it runs over the real driver only
+//! (`CudaDriver`, bare or under `FaultyDriver`): [`supports`] says whether a driver's handles
+//! are the real ones, and [`NcclComm::init`] refuses the others with
+//! [`NcclError::NotNative`].
+
+use std::any::TypeId;
+use std::ffi::{CStr, c_void};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use cuda_sys::nccl::{
+    NCCL_VERSION_CODE, Nccl, cudaStream_t, ncclComm_t, ncclConfig_t, ncclFloat32, ncclInProgress,
+    ncclResult_t, ncclSuccess, ncclSum, ncclUniqueId,
+};
+
+use crate::device::Device;
+use crate::driver::Driver;
+use crate::error::DeviceError;
+use crate::types::{DevicePtr, Readiness, Stream};
+use crate::{CudaDriver, FaultyDriver};
+
+mod error;
+
+pub use error::NcclError;
+
+/// Bytes of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES`).
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// `NCCL_CONFIG_UNDEF_INT`: "let NCCL choose" for an integer field of `ncclConfig_t`.
+const CONFIG_UNDEF_INT: i32 = i32::MIN;
+/// `ncclConfig_t.magic`, as `NCCL_CONFIG_INITIALIZER` sets it.
+const CONFIG_MAGIC: u32 = 0xcafe_beef;
+
+/// Whether `D`'s stream and memory handles are the real CUDA ones NCCL can use.
+#[must_use]
+pub fn supports<D: Driver>() -> bool {
+    let d = TypeId::of::<D>();
+    d == TypeId::of::<CudaDriver>() || d == TypeId::of::<FaultyDriver<CudaDriver>>()
+}
+
+/// `2.28.3` for NCCL's version code `22803` (`2.8.4` for the old scheme's `2804`).
+#[must_use]
+pub fn version_string(code: u32) -> String {
+    if code < 10_000 {
+        // NCCL_VERSION(X,Y,Z) below 2.9: X*1000 + Y*100 + Z.
+        format!("{}.{}.{}", code / 1000, (code % 1000) / 100, code % 100)
+    } else {
+        format!("{}.{}.{}", code / 10_000, (code % 10_000) / 100, code % 100)
+    }
+}
+
+/// Refuses a library version older than the pinned header's ([`NCCL_VERSION_CODE`]).
+pub fn check_version(found: u32) -> Result<(), NcclError> {
+    if found < NCCL_VERSION_CODE {
+        return Err(NcclError::VersionTooOld {
+            found: version_string(found),
+            needed: version_string(NCCL_VERSION_CODE),
+        });
+    }
+    Ok(())
+}
+
+/// Opens NCCL (once per process) and checks its version against the bindings'.
+pub fn library() -> Result<&'static Nccl, NcclError> {
+    let nccl = cuda_sys::nccl()?;
+    let mut code = 0i32;
+    // SAFETY: the out-pointer is a live local; ncclGetVersion has no other precondition.
+    let r = unsafe { nccl.ncclGetVersion(&mut code) };
+    check(nccl, "ncclGetVersion", r)?;
+    check_version(u32::try_from(code).unwrap_or(0))?;
+    Ok(nccl)
+}
+
+/// The loaded library's version code (`22803`), after the same checks as [`library`].
+pub fn version() -> Result<u32, NcclError> {
+    let nccl = library()?;
+    let mut code = 0i32;
+    // SAFETY: as in `library`.
+    let r = unsafe { nccl.ncclGetVersion(&mut code) };
+    check(nccl, "ncclGetVersion", r)?;
+    Ok(u32::try_from(code).unwrap_or(0))
+}
+
+/// A fresh unique id for a new communicator (rank 0 makes it and hands it to the others).
+pub fn unique_id() -> Result<[u8; UNIQUE_ID_BYTES], NcclError> {
+    let nccl = library()?;
+    let mut id = ncclUniqueId::default();
+    // SAFETY: the out-pointer is a live, zeroed ncclUniqueId; the call only writes it.
+    let r = unsafe { nccl.ncclGetUniqueId(&mut id) };
+    check(nccl, "ncclGetUniqueId", r)?;
+    // `c_char` to byte, bit for bit.
+    Ok(id.internal.map(|c| c as u8))
+}
+
+/// The raw communicator; only used under [`NcclComm`]'s mutex.
+struct RawComm(ncclComm_t);
+
+// SAFETY: an ncclComm_t may be used from any thread as long as calls on it do not overlap
+// (NCCL's thread-safety rule); `NcclComm` keeps it behind a mutex, so they never do.
+unsafe impl Send for RawComm {}
+
+/// One rank's NCCL communicator on one device. Dropping it finalizes and destroys it
+/// (bounded: aborted at the deadline).
+pub struct NcclComm<D: Driver> {
+    nccl: &'static Nccl,
+    device: Device<D>,
+    rank: usize,
+    world: usize,
+    /// `None` once aborted or destroyed.
+    comm: Mutex<Option<RawComm>>,
+}
+
+impl<D: Driver> std::fmt::Debug for NcclComm<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.device.info().ordinal)
+            .field("aborted", &self.is_aborted())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Driver> NcclComm<D> {
+    /// Joins rank `rank` of `world` to the communicator named by `id`, on `device` (its
+    /// context made current on this thread), non-blocking, and waits (bounded by the device's
+    /// sync deadline) until every rank has joined. Refused while the device captures.
+    pub fn init(
+        device: &Device<D>,
+        rank: usize,
+        world: usize,
+        id: &[u8; UNIQUE_ID_BYTES],
+    ) -> Result<NcclComm<D>, NcclError> {
+        const CALL: &str = "ncclCommInitRankConfig";
+        if device.is_capturing() {
+            return Err(NcclError::Device(DeviceError::CaptureIllegal {
+                call: CALL,
+                why: "create communicators before capture",
+            }));
+        }
+        if !supports::<D>() {
+            return Err(NcclError::NotNative {
+                driver: device.driver().describe(),
+            });
+        }
+        let (Ok(nranks), Ok(me)) = (i32::try_from(world), i32::try_from(rank)) else {
+            return Err(invalid(CALL, format!("rank {rank} of {world} overflows")));
+        };
+        if world == 0 || rank >= world {
+            return Err(invalid(
+                CALL,
+                format!("rank {rank} is outside a world of {world}"),
+            ));
+        }
+        let nccl = library()?;
+        device.bind_thread()?;
+        let mut config = non_blocking_config();
+        let mut raw_id = ncclUniqueId::default();
+        for (dst, src) in raw_id.internal.iter_mut().zip(id) {
+            // Byte to `c_char`, bit for bit.
+            *dst = *src as std::os::raw::c_char;
+        }
+        let mut raw: ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `raw` and `config` are live locals NCCL writes/reads during the call (the
+        // config is read at init only); `raw_id` is passed by value; the device's context is
+        // current on this thread, so NCCL picks its device.
+        let r = unsafe { nccl.ncclCommInitRankConfig(&mut raw, nranks, raw_id, me, &mut config) };
+        let comm = NcclComm {
+            nccl,
+            device: device.clone(),
+            rank,
+            world,
+            comm: Mutex::new((!raw.is_null()).then_some(RawComm(raw))),
+        };
+        if r != ncclSuccess && r != ncclInProgress {
+            let detail = last_error(nccl, raw);
+            comm.abort();
+            return Err(call_error(CALL, r, detail));
+        }
+        comm.wait_async(CALL)?;
+        tracing::debug!(target: "zdevice.nccl.init", rank, world, "communicator ready");
+        Ok(comm)
+    }
+
+    /// This communicator's rank.
+    #[must_use]
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    #[must_use]
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The device it runs on.
+    #[must_use]
+    pub fn device(&self) -> &Device<D> {
+        &self.device
+    }
+
+    /// Whether an earlier failure aborted it.
+    #[must_use]
+    pub fn is_aborted(&self) -> bool {
+        lock(&self.comm).is_none()
+    }
+
+    /// Queues an in-place sum of `count` f32 at `data` over every rank on `stream` (legal
+    /// while `stream` captures: the collective becomes a node of the graph), then waits,
+    /// bounded, until NCCL has accepted it.
+    pub fn all_reduce_sum_f32(
+        &self,
+        data: DevicePtr,
+        count: usize,
+        stream: Stream,
+    ) -> Result<(), NcclError> {
+        const CALL: &str = "ncclAllReduce";
+        self.enqueue(CALL, |nccl, comm| {
+            let p = data.0 as usize as *mut c_void;
+            // SAFETY: `comm` is live (held under the mutex); `data` is a device address of at
+            // least `count` f32 the caller owns (a bad one faults on the GPU and is reported
+            // by the stream, never touches host memory); the stream handle is the real
+            // CUstream (`supports` was checked at init); in-place send == recv is allowed.
+            unsafe {
+                nccl.ncclAllReduce(p, p, count, ncclFloat32, ncclSum, comm, cuda_stream(stream))
+            }
+        })
+    }
+
+    /// Queues an in-place broadcast of `count` f32 at `data` from rank `root` on `stream`
+    /// (legal while `stream` captures), then waits, bounded, until NCCL has accepted it.
+    pub fn broadcast_f32(
+        &self,
+        data: DevicePtr,
+        count: usize,
+        root: usize,
+        stream: Stream,
+    ) -> Result<(), NcclError> {
+        const CALL: &str = "ncclBroadcast";
+        if root >= self.world {
+            return Err(invalid(
+                CALL,
+                format!("root {root} is outside a world of {}", self.world),
+            ));
+        }
+        let root = i32::try_from(root).unwrap_or(i32::MAX);
+        self.enqueue(CALL, |nccl, comm| {
+            let p = data.0 as usize as *mut c_void;
+            // SAFETY: as in `all_reduce_sum_f32`; in-place broadcast (send == recv) is allowed.
+            unsafe { nccl.ncclBroadcast(p, p, count, ncclFloat32, root, comm, cuda_stream(stream)) }
+        })
+    }
+
+    /// Waits until everything queued on `stream` has run, polling the communicator's
+    /// asynchronous error between stream queries; aborts the communicator at the device's
+    /// sync deadline or on an asynchronous error. Refused on the thread that captures.
+    pub fn synchronize(&self, stream: Stream) -> Result<(), NcclError> {
+        const CALL: &str = "cuStreamQuery";
+        let deadline = self.device.config().sync_deadline;
+        let until = Instant::now() + deadline;
+        let mut pause = Duration::from_micros(2);
+        loop {
+            self.async_state("synchronize")?;
+            let ticket = self.device.enter_poll(CALL, until)?;
+            let ready = self.device.call(|d| d.stream_query(stream));
+            drop(ticket);
+            if ready? == Readiness::Ready {
+                // Runs the releases that waited for this stream; returns at once.
+                self.device.synchronize(stream)?;
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                self.abort();
+                return Err(NcclError::Timeout {
+                    call: "synchronize",
+                    deadline,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    /// Aborts the communicator now (idempotent): NCCL's kernels and threads give up, and
+    /// every later call is refused with [`NcclError::Aborted`].
+    pub fn abort(&self) {
+        if let Some(RawComm(comm)) = lock(&self.comm).take() {
+            // SAFETY: `comm` is live and taken out of the mutex, so nothing uses it after.
+            let r = unsafe { self.nccl.ncclCommAbort(comm) };
+            tracing::warn!(target: "zdevice.nccl.abort", rank = self.rank, result = r, "communicator aborted");
+        }
+    }
+
+    /// Runs one enqueueing call on the live communicator, then waits for NCCL to accept it.
+    fn enqueue(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&Nccl, ncclComm_t) -> ncclResult_t,
+    ) -> Result<(), NcclError> {
+        self.device.bind_thread()?;
+        let (r, detail) = {
+            let guard = lock(&self.comm);
+            let Some(RawComm(comm)) = guard.as_ref() else {
+                return Err(NcclError::Aborted { call });
+            };
+            let r = f(self.nccl, *comm);
+            let detail =
+                (r != ncclSuccess && r != ncclInProgress).then(|| last_error(self.nccl, *comm));
+            (r, detail)
+        };
+        if let Some(detail) = detail {
+            self.abort();
+            return Err(call_error(call, r, detail));
+        }
+        self.wait_async(call)
+    }
+
+    /// One read of the asynchronous error: `Ok(true)` once it is `ncclSuccess`, `Ok(false)`
+    /// while `ncclInProgress`; an error aborts.
+    fn async_state(&self, call: &'static str) -> Result<bool, NcclError> {
+        let (state, detail) = {
+            let guard = lock(&self.comm);
+            let Some(RawComm(comm)) = guard.as_ref() else {
+                return Err(NcclError::Aborted { call });
+            };
+            let mut state: ncclResult_t = ncclInProgress;
+            // SAFETY: `comm` is live under the mutex; the out-pointer is a live local.
+            let r = unsafe { self.nccl.ncclCommGetAsyncError(*comm, &mut state) };
+            if r != ncclSuccess {
+                state = r;
+            }
+            let failed = state != ncclSuccess && state != ncclInProgress;
+            (state, failed.then(|| last_error(self.nccl, *comm)))
+        };
+        match detail {
+            None => Ok(state == ncclSuccess),
+            Some(detail) => {
+                self.abort();
+                Err(NcclError::Async {
+                    call,
+                    code: state,
+                    name: cuda_sys::nccl_result_name(state),
+                    detail,
+                })
+            }
+        }
+    }
+
+    /// Polls the asynchronous error until `ncclSuccess`, aborting at the device's deadline.
+    fn wait_async(&self, call: &'static str) -> Result<(), NcclError> {
+        let deadline = self.device.config().sync_deadline;
+        let until = Instant::now() + deadline;
+        let mut pause = Duration::from_micros(1);
+        while !self.async_state(call)? {
+            if Instant::now() >= until {
+                self.abort();
+                return Err(NcclError::Timeout { call, deadline });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+}
+
+impl<D: Driver> Drop for NcclComm<D> {
+    fn drop(&mut self) {
+        if self.is_aborted() || self.device.bind_thread().is_err() {
+            self.abort();
+            return;
+        }
+        let finalized = {
+            let guard = lock(&self.comm);
+            guard.as_ref().map(|RawComm(comm)| {
+                // SAFETY: `comm` is live under the mutex; non-blocking, so this returns at once.
+                unsafe { self.nccl.ncclCommFinalize(*comm) }
+            })
+        };
+        let finalized = matches!(finalized, Some(r) if r == ncclSuccess || r == ncclInProgress)
+            && self.wait_async("ncclCommFinalize").is_ok();
+        if !finalized {
+            self.abort();
+            return;
+        }
+        if let Some(RawComm(comm)) = lock(&self.comm).take() {
+            // SAFETY: finalized, live, and taken out of the mutex: destroyed exactly once.
+            let r = unsafe { self.nccl.ncclCommDestroy(comm) };
+            tracing::debug!(target: "zdevice.nccl.destroy", rank = self.rank, result = r, "communicator destroyed");
+        }
+    }
+}
+
+/// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`.
+fn non_blocking_config() -> ncclConfig_t {
+    ncclConfig_t {
+        size: std::mem::size_of::<ncclConfig_t>(),
+        magic: CONFIG_MAGIC,
+        version: NCCL_VERSION_CODE,
+        blocking: 0,
+        cgaClusterSize: CONFIG_UNDEF_INT,
+        minCTAs: CONFIG_UNDEF_INT,
+        maxCTAs: CONFIG_UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: CONFIG_UNDEF_INT,
+        trafficClass: CONFIG_UNDEF_INT,
+        commName: std::ptr::null(),
+        collnetEnable: CONFIG_UNDEF_INT,
+        CTAPolicy: CONFIG_UNDEF_INT,
+        shrinkShare: CONFIG_UNDEF_INT,
+        nvlsCTAs: CONFIG_UNDEF_INT,
+        nChannelsPerNetPeer: CONFIG_UNDEF_INT,
+        nvlinkCentricSched: CONFIG_UNDEF_INT,
+    }
+}
+
+/// Locks the communicator, carrying on past poisoning (the guarded value is a plain handle).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn cuda_stream(s: Stream) -> cudaStream_t {
+    s.0 as usize as cudaStream_t
+}
+
+fn invalid(call: &'static str, reason: String) -> NcclError {
+    NcclError::InvalidArgument { call, reason }
+}
+
+fn call_error(call: &'static str, code: ncclResult_t, detail: String) -> NcclError {
+    NcclError::Call {
+        call,
+        code,
+        name: cuda_sys::nccl_result_name(code),
+        detail,
+    }
+}
+
+/// A call made without a communicator: anything but `ncclSuccess` is an error.
+fn check(nccl: &Nccl, call: &'static str, r: ncclResult_t) -> Result<(), NcclError> {
+    if r == ncclSuccess {
+        return Ok(());
+    }
+    Err(call_error(call, r, last_error(nccl, std::ptr::null_mut())))
+}
+
+/// `ncclGetLastError`'s text (for `comm`, or the process's last when null).
+fn last_error(nccl: &Nccl, comm: ncclComm_t) -> String {
+    // SAFETY: a null or live communicator is accepted; the result is a NUL-terminated string
+    // NCCL owns, read at once and copied.
+    let text = unsafe { nccl.ncclGetLastError(comm) };
+    if text.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, NUL-terminated, alive until the next NCCL call on this thread.
+    unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests;
