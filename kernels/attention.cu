@@ -3,7 +3,9 @@
 // scores scaled by 1/sqrt(dh), softmax over keys and P·v, writing the head's slice of
 // out [B, S, H*dh]. For short sequences (S <= 64, dh <= 256, the host checks the shared memory
 // fits); the host falls back to the composite of row kernels and gemms otherwise. Every sum
-// runs in a fixed order (warp trees or plain loops): two runs give the same bits.
+// runs in a fixed order (warp trees or plain loops): two runs give the same bits. Rows of
+// [S, dh] arrays in shared memory are ld = dh | 1 floats apart (odd), so the lanes of a warp
+// reading one column of different rows hit different banks.
 #include "common.cuh"
 
 #define ATTN_WARPS 8
@@ -52,7 +54,7 @@ __device__ __forceinline__ void attn_softmax_row(float* p, unsigned seq, unsigne
 }
 
 // Forward. Grid: batch * heads blocks of ATTN_WARPS warps. Shared memory (floats):
-// kn [S*dh], v [S*dh], one q row [dh] and one probability row [S] per warp.
+// kn [S*ld], v [S*ld], one q row [dh] and one probability row [S] per warp.
 extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv,
                                                    const float* qw, const float* qb,
                                                    const float* kw, const float* kb,
@@ -64,16 +66,17 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
     const unsigned b = bh / heads, h = bh % heads;
     const unsigned width = heads * dh;
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned ld = dh | 1u;
     float* kn = sm;
-    float* vs = kn + seq * dh;
-    float* qrow = vs + seq * dh + warp * dh;
-    float* prow = vs + seq * dh + ATTN_WARPS * dh + warp * seq;
+    float* vs = kn + seq * ld;
+    float* qrow = vs + seq * ld + warp * dh;
+    float* prow = vs + seq * ld + ATTN_WARPS * dh + warp * seq;
     const u64 row_stride = 3ull * width;
     const float* base = qkv + (u64)b * seq * row_stride + (u64)h * dh;
     for (unsigned r = warp; r < seq; r += ATTN_WARPS) {
         const float* src = base + (u64)r * row_stride;
-        attn_norm_row(kn + r * dh, src + width, kw, kb, dh, eps, lane);
-        for (unsigned d = lane; d < dh; d += 32) vs[r * dh + d] = src[2 * width + d];
+        attn_norm_row(kn + r * ld, src + width, kw, kb, dh, eps, lane);
+        for (unsigned d = lane; d < dh; d += 32) vs[r * ld + d] = src[2 * width + d];
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)dh);
@@ -82,7 +85,7 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
         __syncwarp();
         for (unsigned j = lane; j < seq; j += 32) {
             float s = 0.0f;
-            for (unsigned d = 0; d < dh; ++d) s += qrow[d] * kn[j * dh + d];
+            for (unsigned d = 0; d < dh; ++d) s += qrow[d] * kn[j * ld + d];
             prow[j] = s * scale;
         }
         __syncwarp();
@@ -90,7 +93,7 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
         float* dst = out + ((u64)b * seq + i) * width + (u64)h * dh;
         for (unsigned d = lane; d < dh; d += 32) {
             float acc = 0.0f;
-            for (unsigned j = 0; j < seq; ++j) acc += prow[j] * vs[j * dh + d];
+            for (unsigned j = 0; j < seq; ++j) acc += prow[j] * vs[j * ld + d];
             dst[d] = acc;
         }
         __syncwarp();
@@ -100,7 +103,7 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
 // Backward, recomputing the forward. Grid: batch * heads blocks of ATTN_WARPS warps. Writes
 // the head's slices of g_qkv [B, S, 3*H*dh] and its row of partials [B*H, 4, dh] (q weight,
 // q bias, k weight, k bias gradients of this head; the host sums the rows in order).
-// Shared memory (floats): qhat, khat, v (later dkn), go (later dqn) [S*dh each], P and dS
+// Shared memory (floats): qhat, khat, v (later dkn), go (later dqn) [S*ld each], P and dS
 // [S*S each], q and k rstd [S each].
 extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,
@@ -112,12 +115,13 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     const unsigned b = bh / heads, h = bh % heads;
     const unsigned width = heads * dh;
     const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned ld = dh | 1u;
     const unsigned sd = seq * dh, ss = seq * seq;
     float* qhat = sm;
-    float* khat = qhat + sd;
-    float* vs = khat + sd;  // v, then dkn
-    float* go = vs + sd;    // the output gradient, then dqn
-    float* p = go + sd;
+    float* khat = qhat + seq * ld;
+    float* vs = khat + seq * ld;  // v, then dkn
+    float* go = vs + seq * ld;    // the output gradient, then dqn
+    float* p = go + seq * ld;
     float* ds = p + ss;
     float* qrstd = ds + ss;
     float* krstd = qrstd + seq;
@@ -127,15 +131,15 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     const float* gin = g + (u64)b * seq * width + (u64)h * dh;
     for (unsigned r = warp; r < seq; r += ATTN_WARPS) {
         const float* src = base + (u64)r * row_stride;
-        float rq = attn_norm_row(qhat + r * dh, src, nullptr, nullptr, dh, eps, lane);
-        float rk = attn_norm_row(khat + r * dh, src + width, nullptr, nullptr, dh, eps, lane);
+        float rq = attn_norm_row(qhat + r * ld, src, nullptr, nullptr, dh, eps, lane);
+        float rk = attn_norm_row(khat + r * ld, src + width, nullptr, nullptr, dh, eps, lane);
         if (lane == 0) {
             qrstd[r] = rq;
             krstd[r] = rk;
         }
         for (unsigned d = lane; d < dh; d += 32) {
-            vs[r * dh + d] = src[2 * width + d];
-            go[r * dh + d] = gin[(u64)r * width + d];
+            vs[r * ld + d] = src[2 * width + d];
+            go[r * ld + d] = gin[(u64)r * width + d];
         }
     }
     __syncthreads();
@@ -144,7 +148,7 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
         unsigned i = e / seq, j = e % seq;
         float s = 0.0f;
         for (unsigned d = 0; d < dh; ++d) {
-            s += (qhat[i * dh + d] * qw[d] + qb[d]) * (khat[j * dh + d] * kw[d] + kb[d]);
+            s += (qhat[i * ld + d] * qw[d] + qb[d]) * (khat[j * ld + d] * kw[d] + kb[d]);
         }
         p[e] = s * scale;
     }
@@ -155,13 +159,13 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     for (unsigned e = threadIdx.x; e < sd; e += blockDim.x) {
         unsigned j = e / dh, d = e % dh;
         float acc = 0.0f;
-        for (unsigned i = 0; i < seq; ++i) acc += p[i * seq + j] * go[i * dh + d];
+        for (unsigned i = 0; i < seq; ++i) acc += p[i * seq + j] * go[i * ld + d];
         gbase[(u64)j * row_stride + 2 * width + d] = acc;
     }
     for (unsigned e = threadIdx.x; e < ss; e += blockDim.x) {
         unsigned i = e / seq, j = e % seq;
         float acc = 0.0f;
-        for (unsigned d = 0; d < dh; ++d) acc += go[i * dh + d] * vs[j * dh + d];
+        for (unsigned d = 0; d < dh; ++d) acc += go[i * ld + d] * vs[j * ld + d];
         ds[e] = acc;
     }
     __syncthreads();
@@ -181,11 +185,11 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
         unsigned i = e / dh, d = e % dh;
         float aq = 0.0f, ak = 0.0f;
         for (unsigned j = 0; j < seq; ++j) {
-            aq += ds[i * seq + j] * (khat[j * dh + d] * kw[d] + kb[d]);
-            ak += ds[j * seq + i] * (qhat[j * dh + d] * qw[d] + qb[d]);
+            aq += ds[i * seq + j] * (khat[j * ld + d] * kw[d] + kb[d]);
+            ak += ds[j * seq + i] * (qhat[j * ld + d] * qw[d] + qb[d]);
         }
-        go[e] = aq;
-        vs[e] = ak;
+        go[i * ld + d] = aq;
+        vs[i * ld + d] = ak;
     }
     __syncthreads();
     // This head's parameter partials, one thread per column, rows in order.
@@ -193,10 +197,10 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     for (unsigned d = threadIdx.x; d < dh; d += blockDim.x) {
         float gwq = 0.0f, gbq = 0.0f, gwk = 0.0f, gbk = 0.0f;
         for (unsigned i = 0; i < seq; ++i) {
-            gwq += go[i * dh + d] * qhat[i * dh + d];
-            gbq += go[i * dh + d];
-            gwk += vs[i * dh + d] * khat[i * dh + d];
-            gbk += vs[i * dh + d];
+            gwq += go[i * ld + d] * qhat[i * ld + d];
+            gbq += go[i * ld + d];
+            gwk += vs[i * ld + d] * khat[i * ld + d];
+            gbk += vs[i * ld + d];
         }
         part[d] = gwq;
         part[dh + d] = gbq;
@@ -208,8 +212,8 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     for (unsigned r = warp; r < 2 * seq; r += ATTN_WARPS) {
         const bool is_k = r >= seq;
         const unsigned i = is_k ? r - seq : r;
-        const float* dn = (is_k ? vs : go) + i * dh;
-        const float* xh = (is_k ? khat : qhat) + i * dh;
+        const float* dn = (is_k ? vs : go) + i * ld;
+        const float* xh = (is_k ? khat : qhat) + i * ld;
         const float* w = is_k ? kw : qw;
         float s1 = 0.0f, s2 = 0.0f;
         for (unsigned d = lane; d < dh; d += 32) {
