@@ -173,11 +173,7 @@ fn per_sample_peaks(n: usize) -> (ClassBytes, u64) {
     let mut r = run(TrainSchedule::PerSample, true);
     r.step(n);
     r.step(n);
-    let reserved = r
-        .trainer
-        .sample_graph()
-        .expect("graph")
-        .reserved_bytes();
+    let reserved = r.trainer.sample_graph().expect("graph").reserved_bytes();
     (r.arena.diagnostics().peak_bytes_by_class, reserved)
 }
 

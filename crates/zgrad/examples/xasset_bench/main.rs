@@ -12,8 +12,9 @@
 //! - `batched_graph_e2e_ms`: host wall-clock of `train_batch` on the captured step: the batch
 //!   copied in (through the backend's pinned staging buffers), the replay, the loss read back.
 //! - `per_sample_graph_ms`: CUDA events around the per-sample schedule's `train_batch` (every
-//!   sample's forward+backward replayed, the AdamW step, the stats read back; the samples are
-//!   uploaded from the host one by one: see `per_sample_timing`).
+//!   sample's forward+backward replayed, the AdamW step, the stats read back; the batch is
+//!   uploaded once per step and each replay reads its sample through a device-side index: see
+//!   `per_sample_timing`).
 //! - `*_first_step_ms`: host wall-clock of a fresh trainer's first captured step (warm-up run,
 //!   capture, instantiation); `*_nodes`: nodes of the captured graphs.
 //! - `*_eager_ms`: host wall-clock per `train_batch` (each ends by reading the loss back), the
@@ -223,7 +224,7 @@ fn per_sample(b: &Bench, out: &mut Json) -> Result<(), Error> {
     out.ms("per_sample_graph_ms", Some(ms));
     out.str(
         "per_sample_timing",
-        "CUDA events around train_batch: samples uploaded from the host one by one",
+        "CUDA events around train_batch: the batch copied in once (one host-to-device upload), then one graph launch per sample reading its sample through a device-side index, the AdamW step and the stats read back",
     );
     Ok(())
 }
