@@ -19,7 +19,9 @@ pub enum CommError {
 
     /// A wait passed its deadline: a peer is stalled or gone. The communicator was aborted; the
     /// job cannot go on.
-    #[error("rank {rank}: {op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted")]
+    #[error(
+        "rank {rank}: {op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted"
+    )]
     Timeout {
         rank: usize,
         op: &'static str,
@@ -48,7 +50,9 @@ pub enum CommError {
 
     /// Creating or registering a communicator (or anything else that is not a plain
     /// collective) while the device captures: do it before capture.
-    #[error("{call} is not allowed while the device captures a graph; create communicators before capture")]
+    #[error(
+        "{call} is not allowed while the device captures a graph; create communicators before capture"
+    )]
     CaptureIllegal { call: &'static str },
 
     /// A rank outside `0..world`.
