@@ -55,6 +55,10 @@ pub enum GradError {
     /// An op of the backend refused its inputs (shapes, axes, aliasing, device errors).
     #[error(transparent)]
     Compute(#[from] ComputeError),
+    /// A collective of a data-parallel job failed: a peer stalled, gave up or vanished (the
+    /// job cannot go on; restart it from the last checkpoint).
+    #[error(transparent)]
+    Comm(#[from] zcomm::CommError),
     /// A memory plan could not open its accounting-only simulated device.
     #[error("memory plan: the accounting device did not open")]
     PlanDevice(#[source] zdevice::DeviceError),

@@ -33,6 +33,6 @@ pub use optim::{AdamW, AdamWHyper, AdamWState, Sgd, clip_grad_norm, grad_norm, z
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
-pub use trainer::{EvalReport, StepReport, TrainSchedule, Trainer, TrainerConfig};
+pub use trainer::{EvalReport, StepReport, TrainSchedule, Trainer, TrainerConfig, shard};
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

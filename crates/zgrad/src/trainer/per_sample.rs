@@ -123,7 +123,9 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
         let losses = self.slots()?.losses.clone();
-        self.slots()?.scale_upload(&*b, batch)?;
+        // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
+        self.slots()?
+            .scale_upload(&*b, self.parts.dist.global.get().max(batch))?;
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
         while i < batch {
@@ -146,17 +148,23 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             }
         }
         let checked = in_step(&*b, || {
+            let losses = b.download(&losses)?;
+            let local_sum = losses.iter().map(|l| l.to_f64()).sum::<f64>();
+            let global = self.parts.dist.global.get().max(batch);
+            // Several ranks: gradients and loss summed over them first (a non-finite value on
+            // one rank reaches every rank's loss and norm).
+            let loss = self.per_sample_reduce(&*b, local_sum, global)?;
             let norm = parts.norm(&*b)?;
             let norm = b.download(&norm)?[0].to_f64();
-            let losses = b.download(&losses)?;
-            if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite()) {
+            if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite())
+                && self.parts.dist.single()
+            {
                 return Err(GradError::NonFinite {
                     step,
                     sample: Some(bad),
                     kind: NonFiniteKind::Loss,
                 });
             }
-            let loss = losses.iter().map(|l| l.to_f64()).sum::<f64>() / batch as f64;
             checks::finite(step, loss, norm)?;
             self.optim.step(&*b, &parts.params, lr)?;
             Ok((loss, norm))
