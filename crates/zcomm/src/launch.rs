@@ -120,6 +120,7 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> bool) -> Result<Launched> {
     let mut failed = None;
     let mut stopped = false;
     while ends.iter().any(Option::is_none) {
+        let mut now_failed = Vec::new();
         for (r, c) in children.iter_mut().enumerate() {
             if ends[r].is_some() {
                 continue;
@@ -129,11 +130,22 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> bool) -> Result<Launched> {
                 .map_err(|e| spawn_err("watching the ranks", e))?
             {
                 let end = end_of(status);
-                if failed.is_none() && end != RankEnd::Exited(0) {
-                    tracing::error!(target: "zcomm.launch", rank = r, %end, "rank failed; taking every rank down");
-                    failed = Some((r, end.clone()));
+                if end != RankEnd::Exited(0) {
+                    now_failed.push((r, end.clone()));
                 }
                 ends[r] = Some(end);
+            }
+        }
+        if failed.is_none() {
+            // Ranks seen failing in the same poll: the peers of a dead rank exit with their
+            // errors moments after it, so a rank a signal ended is the cause, else the lowest.
+            failed = now_failed
+                .iter()
+                .find(|(_, e)| matches!(e, RankEnd::Signalled(_)))
+                .or(now_failed.first())
+                .cloned();
+            if let Some((r, end)) = &failed {
+                tracing::error!(target: "zcomm.launch", rank = r, %end, "rank failed; taking every rank down");
             }
         }
         if failed.is_some() || (!stopped && stop()) {
@@ -146,7 +158,7 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> bool) -> Result<Launched> {
             }
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     Ok(Launched {
         failed,
