@@ -250,3 +250,44 @@ fn a_non_finite_value_on_one_rank_stops_every_rank_with_the_same_error() {
         );
     }
 }
+
+#[test]
+fn a_rank_whose_device_fails_stops_the_others_with_an_error_naming_it() {
+    use zdevice::{CuCode, sim::calls};
+    let errors = ranks(3, |b, c| {
+        let rank = c.info().rank;
+        if rank == 1 {
+            // The fault plan: rank 1's device fails for good a few steps in.
+            b.device()
+                .driver()
+                .sticky(calls::LAUNCH_KERNEL, 400, CuCode::ILLEGAL_ADDRESS);
+        }
+        let model = XAsset::init(b, CFG, 7).unwrap();
+        let t = Trainer::new(b.clone(), model, config(TrainSchedule::Batched, true)).unwrap();
+        let mut t = t.with_collective(Rc::new(c)).unwrap();
+        for step in 0..50 {
+            let (x, y) = data(step, 7);
+            if let Err(e) = t.train_batch(&x, &y, 7) {
+                return (
+                    matches!(e.cause(), zgrad::GradError::Comm(_)),
+                    e.cause().to_string(),
+                );
+            }
+        }
+        (false, "no error in 50 steps".into())
+    });
+    let (own, why) = &errors[1];
+    assert!(
+        !own && why.contains("device"),
+        "rank 1 reports its own device: {why}"
+    );
+    for r in [0, 2] {
+        let (comm, why) = &errors[r];
+        assert!(comm, "rank {r}: {why}");
+        assert!(
+            why.contains(&format!("rank {r}: all_reduce of step")),
+            "rank {r}: {why}"
+        );
+        assert!(why.contains("rank 1 gave up"), "rank {r}: {why}");
+    }
+}
