@@ -146,8 +146,9 @@ pub enum TrainError {
 
     /// A data-parallel job could not start or lost a rank (the launcher variables, the
     /// rendezvous, a collective): the error names the rank, the operation and the step.
+    /// (Boxed: it keeps `TrainError` small.)
     #[error(transparent)]
-    Comm(#[from] zcomm::CommError),
+    Comm(Box<zcomm::CommError>),
 
     /// The checkpoint was written by a job of another number of ranks: the data order and
     /// the shards would differ, so the run would not continue bitwise.
@@ -164,6 +165,12 @@ pub enum TrainError {
     /// Training diverged.
     #[error("training diverged at step {step}: the loss is {loss}; lower --lr or set --clip-grad")]
     Diverged { step: u64, loss: f32 },
+}
+
+impl From<zcomm::CommError> for TrainError {
+    fn from(e: zcomm::CommError) -> Self {
+        TrainError::Comm(Box::new(e))
+    }
 }
 
 /// ztrain's result.

@@ -177,9 +177,9 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                 GradError::Step { step, applied, .. } => GradError::Step {
                     step,
                     applied,
-                    source: Box::new(GradError::Comm(c)),
+                    source: Box::new(GradError::from(c)),
                 },
-                _ => GradError::Comm(c),
+                _ => GradError::from(c),
             };
         }
         if !matches!(e.cause(), GradError::NonFinite { .. } | GradError::Comm(_)) {
@@ -207,7 +207,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let n = y.len();
         let info = dist.info();
         let rows = shard(info.rank, info.world, n);
-        let per = if n == 0 { 0 } else { x.len() / n };
+        let per = x.len().checked_div(n).unwrap_or(0);
         let logits = if rows.is_empty() {
             Vec::new()
         } else {
