@@ -83,6 +83,14 @@ pub enum CommError {
         source: Option<std::io::Error>,
     },
 
+    /// The launcher could not start or watch its ranks.
+    #[error("launcher: {detail}")]
+    Launch {
+        detail: String,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The device failed under a collective.
     #[error("{op}: the device failed")]
     Device {

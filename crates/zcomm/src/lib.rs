@@ -7,11 +7,17 @@
 //! registering anything while the device captures is refused.
 #![forbid(unsafe_code)]
 
+pub mod env;
 mod error;
+pub mod launch;
 pub mod nccl;
+pub mod rendezvous;
+pub mod sim;
 
+pub use env::{LaunchEnv, Master};
 pub use error::{CommError, Result};
 pub use nccl::NcclCollective;
+pub use sim::SimCollective;
 
 use zcompute::{BTensor, Backend, Element};
 
@@ -53,6 +59,21 @@ pub trait Collective<B: Backend<T>, T: Element> {
     /// Waits until every operation queued so far has completed on this rank, bounded by the
     /// device's deadline, polling the communicator's asynchronous error.
     fn synchronize(&self, b: &B) -> Result<()>;
+
+    /// The optimiser step the collectives queued from now on belong to, for their errors
+    /// (a captured graph replays its collectives without calling this trait; the trainer says
+    /// which step each replay is).
+    fn set_step(&self, _step: u64) {}
+
+    /// The first failure of an asynchronous collective (a peer stalled, gave up or vanished),
+    /// handed out once: the typed error to report instead of the device error it caused.
+    fn take_failure(&self) -> Option<CommError> {
+        None
+    }
+
+    /// Tells the other ranks this one gives up (after an error of its own), so they stop at
+    /// their next collective instead of waiting for the deadline. Best effort.
+    fn abort(&self, _why: &str) {}
 }
 
 /// The collective of a single-process job: world 1, every operation leaves `x` as it is.

@@ -55,6 +55,11 @@ pub enum GradError {
     /// An op of the backend refused its inputs (shapes, axes, aliasing, device errors).
     #[error(transparent)]
     Compute(#[from] ComputeError),
+    /// A collective of a data-parallel job failed: a peer stalled, gave up or vanished (the
+    /// job cannot go on; restart it from the last checkpoint).
+    /// (Boxed: it keeps `GradError` small.)
+    #[error(transparent)]
+    Comm(Box<zcomm::CommError>),
     /// A memory plan could not open its accounting-only simulated device.
     #[error("memory plan: the accounting device did not open")]
     PlanDevice(#[source] zdevice::DeviceError),
@@ -142,6 +147,12 @@ pub enum GradError {
          checkpoint (or import the optimiser state and the parameters) before stepping again"
     )]
     StateUnknown { step: u64 },
+}
+
+impl From<zcomm::CommError> for GradError {
+    fn from(e: zcomm::CommError) -> Self {
+        GradError::Comm(Box::new(e))
+    }
 }
 
 impl GradError {

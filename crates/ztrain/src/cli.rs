@@ -91,6 +91,24 @@ pub struct Options {
     #[arg(long, default_value = "4G", value_parser = parse_size, help_heading = "Device")]
     pub sim_memory: u64,
 
+    /// Data-parallel ranks on this host: ztrain starts itself N times, one process per GPU
+    /// (LOCAL_RANK picks the GPU), or per simulated device with --device sim; --batch stays
+    /// the global batch, split over the ranks. Started by torchrun, SLURM or mpirun instead
+    /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), ztrain joins as that rank.
+    /// Exit status 100 + r when rank r failed (the message says why).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=99), help_heading = "Device")]
+    pub gpus: u16,
+
+    /// Longest wait, in seconds, for the other ranks (the rendezvous, every collective): a
+    /// rank that stalls or dies makes the others stop with an error naming it after this.
+    #[arg(
+        long,
+        default_value_t = 120.0,
+        value_name = "SECONDS",
+        help_heading = "Device"
+    )]
+    pub comm_timeout: f64,
+
     /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
     /// feature columns (column = s·F + f) and a 0/1 label. See the README.
     #[arg(long, value_name = "FILE.csv", help_heading = "Data")]

@@ -78,20 +78,30 @@ fn cpu(description: String) -> Opened {
 /// Opens the backend `choice` asks for, its arena sized by `engine` (checked against the
 /// device as it opens). `sim_memory` sizes the simulated device.
 pub fn open(choice: DeviceChoice, engine: &EngineConfig, sim_memory: u64) -> Result<Opened> {
+    open_on(choice, engine, sim_memory, GPU_ORDINAL)
+}
+
+/// As [`open`], on GPU `ordinal` (a rank's `LOCAL_RANK`).
+pub fn open_on(
+    choice: DeviceChoice,
+    engine: &EngineConfig,
+    sim_memory: u64,
+    ordinal: u32,
+) -> Result<Opened> {
     let gpu = |b: CudaBackend<CudaDriver>| Opened {
         description: describe("CUDA backend", &b),
         engine: Engine::Cuda(b),
     };
     match choice {
         DeviceChoice::Cpu => Ok(cpu("CPU backend (--device cpu)".into())),
-        DeviceChoice::Cuda => match engine.cuda(GPU_ORDINAL) {
+        DeviceChoice::Cuda => match engine.cuda(ordinal) {
             Ok(b) => Ok(gpu(b)),
             Err(ComputeError::DeviceUnavailable { reason, .. }) => {
                 Err(TrainError::NoGpu { reason })
             }
             Err(e) => Err(refused(e)),
         },
-        DeviceChoice::Auto => match engine.cuda(GPU_ORDINAL) {
+        DeviceChoice::Auto => match engine.cuda(ordinal) {
             Ok(b) => Ok(gpu(b)),
             Err(ComputeError::DeviceUnavailable { reason, .. }) => {
                 tracing::info!(target: "ztrain.device.open", %reason, "no usable GPU; using the CPU backend");

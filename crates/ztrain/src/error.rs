@@ -144,9 +144,33 @@ pub enum TrainError {
         trained: u64,
     },
 
+    /// A data-parallel job could not start or lost a rank (the launcher variables, the
+    /// rendezvous, a collective): the error names the rank, the operation and the step.
+    /// (Boxed: it keeps `TrainError` small.)
+    #[error(transparent)]
+    Comm(Box<zcomm::CommError>),
+
+    /// The checkpoint was written by a job of another number of ranks: the data order and
+    /// the shards would differ, so the run would not continue bitwise.
+    #[error(
+        "checkpoint {} was written by a job of {saved} rank(s), this job has {now}; resume with --gpus {saved} (or WORLD_SIZE={saved})",
+        path.display()
+    )]
+    WorldMismatch {
+        path: PathBuf,
+        saved: usize,
+        now: usize,
+    },
+
     /// Training diverged.
     #[error("training diverged at step {step}: the loss is {loss}; lower --lr or set --clip-grad")]
     Diverged { step: u64, loss: f32 },
+}
+
+impl From<zcomm::CommError> for TrainError {
+    fn from(e: zcomm::CommError) -> Self {
+        TrainError::Comm(Box::new(e))
+    }
 }
 
 /// ztrain's result.

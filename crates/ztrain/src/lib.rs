@@ -10,6 +10,7 @@ pub mod config;
 pub mod console;
 pub mod data;
 pub mod device;
+pub mod distributed;
 pub mod error;
 pub mod files;
 pub mod memory;

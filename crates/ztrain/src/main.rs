@@ -26,6 +26,11 @@ fn main() -> ExitCode {
             ));
         }
     };
+    match ztrain::distributed::role(&options) {
+        Err(e) => return fail(&ztrain::error::report(&e)),
+        Ok(ztrain::distributed::Role::Launcher(ranks)) => return launcher(&options, ranks, &stop),
+        Ok(_) => {}
+    }
     match ztrain::run::run(&options, &mut out, show_bar, &stop) {
         // 128 + the signal, as a shell reports a process the signal ended (130, 143).
         Ok(outcome) => match outcome.interrupted {
@@ -33,6 +38,23 @@ fn main() -> ExitCode {
             None => ExitCode::SUCCESS,
         },
         Err(e) => fail(&ztrain::error::report(&e)),
+    }
+}
+
+/// `--gpus N`: starts the ranks and exits with what they did: 0, `100 + r` when rank r failed
+/// first (the message says how), or 128 + the signal that stopped the launcher.
+fn launcher(options: &ztrain::cli::Options, ranks: usize, stop: &StopSignal) -> ExitCode {
+    match ztrain::distributed::launch_ranks(options, ranks, &|| stop.received().is_some()) {
+        Err(e) => fail(&ztrain::error::report(&e)),
+        Ok(l) if l.exit_code() == 0 => ExitCode::SUCCESS,
+        Ok(l) => {
+            let code = match (l.failed.is_none(), stop.received()) {
+                (true, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+                _ => l.exit_code(),
+            };
+            let _ = fail(&format!("ztrain: {}", l.message()));
+            ExitCode::from(code)
+        }
     }
 }
 

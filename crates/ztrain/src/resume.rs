@@ -103,6 +103,18 @@ pub fn resume<B: TrainBackend>(
             trained,
         });
     }
+    let world = |c: &serde_json::Value| {
+        c.get("world")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(1) as usize
+    };
+    if world(&ck.config) != world(config) {
+        return Err(TrainError::WorldMismatch {
+            path: path.to_path_buf(),
+            saved: world(&ck.config),
+            now: world(config),
+        });
+    }
     let diff = differences(&ck.config, config);
     if !diff.is_empty() {
         return Err(TrainError::CheckpointMismatch {

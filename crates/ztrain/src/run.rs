@@ -6,7 +6,10 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Instant;
+
+use zcomm::{Collective, LaunchEnv};
 
 use zgrad::{Trainer, XAsset, XAssetConfig};
 use zmem::units::Bytes;
@@ -19,6 +22,7 @@ use crate::config::{DataSource, RunConfig, fnv1a};
 use crate::console::Console;
 use crate::data::{self, Dataset, epoch_order};
 use crate::device::{self, Engine};
+use crate::distributed::Role;
 use crate::error::{Result, TrainError};
 use crate::files::{self, Named};
 use crate::memory::MemorySource;
@@ -79,6 +83,28 @@ pub fn run(
             validation: None,
         });
     }
+    let env = match crate::distributed::role(options)? {
+        Role::Rank(env) => env,
+        Role::Single => LaunchEnv::SINGLE,
+        Role::Launcher(n) => {
+            return Err(TrainError::Options(format!(
+                "--gpus {n}: the ranks are started by the ztrain command (or by a launcher that sets RANK and WORLD_SIZE)"
+            )));
+        }
+    };
+    // Rank 0 alone prints, writes checkpoints (`save` in `train`) and reports.
+    let mut sink = std::io::sink();
+    let quiet;
+    let (options, out, show_bar): (&Options, &mut dyn Write, bool) = if env.info.rank > 0 {
+        quiet = Options {
+            memory_report: None,
+            soak_report: None,
+            ..options.clone()
+        };
+        (&quiet, &mut sink, false)
+    } else {
+        (options, out, show_bar)
+    };
     let config = options.config()?;
     let engine = options.arena.engine_config()?;
     check_files(options)?;
@@ -98,7 +124,9 @@ pub fn run(
         DeviceChoice::Sim => estimate.check_host(estimate.device()?.max(sim_arena))?,
         DeviceChoice::Auto | DeviceChoice::Cuda => estimate.check_host(0)?,
     }
-    let opened = device::open(options.device, &engine, options.sim_memory)?;
+    let ordinal = u32::try_from(env.info.local_rank)
+        .map_err(|_| TrainError::Options("LOCAL_RANK does not fit a device ordinal".into()))?;
+    let opened = device::open_on(options.device, &engine, options.sim_memory, ordinal)?;
     if let Some(total) = opened.engine.device_memory() {
         let (name, raise) = match opened.engine {
             Engine::Sim(_) => (
@@ -120,26 +148,53 @@ pub fn run(
     }
     let mut console = Console::new(out);
     console.line(&format!("ztrain: {}", opened.description));
+    if env.info.world > 1 {
+        console.line(&format!(
+            "ztrain: rank 0 of a data-parallel job of {} ranks (one process each); --batch {} is the global batch, split over them",
+            env.info.world, config.batch
+        ));
+    }
     let name = opened.engine.backend_name();
     let d = opened.description.as_str();
     let ctx = Context {
         options,
+        world: env.info.world,
+        rank: env.info.rank,
         config: &config,
         backend_name: name,
         description: d,
         show_bar,
         stop,
     };
+    let ranks = (env.info.world > 1).then_some(&env);
+    let timeout = crate::distributed::comm_timeout(options)?;
     match opened.engine {
-        Engine::Cpu(b) => train(b, &ctx, &mut console),
-        Engine::Cuda(b) => train(b, &ctx, &mut console),
-        Engine::Sim(b) => train(b, &ctx, &mut console),
+        Engine::Cpu(_) if ranks.is_some() => Err(TrainError::Options(format!(
+            "rank {} of {}: the {} cannot be a rank of a job; use --device cuda or --device sim",
+            env.info.rank, env.info.world, d
+        ))),
+        Engine::Cpu(b) => train(b, None, &ctx, &mut console),
+        Engine::Cuda(b) => {
+            let comm = ranks
+                .map(|e| crate::distributed::nccl_collective(&b, e, timeout))
+                .transpose()?;
+            train(b, comm, &ctx, &mut console)
+        }
+        Engine::Sim(b) => {
+            let comm = ranks
+                .map(|e| crate::distributed::sim_collective(&b, e, timeout))
+                .transpose()?;
+            train(b, comm, &ctx, &mut console)
+        }
     }
 }
 
 /// What a run's training loop reads.
 pub(crate) struct Context<'a> {
     pub(crate) options: &'a Options,
+    /// Ranks of the job (1: a single process), and this one's.
+    pub(crate) world: usize,
+    pub(crate) rank: usize,
     pub(crate) config: &'a RunConfig,
     /// The backend's short name (for checkpoints) and its description.
     pub(crate) backend_name: &'a str,
@@ -186,6 +241,7 @@ fn checkpoint_limit(params: u64, n_train: usize) -> u64 {
 
 fn train<B: TrainBackend + MemorySource>(
     b: B,
+    comm: Option<Rc<dyn Collective<B, f32>>>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
 ) -> Result<Outcome> {
@@ -198,7 +254,11 @@ fn train<B: TrainBackend + MemorySource>(
             "no training samples left after the validation split".into(),
         ));
     }
-    let config_json = config.to_json(digest);
+    let mut config_json = config.to_json(digest);
+    if ctx.world > 1 {
+        // Checkpoints record the job's ranks: a resume with another number is refused.
+        config_json["world"] = serde_json::json!(ctx.world);
+    }
     let m = config.model;
     let model_config: XAssetConfig = m;
     let n_train = train_set.len();
@@ -238,6 +298,10 @@ fn train<B: TrainBackend + MemorySource>(
             }
         }
     };
+    if let Some(c) = comm {
+        // Every rank starts from rank 0's parameters (restored from the checkpoint alike).
+        learner = learner.with_collective(c)?;
+    }
     let mut rng = Rng::from_state(progress.rng).ok_or_else(|| TrainError::CheckpointCorrupt {
         path: options.resume.clone().unwrap_or_default(),
         reason: "generator state is all zero".into(),
@@ -250,10 +314,10 @@ fn train<B: TrainBackend + MemorySource>(
 
     let save = |learner: &Trainer<B>, progress: &Progress| -> Result<()> {
         match &options.checkpoint {
-            Some(path) => {
+            Some(path) if ctx.rank == 0 => {
                 checkpoint_of(learner, progress, &config_json, ctx.backend_name)?.save(path)
             }
-            None => Ok(()),
+            _ => Ok(()),
         }
     };
     let mut soak = options

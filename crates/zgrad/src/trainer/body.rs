@@ -3,6 +3,7 @@
 //! here moves data between host and device or opens or closes a step: every call is legal
 //! inside a capture.
 
+use super::distributed::Dist;
 use crate::error::{GradError, Result};
 use crate::optim::{AdamWTensors, clip_grad_norm, grad_norm, zero_grad};
 use crate::tape::Tape;
@@ -22,6 +23,8 @@ pub(crate) struct StepParts<B: Backend<T>, T: Element> {
     /// Negative control: saved tensors stay in scratch (always `false` without the `testing`
     /// feature).
     pub unprotected: bool,
+    /// The collective and this rank's share of the batch (a single process by default).
+    pub dist: Dist<B, T>,
 }
 
 impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
@@ -32,6 +35,7 @@ impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
             stats: self.stats.clone(),
             clip: self.clip,
             unprotected: self.unprotected,
+            dist: self.dist.clone(),
         }
     }
 }
@@ -91,7 +95,11 @@ impl<B: Backend<T>, T: Element> StepParts<B, T> {
         y: &Var<B, T>,
     ) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
         zero_grad(b, &self.params)?;
-        let loss = self.forward_backward(b, x, y, None)?;
+        let loss = if self.dist.single() {
+            self.forward_backward(b, x, y, None)?
+        } else {
+            self.shard_forward_backward(b, x, y)?
+        };
         let norm = self.norm(b)?;
         self.write_stats(b, &loss, &norm)?;
         Ok((loss, norm))

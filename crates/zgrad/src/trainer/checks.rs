@@ -67,6 +67,10 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         shape: &[usize],
         kind: NonFiniteKind,
     ) -> Result<Option<usize>> {
+        if !self.parts.dist.single() {
+            // Ranks would name different samples (or none): every rank reports the same error.
+            return Ok(None);
+        }
         if let Some(i) = bad_input(x, y, shape[0]) {
             return Ok(Some(i));
         }

@@ -43,6 +43,9 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
 
     /// Mean loss and accuracy over `y.len()` samples.
     pub fn evaluate(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
+        if !self.parts.dist.single() {
+            return self.evaluate_sharded(x, y);
+        }
         let n = y.len();
         let logits = self.predict(x, n)?;
         let (mut loss, mut correct) = (0.0, 0usize);

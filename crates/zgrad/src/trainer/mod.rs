@@ -10,6 +10,7 @@ mod batched;
 mod body;
 mod captured;
 mod checks;
+mod distributed;
 mod eval;
 mod per_sample;
 mod resident;
@@ -24,6 +25,7 @@ use body::StepParts;
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element};
 
+pub use distributed::shard;
 pub use eval::EvalReport;
 pub use resident::ReplayMark;
 
@@ -142,6 +144,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                 stats,
                 clip: config.clip_grad.map(T::from_f64),
                 unprotected: config.saved_tensors_unprotected(),
+                dist: distributed::Dist::single_process(&*backend)?,
             },
             backend,
             optim,
@@ -230,7 +233,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let step = self.optim.step_count() + 1;
         let report = self
             .train_batch_inner(x, y, batch, step)
-            .map_err(|e| self.settle(step, e))?;
+            .map_err(|e| self.settle(step, self.distributed_error(e)))?;
         tracing::debug!(
             target: "zgrad.trainer.step",
             step = report.step,
@@ -253,14 +256,24 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         self.optim.check_state()?;
         let scales = self.shape_of(x, y, batch)?;
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        let shape = [batch, scales, self.parts.model.config.features];
-        match self.config.schedule {
+        // This rank's shard of the global batch (all of it in a single process).
+        let info = self.parts.dist.info();
+        let rows = shard(info.rank, info.world, batch);
+        let per = x.len() / batch;
+        let (x, y) = (&x[rows.start * per..rows.end * per], &y[rows.clone()]);
+        self.parts
+            .dist
+            .prepare(&*self.backend, rows.len(), batch, step)?;
+        let shape = [rows.len(), scales, self.parts.model.config.features];
+        let mut report = match self.config.schedule {
             TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
                 self.batched_captured(x, y, &shape, lr)
             }
             TrainSchedule::Batched => self.batched_eager(x, y, &shape, lr),
             TrainSchedule::PerSample => self.per_sample(x, y, &shape, lr),
-        }
+        }?;
+        report.samples = batch;
+        Ok(report)
     }
 
     /// The verdict on a failed step `step`: a `Step` error keeps its own; any other error is

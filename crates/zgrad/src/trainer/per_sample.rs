@@ -70,9 +70,18 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         self.table.shape()[0]
     }
 
-    /// Uploads the batch as the table's first rows (one upload), writes 1/B when B changed,
-    /// and, for the graph, sets the index to sample 0.
-    fn load(&mut self, b: &B, x: &[T], y: &[T], batch: usize, indexed: bool) -> Result<()> {
+    /// Uploads the batch as the table's first rows (one upload), writes 1/`global` (the global
+    /// batch: `batch` on one rank) when it changed, and, for the graph, sets the index to
+    /// sample 0.
+    fn load(
+        &mut self,
+        b: &B,
+        x: &[T],
+        y: &[T],
+        batch: usize,
+        global: usize,
+        indexed: bool,
+    ) -> Result<()> {
         let per = x.len() / batch;
         self.staging.clear();
         for (features, label) in x.chunks_exact(per).zip(y) {
@@ -80,9 +89,9 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
             self.staging.push(*label);
         }
         b.upload_into(&self.staging, &self.table.narrow(0, 0, batch)?)?;
-        if self.scale_batch != batch {
-            b.upload_into(&[T::from_f64(1.0 / batch as f64)], &self.scale)?;
-            self.scale_batch = batch;
+        if self.scale_batch != global {
+            b.upload_into(&[T::from_f64(1.0 / global as f64)], &self.scale)?;
+            self.scale_batch = global;
         }
         if indexed {
             b.fill(&self.index, T::ZERO)?;
@@ -221,7 +230,9 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
         let indexed = self.wants_graph();
-        self.slots_mut()?.load(&*b, x, y, batch, indexed)?;
+        // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
+        let global = self.parts.dist.global.get().max(batch);
+        self.slots_mut()?.load(&*b, x, y, batch, global, indexed)?;
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
         while i < batch {
@@ -233,17 +244,23 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             }
         }
         let checked = in_step(&*b, || {
+            let losses = b.download(&self.slots()?.losses.narrow(0, 0, batch)?)?;
+            let local_sum = losses.iter().map(|l| l.to_f64()).sum::<f64>();
+            let global = self.parts.dist.global.get().max(batch);
+            // Several ranks: gradients and loss summed over them first (a non-finite value on
+            // one rank reaches every rank's loss and norm).
+            let loss = self.per_sample_reduce(&*b, local_sum, global)?;
             let norm = parts.norm(&*b)?;
             let norm = b.download(&norm)?[0].to_f64();
-            let losses = b.download(&self.slots()?.losses.narrow(0, 0, batch)?)?;
-            if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite()) {
+            if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite())
+                && self.parts.dist.single()
+            {
                 return Err(GradError::NonFinite {
                     step,
                     sample: Some(bad),
                     kind: NonFiniteKind::Loss,
                 });
             }
-            let loss = losses.iter().map(|l| l.to_f64()).sum::<f64>() / batch as f64;
             checks::finite(step, loss, norm)?;
             self.optim.step(&*b, &parts.params, lr)?;
             Ok((loss, norm))

@@ -1,0 +1,317 @@
+//! The simulated communicator: ranks are processes (or threads, in unit tests), each over its
+//! own simulated device (`CudaBackend<SimDriver>`), exchanging buffers over TCP through rank 0
+//! (`wire.rs`). It stands in for NCCL in CI: the same rendezvous, the same deadlines, the same
+//! typed errors, and the same behaviour under capture: a collective is a kernel launched on the
+//! engine stream (a closure registered on the simulator for this communicator), so a captured
+//! graph contains it and every replay runs the exchange again.
+//!
+//! A failed exchange (a peer that stalled past the deadline, gave up or vanished) records the
+//! typed error here, fails the kernel (the simulator makes that a sticky device error at the
+//! next sync, as NCCL's abort poisons a real stream) and is reported by
+//! [`Collective::take_failure`] and [`Collective::synchronize`].
+
+mod wire;
+
+use crate::env::LaunchEnv;
+use crate::error::{CommError, Result};
+use crate::rendezvous::{self, Server};
+use crate::{Collective, RankInfo};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wire::{Call, Star};
+use zcompute::{Backend, CudaBackend, CudaTensor, SimDriver};
+use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
+use zdevice::{Function, KernelArg, LaunchConfig, LoadedModule};
+
+/// Tells communicators of one process apart (each registers its own kernel).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+const ALL_REDUCE: u64 = 0;
+const BROADCAST: u64 = 1;
+
+/// The state the collective kernel works on.
+#[derive(Debug)]
+struct Link {
+    info: RankInfo,
+    star: Star,
+    timeout: Duration,
+    /// Collectives run so far (every rank runs the same sequence).
+    seq: AtomicU64,
+    /// The optimiser step the next collectives belong to (set before every replay).
+    step: AtomicU64,
+    /// The first failure; every later collective refuses at once.
+    failure: Mutex<Option<CommError>>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+/// A rank of a simulated job. See the module documentation. Clones share the communicator.
+#[derive(Clone, Debug)]
+pub struct SimCollective {
+    link: Arc<Link>,
+    function: Function,
+    _module: Arc<LoadedModule<SimDriver>>,
+}
+
+impl SimCollective {
+    /// Joins the job the launcher variables describe (`env`), rank 0 serving the rendezvous
+    /// at `MASTER_ADDR:MASTER_PORT`. Every wait, here and in every collective, is bounded by
+    /// `timeout`.
+    pub fn connect(b: &CudaBackend<SimDriver>, env: &LaunchEnv, timeout: Duration) -> Result<Self> {
+        let Some(master) = &env.master else {
+            return Self::new(b, env.info, Star::Hub(Vec::new()), timeout);
+        };
+        if env.info.rank == 0 {
+            Self::serve(b, Server::bind(&master.address())?, env.info.world, timeout)
+        } else {
+            Self::join(b, &master.address(), env.info, timeout)
+        }
+    }
+
+    /// Rank 0 of a world of `world`, serving the rendezvous on `server`.
+    pub fn serve(
+        b: &CudaBackend<SimDriver>,
+        server: Server,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        refuse_in_capture(b)?;
+        let id = NEXT_ID.load(Ordering::Relaxed).to_le_bytes();
+        let joined = server.serve(world, &id, timeout)?;
+        let peers = joined.peers.into_iter().map(Mutex::new).collect();
+        let info = RankInfo {
+            rank: 0,
+            world,
+            local_rank: 0,
+        };
+        Self::new(b, info, Star::Hub(peers), timeout)
+    }
+
+    /// Rank `info.rank` (not 0), joining rank 0 at `addr`.
+    pub fn join(
+        b: &CudaBackend<SimDriver>,
+        addr: &str,
+        info: RankInfo,
+        timeout: Duration,
+    ) -> Result<Self> {
+        refuse_in_capture(b)?;
+        let (_id, stream) = rendezvous::join(addr, info, timeout)?;
+        Self::new(b, info, Star::Spoke(Mutex::new(stream)), timeout)
+    }
+
+    fn new(
+        b: &CudaBackend<SimDriver>,
+        info: RankInfo,
+        star: Star,
+        timeout: Duration,
+    ) -> Result<Self> {
+        refuse_in_capture(b)?;
+        let link = Arc::new(Link {
+            info,
+            star,
+            timeout,
+            seq: AtomicU64::new(0),
+            step: AtomicU64::new(0),
+            failure: Mutex::new(None),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        });
+        let name = format!(
+            "zcomm_sim_collective_{}",
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        );
+        let kernel_link = Arc::clone(&link);
+        b.device()
+            .driver()
+            .register_kernel(&name, move |_, args, mem| kernel_link.run(args, mem));
+        let ptx = format!(
+            ".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry {name}(\n\t.param .u64 p0,\n\t.param .u64 p1,\n\t.param .u64 p2,\n\t.param .u64 p3\n)\n{{\n\tret;\n}}\n"
+        );
+        let device_err = |source| CommError::Device { op: "init", source };
+        let module = b.device().load_module(&ptx).map_err(device_err)?;
+        let function = module.function(&name).map_err(device_err)?;
+        tracing::debug!(target: "zcomm.sim.init", rank = info.rank, world = info.world, "simulated communicator ready");
+        Ok(SimCollective {
+            link,
+            function,
+            _module: Arc::new(module),
+        })
+    }
+
+    /// Tells the other ranks this one gives up (say, after a failed step), so they stop at
+    /// their next collective instead of waiting for the deadline.
+    pub fn abort(&self, why: &str) {
+        self.link
+            .star
+            .abort(self.link.info.rank, why, Duration::from_millis(500));
+    }
+
+    fn launch(
+        &self,
+        b: &CudaBackend<SimDriver>,
+        op: &'static str,
+        x: &CudaTensor,
+        kind: u64,
+        root: usize,
+        step: u64,
+    ) -> Result<()> {
+        if let Some(e) = self.failure_now(op, step) {
+            return Err(e);
+        }
+        if !x.is_contiguous() {
+            return Err(CommError::Compute {
+                op,
+                source: zcompute::ComputeError::Unsupported {
+                    op,
+                    reason: "collectives take dense tensors".into(),
+                },
+            });
+        }
+        if !b.device().is_capturing() {
+            self.link.step.store(step, Ordering::Relaxed);
+        }
+        let config = LaunchConfig {
+            grid: (1, 1, 1),
+            block: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let scalars = [
+            KernelArg::U64(x.numel() as u64),
+            KernelArg::U64(kind),
+            KernelArg::U64(root as u64),
+        ];
+        b.launch_simulated(op, self.function, config, &[x], &scalars)
+            .map_err(|source| CommError::Compute { op, source })
+    }
+
+    /// A failure recorded earlier, as an error for `op` (the first failure itself is handed out
+    /// once by `take_failure`).
+    fn failure_now(&self, op: &'static str, step: u64) -> Option<CommError> {
+        self.link
+            .failed
+            .load(Ordering::Acquire)
+            .then(|| CommError::PeerFailed {
+                rank: self.link.info.rank,
+                op,
+                step,
+                detail: "the communicator failed earlier".into(),
+            })
+    }
+}
+
+impl Link {
+    /// The collective kernel: `(float* x, u64 n, u64 kind, u64 root)`.
+    fn run(
+        &self,
+        args: &[KernelArg],
+        mem: &mut SimMemory<'_>,
+    ) -> std::result::Result<(), KernelFault> {
+        let a = KernelArgs(args);
+        let (x, n, kind, root) = (a.ptr(0)?, a.u64(1)?, a.u64(2)?, a.u64(3)?);
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let step = self.step.load(Ordering::Relaxed);
+        let (op, root) = match kind {
+            ALL_REDUCE => ("all_reduce", None),
+            _ => ("broadcast", Some(root as usize)),
+        };
+        if self.failed.load(Ordering::Acquire) {
+            return Err(fault(format!("{op}: the communicator failed earlier")));
+        }
+        let data = mem.read_f32(x, n)?;
+        let call = Call {
+            op,
+            seq,
+            step,
+            root,
+        };
+        let (rank, world) = (self.info.rank, self.info.world);
+        match self.star.exchange(rank, world, call, &data, self.timeout) {
+            Ok(out) => mem.write_f32(x, &out),
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::error!(target: "zcomm.sim.collective", rank, op, step, error = %msg, "collective failed");
+                self.failed.store(true, Ordering::Release);
+                let mut slot = self
+                    .failure
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                slot.get_or_insert(e);
+                Err(fault(msg))
+            }
+        }
+    }
+}
+
+fn fault(reason: String) -> KernelFault {
+    KernelFault::BadArgument { index: 0, reason }
+}
+
+fn refuse_in_capture(b: &CudaBackend<SimDriver>) -> Result<()> {
+    if b.device().is_capturing() {
+        return Err(CommError::CaptureIllegal {
+            call: "SimCollective::new",
+        });
+    }
+    Ok(())
+}
+
+impl Collective<CudaBackend<SimDriver>, f32> for SimCollective {
+    fn info(&self) -> RankInfo {
+        self.link.info
+    }
+
+    fn all_reduce_sum(&self, b: &CudaBackend<SimDriver>, x: &CudaTensor, step: u64) -> Result<()> {
+        if self.link.info.world == 1 {
+            return Ok(());
+        }
+        self.launch(b, "all_reduce", x, ALL_REDUCE, 0, step)
+    }
+
+    fn broadcast(
+        &self,
+        b: &CudaBackend<SimDriver>,
+        x: &CudaTensor,
+        root: usize,
+        step: u64,
+    ) -> Result<()> {
+        let world = self.link.info.world;
+        if root >= world {
+            return Err(CommError::BadRank {
+                rank: root,
+                world,
+                op: "broadcast",
+                step,
+            });
+        }
+        if world == 1 {
+            return Ok(());
+        }
+        self.launch(b, "broadcast", x, BROADCAST, root, step)
+    }
+
+    fn synchronize(&self, b: &CudaBackend<SimDriver>) -> Result<()> {
+        let synced = b.synchronize();
+        if let Some(e) = self.take_failure() {
+            return Err(e);
+        }
+        synced.map_err(|source| CommError::Compute {
+            op: "synchronize",
+            source,
+        })
+    }
+
+    fn set_step(&self, step: u64) {
+        self.link.step.store(step, Ordering::Relaxed);
+    }
+
+    fn take_failure(&self) -> Option<CommError> {
+        self.link
+            .failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    fn abort(&self, why: &str) {
+        SimCollective::abort(self, why);
+    }
+}

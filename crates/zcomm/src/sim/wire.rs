@@ -1,0 +1,319 @@
+//! The simulated communicator's exchange: a star through rank 0 over the rendezvous's TCP
+//! connections. Every rank sends its buffer to rank 0; rank 0 sums in rank order (0, 1, 2, ...,
+//! so every rank gets the same bits, run after run) or picks the root's buffer, and sends the
+//! result back. A rank that fails tells rank 0 (an abort frame), and rank 0 tells the rest; a
+//! closed connection or a passed deadline is reported the same way, so every rank returns.
+
+use crate::error::CommError;
+use crate::rendezvous::{read_exact, write_all};
+use std::net::TcpStream;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const MAGIC: &[u8; 4] = b"ZCSM";
+const HEADER: usize = 32;
+/// Largest buffer accepted from the wire (1 GiB of f32).
+const MAX_ELEMENTS: u64 = 1 << 28;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Kind {
+    /// A rank's buffer, to rank 0.
+    Data = 1,
+    /// The combined buffer, from rank 0.
+    Result = 2,
+    /// A failure (UTF-8 text): the sender gives up and so must the receiver.
+    Abort = 3,
+}
+
+/// One collective's identity: every rank must agree on it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Call {
+    pub op: &'static str,
+    /// Sequence number of the collective on this communicator.
+    pub seq: u64,
+    pub step: u64,
+    /// Broadcast root; None for an all-reduce.
+    pub root: Option<usize>,
+}
+
+/// A rank's side of the star.
+#[derive(Debug)]
+pub(crate) enum Star {
+    /// Rank 0: `peers[r - 1]` is rank r's connection.
+    Hub(Vec<Mutex<TcpStream>>),
+    /// Any other rank: its connection to rank 0.
+    Spoke(Mutex<TcpStream>),
+}
+
+struct Frame {
+    kind: Kind,
+    rank: usize,
+    seq: u64,
+    payload: Vec<u8>,
+}
+
+/// Why an exchange failed, before it is turned into a `CommError`.
+enum Failure {
+    Timeout,
+    Peer(String),
+}
+
+impl Star {
+    /// Runs one collective on `data` (this rank's buffer), returning the combined buffer.
+    pub fn exchange(
+        &self,
+        rank: usize,
+        world: usize,
+        call: Call,
+        data: &[f32],
+        timeout: Duration,
+    ) -> Result<Vec<f32>, CommError> {
+        // Rank 0 gives up on a silent peer at 4/5 of the deadline, so that the others, waiting
+        // the whole of it, learn which rank stalled (rather than all timing out at once).
+        let waited = match self {
+            Star::Hub(_) => timeout.mul_f64(0.8),
+            Star::Spoke(_) => timeout,
+        };
+        let deadline = Instant::now() + waited;
+        let out = match self {
+            Star::Hub(peers) => hub(peers, world, call, data, deadline),
+            Star::Spoke(s) => spoke(s, rank, call, data, deadline),
+        };
+        out.map_err(|f| match f {
+            Failure::Timeout => CommError::Timeout {
+                rank,
+                op: call.op,
+                step: call.step,
+                waited_for: waited,
+            },
+            Failure::Peer(detail) => CommError::PeerFailed {
+                rank,
+                op: call.op,
+                step: call.step,
+                detail,
+            },
+        })
+    }
+
+    /// Tells the other side(s) this rank gives up (best effort, bounded by `timeout`).
+    pub fn abort(&self, rank: usize, why: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let frame = encode(Kind::Abort, rank, u64::MAX, why.as_bytes());
+        let peers: Vec<&Mutex<TcpStream>> = match self {
+            Star::Hub(p) => p.iter().collect(),
+            Star::Spoke(s) => vec![s],
+        };
+        for p in peers {
+            let _ = write_all(&mut lock(p), &frame, deadline);
+        }
+    }
+}
+
+fn hub(
+    peers: &[Mutex<TcpStream>],
+    world: usize,
+    call: Call,
+    data: &[f32],
+    deadline: Instant,
+) -> Result<Vec<f32>, Failure> {
+    let mut acc = match call.root {
+        Some(0) | None => data.to_vec(),
+        Some(_) => Vec::new(),
+    };
+    for r in 1..world {
+        let got = recv(&peers[r - 1], r, call, deadline).and_then(|f| {
+            if f.kind != Kind::Data {
+                return Err(Failure::Peer(format!(
+                    "rank {r} sent {:?}, not its buffer",
+                    f.kind
+                )));
+            }
+            floats(&f.payload, r)
+        });
+        let got = match got {
+            Ok(g) => g,
+            Err(f) => {
+                let why = match &f {
+                    Failure::Timeout => format!(
+                        "rank {r} did not join {} of step {} before the deadline",
+                        call.op, call.step
+                    ),
+                    Failure::Peer(d) => d.clone(),
+                };
+                abort_all(peers, &why, deadline);
+                return Err(match f {
+                    Failure::Timeout => Failure::Timeout,
+                    Failure::Peer(_) => Failure::Peer(why),
+                });
+            }
+        };
+        match call.root {
+            None if got.len() != data.len() => {
+                let why = format!(
+                    "rank {r} all-reduces {} values, rank 0 {}",
+                    got.len(),
+                    data.len()
+                );
+                abort_all(peers, &why, deadline);
+                return Err(Failure::Peer(why));
+            }
+            None => {
+                for (a, g) in acc.iter_mut().zip(&got) {
+                    *a += *g;
+                }
+            }
+            Some(root) if root == r => acc = got,
+            Some(_) => {}
+        }
+    }
+    if acc.len() != data.len() {
+        let why = format!(
+            "the broadcast root sent {} values, rank 0 expects {}",
+            acc.len(),
+            data.len()
+        );
+        abort_all(peers, &why, deadline);
+        return Err(Failure::Peer(why));
+    }
+    let frame = encode(Kind::Result, 0, call.seq, &bytes(&acc));
+    for (i, p) in peers.iter().enumerate() {
+        write_all(&mut lock(p), &frame, deadline).map_err(|e| io_failure(e, i + 1))?;
+    }
+    Ok(acc)
+}
+
+fn spoke(
+    s: &Mutex<TcpStream>,
+    rank: usize,
+    call: Call,
+    data: &[f32],
+    deadline: Instant,
+) -> Result<Vec<f32>, Failure> {
+    let mine = match call.root {
+        Some(root) if root != rank => Vec::new(),
+        _ => bytes(data),
+    };
+    let frame = encode(Kind::Data, rank, call.seq, &mine);
+    write_all(&mut lock(s), &frame, deadline).map_err(|e| io_failure(e, 0))?;
+    let f = recv(s, 0, call, deadline)?;
+    if f.kind != Kind::Result {
+        return Err(Failure::Peer(format!(
+            "rank 0 sent {:?}, not the result",
+            f.kind
+        )));
+    }
+    let out = floats(&f.payload, 0)?;
+    if out.len() != data.len() {
+        return Err(Failure::Peer(format!(
+            "rank 0 sent {} values for a buffer of {}",
+            out.len(),
+            data.len()
+        )));
+    }
+    Ok(out)
+}
+
+/// Reads one frame from rank `from`; an abort or a frame of another collective is a failure.
+fn recv(
+    s: &Mutex<TcpStream>,
+    from: usize,
+    call: Call,
+    deadline: Instant,
+) -> Result<Frame, Failure> {
+    let mut s = lock(s);
+    let mut h = [0u8; HEADER];
+    read_exact(&mut s, &mut h, deadline).map_err(|e| io_failure(e, from))?;
+    if &h[..4] != MAGIC {
+        return Err(Failure::Peer(format!(
+            "garbage on the wire from rank {from}"
+        )));
+    }
+    let kind = match h[4] {
+        1 => Kind::Data,
+        2 => Kind::Result,
+        3 => Kind::Abort,
+        k => return Err(Failure::Peer(format!("rank {from} sent frame kind {k:#x}"))),
+    };
+    let word = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap_or([0; 8]));
+    let rank = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
+    let (seq, n) = (word(16), word(24));
+    if n > MAX_ELEMENTS * 4 {
+        return Err(Failure::Peer(format!(
+            "garbage on the wire from rank {from}: {n} bytes"
+        )));
+    }
+    let mut payload = vec![0u8; n as usize];
+    read_exact(&mut s, &mut payload, deadline).map_err(|e| io_failure(e, from))?;
+    let frame = Frame {
+        kind,
+        rank,
+        seq,
+        payload,
+    };
+    if frame.kind == Kind::Abort {
+        return Err(Failure::Peer(format!(
+            "rank {} gave up: {}",
+            frame.rank,
+            String::from_utf8_lossy(&frame.payload)
+        )));
+    }
+    if frame.seq != call.seq || frame.rank != from {
+        return Err(Failure::Peer(format!(
+            "rank {} is out of step: collective #{} from it, #{} here ({})",
+            frame.rank, frame.seq, call.seq, call.op
+        )));
+    }
+    Ok(frame)
+}
+
+fn abort_all(peers: &[Mutex<TcpStream>], why: &str, deadline: Instant) {
+    // Bounded even when the deadline has passed: a peer that reads nothing must not hold us.
+    let deadline = deadline.max(Instant::now() + Duration::from_millis(200));
+    let frame = encode(Kind::Abort, 0, u64::MAX, why.as_bytes());
+    for p in peers {
+        let _ = write_all(&mut lock(p), &frame, deadline);
+    }
+}
+
+fn io_failure(e: std::io::Error, peer: usize) -> Failure {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        Failure::Timeout
+    } else {
+        Failure::Peer(format!("rank {peer} vanished: {e}"))
+    }
+}
+
+fn encode(kind: Kind, rank: usize, seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(HEADER + payload.len());
+    f.extend_from_slice(MAGIC);
+    f.extend_from_slice(&[kind as u8, 0, 0, 0]);
+    f.extend_from_slice(&(rank as u32).to_le_bytes());
+    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(&seq.to_le_bytes());
+    f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    debug_assert_eq!(f.len(), HEADER);
+    f.extend_from_slice(payload);
+    f
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn floats(b: &[u8], from: usize) -> Result<Vec<f32>, Failure> {
+    if !b.len().is_multiple_of(4) {
+        return Err(Failure::Peer(format!(
+            "rank {from} sent {} bytes, not floats",
+            b.len()
+        )));
+    }
+    Ok(b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,83 @@
+//! The launcher variables: none set is one process; a job of several ranks needs all five,
+//! and each malformed one is a typed `BadEnv` naming it.
+
+use rstest::rstest;
+use std::collections::HashMap;
+use zcomm::{CommError, LaunchEnv, Master, RankInfo};
+
+fn env(vars: &[(&str, &str)]) -> Result<LaunchEnv, CommError> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect();
+    LaunchEnv::from_vars(|k| map.get(k).cloned())
+}
+
+const FULL: [(&str, &str); 5] = [
+    ("RANK", "2"),
+    ("WORLD_SIZE", "4"),
+    ("LOCAL_RANK", "2"),
+    ("MASTER_ADDR", "10.0.0.7"),
+    ("MASTER_PORT", "29500"),
+];
+
+#[test]
+fn nothing_set_is_a_single_process() {
+    assert_eq!(env(&[]).unwrap(), LaunchEnv::SINGLE);
+}
+
+#[test]
+fn all_five_give_the_rank_and_the_master() {
+    let e = env(&FULL).unwrap();
+    assert_eq!(
+        e.info,
+        RankInfo {
+            rank: 2,
+            world: 4,
+            local_rank: 2
+        }
+    );
+    let m = e.master.unwrap();
+    assert_eq!(
+        m,
+        Master {
+            host: "10.0.0.7".into(),
+            port: 29500
+        }
+    );
+    assert_eq!(m.address(), "10.0.0.7:29500");
+}
+
+#[test]
+fn one_rank_needs_no_master() {
+    let e = env(&[("RANK", "0"), ("WORLD_SIZE", "1")]).unwrap();
+    assert_eq!(e, LaunchEnv::SINGLE);
+}
+
+#[rstest]
+#[case::missing_world("WORLD_SIZE", None, "WORLD_SIZE")]
+#[case::missing_rank("RANK", None, "RANK")]
+#[case::missing_local_rank("LOCAL_RANK", None, "LOCAL_RANK")]
+#[case::missing_addr("MASTER_ADDR", None, "MASTER_ADDR")]
+#[case::missing_port("MASTER_PORT", None, "MASTER_PORT")]
+#[case::rank_not_a_number("RANK", Some("two"), "RANK")]
+#[case::negative_rank("RANK", Some("-1"), "RANK")]
+#[case::rank_at_world("RANK", Some("4"), "RANK")]
+#[case::world_zero("WORLD_SIZE", Some("0"), "WORLD_SIZE")]
+#[case::world_not_a_number("WORLD_SIZE", Some("4.0"), "WORLD_SIZE")]
+#[case::local_rank_above_rank("LOCAL_RANK", Some("3"), "LOCAL_RANK")]
+#[case::port_zero("MASTER_PORT", Some("0"), "MASTER_PORT")]
+#[case::port_too_large("MASTER_PORT", Some("70000"), "MASTER_PORT")]
+#[case::empty_addr("MASTER_ADDR", Some(" "), "MASTER_ADDR")]
+fn a_bad_variable_is_named(#[case] var: &str, #[case] value: Option<&str>, #[case] named: &str) {
+    let vars: Vec<(&str, &str)> = FULL
+        .iter()
+        .filter(|(k, _)| *k != var)
+        .copied()
+        .chain(value.map(|v| (var, v)))
+        .collect();
+    match env(&vars) {
+        Err(CommError::BadEnv { var, .. }) => assert_eq!(var, named),
+        other => panic!("{var}={value:?}: expected BadEnv, got {other:?}"),
+    }
+}

@@ -1,0 +1,87 @@
+//! The launcher: N ranks with the launcher variables; one failing rank takes every rank down
+//! (the others do not run to their end) and the exit code names it; a stop request does too.
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+use zcomm::launch::{LaunchSpec, RankEnd, launch};
+
+fn sh(script: &str, ranks: usize) -> LaunchSpec {
+    LaunchSpec {
+        program: "sh".into(),
+        args: vec![OsString::from("-c"), script.into()],
+        ranks,
+        grace: Duration::from_millis(300),
+    }
+}
+
+#[test]
+fn every_rank_gets_the_launcher_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $NCCL_NVLS_ENABLE $MASTER_PORT\" > {}/$RANK",
+        dir.path().display()
+    );
+    let out = launch(&sh(&script, 3), &|| false).unwrap();
+    assert_eq!(out.failed, None);
+    assert_eq!(out.exit_code(), 0);
+    for r in 0..3 {
+        let line = std::fs::read_to_string(dir.path().join(r.to_string())).unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            &f[..5],
+            [&r.to_string(), "3", &r.to_string(), "127.0.0.1", "0"]
+        );
+        assert!(f[5].parse::<u16>().unwrap() > 0);
+    }
+}
+
+#[test]
+fn a_failing_rank_takes_every_rank_down_and_is_named() {
+    let start = Instant::now();
+    let out = launch(
+        &sh("if [ \"$RANK\" = 2 ]; then exit 3; fi; sleep 30", 3),
+        &|| false,
+    )
+    .unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(out.failed, Some((2, RankEnd::Exited(3))));
+    assert_eq!(out.exit_code(), 102);
+    assert!(
+        out.message().contains("rank 2 of 3 exited with status 3"),
+        "{}",
+        out.message()
+    );
+    // The sleeping ranks were killed, not left to finish.
+    for r in [0, 1] {
+        assert!(
+            matches!(out.ends[r], Some(RankEnd::Signalled(_))),
+            "{:?}",
+            out.ends
+        );
+    }
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_named() {
+    let out = launch(
+        &sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 30", 2),
+        &|| false,
+    )
+    .unwrap();
+    assert_eq!(out.failed, Some((1, RankEnd::Signalled(Some(9)))));
+    assert_eq!(out.exit_code(), 101);
+}
+
+#[test]
+fn a_stop_request_takes_every_rank_down() {
+    let start = Instant::now();
+    let asked = Instant::now() + Duration::from_millis(300);
+    let out = launch(&sh("sleep 30", 2), &|| Instant::now() >= asked).unwrap();
+    assert!(out.stopped && out.failed.is_none());
+    assert_eq!(out.exit_code(), 1);
+    assert!(start.elapsed() < Duration::from_secs(10));
+}

@@ -1,0 +1,194 @@
+//! The simulated communicator, ranks as threads each over its own simulated device: sums in a
+//! fixed rank order (the same bits on every rank), broadcasts, works inside a captured graph
+//! (every replay exchanges again), and a peer that vanishes or stalls gives every other rank a
+//! typed error within the deadline. (`ztrain`'s tests run ranks as processes.)
+
+use std::thread;
+use std::time::{Duration, Instant};
+use zcomm::rendezvous::Server;
+use zcomm::{Collective, CommError, RankInfo, SimCollective};
+use zcompute::{Backend, Capture, CudaBackend, Engine, SimDriver};
+
+const T: Duration = Duration::from_secs(10);
+
+fn info(rank: usize, world: usize) -> RankInfo {
+    RankInfo {
+        rank,
+        world,
+        local_rank: rank,
+    }
+}
+
+/// Runs `body(rank, backend, collective)` on `world` threads, each with its own device.
+fn ranks<R: Send + 'static>(
+    world: usize,
+    timeout: Duration,
+    body: impl Fn(usize, &CudaBackend<SimDriver>, &SimCollective) -> R + Send + Sync + Copy + 'static,
+) -> Vec<R> {
+    let server = Server::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let mut server = Some(server);
+    let handles: Vec<_> = (0..world)
+        .map(|r| {
+            let addr = addr.clone();
+            let server = if r == 0 { server.take() } else { None };
+            thread::spawn(move || {
+                let b = Engine::sim(256 << 20).unwrap();
+                let c = match server {
+                    Some(s) => SimCollective::serve(&b, s, world, timeout).unwrap(),
+                    None => SimCollective::join(&b, &addr, info(r, world), timeout).unwrap(),
+                };
+                body(r, &b, &c)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn rank_data(r: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| 0.1 * (i as f32 + 1.0) * (r as f32 + 1.0) + 1e-3 * r as f32)
+        .collect()
+}
+
+#[test]
+fn all_reduce_sums_in_rank_order_on_every_rank() {
+    for world in [2, 3] {
+        let got = ranks(world, T, |r, b, c| {
+            let x = b.upload(&rank_data(r, 37), &[37]).unwrap();
+            c.all_reduce_sum(b, &x, 1).unwrap();
+            c.synchronize(b).unwrap();
+            b.download(&x).unwrap()
+        });
+        let want: Vec<f32> = (0..37)
+            .map(|i| (1..world).fold(rank_data(0, 37)[i], |a, r| a + rank_data(r, 37)[i]))
+            .collect();
+        for (r, g) in got.iter().enumerate() {
+            let same = g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "world {world} rank {r}: {g:?} != {want:?}");
+        }
+    }
+}
+
+#[test]
+fn broadcast_copies_the_roots_buffer() {
+    let got = ranks(3, T, |r, b, c| {
+        let x = b.upload(&rank_data(r, 5), &[5]).unwrap();
+        c.broadcast(b, &x, 1, 0).unwrap();
+        c.synchronize(b).unwrap();
+        b.download(&x).unwrap()
+    });
+    for g in got {
+        assert_eq!(g, rank_data(1, 5));
+    }
+}
+
+#[test]
+fn broadcast_from_outside_the_world_is_refused() {
+    let got = ranks(2, T, |_, b, c| {
+        let x = b.upload(&[1.0], &[1]).unwrap();
+        matches!(
+            c.broadcast(b, &x, 2, 0),
+            Err(CommError::BadRank {
+                rank: 2,
+                world: 2,
+                ..
+            })
+        )
+    });
+    assert_eq!(got, [true, true]);
+}
+
+#[test]
+fn a_captured_all_reduce_exchanges_on_every_replay() {
+    let got = ranks(2, T, |r, b, c| {
+        let x = b.upload(&[0.0; 4], &[4]).unwrap();
+        let body = {
+            let (b2, x2, c2) = (b.clone(), x.clone(), c.clone());
+            move || {
+                c2.all_reduce_sum(&b2, &x2, 1)
+                    .map_err(|e| zcompute::ComputeError::BodyFailed {
+                        detail: e.to_string(),
+                    })
+            }
+        };
+        b.upload_into(&[1.0 + r as f32; 4], &x).unwrap();
+        let mut graph = b.capture(Box::new(body)).unwrap();
+        let mut seen = vec![b.download(&x).unwrap()[0]];
+        for k in 0..3 {
+            b.upload_into(&[10.0 * k as f32 + r as f32; 4], &x).unwrap();
+            b.replay(&mut graph).unwrap();
+            seen.push(b.download(&x).unwrap()[0]);
+        }
+        seen
+    });
+    // Warm-up: 1 + 2; replays: (0+0)+(0+1), (10+11), (20+21).
+    for g in got {
+        assert_eq!(g, [3.0, 1.0, 21.0, 41.0]);
+    }
+}
+
+#[test]
+fn a_rank_that_vanishes_fails_the_others_by_name() {
+    let start = Instant::now();
+    let got = ranks(3, T, |r, b, c| {
+        let x = b.upload(&[1.0; 8], &[8]).unwrap();
+        if r == 2 {
+            return None; // drops its device and its connection
+        }
+        c.all_reduce_sum(b, &x, 7).unwrap();
+        let e = c.synchronize(b).unwrap_err();
+        Some(e)
+    });
+    assert!(start.elapsed() < T, "took {:?}", start.elapsed());
+    for (r, e) in got.into_iter().enumerate().take(2) {
+        match e {
+            Some(CommError::PeerFailed {
+                rank,
+                op,
+                step,
+                detail,
+            }) => {
+                assert_eq!((rank, op, step), (r, "all_reduce", 7));
+                assert!(detail.contains("rank 2"), "{detail}");
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_stalls_times_the_others_out() {
+    let deadline = Duration::from_millis(500);
+    let start = Instant::now();
+    let got = ranks(3, deadline, |r, b, c| {
+        let x = b.upload(&[1.0; 8], &[8]).unwrap();
+        if r == 1 {
+            thread::sleep(Duration::from_secs(2));
+            return None;
+        }
+        c.all_reduce_sum(b, &x, 3).unwrap();
+        Some(c.synchronize(b).unwrap_err())
+    });
+    assert!(start.elapsed() < Duration::from_secs(5));
+    match &got[0] {
+        Some(CommError::Timeout {
+            rank: 0,
+            op: "all_reduce",
+            step: 3,
+            ..
+        }) => {}
+        other => panic!("rank 0: {other:?}"),
+    }
+    match &got[2] {
+        Some(CommError::PeerFailed {
+            rank: 2,
+            op: "all_reduce",
+            step: 3,
+            detail,
+        }) => {
+            assert!(detail.contains("rank 1"), "{detail}");
+        }
+        other => panic!("rank 2: {other:?}"),
+    }
+}

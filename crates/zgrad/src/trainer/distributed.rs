@@ -1,0 +1,265 @@
+//! Data parallelism: the trainer's collective and what the schedules do with it.
+//!
+//! Every rank holds the same parameters (broadcast from rank 0 when the collective is set) and
+//! takes a disjoint contiguous shard of every global batch (`shard`; sizes differ by at most
+//! one, a rank may get none and still joins with zero gradients). Each rank scales its loss by
+//! its share of the global batch (local / global), so the all-reduce SUM of the gradients is
+//! the gradient of the global mean loss, exactly for unequal shards; the loss is all-reduced
+//! the same way. Norm, clipping and the finiteness checks then see global values, identical on
+//! every rank, so a non-finite value anywhere stops every rank with the same error.
+//!
+//! With one rank ([`zcomm::SingleProcess`], the default) none of this runs: the single-process
+//! step is the one it always was.
+
+use super::Trainer;
+use super::body::StepParts;
+use super::eval::EvalReport;
+use crate::error::{GradError, Result};
+use crate::memory::ClassGuard;
+use crate::var::Var;
+use std::cell::Cell;
+use std::ops::Range;
+use std::rc::Rc;
+use zcomm::{Collective, RankInfo, SingleProcess};
+use zcompute::{AllocClass, BTensor, Backend, Capture, Element};
+
+/// The rows of a global batch of `batch` that rank `rank` of `world` takes: contiguous,
+/// disjoint, covering the batch, sizes differing by at most one (the first `batch % world`
+/// ranks take one more).
+#[must_use]
+pub fn shard(rank: usize, world: usize, batch: usize) -> Range<usize> {
+    let world = world.max(1);
+    let (base, extra) = (batch / world, batch % world);
+    let start = rank * base + rank.min(extra);
+    let len = base + usize::from(rank < extra);
+    start.min(batch)..(start + len).min(batch)
+}
+
+/// The collective and the per-step values the step bodies read (cloning shares them).
+pub(crate) struct Dist<B: Backend<T>, T: Element> {
+    pub comm: Rc<dyn Collective<B, T>>,
+    /// Persistent rank-0 tensor: this rank's share of the global batch (local / global),
+    /// written before every step (a captured step reads it on every replay).
+    pub share: BTensor<B, T>,
+    /// Rows of this rank's shard in the current step (0: joins with zero gradients).
+    pub local: Rc<Cell<usize>>,
+    /// Rows of the current step's global batch.
+    pub global: Rc<Cell<usize>>,
+    /// The optimiser step under way, for the collectives' errors.
+    pub step: Rc<Cell<u64>>,
+}
+
+impl<B: Backend<T>, T: Element> Clone for Dist<B, T> {
+    fn clone(&self) -> Self {
+        Dist {
+            comm: Rc::clone(&self.comm),
+            share: self.share.clone(),
+            local: Rc::clone(&self.local),
+            global: Rc::clone(&self.global),
+            step: Rc::clone(&self.step),
+        }
+    }
+}
+
+impl<B: Backend<T>, T: Element> Dist<B, T> {
+    /// A single process's: `SingleProcess`, the share tensor persistent.
+    pub fn single_process(b: &B) -> Result<Self> {
+        let _class = ClassGuard::new(b, AllocClass::Persistent);
+        Ok(Dist {
+            comm: Rc::new(SingleProcess),
+            share: b.zeros(&[])?,
+            local: Rc::default(),
+            global: Rc::default(),
+            step: Rc::default(),
+        })
+    }
+
+    pub fn info(&self) -> RankInfo {
+        self.comm.info()
+    }
+
+    /// Whether this is a job of one rank (nothing to exchange).
+    pub fn single(&self) -> bool {
+        self.comm.info().world <= 1
+    }
+
+    /// Sums every rank's gradients into every rank's: THE one place gradients are
+    /// all-reduced (one collective per parameter, in XASSET.md's order; with the flat gradient
+    /// buffer this becomes one collective over it).
+    pub fn reduce_grads(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {
+        if self.single() {
+            return Ok(());
+        }
+        for g in params.iter().filter_map(Var::grad) {
+            self.comm.all_reduce_sum(b, g, self.step.get())?;
+        }
+        Ok(())
+    }
+
+    /// Sums a small tensor (a loss, a count) over the ranks.
+    pub fn reduce(&self, b: &B, x: &BTensor<B, T>) -> Result<()> {
+        if self.single() {
+            return Ok(());
+        }
+        Ok(self.comm.all_reduce_sum(b, x, self.step.get())?)
+    }
+
+    /// Before a step on a global batch of `global` rows with `local` of them here: the share
+    /// and the step number, read by eager and captured bodies alike.
+    pub fn prepare(&self, b: &B, local: usize, global: usize, step: u64) -> Result<()> {
+        self.local.set(local);
+        self.global.set(global);
+        self.step.set(step);
+        self.comm.set_step(step);
+        if !self.single() {
+            b.upload_into(&[T::from_f64(local as f64 / global as f64)], &self.share)?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend<T>, T: Element> StepParts<B, T> {
+    /// This rank's forward and backward with the loss scaled by its share of the global batch
+    /// (none for an empty shard: zero gradients, zero loss), then the gradients and the scaled
+    /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor).
+    pub fn shard_forward_backward(
+        &self,
+        b: &B,
+        x: &Var<B, T>,
+        y: &Var<B, T>,
+    ) -> Result<BTensor<B, T>> {
+        let d = &self.dist;
+        let loss = if x.value().shape().first() == Some(&0) {
+            b.zeros(&[])?
+        } else {
+            let local = self.forward_backward(b, x, y, Some(&d.share))?;
+            b.mul(&local, &d.share)?
+        };
+        d.reduce_grads(b, &self.params)?;
+        d.reduce(b, &loss)?;
+        Ok(loss)
+    }
+}
+
+impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+    /// Makes this trainer one rank of a data-parallel job over `comm`: rank 0's parameters
+    /// are broadcast to every rank (so all start equal), then every `train_batch` takes this
+    /// rank's shard of the global batch it is given and all-reduces the gradients. Set it
+    /// before training (and after loading a checkpoint on every rank, if resuming).
+    pub fn with_collective(mut self, comm: Rc<dyn Collective<B, T>>) -> Result<Self> {
+        let b = Rc::clone(&self.backend);
+        for p in &self.parts.params {
+            comm.broadcast(&*b, p.value(), 0, self.step())?;
+            p.bump_version();
+        }
+        comm.synchronize(&*b)?;
+        tracing::debug!(target: "zgrad.trainer.dist", rank = comm.info().rank, world = comm.info().world, "parameters broadcast from rank 0");
+        self.parts.dist.comm = comm;
+        Ok(self)
+    }
+
+    /// This rank's place in the job (`RankInfo::SINGLE` without a collective).
+    #[must_use]
+    pub fn rank_info(&self) -> RankInfo {
+        self.parts.dist.info()
+    }
+
+    /// The error to report for a failed step: a collective's own failure (a peer stalled,
+    /// gave up or vanished) rather than the device error it caused; and the other ranks are
+    /// told this one gives up, so they stop at their next collective.
+    pub(super) fn distributed_error(&self, e: GradError) -> GradError {
+        let dist = &self.parts.dist;
+        if dist.single() {
+            return e;
+        }
+        if let Some(c) = dist.comm.take_failure() {
+            return match e {
+                GradError::Step { step, applied, .. } => GradError::Step {
+                    step,
+                    applied,
+                    source: Box::new(GradError::from(c)),
+                },
+                _ => GradError::from(c),
+            };
+        }
+        if !matches!(e.cause(), GradError::NonFinite { .. } | GradError::Comm(_)) {
+            dist.comm.abort(&e.to_string());
+        }
+        e
+    }
+
+    /// The per-sample schedule's global loss after local accumulation: the gradients and the
+    /// loss (`local_sum / global`) summed over the ranks.
+    pub(super) fn per_sample_reduce(&self, b: &B, local_sum: f64, global: usize) -> Result<f64> {
+        let dist = &self.parts.dist;
+        if dist.single() {
+            return Ok(local_sum / global as f64);
+        }
+        dist.reduce_grads(b, &self.parts.params)?;
+        let loss = b.upload(&[T::from_f64(local_sum / global as f64)], &[1])?;
+        dist.reduce(b, &loss)?;
+        Ok(b.download(&loss)?[0].to_f64())
+    }
+
+    /// Evaluation sharded over the ranks: each evaluates its shard, the sums are all-reduced.
+    pub(super) fn evaluate_sharded(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
+        let dist = &self.parts.dist;
+        let n = y.len();
+        let info = dist.info();
+        let rows = shard(info.rank, info.world, n);
+        let per = x.len().checked_div(n).unwrap_or(0);
+        let logits = if rows.is_empty() {
+            Vec::new()
+        } else {
+            self.predict(&x[rows.start * per..rows.end * per], rows.len())?
+        };
+        let (mut loss, mut correct) = (0.0, 0.0);
+        for (&l, &t) in logits.iter().zip(&y[rows]) {
+            let (l, t) = (l.to_f64(), t.to_f64());
+            loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
+            if (l > 0.0) == (t > 0.5) {
+                correct += 1.0;
+            }
+        }
+        let b = &*self.backend;
+        let sums = b.upload(&[T::from_f64(loss), T::from_f64(correct)], &[2])?;
+        dist.comm.all_reduce_sum(b, &sums, self.step())?;
+        dist.comm.synchronize(b)?;
+        let s = b.download(&sums)?;
+        let denom = n.max(1) as f64;
+        Ok(EvalReport {
+            loss: s[0].to_f64() / denom,
+            accuracy: s[1].to_f64() / denom,
+            samples: n,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn shards_are_disjoint_contiguous_and_balanced(world in 1usize..9, batch in 0usize..100) {
+            let mut next = 0;
+            let mut sizes = Vec::new();
+            for r in 0..world {
+                let s = shard(r, world, batch);
+                prop_assert_eq!(s.start, next);
+                next = s.end;
+                sizes.push(s.len());
+            }
+            prop_assert_eq!(next, batch);
+            let (lo, hi) = (sizes.iter().min().copied().unwrap_or(0), sizes.iter().max().copied().unwrap_or(0));
+            prop_assert!(hi - lo <= 1);
+        }
+    }
+
+    #[test]
+    fn three_ranks_of_seven() {
+        assert_eq!([0, 1, 2].map(|r| shard(r, 3, 7)), [0..3, 3..5, 5..7]);
+        assert_eq!([0, 1, 2].map(|r| shard(r, 3, 2)), [0..1, 1..2, 2..2]);
+    }
+}
