@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use zcomm::launch::{LaunchSpec, Launched, launch};
-use zcomm::{Collective, LaunchEnv, SimCollective};
+use zcomm::{Collective, LaunchEnv, NcclCollective, SimCollective};
 use zcompute::{CudaBackend, CudaDriver, SimDriver};
 
 use crate::cli::Options;
@@ -89,16 +89,25 @@ pub fn sim_collective(
     Ok(Rc::new(SimCollective::connect(b, env, timeout)?))
 }
 
-/// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names. The NCCL bindings land
-/// separately (zcomm::nccl); until they are wired here a job of several GPU ranks is refused
-/// with this error rather than run without a collective.
+/// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
+/// rank 0 makes the unique id and hands it out over TCP at `MASTER_ADDR:MASTER_PORT`, every
+/// rank joins with it; both waits bounded by `timeout` (the join by the device's deadline).
 pub fn nccl_collective(
-    _b: &CudaBackend<CudaDriver>,
+    b: &CudaBackend<CudaDriver>,
     env: &LaunchEnv,
-    _timeout: Duration,
+    timeout: Duration,
 ) -> Result<Rc<dyn Collective<CudaBackend<CudaDriver>, f32>>> {
-    Err(TrainError::Options(format!(
-        "rank {} of {}: this build has no NCCL communicator; use --device sim for simulated ranks",
-        env.info.rank, env.info.world
-    )))
+    let master = env.master.as_ref().ok_or_else(|| {
+        TrainError::Options(format!(
+            "rank {} of {}: MASTER_ADDR/MASTER_PORT are not set; the ranks cannot meet",
+            env.info.rank, env.info.world
+        ))
+    })?;
+    let id = zcomm::rendezvous::exchange_id(
+        master,
+        env.info,
+        || Ok(NcclCollective::unique_id()?.to_vec()),
+        timeout,
+    )?;
+    Ok(Rc::new(NcclCollective::join(b, env.info, &id)?))
 }

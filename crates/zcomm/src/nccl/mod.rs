@@ -208,6 +208,22 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
             .synchronize(b.device().stream())
             .map_err(|e| errors::convert(e, self.info.rank, OP, step))
     }
+
+    fn set_step(&self, step: u64) {
+        self.step.store(step, Ordering::Relaxed);
+    }
+
+    /// Aborts the communicator: a peer blocked in a collective with this rank then fails
+    /// (NCCL reports the abort to it) instead of waiting for its deadline.
+    fn abort(&self, why: &str) {
+        tracing::warn!(
+            target: "zcomm.nccl.abort",
+            rank = self.info.rank,
+            why,
+            "aborting the NCCL communicator"
+        );
+        self.comm.abort();
+    }
 }
 
 /// Whether an error is a device refusal during capture (kept apart for the conversion).

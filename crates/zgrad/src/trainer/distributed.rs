@@ -16,6 +16,7 @@ use super::body::StepParts;
 use super::eval::EvalReport;
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
+use crate::optim::ParameterSet;
 use crate::var::Var;
 use std::cell::Cell;
 use std::ops::Range;
@@ -84,11 +85,15 @@ impl<B: Backend<T>, T: Element> Dist<B, T> {
     }
 
     /// Sums every rank's gradients into every rank's: THE one place gradients are
-    /// all-reduced (one collective per parameter, in XASSET.md's order; with the flat gradient
-    /// buffer this becomes one collective over it).
+    /// all-reduced. Parameters that are views of one flat buffer (every model `XAsset` makes)
+    /// take one collective over the flat gradient buffer (its zero padding sums to zero);
+    /// others one collective per parameter, in order.
     pub fn reduce_grads(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {
         if self.single() {
             return Ok(());
+        }
+        if let Some(set) = ParameterSet::of(params) {
+            return Ok(self.comm.all_reduce_sum(b, set.grads(), self.step.get())?);
         }
         for g in params.iter().filter_map(Var::grad) {
             self.comm.all_reduce_sum(b, g, self.step.get())?;
@@ -148,8 +153,16 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// before training (and after loading a checkpoint on every rank, if resuming).
     pub fn with_collective(mut self, comm: Rc<dyn Collective<B, T>>) -> Result<Self> {
         let b = Rc::clone(&self.backend);
+        // One collective over the flat parameter buffer when the parameters are views of one.
+        match ParameterSet::of(&self.parts.params) {
+            Some(set) => comm.broadcast(&*b, set.values(), 0, self.step())?,
+            None => {
+                for p in &self.parts.params {
+                    comm.broadcast(&*b, p.value(), 0, self.step())?;
+                }
+            }
+        }
         for p in &self.parts.params {
-            comm.broadcast(&*b, p.value(), 0, self.step())?;
             p.bump_version();
         }
         comm.synchronize(&*b)?;

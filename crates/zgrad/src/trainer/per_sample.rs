@@ -82,13 +82,16 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         global: usize,
         indexed: bool,
     ) -> Result<()> {
-        let per = x.len() / batch;
-        self.staging.clear();
-        for (features, label) in x.chunks_exact(per).zip(y) {
-            self.staging.extend_from_slice(features);
-            self.staging.push(*label);
+        // An empty shard (a rank of a data-parallel job with no row of this batch) uploads
+        // nothing; its step still joins the collectives with zero gradients.
+        if let Some(per) = x.len().checked_div(batch) {
+            self.staging.clear();
+            for (features, label) in x.chunks_exact(per).zip(y) {
+                self.staging.extend_from_slice(features);
+                self.staging.push(*label);
+            }
+            b.upload_into(&self.staging, &self.table.narrow(0, 0, batch)?)?;
         }
-        b.upload_into(&self.staging, &self.table.narrow(0, 0, batch)?)?;
         if self.scale_batch != global {
             b.upload_into(&[T::from_f64(1.0 / global as f64)], &self.scale)?;
             self.scale_batch = global;

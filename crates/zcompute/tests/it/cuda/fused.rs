@@ -194,7 +194,7 @@ macro_rules! fused_suite {
         #[rstest]
         fn bias_act(
             #[values(&[1, 1][..], &[12, 5], &[17, 24], &[3, 12, 37], &[12, 256], &[7, 1025])]
-                                            shape: &[usize],
+                                                    shape: &[usize],
             #[values(Activation::Identity, Activation::Tanh)] act: Activation,
             #[values(false, true)] view: bool,
         ) {
