@@ -217,7 +217,7 @@ fn flat_training_matches_per_tensor_training() {
             clip_grad: Some(0.05),
             ..TrainerConfig::default()
         };
-        let mut a = Trainer::new(CPU, flat, cfg.clone()).expect("flat trainer");
+        let mut a = Trainer::new(CPU, flat, cfg).expect("flat trainer");
         let mut b = Trainer::new(CPU, per_tensor, cfg).expect("per-tensor trainer");
         for step in 0..3 {
             let (x, y) = batch(&c, 4, step);
