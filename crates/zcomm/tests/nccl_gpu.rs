@@ -238,11 +238,9 @@ mod gpu {
         const NAME: &str = "gpu::gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time";
         let Some((info, id)) = role() else {
             let world = gpu_count().min(4);
-            if world < 2 {
-                // One GPU: the stalled-peer case is `gpu_a_rank_whose_peer_never_joins_...`.
-                eprintln!("{NAME}: needs 2 GPUs, found {world}; not run");
-                return;
-            }
+            // A peer needs a second GPU: on one GPU this fails rather than passing unrun (the
+            // one-GPU stalled-peer case is `gpu_a_rank_whose_peer_never_joins_...`).
+            assert!(world >= 2, "{NAME}: needs 2 GPUs, found {world}");
             let codes = run_ranks(NAME, world);
             assert_ne!(codes[world - 1], Some(0), "the last rank dies");
             for (r, code) in codes.iter().enumerate().take(world - 1) {
