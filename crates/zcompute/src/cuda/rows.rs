@@ -83,6 +83,7 @@ impl<D: Driver> CudaBackend<D> {
     /// A mean divides by `count` (the reduced axis's length, also when `src` holds partials).
     /// With `accumulate` (a sum into a dense `out`) the last pass adds into `out` instead of
     /// overwriting it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn reduce_cols(
         &self,
         name: &'static str,
