@@ -71,7 +71,9 @@ extern "C" __global__ void zc_reduce_rows_split_f32(float* out, const float* in,
 // result to out + c * outer * inner, so a reduction with several chunks leaves a
 // [chunks, outer * inner] tensor of partials that the host reduces again (same kernel), in a
 // fixed order: no atomics, the same bits on every run. op: 2 max (NaN-propagating), else sum;
-// sums are divided by `div` (n for a mean's last pass, else 1).
+// sums are divided by `div` (n for a mean's last pass, else 1). op 3 sums and adds the result
+// into `out` (out += sum / div: a parameter gradient accumulated in place); the host passes it
+// only to a single-chunk pass (gridDim.y == 1).
 extern "C" __global__ void zc_reduce_cols_f32(float* out, const float* in, u64 outer, u64 n,
                                               u64 inner, u64 chunk, unsigned op, float div) {
     __shared__ float part[WARPS_PER_BLOCK][33];
@@ -99,7 +101,8 @@ extern "C" __global__ void zc_reduce_cols_f32(float* out, const float* in, u64 o
             for (int k = 1; k < WARPS_PER_BLOCK; ++k) {
                 acc = is_max ? zc_maximum(acc, part[k][tx]) : acc + part[k][tx];
             }
-            out[(u64)blockIdx.y * outer * inner + o * inner + col] = is_max ? acc : acc / div;
+            float* dst = out + (u64)blockIdx.y * outer * inner + o * inner + col;
+            *dst = is_max ? acc : (op == 3 ? *dst + acc / div : acc / div);
         }
         __syncthreads();
     }

@@ -408,6 +408,37 @@ pub trait Backend<T: Element> {
         self.copy_into(&sum, dst)
     }
 
+    /// `dst += op(a) · op(b)` in place (`dst` shaped as the product, other memory): how
+    /// backward adds a weight's gradient into its buffer without a separate sum. The provided
+    /// body is the product then [`Backend::add_into`]; a device backend may write the product
+    /// straight into `dst` (cuBLAS with `beta = 1`).
+    fn matmul_into(
+        &self,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+        opts: MatmulOpts,
+        dst: &BTensor<Self, T>,
+    ) -> Result<()> {
+        crate::validate::matmul_into(a, b, opts, dst)?;
+        let product = self.matmul(a, b, opts)?;
+        self.add_into(&product, dst)
+    }
+
+    /// `dst += x` summed over every axis but the last (`x [..., n]`, `dst [n]`, other memory):
+    /// how backward adds a bias or LayerNorm parameter's gradient into its buffer. The provided
+    /// body is the sum then [`Backend::add_into`]; a device backend may add the column
+    /// reduction's result straight into `dst` (deterministic: no atomics).
+    fn sum_rows_into(&self, x: &BTensor<Self, T>, dst: &BTensor<Self, T>) -> Result<()> {
+        let crate::validate::Rows { rows, n } = crate::validate::sum_rows_into(x, dst)?;
+        let dense = if x.is_contiguous() {
+            x.clone()
+        } else {
+            self.contiguous(x)?
+        };
+        let sum = self.sum(&dense.reshape(&[rows, n])?, 0, false)?;
+        self.add_into(&sum, dst)
+    }
+
     /// Attention's core after the qkv product (see [`crate::attention`]): `qkv [B, S, 3D]`
     /// laid out `[B, S, 3, H, dh]` (q first) to `softmax(LN(q)·LN(k)ᵀ/sqrt(dh))·v` per batch
     /// and head, heads concatenated `[B, S, D]`. The provided body composes it from the op set;

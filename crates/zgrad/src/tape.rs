@@ -58,6 +58,20 @@ pub(crate) trait BackwardOp<B: Backend<T>, T: Element> {
         b: &B,
         grads: &[Option<BTensor<B, T>>],
     ) -> Result<Vec<Option<BTensor<B, T>>>>;
+
+    /// As [`BackwardOp::backward`], where `into[i]` is `Some(buf)` when input `i` is a
+    /// parameter whose gradient buffer is dense: the op may add that input's gradient straight
+    /// into `buf` (always `+=`, so a parameter used twice stays right) and return `None` for it.
+    /// The provided body adds nothing itself and leaves the accumulation to the tape.
+    fn backward_into(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Vec<Option<BTensor<B, T>>>> {
+        let _ = into;
+        self.backward(b, grads)
+    }
 }
 
 /// Where an input's gradient goes.
@@ -335,7 +349,15 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
                 .take()
                 .ok_or(GradError::BackwardTwice { op: name })?;
             tracing::trace!(target: "zgrad.tape.backward", op = name, id, "node");
-            let input_grads = node.op.backward(self.backend, &out_grads)?;
+            let into: SmallVec<[Option<&BTensor<B, T>>; 3]> = node
+                .inputs
+                .iter()
+                .map(|edge| match edge {
+                    Edge::Leaf(buf) if buf.is_contiguous() => Some(buf),
+                    _ => None,
+                })
+                .collect();
+            let input_grads = node.op.backward_into(self.backend, &out_grads, &into)?;
             drop(out_grads);
             for (edge, g) in node.inputs.iter().zip(input_grads) {
                 let Some(g) = g else { continue };

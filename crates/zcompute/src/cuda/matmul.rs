@@ -85,25 +85,56 @@ impl<D: Driver> CudaBackend<D> {
         b: &CudaTensor,
         opts: MatmulOpts,
     ) -> Result<CudaTensor> {
-        let validate::MatmulShape {
-            batch,
-            m,
-            k,
-            n,
-            out: out_shape,
-        } = validate::matmul(a, b, opts)?;
-        let out = self.alloc(OP, &out_shape)?;
-        let count = checked_numel(OP, &batch)?;
+        let shape = validate::matmul(a, b, opts)?;
+        let out = self.alloc(OP, &shape.out)?;
         if out.numel() == 0 {
             return Ok(out);
         }
-        if k == 0 {
+        if shape.k == 0 {
             self.fill_zero(&out)?;
             return Ok(out);
         }
-        tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, "gemm");
-        let oa = self.operand(a, &batch)?;
-        let ob = self.operand(b, &batch)?;
+        self.gemm_to(a, b, opts, &shape, &out, 0.0)?;
+        Ok(out)
+    }
+
+    /// `dst += op(a) · op(b)`: one gemm with `beta = 1` writing into `dst` when `dst` is dense
+    /// (a per-tensor view of a flat gradient buffer is); otherwise the product and one
+    /// `add_into`. An empty `k` adds nothing.
+    pub(crate) fn matmul_into_gemm(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        dst: &CudaTensor,
+    ) -> Result<()> {
+        let shape = validate::matmul_into(a, b, opts, dst)?;
+        if dst.numel() == 0 || shape.k == 0 {
+            return Ok(());
+        }
+        if dst.is_contiguous() {
+            return self.gemm_to(a, b, opts, &shape, dst, 1.0);
+        }
+        let product = self.matmul_gemm(a, b, opts)?;
+        self.add_into_fused(&product, dst)
+    }
+
+    /// `out = op(a) · op(b) + beta * out` for a dense `out` of the product's shape.
+    fn gemm_to(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        shape: &validate::MatmulShape,
+        out: &CudaTensor,
+        beta: f32,
+    ) -> Result<()> {
+        let validate::MatmulShape { batch, m, k, n, .. } = shape;
+        let (m, k, n) = (*m, *k, *n);
+        let count = checked_numel(OP, batch)?;
+        tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, beta, "gemm");
+        let oa = self.operand(a, batch)?;
+        let ob = self.operand(b, batch)?;
         let t = |yes: bool| if yes { Transpose::Yes } else { Transpose::No };
         let gemm = GemmF32 {
             transa: t(opts.trans_b != ob.col_major),
@@ -118,14 +149,13 @@ impl<D: Driver> CudaBackend<D> {
             b: oa.ptr,
             ldb: to_i32("ld of a", oa.ld)?,
             stride_b: oa.batch_stride as i64,
-            beta: 0.0,
-            c: self.ptr(OP, &out)?,
+            beta,
+            c: self.ptr(OP, out)?,
             ldc: to_i32("n", n)?,
             stride_c: (m * n) as i64,
             batch: to_i32("batch", count)?,
         };
-        self.gemm(OP, &gemm)?;
-        Ok(out)
+        self.gemm(OP, &gemm)
     }
 
     fn fill_zero(&self, t: &CudaTensor) -> Result<()> {

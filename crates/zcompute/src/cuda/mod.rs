@@ -16,6 +16,7 @@
 //! - Inside `capture` every allocation comes from the graph's reservation, and uploads,
 //!   downloads, syncs and step changes are refused (`capture.rs`).
 
+mod accumulate;
 mod attention;
 mod backward;
 mod capture;

@@ -311,6 +311,20 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.add_into_fused(src, dst)
     }
 
+    fn matmul_into(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        dst: &CudaTensor,
+    ) -> Result<()> {
+        self.matmul_into_gemm(a, b, opts, dst)
+    }
+
+    fn sum_rows_into(&self, x: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.sum_rows_into_cols(x, dst)
+    }
+
     fn qk_norm_attention(
         &self,
         qkv: &CudaTensor,

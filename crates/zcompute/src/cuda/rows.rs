@@ -33,7 +33,7 @@ impl<D: Driver> CudaBackend<D> {
         if inner > 1 {
             // A leading or middle axis: reduce the columns in place rather than transposing.
             let src = self.dense(name, x)?;
-            self.reduce_cols(name, op, &out, &src, rows / inner, n, inner, n)?;
+            self.reduce_cols(name, op, &out, &src, (rows / inner, n, inner), n, false)?;
             return Ok(out);
         }
         let src = self.dense(name, x)?;
@@ -53,7 +53,15 @@ impl<D: Driver> CudaBackend<D> {
             .collect();
             let config = kernels::rows_split_config(rows, parts);
             self.launch(name, Kernel::ReduceRowsSplit, config, &args)?;
-            self.reduce_cols(name, op, &out, &partial, 1, parts as usize, rows, n)?;
+            self.reduce_cols(
+                name,
+                op,
+                &out,
+                &partial,
+                (1, parts as usize, rows),
+                n,
+                false,
+            )?;
             return Ok(out);
         }
         let args: Args = [
@@ -73,17 +81,18 @@ impl<D: Driver> CudaBackend<D> {
     /// (`[outer, inner]`): one column-reduction pass, or, when the rows are split into chunks to
     /// fill the GPU, a pass into `[chunks, outer * inner]` partials and then the same over those.
     /// A mean divides by `count` (the reduced axis's length, also when `src` holds partials).
+    /// With `accumulate` (a sum into a dense `out`) the last pass adds into `out` instead of
+    /// overwriting it.
     #[allow(clippy::too_many_arguments)]
-    fn reduce_cols(
+    pub(super) fn reduce_cols(
         &self,
         name: &'static str,
         op: ReduceOp,
         out: &CudaTensor,
         src: &CudaTensor,
-        outer: usize,
-        n: usize,
-        inner: usize,
+        (outer, n, inner): (usize, usize, usize),
         count: usize,
+        accumulate: bool,
     ) -> Result<()> {
         let code = if op == ReduceOp::Max { 2 } else { 0 };
         let total = count as f32;
@@ -108,7 +117,7 @@ impl<D: Driver> CudaBackend<D> {
                 u64a(n),
                 u64a(inner),
                 KernelArg::U64(chunk),
-                KernelArg::U32(code),
+                KernelArg::U32(if last && accumulate { 3 } else { code }),
                 KernelArg::F32(div),
             ]
             .into_iter()

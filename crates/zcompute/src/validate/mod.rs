@@ -19,12 +19,14 @@
 //! Ops with no constraint on their arguments (`unary`, `binary_scalar`, `contiguous`,
 //! `download`: any tensor is valid, the output has the input's shape) have no function here.
 
+mod accumulate;
 mod attention;
 mod flat;
 mod fused;
 mod indexed;
 mod ops;
 
+pub(crate) use accumulate::*;
 pub(crate) use attention::*;
 pub(crate) use flat::*;
 pub(crate) use fused::*;

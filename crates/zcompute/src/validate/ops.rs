@@ -123,7 +123,7 @@ pub(crate) struct Rows {
 }
 
 /// The rows of `x`'s last axis, refusing rank 0.
-fn rows<S: Storage>(op: &'static str, x: &Tensor<S>) -> Result<Rows> {
+pub(crate) fn rows<S: Storage>(op: &'static str, x: &Tensor<S>) -> Result<Rows> {
     let n = x
         .shape()
         .last()

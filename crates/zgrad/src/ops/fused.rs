@@ -21,6 +21,28 @@ fn sum_rows<B: Backend<T>, T: Element>(b: &B, t: &BTensor<B, T>) -> Result<BTens
     Ok(b.sum(&flat, 0, false)?)
 }
 
+/// A parameter's column-sum gradient `[..., n] -> [n]`: added into `dst` (the parameter's dense
+/// gradient buffer, when the tape gave one shaped `[n]`) and `None` returned, else returned.
+pub(super) fn sum_rows_to<B: Backend<T>, T: Element>(
+    b: &B,
+    t: &BTensor<B, T>,
+    dst: Option<&BTensor<B, T>>,
+) -> Result<Option<BTensor<B, T>>> {
+    let n = t.shape().last().copied().unwrap_or(1);
+    match dst {
+        Some(dst) if dst.shape() == [n] => {
+            b.sum_rows_into(t, dst)?;
+            Ok(None)
+        }
+        _ => Ok(Some(sum_rows(b, t)?)),
+    }
+}
+
+/// The tape's buffer for input `i`, if it gave one.
+pub(super) fn into_at<'a, X>(into: &[Option<&'a X>], i: usize) -> Option<&'a X> {
+    into.get(i).copied().flatten()
+}
+
 fn missing(op: &'static str) -> crate::GradError {
     zcompute::ComputeError::LengthMismatch {
         op,
@@ -42,13 +64,24 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for BiasActBackward<B, T> {
     }
 
     fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        self.backward_into(b, grads, &[])
+    }
+
+    /// The bias's gradient, a column sum, goes straight into its buffer when the tape gives
+    /// one.
+    fn backward_into(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Grads<B, T>> {
         let g = super::only(grads)?;
         let gz = match &self.y {
             Some(y) => b.tanh_backward(g, y.get("bias_act")?)?,
             None => g.clone(),
         };
         let gb = if self.needs[1] {
-            Some(sum_rows(b, &gz)?)
+            sum_rows_to(b, &gz, into_at(into, 1))?
         } else {
             None
         };
@@ -73,6 +106,17 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> 
     /// `grads` are those of the sum `h` (the residual stream) and of `y = LN(h)`; `a` and `b`
     /// both get `g_h + LN'(g_y)`, from one kernel.
     fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        self.backward_into(b, grads, &[])
+    }
+
+    /// The weight's and bias's gradients (column sums) go straight into their buffers when
+    /// the tape gives them.
+    fn backward_into(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Grads<B, T>> {
         const OP: &str = "add_layer_norm";
         let g_h = grads.first().and_then(Option::as_ref);
         let Some(g_y) = grads.get(1).and_then(Option::as_ref) else {
@@ -90,9 +134,12 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> 
             weight,
             [self.needs[0], self.needs[1]],
         )?;
-        let gw = grads.g_xhat.map(|t| sum_rows(b, &t)).transpose()?;
+        let gw = match grads.g_xhat {
+            Some(t) => sum_rows_to(b, &t, into_at(into, 2))?,
+            None => None,
+        };
         let gb = if self.needs[2] {
-            Some(sum_rows(b, g_y)?)
+            sum_rows_to(b, g_y, into_at(into, 3))?
         } else {
             None
         };

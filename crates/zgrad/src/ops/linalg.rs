@@ -25,38 +25,88 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for MatmulBackward<B, T> {
         "matmul"
     }
 
+    fn backward(&self, be: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        self.backward_into(be, grads, &[None, None])
+    }
+
     /// With `C = op(A) · op(B)`: `d op(A) = G · op(B)ᵀ`, `d op(B) = op(A)ᵀ · G`; a transposed
     /// operand takes the transpose of that, written as a product with swapped flags so no
-    /// transpose is materialised. Broadcast batch axes are summed back to the operand's shape.
-    fn backward(&self, be: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+    /// transpose is materialised. Broadcast batch axes are summed back to the operand's shape;
+    /// an operand with a dense gradient buffer and no broadcast axes gets its product added
+    /// straight into the buffer (`matmul_into`: no separate accumulation pass).
+    fn backward_into(
+        &self,
+        be: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Grads<B, T>> {
         let g = only(grads)?;
         let MatmulOpts { trans_a, trans_b } = self.opts;
+        let batch = &g.shape()[..g.shape().len() - 2];
         let ga = match &self.b {
             Some(b) => {
                 let b = b.get("matmul")?;
-                let prod = if trans_a {
-                    be.matmul(b, g, opts(trans_b, true))?
+                let (x, y, o) = if trans_a {
+                    (b, g, opts(trans_b, true))
                 } else {
-                    be.matmul(g, b, opts(false, !trans_b))?
+                    (g, b, opts(false, !trans_b))
                 };
-                Some(sum_to_shape(be, prod, &self.a_shape)?)
+                product_grad(
+                    be,
+                    x,
+                    y,
+                    o,
+                    &self.a_shape,
+                    batch,
+                    into.first().copied().flatten(),
+                )?
             }
             None => None,
         };
         let gb = match &self.a {
             Some(a) => {
                 let a = a.get("matmul")?;
-                let prod = if trans_b {
-                    be.matmul(g, a, opts(true, trans_a))?
+                let (x, y, o) = if trans_b {
+                    (g, a, opts(true, trans_a))
                 } else {
-                    be.matmul(a, g, opts(!trans_a, false))?
+                    (a, g, opts(!trans_a, false))
                 };
-                Some(sum_to_shape(be, prod, &self.b_shape)?)
+                product_grad(
+                    be,
+                    x,
+                    y,
+                    o,
+                    &self.b_shape,
+                    batch,
+                    into.get(1).copied().flatten(),
+                )?
             }
             None => None,
         };
         Ok(vec![ga, gb])
     }
+}
+
+/// One operand's gradient `x · y`: added into `dst` when given and the product already has the
+/// operand's shape (its batch axes are the output's, none broadcast); otherwise returned,
+/// summed back to `shape`.
+fn product_grad<B: Backend<T>, T: Element>(
+    be: &B,
+    x: &BTensor<B, T>,
+    y: &BTensor<B, T>,
+    o: MatmulOpts,
+    shape: &[usize],
+    batch: &[usize],
+    dst: Option<&BTensor<B, T>>,
+) -> Result<Option<BTensor<B, T>>> {
+    if let Some(dst) = dst
+        && dst.shape() == shape
+        && shape[..shape.len() - 2] == *batch
+    {
+        be.matmul_into(x, y, o, dst)?;
+        return Ok(None);
+    }
+    Ok(Some(sum_to_shape(be, be.matmul(x, y, o)?, shape)?))
 }
 
 struct BceBackward<B: Backend<T>, T: Element> {

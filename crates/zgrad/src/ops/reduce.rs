@@ -1,6 +1,7 @@
 //! Reductions over an axis, softmax and LayerNorm over the last axis, with their backward.
 
-use super::{only, positive_mask, reshape_any};
+use super::fused::{into_at, sum_rows_to};
+use super::{only, positive_mask};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
@@ -93,20 +94,23 @@ struct LayerNormBackward<B: Backend<T>, T: Element> {
     needs: [bool; 3],
 }
 
-/// Sums every axis but the last: `[..., n] -> [n]`.
-fn sum_rows<B: Backend<T>, T: Element>(b: &B, t: &BTensor<B, T>) -> Result<BTensor<B, T>> {
-    let n = t.shape().last().copied().unwrap_or(1);
-    let rows = t.numel() / n.max(1);
-    let flat = reshape_any(b, t, &[rows, n])?;
-    Ok(b.sum(&flat, 0, false)?)
-}
-
 impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
     fn name(&self) -> &'static str {
         "layer_norm"
     }
 
     fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        self.backward_into(b, grads, &[])
+    }
+
+    /// The weight's and bias's gradients (column sums) go straight into their buffers when
+    /// the tape gives them.
+    fn backward_into(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Grads<B, T>> {
         const OP: &str = "layer_norm";
         let g = only(grads)?;
         let weight = self.weight.as_ref().map(|w| w.get(OP)).transpose()?;
@@ -119,9 +123,12 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
             [self.needs[0], self.needs[1]],
         )?;
         let gx = grads.input;
-        let gw = grads.g_xhat.map(|t| sum_rows(b, &t)).transpose()?;
+        let gw = match grads.g_xhat {
+            Some(t) => sum_rows_to(b, &t, into_at(into, 1))?,
+            None => None,
+        };
         let gb = if self.needs[2] {
-            Some(sum_rows(b, g)?)
+            sum_rows_to(b, g, into_at(into, 2))?
         } else {
             None
         };

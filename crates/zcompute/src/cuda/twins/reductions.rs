@@ -26,7 +26,7 @@ pub(super) fn reduce_rows(
 }
 
 /// `[outer, n, inner]` reduced over `n` chunk by chunk: chunk `c` (rows `c * chunk ..`) to
-/// `out[c, outer, inner]`; sums divided by `div`.
+/// `out[c, outer, inner]`; sums divided by `div`; op 3 adds the sums into `out` (one chunk).
 pub(super) fn reduce_cols(
     _: &LaunchConfig,
     args: &[KernelArg],
@@ -40,7 +40,8 @@ pub(super) fn reduce_cols(
         usize_of(k.u64(4)?, 4)?,
     );
     let chunk = usize_of(k.u64(5)?, 5)?.max(1);
-    let is_max = k.u32(6)? == 2;
+    let code = k.u32(6)?;
+    let (is_max, accumulate) = (code == 2, code == 3);
     let div = k.f32(7)?;
     let total = outer
         .checked_mul(n)
@@ -60,6 +61,15 @@ pub(super) fn reduce_cols(
                     math::pairwise_sum(&column) / div
                 });
             }
+        }
+    }
+    if accumulate {
+        if n > chunk {
+            return Err(bad(5, "an accumulating pass must be a single chunk"));
+        }
+        let old = mem.read_f32(out, result.len() as u64)?;
+        for (r, o) in result.iter_mut().zip(old) {
+            *r += o;
         }
     }
     mem.write_f32(out, &result)

@@ -3,6 +3,7 @@
 //! device 0. Outputs are poisoned with NaN before each op, so an element a kernel forgets to
 //! write fails the comparison.
 
+pub mod accumulate_bodies;
 pub mod bodies;
 pub mod capture;
 pub mod capture_end;

@@ -218,6 +218,36 @@ macro_rules! op_suite {
             super::flat_bodies::add_into(&$backend(), shape, view);
         }
 
+        #[rstest]
+        #[case::row_major(&[7, 5][..], &[5, 3][..], MatmulOpts::default())]
+        #[case::weight_grad(&[9, 5], &[9, 4], MatmulOpts { trans_a: true, trans_b: false })]
+        #[case::both_transposed(&[5, 7], &[3, 5], MatmulOpts { trans_a: true, trans_b: true })]
+        #[case::batched(&[2, 3, 4], &[2, 4, 5], MatmulOpts::default())]
+        #[case::broadcast(&[2, 3, 4], &[4, 5], MatmulOpts::default())]
+        #[case::empty_k(&[3, 0], &[0, 4], MatmulOpts::default())]
+        fn accumulate_matmul_into(
+            #[case] a: &[usize],
+            #[case] b: &[usize],
+            #[case] opts: MatmulOpts,
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            super::accumulate_bodies::matmul_into(&$backend(), a, b, opts, view);
+        }
+
+        #[test]
+        fn accumulate_matmul_into_refuses_bad_destinations() {
+            super::accumulate_bodies::matmul_into_refuses(&$backend());
+        }
+
+        #[rstest]
+        fn accumulate_sum_rows_into(
+            #[values(&[1][..], &[7], &[7, 193], &[3, 5, 33], &[4097, 3], &[2, 20_000, 2])]
+            shape: &[usize],
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            super::accumulate_bodies::sum_rows_into(&$backend(), shape, view);
+        }
+
         #[test]
         fn flat_finite_gate() {
             super::flat_bodies::finite_gate(&$backend());
