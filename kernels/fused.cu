@@ -141,13 +141,14 @@ __device__ __forceinline__ float bce_term(float x, float y) {
 #define POOL_WARPS (POOL_THREADS / 32)
 
 // The sum of one value per thread of a POOL_THREADS block in a fixed order (warp trees, then
-// the warp sums in warp order); the result is valid in thread 0. Every thread must call it.
-__device__ __forceinline__ float block_sum_fixed(float v, float* part) {
+// the warp sums in warp order); the result is valid in thread tid 0 (tid: the linear thread
+// index). Every thread must call it.
+__device__ __forceinline__ float block_sum_fixed(float v, float* part, unsigned tid) {
     v = warp_sum(v);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    if (tid % 32 == 0) part[tid / 32] = v;
     __syncthreads();
     float total = 0.0f;
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         for (int k = 0; k < POOL_WARPS; ++k) total += part[k];
     }
     __syncthreads();
@@ -157,10 +158,21 @@ __device__ __forceinline__ float block_sum_fixed(float v, float* part) {
 // Mean-pool over S of h [B, S, D], the head (w [D], bias [1]) and each sample's BCE term
 // against y [B]: logits[b] = bias + (sum_j w[j] * sum_s h[b, s, j]) / S and
 // terms[b] = bce(logits[b], y[b]). One block of POOL_THREADS per sample (grid-strided), its
-// threads over columns; zc_pool_head_bce_finish_f32 then takes the mean of the terms.
-extern "C" __global__ void zc_pool_head_bce_f32(float* terms, float* logits, const float* h,
-                                                const float* w, const float* bias,
-                                                const float* y, u64 batch, u64 s, u64 d) {
+// threads over columns; zc_pool_head_bce_finish_f32 then takes the mean of the terms. A grid
+// of one block (the host's choice for small batches: one graph node fewer) takes the mean
+// itself into loss[0], exactly as the finishing kernel does.
+__device__ __forceinline__ void mean_of_terms(float* loss, const float* terms, u64 batch,
+                                              float* part) {
+    float acc = 0.0f;
+    for (u64 b = threadIdx.x; b < batch; b += POOL_THREADS) acc += terms[b];
+    float total = block_sum_fixed(acc, part, threadIdx.x);
+    if (threadIdx.x == 0) loss[0] = total / (float)batch;
+}
+
+extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* terms, float* logits,
+                                                const float* h, const float* w,
+                                                const float* bias, const float* y, u64 batch,
+                                                u64 s, u64 d) {
     __shared__ float part[POOL_WARPS];
     for (u64 b = blockIdx.x; b < batch; b += gridDim.x) {
         const float* hb = h + b * s * d;
@@ -170,13 +182,15 @@ extern "C" __global__ void zc_pool_head_bce_f32(float* terms, float* logits, con
             for (u64 i = 0; i < s; ++i) col += hb[i * d + j];
             acc += w[j] * col;
         }
-        float total = block_sum_fixed(acc, part);
+        float total = block_sum_fixed(acc, part, threadIdx.x);
         if (threadIdx.x == 0) {
             float logit = total / (float)s + bias[0];
             logits[b] = logit;
             terms[b] = bce_term(logit, y[b]);
         }
     }
+    // block_sum_fixed ended on a barrier: thread 0's terms are visible to the block.
+    if (gridDim.x == 1) mean_of_terms(loss, terms, batch, part);
 }
 
 // loss[0] = mean of terms[0..B] in a fixed order: one block of POOL_THREADS, thread t adding
@@ -184,10 +198,7 @@ extern "C" __global__ void zc_pool_head_bce_f32(float* terms, float* logits, con
 extern "C" __global__ void zc_pool_head_bce_finish_f32(float* loss, const float* terms,
                                                        u64 batch) {
     __shared__ float part[POOL_WARPS];
-    float acc = 0.0f;
-    for (u64 b = threadIdx.x; b < batch; b += POOL_THREADS) acc += terms[b];
-    float total = block_sum_fixed(acc, part);
-    if (threadIdx.x == 0) loss[0] = total / (float)batch;
+    mean_of_terms(loss, terms, batch, part);
 }
 
 // The backward of the pooled head from the loss gradient g[0], with
@@ -196,8 +207,21 @@ extern "C" __global__ void zc_pool_head_bce_finish_f32(float* loss, const float*
 // x over 32 columns (grid-strided), y over the B * S rows of h, block row p (grid y) taking
 // rows p * 8 + ty, stepping gridDim.y * 8. The 8 row sums of a column are added in ty order
 // and written to partials[p, j]; zc_pool_head_bce_backward_finish_f32 adds them in p order.
+// With one block row (the host's choice for small batches: one graph node fewer) the
+// partials are gw itself, and block (0, 0) also writes gb[0] (same order as the finish).
+__device__ __forceinline__ float bias_grad_sum(const float* g, const float* logits,
+                                               const float* y, u64 batch, unsigned tid,
+                                               float* part) {
+    const float scale = g[0] / (float)batch;
+    float acc = 0.0f;
+    for (u64 b = tid; b < batch; b += POOL_THREADS) {
+        acc += (zc_sigmoid(logits[b]) - y[b]) * scale;
+    }
+    return block_sum_fixed(acc, part, tid);
+}
+
 extern "C" __global__ void zc_pool_head_bce_backward_f32(
-    float* gh, float* partials, const float* g, const float* h, const float* w,
+    float* gh, float* partials, float* gb, const float* g, const float* h, const float* w,
     const float* logits, const float* y, u64 batch, u64 s, u64 d) {
     __shared__ float part[FUSED_WARPS][32];
     const float scale = g[0] / (float)batch;
@@ -225,6 +249,12 @@ extern "C" __global__ void zc_pool_head_bce_backward_f32(
         }
         __syncthreads();
     }
+    if (gridDim.y == 1 && blockIdx.x == 0) {
+        __shared__ float bpart[POOL_WARPS];
+        const unsigned tid = threadIdx.y * 32 + threadIdx.x;
+        float total = bias_grad_sum(g, logits, y, batch, tid, bpart);
+        if (tid == 0) gb[0] = total;
+    }
 }
 
 // gw[j] = sum over p < parts of partials[p, j] in p order (threads over columns), and, in
@@ -240,11 +270,6 @@ extern "C" __global__ void zc_pool_head_bce_backward_finish_f32(
         gw[j] = total;
     }
     if (blockIdx.x != 0) return;
-    const float scale = g[0] / (float)batch;
-    float acc = 0.0f;
-    for (u64 b = threadIdx.x; b < batch; b += POOL_THREADS) {
-        acc += (zc_sigmoid(logits[b]) - y[b]) * scale;
-    }
-    float total = block_sum_fixed(acc, part);
+    float total = bias_grad_sum(g, logits, y, batch, threadIdx.x, part);
     if (threadIdx.x == 0) gb[0] = total;
 }

@@ -51,6 +51,10 @@ fn pool_config(blocks: usize) -> LaunchConfig {
     }
 }
 
+/// Batches up to this size run the pooled head in one launch each way (one block for the
+/// forward, one block row for the backward): a graph node fewer each, and still a few us.
+pub(crate) const POOL_SMALL_BATCH: usize = 8;
+
 /// Rows of h (sample, scale) each thread of the pooled head's backward takes, about.
 const POOL_BACKWARD_ROWS_PER_THREAD: u64 = 4;
 
@@ -58,13 +62,18 @@ const POOL_BACKWARD_ROWS_PER_THREAD: u64 = 4;
 /// 32 x 8 threads, x over 32-column tiles, y over tiles of `8 * POOL_BACKWARD_ROWS_PER_THREAD`
 /// rows. Its grid's y is the number of partial rows of the head's weight gradient. A function
 /// of the shape only, so the reduction order is too.
-pub(crate) fn pool_backward_config(rows: usize, width: usize) -> LaunchConfig {
+/// Small batches ([`POOL_SMALL_BATCH`]) take one block row.
+pub(crate) fn pool_backward_config(batch: usize, scales: usize, width: usize) -> LaunchConfig {
+    let rows = (batch as u64).saturating_mul(scales as u64);
+    let parts = if batch <= POOL_SMALL_BATCH {
+        1
+    } else {
+        rows.div_ceil(8 * POOL_BACKWARD_ROWS_PER_THREAD)
+    };
     LaunchConfig {
         grid: (
             (width as u64).div_ceil(32).clamp(1, 65_535) as u32,
-            (rows as u64)
-                .div_ceil(8 * POOL_BACKWARD_ROWS_PER_THREAD)
-                .clamp(1, 65_535) as u32,
+            parts.clamp(1, 65_535) as u32,
             1,
         ),
         block: (32, 8, 1),
@@ -243,19 +252,25 @@ impl<D: Driver> CudaBackend<D> {
         let logits = self.alloc(OP, &[batch])?;
         // Each sample's BCE term, summed in a fixed order by the second launch.
         let terms = self.alloc_temp(OP, &[batch])?;
-        let terms_ptr = self.ptr(OP, &terms)?;
-        let mut args: Args = [ptr(terms_ptr), ptr(self.ptr(OP, &logits)?)]
+        let (loss_ptr, terms_ptr) = (self.ptr(OP, &loss)?, self.ptr(OP, &terms)?);
+        let mut args: Args = [loss_ptr, terms_ptr, self.ptr(OP, &logits)?]
             .into_iter()
+            .map(ptr)
             .collect();
         for t in &operands {
             args.push(ptr(self.ptr(OP, t)?));
         }
         args.extend([u64a(batch), u64a(scales), u64a(width)]);
-        self.launch(OP, Kernel::PoolHeadBce, pool_config(batch), &args)?;
-        let args: Args = [ptr(self.ptr(OP, &loss)?), ptr(terms_ptr), u64a(batch)]
-            .into_iter()
-            .collect();
-        self.launch(OP, Kernel::PoolHeadBceFinish, pool_config(1), &args)?;
+        // A small batch runs in one block, which then takes the mean itself.
+        let one_block = batch <= POOL_SMALL_BATCH;
+        let blocks = if one_block { 1 } else { batch };
+        self.launch(OP, Kernel::PoolHeadBce, pool_config(blocks), &args)?;
+        if !one_block {
+            let args: Args = [ptr(loss_ptr), ptr(terms_ptr), u64a(batch)]
+                .into_iter()
+                .collect();
+            self.launch(OP, Kernel::PoolHeadBceFinish, pool_config(1), &args)?;
+        }
         Ok(PoolHeadBceOut { loss, logits })
     }
 
@@ -278,18 +293,30 @@ impl<D: Driver> CudaBackend<D> {
         let gw = self.alloc(OP, &[1, width])?;
         let gb = self.alloc(OP, &[1])?;
         let scales = h.shape()[1];
-        let config = pool_backward_config(batch * scales, width);
-        // One row of weight-gradient partials per block row of the first launch.
+        let config = pool_backward_config(batch, scales, width);
+        // One row of weight-gradient partials per block row of the first launch; with one
+        // block row, that row is gw and the kernel writes gb too (no second launch).
         let parts = config.grid.1 as usize;
-        let partials = self.alloc_temp(OP, &[parts, width])?;
+        let partials = if parts == 1 {
+            gw.clone()
+        } else {
+            self.alloc_temp(OP, &[parts, width])?
+        };
         let p = |t: &CudaTensor| self.ptr(OP, t).map(ptr);
         let [og, oh, ow, ologits, oy] = [0, 1, 2, 3, 4].map(|i| &operands[i]);
-        let args: Args = [&gh, &partials, og, oh, ow, ologits, oy]
+        let args: Args = [&gh, &partials, &gb, og, oh, ow, ologits, oy]
             .into_iter()
             .map(p)
             .chain([Ok(u64a(batch)), Ok(u64a(scales)), Ok(u64a(width))])
             .collect::<Result<Args>>()?;
         self.launch(OP, Kernel::PoolHeadBceBackward, config, &args)?;
+        if parts == 1 {
+            return Ok(PoolHeadBceGrads {
+                h: gh,
+                weight: gw,
+                bias: gb,
+            });
+        }
         let args: Args = [&gw, &gb, &partials, og, ologits, oy]
             .into_iter()
             .map(p)

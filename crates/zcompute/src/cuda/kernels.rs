@@ -302,13 +302,13 @@ impl Kernel {
             Kernel::PoolHeadBce => s(
                 5,
                 "zc_pool_head_bce_f32",
-                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
                 0,
             ),
             Kernel::PoolHeadBceBackward => s(
                 5,
                 "zc_pool_head_bce_backward_f32",
-                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
                 0,
             ),
             Kernel::PoolHeadBceFinish => s(5, "zc_pool_head_bce_finish_f32", &[Ptr, Ptr, U64], 0),

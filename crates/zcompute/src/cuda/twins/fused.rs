@@ -159,7 +159,8 @@ fn check_pool_block(k: Kernel, config: &LaunchConfig) -> Result<(), KernelFault>
     }
 }
 
-/// Writes `terms[b] = bce(logits[b], y[b])` and the logits, one block per sample.
+/// Writes `terms[b] = bce(logits[b], y[b])` and the logits, one block per sample, and with a
+/// grid of one block the loss too.
 pub(super) fn pool_head_bce(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -167,11 +168,11 @@ pub(super) fn pool_head_bce(
 ) -> Result<(), KernelFault> {
     check_pool_block(Kernel::PoolHeadBce, config)?;
     let k = checked(Kernel::PoolHeadBce, args)?;
-    let [b, s, d] = pool_shape(&k, 6)?;
-    let h = tensor(mem, k.ptr(2)?, &[b, s, d])?;
-    let w = tensor(mem, k.ptr(3)?, &[1, d])?;
-    let bias = tensor(mem, k.ptr(4)?, &[1])?;
-    let y = tensor(mem, k.ptr(5)?, &[b])?;
+    let [b, s, d] = pool_shape(&k, 7)?;
+    let h = tensor(mem, k.ptr(3)?, &[b, s, d])?;
+    let w = tensor(mem, k.ptr(4)?, &[1, d])?;
+    let bias = tensor(mem, k.ptr(5)?, &[1])?;
+    let y = tensor(mem, k.ptr(6)?, &[b])?;
     let r = fused::pool_head_bce(&h, &w, &bias, &y).map_err(cpu_err)?;
     let logits = r.logits.to_vec();
     let terms: Vec<f32> = logits
@@ -179,8 +180,13 @@ pub(super) fn pool_head_bce(
         .zip(y.to_vec())
         .map(|(&x, t)| math::bce_with_logits(x, t))
         .collect();
-    mem.write_f32(k.ptr(0)?, &terms)?;
-    mem.write_f32(k.ptr(1)?, &logits)
+    mem.write_f32(k.ptr(1)?, &terms)?;
+    mem.write_f32(k.ptr(2)?, &logits)?;
+    // A grid of one block takes the mean itself.
+    if config.grid == (1, 1, 1) {
+        mem.write_f32(k.ptr(0)?, &r.loss.to_vec())?;
+    }
+    Ok(())
 }
 
 /// `loss[0]` = the mean of the per-sample terms.
@@ -199,7 +205,7 @@ pub(super) fn pool_head_bce_finish(
 
 /// Writes every element of gh and one row of weight-gradient partials per block row of the
 /// grid, each over the rows of h the kernel gives that block row (`p * 8 + ty`, stepping
-/// `grid.y * 8`), so the finishing twin sees what the kernel leaves.
+/// `grid.y * 8`), so the finishing twin sees what the kernel leaves; with one block row, gb.
 pub(super) fn pool_head_bce_backward(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -208,12 +214,12 @@ pub(super) fn pool_head_bce_backward(
     let kernel = Kernel::PoolHeadBceBackward;
     check_block_32x8(kernel, config)?;
     let k = checked(kernel, args)?;
-    let [b, s, d] = pool_shape(&k, 7)?;
-    let g = tensor(mem, k.ptr(2)?, &[])?;
-    let h = tensor(mem, k.ptr(3)?, &[b, s, d])?;
-    let w = tensor(mem, k.ptr(4)?, &[1, d])?;
-    let logits = tensor(mem, k.ptr(5)?, &[b])?;
-    let y = tensor(mem, k.ptr(6)?, &[b])?;
+    let [b, s, d] = pool_shape(&k, 8)?;
+    let g = tensor(mem, k.ptr(3)?, &[])?;
+    let h = tensor(mem, k.ptr(4)?, &[b, s, d])?;
+    let w = tensor(mem, k.ptr(5)?, &[1, d])?;
+    let logits = tensor(mem, k.ptr(6)?, &[b])?;
+    let y = tensor(mem, k.ptr(7)?, &[b])?;
     let r = fused::pool_head_bce_backward(&g, &h, &w, &logits, &y).map_err(cpu_err)?;
     mem.write_f32(k.ptr(0)?, &r.h.to_vec())?;
     let scale = g.to_vec()[0] / b as f32;
@@ -243,7 +249,12 @@ pub(super) fn pool_head_bce_backward(
             *out = total * inv_s;
         }
     }
-    mem.write_f32(k.ptr(1)?, &partials)
+    mem.write_f32(k.ptr(1)?, &partials)?;
+    // One block row: its partials are gw, and it writes gb.
+    if parts == 1 {
+        mem.write_f32(k.ptr(2)?, &r.bias.to_vec())?;
+    }
+    Ok(())
 }
 
 /// `gw[j]` = the sum of the partials' column j, `gb[0]` = the sum of `d_b`.

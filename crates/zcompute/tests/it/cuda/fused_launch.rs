@@ -1,7 +1,8 @@
 //! The launch shapes of the fused tail's kernels, recorded on the simulated device: the mean
 //! pool + head + BCE forward runs one block per sample (not one block for the whole batch),
 //! its backward writes gh with enough threads for a few elements each and reduces the head's
-//! weight gradient over several block rows, and the bias epilogue gives every float4 (or
+//! weight gradient over several block rows (batches up to 8: one launch each way, no
+//! finishing launch), and the bias epilogue gives every float4 (or
 //! float, off the vector path) of its matrix a thread. The H100 profile (issue 12) found these
 //! kernels at 100, 64 and 10 us when each ran on a handful of blocks; the simulator cannot time
 //! them, so these tests pin the parallelism instead. Results are checked by `fused.rs`.
@@ -52,13 +53,15 @@ fn blocks(c: &LaunchConfig) -> u64 {
     u64::from(c.grid.0) * u64::from(c.grid.1) * u64::from(c.grid.2)
 }
 
-/// The configurations `name` was launched with since the log was last drained. The simulator
-/// runs kernels when their stream does: `settle` (a download) makes it run them first.
+/// The configurations `name` was launched with since the log was last drained (`drain`: and
+/// drains it). The simulator runs kernels when their stream does: `settle` (a download) makes
+/// it run them first.
 fn launches<D: zdevice::Driver>(
     gpu: &CudaBackend<D>,
     settle: &zcompute::CudaTensor,
     log: &Log,
     name: &str,
+    drain: bool,
 ) -> Vec<LaunchConfig> {
     gpu.download(settle).expect("the stream runs");
     let mut log = log.lock().unwrap();
@@ -67,13 +70,15 @@ fn launches<D: zdevice::Driver>(
         .filter(|(n, _)| *n == name)
         .map(|(_, c)| *c)
         .collect();
-    log.clear();
+    if drain {
+        log.clear();
+    }
     out
 }
 
 #[rstest::rstest]
 fn pool_head_bce_spreads_over_samples_and_rows(
-    #[values(1, 7, 256, 301)] batch: usize,
+    #[values(1, 7, 8, 9, 256, 301)] batch: usize,
     #[values(1, 12)] scales: usize,
     #[values(5, 256)] width: usize,
 ) {
@@ -85,21 +90,45 @@ fn pool_head_bce_spreads_over_samples_and_rows(
         gpu.zeros(&[batch]).unwrap(),
     );
     let what = format!("B {batch} S {scales} D {width}");
+    // Up to 8 samples run in one launch each way (one graph node); larger batches one block
+    // per sample, resp. several block rows, and a second, finishing launch.
+    let small = batch <= 8;
     let out = gpu.pool_head_bce(&h, &w, &b, &y).unwrap();
-    let forward = launches(&gpu, &out.loss, &log, "zc_pool_head_bce_f32");
+    let forward = launches(&gpu, &out.loss, &log, "zc_pool_head_bce_f32", false);
     assert_eq!(forward.len(), 1, "{what}: one forward launch");
+    let want_blocks = if small { 1 } else { batch as u64 };
+    assert_eq!(blocks(&forward[0]), want_blocks, "{what}: blocks");
+    let finish = launches(&gpu, &out.loss, &log, "zc_pool_head_bce_finish_f32", true);
     assert_eq!(
-        blocks(&forward[0]),
-        batch as u64,
-        "{what}: one block per sample"
+        finish.len(),
+        usize::from(!small),
+        "{what}: finishing launches"
     );
 
     let g = gpu.zeros(&[]).unwrap();
     let grads = gpu
         .pool_head_bce_backward(&g, &h, &w, &out.logits, &y)
         .unwrap();
-    let backward = launches(&gpu, &grads.bias, &log, "zc_pool_head_bce_backward_f32");
+    let name = "zc_pool_head_bce_backward_f32";
+    let backward = launches(&gpu, &grads.bias, &log, name, false);
     assert_eq!(backward.len(), 1, "{what}: one backward launch");
+    let name = "zc_pool_head_bce_backward_finish_f32";
+    let finish = launches(&gpu, &grads.bias, &log, name, true);
+    // One block row writes gw and gb itself; several leave partials to a finishing launch.
+    let one_row = backward[0].grid.1 == 1;
+    assert!(
+        !small || one_row,
+        "{what}: {:?}: one block row",
+        backward[0]
+    );
+    assert_eq!(
+        finish.len(),
+        usize::from(!one_row),
+        "{what}: finishing launches"
+    );
+    if small {
+        return;
+    }
     let elements = (batch * scales * width) as u64;
     assert!(
         threads(&backward[0]) * 8 >= elements,
@@ -127,7 +156,7 @@ fn bias_act_gives_every_column_and_row_a_thread(#[case] shape: &[usize], #[case]
     let bias = gpu.zeros(&[n]).unwrap();
     let out = gpu.bias_act(&x, &bias, Activation::Tanh).unwrap();
     let cols = if vec4 { n / 4 } else { n } as u64;
-    let config = launches(&gpu, &out, &log, "zc_bias_act_f32")[0];
+    let config = launches(&gpu, &out, &log, "zc_bias_act_f32", true)[0];
     assert!(
         u64::from(config.grid.0) * u64::from(config.block.0) >= cols,
         "{shape:?}: {config:?} does not give each of {cols} columns a thread"
@@ -147,7 +176,7 @@ fn bias_act_gives_every_column_and_row_a_thread(#[case] shape: &[usize], #[case]
         let flat = gpu.zeros(&[rows * n + 1]).unwrap();
         let shifted = flat.narrow(0, 1, rows * n).unwrap().reshape(shape).unwrap();
         let out = gpu.bias_act(&shifted, &bias, Activation::Tanh).unwrap();
-        let config = launches(&gpu, &out, &log, "zc_bias_act_f32")[0];
+        let config = launches(&gpu, &out, &log, "zc_bias_act_f32", true)[0];
         assert!(
             u64::from(config.grid.0) * u64::from(config.block.0) >= n as u64,
             "{shape:?} off 16 bytes: {config:?} does not give each float a thread"
