@@ -16,7 +16,7 @@ const BIAS_ACT_THREADS: u64 = 128;
 
 /// Whether the bias epilogue takes its float4 path: the kernel makes the same test.
 fn bias_act_vec4(n: usize, ptrs: [DevicePtr; 3]) -> bool {
-    n % 4 == 0 && ptrs.iter().all(|p| p.0 % 16 == 0)
+    n.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16))
 }
 
 /// The launch of the bias epilogue over `[rows, n]`: threads are (column, row) pairs, a
