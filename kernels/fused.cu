@@ -12,17 +12,38 @@
     for (u64 row = (u64)blockIdx.x * FUSED_WARPS + threadIdx.x / 32; row < (rows);         \
          row += (u64)gridDim.x * FUSED_WARPS)
 
-// out = act(x + bias) over dense [rows, n] with bias [n]: one 256-thread block per row tile of
-// 8 rows, threads striding the row (no per-element division).
+__device__ __forceinline__ float apply_act(float v, unsigned act) {
+    return act == ACT_TANH ? tanhf(v) : v;
+}
+
+// out = act(x + bias) over dense [rows, n] with bias [n]. Threads are (column, row) pairs:
+// x over columns, y over rows, both grid-strided, so each thread loads its bias element once
+// and no index is divided. When n is a multiple of 4 and all three pointers are 16-byte
+// aligned, a column is a float4 (one 16-byte load and store per thread and row); otherwise a
+// float. The host sizes the grid by the same test (cuda/fused.rs: bias_act_config).
 extern "C" __global__ void zc_bias_act_f32(float* out, const float* x, const float* bias,
                                            u64 rows, u64 n, unsigned act) {
-    for (u64 row = (u64)blockIdx.x * FUSED_WARPS + threadIdx.y; row < rows;
-         row += (u64)gridDim.x * FUSED_WARPS) {
-        const float* xr = x + row * n;
-        float* yr = out + row * n;
-        for (u64 j = threadIdx.x; j < n; j += 32) {
-            float v = xr[j] + bias[j];
-            yr[j] = act == ACT_TANH ? tanhf(v) : v;
+    const bool vec4 = (n % 4 == 0) && ((((u64)out | (u64)x | (u64)bias) & 15) == 0);
+    const u64 cols = vec4 ? n / 4 : n;
+    const u64 row0 = (u64)blockIdx.y * blockDim.y + threadIdx.y;
+    const u64 row_step = (u64)gridDim.y * blockDim.y;
+    for (u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+         c += (u64)gridDim.x * blockDim.x) {
+        if (vec4) {
+            const float4 b = reinterpret_cast<const float4*>(bias)[c];
+            for (u64 r = row0; r < rows; r += row_step) {
+                float4 v = reinterpret_cast<const float4*>(x + r * n)[c];
+                v.x = apply_act(v.x + b.x, act);
+                v.y = apply_act(v.y + b.y, act);
+                v.z = apply_act(v.z + b.z, act);
+                v.w = apply_act(v.w + b.w, act);
+                reinterpret_cast<float4*>(out + r * n)[c] = v;
+            }
+        } else {
+            const float b = bias[c];
+            for (u64 r = row0; r < rows; r += row_step) {
+                out[r * n + c] = apply_act(x[r * n + c] + b, act);
+            }
         }
     }
 }
@@ -115,85 +136,140 @@ __device__ __forceinline__ float bce_term(float x, float y) {
     return pos - x * y + log1pf(expf(-fabsf(x)));
 }
 
-// Mean-pool over S of h [B, S, D], the head (w [D], bias [1]) and the mean BCE against y [B]:
-// logits[b] = bias + (sum_j w[j] * sum_s h[b, s, j]) / S, loss[0] = mean_b bce(logits[b], y[b]).
-// One block of POOL_WARPS warps (1024 threads: the whole batch's h is read by one SM, so it
-// takes as many loads in flight as a block can hold); warp k takes samples k, k + 32, ...; the
-// per-warp loss sums are added in warp order.
-#define POOL_WARPS 32
-extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* logits, const float* h,
-                                                const float* w, const float* bias,
-                                                const float* y, u64 batch, u64 s, u64 d) {
+// Threads of every block of the pooled head's kernels (POOL_THREADS in cuda/fused.rs).
+#define POOL_THREADS 256
+#define POOL_WARPS (POOL_THREADS / 32)
+
+// The sum of one value per thread of a POOL_THREADS block in a fixed order (warp trees, then
+// the warp sums in warp order); the result is valid in thread tid 0 (tid: the linear thread
+// index). Every thread must call it.
+__device__ __forceinline__ float block_sum_fixed(float v, float* part, unsigned tid) {
+    v = warp_sum(v);
+    if (tid % 32 == 0) part[tid / 32] = v;
+    __syncthreads();
+    float total = 0.0f;
+    if (tid == 0) {
+        for (int k = 0; k < POOL_WARPS; ++k) total += part[k];
+    }
+    __syncthreads();
+    return total;
+}
+
+// Mean-pool over S of h [B, S, D], the head (w [D], bias [1]) and each sample's BCE term
+// against y [B]: logits[b] = bias + (sum_j w[j] * sum_s h[b, s, j]) / S and
+// terms[b] = bce(logits[b], y[b]). One block of POOL_THREADS per sample (grid-strided), its
+// threads over columns; zc_pool_head_bce_finish_f32 then takes the mean of the terms. A grid
+// of one block (the host's choice for small batches: one graph node fewer) takes the mean
+// itself into loss[0], exactly as the finishing kernel does.
+__device__ __forceinline__ void mean_of_terms(float* loss, const float* terms, u64 batch,
+                                              float* part) {
+    float acc = 0.0f;
+    for (u64 b = threadIdx.x; b < batch; b += POOL_THREADS) acc += terms[b];
+    float total = block_sum_fixed(acc, part, threadIdx.x);
+    if (threadIdx.x == 0) loss[0] = total / (float)batch;
+}
+
+extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* terms, float* logits,
+                                                const float* h, const float* w,
+                                                const float* bias, const float* y, u64 batch,
+                                                u64 s, u64 d) {
     __shared__ float part[POOL_WARPS];
-    const unsigned lane = threadIdx.x % 32;
-    const unsigned warp = threadIdx.x / 32;
-    float terms = 0.0f;
-    for (u64 b = warp; b < batch; b += POOL_WARPS) {
+    for (u64 b = blockIdx.x; b < batch; b += gridDim.x) {
         const float* hb = h + b * s * d;
         float acc = 0.0f;
-        for (u64 j = lane; j < d; j += 32) {
+        for (u64 j = threadIdx.x; j < d; j += POOL_THREADS) {
             float col = 0.0f;
             for (u64 i = 0; i < s; ++i) col += hb[i * d + j];
             acc += w[j] * col;
         }
-        float logit = warp_sum(acc) / (float)s + bias[0];
-        if (lane == 0) logits[b] = logit;
-        terms += bce_term(logit, y[b]);
+        float total = block_sum_fixed(acc, part, threadIdx.x);
+        if (threadIdx.x == 0) {
+            float logit = total / (float)s + bias[0];
+            logits[b] = logit;
+            terms[b] = bce_term(logit, y[b]);
+        }
     }
-    if (lane == 0) part[warp] = terms;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float total = 0.0f;
-        for (int k = 0; k < POOL_WARPS; ++k) total += part[k];
-        loss[0] = total / (float)batch;
+    // block_sum_fixed ended on a barrier: thread 0's terms are visible to the block.
+    if (gridDim.x == 1) mean_of_terms(loss, terms, batch, part);
+}
+
+// loss[0] = mean of terms[0..B] in a fixed order: one block of POOL_THREADS, thread t adding
+// terms t, t + POOL_THREADS, ... in order, then block_sum_fixed.
+extern "C" __global__ void zc_pool_head_bce_finish_f32(float* loss, const float* terms,
+                                                       u64 batch) {
+    __shared__ float part[POOL_WARPS];
+    mean_of_terms(loss, terms, batch, part);
+}
+
+// The backward of the pooled head from the loss gradient g[0], with
+// d_b = g (sigmoid(logits[b]) - y[b]) / B: gh[b, s, j] = d_b w[j] / S for every element, and
+// each block's share of gw[j] = sum_b d_b (sum_s h[b, s, j]) / S. Blocks of 32 x 8 threads:
+// x over 32 columns (grid-strided), y over the B * S rows of h, block row p (grid y) taking
+// rows p * 8 + ty, stepping gridDim.y * 8. The 8 row sums of a column are added in ty order
+// and written to partials[p, j]; zc_pool_head_bce_backward_finish_f32 adds them in p order.
+// With one block row (the host's choice for small batches: one graph node fewer) the
+// partials are gw itself, and block (0, 0) also writes gb[0] (same order as the finish).
+__device__ __forceinline__ float bias_grad_sum(const float* g, const float* logits,
+                                               const float* y, u64 batch, unsigned tid,
+                                               float* part) {
+    const float scale = g[0] / (float)batch;
+    float acc = 0.0f;
+    for (u64 b = tid; b < batch; b += POOL_THREADS) {
+        acc += (zc_sigmoid(logits[b]) - y[b]) * scale;
+    }
+    return block_sum_fixed(acc, part, tid);
+}
+
+extern "C" __global__ void zc_pool_head_bce_backward_f32(
+    float* gh, float* partials, float* gb, const float* g, const float* h, const float* w,
+    const float* logits, const float* y, u64 batch, u64 s, u64 d) {
+    __shared__ float part[FUSED_WARPS][32];
+    const float scale = g[0] / (float)batch;
+    const float inv_s = 1.0f / (float)s;
+    const u64 rows = batch * s;
+    for (u64 j0 = (u64)blockIdx.x * 32; j0 < d; j0 += (u64)gridDim.x * 32) {
+        const u64 j = j0 + threadIdx.x;
+        float acc = 0.0f;
+        if (j < d) {
+            const float wj = w[j];
+            for (u64 r = (u64)blockIdx.y * FUSED_WARPS + threadIdx.y; r < rows;
+                 r += (u64)gridDim.y * FUSED_WARPS) {
+                const u64 b = r / s;
+                const float db = (zc_sigmoid(logits[b]) - y[b]) * scale;
+                gh[r * d + j] = db * wj * inv_s;
+                acc += db * h[r * d + j];
+            }
+        }
+        part[threadIdx.y][threadIdx.x] = acc;
+        __syncthreads();
+        if (threadIdx.y == 0 && j < d) {
+            float total = 0.0f;
+            for (int k = 0; k < FUSED_WARPS; ++k) total += part[k][threadIdx.x];
+            partials[(u64)blockIdx.y * d + j] = total * inv_s;
+        }
+        __syncthreads();
+    }
+    if (gridDim.y == 1 && blockIdx.x == 0) {
+        __shared__ float bpart[POOL_WARPS];
+        const unsigned tid = threadIdx.y * 32 + threadIdx.x;
+        float total = bias_grad_sum(g, logits, y, batch, tid, bpart);
+        if (tid == 0) gb[0] = total;
     }
 }
 
-// The backward of zc_pool_head_bce_f32 from the loss gradient g[0]: with
-// d_b = g (sigmoid(logits[b]) - y[b]) / B, gh[b, s, j] = d_b w[j] / S,
-// gw[j] = sum_b d_b (sum_s h[b, s, j]) / S and gb[0] = sum_b d_b. Blocks of 32 x 8 threads:
-// x over 32 columns, y over samples; every block writes gh for its columns and its share of
-// samples (grid y); the blocks of grid row 0 also reduce gw for their columns over all samples
-// (8 partial sums per column, added in order) and block (0, 0) reduces gb.
-extern "C" __global__ void zc_pool_head_bce_backward_f32(
-    float* gh, float* gw, float* gb, const float* g, const float* h, const float* w,
-    const float* logits, const float* y, u64 batch, u64 s, u64 d) {
-    __shared__ float part[FUSED_WARPS][32];
-    const u64 j = (u64)blockIdx.x * 32 + threadIdx.x;
-    const float scale = g[0] / (float)batch;
-    const float inv_s = 1.0f / (float)s;
-    const float wj = j < d ? w[j] : 0.0f;
-    for (u64 b = (u64)blockIdx.y * FUSED_WARPS + threadIdx.y; b < batch;
-         b += (u64)gridDim.y * FUSED_WARPS) {
-        if (j >= d) break;
-        float db = (zc_sigmoid(logits[b]) - y[b]) * scale;
-        float v = db * wj * inv_s;
-        for (u64 i = 0; i < s; ++i) gh[(b * s + i) * d + j] = v;
-    }
-    if (blockIdx.y != 0) return;
-    float acc = 0.0f;
-    if (j < d) {
-        for (u64 b = threadIdx.y; b < batch; b += FUSED_WARPS) {
-            float db = (zc_sigmoid(logits[b]) - y[b]) * scale;
-            const float* hb = h + b * s * d;
-            float col = 0.0f;
-            for (u64 i = 0; i < s; ++i) col += hb[i * d + j];
-            acc += db * col * inv_s;
-        }
-    }
-    part[threadIdx.y][threadIdx.x] = acc;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < d) {
+// gw[j] = sum over p < parts of partials[p, j] in p order (threads over columns), and, in
+// block 0, gb[0] = sum_b d_b in a fixed order (block_sum_fixed). Blocks of POOL_THREADS.
+extern "C" __global__ void zc_pool_head_bce_backward_finish_f32(
+    float* gw, float* gb, const float* partials, const float* g, const float* logits,
+    const float* y, u64 batch, u64 parts, u64 d) {
+    __shared__ float part[POOL_WARPS];
+    for (u64 j = (u64)blockIdx.x * POOL_THREADS + threadIdx.x; j < d;
+         j += (u64)gridDim.x * POOL_THREADS) {
         float total = 0.0f;
-        for (int k = 0; k < FUSED_WARPS; ++k) total += part[k][threadIdx.x];
+        for (u64 p = 0; p < parts; ++p) total += partials[p * d + j];
         gw[j] = total;
     }
-    if (blockIdx.x == 0 && threadIdx.y == 1) {
-        float sb = 0.0f;
-        for (u64 b = threadIdx.x; b < batch; b += 32) {
-            sb += (zc_sigmoid(logits[b]) - y[b]) * scale;
-        }
-        sb = warp_sum(sb);
-        if (threadIdx.x == 0) gb[0] = sb;
-    }
+    if (blockIdx.x != 0) return;
+    float total = bias_grad_sum(g, logits, y, batch, threadIdx.x, part);
+    if (threadIdx.x == 0) gb[0] = total;
 }

@@ -11,44 +11,72 @@ use crate::fused::{Activation, AddLayerNormOut, PoolHeadBceGrads, PoolHeadBceOut
 use crate::validate;
 use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
-/// Rows per block of the bias epilogue (`FUSED_WARPS` in fused.cu): blocks of 32 x 8 threads.
-const ROWS_PER_BLOCK: u64 = 8;
+/// Threads per block of the bias epilogue.
+const BIAS_ACT_THREADS: u64 = 128;
 
-/// The launch of the bias epilogue: one row per 32-thread row of the block.
-fn bias_act_config(rows: usize) -> LaunchConfig {
+/// Whether the bias epilogue takes its float4 path: the kernel makes the same test.
+fn bias_act_vec4(n: usize, ptrs: [DevicePtr; 3]) -> bool {
+    n.is_multiple_of(4) && ptrs.iter().all(|p| p.0.is_multiple_of(16))
+}
+
+/// The launch of the bias epilogue over `[rows, n]`: threads are (column, row) pairs, a
+/// column being a float4 on the vector path. Blocks are `BIAS_ACT_THREADS` threads, as wide as
+/// the columns need (a power of two up to 128, so narrow matrices do not idle most lanes) and
+/// as tall as that leaves; grid x over column tiles, grid y over row tiles (both grid-strided
+/// past 65 535).
+fn bias_act_config(rows: usize, n: usize, vec4: bool) -> LaunchConfig {
+    let cols = if vec4 { n / 4 } else { n } as u64;
+    let width = cols.next_power_of_two().clamp(1, BIAS_ACT_THREADS);
+    let height = BIAS_ACT_THREADS / width;
     LaunchConfig {
         grid: (
-            (rows as u64).div_ceil(ROWS_PER_BLOCK).clamp(1, 65_535) as u32,
-            1,
+            cols.div_ceil(width).clamp(1, 65_535) as u32,
+            (rows as u64).div_ceil(height).clamp(1, 65_535) as u32,
             1,
         ),
-        block: (32, ROWS_PER_BLOCK as u32, 1),
+        block: (width as u32, height as u32, 1),
         shared_mem_bytes: 0,
     }
 }
 
-/// Threads of the pooled head's one block (`POOL_WARPS` warps in fused.cu).
-pub(crate) const POOL_THREADS: u32 = 1024;
+/// Threads of every block of the pooled head's kernels (`POOL_THREADS` in fused.cu).
+pub(crate) const POOL_THREADS: u32 = 256;
 
-/// The pooled head's forward: one block of [`POOL_THREADS`].
-fn pool_config() -> LaunchConfig {
+/// A one-dimensional launch of `blocks` blocks of [`POOL_THREADS`].
+fn pool_config(blocks: usize) -> LaunchConfig {
     LaunchConfig {
-        grid: (1, 1, 1),
+        grid: ((blocks as u64).clamp(1, 65_535) as u32, 1, 1),
         block: (POOL_THREADS, 1, 1),
         shared_mem_bytes: 0,
     }
 }
 
-/// The launch of the pooled head's backward: x over 32-column tiles, y over groups of 8
-/// samples.
-fn pool_backward_config(batch: usize, width: usize) -> LaunchConfig {
+/// Batches up to this size run the pooled head in one launch each way (one block for the
+/// forward, one block row for the backward): a graph node fewer each, and still a few us.
+pub(crate) const POOL_SMALL_BATCH: usize = 8;
+
+/// Rows of h (sample, scale) each thread of the pooled head's backward takes, about.
+const POOL_BACKWARD_ROWS_PER_THREAD: u64 = 4;
+
+/// The launch of the pooled head's backward over the `rows = B * S` rows of h: blocks of
+/// 32 x 8 threads, x over 32-column tiles, y over tiles of `8 * POOL_BACKWARD_ROWS_PER_THREAD`
+/// rows. Its grid's y is the number of partial rows of the head's weight gradient. A function
+/// of the shape only, so the reduction order is too.
+/// Small batches ([`POOL_SMALL_BATCH`]) take one block row.
+pub(crate) fn pool_backward_config(batch: usize, scales: usize, width: usize) -> LaunchConfig {
+    let rows = (batch as u64).saturating_mul(scales as u64);
+    let parts = if batch <= POOL_SMALL_BATCH {
+        1
+    } else {
+        rows.div_ceil(8 * POOL_BACKWARD_ROWS_PER_THREAD)
+    };
     LaunchConfig {
         grid: (
             (width as u64).div_ceil(32).clamp(1, 65_535) as u32,
-            (batch as u64).div_ceil(ROWS_PER_BLOCK).clamp(1, 1024) as u32,
+            parts.clamp(1, 65_535) as u32,
             1,
         ),
-        block: (32, ROWS_PER_BLOCK as u32, 1),
+        block: (32, 8, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -78,17 +106,14 @@ impl<D: Driver> CudaBackend<D> {
             return Ok(out);
         }
         let (xc, bc) = (self.dense(OP, x)?, self.dense(OP, bias)?);
-        let args: Args = [
-            ptr(self.ptr(OP, &out)?),
-            ptr(self.ptr(OP, &xc)?),
-            ptr(self.ptr(OP, &bc)?),
-            u64a(rows),
-            u64a(n),
-            KernelArg::U32(act_code(act)),
-        ]
-        .into_iter()
-        .collect();
-        self.launch(OP, Kernel::BiasAct, bias_act_config(rows), &args)?;
+        let ptrs = [self.ptr(OP, &out)?, self.ptr(OP, &xc)?, self.ptr(OP, &bc)?];
+        let config = bias_act_config(rows, n, bias_act_vec4(n, ptrs));
+        let args: Args = ptrs
+            .into_iter()
+            .map(ptr)
+            .chain([u64a(rows), u64a(n), KernelArg::U32(act_code(act))])
+            .collect();
+        self.launch(OP, Kernel::BiasAct, config, &args)?;
         Ok(out)
     }
 
@@ -225,14 +250,27 @@ impl<D: Driver> CudaBackend<D> {
             .collect::<Result<Vec<_>>>()?;
         let loss = self.alloc(OP, &[])?;
         let logits = self.alloc(OP, &[batch])?;
-        let mut args: Args = [ptr(self.ptr(OP, &loss)?), ptr(self.ptr(OP, &logits)?)]
+        // Each sample's BCE term, summed in a fixed order by the second launch.
+        let terms = self.alloc_temp(OP, &[batch])?;
+        let (loss_ptr, terms_ptr) = (self.ptr(OP, &loss)?, self.ptr(OP, &terms)?);
+        let mut args: Args = [loss_ptr, terms_ptr, self.ptr(OP, &logits)?]
             .into_iter()
+            .map(ptr)
             .collect();
         for t in &operands {
             args.push(ptr(self.ptr(OP, t)?));
         }
         args.extend([u64a(batch), u64a(scales), u64a(width)]);
-        self.launch(OP, Kernel::PoolHeadBce, pool_config(), &args)?;
+        // A small batch runs in one block, which then takes the mean itself.
+        let one_block = batch <= POOL_SMALL_BATCH;
+        let blocks = if one_block { 1 } else { batch };
+        self.launch(OP, Kernel::PoolHeadBce, pool_config(blocks), &args)?;
+        if !one_block {
+            let args: Args = [ptr(loss_ptr), ptr(terms_ptr), u64a(batch)]
+                .into_iter()
+                .collect();
+            self.launch(OP, Kernel::PoolHeadBceFinish, pool_config(1), &args)?;
+        }
         Ok(PoolHeadBceOut { loss, logits })
     }
 
@@ -254,17 +292,43 @@ impl<D: Driver> CudaBackend<D> {
         let gh = self.alloc(OP, h.shape())?;
         let gw = self.alloc(OP, &[1, width])?;
         let gb = self.alloc(OP, &[1])?;
-        let mut args: Args = [gh.clone(), gw.clone(), gb.clone()]
-            .iter()
-            .map(|t| self.ptr(OP, t).map(ptr))
-            .collect::<Result<Args>>()?;
-        for t in &operands {
-            args.push(ptr(self.ptr(OP, t)?));
-        }
         let scales = h.shape()[1];
-        args.extend([u64a(batch), u64a(scales), u64a(width)]);
-        let config = pool_backward_config(batch, width);
+        let config = pool_backward_config(batch, scales, width);
+        // One row of weight-gradient partials per block row of the first launch; with one
+        // block row, that row is gw and the kernel writes gb too (no second launch).
+        let parts = config.grid.1 as usize;
+        let partials = if parts == 1 {
+            gw.clone()
+        } else {
+            self.alloc_temp(OP, &[parts, width])?
+        };
+        let p = |t: &CudaTensor| self.ptr(OP, t).map(ptr);
+        let [og, oh, ow, ologits, oy] = [0, 1, 2, 3, 4].map(|i| &operands[i]);
+        let args: Args = [&gh, &partials, &gb, og, oh, ow, ologits, oy]
+            .into_iter()
+            .map(p)
+            .chain([Ok(u64a(batch)), Ok(u64a(scales)), Ok(u64a(width))])
+            .collect::<Result<Args>>()?;
         self.launch(OP, Kernel::PoolHeadBceBackward, config, &args)?;
+        if parts == 1 {
+            return Ok(PoolHeadBceGrads {
+                h: gh,
+                weight: gw,
+                bias: gb,
+            });
+        }
+        let args: Args = [&gw, &gb, &partials, og, ologits, oy]
+            .into_iter()
+            .map(p)
+            .chain([Ok(u64a(batch)), Ok(u64a(parts)), Ok(u64a(width))])
+            .collect::<Result<Args>>()?;
+        let blocks = width.div_ceil(POOL_THREADS as usize);
+        self.launch(
+            OP,
+            Kernel::PoolHeadBceBackwardFinish,
+            pool_config(blocks),
+            &args,
+        )?;
         Ok(PoolHeadBceGrads {
             h: gh,
             weight: gw,

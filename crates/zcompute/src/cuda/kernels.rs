@@ -99,6 +99,10 @@ pub enum Kernel {
     LayerNormBackwardAddRows,
     PoolHeadBce,
     PoolHeadBceBackward,
+    /// The second launches of the pooled head: the loss from the per-sample terms, and the
+    /// head's weight and bias gradients from the per-block partials (fixed-order sums).
+    PoolHeadBceFinish,
+    PoolHeadBceBackwardFinish,
     /// A row of a dense table, picked by an index in device memory (`indexed.cu`).
     GatherRow,
     /// A row written at an index in device memory, which it may then advance.
@@ -132,7 +136,7 @@ const ATTENTION_BACKWARD: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 40] = [
+    pub const ALL: [Kernel; 42] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -171,6 +175,8 @@ impl Kernel {
         Kernel::LayerNormBackwardAddRows,
         Kernel::PoolHeadBce,
         Kernel::PoolHeadBceBackward,
+        Kernel::PoolHeadBceFinish,
+        Kernel::PoolHeadBceBackwardFinish,
         Kernel::GatherRow,
         Kernel::ScatterRow,
     ];
@@ -296,13 +302,20 @@ impl Kernel {
             Kernel::PoolHeadBce => s(
                 5,
                 "zc_pool_head_bce_f32",
-                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
                 0,
             ),
             Kernel::PoolHeadBceBackward => s(
                 5,
                 "zc_pool_head_bce_backward_f32",
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                0,
+            ),
+            Kernel::PoolHeadBceFinish => s(5, "zc_pool_head_bce_finish_f32", &[Ptr, Ptr, U64], 0),
+            Kernel::PoolHeadBceBackwardFinish => s(
+                5,
+                "zc_pool_head_bce_backward_finish_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
                 0,
             ),
             Kernel::BceMean => s(2, "zc_bce_mean_f32", &[Ptr, Ptr, Ptr, U64], 0),

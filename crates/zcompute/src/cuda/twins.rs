@@ -74,6 +74,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormBackwardAddRows => fused::layer_norm_backward_add,
         Kernel::PoolHeadBce => fused::pool_head_bce,
         Kernel::PoolHeadBceBackward => fused::pool_head_bce_backward,
+        Kernel::PoolHeadBceFinish => fused::pool_head_bce_finish,
+        Kernel::PoolHeadBceBackwardFinish => fused::pool_head_bce_backward_finish,
         Kernel::GatherRow => indexed::gather_row,
         Kernel::ScatterRow => indexed::scatter_row,
     }

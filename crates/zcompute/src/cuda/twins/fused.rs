@@ -5,7 +5,7 @@
 
 use super::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::backend::Backend;
-use crate::cpu::{CpuBackend, fused};
+use crate::cpu::{CpuBackend, fused, math};
 use crate::cuda::kernels::Kernel;
 use crate::fused::Activation;
 use crate::tensor::CpuTensor;
@@ -43,7 +43,10 @@ pub(super) fn bias_act(
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    check_block_32x8(Kernel::BiasAct, config)?;
+    // The kernel grid-strides both axes, so any grid covers the matrix; its blocks are 2-D.
+    if config.block.2 != 1 {
+        return Err(bad(0, "zc_bias_act_f32 takes two-dimensional blocks"));
+    }
     let k = checked(Kernel::BiasAct, args)?;
     let (rows, n) = (k.u64(3)?, k.u64(4)?);
     let act = match k.u32(5)? {
@@ -142,30 +145,67 @@ fn pool_shape(k: &zdevice::sim::KernelArgs<'_>, first: usize) -> Result<[usize; 
     ])
 }
 
+/// The pooled head's kernels index their threads by [`POOL_THREADS`] (fixed-order sums over
+/// its warps), so they need exactly that block.
+fn check_pool_block(k: Kernel, config: &LaunchConfig) -> Result<(), KernelFault> {
+    let threads = crate::cuda::fused::POOL_THREADS;
+    if config.block == (threads, 1, 1) {
+        Ok(())
+    } else {
+        Err(bad(
+            0,
+            &format!("{} needs blocks of {threads} threads", k.spec().name),
+        ))
+    }
+}
+
+/// Writes `terms[b] = bce(logits[b], y[b])` and the logits, one block per sample, and with a
+/// grid of one block the loss too.
 pub(super) fn pool_head_bce(
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    // One block whose warps split the samples and whose warp sums make the loss.
-    let threads = crate::cuda::fused::POOL_THREADS;
-    if config.grid != (1, 1, 1) || config.block != (threads, 1, 1) {
-        return Err(bad(
-            0,
-            &format!("zc_pool_head_bce_f32 runs as one block of {threads} threads"),
-        ));
-    }
+    check_pool_block(Kernel::PoolHeadBce, config)?;
     let k = checked(Kernel::PoolHeadBce, args)?;
-    let [b, s, d] = pool_shape(&k, 6)?;
-    let h = tensor(mem, k.ptr(2)?, &[b, s, d])?;
-    let w = tensor(mem, k.ptr(3)?, &[1, d])?;
-    let bias = tensor(mem, k.ptr(4)?, &[1])?;
-    let y = tensor(mem, k.ptr(5)?, &[b])?;
+    let [b, s, d] = pool_shape(&k, 7)?;
+    let h = tensor(mem, k.ptr(3)?, &[b, s, d])?;
+    let w = tensor(mem, k.ptr(4)?, &[1, d])?;
+    let bias = tensor(mem, k.ptr(5)?, &[1])?;
+    let y = tensor(mem, k.ptr(6)?, &[b])?;
     let r = fused::pool_head_bce(&h, &w, &bias, &y).map_err(cpu_err)?;
-    mem.write_f32(k.ptr(0)?, &r.loss.to_vec())?;
-    mem.write_f32(k.ptr(1)?, &r.logits.to_vec())
+    let logits = r.logits.to_vec();
+    let terms: Vec<f32> = logits
+        .iter()
+        .zip(y.to_vec())
+        .map(|(&x, t)| math::bce_with_logits(x, t))
+        .collect();
+    mem.write_f32(k.ptr(1)?, &terms)?;
+    mem.write_f32(k.ptr(2)?, &logits)?;
+    // A grid of one block takes the mean itself.
+    if config.grid == (1, 1, 1) {
+        mem.write_f32(k.ptr(0)?, &r.loss.to_vec())?;
+    }
+    Ok(())
 }
 
+/// `loss[0]` = the mean of the per-sample terms.
+pub(super) fn pool_head_bce_finish(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    check_pool_block(Kernel::PoolHeadBceFinish, config)?;
+    let k = checked(Kernel::PoolHeadBceFinish, args)?;
+    let batch = k.u64(2)?;
+    let terms = mem.read_f32(k.ptr(1)?, batch)?;
+    let loss = math::pairwise_sum(&terms) / batch as f32;
+    mem.write_f32(k.ptr(0)?, &[loss])
+}
+
+/// Writes every element of gh and one row of weight-gradient partials per block row of the
+/// grid, each over the rows of h the kernel gives that block row (`p * 8 + ty`, stepping
+/// `grid.y * 8`), so the finishing twin sees what the kernel leaves; with one block row, gb.
 pub(super) fn pool_head_bce_backward(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -175,13 +215,6 @@ pub(super) fn pool_head_bce_backward(
     check_block_32x8(kernel, config)?;
     let k = checked(kernel, args)?;
     let [b, s, d] = pool_shape(&k, 8)?;
-    // Only the blocks of grid row 0 reduce the weight gradient, one 32-column tile each.
-    if u64::from(config.grid.0) * 32 < d as u64 {
-        return Err(bad(
-            10,
-            "the grid's x does not cover every column of the head",
-        ));
-    }
     let g = tensor(mem, k.ptr(3)?, &[])?;
     let h = tensor(mem, k.ptr(4)?, &[b, s, d])?;
     let w = tensor(mem, k.ptr(5)?, &[1, d])?;
@@ -189,6 +222,67 @@ pub(super) fn pool_head_bce_backward(
     let y = tensor(mem, k.ptr(7)?, &[b])?;
     let r = fused::pool_head_bce_backward(&g, &h, &w, &logits, &y).map_err(cpu_err)?;
     mem.write_f32(k.ptr(0)?, &r.h.to_vec())?;
-    mem.write_f32(k.ptr(1)?, &r.weight.to_vec())?;
-    mem.write_f32(k.ptr(2)?, &r.bias.to_vec())
+    let scale = g.to_vec()[0] / b as f32;
+    let inv_s = 1.0 / s as f32;
+    let db: Vec<f32> = logits
+        .to_vec()
+        .into_iter()
+        .zip(y.to_vec())
+        .map(|(l, t)| (math::sigmoid(l) - t) * scale)
+        .collect();
+    let (hv, parts, step) = (
+        h.to_vec(),
+        config.grid.1 as usize,
+        config.grid.1 as usize * 8,
+    );
+    let mut partials = vec![0.0f32; parts * d];
+    for (p, row) in partials.chunks_mut(d.max(1)).enumerate() {
+        for (j, out) in row.iter_mut().enumerate() {
+            let mut total = 0.0f32;
+            for ty in 0..8 {
+                let mut acc = 0.0f32;
+                for r in (p * 8 + ty..b * s).step_by(step) {
+                    acc += db[r / s] * hv[r * d + j];
+                }
+                total += acc;
+            }
+            *out = total * inv_s;
+        }
+    }
+    mem.write_f32(k.ptr(1)?, &partials)?;
+    // One block row: its partials are gw, and it writes gb.
+    if parts == 1 {
+        mem.write_f32(k.ptr(2)?, &r.bias.to_vec())?;
+    }
+    Ok(())
+}
+
+/// `gw[j]` = the sum of the partials' column j, `gb[0]` = the sum of `d_b`.
+pub(super) fn pool_head_bce_backward_finish(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let kernel = Kernel::PoolHeadBceBackwardFinish;
+    check_pool_block(kernel, config)?;
+    let k = checked(kernel, args)?;
+    let (b, parts, d) = (k.u64(6)?, k.u64(7)?, k.u64(8)?);
+    let d_us = usize_of(d, 8)?;
+    let partials = mem.read_f32(k.ptr(2)?, parts.saturating_mul(d))?;
+    let mut gw = vec![0.0f32; d_us];
+    for row in partials.chunks(d_us.max(1)) {
+        for (acc, v) in gw.iter_mut().zip(row) {
+            *acc += v;
+        }
+    }
+    let scale = mem.read_f32(k.ptr(3)?, 1)?[0] / b as f32;
+    let logits = mem.read_f32(k.ptr(4)?, b)?;
+    let y = mem.read_f32(k.ptr(5)?, b)?;
+    let db: Vec<f32> = logits
+        .into_iter()
+        .zip(y)
+        .map(|(l, t)| (math::sigmoid(l) - t) * scale)
+        .collect();
+    mem.write_f32(k.ptr(0)?, &gw)?;
+    mem.write_f32(k.ptr(1)?, &[math::pairwise_sum(&db)])
 }

@@ -1,8 +1,10 @@
 //! The fused ops (`zcompute::fused`) on a CUDA backend against the CPU backend in f64, poison
 //! on (an element a kernel forgets to write reads NaN): the same f32-rounded inputs on both, per
-//! tensor ||ours - f64|| / ||f64|| within 1e-5, at odd widths (1, 5, 24, 37, 256, 1025), S in
-//! {1, 12, 17}, and through views. The `mock` suite runs on the simulated device, the `gpu`
-//! suite (feature `gpu`) on CUDA device 0. Two runs on one backend are bitwise equal.
+//! tensor ||ours - f64|| / ||f64|| within 1e-5, at odd widths (1, 3, 5, 24, 37, 256, 1025), S
+//! in {1, 12, 17}, batches of one to several blocks (1, 3, 33, 256, 301 samples; 3072 and more
+//! rows of h), through views and off 16-byte alignment (the bias epilogue's scalar path). The
+//! `mock` suite runs on the simulated device, the `gpu` suite (feature `gpu`) on CUDA device 0.
+//! Two runs on one backend are bitwise equal.
 
 use crate::common::{rel_err, uniform};
 use zcompute::{Activation, Backend, CpuBackend, CpuTensor, CudaBackend, CudaTensor};
@@ -63,6 +65,21 @@ pub fn bias_act<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], act: Activatio
     );
     let again = gpu.bias_act(&x, &b, act).expect("again");
     assert_eq!(gpu.download(&ours).unwrap(), gpu.download(&again).unwrap());
+    if !view {
+        // x one float past a 16-byte boundary: the kernel's scalar path at any width.
+        let mut flat = vec![0.0f32];
+        flat.extend(gpu.download(&x).unwrap());
+        let numel = flat.len() - 1;
+        let flat = gpu.upload(&flat, &[numel + 1]).expect("upload");
+        let shifted = flat.narrow(0, 1, numel).unwrap().reshape(shape).unwrap();
+        let ours = gpu.bias_act(&shifted, &b, act).expect("shifted");
+        close(
+            &format!("bias_act {shape:?} {act:?} shifted"),
+            gpu,
+            &ours,
+            &want,
+        );
+    }
 
     let (g, gc) = pair(gpu, shape, 3, (-1.0, 1.0), view);
     let y = gpu.bias_act(&x, &b, Activation::Tanh).expect("tanh");
@@ -193,8 +210,11 @@ macro_rules! fused_suite {
 
         #[rstest]
         fn bias_act(
-            #[values(&[1, 1][..], &[12, 5], &[17, 24], &[3, 12, 37], &[12, 256], &[7, 1025])]
-                                                    shape: &[usize],
+            #[values(
+                        &[1, 1][..], &[12, 5], &[17, 24], &[3, 12, 37], &[12, 256], &[7, 1025],
+                        &[12, 1024], &[257, 1028], &[300, 3]
+                    )]
+            shape: &[usize],
             #[values(Activation::Identity, Activation::Tanh)] act: Activation,
             #[values(false, true)] view: bool,
         ) {
@@ -212,7 +232,7 @@ macro_rules! fused_suite {
 
         #[rstest]
         fn pool_head_bce(
-            #[values(1, 3, 33)] batch: usize,
+            #[values(1, 3, 33, 256, 301)] batch: usize,
             #[values(1, 12, 17)] scales: usize,
             #[values(5, 24, 256)] width: usize,
         ) {

@@ -11,6 +11,7 @@ mod chain;
 pub mod errors;
 pub mod flat_bodies;
 mod fused;
+mod fused_launch;
 mod indexed;
 #[macro_use]
 mod suite;
