@@ -154,7 +154,10 @@ fn rank_main(env: &LaunchEnv, iters: usize) -> Result<(), Error> {
     let info = env.info;
     let gpu = open_gpu(u32::try_from(info.local_rank)?)?;
     let comm: Option<Comm> = if info.world > 1 {
-        let master = env.master.as_ref().ok_or("MASTER_ADDR/MASTER_PORT are not set")?;
+        let master = env
+            .master
+            .as_ref()
+            .ok_or("MASTER_ADDR/MASTER_PORT are not set")?;
         let id = rendezvous::exchange_id(
             master,
             info,

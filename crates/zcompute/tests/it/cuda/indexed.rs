@@ -58,8 +58,16 @@ pub fn gather_and_scatter_match_the_cpu<D: Driver>(b: &CudaBackend<D>) {
     for at in [0.0f32, 3.0, 4.0, 5.0, -1.0, 0.5, f32::NAN, f32::INFINITY] {
         let (row, written, index) = rows_at(b, at);
         let (row_cpu, written_cpu, index_cpu) = rows_at(&CPU, at);
-        assert_eq!(nan_as_one(&row), nan_as_one(&row_cpu), "gathered row at {at}");
-        assert_eq!(nan_as_one(&written), nan_as_one(&written_cpu), "table at {at}");
+        assert_eq!(
+            nan_as_one(&row),
+            nan_as_one(&row_cpu),
+            "gathered row at {at}"
+        );
+        assert_eq!(
+            nan_as_one(&written),
+            nan_as_one(&written_cpu),
+            "table at {at}"
+        );
         assert_eq!(nan_as_one(&index), nan_as_one(&index_cpu), "index at {at}");
         let valid = (0.0..5.0).contains(&at) && at.fract() == 0.0;
         if valid {
