@@ -20,6 +20,8 @@
 //! and the all-reduce of the flat gradient buffer alone (`allreduce_ms`, events around it).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+// Shared with xasset_bench, which uses every helper; this bench uses some.
+#[allow(dead_code)]
 #[path = "xasset_bench/timing.rs"]
 mod timing;
 
