@@ -73,9 +73,9 @@ pub fn launch_ranks(options: &Options, ranks: usize, stop: &dyn Fn() -> bool) ->
         program: program.into_os_string(),
         args: std::env::args_os().skip(1).collect(),
         ranks,
-        // The failed rank's peers get the time to report their own errors first (bounded: a
-        // rank stuck in the rendezvous with a long --comm-timeout is killed sooner).
-        grace: comm_timeout(options)?.min(Duration::from_secs(10)) + Duration::from_secs(2),
+        // The failed rank's peers get the time to report their own errors first: each wait of
+        // theirs ends at --comm-timeout (the device deadline of a rank), plus a margin to print.
+        grace: comm_timeout(options)? + Duration::from_secs(5),
     };
     Ok(launch(&spec, stop)?)
 }

@@ -106,7 +106,12 @@ pub fn run(
         (options, out, show_bar)
     };
     let config = options.config()?;
-    let engine = options.arena.engine_config()?;
+    let mut engine = options.arena.engine_config()?;
+    if env.info.world > 1 {
+        // A rank's every wait, a collective whose peer died included, ends at --comm-timeout
+        // with a typed error of its own (the device's default deadline may be longer).
+        engine = engine.sync_deadline(crate::distributed::comm_timeout(options)?);
+    }
     check_files(options)?;
     let estimate = Estimate::of(&config)?;
     let mut sim_arena = 0;
@@ -343,7 +348,20 @@ fn train<B: TrainBackend + MemorySource>(
             let chunk = &order[start..(start + config.batch).min(n_train)];
             let (x, y) = train_set.gather(chunk);
             let t0 = Instant::now();
-            let report = learner.train_batch(&x, &y, chunk.len())?;
+            let report = learner.train_batch(&x, &y, chunk.len()).map_err(|e| {
+                let e = TrainError::from(e);
+                if ctx.world > 1 {
+                    // Said now: tearing the rank down after a dead peer may wait on the device
+                    // up to its deadline, and the launcher may take the rank down first.
+                    tracing::error!(
+                        target: "ztrain.rank",
+                        rank = ctx.rank,
+                        error = %crate::error::report(&e),
+                        "training stopped"
+                    );
+                }
+                e
+            })?;
             training.add(chunk.len(), t0.elapsed());
             tally.add(Tally::of(chunk.len(), report.loss, 0.0));
             progress.step = report.step;

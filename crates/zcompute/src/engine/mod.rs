@@ -50,7 +50,10 @@ impl Engine {
     /// compares itself with). No driver library or no such device:
     /// [`ComputeError::DeviceUnavailable`].
     pub fn gpu_info(ordinal: u32) -> Result<(String, u64)> {
-        let device = open_cuda(ordinal)?;
+        let device = open_cuda(DeviceConfig {
+            ordinal,
+            ..DeviceConfig::default()
+        })?;
         let info = device.info();
         Ok((info.name.clone(), info.total_memory))
     }
@@ -65,7 +68,7 @@ impl Engine {
 impl EngineConfig {
     /// The CUDA backend over the real driver on GPU `ordinal`, its arena sized by `self`.
     pub fn cuda(&self, ordinal: u32) -> Result<CudaBackend<CudaDriver>> {
-        self.on_device(open_cuda(ordinal)?)
+        self.on_device(open_cuda(self.device_config(ordinal))?)
     }
 
     /// The CUDA backend over a simulated driver of `capacity` bytes, twins registered.
@@ -76,8 +79,8 @@ impl EngineConfig {
     /// The CUDA backend over `sim` (any [`SimConfig`]: fault plans, clocks), twins registered.
     pub fn sim_driver(&self, sim: SimDriver) -> Result<CudaBackend<SimDriver>> {
         twins::register(&sim);
-        let device = Device::open(sim, DeviceConfig::default())
-            .map_err(|e| device_error("Engine::sim", e))?;
+        let device =
+            Device::open(sim, self.device_config(0)).map_err(|e| device_error("Engine::sim", e))?;
         self.on_device(device)
     }
 
@@ -97,14 +100,11 @@ impl EngineConfig {
     }
 }
 
-/// Opens GPU `ordinal` over the real driver.
-fn open_cuda(ordinal: u32) -> Result<Device<CudaDriver>> {
+/// Opens the GPU `config.ordinal` names over the real driver.
+fn open_cuda(config: DeviceConfig) -> Result<Device<CudaDriver>> {
+    let ordinal = config.ordinal;
     let unavailable = |reason: String| ComputeError::DeviceUnavailable { ordinal, reason };
     let driver = CudaDriver::load().map_err(|e| unavailable(e.to_string()))?;
-    let config = DeviceConfig {
-        ordinal,
-        ..DeviceConfig::default()
-    };
     Device::open(driver, config).map_err(|e| unavailable(e.to_string()))
 }
 

@@ -95,6 +95,9 @@ pub struct EngineConfig {
     poison: Option<bool>,
     timeline_events: Option<usize>,
     sanitize: Option<bool>,
+    /// The device's deadline on every wait (`DeviceConfig::sync_deadline`) for the devices
+    /// this config opens (`cuda`, `sim`); `None` keeps zdevice's default.
+    sync_deadline: Option<std::time::Duration>,
     labels: Labels,
 }
 
@@ -136,7 +139,27 @@ impl EngineConfig {
             poison: None,
             timeline_events: None,
             sanitize: None,
+            sync_deadline: None,
             labels: ArenaSetting::method,
+        }
+    }
+
+    /// The deadline of every wait of the devices this config opens (`cuda`, `sim`; a device
+    /// passed to `on_device` keeps its own): a data-parallel rank sets its communicator's
+    /// timeout here, so a collective whose peer died ends with a typed `Timeout` in time.
+    #[must_use]
+    pub fn sync_deadline(mut self, deadline: std::time::Duration) -> Self {
+        self.sync_deadline = Some(deadline);
+        self
+    }
+
+    /// The device settings `cuda` and `sim` open devices with (`ordinal` and the deadline).
+    pub(crate) fn device_config(&self, ordinal: u32) -> zdevice::DeviceConfig {
+        let base = zdevice::DeviceConfig::default();
+        zdevice::DeviceConfig {
+            ordinal,
+            sync_deadline: self.sync_deadline.unwrap_or(base.sync_deadline),
+            ..base
         }
     }
 
