@@ -106,13 +106,14 @@ mod mock {
     use crate::common::{Size, TINY, mock};
     use zmem::ArenaConfig;
     const SIZE: Size = Size { batches: 3, ..TINY };
-    /// 64 KiB in 16 KiB segments: less than one tiny step needs (parameters, moments and
-    /// gradients alone take about half of it).
+    /// 40 KiB in 8 KiB segments: less than one tiny step needs (the flat parameters, moments
+    /// and gradients alone take 26 KiB, saved tensors 8 KiB, scratch 8.5 KiB at the peak; a
+    /// 64 KiB arena held a whole step once the flat buffers and fused kernels landed).
     fn backend() -> zcompute::CudaBackend<zdevice::SimDriver> {
         mock(ArenaConfig {
-            initial_bytes: 16 << 10,
-            segment_bytes: 16 << 10,
-            cap_bytes: Some(64 << 10),
+            initial_bytes: 8 << 10,
+            segment_bytes: 8 << 10,
+            cap_bytes: Some(40 << 10),
             overflow_reserve_bytes: 8 << 20,
             poison: true,
             timeline_events: 1024,

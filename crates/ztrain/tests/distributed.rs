@@ -23,9 +23,11 @@ fn summary(stdout: &str) -> String {
         "one summary (rank 0 alone prints):\n{stdout}"
     );
     // "summary: 20 steps in 4.6 s; train loss ...; validation ...; peak ...": the numbers.
+    // The throughput ("N samples trained at R samples/s") is a timing: left out.
     lines[0]
         .split("; ")
         .skip(1)
+        .filter(|part| !part.contains("samples/s"))
         .take(2)
         .collect::<Vec<_>>()
         .join("; ")
