@@ -38,6 +38,29 @@ pub(super) fn sum_rows_to<B: Backend<T>, T: Element>(
     }
 }
 
+/// A LayerNorm's weight and bias gradients: column sums of `g * xhat` (when computed) and of
+/// the output gradient `g` (when the bias needs one), each added into the tape's buffer `into`
+/// names at `at` (weight) and `at + 1` (bias) when it gave one.
+pub(super) fn layer_norm_param_grads<B: Backend<T>, T: Element>(
+    b: &B,
+    g_xhat: Option<BTensor<B, T>>,
+    g: &BTensor<B, T>,
+    bias_needed: bool,
+    into: &[Option<&BTensor<B, T>>],
+    at: usize,
+) -> Result<[Option<BTensor<B, T>>; 2]> {
+    let gw = match g_xhat {
+        Some(t) => sum_rows_to(b, &t, into_at(into, at))?,
+        None => None,
+    };
+    let gb = if bias_needed {
+        sum_rows_to(b, g, into_at(into, at + 1))?
+    } else {
+        None
+    };
+    Ok([gw, gb])
+}
+
 /// The tape's buffer for input `i`, if it gave one.
 pub(super) fn into_at<'a, X>(into: &[Option<&'a X>], i: usize) -> Option<&'a X> {
     into.get(i).copied().flatten()
@@ -134,15 +157,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> 
             weight,
             [self.needs[0], self.needs[1]],
         )?;
-        let gw = match grads.g_xhat {
-            Some(t) => sum_rows_to(b, &t, into_at(into, 2))?,
-            None => None,
-        };
-        let gb = if self.needs[2] {
-            sum_rows_to(b, g_y, into_at(into, 3))?
-        } else {
-            None
-        };
+        let [gw, gb] = layer_norm_param_grads(b, grads.g_xhat, g_y, self.needs[2], into, 2)?;
         Ok(vec![grads.input.clone(), grads.input, gw, gb])
     }
 }

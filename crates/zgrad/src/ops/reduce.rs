@@ -1,6 +1,6 @@
 //! Reductions over an axis, softmax and LayerNorm over the last axis, with their backward.
 
-use super::fused::{into_at, sum_rows_to};
+use super::fused::layer_norm_param_grads;
 use super::{only, positive_mask};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
@@ -122,17 +122,8 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
             weight,
             [self.needs[0], self.needs[1]],
         )?;
-        let gx = grads.input;
-        let gw = match grads.g_xhat {
-            Some(t) => sum_rows_to(b, &t, into_at(into, 1))?,
-            None => None,
-        };
-        let gb = if self.needs[2] {
-            sum_rows_to(b, g, into_at(into, 2))?
-        } else {
-            None
-        };
-        Ok(vec![gx, gw, gb])
+        let [gw, gb] = layer_norm_param_grads(b, grads.g_xhat, g, self.needs[2], into, 1)?;
+        Ok(vec![grads.input, gw, gb])
     }
 }
 
