@@ -476,6 +476,35 @@ pub trait Backend<T: Element> {
         crate::fused::bias_act(self, x, bias, act)
     }
 
+    /// A Linear layer's forward, `act(x · wᵀ + bias)` for `x [rows, in]`, `w [out, in]` and
+    /// `bias [out]`. The provided body is [`Backend::matmul`] then [`Backend::bias_act`]; the
+    /// CUDA backend runs few rows (one sample's scales) as one kernel with the epilogue inside.
+    fn linear(
+        &self,
+        x: &BTensor<Self, T>,
+        w: &BTensor<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: crate::fused::Activation,
+    ) -> Result<BTensor<Self, T>> {
+        crate::linear::linear(self, x, w, bias, act)
+    }
+
+    /// A Linear layer's parameter gradients added into their buffers, from the gradient of its
+    /// output before the activation `g [rows, out]` and its input `x [rows, in]`:
+    /// `dw += gᵀ · x` (`dw [out, in]`) and, when given, `db += Σ_rows g` (`db [out]`). The
+    /// buffers must be writable and share no memory with `g`, `x` or each other. The provided
+    /// body is [`Backend::matmul_into`] then [`Backend::sum_rows_into`]; the CUDA backend does
+    /// both in one kernel when the rows are few.
+    fn linear_param_grads_into(
+        &self,
+        g: &BTensor<Self, T>,
+        x: &BTensor<Self, T>,
+        dw: &BTensor<Self, T>,
+        db: Option<&BTensor<Self, T>>,
+    ) -> Result<()> {
+        crate::linear::linear_param_grads_into(self, g, x, dw, db)
+    }
+
     /// Tanh's backward from its output: `g * (1 - y²)`.
     fn tanh_backward(
         &self,

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod fused;
 pub mod layout;
+mod linear;
 pub mod storage;
 pub mod tensor;
 mod validate;

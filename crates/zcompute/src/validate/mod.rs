@@ -24,6 +24,7 @@ mod attention;
 mod flat;
 mod fused;
 mod indexed;
+mod linear;
 mod ops;
 
 pub(crate) use accumulate::*;
@@ -31,6 +32,7 @@ pub(crate) use attention::*;
 pub(crate) use flat::*;
 pub(crate) use fused::*;
 pub(crate) use indexed::indexed_row;
+pub(crate) use linear::*;
 pub(crate) use ops::*;
 
 use crate::element::Element;

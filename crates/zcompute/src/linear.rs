@@ -1,0 +1,47 @@
+//! A Linear layer's fused ops as composites of the op set: the provided bodies of
+//! [`Backend::linear`] and [`Backend::linear_param_grads_into`], which a device backend
+//! replaces by fewer kernels where the shapes allow (the CUDA backend, for few rows).
+
+use crate::backend::{Backend, MatmulOpts};
+use crate::element::Element;
+use crate::error::Result;
+use crate::fused::Activation;
+use crate::tensor::Tensor;
+use crate::validate;
+
+/// `act(x · wᵀ + bias)`: the product, then the bias epilogue.
+pub(crate) fn linear<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    x: &Tensor<B::Storage>,
+    w: &Tensor<B::Storage>,
+    bias: &Tensor<B::Storage>,
+    act: Activation,
+) -> Result<Tensor<B::Storage>> {
+    validate::linear(x, w, bias)?;
+    let opts = MatmulOpts {
+        trans_a: false,
+        trans_b: true,
+    };
+    b.bias_act(&b.matmul(x, w, opts)?, bias, act)
+}
+
+/// `dw += gᵀ · x`, then `db += Σ_rows g` when a bias buffer is given. Validated whole first,
+/// so a bad `db` leaves `dw` untouched.
+pub(crate) fn linear_param_grads_into<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    g: &Tensor<B::Storage>,
+    x: &Tensor<B::Storage>,
+    dw: &Tensor<B::Storage>,
+    db: Option<&Tensor<B::Storage>>,
+) -> Result<()> {
+    validate::linear_param_grads_into(g, x, dw, db)?;
+    let opts = MatmulOpts {
+        trans_a: true,
+        trans_b: false,
+    };
+    b.matmul_into(g, x, opts, dw)?;
+    if let Some(db) = db {
+        b.sum_rows_into(g, db)?;
+    }
+    Ok(())
+}
