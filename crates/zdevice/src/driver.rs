@@ -231,6 +231,21 @@ pub trait Driver: Send + Sync + 'static {
     fn host_read(&self, src: HostPtr, dst: &mut [u8]) -> DriverResult<()>;
     /// Writes `src` into page-locked host memory at `dst` (no driver call; host memory).
     fn host_write(&self, dst: HostPtr, src: &[u8]) -> DriverResult<()>;
+    /// Lends `words` f32 of page-locked host memory at `ptr` to `f` as one mutable slice, so
+    /// that the caller fills (or reads) it in place (no driver call; host memory). Refused with
+    /// `InvalidArgument` when the range is not inside one live page-locked allocation, is not
+    /// 4-byte aligned, or its allocation is lent already; while it is lent, `host_read`,
+    /// `host_write`, host copies and `mem_free_host` of that allocation are refused. The caller
+    /// makes sure no transfer uses the range meanwhile ([`Device::pinned_f32_mut`] waits for
+    /// the last one first).
+    ///
+    /// [`Device::pinned_f32_mut`]: crate::Device::pinned_f32_mut
+    fn host_lend_f32(
+        &self,
+        ptr: HostPtr,
+        words: usize,
+        f: &mut dyn FnMut(&mut [f32]),
+    ) -> DriverResult<()>;
     /// `cuMemAllocAsync` from the device's default pool.
     fn mem_alloc_async(&self, bytes: u64, stream: Stream) -> DriverResult<DevicePtr>;
     /// `cuMemFreeAsync`.

@@ -336,6 +336,7 @@ impl Driver for CudaDriver {
         // The map stays locked across the free so that no host_read/host_write can be copying
         // from this allocation while it goes away.
         let mut map = self.host_map();
+        self.refuse_lent(&map, "cuMemFreeHost", p)?;
         // SAFETY: the driver validates the address; the status is checked.
         check("cuMemFreeHost", unsafe {
             self.cu.cuMemFreeHost(p.0 as *mut c_void)
@@ -347,6 +348,7 @@ impl Driver for CudaDriver {
     fn host_read(&self, src: HostPtr, dst: &mut [u8]) -> DriverResult<()> {
         let map = self.host_map();
         let from = Self::host_range(&map, "host_read", src, dst.len())?;
+        self.refuse_lent(&map, "host_read", src)?;
         // SAFETY: `from..from+len` lies inside a live page-locked allocation (checked above; the
         // lock keeps it from being freed meanwhile), and `dst` is a distinct Rust buffer.
         unsafe { ptr::copy_nonoverlapping(from, dst.as_mut_ptr(), dst.len()) };
@@ -356,9 +358,19 @@ impl Driver for CudaDriver {
     fn host_write(&self, dst: HostPtr, src: &[u8]) -> DriverResult<()> {
         let map = self.host_map();
         let to = Self::host_range(&map, "host_write", dst, src.len())?;
+        self.refuse_lent(&map, "host_write", dst)?;
         // SAFETY: as in host_read, with the roles swapped.
         unsafe { ptr::copy_nonoverlapping(src.as_ptr(), to, src.len()) };
         Ok(())
+    }
+
+    fn host_lend_f32(
+        &self,
+        ptr: HostPtr,
+        words: usize,
+        f: &mut dyn FnMut(&mut [f32]),
+    ) -> DriverResult<()> {
+        self.lend_f32(ptr, words, f)
     }
 
     fn mem_alloc_async(&self, bytes: u64, s: Stream) -> DriverResult<DevicePtr> {
@@ -567,7 +579,11 @@ impl Driver for CudaDriver {
         s: Stream,
     ) -> DriverResult<()> {
         let n = size("cuMemcpyHtoDAsync_v2", bytes)?;
-        let from = Self::host_range(&self.host_map(), "cuMemcpyHtoDAsync_v2", src, n)?;
+        let from = {
+            let map = self.host_map();
+            self.refuse_lent(&map, "cuMemcpyHtoDAsync_v2", src)?;
+            Self::host_range(&map, "cuMemcpyHtoDAsync_v2", src, n)?
+        };
         self.bind()?;
         // SAFETY: `src..src+n` is inside a live page-locked allocation (checked); the caller
         // keeps it alive and unmodified until the copy has run (this function's contract).
@@ -585,7 +601,11 @@ impl Driver for CudaDriver {
         s: Stream,
     ) -> DriverResult<()> {
         let n = size("cuMemcpyDtoHAsync_v2", bytes)?;
-        let to = Self::host_range(&self.host_map(), "cuMemcpyDtoHAsync_v2", dst, n)?;
+        let to = {
+            let map = self.host_map();
+            self.refuse_lent(&map, "cuMemcpyDtoHAsync_v2", dst)?;
+            Self::host_range(&map, "cuMemcpyDtoHAsync_v2", dst, n)?
+        };
         self.bind()?;
         // SAFETY: `dst..dst+n` is inside a live page-locked allocation (checked); the caller
         // neither reads nor frees it until the copy has run (this function's contract).

@@ -9,10 +9,11 @@
 mod args;
 mod blas;
 mod driver_impl;
+mod lend;
 pub mod nccl;
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::c_void;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +47,8 @@ pub struct CudaDriver {
     retained: Mutex<BTreeMap<u32, u64>>,
     /// Page-locked allocations: base address → length, to bound `host_read`/`host_write`.
     host: Mutex<BTreeMap<u64, usize>>,
+    /// Bases of the page-locked allocations lent out right now (`lend.rs`).
+    lent: Mutex<BTreeSet<u64>>,
 }
 
 impl std::fmt::Debug for CudaDriver {
@@ -81,6 +84,7 @@ impl CudaDriver {
             context: AtomicU64::new(0),
             retained: Mutex::new(BTreeMap::new()),
             host: Mutex::new(BTreeMap::new()),
+            lent: Mutex::new(BTreeSet::new()),
         })
     }
 

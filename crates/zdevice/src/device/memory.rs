@@ -234,6 +234,34 @@ impl<D: Driver> Device<D> {
         self.call(|d| d.host_read(buf.ptr, dst))
     }
 
+    /// Lends the whole of `buf` to `f` as `len / 4` f32, after the transfer that last used it
+    /// has finished, so the caller writes a batch in place (no staging copy) and then uploads
+    /// it with [`Device::upload_async`]. `&mut` keeps every other use of the buffer out while
+    /// `f` runs. Returns what `f` returns.
+    pub fn pinned_f32_mut<R>(
+        &self,
+        buf: &mut PinnedBuffer,
+        f: impl FnOnce(&mut [f32]) -> R,
+    ) -> DeviceResult<R> {
+        self.settle(buf)?;
+        let words = usize::try_from(buf.len / 4).map_err(|_| DeviceError::InvalidArgument {
+            call: "host_lend_f32",
+            reason: format!("{} bytes do not fit in usize", buf.len),
+        })?;
+        let (mut f, mut out) = (Some(f), None);
+        self.call(|d| {
+            d.host_lend_f32(buf.ptr, words, &mut |view| {
+                if let Some(f) = f.take() {
+                    out = Some(f(view));
+                }
+            })
+        })?;
+        out.ok_or_else(|| DeviceError::InvalidArgument {
+            call: "host_lend_f32",
+            reason: "the driver did not lend the buffer".into(),
+        })
+    }
+
     /// Queues a copy of the first `bytes` of `src` to `dst` on `stream`. Refused during capture:
     /// a captured host copy would read the buffer again at every replay.
     pub fn upload_async(

@@ -220,6 +220,16 @@ impl<D: Driver> Driver for FaultyDriver<D> {
         self.inner.host_write(dst, src)
     }
 
+    fn host_lend_f32(
+        &self,
+        ptr: HostPtr,
+        words: usize,
+        f: &mut dyn FnMut(&mut [f32]),
+    ) -> DriverResult<()> {
+        // Plain host memory as well: no fault applies (and it is in no fault matrix list).
+        self.inner.host_lend_f32(ptr, words, f)
+    }
+
     fn mem_alloc_async(&self, bytes: u64, stream: Stream) -> DriverResult<DevicePtr> {
         let p = self.async_call(calls::MEM_ALLOC_ASYNC, stream.0, |d| {
             d.mem_alloc_async(bytes, stream)

@@ -226,6 +226,32 @@ impl Driver for SimDriver {
         })
     }
 
+    /// Plain host memory, as `host_read`. The simulator's host memory lives in its state, so
+    /// the range is copied out, lent, and written back (the driver is not locked while `f`
+    /// runs, so `f` may call the driver); a real driver lends the memory itself.
+    fn host_lend_f32(
+        &self,
+        ptr: HostPtr,
+        words: usize,
+        f: &mut dyn FnMut(&mut [f32]),
+    ) -> DriverResult<()> {
+        let bytes = words.checked_mul(4).map(|b| b as u64);
+        let data = bytes
+            .filter(|_| ptr.0.is_multiple_of(4))
+            .and_then(|b| self.lock().mem.host_read(ptr, b))
+            .ok_or_else(|| crate::driver::DriverError::InvalidArgument {
+                call: "host_lend_f32",
+                reason: format!("{ptr:?} + {words} f32 is not aligned page-locked memory"),
+            })?;
+        let mut view: Vec<f32> = data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        f(&mut view);
+        let back: Vec<u8> = view.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.host_write(ptr, &back)
+    }
+
     fn mem_alloc_async(&self, bytes: u64, stream: Stream) -> DriverResult<DevicePtr> {
         self.call(c::MEM_ALLOC_ASYNC, Some(stream), |st, cx| {
             st.mem_alloc_async(cx, bytes, stream)

@@ -5,6 +5,7 @@ mod capture_end;
 mod conformance;
 mod faults;
 mod leaks;
+mod pinned;
 mod rules;
 mod util;
 
@@ -137,6 +138,11 @@ macro_rules! conformance_suite {
             let dev = $open();
             rules::check_row(&dev, row, mode, kind).unwrap();
             c::still_usable(&dev).unwrap();
+        }
+
+        #[rstest]
+        fn pinned_lend_fill_upload_refill(#[values(1, 1023, 600_001)] words: usize) {
+            crate::pinned::lend_fill_upload_refill(&$open(), words).unwrap();
         }
 
         #[rstest]
