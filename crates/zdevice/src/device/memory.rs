@@ -271,14 +271,34 @@ impl<D: Driver> Device<D> {
         bytes: u64,
         stream: Stream,
     ) -> DeviceResult<()> {
+        self.upload_range_async(dst, src, 0, bytes, stream)
+    }
+
+    /// Queues a copy of `bytes` of `src` from byte `offset` on to `dst` on `stream` (a shard
+    /// of a batch held in one pinned buffer). Refused during capture, as `upload_async`.
+    pub fn upload_range_async(
+        &self,
+        dst: DevicePtr,
+        src: &PinnedBuffer,
+        offset: u64,
+        bytes: u64,
+        stream: Stream,
+    ) -> DeviceResult<()> {
         let call = "cuMemcpyHtoDAsync_v2";
         self.refuse_during_capture(call, "upload inputs before capture or before replay")?;
-        Self::check_range(call, src, bytes)?;
+        let end = offset
+            .checked_add(bytes)
+            .ok_or_else(|| DeviceError::InvalidArgument {
+                call,
+                reason: format!("{bytes} bytes from offset {offset} overflow"),
+            })?;
+        Self::check_range(call, src, end)?;
         self.settle(src)?;
-        // SAFETY: `src` is live pinned memory of at least `bytes` bytes; it cannot be written,
-        // read or freed through this API until the event recorded below has completed
-        // (`settle`), so it stays valid and unmodified while the copy runs.
-        self.call(|d| unsafe { d.memcpy_htod_async(dst, src.ptr, bytes, stream) })?;
+        let from = HostPtr(src.ptr.0 + offset);
+        // SAFETY: `from..from+bytes` lies inside `src`, live pinned memory (checked above); it
+        // cannot be written, read or freed through this API until the event recorded below has
+        // completed (`settle`), so it stays valid and unmodified while the copy runs.
+        self.call(|d| unsafe { d.memcpy_htod_async(dst, from, bytes, stream) })?;
         self.mark_pending(src, stream)
     }
 

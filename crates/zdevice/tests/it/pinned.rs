@@ -85,3 +85,29 @@ fn partial_words_are_left_out_of_the_loan() {
     assert_eq!(dev.pinned_f32_mut(&mut buf, |v| v.len()).unwrap(), 2);
     dev.free_pinned(buf).unwrap();
 }
+
+/// A range from inside the buffer (a rank's shard of a batch) lands whole; a range past the
+/// end is refused before anything is queued.
+#[test]
+fn a_range_from_the_middle_uploads_and_one_past_the_end_is_refused() {
+    let dev = sim();
+    let mut buf = dev.alloc_pinned(40).unwrap();
+    let dst = dev.alloc(16).unwrap();
+    dev.pinned_f32_mut(&mut buf, |v| {
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = i as f32;
+        }
+    })
+    .unwrap();
+    dev.upload_range_async(dst, &buf, 12, 16, dev.stream())
+        .unwrap();
+    dev.synchronize(dev.stream()).unwrap();
+    assert_eq!(read_f32(&dev, dst, 4).unwrap(), vec![3.0, 4.0, 5.0, 6.0]);
+    let err = dev.upload_range_async(dst, &buf, 28, 16, dev.stream());
+    assert!(
+        matches!(err, Err(zdevice::DeviceError::InvalidArgument { .. })),
+        "{err:?}"
+    );
+    dev.free_pinned(buf).unwrap();
+    dev.free(dst).unwrap();
+}
