@@ -19,6 +19,7 @@ pub mod error;
 pub mod fused;
 pub mod layout;
 mod linear;
+pub mod pinned;
 pub mod storage;
 pub mod tensor;
 mod validate;
@@ -35,5 +36,6 @@ pub use engine::{ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriv
 pub use error::{ComputeError, Result};
 pub use fused::{Activation, AddLayerNormOut, PoolHeadBceGrads, PoolHeadBceOut};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};
+pub use pinned::{HostVec, PinnedHost, PinnedSlice};
 pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};

@@ -27,6 +27,7 @@ mod kernels;
 mod launch;
 mod matmul;
 mod ops;
+mod pinned;
 mod rows;
 mod storage;
 mod transfer;
@@ -34,6 +35,7 @@ pub mod twins;
 
 pub use capture::CudaGraph;
 pub use kernels::Kernel;
+pub use pinned::CudaPinned;
 pub use storage::{CudaStorage, CudaTensor};
 
 use crate::backend::AllocClass;
