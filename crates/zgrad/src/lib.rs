@@ -37,7 +37,7 @@ pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use trainer::{
-    EvalReport, ReplayMark, StepReport, TrainSchedule, Trainer, TrainerConfig, shard,
+    EvalReport, PinnedBatch, ReplayMark, StepReport, TrainSchedule, Trainer, TrainerConfig, shard,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

@@ -15,6 +15,7 @@
 
 use super::body::{ErrorSlot, into_body_error, take_body_error};
 use super::per_sample::SampleSlots;
+use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step_split};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
@@ -83,14 +84,13 @@ enum FirstRun<G> {
 impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     pub(super) fn batched_captured(
         &mut self,
-        x: &[T],
-        y: &[T],
+        data: &Shard<'_, B, T>,
         shape: &[usize],
         lr: f64,
     ) -> Result<StepReport> {
         match &self.graphs.batched {
-            Some(g) if g.shape != shape => return self.batched_eager(x, y, shape, lr),
-            Some(_) => return self.batched_replay(x, y, shape, lr),
+            Some(g) if g.shape != shape => return self.batched_eager(data, shape, lr),
+            Some(_) => return self.batched_replay(data, shape, lr),
             None => {}
         }
         let step = self.optim.step_count() + 1;
@@ -101,8 +101,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let runs = Runs::default();
         let started = Rc::new(Cell::new(false));
         let (outcome, ended) = in_step_split(&*b, || {
-            xv.upload(&*b, x)?;
-            yv.upload(&*b, y)?;
+            upload_inputs(&*b, data, &xv, &yv)?;
             self.optim.prepare(&*b, lr)?;
             let body = {
                 let (b, parts, x, y) = (Rc::clone(&b), self.parts.clone(), xv.clone(), yv.clone());
@@ -139,7 +138,10 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                 }
             }
         });
-        let outcome = checks::locate(outcome, |k| self.find_sample(x, y, shape, k))?;
+        let outcome = checks::locate(outcome, |k| {
+            let (x, y) = data.host()?;
+            self.find_sample(&x, &y, shape, k)
+        })?;
         let captured = match outcome {
             FirstRun::Gated(Some(graph)) => {
                 self.graphs.batched = Some(BatchedGraph {
@@ -161,7 +163,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                 return Ok(self.report(step, loss, grad_norm, lr, shape[0], false));
             }
         };
-        let (loss, grad_norm) = self.after_gated(x, y, shape, step, ended)?;
+        let (loss, grad_norm) = self.after_gated(data, shape, step, ended)?;
         Ok(self.report(step, loss, grad_norm, lr, shape[0], captured))
     }
 
@@ -172,8 +174,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// after a counted update, is reported as applied.
     pub(super) fn after_gated(
         &mut self,
-        x: &[T],
-        y: &[T],
+        data: &Shard<'_, B, T>,
         shape: &[usize],
         step: u64,
         ended: Result<()>,
@@ -184,9 +185,10 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
                 ended.map_err(|e| e.at_step(step, Applied::Yes))?;
                 Ok(stats)
             }
-            Err(e @ GradError::NonFinite { .. }) => {
-                checks::locate(Err(e), |k| self.find_sample(x, y, shape, k))
-            }
+            Err(e @ GradError::NonFinite { .. }) => checks::locate(Err(e), |k| {
+                let (x, y) = data.host()?;
+                self.find_sample(&x, &y, shape, k)
+            }),
             Err(e) => {
                 self.optim.mark_unknown();
                 Err(e.at_step(step, Applied::Maybe))
@@ -216,15 +218,19 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// Replays the captured batched step on new inputs. The update inside the graph is gated
     /// on the device by the finiteness of the loss and the norm; it is counted once the stats
     /// read back are finite.
-    fn batched_replay(&mut self, x: &[T], y: &[T], shape: &[usize], lr: f64) -> Result<StepReport> {
+    fn batched_replay(
+        &mut self,
+        data: &Shard<'_, B, T>,
+        shape: &[usize],
+        lr: f64,
+    ) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
         let b = Rc::clone(&self.backend);
         let Some(g) = self.graphs.batched.as_mut() else {
-            return self.batched_eager(x, y, shape, lr);
+            return self.batched_eager(data, shape, lr);
         };
         let (queued, ended) = in_step_split(&*b, || {
-            g.x.upload(&*b, x)?;
-            g.y.upload(&*b, y)?;
+            upload_inputs(&*b, data, &g.x, &g.y)?;
             self.optim.prepare(&*b, lr)?;
             b.replay(&mut g.graph).map_err(|e| {
                 // The graph may have run in part, its update included.
@@ -233,7 +239,21 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             })
         });
         queued?;
-        let (loss, grad_norm) = self.after_gated(x, y, shape, step, ended)?;
+        let (loss, grad_norm) = self.after_gated(data, shape, step, ended)?;
         Ok(self.report(step, loss, grad_norm, lr, shape[0], true))
     }
+}
+
+/// Refills the graph's static inputs from the shard (written outside zgrad's ops: their
+/// versions move, as `Var::upload` moves them).
+fn upload_inputs<B: Capture<T>, T: Element>(
+    b: &B,
+    data: &Shard<'_, B, T>,
+    x: &Var<B, T>,
+    y: &Var<B, T>,
+) -> Result<()> {
+    data.upload(b, x.value(), y.value())?;
+    x.bump_version();
+    y.bump_version();
+    Ok(())
 }

@@ -14,6 +14,7 @@ mod distributed;
 mod eval;
 mod per_sample;
 mod resident;
+mod source;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
@@ -22,12 +23,14 @@ use crate::optim::{AdamW, AdamWHyper};
 use crate::schedule::LrSchedule;
 use crate::xasset::XAsset;
 use body::StepParts;
+use source::{HostSlices, Shard, Source};
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element};
+use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
 
 pub use distributed::shard;
 pub use eval::EvalReport;
 pub use resident::ReplayMark;
+pub use source::PinnedBatch;
 
 /// How a batch becomes one optimiser step (XASSET.md, "Two training schedules").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,6 +237,52 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let report = self
             .train_batch_inner(x, y, batch, step)
             .map_err(|e| self.settle(step, self.distributed_error(e)))?;
+        Self::log_step(&report);
+        Ok(report)
+    }
+
+    /// One optimiser step on the first `n` samples of `batch`, uploaded straight from its
+    /// pinned memory (no host copy: fill it in place with [`PinnedBatch::fill`]). Otherwise
+    /// exactly `train_batch` on the same values: the same device work and results, bit for
+    /// bit, in every schedule, eager or captured, and the same errors (`BadInput` for an `n`
+    /// of 0 or above the batch's capacity, or features other than the model's; `NonFinite`
+    /// naming the sample). The upload is queued on the backend's stream; the batch can be
+    /// refilled as soon as this returns (a refill waits for the copy).
+    pub fn train_batch_pinned(&mut self, batch: &PinnedBatch<B, T>, n: usize) -> Result<StepReport>
+    where
+        B: PinnedHost<T>,
+    {
+        let step = self.optim.step_count() + 1;
+        let report = self
+            .train_pinned_inner(batch, n, step)
+            .map_err(|e| self.settle(step, self.distributed_error(e)))?;
+        Self::log_step(&report);
+        Ok(report)
+    }
+
+    fn train_pinned_inner(
+        &mut self,
+        batch: &PinnedBatch<B, T>,
+        n: usize,
+        step: u64,
+    ) -> Result<StepReport>
+    where
+        B: PinnedHost<T>,
+    {
+        self.optim.check_state()?;
+        let f = self.parts.model.config.features;
+        if n == 0 || n > batch.capacity() || batch.features() != f {
+            return Err(GradError::BadInput(format!(
+                "batch {n} of a pinned batch of {} x {} x {} (n must be 1..=capacity, features {f})",
+                batch.capacity(),
+                batch.scales(),
+                batch.features()
+            )));
+        }
+        self.train_source(batch, n, batch.scales(), step)
+    }
+
+    fn log_step(report: &StepReport) {
         tracing::debug!(
             target: "zgrad.trainer.step",
             step = report.step,
@@ -243,7 +292,6 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             captured = report.captured,
             "step"
         );
-        Ok(report)
     }
 
     fn train_batch_inner(
@@ -255,22 +303,35 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     ) -> Result<StepReport> {
         self.optim.check_state()?;
         let scales = self.shape_of(x, y, batch)?;
+        let per = x.len() / batch;
+        self.train_source(&HostSlices { x, y, per }, batch, scales, step)
+    }
+
+    /// The step on `batch` samples of `src`, whichever memory holds them.
+    fn train_source(
+        &mut self,
+        src: &dyn Source<B, T>,
+        batch: usize,
+        scales: usize,
+        step: u64,
+    ) -> Result<StepReport> {
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         // This rank's shard of the global batch (all of it in a single process).
         let info = self.parts.dist.info();
-        let rows = shard(info.rank, info.world, batch);
-        let per = x.len() / batch;
-        let (x, y) = (&x[rows.start * per..rows.end * per], &y[rows.clone()]);
+        let data = Shard {
+            src,
+            rows: shard(info.rank, info.world, batch),
+        };
         self.parts
             .dist
-            .prepare(&*self.backend, rows.len(), batch, step)?;
-        let shape = [rows.len(), scales, self.parts.model.config.features];
+            .prepare(&*self.backend, data.len(), batch, step)?;
+        let shape = [data.len(), scales, self.parts.model.config.features];
         let mut report = match self.config.schedule {
             TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
-                self.batched_captured(x, y, &shape, lr)
+                self.batched_captured(&data, &shape, lr)
             }
-            TrainSchedule::Batched => self.batched_eager(x, y, &shape, lr),
-            TrainSchedule::PerSample => self.per_sample(x, y, &shape, lr),
+            TrainSchedule::Batched => self.batched_eager(&data, &shape, lr),
+            TrainSchedule::PerSample => self.per_sample(&data, &shape, lr),
         }?;
         report.samples = batch;
         Ok(report)

@@ -13,6 +13,7 @@
 
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{Runs, persistent_zeros, warn_fallback};
+use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step};
 use crate::error::{GradError, NonFiniteKind, Result};
 use crate::optim::zero_grad;
@@ -70,27 +71,30 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         self.table.shape()[0]
     }
 
-    /// Uploads the batch as the table's first rows (one upload), writes 1/`global` (the global
-    /// batch: `batch` on one rank) when it changed, and, for the graph, sets the index to
-    /// sample 0.
-    fn load(
-        &mut self,
-        b: &B,
-        x: &[T],
-        y: &[T],
-        batch: usize,
-        global: usize,
-        indexed: bool,
-    ) -> Result<()> {
+    /// Uploads the batch as the table's first rows (host slices: interleaved on the host, one
+    /// upload; pinned memory: features and labels each straight into their columns), writes
+    /// 1/`global` (the global batch: `batch` on one rank) when it changed, and, for the graph,
+    /// sets the index to sample 0.
+    fn load(&mut self, b: &B, data: &Shard<'_, B, T>, global: usize, indexed: bool) -> Result<()> {
+        let batch = data.len();
         // An empty shard (a rank of a data-parallel job with no row of this batch) uploads
         // nothing; its step still joins the collectives with zero gradients.
-        if let Some(per) = x.len().checked_div(batch) {
-            self.staging.clear();
-            for (features, label) in x.chunks_exact(per).zip(y) {
-                self.staging.extend_from_slice(features);
-                self.staging.push(*label);
+        match data.slices() {
+            Some((x, y)) if batch > 0 => {
+                let per = x.len() / batch;
+                self.staging.clear();
+                for (features, label) in x.chunks_exact(per).zip(y) {
+                    self.staging.extend_from_slice(features);
+                    self.staging.push(*label);
+                }
+                b.upload_into(&self.staging, &self.table.narrow(0, 0, batch)?)?;
             }
-            b.upload_into(&self.staging, &self.table.narrow(0, 0, batch)?)?;
+            None if batch > 0 => {
+                let per: usize = self.shape.iter().product();
+                let rows = self.table.narrow(0, 0, batch)?;
+                data.upload(b, &rows.narrow(1, 0, per)?, &rows.narrow(1, per, 1)?)?;
+            }
+            _ => {}
         }
         if self.scale_batch != global {
             b.upload_into(&[T::from_f64(1.0 / global as f64)], &self.scale)?;
@@ -222,8 +226,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// Gradient accumulation over the batch, one step scope per sample, then one AdamW step.
     pub(super) fn per_sample(
         &mut self,
-        x: &[T],
-        y: &[T],
+        data: &Shard<'_, B, T>,
         shape: &[usize],
         lr: f64,
     ) -> Result<StepReport> {
@@ -235,7 +238,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let indexed = self.wants_graph();
         // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
         let global = self.parts.dist.global.get().max(batch);
-        self.slots_mut()?.load(&*b, x, y, batch, global, indexed)?;
+        self.slots_mut()?.load(&*b, data, global, indexed)?;
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
         while i < batch {
@@ -268,7 +271,10 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
             self.optim.step(&*b, &parts.params, lr)?;
             Ok((loss, norm))
         });
-        let (loss, grad_norm) = checks::locate(checked, |k| self.find_sample(x, y, shape, k))?;
+        let (loss, grad_norm) = checks::locate(checked, |k| {
+            let (x, y) = data.host()?;
+            self.find_sample(&x, &y, shape, k)
+        })?;
         Ok(StepReport {
             step,
             loss,

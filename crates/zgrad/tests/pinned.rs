@@ -1,0 +1,212 @@
+//! `Trainer::train_batch_pinned`: a batch written in place into pinned host memory and
+//! uploaded straight from it trains exactly as the same values given to `train_batch` as
+//! slices (bitwise: loss, norm, parameters), in both schedules, eager and captured, on the
+//! CUDA backend over the simulated driver and on the CPU backend; bad sizes and non-finite
+//! values get the same errors.
+
+use rstest::rstest;
+use zcompute::{Capture, CpuBackend, CudaBackend, Engine, PinnedHost};
+use zdevice::SimDriver;
+use zgrad::rng::SplitMix64;
+use zgrad::{
+    Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, TrainSchedule, Trainer,
+    TrainerConfig, XAsset, XAssetConfig,
+};
+
+type Sim = CudaBackend<SimDriver>;
+
+const SMALL: XAssetConfig = XAssetConfig {
+    features: 5,
+    scales: 3,
+    width: 8,
+    heads: 2,
+    ff: 16,
+};
+const CAPACITY: usize = 6;
+
+fn batch(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = SplitMix64::new(seed);
+    let x = rng
+        .normal_vec(n * SMALL.scales * SMALL.features)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let y = (0..n)
+        .map(|_| f32::from(u8::from(rng.next_f64() > 0.5)))
+        .collect();
+    (x, y)
+}
+
+fn trainer<B: Capture<f32> + 'static>(b: &B, schedule: TrainSchedule, capture: bool) -> Trainer<B>
+where
+    B: Clone,
+{
+    let model = XAsset::init(b, SMALL, 3).expect("model");
+    let config = TrainerConfig {
+        schedule,
+        capture,
+        clip_grad: Some(1.0),
+        ..TrainerConfig::default()
+    };
+    Trainer::new(b.clone(), model, config).expect("trainer")
+}
+
+fn params<B: Capture<f32> + 'static>(b: &B, t: &Trainer<B>) -> Vec<u32> {
+    let flat = t.flat_parameters().unwrap();
+    b.download(&flat)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+fn bits(r: &StepReport) -> (u64, u64, u64, bool, usize) {
+    (
+        r.step,
+        r.loss.to_bits(),
+        r.grad_norm.to_bits(),
+        r.captured,
+        r.samples,
+    )
+}
+
+/// Writes `x` and `y` at the start of the pinned batch (the rest keeps whatever it held).
+fn fill<B: PinnedHost<f32>>(p: &mut PinnedBatch<B>, x: &[f32], y: &[f32]) {
+    p.fill(|px, py| {
+        px[..x.len()].copy_from_slice(x);
+        py[..y.len()].copy_from_slice(y);
+    })
+    .unwrap();
+}
+
+/// Four steps, one of them on fewer samples than the capacity (a captured batched step then
+/// runs eagerly, a shape the graph does not have, and captures no second graph), each on
+/// both trainers: every report and the parameters after every step agree bit for bit.
+fn same_as_slices<B: Capture<f32> + PinnedHost<f32> + Clone + 'static>(
+    b: &B,
+    schedule: TrainSchedule,
+    capture: bool,
+) {
+    let mut slices = trainer(b, schedule, capture);
+    let mut pinned = trainer(b, schedule, capture);
+    let mut p = PinnedBatch::new(b, CAPACITY, SMALL.scales, SMALL.features).unwrap();
+    for (k, n) in [CAPACITY, CAPACITY, 4, CAPACITY].into_iter().enumerate() {
+        let (x, y) = batch(n, 10 + k as u64);
+        let want = slices.train_batch(&x, &y, n).unwrap();
+        fill(&mut p, &x, &y);
+        let got = pinned.train_batch_pinned(&p, n).unwrap();
+        assert_eq!(bits(&got), bits(&want), "step {k}");
+        assert_eq!(params(b, &pinned), params(b, &slices), "step {k}");
+    }
+    assert_eq!(pinned.step(), 4);
+}
+
+#[rstest]
+#[case::batched(TrainSchedule::Batched, false)]
+#[case::batched_captured(TrainSchedule::Batched, true)]
+#[case::per_sample(TrainSchedule::PerSample, false)]
+#[case::per_sample_captured(TrainSchedule::PerSample, true)]
+fn a_pinned_batch_trains_as_the_same_slices_on_the_simulated_device(
+    #[case] schedule: TrainSchedule,
+    #[case] capture: bool,
+) {
+    let b: Sim = Engine::sim(256 << 20).expect("simulated backend");
+    b.set_poison(true);
+    same_as_slices(&b, schedule, capture);
+}
+
+#[rstest]
+#[case::batched(TrainSchedule::Batched, false)]
+#[case::per_sample(TrainSchedule::PerSample, false)]
+fn a_pinned_batch_trains_as_the_same_slices_on_the_cpu(
+    #[case] schedule: TrainSchedule,
+    #[case] capture: bool,
+) {
+    same_as_slices(&CpuBackend, schedule, capture);
+}
+
+/// The captured step replays the graph on the pinned batch: the step after the capture is
+/// a replay (`captured`), and a refill between steps reaches the next replay.
+#[test]
+fn captured_replays_read_each_refill() {
+    let b: Sim = Engine::sim(256 << 20).expect("simulated backend");
+    let mut t = trainer(&b, TrainSchedule::Batched, true);
+    let mut p = PinnedBatch::new(&b, CAPACITY, SMALL.scales, SMALL.features).unwrap();
+    let mut losses = Vec::new();
+    for k in 0..3 {
+        let (x, y) = batch(CAPACITY, 40 + k);
+        fill(&mut p, &x, &y);
+        let r = t.train_batch_pinned(&p, CAPACITY).unwrap();
+        assert!(r.captured, "step {k}");
+        losses.push(r.loss.to_bits());
+    }
+    assert!(t.batched_graph().is_some());
+    losses.dedup();
+    assert_eq!(losses.len(), 3, "every step saw its own batch");
+}
+
+#[test]
+fn bad_sizes_are_refused_as_train_batch_refuses_them() {
+    let b: Sim = Engine::sim(256 << 20).expect("simulated backend");
+    let mut t = trainer(&b, TrainSchedule::Batched, false);
+    let p = PinnedBatch::new(&b, CAPACITY, SMALL.scales, SMALL.features).unwrap();
+    let other = PinnedBatch::new(&b, CAPACITY, SMALL.scales, SMALL.features + 1).unwrap();
+    for (what, err) in [
+        ("n = 0", t.train_batch_pinned(&p, 0).unwrap_err()),
+        (
+            "n > capacity",
+            t.train_batch_pinned(&p, CAPACITY + 1).unwrap_err(),
+        ),
+        (
+            "other features",
+            t.train_batch_pinned(&other, CAPACITY).unwrap_err(),
+        ),
+    ] {
+        assert!(
+            matches!(err.cause(), GradError::BadInput(_)),
+            "{what}: {err}"
+        );
+        assert_eq!(err.applied(), Some(Applied::No), "{what}");
+    }
+    assert_eq!(t.step(), 0);
+    assert!(matches!(
+        PinnedBatch::<Sim>::new(&b, 0, SMALL.scales, SMALL.features),
+        Err(GradError::BadInput(_))
+    ));
+}
+
+/// A NaN feature in sample 2 is reported as `train_batch` reports it (the sample located on
+/// a host copy of the pinned rows), nothing applied, in every schedule.
+#[rstest]
+#[case::batched(TrainSchedule::Batched, false)]
+#[case::batched_captured(TrainSchedule::Batched, true)]
+#[case::per_sample(TrainSchedule::PerSample, false)]
+#[case::per_sample_captured(TrainSchedule::PerSample, true)]
+fn a_non_finite_value_names_its_sample_as_train_batch_does(
+    #[case] schedule: TrainSchedule,
+    #[case] capture: bool,
+) {
+    let b: Sim = Engine::sim(256 << 20).expect("simulated backend");
+    let (mut x, y) = batch(CAPACITY, 7);
+    x[2 * SMALL.scales * SMALL.features + 1] = f32::NAN;
+    let mut slices = trainer(&b, schedule, capture);
+    let mut pinned = trainer(&b, schedule, capture);
+    let want = slices.train_batch(&x, &y, CAPACITY).unwrap_err();
+    let mut p = PinnedBatch::new(&b, CAPACITY, SMALL.scales, SMALL.features).unwrap();
+    fill(&mut p, &x, &y);
+    let got = pinned.train_batch_pinned(&p, CAPACITY).unwrap_err();
+    assert!(
+        matches!(
+            got.cause(),
+            GradError::NonFinite {
+                step: 1,
+                sample: Some(2),
+                kind: NonFiniteKind::Loss
+            }
+        ),
+        "{got}"
+    );
+    assert_eq!(got.to_string(), want.to_string());
+    assert_eq!(got.applied(), want.applied());
+    assert_eq!(params(&b, &pinned), params(&b, &slices));
+}
