@@ -25,6 +25,8 @@ ROWS = [
      "per_sample_eager_ms", "per_sample_eager_ms", None, "{:.1f}"),
     ("batched graph end to end: pinned copy in, replay, loss read back (ms)",
      "batched_graph_e2e_ms", "batched_graph_e2e_ms", "compiled_batched_graph_e2e_ms", "{:.3f}"),
+    ("batched graph end to end from a host slice (ms; ours: staged into pinned memory first)",
+     "batched_graph_e2e_host_slice_ms", None, None, "{:.3f}"),
     ("peak live memory of an eager batched step (MiB; torch: max_memory_allocated)",
      "batched_step_peak_live_MiB", "batched_step_peak_MiB", None, "{:.1f}"),
     ("peak reserved memory of an eager batched step (MiB; torch: max_memory_reserved)",

@@ -10,7 +10,9 @@ Default size (F=193, S=12, D=256, H=4, FF=1024), batch 256, float32, TF32 off. O
   batched_graph_e2e_ms      host wall-clock per step of the captured batched step (zero_grad,
                             forward, backward, capturable AdamW) fed end to end:
                             X.copy_(pinned, non_blocking=True), Y likewise, g.replay(),
-                            loss.item(); median
+                            loss.item() (the loss read back); median after 5 warm steps.
+                            xasset_bench's row of the same name times train_batch_pinned
+                            from a PinnedBatch filled once, with the same boundaries
   batched_graph_e2e_gpu_ms  CUDA events around the copies and the replay of the same steps
   batched_first_step_ms     host wall-clock from the model on the device to the graph ready:
                             3 warm-up steps on a side stream, capture, instantiation

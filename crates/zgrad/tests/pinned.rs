@@ -37,10 +37,11 @@ fn batch(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     (x, y)
 }
 
-fn trainer<B: Capture<f32> + 'static>(b: &B, schedule: TrainSchedule, capture: bool) -> Trainer<B>
-where
-    B: Clone,
-{
+fn trainer<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    schedule: TrainSchedule,
+    capture: bool,
+) -> Trainer<B> {
     let model = XAsset::init(b, SMALL, 3).expect("model");
     let config = TrainerConfig {
         schedule,

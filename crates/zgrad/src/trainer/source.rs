@@ -59,6 +59,9 @@ impl<B: Backend<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
     }
 }
 
+/// A batch's features and labels on the host, borrowed or copied.
+pub(super) type HostRows<'a, T> = (Cow<'a, [T]>, Cow<'a, [T]>);
+
 /// This rank's rows of a batch.
 pub(super) struct Shard<'a, B: Backend<T>, T: Element> {
     pub src: &'a dyn Source<B, T>,
@@ -82,7 +85,7 @@ impl<'a, B: Backend<T>, T: Element> Shard<'a, B, T> {
     }
 
     /// The rows on the host: borrowed host slices, or a copy out of pinned memory.
-    pub fn host(&self) -> Result<(Cow<'a, [T]>, Cow<'a, [T]>)> {
+    pub fn host(&self) -> Result<HostRows<'a, T>> {
         match self.slices() {
             Some((x, y)) => Ok((Cow::Borrowed(x), Cow::Borrowed(y))),
             None => {
