@@ -293,3 +293,47 @@ fn a_rank_whose_device_fails_stops_the_others_with_an_error_naming_it() {
         assert!(why.contains("rank 1 gave up"), "rank {r}: {why}");
     }
 }
+
+/// Each rank uploads its own rows of a pinned batch (from their offset in the pinned memory)
+/// and trains exactly as on its rows of the same slices: every rank's losses and parameters
+/// bit for bit, with an empty shard for rank 2 at step 2.
+#[rstest]
+#[case::batched_captured(TrainSchedule::Batched, true)]
+#[case::per_sample_eager(TrainSchedule::PerSample, false)]
+fn a_pinned_batch_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capture: bool) {
+    let cfg = config(schedule, capture);
+    let run = move |pinned: bool| {
+        ranks(3, move |b, c| {
+            let model = XAsset::init(b, CFG, 7).unwrap();
+            let mut t = Trainer::new(b.clone(), model, cfg)
+                .unwrap()
+                .with_collective(Rc::new(c))
+                .unwrap();
+            let mut p = zgrad::PinnedBatch::new(b, 7, CFG.scales, CFG.features).unwrap();
+            let mut losses = Vec::new();
+            for (i, n) in [7usize, 2, 7].into_iter().enumerate() {
+                let (x, y) = data(i, n);
+                let r = if pinned {
+                    p.fill(|px, py| {
+                        px[..x.len()].copy_from_slice(&x);
+                        py[..n].copy_from_slice(&y);
+                    })
+                    .unwrap();
+                    t.train_batch_pinned(&p, n).unwrap()
+                } else {
+                    t.train_batch(&x, &y, n).unwrap()
+                };
+                losses.push(r.loss.to_bits());
+            }
+            let params: Vec<u32> = t
+                .model()
+                .parameters()
+                .iter()
+                .flat_map(|p| t.backend_download(p.value()))
+                .map(f32::to_bits)
+                .collect();
+            (losses, params)
+        })
+    };
+    assert_eq!(run(true), run(false));
+}
