@@ -211,3 +211,24 @@ fn a_non_finite_value_names_its_sample_as_train_batch_does(
     assert_eq!(got.applied(), want.applied());
     assert_eq!(params(&b, &pinned), params(&b, &slices));
 }
+
+/// The GPU twin of the simulated-device equality above (the `gpu` feature; needs a GPU).
+#[cfg(feature = "gpu")]
+mod gpu {
+    use rstest::rstest;
+    use zgrad::TrainSchedule;
+
+    #[rstest]
+    #[case::batched(TrainSchedule::Batched, false)]
+    #[case::batched_captured(TrainSchedule::Batched, true)]
+    #[case::per_sample(TrainSchedule::PerSample, false)]
+    #[case::per_sample_captured(TrainSchedule::PerSample, true)]
+    fn a_pinned_batch_trains_as_the_same_slices_on_the_gpu(
+        #[case] schedule: TrainSchedule,
+        #[case] capture: bool,
+    ) {
+        let b = zcompute::Engine::cuda(0).expect("CUDA device 0 opens");
+        b.set_poison(true);
+        super::same_as_slices(&b, schedule, capture);
+    }
+}

@@ -48,9 +48,15 @@ impl<D: Driver> PinnedSlice<f32> for CudaPinned<D> {
                 reason: "internal: pinned buffer missing".into(),
             });
         };
+        // The buffer may be longer (an empty one holds one word): lend `len` elements.
+        let len = self.len;
         self.device
-            .pinned_f32_mut(buf, f)
-            .map_err(|e| device_error(OP, e))
+            .pinned_f32_mut(buf, |v| v.get_mut(..len).map(f))
+            .map_err(|e| device_error(OP, e))?
+            .ok_or_else(|| ComputeError::Unsupported {
+                op: OP,
+                reason: format!("internal: the pinned buffer lends fewer than {len} f32"),
+            })
     }
 
     fn read(&self, start: usize, len: usize) -> Result<Vec<f32>> {
@@ -186,5 +192,7 @@ mod tests {
             );
         }
         assert_eq!(g.read(10, 2).unwrap(), vec![10.5, 11.5]);
+        let mut empty = gpu.alloc_pinned(0).unwrap();
+        assert_eq!(empty.with_mut(|v| v.len()).unwrap(), 0);
     }
 }
