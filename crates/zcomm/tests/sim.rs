@@ -246,3 +246,58 @@ fn a_collective_stuck_on_the_stream_times_out_by_name_and_the_teardown_waits_no_
     assert_eq!(device.deferred_releases(), 0);
     assert!(start.elapsed() < T, "took {:?}", start.elapsed());
 }
+
+/// Ranks that have queued their step-2 all-reduce in
+/// `a_peer_that_dies_while_the_others_are_in_a_collective_fails_them_by_name`.
+static QUEUED_STEP_2: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The twin of the GPU test `gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time`:
+/// after a first all-reduce, the last rank dies once every other rank has queued its step-2
+/// all-reduce, without contributing to it. Each other rank gets a typed failure naming itself
+/// and step 2, its communicator is aborted, and later calls are refused.
+#[test]
+fn a_peer_that_dies_while_the_others_are_in_a_collective_fails_them_by_name() {
+    use std::sync::atomic::Ordering;
+    const WORLD: usize = 3;
+    let start = Instant::now();
+    let got = ranks(WORLD, T, |r, b, c| {
+        let x = b.upload(&rank_data(r, 64), &[64]).unwrap();
+        c.all_reduce_sum(b, &x, 1).unwrap();
+        c.synchronize(b).unwrap();
+        if r == WORLD - 1 {
+            let until = Instant::now() + T;
+            while QUEUED_STEP_2.load(Ordering::Acquire) < WORLD - 1 {
+                assert!(Instant::now() < until, "the others never queued step 2");
+                thread::sleep(Duration::from_millis(1));
+            }
+            return None; // dies: drops its device and its connection
+        }
+        let queued = c.all_reduce_sum(b, &x, 2);
+        QUEUED_STEP_2.fetch_add(1, Ordering::AcqRel);
+        let e = queued.and_then(|()| c.synchronize(b)).unwrap_err();
+        let later = c.all_reduce_sum(b, &x, 3).unwrap_err();
+        Some((e, c.is_aborted(), later))
+    });
+    assert!(start.elapsed() < T, "took {:?}", start.elapsed());
+    for (r, got) in got.into_iter().enumerate().take(WORLD - 1) {
+        let (e, aborted, later) = got.unwrap();
+        match e {
+            CommError::Timeout { rank, step: 2, .. } => assert_eq!(rank, r),
+            CommError::PeerFailed {
+                rank,
+                step: 2,
+                detail,
+                ..
+            } => {
+                assert_eq!(rank, r);
+                assert!(detail.contains("rank 2"), "{detail}");
+            }
+            other => panic!("rank {r}: expected a typed peer failure, got {other:?}"),
+        }
+        assert!(aborted, "rank {r}: a failed wait aborts the communicator");
+        assert!(
+            matches!(later, CommError::PeerFailed { rank, step: 3, .. } if rank == r),
+            "rank {r}: {later:?}"
+        );
+    }
+}

@@ -159,6 +159,13 @@ impl SimCollective {
         self.link.star.abort(rank, why, Duration::from_millis(500));
     }
 
+    /// Whether the communicator failed or was aborted: every later collective is refused
+    /// (as [`crate::NcclCollective::is_aborted`] says over NCCL).
+    #[must_use]
+    pub fn is_aborted(&self) -> bool {
+        self.link.failed.load(Ordering::Acquire)
+    }
+
     /// `synchronize`'s error for a failed wait: a wait past the device's deadline is the
     /// collective's [`CommError::Timeout`] (as over NCCL), the rest the backend's.
     fn sync_error(&self, source: zcompute::ComputeError) -> CommError {
