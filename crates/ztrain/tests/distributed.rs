@@ -174,5 +174,14 @@ fn a_rank_killed_mid_run_stops_the_others_and_the_launcher_names_it() {
             l.contains(&format!("rank {r}: ")) && l.contains(" of step ") && l.contains("rank 1")
         });
         assert!(named, "rank {r}'s error missing:\n{stderr}");
+        // Its final line names it, and it exited on its own with the peer-failure status.
+        assert!(
+            stderr.contains(&format!("ztrain rank {r} of 3: error: ")),
+            "rank {r}'s final error line missing:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("rank {r} exited with status 3")),
+            "rank {r} did not exit on its own with status 3:\n{stderr}"
+        );
     }
 }
