@@ -123,7 +123,15 @@ fn comm_sh_parses() {
     let dir = bundle("comm");
     let script = dir.join("comm.sh");
     std::fs::write(&script, super::COMM_SH).unwrap();
-    let out = Command::new("bash").arg("-n").arg(&script).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

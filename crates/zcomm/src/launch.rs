@@ -175,7 +175,11 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> bool) -> Result<Launched> {
             for (r, c) in children.iter_mut().enumerate() {
                 if ends[r].is_none() {
                     let end = c.wait().ok().map(end_of);
-                    ends[r] = if killed[r] { Some(RankEnd::TakenDown) } else { end };
+                    ends[r] = if killed[r] {
+                        Some(RankEnd::TakenDown)
+                    } else {
+                        end
+                    };
                 }
             }
             break;

@@ -60,8 +60,9 @@ fn a_failing_rank_takes_every_rank_down_and_is_named() {
     for r in [0, 1] {
         assert_eq!(out.ends[r], Some(RankEnd::TakenDown), "{:?}", out.ends);
         assert!(
-            out.message()
-                .contains(&format!("rank {r} was killed by the launcher when the grace ran out")),
+            out.message().contains(&format!(
+                "rank {r} was killed by the launcher when the grace ran out"
+            )),
             "{}",
             out.message()
         );

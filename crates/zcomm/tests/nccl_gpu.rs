@@ -267,7 +267,10 @@ mod gpu {
             // complete before the abort and the others would see no failure at all.
             let until = Instant::now() + RANK_LIFETIME / 2;
             while !(0..last).all(|r| queued(r).exists()) {
-                assert!(Instant::now() < until, "the other ranks never queued step 2");
+                assert!(
+                    Instant::now() < until,
+                    "the other ranks never queued step 2"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
             std::process::abort();

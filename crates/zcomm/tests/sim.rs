@@ -234,10 +234,20 @@ fn a_collective_stuck_on_the_stream_times_out_by_name_and_the_teardown_waits_no_
         other => panic!("rank 0: {other:?}"),
     }
     assert!(
-        matches!(later, CommError::PeerFailed { rank: 0, step: 3, .. }),
+        matches!(
+            later,
+            CommError::PeerFailed {
+                rank: 0,
+                step: 3,
+                ..
+            }
+        ),
         "{later:?}"
     );
-    assert!(device.lost_reason().is_some(), "the abort marks the device lost");
+    assert!(
+        device.lost_reason().is_some(),
+        "the abort marks the device lost"
+    );
     let teardown = device.driver().now().saturating_sub(aborted_at);
     assert!(
         teardown < device.config().sync_deadline / 10,

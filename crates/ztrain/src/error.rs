@@ -190,10 +190,7 @@ impl TrainError {
             )
         }
         fn device_wait(c: &zcompute::ComputeError) -> bool {
-            matches!(
-                c.device_error(),
-                Some(zdevice::DeviceError::Timeout { .. })
-            )
+            matches!(c.device_error(), Some(zdevice::DeviceError::Timeout { .. }))
         }
         match self {
             TrainError::Comm(c) => comm(c),
@@ -272,6 +269,12 @@ mod tests {
         };
         assert!(!TrainError::from(bad_env).is_peer_failure());
         assert!(!TrainError::Options("--lr -1".into()).is_peer_failure());
-        assert!(!TrainError::Diverged { step: 3, loss: f32::NAN }.is_peer_failure());
+        assert!(
+            !TrainError::Diverged {
+                step: 3,
+                loss: f32::NAN
+            }
+            .is_peer_failure()
+        );
     }
 }

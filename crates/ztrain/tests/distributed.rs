@@ -101,7 +101,10 @@ fn bad_launcher_variables_are_typed_errors() {
 /// Starts a long 3-rank job on simulated devices (TINY's sizes, checkpointed every step) with
 /// `--comm-timeout comm_timeout` and waits until it trains; returns the launcher and its
 /// children, rank 0, 1, 2.
-fn start_three_ranks(dir: &std::path::Path, comm_timeout: &str) -> (std::process::Child, Vec<String>) {
+fn start_three_ranks(
+    dir: &std::path::Path,
+    comm_timeout: &str,
+) -> (std::process::Child, Vec<String>) {
     let ck = dir.join("ck.st");
     let mut args: Vec<&str> = TINY.to_vec();
     args.extend([
