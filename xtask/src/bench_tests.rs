@@ -117,3 +117,22 @@ fn bench_sh_without_the_reference_fails_but_still_prints_our_side() {
     assert_eq!(out.status.code(), Some(2), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `comm.sh` (bundled beside `bench.sh`) is a script bash accepts.
+#[test]
+fn comm_sh_parses() {
+    let dir = bundle("comm");
+    let script = dir.join("comm.sh");
+    std::fs::write(&script, super::COMM_SH).unwrap();
+    let out = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -110,8 +110,8 @@ pub fn run(extra: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `cargo xtask test-gpu --bundle DIR`: release test binaries plus `run.sh` and `sanitize.sh`,
-/// for a GPU machine without Rust.
+/// `cargo xtask test-gpu --bundle DIR`: release test binaries plus `run.sh`, `sanitize.sh` and
+/// `comm.sh` (the multi-GPU checks of issue 13), for a GPU machine without Rust.
 pub fn bundle(dir: &Path) -> Result<()> {
     let features = gpu_features()?;
     let (count, mut total) = build_test_binaries(dir, &features)?;
@@ -119,10 +119,13 @@ pub fn bundle(dir: &Path) -> Result<()> {
     std::fs::write(&script, RUN_SH).map_err(io("writing", &script))?;
     set_executable(&script)?;
     total += RUN_SH.len() as u64;
+    let comm = dir.join("comm.sh");
+    std::fs::write(&comm, COMM_SH).map_err(io("writing", &comm))?;
+    set_executable(&comm)?;
     crate::sanitize_cmd::write_script(dir)?;
     let benches = bundle_benches(dir, &features)?;
     println!(
-        "bundle {}: {count} test binaries + run.sh + sanitize.sh, {benches} benchmark(s) + bench.sh, {:.1} MiB",
+        "bundle {}: {count} test binaries + run.sh + sanitize.sh + comm.sh, {benches} benchmark(s) + bench.sh, {:.1} MiB",
         dir.display(),
         total as f64 / (1024.0 * 1024.0)
     );
@@ -271,6 +274,11 @@ fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
 /// The XAsset comparison (our benchmark, PyTorch's two scripts, a `ztrain` run, `compare.py`'s
 /// table), then every other bundled benchmark binary and Python reference, in one session.
 pub(crate) const BENCH_SH: &str = include_str!("bench.sh");
+
+/// Issue 13 on several GPUs: the zcomm NCCL tests, then a `ztrain --gpus` job whose rank 1 is
+/// killed (SIGKILL) and one whose rank 1 is stopped (SIGSTOP); for each surviving rank its
+/// error lines and the time from the signal to its exit, checked against the launcher's grace.
+pub(crate) const COMM_SH: &str = include_str!("comm.sh");
 
 /// `<package dir>-<kind>-<target>`, e.g. `zdevice-test-it`: readable and unique per workspace.
 fn binary_name(msg: &serde_json::Value) -> String {

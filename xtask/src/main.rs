@@ -46,7 +46,9 @@ enum Cmd {
         /// Write stripped release test binaries, run.sh and sanitize.sh into this folder instead
         /// of running, plus the commands, the `*_bench` examples, the `crates/*/benches/*.py`
         /// scripts and bench.sh (`./bench.sh [--reference xasset_torch.py] [--xasset-only]`:
-        /// the XAsset comparison table of ours, PyTorch and torch.compile, then the rest).
+        /// the XAsset comparison table of ours, PyTorch and torch.compile, then the rest), and
+        /// comm.sh (`GPUS=2 ./comm.sh`: the NCCL tests and a rank killed or stopped mid-run,
+        /// each survivor's error line and time to exit).
         #[arg(long, conflicts_with = "sanitize")]
         bundle: Option<PathBuf>,
         /// Run the GPU tests under compute-sanitizer with ZMEM_SANITIZE=1 (every arena block its

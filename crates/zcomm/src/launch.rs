@@ -30,8 +30,11 @@ pub struct LaunchSpec {
 pub enum RankEnd {
     /// Exited with this status code.
     Exited(i32),
-    /// Ended by a signal (Unix), or killed by the launcher.
+    /// Ended by a signal (Unix) the launcher did not send.
     Signalled(Option<i32>),
+    /// Still running when the grace after another rank's failure (or a stop) ran out: the
+    /// launcher killed it. A rank that reports its own error in time never ends this way.
+    TakenDown,
 }
 
 impl std::fmt::Display for RankEnd {
@@ -40,6 +43,7 @@ impl std::fmt::Display for RankEnd {
             RankEnd::Exited(c) => write!(f, "exited with status {c}"),
             RankEnd::Signalled(Some(s)) => write!(f, "was killed by signal {s}"),
             RankEnd::Signalled(None) => write!(f, "was killed"),
+            RankEnd::TakenDown => write!(f, "was killed by the launcher when the grace ran out"),
         }
     }
 }
@@ -70,15 +74,32 @@ impl Launched {
         }
     }
 
-    /// A line saying what happened, for the user.
+    /// A line saying what happened, for the user: the rank that failed first, then how each
+    /// other rank ended (on its own with its error, or killed when the grace ran out).
     #[must_use]
     pub fn message(&self) -> String {
         match &self.failed {
-            Some((r, end)) => format!(
-                "rank {r} of {} {end}; every other rank was taken down (exit code {})",
-                self.ends.len(),
-                self.exit_code()
-            ),
+            Some((r, end)) => {
+                let others: Vec<String> = self
+                    .ends
+                    .iter()
+                    .enumerate()
+                    .filter(|(o, _)| o != r)
+                    .map(|(o, e)| match e {
+                        Some(e) => format!("rank {o} {e}"),
+                        None => format!("rank {o} did not report how it ended"),
+                    })
+                    .collect();
+                let mut line = format!(
+                    "rank {r} of {} {end}; every other rank was taken down (exit code {})",
+                    self.ends.len(),
+                    self.exit_code()
+                );
+                if !others.is_empty() {
+                    line += &format!(": {}", others.join(", "));
+                }
+                line
+            }
             None if self.stopped => "stopped: every rank was taken down".into(),
             None => format!("all {} ranks finished", self.ends.len()),
         }
@@ -110,7 +131,7 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> bool) -> Result<Launched> {
         match child {
             Ok(c) => children.push(c),
             Err(e) => {
-                take_down(&mut children, Duration::ZERO);
+                let _ = take_down(&mut children, Duration::ZERO);
                 return Err(spawn_err(&format!("starting rank {rank}"), e));
             }
         }
@@ -150,10 +171,15 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> bool) -> Result<Launched> {
         }
         if failed.is_some() || (!stopped && stop()) {
             stopped |= failed.is_none();
-            take_down(&mut children, spec.grace);
+            let killed = take_down(&mut children, spec.grace);
             for (r, c) in children.iter_mut().enumerate() {
                 if ends[r].is_none() {
-                    ends[r] = c.wait().ok().map(end_of);
+                    let end = c.wait().ok().map(end_of);
+                    ends[r] = if killed[r] {
+                        Some(RankEnd::TakenDown)
+                    } else {
+                        end
+                    };
                 }
             }
             break;
@@ -168,8 +194,8 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> bool) -> Result<Launched> {
 }
 
 /// Gives running children `grace` to exit on their own (the failed rank's peers end with their
-/// typed errors), then kills the rest.
-fn take_down(children: &mut [Child], grace: Duration) {
+/// typed errors), then kills the rest; says which it killed.
+fn take_down(children: &mut [Child], grace: Duration) -> Vec<bool> {
     let deadline = Instant::now() + grace;
     loop {
         let mut running = 0;
@@ -183,11 +209,10 @@ fn take_down(children: &mut [Child], grace: Duration) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    for c in children.iter_mut() {
-        if matches!(c.try_wait(), Ok(None)) {
-            let _ = c.kill();
-        }
-    }
+    children
+        .iter_mut()
+        .map(|c| matches!(c.try_wait(), Ok(None)) && c.kill().is_ok())
+        .collect()
 }
 
 fn end_of(status: ExitStatus) -> RankEnd {

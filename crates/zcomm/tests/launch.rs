@@ -55,12 +55,16 @@ fn a_failing_rank_takes_every_rank_down_and_is_named() {
         "{}",
         out.message()
     );
-    // The sleeping ranks were killed, not left to finish.
+    // The sleeping ranks were killed when the grace ran out, not left to finish, and the
+    // message says so for each.
     for r in [0, 1] {
+        assert_eq!(out.ends[r], Some(RankEnd::TakenDown), "{:?}", out.ends);
         assert!(
-            matches!(out.ends[r], Some(RankEnd::Signalled(_))),
-            "{:?}",
-            out.ends
+            out.message().contains(&format!(
+                "rank {r} was killed by the launcher when the grace ran out"
+            )),
+            "{}",
+            out.message()
         );
     }
 }

@@ -25,6 +25,8 @@ mod gpu {
     const RANK_VAR: &str = "ZCOMM_TEST_RANK";
     const WORLD_VAR: &str = "ZCOMM_TEST_WORLD";
     const ID_VAR: &str = "ZCOMM_TEST_ID";
+    /// A directory the ranks of one run share, for file barriers.
+    const DIR_VAR: &str = "ZCOMM_TEST_DIR";
     /// Each rank's device deadline: every wait of the communicator ends by it.
     const DEADLINE: Duration = Duration::from_secs(10);
     /// The parent's bound on a rank's whole life (init, collectives, a timeout, teardown).
@@ -61,6 +63,7 @@ mod gpu {
         let id = NcclCollective::unique_id().expect("NCCL loads and makes an id");
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let exe = std::env::current_exe().expect("the test binary");
+        let dir = tempfile::tempdir().expect("a directory for the ranks' barriers");
         let mut children: Vec<Child> = (0..world)
             .map(|rank| {
                 Command::new(&exe)
@@ -68,6 +71,7 @@ mod gpu {
                     .env(RANK_VAR, rank.to_string())
                     .env(WORLD_VAR, world.to_string())
                     .env(ID_VAR, &hex)
+                    .env(DIR_VAR, dir.path())
                     .env("NCCL_NVLS_ENABLE", "0")
                     .spawn()
                     .expect("a rank starts")
@@ -255,14 +259,25 @@ mod gpu {
         comm.all_reduce_sum(&b, &x, 1).expect("a first all-reduce");
         comm.synchronize(&b).expect("synchronize");
         let last = info.world - 1;
+        let dir = std::path::PathBuf::from(std::env::var(DIR_VAR).expect("the barrier directory"));
+        let queued = |r: usize| dir.join(format!("queued-step-2-rank-{r}"));
         if info.rank == last {
-            // Queue the next collective and die in the middle of it, as SIGKILL would.
-            let _ = comm.all_reduce_sum(&b, &x, 2);
+            // Die, as SIGKILL would, once every other rank is inside its step-2 all-reduce,
+            // without contributing to it: had this rank queued its own, the collective could
+            // complete before the abort and the others would see no failure at all.
+            let until = Instant::now() + RANK_LIFETIME / 2;
+            while !(0..last).all(|r| queued(r).exists()) {
+                assert!(
+                    Instant::now() < until,
+                    "the other ranks never queued step 2"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
             std::process::abort();
         }
-        let outcome = comm
-            .all_reduce_sum(&b, &x, 2)
-            .and_then(|()| comm.synchronize(&b));
+        let queued_step_2 = comm.all_reduce_sum(&b, &x, 2);
+        std::fs::write(queued(info.rank), b"").expect("the barrier file");
+        let outcome = queued_step_2.and_then(|()| comm.synchronize(&b));
         match outcome {
             Err(CommError::Timeout { rank, step: 2, .. })
             | Err(CommError::PeerFailed { rank, step: 2, .. }) => assert_eq!(rank, info.rank),

@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 use zcomm::rendezvous::Server;
 use zcomm::{Collective, CommError, RankInfo, SimCollective};
-use zcompute::{Backend, Capture, CudaBackend, Engine, SimDriver};
+use zcompute::{Backend, Capture, CudaBackend, Driver, Engine, SimDriver};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -190,5 +190,124 @@ fn a_rank_that_stalls_times_the_others_out() {
             assert!(detail.contains("rank 1"), "{detail}");
         }
         other => panic!("rank 2: {other:?}"),
+    }
+}
+
+/// The GPU's shape of a dead peer: rank 0's step-2 collective never completes on its stream
+/// (the fault plan keeps the kernel queued for an hour, as NCCL's kernel spins for a peer that
+/// is gone), so its synchronize ends at the device's deadline. The error is the typed
+/// `Timeout` naming the rank, the operation and the step; after the abort every later call is
+/// refused at once, and the teardown (tensors, backend, arena, communicator) does not wait on
+/// that stream again: no time passes on the device's clock (what the GPU would wait) and no
+/// release is left waiting for a stream that will never drain. Before the abort marked the
+/// device lost, dropping the backend waited one more full deadline (60 s on this clock).
+#[test]
+fn a_collective_stuck_on_the_stream_times_out_by_name_and_the_teardown_waits_no_more() {
+    let start = Instant::now();
+    let got = ranks(2, T, |r, b, c| {
+        let x = b.upload(&rank_data(r, 8), &[8]).unwrap();
+        c.all_reduce_sum(b, &x, 1).unwrap();
+        c.synchronize(b).unwrap();
+        if r == 1 {
+            return None; // gone before step 2: drops its device and its connection
+        }
+        b.device()
+            .driver()
+            .stall("cuLaunchKernel", 1, Duration::from_secs(3600));
+        c.all_reduce_sum(b, &x, 2).unwrap();
+        let e = c.synchronize(b).unwrap_err();
+        c.abort(&e.to_string());
+        let later = c.all_reduce_sum(b, &x, 3).unwrap_err();
+        let device = b.device().clone();
+        let aborted_at = device.driver().now();
+        Some((e, later, device, aborted_at))
+    });
+    // Rank 0's backend and communicator were dropped when its thread ended.
+    let (e, later, device, aborted_at) = got.into_iter().next().flatten().unwrap();
+    match e {
+        CommError::Timeout {
+            rank: 0,
+            op: "synchronize",
+            step: 2,
+            waited_for,
+        } => assert_eq!(waited_for, device.config().sync_deadline),
+        other => panic!("rank 0: {other:?}"),
+    }
+    assert!(
+        matches!(
+            later,
+            CommError::PeerFailed {
+                rank: 0,
+                step: 3,
+                ..
+            }
+        ),
+        "{later:?}"
+    );
+    assert!(
+        device.lost_reason().is_some(),
+        "the abort marks the device lost"
+    );
+    let teardown = device.driver().now().saturating_sub(aborted_at);
+    assert!(
+        teardown < device.config().sync_deadline / 10,
+        "the teardown waited {teardown:?} on the device's clock"
+    );
+    assert_eq!(device.deferred_releases(), 0);
+    assert!(start.elapsed() < T, "took {:?}", start.elapsed());
+}
+
+/// Ranks that have queued their step-2 all-reduce in
+/// `a_peer_that_dies_while_the_others_are_in_a_collective_fails_them_by_name`.
+static QUEUED_STEP_2: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The twin of the GPU test `gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time`:
+/// after a first all-reduce, the last rank dies once every other rank has queued its step-2
+/// all-reduce, without contributing to it. Each other rank gets a typed failure naming itself
+/// and step 2, its communicator is aborted, and later calls are refused.
+#[test]
+fn a_peer_that_dies_while_the_others_are_in_a_collective_fails_them_by_name() {
+    use std::sync::atomic::Ordering;
+    const WORLD: usize = 3;
+    let start = Instant::now();
+    let got = ranks(WORLD, T, |r, b, c| {
+        let x = b.upload(&rank_data(r, 64), &[64]).unwrap();
+        c.all_reduce_sum(b, &x, 1).unwrap();
+        c.synchronize(b).unwrap();
+        if r == WORLD - 1 {
+            let until = Instant::now() + T;
+            while QUEUED_STEP_2.load(Ordering::Acquire) < WORLD - 1 {
+                assert!(Instant::now() < until, "the others never queued step 2");
+                thread::sleep(Duration::from_millis(1));
+            }
+            return None; // dies: drops its device and its connection
+        }
+        let queued = c.all_reduce_sum(b, &x, 2);
+        QUEUED_STEP_2.fetch_add(1, Ordering::AcqRel);
+        let e = queued.and_then(|()| c.synchronize(b)).unwrap_err();
+        let later = c.all_reduce_sum(b, &x, 3).unwrap_err();
+        Some((e, c.is_aborted(), later))
+    });
+    assert!(start.elapsed() < T, "took {:?}", start.elapsed());
+    for (r, got) in got.into_iter().enumerate().take(WORLD - 1) {
+        let (e, aborted, later) = got.unwrap();
+        match e {
+            CommError::Timeout { rank, step: 2, .. } => assert_eq!(rank, r),
+            CommError::PeerFailed {
+                rank,
+                step: 2,
+                detail,
+                ..
+            } => {
+                assert_eq!(rank, r);
+                assert!(detail.contains("rank 2"), "{detail}");
+            }
+            other => panic!("rank {r}: expected a typed peer failure, got {other:?}"),
+        }
+        assert!(aborted, "rank {r}: a failed wait aborts the communicator");
+        assert!(
+            matches!(later, CommError::PeerFailed { rank, step: 3, .. } if rank == r),
+            "rank {r}: {later:?}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! ztrain's one error type. Each variant says what went wrong and what to do about it; `main`
-//! prints it and exits with status 1 (2 for bad command-line usage, from clap).
+//! prints it and exits with status 1 (2 for bad command-line usage, from clap), or
+//! [`EXIT_PEER_FAILED`] (3) in a rank of a job that stopped because another rank failed.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -167,6 +168,42 @@ pub enum TrainError {
     Diverged { step: u64, loss: f32 },
 }
 
+/// Exit status of a rank of a data-parallel job that stopped because the job failed under it
+/// ([`TrainError::is_peer_failure`]): another rank died, stalled or gave up. The rank printed
+/// its own error naming itself, the operation and the step; resume every rank from the last
+/// checkpoint. (Its own failures exit with 1, as a single process does.)
+pub const EXIT_PEER_FAILED: u8 = 3;
+
+impl TrainError {
+    /// Whether a rank of a job failed because of another rank: a collective that timed out or
+    /// whose peer failed, a rendezvous a peer never reached, or a wait on the device past its
+    /// deadline (a rank's device deadline is `--comm-timeout`: a collective whose peer died
+    /// keeps the stream busy, and the wait that ends first may be the device's own).
+    #[must_use]
+    pub fn is_peer_failure(&self) -> bool {
+        fn comm(c: &zcomm::CommError) -> bool {
+            matches!(
+                c,
+                zcomm::CommError::Timeout { .. }
+                    | zcomm::CommError::PeerFailed { .. }
+                    | zcomm::CommError::Rendezvous { .. }
+            )
+        }
+        fn device_wait(c: &zcompute::ComputeError) -> bool {
+            matches!(c.device_error(), Some(zdevice::DeviceError::Timeout { .. }))
+        }
+        match self {
+            TrainError::Comm(c) => comm(c),
+            TrainError::Compute(c) => device_wait(c),
+            TrainError::Grad(g) => match g.cause() {
+                zgrad::GradError::Comm(c) => comm(c),
+                _ => g.compute_error().is_some_and(device_wait),
+            },
+            _ => false,
+        }
+    }
+}
+
 impl From<zcomm::CommError> for TrainError {
     fn from(e: zcomm::CommError) -> Self {
         TrainError::Comm(Box::new(e))
@@ -194,4 +231,50 @@ pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
         next = cause.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn device_timeout() -> zdevice::DeviceError {
+        zdevice::DeviceError::Timeout {
+            waited_for: "stream to finish its work".into(),
+            deadline: Duration::from_secs(10),
+            elapsed: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn a_rank_stopped_by_its_peers_is_told_from_its_own_failures() {
+        let peer = zcomm::CommError::PeerFailed {
+            rank: 0,
+            op: "all_reduce",
+            step: 7,
+            detail: "rank 1 closed the connection".into(),
+        };
+        let stalled = || zcompute::ComputeError::Timeout {
+            op: "download",
+            source: device_timeout(),
+        };
+        let in_step = zgrad::GradError::from(stalled()).at_step(7, zgrad::Applied::Maybe);
+        assert!(TrainError::from(peer).is_peer_failure());
+        assert!(TrainError::Compute(stalled()).is_peer_failure());
+        assert!(TrainError::Grad(in_step).is_peer_failure());
+        let bad_env = zcomm::CommError::BadEnv {
+            var: "RANK",
+            value: "x".into(),
+            problem: "not a number".into(),
+        };
+        assert!(!TrainError::from(bad_env).is_peer_failure());
+        assert!(!TrainError::Options("--lr -1".into()).is_peer_failure());
+        assert!(
+            !TrainError::Diverged {
+                step: 3,
+                loss: f32::NAN
+            }
+            .is_peer_failure()
+        );
+    }
 }

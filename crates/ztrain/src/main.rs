@@ -26,18 +26,35 @@ fn main() -> ExitCode {
             ));
         }
     };
-    match ztrain::distributed::role(&options) {
+    let rank = match ztrain::distributed::role(&options) {
         Err(e) => return fail(&ztrain::error::report(&e)),
         Ok(ztrain::distributed::Role::Launcher(ranks)) => return launcher(&options, ranks, &stop),
-        Ok(_) => {}
-    }
+        Ok(ztrain::distributed::Role::Rank(env)) => Some(env.info),
+        Ok(ztrain::distributed::Role::Single) => None,
+    };
     match ztrain::run::run(&options, &mut out, show_bar, &stop) {
         // 128 + the signal, as a shell reports a process the signal ended (130, 143).
         Ok(outcome) => match outcome.interrupted {
             Some(sig) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)),
             None => ExitCode::SUCCESS,
         },
-        Err(e) => fail(&ztrain::error::report(&e)),
+        Err(e) => match rank {
+            // A rank names itself: the launcher interleaves every rank's stderr.
+            Some(info) => {
+                let _ = fail(&format!(
+                    "ztrain rank {} of {}: {}",
+                    info.rank,
+                    info.world,
+                    ztrain::error::report(&e)
+                ));
+                if e.is_peer_failure() {
+                    ExitCode::from(ztrain::error::EXIT_PEER_FAILED)
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            None => fail(&ztrain::error::report(&e)),
+        },
     }
 }
 

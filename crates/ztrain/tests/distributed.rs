@@ -1,6 +1,7 @@
 //! `ztrain` as a data-parallel job on simulated devices, ranks as processes: `--gpus 2` end to
 //! end gives the numbers of one process; a rank killed with SIGKILL mid-run stops every other
-//! rank with a typed error within the deadline and the launcher's exit code names it; bad
+//! rank with a typed error within the deadline and the launcher's exit code names it; a rank
+//! that stalls (SIGSTOP) times the others out, each exiting on its own with status 3; bad
 //! launcher variables are typed errors; a checkpoint records the number of ranks (resume with
 //! the same number is bitwise, with another refused).
 
@@ -97,11 +98,14 @@ fn bad_launcher_variables_are_typed_errors() {
     }
 }
 
-#[test]
-fn a_rank_killed_mid_run_stops_the_others_and_the_launcher_names_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let ck = dir.path().join("ck.st");
-    // TINY's sizes, a long run, checkpointed every step.
+/// Starts a long 3-rank job on simulated devices (TINY's sizes, checkpointed every step) with
+/// `--comm-timeout comm_timeout` and waits until it trains; returns the launcher and its
+/// children, rank 0, 1, 2.
+fn start_three_ranks(
+    dir: &std::path::Path,
+    comm_timeout: &str,
+) -> (std::process::Child, Vec<String>) {
+    let ck = dir.join("ck.st");
     let mut args: Vec<&str> = TINY.to_vec();
     args.extend([
         "--epochs",
@@ -111,7 +115,7 @@ fn a_rank_killed_mid_run_stops_the_others_and_the_launcher_names_it() {
         "--gpus",
         "3",
         "--comm-timeout",
-        "5",
+        comm_timeout,
     ]);
     args.extend(["--checkpoint", path_str(&ck), "--checkpoint-every", "1"]);
     let mut launcher = Command::new(ztrain_binary())
@@ -135,28 +139,41 @@ fn a_rank_killed_mid_run_stops_the_others_and_the_launcher_names_it() {
     }
     // The launcher's children in the order it started them: rank 0, 1, 2.
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    let ranks: Vec<&str> = children.split_whitespace().collect();
+    let ranks: Vec<String> = children.split_whitespace().map(String::from).collect();
     assert_eq!(ranks.len(), 3, "{children}");
-    let killed_at = Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-9", ranks[1]])
-            .status()
-            .unwrap()
-            .success()
-    );
+    (launcher, ranks)
+}
+
+/// Waits (bounded) for the launcher to end; its status and stderr.
+fn finish(launcher: &mut std::process::Child, from: Instant) -> (std::process::ExitStatus, String) {
     let status = loop {
         if let Some(s) = launcher.try_wait().unwrap() {
             break s;
         }
         assert!(
-            killed_at.elapsed() < Duration::from_secs(30),
+            from.elapsed() < Duration::from_secs(30),
             "the job did not stop"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
+#[test]
+fn a_rank_killed_mid_run_stops_the_others_and_the_launcher_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut launcher, ranks) = start_three_ranks(dir.path(), "5");
+    let killed_at = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-9", &ranks[1]])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (status, stderr) = finish(&mut launcher, killed_at);
     assert_eq!(status.code(), Some(101), "{stderr}");
     assert!(
         stderr.contains("rank 1 of 3 was killed by signal 9"),
@@ -174,5 +191,63 @@ fn a_rank_killed_mid_run_stops_the_others_and_the_launcher_names_it() {
             l.contains(&format!("rank {r}: ")) && l.contains(" of step ") && l.contains("rank 1")
         });
         assert!(named, "rank {r}'s error missing:\n{stderr}");
+        // Its final line names it, and it exited on its own with the peer-failure status.
+        assert!(
+            stderr.contains(&format!("ztrain rank {r} of 3: error: ")),
+            "rank {r}'s final error line missing:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("rank {r} exited with status 3")),
+            "rank {r} did not exit on its own with status 3:\n{stderr}"
+        );
+    }
+}
+
+/// A rank that stalls (SIGSTOP: alive, its connections open, answering nothing) holds up no
+/// one: the others' collectives end at --comm-timeout with typed errors naming themselves and
+/// the step, each exits on its own with the peer-failure status 3 (not killed by the
+/// launcher when its grace ran out), and the launcher names the first of them.
+#[test]
+fn a_rank_that_stalls_mid_run_times_the_others_out_and_they_exit_on_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut launcher, ranks) = start_three_ranks(dir.path(), "2");
+    let stopped_at = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &ranks[1]])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (status, stderr) = finish(&mut launcher, stopped_at);
+    let code = status.code();
+    assert!(
+        code == Some(100) || code == Some(102),
+        "a surviving rank failed first: {code:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("rank 1 was killed by the launcher when the grace ran out"),
+        "{stderr}"
+    );
+    for r in [0, 2] {
+        assert!(
+            stderr.contains(&format!("ztrain rank {r} of 3: error: step ")),
+            "rank {r}'s final error line missing:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("caused by: rank {r}: all_reduce of step ")),
+            "rank {r}'s typed error missing:\n{stderr}"
+        );
+        let first = code == Some(100 + r);
+        assert!(
+            first || stderr.contains(&format!("rank {r} exited with status 3")),
+            "rank {r} did not exit on its own with status 3:\n{stderr}"
+        );
+        if first {
+            assert!(
+                stderr.contains(&format!("rank {r} of 3 exited with status 3")),
+                "{stderr}"
+            );
+        }
     }
 }

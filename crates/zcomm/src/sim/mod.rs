@@ -9,6 +9,11 @@
 //! typed error here, fails the kernel (the simulator makes that a sticky device error at the
 //! next sync, as NCCL's abort poisons a real stream) and is reported by
 //! [`Collective::take_failure`] and [`Collective::synchronize`].
+//!
+//! As over NCCL, a synchronize that passes the device's deadline (a collective stuck on the
+//! stream) is a [`CommError::Timeout`] naming the rank and the step, and [`SimCollective::abort`]
+//! marks the device lost: its stream holds collectives that may never complete, so the
+//! teardown that follows never waits on it again.
 
 mod wire;
 
@@ -22,7 +27,7 @@ use std::time::Duration;
 use wire::{Call, Star};
 use zcompute::{Backend, CudaBackend, CudaTensor, SimDriver};
 use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
-use zdevice::{Function, KernelArg, LaunchConfig, LoadedModule};
+use zdevice::{Device, DeviceError, Function, KernelArg, LaunchConfig, LoadedModule};
 
 /// Tells communicators of one process apart (each registers its own kernel).
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -51,6 +56,8 @@ pub struct SimCollective {
     link: Arc<Link>,
     function: Function,
     _module: Arc<LoadedModule<SimDriver>>,
+    /// The device the collectives run on (marked lost by an abort).
+    device: Device<SimDriver>,
 }
 
 impl SimCollective {
@@ -134,15 +141,50 @@ impl SimCollective {
             link,
             function,
             _module: Arc::new(module),
+            device: b.device().clone(),
         })
     }
 
     /// Tells the other ranks this one gives up (say, after a failed step), so they stop at
-    /// their next collective instead of waiting for the deadline.
+    /// their next collective instead of waiting for the deadline (bounded: half a second per
+    /// peer at most), and marks this rank's device lost, as an NCCL abort does: collectives
+    /// queued on its stream may never complete, and no wait of the teardown waits for them.
     pub fn abort(&self, why: &str) {
-        self.link
-            .star
-            .abort(self.link.info.rank, why, Duration::from_millis(500));
+        let rank = self.link.info.rank;
+        tracing::warn!(target: "zcomm.sim.abort", rank, why, "aborting the simulated communicator");
+        self.link.failed.store(true, Ordering::Release);
+        self.device.abandon(format!(
+            "the simulated communicator of rank {rank} was aborted; its collectives on the stream may never complete"
+        ));
+        self.link.star.abort(rank, why, Duration::from_millis(500));
+    }
+
+    /// Whether the communicator failed or was aborted: every later collective is refused
+    /// (as [`crate::NcclCollective::is_aborted`] says over NCCL).
+    #[must_use]
+    pub fn is_aborted(&self) -> bool {
+        self.link.failed.load(Ordering::Acquire)
+    }
+
+    /// `synchronize`'s error for a failed wait: a wait past the device's deadline is the
+    /// collective's [`CommError::Timeout`] (as over NCCL), the rest the backend's.
+    fn sync_error(&self, source: zcompute::ComputeError) -> CommError {
+        let deadline = match source.device_error() {
+            Some(DeviceError::Timeout { deadline, .. }) => Some(*deadline),
+            _ => None,
+        };
+        match deadline {
+            Some(waited_for) => CommError::Timeout {
+                rank: self.link.info.rank,
+                op: "synchronize",
+                step: self.link.step.load(Ordering::Relaxed),
+                waited_for,
+            },
+            None => CommError::Compute {
+                op: "synchronize",
+                source,
+            },
+        }
     }
 
     fn launch(
@@ -293,10 +335,7 @@ impl Collective<CudaBackend<SimDriver>, f32> for SimCollective {
         if let Some(e) = self.take_failure() {
             return Err(e);
         }
-        synced.map_err(|source| CommError::Compute {
-            op: "synchronize",
-            source,
-        })
+        synced.map_err(|source| self.sync_error(source))
     }
 
     fn set_step(&self, step: u64) {

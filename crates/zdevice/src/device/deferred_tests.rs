@@ -111,3 +111,25 @@ fn a_lost_device_abandons_the_releases() {
     assert!(dev.lost_reason().is_some(), "{err:?}");
     assert_eq!(dev.deferred_releases(), 0);
 }
+
+/// After a wait on a stream that never drains (a collective aborted with its peer gone), the
+/// owner abandons the device: a release then neither waits for that stream again nor is kept
+/// for later; it is left to the process at once, with no time passing on the device's clock.
+#[test]
+fn an_abandoned_device_waits_no_more() {
+    use crate::driver::Driver;
+    let (dev, ctl) = device();
+    let p = dev.alloc(256).unwrap();
+    busy(&dev, &ctl, p, 3600);
+    let err = dev.synchronize(dev.stream()).unwrap_err();
+    assert!(matches!(err, DeviceError::Timeout { .. }), "{err:?}");
+    dev.abandon("the communicator was aborted with a collective in flight");
+    let before = dev.driver().now();
+    let err = dev
+        .release_after_drain(dev.stream(), vec![Release::Free(p)])
+        .unwrap_err();
+    assert!(matches!(err, DeviceError::DeviceLost { .. }), "{err:?}");
+    assert_eq!(dev.driver().now(), before, "waited on the device's clock");
+    assert_eq!(dev.deferred_releases(), 0);
+    assert!(dev.lost_reason().unwrap().contains("aborted"));
+}

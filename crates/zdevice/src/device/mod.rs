@@ -264,6 +264,14 @@ impl<D: Driver> Device<D> {
             .clone()
     }
 
+    /// Marks the device lost on purpose (first reason wins): work queued on its streams may
+    /// never complete (a communicator was aborted with its collectives in flight), so every
+    /// later call fails with `DeviceLost` at once and the teardown leaves memory to the process
+    /// instead of waiting for those streams again, up to the deadline each time.
+    pub fn abandon(&self, reason: impl Into<String>) {
+        self.mark_lost(reason.into());
+    }
+
     /// Makes the device's context current on the calling thread (needed once per thread for
     /// the real driver; harmless otherwise).
     pub fn bind_thread(&self) -> DeviceResult<()> {

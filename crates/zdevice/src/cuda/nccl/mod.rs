@@ -8,6 +8,14 @@
 //! (`ncclCommAbort`), which makes NCCL's kernels and threads give up, so no rank waits forever
 //! for a peer that died or stalled; an aborted communicator refuses every later call.
 //!
+//! `ncclCommAbort` itself blocks, even on a non-blocking communicator (NCCL's docs exempt it
+//! and `ncclCommDestroy`), and with a peer gone it can block for long: it frees device memory
+//! (an implicit device synchronisation while NCCL's kernel may still spin on the stream) and
+//! reclaims resources shared with the dead peer. So it runs on a helper thread: [`NcclComm::abort`]
+//! returns at once, the device is marked lost (its stream held an aborted collective and may
+//! never drain, so no later wait of the teardown waits for it again), and dropping the
+//! communicator gives the helper at most [`ABORT_GRACE`] before leaving it to the process.
+//!
 //! NCCL reads raw CUDA streams and device addresses, so it runs over the real driver only
 //! (`CudaDriver`, bare or under `FaultyDriver`): [`supports`] says whether a driver's handles
 //! are the real ones, and [`NcclComm::init`] refuses the others with
@@ -15,6 +23,7 @@
 
 use std::any::TypeId;
 use std::ffi::{CStr, c_void};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -32,6 +41,11 @@ use crate::{CudaDriver, FaultyDriver};
 mod error;
 
 pub use error::NcclError;
+
+/// How long dropping an aborted communicator waits for `ncclCommAbort` (on its helper thread)
+/// to return before leaving it to the process: short, so that a rank whose peer died exits
+/// well within the launcher's grace after reporting its error.
+pub const ABORT_GRACE: Duration = Duration::from_secs(3);
 
 /// Bytes of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES`).
 pub const UNIQUE_ID_BYTES: usize = 128;
@@ -118,6 +132,8 @@ pub struct NcclComm<D: Driver> {
     world: usize,
     /// `None` once aborted or destroyed.
     comm: Mutex<Option<RawComm>>,
+    /// The helper thread's `ncclCommAbort` result, once an abort was started.
+    aborting: Mutex<Option<Receiver<ncclResult_t>>>,
 }
 
 impl<D: Driver> std::fmt::Debug for NcclComm<D> {
@@ -181,6 +197,7 @@ impl<D: Driver> NcclComm<D> {
             rank,
             world,
             comm: Mutex::new((!raw.is_null()).then_some(RawComm(raw))),
+            aborting: Mutex::new(None),
         };
         if r != ncclSuccess && r != ncclInProgress {
             let detail = last_error(nccl, raw);
@@ -292,13 +309,61 @@ impl<D: Driver> NcclComm<D> {
         }
     }
 
-    /// Aborts the communicator now (idempotent): NCCL's kernels and threads give up, and
-    /// every later call is refused with [`NcclError::Aborted`].
+    /// Aborts the communicator (idempotent) and returns at once: `ncclCommAbort` runs on a
+    /// helper thread (it may block for long with a peer gone; see the module documentation),
+    /// NCCL's kernels and threads give up, every later call is refused with
+    /// [`NcclError::Aborted`], and the device is marked lost, so the teardown that follows
+    /// never waits on a stream that held the aborted collectives.
     pub fn abort(&self) {
-        if let Some(RawComm(comm)) = lock(&self.comm).take() {
-            // SAFETY: `comm` is live and taken out of the mutex, so nothing uses it after.
-            let r = unsafe { self.nccl.ncclCommAbort(comm) };
-            tracing::warn!(target: "zdevice.nccl.abort", rank = self.rank, result = r, "communicator aborted");
+        let Some(raw) = lock(&self.comm).take() else {
+            return;
+        };
+        self.device.mark_lost(format!(
+            "the NCCL communicator of rank {} was aborted; its collectives on the stream may never complete",
+            self.rank
+        ));
+        let nccl = self.nccl;
+        let rank = self.rank;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let job = move || {
+            // The whole `RawComm` (Send) moves in, not its raw pointer field alone.
+            let raw: RawComm = raw;
+            let comm = raw.0;
+            // SAFETY: `comm` is live and was taken out of the mutex, so nothing else uses it;
+            // it is aborted exactly once, here. NCCL selects the communicator's device itself.
+            let r = unsafe { nccl.ncclCommAbort(comm) };
+            tracing::warn!(target: "zdevice.nccl.abort", rank, result = r, "communicator aborted");
+            let _ = tx.send(r);
+        };
+        let spawned = std::thread::Builder::new()
+            .name(format!("nccl-abort-{rank}"))
+            .spawn(job);
+        match spawned {
+            Ok(_) => *lock(&self.aborting) = Some(rx),
+            Err(e) => {
+                // No thread to run it on: the raw handle went with the closure, which never
+                // ran; the communicator is left to the process (it exits after an abort).
+                tracing::error!(target: "zdevice.nccl.abort", rank, error = %e, "could not start the abort thread; communicator left to the process");
+            }
+        }
+    }
+
+    /// Waits at most `grace` for an abort started by [`Self::abort`] to return; `true` when it
+    /// did (or none was started).
+    pub fn wait_aborted(&self, grace: Duration) -> bool {
+        let Some(rx) = lock(&self.aborting).take() else {
+            return true;
+        };
+        match rx.recv_timeout(grace) {
+            Ok(_) | Err(RecvTimeoutError::Disconnected) => true,
+            Err(RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    target: "zdevice.nccl.abort",
+                    rank = self.rank, ?grace,
+                    "ncclCommAbort has not returned; leaving it to the process"
+                );
+                false
+            }
         }
     }
 
@@ -308,6 +373,11 @@ impl<D: Driver> NcclComm<D> {
         call: &'static str,
         f: impl FnOnce(&Nccl, ncclComm_t) -> ncclResult_t,
     ) -> Result<(), NcclError> {
+        // Aborted first: an abort also marks the device lost, and the caller is to hear that
+        // the communicator is gone, not that the device is.
+        if self.is_aborted() {
+            return Err(NcclError::Aborted { call });
+        }
         self.device.bind_thread()?;
         let (r, detail) = {
             let guard = lock(&self.comm);
@@ -378,6 +448,7 @@ impl<D: Driver> Drop for NcclComm<D> {
     fn drop(&mut self) {
         if self.is_aborted() || self.device.bind_thread().is_err() {
             self.abort();
+            self.wait_aborted(ABORT_GRACE);
             return;
         }
         let finalized = {
@@ -391,6 +462,7 @@ impl<D: Driver> Drop for NcclComm<D> {
             && self.wait_async("ncclCommFinalize").is_ok();
         if !finalized {
             self.abort();
+            self.wait_aborted(ABORT_GRACE);
             return;
         }
         if let Some(RawComm(comm)) = lock(&self.comm).take() {
