@@ -25,6 +25,7 @@ pub(crate) mod fused;
 mod indexed;
 mod kernels;
 mod launch;
+mod linear;
 mod matmul;
 mod ops;
 mod rows;
@@ -34,6 +35,7 @@ pub mod twins;
 
 pub use capture::CudaGraph;
 pub use kernels::Kernel;
+pub use linear::LINEAR_ROW_LIMIT;
 pub use storage::{CudaStorage, CudaTensor};
 
 use crate::backend::AllocClass;
