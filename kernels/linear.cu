@@ -10,14 +10,23 @@
 
 // Most rows of A (the host falls back to cuBLAS above it; LINEAR_ROW_LIMIT in linear.rs).
 #define ZC_LINEAR_ROWS 32
-// k-contiguous B: warps per block (one output column each) and the k chunk of A staged.
+// k-contiguous B: warps per block (one output column each); loads of B a lane issues before
+// using any (a float4 each on the vector path: 32 x 4 x 8 = 1024 k per batch).
 #define KMAJOR_WARPS 4
-#define KMAJOR_CHUNK 256
-// n-contiguous B: columns per block (lanes along n), k slices (warps split k), A's k chunk.
+#define KMAJOR_BATCH 8
+// n-contiguous B: columns per block (lanes along n), k slices (the rest of the block), loads
+// of B a thread issues before using any (64 slices x 8 = 512 k per batch; 8 keeps the
+// partial sums of 32 rows in registers without spills).
 #define NMAJOR_COLS 8
-#define NMAJOR_SLICES 32
-#define NMAJOR_CHUNK 128
+#define NMAJOR_SLICES 64
+#define NMAJOR_BATCH 8
+#define NMAJOR_WARPS (NMAJOR_COLS * NMAJOR_SLICES / 32)
 #define LINEAR_ACT_TANH 1
+
+// Why no shared-memory staging of A: the floor is the latency of reading the weights once, so
+// every thread issues a whole batch of independent loads of B before it uses any; staging A
+// in chunks would put a barrier (and a round trip) between the batches. A is small (rows x k,
+// 48 KiB at 12 x 1024) and read through the L1 cache instead, by every warp of an SM.
 
 __device__ __forceinline__ float linear_epilogue(float acc, const float* bias, u64 j,
                                                  unsigned has_bias, unsigned act) {
@@ -25,50 +34,73 @@ __device__ __forceinline__ float linear_epilogue(float acc, const float* bias, u
     return act == LINEAR_ACT_TANH ? tanhf(v) : v;
 }
 
-// Stages A[0..m, k0..k0+chunk) into s[r * chunk + kk] (zero past k) with the whole block.
-__device__ __forceinline__ void stage_a(float* s, const float* a, unsigned m, u64 k, u64 k0,
-                                        unsigned chunk, u64 a_rs, u64 a_cs) {
-    const unsigned total = m * chunk;
-    for (unsigned idx = threadIdx.x; idx < total; idx += blockDim.x) {
-        const unsigned r = idx / chunk;
-        const u64 kk = k0 + idx % chunk;
-        s[idx] = kk < k ? a[r * a_rs + kk * a_cs] : 0.0f;
+// One lane's partial sums of column `col` of B (k-contiguous) against every row of A: the
+// lane takes k = (u * 32 + lane) * W + {0..W-1} of each batch, W = 4 on the vector path.
+template <bool VEC>
+__device__ __forceinline__ void kmajor_sums(float (&acc)[ZC_LINEAR_ROWS],
+                                            const float* __restrict__ a,
+                                            const float* __restrict__ col, unsigned m, u64 k,
+                                            u64 a_rs, u64 a_cs, unsigned lane) {
+    const u64 w = VEC ? 4 : 1;
+    for (u64 k0 = 0; k0 < k; k0 += 32 * w * KMAJOR_BATCH) {
+        float4 bv[KMAJOR_BATCH];
+#pragma unroll
+        for (int u = 0; u < KMAJOR_BATCH; ++u) {
+            const u64 kk = k0 + (u * 32 + lane) * w;
+            bv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (kk < k) {
+                if (VEC) {
+                    bv[u] = __ldg(reinterpret_cast<const float4*>(col + kk));
+                } else {
+                    bv[u].x = __ldg(col + kk);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < KMAJOR_BATCH; ++u) {
+            const u64 kk = k0 + (u * 32 + lane) * w;
+            if (kk >= k) break;
+#pragma unroll
+            for (int r = 0; r < ZC_LINEAR_ROWS; ++r) {
+                if (r < (int)m) {
+                    if (VEC) {
+                        const float4 av = __ldg(reinterpret_cast<const float4*>(a + r * a_rs + kk));
+                        acc[r] = fmaf(av.x, bv[u].x, acc[r]);
+                        acc[r] = fmaf(av.y, bv[u].y, acc[r]);
+                        acc[r] = fmaf(av.z, bv[u].z, acc[r]);
+                        acc[r] = fmaf(av.w, bv[u].w, acc[r]);
+                    } else {
+                        acc[r] = fmaf(__ldg(a + r * a_rs + kk * a_cs), bv[u].x, acc[r]);
+                    }
+                }
+            }
+        }
     }
 }
 
 // k-contiguous B (element (k,j) at b[j*ldb + k]: a Linear weight [out,in] read transposed).
 // Blocks of KMAJOR_WARPS warps, grid.x = ceil(n / KMAJOR_WARPS): warp w of block x owns column
-// j = x * KMAJOR_WARPS + w. Lanes run along k (coalesced reads of B's column); each lane keeps
-// m partial sums against A's chunk in shared memory, then a fixed xor-shuffle tree sums the
-// lanes and lane 0 writes the column's m outputs.
+// j = x * KMAJOR_WARPS + w. Lanes run along k (coalesced reads of B's column, float4s when k,
+// ldb and A's row stride are multiples of 4, A's rows are dense and A and B are 16-byte
+// aligned); each lane keeps m partial sums, then a fixed xor-shuffle tree sums the lanes and
+// lane 0 writes the column's m outputs.
 extern "C" __global__ void __launch_bounds__(KMAJOR_WARPS * 32)
     zc_linear_rows_kmajor_f32(float* out, const float* a, const float* b, const float* bias,
                               unsigned m, u64 k, u64 n, u64 a_rs, u64 a_cs, u64 ldb,
                               float beta, unsigned has_bias, unsigned act) {
-    __shared__ float s_a[ZC_LINEAR_ROWS * KMAJOR_CHUNK];
     const unsigned lane = threadIdx.x % 32;
     const u64 j = (u64)blockIdx.x * KMAJOR_WARPS + threadIdx.x / 32;
-    const bool live = j < n;
-    const float* col = b + (live ? j * ldb : 0);
+    if (j >= n) return;
+    const bool vec4 = k % 4 == 0 && ldb % 4 == 0 && a_cs == 1 && a_rs % 4 == 0 &&
+                      ((((u64)a | (u64)b) & 15) == 0);
     float acc[ZC_LINEAR_ROWS];
 #pragma unroll
     for (int r = 0; r < ZC_LINEAR_ROWS; ++r) acc[r] = 0.0f;
-    for (u64 k0 = 0; k0 < k; k0 += KMAJOR_CHUNK) {
-        __syncthreads();
-        stage_a(s_a, a, m, k, k0, KMAJOR_CHUNK, a_rs, a_cs);
-        __syncthreads();
-        if (!live) continue;
-        const unsigned len = (unsigned)min((u64)KMAJOR_CHUNK, k - k0);
-#pragma unroll 4
-        for (unsigned kk = lane; kk < len; kk += 32) {
-            const float bv = col[k0 + kk];
-#pragma unroll
-            for (int r = 0; r < ZC_LINEAR_ROWS; ++r) {
-                if (r < (int)m) acc[r] = fmaf(s_a[r * KMAJOR_CHUNK + kk], bv, acc[r]);
-            }
-        }
+    if (vec4) {
+        kmajor_sums<true>(acc, a, b + j * ldb, m, k, a_rs, a_cs, lane);
+    } else {
+        kmajor_sums<false>(acc, a, b + j * ldb, m, k, a_rs, a_cs, lane);
     }
-    if (!live) return;
 #pragma unroll
     for (int r = 0; r < ZC_LINEAR_ROWS; ++r) {
         if (r < (int)m) {
@@ -92,14 +124,16 @@ extern "C" __global__ void __launch_bounds__(KMAJOR_WARPS * 32)
 // n-contiguous B (element (k,j) at b[k*ldb + j]: a weight [k,n] read as stored). Blocks of
 // NMAJOR_COLS x NMAJOR_SLICES threads, grid.x = ceil(n / NMAJOR_COLS): thread (c, s) of
 // block x owns column j = x * NMAJOR_COLS + c and the k with k % NMAJOR_SLICES == s (a warp
-// reads 4 rows of 8 consecutive floats: whole 32-byte sectors). The slices' m partial sums go
-// to shared memory and one thread per (row, column) adds them in slice order.
+// reads 4 rows of 8 consecutive floats: whole 32-byte sectors), NMAJOR_BATCH loads at a time.
+// A fixed shuffle tree adds each warp's 4 slices of a column, the warps' m partial sums go to
+// shared memory, and one thread per (row, column) adds them in warp order.
 extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
-    zc_linear_rows_nmajor_f32(float* out, const float* a, const float* b, const float* bias,
-                              unsigned m, u64 k, u64 n, u64 a_rs, u64 a_cs, u64 ldb,
-                              float beta, unsigned has_bias, unsigned act) {
-    // A's chunk while summing, then the slices' partials [slice][row][column].
-    __shared__ float s_buf[NMAJOR_SLICES * ZC_LINEAR_ROWS * NMAJOR_COLS];
+    zc_linear_rows_nmajor_f32(float* out, const float* __restrict__ a,
+                              const float* __restrict__ b, const float* bias, unsigned m, u64 k,
+                              u64 n, u64 a_rs, u64 a_cs, u64 ldb, float beta,
+                              unsigned has_bias, unsigned act) {
+    // The warps' partials [warp][row][column].
+    __shared__ float s_part[NMAJOR_WARPS * ZC_LINEAR_ROWS * NMAJOR_COLS];
     const unsigned c = threadIdx.x % NMAJOR_COLS;
     const unsigned slice = threadIdx.x / NMAJOR_COLS;
     const u64 j = (u64)blockIdx.x * NMAJOR_COLS + c;
@@ -107,38 +141,48 @@ extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
     float acc[ZC_LINEAR_ROWS];
 #pragma unroll
     for (int r = 0; r < ZC_LINEAR_ROWS; ++r) acc[r] = 0.0f;
-    for (u64 k0 = 0; k0 < k; k0 += NMAJOR_CHUNK) {
-        __syncthreads();
-        stage_a(s_buf, a, m, k, k0, NMAJOR_CHUNK, a_rs, a_cs);
-        __syncthreads();
-        if (!live) continue;
-        const unsigned len = (unsigned)min((u64)NMAJOR_CHUNK, k - k0);
-#pragma unroll 4
-        for (unsigned kk = slice; kk < len; kk += NMAJOR_SLICES) {
-            const float bv = b[(k0 + kk) * ldb + j];
+    for (u64 k0 = 0; live && k0 < k; k0 += NMAJOR_SLICES * NMAJOR_BATCH) {
+        float bv[NMAJOR_BATCH];
+#pragma unroll
+        for (int u = 0; u < NMAJOR_BATCH; ++u) {
+            const u64 kk = k0 + u * NMAJOR_SLICES + slice;
+            bv[u] = kk < k ? __ldg(b + kk * ldb + j) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < NMAJOR_BATCH; ++u) {
+            const u64 kk = k0 + u * NMAJOR_SLICES + slice;
+            if (kk >= k) break;
 #pragma unroll
             for (int r = 0; r < ZC_LINEAR_ROWS; ++r) {
-                if (r < (int)m) acc[r] = fmaf(s_buf[r * NMAJOR_CHUNK + kk], bv, acc[r]);
+                if (r < (int)m) acc[r] = fmaf(__ldg(a + r * a_rs + kk * a_cs), bv[u], acc[r]);
+            }
+        }
+    }
+    // Lanes c, c + 8, c + 16, c + 24 of a warp hold column c's 4 slices (every lane takes
+    // part: the masks are full).
+    const unsigned warp = threadIdx.x / 32;
+#pragma unroll
+    for (int r = 0; r < ZC_LINEAR_ROWS; ++r) {
+        if (r < (int)m) {
+            float v = acc[r];
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (threadIdx.x % 32 < NMAJOR_COLS) {
+                s_part[(warp * ZC_LINEAR_ROWS + r) * NMAJOR_COLS + c] = v;
             }
         }
     }
     __syncthreads();
-#pragma unroll
-    for (int r = 0; r < ZC_LINEAR_ROWS; ++r) {
-        if (r < (int)m) s_buf[(slice * ZC_LINEAR_ROWS + r) * NMAJOR_COLS + c] = acc[r];
-    }
-    __syncthreads();
     // Thread t sums (row t / NMAJOR_COLS, column t % NMAJOR_COLS): m * NMAJOR_COLS <= threads.
     const unsigned r = threadIdx.x / NMAJOR_COLS;
-    const u64 jo = (u64)blockIdx.x * NMAJOR_COLS + c;
-    if (r >= m || jo >= n) return;
+    if (r >= m || !live) return;
     float v = 0.0f;
-    for (unsigned s = 0; s < NMAJOR_SLICES; ++s) {
-        v += s_buf[(s * ZC_LINEAR_ROWS + r) * NMAJOR_COLS + c];
+    for (unsigned w = 0; w < NMAJOR_WARPS; ++w) {
+        v += s_part[(w * ZC_LINEAR_ROWS + r) * NMAJOR_COLS + c];
     }
-    v = linear_epilogue(v, bias, jo, has_bias, act);
-    if (beta != 0.0f) v = fmaf(beta, out[r * n + jo], v);
-    out[r * n + jo] = v;
+    v = linear_epilogue(v, bias, j, has_bias, act);
+    if (beta != 0.0f) v = fmaf(beta, out[r * n + j], v);
+    out[r * n + j] = v;
 }
 
 // dw[o, i] += Σ_r g[r, o] · x[r, i] (r in row order) and, when has_db, db[o] += Σ_r g[r, o].
@@ -165,7 +209,10 @@ extern "C" __global__ void zc_linear_param_grads_f32(float* dw, float* db, const
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (vec4) {
         if (i >= ins / 4) return;
+        float4* dst = reinterpret_cast<float4*>(dw + o * ldw) + i;
+        float4 d = *dst;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
         for (unsigned r = 0; r < rows; ++r) {
             const float gv = gcol[r * g_rs];
             const float4 xv = reinterpret_cast<const float4*>(x + r * x_rs)[i];
@@ -174,8 +221,6 @@ extern "C" __global__ void zc_linear_param_grads_f32(float* dw, float* db, const
             acc.z = fmaf(gv, xv.z, acc.z);
             acc.w = fmaf(gv, xv.w, acc.w);
         }
-        float4* dst = reinterpret_cast<float4*>(dw + o * ldw) + i;
-        float4 d = *dst;
         d.x += acc.x;
         d.y += acc.y;
         d.z += acc.z;
@@ -183,8 +228,10 @@ extern "C" __global__ void zc_linear_param_grads_f32(float* dw, float* db, const
         *dst = d;
     } else {
         if (i >= ins) return;
+        const float d = dw[o * ldw + i];
         float acc = 0.0f;
+#pragma unroll 8
         for (unsigned r = 0; r < rows; ++r) acc = fmaf(gcol[r * g_rs], x[r * x_rs + i * x_cs], acc);
-        dw[o * ldw + i] += acc;
+        dw[o * ldw + i] = d + acc;
     }
 }

@@ -21,7 +21,7 @@ pub const LINEAR_ROW_LIMIT: usize = 32;
 pub(crate) const KMAJOR_WARPS: u32 = 4;
 /// n-contiguous `op(B)`: columns per block and k slices (`NMAJOR_COLS`, `NMAJOR_SLICES`).
 pub(crate) const NMAJOR_COLS: u32 = 8;
-pub(crate) const NMAJOR_SLICES: u32 = 32;
+pub(crate) const NMAJOR_SLICES: u32 = 64;
 /// The parameter-gradient kernel's blocks: x along the inputs, y along the outputs.
 const GRADS_BLOCK: (u32, u32) = (64, 4);
 /// Most blocks along a grid axis these launches use.
