@@ -15,10 +15,11 @@
 #define KMAJOR_WARPS 4
 #define KMAJOR_BATCH 8
 // n-contiguous B: columns per block (lanes along n), k slices (the rest of the block), loads
-// of B a thread issues before using any (64 slices x 8 = 512 k per batch; 8 keeps the
-// partial sums of 32 rows in registers without spills).
-#define NMAJOR_COLS 8
-#define NMAJOR_SLICES 64
+// of B a thread issues before using any (128 slices x 8 = 1024 k per batch; 8 keeps the
+// partial sums of 32 rows in registers without spills). 4 columns (half a 32-byte sector per
+// row) so that a 256-wide product still spreads over 64 CTAs: latency, not bytes, is the floor.
+#define NMAJOR_COLS 4
+#define NMAJOR_SLICES 128
 #define NMAJOR_BATCH 8
 #define NMAJOR_WARPS (NMAJOR_COLS * NMAJOR_SLICES / 32)
 #define LINEAR_ACT_TANH 1
@@ -124,9 +125,9 @@ extern "C" __global__ void __launch_bounds__(KMAJOR_WARPS * 32)
 // n-contiguous B (element (k,j) at b[k*ldb + j]: a weight [k,n] read as stored). Blocks of
 // NMAJOR_COLS x NMAJOR_SLICES threads, grid.x = ceil(n / NMAJOR_COLS): thread (c, s) of
 // block x owns column j = x * NMAJOR_COLS + c and the k with k % NMAJOR_SLICES == s (a warp
-// reads 4 rows of 8 consecutive floats: whole 32-byte sectors), NMAJOR_BATCH loads at a time.
-// A fixed shuffle tree adds each warp's 4 slices of a column, the warps' m partial sums go to
-// shared memory, and one thread per (row, column) adds them in warp order.
+// reads 8 rows of 4 consecutive floats), NMAJOR_BATCH loads at a time. A fixed shuffle tree
+// adds each warp's 8 slices of a column, the warps' m partial sums go to shared memory, and
+// one thread per (row, column) adds them in warp order.
 extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
     zc_linear_rows_nmajor_f32(float* out, const float* __restrict__ a,
                               const float* __restrict__ b, const float* bias, unsigned m, u64 k,
@@ -158,15 +159,17 @@ extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
             }
         }
     }
-    // Lanes c, c + 8, c + 16, c + 24 of a warp hold column c's 4 slices (every lane takes
-    // part: the masks are full).
+    // Lanes c, c + NMAJOR_COLS, ... of a warp hold column c's slices (every lane takes part:
+    // the masks are full).
     const unsigned warp = threadIdx.x / 32;
 #pragma unroll
     for (int r = 0; r < ZC_LINEAR_ROWS; ++r) {
         if (r < (int)m) {
             float v = acc[r];
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
+#pragma unroll
+            for (int off = NMAJOR_COLS; off < 32; off <<= 1) {
+                v += __shfl_xor_sync(0xffffffffu, v, off);
+            }
             if (threadIdx.x % 32 < NMAJOR_COLS) {
                 s_part[(warp * ZC_LINEAR_ROWS + r) * NMAJOR_COLS + c] = v;
             }

@@ -20,8 +20,8 @@ pub const LINEAR_ROW_LIMIT: usize = 32;
 /// k-contiguous `op(B)`: warps per block, one output column each (`KMAJOR_WARPS`).
 pub(crate) const KMAJOR_WARPS: u32 = 4;
 /// n-contiguous `op(B)`: columns per block and k slices (`NMAJOR_COLS`, `NMAJOR_SLICES`).
-pub(crate) const NMAJOR_COLS: u32 = 8;
-pub(crate) const NMAJOR_SLICES: u32 = 64;
+pub(crate) const NMAJOR_COLS: u32 = 4;
+pub(crate) const NMAJOR_SLICES: u32 = 128;
 /// The parameter-gradient kernel's blocks: x along the inputs, y along the outputs.
 const GRADS_BLOCK: (u32, u32) = (64, 4);
 /// Most blocks along a grid axis these launches use.
@@ -322,11 +322,11 @@ mod tests {
             (p.kernel, p.config.grid.0, p.ldb),
             (Kernel::LinearRowsKMajor, 64, 1024)
         );
-        // The same weight as stored ([k, n] = [1024, 256]): n-contiguous, 8 columns a block.
+        // The same weight as stored ([k, n] = [1024, 256]): n-contiguous, 4 columns a block.
         let p = rows_plan(12, 1024, 256, (1024, 1), (256, 1)).unwrap();
         assert_eq!(
             (p.kernel, p.config.grid.0, p.ldb),
-            (Kernel::LinearRowsNMajor, 32, 256)
+            (Kernel::LinearRowsNMajor, 64, 256)
         );
         assert!(rows_plan(LINEAR_ROW_LIMIT, 8, 8, (8, 1), (8, 1)).is_some());
         assert!(rows_plan(LINEAR_ROW_LIMIT + 1, 8, 8, (8, 1), (8, 1)).is_none());

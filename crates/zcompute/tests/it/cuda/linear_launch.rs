@@ -85,16 +85,16 @@ fn one_samples_products_run_one_small_row_kernel_each_over_many_blocks() {
         let got = ran(&gpu, &y, &log, &mut gemms);
         assert_eq!(got, (vec![(KMAJOR, blocks)], 0), "linear k {k} n {n}");
     }
-    // dX = g [12, out] · W [out, in], n-contiguous: 8 columns x 64 k slices a block.
+    // dX = g [12, out] · W [out, in], n-contiguous: 4 columns x 128 k slices a block.
     let plain = MatmulOpts {
         trans_a: false,
         trans_b: false,
     };
     for (k, n, blocks) in [
-        (1024, 256, 32),
-        (256, 1024, 128),
-        (256, 256, 32),
-        (768, 256, 32),
+        (1024, 256, 64),
+        (256, 1024, 256),
+        (256, 256, 64),
+        (768, 256, 64),
     ] {
         let gx = gpu.matmul(&t(&[12, k]), &t(&[k, n]), plain).unwrap();
         let got = ran(&gpu, &gx, &log, &mut gemms);
