@@ -492,7 +492,8 @@ pub trait Backend<T: Element> {
     /// A Linear layer's parameter gradients added into their buffers, from the gradient of its
     /// output before the activation `g [rows, out]` and its input `x [rows, in]`:
     /// `dw += gᵀ · x` (`dw [out, in]`) and, when given, `db += Σ_rows g` (`db [out]`). The
-    /// buffers must be writable and share no memory with `g`, `x` or each other. The provided
+    /// buffers must be writable and share no memory with `g` or `x`; they may be disjoint views
+    /// of one buffer (a model's flat gradient buffer), not overlapping ones. The provided
     /// body is [`Backend::matmul_into`] then [`Backend::sum_rows_into`]; the CUDA backend does
     /// both in one kernel when the rows are few.
     fn linear_param_grads_into(

@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 7] = [
+pub(crate) const MODULES: [(&str, &str); 8] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -36,6 +36,7 @@ pub(crate) const MODULES: [(&str, &str); 7] = [
         "indexed",
         include_str!("../../../../kernels/ptx/indexed.ptx"),
     ),
+    ("linear", include_str!("../../../../kernels/ptx/linear.ptx")),
 ];
 
 /// Kinds of kernel parameters.
@@ -107,6 +108,12 @@ pub enum Kernel {
     GatherRow,
     /// A row written at an index in device memory, which it may then advance.
     ScatterRow,
+    /// Products with few rows (`linear.cu`, launched from `cuda/linear.rs`), by the order of
+    /// `op(B)`: k-contiguous (a Linear weight read transposed) or n-contiguous.
+    LinearRowsKMajor,
+    LinearRowsNMajor,
+    /// A Linear layer's weight and bias gradients from few rows, added into their buffers.
+    LinearParamGrads,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -135,8 +142,14 @@ const ATTENTION_BACKWARD: &[Param] = &[
     Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, F32,
 ];
 
+/// Every small-row product kernel: out, a, b, bias, m, k, n, a's row and column strides, b's
+/// leading dimension, beta, has_bias, act.
+const LINEAR_ROWS: &[Param] = &[
+    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32,
+];
+
 impl Kernel {
-    pub const ALL: [Kernel; 42] = [
+    pub const ALL: [Kernel; 45] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -179,6 +192,9 @@ impl Kernel {
         Kernel::PoolHeadBceBackwardFinish,
         Kernel::GatherRow,
         Kernel::ScatterRow,
+        Kernel::LinearRowsKMajor,
+        Kernel::LinearRowsNMajor,
+        Kernel::LinearParamGrads,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -338,6 +354,16 @@ impl Kernel {
             ),
             Kernel::GatherRow => s(6, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
             Kernel::ScatterRow => s(6, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),
+            Kernel::LinearRowsNMajor => s(7, "zc_linear_rows_nmajor_f32", LINEAR_ROWS, 0),
+            Kernel::LinearParamGrads => s(
+                7,
+                "zc_linear_param_grads_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U64, U32,
+                ],
+                0,
+            ),
         }
     }
 }

@@ -132,6 +132,11 @@ impl<D: Driver> CudaBackend<D> {
         let validate::MatmulShape { batch, m, k, n, .. } = shape;
         let (m, k, n) = (*m, *k, *n);
         let count = checked_numel(OP, batch)?;
+        // Few rows (one sample's): one small-row kernel over many CTAs (cuda/linear.rs).
+        let trans = (opts.trans_a, opts.trans_b);
+        if self.small_rows_gemm((a, b), trans, (m, k, n), count, out, beta)? {
+            return Ok(());
+        }
         tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, beta, "gemm");
         let oa = self.operand(a, batch)?;
         let ob = self.operand(b, batch)?;

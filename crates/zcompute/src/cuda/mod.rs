@@ -25,6 +25,7 @@ pub(crate) mod fused;
 mod indexed;
 mod kernels;
 mod launch;
+mod linear;
 mod matmul;
 mod ops;
 mod pinned;
@@ -35,6 +36,7 @@ pub mod twins;
 
 pub use capture::CudaGraph;
 pub use kernels::Kernel;
+pub use linear::LINEAR_ROW_LIMIT;
 pub use pinned::CudaPinned;
 pub use storage::{CudaStorage, CudaTensor};
 

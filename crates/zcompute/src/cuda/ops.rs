@@ -375,6 +375,26 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.bias_act_fused(x, bias, act)
     }
 
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: crate::fused::Activation,
+    ) -> Result<CudaTensor> {
+        self.linear_fused(x, w, bias, act)
+    }
+
+    fn linear_param_grads_into(
+        &self,
+        g: &CudaTensor,
+        x: &CudaTensor,
+        dw: &CudaTensor,
+        db: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.linear_param_grads_fused(g, x, dw, db)
+    }
+
     fn tanh_backward(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {
         self.tanh_backward_fused(g, y)
     }

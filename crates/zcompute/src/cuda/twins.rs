@@ -15,6 +15,7 @@ mod elementwise;
 mod flat;
 mod fused;
 mod indexed;
+mod linear;
 mod reductions;
 mod rows;
 mod train;
@@ -78,6 +79,9 @@ fn twin(k: Kernel) -> Twin {
         Kernel::PoolHeadBceBackwardFinish => fused::pool_head_bce_backward_finish,
         Kernel::GatherRow => indexed::gather_row,
         Kernel::ScatterRow => indexed::scatter_row,
+        Kernel::LinearRowsKMajor => linear::rows_kmajor,
+        Kernel::LinearRowsNMajor => linear::rows_nmajor,
+        Kernel::LinearParamGrads => linear::param_grads,
     }
 }
 

@@ -49,8 +49,32 @@ pub(crate) fn linear<S: Storage>(
     })
 }
 
+/// Refuses two views whose element ranges meet; views of one buffer that do not (a weight's
+/// and a bias's gradient in a model's flat gradient buffer) are fine.
+fn disjoint_views<S: Storage>(
+    op: &'static str,
+    (lhs, l): (&'static str, &Tensor<S>),
+    (rhs, r): (&'static str, &Tensor<S>),
+) -> Result<()> {
+    if !l.shares_storage(r) {
+        return Ok(());
+    }
+    let span = |t: &Tensor<S>| {
+        t.layout()
+            .max_offset()
+            .map(|end| (t.layout().offset(), end))
+    };
+    match (span(l), span(r)) {
+        (Some((l0, l1)), Some((r0, r1))) if l1 >= r0 && r1 >= l0 => {
+            Err(ComputeError::Aliased { op, lhs, rhs })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `linear_param_grads_into`: `g [rows, out]`, `x [rows, in]`, `dw [out, in]` and `db [out]`
-/// writable and in other memory than `g`, `x` and each other.
+/// writable and in other memory than `g` and `x`; `dw` and `db` may be disjoint views of one
+/// buffer (a flat gradient buffer), not overlapping ones.
 pub(crate) fn linear_param_grads_into<S: Storage>(
     g: &Tensor<S>,
     x: &Tensor<S>,
@@ -70,7 +94,7 @@ pub(crate) fn linear_param_grads_into<S: Storage>(
         writable(OP, db.layout())?;
         distinct(OP, &[("g", g), ("db", db)])?;
         distinct(OP, &[("x", x), ("db", db)])?;
-        distinct(OP, &[("dw", dw), ("db", db)])?;
+        disjoint_views(OP, ("dw", dw), ("db", db))?;
     }
     Ok(LinearShape {
         rows,

@@ -15,7 +15,7 @@ const CPU: CpuBackend = CpuBackend;
 
 /// The same values on the device (f32) and on the host (f64, the f32-rounded values); with
 /// `transposed`, stored with the last two axes swapped and viewed back.
-fn pair<D: Driver>(
+pub fn pair<D: Driver>(
     gpu: &CudaBackend<D>,
     shape: &[usize],
     seed: u64,
@@ -41,7 +41,12 @@ fn pair<D: Driver>(
     (dev.transpose(rank - 1, rank - 2).expect("view"), host)
 }
 
-fn close<D: Driver>(what: &str, gpu: &CudaBackend<D>, ours: &CudaTensor, want: &CpuTensor<f64>) {
+pub fn close<D: Driver>(
+    what: &str,
+    gpu: &CudaBackend<D>,
+    ours: &CudaTensor,
+    want: &CpuTensor<f64>,
+) {
     assert_eq!(ours.shape(), want.shape(), "{what}: shape");
     let got = gpu.download(ours).expect("download");
     let err = rel_err(&got, &want.to_vec());

@@ -13,6 +13,8 @@ pub mod flat_bodies;
 mod fused;
 mod fused_launch;
 mod indexed;
+mod linear;
+mod linear_launch;
 #[macro_use]
 mod suite;
 pub mod validation;

@@ -1,0 +1,338 @@
+//! Products with few rows (one sample's scales, m = 12) as one kernel each from
+//! `kernels/linear.cu`: a Linear layer's forward with its bias epilogue inside, plain
+//! `matmul`/`matmul_into` products, and a Linear layer's weight and bias gradients. cuBLAS
+//! runs these on a handful of big tiles (5-10 us each, sometimes with a split-K reduce
+//! node); the weights are what is read, so these kernels spread them over many CTAs and the
+//! floor is one pass over the weights. Anything else (more rows than [`LINEAR_ROW_LIMIT`], an
+//! operand order the kernels do not read, empty sizes, grids past 65 535 blocks) takes the
+//! cuBLAS path unchanged. Every choice is traced at `zcompute.cuda.linear`.
+
+use super::kernels::{Args, Kernel, ptr, u64a};
+use super::{CudaBackend, CudaTensor};
+use crate::error::Result;
+use crate::fused::Activation;
+use crate::validate::{self, LinearShape};
+use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
+
+/// Most rows a product takes through the small-row kernels (`ZC_LINEAR_ROWS` in linear.cu:
+/// each thread keeps this many partial sums in registers).
+pub const LINEAR_ROW_LIMIT: usize = 32;
+/// k-contiguous `op(B)`: warps per block, one output column each (`KMAJOR_WARPS`).
+pub(crate) const KMAJOR_WARPS: u32 = 4;
+/// n-contiguous `op(B)`: columns per block and k slices (`NMAJOR_COLS`, `NMAJOR_SLICES`).
+pub(crate) const NMAJOR_COLS: u32 = 4;
+pub(crate) const NMAJOR_SLICES: u32 = 128;
+/// The parameter-gradient kernel's blocks: x along the inputs, y along the outputs.
+const GRADS_BLOCK: (u32, u32) = (64, 4);
+/// Most blocks along a grid axis these launches use.
+const MAX_GRID: u64 = 65_535;
+
+/// Whether the parameter-gradient kernel takes its float4 path: the kernel makes the same
+/// test.
+pub(crate) fn linear_grads_vec4(
+    ins: usize,
+    ldw: u64,
+    x_rs: u64,
+    x_cs: u64,
+    ptrs: [DevicePtr; 2],
+) -> bool {
+    ins.is_multiple_of(4)
+        && ldw.is_multiple_of(4)
+        && x_cs == 1
+        && x_rs.is_multiple_of(4)
+        && ptrs.iter().all(|p| p.0.is_multiple_of(16))
+}
+
+/// How the small-row kernel reads one product `op(A)[m,k] · op(B)[k,n]`.
+#[derive(Clone, Copy, Debug)]
+struct RowsPlan {
+    kernel: Kernel,
+    config: LaunchConfig,
+    /// `op(A)`'s row and column strides.
+    a: (u64, u64),
+    /// `op(B)`'s leading dimension: the stride of its non-contiguous axis.
+    ldb: u64,
+}
+
+/// The plan for `m x k x n` with `op(A)` strides `a` and `op(B)` strides `(sk, sj)`, or
+/// `None` where the cuBLAS path stays: `m` outside `1..=LINEAR_ROW_LIMIT`, an empty `k` or
+/// `n`, an `op(B)` contiguous along neither axis, or too many blocks.
+fn rows_plan(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: (usize, usize),
+    b: (usize, usize),
+) -> Option<RowsPlan> {
+    if m == 0 || m > LINEAR_ROW_LIMIT || k == 0 || n == 0 {
+        return None;
+    }
+    let (sk, sj) = b;
+    let (kernel, ldb, per_block, threads) = if sk == 1 && k > 1 {
+        (
+            Kernel::LinearRowsKMajor,
+            sj,
+            KMAJOR_WARPS,
+            KMAJOR_WARPS * 32,
+        )
+    } else if sj == 1 || n == 1 {
+        (
+            Kernel::LinearRowsNMajor,
+            sk,
+            NMAJOR_COLS,
+            NMAJOR_COLS * NMAJOR_SLICES,
+        )
+    } else if k == 1 {
+        (
+            Kernel::LinearRowsKMajor,
+            sj,
+            KMAJOR_WARPS,
+            KMAJOR_WARPS * 32,
+        )
+    } else {
+        return None;
+    };
+    let blocks = (n as u64).div_ceil(u64::from(per_block));
+    (blocks <= MAX_GRID).then_some(RowsPlan {
+        kernel,
+        config: LaunchConfig {
+            grid: (blocks as u32, 1, 1),
+            block: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        },
+        a: (a.0 as u64, a.1 as u64),
+        ldb: ldb as u64,
+    })
+}
+
+/// Strides of a matrix view's last two axes, swapped when it is read transposed.
+fn op_strides(t: &CudaTensor, trans: bool) -> (usize, usize) {
+    let s = t.layout().strides();
+    let (r, c) = (s[s.len() - 2], s[s.len() - 1]);
+    if trans { (c, r) } else { (r, c) }
+}
+
+fn act_code(act: Activation) -> u32 {
+    match act {
+        Activation::Identity => 0,
+        Activation::Tanh => 1,
+    }
+}
+
+impl<D: Driver> CudaBackend<D> {
+    /// Launches `plan` for `out = act(op(a) · op(b) + bias) + beta * out`, `out` dense
+    /// `[m, n]`.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_rows(
+        &self,
+        op: &'static str,
+        plan: &RowsPlan,
+        (m, k, n): (usize, usize, usize),
+        (a, b): (&CudaTensor, &CudaTensor),
+        bias: Option<&CudaTensor>,
+        act: Activation,
+        out: &CudaTensor,
+        beta: f32,
+    ) -> Result<()> {
+        tracing::trace!(
+            target: "zcompute.cuda.linear",
+            op, m, k, n, beta, kernel = plan.kernel.spec().name, blocks = plan.config.grid.0,
+            "small-row kernel"
+        );
+        let bias_ptr = bias.map_or(Ok(DevicePtr::NULL), |t| self.ptr(op, t))?;
+        let args: Args = [
+            ptr(self.ptr(op, out)?),
+            ptr(self.ptr(op, a)?),
+            ptr(self.ptr(op, b)?),
+            ptr(bias_ptr),
+            KernelArg::U32(m as u32),
+            u64a(k),
+            u64a(n),
+            KernelArg::U64(plan.a.0),
+            KernelArg::U64(plan.a.1),
+            KernelArg::U64(plan.ldb),
+            KernelArg::F32(beta),
+            KernelArg::U32(u32::from(bias.is_some())),
+            KernelArg::U32(act_code(act)),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(op, plan.kernel, plan.config, &args)
+    }
+
+    /// `out = op(a) · op(b) + beta * out` through the small-row kernel when one batch of
+    /// `m <= LINEAR_ROW_LIMIT` rows in an order it reads; `false` (nothing queued) otherwise.
+    /// Called by `gemm_to` before cuBLAS.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn small_rows_gemm(
+        &self,
+        (a, b): (&CudaTensor, &CudaTensor),
+        (trans_a, trans_b): (bool, bool),
+        (m, k, n): (usize, usize, usize),
+        count: usize,
+        out: &CudaTensor,
+        beta: f32,
+    ) -> Result<bool> {
+        const OP: &str = "matmul";
+        let plan = (count == 1)
+            .then(|| rows_plan(m, k, n, op_strides(a, trans_a), op_strides(b, trans_b)))
+            .flatten();
+        let Some(plan) = plan else {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, count, m, k, n, "cublas");
+            return Ok(false);
+        };
+        self.launch_rows(
+            OP,
+            &plan,
+            (m, k, n),
+            (a, b),
+            None,
+            Activation::Identity,
+            out,
+            beta,
+        )?;
+        Ok(true)
+    }
+
+    /// `Backend::linear`: one small-row kernel with the bias epilogue for few rows, else
+    /// the provided composite (cuBLAS, then the bias epilogue).
+    pub(crate) fn linear_fused(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: Activation,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let LinearShape {
+            rows,
+            inputs,
+            outputs,
+        } = validate::linear(x, w, bias)?;
+        let Some(plan) = rows_plan(
+            rows,
+            inputs,
+            outputs,
+            op_strides(x, false),
+            op_strides(w, true),
+        ) else {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, rows, inputs, outputs, "cublas + bias_act");
+            return crate::linear::linear(self, x, w, bias, act);
+        };
+        let out = self.alloc(OP, &[rows, outputs])?;
+        let bias = self.dense(OP, bias)?;
+        self.launch_rows(
+            OP,
+            &plan,
+            (rows, inputs, outputs),
+            (x, w),
+            Some(&bias),
+            act,
+            &out,
+            0.0,
+        )?;
+        Ok(out)
+    }
+
+    /// `Backend::linear_param_grads_into`: one kernel for few rows when `dw`'s last axis is
+    /// dense (a per-tensor view of a flat gradient buffer is), else the provided composite
+    /// (`matmul_into`, then `sum_rows_into`).
+    pub(crate) fn linear_param_grads_fused(
+        &self,
+        g: &CudaTensor,
+        x: &CudaTensor,
+        dw: &CudaTensor,
+        db: Option<&CudaTensor>,
+    ) -> Result<()> {
+        const OP: &str = "linear_param_grads_into";
+        let LinearShape {
+            rows,
+            inputs,
+            outputs,
+        } = validate::linear_param_grads_into(g, x, dw, db)?;
+        let (ldw, dw_cs) = op_strides(dw, false);
+        let (x_rs, x_cs) = op_strides(x, false);
+        let (dw_ptr, x_ptr) = (self.ptr(OP, dw)?, self.ptr(OP, x)?);
+        let vec4 = linear_grads_vec4(
+            inputs,
+            ldw as u64,
+            x_rs as u64,
+            x_cs as u64,
+            [dw_ptr, x_ptr],
+        );
+        let cols = if vec4 { inputs / 4 } else { inputs } as u64;
+        let grid = (
+            cols.div_ceil(u64::from(GRADS_BLOCK.0)),
+            (outputs as u64).div_ceil(u64::from(GRADS_BLOCK.1)),
+        );
+        let fits = (1..=LINEAR_ROW_LIMIT).contains(&rows)
+            && inputs > 0
+            && outputs > 0
+            && (dw_cs == 1 || inputs == 1)
+            && grid.0 <= MAX_GRID
+            && grid.1 <= MAX_GRID;
+        if !fits {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, rows, inputs, outputs, dw_cs, "cublas + sum_rows_into");
+            return crate::linear::linear_param_grads_into(self, g, x, dw, db);
+        }
+        tracing::trace!(
+            target: "zcompute.cuda.linear",
+            op = OP, rows, inputs, outputs, vec4, blocks = grid.0 * grid.1, "small-row kernel"
+        );
+        let (g_rs, g_cs) = op_strides(g, false);
+        let db_ptr = db.map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t))?;
+        let db_stride = db.map_or(0, |t| t.layout().strides()[0]);
+        let args: Args = [
+            ptr(dw_ptr),
+            ptr(db_ptr),
+            ptr(self.ptr(OP, g)?),
+            ptr(x_ptr),
+            KernelArg::U32(rows as u32),
+            u64a(outputs),
+            u64a(inputs),
+            u64a(g_rs),
+            u64a(g_cs),
+            u64a(x_rs),
+            u64a(x_cs),
+            u64a(ldw),
+            u64a(db_stride),
+            KernelArg::U32(u32::from(db.is_some())),
+        ]
+        .into_iter()
+        .collect();
+        let config = LaunchConfig {
+            grid: (grid.0 as u32, grid.1 as u32, 1),
+            block: (GRADS_BLOCK.0, GRADS_BLOCK.1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::LinearParamGrads, config, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LINEAR_ROW_LIMIT, rows_plan};
+    use crate::cuda::kernels::Kernel;
+
+    #[test]
+    fn plans_follow_the_order_of_b_and_the_row_limit() {
+        // A Linear weight [256, 1024] read transposed: k-contiguous, 4 columns a block.
+        let p = rows_plan(12, 1024, 256, (1024, 1), (1, 1024)).unwrap();
+        assert_eq!(
+            (p.kernel, p.config.grid.0, p.ldb),
+            (Kernel::LinearRowsKMajor, 64, 1024)
+        );
+        // The same weight as stored ([k, n] = [1024, 256]): n-contiguous, 4 columns a block.
+        let p = rows_plan(12, 1024, 256, (1024, 1), (256, 1)).unwrap();
+        assert_eq!(
+            (p.kernel, p.config.grid.0, p.ldb),
+            (Kernel::LinearRowsNMajor, 64, 256)
+        );
+        assert!(rows_plan(LINEAR_ROW_LIMIT, 8, 8, (8, 1), (8, 1)).is_some());
+        assert!(rows_plan(LINEAR_ROW_LIMIT + 1, 8, 8, (8, 1), (8, 1)).is_none());
+        assert!(rows_plan(0, 8, 8, (8, 1), (8, 1)).is_none());
+        assert!(rows_plan(4, 0, 8, (8, 1), (8, 1)).is_none());
+        // Contiguous along neither axis.
+        assert!(rows_plan(4, 8, 8, (8, 1), (16, 2)).is_none());
+    }
+}
