@@ -70,11 +70,32 @@ pub(crate) fn linear_param_grads_into<S: Storage>(
         writable(OP, db.layout())?;
         distinct(OP, &[("g", g), ("db", db)])?;
         distinct(OP, &[("x", x), ("db", db)])?;
-        distinct(OP, &[("dw", dw), ("db", db)])?;
+        apart(OP, ("dw", dw), ("db", db))?;
     }
     Ok(LinearShape {
         rows,
         inputs,
         outputs,
     })
+}
+
+/// Two outputs that may be views of one buffer (a model's gradients are views of one flat
+/// buffer) but must not overlap: refused only when their spans of storage indices meet.
+fn apart<S: Storage>(
+    op: &'static str,
+    (lhs, l): (&'static str, &Tensor<S>),
+    (rhs, r): (&'static str, &Tensor<S>),
+) -> Result<()> {
+    let span = |t: &Tensor<S>| {
+        let layout = t.layout();
+        layout.max_offset().map(|end| (layout.offset(), end))
+    };
+    let overlap = match (span(l), span(r)) {
+        (Some((l0, l1)), Some((r0, r1))) => l0 <= r1 && r0 <= l1,
+        _ => false,
+    };
+    if l.shares_storage(r) && overlap {
+        return Err(ComputeError::Aliased { op, lhs, rhs });
+    }
+    Ok(())
 }
