@@ -17,11 +17,12 @@ use zmem::{Arena, ArenaConfig, ClassBytes};
 /// fused kernels land, never raised to let a change through.
 ///
 /// The per-sample graph (one sample's gather from the device-resident batch, forward,
-/// backward, loss scatter and index advance): 93 nodes today, 107 before parameter gradients
-/// were accumulated in place (weight gradients by gemms with `beta = 1`, bias and LayerNorm
-/// gradients by column reductions adding into their buffers: no `add_into` after them).
-/// PyTorch: 101 kernels.
-const PER_SAMPLE_NODE_BUDGET: usize = 93;
+/// backward, loss scatter and index advance): 90 nodes today; 93 before the loss's 1/B scale
+/// became backward's seed (no product forward, seed fill or product backward), 107 before
+/// parameter gradients were accumulated in place (weight gradients by gemms with `beta = 1`,
+/// bias and LayerNorm gradients by column reductions adding into their buffers: no `add_into`
+/// after them). PyTorch: 101 kernels.
+const PER_SAMPLE_NODE_BUDGET: usize = 90;
 /// The batched step (zero_grad, forward, backward, norm, gated AdamW): 96 nodes today (110
 /// before the in-place accumulation).
 const BATCHED_NODE_BUDGET: usize = 96;

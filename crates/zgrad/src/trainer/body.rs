@@ -61,11 +61,10 @@ impl<B: Backend<T>, T: Element> StepParts<B, T> {
     ) -> Result<BTensor<B, T>> {
         let tape = self.tape(b);
         let (loss, _logits) = self.model.loss(&tape, x, y)?;
+        // d(loss * s)/d loss = s: the scale is the seed of backward itself, so scaling costs
+        // no product forward, no seed fill and no product backward.
         match scale {
-            Some(s) => {
-                let scaled = tape.mul(&loss, &Var::constant(s.clone()))?;
-                tape.backward(&scaled)?;
-            }
+            Some(s) => tape.backward_with(&loss, s.clone())?,
             None => tape.backward(&loss)?,
         }
         Ok(loss.value().clone())
