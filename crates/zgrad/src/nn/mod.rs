@@ -143,4 +143,19 @@ impl<B: Backend<T>, T: Element> LayerNorm<B, T> {
             T::from_f64(self.eps),
         )
     }
+
+    /// `(x, LayerNorm(x))` for a residual stream `x` that goes on (`Tape::layer_norm_stream`):
+    /// use the returned stream downstream instead of `x`.
+    pub fn forward_stream(
+        &self,
+        tape: &Tape<'_, B, T>,
+        x: &Var<B, T>,
+    ) -> Result<(Var<B, T>, Var<B, T>)> {
+        tape.layer_norm_stream(
+            x,
+            Some(&self.weight),
+            Some(&self.bias),
+            T::from_f64(self.eps),
+        )
+    }
 }
