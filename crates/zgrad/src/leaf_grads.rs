@@ -9,11 +9,14 @@
 use crate::error::Result;
 use zcompute::{BTensor, Backend, Element, Layout, Storage, Tensor};
 
+/// A parameter's gradient buffer and a contribution to add into it.
+pub(crate) type LeafGrad<'a, S> = (&'a Tensor<S>, Tensor<S>);
+
 /// Adds each `(buffer, contribution)` pair's contribution into its buffer, in order; runs of
 /// adjacent pairs (see the module's docs) as one `add_into`.
 pub(crate) fn accumulate_leaves<B: Backend<T>, T: Element>(
     b: &B,
-    pairs: &[(&BTensor<B, T>, BTensor<B, T>)],
+    pairs: &[LeafGrad<'_, B::Storage>],
 ) -> Result<()> {
     let mut start = 0;
     while start < pairs.len() {
@@ -33,7 +36,7 @@ pub(crate) fn accumulate_leaves<B: Backend<T>, T: Element>(
 }
 
 /// A contribution shaped as its buffer, both dense and non-empty, in different memory.
-fn dense_pair<S: Storage>((buf, g): &(&Tensor<S>, Tensor<S>)) -> bool {
+fn dense_pair<S: Storage>((buf, g): &LeafGrad<'_, S>) -> bool {
     buf.shape() == g.shape()
         && buf.numel() > 0
         && buf.is_contiguous()
@@ -43,7 +46,7 @@ fn dense_pair<S: Storage>((buf, g): &(&Tensor<S>, Tensor<S>)) -> bool {
 
 /// Whether `next` continues `prev` in both buffers: its contribution starts where `prev`'s
 /// ends in the same source, its buffer where `prev`'s ends in the same gradient buffer.
-fn follows<S: Storage>(prev: &(&Tensor<S>, Tensor<S>), next: &(&Tensor<S>, Tensor<S>)) -> bool {
+fn follows<S: Storage>(prev: &LeafGrad<'_, S>, next: &LeafGrad<'_, S>) -> bool {
     let end = |t: &Tensor<S>| t.layout().offset() + t.numel();
     dense_pair(next)
         && next.1.shares_storage(&prev.1)
@@ -53,10 +56,7 @@ fn follows<S: Storage>(prev: &(&Tensor<S>, Tensor<S>), next: &(&Tensor<S>, Tenso
 }
 
 /// One `add_into` over the range a run of adjacent pairs spans.
-fn add_run<B: Backend<T>, T: Element>(
-    b: &B,
-    run: &[(&BTensor<B, T>, BTensor<B, T>)],
-) -> Result<()> {
+fn add_run<B: Backend<T>, T: Element>(b: &B, run: &[LeafGrad<'_, B::Storage>]) -> Result<()> {
     let total: usize = run.iter().map(|(buf, _)| buf.numel()).sum();
     let span = |t: &BTensor<B, T>| -> Result<BTensor<B, T>> {
         let layout = Layout::new(&[total], &[1], t.layout().offset())?;

@@ -10,7 +10,7 @@
 //! exists only as the negative control of scenario C, with the `testing` feature.
 
 use crate::error::{GradError, Result};
-use crate::leaf_grads::{accumulate_leaf, accumulate_leaves};
+use crate::leaf_grads::{LeafGrad, accumulate_leaf, accumulate_leaves};
 use crate::memory::ClassGuard;
 use crate::var::{Origin, Var, Version, new_version};
 use smallvec::{SmallVec, smallvec};
@@ -360,7 +360,7 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
                 .collect();
             let input_grads = node.op.backward_into(self.backend, &out_grads, &into)?;
             drop(out_grads);
-            let mut leaves: SmallVec<[(&BTensor<B, T>, BTensor<B, T>); 4]> = SmallVec::new();
+            let mut leaves: SmallVec<[LeafGrad<'_, B::Storage>; 4]> = SmallVec::new();
             for (edge, g) in node.inputs.iter().zip(input_grads) {
                 let Some(g) = g else { continue };
                 match edge {

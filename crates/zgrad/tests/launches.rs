@@ -245,7 +245,11 @@ fn adjacent_parameter_gradients_of_one_node_accumulate_in_one_launch() {
     const DH: usize = 64;
     let b = mock();
     let norm: Vec<Vec<f32>> = (0..4)
-        .map(|p| (0..DH).map(|i| 1.0 + ((p * DH + i) % 7) as f32 / 10.0).collect())
+        .map(|p| {
+            (0..DH)
+                .map(|i| 1.0 + ((p * DH + i) % 7) as f32 / 10.0)
+                .collect()
+        })
         .collect();
     let qkv: Vec<f32> = (0..3 * 3 * DH)
         .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
@@ -276,7 +280,9 @@ fn adjacent_parameter_gradients_of_one_node_accumulate_in_one_launch() {
     let (_set, flat) = zgrad::ParameterSet::allocate(&b, &shapes, Some(&norm)).expect("flat");
     let (separate_count, separate_grads) = run(&separate);
     let (flat_count, flat_grads) = run(&flat);
-    eprintln!("attention backward: {separate_count} launches with separate parameter buffers, {flat_count} with adjacent views of one");
+    eprintln!(
+        "attention backward: {separate_count} launches with separate parameter buffers, {flat_count} with adjacent views of one"
+    );
     assert_eq!(flat_count + 3, separate_count, "four adds became one");
     assert_eq!(flat_grads, separate_grads);
 }

@@ -91,7 +91,10 @@ fn linear_matches_finite_differences(
     let h = 1e-6;
     for (i, p) in v.iter().enumerate() {
         let Some(grad) = p.grad() else {
-            assert!(!params[i], "input {i} is a parameter without a gradient buffer");
+            assert!(
+                !params[i],
+                "input {i} is a parameter without a gradient buffer"
+            );
             continue;
         };
         let analytic = BE.download(grad).unwrap();
@@ -118,7 +121,11 @@ fn a_constant_input_gets_no_gradient_and_the_parameters_theirs(
     #[values(Activation::Identity, Activation::Tanh)] act: Activation,
 ) {
     let mut rng = SplitMix64::new(7);
-    let (x, w, b) = (rng.normal_vec(5 * IN), rng.normal_vec(OUT * IN), rng.normal_vec(OUT));
+    let (x, w, b) = (
+        rng.normal_vec(5 * IN),
+        rng.normal_vec(OUT * IN),
+        rng.normal_vec(OUT),
+    );
     let grads = |fused: bool| {
         let tape = Tape::new(&BE);
         let xv = var(&x, &[5, IN], false);
@@ -152,7 +159,11 @@ fn parameters_of_one_flat_buffer_take_their_gradients_in_place(
     #[values(Activation::Identity, Activation::Tanh)] act: Activation,
 ) {
     let mut rng = SplitMix64::new(9);
-    let (x, w, b) = (rng.normal_vec(5 * IN), rng.normal_vec(OUT * IN), rng.normal_vec(OUT));
+    let (x, w, b) = (
+        rng.normal_vec(5 * IN),
+        rng.normal_vec(OUT * IN),
+        rng.normal_vec(OUT),
+    );
     let run = |params: [V; 2]| {
         let tape = Tape::new(&BE);
         let xv = var(&x, &[5, IN], true);
@@ -169,7 +180,12 @@ fn parameters_of_one_flat_buffer_take_their_gradients_in_place(
     let shapes = [vec![OUT, IN], vec![OUT]];
     let (_set, flat) = zgrad::ParameterSet::allocate(&BE, &shapes, Some(&[w.clone(), b.clone()]))
         .expect("flat parameters");
-    assert!(flat[0].grad().unwrap().shares_storage(flat[1].grad().unwrap()));
+    assert!(
+        flat[0]
+            .grad()
+            .unwrap()
+            .shares_storage(flat[1].grad().unwrap())
+    );
     let flat = run([flat[0].clone(), flat[1].clone()]);
     assert_eq!(flat, separate);
 }
@@ -179,11 +195,17 @@ fn parameters_of_one_flat_buffer_take_their_gradients_in_place(
 #[test]
 fn overlapping_gradient_buffers_are_refused() {
     let buf = CpuTensor::from_vec(vec![0.0f64; OUT * IN + OUT], &[OUT * IN + OUT]).unwrap();
-    let dw = buf.narrow(0, 0, OUT * IN).unwrap().reshape(&[OUT, IN]).unwrap();
+    let dw = buf
+        .narrow(0, 0, OUT * IN)
+        .unwrap()
+        .reshape(&[OUT, IN])
+        .unwrap();
     let db = buf.narrow(0, OUT * IN - 1, OUT).unwrap();
     let g = CpuTensor::from_vec(vec![1.0; 2 * OUT], &[2, OUT]).unwrap();
     let x = CpuTensor::from_vec(vec![1.0; 2 * IN], &[2, IN]).unwrap();
-    let err = BE.linear_param_grads_into(&g, &x, &dw, Some(&db)).unwrap_err();
+    let err = BE
+        .linear_param_grads_into(&g, &x, &dw, Some(&db))
+        .unwrap_err();
     assert!(
         matches!(err, zcompute::ComputeError::Aliased { .. }),
         "{err:?}"

@@ -238,7 +238,9 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
         eps: T,
     ) -> Result<(Var<B, T>, Var<B, T>)> {
         let mut out = self.layer_norm_node(x, weight, bias, eps, true)?;
-        let y = out.pop().ok_or_else(|| missing_output("layer_norm_stream"))?;
+        let y = out
+            .pop()
+            .ok_or_else(|| missing_output("layer_norm_stream"))?;
         let stream = out.pop().unwrap_or_else(|| x.clone());
         Ok((stream, y))
     }
