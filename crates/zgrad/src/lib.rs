@@ -11,6 +11,7 @@
 mod checkpoint;
 mod error;
 pub mod io;
+mod leaf_grads;
 pub mod loss;
 mod memory;
 pub mod nn;

@@ -10,6 +10,7 @@
 //! exists only as the negative control of scenario C, with the `testing` feature.
 
 use crate::error::{GradError, Result};
+use crate::leaf_grads::{LeafGrad, accumulate_leaf, accumulate_leaves};
 use crate::memory::ClassGuard;
 use crate::var::{Origin, Var, Version, new_version};
 use smallvec::{SmallVec, smallvec};
@@ -359,11 +360,12 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
                 .collect();
             let input_grads = node.op.backward_into(self.backend, &out_grads, &into)?;
             drop(out_grads);
+            let mut leaves: SmallVec<[LeafGrad<'_, B::Storage>; 4]> = SmallVec::new();
             for (edge, g) in node.inputs.iter().zip(input_grads) {
                 let Some(g) = g else { continue };
                 match edge {
                     Edge::Skip => {}
-                    Edge::Leaf(buf) => accumulate_leaf(self.backend, buf, &g)?,
+                    Edge::Leaf(buf) => leaves.push((buf, g)),
                     Edge::Node { id: src, slot } => {
                         let n = self.info.borrow()[*src].outputs;
                         let entry = grads[*src].get_or_insert_with(|| smallvec![None; n]);
@@ -374,33 +376,11 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
                     }
                 }
             }
+            // Parameter gradients, adjacent ones by one add (`leaf_grads`).
+            accumulate_leaves(self.backend, &leaves)?;
+            drop(leaves);
             // `node` (and with it every tensor it saved) is dropped here.
         }
         Ok(())
     }
-}
-
-/// Adds `g` into a parameter's persistent gradient buffer, in place.
-fn accumulate_leaf<B: Backend<T>, T: Element>(
-    b: &B,
-    buf: &BTensor<B, T>,
-    g: &BTensor<B, T>,
-) -> Result<()> {
-    // The usual case: a contribution shaped as the buffer adds in place (one launch on the
-    // device). A broadcastable one goes through a sum shaped as the buffer.
-    if g.shape() == buf.shape() && !g.shares_storage(buf) {
-        b.add_into(g, buf)?;
-        return Ok(());
-    }
-    let sum = b.add(buf, g)?;
-    if sum.shape() != buf.shape() {
-        return Err(zcompute::ComputeError::ShapeMismatch {
-            op: "gradient accumulation",
-            lhs: buf.shape().into(),
-            rhs: g.shape().into(),
-        }
-        .into());
-    }
-    b.copy_into(&sum, buf)?;
-    Ok(())
 }

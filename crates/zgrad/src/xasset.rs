@@ -392,7 +392,8 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
             )));
         }
         let h = self.emb.forward(tape, x)?;
-        let u = self.ln1.forward(tape, &h)?;
+        // h goes on past ln1: its gradient from the residual add joins ln1's in one kernel.
+        let (h, u) = self.ln1.forward_stream(tape, &h)?;
         let attended = self.attn.forward(tape, &u)?;
         let eps = T::from_f64(self.ln2.eps);
         let (h, u) = tape.add_layer_norm(&h, &attended, &self.ln2.weight, &self.ln2.bias, eps)?;

@@ -236,6 +236,17 @@ fn matmul(#[case] shapes: &str, #[case] f: OpFn) {
 #[case::layer_norm_plain("4,6", |t: &Tp<'_>, x: &[V]| t.layer_norm(&x[0], None, None, 1e-5))]
 #[case::layer_norm_bias_only("4,6;6", |t: &Tp<'_>, x: &[V]| t.layer_norm(&x[0], None, Some(&x[1]), 1e-5))]
 #[case::layer_norm_strided("6,4", |t: &Tp<'_>, x: &[V]| t.layer_norm(&t.transpose(&x[0], 0, 1)?, None, None, 1e-5))]
+// `layer_norm_stream`: the stream and the norm both feed the loss (the stream's gradient
+// joins LayerNorm's in its backward kernel), only the norm, only the stream.
+#[case::layer_norm_stream("2,3,6;6;6", |t: &Tp<'_>, x: &[V]| {
+    let (s, y) = t.layer_norm_stream(&x[0], Some(&x[1]), Some(&x[2]), 1e-5)?;
+    t.add(&t.tanh(&s)?, &y)
+})]
+#[case::layer_norm_stream_y_only("4,6;6;6", |t: &Tp<'_>, x: &[V]| Ok(t.layer_norm_stream(&x[0], Some(&x[1]), Some(&x[2]), 1e-5)?.1))]
+#[case::layer_norm_stream_only("4,6;6;6", |t: &Tp<'_>, x: &[V]| {
+    let (s, _y) = t.layer_norm_stream(&x[0], Some(&x[1]), Some(&x[2]), 1e-5)?;
+    t.tanh(&s)
+})]
 #[case::bce("7;7", |t: &Tp<'_>, x: &[V]| t.bce_with_logits(&x[0], &x[1]))]
 #[case::mse("2,3;2,3", |t: &Tp<'_>, x: &[V]| t.mse(&x[0], &x[1]))]
 #[case::cross_entropy("3,4", |t: &Tp<'_>, x: &[V]| {

@@ -235,3 +235,54 @@ fn a_leaf_gradient_accumulates_in_one_launch() {
     }
     b.end_step().expect("end");
 }
+
+/// Attention's four QK-norm gradients come back as adjacent views of one result; when the four
+/// parameters' gradient buffers are adjacent views of the flat buffer (dh a multiple of 64, as
+/// at the default size), backward adds them with one launch instead of four, to the same
+/// values as with four separate buffers.
+#[test]
+fn adjacent_parameter_gradients_of_one_node_accumulate_in_one_launch() {
+    const DH: usize = 64;
+    let b = mock();
+    let norm: Vec<Vec<f32>> = (0..4)
+        .map(|p| {
+            (0..DH)
+                .map(|i| 1.0 + ((p * DH + i) % 7) as f32 / 10.0)
+                .collect()
+        })
+        .collect();
+    let qkv: Vec<f32> = (0..3 * 3 * DH)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let seed: Vec<f32> = (0..3 * DH).map(|i| ((i * 13 % 17) as f32) / 8.0).collect();
+    let run = |params: &[Var<CudaBackend<SimDriver>, f32>]| {
+        b.begin_step().expect("step");
+        let tape = Tape::new(&b);
+        let x = Var::constant(b.upload(&qkv, &[1, 3, 3 * DH]).expect("qkv"));
+        let [qw, qb, kw, kb] = [0, 1, 2, 3].map(|i| &params[i]);
+        let y = tape
+            .qk_norm_attention(&x, qw, qb, kw, kb, 1, 1e-5)
+            .expect("attention");
+        let s = b.upload(&seed, y.shape()).expect("seed");
+        let (count, ()) = launches(&b, || tape.backward_with(&y, s).expect("backward"));
+        let grads: Vec<Vec<f32>> = params
+            .iter()
+            .map(|p| b.download(p.grad().expect("leaf")).expect("grad"))
+            .collect();
+        b.end_step().expect("end");
+        (count, grads)
+    };
+    let separate: Vec<_> = norm
+        .iter()
+        .map(|v| Var::parameter_from(&b, v, &[DH]).expect("parameter"))
+        .collect();
+    let shapes = vec![vec![DH]; 4];
+    let (_set, flat) = zgrad::ParameterSet::allocate(&b, &shapes, Some(&norm)).expect("flat");
+    let (separate_count, separate_grads) = run(&separate);
+    let (flat_count, flat_grads) = run(&flat);
+    eprintln!(
+        "attention backward: {separate_count} launches with separate parameter buffers, {flat_count} with adjacent views of one"
+    );
+    assert_eq!(flat_count + 3, separate_count, "four adds became one");
+    assert_eq!(flat_grads, separate_grads);
+}

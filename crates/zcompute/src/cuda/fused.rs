@@ -290,8 +290,11 @@ impl<D: Driver> CudaBackend<D> {
             .map(|t| self.dense(OP, t))
             .collect::<Result<Vec<_>>>()?;
         let gh = self.alloc(OP, h.shape())?;
-        let gw = self.alloc(OP, &[1, width])?;
-        let gb = self.alloc(OP, &[1])?;
+        // The weight's and bias's gradients as adjacent views of one buffer: a caller adding
+        // them into adjacent buffers (zgrad's flat gradients) does so with one add.
+        let g_params = self.alloc(OP, &[width + 1])?;
+        let gw = g_params.narrow(0, 0, width)?.reshape(&[1, width])?;
+        let gb = g_params.narrow(0, width, 1)?;
         let scales = h.shape()[1];
         let config = pool_backward_config(batch, scales, width);
         // One row of weight-gradient partials per block row of the first launch; with one

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Activation, Backend, Element, MatmulOpts};
+use zcompute::{Activation, Backend, Element};
 
 /// LayerNorm's epsilon everywhere in XAsset.
 pub const LN_EPS: f64 = 1e-5;
@@ -70,13 +70,14 @@ impl<B: Backend<T>, T: Element> Linear<B, T> {
         self.weight.shape()[0]
     }
 
-    /// `x [..., in] -> [..., out]`: the leading axes are folded into one matrix product, the
-    /// bias added by the epilogue kernel.
+    /// `x [..., in] -> [..., out]`: the leading axes are folded into the rows of one
+    /// `Tape::linear` node.
     pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
         self.forward_act(tape, x, Activation::Identity)
     }
 
-    /// `act(x · Wᵀ + b)`: the product, then bias and activation in one epilogue kernel.
+    /// `act(x · Wᵀ + b)`: one `Tape::linear` node (the product with bias and activation as its
+    /// epilogue; one backward node for the input's, weight's and bias's gradients).
     pub fn forward_act(
         &self,
         tape: &Tape<'_, B, T>,
@@ -92,11 +93,7 @@ impl<B: Backend<T>, T: Element> Linear<B, T> {
             tape.contiguous(x)?
         };
         let flat = tape.reshape(&x, &[rows, inputs])?;
-        let opts = MatmulOpts {
-            trans_a: false,
-            trans_b: true,
-        };
-        let y = tape.bias_act(&tape.matmul(&flat, &self.weight, opts)?, &self.bias, act)?;
+        let y = tape.linear(&flat, &self.weight, &self.bias, act)?;
         let mut out_shape = shape;
         if let Some(last) = out_shape.last_mut() {
             *last = self.out_features();
@@ -140,6 +137,21 @@ impl<B: Backend<T>, T: Element> LayerNorm<B, T> {
 
     pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
         tape.layer_norm(
+            x,
+            Some(&self.weight),
+            Some(&self.bias),
+            T::from_f64(self.eps),
+        )
+    }
+
+    /// `(x, LayerNorm(x))` for a residual stream `x` that goes on (`Tape::layer_norm_stream`):
+    /// use the returned stream downstream instead of `x`.
+    pub fn forward_stream(
+        &self,
+        tape: &Tape<'_, B, T>,
+        x: &Var<B, T>,
+    ) -> Result<(Var<B, T>, Var<B, T>)> {
+        tape.layer_norm_stream(
             x,
             Some(&self.weight),
             Some(&self.bias),

@@ -7,6 +7,7 @@ mod attention;
 mod elementwise;
 mod fused;
 mod linalg;
+mod linear;
 mod reduce;
 mod view;
 

@@ -92,6 +92,8 @@ struct LayerNormBackward<B: Backend<T>, T: Element> {
     rstd: Saved<B, T>,
     weight: Option<Saved<B, T>>,
     needs: [bool; 3],
+    /// Whether the node also outputs its input (`layer_norm_stream`): outputs `(x, y)`.
+    stream: bool,
 }
 
 impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
@@ -112,16 +114,24 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
         into: &[Option<&BTensor<B, T>>],
     ) -> Result<Grads<B, T>> {
         const OP: &str = "layer_norm";
-        let g = only(grads)?;
+        // A stream node's gradients: the stream's (the input passed on) and the norm's.
+        let (g_stream, g) = if self.stream {
+            let g_stream = grads.first().and_then(Option::as_ref);
+            match grads.get(1).and_then(Option::as_ref) {
+                Some(g) => (g_stream, g),
+                None => return Ok(vec![Some(only(grads)?.clone()), None, None]),
+            }
+        } else {
+            (None, only(grads)?)
+        };
         let weight = self.weight.as_ref().map(|w| w.get(OP)).transpose()?;
-        let grads = b.layer_norm_backward(
-            g,
-            self.x.get(OP)?,
-            self.mean.get(OP)?,
-            self.rstd.get(OP)?,
-            weight,
-            [self.needs[0], self.needs[1]],
-        )?;
+        let (x, mean, rstd) = (self.x.get(OP)?, self.mean.get(OP)?, self.rstd.get(OP)?);
+        let want = [self.needs[0], self.needs[1]];
+        // The stream's gradient is added to the input's in the backward kernel itself.
+        let grads = match g_stream {
+            Some(r) => b.layer_norm_backward_add(g, Some(r), x, mean, rstd, weight, want)?,
+            None => b.layer_norm_backward(g, x, mean, rstd, weight, want)?,
+        };
         let [gw, gb] = layer_norm_param_grads(b, grads.g_xhat, g, self.needs[2], into, 1)?;
         Ok(vec![grads.input, gw, gb])
     }
@@ -211,6 +221,39 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
         bias: Option<&Var<B, T>>,
         eps: T,
     ) -> Result<Var<B, T>> {
+        let mut out = self.layer_norm_node(x, weight, bias, eps, false)?;
+        out.pop().ok_or_else(|| missing_output("layer_norm"))
+    }
+
+    /// LayerNorm of a residual stream that goes on past it: returns `(x, layer_norm(x))`, the
+    /// first the input itself (no copy, its version shared) to use downstream instead of `x`.
+    /// Same values as `layer_norm`; in backward the stream's gradient is added to LayerNorm's
+    /// input gradient in LayerNorm's backward kernel, where using `x` twice would take a
+    /// separate add.
+    pub fn layer_norm_stream(
+        &self,
+        x: &Var<B, T>,
+        weight: Option<&Var<B, T>>,
+        bias: Option<&Var<B, T>>,
+        eps: T,
+    ) -> Result<(Var<B, T>, Var<B, T>)> {
+        let mut out = self.layer_norm_node(x, weight, bias, eps, true)?;
+        let y = out
+            .pop()
+            .ok_or_else(|| missing_output("layer_norm_stream"))?;
+        let stream = out.pop().unwrap_or_else(|| x.clone());
+        Ok((stream, y))
+    }
+
+    /// One LayerNorm node; with `stream`, its outputs are `[x, y]`, else `[y]`.
+    fn layer_norm_node(
+        &self,
+        x: &Var<B, T>,
+        weight: Option<&Var<B, T>>,
+        bias: Option<&Var<B, T>>,
+        eps: T,
+        stream: bool,
+    ) -> Result<Vec<Var<B, T>>> {
         let mut inputs = vec![x];
         inputs.extend(weight);
         inputs.extend(bias);
@@ -226,7 +269,8 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
             )?
         };
         if !tracked {
-            return Ok(self.constant(out.out));
+            let y = self.constant(out.out);
+            return Ok(if stream { vec![x.clone(), y] } else { vec![y] });
         }
         // Statistics are fresh outputs nobody else can write: their own version counters.
         let stats = self.new_version();
@@ -240,11 +284,26 @@ impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
                 weight.is_some_and(Var::requires_grad),
                 bias.is_some_and(Var::requires_grad),
             ],
+            stream,
         };
         // The tape routes gradients by input position: pad absent affine inputs with constants.
         let absent = Var::constant(out.mean.clone());
         let w = weight.unwrap_or(&absent);
         let bb = bias.unwrap_or(&absent);
-        Ok(self.push1(Box::new(node), &[x, w, bb], out.out, self.new_version()))
+        let mut outputs = Vec::with_capacity(2);
+        if stream {
+            outputs.push((x.value.clone(), x.version.clone()));
+        }
+        outputs.push((out.out, self.new_version()));
+        Ok(self.push(Box::new(node), &[x, w, bb], outputs))
     }
+}
+
+fn missing_output(op: &'static str) -> crate::GradError {
+    zcompute::ComputeError::LengthMismatch {
+        op,
+        expected: 1,
+        got: 0,
+    }
+    .into()
 }

@@ -19,6 +19,8 @@ pub(crate) struct StepParts<B: Backend<T>, T: Element> {
     pub params: Vec<Var<B, T>>,
     /// Persistent `[loss, grad norm]` of the last batched step (read back after it).
     pub stats: BTensor<B, T>,
+    /// Persistent rank-0 1: backward's seed for an unscaled loss (no fill in every step).
+    pub one: BTensor<B, T>,
     pub clip: Option<T>,
     /// Negative control: saved tensors stay in scratch (always `false` without the `testing`
     /// feature).
@@ -33,6 +35,7 @@ impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
             model: self.model.clone(),
             params: self.params.clone(),
             stats: self.stats.clone(),
+            one: self.one.clone(),
             clip: self.clip,
             unprotected: self.unprotected,
             dist: self.dist.clone(),
@@ -61,13 +64,10 @@ impl<B: Backend<T>, T: Element> StepParts<B, T> {
     ) -> Result<BTensor<B, T>> {
         let tape = self.tape(b);
         let (loss, _logits) = self.model.loss(&tape, x, y)?;
-        match scale {
-            Some(s) => {
-                let scaled = tape.mul(&loss, &Var::constant(s.clone()))?;
-                tape.backward(&scaled)?;
-            }
-            None => tape.backward(&loss)?,
-        }
+        // d(loss * s)/d loss = s: the scale is the seed of backward itself, so scaling costs
+        // no product forward, no seed fill and no product backward; unscaled, the seed is the
+        // persistent 1.
+        tape.backward_with(&loss, scale.unwrap_or(&self.one).clone())?;
         Ok(loss.value().clone())
     }
 

@@ -136,15 +136,16 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let backend = backend.into();
         let params = model.parameters();
         let optim = AdamW::new(&*backend, &params, config.adamw)?;
-        let stats = {
+        let (stats, one) = {
             let _class = ClassGuard::new(&*backend, AllocClass::Persistent);
-            backend.zeros(&[2])?
+            (backend.zeros(&[2])?, backend.full(&[], T::ONE)?)
         };
         Ok(Trainer {
             parts: StepParts {
                 model,
                 params,
                 stats,
+                one,
                 clip: config.clip_grad.map(T::from_f64),
                 unprotected: config.saved_tensors_unprotected(),
                 dist: distributed::Dist::single_process(&*backend)?,

@@ -198,6 +198,13 @@ pub fn pool_head_bce<D: Driver>(gpu: &CudaBackend<D>, batch: usize, scales: usiz
         &cpu.weight,
     );
     close(&format!("{what} grad bias"), gpu, &grads.bias, &cpu.bias);
+    // The weight's and bias's gradients are adjacent views of one buffer (zgrad adds them into
+    // adjacent gradient buffers with one launch).
+    assert!(
+        grads.weight.shares_storage(&grads.bias)
+            && grads.bias.layout().offset() == grads.weight.layout().offset() + width,
+        "{what}: weight and bias gradients are not adjacent"
+    );
     let again = gpu
         .pool_head_bce_backward(&g, &h, &w, &ours.logits, &y)
         .expect("again");

@@ -1,0 +1,113 @@
+//! A Linear layer as one tape node: `act(x · wᵀ + bias)` forward through `Backend::linear`
+//! (one kernel on the device for few rows), and a backward that needs at most four launches:
+//! tanh's backward from the saved output, the input's gradient `gz · w`, and the weight's and
+//! bias's gradients added into their buffers by one `Backend::linear_param_grads_into`.
+
+use super::fused::{into_at, sum_rows_to};
+use super::only;
+use crate::error::Result;
+use crate::tape::{BackwardOp, Saved, Tape};
+use crate::var::Var;
+use zcompute::{Activation, BTensor, Backend, Element, MatmulOpts};
+
+type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
+
+const NAME: &str = "linear";
+
+struct LinearBackward<B: Backend<T>, T: Element> {
+    /// The input, for the weight's gradient (none when the weight needs none).
+    x: Option<Saved<B, T>>,
+    /// The weight, for the input's gradient (none when the input needs none).
+    w: Option<Saved<B, T>>,
+    /// The output, for tanh's backward (none for the identity).
+    y: Option<Saved<B, T>>,
+    /// x, w, bias.
+    needs: [bool; 3],
+}
+
+impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        self.backward_into(b, grads, &[])
+    }
+
+    /// With `z = x · wᵀ + bias` and `y = act(z)`: `gz = act'(gy)`, `gx = gz · w`,
+    /// `gw = gzᵀ · x`, `gbias = Σ_rows gz`. When the tape gives the weight's buffer, its
+    /// gradient (and the bias's, when that buffer is given too) is added in place by one
+    /// `linear_param_grads_into`; otherwise each needed parameter gradient is returned (or the
+    /// bias's column sum added into its own buffer).
+    fn backward_into(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Grads<B, T>> {
+        let g = only(grads)?;
+        let gz = match &self.y {
+            Some(y) => b.tanh_backward(g, y.get(NAME)?)?,
+            None => g.clone(),
+        };
+        let gx = match &self.w {
+            Some(w) if self.needs[0] => Some(b.matmul(&gz, w.get(NAME)?, MatmulOpts::default())?),
+            _ => None,
+        };
+        let [_, need_w, need_bias] = self.needs;
+        let (mut gw, mut bias_done) = (None, false);
+        if let Some(x) = self.x.as_ref().filter(|_| need_w) {
+            let x = x.get(NAME)?;
+            let out_in = [gz.shape()[1], x.shape()[1]];
+            match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
+                Some(dw) => {
+                    let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
+                    b.linear_param_grads_into(&gz, x, dw, db)?;
+                    bias_done = db.is_some();
+                }
+                None => {
+                    let tn = MatmulOpts {
+                        trans_a: true,
+                        trans_b: false,
+                    };
+                    gw = Some(b.matmul(&gz, x, tn)?);
+                }
+            }
+        }
+        let gbias = if need_bias && !bias_done {
+            sum_rows_to(b, &gz, into_at(into, 2))?
+        } else {
+            None
+        };
+        Ok(vec![gx, gw, gbias])
+    }
+}
+
+impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
+    /// A Linear layer, `act(x · wᵀ + bias)` for `x [rows, in]`, `w [out, in]` (PyTorch's
+    /// layout) and `bias [out]`, as one node (`zcompute::Backend::linear`). Backward keeps only
+    /// what it reads: `x` when the weight needs a gradient, `w` when `x` does, the output for
+    /// tanh.
+    pub fn linear(
+        &self,
+        x: &Var<B, T>,
+        w: &Var<B, T>,
+        bias: &Var<B, T>,
+        act: Activation,
+    ) -> Result<Var<B, T>> {
+        let tracked = self.tracks(NAME, &[x, w, bias])?;
+        let y = self.run(tracked, |b| b.linear(&x.value, &w.value, &bias.value, act))?;
+        if !tracked {
+            return Ok(self.constant(y));
+        }
+        let version = self.new_version();
+        let needs = [x.requires_grad(), w.requires_grad(), bias.requires_grad()];
+        let node = LinearBackward {
+            x: needs[1].then(|| self.save(x, "input")).transpose()?,
+            w: needs[0].then(|| self.save(w, "weight")).transpose()?,
+            y: (act == Activation::Tanh).then(|| self.save_output(&y, &version, "output")),
+            needs,
+        };
+        Ok(self.push1(Box::new(node), &[x, w, bias], y, version))
+    }
+}
