@@ -17,11 +17,14 @@ use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 /// Most rows a product takes through the small-row kernels (`ZC_LINEAR_ROWS` in linear.cu:
 /// each thread keeps this many partial sums in registers).
 pub const LINEAR_ROW_LIMIT: usize = 32;
-/// k-contiguous `op(B)`: warps per block, one output column each (`KMAJOR_WARPS`).
-pub(crate) const KMAJOR_WARPS: u32 = 4;
+/// k-contiguous `op(B)`: output columns per block (`KMAJOR_COLS`), and warps per column
+/// (`KMAJOR_SPLIT`: a column's k is spread over that many warps, so an SM has warps enough
+/// to hide latency).
+pub(crate) const KMAJOR_COLS: u32 = 8;
+pub(crate) const KMAJOR_SPLIT: u32 = 2;
 /// n-contiguous `op(B)`: columns per block and k slices (`NMAJOR_COLS`, `NMAJOR_SLICES`).
-pub(crate) const NMAJOR_COLS: u32 = 4;
-pub(crate) const NMAJOR_SLICES: u32 = 128;
+pub(crate) const NMAJOR_COLS: u32 = 8;
+pub(crate) const NMAJOR_SLICES: u32 = 64;
 /// The parameter-gradient kernel's blocks: x along the inputs, y along the outputs.
 const GRADS_BLOCK: (u32, u32) = (64, 4);
 /// Most blocks along a grid axis these launches use.
@@ -72,8 +75,8 @@ fn rows_plan(
         (
             Kernel::LinearRowsKMajor,
             sj,
-            KMAJOR_WARPS,
-            KMAJOR_WARPS * 32,
+            KMAJOR_COLS,
+            KMAJOR_COLS * KMAJOR_SPLIT * 32,
         )
     } else if sj == 1 || n == 1 {
         (
@@ -86,8 +89,8 @@ fn rows_plan(
         (
             Kernel::LinearRowsKMajor,
             sj,
-            KMAJOR_WARPS,
-            KMAJOR_WARPS * 32,
+            KMAJOR_COLS,
+            KMAJOR_COLS * KMAJOR_SPLIT * 32,
         )
     } else {
         return None;
@@ -316,17 +319,17 @@ mod tests {
 
     #[test]
     fn plans_follow_the_order_of_b_and_the_row_limit() {
-        // A Linear weight [256, 1024] read transposed: k-contiguous, 4 columns a block.
+        // A Linear weight [256, 1024] read transposed: k-contiguous, 8 columns a block.
         let p = rows_plan(12, 1024, 256, (1024, 1), (1, 1024)).unwrap();
         assert_eq!(
             (p.kernel, p.config.grid.0, p.ldb),
-            (Kernel::LinearRowsKMajor, 64, 1024)
+            (Kernel::LinearRowsKMajor, 32, 1024)
         );
-        // The same weight as stored ([k, n] = [1024, 256]): n-contiguous, 4 columns a block.
+        // The same weight as stored ([k, n] = [1024, 256]): n-contiguous, 8 columns a block.
         let p = rows_plan(12, 1024, 256, (1024, 1), (256, 1)).unwrap();
         assert_eq!(
             (p.kernel, p.config.grid.0, p.ldb),
-            (Kernel::LinearRowsNMajor, 64, 256)
+            (Kernel::LinearRowsNMajor, 32, 256)
         );
         assert!(rows_plan(LINEAR_ROW_LIMIT, 8, 8, (8, 1), (8, 1)).is_some());
         assert!(rows_plan(LINEAR_ROW_LIMIT + 1, 8, 8, (8, 1), (8, 1)).is_none());

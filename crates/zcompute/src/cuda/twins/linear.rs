@@ -7,7 +7,7 @@
 use super::{bad, checked, usize_of};
 use crate::cuda::kernels::Kernel;
 use crate::cuda::linear::{
-    KMAJOR_WARPS, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4,
+    KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4,
 };
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{DevicePtr, KernelArg, LaunchConfig};
@@ -68,7 +68,7 @@ fn rows_product(
     let m = a.u32(4)? as usize;
     let (k, n) = (usize_of(a.u64(5)?, 5)?, usize_of(a.u64(6)?, 6)?);
     let (block, per_block) = if k_major {
-        (KMAJOR_WARPS * 32, KMAJOR_WARPS)
+        (KMAJOR_COLS * KMAJOR_SPLIT * 32, KMAJOR_COLS)
     } else {
         (NMAJOR_COLS * NMAJOR_SLICES, NMAJOR_COLS)
     };

@@ -71,13 +71,14 @@ fn one_samples_products_run_one_small_row_kernel_each_over_many_blocks() {
     let (gpu, log) = recording_backend();
     let mut gemms = 0;
     let t = |shape: &[usize]| gpu.zeros(shape).unwrap();
-    // Forward: x [12, in] · W[out, in]ᵀ + b, k-contiguous: a warp per column, 4 a block.
+    // Forward: x [12, in] · W[out, in]ᵀ + b, k-contiguous: two warps per column, 8 columns a
+    // block.
     for (k, n, blocks) in [
-        (193, 256, 64),
-        (256, 768, 192),
-        (256, 256, 64),
-        (256, 1024, 256),
-        (1024, 256, 64),
+        (193, 256, 32),
+        (256, 768, 96),
+        (256, 256, 32),
+        (256, 1024, 128),
+        (1024, 256, 32),
     ] {
         let y = gpu
             .linear(&t(&[12, k]), &t(&[n, k]), &t(&[n]), Activation::Tanh)
@@ -85,16 +86,16 @@ fn one_samples_products_run_one_small_row_kernel_each_over_many_blocks() {
         let got = ran(&gpu, &y, &log, &mut gemms);
         assert_eq!(got, (vec![(KMAJOR, blocks)], 0), "linear k {k} n {n}");
     }
-    // dX = g [12, out] · W [out, in], n-contiguous: 4 columns x 128 k slices a block.
+    // dX = g [12, out] · W [out, in], n-contiguous: 8 columns x 64 k slices a block.
     let plain = MatmulOpts {
         trans_a: false,
         trans_b: false,
     };
     for (k, n, blocks) in [
-        (1024, 256, 64),
-        (256, 1024, 256),
-        (256, 256, 64),
-        (768, 256, 64),
+        (1024, 256, 32),
+        (256, 1024, 128),
+        (256, 256, 32),
+        (768, 256, 32),
     ] {
         let gx = gpu.matmul(&t(&[12, k]), &t(&[k, n]), plain).unwrap();
         let got = ran(&gpu, &gx, &log, &mut gemms);
@@ -155,7 +156,7 @@ fn more_rows_batches_and_strided_gradient_buffers_keep_the_cublas_path() {
             Activation::Identity,
         )
         .unwrap();
-    assert_eq!(ran(&gpu, &y, &log, &mut gemms), (vec![(KMAJOR, 192)], 0));
+    assert_eq!(ran(&gpu, &y, &log, &mut gemms), (vec![(KMAJOR, 96)], 0));
     // A batch of two products of 12 rows: one batched gemm.
     let opts = MatmulOpts {
         trans_a: false,
