@@ -238,6 +238,11 @@ impl<D: Driver> Device<D> {
     /// has finished, so the caller writes a batch in place (no staging copy) and then uploads
     /// it with [`Device::upload_async`]. `&mut` keeps every other use of the buffer out while
     /// `f` runs. Returns what `f` returns.
+    ///
+    /// During a capture (measured on an H100, the simulator alike: conformance
+    /// `pinned_lend_during_capture`): a buffer whose last transfer has finished is lent and
+    /// the capture goes on without a node; one whose upload is still queued is refused with
+    /// `CaptureIllegal` before `f` runs (waiting on its event would invalidate the capture).
     pub fn pinned_f32_mut<R>(
         &self,
         buf: &mut PinnedBuffer,

@@ -145,6 +145,12 @@ macro_rules! conformance_suite {
             crate::pinned::lend_fill_upload_refill(&$open(), words).unwrap();
         }
 
+        /// A pinned loan while the stream is captured: measured on the GPU, mirrored here.
+        #[test]
+        fn pinned_lend_during_capture() {
+            crate::pinned::lend_during_capture(&$open()).unwrap();
+        }
+
         #[rstest]
         fn memory_node_relaunch(#[values(false, true)] auto_free: bool) {
             let dev = $open();

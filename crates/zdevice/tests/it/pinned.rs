@@ -111,3 +111,59 @@ fn a_range_from_the_middle_uploads_and_one_past_the_end_is_refused() {
     dev.free_pinned(buf).unwrap();
     dev.free(dst).unwrap();
 }
+
+/// A loan while the device's stream is being captured. Lending is host memory only, so a
+/// buffer whose last transfer has finished is lent and the capture goes on, its graph without
+/// a node for it; a buffer whose upload is still queued would have to wait on that upload's
+/// event, which no capture allows (capture-rules.md: cuEventQuery during a global capture
+/// invalidates it), so the loan is refused with a typed error before the closure runs and the
+/// buffer keeps what the upload reads.
+pub fn lend_during_capture<D: Driver>(dev: &Device<D>) -> Check {
+    let mut settled = dev.alloc_pinned(64).map_err(s)?;
+    let mut queued = dev.alloc_pinned(64).map_err(s)?;
+    let dst = dev.alloc(64).map_err(s)?;
+    dev.pinned_f32_mut(&mut queued, |v| v.fill(1.0))
+        .map_err(s)?;
+    dev.upload_async(dst, &queued, 64, dev.stream())
+        .map_err(s)?;
+    let capture = dev.begin_capture(dev.stream()).map_err(s)?;
+    let lent = dev.pinned_f32_mut(&mut settled, |v| {
+        v.fill(3.0);
+        v.len()
+    });
+    let mut ran = false;
+    let refused = dev.pinned_f32_mut(&mut queued, |v| {
+        ran = true;
+        v.fill(2.0);
+    });
+    let graph = capture.end().map_err(|e| s(e.error()))?;
+    let nodes = graph.node_count().map_err(s)?;
+    drop(graph);
+    ensure(
+        matches!(lent, Ok(16)),
+        format!("a settled buffer: {lent:?}"),
+    )?;
+    ensure(nodes == 0, format!("the loans left {nodes} graph nodes"))?;
+    ensure(
+        matches!(refused, Err(zdevice::DeviceError::CaptureIllegal { .. })),
+        format!("a queued buffer during capture: {refused:?}"),
+    )?;
+    ensure(!ran, "the closure ran on a buffer still being uploaded")?;
+    dev.synchronize(dev.stream()).map_err(s)?;
+    ensure(
+        read_f32(dev, dst, 16)? == vec![1.0; 16],
+        "the upload changed",
+    )?;
+    let after = dev
+        .pinned_f32_mut(&mut settled, |v| v.to_vec())
+        .map_err(s)?;
+    ensure(after == vec![3.0; 16], "the loan during capture was lost")?;
+    dev.free_pinned(settled).map_err(s)?;
+    dev.free_pinned(queued).map_err(s)?;
+    dev.free(dst).map_err(s)
+}
+
+#[test]
+fn lend_during_capture_on_the_simulator() {
+    lend_during_capture(&sim()).unwrap();
+}
