@@ -120,6 +120,27 @@ fn zero_grad_norm_clip_gate_and_adamw_are_a_few_launches_over_the_flat_buffers()
     }
 }
 
+/// Device work of one eager forward and backward of the batch `x`, `y` (4 samples).
+fn forward_backward_launches(
+    b: &CudaBackend<SimDriver>,
+    model: &XAsset<CudaBackend<SimDriver>, f32>,
+    c: &XAssetConfig,
+    x: &[f32],
+    y: &[f32],
+) -> usize {
+    launches(b, || {
+        b.begin_step().expect("step");
+        let xs = Var::constant(b.upload(x, &[4, c.scales, c.features]).expect("x"));
+        let ys = Var::constant(b.upload(y, &[4]).expect("y"));
+        let tape = Tape::new(b);
+        let (loss, _) = model.loss(&tape, &xs, &ys).expect("loss");
+        tape.backward(&loss).expect("backward");
+        drop(tape);
+        b.end_step().expect("end");
+    })
+    .0
+}
+
 /// A whole eager batched step (trainer): its launches beyond the forward and backward of the
 /// same batch are the optimiser's handful, at most 6 (zero_grad 1, norm 2, stats 2, AdamW 1).
 #[test]
@@ -128,16 +149,7 @@ fn a_batched_step_adds_a_fixed_handful_of_launches_to_forward_and_backward() {
     let c = small();
     let (x, y) = batch(&c, 4);
     let model = XAsset::init(&b, c, 3).expect("model");
-    let (fwd_bwd, ()) = launches(&b, || {
-        b.begin_step().expect("step");
-        let xs = Var::constant(b.upload(&x, &[4, c.scales, c.features]).expect("x"));
-        let ys = Var::constant(b.upload(&y, &[4]).expect("y"));
-        let tape = Tape::new(&b);
-        let (loss, _) = model.loss(&tape, &xs, &ys).expect("loss");
-        tape.backward(&loss).expect("backward");
-        drop(tape);
-        b.end_step().expect("end");
-    });
+    let fwd_bwd = forward_backward_launches(&b, &model, &c, &x, &y);
     let cfg = TrainerConfig {
         schedule: TrainSchedule::Batched,
         capture: false,
@@ -165,16 +177,7 @@ fn a_captured_batched_step_adds_a_fixed_handful_of_nodes_to_forward_and_backward
     let c = small();
     let (x, y) = batch(&c, 4);
     let model = XAsset::init(&b, c, 3).expect("model");
-    let (fwd_bwd, ()) = launches(&b, || {
-        b.begin_step().expect("step");
-        let xs = Var::constant(b.upload(&x, &[4, c.scales, c.features]).expect("x"));
-        let ys = Var::constant(b.upload(&y, &[4]).expect("y"));
-        let tape = Tape::new(&b);
-        let (loss, _) = model.loss(&tape, &xs, &ys).expect("loss");
-        tape.backward(&loss).expect("backward");
-        drop(tape);
-        b.end_step().expect("end");
-    });
+    let fwd_bwd = forward_backward_launches(&b, &model, &c, &x, &y);
     let cfg = TrainerConfig {
         schedule: TrainSchedule::Batched,
         capture: true,
