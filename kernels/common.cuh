@@ -117,6 +117,38 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// One warp's LayerNorm backward of row `row` (`lane` its lane): g_xhat = g * xhat when
+// want_gxhat (its column sums are the weight's gradient) and, when want_gx,
+// gx = LN'(g) (+ residual when `residual` is not null). Shared by the plain kernel (rows.cu)
+// and the one that adds the residual stream's gradient in the same pass (fused.cu).
+__device__ __forceinline__ void layer_norm_backward_row(
+    float* gx, float* g_xhat, const float* g, const float* x, const float* residual, u64 row,
+    float mu, float rs, const float* weight, unsigned has_weight, unsigned want_gx,
+    unsigned want_gxhat, u64 n, unsigned lane) {
+    const float* gr = g + row * n;
+    const float* xr = x + row * n;
+    float s1 = 0.0f;
+    float s2 = 0.0f;
+    for (u64 j = lane; j < n; j += 32) {
+        float xh = (xr[j] - mu) * rs;
+        float gj = gr[j];
+        float gh = has_weight ? gj * weight[j] : gj;
+        s1 += gh;
+        s2 += gh * xh;
+        if (want_gxhat) g_xhat[row * n + j] = gj * xh;
+    }
+    if (!want_gx) return;
+    float m1 = warp_sum(s1) / (float)n;
+    float m2 = warp_sum(s2) / (float)n;
+    for (u64 j = lane; j < n; j += 32) {
+        float xh = (xr[j] - mu) * rs;
+        float gh = has_weight ? gr[j] * weight[j] : gr[j];
+        float v = ((gh - m1) - xh * m2) * rs;
+        if (residual) v += residual[row * n + j];
+        gx[row * n + j] = v;
+    }
+}
+
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = zc_maximum(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;

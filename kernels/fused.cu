@@ -104,30 +104,9 @@ extern "C" __global__ void zc_layer_norm_backward_add_rows_f32(
     unsigned has_residual, unsigned want_gx, unsigned want_gxhat, u64 rows, u64 n) {
     unsigned lane = threadIdx.x % 32;
     ROW_LOOP(row, rows) {
-        const float* gr = g + row * n;
-        const float* xr = x + row * n;
-        const float mu = mean[row];
-        const float rs = rstd[row];
-        float s1 = 0.0f;
-        float s2 = 0.0f;
-        for (u64 j = lane; j < n; j += 32) {
-            float xh = (xr[j] - mu) * rs;
-            float gj = gr[j];
-            float gh = has_weight ? gj * weight[j] : gj;
-            s1 += gh;
-            s2 += gh * xh;
-            if (want_gxhat) g_xhat[row * n + j] = gj * xh;
-        }
-        if (!want_gx) continue;
-        float m1 = warp_sum(s1) / (float)n;
-        float m2 = warp_sum(s2) / (float)n;
-        for (u64 j = lane; j < n; j += 32) {
-            float xh = (xr[j] - mu) * rs;
-            float gh = has_weight ? gr[j] * weight[j] : gr[j];
-            float v = ((gh - m1) - xh * m2) * rs;
-            if (has_residual) v += residual[row * n + j];
-            gx[row * n + j] = v;
-        }
+        layer_norm_backward_row(gx, g_xhat, g, x, has_residual ? residual : nullptr, row,
+                                mean[row], rstd[row], weight, has_weight, want_gx, want_gxhat,
+                                n, lane);
     }
 }
 
