@@ -549,6 +549,31 @@ pub trait Backend<T: Element> {
         Ok(grads)
     }
 
+    /// LayerNorm's backward (with the residual stream's gradient added to the input's, as
+    /// [`Backend::layer_norm_backward_add`]) and its parameters' gradients added into their
+    /// buffers: `dw += Σ_rows g * xhat`, `db += Σ_rows g` (each `[n]`, where given: a model's
+    /// flat gradient buffer, whose disjoint views they may be). Returns the input gradient when
+    /// `want_input`. The provided body is `layer_norm_backward(_add)` then one
+    /// [`Backend::sum_rows_into`] per buffer; the CUDA backend does it in one launch for few
+    /// rows.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward_into(
+        &self,
+        g: &BTensor<Self, T>,
+        residual: Option<&BTensor<Self, T>>,
+        x: &BTensor<Self, T>,
+        mean: &BTensor<Self, T>,
+        rstd: &BTensor<Self, T>,
+        weight: Option<&BTensor<Self, T>>,
+        want_input: bool,
+        dw: Option<&BTensor<Self, T>>,
+        db: Option<&BTensor<Self, T>>,
+    ) -> Result<Option<BTensor<Self, T>>> {
+        crate::norm_params::layer_norm_backward_into(
+            self, g, residual, x, mean, rstd, weight, want_input, dw, db,
+        )
+    }
+
     /// Mean-pool of `h` `[B, S, D]` over S, the head `[1, D]` (+ bias `[1]`) and the mean
     /// BCE-with-logits against `targets` `[B]`: the loss (rank 0) and the logits `[B]`.
     fn pool_head_bce(

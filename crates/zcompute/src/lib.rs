@@ -19,6 +19,7 @@ pub mod error;
 pub mod fused;
 pub mod layout;
 mod linear;
+mod norm_params;
 pub mod pinned;
 pub mod storage;
 pub mod tensor;

@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 8] = [
+pub(crate) const MODULES: [(&str, &str); 9] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -37,6 +37,10 @@ pub(crate) const MODULES: [(&str, &str); 8] = [
         include_str!("../../../../kernels/ptx/indexed.ptx"),
     ),
     ("linear", include_str!("../../../../kernels/ptx/linear.ptx")),
+    (
+        "norm_params",
+        include_str!("../../../../kernels/ptx/norm_params.ptx"),
+    ),
 ];
 
 /// Kinds of kernel parameters.
@@ -114,6 +118,9 @@ pub enum Kernel {
     LinearRowsNMajor,
     /// A Linear layer's weight and bias gradients from few rows, added into their buffers.
     LinearParamGrads,
+    /// LayerNorm's backward for few rows with its weight and bias gradients added into their
+    /// buffers (`cuda/norm_params.rs`).
+    LayerNormBackwardParams,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -149,7 +156,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 45] = [
+    pub const ALL: [Kernel; 46] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -195,6 +202,7 @@ impl Kernel {
         Kernel::LinearRowsKMajor,
         Kernel::LinearRowsNMajor,
         Kernel::LinearParamGrads,
+        Kernel::LayerNormBackwardParams,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -361,6 +369,14 @@ impl Kernel {
                 "zc_linear_param_grads_f32",
                 &[
                     Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U64, U32,
+                ],
+                0,
+            ),
+            Kernel::LayerNormBackwardParams => s(
+                8,
+                "zc_layer_norm_backward_params_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32, U64, U64,
                 ],
                 0,
             ),

@@ -27,6 +27,7 @@ mod kernels;
 mod launch;
 mod linear;
 mod matmul;
+mod norm_params;
 mod ops;
 mod pinned;
 mod rows;

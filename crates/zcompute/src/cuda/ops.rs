@@ -423,6 +423,23 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.layer_norm_backward_add_fused(g, residual, x, mean, rstd, weight, want)
     }
 
+    fn layer_norm_backward_into(
+        &self,
+        g: &CudaTensor,
+        residual: Option<&CudaTensor>,
+        x: &CudaTensor,
+        mean: &CudaTensor,
+        rstd: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        want_input: bool,
+        dw: Option<&CudaTensor>,
+        db: Option<&CudaTensor>,
+    ) -> Result<Option<CudaTensor>> {
+        self.layer_norm_backward_params_fused(
+            g, residual, x, mean, rstd, weight, want_input, dw, db,
+        )
+    }
+
     fn pool_head_bce(
         &self,
         h: &CudaTensor,

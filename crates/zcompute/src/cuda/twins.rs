@@ -16,6 +16,7 @@ mod flat;
 mod fused;
 mod indexed;
 mod linear;
+mod norm_params;
 mod reductions;
 mod rows;
 mod train;
@@ -82,6 +83,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LinearRowsKMajor => linear::rows_kmajor,
         Kernel::LinearRowsNMajor => linear::rows_nmajor,
         Kernel::LinearParamGrads => linear::param_grads,
+        Kernel::LayerNormBackwardParams => norm_params::layer_norm_backward_params,
     }
 }
 

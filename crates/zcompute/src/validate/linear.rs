@@ -51,7 +51,7 @@ pub(crate) fn linear<S: Storage>(
 
 /// Refuses two views whose element ranges meet; views of one buffer that do not (a weight's
 /// and a bias's gradient in a model's flat gradient buffer) are fine.
-fn disjoint_views<S: Storage>(
+pub(crate) fn disjoint_views<S: Storage>(
     op: &'static str,
     (lhs, l): (&'static str, &Tensor<S>),
     (rhs, r): (&'static str, &Tensor<S>),

@@ -25,6 +25,7 @@ mod flat;
 mod fused;
 mod indexed;
 mod linear;
+mod norm_params;
 mod ops;
 
 pub(crate) use accumulate::*;
@@ -33,6 +34,7 @@ pub(crate) use flat::*;
 pub(crate) use fused::*;
 pub(crate) use indexed::indexed_row;
 pub(crate) use linear::*;
+pub(crate) use norm_params::*;
 pub(crate) use ops::*;
 
 use crate::element::Element;

@@ -1,0 +1,108 @@
+//! LayerNorm's backward with its weight's and bias's gradients added into their buffers in one
+//! launch (`Backend::layer_norm_backward_into`) for few rows, one sample's: the row kernel and
+//! two column reductions (three dependent graph nodes) become one kernel whose blocks split the
+//! columns (`kernels/norm_params.cu`). More rows, strided parameter buffers or no buffer at all
+//! take the composite (today's three launches).
+
+use super::kernels::{Args, Kernel, ptr, u64a};
+use super::{CudaBackend, CudaTensor};
+use crate::error::Result;
+use crate::validate;
+use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
+
+/// Most rows the one-launch kernel takes (`LN_PARAMS_MAX_ROWS` in `kernels/norm_params.cu`:
+/// its per-row sums live in shared memory). Every block reads all rows, so more rows would
+/// also multiply the redundant reads; a batch's rows take the composite.
+pub(crate) const LN_PARAMS_MAX_ROWS: usize = 32;
+
+/// Threads per block (`LN_PARAMS_THREADS` in the kernel): one column each.
+pub(crate) const LN_PARAMS_THREADS: u32 = 128;
+
+/// Most blocks of a launch; the kernel grid-strides over the columns beyond.
+const MAX_BLOCKS: u64 = 65_535;
+
+/// One block per `LN_PARAMS_THREADS` columns of a width-`n` LayerNorm.
+pub(crate) fn ln_params_config(n: usize) -> LaunchConfig {
+    let blocks = (n as u64)
+        .div_ceil(u64::from(LN_PARAMS_THREADS))
+        .clamp(1, MAX_BLOCKS);
+    LaunchConfig {
+        grid: (blocks as u32, 1, 1),
+        block: (LN_PARAMS_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl<D: Driver> CudaBackend<D> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn layer_norm_backward_params_fused(
+        &self,
+        g: &CudaTensor,
+        residual: Option<&CudaTensor>,
+        x: &CudaTensor,
+        mean: &CudaTensor,
+        rstd: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        want_input: bool,
+        dw: Option<&CudaTensor>,
+        db: Option<&CudaTensor>,
+    ) -> Result<Option<CudaTensor>> {
+        const OP: &str = "layer_norm_backward_into";
+        let validate::Rows { rows, n } =
+            validate::layer_norm_backward_into(g, residual, x, mean, rstd, weight, dw, db)?;
+        // The kernel adds into dense `[n]` buffers; with neither given it would be the plain
+        // row kernel, which the composite already is.
+        let dense_dst = |t: Option<&CudaTensor>| t.is_none_or(CudaTensor::is_contiguous);
+        let fits = (1..=LN_PARAMS_MAX_ROWS).contains(&rows)
+            && n > 0
+            && (dw.is_some() || db.is_some())
+            && dense_dst(dw)
+            && dense_dst(db);
+        if !fits {
+            tracing::trace!(target: "zcompute.cuda.norm_params", op = OP, rows, n, "layer_norm_backward + sum_rows_into");
+            return crate::norm_params::layer_norm_backward_into(
+                self, g, residual, x, mean, rstd, weight, want_input, dw, db,
+            );
+        }
+        let input = want_input
+            .then(|| self.alloc(OP, x.shape()))
+            .transpose()?;
+        let dense = [g, x, mean, rstd]
+            .into_iter()
+            .map(|t| self.dense(OP, t))
+            .collect::<Result<Vec<_>>>()?;
+        let res = residual.map(|t| self.dense(OP, t)).transpose()?;
+        let w = weight.map(|t| self.dense(OP, t)).transpose()?;
+        let opt_ptr = |t: Option<&CudaTensor>| -> Result<DevicePtr> {
+            t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t))
+        };
+        let flag = |on: bool| KernelArg::U32(u32::from(on));
+        let args: Args = [
+            ptr(opt_ptr(input.as_ref())?),
+            ptr(opt_ptr(dw)?),
+            ptr(opt_ptr(db)?),
+            ptr(self.ptr(OP, &dense[0])?),
+            ptr(opt_ptr(res.as_ref())?),
+            ptr(self.ptr(OP, &dense[1])?),
+            ptr(self.ptr(OP, &dense[2])?),
+            ptr(self.ptr(OP, &dense[3])?),
+            ptr(opt_ptr(w.as_ref())?),
+            flag(w.is_some()),
+            flag(res.is_some()),
+            flag(want_input),
+            flag(dw.is_some()),
+            flag(db.is_some()),
+            u64a(rows),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(
+            OP,
+            Kernel::LayerNormBackwardParams,
+            ln_params_config(n),
+            &args,
+        )?;
+        Ok(input)
+    }
+}

@@ -1,0 +1,80 @@
+// LayerNorm's backward for few rows (one sample's) with its weight's and bias's gradients
+// added into their buffers in the same launch: the input gradient (plus the residual stream's
+// gradient), dw += sum_rows g * xhat and db += sum_rows g. Without this the backward is three
+// launches (the row kernel writing g * xhat, then two column reductions), each a dependent node
+// of a captured per-sample graph.
+//
+// Blocks split the columns; every block first recomputes the per-row sums of LN' over the
+// full rows it needs (rows are few, so the redundant reads are cheap), in the same lane order
+// and warp tree as layer_norm_backward_row (common.cuh), so the input gradient has the same
+// arithmetic as zc_layer_norm_backward_add_rows_f32. Then one thread per column walks the rows
+// in row order: it writes the input gradient and sums g * xhat and g, and adds the sums into
+// dw and db. Each element has one writer and every sum a fixed order: no atomics, reruns are
+// bitwise equal.
+#include "common.cuh"
+
+// Threads per block (LN_PARAMS_THREADS in cuda/norm_params.rs) and the most rows a launch takes
+// (LN_PARAMS_MAX_ROWS there): the per-row sums live in shared memory.
+#define LN_PARAMS_THREADS 128
+#define LN_PARAMS_WARPS (LN_PARAMS_THREADS / 32)
+#define LN_PARAMS_MAX_ROWS 32
+
+// gx [rows, n] (written when want_gx), dw [n] and db [n] (added into when has_dw / has_db),
+// from g, x (and residual when has_residual) dense [rows, n], mean and rstd [rows], and the
+// weight [n] when has_weight. Needs blocks of LN_PARAMS_THREADS threads and rows <=
+// LN_PARAMS_MAX_ROWS; the grid is grid-strided over the columns.
+extern "C" __global__ void zc_layer_norm_backward_params_f32(
+    float* gx, float* dw, float* db, const float* g, const float* residual, const float* x,
+    const float* mean, const float* rstd, const float* weight, unsigned has_weight,
+    unsigned has_residual, unsigned want_gx, unsigned has_dw, unsigned has_db, u64 rows,
+    u64 n) {
+    __shared__ float m1s[LN_PARAMS_MAX_ROWS];
+    __shared__ float m2s[LN_PARAMS_MAX_ROWS];
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned warp = threadIdx.x / 32;
+    if (want_gx) {
+        for (u64 row = warp; row < rows; row += LN_PARAMS_WARPS) {
+            const float* gr = g + row * n;
+            const float* xr = x + row * n;
+            const float mu = mean[row];
+            const float rs = rstd[row];
+            float s1 = 0.0f;
+            float s2 = 0.0f;
+            for (u64 j = lane; j < n; j += 32) {
+                float xh = (xr[j] - mu) * rs;
+                float gh = has_weight ? gr[j] * weight[j] : gr[j];
+                s1 += gh;
+                s2 += gh * xh;
+            }
+            float m1 = warp_sum(s1) / (float)n;
+            float m2 = warp_sum(s2) / (float)n;
+            if (lane == 0) {
+                m1s[row] = m1;
+                m2s[row] = m2;
+            }
+        }
+        __syncthreads();
+    }
+    for (u64 j = (u64)blockIdx.x * LN_PARAMS_THREADS + threadIdx.x; j < n;
+         j += (u64)gridDim.x * LN_PARAMS_THREADS) {
+        const float w = has_weight ? weight[j] : 1.0f;
+        float sw = 0.0f;
+        float sb = 0.0f;
+        for (u64 row = 0; row < rows; ++row) {
+            const u64 i = row * n + j;
+            const float rs = rstd[row];
+            const float xh = (x[i] - mean[row]) * rs;
+            const float gj = g[i];
+            if (want_gx) {
+                float gh = has_weight ? gj * w : gj;
+                float v = ((gh - m1s[row]) - xh * m2s[row]) * rs;
+                if (has_residual) v += residual[i];
+                gx[i] = v;
+            }
+            sw += gj * xh;
+            sb += gj;
+        }
+        if (has_dw) dw[j] += sw;
+        if (has_db) db[j] += sb;
+    }
+}
