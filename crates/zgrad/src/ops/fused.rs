@@ -61,6 +61,28 @@ pub(super) fn layer_norm_param_grads<B: Backend<T>, T: Element>(
     Ok([gw, gb])
 }
 
+/// The tape's `[n]` buffers for a LayerNorm's weight (`at`) and bias (`at + 1`) gradients
+/// when it gave one for every parameter that `needs` a gradient (and one does): then
+/// LayerNorm's backward adds into them itself (`Backend::layer_norm_backward_into`, one launch
+/// on the device for few rows). `None` otherwise: the caller takes the unfused path.
+pub(super) fn layer_norm_param_buffers<'a, S: zcompute::Storage>(
+    into: &[Option<&'a zcompute::Tensor<S>>],
+    at: usize,
+    n: usize,
+    needs: [bool; 2],
+) -> Option<[Option<&'a zcompute::Tensor<S>>; 2]> {
+    if !(needs[0] || needs[1]) {
+        return None;
+    }
+    let mut out = [None, None];
+    for (k, need) in needs.into_iter().enumerate() {
+        if need {
+            out[k] = Some(into_at(into, at + k).filter(|d| d.shape() == [n])?);
+        }
+    }
+    Some(out)
+}
+
 /// The tape's buffer for input `i`, if it gave one.
 pub(super) fn into_at<'a, X>(into: &[Option<&'a X>], i: usize) -> Option<&'a X> {
     into.get(i).copied().flatten()
@@ -148,12 +170,29 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> 
             return Ok(vec![gin.clone(), gin, None, None]);
         };
         let weight = self.weight.as_ref().map(|w| w.get(OP)).transpose()?;
+        let (sum, mean, rstd) = (self.sum.get(OP)?, self.mean.get(OP)?, self.rstd.get(OP)?);
+        let n = sum.shape().last().copied().unwrap_or(1);
+        let needs = [self.needs[1], self.needs[2]];
+        if let Some([dw, db]) = layer_norm_param_buffers(into, 2, n, needs) {
+            let input = b.layer_norm_backward_into(
+                g_y,
+                g_h,
+                sum,
+                mean,
+                rstd,
+                weight,
+                self.needs[0],
+                dw,
+                db,
+            )?;
+            return Ok(vec![input.clone(), input, None, None]);
+        }
         let grads = b.layer_norm_backward_add(
             g_y,
             g_h,
-            self.sum.get(OP)?,
-            self.mean.get(OP)?,
-            self.rstd.get(OP)?,
+            sum,
+            mean,
+            rstd,
             weight,
             [self.needs[0], self.needs[1]],
         )?;

@@ -1,6 +1,6 @@
 //! Reductions over an axis, softmax and LayerNorm over the last axis, with their backward.
 
-use super::fused::layer_norm_param_grads;
+use super::fused::{layer_norm_param_buffers, layer_norm_param_grads};
 use super::{only, positive_mask};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
@@ -126,6 +126,24 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
         };
         let weight = self.weight.as_ref().map(|w| w.get(OP)).transpose()?;
         let (x, mean, rstd) = (self.x.get(OP)?, self.mean.get(OP)?, self.rstd.get(OP)?);
+        // With the tape's buffers for the parameters' gradients, one op (one launch on the
+        // device for few rows) adds into them.
+        let n = x.shape().last().copied().unwrap_or(1);
+        let needs = [self.needs[1], self.needs[2]];
+        if let Some([dw, db]) = layer_norm_param_buffers(into, 1, n, needs) {
+            let input = b.layer_norm_backward_into(
+                g,
+                g_stream,
+                x,
+                mean,
+                rstd,
+                weight,
+                self.needs[0],
+                dw,
+                db,
+            )?;
+            return Ok(vec![input, None, None]);
+        }
         let want = [self.needs[0], self.needs[1]];
         // The stream's gradient is added to the input's in the backward kernel itself.
         let grads = match g_stream {

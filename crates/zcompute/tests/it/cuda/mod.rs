@@ -15,6 +15,8 @@ mod fused_launch;
 mod indexed;
 mod linear;
 mod linear_launch;
+mod norm_params;
+mod norm_params_launch;
 #[macro_use]
 mod suite;
 pub mod validation;
