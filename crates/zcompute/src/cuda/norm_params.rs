@@ -64,9 +64,7 @@ impl<D: Driver> CudaBackend<D> {
                 self, g, residual, x, mean, rstd, weight, want_input, dw, db,
             );
         }
-        let input = want_input
-            .then(|| self.alloc(OP, x.shape()))
-            .transpose()?;
+        let input = want_input.then(|| self.alloc(OP, x.shape())).transpose()?;
         let dense = [g, x, mean, rstd]
             .into_iter()
             .map(|t| self.dense(OP, t))

@@ -2,7 +2,7 @@
 //! stream's gradient), plus the weight's and bias's gradient buffers it adds into.
 
 use super::ops::Rows;
-use super::{distinct, disjoint_views, layer_norm_backward_add, same_shape, writable};
+use super::{disjoint_views, distinct, layer_norm_backward_add, same_shape, writable};
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
