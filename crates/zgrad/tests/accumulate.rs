@@ -101,3 +101,61 @@ fn gradients_added_in_place_match_the_cpu_and_accumulate() {
         assert!(c.iter().any(|v| *v != 0.0), "parameter {i} got a gradient");
     }
 }
+
+/// Gradients of LayerNorm's parameters after two backwards of `layer_norm_stream` (the stream
+/// used again), `add_layer_norm` (with and without the sum `h` used again) and a LayerNorm
+/// whose weight and bias are one parameter (one buffer for both: the device takes the unfused
+/// path, which adds into it twice): `[ln1 w, ln1 b, ln2 w, ln2 b, shared]`.
+fn layer_norm_grads<B: Backend<f32>>(b: &B, use_h: bool) -> Vec<Vec<f32>> {
+    let n = 37;
+    let p = |len, seed| Var::parameter_from(b, &values(len, seed), &[len]).expect("param");
+    let (w1, b1, w2, b2, shared) = (p(n, 11), p(n, 12), p(n, 13), p(n, 14), p(n, 15));
+    let x = Var::constant(b.upload(&values(12 * n, 16), &[12, n]).expect("x"));
+    let c = Var::constant(b.upload(&values(12 * n, 17), &[12, n]).expect("c"));
+    for _ in 0..2 {
+        b.begin_step().expect("step");
+        let tape = Tape::new(b);
+        let (stream, y1) = tape
+            .layer_norm_stream(&x, Some(&w1), Some(&b1), 1e-5)
+            .expect("ln1");
+        let (h, y2) = tape
+            .add_layer_norm(&stream, &y1, &w2, &b2, 1e-5)
+            .expect("ln2");
+        let y3 = tape
+            .layer_norm(&y2, Some(&shared), Some(&shared), 1e-5)
+            .expect("ln3");
+        let mut loss = tape.sum_all(&tape.mul(&y3, &c).expect("mul")).expect("sum");
+        if use_h {
+            let hh = tape.sum_all(&tape.mul(&h, &h).expect("h·h")).expect("sum");
+            loss = tape.add(&loss, &hh).expect("loss");
+        }
+        tape.backward(&loss).expect("backward");
+        drop(tape);
+        b.end_step().expect("end step");
+    }
+    [&w1, &b1, &w2, &b2, &shared]
+        .iter()
+        .map(|p| {
+            b.download(p.grad().expect("a parameter"))
+                .expect("download")
+        })
+        .collect()
+}
+
+#[test]
+fn layer_norm_parameter_gradients_added_by_the_backward_match_the_cpu() {
+    for use_h in [false, true] {
+        let ours = layer_norm_grads(&mock(), use_h);
+        let cpu = layer_norm_grads(&CpuBackend, use_h);
+        for (i, (g, c)) in ours.iter().zip(&cpu).enumerate() {
+            let scale = c.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            for (a, e) in g.iter().zip(c) {
+                assert!(
+                    (a - e).abs() <= 1e-5 * scale,
+                    "h used {use_h}, parameter {i}: {g:?} vs cpu {c:?}"
+                );
+            }
+            assert!(c.iter().any(|v| *v != 0.0), "parameter {i} got a gradient");
+        }
+    }
+}
