@@ -24,6 +24,7 @@ mod attention;
 mod flat;
 mod fused;
 mod indexed;
+mod into;
 mod linear;
 mod ops;
 
@@ -32,6 +33,7 @@ pub(crate) use attention::*;
 pub(crate) use flat::*;
 pub(crate) use fused::*;
 pub(crate) use indexed::indexed_row;
+pub(crate) use into::*;
 pub(crate) use linear::*;
 pub(crate) use ops::*;
 
