@@ -246,7 +246,8 @@ pub fn errors<B: Backend<f32>>(b: &B) {
 
 macro_rules! attention_into_suite {
     ($backend:path) => {
-        use super::{Buffers, Case};
+        use super::Buffers::{self, Adjacent, Apart, Separate, Some2};
+        use super::Case;
         use rstest::rstest;
 
         #[rstest]
@@ -255,8 +256,7 @@ macro_rules! attention_into_suite {
             #[values(64, 5)] dh: usize,
             #[values(1, 4)] heads: usize,
             #[values(1, 3)] batch: usize,
-            #[values(Buffers::Adjacent, Buffers::Apart, Buffers::Separate, Buffers::Some2)]
-                                    layout: Buffers,
+            #[values(Adjacent, Apart, Separate, Some2)] layout: Buffers,
         ) {
             let c = Case {
                 batch,
