@@ -28,7 +28,7 @@ const PREFIX: usize = 3;
 
 /// Views of the four gradient buffers (`None` where not given) and the flat tensors holding
 /// them, filled with non-zero starting values.
-fn buffers<B: Backend<T>, T: Element>(
+pub fn buffers<B: Backend<T>, T: Element>(
     b: &B,
     dh: usize,
     layout: Buffers,
@@ -101,7 +101,7 @@ pub fn run_into<B: Backend<T>, T: Element>(b: &B, c: Case, layout: Buffers) -> [
 }
 
 /// Non-zero starting values of the four buffers (f32-representable).
-fn starting_values(dh: usize) -> [Vec<f64>; 4] {
+pub fn starting_values(dh: usize) -> [Vec<f64>; 4] {
     std::array::from_fn(|k| {
         uniform(dh, 900 + k as u64, -1.0, 1.0)
             .into_iter()
@@ -302,6 +302,26 @@ macro_rules! attention_into_suite {
             );
         }
 
+        #[rstest]
+        #[case::fused(3, 12, 4, 64)]
+        #[case::odd(1, 17, 1, 5)]
+        #[case::composite(1, 70, 2, 8)]
+        fn captured_equals_eager(
+            #[case] batch: usize,
+            #[case] seq: usize,
+            #[case] heads: usize,
+            #[case] dh: usize,
+            #[values(Adjacent, Some2)] layout: Buffers,
+        ) {
+            let c = Case {
+                batch,
+                seq,
+                heads,
+                dh,
+            };
+            crate::attention_into_graph::captured_equals_eager(&$backend(), c, layout);
+        }
+
         #[test]
         fn typed_errors() {
             super::errors(&$backend());
@@ -323,71 +343,4 @@ mod mock_suite {
 #[cfg(feature = "gpu")]
 mod gpu_suite {
     attention_into_suite!(super::super::cuda::gpu);
-}
-
-/// On the simulator the backward with adjacent buffers is two launches (the kernel, one
-/// column reduction adding into all four buffers): the separate add is gone. Buffers apart
-/// take one reduction each; a shape the kernels do not take, the composite.
-#[test]
-#[allow(clippy::print_stdout)] // the counts belong in the test's output (reported)
-fn launches_on_the_simulator() {
-    let gpu = crate::cuda::mock();
-    let launches = |c: Case, layout: Buffers| -> usize {
-        let sim = gpu.device().driver();
-        let [qkv, qw, qb, kw, kb, g] = inputs(c);
-        let f32s = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
-        let qkv = gpu
-            .upload(&f32s(&qkv), &[c.batch, c.seq, 3 * c.heads * c.dh])
-            .unwrap();
-        let g = gpu
-            .upload(&f32s(&g), &[c.batch, c.seq, c.heads * c.dh])
-            .unwrap();
-        let params = [&qw, &qb, &kw, &kb].map(|v| gpu.upload(&f32s(v), &[c.dh]).unwrap());
-        let norm = QkNorm {
-            q_weight: &params[0],
-            q_bias: &params[1],
-            k_weight: &params[2],
-            k_bias: &params[3],
-            heads: c.heads,
-            eps: 1e-5,
-        };
-        let bufs = buffers::<_, f32>(&gpu, c.dh, layout, &starting_values(c.dh));
-        sim.clear_op_log();
-        gpu.qk_norm_attention_backward_into(
-            &g,
-            &qkv,
-            &norm,
-            [0, 1, 2, 3].map(|k| bufs[k].as_ref()),
-        )
-        .expect("backward_into");
-        sim.op_log()
-            .iter()
-            .filter(|r| {
-                r.call == zdevice::sim::calls::LAUNCH_KERNEL
-                    || r.call == zdevice::sim::calls::GEMM_STRIDED_BATCHED
-            })
-            .count()
-    };
-    let xasset = Case {
-        batch: 1,
-        seq: 12,
-        heads: 4,
-        dh: 64,
-    };
-    let adjacent = launches(xasset, Buffers::Adjacent);
-    println!("attention backward_into {xasset:?}, adjacent buffers: {adjacent} launches");
-    assert_eq!(adjacent, 2, "kernel + one accumulating column reduction");
-    let apart = launches(xasset, Buffers::Apart);
-    println!("attention backward_into {xasset:?}, buffers apart: {apart} launches");
-    assert_eq!(apart, 1 + 4, "kernel + one reduction per buffer");
-    let some = launches(xasset, Buffers::Some2);
-    assert_eq!(some, 1 + 4, "kernel + one reduction per parameter");
-    let long = Case {
-        batch: 1,
-        seq: 70,
-        heads: 2,
-        dh: 8,
-    };
-    let composite = launches(long, Buffers::Adjacent);
-    assert!(composite > 10, "composite launches {composite}");
 }

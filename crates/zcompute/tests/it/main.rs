@@ -2,6 +2,7 @@
 
 mod attention;
 mod attention_into;
+mod attention_into_graph;
 mod binary;
 mod common;
 mod cuda;

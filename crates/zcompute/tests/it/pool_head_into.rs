@@ -232,6 +232,80 @@ pub fn errors<B: Backend<f32>>(be: &B) {
     }
 }
 
+/// The body a capture records: the buffers reset to their starting values, the backward
+/// adding into them, `h`'s gradient copied into `gh_out`.
+fn into_body<B: Backend<f32>>(
+    be: &B,
+    inputs: &[BTensor<B, f32>; 5],
+    start: &(BTensor<B, f32>, BTensor<B, f32>),
+    bufs: &(BTensor<B, f32>, BTensor<B, f32>),
+    gh_out: &BTensor<B, f32>,
+) -> zcompute::Result<()> {
+    let [g, h, w, logits, y] = inputs;
+    be.copy_into(&start.0, &bufs.0)?;
+    be.copy_into(&start.1, &bufs.1)?;
+    let gh = be.pool_head_bce_backward_into(g, h, w, logits, y, [&bufs.0, &bufs.1])?;
+    be.copy_into(&gh, gh_out)
+}
+
+/// A captured backward_into, replayed with a fresh `h` and loss gradient, equals the same body
+/// run eagerly bit for bit.
+pub fn captured_equals_eager<B>(be: &B, shape: (usize, usize, usize), layout: Buffers)
+where
+    B: zcompute::Capture<f32> + Clone + 'static,
+{
+    let (batch, scales, width) = shape;
+    let i = inputs(batch, scales, width);
+    let f32s = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
+    let h = be.upload(&f32s(&i.h), &[batch, scales, width]).unwrap();
+    let w = be.upload(&f32s(&i.w), &[1, width]).unwrap();
+    let b = be.upload(&f32s(&i.b), &[1]).unwrap();
+    let y = be.upload(&f32s(&i.y), &[batch]).unwrap();
+    let g = be.upload(&[1.5], &[]).unwrap();
+    let logits = be.pool_head_bce(&h, &w, &b, &y).unwrap().logits;
+    let operands = [g, h, w, logits, y];
+    let start = buffers(be, width, layout);
+    let (cap_bufs, cap_gh) = (
+        buffers(be, width, layout),
+        be.zeros(&[batch, scales, width]).unwrap(),
+    );
+    let (eager_bufs, eager_gh) = (
+        buffers(be, width, layout),
+        be.zeros(&[batch, scales, width]).unwrap(),
+    );
+    let body = {
+        let (be, operands) = (be.clone(), operands.clone());
+        let (start, bufs, gh) = (start.clone(), cap_bufs.clone(), cap_gh.clone());
+        Box::new(move || into_body(&be, &operands, &start, &bufs, &gh))
+    };
+    let mut graph = be.capture(body).expect("capture");
+    for r in 0..2u64 {
+        let fresh: Vec<f32> = f32s(&uniform(i.h.len(), 700 + r, -2.0, 2.0));
+        be.upload_into(&fresh, &operands[1]).unwrap();
+        be.upload_into(&[0.5 + r as f32], &operands[0]).unwrap();
+        be.replay(&mut graph).expect("replay");
+        into_body(be, &operands, &start, &eager_bufs, &eager_gh).expect("eager");
+        let pairs = [
+            (&cap_gh, &eager_gh),
+            (&cap_bufs.0, &eager_bufs.0),
+            (&cap_bufs.1, &eager_bufs.1),
+        ];
+        for (k, (cap, eager)) in pairs.into_iter().enumerate() {
+            let (cap, eager) = (be.download(cap).unwrap(), be.download(eager).unwrap());
+            assert!(
+                cap.iter().all(|v| v.is_finite()),
+                "{shape:?} output {k}: not finite"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&cap),
+                bits(&eager),
+                "{shape:?} {layout:?} replay {r} output {k}"
+            );
+        }
+    }
+}
+
 macro_rules! pool_head_into_suite {
     ($backend:path) => {
         use super::Buffers;
@@ -253,6 +327,14 @@ macro_rules! pool_head_into_suite {
             #[values(Buffers::Adjacent, Buffers::Strided)] layout: Buffers,
         ) {
             super::bitwise(&$backend(), shape, layout);
+        }
+
+        #[rstest]
+        fn captured_equals_eager(
+            #[values((1, 12, 256), (3, 17, 37), (40, 12, 5))] shape: (usize, usize, usize),
+            #[values(Buffers::Adjacent, Buffers::Strided)] layout: Buffers,
+        ) {
+            super::captured_equals_eager(&$backend(), shape, layout);
         }
 
         #[test]
