@@ -101,8 +101,10 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
 }
 
 // Backward, recomputing the forward. Grid: batch * heads blocks of ATTN_WARPS warps. Writes
-// the head's slices of g_qkv [B, S, 3*H*dh] and its row of partials [B*H, 4, dh] (q weight,
-// q bias, k weight, k bias gradients of this head; the host sums the rows in order).
+// the head's slices of g_qkv [B, S, 3*H*dh] and its row of each of the partials [4, B*H, dh]
+// (q weight, q bias, k weight, k bias gradients of this head; the host sums the rows of each
+// in order, parameter-major so that each parameter's rows are one dense block the column
+// reduction can add straight into that parameter's gradient buffer).
 // Shared memory (floats): qhat, khat, v (later dkn), go (later dqn) [S*ld each], P and dS
 // [S*S each], q and k rstd [S each].
 extern "C" __global__ void zc_qk_norm_attention_backward_f32(
@@ -193,7 +195,8 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     }
     __syncthreads();
     // This head's parameter partials, one thread per column, rows in order.
-    float* part = partials + (u64)bh * 4 * dh;
+    const u64 pstride = (u64)batch * heads * dh;
+    float* part = partials + (u64)bh * dh;
     for (unsigned d = threadIdx.x; d < dh; d += blockDim.x) {
         float gwq = 0.0f, gbq = 0.0f, gwk = 0.0f, gbk = 0.0f;
         for (unsigned i = 0; i < seq; ++i) {
@@ -203,9 +206,9 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
             gbk += vs[i * ld + d];
         }
         part[d] = gwq;
-        part[dh + d] = gbq;
-        part[2 * dh + d] = gwk;
-        part[3 * dh + d] = gbk;
+        part[pstride + d] = gbq;
+        part[2 * pstride + d] = gwk;
+        part[3 * pstride + d] = gbk;
     }
     // LayerNorm's input gradients, one warp per row (q rows, then k rows):
     // rstd * (gx - mean(gx) - xhat * mean(gx * xhat)), gx = dn * w.

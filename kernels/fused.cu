@@ -188,6 +188,9 @@ extern "C" __global__ void zc_pool_head_bce_finish_f32(float* loss, const float*
 // and written to partials[p, j]; zc_pool_head_bce_backward_finish_f32 adds them in p order.
 // With one block row (the host's choice for small batches: one graph node fewer) the
 // partials are gw itself, and block (0, 0) also writes gb[0] (same order as the finish).
+// `accumulate` (set by the host only with one block row) adds into gw and gb instead of
+// writing them: a parameter's gradient buffer takes the result with no separate add (each
+// element has one writer, so no atomics).
 __device__ __forceinline__ float bias_grad_sum(const float* g, const float* logits,
                                                const float* y, u64 batch, unsigned tid,
                                                float* part) {
@@ -201,7 +204,7 @@ __device__ __forceinline__ float bias_grad_sum(const float* g, const float* logi
 
 extern "C" __global__ void zc_pool_head_bce_backward_f32(
     float* gh, float* partials, float* gb, const float* g, const float* h, const float* w,
-    const float* logits, const float* y, u64 batch, u64 s, u64 d) {
+    const float* logits, const float* y, u64 batch, u64 s, u64 d, unsigned accumulate) {
     __shared__ float part[FUSED_WARPS][32];
     const float scale = g[0] / (float)batch;
     const float inv_s = 1.0f / (float)s;
@@ -224,7 +227,11 @@ extern "C" __global__ void zc_pool_head_bce_backward_f32(
         if (threadIdx.y == 0 && j < d) {
             float total = 0.0f;
             for (int k = 0; k < FUSED_WARPS; ++k) total += part[k][threadIdx.x];
-            partials[(u64)blockIdx.y * d + j] = total * inv_s;
+            // Rounded product first (no fma with the buffer): the same bits as writing the
+            // gradient and adding it into the buffer afterwards.
+            const float gwj = __fmul_rn(total, inv_s);
+            float* dst = partials + (u64)blockIdx.y * d + j;
+            *dst = accumulate ? *dst + gwj : gwj;
         }
         __syncthreads();
     }
@@ -232,23 +239,24 @@ extern "C" __global__ void zc_pool_head_bce_backward_f32(
         __shared__ float bpart[POOL_WARPS];
         const unsigned tid = threadIdx.y * 32 + threadIdx.x;
         float total = bias_grad_sum(g, logits, y, batch, tid, bpart);
-        if (tid == 0) gb[0] = total;
+        if (tid == 0) gb[0] = accumulate ? gb[0] + total : total;
     }
 }
 
 // gw[j] = sum over p < parts of partials[p, j] in p order (threads over columns), and, in
 // block 0, gb[0] = sum_b d_b in a fixed order (block_sum_fixed). Blocks of POOL_THREADS.
+// `accumulate` adds both into gw and gb (the parameters' gradient buffers) instead.
 extern "C" __global__ void zc_pool_head_bce_backward_finish_f32(
     float* gw, float* gb, const float* partials, const float* g, const float* logits,
-    const float* y, u64 batch, u64 parts, u64 d) {
+    const float* y, u64 batch, u64 parts, u64 d, unsigned accumulate) {
     __shared__ float part[POOL_WARPS];
     for (u64 j = (u64)blockIdx.x * POOL_THREADS + threadIdx.x; j < d;
          j += (u64)gridDim.x * POOL_THREADS) {
         float total = 0.0f;
         for (u64 p = 0; p < parts; ++p) total += partials[p * d + j];
-        gw[j] = total;
+        gw[j] = accumulate ? gw[j] + total : total;
     }
     if (blockIdx.x != 0) return;
     float total = bias_grad_sum(g, logits, y, batch, threadIdx.x, part);
-    if (threadIdx.x == 0) gb[0] = total;
+    if (threadIdx.x == 0) gb[0] = accumulate ? gb[0] + total : total;
 }

@@ -190,3 +190,34 @@ pub fn composite_backward<B: Backend<T> + ?Sized, T: Element>(
         k_bias: dkb,
     })
 }
+
+/// What [`Backend::qk_norm_attention_backward_into`] returns: the gradient of `qkv`, and the
+/// gradient of each LayerNorm parameter (q weight, q bias, k weight, k bias, each `[dh]`) that
+/// had no buffer to go into (`None` where it was added into the caller's buffer).
+#[derive(Clone, Debug)]
+pub struct QkNormAttentionGradsInto<S: Storage> {
+    pub qkv: Tensor<S>,
+    pub params: [Option<Tensor<S>>; 4],
+}
+
+/// The provided body of [`Backend::qk_norm_attention_backward_into`]: the backward, then each
+/// parameter's gradient added into its buffer (one `add_into` each).
+pub(crate) fn backward_into<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    g: &Tensor<B::Storage>,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+    param_grads: [Option<&Tensor<B::Storage>>; 4],
+) -> Result<QkNormAttentionGradsInto<B::Storage>> {
+    validate::qk_norm_attention_backward_into(g, qkv, norm, param_grads)?;
+    let r = b.qk_norm_attention_backward(g, qkv, norm)?;
+    let grads = [r.q_weight, r.q_bias, r.k_weight, r.k_bias];
+    let mut params = [None, None, None, None];
+    for ((grad, dst), out) in grads.into_iter().zip(param_grads).zip(&mut params) {
+        match dst {
+            Some(dst) => b.add_into(&grad, dst)?,
+            None => *out = Some(grad),
+        }
+    }
+    Ok(QkNormAttentionGradsInto { qkv: r.qkv, params })
+}

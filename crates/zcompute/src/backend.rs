@@ -463,6 +463,20 @@ pub trait Backend<T: Element> {
         crate::attention::composite_backward(self, g, qkv, norm)
     }
 
+    /// [`Backend::qk_norm_attention_backward`] with the LayerNorm parameters' gradients added
+    /// into `param_grads` where given (q weight, q bias, k weight, k bias; each `[dh]`: `+=`),
+    /// the others returned. The provided body adds after the backward; a device backend may
+    /// add its column sums straight into the buffers. Deterministic on every backend.
+    fn qk_norm_attention_backward_into(
+        &self,
+        g: &BTensor<Self, T>,
+        qkv: &BTensor<Self, T>,
+        norm: &crate::attention::QkNorm<'_, Self::Storage>,
+        param_grads: [Option<&BTensor<Self, T>>; 4],
+    ) -> Result<crate::attention::QkNormAttentionGradsInto<Self::Storage>> {
+        crate::attention::backward_into(self, g, qkv, norm, param_grads)
+    }
+
     // Fused ops (`crate::fused`): provided as composites of the op set; the CPU backend
     // implements each for f32 and f64, the CUDA backend as one kernel.
 
@@ -597,6 +611,22 @@ pub trait Backend<T: Element> {
         targets: &BTensor<Self, T>,
     ) -> Result<crate::fused::PoolHeadBceGrads<Self::Storage>> {
         crate::fused::pool_head_bce_backward(self, g, h, weight, logits, targets)
+    }
+
+    /// [`Backend::pool_head_bce_backward`] with the head weight's and bias's gradients added
+    /// into `param_grads` (`[dw [1, D], db [1]]`, the parameters' gradient buffers: `+=`);
+    /// returns `h`'s gradient. The provided body adds after the backward; a device backend
+    /// may have its kernel add into the buffers (no separate add).
+    fn pool_head_bce_backward_into(
+        &self,
+        g: &BTensor<Self, T>,
+        h: &BTensor<Self, T>,
+        weight: &BTensor<Self, T>,
+        logits: &BTensor<Self, T>,
+        targets: &BTensor<Self, T>,
+        param_grads: [&BTensor<Self, T>; 2],
+    ) -> Result<BTensor<Self, T>> {
+        crate::fused::pool_head_bce_backward_into(self, g, h, weight, logits, targets, param_grads)
     }
 
     // Provided shorthands over the op families.

@@ -157,3 +157,21 @@ pub(crate) fn pool_head_bce_backward<B: Backend<T> + ?Sized, T: Element>(
         bias: gb,
     })
 }
+
+/// The provided body of [`Backend::pool_head_bce_backward_into`]: the backward, then the head
+/// weight's and bias's gradients added into `dw` and `db`; returns `h`'s gradient.
+pub(crate) fn pool_head_bce_backward_into<B: Backend<T> + ?Sized, T: Element>(
+    be: &B,
+    g: &Tensor<B::Storage>,
+    h: &Tensor<B::Storage>,
+    weight: &Tensor<B::Storage>,
+    logits: &Tensor<B::Storage>,
+    targets: &Tensor<B::Storage>,
+    [dw, db]: [&Tensor<B::Storage>; 2],
+) -> Result<Tensor<B::Storage>> {
+    validate::pool_head_bce_backward_into(g, h, weight, logits, targets, [dw, db])?;
+    let r = be.pool_head_bce_backward(g, h, weight, logits, targets)?;
+    be.add_into(&r.weight, dw)?;
+    be.add_into(&r.bias, db)?;
+    Ok(r.h)
+}

@@ -25,7 +25,7 @@ pub mod storage;
 pub mod tensor;
 mod validate;
 
-pub use attention::{QkNorm, QkNormAttentionGrads};
+pub use attention::{QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto};
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
     BinaryOp, Capture, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,

@@ -239,10 +239,11 @@ fn a_leaf_gradient_accumulates_in_one_launch() {
     b.end_step().expect("end");
 }
 
-/// Attention's four QK-norm gradients come back as adjacent views of one result; when the four
+/// Attention's four QK-norm gradients go straight into their buffers: when the four
 /// parameters' gradient buffers are adjacent views of the flat buffer (dh a multiple of 64, as
-/// at the default size), backward adds them with one launch instead of four, to the same
-/// values as with four separate buffers.
+/// at the default size), the backward is two launches (its kernel and one column reduction
+/// adding into all four buffers; three before, with a separate add), and with four separate
+/// buffers one reduction each, to the same values.
 #[test]
 fn adjacent_parameter_gradients_of_one_node_accumulate_in_one_launch() {
     const DH: usize = 64;
@@ -286,6 +287,71 @@ fn adjacent_parameter_gradients_of_one_node_accumulate_in_one_launch() {
     eprintln!(
         "attention backward: {separate_count} launches with separate parameter buffers, {flat_count} with adjacent views of one"
     );
-    assert_eq!(flat_count + 3, separate_count, "four adds became one");
+    assert_eq!(
+        flat_count, 2,
+        "the kernel and one reduction adding into the flat buffer"
+    );
+    assert_eq!(flat_count + 3, separate_count, "four reductions became one");
     assert_eq!(flat_grads, separate_grads);
+}
+
+/// The pooled head's weight and bias gradients go straight into their buffers (adjacent views
+/// of the flat buffer, or buffers of their own): a small batch's backward is the one kernel
+/// (three launches before: the kernel and an add into each buffer, the bias's buffer being
+/// 64-aligned and so not adjacent to a weight of 40), to the same values.
+#[test]
+fn the_pooled_heads_gradients_accumulate_from_its_backward_kernel() {
+    const D: usize = 40;
+    const B: usize = 2;
+    const S: usize = 5;
+    let b = mock();
+    let h: Vec<f32> = (0..B * S * D)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let w: Vec<f32> = (0..D)
+        .map(|i| ((i * 13 % 17) as f32) / 40.0 - 0.2)
+        .collect();
+    let params_init = vec![w.clone(), vec![0.1]];
+    let run = |params: &[Var<CudaBackend<SimDriver>, f32>]| {
+        b.begin_step().expect("step");
+        let tape = Tape::new(&b);
+        let x = Var::constant(b.upload(&h, &[B, S, D]).expect("h"));
+        let y = Var::constant(b.upload(&[1.0, 0.0], &[B]).expect("targets"));
+        let (loss, _logits) = tape
+            .pool_head_bce(&x, &params[0], &params[1], &y)
+            .expect("head");
+        let seed = b.upload(&[1.0], &[]).expect("seed");
+        let (count, ()) = launches(&b, || tape.backward_with(&loss, seed).expect("backward"));
+        let grads: Vec<Vec<f32>> = params
+            .iter()
+            .map(|p| b.download(p.grad().expect("leaf")).expect("grad"))
+            .collect();
+        b.end_step().expect("end");
+        (count, grads)
+    };
+    let separate = vec![
+        Var::parameter_from(&b, &w, &[1, D]).expect("weight"),
+        Var::parameter_from(&b, &[0.1], &[1]).expect("bias"),
+    ];
+    let shapes = vec![vec![1, D], vec![1]];
+    let (_set, flat) =
+        zgrad::ParameterSet::allocate(&b, &shapes, Some(&params_init)).expect("flat");
+    let (separate_count, separate_grads) = run(&separate);
+    let (flat_count, flat_grads) = run(&flat);
+    eprintln!(
+        "pooled head backward: {separate_count} launches with separate parameter buffers, {flat_count} with adjacent views of one"
+    );
+    assert_eq!(
+        flat_count, 1,
+        "the backward kernel adds into the flat buffer"
+    );
+    assert_eq!(
+        separate_count, 1,
+        "the backward kernel adds into both buffers"
+    );
+    assert_eq!(flat_grads, separate_grads);
+    assert!(
+        flat_grads[0].iter().any(|&v| v != 0.0),
+        "a weight gradient arrived"
+    );
 }

@@ -125,8 +125,8 @@ pub(crate) fn forward_slices<T: Element>(qkv: &[T], a: Attention, p: &Params<T>)
     out
 }
 
-/// The backward over dense `g` and `qkv`: the gradient of `qkv` and the `[B*H, 4, dh]`
-/// parameter partials.
+/// The backward over dense `g` and `qkv`: the gradient of `qkv` and the `[4, B*H, dh]`
+/// parameter partials (parameter-major, as the device kernel writes them).
 pub(crate) fn backward_slices<T: Element>(
     g: &[T],
     qkv: &[T],
@@ -135,7 +135,8 @@ pub(crate) fn backward_slices<T: Element>(
 ) -> (Vec<T>, Vec<T>) {
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
     let mut g_qkv = vec![T::ZERO; qkv.len()];
-    let mut partials = vec![T::ZERO; a.batch * a.heads * 4 * dh];
+    let rows = a.batch * a.heads;
+    let mut partials = vec![T::ZERO; 4 * rows * dh];
     let scale = a.scale::<T>();
     for b in 0..a.batch {
         for h in 0..a.heads {
@@ -179,7 +180,7 @@ pub(crate) fn backward_slices<T: Element>(
                     });
                 }
             }
-            let part = &mut partials[(b * a.heads + h) * 4 * dh..][..4 * dh];
+            let row = b * a.heads + h;
             let sides = [
                 (0, &dqn, &hd.qhat, &hd.qrstd, &p.q_weight),
                 (1, &dkn, &hd.khat, &hd.krstd, &p.k_weight),
@@ -191,8 +192,8 @@ pub(crate) fn backward_slices<T: Element>(
                         gw = gw + dn[i * dh + d] * xhat[i * dh + d];
                         gb = gb + dn[i * dh + d];
                     }
-                    part[2 * side * dh + d] = gw;
-                    part[(2 * side + 1) * dh + d] = gb;
+                    partials[((2 * side) * rows + row) * dh + d] = gw;
+                    partials[((2 * side + 1) * rows + row) * dh + d] = gb;
                 }
                 // LayerNorm's input gradient: rstd * (gx - mean(gx) - xhat * mean(gx * xhat)).
                 let inv_n = T::ONE / T::from_f64(dh as f64);
@@ -213,12 +214,13 @@ pub(crate) fn backward_slices<T: Element>(
     (g_qkv, partials)
 }
 
-/// Sums `[rows, 4, dh]` partials over rows in order: `[q_weight, q_bias, k_weight, k_bias]`.
+/// Sums `[4, rows, dh]` partials over rows in order: `[q_weight, q_bias, k_weight, k_bias]`.
 pub(crate) fn sum_partials<T: Element>(partials: &[T], dh: usize) -> [Vec<T>; 4] {
     let mut sums: [Vec<T>; 4] = std::array::from_fn(|_| vec![T::ZERO; dh]);
-    for row in partials.chunks_exact(4 * dh) {
-        for (k, sum) in sums.iter_mut().enumerate() {
-            for (s, &v) in sum.iter_mut().zip(&row[k * dh..(k + 1) * dh]) {
+    let per_param = partials.len() / 4;
+    for (k, sum) in sums.iter_mut().enumerate() {
+        for row in partials[k * per_param..(k + 1) * per_param].chunks_exact(dh.max(1)) {
+            for (s, &v) in sum.iter_mut().zip(row) {
                 *s = *s + v;
             }
         }

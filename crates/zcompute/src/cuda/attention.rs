@@ -2,13 +2,18 @@
 //! (batch, head), q, k, v read in the projection's layout) for the short sequences they are
 //! built for, and the composite of the op set (`crate::attention`) for every other shape. The
 //! backward kernel writes per-(batch, head) rows of LayerNorm parameter partials that one
-//! column reduction sums in a fixed order: no atomics, two runs give the same bits.
+//! column reduction sums in a fixed order (adding into the parameters' gradient buffers for
+//! `qk_norm_attention_backward_into`): no atomics, two runs give the same bits.
 
 use super::kernels::{Args, Kernel, ptr};
 use super::{CudaBackend, CudaStorage, CudaTensor};
-use crate::attention::{QkNorm, QkNormAttentionGrads, composite_backward, composite_forward};
-use crate::backend::Backend;
+use crate::attention::{
+    QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto, composite_backward, composite_forward,
+};
+use crate::backend::{Backend, ReduceOp};
 use crate::error::Result;
+use crate::layout::Layout;
+use crate::tensor::Tensor;
 use crate::validate::{self, Attention};
 use zdevice::{Driver, KernelArg, LaunchConfig};
 
@@ -94,6 +99,34 @@ impl<D: Driver> CudaBackend<D> {
         Ok(out)
     }
 
+    /// The backward kernel's launch, or `None` where the shape is outside what it takes:
+    /// `qkv`'s gradient and the parameter partials `[4, B*H, dh]` (q weight, q bias, k weight,
+    /// k bias; each parameter's rows one dense block).
+    fn attention_backward_kernel(
+        &self,
+        op: &'static str,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+        a: Attention,
+    ) -> Result<Option<(CudaTensor, CudaTensor)>> {
+        let Some(config) = fused_config(a, backward_shared_bytes(a)) else {
+            return Ok(None);
+        };
+        let g_qkv = self.alloc(op, qkv.shape())?;
+        let partials = self.alloc_temp(op, &[4, a.batch * a.heads, a.dh])?;
+        let (gc, src) = (self.dense(op, g)?, self.dense(op, qkv)?);
+        let mut args: Args = [&g_qkv, &partials, &gc, &src]
+            .into_iter()
+            .map(|t| self.ptr(op, t).map(ptr))
+            .collect::<Result<_>>()?;
+        args.extend(self.norm_args(op, norm)?);
+        args.extend(sizes(a));
+        args.push(KernelArg::F32(norm.eps));
+        self.launch(op, Kernel::QkNormAttentionBackward, config, &args)?;
+        Ok(Some((g_qkv, partials)))
+    }
+
     pub(crate) fn qk_norm_attention_backward_fused(
         &self,
         g: &CudaTensor,
@@ -102,24 +135,22 @@ impl<D: Driver> CudaBackend<D> {
     ) -> Result<QkNormAttentionGrads<CudaStorage>> {
         const OP: &str = "qk_norm_attention_backward";
         let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
-        let Some(config) = fused_config(a, backward_shared_bytes(a)) else {
+        let Some((g_qkv, partials)) = self.attention_backward_kernel(OP, g, qkv, norm, a)? else {
             return composite_backward(self, g, qkv, norm);
         };
-        let g_qkv = self.alloc(OP, qkv.shape())?;
+        // One fixed-order column reduction over the (batch, head) rows of each parameter:
+        // [4, dh], then a view per parameter.
         let rows = a.batch * a.heads;
-        let partials = self.alloc_temp(OP, &[rows, 4 * a.dh])?;
-        let (gc, src) = (self.dense(OP, g)?, self.dense(OP, qkv)?);
-        let mut args: Args = [&g_qkv, &partials, &gc, &src]
-            .into_iter()
-            .map(|t| self.ptr(OP, t).map(ptr))
-            .collect::<Result<_>>()?;
-        args.extend(self.norm_args(OP, norm)?);
-        args.extend(sizes(a));
-        args.push(KernelArg::F32(norm.eps));
-        self.launch(OP, Kernel::QkNormAttentionBackward, config, &args)?;
-        // One fixed-order column reduction over the (batch, head) rows: [4 * dh], then a view
-        // per parameter.
-        let sums = self.sum(&partials, 0, false)?.reshape(&[4, a.dh])?;
+        let sums = self.alloc(OP, &[4, a.dh])?;
+        self.reduce_cols(
+            OP,
+            ReduceOp::Sum,
+            &sums,
+            &partials,
+            (4, rows, a.dh),
+            rows,
+            false,
+        )?;
         let part = |k: usize| sums.narrow(0, k, 1)?.reshape(&[a.dh]);
         Ok(QkNormAttentionGrads {
             qkv: g_qkv,
@@ -129,4 +160,66 @@ impl<D: Driver> CudaBackend<D> {
             k_bias: part(3)?,
         })
     }
+
+    /// The backward with the parameter gradients added into the given buffers by the column
+    /// reduction itself: one reduction over all four where the buffers are adjacent and in
+    /// order in one dense buffer (zgrad's flat gradients), else one per parameter.
+    pub(crate) fn qk_norm_attention_backward_into_fused(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+        param_grads: [Option<&CudaTensor>; 4],
+    ) -> Result<QkNormAttentionGradsInto<CudaStorage>> {
+        const OP: &str = "qk_norm_attention_backward_into";
+        let a = validate::qk_norm_attention_backward_into(g, qkv, norm, param_grads)?;
+        let Some((g_qkv, partials)) = self.attention_backward_kernel(OP, g, qkv, norm, a)? else {
+            return crate::attention::backward_into(self, g, qkv, norm, param_grads);
+        };
+        let rows = a.batch * a.heads;
+        if let Some(span) = adjacent_span(param_grads, a.dh)? {
+            self.reduce_cols(
+                OP,
+                ReduceOp::Sum,
+                &span,
+                &partials,
+                (4, rows, a.dh),
+                rows,
+                true,
+            )?;
+            return Ok(QkNormAttentionGradsInto {
+                qkv: g_qkv,
+                params: [None, None, None, None],
+            });
+        }
+        let mut params = [None, None, None, None];
+        for (k, (dst, out)) in param_grads.into_iter().zip(&mut params).enumerate() {
+            let part = partials.narrow(0, k, 1)?.reshape(&[rows, a.dh])?;
+            match dst {
+                Some(dst) => self.sum_rows_into_cols(&part, dst)?,
+                None => *out = Some(self.sum(&part, 0, false)?),
+            }
+        }
+        Ok(QkNormAttentionGradsInto { qkv: g_qkv, params })
+    }
+}
+
+/// One dense `[4 * dh]` view over the four buffers when all are given, dense and adjacent in
+/// order in one storage (as zgrad's flat gradient buffer lays them out when `dh` is a multiple
+/// of its alignment); `None` otherwise.
+fn adjacent_span(bufs: [Option<&CudaTensor>; 4], dh: usize) -> Result<Option<CudaTensor>> {
+    let [Some(first), ..] = bufs else {
+        return Ok(None);
+    };
+    let start = first.layout().offset();
+    let adjacent = bufs.iter().enumerate().all(|(k, t)| {
+        t.is_some_and(|t| {
+            t.is_contiguous() && t.shares_storage(first) && t.layout().offset() == start + k * dh
+        })
+    });
+    if !adjacent {
+        return Ok(None);
+    }
+    let layout = Layout::new(&[4 * dh], &[1], start)?;
+    Ok(Some(Tensor::from_parts(first.storage().clone(), layout)?))
 }

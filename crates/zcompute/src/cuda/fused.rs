@@ -283,59 +283,108 @@ impl<D: Driver> CudaBackend<D> {
         targets: &CudaTensor,
     ) -> Result<PoolHeadBceGrads<CudaStorage>> {
         const OP: &str = "pool_head_bce_backward";
-        let validate::PoolDims { batch, width, .. } =
+        let validate::PoolDims { width, .. } =
             validate::pool_head_bce_backward(g, h, weight, logits, targets)?;
-        let operands = [g, h, weight, logits, targets]
-            .into_iter()
-            .map(|t| self.dense(OP, t))
-            .collect::<Result<Vec<_>>>()?;
-        let gh = self.alloc(OP, h.shape())?;
         // The weight's and bias's gradients as adjacent views of one buffer: a caller adding
         // them into adjacent buffers (zgrad's flat gradients) does so with one add.
         let g_params = self.alloc(OP, &[width + 1])?;
         let gw = g_params.narrow(0, 0, width)?.reshape(&[1, width])?;
         let gb = g_params.narrow(0, width, 1)?;
-        let scales = h.shape()[1];
-        let config = pool_backward_config(batch, scales, width);
-        // One row of weight-gradient partials per block row of the first launch; with one
-        // block row, that row is gw and the kernel writes gb too (no second launch).
-        let parts = config.grid.1 as usize;
-        let partials = if parts == 1 {
-            gw.clone()
-        } else {
-            self.alloc_temp(OP, &[parts, width])?
-        };
-        let p = |t: &CudaTensor| self.ptr(OP, t).map(ptr);
-        let [og, oh, ow, ologits, oy] = [0, 1, 2, 3, 4].map(|i| &operands[i]);
-        let args: Args = [&gh, &partials, &gb, og, oh, ow, ologits, oy]
-            .into_iter()
-            .map(p)
-            .chain([Ok(u64a(batch)), Ok(u64a(scales)), Ok(u64a(width))])
-            .collect::<Result<Args>>()?;
-        self.launch(OP, Kernel::PoolHeadBceBackward, config, &args)?;
-        if parts == 1 {
-            return Ok(PoolHeadBceGrads {
-                h: gh,
-                weight: gw,
-                bias: gb,
-            });
-        }
-        let args: Args = [&gw, &gb, &partials, og, ologits, oy]
-            .into_iter()
-            .map(p)
-            .chain([Ok(u64a(batch)), Ok(u64a(parts)), Ok(u64a(width))])
-            .collect::<Result<Args>>()?;
-        let blocks = width.div_ceil(POOL_THREADS as usize);
-        self.launch(
-            OP,
-            Kernel::PoolHeadBceBackwardFinish,
-            pool_config(blocks),
-            &args,
-        )?;
+        let operands = [g, h, weight, logits, targets];
+        let gh = self.pool_head_backward_kernels(OP, operands, [&gw, &gb], false)?;
         Ok(PoolHeadBceGrads {
             h: gh,
             weight: gw,
             bias: gb,
         })
+    }
+
+    /// The backward adding the weight's and bias's gradients into `dw` and `db` from the
+    /// kernels themselves (dense buffers; strided ones take the provided composite).
+    pub(crate) fn pool_head_bce_backward_into_fused(
+        &self,
+        g: &CudaTensor,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        logits: &CudaTensor,
+        targets: &CudaTensor,
+        [dw, db]: [&CudaTensor; 2],
+    ) -> Result<CudaTensor> {
+        const OP: &str = "pool_head_bce_backward_into";
+        validate::pool_head_bce_backward_into(g, h, weight, logits, targets, [dw, db])?;
+        if !(dw.is_contiguous() && db.is_contiguous()) {
+            return crate::fused::pool_head_bce_backward_into(
+                self,
+                g,
+                h,
+                weight,
+                logits,
+                targets,
+                [dw, db],
+            );
+        }
+        let operands = [g, h, weight, logits, targets];
+        self.pool_head_backward_kernels(OP, operands, [dw, db], true)
+    }
+
+    /// The backward's launches (checked operands `[g, h, weight, logits, targets]`): `h`'s
+    /// gradient returned, the weight's and bias's written into `gw` and `gb` (dense), or
+    /// added into them with `accumulate`.
+    fn pool_head_backward_kernels(
+        &self,
+        op: &'static str,
+        operands: [&CudaTensor; 5],
+        [gw, gb]: [&CudaTensor; 2],
+        accumulate: bool,
+    ) -> Result<CudaTensor> {
+        let operands = operands
+            .into_iter()
+            .map(|t| self.dense(op, t))
+            .collect::<Result<Vec<_>>>()?;
+        let &[batch, scales, width] = operands[1].shape() else {
+            return Err(crate::ComputeError::RankTooLow {
+                op,
+                min: 3,
+                shape: operands[1].shape().into(),
+            });
+        };
+        let gh = self.alloc(op, &[batch, scales, width])?;
+        let config = pool_backward_config(batch, scales, width);
+        // One row of weight-gradient partials per block row of the first launch; with one
+        // block row, that row is gw and the kernel writes (or adds into) gb too (no second
+        // launch).
+        let parts = config.grid.1 as usize;
+        let partials = if parts == 1 {
+            gw.clone()
+        } else {
+            self.alloc_temp(op, &[parts, width])?
+        };
+        let p = |t: &CudaTensor| self.ptr(op, t).map(ptr);
+        let [og, oh, ow, ologits, oy] = [0, 1, 2, 3, 4].map(|i| &operands[i]);
+        let flag = |on: bool| Ok(KernelArg::U32(u32::from(on)));
+        let args: Args = [&gh, &partials, gb, og, oh, ow, ologits, oy]
+            .into_iter()
+            .map(p)
+            .chain([Ok(u64a(batch)), Ok(u64a(scales)), Ok(u64a(width))])
+            .chain([flag(accumulate && parts == 1)])
+            .collect::<Result<Args>>()?;
+        self.launch(op, Kernel::PoolHeadBceBackward, config, &args)?;
+        if parts == 1 {
+            return Ok(gh);
+        }
+        let args: Args = [gw, gb, &partials, og, ologits, oy]
+            .into_iter()
+            .map(p)
+            .chain([Ok(u64a(batch)), Ok(u64a(parts)), Ok(u64a(width))])
+            .chain([flag(accumulate)])
+            .collect::<Result<Args>>()?;
+        let blocks = width.div_ceil(POOL_THREADS as usize);
+        self.launch(
+            op,
+            Kernel::PoolHeadBceBackwardFinish,
+            pool_config(blocks),
+            &args,
+        )?;
+        Ok(gh)
     }
 }

@@ -332,14 +332,14 @@ impl Kernel {
             Kernel::PoolHeadBceBackward => s(
                 5,
                 "zc_pool_head_bce_backward_f32",
-                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64, U32],
                 0,
             ),
             Kernel::PoolHeadBceFinish => s(5, "zc_pool_head_bce_finish_f32", &[Ptr, Ptr, U64], 0),
             Kernel::PoolHeadBceBackwardFinish => s(
                 5,
                 "zc_pool_head_bce_backward_finish_f32",
-                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64, U32],
                 0,
             ),
             Kernel::BceMean => s(2, "zc_bce_mean_f32", &[Ptr, Ptr, Ptr, U64], 0),

@@ -342,6 +342,16 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.qk_norm_attention_backward_fused(g, qkv, norm)
     }
 
+    fn qk_norm_attention_backward_into(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &crate::attention::QkNorm<'_, CudaStorage>,
+        param_grads: [Option<&CudaTensor>; 4],
+    ) -> Result<crate::attention::QkNormAttentionGradsInto<CudaStorage>> {
+        self.qk_norm_attention_backward_into_fused(g, qkv, norm, param_grads)
+    }
+
     fn matmul(&self, a: &CudaTensor, b: &CudaTensor, opts: MatmulOpts) -> Result<CudaTensor> {
         self.matmul_gemm(a, b, opts)
     }
@@ -459,6 +469,18 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         targets: &CudaTensor,
     ) -> Result<crate::fused::PoolHeadBceGrads<CudaStorage>> {
         self.pool_head_bce_backward_fused(g, h, weight, logits, targets)
+    }
+
+    fn pool_head_bce_backward_into(
+        &self,
+        g: &CudaTensor,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        logits: &CudaTensor,
+        targets: &CudaTensor,
+        param_grads: [&CudaTensor; 2],
+    ) -> Result<CudaTensor> {
+        self.pool_head_bce_backward_into_fused(g, h, weight, logits, targets, param_grads)
     }
 
     fn gather_row(&self, src: &CudaTensor, index: &CudaTensor, dst: &CudaTensor) -> Result<()> {

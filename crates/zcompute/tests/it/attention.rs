@@ -26,7 +26,7 @@ pub type Results = (Vec<f64>, [Vec<f64>; 5]);
 
 /// f32-representable inputs (so the f64 reference sees exactly what f32 runs see): qkv, the
 /// four parameters, the output gradient.
-fn inputs(c: Case) -> [Vec<f64>; 6] {
+pub fn inputs(c: Case) -> [Vec<f64>; 6] {
     let round = |v: Vec<f64>| -> Vec<f64> { v.iter().map(|&x| f64::from(x as f32)).collect() };
     let seed = (c.batch * 1000 + c.seq * 100 + c.heads * 10 + c.dh) as u64;
     let (rows, dh) = (c.batch * c.seq, c.dh);

@@ -1,6 +1,8 @@
 //! zcompute integration tests: one binary, one module per area.
 
 mod attention;
+mod attention_into;
+mod attention_into_graph;
 mod binary;
 mod common;
 mod cuda;
@@ -8,6 +10,7 @@ mod errors;
 mod layout_props;
 mod matmul;
 mod norm;
+mod pool_head_into;
 mod reduce;
 mod train;
 mod unary;

@@ -1,6 +1,7 @@
 //! Attention's core as one tape node: the backend's `qk_norm_attention` forward, and its
 //! backward op for the gradients of qkv and the four QK-norm LayerNorm parameters.
 
+use super::fused::into_at;
 use super::only;
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
@@ -27,6 +28,17 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for QkNormAttentionBackward<B, 
         b: &B,
         grads: &[Option<BTensor<B, T>>],
     ) -> Result<Vec<Option<BTensor<B, T>>>> {
+        self.backward_into(b, grads, &[])
+    }
+
+    /// The four QK-norm parameters' gradients go straight into their buffers where the tape
+    /// gives them (on the device, the column reduction adds into them: no separate add).
+    fn backward_into(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Vec<Option<BTensor<B, T>>>> {
         let g = only(grads)?;
         let [qkv, qw, qb, kw, kb] = [0, 1, 2, 3, 4].map(|i| self.saved[i].get(NAME));
         let norm = QkNorm {
@@ -37,12 +49,14 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for QkNormAttentionBackward<B, 
             heads: self.heads,
             eps: self.eps,
         };
-        let r = b.qk_norm_attention_backward(g, qkv?, &norm)?;
-        let all = [r.qkv, r.q_weight, r.q_bias, r.k_weight, r.k_bias];
+        let param_grads = [1, 2, 3, 4].map(|i| into_at(into, i).filter(|_| self.needs[i]));
+        let r = b.qk_norm_attention_backward_into(g, qkv?, &norm, param_grads)?;
+        let [gqw, gqb, gkw, gkb] = r.params;
+        let all = [Some(r.qkv), gqw, gqb, gkw, gkb];
         Ok(all
             .into_iter()
             .zip(self.needs)
-            .map(|(t, need)| need.then_some(t))
+            .map(|(t, need)| t.filter(|_| need))
             .collect())
     }
 }

@@ -222,8 +222,30 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for PoolHeadBceBackward<B, T> {
     }
 
     fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
+        self.backward_into(b, grads, &[])
+    }
+
+    /// With both the weight's and the bias's buffers given, the backward adds their gradients
+    /// into them itself (on the device, from its kernels: no separate add).
+    fn backward_into(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Grads<B, T>> {
         const OP: &str = "pool_head_bce";
         let g = super::only(grads)?;
+        if let (Some(dw), Some(db)) = (into_at(into, 1), into_at(into, 2)) {
+            let gh = b.pool_head_bce_backward_into(
+                g,
+                self.h.get(OP)?,
+                self.weight.get(OP)?,
+                self.logits.get(OP)?,
+                self.targets.get(OP)?,
+                [dw, db],
+            )?;
+            return Ok(vec![Some(gh), None, None]);
+        }
         let r = b.pool_head_bce_backward(
             g,
             self.h.get(OP)?,

@@ -206,6 +206,8 @@ pub(super) fn pool_head_bce_finish(
 /// Writes every element of gh and one row of weight-gradient partials per block row of the
 /// grid, each over the rows of h the kernel gives that block row (`p * 8 + ty`, stepping
 /// `grid.y * 8`), so the finishing twin sees what the kernel leaves; with one block row, gb.
+/// With `accumulate` (one block row only: the kernel's contract) it adds into the partials
+/// (gw) and gb instead.
 pub(super) fn pool_head_bce_backward(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -220,6 +222,13 @@ pub(super) fn pool_head_bce_backward(
     let w = tensor(mem, k.ptr(5)?, &[1, d])?;
     let logits = tensor(mem, k.ptr(6)?, &[b])?;
     let y = tensor(mem, k.ptr(7)?, &[b])?;
+    let accumulate = accumulate_flag(&k, 11)?;
+    if accumulate && config.grid.1 != 1 {
+        return Err(bad(
+            11,
+            "accumulate needs one block row (the finish kernel adds otherwise)",
+        ));
+    }
     let r = fused::pool_head_bce_backward(&g, &h, &w, &logits, &y).map_err(cpu_err)?;
     mem.write_f32(k.ptr(0)?, &r.h.to_vec())?;
     let scale = g.to_vec()[0] / b as f32;
@@ -249,12 +258,38 @@ pub(super) fn pool_head_bce_backward(
             *out = total * inv_s;
         }
     }
-    mem.write_f32(k.ptr(1)?, &partials)?;
     // One block row: its partials are gw, and it writes gb.
+    if accumulate {
+        add_into_mem(mem, k.ptr(1)?, &partials)?;
+        add_into_mem(mem, k.ptr(2)?, &r.bias.to_vec())?;
+        return Ok(());
+    }
+    mem.write_f32(k.ptr(1)?, &partials)?;
     if parts == 1 {
         mem.write_f32(k.ptr(2)?, &r.bias.to_vec())?;
     }
     Ok(())
+}
+
+/// The `accumulate` flag at `index`: 0 writes, 1 adds into the outputs.
+fn accumulate_flag(k: &zdevice::sim::KernelArgs<'_>, index: usize) -> Result<bool, KernelFault> {
+    match k.u32(index)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(bad(index, "accumulate flag is not 0 or 1")),
+    }
+}
+
+/// `dst[i] += values[i]` in device memory (what an accumulating kernel does, one writer per
+/// element).
+fn add_into_mem(
+    mem: &mut SimMemory<'_>,
+    dst: zdevice::DevicePtr,
+    values: &[f32],
+) -> Result<(), KernelFault> {
+    let old = mem.read_f32(dst, values.len() as u64)?;
+    let sum: Vec<f32> = old.iter().zip(values).map(|(a, b)| a + b).collect();
+    mem.write_f32(dst, &sum)
 }
 
 /// `gw[j]` = the sum of the partials' column j, `gb[0]` = the sum of `d_b`.
@@ -283,6 +318,11 @@ pub(super) fn pool_head_bce_backward_finish(
         .zip(y)
         .map(|(l, t)| (math::sigmoid(l) - t) * scale)
         .collect();
+    let gb = [math::pairwise_sum(&db)];
+    if accumulate_flag(&k, 9)? {
+        add_into_mem(mem, k.ptr(0)?, &gw)?;
+        return add_into_mem(mem, k.ptr(1)?, &gb);
+    }
     mem.write_f32(k.ptr(0)?, &gw)?;
-    mem.write_f32(k.ptr(1)?, &[math::pairwise_sum(&db)])
+    mem.write_f32(k.ptr(1)?, &gb)
 }
