@@ -506,6 +506,25 @@ pub trait Backend<T: Element> {
         crate::linear::linear_param_grads_into(self, g, x, dw, db)
     }
 
+    /// A Linear layer's backward, `y = act(x · wᵀ + bias)`: from the output's gradient
+    /// `gy [rows, out]`, `gz = gy` (identity) or `gy * (1 - y²)` (tanh, from its saved output
+    /// `y`, given exactly then); `dw += gzᵀ · x` and, when given, `db += Σ_rows gz` into their
+    /// buffers (as [`Backend::linear_param_grads_into`], whose checks apply, and sharing no
+    /// memory with any input); returns the input's gradient `gz · w` when the weight
+    /// `w [out, in]` is given (`None` otherwise). The provided body is [`Backend::tanh_backward`],
+    /// [`Backend::matmul`] and [`Backend::linear_param_grads_into`]; the CUDA backend runs few
+    /// rows as one kernel.
+    fn linear_backward_into(
+        &self,
+        gy: &BTensor<Self, T>,
+        x: &BTensor<Self, T>,
+        w: Option<&BTensor<Self, T>>,
+        (act, y): (crate::fused::Activation, Option<&BTensor<Self, T>>),
+        (dw, db): (&BTensor<Self, T>, Option<&BTensor<Self, T>>),
+    ) -> Result<Option<BTensor<Self, T>>> {
+        crate::linear::linear_backward_into(self, gy, x, w, (act, y), (dw, db))
+    }
+
     /// Tanh's backward from its output: `g * (1 - y²)`.
     fn tanh_backward(
         &self,

@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 8] = [
+pub(crate) const MODULES: [(&str, &str); 9] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -37,6 +37,10 @@ pub(crate) const MODULES: [(&str, &str); 8] = [
         include_str!("../../../../kernels/ptx/indexed.ptx"),
     ),
     ("linear", include_str!("../../../../kernels/ptx/linear.ptx")),
+    (
+        "linear_backward",
+        include_str!("../../../../kernels/ptx/linear_backward.ptx"),
+    ),
 ];
 
 /// Kinds of kernel parameters.
@@ -114,6 +118,10 @@ pub enum Kernel {
     LinearRowsNMajor,
     /// A Linear layer's weight and bias gradients from few rows, added into their buffers.
     LinearParamGrads,
+    /// A Linear layer's whole backward from few rows in one launch (`linear_backward.cu`,
+    /// launched from `cuda/linear_backward.rs`): tanh's backward, the input's gradient and the
+    /// parameter gradients.
+    LinearBackward,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -149,7 +157,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 45] = [
+    pub const ALL: [Kernel; 46] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -195,6 +203,7 @@ impl Kernel {
         Kernel::LinearRowsKMajor,
         Kernel::LinearRowsNMajor,
         Kernel::LinearParamGrads,
+        Kernel::LinearBackward,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -361,6 +370,15 @@ impl Kernel {
                 "zc_linear_param_grads_f32",
                 &[
                     Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U64, U32,
+                ],
+                0,
+            ),
+            Kernel::LinearBackward => s(
+                8,
+                "zc_linear_backward_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U64,
+                    U64, U64, U64, U32, U32, U32, U32,
                 ],
                 0,
             ),

@@ -28,7 +28,7 @@ pub(crate) const NMAJOR_SLICES: u32 = 64;
 /// The parameter-gradient kernel's blocks: x along the inputs, y along the outputs.
 const GRADS_BLOCK: (u32, u32) = (64, 4);
 /// Most blocks along a grid axis these launches use.
-const MAX_GRID: u64 = 65_535;
+pub(super) const MAX_GRID: u64 = 65_535;
 
 /// Whether the parameter-gradient kernel takes its float4 path: the kernel makes the same
 /// test.
@@ -48,19 +48,19 @@ pub(crate) fn linear_grads_vec4(
 
 /// How the small-row kernel reads one product `op(A)[m,k] · op(B)[k,n]`.
 #[derive(Clone, Copy, Debug)]
-struct RowsPlan {
-    kernel: Kernel,
-    config: LaunchConfig,
+pub(super) struct RowsPlan {
+    pub(super) kernel: Kernel,
+    pub(super) config: LaunchConfig,
     /// `op(A)`'s row and column strides.
     a: (u64, u64),
     /// `op(B)`'s leading dimension: the stride of its non-contiguous axis.
-    ldb: u64,
+    pub(super) ldb: u64,
 }
 
 /// The plan for `m x k x n` with `op(A)` strides `a` and `op(B)` strides `(sk, sj)`, or
 /// `None` where the cuBLAS path stays: `m` outside `1..=LINEAR_ROW_LIMIT`, an empty `k` or
 /// `n`, an `op(B)` contiguous along neither axis, or too many blocks.
-fn rows_plan(
+pub(super) fn rows_plan(
     m: usize,
     k: usize,
     n: usize,
@@ -109,7 +109,7 @@ fn rows_plan(
 }
 
 /// Strides of a matrix view's last two axes, swapped when it is read transposed.
-fn op_strides(t: &CudaTensor, trans: bool) -> (usize, usize) {
+pub(super) fn op_strides(t: &CudaTensor, trans: bool) -> (usize, usize) {
     let s = t.layout().strides();
     let (r, c) = (s[s.len() - 2], s[s.len() - 1]);
     if trans { (c, r) } else { (r, c) }

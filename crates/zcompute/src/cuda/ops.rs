@@ -395,6 +395,17 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.linear_param_grads_fused(g, x, dw, db)
     }
 
+    fn linear_backward_into(
+        &self,
+        gy: &CudaTensor,
+        x: &CudaTensor,
+        w: Option<&CudaTensor>,
+        act_y: (crate::fused::Activation, Option<&CudaTensor>),
+        grads: (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<Option<CudaTensor>> {
+        self.linear_backward_fused(gy, x, w, act_y, grads)
+    }
+
     fn tanh_backward(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {
         self.tanh_backward_fused(g, y)
     }

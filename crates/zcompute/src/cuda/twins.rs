@@ -82,6 +82,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LinearRowsKMajor => linear::rows_kmajor,
         Kernel::LinearRowsNMajor => linear::rows_nmajor,
         Kernel::LinearParamGrads => linear::param_grads,
+        Kernel::LinearBackward => linear::backward,
     }
 }
 

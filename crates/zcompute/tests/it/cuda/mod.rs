@@ -14,6 +14,7 @@ mod fused;
 mod fused_launch;
 mod indexed;
 mod linear;
+mod linear_backward;
 mod linear_launch;
 #[macro_use]
 mod suite;
