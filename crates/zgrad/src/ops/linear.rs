@@ -1,7 +1,9 @@
 //! A Linear layer as one tape node: `act(x · wᵀ + bias)` forward through `Backend::linear`
-//! (one kernel on the device for few rows), and a backward that needs at most four launches:
-//! tanh's backward from the saved output, the input's gradient `gz · w`, and the weight's and
-//! bias's gradients added into their buffers by one `Backend::linear_param_grads_into`.
+//! (one kernel on the device for few rows), and a backward that, when the tape gives the
+//! parameter gradients' buffers, is one `Backend::linear_backward_into` (one launch on the
+//! device for few rows: tanh's backward, the input's gradient `gz · w`, and the weight's and
+//! bias's gradients added into their buffers); otherwise tanh's backward, the product and the
+//! parameter gradients one op each.
 
 use super::fused::{into_at, sum_rows_to};
 use super::only;
@@ -46,6 +48,9 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
         into: &[Option<&BTensor<B, T>>],
     ) -> Result<Grads<B, T>> {
         let g = only(grads)?;
+        if let Some(done) = self.fused_into(b, g, into)? {
+            return Ok(done);
+        }
         let gz = match &self.y {
             Some(y) => b.tanh_backward(g, y.get(NAME)?)?,
             None => g.clone(),
@@ -80,6 +85,42 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
             None
         };
         Ok(vec![gx, gw, gbias])
+    }
+}
+
+impl<B: Backend<T>, T: Element> LinearBackward<B, T> {
+    /// The whole backward as one `Backend::linear_backward_into` when the tape gives the
+    /// weight's buffer (and the bias's, when the bias needs a gradient); `None` (nothing run)
+    /// otherwise.
+    fn fused_into(
+        &self,
+        b: &B,
+        g: &BTensor<B, T>,
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Option<Grads<B, T>>> {
+        let [need_x, need_w, need_bias] = self.needs;
+        let Some(x) = self.x.as_ref().filter(|_| need_w) else {
+            return Ok(None);
+        };
+        let x = x.get(NAME)?;
+        let (out, inp) = (g.shape()[1], x.shape()[1]);
+        let Some(dw) = into_at(into, 1).filter(|dw| dw.shape() == [out, inp]) else {
+            return Ok(None);
+        };
+        let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out]);
+        if need_bias && db.is_none() {
+            return Ok(None);
+        }
+        let w = match &self.w {
+            Some(w) if need_x => Some(w.get(NAME)?),
+            _ => None,
+        };
+        let (act, y) = match &self.y {
+            Some(y) => (Activation::Tanh, Some(y.get(NAME)?)),
+            None => (Activation::Identity, None),
+        };
+        let gx = b.linear_backward_into(g, x, w, (act, y), (dw, db))?;
+        Ok(Some(vec![gx, None, None]))
     }
 }
 
