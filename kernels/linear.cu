@@ -1,7 +1,8 @@
 // Matrix products with few rows (one sample's scales: m = 12), where cuBLAS picks big tiles
 // and launches a handful of CTAs. The floor there is latency, so these kernels spread the
 // weight matrix over many CTAs, one node each, with the bias epilogue inside:
-//   C[m,n] = act(op(A)[m,k] · op(B)[k,n] + bias[n]) + beta · C,   m <= ZC_LINEAR_ROWS,
+//   C[m,n] = act(op(A)[m,k] · op(B)[k,n] + bias[n]) + R[m,n] + beta · C,   m <= ZC_LINEAR_ROWS,
+// with R an optional dense residual (null: none; the feed-forward block's skip connection),
 // and a Linear layer's parameter gradients, dw[o,i] += Σ_r g[r,o]·x[r,i], db[o] += Σ_r g[r,o].
 // op(A) and op(B) are read through their strides (element (r,k) of A at a[r*a_rs + k*a_cs]);
 // C is dense [m,n]. Deterministic: no atomics, every sum in an order fixed by the shape, so
@@ -67,7 +68,8 @@ template <int MR>
 __device__ __forceinline__ void kmajor_rows(float* s_a, float* out, const float* a,
                                             const float* b, const float* bias, unsigned m,
                                             u64 k, u64 n, u64 a_rs, u64 a_cs, u64 ldb,
-                                            float beta, unsigned has_bias, unsigned act) {
+                                            float beta, unsigned has_bias, unsigned act,
+                                            const float* residual) {
     const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const unsigned c = warp % KMAJOR_COLS, part = warp / KMAJOR_COLS;
     const u64 j = (u64)blockIdx.x * KMAJOR_COLS + c;
@@ -114,6 +116,7 @@ __device__ __forceinline__ void kmajor_rows(float* s_a, float* out, const float*
 #pragma unroll
     for (int p = 0; p < KMAJOR_SPLIT; ++p) v += s_part[(p * MR + r) * KMAJOR_COLS + cc];
     v = linear_epilogue(v, bias, jj, has_bias, act);
+    if (residual != nullptr) v += residual[r * n + jj];
     if (beta != 0.0f) v = fmaf(beta, out[r * n + jj], v);
     out[r * n + jj] = v;
 }
@@ -128,10 +131,11 @@ __device__ __forceinline__ void kmajor_rows(float* s_a, float* out, const float*
 extern "C" __global__ void __launch_bounds__(KMAJOR_COLS * KMAJOR_SPLIT * 32)
     zc_linear_rows_kmajor_f32(float* out, const float* a, const float* b, const float* bias,
                               unsigned m, u64 k, u64 n, u64 a_rs, u64 a_cs, u64 ldb,
-                              float beta, unsigned has_bias, unsigned act) {
+                              float beta, unsigned has_bias, unsigned act,
+                              const float* residual) {
     __shared__ __align__(16) float s_a[ZC_A_SMEM];
     ZC_ROW_CLASSES(kmajor_rows, s_a, out, a, b, bias, m, k, n, a_rs, a_cs, ldb, beta, has_bias,
-                   act);
+                   act, residual);
 }
 
 // n-contiguous B (element (k,j) at b[k*ldb + j]: a weight [k,n] read as stored). Blocks of
@@ -144,10 +148,10 @@ extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
     zc_linear_rows_nmajor_f32(float* out, const float* __restrict__ a,
                               const float* __restrict__ b, const float* bias, unsigned m, u64 k,
                               u64 n, u64 a_rs, u64 a_cs, u64 ldb, float beta,
-                              unsigned has_bias, unsigned act) {
+                              unsigned has_bias, unsigned act, const float* residual) {
     __shared__ __align__(16) float s_a[ZC_A_SMEM];
     ZC_ROW_CLASSES(nmajor_rows, s_a, out, a, b, bias, m, k, n, a_rs, a_cs, ldb, beta, has_bias,
-                   act);
+                   act, residual);
 }
 
 // dw[o, i] += Σ_r g[r, o] · x[r, i] (r in row order) and, when has_db, db[o] += Σ_r g[r, o]:

@@ -21,15 +21,16 @@ __device__ __forceinline__ void nmajor_tanh_rows(float* s_a, float* out, const f
                                                  const float* y, const float* w, unsigned m,
                                                  u64 k, u64 n, u64 gy_rs, u64 gy_cs, u64 y_rs,
                                                  u64 y_cs, u64 ldb) {
-    nmajor_rows<MR, true>(s_a, out, gy, w, nullptr, m, k, n, gy_rs, gy_cs, ldb, 0.0f, 0, 0, y,
-                          y_rs, y_cs);
+    nmajor_rows<MR, true>(s_a, out, gy, w, nullptr, m, k, n, gy_rs, gy_cs, ldb, 0.0f, 0, 0,
+                          nullptr, y, y_rs, y_cs);
 }
 
 template <int MR>
 __device__ __forceinline__ void nmajor_plain_rows(float* s_a, float* out, const float* gy,
                                                   const float* w, unsigned m, u64 k, u64 n,
                                                   u64 gy_rs, u64 gy_cs, u64 ldb) {
-    nmajor_rows<MR>(s_a, out, gy, w, nullptr, m, k, n, gy_rs, gy_cs, ldb, 0.0f, 0, 0);
+    nmajor_rows<MR>(s_a, out, gy, w, nullptr, m, k, n, gy_rs, gy_cs, ldb, 0.0f, 0, 0,
+                    nullptr);
 }
 
 // gx [rows, ins] dense (written only when dx_blocks > 0); gy [rows, outs] and y (read when

@@ -116,14 +116,16 @@ __device__ __forceinline__ float linear_epilogue(float acc, const float* bias, u
 }
 
 // The n-contiguous product at MR rows (see zc_linear_rows_nmajor_f32); TANH: A staged as
-// tanh's backward from y (see stage_a).
+// tanh's backward from y (see stage_a). `residual` (dense [m, n], or null) is added after the
+// activation.
 template <int MR, bool TANH = false>
 __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float* a,
                                             const float* __restrict__ b, const float* bias,
                                             unsigned m, u64 k, u64 n, u64 a_rs, u64 a_cs,
                                             u64 ldb, float beta, unsigned has_bias,
-                                            unsigned act, const float* y = nullptr,
-                                            u64 y_rs = 0, u64 y_cs = 0) {
+                                            unsigned act, const float* residual,
+                                            const float* y = nullptr, u64 y_rs = 0,
+                                            u64 y_cs = 0) {
     const unsigned c = threadIdx.x % NMAJOR_COLS;
     const unsigned slice = threadIdx.x / NMAJOR_COLS;
     const u64 j = (u64)blockIdx.x * NMAJOR_COLS + c;
@@ -172,6 +174,7 @@ __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float*
     float v = 0.0f;
     for (unsigned w = 0; w < NMAJOR_WARPS; ++w) v += s_part[(w * MR + r) * NMAJOR_COLS + c];
     v = linear_epilogue(v, bias, j, has_bias, act);
+    if (residual != nullptr) v += residual[r * n + j];
     if (beta != 0.0f) v = fmaf(beta, out[r * n + j], v);
     out[r * n + j] = v;
 }

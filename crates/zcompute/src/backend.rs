@@ -489,6 +489,21 @@ pub trait Backend<T: Element> {
         crate::linear::linear(self, x, w, bias, act)
     }
 
+    /// A Linear layer with a residual added after the activation (a skip connection),
+    /// `act(x · wᵀ + bias) + residual` for `residual [rows, out]`. The provided body is
+    /// [`Backend::linear`] then [`Backend::add`]; the CUDA backend adds a dense residual in the
+    /// small-row kernel's epilogue.
+    fn linear_add(
+        &self,
+        x: &BTensor<Self, T>,
+        w: &BTensor<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: crate::fused::Activation,
+        residual: &BTensor<Self, T>,
+    ) -> Result<BTensor<Self, T>> {
+        crate::linear::linear_add(self, x, w, bias, act, residual)
+    }
+
     /// A Linear layer's parameter gradients added into their buffers, from the gradient of its
     /// output before the activation `g [rows, out]` and its input `x [rows, in]`:
     /// `dw += gᵀ · x` (`dw [out, in]`) and, when given, `db += Σ_rows g` (`db [out]`). The

@@ -26,6 +26,19 @@ pub(crate) fn linear<B: Backend<T> + ?Sized, T: Element>(
     b.bias_act(&b.matmul(x, w, opts)?, bias, act)
 }
 
+/// `act(x · wᵀ + bias) + residual`: [`linear`], then the add.
+pub(crate) fn linear_add<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    x: &Tensor<B::Storage>,
+    w: &Tensor<B::Storage>,
+    bias: &Tensor<B::Storage>,
+    act: Activation,
+    residual: &Tensor<B::Storage>,
+) -> Result<Tensor<B::Storage>> {
+    validate::linear_add(x, w, bias, residual)?;
+    b.add(&b.linear(x, w, bias, act)?, residual)
+}
+
 /// `dw += gᵀ · x`, then `db += Σ_rows g` when a bias buffer is given. Validated whole first,
 /// so a bad `db` leaves `dw` untouched.
 pub(crate) fn linear_param_grads_into<B: Backend<T> + ?Sized, T: Element>(

@@ -153,7 +153,7 @@ const ATTENTION_BACKWARD: &[Param] = &[
 /// Every small-row product kernel: out, a, b, bias, m, k, n, a's row and column strides, b's
 /// leading dimension, beta, has_bias, act.
 const LINEAR_ROWS: &[Param] = &[
-    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32,
+    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32, Ptr,
 ];
 
 impl Kernel {

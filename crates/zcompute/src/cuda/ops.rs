@@ -382,7 +382,18 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         bias: &CudaTensor,
         act: crate::fused::Activation,
     ) -> Result<CudaTensor> {
-        self.linear_fused(x, w, bias, act)
+        self.linear_fused(x, w, bias, act, None)
+    }
+
+    fn linear_add(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: crate::fused::Activation,
+        residual: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.linear_fused(x, w, bias, act, Some(residual))
     }
 
     fn linear_param_grads_into(

@@ -50,6 +50,22 @@ pub(crate) fn linear<S: Storage>(
     })
 }
 
+/// `linear_add`: `linear`'s checks, and the residual shaped as the output `[rows, out]`.
+pub(crate) fn linear_add<S: Storage>(
+    x: &Tensor<S>,
+    w: &Tensor<S>,
+    bias: &Tensor<S>,
+    residual: &Tensor<S>,
+) -> Result<LinearShape> {
+    let shape = linear(x, w, bias)?;
+    same_shape(
+        "linear_add residual",
+        residual.shape(),
+        &[shape.rows, shape.outputs],
+    )?;
+    Ok(shape)
+}
+
 /// Refuses two views whose element ranges meet; views of one buffer that do not (a weight's
 /// and a bias's gradient in a model's flat gradient buffer) are fine.
 fn disjoint_views<S: Storage>(

@@ -25,6 +25,9 @@ struct LinearBackward<B: Backend<T>, T: Element> {
     y: Option<Saved<B, T>>,
     /// x, w, bias.
     needs: [bool; 3],
+    /// Whether the node has a fourth input, a residual added after the activation
+    /// (`Tape::linear_add`), whose gradient is the output's, unchanged.
+    residual: bool,
 }
 
 impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
@@ -84,7 +87,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
         } else {
             None
         };
-        Ok(vec![gx, gw, gbias])
+        Ok(self.with_residual(g, vec![gx, gw, gbias]))
     }
 }
 
@@ -120,7 +123,16 @@ impl<B: Backend<T>, T: Element> LinearBackward<B, T> {
             None => (Activation::Identity, None),
         };
         let gx = b.linear_backward_into(g, x, w, (act, y), (dw, db))?;
-        Ok(Some(vec![gx, None, None]))
+        Ok(Some(self.with_residual(g, vec![gx, None, None])))
+    }
+
+    /// The inputs' gradients, with the residual's (the output's gradient) appended when the
+    /// node has one.
+    fn with_residual(&self, g: &BTensor<B, T>, mut grads: Grads<B, T>) -> Grads<B, T> {
+        if self.residual {
+            grads.push(Some(g.clone()));
+        }
+        grads
     }
 }
 
@@ -136,8 +148,41 @@ impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
         bias: &Var<B, T>,
         act: Activation,
     ) -> Result<Var<B, T>> {
-        let tracked = self.tracks(NAME, &[x, w, bias])?;
-        let y = self.run(tracked, |b| b.linear(&x.value, &w.value, &bias.value, act))?;
+        self.linear_node(x, w, bias, act, None)
+    }
+
+    /// A Linear layer with a residual added after the activation (a skip connection),
+    /// `act(x · wᵀ + bias) + residual` for `residual [rows, out]`, as one node
+    /// (`zcompute::Backend::linear_add`: the add is the product's epilogue on the device). Its
+    /// backward is [`Tape::linear`]'s, and the residual's gradient is the output's. No
+    /// activation: tanh's backward reads tanh's output, which the add would change.
+    pub fn linear_add(
+        &self,
+        x: &Var<B, T>,
+        w: &Var<B, T>,
+        bias: &Var<B, T>,
+        residual: &Var<B, T>,
+    ) -> Result<Var<B, T>> {
+        self.linear_node(x, w, bias, Activation::Identity, Some(residual))
+    }
+
+    /// `act(x · wᵀ + bias)`, plus `residual` when given (then `act` is the identity, so the
+    /// saved output is tanh's only without one).
+    fn linear_node(
+        &self,
+        x: &Var<B, T>,
+        w: &Var<B, T>,
+        bias: &Var<B, T>,
+        act: Activation,
+        residual: Option<&Var<B, T>>,
+    ) -> Result<Var<B, T>> {
+        let mut inputs = vec![x, w, bias];
+        inputs.extend(residual);
+        let tracked = self.tracks(NAME, &inputs)?;
+        let y = self.run(tracked, |b| match residual {
+            Some(r) => b.linear_add(&x.value, &w.value, &bias.value, act, &r.value),
+            None => b.linear(&x.value, &w.value, &bias.value, act),
+        })?;
         if !tracked {
             return Ok(self.constant(y));
         }
@@ -148,7 +193,8 @@ impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
             w: needs[0].then(|| self.save(w, "weight")).transpose()?,
             y: (act == Activation::Tanh).then(|| self.save_output(&y, &version, "output")),
             needs,
+            residual: residual.is_some(),
         };
-        Ok(self.push1(Box::new(node), &[x, w, bias], y, version))
+        Ok(self.push1(Box::new(node), &inputs, y, version))
     }
 }

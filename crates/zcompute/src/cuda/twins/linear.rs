@@ -1,6 +1,6 @@
-//! Simulated twins of the small-row product kernels (`linear.cu`): each reads its operands
-//! through the strides it is given, sums in f32 in row/k order and writes what the kernel
-//! writes (never reading `out` when `beta` is 0, as the kernel does not). They also check the
+//! Simulated twins of the small-row product kernels (`linear.cu`, `linear_backward.cu`): each
+//! reads its operands through the strides it is given, sums in f32 in row/k order and writes
+//! what the kernel writes (never reading `out` when `beta` is 0, as the kernel does not). They also check the
 //! launch shapes the kernels rely on (block sizes, a grid covering every column), which the
 //! GPU would not report.
 
@@ -110,6 +110,12 @@ fn rows_product(
     } else {
         Vec::new()
     };
+    let residual_ptr = a.ptr(13)?;
+    let residual = if residual_ptr == DevicePtr::NULL {
+        None
+    } else {
+        Some(mem.read_f32(residual_ptr, (m * n) as u64)?)
+    };
     let mut out = vec![0.0f32; m * n];
     for r in 0..m {
         for j in 0..n {
@@ -120,6 +126,9 @@ fn rows_product(
             let mut v = if has_bias { acc + bias[j] } else { acc };
             if act == 1 {
                 v = v.tanh();
+            }
+            if let Some(res) = &residual {
+                v += res[r * n + j];
             }
             if beta != 0.0 {
                 v = beta.mul_add(old[r * n + j], v);

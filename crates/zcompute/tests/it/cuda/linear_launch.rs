@@ -20,7 +20,16 @@ const GRADS: &str = "zc_linear_param_grads_f32";
 const BIAS_ACT: &str = "zc_bias_act_f32";
 const BACKWARD: &str = "zc_linear_backward_f32";
 const TANH_BACKWARD: &str = "zc_tanh_backward_f32";
-const RECORDED: [&str; 6] = [KMAJOR, NMAJOR, GRADS, BIAS_ACT, BACKWARD, TANH_BACKWARD];
+const BINARY: &str = "zc_binary_f32";
+const RECORDED: [&str; 7] = [
+    KMAJOR,
+    NMAJOR,
+    GRADS,
+    BIAS_ACT,
+    BACKWARD,
+    TANH_BACKWARD,
+    BINARY,
+];
 
 /// A backend whose recorded kernels log their launch configuration and write nothing.
 fn recording_backend() -> (CudaBackend<SimDriver>, Log) {
@@ -243,4 +252,27 @@ fn a_linear_layers_backward_is_one_launch_over_its_product_and_gradient_blocks()
     .unwrap();
     let (launches, g) = ran(&gpu, &db, &log, &mut gemms);
     assert_eq!((launches.len(), launches[0].0, g), (1, TANH_BACKWARD, 2));
+}
+
+/// The feed-forward block's second product with its residual, `h + (u · W2ᵀ + b2)`: one
+/// small-row kernel with the add in its epilogue for one sample's rows (the composite queues
+/// the product and a binary add); past the row limit, cuBLAS, the bias epilogue and the add.
+#[test]
+fn a_products_residual_add_is_its_epilogue() {
+    let (gpu, log) = recording_backend();
+    let mut gemms = 0;
+    let t = |shape: &[usize]| gpu.zeros(shape).unwrap();
+    let (w, b) = (t(&[256, 1024]), t(&[256]));
+    let act = Activation::Identity;
+    let y = gpu
+        .linear_add(&t(&[12, 1024]), &w, &b, act, &t(&[12, 256]))
+        .unwrap();
+    assert_eq!(ran(&gpu, &y, &log, &mut gemms), (vec![(KMAJOR, 32)], 0));
+    let rows = LINEAR_ROW_LIMIT + 1;
+    let y = gpu
+        .linear_add(&t(&[rows, 1024]), &w, &b, act, &t(&[rows, 256]))
+        .unwrap();
+    let (launches, g) = ran(&gpu, &y, &log, &mut gemms);
+    let names: Vec<_> = launches.iter().map(|(n, _)| *n).collect();
+    assert_eq!((names, g), (vec![BIAS_ACT, BINARY], 1));
 }
