@@ -6,12 +6,14 @@
 //! gradients, the flat buffer 16-byte aligned or one float off (the kernel's scalar path). Per
 //! tensor ||ours - f64|| / ||f64|| within 1e-5, the whole flat buffer compared (nothing outside
 //! dw and db is written); the fused launch equals the three-launch composite (bitwise on
-//! the simulated device) and two runs are bitwise equal. Bad arguments get the CPU's typed error before anything is
-//! written. The `mock` suite runs on the simulated device, the `gpu` suite (feature `gpu`) on
-//! CUDA device 0. Which launches ran is pinned by `linear_launch.rs`.
+//! the simulated device) and two runs are bitwise equal; one sample's feed-forward block
+//! (forward with the residual epilogue, both layers' backward) captured and replayed equals it
+//! run eagerly. The `mock` suite runs on the simulated device, the `gpu` suite (feature `gpu`)
+//! on CUDA device 0. Which launches ran: `linear_launch.rs`; bad arguments:
+//! `linear_backward_errors.rs`.
 
 use super::fused::{close, pair};
-use zcompute::{Activation, Backend, CpuBackend, CudaBackend, CudaTensor, MatmulOpts};
+use zcompute::{Activation, Backend, Capture, CpuBackend, CudaBackend, CudaTensor, MatmulOpts};
 use zdevice::Driver;
 
 const CPU: CpuBackend = CpuBackend;
@@ -169,6 +171,95 @@ pub fn backward<D: Driver>(
 
 /// `$exact`: the fused launch must equal the composite bitwise (the simulated twins run the
 /// same f32 operations in the same order).
+/// One sample's feed-forward block, forward and backward, written into `[out, gx1, grads]`:
+/// `f1` with tanh, `f2` with the residual in its epilogue, then both layers' backward into
+/// views of one flat gradient buffer (`f1` without the input's gradient).
+fn block_step<D: Driver>(
+    be: &CudaBackend<D>,
+    [u, h, w1, b1, w2, b2]: [&CudaTensor; 6],
+    [out, gx1, grads]: [&CudaTensor; 3],
+) -> zcompute::Result<()> {
+    let (hidden, width) = (w1.shape()[0], w1.shape()[1]);
+    let a = be.linear(u, w1, b1, Activation::Tanh)?;
+    let y = be.linear_add(&a, w2, b2, Activation::Identity, h)?;
+    be.copy_into(&y, out)?;
+    let view = |at: usize, shape: &[usize]| -> zcompute::Result<CudaTensor> {
+        grads.narrow(0, at, shape.iter().product())?.reshape(shape)
+    };
+    let (dw2, db2) = (view(0, &[width, hidden])?, view(width * hidden, &[width])?);
+    let at = width * hidden + width;
+    let (dw1, db1) = (
+        view(at, &[hidden, width])?,
+        view(at + hidden * width, &[hidden])?,
+    );
+    let ga = be
+        .linear_backward_into(
+            &y,
+            &a,
+            Some(w2),
+            (Activation::Identity, None),
+            (&dw2, Some(&db2)),
+        )?
+        .expect("dX asked for");
+    be.copy_into(&ga, gx1)?;
+    let none = be.linear_backward_into(
+        &ga,
+        u,
+        None,
+        (Activation::Tanh, Some(&a)),
+        (&dw1, Some(&db1)),
+    )?;
+    assert!(none.is_none());
+    Ok(())
+}
+
+/// [`block_step`] captured, then replayed with fresh inputs: each replay equals the same ops
+/// run eagerly, bitwise.
+pub fn replay_matches_eager<D: Driver>(gpu: &CudaBackend<D>) {
+    let (rows, width, hidden) = (12, 37, 64);
+    let (u, _) = pair(gpu, &[rows, width], 41, (-1.0, 1.0), false);
+    let (h, _) = pair(gpu, &[rows, width], 42, (-1.0, 1.0), false);
+    let (w1, _) = pair(gpu, &[hidden, width], 43, (-0.5, 0.5), false);
+    let (b1, _) = pair(gpu, &[hidden], 44, (-0.5, 0.5), false);
+    let (w2, _) = pair(gpu, &[width, hidden], 45, (-0.5, 0.5), false);
+    let (b2, _) = pair(gpu, &[width], 46, (-0.5, 0.5), false);
+    let len = 2 * width * hidden + width + hidden;
+    let bufs = || [&[rows, width][..], &[rows, hidden], &[len]].map(|s| gpu.zeros(s).unwrap());
+    let captured = bufs();
+    let ins = [&u, &h, &w1, &b1, &w2, &b2];
+    let body = {
+        let (be, ins, c) = (gpu.clone(), ins.map(CudaTensor::clone), captured.clone());
+        Box::new(move || {
+            block_step(
+                &be,
+                [&ins[0], &ins[1], &ins[2], &ins[3], &ins[4], &ins[5]],
+                [&c[0], &c[1], &c[2]],
+            )
+        })
+    };
+    let mut graph = gpu.capture(body).expect("capture");
+    for r in 0..3u64 {
+        let (fresh, _) = pair(gpu, &[rows, width], 50 + r, (-1.0, 1.0), false);
+        gpu.copy_into(&fresh, &u).expect("refill");
+        for t in &captured {
+            gpu.fill(t, 0.0).expect("reset");
+        }
+        gpu.replay(&mut graph).expect("replay");
+        let eager = bufs();
+        block_step(gpu, ins, [&eager[0], &eager[1], &eager[2]]).expect("eager");
+        for (i, (c, e)) in captured.iter().zip(&eager).enumerate() {
+            let bits = |t: &CudaTensor| -> Vec<u32> {
+                gpu.download(t)
+                    .unwrap()
+                    .into_iter()
+                    .map(f32::to_bits)
+                    .collect()
+            };
+            assert_eq!(bits(c), bits(e), "replay {r} output {i}");
+        }
+    }
+}
+
 macro_rules! linear_backward_suite {
     ($backend:path, $exact:expr) => {
         use super::super::linear::ROWS;
@@ -217,6 +308,11 @@ macro_rules! linear_backward_suite {
                 $exact,
             );
         }
+
+        #[test]
+        fn replay_matches_eager() {
+            super::super::linear_backward::replay_matches_eager(&$backend());
+        }
     };
 }
 
@@ -227,158 +323,4 @@ mod mock_suite {
 #[cfg(feature = "gpu")]
 mod gpu {
     linear_backward_suite!(super::super::gpu, false);
-}
-
-/// Bad arguments get the same typed error on the CPU and on the device, and leave the
-/// gradient buffers as they were.
-#[test]
-fn bad_arguments_get_the_same_typed_error_on_both_backends() {
-    use zcompute::ComputeError as E;
-    let gpu = super::mock();
-    let dev = |shape: &[usize]| gpu.zeros(shape).unwrap();
-    let host = |shape: &[usize]| Backend::<f32>::zeros(&CPU, shape).unwrap();
-    type Shapes<'a> = (
-        &'a [usize],
-        &'a [usize],
-        &'a [usize],
-        Activation,
-        Option<&'a [usize]>,
-    );
-    type Case<'a> = (Shapes<'a>, fn(&E) -> bool);
-    // (g, x, w, act, y) against dw [7, 5] and db [7].
-    let cases: [Case<'_>; 6] = [
-        (
-            (&[3, 7], &[3, 5], &[7, 6], Activation::Identity, None),
-            |e| matches!(e, E::ShapeMismatch { .. }),
-        ),
-        (
-            (&[3, 7], &[4, 5], &[7, 5], Activation::Identity, None),
-            |e| matches!(e, E::ShapeMismatch { .. }),
-        ),
-        (
-            (&[3, 7], &[3, 5], &[7, 5], Activation::Tanh, Some(&[3, 6])),
-            |e| matches!(e, E::ShapeMismatch { .. }),
-        ),
-        ((&[3, 7], &[3, 5], &[7, 5], Activation::Tanh, None), |e| {
-            matches!(e, E::Unsupported { .. })
-        }),
-        (
-            (
-                &[3, 7],
-                &[3, 5],
-                &[7, 5],
-                Activation::Identity,
-                Some(&[3, 7]),
-            ),
-            |e| matches!(e, E::Unsupported { .. }),
-        ),
-        (
-            (&[2, 3, 7], &[3, 5], &[7, 5], Activation::Identity, None),
-            |e| matches!(e, E::Unsupported { .. }),
-        ),
-    ];
-    for ((g, x, w, act, y), kind) in cases {
-        let (dw, db) = (dev(&[7, 5]), dev(&[7]));
-        gpu.fill(&dw, 1.0).unwrap();
-        let d = gpu
-            .linear_backward_into(
-                &dev(g),
-                &dev(x),
-                Some(&dev(w)),
-                (act, y.map(dev).as_ref()),
-                (&dw, Some(&db)),
-            )
-            .unwrap_err();
-        let c = CPU
-            .linear_backward_into(
-                &host(g),
-                &host(x),
-                Some(&host(w)),
-                (act, y.map(host).as_ref()),
-                (&host(&[7, 5]), Some(&host(&[7]))),
-            )
-            .unwrap_err();
-        assert_eq!(d, c, "{g:?} {x:?} {w:?} {act:?} {y:?}");
-        assert!(kind(&d), "{d}");
-        assert_eq!(gpu.download(&dw).unwrap(), vec![1.0; 35], "dw untouched");
-    }
-    // dw and db as views of one flat buffer: adjacent is fine, overlapping is refused on both
-    // backends; dw in the memory of an input (the weight, tanh's output) is refused.
-    let check_flat = |db_start: usize| {
-        let (flat, hflat) = (dev(&[40]), host(&[40]));
-        let dw = flat.narrow(0, 0, 28).unwrap().reshape(&[7, 4]).unwrap();
-        let db = flat.narrow(0, db_start, 7).unwrap();
-        let hdw = hflat.narrow(0, 0, 28).unwrap().reshape(&[7, 4]).unwrap();
-        let hdb = hflat.narrow(0, db_start, 7).unwrap();
-        let (g, x, w, y) = (dev(&[3, 7]), dev(&[3, 4]), dev(&[7, 4]), dev(&[3, 7]));
-        let d = gpu
-            .linear_backward_into(
-                &g,
-                &x,
-                Some(&w),
-                (Activation::Tanh, Some(&y)),
-                (&dw, Some(&db)),
-            )
-            .map(|gx| gx.map(|t| t.shape().to_vec()));
-        let (hg, hx, hw, hy) = (host(&[3, 7]), host(&[3, 4]), host(&[7, 4]), host(&[3, 7]));
-        let c = CPU
-            .linear_backward_into(
-                &hg,
-                &hx,
-                Some(&hw),
-                (Activation::Tanh, Some(&hy)),
-                (&hdw, Some(&hdb)),
-            )
-            .map(|gx| gx.map(|t| t.shape().to_vec()));
-        assert_eq!(d, c, "db at {db_start}");
-        d
-    };
-    assert_eq!(check_flat(28), Ok(Some(vec![3, 4])));
-    assert!(matches!(
-        check_flat(27),
-        Err(E::Aliased {
-            lhs: "dw",
-            rhs: "db",
-            ..
-        })
-    ));
-    let w = dev(&[7, 4]);
-    let (g, x) = (dev(&[3, 7]), dev(&[3, 4]));
-    let e = gpu
-        .linear_backward_into(&g, &x, Some(&w), (Activation::Identity, None), (&w, None))
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            E::Aliased {
-                lhs: "w",
-                rhs: "dw",
-                ..
-            }
-        ),
-        "{e}"
-    );
-    let flat = dev(&[21 + 28]);
-    let y_in_flat = flat.narrow(0, 0, 21).unwrap().reshape(&[3, 7]).unwrap();
-    let dw = flat.narrow(0, 21, 28).unwrap().reshape(&[7, 4]).unwrap();
-    let e = gpu
-        .linear_backward_into(
-            &g,
-            &x,
-            None,
-            (Activation::Tanh, Some(&y_in_flat)),
-            (&dw, None),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            E::Aliased {
-                lhs: "y",
-                rhs: "dw",
-                ..
-            }
-        ),
-        "{e}"
-    );
 }

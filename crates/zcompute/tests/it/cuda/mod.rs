@@ -15,6 +15,7 @@ mod fused_launch;
 mod indexed;
 mod linear;
 mod linear_backward;
+mod linear_backward_errors;
 mod linear_launch;
 #[macro_use]
 mod suite;
