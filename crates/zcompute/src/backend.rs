@@ -503,6 +503,21 @@ pub trait Backend<T: Element> {
         crate::linear::linear(self, x, w, bias, act)
     }
 
+    /// A Linear layer with a residual added after the activation (a skip connection),
+    /// `act(x · wᵀ + bias) + residual` for `residual [rows, out]`. The provided body is
+    /// [`Backend::linear`] then [`Backend::add`]; the CUDA backend adds a dense residual in the
+    /// small-row kernel's epilogue.
+    fn linear_add(
+        &self,
+        x: &BTensor<Self, T>,
+        w: &BTensor<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: crate::fused::Activation,
+        residual: &BTensor<Self, T>,
+    ) -> Result<BTensor<Self, T>> {
+        crate::linear::linear_add(self, x, w, bias, act, residual)
+    }
+
     /// A Linear layer's parameter gradients added into their buffers, from the gradient of its
     /// output before the activation `g [rows, out]` and its input `x [rows, in]`:
     /// `dw += gᵀ · x` (`dw [out, in]`) and, when given, `db += Σ_rows g` (`db [out]`). The
@@ -518,6 +533,25 @@ pub trait Backend<T: Element> {
         db: Option<&BTensor<Self, T>>,
     ) -> Result<()> {
         crate::linear::linear_param_grads_into(self, g, x, dw, db)
+    }
+
+    /// A Linear layer's backward, `y = act(x · wᵀ + bias)`: from the output's gradient
+    /// `gy [rows, out]`, `gz = gy` (identity) or `gy * (1 - y²)` (tanh, from its saved output
+    /// `y`, given exactly then); `dw += gzᵀ · x` and, when given, `db += Σ_rows gz` into their
+    /// buffers (as [`Backend::linear_param_grads_into`], whose checks apply, and sharing no
+    /// memory with any input); returns the input's gradient `gz · w` when the weight
+    /// `w [out, in]` is given (`None` otherwise). The provided body is [`Backend::tanh_backward`],
+    /// [`Backend::matmul`] and [`Backend::linear_param_grads_into`]; the CUDA backend runs few
+    /// rows as one kernel.
+    fn linear_backward_into(
+        &self,
+        gy: &BTensor<Self, T>,
+        x: &BTensor<Self, T>,
+        w: Option<&BTensor<Self, T>>,
+        (act, y): (crate::fused::Activation, Option<&BTensor<Self, T>>),
+        (dw, db): (&BTensor<Self, T>, Option<&BTensor<Self, T>>),
+    ) -> Result<Option<BTensor<Self, T>>> {
+        crate::linear::linear_backward_into(self, gy, x, w, (act, y), (dw, db))
     }
 
     /// Tanh's backward from its output: `g * (1 - y²)`.

@@ -397,7 +397,8 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
         let attended = self.attn.forward(tape, &u)?;
         let eps = T::from_f64(self.ln2.eps);
         let (h, u) = tape.add_layer_norm(&h, &attended, &self.ln2.weight, &self.ln2.bias, eps)?;
-        tape.add(&h, &self.ff.forward(tape, &u)?)
+        // h + ff(u): the add is the f2 product's epilogue.
+        self.ff.forward_add(tape, &u, &h)
     }
 
     /// `x [B, S, F] -> logits [B]` (XASSET.md steps 1-8).

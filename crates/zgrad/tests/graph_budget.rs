@@ -17,12 +17,16 @@ use zmem::{Arena, ArenaConfig, ClassBytes};
 /// fused kernels land, never raised to let a change through.
 ///
 /// The per-sample graph (one sample's gather from the device-resident batch, forward,
-/// backward, loss scatter and index advance): 31 nodes today (33 before attention's QK-norm
-/// gradients were added into the flat buffer by their column reduction and the head's weight
-/// and bias gradients by its backward kernel, `backward_into`: no separate adds); 33
-/// since its products no longer go to cuBLAS (the simulator counts a gemm as several nodes)
-/// but to the small-row kernels, a Linear layer's forward and its weight and bias gradients
-/// one kernel each. Before: 85 with cuBLAS products, 86 before the head's
+/// backward, loss scatter and index advance): 21 nodes today. 33 before the fusions of the
+/// sixth session: a Linear layer's backward one kernel (`Backend::linear_backward_into`: tanh's
+/// backward, dX and the weight and bias gradients; -5), the feed-forward block's residual add
+/// the f2 product's epilogue (`linear_add`; -1), each LayerNorm's backward adding its weight's
+/// and bias's gradients in the same launch (`layer_norm_backward_into`; -4), attention's
+/// QK-norm gradients added into the flat buffer by their column reduction and the head's by
+/// its backward kernel (`backward_into`; -2). 33 was, as on the GPU, 58 there before the
+/// products went from cuBLAS (the simulator counts a gemm as several nodes) to the small-row
+/// kernels, a Linear layer's forward and its weight and bias gradients one kernel each.
+/// Before: 85 with cuBLAS products, 86 before the head's
 /// weight and bias gradients came back as adjacent views (one add into their adjacent
 /// buffers), 89 before adjacent parameter gradients of one node were added by one launch
 /// (attention's four QK-norm gradients), 90 before ln1's input gradient and the residual
@@ -31,7 +35,7 @@ use zmem::{Arena, ArenaConfig, ClassBytes};
 /// backward), 107 before parameter gradients were accumulated in place (weight gradients by
 /// gemms with `beta = 1`, bias and LayerNorm gradients by column reductions adding into their
 /// buffers: no `add_into` after them). PyTorch: 101 kernels.
-const PER_SAMPLE_NODE_BUDGET: usize = 31;
+const PER_SAMPLE_NODE_BUDGET: usize = 21;
 /// The batched step (zero_grad, forward, backward, norm, gated AdamW): 88 nodes today (90
 /// before attention's and the head's parameter gradients went straight into the flat buffer, 91
 /// before the head's adjacent gradients, 94 before adjacent parameter gradients were added by

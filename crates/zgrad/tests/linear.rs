@@ -2,7 +2,8 @@
 //! as `gradcheck.rs` does for every op: identity and tanh, one row and several, with the bias
 //! needing a gradient or not, the weight a leaf (its gradient and the bias's added into their
 //! buffers by one `linear_param_grads_into`) or computed (gradients returned), and a layer
-//! applied twice with the same parameters (the buffers accumulate).
+//! applied twice with the same parameters (the buffers accumulate), and `Tape::linear_add`
+//! (a residual added after the product: its gradient is the output's).
 
 use rstest::rstest;
 use zcompute::{Activation, Backend, CpuBackend, CpuTensor};
@@ -25,6 +26,9 @@ enum Use {
     ScaledWeight,
     /// `linear(linear(x, w, bias), w, bias)` with a square weight.
     Twice,
+    /// `linear_add(x, w, bias, r)` (then tanh for the tanh cases): a fourth input, the
+    /// residual, added after the product (`Tape::linear_add`).
+    Residual,
 }
 
 fn apply(t: &Tp<'_>, v: &[V], act: Activation, how: Use) -> zgrad::Result<V> {
@@ -34,6 +38,13 @@ fn apply(t: &Tp<'_>, v: &[V], act: Activation, how: Use) -> zgrad::Result<V> {
         Use::Twice => {
             let h = t.linear(&v[0], &v[1], &v[2], act)?;
             t.linear(&h, &v[1], &v[2], act)
+        }
+        Use::Residual => {
+            let y = t.linear_add(&v[0], &v[1], &v[2], &v[3])?;
+            match act {
+                Activation::Tanh => t.tanh(&y),
+                Activation::Identity => Ok(y),
+            }
         }
     }
 }
@@ -64,16 +75,19 @@ fn linear_matches_finite_differences(
     #[values(Activation::Identity, Activation::Tanh)] act: Activation,
     #[values(1, 5)] rows: usize,
     #[values(true, false)] bias_needs_grad: bool,
-    #[values(Use::Once, Use::ScaledWeight, Use::Twice)] how: Use,
+    #[values(Use::Once, Use::ScaledWeight, Use::Twice, Use::Residual)] how: Use,
 ) {
     let inputs_width = if matches!(how, Use::Twice) { OUT } else { IN };
-    let shapes = [vec![rows, inputs_width], vec![OUT, inputs_width], vec![OUT]];
+    let mut shapes = vec![vec![rows, inputs_width], vec![OUT, inputs_width], vec![OUT]];
+    if matches!(how, Use::Residual) {
+        shapes.push(vec![rows, OUT]);
+    }
     let mut rng = SplitMix64::new(0x11ea);
     let inputs: Vec<(Vec<f64>, Vec<usize>)> = shapes
         .iter()
         .map(|s| (rng.normal_vec(s.iter().product()), s.clone()))
         .collect();
-    let params = [true, true, bias_needs_grad];
+    let params = [true, true, bias_needs_grad, true];
 
     let tape = Tape::new(&BE);
     let v: Vec<V> = inputs

@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 9] = [
+pub(crate) const MODULES: [(&str, &str); 10] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -40,6 +40,10 @@ pub(crate) const MODULES: [(&str, &str); 9] = [
     (
         "norm_params",
         include_str!("../../../../kernels/ptx/norm_params.ptx"),
+    ),
+    (
+        "linear_backward",
+        include_str!("../../../../kernels/ptx/linear_backward.ptx"),
     ),
 ];
 
@@ -121,6 +125,10 @@ pub enum Kernel {
     /// LayerNorm's backward for few rows with its weight and bias gradients added into their
     /// buffers (`cuda/norm_params.rs`).
     LayerNormBackwardParams,
+    /// A Linear layer's whole backward from few rows in one launch (`linear_backward.cu`,
+    /// launched from `cuda/linear_backward.rs`): tanh's backward, the input's gradient and the
+    /// parameter gradients.
+    LinearBackward,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -152,11 +160,11 @@ const ATTENTION_BACKWARD: &[Param] = &[
 /// Every small-row product kernel: out, a, b, bias, m, k, n, a's row and column strides, b's
 /// leading dimension, beta, has_bias, act.
 const LINEAR_ROWS: &[Param] = &[
-    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32,
+    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32, Ptr,
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 46] = [
+    pub const ALL: [Kernel; 47] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -203,6 +211,7 @@ impl Kernel {
         Kernel::LinearRowsNMajor,
         Kernel::LinearParamGrads,
         Kernel::LayerNormBackwardParams,
+        Kernel::LinearBackward,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -377,6 +386,15 @@ impl Kernel {
                 "zc_layer_norm_backward_params_f32",
                 &[
                     Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32, U64, U64,
+                ],
+                0,
+            ),
+            Kernel::LinearBackward => s(
+                9,
+                "zc_linear_backward_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U64,
+                    U64, U64, U64, U32, U32, U32, U32,
                 ],
                 0,
             ),

@@ -28,7 +28,7 @@ pub(crate) const NMAJOR_SLICES: u32 = 64;
 /// The parameter-gradient kernel's blocks: x along the inputs, y along the outputs.
 const GRADS_BLOCK: (u32, u32) = (64, 4);
 /// Most blocks along a grid axis these launches use.
-const MAX_GRID: u64 = 65_535;
+pub(super) const MAX_GRID: u64 = 65_535;
 
 /// Whether the parameter-gradient kernel takes its float4 path: the kernel makes the same
 /// test.
@@ -48,19 +48,19 @@ pub(crate) fn linear_grads_vec4(
 
 /// How the small-row kernel reads one product `op(A)[m,k] · op(B)[k,n]`.
 #[derive(Clone, Copy, Debug)]
-struct RowsPlan {
-    kernel: Kernel,
-    config: LaunchConfig,
+pub(super) struct RowsPlan {
+    pub(super) kernel: Kernel,
+    pub(super) config: LaunchConfig,
     /// `op(A)`'s row and column strides.
     a: (u64, u64),
     /// `op(B)`'s leading dimension: the stride of its non-contiguous axis.
-    ldb: u64,
+    pub(super) ldb: u64,
 }
 
 /// The plan for `m x k x n` with `op(A)` strides `a` and `op(B)` strides `(sk, sj)`, or
 /// `None` where the cuBLAS path stays: `m` outside `1..=LINEAR_ROW_LIMIT`, an empty `k` or
 /// `n`, an `op(B)` contiguous along neither axis, or too many blocks.
-fn rows_plan(
+pub(super) fn rows_plan(
     m: usize,
     k: usize,
     n: usize,
@@ -109,7 +109,7 @@ fn rows_plan(
 }
 
 /// Strides of a matrix view's last two axes, swapped when it is read transposed.
-fn op_strides(t: &CudaTensor, trans: bool) -> (usize, usize) {
+pub(super) fn op_strides(t: &CudaTensor, trans: bool) -> (usize, usize) {
     let s = t.layout().strides();
     let (r, c) = (s[s.len() - 2], s[s.len() - 1]);
     if trans { (c, r) } else { (r, c) }
@@ -123,8 +123,8 @@ fn act_code(act: Activation) -> u32 {
 }
 
 impl<D: Driver> CudaBackend<D> {
-    /// Launches `plan` for `out = act(op(a) · op(b) + bias) + beta * out`, `out` dense
-    /// `[m, n]`.
+    /// Launches `plan` for `out = act(op(a) · op(b) + bias) + residual + beta * out`, `out`
+    /// and `residual` dense `[m, n]`.
     #[allow(clippy::too_many_arguments)]
     fn launch_rows(
         &self,
@@ -132,8 +132,7 @@ impl<D: Driver> CudaBackend<D> {
         plan: &RowsPlan,
         (m, k, n): (usize, usize, usize),
         (a, b): (&CudaTensor, &CudaTensor),
-        bias: Option<&CudaTensor>,
-        act: Activation,
+        (bias, act, residual): (Option<&CudaTensor>, Activation, Option<&CudaTensor>),
         out: &CudaTensor,
         beta: f32,
     ) -> Result<()> {
@@ -143,6 +142,7 @@ impl<D: Driver> CudaBackend<D> {
             "small-row kernel"
         );
         let bias_ptr = bias.map_or(Ok(DevicePtr::NULL), |t| self.ptr(op, t))?;
+        let residual_ptr = residual.map_or(Ok(DevicePtr::NULL), |t| self.ptr(op, t))?;
         let args: Args = [
             ptr(self.ptr(op, out)?),
             ptr(self.ptr(op, a)?),
@@ -157,6 +157,7 @@ impl<D: Driver> CudaBackend<D> {
             KernelArg::F32(beta),
             KernelArg::U32(u32::from(bias.is_some())),
             KernelArg::U32(act_code(act)),
+            ptr(residual_ptr),
         ]
         .into_iter()
         .collect();
@@ -189,48 +190,61 @@ impl<D: Driver> CudaBackend<D> {
             &plan,
             (m, k, n),
             (a, b),
-            None,
-            Activation::Identity,
+            (None, Activation::Identity, None),
             out,
             beta,
         )?;
         Ok(true)
     }
 
-    /// `Backend::linear`: one small-row kernel with the bias epilogue for few rows, else
-    /// the provided composite (cuBLAS, then the bias epilogue).
+    /// `Backend::linear` (no `residual`) and `Backend::linear_add`: one small-row kernel with
+    /// the bias, activation and residual epilogue for few rows (a residual that is not dense
+    /// takes the composite), else the provided composite (cuBLAS, then the bias epilogue, then
+    /// the add).
     pub(crate) fn linear_fused(
         &self,
         x: &CudaTensor,
         w: &CudaTensor,
         bias: &CudaTensor,
         act: Activation,
+        residual: Option<&CudaTensor>,
     ) -> Result<CudaTensor> {
-        const OP: &str = "linear";
+        let op = if residual.is_some() {
+            "linear_add"
+        } else {
+            "linear"
+        };
         let LinearShape {
             rows,
             inputs,
             outputs,
-        } = validate::linear(x, w, bias)?;
-        let Some(plan) = rows_plan(
+        } = match residual {
+            Some(r) => validate::linear_add(x, w, bias, r)?,
+            None => validate::linear(x, w, bias)?,
+        };
+        let plan = rows_plan(
             rows,
             inputs,
             outputs,
             op_strides(x, false),
             op_strides(w, true),
-        ) else {
-            tracing::trace!(target: "zcompute.cuda.linear", op = OP, rows, inputs, outputs, "cublas + bias_act");
-            return crate::linear::linear(self, x, w, bias, act);
+        )
+        .filter(|_| residual.is_none_or(|r| r.is_contiguous()));
+        let Some(plan) = plan else {
+            tracing::trace!(target: "zcompute.cuda.linear", op, rows, inputs, outputs, "cublas + bias_act");
+            return match residual {
+                Some(r) => crate::linear::linear_add(self, x, w, bias, act, r),
+                None => crate::linear::linear(self, x, w, bias, act),
+            };
         };
-        let out = self.alloc(OP, &[rows, outputs])?;
-        let bias = self.dense(OP, bias)?;
+        let out = self.alloc(op, &[rows, outputs])?;
+        let bias = self.dense(op, bias)?;
         self.launch_rows(
-            OP,
+            op,
             &plan,
             (rows, inputs, outputs),
             (x, w),
-            Some(&bias),
-            act,
+            (Some(&bias), act, residual),
             &out,
             0.0,
         )?;

@@ -26,6 +26,7 @@ mod indexed;
 mod kernels;
 mod launch;
 mod linear;
+mod linear_backward;
 mod matmul;
 mod norm_params;
 mod ops;

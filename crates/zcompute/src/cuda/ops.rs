@@ -392,7 +392,18 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         bias: &CudaTensor,
         act: crate::fused::Activation,
     ) -> Result<CudaTensor> {
-        self.linear_fused(x, w, bias, act)
+        self.linear_fused(x, w, bias, act, None)
+    }
+
+    fn linear_add(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: crate::fused::Activation,
+        residual: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.linear_fused(x, w, bias, act, Some(residual))
     }
 
     fn linear_param_grads_into(
@@ -403,6 +414,17 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         db: Option<&CudaTensor>,
     ) -> Result<()> {
         self.linear_param_grads_fused(g, x, dw, db)
+    }
+
+    fn linear_backward_into(
+        &self,
+        gy: &CudaTensor,
+        x: &CudaTensor,
+        w: Option<&CudaTensor>,
+        act_y: (crate::fused::Activation, Option<&CudaTensor>),
+        grads: (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<Option<CudaTensor>> {
+        self.linear_backward_fused(gy, x, w, act_y, grads)
     }
 
     fn tanh_backward(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {

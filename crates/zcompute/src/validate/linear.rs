@@ -3,6 +3,7 @@
 
 use super::{distinct, same_shape, writable};
 use crate::error::{ComputeError, Result};
+use crate::fused::Activation;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 
@@ -49,6 +50,22 @@ pub(crate) fn linear<S: Storage>(
     })
 }
 
+/// `linear_add`: `linear`'s checks, and the residual shaped as the output `[rows, out]`.
+pub(crate) fn linear_add<S: Storage>(
+    x: &Tensor<S>,
+    w: &Tensor<S>,
+    bias: &Tensor<S>,
+    residual: &Tensor<S>,
+) -> Result<LinearShape> {
+    let shape = linear(x, w, bias)?;
+    same_shape(
+        "linear_add residual",
+        residual.shape(),
+        &[shape.rows, shape.outputs],
+    )?;
+    Ok(shape)
+}
+
 /// Refuses two views whose element ranges meet; views of one buffer that do not (a weight's
 /// and a bias's gradient in a model's flat gradient buffer) are fine.
 pub(crate) fn disjoint_views<S: Storage>(
@@ -81,24 +98,84 @@ pub(crate) fn linear_param_grads_into<S: Storage>(
     dw: &Tensor<S>,
     db: Option<&Tensor<S>>,
 ) -> Result<LinearShape> {
-    const OP: &str = "linear_param_grads_into";
-    let (rows, outputs) = matrix(OP, g)?;
-    let (x_rows, inputs) = matrix(OP, x)?;
-    same_shape(OP, &[rows], &[x_rows])?;
-    same_shape(OP, dw.shape(), &[outputs, inputs])?;
-    writable(OP, dw.layout())?;
-    distinct(OP, &[("g", g), ("dw", dw)])?;
-    distinct(OP, &[("x", x), ("dw", dw)])?;
+    param_grads("linear_param_grads_into", g, x, dw, db)
+}
+
+fn param_grads<S: Storage>(
+    op: &'static str,
+    g: &Tensor<S>,
+    x: &Tensor<S>,
+    dw: &Tensor<S>,
+    db: Option<&Tensor<S>>,
+) -> Result<LinearShape> {
+    let (rows, outputs) = matrix(op, g)?;
+    let (x_rows, inputs) = matrix(op, x)?;
+    same_shape(op, &[rows], &[x_rows])?;
+    same_shape(op, dw.shape(), &[outputs, inputs])?;
+    writable(op, dw.layout())?;
+    distinct(op, &[("g", g), ("dw", dw)])?;
+    distinct(op, &[("x", x), ("dw", dw)])?;
     if let Some(db) = db {
-        same_shape(OP, db.shape(), &[outputs])?;
-        writable(OP, db.layout())?;
-        distinct(OP, &[("g", g), ("db", db)])?;
-        distinct(OP, &[("x", x), ("db", db)])?;
-        disjoint_views(OP, ("dw", dw), ("db", db))?;
+        same_shape(op, db.shape(), &[outputs])?;
+        writable(op, db.layout())?;
+        distinct(op, &[("g", g), ("db", db)])?;
+        distinct(op, &[("x", x), ("db", db)])?;
+        disjoint_views(op, ("dw", dw), ("db", db))?;
     }
     Ok(LinearShape {
         rows,
         inputs,
         outputs,
     })
+}
+
+/// `linear_backward_into`: the parameter-gradient checks of [`linear_param_grads_into`] with
+/// `g` the output's gradient `[rows, out]`; the weight `w [out, in]` when the input's gradient
+/// is wanted; tanh's saved output `y`, shaped as `g`, exactly when the activation is tanh. The
+/// buffers `dw`/`db` share no memory with any input (one launch reads the inputs while it
+/// writes them).
+pub(crate) fn linear_backward_into<S: Storage>(
+    g: &Tensor<S>,
+    x: &Tensor<S>,
+    w: Option<&Tensor<S>>,
+    (act, y): (Activation, Option<&Tensor<S>>),
+    dw: &Tensor<S>,
+    db: Option<&Tensor<S>>,
+) -> Result<LinearShape> {
+    const OP: &str = "linear_backward_into";
+    let shape = param_grads(OP, g, x, dw, db)?;
+    if let Some(w) = w {
+        same_shape(
+            "linear_backward_into weight",
+            w.shape(),
+            &[shape.outputs, shape.inputs],
+        )?;
+        distinct(OP, &[("w", w), ("dw", dw)])?;
+        if let Some(db) = db {
+            distinct(OP, &[("w", w), ("db", db)])?;
+        }
+    }
+    match (act, y) {
+        (Activation::Tanh, Some(y)) => {
+            same_shape("linear_backward_into output", y.shape(), g.shape())?;
+            distinct(OP, &[("y", y), ("dw", dw)])?;
+            if let Some(db) = db {
+                distinct(OP, &[("y", y), ("db", db)])?;
+            }
+        }
+        (Activation::Identity, None) => {}
+        (Activation::Tanh, None) => {
+            return Err(ComputeError::Unsupported {
+                op: OP,
+                reason: "tanh's backward needs the layer's saved output `y`".into(),
+            });
+        }
+        (Activation::Identity, Some(_)) => {
+            return Err(ComputeError::Unsupported {
+                op: OP,
+                reason: "the identity has no saved output: pass `y` only with tanh".into(),
+            });
+        }
+    }
+    Ok(shape)
 }

@@ -1,5 +1,6 @@
-//! The feed-forward block: `f2(tanh(f1(x)))` (the residual add is the model's); the bias and
-//! tanh of `f1` run as the product's epilogue.
+//! The feed-forward block: `f2(tanh(f1(x)))`, or `residual + f2(tanh(f1(x)))` with the skip
+//! connection (`forward_add`); the bias and tanh of `f1`, and the bias and residual of `f2`,
+//! run as the products' epilogues.
 
 use super::Linear;
 use crate::error::Result;
@@ -43,5 +44,17 @@ impl<B: Backend<T>, T: Element> FeedForward<B, T> {
         // tanh(x · W1ᵀ + b1) in the product's epilogue (one kernel, and one for its backward).
         let hidden = self.f1.forward_act(tape, x, Activation::Tanh)?;
         self.f2.forward(tape, &hidden)
+    }
+
+    /// `residual + f2(tanh(f1(x)))`: the add is `f2`'s epilogue (`Tape::linear_add`), so one
+    /// node fewer than `forward` and an add.
+    pub fn forward_add(
+        &self,
+        tape: &Tape<'_, B, T>,
+        x: &Var<B, T>,
+        residual: &Var<B, T>,
+    ) -> Result<Var<B, T>> {
+        let hidden = self.f1.forward_act(tape, x, Activation::Tanh)?;
+        self.f2.forward_add(tape, &hidden, residual)
     }
 }

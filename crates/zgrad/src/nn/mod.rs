@@ -84,6 +84,39 @@ impl<B: Backend<T>, T: Element> Linear<B, T> {
         x: &Var<B, T>,
         act: Activation,
     ) -> Result<Var<B, T>> {
+        self.rows_node(tape, x, |flat| {
+            tape.linear(flat, &self.weight, &self.bias, act)
+        })
+    }
+
+    /// `residual + (x · Wᵀ + b)` for `residual [..., out]` (a skip connection): one
+    /// `Tape::linear_add` node (the add is the product's epilogue on the device).
+    pub fn forward_add(
+        &self,
+        tape: &Tape<'_, B, T>,
+        x: &Var<B, T>,
+        residual: &Var<B, T>,
+    ) -> Result<Var<B, T>> {
+        let residual = if residual.value().is_contiguous() {
+            residual.clone()
+        } else {
+            tape.contiguous(residual)?
+        };
+        let rows = residual.value().numel() / self.out_features().max(1);
+        let residual = tape.reshape(&residual, &[rows, self.out_features()])?;
+        self.rows_node(tape, x, |flat| {
+            tape.linear_add(flat, &self.weight, &self.bias, &residual)
+        })
+    }
+
+    /// `node(x [rows, in]) [rows, out]` with `x`'s leading axes folded into the rows and
+    /// unfolded again in the result.
+    fn rows_node(
+        &self,
+        tape: &Tape<'_, B, T>,
+        x: &Var<B, T>,
+        node: impl FnOnce(&Var<B, T>) -> Result<Var<B, T>>,
+    ) -> Result<Var<B, T>> {
         let shape = x.shape().to_vec();
         let inputs = self.in_features();
         let rows = x.value().numel() / inputs.max(1);
@@ -93,7 +126,7 @@ impl<B: Backend<T>, T: Element> Linear<B, T> {
             tape.contiguous(x)?
         };
         let flat = tape.reshape(&x, &[rows, inputs])?;
-        let y = tape.linear(&flat, &self.weight, &self.bias, act)?;
+        let y = node(&flat)?;
         let mut out_shape = shape;
         if let Some(last) = out_shape.last_mut() {
             *last = self.out_features();

@@ -1,7 +1,9 @@
 //! A Linear layer as one tape node: `act(x · wᵀ + bias)` forward through `Backend::linear`
-//! (one kernel on the device for few rows), and a backward that needs at most four launches:
-//! tanh's backward from the saved output, the input's gradient `gz · w`, and the weight's and
-//! bias's gradients added into their buffers by one `Backend::linear_param_grads_into`.
+//! (one kernel on the device for few rows), and a backward that, when the tape gives the
+//! parameter gradients' buffers, is one `Backend::linear_backward_into` (one launch on the
+//! device for few rows: tanh's backward, the input's gradient `gz · w`, and the weight's and
+//! bias's gradients added into their buffers); otherwise tanh's backward, the product and the
+//! parameter gradients one op each.
 
 use super::fused::{into_at, sum_rows_to};
 use super::only;
@@ -23,6 +25,9 @@ struct LinearBackward<B: Backend<T>, T: Element> {
     y: Option<Saved<B, T>>,
     /// x, w, bias.
     needs: [bool; 3],
+    /// Whether the node has a fourth input, a residual added after the activation
+    /// (`Tape::linear_add`), whose gradient is the output's, unchanged.
+    residual: bool,
 }
 
 impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
@@ -46,6 +51,9 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
         into: &[Option<&BTensor<B, T>>],
     ) -> Result<Grads<B, T>> {
         let g = only(grads)?;
+        if let Some(done) = self.fused_into(b, g, into)? {
+            return Ok(done);
+        }
         let gz = match &self.y {
             Some(y) => b.tanh_backward(g, y.get(NAME)?)?,
             None => g.clone(),
@@ -79,7 +87,52 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
         } else {
             None
         };
-        Ok(vec![gx, gw, gbias])
+        Ok(self.with_residual(g, vec![gx, gw, gbias]))
+    }
+}
+
+impl<B: Backend<T>, T: Element> LinearBackward<B, T> {
+    /// The whole backward as one `Backend::linear_backward_into` when the tape gives the
+    /// weight's buffer (and the bias's, when the bias needs a gradient); `None` (nothing run)
+    /// otherwise.
+    fn fused_into(
+        &self,
+        b: &B,
+        g: &BTensor<B, T>,
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Option<Grads<B, T>>> {
+        let [need_x, need_w, need_bias] = self.needs;
+        let Some(x) = self.x.as_ref().filter(|_| need_w) else {
+            return Ok(None);
+        };
+        let x = x.get(NAME)?;
+        let (out, inp) = (g.shape()[1], x.shape()[1]);
+        let Some(dw) = into_at(into, 1).filter(|dw| dw.shape() == [out, inp]) else {
+            return Ok(None);
+        };
+        let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out]);
+        if need_bias && db.is_none() {
+            return Ok(None);
+        }
+        let w = match &self.w {
+            Some(w) if need_x => Some(w.get(NAME)?),
+            _ => None,
+        };
+        let (act, y) = match &self.y {
+            Some(y) => (Activation::Tanh, Some(y.get(NAME)?)),
+            None => (Activation::Identity, None),
+        };
+        let gx = b.linear_backward_into(g, x, w, (act, y), (dw, db))?;
+        Ok(Some(self.with_residual(g, vec![gx, None, None])))
+    }
+
+    /// The inputs' gradients, with the residual's (the output's gradient) appended when the
+    /// node has one.
+    fn with_residual(&self, g: &BTensor<B, T>, mut grads: Grads<B, T>) -> Grads<B, T> {
+        if self.residual {
+            grads.push(Some(g.clone()));
+        }
+        grads
     }
 }
 
@@ -95,8 +148,41 @@ impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
         bias: &Var<B, T>,
         act: Activation,
     ) -> Result<Var<B, T>> {
-        let tracked = self.tracks(NAME, &[x, w, bias])?;
-        let y = self.run(tracked, |b| b.linear(&x.value, &w.value, &bias.value, act))?;
+        self.linear_node(x, w, bias, act, None)
+    }
+
+    /// A Linear layer with a residual added after the activation (a skip connection),
+    /// `act(x · wᵀ + bias) + residual` for `residual [rows, out]`, as one node
+    /// (`zcompute::Backend::linear_add`: the add is the product's epilogue on the device). Its
+    /// backward is [`Tape::linear`]'s, and the residual's gradient is the output's. No
+    /// activation: tanh's backward reads tanh's output, which the add would change.
+    pub fn linear_add(
+        &self,
+        x: &Var<B, T>,
+        w: &Var<B, T>,
+        bias: &Var<B, T>,
+        residual: &Var<B, T>,
+    ) -> Result<Var<B, T>> {
+        self.linear_node(x, w, bias, Activation::Identity, Some(residual))
+    }
+
+    /// `act(x · wᵀ + bias)`, plus `residual` when given (then `act` is the identity, so the
+    /// saved output is tanh's only without one).
+    fn linear_node(
+        &self,
+        x: &Var<B, T>,
+        w: &Var<B, T>,
+        bias: &Var<B, T>,
+        act: Activation,
+        residual: Option<&Var<B, T>>,
+    ) -> Result<Var<B, T>> {
+        let mut inputs = vec![x, w, bias];
+        inputs.extend(residual);
+        let tracked = self.tracks(NAME, &inputs)?;
+        let y = self.run(tracked, |b| match residual {
+            Some(r) => b.linear_add(&x.value, &w.value, &bias.value, act, &r.value),
+            None => b.linear(&x.value, &w.value, &bias.value, act),
+        })?;
         if !tracked {
             return Ok(self.constant(y));
         }
@@ -107,7 +193,8 @@ impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
             w: needs[0].then(|| self.save(w, "weight")).transpose()?,
             y: (act == Activation::Tanh).then(|| self.save_output(&y, &version, "output")),
             needs,
+            residual: residual.is_some(),
         };
-        Ok(self.push1(Box::new(node), &[x, w, bias], y, version))
+        Ok(self.push1(Box::new(node), &inputs, y, version))
     }
 }

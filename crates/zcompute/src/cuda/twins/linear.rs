@@ -1,6 +1,6 @@
-//! Simulated twins of the small-row product kernels (`linear.cu`): each reads its operands
-//! through the strides it is given, sums in f32 in row/k order and writes what the kernel
-//! writes (never reading `out` when `beta` is 0, as the kernel does not). They also check the
+//! Simulated twins of the small-row product kernels (`linear.cu`, `linear_backward.cu`): each
+//! reads its operands through the strides it is given, sums in f32 in row/k order and writes
+//! what the kernel writes (never reading `out` when `beta` is 0, as the kernel does not). They also check the
 //! launch shapes the kernels rely on (block sizes, a grid covering every column), which the
 //! GPU would not report.
 
@@ -9,6 +9,7 @@ use crate::cuda::kernels::Kernel;
 use crate::cuda::linear::{
     KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4,
 };
+use crate::cuda::linear_backward::{BACKWARD_THREADS, BackwardGrid};
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{DevicePtr, KernelArg, LaunchConfig};
 
@@ -109,6 +110,12 @@ fn rows_product(
     } else {
         Vec::new()
     };
+    let residual_ptr = a.ptr(13)?;
+    let residual = if residual_ptr == DevicePtr::NULL {
+        None
+    } else {
+        Some(mem.read_f32(residual_ptr, (m * n) as u64)?)
+    };
     let mut out = vec![0.0f32; m * n];
     for r in 0..m {
         for j in 0..n {
@@ -119,6 +126,9 @@ fn rows_product(
             let mut v = if has_bias { acc + bias[j] } else { acc };
             if act == 1 {
                 v = v.tanh();
+            }
+            if let Some(res) = &residual {
+                v += res[r * n + j];
             }
             if beta != 0.0 {
                 v = beta.mul_add(old[r * n + j], v);
@@ -182,6 +192,118 @@ pub(super) fn param_grads(
         for o in 0..outs {
             let p = db_ptr.offset((o * db_stride * 4) as u64);
             let sum: f32 = (0..rows).map(|r| g.at(r, o)).sum();
+            let old = mem.read_f32(p, 1)?[0];
+            mem.write_f32(p, &[old + sum])?;
+        }
+    }
+    Ok(())
+}
+
+/// `zc_linear_backward_f32`: gz = g (or g · (1 - y²) for tanh), gx = gz · w when the grid has
+/// product blocks, dw += gzᵀ · x and db += Σ_rows gz, each sum in row/k order. Checks that
+/// the grid is exactly the product's blocks plus the parameter-gradient blocks the host sized
+/// (the kernel splits the grid by `dx_blocks` and `grads_cols`).
+pub(super) fn backward(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let a = checked(Kernel::LinearBackward, args)?;
+    let rows = a.u32(7)? as usize;
+    let (outs, ins) = (usize_of(a.u64(8)?, 8)?, usize_of(a.u64(9)?, 9)?);
+    if rows == 0 || rows > LINEAR_ROW_LIMIT {
+        return Err(bad(
+            7,
+            &format!("zc_linear_backward_f32 takes 1 to {LINEAR_ROW_LIMIT} rows"),
+        ));
+    }
+    let (gx_ptr, dw_ptr, db_ptr, g_ptr, y_ptr, w_ptr, x_ptr) = (
+        a.ptr(0)?,
+        a.ptr(1)?,
+        a.ptr(2)?,
+        a.ptr(3)?,
+        a.ptr(4)?,
+        a.ptr(5)?,
+        a.ptr(6)?,
+    );
+    let (ldb, x_rs, x_cs, ldw) = (a.u64(14)?, a.u64(15)?, a.u64(16)?, a.u64(17)?);
+    let (has_db, tanh) = (a.u32(19)? != 0, a.u32(20)? != 0);
+    let (dx_blocks, grads_cols) = (u64::from(a.u32(21)?), u64::from(a.u32(22)?));
+    let vec4 = linear_grads_vec4(ins, ldw, x_rs, x_cs, [dw_ptr, x_ptr]);
+    let cols = if vec4 { ins / 4 } else { ins };
+    let want = BackwardGrid::new(dx_blocks, cols as u64, outs as u64);
+    if config.block != (BACKWARD_THREADS, 1, 1) {
+        return Err(bad(0, "zc_linear_backward_f32 needs blocks of 512 threads"));
+    }
+    if grads_cols != want.grads_cols
+        || u64::from(config.grid.0) != want.blocks()
+        || config.grid.1 != 1
+        || config.grid.2 != 1
+    {
+        return Err(bad(
+            0,
+            "zc_linear_backward_f32's grid is not its product and gradient blocks",
+        ));
+    }
+    if dx_blocks > 0 && dx_blocks * u64::from(NMAJOR_COLS) < ins as u64 {
+        return Err(bad(
+            21,
+            "zc_linear_backward_f32's product blocks do not cover gx",
+        ));
+    }
+    let g = Strided::read(mem, g_ptr, (rows, outs), (a.u64(10)?, a.u64(11)?))?;
+    let y = if tanh {
+        Some(Strided::read(
+            mem,
+            y_ptr,
+            (rows, outs),
+            (a.u64(12)?, a.u64(13)?),
+        )?)
+    } else {
+        None
+    };
+    // gz as tanh_backward writes it (the CPU formula), dense [rows, outs].
+    let gz: Vec<f32> = (0..rows)
+        .flat_map(|r| (0..outs).map(move |o| (r, o)))
+        .map(|(r, o)| {
+            let v = g.at(r, o);
+            y.as_ref()
+                .map_or(v, |y| v * (1.0 - y.at(r, o) * y.at(r, o)))
+        })
+        .collect();
+    let x = Strided::read(mem, x_ptr, (rows, ins), (x_rs, x_cs))?;
+    if dx_blocks > 0 {
+        let w = Strided::read(mem, w_ptr, (outs, ins), (ldb, 1))?;
+        let mut gx = vec![0.0f32; rows * ins];
+        for r in 0..rows {
+            for j in 0..ins {
+                let mut acc = 0.0f32;
+                for k in 0..outs {
+                    acc = gz[r * outs + k].mul_add(w.at(k, j), acc);
+                }
+                gx[r * ins + j] = acc;
+            }
+        }
+        mem.write_f32(gx_ptr, &gx)?;
+    }
+    let ldw = usize_of(ldw, 17)?;
+    for o in 0..outs {
+        let row_ptr = dw_ptr.offset((o * ldw * 4) as u64);
+        let mut dw = mem.read_f32(row_ptr, ins as u64)?;
+        for (i, d) in dw.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for r in 0..rows {
+                acc = gz[r * outs + o].mul_add(x.at(r, i), acc);
+            }
+            *d += acc;
+        }
+        mem.write_f32(row_ptr, &dw)?;
+    }
+    if has_db {
+        let db_stride = usize_of(a.u64(18)?, 18)?;
+        for o in 0..outs {
+            let p = db_ptr.offset((o * db_stride * 4) as u64);
+            let sum: f32 = (0..rows).map(|r| gz[r * outs + o]).sum();
             let old = mem.read_f32(p, 1)?[0];
             mem.write_f32(p, &[old + sum])?;
         }

@@ -1,5 +1,6 @@
 //! The small-row products (`kernels/linear.cu`) on a CUDA backend against the CPU backend in
-//! f64, poison on: `linear` (identity and tanh), `linear_param_grads_into` (db given or not,
+//! f64, poison on: `linear` (identity and tanh) and `linear_add` (a residual added in the
+//! epilogue; a strided residual takes the composite), `linear_param_grads_into` (db given or not,
 //! dw dense, a strided-row view, or a transposed view that takes the fallback) and plain
 //! `matmul`/`matmul_into` with few rows in every operand order, at rows 1, 5, 12, the limit
 //! and the limit + 1 (the cuBLAS fallback), odd widths, a transposed `x` view. Per tensor
@@ -38,6 +39,34 @@ pub fn linear<D: Driver>(
     close(&what, gpu, &ours, &want);
     let again = gpu.linear(&x, &w, &b, act).expect("again");
     assert_eq!(bits(gpu, &ours), bits(gpu, &again), "{what}: rerun");
+}
+
+/// `linear_add`: the residual dense, or a transposed view (the composite: linear, then add);
+/// the fused kernel equals the composite's two launches bitwise where `exact`.
+pub fn linear_add<D: Driver>(
+    gpu: &CudaBackend<D>,
+    rows: usize,
+    (ins, outs): (usize, usize),
+    act: Activation,
+    residual_view: bool,
+    exact: bool,
+) {
+    let what = format!("linear_add rows {rows} in {ins} out {outs} {act:?} view {residual_view}");
+    let (x, xc) = pair(gpu, &[rows, ins], 1, (-2.0, 2.0), false);
+    let (w, wc) = pair(gpu, &[outs, ins], 2, (-0.5, 0.5), false);
+    let (b, bc) = pair(gpu, &[outs], 3, (-1.0, 1.0), false);
+    let (r, rc) = pair(gpu, &[rows, outs], 14, (-3.0, 3.0), residual_view);
+    let ours = gpu.linear_add(&x, &w, &b, act, &r).expect("linear_add");
+    let want = CPU.linear_add(&xc, &wc, &bc, act, &rc).expect("cpu");
+    close(&what, gpu, &ours, &want);
+    let again = gpu.linear_add(&x, &w, &b, act, &r).expect("again");
+    assert_eq!(bits(gpu, &ours), bits(gpu, &again), "{what}: rerun");
+    let composite = gpu.add(&gpu.linear(&x, &w, &b, act).unwrap(), &r).unwrap();
+    if exact {
+        assert_eq!(bits(gpu, &ours), bits(gpu, &composite), "{what}: composite");
+    } else {
+        close(&format!("{what} composite"), gpu, &composite, &want);
+    }
 }
 
 /// How the weight gradient buffer is laid out.
@@ -180,8 +209,10 @@ pub fn replay_matches_eager<D: Driver>(gpu: &CudaBackend<D>) {
     }
 }
 
+/// `$exact`: fused kernels must equal their composites bitwise (the simulated twins run the
+/// same f32 operations in the same order).
 macro_rules! linear_suite {
-    ($backend:path) => {
+    ($backend:path, $exact:expr) => {
         use super::super::linear::{DwLayout, ROWS};
         use rstest::rstest;
         use zcompute::Activation;
@@ -204,6 +235,23 @@ macro_rules! linear_suite {
             #[values(false, true)] x_view: bool,
         ) {
             super::super::linear::linear(&$backend(), ROWS[rows], WIDTHS[width], act, x_view);
+        }
+
+        #[rstest]
+        fn linear_add(
+            #[values(0, 1, 2, 3, 4)] rows: usize,
+            #[values(0, 1, 2, 4)] width: usize,
+            #[values(Activation::Identity, Activation::Tanh)] act: Activation,
+            #[values(false, true)] residual_view: bool,
+        ) {
+            super::super::linear::linear_add(
+                &$backend(),
+                ROWS[rows],
+                WIDTHS[width],
+                act,
+                residual_view,
+                $exact,
+            );
         }
 
         #[rstest]
@@ -240,12 +288,12 @@ macro_rules! linear_suite {
 }
 
 mod mock_suite {
-    linear_suite!(super::super::mock);
+    linear_suite!(super::super::mock, true);
 }
 
 #[cfg(feature = "gpu")]
 mod gpu {
-    linear_suite!(super::super::gpu);
+    linear_suite!(super::super::gpu, false);
 }
 
 /// Bad arguments get the same typed error on the CPU and on the device, before any launch.
@@ -262,6 +310,26 @@ fn bad_arguments_get_the_same_typed_error_on_both_backends() {
         [&[2, 12, 5], &[7, 5], &[7]],
         [&[5], &[7, 5], &[7]],
     ];
+    let d = gpu
+        .linear_add(
+            &dev(&[12, 5]),
+            &dev(&[7, 5]),
+            &dev(&[7]),
+            act,
+            &dev(&[12, 5]),
+        )
+        .unwrap_err();
+    let c = CPU
+        .linear_add(
+            &host(&[12, 5]),
+            &host(&[7, 5]),
+            &host(&[7]),
+            act,
+            &host(&[12, 5]),
+        )
+        .unwrap_err();
+    assert_eq!(d, c, "linear_add residual");
+    assert!(matches!(d, E::ShapeMismatch { .. }), "{d}");
     for [x, w, b] in linear_cases {
         let d = gpu.linear(&dev(x), &dev(w), &dev(b), act).unwrap_err();
         let c = CPU.linear(&host(x), &host(w), &host(b), act).unwrap_err();

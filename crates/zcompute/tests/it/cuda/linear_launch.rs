@@ -18,7 +18,18 @@ const KMAJOR: &str = "zc_linear_rows_kmajor_f32";
 const NMAJOR: &str = "zc_linear_rows_nmajor_f32";
 const GRADS: &str = "zc_linear_param_grads_f32";
 const BIAS_ACT: &str = "zc_bias_act_f32";
-const RECORDED: [&str; 4] = [KMAJOR, NMAJOR, GRADS, BIAS_ACT];
+const BACKWARD: &str = "zc_linear_backward_f32";
+const TANH_BACKWARD: &str = "zc_tanh_backward_f32";
+const BINARY: &str = "zc_binary_f32";
+const RECORDED: [&str; 7] = [
+    KMAJOR,
+    NMAJOR,
+    GRADS,
+    BIAS_ACT,
+    BACKWARD,
+    TANH_BACKWARD,
+    BINARY,
+];
 
 /// A backend whose recorded kernels log their launch configuration and write nothing.
 fn recording_backend() -> (CudaBackend<SimDriver>, Log) {
@@ -183,4 +194,85 @@ fn more_rows_batches_and_strided_gradient_buffers_keep_the_cublas_path() {
         .unwrap();
     let (launches, g) = ran(&gpu, &db, &log, &mut gemms);
     assert!(launches.is_empty() && g == 1, "{launches:?} {g}");
+}
+
+/// A Linear layer's backward (tanh's backward, dX, dW and db into views of the flat gradient
+/// buffer) is one launch for one sample's rows, where the composite queues three: the
+/// product's blocks (8 columns each) and the gradient blocks (64 x 8 threads, a float4 of dw
+/// each where aligned) side by side. Past the row limit it is the composite: tanh's backward
+/// and two cuBLAS gemms (then the bias's column sums, not recorded here).
+#[test]
+fn a_linear_layers_backward_is_one_launch_over_its_product_and_gradient_blocks() {
+    let (gpu, log) = recording_backend();
+    let mut gemms = 0;
+    let t = |shape: &[usize]| gpu.zeros(shape).unwrap();
+    let flat = t(&[1 << 20]);
+    // (act, in, out, dX wanted, blocks): f1, f2, qkv, the embedding (193 inputs: a float of
+    // dw per thread, no dX).
+    for (act, inp, out, dx, blocks) in [
+        (Activation::Tanh, 256, 1024, true, 32 + 128),
+        (Activation::Identity, 1024, 256, true, 128 + 4 * 32),
+        (Activation::Identity, 256, 768, true, 32 + 96),
+        (Activation::Identity, 193, 256, false, 4 * 32),
+    ] {
+        let dw = flat
+            .narrow(0, 0, out * inp)
+            .unwrap()
+            .reshape(&[out, inp])
+            .unwrap();
+        let db = flat.narrow(0, out * inp, out).unwrap();
+        let (w, y) = (t(&[out, inp]), t(&[12, out]));
+        let tanh_y = (act == Activation::Tanh).then_some(&y);
+        let gx = gpu
+            .linear_backward_into(
+                &t(&[12, out]),
+                &t(&[12, inp]),
+                dx.then_some(&w),
+                (act, tanh_y),
+                (&dw, Some(&db)),
+            )
+            .unwrap();
+        assert_eq!(gx.is_some(), dx);
+        let got = ran(&gpu, &flat, &log, &mut gemms);
+        assert_eq!(
+            got,
+            (vec![(BACKWARD, blocks)], 0),
+            "{act:?} in {inp} out {out}"
+        );
+    }
+    let rows = LINEAR_ROW_LIMIT + 1;
+    let (dw, db, w, y) = (t(&[64, 32]), t(&[64]), t(&[64, 32]), t(&[rows, 64]));
+    gpu.linear_backward_into(
+        &t(&[rows, 64]),
+        &t(&[rows, 32]),
+        Some(&w),
+        (Activation::Tanh, Some(&y)),
+        (&dw, Some(&db)),
+    )
+    .unwrap();
+    let (launches, g) = ran(&gpu, &db, &log, &mut gemms);
+    assert_eq!((launches.len(), launches[0].0, g), (1, TANH_BACKWARD, 2));
+}
+
+/// The feed-forward block's second product with its residual, `h + (u · W2ᵀ + b2)`: one
+/// small-row kernel with the add in its epilogue for one sample's rows (the composite queues
+/// the product and a binary add); past the row limit, cuBLAS, the bias epilogue and the add.
+#[test]
+fn a_products_residual_add_is_its_epilogue() {
+    let (gpu, log) = recording_backend();
+    let mut gemms = 0;
+    let t = |shape: &[usize]| gpu.zeros(shape).unwrap();
+    let (w, b) = (t(&[256, 1024]), t(&[256]));
+    let act = Activation::Identity;
+    let y = gpu
+        .linear_add(&t(&[12, 1024]), &w, &b, act, &t(&[12, 256]))
+        .unwrap();
+    assert_eq!(ran(&gpu, &y, &log, &mut gemms), (vec![(KMAJOR, 32)], 0));
+    let rows = LINEAR_ROW_LIMIT + 1;
+    let y = gpu
+        .linear_add(&t(&[rows, 1024]), &w, &b, act, &t(&[rows, 256]))
+        .unwrap();
+    let (launches, g) = ran(&gpu, &y, &log, &mut gemms);
+    let names: Vec<_> = launches.iter().map(|(n, _)| *n).collect();
+    assert_eq!((names, g), (vec![BIAS_ACT, BINARY], 1));
 }

@@ -14,6 +14,8 @@ mod fused;
 mod fused_launch;
 mod indexed;
 mod linear;
+mod linear_backward;
+mod linear_backward_errors;
 mod linear_launch;
 mod norm_params;
 mod norm_params_launch;

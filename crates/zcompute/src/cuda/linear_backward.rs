@@ -1,0 +1,152 @@
+//! A Linear layer's backward as one launch for few rows (`kernels/linear_backward.cu`):
+//! tanh's backward, the input's gradient `gz · w` and the parameter gradients
+//! `dw += gzᵀ · x`, `db += Σ_rows gz`, which the composite runs as up to three dependent
+//! launches (`tanh_backward`, the n-contiguous small-row product, `zc_linear_param_grads_f32`).
+//! The two halves are independent, so one grid holds both: the product's blocks first, then
+//! the parameter-gradient blocks, each computing what its kernel of the composite computes in
+//! the same order. Anything the fused kernel does not take (more rows than
+//! [`LINEAR_ROW_LIMIT`], a weight read other than n-contiguous, a `dw` whose last axis is not
+//! dense, too many blocks) runs the composite. Traced at `zcompute.cuda.linear`.
+
+use super::kernels::{Args, Kernel, ptr, u64a};
+use super::linear::{
+    LINEAR_ROW_LIMIT, MAX_GRID, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4, op_strides,
+    rows_plan,
+};
+use super::{CudaBackend, CudaTensor};
+use crate::error::Result;
+use crate::fused::Activation;
+use crate::validate::{self, LinearShape};
+use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
+
+/// Threads of every block of the fused launch (the n-contiguous product's block).
+pub(crate) const BACKWARD_THREADS: u32 = NMAJOR_COLS * NMAJOR_SLICES;
+/// The parameter-gradient blocks' threads along the inputs (`BACKWARD_GRADS_X`); the rest of
+/// the block lies along the outputs.
+pub(crate) const BACKWARD_GRADS_X: u32 = 64;
+const _: () = assert!(BACKWARD_THREADS.is_multiple_of(BACKWARD_GRADS_X));
+
+/// How the fused launch's grid splits: `dx_blocks` product blocks, then `grads_cols` x
+/// `grads_rows` parameter-gradient blocks (column-major in the launch: block
+/// `dx_blocks + p` is column `p % grads_cols`, row `p / grads_cols`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BackwardGrid {
+    pub dx_blocks: u64,
+    pub grads_cols: u64,
+    pub grads_rows: u64,
+}
+
+impl BackwardGrid {
+    /// The grid for `outputs` x `cols` parameter-gradient columns (`cols`: inputs, or inputs / 4
+    /// on the float4 path) after `dx_blocks` product blocks.
+    pub(crate) fn new(dx_blocks: u64, cols: u64, outputs: u64) -> Self {
+        let per_block_rows = u64::from(BACKWARD_THREADS / BACKWARD_GRADS_X);
+        BackwardGrid {
+            dx_blocks,
+            grads_cols: cols.div_ceil(u64::from(BACKWARD_GRADS_X)),
+            grads_rows: outputs.div_ceil(per_block_rows),
+        }
+    }
+
+    pub(crate) fn blocks(&self) -> u64 {
+        self.dx_blocks + self.grads_cols * self.grads_rows
+    }
+}
+
+impl<D: Driver> CudaBackend<D> {
+    /// `Backend::linear_backward_into`: one launch for few rows, else the provided composite.
+    pub(crate) fn linear_backward_fused(
+        &self,
+        gy: &CudaTensor,
+        x: &CudaTensor,
+        w: Option<&CudaTensor>,
+        (act, y): (Activation, Option<&CudaTensor>),
+        (dw, db): (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<Option<CudaTensor>> {
+        const OP: &str = "linear_backward_into";
+        let LinearShape {
+            rows,
+            inputs,
+            outputs,
+        } = validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
+        let composite = |why: &'static str| {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, rows, inputs, outputs, why, "composite");
+            crate::linear::linear_backward_into(self, gy, x, w, (act, y), (dw, db))
+        };
+        if !(1..=LINEAR_ROW_LIMIT).contains(&rows) || inputs == 0 || outputs == 0 {
+            return composite("sizes outside the small-row kernel");
+        }
+        let (ldw, dw_cs) = op_strides(dw, false);
+        if dw_cs != 1 && inputs != 1 {
+            return composite("dw's last axis is not dense");
+        }
+        let (gy_rs, gy_cs) = op_strides(gy, false);
+        // The input's gradient gz [rows, outputs] · w [outputs, inputs], read as stored.
+        let dx = match w {
+            None => None,
+            Some(w) => match rows_plan(rows, outputs, inputs, (gy_rs, gy_cs), op_strides(w, false))
+            {
+                Some(plan) if plan.kernel == Kernel::LinearRowsNMajor => Some((w, plan)),
+                _ => return composite("w is not read n-contiguous"),
+            },
+        };
+        let (x_rs, x_cs) = op_strides(x, false);
+        let (dw_ptr, x_ptr) = (self.ptr(OP, dw)?, self.ptr(OP, x)?);
+        let vec4 = linear_grads_vec4(
+            inputs,
+            ldw as u64,
+            x_rs as u64,
+            x_cs as u64,
+            [dw_ptr, x_ptr],
+        );
+        let cols = if vec4 { inputs / 4 } else { inputs } as u64;
+        let dx_blocks = dx.map_or(0, |(_, plan)| u64::from(plan.config.grid.0));
+        let grid = BackwardGrid::new(dx_blocks, cols, outputs as u64);
+        if grid.blocks() > MAX_GRID {
+            return composite("too many blocks");
+        }
+        tracing::trace!(
+            target: "zcompute.cuda.linear",
+            op = OP, rows, inputs, outputs, ?act, dx_blocks, blocks = grid.blocks(), vec4,
+            "one launch"
+        );
+        let gx = dx.map(|_| self.alloc(OP, &[rows, inputs])).transpose()?;
+        let opt_ptr = |t: Option<&CudaTensor>| t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t));
+        let (y_rs, y_cs) = y.map_or((0, 0), |y| op_strides(y, false));
+        let db_stride = db.map_or(0, |t| t.layout().strides()[0]);
+        let args: Args = [
+            ptr(opt_ptr(gx.as_ref())?),
+            ptr(dw_ptr),
+            ptr(opt_ptr(db)?),
+            ptr(self.ptr(OP, gy)?),
+            ptr(opt_ptr(y)?),
+            ptr(opt_ptr(dx.map(|(w, _)| w))?),
+            ptr(x_ptr),
+            KernelArg::U32(rows as u32),
+            u64a(outputs),
+            u64a(inputs),
+            u64a(gy_rs),
+            u64a(gy_cs),
+            u64a(y_rs),
+            u64a(y_cs),
+            KernelArg::U64(dx.map_or(0, |(_, plan)| plan.ldb)),
+            u64a(x_rs),
+            u64a(x_cs),
+            u64a(ldw),
+            u64a(db_stride),
+            KernelArg::U32(u32::from(db.is_some())),
+            KernelArg::U32(u32::from(y.is_some())),
+            KernelArg::U32(grid.dx_blocks as u32),
+            KernelArg::U32(grid.grads_cols as u32),
+        ]
+        .into_iter()
+        .collect();
+        let config = LaunchConfig {
+            grid: (grid.blocks() as u32, 1, 1),
+            block: (BACKWARD_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::LinearBackward, config, &args)?;
+        Ok(gx)
+    }
+}
