@@ -24,8 +24,10 @@
 // weight [n] when has_weight. Needs blocks of LN_PARAMS_THREADS threads and rows <=
 // LN_PARAMS_MAX_ROWS; the grid is grid-strided over the columns.
 extern "C" __global__ void zc_layer_norm_backward_params_f32(
-    float* gx, float* dw, float* db, const float* g, const float* residual, const float* x,
-    const float* mean, const float* rstd, const float* weight, unsigned has_weight,
+    float* __restrict__ gx, float* __restrict__ dw, float* __restrict__ db,
+    const float* __restrict__ g, const float* __restrict__ residual,
+    const float* __restrict__ x, const float* __restrict__ mean,
+    const float* __restrict__ rstd, const float* __restrict__ weight, unsigned has_weight,
     unsigned has_residual, unsigned want_gx, unsigned has_dw, unsigned has_db, u64 rows,
     u64 n) {
     __shared__ float m1s[LN_PARAMS_MAX_ROWS];
@@ -60,6 +62,9 @@ extern "C" __global__ void zc_layer_norm_backward_params_f32(
         const float w = has_weight ? weight[j] : 1.0f;
         float sw = 0.0f;
         float sb = 0.0f;
+        // The buffers do not alias (validate refuses it: hence __restrict__), so the loads
+        // of several rows go out before the first is used.
+#pragma unroll 4
         for (u64 row = 0; row < rows; ++row) {
             const u64 i = row * n + j;
             const float rs = rstd[row];

@@ -25,7 +25,7 @@ pub(crate) const FUSED_MAX_DH: usize = 256;
 /// GPU since compute 2.0); larger heads go to the composite.
 pub(crate) const FUSED_MAX_SHARED: usize = 48 * 1024;
 /// Warps per block (`ATTN_WARPS` in attention.cu).
-pub(crate) const WARPS: usize = 8;
+pub(crate) const WARPS: usize = 16;
 
 /// Floats between rows of a `[S, dh]` array in the kernels' shared memory (`ld` in
 /// attention.cu): odd, so a warp reading one column of different rows has no bank conflicts.
@@ -38,10 +38,10 @@ pub(crate) fn forward_shared_bytes(a: Attention) -> usize {
     4 * (2 * a.seq * row_pitch(a) + WARPS * (a.dh + a.seq))
 }
 
-/// Shared memory of the backward kernel: qhat, khat, v, go `[S, dh]`, P and dS `[S, S]`, two
-/// rstd rows.
+/// Shared memory of the backward kernel: qhat, khat, v, go, and qn, kn (the normalised q and k
+/// with their weights applied) `[S, dh]`, P and dS `[S, S]`, two rstd rows.
 pub(crate) fn backward_shared_bytes(a: Attention) -> usize {
-    4 * (4 * a.seq * row_pitch(a) + 2 * a.seq * a.seq + 2 * a.seq)
+    4 * (6 * a.seq * row_pitch(a) + 2 * a.seq * a.seq + 2 * a.seq)
 }
 
 /// The launch of a fused kernel needing `shared` bytes, or `None` where the shape is outside
