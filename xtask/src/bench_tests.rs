@@ -11,10 +11,13 @@ const OURS: &str = r#"{"device":"GPU","batch":256,"batched_step_peak_live_MiB":1
 const TORCH: &str = r#"{"device": "GPU", "torch": "2.11", "batched_step_peak_MiB": 150.0, "batched_eager_ms": 3.492, "per_sample_eager_ms": 763.8, "batched_graph_ms": 1.179, "per_sample_graph_ms": 57.48, "compiled_batched_graph_ms": 0.975, "compiled_per_sample_graph_ms": 57.74}"#;
 const E2E: &str = r#"{"batched_step_peak_MiB": 150.0, "batched_step_peak_reserved_MiB": 176.0, "batched_first_step_ms": 900.0, "batched_graph_nodes": 167, "batched_graph_e2e_ms": 1.5, "compiled_batched_graph_e2e_ms": 1.15}"#;
 
-/// A fresh bundle-like folder: bench.sh, the real compare.py, stubs for the rest.
+/// A fresh bundle-like folder: bench.sh, the real compare.py, stubs for the rest. It sits one
+/// level down in a folder of its own, so the `../shared/reference` bench.sh looks for is that
+/// folder's (absent), never one that happens to lie beside the system's temporary directory.
 fn bundle(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("xtask-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let root = std::env::temp_dir().join(format!("xtask-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = root.join("bundle");
     std::fs::create_dir_all(dir.join("bench")).unwrap();
     let write = |rel: &str, text: &str| {
         let p = dir.join(rel);
@@ -43,6 +46,11 @@ fn bundle(name: &str) -> PathBuf {
     write("bench/other_bench", "#!/bin/sh\necho other bench ran\n");
     write("bench/torch_ref.py", "print('torch_ref ran')\n");
     dir
+}
+
+/// Removes a folder `bundle` made, with the folder of its own around it.
+fn remove(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap_or(dir));
 }
 
 fn bench_sh(dir: &Path, args: &[&str]) -> (Output, String) {
@@ -92,7 +100,7 @@ fn bench_sh_prints_one_table_with_every_row_and_ratio() {
     let merged: serde_json::Value = serde_json::from_str(&merged).unwrap();
     assert_eq!(merged["batched_graph_ms"]["torch"], 1.179);
     assert_eq!(merged["ztrain_samples_per_s"], 5123.0);
-    let _ = std::fs::remove_dir_all(&dir);
+    remove(&dir);
 }
 
 #[test]
@@ -115,7 +123,7 @@ fn bench_sh_without_the_reference_fails_but_still_prints_our_side() {
     );
     let (out, text) = bench_sh(&dir, &["--bogus"]);
     assert_eq!(out.status.code(), Some(2), "{text}");
-    let _ = std::fs::remove_dir_all(&dir);
+    remove(&dir);
 }
 
 /// `comm.sh` (bundled beside `bench.sh`) is a script bash accepts.
@@ -134,5 +142,5 @@ fn comm_sh_parses() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    remove(&dir);
 }
