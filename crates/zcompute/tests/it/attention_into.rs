@@ -8,7 +8,7 @@
 
 use crate::attention::{Case, inputs, run as reference_run};
 use crate::common::{CPU, TOL, rel_err, uniform};
-use zcompute::{BTensor, Backend, Element, Layout, QkNorm, Tensor};
+use zcompute::{BTensor, Backend, Element, Layout, QkNorm, Storage, Tensor};
 
 /// Where the four gradient buffers live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,25 +61,47 @@ pub fn buffers<B: Backend<T>, T: Element>(
     }
 }
 
-/// The four parameter gradients after `qk_norm_attention_backward_into` (each the buffer's
-/// contents, or the returned gradient where no buffer was given), and qkv's gradient.
-pub fn run_into<B: Backend<T>, T: Element>(b: &B, c: Case, layout: Buffers) -> [Vec<f64>; 5] {
+/// A case's inputs on `b` (`attention::inputs`): qkv, the output gradient and the four
+/// QK-norm parameters (q weight, q bias, k weight, k bias).
+pub struct Uploaded<B: Backend<T>, T: Element> {
+    pub qkv: BTensor<B, T>,
+    pub g: BTensor<B, T>,
+    pub params: [BTensor<B, T>; 4],
+}
+
+pub fn upload<B: Backend<T>, T: Element>(b: &B, c: Case) -> Uploaded<B, T> {
     let [qkv, qw, qb, kw, kb, g] = inputs(c);
     let up = |v: &[f64], shape: &[usize]| {
         let data: Vec<T> = v.iter().map(|&x| T::from_f64(x)).collect();
         b.upload(&data, shape).expect("upload")
     };
-    let qkv = up(&qkv, &[c.batch, c.seq, 3 * c.heads * c.dh]);
-    let g = up(&g, &[c.batch, c.seq, c.heads * c.dh]);
-    let params = [&qw, &qb, &kw, &kb].map(|v| up(v, &[c.dh]));
-    let norm = QkNorm {
+    Uploaded {
+        qkv: up(&qkv, &[c.batch, c.seq, 3 * c.heads * c.dh]),
+        g: up(&g, &[c.batch, c.seq, c.heads * c.dh]),
+        params: [&qw, &qb, &kw, &kb].map(|v| up(v, &[c.dh])),
+    }
+}
+
+/// The QK-norm of uploaded parameters, eps 1e-5.
+pub fn qk_norm<S: Storage>(params: &[Tensor<S>; 4], heads: usize) -> QkNorm<'_, S>
+where
+    S::Elem: Element,
+{
+    QkNorm {
         q_weight: &params[0],
         q_bias: &params[1],
         k_weight: &params[2],
         k_bias: &params[3],
-        heads: c.heads,
-        eps: T::from_f64(1e-5),
-    };
+        heads,
+        eps: S::Elem::from_f64(1e-5),
+    }
+}
+
+/// The four parameter gradients after `qk_norm_attention_backward_into` (each the buffer's
+/// contents, or the returned gradient where no buffer was given), and qkv's gradient.
+pub fn run_into<B: Backend<T>, T: Element>(b: &B, c: Case, layout: Buffers) -> [Vec<f64>; 5] {
+    let Uploaded { qkv, g, params } = upload(b, c);
+    let norm = qk_norm(&params, c.heads);
     let bufs = buffers(b, c.dh, layout, &starting_values(c.dh));
     let r = b
         .qk_norm_attention_backward_into(&g, &qkv, &norm, [0, 1, 2, 3].map(|k| bufs[k].as_ref()))
@@ -153,23 +175,9 @@ pub fn bitwise<B: Backend<f32>>(b: &B, c: Case, layout: Buffers) {
         "{c:?} {layout:?}: two runs differ"
     );
     // The same sums added afterwards.
-    let [qkv, qw, qb, kw, kb, g] = inputs(c);
     let f32s = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
-    let qkv = b
-        .upload(&f32s(&qkv), &[c.batch, c.seq, 3 * c.heads * c.dh])
-        .unwrap();
-    let g = b
-        .upload(&f32s(&g), &[c.batch, c.seq, c.heads * c.dh])
-        .unwrap();
-    let params = [&qw, &qb, &kw, &kb].map(|v| b.upload(&f32s(v), &[c.dh]).unwrap());
-    let norm = QkNorm {
-        q_weight: &params[0],
-        q_bias: &params[1],
-        k_weight: &params[2],
-        k_bias: &params[3],
-        heads: c.heads,
-        eps: 1e-5,
-    };
+    let Uploaded { qkv, g, params } = upload(b, c);
+    let norm = qk_norm(&params, c.heads);
     let r = b.qk_norm_attention_backward(&g, &qkv, &norm).unwrap();
     let start = starting_values(c.dh);
     for (k, grad) in [r.q_weight, r.q_bias, r.k_weight, r.k_bias]

@@ -4,7 +4,7 @@
 //! buffers is two launches. Parity and errors: `attention_into.rs`.
 
 use crate::attention::{Case, inputs};
-use crate::attention_into::{Buffers, buffers, starting_values};
+use crate::attention_into::{Buffers, Uploaded, buffers, qk_norm, starting_values, upload};
 use crate::common::uniform;
 use zcompute::{BTensor, Backend, QkNorm};
 
@@ -17,23 +17,8 @@ fn launches_on_the_simulator() {
     let gpu = crate::cuda::mock();
     let launches = |c: Case, layout: Buffers| -> usize {
         let sim = gpu.device().driver();
-        let [qkv, qw, qb, kw, kb, g] = inputs(c);
-        let f32s = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
-        let qkv = gpu
-            .upload(&f32s(&qkv), &[c.batch, c.seq, 3 * c.heads * c.dh])
-            .unwrap();
-        let g = gpu
-            .upload(&f32s(&g), &[c.batch, c.seq, c.heads * c.dh])
-            .unwrap();
-        let params = [&qw, &qb, &kw, &kb].map(|v| gpu.upload(&f32s(v), &[c.dh]).unwrap());
-        let norm = QkNorm {
-            q_weight: &params[0],
-            q_bias: &params[1],
-            k_weight: &params[2],
-            k_bias: &params[3],
-            heads: c.heads,
-            eps: 1e-5,
-        };
+        let Uploaded { qkv, g, params } = upload::<_, f32>(&gpu, c);
+        let norm = qk_norm(&params, c.heads);
         let bufs = buffers::<_, f32>(&gpu, c.dh, layout, &starting_values(c.dh));
         sim.clear_op_log();
         gpu.qk_norm_attention_backward_into(
