@@ -5,6 +5,7 @@
 
 use crate::error::{GradError, Result};
 use crate::io::{HostTensor, TensorFile, read_tensors, take, write_tensors};
+use crate::model::Model;
 use crate::optim::{AdamWState, Moments};
 use crate::trainer::Trainer;
 use std::collections::HashMap;
@@ -17,7 +18,7 @@ type Checked<T> = (Vec<Vec<T>>, Vec<Moments<T>>);
 /// Metadata key holding the optimiser's step count.
 pub const STEP_KEY: &str = "zgrad.step";
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Writes parameters, optimiser state and `metadata` (plus `zgrad.step`) to `path`.
     /// Refuses (`StateUnknown`) while a failed step left the state unknown: such a checkpoint
     /// would pass a partly applied update off as a clean step.
@@ -91,7 +92,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         let mut moments = Vec::new();
         for (name, p) in self.model().named_parameters() {
             let shape = p.shape().to_vec();
-            values.push(take(file, path, name, Some(&shape))?.data.clone());
+            values.push(take(file, path, &name, Some(&shape))?.data.clone());
             let m = take(file, path, &format!("optim.m.{name}"), Some(&shape))?;
             let v = take(file, path, &format!("optim.v.{name}"), Some(&shape))?;
             moments.push(Moments {

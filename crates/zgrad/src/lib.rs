@@ -1,5 +1,6 @@
-//! zgrad: the autograd tape, losses, optimisers, the XAsset model and its trainer, generic over
-//! zcompute's `Backend` (the CPU backend here, the CUDA backend on the GPU). See README.md.
+//! zgrad: the autograd tape, losses, optimisers, the `Model` trait, the XAsset model and the
+//! trainer for any model, generic over zcompute's `Backend` (the CPU backend here, the CUDA
+//! backend on the GPU). See README.md.
 //!
 //! Memory policy (failure class C of the design brief): tensors an op saves for backward are
 //! owned by the tape in zmem's `Saved` class and carry a version; parameters, gradients and
@@ -14,6 +15,7 @@ pub mod io;
 mod leaf_grads;
 pub mod loss;
 mod memory;
+pub mod model;
 pub mod nn;
 mod ops;
 pub mod optim;
@@ -31,6 +33,7 @@ pub use error::{Applied, GradError, NonFiniteKind, Result};
 pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
 pub use loss::one_hot;
 pub use memory::in_step;
+pub use model::{Model, ParameterBuilder};
 pub use optim::{
     AdamW, AdamWHyper, AdamWState, ParameterSet, Sgd, clip_grad_norm, grad_norm, zero_grad,
 };

@@ -1,6 +1,8 @@
 //! Memory plans: what a training run will need, known before it runs.
 //!
-//! [`plan`] runs the first optimiser steps of the configured model, in both schedules, on an
+//! [`plan`] runs the first optimiser steps of the configured model (XAsset by its
+//! `XAssetConfig`, any other [`Model`] through [`PlanModel`], e.g. [`ModelFn`] around its
+//! constructor), in both schedules, on an
 //! accounting-only simulated device (`SimConfig::accounting`: sizes and lifetimes, no kernel
 //! bodies, no host memory behind allocations, parameters made on the device as zeros), and
 //! reads zmem's per-class peaks (`Diagnostics::peak_bytes_by_class`). The arena there has no
@@ -12,6 +14,7 @@
 //! [`MemoryPlan::device_bytes`]), or never reset (the real run's peaks exceed the plan's).
 
 use crate::error::{GradError, Result};
+use crate::model::Model;
 use crate::trainer::{TrainSchedule, Trainer, TrainerConfig};
 use crate::xasset::{XAsset, XAssetConfig};
 use zcompute::CudaBackend;
@@ -21,10 +24,90 @@ use zmem::{Arena, ArenaConfig, ClassBytes};
 /// Memory of the accounting device plans run on: large enough for any model a GPU could hold.
 pub const PLAN_DEVICE_BYTES: u64 = 1 << 50;
 
-/// What to plan: the run's model, batch, trainer and arena settings.
+/// The backend plans run on: the CUDA backend over the accounting-only simulated driver.
+pub type PlanBackend = CudaBackend<SimDriver>;
+
+/// A model a plan can make: its sizes, how many input values one sample holds, and the model
+/// itself on the plan's accounting device. Build it as a real run would (the same parameter
+/// allocations: one flat set, `ParameterBuilder` or `ParameterSet::allocate`); its values do
+/// not matter (the accounting device computes nothing), so a large model is best made with
+/// `ParameterSet::allocate(b, shapes, None)`, which needs no host copy of its parameters.
+pub trait PlanModel: Clone {
+    /// The model the plan trains.
+    type Model: Model<PlanBackend, f32>;
+    /// Refuses sizes no run could have (`Config`), before any device work.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Values of one sample's input (a batch of `n` holds `n` times this).
+    fn values_per_sample(&self) -> usize;
+    /// The model, made on the plan's device.
+    fn build(&self, b: &PlanBackend) -> Result<Self::Model>;
+}
+
+/// XAsset at these sizes, made with zero parameters on the device (`XAsset::zeroed`).
+impl PlanModel for XAssetConfig {
+    type Model = XAsset<PlanBackend, f32>;
+
+    fn validate(&self) -> Result<()> {
+        XAssetConfig::validate(self)
+    }
+
+    fn values_per_sample(&self) -> usize {
+        self.scales * self.features
+    }
+
+    fn build(&self, b: &PlanBackend) -> Result<Self::Model> {
+        XAsset::zeroed(b, *self)
+    }
+}
+
+/// Any model, by its constructor: `build` makes it on the plan's device, whose samples hold
+/// `values_per_sample` values.
+#[derive(Clone)]
+pub struct ModelFn<F> {
+    pub values_per_sample: usize,
+    pub build: F,
+}
+
+impl<F> std::fmt::Debug for ModelFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelFn")
+            .field("values_per_sample", &self.values_per_sample)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, M> PlanModel for ModelFn<F>
+where
+    F: Fn(&PlanBackend) -> Result<M> + Clone,
+    M: Model<PlanBackend, f32>,
+{
+    type Model = M;
+
+    fn validate(&self) -> Result<()> {
+        if self.values_per_sample == 0 {
+            return Err(GradError::Config(
+                "memory plan: a sample of 0 values".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn values_per_sample(&self) -> usize {
+        self.values_per_sample
+    }
+
+    fn build(&self, b: &PlanBackend) -> Result<M> {
+        (self.build)(b)
+    }
+}
+
+/// What to plan: the run's model (`XAssetConfig` by default, any [`PlanModel`]), batch,
+/// trainer and arena settings.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PlanRequest {
-    pub model: XAssetConfig,
+pub struct PlanRequest<M = XAssetConfig> {
+    pub model: M,
     /// Samples per optimiser step.
     pub batch: usize,
     /// The trainer's settings; `schedule` is ignored (both schedules are planned) and
@@ -40,15 +123,10 @@ pub struct PlanRequest {
     pub steps: u64,
 }
 
-impl PlanRequest {
+impl<M> PlanRequest<M> {
     /// A request with the device's default cuBLAS workspace and two steps.
     #[must_use]
-    pub fn new(
-        model: XAssetConfig,
-        batch: usize,
-        trainer: TrainerConfig,
-        arena: ArenaConfig,
-    ) -> PlanRequest {
+    pub fn new(model: M, batch: usize, trainer: TrainerConfig, arena: ArenaConfig) -> Self {
         PlanRequest {
             model,
             batch,
@@ -76,13 +154,13 @@ pub struct SchedulePlan {
 
 /// The plan of a run: both schedules, and what the device must hold beside the arena.
 #[derive(Clone, Debug, PartialEq)]
-pub struct MemoryPlan {
-    pub request: PlanRequest,
+pub struct MemoryPlan<M = XAssetConfig> {
+    pub request: PlanRequest<M>,
     /// `Batched` first, then `PerSample`.
     pub schedules: Vec<SchedulePlan>,
 }
 
-impl MemoryPlan {
+impl<M> MemoryPlan<M> {
     /// The plan of `schedule`.
     #[must_use]
     pub fn schedule(&self, schedule: TrainSchedule) -> Option<&SchedulePlan> {
@@ -121,7 +199,7 @@ impl MemoryPlan {
 }
 
 /// Plans both schedules of `request` on the accounting device (see the module's docs).
-pub fn plan(request: &PlanRequest) -> Result<MemoryPlan> {
+pub fn plan<M: PlanModel>(request: &PlanRequest<M>) -> Result<MemoryPlan<M>> {
     request.model.validate()?;
     if request.batch == 0 || request.steps == 0 {
         return Err(GradError::Config(format!(
@@ -146,9 +224,12 @@ pub fn plan(request: &PlanRequest) -> Result<MemoryPlan> {
     Ok(plan)
 }
 
-/// Plans one schedule: a fresh accounting device, arena, backend, zeroed model and trainer,
-/// then `steps` steps on an all-zero batch.
-pub fn plan_schedule(request: &PlanRequest, schedule: TrainSchedule) -> Result<SchedulePlan> {
+/// Plans one schedule: a fresh accounting device, arena, backend, the model (zeroed, for
+/// XAsset) and trainer, then `steps` steps on an all-zero batch.
+pub fn plan_schedule<M: PlanModel>(
+    request: &PlanRequest<M>,
+    schedule: TrainSchedule,
+) -> Result<SchedulePlan> {
     let sim = SimDriver::new(SimConfig::accounting(PLAN_DEVICE_BYTES));
     // The backend looks its kernels up by name; the accounting device runs none of them.
     zcompute::cuda::twins::register(&sim);
@@ -169,14 +250,13 @@ pub fn plan_schedule(request: &PlanRequest, schedule: TrainSchedule) -> Result<S
     // A plan that needed the overflow pool would not be the arena's size: refuse instead.
     arena.set_overflow_enabled(false);
     let backend = CudaBackend::new(arena.clone())?;
-    let model = XAsset::zeroed(&backend, request.model)?;
+    let model = request.model.build(&backend)?;
     let trainer_config = TrainerConfig {
         schedule,
         ..request.trainer
     };
     let mut trainer = Trainer::new(backend, model, trainer_config)?;
-    let m = request.model;
-    let x = vec![0.0f32; request.batch * m.scales * m.features];
+    let x = vec![0.0f32; request.batch * request.model.values_per_sample()];
     let y = vec![0.0f32; request.batch];
     let mut captured = request.trainer.capture;
     for _ in 0..request.steps {

@@ -5,11 +5,12 @@ use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step};
 use crate::error::Result;
 use crate::memory::ClassGuard;
+use crate::model::Model;
 use crate::var::Var;
 use std::rc::Rc;
 use zcompute::{AllocClass, Capture, Element};
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Uploads a batch as constants (in the saved class: the first matmul keeps `x`).
     pub(super) fn upload_batch(
         &self,

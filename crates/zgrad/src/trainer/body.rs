@@ -5,17 +5,17 @@
 
 use super::distributed::Dist;
 use crate::error::{GradError, Result};
+use crate::model::Model;
 use crate::optim::{AdamWTensors, clip_grad_norm, grad_norm, zero_grad};
 use crate::tape::Tape;
 use crate::var::Var;
-use crate::xasset::XAsset;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use zcompute::{BTensor, Backend, ComputeError, Element};
 
 /// What every step body reads and writes. Cloning shares the tensors.
-pub(crate) struct StepParts<B: Backend<T>, T: Element> {
-    pub model: XAsset<B, T>,
+pub(crate) struct StepParts<B: Backend<T>, T: Element, M: Model<B, T>> {
+    pub model: M,
     pub params: Vec<Var<B, T>>,
     /// Persistent `[loss, grad norm]` of the last batched step (read back after it).
     pub stats: BTensor<B, T>,
@@ -29,7 +29,7 @@ pub(crate) struct StepParts<B: Backend<T>, T: Element> {
     pub dist: Dist<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
+impl<B: Backend<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
     fn clone(&self) -> Self {
         StepParts {
             model: self.model.clone(),
@@ -43,7 +43,7 @@ impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> StepParts<B, T> {
+impl<B: Backend<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
         if self.unprotected {
             Tape::unprotected_in_crate(b)
@@ -52,7 +52,7 @@ impl<B: Backend<T>, T: Element> StepParts<B, T> {
         }
     }
 
-    /// Forward and backward of the mean BCE over `x`'s samples, the loss multiplied by `scale`
+    /// Forward and backward of the model's mean loss over `x`'s samples, the loss multiplied by `scale`
     /// (a rank-0 tensor in device memory) for backward when given; gradients accumulate into
     /// the parameters' buffers. Returns the unscaled loss (rank 0).
     pub fn forward_backward(

@@ -19,6 +19,7 @@ use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step_split};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
+use crate::model::Model;
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -81,7 +82,7 @@ enum FirstRun<G> {
     Eager(f64, f64),
 }
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub(super) fn batched_captured(
         &mut self,
         data: &Shard<'_, B, T>,

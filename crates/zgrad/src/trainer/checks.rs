@@ -4,6 +4,7 @@
 
 use super::{Trainer, in_step};
 use crate::error::{GradError, NonFiniteKind, Result};
+use crate::model::Model;
 use crate::optim::{grad_norm, zero_grad};
 use crate::tape::Tape;
 use zcompute::{Capture, Element};
@@ -45,6 +46,13 @@ pub(crate) fn locate<R>(
     }
 }
 
+/// `[1, ..sample shape]` of a batch's shape `[batch, ..sample shape]`.
+pub(crate) fn one_sample(shape: &[usize]) -> Vec<usize> {
+    std::iter::once(1)
+        .chain(shape.iter().skip(1).copied())
+        .collect()
+}
+
 /// The first sample with a non-finite input value (feature or label), if any.
 pub(crate) fn bad_input<T: Element>(x: &[T], y: &[T], batch: usize) -> Option<usize> {
     let per = x.len() / batch.max(1);
@@ -56,7 +64,7 @@ pub(crate) fn bad_input<T: Element>(x: &[T], y: &[T], batch: usize) -> Option<us
     })
 }
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The first sample with a non-finite input, else the first whose own loss (or gradient)
     /// is not finite, each in its own step. Leaves the gradients zeroed; the parameters are
     /// not touched.
@@ -76,7 +84,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         }
         let b = &*self.backend;
         let per: usize = shape[1..].iter().product();
-        let sample_shape = [1, shape[1], shape[2]];
+        let sample_shape = one_sample(shape);
         let mut found = None;
         for i in 0..shape[0] {
             let bad = in_step(b, || {

@@ -16,6 +16,7 @@ use super::body::StepParts;
 use super::eval::EvalReport;
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
+use crate::model::Model;
 use crate::optim::ParameterSet;
 use crate::var::Var;
 use std::cell::Cell;
@@ -123,7 +124,7 @@ impl<B: Backend<T>, T: Element> Dist<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> StepParts<B, T> {
+impl<B: Backend<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// This rank's forward and backward with the loss scaled by its share of the global batch
     /// (none for an empty shard: zero gradients, zero loss), then the gradients and the scaled
     /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor).
@@ -146,7 +147,7 @@ impl<B: Backend<T>, T: Element> StepParts<B, T> {
     }
 }
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Makes this trainer one rank of a data-parallel job over `comm`: rank 0's parameters
     /// are broadcast to every rank (so all start equal), then every `train_batch` takes this
     /// rank's shard of the global batch it is given and all-reduces the gradients. Set it

@@ -3,6 +3,7 @@
 
 use super::{Trainer, in_step};
 use crate::error::Result;
+use crate::model::Model;
 use crate::tape::Tape;
 use crate::var::Var;
 use zcompute::{Capture, Element};
@@ -10,31 +11,31 @@ use zcompute::{Capture, Element};
 /// Loss and accuracy over a data set.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EvalReport {
-    /// Mean BCE-with-logits over every sample.
+    /// Mean BCE-with-logits of the model's logits over every sample.
     pub loss: f64,
     /// Fraction of samples whose logit has the label's sign (logit > 0 predicts 1).
     pub accuracy: f64,
     pub samples: usize,
 }
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
-    /// The model's logits for `x` (`[n, S, F]` row-major), in no-grad mode.
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
+    /// The model's logits for `n` samples `x` (`[n, ..sample shape]` row-major), in no-grad
+    /// mode (`Model::logits`).
     pub fn predict(&self, x: &[T], n: usize) -> Result<Vec<T>> {
-        let f = self.parts.model.config.features;
         let y = vec![T::ZERO; n];
-        let scales = self.shape_of(x, &y, n)?;
+        let sample = self.shape_of(x, &y, n)?;
         let b = &*self.backend;
         let chunk = self.config.eval_batch.max(1);
-        let per = scales * f;
+        let per: usize = sample.iter().product();
         let mut out = Vec::with_capacity(n);
         for start in (0..n).step_by(chunk) {
             let len = chunk.min(n - start);
             let logits = in_step(b, || {
-                let xs = Var::constant(
-                    b.upload(&x[start * per..(start + len) * per], &[len, scales, f])?,
-                );
+                let shape: Vec<usize> =
+                    std::iter::once(len).chain(sample.iter().copied()).collect();
+                let xs = Var::constant(b.upload(&x[start * per..(start + len) * per], &shape)?);
                 let tape = Tape::no_grad(b);
-                self.parts.model.forward(&tape, &xs)?.to_vec(b)
+                self.parts.model.logits(&tape, &xs)?.to_vec(b)
             })?;
             out.extend(logits);
         }

@@ -1,5 +1,8 @@
-//! The trainer: XAsset with AdamW in both schedules of XASSET.md (batched, and per-sample
-//! gradient accumulation), eager or with graph capture, and evaluation in no-grad mode.
+//! The trainer: any [`Model`] (XAsset by default) with AdamW in both schedules of XASSET.md
+//! (batched, and per-sample gradient accumulation), eager or with graph capture, data parallel,
+//! and evaluation in no-grad mode. Nothing here knows one model: the input shape comes from
+//! `Model::sample_shape`, the loss from `Model::loss`, the parameters (and their flat buffers)
+//! from `Model::named_parameters`.
 //!
 //! Step scopes are the trainer's job: it opens a step before the work of every sample (or
 //! batch) and closes it after, so the backend's scratch memory is reclaimed every time
@@ -19,6 +22,7 @@ mod source;
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
+use crate::model::{Model, unique_names};
 use crate::optim::{AdamW, AdamWHyper};
 use crate::schedule::LrSchedule;
 use crate::xasset::XAsset;
@@ -109,16 +113,16 @@ pub struct StepReport {
     pub captured: bool,
 }
 
-/// Trains an `XAsset` with AdamW on backend `B`.
-pub struct Trainer<B: Capture<T> + 'static, T: Element = f32> {
+/// Trains a model (any [`Model`]; `XAsset` by default) with AdamW on backend `B`.
+pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = XAsset<B, T>> {
     backend: Rc<B>,
-    parts: StepParts<B, T>,
+    parts: StepParts<B, T, M>,
     optim: AdamW<B, T>,
     config: TrainerConfig,
     graphs: captured::Graphs<B, T>,
 }
 
-impl<B: Capture<T> + 'static, T: Element> std::fmt::Debug for Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> std::fmt::Debug for Trainer<B, T, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
             .field("config", &self.config)
@@ -127,14 +131,23 @@ impl<B: Capture<T> + 'static, T: Element> std::fmt::Debug for Trainer<B, T> {
     }
 }
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
-    pub fn new(
-        backend: impl Into<Rc<B>>,
-        model: XAsset<B, T>,
-        config: TrainerConfig,
-    ) -> Result<Self> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
+    /// A trainer of `model` (its parameters are trained in place: the trainer holds a clone
+    /// sharing them). Refuses a model with no parameters, a parameter without a gradient
+    /// buffer or two parameters of one name (`Config`).
+    pub fn new(backend: impl Into<Rc<B>>, model: M, config: TrainerConfig) -> Result<Self> {
         let backend = backend.into();
-        let params = model.parameters();
+        let named = model.named_parameters();
+        unique_names(named.iter().map(|(n, _)| n.as_str()))?;
+        if named.is_empty() {
+            return Err(GradError::Config("the model has no parameters".into()));
+        }
+        if let Some((name, _)) = named.iter().find(|(_, p)| p.grad().is_none()) {
+            return Err(GradError::Config(format!(
+                "parameter `{name}` is not trainable (no gradient buffer: make it with Var::parameter or ParameterBuilder)"
+            )));
+        }
+        let params: Vec<_> = named.into_iter().map(|(_, p)| p).collect();
         let optim = AdamW::new(&*backend, &params, config.adamw)?;
         let (stats, one) = {
             let _class = ClassGuard::new(&*backend, AllocClass::Persistent);
@@ -167,11 +180,11 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     }
 
     #[must_use]
-    pub fn model(&self) -> &XAsset<B, T> {
+    pub fn model(&self) -> &M {
         &self.parts.model
     }
 
-    /// The model's flat parameter and gradient buffers (`XAsset::parameter_set`).
+    /// The model's flat parameter and gradient buffers (`Model::parameter_set`).
     pub fn parameter_set(&self) -> Result<crate::optim::ParameterSet<B, T>> {
         self.parts.model.parameter_set()
     }
@@ -209,17 +222,16 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         self.optim.step_count()
     }
 
-    /// Checks a batch and returns S (scales per sample).
-    fn shape_of(&self, x: &[T], y: &[T], batch: usize) -> Result<usize> {
-        let f = self.parts.model.config.features;
-        if batch == 0 || y.len() != batch || x.is_empty() || !x.len().is_multiple_of(batch * f) {
+    /// Checks a batch and returns one sample's input shape (`Model::sample_shape`).
+    fn shape_of(&self, x: &[T], y: &[T], batch: usize) -> Result<Vec<usize>> {
+        if batch == 0 || y.len() != batch || x.is_empty() || !x.len().is_multiple_of(batch) {
             return Err(GradError::BadInput(format!(
-                "batch {batch}: x has {} values, y {} (x must be batch x S x {f}, y batch)",
+                "batch {batch}: x has {} values, y {} (x must hold batch samples of equal size, y batch labels)",
                 x.len(),
                 y.len()
             )));
         }
-        Ok(x.len() / (batch * f))
+        self.parts.model.sample_shape(x.len() / batch)
     }
 
     /// One optimiser step on `batch` samples: `x` is `[batch, S, F]` row-major, `y` holds
@@ -246,7 +258,8 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// pinned memory (no host copy: fill it in place with [`PinnedBatch::fill`]). Otherwise
     /// exactly `train_batch` on the same values: the same device work and results, bit for
     /// bit, in every schedule, eager or captured, and the same errors (`BadInput` for an `n`
-    /// of 0 or above the batch's capacity, or features other than the model's; `NonFinite`
+    /// of 0 or above the batch's capacity, or samples `[S, F]` the model does not take as
+    /// they are (`Model::sample_shape` of S·F values must be `[S, F]`); `NonFinite`
     /// naming the sample). The upload is queued on the backend's stream; the batch can be
     /// refilled as soon as this returns (a refill waits for the copy).
     pub fn train_batch_pinned(&mut self, batch: &PinnedBatch<B, T>, n: usize) -> Result<StepReport>
@@ -271,16 +284,23 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         B: PinnedHost<T>,
     {
         self.optim.check_state()?;
-        let f = self.parts.model.config.features;
-        if n == 0 || n > batch.capacity() || batch.features() != f {
+        let pinned = [batch.scales(), batch.features()];
+        let sample = self.parts.model.sample_shape(pinned[0] * pinned[1]);
+        if n == 0 || n > batch.capacity() || sample.as_deref().ok() != Some(&pinned[..]) {
             return Err(GradError::BadInput(format!(
-                "batch {n} of a pinned batch of {} x {} x {} (n must be 1..=capacity, features {f})",
+                "batch {n} of a pinned batch of {} x {} x {} (n must be 1..=capacity, and the model take samples [{}, {}]: {})",
                 batch.capacity(),
-                batch.scales(),
-                batch.features()
+                pinned[0],
+                pinned[1],
+                pinned[0],
+                pinned[1],
+                match &sample {
+                    Ok(s) => format!("it takes {s:?}"),
+                    Err(e) => e.to_string(),
+                }
             )));
         }
-        self.train_source(batch, n, batch.scales(), step)
+        self.train_source(batch, n, &pinned, step)
     }
 
     fn log_step(report: &StepReport) {
@@ -303,17 +323,18 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         step: u64,
     ) -> Result<StepReport> {
         self.optim.check_state()?;
-        let scales = self.shape_of(x, y, batch)?;
+        let sample = self.shape_of(x, y, batch)?;
         let per = x.len() / batch;
-        self.train_source(&HostSlices { x, y, per }, batch, scales, step)
+        self.train_source(&HostSlices { x, y, per }, batch, &sample, step)
     }
 
-    /// The step on `batch` samples of `src`, whichever memory holds them.
+    /// The step on `batch` samples of `src` (each of shape `sample`), whichever memory holds
+    /// them.
     fn train_source(
         &mut self,
         src: &dyn Source<B, T>,
         batch: usize,
-        scales: usize,
+        sample: &[usize],
         step: u64,
     ) -> Result<StepReport> {
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
@@ -326,7 +347,10 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
         self.parts
             .dist
             .prepare(&*self.backend, data.len(), batch, step)?;
-        let shape = [data.len(), scales, self.parts.model.config.features];
+        // [rows, ..sample shape]: what the model's loss takes.
+        let shape: Vec<usize> = std::iter::once(data.len())
+            .chain(sample.iter().copied())
+            .collect();
         let mut report = match self.config.schedule {
             TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
                 self.batched_captured(&data, &shape, lr)

@@ -16,6 +16,7 @@ use super::captured::{Runs, persistent_zeros, warn_fallback};
 use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step};
 use crate::error::{GradError, NonFiniteKind, Result};
+use crate::model::Model;
 use crate::optim::zero_grad;
 use crate::var::Var;
 use std::rc::Rc;
@@ -41,7 +42,7 @@ pub(super) struct SampleSlots<B: Capture<T>, T: Element> {
     /// Every sample's loss, `[capacity]` (kept between batches: freeing it would poison it
     /// after the step's update, an error nobody could report).
     losses: BTensor<B, T>,
-    /// `[1, S, F]`.
+    /// `[1, ..sample shape]`.
     shape: Vec<usize>,
     graph: Option<B::Graph>,
     errors: ErrorSlot,
@@ -106,7 +107,7 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         Ok(())
     }
 
-    /// Sample `i`'s features `[1, S, F]` and label `[1]`: views of the table's row `i`.
+    /// Sample `i`'s features `[1, ..sample shape]` and label `[1]`: views of the table's row `i`.
     fn sample(&self, i: usize) -> Result<(Var<B, T>, Var<B, T>)> {
         let per: usize = self.shape.iter().product();
         let row = self.table.narrow(0, i, 1)?;
@@ -118,10 +119,10 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
 
     /// The body of the captured graph: the sample at the index, its forward+backward, its
     /// loss into `losses[index]`, the index advanced. Every call is legal inside a capture.
-    fn indexed_body(
+    fn indexed_body<M: Model<B, T>>(
         &self,
         b: &Rc<B>,
-        parts: &StepParts<B, T>,
+        parts: &StepParts<B, T, M>,
         runs: &Runs,
     ) -> impl FnMut() -> zcompute::Result<()> + 'static
     where
@@ -152,7 +153,7 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
     }
 }
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     fn slots(&self) -> Result<&SampleSlots<B, T>> {
         self.graphs
             .samples
@@ -189,7 +190,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     /// Runs sample `i`: eagerly, by capturing (the capture's warm-up runs it), or by
     /// replaying. Returns `false` when a failed capture left nothing done and the batch must
     /// restart.
-    fn run_sample(&mut self, parts: &StepParts<B, T>, i: usize) -> Result<bool> {
+    fn run_sample(&mut self, parts: &StepParts<B, T, M>, i: usize) -> Result<bool> {
         let b = Rc::clone(&self.backend);
         let want = self.wants_graph();
         let Some(s) = self.graphs.samples.as_mut() else {
@@ -232,7 +233,7 @@ impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
     ) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
         let batch = shape[0];
-        self.sample_slots(&[1, shape[1], shape[2]], batch)?;
+        self.sample_slots(&checks::one_sample(shape), batch)?;
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
         let indexed = self.wants_graph();

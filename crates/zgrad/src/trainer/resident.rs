@@ -6,6 +6,7 @@
 use super::checks;
 use super::{StepReport, Trainer, in_step_split};
 use crate::error::{Applied, GradError, Result};
+use crate::model::Model;
 use std::rc::Rc;
 use zcompute::{Capture, Element};
 
@@ -19,7 +20,7 @@ pub enum ReplayMark {
     After,
 }
 
-impl<B: Capture<T> + 'static, T: Element> Trainer<B, T> {
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The captured batched step, once `train_batch` captured it (its node count on the CUDA
     /// backend: `CudaGraph::nodes`).
     #[must_use]
