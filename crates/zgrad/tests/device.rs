@@ -48,6 +48,8 @@ fn mock() -> CudaBackend<SimDriver> {
     backend_on(dev)
 }
 
+mod own_model;
+
 #[path = "support/fixtures.rs"]
 mod fixtures;
 use fixtures::fixture;

@@ -170,6 +170,79 @@ fn a_large_model_plans_without_its_host_memory() {
     assert!(plan.device_bytes() > plan.arena_bytes());
 }
 
+#[path = "own_model/mlp.rs"]
+mod mlp;
+
+/// A model of the user's own planned through its constructor (`plan::ModelFn`): the plan's
+/// per-class peaks, arena and capture bytes equal those of the run that computes, both
+/// schedules, eager and captured.
+#[rstest]
+fn own_model_plan_equals_the_computing_simulators_run(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+) {
+    let (scales, features, hidden, batch) = (4, 8, 64, 5);
+    let model = zgrad::plan::ModelFn {
+        values_per_sample: scales * features,
+        build: move |b: &zgrad::plan::PlanBackend| mlp::Mlp::<_, f32>::new(b, scales, features, hidden, 1),
+    };
+    let req = PlanRequest::new(
+        model,
+        batch,
+        TrainerConfig {
+            capture,
+            ..TrainerConfig::default()
+        },
+        small_arena(),
+    );
+    let plan = zgrad::plan(&req).expect("plan");
+    let planned = plan.schedule(schedule).expect("both schedules are planned");
+    assert_eq!(planned.captured, capture);
+
+    let arena = Arena::new(computing_sim(), req.arena.clone()).expect("arena");
+    let backend = CudaBackend::new(arena.clone()).expect("backend");
+    backend.set_poison(true);
+    let model = mlp::Mlp::<_, f32>::new(&backend, scales, features, hidden, 7).expect("model");
+    let config = TrainerConfig {
+        schedule,
+        ..req.trainer
+    };
+    let mut trainer = Trainer::new(backend, model, config).expect("trainer");
+    let (x, y) = mlp::data(0, batch, scales * features);
+    let mut captured = capture;
+    for _ in 0..req.steps {
+        captured &= trainer.train_batch(&x, &y, batch).expect("step").captured;
+    }
+    let d = arena.diagnostics();
+    let real = SchedulePlan {
+        schedule,
+        captured,
+        peak: d.peak_bytes_by_class,
+        arena_bytes: d.capacity,
+        capture_reserved_bytes: d.capture.reserved,
+    };
+    assert_eq!(planned, &real, "plan vs real run");
+    // The model's parameters, gradients and AdamW moments, at least.
+    let params = (hidden * scales * features + 2 * hidden + 1) as u64 * 4;
+    assert!(
+        planned.peak.get(AllocClass::Persistent) >= 4 * params,
+        "{planned:?}"
+    );
+}
+
+#[test]
+fn own_model_plan_refuses_a_sample_of_no_values() {
+    let model = zgrad::plan::ModelFn {
+        values_per_sample: 0,
+        build: |b: &zgrad::plan::PlanBackend| mlp::Mlp::<_, f32>::new(b, 1, 1, 2, 1),
+    };
+    let req = PlanRequest::new(model, 2, TrainerConfig::default(), small_arena());
+    assert!(matches!(
+        zgrad::plan(&req),
+        Err(zgrad::GradError::Config(_))
+    ));
+}
+
 #[cfg(feature = "gpu")]
 mod gpu {
     use super::*;
