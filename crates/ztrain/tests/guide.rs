@@ -189,3 +189,210 @@ fn zgrad_trainer_lowers_the_loss_of_a_small_xasset_on_the_simulated_device() {
     let (first, last) = xasset_trainer(mock_backend()).expect("example runs on the device");
     assert!(last < first, "loss {first} -> {last}");
 }
+
+// Guide: "A model of your own": a two-layer perceptron through the trainer.
+mod own_model {
+    use super::AnyError;
+    use std::rc::Rc;
+    use std::time::Duration;
+    use zcomm::{Collective, RankInfo, SimCollective, rendezvous::Server};
+    use zcompute::{Activation, Backend, Capture, Engine};
+    use zgrad::model::ParameterBuilder;
+    use zgrad::nn::Linear;
+    use zgrad::{GradError, Model, Tape, TrainSchedule, Trainer, TrainerConfig, Var};
+
+    #[derive(Clone)]
+    struct Mlp<B: Backend<f32>> {
+        scales: usize,
+        features: usize,
+        l1: Linear<B, f32>,
+        l2: Linear<B, f32>,
+    }
+
+    impl<B: Backend<f32>> Mlp<B> {
+        fn new(
+            b: &B,
+            scales: usize,
+            features: usize,
+            hidden: usize,
+            seed: u64,
+        ) -> zgrad::Result<Self> {
+            let mut p = ParameterBuilder::new(seed);
+            p.linear("l1", scales * features, hidden)
+                .linear("l2", hidden, 1);
+            let params = p.build(b)?;
+            let var = |i: usize| params[i].1.clone();
+            let (l1, l2) = (
+                Linear {
+                    weight: var(0),
+                    bias: var(1),
+                },
+                Linear {
+                    weight: var(2),
+                    bias: var(3),
+                },
+            );
+            Ok(Mlp {
+                scales,
+                features,
+                l1,
+                l2,
+            })
+        }
+    }
+
+    impl<B: Backend<f32> + Clone + 'static> Model<B, f32> for Mlp<B> {
+        fn named_parameters(&self) -> Vec<(String, Var<B, f32>)> {
+            let vars = [
+                &self.l1.weight,
+                &self.l1.bias,
+                &self.l2.weight,
+                &self.l2.bias,
+            ];
+            let names = ["l1.weight", "l1.bias", "l2.weight", "l2.bias"];
+            names
+                .iter()
+                .zip(vars)
+                .map(|(n, v)| (n.to_string(), v.clone()))
+                .collect()
+        }
+
+        fn loss(
+            &self,
+            tape: &Tape<'_, B, f32>,
+            x: &Var<B, f32>,
+            y: &Var<B, f32>,
+        ) -> zgrad::Result<(Var<B, f32>, Var<B, f32>)> {
+            let batch = x.shape().first().copied().unwrap_or(0);
+            let flat = tape.reshape(x, &[batch, self.scales * self.features])?;
+            let hidden = self.l1.forward_act(tape, &flat, Activation::Tanh)?;
+            let logits = tape.reshape(&self.l2.forward(tape, &hidden)?, &[batch])?;
+            Ok((tape.bce_with_logits(&logits, y)?, logits))
+        }
+
+        fn sample_shape(&self, values: usize) -> zgrad::Result<Vec<usize>> {
+            let (s, f) = (self.scales, self.features);
+            if values != s * f {
+                return Err(GradError::BadInput(format!(
+                    "a sample of {values} values: the MLP takes [{s}, {f}]"
+                )));
+            }
+            Ok(vec![s, f])
+        }
+    }
+
+    /// Losses of 6 steps (global batch 33: unequal shards on two ranks) and the parameters
+    /// after them, on one rank or as one rank of a job over `comm`.
+    fn train<B: Capture<f32> + Clone + 'static>(
+        b: B,
+        schedule: TrainSchedule,
+        capture: bool,
+        comm: Option<Rc<dyn Collective<B, f32>>>,
+    ) -> Result<(Vec<f64>, Vec<f32>), AnyError> {
+        let model = Mlp::new(&b, 3, 4, 16, 7)?;
+        let config = TrainerConfig {
+            schedule,
+            capture,
+            lr: 1e-2,
+            clip_grad: Some(1.0),
+            ..TrainerConfig::default()
+        };
+        let mut trainer = Trainer::new(b.clone(), model, config)?;
+        let data = ztrain::data::synthetic::generate(33, 3, 4, 1);
+        // Samples of 16 values: the MLP takes [3, 4]; nothing is applied.
+        let wrong = trainer.train_batch(&data.x[..32], &data.y[..2], 2);
+        assert!(matches!(
+            wrong.map_err(|e| e.applied()),
+            Err(Some(zgrad::Applied::No))
+        ));
+        if let Some(comm) = comm {
+            trainer = trainer.with_collective(comm)?;
+        }
+        let mut losses = Vec::new();
+        for _ in 0..6 {
+            let r = trainer.train_batch(&data.x, &data.y, 33)?;
+            assert_eq!(r.captured, capture, "the step ran captured when asked");
+            losses.push(r.loss);
+        }
+        Ok((losses, b.download(&trainer.flat_parameters()?)?))
+    }
+
+    fn two_ranks(
+        schedule: TrainSchedule,
+        capture: bool,
+    ) -> Result<[(Vec<f64>, Vec<f32>); 2], AnyError> {
+        let timeout = Duration::from_secs(30);
+        let server = Server::bind("127.0.0.1:0")?;
+        let addr = server.local_addr()?.to_string();
+        let rank1 = std::thread::spawn(move || -> Result<_, String> {
+            let run = || -> Result<_, AnyError> {
+                let b = Engine::sim(256 << 20)?;
+                let info = RankInfo {
+                    rank: 1,
+                    world: 2,
+                    local_rank: 1,
+                };
+                let comm = SimCollective::join(&b, &addr, info, timeout)?;
+                train(b, schedule, capture, Some(Rc::new(comm)))
+            };
+            run().map_err(|e| e.to_string())
+        });
+        let b = Engine::sim(256 << 20)?;
+        let comm = SimCollective::serve(&b, server, 2, timeout)?;
+        let rank0 = train(b, schedule, capture, Some(Rc::new(comm)))?;
+        let rank1 = rank1.join().map_err(|_| "rank 1 panicked")??;
+        Ok([rank0, rank1])
+    }
+
+    fn bits(v: &(Vec<f64>, Vec<f32>)) -> (Vec<u64>, Vec<u32>) {
+        (
+            v.0.iter().map(|l| l.to_bits()).collect(),
+            v.1.iter().map(|p| p.to_bits()).collect(),
+        )
+    }
+
+    const SCHEDULES: [TrainSchedule; 2] = [TrainSchedule::Batched, TrainSchedule::PerSample];
+
+    #[test]
+    fn guide_own_model_captured_equals_eager_on_the_cpu() {
+        for schedule in SCHEDULES {
+            let eager = train(Engine::cpu(), schedule, false, None).expect("eager");
+            let captured = train(Engine::cpu(), schedule, true, None).expect("captured");
+            assert_eq!(bits(&captured), bits(&eager), "{schedule:?}");
+            assert!(eager.0[5] < eager.0[0], "{schedule:?}: loss {:?}", eager.0);
+        }
+    }
+
+    #[test]
+    fn guide_own_model_captured_equals_eager_on_the_simulated_device() {
+        for schedule in SCHEDULES {
+            let eager = train(super::mock_backend(), schedule, false, None).expect("eager");
+            let captured = train(super::mock_backend(), schedule, true, None).expect("captured");
+            assert_eq!(bits(&captured), bits(&eager), "{schedule:?}");
+            assert!(eager.0[5] < eager.0[0], "{schedule:?}: loss {:?}", eager.0);
+        }
+    }
+
+    fn rel(a: &[f32], b: &[f32]) -> f64 {
+        let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+        let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+        (d / n.max(1e-30)).sqrt()
+    }
+
+    #[test]
+    fn guide_own_model_two_simulated_ranks_equal_one() {
+        for schedule in SCHEDULES {
+            for capture in [false, true] {
+                let at = format!("{schedule:?} capture={capture}");
+                let one = train(super::mock_backend(), schedule, capture, None).expect("one");
+                let [r0, r1] = two_ranks(schedule, capture).expect("two ranks");
+                assert_eq!(bits(&r0), bits(&r1), "{at}: both ranks the same bits");
+                for (l, w) in r0.0.iter().zip(&one.0) {
+                    assert!((l - w).abs() <= 1e-5 * w.abs().max(1.0), "{at}: {l} vs {w}");
+                }
+                let e = rel(&r0.1, &one.1);
+                assert!(e <= 1e-5, "{at}: parameters differ by {e:e}");
+            }
+        }
+    }
+}
