@@ -74,6 +74,7 @@ fn tiny() -> XAssetConfig {
         heads: 2,
         ff: 32,
     }
+    layers: 1,
 }
 
 fn small_arena() -> ArenaConfig {
