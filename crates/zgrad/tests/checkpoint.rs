@@ -17,8 +17,8 @@ fn small() -> XAssetConfig {
         width: 8,
         heads: 2,
         ff: 6,
+        layers: 1,
     }
-    layers: 1,
 }
 
 fn data(step: u64) -> (Vec<f32>, Vec<f32>) {

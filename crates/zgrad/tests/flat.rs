@@ -20,8 +20,8 @@ fn small() -> XAssetConfig {
         width: 8,
         heads: 2,
         ff: 12,
+        layers: 1,
     }
-    layers: 1,
 }
 
 fn mock() -> CudaBackend<SimDriver> {

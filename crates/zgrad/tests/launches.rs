@@ -40,8 +40,8 @@ fn small() -> XAssetConfig {
         width: 8,
         heads: 2,
         ff: 12,
+        layers: 1,
     }
-    layers: 1,
 }
 
 /// Calls that queue work on a stream (one graph node each when captured).

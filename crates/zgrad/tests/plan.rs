@@ -73,8 +73,8 @@ fn tiny() -> XAssetConfig {
         width: 16,
         heads: 2,
         ff: 32,
+        layers: 1,
     }
-    layers: 1,
 }
 
 fn small_arena() -> ArenaConfig {
