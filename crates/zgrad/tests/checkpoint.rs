@@ -175,7 +175,10 @@ fn three_blocks_have_the_documented_names_and_count() {
     assert_eq!(c.parameter_count(), 2_419_969);
     let names = c.parameter_names();
     assert_eq!(names.len(), 52);
-    assert_eq!(&names[..3], ["emb.weight", "emb.bias", "blocks.0.ln1.weight"]);
+    assert_eq!(
+        &names[..3],
+        ["emb.weight", "emb.bias", "blocks.0.ln1.weight"]
+    );
     assert_eq!(names[17], "blocks.0.f2.bias");
     assert_eq!(names[49], "blocks.2.f2.bias");
     assert_eq!(&names[50..], ["head.weight", "head.bias"]);
@@ -243,7 +246,12 @@ fn every_mismatched_tensor_is_named() {
     assert_eq!(extra, &["blocks.1.extra.weight", "ln1.weight"]);
     assert_eq!(misshapen.len(), 1, "{misshapen:?}");
     assert!(misshapen[0].starts_with("blocks.0.f1.bias [2, 3]"), "{err}");
-    for name in ["blocks.1.o.bias", "blocks.2.kn.weight", "ln1.weight", "blocks.0.f1.bias"] {
+    for name in [
+        "blocks.1.o.bias",
+        "blocks.2.kn.weight",
+        "ln1.weight",
+        "blocks.0.f1.bias",
+    ] {
         assert!(err.to_string().contains(name), "{err}");
     }
 }
@@ -313,7 +321,13 @@ fn a_deep_checkpoint_resumes_and_is_a_parameter_file() {
     assert_eq!((a.loss, a.grad_norm), (b.loss, b.grad_norm));
     let params = XAsset::<CpuBackend, f32>::load(&B, &path).unwrap();
     assert_eq!(params.config.layers, 3);
-    let mut shallow = make(1, XAssetConfig { layers: 2, ..small() });
+    let mut shallow = make(
+        1,
+        XAssetConfig {
+            layers: 2,
+            ..small()
+        },
+    );
     let err = shallow.load_checkpoint(&path).unwrap_err();
     assert!(matches!(err, GradError::ParameterMismatch { .. }), "{err}");
 }

@@ -182,18 +182,29 @@ fn deep_fixtures_load_with_their_depth(
     #[case] tensors: usize,
 ) {
     let f = load::<f64>(config);
-    let model = XAsset::<CpuBackend, f64>::from_tensors(&CpuBackend, &f.input, &f.input_path).unwrap();
+    let model =
+        XAsset::<CpuBackend, f64>::from_tensors(&CpuBackend, &f.input, &f.input_path).unwrap();
     assert_eq!(model.config.layers, layers);
     assert_eq!(model.blocks.len(), layers);
     let named = model.named_parameters();
     assert_eq!(named.len(), tensors);
     assert_eq!(named[2].0, "blocks.0.ln1.weight");
-    assert_eq!(named[tensors - 3].0, format!("blocks.{}.f2.bias", layers - 1));
+    assert_eq!(
+        named[tensors - 3].0,
+        format!("blocks.{}.f2.bias", layers - 1)
+    );
     for (name, p) in &named {
         assert_eq!(p.shape(), f.input.tensors[name].shape.as_slice(), "{name}");
-        assert!(f.oracle.tensors.contains_key(&format!("adamw.{name}")), "{name}");
+        assert!(
+            f.oracle.tensors.contains_key(&format!("adamw.{name}")),
+            "{name}"
+        );
     }
-    assert_eq!(f.input.tensors.len(), tensors + 2, "the parameters, x and y");
+    assert_eq!(
+        f.input.tensors.len(),
+        tensors + 2,
+        "the parameters, x and y"
+    );
 }
 
 /// One trainer step on `b` from the fixture's parameters, in each schedule, eager and
@@ -218,20 +229,31 @@ fn trainer_step_matches_the_oracle<B: Capture<f32> + Clone + 'static>(b: &B, con
             let r = t.train_batch(xs, ys, batch).unwrap();
             assert_eq!(r.captured, capture, "{what}");
             let want = f.oracle.tensors["loss"].data[0];
-            assert!(((r.loss - want) / want).abs() < 1e-5, "{what}: loss {} vs {want}", r.loss);
+            assert!(
+                ((r.loss - want) / want).abs() < 1e-5,
+                "{what}: loss {} vs {want}",
+                r.loss
+            );
             let lr = TrainerConfig::default().lr;
             for (name, p) in t.model().named_parameters() {
                 let g = to_f64(&b.download(p.grad().unwrap()).unwrap());
                 let after = to_f64(&p.to_vec(b).unwrap());
                 let want_after = &f.oracle.tensors[&format!("adamw.{name}")].data;
                 if name.ends_with("kn.bias") {
-                    assert!(norm(&g) < 1e-6, "{what}: {name} gradient norm {:e}", norm(&g));
+                    assert!(
+                        norm(&g) < 1e-6,
+                        "{what}: {name} gradient norm {:e}",
+                        norm(&g)
+                    );
                     let apart = after
                         .iter()
                         .zip(want_after)
                         .map(|(a, w)| (a - w).abs())
                         .fold(0.0, f64::max);
-                    assert!(apart <= 2.0 * lr, "{what}: {name} after the step {apart:e} apart");
+                    assert!(
+                        apart <= 2.0 * lr,
+                        "{what}: {name} after the step {apart:e} apart"
+                    );
                     continue;
                 }
                 let e = rel(&g, &f.oracle.tensors[&format!("grad.{name}")].data);
