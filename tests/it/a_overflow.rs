@@ -135,6 +135,7 @@ mod gpu {
             width: 256,
             heads: 4,
             ff: 1024,
+            layers: 1,
         },
         batch: 16,
         batches: 3,

@@ -1,22 +1,330 @@
-//! Training checkpoints in one safetensors file: the parameters under XASSET.md's names (so a
-//! checkpoint is also a parameter file `XAsset::load` and the PyTorch oracle read), AdamW's
-//! moments as `optim.m.<name>` / `optim.v.<name>`, and the step count in the metadata
-//! (`zgrad.step`) next to whatever metadata the caller adds.
+//! Training checkpoints, one safetensors format for every model and for `ztrain`: the
+//! parameters under the model's names (so a checkpoint is also a parameter file that
+//! `XAsset::load` and PyTorch's `load_state_dict` read, and a PyTorch `state_dict` saved with
+//! safetensors loads as parameters), AdamW's moments as `optim.m.<name>` / `optim.v.<name>`,
+//! the step count in the metadata (`zgrad.step`) next to whatever metadata the caller adds, and
+//! any tensors a layer above keeps beside them (`ztrain.*` counters, stored as they are).
+//!
+//! The reading and writing below are free functions over named host tensors
+//! ([`CheckpointFile`]); the trainer's `save_checkpoint` / `load_checkpoint` are thin calls.
 
 use crate::error::{GradError, Result};
-use crate::io::{HostTensor, TensorFile, read_tensors, take, write_tensors};
+use crate::io::{HostTensor, TensorFile, decode_bytes, encode, st_error};
 use crate::model::Model;
 use crate::optim::{AdamWState, Moments};
 use crate::trainer::Trainer;
-use std::collections::HashMap;
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use zcompute::{Capture, Element};
 
-/// A checkpoint's parameter values (in parameter order) and moments, checked against the model.
-type Checked<T> = (Vec<Vec<T>>, Vec<Moments<T>>);
-
 /// Metadata key holding the optimiser's step count.
 pub const STEP_KEY: &str = "zgrad.step";
+
+/// Prefix of the optimiser state's tensors (`optim.m.<name>`, `optim.v.<name>`).
+pub const OPTIM_PREFIX: &str = "optim.";
+
+/// One tensor as a checkpoint stores it: dtype, shape and little-endian bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawTensor {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
+}
+
+impl RawTensor {
+    /// A host tensor in its element type's dtype.
+    #[must_use]
+    pub fn of<T: Element>(t: &HostTensor<T>) -> Self {
+        let (dtype, bytes) = encode(&t.data);
+        RawTensor {
+            dtype,
+            shape: t.shape.clone(),
+            bytes,
+        }
+    }
+
+    /// A `U64` tensor of `values` (shape `[len]`).
+    #[must_use]
+    pub fn u64s(values: &[u64]) -> Self {
+        RawTensor {
+            dtype: Dtype::U64,
+            shape: vec![values.len()],
+            bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+
+    /// The values of a `U64` tensor (`None` for another dtype).
+    #[must_use]
+    pub fn to_u64s(&self) -> Option<Vec<u64>> {
+        (self.dtype == Dtype::U64).then(|| {
+            self.bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect()
+        })
+    }
+
+    fn is_float(&self) -> bool {
+        matches!(self.dtype, Dtype::F32 | Dtype::F64)
+    }
+}
+
+/// A checkpoint in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointFile<T> {
+    /// Parameters by name.
+    pub parameters: BTreeMap<String, HostTensor<T>>,
+    /// Optimiser state by `<slot>.<parameter name>` (`m.emb.weight`), stored under
+    /// `optim.<slot>.<name>`.
+    pub optimizer: BTreeMap<String, HostTensor<T>>,
+    /// Tensors of other dtypes (a layer above's counters), as stored.
+    pub other: BTreeMap<String, RawTensor>,
+    pub metadata: HashMap<String, String>,
+}
+
+impl<T: Element> CheckpointFile<T> {
+    /// The checkpoint of a model's named parameters and its optimiser's state (the step in
+    /// the metadata under [`STEP_KEY`]).
+    #[must_use]
+    pub fn of_state(parameters: Vec<(String, HostTensor<T>)>, state: AdamWState<T>) -> Self {
+        let mut optimizer = BTreeMap::new();
+        for m in state.moments {
+            let (shape, name) = (m.shape, m.name);
+            optimizer.insert(
+                format!("m.{name}"),
+                HostTensor {
+                    shape: shape.clone(),
+                    data: m.m,
+                },
+            );
+            optimizer.insert(format!("v.{name}"), HostTensor { shape, data: m.v });
+        }
+        CheckpointFile {
+            parameters: parameters.into_iter().collect(),
+            optimizer,
+            other: BTreeMap::new(),
+            metadata: HashMap::from([(STEP_KEY.to_string(), state.step.to_string())]),
+        }
+    }
+
+    /// Every tensor under its name in the file, sorted by name (safetensors' order).
+    #[must_use]
+    pub fn entries(&self) -> BTreeMap<String, RawTensor> {
+        let mut out: BTreeMap<String, RawTensor> = self
+            .parameters
+            .iter()
+            .map(|(n, t)| (n.clone(), RawTensor::of(t)))
+            .collect();
+        for (n, t) in &self.optimizer {
+            out.insert(format!("{OPTIM_PREFIX}{n}"), RawTensor::of(t));
+        }
+        for (n, t) in &self.other {
+            out.insert(n.clone(), t.clone());
+        }
+        out
+    }
+
+    /// Sorts stored tensors into parameters (floats outside `optim.`), optimiser state
+    /// (floats under `optim.`) and the others (any other dtype), decoding floats into `T`.
+    pub fn from_entries(
+        entries: BTreeMap<String, RawTensor>,
+        metadata: HashMap<String, String>,
+        path: &Path,
+    ) -> Result<Self> {
+        let mut file = CheckpointFile {
+            parameters: BTreeMap::new(),
+            optimizer: BTreeMap::new(),
+            other: BTreeMap::new(),
+            metadata,
+        };
+        for (name, raw) in entries {
+            if !raw.is_float() {
+                file.other.insert(name, raw);
+                continue;
+            }
+            let t = HostTensor {
+                data: decode_bytes(path, &name, raw.dtype, &raw.bytes)?,
+                shape: raw.shape,
+            };
+            match name.strip_prefix(OPTIM_PREFIX) {
+                Some(rest) => file.optimizer.insert(rest.to_string(), t),
+                None => file.parameters.insert(name, t),
+            };
+        }
+        Ok(file)
+    }
+
+    /// The file's bytes (`path` only names it in errors).
+    pub fn to_bytes(&self, path: &Path) -> Result<Vec<u8>> {
+        serialize(&self.entries(), &self.metadata, path)
+    }
+
+    /// Parses a checkpoint's bytes (`path` only names it in errors).
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        let (entries, metadata) = deserialize(bytes, path)?;
+        Self::from_entries(entries, metadata, path)
+    }
+
+    /// Reads the checkpoint at `path`.
+    pub fn read(path: &Path) -> Result<Self> {
+        Self::from_bytes(&read_file(path)?, path)
+    }
+
+    /// Writes the checkpoint to `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let bytes = self.to_bytes(path)?;
+        std::fs::write(path, bytes).map_err(|source| GradError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// The step count of the metadata.
+    pub fn step(&self, path: &Path) -> Result<u64> {
+        self.metadata
+            .get(STEP_KEY)
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| GradError::BadTensorFile {
+                file: path.display().to_string(),
+                name: STEP_KEY.to_string(),
+                problem: "metadata entry missing or not a number".to_string(),
+            })
+    }
+
+    /// The parameter values in the order of `expected` (name and shape of each of the
+    /// model's parameters) and the optimiser state at `step`, every tensor checked against
+    /// its shape before anything is returned: the missing, misshapen and extra ones (a
+    /// parameter or moment of no parameter of the model: a checkpoint of a deeper model),
+    /// moments included, all named in one `ParameterMismatch`.
+    pub fn training_state(
+        &self,
+        expected: &[(String, Vec<usize>)],
+        step: u64,
+        path: &Path,
+    ) -> Result<(Vec<Vec<T>>, AdamWState<T>)> {
+        let (mut missing, mut misshapen) = (Vec::new(), Vec::new());
+        let mut check = |stored: &str, t: Option<&HostTensor<T>>, shape: &[usize]| match t {
+            None => missing.push(stored.to_string()),
+            Some(t) if t.shape != shape => {
+                misshapen.push(format!("{stored} {:?} (the model's {shape:?})", t.shape));
+            }
+            Some(_) => {}
+        };
+        for (name, shape) in expected {
+            check(name, self.parameters.get(name), shape);
+            for slot in ["m", "v"] {
+                let key = format!("{slot}.{name}");
+                check(
+                    &format!("{OPTIM_PREFIX}{key}"),
+                    self.optimizer.get(&key),
+                    shape,
+                );
+            }
+        }
+        let known: std::collections::BTreeSet<&str> =
+            expected.iter().map(|(n, _)| n.as_str()).collect();
+        let mut extra: Vec<String> = self
+            .parameters
+            .keys()
+            .filter(|n| !known.contains(n.as_str()))
+            .cloned()
+            .collect();
+        extra.extend(
+            self.optimizer
+                .keys()
+                .filter(|k| !moment_of(k).is_some_and(|n| known.contains(n)))
+                .map(|k| format!("{OPTIM_PREFIX}{k}")),
+        );
+        if !(missing.is_empty() && misshapen.is_empty() && extra.is_empty()) {
+            return Err(GradError::ParameterMismatch {
+                file: path.display().to_string(),
+                missing,
+                extra,
+                misshapen,
+            });
+        }
+        let values = expected
+            .iter()
+            .map(|(n, _)| self.parameters[n].data.clone())
+            .collect();
+        let moments = expected
+            .iter()
+            .map(|(name, shape)| Moments {
+                name: name.clone(),
+                shape: shape.clone(),
+                m: self.optimizer[&format!("m.{name}")].data.clone(),
+                v: self.optimizer[&format!("v.{name}")].data.clone(),
+            })
+            .collect();
+        Ok((values, AdamWState { step, moments }))
+    }
+}
+
+/// The parameter name of an optimiser-state key (`m.<name>`, `v.<name>`).
+fn moment_of(key: &str) -> Option<&str> {
+    key.strip_prefix("m.").or_else(|| key.strip_prefix("v."))
+}
+
+/// Serialises `entries` and `metadata` to safetensors bytes.
+pub fn serialize(
+    entries: &BTreeMap<String, RawTensor>,
+    metadata: &HashMap<String, String>,
+    path: &Path,
+) -> Result<Vec<u8>> {
+    let mut views = Vec::with_capacity(entries.len());
+    for (name, t) in entries {
+        let view =
+            TensorView::new(t.dtype, t.shape.clone(), &t.bytes).map_err(|e| st_error(path, e))?;
+        views.push((name.clone(), view));
+    }
+    safetensors::serialize(views, Some(metadata.clone())).map_err(|e| st_error(path, e))
+}
+
+/// Parses safetensors bytes into their tensors (as stored) and metadata.
+pub fn deserialize(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(BTreeMap<String, RawTensor>, HashMap<String, String>)> {
+    let (_, header) = SafeTensors::read_metadata(bytes).map_err(|e| st_error(path, e))?;
+    let st = SafeTensors::deserialize(bytes).map_err(|e| st_error(path, e))?;
+    let entries = st
+        .tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let raw = RawTensor {
+                dtype: v.dtype(),
+                shape: v.shape().to_vec(),
+                bytes: v.data().to_vec(),
+            };
+            (name, raw)
+        })
+        .collect();
+    Ok((entries, header.metadata().clone().unwrap_or_default()))
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| GradError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// A parameter file's float tensors as a [`TensorFile`]: a PyTorch `state_dict` saved with
+/// safetensors, an oracle input (`x`, `y` beside the parameters) or a checkpoint, whose
+/// optimiser state (`optim.*`) and other-dtype tensors (`ztrain.*`) it leaves out.
+pub fn parameter_file_from_bytes<T: Element>(bytes: &[u8], path: &Path) -> Result<TensorFile<T>> {
+    let file = CheckpointFile::<T>::from_bytes(bytes, path)?;
+    Ok(TensorFile {
+        tensors: file.parameters,
+        metadata: file.metadata,
+    })
+}
+
+/// [`parameter_file_from_bytes`] of the file at `path`.
+pub fn read_parameter_file<T: Element>(path: &Path) -> Result<TensorFile<T>> {
+    parameter_file_from_bytes(&read_file(path)?, path)
+}
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Writes parameters, optimiser state and `metadata` (plus `zgrad.step`) to `path`.
@@ -25,28 +333,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub fn save_checkpoint(&self, path: &Path, metadata: HashMap<String, String>) -> Result<()> {
         self.optimizer().check_state()?;
         let b = self.backend();
-        let mut tensors = self.model().to_host(b)?;
+        let tensors = self.model().to_host(b)?;
         let names: Vec<String> = tensors.iter().map(|(n, _)| n.clone()).collect();
-        let state = self.optimizer().export(b, &names)?;
-        for m in state.moments {
-            tensors.push((
-                format!("optim.m.{}", m.name),
-                HostTensor {
-                    shape: m.shape.clone(),
-                    data: m.m,
-                },
-            ));
-            tensors.push((
-                format!("optim.v.{}", m.name),
-                HostTensor {
-                    shape: m.shape,
-                    data: m.v,
-                },
-            ));
+        let mut file = CheckpointFile::of_state(tensors, self.optimizer().export(b, &names)?);
+        for (k, v) in metadata {
+            file.metadata.entry(k).or_insert(v);
         }
-        let mut metadata = metadata;
-        metadata.insert(STEP_KEY.to_string(), state.step.to_string());
-        write_tensors(path, &tensors, Some(metadata))
+        file.write(path)
     }
 
     /// Restores parameters and optimiser state saved by `save_checkpoint` into this trainer
@@ -55,22 +348,17 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// nothing; a load that succeeds clears an unknown state left by a failed step
     /// (`Applied::Maybe`), and one that fails while writing leaves the state unknown.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<HashMap<String, String>> {
-        let file = read_tensors::<T>(path)?;
-        let step = file
-            .metadata
-            .get(STEP_KEY)
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| GradError::BadTensorFile {
-                file: path.display().to_string(),
-                name: STEP_KEY.to_string(),
-                problem: "metadata entry missing or not a number".to_string(),
-            })?;
+        let file = CheckpointFile::<T>::read(path)?;
+        let step = file.step(path)?;
+        let params = self.model().named_parameters();
+        let expected: Vec<(String, Vec<usize>)> = params
+            .iter()
+            .map(|(n, p)| (n.clone(), p.shape().to_vec()))
+            .collect();
         // Every tensor is checked before anything is written: a bad file changes nothing.
-        let (values, moments) = self.checked_tensors(&file, path)?;
+        let (values, state) = file.training_state(&expected, step, path)?;
         let b = std::rc::Rc::clone(self.backend_rc());
-        let written = self
-            .model()
-            .named_parameters()
+        let written = params
             .iter()
             .zip(&values)
             .try_for_each(|((_, p), value)| p.upload(&*b, value));
@@ -80,28 +368,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             self.optimizer_mut().mark_unknown();
             return Err(e);
         }
-        self.optimizer_mut()
-            .import(&b, &AdamWState { step, moments })?;
+        self.optimizer_mut().import(&b, &state)?;
         Ok(file.metadata)
-    }
-
-    /// The file's parameter values (in parameter order) and moments, each checked against
-    /// the model's shapes.
-    fn checked_tensors(&self, file: &TensorFile<T>, path: &Path) -> Result<Checked<T>> {
-        let mut values = Vec::new();
-        let mut moments = Vec::new();
-        for (name, p) in self.model().named_parameters() {
-            let shape = p.shape().to_vec();
-            values.push(take(file, path, &name, Some(&shape))?.data.clone());
-            let m = take(file, path, &format!("optim.m.{name}"), Some(&shape))?;
-            let v = take(file, path, &format!("optim.v.{name}"), Some(&shape))?;
-            moments.push(Moments {
-                name: name.to_string(),
-                shape,
-                m: m.data.clone(),
-                v: v.data.clone(),
-            });
-        }
-        Ok((values, moments))
     }
 }

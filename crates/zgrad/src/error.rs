@@ -105,6 +105,26 @@ pub enum GradError {
         name: String,
         problem: String,
     },
+    /// A parameter file's tensors do not match the model: every tensor the model has and the
+    /// file lacks, every tensor the file has and no parameter is named (beside `x`, `y` and
+    /// `optim.*`), and every one of another shape, all named.
+    #[error(
+        "{file}: the tensors do not match the model's parameters:{}",
+        mismatch_list(missing, extra, misshapen)
+    )]
+    ParameterMismatch {
+        file: String,
+        missing: Vec<String>,
+        extra: Vec<String>,
+        misshapen: Vec<String>,
+    },
+    /// A parameter file holds a model of other sizes than the ones asked for: each difference
+    /// named (`layers: file 3, asked 2`). Ask for the file's sizes, or use another file.
+    #[error("{file}: the file's model differs from the one asked for ({})", differences.join("; "))]
+    ModelMismatch {
+        file: String,
+        differences: Vec<String>,
+    },
     /// A model configuration that cannot be built (say, width not divisible by heads).
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -147,6 +167,20 @@ pub enum GradError {
          checkpoint (or import the optimiser state and the parameters) before stepping again"
     )]
     StateUnknown { step: u64 },
+}
+
+/// ` missing: a, b; extra: c; wrong shape: d [2] (the model's [3])`, leaving out empty lists.
+fn mismatch_list(missing: &[String], extra: &[String], misshapen: &[String]) -> String {
+    [
+        ("missing", missing),
+        ("extra", extra),
+        ("wrong shape", misshapen),
+    ]
+    .into_iter()
+    .filter(|(_, names)| !names.is_empty())
+    .map(|(what, names)| format!(" {what}: {}", names.join(", ")))
+    .collect::<Vec<_>>()
+    .join(";")
 }
 
 impl From<zcomm::CommError> for GradError {

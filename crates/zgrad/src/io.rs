@@ -22,7 +22,7 @@ pub struct TensorFile<T> {
     pub metadata: HashMap<String, String>,
 }
 
-fn st_error(path: &Path, e: impl std::fmt::Display) -> GradError {
+pub(crate) fn st_error(path: &Path, e: impl std::fmt::Display) -> GradError {
     GradError::SafeTensors {
         path: path.display().to_string(),
         message: e.to_string(),
@@ -31,8 +31,18 @@ fn st_error(path: &Path, e: impl std::fmt::Display) -> GradError {
 
 /// Decodes little-endian F32 or F64 bytes into `T`.
 fn decode<T: Element>(path: &Path, name: &str, view: &TensorView<'_>) -> Result<Vec<T>> {
-    let bytes = view.data();
-    match view.dtype() {
+    decode_bytes(path, name, view.dtype(), view.data())
+}
+
+/// Decodes little-endian F32 or F64 `bytes` of dtype `dtype` into `T` (other dtypes: a
+/// `BadTensorFile` naming the tensor).
+pub(crate) fn decode_bytes<T: Element>(
+    path: &Path,
+    name: &str,
+    dtype: Dtype,
+    bytes: &[u8],
+) -> Result<Vec<T>> {
+    match dtype {
         Dtype::F32 => Ok(bytes
             .chunks_exact(4)
             .map(|c| T::from_f64(f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))))
@@ -78,7 +88,7 @@ pub fn read_tensors<T: Element>(path: &Path) -> Result<TensorFile<T>> {
     })
 }
 
-fn encode<T: Element>(data: &[T]) -> (Dtype, Vec<u8>) {
+pub(crate) fn encode<T: Element>(data: &[T]) -> (Dtype, Vec<u8>) {
     match T::DTYPE {
         // `to_f64` of an f32 is exact and so is the cast back: the bytes are the f32's own.
         #[allow(clippy::cast_possible_truncation)]

@@ -9,7 +9,7 @@
 //! user doing anything.
 #![forbid(unsafe_code)]
 
-mod checkpoint;
+pub mod checkpoint;
 mod error;
 pub mod io;
 mod leaf_grads;
@@ -28,7 +28,7 @@ mod var;
 pub mod xasset;
 mod xasset_init;
 
-pub use checkpoint::STEP_KEY;
+pub use checkpoint::{CheckpointFile, STEP_KEY};
 pub use error::{Applied, GradError, NonFiniteKind, Result};
 pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
 pub use loss::one_hot;

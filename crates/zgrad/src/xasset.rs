@@ -1,11 +1,12 @@
-//! The XAsset model exactly as `reference/XASSET.md` specifies, at any size: embedding,
-//! LayerNorm, QK-normalised attention with a residual, a tanh feed-forward block with a
-//! residual, mean pooling over scales and a one-logit head. Parameters load from and save to
-//! safetensors under XASSET.md's names.
+//! The XAsset model exactly as `reference/XASSET.md` specifies, at any size and depth: a
+//! Linear embedding, L encoder blocks (`nn::EncoderBlock`: LayerNorm, QK-normalised attention
+//! with a residual, a tanh feed-forward block with a residual) and the mean-pool + linear + BCE
+//! head (`nn::PoolHead`). Parameters load from and save to safetensors under XASSET.md's names
+//! (`blocks.{i}.<name>` when L > 1), so a PyTorch `state_dict` with those names loads.
 
 use crate::error::{GradError, Result};
-use crate::io::{HostTensor, TensorFile, read_tensors, take, write_tensors};
-use crate::nn::{FeedForward, LayerNorm, Linear, QkNormAttention};
+use crate::io::{HostTensor, TensorFile, write_tensors};
+use crate::nn::{BLOCK_PARAMETER_NAMES, EncoderBlock, Linear, PoolHead, block_shapes};
 use crate::optim::ParameterSet;
 use crate::tape::Tape;
 use crate::var::Var;
@@ -26,6 +27,8 @@ pub struct XAssetConfig {
     pub heads: usize,
     /// FF: feed-forward width.
     pub ff: usize,
+    /// L: encoder blocks (XASSET.md "Depth"; 1 is the reference model).
+    pub layers: usize,
 }
 
 impl Default for XAssetConfig {
@@ -36,6 +39,7 @@ impl Default for XAssetConfig {
             width: 256,
             heads: 4,
             ff: 1024,
+            layers: 1,
         }
     }
 }
@@ -43,7 +47,14 @@ impl Default for XAssetConfig {
 impl XAssetConfig {
     /// Refuses zero sizes and a width not divisible by the heads.
     pub fn validate(&self) -> Result<()> {
-        let sizes = [self.features, self.scales, self.width, self.heads, self.ff];
+        let sizes = [
+            self.features,
+            self.scales,
+            self.width,
+            self.heads,
+            self.ff,
+            self.layers,
+        ];
         if sizes.contains(&0) {
             return Err(GradError::Config(format!("zero size in {self:?}")));
         }
@@ -56,32 +67,143 @@ impl XAssetConfig {
         Ok(())
     }
 
-    /// Number of trainable parameters (839,937 at the default size).
+    /// Number of trainable parameters (839,937 at the default size, 2,419,969 with three
+    /// blocks).
     #[must_use]
     pub fn parameter_count(&self) -> usize {
-        let (f, d, ff) = (self.features, self.width, self.ff);
-        let dh = d / self.heads.max(1);
-        (d * f + d)
-            + 2 * d
-            + (3 * d * d + 3 * d)
-            + 4 * dh
-            + (d * d + d)
-            + 2 * d
-            + (ff * d + ff)
-            + (d * ff + d)
-            + (d + 1)
+        self.shapes()
+            .iter()
+            .map(|s| s.iter().product::<usize>())
+            .sum()
+    }
+
+    /// The parameters' shapes in [`XAssetConfig::parameter_names`] order, PyTorch's
+    /// `[out, in]` layout.
+    #[must_use]
+    pub fn shapes(&self) -> Vec<Vec<usize>> {
+        let (f, d) = (self.features, self.width);
+        let mut shapes = vec![vec![d, f], vec![d]];
+        for _ in 0..self.layers {
+            shapes.extend(block_shapes(d, self.heads, self.ff));
+        }
+        shapes.extend([vec![1, d], vec![1]]);
+        shapes
+    }
+
+    /// The parameter names in order: XASSET.md's table when `layers` is 1, else `emb.*`,
+    /// `blocks.{i}.<name>` for every block, `head.*` (PyTorch's `state_dict` names).
+    #[must_use]
+    pub fn parameter_names(&self) -> Vec<String> {
+        let prefixes: Vec<String> = if self.layers == 1 {
+            vec![String::new()]
+        } else {
+            (0..self.layers).map(|i| format!("blocks.{i}.")).collect()
+        };
+        let mut names = vec!["emb.weight".to_string(), "emb.bias".to_string()];
+        for p in &prefixes {
+            names.extend(BLOCK_PARAMETER_NAMES.iter().map(|n| format!("{p}{n}")));
+        }
+        names.extend(["head.weight".to_string(), "head.bias".to_string()]);
+        names
+    }
+
+    /// The sizes of the model `file` holds: D and F from emb.weight, FF from the first block's
+    /// f1.weight, dh from its qn.weight, H = D / dh, L from the `blocks.{i}` names (1 without
+    /// them), S from `x` when the file has it (else `scales`'s default). A file whose sizes
+    /// cannot be read is a `ParameterMismatch` naming the tensors that are missing.
+    pub fn of_file<T>(file: &TensorFile<T>, path: &Path) -> Result<(Self, bool)> {
+        let blocks: std::collections::BTreeSet<usize> = file
+            .tensors
+            .keys()
+            .filter_map(|n| n.strip_prefix("blocks.")?.split('.').next()?.parse().ok())
+            .collect();
+        let layers = blocks.last().map_or(1, |last| last + 1);
+        let prefix = if blocks.is_empty() { "" } else { "blocks.0." };
+        let shape = |name: &str| file.tensors.get(name).map(|t| t.shape.clone());
+        let (emb, f1, qn) = (
+            shape("emb.weight"),
+            shape(&format!("{prefix}f1.weight")),
+            shape(&format!("{prefix}qn.weight")),
+        );
+        let mismatch =
+            |missing: Vec<String>, misshapen: Vec<String>| GradError::ParameterMismatch {
+                file: path.display().to_string(),
+                missing,
+                extra: Vec::new(),
+                misshapen,
+            };
+        let missing: Vec<String> = [
+            ("emb.weight".to_string(), &emb),
+            (format!("{prefix}f1.weight"), &f1),
+            (format!("{prefix}qn.weight"), &qn),
+        ]
+        .into_iter()
+        .filter(|(_, s)| s.is_none())
+        .map(|(n, _)| n)
+        .collect();
+        if !missing.is_empty() {
+            return Err(mismatch(missing, Vec::new()));
+        }
+        let (emb, f1, qn) = (
+            emb.unwrap_or_default(),
+            f1.unwrap_or_default(),
+            qn.unwrap_or_default(),
+        );
+        let (&[d, f], &[ff, _], &[dh]) = (&emb[..], &f1[..], &qn[..]) else {
+            return Err(mismatch(
+                Vec::new(),
+                vec![format!(
+                    "emb.weight {emb:?}, {prefix}f1.weight {f1:?}, {prefix}qn.weight {qn:?} \
+                     (expected [D, F], [FF, D], [dh])"
+                )],
+            ));
+        };
+        let scales = shape("x").and_then(|x| x.get(1).copied());
+        let config = XAssetConfig {
+            features: f,
+            scales: scales.unwrap_or(XAssetConfig::default().scales),
+            width: d,
+            heads: d.checked_div(dh).unwrap_or(0),
+            ff,
+            layers,
+        };
+        config.validate()?;
+        if dh * config.heads != d {
+            return Err(GradError::Config(format!(
+                "{}: {prefix}qn.weight width {dh} does not divide D = {d}",
+                path.display()
+            )));
+        }
+        Ok((config, scales.is_some()))
+    }
+
+    /// What differs between `self` (a file's sizes) and `asked` (the caller's), one
+    /// `"<size>: file X, asked Y"` each; `scales` only when `compare_scales`.
+    #[must_use]
+    pub fn differences(&self, asked: &XAssetConfig, compare_scales: bool) -> Vec<String> {
+        let sizes = [
+            ("layers", self.layers, asked.layers),
+            ("features", self.features, asked.features),
+            ("width", self.width, asked.width),
+            ("heads", self.heads, asked.heads),
+            ("ff", self.ff, asked.ff),
+            ("scales", self.scales, asked.scales),
+        ];
+        sizes
+            .into_iter()
+            .filter(|(name, a, b)| a != b && (compare_scales || *name != "scales"))
+            .map(|(name, a, b)| format!("{name}: file {a}, asked {b}"))
+            .collect()
     }
 }
 
-/// The XAsset classifier. Cloning shares the parameters (a capture body holds a clone).
+/// The XAsset classifier: the embedding, `config.layers` encoder blocks and the head. Cloning
+/// shares the parameters (a capture body holds a clone).
 pub struct XAsset<B: Backend<T>, T: Element = f32> {
     pub config: XAssetConfig,
     pub emb: Linear<B, T>,
-    pub ln1: LayerNorm<B, T>,
-    pub attn: QkNormAttention<B, T>,
-    pub ln2: LayerNorm<B, T>,
-    pub ff: FeedForward<B, T>,
-    pub head: Linear<B, T>,
+    pub blocks: Vec<EncoderBlock<B, T>>,
+    pub head: PoolHead<B, T>,
 }
 
 impl<B: Backend<T>, T: Element> Clone for XAsset<B, T> {
@@ -89,10 +211,7 @@ impl<B: Backend<T>, T: Element> Clone for XAsset<B, T> {
         XAsset {
             config: self.config,
             emb: self.emb.clone(),
-            ln1: self.ln1.clone(),
-            attn: self.attn.clone(),
-            ln2: self.ln2.clone(),
-            ff: self.ff.clone(),
+            blocks: self.blocks.clone(),
             head: self.head.clone(),
         }
     }
@@ -106,7 +225,8 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for XAsset<B, T> {
     }
 }
 
-/// The parameter names, in XASSET.md's order (also the order of `parameters()`).
+/// The parameter names of the one-block model, in XASSET.md's order (also the order of
+/// `parameters()` at `layers` 1; [`XAssetConfig::parameter_names`] gives them at any depth).
 pub const PARAMETER_NAMES: [&str; 20] = [
     "emb.weight",
     "emb.bias",
@@ -130,9 +250,15 @@ pub const PARAMETER_NAMES: [&str; 20] = [
     "head.bias",
 ];
 
+/// Names a parameter file may hold beside the parameters: the oracle's inputs (`x`, `y`) and,
+/// in a checkpoint, the optimiser's state (`optim.*`), which a parameter load does not take.
+fn is_known_extra(name: &str) -> bool {
+    name == "x" || name == "y" || name.starts_with("optim.")
+}
+
 impl<B: Backend<T>, T: Element> XAsset<B, T> {
     /// PyTorch's default initialisation from `seed` (Linear weights and biases uniform in
-    /// ±1/sqrt(in), LayerNorm weight 1 and bias 0): the values the `nn` blocks' own `init`
+    /// ±1/sqrt(in), LayerNorm weight 1 and bias 0): the values the `nn` modules' own `init`
     /// draws, uploaded in one copy into the model's flat parameter buffer.
     pub fn init(b: &B, config: XAssetConfig, seed: u64) -> Result<Self> {
         config.validate()?;
@@ -145,7 +271,7 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
     }
 
     /// The model's flat parameter and gradient buffers (every parameter is a view of them, in
-    /// XASSET.md's order, offsets padded to `optim::FLAT_ALIGN` elements). The data-parallel
+    /// parameter order, offsets padded to `optim::FLAT_ALIGN` elements). The data-parallel
     /// collective all-reduces `grads()`, this one buffer. A model one of whose parameters was
     /// replaced by a separately allocated one has none: `Config` error.
     pub fn parameter_set(&self) -> Result<ParameterSet<B, T>> {
@@ -167,89 +293,93 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
         Ok(self.parameter_set()?.grads().clone())
     }
 
-    /// Every parameter with its XASSET.md name, in that order.
+    /// Every parameter with its name ([`XAssetConfig::parameter_names`]), in that order.
     #[must_use]
-    pub fn named_parameters(&self) -> Vec<(&'static str, Var<B, T>)> {
-        PARAMETER_NAMES
-            .iter()
-            .copied()
+    pub fn named_parameters(&self) -> Vec<(String, Var<B, T>)> {
+        self.config
+            .parameter_names()
+            .into_iter()
             .zip(self.parameters())
             .collect()
     }
 
-    /// Every parameter, in XASSET.md's order.
+    /// Every parameter: the embedding's, each block's (`EncoderBlock::parameters`), the head's.
     #[must_use]
     pub fn parameters(&self) -> Vec<Var<B, T>> {
-        let a = &self.attn;
-        [
-            &self.emb.weight,
-            &self.emb.bias,
-            &self.ln1.weight,
-            &self.ln1.bias,
-            &a.qkv.weight,
-            &a.qkv.bias,
-            &a.qn.weight,
-            &a.qn.bias,
-            &a.kn.weight,
-            &a.kn.bias,
-            &a.o.weight,
-            &a.o.bias,
-            &self.ln2.weight,
-            &self.ln2.bias,
-            &self.ff.f1.weight,
-            &self.ff.f1.bias,
-            &self.ff.f2.weight,
-            &self.ff.f2.bias,
-            &self.head.weight,
-            &self.head.bias,
-        ]
-        .into_iter()
-        .cloned()
-        .collect()
+        let mut out = vec![self.emb.weight.clone(), self.emb.bias.clone()];
+        for block in &self.blocks {
+            out.extend(block.parameters());
+        }
+        out.extend([
+            self.head.linear.weight.clone(),
+            self.head.linear.bias.clone(),
+        ]);
+        out
     }
 
-    /// Builds the model from host tensors named as in XASSET.md; sizes come from the shapes
-    /// (D and F from emb.weight, FF from f1.weight, dh from qn.weight, H = D / dh, S from `x`
-    /// when the file has it).
+    /// Builds the model from host tensors named as [`XAssetConfig::parameter_names`] says, its
+    /// sizes read from them ([`XAssetConfig::of_file`]). Every tensor is checked first: the
+    /// missing ones, the ones of another shape and the ones no parameter has that name (other
+    /// than `x`, `y` and `optim.*`) are all named in one `ParameterMismatch`.
     pub fn from_tensors(b: &B, file: &TensorFile<T>, path: &Path) -> Result<Self> {
-        let emb = take(file, path, "emb.weight", None)?;
-        let [d, f] = emb.shape[..] else {
-            return Err(GradError::BadTensorFile {
+        let (config, _) = XAssetConfig::of_file(file, path)?;
+        Self::from_tensors_as(b, file, path, config)
+    }
+
+    /// [`XAsset::from_tensors`] for a model of the sizes `asked` (`scales` is compared only
+    /// when the file has `x`): a file of other sizes is a `ModelMismatch` naming each
+    /// difference. The library call under `ztrain --init-from`.
+    pub fn from_tensors_checked(
+        b: &B,
+        file: &TensorFile<T>,
+        path: &Path,
+        asked: &XAssetConfig,
+    ) -> Result<Self> {
+        let (found, has_scales) = XAssetConfig::of_file(file, path)?;
+        let differences = found.differences(asked, has_scales);
+        if !differences.is_empty() {
+            return Err(GradError::ModelMismatch {
                 file: path.display().to_string(),
-                name: "emb.weight".into(),
-                problem: format!("shape {:?} is not [D, F]", emb.shape),
+                differences,
             });
-        };
-        let ff = take(file, path, "f1.weight", None)?
-            .shape
-            .first()
-            .copied()
-            .unwrap_or(0);
-        let dh = take(file, path, "qn.weight", None)?
-            .shape
-            .first()
-            .copied()
-            .unwrap_or(0);
-        let scales = file.tensors.get("x").and_then(|x| x.shape.get(1).copied());
-        let config = XAssetConfig {
-            features: f,
-            scales: scales.unwrap_or(XAssetConfig::default().scales),
-            width: d,
-            heads: d.checked_div(dh).unwrap_or(0),
-            ff,
-        };
+        }
+        Self::from_tensors_as(b, file, path, *asked)
+    }
+
+    fn from_tensors_as(
+        b: &B,
+        file: &TensorFile<T>,
+        path: &Path,
+        config: XAssetConfig,
+    ) -> Result<Self> {
         config.validate()?;
-        if dh * config.heads != d {
-            return Err(GradError::Config(format!(
-                "qn.weight width {dh} does not divide D = {d}"
-            )));
-        }
+        let names = config.parameter_names();
         let shapes = Self::shapes(&config);
-        let mut values = Vec::with_capacity(PARAMETER_NAMES.len());
-        for (name, shape) in PARAMETER_NAMES.iter().zip(&shapes) {
-            let t = take(file, path, name, Some(shape))?;
-            values.push(t.data.iter().map(|v| T::from_f64(v.to_f64())).collect());
+        let (mut missing, mut misshapen) = (Vec::new(), Vec::new());
+        for (name, shape) in names.iter().zip(&shapes) {
+            match file.tensors.get(name) {
+                None => missing.push(name.clone()),
+                Some(t) if &t.shape != shape => {
+                    misshapen.push(format!("{name} {:?} (the model's {shape:?})", t.shape));
+                }
+                Some(_) => {}
+            }
         }
+        let extra: Vec<String> = file
+            .tensors
+            .keys()
+            .filter(|n| !is_known_extra(n) && !names.contains(n))
+            .cloned()
+            .collect();
+        if !(missing.is_empty() && misshapen.is_empty() && extra.is_empty()) {
+            return Err(GradError::ParameterMismatch {
+                file: path.display().to_string(),
+                missing,
+                extra,
+                misshapen,
+            });
+        }
+        let values: Vec<Vec<T>> = names.iter().map(|n| file.tensors[n].data.clone()).collect();
         let (_, vars) = ParameterSet::allocate(b, &shapes, Some(&values))?;
         Self::assemble(config, vars)
     }
@@ -263,9 +393,17 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
         Self::assemble(config, vars)
     }
 
-    /// Loads a parameter file (F32 or F64).
+    /// Loads a parameter file (F32 or F64 tensors: a PyTorch `state_dict` saved with
+    /// safetensors, an oracle input, or a checkpoint, whose optimiser and run state it leaves
+    /// out), its sizes read from the file.
     pub fn load(b: &B, path: &Path) -> Result<Self> {
-        Self::from_tensors(b, &read_tensors(path)?, path)
+        Self::from_tensors(b, &crate::checkpoint::read_parameter_file(path)?, path)
+    }
+
+    /// [`XAsset::load`] for a model of the sizes `asked` ([`XAsset::from_tensors_checked`]).
+    pub fn load_checked(b: &B, path: &Path, asked: &XAssetConfig) -> Result<Self> {
+        let file = crate::checkpoint::read_parameter_file(path)?;
+        Self::from_tensors_checked(b, &file, path, asked)
     }
 
     /// Downloads every parameter to the host, by name.
@@ -274,7 +412,7 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
             .into_iter()
             .map(|(name, v)| {
                 Ok((
-                    name.to_string(),
+                    name,
                     HostTensor {
                         shape: v.shape().to_vec(),
                         data: v.to_vec(b)?,
@@ -284,7 +422,7 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
             .collect()
     }
 
-    /// Saves every parameter under its XASSET.md name (in `T`'s dtype).
+    /// Saves every parameter under its name (in `T`'s dtype).
     pub fn save(
         &self,
         b: &B,
@@ -297,87 +435,49 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
     /// The shapes of the parameters in order, PyTorch's `[out, in]` layout.
     #[must_use]
     pub fn shapes(c: &XAssetConfig) -> Vec<Vec<usize>> {
-        let (f, d, ff) = (c.features, c.width, c.ff);
-        let dh = d / c.heads.max(1);
-        vec![
-            vec![d, f],
-            vec![d],
-            vec![d],
-            vec![d],
-            vec![3 * d, d],
-            vec![3 * d],
-            vec![dh],
-            vec![dh],
-            vec![dh],
-            vec![dh],
-            vec![d, d],
-            vec![d],
-            vec![d],
-            vec![d],
-            vec![ff, d],
-            vec![ff],
-            vec![d, ff],
-            vec![d],
-            vec![1, d],
-            vec![1],
-        ]
+        c.shapes()
     }
 
     fn assemble(config: XAssetConfig, vars: Vec<Var<B, T>>) -> Result<Self> {
-        let n = vars.len();
-        let v: [Var<B, T>; 20] = vars
-            .try_into()
-            .map_err(|_| GradError::Config(format!("XAsset has 20 parameters, got {n}")))?;
-        let [
-            ew,
-            eb,
-            l1w,
-            l1b,
-            qw,
-            qb,
-            qnw,
-            qnb,
-            knw,
-            knb,
-            ow,
-            ob,
-            l2w,
-            l2b,
-            f1w,
-            f1b,
-            f2w,
-            f2b,
-            hw,
-            hb,
-        ] = v;
-        let linear = |weight, bias| Linear { weight, bias };
-        let ln = |weight, bias| LayerNorm {
-            weight,
-            bias,
-            eps: crate::nn::LN_EPS,
+        let want = 4 + 16 * config.layers;
+        if vars.len() != want {
+            return Err(GradError::Config(format!(
+                "XAsset with {} blocks has {want} parameters, got {}",
+                config.layers,
+                vars.len()
+            )));
+        }
+        let mut vars = vars.into_iter();
+        let mut next = || {
+            vars.next()
+                .ok_or_else(|| GradError::Config("too few".into()))
+        };
+        let emb = Linear {
+            weight: next()?,
+            bias: next()?,
+        };
+        let blocks = (0..config.layers)
+            .map(|_| {
+                let block: Result<Vec<_>> = (0..16).map(|_| next()).collect();
+                EncoderBlock::from_parameters(block?, config.heads)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let head = PoolHead {
+            linear: Linear {
+                weight: next()?,
+                bias: next()?,
+            },
         };
         Ok(XAsset {
             config,
-            emb: linear(ew, eb),
-            ln1: ln(l1w, l1b),
-            attn: QkNormAttention {
-                qkv: linear(qw, qb),
-                qn: ln(qnw, qnb),
-                kn: ln(knw, knb),
-                o: linear(ow, ob),
-                heads: config.heads,
-            },
-            ln2: ln(l2w, l2b),
-            ff: FeedForward {
-                f1: linear(f1w, f1b),
-                f2: linear(f2w, f2b),
-            },
-            head: linear(hw, hb),
+            emb,
+            blocks,
+            head,
         })
     }
 
-    /// XASSET.md steps 1-6: `x [B, S, F]` to the residual stream `h [B, S, D]` before
-    /// pooling. The residual add before `ln2` and `ln2` are one fused op.
+    /// XASSET.md steps 1-7: `x [B, S, F]` to the residual stream `h [B, S, D]` before
+    /// pooling (the embedding, then every block on the stream the previous one left).
     fn trunk(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
         let &[_batch, _scales, features] = x.shape() else {
             return Err(GradError::BadInput(format!(
@@ -391,39 +491,29 @@ impl<B: Backend<T>, T: Element> XAsset<B, T> {
                 self.config.features
             )));
         }
-        let h = self.emb.forward(tape, x)?;
-        // h goes on past ln1: its gradient from the residual add joins ln1's in one kernel.
-        let (h, u) = self.ln1.forward_stream(tape, &h)?;
-        let attended = self.attn.forward(tape, &u)?;
-        let eps = T::from_f64(self.ln2.eps);
-        let (h, u) = tape.add_layer_norm(&h, &attended, &self.ln2.weight, &self.ln2.bias, eps)?;
-        // h + ff(u): the add is the f2 product's epilogue.
-        self.ff.forward_add(tape, &u, &h)
+        let mut h = self.emb.forward(tape, x)?;
+        for block in &self.blocks {
+            h = block.forward(tape, &h)?;
+        }
+        Ok(h)
     }
 
     /// `x [B, S, F] -> logits [B]` (XASSET.md steps 1-8).
     pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
         let h = self.trunk(tape, x)?;
-        let batch = h.shape()[0];
-        let pooled = tape.mean(&h, 1, false)?;
-        let logit = self.head.forward(tape, &pooled)?;
-        tape.reshape(&logit, &[batch])
+        self.head.forward(tape, &h)
     }
 
     /// Mean BCE-with-logits of the batch (XASSET.md step 9) and the logits. Pooling, the head
     /// and the loss run as one fused op, whose logits are detached (for reporting); with
-    /// targets that need a gradient, the unfused path.
+    /// targets that need a gradient, the unfused path (`nn::PoolHead::loss`).
     pub fn loss(
         &self,
         tape: &Tape<'_, B, T>,
         x: &Var<B, T>,
         y: &Var<B, T>,
     ) -> Result<(Var<B, T>, Var<B, T>)> {
-        if y.requires_grad() {
-            let logits = self.forward(tape, x)?;
-            return Ok((tape.bce_with_logits(&logits, y)?, logits));
-        }
         let h = self.trunk(tape, x)?;
-        tape.pool_head_bce(&h, &self.head.weight, &self.head.bias, y)
+        self.head.loss(tape, &h, y)
     }
 }

@@ -17,6 +17,7 @@ fn small() -> XAssetConfig {
         width: 8,
         heads: 2,
         ff: 6,
+        layers: 1,
     }
 }
 
@@ -240,4 +241,177 @@ fn own_model_resumes_from_a_checkpoint_bitwise_captured_on_the_simulated_device(
             ..TrainerConfig::default()
         },
     );
+fn deep() -> XAssetConfig {
+    XAssetConfig {
+        layers: 3,
+        ..small()
+    }
+}
+
+/// XASSET.md "Depth": 52 tensors and 2,419,969 parameters at the default size with three
+/// blocks, named emb.*, blocks.{i}.*, head.*.
+#[test]
+fn three_blocks_have_the_documented_names_and_count() {
+    let c = XAssetConfig {
+        layers: 3,
+        ..XAssetConfig::default()
+    };
+    assert_eq!(c.parameter_count(), 2_419_969);
+    let names = c.parameter_names();
+    assert_eq!(names.len(), 52);
+    assert_eq!(
+        &names[..3],
+        ["emb.weight", "emb.bias", "blocks.0.ln1.weight"]
+    );
+    assert_eq!(names[17], "blocks.0.f2.bias");
+    assert_eq!(names[49], "blocks.2.f2.bias");
+    assert_eq!(&names[50..], ["head.weight", "head.bias"]);
+    assert_eq!(XAssetConfig::default().parameter_names(), PARAMETER_NAMES);
+    let m = XAsset::<CpuBackend, f32>::init(&B, deep(), 1).unwrap();
+    assert_eq!(m.parameters().len(), 52);
+    let n: usize = m.parameters().iter().map(|p| p.value().numel()).sum();
+    assert_eq!(n, deep().parameter_count());
+}
+
+/// The model's init is its modules' init composed over one stream (emb, each block, head):
+/// at one block the stream the model always drew, at three the same continued.
+#[test]
+fn init_is_the_composition_of_the_modules_init() {
+    use zgrad::nn::{EncoderBlock, Linear, PoolHead};
+    for c in [small(), deep()] {
+        let model = XAsset::<CpuBackend, f64>::init(&B, c, 11).unwrap();
+        let mut rng = zgrad::rng::SplitMix64::new(11);
+        let emb = Linear::<CpuBackend, f64>::init(&B, c.features, c.width, &mut rng).unwrap();
+        let mut want = vec![emb.weight, emb.bias];
+        for _ in 0..c.layers {
+            let block = EncoderBlock::init(&B, c.width, c.heads, c.ff, &mut rng).unwrap();
+            want.extend(block.parameters());
+        }
+        let head = PoolHead::init(&B, c.width, &mut rng).unwrap();
+        want.extend([head.linear.weight, head.linear.bias]);
+        for ((name, got), want) in model.named_parameters().iter().zip(&want) {
+            assert_eq!(got.to_vec(&B).unwrap(), want.to_vec(&B).unwrap(), "{name}");
+        }
+    }
+}
+
+/// A file with tensors missing, extra and of the wrong shape: one typed error naming every
+/// one of them.
+#[test]
+fn every_mismatched_tensor_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.safetensors");
+    let m = XAsset::<CpuBackend, f32>::init(&B, deep(), 3).unwrap();
+    let mut tensors = m.to_host(&B).unwrap();
+    tensors.retain(|(n, _)| n != "blocks.1.o.bias" && n != "blocks.2.kn.weight");
+    for (n, t) in &mut tensors {
+        if n == "blocks.0.f1.bias" {
+            t.shape = vec![2, 3];
+        }
+    }
+    let stray = zgrad::HostTensor {
+        shape: vec![1],
+        data: vec![0.0f32],
+    };
+    tensors.push(("blocks.1.extra.weight".into(), stray.clone()));
+    tensors.push(("ln1.weight".into(), stray));
+    zgrad::write_tensors(&path, &tensors, None).unwrap();
+    let err = XAsset::<CpuBackend, f32>::load(&B, &path).unwrap_err();
+    let GradError::ParameterMismatch {
+        missing,
+        extra,
+        misshapen,
+        ..
+    } = &err
+    else {
+        panic!("expected ParameterMismatch, got {err}");
+    };
+    assert_eq!(missing, &["blocks.1.o.bias", "blocks.2.kn.weight"]);
+    assert_eq!(extra, &["blocks.1.extra.weight", "ln1.weight"]);
+    assert_eq!(misshapen.len(), 1, "{misshapen:?}");
+    assert!(misshapen[0].starts_with("blocks.0.f1.bias [2, 3]"), "{err}");
+    for name in [
+        "blocks.1.o.bias",
+        "blocks.2.kn.weight",
+        "ln1.weight",
+        "blocks.0.f1.bias",
+    ] {
+        assert!(err.to_string().contains(name), "{err}");
+    }
+}
+
+/// A parameter file of other sizes than asked: each difference named.
+#[test]
+fn a_file_of_other_sizes_is_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.safetensors");
+    XAsset::<CpuBackend, f32>::init(&B, deep(), 3)
+        .unwrap()
+        .save(&B, &path, None)
+        .unwrap();
+    let asked = XAssetConfig {
+        layers: 2,
+        width: 12,
+        ..small()
+    };
+    let err = XAsset::<CpuBackend, f32>::load_checked(&B, &path, &asked).unwrap_err();
+    let GradError::ModelMismatch { differences, .. } = &err else {
+        panic!("expected ModelMismatch, got {err}");
+    };
+    assert_eq!(
+        differences,
+        &["layers: file 3, asked 2", "width: file 8, asked 12"]
+    );
+    let ok = XAsset::<CpuBackend, f32>::load_checked(&B, &path, &deep()).unwrap();
+    assert_eq!(ok.config, deep());
+}
+
+/// Missing files, directories and files that are not safetensors: typed errors naming them.
+#[test]
+fn hostile_parameter_files_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("none.safetensors");
+    let err = XAsset::<CpuBackend, f32>::load(&B, &missing).unwrap_err();
+    assert!(matches!(err, GradError::Io { .. }), "{err}");
+    let err = XAsset::<CpuBackend, f32>::load(&B, dir.path()).unwrap_err();
+    assert!(matches!(err, GradError::Io { .. }), "{err}");
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"\x10\0\0\0\0\0\0\0{not json at all").unwrap();
+    let err = XAsset::<CpuBackend, f32>::load(&B, &junk).unwrap_err();
+    assert!(matches!(err, GradError::SafeTensors { .. }), "{err}");
+    assert!(err.to_string().contains("junk.safetensors"), "{err}");
+}
+
+/// A three-block trainer's checkpoint resumes exactly, loads as a parameter file (its
+/// optimiser state left out), and refuses a trainer of another depth naming what is missing.
+#[test]
+fn a_deep_checkpoint_resumes_and_is_a_parameter_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ckpt.safetensors");
+    let make = |seed, c| {
+        let cfg = TrainerConfig::default();
+        Trainer::new(B, XAsset::init(&B, c, seed).unwrap(), cfg).unwrap()
+    };
+    let mut first = make(5, deep());
+    let (x, y) = data(0);
+    first.train_batch(&x, &y, 4).unwrap();
+    first.save_checkpoint(&path, HashMap::new()).unwrap();
+    let mut resumed = make(9, deep());
+    resumed.load_checkpoint(&path).unwrap();
+    assert_eq!(resumed.step(), 1);
+    let (x, y) = data(1);
+    let a = first.train_batch(&x, &y, 4).unwrap();
+    let b = resumed.train_batch(&x, &y, 4).unwrap();
+    assert_eq!((a.loss, a.grad_norm), (b.loss, b.grad_norm));
+    let params = XAsset::<CpuBackend, f32>::load(&B, &path).unwrap();
+    assert_eq!(params.config.layers, 3);
+    let mut shallow = make(
+        1,
+        XAssetConfig {
+            layers: 2,
+            ..small()
+        },
+    );
+    let err = shallow.load_checkpoint(&path).unwrap_err();
+    assert!(matches!(err, GradError::ParameterMismatch { .. }), "{err}");
 }

@@ -62,6 +62,7 @@ fn one_collective_over_the_flat_gradient_buffer_per_step(
         width: 8,
         heads: 2,
         ff: 12,
+        layers: 1,
     };
     let b = CpuBackend;
     let model = XAsset::init(&b, cfg, 3).expect("model");

@@ -61,10 +61,15 @@ struct Tiny {
 }
 
 fn tiny() -> Tiny {
-    let path = fixture("xasset_tiny_in.safetensors");
+    oracle_fixture("tiny")
+}
+
+/// The oracle fixture `name` (tiny: one block; deep2, deep3: two and three blocks).
+fn oracle_fixture(name: &str) -> Tiny {
+    let path = fixture(&format!("xasset_{name}_in.safetensors"));
     Tiny {
         input: read_tensors(&path).unwrap(),
-        oracle: read_tensors(&fixture("xasset_tiny_oracle.safetensors")).unwrap(),
+        oracle: read_tensors(&fixture(&format!("xasset_{name}_oracle.safetensors"))).unwrap(),
         path,
     }
 }
@@ -83,47 +88,55 @@ fn norm(v: &[f32]) -> f64 {
     v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt()
 }
 
-/// One step of each schedule, eager and captured: loss and every gradient within 1e-5 of the
-/// oracle (kn.bias by its norm), the updated parameters too.
+/// One step of each schedule, eager and captured, with one, two and three blocks: loss and
+/// every gradient within 1e-5 of the oracle (each block's kn.bias by its norm), the updated
+/// parameters too.
 fn one_step_matches_the_oracle<D: Driver>(b: CudaBackend<D>) {
-    let f = tiny();
+    for fixture in ["tiny", "deep2", "deep3"] {
+        one_step_of(&b, fixture);
+    }
+}
+
+fn one_step_of<D: Driver>(b: &CudaBackend<D>, fixture: &str) {
+    let f = oracle_fixture(fixture);
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+    let batch = f.input.tensors["x"].shape[0];
     for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
         for capture in [false, true] {
-            let model = XAsset::from_tensors(&b, &f.input, &f.path).unwrap();
+            let model = XAsset::from_tensors(b, &f.input, &f.path).unwrap();
             let cfg = TrainerConfig {
                 schedule,
                 capture,
                 ..TrainerConfig::default()
             };
             let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-            let r = t.train_batch(x, y, 4).unwrap();
+            let r = t.train_batch(x, y, batch).unwrap();
             assert_eq!(
                 r.captured, capture,
-                "{schedule:?}: capture works on this device"
+                "{fixture} {schedule:?}: capture works on this device"
             );
             let want = f.oracle.tensors["loss"].data[0];
             assert!(
                 ((r.loss - want) / want).abs() < 1e-5,
-                "{schedule:?} loss {} vs {want}",
+                "{fixture} {schedule:?} loss {} vs {want}",
                 r.loss
             );
             for (name, p) in t.model().named_parameters() {
                 let g = b.download(p.grad().unwrap()).unwrap();
-                if name == "kn.bias" {
-                    assert!(norm(&g) < 1e-6, "kn.bias gradient norm {}", norm(&g));
+                if name.ends_with("kn.bias") {
+                    assert!(norm(&g) < 1e-6, "{name} gradient norm {}", norm(&g));
                     continue;
                 }
                 let e = rel(&g, &f.oracle.tensors[&format!("grad.{name}")].data);
                 assert!(
                     e <= 1e-5,
-                    "{schedule:?} capture {capture} grad.{name}: {e:e}"
+                    "{fixture} {schedule:?} capture {capture} grad.{name}: {e:e}"
                 );
-                let p_after = p.to_vec(&b).unwrap();
+                let p_after = p.to_vec(b).unwrap();
                 let e = rel(&p_after, &f.oracle.tensors[&format!("adamw.{name}")].data);
                 assert!(
                     e <= 1e-5,
-                    "{schedule:?} capture {capture} adamw.{name}: {e:e}"
+                    "{fixture} {schedule:?} capture {capture} adamw.{name}: {e:e}"
                 );
             }
         }

@@ -22,6 +22,7 @@ const CFG: XAssetConfig = XAssetConfig {
     width: 8,
     heads: 2,
     ff: 16,
+    layers: 1,
 };
 /// Global batch sizes of the 10 steps: unequal shards at N = 2 and 3, and at step 5 a batch of
 /// 2, which leaves rank 2 of 3 an empty shard.

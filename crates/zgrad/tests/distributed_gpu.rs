@@ -34,6 +34,7 @@ mod gpu {
         width: 64,
         heads: 4,
         ff: 96,
+        layers: 1,
     };
     /// Global batches of the 10 steps: unequal shards at N = 3, a short batch at step 5.
     const BATCHES: [usize; 10] = [29, 29, 29, 29, 3, 29, 29, 29, 29, 29];

@@ -20,6 +20,7 @@ fn small() -> XAssetConfig {
         width: 8,
         heads: 2,
         ff: 12,
+        layers: 1,
     }
 }
 
@@ -181,20 +182,25 @@ fn separate(model: &XAsset<CpuBackend, f64>) -> XAsset<CpuBackend, f64> {
     let copy = |v: &mut Var<CpuBackend, f64>| {
         *v = Var::parameter_from(&CPU, &v.to_vec(&CPU).unwrap(), v.shape()).unwrap();
     };
-    for lin in [
-        &mut m.emb,
-        &mut m.attn.qkv,
-        &mut m.attn.o,
-        &mut m.ff.f1,
-        &mut m.ff.f2,
-        &mut m.head,
-    ] {
-        copy(&mut lin.weight);
-        copy(&mut lin.bias);
-    }
-    for ln in [&mut m.ln1, &mut m.attn.qn, &mut m.attn.kn, &mut m.ln2] {
-        copy(&mut ln.weight);
-        copy(&mut ln.bias);
+    let lin = |l: &mut zgrad::nn::Linear<CpuBackend, f64>| {
+        copy(&mut l.weight);
+        copy(&mut l.bias);
+    };
+    let ln = |l: &mut zgrad::nn::LayerNorm<CpuBackend, f64>| {
+        copy(&mut l.weight);
+        copy(&mut l.bias);
+    };
+    lin(&mut m.emb);
+    lin(&mut m.head.linear);
+    for block in &mut m.blocks {
+        lin(&mut block.attn.qkv);
+        lin(&mut block.attn.o);
+        lin(&mut block.ff.f1);
+        lin(&mut block.ff.f2);
+        ln(&mut block.ln1);
+        ln(&mut block.attn.qn);
+        ln(&mut block.attn.kn);
+        ln(&mut block.ln2);
     }
     m
 }

@@ -134,6 +134,7 @@ fn reruns_are_bitwise_equal_at_odd_sizes() {
         width: 24,
         heads: 3,
         ff: 37,
+        layers: 1,
     };
     let run = || {
         let b = mock(true);

@@ -40,6 +40,7 @@ fn small() -> XAssetConfig {
         width: 8,
         heads: 2,
         ff: 12,
+        layers: 1,
     }
 }
 
@@ -219,7 +220,7 @@ fn a_captured_batched_step_adds_a_fixed_handful_of_nodes_to_forward_and_backward
 fn a_leaf_gradient_accumulates_in_one_launch() {
     let b = mock();
     let model = XAsset::init(&b, small(), 3).expect("model");
-    let w = model.ff.f1.weight.clone();
+    let w = model.blocks[0].ff.f1.weight.clone();
     let n = w.value().numel();
     let seed: Vec<f32> = (0..n).map(|i| i as f32 / 7.0).collect();
     b.begin_step().expect("step");

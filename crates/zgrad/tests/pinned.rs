@@ -21,6 +21,7 @@ const SMALL: XAssetConfig = XAssetConfig {
     width: 8,
     heads: 2,
     ff: 16,
+    layers: 1,
 };
 const CAPACITY: usize = 6;
 

@@ -73,6 +73,7 @@ fn tiny() -> XAssetConfig {
         width: 16,
         heads: 2,
         ff: 32,
+        layers: 1,
     }
 }
 

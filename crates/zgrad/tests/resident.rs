@@ -22,6 +22,7 @@ const SMALL: XAssetConfig = XAssetConfig {
     width: 8,
     heads: 2,
     ff: 16,
+    layers: 1,
 };
 
 fn batch(c: XAssetConfig, n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {

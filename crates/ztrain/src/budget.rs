@@ -7,9 +7,9 @@
 //!
 //! - parameters: XASSET.md's count × 4 bytes, and as much again for the gradients and twice for
 //!   AdamW's moments (16 bytes per parameter);
-//! - activations: per sample `S·F + 12·S·D + 2·H·S² + 2·S·FF` floats (the input, the width-`D`
-//!   tensors of a block, the attention scores and softmax, the feed-forward before and after
-//!   GELU), twice for their gradients, times the samples one forward holds at once (the batch
+//! - activations: per sample `S·F + L·(12·S·D + 2·H·S² + 2·S·FF)` floats (the input, and per
+//!   block the width-`D` tensors, the attention scores and softmax, the feed-forward before and
+//!   after tanh), twice for their gradients, times the samples one forward holds at once (the batch
 //!   for the batched schedule, one per sample; evaluation runs batches of `--batch`);
 //! - data (host): the samples' values and labels, twice (the validation split copies).
 //!
@@ -39,7 +39,7 @@ fn too_big(what: &str) -> TrainError {
         needed: format!("{what} of more than 2^64 bytes"),
         available: "no machine addresses that much".into(),
         advice:
-            "lower the sizes (--scales, --features, --width, --heads, --ff, --samples, --batch)"
+            "lower the sizes (--scales, --features, --width, --heads, --ff, --layers, --samples, --batch)"
                 .into(),
     }
 }
@@ -63,22 +63,29 @@ impl Estimate {
     /// The estimate for `config` (checked arithmetic throughout).
     pub fn of(config: &RunConfig) -> Result<Estimate> {
         let m = &config.model;
-        let (s, f, d, h, ff) = (
+        let (s, f, d, h, ff, l) = (
             m.scales as u64,
             m.features as u64,
             m.width as u64,
             m.heads as u64,
             m.ff as u64,
+            m.layers as u64,
         );
         let params = crate::config::parameters(m)?;
         let model = product("the parameters and optimiser state", &[params, 16])?;
+        let per_block = sum(
+            "the activations",
+            &[
+                product("the activations", &[12, s, d])?,
+                product("the attention scores", &[2, h, s, s])?,
+                product("the feed-forward activations", &[2, s, ff])?,
+            ],
+        )?;
         let per_sample = sum(
             "the activations",
             &[
                 product("the input", &[s, f])?,
-                product("the activations", &[12, s, d])?,
-                product("the attention scores", &[2, h, s, s])?,
-                product("the feed-forward activations", &[2, s, ff])?,
+                product("the activations", &[per_block, l])?,
             ],
         )?;
         let samples = match &config.data {
@@ -187,11 +194,11 @@ mod tests {
         fn hostile_sizes_never_panic(
             sizes in proptest::collection::vec(
                 proptest::prop_oneof![0u64..4, 1u64..100_000, proptest::num::u64::ANY],
-                7,
+                8,
             ),
             per_sample in proptest::bool::ANY,
         ) {
-            let names = ["--scales", "--features", "--width", "--heads", "--ff", "--samples", "--batch"];
+            let names = ["--scales", "--features", "--width", "--heads", "--ff", "--samples", "--batch", "--layers"];
             let mut args = vec!["ztrain".to_string()];
             for (n, v) in names.iter().zip(&sizes) {
                 args.push(format!("{n}={v}"));

@@ -1,8 +1,9 @@
-//! Checkpoints in safetensors: parameters under their XASSET.md names (so the file is also a
-//! parameter file the PyTorch oracle reads), optimiser state under `optim.<slot>.<name>`, the
-//! run's counters, generator state and data order as `ztrain.*` integer tensors, and the
-//! configuration as JSON in the metadata. Written atomically (`crate::files`), so an interrupted
-//! or failed write leaves the old checkpoint.
+//! Checkpoints: zgrad's one checkpoint format (`zgrad::checkpoint`: parameters under the
+//! model's names, so the file is also a parameter file the PyTorch oracle and `--init-from`
+//! read, optimiser state under `optim.<slot>.<name>`, the step as `zgrad.step`), with what a
+//! run adds layered on it: the run's counters, generator state and data order as `ztrain.*`
+//! integer tensors, and the configuration as JSON in the metadata. Written atomically
+//! (`crate::files`), so an interrupted or failed write leaves the old checkpoint.
 //!
 //! Safetensors does not checksum its data, so the metadata carries an FNV-1a checksum of every
 //! tensor's bytes: a flipped bit is "corrupt", not a silently different run.
@@ -11,8 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
 use std::path::Path;
 
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::Dtype;
 use serde_json::Value;
+use zgrad::checkpoint::{CheckpointFile, RawTensor, STEP_KEY, deserialize, serialize};
 
 use crate::config::fnv1a;
 use crate::error::{Result, TrainError};
@@ -28,12 +30,8 @@ const T_COUNTERS: &str = "ztrain.counters";
 const T_RNG: &str = "ztrain.rng";
 const T_ORDER: &str = "ztrain.order";
 
-/// A float32 tensor on the host.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HostTensor {
-    pub shape: Vec<usize>,
-    pub data: Vec<f32>,
-}
+/// A float32 tensor on the host (zgrad's).
+pub type HostTensor = zgrad::HostTensor<f32>;
 
 /// Where the run is: enough to continue it exactly.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,63 +62,46 @@ pub struct Checkpoint {
     pub optim: BTreeMap<String, HostTensor>,
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn u64_bytes(v: &[u64]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
 impl Checkpoint {
+    /// The zgrad checkpoint this one is, with the run's counters beside its tensors (the
+    /// metadata's checksum and configuration are added by `to_bytes`).
+    fn to_file(&self) -> CheckpointFile<f32> {
+        let p = &self.progress;
+        let other = BTreeMap::from([
+            (
+                T_COUNTERS.to_string(),
+                RawTensor::u64s(&[p.step, p.epoch, p.position]),
+            ),
+            (T_RNG.to_string(), RawTensor::u64s(&p.rng)),
+            (T_ORDER.to_string(), RawTensor::u64s(&p.order)),
+        ]);
+        CheckpointFile {
+            parameters: self.params.clone(),
+            optimizer: self.optim.clone(),
+            other,
+            metadata: HashMap::from([(STEP_KEY.to_string(), p.step.to_string())]),
+        }
+    }
+
     /// Serialises to safetensors bytes.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let p = &self.progress;
-        // (name, dtype, shape, bytes), sorted by name (safetensors' order) for the checksum.
-        let mut entries: BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> = BTreeMap::new();
-        for (name, t) in &self.params {
-            entries.insert(
-                name.clone(),
-                (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)),
-            );
-        }
-        for (name, t) in &self.optim {
-            entries.insert(
-                format!("optim.{name}"),
-                (Dtype::F32, t.shape.clone(), f32_bytes(&t.data)),
-            );
-        }
-        let counters = [p.step, p.epoch, p.position];
-        entries.insert(
-            T_COUNTERS.into(),
-            (Dtype::U64, vec![3], u64_bytes(&counters)),
-        );
-        entries.insert(T_RNG.into(), (Dtype::U64, vec![4], u64_bytes(&p.rng)));
-        entries.insert(
-            T_ORDER.into(),
-            (Dtype::U64, vec![p.order.len()], u64_bytes(&p.order)),
-        );
+        let mut file = self.to_file();
+        let entries = file.entries();
         let config_text = self.config.to_string();
         let checksum = checksum(
             entries
                 .iter()
-                .map(|(n, (d, shape, b))| (n.as_str(), *d, shape.as_slice(), b.as_slice())),
+                .map(|(n, t)| (n.as_str(), t.dtype, t.shape.as_slice(), t.bytes.as_slice())),
             &config_text,
             &self.backend,
         );
-        let mut views = Vec::with_capacity(entries.len());
-        for (name, (dtype, shape, bytes)) in &entries {
-            let view = TensorView::new(*dtype, shape.clone(), bytes)
-                .map_err(|e| TrainError::Options(format!("checkpoint tensor {name}: {e}")))?;
-            views.push((name.clone(), view));
-        }
-        let meta = HashMap::from([
+        file.metadata.extend([
             (KEY_FORMAT.to_string(), FORMAT.to_string()),
             (KEY_CONFIG.to_string(), config_text),
             (KEY_CHECKSUM.to_string(), format!("{checksum:016x}")),
             (KEY_BACKEND.to_string(), self.backend.clone()),
         ]);
-        safetensors::serialize(views, Some(meta))
+        serialize(&entries, &file.metadata, Path::new("the checkpoint"))
             .map_err(|e| TrainError::Options(format!("serialising the checkpoint: {e}")))
     }
 
@@ -130,11 +111,8 @@ impl Checkpoint {
             path: path.to_path_buf(),
             reason,
         };
-        let st = SafeTensors::deserialize(bytes)
+        let (entries, meta) = deserialize(bytes, path)
             .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
-        let (_, header) = SafeTensors::read_metadata(bytes)
-            .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
-        let meta = header.metadata().clone().unwrap_or_default();
         let get = |k: &str| {
             meta.get(k)
                 .cloned()
@@ -149,19 +127,10 @@ impl Checkpoint {
         let config_text = get(KEY_CONFIG)?;
         let backend = meta.get(KEY_BACKEND).cloned().unwrap_or_default();
         let want_sum = get(KEY_CHECKSUM)?;
-        let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
-        names.sort();
-        let mut views = Vec::with_capacity(names.len());
-        for n in &names {
-            let v = st
-                .tensor(n)
-                .map_err(|e| corrupt(format!("tensor {n}: {e}")))?;
-            views.push((n.clone(), v));
-        }
         let got_sum = checksum(
-            views
+            entries
                 .iter()
-                .map(|(n, v)| (n.as_str(), v.dtype(), v.shape(), v.data())),
+                .map(|(n, t)| (n.as_str(), t.dtype, t.shape.as_slice(), t.bytes.as_slice())),
             &config_text,
             &backend,
         );
@@ -172,43 +141,27 @@ impl Checkpoint {
         }
         let config: Value = serde_json::from_str(&config_text)
             .map_err(|e| corrupt(format!("configuration is not JSON: {e}")))?;
-        let mut params = BTreeMap::new();
-        let mut optim = BTreeMap::new();
-        let mut ints: HashMap<String, Vec<u64>> = HashMap::new();
-        for (name, v) in &views {
-            match (name.as_str(), v.dtype()) {
-                (T_COUNTERS | T_RNG | T_ORDER, Dtype::U64) => {
-                    let data = v
-                        .data()
-                        .chunks_exact(8)
-                        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
-                        .collect();
-                    ints.insert(name.clone(), data);
-                }
-                (_, Dtype::F32) if !name.starts_with("ztrain.") => {
-                    let t = HostTensor {
-                        shape: v.shape().to_vec(),
-                        data: v
-                            .data()
-                            .chunks_exact(4)
-                            .map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default()))
-                            .collect(),
-                    };
-                    match name.strip_prefix("optim.") {
-                        Some(rest) => optim.insert(rest.to_string(), t),
-                        None => params.insert(name.clone(), t),
-                    };
-                }
-                (_, dtype) => {
-                    return Err(corrupt(format!(
-                        "unexpected tensor {name} of type {dtype:?}"
-                    )));
-                }
+        for (name, t) in &entries {
+            let ours = matches!(name.as_str(), T_COUNTERS | T_RNG | T_ORDER);
+            let expected = if ours {
+                t.dtype == Dtype::U64
+            } else {
+                t.dtype == Dtype::F32 && !name.starts_with("ztrain.")
+            };
+            if !expected {
+                return Err(corrupt(format!(
+                    "unexpected tensor {name} of type {:?}",
+                    t.dtype
+                )));
             }
         }
+        let mut file = CheckpointFile::<f32>::from_entries(entries, meta, path)
+            .map_err(|e| corrupt(e.to_string()))?;
         let mut take = |k: &str, len: Option<usize>| {
-            let v = ints
+            let v = file
+                .other
                 .remove(k)
+                .and_then(|t| t.to_u64s())
                 .ok_or_else(|| corrupt(format!("no `{k}` tensor")))?;
             match len {
                 Some(l) if v.len() != l => {
@@ -234,8 +187,8 @@ impl Checkpoint {
                 rng,
                 order,
             },
-            params,
-            optim,
+            params: file.parameters,
+            optim: file.optimizer,
         })
     }
 
@@ -251,7 +204,11 @@ impl Checkpoint {
     /// say (and at most `limit` bytes in all): `/dev/zero` or a pipe that never ends is an
     /// error, not a hang.
     pub fn load_bounded(path: &Path, limit: u64) -> Result<Checkpoint> {
-        let bytes = read_safetensors(path, limit)?;
+        let corrupt = |reason: String| TrainError::CheckpointCorrupt {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let bytes = read_safetensors(path, limit, "reading the checkpoint", &corrupt)?;
         Checkpoint::from_bytes(&bytes, path)
     }
 
@@ -265,14 +222,16 @@ impl Checkpoint {
 const MAX_HEADER: u64 = 100_000_000;
 
 /// Reads one safetensors file: the 8-byte header length, the header, then exactly the data the
-/// header's offsets cover, and checks nothing follows.
-fn read_safetensors(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    let corrupt = |reason: String| TrainError::CheckpointCorrupt {
-        path: path.to_path_buf(),
-        reason,
-    };
+/// header's offsets cover, and checks nothing follows. `what` names the reading in I/O errors;
+/// `corrupt` makes the error for a file that is not safetensors.
+pub(crate) fn read_safetensors(
+    path: &Path,
+    limit: u64,
+    what: &'static str,
+    corrupt: &dyn Fn(String) -> TrainError,
+) -> Result<Vec<u8>> {
     let io = |source| TrainError::Io {
-        what: "reading the checkpoint",
+        what,
         path: path.to_path_buf(),
         source,
     };
@@ -312,12 +271,10 @@ fn read_safetensors(path: &Path, limit: u64) -> Result<Vec<u8>> {
     let total = 8 + n + data_len;
     if total > limit {
         return Err(TrainError::TooLarge {
-            what: "reading the checkpoint",
+            what,
             path: path.to_path_buf(),
             limit,
-            reason: format!(
-                "its header claims {total} bytes; a checkpoint of this model is smaller"
-            ),
+            reason: format!("its header claims {total} bytes; a file of this model is smaller"),
         });
     }
     take(data_len, &mut bytes)?;

@@ -1,6 +1,11 @@
 use super::*;
 use crate::files::temp_path;
+use safetensors::{SafeTensors, tensor::TensorView};
 use serde_json::json;
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
 
 fn sample() -> Checkpoint {
     let t = |shape: Vec<usize>, base: f32| HostTensor {

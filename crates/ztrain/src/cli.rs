@@ -166,6 +166,15 @@ pub struct Options {
     )]
     pub ff: usize,
 
+    /// Encoder blocks (L; XASSET.md "Depth"): 1 is the reference model, 3 the real
+    /// cross-asset one. Parameters are named blocks.{i}.* when L > 1.
+    #[arg(
+        long,
+        default_value_t = 1,
+        help_heading = "Model (XASSET.md; defaults are its size)"
+    )]
+    pub layers: usize,
+
     /// Passes over the training samples.
     #[arg(long, default_value_t = 2, help_heading = "Training")]
     pub epochs: usize,
@@ -232,6 +241,18 @@ pub struct Options {
     #[arg(long, value_name = "FILE", help_heading = "Checkpoints")]
     pub resume: Option<PathBuf>,
 
+    /// Start from the parameters in this safetensors file (a PyTorch state_dict under
+    /// XASSET.md's names, an oracle input, or a checkpoint's parameters) instead of a random
+    /// initialisation: zero optimiser moments, step 0, as fine-tuning does. Its sizes and depth
+    /// must be the options' (missing, extra or misshapen tensors are named).
+    #[arg(
+        long,
+        value_name = "FILE.safetensors",
+        conflicts_with = "resume",
+        help_heading = "Checkpoints"
+    )]
+    pub init_from: Option<PathBuf>,
+
     /// Stop after this many optimiser steps in all (counting resumed ones), writing the
     /// checkpoint: splits a long run into pieces.
     #[arg(long, value_name = "STEPS", help_heading = "Checkpoints")]
@@ -288,6 +309,7 @@ impl Options {
             width: self.width,
             heads: self.heads,
             ff: self.ff,
+            layers: self.layers,
         };
         check_model(&model)?;
         if self.batch == 0 {

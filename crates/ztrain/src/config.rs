@@ -44,6 +44,7 @@ pub fn check_model(m: &XAssetConfig) -> Result<()> {
         ("--width", m.width),
         ("--heads", m.heads),
         ("--ff", m.ff),
+        ("--layers", m.layers),
     ] {
         if v == 0 {
             return Err(TrainError::Options(format!("{name} must be at least 1")));
@@ -58,19 +59,18 @@ pub fn check_model(m: &XAssetConfig) -> Result<()> {
     Ok(())
 }
 
-/// Parameter count (XASSET.md's table) in checked arithmetic: sizes whose count does not fit
-/// in 64 bits are a typed error, not an overflow (zgrad's `parameter_count` is for sizes that
-/// were allocated).
+/// Parameter count (XASSET.md's table, with L blocks) in checked arithmetic: sizes whose
+/// count does not fit in 64 bits are a typed error, not an overflow (zgrad's
+/// `parameter_count` is for sizes that were allocated).
 pub fn parameters(m: &XAssetConfig) -> Result<u64> {
-    let (d, f, ff, dh) = (
+    let (d, f, ff, dh, l) = (
         m.width as u128,
         m.features as u128,
         m.ff as u128,
         (m.width / m.heads.max(1)) as u128,
+        m.layers as u128,
     );
-    let terms = [
-        [d, f],
-        [d, 1],
+    let block = [
         [2, d],
         [3 * d, d],
         [3, d],
@@ -82,21 +82,24 @@ pub fn parameters(m: &XAssetConfig) -> Result<u64> {
         [ff, 1],
         [d, ff],
         [d, 1],
-        [d, 1],
-        [1, 1],
-    ];
-    let n = terms
+    ]
+    .iter()
+    .try_fold(0u128, |acc, [a, b]| acc.checked_add(a.checked_mul(*b)?));
+    let outer = [[d, f], [d, 1], [d, 1], [1, 1]]
         .iter()
         .try_fold(0u128, |acc, [a, b]| acc.checked_add(a.checked_mul(*b)?));
+    let n = block
+        .and_then(|b| b.checked_mul(l))
+        .and_then(|b| b.checked_add(outer?));
     match n.and_then(|n| u64::try_from(n).ok()) {
         Some(n) => Ok(n),
         None => Err(TrainError::OutOfMemory {
             needed: format!(
-                "more than 2^64 parameters (--width {}, --features {}, --ff {})",
-                m.width, m.features, m.ff
+                "more than 2^64 parameters (--width {}, --features {}, --ff {}, --layers {})",
+                m.width, m.features, m.ff, m.layers
             ),
             available: "no machine holds that many".into(),
-            advice: "lower --width, --features or --ff".into(),
+            advice: "lower --width, --features, --ff or --layers".into(),
         }),
     }
 }
@@ -145,7 +148,7 @@ impl RunConfig {
         };
         json!({
             "model": {"scales": m.scales, "features": m.features, "width": m.width,
-                      "heads": m.heads, "ff": m.ff},
+                      "heads": m.heads, "ff": m.ff, "layers": m.layers},
             "data": data,
             "validate_fraction": self.validate_fraction,
             "epochs": self.epochs,
@@ -204,6 +207,35 @@ fn diff_into(prefix: &str, a: &Value, b: &Value, root: &Value, out: &mut Vec<Str
     }
 }
 
+/// A checkpoint's configuration with `model.layers` filled in as 1 where it has none:
+/// checkpoints written before `--layers` existed are of one-block models.
+#[must_use]
+pub fn with_default_layers(saved: &Value) -> Value {
+    let mut out = saved.clone();
+    if let Some(model) = out.get_mut("model").and_then(Value::as_object_mut) {
+        model.entry("layers").or_insert(json!(1));
+    }
+    out
+}
+
+/// How the model of a checkpoint's configuration differs from this run's, one phrase per
+/// size: `checkpoint has 3 layers, the options 2`, `width 256 vs 128 (--width)`.
+#[must_use]
+pub fn model_differences(saved: &Value, now: &Value) -> Vec<String> {
+    let (a, b) = (&saved["model"], &now["model"]);
+    ["layers", "features", "scales", "width", "heads", "ff"]
+        .into_iter()
+        .filter(|k| a[*k] != b[*k])
+        .map(|k| match k {
+            "layers" => format!(
+                "checkpoint has {} layers, the options {} (--layers)",
+                a[k], b[k]
+            ),
+            _ => format!("{k} {} vs {} (--{k})", a[k], b[k]),
+        })
+        .collect()
+}
+
 /// FNV-1a over `bytes`: a cheap fingerprint of the data file (not a security measure).
 #[must_use]
 pub fn fnv1a(bytes: &[u8]) -> u64 {
@@ -241,6 +273,49 @@ mod tests {
     fn default_size_has_xasset_parameter_count() {
         assert_eq!(parameters(&base().model).expect("fits"), 839_937);
         assert_eq!(XAssetConfig::default().parameter_count(), 839_937);
+    }
+
+    #[test]
+    fn three_blocks_at_the_default_size_have_the_documented_count() {
+        let m = XAssetConfig {
+            layers: 3,
+            ..XAssetConfig::default()
+        };
+        assert_eq!(parameters(&m).expect("fits"), 2_419_969);
+        assert_eq!(m.parameter_count(), 2_419_969);
+    }
+
+    #[test]
+    fn model_differences_name_the_depth_and_sizes() {
+        let mut b = base();
+        b.model.layers = 2;
+        let mut a = base();
+        a.model.layers = 3;
+        a.model.width = 256;
+        b.model.width = 128;
+        b.model.heads = 4;
+        let d = model_differences(&a.to_json(None), &b.to_json(None));
+        assert_eq!(
+            d,
+            vec![
+                "checkpoint has 3 layers, the options 2 (--layers)".to_string(),
+                "width 256 vs 128 (--width)".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_layers_is_a_one_block_model() {
+        let mut old = base().to_json(None);
+        old["model"]
+            .as_object_mut()
+            .expect("model")
+            .remove("layers");
+        let now = base().to_json(None);
+        assert_eq!(differences(&old, &now).len(), 1, "layers: null vs 1");
+        let old = with_default_layers(&old);
+        assert!(differences(&old, &now).is_empty());
+        assert!(model_differences(&old, &now).is_empty());
     }
 
     #[test]

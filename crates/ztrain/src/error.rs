@@ -79,6 +79,23 @@ pub enum TrainError {
     )]
     CheckpointMismatch { path: PathBuf, differences: String },
 
+    /// The checkpoint holds a model of another depth or size than the options ask for.
+    #[error(
+        "checkpoint {} holds another model: {differences}; resume with the model options it was written with (--layers, --width, ...), or start a new run without --resume",
+        path.display()
+    )]
+    CheckpointModel { path: PathBuf, differences: String },
+
+    /// `--init-from` names a file that is not a parameter file of the model the options ask
+    /// for (unreadable, corrupt, or with missing, extra or misshapen tensors, or other sizes:
+    /// the error under it names them all).
+    #[error("--init-from {}: cannot start from this file", path.display())]
+    InitFrom {
+        path: PathBuf,
+        #[source]
+        source: zgrad::GradError,
+    },
+
     /// `--device cuda` and no usable GPU.
     #[error(
         "--device cuda: no usable GPU ({reason}); use --device cpu, or --device auto to fall back to the CPU"

@@ -56,14 +56,7 @@ impl PlanReport {
 pub fn make(options: &Options) -> Result<PlanReport> {
     let config = options.config()?;
     let engine = options.arena.engine_config()?;
-    let m = config.model;
-    let model = XAssetConfig {
-        features: m.features,
-        scales: m.scales,
-        width: m.width,
-        heads: m.heads,
-        ff: m.ff,
-    };
+    let model: XAssetConfig = config.model;
     let target = match options.device {
         DeviceChoice::Cpu => Target::Cpu,
         DeviceChoice::Sim => Target::Device {
@@ -134,7 +127,7 @@ pub fn to_json(r: &PlanReport) -> serde_json::Value {
     };
     json!({
         "model": {"features": m.features, "scales": m.scales, "width": m.width,
-                  "heads": m.heads, "ff": m.ff},
+                  "heads": m.heads, "ff": m.ff, "layers": m.layers},
         "batch": req.batch,
         "capture": req.trainer.capture,
         "steps": req.steps,
@@ -157,7 +150,8 @@ pub fn to_lines(r: &PlanReport) -> Vec<String> {
     let m = req.model;
     let mut lines = vec![
         format!(
-            "ztrain --plan: XAsset D={} H={} FF={} S={} F={}, batch {}, {} ({} steps per schedule on an accounting-only simulated device)",
+            "ztrain --plan: XAsset L={} D={} H={} FF={} S={} F={}, batch {}, {} ({} steps per schedule on an accounting-only simulated device)",
+            m.layers,
             m.width,
             m.heads,
             m.ff,

@@ -2,14 +2,13 @@
 //! back (parameters, AdamW moments and step, generator, data order), with the checks that make
 //! a wrong or damaged checkpoint an error instead of a silently different run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use zgrad::optim::Moments;
-use zgrad::{AdamWState, Trainer};
+use zgrad::{CheckpointFile, Trainer, XAsset, XAssetConfig};
 
-use crate::checkpoint::{Checkpoint, HostTensor, Progress};
-use crate::config::differences;
+use crate::checkpoint::{Checkpoint, Progress};
+use crate::config::{differences, model_differences, with_default_layers};
 use crate::console::Console;
 use crate::error::{Result, TrainError};
 use crate::step::TrainBackend;
@@ -22,52 +21,59 @@ pub fn checkpoint_of<B: TrainBackend>(
     backend: &str,
 ) -> Result<Checkpoint> {
     let b = learner.backend();
-    let params: BTreeMap<String, HostTensor> = learner
-        .model()
-        .to_host(b)?
-        .into_iter()
-        .map(|(name, t)| {
-            (
-                name,
-                HostTensor {
-                    shape: t.shape,
-                    data: t.data,
-                },
-            )
-        })
-        .collect();
-    let names: Vec<String> = zgrad::PARAMETER_NAMES
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let params = learner.model().to_host(b)?;
+    let names: Vec<String> = params.iter().map(|(n, _)| n.clone()).collect();
     let state = learner.optimizer().export(b, &names)?;
-    let mut optim = BTreeMap::new();
-    for mo in state.moments {
-        optim.insert(
-            format!("m.{}", mo.name),
-            HostTensor {
-                shape: mo.shape.clone(),
-                data: mo.m,
-            },
-        );
-        optim.insert(
-            format!("v.{}", mo.name),
-            HostTensor {
-                shape: mo.shape,
-                data: mo.v,
-            },
-        );
-    }
     let mut progress = progress.clone();
     // The optimiser counts its own steps; both must agree.
     progress.step = state.step;
+    let file = CheckpointFile::of_state(params, state);
     Ok(Checkpoint {
         config: config.clone(),
         backend: backend.to_string(),
         progress,
-        params,
-        optim,
+        params: file.parameters,
+        optim: file.optimizer,
     })
+}
+
+/// The model of `--init-from`: the parameters of the safetensors file at `path` (read no
+/// further than `limit` bytes), whose sizes and depth must be `model`'s. Every problem is an
+/// `InitFrom` error whose source names it: a file that is missing, a directory or not
+/// safetensors; other sizes (each difference); missing, extra or misshapen tensors (all of them).
+pub fn init_from<B: TrainBackend>(
+    b: &B,
+    path: &Path,
+    model: &XAssetConfig,
+    limit: u64,
+) -> Result<XAsset<B>> {
+    let wrap = |source: zgrad::GradError| TrainError::InitFrom {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.is_dir() {
+        return Err(wrap(zgrad::GradError::Io {
+            path: path.display().to_string(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "a directory, not a parameter file",
+            ),
+        }));
+    }
+    let not_safetensors = |reason: String| {
+        wrap(zgrad::GradError::SafeTensors {
+            path: path.display().to_string(),
+            message: reason,
+        })
+    };
+    let bytes = crate::checkpoint::read_safetensors(
+        path,
+        limit,
+        "reading the --init-from file",
+        &not_safetensors,
+    )?;
+    let file = zgrad::checkpoint::parameter_file_from_bytes::<f32>(&bytes, path).map_err(wrap)?;
+    XAsset::from_tensors_checked(b, &file, path, model).map_err(wrap)
 }
 
 /// What a resumed run is: its configuration, backend, training samples and epochs, and the
@@ -115,7 +121,15 @@ pub fn resume<B: TrainBackend>(
             now: world(config),
         });
     }
-    let diff = differences(&ck.config, config);
+    let saved_config = with_default_layers(&ck.config);
+    let model_diff = model_differences(&saved_config, config);
+    if !model_diff.is_empty() {
+        return Err(TrainError::CheckpointModel {
+            path: path.to_path_buf(),
+            differences: model_diff.join("; "),
+        });
+    }
+    let diff = differences(&saved_config, config);
     if !diff.is_empty() {
         return Err(TrainError::CheckpointMismatch {
             path: path.to_path_buf(),
@@ -128,44 +142,25 @@ pub fn resume<B: TrainBackend>(
     };
     let b = learner.backend().clone();
     let b = &b;
-    let mut moments = Vec::new();
-    for (name, var) in learner.model().named_parameters() {
-        let t = ck
-            .params
-            .get(name)
-            .ok_or_else(|| corrupt(format!("no parameter `{name}`")))?;
-        if t.shape != var.shape() {
-            return Err(corrupt(format!(
-                "`{name}` has shape {:?}, the model {:?}",
-                t.shape,
-                var.shape()
-            )));
-        }
-        var.upload(b, &t.data)?;
-        let slot = |s: &str| {
-            ck.optim
-                .get(&format!("{s}.{name}"))
-                .filter(|t| t.shape == var.shape())
-                .ok_or_else(|| {
-                    corrupt(format!(
-                        "no optimiser state `{s}.{name}` of the parameter's shape"
-                    ))
-                })
-        };
-        moments.push(Moments {
-            name: name.to_string(),
-            shape: var.shape().to_vec(),
-            m: slot("m")?.data.clone(),
-            v: slot("v")?.data.clone(),
-        });
+    let params = learner.model().named_parameters();
+    let expected: Vec<(String, Vec<usize>)> = params
+        .iter()
+        .map(|(n, v)| (n.clone(), v.shape().to_vec()))
+        .collect();
+    let file = CheckpointFile {
+        parameters: ck.params,
+        optimizer: ck.optim,
+        other: BTreeMap::new(),
+        metadata: HashMap::new(),
+    };
+    // Every tensor is checked (all problems named) before any is written.
+    let (values, state) = file
+        .training_state(&expected, ck.progress.step, path)
+        .map_err(|e| corrupt(e.to_string()))?;
+    for ((_, var), value) in params.iter().zip(&values) {
+        var.upload(b, value)?;
     }
-    learner.optimizer_mut().import(
-        b,
-        &AdamWState {
-            step: ck.progress.step,
-            moments,
-        },
-    )?;
+    learner.optimizer_mut().import(b, &state)?;
     let p = ck.progress;
     let mut seen = vec![false; n_train];
     let valid_order = p.order.len() == n_train

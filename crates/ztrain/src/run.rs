@@ -56,6 +56,7 @@ fn check_files(options: &Options) -> Result<()> {
     let inputs: Vec<Named<'_>> = [
         named("--data", &options.data),
         named("--resume", &options.resume),
+        named("--init-from", &options.init_from),
     ]
     .into_iter()
     .flatten()
@@ -276,12 +277,15 @@ fn train<B: TrainBackend + MemorySource>(
                 config.epochs
             ))
         })?;
-    let model = XAsset::init(&b, model_config, config.seed)?;
+    let limit = checkpoint_limit(crate::config::parameters(&m)?, n_train);
+    let model = match &options.init_from {
+        Some(path) => crate::resume::init_from(&b, path, &model_config, limit)?,
+        None => XAsset::init(&b, model_config, config.seed)?,
+    };
     let mut learner = Trainer::new(b.clone(), model, trainer_config(config, total_steps))?;
 
     let mut progress = match &options.resume {
         Some(path) => {
-            let limit = checkpoint_limit(crate::config::parameters(&m)?, n_train);
             let at = ResumeAt {
                 config: &config_json,
                 backend: ctx.backend_name,
@@ -312,10 +316,16 @@ fn train<B: TrainBackend + MemorySource>(
         reason: "generator state is all zero".into(),
     })?;
     out.line(&format!(
-        "ztrain: XAsset F={} S={} D={} H={} FF={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
-        m.features, m.scales, m.width, m.heads, m.ff, crate::config::parameters(&m)?, n_train, val_set.len(),
+        "ztrain: XAsset F={} S={} D={} H={} FF={} L={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
+        m.features, m.scales, m.width, m.heads, m.ff, m.layers, crate::config::parameters(&m)?, n_train, val_set.len(),
         config.batch, config.epochs, crate::config::schedule_name(config.schedule)
     ));
+    if let Some(path) = &options.init_from {
+        out.line(&format!(
+            "ztrain: parameters from {} (optimiser moments zero, step 0)",
+            path.display()
+        ));
+    }
 
     let save = |learner: &Trainer<B>, progress: &Progress| -> Result<()> {
         match &options.checkpoint {

@@ -91,11 +91,11 @@ fn schedule_line(c: &zgrad::TrainerConfig) -> String {
     format!("{schedule}, capture {capture}")
 }
 
-/// `F=193 S=12 D=256 H=4 FF=1024`.
+/// `F=193 S=12 D=256 H=4 FF=1024 L=1`.
 fn model_line(c: &XAssetConfig) -> String {
     format!(
-        "F={} S={} D={} H={} FF={}",
-        c.features, c.scales, c.width, c.heads, c.ff
+        "F={} S={} D={} H={} FF={} L={}",
+        c.features, c.scales, c.width, c.heads, c.ff, c.layers
     )
 }
 

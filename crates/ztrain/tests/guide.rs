@@ -111,6 +111,7 @@ fn xasset_trainer<B: Capture<f32> + 'static>(b: B) -> Result<(f64, f64), AnyErro
         width: 16,
         heads: 2,
         ff: 32,
+        layers: 1,
     };
     let model = XAsset::<B, f32>::init(&b, config, 7)?;
     let mut trainer = Trainer::new(b, model, TrainerConfig::default())?;

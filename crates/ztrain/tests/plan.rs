@@ -145,3 +145,30 @@ fn plan_at_width_16384_stays_under_1_gib_of_host_memory() {
     assert!(rss > 0, "no /proc sample of the process");
     assert!(rss < 1 << 20, "peak RSS {rss} KiB is not under 1 GiB");
 }
+
+/// `--layers` is in the plan: three blocks hold three blocks' parameters (persistent memory
+/// grows by about two blocks' parameters, gradients and moments) and the JSON says so.
+#[test]
+fn plan_counts_every_block() {
+    let persistent = |layers: &str| {
+        let j = json_of(&[
+            "--plan", "--json", "--width", "64", "--ff", "128", "--batch", "8", "--layers", layers,
+        ]);
+        assert_eq!(j["model"]["layers"].to_string(), layers, "{j}");
+        j["schedules"][0]["peak_bytes"]["persistent"]
+            .as_u64()
+            .expect("persistent bytes")
+    };
+    let (one, three) = (persistent("1"), persistent("3"));
+    // One block at width 64, FF 128: 3·64² + 64² + 2·64·128 weights and small vectors, times
+    // parameters, gradients and two moments (4 bytes each).
+    let block_bytes = (4 * 64 * 64 + 2 * 64 * 128) * 16;
+    assert!(
+        three >= one + 2 * block_bytes && three < one + 3 * block_bytes,
+        "persistent {one} with one block, {three} with three"
+    );
+    let o = ztrain(&[
+        "--plan", "--width", "64", "--ff", "128", "--batch", "8", "--layers", "3",
+    ]);
+    assert!(text(&o).0.contains("XAsset L=3 D=64"), "{:?}", text(&o));
+}

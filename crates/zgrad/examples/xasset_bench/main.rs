@@ -30,8 +30,9 @@
 //!   `reset_peak_memory_stats`); the cuBLAS workspace the device reserved at open is beside.
 //!
 //! `cargo run --release -p zgrad --features gpu --example xasset_bench [-- --iters N]
-//! [--runs R] [--only batched|per-sample]` (`--only` times one schedule, e.g. to profile it
-//! alone; the other's fields print as null).
+//! [--runs R] [--only batched|per-sample] [--layers L]` (`--only` times one schedule, e.g. to
+//! profile it alone; the other's fields print as null; `--layers` the number of encoder
+//! blocks, default 1, as `xasset_torch.py bench --layers L`).
 #![allow(clippy::print_stdout)]
 
 mod timing;
@@ -50,6 +51,8 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 struct Bench {
     gpu: Gpu,
+    /// The default size with `--layers` blocks.
+    config: XAssetConfig,
     x: Vec<f32>,
     y: Vec<f32>,
     iters: usize,
@@ -58,7 +61,7 @@ struct Bench {
 
 impl Bench {
     fn trainer(&self, schedule: TrainSchedule, capture: bool) -> Result<Trainer<Gpu>, Error> {
-        let model = XAsset::init(&self.gpu, XAssetConfig::default(), 0)?;
+        let model = XAsset::init(&self.gpu, self.config, 0)?;
         self.trainer_of(model, schedule, capture)
     }
 
@@ -82,7 +85,7 @@ impl Bench {
 
     /// The batch in pinned host memory, written in place once (PyTorch's `Xp`, `Yp`).
     fn pinned(&self) -> Result<PinnedBatch<Gpu>, Error> {
-        let c = XAssetConfig::default();
+        let c = self.config;
         let mut p = PinnedBatch::new(&self.gpu, BATCH, c.scales, c.features)?;
         p.fill(|x, y| {
             x.copy_from_slice(&self.x);
@@ -126,7 +129,7 @@ impl Bench {
         &self,
         schedule: TrainSchedule,
     ) -> Result<(Trainer<Gpu>, f64, bool, Option<usize>), Error> {
-        let model = XAsset::init(&self.gpu, XAssetConfig::default(), 0)?;
+        let model = XAsset::init(&self.gpu, self.config, 0)?;
         let (ms, (t, captured)) = wall_ms(|| {
             let mut t = self.trainer_of(model, schedule, true)?;
             let captured = self.step(&mut t)?;
@@ -269,8 +272,15 @@ fn main() -> Result<(), Error> {
         return Err(format!("--only takes batched or per-sample, not {o}").into());
     }
     let want = |s: &str| only.as_deref().is_none_or(|o| o == s);
+    let layers: usize = arg("--layers").map(|v| v.parse()).transpose()?.unwrap_or(1);
+    if layers == 0 {
+        return Err("--layers takes a positive count".into());
+    }
+    let c = XAssetConfig {
+        layers,
+        ..XAssetConfig::default()
+    };
     let gpu = open_gpu()?;
-    let c = XAssetConfig::default();
     let mut rng = SplitMix64::new(1);
     let x: Vec<f32> = rng
         .normal_vec(BATCH * c.scales * c.features)
@@ -289,6 +299,8 @@ fn main() -> Result<(), Error> {
             c.features, c.scales, c.width, c.heads, c.ff
         ),
     );
+    out.raw("layers", c.layers);
+    out.raw("parameters", c.parameter_count());
     out.raw("batch", BATCH);
     out.raw("iters", iters);
     out.raw("runs", runs);
@@ -301,6 +313,7 @@ fn main() -> Result<(), Error> {
     );
     let b = Bench {
         gpu,
+        config: c,
         x,
         y,
         iters,
