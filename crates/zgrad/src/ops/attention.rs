@@ -62,7 +62,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for QkNormAttentionBackward<B, 
 }
 
 impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
-    /// Attention's core after the qkv product (`zcompute::Backend::qk_norm_attention`):
+    /// Attention's core after the qkv product (`zcompute::AttentionOps::qk_norm_attention`):
     /// `qkv [B, S, 3D]` laid out `[B, S, 3, H, dh]` to `[B, S, D]`, with q and k
     /// LayerNorm-ed over `dh` by `(q_weight, q_bias)` and `(k_weight, k_bias)`. One node; its
     /// backward recomputes the forward from the saved qkv.

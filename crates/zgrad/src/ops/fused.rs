@@ -63,7 +63,7 @@ pub(super) fn layer_norm_param_grads<B: Backend<T>, T: Element>(
 
 /// The tape's `[n]` buffers for a LayerNorm's weight (`at`) and bias (`at + 1`) gradients
 /// when it gave one for every parameter that `needs` a gradient (and one does): then
-/// LayerNorm's backward adds into them itself (`Backend::layer_norm_backward_into`, one launch
+/// LayerNorm's backward adds into them itself (`NormOps::layer_norm_backward_into`, one launch
 /// on the device for few rows). `None` otherwise: the caller takes the unfused path; also when
 /// both are one buffer (one parameter as weight and bias), which that op refuses as aliased.
 pub(super) fn layer_norm_param_buffers<'a, S: zcompute::Storage>(
