@@ -6,8 +6,8 @@
 //! engine's arena.
 
 use zcompute::{
-    ArenaSetting, Backend, Capture, ComputeError, CudaBackend, Engine, EngineConfig, MatmulOpts,
-    SimDriver, UnaryOp,
+    ArenaSetting, Capture, ComputeError, CudaBackend, Engine, EngineConfig, MatmulOpts, SimDriver,
+    UnaryOp, prelude::*,
 };
 use zgrad::{
     AdamW, AdamWHyper, Tape, Trainer, TrainerConfig, Var, XAsset, XAssetConfig, in_step, zero_grad,
@@ -61,7 +61,7 @@ fn zmem_alone() -> Result<String, AnyError> {
 }
 
 // Guide: "zcompute alone".
-fn tanh_linear<B: Backend<f32>>(b: &B) -> zcompute::Result<Vec<f32>> {
+fn tanh_linear<B: Ops<f32>>(b: &B) -> zcompute::Result<Vec<f32>> {
     let x = b.upload(&[1.0, 2.0, 3.0, 4.0], &[2, 2])?;
     let w = b.upload(&[0.5, -1.0, 0.25, 2.0], &[2, 2])?; // PyTorch's [out, in]
     let opts = MatmulOpts {
@@ -73,7 +73,7 @@ fn tanh_linear<B: Backend<f32>>(b: &B) -> zcompute::Result<Vec<f32>> {
 }
 
 // Guide: "zgrad with a custom model": a two-layer network learns XOR.
-fn xor_mlp<B: Backend<f32>>(b: B) -> Result<(f32, f32), AnyError> {
+fn xor_mlp<B: Ops<f32>>(b: B) -> Result<(f32, f32), AnyError> {
     let xs = [0.0f32, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0];
     let ys = [0.0f32, 1.0, 1.0, 0.0];
     let init: Vec<f32> = (0..16).map(|i| ((i * 7 % 11) as f32 - 5.0) / 5.0).collect();

@@ -10,13 +10,13 @@ use super::only;
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{Activation, BTensor, Backend, Element, MatmulOpts};
+use zcompute::{Activation, BTensor, Element, MatmulOpts, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
 const NAME: &str = "linear";
 
-struct LinearBackward<B: Backend<T>, T: Element> {
+struct LinearBackward<B: Ops<T>, T: Element> {
     /// The input, for the weight's gradient (none when the weight needs none).
     x: Option<Saved<B, T>>,
     /// The weight, for the input's gradient (none when the input needs none).
@@ -30,7 +30,7 @@ struct LinearBackward<B: Backend<T>, T: Element> {
     residual: bool,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -91,7 +91,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> LinearBackward<B, T> {
+impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
     /// The whole backward as one `LinearOps::linear_backward_into` when the tape gives the
     /// weight's buffer (and the bias's, when the bias needs a gradient); `None` (nothing run)
     /// otherwise.
@@ -136,7 +136,7 @@ impl<B: Backend<T>, T: Element> LinearBackward<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
+impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
     /// A Linear layer, `act(x · wᵀ + bias)` for `x [rows, in]`, `w [out, in]` (PyTorch's
     /// layout) and `bias [out]`, as one node (`zcompute::LinearOps::linear`). Backward keeps only
     /// what it reads: `x` when the weight needs a gradient, `w` when `x` does, the output for

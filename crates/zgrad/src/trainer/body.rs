@@ -11,10 +11,10 @@ use crate::var::Var;
 use crate::xasset::XAsset;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use zcompute::{BTensor, Backend, ComputeError, Element};
+use zcompute::{BTensor, ComputeError, Element, prelude::*};
 
 /// What every step body reads and writes. Cloning shares the tensors.
-pub(crate) struct StepParts<B: Backend<T>, T: Element> {
+pub(crate) struct StepParts<B: Ops<T>, T: Element> {
     pub model: XAsset<B, T>,
     pub params: Vec<Var<B, T>>,
     /// Persistent `[loss, grad norm]` of the last batched step (read back after it).
@@ -29,7 +29,7 @@ pub(crate) struct StepParts<B: Backend<T>, T: Element> {
     pub dist: Dist<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
+impl<B: Ops<T>, T: Element> Clone for StepParts<B, T> {
     fn clone(&self) -> Self {
         StepParts {
             model: self.model.clone(),
@@ -43,7 +43,7 @@ impl<B: Backend<T>, T: Element> Clone for StepParts<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> StepParts<B, T> {
+impl<B: Ops<T>, T: Element> StepParts<B, T> {
     fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
         if self.unprotected {
             Tape::unprotected_in_crate(b)
