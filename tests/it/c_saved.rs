@@ -5,7 +5,7 @@
 //! the head-weight gradient norm is printed per batch as in that report.
 #![allow(clippy::print_stdout)] // the per-batch gradient norms are the scenario's output
 
-use zcompute::{AllocClass, Backend, CpuBackend, CudaBackend};
+use zcompute::{AllocClass, CpuBackend, CudaBackend, prelude::*};
 use zdevice::Driver;
 use zgrad::{Tape, TrainSchedule, Trainer, TrainerConfig, Var, XAsset};
 use zmem::Protection;
@@ -261,7 +261,7 @@ fn reset_between_forward_and_backward<D: Driver>(
     (grads, cpu)
 }
 
-fn model_gradients<B: Backend<f32>>(b: &B, m: &XAsset<B, f32>) -> NamedGrads {
+fn model_gradients<B: Ops<f32>>(b: &B, m: &XAsset<B, f32>) -> NamedGrads {
     m.named_parameters()
         .into_iter()
         .map(|(n, p)| (n, b.download(p.grad().expect("grad")).expect("download")))

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use zcompute::{Backend, Capture, CpuBackend, CudaBackend};
+use zcompute::{Capture, CpuBackend, CudaBackend, prelude::*};
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
 use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 use zmem::{AllocClass, Arena, ArenaConfig, Event, EventKind};
@@ -135,7 +135,7 @@ pub fn initial_parameters(size: &Size) -> Vec<Vec<f32>> {
     parameters(&CpuBackend, &model)
 }
 
-pub fn parameters<B: Backend<f32>>(b: &B, model: &XAsset<B, f32>) -> Vec<Vec<f32>> {
+pub fn parameters<B: Ops<f32>>(b: &B, model: &XAsset<B, f32>) -> Vec<Vec<f32>> {
     model
         .parameters()
         .iter()

@@ -4,11 +4,13 @@
 //! The backward recomputes the forward from `qkv` (cheap at the short sequences it is built
 //! for), so the forward saves nothing but its input.
 //!
-//! This file holds the op's argument types and the composite over the op set (reshape and
-//! permute copies, two LayerNorms, batched products, softmax) that `Backend` provides and that
-//! a device backend falls back to for shapes its fused kernels do not take.
+//! The attention family: [`AttentionOps`] (the op pair and the backward that adds the QK-norm
+//! parameters' gradients into their buffers), the op's argument types, and the composite over
+//! the primitives (reshape and permute copies, two LayerNorms, batched products, softmax) that
+//! every backend gets as the provided bodies and that a device backend falls back to for shapes
+//! its fused kernels do not take.
 
-use crate::backend::{Backend, MatmulOpts};
+use crate::backend::{BTensor, Backend, MatmulOpts};
 use crate::element::Element;
 use crate::error::Result;
 use crate::storage::Storage;
@@ -27,7 +29,7 @@ pub struct QkNorm<'a, S: Storage> {
     pub eps: S::Elem,
 }
 
-/// What [`Backend::qk_norm_attention_backward`] returns: the gradient of `qkv` (`[B, S, 3D]`)
+/// What [`AttentionOps::qk_norm_attention_backward`] returns: the gradient of `qkv` (`[B, S, 3D]`)
 /// and of the four LayerNorm parameters (each `[dh]`).
 #[derive(Clone, Debug)]
 pub struct QkNormAttentionGrads<S: Storage> {
@@ -36,6 +38,49 @@ pub struct QkNormAttentionGrads<S: Storage> {
     pub q_bias: Tensor<S>,
     pub k_weight: Tensor<S>,
     pub k_bias: Tensor<S>,
+}
+
+/// Multi-head self-attention's core with QK-norm, fused. Every method is provided as the
+/// composite of [`Backend`]'s primitives; a backend overrides a method with its fused kernel
+/// (the CPU backend runs each head as plain loops, the CUDA backend one launch per direction
+/// for the shapes `attention.cu` takes).
+pub trait AttentionOps<T: Element>: Backend<T> {
+    /// Attention's core after the qkv product: `qkv [B, S, 3D]` laid out `[B, S, 3, H, dh]`
+    /// (q first) to `softmax(LN(q)·LN(k)ᵀ/sqrt(dh))·v` per batch and head, heads
+    /// concatenated `[B, S, D]`.
+    fn qk_norm_attention(
+        &self,
+        qkv: &BTensor<Self, T>,
+        norm: &QkNorm<'_, Self::Storage>,
+    ) -> Result<BTensor<Self, T>> {
+        composite_forward(self, qkv, norm)
+    }
+
+    /// The backward of [`AttentionOps::qk_norm_attention`] from the output gradient
+    /// `g [B, S, D]`: the gradient of `qkv` and of the four LayerNorm parameters, recomputing
+    /// the forward from `qkv`. Deterministic on every backend (fixed-order sums, no atomics).
+    fn qk_norm_attention_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        qkv: &BTensor<Self, T>,
+        norm: &QkNorm<'_, Self::Storage>,
+    ) -> Result<QkNormAttentionGrads<Self::Storage>> {
+        composite_backward(self, g, qkv, norm)
+    }
+
+    /// [`AttentionOps::qk_norm_attention_backward`] with the LayerNorm parameters' gradients
+    /// added into `param_grads` where given (q weight, q bias, k weight, k bias; each `[dh]`:
+    /// `+=`), the others returned. The provided body adds after the backward; a device backend
+    /// may add its column sums straight into the buffers. Deterministic on every backend.
+    fn qk_norm_attention_backward_into(
+        &self,
+        g: &BTensor<Self, T>,
+        qkv: &BTensor<Self, T>,
+        norm: &QkNorm<'_, Self::Storage>,
+        param_grads: [Option<&BTensor<Self, T>>; 4],
+    ) -> Result<QkNormAttentionGradsInto<Self::Storage>> {
+        backward_into(self, g, qkv, norm, param_grads)
+    }
 }
 
 /// The forward's intermediates in the head-major layout `[B, H, S, dh]` (`probs` `[B, H, S, S]`).
@@ -191,7 +236,7 @@ pub fn composite_backward<B: Backend<T> + ?Sized, T: Element>(
     })
 }
 
-/// What [`Backend::qk_norm_attention_backward_into`] returns: the gradient of `qkv`, and the
+/// What [`AttentionOps::qk_norm_attention_backward_into`] returns: the gradient of `qkv`, and the
 /// gradient of each LayerNorm parameter (q weight, q bias, k weight, k bias, each `[dh]`) that
 /// had no buffer to go into (`None` where it was added into the caller's buffer).
 #[derive(Clone, Debug)]
@@ -200,9 +245,9 @@ pub struct QkNormAttentionGradsInto<S: Storage> {
     pub params: [Option<Tensor<S>>; 4],
 }
 
-/// The provided body of [`Backend::qk_norm_attention_backward_into`]: the backward, then each
-/// parameter's gradient added into its buffer (one `add_into` each).
-pub(crate) fn backward_into<B: Backend<T> + ?Sized, T: Element>(
+/// The provided body of [`AttentionOps::qk_norm_attention_backward_into`]: the backward, then
+/// each parameter's gradient added into its buffer (one `add_into` each).
+pub(crate) fn backward_into<B: AttentionOps<T> + ?Sized, T: Element>(
     b: &B,
     g: &Tensor<B::Storage>,
     qkv: &Tensor<B::Storage>,

@@ -1,7 +1,15 @@
-//! The op set as a trait. `CpuBackend` implements it for f32 and f64 now; a `CudaBackend`
-//! implements `Backend<f32>` next, so the type system keeps f64 (references only) off the GPU.
-//! Ops are grouped by kind behind small enums (one method per kernel family) so a device backend
-//! maps each family to one kernel with an op code; the per-op methods are provided on top.
+//! The op set's primitives as a trait. `CpuBackend` implements it for f32 and f64, `CudaBackend`
+//! for f32, so the type system keeps f64 (references only) off the GPU. Ops are grouped by kind
+//! behind small enums (one method per kernel family) so a device backend maps each family to
+//! one kernel with an op code; the per-op methods are provided on top.
+//!
+//! `Backend` holds what any model's step is made of: transfers, fills and copies, elementwise
+//! ops, reductions, softmax, LayerNorm and their plain backwards, matrix products, the loss,
+//! AdamW and the ops over a flat gradient buffer, row gather/scatter, memory classes, steps and
+//! sync. Fusions of several of these into one kernel for a layer live in the family traits
+//! ([`crate::LinearOps`], [`crate::NormOps`], [`crate::AttentionOps`],
+//! [`crate::PooledLossOps`]), each method provided as the composite of these primitives;
+//! [`crate::Ops`] is all of them in one bound.
 
 use crate::element::Element;
 use crate::error::Result;
@@ -439,230 +447,6 @@ pub trait Backend<T: Element> {
         self.add_into(&sum, dst)
     }
 
-    /// Attention's core after the qkv product (see [`crate::attention`]): `qkv [B, S, 3D]`
-    /// laid out `[B, S, 3, H, dh]` (q first) to `softmax(LN(q)·LN(k)ᵀ/sqrt(dh))·v` per batch
-    /// and head, heads concatenated `[B, S, D]`. The provided body composes it from the op set;
-    /// a backend may fuse it.
-    fn qk_norm_attention(
-        &self,
-        qkv: &BTensor<Self, T>,
-        norm: &crate::attention::QkNorm<'_, Self::Storage>,
-    ) -> Result<BTensor<Self, T>> {
-        crate::attention::composite_forward(self, qkv, norm)
-    }
-
-    /// The backward of [`Backend::qk_norm_attention`] from the output gradient `g [B, S, D]`:
-    /// the gradient of `qkv` and of the four LayerNorm parameters, recomputing the forward
-    /// from `qkv`. Deterministic on every backend (fixed-order sums, no atomics).
-    fn qk_norm_attention_backward(
-        &self,
-        g: &BTensor<Self, T>,
-        qkv: &BTensor<Self, T>,
-        norm: &crate::attention::QkNorm<'_, Self::Storage>,
-    ) -> Result<crate::attention::QkNormAttentionGrads<Self::Storage>> {
-        crate::attention::composite_backward(self, g, qkv, norm)
-    }
-
-    /// [`Backend::qk_norm_attention_backward`] with the LayerNorm parameters' gradients added
-    /// into `param_grads` where given (q weight, q bias, k weight, k bias; each `[dh]`: `+=`),
-    /// the others returned. The provided body adds after the backward; a device backend may
-    /// add its column sums straight into the buffers. Deterministic on every backend.
-    fn qk_norm_attention_backward_into(
-        &self,
-        g: &BTensor<Self, T>,
-        qkv: &BTensor<Self, T>,
-        norm: &crate::attention::QkNorm<'_, Self::Storage>,
-        param_grads: [Option<&BTensor<Self, T>>; 4],
-    ) -> Result<crate::attention::QkNormAttentionGradsInto<Self::Storage>> {
-        crate::attention::backward_into(self, g, qkv, norm, param_grads)
-    }
-
-    // Fused ops (`crate::fused`): provided as composites of the op set; the CPU backend
-    // implements each for f32 and f64, the CUDA backend as one kernel.
-
-    /// `act(x + bias)` for `x` `[..., n]` and `bias` `[n]` (the epilogue of a product).
-    fn bias_act(
-        &self,
-        x: &BTensor<Self, T>,
-        bias: &BTensor<Self, T>,
-        act: crate::fused::Activation,
-    ) -> Result<BTensor<Self, T>> {
-        crate::fused::bias_act(self, x, bias, act)
-    }
-
-    /// A Linear layer's forward, `act(x · wᵀ + bias)` for `x [rows, in]`, `w [out, in]` and
-    /// `bias [out]`. The provided body is [`Backend::matmul`] then [`Backend::bias_act`]; the
-    /// CUDA backend runs few rows (one sample's scales) as one kernel with the epilogue inside.
-    fn linear(
-        &self,
-        x: &BTensor<Self, T>,
-        w: &BTensor<Self, T>,
-        bias: &BTensor<Self, T>,
-        act: crate::fused::Activation,
-    ) -> Result<BTensor<Self, T>> {
-        crate::linear::linear(self, x, w, bias, act)
-    }
-
-    /// A Linear layer with a residual added after the activation (a skip connection),
-    /// `act(x · wᵀ + bias) + residual` for `residual [rows, out]`. The provided body is
-    /// [`Backend::linear`] then [`Backend::add`]; the CUDA backend adds a dense residual in the
-    /// small-row kernel's epilogue.
-    fn linear_add(
-        &self,
-        x: &BTensor<Self, T>,
-        w: &BTensor<Self, T>,
-        bias: &BTensor<Self, T>,
-        act: crate::fused::Activation,
-        residual: &BTensor<Self, T>,
-    ) -> Result<BTensor<Self, T>> {
-        crate::linear::linear_add(self, x, w, bias, act, residual)
-    }
-
-    /// A Linear layer's parameter gradients added into their buffers, from the gradient of its
-    /// output before the activation `g [rows, out]` and its input `x [rows, in]`:
-    /// `dw += gᵀ · x` (`dw [out, in]`) and, when given, `db += Σ_rows g` (`db [out]`). The
-    /// buffers must be writable and share no memory with `g` or `x`; they may be disjoint views
-    /// of one buffer (a model's flat gradient buffer), not overlapping ones. The provided
-    /// body is [`Backend::matmul_into`] then [`Backend::sum_rows_into`]; the CUDA backend does
-    /// both in one kernel when the rows are few.
-    fn linear_param_grads_into(
-        &self,
-        g: &BTensor<Self, T>,
-        x: &BTensor<Self, T>,
-        dw: &BTensor<Self, T>,
-        db: Option<&BTensor<Self, T>>,
-    ) -> Result<()> {
-        crate::linear::linear_param_grads_into(self, g, x, dw, db)
-    }
-
-    /// A Linear layer's backward, `y = act(x · wᵀ + bias)`: from the output's gradient
-    /// `gy [rows, out]`, `gz = gy` (identity) or `gy * (1 - y²)` (tanh, from its saved output
-    /// `y`, given exactly then); `dw += gzᵀ · x` and, when given, `db += Σ_rows gz` into their
-    /// buffers (as [`Backend::linear_param_grads_into`], whose checks apply, and sharing no
-    /// memory with any input); returns the input's gradient `gz · w` when the weight
-    /// `w [out, in]` is given (`None` otherwise). The provided body is [`Backend::tanh_backward`],
-    /// [`Backend::matmul`] and [`Backend::linear_param_grads_into`]; the CUDA backend runs few
-    /// rows as one kernel.
-    fn linear_backward_into(
-        &self,
-        gy: &BTensor<Self, T>,
-        x: &BTensor<Self, T>,
-        w: Option<&BTensor<Self, T>>,
-        (act, y): (crate::fused::Activation, Option<&BTensor<Self, T>>),
-        (dw, db): (&BTensor<Self, T>, Option<&BTensor<Self, T>>),
-    ) -> Result<Option<BTensor<Self, T>>> {
-        crate::linear::linear_backward_into(self, gy, x, w, (act, y), (dw, db))
-    }
-
-    /// Tanh's backward from its output: `g * (1 - y²)`.
-    fn tanh_backward(
-        &self,
-        g: &BTensor<Self, T>,
-        y: &BTensor<Self, T>,
-    ) -> Result<BTensor<Self, T>> {
-        crate::fused::tanh_backward(self, g, y)
-    }
-
-    /// The residual add and LayerNorm: `h = a + b` and `layer_norm(h, weight, bias, eps)`.
-    fn add_layer_norm(
-        &self,
-        a: &BTensor<Self, T>,
-        b: &BTensor<Self, T>,
-        weight: Option<&BTensor<Self, T>>,
-        bias: Option<&BTensor<Self, T>>,
-        eps: T,
-    ) -> Result<crate::fused::AddLayerNormOut<Self::Storage>> {
-        crate::fused::add_layer_norm(self, a, b, weight, bias, eps)
-    }
-
-    /// [`Backend::layer_norm_backward`] with the residual stream's gradient added to the
-    /// input's: `input = LN'(g) + residual` (the gradient of `h` in `h = a + b; y = LN(h)`
-    /// when `h` is used again).
-    #[allow(clippy::too_many_arguments)]
-    fn layer_norm_backward_add(
-        &self,
-        g: &BTensor<Self, T>,
-        residual: Option<&BTensor<Self, T>>,
-        x: &BTensor<Self, T>,
-        mean: &BTensor<Self, T>,
-        rstd: &BTensor<Self, T>,
-        weight: Option<&BTensor<Self, T>>,
-        want: [bool; 2],
-    ) -> Result<LayerNormGrads<Self::Storage>> {
-        crate::validate::layer_norm_backward_add(g, residual, x, mean, rstd, weight)?;
-        let mut grads = self.layer_norm_backward(g, x, mean, rstd, weight, want)?;
-        if let (Some(gx), Some(res)) = (grads.input.as_ref(), residual) {
-            grads.input = Some(self.add(gx, res)?);
-        }
-        Ok(grads)
-    }
-
-    /// LayerNorm's backward (with the residual stream's gradient added to the input's, as
-    /// [`Backend::layer_norm_backward_add`]) and its parameters' gradients added into their
-    /// buffers: `dw += Σ_rows g * xhat`, `db += Σ_rows g` (each `[n]`, where given: a model's
-    /// flat gradient buffer, whose disjoint views they may be). Returns the input gradient when
-    /// `want_input`. The provided body is `layer_norm_backward(_add)` then one
-    /// [`Backend::sum_rows_into`] per buffer; the CUDA backend does it in one launch for few
-    /// rows.
-    #[allow(clippy::too_many_arguments)]
-    fn layer_norm_backward_into(
-        &self,
-        g: &BTensor<Self, T>,
-        residual: Option<&BTensor<Self, T>>,
-        x: &BTensor<Self, T>,
-        mean: &BTensor<Self, T>,
-        rstd: &BTensor<Self, T>,
-        weight: Option<&BTensor<Self, T>>,
-        want_input: bool,
-        dw: Option<&BTensor<Self, T>>,
-        db: Option<&BTensor<Self, T>>,
-    ) -> Result<Option<BTensor<Self, T>>> {
-        crate::norm_params::layer_norm_backward_into(
-            self, g, residual, x, mean, rstd, weight, want_input, dw, db,
-        )
-    }
-
-    /// Mean-pool of `h` `[B, S, D]` over S, the head `[1, D]` (+ bias `[1]`) and the mean
-    /// BCE-with-logits against `targets` `[B]`: the loss (rank 0) and the logits `[B]`.
-    fn pool_head_bce(
-        &self,
-        h: &BTensor<Self, T>,
-        weight: &BTensor<Self, T>,
-        bias: &BTensor<Self, T>,
-        targets: &BTensor<Self, T>,
-    ) -> Result<crate::fused::PoolHeadBceOut<Self::Storage>> {
-        crate::fused::pool_head_bce(self, h, weight, bias, targets)
-    }
-
-    /// `pool_head_bce`'s backward from the loss gradient `g` (rank 0): the gradients of `h`,
-    /// of the head weight and of its bias (the targets get none).
-    fn pool_head_bce_backward(
-        &self,
-        g: &BTensor<Self, T>,
-        h: &BTensor<Self, T>,
-        weight: &BTensor<Self, T>,
-        logits: &BTensor<Self, T>,
-        targets: &BTensor<Self, T>,
-    ) -> Result<crate::fused::PoolHeadBceGrads<Self::Storage>> {
-        crate::fused::pool_head_bce_backward(self, g, h, weight, logits, targets)
-    }
-
-    /// [`Backend::pool_head_bce_backward`] with the head weight's and bias's gradients added
-    /// into `param_grads` (`[dw [1, D], db [1]]`, the parameters' gradient buffers: `+=`);
-    /// returns `h`'s gradient. The provided body adds after the backward; a device backend
-    /// may have its kernel add into the buffers (no separate add).
-    fn pool_head_bce_backward_into(
-        &self,
-        g: &BTensor<Self, T>,
-        h: &BTensor<Self, T>,
-        weight: &BTensor<Self, T>,
-        logits: &BTensor<Self, T>,
-        targets: &BTensor<Self, T>,
-        param_grads: [&BTensor<Self, T>; 2],
-    ) -> Result<BTensor<Self, T>> {
-        crate::fused::pool_head_bce_backward_into(self, g, h, weight, logits, targets, param_grads)
-    }
-
     // Provided shorthands over the op families.
 
     fn zeros(&self, shape: &[usize]) -> Result<BTensor<Self, T>> {
@@ -703,7 +487,9 @@ pub trait Backend<T: Element> {
 }
 
 /// A sequence of ops recorded once and replayed. The contract is the same on every backend, so
-/// code that captures (the trainer) is tested on the CPU too:
+/// code that captures (the trainer) is tested on the CPU too. A backend that captures runs the
+/// whole op set (`Ops`: primitives and every family), so code bounded by `Capture` calls any op.
+///
 ///
 /// - `capture` runs `body` exactly once for real (the warm-up that sizes a device graph's memory)
 ///   and returns a graph; each `replay` runs the same work once more.
@@ -717,7 +503,7 @@ pub trait Backend<T: Element> {
 ///   `capture` returns, pairing the two runs' allocations in order, and refuses a body whose
 ///   two runs allocate differently with `CaptureFailed`.) Writing results into tensors
 ///   allocated before `capture` (refilled slots, as the trainer does) needs none of this.
-pub trait Capture<T: Element>: Backend<T> {
+pub trait Capture<T: Element>: crate::Ops<T> {
     /// What `capture` returns: a device graph, or the recorded body on the host.
     type Graph;
 

@@ -6,8 +6,8 @@
 use crate::error::{ComputeError, Result};
 use smallvec::SmallVec;
 
-/// Inline capacity for shapes and strides: the XAsset model never goes past rank 5, so a rank-6
-/// buffer keeps every layout off the heap.
+/// Inline capacity for shapes and strides: the models we train (attention's head split
+/// included) never go past rank 5, so a rank-6 buffer keeps every layout off the heap.
 pub const INLINE_RANK: usize = 6;
 
 /// A shape or a stride vector (in elements).

@@ -1,7 +1,10 @@
-//! zcompute: tensors as strided views over pluggable storage, and the op set behind the
-//! `Backend` trait. `CpuBackend` implements it in f32 and f64 (the f64 run is the reference);
-//! `CudaBackend` implements it in f32 over zmem blocks on any `zdevice::Driver` (the real GPU,
-//! or the simulated device in CI), with the one capture entry point (`Capture`).
+//! zcompute: tensors as strided views over pluggable storage, and the op set: the primitives
+//! behind the `Backend` trait and the fusion families (`LinearOps`, `NormOps`, `AttentionOps`,
+//! `PooledLossOps`), whose methods are provided as composites of the primitives; `Ops` is all
+//! of them in one bound, and `prelude` imports them all. `CpuBackend` implements them in f32
+//! and f64 (the f64 run is the reference); `CudaBackend` in f32 over zmem blocks on any
+//! `zdevice::Driver` (the real GPU, or the simulated device in CI), with the one capture entry
+//! point (`Capture`).
 //!
 //! The heart is `Layout` (shape, strides, offset): views are layout rewrites, data movement is
 //! explicit (`Backend::contiguous`, `Backend::copy_into`).
@@ -16,16 +19,18 @@ pub mod cuda;
 pub mod element;
 pub mod engine;
 pub mod error;
-pub mod fused;
 pub mod layout;
-mod linear;
-mod norm_params;
+pub mod linear;
+pub mod norm;
+pub mod ops;
 pub mod pinned;
+pub mod pooled_loss;
+pub mod prelude;
 pub mod storage;
 pub mod tensor;
 mod validate;
 
-pub use attention::{QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto};
+pub use attention::{AttentionOps, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto};
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
     BinaryOp, Capture, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
@@ -35,8 +40,11 @@ pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};
 pub use engine::{ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriver};
 pub use error::{ComputeError, Result};
-pub use fused::{Activation, AddLayerNormOut, PoolHeadBceGrads, PoolHeadBceOut};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};
+pub use linear::{Activation, LinearOps};
+pub use norm::{AddLayerNormOut, NormOps};
+pub use ops::Ops;
 pub use pinned::{HostVec, PinnedHost, PinnedSlice};
+pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
 pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};

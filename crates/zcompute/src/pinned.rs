@@ -26,8 +26,9 @@ pub trait PinnedSlice<T> {
 }
 
 /// A backend that uploads from its own host memory ([`PinnedHost::Pinned`]) without an extra
-/// host copy.
-pub trait PinnedHost<T: Element>: Backend<T> {
+/// host copy. Like `Capture`, a capability on top of the whole op set (`Ops`), so code bounded
+/// by it calls any op.
+pub trait PinnedHost<T: Element>: crate::Ops<T> {
     type Pinned: PinnedSlice<T>;
 
     /// `len` elements of host memory to upload from (zeroed). Refused while capturing.

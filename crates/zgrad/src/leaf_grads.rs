@@ -7,14 +7,14 @@
 //! element-wise additions, so the same bits).
 
 use crate::error::Result;
-use zcompute::{BTensor, Backend, Element, Layout, Storage, Tensor};
+use zcompute::{BTensor, Element, Layout, Storage, Tensor, prelude::*};
 
 /// A parameter's gradient buffer and a contribution to add into it.
 pub(crate) type LeafGrad<'a, S> = (&'a Tensor<S>, Tensor<S>);
 
 /// Adds each `(buffer, contribution)` pair's contribution into its buffer, in order; runs of
 /// adjacent pairs (see the module's docs) as one `add_into`.
-pub(crate) fn accumulate_leaves<B: Backend<T>, T: Element>(
+pub(crate) fn accumulate_leaves<B: Ops<T>, T: Element>(
     b: &B,
     pairs: &[LeafGrad<'_, B::Storage>],
 ) -> Result<()> {
@@ -56,7 +56,7 @@ fn follows<S: Storage>(prev: &LeafGrad<'_, S>, next: &LeafGrad<'_, S>) -> bool {
 }
 
 /// One `add_into` over the range a run of adjacent pairs spans.
-fn add_run<B: Backend<T>, T: Element>(b: &B, run: &[LeafGrad<'_, B::Storage>]) -> Result<()> {
+fn add_run<B: Ops<T>, T: Element>(b: &B, run: &[LeafGrad<'_, B::Storage>]) -> Result<()> {
     let total: usize = run.iter().map(|(buf, _)| buf.numel()).sum();
     let span = |t: &BTensor<B, T>| -> Result<BTensor<B, T>> {
         let layout = Layout::new(&[total], &[1], t.layout().offset())?;
@@ -68,7 +68,7 @@ fn add_run<B: Backend<T>, T: Element>(b: &B, run: &[LeafGrad<'_, B::Storage>]) -
 }
 
 /// Adds `g` into a parameter's persistent gradient buffer, in place.
-pub(crate) fn accumulate_leaf<B: Backend<T>, T: Element>(
+pub(crate) fn accumulate_leaf<B: Ops<T>, T: Element>(
     b: &B,
     buf: &BTensor<B, T>,
     g: &BTensor<B, T>,

@@ -4,9 +4,9 @@
 use crate::error::Result;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Backend, Element};
+use zcompute::{Element, prelude::*};
 
-impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
+impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
     /// Mean of `(pred - target)²` over every element.
     pub fn mse(&self, pred: &Var<B, T>, target: &Var<B, T>) -> Result<Var<B, T>> {
         let d = self.sub(pred, target)?;

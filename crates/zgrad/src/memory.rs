@@ -3,7 +3,7 @@
 //! backend allocating in the wrong class; and step scopes (`in_step`).
 
 use crate::error::{GradError, Result};
-use zcompute::{AllocClass, Backend, Element};
+use zcompute::{AllocClass, Element, prelude::*};
 
 /// Runs `f` inside a step scope of the backend, with op outputs in the scratch class, and
 /// closes the step even when `f` fails (`f`'s error wins). On a device backend every
@@ -13,10 +13,10 @@ use zcompute::{AllocClass, Backend, Element};
 /// its own steps; a hand-written training loop wraps each iteration:
 ///
 /// ```
-/// use zcompute::{Backend, CpuBackend};
+/// use zcompute::{prelude::*, CpuBackend};
 /// use zgrad::{Tape, Var, in_step};
 ///
-/// fn square_sum<B: Backend<f32>>(b: &B) -> zgrad::Result<f32> {
+/// fn square_sum<B: Ops<f32>>(b: &B) -> zgrad::Result<f32> {
 ///     let w = Var::parameter_from(b, &[1.0, 2.0], &[2])?; // outside: persistent by default
 ///     in_step(b, || {
 ///         let tape = Tape::new(b);
@@ -28,7 +28,7 @@ use zcompute::{AllocClass, Backend, Element};
 /// assert_eq!(square_sum(&CpuBackend)?, 5.0);
 /// # Ok::<(), zgrad::GradError>(())
 /// ```
-pub fn in_step<B: Backend<T>, T: Element, R>(b: &B, f: impl FnOnce() -> Result<R>) -> Result<R> {
+pub fn in_step<B: Ops<T>, T: Element, R>(b: &B, f: impl FnOnce() -> Result<R>) -> Result<R> {
     let (out, ended) = in_step_split(b, f);
     let out = out?;
     ended?;
@@ -37,7 +37,7 @@ pub fn in_step<B: Backend<T>, T: Element, R>(b: &B, f: impl FnOnce() -> Result<R
 
 /// `in_step` returning `f`'s result and the closing of the step apart: closing the step can
 /// fail after `f`'s work (an update included) was done, which the caller must report as such.
-pub(crate) fn in_step_split<B: Backend<T>, T: Element, R>(
+pub(crate) fn in_step_split<B: Ops<T>, T: Element, R>(
     b: &B,
     f: impl FnOnce() -> Result<R>,
 ) -> (Result<R>, Result<()>) {
@@ -52,13 +52,13 @@ pub(crate) fn in_step_split<B: Backend<T>, T: Element, R>(
 }
 
 /// Sets the allocation class of later outputs until dropped.
-pub(crate) struct ClassGuard<'b, B: Backend<T>, T: Element> {
+pub(crate) struct ClassGuard<'b, B: Ops<T>, T: Element> {
     backend: &'b B,
     previous: AllocClass,
     _elem: std::marker::PhantomData<T>,
 }
 
-impl<'b, B: Backend<T>, T: Element> ClassGuard<'b, B, T> {
+impl<'b, B: Ops<T>, T: Element> ClassGuard<'b, B, T> {
     pub(crate) fn new(backend: &'b B, class: AllocClass) -> Self {
         let previous = backend.set_alloc_class(class);
         ClassGuard {
@@ -69,7 +69,7 @@ impl<'b, B: Backend<T>, T: Element> ClassGuard<'b, B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> Drop for ClassGuard<'_, B, T> {
+impl<B: Ops<T>, T: Element> Drop for ClassGuard<'_, B, T> {
     fn drop(&mut self) {
         self.backend.set_alloc_class(self.previous);
     }

@@ -21,11 +21,11 @@ use crate::var::Var;
 use crate::xasset::XAsset;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use zcompute::{BTensor, Backend, Element};
+use zcompute::{BTensor, Element, prelude::*};
 
 /// A model the trainer can train (see the module docs). Cloning must share the parameters
 /// (a captured graph's body holds a clone): hold them as `Var`s, which are handles.
-pub trait Model<B: Backend<T>, T: Element>: Clone + 'static {
+pub trait Model<B: Ops<T>, T: Element>: Clone + 'static {
     /// Parameters with their names, in one fixed order: the flat buffers' order, the
     /// checkpoint's (safetensors) names, a PyTorch `state_dict`'s names.
     fn named_parameters(&self) -> Vec<(String, Var<B, T>)>;
@@ -111,7 +111,7 @@ pub trait Model<B: Backend<T>, T: Element>: Clone + 'static {
 
 /// XAsset through its inherent methods (xasset.rs): parameter names of XASSET.md, the fused
 /// pool-head-BCE loss, samples `[S, F]` for any S.
-impl<B: Backend<T> + 'static, T: Element> Model<B, T> for XAsset<B, T> {
+impl<B: Ops<T> + 'static, T: Element> Model<B, T> for XAsset<B, T> {
     fn named_parameters(&self) -> Vec<(String, Var<B, T>)> {
         XAsset::named_parameters(self)
             .into_iter()
@@ -237,7 +237,7 @@ impl ParameterBuilder {
 
     /// The parameters in the order added, each a view of the flat buffers (persistent), with
     /// their names. Fails with `BadInput` naming the first problem met while adding.
-    pub fn build<B: Backend<T>, T: Element>(&self, b: &B) -> Result<Vec<(String, Var<B, T>)>> {
+    pub fn build<B: Ops<T>, T: Element>(&self, b: &B) -> Result<Vec<(String, Var<B, T>)>> {
         if let Some(p) = &self.problem {
             return Err(GradError::BadInput(p.clone()));
         }
@@ -335,12 +335,13 @@ mod tests {
             width: 4,
             heads: 2,
             ff: 8,
+            layers: 1,
         };
         let m = XAsset::<_, f32>::init(&CpuBackend, c, 1).unwrap();
         let named = Model::named_parameters(&m);
         assert_eq!(named.len(), XAsset::named_parameters(&m).len());
         for ((n, v), (want, w)) in named.iter().zip(XAsset::named_parameters(&m)) {
-            assert_eq!(n, want);
+            assert_eq!(n, &want);
             assert!(v.value().shares_storage(w.value()));
         }
         assert_eq!(m.sample_shape(6).unwrap(), [2, 3]);

@@ -16,19 +16,19 @@ use crate::var::{Origin, Var, Version, new_version};
 use smallvec::{SmallVec, smallvec};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use zcompute::{AllocClass, BTensor, Backend, Element};
+use zcompute::{AllocClass, BTensor, Element, prelude::*};
 
 static NEXT_TAPE_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A tensor a node keeps for its backward, with the version of the data when it was saved.
-pub(crate) struct Saved<B: Backend<T>, T: Element> {
+pub(crate) struct Saved<B: Ops<T>, T: Element> {
     tensor: BTensor<B, T>,
     version: Version,
     at: u64,
     name: &'static str,
 }
 
-impl<B: Backend<T>, T: Element> Saved<B, T> {
+impl<B: Ops<T>, T: Element> Saved<B, T> {
     /// The saved tensor, refused if it was written in place since it was saved.
     pub(crate) fn get(&self, op: &'static str) -> Result<&BTensor<B, T>> {
         let now = self.version.get();
@@ -48,7 +48,7 @@ impl<B: Backend<T>, T: Element> Saved<B, T> {
 pub(crate) type SlotGrads<B, T> = SmallVec<[Option<BTensor<B, T>>; 1]>;
 
 /// The backward of one recorded op.
-pub(crate) trait BackwardOp<B: Backend<T>, T: Element> {
+pub(crate) trait BackwardOp<B: Ops<T>, T: Element> {
     /// Op name for errors and logs.
     fn name(&self) -> &'static str;
 
@@ -76,13 +76,13 @@ pub(crate) trait BackwardOp<B: Backend<T>, T: Element> {
 }
 
 /// Where an input's gradient goes.
-enum Edge<B: Backend<T>, T: Element> {
+enum Edge<B: Ops<T>, T: Element> {
     Skip,
     Node { id: usize, slot: usize },
     Leaf(BTensor<B, T>),
 }
 
-struct Node<'b, B: Backend<T>, T: Element> {
+struct Node<'b, B: Ops<T>, T: Element> {
     op: Box<dyn BackwardOp<B, T> + 'b>,
     inputs: SmallVec<[Edge<B, T>; 3]>,
 }
@@ -93,7 +93,7 @@ struct NodeInfo {
 }
 
 /// Records ops for backward (or, in no-grad mode, only runs them).
-pub struct Tape<'b, B: Backend<T>, T: Element> {
+pub struct Tape<'b, B: Ops<T>, T: Element> {
     backend: &'b B,
     id: u64,
     recording: bool,
@@ -102,7 +102,7 @@ pub struct Tape<'b, B: Backend<T>, T: Element> {
     info: RefCell<Vec<NodeInfo>>,
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for Tape<'_, B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for Tape<'_, B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tape")
             .field("id", &self.id)
@@ -114,7 +114,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for Tape<'_, B, T> {
     }
 }
 
-impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     fn with(backend: &'b B, recording: bool, saved_class: AllocClass) -> Self {
         Tape {
             backend,

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::memory::ClassGuard;
 use std::cell::Cell;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Backend, Element};
+use zcompute::{AllocClass, BTensor, Element, prelude::*};
 
 /// A version counter shared by a variable and its views.
 pub(crate) type Version = Rc<Cell<u64>>;
@@ -20,7 +20,7 @@ pub(crate) fn new_version() -> Version {
 }
 
 /// Where a variable's gradient goes.
-pub(crate) enum Origin<B: Backend<T>, T: Element> {
+pub(crate) enum Origin<B: Ops<T>, T: Element> {
     /// No gradient (inputs, detached values, no-grad results).
     Constant,
     /// A parameter: backward accumulates into this persistent buffer of the same shape.
@@ -29,7 +29,7 @@ pub(crate) enum Origin<B: Backend<T>, T: Element> {
     Node { tape: u64, id: usize, slot: usize },
 }
 
-impl<B: Backend<T>, T: Element> Clone for Origin<B, T> {
+impl<B: Ops<T>, T: Element> Clone for Origin<B, T> {
     fn clone(&self) -> Self {
         match self {
             Origin::Constant => Origin::Constant,
@@ -45,13 +45,13 @@ impl<B: Backend<T>, T: Element> Clone for Origin<B, T> {
 
 /// A tensor in the autograd graph. Cloning is cheap and shares the data, the gradient buffer
 /// and the version counter.
-pub struct Var<B: Backend<T>, T: Element> {
+pub struct Var<B: Ops<T>, T: Element> {
     pub(crate) value: BTensor<B, T>,
     pub(crate) origin: Origin<B, T>,
     pub(crate) version: Version,
 }
 
-impl<B: Backend<T>, T: Element> Clone for Var<B, T> {
+impl<B: Ops<T>, T: Element> Clone for Var<B, T> {
     fn clone(&self) -> Self {
         Var {
             value: self.value.clone(),
@@ -61,7 +61,7 @@ impl<B: Backend<T>, T: Element> Clone for Var<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for Var<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for Var<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let origin = match &self.origin {
             Origin::Constant => "constant".to_string(),
@@ -76,7 +76,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for Var<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> Var<B, T> {
+impl<B: Ops<T>, T: Element> Var<B, T> {
     /// A value that needs no gradient (an input, a label, a detached result).
     #[must_use]
     pub fn constant(value: BTensor<B, T>) -> Self {

@@ -12,7 +12,7 @@ use crate::tape::Tape;
 use crate::var::Var;
 use std::collections::HashMap;
 use std::path::Path;
-use zcompute::{Backend, Element};
+use zcompute::{Element, prelude::*};
 
 /// The model's sizes. `scales` (S) is the data's, not a parameter's: the model runs on any S.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,14 +199,14 @@ impl XAssetConfig {
 
 /// The XAsset classifier: the embedding, `config.layers` encoder blocks and the head. Cloning
 /// shares the parameters (a capture body holds a clone).
-pub struct XAsset<B: Backend<T>, T: Element = f32> {
+pub struct XAsset<B: Ops<T>, T: Element = f32> {
     pub config: XAssetConfig,
     pub emb: Linear<B, T>,
     pub blocks: Vec<EncoderBlock<B, T>>,
     pub head: PoolHead<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for XAsset<B, T> {
+impl<B: Ops<T>, T: Element> Clone for XAsset<B, T> {
     fn clone(&self) -> Self {
         XAsset {
             config: self.config,
@@ -217,7 +217,7 @@ impl<B: Backend<T>, T: Element> Clone for XAsset<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for XAsset<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for XAsset<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XAsset")
             .field("config", &self.config)
@@ -256,7 +256,7 @@ fn is_known_extra(name: &str) -> bool {
     name == "x" || name == "y" || name.starts_with("optim.")
 }
 
-impl<B: Backend<T>, T: Element> XAsset<B, T> {
+impl<B: Ops<T>, T: Element> XAsset<B, T> {
     /// PyTorch's default initialisation from `seed` (Linear weights and biases uniform in
     /// ±1/sqrt(in), LayerNorm weight 1 and bias 0): the values the `nn` modules' own `init`
     /// draws, uploaded in one copy into the model's flat parameter buffer.

@@ -3,7 +3,7 @@
 //! `add_into`): a weight used as both operands of one product and again in a second product,
 //! a bias and LayerNorm parameters, two backwards without zeroing (accumulation stays `+=`).
 
-use zcompute::{Activation, Backend, CpuBackend, CudaBackend, MatmulOpts};
+use zcompute::{Activation, CpuBackend, CudaBackend, MatmulOpts, prelude::*};
 use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
 use zgrad::{Tape, Var};
 use zmem::{Arena, ArenaConfig};
@@ -46,7 +46,7 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 
 /// Gradients of `w`, `bias`, LayerNorm weight and bias after two backwards of
 /// `sum(LN(tanh(x·w + bias) · w) * c) + sum(w · w)`.
-fn grads<B: Backend<f32>>(b: &B) -> Vec<Vec<f32>> {
+fn grads<B: Ops<f32>>(b: &B) -> Vec<Vec<f32>> {
     let w = Var::parameter_from(b, &values(25, 1), &[5, 5]).expect("w");
     let bias = Var::parameter_from(b, &values(5, 2), &[5]).expect("bias");
     let ln_w = Var::parameter_from(b, &values(5, 3), &[5]).expect("ln weight");
@@ -106,7 +106,7 @@ fn gradients_added_in_place_match_the_cpu_and_accumulate() {
 /// used again), `add_layer_norm` (with and without the sum `h` used again) and a LayerNorm
 /// whose weight and bias are one parameter (one buffer for both: the device takes the unfused
 /// path, which adds into it twice): `[ln1 w, ln1 b, ln2 w, ln2 b, shared]`.
-fn layer_norm_grads<B: Backend<f32>>(b: &B, use_h: bool) -> Vec<Vec<f32>> {
+fn layer_norm_grads<B: Ops<f32>>(b: &B, use_h: bool) -> Vec<Vec<f32>> {
     let n = 37;
     let p = |len, seed| Var::parameter_from(b, &values(len, seed), &[len]).expect("param");
     let (w1, b1, w2, b2, shared) = (p(n, 11), p(n, 12), p(n, 13), p(n, 14), p(n, 15));

@@ -5,7 +5,7 @@
 //! block before and after on the simulator.
 
 use rstest::rstest;
-use zcompute::{Backend, CpuBackend, CudaBackend, Element};
+use zcompute::{CpuBackend, CudaBackend, Element, prelude::*};
 use zdevice::{Device, DeviceConfig, SimConfig, SimDriver, sim::calls};
 use zgrad::nn::QkNormAttention;
 use zgrad::rng::SplitMix64;
@@ -40,7 +40,7 @@ fn mock() -> CudaBackend<SimDriver> {
 }
 
 /// Output, then every parameter's gradient (qkv, qn, kn, o; weight then bias), as f64.
-fn run<B: Backend<T>, T: Element>(
+fn run<B: Ops<T>, T: Element>(
     b: &B,
     shape: [usize; 3],
     heads: usize,

@@ -157,90 +157,6 @@ fn resuming_from_a_checkpoint_continues_exactly() {
     }
 }
 
-#[path = "own_model/mlp.rs"]
-mod mlp;
-
-/// A model of the user's own: 2 steps, checkpoint, a fresh trainer of other initial values
-/// loads it and takes 2 more steps, bit for bit as the uninterrupted run (losses, norms,
-/// parameters); the file holds the model's names and their AdamW moments.
-fn own_model_resumes<B: zcompute::Capture<f32> + Clone + 'static>(b: B, cfg: TrainerConfig) {
-    use zgrad::Model;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("own.safetensors");
-    let make = |seed| {
-        let m = mlp::Mlp::<_, f32>::new(&b, 2, 3, 4, seed).unwrap();
-        Trainer::new(b.clone(), m, cfg).unwrap()
-    };
-    let (mut straight, mut first) = (make(5), make(5));
-    for step in 0..2 {
-        let (x, y) = mlp::data(step, 5, 6);
-        straight.train_batch(&x, &y, 5).unwrap();
-        first.train_batch(&x, &y, 5).unwrap();
-    }
-    first.save_checkpoint(&path, HashMap::new()).unwrap();
-    let file = read_tensors::<f32>(&path).unwrap();
-    for name in ["l1.weight", "l1.bias", "l2.weight", "l2.bias"] {
-        for key in [
-            name.to_string(),
-            format!("optim.m.{name}"),
-            format!("optim.v.{name}"),
-        ] {
-            assert!(file.tensors.contains_key(&key), "{key}");
-        }
-    }
-    assert_eq!(file.tensors.len(), 12);
-    let mut resumed = make(99);
-    resumed.load_checkpoint(&path).unwrap();
-    assert_eq!(resumed.step(), 2);
-    for step in 2..4 {
-        let (x, y) = mlp::data(step, 5, 6);
-        let a = straight.train_batch(&x, &y, 5).unwrap();
-        let r = resumed.train_batch(&x, &y, 5).unwrap();
-        assert_eq!(
-            (a.step, a.loss.to_bits(), a.grad_norm.to_bits()),
-            (r.step, r.loss.to_bits(), r.grad_norm.to_bits())
-        );
-    }
-    for (a, r) in straight
-        .model()
-        .parameters()
-        .iter()
-        .zip(resumed.model().parameters())
-    {
-        let (a, r) = (a.to_vec(&b).unwrap(), r.to_vec(&b).unwrap());
-        assert_eq!(
-            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            r.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
-    }
-    // A checkpoint of another model (XAsset's names) is refused, naming what is missing.
-    let other = dir.path().join("xasset.safetensors");
-    trainer(1).save_checkpoint(&other, HashMap::new()).unwrap();
-    let e = resumed.load_checkpoint(&other).unwrap_err();
-    assert!(e.to_string().contains("l1.weight"), "{e}");
-}
-
-#[test]
-fn own_model_resumes_from_a_checkpoint_bitwise_on_the_cpu() {
-    own_model_resumes(
-        B,
-        TrainerConfig {
-            schedule: TrainSchedule::PerSample,
-            ..TrainerConfig::default()
-        },
-    );
-}
-
-#[test]
-fn own_model_resumes_from_a_checkpoint_bitwise_captured_on_the_simulated_device() {
-    own_model_resumes(
-        zcompute::Engine::sim(256 << 20).unwrap(),
-        TrainerConfig {
-            schedule: TrainSchedule::Batched,
-            capture: true,
-            ..TrainerConfig::default()
-        },
-    );
 fn deep() -> XAssetConfig {
     XAssetConfig {
         layers: 3,
@@ -414,4 +330,90 @@ fn a_deep_checkpoint_resumes_and_is_a_parameter_file() {
     );
     let err = shallow.load_checkpoint(&path).unwrap_err();
     assert!(matches!(err, GradError::ParameterMismatch { .. }), "{err}");
+}
+
+#[path = "own_model/mlp.rs"]
+mod mlp;
+
+/// A model of the user's own: 2 steps, checkpoint, a fresh trainer of other initial values
+/// loads it and takes 2 more steps, bit for bit as the uninterrupted run (losses, norms,
+/// parameters); the file holds the model's names and their AdamW moments.
+fn own_model_resumes<B: zcompute::Capture<f32> + Clone + 'static>(b: B, cfg: TrainerConfig) {
+    use zgrad::Model;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("own.safetensors");
+    let make = |seed| {
+        let m = mlp::Mlp::<_, f32>::new(&b, 2, 3, 4, seed).unwrap();
+        Trainer::new(b.clone(), m, cfg).unwrap()
+    };
+    let (mut straight, mut first) = (make(5), make(5));
+    for step in 0..2 {
+        let (x, y) = mlp::data(step, 5, 6);
+        straight.train_batch(&x, &y, 5).unwrap();
+        first.train_batch(&x, &y, 5).unwrap();
+    }
+    first.save_checkpoint(&path, HashMap::new()).unwrap();
+    let file = read_tensors::<f32>(&path).unwrap();
+    for name in ["l1.weight", "l1.bias", "l2.weight", "l2.bias"] {
+        for key in [
+            name.to_string(),
+            format!("optim.m.{name}"),
+            format!("optim.v.{name}"),
+        ] {
+            assert!(file.tensors.contains_key(&key), "{key}");
+        }
+    }
+    assert_eq!(file.tensors.len(), 12);
+    let mut resumed = make(99);
+    resumed.load_checkpoint(&path).unwrap();
+    assert_eq!(resumed.step(), 2);
+    for step in 2..4 {
+        let (x, y) = mlp::data(step, 5, 6);
+        let a = straight.train_batch(&x, &y, 5).unwrap();
+        let r = resumed.train_batch(&x, &y, 5).unwrap();
+        assert_eq!(
+            (a.step, a.loss.to_bits(), a.grad_norm.to_bits()),
+            (r.step, r.loss.to_bits(), r.grad_norm.to_bits())
+        );
+    }
+    for (a, r) in straight
+        .model()
+        .parameters()
+        .iter()
+        .zip(resumed.model().parameters())
+    {
+        let (a, r) = (a.to_vec(&b).unwrap(), r.to_vec(&b).unwrap());
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            r.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+    // A checkpoint of another model (XAsset's names) is refused, naming what is missing.
+    let other = dir.path().join("xasset.safetensors");
+    trainer(1).save_checkpoint(&other, HashMap::new()).unwrap();
+    let e = resumed.load_checkpoint(&other).unwrap_err();
+    assert!(e.to_string().contains("l1.weight"), "{e}");
+}
+
+#[test]
+fn own_model_resumes_from_a_checkpoint_bitwise_on_the_cpu() {
+    own_model_resumes(
+        B,
+        TrainerConfig {
+            schedule: TrainSchedule::PerSample,
+            ..TrainerConfig::default()
+        },
+    );
+}
+
+#[test]
+fn own_model_resumes_from_a_checkpoint_bitwise_captured_on_the_simulated_device() {
+    own_model_resumes(
+        zcompute::Engine::sim(256 << 20).unwrap(),
+        TrainerConfig {
+            schedule: TrainSchedule::Batched,
+            capture: true,
+            ..TrainerConfig::default()
+        },
+    );
 }

@@ -6,7 +6,7 @@
 //! (a residual added after the product: its gradient is the output's).
 
 use rstest::rstest;
-use zcompute::{Activation, Backend, CpuBackend, CpuTensor};
+use zcompute::{Activation, Backend, CpuBackend, CpuTensor, LinearOps};
 use zgrad::rng::SplitMix64;
 use zgrad::{Tape, Var};
 

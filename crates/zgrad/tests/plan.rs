@@ -185,7 +185,9 @@ fn own_model_plan_equals_the_computing_simulators_run(
     let (scales, features, hidden, batch) = (4, 8, 64, 5);
     let model = zgrad::plan::ModelFn {
         values_per_sample: scales * features,
-        build: move |b: &zgrad::plan::PlanBackend| mlp::Mlp::<_, f32>::new(b, scales, features, hidden, 1),
+        build: move |b: &zgrad::plan::PlanBackend| {
+            mlp::Mlp::<_, f32>::new(b, scales, features, hidden, 1)
+        },
     };
     let req = PlanRequest::new(
         model,

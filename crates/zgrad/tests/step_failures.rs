@@ -5,7 +5,7 @@
 //! checkpoint restores it.
 
 use rstest::rstest;
-use zcompute::{Backend, CpuBackend, CudaBackend};
+use zcompute::{CpuBackend, CudaBackend, prelude::*};
 use zdevice::sim::calls::{LAUNCH_KERNEL, MEMCPY_HTOD, MEMCPY_HTOD_ASYNC, MEMSET_D8_ASYNC};
 use zdevice::{CuCode, Device, DeviceConfig, SimConfig, SimDriver};
 use zgrad::{
@@ -80,7 +80,7 @@ fn upload_call_during(b: &Mock, f: impl FnOnce()) -> (&'static str, u64) {
 const VALUES: [&[f32]; 2] = [&[0.5, -1.25, 2.0, 0.75], &[-0.3, 1.5]];
 const GRADS: [&[f32]; 2] = [&[0.25, -0.5, 1.0, -2.0], &[3.0, -0.125]];
 
-fn params_on<B: Backend<f32>>(b: &B) -> Vec<Var<B, f32>> {
+fn params_on<B: Ops<f32>>(b: &B) -> Vec<Var<B, f32>> {
     VALUES
         .iter()
         .zip(GRADS)
@@ -93,7 +93,7 @@ fn params_on<B: Backend<f32>>(b: &B) -> Vec<Var<B, f32>> {
 }
 
 /// Parameters, moments and step count, bitwise.
-fn snapshot<B: Backend<f32>>(
+fn snapshot<B: Ops<f32>>(
     b: &B,
     opt: &AdamW<B, f32>,
     ps: &[Var<B, f32>],

@@ -6,8 +6,8 @@
 //! engine's arena.
 
 use zcompute::{
-    ArenaSetting, Backend, Capture, ComputeError, CudaBackend, Engine, EngineConfig, MatmulOpts,
-    SimDriver, UnaryOp,
+    ArenaSetting, Capture, ComputeError, CudaBackend, Engine, EngineConfig, MatmulOpts, SimDriver,
+    UnaryOp, prelude::*,
 };
 use zgrad::{
     AdamW, AdamWHyper, Tape, Trainer, TrainerConfig, Var, XAsset, XAssetConfig, in_step, zero_grad,
@@ -61,7 +61,7 @@ fn zmem_alone() -> Result<String, AnyError> {
 }
 
 // Guide: "zcompute alone".
-fn tanh_linear<B: Backend<f32>>(b: &B) -> zcompute::Result<Vec<f32>> {
+fn tanh_linear<B: Ops<f32>>(b: &B) -> zcompute::Result<Vec<f32>> {
     let x = b.upload(&[1.0, 2.0, 3.0, 4.0], &[2, 2])?;
     let w = b.upload(&[0.5, -1.0, 0.25, 2.0], &[2, 2])?; // PyTorch's [out, in]
     let opts = MatmulOpts {
@@ -73,7 +73,7 @@ fn tanh_linear<B: Backend<f32>>(b: &B) -> zcompute::Result<Vec<f32>> {
 }
 
 // Guide: "zgrad with a custom model": a two-layer network learns XOR.
-fn xor_mlp<B: Backend<f32>>(b: B) -> Result<(f32, f32), AnyError> {
+fn xor_mlp<B: Ops<f32>>(b: B) -> Result<(f32, f32), AnyError> {
     let xs = [0.0f32, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0];
     let ys = [0.0f32, 1.0, 1.0, 0.0];
     let init: Vec<f32> = (0..16).map(|i| ((i * 7 % 11) as f32 - 5.0) / 5.0).collect();
@@ -197,20 +197,20 @@ mod own_model {
     use std::rc::Rc;
     use std::time::Duration;
     use zcomm::{Collective, RankInfo, SimCollective, rendezvous::Server};
-    use zcompute::{Activation, Backend, Capture, Engine};
+    use zcompute::{Activation, Capture, Engine, prelude::*};
     use zgrad::model::ParameterBuilder;
     use zgrad::nn::Linear;
     use zgrad::{GradError, Model, Tape, TrainSchedule, Trainer, TrainerConfig, Var};
 
     #[derive(Clone)]
-    struct Mlp<B: Backend<f32>> {
+    struct Mlp<B: Ops<f32>> {
         scales: usize,
         features: usize,
         l1: Linear<B, f32>,
         l2: Linear<B, f32>,
     }
 
-    impl<B: Backend<f32>> Mlp<B> {
+    impl<B: Ops<f32>> Mlp<B> {
         fn new(
             b: &B,
             scales: usize,
@@ -242,7 +242,7 @@ mod own_model {
         }
     }
 
-    impl<B: Backend<f32> + Clone + 'static> Model<B, f32> for Mlp<B> {
+    impl<B: Ops<f32> + Clone + 'static> Model<B, f32> for Mlp<B> {
         fn named_parameters(&self) -> Vec<(String, Var<B, f32>)> {
             let vars = [
                 &self.l1.weight,

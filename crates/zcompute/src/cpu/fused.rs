@@ -1,13 +1,15 @@
-//! The fused ops (`crate::fused`) on the host, f32 and f64: plain loops over logical order with
-//! pairwise sums, the reference the CUDA kernels and their twins are checked against. The
-//! residual add with LayerNorm reuses the LayerNorm rows of `norm.rs`, so the fused op computes
-//! exactly what the unfused pair does.
+//! The fusion families' ops (`crate::linear`, `crate::norm`, `crate::pooled_loss`) on the
+//! host, f32 and f64: plain loops over logical order with pairwise sums, the reference the CUDA
+//! kernels and their twins are checked against. The residual add with LayerNorm reuses the
+//! LayerNorm rows of `norm.rs`, so the fused op computes exactly what the unfused pair does.
 
 use super::{dense, gather, math, norm};
 use crate::backend::UnaryOp;
 use crate::element::Element;
 use crate::error::Result;
-use crate::fused::{Activation, AddLayerNormOut, PoolHeadBceGrads, PoolHeadBceOut};
+use crate::linear::Activation;
+use crate::norm::AddLayerNormOut;
+use crate::pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut};
 use crate::tensor::CpuTensor;
 use crate::validate;
 

@@ -4,6 +4,7 @@
 
 pub(crate) mod attention;
 mod elementwise;
+mod families;
 pub(crate) mod fused;
 pub(crate) mod indexed;
 pub(crate) mod math;
@@ -119,23 +120,6 @@ impl<T: Element> Backend<T> for CpuBackend {
         reduce::reduce(op, x, axis, keepdim)
     }
 
-    fn qk_norm_attention(
-        &self,
-        qkv: &CpuTensor<T>,
-        norm: &crate::attention::QkNorm<'_, CpuStorage<T>>,
-    ) -> Result<CpuTensor<T>> {
-        attention::forward(qkv, norm)
-    }
-
-    fn qk_norm_attention_backward(
-        &self,
-        g: &CpuTensor<T>,
-        qkv: &CpuTensor<T>,
-        norm: &crate::attention::QkNorm<'_, CpuStorage<T>>,
-    ) -> Result<crate::attention::QkNormAttentionGrads<CpuStorage<T>>> {
-        attention::backward(g, qkv, norm)
-    }
-
     fn softmax_last(&self, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
         norm::softmax_last(x)
     }
@@ -172,51 +156,6 @@ impl<T: Element> Backend<T> for CpuBackend {
         cfg: &AdamWConfig<T>,
     ) -> Result<()> {
         train::adamw_step(p, m, v, g, slot, cfg)
-    }
-
-    fn bias_act(
-        &self,
-        x: &CpuTensor<T>,
-        bias: &CpuTensor<T>,
-        act: crate::fused::Activation,
-    ) -> Result<CpuTensor<T>> {
-        fused::bias_act(x, bias, act)
-    }
-
-    fn tanh_backward(&self, g: &CpuTensor<T>, y: &CpuTensor<T>) -> Result<CpuTensor<T>> {
-        fused::tanh_backward(g, y)
-    }
-
-    fn add_layer_norm(
-        &self,
-        a: &CpuTensor<T>,
-        b: &CpuTensor<T>,
-        weight: Option<&CpuTensor<T>>,
-        bias: Option<&CpuTensor<T>>,
-        eps: T,
-    ) -> Result<crate::fused::AddLayerNormOut<CpuStorage<T>>> {
-        fused::add_layer_norm(a, b, weight, bias, eps)
-    }
-
-    fn pool_head_bce(
-        &self,
-        h: &CpuTensor<T>,
-        weight: &CpuTensor<T>,
-        bias: &CpuTensor<T>,
-        targets: &CpuTensor<T>,
-    ) -> Result<crate::fused::PoolHeadBceOut<CpuStorage<T>>> {
-        fused::pool_head_bce(h, weight, bias, targets)
-    }
-
-    fn pool_head_bce_backward(
-        &self,
-        g: &CpuTensor<T>,
-        h: &CpuTensor<T>,
-        weight: &CpuTensor<T>,
-        logits: &CpuTensor<T>,
-        targets: &CpuTensor<T>,
-    ) -> Result<crate::fused::PoolHeadBceGrads<CpuStorage<T>>> {
-        fused::pool_head_bce_backward(g, h, weight, logits, targets)
     }
 
     fn gather_row(

@@ -7,6 +7,7 @@
 
 use super::kernels::{Args, Kernel, ptr};
 use super::{CudaBackend, CudaStorage, CudaTensor};
+use crate::attention::AttentionOps;
 use crate::attention::{
     QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto, composite_backward, composite_forward,
 };
@@ -222,4 +223,35 @@ fn adjacent_span(bufs: [Option<&CudaTensor>; 4], dh: usize) -> Result<Option<Cud
     }
     let layout = Layout::new(&[4 * dh], &[1], start)?;
     Ok(Some(Tensor::from_parts(first.storage().clone(), layout)?))
+}
+
+/// The attention family on the device: `attention.cu` for the shapes it takes (see above), the
+/// composite otherwise.
+impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
+    fn qk_norm_attention(
+        &self,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+    ) -> Result<CudaTensor> {
+        self.qk_norm_attention_fused(qkv, norm)
+    }
+
+    fn qk_norm_attention_backward(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+    ) -> Result<QkNormAttentionGrads<CudaStorage>> {
+        self.qk_norm_attention_backward_fused(g, qkv, norm)
+    }
+
+    fn qk_norm_attention_backward_into(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+        param_grads: [Option<&CudaTensor>; 4],
+    ) -> Result<QkNormAttentionGradsInto<CudaStorage>> {
+        self.qk_norm_attention_backward_into_fused(g, qkv, norm, param_grads)
+    }
 }

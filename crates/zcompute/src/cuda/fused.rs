@@ -1,13 +1,17 @@
-//! The fused ops (`crate::fused`) on the device, one kernel each from `kernels/fused.cu`:
-//! bias + activation after a product, tanh's backward, the residual add with LayerNorm and its
-//! backward with the residual gradient added, and mean-pool + head + BCE with its backward.
+//! The fusion families' ops (`crate::linear`, `crate::norm`, `crate::pooled_loss`) on the
+//! device, one kernel each from `kernels/fused.cu`: bias + activation after a product, tanh's
+//! backward, the residual add with LayerNorm and its backward with the residual gradient added,
+//! and mean-pool + head + BCE with its backward.
 //! Operands are brought to dense form first (views through a dense temporary, as every row op).
 
 use super::kernels::{self, Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::backend::{LayerNormGrads, LayerNormOut};
 use crate::error::Result;
-use crate::fused::{Activation, AddLayerNormOut, PoolHeadBceGrads, PoolHeadBceOut};
+use crate::linear::Activation;
+use crate::norm::AddLayerNormOut;
+use crate::pooled_loss::PooledLossOps;
+use crate::pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut};
 use crate::validate;
 use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
@@ -313,7 +317,7 @@ impl<D: Driver> CudaBackend<D> {
         const OP: &str = "pool_head_bce_backward_into";
         validate::pool_head_bce_backward_into(g, h, weight, logits, targets, [dw, db])?;
         if !(dw.is_contiguous() && db.is_contiguous()) {
-            return crate::fused::pool_head_bce_backward_into(
+            return crate::pooled_loss::pool_head_bce_backward_into(
                 self,
                 g,
                 h,
@@ -386,5 +390,41 @@ impl<D: Driver> CudaBackend<D> {
             &args,
         )?;
         Ok(gh)
+    }
+}
+
+/// The pooled-loss family on the device: `fused.cu`'s pooled head, forward and backward.
+impl<D: Driver> PooledLossOps<f32> for CudaBackend<D> {
+    fn pool_head_bce(
+        &self,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        bias: &CudaTensor,
+        targets: &CudaTensor,
+    ) -> Result<PoolHeadBceOut<CudaStorage>> {
+        self.pool_head_bce_fused(h, weight, bias, targets)
+    }
+
+    fn pool_head_bce_backward(
+        &self,
+        g: &CudaTensor,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        logits: &CudaTensor,
+        targets: &CudaTensor,
+    ) -> Result<PoolHeadBceGrads<CudaStorage>> {
+        self.pool_head_bce_backward_fused(g, h, weight, logits, targets)
+    }
+
+    fn pool_head_bce_backward_into(
+        &self,
+        g: &CudaTensor,
+        h: &CudaTensor,
+        weight: &CudaTensor,
+        logits: &CudaTensor,
+        targets: &CudaTensor,
+        param_grads: [&CudaTensor; 2],
+    ) -> Result<CudaTensor> {
+        self.pool_head_bce_backward_into_fused(g, h, weight, logits, targets, param_grads)
     }
 }

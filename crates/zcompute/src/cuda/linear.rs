@@ -1,4 +1,4 @@
-//! Products with few rows (one sample's scales, m = 12) as one kernel each from
+//! Products with few rows (one short sequence's, e.g. m = 12) as one kernel each from
 //! `kernels/linear.cu`: a Linear layer's forward with its bias epilogue inside, plain
 //! `matmul`/`matmul_into` products, and a Linear layer's weight and bias gradients. cuBLAS
 //! runs these on a handful of big tiles (5-10 us each, sometimes with a split-K reduce
@@ -10,7 +10,7 @@
 use super::kernels::{Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaTensor};
 use crate::error::Result;
-use crate::fused::Activation;
+use crate::linear::{Activation, LinearOps};
 use crate::validate::{self, LinearShape};
 use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
@@ -197,10 +197,10 @@ impl<D: Driver> CudaBackend<D> {
         Ok(true)
     }
 
-    /// `Backend::linear` (no `residual`) and `Backend::linear_add`: one small-row kernel with
-    /// the bias, activation and residual epilogue for few rows (a residual that is not dense
-    /// takes the composite), else the provided composite (cuBLAS, then the bias epilogue, then
-    /// the add).
+    /// `LinearOps::linear` (no `residual`) and `LinearOps::linear_add`: one small-row kernel
+    /// with the bias, activation and residual epilogue for few rows (a residual that is not
+    /// dense takes the composite), else the provided composite (cuBLAS, then the bias epilogue,
+    /// then the add).
     pub(crate) fn linear_fused(
         &self,
         x: &CudaTensor,
@@ -251,7 +251,7 @@ impl<D: Driver> CudaBackend<D> {
         Ok(out)
     }
 
-    /// `Backend::linear_param_grads_into`: one kernel for few rows when `dw`'s last axis is
+    /// `LinearOps::linear_param_grads_into`: one kernel for few rows when `dw`'s last axis is
     /// dense (a per-tensor view of a flat gradient buffer is), else the provided composite
     /// (`matmul_into`, then `sum_rows_into`).
     pub(crate) fn linear_param_grads_fused(
@@ -323,6 +323,60 @@ impl<D: Driver> CudaBackend<D> {
             shared_mem_bytes: 0,
         };
         self.launch(OP, Kernel::LinearParamGrads, config, &args)
+    }
+}
+
+/// The Linear family on the device: few rows take `linear.cu` / `linear_backward.cu`, the
+/// epilogues `fused.cu`; other shapes the composites (cuBLAS and the epilogue kernel).
+impl<D: Driver> LinearOps<f32> for CudaBackend<D> {
+    fn bias_act(&self, x: &CudaTensor, bias: &CudaTensor, act: Activation) -> Result<CudaTensor> {
+        self.bias_act_fused(x, bias, act)
+    }
+
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: Activation,
+    ) -> Result<CudaTensor> {
+        self.linear_fused(x, w, bias, act, None)
+    }
+
+    fn linear_add(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: Activation,
+        residual: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        self.linear_fused(x, w, bias, act, Some(residual))
+    }
+
+    fn linear_param_grads_into(
+        &self,
+        g: &CudaTensor,
+        x: &CudaTensor,
+        dw: &CudaTensor,
+        db: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.linear_param_grads_fused(g, x, dw, db)
+    }
+
+    fn linear_backward_into(
+        &self,
+        gy: &CudaTensor,
+        x: &CudaTensor,
+        w: Option<&CudaTensor>,
+        act_y: (Activation, Option<&CudaTensor>),
+        grads: (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<Option<CudaTensor>> {
+        self.linear_backward_fused(gy, x, w, act_y, grads)
+    }
+
+    fn tanh_backward(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {
+        self.tanh_backward_fused(g, y)
     }
 }
 

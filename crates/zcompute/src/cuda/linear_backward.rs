@@ -15,7 +15,7 @@ use super::linear::{
 };
 use super::{CudaBackend, CudaTensor};
 use crate::error::Result;
-use crate::fused::Activation;
+use crate::linear::Activation;
 use crate::validate::{self, LinearShape};
 use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
@@ -54,7 +54,7 @@ impl BackwardGrid {
 }
 
 impl<D: Driver> CudaBackend<D> {
-    /// `Backend::linear_backward_into`: one launch for few rows, else the provided composite.
+    /// `LinearOps::linear_backward_into`: one launch for few rows, else the provided composite.
     pub(crate) fn linear_backward_fused(
         &self,
         gy: &CudaTensor,

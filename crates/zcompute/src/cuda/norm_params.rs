@@ -1,12 +1,14 @@
 //! LayerNorm's backward with its weight's and bias's gradients added into their buffers in one
-//! launch (`Backend::layer_norm_backward_into`) for few rows, one sample's: the row kernel and
+//! launch (`NormOps::layer_norm_backward_into`) for few rows, one sample's: the row kernel and
 //! two column reductions (three dependent graph nodes) become one kernel whose blocks split the
 //! columns (`kernels/norm_params.cu`). More rows, strided parameter buffers or no buffer at all
 //! take the composite (today's three launches).
 
 use super::kernels::{Args, Kernel, ptr, u64a};
-use super::{CudaBackend, CudaTensor};
+use super::{CudaBackend, CudaStorage, CudaTensor};
+use crate::backend::LayerNormGrads;
 use crate::error::Result;
+use crate::norm::{AddLayerNormOut, NormOps};
 use crate::validate;
 use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
@@ -60,7 +62,7 @@ impl<D: Driver> CudaBackend<D> {
             && dense_dst(db);
         if !fits {
             tracing::trace!(target: "zcompute.cuda.norm_params", op = OP, rows, n, "layer_norm_backward + sum_rows_into");
-            return crate::norm_params::layer_norm_backward_into(
+            return crate::norm::layer_norm_backward_into(
                 self, g, residual, x, mean, rstd, weight, want_input, dw, db,
             );
         }
@@ -102,5 +104,50 @@ impl<D: Driver> CudaBackend<D> {
             &args,
         )?;
         Ok(input)
+    }
+}
+
+/// The LayerNorm family on the device: `fused.cu` for the residual forms, `norm_params.cu` for
+/// the parameters' gradients (few rows; the composite otherwise).
+impl<D: Driver> NormOps<f32> for CudaBackend<D> {
+    fn add_layer_norm(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        bias: Option<&CudaTensor>,
+        eps: f32,
+    ) -> Result<AddLayerNormOut<CudaStorage>> {
+        self.add_layer_norm_fused(a, b, weight, bias, eps)
+    }
+
+    fn layer_norm_backward_add(
+        &self,
+        g: &CudaTensor,
+        residual: Option<&CudaTensor>,
+        x: &CudaTensor,
+        mean: &CudaTensor,
+        rstd: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<CudaStorage>> {
+        self.layer_norm_backward_add_fused(g, residual, x, mean, rstd, weight, want)
+    }
+
+    fn layer_norm_backward_into(
+        &self,
+        g: &CudaTensor,
+        residual: Option<&CudaTensor>,
+        x: &CudaTensor,
+        mean: &CudaTensor,
+        rstd: &CudaTensor,
+        weight: Option<&CudaTensor>,
+        want_input: bool,
+        dw: Option<&CudaTensor>,
+        db: Option<&CudaTensor>,
+    ) -> Result<Option<CudaTensor>> {
+        self.layer_norm_backward_params_fused(
+            g, residual, x, mean, rstd, weight, want_input, dw, db,
+        )
     }
 }

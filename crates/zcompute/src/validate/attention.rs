@@ -1,4 +1,4 @@
-//! Argument checks of attention's core (`Backend::qk_norm_attention` and its backward).
+//! Argument checks of attention's core (`AttentionOps::qk_norm_attention` and its backward).
 
 use super::{same_shape, scalar_in};
 use crate::attention::QkNorm;

@@ -1,4 +1,5 @@
-//! Argument checks of the fused ops (`crate::fused`), in the order every backend reports them.
+//! Argument checks of the fusion families' ops (`crate::linear`, `crate::norm`,
+//! `crate::pooled_loss`), in the order every backend reports them.
 
 use super::ops::{Rows, layer_norm, layer_norm_backward};
 use super::same_shape;

@@ -1,9 +1,10 @@
-//! Checks of a Linear layer's fused ops (`Backend::linear`, `Backend::linear_param_grads_into`):
-//! a matrix of rows in, `[out, in]` weights, an `[out]` bias.
+//! Checks of a Linear layer's fused ops (`LinearOps::linear`,
+//! `LinearOps::linear_param_grads_into`): a matrix of rows in, `[out, in]` weights, an `[out]`
+//! bias.
 
 use super::{distinct, same_shape, writable};
 use crate::error::{ComputeError, Result};
-use crate::fused::Activation;
+use crate::linear::Activation;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 

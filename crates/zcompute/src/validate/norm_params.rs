@@ -1,4 +1,4 @@
-//! Checks of `Backend::layer_norm_backward_into`: LayerNorm backward's (with the residual
+//! Checks of `NormOps::layer_norm_backward_into`: LayerNorm backward's (with the residual
 //! stream's gradient), plus the weight's and bias's gradient buffers it adds into.
 
 use super::ops::Rows;

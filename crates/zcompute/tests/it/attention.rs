@@ -1,9 +1,10 @@
-//! Attention's core (`Backend::qk_norm_attention` and its backward): the CPU reference in f64
+//! Attention's core (`AttentionOps::qk_norm_attention` and its backward): the CPU reference in f64
 //! against the composite of the op set; f32 on the CPU and on the CUDA backend (outputs
 //! poisoned with NaN, fused kernels and composite fallback) against the f64 reference at many
 //! shapes; typed errors alike on every backend; two runs bitwise equal.
 
 use crate::common::{CPU, TOL, rel_err, rel_err64, uniform};
+use zcompute::prelude::*;
 use zcompute::{Backend, ComputeError, CudaBackend, Driver, Element, QkNorm};
 
 /// A shape of attention's core: `qkv [batch, seq, 3 * heads * dh]`.
@@ -41,7 +42,7 @@ pub fn inputs(c: Case) -> [Vec<f64>; 6] {
 }
 
 /// Forward and backward on `b` (fused where the backend fuses), or through the composite.
-pub fn run<B: Backend<T>, T: Element>(b: &B, c: Case, composite: bool) -> Results {
+pub fn run<B: Ops<T>, T: Element>(b: &B, c: Case, composite: bool) -> Results {
     let [qkv, qw, qb, kw, kb, g] = inputs(c);
     let up = |v: &[f64], shape: &[usize]| {
         let data: Vec<T> = v.iter().map(|&x| T::from_f64(x)).collect();
@@ -139,7 +140,7 @@ pub fn deterministic<D: Driver>(gpu: &CudaBackend<D>, c: Case) {
 
 /// Forward and backward of the core into preallocated outputs (out, g_qkv, then the four
 /// parameter gradients): the body a capture records.
-fn core_into<B: Backend<f32>>(
+fn core_into<B: Ops<f32>>(
     b: &B,
     qkv: &zcompute::BTensor<B, f32>,
     g: &zcompute::BTensor<B, f32>,
@@ -219,7 +220,7 @@ type ErrorRow = (
 
 /// Bad arguments give the same typed error on the CPU and on `gpu`.
 pub fn errors<D: Driver>(gpu: &CudaBackend<D>) {
-    fn first_error<B: Backend<f32>>(
+    fn first_error<B: Ops<f32>>(
         b: &B,
         qkv: &[usize],
         heads: usize,

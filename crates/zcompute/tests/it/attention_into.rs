@@ -1,4 +1,4 @@
-//! `Backend::qk_norm_attention_backward_into`: the four QK-norm parameter gradients added into
+//! `AttentionOps::qk_norm_attention_backward_into`: the four QK-norm parameter gradients added into
 //! the caller's buffers (non-zero before), on the CPU and on the CUDA backend (poison on),
 //! against the f64 reference plus the buffers' old values: buffers adjacent and in order in one
 //! flat buffer (one column reduction adds all four), apart in one buffer, in four buffers, and
@@ -8,7 +8,8 @@
 
 use crate::attention::{Case, inputs, run as reference_run};
 use crate::common::{CPU, TOL, rel_err, uniform};
-use zcompute::{BTensor, Backend, Element, Layout, QkNorm, Storage, Tensor};
+use zcompute::prelude::*;
+use zcompute::{BTensor, Element, Layout, QkNorm, Storage, Tensor};
 
 /// Where the four gradient buffers live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +29,7 @@ const PREFIX: usize = 3;
 
 /// Views of the four gradient buffers (`None` where not given) and the flat tensors holding
 /// them, filled with non-zero starting values.
-pub fn buffers<B: Backend<T>, T: Element>(
+pub fn buffers<B: Ops<T>, T: Element>(
     b: &B,
     dh: usize,
     layout: Buffers,
@@ -63,13 +64,13 @@ pub fn buffers<B: Backend<T>, T: Element>(
 
 /// A case's inputs on `b` (`attention::inputs`): qkv, the output gradient and the four
 /// QK-norm parameters (q weight, q bias, k weight, k bias).
-pub struct Uploaded<B: Backend<T>, T: Element> {
+pub struct Uploaded<B: Ops<T>, T: Element> {
     pub qkv: BTensor<B, T>,
     pub g: BTensor<B, T>,
     pub params: [BTensor<B, T>; 4],
 }
 
-pub fn upload<B: Backend<T>, T: Element>(b: &B, c: Case) -> Uploaded<B, T> {
+pub fn upload<B: Ops<T>, T: Element>(b: &B, c: Case) -> Uploaded<B, T> {
     let [qkv, qw, qb, kw, kb, g] = inputs(c);
     let up = |v: &[f64], shape: &[usize]| {
         let data: Vec<T> = v.iter().map(|&x| T::from_f64(x)).collect();
@@ -99,7 +100,7 @@ where
 
 /// The four parameter gradients after `qk_norm_attention_backward_into` (each the buffer's
 /// contents, or the returned gradient where no buffer was given), and qkv's gradient.
-pub fn run_into<B: Backend<T>, T: Element>(b: &B, c: Case, layout: Buffers) -> [Vec<f64>; 5] {
+pub fn run_into<B: Ops<T>, T: Element>(b: &B, c: Case, layout: Buffers) -> [Vec<f64>; 5] {
     let Uploaded { qkv, g, params } = upload(b, c);
     let norm = qk_norm(&params, c.heads);
     let bufs = buffers(b, c.dh, layout, &starting_values(c.dh));
@@ -133,7 +134,7 @@ pub fn starting_values(dh: usize) -> [Vec<f64>; 4] {
 }
 
 /// f32 results on `b` against the f64 reference gradients plus the starting values.
-pub fn parity<B: Backend<f32>>(b: &B, c: Case, layout: Buffers) {
+pub fn parity<B: Ops<f32>>(b: &B, c: Case, layout: Buffers) {
     let (_, want) = reference_run::<_, f64>(&CPU, c, false);
     let start = starting_values(c.dh);
     let ours = run_into::<_, f32>(b, c, layout);
@@ -164,7 +165,7 @@ pub fn parity<B: Backend<f32>>(b: &B, c: Case, layout: Buffers) {
 }
 
 /// Two runs bitwise equal, and equal to the backward then one `add_into` per parameter.
-pub fn bitwise<B: Backend<f32>>(b: &B, c: Case, layout: Buffers) {
+pub fn bitwise<B: Ops<f32>>(b: &B, c: Case, layout: Buffers) {
     let first = run_into::<_, f32>(b, c, layout);
     let second = run_into::<_, f32>(b, c, layout);
     let bits =
@@ -204,8 +205,8 @@ pub fn bitwise<B: Backend<f32>>(b: &B, c: Case, layout: Buffers) {
 }
 
 /// Bad buffers give the same typed error on the CPU and on `b`.
-pub fn errors<B: Backend<f32>>(b: &B) {
-    fn first_error<B: Backend<f32>>(b: &B, case: usize) -> String {
+pub fn errors<B: Ops<f32>>(b: &B) {
+    fn first_error<B: Ops<f32>>(b: &B, case: usize) -> String {
         let t = |shape: &[usize]| b.zeros(shape).expect("zeros");
         let (qkv, g, p) = (t(&[2, 3, 24]), t(&[2, 3, 8]), t(&[4]));
         let norm = QkNorm {

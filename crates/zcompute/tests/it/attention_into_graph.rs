@@ -1,4 +1,4 @@
-//! `Backend::qk_norm_attention_backward_into` in captured graphs and counted launches: a
+//! `AttentionOps::qk_norm_attention_backward_into` in captured graphs and counted launches: a
 //! captured body (buffers reset, the backward adding into them) replayed with fresh inputs
 //! equals the same body run eagerly bit for bit; on the simulator the backward into adjacent
 //! buffers is two launches. Parity and errors: `attention_into.rs`.
@@ -6,7 +6,8 @@
 use crate::attention::{Case, inputs};
 use crate::attention_into::{Buffers, Uploaded, buffers, qk_norm, starting_values, upload};
 use crate::common::uniform;
-use zcompute::{BTensor, Backend, QkNorm};
+use zcompute::prelude::*;
+use zcompute::{BTensor, QkNorm};
 
 /// On the simulator the backward with adjacent buffers is two launches (the kernel, one
 /// column reduction adding into all four buffers): the separate add is gone. Buffers apart
@@ -66,7 +67,7 @@ type Bufs<B> = [Option<BTensor<B, f32>>; 4];
 /// adding into them, then qkv's gradient and every parameter's gradient (buffer or returned)
 /// copied into `outs`.
 #[allow(clippy::too_many_arguments)]
-fn into_body<B: Backend<f32>>(
+fn into_body<B: Ops<f32>>(
     b: &B,
     (qkv, g): (&BTensor<B, f32>, &BTensor<B, f32>),
     params: &[BTensor<B, f32>; 4],

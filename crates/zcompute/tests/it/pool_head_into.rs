@@ -1,4 +1,4 @@
-//! `Backend::pool_head_bce_backward_into`: the head weight's and bias's gradients added into
+//! `PooledLossOps::pool_head_bce_backward_into`: the head weight's and bias's gradients added into
 //! the caller's buffers (non-zero before) by the backward itself, on the CPU and on the CUDA
 //! backend (poison on), against the f64 reference plus the buffers' old values: buffers
 //! adjacent in one flat buffer (zgrad's layout), in buffers of their own, and a strided weight
@@ -7,6 +7,7 @@
 //! errors for bad buffers. The launch count is pinned on the simulator.
 
 use crate::common::{CPU, TOL, rel_err, uniform};
+use zcompute::prelude::*;
 use zcompute::{BTensor, Backend, CpuTensor, Layout, Tensor};
 
 /// Where the weight's and bias's gradient buffers live.
@@ -51,7 +52,7 @@ fn starting_values(width: usize) -> (Vec<f64>, f64) {
 }
 
 /// The weight's and bias's buffers laid out as `layout` says, holding the starting values.
-fn buffers<B: Backend<f32>>(
+fn buffers<B: Ops<f32>>(
     be: &B,
     width: usize,
     layout: Buffers,
@@ -93,7 +94,7 @@ fn buffers<B: Backend<f32>>(
 }
 
 /// h's gradient and the two buffers' contents after `pool_head_bce_backward_into` on `be`.
-fn run_into<B: Backend<f32>>(
+fn run_into<B: Ops<f32>>(
     be: &B,
     (batch, scales, width): (usize, usize, usize),
     layout: Buffers,
@@ -116,7 +117,7 @@ fn run_into<B: Backend<f32>>(
 }
 
 /// f32 results on `be` against the f64 reference plus the starting values.
-pub fn parity<B: Backend<f32>>(be: &B, shape: (usize, usize, usize), layout: Buffers) {
+pub fn parity<B: Ops<f32>>(be: &B, shape: (usize, usize, usize), layout: Buffers) {
     let (batch, scales, width) = shape;
     let what = format!("pool_head_bce_backward_into {shape:?} {layout:?}");
     let i = inputs(batch, scales, width);
@@ -152,7 +153,7 @@ pub fn parity<B: Backend<f32>>(be: &B, shape: (usize, usize, usize), layout: Buf
 }
 
 /// Two runs bitwise equal, and equal to the backward then `add_into`.
-pub fn bitwise<B: Backend<f32>>(be: &B, shape: (usize, usize, usize), layout: Buffers) {
+pub fn bitwise<B: Ops<f32>>(be: &B, shape: (usize, usize, usize), layout: Buffers) {
     let (batch, scales, width) = shape;
     let what = format!("pool_head_bce_backward_into {shape:?} {layout:?}");
     let bits = |r: &[Vec<f32>]| -> Vec<u32> { r.iter().flatten().map(|x| x.to_bits()).collect() };
@@ -187,8 +188,8 @@ pub fn bitwise<B: Backend<f32>>(be: &B, shape: (usize, usize, usize), layout: Bu
 }
 
 /// Bad buffers give the same typed error on the CPU and on `be`.
-pub fn errors<B: Backend<f32>>(be: &B) {
-    fn first_error<B: Backend<f32>>(be: &B, case: usize) -> String {
+pub fn errors<B: Ops<f32>>(be: &B) {
+    fn first_error<B: Ops<f32>>(be: &B, case: usize) -> String {
         let t = |shape: &[usize]| be.zeros(shape).expect("zeros");
         let (h, w, l, g) = (t(&[2, 3, 8]), t(&[1, 8]), t(&[2]), t(&[]));
         let y = t(&[2]);
@@ -234,7 +235,7 @@ pub fn errors<B: Backend<f32>>(be: &B) {
 
 /// The body a capture records: the buffers reset to their starting values, the backward
 /// adding into them, `h`'s gradient copied into `gh_out`.
-fn into_body<B: Backend<f32>>(
+fn into_body<B: Ops<f32>>(
     be: &B,
     inputs: &[BTensor<B, f32>; 5],
     start: &(BTensor<B, f32>, BTensor<B, f32>),

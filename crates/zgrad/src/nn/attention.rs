@@ -7,9 +7,9 @@ use crate::error::{GradError, Result};
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Backend, Element, MatmulOpts};
+use zcompute::{Element, MatmulOpts, prelude::*};
 
-pub struct QkNormAttention<B: Backend<T>, T: Element> {
+pub struct QkNormAttention<B: Ops<T>, T: Element> {
     pub qkv: Linear<B, T>,
     pub qn: LayerNorm<B, T>,
     pub kn: LayerNorm<B, T>,
@@ -17,7 +17,7 @@ pub struct QkNormAttention<B: Backend<T>, T: Element> {
     pub heads: usize,
 }
 
-impl<B: Backend<T>, T: Element> Clone for QkNormAttention<B, T> {
+impl<B: Ops<T>, T: Element> Clone for QkNormAttention<B, T> {
     fn clone(&self) -> Self {
         QkNormAttention {
             qkv: self.qkv.clone(),
@@ -29,7 +29,7 @@ impl<B: Backend<T>, T: Element> Clone for QkNormAttention<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for QkNormAttention<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for QkNormAttention<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QkNormAttention")
             .field("width", &self.o.out_features())
@@ -38,7 +38,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for QkNormAttention<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> QkNormAttention<B, T> {
+impl<B: Ops<T>, T: Element> QkNormAttention<B, T> {
     /// `width` must be divisible by `heads`.
     pub fn init(b: &B, width: usize, heads: usize, rng: &mut SplitMix64) -> Result<Self> {
         if heads == 0 || !width.is_multiple_of(heads) {

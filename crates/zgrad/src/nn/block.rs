@@ -8,7 +8,7 @@ use crate::error::{GradError, Result};
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Backend, Element};
+use zcompute::{Element, prelude::*};
 
 /// The names of a block's 16 parameters, in the order of [`EncoderBlock::parameters`] (and of
 /// PyTorch's `state_dict`).
@@ -57,14 +57,14 @@ pub fn block_shapes(width: usize, heads: usize, hidden: usize) -> Vec<Vec<usize>
     ]
 }
 
-pub struct EncoderBlock<B: Backend<T>, T: Element> {
+pub struct EncoderBlock<B: Ops<T>, T: Element> {
     pub ln1: LayerNorm<B, T>,
     pub attn: QkNormAttention<B, T>,
     pub ln2: LayerNorm<B, T>,
     pub ff: FeedForward<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for EncoderBlock<B, T> {
+impl<B: Ops<T>, T: Element> Clone for EncoderBlock<B, T> {
     fn clone(&self) -> Self {
         EncoderBlock {
             ln1: self.ln1.clone(),
@@ -75,7 +75,7 @@ impl<B: Backend<T>, T: Element> Clone for EncoderBlock<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for EncoderBlock<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for EncoderBlock<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EncoderBlock")
             .field("attn", &self.attn)
@@ -84,7 +84,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for EncoderBlock<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> EncoderBlock<B, T> {
+impl<B: Ops<T>, T: Element> EncoderBlock<B, T> {
     /// PyTorch's defaults, drawing from `rng` in the order qkv, o, f1, f2 (weight, then bias).
     pub fn init(
         b: &B,

@@ -7,14 +7,14 @@ use crate::error::Result;
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Activation, Backend, Element};
+use zcompute::{Activation, Element, prelude::*};
 
-pub struct FeedForward<B: Backend<T>, T: Element> {
+pub struct FeedForward<B: Ops<T>, T: Element> {
     pub f1: Linear<B, T>,
     pub f2: Linear<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for FeedForward<B, T> {
+impl<B: Ops<T>, T: Element> Clone for FeedForward<B, T> {
     fn clone(&self) -> Self {
         FeedForward {
             f1: self.f1.clone(),
@@ -23,7 +23,7 @@ impl<B: Backend<T>, T: Element> Clone for FeedForward<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for FeedForward<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for FeedForward<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FeedForward")
             .field("f1", &self.f1)
@@ -32,7 +32,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for FeedForward<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> FeedForward<B, T> {
+impl<B: Ops<T>, T: Element> FeedForward<B, T> {
     pub fn init(b: &B, width: usize, hidden: usize, rng: &mut SplitMix64) -> Result<Self> {
         Ok(FeedForward {
             f1: Linear::init(b, width, hidden, rng)?,

@@ -7,14 +7,14 @@ use crate::error::{GradError, Result};
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Backend, Element};
+use zcompute::{Element, prelude::*};
 
-pub struct PoolHead<B: Backend<T>, T: Element> {
+pub struct PoolHead<B: Ops<T>, T: Element> {
     /// `[1, D]` weight and `[1]` bias.
     pub linear: Linear<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for PoolHead<B, T> {
+impl<B: Ops<T>, T: Element> Clone for PoolHead<B, T> {
     fn clone(&self) -> Self {
         PoolHead {
             linear: self.linear.clone(),
@@ -22,7 +22,7 @@ impl<B: Backend<T>, T: Element> Clone for PoolHead<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for PoolHead<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for PoolHead<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PoolHead")
             .field("linear", &self.linear)
@@ -30,7 +30,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for PoolHead<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> PoolHead<B, T> {
+impl<B: Ops<T>, T: Element> PoolHead<B, T> {
     /// PyTorch's default Linear init (one draw of the weight, then the bias, from `rng`).
     pub fn init(b: &B, width: usize, rng: &mut SplitMix64) -> Result<Self> {
         Ok(PoolHead {

@@ -18,13 +18,13 @@ use crate::error::Result;
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::var::Var;
-use zcompute::{Activation, Backend, Element};
+use zcompute::{Activation, Element, prelude::*};
 
 /// LayerNorm's epsilon everywhere in XAsset.
 pub const LN_EPS: f64 = 1e-5;
 
 /// Uploads host values as a trainable leaf.
-pub(crate) fn leaf<B: Backend<T>, T: Element>(
+pub(crate) fn leaf<B: Ops<T>, T: Element>(
     b: &B,
     data: &[f64],
     shape: &[usize],
@@ -34,12 +34,12 @@ pub(crate) fn leaf<B: Backend<T>, T: Element>(
 }
 
 /// `y = x · Wᵀ + b` with a PyTorch-layout weight `[out, in]`.
-pub struct Linear<B: Backend<T>, T: Element> {
+pub struct Linear<B: Ops<T>, T: Element> {
     pub weight: Var<B, T>,
     pub bias: Var<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for Linear<B, T> {
+impl<B: Ops<T>, T: Element> Clone for Linear<B, T> {
     fn clone(&self) -> Self {
         Linear {
             weight: self.weight.clone(),
@@ -48,13 +48,13 @@ impl<B: Backend<T>, T: Element> Clone for Linear<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for Linear<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for Linear<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Linear({:?})", self.weight.shape())
     }
 }
 
-impl<B: Backend<T>, T: Element> Linear<B, T> {
+impl<B: Ops<T>, T: Element> Linear<B, T> {
     /// PyTorch's default: weight and bias uniform in ±1/sqrt(in).
     pub fn init(b: &B, inputs: usize, outputs: usize, rng: &mut SplitMix64) -> Result<Self> {
         let bound = 1.0 / (inputs as f64).sqrt();
@@ -142,13 +142,13 @@ impl<B: Backend<T>, T: Element> Linear<B, T> {
 }
 
 /// LayerNorm over the last axis with affine weight and bias.
-pub struct LayerNorm<B: Backend<T>, T: Element> {
+pub struct LayerNorm<B: Ops<T>, T: Element> {
     pub weight: Var<B, T>,
     pub bias: Var<B, T>,
     pub eps: f64,
 }
 
-impl<B: Backend<T>, T: Element> Clone for LayerNorm<B, T> {
+impl<B: Ops<T>, T: Element> Clone for LayerNorm<B, T> {
     fn clone(&self) -> Self {
         LayerNorm {
             weight: self.weight.clone(),
@@ -158,13 +158,13 @@ impl<B: Backend<T>, T: Element> Clone for LayerNorm<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for LayerNorm<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for LayerNorm<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "LayerNorm({:?}, eps {})", self.weight.shape(), self.eps)
     }
 }
 
-impl<B: Backend<T>, T: Element> LayerNorm<B, T> {
+impl<B: Ops<T>, T: Element> LayerNorm<B, T> {
     /// PyTorch's default: weight 1, bias 0.
     pub fn init(b: &B, width: usize) -> Result<Self> {
         Ok(LayerNorm {

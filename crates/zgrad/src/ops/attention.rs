@@ -6,9 +6,9 @@ use super::only;
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{BTensor, Backend, Element, QkNorm};
+use zcompute::{BTensor, Element, QkNorm, prelude::*};
 
-struct QkNormAttentionBackward<B: Backend<T>, T: Element> {
+struct QkNormAttentionBackward<B: Ops<T>, T: Element> {
     /// qkv, then q weight, q bias, k weight, k bias (the node's inputs, in order).
     saved: [Saved<B, T>; 5],
     heads: usize,
@@ -18,7 +18,7 @@ struct QkNormAttentionBackward<B: Backend<T>, T: Element> {
 
 const NAME: &str = "qk_norm_attention";
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for QkNormAttentionBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for QkNormAttentionBackward<B, T> {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -61,8 +61,8 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for QkNormAttentionBackward<B, 
     }
 }
 
-impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
-    /// Attention's core after the qkv product (`zcompute::Backend::qk_norm_attention`):
+impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
+    /// Attention's core after the qkv product (`zcompute::AttentionOps::qk_norm_attention`):
     /// `qkv [B, S, 3D]` laid out `[B, S, 3, H, dh]` to `[B, S, D]`, with q and k
     /// LayerNorm-ed over `dh` by `(q_weight, q_bias)` and `(k_weight, k_bias)`. One node; its
     /// backward recomputes the forward from the saved qkv.

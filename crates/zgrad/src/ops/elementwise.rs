@@ -4,11 +4,11 @@ use super::{max_share, only, positive_mask, sum_to_shape};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{BTensor, Backend, BinaryOp, Element, ScalarSide, UnaryOp};
+use zcompute::{BTensor, BinaryOp, Element, ScalarSide, UnaryOp, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
-struct UnaryBackward<B: Backend<T>, T: Element> {
+struct UnaryBackward<B: Ops<T>, T: Element> {
     op: UnaryOp,
     /// The input for log, relu and gelu; the output for the others (none for neg).
     saved: Option<Saved<B, T>>,
@@ -35,7 +35,7 @@ fn saves_input(op: UnaryOp) -> bool {
 
 /// d gelu / dx = Φ(x) + x φ(x). The backend has no erf, so Φ(x) = gelu(x) / x, with the
 /// point x = 0 (where Φ = 1/2) patched by a zero mask z: Φ = (gelu(x) + z/2) / (x + z).
-fn gelu_grad<B: Backend<T>, T: Element>(b: &B, x: &BTensor<B, T>) -> Result<BTensor<B, T>> {
+fn gelu_grad<B: Ops<T>, T: Element>(b: &B, x: &BTensor<B, T>) -> Result<BTensor<B, T>> {
     let pos = positive_mask(b, x)?;
     let neg = positive_mask(b, &b.unary(UnaryOp::Neg, x)?)?;
     let nonzero = b.add(&pos, &neg)?;
@@ -53,7 +53,7 @@ fn gelu_grad<B: Backend<T>, T: Element>(b: &B, x: &BTensor<B, T>) -> Result<BTen
     Ok(b.add(&cdf, &b.mul(x, &pdf)?)?)
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for UnaryBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for UnaryBackward<B, T> {
     fn name(&self) -> &'static str {
         unary_name(self.op)
     }
@@ -105,7 +105,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for UnaryBackward<B, T> {
     }
 }
 
-struct BinaryBackward<B: Backend<T>, T: Element> {
+struct BinaryBackward<B: Ops<T>, T: Element> {
     op: BinaryOp,
     a: Option<Saved<B, T>>,
     b: Option<Saved<B, T>>,
@@ -124,7 +124,7 @@ fn binary_name(op: BinaryOp) -> &'static str {
     }
 }
 
-fn saved<'s, B: Backend<T>, T: Element>(
+fn saved<'s, B: Ops<T>, T: Element>(
     s: &'s Option<Saved<B, T>>,
     op: &'static str,
 ) -> Result<&'s BTensor<B, T>> {
@@ -139,7 +139,7 @@ fn saved<'s, B: Backend<T>, T: Element>(
     }
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for BinaryBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for BinaryBackward<B, T> {
     fn name(&self) -> &'static str {
         binary_name(self.op)
     }
@@ -196,14 +196,14 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for BinaryBackward<B, T> {
     }
 }
 
-struct ScalarBackward<B: Backend<T>, T: Element> {
+struct ScalarBackward<B: Ops<T>, T: Element> {
     op: BinaryOp,
     side: ScalarSide,
     s: T,
     x: Option<Saved<B, T>>,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for ScalarBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for ScalarBackward<B, T> {
     fn name(&self) -> &'static str {
         match self.op {
             BinaryOp::Add => "add_scalar",
@@ -238,7 +238,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for ScalarBackward<B, T> {
     }
 }
 
-impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     /// An elementwise function (zcompute's `unary`).
     pub fn unary(&self, op: UnaryOp, x: &Var<B, T>) -> Result<Var<B, T>> {
         let tracked = self.tracks(unary_name(op), &[x])?;

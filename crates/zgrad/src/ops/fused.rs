@@ -9,12 +9,12 @@ use crate::error::Result;
 use crate::memory::ClassGuard;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{Activation, BTensor, Backend, Element};
+use zcompute::{Activation, BTensor, Element, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
 /// Sums every axis but the last: `[..., n] -> [n]` (one column reduction on the device).
-fn sum_rows<B: Backend<T>, T: Element>(b: &B, t: &BTensor<B, T>) -> Result<BTensor<B, T>> {
+fn sum_rows<B: Ops<T>, T: Element>(b: &B, t: &BTensor<B, T>) -> Result<BTensor<B, T>> {
     let n = t.shape().last().copied().unwrap_or(1);
     let rows = t.numel() / n.max(1);
     let flat = reshape_any(b, t, &[rows, n])?;
@@ -23,7 +23,7 @@ fn sum_rows<B: Backend<T>, T: Element>(b: &B, t: &BTensor<B, T>) -> Result<BTens
 
 /// A parameter's column-sum gradient `[..., n] -> [n]`: added into `dst` (the parameter's dense
 /// gradient buffer, when the tape gave one shaped `[n]`) and `None` returned, else returned.
-pub(super) fn sum_rows_to<B: Backend<T>, T: Element>(
+pub(super) fn sum_rows_to<B: Ops<T>, T: Element>(
     b: &B,
     t: &BTensor<B, T>,
     dst: Option<&BTensor<B, T>>,
@@ -41,7 +41,7 @@ pub(super) fn sum_rows_to<B: Backend<T>, T: Element>(
 /// A LayerNorm's weight and bias gradients: column sums of `g * xhat` (when computed) and of
 /// the output gradient `g` (when the bias needs one), each added into the tape's buffer `into`
 /// names at `at` (weight) and `at + 1` (bias) when it gave one.
-pub(super) fn layer_norm_param_grads<B: Backend<T>, T: Element>(
+pub(super) fn layer_norm_param_grads<B: Ops<T>, T: Element>(
     b: &B,
     g_xhat: Option<BTensor<B, T>>,
     g: &BTensor<B, T>,
@@ -63,7 +63,7 @@ pub(super) fn layer_norm_param_grads<B: Backend<T>, T: Element>(
 
 /// The tape's `[n]` buffers for a LayerNorm's weight (`at`) and bias (`at + 1`) gradients
 /// when it gave one for every parameter that `needs` a gradient (and one does): then
-/// LayerNorm's backward adds into them itself (`Backend::layer_norm_backward_into`, one launch
+/// LayerNorm's backward adds into them itself (`NormOps::layer_norm_backward_into`, one launch
 /// on the device for few rows). `None` otherwise: the caller takes the unfused path; also when
 /// both are one buffer (one parameter as weight and bias), which that op refuses as aliased.
 pub(super) fn layer_norm_param_buffers<'a, S: zcompute::Storage>(
@@ -105,13 +105,13 @@ fn missing(op: &'static str) -> crate::GradError {
     .into()
 }
 
-struct BiasActBackward<B: Backend<T>, T: Element> {
+struct BiasActBackward<B: Ops<T>, T: Element> {
     /// The output, for tanh's backward (none for the identity).
     y: Option<Saved<B, T>>,
     needs: [bool; 2],
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for BiasActBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for BiasActBackward<B, T> {
     fn name(&self) -> &'static str {
         "bias_act"
     }
@@ -142,7 +142,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for BiasActBackward<B, T> {
     }
 }
 
-struct AddLayerNormBackward<B: Backend<T>, T: Element> {
+struct AddLayerNormBackward<B: Ops<T>, T: Element> {
     sum: Saved<B, T>,
     mean: Saved<B, T>,
     rstd: Saved<B, T>,
@@ -151,7 +151,7 @@ struct AddLayerNormBackward<B: Backend<T>, T: Element> {
     needs: [bool; 3],
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> {
     fn name(&self) -> &'static str {
         "add_layer_norm"
     }
@@ -209,14 +209,14 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> 
     }
 }
 
-struct PoolHeadBceBackward<B: Backend<T>, T: Element> {
+struct PoolHeadBceBackward<B: Ops<T>, T: Element> {
     h: Saved<B, T>,
     weight: Saved<B, T>,
     logits: Saved<B, T>,
     targets: Saved<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for PoolHeadBceBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for PoolHeadBceBackward<B, T> {
     fn name(&self) -> &'static str {
         "pool_head_bce"
     }
@@ -257,7 +257,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for PoolHeadBceBackward<B, T> {
     }
 }
 
-impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     /// `act(x + bias)` for `x` `[..., n]` and `bias` `[n]`: the epilogue of a product in one
     /// kernel; backward is tanh's backward in one kernel and the bias's column sum.
     pub fn bias_act(&self, x: &Var<B, T>, bias: &Var<B, T>, act: Activation) -> Result<Var<B, T>> {

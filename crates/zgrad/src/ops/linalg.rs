@@ -4,11 +4,11 @@ use super::{only, sum_to_shape};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{BTensor, Backend, BinaryOp, Element, MatmulOpts, ScalarSide, UnaryOp};
+use zcompute::{BTensor, BinaryOp, Element, MatmulOpts, ScalarSide, UnaryOp, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
-struct MatmulBackward<B: Backend<T>, T: Element> {
+struct MatmulBackward<B: Ops<T>, T: Element> {
     a: Option<Saved<B, T>>,
     b: Option<Saved<B, T>>,
     a_shape: Vec<usize>,
@@ -20,7 +20,7 @@ fn opts(trans_a: bool, trans_b: bool) -> MatmulOpts {
     MatmulOpts { trans_a, trans_b }
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for MatmulBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for MatmulBackward<B, T> {
     fn name(&self) -> &'static str {
         "matmul"
     }
@@ -90,7 +90,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for MatmulBackward<B, T> {
 /// One operand's gradient `x · y`: added into `dst` when given and the product already has the
 /// operand's shape (its batch axes are the output's, none broadcast); otherwise returned,
 /// summed back to `shape`.
-fn product_grad<B: Backend<T>, T: Element>(
+fn product_grad<B: Ops<T>, T: Element>(
     be: &B,
     x: &BTensor<B, T>,
     y: &BTensor<B, T>,
@@ -109,13 +109,13 @@ fn product_grad<B: Backend<T>, T: Element>(
     Ok(Some(sum_to_shape(be, be.matmul(x, y, o)?, shape)?))
 }
 
-struct BceBackward<B: Backend<T>, T: Element> {
+struct BceBackward<B: Ops<T>, T: Element> {
     logits: Saved<B, T>,
     targets: Saved<B, T>,
     needs: [bool; 2],
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for BceBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for BceBackward<B, T> {
     fn name(&self) -> &'static str {
         "bce_with_logits"
     }
@@ -142,7 +142,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for BceBackward<B, T> {
     }
 }
 
-impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     /// Batched matrix product (zcompute's `matmul`: transpose flags, broadcast batch axes).
     pub fn matmul(&self, a: &Var<B, T>, b: &Var<B, T>, o: MatmulOpts) -> Result<Var<B, T>> {
         let tracked = self.tracks("matmul", &[a, b])?;

@@ -1,6 +1,6 @@
-//! A Linear layer as one tape node: `act(x · wᵀ + bias)` forward through `Backend::linear`
+//! A Linear layer as one tape node: `act(x · wᵀ + bias)` forward through `LinearOps::linear`
 //! (one kernel on the device for few rows), and a backward that, when the tape gives the
-//! parameter gradients' buffers, is one `Backend::linear_backward_into` (one launch on the
+//! parameter gradients' buffers, is one `LinearOps::linear_backward_into` (one launch on the
 //! device for few rows: tanh's backward, the input's gradient `gz · w`, and the weight's and
 //! bias's gradients added into their buffers); otherwise tanh's backward, the product and the
 //! parameter gradients one op each.
@@ -10,13 +10,13 @@ use super::only;
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{Activation, BTensor, Backend, Element, MatmulOpts};
+use zcompute::{Activation, BTensor, Element, MatmulOpts, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
 const NAME: &str = "linear";
 
-struct LinearBackward<B: Backend<T>, T: Element> {
+struct LinearBackward<B: Ops<T>, T: Element> {
     /// The input, for the weight's gradient (none when the weight needs none).
     x: Option<Saved<B, T>>,
     /// The weight, for the input's gradient (none when the input needs none).
@@ -30,7 +30,7 @@ struct LinearBackward<B: Backend<T>, T: Element> {
     residual: bool,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -91,8 +91,8 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> LinearBackward<B, T> {
-    /// The whole backward as one `Backend::linear_backward_into` when the tape gives the
+impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
+    /// The whole backward as one `LinearOps::linear_backward_into` when the tape gives the
     /// weight's buffer (and the bias's, when the bias needs a gradient); `None` (nothing run)
     /// otherwise.
     fn fused_into(
@@ -136,9 +136,9 @@ impl<B: Backend<T>, T: Element> LinearBackward<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
+impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
     /// A Linear layer, `act(x · wᵀ + bias)` for `x [rows, in]`, `w [out, in]` (PyTorch's
-    /// layout) and `bias [out]`, as one node (`zcompute::Backend::linear`). Backward keeps only
+    /// layout) and `bias [out]`, as one node (`zcompute::LinearOps::linear`). Backward keeps only
     /// what it reads: `x` when the weight needs a gradient, `w` when `x` does, the output for
     /// tanh.
     pub fn linear(
@@ -153,7 +153,7 @@ impl<B: Backend<T>, T: Element> Tape<'_, B, T> {
 
     /// A Linear layer with a residual added after the activation (a skip connection),
     /// `act(x · wᵀ + bias) + residual` for `residual [rows, out]`, as one node
-    /// (`zcompute::Backend::linear_add`: the add is the product's epilogue on the device). Its
+    /// (`zcompute::LinearOps::linear_add`: the add is the product's epilogue on the device). Its
     /// backward is [`Tape::linear`]'s, and the residual's gradient is the output's. No
     /// activation: tanh's backward reads tanh's output, which the add would change.
     pub fn linear_add(

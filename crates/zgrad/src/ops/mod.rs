@@ -12,11 +12,11 @@ mod reduce;
 mod view;
 
 use crate::error::Result;
-use zcompute::{BTensor, Backend, BinaryOp, Element, ScalarSide, UnaryOp};
+use zcompute::{BTensor, BinaryOp, Element, ScalarSide, UnaryOp, prelude::*};
 
 /// Sums `g` down to `shape` (the inverse of NumPy broadcasting): extra leading axes are summed
 /// away, axes where `shape` has 1 are summed with keepdim.
-pub(crate) fn sum_to_shape<B: Backend<T>, T: Element>(
+pub(crate) fn sum_to_shape<B: Ops<T>, T: Element>(
     b: &B,
     g: BTensor<B, T>,
     shape: &[usize],
@@ -44,7 +44,7 @@ pub(crate) fn sum_to_shape<B: Backend<T>, T: Element>(
 /// 1 where `x > 0`, else 0 (NaN stays NaN), exactly: `relu(x) / max(relu(x), tiny)` is `r/r = 1`
 /// for every positive normal `x` and `0/tiny = 0` otherwise. The backend has no comparison op,
 /// and this keeps the masks on the device (and inside a captured graph).
-pub(crate) fn positive_mask<B: Backend<T>, T: Element>(
+pub(crate) fn positive_mask<B: Ops<T>, T: Element>(
     b: &B,
     x: &BTensor<B, T>,
 ) -> Result<BTensor<B, T>> {
@@ -56,7 +56,7 @@ pub(crate) fn positive_mask<B: Backend<T>, T: Element>(
 
 /// The gradient share of `a` in `maximum(a, b)`: 1 where `a > b`, 1/2 on ties (as PyTorch),
 /// 0 where `a < b`. `a_minus_b` is `a - b`.
-pub(crate) fn max_share<B: Backend<T>, T: Element>(
+pub(crate) fn max_share<B: Ops<T>, T: Element>(
     b: &B,
     a_minus_b: &BTensor<B, T>,
 ) -> Result<BTensor<B, T>> {
@@ -70,7 +70,7 @@ pub(crate) fn max_share<B: Backend<T>, T: Element>(
 }
 
 /// `x` with a new shape, copying first if its layout cannot be reshaped as a view.
-pub(crate) fn reshape_any<B: Backend<T>, T: Element>(
+pub(crate) fn reshape_any<B: Ops<T>, T: Element>(
     b: &B,
     x: &BTensor<B, T>,
     shape: &[usize],

@@ -5,11 +5,11 @@ use super::{only, positive_mask};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{BTensor, Backend, BinaryOp, Element, ReduceOp, ScalarSide};
+use zcompute::{BTensor, BinaryOp, Element, ReduceOp, ScalarSide, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
-struct ReduceBackward<B: Backend<T>, T: Element> {
+struct ReduceBackward<B: Ops<T>, T: Element> {
     op: ReduceOp,
     axis: usize,
     keepdim: bool,
@@ -26,7 +26,7 @@ fn reduce_name(op: ReduceOp) -> &'static str {
     }
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for ReduceBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for ReduceBackward<B, T> {
     fn name(&self) -> &'static str {
         reduce_name(self.op)
     }
@@ -70,11 +70,11 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for ReduceBackward<B, T> {
     }
 }
 
-struct SoftmaxBackward<B: Backend<T>, T: Element> {
+struct SoftmaxBackward<B: Ops<T>, T: Element> {
     y: Saved<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for SoftmaxBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for SoftmaxBackward<B, T> {
     fn name(&self) -> &'static str {
         "softmax"
     }
@@ -86,7 +86,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for SoftmaxBackward<B, T> {
     }
 }
 
-struct LayerNormBackward<B: Backend<T>, T: Element> {
+struct LayerNormBackward<B: Ops<T>, T: Element> {
     x: Saved<B, T>,
     mean: Saved<B, T>,
     rstd: Saved<B, T>,
@@ -96,7 +96,7 @@ struct LayerNormBackward<B: Backend<T>, T: Element> {
     stream: bool,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
     fn name(&self) -> &'static str {
         "layer_norm"
     }
@@ -155,7 +155,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
     }
 }
 
-impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     /// Sum, mean or max over `axis` (`keepdim` keeps it with size 1).
     pub fn reduce(
         &self,

@@ -5,7 +5,7 @@ use super::{reshape_any, sum_to_shape};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Tape};
 use crate::var::Var;
-use zcompute::{BTensor, Backend, Element};
+use zcompute::{BTensor, Element, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
@@ -36,7 +36,7 @@ struct ViewBackward {
     in_shape: Vec<usize>,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for ViewBackward {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for ViewBackward {
     fn name(&self) -> &'static str {
         view_name(&self.kind)
     }
@@ -73,7 +73,7 @@ struct SplitBackward {
     in_shape: Vec<usize>,
 }
 
-impl<B: Backend<T>, T: Element> BackwardOp<B, T> for SplitBackward {
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for SplitBackward {
     fn name(&self) -> &'static str {
         "split"
     }
@@ -91,7 +91,7 @@ impl<B: Backend<T>, T: Element> BackwardOp<B, T> for SplitBackward {
     }
 }
 
-impl<'b, B: Backend<T>, T: Element> Tape<'b, B, T> {
+impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     fn view(
         &self,
         x: &Var<B, T>,

@@ -18,8 +18,8 @@ use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 use crate::var::Var;
 use zcompute::{
-    ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
-    Element,
+    ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Element,
+    prelude::*,
 };
 
 /// AdamW's constant hyper-parameters (XASSET.md's values by default).
@@ -45,7 +45,7 @@ impl Default for AdamWHyper {
 /// The device side of AdamW: moments, the `[lr, t]` slot and the constants. Cloning shares the
 /// tensors (a capture body holds a clone). Over a [`ParameterSet`] the moments are views of two
 /// flat buffers laid out as the set's (`flat`).
-pub struct AdamWTensors<B: Backend<T>, T: Element> {
+pub struct AdamWTensors<B: Ops<T>, T: Element> {
     /// First moment of each parameter, in parameter order.
     pub m: Vec<BTensor<B, T>>,
     /// Second moment of each parameter, in parameter order.
@@ -56,13 +56,13 @@ pub struct AdamWTensors<B: Backend<T>, T: Element> {
 }
 
 /// The flat moment buffers beside the set they follow.
-struct FlatMoments<B: Backend<T>, T: Element> {
+struct FlatMoments<B: Ops<T>, T: Element> {
     set: ParameterSet<B, T>,
     m: BTensor<B, T>,
     v: BTensor<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for FlatMoments<B, T> {
+impl<B: Ops<T>, T: Element> Clone for FlatMoments<B, T> {
     fn clone(&self) -> Self {
         FlatMoments {
             set: self.set.clone(),
@@ -72,7 +72,7 @@ impl<B: Backend<T>, T: Element> Clone for FlatMoments<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> Clone for AdamWTensors<B, T> {
+impl<B: Ops<T>, T: Element> Clone for AdamWTensors<B, T> {
     fn clone(&self) -> Self {
         AdamWTensors {
             m: self.m.clone(),
@@ -84,7 +84,7 @@ impl<B: Backend<T>, T: Element> Clone for AdamWTensors<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdamWTensors")
             .field("params", &self.m.len())
@@ -94,7 +94,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> AdamWTensors<B, T> {
+impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
     /// One fused update of every parameter from its gradient, reading lr, t and the gate from
     /// the slot. Launches kernels only (no host transfer): legal inside a capture.
     pub fn apply(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {
@@ -190,7 +190,7 @@ pub struct Moments<T> {
 }
 
 /// AdamW over a fixed list of parameters.
-pub struct AdamW<B: Backend<T>, T: Element> {
+pub struct AdamW<B: Ops<T>, T: Element> {
     tensors: AdamWTensors<B, T>,
     step: u64,
     /// Set to the step that failed after its update may have started: the state is unknown
@@ -198,7 +198,7 @@ pub struct AdamW<B: Backend<T>, T: Element> {
     unknown: Option<u64>,
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamW<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for AdamW<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdamW")
             .field("step", &self.step)
@@ -208,7 +208,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for AdamW<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> AdamW<B, T> {
+impl<B: Ops<T>, T: Element> AdamW<B, T> {
     /// Zero moments (persistent) for each parameter and a slot tensor. When `params` are a
     /// [`ParameterSet`]'s views, the moments are two flat buffers laid out as the set's, so
     /// each step is one launch.

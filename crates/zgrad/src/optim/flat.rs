@@ -16,7 +16,7 @@
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::var::Var;
-use zcompute::{AllocClass, BTensor, Backend, Element, Layout, Storage, Tensor};
+use zcompute::{AllocClass, BTensor, Element, Layout, Storage, Tensor, prelude::*};
 
 /// Elements every parameter's offset in a flat buffer is a multiple of (64 f32 = 256 bytes).
 pub const FLAT_ALIGN: usize = 64;
@@ -41,14 +41,14 @@ pub fn flat_layout(shapes: &[Vec<usize>]) -> (Vec<usize>, usize) {
 
 /// The flat parameter and gradient buffers of a list of parameters (see the module docs).
 /// Cloning shares the buffers.
-pub struct ParameterSet<B: Backend<T>, T: Element> {
+pub struct ParameterSet<B: Ops<T>, T: Element> {
     values: BTensor<B, T>,
     grads: BTensor<B, T>,
     offsets: Vec<usize>,
     shapes: Vec<Vec<usize>>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for ParameterSet<B, T> {
+impl<B: Ops<T>, T: Element> Clone for ParameterSet<B, T> {
     fn clone(&self) -> Self {
         ParameterSet {
             values: self.values.clone(),
@@ -59,7 +59,7 @@ impl<B: Backend<T>, T: Element> Clone for ParameterSet<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> std::fmt::Debug for ParameterSet<B, T> {
+impl<B: Ops<T>, T: Element> std::fmt::Debug for ParameterSet<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ParameterSet")
             .field("parameters", &self.offsets.len())
@@ -68,7 +68,7 @@ impl<B: Backend<T>, T: Element> std::fmt::Debug for ParameterSet<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> ParameterSet<B, T> {
+impl<B: Ops<T>, T: Element> ParameterSet<B, T> {
     /// Allocates the two flat buffers (persistent) for parameters of `shapes` and returns the
     /// set with one trainable leaf per shape, in order. `values` holds each parameter's data
     /// (row-major, one entry per shape) and is uploaded in one copy; `None` leaves every

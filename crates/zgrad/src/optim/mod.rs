@@ -17,10 +17,10 @@ pub use sgd::Sgd;
 
 use crate::error::Result;
 use crate::var::Var;
-use zcompute::{BTensor, Backend, Element, UnaryOp};
+use zcompute::{BTensor, Element, UnaryOp, prelude::*};
 
 /// Sets every parameter's gradient to zero, in place (one fill of a flat gradient buffer).
-pub fn zero_grad<B: Backend<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Result<()> {
+pub fn zero_grad<B: Ops<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Result<()> {
     if let Some(set) = ParameterSet::of(params) {
         return set.zero_grad(b);
     }
@@ -31,7 +31,7 @@ pub fn zero_grad<B: Backend<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Resu
 }
 
 /// `sqrt(sum of g² over every gradient)` as a rank-0 tensor (stays on the device).
-pub fn grad_norm<B: Backend<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Result<BTensor<B, T>> {
+pub fn grad_norm<B: Ops<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Result<BTensor<B, T>> {
     if let Some(set) = ParameterSet::of(params) {
         return set.grad_norm(b);
     }
@@ -53,7 +53,7 @@ pub fn grad_norm<B: Backend<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Resu
 
 /// Scales every gradient by `min(1, max_norm / (norm + 1e-6))` (PyTorch's `clip_grad_norm_`)
 /// and returns the norm before clipping. No host round trip: capturable.
-pub fn clip_grad_norm<B: Backend<T>, T: Element>(
+pub fn clip_grad_norm<B: Ops<T>, T: Element>(
     b: &B,
     params: &[Var<B, T>],
     max_norm: T,

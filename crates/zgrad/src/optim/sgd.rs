@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::var::Var;
-use zcompute::{Backend, BinaryOp, Element, ScalarSide};
+use zcompute::{BinaryOp, Element, ScalarSide, prelude::*};
 
 /// Stochastic gradient descent.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -12,12 +12,7 @@ pub struct Sgd {
 
 impl Sgd {
     /// One update of every parameter with rate `lr`, in place (bumps their versions).
-    pub fn step<B: Backend<T>, T: Element>(
-        &self,
-        b: &B,
-        params: &[Var<B, T>],
-        lr: f64,
-    ) -> Result<()> {
+    pub fn step<B: Ops<T>, T: Element>(&self, b: &B, params: &[Var<B, T>], lr: f64) -> Result<()> {
         for p in params {
             let Some(g) = p.grad() else { continue };
             let g = if self.weight_decay == 0.0 {

@@ -11,10 +11,10 @@ use crate::tape::Tape;
 use crate::var::Var;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use zcompute::{BTensor, Backend, ComputeError, Element};
+use zcompute::{BTensor, ComputeError, Element, prelude::*};
 
 /// What every step body reads and writes. Cloning shares the tensors.
-pub(crate) struct StepParts<B: Backend<T>, T: Element, M: Model<B, T>> {
+pub(crate) struct StepParts<B: Ops<T>, T: Element, M: Model<B, T>> {
     pub model: M,
     pub params: Vec<Var<B, T>>,
     /// Persistent `[loss, grad norm]` of the last batched step (read back after it).
@@ -29,7 +29,7 @@ pub(crate) struct StepParts<B: Backend<T>, T: Element, M: Model<B, T>> {
     pub dist: Dist<B, T>,
 }
 
-impl<B: Backend<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
+impl<B: Ops<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
     fn clone(&self) -> Self {
         StepParts {
             model: self.model.clone(),
@@ -43,7 +43,7 @@ impl<B: Backend<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
     }
 }
 
-impl<B: Backend<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
+impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
         if self.unprotected {
             Tape::unprotected_in_crate(b)

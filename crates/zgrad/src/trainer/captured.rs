@@ -23,7 +23,7 @@ use crate::model::Model;
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Backend, Capture, Element};
+use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
 /// The captured batched step and its static inputs.
 pub(super) struct BatchedGraph<B: Capture<T>, T: Element> {
@@ -56,7 +56,7 @@ impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
 /// ran for real from one that did nothing.
 pub(super) type Runs = Rc<Cell<u32>>;
 
-pub(super) fn persistent_zeros<B: Backend<T>, T: Element>(
+pub(super) fn persistent_zeros<B: Ops<T>, T: Element>(
     b: &B,
     shape: &[usize],
 ) -> Result<BTensor<B, T>> {

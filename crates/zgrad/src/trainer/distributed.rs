@@ -23,7 +23,7 @@ use std::cell::Cell;
 use std::ops::Range;
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo, SingleProcess};
-use zcompute::{AllocClass, BTensor, Backend, Capture, Element};
+use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
 /// The rows of a global batch of `batch` that rank `rank` of `world` takes: contiguous,
 /// disjoint, covering the batch, sizes differing by at most one (the first `batch % world`
@@ -38,7 +38,7 @@ pub fn shard(rank: usize, world: usize, batch: usize) -> Range<usize> {
 }
 
 /// The collective and the per-step values the step bodies read (cloning shares them).
-pub(crate) struct Dist<B: Backend<T>, T: Element> {
+pub(crate) struct Dist<B: Ops<T>, T: Element> {
     pub comm: Rc<dyn Collective<B, T>>,
     /// Persistent rank-0 tensor: this rank's share of the global batch (local / global),
     /// written before every step (a captured step reads it on every replay).
@@ -51,7 +51,7 @@ pub(crate) struct Dist<B: Backend<T>, T: Element> {
     pub step: Rc<Cell<u64>>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for Dist<B, T> {
+impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
     fn clone(&self) -> Self {
         Dist {
             comm: Rc::clone(&self.comm),
@@ -63,7 +63,7 @@ impl<B: Backend<T>, T: Element> Clone for Dist<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> Dist<B, T> {
+impl<B: Ops<T>, T: Element> Dist<B, T> {
     /// A single process's: `SingleProcess`, the share tensor persistent.
     pub fn single_process(b: &B) -> Result<Self> {
         let _class = ClassGuard::new(b, AllocClass::Persistent);
@@ -124,7 +124,7 @@ impl<B: Backend<T>, T: Element> Dist<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
+impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// This rank's forward and backward with the loss scaled by its share of the global batch
     /// (none for an empty shard: zero gradients, zero loss), then the gradients and the scaled
     /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor).

@@ -6,10 +6,10 @@
 use crate::error::{GradError, Result};
 use std::borrow::Cow;
 use std::ops::Range;
-use zcompute::{BTensor, Backend, Element, PinnedHost, PinnedSlice};
+use zcompute::{BTensor, Element, PinnedHost, PinnedSlice, prelude::*};
 
 /// A batch in host memory that a step uploads rows of.
-pub(super) trait Source<B: Backend<T>, T: Element> {
+pub(super) trait Source<B: Ops<T>, T: Element> {
     /// Values per sample (S x F).
     fn per(&self) -> usize;
     /// Rows `rows` as host slices, when the batch lies in ordinary memory.
@@ -28,7 +28,7 @@ pub(super) struct HostSlices<'a, T> {
     pub per: usize,
 }
 
-impl<B: Backend<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
+impl<B: Ops<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
     fn per(&self) -> usize {
         self.per
     }
@@ -63,12 +63,12 @@ impl<B: Backend<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
 pub(super) type HostRows<'a, T> = (Cow<'a, [T]>, Cow<'a, [T]>);
 
 /// This rank's rows of a batch.
-pub(super) struct Shard<'a, B: Backend<T>, T: Element> {
+pub(super) struct Shard<'a, B: Ops<T>, T: Element> {
     pub src: &'a dyn Source<B, T>,
     pub rows: Range<usize>,
 }
 
-impl<'a, B: Backend<T>, T: Element> Shard<'a, B, T> {
+impl<'a, B: Ops<T>, T: Element> Shard<'a, B, T> {
     /// Rows held.
     pub fn len(&self) -> usize {
         self.rows.len()
@@ -198,7 +198,7 @@ impl<B: PinnedHost<T>, T: Element> Source<B, T> for PinnedBatch<B, T> {
 #[cfg(test)]
 mod tests {
     use super::{PinnedBatch, Source};
-    use zcompute::{Backend, Engine};
+    use zcompute::{Engine, prelude::*};
 
     /// A pinned batch refilled while its upload is still queued (the simulator runs the copy
     /// when the stream is waited on, reading host memory then): the refill waits for the

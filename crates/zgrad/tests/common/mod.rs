@@ -13,7 +13,7 @@ use zcompute::{
     AdamWConfig, AllocClass, BinaryOp, ComputeError, CpuBackend, CpuStorage, CpuTensor, Element,
     LayerNormOut, Layout, MatmulOpts, ReduceOp, ScalarSide, Storage, Tensor, UnaryOp,
 };
-use zcompute::{Backend, Capture};
+use zcompute::{AttentionOps, Backend, Capture, LinearOps, NormOps, PooledLossOps};
 
 #[derive(Clone, Debug)]
 pub struct Tagged<T: Element> {
@@ -257,6 +257,19 @@ where
         }
         Ok(())
     }
+}
+
+// No fused kernels of its own: every family's composite of the primitives above.
+impl<T: Element> LinearOps<T> for SimBackend<T> where CpuBackend: Backend<T, Storage = CpuStorage<T>>
+{}
+impl<T: Element> NormOps<T> for SimBackend<T> where CpuBackend: Backend<T, Storage = CpuStorage<T>> {}
+impl<T: Element> AttentionOps<T> for SimBackend<T> where
+    CpuBackend: Backend<T, Storage = CpuStorage<T>>
+{
+}
+impl<T: Element> PooledLossOps<T> for SimBackend<T> where
+    CpuBackend: Backend<T, Storage = CpuStorage<T>>
+{
 }
 
 impl<T: Element> Capture<T> for SimBackend<T>

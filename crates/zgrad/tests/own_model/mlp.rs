@@ -4,19 +4,19 @@
 
 #![allow(dead_code)]
 
-use zcompute::{Activation, Backend, Element};
+use zcompute::{Activation, Element, prelude::*};
 use zgrad::model::ParameterBuilder;
 use zgrad::nn::Linear;
 use zgrad::{GradError, Model, Tape, Var};
 
-pub struct Mlp<B: Backend<T>, T: Element> {
+pub struct Mlp<B: Ops<T>, T: Element> {
     pub scales: usize,
     pub features: usize,
     pub l1: Linear<B, T>,
     pub l2: Linear<B, T>,
 }
 
-impl<B: Backend<T>, T: Element> Clone for Mlp<B, T> {
+impl<B: Ops<T>, T: Element> Clone for Mlp<B, T> {
     fn clone(&self) -> Self {
         Mlp {
             scales: self.scales,
@@ -27,7 +27,7 @@ impl<B: Backend<T>, T: Element> Clone for Mlp<B, T> {
     }
 }
 
-impl<B: Backend<T>, T: Element> Mlp<B, T> {
+impl<B: Ops<T>, T: Element> Mlp<B, T> {
     /// PyTorch's Linear initialisation from `seed`, in one flat parameter buffer.
     pub fn new(
         b: &B,
@@ -60,7 +60,7 @@ impl<B: Backend<T>, T: Element> Mlp<B, T> {
     }
 }
 
-impl<B: Backend<T> + 'static, T: Element> Model<B, T> for Mlp<B, T> {
+impl<B: Ops<T> + 'static, T: Element> Model<B, T> for Mlp<B, T> {
     fn named_parameters(&self) -> Vec<(String, Var<B, T>)> {
         [
             ("l1.weight", &self.l1.weight),

@@ -4,10 +4,10 @@
 //! kernels rely on (32 x 8 blocks, enough column tiles), which the GPU would not report.
 
 use super::{bad, checked, cpu_err, rows_tensor, usize_of};
-use crate::backend::Backend;
 use crate::cpu::{CpuBackend, fused, math};
 use crate::cuda::kernels::Kernel;
-use crate::fused::Activation;
+use crate::linear::Activation;
+use crate::norm::NormOps;
 use crate::tensor::CpuTensor;
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
@@ -117,7 +117,7 @@ pub(super) fn layer_norm_backward_add(
         _ => Some(tensor(mem, k.ptr(7)?, &[usize_of(n, 13)?])?),
     };
     let want = [k.u32(10)? != 0, k.u32(11)? != 0];
-    let r = Backend::<f32>::layer_norm_backward_add(
+    let r = NormOps::<f32>::layer_norm_backward_add(
         &CpuBackend,
         &g,
         residual.as_ref(),

@@ -5,10 +5,10 @@
 //! more rows than its shared memory holds), which the GPU would not report.
 
 use super::{bad, checked, cpu_err, rows_tensor, usize_of};
-use crate::backend::Backend;
 use crate::cpu::CpuBackend;
 use crate::cuda::kernels::Kernel;
 use crate::cuda::norm_params::{LN_PARAMS_MAX_ROWS, LN_PARAMS_THREADS};
+use crate::norm::NormOps;
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
 
@@ -52,7 +52,7 @@ pub(super) fn layer_norm_backward_params(
                 .map_err(cpu_err)?,
         ),
     };
-    let r = Backend::<f32>::layer_norm_backward_add(
+    let r = NormOps::<f32>::layer_norm_backward_add(
         &CpuBackend,
         &g,
         residual.as_ref(),

@@ -7,6 +7,7 @@
 //! Two runs on one backend are bitwise equal.
 
 use crate::common::{rel_err, uniform};
+use zcompute::prelude::*;
 use zcompute::{Activation, Backend, CpuBackend, CpuTensor, CudaBackend, CudaTensor};
 use zdevice::Driver;
 

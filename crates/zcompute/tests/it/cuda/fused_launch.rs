@@ -8,6 +8,7 @@
 //! them, so these tests pin the parallelism instead. Results are checked by `fused.rs`.
 
 use std::sync::{Arc, Mutex};
+use zcompute::prelude::*;
 use zcompute::{Activation, Backend, CudaBackend};
 use zdevice::{Device, DeviceConfig, LaunchConfig, SimConfig, SimDriver};
 

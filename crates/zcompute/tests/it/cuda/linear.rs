@@ -10,6 +10,7 @@
 
 use super::fused::{close, pair};
 use zcompute::cuda::LINEAR_ROW_LIMIT;
+use zcompute::prelude::*;
 use zcompute::{Activation, Backend, Capture, CpuBackend, CudaBackend, CudaTensor, MatmulOpts};
 use zdevice::Driver;
 

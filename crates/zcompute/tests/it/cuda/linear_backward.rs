@@ -1,4 +1,4 @@
-//! `Backend::linear_backward_into` (a Linear layer's backward: tanh's backward, the input's
+//! `LinearOps::linear_backward_into` (a Linear layer's backward: tanh's backward, the input's
 //! gradient, the weight's and bias's gradients added into views of one flat buffer) on a CUDA
 //! backend against the CPU backend in f64, poison on: rows 1, 5, 12, the small-row limit and
 //! one past it (the composite), odd and one-wide widths and the model's, identity and tanh,
@@ -13,6 +13,7 @@
 //! `linear_backward_errors.rs`.
 
 use super::fused::{close, pair};
+use zcompute::prelude::*;
 use zcompute::{Activation, Backend, Capture, CpuBackend, CudaBackend, CudaTensor, MatmulOpts};
 use zdevice::Driver;
 

@@ -1,8 +1,9 @@
-//! `Backend::linear_backward_into`'s checks: bad arguments get the CPU backend's typed error
+//! `LinearOps::linear_backward_into`'s checks: bad arguments get the CPU backend's typed error
 //! on the device too, before anything is written; the weight's and bias's gradient buffers
 //! may be adjacent views of one flat buffer, not overlapping ones, nor in an input's memory.
 //! Its results are checked by `linear_backward.rs`.
 
+use zcompute::prelude::*;
 use zcompute::{Activation, Backend, CpuBackend};
 
 const CPU: CpuBackend = CpuBackend;

@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 use zcompute::cuda::LINEAR_ROW_LIMIT;
+use zcompute::prelude::*;
 use zcompute::{Activation, Backend, CudaBackend, CudaTensor, MatmulOpts};
 use zdevice::sim::calls::GEMM_STRIDED_BATCHED;
 use zdevice::{Device, DeviceConfig, LaunchConfig, SimConfig, SimDriver};

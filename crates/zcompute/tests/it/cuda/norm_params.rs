@@ -9,6 +9,7 @@
 //! suite (feature `gpu`) on CUDA device 0. Launch counts and bad arguments: mock only, below.
 
 use super::fused::{close, pair};
+use zcompute::prelude::*;
 use zcompute::{Backend, Capture, CpuBackend, CpuTensor, CudaBackend, CudaTensor};
 use zdevice::Driver;
 

@@ -6,6 +6,7 @@
 //! `norm_params.rs`.
 
 use super::norm_params::operands;
+use zcompute::prelude::*;
 use zcompute::{Backend, ComputeError as E, CpuBackend, CudaBackend, CudaTensor, SimDriver};
 use zdevice::sim::calls::LAUNCH_KERNEL;
 

@@ -1,34 +1,15 @@
-//! The fused ops' types and their composite bodies. A fused op (bias + activation after a
-//! product, the residual add with LayerNorm, mean-pool + head + BCE) is one kernel on the
-//! device; every `Backend` gets the composite body written here from the op set as its
-//! provided method, so a backend without a fused kernel (a test backend) still runs them, and
-//! the CPU backend's own implementations (`cpu/fused.rs`) are checked against the same formulas.
+//! The pooled-loss family: [`PooledLossOps`], a sequence classifier's tail fused (the mean over
+//! the sequence axis, a one-output linear head and the mean BCE-with-logits loss, forward and
+//! backward), each provided as the composite of [`Backend`]'s primitives written below.
 
-use crate::backend::{Backend, BinaryOp, LayerNormOut, MatmulOpts, ScalarSide, UnaryOp};
+use crate::backend::{BTensor, Backend, BinaryOp, MatmulOpts, ScalarSide, UnaryOp};
 use crate::element::Element;
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::validate;
 
-/// The activation of a bias epilogue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Activation {
-    /// `x + bias`.
-    Identity,
-    /// `tanh(x + bias)`.
-    Tanh,
-}
-
-/// What [`Backend::add_layer_norm`] returns: the sum `h = a + b` (the residual stream) and
-/// LayerNorm of it with its saved statistics.
-#[derive(Clone, Debug)]
-pub struct AddLayerNormOut<S: Storage> {
-    pub sum: Tensor<S>,
-    pub norm: LayerNormOut<S>,
-}
-
-/// What [`Backend::pool_head_bce`] returns: the mean BCE-with-logits (rank 0) and the logits
+/// What [`PooledLossOps::pool_head_bce`] returns: the mean BCE-with-logits (rank 0) and the logits
 /// `[B]`.
 #[derive(Clone, Debug)]
 pub struct PoolHeadBceOut<S: Storage> {
@@ -36,7 +17,7 @@ pub struct PoolHeadBceOut<S: Storage> {
     pub logits: Tensor<S>,
 }
 
-/// The gradients of [`Backend::pool_head_bce_backward`]: of `h` `[B, S, D]`, of the head
+/// The gradients of [`PooledLossOps::pool_head_bce_backward`]: of `h` `[B, S, D]`, of the head
 /// weight `[1, D]` and of its bias `[1]`.
 #[derive(Clone, Debug)]
 pub struct PoolHeadBceGrads<S: Storage> {
@@ -45,46 +26,51 @@ pub struct PoolHeadBceGrads<S: Storage> {
     pub bias: Tensor<S>,
 }
 
-/// `act(x + bias)` from the op set.
-pub(crate) fn bias_act<B: Backend<T> + ?Sized, T: Element>(
-    b: &B,
-    x: &Tensor<B::Storage>,
-    bias: &Tensor<B::Storage>,
-    act: Activation,
-) -> Result<Tensor<B::Storage>> {
-    validate::bias_act(x, bias)?;
-    let y = b.add(x, bias)?;
-    match act {
-        Activation::Identity => Ok(y),
-        Activation::Tanh => b.unary(UnaryOp::Tanh, &y),
+/// Mean-pool over the sequence, a linear head to one logit and the mean BCE-with-logits, fused.
+/// Every method is provided as the composite of [`Backend`]'s primitives; a backend overrides
+/// a method with its fused kernel (the CPU backend: plain loops; the CUDA backend: a
+/// deterministic two-launch reduction each way).
+pub trait PooledLossOps<T: Element>: Backend<T> {
+    /// Mean-pool of `h` `[B, S, D]` over S, the head `[1, D]` (+ bias `[1]`) and the mean
+    /// BCE-with-logits against `targets` `[B]`: the loss (rank 0) and the logits `[B]`.
+    fn pool_head_bce(
+        &self,
+        h: &BTensor<Self, T>,
+        weight: &BTensor<Self, T>,
+        bias: &BTensor<Self, T>,
+        targets: &BTensor<Self, T>,
+    ) -> Result<PoolHeadBceOut<Self::Storage>> {
+        pool_head_bce(self, h, weight, bias, targets)
     }
-}
 
-/// `g * (1 - y²)` from the op set.
-pub(crate) fn tanh_backward<B: Backend<T> + ?Sized, T: Element>(
-    b: &B,
-    g: &Tensor<B::Storage>,
-    y: &Tensor<B::Storage>,
-) -> Result<Tensor<B::Storage>> {
-    validate::tanh_backward(g, y)?;
-    let y2 = b.mul(y, y)?;
-    let d = b.binary_scalar(BinaryOp::Sub, &y2, T::ONE, ScalarSide::Lhs)?;
-    b.mul(g, &d)
-}
+    /// `pool_head_bce`'s backward from the loss gradient `g` (rank 0): the gradients of `h`,
+    /// of the head weight and of its bias (the targets get none).
+    fn pool_head_bce_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        h: &BTensor<Self, T>,
+        weight: &BTensor<Self, T>,
+        logits: &BTensor<Self, T>,
+        targets: &BTensor<Self, T>,
+    ) -> Result<PoolHeadBceGrads<Self::Storage>> {
+        pool_head_bce_backward(self, g, h, weight, logits, targets)
+    }
 
-/// `h = a + b; LN(h)` from the op set.
-pub(crate) fn add_layer_norm<B: Backend<T> + ?Sized, T: Element>(
-    be: &B,
-    a: &Tensor<B::Storage>,
-    b: &Tensor<B::Storage>,
-    weight: Option<&Tensor<B::Storage>>,
-    bias: Option<&Tensor<B::Storage>>,
-    eps: T,
-) -> Result<AddLayerNormOut<B::Storage>> {
-    validate::add_layer_norm(a, b, weight, bias, eps)?;
-    let sum = be.add(a, b)?;
-    let norm = be.layer_norm(&sum, weight, bias, eps)?;
-    Ok(AddLayerNormOut { sum, norm })
+    /// [`PooledLossOps::pool_head_bce_backward`] with the head weight's and bias's gradients
+    /// added into `param_grads` (`[dw [1, D], db [1]]`, the parameters' gradient buffers:
+    /// `+=`); returns `h`'s gradient. The provided body adds after the backward; a device
+    /// backend may have its kernel add into the buffers (no separate add).
+    fn pool_head_bce_backward_into(
+        &self,
+        g: &BTensor<Self, T>,
+        h: &BTensor<Self, T>,
+        weight: &BTensor<Self, T>,
+        logits: &BTensor<Self, T>,
+        targets: &BTensor<Self, T>,
+        param_grads: [&BTensor<Self, T>; 2],
+    ) -> Result<BTensor<Self, T>> {
+        pool_head_bce_backward_into(self, g, h, weight, logits, targets, param_grads)
+    }
 }
 
 /// Logits `[B]` of `mean_s(h) · wᵀ + bias` from the op set.
@@ -158,9 +144,9 @@ pub(crate) fn pool_head_bce_backward<B: Backend<T> + ?Sized, T: Element>(
     })
 }
 
-/// The provided body of [`Backend::pool_head_bce_backward_into`]: the backward, then the head
+/// The provided body of [`PooledLossOps::pool_head_bce_backward_into`]: the backward, then the head
 /// weight's and bias's gradients added into `dw` and `db`; returns `h`'s gradient.
-pub(crate) fn pool_head_bce_backward_into<B: Backend<T> + ?Sized, T: Element>(
+pub(crate) fn pool_head_bce_backward_into<B: PooledLossOps<T> + ?Sized, T: Element>(
     be: &B,
     g: &Tensor<B::Storage>,
     h: &Tensor<B::Storage>,

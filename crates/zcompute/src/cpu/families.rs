@@ -1,0 +1,82 @@
+//! The fusion families on the host: the CPU backend's own loops where it has them
+//! (`attention.rs`, `fused.rs`), the provided composites for the rest.
+
+use super::{CpuBackend, attention, fused};
+use crate::attention::{AttentionOps, QkNorm, QkNormAttentionGrads};
+use crate::element::Element;
+use crate::error::Result;
+use crate::linear::{Activation, LinearOps};
+use crate::norm::{AddLayerNormOut, NormOps};
+use crate::pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
+use crate::storage::CpuStorage;
+use crate::tensor::CpuTensor;
+
+impl<T: Element> LinearOps<T> for CpuBackend {
+    fn bias_act(
+        &self,
+        x: &CpuTensor<T>,
+        bias: &CpuTensor<T>,
+        act: Activation,
+    ) -> Result<CpuTensor<T>> {
+        fused::bias_act(x, bias, act)
+    }
+
+    fn tanh_backward(&self, g: &CpuTensor<T>, y: &CpuTensor<T>) -> Result<CpuTensor<T>> {
+        fused::tanh_backward(g, y)
+    }
+}
+
+impl<T: Element> NormOps<T> for CpuBackend {
+    fn add_layer_norm(
+        &self,
+        a: &CpuTensor<T>,
+        b: &CpuTensor<T>,
+        weight: Option<&CpuTensor<T>>,
+        bias: Option<&CpuTensor<T>>,
+        eps: T,
+    ) -> Result<AddLayerNormOut<CpuStorage<T>>> {
+        fused::add_layer_norm(a, b, weight, bias, eps)
+    }
+}
+
+impl<T: Element> AttentionOps<T> for CpuBackend {
+    fn qk_norm_attention(
+        &self,
+        qkv: &CpuTensor<T>,
+        norm: &QkNorm<'_, CpuStorage<T>>,
+    ) -> Result<CpuTensor<T>> {
+        attention::forward(qkv, norm)
+    }
+
+    fn qk_norm_attention_backward(
+        &self,
+        g: &CpuTensor<T>,
+        qkv: &CpuTensor<T>,
+        norm: &QkNorm<'_, CpuStorage<T>>,
+    ) -> Result<QkNormAttentionGrads<CpuStorage<T>>> {
+        attention::backward(g, qkv, norm)
+    }
+}
+
+impl<T: Element> PooledLossOps<T> for CpuBackend {
+    fn pool_head_bce(
+        &self,
+        h: &CpuTensor<T>,
+        weight: &CpuTensor<T>,
+        bias: &CpuTensor<T>,
+        targets: &CpuTensor<T>,
+    ) -> Result<PoolHeadBceOut<CpuStorage<T>>> {
+        fused::pool_head_bce(h, weight, bias, targets)
+    }
+
+    fn pool_head_bce_backward(
+        &self,
+        g: &CpuTensor<T>,
+        h: &CpuTensor<T>,
+        weight: &CpuTensor<T>,
+        logits: &CpuTensor<T>,
+        targets: &CpuTensor<T>,
+    ) -> Result<PoolHeadBceGrads<CpuStorage<T>>> {
+        fused::pool_head_bce_backward(g, h, weight, logits, targets)
+    }
+}

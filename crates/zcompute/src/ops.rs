@@ -1,0 +1,27 @@
+//! The whole op set in one bound. [`Backend`] holds the primitives; each fusion family
+//! ([`LinearOps`], [`NormOps`], [`AttentionOps`], [`PooledLossOps`]) holds a layer's fused ops,
+//! every one provided as the composite of the primitives, which a backend overrides with its
+//! fused kernel. Code that runs models bounds its backend by [`Ops`] and calls anything;
+//! `use zcompute::prelude::*` brings every trait into scope for calls on a concrete backend.
+//!
+//! A backend of your own implements [`Backend`] and then each family, with an empty `impl`
+//! block where it has no fused kernel (it gets the composites), and is [`Ops`] at once.
+
+use crate::attention::AttentionOps;
+use crate::backend::Backend;
+use crate::element::Element;
+use crate::linear::LinearOps;
+use crate::norm::NormOps;
+use crate::pooled_loss::PooledLossOps;
+
+/// The primitives and every fusion family: the one bound for code that runs models.
+/// Implemented for every backend that implements them all (blanket impl).
+pub trait Ops<T: Element>:
+    Backend<T> + LinearOps<T> + NormOps<T> + AttentionOps<T> + PooledLossOps<T>
+{
+}
+
+impl<T: Element, B> Ops<T> for B where
+    B: Backend<T> + LinearOps<T> + NormOps<T> + AttentionOps<T> + PooledLossOps<T> + ?Sized
+{
+}
