@@ -153,7 +153,7 @@ fn ln_backward<T: Element>(
     want: [bool; 2],
 ) -> Result<LayerNormGrads<CpuStorage<T>>> {
     let n = x.shape().last().copied().unwrap_or(1);
-    let (gv, xv) = (g.to_vec(), x.to_vec());
+    let (gv, xv) = (super::gather(g), super::gather(x));
     let (mv, rv) = (mean.to_vec(), rstd.to_vec());
     let w = weight.map(CpuTensor::to_vec);
     let res = residual.map(CpuTensor::to_vec);
@@ -162,8 +162,8 @@ fn ln_backward<T: Element>(
         want,
         n,
     };
-    let mut dx = vec![T::ZERO; if want[0] { gv.len() } else { 0 }];
-    let mut gx = vec![T::ZERO; if want[1] { gv.len() } else { 0 }];
+    let mut dx = super::pool::zeroed(if want[0] { gv.len() } else { 0 });
+    let mut gx = super::pool::zeroed(if want[1] { gv.len() } else { 0 });
     let rows = gv.len() / n.max(1);
     // Rows split over the pool; each output row is written by the task holding it.
     let sized = |wanted: bool, len: usize| vec![T::ZERO; if wanted { len } else { 0 }];
@@ -204,6 +204,8 @@ fn ln_backward<T: Element>(
             gx[first * n..first * n + q.len()].copy_from_slice(&q);
         }
     }
+    super::pool::give(gv);
+    super::pool::give(xv);
     Ok(LayerNormGrads {
         input: if want[0] {
             Some(dense(dx, x.shape())?)
@@ -251,7 +253,7 @@ pub(crate) fn softmax_backward<T: Element>(
 ) -> Result<CpuTensor<T>> {
     validate::softmax_backward(g, y)?;
     let n = y.shape().last().copied().unwrap_or(1);
-    let mut out = vec![T::ZERO; y.numel()];
+    let mut out = super::pool::zeroed(y.numel());
     if n > 0 {
         with2(g, y, |gs, ys| {
             par::rows_mut(&mut out, n, |first, block| {

@@ -144,7 +144,7 @@ fn combine<T: Element>(w: impl Iterator<Item = T>, rows: &[T], out: &mut [T]) {
 /// The forward over dense `qkv`: `[B, S, D]`; batches split over the pool.
 pub(crate) fn forward_slices<T: Element>(qkv: &[T], a: Attention, p: &Params<T>) -> Vec<T> {
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
-    let mut out = vec![T::ZERO; a.batch * s_len * width];
+    let mut out = super::pool::zeroed(a.batch * s_len * width);
     par::rows_mut(&mut out, s_len * width, |first, block| {
         for (i, out) in block.chunks_exact_mut(s_len * width).enumerate() {
             let b = first + i;
@@ -172,7 +172,7 @@ pub(crate) fn backward_slices<T: Element>(
 ) -> (Vec<T>, Vec<T>) {
     let (s_len, dh) = (a.seq, a.dh);
     let per_batch = s_len * 3 * a.heads * dh;
-    let mut g_qkv = vec![T::ZERO; qkv.len()];
+    let mut g_qkv = super::pool::zeroed(qkv.len());
     // Batch-major `[B, H, 4, dh]` first, reordered to parameter-major below.
     let mut by_batch = vec![T::ZERO; a.batch * a.heads * 4 * dh];
     par::rows_mut2(
@@ -309,7 +309,7 @@ pub(crate) fn forward<T: Element>(
     norm: &QkNorm<'_, CpuStorage<T>>,
 ) -> Result<CpuTensor<T>> {
     let a = validate::qk_norm_attention(qkv, norm)?;
-    let out = forward_slices(&gather(qkv), a, &params(norm));
+    let out = super::dense::with(qkv, |q| forward_slices(q, a, &params(norm)));
     dense(out, &[a.batch, a.seq, a.heads * a.dh])
 }
 
@@ -319,7 +319,8 @@ pub(crate) fn backward<T: Element>(
     norm: &QkNorm<'_, CpuStorage<T>>,
 ) -> Result<QkNormAttentionGrads<CpuStorage<T>>> {
     let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
-    let (g_qkv, partials) = backward_slices(&gather(g), &gather(qkv), a, &params(norm));
+    let p = params(norm);
+    let (g_qkv, partials) = super::dense::with2(g, qkv, |g, q| backward_slices(g, q, a, &p));
     let [qw, qb, kw, kb] = sum_partials(&partials, a.dh);
     Ok(QkNormAttentionGrads {
         qkv: dense(g_qkv, qkv.shape())?,

@@ -114,7 +114,7 @@ pub(super) fn matmul<T: Element>(
     let out_len = out_shape.iter().product();
 
     tracing::trace!(?batch, m, k, n, ?opts, "cpu matmul");
-    let mut out = vec![T::ZERO; out_len];
+    let mut out = super::pool::zeroed(out_len);
     if m * n > 0 {
         // Matrix index of each operand per output batch element: a broadcast view over a
         // contiguous layout of the operand's batch dims (stride 0 where it repeats).

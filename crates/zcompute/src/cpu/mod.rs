@@ -15,6 +15,7 @@ pub(crate) mod math;
 mod matmul;
 pub(crate) mod norm;
 mod par;
+pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod train;
 
@@ -38,7 +39,11 @@ pub struct CpuBackend;
 
 /// Elements of `x` in logical row-major order.
 pub(crate) fn gather<T: Element>(x: &CpuTensor<T>) -> Vec<T> {
-    x.to_vec()
+    if x.is_contiguous() && x.numel() > 0 {
+        dense::with(x, pool::copied)
+    } else {
+        x.to_vec()
+    }
 }
 
 /// A fresh dense tensor; `data.len()` must match `shape` (callers build it from the shape).
