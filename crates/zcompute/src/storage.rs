@@ -25,10 +25,20 @@ pub trait Storage: Clone + Debug + Send + Sync {
 }
 
 /// Host memory: a `Vec` behind an `Arc<RwLock>`. The lock is there for soundness of shared
-/// mutation without `unsafe`; ops take it once per call, never per element.
+/// mutation without `unsafe`; ops take it once per call, never per element. The last handle
+/// to a large buffer hands it to the CPU backend's pool for reuse (`cpu::pool`).
 #[derive(Clone, Debug)]
-pub struct CpuStorage<T> {
+pub struct CpuStorage<T: Element> {
     data: Arc<RwLock<Vec<T>>>,
+}
+
+impl<T: Element> Drop for CpuStorage<T> {
+    fn drop(&mut self) {
+        if let Some(lock) = Arc::get_mut(&mut self.data) {
+            let v = std::mem::take(lock.get_mut().unwrap_or_else(PoisonError::into_inner));
+            crate::cpu::pool::give(v);
+        }
+    }
 }
 
 impl<T: Element> CpuStorage<T> {

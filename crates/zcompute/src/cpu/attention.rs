@@ -7,7 +7,7 @@
 //! memory.
 
 use super::math::{pairwise_sum, row_max};
-use super::{dense, gather};
+use super::{dense, gather, par};
 use crate::attention::{QkNorm, QkNormAttentionGrads};
 use crate::element::Element;
 use crate::error::Result;
@@ -85,9 +85,11 @@ fn head<T: Element>(qkv: &[T], a: Attention, p: &Params<T>, b: usize, h: usize) 
         hd.v.extend_from_slice(&qkv[start..start + dh]);
     }
     let scale = a.scale::<T>();
+    let kn_t = transpose(&hd.kn, s_len, dh);
     for (i, row) in hd.probs.chunks_exact_mut(s_len).enumerate() {
-        for (j, score) in row.iter_mut().enumerate() {
-            *score = dot(&hd.qn[i * dh..(i + 1) * dh], &hd.kn[j * dh..(j + 1) * dh]) * scale;
+        dots(&hd.qn[i * dh..(i + 1) * dh], &kn_t, row);
+        for score in row.iter_mut() {
+            *score = *score * scale;
         }
         let max = row_max(row);
         for x in row.iter_mut() {
@@ -105,113 +107,177 @@ fn dot<T: Element>(a: &[T], b: &[T]) -> T {
     a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y)
 }
 
-/// The forward over dense `qkv`: `[B, S, D]`.
+/// `m` `[rows, cols]` transposed to `[cols, rows]`.
+fn transpose<T: Element>(m: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut t = vec![T::ZERO; m.len()];
+    for (r, row) in m.chunks_exact(cols).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            t[c * rows + r] = v;
+        }
+    }
+    t
+}
+
+/// `out[j] = dot(x, row j of m)` for every j at once from `m_t` (`m` transposed,
+/// `[x.len(), out.len()]`): each sum still runs over `x` in order from zero, as [`dot`], but
+/// the rows' sums advance together, which vectorises.
+fn dots<T: Element>(x: &[T], m_t: &[T], out: &mut [T]) {
+    out.fill(T::ZERO);
+    for (&xd, col) in x.iter().zip(m_t.chunks_exact(out.len())) {
+        for (o, &c) in out.iter_mut().zip(col) {
+            *o = *o + xd * c;
+        }
+    }
+}
+
+/// `out[d] = Σ_j w[j] · rows[j][d]` (rows of `out.len()`), summed over `j` in order from
+/// zero: the fold of each element, vectorised across `d`.
+fn combine<T: Element>(w: impl Iterator<Item = T>, rows: &[T], out: &mut [T]) {
+    out.fill(T::ZERO);
+    for (wj, row) in w.zip(rows.chunks_exact(out.len())) {
+        for (o, &r) in out.iter_mut().zip(row) {
+            *o = *o + wj * r;
+        }
+    }
+}
+
+/// The forward over dense `qkv`: `[B, S, D]`; batches split over the pool.
 pub(crate) fn forward_slices<T: Element>(qkv: &[T], a: Attention, p: &Params<T>) -> Vec<T> {
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
-    let mut out = vec![T::ZERO; a.batch * s_len * width];
-    for b in 0..a.batch {
-        for h in 0..a.heads {
-            let hd = head(qkv, a, p, b, h);
-            for i in 0..s_len {
-                for d in 0..dh {
-                    let acc = (0..s_len).fold(T::ZERO, |acc, j| {
-                        acc + hd.probs[i * s_len + j] * hd.v[j * dh + d]
-                    });
-                    out[(b * s_len + i) * width + h * dh + d] = acc;
+    let mut out = super::pool::zeroed(a.batch * s_len * width);
+    par::rows_mut(&mut out, s_len * width, |first, block| {
+        for (i, out) in block.chunks_exact_mut(s_len * width).enumerate() {
+            let b = first + i;
+            for h in 0..a.heads {
+                let hd = head(qkv, a, p, b, h);
+                for i in 0..s_len {
+                    let prow = hd.probs[i * s_len..(i + 1) * s_len].iter().copied();
+                    let at = i * width + h * dh;
+                    combine(prow, &hd.v, &mut out[at..at + dh]);
                 }
             }
         }
-    }
+    });
     out
 }
 
 /// The backward over dense `g` and `qkv`: the gradient of `qkv` and the `[4, B*H, dh]`
-/// parameter partials (parameter-major, as the device kernel writes them).
+/// parameter partials (parameter-major, as the device kernel writes them). Batches split over
+/// the pool, each writing its own rows of both.
 pub(crate) fn backward_slices<T: Element>(
     g: &[T],
     qkv: &[T],
     a: Attention,
     p: &Params<T>,
 ) -> (Vec<T>, Vec<T>) {
-    let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
-    let mut g_qkv = vec![T::ZERO; qkv.len()];
+    let (s_len, dh) = (a.seq, a.dh);
+    let per_batch = s_len * 3 * a.heads * dh;
+    let mut g_qkv = super::pool::zeroed(qkv.len());
+    // Batch-major `[B, H, 4, dh]` first, reordered to parameter-major below.
+    let mut by_batch = vec![T::ZERO; a.batch * a.heads * 4 * dh];
+    par::rows_mut2(
+        &mut g_qkv,
+        per_batch,
+        &mut by_batch,
+        a.heads * 4 * dh,
+        |first, gq, part| {
+            for (i, (gq, part)) in gq
+                .chunks_exact_mut(per_batch)
+                .zip(part.chunks_exact_mut(a.heads * 4 * dh))
+                .enumerate()
+            {
+                for (h, part) in part.chunks_exact_mut(4 * dh).enumerate() {
+                    backward_head(g, qkv, a, p, (first + i, h), gq, part);
+                }
+            }
+        },
+    );
     let rows = a.batch * a.heads;
     let mut partials = vec![T::ZERO; 4 * rows * dh];
-    let scale = a.scale::<T>();
-    for b in 0..a.batch {
-        for h in 0..a.heads {
-            let hd = head(qkv, a, p, b, h);
-            let go: Vec<T> = (0..s_len)
-                .flat_map(|i| {
-                    let start = (b * s_len + i) * width + h * dh;
-                    g[start..start + dh].iter().copied()
-                })
-                .collect();
-            // dv = Pᵀ·go, dP = go·vᵀ, dS = P * (dP - rowsum(P * dP)) * scale.
-            for j in 0..s_len {
-                for d in 0..dh {
-                    let acc = (0..s_len).fold(T::ZERO, |acc, i| {
-                        acc + hd.probs[i * s_len + j] * go[i * dh + d]
-                    });
-                    g_qkv[at(a, b, j, 2, h) + d] = acc;
-                }
-            }
-            let mut ds = vec![T::ZERO; s_len * s_len];
-            for i in 0..s_len {
-                let prow = &hd.probs[i * s_len..(i + 1) * s_len];
-                let dp: Vec<T> = (0..s_len)
-                    .map(|j| dot(&go[i * dh..(i + 1) * dh], &hd.v[j * dh..(j + 1) * dh]))
-                    .collect();
-                let row_dot = dot(prow, &dp);
-                for j in 0..s_len {
-                    ds[i * s_len + j] = prow[j] * (dp[j] - row_dot) * scale;
-                }
-            }
-            // dqn = dS·kn, dkn = dSᵀ·qn.
-            let mut dqn = vec![T::ZERO; s_len * dh];
-            let mut dkn = vec![T::ZERO; s_len * dh];
-            for i in 0..s_len {
-                for d in 0..dh {
-                    dqn[i * dh + d] = (0..s_len).fold(T::ZERO, |acc, j| {
-                        acc + ds[i * s_len + j] * hd.kn[j * dh + d]
-                    });
-                    dkn[i * dh + d] = (0..s_len).fold(T::ZERO, |acc, j| {
-                        acc + ds[j * s_len + i] * hd.qn[j * dh + d]
-                    });
-                }
-            }
-            let row = b * a.heads + h;
-            let sides = [
-                (0, &dqn, &hd.qhat, &hd.qrstd, &p.q_weight),
-                (1, &dkn, &hd.khat, &hd.krstd, &p.k_weight),
-            ];
-            for (side, dn, xhat, rstd, w) in sides {
-                for d in 0..dh {
-                    let (mut gw, mut gb) = (T::ZERO, T::ZERO);
-                    for i in 0..s_len {
-                        gw = gw + dn[i * dh + d] * xhat[i * dh + d];
-                        gb = gb + dn[i * dh + d];
-                    }
-                    partials[((2 * side) * rows + row) * dh + d] = gw;
-                    partials[((2 * side + 1) * rows + row) * dh + d] = gb;
-                }
-                // LayerNorm's input gradient: rstd * (gx - mean(gx) - xhat * mean(gx * xhat)).
-                let inv_n = T::ONE / T::from_f64(dh as f64);
-                for i in 0..s_len {
-                    let xh = &xhat[i * dh..(i + 1) * dh];
-                    let gx: Vec<T> = (0..dh).map(|d| dn[i * dh + d] * w[d]).collect();
-                    let m1 = pairwise_sum(&gx) * inv_n;
-                    let gxx: Vec<T> = gx.iter().zip(xh).map(|(&u, &x)| u * x).collect();
-                    let m2 = pairwise_sum(&gxx) * inv_n;
-                    let start = at(a, b, i, side, h);
-                    for d in 0..dh {
-                        g_qkv[start + d] = rstd[i] * (gx[d] - m1 - xh[d] * m2);
-                    }
-                }
-            }
+    for (row, part) in by_batch.chunks_exact(4 * dh).enumerate() {
+        for (k, v) in part.chunks_exact(dh).enumerate() {
+            partials[(k * rows + row) * dh..(k * rows + row + 1) * dh].copy_from_slice(v);
         }
     }
     (g_qkv, partials)
+}
+
+/// One (batch, head) of the backward: its share of `g_qkv` (the batch's rows, `gq`) and its
+/// four partials `[q weight, q bias, k weight, k bias]` of `dh` each (`part`).
+fn backward_head<T: Element>(
+    g: &[T],
+    qkv: &[T],
+    a: Attention,
+    p: &Params<T>,
+    (b, h): (usize, usize),
+    gq: &mut [T],
+    part: &mut [T],
+) {
+    let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
+    let base = at(a, b, 0, 0, 0);
+    let scale = a.scale::<T>();
+    let hd = head(qkv, a, p, b, h);
+    let go: Vec<T> = (0..s_len)
+        .flat_map(|i| {
+            let start = (b * s_len + i) * width + h * dh;
+            g[start..start + dh].iter().copied()
+        })
+        .collect();
+    // dv = Pᵀ·go, dP = go·vᵀ, dS = P * (dP - rowsum(P * dP)) * scale.
+    for j in 0..s_len {
+        let pcol = (0..s_len).map(|i| hd.probs[i * s_len + j]);
+        let start = at(a, b, j, 2, h) - base;
+        combine(pcol, &go, &mut gq[start..start + dh]);
+    }
+    let mut ds = vec![T::ZERO; s_len * s_len];
+    let v_t = transpose(&hd.v, s_len, dh);
+    let mut dp = vec![T::ZERO; s_len];
+    for i in 0..s_len {
+        let prow = &hd.probs[i * s_len..(i + 1) * s_len];
+        dots(&go[i * dh..(i + 1) * dh], &v_t, &mut dp);
+        let row_dot = dot(prow, &dp);
+        for j in 0..s_len {
+            ds[i * s_len + j] = prow[j] * (dp[j] - row_dot) * scale;
+        }
+    }
+    // dqn = dS·kn, dkn = dSᵀ·qn.
+    let mut dqn = vec![T::ZERO; s_len * dh];
+    let mut dkn = vec![T::ZERO; s_len * dh];
+    for i in 0..s_len {
+        let ds_row = ds[i * s_len..(i + 1) * s_len].iter().copied();
+        combine(ds_row, &hd.kn, &mut dqn[i * dh..(i + 1) * dh]);
+        let ds_col = (0..s_len).map(|j| ds[j * s_len + i]);
+        combine(ds_col, &hd.qn, &mut dkn[i * dh..(i + 1) * dh]);
+    }
+    let sides = [
+        (0, &dqn, &hd.qhat, &hd.qrstd, &p.q_weight),
+        (1, &dkn, &hd.khat, &hd.krstd, &p.k_weight),
+    ];
+    for (side, dn, xhat, rstd, w) in sides {
+        // Σ_i dn·xhat and Σ_i dn per d, over i in order from zero.
+        let (gw, gb) = part[2 * side * dh..(2 * side + 2) * dh].split_at_mut(dh);
+        gw.fill(T::ZERO);
+        gb.fill(T::ZERO);
+        for (dn, xh) in dn.chunks_exact(dh).zip(xhat.chunks_exact(dh)) {
+            for (((w, b), &g), &x) in gw.iter_mut().zip(gb.iter_mut()).zip(dn).zip(xh) {
+                *w = *w + g * x;
+                *b = *b + g;
+            }
+        }
+        // LayerNorm's input gradient: rstd * (gx - mean(gx) - xhat * mean(gx * xhat)).
+        let inv_n = T::ONE / T::from_f64(dh as f64);
+        for i in 0..s_len {
+            let xh = &xhat[i * dh..(i + 1) * dh];
+            let gx: Vec<T> = (0..dh).map(|d| dn[i * dh + d] * w[d]).collect();
+            let m1 = pairwise_sum(&gx) * inv_n;
+            let gxx: Vec<T> = gx.iter().zip(xh).map(|(&u, &x)| u * x).collect();
+            let m2 = pairwise_sum(&gxx) * inv_n;
+            let start = at(a, b, i, side, h) - base;
+            for d in 0..dh {
+                gq[start + d] = rstd[i] * (gx[d] - m1 - xh[d] * m2);
+            }
+        }
+    }
 }
 
 /// Sums `[4, rows, dh]` partials over rows in order: `[q_weight, q_bias, k_weight, k_bias]`.
@@ -243,7 +309,7 @@ pub(crate) fn forward<T: Element>(
     norm: &QkNorm<'_, CpuStorage<T>>,
 ) -> Result<CpuTensor<T>> {
     let a = validate::qk_norm_attention(qkv, norm)?;
-    let out = forward_slices(&gather(qkv), a, &params(norm));
+    let out = super::dense::with(qkv, |q| forward_slices(q, a, &params(norm)));
     dense(out, &[a.batch, a.seq, a.heads * a.dh])
 }
 
@@ -253,7 +319,8 @@ pub(crate) fn backward<T: Element>(
     norm: &QkNorm<'_, CpuStorage<T>>,
 ) -> Result<QkNormAttentionGrads<CpuStorage<T>>> {
     let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
-    let (g_qkv, partials) = backward_slices(&gather(g), &gather(qkv), a, &params(norm));
+    let p = params(norm);
+    let (g_qkv, partials) = super::dense::with2(g, qkv, |g, q| backward_slices(g, q, a, &p));
     let [qw, qb, kw, kb] = sum_partials(&partials, a.dh);
     Ok(QkNormAttentionGrads {
         qkv: dense(g_qkv, qkv.shape())?,

@@ -3,7 +3,7 @@
 //! kernels and their twins are checked against. The residual add with LayerNorm reuses the
 //! LayerNorm rows of `norm.rs`, so the fused op computes exactly what the unfused pair does.
 
-use super::{dense, gather, math, norm};
+use super::{dense, gather, math, norm, par};
 use crate::backend::UnaryOp;
 use crate::element::Element;
 use crate::error::Result;
@@ -22,15 +22,16 @@ pub(crate) fn bias_act<T: Element>(
     let mut data = gather(x);
     let b = gather(bias);
     if n > 0 {
-        for row in data.chunks_exact_mut(n) {
-            for (v, &bj) in row.iter_mut().zip(&b) {
-                let s = *v + bj;
-                *v = match act {
-                    Activation::Identity => s,
-                    Activation::Tanh => math::unary(UnaryOp::Tanh, s),
-                };
+        par::rows_mut(&mut data, n, |_, block| {
+            for row in block.chunks_exact_mut(n) {
+                for (v, &bj) in row.iter_mut().zip(&b) {
+                    *v = *v + bj;
+                }
+                if act == Activation::Tanh {
+                    math::unary_in_place(UnaryOp::Tanh, row);
+                }
             }
-        }
+        });
     }
     dense(data, x.shape())
 }
@@ -40,11 +41,14 @@ pub(crate) fn tanh_backward<T: Element>(
     y: &CpuTensor<T>,
 ) -> Result<CpuTensor<T>> {
     validate::tanh_backward(g, y)?;
-    let out = gather(g)
-        .into_iter()
-        .zip(gather(y))
-        .map(|(g, y)| g * (T::ONE - y * y))
-        .collect();
+    let mut out = gather(g);
+    super::dense::with(y, |ys| {
+        par::chunks_mut(&mut out, |start, chunk| {
+            for (g, &y) in chunk.iter_mut().zip(&ys[start..]) {
+                *g = *g * (T::ONE - y * y);
+            }
+        });
+    });
     dense(out, y.shape())
 }
 
@@ -56,11 +60,14 @@ pub(crate) fn add_layer_norm<T: Element>(
     eps: T,
 ) -> Result<AddLayerNormOut<crate::storage::CpuStorage<T>>> {
     validate::add_layer_norm(a, b, weight, bias, eps)?;
-    let sum: Vec<T> = gather(a)
-        .into_iter()
-        .zip(gather(b))
-        .map(|(x, y)| x + y)
-        .collect();
+    let mut sum = gather(a);
+    super::dense::with(b, |bs| {
+        par::chunks_mut(&mut sum, |start, chunk| {
+            for (x, &y) in chunk.iter_mut().zip(&bs[start..]) {
+                *x = *x + y;
+            }
+        });
+    });
     let sum = dense(sum, a.shape())?;
     let norm = norm::layer_norm(&sum, weight, bias, eps)?;
     Ok(AddLayerNormOut { sum, norm })

@@ -26,6 +26,38 @@ pub(crate) fn unary<T: Element>(op: UnaryOp, x: T) -> T {
     }
 }
 
+/// `out[i] = unary(op, x[i])`, the op chosen once outside the loop so each loop is
+/// straight-line code.
+pub(crate) fn unary_slice<T: Element>(op: UnaryOp, x: &[T], out: &mut [T]) {
+    fn map<T: Element>(x: &[T], out: &mut [T], f: impl Fn(T) -> T) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = f(v);
+        }
+    }
+    match op {
+        UnaryOp::Neg => map(x, out, |v| -v),
+        UnaryOp::Exp => map(x, out, T::exp),
+        UnaryOp::Log => map(x, out, T::ln),
+        UnaryOp::Sqrt => map(x, out, T::sqrt),
+        UnaryOp::Rsqrt => map(x, out, |v| T::ONE / v.sqrt()),
+        UnaryOp::Tanh => {
+            out.copy_from_slice(&x[..out.len()]);
+            T::tanh_slice(out);
+        }
+        UnaryOp::Sigmoid => map(x, out, sigmoid),
+        UnaryOp::Relu => map(x, out, |v| unary(UnaryOp::Relu, v)),
+        UnaryOp::Gelu => map(x, out, |v| unary(UnaryOp::Gelu, v)),
+    }
+}
+
+/// `unary_slice` in place.
+pub(crate) fn unary_in_place<T: Element>(op: UnaryOp, xs: &mut [T]) {
+    match op {
+        UnaryOp::Tanh => T::tanh_slice(xs),
+        _ => xs.iter_mut().for_each(|v| *v = unary(op, *v)),
+    }
+}
+
 /// Sigmoid through `exp(-|x|)`, which never overflows: for x < 0, `e/(1+e)` with `e = exp(x)`.
 #[inline]
 pub(crate) fn sigmoid<T: Element>(x: T) -> T {

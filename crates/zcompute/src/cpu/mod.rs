@@ -1,20 +1,28 @@
 //! The CPU backend: every op of `Backend` for f32 and f64 over host `Vec`s. It is the reference
-//! the CUDA backend is tested against, so it favours plain, checkable loops (one gather into
-//! logical order, then dense row-wise work) over speed; only matrix products use a tuned kernel.
+//! the CUDA backend is tested against: plain, checkable row-wise loops over dense data (read in
+//! place when a tensor is contiguous, gathered into logical order otherwise), split over a
+//! thread pool by independent outputs only, so results are bitwise the same for any thread
+//! count (`par`); matrix products run matrixmultiply's packed kernels.
 
+mod accumulate;
 pub(crate) mod attention;
+mod dense;
 mod elementwise;
 mod families;
+pub(crate) mod fastmath;
 pub(crate) mod fused;
 pub(crate) mod indexed;
 pub(crate) mod math;
 mod matmul;
 pub(crate) mod norm;
+mod par;
+pub(crate) mod pool;
 pub(crate) mod reduce;
 pub(crate) mod train;
 
 use crate::backend::{
-    AdamWConfig, Backend, BinaryOp, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+    AdamWConfig, Backend, BinaryOp, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide,
+    UnaryOp,
 };
 use crate::element::Element;
 use crate::error::Result;
@@ -22,13 +30,21 @@ use crate::storage::CpuStorage;
 use crate::tensor::CpuTensor;
 use crate::validate;
 
+pub use par::{
+    THREADS_VAR, ThreadsError, default_threads, parse_threads, set_threads, threads, with_threads,
+};
+
 /// The host backend. Stateless: tensors own their storage.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
 
 /// Elements of `x` in logical row-major order.
 pub(crate) fn gather<T: Element>(x: &CpuTensor<T>) -> Vec<T> {
-    x.to_vec()
+    if x.is_contiguous() && x.numel() > 0 {
+        dense::with(x, pool::copied)
+    } else {
+        x.to_vec()
+    }
 }
 
 /// A fresh dense tensor; `data.len()` must match `shape` (callers build it from the shape).
@@ -38,10 +54,7 @@ pub(crate) fn dense<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<CpuTens
 
 /// Writes `values` (logical order) through the view `dst`.
 fn scatter<T: Element>(values: &[T], dst: &CpuTensor<T>) {
-    let mut data = dst.storage().write();
-    for (o, &v) in dst.layout().offsets().zip(values) {
-        data[o] = v;
-    }
+    dense::write(values, dst);
 }
 
 impl<T: Element> Backend<T> for CpuBackend {
@@ -74,8 +87,13 @@ impl<T: Element> Backend<T> for CpuBackend {
     fn fill(&self, dst: &CpuTensor<T>, value: T) -> Result<()> {
         validate::fill(dst)?;
         let mut data = dst.storage().write();
-        for o in dst.layout().offsets() {
-            data[o] = value;
+        if dst.is_contiguous() {
+            let start = dst.layout().offset();
+            data[start..start + dst.numel()].fill(value);
+        } else {
+            for o in dst.layout().offsets() {
+                data[o] = value;
+            }
         }
         Ok(())
     }
@@ -136,6 +154,56 @@ impl<T: Element> Backend<T> for CpuBackend {
 
     fn matmul(&self, a: &CpuTensor<T>, b: &CpuTensor<T>, opts: MatmulOpts) -> Result<CpuTensor<T>> {
         matmul::matmul(a, b, opts)
+    }
+
+    // The provided composites replaced by one pass each (`accumulate`).
+
+    fn add_into(&self, src: &CpuTensor<T>, dst: &CpuTensor<T>) -> Result<()> {
+        accumulate::add_into(src, dst)
+    }
+
+    fn matmul_into(
+        &self,
+        a: &CpuTensor<T>,
+        b: &CpuTensor<T>,
+        opts: MatmulOpts,
+        dst: &CpuTensor<T>,
+    ) -> Result<()> {
+        accumulate::matmul_into(a, b, opts, dst)
+    }
+
+    fn sum_rows_into(&self, x: &CpuTensor<T>, dst: &CpuTensor<T>) -> Result<()> {
+        accumulate::sum_rows_into(x, dst)
+    }
+
+    fn softmax_backward(&self, g: &CpuTensor<T>, y: &CpuTensor<T>) -> Result<CpuTensor<T>> {
+        accumulate::softmax_backward(g, y)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &CpuTensor<T>,
+        x: &CpuTensor<T>,
+        mean: &CpuTensor<T>,
+        rstd: &CpuTensor<T>,
+        weight: Option<&CpuTensor<T>>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<CpuStorage<T>>> {
+        accumulate::layer_norm_backward(g, x, mean, rstd, weight, want)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward_add(
+        &self,
+        g: &CpuTensor<T>,
+        residual: Option<&CpuTensor<T>>,
+        x: &CpuTensor<T>,
+        mean: &CpuTensor<T>,
+        rstd: &CpuTensor<T>,
+        weight: Option<&CpuTensor<T>>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<CpuStorage<T>>> {
+        accumulate::layer_norm_backward_add(g, residual, x, mean, rstd, weight, want)
     }
 
     fn bce_with_logits_mean(

@@ -1,28 +1,94 @@
-//! Row-wise ops over the last axis: softmax and LayerNorm.
+//! Row-wise ops over the last axis: softmax and LayerNorm, rows split over the pool.
 
-use super::{dense, gather, math};
+use super::{dense, gather, math, par};
 use crate::backend::LayerNormOut;
 use crate::element::Element;
 use crate::error::Result;
 use crate::tensor::CpuTensor;
 use crate::validate;
 
+/// Softmax of one row in place, shifted by its maximum.
+pub(crate) fn softmax_row<T: Element>(row: &mut [T]) {
+    let max = math::row_max(row);
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+    }
+    let sum = math::pairwise_sum(row);
+    for v in row.iter_mut() {
+        *v = *v / sum;
+    }
+}
+
 pub(crate) fn softmax_last<T: Element>(x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
     let validate::Rows { n, .. } = validate::softmax(x)?;
     let mut data = gather(x);
     if n > 0 {
-        for row in data.chunks_exact_mut(n) {
-            let max = math::row_max(row);
-            for v in row.iter_mut() {
-                *v = (*v - max).exp();
+        par::rows_mut(&mut data, n, |_, block| {
+            block.chunks_exact_mut(n).for_each(softmax_row);
+        });
+    }
+    dense(data, x.shape())
+}
+
+/// LayerNorm of one row in place (two passes: mean, then squared deviations, so no
+/// cancellation as in E[x²] - E[x]²); returns `(mean, rstd)`. `centred` is scratch of the
+/// row's length.
+pub(crate) fn layer_norm_row<T: Element>(
+    row: &mut [T],
+    w: Option<&[T]>,
+    b: Option<&[T]>,
+    eps: T,
+    centred: &mut [T],
+) -> (T, T) {
+    let inv_n = T::ONE / T::from_f64(row.len() as f64);
+    let mean = math::pairwise_sum(row) * inv_n;
+    for (c, &v) in centred.iter_mut().zip(row.iter()) {
+        *c = (v - mean) * (v - mean);
+    }
+    let var = math::pairwise_sum(centred) * inv_n;
+    let rstd = T::ONE / (var + eps).sqrt();
+    match (w, b) {
+        (Some(w), Some(b)) => {
+            for ((v, &w), &b) in row.iter_mut().zip(w).zip(b) {
+                *v = (*v - mean) * rstd * w + b;
             }
-            let sum = math::pairwise_sum(row);
+        }
+        (Some(w), None) => {
+            for (v, &w) in row.iter_mut().zip(w) {
+                *v = (*v - mean) * rstd * w;
+            }
+        }
+        (None, Some(b)) => {
+            for (v, &b) in row.iter_mut().zip(b) {
+                *v = (*v - mean) * rstd + b;
+            }
+        }
+        (None, None) => {
             for v in row.iter_mut() {
-                *v = *v / sum;
+                *v = (*v - mean) * rstd;
             }
         }
     }
-    dense(data, x.shape())
+    (mean, rstd)
+}
+
+/// LayerNorm over rows of `n` of `data` in place, the statistics into `means` and `rstds`.
+pub(crate) fn layer_norm_rows<T: Element>(
+    data: &mut [T],
+    n: usize,
+    w: Option<&[T]>,
+    b: Option<&[T]>,
+    eps: T,
+) -> (Vec<T>, Vec<T>) {
+    let rows = data.len() / n.max(1);
+    let mut stats = vec![(T::ZERO, T::ZERO); rows];
+    par::rows_mut2(data, n, &mut stats, 1, |_, block, st| {
+        let mut centred = vec![T::ZERO; n];
+        for (row, s) in block.chunks_exact_mut(n).zip(st) {
+            *s = layer_norm_row(row, w, b, eps, &mut centred);
+        }
+    });
+    stats.into_iter().unzip()
 }
 
 pub(crate) fn layer_norm<T: Element>(
@@ -34,34 +100,8 @@ pub(crate) fn layer_norm<T: Element>(
     let validate::Rows { n, .. } = validate::layer_norm(x, weight, bias, eps)?;
     let w = weight.map(gather);
     let b = bias.map(gather);
-
     let mut data = gather(x);
-    let rows = data.len() / n;
-    let mut means = Vec::with_capacity(rows);
-    let mut rstds = Vec::with_capacity(rows);
-    let inv_n = T::ONE / T::from_f64(n as f64);
-    let mut centred = vec![T::ZERO; n];
-    for row in data.chunks_exact_mut(n) {
-        // Two passes (mean, then squared deviations): no cancellation, unlike E[x²] - E[x]².
-        let mean = math::pairwise_sum(row) * inv_n;
-        for (c, &v) in centred.iter_mut().zip(row.iter()) {
-            *c = (v - mean) * (v - mean);
-        }
-        let var = math::pairwise_sum(&centred) * inv_n;
-        let rstd = T::ONE / (var + eps).sqrt();
-        for (j, v) in row.iter_mut().enumerate() {
-            let mut y = (*v - mean) * rstd;
-            if let Some(w) = &w {
-                y = y * w[j];
-            }
-            if let Some(b) = &b {
-                y = y + b[j];
-            }
-            *v = y;
-        }
-        means.push(mean);
-        rstds.push(rstd);
-    }
+    let (means, rstds) = layer_norm_rows(&mut data, n, w.as_deref(), b.as_deref(), eps);
     let stat_shape = validate::stat_shape(x);
     Ok(LayerNormOut {
         out: dense(data, x.shape())?,

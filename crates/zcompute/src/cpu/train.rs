@@ -1,6 +1,6 @@
 //! The loss and the optimiser step.
 
-use super::{gather, math};
+use super::{gather, math, par};
 use crate::backend::{ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
 use crate::element::Element;
 use crate::error::Result;
@@ -55,20 +55,39 @@ pub(crate) fn adamw_step<T: Element>(
     let decay = T::ONE - lr * wd;
 
     let grads = gather(g);
+    let update = |p: &mut T, m: &mut T, v: &mut T, gi: T| {
+        let mi = b1 * *m + (T::ONE - b1) * gi;
+        let vi = b2 * *v + (T::ONE - b2) * gi * gi;
+        let m_hat = mi / bc1;
+        let v_hat = vi / bc2;
+        *p = *p * decay - lr * m_hat / (v_hat.sqrt() + eps);
+        *m = mi;
+        *v = vi;
+    };
     let mut pd = p.storage().write();
     let mut md = m.storage().write();
     let mut vd = v.storage().write();
+    if p.is_contiguous() && m.is_contiguous() && v.is_contiguous() {
+        let n = p.numel();
+        let window = |t: &CpuTensor<T>| t.layout().offset()..t.layout().offset() + n;
+        let (ps, ms, vs) = (&mut pd[window(p)], &mut md[window(m)], &mut vd[window(v)]);
+        par::chunks_mut3(ps, ms, vs, |first, ps, ms, vs| {
+            let gs = &grads[first..first + ps.len()];
+            for (((p, m), v), &gi) in ps.iter_mut().zip(ms.iter_mut()).zip(vs.iter_mut()).zip(gs) {
+                update(p, m, v, gi);
+            }
+        });
+        return Ok(());
+    }
     let offsets = p
         .layout()
         .offsets()
         .zip(m.layout().offsets())
         .zip(v.layout().offsets());
     for (((po, mo), vo), &gi) in offsets.zip(&grads) {
-        let mi = b1 * md[mo] + (T::ONE - b1) * gi;
-        let vi = b2 * vd[vo] + (T::ONE - b2) * gi * gi;
-        let m_hat = mi / bc1;
-        let v_hat = vi / bc2;
-        pd[po] = pd[po] * decay - lr * m_hat / (v_hat.sqrt() + eps);
+        let (mut pi, mut mi, mut vi) = (pd[po], md[mo], vd[vo]);
+        update(&mut pi, &mut mi, &mut vi, gi);
+        pd[po] = pi;
         md[mo] = mi;
         vd[vo] = vi;
     }

@@ -5,6 +5,7 @@ mod attention_into;
 mod attention_into_graph;
 mod binary;
 mod common;
+mod cpu_threads;
 mod cuda;
 mod errors;
 mod layout_props;
