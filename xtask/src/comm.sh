@@ -9,8 +9,10 @@
 # For each surviving rank it prints its error lines and the time from the kill (or stop) to its
 # exit, and checks: it exited on its own with status 3 (the launcher's message says
 # "rank R exited with status 3", not "killed by the launcher when the grace ran out"), within
-# --comm-timeout + 5 s (the launcher's grace). Logs go to ${OUT:-bundle}/comm-results.
-# Exits 1 if any check failed.
+# --comm-timeout + 5 s (the launcher's grace); in the SIGSTOP job the launcher names rank 1
+# (exit 101). Then (issue 23) SIGTERM to the launcher: every rank stops after one same step, the
+# job exits 143; SIGKILL to the launcher: no rank outlives it. After every job, no rank's pid is
+# left. Logs go to ${OUT:-bundle}/comm-results. Exits 1 if any check failed.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-$here}/comm-results"
@@ -86,12 +88,52 @@ scenario() {
       echo "FAIL: rank $r took $took s, the grace is $grace s"; bad=1
     fi
   done
-  # A stopped rank is killed by the launcher; make sure nothing is left behind.
-  kill -9 "${pids[1]}" 2>/dev/null
+  if [ "$sig" = STOP ] && [ "$rc" -ne 101 ]; then
+    echo "FAIL: the launcher exited $rc, not 101 (rank 1, the stalled rank, named)"; bad=1
+  fi
+  left_behind "${pids[@]}"
+}
+
+# left_behind PID...: fails if any of the ranks' pids is still alive 5 s on.
+left_behind() {
+  local p alive
+  for _ in $(seq 50); do
+    alive=0
+    for p in "$@"; do
+      state=$(ps -o stat= -p "$p" 2>/dev/null | cut -c1)
+      if [ -n "$state" ] && [ "$state" != Z ]; then alive=1; fi
+    done
+    [ "$alive" -eq 0 ] && { echo "ok: no rank left behind"; return; }
+    sleep 0.1
+  done
+  echo "FAIL: ranks left behind: $(ps -o pid=,stat=,cmd= -p "$(IFS=,; echo "$*")")"; bad=1
+  kill -9 "$@" 2>/dev/null
+}
+
+# launcher_scenario NAME SIGNAL EXPECTED: the launcher gets SIGNAL $kill_after s in.
+launcher_scenario() {
+  local name="$1" sig="$2" want="$3" log="$out/$1.log"
+  echo "== $name: the launcher of $gpus ranks gets SIG$sig ${kill_after} s in"
+  "$here/ztrain" --device "$device" "${ztrain_args[@]}" --gpus "$gpus" \
+    --comm-timeout "$timeout" >"$log" 2>&1 &
+  local launcher=$!
+  sleep "$kill_after"
+  local pids
+  mapfile -t pids < <(ps -o pid= --ppid "$launcher" | tr -d ' ')
+  local t0; t0=$(now)
+  kill "-$sig" "$launcher"
+  wait "$launcher"
+  local rc=$?
+  echo "launcher exit $rc, $(secs "$t0" "$(now)") s after the SIG$sig"
+  grep -E 'stopped by|ztrain: ' "$log" | tail -3
+  if [ "$rc" -ne "$want" ]; then echo "FAIL: exit $rc, expected $want"; bad=1; fi
+  left_behind "${pids[@]}"
 }
 
 scenario sigkill KILL
 scenario sigstop STOP
+launcher_scenario sigterm-launcher TERM 143
+launcher_scenario sigkill-launcher KILL 137
 
 echo "comm.sh: $([ "$bad" -eq 0 ] && echo PASS || echo FAIL)"
 exit "$bad"

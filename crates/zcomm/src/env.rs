@@ -14,6 +14,10 @@ pub const VARS: [&str; 5] = [
     "MASTER_PORT",
 ];
 
+/// The most ranks a job may have: far above any real job, far below what would overflow a
+/// buffer of one value per rank or an exit code's arithmetic.
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
 /// Where this process stands, and where rank 0 listens (none for a single process).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LaunchEnv {
@@ -61,6 +65,13 @@ impl LaunchEnv {
         let world = number(&get, "WORLD_SIZE")?;
         if world == 0 {
             return Err(bad("WORLD_SIZE", "0", "a job has at least one rank"));
+        }
+        if world > MAX_WORLD_SIZE {
+            return Err(bad(
+                "WORLD_SIZE",
+                &world.to_string(),
+                &format!("at most {MAX_WORLD_SIZE} ranks"),
+            ));
         }
         let rank = number(&get, "RANK")?;
         if rank >= world {
@@ -133,9 +144,13 @@ fn required(get: &impl Fn(&str) -> Option<String>, var: &'static str) -> Result<
 
 fn number(get: &impl Fn(&str) -> Option<String>, var: &'static str) -> Result<usize> {
     let raw = required(get, var)?;
+    // Parsed as u64 then checked: a value too large for this machine's usize is refused,
+    // never cut.
     raw.trim()
-        .parse()
-        .map_err(|_| bad(var, &raw, "expected a non-negative whole number"))
+        .parse::<u64>()
+        .ok()
+        .and_then(|v| usize::try_from(v).ok())
+        .ok_or_else(|| bad(var, &raw, "expected a non-negative whole number"))
 }
 
 fn bad(var: &'static str, value: &str, problem: &str) -> CommError {

@@ -83,6 +83,29 @@ pub enum CommError {
         source: Option<std::io::Error>,
     },
 
+    /// The job secret could not be made or read (a secret file others can read, one too
+    /// short or too long): fix it as the detail says.
+    #[error("job secret: {detail}")]
+    Secret { detail: String },
+
+    /// No job secret for a rendezvous other hosts can reach: set `ZCOMM_SECRET` (or
+    /// `ZCOMM_SECRET_FILE`) to the same secret on every rank, or `ZCOMM_ALLOW_UNAUTHENTICATED=1`
+    /// to accept that anyone who reaches the port may join the job.
+    #[error(
+        "no job secret for the rendezvous at {addr}: anyone who reaches it could join the job and feed it gradients; set ZCOMM_SECRET (or ZCOMM_SECRET_FILE, a file only you can read) to the same secret on every rank, or ZCOMM_ALLOW_UNAUTHENTICATED=1 to run without one"
+    )]
+    NoSecret { addr: String },
+
+    /// The caller asked to stop (SIGINT/SIGTERM) while this waited for other ranks.
+    #[error("{during}: interrupted (a stop was asked for)")]
+    Interrupted { during: &'static str },
+
+    /// This rank's launcher was gone when the rank started: it would run as an orphan.
+    #[error(
+        "the launcher (pid {pid}) that started this rank is gone; the rank does not run without it"
+    )]
+    LauncherGone { pid: i32 },
+
     /// The launcher could not start or watch its ranks.
     #[error("launcher: {detail}")]
     Launch {

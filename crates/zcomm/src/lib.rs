@@ -12,11 +12,13 @@ mod error;
 pub mod launch;
 pub mod nccl;
 pub mod rendezvous;
+pub mod secret;
 pub mod sim;
 
 pub use env::{LaunchEnv, Master};
 pub use error::{CommError, Result};
 pub use nccl::NcclCollective;
+pub use secret::{Auth, JobSecret};
 pub use sim::SimCollective;
 
 use zcompute::{BTensor, Backend, Element};

@@ -1,6 +1,10 @@
 //! The launcher variables: none set is one process; a job of several ranks needs all five,
 //! and each malformed one is a typed `BadEnv` naming it.
 
+#[path = "env/secret.rs"]
+mod secret;
+
+use proptest::prelude::*;
 use rstest::rstest;
 use std::collections::HashMap;
 use zcomm::{CommError, LaunchEnv, Master, RankInfo};
@@ -79,5 +83,67 @@ fn a_bad_variable_is_named(#[case] var: &str, #[case] value: Option<&str>, #[cas
     match env(&vars) {
         Err(CommError::BadEnv { var, .. }) => assert_eq!(var, named),
         other => panic!("{var}={value:?}: expected BadEnv, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_world_above_the_limit_is_refused_not_cut() {
+    for world in [
+        "65537",
+        "4294967298",
+        "18446744073709551615",
+        "18446744073709551616",
+    ] {
+        let vars: Vec<(&str, &str)> = FULL
+            .iter()
+            .map(|&(k, v)| {
+                if k == "WORLD_SIZE" {
+                    (k, world)
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        match env(&vars) {
+            Err(CommError::BadEnv { var, .. }) => assert_eq!(var, "WORLD_SIZE", "{world}"),
+            other => panic!("WORLD_SIZE={world}: {other:?}"),
+        }
+    }
+}
+
+proptest::proptest! {
+    /// Whatever the launcher variables hold, reading them never panics, and what it accepts
+    /// is a coherent job: 1 <= world <= MAX_WORLD_SIZE, rank < world, local rank <= rank,
+    /// a port above 0.
+    #[test]
+    fn any_launcher_variables_give_a_coherent_job_or_a_typed_error(
+        values in proptest::collection::vec(
+            proptest::option::of(proptest::prop_oneof![
+                "[0-9]{1,25}",
+                "-?[0-9]{1,5}",
+                "\\PC{0,12}",
+                proptest::num::u64::ANY.prop_map(|v| v.to_string()),
+            ]),
+            5,
+        )
+    ) {
+        let names = zcomm::env::VARS;
+        let map: HashMap<&str, String> = names
+            .iter()
+            .zip(&values)
+            .filter_map(|(k, v)| v.clone().map(|v| (*k, v)))
+            .collect();
+        match LaunchEnv::from_vars(|k| map.get(k).cloned()) {
+            Ok(e) => {
+                prop_assert!(e.info.world >= 1 && e.info.world <= zcomm::env::MAX_WORLD_SIZE);
+                prop_assert!(e.info.rank < e.info.world);
+                prop_assert!(e.info.world == 1 || e.info.local_rank <= e.info.rank);
+                if let Some(m) = e.master {
+                    prop_assert!(m.port > 0);
+                }
+            }
+            Err(CommError::BadEnv { .. }) => {}
+            Err(other) => prop_assert!(false, "not a BadEnv: {other:?}"),
+        }
     }
 }

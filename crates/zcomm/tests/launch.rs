@@ -1,6 +1,9 @@
 //! The launcher: N ranks with the launcher variables; one failing rank takes every rank down
 //! (the others do not run to their end) and the exit code names it; a stop request does too.
 
+#[path = "launch/stops.rs"]
+mod stops;
+
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 use zcomm::launch::{LaunchSpec, RankEnd, launch};
@@ -11,6 +14,7 @@ fn sh(script: &str, ranks: usize) -> LaunchSpec {
         args: vec![OsString::from("-c"), script.into()],
         ranks,
         grace: Duration::from_millis(300),
+        peer_failure_code: Some(3),
     }
 }
 
@@ -21,7 +25,7 @@ fn every_rank_gets_the_launcher_variables() {
         "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $NCCL_NVLS_ENABLE $MASTER_PORT\" > {}/$RANK",
         dir.path().display()
     );
-    let out = launch(&sh(&script, 3), &|| false).unwrap();
+    let out = launch(&sh(&script, 3), &|| None).unwrap();
     assert_eq!(out.failed, None);
     assert_eq!(out.exit_code(), 0);
     for r in 0..3 {
@@ -39,8 +43,9 @@ fn every_rank_gets_the_launcher_variables() {
 fn a_failing_rank_takes_every_rank_down_and_is_named() {
     let start = Instant::now();
     let out = launch(
-        &sh("if [ \"$RANK\" = 2 ]; then exit 3; fi; sleep 30", 3),
-        &|| false,
+        // 4: a failure of its own (3 is the peer-failure status: a victim, see `stops`).
+        &sh("if [ \"$RANK\" = 2 ]; then exit 4; fi; sleep 30", 3),
+        &|| None,
     )
     .unwrap();
     assert!(
@@ -48,10 +53,10 @@ fn a_failing_rank_takes_every_rank_down_and_is_named() {
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(out.failed, Some((2, RankEnd::Exited(3))));
+    assert_eq!(out.failed, Some((2, RankEnd::Exited(4))));
     assert_eq!(out.exit_code(), 102);
     assert!(
-        out.message().contains("rank 2 of 3 exited with status 3"),
+        out.message().contains("rank 2 of 3 exited with status 4"),
         "{}",
         out.message()
     );
@@ -73,7 +78,7 @@ fn a_failing_rank_takes_every_rank_down_and_is_named() {
 fn a_rank_killed_by_a_signal_is_named() {
     let out = launch(
         &sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 30", 2),
-        &|| false,
+        &|| None,
     )
     .unwrap();
     assert_eq!(out.failed, Some((1, RankEnd::Signalled(Some(9)))));
@@ -84,8 +89,12 @@ fn a_rank_killed_by_a_signal_is_named() {
 fn a_stop_request_takes_every_rank_down() {
     let start = Instant::now();
     let asked = Instant::now() + Duration::from_millis(300);
-    let out = launch(&sh("sleep 30", 2), &|| Instant::now() >= asked).unwrap();
+    let out = launch(&sh("sleep 30", 2), &|| {
+        (Instant::now() >= asked).then_some(15)
+    })
+    .unwrap();
     assert!(out.stopped && out.failed.is_none());
-    assert_eq!(out.exit_code(), 1);
+    // sh's `sleep` dies of the passed-on SIGTERM: the job's status is 143.
+    assert_eq!(out.exit_code(), 143);
     assert!(start.elapsed() < Duration::from_secs(10));
 }

@@ -78,15 +78,21 @@ pub enum DeviceError {
         code: CuCode,
     },
     /// A bounded wait ran out. The device stays usable unless the wait was inside the driver
-    /// (then [`DeviceError::DeviceLost`] follows).
-    #[error("timed out after {elapsed:?} (deadline {deadline:?}) waiting for {waited_for}")]
+    /// (then `device_lost` is set, [`DeviceError::is_fatal`] is true, and every later call is
+    /// [`DeviceError::DeviceLost`]).
+    #[error(
+        "timed out after {elapsed:?} (deadline {deadline:?}) waiting for {waited_for}{}",
+        if *.device_lost { " (device lost)" } else { "" }
+    )]
     Timeout {
-        /// What was waited for.
+        /// What was waited for: the call that overran, when one did.
         waited_for: String,
         /// The deadline.
         deadline: Duration,
         /// How long was waited.
         elapsed: Duration,
+        /// The device is lost after this wait (a driver call that returned late, or never).
+        device_lost: bool,
     },
     /// An earlier call failed in a way that leaves the context unusable (a sticky error, or a
     /// driver call that never returned). Recreate the process's device; nothing more will run.
@@ -129,7 +135,14 @@ impl DeviceError {
     /// Whether the device can still be used after this error.
     #[must_use]
     pub fn is_fatal(&self) -> bool {
-        matches!(self, DeviceError::DeviceLost { .. })
+        matches!(
+            self,
+            DeviceError::DeviceLost { .. }
+                | DeviceError::Timeout {
+                    device_lost: true,
+                    ..
+                }
+        )
     }
 
     /// Whether the device lacked free memory for a request that fits its capacity: freeing

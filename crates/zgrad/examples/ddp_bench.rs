@@ -164,7 +164,7 @@ fn rank_main(env: &LaunchEnv, iters: usize) -> Result<(), Error> {
             master,
             info,
             || Ok(NcclCollective::unique_id()?.to_vec()),
-            Duration::from_secs(60),
+            rendezvous::Config::from_env(master, Duration::from_secs(60))?,
         )?;
         Some(Rc::new(NcclCollective::join(&gpu, info, &id)?))
     } else {
@@ -202,8 +202,9 @@ fn main() -> Result<(), Error> {
             args: std::env::args_os().skip(1).collect(),
             ranks: gpus,
             grace: Duration::from_secs(10),
+            peer_failure_code: None,
         };
-        let launched = launch(&spec, &|| false)?;
+        let launched = launch(&spec, &|| None)?;
         if launched.exit_code() != 0 {
             eprintln!("ddp_bench: {}", launched.message());
             std::process::exit(i32::from(launched.exit_code()));

@@ -136,7 +136,8 @@ impl ArenaConfig {
         Ok(self)
     }
 
-    /// Checks the values make sense together.
+    /// Checks the values make sense together, and that the timeline's ring stays a bounded
+    /// ring (at most [`MAX_TIMELINE_EVENTS`] events).
     pub fn validate(&self) -> Result<(), MemError> {
         let bad = |var: &'static str, value: u64, reason: &str| MemError::Config {
             var,
@@ -148,6 +149,15 @@ impl ArenaConfig {
                 "ZMEM_SEGMENT_BYTES",
                 self.segment_bytes,
                 "must be at least 256",
+            ));
+        }
+        if self.timeline_events > MAX_TIMELINE_EVENTS {
+            return Err(bad(
+                "ZMEM_TIMELINE_EVENTS",
+                self.timeline_events as u64,
+                &format!(
+                    "at most {MAX_TIMELINE_EVENTS} events (the ring would grow without bound)"
+                ),
             ));
         }
         if let Some(cap) = self.cap_bytes
@@ -187,6 +197,9 @@ impl fmt::Display for ArenaConfig {
         Ok(())
     }
 }
+
+/// The most events the timeline's ring may keep (a few hundred MiB of events at most).
+pub const MAX_TIMELINE_EVENTS: usize = 1 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -232,6 +245,8 @@ mod tests {
     #[case("ZMEM_TIMELINE_EVENTS", "-1")]
     #[case("ZMEM_SEGMENT_BYTES", "16")]
     #[case("ZMEM_ARENA_CAP_BYTES", "1K")]
+    #[case("ZMEM_TIMELINE_EVENTS", "1048577")]
+    #[case("ZMEM_TIMELINE_EVENTS", "18446744073709551615")]
     fn malformed_values_name_the_variable(#[case] var: &str, #[case] value: &str) {
         let err = ArenaConfig::default()
             .with_vars(vars(&[(var, value)]))

@@ -2,20 +2,28 @@
 //!
 //! `--gpus N` with no launcher variables set: this process is the launcher; it starts N copies
 //! of itself with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` (a
-//! free port) and `NCCL_NVLS_ENABLE=0` (zcomm's `launch`), and trains nothing itself. With the
-//! variables set (by this launcher, torchrun, SLURM or mpirun) ztrain joins as that rank:
-//! `--device sim` through zcomm's simulated communicator, `--device cuda` through NCCL. Rank 0
-//! alone prints, writes checkpoints and reports.
+//! free port), a fresh job secret (`ZCOMM_SECRET`) and `NCCL_NVLS_ENABLE=0` (zcomm's
+//! `launch`), passes SIGINT/SIGTERM on to them, and trains nothing itself. With the variables
+//! set (by this launcher, torchrun, SLURM or mpirun) ztrain joins as that rank: `--device sim`
+//! through zcomm's simulated communicator, `--device cuda` through NCCL, after a rendezvous
+//! that proves the job secret both ways (zcomm's `secret`). Rank 0 alone prints, writes
+//! checkpoints and reports.
 
 use std::rc::Rc;
 use std::time::Duration;
 
 use zcomm::launch::{LaunchSpec, Launched, launch};
+use zcomm::rendezvous;
 use zcomm::{Collective, LaunchEnv, NcclCollective, SimCollective};
 use zcompute::{CudaBackend, CudaDriver, SimDriver};
 
 use crate::cli::Options;
-use crate::error::{Result, TrainError};
+use crate::error::{EXIT_PEER_FAILED, Result, TrainError};
+use crate::signals::StopSignal;
+
+/// The longest `--comm-timeout`: a day (longer waits are a hang by another name, and every
+/// deadline must stay far from `Instant`'s end).
+pub const MAX_COMM_TIMEOUT_SECS: f64 = 86_400.0;
 
 /// What this process is in the job.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,29 +49,53 @@ pub fn role(options: &Options) -> Result<Role> {
         }
         return Ok(Role::Rank(env));
     }
-    Ok(if gpus > 1 {
+    // `--plan` starts no rank: one plan, a rank's shard (`plan::print`).
+    Ok(if gpus > 1 && !options.plan {
         Role::Launcher(gpus)
     } else {
         Role::Single
     })
 }
 
-/// The deadline of every wait on another rank.
+/// The deadline of every wait on another rank: more than 0, at most a day.
 pub fn comm_timeout(options: &Options) -> Result<Duration> {
-    Duration::try_from_secs_f64(options.comm_timeout)
-        .ok()
+    Some(options.comm_timeout)
+        .filter(|s| *s <= MAX_COMM_TIMEOUT_SECS)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
         .filter(|d| !d.is_zero())
         .ok_or_else(|| {
             TrainError::Options(format!(
-                "--comm-timeout {}: expected a positive number of seconds",
+                "--comm-timeout {}: expected a positive number of seconds, at most {MAX_COMM_TIMEOUT_SECS} (a day)",
                 options.comm_timeout
             ))
         })
 }
 
+/// Refuses, before any rank starts, a `--data` that every rank could not read whole: a pipe
+/// (or a terminal, a socket) would be split between the ranks that read it.
+pub fn check_data_for_ranks(options: &Options, ranks: usize) -> Result<()> {
+    let Some(path) = &options.data else {
+        return Ok(());
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(TrainError::Options(format!(
+            "--data {} is not a regular file (a pipe?): with --gpus {ranks} every rank reads the data itself, so a stream would be split between them; save it to a file first (or train with --gpus 1)",
+            path.display()
+        ))),
+        // A missing file is reported by the ranks, with the rest of the checks.
+        _ => Ok(()),
+    }
+}
+
 /// Starts `ranks` copies of this program with the same arguments and watches them until they
-/// end, one fails (every rank is taken down) or `stop()` (SIGINT/SIGTERM) says so.
-pub fn launch_ranks(options: &Options, ranks: usize, stop: &dyn Fn() -> bool) -> Result<Launched> {
+/// end or one fails (every rank is taken down); a signal `stop()` returns (SIGINT/SIGTERM) is
+/// passed on to every rank.
+pub fn launch_ranks(
+    options: &Options,
+    ranks: usize,
+    stop: &dyn Fn() -> Option<i32>,
+) -> Result<Launched> {
+    check_data_for_ranks(options, ranks)?;
     let program = std::env::current_exe().map_err(|source| TrainError::Io {
         what: "finding the ztrain executable to start the ranks",
         path: "ztrain".into(),
@@ -76,8 +108,23 @@ pub fn launch_ranks(options: &Options, ranks: usize, stop: &dyn Fn() -> bool) ->
         // The failed rank's peers get the time to report their own errors first: each wait of
         // theirs ends at --comm-timeout (the device deadline of a rank), plus a margin to print.
         grace: comm_timeout(options)? + Duration::from_secs(5),
+        peer_failure_code: Some(i32::from(EXIT_PEER_FAILED)),
     };
     Ok(launch(&spec, stop)?)
+}
+
+/// The rendezvous of this rank: the job secret of the environment (a job across hosts
+/// without one is refused), bounded by `timeout`, ended at once by a stop signal.
+pub fn rendezvous_config(
+    env: &LaunchEnv,
+    timeout: Duration,
+    stop: &StopSignal,
+) -> Result<rendezvous::Config> {
+    let config = match &env.master {
+        Some(master) => rendezvous::Config::from_env(master, timeout)?,
+        None => rendezvous::Config::from(timeout),
+    };
+    Ok(config.with_cancel(stop.as_cancel()))
 }
 
 /// The simulated communicator of this rank, over its simulated device.
@@ -85,8 +132,10 @@ pub fn sim_collective(
     b: &CudaBackend<SimDriver>,
     env: &LaunchEnv,
     timeout: Duration,
+    stop: &StopSignal,
 ) -> Result<Rc<dyn Collective<CudaBackend<SimDriver>, f32>>> {
-    Ok(Rc::new(SimCollective::connect(b, env, timeout)?))
+    let config = rendezvous_config(env, timeout, stop)?;
+    Ok(Rc::new(SimCollective::connect(b, env, config)?))
 }
 
 /// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
@@ -96,6 +145,7 @@ pub fn nccl_collective(
     b: &CudaBackend<CudaDriver>,
     env: &LaunchEnv,
     timeout: Duration,
+    stop: &StopSignal,
 ) -> Result<Rc<dyn Collective<CudaBackend<CudaDriver>, f32>>> {
     let master = env.master.as_ref().ok_or_else(|| {
         TrainError::Options(format!(
@@ -107,7 +157,7 @@ pub fn nccl_collective(
         master,
         env.info,
         || Ok(NcclCollective::unique_id()?.to_vec()),
-        timeout,
+        rendezvous_config(env, timeout, stop)?,
     )?;
     Ok(Rc::new(NcclCollective::join(b, env.info, &id)?))
 }

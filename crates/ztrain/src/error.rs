@@ -221,6 +221,15 @@ impl TrainError {
     }
 }
 
+impl TrainError {
+    /// Whether a rank gave up a wait on the other ranks because a stop (SIGINT/SIGTERM) was
+    /// asked for: it exits 128 + the signal, as after a step.
+    #[must_use]
+    pub fn is_interrupted(&self) -> bool {
+        matches!(self, TrainError::Comm(c) if matches!(**c, zcomm::CommError::Interrupted { .. }))
+    }
+}
+
 impl From<zcomm::CommError> for TrainError {
     fn from(e: zcomm::CommError) -> Self {
         TrainError::Comm(Box::new(e))
@@ -260,6 +269,7 @@ mod tests {
             waited_for: "stream to finish its work".into(),
             deadline: Duration::from_secs(10),
             elapsed: Duration::from_secs(10),
+            device_lost: false,
         }
     }
 

@@ -15,6 +15,10 @@ fn main() -> ExitCode {
         .with_max_level(level)
         .with_writer(std::io::stderr)
         .init();
+    // A rank started by `ztrain --gpus N` dies with its launcher, however the launcher dies.
+    if let Err(e) = zcomm::launch::die_with_launcher() {
+        return fail(&format!("error: {e}"));
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let show_bar = std::io::stderr().is_terminal();
@@ -38,6 +42,18 @@ fn main() -> ExitCode {
             Some(sig) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)),
             None => ExitCode::SUCCESS,
         },
+        // Ctrl-C while waiting for the other ranks: a stop like any other.
+        Err(e) if e.is_interrupted() && stop.received().is_some() => {
+            let sig = stop.received().unwrap_or(ztrain::signals::SIGINT);
+            let who = rank.map_or(String::new(), |i| {
+                format!(" rank {} of {}", i.rank, i.world)
+            });
+            let _ = fail(&format!(
+                "ztrain{who}: stopped by {} while waiting for the other ranks; nothing was trained",
+                ztrain::signals::name(sig)
+            ));
+            ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))
+        }
         Err(e) => match rank {
             // A rank names itself: the launcher interleaves every rank's stderr.
             Some(info) => {
@@ -59,18 +75,15 @@ fn main() -> ExitCode {
 }
 
 /// `--gpus N`: starts the ranks and exits with what they did: 0, `100 + r` when rank r failed
-/// first (the message says how), or 128 + the signal that stopped the launcher.
+/// first (the message says how), or 128 + the signal that stopped the job (the launcher's,
+/// passed on to every rank, every time).
 fn launcher(options: &ztrain::cli::Options, ranks: usize, stop: &StopSignal) -> ExitCode {
-    match ztrain::distributed::launch_ranks(options, ranks, &|| stop.received().is_some()) {
+    match ztrain::distributed::launch_ranks(options, ranks, &|| stop.received()) {
         Err(e) => fail(&ztrain::error::report(&e)),
         Ok(l) if l.exit_code() == 0 => ExitCode::SUCCESS,
         Ok(l) => {
-            let code = match (l.failed.is_none(), stop.received()) {
-                (true, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
-                _ => l.exit_code(),
-            };
             let _ = fail(&format!("ztrain: {}", l.message()));
-            ExitCode::from(code)
+            ExitCode::from(l.exit_code())
         }
     }
 }

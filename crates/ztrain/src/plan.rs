@@ -71,12 +71,9 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     // Merged, not checked against the device: whether the device holds it is what the plan
     // reports (a run with these settings is refused before it starts).
     let arena = engine.merged();
-    let request = PlanRequest::new(
-        model,
-        config.batch,
-        trainer_config(&config, 1),
-        arena.clone(),
-    );
+    let batch = rank_batch(options, config.batch);
+    check_sizes(&config, batch)?;
+    let request = PlanRequest::new(model, batch, trainer_config(&config, 1), arena.clone());
     let plan = zgrad::plan(&request)?;
     let cap = match &target {
         Target::Device { total, .. } => Some(arena.cap_bytes.unwrap_or(total / 4 * 3)),
@@ -234,15 +231,52 @@ pub fn to_lines(r: &PlanReport) -> Vec<String> {
     lines
 }
 
-/// Makes and prints the plan of `options` (`--json`: one JSON object).
+/// The run's own size checks (checked arithmetic for every size: the run refuses what would
+/// wrap), and the plan's step input in host memory: it runs one step on an all-zero batch,
+/// so the batch's values must fit the host (half of what is available).
+pub fn check_sizes(config: &crate::config::RunConfig, batch: usize) -> Result<()> {
+    crate::budget::Estimate::of(config)?;
+    let m = &config.model;
+    let bytes = [m.scales, m.features, 4]
+        .iter()
+        .try_fold(batch as u64, |acc, &n| acc.checked_mul(n as u64));
+    let limit = crate::budget::host_available().map_or(u64::MAX, |a| a / 2);
+    match bytes {
+        Some(b) if b <= limit => Ok(()),
+        _ => Err(crate::error::TrainError::Options(format!(
+            "--plan: a batch of {batch} samples of {}x{} values does not fit this host's memory (the plan runs one step on it); lower --batch",
+            m.scales, m.features
+        ))),
+    }
+}
+
+/// The batch one rank trains on: with `--gpus N` the global batch is split over the ranks,
+/// and the largest shard (rank 0's, zgrad's `shard`) is the one every rank must hold.
+fn rank_batch(options: &Options, batch: usize) -> usize {
+    batch.div_ceil(usize::from(options.gpus).max(1))
+}
+
+/// Makes and prints the plan of `options` (`--json`: one JSON object): one plan, a rank's
+/// (with `--gpus N`, every rank's shard is at most the one planned).
 pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
     let report = make(options)?;
+    let ranks = usize::from(options.gpus);
+    let global = options.config()?.batch;
     let mut console = Console::new(out);
     if options.json {
-        console.line(&to_json(&report).to_string());
+        let mut v = to_json(&report);
+        v["ranks"] = json!(ranks);
+        v["global_batch"] = json!(global);
+        console.line(&v.to_string());
     } else {
         for line in to_lines(&report) {
             console.line(&line);
+        }
+        if ranks > 1 {
+            console.line(&format!(
+                "per rank: each of the {ranks} ranks (one GPU each) trains at most {} of the global batch of {global}; the plan is a rank's",
+                report.plan.request.batch
+            ));
         }
     }
     Ok(report)

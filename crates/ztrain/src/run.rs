@@ -182,13 +182,13 @@ pub fn run(
         Engine::Cpu(b) => train(b, None, &ctx, &mut console),
         Engine::Cuda(b) => {
             let comm = ranks
-                .map(|e| crate::distributed::nccl_collective(&b, e, timeout))
+                .map(|e| crate::distributed::nccl_collective(&b, e, timeout, stop))
                 .transpose()?;
             train(b, comm, &ctx, &mut console)
         }
         Engine::Sim(b) => {
             let comm = ranks
-                .map(|e| crate::distributed::sim_collective(&b, e, timeout))
+                .map(|e| crate::distributed::sim_collective(&b, e, timeout, stop))
                 .transpose()?;
             train(b, comm, &ctx, &mut console)
         }
@@ -307,6 +307,8 @@ fn train<B: TrainBackend + MemorySource>(
             }
         }
     };
+    // The ranks agree on a stop signal at the end of each step (one tiny all-reduce).
+    let agree = comm.clone();
     if let Some(c) = comm {
         // Every rank starts from rank 0's parameters (restored from the checkpoint alike).
         learner = learner.with_collective(c)?;
@@ -380,7 +382,7 @@ fn train<B: TrainBackend + MemorySource>(
             if let Some(s) = soak.as_mut().filter(|s| s.due(progress.step)) {
                 s.samples.push(sample_memory(&b, progress.step));
             }
-            let signal = ctx.stop.received();
+            let signal = crate::signals::agreed(ctx.stop, agree.as_ref(), &b, progress.step)?;
             let stop = options.stop_after.is_some_and(|s| progress.step >= s);
             let every = options
                 .checkpoint_every
@@ -427,7 +429,7 @@ fn train<B: TrainBackend + MemorySource>(
         // The checkpoint first: a line that announces the epoch means its checkpoint is there.
         save(&learner, &progress)?;
         out.line(&line);
-        if let Some(sig) = ctx.stop.received() {
+        if let Some(sig) = crate::signals::agreed(ctx.stop, agree.as_ref(), &b, progress.step)? {
             ended = Ended::Signal(sig);
             break;
         }

@@ -2,7 +2,13 @@
 //! checkpoint if one was asked for, print the summary, exit 128 + the signal: 130 or 143); a
 //! second one exits at once with that status. Built on `signal-hook`'s `flag` functions, whose
 //! handlers only store to atomics, so ztrain itself has no `unsafe`.
+//!
+//! In a data-parallel job the ranks stop together: a signal reaches them at slightly different
+//! moments (or one rank alone), so after each step they all-reduce who received what
+//! ([`agreed`]) and all stop after that same step; rank 0 writes the checkpoint, every rank
+//! exits 128 + the signal. A wait for the other ranks (the rendezvous) ends at once.
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -40,6 +46,13 @@ impl StopSignal {
         self.which.store(signal as usize, Ordering::SeqCst);
     }
 
+    /// A stop request for zcomm's waits (the rendezvous): true once a signal came.
+    #[must_use]
+    pub fn as_cancel(&self) -> zcomm::rendezvous::Cancel {
+        let which = Arc::clone(&self.which);
+        Arc::new(move || which.load(Ordering::SeqCst) != 0)
+    }
+
     /// The signal that asked for a stop, if one did.
     #[must_use]
     pub fn received(&self) -> Option<i32> {
@@ -58,4 +71,47 @@ pub fn name(signal: i32) -> String {
         SIGTERM => "SIGTERM".into(),
         s => format!("signal {s}"),
     }
+}
+
+/// The stop every rank of the job agrees on after step `step`: the signal of the lowest rank
+/// that received one, if any did (each rank's own, in a job of one). Rank 0 says which ranks
+/// the signal reached when not all did (SIGINT to one rank names that rank).
+pub fn agreed<B: zcompute::Backend<f32>>(
+    stop: &StopSignal,
+    comm: Option<&Rc<dyn zcomm::Collective<B, f32>>>,
+    b: &B,
+    step: u64,
+) -> crate::Result<Option<i32>> {
+    let mine = stop.received();
+    let Some(comm) = comm.filter(|c| c.info().world > 1) else {
+        return Ok(mine);
+    };
+    let info = comm.info();
+    let mut slots = vec![0f32; info.world];
+    // Signal numbers are small (< 65): exact in an f32, and a sum of one.
+    slots[info.rank] = mine.unwrap_or(0) as f32;
+    let t = b.upload(&slots, &[info.world])?;
+    comm.all_reduce_sum(b, &t, step)?;
+    comm.synchronize(b)?;
+    let all = b.download(&t)?;
+    let got: Vec<(usize, i32)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s >= 0.5)
+        .map(|(r, s)| (r, s.round() as i32))
+        .collect();
+    let Some(&(_, sig)) = got.first() else {
+        return Ok(None);
+    };
+    if info.rank == 0 && got.len() < info.world {
+        let ranks: Vec<String> = got.iter().map(|(r, _)| r.to_string()).collect();
+        tracing::warn!(
+            target: "ztrain.signals",
+            step,
+            "{} reached rank {} only (not the launcher): every rank stops after step {step}",
+            name(sig),
+            ranks.join(", ")
+        );
+    }
+    Ok(Some(sig))
 }

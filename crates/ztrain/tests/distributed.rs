@@ -6,6 +6,8 @@
 //! the same number is bitwise, with another refused).
 
 mod common;
+#[path = "distributed/stops.rs"]
+mod stops;
 
 use common::{
     TINY, path_str, resume_matches_uninterrupted, text, tiny, ztrain_binary, ztrain_with_env,
@@ -101,7 +103,7 @@ fn bad_launcher_variables_are_typed_errors() {
 /// Starts a long 3-rank job on simulated devices (TINY's sizes, checkpointed every step) with
 /// `--comm-timeout comm_timeout` and waits until it trains; returns the launcher and its
 /// children, rank 0, 1, 2.
-fn start_three_ranks(
+pub(crate) fn start_three_ranks(
     dir: &std::path::Path,
     comm_timeout: &str,
 ) -> (std::process::Child, Vec<String>) {
@@ -120,7 +122,7 @@ fn start_three_ranks(
     args.extend(["--checkpoint", path_str(&ck), "--checkpoint-every", "1"]);
     let mut launcher = Command::new(ztrain_binary())
         .args(&args)
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -145,7 +147,10 @@ fn start_three_ranks(
 }
 
 /// Waits (bounded) for the launcher to end; its status and stderr.
-fn finish(launcher: &mut std::process::Child, from: Instant) -> (std::process::ExitStatus, String) {
+pub(crate) fn finish(
+    launcher: &mut std::process::Child,
+    from: Instant,
+) -> (std::process::ExitStatus, String) {
     let status = loop {
         if let Some(s) = launcher.try_wait().unwrap() {
             break s;
@@ -206,9 +211,10 @@ fn a_rank_killed_mid_run_stops_the_others_and_the_launcher_names_it() {
 /// A rank that stalls (SIGSTOP: alive, its connections open, answering nothing) holds up no
 /// one: the others' collectives end at --comm-timeout with typed errors naming themselves and
 /// the step, each exits on its own with the peer-failure status 3 (not killed by the
-/// launcher when its grace ran out), and the launcher names the first of them.
+/// launcher when its grace ran out), and the launcher names the stalled rank (issue 23: it
+/// named a healthy one, 100 or 102).
 #[test]
-fn a_rank_that_stalls_mid_run_times_the_others_out_and_they_exit_on_their_own() {
+fn a_rank_that_stalls_mid_run_times_the_others_out_and_is_the_one_named() {
     let dir = tempfile::tempdir().unwrap();
     let (mut launcher, ranks) = start_three_ranks(dir.path(), "2");
     let stopped_at = Instant::now();
@@ -220,13 +226,9 @@ fn a_rank_that_stalls_mid_run_times_the_others_out_and_they_exit_on_their_own() 
             .success()
     );
     let (status, stderr) = finish(&mut launcher, stopped_at);
-    let code = status.code();
+    assert_eq!(status.code(), Some(101), "{stderr}");
     assert!(
-        code == Some(100) || code == Some(102),
-        "a surviving rank failed first: {code:?}\n{stderr}"
-    );
-    assert!(
-        stderr.contains("rank 1 was killed by the launcher when the grace ran out"),
+        stderr.contains("rank 1 of 3 was stopped (SIGSTOP or a debugger) and answered no one"),
         "{stderr}"
     );
     for r in [0, 2] {
@@ -238,16 +240,10 @@ fn a_rank_that_stalls_mid_run_times_the_others_out_and_they_exit_on_their_own() 
             stderr.contains(&format!("caused by: rank {r}: all_reduce of step ")),
             "rank {r}'s typed error missing:\n{stderr}"
         );
-        let first = code == Some(100 + r);
         assert!(
-            first || stderr.contains(&format!("rank {r} exited with status 3")),
+            stderr.contains(&format!("rank {r} exited with status 3")),
             "rank {r} did not exit on its own with status 3:\n{stderr}"
         );
-        if first {
-            assert!(
-                stderr.contains(&format!("rank {r} of 3 exited with status 3")),
-                "{stderr}"
-            );
-        }
     }
+    stops::assert_gone(&ranks);
 }

@@ -1,6 +1,8 @@
 //! `ztrain --plan` as a user runs it: the memory plan before the run, on any machine.
 
 mod common;
+#[path = "plan/ranges.rs"]
+mod ranges;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

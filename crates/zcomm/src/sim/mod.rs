@@ -62,16 +62,21 @@ pub struct SimCollective {
 
 impl SimCollective {
     /// Joins the job the launcher variables describe (`env`), rank 0 serving the rendezvous
-    /// at `MASTER_ADDR:MASTER_PORT`. Every wait, here and in every collective, is bounded by
-    /// `timeout`.
-    pub fn connect(b: &CudaBackend<SimDriver>, env: &LaunchEnv, timeout: Duration) -> Result<Self> {
+    /// at `MASTER_ADDR:MASTER_PORT` under `config` (its secret, its stop request). Every wait,
+    /// here and in every collective, is bounded by the config's timeout.
+    pub fn connect(
+        b: &CudaBackend<SimDriver>,
+        env: &LaunchEnv,
+        config: impl Into<rendezvous::Config>,
+    ) -> Result<Self> {
+        let config = config.into();
         let Some(master) = &env.master else {
-            return Self::new(b, env.info, Star::Hub(Vec::new()), timeout);
+            return Self::new(b, env.info, Star::Hub(Vec::new()), config.timeout);
         };
         if env.info.rank == 0 {
-            Self::serve(b, Server::bind(&master.address())?, env.info.world, timeout)
+            Self::serve(b, Server::bind(&master.address())?, env.info.world, config)
         } else {
-            Self::join(b, &master.address(), env.info, timeout)
+            Self::join(b, &master.address(), env.info, config)
         }
     }
 
@@ -80,11 +85,13 @@ impl SimCollective {
         b: &CudaBackend<SimDriver>,
         server: Server,
         world: usize,
-        timeout: Duration,
+        config: impl Into<rendezvous::Config>,
     ) -> Result<Self> {
         refuse_in_capture(b)?;
+        let config = config.into();
+        let timeout = config.timeout;
         let id = NEXT_ID.load(Ordering::Relaxed).to_le_bytes();
-        let joined = server.serve(world, &id, timeout)?;
+        let joined = server.serve(world, &id, config)?;
         let peers = joined.peers.into_iter().map(Mutex::new).collect();
         let info = RankInfo {
             rank: 0,
@@ -99,10 +106,12 @@ impl SimCollective {
         b: &CudaBackend<SimDriver>,
         addr: &str,
         info: RankInfo,
-        timeout: Duration,
+        config: impl Into<rendezvous::Config>,
     ) -> Result<Self> {
         refuse_in_capture(b)?;
-        let (_id, stream) = rendezvous::join(addr, info, timeout)?;
+        let config = config.into();
+        let timeout = config.timeout;
+        let (_id, stream) = rendezvous::join(addr, info, config)?;
         Self::new(b, info, Star::Spoke(Mutex::new(stream)), timeout)
     }
 

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 const MAGIC: &[u8; 4] = b"ZCSM";
 const HEADER: usize = 32;
-/// Largest buffer accepted from the wire (1 GiB of f32).
-const MAX_ELEMENTS: u64 = 1 << 28;
+/// Longest reason an abort frame may carry.
+const MAX_ABORT_TEXT: u64 = 4 << 10;
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub(crate) enum Star {
 
 struct Frame {
     kind: Kind,
-    rank: usize,
+    rank: u64,
     seq: u64,
     payload: Vec<u8>,
 }
@@ -123,7 +123,12 @@ fn hub(
         Some(_) => Vec::new(),
     };
     for r in 1..world {
-        let got = recv(&peers[r - 1], r, call, deadline).and_then(|f| {
+        // What rank r must send: its buffer, or nothing (a broadcast it does not root).
+        let expect = match call.root {
+            Some(root) if root != r => 0,
+            _ => data.len() * 4,
+        };
+        let got = recv(&peers[r - 1], r, call, expect, deadline).and_then(|f| {
             if f.kind != Kind::Data {
                 return Err(Failure::Peer(format!(
                     "rank {r} sent {:?}, not its buffer",
@@ -197,7 +202,7 @@ fn spoke(
     };
     let frame = encode(Kind::Data, rank, call.seq, &mine);
     write_all(&mut lock(s), &frame, deadline).map_err(|e| io_failure(e, 0))?;
-    let f = recv(s, 0, call, deadline)?;
+    let f = recv(s, 0, call, data.len() * 4, deadline)?;
     if f.kind != Kind::Result {
         return Err(Failure::Peer(format!(
             "rank 0 sent {:?}, not the result",
@@ -216,10 +221,13 @@ fn spoke(
 }
 
 /// Reads one frame from rank `from`; an abort or a frame of another collective is a failure.
+/// Its length is checked before anything is allocated: `expect` bytes for a buffer (what this
+/// collective needs, nothing more), a short text for an abort.
 fn recv(
     s: &Mutex<TcpStream>,
     from: usize,
     call: Call,
+    expect: usize,
     deadline: Instant,
 ) -> Result<Frame, Failure> {
     let mut s = lock(s);
@@ -237,13 +245,18 @@ fn recv(
         k => return Err(Failure::Peer(format!("rank {from} sent frame kind {k:#x}"))),
     };
     let word = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap_or([0; 8]));
-    let rank = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    let (seq, n) = (word(16), word(24));
-    if n > MAX_ELEMENTS * 4 {
+    let (rank, seq, n) = (word(8), word(16), word(24));
+    let fits = match kind {
+        Kind::Abort => n <= MAX_ABORT_TEXT,
+        Kind::Data | Kind::Result => n == expect as u64,
+    };
+    if !fits {
         return Err(Failure::Peer(format!(
-            "garbage on the wire from rank {from}: {n} bytes"
+            "garbage on the wire from rank {from}: a {n}-byte {kind:?} frame where this {} needs {expect} bytes",
+            call.op
         )));
     }
+    // n is at most `expect` (a buffer this rank holds) or MAX_ABORT_TEXT: it fits a usize.
     let mut payload = vec![0u8; n as usize];
     read_exact(&mut s, &mut payload, deadline).map_err(|e| io_failure(e, from))?;
     let frame = Frame {
@@ -259,7 +272,7 @@ fn recv(
             String::from_utf8_lossy(&frame.payload)
         )));
     }
-    if frame.seq != call.seq || frame.rank != from {
+    if frame.seq != call.seq || frame.rank != from as u64 {
         return Err(Failure::Peer(format!(
             "rank {} is out of step: collective #{} from it, #{} here ({})",
             frame.rank, frame.seq, call.seq, call.op
@@ -271,7 +284,7 @@ fn recv(
 fn abort_all(peers: &[Mutex<TcpStream>], why: &str, deadline: Instant) {
     // Bounded even when the deadline has passed: a peer that reads nothing must not hold us.
     let deadline = deadline.max(Instant::now() + Duration::from_millis(200));
-    let frame = encode(Kind::Abort, 0, u64::MAX, why.as_bytes());
+    let frame = encode(Kind::Abort, 0, u64::MAX, abort_text(why));
     for p in peers {
         let _ = write_all(&mut lock(p), &frame, deadline);
     }
@@ -289,13 +302,21 @@ fn encode(kind: Kind, rank: usize, seq: u64, payload: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(HEADER + payload.len());
     f.extend_from_slice(MAGIC);
     f.extend_from_slice(&[kind as u8, 0, 0, 0]);
-    f.extend_from_slice(&(rank as u32).to_le_bytes());
-    f.extend_from_slice(&[0; 4]);
+    f.extend_from_slice(&(rank as u64).to_le_bytes());
     f.extend_from_slice(&seq.to_le_bytes());
     f.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     debug_assert_eq!(f.len(), HEADER);
     f.extend_from_slice(payload);
     f
+}
+
+/// At most MAX_ABORT_TEXT bytes of `why` (cut at a character boundary).
+fn abort_text(why: &str) -> &[u8] {
+    let mut end = why.len().min(MAX_ABORT_TEXT as usize);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    &why.as_bytes()[..end]
 }
 
 fn bytes(v: &[f32]) -> Vec<u8> {

@@ -140,6 +140,11 @@ impl<D: Driver> Device<D> {
     pub fn begin_capture(&self, stream: Stream) -> DeviceResult<Capture<'_, D>> {
         self.check_lost()?;
         self.book_capture(stream)?;
+        *self
+            .inner
+            .capture_slowest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         let began = self.inner.driver.now();
         let begun = self.call(|d| d.stream_begin_capture(stream, CaptureMode::Global));
         if let Err(e) = begun {
@@ -189,8 +194,11 @@ impl<'d, D: Driver> Capture<'d, D> {
     pub fn end(mut self) -> Result<CapturedGraph<D>, CaptureEndError<'d, D>> {
         let device = self.device;
         let stream = self.stream;
+        let end_began = device.inner.driver.now();
         let ended = device.call(|d| d.stream_end_capture(stream));
-        let elapsed = device.inner.driver.now().saturating_sub(self.began);
+        let now = device.inner.driver.now();
+        let elapsed = now.saturating_sub(self.began);
+        let end_took = now.saturating_sub(end_began);
         let deadline = device.inner.config.sync_deadline;
         let late = elapsed > deadline;
         let error = match ended {
@@ -220,13 +228,15 @@ impl<'d, D: Driver> Capture<'d, D> {
         let error = match error {
             Some(e) if !late => e,
             _ => {
+                let waited_for = overran(device, end_took, elapsed);
                 device.mark_lost(format!(
-                    "{END_CAPTURE} returned {elapsed:?} after the capture began, past the sync deadline of {deadline:?}"
+                    "{waited_for}: the capture ended {elapsed:?} after it began, past the sync deadline of {deadline:?}"
                 ));
                 DeviceError::Timeout {
-                    waited_for: format!("{END_CAPTURE} to return"),
+                    waited_for,
                     deadline,
                     elapsed,
+                    device_lost: true,
                 }
             }
         };
@@ -249,6 +259,22 @@ impl<'d, D: Driver> Capture<'d, D> {
             self.finished = true;
             self.device.unbook_capture();
         }
+    }
+}
+
+/// What a capture that ended late waited for: the slowest call of its body (a kernel launch,
+/// a copy) when it took longer than the end itself, else `cuStreamEndCapture`.
+fn overran<D: Driver>(device: &Device<D>, end_took: Duration, elapsed: Duration) -> String {
+    let slowest = *device
+        .inner
+        .capture_slowest
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match slowest {
+        Some((call, took)) if took > end_took => format!(
+            "{call} to return during the capture (it took {took:?} of the capture's {elapsed:?})"
+        ),
+        _ => format!("{END_CAPTURE} to return"),
     }
 }
 

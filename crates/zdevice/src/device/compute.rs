@@ -104,7 +104,9 @@ impl<D: Driver> Device<D> {
         stream: Stream,
     ) -> DeviceResult<()> {
         // SAFETY: forwarded from this function's contract.
-        self.call(|d| unsafe { d.launch_kernel(function, config, args, stream) })
+        self.call_queued("cuLaunchKernel", |d| unsafe {
+            d.launch_kernel(function, config, args, stream)
+        })
     }
 
     /// Chooses TF32 tensor-op math (`true`) or strict float32 (`false`, the default) for gemms.
@@ -140,7 +142,9 @@ impl<D: Driver> Device<D> {
             }
         }
         // SAFETY: forwarded from this function's contract.
-        self.call(|d| unsafe { d.gemm_strided_batched_f32(blas, gemm) })
+        self.call_queued("cublasSgemmStridedBatched", |d| unsafe {
+            d.gemm_strided_batched_f32(blas, gemm)
+        })
     }
 }
 

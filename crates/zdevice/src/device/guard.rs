@@ -129,6 +129,31 @@ impl<D: Driver> Device<D> {
         self.checked(r)
     }
 
+    /// Runs a driver call that queues work on a stream (a launch, a copy, a memset). While a
+    /// capture is active it is timed on the driver's clock: the slowest such call is the one
+    /// a capture that ends past its deadline names ([`super::Capture::end`]).
+    pub(crate) fn call_queued<T>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&D) -> DriverResult<T>,
+    ) -> DeviceResult<T> {
+        if !self.is_capturing() {
+            return self.call(f);
+        }
+        let start = self.inner.driver.now();
+        let r = self.call(f);
+        let took = self.inner.driver.now().saturating_sub(start);
+        let mut slowest = self
+            .inner
+            .capture_slowest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slowest.is_none_or(|(_, t)| took > t) {
+            *slowest = Some((call, took));
+        }
+        r
+    }
+
     /// Runs a driver call that may block inside the driver (allocations, module loads) so that
     /// the caller gets `Timeout` at `deadline` instead of hanging. The call runs on a watchdog
     /// thread; a call that outlives its deadline is abandoned there and the device is marked
@@ -179,6 +204,7 @@ impl<D: Driver> Device<D> {
             waited_for: format!("{call} to return"),
             deadline,
             elapsed: deadline,
+            device_lost: true,
         }
     }
 
@@ -204,6 +230,7 @@ impl<D: Driver> Device<D> {
                     waited_for: "the active stream capture to end before polling".into(),
                     deadline: self.inner.config.sync_deadline,
                     elapsed: self.inner.config.sync_deadline,
+                    device_lost: false,
                 });
             }
             book = gate
@@ -243,6 +270,7 @@ impl<D: Driver> Device<D> {
                     waited_for: what(),
                     deadline,
                     elapsed,
+                    device_lost: false,
                 });
             }
             driver.pause(interval.min(deadline - elapsed));
@@ -268,6 +296,7 @@ impl<D: Driver> Device<D> {
                     waited_for: "in-flight stream queries to finish before capture".into(),
                     deadline: self.inner.config.sync_deadline,
                     elapsed: self.inner.config.sync_deadline,
+                    device_lost: false,
                 });
             }
             book = gate

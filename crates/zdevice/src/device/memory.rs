@@ -156,7 +156,9 @@ impl<D: Driver> Device<D> {
         bytes: u64,
         stream: Stream,
     ) -> DeviceResult<()> {
-        self.call(|d| d.memcpy_dtod_async(dst, src, bytes, stream))
+        self.call_queued("cuMemcpyDtoDAsync_v2", |d| {
+            d.memcpy_dtod_async(dst, src, bytes, stream)
+        })
     }
 
     /// Asynchronous byte memset on `stream` (capturable).
@@ -167,7 +169,9 @@ impl<D: Driver> Device<D> {
         bytes: u64,
         stream: Stream,
     ) -> DeviceResult<()> {
-        self.call(|d| d.memset_d8_async(dst, value, bytes, stream))
+        self.call_queued("cuMemsetD8Async", |d| {
+            d.memset_d8_async(dst, value, bytes, stream)
+        })
     }
 
     /// Asynchronous 32-bit memset on `stream` (capturable).
@@ -178,7 +182,9 @@ impl<D: Driver> Device<D> {
         count: u64,
         stream: Stream,
     ) -> DeviceResult<()> {
-        self.call(|d| d.memset_d32_async(dst, value, count, stream))
+        self.call_queued("cuMemsetD32Async", |d| {
+            d.memset_d32_async(dst, value, count, stream)
+        })
     }
 
     // --- pinned staging -----------------------------------------------------------------------

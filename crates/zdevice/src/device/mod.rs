@@ -92,6 +92,8 @@ pub(crate) struct Inner<D: Driver> {
     pub(crate) watchdog: watchdog::Watchdog,
     /// Releases waiting for their stream to drain (see [`Device::release_after_drain`]).
     pub(crate) deferred: deferred::Deferred,
+    /// The slowest call that queued work during the active capture, and how long it took.
+    pub(crate) capture_slowest: Mutex<Option<(&'static str, std::time::Duration)>>,
 }
 
 /// The guarded device. See the module docs for the threading contract.
@@ -220,6 +222,7 @@ impl<D: Driver> Device<D> {
                 guard_enabled: AtomicBool::new(true),
                 watchdog: watchdog::Watchdog::default(),
                 deferred: deferred::Deferred::default(),
+                capture_slowest: Mutex::new(None),
             }),
         })
     }

@@ -152,8 +152,10 @@ fn stalled_end_times_out_naming_the_end_and_loses_the_device() {
             waited_for,
             deadline: d,
             elapsed,
+            device_lost,
         } => {
             assert!(waited_for.contains("cuStreamEndCapture"), "{err}");
+            assert!(*device_lost && err.error().is_fatal(), "{err}");
             assert_eq!(*d, deadline);
             assert!(*elapsed >= Duration::from_secs(600), "{err}");
         }

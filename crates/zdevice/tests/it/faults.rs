@@ -72,7 +72,9 @@ fn stalled_allocation_times_out_at_its_deadline_then_the_device_is_lost() {
             elapsed,
             deadline: d,
             waited_for,
+            device_lost,
         } => {
+            assert!(*device_lost && err.is_fatal(), "{err}");
             assert!(*elapsed >= deadline && *d == deadline, "{err}");
             assert!(waited_for.contains("cuMemAlloc"), "{err}");
         }

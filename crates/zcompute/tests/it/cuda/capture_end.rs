@@ -137,6 +137,38 @@ fn stalled_end_of_capture_times_out_and_loses_the_device() {
     ));
 }
 
+/// A kernel launch of the captured run that stalls (600 virtual seconds against the 60 s
+/// sync deadline; the end itself is quick): the device is lost, so the `Timeout` says so
+/// (`is_device_lost`), and it names the launch that overran, not `cuStreamEndCapture`
+/// (issue 23: `is_device_lost()` was false and the error named the end).
+#[test]
+fn a_launch_that_stalls_the_capture_is_named_and_the_device_is_lost() {
+    let gpu = mock();
+    let x = gpu.upload(&[1.0, 2.0, 3.0], &[3]).expect("x");
+    // The warm-up run launches first (#1), the captured run second (#2).
+    gpu.device().driver().fault(
+        calls::LAUNCH_KERNEL,
+        2,
+        FaultAction::Stall(Duration::from_secs(600)),
+    );
+    let (be, xx) = (gpu.clone(), x.clone());
+    let err = gpu
+        .capture(Box::new(move || be.unary(UnaryOp::Neg, &xx).map(drop)))
+        .expect_err("a capture past its deadline");
+    assert!(gpu.device().lost_reason().is_some(), "{err:?}");
+    assert!(
+        err.is_device_lost(),
+        "the device is lost but the error says not: {err:?}"
+    );
+    match err.device_error() {
+        Some(DeviceError::Timeout { waited_for, .. }) => {
+            assert!(waited_for.contains("cuLaunchKernel"), "{err:?}");
+            assert!(!waited_for.contains("cuStreamEndCapture"), "{err:?}");
+        }
+        other => panic!("expected a Timeout, got {other:?} ({err:?})"),
+    }
+}
+
 /// A body that stores a tensor outside but allocates differently in its two runs cannot have
 /// its stored tensor paired with the warm-up's: refused by name, and the backend stays eager.
 #[test]
