@@ -1,8 +1,9 @@
 //! The fusion families on the host: the CPU backend's own loops where it has them
 //! (`attention.rs`, `fused.rs`), the provided composites for the rest.
 
-use super::{CpuBackend, attention, fused};
+use super::{CpuBackend, accumulate, attention, fused};
 use crate::attention::{AttentionOps, QkNorm, QkNormAttentionGrads};
+use crate::backend::LayerNormGrads;
 use crate::element::Element;
 use crate::error::Result;
 use crate::linear::{Activation, LinearOps};
@@ -36,6 +37,20 @@ impl<T: Element> NormOps<T> for CpuBackend {
         eps: T,
     ) -> Result<AddLayerNormOut<CpuStorage<T>>> {
         fused::add_layer_norm(a, b, weight, bias, eps)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward_add(
+        &self,
+        g: &CpuTensor<T>,
+        residual: Option<&CpuTensor<T>>,
+        x: &CpuTensor<T>,
+        mean: &CpuTensor<T>,
+        rstd: &CpuTensor<T>,
+        weight: Option<&CpuTensor<T>>,
+        want: [bool; 2],
+    ) -> Result<LayerNormGrads<CpuStorage<T>>> {
+        accumulate::layer_norm_backward_add(g, residual, x, mean, rstd, weight, want)
     }
 }
 

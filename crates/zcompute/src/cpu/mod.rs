@@ -192,20 +192,6 @@ impl<T: Element> Backend<T> for CpuBackend {
         accumulate::layer_norm_backward(g, x, mean, rstd, weight, want)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn layer_norm_backward_add(
-        &self,
-        g: &CpuTensor<T>,
-        residual: Option<&CpuTensor<T>>,
-        x: &CpuTensor<T>,
-        mean: &CpuTensor<T>,
-        rstd: &CpuTensor<T>,
-        weight: Option<&CpuTensor<T>>,
-        want: [bool; 2],
-    ) -> Result<LayerNormGrads<CpuStorage<T>>> {
-        accumulate::layer_norm_backward_add(g, residual, x, mean, rstd, weight, want)
-    }
-
     fn bce_with_logits_mean(
         &self,
         logits: &CpuTensor<T>,

@@ -5,6 +5,7 @@
 //! end mid-tile.
 
 use zcompute::cpu::with_threads;
+use zcompute::prelude::*;
 use zcompute::{
     Activation, AdamWConfig, Backend, BinaryOp, CpuBackend, CpuTensor, MatmulOpts, QkNorm, UnaryOp,
 };
