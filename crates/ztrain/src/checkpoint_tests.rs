@@ -149,3 +149,35 @@ fn reads_stop_at_the_sizes_the_format_gives() {
     let err = Checkpoint::load(&path).expect_err("cut short");
     assert!(err.to_string().contains("the file ends after"), "{err}");
 }
+
+/// A checkpoint written before the format moved onto zgrad's (no `zgrad.step` in its
+/// metadata) loads as before: the checksum covers the tensors, the configuration and the
+/// backend, which are byte for byte the same.
+#[test]
+fn a_checkpoint_without_the_zgrad_step_still_loads() {
+    let bytes = sample().to_bytes().expect("bytes");
+    let (entries, mut meta) =
+        zgrad::checkpoint::deserialize(&bytes, Path::new("ck")).expect("safetensors");
+    assert_eq!(meta.remove(STEP_KEY).as_deref(), Some("7"));
+    let old = zgrad::checkpoint::serialize(&entries, &meta, Path::new("ck")).expect("bytes");
+    assert_eq!(
+        Checkpoint::from_bytes(&old, Path::new("ck")).expect("loads"),
+        sample()
+    );
+}
+
+/// One format: a ztrain checkpoint is a zgrad checkpoint (its step in `zgrad.step`, its
+/// parameters and moments where zgrad's reader looks), with the run's counters beside.
+#[test]
+fn a_ztrain_checkpoint_is_a_zgrad_checkpoint() {
+    let bytes = sample().to_bytes().expect("bytes");
+    let path = Path::new("ck");
+    let file = CheckpointFile::<f32>::from_bytes(&bytes, path).expect("zgrad reads it");
+    assert_eq!(file.step(path).expect("step"), 7);
+    assert_eq!(file.parameters, sample().params);
+    assert_eq!(file.optimizer, sample().optim);
+    assert_eq!(
+        file.other[T_ORDER].to_u64s().expect("u64"),
+        vec![3, 0, 2, 1]
+    );
+}

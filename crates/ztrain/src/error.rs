@@ -88,12 +88,12 @@ pub enum TrainError {
 
     /// `--init-from` names a file that is not a parameter file of the model the options ask
     /// for (unreadable, corrupt, or with missing, extra or misshapen tensors, or other sizes:
-    /// the error under it names them all).
+    /// the error under it names them all). (Boxed: it keeps `TrainError` small.)
     #[error("--init-from {}: cannot start from this file", path.display())]
     InitFrom {
         path: PathBuf,
         #[source]
-        source: zgrad::GradError,
+        source: Box<zgrad::GradError>,
     },
 
     /// `--device cuda` and no usable GPU.

@@ -49,7 +49,7 @@ pub fn init_from<B: TrainBackend>(
 ) -> Result<XAsset<B>> {
     let wrap = |source: zgrad::GradError| TrainError::InitFrom {
         path: path.to_path_buf(),
-        source,
+        source: Box::new(source),
     };
     if path.is_dir() {
         return Err(wrap(zgrad::GradError::Io {

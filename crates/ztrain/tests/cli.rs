@@ -255,11 +255,14 @@ fn memory_report_from_the_simulated_device() {
         "256M",
         "--epochs",
         "1",
+        "--layers",
+        "2",
         "--memory-report",
         path_str(&report),
     ]);
     assert!(o.status.success(), "{:?}", text(&o));
     let html = std::fs::read_to_string(&report).expect("report");
+    assert!(html.contains("FF=32 L=2"), "the model's depth is in the report");
     assert!(html.contains("<svg") && html.contains("class=\"area persistent\""));
     assert!(html.contains("high-water"));
     assert!(html.contains("simulated driver"));
