@@ -100,8 +100,9 @@ fn computing_sim() -> Device<SimDriver> {
 fn plan_equals_the_computing_simulators_run(
     #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
     #[values(false, true)] capture: bool,
+    #[values(1, 3)] layers: usize,
 ) {
-    let req = request(tiny(), 4, capture, small_arena());
+    let req = request(XAssetConfig { layers, ..tiny() }, 4, capture, small_arena());
     let plan = zgrad::plan(&req).expect("plan");
     let planned = plan.schedule(schedule).expect("both schedules are planned");
     let real = real_run(computing_sim(), &req, schedule);
@@ -280,6 +281,29 @@ mod gpu {
             ..XAssetConfig::default()
         };
         let req = request(model, batch, capture, ArenaConfig::default());
+        let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+        let real = real_run(cuda_device(), &req, schedule);
+        assert_eq!(planned.captured, real.captured);
+        for class in AllocClass::ALL {
+            let (p, r) = (planned.peak.get(class), real.peak.get(class));
+            assert!(within_2_percent(p, r), "{class}: plan {p} vs real {r}");
+        }
+        assert!(within_2_percent(planned.arena_bytes, real.arena_bytes));
+    }
+
+    /// Issue 19: the plan of a three-block model (default size, batch 256) against its real
+    /// run, every class, both schedules, eager and captured.
+    #[rstest]
+    fn gpu_plan_of_three_blocks_matches_the_real_run_per_class(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+        #[values(false, true)] capture: bool,
+    ) {
+        let _one_at_a_time = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+        let model = XAssetConfig {
+            layers: 3,
+            ..XAssetConfig::default()
+        };
+        let req = request(model, 256, capture, ArenaConfig::default());
         let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
         let real = real_run(cuda_device(), &req, schedule);
         assert_eq!(planned.captured, real.captured);
