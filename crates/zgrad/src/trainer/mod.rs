@@ -234,8 +234,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.parts.model.sample_shape(x.len() / batch)
     }
 
-    /// One optimiser step on `batch` samples: `x` is `[batch, S, F]` row-major, `y` holds
-    /// `batch` labels in {0, 1}. A non-finite loss or gradient skips the update (on the device
+    /// One optimiser step on `batch` samples: `x` is `[batch, ..sample shape]` row-major
+    /// (`[batch, S, F]` for XAsset; a sample the model cannot take, `Model::sample_shape`, is
+    /// `BadInput`), `y` holds `batch` labels in {0, 1}. A non-finite loss or gradient skips the update (on the device
     /// for a captured batched step) and is reported as `NonFinite`, naming the step and, where
     /// it can be found, the sample.
     ///

@@ -278,3 +278,36 @@ fn own_model_parameters_are_one_flat_buffer() {
     assert!(set.len() >= numel);
     assert_eq!(t.flat_parameters().expect("flat").numel(), set.len());
 }
+
+/// The other sources for the own model: a pinned batch and the captured step replayed on the
+/// batch already on the device give `train_batch`'s bits.
+#[test]
+fn own_model_pinned_and_resident_steps_equal_train_batch() {
+    let cfg = config(TrainSchedule::Batched, true);
+    let (x, y) = data(0, BATCH, S * F);
+    let mut slices = trainer(super::mock(), cfg);
+    let mut pinned = trainer(super::mock(), cfg);
+    let mut resident = trainer(super::mock(), cfg);
+    let mut p = zgrad::PinnedBatch::new(pinned.backend(), BATCH, S, F).expect("pinned");
+    p.fill(|px, py| {
+        px.copy_from_slice(&x);
+        py.copy_from_slice(&y);
+    })
+    .expect("fill");
+    let mut losses = [Vec::new(), Vec::new(), Vec::new()];
+    for step in 0..3 {
+        losses[0].push(slices.train_batch(&x, &y, BATCH).expect("slices").loss);
+        losses[1].push(pinned.train_batch_pinned(&p, BATCH).expect("pinned").loss);
+        let r = if step == 0 {
+            resident.train_batch(&x, &y, BATCH)
+        } else {
+            resident.replay_resident(|_| {})
+        };
+        losses[2].push(r.expect("resident").loss);
+    }
+    assert_eq!(losses[1], losses[0]);
+    assert_eq!(losses[2], losses[0]);
+    assert_eq!(values(&pinned), values(&slices));
+    assert_eq!(values(&resident), values(&slices));
+    assert_eq!(resident.step(), 3);
+}
