@@ -53,6 +53,8 @@ mod own_model;
 #[path = "support/fixtures.rs"]
 mod fixtures;
 use fixtures::fixture;
+#[path = "support/oracle_step.rs"]
+mod oracle_step;
 
 struct Tiny {
     input: TensorFile<f32>,
@@ -84,62 +86,12 @@ fn rel(got: &[f32], want: &[f64]) -> f64 {
     d.sqrt() / n.sqrt()
 }
 
-fn norm(v: &[f32]) -> f64 {
-    v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt()
-}
-
 /// One step of each schedule, eager and captured, with one, two and three blocks: loss and
 /// every gradient within 1e-5 of the oracle (each block's kn.bias by its norm), the updated
 /// parameters too.
 fn one_step_matches_the_oracle<D: Driver>(b: CudaBackend<D>) {
     for fixture in ["tiny", "deep2", "deep3"] {
-        one_step_of(&b, fixture);
-    }
-}
-
-fn one_step_of<D: Driver>(b: &CudaBackend<D>, fixture: &str) {
-    let f = oracle_fixture(fixture);
-    let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
-    let batch = f.input.tensors["x"].shape[0];
-    for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
-        for capture in [false, true] {
-            let model = XAsset::from_tensors(b, &f.input, &f.path).unwrap();
-            let cfg = TrainerConfig {
-                schedule,
-                capture,
-                ..TrainerConfig::default()
-            };
-            let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-            let r = t.train_batch(x, y, batch).unwrap();
-            assert_eq!(
-                r.captured, capture,
-                "{fixture} {schedule:?}: capture works on this device"
-            );
-            let want = f.oracle.tensors["loss"].data[0];
-            assert!(
-                ((r.loss - want) / want).abs() < 1e-5,
-                "{fixture} {schedule:?} loss {} vs {want}",
-                r.loss
-            );
-            for (name, p) in t.model().named_parameters() {
-                let g = b.download(p.grad().unwrap()).unwrap();
-                if name.ends_with("kn.bias") {
-                    assert!(norm(&g) < 1e-6, "{name} gradient norm {}", norm(&g));
-                    continue;
-                }
-                let e = rel(&g, &f.oracle.tensors[&format!("grad.{name}")].data);
-                assert!(
-                    e <= 1e-5,
-                    "{fixture} {schedule:?} capture {capture} grad.{name}: {e:e}"
-                );
-                let p_after = p.to_vec(b).unwrap();
-                let e = rel(&p_after, &f.oracle.tensors[&format!("adamw.{name}")].data);
-                assert!(
-                    e <= 1e-5,
-                    "{fixture} {schedule:?} capture {capture} adamw.{name}: {e:e}"
-                );
-            }
-        }
+        oracle_step::trainer_step_matches_the_oracle(&b, fixture);
     }
 }
 

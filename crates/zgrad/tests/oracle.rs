@@ -2,23 +2,22 @@
 //! gradient of the XAsset model, and one AdamW step fed the oracle's gradients, on the CPU
 //! backend in float64 and float32, for every fixture configuration (one block: tiny, small;
 //! two and three blocks: deep2, deep3). With two and three blocks also one trainer step in
-//! both schedules, eager and captured, on the CPU backend and the simulated device. Measured
+//! both schedules, eager and captured, on the CPU backend (device.rs runs the same check,
+//! `support/oracle_step.rs`, on the simulated device and the GPU). Measured
 //! per tensor as ‖ours − oracle‖ / ‖oracle‖ (XASSET.md); each block's kn.bias gradient, zero
 //! in exact arithmetic, by its norm.
 
 use rstest::rstest;
 use std::path::PathBuf;
-use zcompute::{Backend, Capture, CpuBackend, CudaBackend, Element};
-use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
-use zgrad::{
-    AdamW, AdamWHyper, PARAMETER_NAMES, Tape, TensorFile, TrainSchedule, Trainer, TrainerConfig,
-    Var, XAsset, read_tensors,
-};
-use zmem::{Arena, ArenaConfig};
+use zcompute::{Backend, CpuBackend, Element};
+use zgrad::{AdamW, AdamWHyper, PARAMETER_NAMES, Tape, TensorFile, Var, XAsset, read_tensors};
 
 #[path = "support/fixtures.rs"]
 mod fixtures;
 use fixtures::fixture;
+#[path = "support/oracle_step.rs"]
+mod oracle_step;
+use oracle_step::trainer_step_matches_the_oracle;
 
 fn rel(got: &[f64], want: &[f64]) -> f64 {
     let d: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
@@ -207,103 +206,9 @@ fn deep_fixtures_load_with_their_depth(
     );
 }
 
-/// One trainer step on `b` from the fixture's parameters, in each schedule, eager and
-/// captured: the loss, every gradient (kn.bias by its norm) and every parameter after the
-/// AdamW update within 1e-5 of the oracle (kn.bias, whose update is the sign of rounding
-/// noise, within 2·lr per element: XASSET.md).
-fn trainer_step_matches_the_oracle<B: Capture<f32> + Clone + 'static>(b: &B, config: &str) {
-    let f = load::<f32>(config);
-    let x = &f.input.tensors["x"];
-    let (xs, ys) = (&x.data, &f.input.tensors["y"].data);
-    let batch = x.shape[0];
-    for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
-        for capture in [false, true] {
-            let what = format!("{config} {schedule:?} capture {capture}");
-            let model = XAsset::from_tensors(b, &f.input, &f.input_path).unwrap();
-            let cfg = TrainerConfig {
-                schedule,
-                capture,
-                ..TrainerConfig::default()
-            };
-            let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-            let r = t.train_batch(xs, ys, batch).unwrap();
-            assert_eq!(r.captured, capture, "{what}");
-            let want = f.oracle.tensors["loss"].data[0];
-            assert!(
-                ((r.loss - want) / want).abs() < 1e-5,
-                "{what}: loss {} vs {want}",
-                r.loss
-            );
-            let lr = TrainerConfig::default().lr;
-            for (name, p) in t.model().named_parameters() {
-                let g = to_f64(&b.download(p.grad().unwrap()).unwrap());
-                let after = to_f64(&p.to_vec(b).unwrap());
-                let want_after = &f.oracle.tensors[&format!("adamw.{name}")].data;
-                if name.ends_with("kn.bias") {
-                    assert!(
-                        norm(&g) < 1e-6,
-                        "{what}: {name} gradient norm {:e}",
-                        norm(&g)
-                    );
-                    let apart = after
-                        .iter()
-                        .zip(want_after)
-                        .map(|(a, w)| (a - w).abs())
-                        .fold(0.0, f64::max);
-                    assert!(
-                        apart <= 2.0 * lr,
-                        "{what}: {name} after the step {apart:e} apart"
-                    );
-                    continue;
-                }
-                let e = rel(&g, &f.oracle.tensors[&format!("grad.{name}")].data);
-                assert!(e <= 1e-5, "{what}: grad.{name}: {e:e}");
-                let e = rel(&after, want_after);
-                assert!(e <= 1e-5, "{what}: adamw.{name}: {e:e}");
-            }
-        }
-    }
-}
-
 #[rstest]
 #[case::deep2("deep2")]
 #[case::deep3("deep3")]
 fn trainer_step_matches_the_oracle_on_the_cpu(#[case] config: &str) {
     trainer_step_matches_the_oracle(&CpuBackend, config);
-}
-
-/// The simulated device (poison on: memory reclaimed under a live tensor reads as NaN).
-fn simulated() -> CudaBackend<SimDriver> {
-    let sim = SimDriver::new(SimConfig {
-        poison_on_free: true,
-        ..SimConfig::with_capacity(512 << 20)
-    });
-    zcompute::cuda::twins::register(&sim);
-    let device = Device::open(
-        sim,
-        DeviceConfig {
-            blas_workspace_bytes: 0,
-            ..DeviceConfig::default()
-        },
-    )
-    .expect("the simulated device opens");
-    let arena = Arena::new(
-        device,
-        ArenaConfig {
-            poison: true,
-            cap_bytes: Some(192 << 20),
-            ..ArenaConfig::default()
-        },
-    )
-    .expect("arena");
-    let b = CudaBackend::new(arena).expect("backend");
-    b.set_poison(true);
-    b
-}
-
-#[rstest]
-#[case::deep2("deep2")]
-#[case::deep3("deep3")]
-fn trainer_step_matches_the_oracle_on_the_simulated_device(#[case] config: &str) {
-    trainer_step_matches_the_oracle(&simulated(), config);
 }
