@@ -265,48 +265,11 @@ fn train<B: TrainBackend + MemorySource>(
         // Checkpoints record the job's ranks: a resume with another number is refused.
         config_json["world"] = serde_json::json!(ctx.world);
     }
-    let m = config.model;
-    let model_config: XAssetConfig = m;
     let n_train = train_set.len();
-    let steps_per_epoch = n_train.div_ceil(config.batch) as u64;
-    let total_steps = steps_per_epoch
-        .checked_mul(config.epochs as u64)
-        .ok_or_else(|| {
-            TrainError::Options(format!(
-                "--epochs {}: the run would take more than 2^64 steps",
-                config.epochs
-            ))
-        })?;
-    let limit = checkpoint_limit(crate::config::parameters(&m)?, n_train);
-    let model = match &options.init_from {
-        Some(path) => crate::resume::init_from(&b, path, &model_config, limit)?,
-        None => XAsset::init(&b, model_config, config.seed)?,
-    };
-    let mut learner = Trainer::new(b.clone(), model, trainer_config(config, total_steps))?;
+    let limit = checkpoint_limit(crate::config::parameters(&config.model)?, n_train);
+    let mut learner = new_learner(&b, ctx, n_train, limit)?;
 
-    let mut progress = match &options.resume {
-        Some(path) => {
-            let at = ResumeAt {
-                config: &config_json,
-                backend: ctx.backend_name,
-                n_train,
-                limit,
-                epochs: config.epochs as u64,
-            };
-            resume(&mut learner, path, &at, out)?
-        }
-        None => {
-            let mut rng = Rng::new(config.seed ^ ORDER_SALT);
-            let order = epoch_order(n_train, &mut rng);
-            Progress {
-                step: 0,
-                epoch: 0,
-                position: 0,
-                rng: rng.state(),
-                order: order.iter().map(|&i| i as u64).collect(),
-            }
-        }
-    };
+    let mut progress = start(&mut learner, ctx, &config_json, n_train, limit, out)?;
     // The ranks agree on a stop signal at the end of each step (one tiny all-reduce).
     let agree = comm.clone();
     if let Some(c) = comm {
@@ -317,11 +280,7 @@ fn train<B: TrainBackend + MemorySource>(
         path: options.resume.clone().unwrap_or_default(),
         reason: "generator state is all zero".into(),
     })?;
-    out.line(&format!(
-        "ztrain: XAsset F={} S={} D={} H={} FF={} L={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
-        m.features, m.scales, m.width, m.heads, m.ff, m.layers, crate::config::parameters(&m)?, n_train, val_set.len(),
-        config.batch, config.epochs, crate::config::schedule_name(config.schedule)
-    ));
+    out.line(&header(config, n_train, val_set.len())?);
     if let Some(path) = &options.init_from {
         out.line(&format!(
             "ztrain: parameters from {} (optimiser moments zero, step 0)",
@@ -405,20 +364,16 @@ fn train<B: TrainBackend + MemorySource>(
         let rate = bar.samples_per_second(progress.position);
         bar.finish();
         let val = evaluate(&learner, &val_set)?;
-        let mut line = format!("epoch {}/{epochs}: ", progress.epoch + 1);
-        if tally.samples > 0 {
-            line += &format!("train loss {:.4} (running)", tally.mean_loss());
-        }
-        if let Some(v) = val {
-            line += &format!(", val loss {:.4} acc {:.4}", v.mean_loss(), v.accuracy());
-            validation = Some(v);
-        }
-        line += &format!(
-            ", {rate:.0} samples/s, {:.1} s, {} memory {}",
-            started.elapsed().as_secs_f64(),
-            b.kind(),
-            Bytes(b.in_use())
+        let line = epoch_line(
+            progress.epoch + 1,
+            epochs,
+            &tally,
+            val.as_ref(),
+            rate,
+            started,
+            &b,
         );
+        validation = val.or(validation);
         progress.epoch += 1;
         progress.position = 0;
         progress.order = epoch_order(n_train, &mut rng)
@@ -446,21 +401,148 @@ fn train<B: TrainBackend + MemorySource>(
         soak: soak.as_ref(),
         config: &config_json,
     };
-    match ended {
+    conclude(&b, &learner, ctx, out, &end, &train_set, validation)
+}
+
+/// The run's trainer: XAsset from the `--init-from` file (read no further than `limit` bytes)
+/// or from the seed, with AdamW's schedule over the run's steps.
+fn new_learner<B: TrainBackend>(
+    b: &B,
+    ctx: &Context<'_>,
+    n_train: usize,
+    limit: u64,
+) -> Result<Trainer<B>> {
+    let config = ctx.config;
+    let model_config: XAssetConfig = config.model;
+    let steps_per_epoch = n_train.div_ceil(config.batch) as u64;
+    let total_steps = steps_per_epoch
+        .checked_mul(config.epochs as u64)
+        .ok_or_else(|| {
+            TrainError::Options(format!(
+                "--epochs {}: the run would take more than 2^64 steps",
+                config.epochs
+            ))
+        })?;
+    let model = match &ctx.options.init_from {
+        Some(path) => crate::resume::init_from(b, path, &model_config, limit)?,
+        None => XAsset::init(b, model_config, config.seed)?,
+    };
+    Ok(Trainer::new(
+        b.clone(),
+        model,
+        trainer_config(config, total_steps),
+    )?)
+}
+
+/// Where the run starts: under `--resume`, the checkpoint's place (the learner restored from
+/// it); else step 0 with the first epoch's order drawn from the seed.
+fn start<B: TrainBackend>(
+    learner: &mut Trainer<B>,
+    ctx: &Context<'_>,
+    config_json: &serde_json::Value,
+    n_train: usize,
+    limit: u64,
+    out: &mut Console<'_>,
+) -> Result<Progress> {
+    let config = ctx.config;
+    match &ctx.options.resume {
+        Some(path) => {
+            let at = ResumeAt {
+                config: config_json,
+                backend: ctx.backend_name,
+                n_train,
+                limit,
+                epochs: config.epochs as u64,
+            };
+            resume(learner, path, &at, out)
+        }
+        None => {
+            let mut rng = Rng::new(config.seed ^ ORDER_SALT);
+            let order = epoch_order(n_train, &mut rng);
+            Ok(Progress {
+                step: 0,
+                epoch: 0,
+                position: 0,
+                rng: rng.state(),
+                order: order.iter().map(|&i| i as u64).collect(),
+            })
+        }
+    }
+}
+
+/// The run's first line: the model, the data split and the schedule.
+fn header(config: &RunConfig, n_train: usize, n_val: usize) -> Result<String> {
+    let m = &config.model;
+    Ok(format!(
+        "ztrain: XAsset F={} S={} D={} H={} FF={} L={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
+        m.features,
+        m.scales,
+        m.width,
+        m.heads,
+        m.ff,
+        m.layers,
+        crate::config::parameters(m)?,
+        n_train,
+        n_val,
+        config.batch,
+        config.epochs,
+        crate::config::schedule_name(config.schedule)
+    ))
+}
+
+/// The line that ends an epoch: its running train loss, the validation numbers, the rate,
+/// the time so far and the device memory in use.
+fn epoch_line<B: MemorySource>(
+    epoch: u64,
+    epochs: u64,
+    tally: &Tally,
+    val: Option<&Tally>,
+    rate: f64,
+    started: Instant,
+    b: &B,
+) -> String {
+    let mut line = format!("epoch {epoch}/{epochs}: ");
+    if tally.samples > 0 {
+        line += &format!("train loss {:.4} (running)", tally.mean_loss());
+    }
+    if let Some(v) = val {
+        line += &format!(", val loss {:.4} acc {:.4}", v.mean_loss(), v.accuracy());
+    }
+    line += &format!(
+        ", {rate:.0} samples/s, {:.1} s, {} memory {}",
+        started.elapsed().as_secs_f64(),
+        b.kind(),
+        Bytes(b.in_use())
+    );
+    line
+}
+
+/// The run's end as `end.ended` says: the final numbers over the training set when it
+/// finished, else the line that says why it stopped and how to go on; then the summary.
+fn conclude<B: TrainBackend + MemorySource>(
+    b: &B,
+    learner: &Trainer<B>,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
+    end: &End<'_>,
+    train_set: &Dataset,
+    validation: Option<Tally>,
+) -> Result<Outcome> {
+    match end.ended {
         Ended::Finished => {
             // The final numbers: the whole training set in no-grad mode, like the validation set.
-            let train_final = evaluate(&learner, &train_set)?;
-            finish(&b, &learner, ctx, out, &end, train_final, validation)
+            let train_final = evaluate(learner, train_set)?;
+            finish(b, learner, ctx, out, end, train_final, validation)
         }
         Ended::StopAfter => {
             out.line(&format!(
                 "ztrain: stopped after step {} (--stop-after); resume with --resume",
-                progress.step
+                end.steps
             ));
-            finish(&b, &learner, ctx, out, &end, None, validation)
+            finish(b, learner, ctx, out, end, None, validation)
         }
         Ended::Signal(sig) => {
-            let saved = match &options.checkpoint {
+            let saved = match &ctx.options.checkpoint {
                 Some(p) => format!(
                     "checkpoint written to {}; resume with --resume {}",
                     p.display(),
@@ -471,9 +553,9 @@ fn train<B: TrainBackend + MemorySource>(
             out.line(&format!(
                 "ztrain: stopped by {} after step {}; {saved}",
                 signals::name(sig),
-                progress.step
+                end.steps
             ));
-            finish(&b, &learner, ctx, out, &end, None, validation)
+            finish(b, learner, ctx, out, end, None, validation)
         }
     }
 }
