@@ -96,46 +96,9 @@ pub fn resume<B: TrainBackend>(
     at: &ResumeAt<'_>,
     out: &mut Console<'_>,
 ) -> Result<Progress> {
-    let (config, backend, n_train) = (at.config, at.backend, at.n_train);
+    let (backend, n_train) = (at.backend, at.n_train);
     let ck = Checkpoint::load_bounded(path, at.limit)?;
-    let saved_epochs = ck.config.get("epochs").and_then(serde_json::Value::as_u64);
-    let trained = ck.progress.epoch;
-    if let Some(saved) = saved_epochs
-        && (at.epochs < saved || at.epochs < trained)
-    {
-        return Err(TrainError::EpochsBelowCheckpoint {
-            asked: at.epochs,
-            saved,
-            trained,
-        });
-    }
-    let world = |c: &serde_json::Value| {
-        c.get("world")
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(1) as usize
-    };
-    if world(&ck.config) != world(config) {
-        return Err(TrainError::WorldMismatch {
-            path: path.to_path_buf(),
-            saved: world(&ck.config),
-            now: world(config),
-        });
-    }
-    let saved_config = with_default_layers(&ck.config);
-    let model_diff = model_differences(&saved_config, config);
-    if !model_diff.is_empty() {
-        return Err(TrainError::CheckpointModel {
-            path: path.to_path_buf(),
-            differences: model_diff.join("; "),
-        });
-    }
-    let diff = differences(&saved_config, config);
-    if !diff.is_empty() {
-        return Err(TrainError::CheckpointMismatch {
-            path: path.to_path_buf(),
-            differences: diff.join("; "),
-        });
-    }
+    check_same_run(&ck, path, at)?;
     let corrupt = |reason: String| TrainError::CheckpointCorrupt {
         path: path.to_path_buf(),
         reason,
@@ -193,4 +156,48 @@ pub fn resume<B: TrainBackend>(
         p.position
     ));
     Ok(p)
+}
+
+/// Refuses a checkpoint of another run: `--epochs` below the checkpoint's, another number of
+/// ranks, another model (each size and the depth named), or another configuration.
+fn check_same_run(ck: &Checkpoint, path: &Path, at: &ResumeAt<'_>) -> Result<()> {
+    let saved_epochs = ck.config.get("epochs").and_then(serde_json::Value::as_u64);
+    let trained = ck.progress.epoch;
+    if let Some(saved) = saved_epochs
+        && (at.epochs < saved || at.epochs < trained)
+    {
+        return Err(TrainError::EpochsBelowCheckpoint {
+            asked: at.epochs,
+            saved,
+            trained,
+        });
+    }
+    let world = |c: &serde_json::Value| {
+        c.get("world")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(1) as usize
+    };
+    if world(&ck.config) != world(at.config) {
+        return Err(TrainError::WorldMismatch {
+            path: path.to_path_buf(),
+            saved: world(&ck.config),
+            now: world(at.config),
+        });
+    }
+    let saved_config = with_default_layers(&ck.config);
+    let model_diff = model_differences(&saved_config, at.config);
+    if !model_diff.is_empty() {
+        return Err(TrainError::CheckpointModel {
+            path: path.to_path_buf(),
+            differences: model_diff.join("; "),
+        });
+    }
+    let diff = differences(&saved_config, at.config);
+    if !diff.is_empty() {
+        return Err(TrainError::CheckpointMismatch {
+            path: path.to_path_buf(),
+            differences: diff.join("; "),
+        });
+    }
+    Ok(())
 }
