@@ -262,7 +262,10 @@ fn memory_report_from_the_simulated_device() {
     ]);
     assert!(o.status.success(), "{:?}", text(&o));
     let html = std::fs::read_to_string(&report).expect("report");
-    assert!(html.contains("FF=32 L=2"), "the model's depth is in the report");
+    assert!(
+        html.contains("FF=32 L=2"),
+        "the model's depth is in the report"
+    );
     assert!(html.contains("<svg") && html.contains("class=\"area persistent\""));
     assert!(html.contains("high-water"));
     assert!(html.contains("simulated driver"));
