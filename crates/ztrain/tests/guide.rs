@@ -282,6 +282,9 @@ mod own_model {
         }
     }
 
+    /// The losses of a run's steps and the parameters after them.
+    type Run = (Vec<f64>, Vec<f32>);
+
     /// Losses of 6 steps (global batch 33: unequal shards on two ranks) and the parameters
     /// after them, on one rank or as one rank of a job over `comm`.
     fn train<B: Capture<f32> + Clone + 'static>(
@@ -289,7 +292,7 @@ mod own_model {
         schedule: TrainSchedule,
         capture: bool,
         comm: Option<Rc<dyn Collective<B, f32>>>,
-    ) -> Result<(Vec<f64>, Vec<f32>), AnyError> {
+    ) -> Result<Run, AnyError> {
         let model = Mlp::new(&b, 3, 4, 16, 7)?;
         let config = TrainerConfig {
             schedule,
@@ -318,10 +321,7 @@ mod own_model {
         Ok((losses, b.download(&trainer.flat_parameters()?)?))
     }
 
-    fn two_ranks(
-        schedule: TrainSchedule,
-        capture: bool,
-    ) -> Result<[(Vec<f64>, Vec<f32>); 2], AnyError> {
+    fn two_ranks(schedule: TrainSchedule, capture: bool) -> Result<[Run; 2], AnyError> {
         let timeout = Duration::from_secs(30);
         let server = Server::bind("127.0.0.1:0")?;
         let addr = server.local_addr()?.to_string();
@@ -345,7 +345,7 @@ mod own_model {
         Ok([rank0, rank1])
     }
 
-    fn bits(v: &(Vec<f64>, Vec<f32>)) -> (Vec<u64>, Vec<u32>) {
+    fn bits(v: &Run) -> (Vec<u64>, Vec<u32>) {
         (
             v.0.iter().map(|l| l.to_bits()).collect(),
             v.1.iter().map(|p| p.to_bits()).collect(),
