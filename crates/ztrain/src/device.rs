@@ -68,11 +68,16 @@ fn describe<D: Driver>(what: &str, b: &CudaBackend<D>) -> String {
     )
 }
 
-fn cpu(description: String) -> Opened {
-    Opened {
+/// The CPU backend on `ZGPU_CPU_THREADS` threads (else one per processor): a bad value is
+/// refused here, by name, rather than replaced by the machine's count.
+fn cpu(description: String) -> Result<Opened> {
+    let threads = zcompute::cpu::default_threads()
+        .and_then(|n| zcompute::cpu::set_threads(n).map(|()| n))
+        .map_err(|e| TrainError::Options(e.to_string()))?;
+    Ok(Opened {
         engine: Engine::Cpu(zcompute::Engine::cpu()),
-        description,
-    }
+        description: format!("{description}, {threads} threads"),
+    })
 }
 
 /// Opens the backend `choice` asks for, its arena sized by `engine` (checked against the
@@ -93,7 +98,7 @@ pub fn open_on(
         engine: Engine::Cuda(b),
     };
     match choice {
-        DeviceChoice::Cpu => Ok(cpu("CPU backend (--device cpu)".into())),
+        DeviceChoice::Cpu => cpu("CPU backend (--device cpu)".into()),
         DeviceChoice::Cuda => match engine.cuda(ordinal) {
             Ok(b) => Ok(gpu(b)),
             Err(ComputeError::DeviceUnavailable { reason, .. }) => {
@@ -105,7 +110,7 @@ pub fn open_on(
             Ok(b) => Ok(gpu(b)),
             Err(ComputeError::DeviceUnavailable { reason, .. }) => {
                 tracing::info!(target: "ztrain.device.open", %reason, "no usable GPU; using the CPU backend");
-                Ok(cpu(format!("CPU backend (no usable GPU: {reason})")))
+                cpu(format!("CPU backend (no usable GPU: {reason})"))
             }
             Err(e) => Err(refused(e)),
         },

@@ -116,6 +116,28 @@ fn cuda_without_a_gpu_is_a_clear_error() {
 }
 
 #[test]
+fn cpu_threads_follow_the_variable_and_a_bad_value_is_refused_by_name() {
+    let args: Vec<&str> = TINY
+        .iter()
+        .copied()
+        .chain(["--device", "cpu", "--epochs", "1"])
+        .collect();
+    let o = ztrain_with_env(&args, &[("ZGPU_CPU_THREADS", "3")]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .contains("3 threads"),
+        "{stdout}"
+    );
+    let o = ztrain_with_env(&args, &[("ZGPU_CPU_THREADS", "zero")]);
+    assert_fails_with(&o, &["ZGPU_CPU_THREADS", "\"zero\""]);
+}
+
+#[test]
 fn auto_says_which_backend_it_picked() {
     let o = tiny(&["--epochs", "1"]);
     let (stdout, stderr) = text(&o);

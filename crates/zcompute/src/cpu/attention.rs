@@ -29,17 +29,23 @@ fn at(a: Attention, b: usize, s: usize, part: usize, h: usize) -> usize {
     ((b * a.seq + s) * 3 + part) * a.heads * a.dh + h * a.dh
 }
 
-/// `(xhat, rstd)` of one row: `(x - mean) * rstd`, `rstd = 1 / sqrt(var + eps)`.
-fn normalise<T: Element>(row: &[T], eps: T) -> (Vec<T>, T) {
+/// Writes `xhat = (x - mean) * rstd` of one row into `xhat` and returns `rstd =
+/// 1 / sqrt(var + eps)` (two passes; `sq` is scratch of the row's length).
+fn normalise<T: Element>(row: &[T], eps: T, xhat: &mut [T], sq: &mut [T]) -> T {
     let inv_n = T::ONE / T::from_f64(row.len() as f64);
     let mean = pairwise_sum(row) * inv_n;
-    let sq: Vec<T> = row.iter().map(|&v| (v - mean) * (v - mean)).collect();
-    let rstd = T::ONE / (pairwise_sum(&sq) * inv_n + eps).sqrt();
-    (row.iter().map(|&v| (v - mean) * rstd).collect(), rstd)
+    for (q, &v) in sq.iter_mut().zip(row) {
+        *q = (v - mean) * (v - mean);
+    }
+    let rstd = T::ONE / (pairwise_sum(sq) * inv_n + eps).sqrt();
+    for (x, &v) in xhat.iter_mut().zip(row) {
+        *x = (v - mean) * rstd;
+    }
+    rstd
 }
 
 /// One (batch, head): normalised q and k (before the affine), their rstd, the affine results,
-/// v, and the softmax probabilities `[S, S]`.
+/// v, and the softmax probabilities `[S, S]`. Allocated once per task, refilled per head.
 struct Head<T> {
     qhat: Vec<T>,
     khat: Vec<T>,
@@ -49,45 +55,75 @@ struct Head<T> {
     kn: Vec<T>,
     v: Vec<T>,
     probs: Vec<T>,
+    /// Scratch: squared deviations of one row, k transposed.
+    sq: Vec<T>,
+    kn_t: Vec<T>,
 }
 
-fn head<T: Element>(qkv: &[T], a: Attention, p: &Params<T>, b: usize, h: usize) -> Head<T> {
-    let (s_len, dh) = (a.seq, a.dh);
-    let mut hd = Head {
-        qhat: Vec::with_capacity(s_len * dh),
-        khat: Vec::with_capacity(s_len * dh),
-        qrstd: Vec::with_capacity(s_len),
-        krstd: Vec::with_capacity(s_len),
-        qn: Vec::with_capacity(s_len * dh),
-        kn: Vec::with_capacity(s_len * dh),
-        v: Vec::with_capacity(s_len * dh),
-        probs: vec![T::ZERO; s_len * s_len],
-    };
-    for s in 0..s_len {
-        for (part, w, bias) in [(0, &p.q_weight, &p.q_bias), (1, &p.k_weight, &p.k_bias)] {
-            let start = at(a, b, s, part, h);
-            let (xhat, rstd) = normalise(&qkv[start..start + dh], p.eps);
-            let affine = xhat
-                .iter()
-                .zip(w.iter().zip(bias))
-                .map(|(&x, (&w, &c))| x * w + c);
-            if part == 0 {
-                hd.qn.extend(affine);
-                hd.qhat.extend(xhat);
-                hd.qrstd.push(rstd);
-            } else {
-                hd.kn.extend(affine);
-                hd.khat.extend(xhat);
-                hd.krstd.push(rstd);
-            }
+impl<T: Element> Head<T> {
+    fn new(a: Attention) -> Self {
+        let (s, dh) = (a.seq, a.dh);
+        let z = |n: usize| vec![T::ZERO; n];
+        Head {
+            qhat: z(s * dh),
+            khat: z(s * dh),
+            qrstd: z(s),
+            krstd: z(s),
+            qn: z(s * dh),
+            kn: z(s * dh),
+            v: z(s * dh),
+            probs: z(s * s),
+            sq: z(dh),
+            kn_t: z(s * dh),
         }
-        let start = at(a, b, s, 2, h);
-        hd.v.extend_from_slice(&qkv[start..start + dh]);
+    }
+}
+
+/// Fills `hd` with (batch `b`, head `h`).
+fn head<T: Element>(hd: &mut Head<T>, qkv: &[T], a: Attention, p: &Params<T>, b: usize, h: usize) {
+    let (s_len, dh) = (a.seq, a.dh);
+    for s in 0..s_len {
+        let row = s * dh..(s + 1) * dh;
+        let q = at(a, b, s, 0, h);
+        let rstd = normalise(
+            &qkv[q..q + dh],
+            p.eps,
+            &mut hd.qhat[row.clone()],
+            &mut hd.sq,
+        );
+        hd.qrstd[s] = rstd;
+        let k = at(a, b, s, 1, h);
+        let rstd = normalise(
+            &qkv[k..k + dh],
+            p.eps,
+            &mut hd.khat[row.clone()],
+            &mut hd.sq,
+        );
+        hd.krstd[s] = rstd;
+        let affine = |out: &mut [T], xhat: &[T], w: &[T], c: &[T]| {
+            for (((o, &x), &w), &c) in out.iter_mut().zip(xhat).zip(w).zip(c) {
+                *o = x * w + c;
+            }
+        };
+        affine(
+            &mut hd.qn[row.clone()],
+            &hd.qhat[row.clone()],
+            &p.q_weight,
+            &p.q_bias,
+        );
+        affine(
+            &mut hd.kn[row.clone()],
+            &hd.khat[row.clone()],
+            &p.k_weight,
+            &p.k_bias,
+        );
+        let v = at(a, b, s, 2, h);
+        hd.v[row].copy_from_slice(&qkv[v..v + dh]);
     }
     let scale = a.scale::<T>();
-    let kn_t = transpose(&hd.kn, s_len, dh);
+    transpose_into(&hd.kn, s_len, dh, &mut hd.kn_t);
     for (i, row) in hd.probs.chunks_exact_mut(s_len).enumerate() {
-        dots(&hd.qn[i * dh..(i + 1) * dh], &kn_t, row);
+        dots(&hd.qn[i * dh..(i + 1) * dh], &hd.kn_t, row);
         for score in row.iter_mut() {
             *score = *score * scale;
         }
@@ -100,22 +136,19 @@ fn head<T: Element>(qkv: &[T], a: Attention, p: &Params<T>, b: usize, h: usize) 
             *x = *x / sum;
         }
     }
-    hd
 }
 
 fn dot<T: Element>(a: &[T], b: &[T]) -> T {
     a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y)
 }
 
-/// `m` `[rows, cols]` transposed to `[cols, rows]`.
-fn transpose<T: Element>(m: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let mut t = vec![T::ZERO; m.len()];
+/// `m` `[rows, cols]` transposed into `t` `[cols, rows]`.
+fn transpose_into<T: Element>(m: &[T], rows: usize, cols: usize, t: &mut [T]) {
     for (r, row) in m.chunks_exact(cols).enumerate() {
         for (c, &v) in row.iter().enumerate() {
             t[c * rows + r] = v;
         }
     }
-    t
 }
 
 /// `out[j] = dot(x, row j of m)` for every j at once from `m_t` (`m` transposed,
@@ -146,10 +179,11 @@ pub(crate) fn forward_slices<T: Element>(qkv: &[T], a: Attention, p: &Params<T>)
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
     let mut out = super::pool::zeroed(a.batch * s_len * width);
     par::rows_mut(&mut out, s_len * width, |first, block| {
+        let mut hd = Head::new(a);
         for (i, out) in block.chunks_exact_mut(s_len * width).enumerate() {
             let b = first + i;
             for h in 0..a.heads {
-                let hd = head(qkv, a, p, b, h);
+                head(&mut hd, qkv, a, p, b, h);
                 for i in 0..s_len {
                     let prow = hd.probs[i * s_len..(i + 1) * s_len].iter().copied();
                     let at = i * width + h * dh;
@@ -181,13 +215,15 @@ pub(crate) fn backward_slices<T: Element>(
         &mut by_batch,
         a.heads * 4 * dh,
         |first, gq, part| {
+            let mut hd = Head::new(a);
             for (i, (gq, part)) in gq
                 .chunks_exact_mut(per_batch)
                 .zip(part.chunks_exact_mut(a.heads * 4 * dh))
                 .enumerate()
             {
                 for (h, part) in part.chunks_exact_mut(4 * dh).enumerate() {
-                    backward_head(g, qkv, a, p, (first + i, h), gq, part);
+                    head(&mut hd, qkv, a, p, first + i, h);
+                    backward_head(g, &hd, a, p, (first + i, h), gq, part);
                 }
             }
         },
@@ -206,7 +242,7 @@ pub(crate) fn backward_slices<T: Element>(
 /// four partials `[q weight, q bias, k weight, k bias]` of `dh` each (`part`).
 fn backward_head<T: Element>(
     g: &[T],
-    qkv: &[T],
+    hd: &Head<T>,
     a: Attention,
     p: &Params<T>,
     (b, h): (usize, usize),
@@ -216,7 +252,6 @@ fn backward_head<T: Element>(
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
     let base = at(a, b, 0, 0, 0);
     let scale = a.scale::<T>();
-    let hd = head(qkv, a, p, b, h);
     let go: Vec<T> = (0..s_len)
         .flat_map(|i| {
             let start = (b * s_len + i) * width + h * dh;
@@ -230,7 +265,8 @@ fn backward_head<T: Element>(
         combine(pcol, &go, &mut gq[start..start + dh]);
     }
     let mut ds = vec![T::ZERO; s_len * s_len];
-    let v_t = transpose(&hd.v, s_len, dh);
+    let mut v_t = vec![T::ZERO; s_len * dh];
+    transpose_into(&hd.v, s_len, dh, &mut v_t);
     let mut dp = vec![T::ZERO; s_len];
     for i in 0..s_len {
         let prow = &hd.probs[i * s_len..(i + 1) * s_len];

@@ -14,7 +14,7 @@ use crate::tensor::CpuTensor;
 use crate::validate;
 
 pub(super) fn unary<T: Element>(op: UnaryOp, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {
-    let mut out = super::pool::zeroed(x.numel());
+    let mut out = super::pool::overwritten(x.numel());
     super::dense::with(x, |xs| {
         par::chunks_mut(&mut out, |start, chunk| {
             math::unary_slice(op, &xs[start..start + chunk.len()], chunk);
@@ -192,7 +192,7 @@ pub(super) fn binary<T: Element>(
     // Broadcast views walk both operands in the output's logical order, stride 0 repeating.
     let la = a.layout().broadcast_to(&shape)?;
     let lb = b.layout().broadcast_to(&shape)?;
-    let mut out = super::pool::zeroed(la.numel());
+    let mut out = super::pool::overwritten(la.numel());
     if !out.is_empty() {
         if a.shares_storage(b) {
             let data = a.storage().read();
@@ -212,7 +212,7 @@ pub(super) fn binary_scalar<T: Element>(
     s: T,
     side: ScalarSide,
 ) -> Result<CpuTensor<T>> {
-    let mut out = super::pool::zeroed(x.numel());
+    let mut out = super::pool::overwritten(x.numel());
     super::dense::with(x, |xs| {
         let (xs, s) = (Operand::Dense(xs), Operand::Scalar(s));
         let n = out.len().max(1);

@@ -114,7 +114,8 @@ pub(super) fn matmul<T: Element>(
     let out_len = out_shape.iter().product();
 
     tracing::trace!(?batch, m, k, n, ?opts, "cpu matmul");
-    let mut out = super::pool::zeroed(out_len);
+    // Every element is written (matrixmultiply with beta = 0 never reads C).
+    let mut out = super::pool::overwritten(out_len);
     if m * n > 0 {
         // Matrix index of each operand per output batch element: a broadcast view over a
         // contiguous layout of the operand's batch dims (stride 0 where it repeats).

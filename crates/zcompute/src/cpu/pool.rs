@@ -68,6 +68,12 @@ pub(crate) fn zeroed<T: Element>(len: usize) -> Vec<T> {
     }
 }
 
+/// `len` elements for an op that writes every one of them before anything reads it: a pooled
+/// buffer as it is (no clearing pass), else fresh zeros.
+pub(crate) fn overwritten<T: Element>(len: usize) -> Vec<T> {
+    take(len).unwrap_or_else(|| vec![T::ZERO; len])
+}
+
 /// A copy of `src`, in a pooled buffer when one is free.
 pub(crate) fn copied<T: Element>(src: &[T]) -> Vec<T> {
     match take(src.len()) {
