@@ -90,10 +90,15 @@ pub fn agreed<B: zcompute::Backend<f32>>(
     let mut slots = vec![0f32; info.world];
     // Signal numbers are small (< 65): exact in an f32, and a sum of one.
     slots[info.rank] = mine.unwrap_or(0) as f32;
-    let t = b.upload(&slots, &[info.world])?;
-    comm.all_reduce_sum(b, &t, step)?;
-    comm.synchronize(b)?;
-    let all = b.download(&t)?;
+    let exchange = || -> Result<Vec<f32>, zgrad::GradError> {
+        let t = b.upload(&slots, &[info.world])?;
+        comm.all_reduce_sum(b, &t, step)?;
+        comm.synchronize(b)?;
+        Ok(b.download(&t)?)
+    };
+    // The agreement is the end of step `step`, whose update was applied: a peer lost here is
+    // reported as that step's failure, as one lost inside the step is.
+    let all = exchange().map_err(|e| e.at_step(step, zgrad::Applied::Yes))?;
     let got: Vec<(usize, i32)> = all
         .iter()
         .enumerate()
@@ -114,4 +119,69 @@ pub fn agreed<B: zcompute::Backend<f32>>(
         );
     }
     Ok(Some(sig))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zcompute::{BTensor, CpuBackend};
+
+    /// A peer of a two-rank job that is gone: every collective fails as a stalled peer does.
+    struct LostPeer;
+
+    impl zcomm::Collective<CpuBackend, f32> for LostPeer {
+        fn info(&self) -> zcomm::RankInfo {
+            zcomm::RankInfo {
+                rank: 0,
+                world: 2,
+                local_rank: 0,
+            }
+        }
+        fn all_reduce_sum(
+            &self,
+            _: &CpuBackend,
+            _: &BTensor<CpuBackend, f32>,
+            step: u64,
+        ) -> zcomm::Result<()> {
+            Err(zcomm::CommError::PeerFailed {
+                rank: 0,
+                op: "all_reduce",
+                step,
+                detail: "rank 1 answered no one".into(),
+            })
+        }
+        fn broadcast(
+            &self,
+            _: &CpuBackend,
+            _: &BTensor<CpuBackend, f32>,
+            _: usize,
+            _: u64,
+        ) -> zcomm::Result<()> {
+            Ok(())
+        }
+        fn synchronize(&self, _: &CpuBackend) -> zcomm::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A peer lost in the agreement after step 12 fails step 12, whose update was applied,
+    /// exactly as one lost inside the step does (the launcher and the user read "step N").
+    #[test]
+    fn a_peer_lost_in_the_stop_agreement_fails_that_step_with_its_update_applied() {
+        let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = Rc::new(LostPeer);
+        let e = agreed(&StopSignal::never(), Some(&comm), &CpuBackend, 12).unwrap_err();
+        let crate::error::TrainError::Grad(g) = &e else {
+            panic!("not a step failure: {e:?}");
+        };
+        assert!(matches!(
+            g,
+            zgrad::GradError::Step {
+                step: 12,
+                applied: zgrad::Applied::Yes,
+                ..
+            }
+        ));
+        assert!(e.to_string().starts_with("step 12 failed"), "{e}");
+        assert!(e.is_peer_failure());
+    }
 }
