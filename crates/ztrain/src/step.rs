@@ -12,6 +12,9 @@ impl<B: Backend<f32> + Capture<f32> + Clone + 'static> TrainBackend for B {}
 
 /// zgrad's trainer configuration for `config`, a run of `total_steps` optimiser steps.
 #[must_use]
+// The struct update fills the test-only fields zgrad's `testing` feature adds (the tests' build
+// has them, ztrain's own build does not).
+#[allow(clippy::needless_update)]
 pub fn trainer_config(config: &RunConfig, total_steps: u64) -> TrainerConfig {
     TrainerConfig {
         schedule: config.schedule,
