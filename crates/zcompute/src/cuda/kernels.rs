@@ -9,8 +9,8 @@ mod config;
 
 pub(crate) use args::{Args, coalesce, ptr, push_strided, read_strided, u64a};
 pub(crate) use config::{
-    cols_chunking, cols_config, elementwise_config, row_tiles, rows_config, rows_split,
-    rows_split_config, rows_vec_config, single_block, vec_aligned, vec_lanes,
+    COLS_FINISH_MAX_ROWS, cols_chunking, cols_config, elementwise_config, row_tiles, rows_config,
+    rows_split, rows_split_config, rows_vec_config, single_block, vec_aligned, vec_lanes,
 };
 
 use crate::backend::{BinaryOp, ReduceOp, UnaryOp};

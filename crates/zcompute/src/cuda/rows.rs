@@ -79,7 +79,8 @@ impl<D: Driver> CudaBackend<D> {
 
     /// Reduces the middle axis of the dense `[outer, n, inner]` tensor `src` into `out`
     /// (`[outer, inner]`): one column-reduction pass, or, when the rows are split into chunks to
-    /// fill the GPU, a pass into `[chunks, outer * inner]` partials and then the same over those.
+    /// fill the GPU, a pass into `[chunks, outer * inner]` partials and then the same over those
+    /// (one pass when they are at most [`kernels::COLS_FINISH_MAX_ROWS`]).
     /// A mean divides by `count` (the reduced axis's length, also when `src` holds partials).
     /// With `accumulate` (a sum into a dense `out`) the last pass adds into `out` instead of
     /// overwriting it.
@@ -97,8 +98,15 @@ impl<D: Driver> CudaBackend<D> {
         let code = if op == ReduceOp::Max { 2 } else { 0 };
         let total = count as f32;
         let (mut src, mut outer, mut n, mut inner) = (src.clone(), outer, n, inner);
+        let mut partials = false;
         loop {
-            let (chunk, chunks) = kernels::cols_chunking(outer, n, inner);
+            // Few partials finish in one pass: a third launch over a handful of rows costs more
+            // (a dependent graph node each) than the 8 row lanes walking them.
+            let (chunk, chunks) = if partials && n <= kernels::COLS_FINISH_MAX_ROWS {
+                (n as u64, 1)
+            } else {
+                kernels::cols_chunking(outer, n, inner)
+            };
             let last = chunks == 1;
             let dst = if last {
                 out.clone()
@@ -129,6 +137,7 @@ impl<D: Driver> CudaBackend<D> {
             }
             // The partials are [chunks, outer * inner]: one block of wide columns.
             (src, outer, n, inner) = (dst, 1, chunks as usize, outer * inner);
+            partials = true;
         }
     }
 

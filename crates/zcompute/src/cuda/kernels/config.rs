@@ -61,6 +61,11 @@ const COLS_TARGET_BLOCKS: u64 = 1024;
 /// the second pass that reads it.
 const COLS_MIN_CHUNK: u64 = 32;
 
+/// Most rows of partials that a column reduction's finishing pass takes in one chunk (32 per
+/// row lane of a block): `[3072, n]` makes 96 chunks, whose partials were reduced in two more
+/// passes (3 chunks, then 1), each a dependent launch of about 3 us on an H100.
+pub(crate) const COLS_FINISH_MAX_ROWS: usize = 256;
+
 /// Row chunking of a column reduction over `[outer, n, inner]`: `(chunk, chunks)`, rows per
 /// chunk and chunk count, enough chunks that the grid fills the GPU when there are few columns.
 pub(crate) fn cols_chunking(outer: usize, n: usize, inner: usize) -> (u64, u64) {

@@ -19,6 +19,7 @@ mod linear_backward_errors;
 mod linear_launch;
 mod norm_params;
 mod norm_params_launch;
+mod reduce_launch;
 #[macro_use]
 mod suite;
 pub mod validation;

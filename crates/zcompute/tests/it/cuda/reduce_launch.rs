@@ -1,0 +1,68 @@
+//! How many passes a column reduction takes, counted on the simulated device: a batch's bias
+//! or LayerNorm gradient (`[3072, n]` summed into its buffer) is a first pass into partials and
+//! one finishing pass, not two more over a handful of partials (each pass is a dependent graph
+//! node of about 3 us on an H100). The sums themselves equal the CPU's.
+
+use zcompute::{Backend, CpuBackend, CudaBackend, CudaTensor, SimDriver};
+use zdevice::sim::calls::LAUNCH_KERNEL;
+
+const CPU: CpuBackend = CpuBackend;
+
+/// Kernel launches of one `sum_rows_into(x, dst)`, and dst's values after it.
+fn sum_into(gpu: &CudaBackend<SimDriver>, rows: usize, n: usize) -> (usize, Vec<f32>, Vec<f32>) {
+    let host: Vec<f32> = (0..rows * n)
+        .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 256.0)
+        .collect();
+    let x = gpu.upload(&host, &[rows, n]).expect("upload x");
+    let start: Vec<f32> = (0..n).map(|j| j as f32 * 0.5).collect();
+    let dst = gpu.upload(&start, &[n]).expect("upload dst");
+    let sim = gpu.device().driver();
+    gpu.download(&dst).expect("settle");
+    sim.clear_op_log();
+    gpu.sum_rows_into(&x, &dst).expect("sum_rows_into");
+    let launches = sim
+        .op_log()
+        .iter()
+        .filter(|r| r.call == LAUNCH_KERNEL)
+        .count();
+    let ours = gpu.download(&dst).expect("download");
+    let cx = CPU.upload(&host, &[rows, n]).expect("cpu x");
+    let cd = CPU.upload(&start, &[n]).expect("cpu dst");
+    CPU.sum_rows_into(&cx, &cd).expect("cpu sum");
+    (launches, ours, CPU.download(&cd).expect("cpu download"))
+}
+
+fn assert_close(ours: &[f32], cpu: &[f32], what: &str) {
+    for (j, (a, b)) in ours.iter().zip(cpu).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-3 * b.abs().max(1.0),
+            "{what}: column {j}: {a} against the CPU's {b}"
+        );
+    }
+}
+
+#[test]
+fn a_batch_column_sum_is_one_pass_into_partials_and_one_to_finish() {
+    let gpu = super::mock();
+    // XAsset's batched bias and LayerNorm gradients: 256 samples x 12 scales.
+    for n in [256, 768, 1024] {
+        let (launches, ours, cpu) = sum_into(&gpu, 3072, n);
+        assert_eq!(
+            launches, 2,
+            "[3072, {n}]: partials, then one finishing pass"
+        );
+        assert_close(&ours, &cpu, &format!("[3072, {n}]"));
+    }
+}
+
+#[test]
+fn few_rows_stay_one_pass_and_many_partials_keep_their_chunks() {
+    let gpu = super::mock();
+    let (launches, ours, cpu) = sum_into(&gpu, 12, 256);
+    assert_eq!(launches, 1, "a sample's 12 rows: one pass");
+    assert_close(&ours, &cpu, "[12, 256]");
+    // Two columns over many rows: more partials than one finishing pass takes (1024 chunks).
+    let (launches, ours, cpu) = sum_into(&gpu, 1 << 16, 2);
+    assert!(launches >= 3, "[65536, 2]: {launches} launches");
+    assert_close(&ours, &cpu, "[65536, 2]");
+}
