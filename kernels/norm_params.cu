@@ -1,8 +1,9 @@
-// LayerNorm's backward for few rows (one sample's) with its weight's and bias's gradients
-// added into their buffers in the same launch: the input gradient (plus the residual stream's
-// gradient), dw += sum_rows g * xhat and db += sum_rows g. Without this the backward is three
-// launches (the row kernel writing g * xhat, then two column reductions), each a dependent node
-// of a captured per-sample graph.
+// LayerNorm's backward with its weight's and bias's gradients: the input gradient (plus the
+// residual stream's gradient), dw += sum_rows g * xhat and db += sum_rows g. For few rows (one
+// sample's) in one launch; for a batch's, chunks of rows whose sums one column reduction
+// finishes (two launches). Without this the backward is the row kernel writing g * xhat, then
+// a column reduction per parameter (three launches for a sample, five for a batch), each a
+// dependent node of a captured graph.
 //
 // Blocks split the columns; every block first recomputes the per-row sums of LN' over the
 // full rows it needs (rows are few, so the redundant reads are cheap), in the same lane order
@@ -21,19 +22,35 @@
 
 // gx [rows, n] (written when want_gx), dw [n] and db [n] (added into when has_dw / has_db),
 // from g, x (and residual when has_residual) dense [rows, n], mean and rstd [rows], and the
-// weight [n] when has_weight. Needs blocks of LN_PARAMS_THREADS threads and rows <=
-// LN_PARAMS_MAX_ROWS; the grid is grid-strided over the columns.
+// weight [n] when has_weight. Needs blocks of LN_PARAMS_THREADS threads; the grid is
+// grid-strided over the columns (x) and takes LN_PARAMS_MAX_ROWS rows per block row (y).
+//
+// A batch's rows (more than LN_PARAMS_MAX_ROWS) come with `part` [2, gridDim.y, n]: block row c
+// writes its chunk's sums there (g * xhat at part[c * n + j], g at part[(gridDim.y + c) * n +
+// j]) instead of adding into dw and db, and one column reduction over the chunks finishes
+// them (cuda/norm_params.rs). Without `part` the grid has one block row and rows <=
+// LN_PARAMS_MAX_ROWS.
 extern "C" __global__ void zc_layer_norm_backward_params_f32(
     float* __restrict__ gx, float* __restrict__ dw, float* __restrict__ db,
     const float* __restrict__ g, const float* __restrict__ residual,
     const float* __restrict__ x, const float* __restrict__ mean,
     const float* __restrict__ rstd, const float* __restrict__ weight, unsigned has_weight,
-    unsigned has_residual, unsigned want_gx, unsigned has_dw, unsigned has_db, u64 rows,
-    u64 n) {
+    unsigned has_residual, unsigned want_gx, unsigned has_dw, unsigned has_db, u64 all_rows,
+    u64 n, float* __restrict__ part) {
     __shared__ float m1s[LN_PARAMS_MAX_ROWS];
     __shared__ float m2s[LN_PARAMS_MAX_ROWS];
     const unsigned lane = threadIdx.x % 32;
     const unsigned warp = threadIdx.x / 32;
+    // This block row's chunk: the kernel below indexes rows from it.
+    const u64 first = (u64)blockIdx.y * LN_PARAMS_MAX_ROWS;
+    if (first >= all_rows) return;
+    const u64 rows = min((u64)LN_PARAMS_MAX_ROWS, all_rows - first);
+    g += first * n;
+    x += first * n;
+    mean += first;
+    rstd += first;
+    if (has_residual) residual += first * n;
+    if (want_gx) gx += first * n;
     if (want_gx) {
         for (u64 row = warp; row < rows; row += LN_PARAMS_WARPS) {
             const float* gr = g + row * n;
@@ -79,7 +96,12 @@ extern "C" __global__ void zc_layer_norm_backward_params_f32(
             sw += gj * xh;
             sb += gj;
         }
-        if (has_dw) dw[j] += sw;
-        if (has_db) db[j] += sb;
+        if (part) {
+            part[(u64)blockIdx.y * n + j] = sw;
+            part[((u64)gridDim.y + blockIdx.y) * n + j] = sb;
+        } else {
+            if (has_dw) dw[j] += sw;
+            if (has_db) db[j] += sb;
+        }
     }
 }

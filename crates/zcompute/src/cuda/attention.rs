@@ -178,7 +178,7 @@ impl<D: Driver> CudaBackend<D> {
             return crate::attention::backward_into(self, g, qkv, norm, param_grads);
         };
         let rows = a.batch * a.heads;
-        if let Some(span) = adjacent_span(param_grads, a.dh)? {
+        if let Some(span) = adjacent_span(&param_grads, a.dh)? {
             self.reduce_cols(
                 OP,
                 ReduceOp::Sum,
@@ -205,11 +205,11 @@ impl<D: Driver> CudaBackend<D> {
     }
 }
 
-/// One dense `[4 * dh]` view over the four buffers when all are given, dense and adjacent in
+/// One dense `[k * dh]` view over the `k` buffers when all are given, dense and adjacent in
 /// order in one storage (as zgrad's flat gradient buffer lays them out when `dh` is a multiple
 /// of its alignment); `None` otherwise.
-fn adjacent_span(bufs: [Option<&CudaTensor>; 4], dh: usize) -> Result<Option<CudaTensor>> {
-    let [Some(first), ..] = bufs else {
+pub(super) fn adjacent_span(bufs: &[Option<&CudaTensor>], dh: usize) -> Result<Option<CudaTensor>> {
+    let Some(Some(first)) = bufs.first() else {
         return Ok(None);
     };
     let start = first.layout().offset();
@@ -221,7 +221,7 @@ fn adjacent_span(bufs: [Option<&CudaTensor>; 4], dh: usize) -> Result<Option<Cud
     if !adjacent {
         return Ok(None);
     }
-    let layout = Layout::new(&[4 * dh], &[1], start)?;
+    let layout = Layout::new(&[bufs.len() * dh], &[1], start)?;
     Ok(Some(Tensor::from_parts(first.storage().clone(), layout)?))
 }
 

@@ -386,6 +386,7 @@ impl Kernel {
                 "zc_layer_norm_backward_params_f32",
                 &[
                     Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32, U64, U64,
+                    Ptr,
                 ],
                 0,
             ),

@@ -1,9 +1,11 @@
-//! LayerNorm's backward with its weight's and bias's gradients added into their buffers in one
-//! launch (`NormOps::layer_norm_backward_into`) for few rows, one sample's: the row kernel and
-//! two column reductions (three dependent graph nodes) become one kernel whose blocks split the
-//! columns (`kernels/norm_params.cu`). More rows, strided parameter buffers or no buffer at all
-//! take the composite (today's three launches).
+//! LayerNorm's backward with its weight's and bias's gradients added into their buffers
+//! (`NormOps::layer_norm_backward_into`, `kernels/norm_params.cu`): for few rows, one sample's,
+//! the row kernel and two column reductions (three dependent graph nodes) become one kernel
+//! whose blocks split the columns; a batch's rows go in chunks of [`LN_PARAMS_MAX_ROWS`] (block
+//! rows of the same kernel) whose sums one column reduction finishes: two launches where the
+//! composite takes five. Strided parameter buffers or no buffer at all take the composite.
 
+use super::attention::adjacent_span;
 use super::kernels::{Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::backend::LayerNormGrads;
@@ -12,9 +14,8 @@ use crate::norm::{AddLayerNormOut, NormOps};
 use crate::validate;
 use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
-/// Most rows the one-launch kernel takes (`LN_PARAMS_MAX_ROWS` in `kernels/norm_params.cu`:
-/// its per-row sums live in shared memory). Every block reads all rows, so more rows would
-/// also multiply the redundant reads; a batch's rows take the composite.
+/// Rows of one block row of the kernel (`LN_PARAMS_MAX_ROWS` in `kernels/norm_params.cu`: its
+/// per-row sums live in shared memory): the most one launch takes alone; more go in chunks.
 pub(crate) const LN_PARAMS_MAX_ROWS: usize = 32;
 
 /// Threads per block (`LN_PARAMS_THREADS` in the kernel): one column each.
@@ -23,13 +24,18 @@ pub(crate) const LN_PARAMS_THREADS: u32 = 128;
 /// Most blocks of a launch; the kernel grid-strides over the columns beyond.
 const MAX_BLOCKS: u64 = 65_535;
 
-/// One block per `LN_PARAMS_THREADS` columns of a width-`n` LayerNorm.
-pub(crate) fn ln_params_config(n: usize) -> LaunchConfig {
+/// One block per `LN_PARAMS_THREADS` columns of a width-`n` LayerNorm, one block row per
+/// chunk of [`LN_PARAMS_MAX_ROWS`] rows (`chunks` at most [`MAX_BLOCKS`]).
+pub(crate) fn ln_params_config(n: usize, chunks: usize) -> LaunchConfig {
     let blocks = (n as u64)
         .div_ceil(u64::from(LN_PARAMS_THREADS))
         .clamp(1, MAX_BLOCKS);
     LaunchConfig {
-        grid: (blocks as u32, 1, 1),
+        grid: (
+            blocks as u32,
+            (chunks as u64).clamp(1, MAX_BLOCKS) as u32,
+            1,
+        ),
         block: (LN_PARAMS_THREADS, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -55,7 +61,9 @@ impl<D: Driver> CudaBackend<D> {
         // The kernel adds into dense `[n]` buffers; with neither given it would be the plain
         // row kernel, which the composite already is.
         let dense_dst = |t: Option<&CudaTensor>| t.is_none_or(CudaTensor::is_contiguous);
-        let fits = (1..=LN_PARAMS_MAX_ROWS).contains(&rows)
+        let chunks = rows.div_ceil(LN_PARAMS_MAX_ROWS);
+        let fits = rows > 0
+            && chunks as u64 <= MAX_BLOCKS
             && n > 0
             && (dw.is_some() || db.is_some())
             && dense_dst(dw)
@@ -67,6 +75,10 @@ impl<D: Driver> CudaBackend<D> {
             );
         }
         let input = want_input.then(|| self.alloc(OP, x.shape())).transpose()?;
+        // A batch's chunks leave their sums here: [2, chunks, n], g * xhat's then g's.
+        let part = (chunks > 1)
+            .then(|| self.alloc_temp(OP, &[2, chunks, n]))
+            .transpose()?;
         let dense = [g, x, mean, rstd]
             .into_iter()
             .map(|t| self.dense(OP, t))
@@ -94,21 +106,48 @@ impl<D: Driver> CudaBackend<D> {
             flag(db.is_some()),
             u64a(rows),
             u64a(n),
+            ptr(opt_ptr(part.as_ref())?),
         ]
         .into_iter()
         .collect();
         self.launch(
             OP,
             Kernel::LayerNormBackwardParams,
-            ln_params_config(n),
+            ln_params_config(n, chunks),
             &args,
         )?;
+        if let Some(part) = part {
+            self.finish_layer_norm_params(OP, &part, (chunks, n), dw, db)?;
+        }
         Ok(input)
+    }
+
+    /// Adds the chunks' sums (`part`, `[2, chunks, n]`) into dw and db: one column reduction
+    /// over both when they are adjacent (as zgrad's flat gradient buffer lays out a LayerNorm's
+    /// weight and bias), else one per buffer given.
+    fn finish_layer_norm_params(
+        &self,
+        op: &'static str,
+        part: &CudaTensor,
+        (chunks, n): (usize, usize),
+        dw: Option<&CudaTensor>,
+        db: Option<&CudaTensor>,
+    ) -> Result<()> {
+        if let Some(span) = adjacent_span(&[dw, db], n)? {
+            return self.sum_partials(op, &span, part, (2, chunks, n), true);
+        }
+        for (k, dst) in [dw, db].into_iter().enumerate() {
+            if let Some(dst) = dst {
+                let half = part.narrow(0, k, 1)?.reshape(&[chunks, n])?;
+                self.sum_partials(op, dst, &half, (1, chunks, n), true)?;
+            }
+        }
+        Ok(())
     }
 }
 
 /// The LayerNorm family on the device: `fused.cu` for the residual forms, `norm_params.cu` for
-/// the parameters' gradients (few rows; the composite otherwise).
+/// the parameters' gradients (dense buffers; the composite otherwise).
 impl<D: Driver> NormOps<f32> for CudaBackend<D> {
     fn add_layer_norm(
         &self,

@@ -91,14 +91,51 @@ impl<D: Driver> CudaBackend<D> {
         op: ReduceOp,
         out: &CudaTensor,
         src: &CudaTensor,
+        shape: (usize, usize, usize),
+        count: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.reduce_cols_passes(name, op, out, src, shape, count, accumulate, false)
+    }
+
+    /// Sums the `[outer, n, inner]` partials another kernel left (a chunk's sums per row of
+    /// `n`) into `out` (`[outer, inner]`; added into it with `accumulate`): one pass when they
+    /// are at most [`kernels::COLS_FINISH_MAX_ROWS`] rows.
+    pub(super) fn sum_partials(
+        &self,
+        name: &'static str,
+        out: &CudaTensor,
+        src: &CudaTensor,
+        shape: (usize, usize, usize),
+        accumulate: bool,
+    ) -> Result<()> {
+        self.reduce_cols_passes(
+            name,
+            ReduceOp::Sum,
+            out,
+            src,
+            shape,
+            shape.1,
+            accumulate,
+            true,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_cols_passes(
+        &self,
+        name: &'static str,
+        op: ReduceOp,
+        out: &CudaTensor,
+        src: &CudaTensor,
         (outer, n, inner): (usize, usize, usize),
         count: usize,
         accumulate: bool,
+        mut partials: bool,
     ) -> Result<()> {
         let code = if op == ReduceOp::Max { 2 } else { 0 };
         let total = count as f32;
         let (mut src, mut outer, mut n, mut inner) = (src.clone(), outer, n, inner);
-        let mut partials = false;
         loop {
             // Few partials finish in one pass: a third launch over a handful of rows costs more
             // (a dependent graph node each) than the 8 row lanes walking them.

@@ -1,8 +1,10 @@
-//! Simulated twin of `kernels/norm_params.cu`: LayerNorm's backward for few rows with the
-//! weight's and bias's gradients added into their buffers. The input gradient is the CPU
-//! backend's (`layer_norm_backward_add`); the column sums walk the rows in row order, as each
-//! thread of the kernel does. It also refuses what the kernel cannot take (another block size,
-//! more rows than its shared memory holds), which the GPU would not report.
+//! Simulated twin of `kernels/norm_params.cu`: LayerNorm's backward with the weight's and
+//! bias's gradients, added into their buffers (few rows) or left as each chunk's sums in the
+//! `[2, chunks, n]` partials (a batch's rows, chunks of `LN_PARAMS_MAX_ROWS`). The input
+//! gradient is the CPU backend's (`layer_norm_backward_add`); the column sums walk a chunk's
+//! rows in row order, as each thread of the kernel does. It also refuses what the kernel cannot
+//! take (another block size, more rows than its shared memory holds without partials, a grid
+//! that does not match the chunks), which the GPU would not report.
 
 use super::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::cpu::CpuBackend;
@@ -10,7 +12,7 @@ use crate::cuda::kernels::Kernel;
 use crate::cuda::norm_params::{LN_PARAMS_MAX_ROWS, LN_PARAMS_THREADS};
 use crate::norm::NormOps;
 use zdevice::sim::{KernelFault, SimMemory};
-use zdevice::{KernelArg, LaunchConfig};
+use zdevice::{DevicePtr, KernelArg, LaunchConfig};
 
 pub(super) fn layer_norm_backward_params(
     config: &LaunchConfig,
@@ -28,10 +30,21 @@ pub(super) fn layer_norm_backward_params(
     }
     let k = checked(Kernel::LayerNormBackwardParams, args)?;
     let (rows, n) = (k.u64(14)?, k.u64(15)?);
-    if rows > LN_PARAMS_MAX_ROWS as u64 {
+    let part = k.ptr(16)?;
+    let chunks = rows.div_ceil(LN_PARAMS_MAX_ROWS as u64).max(1);
+    if part == DevicePtr::NULL && rows > LN_PARAMS_MAX_ROWS as u64 {
         return Err(bad(
             14,
-            &format!("takes at most {LN_PARAMS_MAX_ROWS} rows, got {rows}"),
+            &format!("takes at most {LN_PARAMS_MAX_ROWS} rows without partials, got {rows}"),
+        ));
+    }
+    if u64::from(config.grid.1) != chunks {
+        return Err(bad(
+            14,
+            &format!(
+                "{rows} rows are {chunks} chunks of {LN_PARAMS_MAX_ROWS}; the grid has {} block rows",
+                config.grid.1
+            ),
         ));
     }
     let (has_weight, has_residual) = (k.u32(9)? != 0, k.u32(10)? != 0);
@@ -60,28 +73,47 @@ pub(super) fn layer_norm_backward_params(
         &mean,
         &rstd,
         weight.as_ref(),
-        [want_gx, has_dw],
+        [want_gx, true],
     )
     .map_err(cpu_err)?;
     if let Some(input) = r.input {
         mem.write_f32(k.ptr(0)?, &input.to_vec())?;
     }
     let n = usize_of(n, 15)?;
+    let g_xhat = r.g_xhat.map(|t| t.to_vec()).unwrap_or_default();
+    let g = g.to_vec();
+    if part != DevicePtr::NULL {
+        // Chunk c's sums at part[c * n ..] (g * xhat) and part[(chunks + c) * n ..] (g).
+        let chunk_len = LN_PARAMS_MAX_ROWS * n;
+        let mut out = Vec::with_capacity(2 * g.len().div_ceil(chunk_len).max(1) * n);
+        for src in [&g_xhat, &g] {
+            for chunk in src.chunks(chunk_len) {
+                out.extend(column_sums(chunk, n));
+            }
+        }
+        return mem.write_f32(part, &out);
+    }
     // dst[j] += Σ_rows src[r, j], the rows summed in row order from zero.
     let mut add_col_sums = |index: usize, src: &[f32]| -> Result<(), KernelFault> {
         let p = k.ptr(index)?;
         let mut dst = mem.read_f32(p, n as u64)?;
-        for (j, d) in dst.iter_mut().enumerate() {
-            let sum = src.iter().skip(j).step_by(n).fold(0.0f32, |acc, v| acc + v);
+        for (d, sum) in dst.iter_mut().zip(column_sums(src, n)) {
             *d += sum;
         }
         mem.write_f32(p, &dst)
     };
-    if let Some(g_xhat) = r.g_xhat.filter(|_| has_dw) {
-        add_col_sums(1, &g_xhat.to_vec())?;
+    if has_dw {
+        add_col_sums(1, &g_xhat)?;
     }
     if has_db {
-        add_col_sums(2, &g.to_vec())?;
+        add_col_sums(2, &g)?;
     }
     Ok(())
+}
+
+/// Σ_rows src[r, j] for each of the `n` columns of the dense rows `src`, in row order from zero.
+fn column_sums(src: &[f32], n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|j| src.iter().skip(j).step_by(n).fold(0.0f32, |acc, v| acc + v))
+        .collect()
 }

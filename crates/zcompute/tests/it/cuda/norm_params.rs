@@ -1,6 +1,6 @@
 //! `layer_norm_backward_into` (LayerNorm's backward with its weight's and bias's gradients added
 //! into their buffers) on a CUDA backend against the CPU backend in f64, poison on: rows 1, 3,
-//! 12 and the one-launch limit (32), and one past it (the composite), widths 5, 37, 64, 193 and
+//! 12 and the one-launch limit (32), and past it in chunks (33, 100, 3072), widths 5, 37, 64, 193 and
 //! 256, with and without the residual stream's gradient and the weight, the input gradient
 //! wanted or not, dw and db both or either, as adjacent views of one buffer holding non-zero
 //! values (they are accumulated into; the elements around them must stay as they were). Per
@@ -16,8 +16,9 @@ use zdevice::Driver;
 const CPU: CpuBackend = CpuBackend;
 const EPS: f32 = 1e-5;
 
-/// Rows of every parity case: the one-launch path's 1, 3, 12 and its limit, then one past it.
-pub const ROWS: [usize; 5] = [1, 3, 12, 32, 33];
+/// Rows of every parity case: the one-launch path's 1, 3, 12 and its limit, then the chunked
+/// path's: one past the limit, a last chunk of 4 rows, and a batch's 3072 (96 chunks).
+pub const ROWS: [usize; 7] = [1, 3, 12, 32, 33, 100, 3072];
 pub const WIDTHS: [usize; 5] = [5, 37, 64, 193, 256];
 
 fn bits<D: Driver>(gpu: &CudaBackend<D>, t: &CudaTensor) -> Vec<u32> {
@@ -196,9 +197,16 @@ fn step<D: Driver>(be: &CudaBackend<D>, o: &[CudaTensor; 6], gx: &CudaTensor, fl
     be.copy_into(&input, gx).expect("copy");
 }
 
-/// A captured call replayed with fresh `g` equals it run eagerly, bitwise.
+/// A captured call replayed with fresh `g` equals it run eagerly, bitwise: a sample's rows
+/// (one launch) and a batch's (chunks and their finishing reduction).
 pub fn replay_matches_eager<D: Driver>(gpu: &CudaBackend<D>) {
-    let (rows, n) = (12, 256);
+    for rows in [12, 300] {
+        replay_matches_eager_rows(gpu, rows);
+    }
+}
+
+fn replay_matches_eager_rows<D: Driver>(gpu: &CudaBackend<D>, rows: usize) {
+    let n = 256;
     let o = operands(gpu, (rows, n), true, true);
     let ops = o.device();
     let bufs = || {
@@ -246,7 +254,7 @@ macro_rules! norm_params_suite {
 
         #[rstest]
         fn layer_norm_backward_into(
-            #[values(0, 1, 2, 3, 4)] rows: usize,
+            #[values(0, 1, 2, 3, 4, 5, 6)] rows: usize,
             #[values(0, 1, 2, 3, 4)] width: usize,
             #[values(false, true)] residual: bool,
             #[values(false, true)] weight: bool,

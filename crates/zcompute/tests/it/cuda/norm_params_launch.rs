@@ -70,6 +70,17 @@ fn counts(rows: usize, n: usize, strided_db: bool) -> (usize, usize) {
     (fused, unfused)
 }
 
+/// Past one launch's rows, chunks of 32 and one column reduction over their sums into the
+/// adjacent dw and db: two launches, where the unfused sequence takes three (33 rows: each
+/// column sum one pass) or five (100 or a batch's 3072 rows: each column sum two passes).
+#[test]
+fn a_batchs_layer_norm_backward_and_its_parameter_grads_are_two_launches() {
+    for (rows, unfused_launches) in [(33, 3), (100, 5), (3072, 5)] {
+        let (fused, unfused) = counts(rows, 256, false);
+        assert_eq!((fused, unfused), (2, unfused_launches), "{rows} rows");
+    }
+}
+
 #[test]
 fn a_samples_layer_norm_backward_and_its_parameter_grads_are_one_launch() {
     for n in [5, 193, 256] {
@@ -78,10 +89,7 @@ fn a_samples_layer_norm_backward_and_its_parameter_grads_are_one_launch() {
     }
     let (fused, _) = counts(32, 256, false);
     assert_eq!(fused, 1, "32 rows, the limit");
-    // Past the limit, and into a strided buffer, the composite: what the unfused sequence runs.
-    let (fused, unfused) = counts(33, 256, false);
-    assert_eq!(fused, unfused, "33 rows");
-    assert_eq!(fused, 3);
+    // Into a strided buffer, the composite: what the unfused sequence runs.
     let (fused, unfused) = counts(12, 64, true);
     assert_eq!(fused, unfused, "strided db");
     assert!(fused > 1);

@@ -3,7 +3,7 @@
 //! one finishing pass, not two more over a handful of partials (each pass is a dependent graph
 //! node of about 3 us on an H100). The sums themselves equal the CPU's.
 
-use zcompute::{Backend, CpuBackend, CudaBackend, CudaTensor, SimDriver};
+use zcompute::{Backend, CpuBackend, CudaBackend, SimDriver};
 use zdevice::sim::calls::LAUNCH_KERNEL;
 
 const CPU: CpuBackend = CpuBackend;
