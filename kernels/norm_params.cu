@@ -105,3 +105,92 @@ extern "C" __global__ void zc_layer_norm_backward_params_f32(
         }
     }
 }
+
+// Threads per block of zc_layer_norm_backward_partials_f32 (LN_PARTIALS_THREADS in
+// cuda/norm_params.rs), the widest row it takes (LN_PARTIALS_MAX_N) and its column slots per
+// lane.
+#define LN_PARTIALS_THREADS 256
+#define LN_PARTIALS_WARPS (LN_PARTIALS_THREADS / 32)
+#define LN_PARTIALS_MAX_N 512
+#define LN_PARTIALS_SLOTS (LN_PARTIALS_MAX_N / 32)
+
+// A batch's LayerNorm backward (rows in blocks of `rows_per_block`), the form the chunked path
+// above takes for rows up to LN_PARTIALS_MAX_N wide: one warp a row, as the row kernel, so
+// many more rows are in flight. Warp w of block b walks rows b * rows_per_block + w, + 8, ...
+// in order, writes each row's input gradient (same arithmetic and lane order as
+// layer_norm_backward_row) and keeps its columns' sums of g * xhat and g in registers; the
+// block then adds its warps' sums in warp order and writes them to part [2, gridDim.x, n]
+// (g * xhat at part[b * n + j], g at part[(gridDim.x + b) * n + j]). Fixed orders throughout:
+// reruns are bitwise equal.
+extern "C" __global__ void __launch_bounds__(LN_PARTIALS_THREADS) zc_layer_norm_backward_partials_f32(
+    float* __restrict__ gx, float* __restrict__ part, const float* __restrict__ g,
+    const float* __restrict__ residual, const float* __restrict__ x,
+    const float* __restrict__ mean, const float* __restrict__ rstd,
+    const float* __restrict__ weight, unsigned has_weight, unsigned has_residual,
+    unsigned want_gx, u64 rows, u64 n, u64 rows_per_block) {
+    __shared__ float sums[LN_PARTIALS_WARPS][2 * LN_PARTIALS_MAX_N];
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned warp = threadIdx.x / 32;
+    float sw[LN_PARTIALS_SLOTS];
+    float sb[LN_PARTIALS_SLOTS];
+#pragma unroll
+    for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
+        sw[k] = 0.0f;
+        sb[k] = 0.0f;
+    }
+    const u64 first = (u64)blockIdx.x * rows_per_block;
+    const u64 last = min(first + rows_per_block, rows);
+    for (u64 row = first + warp; row < last; row += LN_PARTIALS_WARPS) {
+        const float* gr = g + row * n;
+        const float* xr = x + row * n;
+        const float mu = mean[row];
+        const float rs = rstd[row];
+        float m1 = 0.0f;
+        float m2 = 0.0f;
+        if (want_gx) {
+            float s1 = 0.0f;
+            float s2 = 0.0f;
+            for (u64 j = lane; j < n; j += 32) {
+                float xh = (xr[j] - mu) * rs;
+                float gh = has_weight ? gr[j] * weight[j] : gr[j];
+                s1 += gh;
+                s2 += gh * xh;
+            }
+            m1 = warp_sum(s1) / (float)n;
+            m2 = warp_sum(s2) / (float)n;
+        }
+#pragma unroll
+        for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
+            const u64 j = lane + 32 * (u64)k;
+            if (j < n) {
+                const float xh = (xr[j] - mu) * rs;
+                const float gj = gr[j];
+                if (want_gx) {
+                    float gh = has_weight ? gj * weight[j] : gj;
+                    float v = ((gh - m1) - xh * m2) * rs;
+                    if (has_residual) v += residual[row * n + j];
+                    gx[row * n + j] = v;
+                }
+                sw[k] += gj * xh;
+                sb[k] += gj;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
+        const u64 j = lane + 32 * (u64)k;
+        if (j < n) {
+            sums[warp][j] = sw[k];
+            sums[warp][n + j] = sb[k];
+        }
+    }
+    __syncthreads();
+    for (u64 j = threadIdx.x; j < 2 * n; j += LN_PARTIALS_THREADS) {
+        float acc = 0.0f;
+        for (int w = 0; w < LN_PARTIALS_WARPS; ++w) acc += sums[w][j];
+        // Columns j < n hold g * xhat's sums, the rest g's.
+        const u64 half = j < n ? 0 : 1;
+        const u64 col = j < n ? j : j - n;
+        part[(half * gridDim.x + blockIdx.x) * n + col] = acc;
+    }
+}

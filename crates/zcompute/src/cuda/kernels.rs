@@ -125,6 +125,9 @@ pub enum Kernel {
     /// LayerNorm's backward for few rows with its weight and bias gradients added into their
     /// buffers (`cuda/norm_params.rs`).
     LayerNormBackwardParams,
+    /// A batch's LayerNorm backward, one warp a row, leaving each block's parameter-gradient
+    /// sums as partials (rows up to 512 wide; `cuda/norm_params.rs`).
+    LayerNormBackwardPartials,
     /// A Linear layer's whole backward from few rows in one launch (`linear_backward.cu`,
     /// launched from `cuda/linear_backward.rs`): tanh's backward, the input's gradient and the
     /// parameter gradients.
@@ -164,7 +167,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 47] = [
+    pub const ALL: [Kernel; 48] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -211,6 +214,7 @@ impl Kernel {
         Kernel::LinearRowsNMajor,
         Kernel::LinearParamGrads,
         Kernel::LayerNormBackwardParams,
+        Kernel::LayerNormBackwardPartials,
         Kernel::LinearBackward,
     ];
 
@@ -387,6 +391,14 @@ impl Kernel {
                 &[
                     Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32, U64, U64,
                     Ptr,
+                ],
+                0,
+            ),
+            Kernel::LayerNormBackwardPartials => s(
+                8,
+                "zc_layer_norm_backward_partials_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U64, U64, U64,
                 ],
                 0,
             ),

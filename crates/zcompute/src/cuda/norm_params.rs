@@ -21,6 +21,15 @@ pub(crate) const LN_PARAMS_MAX_ROWS: usize = 32;
 /// Threads per block (`LN_PARAMS_THREADS` in the kernel): one column each.
 pub(crate) const LN_PARAMS_THREADS: u32 = 128;
 
+/// Threads per block of the batch kernel (`LN_PARTIALS_THREADS` in `kernels/norm_params.cu`).
+pub(crate) const LN_PARTIALS_THREADS: u32 = 256;
+/// Widest row the batch kernel takes (`LN_PARTIALS_MAX_N`: its sums live in registers and
+/// shared memory); wider rows take the block-row chunks.
+pub(crate) const LN_PARTIALS_MAX_N: usize = 512;
+/// Rows of one block of the batch kernel: two per warp, so a batch's 3072 rows are 192 blocks
+/// and their partials one finishing pass (at most `COLS_FINISH_MAX_ROWS` rows).
+pub(crate) const LN_PARTIALS_ROWS_PER_BLOCK: usize = 16;
+
 /// Most blocks of a launch; the kernel grid-strides over the columns beyond.
 const MAX_BLOCKS: u64 = 65_535;
 
@@ -75,6 +84,20 @@ impl<D: Driver> CudaBackend<D> {
             );
         }
         let input = want_input.then(|| self.alloc(OP, x.shape())).transpose()?;
+        if chunks > 1 && n <= LN_PARTIALS_MAX_N {
+            let blocks = rows.div_ceil(LN_PARTIALS_ROWS_PER_BLOCK);
+            let part = self.alloc_temp(OP, &[2, blocks, n])?;
+            self.layer_norm_backward_partials(
+                &part,
+                input.as_ref(),
+                [g, x, mean, rstd],
+                residual,
+                weight,
+                (rows, n),
+            )?;
+            self.finish_layer_norm_params(OP, &part, (blocks, n), dw, db)?;
+            return Ok(input);
+        }
         // A batch's chunks leave their sums here: [2, chunks, n], g * xhat's then g's.
         let part = (chunks > 1)
             .then(|| self.alloc_temp(OP, &[2, chunks, n]))
@@ -120,6 +143,55 @@ impl<D: Driver> CudaBackend<D> {
             self.finish_layer_norm_params(OP, &part, (chunks, n), dw, db)?;
         }
         Ok(input)
+    }
+
+    /// The batch kernel: the input gradient into `input` (when given) and each block's sums of
+    /// g * xhat and g into `part` (`[2, blocks, n]`).
+    fn layer_norm_backward_partials(
+        &self,
+        part: &CudaTensor,
+        input: Option<&CudaTensor>,
+        [g, x, mean, rstd]: [&CudaTensor; 4],
+        residual: Option<&CudaTensor>,
+        weight: Option<&CudaTensor>,
+        (rows, n): (usize, usize),
+    ) -> Result<()> {
+        const OP: &str = "layer_norm_backward_into";
+        let dense = [g, x, mean, rstd]
+            .into_iter()
+            .map(|t| self.dense(OP, t))
+            .collect::<Result<Vec<_>>>()?;
+        let res = residual.map(|t| self.dense(OP, t)).transpose()?;
+        let w = weight.map(|t| self.dense(OP, t)).transpose()?;
+        let opt_ptr = |t: Option<&CudaTensor>| -> Result<DevicePtr> {
+            t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t))
+        };
+        let flag = |on: bool| KernelArg::U32(u32::from(on));
+        let blocks = rows.div_ceil(LN_PARTIALS_ROWS_PER_BLOCK);
+        let args: Args = [
+            ptr(opt_ptr(input)?),
+            ptr(self.ptr(OP, part)?),
+            ptr(self.ptr(OP, &dense[0])?),
+            ptr(opt_ptr(res.as_ref())?),
+            ptr(self.ptr(OP, &dense[1])?),
+            ptr(self.ptr(OP, &dense[2])?),
+            ptr(self.ptr(OP, &dense[3])?),
+            ptr(opt_ptr(w.as_ref())?),
+            flag(w.is_some()),
+            flag(res.is_some()),
+            flag(input.is_some()),
+            u64a(rows),
+            u64a(n),
+            u64a(LN_PARTIALS_ROWS_PER_BLOCK),
+        ]
+        .into_iter()
+        .collect();
+        let config = LaunchConfig {
+            grid: (blocks as u32, 1, 1),
+            block: (LN_PARTIALS_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::LayerNormBackwardPartials, config, &args)
     }
 
     /// Adds the chunks' sums (`part`, `[2, chunks, n]`) into dw and db: one column reduction

@@ -84,6 +84,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LinearRowsNMajor => linear::rows_nmajor,
         Kernel::LinearParamGrads => linear::param_grads,
         Kernel::LayerNormBackwardParams => norm_params::layer_norm_backward_params,
+        Kernel::LayerNormBackwardPartials => norm_params::layer_norm_backward_partials,
         Kernel::LinearBackward => linear::backward,
     }
 }

@@ -9,7 +9,9 @@
 use super::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::cpu::CpuBackend;
 use crate::cuda::kernels::Kernel;
-use crate::cuda::norm_params::{LN_PARAMS_MAX_ROWS, LN_PARAMS_THREADS};
+use crate::cuda::norm_params::{
+    LN_PARAMS_MAX_ROWS, LN_PARAMS_THREADS, LN_PARTIALS_MAX_N, LN_PARTIALS_THREADS,
+};
 use crate::norm::NormOps;
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{DevicePtr, KernelArg, LaunchConfig};
@@ -116,4 +118,101 @@ fn column_sums(src: &[f32], n: usize) -> Vec<f32> {
     (0..n)
         .map(|j| src.iter().skip(j).step_by(n).fold(0.0f32, |acc, v| acc + v))
         .collect()
+}
+
+/// Twin of `zc_layer_norm_backward_partials_f32`: the input gradient (the CPU backend's), and
+/// block b's sums of g * xhat and g over its `rows_per_block` rows into the `[2, blocks, n]`
+/// partials, each warp's rows (w, w + 8, ...) in order and then the warps in order, as the
+/// kernel adds them.
+pub(super) fn layer_norm_backward_partials(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    if config.block != (LN_PARTIALS_THREADS, 1, 1) {
+        return Err(bad(
+            0,
+            &format!(
+                "zc_layer_norm_backward_partials_f32 needs blocks of {LN_PARTIALS_THREADS} threads, got {:?}",
+                config.block
+            ),
+        ));
+    }
+    let k = checked(Kernel::LayerNormBackwardPartials, args)?;
+    let (rows, n, per_block) = (k.u64(11)?, k.u64(12)?, k.u64(13)?);
+    if n > LN_PARTIALS_MAX_N as u64 {
+        return Err(bad(
+            12,
+            &format!("takes rows at most {LN_PARTIALS_MAX_N} wide, got {n}"),
+        ));
+    }
+    let blocks = u64::from(config.grid.0);
+    if per_block == 0 || rows.div_ceil(per_block) != blocks {
+        return Err(bad(
+            13,
+            &format!("{rows} rows in blocks of {per_block} do not make the grid's {blocks}"),
+        ));
+    }
+    let (has_weight, has_residual, want_gx) = (k.u32(8)? != 0, k.u32(9)? != 0, k.u32(10)? != 0);
+    let g = rows_tensor(mem, k.ptr(2)?, rows, n)?;
+    let residual = match has_residual {
+        false => None,
+        true => Some(rows_tensor(mem, k.ptr(3)?, rows, n)?),
+    };
+    let x = rows_tensor(mem, k.ptr(4)?, rows, n)?;
+    let mean = rows_tensor(mem, k.ptr(5)?, rows, 1)?;
+    let rstd = rows_tensor(mem, k.ptr(6)?, rows, 1)?;
+    let weight = match has_weight {
+        false => None,
+        true => Some(
+            rows_tensor(mem, k.ptr(7)?, 1, n)?
+                .reshape(&[usize_of(n, 12)?])
+                .map_err(cpu_err)?,
+        ),
+    };
+    let r = NormOps::<f32>::layer_norm_backward_add(
+        &CpuBackend,
+        &g,
+        residual.as_ref(),
+        &x,
+        &mean,
+        &rstd,
+        weight.as_ref(),
+        [want_gx, true],
+    )
+    .map_err(cpu_err)?;
+    if let Some(input) = r.input.filter(|_| want_gx) {
+        mem.write_f32(k.ptr(0)?, &input.to_vec())?;
+    }
+    let n = usize_of(n, 12)?;
+    let per_block = usize_of(per_block, 13)?;
+    let g_xhat = r.g_xhat.map(|t| t.to_vec()).unwrap_or_default();
+    let g = g.to_vec();
+    let mut out = Vec::with_capacity(2 * blocks as usize * n);
+    for src in [&g_xhat, &g] {
+        for block in src.chunks(per_block * n) {
+            out.extend(warp_ordered_sums(block, n));
+        }
+    }
+    mem.write_f32(k.ptr(1)?, &out)
+}
+
+/// One block's column sums as the kernel adds them: warp w's rows w, w + 8, ... in order, then
+/// the 8 warps' sums in warp order.
+fn warp_ordered_sums(block: &[f32], n: usize) -> Vec<f32> {
+    const WARPS: usize = (LN_PARTIALS_THREADS / 32) as usize;
+    let rows = block.len() / n.max(1);
+    let mut total = vec![0.0f32; n];
+    for w in 0..WARPS {
+        let mut warp = vec![0.0f32; n];
+        for row in (w..rows).step_by(WARPS) {
+            for (acc, v) in warp.iter_mut().zip(&block[row * n..(row + 1) * n]) {
+                *acc += v;
+            }
+        }
+        for (t, v) in total.iter_mut().zip(&warp) {
+            *t += v;
+        }
+    }
+    total
 }

@@ -1,7 +1,7 @@
 //! `layer_norm_backward_into` (LayerNorm's backward with its weight's and bias's gradients added
 //! into their buffers) on a CUDA backend against the CPU backend in f64, poison on: rows 1, 3,
-//! 12 and the one-launch limit (32), and past it in chunks (33, 100, 3072), widths 5, 37, 64, 193 and
-//! 256, with and without the residual stream's gradient and the weight, the input gradient
+//! 12 and the one-launch limit (32), and past it in chunks (33, 100, 3072), widths 5, 37, 64, 193,
+//! 256 and 600, with and without the residual stream's gradient and the weight, the input gradient
 //! wanted or not, dw and db both or either, as adjacent views of one buffer holding non-zero
 //! values (they are accumulated into; the elements around them must stay as they were). Per
 //! tensor ||ours - f64|| / ||f64|| within 1e-5; two runs bitwise equal; a captured call
@@ -19,7 +19,9 @@ const EPS: f32 = 1e-5;
 /// Rows of every parity case: the one-launch path's 1, 3, 12 and its limit, then the chunked
 /// path's: one past the limit, a last chunk of 4 rows, and a batch's 3072 (96 chunks).
 pub const ROWS: [usize; 7] = [1, 3, 12, 32, 33, 100, 3072];
-pub const WIDTHS: [usize; 5] = [5, 37, 64, 193, 256];
+/// Widths: a batch's rows up to 512 wide take the one-warp-a-row kernel, 600 the block-row
+/// chunks.
+pub const WIDTHS: [usize; 6] = [5, 37, 64, 193, 256, 600];
 
 fn bits<D: Driver>(gpu: &CudaBackend<D>, t: &CudaTensor) -> Vec<u32> {
     let v = gpu.download(t).expect("download");
@@ -255,7 +257,7 @@ macro_rules! norm_params_suite {
         #[rstest]
         fn layer_norm_backward_into(
             #[values(0, 1, 2, 3, 4, 5, 6)] rows: usize,
-            #[values(0, 1, 2, 3, 4)] width: usize,
+            #[values(0, 1, 2, 3, 4, 5)] width: usize,
             #[values(false, true)] residual: bool,
             #[values(false, true)] weight: bool,
         ) {

@@ -79,6 +79,9 @@ fn a_batchs_layer_norm_backward_and_its_parameter_grads_are_two_launches() {
         let (fused, unfused) = counts(rows, 256, false);
         assert_eq!((fused, unfused), (2, unfused_launches), "{rows} rows");
     }
+    // Wider than the one-warp-a-row kernel takes: the block-row chunks, also two launches.
+    let (fused, _) = counts(3072, 600, false);
+    assert_eq!(fused, 2, "3072 rows of 600");
 }
 
 #[test]
