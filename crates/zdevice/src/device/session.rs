@@ -169,7 +169,9 @@ pub struct RoutedMemory<'d, D: Driver> {
 
 impl<D: Driver> Drop for RoutedMemory<'_, D> {
     fn drop(&mut self) {
-        self.device.update_session(|book| book.routed = None);
+        // Dropped after the book's lock is released: the last handle on the memory may give it
+        // back to its allocator, which must not run under the gate.
+        drop(self.device.update_session(|book| book.routed.take()));
     }
 }
 
