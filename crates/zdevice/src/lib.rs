@@ -31,8 +31,9 @@ pub type MockDevice = Device<SimDriver>;
 // The crate's surface, named item by item (a new public item is exported on purpose, never by a
 // glob). The modules stay public for their docs and for the items only advanced callers need.
 pub use device::{
-    Capture, CaptureEndError, CapturedGraph, Device, DeviceConfig, DeviceInfo, DevicePool,
-    GraphInstance, LoadedModule, PinnedBuffer, Release,
+    CaptureEndError, CaptureMemory, CapturePhase, CaptureSession, CaptureWatch, CapturedGraph,
+    Device, DeviceConfig, DeviceInfo, DevicePool, GraphInstance, LoadedModule, PinnedBuffer,
+    Release, RoutedMemory, StreamCapture,
 };
 pub use driver::{CuCode, Driver, DriverError, DriverResult};
 pub use error::{DeviceError, DeviceResult};

@@ -1,11 +1,13 @@
 //! Capture reservations: memory reserved for one graph before its capture begins, sized by a
 //! recorded warm-up (or a dry run of known sizes). While a reservation is active every
 //! allocation of the arena comes from it, so nothing allocates inside the capture; the graph
-//! owns it until dropped, and step resets never touch it.
+//! owns it until dropped, and step resets never touch it. The active reservation is carried by
+//! the device's capture session (`Device::route_capture_memory`), which the allocation paths
+//! read: the arena keeps no flag of its own.
 
 use std::sync::{Arc, Mutex, Weak};
 
-use zdevice::{DevicePtr, Driver};
+use zdevice::{CaptureMemory, DeviceError, DevicePtr, Driver, RoutedMemory};
 
 use crate::arena::Arena;
 use crate::arena::state::ResInfo;
@@ -140,11 +142,13 @@ impl std::fmt::Debug for CaptureReservation {
     }
 }
 
-/// While alive, every allocation of the arena comes from the reservation. Begin the device
-/// capture after creating it and end the capture before dropping it.
+/// While alive, every allocation of the arena comes from the reservation (the device's capture
+/// session routes to it). Begin the device capture after creating it and end the capture
+/// before dropping it.
 pub struct CaptureScope<'a, D: Driver> {
     arena: &'a Arena<D>,
     reservation: &'a CaptureReservation,
+    routed: Option<RoutedMemory<'a, D>>,
 }
 
 impl<D: Driver> CaptureScope<'_, D> {
@@ -162,24 +166,21 @@ impl<D: Driver> CaptureScope<'_, D> {
 impl<D: Driver> Drop for CaptureScope<'_, D> {
     fn drop(&mut self) {
         let sh = &self.arena.shared;
-        let (active, ev) = {
+        let ev = {
             let mut st = sh.lock();
-            let active = st.capture.active.take();
+            // Unrouted under the arena's lock, so that releasing it reopens the fast path.
+            drop(self.routed.take());
             let id = self.reservation.id();
             let used = st.capture.reservations.get(&id).map_or(0, |r| r.used);
             let at = Some(sh.device.driver().now());
-            (
-                active,
-                st.timeline.push(
-                    at,
-                    EventKind::CaptureEnd {
-                        reservation: id,
-                        used,
-                    },
-                ),
+            st.timeline.push(
+                at,
+                EventKind::CaptureEnd {
+                    reservation: id,
+                    used,
+                },
             )
         };
-        drop(active);
         sh.publish(&[ev]);
     }
 }
@@ -313,26 +314,35 @@ impl<D: Driver> Arena<D> {
         if reservation.arena_id != sh.core.flags.arena_id {
             return Err(MemError::ForeignBlock);
         }
-        let ev = {
+        let (routed, ev) = {
             let mut st = sh.lock();
-            if st.capture.active.is_some() {
-                return Err(MemError::CaptureActive {
-                    op: "activating a second reservation",
-                });
-            }
-            st.capture.active = Some(Arc::clone(&reservation.mem));
+            let memory: CaptureMemory = Arc::clone(&reservation.mem) as CaptureMemory;
+            let routed = match sh
+                .device
+                .route_capture_memory(sh.core.flags.arena_id, memory)
+            {
+                Ok(routed) => routed,
+                Err(DeviceError::CaptureIllegal { .. }) => {
+                    return Err(MemError::CaptureActive {
+                        op: "activating a second reservation",
+                    });
+                }
+                Err(e) => return Err(MemError::Device(e)),
+            };
             let at = Some(sh.device.driver().now());
-            st.timeline.push(
+            let ev = st.timeline.push(
                 at,
                 EventKind::CaptureBegin {
                     reservation: reservation.id(),
                 },
-            )
+            );
+            (routed, ev)
         };
         sh.publish(&[ev]);
         Ok(CaptureScope {
             arena: self,
             reservation,
+            routed: Some(routed),
         })
     }
 }

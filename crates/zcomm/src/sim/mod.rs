@@ -230,7 +230,7 @@ impl SimCollective {
             KernelArg::U64(kind),
             KernelArg::U64(root as u64),
         ];
-        b.launch_simulated(op, self.function, config, &[x], &scalars)
+        zcompute::cuda::twins::launch_simulated(b, op, self.function, config, &[x], &scalars)
             .map_err(|source| CommError::Compute { op, source })
     }
 

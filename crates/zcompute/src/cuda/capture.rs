@@ -22,13 +22,19 @@
 //! reservation) and the body (with the tensors it holds), so no address baked into the graph
 //! is handed out again while the graph lives. Any failure ends the capture, drops what it
 //! made, and leaves the backend eager.
+//!
+//! Which of these steps is under way is the device's capture session's phase (opened in step
+//! 1, `Reserved` once zmem routes the reservation in step 3, `Capturing` while the stream
+//! captures); the backend reads it and keeps only what its ops collect (`CaptureLog`).
 
 use std::sync::Arc;
 
-use super::{CaptureState, CudaBackend, CudaStorage, Recorded, device_error, lock, mem_error};
+use super::{CaptureLog, CudaBackend, CudaStorage, device_error, lock, mem_error};
 use crate::backend::Capture;
 use crate::error::{ComputeError, Result};
-use zdevice::{CapturedGraph, DeviceError, Driver, GraphInstance, InstantiateFlags};
+use zdevice::{
+    CaptureSession, CapturedGraph, DeviceError, Driver, GraphInstance, InstantiateFlags,
+};
 use zmem::{Block, CaptureReservation};
 
 /// A captured, instantiated sequence of ops. Replay with `Capture::replay`; refill inputs with
@@ -81,12 +87,52 @@ fn failed(stage: &'static str) -> impl Fn(ComputeError) -> ComputeError {
     }
 }
 
-/// Puts the backend back to eager mode when dropped (also on early returns).
-struct Eager<'a, D: Driver>(&'a CudaBackend<D>);
+/// A `capture` call under way: the device's capture session and this backend's log. Dropping
+/// it (also on early returns) drops the log and closes the session: the backend is eager.
+struct Session<'a, D: Driver> {
+    backend: &'a CudaBackend<D>,
+    _device: CaptureSession<'a, D>,
+}
 
-impl<D: Driver> Drop for Eager<'_, D> {
+impl<'a, D: Driver> Session<'a, D> {
+    fn open(backend: &'a CudaBackend<D>) -> Result<Session<'a, D>> {
+        let device = backend
+            .inner
+            .device
+            .open_capture_session()
+            .map_err(|e| match e {
+                DeviceError::CaptureIllegal { .. } => ComputeError::CaptureIllegal {
+                    op: "capture",
+                    why: "captures do not nest".to_string(),
+                },
+                other => device_error("capture", other),
+            })?;
+        *lock(&backend.inner.capture_log) = Some(CaptureLog::default());
+        Ok(Session {
+            backend,
+            _device: device,
+        })
+    }
+
+    /// Takes what the warm-up allocated: those still held, by index, and how many there were.
+    fn take_warm_up(&self) -> (Survivors, usize) {
+        let made = lock(&self.backend.inner.capture_log)
+            .as_mut()
+            .map(|log| std::mem::take(&mut log.warm_up))
+            .unwrap_or_default();
+        let survivors = made
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| w.upgrade().map(|b| (i, b)))
+            .collect();
+        (survivors, made.len())
+    }
+}
+
+impl<D: Driver> Drop for Session<'_, D> {
     fn drop(&mut self) {
-        *lock(&self.0.inner.capture) = CaptureState::Off;
+        // Before the device session closes (the field is dropped after this).
+        *lock(&self.backend.inner.capture_log) = None;
     }
 }
 
@@ -94,6 +140,44 @@ impl<D: Driver> Drop for Eager<'_, D> {
 type Survivors = Vec<(usize, Arc<Block>)>;
 
 impl<D: Driver> CudaBackend<D> {
+    /// Step 3: routes the arena into `reservation`, captures the body's second run on the
+    /// engine stream, and hands the graph every block the run touched. The capture ends
+    /// whatever the body returned.
+    fn captured_run(
+        &self,
+        body: &mut Box<dyn FnMut() -> Result<()>>,
+        reservation: &CaptureReservation,
+        survivors: &Survivors,
+        warm_allocations: usize,
+    ) -> Result<CapturedGraph<D>> {
+        let scope = self
+            .inner
+            .arena
+            .capture_into(reservation)
+            .map_err(|e| failed("activating the reservation")(mem_error("capture", e)))?;
+        let cap = self
+            .inner
+            .device
+            .begin_capture(self.inner.stream)
+            .map_err(|e| failed("beginning the capture")(device_error("capture", e)))?;
+        let ran = body();
+        // A capture the driver still runs after a failed end is dropped inside `into_error`:
+        // ended then, or the device marked lost (never left unguarded).
+        let ended = cap.end().map_err(|e| end_failed(e.into_error()));
+        let run = lock(&self.inner.capture_log)
+            .as_mut()
+            .map(|log| std::mem::take(&mut log.run))
+            .unwrap_or_default();
+        drop(scope);
+        ran?;
+        let graph = ended?;
+        for block in &run.used {
+            reservation.retain(block);
+        }
+        self.fill_from_warm_up(survivors, warm_allocations, &run.allocated)?;
+        Ok(graph)
+    }
+
     /// Copies each warm-up tensor still held into its counterpart of the captured run (see the
     /// module docs, step 4). The runs must have allocated alike; a body that did not is refused.
     fn fill_from_warm_up(
@@ -154,58 +238,20 @@ impl<D: Driver> Capture<f32> for CudaBackend<D> {
     fn capture(&self, mut body: Box<dyn FnMut() -> Result<()>>) -> Result<CudaGraph<D>> {
         self.refuse_in_capture("capture", "captures do not nest")?;
         let arena = &self.inner.arena;
-        let device = &self.inner.device;
-        let eager = Eager(self);
-        *lock(&self.inner.capture) = CaptureState::WarmUp(Vec::new());
+        let session = Session::open(self)?;
 
         let (warm, plan) = arena
             .record_plan(&mut body)
             .map_err(|e| mem_error("capture", e))?;
         warm?;
-        let (survivors, warm_allocations): (Survivors, usize) =
-            match std::mem::take(&mut *lock(&self.inner.capture)) {
-                CaptureState::WarmUp(made) => (
-                    made.iter()
-                        .enumerate()
-                        .filter_map(|(i, w)| w.upgrade().map(|b| (i, b)))
-                        .collect(),
-                    made.len(),
-                ),
-                _ => (Vec::new(), 0),
-            };
+        let (survivors, warm_allocations) = session.take_warm_up();
         // Still warming up as far as the refusals go, until the captured run starts.
-        *lock(&self.inner.capture) = CaptureState::WarmUp(Vec::new());
         let reservation = arena
             .reserve_for_capture(&plan)
             .map_err(|e| failed("reserving memory")(mem_error("capture", e)))?;
-
-        let graph = {
-            let scope = arena
-                .capture_into(&reservation)
-                .map_err(|e| failed("activating the reservation")(mem_error("capture", e)))?;
-            *lock(&self.inner.capture) = CaptureState::On(Recorded::default());
-            let cap = device
-                .begin_capture(self.inner.stream)
-                .map_err(|e| failed("beginning the capture")(device_error("capture", e)))?;
-            let ran = body();
-            // A capture the driver still runs after a failed end is dropped inside
-            // `into_error`: ended then, or the device marked lost (never left unguarded).
-            let ended = cap.end().map_err(|e| end_failed(e.into_error()));
-            let run = match std::mem::take(&mut *lock(&self.inner.capture)) {
-                CaptureState::On(run) => run,
-                _ => Recorded::default(),
-            };
-            drop(scope);
-            ran?;
-            let graph = ended?;
-            for block in &run.used {
-                reservation.retain(block);
-            }
-            self.fill_from_warm_up(&survivors, warm_allocations, &run.allocated)?;
-            graph
-        };
+        let graph = self.captured_run(&mut body, &reservation, &survivors, warm_allocations)?;
         drop(survivors);
-        drop(eager);
+        drop(session);
 
         let exec = graph
             .instantiate(InstantiateFlags::default())

@@ -54,24 +54,17 @@ impl<D: Driver> CudaBackend<D> {
 }
 
 impl CudaBackend<zdevice::SimDriver> {
-    /// Launches `function`, a simulated kernel that a caller outside this crate registered on
-    /// the simulator and resolved from a module it loaded (zcomm's simulated collectives), on
-    /// the backend's stream: its arguments are `tensors`' addresses (generation-checked, and
-    /// kept by the graph while capturing, as for the backend's own kernels) followed by
-    /// `scalars`. Legal inside a capture: the launch becomes a node of the graph.
-    pub fn launch_simulated(
+    /// Launches `function`, a kernel registered on the simulator by a caller outside this
+    /// crate, with `args` on the backend's stream. The public door is
+    /// [`super::twins::launch_simulated`], in the simulator's module: the production backend
+    /// has no such entry point.
+    pub(super) fn launch_on_simulator(
         &self,
         op: &'static str,
         function: zdevice::Function,
         config: LaunchConfig,
-        tensors: &[&super::CudaTensor],
-        scalars: &[zdevice::KernelArg],
+        args: &[zdevice::KernelArg],
     ) -> Result<()> {
-        let mut args = Vec::with_capacity(tensors.len() + scalars.len());
-        for t in tensors {
-            args.push(zdevice::KernelArg::Ptr(self.ptr(op, t)?));
-        }
-        args.extend_from_slice(scalars);
         tracing::trace!(target: "zcompute.cuda.launch", op, ?config, "simulated kernel");
         // SAFETY: the simulator runs a kernel as a Rust closure that reads its arguments through
         // checked accessors (a wrong kind or count is a `KernelFault`) and reaches memory only
@@ -82,7 +75,7 @@ impl CudaBackend<zdevice::SimDriver> {
         unsafe {
             self.inner
                 .device
-                .launch(function, config, &args, self.inner.stream)
+                .launch(function, config, args, self.inner.stream)
         }
         .map_err(|e| device_error(op, e))
     }

@@ -14,7 +14,9 @@
 //! - Every pointer is resolved through zmem's generation check, so a tensor whose scratch was
 //!   reclaimed fails with `UseAfterReclaim` at the op that used it.
 //! - Inside `capture` every allocation comes from the graph's reservation, and uploads,
-//!   downloads, syncs and step changes are refused (`capture.rs`).
+//!   downloads, syncs and step changes are refused (`capture.rs`). Where a capture is (warm-up,
+//!   reserved, capturing) is the device's capture session's phase, read, never mirrored here;
+//!   the backend keeps only what its own capture collects (`CaptureLog`).
 
 mod accumulate;
 mod attention;
@@ -48,7 +50,9 @@ use crate::layout::{Layout, checked_numel};
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use zdevice::{Device, DeviceError, DevicePtr, Driver, Function, LoadedModule, Stream};
+use zdevice::{
+    CapturePhase, Device, DeviceError, DevicePtr, Driver, Function, LoadedModule, Stream,
+};
 use zmem::{Arena, Block, MemError, OwnedStep};
 
 /// The CUDA backend. Cheap to clone: clones share the arena, the stream, the loaded kernels,
@@ -83,7 +87,7 @@ pub(crate) struct Inner<D: Driver> {
     class: Mutex<AllocClass>,
     step: Mutex<Option<OwnedStep<D>>>,
     poison: AtomicBool,
-    capture: Mutex<CaptureState>,
+    capture_log: Mutex<Option<CaptureLog>>,
     staging: Mutex<transfer::Staging>,
     // Dropped last: functions above belong to these modules.
     _modules: Vec<LoadedModule<D>>,
@@ -96,16 +100,15 @@ impl<D: Driver> Drop for Inner<D> {
     }
 }
 
-/// Where a `capture` call is.
+/// What this backend's `capture` call collects, filed by the device session's phase: present
+/// only while the call runs.
 #[derive(Debug, Default)]
-pub(crate) enum CaptureState {
-    #[default]
-    Off,
-    /// The warm-up run: ops run for real, allocations are recorded for the plan, and every
-    /// tensor allocated is listed in order (weakly: the body's temporaries are freed as usual).
-    WarmUp(Vec<Weak<Block>>),
-    /// The captured run.
-    On(Recorded),
+pub(crate) struct CaptureLog {
+    /// Every tensor the warm-up run allocated, in order (weakly: the body's temporaries are
+    /// freed as usual).
+    pub(crate) warm_up: Vec<Weak<Block>>,
+    /// What the captured run touched and made.
+    pub(crate) run: Recorded,
 }
 
 /// What the captured run touched and made.
@@ -167,7 +170,7 @@ impl<D: Driver> CudaBackend<D> {
                 class: Mutex::new(AllocClass::Persistent),
                 step: Mutex::new(None),
                 poison: AtomicBool::new(false),
-                capture: Mutex::new(CaptureState::Off),
+                capture_log: Mutex::new(None),
                 staging: Mutex::new(transfer::Staging::default()),
                 _modules: modules,
             }),
@@ -200,14 +203,18 @@ impl<D: Driver> CudaBackend<D> {
             .map_err(|e| device_error("set_tf32", e))
     }
 
-    /// Whether a `capture` call is under way (its warm-up or its captured run): uploads,
-    /// downloads, syncs and step changes are refused then.
+    /// Whether a capture is under way on the device (a warm-up, a routed reservation or a
+    /// capturing stream): uploads, downloads, syncs and step changes are refused then.
     pub(crate) fn capturing(&self) -> bool {
-        !matches!(*lock(&self.inner.capture), CaptureState::Off)
+        self.inner.device.capture_phase() != CapturePhase::Idle
     }
 
+    /// Whether the captured run is on: allocations come from the routed reservation.
     fn recording_graph(&self) -> bool {
-        matches!(*lock(&self.inner.capture), CaptureState::On(_))
+        matches!(
+            self.inner.device.capture_phase(),
+            CapturePhase::Reserved | CapturePhase::Capturing
+        )
     }
 
     /// A fresh dense tensor of `shape` in the current allocation class (poisoned if asked).
@@ -257,10 +264,14 @@ impl<D: Driver> CudaBackend<D> {
         }
         .map_err(|e| mem_error(op, e))?;
         let t = Tensor::from_parts(CudaStorage::new(block, n), Layout::contiguous(shape))?;
-        match &mut *lock(&self.inner.capture) {
-            CaptureState::Off => {}
-            CaptureState::WarmUp(made) => made.push(Arc::downgrade(t.storage().shared())),
-            CaptureState::On(run) => run.allocated.push(t.storage().clone()),
+        if let Some(log) = lock(&self.inner.capture_log).as_mut() {
+            match self.inner.device.capture_phase() {
+                CapturePhase::Idle => {}
+                CapturePhase::WarmUp => log.warm_up.push(Arc::downgrade(t.storage().shared())),
+                CapturePhase::Reserved | CapturePhase::Capturing => {
+                    log.run.allocated.push(t.storage().clone());
+                }
+            }
         }
         if n > 0 && self.inner.poison.load(Ordering::Relaxed) {
             let p = self.ptr(op, &t)?;
@@ -288,10 +299,11 @@ impl<D: Driver> CudaBackend<D> {
             .arena
             .resolve(block)
             .map_err(|e| mem_error(op, e))?;
-        if let CaptureState::On(run) = &mut *lock(&self.inner.capture)
-            && !run.used.iter().any(|b| b.same(block))
+        if self.recording_graph()
+            && let Some(log) = lock(&self.inner.capture_log).as_mut()
+            && !log.run.used.iter().any(|b| b.same(block))
         {
-            run.used.push(block.clone());
+            log.run.used.push(block.clone());
         }
         Ok(base.offset(t.layout().offset() as u64 * 4))
     }

@@ -26,6 +26,37 @@ use crate::tensor::CpuTensor;
 use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
 use zdevice::{DevicePtr, KernelArg, LaunchConfig, SimDriver};
 
+/// Launches `function`, a simulated kernel that a caller outside this crate registered on the
+/// simulator and resolved from a module it loaded (zcomm's simulated collectives), on
+/// `backend`'s stream: its arguments are `tensors`' addresses (generation-checked, and kept by
+/// the graph while capturing, as for the backend's own kernels) followed by `scalars`. Legal
+/// inside a capture: the launch becomes a node of the graph.
+///
+/// A simulator-only entry point, so it lives here and not on the backend type, whose public
+/// API is the production one:
+///
+/// ```compile_fail,E0599
+/// fn launch(b: &zcompute::CudaBackend<zcompute::SimDriver>, f: zdevice::Function) {
+///     let config = zdevice::LaunchConfig { grid: (1, 1, 1), block: (1, 1, 1), shared_mem_bytes: 0 };
+///     let _ = b.launch_simulated("op", f, config, &[], &[]); // no such method
+/// }
+/// ```
+pub fn launch_simulated(
+    backend: &super::CudaBackend<SimDriver>,
+    op: &'static str,
+    function: zdevice::Function,
+    config: LaunchConfig,
+    tensors: &[&super::CudaTensor],
+    scalars: &[KernelArg],
+) -> crate::error::Result<()> {
+    let mut args = Vec::with_capacity(tensors.len() + scalars.len());
+    for t in tensors {
+        args.push(KernelArg::Ptr(backend.ptr(op, t)?));
+    }
+    args.extend_from_slice(scalars);
+    backend.launch_on_simulator(op, function, config, &args)
+}
+
 type Twin = fn(&LaunchConfig, &[KernelArg], &mut SimMemory<'_>) -> Result<(), KernelFault>;
 
 /// Registers every twin on `sim` (idempotent). Call it before `CudaBackend::new` resolves the

@@ -1,10 +1,10 @@
-//! Stream capture and graphs: one way in (`Device::begin_capture`), one way out (`Capture::end`
-//! or drop), and graphs that own their driver handles.
+//! Stream capture and graphs: one way in (`Device::begin_capture`), one way out
+//! (`StreamCapture::end` or drop), and graphs that own their driver handles.
 //!
 //! The guard (refusal of synchronous calls, hold-off of other threads' polls) stays on for as
 //! long as the driver captures: a failed end that leaves the driver capturing hands the
-//! `Capture` back, and a drop that cannot end it marks the device lost rather than switch the
-//! guard off under a capturing stream.
+//! `StreamCapture` back, and a drop that cannot end it marks the device lost rather than switch
+//! the guard off under a capturing stream.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -19,16 +19,16 @@ const END_CAPTURE: &str = "cuStreamEndCapture";
 
 /// An active global-mode capture on one stream. While it lives, the device refuses synchronous
 /// copies, memsets, allocations and frees, and other threads hold off their waits. End it with
-/// [`Capture::end`]; dropping it ends the capture and discards the graph, leaving the device
-/// usable (or, if the driver cannot be made to stop capturing, lost).
+/// [`StreamCapture::end`]; dropping it ends the capture and discards the graph, leaving the
+/// device usable (or, if the driver cannot be made to stop capturing, lost).
 ///
 /// The capture and its end belong to the thread that began it: the driver answers
 /// `cuStreamEndCapture` from any other thread with 908 (wrong thread) and keeps capturing. So a
-/// `Capture` is not `Send`:
+/// `StreamCapture` is not `Send`:
 ///
 /// ```compile_fail
 /// fn needs_send<T: Send>(_: T) {}
-/// fn try_to_move(cap: zdevice::Capture<'_, zdevice::SimDriver>) {
+/// fn try_to_move(cap: zdevice::StreamCapture<'_, zdevice::SimDriver>) {
 ///     needs_send(cap); // error: `*const ()` cannot be sent between threads safely
 /// }
 /// ```
@@ -40,7 +40,7 @@ const END_CAPTURE: &str = "cuStreamEndCapture";
 /// that returns late gives `Timeout` naming `cuStreamEndCapture` and the device is lost, as
 /// after any driver call that overran its deadline.
 #[derive(Debug)]
-pub struct Capture<'d, D: Driver> {
+pub struct StreamCapture<'d, D: Driver> {
     device: &'d Device<D>,
     stream: Stream,
     /// When the capture began, on the driver's clock.
@@ -51,13 +51,13 @@ pub struct Capture<'d, D: Driver> {
     _this_thread: PhantomData<*const ()>,
 }
 
-/// A failed [`Capture::end`]: the error, and the capture itself when the driver is still
+/// A failed [`StreamCapture::end`]: the error, and the capture itself when the driver is still
 /// capturing (the guard then stays on). End it again with [`CaptureEndError::into_capture`] and
-/// [`Capture::end`], or drop it: dropping ends the capture, or marks the device lost when the
-/// driver cannot be made to stop.
+/// [`StreamCapture::end`], or drop it: dropping ends the capture, or marks the device lost when
+/// the driver cannot be made to stop.
 pub struct CaptureEndError<'d, D: Driver> {
     error: DeviceError,
-    capture: Option<Capture<'d, D>>,
+    capture: Option<StreamCapture<'d, D>>,
 }
 
 impl<'d, D: Driver> CaptureEndError<'d, D> {
@@ -75,7 +75,7 @@ impl<'d, D: Driver> CaptureEndError<'d, D> {
 
     /// The capture to end again, when the driver is still capturing.
     #[must_use]
-    pub fn into_capture(self) -> Option<Capture<'d, D>> {
+    pub fn into_capture(self) -> Option<StreamCapture<'d, D>> {
         self.capture
     }
 
@@ -137,14 +137,9 @@ pub struct GraphInstance<D: Driver> {
 impl<D: Driver> Device<D> {
     /// Begins a global-mode capture on `stream`. One capture at a time per device; waits
     /// (bounded) for other threads' in-flight queries to finish first.
-    pub fn begin_capture(&self, stream: Stream) -> DeviceResult<Capture<'_, D>> {
+    pub fn begin_capture(&self, stream: Stream) -> DeviceResult<StreamCapture<'_, D>> {
         self.check_lost()?;
         self.book_capture(stream)?;
-        *self
-            .inner
-            .capture_slowest
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         let began = self.inner.driver.now();
         let begun = self.call(|d| d.stream_begin_capture(stream, CaptureMode::Global));
         if let Err(e) = begun {
@@ -152,7 +147,7 @@ impl<D: Driver> Device<D> {
             return Err(e);
         }
         tracing::debug!(target: "zdevice.device.capture", ?stream, "capture begun");
-        Ok(Capture {
+        Ok(StreamCapture {
             device: self,
             stream,
             began,
@@ -171,7 +166,7 @@ impl<D: Driver> Device<D> {
     }
 }
 
-impl<'d, D: Driver> Capture<'d, D> {
+impl<'d, D: Driver> StreamCapture<'d, D> {
     /// The capturing stream: queue the work to capture on it.
     #[must_use]
     pub fn stream(&self) -> Stream {
@@ -190,7 +185,7 @@ impl<'d, D: Driver> Capture<'d, D> {
     /// stopped capturing); a capture that took longer than the sync deadline, body and end
     /// together, ends with `Timeout` naming `cuStreamEndCapture` and the device is lost; any
     /// other failure leaves the guard on exactly as long as the driver still captures, and then
-    /// hands this `Capture` back inside the error so it can be ended again.
+    /// hands this `StreamCapture` back inside the error so it can be ended again.
     pub fn end(mut self) -> Result<CapturedGraph<D>, CaptureEndError<'d, D>> {
         let device = self.device;
         let stream = self.stream;
@@ -265,11 +260,7 @@ impl<'d, D: Driver> Capture<'d, D> {
 /// What a capture that ended late waited for: the slowest call of its body (a kernel launch,
 /// a copy) when it took longer than the end itself, else `cuStreamEndCapture`.
 fn overran<D: Driver>(device: &Device<D>, end_took: Duration, elapsed: Duration) -> String {
-    let slowest = *device
-        .inner
-        .capture_slowest
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let slowest = device.inner.gate.lock().slowest;
     match slowest {
         Some((call, took)) if took > end_took => format!(
             "{call} to return during the capture (it took {took:?} of the capture's {elapsed:?})"
@@ -278,7 +269,7 @@ fn overran<D: Driver>(device: &Device<D>, end_took: Duration, elapsed: Duration)
     }
 }
 
-impl<D: Driver> Drop for Capture<'_, D> {
+impl<D: Driver> Drop for StreamCapture<'_, D> {
     fn drop(&mut self) {
         if self.finished {
             return;

@@ -1,9 +1,7 @@
-//! The guards every device call goes through: lost-device latch, capture bookkeeping, hold-off
-//! of polling threads during capture, deadlines and the watchdog for blocking driver calls.
+//! The guards every device call goes through: lost-device latch, the capture session's gate,
+//! hold-off of polling threads during capture, deadlines and the watchdog for blocking calls.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use crate::driver::{Driver, DriverError, DriverResult};
@@ -11,27 +9,19 @@ use crate::error::{DeviceError, DeviceResult};
 use crate::types::{Readiness, Stream};
 
 use super::Device;
+use super::session::{CaptureWatch, SessionBook};
 
-/// Who is capturing, and how many threads are inside a poll right now.
-#[derive(Debug, Default)]
-pub(crate) struct CaptureBook {
-    /// The capturing stream and the thread that began the capture (one capture at a time).
-    pub(crate) active: Option<(Stream, ThreadId)>,
-    /// Threads between entering and leaving a stream/event query.
-    pub(crate) polls: usize,
-}
-
-/// Mutex plus condition variable over the [`CaptureBook`].
+/// Mutex plus condition variable over the capture session's book, and its lock-free watch.
 #[derive(Debug, Default)]
 pub(crate) struct CaptureGate {
-    pub(crate) book: Mutex<CaptureBook>,
+    pub(crate) book: Mutex<SessionBook>,
     pub(crate) changed: Condvar,
-    /// Mirrors `book.active.is_some()`; written only with `book` locked.
-    pub(crate) capturing: AtomicBool,
+    /// The book's phase, published with `book` locked.
+    pub(crate) watch: CaptureWatch,
 }
 
 impl CaptureGate {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, CaptureBook> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SessionBook> {
         // A poisoned lock only means another thread panicked while holding it; the book is
         // plain data that stays consistent, so keep going.
         self.book
@@ -85,9 +75,9 @@ impl<D: Driver> Device<D> {
     /// Whether a capture is active on any of this device's streams.
     #[must_use]
     pub fn is_capturing(&self) -> bool {
-        // A mirror of `book.active.is_some()`, read without the lock: allocators ask on every
+        // The session's published phase, read without the lock: allocators ask on every
         // allocation. The answer can be stale by one racing begin/end, as the locked read could.
-        self.inner.gate.capturing.load(Ordering::Acquire)
+        self.inner.gate.watch.capturing()
     }
 
     /// Refuses `call` while any stream captures (the guard over the driver's silent rows).
@@ -131,7 +121,7 @@ impl<D: Driver> Device<D> {
 
     /// Runs a driver call that queues work on a stream (a launch, a copy, a memset). While a
     /// capture is active it is timed on the driver's clock: the slowest such call is the one
-    /// a capture that ends past its deadline names ([`super::Capture::end`]).
+    /// a capture that ends past its deadline names ([`super::StreamCapture::end`]).
     pub(crate) fn call_queued<T>(
         &self,
         call: &'static str,
@@ -143,13 +133,9 @@ impl<D: Driver> Device<D> {
         let start = self.inner.driver.now();
         let r = self.call(f);
         let took = self.inner.driver.now().saturating_sub(start);
-        let mut slowest = self
-            .inner
-            .capture_slowest
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if slowest.is_none_or(|(_, t)| took > t) {
-            *slowest = Some((call, took));
+        let mut book = self.inner.gate.lock();
+        if book.slowest.is_none_or(|(_, t)| took > t) {
+            book.slowest = Some((call, took));
         }
         r
     }
@@ -217,7 +203,7 @@ impl<D: Driver> Device<D> {
     ) -> DeviceResult<PollTicket<'_>> {
         let gate = &self.inner.gate;
         let mut book = gate.lock();
-        while let Some((_, owner)) = book.active {
+        while let Some((_, owner)) = book.stream {
             if owner == std::thread::current().id() {
                 return Err(DeviceError::CaptureIllegal {
                     call,
@@ -283,7 +269,7 @@ impl<D: Driver> Device<D> {
         let gate = &self.inner.gate;
         let deadline = Instant::now() + self.inner.config.sync_deadline;
         let mut book = gate.lock();
-        if book.active.is_some() {
+        if book.stream.is_some() {
             return Err(DeviceError::CaptureIllegal {
                 call: "cuStreamBeginCapture_v2",
                 why: "another capture is active on this device; one capture at a time",
@@ -305,16 +291,14 @@ impl<D: Driver> Device<D> {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
-        book.active = Some((stream, std::thread::current().id()));
-        gate.capturing.store(true, Ordering::Release);
+        book.stream = Some((stream, std::thread::current().id()));
+        book.slowest = None;
+        gate.watch.publish(&book);
         Ok(())
     }
 
     /// Clears the capture mark and wakes held-off threads.
     pub(crate) fn unbook_capture(&self) {
-        let mut book = self.inner.gate.lock();
-        book.active = None;
-        self.inner.gate.capturing.store(false, Ordering::Release);
-        self.inner.gate.changed.notify_all();
+        self.update_session(|book| book.stream = None);
     }
 }

@@ -7,15 +7,18 @@
 //! (issue a stream's work from one thread, or order it with events). While a stream captures,
 //! threads that want to poll or wait on the device hold off until the capture ends (bounded by
 //! the sync deadline), because a query during a global-mode capture would invalidate it; the
-//! capturing thread itself gets `CaptureIllegal` instead of waiting on itself. A [`Capture`]
-//! is the exception to `Send`: it stays on the thread that began it, because the driver ends
-//! a global-mode capture only from there.
+//! capturing thread itself gets `CaptureIllegal` instead of waiting on itself. A
+//! [`StreamCapture`] is the exception to `Send`: it stays on the thread that began it, because
+//! the driver ends a global-mode capture only from there. What is capturing, and where a
+//! capture's allocations go, is the capture session's (`session.rs`), the one owner of capture
+//! state that the layers above read.
 
 mod capture;
 mod compute;
 mod deferred;
 mod guard;
 mod memory;
+mod session;
 mod watchdog;
 
 use std::sync::atomic::AtomicBool;
@@ -26,10 +29,11 @@ use crate::driver::Driver;
 use crate::error::{DeviceError, DeviceResult};
 use crate::types::*;
 
-pub use capture::{Capture, CaptureEndError, CapturedGraph, GraphInstance};
+pub use capture::{CaptureEndError, CapturedGraph, GraphInstance, StreamCapture};
 pub use compute::LoadedModule;
 pub use deferred::Release;
 pub use memory::{DevicePool, PinnedBuffer};
+pub use session::{CaptureMemory, CapturePhase, CaptureSession, CaptureWatch, RoutedMemory};
 
 /// Deadlines and sizes for [`Device::open`].
 #[derive(Clone, Debug)]
@@ -92,8 +96,6 @@ pub(crate) struct Inner<D: Driver> {
     pub(crate) watchdog: watchdog::Watchdog,
     /// Releases waiting for their stream to drain (see [`Device::release_after_drain`]).
     pub(crate) deferred: deferred::Deferred,
-    /// The slowest call that queued work during the active capture, and how long it took.
-    pub(crate) capture_slowest: Mutex<Option<(&'static str, std::time::Duration)>>,
 }
 
 /// The guarded device. See the module docs for the threading contract.
@@ -222,7 +224,6 @@ impl<D: Driver> Device<D> {
                 guard_enabled: AtomicBool::new(true),
                 watchdog: watchdog::Watchdog::default(),
                 deferred: deferred::Deferred::default(),
-                capture_slowest: Mutex::new(None),
             }),
         })
     }

@@ -7,6 +7,7 @@ mod faults;
 mod leaks;
 mod pinned;
 mod rules;
+mod session;
 mod util;
 
 /// Expands the conformance suite into tests for one device opener.

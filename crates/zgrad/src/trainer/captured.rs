@@ -36,7 +36,8 @@ pub(super) struct BatchedGraph<B: Capture<T>, T: Element> {
 
 /// The trainer's graphs.
 pub(crate) struct Graphs<B: Capture<T>, T: Element> {
-    /// Set after a capture failed: the rest of the run is eager.
+    /// Set after a capture failed: the rest of the run is eager. The trainer's policy, not
+    /// capture state: where a capture is lives in the device's capture session alone.
     pub disabled: bool,
     pub(super) batched: Option<BatchedGraph<B, T>>,
     pub(super) samples: Option<SampleSlots<B, T>>,

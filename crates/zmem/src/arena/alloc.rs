@@ -11,6 +11,7 @@ use super::held::HeldSegment;
 use super::scratch::Segment;
 use super::state::State;
 use crate::block::{Block, BlockInner, GenCell, Source};
+use crate::capture::ReservationMem;
 use crate::class::AllocClass;
 use crate::error::{MemError, MemResult};
 use crate::timeline::{Event, EventKind};
@@ -55,7 +56,7 @@ impl<D: Driver> Shared<D> {
             if let Some(rec) = st.capture.recording.as_mut() {
                 rec.push(size);
             }
-            let block = match (routing, st.capture.active.clone()) {
+            let block = match (routing, self.routed_reservation()) {
                 (true, Some(res)) => self.alloc_reserved(&mut st, &res, requested, size)?,
                 _ if capturing => {
                     return Err(MemError::AllocationDuringCapture { class, requested });
@@ -92,6 +93,12 @@ impl<D: Driver> Shared<D> {
         };
         self.publish(&events);
         Ok(block)
+    }
+
+    /// The reservation the device's capture session routes this arena's allocations to.
+    fn routed_reservation(&self) -> Option<Arc<ReservationMem>> {
+        let memory = self.device.capture_memory(self.core.flags.arena_id)?;
+        memory.downcast::<ReservationMem>().ok()
     }
 
     /// A block over `ptr`; held and overflow blocks give their memory back on drop.

@@ -42,7 +42,7 @@ impl Drop for Locked<'_> {
         // Still under the lock: every change of these is, so the gate cannot go stale.
         let open = !self.core.flags.sanitize
             && self.st.capture.recording.is_none()
-            && self.st.capture.active.is_none()
+            && !self.st.capture.routed()
             && self.st.capture.pending.is_empty()
             && !self.core.has_sinks.load(Ordering::Relaxed);
         self.core.fast.gate.store(open, Ordering::Relaxed);

@@ -29,7 +29,7 @@ use crate::step::{OwnedStep, Step};
 use crate::timeline::{Event, Timeline, TimelineSnapshot};
 use fast::FastScratch;
 pub(crate) use locked::{Core, Locked};
-use state::{CaptureBook, Counters, Overflow, State, StepBook, Usage, WindowBook};
+use state::{Counters, Overflow, ReservationLedger, State, StepBook, Usage, WindowBook};
 
 /// A subscriber to the timeline, called (outside the arena's lock) with each event.
 pub type Sink = Arc<dyn Fn(&Event) + Send + Sync>;
@@ -108,7 +108,7 @@ impl<D: Driver> Arena<D> {
             cap,
             block_pool: None,
             overflow: Overflow::default(),
-            capture: CaptureBook::default(),
+            capture: ReservationLedger::new(device.capture_watch(), flags.arena_id),
             steps: StepBook::default(),
             window: WindowBook::default(),
             usage: Usage::default(),

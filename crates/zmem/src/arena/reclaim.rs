@@ -60,7 +60,7 @@ impl<D: Driver> Shared<D> {
             st.steps.open = None;
             st.overflow.prev_steps_peak = st.overflow.stats.peak;
             let at = Some(self.device.driver().now());
-            if capturing || st.capture.active.is_some() {
+            if capturing || st.capture.routed() {
                 // The graph may have baked in this step's addresses: reclaim at the next
                 // step end instead, after the capture.
                 st.timeline.current.kept_blocks = 0;

@@ -3,13 +3,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
-use zdevice::{DevicePool, DevicePtr};
+use zdevice::{CaptureWatch, DevicePool, DevicePtr};
 
 use super::fast::Folded;
 use super::held::HeldSegment;
 use super::scratch::Segment;
 use crate::block::{BlockInner, GenCell, Returned};
-use crate::capture::ReservationMem;
 use crate::class::{AllocClass, ClassBytes};
 use crate::diag::{CaptureStats, Diagnostics, OverflowStats, ResetInfo};
 use crate::timeline::Timeline;
@@ -68,28 +67,39 @@ pub(crate) struct Overflow {
     pub(crate) prev_steps_peak: u64,
 }
 
-/// Capture: the dry run being recorded, the reservation allocations are routed to, the live
-/// reservations, and the returns held back while a capture runs.
-pub(crate) struct CaptureBook {
+/// The arena's capture reservations: the dry run being recorded, the live reservations, the
+/// pool they come from, and the returns held back while a capture runs. Whether one of them
+/// is routed to is not kept here: the device's capture session carries the routed
+/// reservation, and this ledger reads it through `watch`.
+pub(crate) struct ReservationLedger {
+    /// The device's capture session, read lock-free.
+    pub(crate) watch: CaptureWatch,
+    /// This arena's tag on the session (its arena id).
+    pub(crate) owner: u64,
     pub(crate) pool: Option<DevicePool>,
     pub(crate) recording: Option<Vec<u64>>,
-    pub(crate) active: Option<Arc<ReservationMem>>,
     pub(crate) reservations: BTreeMap<u64, ResInfo>,
     pub(crate) next_reservation: u64,
     /// Returns that arrived while a capture was active: applied once it has ended.
     pub(crate) pending: Vec<Returned>,
 }
 
-impl Default for CaptureBook {
-    fn default() -> Self {
-        CaptureBook {
+impl ReservationLedger {
+    pub(crate) fn new(watch: CaptureWatch, owner: u64) -> ReservationLedger {
+        ReservationLedger {
+            watch,
+            owner,
             pool: None,
             recording: None,
-            active: None,
             reservations: BTreeMap::new(),
             next_reservation: 1,
             pending: Vec::new(),
         }
+    }
+
+    /// Whether the device's capture session routes allocations to one of these reservations.
+    pub(crate) fn routed(&self) -> bool {
+        self.watch.routes_to(self.owner)
     }
 }
 
@@ -144,7 +154,7 @@ pub(crate) struct State {
     /// allocation from (freed in stream order, so giving one back never syncs the device).
     pub(crate) block_pool: Option<DevicePool>,
     pub(crate) overflow: Overflow,
-    pub(crate) capture: CaptureBook,
+    pub(crate) capture: ReservationLedger,
     pub(crate) steps: StepBook,
     pub(crate) window: WindowBook,
     pub(crate) usage: Usage,
@@ -179,7 +189,7 @@ impl State {
             reservations: self.capture.reservations.len(),
             reserved: self.capture.reservations.values().map(|r| r.bytes).sum(),
             used: self.capture.reservations.values().map(|r| r.used).sum(),
-            active: self.capture.active.is_some(),
+            active: self.capture.routed(),
         };
         Diagnostics {
             capacity: self.seg_bytes,

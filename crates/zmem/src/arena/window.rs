@@ -29,7 +29,7 @@ impl<D: Driver> Shared<D> {
             let mut st = self.lock();
             let open = !self.sanitized()
                 && st.capture.recording.is_none()
-                && st.capture.active.is_none()
+                && !st.capture.routed()
                 && st.capture.pending.is_empty()
                 && !self.wants_events();
             if open {

@@ -193,3 +193,39 @@ fn graph_blocks_outliving_their_arena_are_stale() {
     );
     drop(res);
 }
+
+/// The reservation a scope routes to is the device's capture session's: the session's phase
+/// says so, and another arena on the same device neither allocates from it nor routes a
+/// second one while it is active.
+#[test]
+fn the_routed_reservation_lives_on_the_device_session() {
+    use zdevice::CapturePhase;
+    let dev = mock(64 << 20);
+    let a = Arena::new(dev.clone(), small(1 << 20)).unwrap();
+    let b = Arena::new(dev.clone(), small(1 << 20)).unwrap();
+    let res_a = a
+        .reserve_for_capture(&CapturePlan::from_requests([1024]))
+        .unwrap();
+    let res_b = b
+        .reserve_for_capture(&CapturePlan::from_requests([1024]))
+        .unwrap();
+    assert_eq!(dev.capture_phase(), CapturePhase::Idle);
+    let scope = a.capture_into(&res_a).unwrap();
+    assert_eq!(dev.capture_phase(), CapturePhase::Reserved);
+    assert!(a.diagnostics().capture.active);
+    assert!(!b.diagnostics().capture.active);
+    // Arena b is not routed: it serves from its own memory, its reservation untouched.
+    let held = b.alloc_persistent(512).unwrap();
+    assert_eq!(held.class(), AllocClass::Persistent);
+    assert!(matches!(
+        b.capture_into(&res_b),
+        Err(MemError::CaptureActive { .. })
+    ));
+    let graph = a.alloc_persistent(1024).unwrap();
+    assert_eq!(graph.class(), AllocClass::Graph);
+    assert_eq!(scope.used(), 1024);
+    drop(scope);
+    assert_eq!(dev.capture_phase(), CapturePhase::Idle);
+    assert!(!a.diagnostics().capture.active);
+    drop(b.capture_into(&res_b).unwrap());
+}

@@ -176,3 +176,38 @@ pub fn adamw_replay_reads_slot<D: Driver>(gpu: &CudaBackend<D>) {
     check("m", &m, &mc);
     check("v", &v, &vc);
 }
+
+/// The backend reads where a capture is from the device's capture session, the one owner of
+/// capture state: its body sees `WarmUp`, then `Capturing`; the session is closed after a
+/// capture, failed or not; and a session already open on the device refuses a capture.
+pub fn phases_come_from_the_device_session<D: Driver>(gpu: &CudaBackend<D>) {
+    use std::sync::{Arc, Mutex};
+    use zdevice::CapturePhase;
+    let x = input(gpu, &[5, 5], View::Dense, 60, -1.0, 1.0);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (be, xx, log) = (gpu.clone(), x.clone(), Arc::clone(&seen));
+    let _graph = gpu
+        .capture(Box::new(move || {
+            log.lock().unwrap().push(be.device().capture_phase());
+            be.unary(UnaryOp::Exp, &xx).map(drop)
+        }))
+        .expect("capture");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [CapturePhase::WarmUp, CapturePhase::Capturing]
+    );
+    assert_eq!(gpu.device().capture_phase(), CapturePhase::Idle);
+    let be = gpu.clone();
+    let err = gpu
+        .capture(Box::new(move || be.synchronize()))
+        .expect_err("a sync inside capture");
+    assert!(matches!(err, ComputeError::CaptureIllegal { .. }), "{err}");
+    assert_eq!(gpu.device().capture_phase(), CapturePhase::Idle);
+    let session = gpu.device().open_capture_session().expect("a session");
+    let err = gpu
+        .capture(Box::new(|| Ok(())))
+        .expect_err("a capture while a session is open");
+    assert!(matches!(err, ComputeError::CaptureIllegal { .. }), "{err}");
+    drop(session);
+    gpu.unary(UnaryOp::Neg, &x).expect("eager after");
+}

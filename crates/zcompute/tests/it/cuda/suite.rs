@@ -277,6 +277,11 @@ macro_rules! op_suite {
         }
 
         #[test]
+        fn capture_phases_come_from_the_device_session() {
+            super::capture::phases_come_from_the_device_session(&$backend());
+        }
+
+        #[test]
         fn adamw_captured_reads_lr_and_step_from_memory() {
             super::capture::adamw_replay_reads_slot(&$backend());
         }
