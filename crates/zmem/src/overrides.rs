@@ -386,10 +386,12 @@ impl ArenaOverrides {
 /// Why an initial size is refused, with the nearest sizes that would be honoured.
 fn initial_reason(init: u64, seg: u64, cap: u64, seg_name: &str, cap_name: &str) -> String {
     let below = (init / seg).max(1) * seg;
-    let nearest = if below >= init || below + seg > cap {
+    // Saturating: an initial size near 2^64 has no whole segment above it.
+    let above = below.saturating_add(seg);
+    let nearest = if below >= init || above > cap {
         Bytes(below.min(cap / seg * seg)).to_string()
     } else {
-        format!("{} or {}", Bytes(below), Bytes(below + seg))
+        format!("{} or {}", Bytes(below), Bytes(above))
     };
     format!(
         "must be a whole number of segments ({seg_name} = {} each) between one segment and {cap_name}, {}; e.g. {nearest}",

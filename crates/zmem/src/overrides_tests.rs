@@ -128,3 +128,26 @@ fn a_refused_setting_is_a_typed_error_naming_it() {
         other => panic!("expected Setting, got {other:?}"),
     }
 }
+
+/// ztrain's option proptest found `--arena-bytes 18446744073709551615` overflowing the
+/// "nearest whole segments" arithmetic of the refusal (a panic, before this was saturating).
+#[rstest]
+#[case(u64::MAX, 64 * M)]
+#[case(u64::MAX - 1, 256)]
+fn an_initial_size_near_two_to_the_64_is_refused_not_a_panic(#[case] init: u64, #[case] seg: u64) {
+    let err = ArenaOverrides::new()
+        .arena_bytes(init)
+        .segment_bytes(seg)
+        .resolve(u64::MAX)
+        .expect_err("above the cap");
+    assert!(
+        matches!(
+            err,
+            MemError::Setting {
+                setting: ArenaSetting::InitialBytes,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
