@@ -303,6 +303,15 @@ impl ComputeError {
         matches!(self.cause(), ComputeError::CaptureInvalidated { .. })
     }
 
+    /// Whether a wait on the device passed its deadline (the device's `Timeout`, however deep
+    /// in the chain): the work it waited for never finished in time (a peer of a collective
+    /// that died keeps the stream busy, so a data-parallel rank reads this as a peer failure).
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        self.device_error()
+            .is_some_and(|d| matches!(d, zdevice::DeviceError::Timeout { .. }))
+    }
+
     /// Whether the device is lost: nothing more runs on it; recreate it.
     #[must_use]
     pub fn is_device_lost(&self) -> bool {

@@ -38,7 +38,9 @@ pub use backend::{
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};
-pub use engine::{ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriver};
+pub use engine::{
+    ArenaOverrides, ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriver,
+};
 pub use error::{ComputeError, Result};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};
 pub use linear::{Activation, LinearOps};
@@ -48,3 +50,6 @@ pub use pinned::{HostVec, PinnedHost, PinnedSlice};
 pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
 pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};
+/// zmem's items an engine's user reads (the arena's step records and errors, byte units), so
+/// that a crate above needs no dependency on zmem for them.
+pub use zmem::{ArenaConfig, MemError, StepRecord, units};

@@ -60,12 +60,14 @@ pub enum GradError {
     /// (Boxed: it keeps `GradError` small.)
     #[error(transparent)]
     Comm(Box<zcomm::CommError>),
-    /// A memory plan could not open its accounting-only simulated device.
+    /// A memory plan could not open its accounting-only simulated device (through the
+    /// engine: the source says why).
     #[error("memory plan: the accounting device did not open")]
-    PlanDevice(#[source] zdevice::DeviceError),
-    /// A memory plan's arena could not be made (a configuration the arena refuses).
+    PlanDevice(#[source] ComputeError),
+    /// A memory plan's arena could not be made (a setting the arena refuses: the source names
+    /// it).
     #[error("memory plan: the arena could not be made")]
-    PlanArena(#[source] zmem::MemError),
+    PlanArena(#[source] ComputeError),
     /// A tensor saved for backward was written in place after it was saved (as PyTorch's
     /// "modified by an inplace operation"): recompute the forward, or write into a copy.
     #[error(

@@ -17,9 +17,9 @@ use crate::error::{GradError, Result};
 use crate::model::Model;
 use crate::trainer::{TrainSchedule, Trainer, TrainerConfig};
 use crate::xasset::{XAsset, XAssetConfig};
-use zcompute::CudaBackend;
-use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
-use zmem::{Arena, ArenaConfig, ClassBytes};
+use zcompute::{ArenaOverrides, ComputeError, CudaBackend, EngineConfig};
+use zdevice::{DeviceConfig, SimConfig, SimDriver};
+use zmem::{ArenaConfig, ClassBytes};
 
 /// Memory of the accounting device plans run on: large enough for any model a GPU could hold.
 pub const PLAN_DEVICE_BYTES: u64 = 1 << 50;
@@ -224,32 +224,36 @@ pub fn plan<M: PlanModel>(request: &PlanRequest<M>) -> Result<MemoryPlan<M>> {
     Ok(plan)
 }
 
+/// The engine a plan runs on: the request's arena settings passed through as overrides, with
+/// a cap the plan never reaches, poison off, the request's cuBLAS workspace, on a fresh
+/// accounting-only simulated device; overflow into the pool refused (a plan that needed it
+/// would not be the arena's size).
+fn open_plan_engine<M>(request: &PlanRequest<M>) -> Result<PlanBackend> {
+    let overrides = ArenaOverrides::from(request.arena.clone())
+        .arena_cap(PLAN_DEVICE_BYTES / 2)
+        .poison(false);
+    let backend = EngineConfig::new()
+        .arena(overrides)
+        .blas_workspace(request.blas_workspace_bytes)
+        .sim_driver(SimDriver::new(SimConfig::accounting(PLAN_DEVICE_BYTES)))
+        .map_err(|e| match e {
+            ComputeError::ArenaSetting { .. } | ComputeError::Memory { .. } => {
+                GradError::PlanArena(e)
+            }
+            other => GradError::PlanDevice(other),
+        })?;
+    backend.arena().set_overflow_enabled(false);
+    Ok(backend)
+}
+
 /// Plans one schedule: a fresh accounting device, arena, backend, the model (zeroed, for
 /// XAsset) and trainer, then `steps` steps on an all-zero batch.
 pub fn plan_schedule<M: PlanModel>(
     request: &PlanRequest<M>,
     schedule: TrainSchedule,
 ) -> Result<SchedulePlan> {
-    let sim = SimDriver::new(SimConfig::accounting(PLAN_DEVICE_BYTES));
-    // The backend looks its kernels up by name; the accounting device runs none of them.
-    zcompute::cuda::twins::register(&sim);
-    let device = Device::open(
-        sim,
-        DeviceConfig {
-            blas_workspace_bytes: request.blas_workspace_bytes,
-            ..DeviceConfig::default()
-        },
-    )
-    .map_err(GradError::PlanDevice)?;
-    let config = ArenaConfig {
-        cap_bytes: Some(PLAN_DEVICE_BYTES / 2),
-        poison: false,
-        ..request.arena.clone()
-    };
-    let arena = Arena::new(device, config).map_err(GradError::PlanArena)?;
-    // A plan that needed the overflow pool would not be the arena's size: refuse instead.
-    arena.set_overflow_enabled(false);
-    let backend = CudaBackend::new(arena.clone())?;
+    let backend = open_plan_engine(request)?;
+    let arena = backend.arena().clone();
     let model = request.model.build(&backend)?;
     let trainer_config = TrainerConfig {
         schedule,

@@ -53,6 +53,14 @@ impl Default for ArenaConfig {
     }
 }
 
+/// The arena cap when none is given: three quarters of the device's `total` memory, leaving
+/// room for the overflow pool, capture reservations and other users of the device. The one
+/// place this default is computed.
+#[must_use]
+pub const fn default_cap(total: u64) -> u64 {
+    total / 4 * 3
+}
+
 /// The environment variables the arena reads.
 pub const ENV_VARS: [&str; 7] = [
     "ZMEM_ARENA_BYTES",
@@ -93,6 +101,12 @@ fn parse_switch(var: &'static str, v: &str) -> Result<bool, MemError> {
 }
 
 impl ArenaConfig {
+    /// The cap on a device of `total` bytes: the configured one, else [`default_cap`].
+    #[must_use]
+    pub fn cap_for(&self, total: u64) -> u64 {
+        self.cap_bytes.unwrap_or(default_cap(total))
+    }
+
     /// The defaults overridden by the `ZMEM_*` variables, read once per process (later changes
     /// to the environment are not seen, so every arena of a run agrees). A malformed value is an
     /// error naming the variable, never a silent default.

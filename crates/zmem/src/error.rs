@@ -182,6 +182,20 @@ pub enum MemError {
         /// What is wrong.
         reason: String,
     },
+    /// An arena setting the arena would not honour exactly (`ArenaOverrides::resolve`):
+    /// `name` is how the caller spelled it (its variable, or the override's label), `reason`
+    /// the valid range. Nothing was allocated; change the setting.
+    #[error("{name} {value}: {reason}")]
+    Setting {
+        /// The setting.
+        setting: crate::overrides::ArenaSetting,
+        /// How the caller spelled it.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Its valid range.
+        reason: String,
+    },
     /// The device failed in a way zmem cannot interpret (for example `DeviceLost`); the device
     /// error (the source) says what to do.
     #[error("a device call failed")]

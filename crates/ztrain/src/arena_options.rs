@@ -1,11 +1,12 @@
 //! The device-memory options (`--arena-bytes`, `--segment-bytes`, `--arena-cap`,
-//! `--overflow-reserve`, `--poison`) as one value: they become zcompute's `EngineConfig`
-//! (zmem's defaults, then the `ZMEM_*` environment, then these options), which checks them
-//! once, against the device, when the engine opens. Errors name a setting the way the user gave
-//! it: the option, or the variable when it came from the environment.
+//! `--overflow-reserve`, `--poison`) as one value: they become zmem's `ArenaOverrides` (zmem's
+//! defaults, then the `ZMEM_*` environment, then these options), which the engine passes
+//! through and zmem checks once, against the device, when the engine opens. Errors name a
+//! setting the way the user gave it: the option, or the variable when it came from the
+//! environment.
 
 use clap::Args;
-use zcompute::{ArenaSetting, ComputeError, EngineConfig};
+use zcompute::{ArenaOverrides, ArenaSetting, ComputeError, EngineConfig};
 
 use crate::error::{Result, TrainError};
 
@@ -52,27 +53,35 @@ pub fn option_name(setting: ArenaSetting) -> &'static str {
 }
 
 impl ArenaOptions {
-    /// The engine configuration: the `ZMEM_*` environment, then these options over it.
-    pub fn engine_config(&self) -> Result<EngineConfig> {
-        let mut cfg = EngineConfig::from_env()
+    /// The arena's overrides: the `ZMEM_*` environment, then these options over it, errors
+    /// named by option.
+    pub fn overrides(&self) -> Result<ArenaOverrides> {
+        let mut o = EngineConfig::from_env()
             .map_err(refused)?
+            .overrides()
+            .clone()
             .labels(option_name);
         if let Some(v) = self.arena_bytes {
-            cfg = cfg.arena_bytes(v);
+            o = o.arena_bytes(v);
         }
         if let Some(v) = self.segment_bytes {
-            cfg = cfg.segment_bytes(v);
+            o = o.segment_bytes(v);
         }
         if let Some(v) = self.arena_cap {
-            cfg = cfg.arena_cap(v);
+            o = o.arena_cap(v);
         }
         if let Some(v) = self.overflow_reserve {
-            cfg = cfg.overflow_reserve(v);
+            o = o.overflow_reserve(v);
         }
         if self.poison {
-            cfg = cfg.poison(true);
+            o = o.poison(true);
         }
-        Ok(cfg)
+        Ok(o)
+    }
+
+    /// The engine configuration over [`ArenaOptions::overrides`].
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        Ok(EngineConfig::new().arena(self.overrides()?))
     }
 }
 

@@ -17,7 +17,7 @@
 //! well on the CPU backend and on the simulated device, whose memory is host memory) with the
 //! host's `MemAvailable`. It is an estimate: it errs towards refusing only runs that cannot fit.
 
-use zmem::units::Bytes;
+use zcompute::units::Bytes;
 
 use crate::config::{DataSource, RunConfig};
 use crate::error::{Result, TrainError};

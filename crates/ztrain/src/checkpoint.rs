@@ -14,6 +14,7 @@ use std::path::Path;
 
 use safetensors::Dtype;
 use serde_json::Value;
+use zgrad::HostTensor;
 use zgrad::checkpoint::{CheckpointFile, RawTensor, STEP_KEY, deserialize, serialize};
 
 use crate::config::fnv1a;
@@ -29,9 +30,6 @@ const KEY_BACKEND: &str = "ztrain.backend";
 const T_COUNTERS: &str = "ztrain.counters";
 const T_RNG: &str = "ztrain.rng";
 const T_ORDER: &str = "ztrain.order";
-
-/// A float32 tensor on the host (zgrad's).
-pub type HostTensor = zgrad::HostTensor<f32>;
 
 /// Where the run is: enough to continue it exactly.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,9 +55,9 @@ pub struct Checkpoint {
     pub backend: String,
     pub progress: Progress,
     /// Parameters by name.
-    pub params: BTreeMap<String, HostTensor>,
+    pub params: BTreeMap<String, HostTensor<f32>>,
     /// Optimiser state by `<slot>.<parameter name>` (e.g. `m.emb.weight`).
-    pub optim: BTreeMap<String, HostTensor>,
+    pub optim: BTreeMap<String, HostTensor<f32>>,
 }
 
 impl Checkpoint {

@@ -296,7 +296,7 @@ pub struct Options {
 }
 
 pub(crate) fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    zmem::units::parse_bytes(text)
+    zcompute::units::parse_bytes(text)
 }
 
 impl Options {
@@ -338,7 +338,7 @@ impl Options {
         if self.sim_memory < 1 << 20 {
             return bad(format!(
                 "--sim-memory {} must be at least 1M",
-                zmem::units::Bytes(self.sim_memory)
+                zcompute::units::Bytes(self.sim_memory)
             ));
         }
         if self.soak_every == 0 {

@@ -14,22 +14,23 @@ use crate::error::{Result, TrainError};
 /// The GPU ztrain trains on.
 const GPU_ORDINAL: u32 = 0;
 
-/// An opened backend.
+/// The backend ztrain opened, whichever of the three it is (zcompute's `Engine` is the door
+/// that opened it).
 #[derive(Debug)]
-pub enum Engine {
+pub enum AnyBackend {
     Cpu(CpuBackend),
     Cuda(CudaBackend<CudaDriver>),
     Sim(CudaBackend<SimDriver>),
 }
 
-impl Engine {
+impl AnyBackend {
     /// Short name recorded in checkpoints: resume is bitwise only on the same one.
     #[must_use]
     pub fn backend_name(&self) -> &'static str {
         match self {
-            Engine::Cpu(_) => "cpu",
-            Engine::Cuda(_) => "cuda",
-            Engine::Sim(_) => "cuda-sim",
+            AnyBackend::Cpu(_) => "cpu",
+            AnyBackend::Cuda(_) => "cuda",
+            AnyBackend::Sim(_) => "cuda-sim",
         }
     }
 
@@ -37,9 +38,9 @@ impl Engine {
     #[must_use]
     pub fn device_memory(&self) -> Option<u64> {
         match self {
-            Engine::Cpu(_) => None,
-            Engine::Cuda(b) => Some(b.device().info().total_memory),
-            Engine::Sim(b) => Some(b.device().info().total_memory),
+            AnyBackend::Cpu(_) => None,
+            AnyBackend::Cuda(b) => Some(b.device().info().total_memory),
+            AnyBackend::Sim(b) => Some(b.device().info().total_memory),
         }
     }
 }
@@ -47,7 +48,7 @@ impl Engine {
 /// What was opened and why, for the first line of output.
 #[derive(Debug)]
 pub struct Opened {
-    pub engine: Engine,
+    pub backend: AnyBackend,
     /// E.g. `CUDA backend on NVIDIA H100 80GB HBM3 (79.2 GiB)` or `CPU backend (no usable
     /// GPU: …)`.
     pub description: String,
@@ -64,7 +65,7 @@ fn describe<D: Driver>(what: &str, b: &CudaBackend<D>) -> String {
     format!(
         "{what} on {} ({})",
         info.name,
-        zmem::units::Bytes(info.total_memory)
+        zcompute::units::Bytes(info.total_memory)
     )
 }
 
@@ -75,7 +76,7 @@ fn cpu(description: String) -> Result<Opened> {
         .and_then(|n| zcompute::cpu::set_threads(n).map(|()| n))
         .map_err(|e| TrainError::Options(e.to_string()))?;
     Ok(Opened {
-        engine: Engine::Cpu(zcompute::Engine::cpu()),
+        backend: AnyBackend::Cpu(zcompute::Engine::cpu()),
         description: format!("{description}, {threads} threads"),
     })
 }
@@ -95,7 +96,7 @@ pub fn open_on(
 ) -> Result<Opened> {
     let gpu = |b: CudaBackend<CudaDriver>| Opened {
         description: describe("CUDA backend", &b),
-        engine: Engine::Cuda(b),
+        backend: AnyBackend::Cuda(b),
     };
     match choice {
         DeviceChoice::Cpu => cpu("CPU backend (--device cpu)".into()),
@@ -118,7 +119,7 @@ pub fn open_on(
             let b = engine.sim(sim_memory).map_err(refused)?;
             Ok(Opened {
                 description: describe("CUDA backend over the simulated driver", &b),
-                engine: Engine::Sim(b),
+                backend: AnyBackend::Sim(b),
             })
         }
     }
@@ -147,7 +148,7 @@ mod tests {
             other => panic!("expected NoGpu, got {other:?}"),
         }
         let auto = open(DeviceChoice::Auto, &small_arena(), 0).expect("falls back");
-        assert!(matches!(auto.engine, Engine::Cpu(_)));
+        assert!(matches!(auto.backend, AnyBackend::Cpu(_)));
         assert!(
             auto.description.contains("no usable GPU"),
             "{}",
@@ -158,8 +159,8 @@ mod tests {
     #[test]
     fn sim_opens_the_cuda_backend_on_the_simulated_driver() {
         let o = open(DeviceChoice::Sim, &small_arena(), 256 << 20).expect("sim");
-        assert_eq!(o.engine.backend_name(), "cuda-sim");
-        assert_eq!(o.engine.device_memory(), Some(256 << 20));
+        assert_eq!(o.backend.backend_name(), "cuda-sim");
+        assert_eq!(o.backend.device_memory(), Some(256 << 20));
         assert!(o.description.contains("simulated"), "{}", o.description);
     }
 

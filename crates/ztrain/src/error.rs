@@ -117,7 +117,7 @@ pub enum TrainError {
 
     /// Device memory failed.
     #[error(transparent)]
-    Memory(#[from] zmem::MemError),
+    Memory(#[from] zcompute::MemError),
 
     /// An output option names a file that must not be written (or cannot be).
     #[error("{option} {}: {reason}", path.display())]
@@ -207,7 +207,7 @@ impl TrainError {
             )
         }
         fn device_wait(c: &zcompute::ComputeError) -> bool {
-            matches!(c.device_error(), Some(zdevice::DeviceError::Timeout { .. }))
+            c.is_timeout()
         }
         match self {
             TrainError::Comm(c) => comm(c),

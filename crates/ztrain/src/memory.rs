@@ -2,8 +2,8 @@
 //! arena's diagnostics and timeline on a device backend, the process's resident memory on the
 //! CPU backend (which has no arena).
 
+use zcompute::StepRecord;
 use zcompute::{CpuBackend, CudaBackend, Driver};
-use zmem::StepRecord;
 
 use crate::progress::host_memory;
 

@@ -5,9 +5,10 @@
 use std::io::Write;
 
 use serde_json::json;
+use zcompute::AllocClass;
+use zcompute::units::Bytes;
+use zcompute::{ArenaConfig, EngineConfig};
 use zgrad::{MemoryPlan, PlanRequest, SchedulePlan, TrainSchedule, XAssetConfig};
-use zmem::AllocClass;
-use zmem::units::Bytes;
 
 use crate::cli::{DeviceChoice, Options};
 use crate::console::Console;
@@ -76,10 +77,54 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     let request = PlanRequest::new(model, batch, trainer_config(&config, 1), arena.clone());
     let plan = zgrad::plan(&request)?;
     let cap = match &target {
-        Target::Device { total, .. } => Some(arena.cap_bytes.unwrap_or(total / 4 * 3)),
+        Target::Device { total, .. } => Some(arena.cap_for(*total)),
         _ => arena.cap_bytes,
     };
     Ok(PlanReport { plan, target, cap })
+}
+
+/// Largest device estimate (`budget::Estimate::device`) a run's arena is sized from its plan
+/// for: no GPU holds more, and such a run is refused when its device opens.
+pub const SIZING_MAX_DEVICE_BYTES: u64 = 1 << 40;
+
+/// The engine configuration of a run, its arena sized from the run's plan: the peaks of the
+/// run's schedule (a rank's batch with `world` ranks) become the defaults of the arena's sizes
+/// (zmem's `ArenaOverrides::planned`), so the arena holds about what the steps need instead of
+/// 64 MiB segments and a 64 MiB overflow reserve; a size the user gave (option or variable)
+/// still wins. The plan runs on the accounting device with zmem's fixed defaults (the peaks do
+/// not depend on the segment size), so a refused option is still refused by the engine, named
+/// by its flag.
+pub fn sized_engine(
+    engine: EngineConfig,
+    config: &crate::config::RunConfig,
+    world: usize,
+) -> Result<EngineConfig> {
+    // A step never holds more samples than the data set has (the estimate's rule too).
+    let samples = match &config.data {
+        crate::config::DataSource::Synthetic { samples, .. } => *samples,
+        crate::config::DataSource::Csv { .. } => usize::MAX,
+    };
+    let batch = config.batch.min(samples).div_ceil(world.max(1));
+    if check_sizes(config, batch).is_err() {
+        // A batch this host could not hold for the plan's step (a CSV file's rows are not
+        // counted yet): zmem's fixed defaults, the arena growing as the steps need.
+        tracing::debug!(target: "ztrain.plan", batch, "batch too large to plan; arena not sized");
+        return Ok(engine);
+    }
+    let request = PlanRequest::new(
+        config.model,
+        batch,
+        trainer_config(config, 1),
+        ArenaConfig::default(),
+    );
+    let planned = zgrad::plan::plan_schedule(&request, config.schedule)?;
+    tracing::debug!(
+        target: "ztrain.plan",
+        peaks = %planned.peak,
+        "arena sized from the plan"
+    );
+    let overrides = engine.overrides().clone().planned(planned.peak);
+    Ok(engine.arena(overrides))
 }
 
 fn schedule_name(s: TrainSchedule) -> &'static str {
@@ -281,3 +326,7 @@ pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
     }
     Ok(report)
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use zmem::units::Bytes;
+use zcompute::units::Bytes;
 
 /// The progress bar of one epoch.
 #[derive(Debug)]

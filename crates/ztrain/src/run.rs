@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use zcomm::{Collective, LaunchEnv};
 
+use zcompute::units::Bytes;
 use zgrad::{Trainer, XAsset, XAssetConfig};
-use zmem::units::Bytes;
 
 use crate::arena_options;
 use crate::budget::{Estimate, host_available};
@@ -21,7 +21,7 @@ use crate::cli::{DeviceChoice, Options};
 use crate::config::{DataSource, RunConfig, fnv1a};
 use crate::console::Console;
 use crate::data::{self, Dataset, epoch_order};
-use crate::device::{self, Engine};
+use crate::device::{self, AnyBackend};
 use crate::distributed::Role;
 use crate::error::{Result, TrainError};
 use crate::files::{self, Named};
@@ -107,6 +107,53 @@ pub fn run(
         (options, out, show_bar)
     };
     let config = options.config()?;
+    let opened = open_backend(options, &env, &config)?;
+    let mut console = Console::new(out);
+    console.line(&format!("ztrain: {}", opened.description));
+    if env.info.world > 1 {
+        console.line(&format!(
+            "ztrain: rank 0 of a data-parallel job of {} ranks (one process each); --batch {} is the global batch, split over them",
+            env.info.world, config.batch
+        ));
+    }
+    let name = opened.backend.backend_name();
+    let d = opened.description.as_str();
+    let ctx = Context {
+        options,
+        world: env.info.world,
+        rank: env.info.rank,
+        config: &config,
+        backend_name: name,
+        description: d,
+        show_bar,
+        stop,
+    };
+    let ranks = (env.info.world > 1).then_some(&env);
+    let timeout = crate::distributed::comm_timeout(options)?;
+    match opened.backend {
+        AnyBackend::Cpu(_) if ranks.is_some() => Err(TrainError::Options(format!(
+            "rank {} of {}: the {} cannot be a rank of a job; use --device cuda or --device sim",
+            env.info.rank, env.info.world, d
+        ))),
+        AnyBackend::Cpu(b) => train(b, None, &ctx, &mut console),
+        AnyBackend::Cuda(b) => {
+            let comm = ranks
+                .map(|e| crate::distributed::nccl_collective(&b, e, timeout, stop))
+                .transpose()?;
+            train(b, comm, &ctx, &mut console)
+        }
+        AnyBackend::Sim(b) => {
+            let comm = ranks
+                .map(|e| crate::distributed::sim_collective(&b, e, timeout, stop))
+                .transpose()?;
+            train(b, comm, &ctx, &mut console)
+        }
+    }
+}
+
+/// The checks before the device opens (outputs, the memory estimate against the host and the
+/// device), the arena's settings (options, the run's plan) and the backend itself.
+fn open_backend(options: &Options, env: &LaunchEnv, config: &RunConfig) -> Result<device::Opened> {
     let mut engine = options.arena.engine_config()?;
     if env.info.world > 1 {
         // A rank's every wait, a collective whose peer died included, ends at --comm-timeout
@@ -114,7 +161,7 @@ pub fn run(
         engine = engine.sync_deadline(crate::distributed::comm_timeout(options)?);
     }
     check_files(options)?;
-    let estimate = Estimate::of(&config)?;
+    let estimate = Estimate::of(config)?;
     let mut sim_arena = 0;
     if options.device == DeviceChoice::Sim {
         // The simulated device's memory is known now: its options first, before the host.
@@ -130,12 +177,22 @@ pub fn run(
         DeviceChoice::Sim => estimate.check_host(estimate.device()?.max(sim_arena))?,
         DeviceChoice::Auto | DeviceChoice::Cuda => estimate.check_host(0)?,
     }
+    // The arena's sizes from the run's plan (after the checks above: the plan steps on a batch
+    // in host memory), unless the user gave them. A run the device cannot hold is refused by
+    // the estimate once the device is open: not planned first (a plan's time grows with it).
+    let bound = match options.device {
+        DeviceChoice::Sim => options.sim_memory,
+        _ => crate::plan::SIZING_MAX_DEVICE_BYTES,
+    };
+    if options.device != DeviceChoice::Cpu && estimate.device()? <= bound {
+        engine = crate::plan::sized_engine(engine, config, env.info.world)?;
+    }
     let ordinal = u32::try_from(env.info.local_rank)
         .map_err(|_| TrainError::Options("LOCAL_RANK does not fit a device ordinal".into()))?;
     let opened = device::open_on(options.device, &engine, options.sim_memory, ordinal)?;
-    if let Some(total) = opened.engine.device_memory() {
-        let (name, raise) = match opened.engine {
-            Engine::Sim(_) => (
+    if let Some(total) = opened.backend.device_memory() {
+        let (name, raise) = match opened.backend {
+            AnyBackend::Sim(_) => (
                 "the simulated device (--sim-memory)",
                 ", or raise --sim-memory",
             ),
@@ -143,56 +200,16 @@ pub fn run(
         };
         estimate.check_device(total, name, raise)?;
     }
-    if options.memory_report.is_some() && matches!(opened.engine, Engine::Cpu(_)) {
+    if options.memory_report.is_some() && matches!(opened.backend, AnyBackend::Cpu(_)) {
         return Err(TrainError::MemoryReport(format!(
             "the {} has no device arena to report on; use --device sim (or cuda)",
             opened.description
         )));
     }
-    if options.device == DeviceChoice::Auto && matches!(opened.engine, Engine::Cpu(_)) {
+    if options.device == DeviceChoice::Auto && matches!(opened.backend, AnyBackend::Cpu(_)) {
         estimate.check_host(estimate.device()?)?;
     }
-    let mut console = Console::new(out);
-    console.line(&format!("ztrain: {}", opened.description));
-    if env.info.world > 1 {
-        console.line(&format!(
-            "ztrain: rank 0 of a data-parallel job of {} ranks (one process each); --batch {} is the global batch, split over them",
-            env.info.world, config.batch
-        ));
-    }
-    let name = opened.engine.backend_name();
-    let d = opened.description.as_str();
-    let ctx = Context {
-        options,
-        world: env.info.world,
-        rank: env.info.rank,
-        config: &config,
-        backend_name: name,
-        description: d,
-        show_bar,
-        stop,
-    };
-    let ranks = (env.info.world > 1).then_some(&env);
-    let timeout = crate::distributed::comm_timeout(options)?;
-    match opened.engine {
-        Engine::Cpu(_) if ranks.is_some() => Err(TrainError::Options(format!(
-            "rank {} of {}: the {} cannot be a rank of a job; use --device cuda or --device sim",
-            env.info.rank, env.info.world, d
-        ))),
-        Engine::Cpu(b) => train(b, None, &ctx, &mut console),
-        Engine::Cuda(b) => {
-            let comm = ranks
-                .map(|e| crate::distributed::nccl_collective(&b, e, timeout, stop))
-                .transpose()?;
-            train(b, comm, &ctx, &mut console)
-        }
-        Engine::Sim(b) => {
-            let comm = ranks
-                .map(|e| crate::distributed::sim_collective(&b, e, timeout, stop))
-                .transpose()?;
-            train(b, comm, &ctx, &mut console)
-        }
-    }
+    Ok(opened)
 }
 
 /// What a run's training loop reads.

@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use zcompute::units::Bytes;
 use zgrad::{Trainer, XAssetConfig};
-use zmem::units::Bytes;
 
 use crate::console::Console;
 use crate::error::Result;

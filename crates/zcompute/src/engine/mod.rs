@@ -20,6 +20,7 @@ pub use settings::{ArenaSetting, EngineConfig, Labels};
 /// The drivers an engine's backend is generic over (so a user names `CudaBackend<SimDriver>`
 /// without depending on zdevice).
 pub use zdevice::{CudaDriver, Driver, SimDriver};
+pub use zmem::ArenaOverrides;
 
 use zdevice::{Device, DeviceConfig, SimConfig};
 use zmem::Arena;
@@ -88,6 +89,7 @@ impl EngineConfig {
     /// too): checks the settings against its memory, makes the arena, loads the kernels. Over a
     /// simulator of your own, register [`twins`] on it first.
     pub fn on_device<D: Driver>(&self, device: Device<D>) -> Result<CudaBackend<D>> {
+        // The one check of the settings, against this device; the arena takes it as it is.
         let config = self.arena_config(device.info().total_memory)?;
         tracing::debug!(
             target: "zcompute.engine.open",

@@ -90,7 +90,7 @@ impl<D: Driver> Arena<D> {
             });
         }
         let total = device.info().total_memory;
-        let cap = config.cap_bytes.unwrap_or(total / 4 * 3);
+        let cap = config.cap_for(total);
         let flags = Arc::new(Flags {
             arena_id: NEXT_ARENA.fetch_add(1, Ordering::Relaxed),
             generation_check: AtomicBool::new(true),

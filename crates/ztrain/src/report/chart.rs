@@ -4,8 +4,8 @@
 
 use std::fmt::Write as _;
 
-use zmem::units::Bytes;
-use zmem::{AllocClass, StepRecord};
+use zcompute::units::Bytes;
+use zcompute::{AllocClass, StepRecord};
 
 use super::esc;
 

@@ -7,8 +7,8 @@ pub mod chart;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use zmem::StepRecord;
-use zmem::units::Bytes;
+use zcompute::StepRecord;
+use zcompute::units::Bytes;
 
 use crate::error::Result;
 

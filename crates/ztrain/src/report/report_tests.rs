@@ -1,5 +1,5 @@
 use super::*;
-use zmem::AllocClass;
+use zcompute::AllocClass;
 
 fn rec(step: u64, scratch: u64, saved: u64, persistent: u64, overflow: u64) -> StepRecord {
     let mut r = StepRecord {

@@ -1,0 +1,194 @@
+//! The arena sized from the plan (issue 21 item 6), on the accounting-only simulated device:
+//! the default run's steps and evaluation, its arena with zmem's fixed defaults and sized from
+//! its plan.
+
+use super::*;
+use crate::cli::Options;
+use clap::Parser as _;
+use zcompute::{AllocClass, SimDriver};
+use zdevice::SimConfig;
+use zgrad::{Trainer, XAsset};
+
+const M: u64 = 1 << 20;
+/// An H100's memory, as the accounting device's.
+const DEVICE: u64 = 80 << 30;
+
+fn options(args: &[&str]) -> Options {
+    let mut argv = vec!["ztrain", "--device", "sim"];
+    argv.extend_from_slice(args);
+    Options::try_parse_from(argv).expect("parses")
+}
+
+/// The arena `args` give the run on a device of [`DEVICE`] bytes: fixed defaults, or sized
+/// from the plan.
+fn arena(args: &[&str], sized: bool) -> ArenaConfig {
+    let o = options(args);
+    let config = o.config().expect("config");
+    let mut engine = o.arena.engine_config().expect("engine");
+    if sized {
+        engine = sized_engine(engine, &config, 1).expect("planned");
+    }
+    engine.arena_config(DEVICE).expect("valid")
+}
+
+/// Peak live and peak reserved bytes of the run `args` describe, on the accounting device:
+/// three steps (the last one smaller, as an epoch's last batch) and an evaluation of the
+/// default validation split in `--batch` chunks, as `ztrain` runs them.
+fn peaks(args: &[&str], sized: bool) -> (u64, u64) {
+    let o = options(args);
+    let config = o.config().expect("config");
+    let mut engine = o.arena.engine_config().expect("engine");
+    if sized {
+        engine = sized_engine(engine, &config, 1).expect("planned");
+    }
+    let b = engine
+        .sim_driver(SimDriver::new(SimConfig::accounting(DEVICE)))
+        .expect("engine opens");
+    let model = XAsset::zeroed(&b, config.model).expect("model");
+    let mut trainer = Trainer::new(b.clone(), model, trainer_config(&config, 3)).expect("trainer");
+    let per = config.model.scales * config.model.features;
+    let x = vec![0.0f32; config.batch * per];
+    let y = vec![0.0f32; config.batch];
+    for n in [config.batch, config.batch, config.batch / 2 + 1] {
+        trainer
+            .train_batch(&x[..n * per], &y[..n], n)
+            .expect("step");
+    }
+    let val = 2048;
+    trainer
+        .evaluate(&vec![0.0f32; val * per], &vec![0.0f32; val])
+        .expect("evaluation");
+    let d = b.arena().diagnostics();
+    assert_eq!(d.overflow.calls, 0, "{d}");
+    (d.peak_live_bytes, d.peak_reserved_bytes)
+}
+
+#[test]
+fn the_default_run_s_arena_is_sized_from_its_plan() {
+    let fixed = arena(&[], false);
+    assert_eq!(
+        (
+            fixed.initial_bytes,
+            fixed.segment_bytes,
+            fixed.overflow_reserve_bytes
+        ),
+        (64 * M, 64 * M, 64 * M)
+    );
+    // The default XAsset batched step plans about 123 MiB (persistent 12.8, saved 53.3,
+    // scratch 57.0): segments of an eighth of it, the scratch peak up front, a reserve of a
+    // sixteenth.
+    let sized = arena(&[], true);
+    assert_eq!(
+        (
+            sized.initial_bytes,
+            sized.segment_bytes,
+            sized.overflow_reserve_bytes
+        ),
+        (64 * M, 16 * M, 8 * M)
+    );
+    assert_eq!(sized.cap_bytes, fixed.cap_bytes);
+}
+
+#[test]
+fn an_explicit_size_still_wins_over_the_plan() {
+    let args = [
+        "--arena-bytes",
+        "256M",
+        "--segment-bytes",
+        "128M",
+        "--overflow-reserve",
+        "32M",
+    ];
+    let a = arena(&args, true);
+    assert_eq!(
+        (a.initial_bytes, a.segment_bytes, a.overflow_reserve_bytes),
+        (256 * M, 128 * M, 32 * M)
+    );
+    // Given alone, the initial size keeps the fixed segment (it must divide it); the reserve
+    // still follows the plan.
+    let a = arena(&["--arena-bytes", "128M"], true);
+    assert_eq!(
+        (a.initial_bytes, a.segment_bytes, a.overflow_reserve_bytes),
+        (128 * M, 64 * M, 8 * M)
+    );
+}
+
+/// Reserved over live for the default run, both schedules, eager and captured, L = 1 and 3:
+/// sized from the plan, always below the fixed defaults', and at most 1.5 wherever the arena's
+/// layout allows it. The batched eager step is the exception: its saved tensors live in the
+/// held region and its scratch in segments of their own, so reserved is at least the two
+/// classes' peaks added (66 + 78 MiB at L = 1, evaluation's scratch included) while live
+/// peaks at 90 MiB: 1.59 before any rounding. Meeting 1.5 there needs the arena to serve
+/// backward's scratch from the memory saved tensors free (see the CHANGELOG).
+#[test]
+fn reserved_over_live_of_the_default_run_sized_from_its_plan() {
+    let cases: [(&[&str], f64); 6] = [
+        (&[], 2.3),
+        (&["--capture"], 1.5),
+        (&["--schedule", "per-sample"], 1.5),
+        (&["--schedule", "per-sample", "--capture"], 1.5),
+        (&["--layers", "3"], 2.3),
+        (&["--layers", "3", "--capture"], 1.5),
+    ];
+    for (args, bound) in cases {
+        let (live, reserved) = peaks(args, true);
+        let (fixed_live, fixed_reserved) = peaks(args, false);
+        assert_eq!(live, fixed_live, "{args:?}: the sizes change no allocation");
+        let ratio = reserved as f64 / live as f64;
+        let fixed = fixed_reserved as f64 / fixed_live as f64;
+        let says = format!(
+            "{args:?}: live {live} reserved {reserved} ({ratio:.2}x; fixed defaults {fixed:.2}x)"
+        );
+        assert!(ratio < fixed, "{says}");
+        assert!(ratio <= bound, "{says}: above {bound}");
+    }
+}
+
+#[test]
+fn the_plan_s_peaks_are_what_the_sizes_follow() {
+    let o = options(&[]);
+    let config = o.config().expect("config");
+    let request = PlanRequest::new(
+        config.model,
+        config.batch,
+        trainer_config(&config, 1),
+        ArenaConfig::default(),
+    );
+    let p = zgrad::plan::plan_schedule(&request, config.schedule).expect("plan");
+    assert!(p.peak.get(AllocClass::Saved) > 0 && p.peak.get(AllocClass::Scratch) > 0);
+}
+
+/// `--batch 2^64-1` is valid (a step takes what the data set has): the plan's step is the data
+/// set's size, not a batch no host could hold. (`tests/reliability` extreme_but_valid_values_train
+/// failed with "--plan: a batch of 18446744073709551615 samples ... does not fit" before.)
+#[test]
+fn a_batch_beyond_the_data_plans_the_data_s_samples() {
+    let o = options(&[
+        "--batch",
+        "18446744073709551615",
+        "--samples",
+        "64",
+        "--scales",
+        "3",
+        "--features",
+        "6",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--ff",
+        "32",
+    ]);
+    let config = o.config().expect("config");
+    let engine = o.arena.engine_config().expect("engine");
+    let sized = sized_engine(engine, &config, 1).expect("plans the data set's 64 samples");
+    let a = sized.arena_config(DEVICE).expect("valid");
+    assert_eq!(
+        a.segment_bytes,
+        zcompute::ArenaOverrides::new()
+            .planned(Default::default())
+            .resolve(DEVICE)
+            .unwrap()
+            .segment_bytes
+    );
+}
