@@ -145,35 +145,45 @@ extern "C" __global__ void __launch_bounds__(LN_PARTIALS_THREADS) zc_layer_norm_
         const float* xr = x + row * n;
         const float mu = mean[row];
         const float rs = rstd[row];
-        float m1 = 0.0f;
-        float m2 = 0.0f;
-        if (want_gx) {
-            float s1 = 0.0f;
-            float s2 = 0.0f;
-            for (u64 j = lane; j < n; j += 32) {
-                float xh = (xr[j] - mu) * rs;
-                float gh = has_weight ? gr[j] * weight[j] : gr[j];
-                s1 += gh;
-                s2 += gh * xh;
-            }
-            m1 = warp_sum(s1) / (float)n;
-            m2 = warp_sum(s2) / (float)n;
-        }
+        // The row's g and xhat in registers: every load of the row goes out at once.
+        float gv[LN_PARTIALS_SLOTS];
+        float xh[LN_PARTIALS_SLOTS];
 #pragma unroll
         for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
             const u64 j = lane + 32 * (u64)k;
-            if (j < n) {
-                const float xh = (xr[j] - mu) * rs;
-                const float gj = gr[j];
-                if (want_gx) {
-                    float gh = has_weight ? gj * weight[j] : gj;
-                    float v = ((gh - m1) - xh * m2) * rs;
+            gv[k] = j < n ? gr[j] : 0.0f;
+            xh[k] = j < n ? (xr[j] - mu) * rs : 0.0f;
+        }
+        if (want_gx) {
+            // The sums in layer_norm_backward_row's lane order (j ascending), then its warp tree.
+            float s1 = 0.0f;
+            float s2 = 0.0f;
+#pragma unroll
+            for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
+                const u64 j = lane + 32 * (u64)k;
+                if (j < n) {
+                    float gh = has_weight ? gv[k] * weight[j] : gv[k];
+                    s1 += gh;
+                    s2 += gh * xh[k];
+                }
+            }
+            const float m1 = warp_sum(s1) / (float)n;
+            const float m2 = warp_sum(s2) / (float)n;
+#pragma unroll
+            for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
+                const u64 j = lane + 32 * (u64)k;
+                if (j < n) {
+                    float gh = has_weight ? gv[k] * weight[j] : gv[k];
+                    float v = ((gh - m1) - xh[k] * m2) * rs;
                     if (has_residual) v += residual[row * n + j];
                     gx[row * n + j] = v;
                 }
-                sw[k] += gj * xh;
-                sb[k] += gj;
             }
+        }
+#pragma unroll
+        for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
+            sw[k] += gv[k] * xh[k];
+            sb[k] += gv[k];
         }
     }
 #pragma unroll
