@@ -40,6 +40,8 @@ pub(crate) struct Graphs<B: Capture<T>, T: Element> {
     pub disabled: bool,
     pub(super) batched: Option<BatchedGraph<B, T>>,
     pub(super) samples: Option<SampleSlots<B, T>>,
+    /// The queued batched step on the device data set (`queued.rs`).
+    pub(super) tracked: Option<BatchedGraph<B, T>>,
 }
 
 impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
@@ -48,6 +50,7 @@ impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
             disabled: false,
             batched: None,
             samples: None,
+            tracked: None,
         }
     }
 }

@@ -13,9 +13,11 @@ mod batched;
 mod body;
 mod captured;
 mod checks;
+mod device_data;
 mod distributed;
 mod eval;
 mod per_sample;
+mod queued;
 mod resident;
 mod source;
 
@@ -31,6 +33,7 @@ use source::{HostSlices, Shard, Source};
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
 
+pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::shard;
 pub use eval::EvalReport;
 pub use resident::ReplayMark;
@@ -120,6 +123,9 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     optim: AdamW<B, T>,
     config: TrainerConfig,
     graphs: captured::Graphs<B, T>,
+    /// The data set on the device (`load_data`), and the steps queued on it.
+    data: Option<device_data::DeviceData<B, T>>,
+    window: queued::Window<B, T>,
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> std::fmt::Debug for Trainer<B, T, M> {
@@ -167,6 +173,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             optim,
             config,
             graphs: captured::Graphs::default(),
+            data: None,
+            window: queued::Window::default(),
         })
     }
 
@@ -338,6 +346,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         sample: &[usize],
         step: u64,
     ) -> Result<StepReport> {
+        if self.window.pending() > 0 {
+            return Err(GradError::BadInput(format!(
+                "{} queued steps are not read back yet: call drain first",
+                self.window.pending()
+            )));
+        }
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         // This rank's shard of the global batch (all of it in a single process).
         let info = self.parts.dist.info();
