@@ -376,7 +376,7 @@ mod device_data {
         t.load_data(&x, &y, N).expect("load");
         assert!(cause(t.queue_rows(&[0, N], 2).unwrap_err()).contains(&format!("row {N} of")));
         assert!(cause(t.queue_rows(&[], 2).unwrap_err()).contains("0 rows"));
-        assert!(cause(t.queue_rows(&vec![0; N + 1], 2).unwrap_err()).contains("1 to 20 rows"));
+        assert!(cause(t.queue_rows(&[0; N + 1], 2).unwrap_err()).contains("1 to 20 rows"));
         assert_eq!(t.step(), 0);
         t.queue_rows(&[0, 1], 2).expect("queued");
         let e = t

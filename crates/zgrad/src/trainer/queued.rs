@@ -45,6 +45,13 @@ impl<B: Ops<T>, T: Element> Clone for Track<B, T> {
     }
 }
 
+/// What a queued step gathers: the resident features and labels, and its rows' indices.
+pub(super) struct Gather<B: Ops<T>, T: Element> {
+    xs: BTensor<B, T>,
+    ys: BTensor<B, T>,
+    index: BTensor<B, T>,
+}
+
 /// A queued step the host has not read back yet.
 #[derive(Clone, Debug)]
 struct Pending {
@@ -102,16 +109,15 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     fn tracked(
         &self,
         b: &B,
-        data: (&BTensor<B, T>, &BTensor<B, T>, &BTensor<B, T>),
+        data: &Gather<B, T>,
         x: &Var<B, T>,
         y: &Var<B, T>,
         adamw: &AdamWTensors<B, T>,
         track: &Track<B, T>,
         started: &Cell<bool>,
     ) -> Result<()> {
-        let (xs, ys, index) = data;
-        b.gather_rows(xs, index, x.value())?;
-        b.gather_rows(ys, index, y.value())?;
+        b.gather_rows(&data.xs, &data.index, x.value())?;
+        b.gather_rows(&data.ys, &data.index, y.value())?;
         x.bump_version();
         y.bump_version();
         let (loss, norm) = self.batched(b, x, y)?;
@@ -323,7 +329,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     ) -> Result<()> {
         let b = &*self.backend;
         let data = self.data.as_ref().ok_or_else(no_data)?;
-        let index = data.indices(local)?;
+        let gather = Gather {
+            xs: data.x.clone(),
+            ys: data.y.clone(),
+            index: data.indices(local)?,
+        };
         let (x, y) = {
             let _class = ClassGuard::new(b, AllocClass::Saved);
             (
@@ -334,20 +344,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let started = Cell::new(false);
         let adamw = self.optim.tensors();
         self.parts
-            .tracked(
-                b,
-                (&data.x, &data.y, &index),
-                &x,
-                &y,
-                &adamw,
-                track,
-                &started,
-            )
-            .map_err(|e| {
+            .tracked(b, &gather, &x, &y, &adamw, track, &started)
+            .inspect_err(|_| {
                 if started.get() {
                     self.optim.mark_unknown();
                 }
-                e
             })
     }
 
@@ -369,7 +370,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let body = tracked_body(
             &b,
             &self.parts,
-            (data.x.clone(), data.y.clone(), data.indices(local.clone())?),
+            Gather {
+                xs: data.x.clone(),
+                ys: data.y.clone(),
+                index: data.indices(local.clone())?,
+            },
             (xv.clone(), yv.clone()),
             self.optim.tensors(),
             track.clone(),
@@ -408,7 +413,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 fn tracked_body<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     b: &Rc<B>,
     parts: &StepParts<B, T, M>,
-    data: (BTensor<B, T>, BTensor<B, T>, BTensor<B, T>),
+    data: Gather<B, T>,
     inputs: (Var<B, T>, Var<B, T>),
     adamw: AdamWTensors<B, T>,
     track: Track<B, T>,
@@ -417,17 +422,8 @@ fn tracked_body<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     let (b, parts) = (Rc::clone(b), parts.clone());
     let (errors, runs, started) = slots;
     move || {
-        let (xs, ys, index) = (&data.0, &data.1, &data.2);
         parts
-            .tracked(
-                &*b,
-                (xs, ys, index),
-                &inputs.0,
-                &inputs.1,
-                &adamw,
-                &track,
-                &started,
-            )
+            .tracked(&*b, &data, &inputs.0, &inputs.1, &adamw, &track, &started)
             .map_err(|e| into_body_error(e, &errors))?;
         runs.set(runs.get() + 1);
         Ok(())
