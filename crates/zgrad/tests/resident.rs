@@ -359,6 +359,47 @@ mod device_data {
         assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
     }
 
+    /// Two pinned batches filled in turn (the host stages step k + 1 into one while step k
+    /// reads the other), queued, read back every 3 steps: the host path's reports and
+    /// parameters, bit for bit, on the simulated device and the CPU.
+    fn pinned_same_as_the_host_path<B>(b: &B, capture: bool)
+    where
+        B: Capture<f32> + zcompute::PinnedHost<f32> + Clone + 'static,
+    {
+        let (x, y) = batch(SMALL, N, 24);
+        let per = x.len() / N;
+        let mut host = learner(b, TrainSchedule::Batched, capture);
+        let mut dev = learner(b, TrainSchedule::Batched, capture);
+        let mut bufs = [0, 1]
+            .map(|_| zgrad::PinnedBatch::new(b, 8, SMALL.scales, SMALL.features).expect("pinned"));
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        for (k, rows) in steps().into_iter().enumerate() {
+            let (xs, ys) = rows_of(&x, &y, &rows);
+            want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+            let buf = &mut bufs[k % 2];
+            buf.fill(|px, py| {
+                px[..xs.len()].copy_from_slice(&xs);
+                py[..ys.len()].copy_from_slice(&ys);
+            })
+            .expect("fill");
+            got.extend(dev.queue_pinned(buf, rows.len(), 3).expect("queued"));
+        }
+        got.extend(dev.drain().expect("drain"));
+        let w: Vec<_> = want.iter().map(report_bits).collect();
+        let g: Vec<_> = got.iter().map(report_bits).collect();
+        assert_eq!(g, w, "capture {capture}");
+        assert_eq!(param_bits(b, &dev), param_bits(b, &host));
+        assert_eq!(per, SMALL.scales * SMALL.features);
+    }
+
+    #[rstest]
+    fn pinned_double_buffered_steps_equal_the_host_path(#[values(false, true)] capture: bool) {
+        let b = Engine::sim(256 << 20).expect("simulated backend");
+        b.set_poison(true);
+        pinned_same_as_the_host_path(&b, capture);
+        pinned_same_as_the_host_path(&CpuBackend, capture);
+    }
+
     #[test]
     fn bad_rows_and_mixed_paths_are_refused_and_apply_nothing() {
         let b = Engine::sim(256 << 20).expect("simulated backend");

@@ -42,6 +42,8 @@ pub(crate) struct Graphs<B: Capture<T>, T: Element> {
     pub(super) samples: Option<SampleSlots<B, T>>,
     /// The queued batched step on the device data set (`queued.rs`).
     pub(super) tracked: Option<BatchedGraph<B, T>>,
+    /// The queued batched step on a pinned batch (`Trainer::queue_pinned`).
+    pub(super) tracked_pinned: Option<BatchedGraph<B, T>>,
 }
 
 impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
@@ -51,6 +53,7 @@ impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
             batched: None,
             samples: None,
             tracked: None,
+            tracked_pinned: None,
         }
     }
 }

@@ -293,6 +293,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         B: PinnedHost<T>,
     {
         self.optim.check_state()?;
+        let pinned = self.pinned_sample(batch, n)?;
+        self.train_source(batch, n, &pinned, step)
+    }
+
+    /// One sample's shape `[S, F]` of `batch`, checking `n` and that the model takes it.
+    fn pinned_sample(&self, batch: &PinnedBatch<B, T>, n: usize) -> Result<[usize; 2]>
+    where
+        B: PinnedHost<T>,
+    {
         let pinned = [batch.scales(), batch.features()];
         let sample = self.parts.model.sample_shape(pinned[0] * pinned[1]);
         if n == 0 || n > batch.capacity() || sample.as_deref().ok() != Some(&pinned[..]) {
@@ -309,7 +318,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 }
             )));
         }
-        self.train_source(batch, n, &pinned, step)
+        Ok(pinned)
     }
 
     fn log_step(report: &StepReport) {

@@ -17,6 +17,7 @@
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{BatchedGraph, Runs, persistent_zeros, warn_fallback};
 use super::device_data::{DeviceData, Resident};
+use super::source::{PinnedBatch, Source};
 use super::{StepReport, TrainSchedule, Trainer, checks, in_step_split, shard};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
@@ -25,7 +26,7 @@ use crate::optim::AdamWTensors;
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
-use zcompute::{ADAMW_SLOT_GATE, AllocClass, BTensor, Capture, Element, prelude::*};
+use zcompute::{ADAMW_SLOT_GATE, AllocClass, BTensor, Capture, Element, PinnedHost, prelude::*};
 
 /// The device side of the window: every queued step's `[loss, norm]`, the row the next one
 /// writes, and the sticky gate (0 while every step so far was finite, NaN after).
@@ -51,6 +52,22 @@ pub(super) struct Gather<B: Ops<T>, T: Element> {
     ys: BTensor<B, T>,
     index: BTensor<B, T>,
 }
+
+/// Where a queued step's rows come from.
+enum Rows<'a, B: Ops<T>, T: Element> {
+    /// Gathered from the device data set by the indices uploaded for the step.
+    Device,
+    /// Copied from the caller's pinned batch into the step's inputs before it runs.
+    Pinned(&'a dyn Source<B, T>),
+}
+
+impl<B: Ops<T>, T: Element> Clone for Rows<'_, B, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Ops<T>, T: Element> Copy for Rows<'_, B, T> {}
 
 /// A queued step the host has not read back yet.
 #[derive(Clone, Debug)]
@@ -109,17 +126,19 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     fn tracked(
         &self,
         b: &B,
-        data: &Gather<B, T>,
+        data: Option<&Gather<B, T>>,
         x: &Var<B, T>,
         y: &Var<B, T>,
         adamw: &AdamWTensors<B, T>,
         track: &Track<B, T>,
         started: &Cell<bool>,
     ) -> Result<()> {
-        b.gather_rows(&data.xs, &data.index, x.value())?;
-        b.gather_rows(&data.ys, &data.index, y.value())?;
-        x.bump_version();
-        y.bump_version();
+        if let Some(data) = data {
+            b.gather_rows(&data.xs, &data.index, x.value())?;
+            b.gather_rows(&data.ys, &data.index, y.value())?;
+            x.bump_version();
+            y.bump_version();
+        }
         let (loss, norm) = self.batched(b, x, y)?;
         adamw.write_gate(b, &loss, &norm)?;
         let gate = adamw.slot.narrow(0, ADAMW_SLOT_GATE, 1)?;
@@ -162,6 +181,53 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         self.queue_inner(rows, every, step)
             .map_err(|e| self.settle(step, self.distributed_error(e)))?;
+        if self.window.pending() >= every {
+            reports.extend(self.drain()?);
+        }
+        Ok(reports)
+    }
+
+    /// [`Trainer::queue_rows`] for a batch the caller stages in pinned memory (when the data
+    /// set does not fit the device): the first `n` samples of `batch` are copied into the
+    /// step's inputs on the engine stream, the step queued, nothing read back. Refill the
+    /// *other* of two batches while this one's copy and step run (`PinnedBatch::fill` waits
+    /// only for the copy that last read a batch, never for a step), so the host stages batch
+    /// k+1 while the device runs step k. The same errors as `train_batch_pinned`; a
+    /// non-finite step read back later is named by its step (its sample is no longer there).
+    /// The per-sample schedule reads each step back (`train_batch_pinned`).
+    pub fn queue_pinned(
+        &mut self,
+        batch: &PinnedBatch<B, T>,
+        n: usize,
+        every: usize,
+    ) -> Result<Vec<StepReport>>
+    where
+        B: PinnedHost<T>,
+    {
+        let every = every.max(1);
+        let step = self.optim.step_count() + 1;
+        if self.config.schedule == TrainSchedule::PerSample {
+            return Ok(vec![self.train_batch_pinned(batch, n)?]);
+        }
+        let mut reports = Vec::new();
+        if self.window.pending() >= every {
+            reports = self.drain()?;
+        }
+        let queued = self
+            .optim
+            .check_state()
+            .and_then(|()| self.pinned_sample(batch, n))
+            .and_then(|sample| {
+                let pending = Pending {
+                    step,
+                    lr: 0.0,
+                    samples: n,
+                    rows: Vec::new(),
+                    captured: false,
+                };
+                self.queue_from(Rows::Pinned(batch), pending, &sample, every)
+            });
+        queued.map_err(|e| self.settle(step, self.distributed_error(e)))?;
         if self.window.pending() >= every {
             reports.extend(self.drain()?);
         }
@@ -213,7 +279,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// The sample of rows `rows` whose input, loss or gradient is not finite (the error path).
     fn locate_rows(&self, rows: &[usize], kind: crate::NonFiniteKind) -> Result<Option<usize>> {
-        let Some(data) = self.data.as_ref() else {
+        let Some(data) = self.data.as_ref().filter(|_| !rows.is_empty()) else {
+            // A pinned batch's rows are gone (refilled) by the read-back: the step is named.
             return Ok(None);
         };
         let b = &*self.backend;
@@ -251,39 +318,72 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             return Err(no_data());
         };
         data.upload_indices(&*b, rows)?;
+        let sample = data.sample.clone();
+        let pending = Pending {
+            step,
+            lr: 0.0,
+            samples: rows.len(),
+            rows: rows.to_vec(),
+            captured: false,
+        };
+        self.queue_from(Rows::Device, pending, &sample, every)
+    }
+
+    /// Queues step `pending.step` on `pending.samples` rows of samples `sample` from `from`,
+    /// counts it and records it as pending.
+    fn queue_from(
+        &mut self,
+        from: Rows<'_, B, T>,
+        mut pending: Pending,
+        sample: &[usize],
+        every: usize,
+    ) -> Result<()> {
+        let (b, step, batch) = (Rc::clone(&self.backend), pending.step, pending.samples);
         let track = self.window.track(&*b, every)?;
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         let info = self.parts.dist.info();
-        let local = shard(info.rank, info.world, rows.len());
-        self.parts
-            .dist
-            .prepare(&*b, local.len(), rows.len(), step)?;
+        let local = shard(info.rank, info.world, batch);
+        self.parts.dist.prepare(&*b, local.len(), batch, step)?;
         let shape: Vec<usize> = std::iter::once(local.len())
-            .chain(
-                self.data
-                    .as_ref()
-                    .ok_or_else(no_data)?
-                    .sample
-                    .iter()
-                    .copied(),
-            )
+            .chain(sample.iter().copied())
             .collect();
-        let captured = self.queue_step(&track, local, &shape, lr, step)?;
+        pending.captured = self.queue_step(from, &track, local, &shape, lr, step)?;
+        pending.lr = lr;
         self.optim.commit();
-        self.window.pending.push(Pending {
-            step,
-            lr,
-            samples: rows.len(),
-            rows: rows.to_vec(),
-            captured,
-        });
+        self.window.pending.push(pending);
         Ok(())
+    }
+
+    /// The graph slot of rows from `from`.
+    fn tracked_slot(&mut self, from: Rows<'_, B, T>) -> &mut Option<BatchedGraph<B, T>> {
+        match from {
+            Rows::Device => &mut self.graphs.tracked,
+            Rows::Pinned(_) => &mut self.graphs.tracked_pinned,
+        }
+    }
+
+    /// The gather of rows `local` of the device data set, for rows from it.
+    fn gather_of(
+        &self,
+        from: Rows<'_, B, T>,
+        local: std::ops::Range<usize>,
+    ) -> Result<Option<Gather<B, T>>> {
+        if let Rows::Pinned(_) = from {
+            return Ok(None);
+        }
+        let data = self.data.as_ref().ok_or_else(no_data)?;
+        Ok(Some(Gather {
+            xs: data.x.clone(),
+            ys: data.y.clone(),
+            index: data.indices(local)?,
+        }))
     }
 
     /// Queues the step's body: replayed when a graph of this shape exists, captured when
     /// capture is on and none exists yet, else run eagerly. Returns whether it was captured.
     fn queue_step(
         &mut self,
+        from: Rows<'_, B, T>,
         track: &Track<B, T>,
         local: std::ops::Range<usize>,
         shape: &[usize],
@@ -292,25 +392,31 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     ) -> Result<bool> {
         let b = Rc::clone(&self.backend);
         let want = self.config.capture && !self.graphs.disabled;
-        let graph_shape = self.graphs.tracked.as_ref().map(|g| g.shape.clone());
+        let graph_shape = self.tracked_slot(from).as_ref().map(|g| g.shape.clone());
         let (queued, ended) = in_step_split(&*b, || {
             self.optim.prepare(&*b, lr)?;
             match (want, graph_shape) {
                 (true, Some(s)) if s == shape => {
-                    let Some(g) = self.graphs.tracked.as_mut() else {
+                    let Some(g) = self.tracked_slot(from).as_mut() else {
                         return Err(no_data());
                     };
-                    b.replay(&mut g.graph).map_err(|e| {
+                    if let Rows::Pinned(src) = from {
+                        src.upload(&*b, local, g.x.value(), g.y.value())?;
+                        g.x.bump_version();
+                        g.y.bump_version();
+                    }
+                    let (graph, errors) = (&mut g.graph, g.errors.clone());
+                    b.replay(graph).map_err(|e| {
                         // The graph may have run in part, its update included.
                         self.optim.mark_unknown();
-                        take_body_error(e, &g.errors).at_step(step, Applied::Maybe)
+                        take_body_error(e, &errors).at_step(step, Applied::Maybe)
                     })?;
                     Ok(true)
                 }
-                (true, None) => self.tracked_capture(track, local, shape, step),
+                (true, None) => self.tracked_capture(from, track, local, shape, step),
                 // Capture off, or a batch of another shape (an epoch's last): eagerly.
                 _ => {
-                    self.tracked_eager(track, local, shape)?;
+                    self.tracked_eager(from, track, local, shape)?;
                     Ok(false)
                 }
             }
@@ -323,17 +429,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The body run eagerly on fresh inputs (saved class: the first product keeps `x`).
     fn tracked_eager(
         &mut self,
+        from: Rows<'_, B, T>,
         track: &Track<B, T>,
         local: std::ops::Range<usize>,
         shape: &[usize],
     ) -> Result<()> {
         let b = &*self.backend;
-        let data = self.data.as_ref().ok_or_else(no_data)?;
-        let gather = Gather {
-            xs: data.x.clone(),
-            ys: data.y.clone(),
-            index: data.indices(local)?,
-        };
+        let gather = self.gather_of(from, local.clone())?;
         let (x, y) = {
             let _class = ClassGuard::new(b, AllocClass::Saved);
             (
@@ -341,10 +443,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 Var::constant(b.zeros(&shape[..1])?),
             )
         };
+        if let Rows::Pinned(src) = from {
+            src.upload(b, local, x.value(), y.value())?;
+        }
         let started = Cell::new(false);
         let adamw = self.optim.tensors();
         self.parts
-            .tracked(b, &gather, &x, &y, &adamw, track, &started)
+            .tracked(b, gather.as_ref(), &x, &y, &adamw, track, &started)
             .inspect_err(|_| {
                 if started.get() {
                     self.optim.mark_unknown();
@@ -355,26 +460,26 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Captures the body (its warm-up, or the CPU backend's recording, runs it for real).
     fn tracked_capture(
         &mut self,
+        from: Rows<'_, B, T>,
         track: &Track<B, T>,
         local: std::ops::Range<usize>,
         shape: &[usize],
         step: u64,
     ) -> Result<bool> {
         let b = Rc::clone(&self.backend);
-        let data = self.data.as_ref().ok_or_else(no_data)?;
+        let gather = self.gather_of(from, local.clone())?;
         let (xv, yv) = (
             Var::constant(persistent_zeros(&*b, shape)?),
             Var::constant(persistent_zeros(&*b, &shape[..1])?),
         );
+        if let Rows::Pinned(src) = from {
+            src.upload(&*b, local.clone(), xv.value(), yv.value())?;
+        }
         let (errors, runs, started) = (ErrorSlot::default(), Runs::default(), Rc::default());
         let body = tracked_body(
             &b,
             &self.parts,
-            Gather {
-                xs: data.x.clone(),
-                ys: data.y.clone(),
-                index: data.indices(local.clone())?,
-            },
+            gather,
             (xv.clone(), yv.clone()),
             self.optim.tensors(),
             track.clone(),
@@ -382,7 +487,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         );
         match b.capture(Box::new(body)) {
             Ok(graph) => {
-                self.graphs.tracked = Some(BatchedGraph {
+                *self.tracked_slot(from) = Some(BatchedGraph {
                     graph,
                     x: xv,
                     y: yv,
@@ -401,7 +506,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 self.graphs.disabled = true;
                 if runs.get() == 0 {
                     // Nothing ran: the step eagerly (its slot was prepared, its gate unused).
-                    self.tracked_eager(track, local, shape)?;
+                    self.tracked_eager(from, track, local, shape)?;
                 }
                 Ok(false)
             }
@@ -413,7 +518,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 fn tracked_body<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     b: &Rc<B>,
     parts: &StepParts<B, T, M>,
-    data: Gather<B, T>,
+    data: Option<Gather<B, T>>,
     inputs: (Var<B, T>, Var<B, T>),
     adamw: AdamWTensors<B, T>,
     track: Track<B, T>,
@@ -423,7 +528,15 @@ fn tracked_body<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     let (errors, runs, started) = slots;
     move || {
         parts
-            .tracked(&*b, &data, &inputs.0, &inputs.1, &adamw, &track, &started)
+            .tracked(
+                &*b,
+                data.as_ref(),
+                &inputs.0,
+                &inputs.1,
+                &adamw,
+                &track,
+                &started,
+            )
             .map_err(|e| into_body_error(e, &errors))?;
         runs.set(runs.get() + 1);
         Ok(())
