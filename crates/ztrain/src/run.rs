@@ -331,7 +331,7 @@ fn train<B: TrainBackend + MemorySource>(
     conclude(
         &b,
         &run.learner,
-        feed,
+        &run.feed,
         ctx,
         out,
         &end,
@@ -346,21 +346,29 @@ fn feed_of<B: TrainBackend>(
     train_set: &Dataset,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
-) -> Result<Feed> {
+) -> Result<Feed<B>> {
     let bytes = zgrad::device_data_bytes(train_set.len(), train_set.sample_width(), 4);
     let rows = zgrad::max_device_rows::<f32>();
     let on_device =
         placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?;
-    if !on_device {
-        out.line("ztrain: training set on the host (each step's rows copied and uploaded)");
-        return Ok(Feed::Host);
-    }
     let every = ctx.options.readback_every;
-    out.line(&format!(
-        "ztrain: training set on the device ({}; each step's rows gathered there), read back every {every} steps",
-        Bytes(bytes)
-    ));
-    Ok(Feed::Device { every }.load(learner, train_set)?)
+    out.line(&if on_device {
+        format!(
+            "ztrain: training set on the device ({}; each step's rows gathered there), read back every {every} steps",
+            Bytes(bytes)
+        )
+    } else {
+        format!(
+            "ztrain: training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
+        )
+    });
+    Ok(Feed::new(
+        learner,
+        train_set,
+        on_device,
+        ctx.config.batch,
+        every,
+    )?)
 }
 
 /// Says a rank's failure at once (tearing the rank down after a dead peer may wait on the
@@ -384,7 +392,7 @@ struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
     learner: Trainer<B>,
     progress: Progress,
     rng: Rng,
-    feed: Feed,
+    feed: Feed<B>,
     train_set: &'a Dataset,
     val_set: &'a Dataset,
     agree: Option<Rc<dyn Collective<B, f32>>>,
@@ -670,7 +678,7 @@ fn epoch_line<B: MemorySource>(
 fn conclude<B: TrainBackend + MemorySource>(
     b: &B,
     learner: &Trainer<B>,
-    feed: Feed,
+    feed: &Feed<B>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
     end: &End<'_>,
