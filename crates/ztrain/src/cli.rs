@@ -231,9 +231,10 @@ pub struct Options {
     #[arg(long, value_enum, default_value_t = DataOn::Auto, help_heading = "Training")]
     pub data_on: DataOn,
 
-    /// With the data on the device, read the steps' loss and gradient norm back every this
-    /// many steps (one wait on the device each time): the progress bar moves, and a
-    /// non-finite step is reported by its number and stops the run, within this many steps.
+    /// Read the steps' loss and gradient norm back every this many steps (one wait on the
+    /// device each time; the batched schedule, data on the device or staged from the host):
+    /// the progress bar moves, and a non-finite step is reported by its number and stops the
+    /// run, within this many steps.
     /// Checkpoints, --stop-after and signals stay exact (they read back first).
     #[arg(
         long,
