@@ -39,3 +39,19 @@ extern "C" __global__ void zc_scatter_row_f32(float* dst, const float* src, floa
     __syncthreads();
     if (advance != 0 && threadIdx.x == 0) index[0] = f + 1.0f;
 }
+
+// dst[i * row_len + j] = src[row_i * row_len + j] for i < n, j < row_len, row_i = index[i]; a row
+// of NaN where index[i] names no row. src is dense [rows, row_len], dst dense [n, row_len], index
+// dense [n]: the trainer's gather of a step's shuffled samples from the device-resident data set,
+// reading the indices when it runs (a captured step's on every replay). Each output element is one
+// copy, so the result is the same whatever the launch shape.
+extern "C" __global__ void zc_gather_rows_f32(float* dst, const float* src, const float* index,
+                                              u64 rows, u64 row_len, u64 n) {
+    GRID_STRIDE_LOOP(k, 0, n * row_len) {
+        u64 i = k / row_len;
+        u64 j = k - i * row_len;
+        u64 row = 0;
+        bool ok = zc_row_of(index[i], rows, &row);
+        dst[k] = ok ? src[row * row_len + j] : __int_as_float(0x7fffffff);
+    }
+}

@@ -255,6 +255,27 @@ pub trait Backend<T: Element> {
         dst: &BTensor<Self, T>,
     ) -> Result<()>;
 
+    /// Copies rows `index[0], index[1], ..` of `src` (dense `[rows, ...]`) into `dst` (dense,
+    /// `index.numel()` rows' elements, any shape), the indices read from memory when the op
+    /// runs (on every replay of a captured graph): how a trainer gathers a step's shuffled
+    /// samples from a device-resident data set. Each index follows [`Backend::gather_row`]'s
+    /// rule (a value naming no row gives a row of NaN). No two operands may share storage.
+    /// The provided body is one `gather_row` per row; a device backend does it in one launch.
+    fn gather_rows(
+        &self,
+        src: &BTensor<Self, T>,
+        index: &BTensor<Self, T>,
+        dst: &BTensor<Self, T>,
+    ) -> Result<()> {
+        let (table, n) = crate::validate::indexed_rows("gather_rows", src, dst, index)?;
+        let dst = dst.reshape(&[n, table.row_len])?;
+        let index = index.reshape(&[n])?;
+        for i in 0..n {
+            self.gather_row(src, &index.narrow(0, i, 1)?, &dst.narrow(0, i, 1)?)?;
+        }
+        Ok(())
+    }
+
     /// Copies `src` (dense, one row's elements) into row `index` of `dst` (dense
     /// `[rows, ...]`), the index read from memory when the op runs; an index naming no row
     /// (see [`Backend::gather_row`]) writes nothing. With `advance`, the op then adds 1 to the

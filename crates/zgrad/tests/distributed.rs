@@ -396,3 +396,65 @@ fn own_model_on_two_ranks_equals_one(#[case] schedule: TrainSchedule, #[case] ca
         assert_eq!(grads, &two[0].1, "{at}: every rank the same bits");
     }
 }
+
+/// The data set on every rank's device (issue 21): each rank gathers its own shard of a step's
+/// rows by their indices, read back every 2 steps, and trains exactly as on its rows of the
+/// host-copied batch: every rank's losses and parameters bit for bit, with an empty shard for
+/// rank 2 at step 2.
+#[rstest]
+#[case::batched_eager(TrainSchedule::Batched, false)]
+#[case::batched_captured(TrainSchedule::Batched, true)]
+#[case::per_sample_eager(TrainSchedule::PerSample, false)]
+fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capture: bool) {
+    let cfg = config(schedule, capture);
+    let run = move |on_device: bool| {
+        ranks(3, move |b, c| {
+            let model = XAsset::init(b, CFG, 7).unwrap();
+            let mut t = Trainer::new(b.clone(), model, cfg)
+                .unwrap()
+                .with_collective(Rc::new(c))
+                .unwrap();
+            let (x, y) = data(5, 16);
+            let per = CFG.scales * CFG.features;
+            if on_device {
+                t.load_data(&x, &y, 16).unwrap();
+            }
+            let steps: [&[usize]; 4] = [
+                &[3, 9, 0, 15, 7, 7, 2],
+                &[11, 4],
+                &[1, 2, 3, 4, 5, 6, 8],
+                &[14, 13, 12],
+            ];
+            let mut losses = Vec::new();
+            for rows in steps {
+                if on_device {
+                    losses.extend(
+                        t.queue_rows(rows, 2)
+                            .unwrap()
+                            .iter()
+                            .map(|r| r.loss.to_bits()),
+                    );
+                } else {
+                    let xs: Vec<f32> = rows
+                        .iter()
+                        .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
+                        .collect();
+                    let ys: Vec<f32> = rows.iter().map(|&r| y[r]).collect();
+                    losses.push(t.train_batch(&xs, &ys, rows.len()).unwrap().loss.to_bits());
+                }
+            }
+            losses.extend(t.drain().unwrap().iter().map(|r| r.loss.to_bits()));
+            let params: Vec<u32> = t
+                .model()
+                .parameters()
+                .iter()
+                .flat_map(|p| t.backend_download(p.value()))
+                .map(f32::to_bits)
+                .collect();
+            (losses, params)
+        })
+    };
+    let (device, host) = (run(true), run(false));
+    assert_eq!(device[0].0.len(), 4);
+    assert_eq!(device, host);
+}

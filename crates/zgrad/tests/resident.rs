@@ -173,3 +173,258 @@ fn nodes_per_captured_step_at_the_default_size() {
         nodes[0], nodes[1]
     );
 }
+
+/// The data set on the device (issue 21): steps queued by their rows' indices, gathered on the
+/// device inside the (captured) step, read back every few steps. The new path's losses,
+/// norms and parameters against `train_batch` on the same rows copied on the host, bit for
+/// bit, on the simulated device and on the CPU backend, in both schedules, eager and captured.
+mod device_data {
+    use super::{SMALL, batch};
+    use rstest::rstest;
+    use zcompute::{Capture, CpuBackend, Engine};
+    use zgrad::{
+        Applied, GradError, NonFiniteKind, StepReport, TrainSchedule, Trainer, TrainerConfig,
+        XAsset,
+    };
+
+    const N: usize = 20;
+
+    fn learner<B: Capture<f32> + Clone + 'static>(
+        b: &B,
+        schedule: TrainSchedule,
+        capture: bool,
+    ) -> Trainer<B> {
+        let model = XAsset::init(b, SMALL, 3).expect("model");
+        let config = TrainerConfig {
+            schedule,
+            capture,
+            eval_batch: 6,
+            ..TrainerConfig::default()
+        };
+        Trainer::new(b.clone(), model, config).expect("trainer")
+    }
+
+    fn param_bits<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B>) -> Vec<u32> {
+        t.flat_parameters()
+            .and_then(|p| Ok(b.download(&p)?))
+            .expect("parameters")
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
+    /// Batches of 8, 8 and 4 rows (an epoch's short last batch) over two epochs, in a
+    /// shuffled order with a repeated row.
+    fn steps() -> Vec<Vec<usize>> {
+        let order = [
+            7, 3, 19, 0, 12, 5, 5, 16, 1, 9, 14, 2, 18, 11, 4, 13, 6, 17, 10, 8,
+        ];
+        let mut out: Vec<Vec<usize>> = order.chunks(8).map(<[usize]>::to_vec).collect();
+        out.extend(
+            order
+                .iter()
+                .rev()
+                .copied()
+                .collect::<Vec<_>>()
+                .chunks(8)
+                .map(<[usize]>::to_vec),
+        );
+        out
+    }
+
+    fn rows_of(x: &[f32], y: &[f32], rows: &[usize]) -> (Vec<f32>, Vec<f32>) {
+        let per = x.len() / y.len();
+        let xs = rows
+            .iter()
+            .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
+            .collect();
+        (xs, rows.iter().map(|&r| y[r]).collect())
+    }
+
+    fn report_bits(r: &StepReport) -> (u64, u64, u64, u64) {
+        (
+            r.step,
+            r.loss.to_bits(),
+            r.grad_norm.to_bits(),
+            r.lr.to_bits(),
+        )
+    }
+
+    /// The host path and the device path on one backend: every report and the parameters.
+    fn same_as_the_host_path<B: Capture<f32> + Clone + 'static>(
+        b: &B,
+        schedule: TrainSchedule,
+        capture: bool,
+        every: usize,
+    ) {
+        let (x, y) = batch(SMALL, N, 21);
+        let mut host = learner(b, schedule, capture);
+        let mut dev = learner(b, schedule, capture);
+        dev.load_data(&x, &y, N).expect("load");
+        assert_eq!(dev.loaded_rows(), Some(N));
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        for rows in steps() {
+            let (xs, ys) = rows_of(&x, &y, &rows);
+            want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+            got.extend(dev.queue_rows(&rows, every).expect("queued step"));
+            assert!(dev.queued() < every);
+        }
+        got.extend(dev.drain().expect("drain"));
+        assert_eq!(dev.queued(), 0);
+        let w: Vec<_> = want.iter().map(report_bits).collect();
+        let g: Vec<_> = got.iter().map(report_bits).collect();
+        assert_eq!(g, w, "{schedule:?} capture {capture} every {every}");
+        assert_eq!(dev.step(), host.step());
+        assert_eq!(param_bits(b, &dev), param_bits(b, &host));
+        if capture && schedule == TrainSchedule::Batched {
+            assert!(got[0].captured && got[1].captured && !got[2].captured);
+        }
+        let (e_host, e_dev) = (
+            host.evaluate(&x, &y).expect("eval"),
+            dev.evaluate_loaded().expect("eval"),
+        );
+        assert_eq!(e_dev.loss.to_bits(), e_host.loss.to_bits());
+        assert_eq!(e_dev.accuracy.to_bits(), e_host.accuracy.to_bits());
+        assert_eq!(e_dev.samples, N);
+    }
+
+    #[rstest]
+    fn losses_equal_the_host_paths_on_the_simulated_device(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+        #[values(false, true)] capture: bool,
+        #[values(1, 4)] every: usize,
+    ) {
+        let b = Engine::sim(256 << 20).expect("simulated backend");
+        b.set_poison(true);
+        same_as_the_host_path(&b, schedule, capture, every);
+    }
+
+    #[rstest]
+    fn losses_equal_the_host_paths_on_the_cpu(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+        #[values(false, true)] capture: bool,
+    ) {
+        same_as_the_host_path(&CpuBackend, schedule, capture, 3);
+    }
+
+    /// A NaN in a sample of the second step of a window of four: the read-back names step 2
+    /// and the sample, the model and step count are as step 1 left them (the steps after it
+    /// were skipped on the device), and training goes on from there as the host path does.
+    #[rstest]
+    fn a_non_finite_step_is_named_and_its_window_skipped(#[values(false, true)] capture: bool) {
+        let b = Engine::sim(256 << 20).expect("simulated backend");
+        let (mut x, y) = batch(SMALL, N, 22);
+        let per = x.len() / N;
+        let rows = steps();
+        let bad_row = rows[1][5];
+        x[bad_row * per + 2] = f32::NAN;
+        let mut host = learner(&b, TrainSchedule::Batched, capture);
+        let (xs, ys) = rows_of(&x, &y, &rows[0]);
+        host.train_batch(&xs, &ys, 8).expect("step 1");
+        let mut dev = learner(&b, TrainSchedule::Batched, capture);
+        dev.load_data(&x, &y, N).expect("load");
+        for r in &rows[..3] {
+            assert!(dev.queue_rows(r, 4).expect("queued").is_empty());
+        }
+        assert_eq!(dev.step(), 3, "counted as queued");
+        let e = dev
+            .queue_rows(&rows[3], 4)
+            .expect_err("the window holds a NaN");
+        assert_eq!(e.applied(), Some(Applied::No), "{e}");
+        assert!(
+            matches!(
+                e.cause(),
+                GradError::NonFinite {
+                    step: 2,
+                    sample: Some(5),
+                    kind: NonFiniteKind::Loss
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(dev.step(), 1);
+        assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
+        // Going on past the bad step (rows without the NaN) matches the host path again.
+        let clean = &rows[2];
+        let (xs, ys) = rows_of(&x, &y, clean);
+        let want = host
+            .train_batch(&xs, &ys, clean.len())
+            .expect("host step 2");
+        dev.queue_rows(clean, 4).expect("queued");
+        let got = dev.drain().expect("drain");
+        assert_eq!(
+            got.iter().map(report_bits).collect::<Vec<_>>(),
+            [report_bits(&want)]
+        );
+        assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
+    }
+
+    /// Two pinned batches filled in turn (the host stages step k + 1 into one while step k
+    /// reads the other), queued, read back every 3 steps: the host path's reports and
+    /// parameters, bit for bit, on the simulated device and the CPU.
+    fn pinned_same_as_the_host_path<B>(b: &B, capture: bool)
+    where
+        B: Capture<f32> + zcompute::PinnedHost<f32> + Clone + 'static,
+    {
+        let (x, y) = batch(SMALL, N, 24);
+        let per = x.len() / N;
+        let mut host = learner(b, TrainSchedule::Batched, capture);
+        let mut dev = learner(b, TrainSchedule::Batched, capture);
+        let mut bufs = [0, 1]
+            .map(|_| zgrad::PinnedBatch::new(b, 8, SMALL.scales, SMALL.features).expect("pinned"));
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        for (k, rows) in steps().into_iter().enumerate() {
+            let (xs, ys) = rows_of(&x, &y, &rows);
+            want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+            let buf = &mut bufs[k % 2];
+            buf.fill(|px, py| {
+                px[..xs.len()].copy_from_slice(&xs);
+                py[..ys.len()].copy_from_slice(&ys);
+            })
+            .expect("fill");
+            got.extend(dev.queue_pinned(buf, rows.len(), 3).expect("queued"));
+        }
+        got.extend(dev.drain().expect("drain"));
+        let w: Vec<_> = want.iter().map(report_bits).collect();
+        let g: Vec<_> = got.iter().map(report_bits).collect();
+        assert_eq!(g, w, "capture {capture}");
+        assert_eq!(param_bits(b, &dev), param_bits(b, &host));
+        assert_eq!(per, SMALL.scales * SMALL.features);
+    }
+
+    #[rstest]
+    fn pinned_double_buffered_steps_equal_the_host_path(#[values(false, true)] capture: bool) {
+        let b = Engine::sim(256 << 20).expect("simulated backend");
+        b.set_poison(true);
+        pinned_same_as_the_host_path(&b, capture);
+        pinned_same_as_the_host_path(&CpuBackend, capture);
+    }
+
+    #[test]
+    fn bad_rows_and_mixed_paths_are_refused_and_apply_nothing() {
+        let b = Engine::sim(256 << 20).expect("simulated backend");
+        let (x, y) = batch(SMALL, N, 23);
+        let mut t = learner(&b, TrainSchedule::Batched, true);
+        let cause = |e: GradError| match e.cause() {
+            GradError::BadInput(m) => m.clone(),
+            other => panic!("{other:?}"),
+        };
+        let e = t.queue_rows(&[0, 1], 2).expect_err("nothing loaded");
+        assert_eq!(e.applied(), Some(Applied::No));
+        assert!(cause(e).contains("load_data first"));
+        assert!(t.evaluate_loaded().is_err());
+        assert!(t.load_data(&x, &y[..N - 1], N).is_err(), "labels short");
+        t.load_data(&x, &y, N).expect("load");
+        assert!(cause(t.queue_rows(&[0, N], 2).unwrap_err()).contains(&format!("row {N} of")));
+        assert!(cause(t.queue_rows(&[], 2).unwrap_err()).contains("0 rows"));
+        assert!(cause(t.queue_rows(&[0; N + 1], 2).unwrap_err()).contains("1 to 20 rows"));
+        assert_eq!(t.step(), 0);
+        t.queue_rows(&[0, 1], 2).expect("queued");
+        let e = t
+            .train_batch(&x[..2 * x.len() / N], &y[..2], 2)
+            .expect_err("queued first");
+        assert!(cause(e).contains("drain first"));
+        assert_eq!(t.drain().expect("drain").len(), 1);
+        assert_eq!(t.step(), 1);
+    }
+}

@@ -25,6 +25,19 @@ pub enum DeviceChoice {
     Sim,
 }
 
+/// Where the data set lives while the model trains (`--data-on`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DataOn {
+    /// On the device when the run's memory plan plus the data set fit its memory with a
+    /// margin (and the backend is a device), else on the host; says which.
+    Auto,
+    /// On the device: uploaded once, each step's rows gathered there by their indices; an
+    /// error if it does not fit (saying how much is needed and free).
+    Device,
+    /// On the host: each step's rows copied and uploaded.
+    Host,
+}
+
 /// Parses `--schedule` into zgrad's schedule (the command line spells it `batched` or
 /// `per-sample`).
 fn schedule_parser() -> impl clap::builder::TypedValueParser<Value = TrainSchedule> {
@@ -213,6 +226,24 @@ pub struct Options {
     #[arg(long, help_heading = "Training")]
     pub capture: bool,
 
+    /// Where the data set lives: auto, device (uploaded once, each step's shuffled rows
+    /// gathered on the device inside the step) or host (rows copied and uploaded every step).
+    #[arg(long, value_enum, default_value_t = DataOn::Auto, help_heading = "Training")]
+    pub data_on: DataOn,
+
+    /// Read the steps' loss and gradient norm back every this many steps (one wait on the
+    /// device each time; the batched schedule, data on the device or staged from the host):
+    /// the progress bar moves, and a non-finite step is reported by its number and stops the
+    /// run, within this many steps.
+    /// Checkpoints, --stop-after and signals stay exact (they read back first).
+    #[arg(
+        long,
+        value_name = "STEPS",
+        default_value_t = 32,
+        help_heading = "Training"
+    )]
+    pub readback_every: usize,
+
     /// Seed of the parameter initialisation and of the data order.
     #[arg(long, default_value_t = 0, help_heading = "Training")]
     pub seed: u64,
@@ -343,6 +374,9 @@ impl Options {
         }
         if self.soak_every == 0 {
             return bad("--soak-every must be at least 1".into());
+        }
+        if self.readback_every == 0 {
+            return bad("--readback-every must be at least 1".into());
         }
         if self.checkpoint_every == Some(0) {
             return bad("--checkpoint-every must be at least 1".into());

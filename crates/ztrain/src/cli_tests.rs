@@ -38,6 +38,7 @@ fn defaults_are_the_xasset_size_on_synthetic_data() {
 #[case(&["--samples", "1"], "--samples")]
 #[case(&["--stop-after", "3"], "--checkpoint")]
 #[case(&["--features", "0"], "--features")]
+#[case(&["--readback-every", "0"], "--readback-every must be at least 1")]
 fn bad_values_are_named(#[case] args: &[&str], #[case] named: &str) {
     let err = parse(args).config().expect_err("invalid");
     assert!(err.to_string().contains(named), "{err}");

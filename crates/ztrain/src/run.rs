@@ -12,7 +12,7 @@ use std::time::Instant;
 use zcomm::{Collective, LaunchEnv};
 
 use zcompute::units::Bytes;
-use zgrad::{Trainer, XAsset, XAssetConfig};
+use zgrad::{StepReport, Trainer, XAsset, XAssetConfig};
 
 use crate::arena_options;
 use crate::budget::{Estimate, host_available};
@@ -20,6 +20,8 @@ use crate::checkpoint::Progress;
 use crate::cli::{DeviceChoice, Options};
 use crate::config::{DataSource, RunConfig, fnv1a};
 use crate::console::Console;
+use crate::data::feed::Feed;
+use crate::data::placement::{self, DeviceRoom};
 use crate::data::{self, Dataset, epoch_order};
 use crate::device::{self, AnyBackend};
 use crate::distributed::Role;
@@ -107,7 +109,7 @@ pub fn run(
         (options, out, show_bar)
     };
     let config = options.config()?;
-    let opened = open_backend(options, &env, &config)?;
+    let (opened, room) = open_backend(options, &env, &config)?;
     let mut console = Console::new(out);
     console.line(&format!("ztrain: {}", opened.description));
     if env.info.world > 1 {
@@ -127,6 +129,7 @@ pub fn run(
         description: d,
         show_bar,
         stop,
+        room,
     };
     let ranks = (env.info.world > 1).then_some(&env);
     let timeout = crate::distributed::comm_timeout(options)?;
@@ -153,7 +156,11 @@ pub fn run(
 
 /// The checks before the device opens (outputs, the memory estimate against the host and the
 /// device), the arena's settings (options, the run's plan) and the backend itself.
-fn open_backend(options: &Options, env: &LaunchEnv, config: &RunConfig) -> Result<device::Opened> {
+fn open_backend(
+    options: &Options,
+    env: &LaunchEnv,
+    config: &RunConfig,
+) -> Result<(device::Opened, Option<DeviceRoom>)> {
     let mut engine = options.arena.engine_config()?;
     if env.info.world > 1 {
         // A rank's every wait, a collective whose peer died included, ends at --comm-timeout
@@ -209,7 +216,16 @@ fn open_backend(options: &Options, env: &LaunchEnv, config: &RunConfig) -> Resul
     if options.device == DeviceChoice::Auto && matches!(opened.backend, AnyBackend::Cpu(_)) {
         estimate.check_host(estimate.device()?)?;
     }
-    Ok(opened)
+    // Device memory the training set may take: the arena's cap less the run's plan.
+    let room = opened.backend.device_memory().map(|total| DeviceRoom {
+        cap: engine
+            .arena_config(total)
+            .ok()
+            .and_then(|a| a.cap_bytes)
+            .unwrap_or(total / 4 * 3),
+        plan: estimate.device().unwrap_or(u64::MAX),
+    });
+    Ok((opened, room))
 }
 
 /// What a run's training loop reads.
@@ -224,6 +240,8 @@ pub(crate) struct Context<'a> {
     pub(crate) description: &'a str,
     pub(crate) show_bar: bool,
     pub(crate) stop: &'a StopSignal,
+    /// Device memory the training set may take (`None` on the CPU backend).
+    pub(crate) room: Option<DeviceRoom>,
 }
 
 /// Loads or generates the data set; returns it with the CSV file's digest. The file is read
@@ -285,15 +303,14 @@ fn train<B: TrainBackend + MemorySource>(
     let n_train = train_set.len();
     let limit = checkpoint_limit(crate::config::parameters(&config.model)?, n_train);
     let mut learner = new_learner(&b, ctx, n_train, limit)?;
-
-    let mut progress = start(&mut learner, ctx, &config_json, n_train, limit, out)?;
-    // The ranks agree on a stop signal at the end of each step (one tiny all-reduce).
+    let progress = start(&mut learner, ctx, &config_json, n_train, limit, out)?;
+    // The ranks agree on a stop signal where the steps are read back (one tiny all-reduce).
     let agree = comm.clone();
     if let Some(c) = comm {
         // Every rank starts from rank 0's parameters (restored from the checkpoint alike).
         learner = learner.with_collective(c)?;
     }
-    let mut rng = Rng::from_state(progress.rng).ok_or_else(|| TrainError::CheckpointCorrupt {
+    let rng = Rng::from_state(progress.rng).ok_or_else(|| TrainError::CheckpointCorrupt {
         path: options.resume.clone().unwrap_or_default(),
         reason: "generator state is all zero".into(),
     })?;
@@ -304,121 +321,264 @@ fn train<B: TrainBackend + MemorySource>(
             path.display()
         ));
     }
+    let feed = feed_of(&mut learner, &train_set, ctx, out)?;
+    let mut run = Epochs {
+        b: &b,
+        learner,
+        progress,
+        rng,
+        feed,
+        train_set: &train_set,
+        val_set: &val_set,
+        agree,
+        ctx,
+        config_json: &config_json,
+        soak: options
+            .soak_report
+            .as_ref()
+            .map(|_| Soak::new(options.soak_every)),
+        validation: None,
+        training: Throughput::default(),
+        started,
+    };
+    let ended = run.all(out)?;
+    let end = End {
+        started,
+        steps: run.progress.step,
+        training: run.training,
+        ended,
+        soak: run.soak.as_ref(),
+        config: &config_json,
+    };
+    conclude(
+        &b,
+        &run.learner,
+        &run.feed,
+        ctx,
+        out,
+        &end,
+        &train_set,
+        run.validation,
+    )
+}
 
-    let save = |learner: &Trainer<B>, progress: &Progress| -> Result<()> {
-        match &options.checkpoint {
-            Some(path) if ctx.rank == 0 => {
-                checkpoint_of(learner, progress, &config_json, ctx.backend_name)?.save(path)
-            }
+/// Where the training set lives (`--data-on`), loaded there, said in one line.
+fn feed_of<B: TrainBackend>(
+    learner: &mut Trainer<B>,
+    train_set: &Dataset,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
+) -> Result<Feed<B>> {
+    let bytes = zgrad::device_data_bytes(train_set.len(), train_set.sample_width(), 4);
+    let rows = zgrad::max_device_rows::<f32>();
+    let on_device =
+        placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?;
+    let every = ctx.options.readback_every;
+    out.line(&if on_device {
+        format!(
+            "ztrain: training set on the device ({}; each step's rows gathered there), read back every {every} steps",
+            Bytes(bytes)
+        )
+    } else {
+        format!(
+            "ztrain: training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
+        )
+    });
+    Ok(Feed::new(
+        learner,
+        train_set,
+        on_device,
+        ctx.config.batch,
+        every,
+    )?)
+}
+
+/// Says a rank's failure at once (tearing the rank down after a dead peer may wait on the
+/// device up to its deadline, and the launcher may take the rank down first).
+fn rank_error(ctx: &Context<'_>, e: zgrad::GradError) -> TrainError {
+    let e = TrainError::from(e);
+    if ctx.world > 1 {
+        tracing::error!(
+            target: "ztrain.rank",
+            rank = ctx.rank,
+            error = %crate::error::report(&e),
+            "training stopped"
+        );
+    }
+    e
+}
+
+/// The epochs of a run and what they carry from step to step.
+struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
+    b: &'a B,
+    learner: Trainer<B>,
+    progress: Progress,
+    rng: Rng,
+    feed: Feed<B>,
+    train_set: &'a Dataset,
+    val_set: &'a Dataset,
+    agree: Option<Rc<dyn Collective<B, f32>>>,
+    ctx: &'a Context<'c>,
+    config_json: &'a serde_json::Value,
+    soak: Option<Soak>,
+    validation: Option<Tally>,
+    training: Throughput,
+    started: Instant,
+}
+
+impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
+    /// Rank 0 writes the checkpoint (when one was asked for) of the progress so far.
+    fn save(&mut self) -> Result<()> {
+        self.progress.rng = self.rng.state();
+        match &self.ctx.options.checkpoint {
+            Some(path) if self.ctx.rank == 0 => checkpoint_of(
+                &self.learner,
+                &self.progress,
+                self.config_json,
+                self.ctx.backend_name,
+            )?
+            .save(path),
             _ => Ok(()),
         }
-    };
-    let mut soak = options
-        .soak_report
-        .as_ref()
-        .map(|_| Soak::new(options.soak_every));
-    let mut validation = None;
-    let epochs = config.epochs as u64;
-    let mut ended = Ended::Finished;
-    let mut training = Throughput::default();
-    'epochs: while progress.epoch < epochs {
-        let order: Vec<usize> = progress.order.iter().map(|&i| i as usize).collect();
+    }
+
+    /// Reads back every step not read back yet into `tally`.
+    fn flush(&mut self, tally: &mut Tally) -> Result<()> {
+        let reports = self
+            .feed
+            .flush(&mut self.learner)
+            .map_err(|e| rank_error(self.ctx, e))?;
+        absorb(tally, &reports);
+        Ok(())
+    }
+
+    /// The stop signal after step `step`: this process's own in a job of one (a flag, read
+    /// every step); in a job of several, the one the ranks agree on where every step has
+    /// been read back (the same steps on every rank, so they all stop after the same one).
+    fn signal(&self) -> Result<Option<i32>> {
+        if self.ctx.world > 1 && !self.feed.settled(&self.learner) {
+            return Ok(None);
+        }
+        crate::signals::agreed(
+            self.ctx.stop,
+            self.agree.as_ref(),
+            self.b,
+            self.progress.step,
+        )
+    }
+
+    /// Every epoch left, or until a stop.
+    fn all(&mut self, out: &mut Console<'_>) -> Result<Ended> {
+        let epochs = self.ctx.config.epochs as u64;
+        while self.progress.epoch < epochs {
+            if let Some(ended) = self.epoch(out)? {
+                return Ok(ended);
+            }
+        }
+        Ok(Ended::Finished)
+    }
+
+    /// One epoch (or what is left of it): its steps, then validation, the checkpoint and
+    /// the epoch's line. `Some` when the run stops here.
+    fn epoch(&mut self, out: &mut Console<'_>) -> Result<Option<Ended>> {
+        let (ctx, n_train) = (self.ctx, self.train_set.len());
+        let epochs = ctx.config.epochs as u64;
+        let order: Vec<usize> = self.progress.order.iter().map(|&i| i as usize).collect();
         let bar = EpochBar::new(
-            progress.epoch + 1,
+            self.progress.epoch + 1,
             epochs,
             n_train as u64,
-            progress.position,
+            self.progress.position,
             ctx.show_bar,
         );
         let mut tally = Tally::default();
-        while (progress.position as usize) < n_train {
-            let start = progress.position as usize;
-            let chunk = &order[start..(start + config.batch).min(n_train)];
-            let (x, y) = train_set.gather(chunk);
-            let t0 = Instant::now();
-            let report = learner.train_batch(&x, &y, chunk.len()).map_err(|e| {
-                let e = TrainError::from(e);
-                if ctx.world > 1 {
-                    // Said now: tearing the rank down after a dead peer may wait on the device
-                    // up to its deadline, and the launcher may take the rank down first.
-                    tracing::error!(
-                        target: "ztrain.rank",
-                        rank = ctx.rank,
-                        error = %crate::error::report(&e),
-                        "training stopped"
-                    );
-                }
-                e
-            })?;
-            training.add(chunk.len(), t0.elapsed());
-            tally.add(Tally::of(chunk.len(), report.loss, 0.0));
-            progress.step = report.step;
-            progress.position += chunk.len() as u64;
-            bar.update(progress.position, tally.mean_loss(), b.in_use());
-            if let Some(s) = soak.as_mut().filter(|s| s.due(progress.step)) {
-                s.samples.push(sample_memory(&b, progress.step));
-            }
-            let signal = crate::signals::agreed(ctx.stop, agree.as_ref(), &b, progress.step)?;
-            let stop = options.stop_after.is_some_and(|s| progress.step >= s);
-            let every = options
-                .checkpoint_every
-                .is_some_and(|e| progress.step.is_multiple_of(e));
-            if stop || every || signal.is_some() {
-                progress.rng = rng.state();
-                save(&learner, &progress)?;
-            }
-            if let Some(sig) = signal {
+        while (self.progress.position as usize) < n_train {
+            let start = self.progress.position as usize;
+            let chunk = &order[start..(start + ctx.config.batch).min(n_train)];
+            if let Some(ended) = self.step(chunk, &mut tally, &bar)? {
                 bar.finish();
-                ended = Ended::Signal(sig);
-                break 'epochs;
-            }
-            if stop && (progress.position as usize) < n_train {
-                bar.finish();
-                ended = Ended::StopAfter;
-                break 'epochs;
+                return Ok(Some(ended));
             }
         }
-        let rate = bar.samples_per_second(progress.position);
+        self.flush(&mut tally)?;
+        let rate = bar.samples_per_second(self.progress.position);
         bar.finish();
-        let val = evaluate(&learner, &val_set)?;
+        let val = evaluate(&self.learner, self.val_set)?;
         let line = epoch_line(
-            progress.epoch + 1,
+            self.progress.epoch + 1,
             epochs,
             &tally,
             val.as_ref(),
             rate,
-            started,
-            &b,
+            self.started,
+            self.b,
         );
-        validation = val.or(validation);
-        progress.epoch += 1;
-        progress.position = 0;
-        progress.order = epoch_order(n_train, &mut rng)
+        self.validation = val.or(self.validation);
+        self.progress.epoch += 1;
+        self.progress.position = 0;
+        self.progress.order = epoch_order(n_train, &mut self.rng)
             .iter()
             .map(|&i| i as u64)
             .collect();
-        progress.rng = rng.state();
         // The checkpoint first: a line that announces the epoch means its checkpoint is there.
-        save(&learner, &progress)?;
+        self.save()?;
         out.line(&line);
-        if let Some(sig) = crate::signals::agreed(ctx.stop, agree.as_ref(), &b, progress.step)? {
-            ended = Ended::Signal(sig);
-            break;
+        if let Some(sig) = self.signal()? {
+            return Ok(Some(Ended::Signal(sig)));
         }
-        if options.stop_after.is_some_and(|s| progress.step >= s) && progress.epoch < epochs {
-            ended = Ended::StopAfter;
-            break;
-        }
+        let stop = ctx
+            .options
+            .stop_after
+            .is_some_and(|s| self.progress.step >= s);
+        Ok((stop && self.progress.epoch < epochs).then_some(Ended::StopAfter))
     }
-    let end = End {
-        started,
-        steps: progress.step,
-        training,
-        ended,
-        soak: soak.as_ref(),
-        config: &config_json,
-    };
-    conclude(&b, &learner, ctx, out, &end, &train_set, validation)
+
+    /// One step on `chunk`, and what follows it: the checkpoint every --checkpoint-every
+    /// steps, --stop-after and signals, each after reading back every step (so exact).
+    fn step(
+        &mut self,
+        chunk: &[usize],
+        tally: &mut Tally,
+        bar: &EpochBar,
+    ) -> Result<Option<Ended>> {
+        let (ctx, options) = (self.ctx, self.ctx.options);
+        let t0 = Instant::now();
+        let reports = self
+            .feed
+            .step(&mut self.learner, self.train_set, chunk)
+            .map_err(|e| rank_error(ctx, e))?;
+        self.training.add(chunk.len(), t0.elapsed());
+        absorb(tally, &reports);
+        self.progress.step = self.learner.step();
+        self.progress.position += chunk.len() as u64;
+        if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {
+            s.samples.push(sample_memory(self.b, self.progress.step));
+        }
+        let signal = self.signal()?;
+        let stop = options.stop_after.is_some_and(|s| self.progress.step >= s);
+        let every = options
+            .checkpoint_every
+            .is_some_and(|e| self.progress.step.is_multiple_of(e));
+        if stop || every || signal.is_some() {
+            self.flush(tally)?;
+            self.save()?;
+        }
+        if !reports.is_empty() || stop || every || signal.is_some() {
+            bar.update(self.progress.position, tally.mean_loss(), self.b.in_use());
+        }
+        if let Some(sig) = signal {
+            return Ok(Some(Ended::Signal(sig)));
+        }
+        let more = (self.progress.position as usize) < self.train_set.len();
+        Ok((stop && more).then_some(Ended::StopAfter))
+    }
+}
+
+/// Adds read-back steps to the epoch's running tally, in step order.
+fn absorb(tally: &mut Tally, reports: &[StepReport]) {
+    for r in reports {
+        tally.add(Tally::of(r.samples, r.loss, 0.0));
+    }
 }
 
 /// The run's trainer: XAsset from the `--init-from` file (read no further than `limit` bytes)
@@ -536,9 +696,11 @@ fn epoch_line<B: MemorySource>(
 
 /// The run's end as `end.ended` says: the final numbers over the training set when it
 /// finished, else the line that says why it stopped and how to go on; then the summary.
+#[allow(clippy::too_many_arguments)]
 fn conclude<B: TrainBackend + MemorySource>(
     b: &B,
     learner: &Trainer<B>,
+    feed: &Feed<B>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
     end: &End<'_>,
@@ -548,7 +710,8 @@ fn conclude<B: TrainBackend + MemorySource>(
     match end.ended {
         Ended::Finished => {
             // The final numbers: the whole training set in no-grad mode, like the validation set.
-            let train_final = evaluate(learner, train_set)?;
+            let e = feed.evaluate_train(learner, train_set, ctx.world)?;
+            let train_final = Some(Tally::of(e.samples, e.loss, e.accuracy));
             finish(b, learner, ctx, out, end, train_final, validation)
         }
         Ended::StopAfter => {

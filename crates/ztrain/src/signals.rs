@@ -4,9 +4,13 @@
 //! handlers only store to atomics, so ztrain itself has no `unsafe`.
 //!
 //! In a data-parallel job the ranks stop together: a signal reaches them at slightly different
-//! moments (or one rank alone), so after each step they all-reduce who received what
-//! ([`agreed`]) and all stop after that same step; rank 0 writes the checkpoint, every rank
-//! exits 128 + the signal. A wait for the other ranks (the rendezvous) ends at once.
+//! moments (or one rank alone), so they all-reduce who received what ([`agreed`]) and all stop
+//! after that same step; rank 0 writes the checkpoint, every rank exits 128 + the signal. With
+//! the training set on the device the run asks only where every step has been read back (every
+//! `--readback-every` steps, and at checkpoints, `--stop-after` and epoch ends: the same steps
+//! on every rank, since they follow from the options alone), so the agreement costs no round
+//! trip of its own, and the stop is still after one step every rank names. A wait for the
+//! other ranks (the rendezvous) ends at once.
 
 use std::rc::Rc;
 use std::sync::Arc;

@@ -1,14 +1,15 @@
 //! The bridge to zgrad's `Trainer`: the backend bound the run needs, the trainer's
 //! configuration from the run's, and running tallies of loss and accuracy.
 
-use zcompute::{Backend, Capture};
+use zcompute::{Backend, Capture, PinnedHost};
 use zgrad::TrainerConfig;
 
 use crate::config::RunConfig;
 
-/// The backend traits the run needs (zgrad's trainer captures through `Capture`).
-pub trait TrainBackend: Backend<f32> + Capture<f32> + Clone + 'static {}
-impl<B: Backend<f32> + Capture<f32> + Clone + 'static> TrainBackend for B {}
+/// The backend traits the run needs (zgrad's trainer captures through `Capture`; a training
+/// set on the host is staged in `PinnedHost` memory).
+pub trait TrainBackend: Backend<f32> + Capture<f32> + PinnedHost<f32> + Clone + 'static {}
+impl<B: Backend<f32> + Capture<f32> + PinnedHost<f32> + Clone + 'static> TrainBackend for B {}
 
 /// zgrad's trainer configuration for `config`, a run of `total_steps` optimiser steps.
 #[must_use]

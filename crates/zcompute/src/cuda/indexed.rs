@@ -1,5 +1,5 @@
-//! Row ops indexed from device memory (`Backend::gather_row`, `Backend::scatter_row`): one
-//! kernel each (`kernels/indexed.cu`) that reads the index when it runs, so a captured graph
+//! Row ops indexed from device memory (`Backend::gather_row`, `Backend::gather_rows`,
+//! `Backend::scatter_row`): one kernel each (`kernels/indexed.cu`) that reads the index when it runs, so a captured graph
 //! walks a device-resident table on its replays with no host work. The operands are dense
 //! (checked by `validate::indexed_row`), so the kernels take plain pointers.
 
@@ -32,6 +32,32 @@ impl<D: Driver> CudaBackend<D> {
         .collect();
         let config = kernels::elementwise_config(table.row_len);
         self.launch(OP, Kernel::GatherRow, config, &args)
+    }
+
+    pub(crate) fn gather_rows_at(
+        &self,
+        src: &CudaTensor,
+        index: &CudaTensor,
+        dst: &CudaTensor,
+    ) -> Result<()> {
+        const OP: &str = "gather_rows";
+        let (table, n) = validate::indexed_rows(OP, src, dst, index)?;
+        let total = n.saturating_mul(table.row_len);
+        if total == 0 {
+            return Ok(());
+        }
+        let args: Args = [
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, src)?),
+            ptr(self.ptr(OP, index)?),
+            u64a(table.rows),
+            u64a(table.row_len),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        let config = kernels::elementwise_config(total);
+        self.launch(OP, Kernel::GatherRows, config, &args)
     }
 
     pub(crate) fn scatter_row_at(

@@ -116,6 +116,8 @@ pub enum Kernel {
     GatherRow,
     /// A row written at an index in device memory, which it may then advance.
     ScatterRow,
+    /// Rows of a dense table, picked by indices in device memory (`indexed.cu`).
+    GatherRows,
     /// Products with few rows (`linear.cu`, launched from `cuda/linear.rs`), by the order of
     /// `op(B)`: k-contiguous (a Linear weight read transposed) or n-contiguous.
     LinearRowsKMajor,
@@ -167,7 +169,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 48] = [
+    pub const ALL: [Kernel; 49] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -210,6 +212,7 @@ impl Kernel {
         Kernel::PoolHeadBceBackwardFinish,
         Kernel::GatherRow,
         Kernel::ScatterRow,
+        Kernel::GatherRows,
         Kernel::LinearRowsKMajor,
         Kernel::LinearRowsNMajor,
         Kernel::LinearParamGrads,
@@ -375,6 +378,7 @@ impl Kernel {
             ),
             Kernel::GatherRow => s(6, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
             Kernel::ScatterRow => s(6, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::GatherRows => s(6, "zc_gather_rows_f32", &[Ptr, Ptr, Ptr, U64, U64, U64], 0),
             Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearRowsNMajor => s(7, "zc_linear_rows_nmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearParamGrads => s(

@@ -353,6 +353,10 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.gather_row_at(src, index, dst)
     }
 
+    fn gather_rows(&self, src: &CudaTensor, index: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.gather_rows_at(src, index, dst)
+    }
+
     fn scatter_row(
         &self,
         src: &CudaTensor,

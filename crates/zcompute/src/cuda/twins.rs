@@ -111,6 +111,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::PoolHeadBceBackwardFinish => fused::pool_head_bce_backward_finish,
         Kernel::GatherRow => indexed::gather_row,
         Kernel::ScatterRow => indexed::scatter_row,
+        Kernel::GatherRows => indexed::gather_rows,
         Kernel::LinearRowsKMajor => linear::rows_kmajor,
         Kernel::LinearRowsNMajor => linear::rows_nmajor,
         Kernel::LinearParamGrads => linear::param_grads,

@@ -59,3 +59,53 @@ pub(crate) fn indexed_row<S: Storage>(
     distinct(op, &[("table", table), ("row", row), ("index", index)])?;
     Ok(RowTable { rows, row_len })
 }
+
+/// `gather_rows`: `table` dense of rank >= 1, `index` dense with one element per gathered row
+/// (`n` of them), `rows` dense with `n` rows' elements (`n * numel / shape[0]`, whatever its
+/// shape), no two of them sharing storage. Returns the table and `n`. (The indices' values
+/// are read when the op runs, as `indexed_row` says.)
+pub(crate) fn indexed_rows<S: Storage>(
+    op: &'static str,
+    table: &Tensor<S>,
+    rows: &Tensor<S>,
+    index: &Tensor<S>,
+) -> Result<(RowTable, usize)> {
+    let Some((&n_rows, rest)) = table.shape().split_first() else {
+        return Err(ComputeError::RankTooLow {
+            op,
+            min: 1,
+            shape: table.shape().into(),
+        });
+    };
+    let row_len: usize = rest.iter().product();
+    let n = index.numel();
+    let expected = n.checked_mul(row_len).ok_or(ComputeError::LengthMismatch {
+        op,
+        expected: usize::MAX,
+        got: rows.numel(),
+    })?;
+    if rows.numel() != expected {
+        return Err(ComputeError::LengthMismatch {
+            op,
+            expected,
+            got: rows.numel(),
+        });
+    }
+    for t in [table, rows, index] {
+        if !t.is_contiguous() {
+            return Err(ComputeError::NotContiguous {
+                op,
+                shape: t.shape().into(),
+                strides: t.layout().strides().into(),
+            });
+        }
+    }
+    distinct(op, &[("table", table), ("rows", rows), ("index", index)])?;
+    Ok((
+        RowTable {
+            rows: n_rows,
+            row_len,
+        },
+        n,
+    ))
+}

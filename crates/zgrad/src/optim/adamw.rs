@@ -302,6 +302,18 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
         self.unknown = Some(self.step + 1);
     }
 
+    /// Records that step `step` (queued, not yet read back) may have been applied in part:
+    /// the optimiser refuses to step until `import` restores the state.
+    pub(crate) fn mark_unknown_at(&mut self, step: u64) {
+        self.unknown = Some(step);
+    }
+
+    /// Takes the count back to `step` after queued steps beyond it were found skipped on the
+    /// device (their gate was closed: their updates never ran).
+    pub(crate) fn rewind(&mut self, step: u64) {
+        self.step = self.step.min(step);
+    }
+
     /// `prepare`, `apply` and `commit`: one eager optimiser step. On failure the error is a
     /// `GradError::Step` saying whether the update was applied: `No` leaves `t`, the moments
     /// and the parameters bitwise unchanged (retry freely); `Maybe` marks the state unknown.

@@ -41,6 +41,10 @@ pub(crate) struct Graphs<B: Capture<T>, T: Element> {
     pub disabled: bool,
     pub(super) batched: Option<BatchedGraph<B, T>>,
     pub(super) samples: Option<SampleSlots<B, T>>,
+    /// The queued batched step on the device data set (`queued.rs`).
+    pub(super) tracked: Option<BatchedGraph<B, T>>,
+    /// The queued batched step on a pinned batch (`Trainer::queue_pinned`).
+    pub(super) tracked_pinned: Option<BatchedGraph<B, T>>,
 }
 
 impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
@@ -49,6 +53,8 @@ impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
             disabled: false,
             batched: None,
             samples: None,
+            tracked: None,
+            tracked_pinned: None,
         }
     }
 }

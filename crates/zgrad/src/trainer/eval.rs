@@ -47,21 +47,27 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         if !self.parts.dist.single() {
             return self.evaluate_sharded(x, y);
         }
-        let n = y.len();
-        let logits = self.predict(x, n)?;
-        let (mut loss, mut correct) = (0.0, 0usize);
-        for (&l, &t) in logits.iter().zip(y) {
-            let (l, t) = (l.to_f64(), t.to_f64());
-            loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
-            if (l > 0.0) == (t > 0.5) {
-                correct += 1;
-            }
+        let logits = self.predict(x, y.len())?;
+        Ok(report_of(&logits, y))
+    }
+}
+
+/// Mean BCE-with-logits and accuracy of `logits` against labels `y`, summed in sample order
+/// in `f64` (one formula for `evaluate` and `evaluate_loaded`, so their reports agree bitwise).
+pub(super) fn report_of<T: Element>(logits: &[T], y: &[T]) -> EvalReport {
+    let n = y.len();
+    let (mut loss, mut correct) = (0.0, 0usize);
+    for (&l, &t) in logits.iter().zip(y) {
+        let (l, t) = (l.to_f64(), t.to_f64());
+        loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
+        if (l > 0.0) == (t > 0.5) {
+            correct += 1;
         }
-        let denom = n.max(1) as f64;
-        Ok(EvalReport {
-            loss: loss / denom,
-            accuracy: correct as f64 / denom,
-            samples: n,
-        })
+    }
+    let denom = n.max(1) as f64;
+    EvalReport {
+        loss: loss / denom,
+        accuracy: correct as f64 / denom,
+        samples: n,
     }
 }

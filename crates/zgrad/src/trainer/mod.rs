@@ -13,9 +13,11 @@ mod batched;
 mod body;
 mod captured;
 mod checks;
+mod device_data;
 mod distributed;
 mod eval;
 mod per_sample;
+mod queued;
 mod resident;
 mod source;
 
@@ -31,6 +33,7 @@ use source::{HostSlices, Shard, Source};
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
 
+pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::shard;
 pub use eval::EvalReport;
 pub use resident::ReplayMark;
@@ -120,6 +123,9 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     optim: AdamW<B, T>,
     config: TrainerConfig,
     graphs: captured::Graphs<B, T>,
+    /// The data set on the device (`load_data`), and the steps queued on it.
+    data: Option<device_data::DeviceData<B, T>>,
+    window: queued::Window<B, T>,
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> std::fmt::Debug for Trainer<B, T, M> {
@@ -167,6 +173,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             optim,
             config,
             graphs: captured::Graphs::default(),
+            data: None,
+            window: queued::Window::default(),
         })
     }
 
@@ -285,6 +293,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         B: PinnedHost<T>,
     {
         self.optim.check_state()?;
+        let pinned = self.pinned_sample(batch, n)?;
+        self.train_source(batch, n, &pinned, step)
+    }
+
+    /// One sample's shape `[S, F]` of `batch`, checking `n` and that the model takes it.
+    fn pinned_sample(&self, batch: &PinnedBatch<B, T>, n: usize) -> Result<[usize; 2]>
+    where
+        B: PinnedHost<T>,
+    {
         let pinned = [batch.scales(), batch.features()];
         let sample = self.parts.model.sample_shape(pinned[0] * pinned[1]);
         if n == 0 || n > batch.capacity() || sample.as_deref().ok() != Some(&pinned[..]) {
@@ -301,7 +318,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 }
             )));
         }
-        self.train_source(batch, n, &pinned, step)
+        Ok(pinned)
     }
 
     fn log_step(report: &StepReport) {
@@ -338,6 +355,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         sample: &[usize],
         step: u64,
     ) -> Result<StepReport> {
+        if self.window.pending() > 0 {
+            return Err(GradError::BadInput(format!(
+                "{} queued steps are not read back yet: call drain first",
+                self.window.pending()
+            )));
+        }
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         // This rank's shard of the global batch (all of it in a single process).
         let info = self.parts.dist.info();

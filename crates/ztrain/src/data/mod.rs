@@ -2,6 +2,8 @@
 //! ([`csv`]) or generated ([`synthetic`]); the train/validation split and the epoch order.
 
 pub mod csv;
+pub mod feed;
+pub mod placement;
 pub mod synthetic;
 
 use crate::rng::Rng;

@@ -132,3 +132,49 @@ pub fn resume_matches_uninterrupted(extra: &[&str], stop: &str) {
     }
     assert_eq!(a.optim, b.optim);
 }
+
+/// The tiny run with `extra` options, its training set on the host and on the device (read
+/// back every 3 steps): the same epoch losses and accuracies printed, and the same final
+/// checkpoint (parameters, optimiser state, progress), bit for bit.
+pub fn data_on_device_matches_host(extra: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |name: &str, place: &[&str]| {
+        let ck = dir.path().join(name);
+        let o = tiny(&[extra, place, &["--checkpoint", path_str(&ck)]].concat());
+        let (stdout, stderr) = text(&o);
+        assert!(o.status.success(), "{stdout}\n{stderr}");
+        // The numbers of each epoch line and of the summary, without rates and times.
+        let numbers: Vec<String> = stdout
+            .lines()
+            .filter_map(|l| {
+                if l.starts_with("epoch ") {
+                    l.split(" samples/s")
+                        .next()?
+                        .rsplit_once(", ")
+                        .map(|(a, _)| a.to_string())
+                } else if l.starts_with("summary:") {
+                    let after = l.split_once("samples/s; ")?.1;
+                    Some(after.split("; peak").next()?.to_string())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        (stdout, numbers, Checkpoint::load(&ck).expect("checkpoint"))
+    };
+    let (out_h, host, ck_h) = run("host.st", &["--data-on", "host"]);
+    let (out_d, device, ck_d) = run(
+        "device.st",
+        &["--data-on", "device", "--readback-every", "3"],
+    );
+    assert!(out_h.contains("training set on the host"), "{out_h}");
+    assert!(out_d.contains("training set on the device"), "{out_d}");
+    assert!(!host.is_empty());
+    assert_eq!(device, host);
+    assert_eq!(ck_d.progress, ck_h.progress);
+    for (name, t) in &ck_h.params {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&t.data), bits(&ck_d.params[name].data), "{name}");
+    }
+    assert_eq!(ck_d.optim, ck_h.optim);
+}

@@ -50,3 +50,25 @@ pub(super) fn scatter_row(
     }
     Ok(())
 }
+
+pub(super) fn gather_rows(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::GatherRows, args)?;
+    let (dst, src, index, rows) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.u64(3)?);
+    let (len, n) = (k.u64(4)?, k.u64(5)?);
+    let rows = usize_of(rows, 3)?;
+    // Every index is read before any row is written (the operands are distinct, so on the
+    // device too no write can change an index).
+    let indices = mem.read_f32(index, n)?;
+    let mut values = Vec::with_capacity(usize_of(n.saturating_mul(len), 4)?);
+    for at in indices {
+        match row_of(f64::from(at), rows) {
+            Some(r) => values.extend(mem.read_f32(src.offset(r as u64 * len * 4), len)?),
+            None => values.extend(std::iter::repeat_n(f32::NAN, usize_of(len, 4)?)),
+        }
+    }
+    mem.write_f32(dst, &values)
+}

@@ -185,7 +185,117 @@ pub fn bad_operands_are_refused<D: Driver>(b: &CudaBackend<D>) {
     assert!(ours[4].contains("share storage"), "{}", ours[4]);
 }
 
+/// Gathers rows `at` of a `[5, 3, 2]` table into `[at.len(), 3, 2]` on backend `be`, and
+/// once more inside a captured graph whose replay reads the indices rewritten after the
+/// capture (`then`): (eager rows, replayed rows).
+fn gathered<B: Capture<f32> + Clone + 'static>(
+    be: &B,
+    at: &[f32],
+    then: &[f32],
+) -> (Vec<f32>, Vec<f32>)
+where
+    BTensor<B, f32>: 'static,
+{
+    let values: Vec<f32> = uniform(30, 7, -1.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let table = be.upload(&values, &[5, 3, 2]).expect("table");
+    let index = be.upload(at, &[at.len()]).expect("index");
+    let rows = be.full(&[at.len(), 3, 2], -9.0).expect("rows");
+    be.gather_rows(&table, &index, &rows).expect("gather_rows");
+    let eager = be.download(&rows).expect("rows");
+    let body = {
+        let (be, table, index, rows) = (be.clone(), table.clone(), index.clone(), rows.clone());
+        Box::new(move || be.gather_rows(&table, &index, &rows))
+    };
+    let mut graph = be.capture(body).expect("capture");
+    be.upload_into(then, &index).expect("new indices");
+    be.replay(&mut graph).expect("replay");
+    (eager, be.download(&rows).expect("replayed"))
+}
+
+/// `gather_rows` (one launch on the device) gives the CPU's bits for every index, valid or
+/// not (a row of NaN), repeated indices included; a captured graph reads the indices written
+/// after its capture, so a step's shuffled samples need only an upload of their indices.
+pub fn gather_rows_matches_the_cpu<D: Driver>(b: &CudaBackend<D>) {
+    let values: Vec<f32> = uniform(30, 7, -1.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let at = [4.0f32, 0.0, 4.0, -1.0, 2.5, f32::NAN, 5.0, 1.0];
+    let then = [3.0f32, 3.0, 0.0, 1.0, 2.0, 4.0, 0.0, 7.0];
+    let (eager, replayed) = gathered(b, &at, &then);
+    let (eager_cpu, replayed_cpu) = gathered(&CPU, &at, &then);
+    assert_eq!(nan_as_one(&eager), nan_as_one(&eager_cpu));
+    assert_eq!(nan_as_one(&replayed), nan_as_one(&replayed_cpu));
+    for (i, &a) in at.iter().enumerate() {
+        let got = &eager[i * 6..(i + 1) * 6];
+        if (0.0..5.0).contains(&a) && a.fract() == 0.0 {
+            let r = a as usize;
+            assert_eq!(
+                bits(got),
+                bits(&values[r * 6..(r + 1) * 6]),
+                "row {i} at {a}"
+            );
+        } else {
+            assert!(got.iter().all(|v| v.is_nan()), "row {i} at {a}: NaN");
+        }
+    }
+    for (i, &a) in then.iter().enumerate().take(7) {
+        let r = a as usize;
+        assert_eq!(
+            bits(&replayed[i * 6..(i + 1) * 6]),
+            bits(&values[r * 6..(r + 1) * 6])
+        );
+    }
+    assert!(
+        replayed[42..].iter().all(|v| v.is_nan()),
+        "index 7 names no row"
+    );
+}
+
+/// Bad operands of `gather_rows` get the CPU's typed errors.
+pub fn gather_rows_refuses_bad_operands<D: Driver>(b: &CudaBackend<D>) {
+    fn errors<B: Backend<f32>>(be: &B) -> Vec<String> {
+        let table = be.zeros(&[4, 3]).expect("table");
+        let index = be.zeros(&[2]).expect("index");
+        let rows = be.zeros(&[2, 3]).expect("rows");
+        let scalar = be.zeros(&[]).expect("scalar");
+        let wide = be.zeros(&[3, 4]).expect("wide");
+        let strided = wide.transpose(0, 1).expect("transpose");
+        [
+            be.gather_rows(&scalar, &index, &rows),
+            be.gather_rows(&table, &index, &be.zeros(&[5]).expect("short")),
+            be.gather_rows(&strided, &index, &rows),
+            be.gather_rows(&table, &rows.narrow(1, 0, 1).expect("n"), &rows),
+        ]
+        .into_iter()
+        .map(|r| r.expect_err("refused").to_string())
+        .collect()
+    }
+    let ours = errors(b);
+    assert_eq!(ours, errors(&CPU));
+    assert!(ours[0].contains("rank >= 1"), "{}", ours[0]);
+    assert!(
+        ours[1].contains("expected 6 elements, got 5"),
+        "{}",
+        ours[1]
+    );
+    assert!(ours[2].contains("not contiguous"), "{}", ours[2]);
+}
+
 mod mock {
+    #[test]
+    fn gather_rows_matches_the_cpu() {
+        super::gather_rows_matches_the_cpu(&super::super::mock());
+    }
+
+    #[test]
+    fn gather_rows_refuses_bad_operands() {
+        super::gather_rows_refuses_bad_operands(&super::super::mock());
+    }
+
     #[test]
     fn gather_and_scatter_match_the_cpu() {
         super::gather_and_scatter_match_the_cpu(&super::super::mock());
@@ -204,6 +314,16 @@ mod mock {
 
 #[cfg(feature = "gpu")]
 mod gpu {
+    #[test]
+    fn gather_rows_matches_the_cpu() {
+        super::gather_rows_matches_the_cpu(&super::super::gpu());
+    }
+
+    #[test]
+    fn gather_rows_refuses_bad_operands() {
+        super::gather_rows_refuses_bad_operands(&super::super::gpu());
+    }
+
     #[test]
     fn gather_and_scatter_match_the_cpu() {
         super::gather_and_scatter_match_the_cpu(&super::super::gpu());

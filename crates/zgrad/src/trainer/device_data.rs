@@ -1,0 +1,220 @@
+//! A data set resident on the device (issue 21): uploaded once by [`Trainer::load_data`], each
+//! step's samples then named by their indices (one small upload) and gathered on the device
+//! (`Backend::gather_rows`), inside the captured step for the batched schedule
+//! (`queued.rs`), before the step for the per-sample one. The indices come from the caller's
+//! data-order generator, so a resumed run gathers exactly the rows the host path would have
+//! copied, and the losses are bitwise those of `train_batch` on the same rows.
+//!
+//! Evaluation of a resident data set runs on the device too: the logits of every chunk land in
+//! one device buffer, read back once, and the loss and accuracy are summed on the host in the
+//! order `evaluate` sums them (bitwise the same report).
+
+use super::source::Source;
+use super::{EvalReport, Trainer, in_step};
+use crate::error::{GradError, Result};
+use crate::memory::ClassGuard;
+use crate::model::Model;
+use crate::tape::Tape;
+use crate::var::Var;
+use std::ops::Range;
+use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+
+/// The most rows a resident data set of element `T` may hold: indices travel as `T` values,
+/// exact up to 2^24 in `f32` (2^53 in `f64`).
+#[must_use]
+pub fn max_device_rows<T: Element>() -> usize {
+    let probe = f64::from((1u32 << 24) + 1);
+    if T::from_f64(probe).to_f64() == probe {
+        1usize << 53.min(usize::BITS - 1)
+    } else {
+        1 << 24
+    }
+}
+
+/// Device bytes a resident data set of `n` samples of `per` values takes in elements of
+/// `elem_bytes` bytes: features, labels and the index buffer (`n` slots, the largest batch).
+#[must_use]
+pub fn device_data_bytes(n: usize, per: usize, elem_bytes: usize) -> u64 {
+    let values = (n as u64).saturating_mul(per as u64 + 2);
+    values.saturating_mul(elem_bytes as u64)
+}
+
+/// The resident data set: features `[n, ..sample shape]`, labels `[n]`, and the index buffer
+/// a step's rows are uploaded into (`[n]`: a step takes at most `n` rows).
+pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
+    pub(super) x: BTensor<B, T>,
+    pub(super) y: BTensor<B, T>,
+    pub(super) index: BTensor<B, T>,
+    pub(super) sample: Vec<usize>,
+    /// Host staging of the indices, reused from step to step.
+    staging: Vec<T>,
+}
+
+impl<B: Ops<T>, T: Element> DeviceData<B, T> {
+    pub(super) fn rows(&self) -> usize {
+        self.y.shape()[0]
+    }
+
+    pub(super) fn per(&self) -> usize {
+        self.sample.iter().product()
+    }
+
+    /// Checks `rows` (1..=n of them, each below n) and queues their upload into the index
+    /// buffer's first slots (a host-to-device copy: outside a capture).
+    pub(super) fn upload_indices(&mut self, b: &B, rows: &[usize]) -> Result<()> {
+        let n = self.rows();
+        if rows.is_empty() || rows.len() > n {
+            return Err(GradError::BadInput(format!(
+                "a step of {} rows from a device data set of {n} (1 to {n} rows per step)",
+                rows.len()
+            )));
+        }
+        if let Some(bad) = rows.iter().find(|&&r| r >= n) {
+            return Err(GradError::BadInput(format!(
+                "row {bad} of a device data set of {n} rows"
+            )));
+        }
+        self.staging.clear();
+        self.staging
+            .extend(rows.iter().map(|&r| T::from_f64(r as f64)));
+        b.upload_into(&self.staging, &self.index.narrow(0, 0, rows.len())?)?;
+        Ok(())
+    }
+
+    /// The uploaded indices of rows `rows` of the step.
+    pub(super) fn indices(&self, rows: Range<usize>) -> Result<BTensor<B, T>> {
+        Ok(self.index.narrow(0, rows.start, rows.len())?)
+    }
+
+    /// Gathers the step's rows `rows` into `x` and `y` (any views of their sizes: a strided
+    /// one gets the rows through a dense copy). Legal inside a capture.
+    pub(super) fn gather(
+        &self,
+        b: &B,
+        rows: Range<usize>,
+        x: &BTensor<B, T>,
+        y: &BTensor<B, T>,
+    ) -> Result<()> {
+        let index = self.indices(rows)?;
+        for (table, dst) in [(&self.x, x), (&self.y, y)] {
+            if dst.is_contiguous() {
+                b.gather_rows(table, &index, dst)?;
+            } else {
+                let dense = b.zeros(dst.shape())?;
+                b.gather_rows(table, &index, &dense)?;
+                b.copy_into(&dense, dst)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A step's rows of the resident data set, as the step paths see a batch.
+pub(super) struct Resident<'a, B: Ops<T>, T: Element> {
+    pub data: &'a DeviceData<B, T>,
+    /// The backend it lives on (the error path's host copy gathers there).
+    pub b: &'a B,
+}
+
+impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
+    fn per(&self) -> usize {
+        self.data.per()
+    }
+
+    fn slices(&self, _rows: Range<usize>) -> Option<(&[T], &[T])> {
+        None
+    }
+
+    fn upload(
+        &self,
+        b: &B,
+        rows: Range<usize>,
+        x: &BTensor<B, T>,
+        y: &BTensor<B, T>,
+    ) -> Result<()> {
+        self.data.gather(b, rows, x, y)
+    }
+
+    fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
+        let b = self.b;
+        let shape: Vec<usize> = std::iter::once(rows.len())
+            .chain(self.data.sample.iter().copied())
+            .collect();
+        let (x, y) = (b.zeros(&shape)?, b.zeros(&shape[..1])?);
+        self.data.gather(b, rows, &x, &y)?;
+        Ok((b.download(&x)?, b.download(&y)?))
+    }
+}
+
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
+    /// Uploads a data set to the device once, for [`Trainer::queue_rows`] and
+    /// [`Trainer::evaluate_loaded`]: `x` `[n, ..sample shape]` row-major, `y` `n` labels.
+    /// Replaces a data set loaded before (dropping the captured steps that read it). Refuses
+    /// with `BadInput` shapes `train_batch` would refuse and more rows than indices of `T`
+    /// can name exactly ([`max_device_rows`]); out of device memory is the backend's error
+    /// (`TooLarge` / `OutOfMemory`), nothing loaded.
+    pub fn load_data(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
+        let sample = self.shape_of(x, y, n)?;
+        if n > max_device_rows::<T>() {
+            return Err(GradError::BadInput(format!(
+                "{n} samples on the device: indices name at most {} rows exactly in this element type",
+                max_device_rows::<T>()
+            )));
+        }
+        // The old one (and the graphs reading it) go first, so the two never hold memory
+        // together.
+        self.data = None;
+        self.graphs.tracked = None;
+        let b = &*self.backend;
+        let shape: Vec<usize> = std::iter::once(n).chain(sample.iter().copied()).collect();
+        let _class = ClassGuard::new(b, AllocClass::Persistent);
+        self.data = Some(DeviceData {
+            x: b.upload(x, &shape)?,
+            y: b.upload(y, &[n])?,
+            index: b.zeros(&[n])?,
+            sample,
+            staging: Vec::with_capacity(n),
+        });
+        Ok(())
+    }
+
+    /// Samples of the data set on the device (`None` before `load_data`).
+    #[must_use]
+    pub fn loaded_rows(&self) -> Option<usize> {
+        self.data.as_ref().map(DeviceData::rows)
+    }
+
+    /// Mean loss and accuracy over the loaded data set, on the device: the logits of every
+    /// chunk of `eval_batch` samples into one device buffer, read back once; then exactly
+    /// `evaluate`'s sums, so the report is bitwise `evaluate`'s on the same values. Refuses
+    /// with `BadInput` before `load_data`.
+    pub fn evaluate_loaded(&self) -> Result<EvalReport> {
+        let Some(data) = self.data.as_ref() else {
+            return Err(GradError::BadInput(
+                "evaluate_loaded: no data set on the device (load_data first)".into(),
+            ));
+        };
+        let b = &*self.backend;
+        let n = data.rows();
+        let chunk = self.config.eval_batch.max(1);
+        let logits = {
+            let _class = ClassGuard::new(b, AllocClass::Persistent);
+            b.zeros(&[n])?
+        };
+        for start in (0..n).step_by(chunk) {
+            let len = chunk.min(n - start);
+            in_step(b, || {
+                let xs = Var::constant(data.x.narrow(0, start, len)?);
+                let tape = Tape::no_grad(b);
+                let out = self.parts.model.logits(&tape, &xs)?;
+                b.copy_into(
+                    &out.value().reshape(&[len])?,
+                    &logits.narrow(0, start, len)?,
+                )?;
+                Ok(())
+            })?;
+        }
+        let (logits, y) = (b.download(&logits)?, b.download(&data.y)?);
+        Ok(super::eval::report_of(&logits, &y))
+    }
+}
