@@ -87,7 +87,7 @@ pub(crate) fn add_layer_norm<T: Element>(
 fn pooled_logits<T: Element>(h: &[T], w: &[T], bias: T, s: usize, d: usize) -> (Vec<T>, Vec<T>) {
     let inv_s = T::ONE / T::from_f64(s as f64);
     let per = s * d;
-    let samples = if per == 0 { 0 } else { h.len() / per };
+    let samples = h.len().checked_div(per).unwrap_or(0);
     let parts = par::ranges(samples, per, |first, count| {
         let mut pooled = Vec::with_capacity(count * d);
         let mut logits = Vec::with_capacity(count);
