@@ -9,9 +9,11 @@ weight decay 0.01), timed the way the example times ours:
 
 Prints `key=value` lines: torch, threads, batched_ms, batched_cpu_ms, batched_samples_per_s,
 per_sample_ms, per_sample_cpu_ms, per_sample_samples_per_s: medians over --iters steps after
-warm-up steps, wall-clock and (Linux) the CPU time of all the process's threads.
+warm-up steps, wall-clock and (Linux) the CPU time of all the process's threads. --only runs
+one schedule.
 
   python3 xasset_cpu_torch.py [--threads N] [--batch 256] [--per-sample 32] [--iters 10]
+                              [--only all|batched|per-sample]
 """
 import argparse
 import glob
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--per-sample", type=int, default=32)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--only", choices=["all", "batched", "per-sample"], default="all")
     a = ap.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -105,16 +108,18 @@ def main():
             (F.binary_cross_entropy_with_logits(model(X[i:i + 1]), Y[i:i + 1]) / P).backward()
         opt.step()
 
-    b, bc = median_ms(batched, 2, a.iters)
-    p, pc = median_ms(per_sample, 2, a.iters)
     print(f"torch={torch.__version__}")
     print(f"threads={torch.get_num_threads()}")
-    print(f"batched_ms={b:.3f}")
-    print(f"batched_cpu_ms={bc:.3f}")
-    print(f"batched_samples_per_s={a.batch / b * 1e3:.1f}")
-    print(f"per_sample_ms={p:.3f}")
-    print(f"per_sample_cpu_ms={pc:.3f}")
-    print(f"per_sample_samples_per_s={P / p * 1e3:.1f}")
+    if a.only in ("all", "batched"):
+        b, bc = median_ms(batched, 2, a.iters)
+        print(f"batched_ms={b:.3f}")
+        print(f"batched_cpu_ms={bc:.3f}")
+        print(f"batched_samples_per_s={a.batch / b * 1e3:.1f}")
+    if a.only in ("all", "per-sample"):
+        p, pc = median_ms(per_sample, 2, a.iters)
+        print(f"per_sample_ms={p:.3f}")
+        print(f"per_sample_cpu_ms={pc:.3f}")
+        print(f"per_sample_samples_per_s={P / p * 1e3:.1f}")
 
 
 if __name__ == "__main__":

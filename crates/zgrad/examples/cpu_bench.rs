@@ -7,15 +7,17 @@
 //! - per-sample: one `train_batch` of `--per-sample` samples (default 32) in the per-sample
 //!   schedule: each sample's forward and backward, then one AdamW step.
 //!
-//! Each figure is the median step time over `--iters` steps (default 10) after warm-up steps,
-//! wall-clock and, on Linux, the CPU time of all the process's threads (what a loaded
-//! machine's other work does not inflate; PyTorch's is measured the same way).
-//! `--only batched|per-sample` runs one schedule.
-//! `--threads N` sets the CPU backend's threads (and PyTorch's); default: the machine's
-//! processors, or `ZGPU_CPU_THREADS`.
+//! Each figure is the median over `--iters` steps (default 10) after warm-up steps, at
+//! `--threads N` (default: the machine's processors, or `ZGPU_CPU_THREADS`) and again at 1
+//! thread, for ours and PyTorch: wall-clock, the CPU time of all the process's threads (Linux)
+//! and their ratio, the threads kept busy. Wall-clock ratios need an idle machine; the CPU time
+//! at 1 thread is the step's work, which other load disturbs least. For ours at N threads it
+//! also prints the CPU time of the calling thread, which runs the ops too small for the pool
+//! (the serial part of the step), and the step an idle machine would then take.
+//! `--only batched|per-sample` runs one schedule; `--no-torch` skips PyTorch.
 //!
 //! `cargo run --release -p zgrad --example cpu_bench -- [--threads N] [--iters N]
-//! [--batch N] [--per-sample N] [--no-torch]`
+//! [--batch N] [--per-sample N] [--only batched|per-sample] [--no-torch]`
 #![allow(clippy::print_stdout)]
 
 use std::process::Command;
@@ -38,81 +40,123 @@ fn num(flag: &str, default: usize) -> Result<usize, Error> {
     })
 }
 
-/// CPU time of every thread of this process so far, in milliseconds (Linux; 0 elsewhere).
-fn cpu_ms() -> f64 {
+/// CPU milliseconds of this process's threads so far (Linux; 0 elsewhere): all of them, and
+/// the calling (main) thread alone, which runs every op too small for the pool.
+fn cpu_ms() -> (f64, f64) {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
+        return (0.0, 0.0);
     };
-    let ns: u64 = tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    ns as f64 / 1e6
+    let main = std::process::id().to_string();
+    let (mut all, mut own) = (0u64, 0u64);
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        let ns = stat
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        all += ns;
+        if task.file_name().to_str() == Some(main.as_str()) {
+            own += ns;
+        }
+    }
+    (all as f64 / 1e6, own as f64 / 1e6)
 }
 
-/// Median wall-clock and CPU milliseconds of `iters` steps after `warm` steps.
+/// Median figures of one step, in milliseconds.
+#[derive(Clone, Copy)]
+struct Timing {
+    wall: f64,
+    /// CPU time of all threads.
+    cpu: f64,
+    /// CPU time of the calling thread: the ops that ran without the pool.
+    serial: f64,
+}
+
+impl Timing {
+    const NONE: Timing = Timing {
+        wall: f64::NAN,
+        cpu: f64::NAN,
+        serial: f64::NAN,
+    };
+}
+
+/// Median wall-clock, CPU and calling-thread CPU milliseconds of `iters` steps after `warm`
+/// steps (each the median of its own series).
 fn median_ms(
     warm: usize,
     iters: usize,
     mut step: impl FnMut() -> Result<(), Error>,
-) -> Result<(f64, f64), Error> {
+) -> Result<Timing, Error> {
     for _ in 0..warm {
         step()?;
     }
-    let (mut wall, mut cpu) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+    let mut series = [(); 3].map(|()| Vec::with_capacity(iters));
     for _ in 0..iters {
-        let (t, c) = (Instant::now(), cpu_ms());
+        let (t, (c, s)) = (Instant::now(), cpu_ms());
         step()?;
-        wall.push(t.elapsed().as_secs_f64() * 1e3);
-        cpu.push(cpu_ms() - c);
+        let (c2, s2) = cpu_ms();
+        series[0].push(t.elapsed().as_secs_f64() * 1e3);
+        series[1].push(c2 - c);
+        series[2].push(s2 - s);
     }
-    wall.sort_by(f64::total_cmp);
-    cpu.sort_by(f64::total_cmp);
-    Ok((wall[iters / 2], cpu[iters / 2]))
+    let [wall, cpu, serial] = series.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[iters / 2]
+    });
+    Ok(Timing { wall, cpu, serial })
 }
 
-/// Our step's wall and CPU milliseconds for `batch` samples in `schedule`.
-fn ours(schedule: TrainSchedule, batch: usize, iters: usize) -> Result<(f64, f64), Error> {
+/// One schedule's figures: its name as `--only` takes it, and samples per step.
+#[derive(Clone, Copy)]
+struct Schedule {
+    name: &'static str,
+    schedule: TrainSchedule,
+    samples: usize,
+}
+
+/// Our step of `s` on `threads` threads.
+fn ours(s: Schedule, threads: usize, iters: usize) -> Result<Timing, Error> {
+    zcompute::cpu::set_threads(threads)?;
     let cfg = XAssetConfig::default();
     let per = cfg.scales * cfg.features;
     let mut rng = SplitMix64::new(7);
-    let x: Vec<f32> = (0..batch * per).map(|_| rng.normal() as f32).collect();
-    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    let x: Vec<f32> = (0..s.samples * per).map(|_| rng.normal() as f32).collect();
+    let y: Vec<f32> = (0..s.samples).map(|i| (i % 2) as f32).collect();
     let model = XAsset::init(&CpuBackend, cfg, 0)?;
     let tc = TrainerConfig {
-        schedule,
+        schedule: s.schedule,
         ..TrainerConfig::default()
     };
     let mut t = Trainer::new(CpuBackend, model, tc)?;
     median_ms(2, iters, || {
-        t.train_batch(&x, &y, batch)?;
+        t.train_batch(&x, &y, s.samples)?;
         Ok(())
     })
 }
 
-/// PyTorch's `key=value` lines, or why there are none.
+/// PyTorch's `key=value` lines for `only` (a schedule's name or `all`) on `threads`, or why
+/// there are none.
 fn torch(
     threads: usize,
-    batch: usize,
-    per_sample: usize,
+    [batch, per_sample]: [usize; 2],
     iters: usize,
+    only: &str,
 ) -> Result<Vec<(String, String)>, String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/xasset_cpu_torch.py");
     let python = std::env::var("ZGPU_PYTHON").unwrap_or_else(|_| "python3".into());
+    let flags = [
+        ("--threads", threads.to_string()),
+        ("--batch", batch.to_string()),
+        ("--per-sample", per_sample.to_string()),
+        ("--iters", iters.to_string()),
+        ("--only", only.to_owned()),
+    ];
     let out = Command::new(&python)
         .arg(script)
-        .args([
-            "--threads",
-            &threads.to_string(),
-            "--batch",
-            &batch.to_string(),
-        ])
-        .args([
-            "--per-sample",
-            &per_sample.to_string(),
-            "--iters",
-            &iters.to_string(),
-        ])
+        .args(flags.iter().flat_map(|(k, v)| [*k, v.as_str()]))
         .output()
         .map_err(|e| format!("could not run {python}: {e}"))?;
     if !out.status.success() {
@@ -129,71 +173,165 @@ fn torch(
         .collect())
 }
 
+/// PyTorch's timing of schedule `name` from its `key=value` lines (the calling thread's CPU
+/// time is not measured there).
+fn torch_timing(kv: &[(String, String)], name: &str) -> Timing {
+    let key = name.replace('-', "_");
+    let get = |k: &str| {
+        kv.iter()
+            .find(|(key, _)| key == k)
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Timing {
+        wall: get(&format!("{key}_ms")),
+        cpu: get(&format!("{key}_cpu_ms")),
+        serial: f64::NAN,
+    }
+}
+
+fn row(who: &str, s: Schedule, threads: usize, t: Timing) {
+    let what = format!("{who} {} ({} samples)", s.name, s.samples);
+    println!(
+        "{what:34} {threads:>7} {:>9.2} {:>9.2} {:>6.2} {:>10.1}",
+        t.wall,
+        t.cpu,
+        t.cpu / t.wall,
+        s.samples as f64 / t.wall * 1e3
+    );
+}
+
+/// How much of our step at `threads` ran on the calling thread alone, against the 1-thread
+/// step's CPU time (the work), and the wall time that leaves for an idle machine.
+fn serial_line(s: Schedule, threads: usize, at: Timing, one: Timing) {
+    let idle = at.serial + (one.cpu - at.serial).max(0.0) / threads as f64;
+    println!(
+        "ours {} at {threads} threads: {:.2} ms on the calling thread alone ({:.0}% of the \
+         1-thread step's {:.2} ms CPU); the rest spread evenly, an idle machine's step would \
+         take about {idle:.2} ms ({:.1} samples/s)",
+        s.name,
+        at.serial,
+        at.serial / one.cpu * 100.0,
+        one.cpu,
+        s.samples as f64 / idle * 1e3
+    );
+}
+
 fn main() -> Result<(), Error> {
     let threads = match arg("--threads") {
         Some(v) => zcompute::cpu::parse_threads(&v)?,
         None => zcompute::cpu::default_threads()?,
     };
-    zcompute::cpu::set_threads(threads)?;
     let iters = num("--iters", 10)?.max(1);
-    let batch = num("--batch", 256)?.max(1);
-    let per_sample = num("--per-sample", 32)?.max(1);
-
+    let (batch, per_sample) = (num("--batch", 256)?.max(1), num("--per-sample", 32)?.max(1));
     let only = arg("--only");
-    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
-    let nan = (f64::NAN, f64::NAN);
-    let b = if run("batched") {
-        ours(TrainSchedule::Batched, batch, iters)?
+    let schedules: Vec<Schedule> = [
+        ("batched", TrainSchedule::Batched, batch),
+        ("per-sample", TrainSchedule::PerSample, per_sample),
+    ]
+    .into_iter()
+    .filter(|(name, ..)| only.as_deref().is_none_or(|o| o == *name))
+    .map(|(name, schedule, samples)| Schedule {
+        name,
+        schedule,
+        samples,
+    })
+    .collect();
+    // The asked count, then 1 thread: the step's work, which other load disturbs least.
+    let counts: Vec<usize> = if threads == 1 {
+        vec![1]
     } else {
-        nan
+        vec![threads, 1]
     };
-    let p = if run("per-sample") {
-        ours(TrainSchedule::PerSample, per_sample, iters)?
-    } else {
-        nan
-    };
+    let mut mine = Vec::new();
+    for &s in &schedules {
+        for &n in &counts {
+            mine.push((s, n, ours(s, n, iters)?));
+        }
+    }
+    println!("XAsset default size, float32, CPU; median per step of {iters} steps");
     println!(
-        "XAsset default size, float32, CPU, {threads} threads; median ms per step (wall / CPU of all threads)"
+        "{:34} {:>7} {:>9} {:>9} {:>6} {:>10}",
+        "", "threads", "wall ms", "CPU ms", "busy", "samples/s"
     );
-    let line = |who: &str, b: (f64, f64), p: (f64, f64)| {
-        println!(
-            "{who:8} batched B={batch}: {:8.2} / {:8.2} ms {:8.1} samples/s | per-sample {per_sample} + AdamW: {:8.2} / {:8.2} ms {:8.1} samples/s",
-            b.0,
-            b.1,
-            batch as f64 / b.0 * 1e3,
-            p.0,
-            p.1,
-            per_sample as f64 / p.0 * 1e3
-        );
-    };
-    line("ours", b, p);
+    for &(s, n, t) in &mine {
+        row("ours", s, n, t);
+    }
     if std::env::args().any(|a| a == "--no-torch") {
+        serial_lines(&mine, threads);
         return Ok(());
     }
-    match torch(threads, batch, per_sample, iters) {
-        Ok(kv) => {
-            let get = |k: &str| {
-                kv.iter()
-                    .find(|(key, _)| key == k)
-                    .and_then(|(_, v)| v.parse::<f64>().ok())
-                    .unwrap_or(f64::NAN)
-            };
-            let tb = (get("batched_ms"), get("batched_cpu_ms"));
-            let tp = (get("per_sample_ms"), get("per_sample_cpu_ms"));
-            line("PyTorch", tb, tp);
-            let version = kv
-                .iter()
-                .find(|(k, _)| k == "torch")
-                .map_or("?", |(_, v)| v);
-            println!(
-                "ours / PyTorch (torch {version} eager), samples/s by wall-clock: batched {:.2}x, per-sample {:.2}x; by CPU time: batched {:.2}x, per-sample {:.2}x",
-                tb.0 / b.0,
-                tp.0 / p.0,
-                tb.1 / b.1,
-                tp.1 / p.1
-            );
+    let mut theirs = Vec::new();
+    for &n in &counts {
+        match torch(
+            n,
+            [batch, per_sample],
+            iters,
+            only.as_deref().unwrap_or("all"),
+        ) {
+            Ok(kv) => theirs.push((n, kv)),
+            Err(why) => {
+                println!("PyTorch: not run: {why}");
+                serial_lines(&mine, threads);
+                return Ok(());
+            }
         }
-        Err(why) => println!("PyTorch: not run: {why}"),
     }
+    let mut pairs = Vec::new();
+    for (n, kv) in &theirs {
+        for &s in &schedules {
+            let t = torch_timing(kv, s.name);
+            row("PyTorch", s, *n, t);
+            pairs.push((s, *n, t));
+        }
+    }
+    serial_lines(&mine, threads);
+    let version = theirs[0]
+        .1
+        .iter()
+        .find(|(k, _)| k == "torch")
+        .map_or("?", |(_, v)| v);
+    ratio_lines(&mine, &pairs, threads, version);
     Ok(())
+}
+
+/// [`serial_line`] for each schedule measured at more than one thread.
+fn serial_lines(mine: &[(Schedule, usize, Timing)], threads: usize) {
+    if threads == 1 {
+        return;
+    }
+    for &(s, n, at) in mine.iter().filter(|(_, n, _)| *n == threads) {
+        let one = mine
+            .iter()
+            .find(|(o, k, _)| o.name == s.name && *k == 1)
+            .map_or(Timing::NONE, |m| m.2);
+        serial_line(s, n, at, one);
+    }
+}
+
+/// Ours / PyTorch in samples per second: by wall-clock at each thread count, and by CPU time
+/// at 1 thread (the work itself).
+fn ratio_lines(
+    mine: &[(Schedule, usize, Timing)],
+    theirs: &[(Schedule, usize, Timing)],
+    threads: usize,
+    version: &str,
+) {
+    let find = |v: &[(Schedule, usize, Timing)], name: &str, n: usize| {
+        v.iter()
+            .find(|(s, k, _)| s.name == name && *k == n)
+            .map_or(Timing::NONE, |m| m.2)
+    };
+    for &(s, ..) in mine.iter().filter(|(_, n, _)| *n == threads) {
+        let (a, b) = (find(mine, s.name, threads), find(theirs, s.name, threads));
+        let (a1, b1) = (find(mine, s.name, 1), find(theirs, s.name, 1));
+        println!(
+            "ours / PyTorch (torch {version} eager), {} samples/s: {:.2}x by wall-clock at \
+             {threads} threads; at 1 thread {:.2}x by wall-clock, {:.2}x by CPU time",
+            s.name,
+            b.wall / a.wall,
+            b1.wall / a1.wall,
+            b1.cpu / a1.cpu
+        );
+    }
 }

@@ -153,20 +153,17 @@ fn ln_backward<T: Element>(
     want: [bool; 2],
 ) -> Result<LayerNormGrads<CpuStorage<T>>> {
     let n = x.shape().last().copied().unwrap_or(1);
-    let (gv, xv) = (super::gather(g), super::gather(x));
     let (mv, rv) = (mean.to_vec(), rstd.to_vec());
     let w = weight.map(CpuTensor::to_vec);
-    let res = residual.map(CpuTensor::to_vec);
+    let res = residual.map(super::gather);
     let spec = LnBackward {
         w: w.as_deref(),
         want,
         n,
     };
-    let mut dx = super::pool::zeroed(if want[0] { gv.len() } else { 0 });
-    let mut gx = super::pool::zeroed(if want[1] { gv.len() } else { 0 });
-    let rows = gv.len() / n.max(1);
-    // Rows split over the pool; each output row is written by the task holding it.
-    let sized = |wanted: bool, len: usize| vec![T::ZERO; if wanted { len } else { 0 }];
+    // Every wanted element is written by `LnBackward::row`.
+    let mut dx = super::pool::overwritten(if want[0] { x.numel() } else { 0 });
+    let mut gx = super::pool::overwritten(if want[1] { x.numel() } else { 0 });
     // A row of `v`, or nothing when `v` is not computed.
     fn row_of<T>(v: &mut [T], r: usize, n: usize) -> &mut [T] {
         if v.is_empty() {
@@ -175,37 +172,29 @@ fn ln_backward<T: Element>(
             &mut v[r * n..(r + 1) * n]
         }
     }
-    let parts = par::ranges(rows, n * 8, |first, count| {
-        let (mut d, mut q) = (sized(want[0], count * n), sized(want[1], count * n));
-        let mut tmp = vec![T::ZERO; n];
-        for r in 0..count {
-            let at = (first + r) * n..(first + r + 1) * n;
-            let res_row = res.as_deref().map(|v| &v[at.clone()]);
-            let (g, x) = (&gv[at.clone()], &xv[at]);
-            let (m, rs) = (mv[first + r], rv[first + r]);
-            spec.row(
-                g,
-                x,
-                m,
-                rs,
-                res_row,
-                row_of(&mut d, r, n),
-                row_of(&mut q, r, n),
-                &mut tmp,
-            );
+    with2(g, x, |gv, xv| {
+        // Rows from `first` of whichever outputs are wanted (the other empty).
+        let rows = |first: usize, d: &mut [T], q: &mut [T]| {
+            let count = d.len().max(q.len()) / n.max(1);
+            let mut tmp = vec![T::ZERO; n];
+            for r in 0..count {
+                let at = (first + r) * n..(first + r + 1) * n;
+                let res_row = res.as_deref().map(|v| &v[at.clone()]);
+                let (m, rs) = (mv[first + r], rv[first + r]);
+                let (d, q) = (row_of(d, r, n), row_of(q, r, n));
+                spec.row(&gv[at.clone()], &xv[at], m, rs, res_row, d, q, &mut tmp);
+            }
+        };
+        match want {
+            [true, true] => par::rows_mut2(&mut dx, n, &mut gx, n, rows),
+            [true, false] => par::rows_mut(&mut dx, n, |first, d| rows(first, d, &mut [])),
+            [false, true] => par::rows_mut(&mut gx, n, |first, q| rows(first, &mut [], q)),
+            [false, false] => {}
         }
-        (first, d, q)
     });
-    for (first, d, q) in parts {
-        if !d.is_empty() {
-            dx[first * n..first * n + d.len()].copy_from_slice(&d);
-        }
-        if !q.is_empty() {
-            gx[first * n..first * n + q.len()].copy_from_slice(&q);
-        }
+    if let Some(r) = res {
+        super::pool::give(r);
     }
-    super::pool::give(gv);
-    super::pool::give(xv);
     Ok(LayerNormGrads {
         input: if want[0] {
             Some(dense(dx, x.shape())?)

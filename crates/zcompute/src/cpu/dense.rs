@@ -64,7 +64,7 @@ pub(crate) fn write<T: Element>(values: &[T], dst: &CpuTensor<T>) {
     let mut data = dst.storage().write();
     if dst.is_contiguous() {
         let (start, n) = (dst.layout().offset(), values.len().min(dst.numel()));
-        data[start..start + n].copy_from_slice(&values[..n]);
+        super::par::copy(&values[..n], &mut data[start..start + n]);
     } else {
         for (o, &v) in dst.layout().offsets().zip(values) {
             data[o] = v;

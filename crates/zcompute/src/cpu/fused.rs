@@ -19,21 +19,25 @@ pub(crate) fn bias_act<T: Element>(
     act: Activation,
 ) -> Result<CpuTensor<T>> {
     let validate::Rows { n, .. } = validate::bias_act(x, bias)?;
-    let mut data = gather(x);
+    // Every element is written below (one pass: x read, the sum and activation written).
+    let mut out = super::pool::overwritten(x.numel());
     let b = gather(bias);
     if n > 0 {
-        par::rows_mut(&mut data, n, |_, block| {
-            for row in block.chunks_exact_mut(n) {
-                for (v, &bj) in row.iter_mut().zip(&b) {
-                    *v = *v + bj;
+        super::dense::with(x, |xs| {
+            par::rows_mut(&mut out, n, |first, block| {
+                let src = &xs[first * n..first * n + block.len()];
+                for (row, xr) in block.chunks_exact_mut(n).zip(src.chunks_exact(n)) {
+                    for ((v, &x), &bj) in row.iter_mut().zip(xr).zip(&b) {
+                        *v = x + bj;
+                    }
+                    if act == Activation::Tanh {
+                        math::unary_in_place(UnaryOp::Tanh, row);
+                    }
                 }
-                if act == Activation::Tanh {
-                    math::unary_in_place(UnaryOp::Tanh, row);
-                }
-            }
+            });
         });
     }
-    dense(data, x.shape())
+    dense(out, x.shape())
 }
 
 pub(crate) fn tanh_backward<T: Element>(
@@ -41,11 +45,12 @@ pub(crate) fn tanh_backward<T: Element>(
     y: &CpuTensor<T>,
 ) -> Result<CpuTensor<T>> {
     validate::tanh_backward(g, y)?;
-    let mut out = gather(g);
-    super::dense::with(y, |ys| {
+    let mut out = super::pool::overwritten(y.numel());
+    super::dense::with2(g, y, |gs, ys| {
         par::chunks_mut(&mut out, |start, chunk| {
-            for (g, &y) in chunk.iter_mut().zip(&ys[start..]) {
-                *g = *g * (T::ONE - y * y);
+            let (gs, ys) = (&gs[start..], &ys[start..]);
+            for ((o, &g), &y) in chunk.iter_mut().zip(gs).zip(ys) {
+                *o = g * (T::ONE - y * y);
             }
         });
     });
@@ -60,36 +65,52 @@ pub(crate) fn add_layer_norm<T: Element>(
     eps: T,
 ) -> Result<AddLayerNormOut<crate::storage::CpuStorage<T>>> {
     validate::add_layer_norm(a, b, weight, bias, eps)?;
-    let mut sum = gather(a);
-    super::dense::with(b, |bs| {
+    let mut sum = super::pool::overwritten(a.numel());
+    super::dense::with2(a, b, |xs, ys| {
         par::chunks_mut(&mut sum, |start, chunk| {
-            for (x, &y) in chunk.iter_mut().zip(&bs[start..]) {
-                *x = *x + y;
+            for ((o, &x), &y) in chunk.iter_mut().zip(&xs[start..]).zip(&ys[start..]) {
+                *o = x + y;
             }
         });
     });
-    let sum = dense(sum, a.shape())?;
-    let norm = norm::layer_norm(&sum, weight, bias, eps)?;
-    Ok(AddLayerNormOut { sum, norm })
+    // The sum's LayerNorm as `norm::layer_norm` computes it, read from the buffer in hand.
+    let (w, b) = (weight.map(gather), bias.map(gather));
+    let norm = norm::layer_norm_of(&sum, a.shape(), w.as_deref(), b.as_deref(), eps)?;
+    Ok(AddLayerNormOut {
+        sum: dense(sum, a.shape())?,
+        norm,
+    })
 }
 
-/// Per sample of `h` `[B, S, D]`: the mean over S `[B, D]` and the logit `[B]`.
+/// Per sample of `h` `[B, S, D]`: the mean over S `[B, D]` and the logit `[B]`; samples split
+/// over the pool.
 fn pooled_logits<T: Element>(h: &[T], w: &[T], bias: T, s: usize, d: usize) -> (Vec<T>, Vec<T>) {
     let inv_s = T::ONE / T::from_f64(s as f64);
-    let mut pooled = Vec::with_capacity(h.len() / s.max(1));
-    let mut logits = Vec::new();
-    let mut column = vec![T::ZERO; s];
-    let mut prods = vec![T::ZERO; d];
-    for sample in h.chunks_exact(s * d) {
-        for (j, p) in prods.iter_mut().enumerate() {
-            for (i, c) in column.iter_mut().enumerate() {
-                *c = sample[i * d + j];
+    let per = s * d;
+    let samples = h.len().checked_div(per).unwrap_or(0);
+    let parts = par::ranges(samples, per, |first, count| {
+        let mut pooled = Vec::with_capacity(count * d);
+        let mut logits = Vec::with_capacity(count);
+        let mut column = vec![T::ZERO; s];
+        let mut prods = vec![T::ZERO; d];
+        for sample in h[first * per..(first + count) * per].chunks_exact(per) {
+            for (j, p) in prods.iter_mut().enumerate() {
+                for (i, c) in column.iter_mut().enumerate() {
+                    *c = sample[i * d + j];
+                }
+                let m = math::pairwise_sum(&column) * inv_s;
+                pooled.push(m);
+                *p = m * w[j];
             }
-            let m = math::pairwise_sum(&column) * inv_s;
-            pooled.push(m);
-            *p = m * w[j];
+            logits.push(math::pairwise_sum(&prods) + bias);
         }
-        logits.push(math::pairwise_sum(&prods) + bias);
+        (pooled, logits)
+    });
+    let mut pooled = Vec::with_capacity(samples * d);
+    let mut logits = Vec::with_capacity(samples);
+    for (p, l) in parts {
+        pooled.extend(p);
+        logits.extend(l);
     }
     (pooled, logits)
 }
@@ -139,11 +160,19 @@ pub(crate) fn pool_head_bce_backward<T: Element>(
     let w = gather(weight);
     let (pooled, _) = pooled_logits(&gather(h), &w, T::ZERO, scales, width);
     let inv_s = T::ONE / T::from_f64(scales as f64);
-    let mut gh = Vec::with_capacity(batch * scales * width);
-    for &db in &d {
-        for _ in 0..scales {
-            gh.extend(w.iter().map(|&wj| db * wj * inv_s));
-        }
+    // Every element is written: sample b's rows are all `d_b * w * inv_s`.
+    let per = scales * width;
+    let mut gh = super::pool::overwritten(batch * per);
+    if width > 0 {
+        par::rows_mut(&mut gh, per, |first, block| {
+            for (sample, &db) in block.chunks_exact_mut(per).zip(&d[first..]) {
+                for row in sample.chunks_exact_mut(width) {
+                    for (o, &wj) in row.iter_mut().zip(&w) {
+                        *o = db * wj * inv_s;
+                    }
+                }
+            }
+        });
     }
     let mut column = vec![T::ZERO; batch];
     let mut gw = Vec::with_capacity(width);

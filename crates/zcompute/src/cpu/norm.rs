@@ -72,23 +72,52 @@ pub(crate) fn layer_norm_row<T: Element>(
     (mean, rstd)
 }
 
-/// LayerNorm over rows of `n` of `data` in place, the statistics into `means` and `rstds`.
+/// LayerNorm over rows of `n` of `src` into `out` (each row copied, then normalised in place
+/// while in cache), the statistics into `means` and `rstds`.
 pub(crate) fn layer_norm_rows<T: Element>(
-    data: &mut [T],
+    src: &[T],
+    out: &mut [T],
     n: usize,
     w: Option<&[T]>,
     b: Option<&[T]>,
     eps: T,
 ) -> (Vec<T>, Vec<T>) {
-    let rows = data.len() / n.max(1);
+    let rows = out.len() / n.max(1);
     let mut stats = vec![(T::ZERO, T::ZERO); rows];
-    par::rows_mut2(data, n, &mut stats, 1, |_, block, st| {
+    par::rows_mut2(out, n, &mut stats, 1, |first, block, st| {
         let mut centred = vec![T::ZERO; n];
-        for (row, s) in block.chunks_exact_mut(n).zip(st) {
+        let src = &src[first * n..first * n + block.len()];
+        for ((row, s), x) in block.chunks_exact_mut(n).zip(st).zip(src.chunks_exact(n)) {
+            row.copy_from_slice(x);
             *s = layer_norm_row(row, w, b, eps, &mut centred);
         }
     });
     stats.into_iter().unzip()
+}
+
+/// LayerNorm of the dense rows `xs` of a tensor shaped `shape`, with the (gathered) weight
+/// and bias.
+pub(crate) fn layer_norm_of<T: Element>(
+    xs: &[T],
+    shape: &[usize],
+    w: Option<&[T]>,
+    b: Option<&[T]>,
+    eps: T,
+) -> Result<LayerNormOut<crate::storage::CpuStorage<T>>> {
+    let n = shape.last().copied().unwrap_or(1);
+    // Every element is written (each row copied in before it is normalised).
+    let mut out = super::pool::overwritten(xs.len());
+    let (means, rstds) = layer_norm_rows(xs, &mut out, n, w, b, eps);
+    // The statistics keep the rank, the last axis 1 (`validate::stat_shape`).
+    let mut stat_shape = shape.to_vec();
+    if let Some(last) = stat_shape.last_mut() {
+        *last = 1;
+    }
+    Ok(LayerNormOut {
+        out: dense(out, shape)?,
+        mean: dense(means, &stat_shape)?,
+        rstd: dense(rstds, &stat_shape)?,
+    })
 }
 
 pub(crate) fn layer_norm<T: Element>(
@@ -97,15 +126,11 @@ pub(crate) fn layer_norm<T: Element>(
     bias: Option<&CpuTensor<T>>,
     eps: T,
 ) -> Result<LayerNormOut<crate::storage::CpuStorage<T>>> {
-    let validate::Rows { n, .. } = validate::layer_norm(x, weight, bias, eps)?;
+    validate::layer_norm(x, weight, bias, eps)?;
+    // Gathered before `x` is read: no second lock of a storage they may share.
     let w = weight.map(gather);
     let b = bias.map(gather);
-    let mut data = gather(x);
-    let (means, rstds) = layer_norm_rows(&mut data, n, w.as_deref(), b.as_deref(), eps);
-    let stat_shape = validate::stat_shape(x);
-    Ok(LayerNormOut {
-        out: dense(data, x.shape())?,
-        mean: dense(means, &stat_shape)?,
-        rstd: dense(rstds, &stat_shape)?,
+    super::dense::with(x, |xs| {
+        layer_norm_of(xs, x.shape(), w.as_deref(), b.as_deref(), eps)
     })
 }

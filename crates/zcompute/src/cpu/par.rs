@@ -228,6 +228,13 @@ pub(crate) fn chunks_mut<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + S
     rows_mut(out, 1, f);
 }
 
+/// `dst.copy_from_slice(src)`, split over the pool when large.
+pub(crate) fn copy<T: Copy + Send + Sync>(src: &[T], dst: &mut [T]) {
+    chunks_mut(dst, |start, chunk| {
+        chunk.copy_from_slice(&src[start..start + chunk.len()]);
+    });
+}
+
 /// Runs `f(start, len)` over `n` independent items split into contiguous ranges, in parallel
 /// when `n * cost` (elements of work) is large, collecting each range's result in order.
 pub(crate) fn ranges<R: Send>(

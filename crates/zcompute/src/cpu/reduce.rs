@@ -74,7 +74,8 @@ pub(crate) fn reduce_dense<T: Element>(
         return;
     }
     // Split every outer slice's `inner` columns into blocks; one task per block.
-    const BLOCK: usize = 256;
+    // Narrow enough that a 256-wide bias gradient still makes a task per thread.
+    const BLOCK: usize = 64;
     let blocks_per = inner.div_ceil(BLOCK);
     let results = par::ranges(
         out.len().div_ceil(inner) * blocks_per,
