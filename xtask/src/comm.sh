@@ -31,7 +31,8 @@ if [ "$device" = sim ]; then
   echo "== zcomm NCCL tests: skipped (DEVICE=sim)"
 else
   echo "== zcomm NCCL tests"
-  "$here/bin/zcomm-test-nccl_gpu" --test-threads=1 >"$out/zcomm.log" 2>&1
+  # zcomm's one test binary; its `nccl` module is the NCCL tests.
+  "$here/bin/zcomm-test-it" nccl:: --test-threads=1 >"$out/zcomm.log" 2>&1
   rc=$?
   grep -E '^test |^test result|panicked|expected' "$out/zcomm.log"
   if [ "$rc" -ne 0 ]; then echo "FAIL: zcomm NCCL tests exited $rc (log: $out/zcomm.log)"; bad=1; fi

@@ -8,6 +8,8 @@ mod error;
 mod hw_tests;
 mod kernels_cmd;
 mod sanitize_cmd;
+#[cfg(test)]
+mod tidy;
 mod toolchain;
 
 use std::path::PathBuf;

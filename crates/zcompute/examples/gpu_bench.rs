@@ -127,7 +127,9 @@ fn memory_bound(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
 /// (name, a shape, b shape, opts, iterations).
 type Case = (&'static str, Vec<usize>, Vec<usize>, MatmulOpts, u32);
 
-fn products(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
+/// The products timed: XAsset with B=256, S=12 (3072 rows), forward and the weight-gradient
+/// forms of backward, then the large square product.
+fn product_cases() -> [Case; 10] {
     let nt = MatmulOpts::default();
     let tb = MatmulOpts {
         trans_a: false,
@@ -137,9 +139,7 @@ fn products(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
         trans_a: true,
         trans_b: false,
     };
-    // (name, a shape, b shape, opts, iterations): XAsset with B=256, S=12 (3072 rows), forward
-    // and the weight-gradient forms of backward, then the large square product.
-    let cases: [Case; 10] = [
+    [
         (
             "emb_3072x193_x_256x193T",
             vec![3072, 193],
@@ -210,8 +210,11 @@ fn products(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
             nt,
             3,
         ),
-    ];
-    for (name, sa, sb, opts, iters) in cases {
+    ]
+}
+
+fn products(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
+    for (name, sa, sb, opts, iters) in product_cases() {
         let fill = |shape: &[usize], seed: usize| -> Result<CudaTensor> {
             let n: usize = shape.iter().product();
             let data: Vec<f32> = (0..n)

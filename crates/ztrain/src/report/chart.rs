@@ -114,6 +114,27 @@ fn nice_max(v: u64) -> u64 {
     m.saturating_mul(unit)
 }
 
+/// The plot area: where a column index and a byte count land in the SVG.
+struct Plot {
+    /// Width and height of the plot area.
+    pw: f64,
+    ph: f64,
+    /// Columns drawn.
+    n: f64,
+    /// Bytes at the top of the Y axis.
+    ymax: u64,
+}
+
+impl Plot {
+    fn x(&self, i: f64) -> f64 {
+        LEFT + self.pw * i / self.n
+    }
+
+    fn y(&self, b: u64) -> f64 {
+        TOP + self.ph * (1.0 - b as f64 / self.ymax as f64)
+    }
+}
+
 /// Renders the chart for `steps` (empty runs get a chart with a note).
 #[must_use]
 pub fn svg(steps: &[StepRecord]) -> String {
@@ -139,25 +160,69 @@ pub fn svg(steps: &[StepRecord]) -> String {
     }
     let hwm = cols.iter().map(|c| c.peak.peak_bytes).max().unwrap_or(0);
     let top_overflow = cols.iter().map(|c| c.overflow_bytes).max().unwrap_or(0);
-    let ymax = nice_max(hwm.max(top_overflow));
-    let n = cols.len() as f64;
-    let x = |i: f64| LEFT + pw * i / n;
-    let y = |b: u64| TOP + ph * (1.0 - b as f64 / ymax as f64);
+    let plot = Plot {
+        pw,
+        ph,
+        n: cols.len() as f64,
+        ymax: nice_max(hwm.max(top_overflow)),
+    };
+    y_axis(&mut s, &plot);
+    class_areas(&mut s, &plot, &cols);
+    if top_overflow > 0 {
+        overflow_line(&mut s, &plot, &cols);
+    }
+    hover_columns(&mut s, &plot, &cols);
+    reset_ticks(&mut s, &plot, &cols);
+    high_water(&mut s, &plot, &cols, hwm);
+    first_overflow(&mut s, &plot, &cols, steps);
+    x_axis(&mut s, &plot, &cols);
+    s
+}
 
-    // Y axis: five gridlines labelled in binary units.
+/// Y axis: five gridlines labelled in binary units.
+fn y_axis(s: &mut String, p: &Plot) {
     for k in 0..=5u64 {
-        let b = ymax / 5 * k;
-        let yy = y(b);
+        let b = p.ymax / 5 * k;
+        let yy = p.y(b);
         let _ = write!(
             s,
             r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{}" y2="{yy:.1}" stroke="#e4e4e4"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
+            LEFT + p.pw,
             LEFT - 6.0,
             yy + 4.0,
             Bytes(b)
         );
     }
-    // Stacked class areas, one step-shaped polygon per class.
+}
+
+/// `x,y` pairs tracing one horizontal segment per column at `levels[i]`, left to right (or
+/// right to left with `rev`, for a polygon's lower edge).
+fn steps_path(p: &Plot, levels: &[u64], rev: bool) -> String {
+    let mut pts = String::new();
+    let mut put = |i: usize, v: u64, from: f64, to: f64| {
+        let _ = write!(
+            pts,
+            "{:.2},{:.2} {:.2},{:.2} ",
+            p.x(i as f64 + from),
+            p.y(v),
+            p.x(i as f64 + to),
+            p.y(v)
+        );
+    };
+    if rev {
+        for (i, v) in levels.iter().enumerate().rev() {
+            put(i, *v, 1.0, 0.0);
+        }
+    } else {
+        for (i, v) in levels.iter().enumerate() {
+            put(i, *v, 0.0, 1.0);
+        }
+    }
+    pts
+}
+
+/// Stacked class areas, one step-shaped polygon per class.
+fn class_areas(s: &mut String, p: &Plot, cols: &[Column]) {
     let mut base = vec![0u64; cols.len()];
     for (class, colour) in STACK {
         let tops: Vec<u64> = cols
@@ -168,27 +233,7 @@ pub fn svg(steps: &[StepRecord]) -> String {
         if tops == base {
             continue;
         }
-        let mut pts = String::new();
-        for (i, t) in tops.iter().enumerate() {
-            let _ = write!(
-                pts,
-                "{:.2},{:.2} {:.2},{:.2} ",
-                x(i as f64),
-                y(*t),
-                x(i as f64 + 1.0),
-                y(*t)
-            );
-        }
-        for (i, b) in base.iter().enumerate().rev() {
-            let _ = write!(
-                pts,
-                "{:.2},{:.2} {:.2},{:.2} ",
-                x(i as f64 + 1.0),
-                y(*b),
-                x(i as f64),
-                y(*b)
-            );
-        }
+        let pts = steps_path(p, &tops, false) + &steps_path(p, &base, true);
         let _ = write!(
             s,
             r#"<polygon class="area {name}" points="{}" fill="{colour}" fill-opacity="0.85"><title>{name}</title></polygon>"#,
@@ -197,26 +242,22 @@ pub fn svg(steps: &[StepRecord]) -> String {
         );
         base = tops;
     }
-    // Overflow served per step, as a line.
-    if top_overflow > 0 {
-        let mut pts = String::new();
-        for (i, c) in cols.iter().enumerate() {
-            let _ = write!(
-                pts,
-                "{:.2},{:.2} {:.2},{:.2} ",
-                x(i as f64),
-                y(c.overflow_bytes),
-                x(i as f64 + 1.0),
-                y(c.overflow_bytes)
-            );
-        }
-        let _ = write!(
-            s,
-            r#"<polyline class="overflow" points="{}" fill="none" stroke="{OVERFLOW_COLOUR}" stroke-width="2"><title>overflow served in the step</title></polyline>"#,
-            pts.trim_end()
-        );
-    }
-    // Hover targets: one transparent column per drawn column with its numbers.
+}
+
+/// Overflow served per step, as a line.
+fn overflow_line(s: &mut String, p: &Plot, cols: &[Column]) {
+    let levels: Vec<u64> = cols.iter().map(|c| c.overflow_bytes).collect();
+    let pts = steps_path(p, &levels, false);
+    let _ = write!(
+        s,
+        r#"<polyline class="overflow" points="{}" fill="none" stroke="{OVERFLOW_COLOUR}" stroke-width="2"><title>overflow served in the step</title></polyline>"#,
+        pts.trim_end()
+    );
+}
+
+/// Hover targets: one transparent column per drawn column with its numbers.
+fn hover_columns(s: &mut String, p: &Plot, cols: &[Column]) {
+    let ph = p.ph;
     for (i, c) in cols.iter().enumerate() {
         let steps = if c.steps.0 == c.steps.1 {
             format!("step {}", c.steps.0)
@@ -229,19 +270,22 @@ pub fn svg(steps: &[StepRecord]) -> String {
         let _ = write!(
             s,
             r#"<rect class="col" x="{:.2}" y="{TOP}" width="{:.2}" height="{ph}" fill="transparent"><title>{steps}: peak {}; {}; overflow {}; resets {}</title></rect>"#,
-            x(i as f64),
-            pw / n,
+            p.x(i as f64),
+            p.pw / p.n,
             Bytes(c.peak.peak_bytes),
             esc(&c.peak.peak_by_class.to_string()),
             Bytes(c.overflow_bytes),
             c.resets
         );
     }
-    // Reset ticks under the plot.
-    let tick_y = TOP + ph + 4.0;
+}
+
+/// Reset ticks under the plot.
+fn reset_ticks(s: &mut String, p: &Plot, cols: &[Column]) {
+    let tick_y = TOP + p.ph + 4.0;
     let mut ticks = String::new();
     for (i, _) in cols.iter().enumerate().filter(|(_, c)| c.resets > 0) {
-        let _ = write!(ticks, "M{:.2} {tick_y}v8", x(i as f64 + 0.5));
+        let _ = write!(ticks, "M{:.2} {tick_y}v8", p.x(i as f64 + 0.5));
     }
     if !ticks.is_empty() {
         let _ = write!(
@@ -249,7 +293,10 @@ pub fn svg(steps: &[StepRecord]) -> String {
             r##"<path class="resets" d="{ticks}" stroke="#555" stroke-width="1"><title>steps whose end reset the arena</title></path>"##
         );
     }
-    // High-water mark.
+}
+
+/// The high-water mark `hwm`, labelled with the step that reached it.
+fn high_water(s: &mut String, p: &Plot, cols: &[Column], hwm: u64) {
     let hw_col = cols
         .iter()
         .position(|c| c.peak.peak_bytes == hwm)
@@ -257,47 +304,57 @@ pub fn svg(steps: &[StepRecord]) -> String {
     let _ = write!(
         s,
         r##"<line class="hwm" x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#222" stroke-dasharray="6 4"/><text class="hwm-label" x="{:.1}" y="{:.1}" text-anchor="end">high-water {} (step {})</text>"##,
-        LEFT + pw,
-        LEFT + pw - 4.0,
-        y(hwm) - 5.0,
+        LEFT + p.pw,
+        LEFT + p.pw - 4.0,
+        p.y(hwm) - 5.0,
         Bytes(hwm),
         cols[hw_col].peak.peak_step,
-        y = y(hwm),
+        y = p.y(hwm),
     );
-    // First overflow.
-    if let Some((i, c)) = cols.iter().enumerate().find(|(_, c)| c.overflow_bytes > 0) {
-        let first = steps
-            .iter()
-            .find(|r| r.overflow_calls > 0)
-            .map_or_else(|| format!("step {}", c.steps.0), steps_label);
-        let xx = x(i as f64 + 0.5);
-        let anchor = if xx > LEFT + pw * 0.7 { "end" } else { "start" };
-        let _ = write!(
-            s,
-            r#"<line class="first-overflow" x1="{xx:.2}" y1="{TOP}" x2="{xx:.2}" y2="{}" stroke="{OVERFLOW_COLOUR}" stroke-width="1.5"/><text class="first-overflow-label" x="{:.2}" y="{}" fill="{OVERFLOW_COLOUR}" text-anchor="{anchor}">first overflow: {first}</text>"#,
-            TOP + ph,
-            if anchor == "end" { xx - 4.0 } else { xx + 4.0 },
-            TOP + 14.0,
-        );
-    }
-    // X axis labels: first and last step, and a few between.
-    let label_y = TOP + ph + 28.0;
+}
+
+/// The first overflow, marked at its column and named by its step (or range).
+fn first_overflow(s: &mut String, p: &Plot, cols: &[Column], steps: &[StepRecord]) {
+    let Some((i, c)) = cols.iter().enumerate().find(|(_, c)| c.overflow_bytes > 0) else {
+        return;
+    };
+    let first = steps
+        .iter()
+        .find(|r| r.overflow_calls > 0)
+        .map_or_else(|| format!("step {}", c.steps.0), steps_label);
+    let xx = p.x(i as f64 + 0.5);
+    let anchor = if xx > LEFT + p.pw * 0.7 {
+        "end"
+    } else {
+        "start"
+    };
+    let _ = write!(
+        s,
+        r#"<line class="first-overflow" x1="{xx:.2}" y1="{TOP}" x2="{xx:.2}" y2="{}" stroke="{OVERFLOW_COLOUR}" stroke-width="1.5"/><text class="first-overflow-label" x="{:.2}" y="{}" fill="{OVERFLOW_COLOUR}" text-anchor="{anchor}">first overflow: {first}</text>"#,
+        TOP + p.ph,
+        if anchor == "end" { xx - 4.0 } else { xx + 4.0 },
+        TOP + 14.0,
+    );
+}
+
+/// X axis labels: first and last step, and a few between; the axis title closes the SVG.
+fn x_axis(s: &mut String, p: &Plot, cols: &[Column]) {
+    let label_y = TOP + p.ph + 28.0;
     for k in 0..=4usize {
         let i = ((cols.len() - 1) * k / 4).min(cols.len() - 1);
         let _ = write!(
             s,
             r#"<text x="{:.1}" y="{label_y}" text-anchor="middle">{}</text>"#,
-            x(i as f64 + 0.5),
+            p.x(i as f64 + 0.5),
             cols[i].steps.0
         );
     }
     let _ = write!(
         s,
         r#"<text x="{:.1}" y="{}" text-anchor="middle">arena step (ticks below the plot: steps whose end reset the arena)</text></svg>"#,
-        LEFT + pw / 2.0,
+        LEFT + p.pw / 2.0,
         label_y + 22.0
     );
-    s
 }
 
 #[cfg(test)]

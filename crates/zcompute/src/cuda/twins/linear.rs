@@ -231,20 +231,11 @@ pub(super) fn backward(
     let (dx_blocks, grads_cols) = (u64::from(a.u32(21)?), u64::from(a.u32(22)?));
     let vec4 = linear_grads_vec4(ins, ldw, x_rs, x_cs, [dw_ptr, x_ptr]);
     let cols = if vec4 { ins / 4 } else { ins };
-    let want = BackwardGrid::new(dx_blocks, cols as u64, outs as u64);
-    if config.block != (BACKWARD_THREADS, 1, 1) {
-        return Err(bad(0, "zc_linear_backward_f32 needs blocks of 512 threads"));
-    }
-    if grads_cols != want.grads_cols
-        || u64::from(config.grid.0) != want.blocks()
-        || config.grid.1 != 1
-        || config.grid.2 != 1
-    {
-        return Err(bad(
-            0,
-            "zc_linear_backward_f32's grid is not its product and gradient blocks",
-        ));
-    }
+    check_backward_grid(
+        config,
+        BackwardGrid::new(dx_blocks, cols as u64, outs as u64),
+        grads_cols,
+    )?;
     if dx_blocks > 0 && dx_blocks * u64::from(NMAJOR_COLS) < ins as u64 {
         return Err(bad(
             21,
@@ -274,19 +265,62 @@ pub(super) fn backward(
     let x = Strided::read(mem, x_ptr, (rows, ins), (x_rs, x_cs))?;
     if dx_blocks > 0 {
         let w = Strided::read(mem, w_ptr, (outs, ins), (ldb, 1))?;
-        let mut gx = vec![0.0f32; rows * ins];
-        for r in 0..rows {
-            for j in 0..ins {
-                let mut acc = 0.0f32;
-                for k in 0..outs {
-                    acc = gz[r * outs + k].mul_add(w.at(k, j), acc);
-                }
-                gx[r * ins + j] = acc;
-            }
-        }
-        mem.write_f32(gx_ptr, &gx)?;
+        mem.write_f32(gx_ptr, &input_gradient(&gz, &w, (rows, outs, ins)))?;
     }
-    let ldw = usize_of(ldw, 17)?;
+    add_weight_gradient(mem, dw_ptr, usize_of(ldw, 17)?, &gz, &x, (rows, outs, ins))?;
+    if has_db {
+        add_bias_gradient(mem, db_ptr, usize_of(a.u64(18)?, 18)?, &gz, (rows, outs))?;
+    }
+    Ok(())
+}
+
+/// Refuses a backward launch whose blocks are not 512 threads or whose grid is not exactly
+/// `want`'s product and parameter-gradient blocks (`grads_cols` as the host sized them).
+fn check_backward_grid(
+    config: &LaunchConfig,
+    want: BackwardGrid,
+    grads_cols: u64,
+) -> Result<(), KernelFault> {
+    if config.block != (BACKWARD_THREADS, 1, 1) {
+        return Err(bad(0, "zc_linear_backward_f32 needs blocks of 512 threads"));
+    }
+    if grads_cols != want.grads_cols
+        || u64::from(config.grid.0) != want.blocks()
+        || config.grid.1 != 1
+        || config.grid.2 != 1
+    {
+        return Err(bad(
+            0,
+            "zc_linear_backward_f32's grid is not its product and gradient blocks",
+        ));
+    }
+    Ok(())
+}
+
+/// gx = gz · w, dense `[rows, ins]`, each sum in k order.
+fn input_gradient(gz: &[f32], w: &Strided, (rows, outs, ins): (usize, usize, usize)) -> Vec<f32> {
+    let mut gx = vec![0.0f32; rows * ins];
+    for r in 0..rows {
+        for j in 0..ins {
+            let mut acc = 0.0f32;
+            for k in 0..outs {
+                acc = gz[r * outs + k].mul_add(w.at(k, j), acc);
+            }
+            gx[r * ins + j] = acc;
+        }
+    }
+    gx
+}
+
+/// dw += gzᵀ · x, row `o` of dw at `o * ldw` elements from `dw_ptr`, each sum in row order.
+fn add_weight_gradient(
+    mem: &mut SimMemory<'_>,
+    dw_ptr: DevicePtr,
+    ldw: usize,
+    gz: &[f32],
+    x: &Strided,
+    (rows, outs, ins): (usize, usize, usize),
+) -> Result<(), KernelFault> {
     for o in 0..outs {
         let row_ptr = dw_ptr.offset((o * ldw * 4) as u64);
         let mut dw = mem.read_f32(row_ptr, ins as u64)?;
@@ -299,14 +333,22 @@ pub(super) fn backward(
         }
         mem.write_f32(row_ptr, &dw)?;
     }
-    if has_db {
-        let db_stride = usize_of(a.u64(18)?, 18)?;
-        for o in 0..outs {
-            let p = db_ptr.offset((o * db_stride * 4) as u64);
-            let sum: f32 = (0..rows).map(|r| gz[r * outs + o]).sum();
-            let old = mem.read_f32(p, 1)?[0];
-            mem.write_f32(p, &[old + sum])?;
-        }
+    Ok(())
+}
+
+/// db += Σ_rows gz, element `o` of db at `o * db_stride` elements from `db_ptr`.
+fn add_bias_gradient(
+    mem: &mut SimMemory<'_>,
+    db_ptr: DevicePtr,
+    db_stride: usize,
+    gz: &[f32],
+    (rows, outs): (usize, usize),
+) -> Result<(), KernelFault> {
+    for o in 0..outs {
+        let p = db_ptr.offset((o * db_stride * 4) as u64);
+        let sum: f32 = (0..rows).map(|r| gz[r * outs + o]).sum();
+        let old = mem.read_f32(p, 1)?[0];
+        mem.write_f32(p, &[old + sum])?;
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 
 use super::norm_params::operands;
 use zcompute::prelude::*;
-use zcompute::{Backend, ComputeError as E, CpuBackend, CudaBackend, CudaTensor, SimDriver};
+use zcompute::{Backend, CpuBackend, CudaBackend, CudaTensor, SimDriver};
 use zdevice::sim::calls::LAUNCH_KERNEL;
 
 const CPU: CpuBackend = CpuBackend;
@@ -143,142 +143,40 @@ fn the_one_launch_is_the_params_kernel() {
     }
 }
 
-/// Bad arguments: the same typed error on both backends, and nothing written.
+/// The weight's and bias's gradients may be adjacent views of one flat buffer on both
+/// backends. Bad arguments (wrong shapes, a broadcast or overlapping destination, a buffer in
+/// an operand's memory) are rows of the validation table (`validation_table.rs`).
 #[test]
-fn bad_arguments_get_the_same_typed_error_on_both_backends() {
+fn adjacent_gradient_views_of_one_buffer_are_accepted_on_both_backends() {
     let gpu = super::mock();
     let dev = |shape: &[usize]| gpu.zeros(shape).unwrap();
     let host = |shape: &[usize]| Backend::<f32>::zeros(&CPU, shape).unwrap();
     let (rows, n) = (3, 8);
     let (g, x, m) = (dev(&[rows, n]), dev(&[rows, n]), dev(&[rows, 1]));
     let (gc, xc, mc) = (host(&[rows, n]), host(&[rows, n]), host(&[rows, 1]));
-    // dw or db of the wrong shape.
-    for (dw_n, db_n) in [(n + 1, n), (n, n - 1)] {
-        let d = gpu
-            .layer_norm_backward_into(
-                &g,
-                None,
-                &x,
-                &m,
-                &m,
-                None,
-                true,
-                Some(&dev(&[dw_n])),
-                Some(&dev(&[db_n])),
-            )
-            .unwrap_err();
-        let c = CPU
-            .layer_norm_backward_into(
-                &gc,
-                None,
-                &xc,
-                &mc,
-                &mc,
-                None,
-                true,
-                Some(&host(&[dw_n])),
-                Some(&host(&[db_n])),
-            )
-            .unwrap_err();
-        assert_eq!(d, c);
-        assert!(matches!(d, E::ShapeMismatch { .. }), "{d}");
-    }
-    // dw a broadcast view: refused.
-    let one = dev(&[1]).broadcast_to(&[n]).unwrap();
-    let hone = host(&[1]).broadcast_to(&[n]).unwrap();
-    let d = gpu
-        .layer_norm_backward_into(&g, None, &x, &m, &m, None, true, Some(&one), None)
-        .unwrap_err();
-    let c = CPU
-        .layer_norm_backward_into(&gc, None, &xc, &mc, &mc, None, true, Some(&hone), None)
-        .unwrap_err();
-    assert_eq!(d, c);
-    assert!(matches!(d, E::OverlappingDestination { .. }), "{d}");
-    // db in the memory of an operand read (here g): refused.
-    let gflat = dev(&[rows * n]);
-    let g_view = gflat.reshape(&[rows, n]).unwrap();
-    let hflat = host(&[rows * n]);
-    let hg_view = hflat.reshape(&[rows, n]).unwrap();
-    let d = gpu
-        .layer_norm_backward_into(
-            &g_view,
-            None,
-            &x,
-            &m,
-            &m,
-            None,
-            true,
-            None,
-            Some(&gflat.narrow(0, 0, n).unwrap()),
-        )
-        .unwrap_err();
-    let c = CPU
-        .layer_norm_backward_into(
-            &hg_view,
-            None,
-            &xc,
-            &mc,
-            &mc,
-            None,
-            true,
-            None,
-            Some(&hflat.narrow(0, 0, n).unwrap()),
-        )
-        .unwrap_err();
-    assert_eq!(d, c);
-    assert!(
-        matches!(
-            d,
-            E::Aliased {
-                lhs: "g",
-                rhs: "db",
-                ..
-            }
-        ),
-        "{d}"
+    let (flat, hflat) = (dev(&[3 * n]), host(&[3 * n]));
+    let r = gpu.layer_norm_backward_into(
+        &g,
+        None,
+        &x,
+        &m,
+        &m,
+        None,
+        true,
+        Some(&flat.narrow(0, 0, n).unwrap()),
+        Some(&flat.narrow(0, n, n).unwrap()),
     );
-    // dw and db overlapping views of one buffer: refused, the buffer left as it was; disjoint
-    // (adjacent) views are fine.
-    let check_flat = |db_start: usize| {
-        let init: Vec<f32> = (0..3 * n).map(|i| i as f32 * 0.25).collect();
-        let flat = gpu.upload(&init, &[3 * n]).unwrap();
-        let hflat = zcompute::CpuTensor::from_vec(init.clone(), &[3 * n]).unwrap();
-        let r = gpu.layer_norm_backward_into(
-            &g,
-            None,
-            &x,
-            &m,
-            &m,
-            None,
-            true,
-            Some(&flat.narrow(0, 0, n).unwrap()),
-            Some(&flat.narrow(0, db_start, n).unwrap()),
-        );
-        let rc = CPU.layer_norm_backward_into(
-            &gc,
-            None,
-            &xc,
-            &mc,
-            &mc,
-            None,
-            true,
-            Some(&hflat.narrow(0, 0, n).unwrap()),
-            Some(&hflat.narrow(0, db_start, n).unwrap()),
-        );
-        let (d, c) = (r.map(|_| ()), rc.map(|_| ()));
-        assert_eq!(d, c, "db at {db_start}");
-        if d.is_err() {
-            assert_eq!(gpu.download(&flat).unwrap(), init, "nothing written");
-        }
-        d
-    };
-    assert_eq!(check_flat(n), Ok(()));
-    assert!(matches!(
-        check_flat(n - 1),
-        Err(E::Aliased {
-            lhs: "dw",
-            rhs: "db",
-            ..
-        })
-    ));
+    let rc = CPU.layer_norm_backward_into(
+        &gc,
+        None,
+        &xc,
+        &mc,
+        &mc,
+        None,
+        true,
+        Some(&hflat.narrow(0, 0, n).unwrap()),
+        Some(&hflat.narrow(0, n, n).unwrap()),
+    );
+    assert_eq!(r.map(|_| ()), Ok(()));
+    assert_eq!(rc.map(|_| ()), Ok(()));
 }

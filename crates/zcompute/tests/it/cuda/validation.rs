@@ -10,8 +10,8 @@
 
 use super::bodies::{View, input};
 use zcompute::{
-    AdamWConfig, BTensor, Backend, BinaryOp, ComputeError, CpuBackend, CudaBackend, MatmulOpts,
-    ReduceOp,
+    Activation, AdamWConfig, BTensor, Backend, BinaryOp, ComputeError, CpuBackend, CudaBackend,
+    MatmulOpts, ReduceOp,
 };
 use zdevice::Driver;
 
@@ -26,6 +26,9 @@ pub enum Arg {
     Same(usize),
     /// `len` entries of axis 0 of argument `i` from `start`: a view sharing its storage.
     Part(usize, usize, usize),
+    /// The elements of the flat argument `i` from `start`, in this shape: a view sharing its
+    /// storage (a parameter's gradient in a flat gradient buffer).
+    View(usize, usize, &'static [usize]),
     /// An optional argument left out.
     Absent,
 }
@@ -48,6 +51,30 @@ pub enum Op {
     Matmul(MatmulOpts),
     Bce,
     AdamW(AdamWConfig<f32>),
+    // The fusion families' ops (`LinearOps`, `NormOps`, `PooledLossOps`).
+    /// `bias_act(x, bias)`.
+    BiasAct(Activation),
+    /// `tanh_backward(g, y)`.
+    TanhBackward,
+    /// `linear(x, w, bias)`.
+    Linear(Activation),
+    /// `linear_add(x, w, bias, residual)`.
+    LinearAdd(Activation),
+    /// `linear_param_grads_into(g, x, dw, db?)`.
+    LinearParamGradsInto,
+    /// `linear_backward_into(g, x, w?, (act, y?), (dw, db?))`.
+    LinearBackwardInto(Activation),
+    /// `add_layer_norm(a, b, weight?, bias?, eps)`.
+    AddLayerNorm(f32),
+    /// `layer_norm_backward_add(g, residual?, x, mean, rstd, weight?)`, both gradients wanted.
+    LayerNormBackwardAdd,
+    /// `layer_norm_backward_into(g, residual?, x, mean, rstd, weight?, dw?, db?)`, the input's
+    /// gradient wanted.
+    LayerNormBackwardInto,
+    /// `pool_head_bce(h, weight, bias, targets)`.
+    PoolHeadBce,
+    /// `pool_head_bce_backward(g, h, weight, logits, targets)`.
+    PoolHeadBceBackward,
 }
 
 pub const ADAMW: AdamWConfig<f32> = AdamWConfig {
@@ -73,7 +100,7 @@ fn build<B: Backend<f32>>(b: &B, args: &[Arg]) -> Vec<Option<BTensor<B, f32>>> {
                     .broadcast_to(to)
                     .expect("a valid broadcast"),
             ),
-            Arg::Same(_) | Arg::Part(..) | Arg::Absent => None,
+            Arg::Same(_) | Arg::Part(..) | Arg::View(..) | Arg::Absent => None,
         })
         .collect();
     for (i, a) in args.iter().enumerate() {
@@ -86,6 +113,14 @@ fn build<B: Backend<f32>>(b: &B, args: &[Arg]) -> Vec<Option<BTensor<B, f32>>> {
                     .narrow(0, start, len)
                     .expect("a valid part"),
             ),
+            Arg::View(j, start, shape) => Some(
+                out[j]
+                    .as_ref()
+                    .expect("a view of a made tensor")
+                    .narrow(0, start, shape.iter().product())
+                    .and_then(|t| t.reshape(shape))
+                    .expect("a valid view"),
+            ),
             _ => out[i].take(),
         };
     }
@@ -93,7 +128,7 @@ fn build<B: Backend<f32>>(b: &B, args: &[Arg]) -> Vec<Option<BTensor<B, f32>>> {
 }
 
 /// Runs `op` on `b`, returning its error and the arguments' values before and after.
-fn run<B: Backend<f32>>(
+fn run<B: zcompute::Ops<f32>>(
     b: &B,
     op: Op,
     args: &[Arg],
@@ -127,6 +162,25 @@ fn run<B: Backend<f32>>(
         Op::Matmul(opts) => b.matmul(t(0), t(1), opts).map(drop),
         Op::Bce => b.bce_with_logits_mean(t(0), t(1)).map(drop),
         Op::AdamW(cfg) => b.adamw_step(t(0), t(1), t(2), t(3), t(4), &cfg),
+        Op::BiasAct(act) => b.bias_act(t(0), t(1), act).map(drop),
+        Op::TanhBackward => b.tanh_backward(t(0), t(1)).map(drop),
+        Op::Linear(act) => b.linear(t(0), t(1), t(2), act).map(drop),
+        Op::LinearAdd(act) => b.linear_add(t(0), t(1), t(2), act, t(3)).map(drop),
+        Op::LinearParamGradsInto => b.linear_param_grads_into(t(0), t(1), t(2), opt(3)),
+        Op::LinearBackwardInto(act) => b
+            .linear_backward_into(t(0), t(1), opt(2), (act, opt(3)), (t(4), opt(5)))
+            .map(drop),
+        Op::AddLayerNorm(eps) => b.add_layer_norm(t(0), t(1), opt(2), opt(3), eps).map(drop),
+        Op::LayerNormBackwardAdd => b
+            .layer_norm_backward_add(t(0), opt(1), t(2), t(3), t(4), opt(5), [true, true])
+            .map(drop),
+        Op::LayerNormBackwardInto => b
+            .layer_norm_backward_into(t(0), opt(1), t(2), t(3), t(4), opt(5), true, opt(6), opt(7))
+            .map(drop),
+        Op::PoolHeadBce => b.pool_head_bce(t(0), t(1), t(2), t(3)).map(drop),
+        Op::PoolHeadBceBackward => b
+            .pool_head_bce_backward(t(0), t(1), t(2), t(3), t(4))
+            .map(drop),
     };
     let err = match result {
         Ok(()) => panic!("{} accepted {op:?} on {args:?}", b.name()),

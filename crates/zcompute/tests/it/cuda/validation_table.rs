@@ -6,7 +6,9 @@ macro_rules! validation_table {
         mod validation_table {
             use super::super::validation::{check, dims, Arg, Arg::*, Op, ADAMW};
             use rstest::rstest;
-            use zcompute::{AdamWConfig, BinaryOp, ComputeError as E, MatmulOpts, ReduceOp};
+            use zcompute::{
+                Activation, AdamWConfig, BinaryOp, ComputeError as E, MatmulOpts, ReduceOp,
+            };
 
             const N: MatmulOpts = MatmulOpts {
                 trans_a: false,
@@ -16,6 +18,11 @@ macro_rules! validation_table {
                 trans_a: false,
                 trans_b: true,
             };
+            const ID: Activation = Activation::Identity;
+            const TANH: Activation = Activation::Tanh;
+            const PG: &str = "linear_param_grads_into";
+            const LB: &str = "linear_backward_into";
+            const LNI: &str = "layer_norm_backward_into";
             /// 2^31: a broadcast view this long has 2^31 elements over one stored value.
             const HUGE: usize = 1 << 31;
 
@@ -46,6 +53,19 @@ macro_rules! validation_table {
 
             fn overflow(op: &'static str, shape: &[usize]) -> E {
                 E::SizeOverflow { op, shape: dims(shape) }
+            }
+
+            fn aliased(op: &'static str, lhs: &'static str, rhs: &'static str) -> E {
+                E::Aliased { op, lhs, rhs }
+            }
+
+            fn unsupported(op: &'static str, reason: &str) -> E {
+                E::Unsupported { op, reason: reason.into() }
+            }
+
+            /// A Linear op given more than a matrix of rows.
+            fn not_a_matrix(op: &'static str, shape: &str) -> E {
+                unsupported(op, &format!("takes a matrix [rows, features], got shape {shape}: fold the leading axes into the rows first (reshape)"))
             }
 
             #[rstest]
@@ -110,6 +130,51 @@ macro_rules! validation_table {
             #[case::adamw_beta2_nan(adamw(0.9, f32::NAN, 1e-8, 0.0), &[T(&[4]), T(&[4]), T(&[4]), T(&[4]), T(&[3])], scalar("adamw", "beta2", "NaN", "a beta2 in [0, 1)"))]
             #[case::adamw_negative_eps(adamw(0.9, 0.999, -1.0, 0.0), &[T(&[4]), T(&[4]), T(&[4]), T(&[4]), T(&[2])], scalar("adamw", "eps", "-1.0", "a finite eps >= 0"))]
             #[case::adamw_infinite_decay(adamw(0.9, 0.999, 1e-8, f32::INFINITY), &[T(&[4]), T(&[4]), T(&[4]), T(&[4]), T(&[2])], scalar("adamw", "weight_decay", "inf", "a finite weight decay >= 0"))]
+            // Bias and activation.
+            #[case::bias_act_bias(Op::BiasAct(TANH), &[T(&[3, 4]), T(&[5])], shapes("bias_act bias", &[5], &[4]))]
+            #[case::bias_act_rank_0(Op::BiasAct(ID), &[T(&[]), T(&[1])], rank("bias_act", 1, &[]))]
+            #[case::tanh_backward_shapes(Op::TanhBackward, &[T(&[3]), T(&[4])], shapes("tanh_backward", &[3], &[4]))]
+            // A Linear layer (x, w, bias[, residual]).
+            #[case::linear_inner(Op::Linear(ID), &[T(&[12, 5]), T(&[7, 6]), T(&[7])], shapes("linear", &[5], &[6]))]
+            #[case::linear_bias(Op::Linear(ID), &[T(&[12, 5]), T(&[7, 5]), T(&[6])], shapes("linear bias", &[6], &[7]))]
+            #[case::linear_rank_3(Op::Linear(ID), &[T(&[2, 12, 5]), T(&[7, 5]), T(&[7])], not_a_matrix("linear", "[2, 12, 5]"))]
+            #[case::linear_rank_1(Op::Linear(ID), &[T(&[5]), T(&[7, 5]), T(&[7])], rank("linear", 2, &[5]))]
+            #[case::linear_add_residual(Op::LinearAdd(ID), &[T(&[12, 5]), T(&[7, 5]), T(&[7]), T(&[12, 5])], shapes("linear_add residual", &[12, 5], &[12, 7]))]
+            // Its parameters' gradients added into their buffers (g, x, dw, db).
+            #[case::param_grads_rows(Op::LinearParamGradsInto, &[T(&[12, 7]), T(&[13, 5]), T(&[7, 5]), T(&[7])], shapes(PG, &[12], &[13]))]
+            #[case::param_grads_dw(Op::LinearParamGradsInto, &[T(&[12, 7]), T(&[12, 5]), T(&[5, 7]), T(&[7])], shapes(PG, &[5, 7], &[7, 5]))]
+            #[case::param_grads_db(Op::LinearParamGradsInto, &[T(&[12, 7]), T(&[12, 5]), T(&[7, 5]), T(&[5])], shapes(PG, &[5], &[7]))]
+            #[case::param_grads_dw_is_g(Op::LinearParamGradsInto, &[T(&[4, 4]), T(&[4, 4]), Same(0), Absent], aliased(PG, "g", "dw"))]
+            #[case::param_grads_dw_db_overlap(Op::LinearParamGradsInto, &[T(&[3, 7]), T(&[3, 4]), View(4, 0, &[7, 4]), Part(4, 27, 7), T(&[40])], aliased(PG, "dw", "db"))]
+            // Its whole backward (g, x, w, y, dw, db).
+            #[case::backward_weight(Op::LinearBackwardInto(ID), &[T(&[3, 7]), T(&[3, 5]), T(&[7, 6]), Absent, T(&[7, 5]), T(&[7])], shapes("linear_backward_into weight", &[7, 6], &[7, 5]))]
+            #[case::backward_rows(Op::LinearBackwardInto(ID), &[T(&[3, 7]), T(&[4, 5]), T(&[7, 5]), Absent, T(&[7, 5]), T(&[7])], shapes(LB, &[3], &[4]))]
+            #[case::backward_output(Op::LinearBackwardInto(TANH), &[T(&[3, 7]), T(&[3, 5]), T(&[7, 5]), T(&[3, 6]), T(&[7, 5]), T(&[7])], shapes("linear_backward_into output", &[3, 6], &[3, 7]))]
+            #[case::backward_tanh_without_y(Op::LinearBackwardInto(TANH), &[T(&[3, 7]), T(&[3, 5]), T(&[7, 5]), Absent, T(&[7, 5]), T(&[7])], unsupported(LB, "tanh's backward needs the layer's saved output `y`"))]
+            #[case::backward_identity_with_y(Op::LinearBackwardInto(ID), &[T(&[3, 7]), T(&[3, 5]), T(&[7, 5]), T(&[3, 7]), T(&[7, 5]), T(&[7])], unsupported(LB, "the identity has no saved output: pass `y` only with tanh"))]
+            #[case::backward_rank_3(Op::LinearBackwardInto(ID), &[T(&[2, 3, 7]), T(&[3, 5]), T(&[7, 5]), Absent, T(&[7, 5]), T(&[7])], not_a_matrix(LB, "[2, 3, 7]"))]
+            #[case::backward_dw_db_overlap(Op::LinearBackwardInto(TANH), &[T(&[3, 7]), T(&[3, 4]), T(&[7, 4]), T(&[3, 7]), View(6, 0, &[7, 4]), Part(6, 27, 7), T(&[40])], aliased(LB, "dw", "db"))]
+            #[case::backward_dw_is_w(Op::LinearBackwardInto(ID), &[T(&[3, 7]), T(&[3, 4]), T(&[7, 4]), Absent, Same(2), Absent], aliased(LB, "w", "dw"))]
+            #[case::backward_dw_in_y(Op::LinearBackwardInto(TANH), &[T(&[3, 7]), T(&[3, 4]), Absent, View(6, 0, &[3, 7]), View(6, 21, &[7, 4]), Absent, T(&[49])], aliased(LB, "y", "dw"))]
+            // LayerNorm after a residual add, its backward adding the residual's gradient, and
+            // the backward adding into the weight's and bias's gradient buffers (g, residual,
+            // x, mean, rstd, weight, dw, db).
+            #[case::add_layer_norm_shapes(Op::AddLayerNorm(1e-5), &[T(&[2, 4]), T(&[2, 3])], shapes("add_layer_norm", &[2, 4], &[2, 3]))]
+            #[case::add_layer_norm_nan_eps(Op::AddLayerNorm(f32::NAN), &[T(&[2, 4]), T(&[2, 4])], scalar("layer_norm", "eps", "NaN", "a finite eps >= 0"))]
+            #[case::layer_norm_backward_residual(Op::LayerNormBackwardAdd, &[T(&[2, 4]), T(&[2, 3]), T(&[2, 4]), T(&[2, 1]), Same(3)], shapes("layer_norm_backward residual", &[2, 3], &[2, 4]))]
+            #[case::norm_params_dw(Op::LayerNormBackwardInto, &[T(&[3, 8]), Absent, T(&[3, 8]), T(&[3, 1]), Same(3), Absent, T(&[9]), T(&[8])], shapes(LNI, &[9], &[8]))]
+            #[case::norm_params_db(Op::LayerNormBackwardInto, &[T(&[3, 8]), Absent, T(&[3, 8]), T(&[3, 1]), Same(3), Absent, T(&[8]), T(&[7])], shapes(LNI, &[7], &[8]))]
+            #[case::norm_params_broadcast_dw(Op::LayerNormBackwardInto, &[T(&[3, 8]), Absent, T(&[3, 8]), T(&[3, 1]), Same(3), Absent, Bcast(&[1], &[8]), Absent], overlapping(LNI, &[8], &[0]))]
+            #[case::norm_params_db_in_g(Op::LayerNormBackwardInto, &[View(8, 0, &[3, 8]), Absent, T(&[3, 8]), T(&[3, 1]), Same(3), Absent, Absent, Part(8, 0, 8), T(&[24])], aliased(LNI, "g", "db"))]
+            #[case::norm_params_dw_db_overlap(Op::LayerNormBackwardInto, &[T(&[3, 8]), Absent, T(&[3, 8]), T(&[3, 1]), Same(3), Absent, Part(8, 0, 8), Part(8, 7, 8), T(&[24])], aliased(LNI, "dw", "db"))]
+            // The pooled head and its loss (h, weight, bias, targets; backward: g, h, weight,
+            // logits, targets).
+            #[case::pool_head_rank_2(Op::PoolHeadBce, &[T(&[2, 8]), T(&[1, 8]), T(&[1]), T(&[2])], rank("pool_head_bce", 3, &[2, 8]))]
+            #[case::pool_head_empty_scales(Op::PoolHeadBce, &[T(&[2, 0, 8]), T(&[1, 8]), T(&[1]), T(&[2])], E::EmptyReduction { op: "pool_head_bce", axis: 1 })]
+            #[case::pool_head_weight(Op::PoolHeadBce, &[T(&[2, 3, 8]), T(&[8]), T(&[1]), T(&[2])], shapes("pool_head_bce", &[8], &[1, 8]))]
+            #[case::pool_head_targets(Op::PoolHeadBce, &[T(&[2, 3, 8]), T(&[1, 8]), T(&[1]), T(&[2, 1])], shapes("pool_head_bce", &[2, 1], &[2]))]
+            #[case::pool_head_bias(Op::PoolHeadBce, &[T(&[2, 3, 8]), T(&[1, 8]), T(&[2]), T(&[2])], shapes("pool_head_bce", &[2], &[1]))]
+            #[case::pool_head_backward_g(Op::PoolHeadBceBackward, &[T(&[1]), T(&[2, 3, 8]), T(&[1, 8]), T(&[2]), Same(3)], shapes("pool_head_bce_backward", &[1], &[]))]
             fn bad_input_gives_the_same_error(
                 #[case] op: Op,
                 #[case] args: &[Arg],

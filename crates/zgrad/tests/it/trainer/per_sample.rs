@@ -8,8 +8,7 @@ use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
 use zgrad::{LrSchedule, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors};
 use zmem::{Arena, ArenaConfig};
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
+use crate::support::fixtures;
 
 fn backend_on<D: Driver>(device: Device<D>) -> CudaBackend<D> {
     let config = ArenaConfig {

@@ -3,7 +3,7 @@
 //! gradients agree to rounding, it learns on the CPU backend, the device gate stops a
 //! non-finite step, and a sample of the wrong shape is a typed error that changes nothing.
 
-pub mod mlp;
+use crate::support::mlp;
 
 use mlp::{Mlp, data};
 use rstest::rstest;

@@ -63,6 +63,8 @@ mod gpu {
         let id = NcclCollective::unique_id().expect("NCCL loads and makes an id");
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let exe = std::env::current_exe().expect("the test binary");
+        // libtest names a test by its module path without the crate's name.
+        let name = name.split_once("::").map_or(name, |(_, test)| test);
         let dir = tempfile::tempdir().expect("a directory for the ranks' barriers");
         let mut children: Vec<Child> = (0..world)
             .map(|rank| {
@@ -129,7 +131,10 @@ mod gpu {
 
     #[test]
     fn gpu_all_reduce_and_broadcast_agree_across_ranks() {
-        const NAME: &str = "gpu::gpu_all_reduce_and_broadcast_agree_across_ranks";
+        const NAME: &str = concat!(
+            module_path!(),
+            "::gpu_all_reduce_and_broadcast_agree_across_ranks"
+        );
         let Some((info, id)) = role() else {
             let world = world();
             let codes = run_ranks(NAME, world);
@@ -193,7 +198,7 @@ mod gpu {
 
     #[test]
     fn gpu_captured_all_reduce_replays() {
-        const NAME: &str = "gpu::gpu_captured_all_reduce_replays";
+        const NAME: &str = concat!(module_path!(), "::gpu_captured_all_reduce_replays");
         let Some((info, id)) = role() else {
             let world = world();
             let codes = run_ranks(NAME, world);
@@ -239,7 +244,10 @@ mod gpu {
 
     #[test]
     fn gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time() {
-        const NAME: &str = "gpu::gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time";
+        const NAME: &str = concat!(
+            module_path!(),
+            "::gpu_a_peer_that_dies_mid_collective_fails_the_others_in_time"
+        );
         let Some((info, id)) = role() else {
             let world = gpu_count().min(4);
             // A peer needs a second GPU: on one GPU this fails rather than passing unrun (the

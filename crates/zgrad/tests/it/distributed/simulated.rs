@@ -339,8 +339,7 @@ fn a_pinned_batch_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] c
     assert_eq!(run(true), run(false));
 }
 
-#[path = "own_model/mlp.rs"]
-mod mlp;
+use crate::support::mlp;
 
 /// A model of the user's own (not XAsset) in data parallel: two ranks at global batch 7 give
 /// one rank's gradients, losses and parameters within 1e-5 per tensor after 3 steps, every

@@ -2,9 +2,6 @@
 //! would hang, sizes that would abort, signals, closed pipes, silently changed options, soak and
 //! determinism. Each test runs the built command as a user would.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod files;
 mod hostile;
 mod signals;

@@ -20,9 +20,10 @@ fn norm(v: &[f64]) -> f64 {
 /// within 1e-5 of the oracle (kn.bias, whose update is the sign of rounding noise, within
 /// 2·lr per element: XASSET.md).
 pub fn trainer_step_matches_the_oracle<B: Capture<f32> + Clone + 'static>(b: &B, config: &str) {
-    let path = crate::fixtures::fixture(&format!("xasset_{config}_in.safetensors"));
+    let path = crate::support::fixtures::fixture(&format!("xasset_{config}_in.safetensors"));
     let input: TensorFile<f32> = read_tensors(&path).unwrap();
-    let oracle_path = crate::fixtures::fixture(&format!("xasset_{config}_oracle.safetensors"));
+    let oracle_path =
+        crate::support::fixtures::fixture(&format!("xasset_{config}_oracle.safetensors"));
     let oracle: TensorFile<f64> = read_tensors(&oracle_path).unwrap();
     let x = &input.tensors["x"];
     let (xs, ys) = (&x.data, &input.tensors["y"].data);

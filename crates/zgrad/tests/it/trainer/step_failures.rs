@@ -14,8 +14,7 @@ use zgrad::{
 };
 use zmem::{Arena, ArenaConfig};
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
+use crate::support::fixtures;
 use fixtures::fixture;
 
 type Mock = CudaBackend<SimDriver>;

@@ -2,7 +2,7 @@
 //! against the PyTorch oracle, captured against eager, step scopes, non-finite detection,
 //! capture fallback and evaluation.
 
-mod common;
+use crate::common;
 
 use common::SimBackend;
 use rstest::rstest;
@@ -14,8 +14,7 @@ use zgrad::{
     TrainerConfig, XAsset, read_tensors,
 };
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
+use crate::support::fixtures;
 use fixtures::fixture;
 
 struct Tiny<T> {

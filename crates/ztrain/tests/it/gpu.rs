@@ -2,7 +2,7 @@
 //! built only with `--features gpu` (`cargo xtask test-gpu`); a missing GPU fails them.
 #![cfg(feature = "gpu")]
 
-mod common;
+use crate::common;
 
 use common::{path_str, resume_matches_uninterrupted, text, tiny};
 use ztrain::checkpoint::Checkpoint;

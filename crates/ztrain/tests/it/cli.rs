@@ -1,6 +1,6 @@
 //! The `ztrain` command as a user runs it: the built binary on tiny model sizes.
 
-mod common;
+use crate::common;
 
 use common::{
     TINY, assert_fails_with, path_str, resume_matches_uninterrupted, text, tiny, ztrain,

@@ -12,11 +12,9 @@ use std::path::PathBuf;
 use zcompute::{Backend, CpuBackend, Element};
 use zgrad::{AdamW, AdamWHyper, PARAMETER_NAMES, Tape, TensorFile, Var, XAsset, read_tensors};
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
+use crate::support::fixtures;
+use crate::support::oracle_step;
 use fixtures::fixture;
-#[path = "support/oracle_step.rs"]
-mod oracle_step;
 use oracle_step::trainer_step_matches_the_oracle;
 
 fn rel(got: &[f64], want: &[f64]) -> f64 {

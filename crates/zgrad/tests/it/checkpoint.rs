@@ -332,8 +332,7 @@ fn a_deep_checkpoint_resumes_and_is_a_parameter_file() {
     assert!(matches!(err, GradError::ParameterMismatch { .. }), "{err}");
 }
 
-#[path = "own_model/mlp.rs"]
-mod mlp;
+use crate::support::mlp;
 
 /// A model of the user's own: 2 steps, checkpoint, a fresh trainer of other initial values
 /// loads it and takes 2 more steps, bit for bit as the uninterrupted run (losses, norms,

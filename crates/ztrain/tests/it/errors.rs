@@ -2,7 +2,7 @@
 //! each condition distinct: the command on a simulated device too small for its step, and
 //! `TrainError`s built from each condition provoked on the simulated device through zgrad.
 
-mod common;
+use crate::common;
 
 use std::error::Error;
 

@@ -211,6 +211,8 @@ mod gpu {
         let id = NcclCollective::unique_id().expect("NCCL loads and makes an id");
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
         let exe = std::env::current_exe().expect("the test binary");
+        // libtest names a test by its module path without the crate's name.
+        let name = name.split_once("::").map_or(name, |(_, test)| test);
         let mut children: Vec<Child> = (0..world)
             .map(|rank| {
                 Command::new(&exe)
@@ -251,7 +253,7 @@ mod gpu {
 
     #[test]
     fn gpu_n_ranks_match_one_gpu() {
-        const NAME: &str = "gpu::gpu_n_ranks_match_one_gpu";
+        const NAME: &str = concat!(module_path!(), "::gpu_n_ranks_match_one_gpu");
         if let Ok(rank) = std::env::var(RANK_VAR) {
             rank_main(rank.parse().expect("rank"));
             return;

@@ -5,7 +5,7 @@
 //! launcher variables are typed errors; a checkpoint records the number of ranks (resume with
 //! the same number is bitwise, with another refused).
 
-mod common;
+use crate::common;
 #[path = "distributed/stops.rs"]
 mod stops;
 

@@ -2,7 +2,7 @@
 //! and the memory classes of what it allocates (on the host backend with device-like memory
 //! rules from tests/common), including the CPU twin of scenario C and its negative control.
 
-mod common;
+use crate::common;
 
 use common::SimBackend;
 use rstest::rstest;

@@ -1,6 +1,6 @@
 //! `ztrain --plan` as a user runs it: the memory plan before the run, on any machine.
 
-mod common;
+use crate::common;
 #[path = "plan/ranges.rs"]
 mod ranges;
 

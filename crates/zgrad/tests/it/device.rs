@@ -50,11 +50,9 @@ fn mock() -> CudaBackend<SimDriver> {
 
 mod own_model;
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
+use crate::support::fixtures;
+use crate::support::oracle_step;
 use fixtures::fixture;
-#[path = "support/oracle_step.rs"]
-mod oracle_step;
 
 struct Tiny {
     input: TensorFile<f32>,

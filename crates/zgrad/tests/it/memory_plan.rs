@@ -172,8 +172,7 @@ fn a_large_model_plans_without_its_host_memory() {
     assert!(plan.device_bytes() > plan.arena_bytes());
 }
 
-#[path = "own_model/mlp.rs"]
-mod mlp;
+use crate::support::mlp;
 
 /// A model of the user's own planned through its constructor (`plan::ModelFn`): the plan's
 /// per-class peaks, arena and capture bytes equal those of the run that computes, both

@@ -1,0 +1,62 @@
+//! zgrad's integration tests: one binary, one module per feature. Bodies that take a backend
+//! run on the CPU, on the simulated device and (`gpu` modules, `--features gpu`) on CUDA
+//! device 0.
+
+/// A host backend with device-like memory rules (`SimBackend`).
+mod common;
+/// Shared by several features: the PyTorch fixtures, one trainer step against the oracle, and
+/// a model of the user's own (`mlp`).
+mod support {
+    pub mod fixtures;
+    pub mod mlp;
+    pub mod oracle_step;
+}
+
+/// The tape and every op's backward: finite differences, fused nodes against their
+/// composites, gradients added into parameter buffers, invariants over random op chains.
+mod autograd {
+    mod accumulate;
+    mod attention;
+    mod gradcheck;
+    mod linear;
+    mod props;
+    mod tape;
+}
+/// zero_grad, the global norm, clipping, SGD, AdamW's device slot.
+mod optim;
+/// Loss, gradients and an AdamW step against the PyTorch oracle.
+mod oracle;
+/// The trainer in both schedules, eager and captured: on a host backend, over flat parameter
+/// buffers, from pinned memory, per sample over a device-resident batch, replayed on a
+/// resident batch, and through failing optimiser steps.
+mod trainer {
+    mod flat_params;
+    mod on_host;
+    mod per_sample;
+    mod pinned;
+    mod replay;
+    mod step_failures;
+}
+/// The trainer and the tape on the CUDA backend (simulated device; `gpu`: CUDA device 0),
+/// and a model of the user's own through the trainer.
+mod device;
+/// Each device condition through the tape as its own typed error.
+mod errors;
+/// How much device work a step issues (graph nodes, launches), held under budgets.
+mod work_budget {
+    mod forward_backward;
+    mod graph_nodes;
+    mod optimiser;
+}
+/// Parameter files and checkpoints; a resumed run continues exactly.
+mod checkpoint;
+/// Memory plans against real runs.
+mod memory_plan;
+/// Data-parallel training: simulated ranks, the collectives a step makes, and (`gpu`) NCCL
+/// ranks as processes (the test re-runs this binary once per rank).
+mod distributed {
+    mod collective_calls;
+    #[cfg(feature = "gpu")]
+    mod nccl;
+    mod simulated;
+}
