@@ -39,10 +39,10 @@ fn a_plan_sizes_segments_initial_scratch_and_the_reserve() {
         .resolve(80 * G)
         .expect("valid");
     // 123 MiB planned: segments of 1/8 (16 MiB), the scratch peak in whole segments, a
-    // reserve of 1/16 (8 MiB): no longer 64 MiB each.
+    // reserve of 1/32 (4 MiB): no longer 64 MiB each.
     assert_eq!(c.segment_bytes, 16 * M);
     assert_eq!(c.initial_bytes, 64 * M);
-    assert_eq!(c.overflow_reserve_bytes, 8 * M);
+    assert_eq!(c.overflow_reserve_bytes, 4 * M);
 }
 
 #[test]

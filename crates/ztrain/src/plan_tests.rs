@@ -76,7 +76,7 @@ fn the_default_run_s_arena_is_sized_from_its_plan() {
     );
     // The default XAsset batched step plans about 123 MiB (persistent 12.8, saved 53.3,
     // scratch 57.0): segments of an eighth of it, the scratch peak up front, a reserve of a
-    // sixteenth.
+    // thirty-second.
     let sized = arena(&[], true);
     assert_eq!(
         (
@@ -84,7 +84,7 @@ fn the_default_run_s_arena_is_sized_from_its_plan() {
             sized.segment_bytes,
             sized.overflow_reserve_bytes
         ),
-        (64 * M, 16 * M, 8 * M)
+        (64 * M, 16 * M, 4 * M)
     );
     assert_eq!(sized.cap_bytes, fixed.cap_bytes);
 }
@@ -109,7 +109,7 @@ fn an_explicit_size_still_wins_over_the_plan() {
     let a = arena(&["--arena-bytes", "128M"], true);
     assert_eq!(
         (a.initial_bytes, a.segment_bytes, a.overflow_reserve_bytes),
-        (128 * M, 64 * M, 8 * M)
+        (128 * M, 64 * M, 4 * M)
     );
 }
 
