@@ -6,7 +6,7 @@
 //! take (another block size, more rows than its shared memory holds without partials, a grid
 //! that does not match the chunks), which the GPU would not report.
 
-use super::{bad, checked, cpu_err, rows_tensor, usize_of};
+use super::{KernelArgs, bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::cpu::CpuBackend;
 use crate::cuda::kernels::Kernel;
 use crate::cuda::norm_params::{
@@ -51,39 +51,8 @@ pub(super) fn layer_norm_backward_params(
     }
     let (has_weight, has_residual) = (k.u32(9)? != 0, k.u32(10)? != 0);
     let (want_gx, has_dw, has_db) = (k.u32(11)? != 0, k.u32(12)? != 0, k.u32(13)? != 0);
-    let g = rows_tensor(mem, k.ptr(3)?, rows, n)?;
-    let residual = match has_residual {
-        false => None,
-        true => Some(rows_tensor(mem, k.ptr(4)?, rows, n)?),
-    };
-    let x = rows_tensor(mem, k.ptr(5)?, rows, n)?;
-    let mean = rows_tensor(mem, k.ptr(6)?, rows, 1)?;
-    let rstd = rows_tensor(mem, k.ptr(7)?, rows, 1)?;
-    let weight = match has_weight {
-        false => None,
-        true => Some(
-            rows_tensor(mem, k.ptr(8)?, 1, n)?
-                .reshape(&[usize_of(n, 15)?])
-                .map_err(cpu_err)?,
-        ),
-    };
-    let r = NormOps::<f32>::layer_norm_backward_add(
-        &CpuBackend,
-        &g,
-        residual.as_ref(),
-        &x,
-        &mean,
-        &rstd,
-        weight.as_ref(),
-        [want_gx, true],
-    )
-    .map_err(cpu_err)?;
-    if let Some(input) = r.input {
-        mem.write_f32(k.ptr(0)?, &input.to_vec())?;
-    }
     let n = usize_of(n, 15)?;
-    let g_xhat = r.g_xhat.map(|t| t.to_vec()).unwrap_or_default();
-    let g = g.to_vec();
+    let (g_xhat, g) = cpu_backward(mem, &k, 3, (rows, n), [has_weight, has_residual, want_gx])?;
     if part != DevicePtr::NULL {
         // Chunk c's sums at part[c * n ..] (g * xhat) and part[(chunks + c) * n ..] (g).
         let chunk_len = LN_PARAMS_MAX_ROWS * n;
@@ -111,6 +80,51 @@ pub(super) fn layer_norm_backward_params(
         add_col_sums(2, &g)?;
     }
     Ok(())
+}
+
+/// The CPU backend's LayerNorm backward over a kernel's operands, which stand at argument
+/// indices `g_arg..g_arg + 6` in the order g, residual, x, mean, rstd, weight (the input
+/// gradient at index 0): writes the input gradient when `want_gx`, returns g * xhat and g.
+fn cpu_backward(
+    mem: &mut SimMemory<'_>,
+    k: &KernelArgs<'_>,
+    g_arg: usize,
+    (rows, n): (u64, usize),
+    [has_weight, has_residual, want_gx]: [bool; 3],
+) -> Result<(Vec<f32>, Vec<f32>), KernelFault> {
+    let cols = n as u64;
+    let g = rows_tensor(mem, k.ptr(g_arg)?, rows, cols)?;
+    let residual = match has_residual {
+        false => None,
+        true => Some(rows_tensor(mem, k.ptr(g_arg + 1)?, rows, cols)?),
+    };
+    let x = rows_tensor(mem, k.ptr(g_arg + 2)?, rows, cols)?;
+    let mean = rows_tensor(mem, k.ptr(g_arg + 3)?, rows, 1)?;
+    let rstd = rows_tensor(mem, k.ptr(g_arg + 4)?, rows, 1)?;
+    let weight = match has_weight {
+        false => None,
+        true => Some(
+            rows_tensor(mem, k.ptr(g_arg + 5)?, 1, cols)?
+                .reshape(&[n])
+                .map_err(cpu_err)?,
+        ),
+    };
+    let r = NormOps::<f32>::layer_norm_backward_add(
+        &CpuBackend,
+        &g,
+        residual.as_ref(),
+        &x,
+        &mean,
+        &rstd,
+        weight.as_ref(),
+        [want_gx, true],
+    )
+    .map_err(cpu_err)?;
+    if let Some(input) = r.input.filter(|_| want_gx) {
+        mem.write_f32(k.ptr(0)?, &input.to_vec())?;
+    }
+    let g_xhat = r.g_xhat.map(|t| t.to_vec()).unwrap_or_default();
+    Ok((g_xhat, g.to_vec()))
 }
 
 /// Σ_rows src[r, j] for each of the `n` columns of the dense rows `src`, in row order from zero.
@@ -154,40 +168,9 @@ pub(super) fn layer_norm_backward_partials(
         ));
     }
     let (has_weight, has_residual, want_gx) = (k.u32(8)? != 0, k.u32(9)? != 0, k.u32(10)? != 0);
-    let g = rows_tensor(mem, k.ptr(2)?, rows, n)?;
-    let residual = match has_residual {
-        false => None,
-        true => Some(rows_tensor(mem, k.ptr(3)?, rows, n)?),
-    };
-    let x = rows_tensor(mem, k.ptr(4)?, rows, n)?;
-    let mean = rows_tensor(mem, k.ptr(5)?, rows, 1)?;
-    let rstd = rows_tensor(mem, k.ptr(6)?, rows, 1)?;
-    let weight = match has_weight {
-        false => None,
-        true => Some(
-            rows_tensor(mem, k.ptr(7)?, 1, n)?
-                .reshape(&[usize_of(n, 12)?])
-                .map_err(cpu_err)?,
-        ),
-    };
-    let r = NormOps::<f32>::layer_norm_backward_add(
-        &CpuBackend,
-        &g,
-        residual.as_ref(),
-        &x,
-        &mean,
-        &rstd,
-        weight.as_ref(),
-        [want_gx, true],
-    )
-    .map_err(cpu_err)?;
-    if let Some(input) = r.input.filter(|_| want_gx) {
-        mem.write_f32(k.ptr(0)?, &input.to_vec())?;
-    }
     let n = usize_of(n, 12)?;
     let per_block = usize_of(per_block, 13)?;
-    let g_xhat = r.g_xhat.map(|t| t.to_vec()).unwrap_or_default();
-    let g = g.to_vec();
+    let (g_xhat, g) = cpu_backward(mem, &k, 2, (rows, n), [has_weight, has_residual, want_gx])?;
     let mut out = Vec::with_capacity(2 * blocks as usize * n);
     for src in [&g_xhat, &g] {
         for block in src.chunks(per_block * n) {
