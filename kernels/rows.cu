@@ -74,38 +74,6 @@ extern "C" __global__ void zc_reduce_rows_split_f32(float* out, const float* in,
 // sums are divided by `div` (n for a mean's last pass, else 1). op 3 sums and adds the result
 // into `out` (out += sum / div: a parameter gradient accumulated in place); the host passes it
 // only to a single-chunk pass (gridDim.y == 1).
-
-// One block's share of a column reduction: rows [r0, r1) of column `col` of slab `x` (row
-// stride `inner`), combined over the 8 row lanes in lane order. Every thread returns; lane
-// row 0 (ty == 0) holds the block's result for its column.
-__device__ __forceinline__ float cols_block_reduce(float (*part)[33], const float* x, u64 r0,
-                                                   u64 r1, u64 inner, bool active, bool is_max) {
-    const unsigned tx = threadIdx.x % 32;
-    const unsigned ty = threadIdx.x / 32;
-    float acc = is_max ? -INFINITY : 0.0f;
-    if (active) {
-#pragma unroll 4
-        for (u64 r = r0 + ty; r < r1; r += WARPS_PER_BLOCK) {
-            float v = __ldcg(x + r * inner);
-            acc = is_max ? zc_maximum(acc, v) : acc + v;
-        }
-    }
-    part[ty][tx] = acc;
-    __syncthreads();
-    if (ty == 0 && active) {
-        for (int k = 1; k < WARPS_PER_BLOCK; ++k) {
-            acc = is_max ? zc_maximum(acc, part[k][tx]) : acc + part[k][tx];
-        }
-    }
-    return acc;
-}
-
-// The result of a column (or of its partials) written out: max as is, a sum divided by `div`,
-// added into `dst` for op 3.
-__device__ __forceinline__ void cols_store(float* dst, float acc, unsigned op, float div) {
-    *dst = op == 2 ? acc : (op == 3 ? *dst + acc / div : acc / div);
-}
-
 extern "C" __global__ void zc_reduce_cols_f32(float* out, const float* in, u64 outer, u64 n,
                                               u64 inner, u64 chunk, unsigned op, float div) {
     __shared__ float part[WARPS_PER_BLOCK][33];
@@ -114,59 +82,27 @@ extern "C" __global__ void zc_reduce_cols_f32(float* out, const float* in, u64 o
     const u64 tiles = (inner + 31) / 32;
     const u64 r0 = (u64)blockIdx.y * chunk;
     const u64 r1 = min(r0 + chunk, n);
-    for (u64 t = blockIdx.x; t < outer * tiles; t += gridDim.x) {
-        const u64 o = t / tiles;
-        const u64 col = (t % tiles) * 32 + tx;
-        const bool active = col < inner;
-        const float acc = cols_block_reduce(part, in + o * n * inner + col, r0, r1, inner, active,
-                                            op == 2);
-        if (ty == 0 && active) {
-            cols_store(out + (u64)blockIdx.y * outer * inner + o * inner + col, acc, op, div);
-        }
-        __syncthreads();
-    }
-}
-
-// The same reduction in ONE launch when the rows are split into chunks (gridDim.y > 1): each
-// block writes its chunk's partial to partials[chunk, outer * inner] as above, and the last
-// block of a column tile to finish (counted in arrivals[tile], which that block resets to 0 for
-// the next launch on the stream) sums the tile's partials exactly as the finishing pass of
-// zc_reduce_cols_f32 would (8 row lanes over the chunks, combined in lane order), so the bits
-// equal the two-launch path's. The arrival count is the only atomic and orders nothing that is
-// summed. `arrivals` holds at least outer * tiles zeros; launches sharing it must be ordered
-// (one stream). op as zc_reduce_cols_f32's, applied to the final result only.
-extern "C" __global__ void zc_reduce_cols_fused_f32(float* out, float* partials,
-                                                    unsigned* arrivals, const float* in,
-                                                    u64 outer, u64 n, u64 inner, u64 chunk,
-                                                    unsigned op, float div) {
-    __shared__ float part[WARPS_PER_BLOCK][33];
-    __shared__ bool last;
-    const unsigned tx = threadIdx.x % 32;
-    const unsigned ty = threadIdx.x / 32;
-    const u64 tiles = (inner + 31) / 32;
-    const u64 cols = outer * inner;
-    const u64 r0 = (u64)blockIdx.y * chunk;
-    const u64 r1 = min(r0 + chunk, n);
     const bool is_max = op == 2;
     for (u64 t = blockIdx.x; t < outer * tiles; t += gridDim.x) {
         const u64 o = t / tiles;
         const u64 col = (t % tiles) * 32 + tx;
-        const bool active = col < inner;
-        float acc = cols_block_reduce(part, in + o * n * inner + col, r0, r1, inner, active,
-                                      is_max);
-        if (ty == 0 && active) {
-            partials[(u64)blockIdx.y * cols + o * inner + col] = acc;
-            __threadfence();  // the partial is visible device-wide before this block arrives
+        float acc = is_max ? -INFINITY : 0.0f;
+        if (col < inner) {
+            const float* x = in + o * n * inner + col;
+#pragma unroll 4
+            for (u64 r = r0 + ty; r < r1; r += WARPS_PER_BLOCK) {
+                float v = x[r * inner];
+                acc = is_max ? zc_maximum(acc, v) : acc + v;
+            }
         }
+        part[ty][tx] = acc;
         __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(arrivals + t, 1u) == gridDim.y - 1;
-        __syncthreads();
-        if (last) {
-            __threadfence();  // every other block's partial of this tile is visible from here
-            acc = cols_block_reduce(part, partials + o * inner + col, 0, gridDim.y, cols, active,
-                                    is_max);
-            if (ty == 0 && active) cols_store(out + o * inner + col, acc, op, div);
-            if (threadIdx.x == 0) arrivals[t] = 0;
+        if (ty == 0 && col < inner) {
+            for (int k = 1; k < WARPS_PER_BLOCK; ++k) {
+                acc = is_max ? zc_maximum(acc, part[k][tx]) : acc + part[k][tx];
+            }
+            float* dst = out + (u64)blockIdx.y * outer * inner + o * inner + col;
+            *dst = is_max ? acc : (op == 3 ? *dst + acc / div : acc / div);
         }
         __syncthreads();
     }

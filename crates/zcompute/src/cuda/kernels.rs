@@ -9,7 +9,7 @@ mod config;
 
 pub(crate) use args::{Args, coalesce, ptr, push_strided, read_strided, u64a};
 pub(crate) use config::{
-    COLS_ARRIVAL_SLOTS, COLS_FINISH_MAX_ROWS, cols_chunking, cols_config, elementwise_config, row_tiles, rows_config,
+    COLS_FINISH_MAX_ROWS, cols_chunking, cols_config, elementwise_config, row_tiles, rows_config,
     rows_split, rows_split_config, rows_vec_config, single_block, vec_aligned, vec_lanes,
 };
 
@@ -73,9 +73,6 @@ pub enum Kernel {
     /// A reduction over a middle axis of `[outer, n, inner]`, in row chunks (see
     /// [`cols_chunking`]).
     ReduceCols,
-    /// The same in one launch when the rows are chunked: the last block of a column tile sums
-    /// the chunks' partials (see `zc_reduce_cols_fused_f32`).
-    ReduceColsFused,
     /// First pass of a reduction over few long rows (see [`rows_split`]).
     ReduceRowsSplit,
     SoftmaxRows,
@@ -172,7 +169,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 50] = [
+    pub const ALL: [Kernel; 49] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -184,7 +181,6 @@ impl Kernel {
         Kernel::FillStrided,
         Kernel::ReduceRows,
         Kernel::ReduceCols,
-        Kernel::ReduceColsFused,
         Kernel::ReduceRowsSplit,
         Kernel::SoftmaxRows,
         Kernel::LayerNormRows,
@@ -295,12 +291,6 @@ impl Kernel {
                 1,
                 "zc_reduce_cols_f32",
                 &[Ptr, Ptr, U64, U64, U64, U64, U32, F32],
-                0,
-            ),
-            Kernel::ReduceColsFused => s(
-                1,
-                "zc_reduce_cols_fused_f32",
-                &[Ptr, Ptr, Ptr, Ptr, U64, U64, U64, U64, U32, F32],
                 0,
             ),
             Kernel::ReduceRowsSplit => s(

@@ -89,12 +89,6 @@ pub(crate) struct Inner<D: Driver> {
     poison: AtomicBool,
     capture_log: Mutex<Option<CaptureLog>>,
     staging: Mutex<transfer::Staging>,
-    /// Zeroed arrival counters of the one-launch column reduction (`zc_reduce_cols_fused_f32`),
-    /// `kernels::COLS_ARRIVAL_SLOTS` of them: set once by `new`, and each launch's finishing
-    /// blocks leave them zero again. Every launch that uses them is on `stream`, so two running
-    /// kernels never share them. Device memory of its own (8 KiB, freed with the backend), not
-    /// the arena's: a persistent arena block would open a held segment in every backend.
-    arrivals: std::sync::OnceLock<DevicePtr>,
     // Dropped last: functions above belong to these modules.
     _modules: Vec<LoadedModule<D>>,
 }
@@ -103,17 +97,6 @@ impl<D: Driver> Drop for Inner<D> {
     fn drop(&mut self) {
         let staging = std::mem::take(&mut *lock(&self.staging));
         staging.release(&self.device);
-        if let Some(&p) = self.arrivals.get() {
-            // Work that reads the counters was queued on `stream`: let it finish first. A
-            // failure here leaves nothing to do but report it (the context is gone).
-            let freed = self
-                .device
-                .synchronize(self.stream)
-                .and_then(|()| self.device.free(p));
-            if let Err(e) = freed {
-                tracing::warn!(target: "zcompute.cuda.drop", error = %e, "arrival counters not freed");
-            }
-        }
     }
 }
 
@@ -178,7 +161,7 @@ impl<D: Driver> CudaBackend<D> {
             "CUDA backend ready"
         );
         let stream = device.stream();
-        let backend = CudaBackend {
+        Ok(CudaBackend {
             inner: Arc::new(Inner {
                 arena,
                 device,
@@ -189,12 +172,9 @@ impl<D: Driver> CudaBackend<D> {
                 poison: AtomicBool::new(false),
                 capture_log: Mutex::new(None),
                 staging: Mutex::new(transfer::Staging::default()),
-                arrivals: std::sync::OnceLock::new(),
                 _modules: modules,
             }),
-        };
-        backend.alloc_arrivals()?;
-        Ok(backend)
+        })
     }
 
     /// The arena the backend allocates from.

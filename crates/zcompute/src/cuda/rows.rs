@@ -135,11 +135,6 @@ impl<D: Driver> CudaBackend<D> {
     ) -> Result<()> {
         let code = if op == ReduceOp::Max { 2 } else { 0 };
         let total = count as f32;
-        // The final pass's op code and divisor (a mean divides only there).
-        let last_pass = (
-            if accumulate { 3 } else { code },
-            if op == ReduceOp::Mean { total } else { 1.0 },
-        );
         let (mut src, mut outer, mut n, mut inner) = (src.clone(), outer, n, inner);
         loop {
             // Few partials finish in one pass: a third launch over a handful of rows costs more
@@ -149,18 +144,6 @@ impl<D: Driver> CudaBackend<D> {
             } else {
                 kernels::cols_chunking(outer, n, inner)
             };
-            if chunks > 1
-                && self.reduce_cols_fused(
-                    name,
-                    out,
-                    &src,
-                    (outer, n, inner),
-                    (chunk, chunks),
-                    last_pass,
-                )?
-            {
-                return Ok(());
-            }
             let last = chunks == 1;
             let dst = if last {
                 out.clone()
@@ -193,66 +176,6 @@ impl<D: Driver> CudaBackend<D> {
             (src, outer, n, inner) = (dst, 1, chunks as usize, outer * inner);
             partials = true;
         }
-    }
-
-    /// The chunked column reduction in one launch (`zc_reduce_cols_fused_f32`: the last block
-    /// of each column tile sums the chunks' partials, with the bits of the two-launch path),
-    /// when its partials fit one finishing pass and its column tiles have arrival counters.
-    /// `Ok(false)`: not applicable, nothing launched. `last` is the final pass's op code and
-    /// divisor.
-    fn reduce_cols_fused(
-        &self,
-        name: &'static str,
-        out: &CudaTensor,
-        src: &CudaTensor,
-        (outer, n, inner): (usize, usize, usize),
-        (chunk, chunks): (u64, u64),
-        (last_code, div): (u32, f32),
-    ) -> Result<bool> {
-        let tiles = (outer as u64).saturating_mul((inner as u64).div_ceil(32));
-        let Some(&arrivals) = self.inner.arrivals.get() else {
-            return Ok(false);
-        };
-        if chunks > kernels::COLS_FINISH_MAX_ROWS as u64
-            || tiles > kernels::COLS_ARRIVAL_SLOTS as u64
-        {
-            return Ok(false);
-        }
-        let partials = self.alloc_temp(name, &[chunks as usize, outer * inner])?;
-        let args: Args = [
-            ptr(self.ptr(name, out)?),
-            ptr(self.ptr(name, &partials)?),
-            ptr(arrivals),
-            ptr(self.ptr(name, src)?),
-            u64a(outer),
-            u64a(n),
-            u64a(inner),
-            KernelArg::U64(chunk),
-            KernelArg::U32(last_code),
-            KernelArg::F32(div),
-        ]
-        .into_iter()
-        .collect();
-        let config = kernels::cols_config(outer, inner, chunks);
-        self.launch(name, Kernel::ReduceColsFused, config, &args)?;
-        Ok(true)
-    }
-
-    /// Allocates and zeroes the fused column reduction's arrival counters (once, by `new`,
-    /// which is refused during capture).
-    pub(super) fn alloc_arrivals(&self) -> Result<()> {
-        const OP: &str = "CudaBackend::new";
-        let slots = kernels::COLS_ARRIVAL_SLOTS as u64;
-        let device = &self.inner.device;
-        let p = device.alloc(slots * 4).map_err(|e| super::device_error(OP, e))?;
-        if let Err(e) = device.memset_d32(p, 0, slots) {
-            // Not kept: free it now (a failure to free is the lesser error).
-            let _ = device.free(p);
-            return Err(super::device_error(OP, e));
-        }
-        // Set only here, right after construction, so it is empty.
-        let _ = self.inner.arrivals.set(p);
-        Ok(())
     }
 
     fn fill_dense(&self, op: &'static str, t: &CudaTensor, value: f32) -> Result<()> {

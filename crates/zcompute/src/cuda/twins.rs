@@ -80,7 +80,6 @@ fn twin(k: Kernel) -> Twin {
         Kernel::FillStrided => elementwise::fill_strided,
         Kernel::ReduceRows => reductions::reduce_rows,
         Kernel::ReduceCols => reductions::reduce_cols,
-        Kernel::ReduceColsFused => reductions::reduce_cols_fused,
         Kernel::ReduceRowsSplit => reductions::reduce_rows_split,
         Kernel::SoftmaxRows => rows::softmax_rows,
         Kernel::LayerNormRows => rows::layer_norm_rows,

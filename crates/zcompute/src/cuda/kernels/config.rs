@@ -66,10 +66,6 @@ const COLS_MIN_CHUNK: u64 = 32;
 /// passes (3 chunks, then 1), each a dependent launch of about 3 us on an H100.
 pub(crate) const COLS_FINISH_MAX_ROWS: usize = 256;
 
-/// Arrival counters of the one-launch column reduction, one per 32-column tile: a reduction
-/// over up to 65,536 columns takes one launch (wider ones the two-launch path).
-pub(crate) const COLS_ARRIVAL_SLOTS: usize = 2048;
-
 /// Row chunking of a column reduction over `[outer, n, inner]`: `(chunk, chunks)`, rows per
 /// chunk and chunk count, enough chunks that the grid fills the GPU when there are few columns.
 pub(crate) fn cols_chunking(outer: usize, n: usize, inner: usize) -> (u64, u64) {

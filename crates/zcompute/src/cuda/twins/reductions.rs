@@ -6,7 +6,7 @@ use super::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::backend::ReduceOp;
 use crate::cpu::{self, math};
 use crate::cuda::kernels::Kernel;
-use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
+use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
 
 pub(super) fn reduce_rows(
@@ -34,119 +34,45 @@ pub(super) fn reduce_cols(
 ) -> Result<(), KernelFault> {
     let k = checked(Kernel::ReduceCols, args)?;
     let (out, x) = (k.ptr(0)?, k.ptr(1)?);
-    let cols = ColumnReduction::read(&k, 2)?;
-    let data = mem.read_f32(x, cols.numel()? as u64)?;
-    let mut result = cols.chunk_results(&data);
-    if cols.accumulate {
-        if cols.n > cols.chunk {
-            return Err(bad(5, "an accumulating pass must be a single chunk"));
-        }
-        add_old(mem, out, &mut result)?;
-    }
-    mem.write_f32(out, &result)
-}
-
-/// The one-launch form: each chunk's raw partial to `partials[c, outer, inner]`, then the
-/// partials reduced (divided by `div`, added into `out` for op 3) into `out[outer, inner]`,
-/// as the GPU's last block per column tile does; `arrivals` is left as found (zeros).
-pub(super) fn reduce_cols_fused(
-    _: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let k = checked(Kernel::ReduceColsFused, args)?;
-    let (out, partials, x) = (k.ptr(0)?, k.ptr(1)?, k.ptr(3)?);
-    let cols = ColumnReduction::read(&k, 4)?;
-    let data = mem.read_f32(x, cols.numel()? as u64)?;
-    let raw = ColumnReduction {
-        div: 1.0,
-        accumulate: false,
-        ..cols
-    };
-    let parts = raw.chunk_results(&data);
-    mem.write_f32(partials, &parts)?;
-    let chunks = cols.n.div_ceil(cols.chunk);
-    let finish = ColumnReduction {
-        outer: 1,
-        n: chunks,
-        inner: cols.outer * cols.inner,
-        chunk: chunks.max(1),
-        ..cols
-    };
-    let mut result = finish.chunk_results(&parts);
-    if cols.accumulate {
-        add_old(mem, out, &mut result)?;
-    }
-    mem.write_f32(out, &result)
-}
-
-/// The shape and operation arguments of a column reduction, from argument `first` on:
-/// outer, n, inner, chunk, op, div.
-#[derive(Clone, Copy)]
-struct ColumnReduction {
-    outer: usize,
-    n: usize,
-    inner: usize,
-    chunk: usize,
-    is_max: bool,
-    accumulate: bool,
-    div: f32,
-}
-
-impl ColumnReduction {
-    fn read(k: &KernelArgs<'_>, first: usize) -> Result<Self, KernelFault> {
-        let code = k.u32(first + 4)?;
-        Ok(ColumnReduction {
-            outer: usize_of(k.u64(first)?, first)?,
-            n: usize_of(k.u64(first + 1)?, first + 1)?,
-            inner: usize_of(k.u64(first + 2)?, first + 2)?,
-            chunk: usize_of(k.u64(first + 3)?, first + 3)?.max(1),
-            is_max: code == 2,
-            accumulate: code == 3,
-            div: k.f32(first + 5)?,
-        })
-    }
-
-    fn numel(&self) -> Result<usize, KernelFault> {
-        self.outer
-            .checked_mul(self.n)
-            .and_then(|v| v.checked_mul(self.inner))
-            .ok_or_else(|| bad(3, "size overflows"))
-    }
-
-    /// `[chunks, outer, inner]`: each chunk of rows reduced (a sum divided by `div`).
-    fn chunk_results(&self, data: &[f32]) -> Vec<f32> {
-        let (outer, n, inner, chunk) = (self.outer, self.n, self.inner, self.chunk);
-        let mut result = Vec::with_capacity(n.div_ceil(chunk) * outer * inner);
-        let mut column = Vec::with_capacity(chunk);
-        for r0 in (0..n).step_by(chunk) {
-            for o in 0..outer {
-                for i in 0..inner {
-                    column.clear();
-                    column.extend((r0..(r0 + chunk).min(n)).map(|r| data[(o * n + r) * inner + i]));
-                    result.push(if self.is_max {
-                        math::row_max(&column)
-                    } else {
-                        math::pairwise_sum(&column) / self.div
-                    });
-                }
+    let (outer, n, inner) = (
+        usize_of(k.u64(2)?, 2)?,
+        usize_of(k.u64(3)?, 3)?,
+        usize_of(k.u64(4)?, 4)?,
+    );
+    let chunk = usize_of(k.u64(5)?, 5)?.max(1);
+    let code = k.u32(6)?;
+    let (is_max, accumulate) = (code == 2, code == 3);
+    let div = k.f32(7)?;
+    let total = outer
+        .checked_mul(n)
+        .and_then(|v| v.checked_mul(inner))
+        .ok_or_else(|| bad(3, "size overflows"))?;
+    let data = mem.read_f32(x, total as u64)?;
+    let mut result = Vec::with_capacity(n.div_ceil(chunk) * outer * inner);
+    let mut column = Vec::with_capacity(chunk);
+    for r0 in (0..n).step_by(chunk) {
+        for o in 0..outer {
+            for i in 0..inner {
+                column.clear();
+                column.extend((r0..(r0 + chunk).min(n)).map(|r| data[(o * n + r) * inner + i]));
+                result.push(if is_max {
+                    math::row_max(&column)
+                } else {
+                    math::pairwise_sum(&column) / div
+                });
             }
         }
-        result
     }
-}
-
-/// `result += out` elementwise (an accumulating pass's old values).
-fn add_old(
-    mem: &mut SimMemory<'_>,
-    out: zdevice::DevicePtr,
-    result: &mut [f32],
-) -> Result<(), KernelFault> {
-    let old = mem.read_f32(out, result.len() as u64)?;
-    for (r, o) in result.iter_mut().zip(old) {
-        *r += o;
+    if accumulate {
+        if n > chunk {
+            return Err(bad(5, "an accumulating pass must be a single chunk"));
+        }
+        let old = mem.read_f32(out, result.len() as u64)?;
+        for (r, o) in result.iter_mut().zip(old) {
+            *r += o;
+        }
     }
-    Ok(())
+    mem.write_f32(out, &result)
 }
 
 /// Segment `p` (`seg` elements) of row `r` of dense `[rows, n]` reduced to

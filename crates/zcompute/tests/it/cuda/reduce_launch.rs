@@ -1,8 +1,7 @@
-//! How many launches a column reduction takes, counted on the simulated device: a batch's bias
-//! or LayerNorm gradient (`[3072, n]` summed into its buffer) is ONE launch whose last block per
-//! column tile sums the chunks' partials, not a pass into partials and a finishing pass (each
-//! launch is a dependent graph node of about 3 us on an H100). The sums themselves equal the
-//! CPU's.
+//! How many passes a column reduction takes, counted on the simulated device: a batch's bias
+//! or LayerNorm gradient (`[3072, n]` summed into its buffer) is a first pass into partials and
+//! one finishing pass, not two more over a handful of partials (each pass is a dependent graph
+//! node of about 3 us on an H100). The sums themselves equal the CPU's.
 
 use zcompute::{Backend, CpuBackend, CudaBackend, SimDriver};
 use zdevice::sim::calls::LAUNCH_KERNEL;
@@ -43,14 +42,14 @@ fn assert_close(ours: &[f32], cpu: &[f32], what: &str) {
 }
 
 #[test]
-fn a_batch_column_sum_is_one_launch_whose_last_blocks_finish_it() {
+fn a_batch_column_sum_is_one_pass_into_partials_and_one_to_finish() {
     let gpu = super::mock();
     // XAsset's batched bias and LayerNorm gradients: 256 samples x 12 scales.
     for n in [256, 768, 1024] {
         let (launches, ours, cpu) = sum_into(&gpu, 3072, n);
         assert_eq!(
-            launches, 1,
-            "[3072, {n}]: partials and their sum in one launch"
+            launches, 2,
+            "[3072, {n}]: partials, then one finishing pass"
         );
         assert_close(&ours, &cpu, &format!("[3072, {n}]"));
     }
@@ -62,9 +61,8 @@ fn few_rows_stay_one_pass_and_many_partials_keep_their_chunks() {
     let (launches, ours, cpu) = sum_into(&gpu, 12, 256);
     assert_eq!(launches, 1, "a sample's 12 rows: one pass");
     assert_close(&ours, &cpu, "[12, 256]");
-    // Two columns over many rows: more partials (1024 chunks) than one finishing pass takes,
-    // so a pass into partials and then the one-launch reduction over them.
+    // Two columns over many rows: more partials than one finishing pass takes (1024 chunks).
     let (launches, ours, cpu) = sum_into(&gpu, 1 << 16, 2);
-    assert_eq!(launches, 2, "[65536, 2]: {launches} launches");
+    assert!(launches >= 3, "[65536, 2]: {launches} launches");
     assert_close(&ours, &cpu, "[65536, 2]");
 }
