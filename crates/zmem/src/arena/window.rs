@@ -57,6 +57,9 @@ impl<D: Driver> Shared<D> {
         let (i, (start, end)) = match found {
             Some(hit) => hit,
             None => match self.room_for(st, size) {
+                // The locked path lends it from the held region (growing that, not the
+                // scratch segments).
+                _ if !self.sanitized() => return Ok(false),
                 Some(seg_size) => {
                     self.grow_scratch(st, seg_size)?;
                     let i = st.segs.len() - 1;

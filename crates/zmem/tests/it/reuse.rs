@@ -8,6 +8,12 @@ use crate::util::{mock, small};
 
 const K64: u64 = 64 << 10;
 
+/// The held region's bytes: the arena's segments less its scratch segments (all of `small`'s
+/// 64 KiB).
+fn held_bytes(d: &zmem::Diagnostics) -> u64 {
+    d.capacity - d.scratch_segments as u64 * K64
+}
+
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.0 + b.1 && b.0 < a.0 + a.1
 }
@@ -53,8 +59,7 @@ fn scratch_beyond_the_segments_reuses_what_saved_blocks_gave_back() {
     let d = arena.diagnostics();
     assert_eq!(d.bytes_by_class.get(AllocClass::Scratch), 0, "{d}");
     // Every held byte is free again but `later`'s: the lent scratch went back when dropped.
-    let held = d.capacity - (256 << 10);
-    assert_eq!(d.held_free, held - K64, "{d}");
+    assert_eq!(d.held_free, held_bytes(&d) - K64, "{d}");
     drop(later);
 }
 
@@ -91,5 +96,5 @@ fn lent_scratch_alive_after_its_step_keeps_its_memory() {
     drop(kept);
     let d = arena.diagnostics();
     assert_eq!(d.bytes_by_class.get(AllocClass::Scratch), 0, "{d}");
-    assert_eq!(d.held_free, d.capacity - (256 << 10), "{d}");
+    assert_eq!(d.held_free, held_bytes(&d), "{d}");
 }
