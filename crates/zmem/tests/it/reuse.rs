@@ -98,3 +98,15 @@ fn lent_scratch_alive_after_its_step_keeps_its_memory() {
     assert_eq!(d.bytes_by_class.get(AllocClass::Scratch), 0, "{d}");
     assert_eq!(d.held_free, held_bytes(&d), "{d}");
 }
+
+/// The same on data (the simulated twin of `gpu_lent_scratch_keeps_every_live_block`): every
+/// live block reads back what was written to it, with and without poison, in both modes.
+#[rstest::rstest]
+fn lent_scratch_keeps_every_live_block(
+    #[values(false, true)] poison: bool,
+    #[values(false, true)] sanitize: bool,
+) {
+    crate::util::sanitized(sanitize, || {
+        crate::bodies::lent_scratch_keeps_every_live_block(&mock(64 << 20), poison).unwrap();
+    });
+}
