@@ -120,6 +120,10 @@ fn an_explicit_size_still_wins_over_the_plan() {
 /// its backward's scratch, allocated while they are freed, used to take segments of its own
 /// (2.17x at L = 1 before the held region lent its free memory to scratch).
 #[test]
+#[allow(
+    clippy::print_stderr,
+    reason = "every case's ratio, for `--nocapture` (the coordinator's record)"
+)]
 fn reserved_over_live_of_the_default_run_sized_from_its_plan() {
     let cases: [&[&str]; 6] = [
         &[],
