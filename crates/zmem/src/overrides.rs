@@ -284,7 +284,12 @@ impl ArenaOverrides {
             }
             if !self.is_given(ArenaSetting::InitialBytes) {
                 let seg = self.segment_bytes.unwrap_or(c.segment_bytes).max(1);
-                let scratch = peaks.get(AllocClass::Scratch).div_ceil(seg).max(1) * seg;
+                // Scratch beyond the segments is lent from the memory saved blocks give back
+                // (an eager step's backward): the segments hold only what exceeds it.
+                let beyond = peaks
+                    .get(AllocClass::Scratch)
+                    .saturating_sub(peaks.get(AllocClass::Saved));
+                let scratch = beyond.div_ceil(seg).max(1) * seg;
                 c.initial_bytes = scratch.min(cap / seg * seg).max(seg);
             }
             if !self.is_given(ArenaSetting::OverflowReserveBytes) {

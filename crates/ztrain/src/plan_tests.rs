@@ -75,7 +75,8 @@ fn the_default_run_s_arena_is_sized_from_its_plan() {
         (64 * M, 64 * M, 64 * M)
     );
     // The default XAsset batched step plans about 123 MiB (persistent 12.8, saved 53.3,
-    // scratch 57.0): segments of an eighth of it, the scratch peak up front, a reserve of a
+    // scratch 57.0): segments of an eighth of it, the scratch peak beyond the saved one up
+    // front (the rest is lent from memory saved tensors give back), a reserve of a
     // thirty-second.
     let sized = arena(&[], true);
     assert_eq!(
@@ -84,7 +85,7 @@ fn the_default_run_s_arena_is_sized_from_its_plan() {
             sized.segment_bytes,
             sized.overflow_reserve_bytes
         ),
-        (64 * M, 16 * M, 4 * M)
+        (16 * M, 16 * M, 4 * M)
     );
     assert_eq!(sized.cap_bytes, fixed.cap_bytes);
 }
@@ -114,34 +115,43 @@ fn an_explicit_size_still_wins_over_the_plan() {
 }
 
 /// Reserved over live for the default run, both schedules, eager and captured, L = 1 and 3:
-/// sized from the plan, always below the fixed defaults', and at most 1.5 wherever the arena's
-/// layout allows it. The batched eager step is the exception: its saved tensors live in the
-/// held region and its scratch in segments of their own, so reserved is at least the two
-/// classes' peaks added (66 + 78 MiB at L = 1, evaluation's scratch included) while live
-/// peaks at 90 MiB: 1.59 before any rounding. Meeting 1.5 there needs the arena to serve
-/// backward's scratch from the memory saved tensors free (see the CHANGELOG).
+/// sized from the plan, always below the fixed defaults', and at most 1.5 (issue 21 item 6).
+/// The batched eager step is the hard case: its saved tensors live in the held region and
+/// its backward's scratch, allocated while they are freed, used to take segments of its own
+/// (2.17x at L = 1 before the held region lent its free memory to scratch).
 #[test]
+#[allow(
+    clippy::print_stderr,
+    reason = "every case's ratio, for `--nocapture` (the coordinator's record)"
+)]
 fn reserved_over_live_of_the_default_run_sized_from_its_plan() {
-    let cases: [(&[&str], f64); 6] = [
-        (&[], 2.3),
-        (&["--capture"], 1.5),
-        (&["--schedule", "per-sample"], 1.5),
-        (&["--schedule", "per-sample", "--capture"], 1.5),
-        (&["--layers", "3"], 2.3),
-        (&["--layers", "3", "--capture"], 1.5),
+    let cases: [&[&str]; 6] = [
+        &[],
+        &["--capture"],
+        &["--schedule", "per-sample"],
+        &["--schedule", "per-sample", "--capture"],
+        &["--layers", "3"],
+        &["--layers", "3", "--capture"],
     ];
-    for (args, bound) in cases {
+    let mut above = Vec::new();
+    for args in cases {
         let (live, reserved) = peaks(args, true);
         let (fixed_live, fixed_reserved) = peaks(args, false);
-        assert_eq!(live, fixed_live, "{args:?}: the sizes change no allocation");
         let ratio = reserved as f64 / live as f64;
         let fixed = fixed_reserved as f64 / fixed_live as f64;
         let says = format!(
             "{args:?}: live {live} reserved {reserved} ({ratio:.2}x; fixed defaults {fixed:.2}x)"
         );
-        assert!(ratio < fixed, "{says}");
-        assert!(ratio <= bound, "{says}: above {bound}");
+        eprintln!("{says}");
+        assert!(
+            reserved < fixed_reserved,
+            "{says}: reserves more than the fixed defaults"
+        );
+        if ratio > 1.5 {
+            above.push(says);
+        }
     }
+    assert!(above.is_empty(), "above 1.5: {above:#?}");
 }
 
 #[test]

@@ -128,6 +128,19 @@ impl<D: Driver> Shared<D> {
         let (i, off) = match found {
             Some(hit) => hit,
             None => match self.room_for(st, size) {
+                // Before the arena grows: memory saved blocks gave back (an eager step's
+                // backward runs while its forward's saved tensors are freed).
+                _ if let Some(b) = self.lend_held(st, requested, size) => return Ok(b),
+                // Growth goes to the held region, lent from there: memory that scratch and
+                // saved blocks both reuse, given back as each block drops.
+                Some(seg_size) if !self.sanitized() => {
+                    self.grow_held(st, AllocClass::Scratch, requested, seg_size)?;
+                    // A fresh held segment always lends: it is at least `size` long.
+                    if let Some(b) = self.lend_held(st, requested, size) {
+                        return Ok(b);
+                    }
+                    return self.overflow_scratch(st, requested, size);
+                }
                 Some(seg_size) => {
                     self.grow_scratch(st, seg_size)?;
                     let i = st.segs.len() - 1;
@@ -135,12 +148,7 @@ impl<D: Driver> Shared<D> {
                     let off = st.segs[i].fit(size).unwrap_or(0);
                     (i, off)
                 }
-                None => {
-                    let b = self.overflow(st, AllocClass::Scratch, requested, size)?;
-                    st.overflow.scratch += size;
-                    st.overflow.blocks.push(Arc::downgrade(&b.0));
-                    return Ok(b);
-                }
+                None => return self.overflow_scratch(st, requested, size),
             },
         };
         st.cur = i;
@@ -171,30 +179,79 @@ impl<D: Driver> Shared<D> {
         if found.is_none()
             && let Some(seg_size) = self.room_for(st, size)
         {
-            let base = self.device_alloc(st, class, requested, seg_size)?;
-            st.held.push(HeldSegment::new(base, seg_size));
-            st.seg_bytes += seg_size;
-            st.raise_reserved_peak();
+            self.grow_held(st, class, requested, seg_size)?;
             found = st
                 .held
                 .last_mut()
                 .and_then(|h| h.alloc(size).map(|(o, r)| (h.base, o, r)));
         }
         match found {
-            Some((base, off, reused)) => {
-                st.n.reuses += u64::from(reused);
-                st.usage.returnable_live += 1;
-                let cell = Arc::clone(&st.held_cell);
-                let what = Issue {
-                    class,
-                    source: Source::Held,
-                    requested,
-                    size,
-                };
-                Ok(self.make(st, what, base.offset(off), &cell))
-            }
+            Some(at) => Ok(self.held_block(st, class, requested, size, at)),
             None => self.overflow(st, class, requested, size),
         }
+    }
+
+    /// Scratch from the overflow pool (returned when its last handle drops).
+    fn overflow_scratch(&self, st: &mut State, requested: u64, size: u64) -> MemResult<Block> {
+        let b = self.overflow(st, AllocClass::Scratch, requested, size)?;
+        st.overflow.scratch += size;
+        st.overflow.blocks.push(Arc::downgrade(&b.0));
+        Ok(b)
+    }
+
+    /// A new held segment of `seg_size` bytes.
+    fn grow_held(
+        &self,
+        st: &mut State,
+        class: AllocClass,
+        requested: u64,
+        seg_size: u64,
+    ) -> MemResult<()> {
+        let base = self.device_alloc(st, class, requested, seg_size)?;
+        st.held.push(HeldSegment::new(base, seg_size));
+        st.seg_bytes += seg_size;
+        st.raise_reserved_peak();
+        Ok(())
+    }
+
+    /// Scratch from the held region's free memory, without growing it: a block returned when
+    /// its last handle drops, like every held block, so no step end reclaims it while it is
+    /// referenced and no saved block lands on it meanwhile. `None` in sanitizer mode (every
+    /// block its own allocation) or when no free range fits.
+    fn lend_held(&self, st: &mut State, requested: u64, size: u64) -> Option<Block> {
+        if self.sanitized() {
+            return None;
+        }
+        let at = st
+            .held
+            .iter_mut()
+            .find_map(|h| h.alloc(size).map(|(o, r)| (h.base, o, r)))?;
+        st.usage.lent_scratch += size;
+        tracing::trace!(target: "zmem.arena.lend", bytes = size, "scratch served from held memory");
+        let b = self.held_block(st, AllocClass::Scratch, requested, size, at);
+        st.usage.lent_blocks.push(Arc::downgrade(&b.0));
+        Some(b)
+    }
+
+    /// A held block at `(base, offset, whether it reuses freed memory)`.
+    fn held_block(
+        &self,
+        st: &mut State,
+        class: AllocClass,
+        requested: u64,
+        size: u64,
+        (base, off, reused): (DevicePtr, u64, bool),
+    ) -> Block {
+        st.n.reuses += u64::from(reused);
+        st.usage.returnable_live += 1;
+        let cell = Arc::clone(&st.held_cell);
+        let what = Issue {
+            class,
+            source: Source::Held,
+            requested,
+            size,
+        };
+        self.make(st, what, base.offset(off), &cell)
     }
 
     /// The size of a new segment for `size` bytes if the cap allows one.

@@ -112,6 +112,15 @@ impl<D: Driver> Shared<D> {
             }
         }
         st.overflow.blocks = still_out;
+        // So does scratch lent from the held region.
+        st.usage.lent_blocks.retain(|w| match w.upgrade() {
+            Some(inner) => {
+                kept.push(crate::block::describe(&inner));
+                kept_arcs.push(inner);
+                true
+            }
+            None => false,
+        });
         let mut out = Reclaimed::default();
         for seg in &mut st.segs {
             kept.extend(reclaim(seg, Vec::new(), keep, &mut out));
@@ -121,7 +130,8 @@ impl<D: Driver> Shared<D> {
         }
         st.cur = 0;
         let pinned: u64 = st.segs.iter().map(|s| s.pinned_bytes()).sum();
-        st.usage.by_class.0[AllocClass::Scratch as usize] = pinned + st.overflow.scratch;
+        st.usage.by_class.0[AllocClass::Scratch as usize] =
+            pinned + st.overflow.scratch + st.usage.lent_scratch;
         st.n.resets += 1;
         st.n.since_reset = 0;
         st.n.bytes_since_reset = 0;
@@ -229,6 +239,9 @@ impl<D: Driver> Shared<D> {
             Source::Held => {
                 if let Some(h) = st.held.iter_mut().find(|h| h.contains(r.ptr)) {
                     h.free(r.ptr.0 - h.base.0, r.size);
+                }
+                if r.class == AllocClass::Scratch {
+                    st.usage.lent_scratch = st.usage.lent_scratch.saturating_sub(r.size);
                 }
                 st.usage.by_class.sub(r.class, r.size);
                 st.usage.returnable_live = st.usage.returnable_live.saturating_sub(1);

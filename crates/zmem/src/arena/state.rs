@@ -137,6 +137,11 @@ pub(crate) struct Usage {
     pub(crate) peak_reserved: u64,
     /// Live held and overflow handles (they report their drop).
     pub(crate) returnable_live: u64,
+    /// Scratch bytes the held region serves now (lent from its free memory; returned when
+    /// their blocks drop, not at step end).
+    pub(crate) lent_scratch: u64,
+    /// The lent scratch blocks (listed as kept at every step end while referenced).
+    pub(crate) lent_blocks: Vec<Weak<BlockInner>>,
 }
 
 /// The arena's bookkeeping, by concern: scratch segments and the held region here, the rest

@@ -49,24 +49,14 @@ impl<D: Driver> Shared<D> {
     }
 
     /// Closes the open window and claims one that fits `size`. `false` when no segment has
-    /// room and the cap allows no new one.
+    /// room: the locked path then lends the request from the held region, growing that, not
+    /// the scratch segments (the fast path never runs in sanitizer mode, which grows them).
     fn claim_window(&self, st: &mut State, size: u64) -> MemResult<bool> {
         self.close_window(st);
         let found = (st.cur..st.segs.len())
             .find_map(|i| st.segs[i].claim(size, WINDOW_BYTES).map(|w| (i, w)));
-        let (i, (start, end)) = match found {
-            Some(hit) => hit,
-            None => match self.room_for(st, size) {
-                Some(seg_size) => {
-                    self.grow_scratch(st, seg_size)?;
-                    let i = st.segs.len() - 1;
-                    match st.segs[i].claim(size, WINDOW_BYTES) {
-                        Some(w) => (i, w),
-                        None => return Ok(false),
-                    }
-                }
-                None => return Ok(false),
-            },
+        let Some((i, (start, end))) = found else {
+            return Ok(false);
         };
         st.cur = i;
         st.window.seg = Some(i);

@@ -294,3 +294,64 @@ pub fn planted_oob_write<D: Driver>(
     }
     Ok(synced)
 }
+
+/// An eager step's shape: forward saves blocks and fills the scratch segments, backward frees
+/// the saved blocks one by one and allocates scratch, which is lent from the memory they gave
+/// back. Every live block keeps its data: a saved block still alive, lent scratch across a
+/// later saved allocation and across the step's end (it is kept while referenced).
+pub fn lent_scratch_keeps_every_live_block<D: Driver>(dev: &Device<D>, poison: bool) -> Check {
+    let cfg = ArenaConfig {
+        poison,
+        ..crate::util::small(16 << 20)
+    };
+    let arena = Arena::new(dev.clone(), cfg).map_err(s)?;
+    let step = arena.step_owned().map_err(s)?;
+    let mut saved = Vec::new();
+    for k in 0..4u8 {
+        let b = arena.alloc_saved(64 << 10).map_err(s)?;
+        fill(dev, &b, f32::from(k) + 1.0)?;
+        saved.push((b, f32::from(k) + 1.0));
+    }
+    let mut live = Vec::new();
+    for _ in 0..4 {
+        let b = step.alloc_scratch(64 << 10).map_err(s)?;
+        fill(dev, &b, -1.0)?;
+        live.push((b, -1.0));
+    }
+    // Backward: the last saved block is freed first; each gradient takes its memory.
+    let mut lent = 0;
+    while saved.len() > 1 {
+        drop(saved.pop());
+        let g = step.alloc_scratch(64 << 10).map_err(s)?;
+        lent += usize::from(g.source() == Source::Held);
+        let v = 10.0 + live.len() as f32;
+        fill(dev, &g, v)?;
+        live.push((g, v));
+    }
+    if !arena.sanitize() {
+        ensure(
+            lent == 3,
+            format!("{lent} of 3 gradients lent from the held region"),
+        )?;
+    }
+    let late = arena.alloc_saved(64 << 10).map_err(s)?;
+    fill(dev, &late, 99.0)?;
+    live.push((late, 99.0));
+    live.extend(saved);
+    drop(step.end().map_err(s)?);
+    // A later step's scratch must not land on what is still referenced.
+    let next = arena.step_owned().map_err(s)?;
+    for _ in 0..8 {
+        let b = next.alloc_scratch(64 << 10).map_err(s)?;
+        fill(dev, &b, -5.0)?;
+    }
+    for (block, want) in &live {
+        let got = read_f32(dev, block, block.size() as usize / 4)?;
+        ensure(
+            got.iter().all(|v| v == want),
+            format!("{block:?} holds {:?}, want {want}", &got[..2]),
+        )?;
+    }
+    drop(next.end().map_err(s)?);
+    Ok(())
+}

@@ -174,7 +174,8 @@ proptest! {
                 };
                 // An overflow scratch handle gives its bytes back when its last clone goes.
                 let returned = |class: AllocClass, source: Source, size: u64| {
-                    if class == AllocClass::Scratch && source == Source::Overflow { size } else { 0 }
+                    // Overflow and lent (held) scratch go back when dropped.
+                    if class == AllocClass::Scratch && source != Source::Arena { size } else { 0 }
                 };
                 match op {
                     Op::Plain(n) | Op::Temp(n) | Op::Keep(n) => {

@@ -23,6 +23,11 @@ fn gpu_capture_allocates_from_its_reservation_and_replays() {
 }
 
 #[test]
+fn gpu_lent_scratch_keeps_every_live_block() {
+    bodies::lent_scratch_keeps_every_live_block(&open(), true).unwrap();
+}
+
+#[test]
 fn gpu_saved_and_kept_scratch_survive_step_ends() {
     bodies::saved_survives_step_end(&open(), true).unwrap();
 }

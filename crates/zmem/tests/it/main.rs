@@ -8,6 +8,7 @@ mod errors;
 mod fast;
 mod peaks;
 mod props;
+mod reuse;
 mod sanitize;
 mod scenarios;
 mod teardown;
