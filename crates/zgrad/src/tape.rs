@@ -431,7 +431,7 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
                 }
             }
         }
-        uses.sort_by(|a, b| b.0.cmp(&a.0));
+        uses.sort_by_key(|u| std::cmp::Reverse(u.0));
         uses
     }
 }

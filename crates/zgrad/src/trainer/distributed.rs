@@ -196,8 +196,7 @@ fn loss_slot<B: Ops<T>, T: Element>(set: &ParameterSet<B, T>) -> Result<Option<B
         .iter()
         .zip(set.shapes())
         .map(|(&off, shape)| off + shape.iter().product::<usize>())
-        .filter(|end| end % FLAT_ALIGN != 0)
-        .last();
+        .rfind(|end| end % FLAT_ALIGN != 0);
     Ok(match padded {
         Some(at) => Some(set.grads().narrow(0, at, 1)?),
         None => None,

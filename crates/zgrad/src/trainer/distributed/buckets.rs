@@ -185,7 +185,8 @@ mod tests {
     fn one_bucket_when_the_size_exceeds_the_buffer() {
         let (offsets, len) = layout(&[100, 3, 70]);
         let plan = BucketPlan::new(&offsets, len, 1 << 20);
-        assert_eq!(plan.ranges(), &[0..len]);
+        assert_eq!(plan.ranges().len(), 1);
+        assert_eq!(plan.ranges()[0], 0..len);
         let plan = BucketPlan::new(&offsets, len, 64);
         assert_eq!(plan.ranges(), &[192..320, 128..192, 0..128]);
     }
