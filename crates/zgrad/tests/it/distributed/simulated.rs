@@ -267,6 +267,23 @@ fn bucketed_equals_unbucketed(#[case] capture: bool) {
     }
 }
 
+/// The captured overlapped step (its side stream's buckets replayed on every step) gives the
+/// eager overlapped step's bits: gradients, parameters, losses, 2 ranks, several buckets.
+#[test]
+fn captured_buckets_replay_as_eager_ones_run() {
+    let sync = GradSync::Overlapped { bucket_bytes: 256 };
+    let run = |capture| {
+        let cfg = config(TrainSchedule::Batched, capture);
+        ranks(2, move |b, c| train_with(b, Some(c), cfg, sync))
+    };
+    let (eager, captured) = (run(false), run(true));
+    for (r, (c, e)) in captured.iter().zip(&eager).enumerate() {
+        assert_eq!(c.grads, e.grads, "rank {r}: gradients");
+        assert_eq!(c.params, e.params, "rank {r}: parameters");
+        assert_eq!(c.losses, e.losses, "rank {r}: losses");
+    }
+}
+
 #[test]
 fn a_non_finite_value_on_one_rank_stops_every_rank_with_the_same_error() {
     for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
