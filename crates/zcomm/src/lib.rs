@@ -55,6 +55,24 @@ pub trait Collective<B: Backend<T>, T: Element> {
     /// errors.
     fn all_reduce_sum(&self, b: &B, x: &BTensor<B, T>, step: u64) -> Result<()>;
 
+    /// As [`Collective::all_reduce_sum`], queued on the collective's second stream after all
+    /// the work queued so far on the backend's engine stream, so that it runs while the engine
+    /// stream goes on (the data-parallel step's buckets during backward). Overlapped calls run
+    /// in the order they are queued; every rank must queue the same sequence. Nothing may read
+    /// `x` on the engine stream before [`Collective::join_overlapped`]. Legal inside a capture
+    /// (the graph then holds both streams' work). The default queues `all_reduce_sum` on the
+    /// engine stream: correct, not overlapped.
+    fn all_reduce_sum_overlapped(&self, b: &B, x: &BTensor<B, T>, step: u64) -> Result<()> {
+        self.all_reduce_sum(b, x, step)
+    }
+
+    /// Orders the engine stream after every overlapped collective queued so far. A captured
+    /// body that queued overlapped collectives must call it before it ends (else the capture
+    /// fails: its second stream was not joined back). The default has nothing to join.
+    fn join_overlapped(&self, _b: &B) -> Result<()> {
+        Ok(())
+    }
+
     /// Replaces `x` (dense) on every rank by rank `root`'s `x`.
     fn broadcast(&self, b: &B, x: &BTensor<B, T>, root: usize, step: u64) -> Result<()>;
 

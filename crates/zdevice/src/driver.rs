@@ -44,6 +44,8 @@ impl CuCode {
     pub const STREAM_CAPTURE_UNSUPPORTED: CuCode = CuCode(900);
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
     pub const STREAM_CAPTURE_INVALIDATED: CuCode = CuCode(901);
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`: a capture ended with a forked stream not joined back.
+    pub const STREAM_CAPTURE_UNJOINED: CuCode = CuCode(904);
     /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`.
     pub const STREAM_CAPTURE_WRONG_THREAD: CuCode = CuCode(908);
     /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`.

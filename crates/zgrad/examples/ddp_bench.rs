@@ -1,23 +1,35 @@
-//! Data-parallel XAsset training on N GPUs of this host, timed for issue 13's scaling table
-//! beside `torchrun --nproc_per_node N reference/xasset_ddp_torch.py`.
+//! Data-parallel XAsset training on N GPUs of this host: weak and strong scaling of the
+//! captured step, the gradient all-reduce overlapped with backward and not, against one GPU, in
+//! one call (issue 21 item 5; `torchrun --nproc_per_node N reference/xasset_ddp_torch.py` is
+//! PyTorch's side).
 //!
-//! `ddp_bench --gpus N [--iters I]` starts N ranks of itself through zcomm's launcher (one
-//! process per GPU, `NCCL_NVLS_ENABLE=0`), each on the device `LOCAL_RANK` names, joined by
-//! NCCL (rank 0 hands out the unique id over TCP). With `--gpus 1` it runs in this process,
-//! without a collective. Rank 0 prints one JSON object; for weak scaling (256 rows per rank,
-//! global batch 256·N) and strong scaling (global batch 256, 256/N per rank), milliseconds per
-//! optimiser step, medians:
+//! `ddp_bench --gpus N [--iters I] [--grad-sync both|overlapped|after] [--bucket-mib M]
+//! [--strong 256,512,1024]` starts N ranks of itself through zcomm's launcher (one process per
+//! GPU, `NCCL_NVLS_ENABLE=0`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
+//! hands out the unique id over TCP). With `--gpus 1` it runs in this process, without a
+//! collective. Rank 0 prints one JSON object. For each way of summing the gradients
+//! (`overlapped`: buckets of `--bucket-mib` MiB, default 1, all-reduced on a second stream as
+//! backward finishes them; `after`: one all-reduce of the flat gradient buffer after backward;
+//! `--grad-sync both`, the default, measures both in the same processes), the weak-scaling row
+//! (256 rows per rank, global batch 256·N) and one strong-scaling row per `--strong` global batch
+//! (each rank its shard of it), milliseconds per optimiser step, medians:
 //!
 //! - `captured_ms`: CUDA events around the replay of the captured batched step (zero_grad,
-//!   forward, backward, the all-reduce of the flat gradient buffer, the global norm, AdamW),
-//!   with the shard already on the device (`Trainer::replay_resident`), as PyTorch's events
-//!   around `g.replay()`;
+//!   forward, backward, the gradient all-reduce, the global norm, AdamW), with the shard already
+//!   on the device (`Trainer::replay_resident`, whose stats are read back after every step), as
+//!   PyTorch's events around `g.replay()`;
+//! - `pipelined_ms`: host wall-clock per step of 32 steps queued back to back on the data set
+//!   loaded on the device (`Trainer::queue_rows`, read back once at the end: ztrain's
+//!   `--data-on device` loop), so that one rank's host never holds the others' GPUs;
 //! - `captured_e2e_ms`: host wall-clock of `train_batch` on the captured step (shard copied in,
 //!   replay, loss read back);
 //! - `eager_ms`: host wall-clock of an eager `train_batch`;
-//! - `samples_per_s`: the global batch over `captured_ms`;
+//! - `samples_per_s`: the global batch over `pipelined_ms`;
 //!
-//! and the all-reduce of the flat gradient buffer alone (`allreduce_ms`, events around it).
+//! then, with N > 1, rank 0 alone (the communicators closed) measures the same rows on one GPU
+//! (`one_gpu`), and prints the weak-scaling efficiency T(1)/T(N) and the strong-scaling speedup
+//! T(1)/T(N) at each global batch, by `captured_ms` and by `pipelined_ms`; and the all-reduce of
+//! the flat gradient buffer alone (`allreduce_ms`, events around it, on the engine stream).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 // Shared with xasset_bench, which uses every helper; this bench uses some.
@@ -26,14 +38,14 @@
 mod timing;
 
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use timing::{Error, EventPair, Json, median_of, wall_ms};
 use zcomm::launch::{LaunchSpec, launch};
 use zcomm::{Collective, LaunchEnv, NcclCollective, rendezvous};
 use zcompute::CudaBackend;
 use zdevice::{CudaDriver, Device, DeviceConfig};
 use zgrad::rng::SplitMix64;
-use zgrad::{ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{GradSync, ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 use zmem::{Arena, ArenaConfig};
 
 type Gpu = CudaBackend<CudaDriver>;
@@ -85,7 +97,12 @@ fn data(rows: usize) -> (Vec<f32>, Vec<f32>) {
     (x, y)
 }
 
-fn trainer(gpu: &Gpu, comm: Option<&Comm>, capture: bool) -> Result<Trainer<Gpu>, Error> {
+fn trainer(
+    gpu: &Gpu,
+    comm: Option<&Comm>,
+    capture: bool,
+    sync: GradSync,
+) -> Result<Trainer<Gpu>, Error> {
     let model = XAsset::init(gpu, XAssetConfig::default(), 0)?;
     let config = TrainerConfig {
         schedule: TrainSchedule::Batched,
@@ -94,22 +111,32 @@ fn trainer(gpu: &Gpu, comm: Option<&Comm>, capture: bool) -> Result<Trainer<Gpu>
     };
     let t = Trainer::new(gpu.clone(), model, config)?;
     Ok(match comm {
-        Some(c) => t.with_collective(Rc::clone(c))?,
+        Some(c) => t.with_collective(Rc::clone(c))?.with_grad_sync(sync)?,
         None => t,
     })
 }
 
-/// One scaling row: `global` rows per step over every rank.
-fn row(gpu: &Gpu, comm: Option<&Comm>, global: usize, iters: usize) -> Result<Json, Error> {
-    let (x, y) = data(global);
-    let mut out = Json::default();
-    out.raw("global_batch", global);
-    let mut t = trainer(gpu, comm, true)?;
-    let e2e = median_of(3, iters, || {
-        Ok(wall_ms(|| Ok(t.train_batch(&x, &y, global)?))?.0)
-    })?;
+/// Steps queued back to back in `pipelined_ms`.
+const PIPELINED: usize = 32;
+
+/// Host milliseconds per step of `PIPELINED` steps queued on the loaded data set, read back
+/// once (median over `iters / 4 + 1` windows after two untimed ones).
+fn pipelined_ms(t: &mut Trainer<Gpu>, global: usize, iters: usize) -> Result<f64, Error> {
+    let rows: Vec<usize> = (0..global).collect();
+    median_of(2, iters / 4 + 1, || {
+        let t0 = Instant::now();
+        for _ in 0..PIPELINED {
+            t.queue_rows(&rows, PIPELINED)?;
+        }
+        t.drain()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e3 / PIPELINED as f64)
+    })
+}
+
+/// Events around the replay of the captured step (`replay_resident`), median.
+fn captured_ms(gpu: &Gpu, t: &mut Trainer<Gpu>, iters: usize) -> Result<f64, Error> {
     let ev = EventPair::new(gpu)?;
-    let captured = median_of(3, iters, || {
+    median_of(3, iters, || {
         let mut failed = None;
         t.replay_resident(|mark| {
             let r = match mark {
@@ -124,24 +151,70 @@ fn row(gpu: &Gpu, comm: Option<&Comm>, global: usize, iters: usize) -> Result<Js
             return Err(e.into());
         }
         ev.elapsed_ms()
+    })
+}
+
+/// One scaling row: `global` rows per step over every rank.
+fn row(
+    gpu: &Gpu,
+    comm: Option<&Comm>,
+    global: usize,
+    iters: usize,
+    sync: GradSync,
+) -> Result<(Json, [f64; 2]), Error> {
+    let (x, y) = data(global);
+    let mut out = Json::default();
+    out.raw("global_batch", global);
+    let mut t = trainer(gpu, comm, true, sync)?;
+    let e2e = median_of(3, iters, || {
+        Ok(wall_ms(|| Ok(t.train_batch(&x, &y, global)?))?.0)
     })?;
-    let mut t = trainer(gpu, comm, false)?;
+    let captured = captured_ms(gpu, &mut t, iters)?;
+    t.load_data(&x, &y, global)?;
+    let pipelined = pipelined_ms(&mut t, global, iters)?;
+    drop(t);
+    let mut t = trainer(gpu, comm, false, sync)?;
     let eager = median_of(3, iters, || {
         Ok(wall_ms(|| Ok(t.train_batch(&x, &y, global)?))?.0)
     })?;
     out.ms("captured_ms", Some(captured));
+    out.ms("pipelined_ms", Some(pipelined));
     out.ms("captured_e2e_ms", Some(e2e));
     out.ms("eager_ms", Some(eager));
     out.raw(
         "samples_per_s",
-        format!("{:.0}", global as f64 / captured * 1e3),
+        format!("{:.0}", global as f64 / pipelined * 1e3),
     );
-    Ok(out)
+    Ok((out, [captured, pipelined]))
+}
+
+/// The weak row (256 per rank) and the strong rows (each global batch): their JSON and times.
+type Rows = (Json, Vec<(usize, [f64; 2])>);
+
+fn rows(
+    gpu: &Gpu,
+    comm: Option<&Comm>,
+    world: usize,
+    strong: &[usize],
+    iters: usize,
+    sync: GradSync,
+) -> Result<Rows, Error> {
+    let mut out = Json::default();
+    let mut times = Vec::new();
+    let (weak, t) = row(gpu, comm, PER_RANK * world, iters, sync)?;
+    out.raw("weak_256_per_rank", weak.finish());
+    times.push((0, t));
+    for &global in strong {
+        let (r, t) = row(gpu, comm, global, iters, sync)?;
+        out.raw(&format!("strong_{global}_global"), r.finish());
+        times.push((global, t));
+    }
+    Ok((out, times))
 }
 
 /// Events around one all-reduce of the flat gradient buffer (eager, on the engine stream).
 fn allreduce_ms(gpu: &Gpu, comm: &Comm, iters: usize) -> Result<f64, Error> {
-    let t = trainer(gpu, Some(comm), false)?;
+    let t = trainer(gpu, Some(comm), false, GradSync::AfterBackward)?;
     let grads = t.gradients()?;
     let ev = EventPair::new(gpu)?;
     median_of(5, iters, || {
@@ -152,48 +225,142 @@ fn allreduce_ms(gpu: &Gpu, comm: &Comm, iters: usize) -> Result<f64, Error> {
     })
 }
 
-fn rank_main(env: &LaunchEnv, iters: usize) -> Result<(), Error> {
+/// What the command line asks for.
+struct Args {
+    iters: usize,
+    syncs: Vec<(&'static str, GradSync)>,
+    strong: Vec<usize>,
+}
+
+fn args() -> Result<Args, Error> {
+    let iters: usize = arg("--iters").map(|v| v.parse()).transpose()?.unwrap_or(30);
+    let mib: f64 = arg("--bucket-mib")
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(1.0);
+    if iters == 0 || !(mib > 0.0 && mib <= 4096.0) {
+        return Err("--iters takes a positive count, --bucket-mib a size in (0, 4096]".into());
+    }
+    let overlapped = GradSync::Overlapped {
+        bucket_bytes: ((mib * 1048576.0) as usize).max(4),
+    };
+    let syncs = match arg("--grad-sync").as_deref().unwrap_or("both") {
+        "both" => vec![
+            ("overlapped", overlapped),
+            ("after_backward", GradSync::AfterBackward),
+        ],
+        "overlapped" => vec![("overlapped", overlapped)],
+        "after" => vec![("after_backward", GradSync::AfterBackward)],
+        other => {
+            return Err(format!("--grad-sync {other}: expected both, overlapped or after").into());
+        }
+    };
+    let strong = arg("--strong")
+        .unwrap_or_else(|| "256,512,1024".into())
+        .split(',')
+        .map(|v| v.trim().parse::<usize>().map_err(Error::from))
+        .collect::<Result<Vec<_>, _>>()?;
+    if strong.contains(&0) {
+        return Err("--strong takes positive global batch sizes".into());
+    }
+    Ok(Args {
+        iters,
+        syncs,
+        strong,
+    })
+}
+
+/// T(1)/T(N) for every row of `many` by its one-GPU twin in `one`: `[captured, pipelined]`.
+fn ratios(one: &[(usize, [f64; 2])], many: &[(usize, [f64; 2])]) -> String {
+    let mut out = Json::default();
+    for ((g, t1), (_, tn)) in one.iter().zip(many) {
+        let key = if *g == 0 {
+            "weak".to_string()
+        } else {
+            format!("strong_{g}")
+        };
+        out.raw(
+            &key,
+            format!("[{:.4}, {:.4}]", t1[0] / tn[0], t1[1] / tn[1]),
+        );
+    }
+    out.finish()
+}
+
+fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     let info = env.info;
     let gpu = open_gpu(u32::try_from(info.local_rank)?)?;
-    let comm: Option<Comm> = if info.world > 1 {
-        let master = env
-            .master
-            .as_ref()
-            .ok_or("MASTER_ADDR/MASTER_PORT are not set")?;
-        let id = rendezvous::exchange_id(
-            master,
-            info,
-            || Ok(NcclCollective::unique_id()?.to_vec()),
-            rendezvous::Config::from_env(master, Duration::from_secs(60))?,
+    let mut out = Json::default();
+    out.str("device", &gpu.device().info().name);
+    out.raw("gpus", info.world);
+    out.raw("iters", args.iters);
+    if info.world == 1 {
+        let (one, _) = rows(
+            &gpu,
+            None,
+            1,
+            &args.strong,
+            args.iters,
+            GradSync::AfterBackward,
         )?;
-        Some(Rc::new(NcclCollective::join(&gpu, info, &id)?))
-    } else {
-        None
-    };
-    let weak = row(&gpu, comm.as_ref(), PER_RANK * info.world, iters)?;
-    let strong = row(&gpu, comm.as_ref(), PER_RANK, iters)?;
-    let allreduce = match &comm {
-        Some(c) => Some(allreduce_ms(&gpu, c, iters)?),
-        None => None,
-    };
-    if info.rank == 0 {
-        let mut out = Json::default();
-        out.str("device", &gpu.device().info().name);
-        out.raw("gpus", info.world);
-        out.raw("iters", iters);
-        out.raw("weak_256_per_rank", weak.finish());
-        out.raw("strong_256_global", strong.finish());
-        out.ms("allreduce_ms", allreduce);
+        out.raw("one_gpu", one.finish());
         println!("{}", out.finish());
+        return Ok(());
     }
+    let master = env
+        .master
+        .as_ref()
+        .ok_or("MASTER_ADDR/MASTER_PORT are not set")?;
+    let id = rendezvous::exchange_id(
+        master,
+        info,
+        || Ok(NcclCollective::unique_id()?.to_vec()),
+        rendezvous::Config::from_env(master, Duration::from_secs(60))?,
+    )?;
+    let comm: Comm = Rc::new(NcclCollective::join(&gpu, info, &id)?);
+    let mut many = Vec::new();
+    for &(name, sync) in &args.syncs {
+        let (json, times) = rows(
+            &gpu,
+            Some(&comm),
+            info.world,
+            &args.strong,
+            args.iters,
+            sync,
+        )?;
+        out.raw(name, json.finish());
+        many.push((name, times));
+    }
+    out.ms("allreduce_ms", Some(allreduce_ms(&gpu, &comm, args.iters)?));
+    // Every rank closes its communicator here; rank 0 then measures one GPU alone.
+    drop(comm);
+    if info.rank != 0 {
+        return Ok(());
+    }
+    let (one, one_rows) = rows(
+        &gpu,
+        None,
+        1,
+        &args.strong,
+        args.iters,
+        GradSync::AfterBackward,
+    )?;
+    out.raw("one_gpu", one.finish());
+    for (name, times) in &many {
+        out.raw(
+            &format!("scaling_{name}_captured_pipelined"),
+            ratios(&one_rows, times),
+        );
+    }
+    println!("{}", out.finish());
     Ok(())
 }
 
 fn main() -> Result<(), Error> {
     let gpus: usize = arg("--gpus").map(|v| v.parse()).transpose()?.unwrap_or(1);
-    let iters: usize = arg("--iters").map(|v| v.parse()).transpose()?.unwrap_or(30);
-    if gpus == 0 || iters == 0 {
-        return Err("--gpus and --iters take a positive count".into());
+    let args = args()?;
+    if gpus == 0 {
+        return Err("--gpus takes a positive count".into());
     }
     let env = LaunchEnv::from_env()?;
     if env.info.world == 1 && gpus > 1 {
@@ -211,5 +378,5 @@ fn main() -> Result<(), Error> {
         }
         return Ok(());
     }
-    rank_main(&env, iters)
+    rank_main(&env, &args)
 }

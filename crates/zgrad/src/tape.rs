@@ -315,6 +315,20 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     /// added into their persistent buffers; every node on the way drops its saved tensors as
     /// soon as its backward ran.
     pub fn backward_with(&self, root: &Var<B, T>, seed: BTensor<B, T>) -> Result<()> {
+        self.backward_hooked(root, seed, &mut |_| Ok(()))
+    }
+
+    /// As [`Tape::backward_with`], calling `on_final` with a parameter's gradient buffer as
+    /// soon as its gradient is final: the work of the last node that adds to it is queued and
+    /// no node left adds to it again (the data-parallel step starts that gradient's all-reduce
+    /// then). Each buffer once; a buffer only nodes backward never reaches add to is handed
+    /// over when the walk passes them.
+    pub fn backward_hooked(
+        &self,
+        root: &Var<B, T>,
+        seed: BTensor<B, T>,
+        on_final: &mut dyn FnMut(&BTensor<B, T>) -> Result<()>,
+    ) -> Result<()> {
         if seed.shape() != root.shape() {
             return Err(GradError::SeedShape {
                 seed: seed.shape().to_vec(),
@@ -331,7 +345,10 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
                     tape: self.id,
                 });
             }
-            Origin::Leaf(g) => return accumulate_leaf(self.backend, g, &seed),
+            Origin::Leaf(g) => {
+                accumulate_leaf(self.backend, g, &seed)?;
+                return on_final(g);
+            }
             Origin::Constant => return Err(GradError::RootNotRecorded),
         };
         let mut grads: Vec<Option<SlotGrads<B, T>>> = Vec::new();
@@ -341,7 +358,15 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
         root_grads[root_slot] = Some(seed);
         grads[root_id] = Some(root_grads);
 
+        // Each leaf buffer with the lowest node that adds to it (backward runs that one last),
+        // in the order backward reaches them.
+        let last_uses = self.last_uses(root_id);
+        let mut finished = 0;
         for id in (0..=root_id).rev() {
+            while let Some((_, buf)) = last_uses.get(finished).filter(|(at, _)| *at > id) {
+                on_final(buf)?;
+                finished += 1;
+            }
             let Some(out_grads) = grads[id].take() else {
                 continue;
             };
@@ -381,6 +406,32 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
             drop(leaves);
             // `node` (and with it every tensor it saved) is dropped here.
         }
+        for (_, buf) in &last_uses[finished..] {
+            on_final(buf)?;
+        }
         Ok(())
+    }
+
+    /// The leaf buffers of nodes `0..=root_id`, each with the lowest node that adds to it,
+    /// highest node first (the order backward's walk finishes them).
+    fn last_uses(&self, root_id: usize) -> Vec<(usize, BTensor<B, T>)> {
+        let nodes = self.nodes.borrow();
+        let mut uses: Vec<(usize, BTensor<B, T>)> = Vec::new();
+        for (id, node) in nodes.iter().enumerate().take(root_id + 1) {
+            let Some(node) = node else { continue };
+            for edge in &node.inputs {
+                let Edge::Leaf(buf) = edge else { continue };
+                let seen = uses.iter().any(|(_, b)| {
+                    b.shares_storage(buf)
+                        && b.layout().offset() == buf.layout().offset()
+                        && b.shape() == buf.shape()
+                });
+                if !seen {
+                    uses.push((id, buf.clone()));
+                }
+            }
+        }
+        uses.sort_by_key(|u| std::cmp::Reverse(u.0));
+        uses
     }
 }

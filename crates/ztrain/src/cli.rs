@@ -122,6 +122,17 @@ pub struct Options {
     )]
     pub comm_timeout: f64,
 
+    /// With several ranks: MiB of gradient per bucket of the all-reduce that runs on a second
+    /// stream while backward goes on (each bucket as soon as backward has finished it); 0 sums
+    /// the whole gradient once after backward instead.
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "MIB",
+        help_heading = "Device"
+    )]
+    pub bucket_mib: f64,
+
     /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
     /// feature columns (column = s·F + f) and a 0/1 label. See the README.
     #[arg(long, value_name = "FILE.csv", help_heading = "Data")]

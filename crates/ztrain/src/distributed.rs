@@ -16,6 +16,7 @@ use zcomm::launch::{LaunchSpec, Launched, launch};
 use zcomm::rendezvous;
 use zcomm::{Collective, LaunchEnv, NcclCollective, SimCollective};
 use zcompute::{CudaBackend, CudaDriver, SimDriver};
+use zgrad::GradSync;
 
 use crate::cli::Options;
 use crate::error::{EXIT_PEER_FAILED, Result, TrainError};
@@ -71,6 +72,26 @@ pub fn comm_timeout(options: &Options) -> Result<Duration> {
         })
 }
 
+/// The most MiB `--bucket-mib` takes (a bucket beyond the whole gradient is one bucket).
+pub const MAX_BUCKET_MIB: f64 = 4096.0;
+
+/// How a rank sums the gradients (`--bucket-mib`): buckets overlapped with backward, or with
+/// 0 one all-reduce after it.
+pub fn grad_sync(options: &Options) -> Result<GradSync> {
+    let mib = options.bucket_mib;
+    if !(0.0..=MAX_BUCKET_MIB).contains(&mib) {
+        return Err(TrainError::Options(format!(
+            "--bucket-mib {mib}: expected MiB from 0 (one all-reduce after backward) to {MAX_BUCKET_MIB}"
+        )));
+    }
+    if mib == 0.0 {
+        return Ok(GradSync::AfterBackward);
+    }
+    // At least one f32: a bucket is whole parameters anyway.
+    let bucket_bytes = ((mib * 1_048_576.0) as usize).max(4);
+    Ok(GradSync::Overlapped { bucket_bytes })
+}
+
 /// Refuses, before any rank starts, a `--data` that every rank could not read whole: a pipe
 /// (or a terminal, a socket) would be split between the ranks that read it.
 pub fn check_data_for_ranks(options: &Options, ranks: usize) -> Result<()> {
@@ -96,6 +117,7 @@ pub fn launch_ranks(
     stop: &dyn Fn() -> Option<i32>,
 ) -> Result<Launched> {
     check_data_for_ranks(options, ranks)?;
+    grad_sync(options)?;
     let program = std::env::current_exe().map_err(|source| TrainError::Io {
         what: "finding the ztrain executable to start the ranks",
         path: "ztrain".into(),
@@ -160,4 +182,36 @@ pub fn nccl_collective(
         rendezvous_config(env, timeout, stop)?,
     )?;
     Ok(Rc::new(NcclCollective::join(b, env.info, &id)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use rstest::rstest;
+
+    fn options(args: &[&str]) -> Options {
+        Options::try_parse_from(std::iter::once("ztrain").chain(args.iter().copied()))
+            .expect("parses")
+    }
+
+    #[rstest]
+    #[case::default(&[], Some(GradSync::Overlapped { bucket_bytes: 1 << 20 }))]
+    #[case::quarter(&["--bucket-mib", "0.25"], Some(GradSync::Overlapped { bucket_bytes: 1 << 18 }))]
+    #[case::after_backward(&["--bucket-mib", "0"], Some(GradSync::AfterBackward))]
+    #[case::negative(&["--bucket-mib=-1"], None)]
+    #[case::not_a_number(&["--bucket-mib", "NaN"], None)]
+    #[case::too_large(&["--bucket-mib", "5000"], None)]
+    fn bucket_mib_picks_how_the_gradients_are_summed(
+        #[case] args: &[&str],
+        #[case] want: Option<GradSync>,
+    ) {
+        match (grad_sync(&options(args)), want) {
+            (Ok(got), Some(want)) => assert_eq!(got, want),
+            (Err(TrainError::Options(msg)), None) => {
+                assert!(msg.contains("--bucket-mib"), "{msg}");
+            }
+            (got, want) => panic!("{args:?}: got {got:?}, want {want:?}"),
+        }
+    }
 }

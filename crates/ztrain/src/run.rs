@@ -308,7 +308,9 @@ fn train<B: TrainBackend + MemorySource>(
     let agree = comm.clone();
     if let Some(c) = comm {
         // Every rank starts from rank 0's parameters (restored from the checkpoint alike).
-        learner = learner.with_collective(c)?;
+        learner = learner
+            .with_collective(c)?
+            .with_grad_sync(crate::distributed::grad_sync(options)?)?;
     }
     let rng = Rng::from_state(progress.rng).ok_or_else(|| TrainError::CheckpointCorrupt {
         path: options.resume.clone().unwrap_or_default(),

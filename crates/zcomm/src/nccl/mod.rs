@@ -6,7 +6,9 @@
 //! underneath and bounded by the device's sync deadline, and refused while the device captures.
 //!
 //! Collectives are queued on the backend's engine stream, in place, on dense f32 tensors; they
-//! are legal inside a capture (the graph then contains them). After each one the
+//! are legal inside a capture (the graph then contains them). The overlapped all-reduce is
+//! queued on the communicator's side stream (zcompute's `SideStream`, made at join), forked
+//! from the engine stream before each call and joined back by `join_overlapped`. After each one the
 //! communicator's asynchronous error is polled until NCCL has accepted it; [`Collective::synchronize`]
 //! waits for the stream while polling the same error. Every wait ends at the device's sync
 //! deadline: the communicator is aborted (so no peer hangs on this rank either) and the error
@@ -17,6 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use zcompute::cuda::SideStream;
 use zcompute::{BTensor, CudaBackend};
 use zdevice::cuda::nccl::{self, NcclComm, NcclError};
 use zdevice::{CudaDriver, DeviceError, Driver};
@@ -36,6 +39,8 @@ pub struct NcclCollective<D: Driver = CudaDriver> {
     info: RankInfo,
     /// The step of the latest operation, named by `synchronize`'s errors.
     step: AtomicU64,
+    /// Where overlapped all-reduces run.
+    side: SideStream<D>,
 }
 
 impl NcclCollective<CudaDriver> {
@@ -94,6 +99,8 @@ impl<D: Driver> NcclCollective<D> {
                     id.len()
                 ),
             })?;
+        let side =
+            SideStream::new(backend).map_err(|source| CommError::Compute { op: OP, source })?;
         let comm = NcclComm::init(device, info.rank, info.world, id)
             .map_err(|e| errors::convert(e, info.rank, OP, 0))?;
         tracing::info!(
@@ -106,6 +113,7 @@ impl<D: Driver> NcclCollective<D> {
             comm,
             info,
             step: AtomicU64::new(0),
+            side,
         })
     }
 
@@ -176,6 +184,29 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
             .map_err(|e| errors::convert(e, self.info.rank, OP, step))
     }
 
+    fn all_reduce_sum_overlapped(
+        &self,
+        b: &CudaBackend<D>,
+        x: &BTensor<CudaBackend<D>, f32>,
+        step: u64,
+    ) -> Result<()> {
+        const OP: &str = "all_reduce";
+        let (ptr, count) = self.operand(b, x, OP, step)?;
+        self.side
+            .fork()
+            .map_err(|source| CommError::Compute { op: OP, source })?;
+        self.comm
+            .all_reduce_sum_f32(ptr, count, self.side.stream())
+            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+    }
+
+    fn join_overlapped(&self, _b: &CudaBackend<D>) -> Result<()> {
+        self.side.join().map_err(|source| CommError::Compute {
+            op: "join_overlapped",
+            source,
+        })
+    }
+
     fn broadcast(
         &self,
         b: &CudaBackend<D>,
@@ -204,8 +235,11 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
         if b.device().is_capturing() {
             return Err(CommError::CaptureIllegal { call: OP });
         }
+        // The side stream first: an overlapped collective never joined (its step failed
+        // before the join) is waited for too, with the same deadline and error polling.
         self.comm
-            .synchronize(b.device().stream())
+            .synchronize(self.side.stream())
+            .and_then(|()| self.comm.synchronize(b.device().stream()))
             .map_err(|e| errors::convert(e, self.info.rank, OP, step))
     }
 

@@ -10,6 +10,10 @@
 //! next sync, as NCCL's abort poisons a real stream) and is reported by
 //! [`Collective::take_failure`] and [`Collective::synchronize`].
 //!
+//! The overlapped all-reduce launches the same kernel on the communicator's side stream
+//! (zcompute's `SideStream`, forked from the engine stream before each call, joined back by
+//! `join_overlapped`): the simulator's cross-stream capture puts it in a captured graph too.
+//!
 //! As over NCCL, a synchronize that passes the device's deadline (a collective stuck on the
 //! stream) is a [`CommError::Timeout`] naming the rank and the step, and [`SimCollective::abort`]
 //! marks the device lost: its stream holds collectives that may never complete, so the
@@ -25,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wire::{Call, Star};
+use zcompute::cuda::SideStream;
 use zcompute::{Backend, CudaBackend, CudaTensor, SimDriver};
 use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
 use zdevice::{Device, DeviceError, Function, KernelArg, LaunchConfig, LoadedModule};
@@ -58,6 +63,8 @@ pub struct SimCollective {
     _module: Arc<LoadedModule<SimDriver>>,
     /// The device the collectives run on (marked lost by an abort).
     device: Device<SimDriver>,
+    /// Where overlapped all-reduces run.
+    side: Arc<SideStream<SimDriver>>,
 }
 
 impl SimCollective {
@@ -145,12 +152,15 @@ impl SimCollective {
         let device_err = |source| CommError::Device { op: "init", source };
         let module = b.device().load_module(&ptx).map_err(device_err)?;
         let function = module.function(&name).map_err(device_err)?;
+        let side =
+            SideStream::new(b).map_err(|source| CommError::Compute { op: "init", source })?;
         tracing::debug!(target: "zcomm.sim.init", rank = info.rank, world = info.world, "simulated communicator ready");
         Ok(SimCollective {
             link,
             function,
             _module: Arc::new(module),
             device: b.device().clone(),
+            side: Arc::new(side),
         })
     }
 
@@ -205,6 +215,20 @@ impl SimCollective {
         root: usize,
         step: u64,
     ) -> Result<()> {
+        self.launch_on(b, op, x, [kind, root as u64], step, false)
+    }
+
+    /// Launches the collective kernel on `x` (`[kind, root]`), on the engine stream or, when
+    /// `overlapped`, on the side stream after a fork.
+    fn launch_on(
+        &self,
+        b: &CudaBackend<SimDriver>,
+        op: &'static str,
+        x: &CudaTensor,
+        [kind, root]: [u64; 2],
+        step: u64,
+        overlapped: bool,
+    ) -> Result<()> {
         if let Some(e) = self.failure_now(op, step) {
             return Err(e);
         }
@@ -228,10 +252,17 @@ impl SimCollective {
         let scalars = [
             KernelArg::U64(x.numel() as u64),
             KernelArg::U64(kind),
-            KernelArg::U64(root as u64),
+            KernelArg::U64(root),
         ];
-        zcompute::cuda::twins::launch_simulated(b, op, self.function, config, &[x], &scalars)
-            .map_err(|source| CommError::Compute { op, source })
+        let launched = if overlapped {
+            self.side.fork().and_then(|()| {
+                self.side
+                    .launch_simulated(b, op, self.function, config, &[x], &scalars)
+            })
+        } else {
+            zcompute::cuda::twins::launch_simulated(b, op, self.function, config, &[x], &scalars)
+        };
+        launched.map_err(|source| CommError::Compute { op, source })
     }
 
     /// A failure recorded earlier, as an error for `op` (the first failure itself is handed out
@@ -317,6 +348,28 @@ impl Collective<CudaBackend<SimDriver>, f32> for SimCollective {
         self.launch(b, "all_reduce", x, ALL_REDUCE, 0, step)
     }
 
+    fn all_reduce_sum_overlapped(
+        &self,
+        b: &CudaBackend<SimDriver>,
+        x: &CudaTensor,
+        step: u64,
+    ) -> Result<()> {
+        if self.link.info.world == 1 {
+            return Ok(());
+        }
+        self.launch_on(b, "all_reduce", x, [ALL_REDUCE, 0], step, true)
+    }
+
+    fn join_overlapped(&self, _b: &CudaBackend<SimDriver>) -> Result<()> {
+        if self.link.info.world == 1 {
+            return Ok(());
+        }
+        self.side.join().map_err(|source| CommError::Compute {
+            op: "join_overlapped",
+            source,
+        })
+    }
+
     fn broadcast(
         &self,
         b: &CudaBackend<SimDriver>,
@@ -340,7 +393,9 @@ impl Collective<CudaBackend<SimDriver>, f32> for SimCollective {
     }
 
     fn synchronize(&self, b: &CudaBackend<SimDriver>) -> Result<()> {
-        let synced = b.synchronize();
+        // The side stream first: an overlapped collective never joined (its step failed
+        // before the join) runs, or fails, here.
+        let synced = self.side.synchronize().and_then(|()| b.synchronize());
         if let Some(e) = self.take_failure() {
             return Err(e);
         }

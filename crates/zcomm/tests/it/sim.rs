@@ -311,3 +311,93 @@ fn a_peer_that_dies_while_the_others_are_in_a_collective_fails_them_by_name() {
         );
     }
 }
+
+/// Three buckets of one buffer all-reduced on the side stream (last bucket first, as backward
+/// finishes them), joined back, give the bits of one all-reduce of the whole buffer on the
+/// engine stream, eagerly and in a captured graph on every replay.
+#[test]
+fn overlapped_buckets_equal_one_all_reduce_eager_and_captured() {
+    const N: usize = 96;
+    let buckets = |b: &CudaBackend<SimDriver>, c: &SimCollective, x: &zcompute::CudaTensor| {
+        for (start, len) in [(64, 32), (32, 32), (0, 32)] {
+            c.all_reduce_sum_overlapped(b, &x.narrow(0, start, len)?, 4)
+                .map_err(|e| zcompute::ComputeError::BodyFailed {
+                    detail: e.to_string(),
+                })?;
+        }
+        c.join_overlapped(b)
+            .map_err(|e| zcompute::ComputeError::BodyFailed {
+                detail: e.to_string(),
+            })
+    };
+    let got = ranks(3, T, move |r, b, c| {
+        let whole = b.upload(&rank_data(r, N), &[N]).unwrap();
+        c.all_reduce_sum(b, &whole, 4).unwrap();
+        let x = b.upload(&rank_data(r, N), &[N]).unwrap();
+        buckets(b, c, &x).unwrap();
+        // Read on the engine stream after the join: the sums are there.
+        let eager = b
+            .download(&b.add(&x, &b.zeros(&[N]).unwrap()).unwrap())
+            .unwrap();
+        let body = {
+            let (b2, c2, x2) = (b.clone(), c.clone(), x.clone());
+            move || buckets(&b2, &c2, &x2)
+        };
+        let mut graph = b.capture(Box::new(body)).unwrap();
+        let mut replays = Vec::new();
+        for _ in 0..2 {
+            b.upload_into(&rank_data(r, N), &x).unwrap();
+            b.replay(&mut graph).unwrap();
+            replays.push(b.download(&x).unwrap());
+        }
+        c.synchronize(b).unwrap();
+        (b.download(&whole).unwrap(), eager, replays)
+    });
+    for (r, (whole, eager, replays)) in got.into_iter().enumerate() {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&eager), bits(&whole), "rank {r}: eager buckets");
+        for (k, rep) in replays.iter().enumerate() {
+            assert_eq!(bits(rep), bits(&whole), "rank {r}: replay {k}");
+        }
+    }
+}
+
+/// The last rank dies after its first overlapped bucket of a step (the others queued all
+/// three): every other rank gets a typed failure naming itself and the step, within the
+/// deadline, never a hang.
+#[test]
+fn a_peer_that_dies_mid_bucket_fails_the_others_in_time() {
+    const WORLD: usize = 3;
+    let start = Instant::now();
+    let got = ranks(WORLD, T, |r, b, c| {
+        let x = b.upload(&rank_data(r, 96), &[96]).unwrap();
+        let first = x.narrow(0, 64, 32).unwrap();
+        c.all_reduce_sum_overlapped(b, &first, 5).unwrap();
+        if r == WORLD - 1 {
+            // Contributes to the first bucket, then dies.
+            c.join_overlapped(b).unwrap();
+            b.synchronize().unwrap();
+            return None;
+        }
+        let queued = [(32, 32), (0, 32)]
+            .into_iter()
+            .try_for_each(|(s, n)| c.all_reduce_sum_overlapped(b, &x.narrow(0, s, n).unwrap(), 5));
+        let e = queued
+            .and_then(|()| c.join_overlapped(b))
+            .and_then(|()| c.synchronize(b))
+            .unwrap_err();
+        Some(e)
+    });
+    assert!(start.elapsed() < T, "took {:?}", start.elapsed());
+    for (r, e) in got.into_iter().enumerate().take(WORLD - 1) {
+        match e {
+            Some(
+                CommError::PeerFailed { rank, step: 5, .. }
+                | CommError::Timeout { rank, step: 5, .. },
+            ) => {
+                assert_eq!(rank, r);
+            }
+            other => panic!("rank {r}: expected a typed peer failure at step 5, got {other:?}"),
+        }
+    }
+}

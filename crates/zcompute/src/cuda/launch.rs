@@ -65,18 +65,27 @@ impl CudaBackend<zdevice::SimDriver> {
         config: LaunchConfig,
         args: &[zdevice::KernelArg],
     ) -> Result<()> {
-        tracing::trace!(target: "zcompute.cuda.launch", op, ?config, "simulated kernel");
+        self.launch_on_simulator_stream(op, function, config, args, self.inner.stream)
+    }
+
+    /// As `launch_on_simulator`, on `stream` (a side stream of this device: the public door is
+    /// [`super::side_stream::SideStream::launch_simulated`]).
+    pub(super) fn launch_on_simulator_stream(
+        &self,
+        op: &'static str,
+        function: zdevice::Function,
+        config: LaunchConfig,
+        args: &[zdevice::KernelArg],
+        stream: zdevice::Stream,
+    ) -> Result<()> {
+        tracing::trace!(target: "zcompute.cuda.launch", op, ?config, ?stream, "simulated kernel");
         // SAFETY: the simulator runs a kernel as a Rust closure that reads its arguments through
         // checked accessors (a wrong kind or count is a `KernelFault`) and reaches memory only
         // through `SimMemory`, which checks every address against its own allocation table
         // (an unmapped, stale or out-of-bounds access is a `KernelFault`, reported as a sticky
         // error at the next sync). No host memory is addressed, so no argument list can cause
         // undefined behaviour.
-        unsafe {
-            self.inner
-                .device
-                .launch(function, config, args, self.inner.stream)
-        }
-        .map_err(|e| device_error(op, e))
+        unsafe { self.inner.device.launch(function, config, args, stream) }
+            .map_err(|e| device_error(op, e))
     }
 }

@@ -34,6 +34,7 @@ mod norm_params;
 mod ops;
 mod pinned;
 mod rows;
+mod side_stream;
 mod storage;
 mod transfer;
 pub mod twins;
@@ -42,6 +43,7 @@ pub use capture::CudaGraph;
 pub use kernels::Kernel;
 pub use linear::LINEAR_ROW_LIMIT;
 pub use pinned::CudaPinned;
+pub use side_stream::SideStream;
 pub use storage::{CudaStorage, CudaTensor};
 
 use crate::backend::AllocClass;

@@ -5,6 +5,13 @@
 //! thread, graph in progress) → an illegal call → Invalidated; `cuStreamEndCapture` ends either
 //! (a graph, or 901) and the stream is back to not capturing. At most one stream captures at a
 //! time: beginning a second capture is a row the document does not measure, so it is refused.
+//!
+//! Cross-stream capture (CUDA's fork and join, not in the document): a stream that waits on an
+//! event recorded inside the capture joins it, and its later work is captured too (a second
+//! stream overlapping the first inside one graph). Every joined stream must be joined back
+//! before the capture ends: the capturing stream waits on an event recorded on it after its last
+//! captured work; otherwise the end fails with 904 `STREAM_CAPTURE_UNJOINED`, as CUDA's does.
+//! The graph holds the nodes in the order they were issued, a valid order for both streams.
 
 use std::thread::ThreadId;
 
@@ -28,6 +35,45 @@ pub(crate) struct Capture {
     /// Addresses handed out by memory-allocation nodes, and those freed by free nodes.
     pub allocs: Vec<DevicePtr>,
     pub freed: Vec<DevicePtr>,
+    /// Streams that joined the capture by waiting on one of its events (fork).
+    pub joined: Vec<Joined>,
+    /// Events recorded inside the capture on a joined stream: (event, stream, that stream's
+    /// work count just after the record).
+    pub marks: Vec<(u64, Stream, u64)>,
+}
+
+/// A stream that joined a capture: what it captured, and how much of that the capturing stream
+/// has waited for.
+#[derive(Debug)]
+pub(crate) struct Joined {
+    pub stream: Stream,
+    /// Captured calls on this stream, the fork's wait included.
+    pub work: u64,
+    /// The `work` count the capturing stream last waited for (joined back up to there).
+    pub rejoined: u64,
+}
+
+impl Capture {
+    /// Whether `s` is the capturing stream or joined the capture.
+    pub(crate) fn holds(&self, s: Stream) -> bool {
+        self.stream == s || self.joined.iter().any(|j| j.stream == s)
+    }
+
+    /// Counts one captured call on `s` if it is a joined stream.
+    pub(crate) fn count_work(&mut self, s: Option<Stream>) {
+        if let Some(j) = self.joined.iter_mut().find(|j| Some(j.stream) == s) {
+            j.work += 1;
+        }
+    }
+
+    /// The joined streams with captured work the capturing stream has not waited for.
+    pub(crate) fn unjoined(&self) -> Vec<Stream> {
+        self.joined
+            .iter()
+            .filter(|j| j.work > j.rejoined)
+            .map(|j| j.stream)
+            .collect()
+    }
 }
 
 /// For event queries: when the event was last recorded, relative to the capture.
@@ -117,6 +163,8 @@ pub(crate) enum Outcome {
     Fail { code: CuCode, invalidate: bool },
     /// Not covered by the document: refuse by name.
     NotModelled,
+    /// The stream joins the capture (it waits on an event recorded inside it).
+    Join,
 }
 
 const UNSUPPORTED: Outcome = Outcome::Fail {
@@ -194,6 +242,19 @@ pub(crate) fn rule(call: &str, v: &View) -> Outcome {
         // "cuEventQuery / cuEventSynchronize (event recorded before capture) | 900,
         // invalidated | same | success".
         EVENT_QUERY | EVENT_SYNCHRONIZE if v.event == EventStatus::BeforeCapture => unsafe_call,
+        // Cross-stream capture (see the module docs): a wait on an event recorded inside the
+        // capture is a dependency for a stream in the capture and a fork for any other. A
+        // stream outside the capture waiting on an event outside it is unrelated to it.
+        STREAM_WAIT_EVENT => match (v.event, v.on_capturing_stream) {
+            (EventStatus::InCapture, true) => captured,
+            (EventStatus::InCapture, false) if v.invalidated => Fail {
+                code: CuCode::STREAM_CAPTURE_INVALIDATED,
+                invalidate: false,
+            },
+            (EventStatus::InCapture, false) => Join,
+            (_, false) => Run,
+            (_, true) => NotModelled,
+        },
         _ => NotModelled,
     }
 }
@@ -204,6 +265,8 @@ pub(crate) enum Gate {
     Run,
     Silent,
     Capture,
+    /// The call's stream joins the capture (only `cuStreamWaitEvent`).
+    Join,
 }
 
 impl State {
@@ -216,7 +279,7 @@ impl State {
         let view = View {
             mode: c.mode,
             kind: c.kind,
-            on_capturing_stream: ask.stream == Some(c.stream),
+            on_capturing_stream: ask.stream.is_some_and(|s| c.holds(s)),
             refuses_unsafe: match c.mode {
                 CaptureMode::Global => true,
                 CaptureMode::ThreadLocal => cx.thread == c.owner,
@@ -232,7 +295,11 @@ impl State {
                 cx.effect = Effect::Silent;
                 Ok(Gate::Silent)
             }
-            Outcome::Capture => Ok(Gate::Capture),
+            Outcome::Capture => {
+                c.count_work(ask.stream);
+                Ok(Gate::Capture)
+            }
+            Outcome::Join => Ok(Gate::Join),
             Outcome::Fail { code, invalidate } => {
                 c.invalidated |= invalidate;
                 cx.effect = Effect::Refused;
@@ -280,6 +347,8 @@ impl State {
             begin_seq: self.next_seq,
             allocs: Vec::new(),
             freed: Vec::new(),
+            joined: Vec::new(),
+            marks: Vec::new(),
         });
         Ok(())
     }
@@ -305,13 +374,18 @@ impl State {
         let Some(c) = self.capture.take() else {
             return Err(cx.cuda(CuCode::ILLEGAL_STATE));
         };
-        if c.invalidated {
+        let unjoined = c.unjoined();
+        if c.invalidated || !unjoined.is_empty() {
             for p in &c.allocs {
                 if let Some((base, _)) = self.mem.find_base(*p) {
                     self.mem.release(base);
                 }
             }
-            return Err(cx.cuda(CuCode::STREAM_CAPTURE_INVALIDATED));
+            if c.invalidated {
+                return Err(cx.cuda(CuCode::STREAM_CAPTURE_INVALIDATED));
+            }
+            tracing::debug!(?unjoined, "capture ended with streams not joined back");
+            return Err(cx.cuda(CuCode::STREAM_CAPTURE_UNJOINED));
         }
         Ok(self.graph_from_capture(c))
     }
@@ -319,8 +393,8 @@ impl State {
     pub(crate) fn is_capturing(&mut self, cx: &mut Cx, s: Stream) -> DriverResult<CaptureStatus> {
         self.stream_exists(cx, s)?;
         Ok(match &self.capture {
-            Some(c) if c.stream == s && c.invalidated => CaptureStatus::Invalidated,
-            Some(c) if c.stream == s => CaptureStatus::Active,
+            Some(c) if c.holds(s) && c.invalidated => CaptureStatus::Invalidated,
+            Some(c) if c.holds(s) => CaptureStatus::Active,
             _ => CaptureStatus::None,
         })
     }

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::capture::{Ask, Gate};
+use super::capture::{Ask, Gate, Joined};
 use super::oplog::Effect;
 use super::ops::Op;
 use super::state::{Cx, LEGACY, State};
@@ -260,7 +260,19 @@ impl State {
         s: Stream,
         e: Event,
     ) -> DriverResult<()> {
-        self.gate(cx, Ask::on(s))?;
+        let status = self.event_status_for_capture(e);
+        let ask = Ask {
+            event: status,
+            ..Ask::on(s)
+        };
+        match self.gate(cx, ask)? {
+            Gate::Join => return self.join_capture(cx, s),
+            Gate::Capture => {
+                self.capture_wait(s, e);
+                return Ok(());
+            }
+            Gate::Run | Gate::Silent => {}
+        }
         self.stream_exists(cx, s)?;
         let rec = self
             .events
@@ -310,11 +322,57 @@ impl State {
             if let Some(ev) = self.events.get_mut(&e.0) {
                 ev.rec = Recorded::InCapture;
             }
+            self.mark_in_capture(e, s);
             return Ok(());
         }
         let seq = self.enqueue(cx, s, Op::EventRecord { event: e })?;
         self.mark_recorded(e, s, seq);
         Ok(())
+    }
+
+    /// A stream outside the capture waited on an event recorded inside it: the stream joins
+    /// the capture (fork), owing a join back for that wait.
+    fn join_capture(&mut self, cx: &mut Cx, s: Stream) -> DriverResult<()> {
+        self.stream_exists(cx, s)?;
+        if let Some(c) = self.capture.as_mut() {
+            c.joined.push(Joined {
+                stream: s,
+                work: 1,
+                rejoined: 0,
+            });
+            cx.effect = Effect::Captured(0);
+        }
+        Ok(())
+    }
+
+    /// A stream in the capture waited on an event recorded inside it: a dependency (no node).
+    /// The capturing stream waiting on an event recorded on a joined stream joins that stream
+    /// back up to the record.
+    fn capture_wait(&mut self, s: Stream, e: Event) {
+        let Some(c) = self.capture.as_mut() else {
+            return;
+        };
+        if s != c.stream {
+            return;
+        }
+        let mark = c.marks.iter().rev().find(|(ev, _, _)| *ev == e.0).copied();
+        if let Some((_, from, upto)) = mark
+            && let Some(j) = c.joined.iter_mut().find(|j| j.stream == from)
+        {
+            j.rejoined = j.rejoined.max(upto);
+        }
+    }
+
+    /// Remembers where an event recorded inside the capture on a joined stream stands in that
+    /// stream's captured work.
+    fn mark_in_capture(&mut self, e: Event, s: Stream) {
+        let Some(c) = self.capture.as_mut() else {
+            return;
+        };
+        if let Some(j) = c.joined.iter().find(|j| j.stream == s) {
+            let work = j.work;
+            c.marks.push((e.0, s, work));
+        }
     }
 
     /// Points the event at the record operation `seq` just queued on `s`.

@@ -556,3 +556,74 @@ fn captured_event_records_are_replayed() {
     assert_eq!(d.event_query(e).unwrap(), Readiness::Ready);
     assert_eq!(d.peek(p, 4).unwrap(), vec![3; 4]);
 }
+
+/// Fork and join inside one capture: `side` waits on an event the capturing stream recorded,
+/// so it joins the capture; the capturing stream waits on an event recorded on `side` after its
+/// work, so it is joined back. Both streams' work is in the graph and every replay runs it.
+#[test]
+fn a_forked_stream_joined_back_is_captured_and_replayed() {
+    let d = sim();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let side = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let (fork, join) = (
+        d.event_create(false).unwrap(),
+        d.event_create(false).unwrap(),
+    );
+    let (a, b) = (d.mem_alloc(N).unwrap(), d.mem_alloc(N).unwrap());
+    d.memset_d8(b, 0, N).unwrap();
+    d.stream_begin_capture(s, CaptureMode::Global).unwrap();
+    d.memset_d8_async(a, 1, N, s).unwrap();
+    d.event_record(fork, s).unwrap();
+    d.stream_wait_event(side, fork).unwrap();
+    assert_eq!(d.stream_is_capturing(side).unwrap(), CaptureStatus::Active);
+    d.memset_d8_async(b, 2, N, side).unwrap();
+    d.event_record(join, side).unwrap();
+    d.stream_wait_event(s, join).unwrap();
+    d.memset_d8_async(a, 3, 16, s).unwrap();
+    let g = d.stream_end_capture(s).unwrap();
+    assert_eq!(d.stream_is_capturing(side).unwrap(), CaptureStatus::None);
+    // Three memsets and the two event records; the waits are edges, not nodes.
+    assert_eq!(d.graph_node_count(g).unwrap(), 5);
+    assert_eq!(d.peek(b, 4).unwrap(), vec![0; 4], "captured, not run");
+    let exec = d.graph_instantiate(g, InstantiateFlags::default()).unwrap();
+    for _ in 0..2 {
+        d.memset_d8(a, 0, N).unwrap();
+        d.memset_d8(b, 0, N).unwrap();
+        d.graph_launch(exec, s).unwrap();
+        d.stream_synchronize(s).unwrap();
+        assert_eq!(d.peek(a, 17).unwrap()[15..], [3, 1]);
+        assert_eq!(d.peek(b, 4).unwrap(), vec![2; 4]);
+    }
+}
+
+/// A capture that ends while a forked stream still holds work the capturing stream never
+/// waited for fails with 904 (CUDA's `STREAM_CAPTURE_UNJOINED`) and leaves no stream capturing.
+#[rstest]
+#[case::never_joined(false)]
+#[case::work_after_the_join(true)]
+fn a_capture_with_a_forked_stream_not_joined_back_fails_904(#[case] joined_once: bool) {
+    let d = sim();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let side = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let (fork, join) = (
+        d.event_create(false).unwrap(),
+        d.event_create(false).unwrap(),
+    );
+    let b = d.mem_alloc(N).unwrap();
+    d.stream_begin_capture(s, CaptureMode::Global).unwrap();
+    d.event_record(fork, s).unwrap();
+    d.stream_wait_event(side, fork).unwrap();
+    d.memset_d8_async(b, 2, N, side).unwrap();
+    if joined_once {
+        d.event_record(join, side).unwrap();
+        d.stream_wait_event(s, join).unwrap();
+        d.memset_d8_async(b, 4, N, side).unwrap();
+    }
+    let end = d.stream_end_capture(s).map(drop);
+    assert_eq!(
+        end.unwrap_err().cuda_code(),
+        Some(CuCode::STREAM_CAPTURE_UNJOINED)
+    );
+    assert_eq!(d.stream_is_capturing(side).unwrap(), CaptureStatus::None);
+    assert_eq!(d.stream_is_capturing(s).unwrap(), CaptureStatus::None);
+}

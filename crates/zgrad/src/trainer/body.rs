@@ -44,7 +44,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
 }
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
-    fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
+    pub(crate) fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
         if self.unprotected {
             Tape::unprotected_in_crate(b)
         } else {

@@ -10,6 +10,17 @@
 //!
 //! With one rank ([`zcomm::SingleProcess`], the default) none of this runs: the single-process
 //! step is the one it always was.
+//!
+//! One collective carries a batched step's gradients and its loss: the scaled loss is written
+//! into a zero-padding slot of the flat gradient buffer before backward, summed with the
+//! gradients, read out after the sum and the slot zeroed again before the norm (so the norm,
+//! clipping and AdamW see the zeros they always saw). By default ([`GradSync::Overlapped`]) that
+//! buffer is all-reduced in buckets on a second stream while backward goes on (`buckets.rs`);
+//! [`GradSync::AfterBackward`] is one all-reduce after backward on the engine stream.
+
+mod buckets;
+
+pub use buckets::{DEFAULT_BUCKET_BYTES, GradSync};
 
 use super::Trainer;
 use super::body::StepParts;
@@ -17,8 +28,10 @@ use super::eval::EvalReport;
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
-use crate::optim::ParameterSet;
+use crate::optim::{FLAT_ALIGN, ParameterSet};
+use crate::tape::Tape;
 use crate::var::Var;
+use buckets::{BucketCursor, BucketPlan};
 use std::cell::Cell;
 use std::ops::Range;
 use std::rc::Rc;
@@ -49,6 +62,10 @@ pub(crate) struct Dist<B: Ops<T>, T: Element> {
     pub global: Rc<Cell<usize>>,
     /// The optimiser step under way, for the collectives' errors.
     pub step: Rc<Cell<u64>>,
+    /// How the batched step sums the gradients (read when a step body runs or is captured).
+    pub sync: GradSync,
+    /// The `(local, global)` the share tensor holds (it is uploaded only when they change).
+    pub uploaded: Rc<Cell<Option<(usize, usize)>>>,
 }
 
 impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
@@ -59,6 +76,8 @@ impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
             local: Rc::clone(&self.local),
             global: Rc::clone(&self.global),
             step: Rc::clone(&self.step),
+            sync: self.sync,
+            uploaded: Rc::clone(&self.uploaded),
         }
     }
 }
@@ -73,6 +92,8 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             local: Rc::default(),
             global: Rc::default(),
             step: Rc::default(),
+            sync: GradSync::default(),
+            uploaded: Rc::default(),
         })
     }
 
@@ -117,11 +138,69 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         self.global.set(global);
         self.step.set(step);
         self.comm.set_step(step);
-        if !self.single() {
+        if !self.single() && self.uploaded.get() != Some((local, global)) {
+            self.uploaded.set(None);
             b.upload_into(&[T::from_f64(local as f64 / global as f64)], &self.share)?;
+            self.uploaded.set(Some((local, global)));
         }
         Ok(())
     }
+
+    /// Backward from `root` (an empty shard has none) seeded by the share, and the all-reduce
+    /// of `set`'s gradients as `self.sync` says: after it, or in buckets during it.
+    fn backward_and_reduce(
+        &self,
+        b: &B,
+        set: &ParameterSet<B, T>,
+        tape: &Tape<'_, B, T>,
+        root: Option<&Var<B, T>>,
+    ) -> Result<()> {
+        // d(loss * share)/d loss = share: the share is backward's seed (as `forward_backward`).
+        let GradSync::Overlapped { bucket_bytes } = self.sync else {
+            if let Some(root) = root {
+                tape.backward_with(root, self.share.clone())?;
+            }
+            return Ok(self.comm.all_reduce_sum(b, set.grads(), self.step.get())?);
+        };
+        let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
+        let plan = BucketPlan::new(set.offsets(), set.len(), elems);
+        let mut cursor = BucketCursor::new(&plan);
+        let grads = set.grads();
+        let issue = |ready: Range<usize>| -> Result<()> {
+            for r in &plan.ranges()[ready] {
+                let bucket = grads.narrow(0, r.start, r.len())?;
+                self.comm
+                    .all_reduce_sum_overlapped(b, &bucket, self.step.get())?;
+            }
+            Ok(())
+        };
+        if let Some(root) = root {
+            tape.backward_hooked(root, self.share.clone(), &mut |g| {
+                if g.shares_storage(grads) {
+                    issue(cursor.finish(g.layout().offset()))?;
+                }
+                Ok(())
+            })?;
+        }
+        issue(cursor.rest())?;
+        Ok(self.comm.join_overlapped(b)?)
+    }
+}
+
+/// The slot of the flat gradient buffer the loss rides in: the first padding element after
+/// the last parameter that leaves padding (zero, and summed by the same collective). `None`
+/// when no parameter leaves any.
+fn loss_slot<B: Ops<T>, T: Element>(set: &ParameterSet<B, T>) -> Result<Option<BTensor<B, T>>> {
+    let padded = set
+        .offsets()
+        .iter()
+        .zip(set.shapes())
+        .map(|(&off, shape)| off + shape.iter().product::<usize>())
+        .rfind(|end| end % FLAT_ALIGN != 0);
+    Ok(match padded {
+        Some(at) => Some(set.grads().narrow(0, at, 1)?),
+        None => None,
+    })
 }
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
@@ -135,15 +214,51 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         y: &Var<B, T>,
     ) -> Result<BTensor<B, T>> {
         let d = &self.dist;
-        let loss = if x.value().shape().first() == Some(&0) {
-            b.zeros(&[])?
-        } else {
-            let local = self.forward_backward(b, x, y, Some(&d.share))?;
-            b.mul(&local, &d.share)?
+        let empty = x.value().shape().first() == Some(&0);
+        let Some(set) = ParameterSet::of(&self.params) else {
+            // Parameters of no flat buffer: one collective per gradient, then the loss.
+            let loss = if empty {
+                b.zeros(&[])?
+            } else {
+                let local = self.forward_backward(b, x, y, Some(&d.share))?;
+                b.mul(&local, &d.share)?
+            };
+            d.reduce_grads(b, &self.params)?;
+            d.reduce(b, &loss)?;
+            return Ok(loss);
         };
-        d.reduce_grads(b, &self.params)?;
-        d.reduce(b, &loss)?;
-        Ok(loss)
+        let slot = loss_slot(&set)?;
+        let tape = self.tape(b);
+        let forward = if empty {
+            None
+        } else {
+            Some(self.model.loss(&tape, x, y)?.0)
+        };
+        let scaled = match &forward {
+            Some(local) => Some(b.mul(local.value(), &d.share)?),
+            None => None,
+        };
+        if let (Some(slot), Some(scaled)) = (&slot, &scaled) {
+            // Before backward: the first bucket to go (the buffer's end) may hold the slot.
+            b.copy_into(&scaled.reshape(&[1])?, slot)?;
+        }
+        d.backward_and_reduce(b, &set, &tape, forward.as_ref())?;
+        match slot {
+            Some(slot) => {
+                // The sum read out (x * 1 is exact), the slot zero again for the norm.
+                let loss = b.mul(&slot.reshape(&[])?, &self.one)?;
+                b.fill(&slot, T::ZERO)?;
+                Ok(loss)
+            }
+            None => {
+                let loss = match scaled {
+                    Some(scaled) => scaled,
+                    None => b.zeros(&[])?,
+                };
+                d.reduce(b, &loss)?;
+                Ok(loss)
+            }
+        }
     }
 }
 
@@ -169,6 +284,21 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         comm.synchronize(&*b)?;
         tracing::debug!(target: "zgrad.trainer.dist", rank = comm.info().rank, world = comm.info().world, "parameters broadcast from rank 0");
         self.parts.dist.comm = comm;
+        Ok(self)
+    }
+
+    /// How the batched step sums the gradients over the ranks: by default
+    /// [`GradSync::Overlapped`] with [`DEFAULT_BUCKET_BYTES`]. Set it before the first step (a
+    /// captured step keeps the way it was captured with). Refuses a bucket of 0 bytes
+    /// (`BadInput`).
+    pub fn with_grad_sync(mut self, sync: GradSync) -> Result<Self> {
+        if sync == (GradSync::Overlapped { bucket_bytes: 0 }) {
+            return Err(GradError::BadInput(
+                "a gradient bucket of 0 bytes (give at least one byte, or sum after backward)"
+                    .into(),
+            ));
+        }
+        self.parts.dist.sync = sync;
         Ok(self)
     }
 

@@ -34,7 +34,7 @@ use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
 
 pub use device_data::{device_data_bytes, max_device_rows};
-pub use distributed::shard;
+pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
 pub use eval::EvalReport;
 pub use resident::ReplayMark;
 pub use source::PinnedBatch;

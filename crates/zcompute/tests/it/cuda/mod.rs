@@ -20,6 +20,7 @@ mod linear_launch;
 mod norm_params;
 mod norm_params_launch;
 mod reduce_launch;
+mod side_stream;
 #[macro_use]
 mod suite;
 pub mod validation;

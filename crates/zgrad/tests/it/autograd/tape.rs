@@ -233,3 +233,37 @@ fn backward_temporaries_are_scratch_and_forward_outputs_saved() {
     );
     b.end_step().unwrap();
 }
+
+/// `backward_hooked` hands each parameter's gradient buffer over once, as soon as no node left
+/// adds to it, holding its final value then: in `mean(x·w1·w2·w3 + x·w1)` backward finishes
+/// w3, then w2, then w1 (w1's last contribution is the first product); a parameter the loss
+/// does not use is never handed over.
+#[test]
+fn backward_hooked_hands_each_gradient_over_once_when_it_is_final() {
+    let tape = Tape::new(&BE);
+    let x = Var::constant(BE.upload(&[0.5, -1.0, 2.0], &[3]).unwrap());
+    let ws: Vec<_> = (0..4)
+        .map(|i| param(&[1.0 + f64::from(i), -0.5, 0.25 * f64::from(i)], &[3]))
+        .collect();
+    let h1 = tape.mul(&x, &ws[0]).unwrap();
+    let h2 = tape.mul(&h1, &ws[1]).unwrap();
+    let h3 = tape.mul(&h2, &ws[2]).unwrap();
+    let loss = tape.mean_all(&tape.add(&h3, &h1).unwrap()).unwrap();
+    let seed = BE.upload(&[1.0], &[]).unwrap();
+    let mut handed: Vec<(usize, Vec<f64>)> = Vec::new();
+    tape.backward_hooked(&loss, seed, &mut |g| {
+        let which = ws
+            .iter()
+            .position(|w| w.grad().unwrap().shares_storage(g))
+            .expect("a parameter's buffer");
+        handed.push((which, BE.download(g)?));
+        Ok(())
+    })
+    .unwrap();
+    let order: Vec<usize> = handed.iter().map(|(i, _)| *i).collect();
+    assert_eq!(order, [2, 1, 0]);
+    for (i, at_hand_over) in &handed {
+        let now = BE.download(ws[*i].grad().unwrap()).unwrap();
+        assert_eq!(at_hand_over, &now, "w{}: final when handed over", i + 1);
+    }
+}

@@ -1,20 +1,25 @@
 //! How many collectives a data-parallel step makes: the parameters are views of one flat
-//! buffer, so the start broadcasts it once and every optimiser step all-reduces the flat
-//! gradient buffer once (plus the loss), in both schedules, eager and captured. Counted with a
-//! collective that records its calls (world 2, sums nothing: the numbers are not the point).
+//! buffer, so the start broadcasts it once; a batched step's loss rides in a padding slot of
+//! the flat gradient buffer, so the step is exactly one all-reduce of that buffer after backward
+//! (`GradSync::AfterBackward`), or exactly its buckets (covering it once, from its end) and one
+//! join (`GradSync::Overlapped`), eager and captured; the per-sample step is the flat buffer's
+//! all-reduce and the loss's. Counted with a collective that records its calls (world 2, sums
+//! nothing: the numbers are not the point).
 
 use rstest::rstest;
 use std::cell::RefCell;
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo};
 use zcompute::{BTensor, CpuBackend};
-use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{GradSync, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Cpu = CpuBackend;
 
+/// Each call: the operation, the element count and the operand's offset in its buffer.
 #[derive(Default)]
 struct Recorder {
     calls: RefCell<Vec<(&'static str, usize)>>,
+    offsets: RefCell<Vec<usize>>,
 }
 
 impl Collective<Cpu, f32> for Recorder {
@@ -28,6 +33,24 @@ impl Collective<Cpu, f32> for Recorder {
 
     fn all_reduce_sum(&self, _b: &Cpu, x: &BTensor<Cpu, f32>, _step: u64) -> zcomm::Result<()> {
         self.calls.borrow_mut().push(("all_reduce", x.numel()));
+        self.offsets.borrow_mut().push(x.layout().offset());
+        Ok(())
+    }
+
+    fn all_reduce_sum_overlapped(
+        &self,
+        _b: &Cpu,
+        x: &BTensor<Cpu, f32>,
+        _step: u64,
+    ) -> zcomm::Result<()> {
+        self.calls.borrow_mut().push(("bucket", x.numel()));
+        self.offsets.borrow_mut().push(x.layout().offset());
+        Ok(())
+    }
+
+    fn join_overlapped(&self, _b: &Cpu) -> zcomm::Result<()> {
+        self.calls.borrow_mut().push(("join", 0));
+        self.offsets.borrow_mut().push(0);
         Ok(())
     }
 
@@ -47,9 +70,95 @@ impl Collective<Cpu, f32> for Recorder {
     }
 }
 
+const CFG: XAssetConfig = XAssetConfig {
+    features: 5,
+    scales: 3,
+    width: 8,
+    heads: 2,
+    ff: 12,
+    layers: 1,
+};
+
+/// Two steps of a batch of 4 on a trainer over a recorder: the calls of the steps (the start's
+/// broadcast checked and left out), their offsets, and the flat buffer's length.
+fn two_steps(
+    schedule: TrainSchedule,
+    capture: bool,
+    sync: GradSync,
+) -> (Vec<(&'static str, usize)>, Vec<usize>, usize) {
+    let b = CpuBackend;
+    let model = XAsset::init(&b, CFG, 3).expect("model");
+    let flat = model.flat_gradients().expect("flat buffer").numel();
+    let recorder = Rc::new(Recorder::default());
+    let config = TrainerConfig {
+        schedule,
+        capture,
+        ..TrainerConfig::default()
+    };
+    let mut t = Trainer::new(b, model, config)
+        .and_then(|t| t.with_collective(recorder.clone()))
+        .and_then(|t| t.with_grad_sync(sync))
+        .expect("trainer");
+    assert_eq!(recorder.calls.borrow().as_slice(), &[("broadcast", flat)]);
+    recorder.calls.borrow_mut().clear();
+    recorder.offsets.borrow_mut().clear();
+    let batch = 4;
+    let x: Vec<f32> = (0..batch * 3 * 5)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    for _ in 0..2 {
+        t.train_batch(&x, &y, batch).expect("step");
+    }
+    let calls = recorder.calls.borrow().clone();
+    let offsets = recorder.offsets.borrow().clone();
+    (calls, offsets, flat)
+}
+
+/// A batched data-parallel step is one collective (the loss rides in the gradient buffer):
+/// the flat gradient buffer's all-reduce after backward, nothing else, eager and captured.
 #[rstest]
-#[case::batched_eager(TrainSchedule::Batched, false)]
-#[case::batched_captured(TrainSchedule::Batched, true)]
+#[case::eager(false)]
+#[case::captured(true)]
+fn a_batched_step_after_backward_is_one_all_reduce(#[case] capture: bool) {
+    let (calls, _, flat) = two_steps(TrainSchedule::Batched, capture, GradSync::AfterBackward);
+    assert_eq!(calls, [("all_reduce", flat); 2], "two steps");
+}
+
+/// An overlapped batched step is exactly its buckets, covering the flat gradient buffer once
+/// from its end (one per parameter at 256 bytes: every parameter here pads to 64 floats or
+/// more), then one join; the loss takes no collective of its own. Eager and captured.
+#[rstest]
+#[case::eager(false)]
+#[case::captured(true)]
+fn an_overlapped_batched_step_is_its_buckets_and_one_join(#[case] capture: bool) {
+    let shapes = CFG.shapes();
+    for (bucket_bytes, buckets) in [(256, shapes.len()), (zgrad::DEFAULT_BUCKET_BYTES, 1)] {
+        let sync = GradSync::Overlapped { bucket_bytes };
+        let (calls, offsets, flat) = two_steps(TrainSchedule::Batched, capture, sync);
+        assert_eq!(calls.len(), 2 * (buckets + 1), "{sync:?}: {calls:?}");
+        for (step, (c, o)) in calls
+            .chunks(buckets + 1)
+            .zip(offsets.chunks(buckets + 1))
+            .enumerate()
+        {
+            assert_eq!(c[buckets], ("join", 0), "step {step}: {c:?}");
+            let mut end = flat;
+            for (&(op, n), &at) in c[..buckets].iter().zip(o) {
+                assert_eq!(op, "bucket", "step {step}: {c:?}");
+                assert_eq!(
+                    at + n,
+                    end,
+                    "step {step}: buckets from the end, adjacent: {c:?} at {o:?}"
+                );
+                end = at;
+            }
+            assert_eq!(end, 0, "step {step}: the buckets cover the buffer");
+        }
+    }
+}
+
+#[rstest]
 #[case::per_sample_eager(TrainSchedule::PerSample, false)]
 #[case::per_sample_captured(TrainSchedule::PerSample, true)]
 fn one_collective_over_the_flat_gradient_buffer_per_step(
@@ -103,7 +212,15 @@ fn one_collective_over_the_flat_gradient_buffer_per_step(
         .filter(|(op, n)| *op == "all_reduce" && *n > 1 && *n != flat)
         .count();
     // Two steps, one gradient all-reduce each (the CPU backend's graph reruns its body on
-    // replay, so a captured step calls the trait every time too).
+    // replay, so a captured step calls the trait every time too), and the loss's.
     assert_eq!(grads, 2, "calls: {:?}", recorder.calls.borrow());
     assert_eq!(per_param, 0, "calls: {:?}", recorder.calls.borrow());
+    let losses = recorder
+        .calls
+        .borrow()
+        .iter()
+        .filter(|c| **c == ("all_reduce", 1))
+        .count();
+    assert_eq!(losses, 2, "calls: {:?}", recorder.calls.borrow());
+    assert_eq!(recorder.calls.borrow().len(), 4);
 }

@@ -20,7 +20,9 @@ mod gpu {
     use zcomm::{NcclCollective, RankInfo};
     use zcompute::{Backend, CudaBackend, CudaDriver, EngineConfig};
     use zdevice::{Device, DeviceConfig, Driver};
-    use zgrad::{PARAMETER_NAMES, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+    use zgrad::{
+        GradSync, PARAMETER_NAMES, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    };
 
     const RANK_VAR: &str = "ZGRAD_TEST_RANK";
     const WORLD_VAR: &str = "ZGRAD_TEST_WORLD";
@@ -38,11 +40,19 @@ mod gpu {
     };
     /// Global batches of the 10 steps: unequal shards at N = 3, a short batch at step 5.
     const BATCHES: [usize; 10] = [29, 29, 29, 29, 3, 29, 29, 29, 29, 29];
-    const CASES: [(TrainSchedule, bool); 4] = [
-        (TrainSchedule::Batched, false),
-        (TrainSchedule::Batched, true),
-        (TrainSchedule::PerSample, false),
-        (TrainSchedule::PerSample, true),
+    /// Buckets of 4 KiB: several for this model's gradients (one at the default 1 MiB).
+    const SMALL_BUCKETS: GradSync = GradSync::Overlapped { bucket_bytes: 4096 };
+    const DEFAULT_SYNC: GradSync = GradSync::Overlapped {
+        bucket_bytes: zgrad::DEFAULT_BUCKET_BYTES,
+    };
+    const CASES: [(TrainSchedule, bool, GradSync); 7] = [
+        (TrainSchedule::Batched, false, DEFAULT_SYNC),
+        (TrainSchedule::Batched, true, DEFAULT_SYNC),
+        (TrainSchedule::PerSample, false, DEFAULT_SYNC),
+        (TrainSchedule::PerSample, true, DEFAULT_SYNC),
+        (TrainSchedule::Batched, false, SMALL_BUCKETS),
+        (TrainSchedule::Batched, true, SMALL_BUCKETS),
+        (TrainSchedule::Batched, true, GradSync::AfterBackward),
     ];
 
     type Gpu = CudaBackend<CudaDriver>;
@@ -76,7 +86,7 @@ mod gpu {
     struct Seen(Vec<Vec<f32>>);
 
     fn train(b: &Gpu, comm: Option<Rc<NcclCollective>>, rank: usize, case: usize) -> Seen {
-        let (schedule, capture) = CASES[case];
+        let (schedule, capture, sync) = CASES[case];
         let model = XAsset::init(b, CFG, 7 + rank as u64).expect("model");
         let config = TrainerConfig {
             schedule,
@@ -86,7 +96,10 @@ mod gpu {
         };
         let mut t = Trainer::new(b.clone(), model, config).expect("trainer");
         if let Some(c) = comm {
-            t = t.with_collective(c).expect("broadcast from rank 0");
+            t = t
+                .with_collective(c)
+                .and_then(|t| t.with_grad_sync(sync))
+                .expect("broadcast from rank 0");
         }
         let tensors = |t: &Trainer<Gpu>, grads: bool| -> Vec<Vec<f32>> {
             t.model()
@@ -269,13 +282,13 @@ mod gpu {
         let dir = tempfile::tempdir().expect("a folder for the ranks' results");
         run_ranks(NAME, world, dir.path());
         let b = open(0);
-        for (case, &(schedule, capture)) in CASES.iter().enumerate() {
+        for (case, &(schedule, capture, sync)) in CASES.iter().enumerate() {
             let one = train(&b, None, 0, case);
             let n = PARAMETER_NAMES.len();
             let rank0 = read(&dir.path().join(format!("rank0_case{case}")));
             for r in 0..world {
                 let seen = read(&dir.path().join(format!("rank{r}_case{case}")));
-                let at = format!("{schedule:?} capture={capture} N={world} rank {r}");
+                let at = format!("{schedule:?} capture={capture} {sync:?} N={world} rank {r}");
                 assert_close(
                     &format!("{at} step 1 grads"),
                     &seen.0[..n],
@@ -302,7 +315,7 @@ mod gpu {
                 }
                 assert_eq!(seen, rank0, "{at}: every rank holds the same bits");
             }
-            eprintln!("{schedule:?} capture={capture}: {world} GPUs match one GPU");
+            eprintln!("{schedule:?} capture={capture} {sync:?}: {world} GPUs match one GPU");
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use zcomm::rendezvous::Server;
 use zcomm::{Collective, RankInfo, SimCollective};
 use zcompute::{CudaBackend, Engine, SimDriver};
-use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{GradSync, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 const T: Duration = Duration::from_secs(20);
 const CFG: XAssetConfig = XAssetConfig {
@@ -65,12 +65,24 @@ fn config(schedule: TrainSchedule, capture: bool) -> TrainerConfig {
 }
 
 fn train(b: &CudaBackend<SimDriver>, comm: Option<SimCollective>, cfg: TrainerConfig) -> Seen {
+    train_with(b, comm, cfg, GradSync::default())
+}
+
+fn train_with(
+    b: &CudaBackend<SimDriver>,
+    comm: Option<SimCollective>,
+    cfg: TrainerConfig,
+    sync: GradSync,
+) -> Seen {
     // Ranks other than 0 start from other parameters: the broadcast must make them equal.
     let seed = 7 + comm.as_ref().map_or(0, |c| c.info().rank as u64);
     let model = XAsset::init(b, CFG, seed).unwrap();
     let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
     if let Some(c) = comm {
-        t = t.with_collective(Rc::new(c)).unwrap();
+        t = t
+            .with_collective(Rc::new(c))
+            .and_then(|t| t.with_grad_sync(sync))
+            .unwrap();
     }
     let grads = |t: &Trainer<CudaBackend<SimDriver>>| -> Vec<Vec<f32>> {
         t.model()
@@ -226,6 +238,49 @@ fn n_ranks_match_one_rank(#[case] schedule: TrainSchedule, #[case] capture: bool
             assert_eq!(s.grads[1], seen[0].grads[1], "{at}");
             assert_eq!(s.params, seen[0].params, "{at}");
         }
+    }
+}
+
+/// The gradient all-reduce in buckets overlapped with backward (one bucket per parameter at 256
+/// bytes, several at 1 KiB, one at the default size for this small model) gives the bits of the
+/// one all-reduce after backward: gradients, parameters and losses at 2 and 3 ranks, eager
+/// and captured (the captured step's buckets are replayed on every step).
+#[rstest]
+#[case::batched_eager(false)]
+#[case::batched_captured(true)]
+fn bucketed_equals_unbucketed(#[case] capture: bool) {
+    let cfg = config(TrainSchedule::Batched, capture);
+    for world in [2, 3] {
+        let after = ranks(world, move |b, c| {
+            train_with(b, Some(c), cfg, GradSync::AfterBackward)
+        });
+        for bucket_bytes in [256, 1024, zgrad::DEFAULT_BUCKET_BYTES] {
+            let sync = GradSync::Overlapped { bucket_bytes };
+            let bucketed = ranks(world, move |b, c| train_with(b, Some(c), cfg, sync));
+            for (r, (s, w)) in bucketed.iter().zip(&after).enumerate() {
+                let at = format!("capture={capture} N={world} rank {r} {sync:?}");
+                assert_eq!(s.grads, w.grads, "{at}: gradients");
+                assert_eq!(s.params, w.params, "{at}: parameters");
+                assert_eq!(s.losses, w.losses, "{at}: losses");
+            }
+        }
+    }
+}
+
+/// The captured overlapped step (its side stream's buckets replayed on every step) gives the
+/// eager overlapped step's bits: gradients, parameters, losses, 2 ranks, several buckets.
+#[test]
+fn captured_buckets_replay_as_eager_ones_run() {
+    let sync = GradSync::Overlapped { bucket_bytes: 256 };
+    let run = |capture| {
+        let cfg = config(TrainSchedule::Batched, capture);
+        ranks(2, move |b, c| train_with(b, Some(c), cfg, sync))
+    };
+    let (eager, captured) = (run(false), run(true));
+    for (r, (c, e)) in captured.iter().zip(&eager).enumerate() {
+        assert_eq!(c.grads, e.grads, "rank {r}: gradients");
+        assert_eq!(c.params, e.params, "rank {r}: parameters");
+        assert_eq!(c.losses, e.losses, "rank {r}: losses");
     }
 }
 

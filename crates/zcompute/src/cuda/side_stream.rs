@@ -1,0 +1,153 @@
+//! A second stream beside the backend's engine stream, for work that overlaps the engine's
+//! (the data-parallel gradient all-reduce during backward), usable eagerly and inside a
+//! capture alike.
+//!
+//! Ordering is by events only: [`SideStream::fork`] records an event on the engine stream and
+//! makes the side stream wait for it (work queued on the side afterwards sees everything queued
+//! on the engine before); [`SideStream::join`] records an event on the side stream and makes
+//! the engine stream wait for it (work queued on the engine afterwards sees everything queued on
+//! the side before). Inside a capture the driver turns the fork into the side stream joining the
+//! capture and the join into the edge that brings it back (CUDA's cross-stream capture; the
+//! simulated driver models it, `zdevice::sim`'s capture module): a capture that ends with side
+//! work not joined fails (904), so a body must `join` before it ends.
+//!
+//! The stream and its two events are made when the side stream is (never during a capture); the
+//! events are reused by every fork and join: a wait uses the record made just before it.
+
+use super::{CudaBackend, device_error};
+use crate::error::Result;
+use zdevice::{Device, Driver, Event, Stream};
+
+/// The side stream of one backend's device (see the module docs). Dropping it destroys its
+/// events; the stream itself lives as long as the device.
+pub struct SideStream<D: Driver> {
+    device: Device<D>,
+    engine: Stream,
+    stream: Stream,
+    forked: Event,
+    joined: Event,
+}
+
+impl<D: Driver> std::fmt::Debug for SideStream<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SideStream")
+            .field("engine", &self.engine)
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Driver> SideStream<D> {
+    /// A new non-blocking stream on `b`'s device and its fork and join events.
+    ///
+    /// # Errors
+    /// `Device` (`CaptureIllegal` during a capture: make it before) from the driver's calls.
+    pub fn new(b: &CudaBackend<D>) -> Result<Self> {
+        const OP: &str = "side_stream";
+        let device = b.device().clone();
+        let stream = device.create_stream().map_err(|e| device_error(OP, e))?;
+        let forked = device
+            .create_event(false)
+            .map_err(|e| device_error(OP, e))?;
+        let joined = match device.create_event(false) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = device.destroy_event(forked);
+                return Err(device_error(OP, e));
+            }
+        };
+        tracing::debug!(target: "zcompute.cuda.side_stream", ?stream, "side stream made");
+        Ok(SideStream {
+            engine: b.inner.stream,
+            device,
+            stream,
+            forked,
+            joined,
+        })
+    }
+
+    /// The side stream's handle (to queue work on it: an NCCL collective).
+    #[must_use]
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// The device it belongs to.
+    #[must_use]
+    pub fn device(&self) -> &Device<D> {
+        &self.device
+    }
+
+    /// Orders the side stream after everything queued on the engine stream so far.
+    ///
+    /// # Errors
+    /// `Device` from recording or waiting.
+    pub fn fork(&self) -> Result<()> {
+        const OP: &str = "side_stream.fork";
+        self.device
+            .record_event(self.forked, self.engine)
+            .map_err(|e| device_error(OP, e))?;
+        self.device
+            .stream_wait_event(self.stream, self.forked)
+            .map_err(|e| device_error(OP, e))
+    }
+
+    /// Orders the engine stream after everything queued on the side stream so far.
+    ///
+    /// # Errors
+    /// `Device` from recording or waiting.
+    pub fn join(&self) -> Result<()> {
+        const OP: &str = "side_stream.join";
+        self.device
+            .record_event(self.joined, self.stream)
+            .map_err(|e| device_error(OP, e))?;
+        self.device
+            .stream_wait_event(self.engine, self.joined)
+            .map_err(|e| device_error(OP, e))
+    }
+
+    /// Waits, bounded by the device's deadline, until the side stream's work has run.
+    ///
+    /// # Errors
+    /// `Timeout` past the deadline, `Device` for a failure the stream reports.
+    pub fn synchronize(&self) -> Result<()> {
+        self.device
+            .synchronize(self.stream)
+            .map_err(|e| device_error("side_stream.synchronize", e))
+    }
+}
+
+impl SideStream<zdevice::SimDriver> {
+    /// Launches `function` (a kernel registered on the simulator outside this crate: the
+    /// simulated communicator's) on the side stream, with `tensors`' addresses then `scalars`
+    /// as its arguments. Simulator only, as [`super::twins::launch_simulated`] is.
+    ///
+    /// # Errors
+    /// As `launch_simulated`.
+    pub fn launch_simulated(
+        &self,
+        b: &CudaBackend<zdevice::SimDriver>,
+        op: &'static str,
+        function: zdevice::Function,
+        config: zdevice::LaunchConfig,
+        tensors: &[&super::CudaTensor],
+        scalars: &[zdevice::KernelArg],
+    ) -> Result<()> {
+        let mut args = Vec::with_capacity(tensors.len() + scalars.len());
+        for t in tensors {
+            args.push(zdevice::KernelArg::Ptr(b.ptr(op, t)?));
+        }
+        args.extend_from_slice(scalars);
+        b.launch_on_simulator_stream(op, function, config, &args, self.stream)
+    }
+}
+
+impl<D: Driver> Drop for SideStream<D> {
+    fn drop(&mut self) {
+        for e in [self.forked, self.joined] {
+            if let Err(err) = self.device.destroy_event(e) {
+                tracing::debug!(target: "zcompute.cuda.side_stream", error = %err, "event not destroyed");
+            }
+        }
+    }
+}
