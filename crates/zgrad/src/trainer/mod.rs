@@ -20,6 +20,7 @@ mod per_sample;
 mod queued;
 mod resident;
 mod source;
+mod staging;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
@@ -126,6 +127,8 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     /// The data set on the device (`load_data`), and the steps queued on it.
     data: Option<device_data::DeviceData<B, T>>,
     window: queued::Window<B, T>,
+    /// The landing buffers of `queue_pinned`'s copy stream, made at its first call.
+    staging: Option<staging::Staging<B, T>>,
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> std::fmt::Debug for Trainer<B, T, M> {
@@ -175,6 +178,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             graphs: captured::Graphs::default(),
             data: None,
             window: queued::Window::default(),
+            staging: None,
         })
     }
 
