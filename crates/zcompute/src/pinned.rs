@@ -96,6 +96,21 @@ pub trait PinnedHost<T: Element>: crate::Ops<T> {
         Ok(())
     }
 
+    /// A [`CopyMark`] that also keeps when the engine stream reached it (a timing event;
+    /// record it with [`PinnedHost::mark_engine`]), for [`PinnedHost::elapsed_ms`]. Refused
+    /// while capturing. The default has nothing behind it.
+    fn timing_mark(&self) -> Result<CopyMark> {
+        Ok(CopyMark::none())
+    }
+
+    /// Milliseconds of device time between two timing marks recorded on the engine stream,
+    /// both complete (after a wait on the device that followed them). `None` where the
+    /// backend keeps no device time (the default: the CPU's work has no second timeline).
+    fn elapsed_ms(&self, start: &CopyMark, end: &CopyMark) -> Result<Option<f64>> {
+        let _ = (start, end);
+        Ok(None)
+    }
+
     /// [`PinnedHost::upload_pinned`] on the backend's copy stream: the copy waits (on the
     /// device) for `after` as last recorded by [`PinnedHost::mark_engine`], not for the rest
     /// of the engine stream, and every engine-stream op queued after this call waits for the

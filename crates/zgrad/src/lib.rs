@@ -41,8 +41,8 @@ pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use trainer::{
-    EvalReport, PinnedBatch, ReplayMark, StepReport, TrainSchedule, Trainer, TrainerConfig,
-    device_data_bytes, max_device_rows, shard,
+    EvalReport, HostPhases, PinnedBatch, ReplayMark, StepReport, TrainSchedule, Trainer,
+    TrainerConfig, device_data_bytes, max_device_rows, shard,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

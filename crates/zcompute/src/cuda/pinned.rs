@@ -237,6 +237,27 @@ impl<D: Driver> PinnedHost<f32> for CudaBackend<D> {
         Ok(CopyMark::of(EventMark { device, event }))
     }
 
+    fn timing_mark(&self) -> Result<CopyMark> {
+        const OP: &str = "timing_mark";
+        self.refuse_in_capture(OP, "make timing marks before the capture")?;
+        let device = self.inner.device.clone();
+        let event = device.create_event(true).map_err(|e| device_error(OP, e))?;
+        Ok(CopyMark::of(EventMark { device, event }))
+    }
+
+    fn elapsed_ms(&self, start: &CopyMark, end: &CopyMark) -> Result<Option<f64>> {
+        const OP: &str = "elapsed_ms";
+        match (Self::mark_event(OP, start)?, Self::mark_event(OP, end)?) {
+            (Some(a), Some(b)) => self
+                .inner
+                .device
+                .elapsed_ms(a, b)
+                .map(|ms| Some(f64::from(ms)))
+                .map_err(|e| device_error(OP, e)),
+            _ => Ok(None),
+        }
+    }
+
     fn mark_engine(&self, mark: &CopyMark) -> Result<()> {
         const OP: &str = "mark_engine";
         self.refuse_in_capture(OP, "mark the engine stream between replays")?;

@@ -19,7 +19,7 @@ use super::captured::{BatchedGraph, Runs, persistent_zeros, warn_fallback};
 use super::device_data::{DeviceData, Resident};
 use super::source::{PinnedBatch, Source};
 use super::staging::Staging;
-use super::{StepReport, TrainSchedule, Trainer, checks, in_step_split, shard};
+use super::{StepReport, TrainSchedule, Trainer, checks, in_step_split, phases, shard};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
@@ -257,7 +257,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(staging) = self.staging.as_mut() else {
             return Err(GradError::BadInput("internal: no landing buffers".into()));
         };
-        let (landed, slot) = staging.stage(&b, batch, local)?;
+        let (landed, slot) =
+            phases::timed(&mut self.phases.staging, || staging.stage(&b, batch, local))?;
         let pending = Pending {
             step,
             lr: 0.0,
@@ -295,7 +296,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             b.fill(&track.poison, T::ZERO)?;
             Ok(values)
         };
-        let values = read().map_err(|e| {
+        let t0 = std::time::Instant::now();
+        let values = read();
+        self.phases.readback += t0.elapsed();
+        let values = values.map_err(|e| {
             self.optim.mark_unknown_at(first.step);
             self.distributed_error(e)
                 .at_step(first.step, Applied::Maybe)
@@ -339,7 +343,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(data) = self.data.as_mut() else {
             return Err(no_data());
         };
-        data.upload_indices(&*b, rows)?;
+        phases::timed(&mut self.phases.index_upload, || {
+            data.upload_indices(&*b, rows)
+        })?;
         let sample = data.sample.clone();
         let data = self.data.take().ok_or_else(no_data)?;
         let resident = Resident {
@@ -357,7 +363,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(data) = self.data.as_mut() else {
             return Err(no_data());
         };
-        data.upload_indices(&*b, rows)?;
+        phases::timed(&mut self.phases.index_upload, || {
+            data.upload_indices(&*b, rows)
+        })?;
         let sample = data.sample.clone();
         let pending = Pending {
             step,
@@ -387,7 +395,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let shape: Vec<usize> = std::iter::once(local.len())
             .chain(sample.iter().copied())
             .collect();
-        pending.captured = self.queue_step(from, &track, local, &shape, lr, step)?;
+        let t0 = std::time::Instant::now();
+        let captured = self.queue_step(from, &track, local, &shape, lr, step);
+        self.phases.launch += t0.elapsed();
+        pending.captured = captured?;
         pending.lr = lr;
         self.optim.commit();
         self.window.pending.push(pending);
