@@ -194,8 +194,9 @@ fn open_backend(
         DeviceChoice::Sim => options.sim_memory,
         _ => crate::plan::SIZING_MAX_DEVICE_BYTES,
     };
+    let mut planned = None;
     if options.device != DeviceChoice::Cpu && estimate.device()? <= bound {
-        engine = crate::plan::sized_engine(engine, config, env.info.world)?;
+        (engine, planned) = crate::plan::sized_engine_and_plan(engine, config, env.info.world)?;
     }
     let ordinal = u32::try_from(env.info.local_rank)
         .map_err(|_| TrainError::Options("LOCAL_RANK does not fit a device ordinal".into()))?;
@@ -219,14 +220,18 @@ fn open_backend(
     if options.device == DeviceChoice::Auto && matches!(opened.backend, AnyBackend::Cpu(_)) {
         estimate.check_host(estimate.device()?)?;
     }
-    // Device memory the training set may take: the arena's cap less the run's plan.
+    // Device memory the training set may take: the arena's cap less the run's plan (its
+    // arena; the estimate where the run was not planned).
     let room = opened.backend.device_memory().map(|total| DeviceRoom {
         cap: engine
             .arena_config(total)
             .ok()
             .and_then(|a| a.cap_bytes)
             .unwrap_or(total / 4 * 3),
-        plan: estimate.device().unwrap_or(u64::MAX),
+        plan: planned
+            .as_ref()
+            .map(|p| p.arena_bytes)
+            .unwrap_or_else(|| estimate.device().unwrap_or(u64::MAX)),
     });
     Ok((opened, room))
 }
