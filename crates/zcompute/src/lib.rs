@@ -46,7 +46,7 @@ pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contigu
 pub use linear::{Activation, LinearOps};
 pub use norm::{AddLayerNormOut, NormOps};
 pub use ops::Ops;
-pub use pinned::{HostVec, PinnedHost, PinnedSlice};
+pub use pinned::{CopyMark, HostVec, PinnedHost, PinnedSlice};
 pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
 pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};

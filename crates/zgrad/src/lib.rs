@@ -41,8 +41,8 @@ pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use trainer::{
-    DEFAULT_BUCKET_BYTES, EvalReport, GradSync, PinnedBatch, ReplayMark, StepReport, TrainSchedule,
-    Trainer, TrainerConfig, device_data_bytes, max_device_rows, shard,
+    DEFAULT_BUCKET_BYTES, EvalReport, GradSync, HostPhases, PinnedBatch, ReplayMark, StepReport,
+    TrainSchedule, Trainer, TrainerConfig, device_data_bytes, max_device_rows, shard,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

@@ -121,6 +121,11 @@ pub struct PlanRequest<M = XAssetConfig> {
     /// Optimiser steps to run (at least 1). The default 2 covers the first step (a capture's
     /// warm-up and recording) and a steady one (its replay).
     pub steps: u64,
+    /// Samples of a training set kept on the device (`Trainer::load_data`; 0, the default:
+    /// the data stays on the host). The plan then holds it (persistent memory,
+    /// [`crate::device_data_bytes`]) and runs the steps the run runs on it
+    /// (`Trainer::queue_rows`, each step's rows gathered on the device).
+    pub resident_rows: usize,
 }
 
 impl<M> PlanRequest<M> {
@@ -134,6 +139,7 @@ impl<M> PlanRequest<M> {
             arena,
             blas_workspace_bytes: DeviceConfig::default().blas_workspace_bytes,
             steps: 2,
+            resident_rows: 0,
         }
     }
 }
@@ -260,12 +266,17 @@ pub fn plan_schedule<M: PlanModel>(
         ..request.trainer
     };
     let mut trainer = Trainer::new(backend, model, trainer_config)?;
-    let x = vec![0.0f32; request.batch * request.model.values_per_sample()];
-    let y = vec![0.0f32; request.batch];
-    let mut captured = request.trainer.capture;
-    for _ in 0..request.steps {
-        captured &= trainer.train_batch(&x, &y, request.batch)?.captured;
-    }
+    let captured = if request.resident_rows > 0 {
+        resident_steps(request, &mut trainer)?
+    } else {
+        let x = vec![0.0f32; request.batch * request.model.values_per_sample()];
+        let y = vec![0.0f32; request.batch];
+        let mut captured = request.trainer.capture;
+        for _ in 0..request.steps {
+            captured &= trainer.train_batch(&x, &y, request.batch)?.captured;
+        }
+        captured
+    };
     let d = arena.diagnostics();
     Ok(SchedulePlan {
         schedule,
@@ -274,4 +285,28 @@ pub fn plan_schedule<M: PlanModel>(
         arena_bytes: d.capacity,
         capture_reserved_bytes: d.capture.reserved,
     })
+}
+
+/// The steps of a run whose training set lives on the device: a zeroed set of
+/// `resident_rows` samples (no host copy), then `steps` steps queued on its first rows and
+/// read back. Whether every step ran captured.
+fn resident_steps<M: PlanModel>(
+    request: &PlanRequest<M>,
+    trainer: &mut Trainer<PlanBackend, f32, M::Model>,
+) -> Result<bool> {
+    let sample = trainer
+        .model()
+        .sample_shape(request.model.values_per_sample())?;
+    trainer.load_zeroed(request.resident_rows, sample)?;
+    let rows: Vec<usize> = (0..request.batch.min(request.resident_rows)).collect();
+    let mut captured = request.trainer.capture;
+    for _ in 0..request.steps {
+        for r in trainer.queue_rows(&rows, 1)? {
+            captured &= r.captured;
+        }
+    }
+    for r in trainer.drain()? {
+        captured &= r.captured;
+    }
+    Ok(captured)
 }

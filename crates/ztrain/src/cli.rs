@@ -305,6 +305,13 @@ pub struct Options {
     #[arg(long, value_name = "FILE.html", help_heading = "Output")]
     pub memory_report: Option<PathBuf>,
 
+    /// Write where each step's time goes as CSV here (host time by phase: filling the pinned
+    /// batch, index upload, staging on the copy stream, queueing the step, read-back waits,
+    /// progress; and the step's GPU span from events on the engine stream), and print the
+    /// means at the end.
+    #[arg(long, value_name = "FILE.csv", help_heading = "Output")]
+    pub timeline: Option<PathBuf>,
+
     /// Soak test: sample memory (arena in use and high-water, device memory in use, host
     /// resident memory) every --soak-every steps and write them, with each one's slope per
     /// 1,000 steps after the warm-up (the first tenth of the steps), as JSON here.

@@ -24,5 +24,6 @@ pub mod signals;
 pub mod soak;
 pub mod step;
 pub mod summary;
+pub mod timeline;
 
 pub use error::{Result, TrainError};

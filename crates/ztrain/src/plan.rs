@@ -10,8 +10,9 @@ use zcompute::units::Bytes;
 use zcompute::{ArenaConfig, EngineConfig};
 use zgrad::{MemoryPlan, PlanRequest, SchedulePlan, TrainSchedule, XAssetConfig};
 
-use crate::cli::{DeviceChoice, Options};
+use crate::cli::{DataOn, DeviceChoice, Options};
 use crate::console::Console;
+use crate::data::placement::{self, DeviceRoom};
 use crate::error::Result;
 use crate::step::trainer_config;
 
@@ -34,6 +35,20 @@ pub struct PlanReport {
     /// The arena cap the run would have: `--arena-cap` (or its variable), else 3/4 of the
     /// device's memory; `None` when neither is known.
     pub cap: Option<u64>,
+    /// Where the training set goes (`--data-on`, decided from the plan as the run decides).
+    pub data: DataPlan,
+}
+
+/// The training set's place in a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataPlan {
+    /// Samples of the training set (`None`: not known before the file is read).
+    pub samples: Option<usize>,
+    /// Its device bytes on the device (features, labels, indices).
+    pub bytes: u64,
+    /// Whether the plan holds it on the device (then it is in the persistent peak and the
+    /// arena).
+    pub on_device: bool,
 }
 
 impl PlanReport {
@@ -74,13 +89,68 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     let arena = engine.merged();
     let batch = rank_batch(options, config.batch);
     check_sizes(&config, batch)?;
-    let request = PlanRequest::new(model, batch, trainer_config(&config, 1), arena.clone());
-    let plan = zgrad::plan(&request)?;
+    let mut request = PlanRequest::new(model, batch, trainer_config(&config, 1), arena.clone());
+    let mut plan = zgrad::plan(&request)?;
     let cap = match &target {
         Target::Device { total, .. } => Some(arena.cap_for(*total)),
         _ => arena.cap_bytes,
     };
-    Ok(PlanReport { plan, target, cap })
+    let samples = train_samples(&config);
+    let per = config.model.scales * config.model.features;
+    let bytes = samples.map_or(0, |n| zgrad::device_data_bytes(n, per, 4));
+    // The run's choice (`placement::on_device`): the plan without the data set, and the set
+    // beside it within the margin of the cap.
+    let room = match (&target, cap) {
+        (Target::Device { .. }, Some(cap)) => Some(DeviceRoom {
+            cap,
+            plan: plan.arena_bytes(),
+        }),
+        _ => None,
+    };
+    let on_device = match (samples, options.data_on) {
+        (None, _) | (_, DataOn::Host) => false,
+        (Some(_), DataOn::Device) => true,
+        (Some(n), DataOn::Auto) => placement::on_device(
+            DataOn::Auto,
+            room,
+            bytes,
+            n,
+            zgrad::max_device_rows::<f32>(),
+        )?,
+    };
+    if let (true, Some(n)) = (on_device, samples) {
+        request.resident_rows = n;
+        plan = zgrad::plan(&request)?;
+    }
+    let data = DataPlan {
+        samples,
+        bytes,
+        on_device,
+    };
+    Ok(PlanReport {
+        plan,
+        target,
+        cap,
+        data,
+    })
+}
+
+/// Samples the run trains on: the synthetic set less its validation split (`None` for a CSV
+/// file, whose rows are not read before the run).
+fn train_samples(config: &crate::config::RunConfig) -> Option<usize> {
+    match &config.data {
+        crate::config::DataSource::Synthetic { samples, .. } => {
+            let n = *samples;
+            let fraction = config.validate_fraction;
+            let n_val = if fraction <= 0.0 || n == 0 {
+                0
+            } else {
+                ((n as f64 * fraction).ceil() as usize).clamp(1, n)
+            };
+            Some(n - n_val).filter(|&t| t > 0)
+        }
+        crate::config::DataSource::Csv { .. } => None,
+    }
 }
 
 /// Largest device estimate (`budget::Estimate::device`) a run's arena is sized from its plan
@@ -99,6 +169,15 @@ pub fn sized_engine(
     config: &crate::config::RunConfig,
     world: usize,
 ) -> Result<EngineConfig> {
+    Ok(sized_engine_and_plan(engine, config, world)?.0)
+}
+
+/// [`sized_engine`], and the plan it sized the arena from (`None` where it did not plan).
+pub fn sized_engine_and_plan(
+    engine: EngineConfig,
+    config: &crate::config::RunConfig,
+    world: usize,
+) -> Result<(EngineConfig, Option<SchedulePlan>)> {
     // A step never holds more samples than the data set has (the estimate's rule too).
     let samples = match &config.data {
         crate::config::DataSource::Synthetic { samples, .. } => *samples,
@@ -109,7 +188,7 @@ pub fn sized_engine(
         // A batch this host could not hold for the plan's step (a CSV file's rows are not
         // counted yet): zmem's fixed defaults, the arena growing as the steps need.
         tracing::debug!(target: "ztrain.plan", batch, "batch too large to plan; arena not sized");
-        return Ok(engine);
+        return Ok((engine, None));
     }
     let request = PlanRequest::new(
         config.model,
@@ -124,7 +203,7 @@ pub fn sized_engine(
         "arena sized from the plan"
     );
     let overrides = engine.overrides().clone().planned(planned.peak);
-    Ok(engine.arena(overrides))
+    Ok((engine.arena(overrides), Some(planned)))
 }
 
 fn schedule_name(s: TrainSchedule) -> &'static str {
@@ -182,6 +261,8 @@ pub fn to_json(r: &PlanReport) -> serde_json::Value {
         "arena_cap_holds": r.cap_holds(),
         "device": device,
         "fits": r.fits(),
+        "training_set": {"samples": r.data.samples, "bytes": r.data.bytes,
+                         "on_device": r.data.on_device},
     })
 }
 
@@ -232,6 +313,17 @@ pub fn to_lines(r: &PlanReport) -> Vec<String> {
         .schedules
         .iter()
         .max_by_key(|s| r.plan.device_bytes_for(s));
+    lines.push(match (r.data.samples, r.data.on_device) {
+        (Some(n), true) => format!(
+            "training set on the device: {n} samples, {} (in the persistent peak and the arena above; --data-on host keeps it off)",
+            Bytes(r.data.bytes)
+        ),
+        (Some(n), false) => format!(
+            "training set on the host: {n} samples ({} on the device would not fit the arena cap with the margin, or --data-on host)",
+            Bytes(r.data.bytes)
+        ),
+        (None, _) => "training set: a CSV file, not counted (its rows are read when the run starts)".into(),
+    });
     lines.push(format!(
         "arena that holds one step without overflow: {} (--arena-cap)",
         Bytes(r.plan.arena_bytes())

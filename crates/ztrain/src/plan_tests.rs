@@ -202,3 +202,94 @@ fn a_batch_beyond_the_data_plans_the_data_s_samples() {
             .segment_bytes
     );
 }
+
+/// Issue 21 item 2: with the training set on the device the plan holds it (its persistent
+/// peak and arena grow by the set's bytes) and says so in its lines and JSON; `auto` decides
+/// from the plan as the run does (a simulated device too small keeps it on the host); and the
+/// plan is within 5% of the run's peaks (the set uploaded, queued steps on it, read back).
+#[test]
+fn the_plan_counts_a_training_set_on_the_device() {
+    let small = [
+        "--samples",
+        "5000",
+        "--scales",
+        "3",
+        "--features",
+        "6",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--ff",
+        "32",
+        "--batch",
+        "64",
+    ];
+    let with = |extra: &[&str]| {
+        let mut v = small.to_vec();
+        v.extend_from_slice(extra);
+        options(&v)
+    };
+    let host = make(&with(&["--data-on", "host"])).expect("plan");
+    let dev = make(&with(&["--data-on", "device"])).expect("plan");
+    let auto = make(&with(&[])).expect("plan");
+    let bytes = zgrad::device_data_bytes(4000, 18, 4);
+    assert_eq!(
+        dev.data,
+        DataPlan {
+            samples: Some(4000),
+            bytes,
+            on_device: true
+        }
+    );
+    assert!(!host.data.on_device && auto.data.on_device, "{auto:?}");
+    for (h, d) in host.plan.schedules.iter().zip(&dev.plan.schedules) {
+        let grown = d.peak.get(AllocClass::Persistent) - h.peak.get(AllocClass::Persistent);
+        assert!(
+            grown >= bytes && grown < bytes + bytes / 20,
+            "{:?}: persistent grew by {grown} for {bytes}",
+            d.schedule
+        );
+    }
+    let lines = to_lines(&dev).join("\n");
+    assert!(
+        lines.contains("training set on the device: 4000 samples, 312.5 KiB"),
+        "{lines}"
+    );
+    assert_eq!(to_json(&dev)["training_set"]["on_device"], true);
+    let cramped = make(&with(&["--sim-memory", "80M"])).expect("plan");
+    assert!(!cramped.data.on_device, "{cramped:?}");
+    assert!(
+        to_lines(&cramped)
+            .join("\n")
+            .contains("training set on the host: 4000 samples")
+    );
+
+    // The run: the set on the device, three queued steps, on the accounting device.
+    let o = with(&["--data-on", "device"]);
+    let config = o.config().expect("config");
+    let engine = sized_engine(o.arena.engine_config().expect("engine"), &config, 1).expect("sized");
+    let b = engine
+        .sim_driver(SimDriver::new(SimConfig::accounting(DEVICE)))
+        .expect("engine opens");
+    let model = XAsset::zeroed(&b, config.model).expect("model");
+    let mut trainer = Trainer::new(b.clone(), model, trainer_config(&config, 3)).expect("trainer");
+    trainer
+        .load_data(&vec![0.0; 4000 * 18], &vec![0.0; 4000], 4000)
+        .expect("load");
+    let rows: Vec<usize> = (0..64).map(|i| i * 61 % 4000).collect();
+    for _ in 0..3 {
+        trainer.queue_rows(&rows, 32).expect("step");
+    }
+    trainer.drain().expect("read back");
+    let real = b.arena().diagnostics().peak_bytes_by_class;
+    let planned = dev.plan.schedule(config.schedule).expect("planned").peak;
+    for class in [
+        AllocClass::Persistent,
+        AllocClass::Saved,
+        AllocClass::Scratch,
+    ] {
+        let (p, r) = (planned.get(class) as f64, real.get(class) as f64);
+        assert!((p - r).abs() <= 0.05 * r, "{class}: plan {p} vs run {r}");
+    }
+}

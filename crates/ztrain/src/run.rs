@@ -37,6 +37,7 @@ use crate::step::{Tally, TrainBackend, trainer_config};
 
 pub use crate::summary::Outcome;
 use crate::summary::{End, Ended, Throughput, finish, sample_memory};
+use crate::timeline::{StepTimes, Timeline};
 
 /// Salt of the data-order generator, so it never equals the initialisation's stream.
 const ORDER_SALT: u64 = 0x6f72_6465_725f_7267;
@@ -51,6 +52,7 @@ fn check_files(options: &Options) -> Result<()> {
         named("--checkpoint", &options.checkpoint),
         named("--memory-report", &options.memory_report),
         named("--soak-report", &options.soak_report),
+        named("--timeline", &options.timeline),
     ]
     .into_iter()
     .flatten()
@@ -102,6 +104,7 @@ pub fn run(
         quiet = Options {
             memory_report: None,
             soak_report: None,
+            timeline: None,
             ..options.clone()
         };
         (&quiet, &mut sink, false)
@@ -191,8 +194,9 @@ fn open_backend(
         DeviceChoice::Sim => options.sim_memory,
         _ => crate::plan::SIZING_MAX_DEVICE_BYTES,
     };
+    let mut planned = None;
     if options.device != DeviceChoice::Cpu && estimate.device()? <= bound {
-        engine = crate::plan::sized_engine(engine, config, env.info.world)?;
+        (engine, planned) = crate::plan::sized_engine_and_plan(engine, config, env.info.world)?;
     }
     let ordinal = u32::try_from(env.info.local_rank)
         .map_err(|_| TrainError::Options("LOCAL_RANK does not fit a device ordinal".into()))?;
@@ -216,14 +220,18 @@ fn open_backend(
     if options.device == DeviceChoice::Auto && matches!(opened.backend, AnyBackend::Cpu(_)) {
         estimate.check_host(estimate.device()?)?;
     }
-    // Device memory the training set may take: the arena's cap less the run's plan.
+    // Device memory the training set may take: the arena's cap less the run's plan (its
+    // arena; the estimate where the run was not planned).
     let room = opened.backend.device_memory().map(|total| DeviceRoom {
         cap: engine
             .arena_config(total)
             .ok()
             .and_then(|a| a.cap_bytes)
             .unwrap_or(total / 4 * 3),
-        plan: estimate.device().unwrap_or(u64::MAX),
+        plan: planned
+            .as_ref()
+            .map(|p| p.arena_bytes)
+            .unwrap_or_else(|| estimate.device().unwrap_or(u64::MAX)),
     });
     Ok((opened, room))
 }
@@ -342,8 +350,17 @@ fn train<B: TrainBackend + MemorySource>(
         validation: None,
         training: Throughput::default(),
         started,
+        timeline: options.timeline.as_ref().map(|_| Timeline::default()),
     };
     let ended = run.all(out)?;
+    if let (Some(t), Some(path)) = (run.timeline.as_mut(), &options.timeline) {
+        // Every step's events are behind this wait.
+        b.synchronize()?;
+        t.resolve(&b, 0);
+        t.write(path)?;
+        out.line(&t.summary());
+        out.line(&format!("timeline: {}", path.display()));
+    }
     let end = End {
         started,
         steps: run.progress.step,
@@ -426,6 +443,8 @@ struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
     validation: Option<Tally>,
     training: Throughput,
     started: Instant,
+    /// `--timeline`: each step's host phases and GPU span.
+    timeline: Option<Timeline>,
 }
 
 impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
@@ -451,6 +470,11 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
             .flush(&mut self.learner)
             .map_err(|e| rank_error(self.ctx, e))?;
         absorb(tally, &reports);
+        if let Some(t) = self.timeline.as_mut() {
+            // The read-back waited for every step queued, their events included.
+            t.add_readback(self.learner.take_host_phases().readback);
+            t.resolve(self.b, 0);
+        }
         Ok(())
     }
 
@@ -543,14 +567,52 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         tally: &mut Tally,
         bar: &EpochBar,
     ) -> Result<Option<Ended>> {
-        let (ctx, options) = (self.ctx, self.ctx.options);
+        let ctx = self.ctx;
         let t0 = Instant::now();
+        let mark = match self.timeline.as_mut() {
+            Some(t) => Some(t.before(self.b)?),
+            None => None,
+        };
         let reports = self
             .feed
             .step(&mut self.learner, self.train_set, chunk)
             .map_err(|e| rank_error(ctx, e))?;
-        self.training.add(chunk.len(), t0.elapsed());
-        absorb(tally, &reports);
+        let queued = Instant::now();
+        self.training.add(chunk.len(), queued - t0);
+        if let (Some(t), Some(start)) = (self.timeline.as_mut(), mark) {
+            let times = StepTimes {
+                step: self.learner.step(),
+                samples: chunk.len(),
+                host: queued - t0,
+                fill: self.feed.take_fill(),
+                phases: self.learner.take_host_phases(),
+                ..StepTimes::default()
+            };
+            t.after(self.b, start, times)?;
+            if !reports.is_empty() {
+                // The read-back waited for the steps before this one (this one's last event
+                // was recorded after it).
+                t.resolve(self.b, 1);
+            }
+        }
+        let result = self.after_step(chunk, tally, bar, &reports);
+        if let Some(t) = self.timeline.as_mut() {
+            t.add_progress(queued.elapsed());
+        }
+        result
+    }
+
+    /// What follows a step: the tally, the checkpoint every --checkpoint-every steps,
+    /// --stop-after and signals, each after reading back every step (so exact).
+    fn after_step(
+        &mut self,
+        chunk: &[usize],
+        tally: &mut Tally,
+        bar: &EpochBar,
+        reports: &[StepReport],
+    ) -> Result<Option<Ended>> {
+        let options = self.ctx.options;
+        absorb(tally, reports);
         self.progress.step = self.learner.step();
         self.progress.position += chunk.len() as u64;
         if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {

@@ -91,6 +91,9 @@ pub(crate) struct Inner<D: Driver> {
     poison: AtomicBool,
     capture_log: Mutex<Option<CaptureLog>>,
     staging: Mutex<transfer::Staging>,
+    /// The copy stream pinned batches are staged on (`PinnedHost::upload_pinned_beside`),
+    /// made at its first use.
+    copy_lane: Mutex<Option<pinned::CopyLane>>,
     // Dropped last: functions above belong to these modules.
     _modules: Vec<LoadedModule<D>>,
 }
@@ -99,6 +102,9 @@ impl<D: Driver> Drop for Inner<D> {
     fn drop(&mut self) {
         let staging = std::mem::take(&mut *lock(&self.staging));
         staging.release(&self.device);
+        if let Some(lane) = lock(&self.copy_lane).take() {
+            lane.release(&self.device);
+        }
     }
 }
 
@@ -174,6 +180,7 @@ impl<D: Driver> CudaBackend<D> {
                 poison: AtomicBool::new(false),
                 capture_log: Mutex::new(None),
                 staging: Mutex::new(transfer::Staging::default()),
+                copy_lane: Mutex::new(None),
                 _modules: modules,
             }),
         })

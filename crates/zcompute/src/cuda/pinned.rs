@@ -1,12 +1,44 @@
 //! The CUDA backend's pinned host memory (`PinnedHost`): one page-locked buffer per
 //! allocation, lent to the caller in place and copied straight to the device on the backend's
 //! stream, with no staging copy (compare `transfer.rs`, which copies a slice into its own
-//! staging buffers first).
+//! staging buffers first). Batches can also go on the backend's copy stream
+//! (`upload_pinned_beside`), ordered against the engine stream by events only.
 
+use super::lock;
 use super::{CudaBackend, CudaTensor, device_error};
 use crate::error::{ComputeError, Result};
-use crate::pinned::{PinnedHost, PinnedSlice, pinned_range};
-use zdevice::{Device, Driver, PinnedBuffer};
+use crate::pinned::{CopyMark, PinnedHost, PinnedSlice, pinned_range};
+use zdevice::{Device, Driver, Event, PinnedBuffer, Stream};
+
+/// The copy stream and the event its last copy recorded (which the engine stream waits for).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopyLane {
+    stream: Stream,
+    copied: Event,
+}
+
+impl CopyLane {
+    /// Destroys the lane's event (the stream goes with the device).
+    pub(crate) fn release<D: Driver>(self, device: &Device<D>) {
+        if let Err(e) = device.destroy_event(self.copied) {
+            tracing::warn!(target: "zcompute.cuda.pinned", error = %e, "destroying the copy lane's event");
+        }
+    }
+}
+
+/// The event behind a [`CopyMark`] of the CUDA backend, destroyed with the mark.
+struct EventMark<D: Driver> {
+    device: Device<D>,
+    event: Event,
+}
+
+impl<D: Driver> Drop for EventMark<D> {
+    fn drop(&mut self) {
+        if let Err(e) = self.device.destroy_event(self.event) {
+            tracing::warn!(target: "zcompute.cuda.pinned", error = %e, "destroying a copy mark");
+        }
+    }
+}
 
 /// `len` f32 of page-locked host memory, freed (after its last transfer) when dropped.
 #[derive(Debug)]
@@ -73,6 +105,69 @@ impl<D: Driver> PinnedSlice<f32> for CudaPinned<D> {
     }
 }
 
+impl<D: Driver> CudaBackend<D> {
+    /// The copy lane, made at first use (a non-blocking stream and one event).
+    fn copy_lane(&self, op: &'static str) -> Result<CopyLane> {
+        let mut slot = lock(&self.inner.copy_lane);
+        if let Some(lane) = *slot {
+            return Ok(lane);
+        }
+        let device = &self.inner.device;
+        let stream = device.create_stream().map_err(|e| device_error(op, e))?;
+        let copied = device
+            .create_event(false)
+            .map_err(|e| device_error(op, e))?;
+        let lane = CopyLane { stream, copied };
+        *slot = Some(lane);
+        Ok(lane)
+    }
+
+    /// The event of a mark this backend made.
+    fn mark_event(op: &'static str, mark: &CopyMark) -> Result<Option<Event>> {
+        match mark.get::<EventMark<D>>() {
+            Some(m) => Ok(Some(m.event)),
+            None if mark.is_none() => Ok(None),
+            None => Err(ComputeError::Unsupported {
+                op,
+                reason: "a copy mark of another backend".into(),
+            }),
+        }
+    }
+
+    /// Queues on the lane: wait for `after`, the copy, the lane's event; then the engine
+    /// stream waits for that event. Should an order fail to be queued, the host waits for the
+    /// copy stream instead (the engine stream must never read a copy in flight).
+    fn copy_beside(
+        &self,
+        op: &'static str,
+        src: &CudaPinned<D>,
+        r: std::ops::Range<usize>,
+        dst: &CudaTensor,
+        after: Option<Event>,
+    ) -> Result<()> {
+        let lane = self.copy_lane(op)?;
+        let device = &self.inner.device;
+        let p = self.ptr(op, dst)?;
+        if let Some(event) = after {
+            device
+                .stream_wait_event(lane.stream, event)
+                .map_err(|e| device_error(op, e))?;
+        }
+        let (offset, bytes) = (r.start as u64 * 4, r.len() as u64 * 4);
+        device
+            .upload_range_async(p, src.buf(op)?, offset, bytes, lane.stream)
+            .map_err(|e| device_error(op, e))?;
+        let ordered = device
+            .record_event(lane.copied, lane.stream)
+            .and_then(|()| device.stream_wait_event(self.inner.stream, lane.copied));
+        if let Err(e) = ordered {
+            let _ = device.synchronize(lane.stream);
+            return Err(device_error(op, e));
+        }
+        Ok(())
+    }
+}
+
 impl<D: Driver> PinnedHost<f32> for CudaBackend<D> {
     type Pinned = CudaPinned<D>;
 
@@ -131,12 +226,133 @@ impl<D: Driver> PinnedHost<f32> for CudaBackend<D> {
         copy(&tmp)?;
         self.copy_view(OP, &tmp, dst)
     }
+
+    fn copy_mark(&self) -> Result<CopyMark> {
+        const OP: &str = "copy_mark";
+        self.refuse_in_capture(OP, "make copy marks before the capture")?;
+        let device = self.inner.device.clone();
+        let event = device
+            .create_event(false)
+            .map_err(|e| device_error(OP, e))?;
+        Ok(CopyMark::of(EventMark { device, event }))
+    }
+
+    fn timing_mark(&self) -> Result<CopyMark> {
+        const OP: &str = "timing_mark";
+        self.refuse_in_capture(OP, "make timing marks before the capture")?;
+        let device = self.inner.device.clone();
+        let event = device.create_event(true).map_err(|e| device_error(OP, e))?;
+        Ok(CopyMark::of(EventMark { device, event }))
+    }
+
+    fn elapsed_ms(&self, start: &CopyMark, end: &CopyMark) -> Result<Option<f64>> {
+        const OP: &str = "elapsed_ms";
+        match (Self::mark_event(OP, start)?, Self::mark_event(OP, end)?) {
+            (Some(a), Some(b)) => self
+                .inner
+                .device
+                .elapsed_ms(a, b)
+                .map(|ms| Some(f64::from(ms)))
+                .map_err(|e| device_error(OP, e)),
+            _ => Ok(None),
+        }
+    }
+
+    fn mark_engine(&self, mark: &CopyMark) -> Result<()> {
+        const OP: &str = "mark_engine";
+        self.refuse_in_capture(OP, "mark the engine stream between replays")?;
+        match Self::mark_event(OP, mark)? {
+            Some(event) => self
+                .inner
+                .device
+                .record_event(event, self.inner.stream)
+                .map_err(|e| device_error(OP, e)),
+            None => Ok(()),
+        }
+    }
+
+    fn upload_pinned_beside(
+        &self,
+        src: &CudaPinned<D>,
+        start: usize,
+        dst: &CudaTensor,
+        after: &CopyMark,
+    ) -> Result<()> {
+        const OP: &str = "upload_pinned_beside";
+        let r = pinned_range(OP, src.len, start, dst.numel())?;
+        crate::validate::upload_into(r.len(), dst)?;
+        self.refuse_in_capture(
+            OP,
+            "stage the graph's inputs between replays, not inside the capture",
+        )?;
+        let after = Self::mark_event(OP, after)?;
+        if r.is_empty() {
+            return Ok(());
+        }
+        if !dst.is_contiguous() {
+            return self.upload_pinned(src, start, dst);
+        }
+        self.copy_beside(OP, src, r, dst, after)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::pinned::{PinnedHost, PinnedSlice};
+    use crate::pinned::{CopyMark, PinnedHost, PinnedSlice};
     use crate::{Backend, ComputeError, CpuBackend, Engine};
+
+    /// A copy on the copy stream (the simulator runs a stream's work only when something
+    /// waits for it) lands before the engine-stream work queued after it, into a dense
+    /// tensor and (on the engine stream) into a strided view; on the CPU the default runs it
+    /// in call order. The copy waits for the mark, not for the engine stream: it is still
+    /// queued when the call returns, and only the engine's wait runs it.
+    #[test]
+    fn a_copy_beside_the_engine_stream_lands_before_its_later_work() {
+        let gpu = Engine::sim(256 << 20).unwrap();
+        let cpu = CpuBackend;
+        let mut g = gpu.alloc_pinned(6).unwrap();
+        let mut c = <CpuBackend as PinnedHost<f32>>::alloc_pinned(&cpu, 6).unwrap();
+        let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        g.with_mut(|v| v.copy_from_slice(&values)).unwrap();
+        c.with_mut(|v| v.copy_from_slice(&values)).unwrap();
+        let free = gpu.copy_mark().unwrap();
+        gpu.mark_engine(&free).unwrap();
+        let (landing, out) = (gpu.zeros(&[2, 3]).unwrap(), gpu.zeros(&[2, 3]).unwrap());
+        gpu.upload_pinned_beside(&g, 0, &landing, &free).unwrap();
+        let engine = gpu.device().stream();
+        let side = gpu
+            .device()
+            .driver()
+            .op_log()
+            .iter()
+            .rev()
+            .find(|r| r.call == "cuMemcpyHtoDAsync_v2")
+            .and_then(|r| r.stream)
+            .unwrap();
+        assert_ne!(side, engine, "the copy is on its own stream");
+        assert!(
+            gpu.device().driver().pending_ops(side) > 0,
+            "queued, not waited for"
+        );
+        gpu.copy_into(&landing, &out).unwrap();
+        assert_eq!(gpu.download(&out).unwrap(), values);
+        let view = gpu.zeros(&[3, 2]).unwrap();
+        gpu.upload_pinned_beside(&g, 3, &view.narrow(1, 1, 1).unwrap(), &free)
+            .unwrap();
+        assert_eq!(
+            gpu.download(&view).unwrap(),
+            vec![0.0, 4.0, 0.0, 5.0, 0.0, 6.0]
+        );
+        let dense_c = cpu.zeros(&[2, 3]).unwrap();
+        cpu.upload_pinned_beside(&c, 0, &dense_c, &CopyMark::none())
+            .unwrap();
+        assert_eq!(cpu.download(&dense_c).unwrap(), values);
+        let r = gpu.upload_pinned_beside(&g, 4, &landing, &free);
+        assert!(
+            matches!(r, Err(ComputeError::LengthMismatch { .. })),
+            "{r:?}"
+        );
+    }
 
     /// The same pinned data lands the same on the simulated device as on the CPU: a range
     /// from the middle into a dense tensor and into a strided view; a range past the end is

@@ -161,6 +161,33 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 max_device_rows::<T>()
             )));
         }
+        self.load_with(n, sample, |b, shape| {
+            Ok((b.upload(x, shape)?, b.upload(y, &shape[..1])?))
+        })
+    }
+
+    /// A resident data set of `n` samples of `sample` holding zeros, made on the device with
+    /// no host copy: what a memory plan counts ([`crate::plan`]).
+    pub(crate) fn load_zeroed(&mut self, n: usize, sample: Vec<usize>) -> Result<()> {
+        if n == 0 || n > max_device_rows::<T>() {
+            return Err(GradError::BadInput(format!(
+                "{n} samples on the device: 1 to {} rows",
+                max_device_rows::<T>()
+            )));
+        }
+        self.load_with(n, sample, |b, shape| {
+            Ok((b.zeros(shape)?, b.zeros(&shape[..1])?))
+        })
+    }
+
+    /// Replaces the resident data set by `n` samples of `sample` whose features and labels
+    /// `make` puts on the device (persistent memory).
+    fn load_with(
+        &mut self,
+        n: usize,
+        sample: Vec<usize>,
+        make: impl FnOnce(&B, &[usize]) -> Result<(BTensor<B, T>, BTensor<B, T>)>,
+    ) -> Result<()> {
         // The old one (and the graphs reading it) go first, so the two never hold memory
         // together.
         self.data = None;
@@ -168,9 +195,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let b = &*self.backend;
         let shape: Vec<usize> = std::iter::once(n).chain(sample.iter().copied()).collect();
         let _class = ClassGuard::new(b, AllocClass::Persistent);
+        let (x, y) = make(b, &shape)?;
         self.data = Some(DeviceData {
-            x: b.upload(x, &shape)?,
-            y: b.upload(y, &[n])?,
+            x,
+            y,
             index: b.zeros(&[n])?,
             sample,
             staging: Vec::with_capacity(n),

@@ -17,9 +17,11 @@ mod device_data;
 mod distributed;
 mod eval;
 mod per_sample;
+mod phases;
 mod queued;
 mod resident;
 mod source;
+mod staging;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
@@ -36,6 +38,7 @@ use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
 pub use eval::EvalReport;
+pub use phases::HostPhases;
 pub use resident::ReplayMark;
 pub use source::PinnedBatch;
 
@@ -126,6 +129,10 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     /// The data set on the device (`load_data`), and the steps queued on it.
     data: Option<device_data::DeviceData<B, T>>,
     window: queued::Window<B, T>,
+    /// The landing buffers of `queue_pinned`'s copy stream, made at its first call.
+    staging: Option<staging::Staging<B, T>>,
+    /// Host time of the queued steps' phases, until taken.
+    phases: HostPhases,
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> std::fmt::Debug for Trainer<B, T, M> {
@@ -175,6 +182,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             graphs: captured::Graphs::default(),
             data: None,
             window: queued::Window::default(),
+            staging: None,
+            phases: HostPhases::default(),
         })
     }
 
@@ -222,6 +231,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// For restoring a checkpoint (`AdamW::import`).
     pub fn optimizer_mut(&mut self) -> &mut AdamW<B, T> {
         &mut self.optim
+    }
+
+    /// The host time of each phase of the queued steps since the last call (`HostPhases`),
+    /// and starts the next sums from zero.
+    pub fn take_host_phases(&mut self) -> HostPhases {
+        std::mem::take(&mut self.phases)
     }
 
     /// Optimiser steps taken so far.

@@ -18,7 +18,8 @@ use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{BatchedGraph, Runs, persistent_zeros, warn_fallback};
 use super::device_data::{DeviceData, Resident};
 use super::source::{PinnedBatch, Source};
-use super::{StepReport, TrainSchedule, Trainer, checks, in_step_split, shard};
+use super::staging::Staging;
+use super::{StepReport, TrainSchedule, Trainer, checks, in_step_split, phases, shard};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
@@ -188,11 +189,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// [`Trainer::queue_rows`] for a batch the caller stages in pinned memory (when the data
-    /// set does not fit the device): the first `n` samples of `batch` are copied into the
-    /// step's inputs on the engine stream, the step queued, nothing read back. Refill the
-    /// *other* of two batches while this one's copy and step run (`PinnedBatch::fill` waits
-    /// only for the copy that last read a batch, never for a step), so the host stages batch
-    /// k+1 while the device runs step k. The same errors as `train_batch_pinned`; a
+    /// set does not fit the device): the first `n` samples of `batch` are copied on the
+    /// backend's copy stream into one of two device landing buffers while the engine stream
+    /// still runs the steps before (ordered by events, `staging.rs`), the step queued behind
+    /// the copy, nothing read back. Refill the *other* of two batches while this one's copy
+    /// and step run (`PinnedBatch::fill` waits only for the copy that last read a batch, never
+    /// for a step), so the host stages batch k+1 while the device runs step k. The same errors as `train_batch_pinned`; a
     /// non-finite step read back later is named by its step (its sample is no longer there).
     /// The per-sample schedule reads each step back (`train_batch_pinned`).
     pub fn queue_pinned(
@@ -217,21 +219,60 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .optim
             .check_state()
             .and_then(|()| self.pinned_sample(batch, n))
-            .and_then(|sample| {
-                let pending = Pending {
-                    step,
-                    lr: 0.0,
-                    samples: n,
-                    rows: Vec::new(),
-                    captured: false,
-                };
-                self.queue_from(Rows::Pinned(batch), pending, &sample, every)
-            });
+            .and_then(|sample| self.queue_staged(batch, n, &sample, step, every));
         queued.map_err(|e| self.settle(step, self.distributed_error(e)))?;
         if self.window.pending() >= every {
             reports.extend(self.drain()?);
         }
         Ok(reports)
+    }
+
+    /// Stages this rank's rows of the first `n` samples of `batch` on the copy stream
+    /// (`staging.rs`), queues the step on them and marks their landing buffer free after it.
+    fn queue_staged(
+        &mut self,
+        batch: &PinnedBatch<B, T>,
+        n: usize,
+        sample: &[usize],
+        step: u64,
+        every: usize,
+    ) -> Result<()>
+    where
+        B: PinnedHost<T>,
+    {
+        let b = Rc::clone(&self.backend);
+        let info = self.parts.dist.info();
+        let local = shard(info.rank, info.world, n);
+        let shape: Vec<usize> = std::iter::once(local.len())
+            .chain(sample.iter().copied())
+            .collect();
+        if !self.staging.as_ref().is_some_and(|s| s.holds(&shape)) {
+            // Room for the largest shard of a full batch, so the landing buffers are made once.
+            let rows = shard(info.rank, info.world, batch.capacity()).len();
+            let mut room = shape.clone();
+            room[0] = rows.max(local.len());
+            self.staging = None;
+            self.staging = Some(Staging::new(&*b, &room)?);
+        }
+        let Some(staging) = self.staging.as_mut() else {
+            return Err(GradError::BadInput("internal: no landing buffers".into()));
+        };
+        let (landed, slot) =
+            phases::timed(&mut self.phases.staging, || staging.stage(&b, batch, local))?;
+        let pending = Pending {
+            step,
+            lr: 0.0,
+            samples: n,
+            rows: Vec::new(),
+            captured: false,
+        };
+        let queued = self.queue_from(Rows::Pinned(&landed), pending, sample, every);
+        // Released whatever became of the step: the next copy into it follows what was queued.
+        let released = self
+            .staging
+            .as_ref()
+            .map_or(Ok(()), |s| s.release(&*b, slot));
+        queued.and(released)
     }
 
     /// Steps queued by `queue_rows` and not read back yet.
@@ -255,7 +296,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             b.fill(&track.poison, T::ZERO)?;
             Ok(values)
         };
-        let values = read().map_err(|e| {
+        let t0 = std::time::Instant::now();
+        let values = read();
+        self.phases.readback += t0.elapsed();
+        let values = values.map_err(|e| {
             self.optim.mark_unknown_at(first.step);
             self.distributed_error(e)
                 .at_step(first.step, Applied::Maybe)
@@ -299,7 +343,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(data) = self.data.as_mut() else {
             return Err(no_data());
         };
-        data.upload_indices(&*b, rows)?;
+        phases::timed(&mut self.phases.index_upload, || {
+            data.upload_indices(&*b, rows)
+        })?;
         let sample = data.sample.clone();
         let data = self.data.take().ok_or_else(no_data)?;
         let resident = Resident {
@@ -317,7 +363,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(data) = self.data.as_mut() else {
             return Err(no_data());
         };
-        data.upload_indices(&*b, rows)?;
+        phases::timed(&mut self.phases.index_upload, || {
+            data.upload_indices(&*b, rows)
+        })?;
         let sample = data.sample.clone();
         let pending = Pending {
             step,
@@ -347,7 +395,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let shape: Vec<usize> = std::iter::once(local.len())
             .chain(sample.iter().copied())
             .collect();
-        pending.captured = self.queue_step(from, &track, local, &shape, lr, step)?;
+        let t0 = std::time::Instant::now();
+        let captured = self.queue_step(from, &track, local, &shape, lr, step);
+        self.phases.launch += t0.elapsed();
+        pending.captured = captured?;
         pending.lr = lr;
         self.optim.commit();
         self.window.pending.push(pending);

@@ -163,6 +163,22 @@ impl<B: PinnedHost<T>, T: Element> PinnedBatch<B, T> {
         let y = &mut self.y;
         Ok(self.x.with_mut(|x| y.with_mut(|y| f(x, y)))??)
     }
+
+    /// Queues rows `rows` into `x` and `y` on the backend's copy stream, after `after` (see
+    /// `staging.rs`).
+    pub(super) fn stage(
+        &self,
+        b: &B,
+        rows: Range<usize>,
+        x: &BTensor<B, T>,
+        y: &BTensor<B, T>,
+        after: &zcompute::CopyMark,
+    ) -> Result<()> {
+        let per = Source::<B, T>::per(self);
+        b.upload_pinned_beside(&self.x, rows.start * per, x, after)?;
+        b.upload_pinned_beside(&self.y, rows.start, y, after)?;
+        Ok(())
+    }
 }
 
 impl<B: PinnedHost<T>, T: Element> Source<B, T> for PinnedBatch<B, T> {

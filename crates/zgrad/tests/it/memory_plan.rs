@@ -132,6 +132,76 @@ fn plan_equals_the_computing_simulators_run(
     );
 }
 
+/// The run a plan of a training set on the device predicts, computing: the set uploaded
+/// (`load_data`), `req.steps` steps queued on its rows, read back every step.
+fn real_resident_run<D: Driver>(
+    device: Device<D>,
+    req: &PlanRequest,
+    schedule: TrainSchedule,
+) -> SchedulePlan {
+    let arena = Arena::new(device, req.arena.clone()).expect("arena");
+    let backend = CudaBackend::new(arena.clone()).expect("backend");
+    backend.set_poison(true);
+    let model = XAsset::init(&backend, req.model, 7).expect("model");
+    let config = TrainerConfig {
+        schedule,
+        ..req.trainer
+    };
+    let mut trainer = Trainer::new(backend, model, config).expect("trainer");
+    let (m, n) = (req.model, req.resident_rows);
+    let mut rng = SplitMix64::new(12);
+    let x: Vec<f32> = rng
+        .uniform_vec(n * m.scales * m.features, -1.0, 1.0)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect();
+    let y: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
+    trainer.load_data(&x, &y, n).expect("load");
+    let rows: Vec<usize> = (0..req.batch).map(|i| (i * 7) % n).collect();
+    let mut captured = req.trainer.capture;
+    for _ in 0..req.steps {
+        for r in trainer.queue_rows(&rows, 1).expect("step") {
+            captured &= r.captured;
+        }
+    }
+    let d = arena.diagnostics();
+    assert_eq!(d.overflow.calls, 0, "the real run overflowed: {d}");
+    SchedulePlan {
+        schedule,
+        captured,
+        peak: d.peak_bytes_by_class,
+        arena_bytes: d.capacity,
+        capture_reserved_bytes: d.capture.reserved,
+    }
+}
+
+/// A training set on the device (issue 21 item 2): the plan holds it (persistent memory grows
+/// by `device_data_bytes`, and the arena with it) and runs the queued steps the run runs on it,
+/// so its per-class peaks equal the computing simulator's run exactly.
+#[rstest]
+fn a_plan_of_a_resident_training_set_equals_the_run(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+) {
+    let n = 3000;
+    let mut req = request(tiny(), 4, capture, small_arena());
+    let on_host = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+    req.resident_rows = n;
+    let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+    let real = real_resident_run(computing_sim(), &req, schedule);
+    assert_eq!(planned, real, "plan vs real run");
+    let data = zgrad::device_data_bytes(n, tiny().scales * tiny().features, 4);
+    let grown = planned.peak.get(AllocClass::Persistent) - on_host.peak.get(AllocClass::Persistent);
+    assert!(
+        grown >= data && grown < data + data / 20,
+        "persistent grew by {grown} for a data set of {data}"
+    );
+    assert!(
+        planned.arena_bytes >= data + on_host.peak.get(AllocClass::Persistent),
+        "{planned:?}"
+    );
+}
+
 #[test]
 fn plan_refuses_a_bad_request_by_name() {
     let mut req = request(tiny(), 0, false, small_arena());

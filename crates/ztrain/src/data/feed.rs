@@ -5,6 +5,8 @@
 //! data-order generator's, so both give the losses of `train_batch` on the same rows, bit for
 //! bit, and a checkpoint of one resumes in the other.
 
+use std::time::{Duration, Instant};
+
 use zgrad::{PinnedBatch, StepReport, Trainer};
 
 use super::Dataset;
@@ -18,6 +20,8 @@ pub enum Feed<B: TrainBackend> {
         every: usize,
         staging: Box<[PinnedBatch<B>; 2]>,
         next: usize,
+        /// Host time spent filling the pinned batches, until taken (`take_fill`).
+        filled: Duration,
     },
     /// The training set on the device; reports read back every `every` steps.
     Device { every: usize },
@@ -53,6 +57,7 @@ impl<B: TrainBackend> Feed<B> {
             every,
             staging: Box::new([one()?, one()?]),
             next: 0,
+            filled: Duration::ZERO,
         })
     }
 
@@ -69,7 +74,9 @@ impl<B: TrainBackend> Feed<B> {
                 every,
                 staging,
                 next,
+                filled,
             } => {
+                let t0 = Instant::now();
                 let batch = &mut staging[*next];
                 *next = 1 - *next;
                 let per = train_set.sample_width();
@@ -81,9 +88,18 @@ impl<B: TrainBackend> Feed<B> {
                         y[i] = train_set.y[r];
                     }
                 })?;
+                *filled += t0.elapsed();
                 learner.queue_pinned(batch, rows.len(), *every)
             }
             Feed::Device { every } => learner.queue_rows(rows, *every),
+        }
+    }
+
+    /// Host time spent filling pinned batches since the last call.
+    pub fn take_fill(&mut self) -> Duration {
+        match self {
+            Feed::Host { filled, .. } => std::mem::take(filled),
+            Feed::Device { .. } => Duration::ZERO,
         }
     }
 

@@ -17,7 +17,8 @@ pub const MARGIN: (u64, u64) = (9, 10);
 pub struct DeviceRoom {
     /// The arena's cap (`--arena-cap`, else its default share of the device).
     pub cap: u64,
-    /// The run's planned device bytes (model, optimiser, activations).
+    /// The run's planned arena bytes without the data set (model, optimiser, activations;
+    /// the estimate where the run was not planned).
     pub plan: u64,
 }
 

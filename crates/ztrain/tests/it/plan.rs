@@ -64,6 +64,9 @@ fn plan_json_says_whether_the_device_and_the_cap_hold_it() {
             "128",
             "--batch",
             "16",
+            // Under `auto` the training set's place (and so the plan) follows the device.
+            "--data-on",
+            "host",
         ]
     };
     let big = json_of(&args("4G"));

@@ -400,6 +400,97 @@ mod device_data {
         pinned_same_as_the_host_path(&CpuBackend, capture);
     }
 
+    /// Position in `log` of the first call named `call` on a stream `on` accepts, from `from`.
+    fn find(
+        log: &[zdevice::sim::OpRecord],
+        from: usize,
+        call: &str,
+        on: impl Fn(zdevice::Stream) -> bool,
+    ) -> Option<usize> {
+        (from..log.len()).find(|&i| log[i].call == call && log[i].stream.is_some_and(&on))
+    }
+
+    /// The host path's copy stream (issue 21 item 1), on the simulated device whose streams
+    /// run their work only when something waits for it: each queued pinned step's rows are
+    /// copied on a stream other than the engine's, after a wait on that stream (the landing
+    /// buffer's free mark) and after the host filled the batch; the engine stream waits for the
+    /// copy's event before the step's work (its graph launch once captured) and marks the
+    /// buffer free after it. When `queue_pinned` returns, the copy and the step are still
+    /// queued (the host waited for neither), and the refill of the batch two steps later
+    /// waits only for its copy: the results are the host path's, bit for bit
+    /// (`pinned_double_buffered_steps_equal_the_host_path`).
+    #[rstest]
+    fn pinned_rows_are_copied_on_a_second_stream_ordered_by_events(
+        #[values(false, true)] capture: bool,
+    ) {
+        let b = Engine::sim(256 << 20).expect("simulated backend");
+        let (dev, engine) = (b.device(), b.device().stream());
+        let (x, y) = batch(SMALL, N, 25);
+        let mut t = learner(&b, TrainSchedule::Batched, capture);
+        let mut bufs = [0, 1]
+            .map(|_| zgrad::PinnedBatch::new(&b, 8, SMALL.scales, SMALL.features).expect("pinned"));
+        let mut copy_stream = None;
+        for (k, rows) in steps().into_iter().take(3).enumerate() {
+            let (xs, ys) = rows_of(&x, &y, &rows);
+            dev.driver().clear_op_log();
+            bufs[k % 2]
+                .fill(|px, py| {
+                    px[..xs.len()].copy_from_slice(&xs);
+                    py[..ys.len()].copy_from_slice(&ys);
+                })
+                .expect("fill");
+            let filled = dev.driver().op_log().len();
+            t.queue_pinned(&bufs[k % 2], rows.len(), 8).expect("queued");
+            let log = dev.driver().op_log();
+            let copy = find(&log, filled, "cuMemcpyHtoDAsync_v2", |s| s != engine)
+                .unwrap_or_else(|| panic!("step {k}: no copy beside the engine stream"));
+            let side = log[copy].stream.expect("a stream");
+            assert_eq!(*copy_stream.get_or_insert(side), side, "one copy stream");
+            let waited = find(&log, filled, "cuStreamWaitEvent", |s| s == side)
+                .expect("the copy stream waits for the landing buffer's free mark");
+            assert!(waited < copy, "step {k}: the wait comes before the copy");
+            let copied = find(&log, copy, "cuEventRecord", |s| s == side).expect("copy event");
+            let engine_waits = find(&log, copied, "cuStreamWaitEvent", |s| s == engine)
+                .expect("the engine stream waits for the copy");
+            let step_work = ["cuLaunchKernel", "cuGraphLaunch", "cuMemcpyDtoDAsync_v2"]
+                .iter()
+                .filter_map(|c| find(&log, filled, c, |s| s == engine))
+                .min()
+                .expect("the step's work");
+            assert!(
+                engine_waits < step_work,
+                "step {k}: engine wait at {engine_waits}, first step work at {step_work}"
+            );
+            if capture && k == 1 {
+                let launch = find(&log, filled, "cuGraphLaunch", |s| s == engine);
+                assert!(
+                    launch.is_some_and(|l| l > engine_waits),
+                    "replayed after the wait"
+                );
+            }
+            let last_work = (0..log.len())
+                .rev()
+                .find(|&i| log[i].stream == Some(engine) && log[i].call != "cuEventRecord")
+                .expect("engine work");
+            assert!(
+                find(&log, last_work, "cuEventRecord", |s| s == engine).is_some(),
+                "step {k}: the landing buffer is marked free after the step"
+            );
+            if k > 0 || !capture {
+                // (A capture's warm-up waits for the device.)
+                assert!(
+                    dev.driver().pending_ops(side) > 0,
+                    "step {k}: the copy is still queued"
+                );
+                assert!(
+                    dev.driver().pending_ops(engine) > 0,
+                    "step {k}: the step is still queued"
+                );
+            }
+        }
+        assert_eq!(t.drain().expect("drain").len(), 3);
+    }
+
     #[test]
     fn bad_rows_and_mixed_paths_are_refused_and_apply_nothing() {
         let b = Engine::sim(256 << 20).expect("simulated backend");

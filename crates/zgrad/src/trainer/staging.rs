@@ -1,0 +1,146 @@
+//! The host path's second stream (issue 21 item 1): when the data set stays on the host, a
+//! queued step's rows are copied from the caller's pinned batch into one of two device
+//! landing buffers on the backend's copy stream (`PinnedHost::upload_pinned_beside`), while
+//! the engine stream still runs the step before. The orders are events only:
+//!
+//! - the copy of step k into landing buffer `k % 2` waits for that buffer's *free* mark,
+//!   recorded on the engine stream after step k - 2 (the last step that read it);
+//! - the engine stream waits for the copy before step k copies the landing buffer into its
+//!   inputs (a device-to-device copy on the engine stream, the first thing of the step);
+//! - the pinned batch is refilled by the host only after its copy ran (`PinnedBatch::fill`
+//!   waits for the copy alone, never for a step).
+//!
+//! So the host never waits on a step, and step k + 1's rows are on the device when it starts.
+
+use super::source::{PinnedBatch, Source};
+use crate::error::Result;
+use std::ops::Range;
+use std::rc::Rc;
+use zcompute::{BTensor, CopyMark, Element, PinnedHost, prelude::*};
+
+/// One landing buffer: room for `rows` samples of `sample`, and the engine-stream mark after
+/// the last step that read it.
+struct Landing<B: Ops<T>, T: Element> {
+    x: BTensor<B, T>,
+    y: BTensor<B, T>,
+    free: CopyMark,
+}
+
+/// The two landing buffers, used in turn.
+pub(super) struct Staging<B: Ops<T>, T: Element> {
+    slots: Vec<Landing<B, T>>,
+    /// `[rows, ..sample]` each slot holds.
+    shape: Vec<usize>,
+    next: usize,
+}
+
+impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
+    /// Two landing buffers of `shape` (`[rows, ..sample]`, persistent). Each one's free mark is
+    /// recorded at once: memory just allocated may have been read by engine-stream work still
+    /// queued, which the first copy into it must follow.
+    pub(super) fn new(b: &B, shape: &[usize]) -> Result<Self> {
+        let slots = (0..2)
+            .map(|_| {
+                let landing = Landing {
+                    x: super::captured::persistent_zeros(b, shape)?,
+                    y: super::captured::persistent_zeros(b, &shape[..1])?,
+                    free: b.copy_mark()?,
+                };
+                b.mark_engine(&landing.free)?;
+                Ok(landing)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Staging {
+            slots,
+            shape: shape.to_vec(),
+            next: 0,
+        })
+    }
+
+    /// Whether it holds batches of up to `shape[0]` samples of `shape[1..]`.
+    pub(super) fn holds(&self, shape: &[usize]) -> bool {
+        self.shape[1..] == shape[1..] && self.shape[0] >= shape[0]
+    }
+
+    /// Queues the copy of rows `rows` of `batch` into the next landing buffer on the copy
+    /// stream (after that buffer's free mark; the engine stream's later work waits for it),
+    /// and returns the buffer as a step's source, and the slot to release after the step.
+    pub(super) fn stage(
+        &mut self,
+        b: &Rc<B>,
+        batch: &PinnedBatch<B, T>,
+        rows: Range<usize>,
+    ) -> Result<(Landed<B, T>, usize)> {
+        let slot = self.next;
+        self.next = 1 - self.next;
+        let landing = &self.slots[slot];
+        let (x, y) = (
+            landing.x.narrow(0, 0, rows.len())?,
+            landing.y.narrow(0, 0, rows.len())?,
+        );
+        batch.stage(&**b, rows.clone(), &x, &y, &landing.free)?;
+        let landed = Landed {
+            x,
+            y,
+            first: rows.start,
+            per: Source::<B, T>::per(batch),
+            b: Rc::clone(b),
+        };
+        Ok((landed, slot))
+    }
+
+    /// Records slot `slot`'s free mark on the engine stream, after the step that read it.
+    pub(super) fn release(&self, b: &B, slot: usize) -> Result<()> {
+        Ok(b.mark_engine(&self.slots[slot].free)?)
+    }
+}
+
+/// A step's rows in a landing buffer: rows `first..` of the batch, on the device.
+pub(super) struct Landed<B: Ops<T>, T: Element> {
+    x: BTensor<B, T>,
+    y: BTensor<B, T>,
+    first: usize,
+    per: usize,
+    /// The backend it lives on (the error path's host copy downloads there).
+    b: Rc<B>,
+}
+
+impl<B: Ops<T>, T: Element> Landed<B, T> {
+    fn rows(&self, rows: &Range<usize>) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
+        let start = rows.start.saturating_sub(self.first);
+        Ok((
+            self.x.narrow(0, start, rows.len())?,
+            self.y.narrow(0, start, rows.len())?,
+        ))
+    }
+}
+
+impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
+    fn per(&self) -> usize {
+        self.per
+    }
+
+    fn slices(&self, _rows: Range<usize>) -> Option<(&[T], &[T])> {
+        None
+    }
+
+    /// A device-to-device copy on the engine stream (which already waits for the landing
+    /// copy).
+    fn upload(
+        &self,
+        b: &B,
+        rows: Range<usize>,
+        x: &BTensor<B, T>,
+        y: &BTensor<B, T>,
+    ) -> Result<()> {
+        let (lx, ly) = self.rows(&rows)?;
+        b.copy_into(&lx, x)?;
+        b.copy_into(&ly, y)?;
+        Ok(())
+    }
+
+    fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
+        let (lx, ly) = self.rows(&rows)?;
+        Ok((self.b.download(&lx)?, self.b.download(&ly)?))
+    }
+}
