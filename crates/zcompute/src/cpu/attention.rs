@@ -304,8 +304,9 @@ fn backward_head<T: Element>(
         let prow = &hd.probs[i * s_len..(i + 1) * s_len];
         dots(&sc.go[i * dh..(i + 1) * dh], &hd.v, &mut sc.dp);
         let row_dot = dot(prow, &sc.dp);
-        for j in 0..s_len {
-            sc.ds[i * s_len + j] = prow[j] * (sc.dp[j] - row_dot) * scale;
+        let ds = &mut sc.ds[i * s_len..(i + 1) * s_len];
+        for ((d, &p), &dp) in ds.iter_mut().zip(prow).zip(&sc.dp) {
+            *d = p * (dp - row_dot) * scale;
         }
     }
     // dqn = dS·kn, dkn = dSᵀ·qn.
