@@ -4,9 +4,10 @@
 //! writes each (batch, head)'s share of the LayerNorm parameter gradients as a row of
 //! `[B*H, 4, dh]` partials (q weight, q bias, k weight, k bias), summed afterwards in a fixed
 //! order. Written over slices so the kernels' simulated twins run the same code on device
-//! memory.
+//! memory. The per-head functions are inlined into the pool's tasks, which `par::simd`
+//! compiles for AVX2.
 
-use super::math::{pairwise_sum, row_max};
+use super::math::{LANES, lanes_total, pairwise_sum, row_max};
 use super::{dense, gather, par};
 use crate::attention::{QkNorm, QkNormAttentionGrads};
 use crate::element::Element;
@@ -31,6 +32,7 @@ fn at(a: Attention, b: usize, s: usize, part: usize, h: usize) -> usize {
 
 /// Writes `xhat = (x - mean) * rstd` of one row into `xhat` and returns `rstd =
 /// 1 / sqrt(var + eps)` (two passes; `sq` is scratch of the row's length).
+#[inline(always)]
 fn normalise<T: Element>(row: &[T], eps: T, xhat: &mut [T], sq: &mut [T]) -> T {
     let inv_n = T::ONE / T::from_f64(row.len() as f64);
     let mean = pairwise_sum(row) * inv_n;
@@ -55,9 +57,8 @@ struct Head<T> {
     kn: Vec<T>,
     v: Vec<T>,
     probs: Vec<T>,
-    /// Scratch: squared deviations of one row, k transposed.
+    /// Scratch: squared deviations of one row.
     sq: Vec<T>,
-    kn_t: Vec<T>,
 }
 
 impl<T: Element> Head<T> {
@@ -74,12 +75,44 @@ impl<T: Element> Head<T> {
             v: z(s * dh),
             probs: z(s * s),
             sq: z(dh),
-            kn_t: z(s * dh),
+        }
+    }
+}
+
+/// Scratch of one (batch, head)'s backward, allocated once per task and refilled per head.
+struct Scratch<T> {
+    /// The head's output gradient rows `[S, dh]`.
+    go: Vec<T>,
+    /// The score gradient `[S, S]`.
+    ds: Vec<T>,
+    /// One row of `go·vᵀ`.
+    dp: Vec<T>,
+    /// Gradients of the normalised q and k `[S, dh]`.
+    dqn: Vec<T>,
+    dkn: Vec<T>,
+    /// One row's `dn·w` and `dn·w·xhat`.
+    gx: Vec<T>,
+    gxx: Vec<T>,
+}
+
+impl<T: Element> Scratch<T> {
+    fn new(a: Attention) -> Self {
+        let (s, dh) = (a.seq, a.dh);
+        let z = |n: usize| vec![T::ZERO; n];
+        Scratch {
+            go: z(s * dh),
+            ds: z(s * s),
+            dp: z(s),
+            dqn: z(s * dh),
+            dkn: z(s * dh),
+            gx: z(dh),
+            gxx: z(dh),
         }
     }
 }
 
 /// Fills `hd` with (batch `b`, head `h`).
+#[inline(always)]
 fn head<T: Element>(hd: &mut Head<T>, qkv: &[T], a: Attention, p: &Params<T>, b: usize, h: usize) {
     let (s_len, dh) = (a.seq, a.dh);
     for s in 0..s_len {
@@ -121,9 +154,8 @@ fn head<T: Element>(hd: &mut Head<T>, qkv: &[T], a: Attention, p: &Params<T>, b:
         hd.v[row].copy_from_slice(&qkv[v..v + dh]);
     }
     let scale = a.scale::<T>();
-    transpose_into(&hd.kn, s_len, dh, &mut hd.kn_t);
     for (i, row) in hd.probs.chunks_exact_mut(s_len).enumerate() {
-        dots(&hd.qn[i * dh..(i + 1) * dh], &hd.kn_t, row);
+        dots(&hd.qn[i * dh..(i + 1) * dh], &hd.kn, row);
         for score in row.iter_mut() {
             *score = *score * scale;
         }
@@ -138,33 +170,36 @@ fn head<T: Element>(hd: &mut Head<T>, qkv: &[T], a: Attention, p: &Params<T>, b:
     }
 }
 
+/// `Σ a[d]·b[d]`, with [`math::pairwise_sum`]'s leaf order: product `d` added into running
+/// sum `d % LANES`, the running sums added as `math::lanes_total` (independent running sums
+/// keep the products in vector registers, where one sum would wait on every add).
+#[inline(always)]
 fn dot<T: Element>(a: &[T], b: &[T]) -> T {
-    a.iter().zip(b).fold(T::ZERO, |acc, (&x, &y)| acc + x * y)
-}
-
-/// `m` `[rows, cols]` transposed into `t` `[cols, rows]`.
-fn transpose_into<T: Element>(m: &[T], rows: usize, cols: usize, t: &mut [T]) {
-    for (r, row) in m.chunks_exact(cols).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            t[c * rows + r] = v;
+    let mut acc = [T::ZERO; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s = *s + x * y;
         }
     }
+    for ((s, &x), &y) in acc.iter_mut().zip(ra).zip(rb) {
+        *s = *s + x * y;
+    }
+    lanes_total(&acc)
 }
 
-/// `out[j] = dot(x, row j of m)` for every j at once from `m_t` (`m` transposed,
-/// `[x.len(), out.len()]`): each sum still runs over `x` in order from zero, as [`dot`], but
-/// the rows' sums advance together, which vectorises.
-fn dots<T: Element>(x: &[T], m_t: &[T], out: &mut [T]) {
-    out.fill(T::ZERO);
-    for (&xd, col) in x.iter().zip(m_t.chunks_exact(out.len())) {
-        for (o, &c) in out.iter_mut().zip(col) {
-            *o = *o + xd * c;
-        }
+/// `out[j] = dot(x, row j of m)` (`m` holds `out.len()` rows of `x.len()`).
+#[inline(always)]
+fn dots<T: Element>(x: &[T], m: &[T], out: &mut [T]) {
+    for (o, row) in out.iter_mut().zip(m.chunks_exact(x.len().max(1))) {
+        *o = dot(x, row);
     }
 }
 
 /// `out[d] = Σ_j w[j] · rows[j][d]` (rows of `out.len()`), summed over `j` in order from
 /// zero: the fold of each element, vectorised across `d`.
+#[inline(always)]
 fn combine<T: Element>(w: impl Iterator<Item = T>, rows: &[T], out: &mut [T]) {
     out.fill(T::ZERO);
     for (wj, row) in w.zip(rows.chunks_exact(out.len())) {
@@ -215,7 +250,7 @@ pub(crate) fn backward_slices<T: Element>(
         &mut by_batch,
         a.heads * 4 * dh,
         |first, gq, part| {
-            let mut hd = Head::new(a);
+            let (mut hd, mut sc) = (Head::new(a), Scratch::new(a));
             for (i, (gq, part)) in gq
                 .chunks_exact_mut(per_batch)
                 .zip(part.chunks_exact_mut(a.heads * 4 * dh))
@@ -223,7 +258,7 @@ pub(crate) fn backward_slices<T: Element>(
             {
                 for (h, part) in part.chunks_exact_mut(4 * dh).enumerate() {
                     head(&mut hd, qkv, a, p, first + i, h);
-                    backward_head(g, &hd, a, p, (first + i, h), gq, part);
+                    backward_head(g, &hd, &mut sc, a, p, (first + i, h), gq, part);
                 }
             }
         },
@@ -240,9 +275,12 @@ pub(crate) fn backward_slices<T: Element>(
 
 /// One (batch, head) of the backward: its share of `g_qkv` (the batch's rows, `gq`) and its
 /// four partials `[q weight, q bias, k weight, k bias]` of `dh` each (`part`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn backward_head<T: Element>(
     g: &[T],
     hd: &Head<T>,
+    sc: &mut Scratch<T>,
     a: Attention,
     p: &Params<T>,
     (b, h): (usize, usize),
@@ -252,43 +290,37 @@ fn backward_head<T: Element>(
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
     let base = at(a, b, 0, 0, 0);
     let scale = a.scale::<T>();
-    let go: Vec<T> = (0..s_len)
-        .flat_map(|i| {
-            let start = (b * s_len + i) * width + h * dh;
-            g[start..start + dh].iter().copied()
-        })
-        .collect();
+    for (i, go) in sc.go.chunks_exact_mut(dh).enumerate() {
+        let start = (b * s_len + i) * width + h * dh;
+        go.copy_from_slice(&g[start..start + dh]);
+    }
     // dv = Pᵀ·go, dP = go·vᵀ, dS = P * (dP - rowsum(P * dP)) * scale.
     for j in 0..s_len {
         let pcol = (0..s_len).map(|i| hd.probs[i * s_len + j]);
         let start = at(a, b, j, 2, h) - base;
-        combine(pcol, &go, &mut gq[start..start + dh]);
+        combine(pcol, &sc.go, &mut gq[start..start + dh]);
     }
-    let mut ds = vec![T::ZERO; s_len * s_len];
-    let mut v_t = vec![T::ZERO; s_len * dh];
-    transpose_into(&hd.v, s_len, dh, &mut v_t);
-    let mut dp = vec![T::ZERO; s_len];
     for i in 0..s_len {
         let prow = &hd.probs[i * s_len..(i + 1) * s_len];
-        dots(&go[i * dh..(i + 1) * dh], &v_t, &mut dp);
-        let row_dot = dot(prow, &dp);
-        for j in 0..s_len {
-            ds[i * s_len + j] = prow[j] * (dp[j] - row_dot) * scale;
+        dots(&sc.go[i * dh..(i + 1) * dh], &hd.v, &mut sc.dp);
+        let row_dot = dot(prow, &sc.dp);
+        let ds = &mut sc.ds[i * s_len..(i + 1) * s_len];
+        for ((d, &p), &dp) in ds.iter_mut().zip(prow).zip(&sc.dp) {
+            *d = p * (dp - row_dot) * scale;
         }
     }
     // dqn = dS·kn, dkn = dSᵀ·qn.
-    let mut dqn = vec![T::ZERO; s_len * dh];
-    let mut dkn = vec![T::ZERO; s_len * dh];
     for i in 0..s_len {
-        let ds_row = ds[i * s_len..(i + 1) * s_len].iter().copied();
-        combine(ds_row, &hd.kn, &mut dqn[i * dh..(i + 1) * dh]);
-        let ds_col = (0..s_len).map(|j| ds[j * s_len + i]);
-        combine(ds_col, &hd.qn, &mut dkn[i * dh..(i + 1) * dh]);
+        let ds_row = sc.ds[i * s_len..(i + 1) * s_len].iter().copied();
+        combine(ds_row, &hd.kn, &mut sc.dqn[i * dh..(i + 1) * dh]);
+        let ds_col = (0..s_len).map(|j| sc.ds[j * s_len + i]);
+        combine(ds_col, &hd.qn, &mut sc.dkn[i * dh..(i + 1) * dh]);
     }
     let sides = [
-        (0, &dqn, &hd.qhat, &hd.qrstd, &p.q_weight),
-        (1, &dkn, &hd.khat, &hd.krstd, &p.k_weight),
+        (0, &sc.dqn, &hd.qhat, &hd.qrstd, &p.q_weight),
+        (1, &sc.dkn, &hd.khat, &hd.krstd, &p.k_weight),
     ];
+    let (gx, gxx) = (&mut sc.gx, &mut sc.gxx);
     for (side, dn, xhat, rstd, w) in sides {
         // Σ_i dn·xhat and Σ_i dn per d, over i in order from zero.
         let (gw, gb) = part[2 * side * dh..(2 * side + 2) * dh].split_at_mut(dh);
@@ -304,13 +336,22 @@ fn backward_head<T: Element>(
         let inv_n = T::ONE / T::from_f64(dh as f64);
         for i in 0..s_len {
             let xh = &xhat[i * dh..(i + 1) * dh];
-            let gx: Vec<T> = (0..dh).map(|d| dn[i * dh + d] * w[d]).collect();
-            let m1 = pairwise_sum(&gx) * inv_n;
-            let gxx: Vec<T> = gx.iter().zip(xh).map(|(&u, &x)| u * x).collect();
-            let m2 = pairwise_sum(&gxx) * inv_n;
+            for ((u, &d), &w) in gx.iter_mut().zip(&dn[i * dh..(i + 1) * dh]).zip(w) {
+                *u = d * w;
+            }
+            let m1 = pairwise_sum(gx) * inv_n;
+            for ((v, &u), &x) in gxx.iter_mut().zip(gx.iter()).zip(xh) {
+                *v = u * x;
+            }
+            let m2 = pairwise_sum(gxx) * inv_n;
             let start = at(a, b, i, side, h) - base;
-            for d in 0..dh {
-                gq[start + d] = rstd[i] * (gx[d] - m1 - xh[d] * m2);
+            for (((o, &u), &x), r) in gq[start..start + dh]
+                .iter_mut()
+                .zip(gx.iter())
+                .zip(xh)
+                .zip(std::iter::repeat(rstd[i]))
+            {
+                *o = r * (u - m1 - x * m2);
             }
         }
     }

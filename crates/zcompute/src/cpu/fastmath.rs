@@ -42,9 +42,11 @@ fn tanh(x: f32) -> f32 {
 
 /// `xs[i] = tanh(xs[i])`, vectorised.
 pub(crate) fn tanh_in_place(xs: &mut [f32]) {
-    for v in xs.iter_mut() {
-        *v = tanh(*v);
-    }
+    super::par::simd(|| {
+        for v in xs.iter_mut() {
+            *v = tanh(*v);
+        }
+    });
 }
 
 #[cfg(test)]

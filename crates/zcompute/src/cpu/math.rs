@@ -93,17 +93,59 @@ pub(crate) fn bce_with_logits<T: Element>(x: T, y: T) -> T {
     pos - x * y + (-x.abs()).exp().ln_1p()
 }
 
+/// Rows of at most this many elements are a leaf of [`pairwise_sum`]'s tree.
+pub(crate) const LEAF: usize = 32;
+/// A leaf's running sums: element `i` of a leaf goes into sum `i % LANES`.
+pub(crate) const LANES: usize = 8;
+
 /// Pairwise summation: error grows with log(n) instead of n, so f32 sums over the 1025-wide
 /// rows the tests use stay within float32 rounding of the f64 reference. A GPU tree reduction
-/// has the same error profile.
+/// has the same error profile. A leaf (at most [`LEAF`] elements) keeps [`LANES`] running sums
+/// ([`leaf_sum`]): one running sum would chain every add on the one before (a few cycles
+/// each), where eight independent ones fill a vector register.
+///
+/// Rows of up to two leaves (attention's 64-wide heads) take no call, so the caller's
+/// vector instructions (`par::simd`) reach them; longer rows recurse.
+#[inline(always)]
 pub(crate) fn pairwise_sum<T: Element>(xs: &[T]) -> T {
-    const LEAF: usize = 32;
     if xs.len() <= LEAF {
-        xs.iter().fold(T::ZERO, |acc, &x| acc + x)
-    } else {
+        leaf_sum(xs)
+    } else if xs.len() <= 2 * LEAF {
         let (lo, hi) = xs.split_at(xs.len() / 2);
-        pairwise_sum(lo) + pairwise_sum(hi)
+        leaf_sum(lo) + leaf_sum(hi)
+    } else {
+        pairwise_halves(xs)
     }
+}
+
+/// [`pairwise_sum`] of the two halves of a row longer than two leaves.
+fn pairwise_halves<T: Element>(xs: &[T]) -> T {
+    let (lo, hi) = xs.split_at(xs.len() / 2);
+    pairwise_sum(lo) + pairwise_sum(hi)
+}
+
+/// A leaf's sum: element `i` added into running sum `i % LANES` (each from zero, in order),
+/// then the running sums added as [`lanes_total`] does.
+#[inline(always)]
+fn leaf_sum<T: Element>(xs: &[T]) -> T {
+    let mut acc = [T::ZERO; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(chunk) {
+            *a = *a + x;
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        *a = *a + x;
+    }
+    lanes_total(&acc)
+}
+
+/// The [`LANES`] running sums of a leaf added as a fixed tree,
+/// `((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))`.
+#[inline]
+pub(crate) fn lanes_total<T: Element>(s: &[T; LANES]) -> T {
+    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
 }
 
 /// Maximum of a non-empty row, NaN-propagating.

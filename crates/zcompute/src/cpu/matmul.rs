@@ -3,9 +3,10 @@
 //! transposes expressed as transposed views rather than copies, and operands read in place
 //! when dense.
 //!
-//! Threads: a large product is split into blocks of output rows (or, when the rows are few,
-//! as in one sample's product, blocks of output columns), one single-threaded product per
-//! block on the backend's pool. Every output element is then the same sum in the same order
+//! Threads: a large product is split into blocks of output rows or of output columns (the side
+//! whose blocks share the smaller operand, as every block packs all of it; columns when the
+//! rows are few, as in one sample's product), one single-threaded product per block on the
+//! backend's pool. Every output element is then the same sum in the same order
 //! (matrixmultiply's `k` blocking does not depend on where a block starts), so the result is
 //! bitwise the same for any thread count.
 
@@ -66,12 +67,13 @@ pub(crate) fn product<T: Element>(
         general_mat_mul(T::ONE, a, b, beta, c);
         return;
     }
-    // Rows when there are enough for every thread, else columns (one sample's 12 rows).
-    let (axis, len) = if blocks(m, threads) >= blocks(n, threads) {
-        (Axis(0), m)
-    } else {
-        (Axis(1), n)
-    };
+    // Each block packs the whole of the operand it shares with the others (`b`, `k x n`, for
+    // blocks of rows; `a`, `m x k`, for blocks of columns): split the side that shares the
+    // smaller operand, when it gives every thread a block (so a weight gradient `gᵀ·x` of
+    // 256 x 3072 x 1024 is split by columns and packs `gᵀ` twice, not the 3072 x 1024 `x`).
+    let (rows, cols) = (blocks(m, threads), blocks(n, threads));
+    let by_rows = if rows == cols { n <= m } else { rows > cols };
+    let (axis, len) = if by_rows { (Axis(0), m) } else { (Axis(1), n) };
     let parts = blocks(len, threads);
     if parts < 2 {
         general_mat_mul(T::ONE, a, b, beta, c);

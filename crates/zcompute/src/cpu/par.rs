@@ -129,6 +129,16 @@ pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
+/// Runs `f` compiled for the widest vector instructions this processor has (AVX2 with FMA on
+/// x86-64, through `pulp`'s run-time dispatch; the plain build targets SSE2 only). `f` is
+/// inlined there, so its loops vectorise eight f32 wide instead of four. The results are
+/// bitwise the same as without: the compiler does not reorder or fuse floating-point
+/// arithmetic (no `mul_add` contraction), it only widens the lanes.
+#[inline(always)]
+pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
+
 /// Splits `0..n` into about `threads` contiguous ranges of at least `min` (so `tasks` >= 1),
 /// returning the range length.
 fn span(n: usize, min: usize, threads: usize) -> usize {
@@ -153,7 +163,7 @@ pub(crate) fn rows_mut<T: Send>(
     }
     let rows = out.len() / row_len;
     if !parallel(out.len()) || rows < 2 {
-        f(0, out);
+        simd(|| f(0, out));
         return;
     }
     install(|| {
@@ -164,7 +174,7 @@ pub(crate) fn rows_mut<T: Send>(
         );
         out.par_chunks_mut(per * row_len)
             .enumerate()
-            .for_each(|(i, block)| f(i * per, block));
+            .for_each(|(i, block)| simd(|| f(i * per, block)));
     });
 }
 
@@ -182,7 +192,7 @@ pub(crate) fn rows_mut2<T: Send, U: Send>(
     }
     let rows = a.len() / a_len;
     if !parallel(a.len()) || rows < 2 {
-        f(0, a, b);
+        simd(|| f(0, a, b));
         return;
     }
     install(|| {
@@ -194,7 +204,7 @@ pub(crate) fn rows_mut2<T: Send, U: Send>(
         a.par_chunks_mut(per * a_len)
             .zip(b.par_chunks_mut(per * b_len))
             .enumerate()
-            .for_each(|(i, (x, y))| f(i * per, x, y));
+            .for_each(|(i, (x, y))| simd(|| f(i * per, x, y)));
     });
 }
 
@@ -209,7 +219,7 @@ pub(crate) fn chunks_mut3<T: Send>(
     let n = a.len().min(b.len()).min(c.len());
     let (a, b, c) = (&mut a[..n], &mut b[..n], &mut c[..n]);
     if !parallel(n) {
-        f(0, a, b, c);
+        simd(|| f(0, a, b, c));
         return;
     }
     install(|| {
@@ -218,7 +228,7 @@ pub(crate) fn chunks_mut3<T: Send>(
             .zip(b.par_chunks_mut(per))
             .zip(c.par_chunks_mut(per))
             .enumerate()
-            .for_each(|(i, ((a, b), c))| f(i * per, a, b, c));
+            .for_each(|(i, ((a, b), c))| simd(|| f(i * per, a, b, c)));
     });
 }
 
@@ -246,7 +256,7 @@ pub(crate) fn ranges<R: Send>(
         return Vec::new();
     }
     if !parallel(n.saturating_mul(cost)) || n < 2 {
-        return vec![f(0, n)];
+        return vec![simd(|| f(0, n))];
     }
     install(|| {
         let per = span(
@@ -258,7 +268,7 @@ pub(crate) fn ranges<R: Send>(
             .into_par_iter()
             .map(|i| {
                 let start = i * per;
-                f(start, per.min(n - start))
+                simd(|| f(start, per.min(n - start)))
             })
             .collect()
     })

@@ -79,9 +79,12 @@ fn products_are_bitwise_the_same_at_any_thread_count() {
         };
         let acc = t(&[257, 193], 5);
         b.matmul_into(&b.matmul(&x, &w, nt)?, &x, tn, &acc)?;
+        // A weight gradient wider than tall: columns split (each block packs gᵀ, the smaller).
+        let (g, wide) = (t(&[301, 160], 12), t(&[301, 500], 13));
         Ok(vec![
             b.matmul(&x, &w, nt)?,    // rows split
             b.matmul(&row, &w2, nt)?, // 12 rows: columns split
+            b.matmul(&g, &wide, tn)?,
             b.matmul(&b.matmul(&x, &w, nt)?, &w, MatmulOpts::default())?,
             acc,
         ])
