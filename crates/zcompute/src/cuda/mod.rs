@@ -91,9 +91,9 @@ pub(crate) struct Inner<D: Driver> {
     poison: AtomicBool,
     capture_log: Mutex<Option<CaptureLog>>,
     staging: Mutex<transfer::Staging>,
-    /// The copy stream pinned batches are staged on (`PinnedHost::upload_pinned_beside`),
-    /// made at its first use.
-    copy_lane: Mutex<Option<pinned::CopyLane>>,
+    /// The copy stream pinned batches are staged on (`PinnedHost::upload_pinned_beside`): a
+    /// side stream like the all-reduce's, made at its first use, its events destroyed with it.
+    copy_lane: Mutex<Option<side_stream::SideStream<D>>>,
     // Dropped last: functions above belong to these modules.
     _modules: Vec<LoadedModule<D>>,
 }
@@ -102,9 +102,6 @@ impl<D: Driver> Drop for Inner<D> {
     fn drop(&mut self) {
         let staging = std::mem::take(&mut *lock(&self.staging));
         staging.release(&self.device);
-        if let Some(lane) = lock(&self.copy_lane).take() {
-            lane.release(&self.device);
-        }
     }
 }
 

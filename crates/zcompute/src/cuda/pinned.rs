@@ -5,26 +5,11 @@
 //! (`upload_pinned_beside`), ordered against the engine stream by events only.
 
 use super::lock;
+use super::side_stream::SideStream;
 use super::{CudaBackend, CudaTensor, device_error};
 use crate::error::{ComputeError, Result};
 use crate::pinned::{CopyMark, PinnedHost, PinnedSlice, pinned_range};
-use zdevice::{Device, Driver, Event, PinnedBuffer, Stream};
-
-/// The copy stream and the event its last copy recorded (which the engine stream waits for).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CopyLane {
-    stream: Stream,
-    copied: Event,
-}
-
-impl CopyLane {
-    /// Destroys the lane's event (the stream goes with the device).
-    pub(crate) fn release<D: Driver>(self, device: &Device<D>) {
-        if let Err(e) = device.destroy_event(self.copied) {
-            tracing::warn!(target: "zcompute.cuda.pinned", error = %e, "destroying the copy lane's event");
-        }
-    }
-}
+use zdevice::{Device, Driver, Event, PinnedBuffer};
 
 /// The event behind a [`CopyMark`] of the CUDA backend, destroyed with the mark.
 struct EventMark<D: Driver> {
@@ -106,22 +91,6 @@ impl<D: Driver> PinnedSlice<f32> for CudaPinned<D> {
 }
 
 impl<D: Driver> CudaBackend<D> {
-    /// The copy lane, made at first use (a non-blocking stream and one event).
-    fn copy_lane(&self, op: &'static str) -> Result<CopyLane> {
-        let mut slot = lock(&self.inner.copy_lane);
-        if let Some(lane) = *slot {
-            return Ok(lane);
-        }
-        let device = &self.inner.device;
-        let stream = device.create_stream().map_err(|e| device_error(op, e))?;
-        let copied = device
-            .create_event(false)
-            .map_err(|e| device_error(op, e))?;
-        let lane = CopyLane { stream, copied };
-        *slot = Some(lane);
-        Ok(lane)
-    }
-
     /// The event of a mark this backend made.
     fn mark_event(op: &'static str, mark: &CopyMark) -> Result<Option<Event>> {
         match mark.get::<EventMark<D>>() {
@@ -134,9 +103,10 @@ impl<D: Driver> CudaBackend<D> {
         }
     }
 
-    /// Queues on the lane: wait for `after`, the copy, the lane's event; then the engine
-    /// stream waits for that event. Should an order fail to be queued, the host waits for the
-    /// copy stream instead (the engine stream must never read a copy in flight).
+    /// Queues on the copy stream (the backend's side stream for copies, made at first use):
+    /// wait for `after`, the copy; then joins it to the engine stream. Should the join fail to
+    /// be queued, the host waits for the copy stream instead (the engine stream must never
+    /// read a copy in flight).
     fn copy_beside(
         &self,
         op: &'static str,
@@ -145,24 +115,26 @@ impl<D: Driver> CudaBackend<D> {
         dst: &CudaTensor,
         after: Option<Event>,
     ) -> Result<()> {
-        let lane = self.copy_lane(op)?;
+        let mut slot = lock(&self.inner.copy_lane);
+        let lane = match slot.take() {
+            Some(lane) => lane,
+            None => SideStream::new(self)?,
+        };
+        let lane = slot.insert(lane);
         let device = &self.inner.device;
         let p = self.ptr(op, dst)?;
         if let Some(event) = after {
             device
-                .stream_wait_event(lane.stream, event)
+                .stream_wait_event(lane.stream(), event)
                 .map_err(|e| device_error(op, e))?;
         }
         let (offset, bytes) = (r.start as u64 * 4, r.len() as u64 * 4);
         device
-            .upload_range_async(p, src.buf(op)?, offset, bytes, lane.stream)
+            .upload_range_async(p, src.buf(op)?, offset, bytes, lane.stream())
             .map_err(|e| device_error(op, e))?;
-        let ordered = device
-            .record_event(lane.copied, lane.stream)
-            .and_then(|()| device.stream_wait_event(self.inner.stream, lane.copied));
-        if let Err(e) = ordered {
-            let _ = device.synchronize(lane.stream);
-            return Err(device_error(op, e));
+        if let Err(e) = lane.join() {
+            let _ = lane.synchronize();
+            return Err(e);
         }
         Ok(())
     }
