@@ -84,6 +84,14 @@ impl Rng {
         (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
     }
 
+    /// Advances the stream past `n` normals without computing them: `n` calls of
+    /// [`Rng::normal`] leave the generator in the same state.
+    pub fn skip_normals(&mut self, n: usize) {
+        for _ in 0..2 * n {
+            self.next_u64();
+        }
+    }
+
     /// Shuffles `items` in place (Fisher–Yates).
     pub fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {

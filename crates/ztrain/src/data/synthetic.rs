@@ -22,6 +22,7 @@
 
 use super::Dataset;
 use crate::rng::Rng;
+use rayon::prelude::*;
 
 /// Features that carry the signal (the first ones; fewer when `F` is smaller).
 pub const INFORMATIVE_FEATURES: usize = 8;
@@ -70,26 +71,27 @@ pub fn clean_label(sample: &[f32], scales: usize, features: usize) -> f32 {
 }
 
 /// `samples` samples of `scales × features`, from `seed`.
+///
+/// The stream is the one a plain loop draws (every value of a sample in order, a rejected
+/// sample drawn again, then the flip), in two passes so the bulk runs on every core with the
+/// same bits: one pass on one thread walks the stream, computing only the informative values
+/// the margin and the label need and stepping over the others, and keeps the generator's state
+/// at the start of each accepted draw; then every sample's values are recomputed from its
+/// state in parallel.
 #[must_use]
 pub fn generate(samples: usize, scales: usize, features: usize, seed: u64) -> Dataset {
-    let mut rng = Rng::new(seed);
     let width = scales * features;
-    let mut x = Vec::with_capacity(samples * width);
-    let mut y = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let start = x.len();
-        loop {
-            x.extend((0..width).map(|_| rng.normal() as f32));
-            if score(&x[start..], scales, features).abs() >= MARGIN {
-                break;
-            }
-            x.truncate(start);
-        }
-        let mut label = clean_label(&x[start..], scales, features);
-        if rng.next_f64() < FLIP_PROBABILITY {
-            label = 1.0 - label;
-        }
-        y.push(label);
+    let (starts, y) = accepted_draws(samples, scales, features, seed);
+    let mut x = vec![0.0f32; samples * width];
+    if width > 0 {
+        x.par_chunks_mut(width)
+            .zip(starts.par_iter())
+            .for_each(|(row, start)| {
+                let mut rng = start.clone();
+                for v in row {
+                    *v = rng.normal() as f32;
+                }
+            });
     }
     Dataset {
         scales,
@@ -99,10 +101,107 @@ pub fn generate(samples: usize, scales: usize, features: usize, seed: u64) -> Da
     }
 }
 
+/// The generator's state at the start of each sample's accepted draw, and the labels, from one
+/// walk of the stream (the values outside the informative features are skipped, not computed).
+fn accepted_draws(
+    samples: usize,
+    scales: usize,
+    features: usize,
+    seed: u64,
+) -> (Vec<Rng>, Vec<f32>) {
+    let mut rng = Rng::new(seed);
+    let k = features.min(INFORMATIVE_FEATURES);
+    let norm = ((scales * k) as f64).sqrt();
+    let mut starts = Vec::with_capacity(samples);
+    let mut y = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let (start, z) = loop {
+            let start = rng.clone();
+            // The sum `score` makes, in its order, from the same f32 values.
+            let mut sum = 0.0f64;
+            for _ in 0..scales {
+                for f in 0..k {
+                    sum += rule_weight(f) * f64::from(rng.normal() as f32);
+                }
+                rng.skip_normals(features - k);
+            }
+            let z = sum / norm;
+            if z.abs() >= MARGIN {
+                break (start, z);
+            }
+        };
+        let mut label = if z > 0.0 { 1.0 } else { 0.0 };
+        if rng.next_f64() < FLIP_PROBABILITY {
+            label = 1.0 - label;
+        }
+        starts.push(start);
+        y.push(label);
+    }
+    (starts, y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rstest::rstest;
+
+    /// The generator as one plain loop: every value in order, a rejected sample drawn again.
+    fn generate_in_one_loop(samples: usize, scales: usize, features: usize, seed: u64) -> Dataset {
+        let mut rng = Rng::new(seed);
+        let width = scales * features;
+        let mut x = Vec::with_capacity(samples * width);
+        let mut y = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let start = x.len();
+            loop {
+                x.extend((0..width).map(|_| rng.normal() as f32));
+                if score(&x[start..], scales, features).abs() >= MARGIN {
+                    break;
+                }
+                x.truncate(start);
+            }
+            let mut label = clean_label(&x[start..], scales, features);
+            if rng.next_f64() < FLIP_PROBABILITY {
+                label = 1.0 - label;
+            }
+            y.push(label);
+        }
+        Dataset {
+            scales,
+            features,
+            x,
+            y,
+        }
+    }
+
+    #[rstest]
+    #[case(500, 12, 193, 7)]
+    #[case(300, 3, 5, 1)]
+    #[case(300, 2, 8, 9)]
+    #[case(200, 1, 1, 42)]
+    #[case(0, 12, 193, 3)]
+    fn the_two_pass_generator_gives_the_one_loop_stream_bit_for_bit(
+        #[case] samples: usize,
+        #[case] scales: usize,
+        #[case] features: usize,
+        #[case] seed: u64,
+    ) {
+        let fast = generate(samples, scales, features, seed);
+        let plain = generate_in_one_loop(samples, scales, features, seed);
+        assert_eq!(fast.y, plain.y);
+        let bits = |d: &Dataset| d.x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&plain));
+    }
+
+    #[test]
+    fn skipping_normals_leaves_the_state_computing_them_would() {
+        let (mut a, mut b) = (Rng::new(5), Rng::new(5));
+        for _ in 0..37 {
+            a.normal();
+        }
+        b.skip_normals(37);
+        assert_eq!(a.state(), b.state());
+    }
 
     #[test]
     fn same_seed_same_data_other_seed_other_data() {
