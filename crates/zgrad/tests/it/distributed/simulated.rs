@@ -121,6 +121,15 @@ fn train_with(
     let (x, y) = data(99, 11);
     let e = t.evaluate(&x, &y).unwrap();
     seen.eval = (e.loss, e.accuracy);
+    // The same set evaluated on the device (issue 21 item 3), as a validation set and as the
+    // resident training set: each rank its shard, the same all-reduced sums, bit for bit.
+    let want = (e.loss.to_bits(), e.accuracy.to_bits(), e.samples);
+    t.load_validation(&x, &y, 11).unwrap();
+    let v = t.evaluate_validation().unwrap();
+    assert_eq!((v.loss.to_bits(), v.accuracy.to_bits(), v.samples), want);
+    t.load_data(&x, &y, 11).unwrap();
+    let l = t.evaluate_loaded().unwrap();
+    assert_eq!((l.loss.to_bits(), l.accuracy.to_bits(), l.samples), want);
     seen
 }
 
