@@ -93,6 +93,8 @@ pub(crate) struct EvalSet<B: Capture<T>, T: Element> {
     labels: Vec<T>,
     /// Samples of the whole set (every rank's).
     total: usize,
+    /// The ranks it was sharded over (the shard is this rank's of so many).
+    world: usize,
     logits: Option<BTensor<B, T>>,
     groups: Vec<ChunkGroup<B, T>>,
 }
@@ -105,13 +107,14 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
         b: &B,
         x: Option<BTensor<B, T>>,
         labels: Vec<T>,
-        total: usize,
+        (total, world): (usize, usize),
         chunk: usize,
     ) -> Result<Self> {
         let Some(x) = x else {
             return Ok(EvalSet {
                 labels,
                 total,
+                world,
                 logits: None,
                 groups: Vec::new(),
             });
@@ -145,6 +148,7 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
         Ok(EvalSet {
             labels,
             total,
+            world,
             logits: Some(logits),
             groups,
         })
@@ -159,10 +163,11 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Uploads a validation set to the device once, for [`Trainer::evaluate_validation`]:
     /// `x` `[n, ..sample shape]` row-major, `y` `n` labels (kept on the host too: the report
-    /// sums there). In data parallel each rank keeps only its shard. Replaces a set loaded
-    /// before. Refuses with `BadInput` shapes `evaluate` would refuse and a non-finite
-    /// feature or label (naming the sample; nothing loaded); out of device memory is the
-    /// backend's error, nothing loaded.
+    /// sums there). In data parallel each rank keeps only its shard (load it after
+    /// `with_collective`; `evaluate_validation` refuses a set sharded otherwise). Replaces a
+    /// set loaded before. Refuses with `BadInput` shapes `evaluate` would refuse and a
+    /// non-finite feature or label (naming the sample; the old set kept); out of device memory
+    /// is the backend's error, nothing loaded.
     pub fn load_validation(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
         let sample = self.shape_of(x, y, n)?;
         let per = x.len() / n;
@@ -212,7 +217,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             let _class = ClassGuard::new(b, AllocClass::Persistent);
             Some(make(b, &shape)?)
         };
-        let set = EvalSet::over(b, x, labels, total, self.config.eval_batch)?;
+        let world = self.parts.dist.info().world;
+        let set = EvalSet::over(b, x, labels, (total, world), self.config.eval_batch)?;
         self.validation = Some(set);
         Ok(())
     }
@@ -242,6 +248,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                     .into(),
             ));
         };
+        if set.world != self.parts.dist.info().world {
+            let loaded = set.world;
+            self.validation = Some(set);
+            return Err(GradError::BadInput(format!(
+                "evaluate_validation: the set was sharded over {loaded} ranks and the job now has {} (load_validation after with_collective)",
+                self.parts.dist.info().world
+            )));
+        }
         let capture = self.config.capture && !self.graphs.disabled;
         let pass = self.eval_pass(&mut set, capture);
         if let Ok((_, true)) = pass {
@@ -273,7 +287,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             Some(data.x.narrow(0, rows.start, rows.len())?)
         };
         let labels = data.labels[rows].to_vec();
-        let mut set = EvalSet::over(&*self.backend, x, labels, n, self.config.eval_batch)?;
+        let shards = (n, info.world);
+        let mut set = EvalSet::over(&*self.backend, x, labels, shards, self.config.eval_batch)?;
         let (logits, _) = self.eval_pass(&mut set, false)?;
         self.report_over(&logits, &set.labels, set.total)
     }

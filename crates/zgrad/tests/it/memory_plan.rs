@@ -509,6 +509,43 @@ mod gpu {
         assert!(within_2_percent(planned.arena_bytes, real.arena_bytes));
     }
 
+    /// Issue 21: the plan with the run's evaluations (the validation set on the device, its
+    /// pass twice; the training set evaluated once) against the same run on CUDA device 0, the
+    /// default model at batch 256, fed from pinned batches or the resident set: every class
+    /// and the arena within 5% (the simulated twin, exact:
+    /// `a_plan_with_the_evaluations_equals_the_run`).
+    #[rstest]
+    fn gpu_plan_with_the_evaluations_matches_the_real_run(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+        #[values(false, true)] capture: bool,
+        #[values(Feed::Pinned, Feed::Resident)] feed: Feed,
+    ) {
+        let _one_at_a_time = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut req = request(
+            XAssetConfig::default(),
+            256,
+            capture,
+            ArenaConfig::default(),
+        );
+        req.train_eval_rows = 2048;
+        req.validation_rows = 1000;
+        req.validation_on_device = true;
+        req.pinned = matches!(feed, Feed::Pinned);
+        if let Feed::Resident = feed {
+            req.resident_rows = 2048;
+        }
+        let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+        let real = real_run_with_evaluations(cuda_device(), &req, schedule, feed);
+        assert_eq!(planned.captured, real.captured);
+        let within_5_percent = |p: u64, r: u64| p.abs_diff(r) as f64 <= 0.05 * r.max(1) as f64;
+        for class in AllocClass::ALL {
+            let (p, r) = (planned.peak.get(class), real.peak.get(class));
+            assert!(within_5_percent(p, r), "{class}: plan {p} vs real {r}");
+        }
+        let (p, r) = (planned.arena_bytes, real.arena_bytes);
+        assert!(within_5_percent(p, r), "arena: plan {p} vs real {r}");
+    }
+
     /// Issue 19: the plan of a three-block model (default size, batch 256) against its real
     /// run, every class, both schedules, eager and captured.
     #[rstest]
