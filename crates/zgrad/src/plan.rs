@@ -126,6 +126,24 @@ pub struct PlanRequest<M = XAssetConfig> {
     /// [`crate::device_data_bytes`]) and runs the steps the run runs on it
     /// (`Trainer::queue_rows`, each step's rows gathered on the device).
     pub resident_rows: usize,
+    /// Samples of a validation set evaluated after the steps, twice (two epochs: a captured
+    /// pass is replayed the second time); 0, the default: none. On the device
+    /// (`validation_on_device`) the plan holds the set ([`crate::validation_data_bytes`]) and
+    /// evaluates it as `Trainer::evaluate_validation` does (captured chunks when `capture`);
+    /// from the host it evaluates one chunk of `min(eval_batch, rows)` zero samples with
+    /// `Trainer::evaluate` (each chunk's memory is reclaimed before the next).
+    pub validation_rows: usize,
+    /// Whether the validation set lives on the device (`Trainer::load_validation`).
+    pub validation_on_device: bool,
+    /// Samples of the training set evaluated once after the steps (a run's final numbers;
+    /// 0, the default: none): the resident set with `Trainer::evaluate_loaded` when
+    /// `resident_rows > 0`, else one chunk from the host as for the validation set.
+    pub train_eval_rows: usize,
+    /// Whether the batched schedule's steps come from pinned batches through the two device
+    /// landing buffers (`Trainer::queue_pinned`, how `ztrain` feeds a training set on the
+    /// host), which the plan then holds; without it (the default) `Trainer::train_batch`.
+    /// Ignored with `resident_rows > 0` and for the per-sample schedule.
+    pub pinned: bool,
 }
 
 impl<M> PlanRequest<M> {
@@ -140,6 +158,10 @@ impl<M> PlanRequest<M> {
             blas_workspace_bytes: DeviceConfig::default().blas_workspace_bytes,
             steps: 2,
             resident_rows: 0,
+            validation_rows: 0,
+            validation_on_device: false,
+            train_eval_rows: 0,
+            pinned: false,
         }
     }
 }
@@ -266,8 +288,19 @@ pub fn plan_schedule<M: PlanModel>(
         ..request.trainer
     };
     let mut trainer = Trainer::new(backend, model, trainer_config)?;
+    let sample = trainer
+        .model()
+        .sample_shape(request.model.values_per_sample())?;
+    if request.resident_rows > 0 {
+        trainer.load_zeroed(request.resident_rows, sample.clone())?;
+    }
+    if request.validation_rows > 0 && request.validation_on_device {
+        trainer.load_validation_zeroed(request.validation_rows, sample.clone())?;
+    }
     let captured = if request.resident_rows > 0 {
         resident_steps(request, &mut trainer)?
+    } else if request.pinned && schedule == TrainSchedule::Batched && sample.len() == 2 {
+        pinned_steps(request, &mut trainer, &sample)?
     } else {
         let x = vec![0.0f32; request.batch * request.model.values_per_sample()];
         let y = vec![0.0f32; request.batch];
@@ -277,6 +310,7 @@ pub fn plan_schedule<M: PlanModel>(
         }
         captured
     };
+    evaluations(request, &mut trainer)?;
     let d = arena.diagnostics();
     Ok(SchedulePlan {
         schedule,
@@ -287,17 +321,12 @@ pub fn plan_schedule<M: PlanModel>(
     })
 }
 
-/// The steps of a run whose training set lives on the device: a zeroed set of
-/// `resident_rows` samples (no host copy), then `steps` steps queued on its first rows and
-/// read back. Whether every step ran captured.
+/// The steps of a run whose training set lives on the device (loaded, zeroed, by the caller):
+/// `steps` steps queued on its first rows and read back. Whether every step ran captured.
 fn resident_steps<M: PlanModel>(
     request: &PlanRequest<M>,
     trainer: &mut Trainer<PlanBackend, f32, M::Model>,
 ) -> Result<bool> {
-    let sample = trainer
-        .model()
-        .sample_shape(request.model.values_per_sample())?;
-    trainer.load_zeroed(request.resident_rows, sample)?;
     let rows: Vec<usize> = (0..request.batch.min(request.resident_rows)).collect();
     let mut captured = request.trainer.capture;
     for _ in 0..request.steps {
@@ -309,4 +338,63 @@ fn resident_steps<M: PlanModel>(
         captured &= r.captured;
     }
     Ok(captured)
+}
+
+/// The steps of a run fed from the host through pinned batches (`queue_pinned`, two batches
+/// in turn, as `ztrain` does): the two landing buffers are made on the device. Whether every
+/// step ran captured.
+fn pinned_steps<M: PlanModel>(
+    request: &PlanRequest<M>,
+    trainer: &mut Trainer<PlanBackend, f32, M::Model>,
+    sample: &[usize],
+) -> Result<bool> {
+    let b = trainer.backend_rc().clone();
+    let batches = [0, 1]
+        .map(|_| crate::PinnedBatch::new(&*b, request.batch, sample[0], sample[1]))
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    let mut captured = request.trainer.capture;
+    for k in 0..request.steps {
+        let batch = &batches[usize::try_from(k % 2).unwrap_or(0)];
+        for r in trainer.queue_pinned(batch, request.batch, 1)? {
+            captured &= r.captured;
+        }
+    }
+    for r in trainer.drain()? {
+        captured &= r.captured;
+    }
+    Ok(captured)
+}
+
+/// The evaluations a run makes after its steps: the validation set twice (two epochs), then
+/// the training set once, each where it lives (see [`PlanRequest`]).
+fn evaluations<M: PlanModel>(
+    request: &PlanRequest<M>,
+    trainer: &mut Trainer<PlanBackend, f32, M::Model>,
+) -> Result<()> {
+    let chunk = trainer.config().eval_batch.max(1);
+    let per = request.model.values_per_sample();
+    // One chunk from the host: every chunk's memory is reclaimed before the next.
+    let from_host = |t: &Trainer<PlanBackend, f32, M::Model>, rows: usize| {
+        let n = rows.min(chunk);
+        t.evaluate(&vec![0.0f32; n * per], &vec![0.0f32; n])
+            .map(|_| ())
+    };
+    if request.validation_rows > 0 {
+        for _ in 0..2 {
+            if request.validation_on_device {
+                trainer.evaluate_validation()?;
+            } else {
+                from_host(trainer, request.validation_rows)?;
+            }
+        }
+    }
+    if request.train_eval_rows > 0 {
+        if request.resident_rows > 0 {
+            trainer.evaluate_loaded()?;
+        } else {
+            from_host(trainer, request.train_eval_rows)?;
+        }
+    }
+    Ok(())
 }

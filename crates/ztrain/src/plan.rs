@@ -8,7 +8,7 @@ use serde_json::json;
 use zcompute::AllocClass;
 use zcompute::units::Bytes;
 use zcompute::{ArenaConfig, EngineConfig};
-use zgrad::{MemoryPlan, PlanRequest, SchedulePlan, TrainSchedule, XAssetConfig};
+use zgrad::{MemoryPlan, PlanRequest, SchedulePlan, TrainSchedule};
 
 use crate::cli::{DataOn, DeviceChoice, Options};
 use crate::console::Console;
@@ -49,6 +49,12 @@ pub struct DataPlan {
     /// Whether the plan holds it on the device (then it is in the persistent peak and the
     /// arena).
     pub on_device: bool,
+    /// Samples of the validation set (`None`: not known before the file is read).
+    pub validation_samples: Option<usize>,
+    /// Its device bytes on the device (features, logits, chunk inputs).
+    pub validation_bytes: u64,
+    /// Whether the plan holds it on the device (evaluated there, captured with `--capture`).
+    pub validation_on_device: bool,
 }
 
 impl PlanReport {
@@ -72,7 +78,6 @@ impl PlanReport {
 pub fn make(options: &Options) -> Result<PlanReport> {
     let config = options.config()?;
     let engine = options.arena.engine_config()?;
-    let model: XAssetConfig = config.model;
     let target = match options.device {
         DeviceChoice::Cpu => Target::Cpu,
         DeviceChoice::Sim => Target::Device {
@@ -84,48 +89,61 @@ pub fn make(options: &Options) -> Result<PlanReport> {
             Err(reason) => Target::NoGpu { reason },
         },
     };
-    // Merged, not checked against the device: whether the device holds it is what the plan
-    // reports (a run with these settings is refused before it starts).
-    let arena = engine.merged();
+    // The arena the run would have: its fixed settings merged with what was given, then sized
+    // from the plan of its steps (`sized_engine`, before the run places its sets); not checked
+    // against the device: whether the device holds it is what the plan reports (a run with
+    // these settings is refused before it starts). Then the run on that arena: the sets where
+    // the run puts them, its steps, its evaluations.
     let batch = rank_batch(options, config.batch);
     check_sizes(&config, batch)?;
-    let mut request = PlanRequest::new(model, batch, trainer_config(&config, 1), arena.clone());
-    let mut plan = zgrad::plan(&request)?;
+    let world = usize::from(options.gpus).max(1);
+    let total = match &target {
+        Target::Device { total, .. } => *total,
+        _ => SIZING_MAX_DEVICE_BYTES,
+    };
+    let schedules = [TrainSchedule::Batched, TrainSchedule::PerSample];
+    let sizing = schedules
+        .iter()
+        .map(|&s| zgrad::plan::plan_schedule(&sizing_request(&config, batch), s))
+        .collect::<zgrad::Result<Vec<_>>>()?;
+    let sized = |s: &SchedulePlan| engine.overrides().clone().planned(s.peak).merged(total);
+    let run_sizing = sizing
+        .iter()
+        .find(|s| s.schedule == config.schedule)
+        .unwrap_or(&sizing[0]);
+    let arena = sized(run_sizing);
     let cap = match &target {
         Target::Device { total, .. } => Some(arena.cap_for(*total)),
         _ => arena.cap_bytes,
     };
-    let samples = train_samples(&config);
-    let per = config.model.scales * config.model.features;
-    let bytes = samples.map_or(0, |n| zgrad::device_data_bytes(n, per, 4));
-    // The run's choice (`placement::on_device`): the plan without the data set, and the set
-    // beside it within the margin of the cap.
-    let room = match (&target, cap) {
-        (Target::Device { .. }, Some(cap)) => Some(DeviceRoom {
-            cap,
-            plan: plan.arena_bytes(),
-        }),
-        _ => None,
+    let data = data_plan(
+        options,
+        &config,
+        &target,
+        cap,
+        run_sizing.arena_bytes,
+        world,
+    )?;
+    let mut request = run_request(&config, batch, world, arena);
+    request.resident_rows = if data.on_device {
+        data.samples.unwrap_or(0)
+    } else {
+        0
     };
-    let on_device = match (samples, options.data_on) {
-        (None, _) | (_, DataOn::Host) => false,
-        (Some(_), DataOn::Device) => true,
-        (Some(n), DataOn::Auto) => placement::on_device(
-            DataOn::Auto,
-            room,
-            bytes,
-            n,
-            zgrad::max_device_rows::<f32>(),
-        )?,
-    };
-    if let (true, Some(n)) = (on_device, samples) {
-        request.resident_rows = n;
-        plan = zgrad::plan(&request)?;
-    }
-    let data = DataPlan {
-        samples,
-        bytes,
-        on_device,
+    request.validation_on_device = data.validation_on_device;
+    // Each schedule on the arena its own run would have (sized from its own plan).
+    let plans = schedules
+        .iter()
+        .zip(&sizing)
+        .map(|(&s, sizing)| {
+            let mut r = request.clone();
+            r.arena = sized(sizing);
+            zgrad::plan::plan_schedule(&r, s)
+        })
+        .collect::<zgrad::Result<Vec<_>>>()?;
+    let plan = MemoryPlan {
+        request,
+        schedules: plans,
     };
     Ok(PlanReport {
         plan,
@@ -135,9 +153,10 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     })
 }
 
-/// Samples the run trains on: the synthetic set less its validation split (`None` for a CSV
-/// file, whose rows are not read before the run).
-fn train_samples(config: &crate::config::RunConfig) -> Option<usize> {
+/// Samples the run trains on and validates with: the synthetic set split as
+/// `Dataset::split_validation` splits it (`None` for a CSV file, whose rows are not read
+/// before the run).
+fn split_samples(config: &crate::config::RunConfig) -> Option<(usize, usize)> {
     match &config.data {
         crate::config::DataSource::Synthetic { samples, .. } => {
             let n = *samples;
@@ -147,10 +166,93 @@ fn train_samples(config: &crate::config::RunConfig) -> Option<usize> {
             } else {
                 ((n as f64 * fraction).ceil() as usize).clamp(1, n)
             };
-            Some(n - n_val).filter(|&t| t > 0)
+            Some((n - n_val, n_val)).filter(|&(t, _)| t > 0)
         }
         crate::config::DataSource::Csv { .. } => None,
     }
+}
+
+/// The plan request a run's arena is sized from (`sized_engine`): a rank's steps (batch
+/// `batch`) on zmem's fixed arena defaults.
+fn sizing_request(config: &crate::config::RunConfig, batch: usize) -> PlanRequest {
+    PlanRequest::new(
+        config.model,
+        batch,
+        trainer_config(config, 1),
+        ArenaConfig::default(),
+    )
+}
+
+/// The plan request of a run's rank (batch `batch` of `world` ranks) on `arena`, its sets on
+/// the host (`make` places them): its steps from pinned batches, the validation pass (twice:
+/// two epochs; a rank's shard) and the final evaluation of the training set. A CSV file's
+/// sets are not counted yet: a chunk of `--batch` samples of each stands for them (a host
+/// evaluation holds one chunk at a time).
+#[must_use]
+pub fn run_request(
+    config: &crate::config::RunConfig,
+    batch: usize,
+    world: usize,
+    arena: ArenaConfig,
+) -> PlanRequest {
+    let mut request = PlanRequest::new(config.model, batch, trainer_config(config, 1), arena);
+    let (train, val) = split_samples(config).unwrap_or((config.batch, config.batch));
+    let world = world.max(1);
+    request.validation_rows = val.div_ceil(world);
+    request.train_eval_rows = train;
+    request.pinned = true;
+    request
+}
+
+/// Where the sets go (`--data-on`, decided from the plan as the run decides): the training
+/// set (`placement::on_device`), then the validation set in the room it leaves
+/// (`placement::validation_on_device`). `plan_arena`: the arena of the run's plan with the
+/// sets on the host.
+fn data_plan(
+    options: &Options,
+    config: &crate::config::RunConfig,
+    target: &Target,
+    cap: Option<u64>,
+    plan_arena: u64,
+    world: usize,
+) -> Result<DataPlan> {
+    let split = split_samples(config);
+    let per = config.model.scales * config.model.features;
+    let bytes = split.map_or(0, |(n, _)| zgrad::device_data_bytes(n, per, 4));
+    let room = match (target, cap) {
+        (Target::Device { .. }, Some(cap)) => Some(DeviceRoom {
+            cap,
+            plan: plan_arena,
+        }),
+        _ => None,
+    };
+    let on_device = match (split, options.data_on) {
+        (None, _) | (_, DataOn::Host) => false,
+        (Some(_), DataOn::Device) => true,
+        (Some((n, _)), DataOn::Auto) => placement::on_device(
+            DataOn::Auto,
+            room,
+            bytes,
+            n,
+            zgrad::max_device_rows::<f32>(),
+        )?,
+    };
+    let chunk = trainer_config(config, 1).eval_batch;
+    let val_rows = split.map(|(_, v)| v);
+    let validation_bytes = val_rows.map_or(0, |v| {
+        zgrad::validation_data_bytes(v.div_ceil(world), per, chunk, 4)
+    });
+    let taken = if on_device { bytes } else { 0 };
+    let validation_on_device = val_rows.is_some_and(|v| v > 0)
+        && placement::validation_on_device(options.data_on, room, taken, validation_bytes);
+    Ok(DataPlan {
+        samples: split.map(|(t, _)| t),
+        bytes,
+        on_device,
+        validation_samples: val_rows,
+        validation_bytes,
+        validation_on_device,
+    })
 }
 
 /// Largest device estimate (`budget::Estimate::device`) a run's arena is sized from its plan
@@ -190,13 +292,7 @@ pub fn sized_engine_and_plan(
         tracing::debug!(target: "ztrain.plan", batch, "batch too large to plan; arena not sized");
         return Ok((engine, None));
     }
-    let request = PlanRequest::new(
-        config.model,
-        batch,
-        trainer_config(config, 1),
-        ArenaConfig::default(),
-    );
-    let planned = zgrad::plan::plan_schedule(&request, config.schedule)?;
+    let planned = zgrad::plan::plan_schedule(&sizing_request(config, batch), config.schedule)?;
     tracing::debug!(
         target: "ztrain.plan",
         peaks = %planned.peak,
@@ -263,6 +359,9 @@ pub fn to_json(r: &PlanReport) -> serde_json::Value {
         "fits": r.fits(),
         "training_set": {"samples": r.data.samples, "bytes": r.data.bytes,
                          "on_device": r.data.on_device},
+        "validation_set": {"samples": r.data.validation_samples,
+                           "bytes": r.data.validation_bytes,
+                           "on_device": r.data.validation_on_device},
     })
 }
 
@@ -323,6 +422,18 @@ pub fn to_lines(r: &PlanReport) -> Vec<String> {
             Bytes(r.data.bytes)
         ),
         (None, _) => "training set: a CSV file, not counted (its rows are read when the run starts)".into(),
+    });
+    lines.push(match (r.data.validation_samples, r.data.validation_on_device) {
+        (Some(0), _) => "validation set: none (--validate-fraction 0)".into(),
+        (Some(n), true) => format!(
+            "validation set on the device: {n} samples, {} (evaluated there every epoch, in the plan above with its pass)",
+            Bytes(r.data.validation_bytes)
+        ),
+        (Some(n), false) => format!(
+            "validation set on the host: {n} samples ({} on the device would not fit beside the training set, or --data-on host); its pass is in the plan above",
+            Bytes(r.data.validation_bytes)
+        ),
+        (None, _) => "validation set: from a CSV file, a chunk of its pass counted (its rows are read when the run starts)".into(),
     });
     lines.push(format!(
         "arena that holds one step without overflow: {} (--arena-cap)",

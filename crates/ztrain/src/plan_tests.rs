@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::cli::Options;
+use crate::console::Console;
 use clap::Parser as _;
 use zcompute::{AllocClass, SimDriver};
 use zdevice::SimConfig;
@@ -205,8 +206,8 @@ fn a_batch_beyond_the_data_plans_the_data_s_samples() {
 
 /// Issue 21 item 2: with the training set on the device the plan holds it (its persistent
 /// peak and arena grow by the set's bytes) and says so in its lines and JSON; `auto` decides
-/// from the plan as the run does (a simulated device too small keeps it on the host); and the
-/// plan is within 5% of the run's peaks (the set uploaded, queued steps on it, read back).
+/// from the plan as the run does (a simulated device too small keeps it on the host). The plan
+/// against the run: `the_plan_is_within_5_percent_of_ztrain_s_own_run`.
 #[test]
 fn the_plan_counts_a_training_set_on_the_device() {
     let small = [
@@ -239,15 +240,20 @@ fn the_plan_counts_a_training_set_on_the_device() {
         DataPlan {
             samples: Some(4000),
             bytes,
-            on_device: true
+            on_device: true,
+            validation_samples: Some(1000),
+            validation_bytes: zgrad::validation_data_bytes(1000, 18, 64, 4),
+            validation_on_device: true,
         }
     );
     assert!(!host.data.on_device && auto.data.on_device, "{auto:?}");
+    // Both sets on the device (and the final evaluation's logits of the training set).
+    let both = bytes + dev.data.validation_bytes;
     for (h, d) in host.plan.schedules.iter().zip(&dev.plan.schedules) {
         let grown = d.peak.get(AllocClass::Persistent) - h.peak.get(AllocClass::Persistent);
         assert!(
-            grown >= bytes && grown < bytes + bytes / 20,
-            "{:?}: persistent grew by {grown} for {bytes}",
+            grown >= both && grown < both + both / 10,
+            "{:?}: persistent grew by {grown} for {both}",
             d.schedule
         );
     }
@@ -264,32 +270,88 @@ fn the_plan_counts_a_training_set_on_the_device() {
             .join("\n")
             .contains("training set on the host: 4000 samples")
     );
+}
 
-    // The run: the set on the device, three queued steps, on the accounting device.
-    let o = with(&["--data-on", "device"]);
+/// The arena diagnostics of ztrain's own run of `args` (`run::train`: the sets placed as
+/// `--data-on` says, the epochs of steps with their short last batch, the validation pass
+/// every epoch, the final evaluation of the training set), on the accounting device with
+/// the arena sized from the run's plan as `ztrain` sizes it.
+fn ztrain_run(args: &[&str]) -> zmem::Diagnostics {
+    let o = options(args);
     let config = o.config().expect("config");
-    let engine = sized_engine(o.arena.engine_config().expect("engine"), &config, 1).expect("sized");
+    let engine = o.arena.engine_config().expect("engine");
+    let (engine, planned) = sized_engine_and_plan(engine, &config, 1).expect("sized");
     let b = engine
         .sim_driver(SimDriver::new(SimConfig::accounting(DEVICE)))
         .expect("engine opens");
-    let model = XAsset::zeroed(&b, config.model).expect("model");
-    let mut trainer = Trainer::new(b.clone(), model, trainer_config(&config, 3)).expect("trainer");
-    trainer
-        .load_data(&vec![0.0; 4000 * 18], &vec![0.0; 4000], 4000)
-        .expect("load");
-    let rows: Vec<usize> = (0..64).map(|i| i * 61 % 4000).collect();
-    for _ in 0..3 {
-        trainer.queue_rows(&rows, 32).expect("step");
+    let estimate = crate::budget::Estimate::of(&config).expect("estimate");
+    let room = crate::run::device_room(&engine, planned.as_ref(), &estimate, DEVICE);
+    let stop = crate::signals::StopSignal::never();
+    let ctx = crate::run::Context {
+        options: &o,
+        world: 1,
+        rank: 0,
+        config: &config,
+        backend_name: "sim",
+        description: "the accounting device",
+        show_bar: false,
+        stop: &stop,
+        room: Some(room),
+    };
+    let mut out = Vec::new();
+    crate::run::train(b.clone(), None, &ctx, &mut Console::new(&mut out)).expect("the run");
+    let d = b.arena().diagnostics();
+    assert_eq!(d.overflow.calls, 0, "{d}");
+    d
+}
+
+/// Issue 21's "the plan within 5% of the run": `ztrain --plan` against ztrain's own run of
+/// the same options (two epochs of the default model, batch 256), every class, all classes
+/// together and the arena, within 5%: the training set on the device or the host (pinned
+/// batches through two landing buffers), the validation set on the device (captured chunks
+/// with `--capture`) or the host, both schedules, L = 1 and 3. Before the plan counted the
+/// evaluations, the sets and the run's arena sizing it missed the validation pass's scratch
+/// and graph memory and planned on zmem's fixed 64 MiB segments (see the commit).
+#[rstest::rstest]
+#[case::device_eager(&[])]
+#[case::device_captured(&["--capture"])]
+#[case::host_eager(&["--data-on", "host"])]
+#[case::host_captured(&["--data-on", "host", "--capture"])]
+#[case::three_blocks_captured(&["--layers", "3", "--capture"])]
+#[case::per_sample(&["--schedule", "per-sample", "--samples", "640", "--batch", "32"])]
+#[case::per_sample_captured(&["--schedule", "per-sample", "--capture", "--samples", "640", "--batch", "32"])]
+fn the_plan_is_within_5_percent_of_ztrain_s_own_run(#[case] extra: &[&str]) {
+    let mut args = vec!["--samples", "5000", "--epochs", "2", "--sim-memory", "80G"];
+    args.extend_from_slice(extra);
+    let report = make(&options(&args)).expect("plan");
+    let config = options(&args).config().expect("config");
+    let planned = report.plan.schedule(config.schedule).expect("planned");
+    let real = ztrain_run(&args);
+    let mut off = Vec::new();
+    let mut check = |what: String, p: u64, r: u64| {
+        let says = format!("{extra:?} {what}: plan {p} run {r}");
+        record(&says);
+        if p.abs_diff(r) as f64 > 0.05 * r as f64 {
+            off.push(says);
+        }
+    };
+    for class in AllocClass::ALL {
+        let (p, r) = (planned.peak.get(class), real.peak_bytes_by_class.get(class));
+        check(class.to_string(), p, r);
     }
-    trainer.drain().expect("read back");
-    let real = b.arena().diagnostics().peak_bytes_by_class;
-    let planned = dev.plan.schedule(config.schedule).expect("planned").peak;
-    for class in [
-        AllocClass::Persistent,
-        AllocClass::Saved,
-        AllocClass::Scratch,
-    ] {
-        let (p, r) = (planned.get(class) as f64, real.get(class) as f64);
-        assert!((p - r).abs() <= 0.05 * r, "{class}: plan {p} vs run {r}");
-    }
+    check(
+        "all classes".into(),
+        planned.peak.total(),
+        real.peak_bytes_by_class.total(),
+    );
+    check("arena".into(), planned.arena_bytes, real.capacity);
+    assert!(off.is_empty(), "beyond 5%: {off:#?}\n{report:?}");
+}
+
+#[allow(
+    clippy::print_stderr,
+    reason = "every class's plan and run, for `--nocapture` (the coordinator's record)"
+)]
+fn record(line: &str) {
+    eprintln!("{line}");
 }

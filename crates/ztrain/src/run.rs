@@ -220,20 +220,31 @@ fn open_backend(
     if options.device == DeviceChoice::Auto && matches!(opened.backend, AnyBackend::Cpu(_)) {
         estimate.check_host(estimate.device()?)?;
     }
-    // Device memory the training set may take: the arena's cap less the run's plan (its
-    // arena; the estimate where the run was not planned).
-    let room = opened.backend.device_memory().map(|total| DeviceRoom {
+    let room = opened
+        .backend
+        .device_memory()
+        .map(|total| device_room(&engine, planned.as_ref(), &estimate, total));
+    Ok((opened, room))
+}
+
+/// Device memory the data sets may take on a device of `total` bytes: the arena's cap less
+/// the run's plan (its arena; the estimate where the run was not planned).
+pub(crate) fn device_room(
+    engine: &zcompute::EngineConfig,
+    planned: Option<&zgrad::SchedulePlan>,
+    estimate: &Estimate,
+    total: u64,
+) -> DeviceRoom {
+    DeviceRoom {
         cap: engine
             .arena_config(total)
             .ok()
             .and_then(|a| a.cap_bytes)
             .unwrap_or(total / 4 * 3),
         plan: planned
-            .as_ref()
             .map(|p| p.arena_bytes)
             .unwrap_or_else(|| estimate.device().unwrap_or(u64::MAX)),
-    });
-    Ok((opened, room))
+    }
 }
 
 /// What a run's training loop reads.
@@ -288,7 +299,7 @@ fn checkpoint_limit(params: u64, n_train: usize) -> u64 {
         .saturating_add(1 << 20)
 }
 
-fn train<B: TrainBackend + MemorySource>(
+pub(crate) fn train<B: TrainBackend + MemorySource>(
     b: B,
     comm: Option<Rc<dyn Collective<B, f32>>>,
     ctx: &Context<'_>,
@@ -332,6 +343,7 @@ fn train<B: TrainBackend + MemorySource>(
         ));
     }
     let feed = feed_of(&mut learner, &train_set, ctx, out)?;
+    validation_of(&mut learner, &val_set, &train_set, &feed, ctx, out)?;
     let mut run = Epochs {
         b: &b,
         learner,
@@ -410,6 +422,37 @@ fn feed_of<B: TrainBackend>(
         ctx.config.batch,
         every,
     )?)
+}
+
+/// Puts the validation set on the device when it fits beside the training set
+/// (`placement::validation_on_device`), said in one line; else it is evaluated from the host.
+fn validation_of<B: TrainBackend>(
+    learner: &mut Trainer<B>,
+    val_set: &Dataset,
+    train_set: &Dataset,
+    feed: &Feed<B>,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
+) -> Result<()> {
+    if val_set.is_empty() {
+        return Ok(());
+    }
+    let per = val_set.sample_width();
+    let taken = match feed {
+        Feed::Device { .. } => zgrad::device_data_bytes(train_set.len(), per, 4),
+        Feed::Host { .. } => 0,
+    };
+    let chunk = learner.config().eval_batch;
+    let bytes = zgrad::validation_data_bytes(val_set.len(), per, chunk, 4);
+    if placement::validation_on_device(ctx.options.data_on, ctx.room, taken, bytes) {
+        learner.load_validation(&val_set.x, &val_set.y, val_set.len())?;
+        out.line(&format!(
+            "ztrain: validation set on the device ({}; evaluated in chunks of {chunk}{}, read back once an epoch)",
+            Bytes(bytes),
+            if ctx.config.capture { ", captured" } else { "" }
+        ));
+    }
+    Ok(())
 }
 
 /// Says a rank's failure at once (tearing the rank down after a dead peer may wait on the
@@ -529,7 +572,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         self.flush(&mut tally)?;
         let rate = bar.samples_per_second(self.progress.position);
         bar.finish();
-        let val = evaluate(&self.learner, self.val_set)?;
+        let val = evaluate(&mut self.learner, self.val_set)?;
         let line = epoch_line(
             self.progress.epoch + 1,
             epochs,
@@ -774,7 +817,7 @@ fn conclude<B: TrainBackend + MemorySource>(
     match end.ended {
         Ended::Finished => {
             // The final numbers: the whole training set in no-grad mode, like the validation set.
-            let e = feed.evaluate_train(learner, train_set, ctx.world)?;
+            let e = feed.evaluate_train(learner, train_set)?;
             let train_final = Some(Tally::of(e.samples, e.loss, e.accuracy));
             finish(b, learner, ctx, out, end, train_final, validation)
         }
@@ -804,14 +847,19 @@ fn conclude<B: TrainBackend + MemorySource>(
     }
 }
 
-/// Loss and accuracy over `data` in no-grad mode (`None` for an empty set).
+/// Loss and accuracy over `data` in no-grad mode (`None` for an empty set): on the device when
+/// the validation set was put there (`validation_of`), else from the host.
 pub(crate) fn evaluate<B: TrainBackend>(
-    learner: &Trainer<B>,
+    learner: &mut Trainer<B>,
     data: &Dataset,
 ) -> Result<Option<Tally>> {
     if data.is_empty() {
         return Ok(None);
     }
-    let e = learner.evaluate(&data.x, &data.y)?;
+    let e = if learner.validation_rows().is_some() {
+        learner.evaluate_validation()?
+    } else {
+        learner.evaluate(&data.x, &data.y)?
+    };
     Ok(Some(Tally::of(e.samples, e.loss, e.accuracy)))
 }

@@ -5,17 +5,13 @@
 //! data-order generator, so a resumed run gathers exactly the rows the host path would have
 //! copied, and the losses are bitwise those of `train_batch` on the same rows.
 //!
-//! Evaluation of a resident data set runs on the device too: the logits of every chunk land in
-//! one device buffer, read back once, and the loss and accuracy are summed on the host in the
-//! order `evaluate` sums them (bitwise the same report).
+//! Evaluation of a resident data set runs on the device too (`eval_device.rs`).
 
+use super::Trainer;
 use super::source::Source;
-use super::{EvalReport, Trainer, in_step};
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
-use crate::tape::Tape;
-use crate::var::Var;
 use std::ops::Range;
 use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
@@ -46,6 +42,8 @@ pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     pub(super) y: BTensor<B, T>,
     pub(super) index: BTensor<B, T>,
     pub(super) sample: Vec<usize>,
+    /// The labels on the host too: an evaluation sums them there (`evaluate_loaded`).
+    pub(super) labels: Vec<T>,
     /// Host staging of the indices, reused from step to step.
     staging: Vec<T>,
 }
@@ -161,7 +159,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 max_device_rows::<T>()
             )));
         }
-        self.load_with(n, sample, |b, shape| {
+        self.load_with(n, sample, y.to_vec(), |b, shape| {
             Ok((b.upload(x, shape)?, b.upload(y, &shape[..1])?))
         })
     }
@@ -175,7 +173,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 max_device_rows::<T>()
             )));
         }
-        self.load_with(n, sample, |b, shape| {
+        self.load_with(n, sample, vec![T::ZERO; n], |b, shape| {
             Ok((b.zeros(shape)?, b.zeros(&shape[..1])?))
         })
     }
@@ -186,6 +184,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         &mut self,
         n: usize,
         sample: Vec<usize>,
+        labels: Vec<T>,
         make: impl FnOnce(&B, &[usize]) -> Result<(BTensor<B, T>, BTensor<B, T>)>,
     ) -> Result<()> {
         // The old one (and the graphs reading it) go first, so the two never hold memory
@@ -201,6 +200,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             y,
             index: b.zeros(&[n])?,
             sample,
+            labels,
             staging: Vec::with_capacity(n),
         });
         Ok(())
@@ -210,39 +210,5 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     #[must_use]
     pub fn loaded_rows(&self) -> Option<usize> {
         self.data.as_ref().map(DeviceData::rows)
-    }
-
-    /// Mean loss and accuracy over the loaded data set, on the device: the logits of every
-    /// chunk of `eval_batch` samples into one device buffer, read back once; then exactly
-    /// `evaluate`'s sums, so the report is bitwise `evaluate`'s on the same values. Refuses
-    /// with `BadInput` before `load_data`.
-    pub fn evaluate_loaded(&self) -> Result<EvalReport> {
-        let Some(data) = self.data.as_ref() else {
-            return Err(GradError::BadInput(
-                "evaluate_loaded: no data set on the device (load_data first)".into(),
-            ));
-        };
-        let b = &*self.backend;
-        let n = data.rows();
-        let chunk = self.config.eval_batch.max(1);
-        let logits = {
-            let _class = ClassGuard::new(b, AllocClass::Persistent);
-            b.zeros(&[n])?
-        };
-        for start in (0..n).step_by(chunk) {
-            let len = chunk.min(n - start);
-            in_step(b, || {
-                let xs = Var::constant(data.x.narrow(0, start, len)?);
-                let tape = Tape::no_grad(b);
-                let out = self.parts.model.logits(&tape, &xs)?;
-                b.copy_into(
-                    &out.value().reshape(&[len])?,
-                    &logits.narrow(0, start, len)?,
-                )?;
-                Ok(())
-            })?;
-        }
-        let (logits, y) = (b.download(&logits)?, b.download(&data.y)?);
-        Ok(super::eval::report_of(&logits, &y))
     }
 }

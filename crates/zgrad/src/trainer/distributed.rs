@@ -357,8 +357,21 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         } else {
             self.predict(&x[rows.start * per..rows.end * per], rows.len())?
         };
+        self.all_reduce_report(&logits, &y[rows], n)
+    }
+
+    /// `evaluate`'s report in data parallel: this rank's loss and correct count over its
+    /// `logits` against `labels`, summed in sample order in `f64`, all-reduced over the ranks
+    /// and divided by the set's `total` samples (the host and the device evaluation alike).
+    pub(super) fn all_reduce_report(
+        &self,
+        logits: &[T],
+        labels: &[T],
+        total: usize,
+    ) -> Result<EvalReport> {
+        let dist = &self.parts.dist;
         let (mut loss, mut correct) = (0.0, 0.0);
-        for (&l, &t) in logits.iter().zip(&y[rows]) {
+        for (&l, &t) in logits.iter().zip(labels) {
             let (l, t) = (l.to_f64(), t.to_f64());
             loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
             if (l > 0.0) == (t > 0.5) {
@@ -370,11 +383,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         dist.comm.all_reduce_sum(b, &sums, self.step())?;
         dist.comm.synchronize(b)?;
         let s = b.download(&sums)?;
-        let denom = n.max(1) as f64;
+        let denom = total.max(1) as f64;
         Ok(EvalReport {
             loss: s[0].to_f64() / denom,
             accuracy: s[1].to_f64() / denom,
-            samples: n,
+            samples: total,
         })
     }
 }

@@ -16,6 +16,7 @@ mod checks;
 mod device_data;
 mod distributed;
 mod eval;
+mod eval_device;
 mod per_sample;
 mod phases;
 mod queued;
@@ -38,6 +39,7 @@ use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
 pub use eval::EvalReport;
+pub use eval_device::validation_data_bytes;
 pub use phases::HostPhases;
 pub use resident::ReplayMark;
 pub use source::PinnedBatch;
@@ -128,6 +130,8 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     graphs: captured::Graphs<B, T>,
     /// The data set on the device (`load_data`), and the steps queued on it.
     data: Option<device_data::DeviceData<B, T>>,
+    /// The validation set on the device (`load_validation`) and its chunk graphs.
+    validation: Option<eval_device::EvalSet<B, T>>,
     window: queued::Window<B, T>,
     /// The landing buffers of `queue_pinned`'s copy stream, made at its first call.
     staging: Option<staging::Staging<B, T>>,
@@ -181,6 +185,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             config,
             graphs: captured::Graphs::default(),
             data: None,
+            validation: None,
             window: queued::Window::default(),
             staging: None,
             phases: HostPhases::default(),

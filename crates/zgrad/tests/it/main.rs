@@ -28,8 +28,9 @@ mod optim;
 mod oracle;
 /// The trainer in both schedules, eager and captured: on a host backend, over flat parameter
 /// buffers, from pinned memory, per sample over a device-resident batch, replayed on a
-/// resident batch, and through failing optimiser steps.
+/// resident batch, through failing optimiser steps, and evaluating on the device.
 mod trainer {
+    mod eval_device;
     mod flat_params;
     mod on_host;
     mod per_sample;

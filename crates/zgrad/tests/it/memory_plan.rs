@@ -202,6 +202,155 @@ fn a_plan_of_a_resident_training_set_equals_the_run(
     );
 }
 
+/// Where a run's sets live and how its steps are fed, for the plan-with-evaluations tests.
+#[derive(Clone, Copy, Debug)]
+enum Feed {
+    /// `train_batch` from host slices.
+    Slices,
+    /// `queue_pinned` from two pinned batches in turn (ztrain's host path).
+    Pinned,
+    /// `queue_rows` on the training set uploaded once.
+    Resident,
+}
+
+/// The run a plan with evaluations predicts, computing: the sets loaded where `req` says,
+/// `req.steps` steps fed as `feed` says, the validation set evaluated twice, the training set
+/// once; its arena's peaks, segments and capture bytes.
+fn real_run_with_evaluations<D: Driver>(
+    device: Device<D>,
+    req: &PlanRequest,
+    schedule: TrainSchedule,
+    feed: Feed,
+) -> SchedulePlan {
+    let arena = Arena::new(device, req.arena.clone()).expect("arena");
+    let backend = CudaBackend::new(arena.clone()).expect("backend");
+    backend.set_poison(true);
+    let model = XAsset::init(&backend, req.model, 7).expect("model");
+    let config = TrainerConfig {
+        schedule,
+        ..req.trainer
+    };
+    let mut trainer = Trainer::new(backend.clone(), model, config).expect("trainer");
+    let m = req.model;
+    let per = m.scales * m.features;
+    let mut rng = SplitMix64::new(13);
+    let mut set = |n: usize| -> (Vec<f32>, Vec<f32>) {
+        let x = rng.uniform_vec(n * per, -1.0, 1.0);
+        let y = (0..n).map(|i| (i % 2) as f32).collect();
+        (x.into_iter().map(|v| v as f32).collect(), y)
+    };
+    let (x, y) = set(req.train_eval_rows);
+    let (vx, vy) = set(req.validation_rows);
+    if let Feed::Resident = feed {
+        trainer.load_data(&x, &y, x.len() / per).expect("load");
+    }
+    if req.validation_on_device {
+        trainer
+            .load_validation(&vx, &vy, vy.len())
+            .expect("validation set");
+    }
+    let mut captured = req.trainer.capture;
+    let rows: Vec<usize> = (0..req.batch).map(|i| (i * 7) % y.len()).collect();
+    let (bx, by): (Vec<f32>, Vec<f32>) = (
+        rows.iter()
+            .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
+            .collect(),
+        rows.iter().map(|&r| y[r]).collect(),
+    );
+    let pinned = [0, 1].map(|_| {
+        let mut p =
+            zgrad::PinnedBatch::new(&backend, req.batch, m.scales, m.features).expect("pinned");
+        p.fill(|px, py| {
+            px.copy_from_slice(&bx);
+            py.copy_from_slice(&by);
+        })
+        .expect("fill");
+        p
+    });
+    for k in 0..req.steps {
+        let reports = match feed {
+            Feed::Resident => trainer.queue_rows(&rows, 1),
+            Feed::Pinned if schedule == TrainSchedule::Batched => {
+                trainer.queue_pinned(&pinned[(k % 2) as usize], req.batch, 1)
+            }
+            _ => trainer.train_batch(&bx, &by, req.batch).map(|r| vec![r]),
+        };
+        for r in reports.expect("step") {
+            captured &= r.captured;
+        }
+    }
+    for r in trainer.drain().expect("drained") {
+        captured &= r.captured;
+    }
+    for _ in 0..2 {
+        if req.validation_on_device {
+            trainer
+                .evaluate_validation()
+                .expect("validation on the device");
+        } else {
+            trainer
+                .evaluate(&vx, &vy)
+                .expect("validation from the host");
+        }
+    }
+    match feed {
+        Feed::Resident => trainer
+            .evaluate_loaded()
+            .expect("training set on the device"),
+        _ => trainer
+            .evaluate(&x, &y)
+            .expect("training set from the host"),
+    };
+    let d = arena.diagnostics();
+    assert_eq!(d.overflow.calls, 0, "the real run overflowed: {d}");
+    SchedulePlan {
+        schedule,
+        captured,
+        peak: d.peak_bytes_by_class,
+        arena_bytes: d.capacity,
+        capture_reserved_bytes: d.capture.reserved,
+    }
+}
+
+/// The plan counts what a run evaluates (issue 21, "the plan within 5% of the run"): the
+/// validation set held on the device and its pass (captured chunks when capture is on) or
+/// its chunks from the host, the final evaluation of the training set, and the host path's
+/// two landing buffers; its per-class peaks, arena and capture bytes equal the computing
+/// simulator's run exactly. (Without the evaluations the plan's scratch or graph peak was
+/// below the run's: see the commit.)
+#[rstest]
+fn a_plan_with_the_evaluations_equals_the_run(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+    #[values(Feed::Slices, Feed::Pinned, Feed::Resident)] feed: Feed,
+    #[values(false, true)] validation_on_device: bool,
+) {
+    let mut req = request(tiny(), 4, capture, small_arena());
+    req.trainer.eval_batch = 16;
+    req.train_eval_rows = 40;
+    req.validation_rows = 37;
+    req.validation_on_device = validation_on_device;
+    req.pinned = matches!(feed, Feed::Pinned);
+    if let Feed::Resident = feed {
+        req.resident_rows = 40;
+    }
+    let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+    let real = real_run_with_evaluations(computing_sim(), &req, schedule, feed);
+    assert_eq!(planned, real, "plan vs real run ({feed:?})");
+    if validation_on_device {
+        let data = zgrad::validation_data_bytes(37, tiny().scales * tiny().features, 16, 4);
+        let mut without = req.clone();
+        without.validation_on_device = false;
+        let host = zgrad::plan::plan_schedule(&without, schedule).expect("plan");
+        let grown =
+            planned.peak.get(AllocClass::Persistent) - host.peak.get(AllocClass::Persistent);
+        assert!(
+            grown >= data && grown < data + data / 4,
+            "persistent grew by {grown} for {data}"
+        );
+    }
+}
+
 #[test]
 fn plan_refuses_a_bad_request_by_name() {
     let mut req = request(tiny(), 0, false, small_arena());
@@ -358,6 +507,43 @@ mod gpu {
             assert!(within_2_percent(p, r), "{class}: plan {p} vs real {r}");
         }
         assert!(within_2_percent(planned.arena_bytes, real.arena_bytes));
+    }
+
+    /// Issue 21: the plan with the run's evaluations (the validation set on the device, its
+    /// pass twice; the training set evaluated once) against the same run on CUDA device 0, the
+    /// default model at batch 256, fed from pinned batches or the resident set: every class
+    /// and the arena within 5% (the simulated twin, exact:
+    /// `a_plan_with_the_evaluations_equals_the_run`).
+    #[rstest]
+    fn gpu_plan_with_the_evaluations_matches_the_real_run(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+        #[values(false, true)] capture: bool,
+        #[values(Feed::Pinned, Feed::Resident)] feed: Feed,
+    ) {
+        let _one_at_a_time = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut req = request(
+            XAssetConfig::default(),
+            256,
+            capture,
+            ArenaConfig::default(),
+        );
+        req.train_eval_rows = 2048;
+        req.validation_rows = 1000;
+        req.validation_on_device = true;
+        req.pinned = matches!(feed, Feed::Pinned);
+        if let Feed::Resident = feed {
+            req.resident_rows = 2048;
+        }
+        let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+        let real = real_run_with_evaluations(cuda_device(), &req, schedule, feed);
+        assert_eq!(planned.captured, real.captured);
+        let within_5_percent = |p: u64, r: u64| p.abs_diff(r) as f64 <= 0.05 * r.max(1) as f64;
+        for class in AllocClass::ALL {
+            let (p, r) = (planned.peak.get(class), real.peak.get(class));
+            assert!(within_5_percent(p, r), "{class}: plan {p} vs real {r}");
+        }
+        let (p, r) = (planned.arena_bytes, real.arena_bytes);
+        assert!(within_5_percent(p, r), "arena: plan {p} vs real {r}");
     }
 
     /// Issue 19: the plan of a three-block model (default size, batch 256) against its real

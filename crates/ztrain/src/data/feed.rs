@@ -115,17 +115,17 @@ impl<B: TrainBackend> Feed<B> {
         learner.queued() == 0
     }
 
-    /// Loss and accuracy over the training set: on the device from the loaded copy for one
-    /// process (bitwise `evaluate`'s), else `evaluate` of the host copy.
+    /// Loss and accuracy over the training set: on the device from the loaded copy, with no
+    /// second upload (bitwise `evaluate`'s; each rank its shard in data parallel), else
+    /// `evaluate` of the host copy.
     pub fn evaluate_train(
         &self,
         learner: &Trainer<B>,
         train_set: &Dataset,
-        world: usize,
     ) -> zgrad::Result<zgrad::EvalReport> {
         match self {
-            Feed::Device { .. } if world == 1 => learner.evaluate_loaded(),
-            _ => learner.evaluate(&train_set.x, &train_set.y),
+            Feed::Device { .. } => learner.evaluate_loaded(),
+            Feed::Host { .. } => learner.evaluate(&train_set.x, &train_set.y),
         }
     }
 }

@@ -71,6 +71,26 @@ pub fn on_device(
     }
 }
 
+/// Whether the validation set goes on the device too (uploaded once, evaluated there in
+/// captured chunks, read back once an epoch): under `auto` and `device` when its `bytes` fit
+/// the room left beside the training set (`taken`: the training set's device bytes, 0 when it
+/// stays on the host); always on the CPU backend's "device" under `device` (host memory).
+/// Never an error: a validation set that does not fit is evaluated from the host.
+#[must_use]
+pub fn validation_on_device(
+    choice: DataOn,
+    room: Option<DeviceRoom>,
+    taken: u64,
+    bytes: u64,
+) -> bool {
+    match (choice, room) {
+        (DataOn::Host, _) => false,
+        (DataOn::Device, None) => true,
+        (DataOn::Auto, None) => false,
+        (_, Some(r)) => bytes <= r.free().saturating_sub(taken),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +115,23 @@ mod tests {
         #[case] want: bool,
     ) {
         assert_eq!(on_device(choice, room, bytes, 10, 100).unwrap(), want);
+    }
+
+    #[rstest]
+    #[case(DataOn::Auto, Some(ROOM), 300, 200, true)]
+    #[case(DataOn::Auto, Some(ROOM), 300, 201, false)]
+    #[case(DataOn::Device, Some(ROOM), 500, 1, false)]
+    #[case(DataOn::Device, None, 0, 1 << 40, true)]
+    #[case(DataOn::Auto, None, 0, 1, false)]
+    #[case(DataOn::Host, Some(ROOM), 0, 1, false)]
+    fn the_validation_set_takes_the_room_the_training_set_leaves(
+        #[case] choice: DataOn,
+        #[case] room: Option<DeviceRoom>,
+        #[case] taken: u64,
+        #[case] bytes: u64,
+        #[case] want: bool,
+    ) {
+        assert_eq!(validation_on_device(choice, room, taken, bytes), want);
     }
 
     #[test]

@@ -139,7 +139,8 @@ fn gpu_per_sample_soak_is_flat_after_warm_up() {
 }
 
 /// The training set on the GPU (rows gathered in the captured step, read back every 3 steps)
-/// against the host path: the same losses and final checkpoint, bit for bit.
+/// and the validation set there too (captured chunks, one read-back an epoch) against the host
+/// path: the same losses, validation numbers and final checkpoint, bit for bit.
 #[test]
 fn gpu_data_on_device_equals_host() {
     for extra in [

@@ -78,11 +78,23 @@ fn train_with(
     let seed = 7 + comm.as_ref().map_or(0, |c| c.info().rank as u64);
     let model = XAsset::init(b, CFG, seed).unwrap();
     let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
+    // A validation set loaded before the job's ranks are known is all of it on every rank:
+    // refused once they are, not evaluated as if it were a shard.
+    let (vx, vy) = data(98, 5);
+    t.load_validation(&vx, &vy, 5).unwrap();
     if let Some(c) = comm {
+        let world = c.info().world;
         t = t
             .with_collective(Rc::new(c))
             .and_then(|t| t.with_grad_sync(sync))
             .unwrap();
+        match t.evaluate_validation() {
+            Err(zgrad::GradError::BadInput(m)) if world > 1 => {
+                assert!(m.contains("load_validation after with_collective"), "{m}");
+            }
+            Ok(_) if world == 1 => {}
+            other => panic!("{world} ranks: {other:?}"),
+        }
     }
     let grads = |t: &Trainer<CudaBackend<SimDriver>>| -> Vec<Vec<f32>> {
         t.model()
@@ -121,6 +133,15 @@ fn train_with(
     let (x, y) = data(99, 11);
     let e = t.evaluate(&x, &y).unwrap();
     seen.eval = (e.loss, e.accuracy);
+    // The same set evaluated on the device (issue 21 item 3), as a validation set and as the
+    // resident training set: each rank its shard, the same all-reduced sums, bit for bit.
+    let want = (e.loss.to_bits(), e.accuracy.to_bits(), e.samples);
+    t.load_validation(&x, &y, 11).unwrap();
+    let v = t.evaluate_validation().unwrap();
+    assert_eq!((v.loss.to_bits(), v.accuracy.to_bits(), v.samples), want);
+    t.load_data(&x, &y, 11).unwrap();
+    let l = t.evaluate_loaded().unwrap();
+    assert_eq!((l.loss.to_bits(), l.accuracy.to_bits(), l.samples), want);
     seen
 }
 

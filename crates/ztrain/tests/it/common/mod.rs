@@ -134,8 +134,10 @@ pub fn resume_matches_uninterrupted(extra: &[&str], stop: &str) {
 }
 
 /// The tiny run with `extra` options, its training set on the host and on the device (read
-/// back every 3 steps): the same epoch losses and accuracies printed, and the same final
-/// checkpoint (parameters, optimiser state, progress), bit for bit.
+/// back every 3 steps; the validation set on the device too, evaluated there in captured
+/// chunks with `--capture`): the same epoch losses and accuracies printed (validation's
+/// included), and the same final checkpoint (parameters, optimiser state, progress), bit for
+/// bit.
 pub fn data_on_device_matches_host(extra: &[&str]) {
     let dir = tempfile::tempdir().expect("tempdir");
     let run = |name: &str, place: &[&str]| {
@@ -169,6 +171,8 @@ pub fn data_on_device_matches_host(extra: &[&str]) {
     );
     assert!(out_h.contains("training set on the host"), "{out_h}");
     assert!(out_d.contains("training set on the device"), "{out_d}");
+    assert!(out_d.contains("validation set on the device"), "{out_d}");
+    assert!(!out_h.contains("validation set on the device"), "{out_h}");
     assert!(!host.is_empty());
     assert_eq!(device, host);
     assert_eq!(ck_d.progress, ck_h.progress);

@@ -1,0 +1,368 @@
+//! Evaluation on the device (issue 21 item 3): a validation set uploaded once
+//! ([`Trainer::load_validation`]) and evaluated every epoch with nothing moved per chunk, and
+//! the resident training set evaluated where it lies ([`Trainer::evaluate_loaded`]).
+//!
+//! A pass walks the set in chunks of `eval_batch` samples, the chunk shapes `evaluate` uses
+//! (full chunks, then the last, shorter one), so every logit is bitwise `evaluate`'s. Each
+//! group of equal chunks has a device cursor: one chunk's work copies row `cursor` of the
+//! chunked features (`[chunks, chunk · sample]`) into the group's input, runs the model in
+//! no-grad mode and scatters the logits into row `cursor` of the pass's logits buffer,
+//! advancing the cursor. So the same work, captured once per chunk shape, replays chunk after
+//! chunk reading its offset from device memory; eagerly (capture off, or its capture failed)
+//! it is the same body. The logits of the whole pass come back in one download, and the loss
+//! and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
+//! host. In data parallel each rank holds and evaluates its shard of the set and the sums are
+//! all-reduced, as `evaluate` does from the host.
+
+use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
+use super::captured::{Runs, warn_fallback};
+use super::eval::{EvalReport, report_of};
+use super::{Trainer, in_step, shard};
+use crate::error::{GradError, Result};
+use crate::memory::ClassGuard;
+use crate::model::Model;
+use crate::tape::Tape;
+use crate::var::Var;
+use std::rc::Rc;
+use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+
+/// Device bytes a validation set of `n` samples of `per` values takes on one device, with
+/// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
+/// and the input of each chunk shape (a full chunk's and the last one's).
+#[must_use]
+pub fn validation_data_bytes(n: usize, per: usize, chunk: usize, elem_bytes: usize) -> u64 {
+    let chunk = chunk.max(1) as u64;
+    let (n, per) = (n as u64, per as u64);
+    let inputs = n.min(chunk) + if n > chunk { n % chunk } else { 0 };
+    let values = n
+        .saturating_mul(per + 1)
+        .saturating_add(inputs.saturating_mul(per));
+    values.saturating_mul(elem_bytes as u64)
+}
+
+/// Chunks of one shape: the features they read (`[chunks, len · sample]`), their input
+/// (`[len, ..sample]`), where their logits go (`[chunks, len]`) and the device cursor naming
+/// the chunk the next run works on; the graph once captured.
+struct ChunkGroup<B: Capture<T>, T: Element> {
+    io: ChunkIo<B, T>,
+    chunks: usize,
+    graph: Option<B::Graph>,
+    errors: ErrorSlot,
+}
+
+/// The tensors one chunk's work reads and writes (clones share them).
+struct ChunkIo<B: Ops<T>, T: Element> {
+    table: BTensor<B, T>,
+    input: BTensor<B, T>,
+    out: BTensor<B, T>,
+    cursor: BTensor<B, T>,
+}
+
+impl<B: Ops<T>, T: Element> Clone for ChunkIo<B, T> {
+    fn clone(&self) -> Self {
+        ChunkIo {
+            table: self.table.clone(),
+            input: self.input.clone(),
+            out: self.out.clone(),
+            cursor: self.cursor.clone(),
+        }
+    }
+}
+
+impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
+    /// One chunk: gather row `cursor`, the logits, scattered into row `cursor` (advancing it).
+    /// Legal inside a capture.
+    fn run<M: Model<B, T>>(&self, b: &B, model: &M) -> Result<()> {
+        b.gather_row(&self.table, &self.cursor, &self.input)?;
+        let tape = Tape::no_grad(b);
+        let logits = model.logits(&tape, &Var::constant(self.input.clone()))?;
+        let len = self.input.shape()[0];
+        b.scatter_row(
+            &logits.value().reshape(&[len])?,
+            &self.cursor,
+            &self.out,
+            true,
+        )?;
+        Ok(())
+    }
+}
+
+/// A set evaluated on the device: the rank's rows of it, their labels on the host, the
+/// pass's logits buffer and its chunk groups.
+pub(crate) struct EvalSet<B: Capture<T>, T: Element> {
+    labels: Vec<T>,
+    /// Samples of the whole set (every rank's).
+    total: usize,
+    /// The ranks it was sharded over (the shard is this rank's of so many).
+    world: usize,
+    logits: Option<BTensor<B, T>>,
+    groups: Vec<ChunkGroup<B, T>>,
+}
+
+impl<B: Capture<T>, T: Element> EvalSet<B, T> {
+    /// The set of features `x` (`[rows, ..sample]` on the device, this rank's rows) with
+    /// `labels`, in chunks of `chunk`: its logits buffer, inputs and cursors allocated
+    /// (persistent memory).
+    fn over(
+        b: &B,
+        x: Option<BTensor<B, T>>,
+        labels: Vec<T>,
+        (total, world): (usize, usize),
+        chunk: usize,
+    ) -> Result<Self> {
+        let Some(x) = x else {
+            return Ok(EvalSet {
+                labels,
+                total,
+                world,
+                logits: None,
+                groups: Vec::new(),
+            });
+        };
+        let _class = ClassGuard::new(b, AllocClass::Persistent);
+        let (rows, sample) = (x.shape()[0], x.shape()[1..].to_vec());
+        let per: usize = sample.iter().product();
+        let logits = b.zeros(&[rows])?;
+        let chunk = chunk.max(1);
+        let (full, tail) = (rows / chunk, rows % chunk);
+        let mut groups = Vec::new();
+        for (start, len, chunks) in [(0, chunk, full), (full * chunk, tail, 1)] {
+            if chunks == 0 || len == 0 {
+                continue;
+            }
+            let span = chunks * len;
+            let input_shape: Vec<usize> =
+                std::iter::once(len).chain(sample.iter().copied()).collect();
+            groups.push(ChunkGroup {
+                io: ChunkIo {
+                    table: x.narrow(0, start, span)?.reshape(&[chunks, len * per])?,
+                    input: b.zeros(&input_shape)?,
+                    out: logits.narrow(0, start, span)?.reshape(&[chunks, len])?,
+                    cursor: b.zeros(&[1])?,
+                },
+                chunks,
+                graph: None,
+                errors: ErrorSlot::default(),
+            });
+        }
+        Ok(EvalSet {
+            labels,
+            total,
+            world,
+            logits: Some(logits),
+            groups,
+        })
+    }
+
+    /// The captured chunk graphs (at most one per chunk shape).
+    pub(super) fn graphs(&self) -> impl Iterator<Item = &B::Graph> {
+        self.groups.iter().filter_map(|g| g.graph.as_ref())
+    }
+}
+
+impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
+    /// Uploads a validation set to the device once, for [`Trainer::evaluate_validation`]:
+    /// `x` `[n, ..sample shape]` row-major, `y` `n` labels (kept on the host too: the report
+    /// sums there). In data parallel each rank keeps only its shard (load it after
+    /// `with_collective`; `evaluate_validation` refuses a set sharded otherwise). Replaces a
+    /// set loaded before. Refuses with `BadInput` shapes `evaluate` would refuse and a
+    /// non-finite feature or label (naming the sample; the old set kept); out of device memory
+    /// is the backend's error, nothing loaded.
+    pub fn load_validation(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
+        let sample = self.shape_of(x, y, n)?;
+        let per = x.len() / n;
+        if let Some(bad) = (0..n).find(|&i| {
+            !y[i].to_f64().is_finite()
+                || x[i * per..(i + 1) * per]
+                    .iter()
+                    .any(|v| !v.to_f64().is_finite())
+        }) {
+            return Err(GradError::BadInput(format!(
+                "validation sample {bad} of {n}: a non-finite feature or label"
+            )));
+        }
+        let info = self.parts.dist.info();
+        let rows = shard(info.rank, info.world, n);
+        let labels = y[rows.clone()].to_vec();
+        self.load_validation_with(n, rows.len(), labels, sample, |b, shape| {
+            Ok(b.upload(&x[rows.start * per..rows.end * per], shape)?)
+        })
+    }
+
+    /// A validation set of `n` samples of `sample` holding zeros, made on the device with no
+    /// host copy of its features: what a memory plan counts ([`crate::plan`]).
+    pub(crate) fn load_validation_zeroed(&mut self, n: usize, sample: Vec<usize>) -> Result<()> {
+        let info = self.parts.dist.info();
+        let rows = shard(info.rank, info.world, n).len();
+        self.load_validation_with(n, rows, vec![T::ZERO; rows], sample, |b, shape| {
+            Ok(b.zeros(shape)?)
+        })
+    }
+
+    fn load_validation_with(
+        &mut self,
+        total: usize,
+        rows: usize,
+        labels: Vec<T>,
+        sample: Vec<usize>,
+        make: impl FnOnce(&B, &[usize]) -> Result<BTensor<B, T>>,
+    ) -> Result<()> {
+        // The old set (and its graphs) go first, so the two never hold memory together.
+        self.validation = None;
+        let b = &*self.backend;
+        let x = if rows == 0 {
+            None
+        } else {
+            let shape: Vec<usize> = std::iter::once(rows).chain(sample).collect();
+            let _class = ClassGuard::new(b, AllocClass::Persistent);
+            Some(make(b, &shape)?)
+        };
+        let world = self.parts.dist.info().world;
+        let set = EvalSet::over(b, x, labels, (total, world), self.config.eval_batch)?;
+        self.validation = Some(set);
+        Ok(())
+    }
+
+    /// Samples of the validation set on the device (`None` before `load_validation`; in data
+    /// parallel the whole set's, of which this rank holds its shard).
+    #[must_use]
+    pub fn validation_rows(&self) -> Option<usize> {
+        self.validation.as_ref().map(|v| v.total)
+    }
+
+    /// The captured chunk graphs of the validation pass (one per chunk shape once captured;
+    /// none eagerly): each `evaluate_validation` replays them.
+    pub fn validation_graphs(&self) -> impl Iterator<Item = &B::Graph> {
+        self.validation.iter().flat_map(EvalSet::graphs)
+    }
+
+    /// Mean loss and accuracy over the validation set on the device ([`Trainer::load_validation`]):
+    /// every chunk captured once per chunk shape and replayed (eagerly with capture off or
+    /// after a failed capture), the logits read back once; the report is bitwise `evaluate`'s
+    /// on the same values (in data parallel, `evaluate`'s all-reduced sums). Refuses with
+    /// `BadInput` before `load_validation`.
+    pub fn evaluate_validation(&mut self) -> Result<EvalReport> {
+        let Some(mut set) = self.validation.take() else {
+            return Err(GradError::BadInput(
+                "evaluate_validation: no validation set on the device (load_validation first)"
+                    .into(),
+            ));
+        };
+        if set.world != self.parts.dist.info().world {
+            let loaded = set.world;
+            self.validation = Some(set);
+            return Err(GradError::BadInput(format!(
+                "evaluate_validation: the set was sharded over {loaded} ranks and the job now has {} (load_validation after with_collective)",
+                self.parts.dist.info().world
+            )));
+        }
+        let capture = self.config.capture && !self.graphs.disabled;
+        let pass = self.eval_pass(&mut set, capture);
+        if let Ok((_, true)) = pass {
+            self.graphs.disabled = true;
+        }
+        let report = pass.and_then(|(l, _)| self.report_over(&l, &set.labels, set.total));
+        self.validation = Some(set);
+        report
+    }
+
+    /// The training set loaded by `load_data` evaluated where it lies: this rank's rows
+    /// (all of them in one process) in chunks of `eval_batch`, eagerly (it runs once, at the
+    /// end of a run: a capture would cost a recording and a graph's memory for one pass), the
+    /// logits read back once, the labels those kept on the host at load time. Bitwise
+    /// `evaluate`'s report on the same values (in data parallel, its all-reduced sums).
+    /// Refuses with `BadInput` before `load_data`.
+    pub fn evaluate_loaded(&self) -> Result<EvalReport> {
+        let Some(data) = self.data.as_ref() else {
+            return Err(GradError::BadInput(
+                "evaluate_loaded: no data set on the device (load_data first)".into(),
+            ));
+        };
+        let n = data.rows();
+        let info = self.parts.dist.info();
+        let rows = shard(info.rank, info.world, n);
+        let x = if rows.is_empty() {
+            None
+        } else {
+            Some(data.x.narrow(0, rows.start, rows.len())?)
+        };
+        let labels = data.labels[rows].to_vec();
+        let shards = (n, info.world);
+        let mut set = EvalSet::over(&*self.backend, x, labels, shards, self.config.eval_batch)?;
+        let (logits, _) = self.eval_pass(&mut set, false)?;
+        self.report_over(&logits, &set.labels, set.total)
+    }
+
+    /// One pass over `set`: every group's cursor reset, its chunks run (replayed, captured or
+    /// eager), the logits read back. Also whether a capture failed (the caller turns capture
+    /// off for the rest of the run, as the training steps do).
+    fn eval_pass(&self, set: &mut EvalSet<B, T>, capture: bool) -> Result<(Vec<T>, bool)> {
+        let Some(logits) = set.logits.clone() else {
+            return Ok((Vec::new(), false));
+        };
+        let b = &self.backend;
+        let mut failed = false;
+        for group in &mut set.groups {
+            b.fill(&group.io.cursor, T::ZERO)?;
+            for _ in 0..group.chunks {
+                let want = capture && !failed;
+                failed |= in_step(&**b, || eval_chunk(b, &self.parts, group, want))?;
+            }
+        }
+        Ok((b.download(&logits)?, failed))
+    }
+
+    /// The report of this rank's `logits` against `labels`, of a set of `total` samples:
+    /// `evaluate`'s sums, all-reduced in data parallel.
+    fn report_over(&self, logits: &[T], labels: &[T], total: usize) -> Result<EvalReport> {
+        if self.parts.dist.single() {
+            return Ok(report_of(logits, labels));
+        }
+        self.all_reduce_report(logits, labels, total)
+    }
+}
+
+/// Runs `group`'s next chunk: its graph replayed, or captured (capture on and none yet; the
+/// capture's one real run does the chunk), or the body eagerly. Whether a capture failed
+/// (then the chunk ran eagerly unless the failed capture's run had done it).
+fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
+    b: &Rc<B>,
+    parts: &StepParts<B, T, M>,
+    group: &mut ChunkGroup<B, T>,
+    capture: bool,
+) -> Result<bool> {
+    if let Some(graph) = group.graph.as_mut() {
+        b.replay(graph)
+            .map_err(|e| take_body_error(e, &group.errors))?;
+        return Ok(false);
+    }
+    if !capture {
+        group.io.run(&**b, &parts.model)?;
+        return Ok(false);
+    }
+    let runs = Runs::default();
+    let body = {
+        let (b, model, io) = (Rc::clone(b), parts.model.clone(), group.io.clone());
+        let (errors, runs) = (group.errors.clone(), runs.clone());
+        move || {
+            io.run(&*b, &model)
+                .map_err(|e| into_body_error(e, &errors))?;
+            runs.set(runs.get() + 1);
+            Ok(())
+        }
+    };
+    match b.capture(Box::new(body)) {
+        Ok(graph) => {
+            group.graph = Some(graph);
+            Ok(false)
+        }
+        Err(e) => {
+            let e = take_body_error(e, &group.errors);
+            warn_fallback("evaluation chunk", &e);
+            if runs.get() == 0 {
+                group.io.run(&**b, &parts.model)?;
+            }
+            Ok(true)
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Evaluation on the device (issue 21 item 3): a validation set uploaded once and evaluated in
+//! captured chunks read through a device cursor, and the resident training set evaluated where
+//! it lies; both read the logits back once per evaluation and report bitwise what `evaluate`
+//! reports from the host. On the simulated device (its op log counts the copies and captures)
+//! and on the CPU backend; `gpu`: CUDA device 0.
+
+use rstest::rstest;
+use zcompute::{Capture, CpuBackend, CudaBackend, Engine};
+use zdevice::SimDriver;
+use zgrad::rng::SplitMix64;
+use zgrad::{EvalReport, GradError, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+
+const SMALL: XAssetConfig = XAssetConfig {
+    features: 5,
+    scales: 3,
+    width: 8,
+    heads: 2,
+    ff: 16,
+    layers: 1,
+};
+
+/// `n` samples, labels 0 and 1.
+fn set(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = SplitMix64::new(seed);
+    let x = rng
+        .normal_vec(n * SMALL.scales * SMALL.features)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let y = (0..n)
+        .map(|_| f32::from(u8::from(rng.next_f64() > 0.5)))
+        .collect();
+    (x, y)
+}
+
+fn learner<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    schedule: TrainSchedule,
+    capture: bool,
+    eval_batch: usize,
+) -> Trainer<B> {
+    let model = XAsset::init(b, SMALL, 3).expect("model");
+    let config = TrainerConfig {
+        schedule,
+        capture,
+        eval_batch,
+        ..TrainerConfig::default()
+    };
+    Trainer::new(b.clone(), model, config).expect("trainer")
+}
+
+fn bits(r: &EvalReport) -> (u64, u64, usize) {
+    (r.loss.to_bits(), r.accuracy.to_bits(), r.samples)
+}
+
+/// Three epochs of two steps, each followed by both evaluations on the device against
+/// `evaluate` of the same values from the host: the same bits every time (the graphs read
+/// the parameters each epoch's steps changed).
+fn same_as_evaluate<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    schedule: TrainSchedule,
+    capture: bool,
+    n_val: usize,
+    eval_batch: usize,
+) {
+    let (x, y) = set(24, 31);
+    let (vx, vy) = set(n_val, 32);
+    let mut t = learner(b, schedule, capture, eval_batch);
+    t.load_data(&x, &y, 24).expect("training set");
+    t.load_validation(&vx, &vy, n_val).expect("validation set");
+    assert_eq!(t.validation_rows(), Some(n_val));
+    for epoch in 0..3 {
+        for rows in [[0, 5, 9, 11, 2, 23], [3, 3, 17, 8, 1, 20]] {
+            t.queue_rows(&rows, 1).expect("step");
+        }
+        t.drain().expect("drained");
+        let says =
+            format!("{schedule:?} capture {capture} n {n_val} chunk {eval_batch} epoch {epoch}");
+        let want = t.evaluate(&vx, &vy).expect("host evaluation");
+        assert_eq!(
+            bits(&t.evaluate_validation().expect("device")),
+            bits(&want),
+            "{says}"
+        );
+        let want = t.evaluate(&x, &y).expect("host evaluation");
+        assert_eq!(
+            bits(&t.evaluate_loaded().expect("device")),
+            bits(&want),
+            "{says}"
+        );
+    }
+}
+
+#[rstest]
+fn device_evaluation_equals_evaluate_bitwise_on_the_simulated_device(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+    #[values((23, 8), (16, 8), (5, 8), (1, 256))] sizes: (usize, usize),
+) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    b.set_poison(true);
+    same_as_evaluate(&b, schedule, capture, sizes.0, sizes.1);
+}
+
+#[rstest]
+fn device_evaluation_equals_evaluate_bitwise_on_the_cpu(#[values(false, true)] capture: bool) {
+    same_as_evaluate(&CpuBackend, TrainSchedule::Batched, capture, 23, 8);
+}
+
+/// How many of the simulated driver's calls named `call` (any of them) `f` made.
+fn calls<R>(b: &CudaBackend<SimDriver>, names: &[&str], f: impl FnOnce() -> R) -> (R, usize) {
+    let driver = b.device().driver();
+    driver.clear_op_log();
+    let out = f();
+    let n = driver
+        .op_log()
+        .iter()
+        .filter(|op| names.contains(&op.call))
+        .count();
+    (out, n)
+}
+
+const DOWNLOADS: [&str; 2] = ["cuMemcpyDtoHAsync_v2", "cuMemcpyDtoH_v2"];
+const UPLOADS: [&str; 2] = ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoD_v2"];
+
+/// One download per evaluation and no upload, however many chunks (23 samples in chunks of
+/// 4: five full chunks and one of 3), eager and captured; `evaluate` from the host makes one
+/// upload and one download per chunk. (`evaluate_loaded` read the logits and the labels
+/// back before: 2 downloads.)
+#[rstest]
+fn a_device_evaluation_reads_back_once_and_uploads_nothing(#[values(false, true)] capture: bool) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (vx, vy) = set(23, 33);
+    let mut t = learner(&b, TrainSchedule::Batched, capture, 4);
+    t.load_validation(&vx, &vy, 23).expect("validation set");
+    t.load_data(&vx, &vy, 23).expect("training set");
+    for epoch in 0..2 {
+        let (r, down) = calls(&b, &DOWNLOADS, || t.evaluate_validation().expect("device"));
+        assert_eq!((r.samples, down), (23, 1), "epoch {epoch}: downloads");
+        let (_, up) = calls(&b, &UPLOADS, || t.evaluate_validation().expect("device"));
+        assert_eq!(up, 0, "epoch {epoch}: uploads");
+        let (_, down) = calls(&b, &DOWNLOADS, || t.evaluate_loaded().expect("device"));
+        assert_eq!(down, 1, "epoch {epoch}: evaluate_loaded's downloads");
+    }
+    let (_, down) = calls(&b, &DOWNLOADS, || t.evaluate(&vx, &vy).expect("host"));
+    assert_eq!(down, 6, "the host path: one per chunk");
+}
+
+/// Captured once per chunk shape (a full chunk's and the last one's), then replayed: no
+/// capture after the first evaluation, every chunk a graph launch, the replays counted.
+#[test]
+fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (x, y) = set(24, 34);
+    let (vx, vy) = set(23, 35);
+    let mut t = learner(&b, TrainSchedule::Batched, true, 4);
+    t.load_data(&x, &y, 24).expect("training set");
+    t.load_validation(&vx, &vy, 23).expect("validation set");
+    let (_, captures) = calls(&b, &["cuStreamBeginCapture_v2"], || {
+        t.evaluate_validation().expect("first")
+    });
+    assert_eq!(captures, 2, "one capture per chunk shape");
+    assert_eq!(t.validation_graphs().count(), 2);
+    for epoch in 1..4 {
+        t.queue_rows(&[1, 2, 3, 4], 1).expect("step");
+        t.drain().expect("drained");
+        let (_, launched) = calls(&b, &["cuStreamBeginCapture_v2", "cuGraphLaunch"], || {
+            t.evaluate_validation().expect("again")
+        });
+        assert_eq!(
+            launched, 6,
+            "epoch {epoch}: six chunk graphs launched, none captured"
+        );
+    }
+    let mut replays: Vec<u64> = t.validation_graphs().map(|g| g.replays()).collect();
+    replays.sort_unstable();
+    // The last chunk: 3 replays; the five full ones: 4 the first time (the capture ran one),
+    // then 5 an epoch.
+    assert_eq!(replays, [3, 4 + 3 * 5]);
+}
+
+#[test]
+fn bad_validation_sets_are_refused_by_name_and_load_nothing() {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (mut vx, vy) = set(6, 36);
+    let mut t = learner(&b, TrainSchedule::Batched, true, 4);
+    let cause = |e: GradError| match e {
+        GradError::BadInput(m) => m,
+        other => panic!("{other:?}"),
+    };
+    assert!(cause(t.evaluate_validation().unwrap_err()).contains("load_validation first"));
+    assert!(matches!(
+        t.load_validation(&vx, &vy[..5], 6),
+        Err(GradError::BadInput(_))
+    ));
+    assert!(matches!(
+        t.load_validation(&vx[..vx.len() - 1], &vy, 6),
+        Err(GradError::BadInput(_))
+    ));
+    vx[4 * SMALL.scales * SMALL.features + 2] = f32::INFINITY;
+    let m = cause(t.load_validation(&vx, &vy, 6).unwrap_err());
+    assert!(m.contains("validation sample 4 of 6"), "{m}");
+    let mut bad_label = vy.clone();
+    bad_label[1] = f32::NAN;
+    vx[4 * SMALL.scales * SMALL.features + 2] = 0.5;
+    let m = cause(t.load_validation(&vx, &bad_label, 6).unwrap_err());
+    assert!(m.contains("validation sample 1 of 6"), "{m}");
+    assert_eq!(t.validation_rows(), None, "nothing loaded");
+    assert!(cause(t.evaluate_loaded().unwrap_err()).contains("load_data first"));
+}
+
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::*;
+
+    /// The simulated twin is `device_evaluation_equals_evaluate_bitwise_on_the_simulated_device`.
+    #[rstest]
+    fn gpu_device_evaluation_equals_evaluate_bitwise(
+        #[values(false, true)] capture: bool,
+        #[values((23, 8), (1000, 256))] sizes: (usize, usize),
+    ) {
+        let b = Engine::cuda(0).expect("CUDA device 0 opens");
+        same_as_evaluate(&b, TrainSchedule::Batched, capture, sizes.0, sizes.1);
+    }
+}
