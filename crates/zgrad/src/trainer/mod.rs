@@ -19,6 +19,7 @@ mod eval;
 mod per_sample;
 mod phases;
 mod queued;
+mod queued_samples;
 mod resident;
 mod source;
 mod staging;
