@@ -266,23 +266,20 @@ fn queued_per_sample_steps_read_nothing_back_between_drains(
 /// (steps 2 to 4 were skipped on the device), and training goes on from there as the per-step
 /// path does. Eager and captured, from the device data set and from pinned batches (the
 /// sample is found from the per-sample losses the window kept).
-#[rstest]
-fn a_non_finite_sample_is_named_by_its_step_and_its_window_skipped(
-    #[values(false, true)] capture: bool,
-    #[values(From::Device, From::Pinned)] from: From,
-) {
-    let b = Engine::sim(256 << 20).expect("simulated backend");
-    b.set_poison(true);
+fn non_finite_named<B>(b: &B, capture: bool, from: From)
+where
+    B: Capture<f32> + PinnedHost<f32> + Clone + 'static,
+{
     let (mut x, y) = data(33);
     let per = x.len() / N;
     let rows = steps();
     let bad_row = rows[1][5];
     x[bad_row * per + 2] = f32::NAN;
-    let mut host = learner(&b, capture);
+    let mut host = learner(b, capture);
     let (xs, ys) = rows_of(&x, &y, &rows[0]);
     host.train_batch(&xs, &ys, 8).expect("step 1");
-    let mut dev = learner(&b, capture);
-    let mut queue = Queue::new(&b, &mut dev, from, &x, &y);
+    let mut dev = learner(b, capture);
+    let mut queue = Queue::new(b, &mut dev, from, &x, &y);
     for r in &rows[..3] {
         let back = queue.step(&mut dev, &x, &y, r, 4).expect("queued");
         assert!(back.is_empty());
@@ -305,7 +302,7 @@ fn a_non_finite_sample_is_named_by_its_step_and_its_window_skipped(
     );
     assert_eq!(dev.step(), 1);
     assert_eq!(dev.queued(), 0);
-    assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
+    assert_eq!(param_bits(b, &dev), param_bits(b, &host));
     // Going on past the bad step (rows without the NaN) matches the per-step path again.
     let clean = &rows[2];
     let (xs, ys) = rows_of(&x, &y, clean);
@@ -316,5 +313,45 @@ fn a_non_finite_sample_is_named_by_its_step_and_its_window_skipped(
         got.iter().map(report_bits).collect::<Vec<_>>(),
         [report_bits(&want)]
     );
-    assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
+    assert_eq!(param_bits(b, &dev), param_bits(b, &host));
+}
+
+#[rstest]
+fn a_non_finite_sample_is_named_by_its_step_and_its_window_skipped(
+    #[values(false, true)] capture: bool,
+    #[values(From::Device, From::Pinned)] from: From,
+) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    b.set_poison(true);
+    non_finite_named(&b, capture, from);
+}
+
+/// The same on CUDA device 0: queued equals per-step bit for bit, and a non-finite sample is
+/// named by its step with the window skipped.
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::From;
+    use rstest::rstest;
+
+    fn gpu() -> zcompute::CudaBackend<zcompute::CudaDriver> {
+        let b = zcompute::Engine::cuda(0).expect("CUDA device 0 opens");
+        b.set_poison(true);
+        b
+    }
+
+    #[rstest]
+    fn queued_per_sample_steps_equal_the_per_step_path_on_the_gpu(
+        #[values(false, true)] capture: bool,
+        #[values(From::Device, From::Pinned)] from: From,
+    ) {
+        super::same_as_the_per_step_path(&gpu(), capture, from, 3);
+    }
+
+    #[rstest]
+    fn a_non_finite_sample_is_named_by_its_step_on_the_gpu(
+        #[values(false, true)] capture: bool,
+        #[values(From::Device, From::Pinned)] from: From,
+    ) {
+        super::non_finite_named(&gpu(), capture, from);
+    }
 }
