@@ -128,6 +128,10 @@ impl Record {
     }
 }
 
+/// A step whose update was queued: whether it ran captured, and the closing of its step scope
+/// (an error there comes after the update: `Applied::Yes`).
+pub(super) type Queued = (bool, Result<()>);
+
 /// A queued step the host has not read back yet.
 #[derive(Clone, Debug)]
 struct Pending {
@@ -446,11 +450,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             }
         };
         self.phases.launch += t0.elapsed();
-        pending.captured = captured?;
+        let (captured, closed) = captured?;
+        // The update is queued: counted and read back with the window even when closing its
+        // step scope failed (`closed`, `Applied::Yes`).
+        pending.captured = captured;
         pending.lr = lr;
         self.optim.commit();
         self.window.pending.push(pending);
-        Ok(())
+        closed
     }
 
     /// Reads the window back before a step of `batch` rows of samples `sample` is queued: when
@@ -489,7 +496,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         lr: f64,
         step: u64,
         every: usize,
-    ) -> Result<bool> {
+    ) -> Result<Queued> {
         let Rows::Pinned(src) = from else {
             let data = self.data.take().ok_or_else(no_data)?;
             let b = Rc::clone(&self.backend);
@@ -530,7 +537,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// Queues the step's body: replayed when a graph of this shape exists, captured when
-    /// capture is on and none exists yet, else run eagerly. Returns whether it was captured.
+    /// capture is on and none exists yet, else run eagerly.
     fn queue_step(
         &mut self,
         from: Rows<'_, B, T>,
@@ -539,7 +546,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         shape: &[usize],
         lr: f64,
         step: u64,
-    ) -> Result<bool> {
+    ) -> Result<Queued> {
         let b = Rc::clone(&self.backend);
         let want = self.config.capture && !self.graphs.disabled;
         let graph_shape = self.tracked_slot(from).as_ref().map(|g| g.shape.clone());
@@ -572,8 +579,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             }
         });
         let captured = queued?;
-        ended.map_err(|e| e.at_step(step, Applied::Yes))?;
-        Ok(captured)
+        Ok((captured, ended.map_err(|e| e.at_step(step, Applied::Yes))))
     }
 
     /// The body run eagerly on fresh inputs (saved class: the first product keeps `x`).

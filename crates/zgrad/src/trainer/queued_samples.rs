@@ -14,7 +14,7 @@
 //! `StepParts::reduce_samples`) and the report is that global sum.
 
 use super::body::StepParts;
-use super::queued::Track;
+use super::queued::{Queued, Track};
 use super::source::{Shard, Source};
 use super::{Trainer, checks, in_step_split};
 use crate::error::{Applied, Result};
@@ -84,9 +84,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// Queues per-sample step `step` on rows `local` of `src` (`shape`: `[local, ..sample]`),
-    /// its row in a window of `every` steps. Returns whether its samples ran captured. Errors
-    /// before the update leave the model as it was (the step is not counted); one inside the
-    /// update leaves it unknown (`Applied::Maybe`).
+    /// its row in a window of `every` steps. Returns whether its samples ran captured and the
+    /// closing of the tail's step scope. Errors before the update leave the model as it was
+    /// (the step is not counted); one inside the update leaves it unknown (`Applied::Maybe`).
     pub(super) fn queue_samples(
         &mut self,
         src: &dyn Source<B, T>,
@@ -95,7 +95,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         lr: f64,
         step: u64,
         every: usize,
-    ) -> Result<bool> {
+    ) -> Result<Queued> {
         let b = Rc::clone(&self.backend);
         let batch = local.len();
         self.sample_slots(&checks::one_sample(shape), batch)?;
@@ -129,7 +129,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             }
             return Err(e);
         }
-        ended.map_err(|e| e.at_step(step, Applied::Yes))?;
-        Ok(self.wants_graph())
+        Ok((
+            self.wants_graph(),
+            ended.map_err(|e| e.at_step(step, Applied::Yes)),
+        ))
     }
 }

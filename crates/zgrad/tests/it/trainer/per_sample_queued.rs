@@ -9,6 +9,7 @@
 
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine, PinnedHost};
+use zdevice::CuCode;
 use zdevice::sim::calls;
 use zgrad::rng::SplitMix64;
 use zgrad::{
@@ -40,9 +41,17 @@ fn data(seed: u64) -> (Vec<f32>, Vec<f32>) {
 }
 
 fn learner<B: Capture<f32> + Clone + 'static>(b: &B, capture: bool) -> Trainer<B> {
+    learner_of(b, TrainSchedule::PerSample, capture)
+}
+
+fn learner_of<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    schedule: TrainSchedule,
+    capture: bool,
+) -> Trainer<B> {
     let model = XAsset::init(b, SMALL, 3).expect("model");
     let config = TrainerConfig {
-        schedule: TrainSchedule::PerSample,
+        schedule,
         capture,
         clip_grad: Some(0.5),
         ..TrainerConfig::default()
@@ -324,6 +333,72 @@ fn a_non_finite_sample_is_named_by_its_step_and_its_window_skipped(
     let b = Engine::sim(256 << 20).expect("simulated backend");
     b.set_poison(true);
     non_finite_named(&b, capture, from);
+}
+
+/// Closing a queued step's scope (its last reclaim's poison memset) fails after its update
+/// was queued: the error says `Applied::Yes`, the step is counted and its report comes back
+/// with the window, so going on with the next rows equals a run that never failed (no update
+/// applied twice, no step number used twice). Per-sample eager and captured, batched eager (a
+/// replayed batched step has no scratch to poison).
+#[rstest]
+#[case::per_sample(TrainSchedule::PerSample, false)]
+#[case::per_sample_captured(TrainSchedule::PerSample, true)]
+#[case::batched(TrainSchedule::Batched, false)]
+fn a_failed_reclaim_after_a_queued_update_counts_the_step(
+    #[case] schedule: TrainSchedule,
+    #[case] capture: bool,
+) {
+    // Poisoned reclaims: the arena memsets the memory a step scope gives back.
+    let open = || {
+        let sim = zdevice::SimDriver::new(zdevice::SimConfig::with_capacity(512 << 20));
+        zcompute::cuda::twins::register(&sim);
+        let config = zdevice::DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..zdevice::DeviceConfig::default()
+        };
+        let device = zdevice::Device::open(sim, config).expect("the simulated device opens");
+        let config = zmem::ArenaConfig {
+            poison: true,
+            cap_bytes: Some(192 << 20),
+            ..zmem::ArenaConfig::default()
+        };
+        let arena = zmem::Arena::new(device, config).expect("arena");
+        let b = zcompute::CudaBackend::new(arena).expect("backend");
+        b.set_poison(true);
+        b
+    };
+    let (b, clean_b) = (open(), open());
+    let (x, y) = data(34);
+    let mut t = learner_of(&b, schedule, capture);
+    let mut clean = learner_of(&clean_b, schedule, capture);
+    t.load_data(&x, &y, N).expect("load");
+    clean.load_data(&x, &y, N).expect("load");
+    let poison_memsets = |b: &zcompute::CudaBackend<zdevice::SimDriver>| {
+        b.device().driver().call_count(calls::MEMSET_D8_ASYNC)
+    };
+    for (k, rows) in steps().iter().take(5).enumerate() {
+        // The same step on the twin says how many poison memsets it makes; the last is that
+        // of the step's last reclaim, after its update was queued.
+        let before = poison_memsets(&clean_b);
+        clean.queue_rows(rows, 8).expect("clean step");
+        let poisons = poison_memsets(&clean_b) - before;
+        assert!(poisons > 0, "poison is on");
+        if k == 2 {
+            b.device()
+                .driver()
+                .fail_nth(calls::MEMSET_D8_ASYNC, poisons, CuCode::INVALID_VALUE);
+            let err = t.queue_rows(rows, 8).expect_err("the reclaim fails");
+            assert_eq!(err.applied(), Some(Applied::Yes), "{err}");
+            assert!(matches!(err, GradError::Step { step: 3, .. }), "{err}");
+            assert_eq!(t.step(), 3, "the applied step is counted");
+            continue;
+        }
+        t.queue_rows(rows, 8).expect("queued");
+    }
+    let (got, want) = (t.drain().expect("drain"), clean.drain().expect("drain"));
+    let bits = |r: &[StepReport]| r.iter().map(report_bits).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want), "every step read back once");
+    assert_eq!(param_bits(&b, &t), param_bits(&clean_b, &clean));
 }
 
 /// The same on CUDA device 0: queued equals per-step bit for bit, and a non-finite sample is
