@@ -11,12 +11,14 @@
 //! With one rank ([`zcomm::SingleProcess`], the default) none of this runs: the single-process
 //! step is the one it always was.
 //!
-//! One collective carries a batched step's gradients and its loss: the scaled loss is written
-//! into a zero-padding slot of the flat gradient buffer before backward, summed with the
-//! gradients, read out after the sum and the slot zeroed again before the norm (so the norm,
-//! clipping and AdamW see the zeros they always saw). By default ([`GradSync::Overlapped`]) that
-//! buffer is all-reduced in buckets on a second stream while backward goes on (`buckets.rs`);
-//! [`GradSync::AfterBackward`] is one all-reduce after backward on the engine stream.
+//! One collective carries a step's gradients and its loss: the scaled loss is written into a
+//! zero-padding slot of the flat gradient buffer before backward (the per-sample step: the sum
+//! of its samples' losses, after the last one), summed with the gradients, read out after the
+//! sum and the slot zeroed again before the norm (so the norm, clipping and AdamW see the zeros
+//! they always saw). By default ([`GradSync::Overlapped`]) a batched step's buffer is
+//! all-reduced in buckets on a second stream while backward goes on (`buckets.rs`);
+//! [`GradSync::AfterBackward`] is one all-reduce after backward on the engine stream, as the
+//! per-sample step always does (after its last sample).
 
 mod buckets;
 
@@ -262,6 +264,44 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     }
 }
 
+impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
+    /// The per-sample step's sum over the ranks, after its last sample: this rank's
+    /// `sum(losses) * scale` (`scale` = 1/global; 0 for an empty shard) written into the
+    /// loss slot of the flat gradient buffer, the buffer all-reduced once, the sum read out and
+    /// the slot zeroed again (so the norm sees the zeros it always saw). Without a slot, the
+    /// gradients and the loss are summed by collectives of their own. Returns the global mean
+    /// loss (rank 0, on the device: nothing is read back).
+    pub fn reduce_samples(
+        &self,
+        b: &B,
+        losses: &BTensor<B, T>,
+        scale: &BTensor<B, T>,
+    ) -> Result<BTensor<B, T>> {
+        let d = &self.dist;
+        let scaled = if losses.numel() == 0 {
+            b.zeros(&[])?
+        } else {
+            b.mul(&b.sum(losses, 0, false)?, scale)?
+        };
+        let set = ParameterSet::of(&self.params);
+        let slot = match &set {
+            Some(set) => loss_slot(set)?,
+            None => None,
+        };
+        let (Some(set), Some(slot)) = (set, slot) else {
+            d.reduce_grads(b, &self.params)?;
+            d.reduce(b, &scaled)?;
+            return Ok(scaled);
+        };
+        b.copy_into(&scaled.reshape(&[1])?, &slot)?;
+        d.comm.all_reduce_sum(b, set.grads(), d.step.get())?;
+        // The sum read out (x * 1 is exact), the slot zero again for the norm.
+        let loss = b.mul(&slot.reshape(&[])?, &self.one)?;
+        b.fill(&slot, T::ZERO)?;
+        Ok(loss)
+    }
+}
+
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Makes this trainer one rank of a data-parallel job over `comm`: rank 0's parameters
     /// are broadcast to every rank (so all start equal), then every `train_batch` takes this
@@ -330,19 +370,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             dist.comm.abort(&e.to_string());
         }
         e
-    }
-
-    /// The per-sample schedule's global loss after local accumulation: the gradients and the
-    /// loss (`local_sum / global`) summed over the ranks.
-    pub(super) fn per_sample_reduce(&self, b: &B, local_sum: f64, global: usize) -> Result<f64> {
-        let dist = &self.parts.dist;
-        if dist.single() {
-            return Ok(local_sum / global as f64);
-        }
-        dist.reduce_grads(b, &self.parts.params)?;
-        let loss = b.upload(&[T::from_f64(local_sum / global as f64)], &[1])?;
-        dist.reduce(b, &loss)?;
-        Ok(b.download(&loss)?[0].to_f64())
     }
 
     /// Evaluation sharded over the ranks: each evaluates its shard, the sums are all-reduced.

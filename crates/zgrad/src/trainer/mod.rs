@@ -20,6 +20,7 @@ mod eval_device;
 mod per_sample;
 mod phases;
 mod queued;
+mod queued_samples;
 mod resident;
 mod source;
 mod staging;

@@ -10,6 +10,11 @@
 //! work per sample is one graph launch. Samples still run one after another, so the memory
 //! peak is one sample's whatever the batch. A failed capture falls back to eager execution as
 //! `captured.rs` describes; a capture that left nothing done restarts the batch.
+//!
+//! `train_batch` reads the step back at once (one rank sums the losses on the host in `f64`);
+//! `queue_rows` and `queue_pinned` queue the same samples with nothing read back
+//! (`queued_samples.rs`). In data parallel the loss rides in the gradient all-reduce
+//! (`StepParts::reduce_samples`): one collective a step.
 
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{Runs, persistent_zeros, warn_fallback};
@@ -37,11 +42,14 @@ pub(super) struct SampleSlots<B: Capture<T>, T: Element> {
     /// The sample the graph runs next (a whole number in `T`), advanced by the graph itself.
     index: BTensor<B, T>,
     /// 1/B, and the B it holds (0: not written yet).
-    scale: BTensor<B, T>,
+    pub(super) scale: BTensor<B, T>,
     scale_batch: usize,
     /// Every sample's loss, `[capacity]` (kept between batches: freeing it would poison it
-    /// after the step's update, an error nobody could report).
-    losses: BTensor<B, T>,
+    /// after the step's update, an error nobody could report): a view of `record`.
+    pub(super) losses: BTensor<B, T>,
+    /// A queued step's row of the window's history, `[2 + capacity]`: the global loss (data
+    /// parallel), the gradient norm, then the samples' losses (`queued_samples.rs`).
+    pub(super) record: BTensor<B, T>,
     /// `[1, ..sample shape]`.
     shape: Vec<usize>,
     graph: Option<B::Graph>,
@@ -52,6 +60,7 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
     fn new(b: &B, sample_shape: &[usize], capacity: usize) -> Result<Self> {
         let per: usize = sample_shape.iter().product();
         let row = persistent_zeros(b, &[per + 1])?;
+        let record = persistent_zeros(b, &[2 + capacity])?;
         Ok(SampleSlots {
             table: persistent_zeros(b, &[capacity, per + 1])?,
             staging: Vec::new(),
@@ -61,14 +70,15 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
             index: persistent_zeros(b, &[1])?,
             scale: persistent_zeros(b, &[])?,
             scale_batch: 0,
-            losses: persistent_zeros(b, &[capacity])?,
+            losses: record.narrow(0, 2, capacity)?,
+            record,
             shape: sample_shape.to_vec(),
             graph: None,
             errors: ErrorSlot::default(),
         })
     }
 
-    fn capacity(&self) -> usize {
+    pub(super) fn capacity(&self) -> usize {
         self.table.shape()[0]
     }
 
@@ -76,7 +86,13 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
     /// upload; pinned memory: features and labels each straight into their columns), writes
     /// 1/`global` (the global batch: `batch` on one rank) when it changed, and, for the graph,
     /// sets the index to sample 0.
-    fn load(&mut self, b: &B, data: &Shard<'_, B, T>, global: usize, indexed: bool) -> Result<()> {
+    pub(super) fn load(
+        &mut self,
+        b: &B,
+        data: &Shard<'_, B, T>,
+        global: usize,
+        indexed: bool,
+    ) -> Result<()> {
         let batch = data.len();
         // An empty shard (a rank of a data-parallel job with no row of this batch) uploads
         // nothing; its step still joins the collectives with zero gradients.
@@ -154,14 +170,14 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    fn slots(&self) -> Result<&SampleSlots<B, T>> {
+    pub(super) fn slots(&self) -> Result<&SampleSlots<B, T>> {
         self.graphs
             .samples
             .as_ref()
             .ok_or_else(|| GradError::BadInput("per-sample slots missing".into()))
     }
 
-    fn slots_mut(&mut self) -> Result<&mut SampleSlots<B, T>> {
+    pub(super) fn slots_mut(&mut self) -> Result<&mut SampleSlots<B, T>> {
         self.graphs
             .samples
             .as_mut()
@@ -170,11 +186,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Slots for samples of `sample_shape` and a batch of `batch`: kept while they fit (a
     /// smaller batch uses the table's first rows), made anew (graph and all) otherwise.
-    fn sample_slots(&mut self, sample_shape: &[usize], batch: usize) -> Result<()> {
-        if let Some(s) = self.graphs.samples.as_ref()
-            && s.shape == sample_shape
-            && s.capacity() >= batch
-        {
+    pub(super) fn sample_slots(&mut self, sample_shape: &[usize], batch: usize) -> Result<()> {
+        if self.slots_fit(sample_shape, batch) {
             return Ok(());
         }
         // Dropped before the new ones are made, so the two never hold memory together.
@@ -183,7 +196,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
-    fn wants_graph(&self) -> bool {
+    /// Whether the slots made hold a batch of `batch` samples of `sample_shape`.
+    pub(super) fn slots_fit(&self, sample_shape: &[usize], batch: usize) -> bool {
+        self.graphs
+            .samples
+            .as_ref()
+            .is_some_and(|s| s.shape == sample_shape && s.capacity() >= batch)
+    }
+
+    pub(super) fn wants_graph(&self) -> bool {
         self.config.capture && !self.graphs.disabled
     }
 
@@ -224,6 +245,23 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
+    /// Zeroes the gradients and runs samples `0..batch` of the loaded slots, each in its own
+    /// step scope (a failed capture that left nothing done restarts the batch).
+    pub(super) fn run_samples(&mut self, parts: &StepParts<B, T, M>, batch: usize) -> Result<()> {
+        let b = Rc::clone(&self.backend);
+        zero_grad(&*b, &parts.params)?;
+        let mut i = 0;
+        while i < batch {
+            if in_step(&*b, || self.run_sample(parts, i))? {
+                i += 1;
+            } else {
+                zero_grad(&*b, &parts.params)?;
+                i = 0;
+            }
+        }
+        Ok(())
+    }
+
     /// Gradient accumulation over the batch, one step scope per sample, then one AdamW step.
     pub(super) fn per_sample(
         &mut self,
@@ -240,34 +278,38 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
         let global = self.parts.dist.global.get().max(batch);
         self.slots_mut()?.load(&*b, data, global, indexed)?;
-        zero_grad(&*b, &parts.params)?;
-        let mut i = 0;
-        while i < batch {
-            if in_step(&*b, || self.run_sample(&parts, i))? {
-                i += 1;
-            } else {
-                zero_grad(&*b, &parts.params)?;
-                i = 0;
-            }
-        }
+        self.run_samples(&parts, batch)?;
         let checked = in_step(&*b, || {
-            let losses = b.download(&self.slots()?.losses.narrow(0, 0, batch)?)?;
-            let local_sum = losses.iter().map(|l| l.to_f64()).sum::<f64>();
-            let global = self.parts.dist.global.get().max(batch);
-            // Several ranks: gradients and loss summed over them first (a non-finite value on
-            // one rank reaches every rank's loss and norm).
-            let loss = self.per_sample_reduce(&*b, local_sum, global)?;
+            let (losses, scale) = {
+                let s = self.slots()?;
+                (s.losses.narrow(0, 0, batch)?, s.scale.clone())
+            };
+            // One rank: the losses read back (summed on the host in f64, sample by sample).
+            // Several: gradients and loss summed over the ranks first, in one collective (a
+            // non-finite value on one rank reaches every rank's loss and norm).
+            let (host, summed) = if parts.dist.single() {
+                (b.download(&losses)?, None)
+            } else {
+                (
+                    Vec::new(),
+                    Some(parts.reduce_samples(&*b, &losses, &scale)?),
+                )
+            };
             let norm = parts.norm(&*b)?;
             let norm = b.download(&norm)?[0].to_f64();
-            if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite())
-                && self.parts.dist.single()
-            {
-                return Err(GradError::NonFinite {
-                    step,
-                    sample: Some(bad),
-                    kind: NonFiniteKind::Loss,
-                });
-            }
+            let loss = match summed {
+                Some(loss) => b.download(&loss)?[0].to_f64(),
+                None => {
+                    if let Some(bad) = host.iter().position(|l| !l.to_f64().is_finite()) {
+                        return Err(GradError::NonFinite {
+                            step,
+                            sample: Some(bad),
+                            kind: NonFiniteKind::Loss,
+                        });
+                    }
+                    host.iter().map(|l| l.to_f64()).sum::<f64>() / global as f64
+                }
+            };
             checks::finite(step, loss, norm)?;
             self.optim.step(&*b, &parts.params, lr)?;
             Ok((loss, norm))

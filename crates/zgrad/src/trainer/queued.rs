@@ -11,6 +11,9 @@
 //! names step `k` (and its sample, found on the host copy of its rows): the same state and
 //! error as the per-step path, `every - 1` steps of device time later at most.
 //!
+//! The per-sample schedule is queued the same way (`queued_samples.rs`): its samples run one
+//! after another, then its tail writes the history row, folds the gate and updates.
+//!
 //! The optimiser counts a queued step as soon as its update is queued (the `t` of the next
 //! step's slot); a drained non-finite step takes the count back.
 
@@ -20,7 +23,7 @@ use super::device_data::{DeviceData, Resident};
 use super::source::{PinnedBatch, Source};
 use super::staging::Staging;
 use super::{StepReport, TrainSchedule, Trainer, checks, in_step_split, phases, shard};
-use crate::error::{Applied, GradError, Result};
+use crate::error::{Applied, GradError, NonFiniteKind, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
 use crate::optim::AdamWTensors;
@@ -29,8 +32,9 @@ use std::cell::Cell;
 use std::rc::Rc;
 use zcompute::{ADAMW_SLOT_GATE, AllocClass, BTensor, Capture, Element, PinnedHost, prelude::*};
 
-/// The device side of the window: every queued step's `[loss, norm]`, the row the next one
-/// writes, and the sticky gate (0 while every step so far was finite, NaN after).
+/// The device side of the window: every queued step's row (`[loss, norm]`; a per-sample
+/// step's `[loss, norm, the samples' losses..]`), the row the next one writes, and the sticky
+/// gate (0 while every step so far was finite, NaN after).
 pub(super) struct Track<B: Ops<T>, T: Element> {
     history: BTensor<B, T>,
     cursor: BTensor<B, T>,
@@ -44,6 +48,25 @@ impl<B: Ops<T>, T: Element> Clone for Track<B, T> {
             cursor: self.cursor.clone(),
             poison: self.poison.clone(),
         }
+    }
+}
+
+impl<B: Ops<T>, T: Element> Track<B, T> {
+    /// Folds the step's gate (written into AdamW's slot) into the sticky one, so the update
+    /// of this step and of every later one of the window is skipped once one was not finite,
+    /// and writes `row` into the history's next row. Legal inside a capture.
+    pub(super) fn record(
+        &self,
+        b: &B,
+        adamw: &AdamWTensors<B, T>,
+        row: &BTensor<B, T>,
+    ) -> Result<()> {
+        let gate = adamw.slot.narrow(0, ADAMW_SLOT_GATE, 1)?;
+        // gate + poison is NaN once any step of the window was: later steps are skipped too.
+        b.add_into(&self.poison, &gate)?;
+        b.copy_into(&gate, &self.poison)?;
+        b.scatter_row(row, &self.cursor, &self.history, true)?;
+        Ok(())
     }
 }
 
@@ -70,6 +93,45 @@ impl<B: Ops<T>, T: Element> Clone for Rows<'_, B, T> {
 
 impl<B: Ops<T>, T: Element> Copy for Rows<'_, B, T> {}
 
+/// What a queued step's history row holds.
+#[derive(Clone, Copy, Debug)]
+enum Record {
+    /// `[loss, norm]` (the batched schedule).
+    Stats,
+    /// `[global loss, norm, the losses of this rank's `local` samples..]` of a per-sample
+    /// step of `global` samples.
+    Samples { local: usize, global: usize },
+}
+
+impl Record {
+    /// The step's loss and norm from its history row, refused as the per-step path refuses
+    /// them: one rank sums its samples' losses on the host in `f64` in sample order (and names
+    /// the first non-finite one); several take the global loss the all-reduce summed.
+    fn stats<T: Element>(self, step: u64, row: &[T], single: bool) -> Result<(f64, f64)> {
+        let norm = row[1].to_f64();
+        let loss = match self {
+            Record::Samples { local, global } if single => {
+                let losses = &row[2..2 + local];
+                if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite()) {
+                    return Err(GradError::NonFinite {
+                        step,
+                        sample: Some(bad),
+                        kind: NonFiniteKind::Loss,
+                    });
+                }
+                losses.iter().map(|l| l.to_f64()).sum::<f64>() / global as f64
+            }
+            Record::Stats | Record::Samples { .. } => row[0].to_f64(),
+        };
+        checks::finite(step, loss, norm)?;
+        Ok((loss, norm))
+    }
+}
+
+/// A step whose update was queued: whether it ran captured, and the closing of its step scope
+/// (an error there comes after the update: `Applied::Yes`).
+pub(super) type Queued = (bool, Result<()>);
+
 /// A queued step the host has not read back yet.
 #[derive(Clone, Debug)]
 struct Pending {
@@ -78,6 +140,7 @@ struct Pending {
     samples: usize,
     rows: Vec<usize>,
     captured: bool,
+    record: Record,
 }
 
 /// Queued steps and their device history.
@@ -101,14 +164,25 @@ impl<B: Ops<T>, T: Element> Window<B, T> {
         self.pending.len()
     }
 
-    /// The track for windows of `every` steps (made, or grown, while nothing is pending).
-    fn track(&mut self, b: &B, every: usize) -> Result<Track<B, T>> {
+    /// Whether the track holds windows of `every` steps of rows of `width` values.
+    fn fits(&self, every: usize, width: usize) -> bool {
+        self.track
+            .as_ref()
+            .is_some_and(|t| t.history.shape()[0] >= every && t.history.shape()[1] == width)
+    }
+
+    /// The track for windows of `every` steps of rows of `width` values (made anew only while
+    /// nothing is pending: `Trainer::drain_before` reads the window back first).
+    pub(super) fn track(&mut self, b: &B, every: usize, width: usize) -> Result<Track<B, T>> {
         match &self.track {
-            Some(t) if t.history.shape()[0] >= every => Ok(t.clone()),
+            Some(t) if self.fits(every, width) => Ok(t.clone()),
+            _ if !self.pending.is_empty() => Err(GradError::BadInput(
+                "internal: the window's history changes shape with steps pending".into(),
+            )),
             _ => {
                 self.track = None;
                 let t = Track {
-                    history: persistent_zeros(b, &[every, 2])?,
+                    history: persistent_zeros(b, &[every, width])?,
                     cursor: persistent_zeros(b, &[1])?,
                     poison: persistent_zeros(b, &[1])?,
                 };
@@ -142,11 +216,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         }
         let (loss, norm) = self.batched(b, x, y)?;
         adamw.write_gate(b, &loss, &norm)?;
-        let gate = adamw.slot.narrow(0, ADAMW_SLOT_GATE, 1)?;
-        // gate + poison is NaN once any step of the window was: later steps are skipped too.
-        b.add_into(&track.poison, &gate)?;
-        b.copy_into(&gate, &track.poison)?;
-        b.scatter_row(&self.stats, &track.cursor, &track.history, true)?;
+        track.record(b, adamw, &self.stats)?;
         started.set(true);
         adamw.apply(b, &self.params)
     }
@@ -157,9 +227,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// the device (the global batch: each rank of a data-parallel job gathers its shard),
     /// reading nothing back: the reports of the window come back, in step order, from the
     /// call that fills it (every `every` steps) or from [`Trainer::drain`]; other calls return
-    /// none. The per-sample schedule reads each step back (its loss is summed on the host in
-    /// `f64`) and returns its report at once. The step is `train_batch`'s on the same rows,
-    /// bit for bit, eager or captured.
+    /// none. The step is `train_batch`'s on the same rows, bit for bit, eager or captured, in
+    /// either schedule (a per-sample step keeps its samples' losses in the window, summed on
+    /// the host in `f64` when it is read back: `queued_samples.rs`).
     ///
     /// Errors are `GradError::Step`s as for `train_batch`: `BadInput` (nothing loaded, no
     /// rows, a row out of range) applies nothing; a non-finite step found by the read-back
@@ -169,17 +239,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub fn queue_rows(&mut self, rows: &[usize], every: usize) -> Result<Vec<StepReport>> {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
-        if self.config.schedule == TrainSchedule::PerSample {
-            let report = self
-                .rows_now(rows, step)
-                .map_err(|e| self.settle(step, self.distributed_error(e)))?;
-            Self::log_step(&report);
-            return Ok(vec![report]);
-        }
-        let mut reports = Vec::new();
-        if self.window.pending() >= every {
-            reports = self.drain()?;
-        }
+        let sample = self.data.as_ref().map(|d| d.sample.clone());
+        let mut reports = self.drain_before(sample.as_deref(), rows.len(), every)?;
         self.queue_inner(rows, every, step)
             .map_err(|e| self.settle(step, self.distributed_error(e)))?;
         if self.window.pending() >= every {
@@ -195,8 +256,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// the copy, nothing read back. Refill the *other* of two batches while this one's copy
     /// and step run (`PinnedBatch::fill` waits only for the copy that last read a batch, never
     /// for a step), so the host stages batch k+1 while the device runs step k. The same errors as `train_batch_pinned`; a
-    /// non-finite step read back later is named by its step (its sample is no longer there).
-    /// The per-sample schedule reads each step back (`train_batch_pinned`).
+    /// non-finite step read back later is named by its step (its sample is no longer there;
+    /// a per-sample step's non-finite loss still names its sample).
     pub fn queue_pinned(
         &mut self,
         batch: &PinnedBatch<B, T>,
@@ -208,13 +269,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
-        if self.config.schedule == TrainSchedule::PerSample {
-            return Ok(vec![self.train_batch_pinned(batch, n)?]);
-        }
-        let mut reports = Vec::new();
-        if self.window.pending() >= every {
-            reports = self.drain()?;
-        }
+        let sample = [batch.scales(), batch.features()];
+        let mut reports = self.drain_before(Some(&sample), n, every)?;
         let queued = self
             .optim
             .check_state()
@@ -265,6 +321,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             samples: n,
             rows: Vec::new(),
             captured: false,
+            record: Record::Stats,
         };
         let queued = self.queue_from(Rows::Pinned(&landed), pending, sample, every);
         // Released whatever became of the step: the next copy into it follows what was queued.
@@ -304,16 +361,20 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             self.distributed_error(e)
                 .at_step(first.step, Applied::Maybe)
         })?;
+        let (width, single) = (track.history.shape()[1], self.parts.dist.single());
         let mut reports = Vec::with_capacity(pending.len());
-        for (p, stats) in pending.iter().zip(values.chunks_exact(2)) {
-            let (loss, grad_norm) = (stats[0].to_f64(), stats[1].to_f64());
-            if let Err(e) = checks::finite(p.step, loss, grad_norm) {
-                // This step and every later one of the window were skipped on the device.
-                self.optim.rewind(p.step - 1);
-                let e = checks::locate(Err::<(), _>(e), |kind| self.locate_rows(&p.rows, kind));
-                let e = e.err().unwrap_or(GradError::BadInput("non-finite".into()));
-                return Err(self.distributed_error(e).at_step(p.step, Applied::No));
-            }
+        for (p, row) in pending.iter().zip(values.chunks_exact(width)) {
+            let stats = p.record.stats(p.step, row, single);
+            let (loss, grad_norm) = match stats {
+                Ok(stats) => stats,
+                Err(e) => {
+                    // This step and every later one of the window were skipped on the device.
+                    self.optim.rewind(p.step - 1);
+                    let e = checks::locate(Err::<(), _>(e), |kind| self.locate_rows(&p.rows, kind));
+                    let e = e.err().unwrap_or(GradError::BadInput("non-finite".into()));
+                    return Err(self.distributed_error(e).at_step(p.step, Applied::No));
+                }
+            };
             let report = self.report(p.step, loss, grad_norm, p.lr, p.samples, p.captured);
             Self::log_step(&report);
             reports.push(report);
@@ -336,27 +397,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.find_sample(&x, &y, &shape, kind)
     }
 
-    /// The per-sample step on `rows`, read back at once (its loss sums on the host).
-    fn rows_now(&mut self, rows: &[usize], step: u64) -> Result<StepReport> {
-        self.optim.check_state()?;
-        let b = Rc::clone(&self.backend);
-        let Some(data) = self.data.as_mut() else {
-            return Err(no_data());
-        };
-        phases::timed(&mut self.phases.index_upload, || {
-            data.upload_indices(&*b, rows)
-        })?;
-        let sample = data.sample.clone();
-        let data = self.data.take().ok_or_else(no_data)?;
-        let resident = Resident {
-            data: &data,
-            b: &*b,
-        };
-        let result = self.train_source(&resident, rows.len(), &sample, step);
-        self.data = Some(data);
-        result
-    }
-
     fn queue_inner(&mut self, rows: &[usize], every: usize, step: u64) -> Result<()> {
         self.optim.check_state()?;
         let b = Rc::clone(&self.backend);
@@ -373,6 +413,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             samples: rows.len(),
             rows: rows.to_vec(),
             captured: false,
+            record: Record::Stats,
         };
         self.queue_from(Rows::Device, pending, &sample, every)
     }
@@ -387,7 +428,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         every: usize,
     ) -> Result<()> {
         let (b, step, batch) = (Rc::clone(&self.backend), pending.step, pending.samples);
-        let track = self.window.track(&*b, every)?;
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         let info = self.parts.dist.info();
         let local = shard(info.rank, info.world, batch);
@@ -396,13 +436,79 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .chain(sample.iter().copied())
             .collect();
         let t0 = std::time::Instant::now();
-        let captured = self.queue_step(from, &track, local, &shape, lr, step);
+        let captured = match self.config.schedule {
+            TrainSchedule::Batched => self
+                .window
+                .track(&*b, every, 2)
+                .and_then(|track| self.queue_step(from, &track, local, &shape, lr, step)),
+            TrainSchedule::PerSample => {
+                pending.record = Record::Samples {
+                    local: local.len(),
+                    global: batch,
+                };
+                self.samples_from(from, local, &shape, lr, step, every)
+            }
+        };
         self.phases.launch += t0.elapsed();
-        pending.captured = captured?;
+        let (captured, closed) = captured?;
+        // The update is queued: counted and read back with the window even when closing its
+        // step scope failed (`closed`, `Applied::Yes`).
+        pending.captured = captured;
         pending.lr = lr;
         self.optim.commit();
         self.window.pending.push(pending);
-        Ok(())
+        closed
+    }
+
+    /// Reads the window back before a step of `batch` rows of samples `sample` is queued: when
+    /// it is full, or when the step needs a history of another shape (a per-sample step on
+    /// slots made anew, or a longer window).
+    fn drain_before(
+        &mut self,
+        sample: Option<&[usize]>,
+        batch: usize,
+        every: usize,
+    ) -> Result<Vec<StepReport>> {
+        let info = self.parts.dist.info();
+        let width = match (self.config.schedule, sample) {
+            (TrainSchedule::Batched, _) => Some(2),
+            (TrainSchedule::PerSample, Some(sample)) => {
+                Some(self.sample_width(sample, shard(info.rank, info.world, batch).len()))
+            }
+            // No data set: the step is refused before it queues anything.
+            (TrainSchedule::PerSample, None) => None,
+        };
+        let reshaped = width.is_some_and(|w| !self.window.fits(every, w));
+        let pending = self.window.pending();
+        if pending >= every || (pending > 0 && reshaped) {
+            self.drain()
+        } else {
+            Ok(Vec::new())
+        }
+    }
+
+    /// A per-sample step queued on rows `local` from `from` (`queued_samples.rs`).
+    fn samples_from(
+        &mut self,
+        from: Rows<'_, B, T>,
+        local: std::ops::Range<usize>,
+        shape: &[usize],
+        lr: f64,
+        step: u64,
+        every: usize,
+    ) -> Result<Queued> {
+        let Rows::Pinned(src) = from else {
+            let data = self.data.take().ok_or_else(no_data)?;
+            let b = Rc::clone(&self.backend);
+            let resident = Resident {
+                data: &data,
+                b: &*b,
+            };
+            let queued = self.queue_samples(&resident, local, shape, lr, step, every);
+            self.data = Some(data);
+            return queued;
+        };
+        self.queue_samples(src, local, shape, lr, step, every)
     }
 
     /// The graph slot of rows from `from`.
@@ -431,7 +537,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// Queues the step's body: replayed when a graph of this shape exists, captured when
-    /// capture is on and none exists yet, else run eagerly. Returns whether it was captured.
+    /// capture is on and none exists yet, else run eagerly.
     fn queue_step(
         &mut self,
         from: Rows<'_, B, T>,
@@ -440,7 +546,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         shape: &[usize],
         lr: f64,
         step: u64,
-    ) -> Result<bool> {
+    ) -> Result<Queued> {
         let b = Rc::clone(&self.backend);
         let want = self.config.capture && !self.graphs.disabled;
         let graph_shape = self.tracked_slot(from).as_ref().map(|g| g.shape.clone());
@@ -473,8 +579,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             }
         });
         let captured = queued?;
-        ended.map_err(|e| e.at_step(step, Applied::Yes))?;
-        Ok(captured)
+        Ok((captured, ended.map_err(|e| e.at_step(step, Applied::Yes))))
     }
 
     /// The body run eagerly on fresh inputs (saved class: the first product keeps `x`).

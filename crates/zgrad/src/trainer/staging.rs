@@ -125,7 +125,8 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
     }
 
     /// A device-to-device copy on the engine stream (which already waits for the landing
-    /// copy).
+    /// copy), into views of the rows' sizes in any shape (the per-sample table's columns are
+    /// `[rows, S*F]` and `[rows, 1]`).
     fn upload(
         &self,
         b: &B,
@@ -134,8 +135,8 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
         y: &BTensor<B, T>,
     ) -> Result<()> {
         let (lx, ly) = self.rows(&rows)?;
-        b.copy_into(&lx, x)?;
-        b.copy_into(&ly, y)?;
+        b.copy_into(&lx.reshape(x.shape())?, x)?;
+        b.copy_into(&ly.reshape(y.shape())?, y)?;
         Ok(())
     }
 

@@ -34,6 +34,7 @@ mod trainer {
     mod flat_params;
     mod on_host;
     mod per_sample;
+    mod per_sample_queued;
     mod pinned;
     mod replay;
     mod step_failures;
@@ -59,5 +60,6 @@ mod distributed {
     mod collective_calls;
     #[cfg(feature = "gpu")]
     mod nccl;
+    mod per_sample_queued;
     mod simulated;
 }

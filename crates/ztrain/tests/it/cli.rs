@@ -650,23 +650,31 @@ mod data_on {
     }
 
     /// A stop at step 13 with read-backs every 4 steps: exact, and the resumed run ends as
-    /// the uninterrupted one.
+    /// the uninterrupted one. Batched captured, and the per-sample schedule (queued too) from
+    /// the device data set, captured, and from the host's pinned batches.
     #[test]
     fn resume_on_the_device_equals_an_uninterrupted_run() {
-        resume_matches_uninterrupted(
+        let sim = [
+            "--device",
+            "sim",
+            "--sim-memory",
+            "256M",
+            "--readback-every",
+            "4",
+        ];
+        for extra in [
+            &["--capture", "--data-on", "device"][..],
             &[
-                "--device",
-                "sim",
-                "--sim-memory",
-                "256M",
                 "--capture",
+                "--schedule",
+                "per-sample",
                 "--data-on",
                 "device",
-                "--readback-every",
-                "4",
             ],
-            "13",
-        );
+            &["--schedule", "per-sample", "--data-on", "host"],
+        ] {
+            resume_matches_uninterrupted(&[&sim[..], extra].concat(), "13");
+        }
     }
 
     #[test]

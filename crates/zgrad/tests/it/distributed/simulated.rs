@@ -157,7 +157,7 @@ impl Download for Trainer<CudaBackend<SimDriver>> {
 }
 
 /// Runs `body` on `world` rank threads joined by a simulated communicator.
-fn ranks<R: Send + 'static>(
+pub(super) fn ranks<R: Send + 'static>(
     world: usize,
     body: impl Fn(&CudaBackend<SimDriver>, SimCollective) -> R + Send + Sync + Copy + 'static,
 ) -> Vec<R> {
@@ -185,7 +185,7 @@ fn ranks<R: Send + 'static>(
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-fn rel(a: &[f32], b: &[f32]) -> f64 {
+pub(super) fn rel(a: &[f32], b: &[f32]) -> f64 {
     let d: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
     let n: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
     (d / n.max(1e-30)).sqrt()
@@ -197,7 +197,7 @@ fn norm(a: &[f32]) -> f64 {
 
 /// XASSET.md's rule: 1e-5 relative per tensor; kn.bias's gradient by its norm (below 1e-6),
 /// its value within 2·lr per element per step.
-fn assert_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], grads: bool) {
+pub(super) fn assert_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], grads: bool) {
     for ((name, g), w) in zgrad::PARAMETER_NAMES.iter().zip(got).zip(want) {
         if *name == "kn.bias" {
             if grads {
@@ -480,6 +480,7 @@ fn own_model_on_two_ranks_equals_one(#[case] schedule: TrainSchedule, #[case] ca
 #[case::batched_eager(TrainSchedule::Batched, false)]
 #[case::batched_captured(TrainSchedule::Batched, true)]
 #[case::per_sample_eager(TrainSchedule::PerSample, false)]
+#[case::per_sample_captured(TrainSchedule::PerSample, true)]
 fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capture: bool) {
     let cfg = config(schedule, capture);
     let run = move |on_device: bool| {
