@@ -3,7 +3,7 @@
 //! kernels and their twins are checked against. The residual add with LayerNorm reuses the
 //! LayerNorm rows of `norm.rs`, so the fused op computes exactly what the unfused pair does.
 
-use super::{dense, gather, math, norm, par};
+use super::{dense, gather, math, norm, par, reduce};
 use crate::backend::UnaryOp;
 use crate::element::Element;
 use crate::error::Result;
@@ -89,18 +89,17 @@ fn pooled_logits<T: Element>(h: &[T], w: &[T], bias: T, s: usize, d: usize) -> (
     let per = s * d;
     let samples = h.len().checked_div(per).unwrap_or(0);
     let parts = par::ranges(samples, per, |first, count| {
-        let mut pooled = Vec::with_capacity(count * d);
+        let mut pooled = vec![T::ZERO; count * d];
         let mut logits = Vec::with_capacity(count);
-        let mut column = vec![T::ZERO; s];
         let mut prods = vec![T::ZERO; d];
-        for sample in h[first * per..(first + count) * per].chunks_exact(per) {
-            for (j, p) in prods.iter_mut().enumerate() {
-                for (i, c) in column.iter_mut().enumerate() {
-                    *c = sample[i * d + j];
-                }
-                let m = math::pairwise_sum(&column) * inv_s;
-                pooled.push(m);
-                *p = m * w[j];
+        let samples = h[first * per..(first + count) * per].chunks_exact(per);
+        for (sample, mean) in samples.zip(pooled.chunks_exact_mut(d)) {
+            // Each column's sum is bitwise `pairwise_sum` of the column, vectorised across
+            // the columns.
+            reduce::column_sums(sample, d, s, mean);
+            for ((m, p), &wj) in mean.iter_mut().zip(&mut prods).zip(w) {
+                *m = *m * inv_s;
+                *p = *m * wj;
             }
             logits.push(math::pairwise_sum(&prods) + bias);
         }
@@ -126,7 +125,9 @@ pub(crate) fn pool_head_bce<T: Element>(
         scales,
         width,
     } = validate::pool_head_bce(h, weight, bias, targets)?;
-    let (_, logits) = pooled_logits(&gather(h), &gather(weight), gather(bias)[0], scales, width);
+    let (w, bias) = (gather(weight), gather(bias)[0]);
+    // `h` read in place (a large activation; `gather` would copy it).
+    let (_, logits) = dense::with(h, |hs| pooled_logits(hs, &w, bias, scales, width));
     let terms: Vec<T> = logits
         .iter()
         .zip(gather(targets))
@@ -158,7 +159,7 @@ pub(crate) fn pool_head_bce_backward<T: Element>(
         .map(|(l, y)| (math::sigmoid(l) - y) * scale)
         .collect();
     let w = gather(weight);
-    let (pooled, _) = pooled_logits(&gather(h), &w, T::ZERO, scales, width);
+    let (pooled, _) = dense::with(h, |hs| pooled_logits(hs, &w, T::ZERO, scales, width));
     let inv_s = T::ONE / T::from_f64(scales as f64);
     // Every element is written: sample b's rows are all `d_b * w * inv_s`.
     let per = scales * width;
