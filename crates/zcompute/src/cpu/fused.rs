@@ -4,7 +4,7 @@
 //! LayerNorm rows of `norm.rs`, so the fused op computes exactly what the unfused pair does.
 
 use super::{dense, gather, math, norm, par, reduce};
-use crate::backend::UnaryOp;
+use crate::backend::{MatmulOpts, UnaryOp};
 use crate::element::Element;
 use crate::error::Result;
 use crate::linear::Activation;
@@ -38,6 +38,58 @@ pub(crate) fn bias_act<T: Element>(
         });
     }
     dense(out, x.shape())
+}
+
+/// A Linear layer, `act(x · wᵀ + bias)`, plus `residual` when given: the product into a fresh
+/// buffer, then the epilogue in place, one pass over the rows. The same arithmetic in the same
+/// order as the product, [`bias_act`] and the add one after the other (so the same bits),
+/// without the two further output buffers and passes.
+pub(crate) fn linear<T: Element>(
+    x: &CpuTensor<T>,
+    w: &CpuTensor<T>,
+    bias: &CpuTensor<T>,
+    act: Activation,
+    residual: Option<&CpuTensor<T>>,
+) -> Result<CpuTensor<T>> {
+    let shape = match residual {
+        Some(r) => validate::linear_add(x, w, bias, r)?,
+        None => validate::linear(x, w, bias)?,
+    };
+    let opts = MatmulOpts {
+        trans_a: false,
+        trans_b: true,
+    };
+    let y = super::matmul::matmul(x, w, opts)?;
+    let n = shape.outputs;
+    if n == 0 || shape.rows == 0 {
+        return Ok(y);
+    }
+    let b = gather(bias);
+    let epilogue = |rs: &[T]| {
+        // `y` is the product's own dense buffer, shared with no one yet.
+        let mut data = y.storage().write();
+        par::rows_mut(&mut data[..], n, |first, block| {
+            let res = rs.get(first * n..first * n + block.len());
+            for (i, row) in block.chunks_exact_mut(n).enumerate() {
+                for (v, &bj) in row.iter_mut().zip(&b) {
+                    *v = *v + bj;
+                }
+                if act == Activation::Tanh {
+                    math::unary_in_place(UnaryOp::Tanh, row);
+                }
+                if let Some(res) = res {
+                    for (v, &r) in row.iter_mut().zip(&res[i * n..(i + 1) * n]) {
+                        *v = *v + r;
+                    }
+                }
+            }
+        });
+    };
+    match residual {
+        Some(r) => dense::with(r, epilogue),
+        None => epilogue(&[]),
+    }
+    Ok(y)
 }
 
 pub(crate) fn tanh_backward<T: Element>(
@@ -188,4 +240,66 @@ pub(crate) fn pool_head_bce_backward<T: Element>(
         weight: dense(gw, &[1, width])?,
         bias: dense(vec![math::pairwise_sum(&d)], &[1])?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Backend;
+    use crate::cpu::{CpuBackend, with_threads};
+
+    fn t<T: Element>(shape: &[usize], seed: usize) -> CpuTensor<T> {
+        let n = shape.iter().product();
+        let v = (0..n)
+            .map(|i| T::from_f64(((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.0 - 1.0))
+            .collect();
+        CpuTensor::from_vec(v, shape).unwrap()
+    }
+
+    /// The in-place epilogue gives the bits of the product, `bias_act` and the add run one
+    /// after the other (the provided composites), split or not.
+    fn linear_equals_its_composite<T: Element>() {
+        // 300 x 130 outputs: above MIN_PARALLEL, so the product and the epilogue both split.
+        let (x, w, b, r) = (
+            t::<T>(&[300, 70], 1),
+            t::<T>(&[130, 70], 2),
+            t::<T>(&[130], 3),
+            t::<T>(&[300, 130], 4),
+        );
+        let bits = |v: CpuTensor<T>| v.to_vec().iter().map(|x| x.to_f64().to_bits()).collect();
+        for threads in [1, 2, 3] {
+            with_threads(threads, || {
+                for act in [Activation::Identity, Activation::Tanh] {
+                    let plain = crate::linear::linear(&CpuBackend, &x, &w, &b, act).unwrap();
+                    let added = CpuBackend.add(&plain, &r).unwrap();
+                    let got: Vec<u64> = bits(linear(&x, &w, &b, act, None).unwrap());
+                    assert_eq!(got, bits(plain), "{act:?} at {threads} threads");
+                    let got: Vec<u64> = bits(linear(&x, &w, &b, act, Some(&r)).unwrap());
+                    assert_eq!(got, bits(added), "{act:?} + residual at {threads}");
+                }
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn linear_equals_its_composite_f32() {
+        linear_equals_its_composite::<f32>();
+    }
+
+    #[test]
+    fn linear_equals_its_composite_f64() {
+        linear_equals_its_composite::<f64>();
+    }
+
+    #[test]
+    fn linear_refuses_a_residual_of_another_shape() {
+        let (x, w, b) = (
+            t::<f32>(&[4, 3], 1),
+            t::<f32>(&[5, 3], 2),
+            t::<f32>(&[5], 3),
+        );
+        let r = t::<f32>(&[4, 4], 4);
+        assert!(linear(&x, &w, &b, Activation::Identity, Some(&r)).is_err());
+    }
 }
