@@ -173,10 +173,18 @@ impl Drop for InPiece {
     }
 }
 
-/// The pieces' queue: what is left, and how many pieces are done.
+/// The pieces' queue: what is left, how many pieces are done, and how many helpers are
+/// inside their task.
 struct Queue<I> {
     left: I,
     done: usize,
+    running: usize,
+}
+
+/// Locks the queue (a panic elsewhere leaves it consistent: its counts change under the lock
+/// only).
+fn lock<I>(queue: &Mutex<Queue<I>>) -> std::sync::MutexGuard<'_, Queue<I>> {
+    queue.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Counts a piece done when dropped, so a piece that panics is counted too (the panic then
@@ -185,7 +193,23 @@ struct Done<'a, I>(&'a Mutex<Queue<I>>);
 
 impl<I> Drop for Done<'_, I> {
     fn drop(&mut self) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).done += 1;
+        lock(self.0).done += 1;
+    }
+}
+
+/// Counts a helper inside its task until dropped (also when a piece panics).
+struct Running<'a, I>(&'a Mutex<Queue<I>>);
+
+impl<'a, I> Running<'a, I> {
+    fn enter(queue: &'a Mutex<Queue<I>>) -> Self {
+        lock(queue).running += 1;
+        Running(queue)
+    }
+}
+
+impl<I> Drop for Running<'_, I> {
+    fn drop(&mut self) {
+        lock(self.0).running -= 1;
     }
 }
 
@@ -209,12 +233,12 @@ pub(crate) fn drain<I: Send>(
     let queue = Mutex::new(Queue {
         left: items,
         done: 0,
+        running: 0,
     });
-    let lock = || queue.lock().unwrap_or_else(PoisonError::into_inner);
     let run = || {
         let _piece = InPiece::enter();
         loop {
-            let next = lock().left.next();
+            let next = lock(&queue).left.next();
             let Some(item) = next else { break };
             let _done = Done(&queue);
             simd(|| work(item));
@@ -222,13 +246,22 @@ pub(crate) fn drain<I: Send>(
     };
     helpers.in_place_scope(|scope| {
         for _ in 1..team.threads.min(n) {
-            scope.spawn(|_| run());
+            scope.spawn(|_| {
+                let _running = Running::enter(&queue);
+                run();
+            });
         }
         run();
-        // The queue is empty; a helper may still be on its last piece. Wait for it awake
-        // (yielding the core to anyone else) rather than asleep in the scope's end, which
-        // would add a wake-up to every op.
-        while lock().done < n {
+        // The queue is empty; a helper may still be on its last piece, or on its way out.
+        // Wait for it awake (yielding the core to anyone else) rather than asleep in the
+        // scope's end, which would add a wake-up to the op. A helper that has not started
+        // yet finds nothing to do; the scope's end waits for it asleep.
+        loop {
+            let q = lock(&queue);
+            if q.done == n && q.running == 0 {
+                break;
+            }
+            drop(q);
             std::thread::yield_now();
         }
     });
