@@ -12,8 +12,8 @@
 //! thread, for ours and PyTorch: wall-clock, the CPU time of all the process's threads (Linux)
 //! and their ratio, the threads kept busy. Wall-clock ratios need an idle machine; the CPU time
 //! at 1 thread is the step's work, which other load disturbs least. For ours at N threads it
-//! also prints the CPU time of the calling thread, which runs the ops too small for the pool
-//! (the serial part of the step), and the step an idle machine would then take.
+//! also prints how the CPU time divides between the calling thread (the small ops, and its
+//! share of every split op) and the helper threads, and what the split costs against 1 thread.
 //! `--only batched|per-sample` runs one schedule; `--no-torch` skips PyTorch.
 //!
 //! `cargo run --release -p zgrad --example cpu_bench -- [--threads N] [--iters N]
@@ -41,7 +41,7 @@ fn num(flag: &str, default: usize) -> Result<usize, Error> {
 }
 
 /// CPU milliseconds of this process's threads so far (Linux; 0 elsewhere): all of them, and
-/// the calling (main) thread alone, which runs every op too small for the pool.
+/// the calling (main) thread alone.
 fn cpu_ms() -> (f64, f64) {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return (0.0, 0.0);
@@ -71,7 +71,7 @@ struct Timing {
     wall: f64,
     /// CPU time of all threads.
     cpu: f64,
-    /// CPU time of the calling thread: the ops that ran without the pool.
+    /// CPU time of the calling thread.
     serial: f64,
 }
 
@@ -201,19 +201,20 @@ fn row(who: &str, s: Schedule, threads: usize, t: Timing) {
     );
 }
 
-/// How much of our step at `threads` ran on the calling thread alone, against the 1-thread
-/// step's CPU time (the work), and the wall time that leaves for an idle machine.
+/// How our step's CPU time at `threads` divides between the calling thread (which runs the
+/// small ops alone and takes its share of every split one) and the helper threads, against
+/// the 1-thread step's CPU time (the work): the difference is what the split costs.
 fn serial_line(s: Schedule, threads: usize, at: Timing, one: Timing) {
-    let idle = at.serial + (one.cpu - at.serial).max(0.0) / threads as f64;
     println!(
-        "ours {} at {threads} threads: {:.2} ms on the calling thread alone ({:.0}% of the \
-         1-thread step's {:.2} ms CPU); the rest spread evenly, an idle machine's step would \
-         take about {idle:.2} ms ({:.1} samples/s)",
+        "ours {} at {threads} threads: {:.2} ms CPU on the calling thread, {:.2} ms on the \
+         {} helper thread(s); {:.2} ms in all against {:.2} ms at 1 thread ({:+.1}%)",
         s.name,
         at.serial,
-        at.serial / one.cpu * 100.0,
+        at.cpu - at.serial,
+        threads - 1,
+        at.cpu,
         one.cpu,
-        s.samples as f64 / idle * 1e3
+        (at.cpu / one.cpu - 1.0) * 100.0
     );
 }
 

@@ -212,7 +212,8 @@ fn combine<T: Element>(w: impl Iterator<Item = T>, rows: &[T], out: &mut [T]) {
 /// The forward over dense `qkv`: `[B, S, D]`; batches split over the pool.
 pub(crate) fn forward_slices<T: Element>(qkv: &[T], a: Attention, p: &Params<T>) -> Vec<T> {
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
-    let mut out = super::pool::zeroed(a.batch * s_len * width);
+    // Every element is written (each head's rows by `combine`): no clearing pass.
+    let mut out = super::pool::overwritten(a.batch * s_len * width);
     par::rows_mut(&mut out, s_len * width, |first, block| {
         let mut hd = Head::new(a);
         for (i, out) in block.chunks_exact_mut(s_len * width).enumerate() {
@@ -241,7 +242,9 @@ pub(crate) fn backward_slices<T: Element>(
 ) -> (Vec<T>, Vec<T>) {
     let (s_len, dh) = (a.seq, a.dh);
     let per_batch = s_len * 3 * a.heads * dh;
-    let mut g_qkv = super::pool::zeroed(qkv.len());
+    // Every element is written (q and k rows by LayerNorm's backward, v rows by `combine`):
+    // no clearing pass.
+    let mut g_qkv = super::pool::overwritten(qkv.len());
     // Batch-major `[B, H, 4, dh]` first, reordered to parameter-major below.
     let mut by_batch = vec![T::ZERO; a.batch * a.heads * 4 * dh];
     par::rows_mut2(

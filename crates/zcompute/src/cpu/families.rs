@@ -22,6 +22,27 @@ impl<T: Element> LinearOps<T> for CpuBackend {
         fused::bias_act(x, bias, act)
     }
 
+    fn linear(
+        &self,
+        x: &CpuTensor<T>,
+        w: &CpuTensor<T>,
+        bias: &CpuTensor<T>,
+        act: Activation,
+    ) -> Result<CpuTensor<T>> {
+        fused::linear(x, w, bias, act, None)
+    }
+
+    fn linear_add(
+        &self,
+        x: &CpuTensor<T>,
+        w: &CpuTensor<T>,
+        bias: &CpuTensor<T>,
+        act: Activation,
+        residual: &CpuTensor<T>,
+    ) -> Result<CpuTensor<T>> {
+        fused::linear(x, w, bias, act, Some(residual))
+    }
+
     fn tanh_backward(&self, g: &CpuTensor<T>, y: &CpuTensor<T>) -> Result<CpuTensor<T>> {
         fused::tanh_backward(g, y)
     }

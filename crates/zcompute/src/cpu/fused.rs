@@ -3,8 +3,8 @@
 //! kernels and their twins are checked against. The residual add with LayerNorm reuses the
 //! LayerNorm rows of `norm.rs`, so the fused op computes exactly what the unfused pair does.
 
-use super::{dense, gather, math, norm, par};
-use crate::backend::UnaryOp;
+use super::{dense, gather, math, norm, par, reduce};
+use crate::backend::{MatmulOpts, UnaryOp};
 use crate::element::Element;
 use crate::error::Result;
 use crate::linear::Activation;
@@ -38,6 +38,58 @@ pub(crate) fn bias_act<T: Element>(
         });
     }
     dense(out, x.shape())
+}
+
+/// A Linear layer, `act(x · wᵀ + bias)`, plus `residual` when given: the product into a fresh
+/// buffer, then the epilogue in place, one pass over the rows. The same arithmetic in the same
+/// order as the product, [`bias_act`] and the add one after the other (so the same bits),
+/// without the two further output buffers and passes.
+pub(crate) fn linear<T: Element>(
+    x: &CpuTensor<T>,
+    w: &CpuTensor<T>,
+    bias: &CpuTensor<T>,
+    act: Activation,
+    residual: Option<&CpuTensor<T>>,
+) -> Result<CpuTensor<T>> {
+    let shape = match residual {
+        Some(r) => validate::linear_add(x, w, bias, r)?,
+        None => validate::linear(x, w, bias)?,
+    };
+    let opts = MatmulOpts {
+        trans_a: false,
+        trans_b: true,
+    };
+    let y = super::matmul::matmul(x, w, opts)?;
+    let n = shape.outputs;
+    if n == 0 || shape.rows == 0 {
+        return Ok(y);
+    }
+    let b = gather(bias);
+    let epilogue = |rs: &[T]| {
+        // `y` is the product's own dense buffer, shared with no one yet.
+        let mut data = y.storage().write();
+        par::rows_mut(&mut data[..], n, |first, block| {
+            let res = rs.get(first * n..first * n + block.len());
+            for (i, row) in block.chunks_exact_mut(n).enumerate() {
+                for (v, &bj) in row.iter_mut().zip(&b) {
+                    *v = *v + bj;
+                }
+                if act == Activation::Tanh {
+                    math::unary_in_place(UnaryOp::Tanh, row);
+                }
+                if let Some(res) = res {
+                    for (v, &r) in row.iter_mut().zip(&res[i * n..(i + 1) * n]) {
+                        *v = *v + r;
+                    }
+                }
+            }
+        });
+    };
+    match residual {
+        Some(r) => dense::with(r, epilogue),
+        None => epilogue(&[]),
+    }
+    Ok(y)
 }
 
 pub(crate) fn tanh_backward<T: Element>(
@@ -89,18 +141,17 @@ fn pooled_logits<T: Element>(h: &[T], w: &[T], bias: T, s: usize, d: usize) -> (
     let per = s * d;
     let samples = h.len().checked_div(per).unwrap_or(0);
     let parts = par::ranges(samples, per, |first, count| {
-        let mut pooled = Vec::with_capacity(count * d);
+        let mut pooled = vec![T::ZERO; count * d];
         let mut logits = Vec::with_capacity(count);
-        let mut column = vec![T::ZERO; s];
         let mut prods = vec![T::ZERO; d];
-        for sample in h[first * per..(first + count) * per].chunks_exact(per) {
-            for (j, p) in prods.iter_mut().enumerate() {
-                for (i, c) in column.iter_mut().enumerate() {
-                    *c = sample[i * d + j];
-                }
-                let m = math::pairwise_sum(&column) * inv_s;
-                pooled.push(m);
-                *p = m * w[j];
+        let samples = h[first * per..(first + count) * per].chunks_exact(per);
+        for (sample, mean) in samples.zip(pooled.chunks_exact_mut(d)) {
+            // Each column's sum is bitwise `pairwise_sum` of the column, vectorised across
+            // the columns.
+            reduce::column_sums(sample, d, s, mean);
+            for ((m, p), &wj) in mean.iter_mut().zip(&mut prods).zip(w) {
+                *m = *m * inv_s;
+                *p = *m * wj;
             }
             logits.push(math::pairwise_sum(&prods) + bias);
         }
@@ -126,7 +177,9 @@ pub(crate) fn pool_head_bce<T: Element>(
         scales,
         width,
     } = validate::pool_head_bce(h, weight, bias, targets)?;
-    let (_, logits) = pooled_logits(&gather(h), &gather(weight), gather(bias)[0], scales, width);
+    let (w, bias) = (gather(weight), gather(bias)[0]);
+    // `h` read in place (a large activation; `gather` would copy it).
+    let (_, logits) = dense::with(h, |hs| pooled_logits(hs, &w, bias, scales, width));
     let terms: Vec<T> = logits
         .iter()
         .zip(gather(targets))
@@ -158,7 +211,7 @@ pub(crate) fn pool_head_bce_backward<T: Element>(
         .map(|(l, y)| (math::sigmoid(l) - y) * scale)
         .collect();
     let w = gather(weight);
-    let (pooled, _) = pooled_logits(&gather(h), &w, T::ZERO, scales, width);
+    let (pooled, _) = dense::with(h, |hs| pooled_logits(hs, &w, T::ZERO, scales, width));
     let inv_s = T::ONE / T::from_f64(scales as f64);
     // Every element is written: sample b's rows are all `d_b * w * inv_s`.
     let per = scales * width;
@@ -187,4 +240,66 @@ pub(crate) fn pool_head_bce_backward<T: Element>(
         weight: dense(gw, &[1, width])?,
         bias: dense(vec![math::pairwise_sum(&d)], &[1])?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Backend;
+    use crate::cpu::{CpuBackend, with_threads};
+
+    fn t<T: Element>(shape: &[usize], seed: usize) -> CpuTensor<T> {
+        let n = shape.iter().product();
+        let v = (0..n)
+            .map(|i| T::from_f64(((i * 7919 + seed * 104_729) % 2003) as f64 / 1001.0 - 1.0))
+            .collect();
+        CpuTensor::from_vec(v, shape).unwrap()
+    }
+
+    /// The in-place epilogue gives the bits of the product, `bias_act` and the add run one
+    /// after the other (the provided composites), split or not.
+    fn linear_equals_its_composite<T: Element>() {
+        // 300 x 130 outputs: above MIN_PARALLEL, so the product and the epilogue both split.
+        let (x, w, b, r) = (
+            t::<T>(&[300, 70], 1),
+            t::<T>(&[130, 70], 2),
+            t::<T>(&[130], 3),
+            t::<T>(&[300, 130], 4),
+        );
+        let bits = |v: CpuTensor<T>| v.to_vec().iter().map(|x| x.to_f64().to_bits()).collect();
+        for threads in [1, 2, 3] {
+            with_threads(threads, || {
+                for act in [Activation::Identity, Activation::Tanh] {
+                    let plain = crate::linear::linear(&CpuBackend, &x, &w, &b, act).unwrap();
+                    let added = CpuBackend.add(&plain, &r).unwrap();
+                    let got: Vec<u64> = bits(linear(&x, &w, &b, act, None).unwrap());
+                    assert_eq!(got, bits(plain), "{act:?} at {threads} threads");
+                    let got: Vec<u64> = bits(linear(&x, &w, &b, act, Some(&r)).unwrap());
+                    assert_eq!(got, bits(added), "{act:?} + residual at {threads}");
+                }
+            })
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn linear_equals_its_composite_f32() {
+        linear_equals_its_composite::<f32>();
+    }
+
+    #[test]
+    fn linear_equals_its_composite_f64() {
+        linear_equals_its_composite::<f64>();
+    }
+
+    #[test]
+    fn linear_refuses_a_residual_of_another_shape() {
+        let (x, w, b) = (
+            t::<f32>(&[4, 3], 1),
+            t::<f32>(&[5, 3], 2),
+            t::<f32>(&[5], 3),
+        );
+        let r = t::<f32>(&[4, 4], 4);
+        assert!(linear(&x, &w, &b, Activation::Identity, Some(&r)).is_err());
+    }
 }

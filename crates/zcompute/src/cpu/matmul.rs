@@ -6,7 +6,7 @@
 //! Threads: a large product is split into blocks of output rows or of output columns (the side
 //! whose blocks share the smaller operand, as every block packs all of it; columns when the
 //! rows are few, as in one sample's product), one single-threaded product per block on the
-//! backend's pool. Every output element is then the same sum in the same order
+//! backend's team of threads (`par::drain`). Every output element is then the same sum in the same order
 //! (matrixmultiply's `k` blocking does not depend on where a block starts), so the result is
 //! bitwise the same for any thread count.
 
@@ -18,7 +18,6 @@ use crate::layout::Layout;
 use crate::tensor::CpuTensor;
 use crate::validate;
 use ndarray::{ArrayView2, ArrayViewMut2, Axis, linalg::general_mat_mul, s};
-use rayon::prelude::*;
 
 const OP: &str = "matmul";
 
@@ -85,17 +84,15 @@ pub(crate) fn product<T: Element>(
         .enumerate()
         .map(|(i, piece)| (i * per, piece))
         .collect();
-    par::install(|| {
-        pieces.into_par_iter().for_each(|(start, mut piece)| {
-            let len = piece.len_of(axis);
-            if axis == Axis(0) {
-                let rows = a.slice(s![start..start + len, ..]);
-                general_mat_mul(T::ONE, &rows, b, beta, &mut piece);
-            } else {
-                let cols = b.slice(s![.., start..start + len]);
-                general_mat_mul(T::ONE, a, &cols, beta, &mut piece);
-            }
-        });
+    par::drain(pieces.into_iter(), |(start, mut piece)| {
+        let len = piece.len_of(axis);
+        if axis == Axis(0) {
+            let rows = a.slice(s![start..start + len, ..]);
+            general_mat_mul(T::ONE, &rows, b, beta, &mut piece);
+        } else {
+            let cols = b.slice(s![.., start..start + len]);
+            general_mat_mul(T::ONE, a, &cols, beta, &mut piece);
+        }
     });
 }
 

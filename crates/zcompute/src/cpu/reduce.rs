@@ -17,7 +17,7 @@ use math::{LANES, LEAF};
 /// `math::pairwise_sum` sums a row (`acc.len()` columns from the start of each row): the same
 /// halving tree, and at a leaf, row `j` added into the column's running sum `j % LANES`, the
 /// running sums then added as `math::lanes_total`. Vectorised across the columns.
-fn column_sums<T: Element>(rows: &[T], stride: usize, n: usize, acc: &mut [T]) {
+pub(crate) fn column_sums<T: Element>(rows: &[T], stride: usize, n: usize, acc: &mut [T]) {
     let width = acc.len();
     // One spare row of sums per level of the tree (the upper half's, while the lower half's
     // is in `acc`), and the running sums of a leaf.
