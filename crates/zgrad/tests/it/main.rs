@@ -4,12 +4,13 @@
 
 /// A host backend with device-like memory rules (`SimBackend`).
 mod common;
-/// Shared by several features: the PyTorch fixtures, one trainer step against the oracle, and
-/// a model of the user's own (`mlp`).
+/// Shared by several features: the PyTorch fixtures, one trainer step against the oracle, a
+/// model of the user's own (`mlp`) and the small XAsset the trainer tests use (`small`).
 mod support {
     pub mod fixtures;
     pub mod mlp;
     pub mod oracle_step;
+    pub mod small;
 }
 
 /// The tape and every op's backward: finite differences, fused nodes against their

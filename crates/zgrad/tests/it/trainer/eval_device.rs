@@ -4,33 +4,15 @@
 //! reports from the host. On the simulated device (its op log counts the copies and captures)
 //! and on the CPU backend; `gpu`: CUDA device 0.
 
+use crate::support::small::{SMALL, labelled};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine};
 use zdevice::SimDriver;
-use zgrad::rng::SplitMix64;
-use zgrad::{EvalReport, GradError, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
-
-const SMALL: XAssetConfig = XAssetConfig {
-    features: 5,
-    scales: 3,
-    width: 8,
-    heads: 2,
-    ff: 16,
-    layers: 1,
-};
+use zgrad::{EvalReport, GradError, TrainSchedule, Trainer, TrainerConfig, XAsset};
 
 /// `n` samples, labels 0 and 1.
 fn set(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut rng = SplitMix64::new(seed);
-    let x = rng
-        .normal_vec(n * SMALL.scales * SMALL.features)
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    let y = (0..n)
-        .map(|_| f32::from(u8::from(rng.next_f64() > 0.5)))
-        .collect();
-    (x, y)
+    labelled(SMALL, n, seed)
 }
 
 fn learner<B: Capture<f32> + Clone + 'static>(

@@ -7,37 +7,20 @@
 //! non-finite sample at step k of a window named as step k, with the model as step k - 1
 //! left it.
 
+use crate::support::small::{SMALL, labelled};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine, PinnedHost};
 use zdevice::CuCode;
 use zdevice::sim::calls;
-use zgrad::rng::SplitMix64;
 use zgrad::{
     Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, TrainSchedule, Trainer,
-    TrainerConfig, XAsset, XAssetConfig,
+    TrainerConfig, XAsset,
 };
 
-const SMALL: XAssetConfig = XAssetConfig {
-    features: 5,
-    scales: 3,
-    width: 8,
-    heads: 2,
-    ff: 16,
-    layers: 1,
-};
 const N: usize = 20;
 
 fn data(seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut rng = SplitMix64::new(seed);
-    let x = rng
-        .normal_vec(N * SMALL.scales * SMALL.features)
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    let y = (0..N)
-        .map(|_| f32::from(u8::from(rng.next_f64() > 0.5)))
-        .collect();
-    (x, y)
+    labelled(SMALL, N, seed)
 }
 
 fn learner<B: Capture<f32> + Clone + 'static>(b: &B, capture: bool) -> Trainer<B> {

@@ -4,38 +4,21 @@
 //! CUDA backend over the simulated driver and on the CPU backend; bad sizes and non-finite
 //! values get the same errors.
 
+use crate::support::small::{SMALL, labelled};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine, PinnedHost};
 use zdevice::SimDriver;
-use zgrad::rng::SplitMix64;
 use zgrad::{
     Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, TrainSchedule, Trainer,
-    TrainerConfig, XAsset, XAssetConfig,
+    TrainerConfig, XAsset,
 };
 
 type Sim = CudaBackend<SimDriver>;
 
-const SMALL: XAssetConfig = XAssetConfig {
-    features: 5,
-    scales: 3,
-    width: 8,
-    heads: 2,
-    ff: 16,
-    layers: 1,
-};
 const CAPACITY: usize = 6;
 
 fn batch(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut rng = SplitMix64::new(seed);
-    let x = rng
-        .normal_vec(n * SMALL.scales * SMALL.features)
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    let y = (0..n)
-        .map(|_| f32::from(u8::from(rng.next_f64() > 0.5)))
-        .collect();
-    (x, y)
+    labelled(SMALL, n, seed)
 }
 
 fn trainer<B: Capture<f32> + Clone + 'static>(

@@ -5,9 +5,9 @@
 
 #![allow(clippy::print_stdout)]
 
+use crate::support::small::{SMALL, labelled};
 use zcompute::{CudaBackend, Engine};
 use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
-use zgrad::rng::SplitMix64;
 use zgrad::{
     Applied, GradError, ReplayMark, StepReport, TrainSchedule, Trainer, TrainerConfig, XAsset,
     XAssetConfig,
@@ -16,26 +16,8 @@ use zmem::{Arena, ArenaConfig};
 
 type Sim = CudaBackend<SimDriver>;
 
-const SMALL: XAssetConfig = XAssetConfig {
-    features: 5,
-    scales: 3,
-    width: 8,
-    heads: 2,
-    ff: 16,
-    layers: 1,
-};
-
 fn batch(c: XAssetConfig, n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
-    let mut rng = SplitMix64::new(seed);
-    let x = rng
-        .normal_vec(n * c.scales * c.features)
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    let y = (0..n)
-        .map(|_| f32::from(u8::from(rng.next_f64() > 0.5)))
-        .collect();
-    (x, y)
+    labelled(c, n, seed)
 }
 
 fn trainer(schedule: TrainSchedule, capture: bool) -> (Sim, Trainer<Sim>) {
