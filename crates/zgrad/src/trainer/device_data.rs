@@ -119,10 +119,6 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
         self.data.per()
     }
 
-    fn slices(&self, _rows: Range<usize>) -> Option<(&[T], &[T])> {
-        None
-    }
-
     fn upload(
         &self,
         b: &B,

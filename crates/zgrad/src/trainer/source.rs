@@ -12,8 +12,11 @@ use zcompute::{BTensor, Element, PinnedHost, PinnedSlice, prelude::*};
 pub(super) trait Source<B: Ops<T>, T: Element> {
     /// Values per sample (S x F).
     fn per(&self) -> usize;
-    /// Rows `rows` as host slices, when the batch lies in ordinary memory.
-    fn slices(&self, rows: Range<usize>) -> Option<(&[T], &[T])>;
+    /// Rows `rows` as host slices, when the batch lies in ordinary memory (only host slices
+    /// do; pinned, landed and resident rows are device-bound).
+    fn slices(&self, _rows: Range<usize>) -> Option<(&[T], &[T])> {
+        None
+    }
     /// Queues rows `rows` of x into `x` and of y into `y` (views of the rows' sizes).
     fn upload(&self, b: &B, rows: Range<usize>, x: &BTensor<B, T>, y: &BTensor<B, T>)
     -> Result<()>;
@@ -184,10 +187,6 @@ impl<B: PinnedHost<T>, T: Element> PinnedBatch<B, T> {
 impl<B: PinnedHost<T>, T: Element> Source<B, T> for PinnedBatch<B, T> {
     fn per(&self) -> usize {
         self.scales * self.features
-    }
-
-    fn slices(&self, _rows: Range<usize>) -> Option<(&[T], &[T])> {
-        None
     }
 
     fn upload(

@@ -120,10 +120,6 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
         self.per
     }
 
-    fn slices(&self, _rows: Range<usize>) -> Option<(&[T], &[T])> {
-        None
-    }
-
     /// A device-to-device copy on the engine stream (which already waits for the landing
     /// copy), into views of the rows' sizes in any shape (the per-sample table's columns are
     /// `[rows, S*F]` and `[rows, 1]`).
