@@ -55,6 +55,11 @@ fn real_run<D: Driver>(
             .expect("step")
             .captured;
     }
+    measured(&arena, schedule, captured)
+}
+
+/// What a real run on `arena` used, as a plan states it (the run must not have overflowed).
+fn measured<D: Driver>(arena: &Arena<D>, schedule: TrainSchedule, captured: bool) -> SchedulePlan {
     let d = arena.diagnostics();
     assert_eq!(d.overflow.calls, 0, "the real run overflowed: {d}");
     SchedulePlan {
@@ -164,15 +169,7 @@ fn real_resident_run<D: Driver>(
             captured &= r.captured;
         }
     }
-    let d = arena.diagnostics();
-    assert_eq!(d.overflow.calls, 0, "the real run overflowed: {d}");
-    SchedulePlan {
-        schedule,
-        captured,
-        peak: d.peak_bytes_by_class,
-        arena_bytes: d.capacity,
-        capture_reserved_bytes: d.capture.reserved,
-    }
+    measured(&arena, schedule, captured)
 }
 
 /// A training set on the device (issue 21 item 2): the plan holds it (persistent memory grows
@@ -301,15 +298,7 @@ fn real_run_with_evaluations<D: Driver>(
             .evaluate(&x, &y)
             .expect("training set from the host"),
     };
-    let d = arena.diagnostics();
-    assert_eq!(d.overflow.calls, 0, "the real run overflowed: {d}");
-    SchedulePlan {
-        schedule,
-        captured,
-        peak: d.peak_bytes_by_class,
-        arena_bytes: d.capacity,
-        capture_reserved_bytes: d.capture.reserved,
-    }
+    measured(&arena, schedule, captured)
 }
 
 /// The plan counts what a run evaluates (issue 21, "the plan within 5% of the run"): the
