@@ -4,7 +4,7 @@
 //! PyTorch's side).
 //!
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|overlapped|after] [--bucket-mib M]
-//! [--strong 256,512,1024]` starts N ranks of itself through zcomm's launcher (one process per
+//! [--strong 256,512,1024] [--warmup-steps W]` starts N ranks of itself through zcomm's launcher (one process per
 //! GPU, `NCCL_NVLS_ENABLE=0`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
 //! hands out the unique id over TCP). With `--gpus 1` it runs in this process, without a
 //! collective. Rank 0 prints one JSON object. For each way of summing the gradients
@@ -25,6 +25,11 @@
 //!   replay, loss read back);
 //! - `eager_ms`: host wall-clock of an eager `train_batch`;
 //! - `samples_per_s`: the global batch over `pipelined_ms`;
+//!
+//! Before the first timed row every rank replays the captured weak-scaling step `W` times
+//! (default 2000, about 1.5 s): the first process a freshly started GPU machine runs measured its
+//! first rows 9-18% slower than every later process, while the one-GPU rows, measured last,
+//! were always warm (`--warmup-steps 0` measures cold).
 //!
 //! then, with N > 1, rank 0 alone (the communicators closed) measures the same rows on one GPU
 //! (`one_gpu`), and prints the weak-scaling efficiency T(1)/T(N) and the strong-scaling speedup
@@ -154,6 +159,23 @@ fn captured_ms(gpu: &Gpu, t: &mut Trainer<Gpu>, iters: usize) -> Result<f64, Err
     })
 }
 
+/// Replays the captured weak-scaling step `steps` times, untimed, so that the first timed row
+/// does not run on a cold GPU and communicator (every rank the same count: the step's
+/// collectives pair up).
+fn warm_up(gpu: &Gpu, comm: Option<&Comm>, world: usize, steps: usize) -> Result<(), Error> {
+    if steps == 0 {
+        return Ok(());
+    }
+    let global = PER_RANK * world;
+    let (x, y) = data(global);
+    let mut t = trainer(gpu, comm, true, GradSync::AfterBackward)?;
+    t.train_batch(&x, &y, global)?;
+    for _ in 0..steps {
+        t.replay_resident(|_| {})?;
+    }
+    Ok(())
+}
+
 /// One scaling row: `global` rows per step over every rank.
 fn row(
     gpu: &Gpu,
@@ -228,12 +250,17 @@ fn allreduce_ms(gpu: &Gpu, comm: &Comm, iters: usize) -> Result<f64, Error> {
 /// What the command line asks for.
 struct Args {
     iters: usize,
+    warmup_steps: usize,
     syncs: Vec<(&'static str, GradSync)>,
     strong: Vec<usize>,
 }
 
 fn args() -> Result<Args, Error> {
     let iters: usize = arg("--iters").map(|v| v.parse()).transpose()?.unwrap_or(30);
+    let warmup_steps: usize = arg("--warmup-steps")
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(2000);
     let mib: f64 = arg("--bucket-mib")
         .map(|v| v.parse())
         .transpose()?
@@ -265,6 +292,7 @@ fn args() -> Result<Args, Error> {
     }
     Ok(Args {
         iters,
+        warmup_steps,
         syncs,
         strong,
     })
@@ -294,7 +322,9 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     out.str("device", &gpu.device().info().name);
     out.raw("gpus", info.world);
     out.raw("iters", args.iters);
+    out.raw("warmup_steps", args.warmup_steps);
     if info.world == 1 {
+        warm_up(&gpu, None, 1, args.warmup_steps)?;
         let (one, _) = rows(
             &gpu,
             None,
@@ -318,6 +348,7 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
         rendezvous::Config::from_env(master, Duration::from_secs(60))?,
     )?;
     let comm: Comm = Rc::new(NcclCollective::join(&gpu, info, &id)?);
+    warm_up(&gpu, Some(&comm), info.world, args.warmup_steps)?;
     let mut many = Vec::new();
     for &(name, sync) in &args.syncs {
         let (json, times) = rows(
