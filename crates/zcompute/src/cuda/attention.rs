@@ -1,6 +1,6 @@
-//! Attention's core on the device: the fused kernels of `kernels/attention.cu` (one block per
-//! (batch, head), q, k, v read in the projection's layout) for the short sequences they are
-//! built for, and the composite of the op set (`crate::attention`) for every other shape. The
+//! Attention's core on the device: the fused kernels of `kernels/attention_short.cu` (S <= 16,
+//! heads of 32 or 64) or else `kernels/attention.cu` (one block per (batch, head), q, k, v read
+//! in the projection's layout) for the short sequences they are built for, and the composite of the op set (`crate::attention`) for every other shape. The
 //! backward kernel writes per-(batch, head) rows of LayerNorm parameter partials that one
 //! column reduction sums in a fixed order (adding into the parameters' gradient buffers for
 //! `qk_norm_attention_backward_into`): no atomics, two runs give the same bits.
@@ -27,6 +27,73 @@ pub(crate) const FUSED_MAX_DH: usize = 256;
 pub(crate) const FUSED_MAX_SHARED: usize = 48 * 1024;
 /// Warps per block (`ATTN_WARPS` in attention.cu).
 pub(crate) const WARPS: usize = 16;
+
+/// Longest sequence the short kernels of `kernels/attention_short.cu` take
+/// (`ATTN_SHORT_MAX_SEQ`).
+pub(crate) const SHORT_MAX_SEQ: usize = 16;
+/// (batch, head) blocks from which the short kernels run 4 warps a block (each warp several
+/// rows: more blocks resident at once); below it one warp a row. Measured on an H100 at S = 12,
+/// dh = 64: 1024 blocks took 10.1 us forward and 19.5 backward with 4 warps against 10.1 and
+/// 23.5 with 12; 256 blocks 7.0 and 10.8 with 4 against 4.0 and 6.8 with 12.
+const SHORT_MANY_BLOCKS: usize = 512;
+
+/// Shared memory of the short forward kernel: kn and v `[S, dh]`.
+pub(crate) fn short_forward_shared_bytes(a: Attention) -> usize {
+    4 * 2 * a.seq * a.dh
+}
+
+/// Shared memory of the short backward kernel: qn, go, qhat, dqn, khat, dkn, kn, v `[S, dh]`,
+/// P and dS `[S, S]`, k's rstd.
+pub(crate) fn short_backward_shared_bytes(a: Attention) -> usize {
+    4 * (8 * a.seq * a.dh + 2 * a.seq * a.seq + a.seq)
+}
+
+/// The short kernel for this shape and its launch (one block per (batch, head), the warps as
+/// `SHORT_MANY_BLOCKS` says), or `None` where the shape is not one it takes.
+pub(crate) fn short_launch(a: Attention, backward: bool) -> Option<(Kernel, LaunchConfig)> {
+    let kernel = match (a.dh, backward) {
+        (32, false) => Kernel::QkNormAttentionDh32,
+        (64, false) => Kernel::QkNormAttentionDh64,
+        (32, true) => Kernel::QkNormAttentionBackwardDh32,
+        (64, true) => Kernel::QkNormAttentionBackwardDh64,
+        _ => return None,
+    };
+    let blocks = a.batch.checked_mul(a.heads)?;
+    if a.is_empty() || a.seq > SHORT_MAX_SEQ || blocks >= i32::MAX as usize {
+        return None;
+    }
+    let warps = if blocks >= SHORT_MANY_BLOCKS {
+        4
+    } else {
+        a.seq
+    };
+    let shared = if backward {
+        short_backward_shared_bytes(a)
+    } else {
+        short_forward_shared_bytes(a)
+    };
+    Some((
+        kernel,
+        LaunchConfig {
+            grid: (blocks as u32, 1, 1),
+            block: (warps as u32 * 32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        },
+    ))
+}
+
+/// The kernel and launch for a shape: the short kernel where it applies, else attention.cu's
+/// where the shape fits it, else `None` (the caller runs the composite).
+fn pick(a: Attention, backward: bool) -> Option<(Kernel, LaunchConfig)> {
+    short_launch(a, backward).or_else(|| {
+        let (kernel, shared) = if backward {
+            (Kernel::QkNormAttentionBackward, backward_shared_bytes(a))
+        } else {
+            (Kernel::QkNormAttention, forward_shared_bytes(a))
+        };
+        fused_config(a, shared).map(|c| (kernel, c))
+    })
+}
 
 /// Floats between rows of a `[S, dh]` array in the kernels' shared memory (`ld` in
 /// attention.cu): odd, so a warp reading one column of different rows has no bank conflicts.
@@ -85,7 +152,7 @@ impl<D: Driver> CudaBackend<D> {
     ) -> Result<CudaTensor> {
         const OP: &str = "qk_norm_attention";
         let a = validate::qk_norm_attention(qkv, norm)?;
-        let Some(config) = fused_config(a, forward_shared_bytes(a)) else {
+        let Some((kernel, config)) = pick(a, false) else {
             return composite_forward(self, qkv, norm);
         };
         let out = self.alloc(OP, &[a.batch, a.seq, a.heads * a.dh])?;
@@ -96,7 +163,7 @@ impl<D: Driver> CudaBackend<D> {
         args.extend(self.norm_args(OP, norm)?);
         args.extend(sizes(a));
         args.push(KernelArg::F32(norm.eps));
-        self.launch(OP, Kernel::QkNormAttention, config, &args)?;
+        self.launch(OP, kernel, config, &args)?;
         Ok(out)
     }
 
@@ -111,7 +178,7 @@ impl<D: Driver> CudaBackend<D> {
         norm: &QkNorm<'_, CudaStorage>,
         a: Attention,
     ) -> Result<Option<(CudaTensor, CudaTensor)>> {
-        let Some(config) = fused_config(a, backward_shared_bytes(a)) else {
+        let Some((kernel, config)) = pick(a, true) else {
             return Ok(None);
         };
         let g_qkv = self.alloc(op, qkv.shape())?;
@@ -124,7 +191,7 @@ impl<D: Driver> CudaBackend<D> {
         args.extend(self.norm_args(op, norm)?);
         args.extend(sizes(a));
         args.push(KernelArg::F32(norm.eps));
-        self.launch(op, Kernel::QkNormAttentionBackward, config, &args)?;
+        self.launch(op, kernel, config, &args)?;
         Ok(Some((g_qkv, partials)))
     }
 
@@ -253,5 +320,63 @@ impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
         param_grads: [Option<&CudaTensor>; 4],
     ) -> Result<QkNormAttentionGradsInto<CudaStorage>> {
         self.qk_norm_attention_backward_into_fused(g, qkv, norm, param_grads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(batch: usize, seq: usize, heads: usize, dh: usize) -> Attention {
+        Attention {
+            batch,
+            seq,
+            heads,
+            dh,
+        }
+    }
+
+    /// Which kernel runs a shape, and with how many warps a block.
+    #[rstest::rstest]
+    #[case::xasset_batched(256, 12, 4, 64, Some((Kernel::QkNormAttentionDh64, 4)))]
+    #[case::xasset_one_sample(1, 12, 4, 64, Some((Kernel::QkNormAttentionDh64, 12)))]
+    #[case::below_many_blocks(127, 12, 4, 64, Some((Kernel::QkNormAttentionDh64, 12)))]
+    #[case::at_many_blocks(128, 12, 4, 64, Some((Kernel::QkNormAttentionDh64, 4)))]
+    #[case::narrow_heads(3, 5, 2, 32, Some((Kernel::QkNormAttentionDh32, 5)))]
+    #[case::longest_short(1, 16, 1, 64, Some((Kernel::QkNormAttentionDh64, 16)))]
+    #[case::too_long(1, 17, 1, 64, Some((Kernel::QkNormAttention, WARPS)))]
+    #[case::other_width(2, 12, 4, 24, Some((Kernel::QkNormAttention, WARPS)))]
+    #[case::composite(1, 70, 2, 8, None)]
+    #[case::empty(0, 12, 4, 64, None)]
+    fn forward_kernel_for_each_shape(
+        #[case] batch: usize,
+        #[case] seq: usize,
+        #[case] heads: usize,
+        #[case] dh: usize,
+        #[case] want: Option<(Kernel, usize)>,
+    ) {
+        let a = shape(batch, seq, heads, dh);
+        let got = pick(a, false).map(|(k, c)| {
+            assert_eq!(
+                c.grid.0 as usize,
+                batch * heads,
+                "one block per (batch, head)"
+            );
+            (k, c.block.0 as usize / 32)
+        });
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_backward_takes_the_matching_short_kernel_and_its_shared_memory() {
+        let a = shape(256, 12, 4, 64);
+        let (k, c) = pick(a, true).expect("short backward");
+        assert_eq!(k, Kernel::QkNormAttentionBackwardDh64);
+        assert_eq!(c.shared_mem_bytes as usize, short_backward_shared_bytes(a));
+        assert_eq!(short_backward_shared_bytes(a), 4 * (8 * 768 + 2 * 144 + 12));
+        let (k, _) = pick(shape(2, 3, 1, 32), true).expect("short backward");
+        assert_eq!(k, Kernel::QkNormAttentionBackwardDh32);
+        // Every shape the short kernels take fits the 48 KiB a launch may use without opt-in.
+        assert!(short_backward_shared_bytes(shape(1, SHORT_MAX_SEQ, 1, 64)) <= FUSED_MAX_SHARED);
     }
 }

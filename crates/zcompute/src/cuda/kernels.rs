@@ -19,7 +19,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 10] = [
+pub(crate) const MODULES: [(&str, &str); 11] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -44,6 +44,10 @@ pub(crate) const MODULES: [(&str, &str); 10] = [
     (
         "linear_backward",
         include_str!("../../../../kernels/ptx/linear_backward.ptx"),
+    ),
+    (
+        "attention_short",
+        include_str!("../../../../kernels/ptx/attention_short.ptx"),
     ),
 ];
 
@@ -101,6 +105,11 @@ pub enum Kernel {
     /// Attention's core, fused per (batch, head) (`attention.cu`; see `cuda/attention.rs`).
     QkNormAttention,
     QkNormAttentionBackward,
+    /// The same for short sequences and heads of 32 or 64 (`attention_short.cu`).
+    QkNormAttentionDh32,
+    QkNormAttentionDh64,
+    QkNormAttentionBackwardDh32,
+    QkNormAttentionBackwardDh64,
     /// Fused epilogues and tail (`fused.cu`, launched from `cuda/fused.rs`).
     BiasAct,
     TanhBackward,
@@ -169,7 +178,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 49] = [
+    pub const ALL: [Kernel; 53] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -202,6 +211,10 @@ impl Kernel {
         Kernel::FiniteGate,
         Kernel::QkNormAttention,
         Kernel::QkNormAttentionBackward,
+        Kernel::QkNormAttentionDh32,
+        Kernel::QkNormAttentionDh64,
+        Kernel::QkNormAttentionBackwardDh32,
+        Kernel::QkNormAttentionBackwardDh64,
         Kernel::BiasAct,
         Kernel::TanhBackward,
         Kernel::AddLayerNormRows,
@@ -370,6 +383,20 @@ impl Kernel {
             Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
             Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
             Kernel::QkNormAttention => s(4, "zc_qk_norm_attention_f32", ATTENTION, 0),
+            Kernel::QkNormAttentionDh32 => s(10, "zc_qk_norm_attention_dh32_f32", ATTENTION, 0),
+            Kernel::QkNormAttentionDh64 => s(10, "zc_qk_norm_attention_dh64_f32", ATTENTION, 0),
+            Kernel::QkNormAttentionBackwardDh32 => s(
+                10,
+                "zc_qk_norm_attention_backward_dh32_f32",
+                ATTENTION_BACKWARD,
+                0,
+            ),
+            Kernel::QkNormAttentionBackwardDh64 => s(
+                10,
+                "zc_qk_norm_attention_backward_dh64_f32",
+                ATTENTION_BACKWARD,
+                0,
+            ),
             Kernel::QkNormAttentionBackward => s(
                 4,
                 "zc_qk_norm_attention_backward_f32",

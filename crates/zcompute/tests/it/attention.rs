@@ -284,6 +284,29 @@ macro_rules! attention_suite {
             );
         }
 
+        /// Enough (batch, head) pairs that the short kernels run several rows a warp (4 warps a
+        /// block from 512 pairs), at both head widths they take, and a sequence at their limit.
+        #[rstest]
+        #[case::xasset_batch(160, 12, 4, 64)]
+        #[case::narrow_heads(130, 7, 4, 32)]
+        #[case::longest_short(40, 16, 16, 64)]
+        fn many_heads_parity(
+            #[case] batch: usize,
+            #[case] seq: usize,
+            #[case] heads: usize,
+            #[case] dh: usize,
+        ) {
+            parity(
+                &$backend(),
+                Case {
+                    batch,
+                    seq,
+                    heads,
+                    dh,
+                },
+            );
+        }
+
         /// Shapes the fused kernels do not take (a long sequence, a wide head, a backward
         /// whose shared memory does not fit): the composite runs, with the same results.
         #[rstest]
@@ -310,6 +333,7 @@ macro_rules! attention_suite {
 
         #[rstest]
         #[case::xasset(3, 12, 4, 64)]
+        #[case::xasset_batch(160, 12, 4, 64)]
         #[case::odd(2, 17, 1, 5)]
         fn two_runs_bitwise_equal(
             #[case] batch: usize,
@@ -330,6 +354,8 @@ macro_rules! attention_suite {
 
         #[rstest]
         #[case::fused(3, 12, 4, 64)]
+        #[case::fused_many_heads(160, 12, 4, 64)]
+        #[case::general_kernel(2, 17, 2, 24)]
         #[case::composite(1, 70, 2, 8)]
         fn captured_equals_eager(
             #[case] batch: usize,

@@ -1,15 +1,54 @@
 //! Simulated twins of `kernels/attention.cu`: the CPU backend's per-(batch, head) attention
 //! (`cpu::attention`, the same algorithm the kernels run) over device memory, after checking
-//! the launch contract the GPU relies on: one block of 8 warps per (batch, head), the shapes
-//! the kernels take and enough dynamic shared memory for them.
+//! the launch contract the GPU relies on: one block per (batch, head) (of `WARPS` warps for
+//! attention.cu's kernels, of 1 to 32 for attention_short.cu's), the shapes the kernels take
+//! and enough dynamic shared memory for them. The short kernels sum the scores' and dP's
+//! products in another order than the CPU; the twins give the CPU's bits.
 
 use super::{bad, checked};
 use crate::cpu::attention::{Params, backward_slices, forward_slices};
-use crate::cuda::attention::{FUSED_MAX_DH, FUSED_MAX_SEQ, WARPS};
+use crate::cuda::attention::{FUSED_MAX_DH, FUSED_MAX_SEQ, SHORT_MAX_SEQ, WARPS};
 use crate::cuda::kernels::Kernel;
 use crate::validate::Attention;
 use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
+
+/// The sizes at `first` (batch, seq, heads, dh) of a short kernel for heads of `DH`, checked
+/// against its launch.
+fn short_launch_shape<const DH: usize>(
+    config: &LaunchConfig,
+    k: &KernelArgs<'_>,
+    first: usize,
+    shared: fn(Attention) -> usize,
+) -> Result<Attention, KernelFault> {
+    let size = |i: usize| k.u32(i).map(|v| v as usize);
+    let a = Attention {
+        batch: size(first)?,
+        seq: size(first + 1)?,
+        heads: size(first + 2)?,
+        dh: size(first + 3)?,
+    };
+    if a.seq == 0 || a.seq > SHORT_MAX_SEQ || a.dh != DH {
+        return Err(bad(
+            first + 1,
+            "sequence or head width outside the short kernel's range",
+        ));
+    }
+    let warps = config.block.0 as usize / 32;
+    if config.grid.0 as usize != a.batch * a.heads
+        || !config.block.0.is_multiple_of(32)
+        || !(1..=32).contains(&warps)
+    {
+        return Err(bad(
+            0,
+            "launch is not one block of 1 to 32 whole warps per (batch, head)",
+        ));
+    }
+    if (config.shared_mem_bytes as usize) < shared(a) {
+        return Err(bad(0, "too little dynamic shared memory for this shape"));
+    }
+    Ok(a)
+}
 
 /// The sizes at `first` (batch, seq, heads, dh), checked against the launch.
 fn launch_shape(
@@ -88,4 +127,141 @@ pub(super) fn backward(
     let (g_qkv, partials) = backward_slices(&g, &qkv, a, &p);
     mem.write_f32(k.ptr(0)?, &g_qkv)?;
     mem.write_f32(k.ptr(1)?, &partials)
+}
+
+/// attention_short.cu's forward for heads of `DH`: the arguments of [`forward`].
+pub(super) fn short_forward<const DH: usize>(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let kernel = if DH == 32 {
+        Kernel::QkNormAttentionDh32
+    } else {
+        Kernel::QkNormAttentionDh64
+    };
+    let k = checked(kernel, args)?;
+    let a = short_launch_shape::<DH>(
+        config,
+        &k,
+        6,
+        crate::cuda::attention::short_forward_shared_bytes,
+    )?;
+    let p = params(&k, mem, 2, a, k.f32(10)?)?;
+    let qkv = mem.read_f32(k.ptr(1)?, qkv_len(a))?;
+    mem.write_f32(k.ptr(0)?, &forward_slices(&qkv, a, &p))
+}
+
+/// attention_short.cu's backward for heads of `DH`: the arguments of [`backward`].
+pub(super) fn short_backward<const DH: usize>(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let kernel = if DH == 32 {
+        Kernel::QkNormAttentionBackwardDh32
+    } else {
+        Kernel::QkNormAttentionBackwardDh64
+    };
+    let k = checked(kernel, args)?;
+    let a = short_launch_shape::<DH>(
+        config,
+        &k,
+        8,
+        crate::cuda::attention::short_backward_shared_bytes,
+    )?;
+    let p = params(&k, mem, 4, a, k.f32(12)?)?;
+    let g = mem.read_f32(k.ptr(2)?, (a.batch * a.seq * a.heads * a.dh) as u64)?;
+    let qkv = mem.read_f32(k.ptr(3)?, qkv_len(a))?;
+    let (g_qkv, partials) = backward_slices(&g, &qkv, a, &p);
+    mem.write_f32(k.ptr(0)?, &g_qkv)?;
+    mem.write_f32(k.ptr(1)?, &partials)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::attention::short_forward_shared_bytes;
+    use zdevice::DevicePtr;
+
+    fn forward_args(batch: u32, seq: u32, heads: u32, dh: u32) -> Vec<KernelArg> {
+        let mut args = vec![KernelArg::Ptr(DevicePtr(256)); 6];
+        args.extend([batch, seq, heads, dh].map(KernelArg::U32));
+        args.push(KernelArg::F32(1e-5));
+        args
+    }
+
+    fn launch(blocks: u32, warps: u32, shared: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid: (blocks, 1, 1),
+            block: (warps * 32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        }
+    }
+
+    /// The short forward's twin takes the launches the kernel is built for and refuses the
+    /// others by a fault, as a GPU would misbehave on them.
+    #[rstest::rstest]
+    #[case::one_warp(1, 6, None)]
+    #[case::four_warps(4, 6, None)]
+    #[case::thirty_two_warps(32, 6, None)]
+    #[case::no_warps(0, 6, Some("whole warps"))]
+    #[case::too_many_warps(33, 6, Some("whole warps"))]
+    #[case::grid_not_one_block_per_head(4, 5, Some("whole warps"))]
+    fn short_launch_contract(
+        #[case] warps: u32,
+        #[case] blocks: u32,
+        #[case] refused: Option<&str>,
+    ) {
+        let args = forward_args(3, 12, 2, 64);
+        let a = Attention {
+            batch: 3,
+            seq: 12,
+            heads: 2,
+            dh: 64,
+        };
+        let config = launch(blocks, warps, short_forward_shared_bytes(a));
+        let got =
+            short_launch_shape::<64>(&config, &KernelArgs(&args), 6, short_forward_shared_bytes);
+        match refused {
+            None => assert_eq!(got.expect("accepted"), a),
+            Some(why) => assert!(format!("{:?}", got.expect_err("refused")).contains(why)),
+        }
+    }
+
+    #[test]
+    fn short_twin_refuses_other_heads_longer_sequences_and_too_little_shared_memory() {
+        let a = Attention {
+            batch: 1,
+            seq: 12,
+            heads: 1,
+            dh: 64,
+        };
+        let shared = short_forward_shared_bytes(a);
+        let check = |args: &[KernelArg], shared: usize| {
+            short_launch_shape::<64>(
+                &launch(1, 4, shared),
+                &KernelArgs(args),
+                6,
+                short_forward_shared_bytes,
+            )
+            .map_err(|e| format!("{e:?}"))
+        };
+        assert!(
+            check(&forward_args(1, 12, 1, 32), shared)
+                .unwrap_err()
+                .contains("range")
+        );
+        assert!(
+            check(&forward_args(1, 17, 1, 64), 4 * 2 * 17 * 64)
+                .unwrap_err()
+                .contains("range")
+        );
+        assert!(
+            check(&forward_args(1, 12, 1, 64), shared - 4)
+                .unwrap_err()
+                .contains("shared")
+        );
+        assert_eq!(check(&forward_args(1, 12, 1, 64), shared), Ok(a));
+    }
 }

@@ -1,0 +1,317 @@
+// Attention's core for short sequences (S <= 16) and heads of 32 or 64: the same operation,
+// inputs, outputs and launch grid as attention.cu's kernels (one block per (batch, head)), with
+// fewer instructions. A lane holds the d-slices d = lane + 32 t (t < DPL, dh = 32 * DPL) of the
+// row it works on; every row access is lanes over d (consecutive addresses, no bank conflicts).
+// Scores (and in the backward dP) are per-lane partial dot products over the lane's d, summed
+// across the warp for all keys at once by a transpose reduction that leaves key j's total in
+// the lane pair (2j, 2j + 1). Any number of warps a block (blockDim.x = 32 * W, W <= 32): warp
+// w takes rows r with r % W == w, and a row's arithmetic does not depend on W, so the bits do
+// not either. Every sum has a fixed order: two runs give the same bits. Against attention.cu
+// only the order of the d-sums of the scores and of dP differs (the others run in the same
+// order), so the results agree to float32 rounding, not bit for bit.
+#include "common.cuh"
+
+#define ATTN_SHORT_MAX_SEQ 16
+#define ATTN_FULL 0xffffffffu
+
+// Sum over the warp of 16 per-lane values (one per key); returns the total of key j = lane >> 1
+// (both lanes of a pair hold the same bits). Each step halves the values a lane keeps and adds
+// its partner's half: 16 shuffles for 16 sums.
+__device__ __forceinline__ float attn_keys_sum(const float (&v)[ATTN_SHORT_MAX_SEQ], unsigned lane) {
+    float a[8], b[4], c[2];
+    bool up = lane & 16;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) a[t] = (up ? v[t + 8] : v[t]) + __shfl_xor_sync(ATTN_FULL, up ? v[t] : v[t + 8], 16);
+    up = lane & 8;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) b[t] = (up ? a[t + 4] : a[t]) + __shfl_xor_sync(ATTN_FULL, up ? a[t] : a[t + 4], 8);
+    up = lane & 4;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) c[t] = (up ? b[t + 2] : b[t]) + __shfl_xor_sync(ATTN_FULL, up ? b[t] : b[t + 2], 4);
+    up = lane & 2;
+    float d = (up ? c[1] : c[0]) + __shfl_xor_sync(ATTN_FULL, up ? c[0] : c[1], 2);
+    return d + __shfl_xor_sync(ATTN_FULL, d, 1);
+}
+// Sum over the 16 distinct keys when lane pairs hold the same value (masks 16..2).
+__device__ __forceinline__ float attn_distinct_sum(float v) {
+    for (int o = 16; o > 1; o >>= 1) v += __shfl_xor_sync(ATTN_FULL, v, o);
+    return v;
+}
+// LayerNorm statistics of a row held as DPL values a lane: the same sums in the same order as
+// attn_norm_row. Writes xhat into x; returns rstd.
+template <int DPL>
+__device__ __forceinline__ float attn_norm_lanes(float (&x)[DPL], unsigned dh, float eps) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int t = 0; t < DPL; ++t) sum += x[t];
+    float mean = warp_sum(sum) / (float)dh;
+    float sq = 0.0f;
+#pragma unroll
+    for (int t = 0; t < DPL; ++t) { float c = x[t] - mean; sq += c * c; }
+    float rstd = 1.0f / sqrtf(warp_sum(sq) / (float)dh + eps);
+#pragma unroll
+    for (int t = 0; t < DPL; ++t) x[t] = (x[t] - mean) * rstd;
+    return rstd;
+}
+template <int DPL>
+__device__ __forceinline__ void attn_lanes_load(float (&x)[DPL], const float* src, unsigned lane) {
+#pragma unroll
+    for (int t = 0; t < DPL; ++t) x[t] = src[lane + 32 * t];
+}
+// Softmax over the keys of one query row, the score of key lane >> 1 in `s` (lanes past the
+// sequence pass valid = false): returns that key's probability. The same operations as
+// attn_softmax_row.
+__device__ __forceinline__ float attn_softmax_keys(float s, bool valid) {
+    float m = warp_max(valid ? s : -INFINITY);
+    float e = valid ? expf(s - m) : 0.0f;
+    float sum = attn_distinct_sum(e);
+    float inv = 1.0f / sum;
+    return e * inv;
+}
+
+// Forward. Shared (floats): kn (normalised k with its weight and bias) and v [S*dh], filled by
+// all warps; then each warp's query rows: q normalised in registers, scores, softmax, P·v.
+template <int DPL>
+__device__ __forceinline__ void attn_short_forward(float* out, const float* qkv, const float* qw, const float* qb,
+                               const float* kw, const float* kb, unsigned batch, unsigned seq,
+                               unsigned heads, float eps) {
+    const unsigned dh = 32 * DPL;
+    const unsigned bh = blockIdx.x;
+    if (bh >= batch * heads) return;
+    const unsigned b = bh / heads, h = bh % heads;
+    const unsigned width = heads * dh;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    const u64 row_stride = 3ull * width;
+    const float* base = qkv + (u64)b * seq * row_stride + (u64)h * dh;
+    float w_q[DPL], b_q[DPL], w_k[DPL], b_k[DPL];
+    attn_lanes_load(w_q, qw, lane); attn_lanes_load(b_q, qb, lane); attn_lanes_load(w_k, kw, lane); attn_lanes_load(b_k, kb, lane);
+    extern __shared__ float sm[];
+    float* kn_s = sm;
+    float* v_s = kn_s + seq * dh;
+    for (unsigned j = warp; j < seq; j += nw) {
+        const float* src = base + (u64)j * row_stride;
+        float k[DPL], v[DPL];
+        attn_lanes_load(k, src + width, lane);
+        attn_lanes_load(v, src + 2 * width, lane);
+        attn_norm_lanes(k, dh, eps);
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            kn_s[j * dh + lane + 32 * t] = k[t] * w_k[t] + b_k[t];
+            v_s[j * dh + lane + 32 * t] = v[t];
+        }
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)dh);
+    const bool valid = (lane >> 1) < seq;
+    for (unsigned i = warp; i < seq; i += nw) {
+        float q[DPL];
+        attn_lanes_load(q, base + (u64)i * row_stride, lane);
+        attn_norm_lanes(q, dh, eps);
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) q[t] = q[t] * w_q[t] + b_q[t];
+        float part[ATTN_SHORT_MAX_SEQ];
+#pragma unroll
+        for (int j = 0; j < ATTN_SHORT_MAX_SEQ; ++j) {
+            float s = 0.0f;
+            if (j < seq) {
+#pragma unroll
+                for (int t = 0; t < DPL; ++t) s += q[t] * kn_s[j * dh + lane + 32 * t];
+            }
+            part[j] = s;
+        }
+        float p = attn_softmax_keys(attn_keys_sum(part, lane) * scale, valid);
+        float acc[DPL];
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) acc[t] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATTN_SHORT_MAX_SEQ; ++j) {
+            if (j < seq) {
+                float pj = __shfl_sync(ATTN_FULL, p, 2 * j);
+#pragma unroll
+                for (int t = 0; t < DPL; ++t) acc[t] += pj * v_s[j * dh + lane + 32 * t];
+            }
+        }
+        float* dst = out + ((u64)b * seq + i) * width + (u64)h * dh;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) dst[lane + 32 * t] = acc[t];
+    }
+}
+
+// Backward, recomputing the forward. Shared (floats): qn, go, qhat, dqn, khat, dkn, kn, v
+// [S*dh each], P and dS [S*S], k's rstd [S]. Query rows first (P, dP, dS in the key lanes,
+// dqn = dS·kn, q's LayerNorm input gradient), then key rows (dv = Pᵀ·go, dkn = dSᵀ·qn, k's
+// input gradient), then the parameter partials as attention.cu writes them.
+template <int DPL>
+__device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partials, const float* g, const float* qkv,
+                                const float* qw, const float* qb, const float* kw,
+                                const float* kb, unsigned batch, unsigned seq, unsigned heads,
+                                float eps) {
+    extern __shared__ float sm[];
+    const unsigned dh = 32 * DPL;
+    const unsigned bh = blockIdx.x;
+    if (bh >= batch * heads) return;
+    const unsigned b = bh / heads, h = bh % heads;
+    const unsigned width = heads * dh;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    const unsigned sd = seq * dh;
+    float* qn_s = sm;
+    float* go_s = qn_s + sd;
+    float* qhat_s = go_s + sd;
+    float* dqn_s = qhat_s + sd;
+    float* khat_s = dqn_s + sd;
+    float* dkn_s = khat_s + sd;
+    float* p_s = dkn_s + sd;
+    float* ds_s = p_s + seq * seq;
+    float* kn_s = ds_s + seq * seq;
+    float* v_s = kn_s + sd;
+    float* krs_s = v_s + sd;
+    const u64 row_stride = 3ull * width;
+    const float* base = qkv + (u64)b * seq * row_stride + (u64)h * dh;
+    float* gbase = g_qkv + (u64)b * seq * row_stride + (u64)h * dh;
+    const float* gin = g + (u64)b * seq * width + (u64)h * dh;
+    float w_q[DPL], b_q[DPL], w_k[DPL], b_k[DPL];
+    attn_lanes_load(w_q, qw, lane); attn_lanes_load(b_q, qb, lane); attn_lanes_load(w_k, kw, lane); attn_lanes_load(b_k, kb, lane);
+    for (unsigned j = warp; j < seq; j += nw) {
+        const float* src = base + (u64)j * row_stride;
+        float k[DPL], v[DPL];
+        attn_lanes_load(k, src + width, lane);
+        attn_lanes_load(v, src + 2 * width, lane);
+        float rk = attn_norm_lanes(k, dh, eps);
+        if (lane == 0) krs_s[j] = rk;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            khat_s[j * dh + lane + 32 * t] = k[t];
+            kn_s[j * dh + lane + 32 * t] = k[t] * w_k[t] + b_k[t];
+            v_s[j * dh + lane + 32 * t] = v[t];
+        }
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf((float)dh);
+    const bool valid = (lane >> 1) < seq;
+    const unsigned jo = lane >> 1;
+    for (unsigned i = warp; i < seq; i += nw) {
+        float qh[DPL], qn[DPL], go[DPL];
+        attn_lanes_load(qh, base + (u64)i * row_stride, lane);
+        attn_lanes_load(go, gin + (u64)i * width, lane);
+        float rq = attn_norm_lanes(qh, dh, eps);
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            qn[t] = qh[t] * w_q[t] + b_q[t];
+            qn_s[i * dh + lane + 32 * t] = qn[t];
+            go_s[i * dh + lane + 32 * t] = go[t];
+            qhat_s[i * dh + lane + 32 * t] = qh[t];
+        }
+        float ps[ATTN_SHORT_MAX_SEQ], pd[ATTN_SHORT_MAX_SEQ];
+#pragma unroll
+        for (int j = 0; j < ATTN_SHORT_MAX_SEQ; ++j) {
+            float s = 0.0f, d = 0.0f;
+#pragma unroll
+            for (int t = 0; t < DPL; ++t) {
+                if (j < seq) {
+                    s += qn[t] * kn_s[j * dh + lane + 32 * t];
+                    d += go[t] * v_s[j * dh + lane + 32 * t];
+                }
+            }
+            ps[j] = s;
+            pd[j] = d;
+        }
+        float p = attn_softmax_keys(attn_keys_sum(ps, lane) * scale, valid);
+        float dp = attn_keys_sum(pd, lane);
+        float dot = attn_distinct_sum(valid ? p * dp : 0.0f);
+        float ds = p * (dp - dot) * scale;
+        if (valid && !(lane & 1)) {
+            p_s[i * seq + jo] = p;
+            ds_s[i * seq + jo] = ds;
+        }
+        float dq[DPL];
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) dq[t] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATTN_SHORT_MAX_SEQ; ++j) {
+            if (j < seq) {
+                float dsj = __shfl_sync(ATTN_FULL, ds, 2 * j);
+#pragma unroll
+                for (int t = 0; t < DPL; ++t) dq[t] += dsj * kn_s[j * dh + lane + 32 * t];
+            }
+        }
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            dqn_s[i * dh + lane + 32 * t] = dq[t];
+            float gx = dq[t] * w_q[t];
+            s1 += gx;
+            s2 += gx * qh[t];
+        }
+        float m1 = warp_sum(s1) / (float)dh, m2 = warp_sum(s2) / (float)dh;
+        float* dst = gbase + (u64)i * row_stride;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) dst[lane + 32 * t] = rq * (dq[t] * w_q[t] - m1 - qh[t] * m2);
+    }
+    __syncthreads();
+    // Key rows: dv = Pᵀ·go, dkn = dSᵀ·qn, then k's LayerNorm input gradient.
+    for (unsigned j = warp; j < seq; j += nw) {
+        float dv[DPL], dk[DPL], kh[DPL];
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) { dv[t] = 0.0f; dk[t] = 0.0f; kh[t] = khat_s[j * dh + lane + 32 * t]; }
+        for (unsigned i = 0; i < seq; ++i) {
+            float pij = p_s[i * seq + j], dsij = ds_s[i * seq + j];
+#pragma unroll
+            for (int t = 0; t < DPL; ++t) {
+                dv[t] += pij * go_s[i * dh + lane + 32 * t];
+                dk[t] += dsij * qn_s[i * dh + lane + 32 * t];
+            }
+        }
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            dkn_s[j * dh + lane + 32 * t] = dk[t];
+            float gx = dk[t] * w_k[t];
+            s1 += gx;
+            s2 += gx * kh[t];
+        }
+        float m1 = warp_sum(s1) / (float)dh, m2 = warp_sum(s2) / (float)dh;
+        float* dst = gbase + (u64)j * row_stride;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            dst[width + lane + 32 * t] = krs_s[j] * (dk[t] * w_k[t] - m1 - kh[t] * m2);
+            dst[2 * width + lane + 32 * t] = dv[t];
+        }
+    }
+    __syncthreads();
+    const u64 pstride = (u64)batch * heads * dh;
+    float* part = partials + (u64)bh * dh;
+    for (unsigned d = threadIdx.x; d < dh; d += blockDim.x) {
+        float gwq = 0.0f, gbq = 0.0f, gwk = 0.0f, gbk = 0.0f;
+        for (unsigned i = 0; i < seq; ++i) {
+            gwq += dqn_s[i * dh + d] * qhat_s[i * dh + d];
+            gbq += dqn_s[i * dh + d];
+            gwk += dkn_s[i * dh + d] * khat_s[i * dh + d];
+            gbk += dkn_s[i * dh + d];
+        }
+        part[d] = gwq;
+        part[pstride + d] = gbq;
+        part[2 * pstride + d] = gwk;
+        part[3 * pstride + d] = gbk;
+    }
+}
+
+// The entries take attention.cu's parameter lists (dh included, which must be 32 * DPL: the
+// host launches these only for such heads).
+#define ATTN_SHORT_ENTRY(DH, DPL)                                                              \
+    extern "C" __global__ void zc_qk_norm_attention_dh##DH##_f32(                              \
+        float* out, const float* qkv, const float* qw, const float* qb, const float* kw,      \
+        const float* kb, unsigned batch, unsigned seq, unsigned heads, unsigned dh,           \
+        float eps) {                                                                           \
+        if (dh != DH || seq > ATTN_SHORT_MAX_SEQ) return;                                      \
+        attn_short_forward<DPL>(out, qkv, qw, qb, kw, kb, batch, seq, heads, eps);             \
+    }                                                                                          \
+    extern "C" __global__ void zc_qk_norm_attention_backward_dh##DH##_f32(                     \
+        float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,     \
+        const float* qb, const float* kw, const float* kb, unsigned batch, unsigned seq,      \
+        unsigned heads, unsigned dh, float eps) {                                              \
+        if (dh != DH || seq > ATTN_SHORT_MAX_SEQ) return;                                      \
+        attn_short_backward<DPL>(g_qkv, partials, g, qkv, qw, qb, kw, kb, batch, seq, heads,   \
+                                 eps);                                                         \
+    }
+ATTN_SHORT_ENTRY(32, 1)
+ATTN_SHORT_ENTRY(64, 2)
