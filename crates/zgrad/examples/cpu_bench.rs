@@ -14,10 +14,13 @@
 //! at 1 thread is the step's work, which other load disturbs least. For ours at N threads it
 //! also prints how the CPU time divides between the calling thread (the small ops, and its
 //! share of every split op) and the helper threads, and what the split costs against 1 thread.
-//! `--only batched|per-sample` runs one schedule; `--no-torch` skips PyTorch.
+//! `--only batched|per-sample` runs one schedule; `--no-torch` skips PyTorch. `--rounds R`
+//! repeats the whole measurement R times (ours, then PyTorch right after, each round with its
+//! load average) and ends with the median and range of the rounds' wall-clock ratios: on a
+//! machine others use, one round's ratio moves with the load of the minute it ran in.
 //!
 //! `cargo run --release -p zgrad --example cpu_bench -- [--threads N] [--iters N]
-//! [--batch N] [--per-sample N] [--only batched|per-sample] [--no-torch]`
+//! [--rounds R] [--batch N] [--per-sample N] [--only batched|per-sample] [--no-torch]`
 #![allow(clippy::print_stdout)]
 
 use std::process::Command;
@@ -218,12 +221,25 @@ fn serial_line(s: Schedule, threads: usize, at: Timing, one: Timing) {
     );
 }
 
+/// What one round measures: the schedules, the thread counts (the asked one, then 1), steps
+/// per figure, the batch sizes and `--only`.
+struct Plan {
+    schedules: Vec<Schedule>,
+    counts: Vec<usize>,
+    threads: usize,
+    iters: usize,
+    sizes: [usize; 2],
+    only: String,
+    torch: bool,
+}
+
 fn main() -> Result<(), Error> {
     let threads = match arg("--threads") {
         Some(v) => zcompute::cpu::parse_threads(&v)?,
         None => zcompute::cpu::default_threads()?,
     };
     let iters = num("--iters", 10)?.max(1);
+    let rounds = num("--rounds", 1)?.max(1);
     let (batch, per_sample) = (num("--batch", 256)?.max(1), num("--per-sample", 32)?.max(1));
     let only = arg("--only");
     let schedules: Vec<Schedule> = [
@@ -238,15 +254,68 @@ fn main() -> Result<(), Error> {
         samples,
     })
     .collect();
-    // The asked count, then 1 thread: the step's work, which other load disturbs least.
-    let counts: Vec<usize> = if threads == 1 {
-        vec![1]
-    } else {
-        vec![threads, 1]
+    let plan = Plan {
+        schedules,
+        // The asked count, then 1 thread: the step's work, which other load disturbs least.
+        counts: if threads == 1 {
+            vec![1]
+        } else {
+            vec![threads, 1]
+        },
+        threads,
+        iters,
+        sizes: [batch, per_sample],
+        only: only.unwrap_or_else(|| "all".into()),
+        torch: !std::env::args().any(|a| a == "--no-torch"),
     };
+    // Each round's ours / PyTorch by wall-clock at `threads`, per schedule.
+    let mut ratios: Vec<(&str, Vec<f64>)> = Vec::new();
+    for r in 1..=rounds {
+        if rounds > 1 {
+            println!("round {r} of {rounds}, load average {}", load_average());
+        }
+        for (name, ratio) in round(&plan)? {
+            match ratios.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => v.push(ratio),
+                None => ratios.push((name, vec![ratio])),
+            }
+        }
+    }
+    if rounds > 1 {
+        for (name, mut v) in ratios {
+            v.sort_by(f64::total_cmp);
+            let list: Vec<String> = v.iter().map(|r| format!("{r:.2}")).collect();
+            println!(
+                "ours / PyTorch, {name} samples/s by wall-clock at {threads} threads over {} \
+                 rounds: median {:.2}x, range {:.2}-{:.2}x ({})",
+                v.len(),
+                v[v.len() / 2],
+                v[0],
+                v[v.len() - 1],
+                list.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The 1-minute load average (Linux; "?" elsewhere): other work on the machine, which moves
+/// wall-clock figures.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// One round: ours at every count, then PyTorch at every count right after (so both see
+/// about the same load), the tables and ratios printed; returns ours / PyTorch by
+/// wall-clock at `plan.threads` per schedule (none without PyTorch).
+fn round(plan: &Plan) -> Result<Vec<(&'static str, f64)>, Error> {
+    let (threads, iters) = (plan.threads, plan.iters);
     let mut mine = Vec::new();
-    for &s in &schedules {
-        for &n in &counts {
+    for &s in &plan.schedules {
+        for &n in &plan.counts {
             mine.push((s, n, ours(s, n, iters)?));
         }
     }
@@ -258,29 +327,24 @@ fn main() -> Result<(), Error> {
     for &(s, n, t) in &mine {
         row("ours", s, n, t);
     }
-    if std::env::args().any(|a| a == "--no-torch") {
+    if !plan.torch {
         serial_lines(&mine, threads);
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut theirs = Vec::new();
-    for &n in &counts {
-        match torch(
-            n,
-            [batch, per_sample],
-            iters,
-            only.as_deref().unwrap_or("all"),
-        ) {
+    for &n in &plan.counts {
+        match torch(n, plan.sizes, iters, &plan.only) {
             Ok(kv) => theirs.push((n, kv)),
             Err(why) => {
                 println!("PyTorch: not run: {why}");
                 serial_lines(&mine, threads);
-                return Ok(());
+                return Ok(Vec::new());
             }
         }
     }
     let mut pairs = Vec::new();
     for (n, kv) in &theirs {
-        for &s in &schedules {
+        for &s in &plan.schedules {
             let t = torch_timing(kv, s.name);
             row("PyTorch", s, *n, t);
             pairs.push((s, *n, t));
@@ -292,8 +356,7 @@ fn main() -> Result<(), Error> {
         .iter()
         .find(|(k, _)| k == "torch")
         .map_or("?", |(_, v)| v);
-    ratio_lines(&mine, &pairs, threads, version);
-    Ok(())
+    Ok(ratio_lines(&mine, &pairs, threads, version))
 }
 
 /// [`serial_line`] for each schedule measured at more than one thread.
@@ -317,14 +380,16 @@ fn ratio_lines(
     theirs: &[(Schedule, usize, Timing)],
     threads: usize,
     version: &str,
-) {
+) -> Vec<(&'static str, f64)> {
     let find = |v: &[(Schedule, usize, Timing)], name: &str, n: usize| {
         v.iter()
             .find(|(s, k, _)| s.name == name && *k == n)
             .map_or(Timing::NONE, |m| m.2)
     };
+    let mut ratios = Vec::new();
     for &(s, ..) in mine.iter().filter(|(_, n, _)| *n == threads) {
         let (a, b) = (find(mine, s.name, threads), find(theirs, s.name, threads));
+        ratios.push((s.name, b.wall / a.wall));
         let (a1, b1) = (find(mine, s.name, 1), find(theirs, s.name, 1));
         println!(
             "ours / PyTorch (torch {version} eager), {} samples/s: {:.2}x by wall-clock at \
@@ -335,4 +400,5 @@ fn ratio_lines(
             b1.cpu / a1.cpu
         );
     }
+    ratios
 }

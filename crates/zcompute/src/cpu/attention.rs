@@ -4,7 +4,7 @@
 //! writes each (batch, head)'s share of the LayerNorm parameter gradients as a row of
 //! `[B*H, 4, dh]` partials (q weight, q bias, k weight, k bias), summed afterwards in a fixed
 //! order. Written over slices so the kernels' simulated twins run the same code on device
-//! memory. The per-head functions are inlined into the pool's tasks, which `par::simd`
+//! memory. The per-head functions are inlined into each task's body, which `par::simd_op`
 //! compiles for AVX2.
 
 use super::math::{LANES, lanes_total, pairwise_sum, row_max};
@@ -211,24 +211,68 @@ fn combine<T: Element>(w: impl Iterator<Item = T>, rows: &[T], out: &mut [T]) {
 
 /// The forward over dense `qkv`: `[B, S, D]`; batches split over the pool.
 pub(crate) fn forward_slices<T: Element>(qkv: &[T], a: Attention, p: &Params<T>) -> Vec<T> {
-    let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
+    let (s_len, width) = (a.seq, a.heads * a.dh);
     // Every element is written (each head's rows by `combine`): no clearing pass.
     let mut out = super::pool::overwritten(a.batch * s_len * width);
     par::rows_mut(&mut out, s_len * width, |first, block| {
-        let mut hd = Head::new(a);
-        for (i, out) in block.chunks_exact_mut(s_len * width).enumerate() {
-            let b = first + i;
-            for h in 0..a.heads {
-                head(&mut hd, qkv, a, p, b, h);
-                for i in 0..s_len {
-                    let prow = hd.probs[i * s_len..(i + 1) * s_len].iter().copied();
-                    let at = i * width + h * dh;
-                    combine(prow, &hd.v, &mut out[at..at + dh]);
-                }
-            }
-        }
+        // The whole body in AVX2 code (`par::simd_op`).
+        par::simd_op(ForwardBlock {
+            qkv,
+            a,
+            p,
+            first,
+            block,
+        });
     });
     out
+}
+
+/// The forward of batches `first..` into `block` (whole batches of `[S, H*dh]`).
+struct ForwardBlock<'a, T> {
+    qkv: &'a [T],
+    a: Attention,
+    p: &'a Params<T>,
+    first: usize,
+    block: &'a mut [T],
+}
+
+impl<T: Element> pulp::WithSimd for ForwardBlock<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let ForwardBlock {
+            qkv,
+            a,
+            p,
+            first,
+            block,
+        } = self;
+        forward_block(qkv, a, p, first, block);
+    }
+}
+
+#[inline(always)]
+fn forward_block<T: Element>(
+    qkv: &[T],
+    a: Attention,
+    p: &Params<T>,
+    first: usize,
+    block: &mut [T],
+) {
+    let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
+    let mut hd = Head::new(a);
+    for (i, out) in block.chunks_exact_mut(s_len * width).enumerate() {
+        let b = first + i;
+        for h in 0..a.heads {
+            head(&mut hd, qkv, a, p, b, h);
+            for i in 0..s_len {
+                let prow = hd.probs[i * s_len..(i + 1) * s_len].iter().copied();
+                let at = i * width + h * dh;
+                combine(prow, &hd.v, &mut out[at..at + dh]);
+            }
+        }
+    }
 }
 
 /// The backward over dense `g` and `qkv`: the gradient of `qkv` and the `[4, B*H, dh]`
@@ -252,18 +296,17 @@ pub(crate) fn backward_slices<T: Element>(
         per_batch,
         &mut by_batch,
         a.heads * 4 * dh,
+        // As in the forward: the whole body in AVX2 code.
         |first, gq, part| {
-            let (mut hd, mut sc) = (Head::new(a), Scratch::new(a));
-            for (i, (gq, part)) in gq
-                .chunks_exact_mut(per_batch)
-                .zip(part.chunks_exact_mut(a.heads * 4 * dh))
-                .enumerate()
-            {
-                for (h, part) in part.chunks_exact_mut(4 * dh).enumerate() {
-                    head(&mut hd, qkv, a, p, first + i, h);
-                    backward_head(g, &hd, &mut sc, a, p, (first + i, h), gq, part);
-                }
-            }
+            par::simd_op(BackwardBlock {
+                g,
+                qkv,
+                a,
+                p,
+                first,
+                gq,
+                part,
+            });
         },
     );
     let rows = a.batch * a.heads;
@@ -274,6 +317,61 @@ pub(crate) fn backward_slices<T: Element>(
         }
     }
     (g_qkv, partials)
+}
+
+/// The backward of batches `first..`: their rows of `g_qkv` (`gq`) and their `[H, 4, dh]`
+/// partials (`part`).
+struct BackwardBlock<'a, T> {
+    g: &'a [T],
+    qkv: &'a [T],
+    a: Attention,
+    p: &'a Params<T>,
+    first: usize,
+    gq: &'a mut [T],
+    part: &'a mut [T],
+}
+
+impl<T: Element> pulp::WithSimd for BackwardBlock<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let BackwardBlock {
+            g,
+            qkv,
+            a,
+            p,
+            first,
+            gq,
+            part,
+        } = self;
+        backward_block(g, qkv, a, p, first, gq, part);
+    }
+}
+
+#[inline(always)]
+fn backward_block<T: Element>(
+    g: &[T],
+    qkv: &[T],
+    a: Attention,
+    p: &Params<T>,
+    first: usize,
+    gq: &mut [T],
+    part: &mut [T],
+) {
+    let dh = a.dh;
+    let per_batch = a.seq * 3 * a.heads * dh;
+    let (mut hd, mut sc) = (Head::new(a), Scratch::new(a));
+    for (i, (gq, part)) in gq
+        .chunks_exact_mut(per_batch)
+        .zip(part.chunks_exact_mut(a.heads * 4 * dh))
+        .enumerate()
+    {
+        for (h, part) in part.chunks_exact_mut(4 * dh).enumerate() {
+            head(&mut hd, qkv, a, p, first + i, h);
+            backward_head(g, &hd, &mut sc, a, p, (first + i, h), gq, part);
+        }
+    }
 }
 
 /// One (batch, head) of the backward: its share of `g_qkv` (the batch's rows, `gq`) and its

@@ -277,6 +277,15 @@ pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(f)
 }
 
+/// [`simd`] for a large body: `op.with_simd` marked `#[inline(always)]` and calling
+/// `#[inline(always)]` functions is compiled into the AVX2 code itself. A closure's body is
+/// not: the dispatch calls it from two places (the AVX2 code and the plain one), so the
+/// compiler keeps a large closure out of line, compiled for SSE2.
+#[inline(always)]
+pub(crate) fn simd_op<Op: pulp::WithSimd>(op: Op) -> Op::Output {
+    pulp::Arch::new().dispatch(op)
+}
+
 /// The length of the pieces `0..n` is cut into: about [`PIECES_PER_THREAD`] per thread, each
 /// at least `min` long (so there is at least one).
 fn span(n: usize, min: usize) -> usize {
