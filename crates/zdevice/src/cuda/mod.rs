@@ -8,9 +8,15 @@
 
 mod args;
 mod blas;
+mod context;
+mod copies;
 mod driver_impl;
+mod graphs;
+mod kernels;
 mod lend;
+mod memory;
 pub mod nccl;
+mod streams;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};

@@ -38,6 +38,8 @@ mod tests_capture;
 #[cfg(test)]
 mod tests_memory;
 #[cfg(test)]
+mod tests_replay;
+#[cfg(test)]
 mod tests_streams;
 
 use std::sync::{Arc, Mutex, MutexGuard};

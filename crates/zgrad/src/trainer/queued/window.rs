@@ -1,0 +1,152 @@
+//! The device side of the read-back window (its history, cursor and sticky gate) and the
+//! queued steps pending on it.
+
+use super::super::captured::persistent_zeros;
+use super::super::checks;
+use crate::error::{GradError, NonFiniteKind, Result};
+use crate::optim::AdamWTensors;
+use zcompute::{ADAMW_SLOT_GATE, BTensor, Element, prelude::*};
+
+/// The device side of the window: every queued step's row (`[loss, norm]`; a per-sample
+/// step's `[loss, norm, the samples' losses..]`), the row the next one writes, and the sticky
+/// gate (0 while every step so far was finite, NaN after).
+pub(in crate::trainer) struct Track<B: Ops<T>, T: Element> {
+    pub(super) history: BTensor<B, T>,
+    pub(super) cursor: BTensor<B, T>,
+    pub(super) poison: BTensor<B, T>,
+}
+
+impl<B: Ops<T>, T: Element> Clone for Track<B, T> {
+    fn clone(&self) -> Self {
+        Track {
+            history: self.history.clone(),
+            cursor: self.cursor.clone(),
+            poison: self.poison.clone(),
+        }
+    }
+}
+
+impl<B: Ops<T>, T: Element> Track<B, T> {
+    /// Folds the step's gate (written into AdamW's slot) into the sticky one, so the update
+    /// of this step and of every later one of the window is skipped once one was not finite,
+    /// and writes `row` into the history's next row. Legal inside a capture.
+    pub(in crate::trainer) fn record(
+        &self,
+        b: &B,
+        adamw: &AdamWTensors<B, T>,
+        row: &BTensor<B, T>,
+    ) -> Result<()> {
+        let gate = adamw.slot.narrow(0, ADAMW_SLOT_GATE, 1)?;
+        // gate + poison is NaN once any step of the window was: later steps are skipped too.
+        b.add_into(&self.poison, &gate)?;
+        b.copy_into(&gate, &self.poison)?;
+        b.scatter_row(row, &self.cursor, &self.history, true)?;
+        Ok(())
+    }
+}
+
+/// What a queued step's history row holds.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Record {
+    /// `[loss, norm]` (the batched schedule).
+    Stats,
+    /// `[global loss, norm, the losses of this rank's `local` samples..]` of a per-sample
+    /// step of `global` samples.
+    Samples { local: usize, global: usize },
+}
+
+impl Record {
+    /// The step's loss and norm from its history row, refused as the per-step path refuses
+    /// them: one rank sums its samples' losses on the host in `f64` in sample order (and names
+    /// the first non-finite one); several take the global loss the all-reduce summed.
+    pub(super) fn stats<T: Element>(
+        self,
+        step: u64,
+        row: &[T],
+        single: bool,
+    ) -> Result<(f64, f64)> {
+        let norm = row[1].to_f64();
+        let loss = match self {
+            Record::Samples { local, global } if single => {
+                let losses = &row[2..2 + local];
+                if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite()) {
+                    return Err(GradError::NonFinite {
+                        step,
+                        sample: Some(bad),
+                        kind: NonFiniteKind::Loss,
+                    });
+                }
+                losses.iter().map(|l| l.to_f64()).sum::<f64>() / global as f64
+            }
+            Record::Stats | Record::Samples { .. } => row[0].to_f64(),
+        };
+        checks::finite(step, loss, norm)?;
+        Ok((loss, norm))
+    }
+}
+
+/// A queued step the host has not read back yet.
+#[derive(Clone, Debug)]
+pub(super) struct Pending {
+    pub(super) step: u64,
+    pub(super) lr: f64,
+    pub(super) samples: usize,
+    pub(super) rows: Vec<usize>,
+    pub(super) captured: bool,
+    pub(super) record: Record,
+}
+
+/// Queued steps and their device history.
+pub(crate) struct Window<B: Ops<T>, T: Element> {
+    pub(super) track: Option<Track<B, T>>,
+    pub(super) pending: Vec<Pending>,
+}
+
+impl<B: Ops<T>, T: Element> Default for Window<B, T> {
+    fn default() -> Self {
+        Window {
+            track: None,
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl<B: Ops<T>, T: Element> Window<B, T> {
+    /// Steps queued and not read back.
+    pub(in crate::trainer) fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Whether the track holds windows of `every` steps of rows of `width` values.
+    pub(super) fn fits(&self, every: usize, width: usize) -> bool {
+        self.track
+            .as_ref()
+            .is_some_and(|t| t.history.shape()[0] >= every && t.history.shape()[1] == width)
+    }
+
+    /// The track for windows of `every` steps of rows of `width` values (made anew only while
+    /// nothing is pending: `Trainer::drain_before` reads the window back first).
+    pub(in crate::trainer) fn track(
+        &mut self,
+        b: &B,
+        every: usize,
+        width: usize,
+    ) -> Result<Track<B, T>> {
+        match &self.track {
+            Some(t) if self.fits(every, width) => Ok(t.clone()),
+            _ if !self.pending.is_empty() => Err(GradError::BadInput(
+                "internal: the window's history changes shape with steps pending".into(),
+            )),
+            _ => {
+                self.track = None;
+                let t = Track {
+                    history: persistent_zeros(b, &[every, width])?,
+                    cursor: persistent_zeros(b, &[1])?,
+                    poison: persistent_zeros(b, &[1])?,
+                };
+                self.track = Some(t.clone());
+                Ok(t)
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The epochs of a run: their steps, read-backs, checkpoints, stops and lines.
+
+use super::Context;
+use std::rc::Rc;
+use std::time::Instant;
+
+use zcomm::Collective;
+
+use zcompute::units::Bytes;
+use zgrad::{StepReport, Trainer};
+
+use crate::checkpoint::Progress;
+use crate::console::Console;
+use crate::data::feed::Feed;
+use crate::data::{Dataset, epoch_order};
+use crate::error::{Result, TrainError};
+use crate::memory::MemorySource;
+use crate::progress::EpochBar;
+use crate::resume::checkpoint_of;
+use crate::rng::Rng;
+use crate::soak::Soak;
+use crate::step::{Tally, TrainBackend};
+
+use crate::summary::{Ended, Throughput, sample_memory};
+use crate::timeline::{StepTimes, Timeline};
+
+/// Says a rank's failure at once (tearing the rank down after a dead peer may wait on the
+/// device up to its deadline, and the launcher may take the rank down first).
+fn rank_error(ctx: &Context<'_>, e: zgrad::GradError) -> TrainError {
+    let e = TrainError::from(e);
+    if ctx.world > 1 {
+        tracing::error!(
+            target: "ztrain.rank",
+            rank = ctx.rank,
+            error = %crate::error::report(&e),
+            "training stopped"
+        );
+    }
+    e
+}
+
+/// The epochs of a run and what they carry from step to step.
+pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
+    pub(super) b: &'a B,
+    pub(super) learner: Trainer<B>,
+    pub(super) progress: Progress,
+    pub(super) rng: Rng,
+    pub(super) feed: Feed<B>,
+    pub(super) train_set: &'a Dataset,
+    pub(super) val_set: &'a Dataset,
+    pub(super) agree: Option<Rc<dyn Collective<B, f32>>>,
+    pub(super) ctx: &'a Context<'c>,
+    pub(super) config_json: &'a serde_json::Value,
+    pub(super) soak: Option<Soak>,
+    pub(super) validation: Option<Tally>,
+    pub(super) training: Throughput,
+    pub(super) started: Instant,
+    /// `--timeline`: each step's host phases and GPU span.
+    pub(super) timeline: Option<Timeline>,
+}
+
+impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
+    /// Rank 0 writes the checkpoint (when one was asked for) of the progress so far.
+    fn save(&mut self) -> Result<()> {
+        self.progress.rng = self.rng.state();
+        match &self.ctx.options.checkpoint {
+            Some(path) if self.ctx.rank == 0 => checkpoint_of(
+                &self.learner,
+                &self.progress,
+                self.config_json,
+                self.ctx.backend_name,
+            )?
+            .save(path),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads back every step not read back yet into `tally`.
+    fn flush(&mut self, tally: &mut Tally) -> Result<()> {
+        let reports = self
+            .feed
+            .flush(&mut self.learner)
+            .map_err(|e| rank_error(self.ctx, e))?;
+        absorb(tally, &reports);
+        if let Some(t) = self.timeline.as_mut() {
+            // The read-back waited for every step queued, their events included.
+            t.add_readback(self.learner.take_host_phases().readback);
+            t.resolve(self.b, 0);
+        }
+        Ok(())
+    }
+
+    /// The stop signal after step `step`: this process's own in a job of one (a flag, read
+    /// every step); in a job of several, the one the ranks agree on where every step has
+    /// been read back (the same steps on every rank, so they all stop after the same one).
+    fn signal(&self) -> Result<Option<i32>> {
+        if self.ctx.world > 1 && !self.feed.settled(&self.learner) {
+            return Ok(None);
+        }
+        crate::signals::agreed(
+            self.ctx.stop,
+            self.agree.as_ref(),
+            self.b,
+            self.progress.step,
+        )
+    }
+
+    /// Every epoch left, or until a stop.
+    pub(super) fn all(&mut self, out: &mut Console<'_>) -> Result<Ended> {
+        let epochs = self.ctx.config.epochs as u64;
+        while self.progress.epoch < epochs {
+            if let Some(ended) = self.epoch(out)? {
+                return Ok(ended);
+            }
+        }
+        Ok(Ended::Finished)
+    }
+
+    /// One epoch (or what is left of it): its steps, then validation, the checkpoint and
+    /// the epoch's line. `Some` when the run stops here.
+    fn epoch(&mut self, out: &mut Console<'_>) -> Result<Option<Ended>> {
+        let (ctx, n_train) = (self.ctx, self.train_set.len());
+        let epochs = ctx.config.epochs as u64;
+        let order: Vec<usize> = self.progress.order.iter().map(|&i| i as usize).collect();
+        let bar = EpochBar::new(
+            self.progress.epoch + 1,
+            epochs,
+            n_train as u64,
+            self.progress.position,
+            ctx.show_bar,
+        );
+        let mut tally = Tally::default();
+        while (self.progress.position as usize) < n_train {
+            let start = self.progress.position as usize;
+            let chunk = &order[start..(start + ctx.config.batch).min(n_train)];
+            if let Some(ended) = self.step(chunk, &mut tally, &bar)? {
+                bar.finish();
+                return Ok(Some(ended));
+            }
+        }
+        self.flush(&mut tally)?;
+        let rate = bar.samples_per_second(self.progress.position);
+        bar.finish();
+        let val = evaluate(&mut self.learner, self.val_set)?;
+        let line = epoch_line(
+            self.progress.epoch + 1,
+            epochs,
+            &tally,
+            val.as_ref(),
+            rate,
+            self.started,
+            self.b,
+        );
+        self.validation = val.or(self.validation);
+        self.progress.epoch += 1;
+        self.progress.position = 0;
+        self.progress.order = epoch_order(n_train, &mut self.rng)
+            .iter()
+            .map(|&i| i as u64)
+            .collect();
+        // The checkpoint first: a line that announces the epoch means its checkpoint is there.
+        self.save()?;
+        out.line(&line);
+        if let Some(sig) = self.signal()? {
+            return Ok(Some(Ended::Signal(sig)));
+        }
+        let stop = ctx
+            .options
+            .stop_after
+            .is_some_and(|s| self.progress.step >= s);
+        Ok((stop && self.progress.epoch < epochs).then_some(Ended::StopAfter))
+    }
+
+    /// One step on `chunk`, and what follows it: the checkpoint every --checkpoint-every
+    /// steps, --stop-after and signals, each after reading back every step (so exact).
+    fn step(
+        &mut self,
+        chunk: &[usize],
+        tally: &mut Tally,
+        bar: &EpochBar,
+    ) -> Result<Option<Ended>> {
+        let ctx = self.ctx;
+        let t0 = Instant::now();
+        let mark = match self.timeline.as_mut() {
+            Some(t) => Some(t.before(self.b)?),
+            None => None,
+        };
+        let reports = self
+            .feed
+            .step(&mut self.learner, self.train_set, chunk)
+            .map_err(|e| rank_error(ctx, e))?;
+        let queued = Instant::now();
+        self.training.add(chunk.len(), queued - t0);
+        if let (Some(t), Some(start)) = (self.timeline.as_mut(), mark) {
+            let times = StepTimes {
+                step: self.learner.step(),
+                samples: chunk.len(),
+                host: queued - t0,
+                fill: self.feed.take_fill(),
+                phases: self.learner.take_host_phases(),
+                ..StepTimes::default()
+            };
+            t.after(self.b, start, times)?;
+            if !reports.is_empty() {
+                // The read-back waited for the steps before this one (this one's last event
+                // was recorded after it).
+                t.resolve(self.b, 1);
+            }
+        }
+        let result = self.after_step(chunk, tally, bar, &reports);
+        if let Some(t) = self.timeline.as_mut() {
+            t.add_progress(queued.elapsed());
+        }
+        result
+    }
+
+    /// What follows a step: the tally, the checkpoint every --checkpoint-every steps,
+    /// --stop-after and signals, each after reading back every step (so exact).
+    fn after_step(
+        &mut self,
+        chunk: &[usize],
+        tally: &mut Tally,
+        bar: &EpochBar,
+        reports: &[StepReport],
+    ) -> Result<Option<Ended>> {
+        let options = self.ctx.options;
+        absorb(tally, reports);
+        self.progress.step = self.learner.step();
+        self.progress.position += chunk.len() as u64;
+        if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {
+            s.samples.push(sample_memory(self.b, self.progress.step));
+        }
+        let signal = self.signal()?;
+        let stop = options.stop_after.is_some_and(|s| self.progress.step >= s);
+        let every = options
+            .checkpoint_every
+            .is_some_and(|e| self.progress.step.is_multiple_of(e));
+        if stop || every || signal.is_some() {
+            self.flush(tally)?;
+            self.save()?;
+        }
+        if !reports.is_empty() || stop || every || signal.is_some() {
+            bar.update(self.progress.position, tally.mean_loss(), self.b.in_use());
+        }
+        if let Some(sig) = signal {
+            return Ok(Some(Ended::Signal(sig)));
+        }
+        let more = (self.progress.position as usize) < self.train_set.len();
+        Ok((stop && more).then_some(Ended::StopAfter))
+    }
+}
+
+/// Adds read-back steps to the epoch's running tally, in step order.
+fn absorb(tally: &mut Tally, reports: &[StepReport]) {
+    for r in reports {
+        tally.add(Tally::of(r.samples, r.loss, 0.0));
+    }
+}
+
+/// The line that ends an epoch: its running train loss, the validation numbers, the rate,
+/// the time so far and the device memory in use.
+fn epoch_line<B: MemorySource>(
+    epoch: u64,
+    epochs: u64,
+    tally: &Tally,
+    val: Option<&Tally>,
+    rate: f64,
+    started: Instant,
+    b: &B,
+) -> String {
+    let mut line = format!("epoch {epoch}/{epochs}: ");
+    if tally.samples > 0 {
+        line += &format!("train loss {:.4} (running)", tally.mean_loss());
+    }
+    if let Some(v) = val {
+        line += &format!(", val loss {:.4} acc {:.4}", v.mean_loss(), v.accuracy());
+    }
+    line += &format!(
+        ", {rate:.0} samples/s, {:.1} s, {} memory {}",
+        started.elapsed().as_secs_f64(),
+        b.kind(),
+        Bytes(b.in_use())
+    );
+    line
+}
+
+/// Loss and accuracy over `data` in no-grad mode (`None` for an empty set): on the device when
+/// the validation set was put there (`validation_of`), else from the host.
+pub(crate) fn evaluate<B: TrainBackend>(
+    learner: &mut Trainer<B>,
+    data: &Dataset,
+) -> Result<Option<Tally>> {
+    if data.is_empty() {
+        return Ok(None);
+    }
+    let e = if learner.validation_rows().is_some() {
+        learner.evaluate_validation()?
+    } else {
+        learner.evaluate(&data.x, &data.y)?
+    };
+    Ok(Some(Tally::of(e.samples, e.loss, e.accuracy)))
+}

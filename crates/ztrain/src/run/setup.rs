@@ -1,0 +1,207 @@
+//! What a run sets up before its epochs: the data, the trainer, where it starts, where the
+//! training and validation sets live, and the run's first line.
+
+use super::Context;
+
+use zcompute::units::Bytes;
+use zgrad::{Trainer, XAsset, XAssetConfig};
+
+use crate::budget::host_available;
+use crate::checkpoint::Progress;
+use crate::config::{DataSource, RunConfig, fnv1a};
+use crate::console::Console;
+use crate::data::feed::Feed;
+use crate::data::placement;
+use crate::data::{self, Dataset, epoch_order};
+use crate::error::{Result, TrainError};
+use crate::files;
+use crate::resume::{ResumeAt, resume};
+use crate::rng::Rng;
+use crate::step::{TrainBackend, trainer_config};
+
+/// Salt of the data-order generator, so it never equals the initialisation's stream.
+const ORDER_SALT: u64 = 0x6f72_6465_725f_7267;
+
+/// Loads or generates the data set; returns it with the CSV file's digest. The file is read
+/// once (a pipe works), bounded by the host's available memory.
+pub(super) fn load_data(config: &RunConfig) -> Result<(Dataset, Option<u64>)> {
+    let m = &config.model;
+    match &config.data {
+        DataSource::Synthetic { samples, seed } => Ok((
+            data::synthetic::generate(*samples, m.scales, m.features, *seed),
+            None,
+        )),
+        DataSource::Csv { path } => {
+            // Parsing holds the text and the values (about as large): a quarter of what is free.
+            let limit = host_available().map_or(u64::MAX, |a| a / 4);
+            let bytes = files::read_bounded(
+                path,
+                "reading the data file",
+                limit,
+                "a quarter of the host's available memory: the text and its values must fit",
+            )?;
+            let digest = fnv1a(&bytes);
+            Ok((
+                data::csv::load_bytes(path, &bytes, m.scales, m.features)?,
+                Some(digest),
+            ))
+        }
+    }
+}
+
+/// The most bytes a checkpoint of `params` parameters and `n_train` samples can take: the
+/// parameters and both moments, the data order, and a header well under a MiB.
+pub(super) fn checkpoint_limit(params: u64, n_train: usize) -> u64 {
+    params
+        .saturating_mul(12)
+        .saturating_add((n_train as u64).saturating_mul(8))
+        .saturating_add(1 << 20)
+}
+
+/// Where the training set lives (`--data-on`), loaded there, said in one line.
+pub(super) fn feed_of<B: TrainBackend>(
+    learner: &mut Trainer<B>,
+    train_set: &Dataset,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
+) -> Result<Feed<B>> {
+    let bytes = zgrad::device_data_bytes(train_set.len(), train_set.sample_width(), 4);
+    let rows = zgrad::max_device_rows::<f32>();
+    let on_device =
+        placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?;
+    let every = ctx.options.readback_every;
+    out.line(&if on_device {
+        format!(
+            "ztrain: training set on the device ({}; each step's rows gathered there), read back every {every} steps",
+            Bytes(bytes)
+        )
+    } else {
+        format!(
+            "ztrain: training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
+        )
+    });
+    Ok(Feed::new(
+        learner,
+        train_set,
+        on_device,
+        ctx.config.batch,
+        every,
+    )?)
+}
+
+/// Puts the validation set on the device when it fits beside the training set
+/// (`placement::validation_on_device`), said in one line; else it is evaluated from the host.
+pub(super) fn validation_of<B: TrainBackend>(
+    learner: &mut Trainer<B>,
+    val_set: &Dataset,
+    train_set: &Dataset,
+    feed: &Feed<B>,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
+) -> Result<()> {
+    if val_set.is_empty() {
+        return Ok(());
+    }
+    let per = val_set.sample_width();
+    let taken = match feed {
+        Feed::Device { .. } => zgrad::device_data_bytes(train_set.len(), per, 4),
+        Feed::Host { .. } => 0,
+    };
+    let chunk = learner.config().eval_batch;
+    let bytes = zgrad::validation_data_bytes(val_set.len(), per, chunk, 4);
+    if placement::validation_on_device(ctx.options.data_on, ctx.room, taken, bytes) {
+        learner.load_validation(&val_set.x, &val_set.y, val_set.len())?;
+        out.line(&format!(
+            "ztrain: validation set on the device ({}; evaluated in chunks of {chunk}{}, read back once an epoch)",
+            Bytes(bytes),
+            if ctx.config.capture { ", captured" } else { "" }
+        ));
+    }
+    Ok(())
+}
+
+/// The run's trainer: XAsset from the `--init-from` file (read no further than `limit` bytes)
+/// or from the seed, with AdamW's schedule over the run's steps.
+pub(super) fn new_learner<B: TrainBackend>(
+    b: &B,
+    ctx: &Context<'_>,
+    n_train: usize,
+    limit: u64,
+) -> Result<Trainer<B>> {
+    let config = ctx.config;
+    let model_config: XAssetConfig = config.model;
+    let steps_per_epoch = n_train.div_ceil(config.batch) as u64;
+    let total_steps = steps_per_epoch
+        .checked_mul(config.epochs as u64)
+        .ok_or_else(|| {
+            TrainError::Options(format!(
+                "--epochs {}: the run would take more than 2^64 steps",
+                config.epochs
+            ))
+        })?;
+    let model = match &ctx.options.init_from {
+        Some(path) => crate::resume::init_from(b, path, &model_config, limit)?,
+        None => XAsset::init(b, model_config, config.seed)?,
+    };
+    Ok(Trainer::new(
+        b.clone(),
+        model,
+        trainer_config(config, total_steps),
+    )?)
+}
+
+/// Where the run starts: under `--resume`, the checkpoint's place (the learner restored from
+/// it); else step 0 with the first epoch's order drawn from the seed.
+pub(super) fn start<B: TrainBackend>(
+    learner: &mut Trainer<B>,
+    ctx: &Context<'_>,
+    config_json: &serde_json::Value,
+    n_train: usize,
+    limit: u64,
+    out: &mut Console<'_>,
+) -> Result<Progress> {
+    let config = ctx.config;
+    match &ctx.options.resume {
+        Some(path) => {
+            let at = ResumeAt {
+                config: config_json,
+                backend: ctx.backend_name,
+                n_train,
+                limit,
+                epochs: config.epochs as u64,
+            };
+            resume(learner, path, &at, out)
+        }
+        None => {
+            let mut rng = Rng::new(config.seed ^ ORDER_SALT);
+            let order = epoch_order(n_train, &mut rng);
+            Ok(Progress {
+                step: 0,
+                epoch: 0,
+                position: 0,
+                rng: rng.state(),
+                order: order.iter().map(|&i| i as u64).collect(),
+            })
+        }
+    }
+}
+
+/// The run's first line: the model, the data split and the schedule.
+pub(super) fn header(config: &RunConfig, n_train: usize, n_val: usize) -> Result<String> {
+    let m = &config.model;
+    Ok(format!(
+        "ztrain: XAsset F={} S={} D={} H={} FF={} L={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
+        m.features,
+        m.scales,
+        m.width,
+        m.heads,
+        m.ff,
+        m.layers,
+        crate::config::parameters(m)?,
+        n_train,
+        n_val,
+        config.batch,
+        config.epochs,
+        crate::config::schedule_name(config.schedule)
+    ))
+}
