@@ -19,7 +19,9 @@
 //! 5. The graph is instantiated (bounded by the device's build deadline).
 //!
 //! `capture_in_pool` does the same with the reservation a member of a `zmem::GraphPool`
-//! (memory shared with graphs the caller never runs at the same time as this one).
+//! (memory shared with graphs the caller never runs at the same time as this one). A body
+//! that stores tensors it allocated is refused there after step 1 (`CaptureOutputInPool`):
+//! step 4 would leave them in memory the other members overwrite.
 //!
 //! The graph owns its reservation, every block its nodes touched (retained in the
 //! reservation) and the body (with the tensors it holds), so no address baked into the graph
@@ -226,10 +228,12 @@ impl<D: Driver> CudaBackend<D> {
 
 impl<D: Driver> CudaBackend<D> {
     /// The capture (module docs), its memory reserved by `reserve` from the recorded plan:
-    /// the graph's own, or a graph pool member's.
+    /// the graph's own, or (`pooled`) a graph pool member's. A pooled body that stores tensors
+    /// it allocated is refused after its warm-up: they would live in the shared memory.
     fn capture_reserving(
         &self,
         mut body: Box<dyn FnMut() -> Result<()>>,
+        pooled: bool,
         reserve: impl FnOnce(&Arena<D>, &CapturePlan) -> MemResult<CaptureReservation>,
     ) -> Result<CudaGraph<D>> {
         self.refuse_in_capture("capture", "captures do not nest")?;
@@ -241,6 +245,13 @@ impl<D: Driver> CudaBackend<D> {
             .map_err(|e| mem_error("capture", e))?;
         warm?;
         let (survivors, warm_allocations) = session.take_warm_up();
+        if pooled && !survivors.is_empty() {
+            return Err(failed("checking what the pooled body keeps")(
+                ComputeError::CaptureOutputInPool {
+                    tensors: survivors.len(),
+                },
+            ));
+        }
         // Still warming up as far as the refusals go, until the captured run starts.
         let reservation = reserve(arena, &plan)
             .map_err(|e| failed("reserving memory")(mem_error("capture", e)))?;
@@ -287,7 +298,7 @@ impl<D: Driver> Capture<f32> for CudaBackend<D> {
     type Graph = CudaGraph<D>;
 
     fn capture(&self, body: Box<dyn FnMut() -> Result<()>>) -> Result<CudaGraph<D>> {
-        self.capture_reserving(body, |arena, plan| arena.reserve_for_capture(plan))
+        self.capture_reserving(body, false, |arena, plan| arena.reserve_for_capture(plan))
     }
 
     fn capture_in_pool(
@@ -295,7 +306,7 @@ impl<D: Driver> Capture<f32> for CudaBackend<D> {
         pool: &GraphPool,
         body: Box<dyn FnMut() -> Result<()>>,
     ) -> Result<CudaGraph<D>> {
-        self.capture_reserving(body, |arena, plan| arena.reserve_in_pool(pool, plan))
+        self.capture_reserving(body, true, |arena, plan| arena.reserve_in_pool(pool, plan))
     }
 
     fn replay(&self, graph: &mut CudaGraph<D>) -> Result<()> {

@@ -126,3 +126,31 @@ pub fn a_pool_holds_the_larger_member<D: Driver>(gpu: &CudaBackend<D>) {
         "one reservation, the larger member's"
     );
 }
+
+/// A pooled body that stores a tensor it allocated (which would live in the shared memory) is
+/// refused after its warm-up, with the backend eager and the pool untouched.
+pub fn a_pooled_body_keeping_a_tensor_is_refused<D: Driver>(gpu: &CudaBackend<D>) {
+    let x = input(gpu, &[4, 8], View::Dense, 60, -1.0, 1.0);
+    let kept = std::rc::Rc::new(std::cell::RefCell::new(None));
+    let body = {
+        let (be, x, kept) = (gpu.clone(), x.clone(), kept.clone());
+        Box::new(move || {
+            *kept.borrow_mut() = Some(be.unary(UnaryOp::Neg, &x)?);
+            Ok(())
+        })
+    };
+    let pool = GraphPool::new();
+    let err = gpu.capture_in_pool(&pool, body).expect_err("refused");
+    assert!(
+        matches!(
+            err.cause(),
+            zcompute::ComputeError::CaptureOutputInPool { tensors: 1 }
+        ),
+        "{err:?}"
+    );
+    assert_eq!((pool.members(), pool.bytes()), (0, 0));
+    let eager = gpu
+        .unary(UnaryOp::Neg, &x)
+        .expect("eager after the refusal");
+    assert_eq!(eager.numel(), 32);
+}
