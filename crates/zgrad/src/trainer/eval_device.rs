@@ -9,7 +9,11 @@
 //! no-grad mode and scatters the logits into row `cursor` of the pass's logits buffer,
 //! advancing the cursor. So the same work, captured once per chunk shape, replays chunk after
 //! chunk reading its offset from device memory; eagerly (capture off, or its capture failed)
-//! it is the same body. The logits of the whole pass come back in one download, and the loss
+//! it is the same body. The chunk graphs of one set replay one after another on the engine
+//! stream and write only into the set's persistent tensors (input, logits, cursor), so they
+//! share one capture reservation (a `GraphPool`), sized to the full chunks' graph, which is
+//! captured first (its chunks come first; the last, shorter chunk needs no more).
+//! The logits of the whole pass come back in one download, and the loss
 //! and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
 //! host. In data parallel each rank holds and evaluates its shard of the set and the sums are
 //! all-reduced, as `evaluate` does from the host.
@@ -24,7 +28,7 @@ use crate::model::Model;
 use crate::tape::Tape;
 use crate::var::Var;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
 
 /// Device bytes a validation set of `n` samples of `per` values takes on one device, with
 /// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
@@ -88,7 +92,7 @@ impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
 }
 
 /// A set evaluated on the device: the rank's rows of it, their labels on the host, the
-/// pass's logits buffer and its chunk groups.
+/// pass's logits buffer, its chunk groups and the memory their graphs share.
 pub(crate) struct EvalSet<B: Capture<T>, T: Element> {
     labels: Vec<T>,
     /// Samples of the whole set (every rank's).
@@ -97,6 +101,8 @@ pub(crate) struct EvalSet<B: Capture<T>, T: Element> {
     world: usize,
     logits: Option<BTensor<B, T>>,
     groups: Vec<ChunkGroup<B, T>>,
+    /// The chunk graphs' shared reservation: they never run at the same time.
+    pool: GraphPool,
 }
 
 impl<B: Capture<T>, T: Element> EvalSet<B, T> {
@@ -117,6 +123,7 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
                 world,
                 logits: None,
                 groups: Vec::new(),
+                pool: GraphPool::new(),
             });
         };
         let _class = ClassGuard::new(b, AllocClass::Persistent);
@@ -151,6 +158,7 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
             world,
             logits: Some(logits),
             groups,
+            pool: GraphPool::new(),
         })
     }
 
@@ -306,7 +314,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             b.fill(&group.io.cursor, T::ZERO)?;
             for _ in 0..group.chunks {
                 let want = capture && !failed;
-                failed |= in_step(&**b, || eval_chunk(b, &self.parts, group, want))?;
+                failed |= in_step(&**b, || eval_chunk(b, &self.parts, group, &set.pool, want))?;
             }
         }
         Ok((b.download(&logits)?, failed))
@@ -322,13 +330,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 }
 
-/// Runs `group`'s next chunk: its graph replayed, or captured (capture on and none yet; the
-/// capture's one real run does the chunk), or the body eagerly. Whether a capture failed
-/// (then the chunk ran eagerly unless the failed capture's run had done it).
+/// Runs `group`'s next chunk: its graph replayed, or captured into `pool` (capture on and
+/// none yet; the capture's one real run does the chunk), or the body eagerly. Whether a
+/// capture failed (then the chunk ran eagerly unless the failed capture's run had done it).
 fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     b: &Rc<B>,
     parts: &StepParts<B, T, M>,
     group: &mut ChunkGroup<B, T>,
+    pool: &GraphPool,
     capture: bool,
 ) -> Result<bool> {
     if let Some(graph) = group.graph.as_mut() {
@@ -351,7 +360,7 @@ fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
             Ok(())
         }
     };
-    match b.capture(Box::new(body)) {
+    match b.capture_in_pool(pool, Box::new(body)) {
         Ok(graph) => {
             group.graph = Some(graph);
             Ok(false)

@@ -161,6 +161,47 @@ fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
     assert_eq!(replays, [3, 4 + 3 * 5]);
 }
 
+/// Bytes of capture reservations on `b`'s arena, and how many there are.
+fn graph_memory(b: &CudaBackend<SimDriver>) -> (u64, usize) {
+    let d = b.arena().diagnostics();
+    (d.capture.reserved, d.capture.reservations)
+}
+
+/// The chunk graphs of one set never run at the same time: they share one reservation (a
+/// graph pool), the size the full chunk's graph needs alone, which goes when the set does.
+#[test]
+fn the_chunk_graphs_share_one_reservation_the_size_of_the_largest() {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    // 24 samples in chunks of 4: one chunk shape, so one graph, alone.
+    let (vx, vy) = set(24, 36);
+    let mut t = learner(&b, TrainSchedule::Batched, true, 4);
+    t.load_validation(&vx, &vy, 24).expect("validation set");
+    t.evaluate_validation().expect("full chunks only");
+    let (full_alone, n) = graph_memory(&b);
+    assert_eq!((t.validation_graphs().count(), n), (1, 1));
+    // 23 samples: the full chunks' graph and the last chunk's (3 samples).
+    let (vx, vy) = set(23, 35);
+    t.load_validation(&vx, &vy, 23).expect("validation set");
+    assert_eq!(
+        graph_memory(&b),
+        (0, 0),
+        "the old set's graphs went with it"
+    );
+    let want = t.evaluate(&vx, &vy).expect("host");
+    for pass in 0..3 {
+        let got = t.evaluate_validation().expect("device");
+        assert_eq!(bits(&got), bits(&want), "pass {pass}");
+        assert_eq!(t.validation_graphs().count(), 2);
+        assert_eq!(
+            graph_memory(&b),
+            (full_alone, 1),
+            "pass {pass}: one reservation, the full chunks' graph's alone"
+        );
+    }
+    let graph = b.arena().diagnostics().bytes_by_class;
+    assert!(graph.get(zcompute::AllocClass::Graph) <= full_alone);
+}
+
 #[test]
 fn bad_validation_sets_are_refused_by_name_and_load_nothing() {
     let b = Engine::sim(256 << 20).expect("simulated backend");
