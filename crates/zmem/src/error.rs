@@ -113,12 +113,13 @@ pub enum MemError {
         /// Bytes already handed out from it.
         used: u64,
     },
-    /// A graph pool member needs more memory than the pool holds, and other members' graphs
-    /// hold it (their addresses are baked in, so it cannot grow). Capture the largest member
-    /// first, make the pool with `GraphPool::with_bytes(needed)`, or drop the members' graphs
-    /// so that the next member sizes the memory anew. Nothing was allocated.
+    /// A member of a graph pool sized up front (`GraphPool::with_bytes`) needs more memory
+    /// than the pool holds, and other members' graphs hold it (their addresses are baked in,
+    /// so it cannot grow). Size the pool with at least `needed`, capture the largest member
+    /// first, or drop the members' graphs so that the next member sizes the memory anew.
+    /// Nothing was allocated.
     #[error(
-        "the graph pool's memory is {} and a member needs {}, while {members} member(s) hold it: capture the largest member first, size the pool with GraphPool::with_bytes, or drop its members first",
+        "the graph pool was sized to {} and a member needs {}, while {members} member(s) hold it: size the pool with at least that, capture the largest member first, or drop its members first",
         Bytes(*.pool_bytes), Bytes(*.needed)
     )]
     GraphPoolTooSmall {

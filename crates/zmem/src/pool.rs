@@ -22,18 +22,21 @@
 //!   ([`MemError::GraphPoolMemberCapturing`]);
 //! - a member captured into twice ([`MemError::GraphPoolMemberReused`]): each capture is a
 //!   new member;
-//! - a member needing more than the pool's memory while other members hold it
-//!   ([`MemError::GraphPoolTooSmall`]): the memory cannot move under graphs that baked its
-//!   addresses in. Capture the largest member first, size the pool up front
-//!   ([`GraphPool::with_bytes`]), or drop the members (the next one sizes the memory anew);
+//! - in a pool sized up front ([`GraphPool::with_bytes`]), a member needing more than its
+//!   memory while other members hold it ([`MemError::GraphPoolTooSmall`]): the memory cannot
+//!   move under graphs that baked its addresses in;
 //! - one pool used on two arenas ([`MemError::GraphPoolOfAnotherArena`]);
 //! - a block an earlier member handed out, resolved by the arena after another member
 //!   captured into the memory: `UseAfterReclaim` (its generation moved), not another
 //!   member's data. Graph replays read baked-in addresses and are not affected.
 //!
-//! The memory is owned jointly: every member (and every block issued from it) keeps it
-//! alive; the pool itself only points at it, so with no member left it is given back (in
-//! stream order) and the next member reserves anew. In sanitizer mode each member gets
+//! A pool made with [`GraphPool::new`] is sized by its first member. A larger member that
+//! comes while members hold that memory gets new memory of its own size, which the pool then
+//! hands to later members; the earlier members keep the old memory until they go (so the
+//! pool holds the largest member alone when it is captured first, and never more than
+//! separate reservations would). The memory is owned jointly: every member (and every block
+//! issued from it) keeps it alive; the pool itself only points at it, so with no member left
+//! it is given back (in stream order) and the next member reserves anew. In sanitizer mode each member gets
 //! memory of its own, so that one member's stray write cannot land in another's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,6 +66,8 @@ pub(crate) struct PoolBook {
     mem: Weak<ReservationMem>,
     /// Bytes to reserve at least when the memory is made.
     min_bytes: u64,
+    /// Sized up front: a larger member is refused instead of given new memory.
+    fixed: bool,
     /// Members alive.
     members: usize,
     next_member: u64,
@@ -79,18 +84,24 @@ pub(crate) struct Member {
 }
 
 impl GraphPool {
-    /// An empty pool: its memory is made by its first member, at that member's size.
+    /// An empty pool: its memory is made by its first member, at that member's size; a
+    /// larger member later gets new memory (see the module docs).
     #[must_use]
     pub fn new() -> GraphPool {
         GraphPool::default()
     }
 
-    /// An empty pool whose memory, when made, is at least `bytes` (for members whose largest
-    /// is known up front but may not come first).
+    /// An empty pool whose memory, when made, is at least `bytes`, for members whose largest
+    /// is known up front but may not come first. A member needing more while members hold
+    /// the memory is refused ([`MemError::GraphPoolTooSmall`]), not given more.
     #[must_use]
     pub fn with_bytes(bytes: u64) -> GraphPool {
         let pool = GraphPool::default();
-        pool.lock().min_bytes = bytes;
+        {
+            let mut book = pool.lock();
+            book.min_bytes = bytes;
+            book.fixed = true;
+        }
         pool
     }
 
@@ -156,10 +167,10 @@ impl std::fmt::Debug for GraphPool {
 
 impl<D: Driver> Arena<D> {
     /// A new member of `pool` with room for `plan`: the pool's memory when it is large enough,
-    /// else (no member holding it) new memory of `plan.bytes()` (or the pool's
-    /// [`GraphPool::with_bytes`], if more). Refused during capture, while another member
-    /// captures, on a pool of another arena, and with [`MemError::GraphPoolTooSmall`] when
-    /// members hold memory smaller than the plan.
+    /// else new memory of `plan.bytes()` (or the pool's [`GraphPool::with_bytes`], if more),
+    /// which becomes the pool's. Refused during capture, while another member captures, on a
+    /// pool of another arena, and, for a pool sized up front, with
+    /// [`MemError::GraphPoolTooSmall`] when members hold memory smaller than the plan.
     pub fn reserve_in_pool(
         &self,
         pool: &GraphPool,
@@ -183,16 +194,25 @@ impl<D: Driver> Arena<D> {
         let mem = match book.mem.upgrade() {
             _ if sh.sanitized() => self.reserve_memory(plan)?,
             Some(mem) if mem.size >= needed => mem,
-            Some(mem) if book.members > 0 => {
+            Some(mem) if book.members > 0 && book.fixed => {
                 return Err(MemError::GraphPoolTooSmall {
                     pool_bytes: mem.size,
                     needed,
                     members: book.members,
                 });
             }
-            _ => {
+            held => {
                 let headroom = book.min_bytes.saturating_sub(needed);
                 let mem = self.reserve_memory(&plan.clone().with_headroom(headroom))?;
+                if let Some(old) = held {
+                    tracing::debug!(
+                        target: "zmem.arena.pool",
+                        old = old.size,
+                        new = mem.size,
+                        members = book.members,
+                        "a larger member: the graph pool moves to new memory, its members keep the old"
+                    );
+                }
                 book.mem = Arc::downgrade(&mem);
                 mem
             }

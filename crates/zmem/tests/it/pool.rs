@@ -105,9 +105,42 @@ fn a_member_is_captured_into_once() {
 }
 
 #[test]
-fn a_larger_member_while_members_hold_the_memory_is_refused_and_fits_after_they_go() {
+fn a_larger_member_later_gets_new_memory_which_later_members_share() {
     let arena = arena();
     let pool = GraphPool::new();
+    let first = arena.reserve_in_pool(&pool, &plan(4096)).unwrap();
+    let a = capture(&arena, &first, 4096);
+    let larger = arena.reserve_in_pool(&pool, &plan(8192)).unwrap();
+    let b = capture(&arena, &larger, 8192);
+    assert_ne!(first.id(), larger.id(), "new memory for the larger member");
+    assert!(a.ptr().is_ok(), "the first member keeps its memory");
+    let third = arena.reserve_in_pool(&pool, &plan(2048)).unwrap();
+    assert_eq!(
+        third.id(),
+        larger.id(),
+        "later members share the larger memory"
+    );
+    let d = arena.diagnostics();
+    assert_eq!(
+        (d.capture.reservations, d.capture.reserved),
+        (2, 12_288),
+        "{d}"
+    );
+    assert_eq!(pool.bytes(), 8192);
+    drop((first, a));
+    let d = arena.diagnostics();
+    assert_eq!(
+        (d.capture.reservations, d.capture.reserved),
+        (1, 8192),
+        "{d}"
+    );
+    drop((larger, b, third));
+}
+
+#[test]
+fn a_pool_sized_up_front_refuses_a_larger_member_while_members_hold_it() {
+    let arena = arena();
+    let pool = GraphPool::with_bytes(4096);
     let small_member = arena.reserve_in_pool(&pool, &plan(4096)).unwrap();
     let blk = capture(&arena, &small_member, 4096);
     let err = arena.reserve_in_pool(&pool, &plan(8192)).unwrap_err();
