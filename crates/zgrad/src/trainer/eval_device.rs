@@ -11,8 +11,8 @@
 //! chunk reading its offset from device memory; eagerly (capture off, or its capture failed)
 //! it is the same body. The chunk graphs of one set replay one after another on the engine
 //! stream and write only into the set's persistent tensors (input, logits, cursor), so they
-//! share one capture reservation (a `GraphPool`), sized to the full chunks' graph, which is
-//! captured first (its chunks come first; the last, shorter chunk needs no more).
+//! are captured into the trainer's graph pool, sharing one reservation with each other and
+//! with the training step's graph (`captured::Graphs::pool`).
 //! The logits of the whole pass come back in one download, and the loss
 //! and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
 //! host. In data parallel each rank holds and evaluates its shard of the set and the sums are
@@ -92,7 +92,7 @@ impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
 }
 
 /// A set evaluated on the device: the rank's rows of it, their labels on the host, the
-/// pass's logits buffer, its chunk groups and the memory their graphs share.
+/// pass's logits buffer and its chunk groups.
 pub(crate) struct EvalSet<B: Capture<T>, T: Element> {
     labels: Vec<T>,
     /// Samples of the whole set (every rank's).
@@ -101,8 +101,6 @@ pub(crate) struct EvalSet<B: Capture<T>, T: Element> {
     world: usize,
     logits: Option<BTensor<B, T>>,
     groups: Vec<ChunkGroup<B, T>>,
-    /// The chunk graphs' shared reservation: they never run at the same time.
-    pool: GraphPool,
 }
 
 impl<B: Capture<T>, T: Element> EvalSet<B, T> {
@@ -123,7 +121,6 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
                 world,
                 logits: None,
                 groups: Vec::new(),
-                pool: GraphPool::new(),
             });
         };
         let _class = ClassGuard::new(b, AllocClass::Persistent);
@@ -158,7 +155,6 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
             world,
             logits: Some(logits),
             groups,
-            pool: GraphPool::new(),
         })
     }
 
@@ -314,7 +310,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             b.fill(&group.io.cursor, T::ZERO)?;
             for _ in 0..group.chunks {
                 let want = capture && !failed;
-                failed |= in_step(&**b, || eval_chunk(b, &self.parts, group, &set.pool, want))?;
+                failed |= in_step(&**b, || {
+                    eval_chunk(b, &self.parts, group, &self.graphs.pool, want)
+                })?;
             }
         }
         Ok((b.download(&logits)?, failed))

@@ -202,6 +202,47 @@ fn the_chunk_graphs_share_one_reservation_the_size_of_the_largest() {
     assert!(graph.get(zcompute::AllocClass::Graph) <= full_alone);
 }
 
+/// The captured training step and the evaluation graphs run on one stream and never
+/// together, and everything that outlives a replay (parameters, gradients, moments, the
+/// AdamW slot and gate, the history rows, the evaluation's input and logits) is persistent:
+/// they share the step graph's reservation. A per-sample step's graph is smaller than the
+/// evaluation's: the evaluation gets memory of its own size, as before. The reports stay
+/// `evaluate`'s.
+#[rstest]
+fn the_step_graph_and_the_evaluation_graphs_share_one_reservation(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (x, y) = set(24, 37);
+    let (vx, vy) = set(23, 38);
+    let mut t = learner(&b, schedule, true, 4);
+    t.load_data(&x, &y, 24).expect("training set");
+    t.load_validation(&vx, &vy, 23).expect("validation set");
+    t.queue_rows(&[0, 5, 9, 11, 2, 23], 1).expect("step");
+    t.drain().expect("drained");
+    let (step_alone, n) = graph_memory(&b);
+    assert_eq!(n, 1, "the step graph");
+    for epoch in 0..2 {
+        let want = t.evaluate(&vx, &vy).expect("host");
+        let got = t.evaluate_validation().expect("device");
+        assert_eq!(bits(&got), bits(&want), "epoch {epoch}");
+        t.queue_rows(&[3, 3, 17, 8, 1, 20], 1).expect("step");
+        t.drain().expect("drained");
+    }
+    let (reserved, n) = graph_memory(&b);
+    match schedule {
+        TrainSchedule::Batched => assert_eq!(
+            (reserved, n),
+            (step_alone, 1),
+            "the evaluation shares the step's reservation"
+        ),
+        _ => assert!(
+            n == 2 && reserved > step_alone,
+            "{reserved} {n} {step_alone}"
+        ),
+    }
+}
+
 #[test]
 fn bad_validation_sets_are_refused_by_name_and_load_nothing() {
     let b = Engine::sim(256 << 20).expect("simulated backend");
