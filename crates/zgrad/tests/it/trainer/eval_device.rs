@@ -162,7 +162,7 @@ fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
 }
 
 /// Bytes of capture reservations on `b`'s arena, and how many there are.
-fn graph_memory(b: &CudaBackend<SimDriver>) -> (u64, usize) {
+fn graph_memory<D: zdevice::Driver>(b: &CudaBackend<D>) -> (u64, usize) {
     let d = b.arena().diagnostics();
     (d.capture.reserved, d.capture.reservations)
 }
@@ -213,14 +213,21 @@ fn the_step_graph_and_the_evaluation_graphs_share_one_reservation(
     #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
 ) {
     let b = Engine::sim(256 << 20).expect("simulated backend");
+    step_and_evaluation_share(&b, schedule);
+}
+
+fn step_and_evaluation_share<D: zdevice::Driver + 'static>(
+    b: &CudaBackend<D>,
+    schedule: TrainSchedule,
+) {
     let (x, y) = set(24, 37);
     let (vx, vy) = set(23, 38);
-    let mut t = learner(&b, schedule, true, 4);
+    let mut t = learner(b, schedule, true, 4);
     t.load_data(&x, &y, 24).expect("training set");
     t.load_validation(&vx, &vy, 23).expect("validation set");
     t.queue_rows(&[0, 5, 9, 11, 2, 23], 1).expect("step");
     t.drain().expect("drained");
-    let (step_alone, n) = graph_memory(&b);
+    let (step_alone, n) = graph_memory(b);
     assert_eq!(n, 1, "the step graph");
     for epoch in 0..2 {
         let want = t.evaluate(&vx, &vy).expect("host");
@@ -229,7 +236,7 @@ fn the_step_graph_and_the_evaluation_graphs_share_one_reservation(
         t.queue_rows(&[3, 3, 17, 8, 1, 20], 1).expect("step");
         t.drain().expect("drained");
     }
-    let (reserved, n) = graph_memory(&b);
+    let (reserved, n) = graph_memory(b);
     match schedule {
         TrainSchedule::Batched => assert_eq!(
             (reserved, n),
@@ -285,5 +292,14 @@ mod gpu {
     ) {
         let b = Engine::cuda(0).expect("CUDA device 0 opens");
         same_as_evaluate(&b, TrainSchedule::Batched, capture, sizes.0, sizes.1);
+    }
+
+    /// The simulated twin is `the_step_graph_and_the_evaluation_graphs_share_one_reservation`.
+    #[rstest]
+    fn gpu_the_step_graph_and_the_evaluation_graphs_share_one_reservation(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    ) {
+        let b = Engine::cuda(0).expect("CUDA device 0 opens");
+        step_and_evaluation_share(&b, schedule);
     }
 }
