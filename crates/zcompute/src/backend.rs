@@ -530,5 +530,18 @@ pub trait Capture<T: Element>: crate::Ops<T> {
 
     fn capture(&self, body: Box<dyn FnMut() -> Result<()>>) -> Result<Self::Graph>;
 
+    /// `capture`, with the graph's memory shared with the other members of `pool`: graphs
+    /// that the caller replays one at a time on this backend and whose outputs live outside
+    /// the capture (the promise `zmem::GraphPool` documents). A backend without device memory
+    /// (the CPU) captures as `capture` does.
+    fn capture_in_pool(
+        &self,
+        pool: &zmem::GraphPool,
+        body: Box<dyn FnMut() -> Result<()>>,
+    ) -> Result<Self::Graph> {
+        let _ = pool;
+        self.capture(body)
+    }
+
     fn replay(&self, graph: &mut Self::Graph) -> Result<()>;
 }

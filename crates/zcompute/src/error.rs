@@ -186,6 +186,14 @@ pub enum ComputeError {
     /// tensors on every run.
     #[error("the captured run allocated unlike its warm-up: {detail}")]
     CaptureRunsDiffer { detail: String },
+    /// A body captured into a graph pool (`Capture::capture_in_pool`) stored `tensors` it
+    /// allocated outside the capture: they would live in the pool's memory, which its other
+    /// members' replays overwrite. Allocate what must outlast a replay before the capture and
+    /// write into it (`copy_into`), or capture the body alone (`capture`).
+    #[error(
+        "the body stores {tensors} tensor(s) it allocated; in a graph pool they would be overwritten by the other members: write results into tensors allocated before the capture, or capture it alone"
+    )]
+    CaptureOutputInPool { tensors: usize },
     /// A capture body failed with an error of the layer that wrote it (that layer keeps the
     /// typed error and reports it instead).
     #[error("{detail}")]

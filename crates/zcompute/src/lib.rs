@@ -52,4 +52,4 @@ pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};
 /// zmem's items an engine's user reads (the arena's step records and errors, byte units), so
 /// that a crate above needs no dependency on zmem for them.
-pub use zmem::{ArenaConfig, MemError, StepRecord, units};
+pub use zmem::{ArenaConfig, GraphPool, MemError, StepRecord, units};

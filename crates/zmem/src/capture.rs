@@ -4,16 +4,22 @@
 //! owns it until dropped, and step resets never touch it. The active reservation is carried by
 //! the device's capture session (`Device::route_capture_memory`), which the allocation paths
 //! read: the arena keeps no flag of its own.
+//!
+//! Graphs that never run at the same time can share one reservation instead, a
+//! [`GraphPool`](crate::GraphPool): see `pool.rs` for what its members promise.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
 use zdevice::{CaptureMemory, DeviceError, DevicePtr, Driver, RoutedMemory};
 
 use crate::arena::Arena;
+use crate::arena::reserve::rewind_for_member;
 use crate::arena::state::ResInfo;
 use crate::block::{Block, GenCell, Reclaim, Returned, Source};
 use crate::class::AllocClass;
 use crate::error::{MemError, MemResult};
+use crate::pool::Member;
 use crate::timeline::EventKind;
 use crate::units::{ALIGN, align_up};
 
@@ -96,10 +102,13 @@ impl Drop for ReservationMem {
 }
 
 /// Memory reserved for one captured graph. Keep it with the graph; drop it with the graph.
+/// A [`GraphPool`](crate::GraphPool) member's shares its memory with the pool's other members.
 pub struct CaptureReservation {
-    mem: Arc<ReservationMem>,
-    arena_id: u64,
-    retained: Mutex<Vec<Block>>,
+    pub(crate) mem: Arc<ReservationMem>,
+    pub(crate) arena_id: u64,
+    pub(crate) retained: Mutex<Vec<Block>>,
+    /// The pool it is a member of, if any.
+    pub(crate) member: Option<Member>,
 }
 
 impl CaptureReservation {
@@ -109,10 +118,16 @@ impl CaptureReservation {
         self.mem.id
     }
 
-    /// Bytes reserved.
+    /// Bytes reserved (for a graph pool member, the pool's memory it shares).
     #[must_use]
     pub fn bytes(&self) -> u64 {
         self.mem.size
+    }
+
+    /// Whether it is a [`GraphPool`](crate::GraphPool) member.
+    #[must_use]
+    pub fn is_pool_member(&self) -> bool {
+        self.member.is_some()
     }
 
     /// Keeps `block` alive for as long as the graph: use it for graph inputs allocated before
@@ -127,6 +142,10 @@ impl CaptureReservation {
 
 impl Drop for CaptureReservation {
     fn drop(&mut self) {
+        // The pool's lock before the arena's (the order everywhere).
+        if let Some(member) = &self.member {
+            member.pool.left(member.id);
+        }
         if let Some(owner) = self.mem.owner.upgrade() {
             owner.graph_dropped(self.mem.id);
         }
@@ -138,6 +157,7 @@ impl std::fmt::Debug for CaptureReservation {
         f.debug_struct("CaptureReservation")
             .field("id", &self.mem.id)
             .field("bytes", &self.mem.size)
+            .field("member", &self.member.as_ref().map(|m| m.id))
             .finish_non_exhaustive()
     }
 }
@@ -152,14 +172,14 @@ pub struct CaptureScope<'a, D: Driver> {
 }
 
 impl<D: Driver> CaptureScope<'_, D> {
-    /// Bytes of the reservation handed out so far.
+    /// Bytes of the reservation handed out so far (by this capture, for a graph pool member).
     #[must_use]
     pub fn used(&self) -> u64 {
         let st = self.arena.shared.lock();
         st.capture
             .reservations
             .get(&self.reservation.id())
-            .map_or(0, |r| r.used)
+            .map_or(0, |r| r.cur)
     }
 }
 
@@ -171,7 +191,7 @@ impl<D: Driver> Drop for CaptureScope<'_, D> {
             // Unrouted under the arena's lock, so that releasing it reopens the fast path.
             drop(self.routed.take());
             let id = self.reservation.id();
-            let used = st.capture.reservations.get(&id).map_or(0, |r| r.used);
+            let used = st.capture.reservations.get(&id).map_or(0, |r| r.cur);
             let at = Some(sh.device.driver().now());
             st.timeline.push(
                 at,
@@ -182,6 +202,10 @@ impl<D: Driver> Drop for CaptureScope<'_, D> {
             )
         };
         sh.publish(&[ev]);
+        // After the arena's lock is released (the pool's lock is never taken under it).
+        if let Some(member) = &self.reservation.member {
+            member.pool.capture_ended(member.id);
+        }
     }
 }
 
@@ -253,13 +277,23 @@ impl<D: Driver> Arena<D> {
     /// Reserves `plan.bytes()` for one graph from the arena's capture pool (stream-ordered, so
     /// giving it back never synchronises the device). Refused during capture.
     pub fn reserve_for_capture(&self, plan: &CapturePlan) -> MemResult<CaptureReservation> {
-        let sh = &self.shared;
-        if sh.device.is_capturing() {
+        if self.shared.device.is_capturing() {
             return Err(MemError::CaptureActive {
                 op: "reserving memory for a capture",
             });
         }
-        let (res, ev, size) = {
+        Ok(CaptureReservation {
+            mem: self.reserve_memory(plan)?,
+            arena_id: self.shared.core.flags.arena_id,
+            retained: Mutex::default(),
+            member: None,
+        })
+    }
+
+    /// The memory of a new reservation of `plan.bytes()`, tracked by the arena.
+    pub(crate) fn reserve_memory(&self, plan: &CapturePlan) -> MemResult<Arc<ReservationMem>> {
+        let sh = &self.shared;
+        let (mem, ev, size) = {
             let mut st = sh.lock();
             let slots = sh.reserve_slots(&mut st, plan)?;
             let size: u64 = slots.iter().map(|s| s.size).sum();
@@ -272,6 +306,8 @@ impl<D: Driver> Arena<D> {
                 ResInfo {
                     bytes: size,
                     used: 0,
+                    cur: 0,
+                    captures: 0,
                     slots,
                     blocks: Vec::new(),
                     cell: Arc::clone(&cell),
@@ -293,16 +329,11 @@ impl<D: Driver> Arena<D> {
                     bytes: size,
                 },
             );
-            let res = CaptureReservation {
-                mem,
-                arena_id: sh.core.flags.arena_id,
-                retained: Mutex::default(),
-            };
-            (res, ev, size)
+            (mem, ev, size)
         };
-        tracing::debug!(target: "zmem.arena.capture", id = res.id(), bytes = size, "reserved for capture");
+        tracing::debug!(target: "zmem.arena.capture", id = mem.id, bytes = size, "reserved for capture");
         sh.publish(&[ev]);
-        Ok(res)
+        Ok(mem)
     }
 
     /// Routes every allocation of this arena into `reservation` until the scope is dropped.
@@ -314,6 +345,12 @@ impl<D: Driver> Arena<D> {
         if reservation.arena_id != sh.core.flags.arena_id {
             return Err(MemError::ForeignBlock);
         }
+        // A member's pool stays locked until the routing is in place (its lock before the
+        // arena's), so two members cannot both pass the check.
+        let mut pool = match &reservation.member {
+            Some(member) => Some((member, member.pool.begin_capture(member)?)),
+            None => None,
+        };
         let (routed, ev) = {
             let mut st = sh.lock();
             let memory: CaptureMemory = Arc::clone(&reservation.mem) as CaptureMemory;
@@ -329,6 +366,11 @@ impl<D: Driver> Arena<D> {
                 }
                 Err(e) => return Err(MemError::Device(e)),
             };
+            if let Some((member, book)) = pool.as_mut() {
+                book.capturing = Some(member.id);
+                member.captured.store(true, Ordering::Release);
+                rewind_for_member(&mut st, reservation.id());
+            }
             let at = Some(sh.device.driver().now());
             let ev = st.timeline.push(
                 at,
@@ -338,6 +380,7 @@ impl<D: Driver> Arena<D> {
             );
             (routed, ev)
         };
+        drop(pool);
         sh.publish(&[ev]);
         Ok(CaptureScope {
             arena: self,

@@ -113,6 +113,45 @@ pub enum MemError {
         /// Bytes already handed out from it.
         used: u64,
     },
+    /// A member of a graph pool sized up front (`GraphPool::with_bytes`) needs more memory
+    /// than the pool holds, and other members' graphs hold it (their addresses are baked in,
+    /// so it cannot grow). Size the pool with at least `needed`, capture the largest member
+    /// first, or drop the members' graphs so that the next member sizes the memory anew.
+    /// Nothing was allocated.
+    #[error(
+        "the graph pool was sized to {} and a member needs {}, while {members} member(s) hold it: size the pool with at least that, capture the largest member first, or drop its members first",
+        Bytes(*.pool_bytes), Bytes(*.needed)
+    )]
+    GraphPoolTooSmall {
+        /// Bytes of the pool's memory.
+        pool_bytes: u64,
+        /// Bytes the new member's plan needs.
+        needed: u64,
+        /// Members holding the memory.
+        members: usize,
+    },
+    /// Another member of the graph pool is capturing: its members share memory, so they
+    /// capture (and replay) one at a time. End that capture (drop its `CaptureScope`) first.
+    #[error(
+        "member {member} of this graph pool is capturing; members capture one at a time: end its capture first"
+    )]
+    GraphPoolMemberCapturing {
+        /// The member whose capture is open.
+        member: u64,
+    },
+    /// This graph pool member was captured into already: every capture needs a new member
+    /// (`Arena::reserve_in_pool`), since a new capture into the shared memory would rewrite
+    /// what the earlier one's graph uses.
+    #[error(
+        "graph pool member {member} was captured into already; reserve a new member for each capture"
+    )]
+    GraphPoolMemberReused {
+        /// The member.
+        member: u64,
+    },
+    /// The graph pool's memory comes from another arena: use one pool per arena (per device).
+    #[error("the graph pool belongs to another arena; make one pool per arena")]
+    GraphPoolOfAnotherArena,
     /// A stream is capturing but no capture reservation is active on this arena: allocating
     /// now would either be illegal in the graph or hand the graph memory a step reset will
     /// reuse. Capture through the one entry point that activates a reservation.

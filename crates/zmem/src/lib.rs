@@ -2,7 +2,8 @@
 //!
 //! - [`Arena`]: scratch segments (256-byte bump allocation within a [`Step`], reclaimed at its
 //!   end), a held region for `saved` and `persistent` blocks, a stream-ordered overflow pool
-//!   with memory reserved up front, and [`CaptureReservation`]s for captured graphs.
+//!   with memory reserved up front, and [`CaptureReservation`]s for captured graphs (shared,
+//!   through a [`GraphPool`], by graphs that never run at the same time).
 //! - [`Block`]: a cheap, cloneable handle carrying its memory's generation.
 //! - [`Scratch`]: a step's scratch allocation, a plain value (no lock, no reference count on
 //!   the fast path) until it is dereferenced to a `Block` to be kept.
@@ -21,6 +22,7 @@ mod config;
 mod diag;
 mod error;
 mod overrides;
+mod pool;
 mod scratch;
 mod step;
 mod timeline;
@@ -37,6 +39,7 @@ pub use config::{ArenaConfig, ENV_VARS, MAX_TIMELINE_EVENTS, default_cap, saniti
 pub use diag::{CaptureStats, Diagnostics, FillCause, OverflowStats, ResetInfo};
 pub use error::{LiveBlock, MemError, MemResult};
 pub use overrides::{ArenaOverrides, ArenaSetting, Labels};
+pub use pool::GraphPool;
 pub use scratch::Scratch;
 pub use step::{OwnedStep, Step};
 pub use timeline::{Event, EventKind, STEP_RECORDS_MAX, StepRecord, TimelineSnapshot};

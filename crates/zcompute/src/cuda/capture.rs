@@ -18,6 +18,11 @@
 //!    backend, instead of the graph's not-yet-run memory; each replay then overwrites it.
 //! 5. The graph is instantiated (bounded by the device's build deadline).
 //!
+//! `capture_in_pool` does the same with the reservation a member of a `zmem::GraphPool`
+//! (memory shared with graphs the caller never runs at the same time as this one). A body
+//! that stores tensors it allocated is refused there after step 1 (`CaptureOutputInPool`):
+//! step 4 would leave them in memory the other members overwrite.
+//!
 //! The graph owns its reservation, every block its nodes touched (retained in the
 //! reservation) and the body (with the tensors it holds), so no address baked into the graph
 //! is handed out again while the graph lives. Any failure ends the capture, drops what it
@@ -35,7 +40,7 @@ use crate::error::{ComputeError, Result};
 use zdevice::{
     CaptureSession, CapturedGraph, DeviceError, Driver, GraphInstance, InstantiateFlags,
 };
-use zmem::{Block, CaptureReservation};
+use zmem::{Arena, Block, CapturePlan, CaptureReservation, GraphPool, MemResult};
 
 /// A captured, instantiated sequence of ops. Replay with `Capture::replay`; refill inputs with
 /// `upload_into`/`copy_into` between replays.
@@ -62,7 +67,8 @@ impl<D: Driver> CudaGraph<D> {
         self.replays
     }
 
-    /// Bytes of the graph's capture reservation.
+    /// Bytes of the graph's capture reservation (shared with the other members of its pool
+    /// for a graph captured by `capture_in_pool`).
     #[must_use]
     pub fn reserved_bytes(&self) -> u64 {
         self.reservation.bytes()
@@ -220,6 +226,62 @@ impl<D: Driver> CudaBackend<D> {
     }
 }
 
+impl<D: Driver> CudaBackend<D> {
+    /// The capture (module docs), its memory reserved by `reserve` from the recorded plan:
+    /// the graph's own, or (`pooled`) a graph pool member's. A pooled body that stores tensors
+    /// it allocated is refused after its warm-up: they would live in the shared memory.
+    fn capture_reserving(
+        &self,
+        mut body: Box<dyn FnMut() -> Result<()>>,
+        pooled: bool,
+        reserve: impl FnOnce(&Arena<D>, &CapturePlan) -> MemResult<CaptureReservation>,
+    ) -> Result<CudaGraph<D>> {
+        self.refuse_in_capture("capture", "captures do not nest")?;
+        let arena = &self.inner.arena;
+        let session = Session::open(self)?;
+
+        let (warm, plan) = arena
+            .record_plan(&mut body)
+            .map_err(|e| mem_error("capture", e))?;
+        warm?;
+        let (survivors, warm_allocations) = session.take_warm_up();
+        if pooled && !survivors.is_empty() {
+            return Err(failed("checking what the pooled body keeps")(
+                ComputeError::CaptureOutputInPool {
+                    tensors: survivors.len(),
+                },
+            ));
+        }
+        // Still warming up as far as the refusals go, until the captured run starts.
+        let reservation = reserve(arena, &plan)
+            .map_err(|e| failed("reserving memory")(mem_error("capture", e)))?;
+        let graph = self.captured_run(&mut body, &reservation, &survivors, warm_allocations)?;
+        drop(survivors);
+        drop(session);
+
+        let exec = graph
+            .instantiate(InstantiateFlags::default())
+            .map_err(|e| failed("instantiating the graph")(device_error("capture", e)))?;
+        let nodes = graph.node_count().map_err(|e| device_error("capture", e))?;
+        tracing::info!(
+            target: "zcompute.cuda.capture",
+            nodes,
+            reserved = reservation.bytes(),
+            pooled = reservation.is_pool_member(),
+            requests = plan.requests().len(),
+            "graph captured"
+        );
+        Ok(CudaGraph {
+            exec,
+            _graph: graph,
+            reservation,
+            _body: body,
+            nodes,
+            replays: 0,
+        })
+    }
+}
+
 /// What a failed end of capture means to the caller: a deadline overrun or a lost device as
 /// such (the device is gone), an invalidated capture as such (the body made a call the driver
 /// cannot record), anything else a failed capture with the backend eager.
@@ -235,43 +297,16 @@ fn end_failed(e: DeviceError) -> ComputeError {
 impl<D: Driver> Capture<f32> for CudaBackend<D> {
     type Graph = CudaGraph<D>;
 
-    fn capture(&self, mut body: Box<dyn FnMut() -> Result<()>>) -> Result<CudaGraph<D>> {
-        self.refuse_in_capture("capture", "captures do not nest")?;
-        let arena = &self.inner.arena;
-        let session = Session::open(self)?;
+    fn capture(&self, body: Box<dyn FnMut() -> Result<()>>) -> Result<CudaGraph<D>> {
+        self.capture_reserving(body, false, |arena, plan| arena.reserve_for_capture(plan))
+    }
 
-        let (warm, plan) = arena
-            .record_plan(&mut body)
-            .map_err(|e| mem_error("capture", e))?;
-        warm?;
-        let (survivors, warm_allocations) = session.take_warm_up();
-        // Still warming up as far as the refusals go, until the captured run starts.
-        let reservation = arena
-            .reserve_for_capture(&plan)
-            .map_err(|e| failed("reserving memory")(mem_error("capture", e)))?;
-        let graph = self.captured_run(&mut body, &reservation, &survivors, warm_allocations)?;
-        drop(survivors);
-        drop(session);
-
-        let exec = graph
-            .instantiate(InstantiateFlags::default())
-            .map_err(|e| failed("instantiating the graph")(device_error("capture", e)))?;
-        let nodes = graph.node_count().map_err(|e| device_error("capture", e))?;
-        tracing::info!(
-            target: "zcompute.cuda.capture",
-            nodes,
-            reserved = reservation.bytes(),
-            requests = plan.requests().len(),
-            "graph captured"
-        );
-        Ok(CudaGraph {
-            exec,
-            _graph: graph,
-            reservation,
-            _body: body,
-            nodes,
-            replays: 0,
-        })
+    fn capture_in_pool(
+        &self,
+        pool: &GraphPool,
+        body: Box<dyn FnMut() -> Result<()>>,
+    ) -> Result<CudaGraph<D>> {
+        self.capture_reserving(body, true, |arena, plan| arena.reserve_in_pool(pool, plan))
     }
 
     fn replay(&self, graph: &mut CudaGraph<D>) -> Result<()> {

@@ -23,7 +23,7 @@ use crate::model::Model;
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
 
 /// The captured batched step and its static inputs.
 pub(super) struct BatchedGraph<B: Capture<T>, T: Element> {
@@ -45,6 +45,11 @@ pub(crate) struct Graphs<B: Capture<T>, T: Element> {
     pub(super) tracked: Option<BatchedGraph<B, T>>,
     /// The queued batched step on a pinned batch (`Trainer::queue_pinned`).
     pub(super) tracked_pinned: Option<BatchedGraph<B, T>>,
+    /// The memory every graph of the trainer (these and the validation set's) is captured
+    /// into: they replay one at a time on the engine stream and keep what outlives a replay
+    /// (parameters, gradients, moments, the AdamW slot and gate, stats, history, inputs) in
+    /// persistent tensors, so they share one reservation (see `zmem::GraphPool`).
+    pub(super) pool: GraphPool,
 }
 
 impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
@@ -55,6 +60,7 @@ impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
             samples: None,
             tracked: None,
             tracked_pinned: None,
+            pool: GraphPool::new(),
         }
     }
 }
@@ -123,7 +129,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                     Ok(())
                 }
             };
-            match b.capture(Box::new(body)) {
+            match b.capture_in_pool(&self.graphs.pool, Box::new(body)) {
                 Ok(graph) => Ok(FirstRun::Gated(Some(graph))),
                 Err(e) => {
                     let e = take_body_error(e, &errors);

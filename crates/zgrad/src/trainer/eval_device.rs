@@ -9,7 +9,11 @@
 //! no-grad mode and scatters the logits into row `cursor` of the pass's logits buffer,
 //! advancing the cursor. So the same work, captured once per chunk shape, replays chunk after
 //! chunk reading its offset from device memory; eagerly (capture off, or its capture failed)
-//! it is the same body. The logits of the whole pass come back in one download, and the loss
+//! it is the same body. The chunk graphs of one set replay one after another on the engine
+//! stream and write only into the set's persistent tensors (input, logits, cursor), so they
+//! are captured into the trainer's graph pool, sharing one reservation with each other and
+//! with the training step's graph (`captured::Graphs::pool`).
+//! The logits of the whole pass come back in one download, and the loss
 //! and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
 //! host. In data parallel each rank holds and evaluates its shard of the set and the sums are
 //! all-reduced, as `evaluate` does from the host.
@@ -24,7 +28,7 @@ use crate::model::Model;
 use crate::tape::Tape;
 use crate::var::Var;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
 
 /// Device bytes a validation set of `n` samples of `per` values takes on one device, with
 /// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
@@ -306,7 +310,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             b.fill(&group.io.cursor, T::ZERO)?;
             for _ in 0..group.chunks {
                 let want = capture && !failed;
-                failed |= in_step(&**b, || eval_chunk(b, &self.parts, group, want))?;
+                failed |= in_step(&**b, || {
+                    eval_chunk(b, &self.parts, group, &self.graphs.pool, want)
+                })?;
             }
         }
         Ok((b.download(&logits)?, failed))
@@ -322,13 +328,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 }
 
-/// Runs `group`'s next chunk: its graph replayed, or captured (capture on and none yet; the
-/// capture's one real run does the chunk), or the body eagerly. Whether a capture failed
-/// (then the chunk ran eagerly unless the failed capture's run had done it).
+/// Runs `group`'s next chunk: its graph replayed, or captured into `pool` (capture on and
+/// none yet; the capture's one real run does the chunk), or the body eagerly. Whether a
+/// capture failed (then the chunk ran eagerly unless the failed capture's run had done it).
 fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     b: &Rc<B>,
     parts: &StepParts<B, T, M>,
     group: &mut ChunkGroup<B, T>,
+    pool: &GraphPool,
     capture: bool,
 ) -> Result<bool> {
     if let Some(graph) = group.graph.as_mut() {
@@ -351,7 +358,7 @@ fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
             Ok(())
         }
     };
-    match b.capture(Box::new(body)) {
+    match b.capture_in_pool(pool, Box::new(body)) {
         Ok(graph) => {
             group.graph = Some(graph);
             Ok(false)

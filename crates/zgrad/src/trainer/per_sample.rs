@@ -229,7 +229,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         let runs = Runs::default();
         let body = s.indexed_body(&b, parts, &runs);
-        match b.capture(Box::new(body)) {
+        match b.capture_in_pool(&self.graphs.pool, Box::new(body)) {
             Ok(graph) => {
                 s.graph = Some(graph);
                 Ok(true)

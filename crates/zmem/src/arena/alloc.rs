@@ -56,17 +56,17 @@ impl<D: Driver> Shared<D> {
             if let Some(rec) = st.capture.recording.as_mut() {
                 rec.push(size);
             }
-            let block = match (routing, self.routed_reservation()) {
+            let (block, held) = match (routing, self.routed_reservation()) {
                 (true, Some(res)) => self.alloc_reserved(&mut st, &res, requested, size)?,
                 _ if capturing => {
                     return Err(MemError::AllocationDuringCapture { class, requested });
                 }
                 _ => match class {
-                    AllocClass::Scratch => self.alloc_scratch(&mut st, requested, size)?,
-                    _ => self.alloc_held(&mut st, class, requested, size)?,
+                    AllocClass::Scratch => (self.alloc_scratch(&mut st, requested, size)?, size),
+                    _ => (self.alloc_held(&mut st, class, requested, size)?, size),
                 },
             };
-            st.count_alloc(block.class(), requested, size);
+            st.count_alloc(block.class(), requested, size, held);
             if self.config.timeline_events > 0 || self.wants_events() {
                 let (seq, step) = st.timeline.stamp();
                 let kind = EventKind::Alloc {

@@ -7,7 +7,7 @@ pub(crate) mod fast;
 mod held;
 mod locked;
 mod reclaim;
-mod reserve;
+pub(crate) mod reserve;
 pub(crate) mod reclaim_summary {
     pub use super::reclaim::StepSummary;
 }

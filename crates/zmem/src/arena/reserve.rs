@@ -68,14 +68,15 @@ impl<D: Driver> Shared<D> {
     }
 
     /// A graph block from the active reservation: the first free exclusive slot that fits,
-    /// else bumped from a shared slot. No device call.
+    /// else bumped from a shared slot. No device call. Also the bytes it adds to the graph
+    /// class: all of them, except where a graph pool's earlier member already counted them.
     pub(crate) fn alloc_reserved(
         &self,
         st: &mut State,
         res: &Arc<ReservationMem>,
         requested: u64,
         size: u64,
-    ) -> MemResult<Block> {
+    ) -> MemResult<(Block, u64)> {
         let Some(info) = st.capture.reservations.get_mut(&res.id) else {
             return Err(MemError::CaptureActive {
                 op: "allocating from a dropped reservation",
@@ -93,20 +94,22 @@ impl<D: Driver> Shared<D> {
         let Some(i) = pick else {
             // Past the total, what is missing; within it (sanitizer mode, no slot of this
             // size left), a slot of this size.
-            let short = (info.used + size).saturating_sub(info.bytes);
+            let short = (info.cur + size).saturating_sub(info.bytes);
             return Err(MemError::CaptureReservationExhausted {
                 reservation: res.id,
                 requested,
                 needed_more: if short == 0 { size } else { short },
                 reserved: info.bytes,
-                used: info.used,
+                used: info.cur,
             });
         };
         let slot = &mut info.slots[i];
         let ptr: DevicePtr = slot.ptr.offset(slot.used);
         let taken = if slot.shared { size } else { slot.size };
         slot.used += taken;
-        info.used += taken;
+        info.cur += taken;
+        let held = info.cur.saturating_sub(info.used);
+        info.used = info.used.max(info.cur);
         let b = Block(Arc::new(BlockInner {
             ptr: AtomicU64::new(ptr.0),
             size: AtomicU64::new(size),
@@ -122,6 +125,24 @@ impl<D: Driver> Shared<D> {
         if let Some(info) = st.capture.reservations.get_mut(&res.id) {
             info.blocks.push(Arc::downgrade(&b.0));
         }
-        Ok(b)
+        Ok((b, held))
+    }
+}
+
+/// Makes `res`'s memory ready for a graph pool member's capture: its offsets back to 0,
+/// and, when an earlier member captured into it, its generation moved, so that a block an
+/// earlier member handed out is refused (`UseAfterReclaim`) where the arena resolves it
+/// rather than read as this member's data.
+pub(crate) fn rewind_for_member(st: &mut State, res: u64) {
+    let Some(info) = st.capture.reservations.get_mut(&res) else {
+        return;
+    };
+    if info.captures > 0 {
+        info.cell.advance();
+    }
+    info.captures += 1;
+    info.cur = 0;
+    for slot in &mut info.slots {
+        slot.used = 0;
     }
 }

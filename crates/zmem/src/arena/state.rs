@@ -29,7 +29,13 @@ pub(crate) struct Slot {
 /// A capture reservation as the arena tracks it.
 pub(crate) struct ResInfo {
     pub(crate) bytes: u64,
+    /// Bytes counted in the graph class: the most any capture into it handed out (a graph
+    /// pool's members share the memory, so it counts once, at the largest member).
     pub(crate) used: u64,
+    /// Bytes the open (or last) capture into it handed out.
+    pub(crate) cur: u64,
+    /// Captures begun into it (more than one only for a graph pool's memory).
+    pub(crate) captures: u64,
     pub(crate) slots: Vec<Slot>,
     pub(crate) blocks: Vec<Weak<BlockInner>>,
     /// The reservation's generation: moved at teardown, so that graph blocks outliving the
@@ -228,13 +234,14 @@ impl State {
         }
     }
 
-    /// Counts one issued block.
-    pub(crate) fn count_alloc(&mut self, class: AllocClass, requested: u64, size: u64) {
+    /// Counts one issued block of `size` bytes, of which `held` are new to its class (less
+    /// than `size` only for a graph pool member reusing memory another member counted).
+    pub(crate) fn count_alloc(&mut self, class: AllocClass, requested: u64, size: u64, held: u64) {
         self.n.allocations += 1;
         self.n.since_reset += 1;
         self.n.bytes_since_reset += size;
         self.n.largest = self.n.largest.max(requested);
-        self.usage.by_class.add(class, size);
+        self.usage.by_class.add(class, held);
         let t = &mut self.timeline.current;
         t.allocations += 1;
         t.bytes += size;

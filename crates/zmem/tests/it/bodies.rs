@@ -1,8 +1,10 @@
 //! Scenario bodies, generic over the driver: each runs on the simulated device (mock modules)
 //! and on the CUDA device (`gpu`), with the same code.
 
-use zdevice::{Device, Driver, KernelArg, LaunchConfig};
-use zmem::{AllocClass, Arena, ArenaConfig, Block, Source};
+use zdevice::{CapturedGraph, Device, Driver, KernelArg, LaunchConfig};
+use zmem::{
+    AllocClass, Arena, ArenaConfig, Block, CapturePlan, CaptureReservation, GraphPool, Source,
+};
 
 use crate::util::{Check, Logs, ensure, s};
 
@@ -354,4 +356,109 @@ pub fn lent_scratch_keeps_every_live_block<D: Driver>(dev: &Device<D>, poison: b
     }
     drop(next.end().map_err(s)?);
     Ok(())
+}
+
+/// Captures one graph pool member that fills `bytes` of graph memory with `v` and copies it
+/// into `out` (persistent, outside the pool), as far as `out` goes.
+fn pool_member<D: Driver>(
+    arena: &Arena<D>,
+    pool: &GraphPool,
+    bytes: u64,
+    v: f32,
+    out: &Block,
+) -> Result<(CaptureReservation, CapturedGraph<D>, Block), String> {
+    let dev = arena.device();
+    let res = arena
+        .reserve_in_pool(pool, &CapturePlan::from_requests([bytes]))
+        .map_err(s)?;
+    res.retain(out);
+    let step = arena.step().map_err(s)?;
+    let (graph, inner) = {
+        let _scope = arena.capture_into(&res).map_err(s)?;
+        let cap = dev.begin_capture(dev.stream()).map_err(s)?;
+        let inner = step.alloc_scratch(bytes).map_err(s)?.clone();
+        let ptr = inner.ptr().map_err(s)?;
+        dev.memset_d32_async(ptr, f32_bits(v), bytes / 4, cap.stream())
+            .map_err(s)?;
+        let to = out.ptr().map_err(s)?;
+        dev.copy_dtod_async(to, ptr, out.size().min(bytes), cap.stream())
+            .map_err(s)?;
+        (cap.end().map_err(s)?, inner)
+    };
+    step.end().map_err(s)?;
+    Ok((res, graph, inner))
+}
+
+/// Two graph pool members write different values through the same memory and copy them out;
+/// replayed alternately, each output holds its own member's value. The memory is counted
+/// once (the larger member's), and outlives the first member dropped. In sanitizer mode each
+/// member has memory of its own, counted for each.
+pub fn pool_members_alternate<D: Driver>(dev: &Device<D>) -> Check {
+    let arena = Arena::new(dev.clone(), crate::util::small(1 << 20)).map_err(s)?;
+    let sanitize = arena.diagnostics().sanitize;
+    let (out_a, out_b) = (
+        arena.alloc_persistent(4096).map_err(s)?,
+        arena.alloc_persistent(4096).map_err(s)?,
+    );
+    let pool = GraphPool::new();
+    let (res_a, graph_a, a) = pool_member(&arena, &pool, 8192, 2.0, &out_a)?;
+    let (res_b, graph_b, b) = pool_member(&arena, &pool, 4096, 3.0, &out_b)?;
+    let d = arena.diagnostics();
+    let (graph, reserved) = if sanitize {
+        (8192 + 4096, 8192 + 4096)
+    } else {
+        (8192, 8192)
+    };
+    ensure(
+        d.bytes_by_class.get(AllocClass::Graph) == graph && d.capture.reserved == reserved,
+        format!("graph memory counted once: {d}"),
+    )?;
+    ensure(
+        sanitize || a.raw_ptr() == b.raw_ptr(),
+        format!("members share the memory: {a:?} {b:?}"),
+    )?;
+    ensure(
+        pool.members() == 2 && res_a.is_pool_member(),
+        format!("{pool:?}"),
+    )?;
+    let (exec_a, exec_b) = (
+        graph_a.instantiate(Default::default()).map_err(s)?,
+        graph_b.instantiate(Default::default()).map_err(s)?,
+    );
+    for round in 0..3 {
+        fill(dev, &out_a, -1.0)?;
+        fill(dev, &out_b, -1.0)?;
+        exec_a.launch(dev.stream()).map_err(s)?;
+        exec_b.launch(dev.stream()).map_err(s)?;
+        let (got_a, got_b) = (read_f32(dev, &out_a, 1024)?, read_f32(dev, &out_b, 1024)?);
+        ensure(
+            got_a.iter().all(|v| *v == 2.0) && got_b.iter().all(|v| *v == 3.0),
+            format!("round {round}: {:?} {:?}", &got_a[..2], &got_b[..2]),
+        )?;
+    }
+    // The first member goes; the memory stays for the second, which still replays.
+    drop((exec_a, graph_a, res_a, a));
+    ensure(
+        arena.diagnostics().capture.reservations == 1 && pool.members() == 1,
+        format!(
+            "the second member keeps the memory: {}",
+            arena.diagnostics()
+        ),
+    )?;
+    fill(dev, &out_b, -1.0)?;
+    exec_b.launch(dev.stream()).map_err(s)?;
+    let got_b = read_f32(dev, &out_b, 1024)?;
+    ensure(
+        got_b.iter().all(|v| *v == 3.0),
+        format!("after the first member went: {:?}", &got_b[..2]),
+    )?;
+    drop((exec_b, graph_b, res_b, b));
+    let d = arena.diagnostics();
+    ensure(
+        d.capture.reservations == 0
+            && d.bytes_by_class.get(AllocClass::Graph) == 0
+            && pool.members() == 0
+            && pool.bytes() == 0,
+        format!("the memory went with the last member: {d}"),
+    )
 }

@@ -73,3 +73,8 @@ fn gpu_planted_out_of_bounds_write_inside_a_block() {
         tracing::warn!(target: "zmem.test.gpu", ?synced, "planted write in sanitizer mode");
     }
 }
+
+#[test]
+fn gpu_graph_pool_members_replay_alternately_through_one_memory() {
+    bodies::pool_members_alternate(&open()).unwrap();
+}

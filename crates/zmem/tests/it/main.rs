@@ -7,6 +7,7 @@ mod classes;
 mod errors;
 mod fast;
 mod peaks;
+mod pool;
 mod props;
 mod reuse;
 mod sanitize;

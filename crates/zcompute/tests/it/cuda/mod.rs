@@ -7,6 +7,7 @@ pub mod accumulate_bodies;
 pub mod bodies;
 pub mod capture;
 pub mod capture_end;
+pub mod capture_pool;
 mod chain;
 pub mod errors;
 pub mod flat_bodies;

@@ -286,6 +286,16 @@ macro_rules! op_suite {
             super::capture::adamw_replay_reads_slot(&$backend());
         }
 
+        #[test]
+        fn capture_pool_members_share_one_reservation_and_replay_alternately() {
+            super::capture_pool::a_pool_holds_the_larger_member(&$backend());
+        }
+
+        #[test]
+        fn capture_pool_refuses_a_body_that_keeps_a_tensor() {
+            super::capture_pool::a_pooled_body_keeping_a_tensor_is_refused(&$backend());
+        }
+
         /// The device twin of `capture_end::cpu_stored_tensor_holds_one_completed_run`.
         #[test]
         fn capture_stored_tensor_holds_one_completed_run() {

@@ -181,7 +181,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             track.clone(),
             (errors.clone(), runs.clone(), Rc::clone(&started)),
         );
-        match b.capture(Box::new(body)) {
+        match b.capture_in_pool(&self.graphs.pool, Box::new(body)) {
             Ok(graph) => {
                 *self.tracked_slot(from) = Some(BatchedGraph {
                     graph,

@@ -161,6 +161,95 @@ fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
     assert_eq!(replays, [3, 4 + 3 * 5]);
 }
 
+/// Bytes of capture reservations on `b`'s arena, and how many there are.
+fn graph_memory<D: zdevice::Driver>(b: &CudaBackend<D>) -> (u64, usize) {
+    let d = b.arena().diagnostics();
+    (d.capture.reserved, d.capture.reservations)
+}
+
+/// The chunk graphs of one set never run at the same time: they share one reservation (a
+/// graph pool), the size the full chunk's graph needs alone, which goes when the set does.
+#[test]
+fn the_chunk_graphs_share_one_reservation_the_size_of_the_largest() {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    // 24 samples in chunks of 4: one chunk shape, so one graph, alone.
+    let (vx, vy) = set(24, 36);
+    let mut t = learner(&b, TrainSchedule::Batched, true, 4);
+    t.load_validation(&vx, &vy, 24).expect("validation set");
+    t.evaluate_validation().expect("full chunks only");
+    let (full_alone, n) = graph_memory(&b);
+    assert_eq!((t.validation_graphs().count(), n), (1, 1));
+    // 23 samples: the full chunks' graph and the last chunk's (3 samples).
+    let (vx, vy) = set(23, 35);
+    t.load_validation(&vx, &vy, 23).expect("validation set");
+    assert_eq!(
+        graph_memory(&b),
+        (0, 0),
+        "the old set's graphs went with it"
+    );
+    let want = t.evaluate(&vx, &vy).expect("host");
+    for pass in 0..3 {
+        let got = t.evaluate_validation().expect("device");
+        assert_eq!(bits(&got), bits(&want), "pass {pass}");
+        assert_eq!(t.validation_graphs().count(), 2);
+        assert_eq!(
+            graph_memory(&b),
+            (full_alone, 1),
+            "pass {pass}: one reservation, the full chunks' graph's alone"
+        );
+    }
+    let graph = b.arena().diagnostics().bytes_by_class;
+    assert!(graph.get(zcompute::AllocClass::Graph) <= full_alone);
+}
+
+/// The captured training step and the evaluation graphs run on one stream and never
+/// together, and everything that outlives a replay (parameters, gradients, moments, the
+/// AdamW slot and gate, the history rows, the evaluation's input and logits) is persistent:
+/// they share the step graph's reservation. A per-sample step's graph is smaller than the
+/// evaluation's: the evaluation gets memory of its own size, as before. The reports stay
+/// `evaluate`'s.
+#[rstest]
+fn the_step_graph_and_the_evaluation_graphs_share_one_reservation(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    step_and_evaluation_share(&b, schedule);
+}
+
+fn step_and_evaluation_share<D: zdevice::Driver + 'static>(
+    b: &CudaBackend<D>,
+    schedule: TrainSchedule,
+) {
+    let (x, y) = set(24, 37);
+    let (vx, vy) = set(23, 38);
+    let mut t = learner(b, schedule, true, 4);
+    t.load_data(&x, &y, 24).expect("training set");
+    t.load_validation(&vx, &vy, 23).expect("validation set");
+    t.queue_rows(&[0, 5, 9, 11, 2, 23], 1).expect("step");
+    t.drain().expect("drained");
+    let (step_alone, n) = graph_memory(b);
+    assert_eq!(n, 1, "the step graph");
+    for epoch in 0..2 {
+        let want = t.evaluate(&vx, &vy).expect("host");
+        let got = t.evaluate_validation().expect("device");
+        assert_eq!(bits(&got), bits(&want), "epoch {epoch}");
+        t.queue_rows(&[3, 3, 17, 8, 1, 20], 1).expect("step");
+        t.drain().expect("drained");
+    }
+    let (reserved, n) = graph_memory(b);
+    match schedule {
+        TrainSchedule::Batched => assert_eq!(
+            (reserved, n),
+            (step_alone, 1),
+            "the evaluation shares the step's reservation"
+        ),
+        _ => assert!(
+            n == 2 && reserved > step_alone,
+            "{reserved} {n} {step_alone}"
+        ),
+    }
+}
+
 #[test]
 fn bad_validation_sets_are_refused_by_name_and_load_nothing() {
     let b = Engine::sim(256 << 20).expect("simulated backend");
@@ -203,5 +292,14 @@ mod gpu {
     ) {
         let b = Engine::cuda(0).expect("CUDA device 0 opens");
         same_as_evaluate(&b, TrainSchedule::Batched, capture, sizes.0, sizes.1);
+    }
+
+    /// The simulated twin is `the_step_graph_and_the_evaluation_graphs_share_one_reservation`.
+    #[rstest]
+    fn gpu_the_step_graph_and_the_evaluation_graphs_share_one_reservation(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    ) {
+        let b = Engine::cuda(0).expect("CUDA device 0 opens");
+        step_and_evaluation_share(&b, schedule);
     }
 }
