@@ -13,45 +13,40 @@ use crate::validate::Attention;
 use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
 
-/// The sizes at `first` (batch, seq, heads, dh) of a short kernel for heads of `DH`, checked
-/// against its launch.
-fn short_launch_shape<const DH: usize>(
-    config: &LaunchConfig,
-    k: &KernelArgs<'_>,
-    first: usize,
-    shared: fn(Attention) -> usize,
-) -> Result<Attention, KernelFault> {
-    let size = |i: usize| k.u32(i).map(|v| v as usize);
-    let a = Attention {
-        batch: size(first)?,
-        seq: size(first + 1)?,
-        heads: size(first + 2)?,
-        dh: size(first + 3)?,
-    };
-    if a.seq == 0 || a.seq > SHORT_MAX_SEQ || a.dh != DH {
-        return Err(bad(
-            first + 1,
-            "sequence or head width outside the short kernel's range",
-        ));
-    }
-    let warps = config.block.0 as usize / 32;
-    if config.grid.0 as usize != a.batch * a.heads
-        || !config.block.0.is_multiple_of(32)
-        || !(1..=32).contains(&warps)
-    {
-        return Err(bad(
-            0,
-            "launch is not one block of 1 to 32 whole warps per (batch, head)",
-        ));
-    }
-    if (config.shared_mem_bytes as usize) < shared(a) {
-        return Err(bad(0, "too little dynamic shared memory for this shape"));
-    }
-    Ok(a)
+/// What a family of attention kernels takes: the shapes, and the warps of its one block per
+/// (batch, head).
+struct Contract {
+    max_seq: usize,
+    /// The only head width it takes, or `None` for any in `1..=FUSED_MAX_DH`.
+    dh: Option<usize>,
+    warps: std::ops::RangeInclusive<u32>,
+    range: &'static str,
+    launch: &'static str,
 }
 
-/// The sizes at `first` (batch, seq, heads, dh), checked against the launch.
+/// attention.cu's kernels.
+const GENERAL: Contract = Contract {
+    max_seq: FUSED_MAX_SEQ,
+    dh: None,
+    warps: WARPS as u32..=WARPS as u32,
+    range: "sequence or head width outside the fused kernels' range",
+    launch: "launch is not one block of WARPS warps per (batch, head)",
+};
+
+/// attention_short.cu's kernels for heads of `dh`.
+const fn short(dh: usize) -> Contract {
+    Contract {
+        max_seq: SHORT_MAX_SEQ,
+        dh: Some(dh),
+        warps: 1..=32,
+        range: "sequence or head width outside the short kernel's range",
+        launch: "launch is not one block of 1 to 32 whole warps per (batch, head)",
+    }
+}
+
+/// The sizes at `first` (batch, seq, heads, dh), checked against `contract` and the launch.
 fn launch_shape(
+    contract: &Contract,
     config: &LaunchConfig,
     k: &KernelArgs<'_>,
     first: usize,
@@ -64,14 +59,19 @@ fn launch_shape(
         heads: size(first + 2)?,
         dh: size(first + 3)?,
     };
-    if a.seq == 0 || a.seq > FUSED_MAX_SEQ || a.dh == 0 || a.dh > FUSED_MAX_DH {
-        return Err(bad(
-            first + 1,
-            "sequence or head width outside the fused kernels' range",
-        ));
+    let dh_ok = match contract.dh {
+        Some(dh) => a.dh == dh,
+        None => (1..=FUSED_MAX_DH).contains(&a.dh),
+    };
+    if a.seq == 0 || a.seq > contract.max_seq || !dh_ok {
+        return Err(bad(first + 1, contract.range));
     }
-    if config.grid.0 as usize != a.batch * a.heads || config.block.0 as usize != WARPS * 32 {
-        return Err(bad(0, "launch is not one 8-warp block per (batch, head)"));
+    let whole_warps = config.block.0.is_multiple_of(32);
+    if config.grid.0 as usize != a.batch * a.heads
+        || !whole_warps
+        || !contract.warps.contains(&(config.block.0 / 32))
+    {
+        return Err(bad(0, contract.launch));
     }
     if (config.shared_mem_bytes as usize) < shared(a) {
         return Err(bad(0, "too little dynamic shared memory for this shape"));
@@ -107,7 +107,13 @@ pub(super) fn forward(
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
     let k = checked(Kernel::QkNormAttention, args)?;
-    let a = launch_shape(config, &k, 6, crate::cuda::attention::forward_shared_bytes)?;
+    let a = launch_shape(
+        &GENERAL,
+        config,
+        &k,
+        6,
+        crate::cuda::attention::forward_shared_bytes,
+    )?;
     let p = params(&k, mem, 2, a, k.f32(10)?)?;
     let qkv = mem.read_f32(k.ptr(1)?, qkv_len(a))?;
     mem.write_f32(k.ptr(0)?, &forward_slices(&qkv, a, &p))
@@ -120,7 +126,13 @@ pub(super) fn backward(
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
     let k = checked(Kernel::QkNormAttentionBackward, args)?;
-    let a = launch_shape(config, &k, 8, crate::cuda::attention::backward_shared_bytes)?;
+    let a = launch_shape(
+        &GENERAL,
+        config,
+        &k,
+        8,
+        crate::cuda::attention::backward_shared_bytes,
+    )?;
     let p = params(&k, mem, 4, a, k.f32(12)?)?;
     let g = mem.read_f32(k.ptr(2)?, (a.batch * a.seq * a.heads * a.dh) as u64)?;
     let qkv = mem.read_f32(k.ptr(3)?, qkv_len(a))?;
@@ -141,7 +153,8 @@ pub(super) fn short_forward<const DH: usize>(
         Kernel::QkNormAttentionDh64
     };
     let k = checked(kernel, args)?;
-    let a = short_launch_shape::<DH>(
+    let a = launch_shape(
+        &short(DH),
         config,
         &k,
         6,
@@ -164,7 +177,8 @@ pub(super) fn short_backward<const DH: usize>(
         Kernel::QkNormAttentionBackwardDh64
     };
     let k = checked(kernel, args)?;
-    let a = short_launch_shape::<DH>(
+    let a = launch_shape(
+        &short(DH),
         config,
         &k,
         8,
@@ -221,8 +235,13 @@ mod tests {
             dh: 64,
         };
         let config = launch(blocks, warps, short_forward_shared_bytes(a));
-        let got =
-            short_launch_shape::<64>(&config, &KernelArgs(&args), 6, short_forward_shared_bytes);
+        let got = launch_shape(
+            &short(64),
+            &config,
+            &KernelArgs(&args),
+            6,
+            short_forward_shared_bytes,
+        );
         match refused {
             None => assert_eq!(got.expect("accepted"), a),
             Some(why) => assert!(format!("{:?}", got.expect_err("refused")).contains(why)),
@@ -239,7 +258,8 @@ mod tests {
         };
         let shared = short_forward_shared_bytes(a);
         let check = |args: &[KernelArg], shared: usize| {
-            short_launch_shape::<64>(
+            launch_shape(
+                &short(64),
                 &launch(1, 4, shared),
                 &KernelArgs(args),
                 6,
