@@ -17,17 +17,21 @@
 // Sum over the warp of 16 per-lane values (one per key); returns the total of key j = lane >> 1
 // (both lanes of a pair hold the same bits). Each step halves the values a lane keeps and adds
 // its partner's half: 16 shuffles for 16 sums.
-__device__ __forceinline__ float attn_keys_sum(const float (&v)[ATTN_SHORT_MAX_SEQ], unsigned lane) {
+__device__ __forceinline__ float attn_keys_sum(const float (&v)[ATTN_SHORT_MAX_SEQ],
+                                               unsigned lane) {
     float a[8], b[4], c[2];
     bool up = lane & 16;
 #pragma unroll
-    for (int t = 0; t < 8; ++t) a[t] = (up ? v[t + 8] : v[t]) + __shfl_xor_sync(ATTN_FULL, up ? v[t] : v[t + 8], 16);
+    for (int t = 0; t < 8; ++t)
+        a[t] = (up ? v[t + 8] : v[t]) + __shfl_xor_sync(ATTN_FULL, up ? v[t] : v[t + 8], 16);
     up = lane & 8;
 #pragma unroll
-    for (int t = 0; t < 4; ++t) b[t] = (up ? a[t + 4] : a[t]) + __shfl_xor_sync(ATTN_FULL, up ? a[t] : a[t + 4], 8);
+    for (int t = 0; t < 4; ++t)
+        b[t] = (up ? a[t + 4] : a[t]) + __shfl_xor_sync(ATTN_FULL, up ? a[t] : a[t + 4], 8);
     up = lane & 4;
 #pragma unroll
-    for (int t = 0; t < 2; ++t) c[t] = (up ? b[t + 2] : b[t]) + __shfl_xor_sync(ATTN_FULL, up ? b[t] : b[t + 2], 4);
+    for (int t = 0; t < 2; ++t)
+        c[t] = (up ? b[t + 2] : b[t]) + __shfl_xor_sync(ATTN_FULL, up ? b[t] : b[t + 2], 4);
     up = lane & 2;
     float d = (up ? c[1] : c[0]) + __shfl_xor_sync(ATTN_FULL, up ? c[0] : c[1], 2);
     return d + __shfl_xor_sync(ATTN_FULL, d, 1);
@@ -71,10 +75,57 @@ __device__ __forceinline__ float attn_softmax_keys(float s, bool valid) {
 
 // Forward. Shared (floats): kn (normalised k with its weight and bias) and v [S*dh], filled by
 // all warps; then each warp's query rows: q normalised in registers, scores, softmax, P·v.
+// The block's key rows into shared memory, a warp a row: kn = LayerNorm(k) * w + b and v, and,
+// where the pointers are given (the backward), xhat of k and its rstd.
 template <int DPL>
-__device__ __forceinline__ void attn_short_forward(float* out, const float* qkv, const float* qw, const float* qb,
-                               const float* kw, const float* kb, unsigned batch, unsigned seq,
-                               unsigned heads, float eps) {
+__device__ __forceinline__ void attn_short_keys(float* kn_s, float* v_s, float* khat_s,
+                                                float* krs_s, const float* base, u64 row_stride,
+                                                unsigned width, const float (&w_k)[DPL],
+                                                const float (&b_k)[DPL], unsigned seq,
+                                                float eps) {
+    const unsigned dh = 32 * DPL;
+    const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    for (unsigned j = warp; j < seq; j += nw) {
+        const float* src = base + (u64)j * row_stride;
+        float k[DPL], v[DPL];
+        attn_lanes_load(k, src + width, lane);
+        attn_lanes_load(v, src + 2 * width, lane);
+        float rk = attn_norm_lanes(k, dh, eps);
+        if (krs_s && lane == 0) krs_s[j] = rk;
+#pragma unroll
+        for (int t = 0; t < DPL; ++t) {
+            if (khat_s) khat_s[j * dh + lane + 32 * t] = k[t];
+            kn_s[j * dh + lane + 32 * t] = k[t] * w_k[t] + b_k[t];
+            v_s[j * dh + lane + 32 * t] = v[t];
+        }
+    }
+}
+
+// LayerNorm's input gradient of a row held a lane's DPL values at a time: dst = rstd * (dn*w -
+// mean(dn*w) - xh * mean(dn*w*xh)), the sums in attention.cu's order (lanes, then the warp tree).
+template <int DPL>
+__device__ __forceinline__ void attn_norm_backward_lanes(float* dst, const float (&dn)[DPL],
+                                                         const float (&xh)[DPL],
+                                                         const float (&w)[DPL], float rstd,
+                                                         unsigned lane) {
+    const unsigned dh = 32 * DPL;
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int t = 0; t < DPL; ++t) {
+        float gx = dn[t] * w[t];
+        s1 += gx;
+        s2 += gx * xh[t];
+    }
+    float m1 = warp_sum(s1) / (float)dh, m2 = warp_sum(s2) / (float)dh;
+#pragma unroll
+    for (int t = 0; t < DPL; ++t) dst[lane + 32 * t] = rstd * (dn[t] * w[t] - m1 - xh[t] * m2);
+}
+
+template <int DPL>
+__device__ __forceinline__ void attn_short_forward(float* out, const float* qkv, const float* qw,
+                                                   const float* qb, const float* kw,
+                                                   const float* kb, unsigned batch, unsigned seq,
+                                                   unsigned heads, float eps) {
     const unsigned dh = 32 * DPL;
     const unsigned bh = blockIdx.x;
     if (bh >= batch * heads) return;
@@ -84,22 +135,14 @@ __device__ __forceinline__ void attn_short_forward(float* out, const float* qkv,
     const u64 row_stride = 3ull * width;
     const float* base = qkv + (u64)b * seq * row_stride + (u64)h * dh;
     float w_q[DPL], b_q[DPL], w_k[DPL], b_k[DPL];
-    attn_lanes_load(w_q, qw, lane); attn_lanes_load(b_q, qb, lane); attn_lanes_load(w_k, kw, lane); attn_lanes_load(b_k, kb, lane);
+    attn_lanes_load(w_q, qw, lane);
+    attn_lanes_load(b_q, qb, lane);
+    attn_lanes_load(w_k, kw, lane);
+    attn_lanes_load(b_k, kb, lane);
     extern __shared__ float sm[];
     float* kn_s = sm;
     float* v_s = kn_s + seq * dh;
-    for (unsigned j = warp; j < seq; j += nw) {
-        const float* src = base + (u64)j * row_stride;
-        float k[DPL], v[DPL];
-        attn_lanes_load(k, src + width, lane);
-        attn_lanes_load(v, src + 2 * width, lane);
-        attn_norm_lanes(k, dh, eps);
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) {
-            kn_s[j * dh + lane + 32 * t] = k[t] * w_k[t] + b_k[t];
-            v_s[j * dh + lane + 32 * t] = v[t];
-        }
-    }
+    attn_short_keys<DPL>(kn_s, v_s, nullptr, nullptr, base, row_stride, width, w_k, b_k, seq, eps);
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)dh);
     const bool valid = (lane >> 1) < seq;
@@ -142,10 +185,11 @@ __device__ __forceinline__ void attn_short_forward(float* out, const float* qkv,
 // dqn = dS·kn, q's LayerNorm input gradient), then key rows (dv = Pᵀ·go, dkn = dSᵀ·qn, k's
 // input gradient), then the parameter partials as attention.cu writes them.
 template <int DPL>
-__device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partials, const float* g, const float* qkv,
-                                const float* qw, const float* qb, const float* kw,
-                                const float* kb, unsigned batch, unsigned seq, unsigned heads,
-                                float eps) {
+__device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partials, const float* g,
+                                                    const float* qkv, const float* qw,
+                                                    const float* qb, const float* kw,
+                                                    const float* kb, unsigned batch, unsigned seq,
+                                                    unsigned heads, float eps) {
     extern __shared__ float sm[];
     const unsigned dh = 32 * DPL;
     const unsigned bh = blockIdx.x;
@@ -170,21 +214,11 @@ __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partial
     float* gbase = g_qkv + (u64)b * seq * row_stride + (u64)h * dh;
     const float* gin = g + (u64)b * seq * width + (u64)h * dh;
     float w_q[DPL], b_q[DPL], w_k[DPL], b_k[DPL];
-    attn_lanes_load(w_q, qw, lane); attn_lanes_load(b_q, qb, lane); attn_lanes_load(w_k, kw, lane); attn_lanes_load(b_k, kb, lane);
-    for (unsigned j = warp; j < seq; j += nw) {
-        const float* src = base + (u64)j * row_stride;
-        float k[DPL], v[DPL];
-        attn_lanes_load(k, src + width, lane);
-        attn_lanes_load(v, src + 2 * width, lane);
-        float rk = attn_norm_lanes(k, dh, eps);
-        if (lane == 0) krs_s[j] = rk;
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) {
-            khat_s[j * dh + lane + 32 * t] = k[t];
-            kn_s[j * dh + lane + 32 * t] = k[t] * w_k[t] + b_k[t];
-            v_s[j * dh + lane + 32 * t] = v[t];
-        }
-    }
+    attn_lanes_load(w_q, qw, lane);
+    attn_lanes_load(b_q, qb, lane);
+    attn_lanes_load(w_k, kw, lane);
+    attn_lanes_load(b_k, kb, lane);
+    attn_short_keys<DPL>(kn_s, v_s, khat_s, krs_s, base, row_stride, width, w_k, b_k, seq, eps);
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)dh);
     const bool valid = (lane >> 1) < seq;
@@ -234,25 +268,20 @@ __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partial
                 for (int t = 0; t < DPL; ++t) dq[t] += dsj * kn_s[j * dh + lane + 32 * t];
             }
         }
-        float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
-        for (int t = 0; t < DPL; ++t) {
-            dqn_s[i * dh + lane + 32 * t] = dq[t];
-            float gx = dq[t] * w_q[t];
-            s1 += gx;
-            s2 += gx * qh[t];
-        }
-        float m1 = warp_sum(s1) / (float)dh, m2 = warp_sum(s2) / (float)dh;
-        float* dst = gbase + (u64)i * row_stride;
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) dst[lane + 32 * t] = rq * (dq[t] * w_q[t] - m1 - qh[t] * m2);
+        for (int t = 0; t < DPL; ++t) dqn_s[i * dh + lane + 32 * t] = dq[t];
+        attn_norm_backward_lanes<DPL>(gbase + (u64)i * row_stride, dq, qh, w_q, rq, lane);
     }
     __syncthreads();
     // Key rows: dv = Pᵀ·go, dkn = dSᵀ·qn, then k's LayerNorm input gradient.
     for (unsigned j = warp; j < seq; j += nw) {
         float dv[DPL], dk[DPL], kh[DPL];
 #pragma unroll
-        for (int t = 0; t < DPL; ++t) { dv[t] = 0.0f; dk[t] = 0.0f; kh[t] = khat_s[j * dh + lane + 32 * t]; }
+        for (int t = 0; t < DPL; ++t) {
+            dv[t] = 0.0f;
+            dk[t] = 0.0f;
+            kh[t] = khat_s[j * dh + lane + 32 * t];
+        }
         for (unsigned i = 0; i < seq; ++i) {
             float pij = p_s[i * seq + j], dsij = ds_s[i * seq + j];
 #pragma unroll
@@ -261,21 +290,13 @@ __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partial
                 dk[t] += dsij * qn_s[i * dh + lane + 32 * t];
             }
         }
-        float s1 = 0.0f, s2 = 0.0f;
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) {
-            dkn_s[j * dh + lane + 32 * t] = dk[t];
-            float gx = dk[t] * w_k[t];
-            s1 += gx;
-            s2 += gx * kh[t];
-        }
-        float m1 = warp_sum(s1) / (float)dh, m2 = warp_sum(s2) / (float)dh;
         float* dst = gbase + (u64)j * row_stride;
 #pragma unroll
         for (int t = 0; t < DPL; ++t) {
-            dst[width + lane + 32 * t] = krs_s[j] * (dk[t] * w_k[t] - m1 - kh[t] * m2);
+            dkn_s[j * dh + lane + 32 * t] = dk[t];
             dst[2 * width + lane + 32 * t] = dv[t];
         }
+        attn_norm_backward_lanes<DPL>(dst + width, dk, kh, w_k, krs_s[j], lane);
     }
     __syncthreads();
     const u64 pstride = (u64)batch * heads * dh;

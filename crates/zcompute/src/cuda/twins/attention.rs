@@ -100,39 +100,35 @@ fn qkv_len(a: Attention) -> u64 {
     (a.batch * a.seq * 3 * a.heads * a.dh) as u64
 }
 
-/// `out, qkv, qw, qb, kw, kb, batch, seq, heads, dh, eps`.
-pub(super) fn forward(
+/// A forward kernel of `contract` (`out, qkv, qw, qb, kw, kb, batch, seq, heads, dh, eps`):
+/// the CPU's forward over device memory.
+fn run_forward(
+    kernel: Kernel,
+    contract: &Contract,
+    shared: fn(Attention) -> usize,
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let k = checked(Kernel::QkNormAttention, args)?;
-    let a = launch_shape(
-        &GENERAL,
-        config,
-        &k,
-        6,
-        crate::cuda::attention::forward_shared_bytes,
-    )?;
+    let k = checked(kernel, args)?;
+    let a = launch_shape(contract, config, &k, 6, shared)?;
     let p = params(&k, mem, 2, a, k.f32(10)?)?;
     let qkv = mem.read_f32(k.ptr(1)?, qkv_len(a))?;
     mem.write_f32(k.ptr(0)?, &forward_slices(&qkv, a, &p))
 }
 
-/// `g_qkv, partials, g, qkv, qw, qb, kw, kb, batch, seq, heads, dh, eps`.
-pub(super) fn backward(
+/// A backward kernel of `contract` (`g_qkv, partials, g, qkv, qw, qb, kw, kb, batch, seq,
+/// heads, dh, eps`): the CPU's backward over device memory.
+fn run_backward(
+    kernel: Kernel,
+    contract: &Contract,
+    shared: fn(Attention) -> usize,
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let k = checked(Kernel::QkNormAttentionBackward, args)?;
-    let a = launch_shape(
-        &GENERAL,
-        config,
-        &k,
-        8,
-        crate::cuda::attention::backward_shared_bytes,
-    )?;
+    let k = checked(kernel, args)?;
+    let a = launch_shape(contract, config, &k, 8, shared)?;
     let p = params(&k, mem, 4, a, k.f32(12)?)?;
     let g = mem.read_f32(k.ptr(2)?, (a.batch * a.seq * a.heads * a.dh) as u64)?;
     let qkv = mem.read_f32(k.ptr(3)?, qkv_len(a))?;
@@ -141,7 +137,34 @@ pub(super) fn backward(
     mem.write_f32(k.ptr(1)?, &partials)
 }
 
-/// attention_short.cu's forward for heads of `DH`: the arguments of [`forward`].
+/// attention.cu's forward.
+pub(super) fn forward(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let shared = crate::cuda::attention::forward_shared_bytes;
+    run_forward(Kernel::QkNormAttention, &GENERAL, shared, config, args, mem)
+}
+
+/// attention.cu's backward.
+pub(super) fn backward(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let shared = crate::cuda::attention::backward_shared_bytes;
+    run_backward(
+        Kernel::QkNormAttentionBackward,
+        &GENERAL,
+        shared,
+        config,
+        args,
+        mem,
+    )
+}
+
+/// attention_short.cu's forward for heads of `DH`.
 pub(super) fn short_forward<const DH: usize>(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -152,20 +175,11 @@ pub(super) fn short_forward<const DH: usize>(
     } else {
         Kernel::QkNormAttentionDh64
     };
-    let k = checked(kernel, args)?;
-    let a = launch_shape(
-        &short(DH),
-        config,
-        &k,
-        6,
-        crate::cuda::attention::short_forward_shared_bytes,
-    )?;
-    let p = params(&k, mem, 2, a, k.f32(10)?)?;
-    let qkv = mem.read_f32(k.ptr(1)?, qkv_len(a))?;
-    mem.write_f32(k.ptr(0)?, &forward_slices(&qkv, a, &p))
+    let shared = crate::cuda::attention::short_forward_shared_bytes;
+    run_forward(kernel, &short(DH), shared, config, args, mem)
 }
 
-/// attention_short.cu's backward for heads of `DH`: the arguments of [`backward`].
+/// attention_short.cu's backward for heads of `DH`.
 pub(super) fn short_backward<const DH: usize>(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -176,20 +190,8 @@ pub(super) fn short_backward<const DH: usize>(
     } else {
         Kernel::QkNormAttentionBackwardDh64
     };
-    let k = checked(kernel, args)?;
-    let a = launch_shape(
-        &short(DH),
-        config,
-        &k,
-        8,
-        crate::cuda::attention::short_backward_shared_bytes,
-    )?;
-    let p = params(&k, mem, 4, a, k.f32(12)?)?;
-    let g = mem.read_f32(k.ptr(2)?, (a.batch * a.seq * a.heads * a.dh) as u64)?;
-    let qkv = mem.read_f32(k.ptr(3)?, qkv_len(a))?;
-    let (g_qkv, partials) = backward_slices(&g, &qkv, a, &p);
-    mem.write_f32(k.ptr(0)?, &g_qkv)?;
-    mem.write_f32(k.ptr(1)?, &partials)
+    let shared = crate::cuda::attention::short_backward_shared_bytes;
+    run_backward(kernel, &short(DH), shared, config, args, mem)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! the same bits), eager and captured, an empty shard included.
 
 use super::simulated::{assert_close, ranks};
+use crate::support::small::SMALL;
 use rstest::rstest;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -14,14 +15,8 @@ use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Sim = CudaBackend<SimDriver>;
 
-const CFG: XAssetConfig = XAssetConfig {
-    features: 5,
-    scales: 3,
-    width: 8,
-    heads: 2,
-    ff: 16,
-    layers: 1,
-};
+/// The trainer tests' small XAsset.
+const CFG: XAssetConfig = SMALL;
 
 /// The steps' rows of a data set of 16: unequal shards at 2 and 3 ranks, and a step of 2
 /// rows, which leaves rank 2 of 3 an empty shard.

@@ -6,6 +6,7 @@
 //! empty shards; sharded evaluation; a non-finite value on one rank stops every rank with the
 //! same error.
 
+use crate::support::small::SMALL;
 use rstest::rstest;
 use std::rc::Rc;
 use std::thread;
@@ -16,14 +17,8 @@ use zcompute::{CudaBackend, Engine, SimDriver};
 use zgrad::{GradSync, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 const T: Duration = Duration::from_secs(20);
-const CFG: XAssetConfig = XAssetConfig {
-    features: 5,
-    scales: 3,
-    width: 8,
-    heads: 2,
-    ff: 16,
-    layers: 1,
-};
+/// The trainer tests' small XAsset.
+const CFG: XAssetConfig = SMALL;
 /// Global batch sizes of the 10 steps: unequal shards at N = 2 and 3, and at step 5 a batch of
 /// 2, which leaves rank 2 of 3 an empty shard.
 const BATCHES: [usize; 10] = [7, 7, 7, 7, 2, 7, 7, 7, 7, 7];
