@@ -1,6 +1,6 @@
 // Kernels over a model's flat parameter and gradient buffers: the global gradient norm in two
-// deterministic passes (no atomics: a fixed grid of per-block partials, then one block sums
-// them in a fixed order), clipping by that norm with the coefficient computed on the device,
+// deterministic passes (a fixed grid of per-block partials, then one block sums them in a
+// fixed order; one launch where the last block does the second pass), clipping by that norm with the coefficient computed on the device,
 // and the finiteness gate of a captured AdamW step.
 #include "common.cuh"
 
@@ -37,6 +37,36 @@ extern "C" __global__ void zc_norm_finish_f32(float* out, const float* partial, 
     for (u64 i = threadIdx.x; i < parts; i += FLAT_THREADS) acc += partial[i];
     float total = block_sum(acc, shared);
     if (threadIdx.x == 0) out[0] = sqrtf(total);
+}
+
+// Both norm passes in one launch (a graph node fewer): every block writes its partial as
+// zc_sum_squares_partial_f32 does, and the last block to finish (ticket tickets[0], taken
+// with an atomic after a fence) sums the partials as zc_norm_finish_f32 does, so the bits
+// are the two launches'. It leaves the ticket at 0 for the next launch on the stream.
+extern "C" __global__ void zc_sum_squares_norm_f32(float* out, float* partial,
+                                                   unsigned* tickets, const float* x, u64 n) {
+    __shared__ float shared[FLAT_THREADS];
+    __shared__ bool last;
+    float acc = 0.0f;
+    GRID_STRIDE_LOOP(i, 0, n) {
+        float v = x[i];
+        acc += v * v;
+    }
+    float total = block_sum(acc, shared);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    acc = 0.0f;
+    // What other blocks just wrote: from L2, past this SM's L1.
+    for (u64 i = threadIdx.x; i < gridDim.x; i += FLAT_THREADS) acc += __ldcg(partial + i);
+    total = block_sum(acc, shared);
+    if (threadIdx.x == 0) {
+        out[0] = sqrtf(total);
+        tickets[0] = 0u;
+    }
 }
 
 // x[i] *= min(1, max_norm / (norm[0] + 1e-6)) (PyTorch's clip_grad_norm_ coefficient). A NaN

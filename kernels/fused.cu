@@ -143,16 +143,17 @@ __device__ __forceinline__ float block_sum_fixed(float v, float* part, unsigned 
 __device__ __forceinline__ void mean_of_terms(float* loss, const float* terms, u64 batch,
                                               float* part) {
     float acc = 0.0f;
-    for (u64 b = threadIdx.x; b < batch; b += POOL_THREADS) acc += terms[b];
+    // __ldcg: the last block of the ticketed kernel reads what other blocks just wrote (from
+    // L2, past this SM's L1); the same value and order either way.
+    for (u64 b = threadIdx.x; b < batch; b += POOL_THREADS) acc += __ldcg(terms + b);
     float total = block_sum_fixed(acc, part, threadIdx.x);
     if (threadIdx.x == 0) loss[0] = total / (float)batch;
 }
 
-extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* terms, float* logits,
-                                                const float* h, const float* w,
-                                                const float* bias, const float* y, u64 batch,
-                                                u64 s, u64 d) {
-    __shared__ float part[POOL_WARPS];
+__device__ __forceinline__ void pool_head_bce_rows(float* terms, float* logits, const float* h,
+                                                   const float* w, const float* bias,
+                                                   const float* y, u64 batch, u64 s, u64 d,
+                                                   float* part) {
     for (u64 b = blockIdx.x; b < batch; b += gridDim.x) {
         const float* hb = h + b * s * d;
         float acc = 0.0f;
@@ -168,8 +169,42 @@ extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* terms, float
             terms[b] = bce_term(logit, y[b]);
         }
     }
+}
+
+// Whether this block is the last of the grid to get here (`ticket` counts arrivals; taken
+// after a fence, so every other block's writes are visible to the last one). The last block
+// must put the ticket back to 0 for the next launch on the stream.
+__device__ __forceinline__ bool last_block(unsigned* ticket, bool* last, unsigned tid) {
+    __threadfence();
+    __syncthreads();
+    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+    if (tid == 0) *last = atomicAdd(ticket, 1u) == blocks - 1;
+    __syncthreads();
+    return *last;
+}
+
+extern "C" __global__ void zc_pool_head_bce_f32(float* loss, float* terms, float* logits,
+                                                const float* h, const float* w,
+                                                const float* bias, const float* y, u64 batch,
+                                                u64 s, u64 d) {
+    __shared__ float part[POOL_WARPS];
+    pool_head_bce_rows(terms, logits, h, w, bias, y, batch, s, d, part);
     // block_sum_fixed ended on a barrier: thread 0's terms are visible to the block.
     if (gridDim.x == 1) mean_of_terms(loss, terms, batch, part);
+}
+
+// zc_pool_head_bce_f32 and zc_pool_head_bce_finish_f32 in one launch (a graph node fewer):
+// the last block to finish (tickets[0]) takes the mean of the terms, as the finish does.
+extern "C" __global__ void zc_pool_head_bce_last_f32(float* loss, float* terms, float* logits,
+                                                     unsigned* tickets, const float* h,
+                                                     const float* w, const float* bias,
+                                                     const float* y, u64 batch, u64 s, u64 d) {
+    __shared__ float part[POOL_WARPS];
+    __shared__ bool last;
+    pool_head_bce_rows(terms, logits, h, w, bias, y, batch, s, d, part);
+    if (!last_block(tickets, &last, threadIdx.x)) return;
+    mean_of_terms(loss, terms, batch, part);
+    if (threadIdx.x == 0) tickets[0] = 0u;
 }
 
 // loss[0] = mean of terms[0..B] in a fixed order: one block of POOL_THREADS, thread t adding
@@ -202,10 +237,10 @@ __device__ __forceinline__ float bias_grad_sum(const float* g, const float* logi
     return block_sum_fixed(acc, part, tid);
 }
 
-extern "C" __global__ void zc_pool_head_bce_backward_f32(
-    float* gh, float* partials, float* gb, const float* g, const float* h, const float* w,
-    const float* logits, const float* y, u64 batch, u64 s, u64 d, unsigned accumulate) {
-    __shared__ float part[FUSED_WARPS][32];
+__device__ __forceinline__ void pool_head_bce_backward_cols(
+    float* gh, float* partials, const float* g, const float* h, const float* w,
+    const float* logits, const float* y, u64 batch, u64 s, u64 d, unsigned accumulate,
+    float (*part)[32]) {
     const float scale = g[0] / (float)batch;
     const float inv_s = 1.0f / (float)s;
     const u64 rows = batch * s;
@@ -235,11 +270,54 @@ extern "C" __global__ void zc_pool_head_bce_backward_f32(
         }
         __syncthreads();
     }
+}
+
+// gw[j] = sum over p < parts of partials[p, j] in p order, for j = first, first + stride, ..
+// (__ldcg: the ticketed kernel's last block reads what other blocks just wrote; unrolled so
+// the loads are in flight together, the adds still in p order).
+__device__ __forceinline__ void pool_head_gw_from_partials(float* gw, const float* partials,
+                                                           u64 parts, u64 d, unsigned accumulate,
+                                                           u64 first, u64 stride) {
+    for (u64 j = first; j < d; j += stride) {
+        float total = 0.0f;
+#pragma unroll 8
+        for (u64 p = 0; p < parts; ++p) total += __ldcg(partials + p * d + j);
+        gw[j] = accumulate ? gw[j] + total : total;
+    }
+}
+
+extern "C" __global__ void zc_pool_head_bce_backward_f32(
+    float* gh, float* partials, float* gb, const float* g, const float* h, const float* w,
+    const float* logits, const float* y, u64 batch, u64 s, u64 d, unsigned accumulate) {
+    __shared__ float part[FUSED_WARPS][32];
+    pool_head_bce_backward_cols(gh, partials, g, h, w, logits, y, batch, s, d, accumulate, part);
     if (gridDim.y == 1 && blockIdx.x == 0) {
         __shared__ float bpart[POOL_WARPS];
         const unsigned tid = threadIdx.y * 32 + threadIdx.x;
         float total = bias_grad_sum(g, logits, y, batch, tid, bpart);
         if (tid == 0) gb[0] = accumulate ? gb[0] + total : total;
+    }
+}
+
+// zc_pool_head_bce_backward_f32 (with several block rows: partials never accumulated) and
+// zc_pool_head_bce_backward_finish_f32 in one launch (a graph node fewer): the last block
+// to finish (tickets[0]) adds the partials into gw and sums gb exactly as the finish's
+// threads do (thread tid of 32 x 8 taking the finish's thread tid's columns and bias share).
+extern "C" __global__ void zc_pool_head_bce_backward_last_f32(
+    float* gh, float* partials, float* gw, float* gb, unsigned* tickets, const float* g,
+    const float* h, const float* w, const float* logits, const float* y, u64 batch, u64 s,
+    u64 d, unsigned accumulate) {
+    __shared__ float part[FUSED_WARPS][32];
+    __shared__ float bpart[POOL_WARPS];
+    __shared__ bool last;
+    pool_head_bce_backward_cols(gh, partials, g, h, w, logits, y, batch, s, d, 0u, part);
+    const unsigned tid = threadIdx.y * 32 + threadIdx.x;
+    if (!last_block(tickets, &last, tid)) return;
+    pool_head_gw_from_partials(gw, partials, gridDim.y, d, accumulate, tid, POOL_THREADS);
+    float total = bias_grad_sum(g, logits, y, batch, tid, bpart);
+    if (tid == 0) {
+        gb[0] = accumulate ? gb[0] + total : total;
+        tickets[0] = 0u;
     }
 }
 
@@ -250,12 +328,9 @@ extern "C" __global__ void zc_pool_head_bce_backward_finish_f32(
     float* gw, float* gb, const float* partials, const float* g, const float* logits,
     const float* y, u64 batch, u64 parts, u64 d, unsigned accumulate) {
     __shared__ float part[POOL_WARPS];
-    for (u64 j = (u64)blockIdx.x * POOL_THREADS + threadIdx.x; j < d;
-         j += (u64)gridDim.x * POOL_THREADS) {
-        float total = 0.0f;
-        for (u64 p = 0; p < parts; ++p) total += partials[p * d + j];
-        gw[j] = accumulate ? gw[j] + total : total;
-    }
+    pool_head_gw_from_partials(gw, partials, parts, d, accumulate,
+                               (u64)blockIdx.x * POOL_THREADS + threadIdx.x,
+                               (u64)gridDim.x * POOL_THREADS);
     if (blockIdx.x != 0) return;
     float total = bias_grad_sum(g, logits, y, batch, threadIdx.x, part);
     if (threadIdx.x == 0) gb[0] = accumulate ? gb[0] + total : total;

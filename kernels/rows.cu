@@ -89,7 +89,7 @@ extern "C" __global__ void zc_reduce_cols_f32(float* out, const float* in, u64 o
         float acc = is_max ? -INFINITY : 0.0f;
         if (col < inner) {
             const float* x = in + o * n * inner + col;
-#pragma unroll 4
+#pragma unroll 8
             for (u64 r = r0 + ty; r < r1; r += WARPS_PER_BLOCK) {
                 float v = x[r * inner];
                 acc = is_max ? zc_maximum(acc, v) : acc + v;
@@ -106,6 +106,77 @@ extern "C" __global__ void zc_reduce_cols_f32(float* out, const float* in, u64 o
         }
         __syncthreads();
     }
+}
+
+// zc_reduce_cols_f32's two passes in one launch (a graph node and a launch gap fewer): block
+// (t, c) of a grid (outer * tiles, chunks) reduces chunk c of column tile t into
+// partials[c, outer * inner] exactly as the first pass does, and the last block of tile t to
+// finish (a ticket per tile, counted with an atomic after a fence: the classic "last block"
+// reduction) adds the tile's chunks exactly as the second pass does (8 row lanes over the
+// chunks in order, then the lanes in order): the same bits as the two launches, whichever
+// block comes last. It leaves its ticket at 0 for the next launch on the stream, so the
+// host's ticket array (zeroed once) never needs clearing. The host takes this path only for
+// one tile per block (grid.x == outer * tiles) and at most 256 chunks.
+__device__ __forceinline__ float cols_tile_sum(const float* x, u64 stride, u64 r0, u64 r1,
+                                               bool is_max, bool through_l2) {
+    const unsigned ty = threadIdx.x / 32;
+    float acc = is_max ? -INFINITY : 0.0f;
+#pragma unroll 8
+    for (u64 r = r0 + ty; r < r1; r += WARPS_PER_BLOCK) {
+        // The finish reads what other blocks just wrote: from L2, past this SM's L1.
+        float v = through_l2 ? __ldcg(x + r * stride) : x[r * stride];
+        acc = is_max ? zc_maximum(acc, v) : acc + v;
+    }
+    return acc;
+}
+
+__device__ __forceinline__ float cols_lanes_combine(float acc, float (*part)[33], bool is_max) {
+    const unsigned tx = threadIdx.x % 32;
+    const unsigned ty = threadIdx.x / 32;
+    part[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0) {
+        for (int k = 1; k < WARPS_PER_BLOCK; ++k) {
+            acc = is_max ? zc_maximum(acc, part[k][tx]) : acc + part[k][tx];
+        }
+    }
+    return acc;
+}
+
+extern "C" __global__ void zc_reduce_cols_last_f32(float* out, float* partials,
+                                                   unsigned* tickets, const float* in,
+                                                   u64 outer, u64 n, u64 inner, u64 chunk,
+                                                   unsigned op, float div) {
+    __shared__ float part[WARPS_PER_BLOCK][33];
+    __shared__ bool last;
+    const unsigned tx = threadIdx.x % 32;
+    const unsigned ty = threadIdx.x / 32;
+    const u64 tiles = (inner + 31) / 32;
+    const u64 t = blockIdx.x;
+    const u64 o = t / tiles;
+    const u64 col = (t % tiles) * 32 + tx;
+    const u64 chunks = gridDim.y;
+    const u64 width = outer * inner;
+    const bool is_max = op == 2;
+    const bool live = col < inner;
+    const u64 r0 = (u64)blockIdx.y * chunk;
+    float acc = is_max ? -INFINITY : 0.0f;
+    if (live) acc = cols_tile_sum(in + o * n * inner + col, inner, r0, min(r0 + chunk, n), is_max, false);
+    acc = cols_lanes_combine(acc, part, is_max);
+    if (ty == 0 && live) partials[(u64)blockIdx.y * width + o * inner + col] = acc;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets + t, 1u) == (unsigned)(chunks - 1);
+    __syncthreads();
+    if (!last) return;
+    acc = is_max ? -INFINITY : 0.0f;
+    if (live) acc = cols_tile_sum(partials + o * inner + col, width, 0, chunks, is_max, true);
+    acc = cols_lanes_combine(acc, part, is_max);
+    if (ty == 0 && live) {
+        float* dst = out + o * inner + col;
+        *dst = is_max ? acc : (op == 3 ? *dst + acc / div : acc / div);
+    }
+    if (threadIdx.x == 0) tickets[t] = 0u;
 }
 
 // out = exp(x - max) / sum(exp(x - max)) per row; one pass for the running max and rescaled

@@ -1,8 +1,9 @@
-//! The ops over flat buffers as fused kernels (`flat.cu`): the Euclidean norm in two launches
-//! (per-block partial sums of squares over a grid fixed by the size, then one block summing
-//! them in a fixed order: deterministic, no atomics), clipping by a norm read from memory in
+//! The ops over flat buffers as fused kernels (`flat.cu`): the Euclidean norm in one launch
+//! (per-block partial sums of squares over a grid fixed by the size, then the last block to
+//! finish summing them in a fixed order: deterministic, an atomic only for the ticket that
+//! picks the last block), clipping by a norm read from memory in
 //! one launch, and AdamW's finiteness gate in one launch. A model's whole gradient lives in one
-//! buffer, so the global gradient norm and clipping cost two and one launches whatever the
+//! buffer, so the global gradient norm and clipping cost one launch each whatever the
 //! parameter count.
 
 use super::kernels::{self, Args, Kernel, binary_code, ptr, u64a};
@@ -41,6 +42,25 @@ impl<D: Driver> CudaBackend<D> {
         let xc = self.dense(OP, x)?;
         let parts = norm_parts(n);
         let partial = self.alloc_temp(OP, &[parts as usize])?;
+        let grid = LaunchConfig {
+            grid: (parts as u32, 1, 1),
+            block: (FLAT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if let Some(tickets) = self.tickets() {
+            // Both passes in one launch: the last block adds the partials.
+            let args: Args = [
+                ptr(self.ptr(OP, &out)?),
+                ptr(self.ptr(OP, &partial)?),
+                ptr(tickets),
+                ptr(self.ptr(OP, &xc)?),
+                u64a(n as usize),
+            ]
+            .into_iter()
+            .collect();
+            self.launch(OP, Kernel::SumSquaresNorm, grid, &args)?;
+            return Ok(out);
+        }
         let first: Args = [
             ptr(self.ptr(OP, &partial)?),
             ptr(self.ptr(OP, &xc)?),
@@ -48,11 +68,6 @@ impl<D: Driver> CudaBackend<D> {
         ]
         .into_iter()
         .collect();
-        let grid = LaunchConfig {
-            grid: (parts as u32, 1, 1),
-            block: (FLAT_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
         self.launch(OP, Kernel::SumSquaresPartial, grid, &first)?;
         let second: Args = [
             ptr(self.ptr(OP, &out)?),

@@ -268,6 +268,12 @@ impl<D: Driver> CudaBackend<D> {
         // A small batch runs in one block, which then takes the mean itself.
         let one_block = batch <= POOL_SMALL_BATCH;
         let blocks = if one_block { 1 } else { batch };
+        if let Some(tickets) = self.tickets().filter(|_| !one_block) {
+            // One launch: the last block to finish takes the mean of the terms.
+            args.insert(3, ptr(tickets));
+            self.launch(OP, Kernel::PoolHeadBceLast, pool_config(blocks), &args)?;
+            return Ok(PoolHeadBceOut { loss, logits });
+        }
         self.launch(OP, Kernel::PoolHeadBce, pool_config(blocks), &args)?;
         if !one_block {
             let args: Args = [ptr(loss_ptr), ptr(terms_ptr), u64a(batch)]
@@ -366,6 +372,19 @@ impl<D: Driver> CudaBackend<D> {
         let p = |t: &CudaTensor| self.ptr(op, t).map(ptr);
         let [og, oh, ow, ologits, oy] = [0, 1, 2, 3, 4].map(|i| &operands[i]);
         let flag = |on: bool| Ok(KernelArg::U32(u32::from(on)));
+        if let Some(tickets) = self.tickets().filter(|_| parts > 1) {
+            // One launch: the last block to finish adds the partials into gw and sums gb.
+            let args: Args = [&gh, &partials, gw, gb]
+                .into_iter()
+                .map(p)
+                .chain([Ok(ptr(tickets))])
+                .chain([og, oh, ow, ologits, oy].into_iter().map(p))
+                .chain([Ok(u64a(batch)), Ok(u64a(scales)), Ok(u64a(width))])
+                .chain([flag(accumulate)])
+                .collect::<Result<Args>>()?;
+            self.launch(op, Kernel::PoolHeadBceBackwardLast, config, &args)?;
+            return Ok(gh);
+        }
         let args: Args = [&gh, &partials, gb, og, oh, ow, ologits, oy]
             .into_iter()
             .map(p)

@@ -9,8 +9,9 @@ mod config;
 
 pub(crate) use args::{Args, coalesce, ptr, push_strided, read_strided, u64a};
 pub(crate) use config::{
-    COLS_FINISH_MAX_ROWS, cols_chunking, cols_config, elementwise_config, row_tiles, rows_config,
-    rows_split, rows_split_config, rows_vec_config, single_block, vec_aligned, vec_lanes,
+    COLS_FINISH_MAX_ROWS, TICKETS, cols_chunking, cols_config, elementwise_config, row_tiles,
+    rows_config, rows_split, rows_split_config, rows_vec_config, single_block, vec_aligned,
+    vec_lanes,
 };
 
 use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
@@ -143,6 +144,18 @@ pub enum Kernel {
     /// launched from `cuda/linear_backward.rs`): tanh's backward, the input's gradient and the
     /// parameter gradients.
     LinearBackward,
+    /// `ReduceCols`' two passes in one launch: each block's chunk into the partials, the last
+    /// block of each column tile (a ticket per tile) adding them (`rows.cu`).
+    ReduceColsLast,
+    /// `SumSquaresPartial` and `NormFinish` in one launch, the last block (one ticket) adding
+    /// the partials (`flat.cu`).
+    SumSquaresNorm,
+    /// The pooled head's forward and its finish in one launch, the last block (one ticket)
+    /// taking the mean of the terms (`fused.cu`).
+    PoolHeadBceLast,
+    /// The pooled head's backward and its finish in one launch, the last block (one ticket)
+    /// adding the weight gradient's partials and summing the bias gradient (`fused.cu`).
+    PoolHeadBceBackwardLast,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -178,7 +191,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 53] = [
+    pub const ALL: [Kernel; 57] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -232,6 +245,10 @@ impl Kernel {
         Kernel::LayerNormBackwardParams,
         Kernel::LayerNormBackwardPartials,
         Kernel::LinearBackward,
+        Kernel::ReduceColsLast,
+        Kernel::SumSquaresNorm,
+        Kernel::PoolHeadBceLast,
+        Kernel::PoolHeadBceBackwardLast,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -306,6 +323,12 @@ impl Kernel {
                 &[Ptr, Ptr, U64, U64, U64, U64, U32, F32],
                 0,
             ),
+            Kernel::ReduceColsLast => s(
+                1,
+                "zc_reduce_cols_last_f32",
+                &[Ptr, Ptr, Ptr, Ptr, U64, U64, U64, U64, U32, F32],
+                0,
+            ),
             Kernel::ReduceRowsSplit => s(
                 1,
                 "zc_reduce_rows_split_f32",
@@ -365,6 +388,20 @@ impl Kernel {
                 0,
             ),
             Kernel::PoolHeadBceFinish => s(5, "zc_pool_head_bce_finish_f32", &[Ptr, Ptr, U64], 0),
+            Kernel::PoolHeadBceLast => s(
+                5,
+                "zc_pool_head_bce_last_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
+                0,
+            ),
+            Kernel::PoolHeadBceBackwardLast => s(
+                5,
+                "zc_pool_head_bce_backward_last_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64, U32,
+                ],
+                0,
+            ),
             Kernel::PoolHeadBceBackwardFinish => s(
                 5,
                 "zc_pool_head_bce_backward_finish_f32",
@@ -380,6 +417,9 @@ impl Kernel {
             ),
             Kernel::SumSquaresPartial => s(3, "zc_sum_squares_partial_f32", &[Ptr, Ptr, U64], 0),
             Kernel::NormFinish => s(3, "zc_norm_finish_f32", &[Ptr, Ptr, U64], 0),
+            Kernel::SumSquaresNorm => {
+                s(3, "zc_sum_squares_norm_f32", &[Ptr, Ptr, Ptr, Ptr, U64], 0)
+            }
             Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
             Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
             Kernel::QkNormAttention => s(4, "zc_qk_norm_attention_f32", ATTENTION, 0),

@@ -51,7 +51,7 @@ use crate::error::{ComputeError, Result};
 use crate::layout::{Layout, checked_numel};
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use zdevice::{
     CapturePhase, Device, DeviceError, DevicePtr, Driver, Function, LoadedModule, Stream,
 };
@@ -82,6 +82,12 @@ impl<D: Driver> std::fmt::Debug for CudaBackend<D> {
 }
 
 pub(crate) struct Inner<D: Driver> {
+    /// One counter per column tile for the single-launch reductions' "last block" tickets
+    /// (`kernels::TICKETS` of them, zeroed once; every kernel that takes a ticket leaves it at
+    /// 0 again). Shared by every launch on `stream`, which runs them one after another. A
+    /// device allocation of its own (16 KiB), not the arena's: it would otherwise open a
+    /// persistent segment in a backend that has no other persistent tensor. Freed on drop.
+    tickets: OnceLock<DevicePtr>,
     arena: Arena<D>,
     device: Device<D>,
     stream: Stream,
@@ -100,6 +106,12 @@ pub(crate) struct Inner<D: Driver> {
 
 impl<D: Driver> Drop for Inner<D> {
     fn drop(&mut self) {
+        if let Some(&tickets) = self.tickets.get() {
+            // cuMemFree waits for the work still queued on them.
+            if let Err(e) = self.device.free(tickets) {
+                tracing::warn!(target: "zcompute.cuda.drop", error = %e, "freeing the tickets failed");
+            }
+        }
         let staging = std::mem::take(&mut *lock(&self.staging));
         staging.release(&self.device);
     }
@@ -166,8 +178,9 @@ impl<D: Driver> CudaBackend<D> {
             "CUDA backend ready"
         );
         let stream = device.stream();
-        Ok(CudaBackend {
+        let backend = CudaBackend {
             inner: Arc::new(Inner {
+                tickets: OnceLock::new(),
                 arena,
                 device,
                 stream,
@@ -180,7 +193,28 @@ impl<D: Driver> CudaBackend<D> {
                 copy_lane: Mutex::new(None),
                 _modules: modules,
             }),
-        })
+        };
+        backend.make_tickets()?;
+        Ok(backend)
+    }
+
+    /// Allocates and zeroes the tickets (they live as long as the backend).
+    fn make_tickets(&self) -> Result<()> {
+        const OP: &str = "CudaBackend::new";
+        let device = &self.inner.device;
+        let p = device
+            .alloc(kernels::TICKETS as u64 * 4)
+            .map_err(|e| device_error(OP, e))?;
+        // Set before anything can fail, so drop frees them.
+        let _ = self.inner.tickets.set(p);
+        device
+            .memset_d32(p, 0, kernels::TICKETS as u64)
+            .map_err(|e| device_error(OP, e))
+    }
+
+    /// The tickets' address (see `Inner::tickets`; always there once `new` returned).
+    pub(crate) fn tickets(&self) -> Option<DevicePtr> {
+        self.inner.tickets.get().copied()
     }
 
     /// The arena the backend allocates from.

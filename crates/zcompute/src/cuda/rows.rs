@@ -135,6 +135,11 @@ impl<D: Driver> CudaBackend<D> {
     ) -> Result<()> {
         let code = if op == ReduceOp::Max { 2 } else { 0 };
         let total = count as f32;
+        if !partials
+            && self.reduce_cols_once(name, op, out, src, (outer, n, inner), count, accumulate)?
+        {
+            return Ok(());
+        }
         let (mut src, mut outer, mut n, mut inner) = (src.clone(), outer, n, inner);
         loop {
             // Few partials finish in one pass: a third launch over a handful of rows costs more
@@ -176,6 +181,61 @@ impl<D: Driver> CudaBackend<D> {
             (src, outer, n, inner) = (dst, 1, chunks as usize, outer * inner);
             partials = true;
         }
+    }
+
+    /// Both passes of a chunked column reduction in one launch (`zc_reduce_cols_last_f32`: the
+    /// last block of each column tile adds the chunks' partials, in the order the second pass
+    /// would, so the bits are the two launches'), when its shape allows: more than one chunk,
+    /// partials that one pass finishes, a ticket for every tile. `false` (nothing launched)
+    /// otherwise.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_cols_once(
+        &self,
+        name: &'static str,
+        op: ReduceOp,
+        out: &CudaTensor,
+        src: &CudaTensor,
+        (outer, n, inner): (usize, usize, usize),
+        count: usize,
+        accumulate: bool,
+    ) -> Result<bool> {
+        let (chunk, chunks) = kernels::cols_chunking(outer, n, inner);
+        let tiles = outer.saturating_mul(inner.div_ceil(32));
+        let Some(tickets) = self.tickets() else {
+            return Ok(false);
+        };
+        if chunks < 2 || chunks as usize > kernels::COLS_FINISH_MAX_ROWS || tiles > kernels::TICKETS
+        {
+            return Ok(false);
+        }
+        let partials = self.alloc_temp(name, &[chunks as usize, outer * inner])?;
+        let code = match op {
+            _ if accumulate => 3,
+            ReduceOp::Max => 2,
+            _ => 0,
+        };
+        let div = if op == ReduceOp::Mean {
+            count as f32
+        } else {
+            1.0
+        };
+        let args: Args = [
+            ptr(self.ptr(name, out)?),
+            ptr(self.ptr(name, &partials)?),
+            ptr(tickets),
+            ptr(self.ptr(name, src)?),
+            u64a(outer),
+            u64a(n),
+            u64a(inner),
+            KernelArg::U64(chunk),
+            KernelArg::U32(code),
+            KernelArg::F32(div),
+        ]
+        .into_iter()
+        .collect();
+        let config = kernels::cols_config(outer, inner, chunks);
+        self.launch(name, Kernel::ReduceColsLast, config, &args)?;
+        Ok(true)
     }
 
     fn fill_dense(&self, op: &'static str, t: &CudaTensor, value: f32) -> Result<()> {

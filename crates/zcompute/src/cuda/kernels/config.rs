@@ -66,6 +66,10 @@ const COLS_MIN_CHUNK: u64 = 32;
 /// passes (3 chunks, then 1), each a dependent launch of about 3 us on an H100.
 pub(crate) const COLS_FINISH_MAX_ROWS: usize = 256;
 
+/// Tickets of the single-launch reductions (`CudaBackend::tickets`): at most this many column
+/// tiles take the one-launch path (a [`TICKETS`] x 32-column tensor of partials' worth).
+pub const TICKETS: usize = 4096;
+
 /// Row chunking of a column reduction over `[outer, n, inner]`: `(chunk, chunks)`, rows per
 /// chunk and chunk count, enough chunks that the grid fills the GPU when there are few columns.
 pub(crate) fn cols_chunking(outer: usize, n: usize, inner: usize) -> (u64, u64) {

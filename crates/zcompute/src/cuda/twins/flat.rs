@@ -18,8 +18,37 @@ pub(super) fn sum_squares_partial(
 ) -> Result<(), KernelFault> {
     let k = checked(Kernel::SumSquaresPartial, args)?;
     let (partial, x, n) = (k.ptr(0)?, k.ptr(1)?, k.u64(2)?);
+    let sums = block_sums(config, mem, x, n)?;
+    mem.write_f32(partial, &sums)
+}
+
+/// Both norm passes in one launch: the partials written, their sum's root into `out`; the
+/// ticket must be 0 before (the kernel's last block leaves it so).
+pub(super) fn sum_squares_norm(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::SumSquaresNorm, args)?;
+    let (out, partial, ticket, x, n) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?, k.u64(4)?);
+    if mem.read_f32(ticket, 1)?[0].to_bits() != 0 {
+        return Err(bad(2, "the ticket was not left at 0"));
+    }
+    let sums = block_sums(config, mem, x, n)?;
+    mem.write_f32(partial, &sums)?;
+    let total: f32 = sums.iter().sum();
+    mem.write_f32(out, &[total.sqrt()])
+}
+
+/// Each block's sum of squares over the 256-wide tiles its grid-stride walk visits.
+fn block_sums(
+    config: &LaunchConfig,
+    mem: &mut SimMemory<'_>,
+    x: zdevice::DevicePtr,
+    n: u64,
+) -> Result<Vec<f32>, KernelFault> {
     if config.block.0 as usize != THREADS {
-        return Err(bad(0, "sum_squares_partial runs 256 threads per block"));
+        return Err(bad(0, "the norm's first pass runs 256 threads per block"));
     }
     let blocks = config.grid.0 as usize;
     let data = mem.read_f32(x, n)?;
@@ -28,7 +57,7 @@ pub(super) fn sum_squares_partial(
         let block = tile % blocks.max(1);
         sums[block] += chunk.iter().map(|v| v * v).sum::<f32>();
     }
-    mem.write_f32(partial, &sums)
+    Ok(sums)
 }
 
 pub(super) fn norm_finish(

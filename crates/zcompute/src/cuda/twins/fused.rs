@@ -326,3 +326,78 @@ pub(super) fn pool_head_bce_backward_finish(
     mem.write_f32(k.ptr(0)?, &gw)?;
     mem.write_f32(k.ptr(1)?, &gb)
 }
+
+/// `args` without the entry at `index` (a ticketed kernel's tickets), for the twins of the two
+/// launches it fuses.
+fn without(args: &[KernelArg], index: usize) -> Vec<KernelArg> {
+    let mut rest = args.to_vec();
+    rest.remove(index);
+    rest
+}
+
+/// The ticket at `args[index]` must be 0 before the launch (the kernel's last block leaves it
+/// so).
+fn ticket_clear(
+    args: &[KernelArg],
+    index: usize,
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let KernelArg::Ptr(ticket) = args[index] else {
+        return Err(bad(index, "the ticket is not a pointer"));
+    };
+    if mem.read_f32(ticket, 1)?[0].to_bits() == 0 {
+        Ok(())
+    } else {
+        Err(bad(index, "the ticket was not left at 0"))
+    }
+}
+
+/// The pooled head's forward and its finish in one launch: the terms and logits as the first
+/// launch writes them, the loss as the finish does.
+pub(super) fn pool_head_bce_last(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    check_pool_block(Kernel::PoolHeadBceLast, config)?;
+    checked(Kernel::PoolHeadBceLast, args)?;
+    ticket_clear(args, 3, mem)?;
+    let first = without(args, 3);
+    pool_head_bce(config, &first, mem)?;
+    // The finish: loss, terms, batch.
+    let finish = [first[0], first[1], first[7]];
+    let one = LaunchConfig {
+        grid: (1, 1, 1),
+        ..*config
+    };
+    pool_head_bce_finish(&one, &finish, mem)
+}
+
+/// The pooled head's backward and its finish in one launch: gh and the partials as the first
+/// launch writes them (several block rows, so not accumulated), gw and gb as the finish does.
+pub(super) fn pool_head_bce_backward_last(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    checked(Kernel::PoolHeadBceBackwardLast, args)?;
+    if config.grid.1 < 2 {
+        return Err(bad(1, "the one-launch backward needs several block rows"));
+    }
+    ticket_clear(args, 4, mem)?;
+    // gh, partials, gb, g, h, w, logits, y, batch, s, d, accumulate (0: several block rows).
+    let mut first = without(&without(args, 4), 2);
+    first[11] = KernelArg::U32(0);
+    pool_head_bce_backward(config, &first, mem)?;
+    // gw, gb, partials, g, logits, y, batch, parts, d, accumulate.
+    let parts = KernelArg::U64(u64::from(config.grid.1));
+    let finish = [
+        args[2], args[3], args[1], args[5], args[8], args[9], args[10], parts, args[12], args[13],
+    ];
+    let pool = LaunchConfig {
+        grid: (1, 1, 1),
+        block: (crate::cuda::fused::POOL_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    pool_head_bce_backward_finish(&pool, &finish, mem)
+}

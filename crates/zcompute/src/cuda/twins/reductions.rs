@@ -6,8 +6,8 @@ use super::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::backend::ReduceOp;
 use crate::cpu::{self, math};
 use crate::cuda::kernels::Kernel;
-use zdevice::sim::{KernelFault, SimMemory};
-use zdevice::{KernelArg, LaunchConfig};
+use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
+use zdevice::{DevicePtr, KernelArg, LaunchConfig};
 
 pub(super) fn reduce_rows(
     _: &LaunchConfig,
@@ -34,20 +34,96 @@ pub(super) fn reduce_cols(
 ) -> Result<(), KernelFault> {
     let k = checked(Kernel::ReduceCols, args)?;
     let (out, x) = (k.ptr(0)?, k.ptr(1)?);
-    let (outer, n, inner) = (
-        usize_of(k.u64(2)?, 2)?,
-        usize_of(k.u64(3)?, 3)?,
-        usize_of(k.u64(4)?, 4)?,
-    );
+    let shape = cols_shape(&k, 2)?;
     let chunk = usize_of(k.u64(5)?, 5)?.max(1);
     let code = k.u32(6)?;
-    let (is_max, accumulate) = (code == 2, code == 3);
     let div = k.f32(7)?;
-    let total = outer
-        .checked_mul(n)
-        .and_then(|v| v.checked_mul(inner))
-        .ok_or_else(|| bad(3, "size overflows"))?;
-    let data = mem.read_f32(x, total as u64)?;
+    let data = mem.read_f32(x, shape.len(3)? as u64)?;
+    let mut result = chunk_sums(&data, shape, chunk, code == 2, div);
+    if code == 3 {
+        if shape.n > chunk {
+            return Err(bad(5, "an accumulating pass must be a single chunk"));
+        }
+        add_old(mem, out, &mut result)?;
+    }
+    mem.write_f32(out, &result)
+}
+
+/// Both passes of `reduce_cols` in one launch: chunk `c` of `[outer, n, inner]` into
+/// `partials[c, outer * inner]`, then those added over the chunks into `out` (divided by
+/// `div`; op 3 adds into `out`). The grid is one block per column tile by one per chunk, and
+/// every tile's ticket must be 0 before (the kernel's last block leaves it so).
+pub(super) fn reduce_cols_last(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::ReduceColsLast, args)?;
+    let (out, partials, tickets, x) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?);
+    let shape = cols_shape(&k, 4)?;
+    let chunk = usize_of(k.u64(7)?, 7)?.max(1);
+    let code = k.u32(8)?;
+    let div = k.f32(9)?;
+    let chunks = shape.n.div_ceil(chunk);
+    let tiles = shape.outer * shape.inner.div_ceil(32);
+    if config.grid.0 as usize != tiles || config.grid.1 as usize != chunks.max(1) {
+        return Err(bad(
+            7,
+            "the grid must be one block per column tile by one per chunk",
+        ));
+    }
+    if mem
+        .read_f32(tickets, tiles as u64)?
+        .iter()
+        .any(|t| t.to_bits() != 0)
+    {
+        return Err(bad(2, "a tile's ticket was not left at 0"));
+    }
+    let data = mem.read_f32(x, shape.len(3)? as u64)?;
+    let (is_max, width) = (code == 2, shape.outer * shape.inner);
+    let parts = chunk_sums(&data, shape, chunk, is_max, 1.0);
+    mem.write_f32(partials, &parts)?;
+    let whole = ColsShape {
+        outer: 1,
+        n: chunks,
+        inner: width,
+    };
+    let mut result = chunk_sums(&parts, whole, chunks.max(1), is_max, div);
+    if code == 3 {
+        add_old(mem, out, &mut result)?;
+    }
+    mem.write_f32(out, &result)
+}
+
+/// A column reduction's `[outer, n, inner]`.
+#[derive(Clone, Copy)]
+struct ColsShape {
+    outer: usize,
+    n: usize,
+    inner: usize,
+}
+
+impl ColsShape {
+    fn len(self, arg: usize) -> Result<usize, KernelFault> {
+        self.outer
+            .checked_mul(self.n)
+            .and_then(|v| v.checked_mul(self.inner))
+            .ok_or_else(|| bad(arg, "size overflows"))
+    }
+}
+
+fn cols_shape(k: &KernelArgs<'_>, first: usize) -> Result<ColsShape, KernelFault> {
+    Ok(ColsShape {
+        outer: usize_of(k.u64(first)?, first)?,
+        n: usize_of(k.u64(first + 1)?, first + 1)?,
+        inner: usize_of(k.u64(first + 2)?, first + 2)?,
+    })
+}
+
+/// Each chunk of `chunk` rows of `data` (`[outer, n, inner]`) reduced per column (sum divided
+/// by `div`, or max): `[chunks, outer, inner]`.
+fn chunk_sums(data: &[f32], shape: ColsShape, chunk: usize, is_max: bool, div: f32) -> Vec<f32> {
+    let ColsShape { outer, n, inner } = shape;
     let mut result = Vec::with_capacity(n.div_ceil(chunk) * outer * inner);
     let mut column = Vec::with_capacity(chunk);
     for r0 in (0..n).step_by(chunk) {
@@ -63,16 +139,16 @@ pub(super) fn reduce_cols(
             }
         }
     }
-    if accumulate {
-        if n > chunk {
-            return Err(bad(5, "an accumulating pass must be a single chunk"));
-        }
-        let old = mem.read_f32(out, result.len() as u64)?;
-        for (r, o) in result.iter_mut().zip(old) {
-            *r += o;
-        }
+    result
+}
+
+/// `result += out` (an accumulating pass adds into what `out` held).
+fn add_old(mem: &mut SimMemory<'_>, out: DevicePtr, result: &mut [f32]) -> Result<(), KernelFault> {
+    let old = mem.read_f32(out, result.len() as u64)?;
+    for (r, o) in result.iter_mut().zip(old) {
+        *r += o;
     }
-    mem.write_f32(out, &result)
+    Ok(())
 }
 
 /// Segment `p` (`seg` elements) of row `r` of dense `[rows, n]` reduced to

@@ -14,12 +14,14 @@ use zdevice::{Device, DeviceConfig, LaunchConfig, SimConfig, SimDriver};
 
 type Log = Arc<Mutex<Vec<(&'static str, LaunchConfig)>>>;
 
-const RECORDED: [&str; 5] = [
+const RECORDED: [&str; 7] = [
     "zc_bias_act_f32",
     "zc_pool_head_bce_f32",
     "zc_pool_head_bce_finish_f32",
+    "zc_pool_head_bce_last_f32",
     "zc_pool_head_bce_backward_f32",
     "zc_pool_head_bce_backward_finish_f32",
+    "zc_pool_head_bce_backward_last_f32",
 ];
 
 /// A backend whose recorded kernels log their launch configuration and write nothing.
@@ -92,41 +94,61 @@ fn pool_head_bce_spreads_over_samples_and_rows(
     );
     let what = format!("B {batch} S {scales} D {width}");
     // Up to 8 samples run in one launch each way (one graph node); larger batches one block
-    // per sample, resp. several block rows, and a second, finishing launch.
+    // per sample, resp. several block rows, whose last block to finish (a ticket) does what a
+    // second, finishing launch did: still one launch (one graph node) each way.
     let small = batch <= 8;
     let out = gpu.pool_head_bce(&h, &w, &b, &y).unwrap();
-    let forward = launches(&gpu, &out.loss, &log, "zc_pool_head_bce_f32", false);
+    let name = if small {
+        "zc_pool_head_bce_f32"
+    } else {
+        "zc_pool_head_bce_last_f32"
+    };
+    let forward = launches(&gpu, &out.loss, &log, name, false);
     assert_eq!(forward.len(), 1, "{what}: one forward launch");
     let want_blocks = if small { 1 } else { batch as u64 };
     assert_eq!(blocks(&forward[0]), want_blocks, "{what}: blocks");
     let finish = launches(&gpu, &out.loss, &log, "zc_pool_head_bce_finish_f32", true);
-    assert_eq!(
-        finish.len(),
-        usize::from(!small),
-        "{what}: finishing launches"
-    );
+    assert!(finish.is_empty(), "{what}: no finishing launch");
 
     let g = gpu.zeros(&[]).unwrap();
     let grads = gpu
         .pool_head_bce_backward(&g, &h, &w, &out.logits, &y)
         .unwrap();
-    let name = "zc_pool_head_bce_backward_f32";
-    let backward = launches(&gpu, &grads.bias, &log, name, false);
-    assert_eq!(backward.len(), 1, "{what}: one backward launch");
+    let one_row = launches(
+        &gpu,
+        &grads.bias,
+        &log,
+        "zc_pool_head_bce_backward_f32",
+        false,
+    );
+    let ticketed = launches(
+        &gpu,
+        &grads.bias,
+        &log,
+        "zc_pool_head_bce_backward_last_f32",
+        false,
+    );
     let name = "zc_pool_head_bce_backward_finish_f32";
     let finish = launches(&gpu, &grads.bias, &log, name, true);
-    // One block row writes gw and gb itself; several leave partials to a finishing launch.
-    let one_row = backward[0].grid.1 == 1;
-    assert!(
-        !small || one_row,
-        "{what}: {:?}: one block row",
+    // One block row writes gw and gb itself; several leave partials to their last block.
+    assert_eq!(
+        one_row.len() + ticketed.len(),
+        1,
+        "{what}: one backward launch"
+    );
+    assert!(finish.is_empty(), "{what}: no finishing launch");
+    let backward = if one_row.is_empty() {
+        ticketed
+    } else {
+        one_row.clone()
+    };
+    assert_eq!(
+        one_row.len(),
+        usize::from(backward[0].grid.1 == 1),
+        "{what}: {:?}: the one-row kernel exactly when there is one block row",
         backward[0]
     );
-    assert_eq!(
-        finish.len(),
-        usize::from(!one_row),
-        "{what}: finishing launches"
-    );
+    assert!(!small || !one_row.is_empty(), "{what}: one block row");
     if small {
         return;
     }

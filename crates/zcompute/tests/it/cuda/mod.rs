@@ -9,6 +9,7 @@ pub mod capture;
 pub mod capture_end;
 pub mod capture_pool;
 mod chain;
+mod cols_once;
 pub mod errors;
 pub mod flat_bodies;
 mod fused;

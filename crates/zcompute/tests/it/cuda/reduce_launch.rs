@@ -1,7 +1,7 @@
-//! How many passes a column reduction takes, counted on the simulated device: a batch's bias
-//! or LayerNorm gradient (`[3072, n]` summed into its buffer) is a first pass into partials and
-//! one finishing pass, not two more over a handful of partials (each pass is a dependent graph
-//! node of about 3 us on an H100). The sums themselves equal the CPU's.
+//! How many launches a column reduction takes, counted on the simulated device: a batch's bias
+//! or LayerNorm gradient (`[3072, n]` summed into its buffer) is one launch whose last block of
+//! each column tile finishes the tile's partials (each launch is a dependent graph node of
+//! about 3 us on an H100). The sums themselves equal the CPU's.
 
 use zcompute::{Backend, CpuBackend, CudaBackend, SimDriver};
 use zdevice::sim::calls::LAUNCH_KERNEL;
@@ -42,14 +42,14 @@ fn assert_close(ours: &[f32], cpu: &[f32], what: &str) {
 }
 
 #[test]
-fn a_batch_column_sum_is_one_pass_into_partials_and_one_to_finish() {
+fn a_batch_column_sum_is_one_launch() {
     let gpu = super::mock();
     // XAsset's batched bias and LayerNorm gradients: 256 samples x 12 scales.
     for n in [256, 768, 1024] {
         let (launches, ours, cpu) = sum_into(&gpu, 3072, n);
         assert_eq!(
-            launches, 2,
-            "[3072, {n}]: partials, then one finishing pass"
+            launches, 1,
+            "[3072, {n}]: partials and their finish in one launch"
         );
         assert_close(&ours, &cpu, &format!("[3072, {n}]"));
     }
@@ -65,4 +65,36 @@ fn few_rows_stay_one_pass_and_many_partials_keep_their_chunks() {
     let (launches, ours, cpu) = sum_into(&gpu, 1 << 16, 2);
     assert!(launches >= 3, "[65536, 2]: {launches} launches");
     assert_close(&ours, &cpu, "[65536, 2]");
+}
+
+#[test]
+fn the_global_norm_is_one_launch() {
+    let gpu = super::mock();
+    for n in [1usize, 1000, 839_937] {
+        let host: Vec<f32> = (0..n).map(|i| (i % 17) as f32 - 8.0).collect();
+        let x = gpu.upload(&host, &[n]).expect("upload");
+        let sim = gpu.device().driver();
+        gpu.download(&x).expect("settle");
+        sim.clear_op_log();
+        let norm = gpu.norm2(&x).expect("norm");
+        let launches = sim
+            .op_log()
+            .iter()
+            .filter(|r| r.call == LAUNCH_KERNEL)
+            .count();
+        assert_eq!(
+            launches, 1,
+            "{n} elements: partials and their sum in one launch"
+        );
+        let want = host
+            .iter()
+            .map(|v| f64::from(*v).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let got = f64::from(gpu.download(&norm).expect("download")[0]);
+        assert!(
+            (got - want).abs() <= 1e-5 * want.max(1.0),
+            "{n}: {got} against {want}"
+        );
+    }
 }
