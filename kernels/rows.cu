@@ -179,6 +179,49 @@ extern "C" __global__ void zc_reduce_cols_last_f32(float* out, float* partials,
     if (threadIdx.x == 0) tickets[t] = 0u;
 }
 
+// Tanh's backward with the bias gradient of the Linear layer before it, in one launch:
+// gx = g * (1 - y * y) over dense [rows, n] (zc_tanh_backward_f32's arithmetic), and
+// db += the column sums of gx, summed as zc_reduce_cols_last_f32 sums a [1, rows, n]
+// reduction into a buffer (the same chunks, lanes and last-block finish, so db gets the bits
+// of tanh_backward followed by sum_rows_into), without reading gx back.
+extern "C" __global__ void zc_tanh_backward_cols_f32(float* gx, float* partials, float* db,
+                                                     unsigned* tickets, const float* g,
+                                                     const float* y, u64 rows, u64 n,
+                                                     u64 chunk) {
+    __shared__ float part[WARPS_PER_BLOCK][33];
+    __shared__ bool last;
+    const unsigned tx = threadIdx.x % 32;
+    const unsigned ty = threadIdx.x / 32;
+    const u64 t = blockIdx.x;
+    const u64 col = t * 32 + tx;
+    const u64 chunks = gridDim.y;
+    const bool live = col < n;
+    const u64 r0 = (u64)blockIdx.y * chunk;
+    const u64 r1 = min(r0 + chunk, rows);
+    float acc = 0.0f;
+    if (live) {
+#pragma unroll 8
+        for (u64 r = r0 + ty; r < r1; r += WARPS_PER_BLOCK) {
+            const u64 i = r * n + col;
+            const float v = y[i];
+            const float d = g[i] * (1.0f - v * v);
+            gx[i] = d;
+            acc += d;
+        }
+    }
+    acc = cols_lanes_combine(acc, part, false);
+    if (ty == 0 && live) partials[(u64)blockIdx.y * n + col] = acc;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets + t, 1u) == (unsigned)(chunks - 1);
+    __syncthreads();
+    if (!last) return;
+    acc = live ? cols_tile_sum(partials + col, n, 0, chunks, false, true) : 0.0f;
+    acc = cols_lanes_combine(acc, part, false);
+    if (ty == 0 && live) db[col] += acc;
+    if (threadIdx.x == 0) tickets[t] = 0u;
+}
+
 // out = exp(x - max) / sum(exp(x - max)) per row; one pass for the running max and rescaled
 // sum (online softmax), one to write.
 extern "C" __global__ void zc_softmax_rows_f32(float* out, const float* in, u64 rows, u64 n) {

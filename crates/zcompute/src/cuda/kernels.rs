@@ -156,6 +156,9 @@ pub enum Kernel {
     /// The pooled head's backward and its finish in one launch, the last block (one ticket)
     /// adding the weight gradient's partials and summing the bias gradient (`fused.cu`).
     PoolHeadBceBackwardLast,
+    /// Tanh's backward and the column sums of its result added into a bias gradient, in one
+    /// launch with a last-block finish per column tile (`rows.cu`).
+    TanhBackwardCols,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -191,7 +194,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 57] = [
+    pub const ALL: [Kernel; 58] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -249,6 +252,7 @@ impl Kernel {
         Kernel::SumSquaresNorm,
         Kernel::PoolHeadBceLast,
         Kernel::PoolHeadBceBackwardLast,
+        Kernel::TanhBackwardCols,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -327,6 +331,12 @@ impl Kernel {
                 1,
                 "zc_reduce_cols_last_f32",
                 &[Ptr, Ptr, Ptr, Ptr, U64, U64, U64, U64, U32, F32],
+                0,
+            ),
+            Kernel::TanhBackwardCols => s(
+                1,
+                "zc_tanh_backward_cols_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
                 0,
             ),
             Kernel::ReduceRowsSplit => s(

@@ -14,6 +14,7 @@ use super::linear::{
     rows_plan,
 };
 use super::{CudaBackend, CudaTensor};
+use crate::backend::{Backend, MatmulOpts};
 use crate::error::Result;
 use crate::linear::Activation;
 use crate::validate::{self, LinearShape};
@@ -54,6 +55,31 @@ impl BackwardGrid {
 }
 
 impl<D: Driver> CudaBackend<D> {
+    /// The provided composite of `linear_backward_into` (validated already), with tanh's
+    /// backward and the bias gradient's column sums in one launch where that kernel applies
+    /// (`tanh_backward_sum_into`: the same bits, a launch and a read of `gz` fewer).
+    fn linear_backward_composite(
+        &self,
+        gy: &CudaTensor,
+        x: &CudaTensor,
+        w: Option<&CudaTensor>,
+        (act, y): (Activation, Option<&CudaTensor>),
+        (dw, db): (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<Option<CudaTensor>> {
+        let fused = match (y, db) {
+            (Some(y), Some(db)) => self.tanh_backward_sum_into(gy, y, db)?,
+            _ => None,
+        };
+        let Some(gz) = fused else {
+            return crate::linear::linear_backward_into(self, gy, x, w, (act, y), (dw, db));
+        };
+        let gx = w
+            .map(|w| self.matmul(&gz, w, MatmulOpts::default()))
+            .transpose()?;
+        self.linear_param_grads_fused(&gz, x, dw, None)?;
+        Ok(gx)
+    }
+
     /// `LinearOps::linear_backward_into`: one launch for few rows, else the provided composite.
     pub(crate) fn linear_backward_fused(
         &self,
@@ -71,7 +97,7 @@ impl<D: Driver> CudaBackend<D> {
         } = validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
         let composite = |why: &'static str| {
             tracing::trace!(target: "zcompute.cuda.linear", op = OP, rows, inputs, outputs, why, "composite");
-            crate::linear::linear_backward_into(self, gy, x, w, (act, y), (dw, db))
+            self.linear_backward_composite(gy, x, w, (act, y), (dw, db))
         };
         if !(1..=LINEAR_ROW_LIMIT).contains(&rows) || inputs == 0 || outputs == 0 {
             return composite("sizes outside the small-row kernel");

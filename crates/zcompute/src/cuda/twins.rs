@@ -123,6 +123,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LayerNormBackwardPartials => norm_params::layer_norm_backward_partials,
         Kernel::LinearBackward => linear::backward,
         Kernel::ReduceColsLast => reductions::reduce_cols_last,
+        Kernel::TanhBackwardCols => reductions::tanh_backward_cols,
         Kernel::SumSquaresNorm => flat::sum_squares_norm,
         Kernel::PoolHeadBceLast => fused::pool_head_bce_last,
         Kernel::PoolHeadBceBackwardLast => fused::pool_head_bce_backward_last,

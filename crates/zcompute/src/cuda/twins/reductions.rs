@@ -95,6 +95,61 @@ pub(super) fn reduce_cols_last(
     mem.write_f32(out, &result)
 }
 
+/// Tanh's backward `gx = g * (1 - y * y)` over `[rows, n]`, and `db += ` its column sums as
+/// `reduce_cols_last` adds a `[1, rows, n]` reduction into a buffer (chunks of `chunk` rows,
+/// their partials, then the sum of those). The grid is one block per 32-column tile by one per
+/// chunk, and every tile's ticket must be 0 before.
+pub(super) fn tanh_backward_cols(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::TanhBackwardCols, args)?;
+    let (gx, partials, db, tickets, g, y) = (
+        k.ptr(0)?,
+        k.ptr(1)?,
+        k.ptr(2)?,
+        k.ptr(3)?,
+        k.ptr(4)?,
+        k.ptr(5)?,
+    );
+    let shape = ColsShape {
+        outer: 1,
+        n: usize_of(k.u64(6)?, 6)?,
+        inner: usize_of(k.u64(7)?, 7)?,
+    };
+    let chunk = usize_of(k.u64(8)?, 8)?.max(1);
+    let chunks = shape.n.div_ceil(chunk);
+    let tiles = shape.inner.div_ceil(32);
+    if config.grid.0 as usize != tiles || config.grid.1 as usize != chunks.max(1) {
+        return Err(bad(
+            8,
+            "the grid must be one block per column tile by one per chunk",
+        ));
+    }
+    if mem
+        .read_f32(tickets, tiles as u64)?
+        .iter()
+        .any(|t| t.to_bits() != 0)
+    {
+        return Err(bad(3, "a tile's ticket was not left at 0"));
+    }
+    let len = shape.len(6)? as u64;
+    let (gv, yv) = (mem.read_f32(g, len)?, mem.read_f32(y, len)?);
+    let gz: Vec<f32> = gv.iter().zip(&yv).map(|(g, y)| g * (1.0 - y * y)).collect();
+    mem.write_f32(gx, &gz)?;
+    let parts = chunk_sums(&gz, shape, chunk, false, 1.0);
+    mem.write_f32(partials, &parts)?;
+    let whole = ColsShape {
+        outer: 1,
+        n: chunks,
+        inner: shape.inner,
+    };
+    let mut result = chunk_sums(&parts, whole, chunks.max(1), false, 1.0);
+    add_old(mem, db, &mut result)?;
+    mem.write_f32(db, &result)
+}
+
 /// A column reduction's `[outer, n, inner]`.
 #[derive(Clone, Copy)]
 struct ColsShape {

@@ -1,7 +1,7 @@
 //! `LinearOps::linear_backward_into` (a Linear layer's backward: tanh's backward, the input's
 //! gradient, the weight's and bias's gradients added into views of one flat buffer) on a CUDA
 //! backend against the CPU backend in f64, poison on: rows 1, 5, 12, the small-row limit and
-//! one past it (the composite), odd and one-wide widths and the model's, identity and tanh,
+//! one past it (the composite), 100 and 3072 (tanh's backward adding the bias gradient), odd and one-wide widths and the model's, identity and tanh,
 //! with or without the bias buffer and the input's gradient, dense and transposed (strided)
 //! gradients, the flat buffer 16-byte aligned or one float off (the kernel's scalar path). Per
 //! tensor ||ours - f64|| / ||f64|| within 1e-5, the whole flat buffer compared (nothing outside
@@ -306,6 +306,33 @@ macro_rules! linear_backward_suite {
                 Wants::All,
                 layout.0,
                 layout.1,
+                $exact,
+            );
+        }
+
+        /// More rows than the small-row kernel takes (the composite, where tanh's backward
+        /// adds the bias gradient's column sums in its own launch once the sums take several
+        /// chunks: 100 rows make 3, a batch's 3072 up to 96).
+        #[rstest]
+        #[case(100, (256, 1024))]
+        #[case(100, (1024, 256))]
+        #[case(100, (37, 5))]
+        #[case(3072, (37, 5))]
+        #[case(3072, (256, 1024))]
+        fn backward_batch(
+            #[case] rows: usize,
+            #[case] width: (usize, usize),
+            #[values(Activation::Identity, Activation::Tanh)] act: Activation,
+            #[values(Wants::All, Wants::NoBias)] wants: Wants,
+        ) {
+            super::super::linear_backward::backward(
+                &$backend(),
+                rows,
+                width,
+                act,
+                wants,
+                false,
+                0,
                 $exact,
             );
         }

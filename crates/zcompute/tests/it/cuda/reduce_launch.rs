@@ -98,3 +98,44 @@ fn the_global_norm_is_one_launch() {
         );
     }
 }
+
+/// A batch's Linear backward with tanh and a bias: tanh's backward adds the bias gradient's
+/// column sums in its own launch, so asking for the bias gradient adds no launch (it added
+/// the column sum's before).
+#[test]
+fn a_batch_linear_backward_with_tanh_sums_its_bias_in_tanhs_launch() {
+    use zcompute::{Activation, LinearOps};
+    let gpu = super::mock();
+    for (rows, ins, outs) in [(100, 64, 256), (3072, 37, 5)] {
+        let fill = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i + seed) * 7919 % 1009) as f32 - 504.0) / 600.0)
+                .collect()
+        };
+        let gy = gpu.upload(&fill(rows * outs, 1), &[rows, outs]).unwrap();
+        let y = gpu.upload(&fill(rows * outs, 2), &[rows, outs]).unwrap();
+        let x = gpu.upload(&fill(rows * ins, 3), &[rows, ins]).unwrap();
+        let w = gpu.upload(&fill(outs * ins, 4), &[outs, ins]).unwrap();
+        let (dw, db) = (
+            gpu.zeros(&[outs, ins]).unwrap(),
+            gpu.zeros(&[outs]).unwrap(),
+        );
+        let sim = gpu.device().driver();
+        let launches = |bias: Option<&zcompute::CudaTensor>| {
+            gpu.download(&db).expect("settle");
+            sim.clear_op_log();
+            gpu.linear_backward_into(&gy, &x, Some(&w), (Activation::Tanh, Some(&y)), (&dw, bias))
+                .expect("backward");
+            gpu.download(&db).expect("settle");
+            sim.op_log()
+                .iter()
+                .filter(|r| r.call == LAUNCH_KERNEL)
+                .count()
+        };
+        let (with_bias, without) = (launches(Some(&db)), launches(None));
+        assert_eq!(
+            with_bias, without,
+            "[{rows}, {outs}]: the bias gradient's sums in tanh's launch"
+        );
+    }
+}
