@@ -16,14 +16,17 @@ __device__ __forceinline__ float apply_act(float v, unsigned act) {
     return act == ACT_TANH ? tanhf(v) : v;
 }
 
-// out = act(x + bias) over dense [rows, n] with bias [n]. Threads are (column, row) pairs:
-// x over columns, y over rows, both grid-strided, so each thread loads its bias element once
-// and no index is divided. When n is a multiple of 4 and all three pointers are 16-byte
+// out = act(x + bias) (+ residual) over dense [rows, n] with bias [n]. Threads are (column,
+// row) pairs: x over columns, y over rows, both grid-strided, so each thread loads its bias
+// element once and no index is divided. When n is a multiple of 4 and every pointer is 16-byte
 // aligned, a column is a float4 (one 16-byte load and store per thread and row); otherwise a
-// float. The host sizes the grid by the same test (cuda/fused.rs: bias_act_config).
-extern "C" __global__ void zc_bias_act_f32(float* out, const float* x, const float* bias,
-                                           u64 rows, u64 n, unsigned act) {
-    const bool vec4 = (n % 4 == 0) && ((((u64)out | (u64)x | (u64)bias) & 15) == 0);
+// float. The host sizes the grid by the same test (cuda/fused.rs: bias_act_config). The
+// residual, when given, is added after the activation: the bits of bias_act then an add.
+__device__ __forceinline__ void bias_act_rows(float* out, const float* x, const float* bias,
+                                              const float* residual, u64 rows, u64 n,
+                                              unsigned act) {
+    const bool vec4 =
+        (n % 4 == 0) && ((((u64)out | (u64)x | (u64)bias | (u64)residual) & 15) == 0);
     const u64 cols = vec4 ? n / 4 : n;
     const u64 row0 = (u64)blockIdx.y * blockDim.y + threadIdx.y;
     const u64 row_step = (u64)gridDim.y * blockDim.y;
@@ -37,15 +40,37 @@ extern "C" __global__ void zc_bias_act_f32(float* out, const float* x, const flo
                 v.y = apply_act(v.y + b.y, act);
                 v.z = apply_act(v.z + b.z, act);
                 v.w = apply_act(v.w + b.w, act);
+                if (residual) {
+                    const float4 h = reinterpret_cast<const float4*>(residual + r * n)[c];
+                    v.x += h.x;
+                    v.y += h.y;
+                    v.z += h.z;
+                    v.w += h.w;
+                }
                 reinterpret_cast<float4*>(out + r * n)[c] = v;
             }
         } else {
             const float b = bias[c];
             for (u64 r = row0; r < rows; r += row_step) {
-                out[r * n + c] = apply_act(x[r * n + c] + b, act);
+                float v = apply_act(x[r * n + c] + b, act);
+                if (residual) v += residual[r * n + c];
+                out[r * n + c] = v;
             }
         }
     }
+}
+
+extern "C" __global__ void zc_bias_act_f32(float* out, const float* x, const float* bias,
+                                           u64 rows, u64 n, unsigned act) {
+    bias_act_rows(out, x, bias, nullptr, rows, n, act);
+}
+
+// act(x + bias) + residual in one launch (a Linear layer's epilogue with the residual stream
+// added, where the add was a launch of its own).
+extern "C" __global__ void zc_bias_act_add_f32(float* out, const float* x, const float* bias,
+                                               const float* residual, u64 rows, u64 n,
+                                               unsigned act) {
+    bias_act_rows(out, x, bias, residual, rows, n, act);
 }
 
 // gx = g * (1 - y * y) over n elements.

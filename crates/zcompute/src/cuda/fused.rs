@@ -121,6 +121,43 @@ impl<D: Driver> CudaBackend<D> {
         Ok(out)
     }
 
+    /// `act(x + bias) + residual` in one launch (`zc_bias_act_add_f32`; `[rows, n]` operands,
+    /// checked by the caller's validation: a Linear layer's output and its residual stream).
+    pub(crate) fn bias_act_add_fused(
+        &self,
+        x: &CudaTensor,
+        bias: &CudaTensor,
+        act: Activation,
+        residual: &CudaTensor,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear_add";
+        let validate::Rows { rows, n } = validate::bias_act(x, bias)?;
+        let out = self.alloc(OP, x.shape())?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        let (xc, bc, rc) = (
+            self.dense(OP, x)?,
+            self.dense(OP, bias)?,
+            self.dense(OP, residual)?,
+        );
+        let ptrs = [
+            self.ptr(OP, &out)?,
+            self.ptr(OP, &xc)?,
+            self.ptr(OP, &bc)?,
+            self.ptr(OP, &rc)?,
+        ];
+        let vec4 = bias_act_vec4(n, [ptrs[0], ptrs[1], ptrs[2]]) && ptrs[3].0.is_multiple_of(16);
+        let config = bias_act_config(rows, n, vec4);
+        let args: Args = ptrs
+            .into_iter()
+            .map(ptr)
+            .chain([u64a(rows), u64a(n), KernelArg::U32(act_code(act))])
+            .collect();
+        self.launch(OP, Kernel::BiasActAdd, config, &args)?;
+        Ok(out)
+    }
+
     pub(crate) fn tanh_backward_fused(&self, g: &CudaTensor, y: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "tanh_backward";
         let n = validate::tanh_backward(g, y)?;

@@ -159,6 +159,8 @@ pub enum Kernel {
     /// Tanh's backward and the column sums of its result added into a bias gradient, in one
     /// launch with a last-block finish per column tile (`rows.cu`).
     TanhBackwardCols,
+    /// `BiasAct` with the residual stream added after the activation (`fused.cu`).
+    BiasActAdd,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -194,7 +196,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 58] = [
+    pub const ALL: [Kernel; 59] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -253,6 +255,7 @@ impl Kernel {
         Kernel::PoolHeadBceLast,
         Kernel::PoolHeadBceBackwardLast,
         Kernel::TanhBackwardCols,
+        Kernel::BiasActAdd,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -368,6 +371,12 @@ impl Kernel {
             Kernel::LayerNormRowsV4 => s(1, "zc_layer_norm_rows_v4_f32", LAYER_NORM, 0),
             Kernel::LayerNormRowsV8 => s(1, "zc_layer_norm_rows_v8_f32", LAYER_NORM, 0),
             Kernel::BiasAct => s(5, "zc_bias_act_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
+            Kernel::BiasActAdd => s(
+                5,
+                "zc_bias_act_add_f32",
+                &[Ptr, Ptr, Ptr, Ptr, U64, U64, U32],
+                0,
+            ),
             Kernel::TanhBackward => s(5, "zc_tanh_backward_f32", &[Ptr, Ptr, Ptr, U64], 0),
             Kernel::AddLayerNormRows => s(
                 5,

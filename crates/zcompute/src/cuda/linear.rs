@@ -9,6 +9,7 @@
 
 use super::kernels::{Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaTensor};
+use crate::backend::{Backend, MatmulOpts};
 use crate::error::Result;
 use crate::linear::{Activation, LinearOps};
 use crate::validate::{self, LinearShape};
@@ -228,15 +229,26 @@ impl<D: Driver> CudaBackend<D> {
             outputs,
             op_strides(x, false),
             op_strides(w, true),
-        )
-        .filter(|_| residual.is_none_or(|r| r.is_contiguous()));
+        );
         let Some(plan) = plan else {
             tracing::trace!(target: "zcompute.cuda.linear", op, rows, inputs, outputs, "cublas + bias_act");
             return match residual {
-                Some(r) => crate::linear::linear_add(self, x, w, bias, act, r),
+                // The product, then the epilogue with the residual added in the same launch
+                // (where the bias epilogue and an add were two).
+                Some(r) => {
+                    let tb = MatmulOpts {
+                        trans_a: false,
+                        trans_b: true,
+                    };
+                    self.bias_act_add_fused(&self.matmul(x, w, tb)?, bias, act, r)
+                }
                 None => crate::linear::linear(self, x, w, bias, act),
             };
         };
+        if let Some(r) = residual.filter(|r| !r.is_contiguous()) {
+            // The small-row kernel adds a dense residual only: its product, then the add.
+            return crate::linear::linear_add(self, x, w, bias, act, r);
+        }
         let out = self.alloc(op, &[rows, outputs])?;
         let bias = self.dense(op, bias)?;
         self.launch_rows(

@@ -60,6 +60,25 @@ pub(super) fn bias_act(
     mem.write_f32(k.ptr(0)?, &r.to_vec())
 }
 
+/// `act(x + bias) + residual`: the bias epilogue's twin, then the add.
+pub(super) fn bias_act_add(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::BiasActAdd, args)?;
+    let (out, residual, rows, n) = (k.ptr(0)?, k.ptr(3)?, k.u64(4)?, k.u64(5)?);
+    // out, x, bias, rows, n, act: the epilogue's arguments.
+    let epilogue = [args[0], args[1], args[2], args[4], args[5], args[6]];
+    bias_act(config, &epilogue, mem)?;
+    let len = rows
+        .checked_mul(n)
+        .ok_or_else(|| bad(5, "size overflows"))?;
+    let (y, h) = (mem.read_f32(out, len)?, mem.read_f32(residual, len)?);
+    let sum: Vec<f32> = y.iter().zip(&h).map(|(a, b)| a + b).collect();
+    mem.write_f32(out, &sum)
+}
+
 pub(super) fn tanh_backward(
     _: &LaunchConfig,
     args: &[KernelArg],
