@@ -105,7 +105,12 @@ impl<D: Driver> CudaBackend<D> {
             _source: source.clone(),
         };
         device
-            .download_async(copy.buf()?, self.ptr(OP, &source)?, bytes as u64, self.inner.stream)
+            .download_async(
+                copy.buf()?,
+                self.ptr(OP, &source)?,
+                bytes as u64,
+                self.inner.stream,
+            )
             .map_err(|e| device_error(OP, e))?;
         Ok(Readback::queued(Box::new(copy)))
     }
@@ -173,6 +178,10 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(gpu.queue_download(&x).unwrap().wait().unwrap(), [1.0, 2.0]);
         }
-        assert_eq!(allocs(), before, "no page-locked allocation after the first");
+        assert_eq!(
+            allocs(),
+            before,
+            "no page-locked allocation after the first"
+        );
     }
 }
