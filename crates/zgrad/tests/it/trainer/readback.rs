@@ -89,7 +89,7 @@ fn same_reports<B: Capture<f32> + Clone + 'static>(b: &B, schedule: TrainSchedul
         let (xs, ys) = rows_of(&x, &y, rows);
         want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
         let back = dev.queue_rows(rows, 8).expect("queued step");
-        let expect: Vec<u64> = if s % 8 == 0 && s >= 16 {
+        let expect: Vec<u64> = if s.is_multiple_of(8) && s >= 16 {
             (s - 15..=s - 8).collect()
         } else {
             Vec::new()
@@ -276,4 +276,34 @@ fn a_window_boundary_does_not_drain_the_stream(
     }
     let rest: Vec<u64> = t.drain().expect("drain").iter().map(|r| r.step).collect();
     assert_eq!(rest, (9..=13).collect::<Vec<_>>());
+}
+
+/// The same on CUDA device 0: the reports and parameters equal the per-step path's, and a
+/// non-finite step found after the next window was queued is named with the model as its
+/// predecessor left it.
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::Found;
+    use rstest::rstest;
+    use zgrad::TrainSchedule;
+
+    fn gpu() -> zcompute::CudaBackend<zcompute::CudaDriver> {
+        let b = zcompute::Engine::cuda(0).expect("CUDA device 0 opens");
+        b.set_poison(true);
+        b
+    }
+
+    #[rstest]
+    fn reports_equal_the_per_step_paths_on_the_gpu(
+        #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    ) {
+        super::same_reports(&gpu(), schedule, true);
+    }
+
+    #[rstest]
+    fn a_non_finite_step_is_named_on_the_gpu(
+        #[values(Found::NextWindow, Found::Drain)] found: Found,
+    ) {
+        super::non_finite(&gpu(), TrainSchedule::Batched, true, found);
+    }
 }
