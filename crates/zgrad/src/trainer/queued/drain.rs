@@ -58,11 +58,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         };
         let b = Rc::clone(&self.backend);
         let width = track.history.shape()[1];
+        let t0 = std::time::Instant::now();
         let queued = (|| -> Result<_> {
             let read = b.queue_download(&track.history.narrow(0, 0, steps.len())?)?;
             b.fill(&track.cursor, T::ZERO)?;
             Ok(read)
         })();
+        self.phases.readback += t0.elapsed();
         match queued {
             Ok(read) => {
                 self.window.copied = Some(Copied { steps, width, read });

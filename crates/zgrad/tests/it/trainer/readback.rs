@@ -278,6 +278,34 @@ fn a_window_boundary_does_not_drain_the_stream(
     assert_eq!(rest, (9..=13).collect::<Vec<_>>());
 }
 
+/// A window's copy that fails to be queued (the simulated driver refuses the download):
+/// the steps not read back may or may not have run, so the error says `Applied::Maybe`
+/// naming the window's first step, nothing stays queued, and the trainer refuses further
+/// steps until its state is restored.
+#[test]
+fn a_failed_read_back_leaves_the_window_unknown() {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (x, y) = labelled(SMALL, N, 44);
+    let mut t = learner(&b, TrainSchedule::Batched, true);
+    t.load_data(&x, &y, N).expect("load");
+    let rows = steps(8);
+    for r in &rows[..7] {
+        t.queue_rows(r, 4).expect("queued");
+    }
+    b.device()
+        .driver()
+        .fail_nth(calls::MEMCPY_DTOH_ASYNC, 1, zdevice::CuCode::INVALID_VALUE);
+    let e = t.queue_rows(&rows[7], 4).expect_err("the copy fails");
+    assert_eq!(e.applied(), Some(Applied::Maybe), "{e}");
+    assert!(matches!(e, GradError::Step { step: 5, .. }), "{e:?}");
+    assert_eq!(t.queued(), 0);
+    let refused = t.queue_rows(&rows[0], 4).expect_err("state unknown");
+    assert!(
+        matches!(refused.cause(), GradError::StateUnknown { step: 5 }),
+        "{refused:?}"
+    );
+}
+
 /// The same on CUDA device 0: the reports and parameters equal the per-step path's, and a
 /// non-finite step found after the next window was queued is named with the model as its
 /// predecessor left it.
