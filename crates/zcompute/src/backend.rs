@@ -159,6 +159,15 @@ pub trait Backend<T: Element> {
     /// Downloads `x` in logical row-major order.
     fn download(&self, x: &BTensor<Self, T>) -> Result<Vec<T>>;
 
+    /// Queues a download of `x` (logical row-major order) behind the work queued so far and
+    /// returns at once: [`crate::Readback::wait`] waits for that copy only, so a host that
+    /// reads it after queueing more work never drains the stream. Refused while capturing.
+    /// The default downloads now, which is the same for a backend whose work runs in call
+    /// order (the CPU's).
+    fn queue_download(&self, x: &BTensor<Self, T>) -> Result<crate::Readback<T>> {
+        self.download(x).map(crate::Readback::done)
+    }
+
     /// A dense tensor with every element `value`.
     fn full(&self, shape: &[usize], value: T) -> Result<BTensor<Self, T>>;
 

@@ -26,6 +26,7 @@ pub mod ops;
 pub mod pinned;
 pub mod pooled_loss;
 pub mod prelude;
+pub mod readback;
 pub mod storage;
 pub mod tensor;
 mod validate;
@@ -48,6 +49,7 @@ pub use norm::{AddLayerNormOut, NormOps};
 pub use ops::Ops;
 pub use pinned::{CopyMark, HostVec, PinnedHost, PinnedSlice};
 pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
+pub use readback::Readback;
 pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};
 /// zmem's items an engine's user reads (the arena's step records and errors, byte units), so

@@ -96,6 +96,14 @@ pub trait PinnedHost<T: Element>: crate::Ops<T> {
         Ok(())
     }
 
+    /// Whether the engine stream has run past where `mark` was last recorded
+    /// ([`PinnedHost::mark_engine`]), without waiting: a mark never recorded, or one with
+    /// nothing behind it, has been passed. The default is `true` (work runs in call order).
+    fn mark_passed(&self, mark: &CopyMark) -> Result<bool> {
+        let _ = mark;
+        Ok(true)
+    }
+
     /// A [`CopyMark`] that also keeps when the engine stream reached it (a timing event;
     /// record it with [`PinnedHost::mark_engine`]), for [`PinnedHost::elapsed_ms`]. Refused
     /// while capturing. The default has nothing behind it.

@@ -6,8 +6,9 @@
 //! signals, the progress bar, checkpoints). On a device, two timing events on the engine
 //! stream around the step's work give its GPU span (from the stream reaching the step's
 //! first work to its last finishing: the GPU time of the step when the host runs ahead, more
-//! when the GPU waited for the host). Events are read only where the run already waited for
-//! the device (a read-back), so the timeline adds no wait of its own.
+//! when the GPU waited for the host). Events are read where a read-back came back or the run
+//! drained, and only those the stream has passed (polled), so the timeline adds no wait of
+//! its own.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -104,10 +105,16 @@ impl Timeline {
         Ok(())
     }
 
-    /// Reads the GPU spans of every open step but the last `keep` (their events are behind
-    /// a wait the run made): a span that cannot be read stays unknown.
+    /// Reads the GPU spans of the open steps but the last `keep`, oldest first, as far as
+    /// the engine stream has passed their end (polled: a read-back that came back waited
+    /// only for the window before, so later steps may still run; they stay open for the next
+    /// call). A span that cannot be read stays unknown.
     pub fn resolve<B: PinnedHost<f32>>(&mut self, b: &B, keep: usize) {
         while self.open.len() > keep {
+            let passed = self.open.front().map(|o| b.mark_passed(&o.end));
+            if matches!(passed, Some(Ok(false))) {
+                break;
+            }
             let Some(o) = self.open.pop_front() else {
                 break;
             };
@@ -277,6 +284,42 @@ mod tests {
             s.contains("4 steps") && s.contains("host 5000.0 us") && s.contains("GPU span"),
             "{s}"
         );
+    }
+
+    /// A read-back waits for its own copy only (`queue_download`): the steps queued after
+    /// it are not passed yet, so their spans stay open (not lost as unreadable) and are read
+    /// by a later resolve, after the run drained.
+    #[test]
+    fn spans_the_stream_has_not_passed_stay_open() {
+        let b = Engine::sim(256 << 20).unwrap();
+        let mut t = Timeline::default();
+        let x = b.zeros(&[1024]).unwrap();
+        // Step 2's work runs a second of virtual time: the copy after step 1 is done long
+        // before the stream passes step 2's end.
+        let stall = std::time::Duration::from_secs(1);
+        b.device()
+            .driver()
+            .stall(zdevice::sim::calls::MEMSET_D32_ASYNC, 2, stall);
+        let mut copy = None;
+        for step in 1..=3 {
+            let start = t.before(&b).unwrap();
+            b.fill(&x, step as f32).unwrap();
+            if step == 1 {
+                copy = Some(b.queue_download(&x).unwrap());
+            }
+            t.after(&b, start, times(step, 4)).unwrap();
+        }
+        assert_eq!(copy.unwrap().wait().unwrap()[0], 1.0);
+        t.resolve(&b, 0);
+        assert!(t.rows()[0].gpu_ms.is_some(), "step 1 was passed");
+        assert!(
+            t.rows()[1..].iter().all(|r| r.gpu_ms.is_none()),
+            "not passed yet"
+        );
+        assert!(!t.open.is_empty(), "still open");
+        b.synchronize().unwrap();
+        t.resolve(&b, 0);
+        assert!(t.rows().iter().all(|r| r.gpu_ms.is_some()));
     }
 
     #[test]

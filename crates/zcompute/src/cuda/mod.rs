@@ -33,6 +33,7 @@ mod matmul;
 mod norm_params;
 mod ops;
 mod pinned;
+mod readback;
 mod rows;
 mod side_stream;
 mod storage;

@@ -111,6 +111,10 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.stage_download(OP, self.ptr(OP, &xc)?, xc.numel())
     }
 
+    fn queue_download(&self, x: &CudaTensor) -> Result<crate::Readback<f32>> {
+        self.queue_download_at(x)
+    }
+
     fn full(&self, shape: &[usize], value: f32) -> Result<CudaTensor> {
         validate::full::<f32>(shape)?;
         let out = self.alloc("full", shape)?;

@@ -230,6 +230,18 @@ impl<D: Driver> PinnedHost<f32> for CudaBackend<D> {
         }
     }
 
+    fn mark_passed(&self, mark: &CopyMark) -> Result<bool> {
+        const OP: &str = "mark_passed";
+        match Self::mark_event(OP, mark)? {
+            Some(event) => self
+                .inner
+                .device
+                .event_done(event)
+                .map_err(|e| device_error(OP, e)),
+            None => Ok(true),
+        }
+    }
+
     fn mark_engine(&self, mark: &CopyMark) -> Result<()> {
         const OP: &str = "mark_engine";
         self.refuse_in_capture(OP, "mark the engine stream between replays")?;

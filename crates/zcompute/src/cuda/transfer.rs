@@ -31,14 +31,16 @@ pub(crate) struct Staging {
     small: [Option<PinnedBuffer>; SMALL_SLOTS],
     next_small: usize,
     down: Option<PinnedBuffer>,
+    /// Buffers of finished queued downloads (`readback.rs`), kept for the next ones.
+    pub(crate) reads: Vec<PinnedBuffer>,
 }
 
 impl Staging {
     /// Frees the buffers (each after its last transfer).
     pub(crate) fn release<D: Driver>(self, device: &Device<D>) {
         let [a, b] = self.up;
-        let bufs = [a, b, self.down].into_iter().chain(self.small);
-        for buf in bufs.flatten() {
+        let bufs = [a, b, self.down].into_iter().chain(self.small).flatten();
+        for buf in bufs.chain(self.reads) {
             if let Err(e) = device.free_pinned(buf) {
                 tracing::warn!(target: "zcompute.cuda.transfer", error = %e, "freeing a staging buffer");
             }

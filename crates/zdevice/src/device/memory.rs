@@ -216,6 +216,16 @@ impl<D: Driver> Device<D> {
         Ok(())
     }
 
+    /// Whether the transfer that last used `buf` has finished (true when there was none),
+    /// without waiting: a read-back queued with [`Device::download_async`] can be polled.
+    pub fn pinned_settled(&self, buf: &PinnedBuffer) -> DeviceResult<bool> {
+        let pending = *buf
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.map_or(Ok(true), |event| self.event_done(event))
+    }
+
     fn check_range(call: &'static str, buf: &PinnedBuffer, bytes: u64) -> DeviceResult<()> {
         if bytes > buf.len {
             return Err(DeviceError::InvalidArgument {

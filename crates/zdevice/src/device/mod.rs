@@ -341,6 +341,12 @@ impl<D: Driver> Device<D> {
         )
     }
 
+    /// Whether `event` has completed, without waiting (an event never recorded has).
+    pub fn event_done(&self, event: Event) -> DeviceResult<bool> {
+        self.call(|d| d.event_query(event))
+            .map(|r| r == Readiness::Ready)
+    }
+
     /// Milliseconds between two completed timing events.
     pub fn elapsed_ms(&self, start: Event, end: Event) -> DeviceResult<f32> {
         self.call(|d| d.event_elapsed_ms(start, end))

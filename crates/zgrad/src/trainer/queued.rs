@@ -4,18 +4,27 @@
 //! one body, captured once per batch shape and replayed: the rows gathered from the resident
 //! data set, zero_grad, forward, backward, norm, the finiteness gate, the update. Each step
 //! also scatters its `[loss, norm]` into a device history row (a cursor the graph advances)
-//! and folds its gate into a sticky one: once a step of the window is non-finite, every later
-//! step of the window is skipped on the device too. So when [`Trainer::drain`] reads the
-//! window back (one download every `every` steps), a non-finite step `k` leaves the model
-//! exactly as step `k - 1` left it, the step count is wound back to `k - 1`, and the error
-//! names step `k` (and its sample, found on the host copy of its rows): the same state and
-//! error as the per-step path, `every - 1` steps of device time later at most.
+//! and folds its gate into a sticky one: once a step is non-finite, every later queued step
+//! is skipped on the device too, until the host has read that step back.
+//!
+//! The read-back never waits for the steps just queued. When a window of `every` steps is
+//! full, the call that filled it queues the copy of its rows to the host and sets the cursor
+//! back to row 0 (both on the engine stream, so the next window's rows overwrite the history
+//! only after the copy read it: stream order, no wait and no second history), then reads the
+//! window copied one window earlier, waiting for that copy alone (long finished: a whole
+//! window of steps was queued behind it), and returns its reports. [`Trainer::drain`] reads
+//! both (the window in flight, then the one being filled): exact state for checkpoints,
+//! stops and epoch ends. A non-finite step `k` found by a read leaves the model exactly as
+//! step `k - 1` left it; the step count is wound back to `k - 1`, the steps queued after it
+//! (of its window and the next) are dropped, the cursor and sticky gate are cleared, and the
+//! error names step `k` (and its sample, found on the host copy of its rows): the same state
+//! and error as the per-step path, `2 * every - 1` steps of device time later at most.
 //!
 //! The per-sample schedule is queued the same way (`queued_samples.rs`): its samples run one
 //! after another, then its tail writes the history row, folds the gate and updates.
 //!
 //! The optimiser counts a queued step as soon as its update is queued (the `t` of the next
-//! step's slot); a drained non-finite step takes the count back.
+//! step's slot); a non-finite step read back takes the count back.
 //!
 //! The modules: `window.rs` (the device history and the steps pending on it), `tracked.rs`
 //! (the step's body: replayed, captured or run eagerly), `drain.rs` (the read-back).
@@ -59,17 +68,17 @@ pub(super) type Queued = (bool, Result<()>);
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Queues one optimiser step on rows `rows` of the data set [`Trainer::load_data`] put on
     /// the device (the global batch: each rank of a data-parallel job gathers its shard),
-    /// reading nothing back: the reports of the window come back, in step order, from the
-    /// call that fills it (every `every` steps) or from [`Trainer::drain`]; other calls return
-    /// none. The step is `train_batch`'s on the same rows, bit for bit, eager or captured, in
+    /// reading nothing back: the reports of a window come back, in step order, from the call
+    /// that fills the next window (a window late, so the host never waits for the steps it
+    /// just queued) or from [`Trainer::drain`]; other calls return none. The step is `train_batch`'s on the same rows, bit for bit, eager or captured, in
     /// either schedule (a per-sample step keeps its samples' losses in the window, summed on
     /// the host in `f64` when it is read back: `queued_samples.rs`).
     ///
     /// Errors are `GradError::Step`s as for `train_batch`: `BadInput` (nothing loaded, no
     /// rows, a row out of range) applies nothing; a non-finite step found by the read-back
     /// is `NonFinite` naming its step and sample, with the model and step count as that
-    /// step's predecessor left them (`Applied::No`: the later steps of its window were
-    /// skipped on the device).
+    /// step's predecessor left them (`Applied::No`: every later queued step was skipped on
+    /// the device and is dropped).
     pub fn queue_rows(&mut self, rows: &[usize], every: usize) -> Result<Vec<StepReport>> {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
@@ -77,8 +86,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let mut reports = self.drain_before(sample.as_deref(), rows.len(), every)?;
         self.queue_inner(rows, every, step)
             .map_err(|e| self.settle(step, self.distributed_error(e)))?;
-        if self.window.pending() >= every {
-            reports.extend(self.drain()?);
+        if self.window.filling() >= every {
+            reports.extend(self.flip()?);
         }
         Ok(reports)
     }
@@ -111,8 +120,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .and_then(|()| self.pinned_sample(batch, n))
             .and_then(|sample| self.queue_staged(batch, n, &sample, step, every));
         queued.map_err(|e| self.settle(step, self.distributed_error(e)))?;
-        if self.window.pending() >= every {
-            reports.extend(self.drain()?);
+        if self.window.filling() >= every {
+            reports.extend(self.flip()?);
         }
         Ok(reports)
     }
@@ -248,9 +257,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             (TrainSchedule::PerSample, None) => None,
         };
         let reshaped = width.is_some_and(|w| !self.window.fits(every, w));
-        let pending = self.window.pending();
-        if pending >= every || (pending > 0 && reshaped) {
+        if reshaped && self.window.pending() > 0 {
             self.drain()
+        } else if self.window.filling() >= every {
+            // A window left full by a longer `every` before.
+            self.flip()
         } else {
             Ok(Vec::new())
         }

@@ -37,6 +37,7 @@ mod trainer {
     mod per_sample;
     mod per_sample_queued;
     mod pinned;
+    mod readback;
     mod replay;
     mod step_failures;
 }

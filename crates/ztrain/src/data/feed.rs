@@ -108,11 +108,11 @@ impl<B: TrainBackend> Feed<B> {
         learner.drain()
     }
 
-    /// Whether every step so far has been read back (the ranks of a job agree on stops only
-    /// there, so the check costs no extra round trip).
+    /// Whether the last step completed a read-back window (or nothing is queued): the same
+    /// steps on every rank of a job, so the ranks agree on stops there, once a window.
     #[must_use]
     pub fn settled(&self, learner: &Trainer<B>) -> bool {
-        learner.queued() == 0
+        learner.filling() == 0
     }
 
     /// Loss and accuracy over the training set: on the device from the loaded copy, with no

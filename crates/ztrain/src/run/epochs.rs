@@ -91,8 +91,8 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
     }
 
     /// The stop signal after step `step`: this process's own in a job of one (a flag, read
-    /// every step); in a job of several, the one the ranks agree on where every step has
-    /// been read back (the same steps on every rank, so they all stop after the same one).
+    /// every step); in a job of several, the one the ranks agree on where a read-back
+    /// window completes (the same steps on every rank, so they all stop after the same one).
     fn signal(&self) -> Result<Option<i32>> {
         if self.ctx.world > 1 && !self.feed.settled(&self.learner) {
             return Ok(None);
@@ -202,8 +202,8 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
             };
             t.after(self.b, start, times)?;
             if !reports.is_empty() {
-                // The read-back waited for the steps before this one (this one's last event
-                // was recorded after it).
+                // A window came back: the steps before its copy are done, later ones as far
+                // as the stream has passed them (this one's last event was recorded after it).
                 t.resolve(self.b, 1);
             }
         }

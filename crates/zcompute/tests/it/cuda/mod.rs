@@ -21,6 +21,7 @@ mod linear_backward_errors;
 mod linear_launch;
 mod norm_params;
 mod norm_params_launch;
+mod readback;
 mod reduce_launch;
 mod side_stream;
 #[macro_use]

@@ -5,7 +5,7 @@ use super::super::captured::persistent_zeros;
 use super::super::checks;
 use crate::error::{GradError, NonFiniteKind, Result};
 use crate::optim::AdamWTensors;
-use zcompute::{ADAMW_SLOT_GATE, BTensor, Element, prelude::*};
+use zcompute::{ADAMW_SLOT_GATE, BTensor, Element, Readback, prelude::*};
 
 /// The device side of the window: every queued step's row (`[loss, norm]`; a per-sample
 /// step's `[loss, norm, the samples' losses..]`), the row the next one writes, and the sticky
@@ -28,7 +28,8 @@ impl<B: Ops<T>, T: Element> Clone for Track<B, T> {
 
 impl<B: Ops<T>, T: Element> Track<B, T> {
     /// Folds the step's gate (written into AdamW's slot) into the sticky one, so the update
-    /// of this step and of every later one of the window is skipped once one was not finite,
+    /// of this step and of every later queued one is skipped once one was not finite (until
+    /// the host reads that step back and clears the gate: `drain.rs`),
     /// and writes `row` into the history's next row. Legal inside a capture.
     pub(in crate::trainer) fn record(
         &self,
@@ -37,7 +38,7 @@ impl<B: Ops<T>, T: Element> Track<B, T> {
         row: &BTensor<B, T>,
     ) -> Result<()> {
         let gate = adamw.slot.narrow(0, ADAMW_SLOT_GATE, 1)?;
-        // gate + poison is NaN once any step of the window was: later steps are skipped too.
+        // gate + poison is NaN once any step not read back yet was: later steps are skipped too.
         b.add_into(&self.poison, &gate)?;
         b.copy_into(&gate, &self.poison)?;
         b.scatter_row(row, &self.cursor, &self.history, true)?;
@@ -96,10 +97,21 @@ pub(super) struct Pending {
     pub(super) record: Record,
 }
 
-/// Queued steps and their device history.
+/// A full window whose rows are on their way to the host: its steps, the width of their
+/// rows and the queued copy.
+pub(super) struct Copied<T> {
+    pub(super) steps: Vec<Pending>,
+    pub(super) width: usize,
+    pub(super) read: Readback<T>,
+}
+
+/// Queued steps and their device history: the steps whose rows are in the history
+/// (`pending`, the window being filled) and the window before, copied to the host and not
+/// read yet (`copied`).
 pub(crate) struct Window<B: Ops<T>, T: Element> {
     pub(super) track: Option<Track<B, T>>,
     pub(super) pending: Vec<Pending>,
+    pub(super) copied: Option<Copied<T>>,
 }
 
 impl<B: Ops<T>, T: Element> Default for Window<B, T> {
@@ -107,13 +119,19 @@ impl<B: Ops<T>, T: Element> Default for Window<B, T> {
         Window {
             track: None,
             pending: Vec::new(),
+            copied: None,
         }
     }
 }
 
 impl<B: Ops<T>, T: Element> Window<B, T> {
-    /// Steps queued and not read back.
+    /// Steps queued and not read back (the window being filled and the one copied).
     pub(in crate::trainer) fn pending(&self) -> usize {
+        self.filling() + self.copied.as_ref().map_or(0, |c| c.steps.len())
+    }
+
+    /// Steps of the window being filled (their rows not on their way to the host yet).
+    pub(in crate::trainer) fn filling(&self) -> usize {
         self.pending.len()
     }
 
@@ -134,7 +152,7 @@ impl<B: Ops<T>, T: Element> Window<B, T> {
     ) -> Result<Track<B, T>> {
         match &self.track {
             Some(t) if self.fits(every, width) => Ok(t.clone()),
-            _ if !self.pending.is_empty() => Err(GradError::BadInput(
+            _ if self.pending() > 0 => Err(GradError::BadInput(
                 "internal: the window's history changes shape with steps pending".into(),
             )),
             _ => {

@@ -139,8 +139,8 @@ impl<B: Capture<f32> + PinnedHost<f32> + Clone + 'static> Queue<B> {
     }
 }
 
-/// Every queued step's report comes back from the call that fills the window (none from the
-/// others) or from the drain, and equals the per-step path's, bit for bit, as do the
+/// Every queued step's report comes back from the call that fills the next window (none from
+/// the others) or from the drain, and equals the per-step path's, bit for bit, as do the
 /// parameters.
 fn same_as_the_per_step_path<B>(b: &B, capture: bool, from: From, every: usize)
 where
@@ -155,9 +155,16 @@ where
         let (xs, ys) = rows_of(&x, &y, rows);
         want.push(host.train_batch(&xs, &ys, rows.len()).expect("per-step"));
         let back = queue.step(&mut dev, &x, &y, rows, every).expect("queued");
-        let expect = if (k + 1) % every == 0 { every } else { 0 };
+        // A full window's copy is queued; the window before it comes back.
+        let expect = if (k + 1) % every == 0 && k + 1 > every {
+            every
+        } else {
+            0
+        };
         assert_eq!(back.len(), expect, "step {}: reports back", k + 1);
-        assert_eq!(dev.queued(), (k + 1) % every, "step {}: queued", k + 1);
+        let copied = if k + 1 >= every { every } else { 0 };
+        let queued = (k + 1) % every + copied;
+        assert_eq!(dev.queued(), queued, "step {}: queued", k + 1);
         got.extend(back);
     }
     got.extend(dev.drain().expect("drain"));
@@ -253,8 +260,8 @@ fn queued_per_sample_steps_read_nothing_back_between_drains(
     assert_eq!(downloads, 1, "the drain is one download");
 }
 
-/// A NaN in sample 5 of step 2 of a window of four: the read-back (from the call that fills
-/// the window) names step 2 and sample 5, the model and step count are as step 1 left them
+/// A NaN in sample 5 of step 2 of a window of four: the read-back (the drain after the
+/// window's copy was queued) names step 2 and sample 5, the model and step count are as step 1 left them
 /// (steps 2 to 4 were skipped on the device), and training goes on from there as the per-step
 /// path does. Eager and captured, from the device data set and from pinned batches (the
 /// sample is found from the per-sample losses the window kept).
@@ -272,14 +279,13 @@ where
     host.train_batch(&xs, &ys, 8).expect("step 1");
     let mut dev = learner(b, capture);
     let mut queue = Queue::new(b, &mut dev, from, &x, &y);
-    for r in &rows[..3] {
+    for r in &rows[..4] {
+        // The fourth fills the window: its copy is queued, nothing read yet.
         let back = queue.step(&mut dev, &x, &y, r, 4).expect("queued");
         assert!(back.is_empty());
     }
-    assert_eq!(dev.step(), 3, "counted as queued");
-    let e = queue
-        .step(&mut dev, &x, &y, &rows[3], 4)
-        .expect_err("the window holds a NaN");
+    assert_eq!(dev.step(), 4, "counted as queued");
+    let e = dev.drain().expect_err("the window holds a NaN");
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
         matches!(
