@@ -24,23 +24,8 @@ extern "C" __global__ void zc_bce_mean_f32(float* out, const float* logits, cons
     if (threadIdx.x == 0) out[0] = partial[0] / (float)n;
 }
 
-// One AdamW element: the update of p, m, v from g (the same expressions on both paths).
-__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float beta1,
-                                              float beta2, float bc1, float bc2, float lr,
-                                              float decay, float eps) {
-    float mi = beta1 * m + (1.0f - beta1) * g;
-    float vi = beta2 * v + (1.0f - beta2) * g * g;
-    float m_hat = mi / bc1;
-    float v_hat = vi / bc2;
-    p = p * decay - lr * m_hat / (sqrtf(v_hat) + eps);
-    m = mi;
-    v = vi;
-}
-
 // Fused AdamW over dense p, m, v, g of n elements. slot = [lr, t] is read from device memory
-// at run time, so a captured step replays with the current learning rate and step count. When
-// n is a multiple of 4 and every buffer is 16-byte aligned, each thread updates float4s (a
-// quarter of the loads and of the per-thread setup); the arithmetic per element is the same.
+// at run time, so a captured step replays with the current learning rate and step count.
 extern "C" __global__ void zc_adamw_f32(float* p, float* m, float* v, const float* g,
                                         const float* slot, u64 n, float beta1, float beta2,
                                         float eps, float weight_decay, u64 slot_len) {
@@ -52,29 +37,13 @@ extern "C" __global__ void zc_adamw_f32(float* p, float* m, float* v, const floa
     float bc1 = 1.0f - powf(beta1, t);
     float bc2 = 1.0f - powf(beta2, t);
     float decay = 1.0f - lr * weight_decay;
-    const bool vec4 = (n % 4 == 0) && ((((u64)p | (u64)m | (u64)v | (u64)g) & 15) == 0);
-    if (vec4) {
-        float4* p4 = reinterpret_cast<float4*>(p);
-        float4* m4 = reinterpret_cast<float4*>(m);
-        float4* v4 = reinterpret_cast<float4*>(v);
-        const float4* g4 = reinterpret_cast<const float4*>(g);
-        GRID_STRIDE_LOOP(i, 0, n / 4) {
-            float4 pi = p4[i], mi = m4[i], vi = v4[i];
-            const float4 gi = g4[i];
-            adamw_element(pi.x, mi.x, vi.x, gi.x, beta1, beta2, bc1, bc2, lr, decay, eps);
-            adamw_element(pi.y, mi.y, vi.y, gi.y, beta1, beta2, bc1, bc2, lr, decay, eps);
-            adamw_element(pi.z, mi.z, vi.z, gi.z, beta1, beta2, bc1, bc2, lr, decay, eps);
-            adamw_element(pi.w, mi.w, vi.w, gi.w, beta1, beta2, bc1, bc2, lr, decay, eps);
-            p4[i] = pi;
-            m4[i] = mi;
-            v4[i] = vi;
-        }
-        return;
-    }
     GRID_STRIDE_LOOP(i, 0, n) {
-        float pi = p[i], mi = m[i], vi = v[i];
-        adamw_element(pi, mi, vi, g[i], beta1, beta2, bc1, bc2, lr, decay, eps);
-        p[i] = pi;
+        float gi = g[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        float m_hat = mi / bc1;
+        float v_hat = vi / bc2;
+        p[i] = p[i] * decay - lr * m_hat / (sqrtf(v_hat) + eps);
         m[i] = mi;
         v[i] = vi;
     }
