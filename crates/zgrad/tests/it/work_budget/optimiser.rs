@@ -113,7 +113,10 @@ fn zero_grad_norm_clip_gate_and_adamw_are_a_few_launches_over_the_flat_buffers()
         norm_launches, 1,
         "grad_norm: both reduction passes in one launch (its last block sums the partials)"
     );
-    assert_eq!(clip_launches, 2, "clip_grad_norm: the norm's one, one scaling");
+    assert_eq!(
+        clip_launches, 2,
+        "clip_grad_norm: the norm's one, one scaling"
+    );
     assert_eq!(gate_launches, 1, "write_gate: one launch");
     assert_eq!(adamw_launches, 1, "AdamW: one launch over the flat buffers");
     for p in &params {
