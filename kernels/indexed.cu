@@ -55,3 +55,33 @@ extern "C" __global__ void zc_gather_rows_f32(float* dst, const float* src, cons
         dst[k] = ok ? src[row * row_len + j] : __int_as_float(0x7fffffff);
     }
 }
+
+// A training step's tail in one launch (one thread): stats = [loss, norm]; the gate
+// 0 * loss + 0 * norm (zc_finite_gate_f32's expression); with `sticky`, gate += sticky and
+// sticky = gate (add_into then copy_into); with `history` (rows of two), the stats written to
+// row cursor[0] (when it names a row, as zc_scatter_row_f32) and the cursor advanced. Null
+// pointers for what the caller has not.
+extern "C" __global__ void zc_step_tail_f32(float* stats, float* gate, float* sticky,
+                                            float* history, float* cursor, const float* loss,
+                                            const float* norm, u64 rows) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const float l = loss[0];
+    const float n = norm[0];
+    stats[0] = l;
+    stats[1] = n;
+    float g = 0.0f * l + 0.0f * n;
+    if (sticky) {
+        g = g + sticky[0];
+        sticky[0] = g;
+    }
+    gate[0] = g;
+    if (history) {
+        const float f = cursor[0];
+        u64 row = 0;
+        if (zc_row_of(f, rows, &row)) {
+            history[row * 2] = l;
+            history[row * 2 + 1] = n;
+        }
+        cursor[0] = f + 1.0f;
+    }
+}

@@ -138,6 +138,10 @@ pub const ADAMW_SLOT_GATE: usize = 2;
 /// A tensor of backend `B` with elements `T`.
 pub type BTensor<B, T> = Tensor<<B as Backend<T>>::Storage>;
 
+/// A history table and its cursor (`Backend::step_tail`): rows to write, and the one-element
+/// index of the next one.
+pub type HistoryRows<'a, S> = (&'a crate::tensor::Tensor<S>, &'a crate::tensor::Tensor<S>);
+
 /// The op set. Every method checks shapes and returns `ComputeError` on bad input; outputs are
 /// fresh dense (row-major) tensors; the in-place ops (`fill`, `copy_into`, `adamw_step`) write
 /// through their destination views.
@@ -435,6 +439,24 @@ pub trait Backend<T: Element> {
         };
         let gate = self.add(&zero(a)?, &zero(b)?)?;
         self.copy_into(&gate.reshape(dst.shape())?, dst)
+    }
+
+    /// A training step's tail after its loss and gradient norm (each one element): `stats =
+    /// [loss, norm]` (dense, two elements), then [`Backend::finite_gate`] into `gate`; with
+    /// `sticky` (one element), the gate folded into it (`gate += sticky`, then `sticky = gate`:
+    /// once a step was not finite every later gate is NaN); with `history` (`(rows, cursor)`),
+    /// `stats` written to row `cursor` of `rows` and the cursor advanced
+    /// ([`Backend::scatter_row`]). The provided body runs those ops in that order; a device
+    /// backend may do it all in one launch (the same values).
+    fn step_tail(
+        &self,
+        [loss, norm]: [&BTensor<Self, T>; 2],
+        stats: &BTensor<Self, T>,
+        gate: &BTensor<Self, T>,
+        sticky: Option<&BTensor<Self, T>>,
+        history: Option<HistoryRows<'_, Self::Storage>>,
+    ) -> Result<()> {
+        crate::step_tail::step_tail(self, [loss, norm], stats, gate, sticky, history)
     }
 
     /// `dst += src` in place (same shapes, other memory): how backward adds a parameter's

@@ -27,6 +27,7 @@ pub mod pinned;
 pub mod pooled_loss;
 pub mod prelude;
 pub mod readback;
+mod step_tail;
 pub mod storage;
 pub mod tensor;
 mod validate;
@@ -34,7 +35,8 @@ mod validate;
 pub use attention::{AttentionOps, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto};
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
-    BinaryOp, Capture, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+    BinaryOp, Capture, HistoryRows, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide,
+    UnaryOp,
 };
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};

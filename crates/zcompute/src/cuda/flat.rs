@@ -11,7 +11,7 @@ use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, BinaryOp};
 use crate::error::Result;
 use crate::validate;
-use zdevice::{Driver, KernelArg, LaunchConfig};
+use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
 /// Threads per block of the norm passes (`FLAT_THREADS` in flat.cu: its shared-memory tree is
 /// that wide).
@@ -112,6 +112,42 @@ impl<D: Driver> CudaBackend<D> {
             self.copy_view(OP, &xc, x)?;
         }
         Ok(())
+    }
+
+    /// `Backend::step_tail` in one launch when the stats and the history are dense (a view
+    /// the kernel cannot address takes the composite).
+    pub(crate) fn step_tail_fused(
+        &self,
+        [loss, norm]: [&CudaTensor; 2],
+        stats: &CudaTensor,
+        gate: &CudaTensor,
+        sticky: Option<&CudaTensor>,
+        history: Option<(&CudaTensor, &CudaTensor)>,
+    ) -> Result<()> {
+        const OP: &str = "step_tail";
+        validate::step_tail([loss, norm], stats, gate, sticky, history)?;
+        if !stats.is_contiguous() || history.is_some_and(|(rows, _)| !rows.is_contiguous()) {
+            return crate::step_tail::step_tail(self, [loss, norm], stats, gate, sticky, history);
+        }
+        let opt = |t: Option<&CudaTensor>| t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t));
+        let args: Args = [
+            ptr(self.ptr(OP, stats)?),
+            ptr(self.ptr(OP, gate)?),
+            ptr(opt(sticky)?),
+            ptr(opt(history.map(|h| h.0))?),
+            ptr(opt(history.map(|h| h.1))?),
+            ptr(self.ptr(OP, loss)?),
+            ptr(self.ptr(OP, norm)?),
+            u64a(history.map_or(0, |(rows, _)| rows.shape()[0])),
+        ]
+        .into_iter()
+        .collect();
+        let one = LaunchConfig {
+            grid: (1, 1, 1),
+            block: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::StepTail, one, &args)
     }
 
     pub(crate) fn finite_gate_fused(

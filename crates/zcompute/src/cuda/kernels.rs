@@ -161,6 +161,9 @@ pub enum Kernel {
     TanhBackwardCols,
     /// `BiasAct` with the residual stream added after the activation (`fused.cu`).
     BiasActAdd,
+    /// A training step's tail (stats, gate, sticky gate, history row) in one thread
+    /// (`indexed.cu`).
+    StepTail,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -196,7 +199,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 59] = [
+    pub const ALL: [Kernel; 60] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -256,6 +259,7 @@ impl Kernel {
         Kernel::PoolHeadBceBackwardLast,
         Kernel::TanhBackwardCols,
         Kernel::BiasActAdd,
+        Kernel::StepTail,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -465,6 +469,12 @@ impl Kernel {
             Kernel::GatherRow => s(6, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
             Kernel::ScatterRow => s(6, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
             Kernel::GatherRows => s(6, "zc_gather_rows_f32", &[Ptr, Ptr, Ptr, U64, U64, U64], 0),
+            Kernel::StepTail => s(
+                6,
+                "zc_step_tail_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64],
+                0,
+            ),
             Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearRowsNMajor => s(7, "zc_linear_rows_nmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearParamGrads => s(

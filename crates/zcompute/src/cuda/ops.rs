@@ -311,6 +311,17 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.finite_gate_fused(a, b, dst)
     }
 
+    fn step_tail(
+        &self,
+        loss_norm: [&CudaTensor; 2],
+        stats: &CudaTensor,
+        gate: &CudaTensor,
+        sticky: Option<&CudaTensor>,
+        history: Option<(&CudaTensor, &CudaTensor)>,
+    ) -> Result<()> {
+        self.step_tail_fused(loss_norm, stats, gate, sticky, history)
+    }
+
     fn add_into(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {
         self.add_into_fused(src, dst)
     }

@@ -125,6 +125,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::ReduceColsLast => reductions::reduce_cols_last,
         Kernel::TanhBackwardCols => reductions::tanh_backward_cols,
         Kernel::BiasActAdd => fused::bias_act_add,
+        Kernel::StepTail => flat::step_tail,
         Kernel::SumSquaresNorm => flat::sum_squares_norm,
         Kernel::PoolHeadBceLast => fused::pool_head_bce_last,
         Kernel::PoolHeadBceBackwardLast => fused::pool_head_bce_backward_last,

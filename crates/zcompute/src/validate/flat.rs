@@ -51,3 +51,30 @@ pub(crate) fn add_into<S: Storage>(src: &Tensor<S>, dst: &Tensor<S>) -> Result<(
     writable(OP, dst.layout())?;
     distinct(OP, &[("src", src), ("dst", dst)])
 }
+
+/// `step_tail`: one-element `loss`, `norm`, `gate` (and `sticky`), a writable two-element
+/// `stats`, the gate in other memory than what it is made from, and a history table of
+/// two-element rows with a one-element cursor.
+pub(crate) fn step_tail<S: Storage>(
+    [loss, norm]: [&Tensor<S>; 2],
+    stats: &Tensor<S>,
+    gate: &Tensor<S>,
+    sticky: Option<&Tensor<S>>,
+    history: Option<(&Tensor<S>, &Tensor<S>)>,
+) -> Result<()> {
+    const OP: &str = "step_tail";
+    finite_gate(loss, norm, gate)?;
+    same_shape(OP, &[stats.numel()], &[2])?;
+    writable(OP, stats.layout())?;
+    distinct(OP, &[("loss", loss), ("stats", stats)])?;
+    distinct(OP, &[("norm", norm), ("stats", stats)])?;
+    distinct(OP, &[("gate", gate), ("stats", stats)])?;
+    if let Some(sticky) = sticky {
+        one_element(OP, sticky)?;
+        distinct(OP, &[("gate", gate), ("sticky", sticky)])?;
+    }
+    if let Some((rows, cursor)) = history {
+        super::indexed_row(OP, rows, stats, cursor)?;
+    }
+    Ok(())
+}

@@ -163,6 +163,11 @@ impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
         Ok(())
     }
 
+    /// The slot's gate element (`ADAMW_SLOT_GATE`), as a one-element view.
+    pub fn gate(&self) -> Result<BTensor<B, T>> {
+        Ok(self.slot.narrow(0, ADAMW_SLOT_GATE, 1)?)
+    }
+
     /// Writes the gate of a captured step: `0 * loss + 0 * norm`, which is 0 when both are
     /// finite and NaN otherwise, so the update kernels skip a non-finite step on the device.
     /// One launch (`Backend::finite_gate`): legal inside a capture.

@@ -94,6 +94,18 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         x: &Var<B, T>,
         y: &Var<B, T>,
     ) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
+        let (loss, norm) = self.loss_and_norm(b, x, y)?;
+        self.write_stats(b, &loss, &norm)?;
+        Ok((loss, norm))
+    }
+
+    /// `batched` without writing the stats (the caller's step tail writes them).
+    pub fn loss_and_norm(
+        &self,
+        b: &B,
+        x: &Var<B, T>,
+        y: &Var<B, T>,
+    ) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
         zero_grad(b, &self.params)?;
         let loss = if self.dist.single() {
             self.forward_backward(b, x, y, None)?
@@ -101,7 +113,6 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             self.shard_forward_backward(b, x, y)?
         };
         let norm = self.norm(b)?;
-        self.write_stats(b, &loss, &norm)?;
         Ok((loss, norm))
     }
 
@@ -116,8 +127,10 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         adamw: &AdamWTensors<B, T>,
         started: &Cell<bool>,
     ) -> Result<()> {
-        let (loss, norm) = self.batched(b, x, y)?;
-        adamw.write_gate(b, &loss, &norm)?;
+        let (loss, norm) = self.loss_and_norm(b, x, y)?;
+        // The stats and the gate in one launch on the device (`Backend::step_tail`).
+        let gate = adamw.gate()?;
+        b.step_tail([&loss, &norm], &self.stats, &gate, None, None)?;
         started.set(true);
         adamw.apply(b, &self.params)
     }

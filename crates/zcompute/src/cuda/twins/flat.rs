@@ -6,7 +6,7 @@
 use super::{bad, checked, usize_of};
 use crate::cuda::kernels::Kernel;
 use zdevice::sim::{KernelFault, SimMemory};
-use zdevice::{KernelArg, LaunchConfig};
+use zdevice::{DevicePtr, KernelArg, LaunchConfig};
 
 /// Threads per block of the flat kernels (`FLAT_THREADS` in flat.cu).
 const THREADS: usize = 256;
@@ -96,4 +96,38 @@ pub(super) fn finite_gate(
     let (dst, a, b) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?);
     let (a, b) = (mem.read_f32(a, 1)?[0], mem.read_f32(b, 1)?[0]);
     mem.write_f32(dst, &[0.0 * a + 0.0 * b])
+}
+
+/// A training step's tail: `stats = [loss, norm]`, the gate `0 * loss + 0 * norm`, folded into
+/// the sticky one when given (`gate += sticky; sticky = gate`), the stats to row `cursor` of the
+/// history when given (when the cursor names a row) and the cursor advanced.
+pub(super) fn step_tail(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::StepTail, args)?;
+    let (stats, gate, sticky, history, cursor) =
+        (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?, k.ptr(4)?);
+    let (l, n) = (
+        mem.read_f32(k.ptr(5)?, 1)?[0],
+        mem.read_f32(k.ptr(6)?, 1)?[0],
+    );
+    let rows = k.u64(7)?;
+    mem.write_f32(stats, &[l, n])?;
+    let mut g = 0.0 * l + 0.0 * n;
+    if sticky != DevicePtr::NULL {
+        g += mem.read_f32(sticky, 1)?[0];
+        mem.write_f32(sticky, &[g])?;
+    }
+    mem.write_f32(gate, &[g])?;
+    if history != DevicePtr::NULL {
+        let f = mem.read_f32(cursor, 1)?[0];
+        let d = f64::from(f);
+        if d.is_finite() && d >= 0.0 && d == d.floor() && d < rows as f64 {
+            mem.write_f32(history.offset(d as u64 * 8), &[l, n])?;
+        }
+        mem.write_f32(cursor, &[f + 1.0])?;
+    }
+    Ok(())
 }

@@ -120,3 +120,99 @@ pub fn add_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
         "add_into wrote past its view"
     );
 }
+
+/// `step_tail` on the device equals the CPU backend's composite (stats, gate, sticky gate,
+/// history rows and cursor) over a sequence of steps: finite ones, a NaN loss (every later
+/// gate NaN through the sticky one), a cursor past the history (nothing written, the cursor
+/// still advanced); and without the sticky gate and history (the stats and the gate only).
+pub fn step_tail<D: Driver>(gpu: &CudaBackend<D>) {
+    let steps = [
+        (0.5f32, 2.0f32),
+        (0.25, 1.5),
+        (f32::NAN, 1.0),
+        (0.125, 0.75),
+        (1.0, 3.0),
+    ];
+    let rows = 4;
+    let gpu_state = [
+        gpu.zeros(&[2]).unwrap(),
+        gpu.upload(&[7.0, 9.0], &[2]).unwrap(),
+        gpu.zeros(&[1]).unwrap(),
+        gpu.upload(&vec![-1.0; rows * 2], &[rows, 2]).unwrap(),
+        gpu.zeros(&[1]).unwrap(),
+    ];
+    let cpu_state = [
+        CPU.zeros(&[2]).unwrap(),
+        CpuTensor::from_vec(vec![7.0f32, 9.0], &[2]).unwrap(),
+        CPU.zeros(&[1]).unwrap(),
+        CpuTensor::from_vec(vec![-1.0f32; rows * 2], &[rows, 2]).unwrap(),
+        CPU.zeros(&[1]).unwrap(),
+    ];
+    let bits = |v: Vec<f32>| -> Vec<u32> { v.into_iter().map(f32::to_bits).collect() };
+    for (i, (l, n)) in steps.into_iter().enumerate() {
+        let (gl, gn) = (
+            gpu.upload(&[l], &[]).unwrap(),
+            gpu.upload(&[n], &[1]).unwrap(),
+        );
+        let (cl, cn) = (
+            CpuTensor::from_vec(vec![l], &[]).unwrap(),
+            CpuTensor::from_vec(vec![n], &[1]).unwrap(),
+        );
+        let [stats, slot, sticky, history, cursor] = &gpu_state;
+        let gate = slot.narrow(0, 1, 1).unwrap();
+        gpu.step_tail(
+            [&gl, &gn],
+            stats,
+            &gate,
+            Some(sticky),
+            Some((history, cursor)),
+        )
+        .expect("step_tail");
+        let [stats_c, slot_c, sticky_c, history_c, cursor_c] = &cpu_state;
+        let gate_c = slot_c.narrow(0, 1, 1).unwrap();
+        Backend::<f32>::step_tail(
+            &CPU,
+            [&cl, &cn],
+            stats_c,
+            &gate_c,
+            Some(sticky_c),
+            Some((history_c, cursor_c)),
+        )
+        .expect("cpu step_tail");
+        for (t, c, what) in [
+            (stats, stats_c, "stats"),
+            (slot, slot_c, "slot"),
+            (sticky, sticky_c, "sticky"),
+            (history, history_c, "history"),
+            (cursor, cursor_c, "cursor"),
+        ] {
+            assert_eq!(
+                bits(gpu.download(t).unwrap()),
+                bits(c.to_vec()),
+                "step {i}: {what}"
+            );
+        }
+        let gate_now = gpu.download(slot).unwrap()[1];
+        assert_eq!(
+            gate_now.is_nan(),
+            i >= 2,
+            "step {i}: the gate stays NaN from step 2"
+        );
+        assert_eq!(
+            gpu.download(slot).unwrap()[0],
+            7.0,
+            "step {i}: the slot's other element"
+        );
+    }
+    // Without a sticky gate or a history: the stats and this step's own gate.
+    let [stats, slot, ..] = &gpu_state;
+    let gate = slot.narrow(0, 1, 1).unwrap();
+    let (gl, gn) = (
+        gpu.upload(&[0.5], &[]).unwrap(),
+        gpu.upload(&[2.0], &[1]).unwrap(),
+    );
+    gpu.step_tail([&gl, &gn], stats, &gate, None, None)
+        .expect("bare step_tail");
+    assert_eq!(gpu.download(stats).unwrap(), vec![0.5, 2.0]);
+    assert_eq!(gpu.download(slot).unwrap(), vec![7.0, 0.0]);
+}

@@ -139,3 +139,40 @@ fn a_batch_linear_backward_with_tanh_sums_its_bias_in_tanhs_launch() {
         );
     }
 }
+
+/// A training step's tail (stats, gate, sticky gate, history row) is one launch, where the
+/// ops it stands for were six (two copies, the gate, an add, a copy, the row's scatter).
+#[test]
+fn a_steps_tail_is_one_launch() {
+    let gpu = super::mock();
+    let (loss, norm) = (
+        gpu.upload(&[0.5], &[]).unwrap(),
+        gpu.upload(&[2.0], &[]).unwrap(),
+    );
+    let (stats, gate, sticky) = (
+        gpu.zeros(&[2]).unwrap(),
+        gpu.zeros(&[1]).unwrap(),
+        gpu.zeros(&[1]).unwrap(),
+    );
+    let (history, cursor) = (gpu.zeros(&[32, 2]).unwrap(), gpu.zeros(&[1]).unwrap());
+    let sim = gpu.device().driver();
+    gpu.download(&stats).expect("settle");
+    sim.clear_op_log();
+    gpu.step_tail(
+        [&loss, &norm],
+        &stats,
+        &gate,
+        Some(&sticky),
+        Some((&history, &cursor)),
+    )
+    .expect("step_tail");
+    gpu.download(&stats).expect("settle");
+    let launches = sim
+        .op_log()
+        .iter()
+        .filter(|r| r.call == LAUNCH_KERNEL)
+        .count();
+    assert_eq!(launches, 1, "the step's tail in one launch");
+    assert_eq!(gpu.download(&history).unwrap()[..2], [0.5, 2.0]);
+    assert_eq!(gpu.download(&cursor).unwrap(), vec![1.0]);
+}

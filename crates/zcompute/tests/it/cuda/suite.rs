@@ -253,6 +253,11 @@ macro_rules! op_suite {
             super::flat_bodies::finite_gate(&$backend());
         }
 
+        #[test]
+        fn flat_step_tail() {
+            super::flat_bodies::step_tail(&$backend());
+        }
+
         #[rstest]
         fn data_movement(
             #[values(&[1][..], &[7], &[1025], &[7, 193], &[5, 5], &[3, 5, 7])] shape: &[usize],

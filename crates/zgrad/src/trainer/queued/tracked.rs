@@ -42,9 +42,9 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             x.bump_version();
             y.bump_version();
         }
-        let (loss, norm) = self.batched(b, x, y)?;
-        adamw.write_gate(b, &loss, &norm)?;
-        track.record(b, adamw, &self.stats)?;
+        let (loss, norm) = self.loss_and_norm(b, x, y)?;
+        // The stats, the gate, the sticky gate and the history row in one launch on the device.
+        track.record_step(b, adamw, [&loss, &norm], &self.stats)?;
         started.set(true);
         adamw.apply(b, &self.params)
     }

@@ -46,6 +46,25 @@ impl<B: Ops<T>, T: Element> Track<B, T> {
     }
 }
 
+impl<B: Ops<T>, T: Element> Track<B, T> {
+    /// A batched step's tail: `stats = [loss, norm]`, the step's gate written into AdamW's slot
+    /// and folded into the sticky one, and `stats` into the history's next row, as
+    /// `Backend::step_tail` does it (one launch on the CUDA backend; the same values as
+    /// `write_stats`, `write_gate` and [`Track::record`]). Legal inside a capture.
+    pub(in crate::trainer) fn record_step(
+        &self,
+        b: &B,
+        adamw: &AdamWTensors<B, T>,
+        loss_norm: [&BTensor<B, T>; 2],
+        stats: &BTensor<B, T>,
+    ) -> Result<()> {
+        let gate = adamw.gate()?;
+        let history = Some((&self.history, &self.cursor));
+        b.step_tail(loss_norm, stats, &gate, Some(&self.poison), history)?;
+        Ok(())
+    }
+}
+
 /// What a queued step's history row holds.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Record {
