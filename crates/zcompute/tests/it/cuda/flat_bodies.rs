@@ -121,8 +121,8 @@ pub fn add_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
     );
 }
 
-/// `step_tail` on the device equals the CPU backend's composite (stats, gate, sticky gate,
-/// history rows and cursor) over a sequence of steps: finite ones, a NaN loss (every later
+/// `step_tail` on the device equals the CPU backend's composite bit for bit (any NaN as any
+/// NaN; stats, gate, sticky gate, history rows and cursor) over a sequence of steps: finite ones, a NaN loss (every later
 /// gate NaN through the sticky one), a cursor past the history (nothing written, the cursor
 /// still advanced); and without the sticky gate and history (the stats and the gate only).
 pub fn step_tail<D: Driver>(gpu: &CudaBackend<D>) {
@@ -148,7 +148,13 @@ pub fn step_tail<D: Driver>(gpu: &CudaBackend<D>) {
         CpuTensor::from_vec(vec![-1.0f32; rows * 2], &[rows, 2]).unwrap(),
         CPU.zeros(&[1]).unwrap(),
     ];
-    let bits = |v: Vec<f32>| -> Vec<u32> { v.into_iter().map(f32::to_bits).collect() };
+    // Bits, with every NaN as one pattern: the GPU's arithmetic gives its canonical NaN where
+    // the CPU propagates the operand's payload (the gate only needs "not 0").
+    let bits = |v: Vec<f32>| -> Vec<u32> {
+        v.into_iter()
+            .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+            .collect()
+    };
     for (i, (l, n)) in steps.into_iter().enumerate() {
         let (gl, gn) = (
             gpu.upload(&[l], &[]).unwrap(),
