@@ -23,6 +23,14 @@ const NORM_PER_THREAD: u64 = 8;
 /// H100/H200's 132 SMs); the second pass's one block reads them all.
 const NORM_MAX_PARTS: u64 = 1024;
 
+/// One warp: the launch of the kernels whose single thread does the work (the gate, the step's
+/// tail).
+const ONE_WARP: LaunchConfig = LaunchConfig {
+    grid: (1, 1, 1),
+    block: (32, 1, 1),
+    shared_mem_bytes: 0,
+};
+
 /// Blocks of the first norm pass over `n` elements: a function of `n` only, so the summation
 /// order, and the result's bits, are the same every run.
 pub(crate) fn norm_parts(n: u64) -> u64 {
@@ -142,12 +150,7 @@ impl<D: Driver> CudaBackend<D> {
         ]
         .into_iter()
         .collect();
-        let one = LaunchConfig {
-            grid: (1, 1, 1),
-            block: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(OP, Kernel::StepTail, one, &args)
+        self.launch(OP, Kernel::StepTail, ONE_WARP, &args)
     }
 
     pub(crate) fn finite_gate_fused(
@@ -165,12 +168,7 @@ impl<D: Driver> CudaBackend<D> {
         ]
         .into_iter()
         .collect();
-        let one = LaunchConfig {
-            grid: (1, 1, 1),
-            block: (32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(OP, Kernel::FiniteGate, one, &args)
+        self.launch(OP, Kernel::FiniteGate, ONE_WARP, &args)
     }
 
     pub(crate) fn add_into_fused(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {

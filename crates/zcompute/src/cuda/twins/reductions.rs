@@ -64,31 +64,13 @@ pub(super) fn reduce_cols_last(
     let chunk = usize_of(k.u64(7)?, 7)?.max(1);
     let code = k.u32(8)?;
     let div = k.f32(9)?;
-    let chunks = shape.n.div_ceil(chunk);
-    let tiles = shape.outer * shape.inner.div_ceil(32);
-    if config.grid.0 as usize != tiles || config.grid.1 as usize != chunks.max(1) {
-        return Err(bad(
-            7,
-            "the grid must be one block per column tile by one per chunk",
-        ));
-    }
-    if mem
-        .read_f32(tickets, tiles as u64)?
-        .iter()
-        .any(|t| t.to_bits() != 0)
-    {
-        return Err(bad(2, "a tile's ticket was not left at 0"));
-    }
     let data = mem.read_f32(x, shape.len(3)? as u64)?;
-    let (is_max, width) = (code == 2, shape.outer * shape.inner);
-    let parts = chunk_sums(&data, shape, chunk, is_max, 1.0);
-    mem.write_f32(partials, &parts)?;
-    let whole = ColsShape {
-        outer: 1,
-        n: chunks,
-        inner: width,
+    let last = LastBlock {
+        partials,
+        tickets,
+        args: (7, 2),
     };
-    let mut result = chunk_sums(&parts, whole, chunks.max(1), is_max, div);
+    let mut result = last.sums(config, mem, &data, shape, chunk, (code == 2, div))?;
     if code == 3 {
         add_old(mem, out, &mut result)?;
     }
@@ -119,35 +101,61 @@ pub(super) fn tanh_backward_cols(
         inner: usize_of(k.u64(7)?, 7)?,
     };
     let chunk = usize_of(k.u64(8)?, 8)?.max(1);
-    let chunks = shape.n.div_ceil(chunk);
-    let tiles = shape.inner.div_ceil(32);
-    if config.grid.0 as usize != tiles || config.grid.1 as usize != chunks.max(1) {
-        return Err(bad(
-            8,
-            "the grid must be one block per column tile by one per chunk",
-        ));
-    }
-    if mem
-        .read_f32(tickets, tiles as u64)?
-        .iter()
-        .any(|t| t.to_bits() != 0)
-    {
-        return Err(bad(3, "a tile's ticket was not left at 0"));
-    }
     let len = shape.len(6)? as u64;
     let (gv, yv) = (mem.read_f32(g, len)?, mem.read_f32(y, len)?);
     let gz: Vec<f32> = gv.iter().zip(&yv).map(|(g, y)| g * (1.0 - y * y)).collect();
     mem.write_f32(gx, &gz)?;
-    let parts = chunk_sums(&gz, shape, chunk, false, 1.0);
-    mem.write_f32(partials, &parts)?;
-    let whole = ColsShape {
-        outer: 1,
-        n: chunks,
-        inner: shape.inner,
+    let last = LastBlock {
+        partials,
+        tickets,
+        args: (8, 3),
     };
-    let mut result = chunk_sums(&parts, whole, chunks.max(1), false, 1.0);
+    let mut result = last.sums(config, mem, &gz, shape, chunk, (false, 1.0))?;
     add_old(mem, db, &mut result)?;
     mem.write_f32(db, &result)
+}
+
+/// The one-launch column reductions' second pass, as their last block does it: where the
+/// partials go, the tickets, and the argument indices of `chunk` and of the tickets (for the
+/// faults).
+struct LastBlock {
+    partials: DevicePtr,
+    tickets: DevicePtr,
+    args: (usize, usize),
+}
+
+impl LastBlock {
+    /// Checks the grid (one block per column tile by one per chunk) and that every tile's
+    /// ticket is 0, writes each chunk's sums (or maxima) of `data` into the partials, and
+    /// returns those reduced over the chunks, sums divided by `div`.
+    fn sums(
+        &self,
+        config: &LaunchConfig,
+        mem: &mut SimMemory<'_>,
+        data: &[f32],
+        shape: ColsShape,
+        chunk: usize,
+        (is_max, div): (bool, f32),
+    ) -> Result<Vec<f32>, KernelFault> {
+        let chunks = shape.n.div_ceil(chunk);
+        let tiles = shape.outer * shape.inner.div_ceil(32);
+        if config.grid.0 as usize != tiles || config.grid.1 as usize != chunks.max(1) {
+            let why = "the grid must be one block per column tile by one per chunk";
+            return Err(bad(self.args.0, why));
+        }
+        let tickets = mem.read_f32(self.tickets, tiles as u64)?;
+        if tickets.iter().any(|t| t.to_bits() != 0) {
+            return Err(bad(self.args.1, "a tile's ticket was not left at 0"));
+        }
+        let parts = chunk_sums(data, shape, chunk, is_max, 1.0);
+        mem.write_f32(self.partials, &parts)?;
+        let whole = ColsShape {
+            outer: 1,
+            n: chunks,
+            inner: shape.outer * shape.inner,
+        };
+        Ok(chunk_sums(&parts, whole, chunks.max(1), is_max, div))
+    }
 }
 
 /// A column reduction's `[outer, n, inner]`.
