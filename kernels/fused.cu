@@ -82,6 +82,72 @@ extern "C" __global__ void zc_tanh_backward_f32(float* gx, const float* g, const
     }
 }
 
+// zc_add_layer_norm_rows_f32 for rows up to ADD_LN_REGISTER_N wide: a lane keeps its elements
+// of h (columns lane + 32 k) in registers instead of reading them back, and loads the weight
+// and bias before it writes. The loop below could not move a load above the previous store
+// (h and out may alias a and b as far as the compiler knows), so each element was a memory
+// round trip. The sums and every expression are the loop's, in its order.
+#define ADD_LN_REGISTER_N 256
+__device__ __forceinline__ void add_layer_norm_row_registers(
+    float* sum, float* out, float* mean_out, float* rstd_out, const float* a, const float* b,
+    const float* weight, const float* bias, unsigned has_weight, unsigned has_bias, u64 rows,
+    u64 n, float eps) {
+    constexpr int SLOTS = ADD_LN_REGISTER_N / 32;
+    const unsigned lane = threadIdx.x % 32;
+    float wv[SLOTS], bv[SLOTS];
+#pragma unroll
+    for (int k = 0; k < SLOTS; ++k) {
+        const u64 j = lane + 32 * (u64)k;
+        wv[k] = has_weight && j < n ? weight[j] : 0.0f;
+        bv[k] = has_bias && j < n ? bias[j] : 0.0f;
+    }
+    ROW_LOOP(row, rows) {
+        const float* ar = a + row * n;
+        const float* br = b + row * n;
+        float hv[SLOTS];
+#pragma unroll
+        for (int k = 0; k < SLOTS; ++k) {
+            const u64 j = lane + 32 * (u64)k;
+            hv[k] = j < n ? ar[j] + br[j] : 0.0f;
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SLOTS; ++k) {
+            const u64 j = lane + 32 * (u64)k;
+            if (j < n) {
+                sum[row * n + j] = hv[k];
+                s += hv[k];
+            }
+        }
+        float mean = warp_sum(s) * (1.0f / (float)n);
+        float q = 0.0f;
+#pragma unroll
+        for (int k = 0; k < SLOTS; ++k) {
+            const u64 j = lane + 32 * (u64)k;
+            if (j < n) {
+                float c = hv[k] - mean;
+                q += c * c;
+            }
+        }
+        float var = warp_sum(q) * (1.0f / (float)n);
+        float rstd = 1.0f / sqrtf(var + eps);
+#pragma unroll
+        for (int k = 0; k < SLOTS; ++k) {
+            const u64 j = lane + 32 * (u64)k;
+            if (j < n) {
+                float v = (hv[k] - mean) * rstd;
+                if (has_weight) v = v * wv[k];
+                if (has_bias) v = v + bv[k];
+                out[row * n + j] = v;
+            }
+        }
+        if (lane == 0) {
+            mean_out[row] = mean;
+            rstd_out[row] = rstd;
+        }
+    }
+}
+
 // h = a + b, then LayerNorm of h (two passes over h, as the LayerNorm rows): one warp per row.
 // Each lane reads back only the elements of h it wrote itself.
 extern "C" __global__ void zc_add_layer_norm_rows_f32(
@@ -89,6 +155,11 @@ extern "C" __global__ void zc_add_layer_norm_rows_f32(
     const float* weight, const float* bias, unsigned has_weight, unsigned has_bias, u64 rows,
     u64 n, float eps) {
     unsigned lane = threadIdx.x % 32;
+    if (n <= ADD_LN_REGISTER_N) {
+        add_layer_norm_row_registers(sum, out, mean_out, rstd_out, a, b, weight, bias,
+                                     has_weight, has_bias, rows, n, eps);
+        return;
+    }
     ROW_LOOP(row, rows) {
         const float* ar = a + row * n;
         const float* br = b + row * n;

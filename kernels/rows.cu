@@ -200,8 +200,27 @@ extern "C" __global__ void zc_tanh_backward_cols_f32(float* gx, float* partials,
     const u64 r1 = min(r0 + chunk, rows);
     float acc = 0.0f;
     if (live) {
-#pragma unroll 8
-        for (u64 r = r0 + ty; r < r1; r += WARPS_PER_BLOCK) {
+        // Four of the lane's rows loaded before any is written: gx may be g itself, so the
+        // compiler could not move a row's loads above the previous row's store, and each row
+        // was a memory round trip of its own. The arithmetic and its order are unchanged.
+        constexpr u64 GROUP = 4;
+        u64 r = r0 + ty;
+        for (; r + (GROUP - 1) * WARPS_PER_BLOCK < r1; r += GROUP * WARPS_PER_BLOCK) {
+            float yv[GROUP], gv[GROUP];
+#pragma unroll
+            for (u64 q = 0; q < GROUP; ++q) {
+                const u64 i = (r + q * WARPS_PER_BLOCK) * n + col;
+                yv[q] = y[i];
+                gv[q] = g[i];
+            }
+#pragma unroll
+            for (u64 q = 0; q < GROUP; ++q) {
+                const float d = gv[q] * (1.0f - yv[q] * yv[q]);
+                gx[(r + q * WARPS_PER_BLOCK) * n + col] = d;
+                acc += d;
+            }
+        }
+        for (; r < r1; r += WARPS_PER_BLOCK) {
             const u64 i = r * n + col;
             const float v = y[i];
             const float d = g[i] * (1.0f - v * v);
