@@ -2,8 +2,8 @@
 //! between processes and over time (a fresh machine's first process, clocks, warm-up). Every
 //! rank captures the one-GPU step (256 rows, no collective, on its own GPU) and the N-GPU step
 //! of each `--grad-sync` (256 rows per rank) once, then alternates timed replays of them R
-//! times in the same processes: odd rounds one GPU first, even rounds N GPUs first, so a drift
-//! over the run weighs on both sides alike. A round's efficiency is T(1)/T(N) by the median of
+//! times in the same processes: odd rounds one GPU first and the syncs in order, even rounds
+//! the syncs in reverse and one GPU last, so a drift over the run weighs on every side alike. A round's efficiency is T(1)/T(N) by the median of
 //! `--iters` event-timed replays each; rank 0 prints each round on stderr and returns the rounds,
 //! their median and range for the JSON.
 
@@ -77,8 +77,14 @@ pub fn weak_rounds(
         if r % 2 == 1 {
             time_one()?;
         }
-        for ((_, t), ms) in many.iter_mut().zip(&mut many_ms) {
-            ms.push(captured_ms(gpu, t, iters)?);
+        // Odd rounds in order, even rounds reversed: each side's drift cancels over pairs.
+        let mut order: Vec<usize> = (0..many.len()).collect();
+        if r % 2 == 0 {
+            order.reverse();
+        }
+        for k in order {
+            let ms = captured_ms(gpu, &mut many[k].1, iters)?;
+            many_ms[k].push(ms);
         }
         if r % 2 == 0 {
             time_one()?;
