@@ -275,3 +275,21 @@ fn one_collective_over_the_flat_gradient_buffer_per_step(
         recorder.calls.borrow()
     );
 }
+
+/// A bucket of 0 bytes is refused by name, tapered or not (`BadInput`); a bucket of one byte
+/// (one parameter a bucket) is taken.
+#[rstest]
+#[case::tapered(GradSync::Overlapped { bucket_bytes: 0 }, GradSync::Overlapped { bucket_bytes: 1 })]
+#[case::uniform(GradSync::OverlappedUniform { bucket_bytes: 0 }, GradSync::OverlappedUniform { bucket_bytes: 1 })]
+fn a_bucket_of_zero_bytes_is_refused(#[case] zero: GradSync, #[case] one: GradSync) {
+    let trainer = || {
+        let b = CpuBackend;
+        let model: XAsset<Cpu, f32> = XAsset::init(&b, CFG, 3).expect("model");
+        Trainer::new(b, model, TrainerConfig::default()).expect("trainer")
+    };
+    match trainer().with_grad_sync(zero) {
+        Err(zgrad::GradError::BadInput(msg)) => assert!(msg.contains("0 bytes"), "{msg}"),
+        other => panic!("{zero:?}: {other:?}"),
+    }
+    assert!(trainer().with_grad_sync(one).is_ok(), "{one:?}");
+}
