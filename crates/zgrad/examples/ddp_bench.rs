@@ -3,14 +3,17 @@
 //! one call (issue 21 item 5; `torchrun --nproc_per_node N reference/xasset_ddp_torch.py` is
 //! PyTorch's side).
 //!
-//! `ddp_bench --gpus N [--iters I] [--grad-sync both|overlapped|after] [--bucket-mib M]
+//! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]
 //! [--strong 256,512,1024] [--warmup-steps W]` starts N ranks of itself through zcomm's launcher (one process per
 //! GPU, `NCCL_NVLS_ENABLE=0`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
 //! hands out the unique id over TCP). With `--gpus 1` it runs in this process, without a
 //! collective. Rank 0 prints one JSON object. For each way of summing the gradients
-//! (`overlapped`: buckets of `--bucket-mib` MiB, default 1, all-reduced on a second stream as
-//! backward finishes them; `after`: one all-reduce of the flat gradient buffer after backward;
-//! `--grad-sync both`, the default, measures both in the same processes), the weak-scaling row
+//! (`overlapped`: buckets of `--bucket-mib` MiB, default 1, tapering toward the buffer's start,
+//! all-reduced on a second stream as backward finishes them; `uniform`: the same without the
+//! taper, every bucket at least `--bucket-mib`, the plan before it; `after`: one all-reduce of
+//! the flat gradient buffer after backward; `--grad-sync` takes a comma-separated list of them,
+//! `both` (the default) is `overlapped,after`, `all` the three, measured in the same processes;
+//! JSON keys `overlapped`, `overlapped_uniform`, `after_backward`), the weak-scaling row
 //! (256 rows per rank, global batch 256·N) and one strong-scaling row per `--strong` global batch
 //! (each rank its shard of it), milliseconds per optimiser step, medians:
 //!
@@ -35,12 +38,21 @@
 //! (`one_gpu`), and prints the weak-scaling efficiency T(1)/T(N) and the strong-scaling speedup
 //! T(1)/T(N) at each global batch, by `captured_ms` and by `pipelined_ms`; and the all-reduce of
 //! the flat gradient buffer alone (`allreduce_ms`, events around it, on the engine stream).
+//!
+//! `--rounds R` (default 5; 0 skips them), before the communicators close: the weak-scaling
+//! step's one-GPU and N-GPU replays alternated R times in the same processes (`rounds.rs`), each
+//! round's efficiency on stderr and, under `weak_rounds`, every round's `one_gpu_ms`,
+//! `<sync>_ms` and `<sync>_efficiency`, with `<sync>_efficiency_median` and `_range`: the
+//! figure to quote, where the single `scaling_*` ratios compare rows measured minutes apart.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 // Shared with xasset_bench, which uses every helper; this bench uses some.
 #[allow(dead_code)]
 #[path = "xasset_bench/timing.rs"]
 mod timing;
+
+#[path = "ddp_bench/rounds.rs"]
+mod rounds;
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -250,6 +262,7 @@ fn allreduce_ms(gpu: &Gpu, comm: &Comm, iters: usize) -> Result<f64, Error> {
 /// What the command line asks for.
 struct Args {
     iters: usize,
+    rounds: usize,
     warmup_steps: usize,
     syncs: Vec<(&'static str, GradSync)>,
     strong: Vec<usize>,
@@ -271,17 +284,38 @@ fn args() -> Result<Args, Error> {
     let overlapped = GradSync::Overlapped {
         bucket_bytes: ((mib * 1048576.0) as usize).max(4),
     };
-    let syncs = match arg("--grad-sync").as_deref().unwrap_or("both") {
-        "both" => vec![
-            ("overlapped", overlapped),
-            ("after_backward", GradSync::AfterBackward),
-        ],
-        "overlapped" => vec![("overlapped", overlapped)],
-        "after" => vec![("after_backward", GradSync::AfterBackward)],
-        other => {
-            return Err(format!("--grad-sync {other}: expected both, overlapped or after").into());
-        }
+    let uniform = GradSync::OverlappedUniform {
+        bucket_bytes: ((mib * 1048576.0) as usize).max(4),
     };
+    let mut syncs = Vec::new();
+    for name in arg("--grad-sync").as_deref().unwrap_or("both").split(',') {
+        let more: &[(&'static str, GradSync)] = match name.trim() {
+            "both" => &[
+                ("overlapped", overlapped),
+                ("after_backward", GradSync::AfterBackward),
+            ],
+            "all" => &[
+                ("overlapped", overlapped),
+                ("overlapped_uniform", uniform),
+                ("after_backward", GradSync::AfterBackward),
+            ],
+            "overlapped" => &[("overlapped", overlapped)],
+            "uniform" => &[("overlapped_uniform", uniform)],
+            "after" => &[("after_backward", GradSync::AfterBackward)],
+            other => {
+                return Err(format!(
+                    "--grad-sync {other}: expected both, all, or a comma-separated list of \
+                     overlapped, uniform and after"
+                )
+                .into());
+            }
+        };
+        for &(n, sync) in more {
+            if !syncs.iter().any(|&(m, _)| m == n) {
+                syncs.push((n, sync));
+            }
+        }
+    }
     let strong = arg("--strong")
         .unwrap_or_else(|| "256,512,1024".into())
         .split(',')
@@ -290,8 +324,10 @@ fn args() -> Result<Args, Error> {
     if strong.contains(&0) {
         return Err("--strong takes positive global batch sizes".into());
     }
+    let rounds: usize = arg("--rounds").map(|v| v.parse()).transpose()?.unwrap_or(5);
     Ok(Args {
         iters,
+        rounds,
         warmup_steps,
         syncs,
         strong,
@@ -322,6 +358,7 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     out.str("device", &gpu.device().info().name);
     out.raw("gpus", info.world);
     out.raw("iters", args.iters);
+    out.raw("rounds", args.rounds);
     out.raw("warmup_steps", args.warmup_steps);
     if info.world == 1 {
         warm_up(&gpu, None, 1, args.warmup_steps)?;
@@ -363,6 +400,14 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
         many.push((name, times));
     }
     out.ms("allreduce_ms", Some(allreduce_ms(&gpu, &comm, args.iters)?));
+    let weak_rounds = rounds::weak_rounds(
+        &gpu,
+        &comm,
+        info.world,
+        args.rounds,
+        args.iters,
+        &args.syncs,
+    )?;
     // Every rank closes its communicator here; rank 0 then measures one GPU alone.
     drop(comm);
     if info.rank != 0 {
@@ -377,6 +422,9 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
         GradSync::AfterBackward,
     )?;
     out.raw("one_gpu", one.finish());
+    if let Some(weak_rounds) = weak_rounds {
+        out.raw("weak_rounds", weak_rounds.finish());
+    }
     for (name, times) in &many {
         out.raw(
             &format!("scaling_{name}_captured_pipelined"),

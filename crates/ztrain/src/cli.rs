@@ -123,8 +123,9 @@ pub struct Options {
     pub comm_timeout: f64,
 
     /// With several ranks: MiB of gradient per bucket of the all-reduce that runs on a second
-    /// stream while backward goes on (each bucket as soon as backward has finished it); 0 sums
-    /// the whole gradient once after backward instead.
+    /// stream while backward goes on (each bucket as soon as backward has finished it; the last
+    /// ones, which backward finishes at its end, smaller); 0 sums the whole gradient once after
+    /// backward instead.
     #[arg(
         long,
         default_value_t = 1.0,

@@ -16,7 +16,8 @@
 //! of its samples' losses, after the last one), summed with the gradients, read out after the
 //! sum and the slot zeroed again before the norm (so the norm, clipping and AdamW see the zeros
 //! they always saw). By default ([`GradSync::Overlapped`]) a batched step's buffer is
-//! all-reduced in buckets on a second stream while backward goes on (`buckets.rs`);
+//! all-reduced in buckets, tapering toward the buffer's start (what backward finishes last),
+//! on a second stream while backward goes on (`buckets.rs`);
 //! [`GradSync::AfterBackward`] is one all-reduce after backward on the engine stream, as the
 //! per-sample step always does (after its last sample).
 
@@ -158,14 +159,14 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         root: Option<&Var<B, T>>,
     ) -> Result<()> {
         // d(loss * share)/d loss = share: the share is backward's seed (as `forward_backward`).
-        let GradSync::Overlapped { bucket_bytes } = self.sync else {
+        let Some((sizing, bucket_bytes)) = self.sync.buckets() else {
             if let Some(root) = root {
                 tape.backward_with(root, self.share.clone())?;
             }
             return Ok(self.comm.all_reduce_sum(b, set.grads(), self.step.get())?);
         };
         let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
-        let plan = BucketPlan::new(set.offsets(), set.len(), elems);
+        let plan = BucketPlan::new(set.offsets(), set.len(), elems, sizing);
         let mut cursor = BucketCursor::new(&plan);
         let grads = set.grads();
         let issue = |ready: Range<usize>| -> Result<()> {
@@ -332,7 +333,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// captured step keeps the way it was captured with). Refuses a bucket of 0 bytes
     /// (`BadInput`).
     pub fn with_grad_sync(mut self, sync: GradSync) -> Result<Self> {
-        if sync == (GradSync::Overlapped { bucket_bytes: 0 }) {
+        if matches!(sync.buckets(), Some((_, 0))) {
             return Err(GradError::BadInput(
                 "a gradient bucket of 0 bytes (give at least one byte, or sum after backward)"
                     .into(),

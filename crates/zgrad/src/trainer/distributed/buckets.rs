@@ -4,6 +4,15 @@
 //! has finished every gradient in it and every bucket before it was issued. Every rank issues
 //! the same buckets in the same order whatever its timing (or with an empty shard), as the
 //! collectives require; the engine stream joins them all before the norm.
+//!
+//! What the step waits for after backward is the all-reduce of whatever backward finished
+//! last. So by default the buckets taper toward the buffer's start ([`GradSync::Overlapped`]):
+//! a bucket holds `bucket_bytes`, or a fifth of the gradient not issued yet where that is less
+//! (never below a sixteenth of `bucket_bytes`). Each bucket then has about four times its size
+//! of backward still to run after it is issued (an all-reduce moves a gradient element several
+//! times faster than backward produces one), and the last ones, issued during backward's final
+//! nodes, are small. The plan depends only on the layout (offsets, length, bucket size), the
+//! same on every rank and every step.
 
 use std::ops::Range;
 
@@ -12,15 +21,31 @@ use std::ops::Range;
 /// ones overlap most of backward.
 pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
 
+/// A tapered bucket holds at least 1/`TAPER` of the gradient not issued yet (when that is less
+/// than `bucket_bytes`): about (`TAPER` - 1) times its size of backward runs after it is issued.
+const TAPER: usize = 5;
+
+/// Tapered buckets hold at least `bucket_bytes` / `TAPER_FLOOR`: below that an all-reduce
+/// costs its latency whatever its size, so smaller buckets would only add launches to the tail.
+const TAPER_FLOOR: usize = 16;
+
 /// How a data-parallel step sums the gradients over the ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GradSync {
     /// One all-reduce of the whole flat gradient buffer after backward, on the engine stream.
     AfterBackward,
-    /// Buckets of the flat gradient buffer of at least `bucket_bytes` (whole parameters; the
-    /// first parameters' remainder may be smaller), each all-reduced on a second stream while
-    /// backward goes on (see the module docs).
+    /// Buckets of the flat gradient buffer (whole parameters), each all-reduced on a second
+    /// stream while backward goes on, tapering toward the buffer's start (see the module docs):
+    /// a bucket holds at least `bucket_bytes`, or a fifth of the gradient not issued yet where
+    /// that is less (but at least `bucket_bytes / 16`); the buffer's first parameters' remainder
+    /// may be smaller.
     Overlapped {
+        /// Bytes of gradient a bucket holds at least, away from the buffer's start.
+        bucket_bytes: usize,
+    },
+    /// As `Overlapped`, without the taper: every bucket at least `bucket_bytes` (the first
+    /// parameters' remainder may be smaller). The plan before the taper, kept to compare with.
+    OverlappedUniform {
         /// Bytes of gradient a bucket holds at least.
         bucket_bytes: usize,
     },
@@ -34,6 +59,24 @@ impl Default for GradSync {
     }
 }
 
+impl GradSync {
+    /// The bucket plan's sizing and bytes when the gradients are summed in buckets.
+    pub(crate) fn buckets(self) -> Option<(Sizing, usize)> {
+        match self {
+            GradSync::AfterBackward => None,
+            GradSync::Overlapped { bucket_bytes } => Some((Sizing::Tapered, bucket_bytes)),
+            GradSync::OverlappedUniform { bucket_bytes } => Some((Sizing::Uniform, bucket_bytes)),
+        }
+    }
+}
+
+/// How a plan sizes its buckets (see [`GradSync`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sizing {
+    Tapered,
+    Uniform,
+}
+
 /// The buckets of one flat layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct BucketPlan {
@@ -45,17 +88,23 @@ pub(crate) struct BucketPlan {
 }
 
 impl BucketPlan {
-    /// Buckets of at least `bucket_elems` elements (whole parameters, from the last one) of a
-    /// flat buffer of `len` elements whose parameters start at `offsets` (ascending, the first
-    /// at 0).
-    pub(crate) fn new(offsets: &[usize], len: usize, bucket_elems: usize) -> Self {
+    /// Buckets of at least `bucket_elems` elements (whole parameters, from the last one;
+    /// tapered toward the start as `sizing` says) of a flat buffer of `len` elements whose
+    /// parameters start at `offsets` (ascending, the first at 0).
+    pub(crate) fn new(offsets: &[usize], len: usize, bucket_elems: usize, sizing: Sizing) -> Self {
         let bucket_elems = bucket_elems.max(1);
+        let floor = (bucket_elems / TAPER_FLOOR).max(1);
         let mut ranges = Vec::new();
         let mut bucket_of = vec![0; offsets.len()];
         let mut end = len;
         for (i, &start) in offsets.iter().enumerate().rev() {
             bucket_of[i] = ranges.len();
-            if end - start >= bucket_elems || i == 0 {
+            // `end` elements are not issued yet: backward still has all of them to finish.
+            let want = match sizing {
+                Sizing::Uniform => bucket_elems,
+                Sizing::Tapered => (end / TAPER).clamp(floor, bucket_elems),
+            };
+            if end - start >= want || i == 0 {
                 ranges.push(start..end);
                 end = start;
             }
@@ -141,24 +190,38 @@ mod tests {
         (offsets, next)
     }
 
+    /// What a plan's bucket ending at `end` holds at least (the last one excepted).
+    fn wanted(sizing: Sizing, bucket: usize, end: usize) -> usize {
+        match sizing {
+            Sizing::Uniform => bucket,
+            Sizing::Tapered => (end / TAPER).clamp((bucket / TAPER_FLOOR).max(1), bucket),
+        }
+    }
+
     proptest! {
-        /// The buckets cover the buffer exactly, from its end down, each of whole parameters
-        /// and at least the bucket size but the last; and whatever order backward finishes the
-        /// parameters in, every bucket is issued once, in plan order, and only once all its
-        /// parameters are final.
+        /// The buckets cover the buffer exactly (every gradient element in one bucket), from
+        /// its end down, each of whole parameters, holding at least what its sizing wants but
+        /// the last, and no more than that plus its first parameter; and whatever order
+        /// backward finishes the parameters in, every bucket is issued once, in plan order, and
+        /// only once all its parameters are final.
         #[test]
         fn buckets_cover_the_buffer_and_issue_in_order(
             sizes in prop::collection::vec(1usize..500, 1..12),
             bucket in 1usize..1500,
+            tapered in any::<bool>(),
             order in prop::collection::vec(any::<prop::sample::Index>(), 12),
         ) {
             let (offsets, len) = layout(&sizes);
-            let plan = BucketPlan::new(&offsets, len, bucket);
+            let sizing = if tapered { Sizing::Tapered } else { Sizing::Uniform };
+            let plan = BucketPlan::new(&offsets, len, bucket, sizing);
             let mut end = len;
             for (k, r) in plan.ranges().iter().enumerate() {
                 prop_assert_eq!(r.end, end);
                 prop_assert!(offsets.contains(&r.start));
-                prop_assert!(r.len() >= bucket || k + 1 == plan.ranges().len());
+                let want = wanted(sizing, bucket, r.end);
+                prop_assert!(r.len() >= want || k + 1 == plan.ranges().len());
+                let first = offsets.iter().find(|&&o| o > r.start).map_or(r.end, |&o| o.min(r.end));
+                prop_assert!(r.end - first < want, "{:?}: closed late", r);
                 end = r.start;
             }
             prop_assert_eq!(end, 0);
@@ -181,13 +244,69 @@ mod tests {
         }
     }
 
-    #[test]
-    fn one_bucket_when_the_size_exceeds_the_buffer() {
+    #[rstest::rstest]
+    fn one_bucket_when_the_size_exceeds_the_buffer(
+        #[values(Sizing::Tapered, Sizing::Uniform)] sizing: Sizing,
+    ) {
         let (offsets, len) = layout(&[100, 3, 70]);
-        let plan = BucketPlan::new(&offsets, len, 1 << 20);
+        let plan = BucketPlan::new(&offsets, len, 1 << 20, sizing);
         assert_eq!(plan.ranges().len(), 1);
         assert_eq!(plan.ranges()[0], 0..len);
-        let plan = BucketPlan::new(&offsets, len, 64);
+        let plan = BucketPlan::new(&offsets, len, 64, sizing);
         assert_eq!(plan.ranges(), &[192..320, 128..192, 0..128]);
+    }
+
+    /// XAsset's default size at L blocks: its flat layout, the offset of `name`'s parameter.
+    fn xasset(layers: usize) -> (Vec<usize>, usize, impl Fn(&str) -> usize) {
+        let config = crate::XAssetConfig {
+            layers,
+            ..crate::XAssetConfig::default()
+        };
+        let (offsets, len) = crate::optim::flat_layout(&config.shapes());
+        let names = config.parameter_names();
+        let at = {
+            let offsets = offsets.clone();
+            move |name: &str| offsets[names.iter().position(|n| n == name).expect(name)]
+        };
+        (offsets, len, at)
+    }
+
+    /// What the step waits for after backward: XAsset's gradients finish, in backward's last
+    /// nodes, in this order: block 0's o (before attention's backward), its qn and kn, its qkv
+    /// (with its input's gradient), its ln1, emb. The tapered plan (1 MiB) cuts at block 0's
+    /// o.weight and qkv.weight, so after qkv's node only qkv, qn, kn (197,632 elements) and then
+    /// ln1 and emb (50,176) are left to sum; the uniform plan also left o and ln2 to that point
+    /// (one bucket of 263,936). At L = 1 and 3; every element in one bucket either way.
+    #[rstest::rstest]
+    #[case::one_block(1, "")]
+    #[case::three_blocks(3, "blocks.0.")]
+    fn tapered_buckets_leave_backwards_last_nodes_little_to_sum(
+        #[case] layers: usize,
+        #[case] block0: &str,
+    ) {
+        let (offsets, len, at) = xasset(layers);
+        let elems = DEFAULT_BUCKET_BYTES / 4;
+        let qkv = at(&format!("{block0}qkv.weight"));
+        let o = at(&format!("{block0}o.weight"));
+        let f1 = at(&format!("{block0}f1.weight"));
+        let tapered = BucketPlan::new(&offsets, len, elems, Sizing::Tapered);
+        let tail = &tapered.ranges()[tapered.ranges().len() - 3..];
+        assert_eq!(tail, [o..f1, qkv..o, 0..qkv], "{:?}", tapered.ranges());
+        assert_eq!((qkv, o - qkv), (50_176, 197_632));
+        let uniform = BucketPlan::new(&offsets, len, elems, Sizing::Uniform);
+        let tail = &uniform.ranges()[uniform.ranges().len() - 2..];
+        assert_eq!(tail, [qkv..f1, 0..qkv], "{:?}", uniform.ranges());
+        for plan in [&tapered, &uniform] {
+            let mut covered = vec![0u8; len];
+            for r in plan.ranges() {
+                covered[r.clone()].iter_mut().for_each(|c| *c += 1);
+            }
+            assert!(covered.iter().all(|&c| c == 1), "every element once");
+            assert!(
+                plan.ranges().iter().all(|r| r.len() <= elems + f1),
+                "{:?}",
+                plan.ranges()
+            );
+        }
     }
 }

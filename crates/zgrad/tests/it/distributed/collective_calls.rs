@@ -1,8 +1,9 @@
 //! How many collectives a data-parallel step makes: the parameters are views of one flat
 //! buffer, so the start broadcasts it once; a batched step's loss rides in a padding slot of
 //! the flat gradient buffer, so the step is exactly one all-reduce of that buffer after backward
-//! (`GradSync::AfterBackward`), or exactly its buckets (covering it once, from its end) and one
-//! join (`GradSync::Overlapped`), eager and captured; the per-sample step is one all-reduce of
+//! (`GradSync::AfterBackward`), or exactly its buckets (covering it once, from its end; the
+//! plan the `GradSync` names) and one join (`GradSync::Overlapped`, `OverlappedUniform`), eager
+//! and captured; the per-sample step is one all-reduce of
 //! that buffer after its last sample, its loss riding in the same slot. Counted with a collective that records its calls (world 2, sums
 //! nothing: the numbers are not the point).
 
@@ -125,6 +126,39 @@ fn a_batched_step_after_backward_is_one_all_reduce(#[case] capture: bool) {
     assert_eq!(calls, [("all_reduce", flat); 2], "two steps");
 }
 
+/// The bucket sizes of each of the two steps, checked: exactly buckets covering the flat
+/// gradient buffer once from its end, adjacent, then one join.
+fn buckets_per_step(
+    calls: &[(&'static str, usize)],
+    offsets: &[usize],
+    flat: usize,
+) -> Vec<Vec<usize>> {
+    let per_step = calls.len() / 2;
+    assert_eq!(calls.len(), 2 * per_step, "two steps alike: {calls:?}");
+    let mut steps = Vec::new();
+    for (step, (c, o)) in calls
+        .chunks(per_step)
+        .zip(offsets.chunks(per_step))
+        .enumerate()
+    {
+        let buckets = per_step - 1;
+        assert_eq!(c[buckets], ("join", 0), "step {step}: {c:?}");
+        let mut end = flat;
+        for (&(op, n), &at) in c[..buckets].iter().zip(o) {
+            assert_eq!(op, "bucket", "step {step}: {c:?}");
+            assert_eq!(
+                at + n,
+                end,
+                "step {step}: buckets from the end, adjacent: {c:?} at {o:?}"
+            );
+            end = at;
+        }
+        assert_eq!(end, 0, "step {step}: the buckets cover the buffer");
+        steps.push(c[..buckets].iter().map(|&(_, n)| n).collect());
+    }
+    steps
+}
+
 /// An overlapped batched step is exactly its buckets, covering the flat gradient buffer once
 /// from its end (one per parameter at 256 bytes: every parameter here pads to 64 floats or
 /// more), then one join; the loss takes no collective of its own. Eager and captured.
@@ -134,28 +168,48 @@ fn a_batched_step_after_backward_is_one_all_reduce(#[case] capture: bool) {
 fn an_overlapped_batched_step_is_its_buckets_and_one_join(#[case] capture: bool) {
     let shapes = CFG.shapes();
     for (bucket_bytes, buckets) in [(256, shapes.len()), (zgrad::DEFAULT_BUCKET_BYTES, 1)] {
-        let sync = GradSync::Overlapped { bucket_bytes };
-        let (calls, offsets, flat) = two_steps(TrainSchedule::Batched, capture, sync);
-        assert_eq!(calls.len(), 2 * (buckets + 1), "{sync:?}: {calls:?}");
-        for (step, (c, o)) in calls
-            .chunks(buckets + 1)
-            .zip(offsets.chunks(buckets + 1))
-            .enumerate()
-        {
-            assert_eq!(c[buckets], ("join", 0), "step {step}: {c:?}");
-            let mut end = flat;
-            for (&(op, n), &at) in c[..buckets].iter().zip(o) {
-                assert_eq!(op, "bucket", "step {step}: {c:?}");
-                assert_eq!(
-                    at + n,
-                    end,
-                    "step {step}: buckets from the end, adjacent: {c:?} at {o:?}"
-                );
-                end = at;
+        for sync in [
+            GradSync::Overlapped { bucket_bytes },
+            GradSync::OverlappedUniform { bucket_bytes },
+        ] {
+            let (calls, offsets, flat) = two_steps(TrainSchedule::Batched, capture, sync);
+            for sizes in buckets_per_step(&calls, &offsets, flat) {
+                assert_eq!(sizes.len(), buckets, "{sync:?}: {calls:?}");
             }
-            assert_eq!(end, 0, "step {step}: the buckets cover the buffer");
         }
     }
+}
+
+/// The step issues the plan its `GradSync` names: at 2 KiB (512 floats, a third of this
+/// model's gradient), the uniform plan's buckets hold 512 floats or more but the buffer's
+/// start's remainder, while the tapered one's shrink toward the buffer's start (a fifth of what
+/// is left to issue, at least 32 floats), so backward's last gradients go in small buckets.
+/// Eager and captured.
+#[rstest]
+#[case::eager(false)]
+#[case::captured(true)]
+fn the_tapered_plan_ends_in_smaller_buckets(#[case] capture: bool) {
+    let plan = |sync| {
+        let (calls, offsets, flat) = two_steps(TrainSchedule::Batched, capture, sync);
+        let steps = buckets_per_step(&calls, &offsets, flat);
+        assert_eq!(steps[0], steps[1], "{sync:?}: the same buckets every step");
+        steps[0].clone()
+    };
+    let uniform = plan(GradSync::OverlappedUniform { bucket_bytes: 2048 });
+    let tapered = plan(GradSync::Overlapped { bucket_bytes: 2048 });
+    assert!(
+        uniform[..uniform.len() - 1].iter().all(|&n| n >= 512),
+        "{uniform:?}"
+    );
+    assert!(tapered.len() > uniform.len(), "{tapered:?} vs {uniform:?}");
+    assert!(
+        tapered.last() < uniform.last(),
+        "the last bucket: {tapered:?} vs {uniform:?}"
+    );
+    assert!(
+        tapered.windows(2).skip(1).all(|w| w[1] <= 2 * w[0]),
+        "shrinking toward the start: {tapered:?}"
+    );
 }
 
 #[rstest]
@@ -220,4 +274,22 @@ fn one_collective_over_the_flat_gradient_buffer_per_step(
         "calls: {:?}",
         recorder.calls.borrow()
     );
+}
+
+/// A bucket of 0 bytes is refused by name, tapered or not (`BadInput`); a bucket of one byte
+/// (one parameter a bucket) is taken.
+#[rstest]
+#[case::tapered(GradSync::Overlapped { bucket_bytes: 0 }, GradSync::Overlapped { bucket_bytes: 1 })]
+#[case::uniform(GradSync::OverlappedUniform { bucket_bytes: 0 }, GradSync::OverlappedUniform { bucket_bytes: 1 })]
+fn a_bucket_of_zero_bytes_is_refused(#[case] zero: GradSync, #[case] one: GradSync) {
+    let trainer = || {
+        let b = CpuBackend;
+        let model: XAsset<Cpu, f32> = XAsset::init(&b, CFG, 3).expect("model");
+        Trainer::new(b, model, TrainerConfig::default()).expect("trainer")
+    };
+    match trainer().with_grad_sync(zero) {
+        Err(zgrad::GradError::BadInput(msg)) => assert!(msg.contains("0 bytes"), "{msg}"),
+        other => panic!("{zero:?}: {other:?}"),
+    }
+    assert!(trainer().with_grad_sync(one).is_ok(), "{one:?}");
 }

@@ -258,7 +258,7 @@ fn n_ranks_match_one_rank(#[case] schedule: TrainSchedule, #[case] capture: bool
 }
 
 /// The gradient all-reduce in buckets overlapped with backward (one bucket per parameter at 256
-/// bytes, several at 1 KiB, one at the default size for this small model) gives the bits of the
+/// bytes, several at 1 KiB tapered or not, one at the default size for this small model) gives the bits of the
 /// one all-reduce after backward: gradients, parameters and losses at 2 and 3 ranks, eager
 /// and captured (the captured step's buckets are replayed on every step).
 #[rstest]
@@ -270,8 +270,11 @@ fn bucketed_equals_unbucketed(#[case] capture: bool) {
         let after = ranks(world, move |b, c| {
             train_with(b, Some(c), cfg, GradSync::AfterBackward)
         });
-        for bucket_bytes in [256, 1024, zgrad::DEFAULT_BUCKET_BYTES] {
-            let sync = GradSync::Overlapped { bucket_bytes };
+        for sync in [256, 1024, zgrad::DEFAULT_BUCKET_BYTES]
+            .map(|bucket_bytes| GradSync::Overlapped { bucket_bytes })
+            .into_iter()
+            .chain([GradSync::OverlappedUniform { bucket_bytes: 1024 }])
+        {
             let bucketed = ranks(world, move |b, c| train_with(b, Some(c), cfg, sync));
             for (r, (s, w)) in bucketed.iter().zip(&after).enumerate() {
                 let at = format!("capture={capture} N={world} rank {r} {sync:?}");
