@@ -4,8 +4,10 @@
 //! PyTorch's side).
 //!
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]
-//! [--strong 256,512,1024] [--warmup-steps W]` starts N ranks of itself through zcomm's launcher (one process per
-//! GPU, `NCCL_NVLS_ENABLE=0`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
+//! [--strong 256,512,1024] [--warmup-steps W] [--nccl-channels C]` starts N ranks of itself
+//! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`, and NCCL's channels
+//! limited to C, default 8 as ztrain's `--nccl-channels`, 0 for NCCL's own choice, unless
+//! `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS` is set; JSON key `nccl_max_nchannels`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
 //! hands out the unique id over TCP). With `--gpus 1` it runs in this process, without a
 //! collective. Rank 0 prints one JSON object. For each way of summing the gradients
 //! (`overlapped`: buckets of `--bucket-mib` MiB, default 1, tapering toward the buffer's start,
@@ -360,6 +362,11 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     out.raw("iters", args.iters);
     out.raw("rounds", args.rounds);
     out.raw("warmup_steps", args.warmup_steps);
+    // What this rank's NCCL was given (the launcher's limit, or the user's own).
+    out.str(
+        "nccl_max_nchannels",
+        &std::env::var("NCCL_MAX_NCHANNELS").unwrap_or_else(|_| "NCCL's choice".into()),
+    );
     if info.world == 1 {
         warm_up(&gpu, None, 1, args.warmup_steps)?;
         let (one, _) = rows(
@@ -443,12 +450,17 @@ fn main() -> Result<(), Error> {
     }
     let env = LaunchEnv::from_env()?;
     if env.info.world == 1 && gpus > 1 {
+        let channels: u32 = arg("--nccl-channels")
+            .map(|v| v.parse())
+            .transpose()?
+            .unwrap_or(8);
         let spec = LaunchSpec {
             program: std::env::current_exe()?.into_os_string(),
             args: std::env::args_os().skip(1).collect(),
             ranks: gpus,
             grace: Duration::from_secs(10),
             peer_failure_code: None,
+            nccl_max_channels: (channels > 0).then_some(channels),
         };
         let launched = launch(&spec, &|| None)?;
         if launched.exit_code() != 0 {

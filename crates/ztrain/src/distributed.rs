@@ -118,6 +118,7 @@ pub fn launch_ranks(
 ) -> Result<Launched> {
     check_data_for_ranks(options, ranks)?;
     grad_sync(options)?;
+    nccl_channels(options)?;
     let program = std::env::current_exe().map_err(|source| TrainError::Io {
         what: "finding the ztrain executable to start the ranks",
         path: "ztrain".into(),
@@ -131,9 +132,25 @@ pub fn launch_ranks(
         // theirs ends at --comm-timeout (the device deadline of a rank), plus a margin to print.
         grace: comm_timeout(options)? + Duration::from_secs(5),
         peer_failure_code: Some(i32::from(EXIT_PEER_FAILED)),
+        nccl_max_channels: nccl_channels(options)?,
     };
     Ok(launch(&spec, stop)?)
 }
+
+/// The most NCCL channels a collective of the ranks takes (`--nccl-channels`; 0: NCCL's
+/// choice). NCCL's own limit is 32 channels a collective.
+pub fn nccl_channels(options: &Options) -> Result<Option<u32>> {
+    match options.nccl_channels {
+        0 => Ok(None),
+        n @ 1..=NCCL_CHANNELS_MAX => Ok(Some(n)),
+        n => Err(TrainError::Options(format!(
+            "--nccl-channels {n}: give 1 to {NCCL_CHANNELS_MAX} channels, or 0 for NCCL's own choice"
+        ))),
+    }
+}
+
+/// The most channels `--nccl-channels` takes (NCCL's own limit).
+const NCCL_CHANNELS_MAX: u32 = 32;
 
 /// The rendezvous of this rank: the job secret of the environment (a job across hosts
 /// without one is refused), bounded by `timeout`, ended at once by a stop signal.
@@ -210,6 +227,25 @@ mod tests {
             (Ok(got), Some(want)) => assert_eq!(got, want),
             (Err(TrainError::Options(msg)), None) => {
                 assert!(msg.contains("--bucket-mib"), "{msg}");
+            }
+            (got, want) => panic!("{args:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::default(&[], Some(Some(8)))]
+    #[case::nccls_choice(&["--nccl-channels", "0"], Some(None))]
+    #[case::one(&["--nccl-channels", "1"], Some(Some(1)))]
+    #[case::nccls_limit(&["--nccl-channels", "32"], Some(Some(32)))]
+    #[case::too_many(&["--nccl-channels", "33"], None)]
+    fn nccl_channels_bounds_a_collectives_channels(
+        #[case] args: &[&str],
+        #[case] want: Option<Option<u32>>,
+    ) {
+        match (nccl_channels(&options(args)), want) {
+            (Ok(got), Some(want)) => assert_eq!(got, want),
+            (Err(TrainError::Options(msg)), None) => {
+                assert!(msg.contains("--nccl-channels"), "{msg}");
             }
             (got, want) => panic!("{args:?}: got {got:?}, want {want:?}"),
         }

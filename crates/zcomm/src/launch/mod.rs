@@ -2,8 +2,9 @@
 //! launcher variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`,
 //! `MASTER_PORT` = a free port), a fresh job secret (`ZCOMM_SECRET`, in the environment, never
 //! on the command line), its own pid (`ZCOMM_LAUNCHER_PID`, for [`die_with_launcher`]) and
-//! `NCCL_NVLS_ENABLE=0` added to the rest of the environment, watches them, and takes every
-//! rank down as soon as one fails.
+//! `NCCL_NVLS_ENABLE=0` added to the rest of the environment (and, where the spec asks and the
+//! environment does not already say, `NCCL_MAX_NCHANNELS`: see [`LaunchSpec::nccl_max_channels`]),
+//! watches them, and takes every rank down as soon as one fails.
 //!
 //! Each rank runs in a process group of its own, so a terminal's Ctrl-C reaches the launcher
 //! alone, and the launcher passes each SIGINT/SIGTERM it gets on to every rank exactly once
@@ -44,6 +45,29 @@ pub struct LaunchSpec {
     /// The status a rank exits with when it stops because a peer failed (ztrain's 3): such a
     /// rank is never blamed while another can be.
     pub peer_failure_code: Option<i32>,
+    /// The most channels (thread blocks, each on an SM) an NCCL collective of the ranks takes,
+    /// given to them as `NCCL_MAX_NCHANNELS` unless the launcher's environment already sets
+    /// `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS` (the user's word wins); `None` leaves NCCL's
+    /// own choice. A collective overlapped with backward takes its SMs from backward's kernels
+    /// and waits for them to free one; fewer channels leave backward more and start sooner.
+    pub nccl_max_channels: Option<u32>,
+}
+
+/// `NCCL_MAX_NCHANNELS`, and the variable that supersedes it, which a user sets to choose
+/// NCCL's channels themselves.
+const NCCL_CHANNEL_VARS: [&str; 2] = ["NCCL_MAX_NCHANNELS", "NCCL_MAX_CTAS"];
+
+/// The `NCCL_MAX_NCHANNELS` value the ranks get: `wanted`, unless `env` (the launcher's
+/// environment) already names a channel limit.
+pub fn nccl_channel_setting(
+    wanted: Option<u32>,
+    env: &dyn Fn(&str) -> Option<OsString>,
+) -> Option<(&'static str, String)> {
+    let n = wanted?;
+    if NCCL_CHANNEL_VARS.iter().any(|v| env(v).is_some()) {
+        return None;
+    }
+    Some((NCCL_CHANNEL_VARS[0], n.to_string()))
 }
 
 /// A free TCP port on 127.0.0.1 for rank 0's rendezvous.
@@ -73,6 +97,11 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> Option<i32>) -> Result<Launc
             .env_remove(SECRET_FILE_VAR)
             .env(LAUNCHER_PID_VAR, std::process::id().to_string())
             .env("NCCL_NVLS_ENABLE", "0");
+        if let Some((var, value)) =
+            nccl_channel_setting(spec.nccl_max_channels, &|v| std::env::var_os(v))
+        {
+            cmd.env(var, value);
+        }
         #[cfg(unix)]
         {
             // A group of its own: the terminal's Ctrl-C goes to the launcher, which passes

@@ -6,7 +6,7 @@ mod stops;
 
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
-use zcomm::launch::{LaunchSpec, RankEnd, launch};
+use zcomm::launch::{LaunchSpec, RankEnd, launch, nccl_channel_setting};
 
 fn sh(script: &str, ranks: usize) -> LaunchSpec {
     LaunchSpec {
@@ -15,6 +15,7 @@ fn sh(script: &str, ranks: usize) -> LaunchSpec {
         ranks,
         grace: Duration::from_millis(300),
         peer_failure_code: Some(3),
+        nccl_max_channels: None,
     }
 }
 
@@ -97,4 +98,49 @@ fn a_stop_request_takes_every_rank_down() {
     // sh's `sleep` dies of the passed-on SIGTERM: the job's status is 143.
     assert_eq!(out.exit_code(), 143);
     assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+/// A channel limit the spec asks for reaches every rank as `NCCL_MAX_NCHANNELS`; none asked
+/// leaves the variable as the environment has it.
+#[test]
+fn ranks_get_the_nccl_channel_limit_the_spec_asks_for() {
+    // Where this test's own environment sets a limit, the ranks inherit it (the user's word
+    // wins, as the table below checks).
+    let inherited = std::env::var("NCCL_MAX_NCHANNELS").ok();
+    let user_set = inherited.is_some() || std::env::var_os("NCCL_MAX_CTAS").is_some();
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo \"x${{NCCL_MAX_NCHANNELS}}\" > {}/$RANK",
+        dir.path().display()
+    );
+    let unasked = format!("x{}", inherited.unwrap_or_default());
+    for (asked, seen) in [
+        (Some(8), if user_set { unasked.as_str() } else { "x8" }),
+        (None, unasked.as_str()),
+    ] {
+        let mut spec = sh(&script, 2);
+        spec.nccl_max_channels = asked;
+        let out = launch(&spec, &|| None).unwrap();
+        assert_eq!(out.exit_code(), 0);
+        for r in 0..2 {
+            let line = std::fs::read_to_string(dir.path().join(r.to_string())).unwrap();
+            assert_eq!(line.trim(), seen, "rank {r}, asked {asked:?}");
+        }
+    }
+}
+
+/// The user's `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS` wins over the spec's limit.
+#[rstest::rstest]
+#[case::nothing_set(None, Some(8), Some(("NCCL_MAX_NCHANNELS", "8".to_string())))]
+#[case::none_asked(None, None, None)]
+#[case::user_channels(Some("NCCL_MAX_NCHANNELS"), Some(8), None)]
+#[case::user_ctas(Some("NCCL_MAX_CTAS"), Some(8), None)]
+#[case::other_variable(Some("NCCL_DEBUG"), Some(4), Some(("NCCL_MAX_NCHANNELS", "4".to_string())))]
+fn the_users_channel_limit_wins(
+    #[case] set: Option<&str>,
+    #[case] asked: Option<u32>,
+    #[case] expected: Option<(&str, String)>,
+) {
+    let env = |v: &str| (Some(v) == set).then(|| OsString::from("2"));
+    assert_eq!(nccl_channel_setting(asked, &env), expected);
 }
