@@ -5,9 +5,10 @@
 //!
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]
 //! [--strong 256,512,1024] [--warmup-steps W] [--nccl-channels C]` starts N ranks of itself
-//! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`, and NCCL's channels
-//! limited to C, default 8 as ztrain's `--nccl-channels`, 0 for NCCL's own choice, unless
-//! `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS` is set; JSON key `nccl_max_nchannels`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
+//! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`, and with C > 0 NCCL's
+//! channels limited to C, as ztrain's `--nccl-channels`; 0, the default, leaves NCCL's own
+//! choice, as does a set `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS`; JSON key
+//! `nccl_max_nchannels`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
 //! hands out the unique id over TCP). With `--gpus 1` it runs in this process, without a
 //! collective. Rank 0 prints one JSON object. For each way of summing the gradients
 //! (`overlapped`: buckets of `--bucket-mib` MiB, default 1, tapering toward the buffer's start,
@@ -453,7 +454,7 @@ fn main() -> Result<(), Error> {
         let channels: u32 = arg("--nccl-channels")
             .map(|v| v.parse())
             .transpose()?
-            .unwrap_or(8);
+            .unwrap_or(0);
         let spec = LaunchSpec {
             program: std::env::current_exe()?.into_os_string(),
             args: std::env::args_os().skip(1).collect(),

@@ -136,11 +136,11 @@ pub struct Options {
 
     /// With several ranks started by --gpus: the most NCCL channels (thread blocks, each on an
     /// SM) a collective takes, passed to the ranks as NCCL_MAX_NCHANNELS unless that or
-    /// NCCL_MAX_CTAS is already set; 0 leaves NCCL's own choice. An all-reduce overlapped with
-    /// backward waits for SMs that backward's kernels hold: on 2 H100s (NVLink) 8 channels made
-    /// the step's time steady and summed XAsset's 3.4 MB faster than NCCL's choice did. Give
-    /// more (or 0) for gradients of hundreds of MB, where the all-reduce's bandwidth counts.
-    #[arg(long, default_value_t = 8, value_name = "N", help_heading = "Device")]
+    /// NCCL_MAX_CTAS is already set; 0 (the default) leaves NCCL's own choice. An all-reduce
+    /// overlapped with backward waits for SMs that backward's kernels hold; on 2 H100s (NVLink)
+    /// 8 channels summed XAsset's 3.4 MB 15% faster than NCCL's choice, but made no steady
+    /// difference to the overlapped step (docs/benchmarks.md).
+    #[arg(long, default_value_t = 0, value_name = "N", help_heading = "Device")]
     pub nccl_channels: u32,
 
     /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F

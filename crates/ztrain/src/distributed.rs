@@ -233,8 +233,9 @@ mod tests {
     }
 
     #[rstest]
-    #[case::default(&[], Some(Some(8)))]
+    #[case::default_nccls_choice(&[], Some(None))]
     #[case::nccls_choice(&["--nccl-channels", "0"], Some(None))]
+    #[case::eight(&["--nccl-channels", "8"], Some(Some(8)))]
     #[case::one(&["--nccl-channels", "1"], Some(Some(1)))]
     #[case::nccls_limit(&["--nccl-channels", "32"], Some(Some(32)))]
     #[case::too_many(&["--nccl-channels", "33"], None)]
