@@ -5,17 +5,8 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
+#include "graph_timing.cuh"
 #include "attention_short.cu"
-#define CK(x) do{ auto err_=(x); if(err_){printf("ERR %s:%d %s\n",__FILE__,__LINE__,cudaGetErrorString(err_)); exit(1);} }while(0)
-template<class F> float graph_us(cudaStream_t s, F body, int reps){
-  cudaGraph_t g; cudaGraphExec_t ge; cudaEvent_t a,b; cudaEventCreate(&a); cudaEventCreate(&b);
-  CK(cudaStreamBeginCapture(s,cudaStreamCaptureModeThreadLocal)); for(int r=0;r<reps;r++) body(); CK(cudaStreamEndCapture(s,&g));
-  CK(cudaGraphInstantiate(&ge,g,0));
-  for(int i=0;i<3;i++) cudaGraphLaunch(ge,s); CK(cudaStreamSynchronize(s));
-  float best=1e9; for(int t=0;t<7;t++){ cudaEventRecord(a,s); for(int r=0;r<5;r++) cudaGraphLaunch(ge,s); cudaEventRecord(b,s); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms,a,b); if(ms<best) best=ms; }
-  CK(cudaGetLastError());
-  return best*1000.f/(reps*5);
-}
 static float* dev(size_t n, float scale, float off){ std::vector<float> h(n); for(auto&v:h) v=off+scale*(rand()/(float)RAND_MAX-0.5f); float* d; CK(cudaMalloc(&d,n*4)); CK(cudaMemcpy(d,h.data(),n*4,cudaMemcpyHostToDevice)); return d; }
 int main(int argc, char** argv){
   FILE* dump=fopen(argv[1],"wb");

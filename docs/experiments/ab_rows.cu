@@ -6,19 +6,10 @@
 #include <vector>
 #include <cmath>
 #include <cuda_runtime.h>
+#include "graph_timing.cuh"
 #include "rows.cu"
 #include "fused.cu"
 #include "train.cu"
-#define CK(x) do{ auto err_=(x); if(err_){printf("ERR %s:%d %s\n",__FILE__,__LINE__,cudaGetErrorString(err_)); exit(1);} }while(0)
-template<class F> float graph_us(cudaStream_t s, F body, int reps){
-  cudaGraph_t g; cudaGraphExec_t ge; cudaEvent_t a,b; cudaEventCreate(&a); cudaEventCreate(&b);
-  CK(cudaStreamBeginCapture(s,cudaStreamCaptureModeThreadLocal)); for(int r=0;r<reps;r++) body(); CK(cudaStreamEndCapture(s,&g));
-  CK(cudaGraphInstantiate(&ge,g,0));
-  for(int i=0;i<3;i++) cudaGraphLaunch(ge,s); CK(cudaStreamSynchronize(s));
-  float best=1e9; for(int t=0;t<7;t++){ cudaEventRecord(a,s); for(int r=0;r<5;r++) cudaGraphLaunch(ge,s); cudaEventRecord(b,s); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms,a,b); if(ms<best) best=ms; }
-  CK(cudaGetLastError());
-  return best*1000.f/(reps*5);
-}
 static u64 cdiv(u64 a, u64 b){ return (a+b-1)/b; }
 int main(int argc, char** argv){
   FILE* dump = fopen(argv[1], "wb");
@@ -50,7 +41,6 @@ int main(int argc, char** argv){
     for (u64 n: {839937ull, 2419969ull}) {
       u64 blocks = std::min<u64>(cdiv(n,1024),16384);
       CK(cudaMemcpy(c,h.data(),n*4,cudaMemcpyHostToDevice)); CK(cudaMemcpy(d,h.data()+7,n*4,cudaMemcpyHostToDevice)); CK(cudaMemcpy(f,h.data()+13,n*4,cudaMemcpyHostToDevice));
-      for (size_t i=0;i<n;i++) {} 
       // v must be >= 0: use |h|
       { std::vector<float> av(n); for(size_t i=0;i<n;i++) av[i]=fabsf(h[i+13]); CK(cudaMemcpy(f,av.data(),n*4,cudaMemcpyHostToDevice)); }
       zc_adamw_f32<<<blocks,256,0,s>>>(c,d,f,a,sl,n,0.9f,0.999f,1e-8f,0.01f,3); save(c,n); save(d,n); save(f,n);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 #include <cuda_runtime.h>
+#include "graph_timing.cuh"
 #include "../../kernels/rows.cu"
 #include "../../kernels/norm_params.cu"
 
@@ -90,16 +91,6 @@ extern "C" __global__ void __launch_bounds__(LN_PARTIALS_THREADS) old_ln_partial
         const u64 col = j < n ? j : j - n;
         part[(half * gridDim.x + blockIdx.x) * n + col] = acc;
     }
-}
-#define CK(x) do{ auto err_=(x); if(err_){printf("ERR %s:%d %s\n",__FILE__,__LINE__,cudaGetErrorString(err_)); exit(1);} }while(0)
-template<class F> float graph_us(cudaStream_t s, F body, int reps){
-  cudaGraph_t g; cudaGraphExec_t ge; cudaEvent_t a,b; cudaEventCreate(&a); cudaEventCreate(&b);
-  CK(cudaStreamBeginCapture(s,cudaStreamCaptureModeThreadLocal)); for(int r=0;r<reps;r++) body(); CK(cudaStreamEndCapture(s,&g));
-  CK(cudaGraphInstantiate(&ge,g,0));
-  for(int i=0;i<3;i++) cudaGraphLaunch(ge,s); CK(cudaStreamSynchronize(s));
-  float best=1e9; for(int t=0;t<7;t++){ cudaEventRecord(a,s); for(int r=0;r<5;r++) cudaGraphLaunch(ge,s); cudaEventRecord(b,s); cudaEventSynchronize(b); float ms; cudaEventElapsedTime(&ms,a,b); if(ms<best) best=ms; }
-  CK(cudaGetLastError());
-  return best*1000.f/(reps*5);
 }
 static unsigned long long cdiv(unsigned long long a, unsigned long long b){ return (a+b-1)/b; }
 int main(){
