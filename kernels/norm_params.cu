@@ -114,6 +114,35 @@ extern "C" __global__ void zc_layer_norm_backward_params_f32(
 #define LN_PARTIALS_MAX_N 512
 #define LN_PARTIALS_SLOTS (LN_PARTIALS_MAX_N / 32)
 
+// The end of the batch kernel: each warp's column sums (a lane's columns lane + 32 k) through
+// shared memory, added in warp order into the block's row of part [2, gridDim.x, n] (g * xhat
+// at part[b * n + j], g at part[(gridDim.x + b) * n + j]).
+template <int SLOTS>
+__device__ __forceinline__ void ln_partials_store(float* __restrict__ part,
+                                                  const float (&sw)[SLOTS],
+                                                  const float (&sb)[SLOTS], u64 n,
+                                                  float (*sums)[2 * LN_PARTIALS_MAX_N]) {
+    const unsigned lane = threadIdx.x % 32;
+    const unsigned warp = threadIdx.x / 32;
+#pragma unroll
+    for (int k = 0; k < SLOTS; ++k) {
+        const u64 j = lane + 32 * (u64)k;
+        if (j < n) {
+            sums[warp][j] = sw[k];
+            sums[warp][n + j] = sb[k];
+        }
+    }
+    __syncthreads();
+    for (u64 j = threadIdx.x; j < 2 * n; j += LN_PARTIALS_THREADS) {
+        float acc = 0.0f;
+        for (int w = 0; w < LN_PARTIALS_WARPS; ++w) acc += sums[w][j];
+        // Columns j < n hold g * xhat's sums, the rest g's.
+        const u64 half = j < n ? 0 : 1;
+        const u64 col = j < n ? j : j - n;
+        part[(half * gridDim.x + blockIdx.x) * n + col] = acc;
+    }
+}
+
 // One row of the batch kernel as a lane holds it: g, x and the residual stream's gradient at
 // columns lane + 32 k, and the row's mean and rstd.
 template <int SLOTS>
@@ -221,23 +250,7 @@ __device__ __forceinline__ void ln_backward_partials_prefetch(
         }
         cur = next;
     }
-#pragma unroll
-    for (int k = 0; k < SLOTS; ++k) {
-        const u64 j = lane + 32 * (u64)k;
-        if (j < n) {
-            sums[warp][j] = sw[k];
-            sums[warp][n + j] = sb[k];
-        }
-    }
-    __syncthreads();
-    for (u64 j = threadIdx.x; j < 2 * n; j += LN_PARTIALS_THREADS) {
-        float acc = 0.0f;
-        for (int w = 0; w < LN_PARTIALS_WARPS; ++w) acc += sums[w][j];
-        // Columns j < n hold g * xhat's sums, the rest g's.
-        const u64 half = j < n ? 0 : 1;
-        const u64 col = j < n ? j : j - n;
-        part[(half * gridDim.x + blockIdx.x) * n + col] = acc;
-    }
+    ln_partials_store(part, sw, sb, n, sums);
 }
 
 // Rows wider than 256: the loads of a row, then its arithmetic (no prefetch: twice the
@@ -306,23 +319,7 @@ __device__ __forceinline__ void ln_backward_partials_wide(
             sb[k] += gv[k];
         }
     }
-#pragma unroll
-    for (int k = 0; k < LN_PARTIALS_SLOTS; ++k) {
-        const u64 j = lane + 32 * (u64)k;
-        if (j < n) {
-            sums[warp][j] = sw[k];
-            sums[warp][n + j] = sb[k];
-        }
-    }
-    __syncthreads();
-    for (u64 j = threadIdx.x; j < 2 * n; j += LN_PARTIALS_THREADS) {
-        float acc = 0.0f;
-        for (int w = 0; w < LN_PARTIALS_WARPS; ++w) acc += sums[w][j];
-        // Columns j < n hold g * xhat's sums, the rest g's.
-        const u64 half = j < n ? 0 : 1;
-        const u64 col = j < n ? j : j - n;
-        part[(half * gridDim.x + blockIdx.x) * n + col] = acc;
-    }
+    ln_partials_store(part, sw, sb, n, sums);
 }
 
 extern "C" __global__ void __launch_bounds__(LN_PARTIALS_THREADS) zc_layer_norm_backward_partials_f32(
