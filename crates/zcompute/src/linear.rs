@@ -202,9 +202,23 @@ pub(crate) fn linear_backward_into<B: LinearOps<T> + ?Sized, T: Element>(
         Some(y) => b.tanh_backward(gy, y)?,
         None => gy.clone(),
     };
+    linear_backward_from_gz(b, &gz, x, w, dw, db)
+}
+
+/// The rest of a Linear layer's backward once `gz` (the gradient before the activation) is
+/// known: `gz · w` when `w` is given, and the weight (and bias) gradients added into `dw`
+/// (`db`).
+pub(crate) fn linear_backward_from_gz<B: LinearOps<T> + ?Sized, T: Element>(
+    b: &B,
+    gz: &Tensor<B::Storage>,
+    x: &Tensor<B::Storage>,
+    w: Option<&Tensor<B::Storage>>,
+    dw: &Tensor<B::Storage>,
+    db: Option<&Tensor<B::Storage>>,
+) -> Result<Option<Tensor<B::Storage>>> {
     let gx = w
-        .map(|w| b.matmul(&gz, w, MatmulOpts::default()))
+        .map(|w| b.matmul(gz, w, MatmulOpts::default()))
         .transpose()?;
-    b.linear_param_grads_into(&gz, x, dw, db)?;
+    b.linear_param_grads_into(gz, x, dw, db)?;
     Ok(gx)
 }

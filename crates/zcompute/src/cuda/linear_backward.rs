@@ -14,7 +14,6 @@ use super::linear::{
     rows_plan,
 };
 use super::{CudaBackend, CudaTensor};
-use crate::backend::{Backend, MatmulOpts};
 use crate::error::Result;
 use crate::linear::Activation;
 use crate::validate::{self, LinearShape};
@@ -73,11 +72,8 @@ impl<D: Driver> CudaBackend<D> {
         let Some(gz) = fused else {
             return crate::linear::linear_backward_into(self, gy, x, w, (act, y), (dw, db));
         };
-        let gx = w
-            .map(|w| self.matmul(&gz, w, MatmulOpts::default()))
-            .transpose()?;
-        self.linear_param_grads_fused(&gz, x, dw, None)?;
-        Ok(gx)
+        // The bias gradient is summed already.
+        crate::linear::linear_backward_from_gz(self, &gz, x, w, dw, None)
     }
 
     /// `LinearOps::linear_backward_into`: one launch for few rows, else the provided composite.
