@@ -11,6 +11,7 @@ mod support {
     pub mod mlp;
     pub mod oracle_step;
     pub mod small;
+    pub mod steps;
 }
 
 /// The tape and every op's backward: finite differences, fused nodes against their

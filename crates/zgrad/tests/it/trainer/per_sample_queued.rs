@@ -8,6 +8,7 @@
 //! left it.
 
 use crate::support::small::{SMALL, labelled};
+use crate::support::steps::{param_bits, rows_of, step_bits};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine, PinnedHost};
 use zdevice::CuCode;
@@ -52,35 +53,6 @@ fn steps() -> Vec<Vec<usize>> {
     let back: Vec<usize> = order.iter().rev().copied().collect();
     out.extend(back.chunks(8).map(<[usize]>::to_vec));
     out
-}
-
-fn rows_of(x: &[f32], y: &[f32], rows: &[usize]) -> (Vec<f32>, Vec<f32>) {
-    let per = x.len() / y.len();
-    let xs = rows
-        .iter()
-        .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
-        .collect();
-    (xs, rows.iter().map(|&r| y[r]).collect())
-}
-
-fn report_bits(r: &StepReport) -> (u64, u64, u64, u64, usize, bool) {
-    (
-        r.step,
-        r.loss.to_bits(),
-        r.grad_norm.to_bits(),
-        r.lr.to_bits(),
-        r.samples,
-        r.captured,
-    )
-}
-
-fn param_bits<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B>) -> Vec<u32> {
-    t.flat_parameters()
-        .and_then(|p| Ok(b.download(&p)?))
-        .expect("parameters")
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
 }
 
 /// Where the queued steps' rows come from.
@@ -170,8 +142,8 @@ where
     got.extend(dev.drain().expect("drain"));
     assert_eq!(dev.queued(), 0);
     let at = format!("capture {capture} {from:?} every {every}");
-    let w: Vec<_> = want.iter().map(report_bits).collect();
-    let g: Vec<_> = got.iter().map(report_bits).collect();
+    let w: Vec<_> = want.iter().map(step_bits).collect();
+    let g: Vec<_> = got.iter().map(step_bits).collect();
     assert_eq!(g, w, "{at}");
     assert_eq!(dev.step(), host.step(), "{at}");
     assert_eq!(param_bits(b, &dev), param_bits(b, &host), "{at}");
@@ -308,8 +280,8 @@ where
     queue.step(&mut dev, &x, &y, clean, 4).expect("queued");
     let got = dev.drain().expect("drain");
     assert_eq!(
-        got.iter().map(report_bits).collect::<Vec<_>>(),
-        [report_bits(&want)]
+        got.iter().map(step_bits).collect::<Vec<_>>(),
+        [step_bits(&want)]
     );
     assert_eq!(param_bits(b, &dev), param_bits(b, &host));
 }
@@ -385,7 +357,7 @@ fn a_failed_reclaim_after_a_queued_update_counts_the_step(
         t.queue_rows(rows, 8).expect("queued");
     }
     let (got, want) = (t.drain().expect("drain"), clean.drain().expect("drain"));
-    let bits = |r: &[StepReport]| r.iter().map(report_bits).collect::<Vec<_>>();
+    let bits = |r: &[StepReport]| r.iter().map(step_bits).collect::<Vec<_>>();
     assert_eq!(bits(&got), bits(&want), "every step read back once");
     assert_eq!(param_bits(&b, &t), param_bits(&clean_b, &clean));
 }
@@ -397,11 +369,7 @@ mod gpu {
     use super::From;
     use rstest::rstest;
 
-    fn gpu() -> zcompute::CudaBackend<zcompute::CudaDriver> {
-        let b = zcompute::Engine::cuda(0).expect("CUDA device 0 opens");
-        b.set_poison(true);
-        b
-    }
+    use crate::support::steps::poisoned_gpu as gpu;
 
     #[rstest]
     fn queued_per_sample_steps_equal_the_per_step_path_on_the_gpu(

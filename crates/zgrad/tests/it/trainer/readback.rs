@@ -7,6 +7,7 @@
 //! on; on the simulated device a window boundary neither synchronizes nor drains the stream.
 
 use crate::support::small::{SMALL, labelled};
+use crate::support::steps::{param_bits, rows_of, step_bits};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
 use zdevice::sim::calls;
@@ -49,31 +50,8 @@ fn steps(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
-fn rows_of(x: &[f32], y: &[f32], rows: &[usize]) -> (Vec<f32>, Vec<f32>) {
-    let per = x.len() / y.len();
-    let xs = rows
-        .iter()
-        .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
-        .collect();
-    (xs, rows.iter().map(|&r| y[r]).collect())
-}
-
 fn bits(r: &[StepReport]) -> Vec<(u64, u64, u64, u64, usize, bool)> {
-    r.iter()
-        .map(|r| {
-            let (l, n, lr) = (r.loss.to_bits(), r.grad_norm.to_bits(), r.lr.to_bits());
-            (r.step, l, n, lr, r.samples, r.captured)
-        })
-        .collect()
-}
-
-fn param_bits<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B>) -> Vec<u32> {
-    t.flat_parameters()
-        .and_then(|p| Ok(b.download(&p)?))
-        .expect("parameters")
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
+    r.iter().map(step_bits).collect()
 }
 
 /// 100 queued steps, every 8, against `train_batch` on the same rows: a call returns the
@@ -315,11 +293,7 @@ mod gpu {
     use rstest::rstest;
     use zgrad::TrainSchedule;
 
-    fn gpu() -> zcompute::CudaBackend<zcompute::CudaDriver> {
-        let b = zcompute::Engine::cuda(0).expect("CUDA device 0 opens");
-        b.set_poison(true);
-        b
-    }
+    use crate::support::steps::poisoned_gpu as gpu;
 
     #[rstest]
     fn reports_equal_the_per_step_paths_on_the_gpu(

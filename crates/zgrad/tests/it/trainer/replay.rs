@@ -162,6 +162,7 @@ fn nodes_per_captured_step_at_the_default_size() {
 /// bit, on the simulated device and on the CPU backend, in both schedules, eager and captured.
 mod device_data {
     use super::{SMALL, batch};
+    use crate::support::steps::{param_bits, rows_of};
     use rstest::rstest;
     use zcompute::{Capture, CpuBackend, Engine};
     use zgrad::{
@@ -186,15 +187,6 @@ mod device_data {
         Trainer::new(b.clone(), model, config).expect("trainer")
     }
 
-    fn param_bits<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B>) -> Vec<u32> {
-        t.flat_parameters()
-            .and_then(|p| Ok(b.download(&p)?))
-            .expect("parameters")
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    }
-
     /// Batches of 8, 8 and 4 rows (an epoch's short last batch) over two epochs, in a
     /// shuffled order with a repeated row.
     fn steps() -> Vec<Vec<usize>> {
@@ -212,15 +204,6 @@ mod device_data {
                 .map(<[usize]>::to_vec),
         );
         out
-    }
-
-    fn rows_of(x: &[f32], y: &[f32], rows: &[usize]) -> (Vec<f32>, Vec<f32>) {
-        let per = x.len() / y.len();
-        let xs = rows
-            .iter()
-            .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
-            .collect();
-        (xs, rows.iter().map(|&r| y[r]).collect())
     }
 
     fn report_bits(r: &StepReport) -> (u64, u64, u64, u64) {
