@@ -6,7 +6,12 @@
 //! parameter). Whole-model work then costs a fixed number of launches whatever the parameter
 //! count: zero_grad one memset, the global gradient norm two launches, clipping one, AdamW one.
 //!
-//! The data-parallel collective (issue 13) all-reduces [`ParameterSet::grads`], this one buffer.
+//! The gradient buffer's allocation holds one more aligned block after the last parameter's
+//! padding: its first element is the data-parallel step's loss slot ([`ParameterSet::loss_slot`]).
+//! Nothing of the set reads or writes that block (`grads` ends before it), so the norm, clipping
+//! and AdamW never see the loss, and nothing has to zero the slot again before them. The
+//! data-parallel collective (issue 13) all-reduces [`ParameterSet::reduced`]: the gradients and
+//! the slot, one buffer.
 //!
 //! The optimiser utilities (`zero_grad`, `grad_norm`, `clip_grad_norm`, `AdamW`) take a list of
 //! parameters as before and recognise, with [`ParameterSet::of`], a list that is exactly a
@@ -20,6 +25,10 @@ use zcompute::{AllocClass, BTensor, Element, Layout, Storage, Tensor, prelude::*
 
 /// Elements every parameter's offset in a flat buffer is a multiple of (64 f32 = 256 bytes).
 pub const FLAT_ALIGN: usize = 64;
+
+/// Elements the gradient buffer's allocation holds after the set's `len`: one aligned block,
+/// whose first element is the loss slot (see the module docs).
+pub const GRAD_TAIL: usize = FLAT_ALIGN;
 
 /// `numel` rounded up to [`FLAT_ALIGN`]: the room a parameter takes in a flat buffer.
 #[must_use]
@@ -104,7 +113,7 @@ impl<B: Ops<T>, T: Element> ParameterSet<B, T> {
         };
         let set = ParameterSet {
             values: values_t,
-            grads: b.zeros(&[len])?,
+            grads: b.zeros(&[len + GRAD_TAIL])?.narrow(0, 0, len)?,
             offsets,
             shapes: shapes.to_vec(),
         };
@@ -119,14 +128,15 @@ impl<B: Ops<T>, T: Element> ParameterSet<B, T> {
 
     /// The set whose views `params` are, exactly and in order: every value a contiguous view
     /// of one buffer, every gradient the view at the same offset of another, offsets packed as
-    /// [`flat_layout`] lays them out and covering both buffers to their ends. `None` for any
-    /// other list (the callers then work per tensor).
+    /// [`flat_layout`] lays them out and covering the values' buffer to its end and the
+    /// gradients' to its tail ([`GRAD_TAIL`]). `None` for any other list (the callers then work
+    /// per tensor).
     #[must_use]
     pub fn of(params: &[Var<B, T>]) -> Option<Self> {
         let first = params.first()?;
         let (v0, g0) = (first.value(), first.grad()?);
-        let len = g0.storage().len();
-        if v0.storage().len() != len || v0.shares_storage(g0) {
+        let len = v0.storage().len();
+        if g0.storage().len() != len + GRAD_TAIL || v0.shares_storage(g0) {
             return None;
         }
         let mut offsets = Vec::with_capacity(params.len());
@@ -172,11 +182,25 @@ impl<B: Ops<T>, T: Element> ParameterSet<B, T> {
         &self.values
     }
 
-    /// The flat gradient buffer `[len]` (padding included, zero): the data-parallel
-    /// collective all-reduces this one buffer.
+    /// The flat gradient buffer `[len]` (padding included, zero), without its tail.
     #[must_use]
     pub fn grads(&self) -> &BTensor<B, T> {
         &self.grads
+    }
+
+    /// What the data-parallel collective sums: the gradient buffer and the loss slot after it,
+    /// `[len + 1]` (a view of the same allocation).
+    pub fn reduced(&self) -> Result<BTensor<B, T>> {
+        Ok(Tensor::from_parts(
+            self.grads.storage().clone(),
+            Layout::contiguous(&[self.len() + 1]),
+        )?)
+    }
+
+    /// The loss slot, `[1]`: the first element of the gradient buffer's tail, summed with the
+    /// gradients by the collective and read by no optimiser utility (see the module docs).
+    pub fn loss_slot(&self) -> Result<BTensor<B, T>> {
+        Ok(self.reduced()?.narrow(0, self.len(), 1)?)
     }
 
     /// Elements of each flat buffer, padding included.

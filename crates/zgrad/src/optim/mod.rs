@@ -12,7 +12,7 @@ mod flat;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWHyper, AdamWState, AdamWTensors, Moments};
-pub use flat::{FLAT_ALIGN, ParameterSet, flat_layout, padded};
+pub use flat::{FLAT_ALIGN, GRAD_TAIL, ParameterSet, flat_layout, padded};
 pub use sgd::Sgd;
 
 use crate::error::Result;

@@ -11,11 +11,11 @@
 //! With one rank ([`zcomm::SingleProcess`], the default) none of this runs: the single-process
 //! step is the one it always was.
 //!
-//! One collective carries a step's gradients and its loss: the scaled loss is written into a
-//! zero-padding slot of the flat gradient buffer before backward (the per-sample step: the sum
-//! of its samples' losses, after the last one), summed with the gradients, read out after the
-//! sum and the slot zeroed again before the norm (so the norm, clipping and AdamW see the zeros
-//! they always saw). By default ([`GradSync::Overlapped`]) a batched step's buffer is
+//! One collective carries a step's gradients and its loss: the scaled loss is written into the
+//! loss slot after the flat gradient buffer before backward (the per-sample step: the sum of
+//! its samples' losses, after the last one), summed with the gradients and read in place after
+//! the sum (the norm, clipping and AdamW never read the slot: `ParameterSet::loss_slot`). By
+//! default ([`GradSync::Overlapped`]) a batched step's buffer is
 //! all-reduced in buckets, tapering toward the buffer's start (what backward finishes last),
 //! on a second stream while backward goes on (`buckets.rs`);
 //! [`GradSync::AfterBackward`] is one all-reduce after backward on the engine stream, as the
@@ -31,7 +31,7 @@ use super::eval::EvalReport;
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
-use crate::optim::{FLAT_ALIGN, ParameterSet};
+use crate::optim::ParameterSet;
 use crate::tape::Tape;
 use crate::var::Var;
 use buckets::{BucketCursor, BucketPlan};
@@ -150,7 +150,11 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     }
 
     /// Backward from `root` (an empty shard has none) seeded by the share, and the all-reduce
-    /// of `set`'s gradients as `self.sync` says: after it, or in buckets during it.
+    /// of `set`'s gradients and loss slot (`ParameterSet::reduced`) as `self.sync` says: after
+    /// it, or in buckets during it. The last bucket goes on the engine stream after the join:
+    /// nothing overlaps it anyway (backward has finished), and there it starts right after
+    /// backward's last kernel and the norm right after it, where a second stream would put
+    /// a hop between streams before it and another after it.
     fn backward_and_reduce(
         &self,
         b: &B,
@@ -158,22 +162,36 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         tape: &Tape<'_, B, T>,
         root: Option<&Var<B, T>>,
     ) -> Result<()> {
+        let reduced = set.reduced()?;
         // d(loss * share)/d loss = share: the share is backward's seed (as `forward_backward`).
         let Some((sizing, bucket_bytes)) = self.sync.buckets() else {
             if let Some(root) = root {
                 tape.backward_with(root, self.share.clone())?;
             }
-            return Ok(self.comm.all_reduce_sum(b, set.grads(), self.step.get())?);
+            return Ok(self.comm.all_reduce_sum(b, &reduced, self.step.get())?);
         };
         let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
-        let plan = BucketPlan::new(set.offsets(), set.len(), elems, sizing);
+        let plan = BucketPlan::new(set.offsets(), reduced.numel(), elems, sizing);
+        let last = plan.ranges().len().saturating_sub(1);
         let mut cursor = BucketCursor::new(&plan);
         let grads = set.grads();
+        // A join waits for the second stream's work: with none queued (one bucket) there is
+        // nothing to join, and inside a capture a wait on a stream outside it is refused.
+        let forked = Cell::new(false);
         let issue = |ready: Range<usize>| -> Result<()> {
-            for r in &plan.ranges()[ready] {
-                let bucket = grads.narrow(0, r.start, r.len())?;
-                self.comm
-                    .all_reduce_sum_overlapped(b, &bucket, self.step.get())?;
+            for k in ready {
+                let r = &plan.ranges()[k];
+                let bucket = reduced.narrow(0, r.start, r.len())?;
+                if k == last {
+                    if forked.get() {
+                        self.comm.join_overlapped(b)?;
+                    }
+                    self.comm.all_reduce_sum(b, &bucket, self.step.get())?;
+                } else {
+                    forked.set(true);
+                    self.comm
+                        .all_reduce_sum_overlapped(b, &bucket, self.step.get())?;
+                }
             }
             Ok(())
         };
@@ -185,31 +203,15 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
                 Ok(())
             })?;
         }
-        issue(cursor.rest())?;
-        Ok(self.comm.join_overlapped(b)?)
+        issue(cursor.rest())
     }
-}
-
-/// The slot of the flat gradient buffer the loss rides in: the first padding element after
-/// the last parameter that leaves padding (zero, and summed by the same collective). `None`
-/// when no parameter leaves any.
-fn loss_slot<B: Ops<T>, T: Element>(set: &ParameterSet<B, T>) -> Result<Option<BTensor<B, T>>> {
-    let padded = set
-        .offsets()
-        .iter()
-        .zip(set.shapes())
-        .map(|(&off, shape)| off + shape.iter().product::<usize>())
-        .rfind(|end| end % FLAT_ALIGN != 0);
-    Ok(match padded {
-        Some(at) => Some(set.grads().narrow(0, at, 1)?),
-        None => None,
-    })
 }
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// This rank's forward and backward with the loss scaled by its share of the global batch
     /// (none for an empty shard: zero gradients, zero loss), then the gradients and the scaled
-    /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor).
+    /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor): a view of the
+    /// loss slot, valid until the next step writes it.
     pub fn shard_forward_backward(
         &self,
         b: &B,
@@ -230,48 +232,28 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             d.reduce(b, &loss)?;
             return Ok(loss);
         };
-        let slot = loss_slot(&set)?;
+        let slot = set.loss_slot()?;
         let tape = self.tape(b);
         let forward = if empty {
             None
         } else {
             Some(self.model.loss(&tape, x, y)?.0)
         };
-        let scaled = match &forward {
-            Some(local) => Some(b.mul(local.value(), &d.share)?),
-            None => None,
-        };
-        if let (Some(slot), Some(scaled)) = (&slot, &scaled) {
-            // Before backward: the first bucket to go (the buffer's end) may hold the slot.
-            b.copy_into(&scaled.reshape(&[1])?, slot)?;
+        // Before backward: the first bucket to go (the buffer's end) holds the slot.
+        match &forward {
+            Some(local) => b.copy_into(&b.mul(local.value(), &d.share)?.reshape(&[1])?, &slot)?,
+            None => b.fill(&slot, T::ZERO)?,
         }
         d.backward_and_reduce(b, &set, &tape, forward.as_ref())?;
-        match slot {
-            Some(slot) => {
-                // The sum read out (x * 1 is exact), the slot zero again for the norm.
-                let loss = b.mul(&slot.reshape(&[])?, &self.one)?;
-                b.fill(&slot, T::ZERO)?;
-                Ok(loss)
-            }
-            None => {
-                let loss = match scaled {
-                    Some(scaled) => scaled,
-                    None => b.zeros(&[])?,
-                };
-                d.reduce(b, &loss)?;
-                Ok(loss)
-            }
-        }
+        Ok(slot.reshape(&[])?)
     }
-}
 
-impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// The per-sample step's sum over the ranks, after its last sample: this rank's
     /// `sum(losses) * scale` (`scale` = 1/global; 0 for an empty shard) written into the
-    /// loss slot of the flat gradient buffer, the buffer all-reduced once, the sum read out and
-    /// the slot zeroed again (so the norm sees the zeros it always saw). Without a slot, the
-    /// gradients and the loss are summed by collectives of their own. Returns the global mean
-    /// loss (rank 0, on the device: nothing is read back).
+    /// loss slot after the flat gradient buffer, the buffer and the slot all-reduced once.
+    /// Without a flat buffer, the gradients and the loss are summed by collectives of their
+    /// own. Returns the global mean loss (rank 0, on the device: nothing is read back), a view
+    /// of the loss slot when there is one.
     pub fn reduce_samples(
         &self,
         b: &B,
@@ -284,22 +266,15 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         } else {
             b.mul(&b.sum(losses, 0, false)?, scale)?
         };
-        let set = ParameterSet::of(&self.params);
-        let slot = match &set {
-            Some(set) => loss_slot(set)?,
-            None => None,
-        };
-        let (Some(set), Some(slot)) = (set, slot) else {
+        let Some(set) = ParameterSet::of(&self.params) else {
             d.reduce_grads(b, &self.params)?;
             d.reduce(b, &scaled)?;
             return Ok(scaled);
         };
+        let slot = set.loss_slot()?;
         b.copy_into(&scaled.reshape(&[1])?, &slot)?;
-        d.comm.all_reduce_sum(b, set.grads(), d.step.get())?;
-        // The sum read out (x * 1 is exact), the slot zero again for the norm.
-        let loss = b.mul(&slot.reshape(&[])?, &self.one)?;
-        b.fill(&slot, T::ZERO)?;
-        Ok(loss)
+        d.comm.all_reduce_sum(b, &set.reduced()?, d.step.get())?;
+        Ok(slot.reshape(&[])?)
     }
 }
 

@@ -1,10 +1,11 @@
 //! How many collectives a data-parallel step makes: the parameters are views of one flat
-//! buffer, so the start broadcasts it once; a batched step's loss rides in a padding slot of
-//! the flat gradient buffer, so the step is exactly one all-reduce of that buffer after backward
-//! (`GradSync::AfterBackward`), or exactly its buckets (covering it once, from its end; the
-//! plan the `GradSync` names) and one join (`GradSync::Overlapped`, `OverlappedUniform`), eager
-//! and captured; the per-sample step is one all-reduce of
-//! that buffer after its last sample, its loss riding in the same slot. Counted with a collective that records its calls (world 2, sums
+//! buffer, so the start broadcasts it once; a batched step's loss rides in the loss slot after
+//! the flat gradient buffer, so the step is exactly one all-reduce of that buffer and the slot
+//! after backward (`GradSync::AfterBackward`), or exactly its buckets (covering them once, from
+//! the end; the plan the `GradSync` names), every one on the second stream but the last, which
+//! goes on the engine stream after one join (`GradSync::Overlapped`, `OverlappedUniform`),
+//! eager and captured; the per-sample step is one all-reduce of the buffer and the slot after
+//! its last sample. Counted with a collective that records its calls (world 2, sums
 //! nothing: the numbers are not the point).
 
 use rstest::rstest;
@@ -116,18 +117,21 @@ fn two_steps(
     (calls, offsets, flat)
 }
 
-/// A batched data-parallel step is one collective (the loss rides in the gradient buffer):
-/// the flat gradient buffer's all-reduce after backward, nothing else, eager and captured.
+/// A batched data-parallel step is one collective (the loss rides in the slot after the
+/// gradient buffer): the all-reduce of the flat gradient buffer and the slot (`flat + 1`
+/// elements) after backward, nothing else, eager and captured.
 #[rstest]
 #[case::eager(false)]
 #[case::captured(true)]
 fn a_batched_step_after_backward_is_one_all_reduce(#[case] capture: bool) {
     let (calls, _, flat) = two_steps(TrainSchedule::Batched, capture, GradSync::AfterBackward);
-    assert_eq!(calls, [("all_reduce", flat); 2], "two steps");
+    assert_eq!(calls, [("all_reduce", flat + 1); 2], "two steps");
 }
 
 /// The bucket sizes of each of the two steps, checked: exactly buckets covering the flat
-/// gradient buffer once from its end, adjacent, then one join.
+/// gradient buffer and the loss slot after it once from the end, adjacent, every one on the
+/// second stream but the last, which follows the join (none when it is the only bucket) on the
+/// engine stream.
 fn buckets_per_step(
     calls: &[(&'static str, usize)],
     offsets: &[usize],
@@ -141,11 +145,28 @@ fn buckets_per_step(
         .zip(offsets.chunks(per_step))
         .enumerate()
     {
-        let buckets = per_step - 1;
-        assert_eq!(c[buckets], ("join", 0), "step {step}: {c:?}");
-        let mut end = flat;
-        for (&(op, n), &at) in c[..buckets].iter().zip(o) {
-            assert_eq!(op, "bucket", "step {step}: {c:?}");
+        let last = per_step - 1;
+        assert_eq!(
+            c[last].0, "all_reduce",
+            "step {step}: the last bucket: {c:?}"
+        );
+        let overlapped = if last == 0 {
+            0
+        } else {
+            assert_eq!(c[last - 1], ("join", 0), "step {step}: {c:?}");
+            last - 1
+        };
+        let buckets: Vec<(usize, usize)> = c[..overlapped]
+            .iter()
+            .zip(o)
+            .map(|(&(op, n), &at)| {
+                assert_eq!(op, "bucket", "step {step}: {c:?}");
+                (n, at)
+            })
+            .chain([(c[last].1, o[last])])
+            .collect();
+        let mut end = flat + 1;
+        for &(n, at) in &buckets {
             assert_eq!(
                 at + n,
                 end,
@@ -153,15 +174,19 @@ fn buckets_per_step(
             );
             end = at;
         }
-        assert_eq!(end, 0, "step {step}: the buckets cover the buffer");
-        steps.push(c[..buckets].iter().map(|&(_, n)| n).collect());
+        assert_eq!(
+            end, 0,
+            "step {step}: the buckets cover the buffer and the slot"
+        );
+        steps.push(buckets.iter().map(|&(n, _)| n).collect());
     }
     steps
 }
 
-/// An overlapped batched step is exactly its buckets, covering the flat gradient buffer once
-/// from its end (one per parameter at 256 bytes: every parameter here pads to 64 floats or
-/// more), then one join; the loss takes no collective of its own. Eager and captured.
+/// An overlapped batched step is exactly its buckets, covering the flat gradient buffer and
+/// the loss slot once from the end (one per parameter at 256 bytes: every parameter here pads
+/// to 64 floats or more), the last one on the engine stream after one join; the loss takes no
+/// collective of its own. Eager and captured.
 #[rstest]
 #[case::eager(false)]
 #[case::captured(true)]
@@ -257,15 +282,16 @@ fn one_collective_over_the_flat_gradient_buffer_per_step(
         .calls
         .borrow()
         .iter()
-        .filter(|(op, n)| *op == "all_reduce" && *n == flat)
+        .filter(|(op, n)| *op == "all_reduce" && *n == flat + 1)
         .count();
     let per_param = recorder
         .calls
         .borrow()
         .iter()
-        .filter(|(op, n)| *op == "all_reduce" && *n > 1 && *n != flat)
+        .filter(|(op, n)| *op == "all_reduce" && *n > 1 && *n != flat + 1)
         .count();
-    // Two steps, one gradient all-reduce each, the loss riding in it (none of its own).
+    // Two steps, one all-reduce each of the gradients and the loss slot after them (the loss
+    // takes none of its own).
     assert_eq!(grads, 2, "calls: {:?}", recorder.calls.borrow());
     assert_eq!(per_param, 0, "calls: {:?}", recorder.calls.borrow());
     assert_eq!(

@@ -126,6 +126,57 @@ fn every_parameter_is_a_view_of_the_flat_buffers_at_an_aligned_offset() {
     );
 }
 
+/// The loss slot is the first element after the flat gradient buffer, in the same
+/// allocation (`reduced` covers both), and nothing of the set reads it: with a NaN in the slot,
+/// zero_grad, the norm and clipping give what they give without it, and leave it as it was.
+#[test]
+fn the_loss_slot_follows_the_gradients_and_no_optimiser_utility_reads_it() {
+    let b = mock();
+    let model = XAsset::<_, f32>::init(&b, small(), 5).expect("model");
+    let set = model.parameter_set().expect("flat");
+    let params = model.parameters();
+    let (slot, reduced) = (set.loss_slot().unwrap(), set.reduced().unwrap());
+    assert_eq!(reduced.shape(), [set.len() + 1]);
+    assert_eq!(slot.layout().offset(), set.len());
+    assert!(slot.shares_storage(set.grads()) && reduced.shares_storage(set.grads()));
+    let grads: Vec<f32> = (0..set.len())
+        .map(|i| {
+            if i % 3 == 0 {
+                (i % 7) as f32 * 0.25
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let norm_of = |with_nan: bool| {
+        b.upload_into(&grads, set.grads()).unwrap();
+        b.upload_into(&[if with_nan { f32::NAN } else { 0.0 }], &slot)
+            .unwrap();
+        let norm = zgrad::optim::clip_grad_norm(&b, &params, 0.5).unwrap();
+        let clipped = b.download(set.grads()).unwrap();
+        let left = b.download(&slot).unwrap()[0];
+        zgrad::optim::zero_grad(&b, &params).unwrap();
+        let after_zero = b.download(&slot).unwrap()[0];
+        (
+            b.download(&norm).unwrap()[0].to_bits(),
+            clipped,
+            left,
+            after_zero,
+        )
+    };
+    let (norm, clipped, _, _) = norm_of(false);
+    let (norm_nan, clipped_nan, left, after_zero) = norm_of(true);
+    assert!(
+        f32::from_bits(norm).is_finite() && norm == norm_nan,
+        "the norm reads no slot"
+    );
+    assert_eq!(clipped, clipped_nan, "clipping reads no slot");
+    assert!(
+        left.is_nan() && after_zero.is_nan(),
+        "clipping and zero_grad leave the slot"
+    );
+}
+
 /// Zeros outside every parameter's view of `flat`.
 fn padding_is_zero(flat: &[f32], params: &[Var<CudaBackend<SimDriver>, f32>], offsets: &[usize]) {
     let mut inside = vec![false; flat.len()];
