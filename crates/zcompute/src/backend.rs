@@ -459,6 +459,23 @@ pub trait Backend<T: Element> {
         crate::step_tail::step_tail(self, [loss, norm], stats, gate, sticky, history)
     }
 
+    /// `dst = a op b` written into the view `dst` (shaped as the broadcast of `a` and `b`,
+    /// other memory than both): a result straight into a slot of a larger buffer, as the
+    /// data-parallel step's scaled loss into the gradient buffer's loss slot. The provided body
+    /// is [`Backend::binary`] then [`Backend::copy_into`]; a device backend may write `dst` in
+    /// the one launch.
+    fn binary_into(
+        &self,
+        op: BinaryOp,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+        dst: &BTensor<Self, T>,
+    ) -> Result<()> {
+        crate::validate::binary_into(op, a, b, dst)?;
+        let out = self.binary(op, a, b)?;
+        self.copy_into(&out, dst)
+    }
+
     /// `dst += src` in place (same shapes, other memory): how backward adds a parameter's
     /// gradient into its buffer. The provided body adds into a fresh tensor and copies it back;
     /// a device backend may do it in one launch.

@@ -56,6 +56,48 @@ impl<D: Driver> CudaBackend<D> {
         Ok(t)
     }
 
+    /// `out = a op b` (shapes checked by the caller; `out` dense, shaped as the broadcast, in
+    /// other memory than `a` and `b`): the dense kernel when both operands are dense and of
+    /// `out`'s shape, else the strided kernels.
+    fn binary_to(
+        &self,
+        op: BinaryOp,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        out: &CudaTensor,
+    ) -> Result<()> {
+        let name = binary_name(op);
+        let shape = out.shape();
+        let n = out.numel();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut args: Args = [
+            ptr(self.ptr(name, out)?),
+            ptr(self.ptr(name, a)?),
+            ptr(self.ptr(name, b)?),
+            KernelArg::U32(binary_code(op)),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        let dense =
+            a.shape() == shape && b.shape() == shape && a.is_contiguous() && b.is_contiguous();
+        let (kernel, config) = if dense {
+            (Kernel::Binary, kernels::elementwise_config(n))
+        } else {
+            let la = a.layout().broadcast_to(shape)?;
+            let lb = b.layout().broadcast_to(shape)?;
+            let strides = [la.strides(), lb.strides()];
+            kernels::push_strided(name, &mut args, shape, &strides)?;
+            match kernels::row_tiles(shape, &strides) {
+                Some(config) => (Kernel::BinaryRowsStrided, config),
+                None => (Kernel::BinaryStrided, kernels::elementwise_config(n)),
+            }
+        };
+        self.launch(name, kernel, config, &args)
+    }
+
     fn memset(&self, op: &'static str, dst: &CudaTensor, value: f32) -> Result<()> {
         let p = self.ptr(op, dst)?;
         self.inner
@@ -191,39 +233,24 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
 
     fn binary(&self, op: BinaryOp, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         let shape = validate::binary(op, a, b)?;
-        let name = binary_name(op);
-        let out = self.alloc(name, &shape)?;
-        let n = out.numel();
-        if n == 0 {
-            return Ok(out);
-        }
-        let mut args: Args = [
-            ptr(self.ptr(name, &out)?),
-            ptr(self.ptr(name, a)?),
-            ptr(self.ptr(name, b)?),
-            KernelArg::U32(binary_code(op)),
-            u64a(n),
-        ]
-        .into_iter()
-        .collect();
-        let dense = a.shape() == &shape[..]
-            && b.shape() == &shape[..]
-            && a.is_contiguous()
-            && b.is_contiguous();
-        let (kernel, config) = if dense {
-            (Kernel::Binary, kernels::elementwise_config(n))
-        } else {
-            let la = a.layout().broadcast_to(&shape)?;
-            let lb = b.layout().broadcast_to(&shape)?;
-            let strides = [la.strides(), lb.strides()];
-            kernels::push_strided(name, &mut args, &shape, &strides)?;
-            match kernels::row_tiles(&shape, &strides) {
-                Some(config) => (Kernel::BinaryRowsStrided, config),
-                None => (Kernel::BinaryStrided, kernels::elementwise_config(n)),
-            }
-        };
-        self.launch(name, kernel, config, &args)?;
+        let out = self.alloc(binary_name(op), &shape)?;
+        self.binary_to(op, a, b, &out)?;
         Ok(out)
+    }
+
+    fn binary_into(
+        &self,
+        op: BinaryOp,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        dst: &CudaTensor,
+    ) -> Result<()> {
+        validate::binary_into(op, a, b, dst)?;
+        if !dst.is_contiguous() {
+            let out = self.binary(op, a, b)?;
+            return self.copy_into(&out, dst);
+        }
+        self.binary_to(op, a, b, dst)
     }
 
     fn binary_scalar(

@@ -82,6 +82,23 @@ pub(crate) fn binary<S: Storage>(op: BinaryOp, a: &Tensor<S>, b: &Tensor<S>) -> 
     Ok(shape)
 }
 
+/// `binary_into`: `dst` shaped as the broadcast of `a` and `b`, writable, and in other memory
+/// than either operand (a thread may write an element of `dst` before another thread reads
+/// the operand element there).
+pub(crate) fn binary_into<S: Storage>(
+    op: BinaryOp,
+    a: &Tensor<S>,
+    b: &Tensor<S>,
+    dst: &Tensor<S>,
+) -> Result<()> {
+    const OP: &str = "binary_into";
+    let shape = binary(op, a, b)?;
+    same_shape(OP, &shape, dst.shape())?;
+    writable(OP, dst.layout())?;
+    distinct(OP, &[("a", a), ("dst", dst)])?;
+    distinct(OP, &[("b", b), ("dst", dst)])
+}
+
 /// A reduction's output.
 #[derive(Debug)]
 pub(crate) struct Reduced {

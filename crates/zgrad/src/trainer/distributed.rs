@@ -39,7 +39,7 @@ use std::cell::Cell;
 use std::ops::Range;
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo, SingleProcess};
-use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+use zcompute::{AllocClass, BTensor, BinaryOp, Capture, Element, prelude::*};
 
 /// The rows of a global batch of `batch` that rank `rank` of `world` takes: contiguous,
 /// disjoint, covering the batch, sizes differing by at most one (the first `batch % world`
@@ -239,13 +239,15 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         } else {
             Some(self.model.loss(&tape, x, y)?.0)
         };
-        // Before backward: the first bucket to go (the buffer's end) holds the slot.
+        // Before backward: the first bucket to go (the buffer's end) holds the slot. The
+        // product goes straight into it (one launch).
+        let loss = slot.reshape(&[])?;
         match &forward {
-            Some(local) => b.copy_into(&b.mul(local.value(), &d.share)?.reshape(&[1])?, &slot)?,
-            None => b.fill(&slot, T::ZERO)?,
+            Some(local) => b.binary_into(BinaryOp::Mul, local.value(), &d.share, &loss)?,
+            None => b.fill(&loss, T::ZERO)?,
         }
         d.backward_and_reduce(b, &set, &tape, forward.as_ref())?;
-        Ok(slot.reshape(&[])?)
+        Ok(loss)
     }
 
     /// The per-sample step's sum over the ranks, after its last sample: this rank's
@@ -261,20 +263,24 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         scale: &BTensor<B, T>,
     ) -> Result<BTensor<B, T>> {
         let d = &self.dist;
-        let scaled = if losses.numel() == 0 {
-            b.zeros(&[])?
-        } else {
-            b.mul(&b.sum(losses, 0, false)?, scale)?
-        };
         let Some(set) = ParameterSet::of(&self.params) else {
+            let scaled = if losses.numel() == 0 {
+                b.zeros(&[])?
+            } else {
+                b.mul(&b.sum(losses, 0, false)?, scale)?
+            };
             d.reduce_grads(b, &self.params)?;
             d.reduce(b, &scaled)?;
             return Ok(scaled);
         };
-        let slot = set.loss_slot()?;
-        b.copy_into(&scaled.reshape(&[1])?, &slot)?;
+        let loss = set.loss_slot()?.reshape(&[])?;
+        if losses.numel() == 0 {
+            b.fill(&loss, T::ZERO)?;
+        } else {
+            b.binary_into(BinaryOp::Mul, &b.sum(losses, 0, false)?, scale, &loss)?;
+        }
         d.comm.all_reduce_sum(b, &set.reduced()?, d.step.get())?;
-        Ok(slot.reshape(&[])?)
+        Ok(loss)
     }
 }
 

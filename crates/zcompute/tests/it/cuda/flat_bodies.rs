@@ -2,7 +2,7 @@
 //! driver: the CUDA backend's fused kernels against the CPU backend's composed ops.
 
 use super::bodies::{TOL, View, assert_close, input};
-use zcompute::{Backend, CpuBackend, CpuTensor, CudaBackend};
+use zcompute::{Backend, BinaryOp, CpuBackend, CpuTensor, CudaBackend};
 use zdevice::Driver;
 
 const CPU: CpuBackend = CpuBackend;
@@ -118,6 +118,66 @@ pub fn add_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
     assert!(
         got[dst.numel()..].iter().all(|&v| v == 3.0),
         "add_into wrote past its view"
+    );
+}
+
+/// `dst = a op b` straight into a view: the same bits as `binary` on this backend and the
+/// CPU's result, for a destination dense, transposed or narrowed, `b` broadcast along the last
+/// axis or not; memory next to a narrowed destination is left alone; a destination of another
+/// shape or one overlapping an operand is refused.
+pub fn binary_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
+    let last = shape[shape.len() - 1];
+    for op in [BinaryOp::Mul, BinaryOp::Add] {
+        for b_shape in [shape.to_vec(), vec![last]] {
+            let a = input(gpu, shape, View::Dense, 45, -1.0, 1.0);
+            let a_c = input(&CPU, shape, View::Dense, 45, -1.0, 1.0);
+            let b = input(gpu, &b_shape, View::Dense, 46, -1.0, 1.0);
+            let b_c = input(&CPU, &b_shape, View::Dense, 46, -1.0, 1.0);
+            let dst = input(gpu, shape, view, 47, -1.0, 1.0);
+            let dst_c = input(&CPU, shape, view, 47, -1.0, 1.0);
+            gpu.binary_into(op, &a, &b, &dst).expect("binary_into");
+            Backend::<f32>::binary_into(&CPU, op, &a_c, &b_c, &dst_c).expect("cpu binary_into");
+            let what = format!("binary_into {op:?} {shape:?} by {b_shape:?} into {view:?}");
+            assert_close(&what, gpu, &dst, &dst_c, TOL);
+            let fresh = gpu.binary(op, &a, &b).expect("binary");
+            let bits = |t: &zcompute::CudaTensor| {
+                let dense = gpu.contiguous(t).expect("contiguous");
+                gpu.download(&dense)
+                    .expect("download")
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&dst), bits(&fresh), "{what}: not binary's bits");
+        }
+    }
+    let n = shape.iter().product::<usize>();
+    let stored = gpu.upload(&vec![3.0f32; 2 * n], &[2 * n]).expect("stored");
+    let half = stored.narrow(0, 0, n).expect("narrow");
+    let a = input(gpu, &[n], View::Dense, 48, -1.0, 1.0);
+    gpu.binary_into(BinaryOp::Mul, &a, &a, &half)
+        .expect("binary_into a view");
+    let got = gpu.download(&stored).expect("download");
+    assert!(
+        got[n..].iter().all(|&v| v == 3.0),
+        "binary_into wrote past its view"
+    );
+    let wrong = gpu.zeros(&[n + 1]).expect("zeros");
+    assert!(
+        gpu.binary_into(BinaryOp::Mul, &a, &a, &wrong).is_err(),
+        "a destination of another shape is refused"
+    );
+    assert!(
+        gpu.binary_into(BinaryOp::Mul, &a, &half, &a).is_err(),
+        "a destination overlapping an operand is refused"
+    );
+    let (a_c, w_c) = (
+        input(&CPU, &[n], View::Dense, 48, -1.0, 1.0),
+        CpuTensor::from_vec(vec![0.0f32; n + 1], &[n + 1]).expect("zeros"),
+    );
+    assert!(
+        Backend::<f32>::binary_into(&CPU, BinaryOp::Mul, &a_c, &a_c, &w_c).is_err(),
+        "the CPU refuses it too"
     );
 }
 

@@ -219,6 +219,14 @@ macro_rules! op_suite {
         }
 
         #[rstest]
+        fn flat_binary_into(
+            #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
+            #[values(View::Dense, View::Transposed, View::Narrowed)] view: View,
+        ) {
+            super::flat_bodies::binary_into(&$backend(), shape, view);
+        }
+
+        #[rstest]
         #[case::row_major(&[7, 5][..], &[5, 3][..], MatmulOpts::default())]
         #[case::weight_grad(&[9, 5], &[9, 4], MatmulOpts { trans_a: true, trans_b: false })]
         #[case::both_transposed(&[5, 7], &[3, 5], MatmulOpts { trans_a: true, trans_b: true })]

@@ -532,3 +532,50 @@ fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capt
     assert_eq!(device[0].0.len(), 4);
     assert_eq!(device, host);
 }
+
+/// Nodes of the captured batched step's graph after one step of 7 samples, alone or as rank 0
+/// of 2 with `sync`.
+fn batched_graph_nodes(sync: Option<GradSync>) -> usize {
+    let nodes = |b: &CudaBackend<SimDriver>, comm: Option<SimCollective>, sync: GradSync| {
+        let model = XAsset::init(b, CFG, 7).unwrap();
+        let t = Trainer::new(b.clone(), model, config(TrainSchedule::Batched, true)).unwrap();
+        let mut t = match comm {
+            Some(c) => t.with_collective(Rc::new(c)).unwrap(),
+            None => t,
+        }
+        .with_grad_sync(sync)
+        .unwrap();
+        let (x, y) = data(0, 7);
+        assert!(t.train_batch(&x, &y, 7).unwrap().captured);
+        t.batched_graph().expect("a captured graph").nodes()
+    };
+    match sync {
+        None => nodes(&Engine::sim(256 << 20).unwrap(), None, GradSync::default()),
+        Some(sync) => {
+            let per_rank = ranks(2, move |b, c| nodes(b, Some(c), sync));
+            assert_eq!(
+                per_rank[0], per_rank[1],
+                "both ranks capture the same graph"
+            );
+            per_rank[0]
+        }
+    }
+}
+
+/// A data-parallel step's graph holds what one rank's does, the all-reduce of each bucket, and
+/// one node more: the scaled loss written into its slot (the product straight into the slot).
+/// Nothing reads the loss out or zeroes the slot after the sum. One bucket here (the small
+/// model's gradients fit the default bucket), summed after backward or as the overlapped plan's
+/// last bucket.
+#[rstest]
+#[case::after_backward(GradSync::AfterBackward)]
+#[case::overlapped(GradSync::default())]
+fn a_data_parallel_graph_adds_its_all_reduce_and_the_loss_into_its_slot(#[case] sync: GradSync) {
+    let one = batched_graph_nodes(None);
+    let two = batched_graph_nodes(Some(sync));
+    assert_eq!(
+        two,
+        one + 2,
+        "{sync:?}: {two} nodes on 2 ranks, {one} on one"
+    );
+}
