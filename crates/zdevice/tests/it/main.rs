@@ -9,6 +9,7 @@ mod pinned;
 mod rules;
 mod session;
 mod util;
+mod waits;
 
 /// Expands the conformance suite into tests for one device opener.
 macro_rules! conformance_suite {
