@@ -47,9 +47,6 @@
 //! round's efficiency on stderr and, under `weak_rounds`, every round's `one_gpu_ms`,
 //! `<sync>_ms` and `<sync>_efficiency`, with `<sync>_efficiency_median` and `_range`: the
 //! figure to quote, where the single `scaling_*` ratios compare rows measured minutes apart.
-//! Each also timed aligned (`one_gpu_aligned_ms`, `<sync>_aligned_*`): every replay queued
-//! behind a barrier of the ranks and a GPU delay, so that no host is in the timed interval (a
-//! rank whose host launches late holds the others' last all-reduce in `captured_ms`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 // Shared with xasset_bench, which uses every helper; this bench uses some.

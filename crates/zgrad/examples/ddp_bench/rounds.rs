@@ -6,56 +6,11 @@
 //! the syncs in reverse and one GPU last, so a drift over the run weighs on every side alike. A round's efficiency is T(1)/T(N) by the median of
 //! `--iters` event-timed replays each; rank 0 prints each round on stderr and returns the rounds,
 //! their median and range for the JSON.
-//!
-//! Each round times every step twice: as `captured_ms` does (the events around a replay that
-//! each rank's host launches after reading the previous step back), and aligned
-//! (`aligned_ms`): each replay queued behind a one-element all-reduce of every rank and a GPU
-//! delay (a 2048² product, about 0.3 ms), so that on every rank the replay is already
-//! queued when its start event runs, and the ranks' start events run together. The aligned
-//! time is the step's GPU time with no host in it: the two-GPU step's last all-reduce then
-//! waits for no late host, and no step (one GPU or two) waits for its own launch.
 
-use super::timing::{Error, EventPair, Json, median_of};
+use super::timing::{Error, Json};
 use super::{Comm, Gpu, PER_RANK, captured_ms, data, trainer};
 use zcompute::prelude::*;
-use zgrad::{GradSync, ReplayMark, Trainer};
-
-/// The delay before an aligned replay's start event: a product of `DELAY` x `DELAY` operands
-/// (about 0.3 ms on an H100: longer than a host takes to queue the product, the start event
-/// and the replay; a 1024² product, about 40 us, was not, and let a late host back in).
-const DELAY: usize = 2048;
-
-/// Events around the replay of `t`'s captured step, queued behind the ranks' barrier and the
-/// GPU delay (see the module docs), median of `iters` after 3 untimed.
-fn aligned_ms(gpu: &Gpu, comm: &Comm, t: &mut Trainer<Gpu>, iters: usize) -> Result<f64, Error> {
-    let ev = EventPair::new(gpu)?;
-    let flag = gpu.zeros(&[1])?;
-    let delay = gpu.full(&[DELAY, DELAY], 1.0 / DELAY as f32)?;
-    // The product adds into a tensor made here: the timed loop allocates nothing.
-    let sink = gpu.zeros(&[DELAY, DELAY])?;
-    median_of(3, iters, || {
-        let mut failed: Option<Error> = None;
-        t.replay_resident(|mark| {
-            let r: Result<(), Error> = match mark {
-                ReplayMark::Before => comm
-                    .all_reduce_sum(gpu, &flag, 0)
-                    .map_err(Error::from)
-                    .and_then(|()| {
-                        Ok(gpu.matmul_into(&delay, &delay, Default::default(), &sink)?)
-                    })
-                    .and_then(|()| Ok(ev.start()?)),
-                ReplayMark::After => ev.end().map_err(Error::from),
-            };
-            if let Err(e) = r {
-                failed.get_or_insert(e);
-            }
-        })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        ev.elapsed_ms()
-    })
-}
+use zgrad::{GradSync, Trainer};
 
 /// Every rank has queued and finished everything before this returns (a one-element
 /// all-reduce, then the communicator's bounded synchronize): the next timed replays start
@@ -92,31 +47,6 @@ fn summary(v: &[f64]) -> [f64; 3] {
     ]
 }
 
-/// Each round's efficiency T(1)/T(N) of the step timed as `name` says, their median and range,
-/// into the JSON (`<name>_ms`, `<name>_efficiency`, `_median`, `_range`) and on stderr.
-fn efficiencies(out: &mut Json, name: &str, one: &[f64], many: &[f64], rounds: usize) {
-    let eff: Vec<f64> = one.iter().zip(many).map(|(t1, tn)| t1 / tn).collect();
-    let [median, lo, hi] = summary(&eff);
-    out.list(&format!("{name}_ms"), many);
-    let items: Vec<String> = eff.iter().map(|e| format!("{e:.4}")).collect();
-    out.raw(
-        &format!("{name}_efficiency"),
-        format!("[{}]", items.join(",")),
-    );
-    out.raw(&format!("{name}_efficiency_median"), format!("{median:.4}"));
-    out.raw(
-        &format!("{name}_efficiency_range"),
-        format!("[{lo:.4},{hi:.4}]"),
-    );
-    eprintln!(
-        "weak-scaling efficiency, {name}, over {rounds} rounds: median {:.1}%, range \
-         {:.1}-{:.1}%",
-        100.0 * median,
-        100.0 * lo,
-        100.0 * hi
-    );
-}
-
 /// R alternated rounds (see the module docs); the JSON of rank 0's timings, `None` for
 /// `rounds` 0 or on the other ranks.
 pub fn weak_rounds(
@@ -137,14 +67,11 @@ pub fn weak_rounds(
     }
     let mut one_ms = Vec::new();
     let mut many_ms = vec![Vec::new(); many.len()];
-    let mut one_aligned = Vec::new();
-    let mut many_aligned = vec![Vec::new(); many.len()];
     let rank0 = comm.info().rank == 0;
     for r in 1..=rounds {
         let mut time_one = || -> Result<(), Error> {
             barrier(gpu, comm)?;
             one_ms.push(captured_ms(gpu, &mut one, iters)?);
-            one_aligned.push(aligned_ms(gpu, comm, &mut one, iters)?);
             barrier(gpu, comm)
         };
         if r % 2 == 1 {
@@ -158,8 +85,6 @@ pub fn weak_rounds(
         for k in order {
             let ms = captured_ms(gpu, &mut many[k].1, iters)?;
             many_ms[k].push(ms);
-            let ms = aligned_ms(gpu, comm, &mut many[k].1, iters)?;
-            many_aligned[k].push(ms);
         }
         if r % 2 == 0 {
             time_one()?;
@@ -167,21 +92,15 @@ pub fn weak_rounds(
         if rank0 {
             let rows: Vec<String> = many
                 .iter()
-                .zip(many_ms.iter().zip(&many_aligned))
-                .map(|((name, _), (ms, al))| {
+                .zip(&many_ms)
+                .map(|((name, _), ms)| {
                     let (t1, tn) = (one_ms[r - 1], ms[r - 1]);
-                    let (a1, an) = (one_aligned[r - 1], al[r - 1]);
-                    format!(
-                        "{name} {tn:.3} ms ({:.1}%), aligned {an:.3} ms ({:.1}%)",
-                        100.0 * t1 / tn,
-                        100.0 * a1 / an
-                    )
+                    format!("{name} {tn:.3} ms ({:.1}%)", 100.0 * t1 / tn)
                 })
                 .collect();
             eprintln!(
-                "round {r} of {rounds}: one GPU {:.3} ms, aligned {:.3} ms; {world} GPUs: {}",
+                "round {r} of {rounds}: one GPU {:.3} ms; {world} GPUs: {}",
                 one_ms[r - 1],
-                one_aligned[r - 1],
                 rows.join(", ")
             );
         }
@@ -192,15 +111,26 @@ pub fn weak_rounds(
     let mut out = Json::default();
     out.raw("rounds", rounds);
     out.list("one_gpu_ms", &one_ms);
-    out.list("one_gpu_aligned_ms", &one_aligned);
-    for ((name, _), (ms, al)) in many.iter().zip(many_ms.iter().zip(&many_aligned)) {
-        efficiencies(&mut out, name, &one_ms, ms, rounds);
-        efficiencies(
-            &mut out,
-            &format!("{name}_aligned"),
-            &one_aligned,
-            al,
-            rounds,
+    for ((name, _), ms) in many.iter().zip(&many_ms) {
+        let eff: Vec<f64> = one_ms.iter().zip(ms).map(|(t1, tn)| t1 / tn).collect();
+        let [median, lo, hi] = summary(&eff);
+        out.list(&format!("{name}_ms"), ms);
+        let items: Vec<String> = eff.iter().map(|e| format!("{e:.4}")).collect();
+        out.raw(
+            &format!("{name}_efficiency"),
+            format!("[{}]", items.join(",")),
+        );
+        out.raw(&format!("{name}_efficiency_median"), format!("{median:.4}"));
+        out.raw(
+            &format!("{name}_efficiency_range"),
+            format!("[{lo:.4},{hi:.4}]"),
+        );
+        eprintln!(
+            "weak-scaling efficiency, {name}, over {rounds} rounds: median {:.1}%, range \
+             {:.1}-{:.1}%",
+            100.0 * median,
+            100.0 * lo,
+            100.0 * hi
         );
     }
     Ok(Some(out))
