@@ -19,6 +19,37 @@ pub const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(1);
 /// (and the OS's timer slack) after it is.
 pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(100);
 
+/// How a wait paces its polls: none of them apart for its first `spin` (the thread yields
+/// between them), then sleeps doubling from 2 us up to [`MAX_POLL_SLEEP`]. The device's waits
+/// and the NCCL communicator's share it.
+#[derive(Debug)]
+pub(crate) struct Pacing {
+    start: Instant,
+    spin: Duration,
+    sleep: Duration,
+}
+
+impl Pacing {
+    pub(crate) fn new(spin: Duration) -> Self {
+        Pacing {
+            start: Instant::now(),
+            spin,
+            sleep: Duration::from_micros(2),
+        }
+    }
+
+    /// Before the next poll: `None` to poll again at once (yield the thread first), or how
+    /// long to sleep.
+    pub(crate) fn next(&mut self) -> Option<Duration> {
+        if self.start.elapsed() < self.spin {
+            return None;
+        }
+        let sleep = self.sleep;
+        self.sleep = (self.sleep * 2).min(MAX_POLL_SLEEP);
+        Some(sleep)
+    }
+}
+
 /// Mutex plus condition variable over the capture session's book, and its lock-free watch.
 #[derive(Debug, Default)]
 pub(crate) struct CaptureGate {
@@ -256,14 +287,13 @@ impl<D: Driver> Device<D> {
         let deadline = self.inner.config.sync_deadline;
         let driver = &self.inner.driver;
         let start = driver.now();
-        let real_start = Instant::now();
-        let real_deadline = real_start + deadline;
-        let spin = if driver.is_virtual_time() {
+        let real_deadline = Instant::now() + deadline;
+        // Spinning would not move a virtual clock: such a driver sleeps from the start.
+        let mut pacing = Pacing::new(if driver.is_virtual_time() {
             Duration::ZERO
         } else {
-            SPIN_BEFORE_SLEEP.min(deadline)
-        };
-        let mut interval = Duration::from_micros(2);
+            SPIN_BEFORE_SLEEP
+        });
         loop {
             let ticket = self.enter_poll(call, real_deadline)?;
             let state = self.checked(query(driver));
@@ -280,12 +310,10 @@ impl<D: Driver> Device<D> {
                     device_lost: false,
                 });
             }
-            if real_start.elapsed() < spin {
-                std::thread::yield_now();
-                continue;
+            match pacing.next() {
+                None => std::thread::yield_now(),
+                Some(sleep) => driver.pause(sleep.min(deadline - elapsed)),
             }
-            driver.pause(interval.min(deadline - elapsed));
-            interval = (interval * 2).min(MAX_POLL_SLEEP);
         }
     }
 
@@ -325,5 +353,21 @@ impl<D: Driver> Device<D> {
     /// Clears the capture mark and wakes held-off threads.
     pub(crate) fn unbook_capture(&self) {
         self.update_session(|book| book.stream = None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacing_spins_first_then_sleeps_doubling_to_its_cap() {
+        let mut spinning = Pacing::new(Duration::from_secs(3600));
+        assert!((0..1000).all(|_| spinning.next().is_none()));
+        let mut sleeping = Pacing::new(Duration::ZERO);
+        let sleeps: Vec<u64> = (0..9)
+            .map(|_| sleeping.next().expect("a sleep").as_micros() as u64)
+            .collect();
+        assert_eq!(sleeps, [2, 4, 8, 16, 32, 64, 100, 100, 100]);
     }
 }

@@ -17,6 +17,7 @@ mod capture;
 mod compute;
 mod deferred;
 mod guard;
+pub(crate) use guard::{Pacing, SPIN_BEFORE_SLEEP};
 mod memory;
 mod session;
 mod watchdog;

@@ -32,7 +32,7 @@ use cuda_sys::nccl::{
     ncclResult_t, ncclSuccess, ncclSum, ncclUniqueId,
 };
 
-use crate::device::Device;
+use crate::device::{Device, Pacing, SPIN_BEFORE_SLEEP};
 use crate::driver::Driver;
 use crate::error::DeviceError;
 use crate::types::{DevicePtr, Readiness, Stream};
@@ -286,7 +286,8 @@ impl<D: Driver> NcclComm<D> {
         const CALL: &str = "cuStreamQuery";
         let deadline = self.device.config().sync_deadline;
         let until = Instant::now() + deadline;
-        let mut pause = Duration::from_micros(2);
+        // As the device's own waits: a step queued on the stream is seen done as it ends.
+        let mut pacing = Pacing::new(SPIN_BEFORE_SLEEP);
         loop {
             self.async_state("synchronize")?;
             let ticket = self.device.enter_poll(CALL, until)?;
@@ -304,8 +305,10 @@ impl<D: Driver> NcclComm<D> {
                     deadline,
                 });
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(1));
+            match pacing.next() {
+                None => std::thread::yield_now(),
+                Some(sleep) => std::thread::sleep(sleep),
+            }
         }
     }
 
