@@ -10,7 +10,7 @@
 //! as the per-step path does, and refuses a non-finite one naming its sample; the gate on the
 //! device is `sum(losses * 0)`, NaN exactly when one of them is not finite (an `f64` sum of
 //! finite values is finite), so the device skips exactly the steps the host refuses. In data
-//! parallel the loss rides in the flat gradient buffer's padding slot (one all-reduce a step,
+//! parallel the loss rides in the loss slot after the flat gradient buffer (one all-reduce a step,
 //! `StepParts::reduce_samples`) and the report is that global sum.
 
 use super::body::StepParts;
