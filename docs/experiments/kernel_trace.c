@@ -39,43 +39,50 @@ static int kept_api(CUpti_CallbackId cbid) {
          cbid == CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize;
 }
 
+/// One CSV row: type, device, stream, graph, node, start, end, correlation, extra, name.
+static void row(char type, uint32_t device, uint32_t stream, uint32_t graph, uint64_t node,
+                uint64_t start, uint64_t end, uint32_t correlation, uint64_t extra,
+                const char *name) {
+  fprintf(out, "%c,%u,%u,%u,%llu,%llu,%llu,%u,%llu,%s\n", type, device, stream, graph,
+          (unsigned long long)node, (unsigned long long)start, (unsigned long long)end,
+          correlation, (unsigned long long)extra, name);
+}
+
 static void CUPTIAPI completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
                                size_t valid) {
   (void)ctx;
   (void)stream;
   (void)size;
   CUpti_Activity *record = NULL;
+  char name[32];
   while (out && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     switch (record->kind) {
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
     case CUPTI_ACTIVITY_KIND_KERNEL: {
       CUpti_ActivityKernel10 *k = (CUpti_ActivityKernel10 *)record;
-      fprintf(out, "K,%u,%u,%u,%llu,%llu,%llu,%u,%d,%s\n", k->deviceId, k->streamId, k->graphId,
-              (unsigned long long)k->graphNodeId, (unsigned long long)k->start,
-              (unsigned long long)k->end, k->correlationId, k->gridX * k->gridY * k->gridZ,
-              k->name);
+      row('K', k->deviceId, k->streamId, k->graphId, k->graphNodeId, k->start, k->end,
+          k->correlationId, (uint64_t)k->gridX * k->gridY * k->gridZ, k->name);
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       CUpti_ActivityMemcpy6 *m = (CUpti_ActivityMemcpy6 *)record;
-      fprintf(out, "C,%u,%u,%u,%llu,%llu,%llu,%u,%llu,memcpy%u\n", m->deviceId, m->streamId,
-              m->graphId, (unsigned long long)m->graphNodeId, (unsigned long long)m->start,
-              (unsigned long long)m->end, m->correlationId, (unsigned long long)m->bytes,
-              m->copyKind);
+      snprintf(name, sizeof name, "memcpy%u", m->copyKind);
+      row('C', m->deviceId, m->streamId, m->graphId, m->graphNodeId, m->start, m->end,
+          m->correlationId, m->bytes, name);
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       CUpti_ActivityMemset4 *m = (CUpti_ActivityMemset4 *)record;
-      fprintf(out, "S,%u,%u,%u,%llu,%llu,%llu,%u,%llu,memset\n", m->deviceId, m->streamId,
-              m->graphId, (unsigned long long)m->graphNodeId, (unsigned long long)m->start,
-              (unsigned long long)m->end, m->correlationId, (unsigned long long)m->bytes);
+      row('S', m->deviceId, m->streamId, m->graphId, m->graphNodeId, m->start, m->end,
+          m->correlationId, m->bytes, "memset");
       break;
     }
     case CUPTI_ACTIVITY_KIND_DRIVER: {
       CUpti_ActivityAPI *a = (CUpti_ActivityAPI *)record;
-      if (kept_api(a->cbid))
-        fprintf(out, "A,0,0,0,0,%llu,%llu,%u,%u,api%u\n", (unsigned long long)a->start,
-                (unsigned long long)a->end, a->correlationId, a->threadId, a->cbid);
+      if (kept_api(a->cbid)) {
+        snprintf(name, sizeof name, "api%u", a->cbid);
+        row('A', 0, 0, 0, 0, a->start, a->end, a->correlationId, a->threadId, name);
+      }
       break;
     }
     default:

@@ -6,7 +6,7 @@
 //! buffer, so the global gradient norm and clipping cost one launch each whatever the
 //! parameter count.
 
-use super::kernels::{self, Args, Kernel, binary_code, ptr, u64a};
+use super::kernels::{self, Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, BinaryOp};
 use crate::error::Result;
@@ -182,17 +182,7 @@ impl<D: Driver> CudaBackend<D> {
             let sum = self.add(dst, src)?;
             return self.copy_into(&sum, dst);
         }
-        // The dense binary kernel reads a[i] and b[i] before writing out[i] in the same
-        // thread, so out = a = dst is an in-place add.
-        let args: Args = [
-            ptr(self.ptr(OP, dst)?),
-            ptr(self.ptr(OP, dst)?),
-            ptr(self.ptr(OP, src)?),
-            KernelArg::U32(binary_code(BinaryOp::Add)),
-            u64a(n),
-        ]
-        .into_iter()
-        .collect();
-        self.launch(OP, Kernel::Binary, kernels::elementwise_config(n), &args)
+        // The dense binary kernel with out = a = dst: an in-place add.
+        self.binary_to(OP, BinaryOp::Add, dst, src, dst)
     }
 }

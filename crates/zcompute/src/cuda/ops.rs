@@ -56,17 +56,18 @@ impl<D: Driver> CudaBackend<D> {
         Ok(t)
     }
 
-    /// `out = a op b` (shapes checked by the caller; `out` dense, shaped as the broadcast, in
-    /// other memory than `a` and `b`): the dense kernel when both operands are dense and of
-    /// `out`'s shape, else the strided kernels.
-    fn binary_to(
+    /// `out = a op b` (shapes checked by the caller; `out` dense, shaped as the broadcast; in
+    /// other memory than `a` and `b`, or, dense and of `out`'s shape, `out` itself: each thread
+    /// reads `a[i]` and `b[i]` before it writes `out[i]`): the dense kernel when both operands
+    /// are dense and of `out`'s shape, else the strided kernels. `name` is the op errors name.
+    pub(crate) fn binary_to(
         &self,
+        name: &'static str,
         op: BinaryOp,
         a: &CudaTensor,
         b: &CudaTensor,
         out: &CudaTensor,
     ) -> Result<()> {
-        let name = binary_name(op);
         let shape = out.shape();
         let n = out.numel();
         if n == 0 {
@@ -233,8 +234,9 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
 
     fn binary(&self, op: BinaryOp, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         let shape = validate::binary(op, a, b)?;
-        let out = self.alloc(binary_name(op), &shape)?;
-        self.binary_to(op, a, b, &out)?;
+        let name = binary_name(op);
+        let out = self.alloc(name, &shape)?;
+        self.binary_to(name, op, a, b, &out)?;
         Ok(out)
     }
 
@@ -250,7 +252,7 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
             let out = self.binary(op, a, b)?;
             return self.copy_into(&out, dst);
         }
-        self.binary_to(op, a, b, dst)
+        self.binary_to(binary_name(op), op, a, b, dst)
     }
 
     fn binary_scalar(
