@@ -46,6 +46,8 @@ const DRIVER_FUNCTIONS: &[&str] = &[
     "cuCtxGetCurrent",
     "cuCtxSynchronize",
     "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuCtxGetStreamPriorityRange",
     "cuStreamDestroy_v2",
     "cuStreamQuery",
     "cuStreamSynchronize",

@@ -194,6 +194,11 @@ pub trait Driver: Send + Sync + 'static {
 
     /// `cuStreamCreate`.
     fn stream_create(&self, kind: StreamKind) -> DriverResult<Stream>;
+    /// `cuStreamCreateWithPriority`: the driver clamps a priority outside
+    /// [`Driver::stream_priority_range`] to it.
+    fn stream_create_with_priority(&self, kind: StreamKind, priority: i32) -> DriverResult<Stream>;
+    /// `cuCtxGetStreamPriorityRange` of the current context.
+    fn stream_priority_range(&self) -> DriverResult<PriorityRange>;
     /// `cuStreamDestroy_v2`.
     fn stream_destroy(&self, stream: Stream) -> DriverResult<()>;
     /// `cuStreamQuery`.

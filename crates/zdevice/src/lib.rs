@@ -40,7 +40,7 @@ pub use error::{DeviceError, DeviceResult};
 pub use types::{
     BlasHandle, CaptureMode, CaptureStatus, Context, DevicePtr, Event, Function, GemmF32, Graph,
     GraphExec, HostPtr, InstantiateFlags, KernelArg, LaunchConfig, MemPool, Module, PoolProps,
-    Readiness, Stream, StreamKind, Transpose,
+    PriorityRange, Readiness, Stream, StreamKind, StreamPriority, Transpose,
 };
 
 /// The README's example, compiled and run by `cargo test --doc` so that it stays true.

@@ -92,6 +92,40 @@ pub enum StreamKind {
     Blocking,
 }
 
+/// How the device schedules a stream's work against other streams' (`cuStreamCreateWithPriority`):
+/// when SMs free up, blocks of a higher-priority stream's pending kernels are started first.
+/// A hint only: running blocks are never preempted, and the order of work is what the events
+/// say. A graph captured from a stream keeps each kernel's priority when it is instantiated
+/// with [`InstantiateFlags::use_node_priority`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamPriority {
+    /// CUDA's default, which is the device's least priority.
+    #[default]
+    Normal,
+    /// The greatest priority the device offers (`cuCtxGetStreamPriorityRange`).
+    High,
+}
+
+/// `cuCtxGetStreamPriorityRange`: numerically lower is greater (an H100 says 0 and -5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PriorityRange {
+    /// The least priority (CUDA's default for a stream).
+    pub least: i32,
+    /// The greatest priority.
+    pub greatest: i32,
+}
+
+impl PriorityRange {
+    /// The driver's number for `p` on a device with this range.
+    #[must_use]
+    pub fn value(self, p: StreamPriority) -> i32 {
+        match p {
+            StreamPriority::Normal => self.least,
+            StreamPriority::High => self.greatest,
+        }
+    }
+}
+
 /// `CUstreamCaptureMode`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaptureMode {
@@ -128,6 +162,9 @@ pub enum Readiness {
 pub struct InstantiateFlags {
     /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
     pub auto_free_on_launch: bool,
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`: each kernel runs at the priority of the
+    /// stream it was captured from, not the priority of the stream the graph is launched into.
+    pub use_node_priority: bool,
 }
 
 /// Grid and block shape of a kernel launch.

@@ -4,7 +4,8 @@
 //! PyTorch's side).
 //!
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]
-//! [--strong 256,512,1024] [--warmup-steps W] [--nccl-channels C]` starts N ranks of itself
+//! [--strong 256,512,1024] [--warmup-steps W] [--nccl-channels C]
+//! [--stream-priority same|engine|comm]` starts N ranks of itself
 //! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`, and with C > 0 NCCL's
 //! channels limited to C, as ztrain's `--nccl-channels`; 0, the default, leaves NCCL's own
 //! choice, as does a set `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS`; JSON key
@@ -31,6 +32,12 @@
 //!   replay, loss read back);
 //! - `eager_ms`: host wall-clock of an eager `train_batch`;
 //! - `samples_per_s`: the global batch over `pipelined_ms`;
+//!
+//! `--stream-priority` says which of a rank's two streams the device favours when both have
+//! blocks waiting for SMs: `same` (the default) leaves both at CUDA's default, `engine` gives
+//! the engine stream (forward, backward, the optimiser) the device's greatest priority,
+//! `comm` gives it to the stream of the overlapped bucket all-reduces (JSON key
+//! `stream_priority`).
 //!
 //! Before the first timed row every rank replays the captured weak-scaling step `W` times
 //! (default 2000, about 1.5 s): the first process a freshly started GPU machine runs measured its
@@ -63,7 +70,7 @@ use timing::{Error, EventPair, Json, median_of, wall_ms};
 use zcomm::launch::{LaunchSpec, launch};
 use zcomm::{Collective, LaunchEnv, NcclCollective, rendezvous};
 use zcompute::CudaBackend;
-use zdevice::{CudaDriver, Device, DeviceConfig};
+use zdevice::{CudaDriver, Device, DeviceConfig, StreamPriority};
 use zgrad::rng::SplitMix64;
 use zgrad::{GradSync, ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 use zmem::{Arena, ArenaConfig};
@@ -77,12 +84,13 @@ fn arg(flag: &str) -> Option<String> {
     std::env::args().skip_while(|a| a != flag).nth(1)
 }
 
-fn open_gpu(ordinal: u32) -> Result<Gpu, Error> {
+fn open_gpu(ordinal: u32, engine_priority: StreamPriority) -> Result<Gpu, Error> {
     let dev = Device::open(
         CudaDriver::load()?,
         DeviceConfig {
             ordinal,
             sync_deadline: Duration::from_secs(120),
+            engine_priority,
             ..DeviceConfig::default()
         },
     )?;
@@ -269,6 +277,8 @@ struct Args {
     warmup_steps: usize,
     syncs: Vec<(&'static str, GradSync)>,
     strong: Vec<usize>,
+    /// `--stream-priority`: its name, the engine stream's priority, the collectives' stream's.
+    priority: (&'static str, StreamPriority, StreamPriority),
 }
 
 fn args() -> Result<Args, Error> {
@@ -328,7 +338,17 @@ fn args() -> Result<Args, Error> {
         return Err("--strong takes positive global batch sizes".into());
     }
     let rounds: usize = arg("--rounds").map(|v| v.parse()).transpose()?.unwrap_or(5);
+    let (normal, high) = (StreamPriority::Normal, StreamPriority::High);
+    let priority = match arg("--stream-priority").as_deref().unwrap_or("same") {
+        "same" => ("same", normal, normal),
+        "engine" => ("engine", high, normal),
+        "comm" => ("comm", normal, high),
+        other => {
+            return Err(format!("--stream-priority {other}: expected same, engine or comm").into());
+        }
+    };
     Ok(Args {
+        priority,
         iters,
         rounds,
         warmup_steps,
@@ -356,9 +376,11 @@ fn ratios(one: &[(usize, [f64; 2])], many: &[(usize, [f64; 2])]) -> String {
 
 fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     let info = env.info;
-    let gpu = open_gpu(u32::try_from(info.local_rank)?)?;
+    let (priority, engine_priority, side_priority) = args.priority;
+    let gpu = open_gpu(u32::try_from(info.local_rank)?, engine_priority)?;
     let mut out = Json::default();
     out.str("device", &gpu.device().info().name);
+    out.str("stream_priority", priority);
     out.raw("gpus", info.world);
     out.raw("iters", args.iters);
     out.raw("rounds", args.rounds);
@@ -392,7 +414,12 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
         || Ok(NcclCollective::unique_id()?.to_vec()),
         rendezvous::Config::from_env(master, Duration::from_secs(60))?,
     )?;
-    let comm: Comm = Rc::new(NcclCollective::join(&gpu, info, &id)?);
+    let comm: Comm = Rc::new(NcclCollective::join_with_priority(
+        &gpu,
+        info,
+        &id,
+        side_priority,
+    )?);
     warm_up(&gpu, Some(&comm), info.world, args.warmup_steps)?;
     let mut many = Vec::new();
     for &(name, sync) in &args.syncs {

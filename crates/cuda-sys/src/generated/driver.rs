@@ -489,6 +489,10 @@ pub struct Cuda {
     pub cuCtxSetCurrent: unsafe extern "C" fn(ctx: CUcontext) -> CUresult,
     pub cuCtxGetCurrent: unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult,
     pub cuCtxSynchronize: unsafe extern "C" fn() -> CUresult,
+    pub cuCtxGetStreamPriorityRange: unsafe extern "C" fn(
+        leastPriority: *mut ::std::os::raw::c_int,
+        greatestPriority: *mut ::std::os::raw::c_int,
+    ) -> CUresult,
     pub cuModuleLoadData: unsafe extern "C" fn(
         module: *mut CUmodule,
         image: *const ::std::os::raw::c_void,
@@ -601,6 +605,11 @@ pub struct Cuda {
     ) -> CUresult,
     pub cuStreamCreate:
         unsafe extern "C" fn(phStream: *mut CUstream, Flags: ::std::os::raw::c_uint) -> CUresult,
+    pub cuStreamCreateWithPriority: unsafe extern "C" fn(
+        phStream: *mut CUstream,
+        flags: ::std::os::raw::c_uint,
+        priority: ::std::os::raw::c_int,
+    ) -> CUresult,
     pub cuStreamWaitEvent: unsafe extern "C" fn(
         hStream: CUstream,
         hEvent: CUevent,
@@ -684,6 +693,8 @@ impl Cuda {
         let cuCtxSetCurrent = unsafe { __library.get(b"cuCtxSetCurrent\0") }.map(|sym| *sym)?;
         let cuCtxGetCurrent = unsafe { __library.get(b"cuCtxGetCurrent\0") }.map(|sym| *sym)?;
         let cuCtxSynchronize = unsafe { __library.get(b"cuCtxSynchronize\0") }.map(|sym| *sym)?;
+        let cuCtxGetStreamPriorityRange =
+            unsafe { __library.get(b"cuCtxGetStreamPriorityRange\0") }.map(|sym| *sym)?;
         let cuModuleLoadData = unsafe { __library.get(b"cuModuleLoadData\0") }.map(|sym| *sym)?;
         let cuModuleLoadDataEx =
             unsafe { __library.get(b"cuModuleLoadDataEx\0") }.map(|sym| *sym)?;
@@ -721,6 +732,8 @@ impl Cuda {
         let cuMemAllocFromPoolAsync =
             unsafe { __library.get(b"cuMemAllocFromPoolAsync\0") }.map(|sym| *sym)?;
         let cuStreamCreate = unsafe { __library.get(b"cuStreamCreate\0") }.map(|sym| *sym)?;
+        let cuStreamCreateWithPriority =
+            unsafe { __library.get(b"cuStreamCreateWithPriority\0") }.map(|sym| *sym)?;
         let cuStreamWaitEvent = unsafe { __library.get(b"cuStreamWaitEvent\0") }.map(|sym| *sym)?;
         let cuStreamBeginCapture_v2 =
             unsafe { __library.get(b"cuStreamBeginCapture_v2\0") }.map(|sym| *sym)?;
@@ -765,6 +778,7 @@ impl Cuda {
             cuCtxSetCurrent,
             cuCtxGetCurrent,
             cuCtxSynchronize,
+            cuCtxGetStreamPriorityRange,
             cuModuleLoadData,
             cuModuleLoadDataEx,
             cuModuleUnload,
@@ -794,6 +808,7 @@ impl Cuda {
             cuMemPoolDestroy,
             cuMemAllocFromPoolAsync,
             cuStreamCreate,
+            cuStreamCreateWithPriority,
             cuStreamWaitEvent,
             cuStreamBeginCapture_v2,
             cuStreamEndCapture,
@@ -878,6 +893,13 @@ impl Cuda {
     }
     pub unsafe fn cuCtxSynchronize(&self) -> CUresult {
         unsafe { (self.cuCtxSynchronize)() }
+    }
+    pub unsafe fn cuCtxGetStreamPriorityRange(
+        &self,
+        leastPriority: *mut ::std::os::raw::c_int,
+        greatestPriority: *mut ::std::os::raw::c_int,
+    ) -> CUresult {
+        unsafe { (self.cuCtxGetStreamPriorityRange)(leastPriority, greatestPriority) }
     }
     pub unsafe fn cuModuleLoadData(
         &self,
@@ -1074,6 +1096,14 @@ impl Cuda {
         Flags: ::std::os::raw::c_uint,
     ) -> CUresult {
         unsafe { (self.cuStreamCreate)(phStream, Flags) }
+    }
+    pub unsafe fn cuStreamCreateWithPriority(
+        &self,
+        phStream: *mut CUstream,
+        flags: ::std::os::raw::c_uint,
+        priority: ::std::os::raw::c_int,
+    ) -> CUresult {
+        unsafe { (self.cuStreamCreateWithPriority)(phStream, flags, priority) }
     }
     pub unsafe fn cuStreamWaitEvent(
         &self,

@@ -18,6 +18,8 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuCtxGetCurrent",
     "cuCtxSynchronize",
     "cuStreamCreate",
+    "cuStreamCreateWithPriority",
+    "cuCtxGetStreamPriorityRange",
     "cuStreamDestroy_v2",
     "cuStreamQuery",
     "cuStreamSynchronize",

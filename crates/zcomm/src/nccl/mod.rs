@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use zcompute::cuda::SideStream;
 use zcompute::{BTensor, CudaBackend};
 use zdevice::cuda::nccl::{self, NcclComm, NcclError};
-use zdevice::{CudaDriver, DeviceError, Driver};
+use zdevice::{CudaDriver, DeviceError, Driver, StreamPriority};
 
 use crate::{Collective, CommError, RankInfo, Result};
 
@@ -76,6 +76,22 @@ impl<D: Driver> NcclCollective<D> {
     /// device captures, [`CommError::NotCuda`] over a driver NCCL cannot use, and the library's,
     /// version's, timeout's or NCCL's errors (op `"init"`, step 0).
     pub fn join(backend: &CudaBackend<D>, info: RankInfo, id: &[u8]) -> Result<NcclCollective<D>> {
+        Self::join_with_priority(backend, info, id, StreamPriority::Normal)
+    }
+
+    /// As [`NcclCollective::join`], the overlapped collectives' stream of priority
+    /// `side_priority` against the engine stream's (`zdevice::DeviceConfig::engine_priority`):
+    /// which of backward's kernels and the bucket all-reduces the device starts first when
+    /// both wait for SMs.
+    ///
+    /// # Errors
+    /// As [`NcclCollective::join`].
+    pub fn join_with_priority(
+        backend: &CudaBackend<D>,
+        info: RankInfo,
+        id: &[u8],
+        side_priority: StreamPriority,
+    ) -> Result<NcclCollective<D>> {
         const OP: &str = "init";
         if info.world == 0 || info.rank >= info.world {
             return Err(CommError::BadRank {
@@ -99,8 +115,8 @@ impl<D: Driver> NcclCollective<D> {
                     id.len()
                 ),
             })?;
-        let side =
-            SideStream::new(backend).map_err(|source| CommError::Compute { op: OP, source })?;
+        let side = SideStream::with_priority(backend, side_priority)
+            .map_err(|source| CommError::Compute { op: OP, source })?;
         let comm = NcclComm::init(device, info.rank, info.world, id)
             .map_err(|e| errors::convert(e, info.rank, OP, 0))?;
         tracing::info!(

@@ -20,7 +20,7 @@ mod gpu {
 
     use zcomm::{Collective, CommError, NcclCollective, RankInfo};
     use zcompute::{Backend, Capture, ComputeError, CudaBackend, CudaDriver, EngineConfig};
-    use zdevice::{Device, DeviceConfig, Driver};
+    use zdevice::{Device, DeviceConfig, Driver, StreamPriority};
 
     const RANK_VAR: &str = "ZCOMM_TEST_RANK";
     const WORLD_VAR: &str = "ZCOMM_TEST_WORLD";
@@ -107,10 +107,16 @@ mod gpu {
 
     /// The rank's backend on GPU `local_rank`, with the test's deadline.
     fn open(info: RankInfo) -> CudaBackend<CudaDriver> {
+        open_with(info, StreamPriority::Normal)
+    }
+
+    /// As `open`, the engine stream of priority `engine_priority`.
+    fn open_with(info: RankInfo, engine_priority: StreamPriority) -> CudaBackend<CudaDriver> {
         let driver = zdevice::CudaDriver::load().expect("the CUDA driver loads");
         let config = DeviceConfig {
             ordinal: u32::try_from(info.local_rank).expect("ordinal"),
             sync_deadline: DEADLINE,
+            engine_priority,
             ..DeviceConfig::default()
         };
         let device = Device::open(driver, config).expect("the rank's GPU opens");
@@ -194,6 +200,63 @@ mod gpu {
             !comm.is_aborted(),
             "argument errors leave the communicator usable"
         );
+    }
+
+    /// The overlapped all-reduce captured with the two streams at different priorities, one
+    /// way round on even ranks and the other on odd ones: every replay sums as with one.
+    #[test]
+    fn gpu_captured_overlapped_all_reduce_on_prioritized_streams_replays() {
+        const NAME: &str = concat!(
+            module_path!(),
+            "::gpu_captured_overlapped_all_reduce_on_prioritized_streams_replays"
+        );
+        let Some((info, id)) = role() else {
+            let codes = run_ranks(NAME, world());
+            assert!(
+                codes.iter().all(|c| *c == Some(0)),
+                "rank exit codes {codes:?}"
+            );
+            return;
+        };
+        // Even ranks put the engine first, odd ranks the collectives (priorities are each
+        // process's own; the ranks need not agree).
+        let (engine, side) = if info.rank % 2 == 0 {
+            (StreamPriority::High, StreamPriority::Normal)
+        } else {
+            (StreamPriority::Normal, StreamPriority::High)
+        };
+        let b = open_with(info, engine);
+        let comm = Arc::new(NcclCollective::join_with_priority(&b, info, &id, side).expect("join"));
+        let (w, n) = (info.world, 4099);
+        let z = b.upload(&contribution(info.rank, n), &[n]).unwrap();
+        let body = {
+            let (b, comm, z) = (b.clone(), Arc::clone(&comm), z.clone());
+            Box::new(move || {
+                let failed = |e: CommError| ComputeError::BodyFailed {
+                    detail: e.to_string(),
+                };
+                comm.all_reduce_sum_overlapped(&b, &z, 7).map_err(failed)?;
+                comm.join_overlapped(&b).map_err(failed)
+            })
+        };
+        let mut graph = b
+            .capture(body)
+            .expect("an overlapped all-reduce can be captured");
+        b.synchronize().unwrap();
+        let s = w * (w + 1) / 2;
+        for replay in 0..=2u32 {
+            if replay > 0 {
+                b.replay(&mut graph).expect("replay");
+                comm.synchronize(&b).expect("synchronize after replay");
+            }
+            let got = b.download(&z).unwrap();
+            let scale = (w as u64).pow(replay);
+            let want: Vec<f32> = (0..n)
+                .map(|i| (s as u64 * scale * (i % 7 + 1) as u64) as f32)
+                .collect();
+            assert_eq!(got, want, "rank {}, replay {replay}", info.rank);
+        }
+        drop(graph);
     }
 
     #[test]

@@ -259,8 +259,13 @@ impl<D: Driver> CudaBackend<D> {
         drop(survivors);
         drop(session);
 
+        // Each kernel at the priority of the stream it was captured from (a side stream's
+        // collectives against the engine's work), as when it ran eagerly.
         let exec = graph
-            .instantiate(InstantiateFlags::default())
+            .instantiate(InstantiateFlags {
+                use_node_priority: true,
+                ..InstantiateFlags::default()
+            })
             .map_err(|e| failed("instantiating the graph")(device_error("capture", e)))?;
         let nodes = graph.node_count().map_err(|e| device_error("capture", e))?;
         tracing::info!(

@@ -16,7 +16,7 @@
 
 use super::{CudaBackend, device_error};
 use crate::error::Result;
-use zdevice::{Device, Driver, Event, Stream};
+use zdevice::{Device, Driver, Event, Stream, StreamPriority};
 
 /// The side stream of one backend's device (see the module docs). Dropping it destroys its
 /// events; the stream itself lives as long as the device.
@@ -38,14 +38,27 @@ impl<D: Driver> std::fmt::Debug for SideStream<D> {
 }
 
 impl<D: Driver> SideStream<D> {
-    /// A new non-blocking stream on `b`'s device and its fork and join events.
+    /// A new non-blocking stream on `b`'s device, of CUDA's default priority, and its fork and
+    /// join events.
     ///
     /// # Errors
     /// `Device` (`CaptureIllegal` during a capture: make it before) from the driver's calls.
     pub fn new(b: &CudaBackend<D>) -> Result<Self> {
+        Self::with_priority(b, StreamPriority::Normal)
+    }
+
+    /// As [`SideStream::new`], the stream of priority `priority` against the engine stream's
+    /// (`zdevice::DeviceConfig::engine_priority`). A captured graph keeps each kernel's
+    /// priority (the backend instantiates with `use_node_priority`).
+    ///
+    /// # Errors
+    /// As [`SideStream::new`].
+    pub fn with_priority(b: &CudaBackend<D>, priority: StreamPriority) -> Result<Self> {
         const OP: &str = "side_stream";
         let device = b.device().clone();
-        let stream = device.create_stream().map_err(|e| device_error(OP, e))?;
+        let stream = device
+            .create_stream_with_priority(priority)
+            .map_err(|e| device_error(OP, e))?;
         let forked = device
             .create_event(false)
             .map_err(|e| device_error(OP, e))?;

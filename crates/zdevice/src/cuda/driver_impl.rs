@@ -77,6 +77,14 @@ impl Driver for CudaDriver {
         self.cu_stream_create(kind)
     }
 
+    fn stream_create_with_priority(&self, kind: StreamKind, priority: i32) -> DriverResult<Stream> {
+        self.cu_stream_create_with_priority(kind, priority)
+    }
+
+    fn stream_priority_range(&self) -> DriverResult<PriorityRange> {
+        self.cu_stream_priority_range()
+    }
+
     fn stream_destroy(&self, s: Stream) -> DriverResult<()> {
         self.cu_stream_destroy(s)
     }

@@ -81,11 +81,13 @@ impl CudaDriver {
         flags: InstantiateFlags,
     ) -> DriverResult<GraphExec> {
         self.bind()?;
-        let bits = if flags.auto_free_on_launch {
-            u64::from(cu::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)
-        } else {
-            0
-        };
+        let mut bits = 0u64;
+        if flags.auto_free_on_launch {
+            bits |= u64::from(cu::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        }
+        if flags.use_node_priority {
+            bits |= u64::from(cu::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY);
+        }
         let mut exec: cu::CUgraphExec = ptr::null_mut();
         // SAFETY: out-pointer to a local; see the module comment on handles.
         check("cuGraphInstantiateWithFlags", unsafe {

@@ -36,6 +36,35 @@ impl CudaDriver {
         Ok(Stream(s as u64))
     }
 
+    pub(super) fn cu_stream_create_with_priority(
+        &self,
+        kind: StreamKind,
+        priority: i32,
+    ) -> DriverResult<Stream> {
+        self.bind()?;
+        let flags = match kind {
+            StreamKind::NonBlocking => cu::CU_STREAM_NON_BLOCKING,
+            StreamKind::Blocking => cu::CU_STREAM_DEFAULT,
+        };
+        let mut s: cu::CUstream = ptr::null_mut();
+        // SAFETY: out-pointer to a local; any priority is accepted (the driver clamps it).
+        check("cuStreamCreateWithPriority", unsafe {
+            self.cu.cuStreamCreateWithPriority(&mut s, flags, priority)
+        })?;
+        Ok(Stream(s as u64))
+    }
+
+    pub(super) fn cu_stream_priority_range(&self) -> DriverResult<PriorityRange> {
+        self.bind()?;
+        let (mut least, mut greatest) = (0i32, 0i32);
+        // SAFETY: out-pointers to locals.
+        check("cuCtxGetStreamPriorityRange", unsafe {
+            self.cu
+                .cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
+        })?;
+        Ok(PriorityRange { least, greatest })
+    }
+
     pub(super) fn cu_stream_destroy(&self, s: Stream) -> DriverResult<()> {
         self.bind()?;
         // SAFETY: see the module comment on handles.

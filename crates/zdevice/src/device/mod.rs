@@ -50,6 +50,9 @@ pub struct DeviceConfig {
     pub build_deadline: Duration,
     /// Bytes of cuBLAS workspace reserved at open, so cuBLAS never allocates inside a capture.
     pub blas_workspace_bytes: u64,
+    /// The engine stream's priority against the device's other streams (a data-parallel
+    /// step's collectives run on a second stream; see [`StreamPriority`]).
+    pub engine_priority: StreamPriority,
 }
 
 impl Default for DeviceConfig {
@@ -60,6 +63,7 @@ impl Default for DeviceConfig {
             alloc_deadline: Duration::from_secs(20),
             build_deadline: Duration::from_secs(120),
             blas_workspace_bytes: 32 << 20,
+            engine_priority: StreamPriority::Normal,
         }
     }
 }
@@ -151,7 +155,13 @@ fn acquire<D: Driver>(
         };
     }
     step!(driver.ctx_set_current(context));
-    let stream = step!(driver.stream_create(StreamKind::NonBlocking));
+    let stream = step!(match config.engine_priority {
+        // CUDA's default priority is the least: the plain call makes the same stream.
+        StreamPriority::Normal => driver.stream_create(StreamKind::NonBlocking),
+        p => driver.stream_priority_range().and_then(|range| {
+            driver.stream_create_with_priority(StreamKind::NonBlocking, range.value(p))
+        }),
+    });
     undo.push(Box::new(move |d: &D| d.stream_destroy(stream)));
     let blas = step!(driver.blas_create());
     undo.push(Box::new(move |d: &D| d.blas_destroy(blas)));
@@ -287,6 +297,32 @@ impl<D: Driver> Device<D> {
     pub fn create_stream(&self) -> DeviceResult<Stream> {
         self.refuse_during_capture("cuStreamCreate", "create streams before capture")?;
         let s = self.call(|d| d.stream_create(StreamKind::NonBlocking))?;
+        self.inner
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(s);
+        Ok(s)
+    }
+
+    /// The device's stream priorities (`cuCtxGetStreamPriorityRange`).
+    pub fn stream_priority_range(&self) -> DeviceResult<PriorityRange> {
+        self.call(|d| d.stream_priority_range())
+    }
+
+    /// Creates another non-blocking stream of priority `priority`, destroyed with the device.
+    pub fn create_stream_with_priority(&self, priority: StreamPriority) -> DeviceResult<Stream> {
+        if priority == StreamPriority::Normal {
+            return self.create_stream();
+        }
+        self.refuse_during_capture(
+            "cuStreamCreateWithPriority",
+            "create streams before capture",
+        )?;
+        let range = self.stream_priority_range()?;
+        let s = self.call(|d| {
+            d.stream_create_with_priority(StreamKind::NonBlocking, range.value(priority))
+        })?;
         self.inner
             .streams
             .lock()

@@ -94,6 +94,18 @@ impl<D: Driver> Driver for FaultyDriver<D> {
         Ok(s)
     }
 
+    fn stream_create_with_priority(&self, kind: StreamKind, priority: i32) -> DriverResult<Stream> {
+        let s = self.sync_call(calls::STREAM_CREATE_WITH_PRIORITY, |d| {
+            d.stream_create_with_priority(kind, priority)
+        })?;
+        self.track(resource::STREAM, s.0, true);
+        Ok(s)
+    }
+
+    fn stream_priority_range(&self) -> DriverResult<PriorityRange> {
+        self.sync_call(calls::STREAM_PRIORITY_RANGE, |d| d.stream_priority_range())
+    }
+
     fn stream_destroy(&self, stream: Stream) -> DriverResult<()> {
         self.sync_call(calls::STREAM_DESTROY, |d| d.stream_destroy(stream))?;
         self.track(resource::STREAM, stream.0, false);

@@ -27,6 +27,10 @@ pub const CTX_SYNCHRONIZE: &str = "cuCtxSynchronize";
 
 /// `cuStreamCreate`.
 pub const STREAM_CREATE: &str = "cuStreamCreate";
+/// `cuStreamCreateWithPriority`.
+pub const STREAM_CREATE_WITH_PRIORITY: &str = "cuStreamCreateWithPriority";
+/// `cuCtxGetStreamPriorityRange`.
+pub const STREAM_PRIORITY_RANGE: &str = "cuCtxGetStreamPriorityRange";
 /// `cuStreamDestroy_v2`.
 pub const STREAM_DESTROY: &str = "cuStreamDestroy_v2";
 /// `cuStreamQuery`.

@@ -7,6 +7,7 @@ use super::SimDriver;
 use super::calls as c;
 use super::capture::Ask;
 use super::memory::AllocKind;
+use super::streams::SIM_PRIORITY_RANGE;
 use crate::driver::{CuCode, Driver, DriverResult};
 use crate::types::*;
 
@@ -117,6 +118,19 @@ impl Driver for SimDriver {
 
     fn stream_create(&self, kind: StreamKind) -> DriverResult<Stream> {
         self.call(c::STREAM_CREATE, None, |st, cx| st.stream_create(cx, kind))
+    }
+
+    fn stream_create_with_priority(&self, kind: StreamKind, priority: i32) -> DriverResult<Stream> {
+        self.call(c::STREAM_CREATE_WITH_PRIORITY, None, |st, cx| {
+            st.stream_create_with_priority(cx, kind, priority)
+        })
+    }
+
+    fn stream_priority_range(&self) -> DriverResult<PriorityRange> {
+        self.call(c::STREAM_PRIORITY_RANGE, None, |st, cx| {
+            st.gate(cx, Ask::none())?;
+            Ok(SIM_PRIORITY_RANGE)
+        })
     }
 
     fn stream_destroy(&self, stream: Stream) -> DriverResult<()> {

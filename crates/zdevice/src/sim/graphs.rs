@@ -34,6 +34,8 @@ pub(crate) struct ExecData {
     pub mem: Vec<u64>,
     pub unfreed: bool,
     pub auto_free: bool,
+    /// Instantiated to run each kernel at the priority it was captured with.
+    pub use_node_priority: bool,
     /// Launched, and its unfreed memory has not been freed since.
     pub outstanding: bool,
 }
@@ -118,6 +120,7 @@ impl State {
             mem: data.mem.clone(),
             unfreed: data.unfreed,
             auto_free: flags.auto_free_on_launch,
+            use_node_priority: flags.use_node_priority,
             outstanding: false,
         };
         for base in &exec.mem {

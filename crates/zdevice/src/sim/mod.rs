@@ -52,7 +52,7 @@ pub use kernels::{BUILTIN_PTX, KernelFn};
 pub use oplog::{CaptureSnapshot, DEFAULT_OP_LOG_CAPACITY, Effect, OpRecord};
 
 use crate::driver::{CuCode, DriverResult};
-use crate::types::{DevicePtr, KernelArg, LaunchConfig, Stream};
+use crate::types::{DevicePtr, GraphExec, InstantiateFlags, KernelArg, LaunchConfig, Stream};
 pub(crate) use state::blas_status_name;
 use state::{Cx, State};
 
@@ -152,6 +152,34 @@ impl SimDriver {
             .streams
             .get(&stream.0)
             .map_or(0, |s| s.queue.len())
+    }
+
+    /// A stream's priority (`None` for an unknown stream): the least, 0, unless it was made
+    /// with one (clamped into the simulated H100's range, 0 to -5).
+    #[must_use]
+    pub fn stream_priority(&self, stream: Stream) -> Option<i32> {
+        self.lock().streams.get(&stream.0).map(|s| s.priority)
+    }
+
+    /// The executable graphs not destroyed yet, oldest first.
+    #[must_use]
+    pub fn live_execs(&self) -> Vec<GraphExec> {
+        let mut ids: Vec<u64> = self.lock().graphs.execs.keys().copied().collect();
+        ids.sort_unstable();
+        ids.into_iter().map(GraphExec).collect()
+    }
+
+    /// The flags an executable graph was instantiated with (`None` for an unknown one).
+    #[must_use]
+    pub fn exec_flags(&self, exec: GraphExec) -> Option<InstantiateFlags> {
+        self.lock()
+            .graphs
+            .execs
+            .get(&exec.0)
+            .map(|e| InstantiateFlags {
+                auto_free_on_launch: e.auto_free,
+                use_node_priority: e.use_node_priority,
+            })
     }
 
     // --- kernels ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ use super::oplog::Effect;
 use super::ops::Op;
 use super::state::{Cx, LEGACY, State};
 use crate::driver::{CuCode, DriverResult};
-use crate::types::{Event, Readiness, Stream, StreamKind};
+use crate::types::{Event, PriorityRange, Readiness, Stream, StreamKind};
 
 #[derive(Debug)]
 pub(crate) struct Queued {
@@ -23,9 +23,17 @@ pub(crate) struct Queued {
     pub op: Op,
 }
 
+/// The simulated device's stream priorities: an H100's (`cuCtxGetStreamPriorityRange`).
+pub(crate) const SIM_PRIORITY_RANGE: PriorityRange = PriorityRange {
+    least: 0,
+    greatest: -5,
+};
+
 #[derive(Debug)]
 pub(crate) struct StreamState {
     pub kind: StreamKind,
+    /// Its priority, within [`SIM_PRIORITY_RANGE`] (the least unless made with one).
+    pub priority: i32,
     pub queue: VecDeque<Queued>,
     /// When the last queued operation completes.
     pub busy_until: Duration,
@@ -35,6 +43,7 @@ impl StreamState {
     pub(crate) fn new(kind: StreamKind) -> Self {
         StreamState {
             kind,
+            priority: SIM_PRIORITY_RANGE.least,
             queue: VecDeque::new(),
             busy_until: Duration::ZERO,
         }
@@ -200,6 +209,21 @@ impl State {
         let id = self.handle();
         self.streams.insert(id, StreamState::new(kind));
         Ok(Stream(id))
+    }
+
+    /// As the real driver: a priority outside [`SIM_PRIORITY_RANGE`] is clamped into it.
+    pub(crate) fn stream_create_with_priority(
+        &mut self,
+        cx: &mut Cx,
+        kind: StreamKind,
+        priority: i32,
+    ) -> DriverResult<Stream> {
+        let s = self.stream_create(cx, kind)?;
+        let r = SIM_PRIORITY_RANGE;
+        if let Some(st) = self.streams.get_mut(&s.0) {
+            st.priority = priority.clamp(r.greatest, r.least);
+        }
+        Ok(s)
     }
 
     /// The real call returns at once and lets queued work finish; the simulator runs it now so

@@ -102,6 +102,7 @@ fn memory_node_relaunch(#[case] auto_free: bool) {
             g,
             InstantiateFlags {
                 auto_free_on_launch: auto_free,
+                ..InstantiateFlags::default()
             },
         )
         .unwrap();

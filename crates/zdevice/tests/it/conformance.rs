@@ -255,3 +255,78 @@ pub fn waiter_does_not_invalidate_capture<D: Driver>(dev: &Device<D>) -> Check {
     ensure(nodes == 1, format!("graph has {nodes} nodes"))?;
     still_usable(dev)
 }
+
+/// A stream of the greatest priority forked from the engine stream inside a capture: its
+/// kernel keeps that priority in the graph (instantiated with `use_node_priority`), and the
+/// replays compute what the same work does on one stream.
+pub fn prioritized_side_stream_in_a_graph<D: Driver>(
+    dev: &Device<D>,
+    fill: &LoadedModule<D>,
+) -> Check {
+    let range = dev.stream_priority_range().map_err(s)?;
+    ensure(
+        range.greatest <= range.least,
+        format!("priority range {range:?}: the greatest is numerically the lowest"),
+    )?;
+    let side = dev
+        .create_stream_with_priority(StreamPriority::High)
+        .map_err(s)?;
+    let n = 4099u64;
+    let y = upload(dev, &vec![1.0; n as usize])?;
+    let x = upload(dev, &vec![2.0; n as usize])?;
+    let marker = dev.alloc(256).map_err(s)?;
+    let (forked, joined) = (
+        dev.create_event(false).map_err(s)?,
+        dev.create_event(false).map_err(s)?,
+    );
+    let axpy = fill.function("axpy_f32").map_err(s)?;
+    let engine = dev.stream();
+    let graph = {
+        let cap = dev.begin_capture(engine).map_err(s)?;
+        dev.record_event(forked, engine).map_err(s)?;
+        dev.stream_wait_event(side, forked).map_err(s)?;
+        let args = [
+            KernelArg::Ptr(y),
+            KernelArg::Ptr(x),
+            KernelArg::F32(0.5),
+            KernelArg::U64(n),
+        ];
+        // SAFETY: axpy_f32(float* y, const float* x, float a, unsigned long long n) with y and x
+        // holding n floats each, live until the graph is dropped below.
+        unsafe { dev.launch(axpy, LaunchConfig::linear(n, 128, 1), &args, side) }.map_err(s)?;
+        dev.record_event(joined, side).map_err(s)?;
+        dev.stream_wait_event(engine, joined).map_err(s)?;
+        dev.memset_d8_async(marker, 0x5a, 256, engine).map_err(s)?;
+        cap.end().map_err(s)?
+    };
+    let exec = graph
+        .instantiate(InstantiateFlags {
+            use_node_priority: true,
+            ..InstantiateFlags::default()
+        })
+        .map_err(s)?;
+    for round in 1..=2u32 {
+        dev.memset_d8(marker, 0, 256).map_err(s)?;
+        exec.launch(engine).map_err(s)?;
+        dev.synchronize(engine).map_err(s)?;
+        let want = 1.0 + round as f32;
+        ensure(
+            read_f32(dev, y, n as usize)?.iter().all(|&v| v == want),
+            format!("replay {round}: the side stream's kernel did not add once"),
+        )?;
+        let mut m = vec![0u8; 256];
+        dev.copy_dtoh(&mut m, marker).map_err(s)?;
+        ensure(
+            m.iter().all(|&v| v == 0x5a),
+            format!("replay {round}: the engine's node after the join did not run"),
+        )?;
+    }
+    drop(exec);
+    drop(graph);
+    dev.destroy_event(forked).map_err(s)?;
+    dev.destroy_event(joined).map_err(s)?;
+    for p in [y, x, marker] {
+        dev.free(p).map_err(s)?;
+    }
+    still_usable(dev)
+}

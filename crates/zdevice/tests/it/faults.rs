@@ -242,6 +242,7 @@ fn error_surfacing_at_the_next_sync_loses_the_device() {
 #[case::create_pool("cuMemPoolCreate")]
 #[case::load_module("cuModuleLoadData")]
 #[case::create_stream("cuStreamCreate")]
+#[case::create_prioritized_stream("cuStreamCreateWithPriority")]
 #[case::synchronize_from_capturing_thread("cuStreamQuery")]
 #[case::wait_event_from_capturing_thread("cuEventQuery")]
 fn refused_during_capture(#[case] call: &'static str) {
@@ -269,6 +270,9 @@ fn refused_during_capture(#[case] call: &'static str) {
         "cuMemPoolCreate" => dev.create_pool(0, 0).map(drop),
         "cuModuleLoadData" => dev.load_module(kernels::FILL_PTX).map(drop),
         "cuStreamCreate" => dev.create_stream().map(drop),
+        "cuStreamCreateWithPriority" => dev
+            .create_stream_with_priority(zdevice::StreamPriority::High)
+            .map(drop),
         "cuStreamQuery" => dev.synchronize(stream),
         "cuEventQuery" => dev.wait_event(event),
         other => panic!("no case for {other}"),

@@ -6,6 +6,7 @@ mod conformance;
 mod faults;
 mod leaks;
 mod pinned;
+mod priority;
 mod rules;
 mod session;
 mod util;
@@ -66,6 +67,13 @@ macro_rules! conformance_suite {
             let dev = $open();
             let module = dev.load_module(zdevice::kernels::FILL_PTX).unwrap();
             c::capture_and_replay(&dev, &module).unwrap();
+        }
+
+        #[test]
+        fn prioritized_side_stream_in_a_graph() {
+            let dev = $open();
+            let module = dev.load_module(zdevice::kernels::FILL_PTX).unwrap();
+            c::prioritized_side_stream_in_a_graph(&dev, &module).unwrap();
         }
 
         #[test]

@@ -300,6 +300,7 @@ pub fn memory_node_relaunch<D: Driver>(dev: &Device<D>, auto_free: bool) -> Chec
     let graph = d.stream_end_capture(stream).map_err(s)?;
     let flags = InstantiateFlags {
         auto_free_on_launch: auto_free,
+        ..InstantiateFlags::default()
     };
     let exec = d.graph_instantiate(graph, flags).map_err(s)?;
     let first = d.graph_launch(exec, stream);

@@ -6,7 +6,7 @@
 
 use zcompute::cuda::SideStream;
 use zcompute::{Backend, Capture, CudaBackend, CudaTensor};
-use zdevice::Driver;
+use zdevice::{Driver, StreamPriority};
 
 const N: usize = 1000;
 
@@ -40,9 +40,9 @@ pub fn fork_and_join_order_both_streams<D: Driver>(b: &CudaBackend<D>) {
 }
 
 /// The same body captured: both streams' work is in the graph, and every replay runs it again
-/// (y is reset and x refilled between replays).
-pub fn captured_fork_and_join_replay<D: Driver>(b: &CudaBackend<D>) {
-    let side = std::rc::Rc::new(SideStream::new(b).expect("side stream"));
+/// (y is reset and x refilled between replays). The side stream of priority `priority`.
+pub fn captured_fork_and_join_replay<D: Driver>(b: &CudaBackend<D>, priority: StreamPriority) {
+    let side = std::rc::Rc::new(SideStream::with_priority(b, priority).expect("side stream"));
     let x = b.upload(&xs(), &[N]).expect("x");
     let y = b.zeros(&[N]).expect("y");
     let out = b.zeros(&[N]).expect("out");
@@ -66,6 +66,28 @@ pub fn captured_fork_and_join_replay<D: Driver>(b: &CudaBackend<D>) {
         let want: Vec<f32> = fresh.iter().map(|v| v + 2.0).collect();
         assert_eq!(got, want, "replay {r}");
     }
+}
+
+/// On the simulator: the side stream has the priority asked for, and the captured graph is
+/// instantiated to keep each kernel's (the side's against the engine's).
+fn side_priority_is_kept_in_the_graph(priority: StreamPriority, want: i32) {
+    let b = super::mock();
+    let side = SideStream::with_priority(&b, priority).expect("side stream");
+    let sim = b.device().driver();
+    assert_eq!(sim.stream_priority(side.stream()), Some(want));
+    assert_eq!(sim.stream_priority(b.device().stream()), Some(0));
+    let before = sim.live_execs().len();
+    let y = b.zeros(&[N]).expect("y");
+    let body = {
+        let (b2, y) = (b.clone(), y.clone());
+        Box::new(move || b2.fill(&y, 3.0))
+    };
+    let graph = b.capture(body).expect("capture");
+    let execs = sim.live_execs();
+    assert_eq!(execs.len(), before + 1);
+    let flags = sim.exec_flags(execs[before]).expect("the graph's flags");
+    assert!(flags.use_node_priority, "{flags:?}");
+    drop(graph);
 }
 
 /// A body that forks and never joins: the capture fails, naming the unjoined stream's code,
@@ -100,9 +122,22 @@ mod mock {
         super::fork_and_join_order_both_streams(&super::super::mock());
     }
 
+    use zdevice::StreamPriority;
+
     #[test]
     fn captured_fork_and_join_replay() {
-        super::captured_fork_and_join_replay(&super::super::mock());
+        super::captured_fork_and_join_replay(&super::super::mock(), StreamPriority::Normal);
+    }
+
+    #[test]
+    fn captured_fork_and_join_replay_on_a_high_priority_side_stream() {
+        super::captured_fork_and_join_replay(&super::super::mock(), StreamPriority::High);
+    }
+
+    #[test]
+    fn side_priority_is_kept_in_the_graph() {
+        super::side_priority_is_kept_in_the_graph(StreamPriority::High, -5);
+        super::side_priority_is_kept_in_the_graph(StreamPriority::Normal, 0);
     }
 
     #[test]
@@ -118,8 +153,15 @@ mod gpu {
         super::fork_and_join_order_both_streams(&super::super::gpu());
     }
 
+    use zdevice::StreamPriority;
+
     #[test]
     fn gpu_captured_fork_and_join_replay() {
-        super::captured_fork_and_join_replay(&super::super::gpu());
+        super::captured_fork_and_join_replay(&super::super::gpu(), StreamPriority::Normal);
+    }
+
+    #[test]
+    fn gpu_captured_fork_and_join_replay_on_a_high_priority_side_stream() {
+        super::captured_fork_and_join_replay(&super::super::gpu(), StreamPriority::High);
     }
 }
