@@ -143,6 +143,7 @@ const NCCL_FUNCTIONS: &[&str] = &[
     "ncclGetVersion",
     "ncclGetUniqueId",
     "ncclCommInitRankConfig",
+    "ncclCommSplit",
     "ncclCommFinalize",
     "ncclCommDestroy",
     "ncclCommAbort",

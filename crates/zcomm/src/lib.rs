@@ -17,7 +17,7 @@ pub mod sim;
 
 pub use env::{LaunchEnv, Master};
 pub use error::{CommError, Result};
-pub use nccl::NcclCollective;
+pub use nccl::{JoinOptions, NcclCollective};
 pub use secret::{Auth, JobSecret};
 pub use sim::SimCollective;
 

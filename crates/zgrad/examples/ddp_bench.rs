@@ -5,7 +5,7 @@
 //!
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]
 //! [--strong 256,512,1024] [--warmup-steps W] [--nccl-channels C]
-//! [--stream-priority same|engine|comm]` starts N ranks of itself
+//! [--stream-priority same|engine|comm] [--overlap-ctas B]` starts N ranks of itself
 //! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`, and with C > 0 NCCL's
 //! channels limited to C, as ztrain's `--nccl-channels`; 0, the default, leaves NCCL's own
 //! choice, as does a set `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS`; JSON key
@@ -37,7 +37,9 @@
 //! blocks waiting for SMs: `same` (the default) leaves both at CUDA's default, `engine` gives
 //! the engine stream (forward, backward, the optimiser) the device's greatest priority,
 //! `comm` gives it to the stream of the overlapped bucket all-reduces (JSON key
-//! `stream_priority`).
+//! `stream_priority`). `--overlap-ctas B` runs the overlapped bucket all-reduces on a second
+//! communicator whose collectives take at most B thread blocks (NCCL's `maxCTAs`), the last
+//! bucket's on the first (JSON key `overlap_ctas`, 0 for one communicator).
 //!
 //! Before the first timed row every rank replays the captured weak-scaling step `W` times
 //! (default 2000, about 1.5 s): the first process a freshly started GPU machine runs measured its
@@ -68,7 +70,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 use timing::{Error, EventPair, Json, median_of, wall_ms};
 use zcomm::launch::{LaunchSpec, launch};
-use zcomm::{Collective, LaunchEnv, NcclCollective, rendezvous};
+use zcomm::{Collective, JoinOptions, LaunchEnv, NcclCollective, rendezvous};
 use zcompute::CudaBackend;
 use zdevice::{CudaDriver, Device, DeviceConfig, StreamPriority};
 use zgrad::rng::SplitMix64;
@@ -279,6 +281,8 @@ struct Args {
     strong: Vec<usize>,
     /// `--stream-priority`: its name, the engine stream's priority, the collectives' stream's.
     priority: (&'static str, StreamPriority, StreamPriority),
+    /// `--overlap-ctas`: 0 for one communicator.
+    overlap_ctas: u32,
 }
 
 fn args() -> Result<Args, Error> {
@@ -347,8 +351,13 @@ fn args() -> Result<Args, Error> {
             return Err(format!("--stream-priority {other}: expected same, engine or comm").into());
         }
     };
+    let overlap_ctas: u32 = arg("--overlap-ctas")
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(0);
     Ok(Args {
         priority,
+        overlap_ctas,
         iters,
         rounds,
         warmup_steps,
@@ -381,6 +390,7 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     let mut out = Json::default();
     out.str("device", &gpu.device().info().name);
     out.str("stream_priority", priority);
+    out.raw("overlap_ctas", args.overlap_ctas);
     out.raw("gpus", info.world);
     out.raw("iters", args.iters);
     out.raw("rounds", args.rounds);
@@ -414,12 +424,11 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
         || Ok(NcclCollective::unique_id()?.to_vec()),
         rendezvous::Config::from_env(master, Duration::from_secs(60))?,
     )?;
-    let comm: Comm = Rc::new(NcclCollective::join_with_priority(
-        &gpu,
-        info,
-        &id,
+    let options = JoinOptions {
         side_priority,
-    )?);
+        overlap_ctas: (args.overlap_ctas > 0).then_some(args.overlap_ctas),
+    };
+    let comm: Comm = Rc::new(NcclCollective::join_with(&gpu, info, &id, options)?);
     warm_up(&gpu, Some(&comm), info.world, args.warmup_steps)?;
     let mut many = Vec::new();
     for &(name, sync) in &args.syncs {

@@ -143,6 +143,14 @@ pub struct Options {
     #[arg(long, default_value_t = 0, value_name = "N", help_heading = "Device")]
     pub nccl_channels: u32,
 
+    /// With several ranks on GPUs: the most thread blocks (each on an SM) a gradient bucket's
+    /// all-reduce overlapped with backward takes. The overlapped buckets then run on a second
+    /// NCCL communicator split from the first; the last bucket, summed after backward, keeps
+    /// the first (NCCL's choice). 0 (the default): one communicator. Helps where backward is
+    /// long enough for few blocks (docs/benchmarks.md).
+    #[arg(long, default_value_t = 0, value_name = "N", help_heading = "Device")]
+    pub overlap_ctas: u32,
+
     /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
     /// feature columns (column = s·F + f) and a 0/1 label. See the README.
     #[arg(long, value_name = "FILE.csv", help_heading = "Data")]

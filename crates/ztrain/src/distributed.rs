@@ -119,6 +119,7 @@ pub fn launch_ranks(
     check_data_for_ranks(options, ranks)?;
     grad_sync(options)?;
     nccl_channels(options)?;
+    overlap_ctas(options)?;
     let program = std::env::current_exe().map_err(|source| TrainError::Io {
         what: "finding the ztrain executable to start the ranks",
         path: "ztrain".into(),
@@ -145,6 +146,18 @@ pub fn nccl_channels(options: &Options) -> Result<Option<u32>> {
         n @ 1..=NCCL_CHANNELS_MAX => Ok(Some(n)),
         n => Err(TrainError::Options(format!(
             "--nccl-channels {n}: give 1 to {NCCL_CHANNELS_MAX} channels, or 0 for NCCL's own choice"
+        ))),
+    }
+}
+
+/// The most thread blocks an overlapped all-reduce takes (`--overlap-ctas`; 0: one
+/// communicator, NCCL's choice). Bounded as `--nccl-channels` is.
+pub fn overlap_ctas(options: &Options) -> Result<Option<u32>> {
+    match options.overlap_ctas {
+        0 => Ok(None),
+        n @ 1..=NCCL_CHANNELS_MAX => Ok(Some(n)),
+        n => Err(TrainError::Options(format!(
+            "--overlap-ctas {n}: give 1 to {NCCL_CHANNELS_MAX} thread blocks, or 0 for one communicator"
         ))),
     }
 }
@@ -180,11 +193,13 @@ pub fn sim_collective(
 /// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
 /// rank 0 makes the unique id and hands it out over TCP at `MASTER_ADDR:MASTER_PORT`, every
 /// rank joins with it; both waits bounded by `timeout` (the join by the device's deadline).
+/// `overlap_ctas`: see [`overlap_ctas`].
 pub fn nccl_collective(
     b: &CudaBackend<CudaDriver>,
     env: &LaunchEnv,
     timeout: Duration,
     stop: &StopSignal,
+    overlap_ctas: Option<u32>,
 ) -> Result<Rc<dyn Collective<CudaBackend<CudaDriver>, f32>>> {
     let master = env.master.as_ref().ok_or_else(|| {
         TrainError::Options(format!(
@@ -198,7 +213,13 @@ pub fn nccl_collective(
         || Ok(NcclCollective::unique_id()?.to_vec()),
         rendezvous_config(env, timeout, stop)?,
     )?;
-    Ok(Rc::new(NcclCollective::join(b, env.info, &id)?))
+    let options = zcomm::JoinOptions {
+        overlap_ctas,
+        ..zcomm::JoinOptions::default()
+    };
+    Ok(Rc::new(NcclCollective::join_with(
+        b, env.info, &id, options,
+    )?))
 }
 
 #[cfg(test)]
@@ -229,6 +250,24 @@ mod tests {
                 assert!(msg.contains("--bucket-mib"), "{msg}");
             }
             (got, want) => panic!("{args:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[rstest]
+    #[case::default_one_communicator(&[], Some(None))]
+    #[case::one_communicator(&["--overlap-ctas", "0"], Some(None))]
+    #[case::four(&["--overlap-ctas", "4"], Some(Some(4)))]
+    #[case::too_many(&["--overlap-ctas", "33"], None)]
+    fn overlap_ctas_bounds_an_overlapped_collectives_blocks(
+        #[case] args: &[&str],
+        #[case] want: Option<Option<u32>>,
+    ) {
+        match (overlap_ctas(&options(args)), want) {
+            (Ok(got), Some(want)) => assert_eq!(got, want),
+            (Err(TrainError::Options(msg)), None) => {
+                assert!(msg.contains("--overlap-ctas"), "{msg}");
+            }
+            (other, want) => panic!("{args:?}: got {other:?}, want {want:?}"),
         }
     }
 

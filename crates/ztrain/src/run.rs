@@ -111,6 +111,7 @@ pub fn run(
     };
     let ranks = (env.info.world > 1).then_some(&env);
     let timeout = crate::distributed::comm_timeout(options)?;
+    let overlap_ctas = crate::distributed::overlap_ctas(options)?;
     match opened.backend {
         AnyBackend::Cpu(_) if ranks.is_some() => Err(TrainError::Options(format!(
             "rank {} of {}: the {} cannot be a rank of a job; use --device cuda or --device sim",
@@ -119,7 +120,7 @@ pub fn run(
         AnyBackend::Cpu(b) => train(b, None, &ctx, &mut console),
         AnyBackend::Cuda(b) => {
             let comm = ranks
-                .map(|e| crate::distributed::nccl_collective(&b, e, timeout, stop))
+                .map(|e| crate::distributed::nccl_collective(&b, e, timeout, stop, overlap_ctas))
                 .transpose()?;
             train(b, comm, &ctx, &mut console)
         }

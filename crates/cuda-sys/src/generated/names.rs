@@ -251,6 +251,7 @@ pub const NCCL_SYMBOLS: &[&str] = &[
     "ncclGetVersion",
     "ncclGetUniqueId",
     "ncclCommInitRankConfig",
+    "ncclCommSplit",
     "ncclCommFinalize",
     "ncclCommDestroy",
     "ncclCommAbort",

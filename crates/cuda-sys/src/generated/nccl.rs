@@ -113,6 +113,13 @@ pub struct Nccl {
     pub ncclCommFinalize: unsafe extern "C" fn(comm: ncclComm_t) -> ncclResult_t,
     pub ncclCommDestroy: unsafe extern "C" fn(comm: ncclComm_t) -> ncclResult_t,
     pub ncclCommAbort: unsafe extern "C" fn(comm: ncclComm_t) -> ncclResult_t,
+    pub ncclCommSplit: unsafe extern "C" fn(
+        comm: ncclComm_t,
+        color: ::std::os::raw::c_int,
+        key: ::std::os::raw::c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t,
     pub ncclGetErrorString:
         unsafe extern "C" fn(result: ncclResult_t) -> *const ::std::os::raw::c_char,
     pub ncclGetLastError: unsafe extern "C" fn(comm: ncclComm_t) -> *const ::std::os::raw::c_char,
@@ -157,6 +164,7 @@ impl Nccl {
         let ncclCommFinalize = unsafe { __library.get(b"ncclCommFinalize\0") }.map(|sym| *sym)?;
         let ncclCommDestroy = unsafe { __library.get(b"ncclCommDestroy\0") }.map(|sym| *sym)?;
         let ncclCommAbort = unsafe { __library.get(b"ncclCommAbort\0") }.map(|sym| *sym)?;
+        let ncclCommSplit = unsafe { __library.get(b"ncclCommSplit\0") }.map(|sym| *sym)?;
         let ncclGetErrorString =
             unsafe { __library.get(b"ncclGetErrorString\0") }.map(|sym| *sym)?;
         let ncclGetLastError = unsafe { __library.get(b"ncclGetLastError\0") }.map(|sym| *sym)?;
@@ -172,6 +180,7 @@ impl Nccl {
             ncclCommFinalize,
             ncclCommDestroy,
             ncclCommAbort,
+            ncclCommSplit,
             ncclGetErrorString,
             ncclGetLastError,
             ncclCommGetAsyncError,
@@ -203,6 +212,16 @@ impl Nccl {
     }
     pub unsafe fn ncclCommAbort(&self, comm: ncclComm_t) -> ncclResult_t {
         unsafe { (self.ncclCommAbort)(comm) }
+    }
+    pub unsafe fn ncclCommSplit(
+        &self,
+        comm: ncclComm_t,
+        color: ::std::os::raw::c_int,
+        key: ::std::os::raw::c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        unsafe { (self.ncclCommSplit)(comm, color, key, newcomm, config) }
     }
     pub unsafe fn ncclGetErrorString(&self, result: ncclResult_t) -> *const ::std::os::raw::c_char {
         unsafe { (self.ncclGetErrorString)(result) }

@@ -35,12 +35,28 @@ pub const UNIQUE_ID_BYTES: usize = nccl::UNIQUE_ID_BYTES;
 /// destroys the communicator (bounded; aborted at the deadline).
 #[derive(Debug)]
 pub struct NcclCollective<D: Driver = CudaDriver> {
+    /// The overlapped collectives' own communicator ([`JoinOptions::overlap_ctas`]), split
+    /// from `comm`; `None`: they use `comm`. Dropped first.
+    overlap: Option<NcclComm<D>>,
     comm: NcclComm<D>,
     info: RankInfo,
     /// The step of the latest operation, named by `synchronize`'s errors.
     step: AtomicU64,
     /// Where overlapped all-reduces run.
     side: SideStream<D>,
+}
+
+/// How a rank joins ([`NcclCollective::join_with`]); the default is [`NcclCollective::join`]'s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JoinOptions {
+    /// The overlapped collectives' stream priority against the engine stream's
+    /// (`zdevice::DeviceConfig::engine_priority`): which of backward's kernels and the bucket
+    /// all-reduces the device starts first when both wait for SMs.
+    pub side_priority: StreamPriority,
+    /// At most this many thread blocks (each on an SM) for an overlapped collective: they run
+    /// on a second communicator split from the first with NCCL's `maxCTAs`, so a bucket's
+    /// all-reduce takes fewer SMs from backward. `None`: the one communicator, NCCL's choice.
+    pub overlap_ctas: Option<u32>,
 }
 
 impl NcclCollective<CudaDriver> {
@@ -76,21 +92,19 @@ impl<D: Driver> NcclCollective<D> {
     /// device captures, [`CommError::NotCuda`] over a driver NCCL cannot use, and the library's,
     /// version's, timeout's or NCCL's errors (op `"init"`, step 0).
     pub fn join(backend: &CudaBackend<D>, info: RankInfo, id: &[u8]) -> Result<NcclCollective<D>> {
-        Self::join_with_priority(backend, info, id, StreamPriority::Normal)
+        Self::join_with(backend, info, id, JoinOptions::default())
     }
 
-    /// As [`NcclCollective::join`], the overlapped collectives' stream of priority
-    /// `side_priority` against the engine stream's (`zdevice::DeviceConfig::engine_priority`):
-    /// which of backward's kernels and the bucket all-reduces the device starts first when
-    /// both wait for SMs.
+    /// As [`NcclCollective::join`], with `options` (see [`JoinOptions`]). Every rank must
+    /// pass the same `overlap_ctas` (a second communicator is made by all of them).
     ///
     /// # Errors
-    /// As [`NcclCollective::join`].
-    pub fn join_with_priority(
+    /// As [`NcclCollective::join`]; [`CommError::InvalidArgument`] for `overlap_ctas` 0.
+    pub fn join_with(
         backend: &CudaBackend<D>,
         info: RankInfo,
         id: &[u8],
-        side_priority: StreamPriority,
+        options: JoinOptions,
     ) -> Result<NcclCollective<D>> {
         const OP: &str = "init";
         if info.world == 0 || info.rank >= info.world {
@@ -115,10 +129,23 @@ impl<D: Driver> NcclCollective<D> {
                     id.len()
                 ),
             })?;
-        let side = SideStream::with_priority(backend, side_priority)
+        if options.overlap_ctas == Some(0) {
+            return Err(CommError::InvalidArgument {
+                op: OP,
+                reason: "an overlapped collective needs at least one thread block".into(),
+            });
+        }
+        let side = SideStream::with_priority(backend, options.side_priority)
             .map_err(|source| CommError::Compute { op: OP, source })?;
         let comm = NcclComm::init(device, info.rank, info.world, id)
             .map_err(|e| errors::convert(e, info.rank, OP, 0))?;
+        let overlap = match options.overlap_ctas {
+            None => None,
+            Some(n) => Some(
+                comm.split(Some(n))
+                    .map_err(|e| errors::convert(e, info.rank, OP, 0))?,
+            ),
+        };
         tracing::info!(
             target: "zcomm.nccl.join",
             rank = info.rank, world = info.world, local_rank = info.local_rank,
@@ -126,6 +153,7 @@ impl<D: Driver> NcclCollective<D> {
             "joined the NCCL communicator"
         );
         Ok(NcclCollective {
+            overlap,
             comm,
             info,
             step: AtomicU64::new(0),
@@ -136,13 +164,30 @@ impl<D: Driver> NcclCollective<D> {
     /// Aborts the communicator now (a rank giving up aborts it so its peers fail fast):
     /// every later operation fails with [`CommError::PeerFailed`].
     pub fn abort(&self) {
+        if let Some(o) = &self.overlap {
+            o.abort();
+        }
         self.comm.abort();
     }
 
     /// Whether the communicator was aborted (by a failure or by [`Self::abort`]).
     #[must_use]
     pub fn is_aborted(&self) -> bool {
-        self.comm.is_aborted()
+        self.comm.is_aborted() || self.overlap.as_ref().is_some_and(NcclComm::is_aborted)
+    }
+
+    /// The communicator of the overlapped collectives.
+    fn side_comm(&self) -> &NcclComm<D> {
+        self.overlap.as_ref().unwrap_or(&self.comm)
+    }
+
+    /// `e` as the caller's error. A communicator that failed aborted itself; with two, the
+    /// other is aborted too, so no peer waits on it for its deadline.
+    fn failed(&self, e: NcclError, op: &'static str, step: u64) -> CommError {
+        if self.is_aborted() {
+            self.abort();
+        }
+        errors::convert(e, self.info.rank, op, step)
     }
 
     /// The device pointer and element count of `x`, after checking it is dense and lives on
@@ -197,7 +242,7 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
         let (ptr, count) = self.operand(b, x, OP, step)?;
         self.comm
             .all_reduce_sum_f32(ptr, count, b.device().stream())
-            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+            .map_err(|e| self.failed(e, OP, step))
     }
 
     fn all_reduce_sum_overlapped(
@@ -211,9 +256,9 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
         self.side
             .fork()
             .map_err(|source| CommError::Compute { op: OP, source })?;
-        self.comm
+        self.side_comm()
             .all_reduce_sum_f32(ptr, count, self.side.stream())
-            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+            .map_err(|e| self.failed(e, OP, step))
     }
 
     fn join_overlapped(&self, _b: &CudaBackend<D>) -> Result<()> {
@@ -242,7 +287,7 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
         let (ptr, count) = self.operand(b, x, OP, step)?;
         self.comm
             .broadcast_f32(ptr, count, root, b.device().stream())
-            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+            .map_err(|e| self.failed(e, OP, step))
     }
 
     fn synchronize(&self, b: &CudaBackend<D>) -> Result<()> {
@@ -253,10 +298,10 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
         }
         // The side stream first: an overlapped collective never joined (its step failed
         // before the join) is waited for too, with the same deadline and error polling.
-        self.comm
+        self.side_comm()
             .synchronize(self.side.stream())
             .and_then(|()| self.comm.synchronize(b.device().stream()))
-            .map_err(|e| errors::convert(e, self.info.rank, OP, step))
+            .map_err(|e| self.failed(e, OP, step))
     }
 
     fn set_step(&self, step: u64) {
@@ -272,7 +317,7 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
             why,
             "aborting the NCCL communicator"
         );
-        self.comm.abort();
+        NcclCollective::abort(self);
     }
 }
 

@@ -1,5 +1,5 @@
 //! What holds without a GPU: the checks `join` makes on every driver, in order (rank, capture,
-//! id, then the driver), and how NCCL's errors become `CommError`s naming rank, op and step.
+//! id, the options, then the driver), and how NCCL's errors become `CommError`s naming rank, op and step.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use zcompute::{CudaBackend, Engine};
 use zdevice::cuda::nccl::NcclError;
 use zdevice::{DeviceError, SimDriver};
 
-use super::{NcclCollective, UNIQUE_ID_BYTES, errors::convert};
+use super::{JoinOptions, NcclCollective, UNIQUE_ID_BYTES, errors::convert};
 use crate::{CommError, RankInfo};
 
 fn sim() -> CudaBackend<SimDriver> {
@@ -215,5 +215,19 @@ fn other_nccl_errors_keep_their_kind() {
             }
         ),
         "{capture:?}"
+    );
+}
+
+#[test]
+fn join_refuses_overlapped_collectives_of_no_thread_block() {
+    let options = JoinOptions {
+        overlap_ctas: Some(0),
+        ..JoinOptions::default()
+    };
+    let err =
+        NcclCollective::join_with(&sim(), rank(0, 2), &[0; UNIQUE_ID_BYTES], options).unwrap_err();
+    assert!(
+        matches!(&err, CommError::InvalidArgument { op: "init", reason } if reason.contains("thread block")),
+        "{err:?}"
     );
 }

@@ -18,7 +18,7 @@ mod gpu {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use zcomm::{Collective, CommError, NcclCollective, RankInfo};
+    use zcomm::{Collective, CommError, JoinOptions, NcclCollective, RankInfo};
     use zcompute::{Backend, Capture, ComputeError, CudaBackend, CudaDriver, EngineConfig};
     use zdevice::{Device, DeviceConfig, Driver, StreamPriority};
 
@@ -203,7 +203,9 @@ mod gpu {
     }
 
     /// The overlapped all-reduce captured with the two streams at different priorities, one
-    /// way round on even ranks and the other on odd ones: every replay sums as with one.
+    /// way round on even ranks and the other on odd ones, on a communicator split off with at
+    /// most 2 thread blocks, then the rest on the engine stream: every replay sums as one
+    /// all-reduce does.
     #[test]
     fn gpu_captured_overlapped_all_reduce_on_prioritized_streams_replays() {
         const NAME: &str = concat!(
@@ -226,7 +228,11 @@ mod gpu {
             (StreamPriority::Normal, StreamPriority::High)
         };
         let b = open_with(info, engine);
-        let comm = Arc::new(NcclCollective::join_with_priority(&b, info, &id, side).expect("join"));
+        let options = JoinOptions {
+            side_priority: side,
+            overlap_ctas: Some(2),
+        };
+        let comm = Arc::new(NcclCollective::join_with(&b, info, &id, options).expect("join"));
         let (w, n) = (info.world, 4099);
         let z = b.upload(&contribution(info.rank, n), &[n]).unwrap();
         let body = {
@@ -235,8 +241,15 @@ mod gpu {
                 let failed = |e: CommError| ComputeError::BodyFailed {
                     detail: e.to_string(),
                 };
-                comm.all_reduce_sum_overlapped(&b, &z, 7).map_err(failed)?;
-                comm.join_overlapped(&b).map_err(failed)
+                // The first half overlapped (the split communicator, at most 2 blocks), the
+                // second after the join on the engine stream (the first communicator).
+                let half = z.numel() / 2;
+                let first = z.narrow(0, 0, half)?;
+                let second = z.narrow(0, half, z.numel() - half)?;
+                comm.all_reduce_sum_overlapped(&b, &first, 7)
+                    .map_err(failed)?;
+                comm.join_overlapped(&b).map_err(failed)?;
+                comm.all_reduce_sum(&b, &second, 7).map_err(failed)
             })
         };
         let mut graph = b

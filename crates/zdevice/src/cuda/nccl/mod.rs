@@ -209,6 +209,77 @@ impl<D: Driver> NcclComm<D> {
         Ok(comm)
     }
 
+    /// A second communicator over the same ranks (`ncclCommSplit`, every rank one color,
+    /// keyed by its rank, so its ranks are this one's), whose collectives take at most
+    /// `max_ctas` thread blocks (`ncclConfig_t.maxCTAs`; `None`: NCCL's choice): a collective
+    /// that runs beside other kernels takes fewer SMs from them. Every rank must call it, in
+    /// the same order as the other collectives; it waits (bounded by the device's sync
+    /// deadline) until every rank has joined. Refused while the device captures.
+    pub fn split(&self, max_ctas: Option<u32>) -> Result<NcclComm<D>, NcclError> {
+        const CALL: &str = "ncclCommSplit";
+        if self.device.is_capturing() {
+            return Err(NcclError::Device(DeviceError::CaptureIllegal {
+                call: CALL,
+                why: "create communicators before capture",
+            }));
+        }
+        let mut config = non_blocking_config();
+        if let Some(n) = max_ctas {
+            let Ok(n) = i32::try_from(n) else {
+                return Err(invalid(CALL, format!("{n} thread blocks overflow")));
+            };
+            if n == 0 {
+                return Err(invalid(
+                    CALL,
+                    "a collective needs at least one thread block".into(),
+                ));
+            }
+            config.maxCTAs = n;
+            config.minCTAs = 1;
+        }
+        let key = i32::try_from(self.rank).unwrap_or(i32::MAX);
+        self.device.bind_thread()?;
+        // NCCL writes the child's handle through this pointer when the split completes, on
+        // its own thread after the call returns (non-blocking): it lives on the heap until the
+        // parent reports the split done, and is leaked if it never does.
+        let slot: *mut ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
+        let (r, detail) = {
+            let guard = lock(&self.comm);
+            let Some(RawComm(parent)) = guard.as_ref() else {
+                // SAFETY: `slot` came from `Box::into_raw` above and NCCL never saw it.
+                drop(unsafe { Box::from_raw(slot) });
+                return Err(NcclError::Aborted { call: CALL });
+            };
+            // SAFETY: `parent` is live under the mutex; `slot` stays valid until NCCL has
+            // written it (see above); `config` is a live local NCCL reads during the call.
+            let r = unsafe { self.nccl.ncclCommSplit(*parent, 0, key, slot, &mut config) };
+            let failed = r != ncclSuccess && r != ncclInProgress;
+            (r, failed.then(|| last_error(self.nccl, *parent)))
+        };
+        if let Some(detail) = detail {
+            // The job was never launched (NCCL's failure path writes the slot before returning).
+            // SAFETY: as above; NCCL is done with `slot`.
+            drop(unsafe { Box::from_raw(slot) });
+            return Err(call_error(CALL, r, detail));
+        }
+        // Non-blocking: the parent reports the split's progress; an error or the deadline
+        // aborts it (and NCCL may still write the slot, which is then left to the process).
+        self.wait_async(CALL)?;
+        // SAFETY: the split completed, so NCCL has written the slot and holds it no more.
+        let raw = *unsafe { Box::from_raw(slot) };
+        let child = NcclComm {
+            nccl: self.nccl,
+            device: self.device.clone(),
+            rank: self.rank,
+            world: self.world,
+            comm: Mutex::new((!raw.is_null()).then_some(RawComm(raw))),
+            aborting: Mutex::new(None),
+        };
+        child.wait_async(CALL)?;
+        tracing::debug!(target: "zdevice.nccl.split", rank = self.rank, world = self.world, ?max_ctas, "communicator split");
+        Ok(child)
+    }
+
     /// This communicator's rank.
     #[must_use]
     pub fn rank(&self) -> usize {
