@@ -55,7 +55,10 @@
 //! step's one-GPU and N-GPU replays alternated R times in the same processes (`rounds.rs`), each
 //! round's efficiency on stderr and, under `weak_rounds`, every round's `one_gpu_ms`,
 //! `<sync>_ms` and `<sync>_efficiency`, with `<sync>_efficiency_median` and `_range`: the
-//! figure to quote, where the single `scaling_*` ratios compare rows measured minutes apart.
+//! figure to quote, where the single `scaling_*` ratios compare rows measured at different
+//! moments: every step of a process runs about 2.5% slower some ten seconds in than at its
+//! start (measured, cause not known), so the weak row, whose N-GPU figure is taken first and
+//! one-GPU figure last, overstates the efficiency by about that much (docs/benchmarks.md).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 // Shared with xasset_bench, which uses every helper; this bench uses some.
