@@ -257,19 +257,37 @@ mod gpu {
             .expect("an overlapped all-reduce can be captured");
         b.synchronize().unwrap();
         let s = w * (w + 1) / 2;
-        for replay in 0..=2u32 {
-            if replay > 0 {
-                b.replay(&mut graph).expect("replay");
-                comm.synchronize(&b).expect("synchronize after replay");
-            }
-            let got = b.download(&z).unwrap();
+        let want: Vec<f32> = (0..n).map(|i| (s * (i % 7 + 1)) as f32).collect();
+        assert_eq!(
+            b.download(&z).unwrap(),
+            want,
+            "rank {}: the warm-up's sum",
+            info.rank
+        );
+        replays_multiply_by_the_world(&b, &comm, &mut graph, &z, info);
+    }
+
+    /// After a warm-up that left the sum of `contribution`s in `z` on every rank, each of
+    /// three replays of `graph` (an in-place sum of `z`) multiplies it by the world size.
+    fn replays_multiply_by_the_world(
+        b: &CudaBackend<CudaDriver>,
+        comm: &NcclCollective,
+        graph: &mut zcompute::cuda::CudaGraph<CudaDriver>,
+        z: &zcompute::CudaTensor,
+        info: RankInfo,
+    ) {
+        let (w, n) = (info.world, z.numel());
+        let s = w * (w + 1) / 2;
+        for replay in 1..=3u32 {
+            b.replay(graph).expect("replay");
+            comm.synchronize(b).expect("synchronize after replay");
+            let got = b.download(z).unwrap();
             let scale = (w as u64).pow(replay);
             let want: Vec<f32> = (0..n)
                 .map(|i| (s as u64 * scale * (i % 7 + 1) as u64) as f32)
                 .collect();
             assert_eq!(got, want, "rank {}, replay {replay}", info.rank);
         }
-        drop(graph);
     }
 
     #[test]
@@ -305,17 +323,7 @@ mod gpu {
         let want: Vec<f32> = (0..n).map(|i| (s * (i % 7 + 1)) as f32).collect();
         assert_eq!(after_warm_up, want, "rank {}: the warm-up's sum", info.rank);
         // Every rank then holds the same values, so each replay multiplies them by W.
-        for replay in 1..=3u32 {
-            b.replay(&mut graph).expect("replay");
-            comm.synchronize(&b).expect("synchronize after replay");
-            let got = b.download(&z).unwrap();
-            let scale = (w as u64).pow(replay);
-            let want: Vec<f32> = (0..n)
-                .map(|i| (s as u64 * scale * (i % 7 + 1) as u64) as f32)
-                .collect();
-            assert_eq!(got, want, "rank {}, replay {replay}", info.rank);
-        }
-        drop(graph);
+        replays_multiply_by_the_world(&b, &comm, &mut graph, &z, info);
     }
 
     #[test]

@@ -21,13 +21,17 @@ pub(super) fn event(e: Event) -> cu::CUevent {
     e.0 as cu::CUevent
 }
 
+fn stream_flags(kind: StreamKind) -> u32 {
+    match kind {
+        StreamKind::NonBlocking => cu::CU_STREAM_NON_BLOCKING,
+        StreamKind::Blocking => cu::CU_STREAM_DEFAULT,
+    }
+}
+
 impl CudaDriver {
     pub(super) fn cu_stream_create(&self, kind: StreamKind) -> DriverResult<Stream> {
         self.bind()?;
-        let flags = match kind {
-            StreamKind::NonBlocking => cu::CU_STREAM_NON_BLOCKING,
-            StreamKind::Blocking => cu::CU_STREAM_DEFAULT,
-        };
+        let flags = stream_flags(kind);
         let mut s: cu::CUstream = ptr::null_mut();
         // SAFETY: out-pointer to a local.
         check("cuStreamCreate", unsafe {
@@ -42,10 +46,7 @@ impl CudaDriver {
         priority: i32,
     ) -> DriverResult<Stream> {
         self.bind()?;
-        let flags = match kind {
-            StreamKind::NonBlocking => cu::CU_STREAM_NON_BLOCKING,
-            StreamKind::Blocking => cu::CU_STREAM_DEFAULT,
-        };
+        let flags = stream_flags(kind);
         let mut s: cu::CUstream = ptr::null_mut();
         // SAFETY: out-pointer to a local; any priority is accepted (the driver clamps it).
         check("cuStreamCreateWithPriority", unsafe {

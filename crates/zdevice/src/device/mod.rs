@@ -297,12 +297,17 @@ impl<D: Driver> Device<D> {
     pub fn create_stream(&self) -> DeviceResult<Stream> {
         self.refuse_during_capture("cuStreamCreate", "create streams before capture")?;
         let s = self.call(|d| d.stream_create(StreamKind::NonBlocking))?;
+        Ok(self.keep_stream(s))
+    }
+
+    /// Records a stream this device made, to destroy it with the device.
+    fn keep_stream(&self, s: Stream) -> Stream {
         self.inner
             .streams
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(s);
-        Ok(s)
+        s
     }
 
     /// The device's stream priorities (`cuCtxGetStreamPriorityRange`).
@@ -323,12 +328,7 @@ impl<D: Driver> Device<D> {
         let s = self.call(|d| {
             d.stream_create_with_priority(StreamKind::NonBlocking, range.value(priority))
         })?;
-        self.inner
-            .streams
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(s);
-        Ok(s)
+        Ok(self.keep_stream(s))
     }
 
     /// Waits (bounded by the sync deadline) until all work queued on `stream` has run; then
