@@ -56,9 +56,10 @@
 //! round's efficiency on stderr and, under `weak_rounds`, every round's `one_gpu_ms`,
 //! `<sync>_ms` and `<sync>_efficiency`, with `<sync>_efficiency_median` and `_range`: the
 //! figure to quote, where the single `scaling_*` ratios compare rows measured at different
-//! moments: every step of a process runs about 2.5% slower some ten seconds in than at its
-//! start (measured, cause not known), so the weak row, whose N-GPU figure is taken first and
-//! one-GPU figure last, overstates the efficiency by about that much (docs/benchmarks.md).
+//! moments: a trainer made after the rows' trainers were made and dropped runs its step about
+//! 2.5% slower than the first ones (measured; not the time elapsed; cause not known), so the
+//! weak row, whose N-GPU figure is taken first and one-GPU figure last, overstates the
+//! efficiency by about that much (docs/benchmarks.md).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 // Shared with xasset_bench, which uses every helper; this bench uses some.
