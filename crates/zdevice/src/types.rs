@@ -106,7 +106,7 @@ pub enum StreamPriority {
     High,
 }
 
-/// `cuCtxGetStreamPriorityRange`: numerically lower is greater (an H100 says 0 and -5).
+/// `cuCtxGetStreamPriorityRange`: numerically lower is greater (0, the default, is the least).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PriorityRange {
     /// The least priority (CUDA's default for a stream).

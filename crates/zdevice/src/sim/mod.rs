@@ -155,7 +155,7 @@ impl SimDriver {
     }
 
     /// A stream's priority (`None` for an unknown stream): the least, 0, unless it was made
-    /// with one (clamped into the simulated H100's range, 0 to -5).
+    /// with one (clamped into the simulator's range, 0 to -5).
     #[must_use]
     pub fn stream_priority(&self, stream: Stream) -> Option<i32> {
         self.lock().streams.get(&stream.0).map(|s| s.priority)

@@ -23,7 +23,8 @@ pub(crate) struct Queued {
     pub op: Op,
 }
 
-/// The simulated device's stream priorities: an H100's (`cuCtxGetStreamPriorityRange`).
+/// The simulated device's stream priorities (`cuCtxGetStreamPriorityRange`): 0, CUDA's
+/// default, down to -5.
 pub(crate) const SIM_PRIORITY_RANGE: PriorityRange = PriorityRange {
     least: 0,
     greatest: -5,
