@@ -310,14 +310,10 @@ impl<D: Driver> Device<D> {
         s
     }
 
-    /// The device's stream priorities (`cuCtxGetStreamPriorityRange`). Refused during a
-    /// capture, as the stream creation it serves is: the driver's answer to it inside a
-    /// capture has not been measured (`capture-rules.md`), so it never reaches the driver there.
+    /// The device's stream priorities (`cuCtxGetStreamPriorityRange`). Answered during a
+    /// capture too: the driver answers it there in every mode and the capture goes on (measured;
+    /// zdevice's capture-rules harness, `rules.rs`).
     pub fn stream_priority_range(&self) -> DeviceResult<PriorityRange> {
-        self.refuse_during_capture(
-            "cuCtxGetStreamPriorityRange",
-            "query stream priorities before capture",
-        )?;
         self.call(|d| d.stream_priority_range())
     }
 

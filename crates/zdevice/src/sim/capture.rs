@@ -205,6 +205,11 @@ pub(crate) fn rule(call: &str, v: &View) -> Outcome {
         // allocates nothing, and the device binds waiter threads while a capture runs. The
         // conformance test `waiter_does_not_invalidate_capture` checks this row on the GPU.
         CTX_SET_CURRENT => Run,
+        // Not in the document: measured with zdevice's capture-rules harness (rules.rs) on 2x
+        // NVIDIA H200, driver 580.159.04 (sixteenth session): making a non-blocking stream, with
+        // or without a priority, and asking the context's priority range succeed in every mode
+        // and leave the capture active with no node.
+        STREAM_CREATE | STREAM_CREATE_WITH_PRIORITY | STREAM_PRIORITY_RANGE => Run,
         // "cuMemAlloc | 900, invalidated, end 901 | same as global | success"; likewise
         // cuMemAllocManaged and cuMemAllocHost.
         MEM_ALLOC | MEM_ALLOC_MANAGED | MEM_ALLOC_HOST => unsafe_call,

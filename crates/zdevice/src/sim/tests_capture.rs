@@ -290,10 +290,7 @@ fn uncovered_calls_are_refused_by_name_and_the_capture_survives() {
     let p = d.mem_alloc(1024).unwrap();
     d.stream_begin_capture(s, CaptureMode::Relaxed).unwrap();
     let refused: Vec<(&str, Result<(), DriverError>)> = vec![
-        (
-            calls::STREAM_CREATE,
-            d.stream_create(StreamKind::NonBlocking).map(drop),
-        ),
+        (calls::STREAM_DESTROY, d.stream_destroy(other)),
         (
             calls::STREAM_BEGIN_CAPTURE,
             d.stream_begin_capture(other, CaptureMode::Global),

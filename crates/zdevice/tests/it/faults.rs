@@ -243,7 +243,6 @@ fn error_surfacing_at_the_next_sync_loses_the_device() {
 #[case::load_module("cuModuleLoadData")]
 #[case::create_stream("cuStreamCreate")]
 #[case::create_prioritized_stream("cuStreamCreateWithPriority")]
-#[case::priority_range("cuCtxGetStreamPriorityRange")]
 #[case::synchronize_from_capturing_thread("cuStreamQuery")]
 #[case::wait_event_from_capturing_thread("cuEventQuery")]
 fn refused_during_capture(#[case] call: &'static str) {
@@ -274,7 +273,6 @@ fn refused_during_capture(#[case] call: &'static str) {
         "cuStreamCreateWithPriority" => dev
             .create_stream_with_priority(zdevice::StreamPriority::High)
             .map(drop),
-        "cuCtxGetStreamPriorityRange" => dev.stream_priority_range().map(drop),
         "cuStreamQuery" => dev.synchronize(stream),
         "cuEventQuery" => dev.wait_event(event),
         other => panic!("no case for {other}"),

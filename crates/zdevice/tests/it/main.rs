@@ -113,7 +113,10 @@ macro_rules! conformance_suite {
                 Row::EventRecord,
                 Row::EventQuery,
                 Row::EventSynchronize,
-                Row::MemGetInfo
+                Row::MemGetInfo,
+                Row::StreamCreate,
+                Row::StreamCreateWithPriority,
+                Row::StreamPriorityRange
             )]
             row: Row,
             #[values(CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed)]

@@ -26,6 +26,19 @@ fn the_engine_stream_takes_the_configured_priority() {
     assert_eq!(high.driver().stream_priority(high.stream()), Some(-5));
 }
 
+/// The driver answers the range inside a capture and the capture goes on (measured on the GPU:
+/// `capture_rules_row` with `Row::StreamPriorityRange`); the device passes the query through.
+#[test]
+fn the_priority_range_is_answered_during_a_capture_and_the_capture_goes_on() {
+    let dev = open(StreamPriority::Normal);
+    let cap = dev.begin_capture(dev.stream()).unwrap();
+    let range = dev.stream_priority_range().unwrap();
+    assert_eq!((range.least, range.greatest), (0, -5));
+    let graph = cap.end().expect("the capture is still valid");
+    assert_eq!(graph.node_count().unwrap(), 0);
+    assert_eq!(dev.driver().call_count("cuCtxGetStreamPriorityRange"), 1);
+}
+
 #[test]
 fn created_streams_take_the_least_or_the_greatest_priority() {
     let dev = open(StreamPriority::Normal);

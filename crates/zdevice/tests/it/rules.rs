@@ -29,6 +29,9 @@ pub enum Row {
     MemFreeLive,
     GemmWithWorkspace,
     GemmDefaultWorkspace,
+    StreamCreate,
+    StreamCreateWithPriority,
+    StreamPriorityRange,
 }
 
 /// What the table says happens.
@@ -71,6 +74,10 @@ pub fn expected(row: Row, mode: CaptureMode, kind: StreamKind) -> Outcome {
         GemmWithWorkspace => Captured(Some(2)),
         GemmDefaultWorkspace => Captured(Some(4)),
         MemGetInfo | MemcpyHtoD | MemcpyDtoH | MemcpyDtoD | MemsetD8 => Succeeds,
+        // Not in the document; measured with this harness on an H100 (docs/benchmarks.md,
+        // sixteenth session): making a stream, with or without a priority, and asking the
+        // context's priority range neither fail nor touch the capture, in every mode.
+        StreamCreate | StreamCreateWithPriority | StreamPriorityRange => Succeeds,
     }
 }
 
@@ -238,6 +245,13 @@ fn call<D: Driver>(d: &D, row: Row, stream: Stream, p: &Prepared) -> (Option<u32
         Row::EventSynchronize => d.event_synchronize(p.event),
         Row::MemGetInfo => d.mem_get_info().map(|_| ()),
         Row::MemFreeLive => d.mem_free(p.live).map(|()| extra = Extra::FreedLive),
+        Row::StreamCreate => d
+            .stream_create(StreamKind::NonBlocking)
+            .map(|s| extra = Extra::Stream(s)),
+        Row::StreamCreateWithPriority => d
+            .stream_create_with_priority(StreamKind::NonBlocking, -1)
+            .map(|s| extra = Extra::Stream(s)),
+        Row::StreamPriorityRange => d.stream_priority_range().map(|_| ()),
         Row::GemmWithWorkspace | Row::GemmDefaultWorkspace => match (p.blas, p.gemm_operands) {
             // SAFETY: as in the warm-up: operands within `gemm_operands`, live until cleanup.
             (Some(h), Some(ops)) => unsafe { d.gemm_strided_batched_f32(h, &gemm_row(ops)) },
@@ -252,6 +266,7 @@ enum Extra {
     None,
     Device(DevicePtr),
     Host(HostPtr),
+    Stream(Stream),
     FreedLive,
 }
 
@@ -269,6 +284,7 @@ fn cleanup<D: Driver>(
     match extra {
         Extra::Device(x) => d.mem_free(x).map_err(s)?,
         Extra::Host(x) => d.mem_free_host(x).map_err(s)?,
+        Extra::Stream(x) => d.stream_destroy(x).map_err(s)?,
         Extra::FreedLive | Extra::None => {}
     }
     let freed_live = matches!(extra, Extra::FreedLive);
