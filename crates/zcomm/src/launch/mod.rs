@@ -2,9 +2,11 @@
 //! launcher variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`,
 //! `MASTER_PORT` = a free port), a fresh job secret (`ZCOMM_SECRET`, in the environment, never
 //! on the command line), its own pid (`ZCOMM_LAUNCHER_PID`, for [`die_with_launcher`]) and
-//! `NCCL_NVLS_ENABLE=0` added to the rest of the environment (and, where the spec asks and the
-//! environment does not already say, `NCCL_MAX_NCHANNELS`: see [`LaunchSpec::nccl_max_channels`]),
-//! watches them, and takes every rank down as soon as one fails.
+//! `NCCL_NVLS_ENABLE=0` added to the rest of the environment, `NCCL_GRAPH_MIXING_SUPPORT=0`
+//! unless the environment already says (see [`nccl_graph_mixing_setting`]), and, where the spec
+//! asks and the environment does not already say, `NCCL_MAX_NCHANNELS` (see
+//! [`LaunchSpec::nccl_max_channels`]); watches them, and takes every rank down as soon as one
+//! fails.
 //!
 //! Each rank runs in a process group of its own, so a terminal's Ctrl-C reaches the launcher
 //! alone, and the launcher passes each SIGINT/SIGTERM it gets on to every rank exactly once
@@ -70,6 +72,28 @@ pub fn nccl_channel_setting(
     Some((NCCL_CHANNEL_VARS[0], n.to_string()))
 }
 
+/// NCCL's switch for captured collectives mixed with other work of the same communicator.
+pub const NCCL_GRAPH_MIXING_VAR: &str = "NCCL_GRAPH_MIXING_SUPPORT";
+
+/// The `NCCL_GRAPH_MIXING_SUPPORT` value the ranks get: `0`, unless `env` (the launcher's
+/// environment) already sets it (the user's word wins).
+///
+/// Why: by default NCCL orders every captured collective after the communicator's previous
+/// one through an event of its own, which puts an event-wait root and an event-record node
+/// into every graph per collective. Each replay of such a graph then starts its second node
+/// 4-6 us late and every collective later (measured on 2x H100: docs/benchmarks.md, sixteenth
+/// session). zcomm never needs that ordering: a communicator's work, eager or captured, is
+/// queued on one engine stream or on the side stream forked from it and joined back to it
+/// before the step ends ([`crate::nccl`]), so the stream already orders it.
+pub fn nccl_graph_mixing_setting(
+    env: &dyn Fn(&str) -> Option<OsString>,
+) -> Option<(&'static str, &'static str)> {
+    if env(NCCL_GRAPH_MIXING_VAR).is_some() {
+        return None;
+    }
+    Some((NCCL_GRAPH_MIXING_VAR, "0"))
+}
+
 /// A free TCP port on 127.0.0.1 for rank 0's rendezvous.
 pub fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| spawn_err("finding a free port", e))?;
@@ -100,6 +124,9 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> Option<i32>) -> Result<Launc
         if let Some((var, value)) =
             nccl_channel_setting(spec.nccl_max_channels, &|v| std::env::var_os(v))
         {
+            cmd.env(var, value);
+        }
+        if let Some((var, value)) = nccl_graph_mixing_setting(&|v| std::env::var_os(v)) {
             cmd.env(var, value);
         }
         #[cfg(unix)]

@@ -14,6 +14,15 @@
 //! deadline: the communicator is aborted (so no peer hangs on this rank either) and the error
 //! names the rank, the operation and the step (`Timeout`, `PeerFailed`, `Nccl`).
 //!
+//! One order for all of a communicator's work: every collective is queued on the engine
+//! stream, or on the side stream forked from it and joined back to it, so the engine stream
+//! orders a captured step's collectives after the eager ones before it and before the eager
+//! ones after it. NCCL's own ordering of captured collectives (`NCCL_GRAPH_MIXING_SUPPORT`,
+//! an event-wait and an event-record node in the graph for each) is then not needed, and
+//! zcomm's launcher turns it off for its ranks (`launch::nccl_graph_mixing_setting`); a
+//! process that launches its ranks itself and replays captured steps gains the same by
+//! setting `NCCL_GRAPH_MIXING_SUPPORT=0`.
+//!
 //! NCCL needs the real CUDA driver: over the simulator `join` fails with
 //! [`CommError::NotCuda`] (after the capture and argument checks, which hold on every driver).
 

@@ -6,7 +6,7 @@ mod stops;
 
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
-use zcomm::launch::{LaunchSpec, RankEnd, launch, nccl_channel_setting};
+use zcomm::launch::{LaunchSpec, RankEnd, launch, nccl_channel_setting, nccl_graph_mixing_setting};
 
 fn sh(script: &str, ranks: usize) -> LaunchSpec {
     LaunchSpec {
@@ -23,7 +23,7 @@ fn sh(script: &str, ranks: usize) -> LaunchSpec {
 fn every_rank_gets_the_launcher_variables() {
     let dir = tempfile::tempdir().unwrap();
     let script = format!(
-        "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $NCCL_NVLS_ENABLE $MASTER_PORT\" > {}/$RANK",
+        "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $NCCL_NVLS_ENABLE $NCCL_GRAPH_MIXING_SUPPORT $MASTER_PORT\" > {}/$RANK",
         dir.path().display()
     );
     let out = launch(&sh(&script, 3), &|| None).unwrap();
@@ -33,10 +33,10 @@ fn every_rank_gets_the_launcher_variables() {
         let line = std::fs::read_to_string(dir.path().join(r.to_string())).unwrap();
         let f: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(
-            &f[..5],
-            [&r.to_string(), "3", &r.to_string(), "127.0.0.1", "0"]
+            &f[..6],
+            [&r.to_string(), "3", &r.to_string(), "127.0.0.1", "0", "0"]
         );
-        assert!(f[5].parse::<u16>().unwrap() > 0);
+        assert!(f[6].parse::<u16>().unwrap() > 0);
     }
 }
 
@@ -143,4 +143,17 @@ fn the_users_channel_limit_wins(
 ) {
     let env = |v: &str| (Some(v) == set).then(|| OsString::from("2"));
     assert_eq!(nccl_channel_setting(asked, &env), expected);
+}
+
+/// The ranks run without NCCL's graph-mixing ordering unless the user's environment sets it.
+#[rstest::rstest]
+#[case::nothing_set(None, Some(("NCCL_GRAPH_MIXING_SUPPORT", "0")))]
+#[case::user_sets_it(Some("NCCL_GRAPH_MIXING_SUPPORT"), None)]
+#[case::other_variable(Some("NCCL_DEBUG"), Some(("NCCL_GRAPH_MIXING_SUPPORT", "0")))]
+fn graph_mixing_is_off_unless_the_user_says(
+    #[case] set: Option<&str>,
+    #[case] expected: Option<(&str, &str)>,
+) {
+    let env = |v: &str| (Some(v) == set).then(|| OsString::from("1"));
+    assert_eq!(nccl_graph_mixing_setting(&env), expected);
 }
