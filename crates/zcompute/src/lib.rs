@@ -43,6 +43,7 @@ pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};
 pub use engine::{
     ArenaOverrides, ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriver,
+    StreamPriority,
 };
 pub use error::{ComputeError, Result};
 pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contiguous_strides};

@@ -34,9 +34,9 @@
 //! - `samples_per_s`: the global batch over `pipelined_ms`;
 //!
 //! `--stream-priority` says which of a rank's two streams the device favours when both have
-//! blocks waiting for SMs: `same` (the default) leaves both at CUDA's default, `engine` gives
-//! the engine stream (forward, backward, the optimiser) the device's greatest priority,
-//! `comm` gives it to the stream of the overlapped bucket all-reduces (JSON key
+//! blocks waiting for SMs: `engine` (the default, as ztrain's ranks) gives the engine stream
+//! (forward, backward, the optimiser) the device's greatest priority, `same` leaves both at
+//! CUDA's default, `comm` gives it to the stream of the overlapped bucket all-reduces (JSON key
 //! `stream_priority`). `--overlap-ctas B` runs the overlapped bucket all-reduces on a second
 //! communicator whose collectives take at most B thread blocks (NCCL's `maxCTAs`), the last
 //! bucket's on the first (JSON key `overlap_ctas`, 0 for one communicator).
@@ -347,7 +347,7 @@ fn args() -> Result<Args, Error> {
     }
     let rounds: usize = arg("--rounds").map(|v| v.parse()).transpose()?.unwrap_or(5);
     let (normal, high) = (StreamPriority::Normal, StreamPriority::High);
-    let priority = match arg("--stream-priority").as_deref().unwrap_or("same") {
+    let priority = match arg("--stream-priority").as_deref().unwrap_or("engine") {
         "same" => ("same", normal, normal),
         "engine" => ("engine", high, normal),
         "comm" => ("comm", normal, high),

@@ -3,6 +3,7 @@
 //! device settings of the devices the engine opens. Nothing is checked until the device's
 //! memory is known ([`EngineConfig::arena_config`]), and then once, by zmem.
 
+use zdevice::StreamPriority;
 use zmem::{ArenaConfig, ArenaOverrides, MemError};
 pub use zmem::{ArenaSetting, Labels};
 
@@ -22,6 +23,9 @@ pub struct EngineConfig {
     sync_deadline: Option<std::time::Duration>,
     /// The cuBLAS workspace the devices this config opens reserve; `None` keeps zdevice's.
     blas_workspace_bytes: Option<u64>,
+    /// The engine stream's priority on the devices this config opens
+    /// (`DeviceConfig::engine_priority`).
+    engine_priority: StreamPriority,
 }
 
 impl EngineConfig {
@@ -74,8 +78,17 @@ impl EngineConfig {
         self
     }
 
-    /// The device settings `cuda` and `sim` open devices with (`ordinal`, the deadline and
-    /// the cuBLAS workspace).
+    /// The engine stream's priority on the devices this config opens (`cuda`, `sim`): a
+    /// data-parallel rank gives it [`StreamPriority::High`], so that where backward's
+    /// kernels and the overlapped collectives' blocks both wait for SMs, backward's start first.
+    #[must_use]
+    pub fn engine_priority(mut self, priority: StreamPriority) -> Self {
+        self.engine_priority = priority;
+        self
+    }
+
+    /// The device settings `cuda` and `sim` open devices with (`ordinal`, the deadline, the
+    /// cuBLAS workspace and the engine stream's priority).
     pub(crate) fn device_config(&self, ordinal: u32) -> zdevice::DeviceConfig {
         let base = zdevice::DeviceConfig::default();
         zdevice::DeviceConfig {
@@ -84,6 +97,7 @@ impl EngineConfig {
             blas_workspace_bytes: self
                 .blas_workspace_bytes
                 .unwrap_or(base.blas_workspace_bytes),
+            engine_priority: self.engine_priority,
             ..base
         }
     }

@@ -22,6 +22,20 @@ fn sim_registers_the_twins_and_runs_ops() {
 }
 
 #[test]
+fn the_engine_stream_takes_the_configured_priority() {
+    let normal = small().sim(64 * M).expect("opens");
+    let dev = normal.device();
+    assert_eq!(dev.driver().stream_priority(dev.stream()), Some(0));
+    let high = small()
+        .engine_priority(zdevice::StreamPriority::High)
+        .sim(64 * M)
+        .expect("opens");
+    let dev = high.device();
+    let greatest = dev.stream_priority_range().expect("range").greatest;
+    assert_eq!(dev.driver().stream_priority(dev.stream()), Some(greatest));
+}
+
+#[test]
 fn engine_sim_uses_the_environment_over_the_defaults() {
     // The test process sets no ZMEM_* variable that would refuse a 256 MiB device.
     let b = Engine::sim(256 * M).expect("opens");
