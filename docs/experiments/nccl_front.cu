@@ -6,31 +6,13 @@
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 nccl_front.cu -lnccl -lpthread -o nccl_front
 //   CUDA_INJECTION64_PATH=libkernel_trace.so KERNEL_TRACE_DIR=dir ./nccl_front DOTDIR
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "nccl_check.cuh"
 #include <pthread.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
-#define NK(x)                                                                           \
-  do {                                                                                  \
-    ncclResult_t e = (x);                                                               \
-    if (e != ncclSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(e)); \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
 
 __global__ void spin(float* x, int iters) {
   float v = x[threadIdx.x];

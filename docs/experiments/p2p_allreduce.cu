@@ -10,31 +10,13 @@
 // in place. Flags carry an epoch kept per block on the device, so a graph replays it as is.
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 p2p_allreduce.cu -lnccl -lpthread -o p2p && ./p2p [ranks]
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "nccl_check.cuh"
 #include <pthread.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
-#define NK(x)                                                                           \
-  do {                                                                                  \
-    ncclResult_t e = (x);                                                               \
-    if (e != ncclSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(e)); \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
 
 constexpr int kMaxRanks = 8;
 constexpr int kThreads = 256;

@@ -6,31 +6,13 @@
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 sym_allreduce.cu -I$NCCL/include -L$NCCL/lib -l:libnccl.so.2 \
 //        -lpthread -o sym_allreduce && LD_LIBRARY_PATH=$NCCL/lib ./sym_allreduce [ranks]
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include "nccl_check.cuh"
 #include <pthread.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#define CK(x)                                                                           \
-  do {                                                                                  \
-    cudaError_t e = (x);                                                                \
-    if (e != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      exit(1);                                                                          \
-    }                                                                                   \
-  } while (0)
-#define NK(x)                                                                              \
-  do {                                                                                     \
-    ncclResult_t e = (x);                                                                  \
-    if (e != ncclSuccess) {                                                                \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetErrorString(e));    \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
 
 static const size_t kSizes[] = {4096, 65536, 200704, 265216, 790528, 1052672, 3360000};
 static const size_t kMax = 3360000;
@@ -43,12 +25,15 @@ struct Shared {
 
 __global__ void fill(float* x, size_t n, int rank) {
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    x[i] = (rank + 1) * 0.37f + (float)(i % 97) * 1.0e-3f * (rank + 2);
+    // Rounded as the host's `expected` rounds (no fused multiply-add).
+    x[i] = __fadd_rn(__fmul_rn((float)(rank + 1), 0.37f),
+                     __fmul_rn(__fmul_rn((float)(i % 97), 1.0e-3f), (float)(rank + 2)));
 }
 
 static float expected(size_t i, int ranks) {
   float sum = 0.f;
-  for (int r = 0; r < ranks; ++r) sum += (r + 1) * 0.37f + (float)(i % 97) * 1.0e-3f * (r + 2);
+  for (int r = 0; r < ranks; ++r)
+    sum += (float)(r + 1) * 0.37f + (float)(i % 97) * 1.0e-3f * (float)(r + 2);
   return sum;
 }
 
