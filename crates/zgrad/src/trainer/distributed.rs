@@ -178,12 +178,14 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         // A join waits for the second stream's work: with none queued (one bucket) there is
         // nothing to join, and inside a capture a wait on a stream outside it is refused.
         let forked = Cell::new(false);
+        let joined = Cell::new(false);
         let issue = |ready: Range<usize>| -> Result<()> {
             for k in ready {
                 let r = &plan.ranges()[k];
                 let bucket = reduced.narrow(0, r.start, r.len())?;
                 if k == last {
                     if forked.get() {
+                        joined.set(true);
                         self.comm.join_overlapped(b)?;
                     }
                     self.comm.all_reduce_sum(b, &bucket, self.step.get())?;
@@ -195,15 +197,28 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             }
             Ok(())
         };
-        if let Some(root) = root {
-            tape.backward_hooked(root, self.share.clone(), &mut |g| {
-                if g.shares_storage(grads) {
-                    issue(cursor.finish(g.layout().offset()))?;
-                }
-                Ok(())
-            })?;
+        let issued = (|| {
+            if let Some(root) = root {
+                tape.backward_hooked(root, self.share.clone(), &mut |g| {
+                    if g.shares_storage(grads) {
+                        issue(cursor.finish(g.layout().offset()))?;
+                    }
+                    Ok(())
+                })?;
+            }
+            issue(cursor.rest())
+        })();
+        if issued.is_err() && forked.get() && !joined.get() {
+            // A step that fails between its buckets still leaves no collective on the second
+            // stream unordered with the engine stream: the next work on the communicator (an
+            // eager step, or a captured one, which NCCL does not order by itself here, since
+            // zcomm's launcher turns its graph ordering off) comes after it. Best effort: the
+            // step's own error is the one to report.
+            if let Err(e) = self.comm.join_overlapped(b) {
+                tracing::warn!(target: "zgrad.distributed.join", error = %e, "joining the overlapped all-reduces of a failed step");
+            }
         }
-        issue(cursor.rest())
+        issued
     }
 }
 
