@@ -6,7 +6,8 @@
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]
 //! [--strong 256,512,1024] [--warmup-steps W] [--nccl-channels C]
 //! [--stream-priority same|engine|comm] [--overlap-ctas B]` starts N ranks of itself
-//! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`, and with C > 0 NCCL's
+//! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`,
+//! `NCCL_GRAPH_MIXING_SUPPORT=0` unless the environment sets it, and with C > 0 NCCL's
 //! channels limited to C, as ztrain's `--nccl-channels`; 0, the default, leaves NCCL's own
 //! choice, as does a set `NCCL_MAX_NCHANNELS` or `NCCL_MAX_CTAS`; JSON key
 //! `nccl_max_nchannels`), each on the device `LOCAL_RANK` names, joined by NCCL (rank 0
