@@ -175,22 +175,21 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         let last = plan.ranges().len().saturating_sub(1);
         let mut cursor = BucketCursor::new(&plan);
         let grads = set.grads();
-        // A join waits for the second stream's work: with none queued (one bucket) there is
-        // nothing to join, and inside a capture a wait on a stream outside it is refused.
-        let forked = Cell::new(false);
-        let joined = Cell::new(false);
+        // Whether the second stream holds buckets not joined yet. A join waits for them: with
+        // none queued (one bucket) there is nothing to join, and inside a capture a wait on a
+        // stream outside it is refused.
+        let unjoined = Cell::new(false);
         let issue = |ready: Range<usize>| -> Result<()> {
             for k in ready {
                 let r = &plan.ranges()[k];
                 let bucket = reduced.narrow(0, r.start, r.len())?;
                 if k == last {
-                    if forked.get() {
-                        joined.set(true);
+                    if unjoined.replace(false) {
                         self.comm.join_overlapped(b)?;
                     }
                     self.comm.all_reduce_sum(b, &bucket, self.step.get())?;
                 } else {
-                    forked.set(true);
+                    unjoined.set(true);
                     self.comm
                         .all_reduce_sum_overlapped(b, &bucket, self.step.get())?;
                 }
@@ -208,7 +207,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             }
             issue(cursor.rest())
         })();
-        if issued.is_err() && forked.get() && !joined.get() {
+        if issued.is_err() && unjoined.get() {
             // A step that fails between its buckets still leaves no collective on the second
             // stream unordered with the engine stream: the next work on the communicator (an
             // eager step, or a captured one, which NCCL does not order by itself here, since
