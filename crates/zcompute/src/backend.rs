@@ -405,6 +405,46 @@ pub trait Backend<T: Element> {
         self.unary(UnaryOp::Sqrt, &self.sum(&flat, 0, false)?)
     }
 
+    /// How many partial sums [`Backend::sum_squares_into`] writes for `n` elements: a function
+    /// of `n` only (so a norm assembled from partials has the same bits every run). The
+    /// provided body: one.
+    fn norm_parts(&self, n: usize) -> usize {
+        let _ = n;
+        1
+    }
+
+    /// The first pass of a norm over one range of a buffer: the sums of squares of dense `x`'s
+    /// elements, in a fixed order, into dense `parts` (`norm_parts(x.numel())` elements, other
+    /// memory). A buffer's norm can then be summed range by range, each range as soon as it is
+    /// final (the data-parallel step's gradient buckets as their all-reduces finish), and
+    /// finished by [`Backend::norm_of_parts`]. Allocates nothing on a device backend (the CUDA
+    /// backend: one launch of its norm's first pass). `LengthMismatch` for `parts` of another
+    /// size, `NotContiguous` for a view.
+    fn sum_squares_into(&self, x: &BTensor<Self, T>, parts: &BTensor<Self, T>) -> Result<()> {
+        crate::validate::sum_squares_into(x, parts, self.norm_parts(x.numel()))?;
+        let squares = self.mul(x, x)?;
+        let flat = squares.reshape(&[squares.numel()])?;
+        let sum = self.sum(&flat, 0, false)?;
+        self.copy_into(&sum.reshape(&[1])?, parts)
+    }
+
+    /// The last range's first pass and the norm of them all: [`Backend::sum_squares_into`] of
+    /// `x` into `parts[first..first + norm_parts(x.numel())]`, then `sqrt` of the sum of every
+    /// element of `parts` (one axis, the other ranges' partials written before), rank 0. The
+    /// CUDA backend does both in one launch (its `norm2`'s kernel), summing the partials in a
+    /// fixed order. `NarrowOutOfRange` when the range's partials do not fit in `parts`.
+    fn norm_of_parts(
+        &self,
+        x: &BTensor<Self, T>,
+        parts: &BTensor<Self, T>,
+        first: usize,
+    ) -> Result<BTensor<Self, T>> {
+        let want = self.norm_parts(x.numel());
+        crate::validate::norm_of_parts(x, parts, first, want)?;
+        self.sum_squares_into(x, &parts.narrow(0, first, want)?)?;
+        self.unary(UnaryOp::Sqrt, &self.sum(parts, 0, false)?)
+    }
+
     /// Scales `x` in place by `min(1, max_norm / (norm + 1e-6))`, PyTorch's `clip_grad_norm_`
     /// coefficient, with the one-element `norm` read from memory (no host round trip:
     /// capturable). A NaN norm makes every element NaN. The provided body composes it from the

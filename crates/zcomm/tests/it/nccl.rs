@@ -267,6 +267,96 @@ mod gpu {
         replays_multiply_by_the_world(&b, &comm, &mut graph, &z, info);
     }
 
+    /// The work queued beside the buckets (twin: the simulated communicator's
+    /// `the_loss_product_and_the_buckets_partials_go_beside_the_buckets`), captured: the scaled
+    /// loss into the slot after the gradients, the first bucket (the buffer's end and the
+    /// slot) all-reduced on the side stream and its partial sums of squares after it there,
+    /// the join, the rest on the engine stream and the norm of all the partials. Every replay
+    /// (the buffer reset before it) gives the summed slot and the summed buffer's norm.
+    #[test]
+    fn gpu_the_loss_product_and_the_buckets_partials_go_beside_the_buckets() {
+        const NAME: &str = concat!(
+            module_path!(),
+            "::gpu_the_loss_product_and_the_buckets_partials_go_beside_the_buckets"
+        );
+        let Some((info, id)) = role() else {
+            let codes = run_ranks(NAME, world());
+            assert!(
+                codes.iter().all(|c| *c == Some(0)),
+                "rank exit codes {codes:?}"
+            );
+            return;
+        };
+        let b = open_with(info, StreamPriority::High);
+        let comm = Arc::new(NcclCollective::join(&b, info, &id).expect("join"));
+        let (w, n, cut) = (info.world, 300_001, 200_000);
+        let mut data = contribution(info.rank, n);
+        data.push(0.0);
+        let x = b.upload(&data, &[n + 1]).unwrap();
+        let loss = b.upload(&[(info.rank + 1) as f32], &[]).unwrap();
+        let share = b.upload(&[0.5], &[]).unwrap();
+        let counts = [b.norm_parts(n - cut), b.norm_parts(cut)];
+        let parts = b.zeros(&[counts[0] + counts[1]]).unwrap();
+        let norm = b.zeros(&[]).unwrap();
+        let body = {
+            let (b, comm) = (b.clone(), Arc::clone(&comm));
+            let (x, loss, share, parts, norm) = (
+                x.clone(),
+                loss.clone(),
+                share.clone(),
+                parts.clone(),
+                norm.clone(),
+            );
+            Box::new(move || {
+                let failed = |e: CommError| ComputeError::BodyFailed {
+                    detail: e.to_string(),
+                };
+                let slot = x.narrow(0, n, 1)?.reshape(&[])?;
+                comm.mul_into_overlapped(&b, &loss, &share, &slot)
+                    .map_err(failed)?;
+                comm.all_reduce_sum_overlapped(&b, &x.narrow(0, cut, n - cut + 1)?, 9)
+                    .map_err(failed)?;
+                comm.sum_squares_overlapped(
+                    &b,
+                    &x.narrow(0, cut, n - cut)?,
+                    &parts.narrow(0, 0, counts[0])?,
+                )
+                .map_err(failed)?;
+                comm.join_overlapped(&b).map_err(failed)?;
+                let head = x.narrow(0, 0, cut)?;
+                comm.all_reduce_sum(&b, &head, 9).map_err(failed)?;
+                b.copy_into(&b.norm_of_parts(&head, &parts, counts[0])?, &norm)
+            })
+        };
+        let mut graph = b.capture(body).expect("the step's pieces can be captured");
+        let s = w * (w + 1) / 2;
+        let sums: Vec<f64> = (0..n).map(|i| (s * (i % 7 + 1)) as f64).collect();
+        let want_norm = sums.iter().map(|v| v * v).sum::<f64>().sqrt();
+        for replay in 0..3 {
+            b.upload_into(&data, &x).unwrap();
+            b.replay(&mut graph).expect("replay");
+            comm.synchronize(&b).expect("synchronize after replay");
+            let got = b.download(&x).unwrap();
+            assert_eq!(
+                got[n],
+                0.5 * s as f32,
+                "rank {}, replay {replay}: the slot",
+                info.rank
+            );
+            assert!(
+                got[..n].iter().zip(&sums).all(|(a, b)| f64::from(*a) == *b),
+                "rank {}, replay {replay}: the sums",
+                info.rank
+            );
+            let norm = f64::from(b.download(&norm).unwrap()[0]);
+            assert!(
+                (norm - want_norm).abs() <= 1e-5 * want_norm,
+                "rank {}, replay {replay}: norm {norm} vs {want_norm}",
+                info.rank
+            );
+        }
+    }
+
     /// After a warm-up that left the sum of `contribution`s in `z` on every rank, each of
     /// three replays of `graph` (an in-place sum of `z`) multiplies it by the world size.
     fn replays_multiply_by_the_world(

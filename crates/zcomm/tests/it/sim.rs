@@ -362,6 +362,103 @@ fn overlapped_buckets_equal_one_all_reduce_eager_and_captured() {
     }
 }
 
+/// The work queued beside the buckets: the scaled loss into the slot at the buffer's end before
+/// the first bucket (which sums it), each overlapped bucket's partial sums of squares after its
+/// all-reduce, and after the join the last bucket and the norm of all the partials on the
+/// engine stream. The slot holds the sum of every rank's product and the norm is that of the
+/// summed buffer, eagerly and on every replay of a captured graph.
+#[test]
+fn the_loss_product_and_the_buckets_partials_go_beside_the_buckets() {
+    const N: usize = 96;
+    type Out = (Vec<f32>, Vec<f32>);
+    fn step(
+        b: &CudaBackend<SimDriver>,
+        c: &SimCollective,
+        x: &zcompute::CudaTensor,
+        loss: &zcompute::CudaTensor,
+        share: &zcompute::CudaTensor,
+        norm: &zcompute::CudaTensor,
+    ) -> zcompute::Result<()> {
+        let failed = |e: CommError| zcompute::ComputeError::BodyFailed {
+            detail: e.to_string(),
+        };
+        let grads = x.narrow(0, 0, N)?;
+        let slot = x.narrow(0, N, 1)?.reshape(&[])?;
+        let ranges = [(64, 32), (32, 32), (0, 32)];
+        let counts: Vec<usize> = ranges.iter().map(|&(_, n)| b.norm_parts(n)).collect();
+        let parts = b.zeros(&[counts.iter().sum()])?;
+        c.mul_into_overlapped(b, loss, share, &slot)
+            .map_err(failed)?;
+        let mut first = 0;
+        for (k, &(at, n)) in ranges.iter().enumerate() {
+            // The first bucket holds the slot after the gradients.
+            let len = n + usize::from(k == 0);
+            let bucket = x.narrow(0, at, len)?;
+            if k + 1 < ranges.len() {
+                c.all_reduce_sum_overlapped(b, &bucket, 4).map_err(failed)?;
+                let mine = parts.narrow(0, first, counts[k])?;
+                c.sum_squares_overlapped(b, &grads.narrow(0, at, n)?, &mine)
+                    .map_err(failed)?;
+                first += counts[k];
+            } else {
+                c.join_overlapped(b).map_err(failed)?;
+                c.all_reduce_sum(b, &bucket, 4).map_err(failed)?;
+                let n = b.norm_of_parts(&grads.narrow(0, at, n)?, &parts, first)?;
+                b.copy_into(&n, norm)?;
+            }
+        }
+        Ok(())
+    }
+    let got = ranks(3, T, move |r, b, c| -> Vec<Out> {
+        let mut data = rank_data(r, N);
+        data.push(0.0);
+        let x = b.upload(&data, &[N + 1]).unwrap();
+        let loss = b.upload(&[(r + 1) as f32], &[]).unwrap();
+        let share = b.upload(&[0.25], &[]).unwrap();
+        let norm = b.zeros(&[]).unwrap();
+        step(b, c, &x, &loss, &share, &norm).unwrap();
+        let mut seen = vec![(b.download(&x).unwrap(), b.download(&norm).unwrap())];
+        let body = {
+            let (b2, c2) = (b.clone(), c.clone());
+            let (x2, l2, s2, n2) = (x.clone(), loss.clone(), share.clone(), norm.clone());
+            move || step(&b2, &c2, &x2, &l2, &s2, &n2)
+        };
+        let mut graph = b.capture(Box::new(body)).unwrap();
+        for _ in 0..2 {
+            b.upload_into(&data, &x).unwrap();
+            b.replay(&mut graph).unwrap();
+            seen.push((b.download(&x).unwrap(), b.download(&norm).unwrap()));
+        }
+        c.synchronize(b).unwrap();
+        seen
+    });
+    let sums: Vec<f32> = (0..N)
+        .map(|i| (0..3).map(|r| rank_data(r, N)[i]).sum())
+        .collect();
+    let want_norm = sums
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt();
+    // 0.25 * (1 + 2 + 3)
+    let want_slot = 1.5f32;
+    for (r, runs) in got.into_iter().enumerate() {
+        for (k, (x, norm)) in runs.iter().enumerate() {
+            assert_eq!(x[N], want_slot, "rank {r}, run {k}: the slot");
+            let close = x[..N]
+                .iter()
+                .zip(&sums)
+                .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+            assert!(close, "rank {r}, run {k}: the sums");
+            let norm = f64::from(norm[0]);
+            assert!(
+                (norm - want_norm).abs() <= 1e-5 * want_norm,
+                "rank {r}, run {k}: norm {norm} vs {want_norm}"
+            );
+        }
+    }
+}
+
 /// The last rank dies after its first overlapped bucket of a step (the others queued all
 /// three): every other rank gets a typed failure naming itself and the step, within the
 /// deadline, never a hang.

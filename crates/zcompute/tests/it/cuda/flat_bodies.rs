@@ -282,3 +282,77 @@ pub fn step_tail<D: Driver>(gpu: &CudaBackend<D>) {
     assert_eq!(gpu.download(stats).unwrap(), vec![0.5, 2.0]);
     assert_eq!(gpu.download(slot).unwrap(), vec![7.0, 0.0]);
 }
+
+/// A buffer's norm assembled range by range (`sum_squares_into` for every range but the last,
+/// `norm_of_parts` for the last), as the data-parallel step sums its buckets: the CPU's norm
+/// of the whole buffer, the CPU backend's own assembly, and the same bits when computed twice.
+/// `cuts` are the ranges' starts after the first (ascending, inside the buffer).
+pub fn norm_of_parts<D: Driver>(gpu: &CudaBackend<D>, len: usize, cuts: &[usize]) {
+    let x = input(gpu, &[len], View::Dense, 43, -1.0, 1.0);
+    let xc = input(&CPU, &[len], View::Dense, 43, -1.0, 1.0);
+    let want = Backend::<f32>::norm2(&CPU, &xc).expect("cpu norm2");
+    let bounds: Vec<usize> = std::iter::once(0)
+        .chain(cuts.iter().copied())
+        .chain([len])
+        .collect();
+    let ranges: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect();
+    fn assemble<B: Backend<f32>>(
+        b: &B,
+        x: &zcompute::BTensor<B, f32>,
+        ranges: &[(usize, usize)],
+    ) -> zcompute::BTensor<B, f32> {
+        let counts: Vec<usize> = ranges.iter().map(|&(_, n)| b.norm_parts(n)).collect();
+        let parts = b.zeros(&[counts.iter().sum()]).expect("parts");
+        let mut first = 0;
+        let (last, rest) = ranges.split_last().expect("a range");
+        for (&(at, n), &count) in rest.iter().zip(&counts) {
+            let range = x.narrow(0, at, n).expect("range");
+            let mine = parts.narrow(0, first, count).expect("its partials");
+            b.sum_squares_into(&range, &mine).expect("sum_squares_into");
+            first += count;
+        }
+        let range = x.narrow(0, last.0, last.1).expect("last range");
+        b.norm_of_parts(&range, &parts, first)
+            .expect("norm_of_parts")
+    }
+    let what = format!("norm_of_parts {len} cut at {cuts:?}");
+    let ours = assemble(gpu, &x, &ranges);
+    assert_close(&what, gpu, &ours, &want, TOL);
+    let cpu_assembled = assemble(&CPU, &xc, &ranges);
+    let (a, w) = (cpu_assembled.to_vec()[0], want.to_vec()[0]);
+    assert!(
+        (a - w).abs() <= 1e-5 * w.abs().max(1.0),
+        "{what}: cpu {a} vs {w}"
+    );
+    let again = assemble(gpu, &x, &ranges);
+    let bits = |t| gpu.download(t).expect("download")[0].to_bits();
+    assert_eq!(bits(&ours), bits(&again), "{what}: two runs differ");
+}
+
+/// What `sum_squares_into` and `norm_of_parts` refuse, with the error that says why: partials
+/// of the wrong count, a view, partials past the end of the buffer.
+pub fn norm_of_parts_refusals<D: Driver>(gpu: &CudaBackend<D>) {
+    use zcompute::ComputeError;
+    let x = gpu.zeros(&[5000]).expect("x");
+    let want = gpu.norm_parts(5000);
+    let parts = gpu.zeros(&[want + 1]).expect("parts");
+    let err = gpu
+        .sum_squares_into(&x, &parts)
+        .expect_err("one part too many");
+    assert!(
+        matches!(err, ComputeError::LengthMismatch { expected, got, .. } if expected == want && got == want + 1),
+        "{err:?}"
+    );
+    let m = gpu.zeros(&[4, 6]).expect("m");
+    let view = m.transpose(0, 1).expect("view");
+    let one = gpu.zeros(&[gpu.norm_parts(24)]).expect("one");
+    let err = gpu.sum_squares_into(&view, &one).expect_err("a view");
+    assert!(matches!(err, ComputeError::NotContiguous { .. }), "{err:?}");
+    let err = gpu.norm_of_parts(&x, &parts, 2).expect_err("past the end");
+    assert!(
+        matches!(err, ComputeError::NarrowOutOfRange { .. }),
+        "{err:?}"
+    );
+    let err = gpu.sum_squares_into(&x, &x.narrow(0, 0, want).expect("own memory"));
+    assert!(matches!(err, Err(ComputeError::Aliased { .. })), "{err:?}");
+}
