@@ -21,7 +21,7 @@ const FLAT_THREADS: u32 = 256;
 const NORM_PER_THREAD: u64 = 8;
 /// Most partial sums of the first norm pass (about 8 resident 256-thread blocks on each of an
 /// H100/H200's 132 SMs); the second pass's one block reads them all.
-const NORM_MAX_PARTS: u64 = 1024;
+const NORM_MAX_PARTS: u64 = crate::backend::MAX_NORM_PARTS as u64;
 
 /// The norm's second pass: one block of `FLAT_THREADS`.
 const ONE_BLOCK: LaunchConfig = LaunchConfig {
@@ -98,7 +98,7 @@ impl<D: Driver> CudaBackend<D> {
     }
 
     /// The first norm pass's launch over dense `x` into dense `parts` (validated by the
-    /// caller): its grid and arguments, allocating nothing.
+    /// caller): a block for each partial, allocating nothing.
     pub(crate) fn sum_squares_launch(
         &self,
         op: &'static str,
@@ -107,7 +107,7 @@ impl<D: Driver> CudaBackend<D> {
     ) -> Result<(LaunchConfig, Args)> {
         let n = x.numel() as u64;
         let grid = LaunchConfig {
-            grid: (norm_parts(n) as u32, 1, 1),
+            grid: (parts.numel() as u32, 1, 1),
             block: (FLAT_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -123,7 +123,7 @@ impl<D: Driver> CudaBackend<D> {
 
     pub(crate) fn sum_squares_into_fused(&self, x: &CudaTensor, parts: &CudaTensor) -> Result<()> {
         const OP: &str = "sum_squares_into";
-        validate::sum_squares_into(x, parts, norm_parts(x.numel() as u64) as usize)?;
+        validate::sum_squares_into(x, parts)?;
         let (grid, args) = self.sum_squares_launch(OP, x, parts)?;
         self.launch(OP, Kernel::SumSquaresPartial, grid, &args)
     }

@@ -192,9 +192,9 @@ impl<D: Driver> SideStream<D> {
         )
     }
 
-    /// The backend's `sum_squares_into` (a norm's first pass over dense `x` into dense `parts`
-    /// of `Backend::norm_parts(x.numel())` elements) on the side stream, after its work so far
-    /// (a bucket's all-reduce queued there). Allocates nothing.
+    /// The backend's `sum_squares_into` (a norm's first pass over dense `x`, a partial sum for
+    /// each of `parts`' 1 to `MAX_NORM_PARTS` elements) on the side stream, after its work so
+    /// far (a bucket's all-reduce queued there). Allocates nothing.
     ///
     /// # Errors
     /// As `Backend::sum_squares_into`; `Unsupported` for a backend of another device, `Device`
@@ -207,8 +207,7 @@ impl<D: Driver> SideStream<D> {
     ) -> Result<()> {
         const OP: &str = "sum_squares_into";
         self.same_device(b, OP)?;
-        let want = super::flat::norm_parts(x.numel() as u64) as usize;
-        validate::sum_squares_into(x, parts, want)?;
+        validate::sum_squares_into(x, parts)?;
         let (grid, args) = b.sum_squares_launch(OP, x, parts)?;
         self.launch(
             b,

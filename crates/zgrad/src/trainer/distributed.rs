@@ -142,7 +142,8 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     /// Before a step on a global batch of `global` rows with `local` of them here: the share
     /// and the step number, read by eager and captured bodies alike.
     /// With `params` of one flat buffer summed in buckets, the bucketed norm's partials are
-    /// made here the first time (never inside a step's body).
+    /// made here the first time (never inside a step's body; a new collective or way of
+    /// summing makes them again), and nothing of it is computed on later steps.
     pub fn prepare(
         &self,
         b: &B,
@@ -152,6 +153,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         step: u64,
     ) -> Result<()> {
         if !self.single()
+            && self.norm_parts.borrow().is_none()
             && let Some(set) = ParameterSet::of(params)
             && let Some(layout) = self.bucket_layout(b, &set)
         {
@@ -169,22 +171,34 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         Ok(())
     }
 
-    /// The bucket plan of `set`'s buffer when the step sums it in buckets, with where each
-    /// bucket's partial sums of squares start and how many there are in all: the buckets'
-    /// partials one after the other, in issue order.
+    /// The bucket plan of `set`'s buffer when the step sums it in buckets, with each bucket's
+    /// partial sums of squares (where they start, how many) and how many there are in all:
+    /// the buckets' partials one after the other, in issue order. The buckets summed beside
+    /// backward take at most [`BESIDE_NORM_PARTS`] (one block each: they run beside
+    /// backward's kernels, and every block there is one backward waits for); the last one, on
+    /// the step's path, as many as the backend prefers.
     fn bucket_layout(&self, b: &B, set: &ParameterSet<B, T>) -> Option<BucketLayout> {
         let (sizing, bucket_bytes) = self.sync.buckets()?;
         let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
         let plan = BucketPlan::new(set.offsets(), set.len() + 1, elems, sizing);
-        let mut firsts = Vec::with_capacity(plan.ranges().len());
+        let last = plan.ranges().len().saturating_sub(1);
+        let (mut firsts, mut counts) = (Vec::new(), Vec::new());
         let mut parts = 0;
-        for r in plan.ranges() {
+        for (k, r) in plan.ranges().iter().enumerate() {
+            let preferred = b.norm_parts(grads_of(set, r).len());
+            let count = if k == last {
+                preferred
+            } else {
+                preferred.min(BESIDE_NORM_PARTS)
+            };
             firsts.push(parts);
-            parts += b.norm_parts(grads_of(set, r).len());
+            counts.push(count);
+            parts += count;
         }
         Some(BucketLayout {
             plan,
             firsts,
+            counts,
             parts,
         })
     }
@@ -228,6 +242,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         let Some(BucketLayout {
             plan,
             firsts,
+            counts,
             parts: total,
         }) = self.bucket_layout(b, set)
         else {
@@ -266,11 +281,10 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
                     unjoined.set(true);
                     self.comm
                         .all_reduce_sum_overlapped(b, &bucket, self.step.get())?;
-                    let count = b.norm_parts(g.len());
                     self.comm.sum_squares_overlapped(
                         b,
                         &bucket_grads,
-                        &parts.narrow(0, firsts[k], count)?,
+                        &parts.narrow(0, firsts[k], counts[k])?,
                     )?;
                 }
             }
@@ -310,6 +324,12 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     }
 }
 
+/// Partial sums of squares of a bucket summed beside backward, at most: a block each on the
+/// device, and a few blocks take its 1 MiB in a few microseconds while taking few processors
+/// from backward's kernels (128 blocks, the norm's choice for a bucket of 1 MiB, slowed
+/// backward by about 3 us on two H100s).
+const BESIDE_NORM_PARTS: usize = 16;
+
 /// A data-parallel step's global mean loss and, when its buckets summed it, its gradient norm.
 type ShardResult<B, T> = (BTensor<B, T>, Option<BTensor<B, T>>);
 
@@ -318,6 +338,8 @@ struct BucketLayout {
     plan: BucketPlan,
     /// The first partial of each bucket, in issue order.
     firsts: Vec<usize>,
+    /// How many partials each bucket takes.
+    counts: Vec<usize>,
     /// Partials in all.
     parts: usize,
 }
@@ -423,6 +445,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         comm.synchronize(&*b)?;
         tracing::debug!(target: "zgrad.trainer.dist", rank = comm.info().rank, world = comm.info().world, "parameters broadcast from rank 0");
         self.parts.dist.comm = comm;
+        self.parts.dist.norm_parts.replace(None);
         Ok(self)
     }
 
@@ -438,6 +461,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             ));
         }
         self.parts.dist.sync = sync;
+        self.parts.dist.norm_parts.replace(None);
         Ok(self)
     }
 

@@ -286,8 +286,10 @@ pub fn step_tail<D: Driver>(gpu: &CudaBackend<D>) {
 /// A buffer's norm assembled range by range (`sum_squares_into` for every range but the last,
 /// `norm_of_parts` for the last), as the data-parallel step sums its buckets: the CPU's norm
 /// of the whole buffer, the CPU backend's own assembly, and the same bits when computed twice.
-/// `cuts` are the ranges' starts after the first (ascending, inside the buffer).
-pub fn norm_of_parts<D: Driver>(gpu: &CudaBackend<D>, len: usize, cuts: &[usize]) {
+/// `cuts` are the ranges' starts after the first (ascending, inside the buffer); every range
+/// but the last takes at most `cap` partials (fewer blocks, as the data-parallel step's side
+/// stream does).
+pub fn norm_of_parts<D: Driver>(gpu: &CudaBackend<D>, len: usize, cuts: &[usize], cap: usize) {
     let x = input(gpu, &[len], View::Dense, 43, -1.0, 1.0);
     let xc = input(&CPU, &[len], View::Dense, 43, -1.0, 1.0);
     let want = Backend::<f32>::norm2(&CPU, &xc).expect("cpu norm2");
@@ -300,8 +302,21 @@ pub fn norm_of_parts<D: Driver>(gpu: &CudaBackend<D>, len: usize, cuts: &[usize]
         b: &B,
         x: &zcompute::BTensor<B, f32>,
         ranges: &[(usize, usize)],
+        cap: usize,
     ) -> zcompute::BTensor<B, f32> {
-        let counts: Vec<usize> = ranges.iter().map(|&(_, n)| b.norm_parts(n)).collect();
+        let last = ranges.len() - 1;
+        let counts: Vec<usize> = ranges
+            .iter()
+            .enumerate()
+            .map(|(k, &(_, n))| {
+                let preferred = b.norm_parts(n);
+                if k == last {
+                    preferred
+                } else {
+                    preferred.min(cap)
+                }
+            })
+            .collect();
         let parts = b.zeros(&[counts.iter().sum()]).expect("parts");
         let mut first = 0;
         let (last, rest) = ranges.split_last().expect("a range");
@@ -315,32 +330,47 @@ pub fn norm_of_parts<D: Driver>(gpu: &CudaBackend<D>, len: usize, cuts: &[usize]
         b.norm_of_parts(&range, &parts, first)
             .expect("norm_of_parts")
     }
-    let what = format!("norm_of_parts {len} cut at {cuts:?}");
-    let ours = assemble(gpu, &x, &ranges);
+    let what = format!("norm_of_parts {len} cut at {cuts:?}, at most {cap} partials");
+    let ours = assemble(gpu, &x, &ranges, cap);
     assert_close(&what, gpu, &ours, &want, TOL);
-    let cpu_assembled = assemble(&CPU, &xc, &ranges);
+    let cpu_assembled = assemble(&CPU, &xc, &ranges, cap);
     let (a, w) = (cpu_assembled.to_vec()[0], want.to_vec()[0]);
     assert!(
         (a - w).abs() <= 1e-5 * w.abs().max(1.0),
         "{what}: cpu {a} vs {w}"
     );
-    let again = assemble(gpu, &x, &ranges);
+    let again = assemble(gpu, &x, &ranges, cap);
     let bits = |t| gpu.download(t).expect("download")[0].to_bits();
     assert_eq!(bits(&ours), bits(&again), "{what}: two runs differ");
 }
 
-/// What `sum_squares_into` and `norm_of_parts` refuse, with the error that says why: partials
-/// of the wrong count, a view, partials past the end of the buffer.
+/// What `sum_squares_into` and `norm_of_parts` refuse, with the error that says why: no
+/// partials or more than `MAX_NORM_PARTS`, a view, partials past the end of the buffer,
+/// partials in `x`'s own memory.
 pub fn norm_of_parts_refusals<D: Driver>(gpu: &CudaBackend<D>) {
-    use zcompute::ComputeError;
+    use zcompute::{ComputeError, MAX_NORM_PARTS};
     let x = gpu.zeros(&[5000]).expect("x");
     let want = gpu.norm_parts(5000);
     let parts = gpu.zeros(&[want + 1]).expect("parts");
-    let err = gpu
-        .sum_squares_into(&x, &parts)
-        .expect_err("one part too many");
+    let none = parts.narrow(0, 0, 0).expect("no partials");
+    let err = gpu.sum_squares_into(&x, &none).expect_err("no partials");
     assert!(
-        matches!(err, ComputeError::LengthMismatch { expected, got, .. } if expected == want && got == want + 1),
+        matches!(
+            err,
+            ComputeError::LengthMismatch {
+                expected: 1,
+                got: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let many = gpu.zeros(&[MAX_NORM_PARTS + 1]).expect("many");
+    let err = gpu
+        .sum_squares_into(&x, &many)
+        .expect_err("too many partials");
+    assert!(
+        matches!(err, ComputeError::LengthMismatch { expected, .. } if expected == MAX_NORM_PARTS),
         "{err:?}"
     );
     let m = gpu.zeros(&[4, 6]).expect("m");
