@@ -40,15 +40,11 @@ extern "C" __global__ void zc_norm_finish_f32(float* out, const float* partial, 
 }
 
 // Both norm passes in one launch (a graph node fewer): every block writes its partial as
-// zc_sum_squares_partial_f32 does, into partial[first + block], and the last block to finish
-// (ticket tickets[0], taken with an atomic after a fence) sums partial[0..total] as
-// zc_norm_finish_f32 does, so the bits are the two launches'. With first = 0 and total =
-// gridDim.x it is the norm of x; with partials of other ranges written before it (by
-// zc_sum_squares_partial_f32, ordered before this launch) it is the norm of them all. It
-// leaves the ticket at 0 for the next launch on the stream.
+// zc_sum_squares_partial_f32 does, and the last block to finish (ticket tickets[0], taken
+// with an atomic after a fence) sums the partials as zc_norm_finish_f32 does, so the bits
+// are the two launches'. It leaves the ticket at 0 for the next launch on the stream.
 extern "C" __global__ void zc_sum_squares_norm_f32(float* out, float* partial,
-                                                   unsigned* tickets, const float* x, u64 n,
-                                                   u64 first, u64 total) {
+                                                   unsigned* tickets, const float* x, u64 n) {
     __shared__ float shared[FLAT_THREADS];
     __shared__ bool last;
     float acc = 0.0f;
@@ -56,8 +52,8 @@ extern "C" __global__ void zc_sum_squares_norm_f32(float* out, float* partial,
         float v = x[i];
         acc += v * v;
     }
-    float sum = block_sum(acc, shared);
-    if (threadIdx.x == 0) partial[first + blockIdx.x] = sum;
+    float total = block_sum(acc, shared);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(tickets, 1u) == gridDim.x - 1;
@@ -65,10 +61,10 @@ extern "C" __global__ void zc_sum_squares_norm_f32(float* out, float* partial,
     if (!last) return;
     acc = 0.0f;
     // What other blocks just wrote: from L2, past this SM's L1.
-    for (u64 i = threadIdx.x; i < total; i += FLAT_THREADS) acc += __ldcg(partial + i);
-    sum = block_sum(acc, shared);
+    for (u64 i = threadIdx.x; i < gridDim.x; i += FLAT_THREADS) acc += __ldcg(partial + i);
+    total = block_sum(acc, shared);
     if (threadIdx.x == 0) {
-        out[0] = sqrtf(sum);
+        out[0] = sqrtf(total);
         tickets[0] = 0u;
     }
 }

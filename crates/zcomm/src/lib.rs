@@ -66,43 +66,6 @@ pub trait Collective<B: Backend<T>, T: Element> {
         self.all_reduce_sum(b, x, step)
     }
 
-    /// `out = a * s` (dense tensors of one shape) queued where the overlapped collectives run:
-    /// after everything queued so far on the engine stream, before the overlapped collectives
-    /// queued later (the data-parallel step's scaled loss, written into the loss slot its first
-    /// bucket sums, off the engine stream's path). Nothing may read `out` on the engine stream
-    /// before [`Collective::join_overlapped`]. The default does it on the engine stream.
-    fn mul_into_overlapped(
-        &self,
-        b: &B,
-        a: &BTensor<B, T>,
-        s: &BTensor<B, T>,
-        out: &BTensor<B, T>,
-    ) -> Result<()> {
-        b.binary_into(zcompute::BinaryOp::Mul, a, s, out)
-            .map_err(|source| CommError::Compute {
-                op: "mul_into_overlapped",
-                source,
-            })
-    }
-
-    /// The backend's `sum_squares_into` of `x` (a range an overlapped all-reduce queued before
-    /// summed) into `parts`, queued after the overlapped collectives queued so far: a norm's
-    /// first pass over a gradient bucket as soon as it is summed, beside the engine stream.
-    /// Nothing may read `parts` on the engine stream before [`Collective::join_overlapped`].
-    /// The default does it on the engine stream.
-    fn sum_squares_overlapped(
-        &self,
-        b: &B,
-        x: &BTensor<B, T>,
-        parts: &BTensor<B, T>,
-    ) -> Result<()> {
-        b.sum_squares_into(x, parts)
-            .map_err(|source| CommError::Compute {
-                op: "sum_squares_overlapped",
-                source,
-            })
-    }
-
     /// Orders the engine stream after every overlapped collective queued so far. A captured
     /// body that queued overlapped collectives must call it before it ends (else the capture
     /// fails: its second stream was not joined back). The default has nothing to join.

@@ -142,10 +142,6 @@ pub type BTensor<B, T> = Tensor<<B as Backend<T>>::Storage>;
 /// index of the next one.
 pub type HistoryRows<'a, S> = (&'a crate::tensor::Tensor<S>, &'a crate::tensor::Tensor<S>);
 
-/// The most partial sums a norm's first pass writes for one range ([`Backend::sum_squares_into`]):
-/// the second pass sums them in one block.
-pub const MAX_NORM_PARTS: usize = 1024;
-
 /// The op set. Every method checks shapes and returns `ComputeError` on bad input; outputs are
 /// fresh dense (row-major) tensors; the in-place ops (`fill`, `copy_into`, `adamw_step`) write
 /// through their destination views.
@@ -407,53 +403,6 @@ pub trait Backend<T: Element> {
         let squares = self.mul(x, x)?;
         let flat = squares.reshape(&[squares.numel()])?;
         self.unary(UnaryOp::Sqrt, &self.sum(&flat, 0, false)?)
-    }
-
-    /// How many partial sums a norm's first pass over `n` elements writes by preference
-    /// ([`Backend::norm_of_parts`] writes that many for its range): a function of `n` only (so
-    /// a norm assembled from partials has the same bits every run), at most
-    /// [`MAX_NORM_PARTS`]. The provided body: one.
-    fn norm_parts(&self, n: usize) -> usize {
-        let _ = n;
-        1
-    }
-
-    /// The first pass of a norm over one range of a buffer: the sums of squares of dense `x`'s
-    /// elements into dense `parts` (other memory), one partial sum for each element of `parts`
-    /// (1 to [`MAX_NORM_PARTS`] of them; `norm_parts(x.numel())` is the backend's preference,
-    /// fewer take fewer processors for longer), in an order fixed by the two sizes. A buffer's
-    /// norm can then be summed range by range, each range as soon as it is final (the
-    /// data-parallel step's gradient buckets as their all-reduces finish), and finished by
-    /// [`Backend::norm_of_parts`]. Allocates nothing on a device backend (the CUDA backend: one
-    /// launch of its norm's first pass, a block for each partial). The provided body writes
-    /// the whole sum into the first partial and zeros into the others. `LengthMismatch` for
-    /// no partials or too many, `NotContiguous` for a view.
-    fn sum_squares_into(&self, x: &BTensor<Self, T>, parts: &BTensor<Self, T>) -> Result<()> {
-        crate::validate::sum_squares_into(x, parts)?;
-        let squares = self.mul(x, x)?;
-        let flat = squares.reshape(&[squares.numel()])?;
-        let sum = self.sum(&flat, 0, false)?;
-        if parts.numel() > 1 {
-            self.fill(parts, T::ZERO)?;
-        }
-        self.copy_into(&sum.reshape(&[1])?, &parts.narrow(0, 0, 1)?)
-    }
-
-    /// The last range's first pass and the norm of them all: [`Backend::sum_squares_into`] of
-    /// `x` into `parts[first..first + norm_parts(x.numel())]`, then `sqrt` of the sum of every
-    /// element of `parts` (one axis, the other ranges' partials written before), rank 0. The
-    /// CUDA backend does both in one launch (its `norm2`'s kernel), summing the partials in a
-    /// fixed order. `NarrowOutOfRange` when the range's partials do not fit in `parts`.
-    fn norm_of_parts(
-        &self,
-        x: &BTensor<Self, T>,
-        parts: &BTensor<Self, T>,
-        first: usize,
-    ) -> Result<BTensor<Self, T>> {
-        let want = self.norm_parts(x.numel());
-        crate::validate::norm_of_parts(x, parts, first, want)?;
-        self.sum_squares_into(x, &parts.narrow(0, first, want)?)?;
-        self.unary(UnaryOp::Sqrt, &self.sum(parts, 0, false)?)
     }
 
     /// Scales `x` in place by `min(1, max_norm / (norm + 1e-6))`, PyTorch's `clip_grad_norm_`

@@ -35,8 +35,8 @@ mod validate;
 pub use attention::{AttentionOps, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto};
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
-    BinaryOp, Capture, HistoryRows, LayerNormGrads, LayerNormOut, MAX_NORM_PARTS, MatmulOpts,
-    ReduceOp, ScalarSide, UnaryOp,
+    BinaryOp, Capture, HistoryRows, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide,
+    UnaryOp,
 };
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};

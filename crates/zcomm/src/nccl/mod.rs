@@ -270,34 +270,6 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
             .map_err(|e| self.failed(e, OP, step))
     }
 
-    fn mul_into_overlapped(
-        &self,
-        b: &CudaBackend<D>,
-        a: &BTensor<CudaBackend<D>, f32>,
-        s: &BTensor<CudaBackend<D>, f32>,
-        out: &BTensor<CudaBackend<D>, f32>,
-    ) -> Result<()> {
-        const OP: &str = "mul_into_overlapped";
-        self.side
-            .fork()
-            .and_then(|()| self.side.binary_into(b, zcompute::BinaryOp::Mul, a, s, out))
-            .map_err(|source| CommError::Compute { op: OP, source })
-    }
-
-    fn sum_squares_overlapped(
-        &self,
-        b: &CudaBackend<D>,
-        x: &BTensor<CudaBackend<D>, f32>,
-        parts: &BTensor<CudaBackend<D>, f32>,
-    ) -> Result<()> {
-        self.side
-            .sum_squares_into(b, x, parts)
-            .map_err(|source| CommError::Compute {
-                op: "sum_squares_overlapped",
-                source,
-            })
-    }
-
     fn join_overlapped(&self, _b: &CudaBackend<D>) -> Result<()> {
         self.side.join().map_err(|source| CommError::Compute {
             op: "join_overlapped",

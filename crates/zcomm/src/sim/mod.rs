@@ -360,42 +360,6 @@ impl Collective<CudaBackend<SimDriver>, f32> for SimCollective {
         self.launch_on(b, "all_reduce", x, [ALL_REDUCE, 0], step, true)
     }
 
-    fn mul_into_overlapped(
-        &self,
-        b: &CudaBackend<SimDriver>,
-        a: &CudaTensor,
-        s: &CudaTensor,
-        out: &CudaTensor,
-    ) -> Result<()> {
-        const OP: &str = "mul_into_overlapped";
-        if self.link.info.world == 1 {
-            return b
-                .binary_into(zcompute::BinaryOp::Mul, a, s, out)
-                .map_err(|source| CommError::Compute { op: OP, source });
-        }
-        self.side
-            .fork()
-            .and_then(|()| self.side.binary_into(b, zcompute::BinaryOp::Mul, a, s, out))
-            .map_err(|source| CommError::Compute { op: OP, source })
-    }
-
-    fn sum_squares_overlapped(
-        &self,
-        b: &CudaBackend<SimDriver>,
-        x: &CudaTensor,
-        parts: &CudaTensor,
-    ) -> Result<()> {
-        const OP: &str = "sum_squares_overlapped";
-        if self.link.info.world == 1 {
-            return b
-                .sum_squares_into(x, parts)
-                .map_err(|source| CommError::Compute { op: OP, source });
-        }
-        self.side
-            .sum_squares_into(b, x, parts)
-            .map_err(|source| CommError::Compute { op: OP, source })
-    }
-
     fn join_overlapped(&self, _b: &CudaBackend<SimDriver>) -> Result<()> {
         if self.link.info.world == 1 {
             return Ok(());

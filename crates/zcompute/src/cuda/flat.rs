@@ -21,14 +21,7 @@ const FLAT_THREADS: u32 = 256;
 const NORM_PER_THREAD: u64 = 8;
 /// Most partial sums of the first norm pass (about 8 resident 256-thread blocks on each of an
 /// H100/H200's 132 SMs); the second pass's one block reads them all.
-const NORM_MAX_PARTS: u64 = crate::backend::MAX_NORM_PARTS as u64;
-
-/// The norm's second pass: one block of `FLAT_THREADS`.
-const ONE_BLOCK: LaunchConfig = LaunchConfig {
-    grid: (1, 1, 1),
-    block: (FLAT_THREADS, 1, 1),
-    shared_mem_bytes: 0,
-};
+const NORM_MAX_PARTS: u64 = 1024;
 
 /// One warp: the launch of the kernels whose single thread does the work (the gate, the step's
 /// tail).
@@ -70,8 +63,6 @@ impl<D: Driver> CudaBackend<D> {
                 ptr(tickets),
                 ptr(self.ptr(OP, &xc)?),
                 u64a(n as usize),
-                u64a(0),
-                u64a(parts as usize),
             ]
             .into_iter()
             .collect();
@@ -93,84 +84,12 @@ impl<D: Driver> CudaBackend<D> {
         ]
         .into_iter()
         .collect();
-        self.launch(OP, Kernel::NormFinish, ONE_BLOCK, &second)?;
-        Ok(out)
-    }
-
-    /// The first norm pass's launch over dense `x` into dense `parts` (validated by the
-    /// caller): a block for each partial, allocating nothing.
-    pub(crate) fn sum_squares_launch(
-        &self,
-        op: &'static str,
-        x: &CudaTensor,
-        parts: &CudaTensor,
-    ) -> Result<(LaunchConfig, Args)> {
-        let n = x.numel() as u64;
-        let grid = LaunchConfig {
-            grid: (parts.numel() as u32, 1, 1),
+        let one_block = LaunchConfig {
+            grid: (1, 1, 1),
             block: (FLAT_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let args: Args = [
-            ptr(self.ptr(op, parts)?),
-            ptr(self.ptr(op, x)?),
-            u64a(n as usize),
-        ]
-        .into_iter()
-        .collect();
-        Ok((grid, args))
-    }
-
-    pub(crate) fn sum_squares_into_fused(&self, x: &CudaTensor, parts: &CudaTensor) -> Result<()> {
-        const OP: &str = "sum_squares_into";
-        validate::sum_squares_into(x, parts)?;
-        let (grid, args) = self.sum_squares_launch(OP, x, parts)?;
-        self.launch(OP, Kernel::SumSquaresPartial, grid, &args)
-    }
-
-    /// `Backend::norm_of_parts` in one launch (the norm's fused kernel: `x`'s partials from
-    /// `parts[first]`, the last block summing all of `parts`); two without the tickets.
-    pub(crate) fn norm_of_parts_fused(
-        &self,
-        x: &CudaTensor,
-        parts: &CudaTensor,
-        first: usize,
-    ) -> Result<CudaTensor> {
-        const OP: &str = "norm_of_parts";
-        let n = x.numel() as u64;
-        let want = norm_parts(n) as usize;
-        validate::norm_of_parts(x, parts, first, want)?;
-        let out = self.alloc(OP, &[])?;
-        let total = parts.numel();
-        let Some(tickets) = self.tickets() else {
-            self.sum_squares_into_fused(x, &parts.narrow(0, first, want)?)?;
-            let args: Args = [
-                ptr(self.ptr(OP, &out)?),
-                ptr(self.ptr(OP, parts)?),
-                u64a(total),
-            ]
-            .into_iter()
-            .collect();
-            self.launch(OP, Kernel::NormFinish, ONE_BLOCK, &args)?;
-            return Ok(out);
-        };
-        let grid = LaunchConfig {
-            grid: (want as u32, 1, 1),
-            block: (FLAT_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let args: Args = [
-            ptr(self.ptr(OP, &out)?),
-            ptr(self.ptr(OP, parts)?),
-            ptr(tickets),
-            ptr(self.ptr(OP, x)?),
-            u64a(n as usize),
-            u64a(first),
-            u64a(total),
-        ]
-        .into_iter()
-        .collect();
-        self.launch(OP, Kernel::SumSquaresNorm, grid, &args)?;
+        self.launch(OP, Kernel::NormFinish, one_block, &second)?;
         Ok(out)
     }
 

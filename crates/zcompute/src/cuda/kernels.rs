@@ -440,12 +440,9 @@ impl Kernel {
             ),
             Kernel::SumSquaresPartial => s(3, "zc_sum_squares_partial_f32", &[Ptr, Ptr, U64], 0),
             Kernel::NormFinish => s(3, "zc_norm_finish_f32", &[Ptr, Ptr, U64], 0),
-            Kernel::SumSquaresNorm => s(
-                3,
-                "zc_sum_squares_norm_f32",
-                &[Ptr, Ptr, Ptr, Ptr, U64, U64, U64],
-                0,
-            ),
+            Kernel::SumSquaresNorm => {
+                s(3, "zc_sum_squares_norm_f32", &[Ptr, Ptr, Ptr, Ptr, U64], 0)
+            }
             Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
             Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
             Kernel::QkNormAttention => s(4, "zc_qk_norm_attention_f32", ATTENTION, 0),

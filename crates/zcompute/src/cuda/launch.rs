@@ -42,38 +42,6 @@ impl<D: Driver> CudaBackend<D> {
         .map_err(|e| device_error(op, e))
     }
 
-    /// Launches `kernel` on `side`'s stream, beside the engine stream. The caller is a
-    /// [`super::SideStream`] method that holds every tensor `args` points into until the side
-    /// stream is joined back to the engine stream.
-    pub(super) fn launch_beside(
-        &self,
-        op: &'static str,
-        kernel: Kernel,
-        config: LaunchConfig,
-        args: &Args,
-        side: zdevice::Stream,
-    ) -> Result<()> {
-        if !kernel.accepts(args) {
-            return Err(ComputeError::Unsupported {
-                op,
-                reason: format!(
-                    "internal: arguments do not match {}'s parameters",
-                    kernel.spec().name
-                ),
-            });
-        }
-        let function = self.inner.functions[kernel.index()];
-        tracing::trace!(target: "zcompute.cuda.launch", kernel = kernel.spec().name, ?config, "beside the engine stream");
-        // SAFETY: as `launch` for the arguments: checked against the table, every pointer
-        // resolved from a live block by the caller, inside its storage. Memory is reused in the
-        // engine stream's order only, and this work is not on it: the calling `SideStream`
-        // holds every tensor the arguments point into until its `join` has made the engine
-        // stream wait for this launch (or, dropped unjoined, until the side stream has run),
-        // so no block is freed for reuse before the launch has run.
-        unsafe { self.inner.device.launch(function, config, args, side) }
-            .map_err(|e| device_error(op, e))
-    }
-
     /// Runs a strided batched float32 gemm on the backend's stream.
     pub(crate) fn gemm(&self, op: &'static str, gemm: &GemmF32) -> Result<()> {
         // SAFETY: `matmul` builds `gemm` from resolved blocks and layouts it checked: each

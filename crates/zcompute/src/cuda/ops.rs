@@ -332,23 +332,6 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.norm2_fused(x)
     }
 
-    fn norm_parts(&self, n: usize) -> usize {
-        super::flat::norm_parts(n as u64) as usize
-    }
-
-    fn sum_squares_into(&self, x: &CudaTensor, parts: &CudaTensor) -> Result<()> {
-        self.sum_squares_into_fused(x, parts)
-    }
-
-    fn norm_of_parts(
-        &self,
-        x: &CudaTensor,
-        parts: &CudaTensor,
-        first: usize,
-    ) -> Result<CudaTensor> {
-        self.norm_of_parts_fused(x, parts, first)
-    }
-
     fn clip_scale(&self, x: &CudaTensor, norm: &CudaTensor, max_norm: f32) -> Result<()> {
         self.clip_scale_fused(x, norm, max_norm)
     }

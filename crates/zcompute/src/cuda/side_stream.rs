@@ -13,22 +13,10 @@
 //!
 //! The stream and its two events are made when the side stream is (never during a capture); the
 //! events are reused by every fork and join: a wait uses the record made just before it.
-//!
-//! A few of the backend's kernels can be queued on the side stream too ([`SideStream::binary_into`],
-//! [`SideStream::sum_squares_into`]): work that belongs beside the collectives queued there (the
-//! data-parallel step's scaled loss before its first bucket, a bucket's norm partials after its
-//! all-reduce). They allocate nothing (the arena reuses memory in the engine stream's order, which
-//! this stream is not), and the side stream holds every tensor they touch until its next `join`
-//! has ordered the engine stream after them, so no block they use is freed for reuse before they
-//! have run.
 
-use super::kernels::{self, Args, Kernel, ptr, u64a};
-use super::{CudaBackend, CudaTensor, device_error, lock};
-use crate::backend::BinaryOp;
-use crate::error::{ComputeError, Result};
-use crate::validate;
-use std::sync::Mutex;
-use zdevice::{Device, Driver, Event, KernelArg, Stream, StreamPriority};
+use super::{CudaBackend, device_error};
+use crate::error::Result;
+use zdevice::{Device, Driver, Event, Stream, StreamPriority};
 
 /// The side stream of one backend's device (see the module docs). Dropping it destroys its
 /// events; the stream itself lives as long as the device.
@@ -38,8 +26,6 @@ pub struct SideStream<D: Driver> {
     stream: Stream,
     forked: Event,
     joined: Event,
-    /// The tensors kernels queued here touch, held until the next `join` (see the module docs).
-    held: Mutex<Vec<CudaTensor>>,
 }
 
 impl<D: Driver> std::fmt::Debug for SideStream<D> {
@@ -90,7 +76,6 @@ impl<D: Driver> SideStream<D> {
             stream,
             forked,
             joined,
-            held: Mutex::new(Vec::new()),
         })
     }
 
@@ -120,12 +105,10 @@ impl<D: Driver> SideStream<D> {
             .map_err(|e| device_error(OP, e))
     }
 
-    /// Orders the engine stream after everything queued on the side stream so far, and lets
-    /// go of the tensors the side stream's kernels held (the engine stream reuses their memory
-    /// only after this wait).
+    /// Orders the engine stream after everything queued on the side stream so far.
     ///
     /// # Errors
-    /// `Device` from recording or waiting (the tensors stay held then).
+    /// `Device` from recording or waiting.
     pub fn join(&self) -> Result<()> {
         const OP: &str = "side_stream.join";
         self.device
@@ -133,121 +116,7 @@ impl<D: Driver> SideStream<D> {
             .map_err(|e| device_error(OP, e))?;
         self.device
             .stream_wait_event(self.engine, self.joined)
-            .map_err(|e| device_error(OP, e))?;
-        lock(&self.held).clear();
-        Ok(())
-    }
-
-    /// `out = a op c` elementwise on the side stream, for dense `a`, `c` and `out` of one shape
-    /// on `b`'s device (`out` other memory than both): as the backend's `binary_into`, after
-    /// the side stream's work so far (call [`SideStream::fork`] first for what the engine
-    /// stream produced). Allocates nothing.
-    ///
-    /// # Errors
-    /// `ShapeMismatch` for operands of other shapes, `NotContiguous` for a view, `Aliased`,
-    /// `Unsupported` for a backend of another device, `Device` from the launch.
-    pub fn binary_into(
-        &self,
-        b: &CudaBackend<D>,
-        op: BinaryOp,
-        a: &CudaTensor,
-        c: &CudaTensor,
-        out: &CudaTensor,
-    ) -> Result<()> {
-        let name = validate::binary_name(op);
-        self.same_device(b, name)?;
-        validate::binary_into(op, a, c, out)?;
-        for (t, other) in [(a, out), (c, out)] {
-            if t.shape() != other.shape() {
-                return Err(ComputeError::ShapeMismatch {
-                    op: name,
-                    lhs: t.shape().into(),
-                    rhs: other.shape().into(),
-                });
-            }
-        }
-        for t in [a, c, out] {
-            dense(name, t)?;
-        }
-        let n = out.numel();
-        if n == 0 {
-            return Ok(());
-        }
-        let args: Args = [
-            ptr(b.ptr(name, out)?),
-            ptr(b.ptr(name, a)?),
-            ptr(b.ptr(name, c)?),
-            KernelArg::U32(kernels::binary_code(op)),
-            u64a(n),
-        ]
-        .into_iter()
-        .collect();
-        self.launch(
-            b,
-            name,
-            Kernel::Binary,
-            kernels::elementwise_config(n),
-            &args,
-            [a, c, out],
-        )
-    }
-
-    /// The backend's `sum_squares_into` (a norm's first pass over dense `x`, a partial sum for
-    /// each of `parts`' 1 to `MAX_NORM_PARTS` elements) on the side stream, after its work so
-    /// far (a bucket's all-reduce queued there). Allocates nothing.
-    ///
-    /// # Errors
-    /// As `Backend::sum_squares_into`; `Unsupported` for a backend of another device, `Device`
-    /// from the launch.
-    pub fn sum_squares_into(
-        &self,
-        b: &CudaBackend<D>,
-        x: &CudaTensor,
-        parts: &CudaTensor,
-    ) -> Result<()> {
-        const OP: &str = "sum_squares_into";
-        self.same_device(b, OP)?;
-        validate::sum_squares_into(x, parts)?;
-        let (grid, args) = b.sum_squares_launch(OP, x, parts)?;
-        self.launch(
-            b,
-            OP,
-            Kernel::SumSquaresPartial,
-            grid,
-            &args,
-            [x, parts, parts],
-        )
-    }
-
-    /// Queues `kernel` here and holds `touched` until the next join.
-    fn launch(
-        &self,
-        b: &CudaBackend<D>,
-        op: &'static str,
-        kernel: Kernel,
-        config: zdevice::LaunchConfig,
-        args: &Args,
-        touched: [&CudaTensor; 3],
-    ) -> Result<()> {
-        // Held before the launch: whatever happens to the launch, nothing it may read is freed
-        // for reuse before the join.
-        lock(&self.held).extend(touched.into_iter().cloned());
-        b.launch_beside(op, kernel, config, args, self.stream)
-    }
-
-    /// Refuses a backend of another device than the side stream's.
-    fn same_device(&self, b: &CudaBackend<D>, op: &'static str) -> Result<()> {
-        if b.device().context() == self.device.context() {
-            return Ok(());
-        }
-        Err(ComputeError::Unsupported {
-            op,
-            reason: format!(
-                "the backend is on device {}, the side stream on device {}",
-                b.device().info().ordinal,
-                self.device.info().ordinal
-            ),
-        })
+            .map_err(|e| device_error(OP, e))
     }
 
     /// Waits, bounded by the device's deadline, until the side stream's work has run.
@@ -286,29 +155,8 @@ impl SideStream<zdevice::SimDriver> {
     }
 }
 
-/// Refuses a view: the side stream's kernels address dense memory.
-fn dense(op: &'static str, t: &CudaTensor) -> Result<()> {
-    if t.is_contiguous() {
-        return Ok(());
-    }
-    Err(ComputeError::NotContiguous {
-        op,
-        shape: t.shape().into(),
-        strides: t.layout().strides().into(),
-    })
-}
-
 impl<D: Driver> Drop for SideStream<D> {
     fn drop(&mut self) {
-        let held = std::mem::take(&mut *lock(&self.held));
-        if !held.is_empty() {
-            // Kernels never joined back: their tensors go back to the arena only once they
-            // have run (bounded by the device's deadline; a failure is the step's to report).
-            if let Err(err) = self.device.synchronize(self.stream) {
-                tracing::warn!(target: "zcompute.cuda.side_stream", error = %err, "side stream not drained before its tensors were let go");
-            }
-        }
-        drop(held);
         for e in [self.forked, self.joined] {
             if let Err(err) = self.device.destroy_event(e) {
                 tracing::debug!(target: "zcompute.cuda.side_stream", error = %err, "event not destroyed");

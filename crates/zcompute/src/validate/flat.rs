@@ -1,5 +1,5 @@
-//! Checks of the ops over flat buffers (`Backend::norm2`, `sum_squares_into`, `norm_of_parts`,
-//! `clip_scale`, `finite_gate`, `add_into`).
+//! Checks of the ops over flat buffers (`Backend::norm2`, `clip_scale`, `finite_gate`,
+//! `add_into`).
 
 use super::{distinct, same_shape, scalar_in, writable};
 use crate::error::Result;
@@ -13,66 +13,6 @@ fn one_element<S: Storage>(op: &'static str, t: &Tensor<S>) -> Result<()> {
     } else {
         same_shape(op, t.shape(), &[1])
     }
-}
-
-/// A dense (contiguous) operand of a flat-buffer op.
-fn dense<S: Storage>(op: &'static str, t: &Tensor<S>) -> Result<()> {
-    if t.is_contiguous() {
-        Ok(())
-    } else {
-        Err(crate::error::ComputeError::NotContiguous {
-            op,
-            shape: t.shape().into(),
-            strides: t.layout().strides().into(),
-        })
-    }
-}
-
-/// `sum_squares_into`: a dense `x`, a dense `parts` of 1 to `MAX_NORM_PARTS` elements in other
-/// memory.
-pub(crate) fn sum_squares_into<S: Storage>(x: &Tensor<S>, parts: &Tensor<S>) -> Result<()> {
-    const OP: &str = "sum_squares_into";
-    dense(OP, x)?;
-    dense(OP, parts)?;
-    let got = parts.numel();
-    let most = crate::backend::MAX_NORM_PARTS;
-    if !(1..=most).contains(&got) {
-        return Err(crate::error::ComputeError::LengthMismatch {
-            op: OP,
-            expected: got.clamp(1, most),
-            got,
-        });
-    }
-    distinct(OP, &[("x", x), ("parts", parts)])
-}
-
-/// `norm_of_parts`: as `sum_squares_into` into `parts[first..first + want]`, `parts` one axis.
-pub(crate) fn norm_of_parts<S: Storage>(
-    x: &Tensor<S>,
-    parts: &Tensor<S>,
-    first: usize,
-    want: usize,
-) -> Result<()> {
-    const OP: &str = "norm_of_parts";
-    dense(OP, x)?;
-    dense(OP, parts)?;
-    if parts.shape().len() != 1 {
-        return Err(crate::error::ComputeError::ShapeMismatch {
-            op: OP,
-            lhs: parts.shape().into(),
-            rhs: [parts.numel()][..].into(),
-        });
-    }
-    let len = parts.numel();
-    if first.checked_add(want).is_none_or(|end| end > len) {
-        return Err(crate::error::ComputeError::NarrowOutOfRange {
-            axis: 0,
-            start: first,
-            len: want,
-            size: len,
-        });
-    }
-    distinct(OP, &[("x", x), ("parts", parts)])
 }
 
 /// `clip_scale`: a writable `x`, a one-element `norm` in other memory, a finite `max_norm >= 0`.

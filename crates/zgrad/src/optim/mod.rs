@@ -62,24 +62,8 @@ pub fn clip_grad_norm<B: Ops<T>, T: Element>(
         return set.clip_grad_norm(b, max_norm);
     }
     let norm = grad_norm(b, params)?;
-    clip_by_norm(b, params, &norm, max_norm)?;
-    Ok(norm)
-}
-
-/// Scales every gradient by `min(1, max_norm / (norm + 1e-6))` with a `norm` computed
-/// elsewhere (the data-parallel step's, summed bucket by bucket): `clip_grad_norm`'s second
-/// half (one launch over a flat gradient buffer).
-pub fn clip_by_norm<B: Ops<T>, T: Element>(
-    b: &B,
-    params: &[Var<B, T>],
-    norm: &BTensor<B, T>,
-    max_norm: T,
-) -> Result<()> {
-    if let Some(set) = ParameterSet::of(params) {
-        return Ok(b.clip_scale(set.grads(), norm, max_norm)?);
-    }
     for g in params.iter().filter_map(Var::grad) {
-        b.clip_scale(g, norm, max_norm)?;
+        b.clip_scale(g, &norm, max_norm)?;
     }
-    Ok(())
+    Ok(norm)
 }

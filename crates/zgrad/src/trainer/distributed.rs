@@ -35,7 +35,7 @@ use crate::optim::ParameterSet;
 use crate::tape::Tape;
 use crate::var::Var;
 use buckets::{BucketCursor, BucketPlan};
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::ops::Range;
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo, SingleProcess};
@@ -69,9 +69,6 @@ pub(crate) struct Dist<B: Ops<T>, T: Element> {
     pub sync: GradSync,
     /// The `(local, global)` the share tensor holds (it is uploaded only when they change).
     pub uploaded: Rc<Cell<Option<(usize, usize)>>>,
-    /// Persistent partial sums of squares of the overlapped step's gradient buckets, made at
-    /// its first step (the plan, and so their number, is fixed by the layout).
-    pub norm_parts: Rc<RefCell<Option<BTensor<B, T>>>>,
 }
 
 impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
@@ -84,7 +81,6 @@ impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
             step: Rc::clone(&self.step),
             sync: self.sync,
             uploaded: Rc::clone(&self.uploaded),
-            norm_parts: Rc::clone(&self.norm_parts),
         }
     }
 }
@@ -101,7 +97,6 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             step: Rc::default(),
             sync: GradSync::default(),
             uploaded: Rc::default(),
-            norm_parts: Rc::default(),
         })
     }
 
@@ -141,24 +136,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
 
     /// Before a step on a global batch of `global` rows with `local` of them here: the share
     /// and the step number, read by eager and captured bodies alike.
-    /// With `params` of one flat buffer summed in buckets, the bucketed norm's partials are
-    /// made here the first time (never inside a step's body; a new collective or way of
-    /// summing makes them again), and nothing of it is computed on later steps.
-    pub fn prepare(
-        &self,
-        b: &B,
-        params: &[Var<B, T>],
-        local: usize,
-        global: usize,
-        step: u64,
-    ) -> Result<()> {
-        if !self.single()
-            && self.norm_parts.borrow().is_none()
-            && let Some(set) = ParameterSet::of(params)
-            && let Some(layout) = self.bucket_layout(b, &set)
-        {
-            self.norm_parts(b, layout.parts)?;
-        }
+    pub fn prepare(&self, b: &B, local: usize, global: usize, step: u64) -> Result<()> {
         self.local.set(local);
         self.global.set(global);
         self.step.set(step);
@@ -171,134 +149,54 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         Ok(())
     }
 
-    /// The bucket plan of `set`'s buffer when the step sums it in buckets, with each bucket's
-    /// partial sums of squares (where they start, how many) and how many there are in all:
-    /// the buckets' partials one after the other, in issue order. The buckets summed beside
-    /// backward take at most [`BESIDE_NORM_PARTS`] (one block each: they run beside
-    /// backward's kernels, and every block there is one backward waits for); the last one, on
-    /// the step's path, as many as the backend prefers.
-    fn bucket_layout(&self, b: &B, set: &ParameterSet<B, T>) -> Option<BucketLayout> {
-        let (sizing, bucket_bytes) = self.sync.buckets()?;
-        let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
-        let plan = BucketPlan::new(set.offsets(), set.len() + 1, elems, sizing);
-        let last = plan.ranges().len().saturating_sub(1);
-        let (mut firsts, mut counts) = (Vec::new(), Vec::new());
-        let mut parts = 0;
-        for (k, r) in plan.ranges().iter().enumerate() {
-            let preferred = b.norm_parts(grads_of(set, r).len());
-            let count = if k == last {
-                preferred
-            } else {
-                preferred.min(BESIDE_NORM_PARTS)
-            };
-            firsts.push(parts);
-            counts.push(count);
-            parts += count;
-        }
-        Some(BucketLayout {
-            plan,
-            firsts,
-            counts,
-            parts,
-        })
-    }
-
-    /// The persistent partials of the bucketed norm, `count` of them: made here, outside any
-    /// step (`prepare`), unless made before. A captured body may not keep a tensor it made.
-    fn norm_parts(&self, b: &B, count: usize) -> Result<BTensor<B, T>> {
-        let mut cached = self.norm_parts.borrow_mut();
-        if let Some(parts) = cached.as_ref().filter(|p| p.numel() == count) {
-            return Ok(parts.clone());
-        }
-        let _class = ClassGuard::new(b, AllocClass::Persistent);
-        let parts = b.zeros(&[count])?;
-        *cached = Some(parts.clone());
-        Ok(parts)
-    }
-
-    /// The scaled loss into the loss slot (`loss * share`; 0 for an empty shard), backward
-    /// from `root` (an empty shard has none) seeded by the share, and the all-reduce of `set`'s
-    /// gradients and loss slot (`ParameterSet::reduced`) as `self.sync` says: after it, or in
-    /// buckets during it.
-    ///
-    /// In buckets, the loss product goes where the buckets' collectives run (off the engine
-    /// stream's path; the first bucket sums the slot) and each bucket's sum of squares follows
-    /// its all-reduce there: the step's gradient norm is then the last bucket's partials and
-    /// the sum of them all, one launch after the last all-reduce (returned; `None` after one
-    /// all-reduce: the caller takes the norm of the summed buffer). The last bucket goes on the
-    /// engine stream after the join: nothing overlaps it anyway (backward has finished), and
-    /// there it starts right after backward's last kernel and the norm right after it, where a
-    /// second stream would put a hop between streams before it and another after it.
+    /// Backward from `root` (an empty shard has none) seeded by the share, and the all-reduce
+    /// of `set`'s gradients and loss slot (`ParameterSet::reduced`) as `self.sync` says: after
+    /// it, or in buckets during it. The last bucket goes on the engine stream after the join:
+    /// nothing overlaps it anyway (backward has finished), and there it starts right after
+    /// backward's last kernel and the norm right after it, where a second stream would put
+    /// a hop between streams before it and another after it.
     fn backward_and_reduce(
         &self,
         b: &B,
         set: &ParameterSet<B, T>,
         tape: &Tape<'_, B, T>,
         root: Option<&Var<B, T>>,
-        slot: &BTensor<B, T>,
-    ) -> Result<Option<BTensor<B, T>>> {
+    ) -> Result<()> {
         let reduced = set.reduced()?;
         // d(loss * share)/d loss = share: the share is backward's seed (as `forward_backward`).
-        let Some(BucketLayout {
-            plan,
-            firsts,
-            counts,
-            parts: total,
-        }) = self.bucket_layout(b, set)
-        else {
-            match root {
-                Some(local) => b.binary_into(BinaryOp::Mul, local.value(), &self.share, slot)?,
-                None => b.fill(slot, T::ZERO)?,
-            }
+        let Some((sizing, bucket_bytes)) = self.sync.buckets() else {
             if let Some(root) = root {
                 tape.backward_with(root, self.share.clone())?;
             }
-            self.comm.all_reduce_sum(b, &reduced, self.step.get())?;
-            return Ok(None);
+            return Ok(self.comm.all_reduce_sum(b, &reduced, self.step.get())?);
         };
+        let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
+        let plan = BucketPlan::new(set.offsets(), reduced.numel(), elems, sizing);
         let last = plan.ranges().len().saturating_sub(1);
-        let parts = self.norm_parts(b, total)?;
         let mut cursor = BucketCursor::new(&plan);
         let grads = set.grads();
-        // Whether the second stream holds work not joined yet. A join waits for it: with none
-        // queued there is nothing to join, and inside a capture a wait on a stream outside it
-        // is refused.
+        // Whether the second stream holds buckets not joined yet. A join waits for them: with
+        // none queued (one bucket) there is nothing to join, and inside a capture a wait on a
+        // stream outside it is refused.
         let unjoined = Cell::new(false);
-        let norm = RefCell::new(None);
         let issue = |ready: Range<usize>| -> Result<()> {
             for k in ready {
                 let r = &plan.ranges()[k];
                 let bucket = reduced.narrow(0, r.start, r.len())?;
-                let g = grads_of(set, r);
-                let bucket_grads = grads.narrow(0, g.start, g.len())?;
                 if k == last {
                     if unjoined.replace(false) {
                         self.comm.join_overlapped(b)?;
                     }
                     self.comm.all_reduce_sum(b, &bucket, self.step.get())?;
-                    *norm.borrow_mut() = Some(b.norm_of_parts(&bucket_grads, &parts, firsts[k])?);
                 } else {
                     unjoined.set(true);
                     self.comm
                         .all_reduce_sum_overlapped(b, &bucket, self.step.get())?;
-                    self.comm.sum_squares_overlapped(
-                        b,
-                        &bucket_grads,
-                        &parts.narrow(0, firsts[k], counts[k])?,
-                    )?;
                 }
             }
             Ok(())
         };
         let issued = (|| {
-            match root {
-                Some(local) => {
-                    unjoined.set(true);
-                    self.comm
-                        .mul_into_overlapped(b, local.value(), &self.share, slot)?;
-                }
-                None => b.fill(slot, T::ZERO)?,
-            }
             if let Some(root) = root {
                 tape.backward_hooked(root, self.share.clone(), &mut |g| {
                     if g.shares_storage(grads) {
@@ -319,49 +217,21 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
                 tracing::warn!(target: "zgrad.distributed.join", error = %e, "joining the overlapped all-reduces of a failed step");
             }
         }
-        issued?;
-        Ok(norm.into_inner())
+        issued
     }
-}
-
-/// Partial sums of squares of a bucket summed beside backward, at most: a block each on the
-/// device, and a few blocks take its 1 MiB in a few microseconds while taking few processors
-/// from backward's kernels (128 blocks, the norm's choice for a bucket of 1 MiB, slowed
-/// backward by about 3 us on two H100s).
-const BESIDE_NORM_PARTS: usize = 16;
-
-/// A data-parallel step's global mean loss and, when its buckets summed it, its gradient norm.
-type ShardResult<B, T> = (BTensor<B, T>, Option<BTensor<B, T>>);
-
-/// A bucket plan and its buckets' places among the bucketed norm's partials.
-struct BucketLayout {
-    plan: BucketPlan,
-    /// The first partial of each bucket, in issue order.
-    firsts: Vec<usize>,
-    /// How many partials each bucket takes.
-    counts: Vec<usize>,
-    /// Partials in all.
-    parts: usize,
-}
-
-/// The gradient elements of bucket `r` of `set`'s summed buffer (the loss slot after the
-/// gradients is not the norm's).
-fn grads_of<B: Ops<T>, T: Element>(set: &ParameterSet<B, T>, r: &Range<usize>) -> Range<usize> {
-    r.start.min(set.len())..r.end.min(set.len())
 }
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// This rank's forward and backward with the loss scaled by its share of the global batch
     /// (none for an empty shard: zero gradients, zero loss), then the gradients and the scaled
-    /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor: a view of the
-    /// loss slot, valid until the next step writes it) and, when the buckets summed it, the
-    /// global gradient norm (not clipped yet).
+    /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor): a view of the
+    /// loss slot, valid until the next step writes it.
     pub fn shard_forward_backward(
         &self,
         b: &B,
         x: &Var<B, T>,
         y: &Var<B, T>,
-    ) -> Result<ShardResult<B, T>> {
+    ) -> Result<BTensor<B, T>> {
         let d = &self.dist;
         let empty = x.value().shape().first() == Some(&0);
         let Some(set) = ParameterSet::of(&self.params) else {
@@ -374,19 +244,24 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             };
             d.reduce_grads(b, &self.params)?;
             d.reduce(b, &loss)?;
-            return Ok((loss, None));
+            return Ok(loss);
         };
+        let slot = set.loss_slot()?;
         let tape = self.tape(b);
         let forward = if empty {
             None
         } else {
             Some(self.model.loss(&tape, x, y)?.0)
         };
-        // The first bucket to go (the buffer's end) holds the slot: the scaled loss is written
-        // into it before that bucket's all-reduce.
-        let loss = set.loss_slot()?.reshape(&[])?;
-        let norm = d.backward_and_reduce(b, &set, &tape, forward.as_ref(), &loss)?;
-        Ok((loss, norm))
+        // Before backward: the first bucket to go (the buffer's end) holds the slot. The
+        // product goes straight into it (one launch).
+        let loss = slot.reshape(&[])?;
+        match &forward {
+            Some(local) => b.binary_into(BinaryOp::Mul, local.value(), &d.share, &loss)?,
+            None => b.fill(&loss, T::ZERO)?,
+        }
+        d.backward_and_reduce(b, &set, &tape, forward.as_ref())?;
+        Ok(loss)
     }
 
     /// The per-sample step's sum over the ranks, after its last sample: this rank's
@@ -445,7 +320,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         comm.synchronize(&*b)?;
         tracing::debug!(target: "zgrad.trainer.dist", rank = comm.info().rank, world = comm.info().world, "parameters broadcast from rank 0");
         self.parts.dist.comm = comm;
-        self.parts.dist.norm_parts.replace(None);
         Ok(self)
     }
 
@@ -461,7 +335,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             ));
         }
         self.parts.dist.sync = sync;
-        self.parts.dist.norm_parts.replace(None);
         Ok(self)
     }
 

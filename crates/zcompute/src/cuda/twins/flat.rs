@@ -22,9 +22,8 @@ pub(super) fn sum_squares_partial(
     mem.write_f32(partial, &sums)
 }
 
-/// Both norm passes in one launch: the partials written from `partial[first]`, the root of
-/// the sum of `partial[0..total]` into `out`; the ticket must be 0 before (the kernel's last
-/// block leaves it so).
+/// Both norm passes in one launch: the partials written, their sum's root into `out`; the
+/// ticket must be 0 before (the kernel's last block leaves it so).
 pub(super) fn sum_squares_norm(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -32,17 +31,12 @@ pub(super) fn sum_squares_norm(
 ) -> Result<(), KernelFault> {
     let k = checked(Kernel::SumSquaresNorm, args)?;
     let (out, partial, ticket, x, n) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?, k.u64(4)?);
-    let (first, total) = (k.u64(5)?, k.u64(6)?);
     if mem.read_f32(ticket, 1)?[0].to_bits() != 0 {
         return Err(bad(2, "the ticket was not left at 0"));
     }
-    let blocks = u64::from(config.grid.0);
-    if first.checked_add(blocks).is_none_or(|end| end > total) {
-        return Err(bad(6, "the block's partials reach past the ones summed"));
-    }
     let sums = block_sums(config, mem, x, n)?;
-    mem.write_f32(partial.offset(first * 4), &sums)?;
-    let total: f32 = mem.read_f32(partial, total)?.iter().sum();
+    mem.write_f32(partial, &sums)?;
+    let total: f32 = sums.iter().sum();
     mem.write_f32(out, &[total.sqrt()])
 }
 

@@ -203,22 +203,6 @@ macro_rules! op_suite {
         }
 
         #[rstest]
-        #[case::one_range(1025, &[][..], 1024)]
-        #[case::three_ranges(300_001, &[100_000, 250_003], 1024)]
-        #[case::three_ranges_of_few_partials(300_001, &[100_000, 250_003], 16)]
-        #[case::one_partial_a_range(300_001, &[100_000, 250_003], 1)]
-        #[case::an_empty_range(7000, &[3000, 3000], 1024)]
-        #[case::small_ranges(7, &[1, 3], 2)]
-        fn flat_norm_of_parts(#[case] len: usize, #[case] cuts: &[usize], #[case] cap: usize) {
-            super::flat_bodies::norm_of_parts(&$backend(), len, cuts, cap);
-        }
-
-        #[test]
-        fn flat_norm_of_parts_refusals() {
-            super::flat_bodies::norm_of_parts_refusals(&$backend());
-        }
-
-        #[rstest]
         fn flat_clip_scale(
             #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
             #[values(View::Dense, View::Transposed)] view: View,

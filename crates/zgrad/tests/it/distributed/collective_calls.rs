@@ -12,7 +12,7 @@ use rstest::rstest;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo};
-use zcompute::{BTensor, CpuBackend, prelude::*};
+use zcompute::{BTensor, CpuBackend};
 use zgrad::{GradSync, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Cpu = CpuBackend;
@@ -25,15 +25,6 @@ struct Recorder {
     /// The overlapped call (counted from 1) that fails, if any.
     fail_overlapped: Cell<Option<usize>>,
     overlapped: Cell<usize>,
-    /// Every call, the work queued beside the collectives (the loss product, a bucket's
-    /// partial sums of squares) included, in order.
-    sequence: RefCell<Vec<(&'static str, usize)>>,
-}
-
-impl Recorder {
-    fn log(&self, op: &'static str, n: usize) {
-        self.sequence.borrow_mut().push((op, n));
-    }
 }
 
 impl Collective<Cpu, f32> for Recorder {
@@ -47,7 +38,6 @@ impl Collective<Cpu, f32> for Recorder {
 
     fn all_reduce_sum(&self, _b: &Cpu, x: &BTensor<Cpu, f32>, _step: u64) -> zcomm::Result<()> {
         self.calls.borrow_mut().push(("all_reduce", x.numel()));
-        self.log("all_reduce", x.numel());
         self.offsets.borrow_mut().push(x.layout().offset());
         Ok(())
     }
@@ -67,45 +57,14 @@ impl Collective<Cpu, f32> for Recorder {
             });
         }
         self.calls.borrow_mut().push(("bucket", x.numel()));
-        self.log("bucket", x.numel());
         self.offsets.borrow_mut().push(x.layout().offset());
         Ok(())
     }
 
     fn join_overlapped(&self, _b: &Cpu) -> zcomm::Result<()> {
         self.calls.borrow_mut().push(("join", 0));
-        self.log("join", 0);
         self.offsets.borrow_mut().push(0);
         Ok(())
-    }
-
-    fn mul_into_overlapped(
-        &self,
-        b: &Cpu,
-        a: &BTensor<Cpu, f32>,
-        s: &BTensor<Cpu, f32>,
-        out: &BTensor<Cpu, f32>,
-    ) -> zcomm::Result<()> {
-        self.log("product", out.numel());
-        b.binary_into(zcompute::BinaryOp::Mul, a, s, out)
-            .map_err(|source| zcomm::CommError::Compute {
-                op: "product",
-                source,
-            })
-    }
-
-    fn sum_squares_overlapped(
-        &self,
-        b: &Cpu,
-        x: &BTensor<Cpu, f32>,
-        parts: &BTensor<Cpu, f32>,
-    ) -> zcomm::Result<()> {
-        self.log("partials", x.numel());
-        b.sum_squares_into(x, parts)
-            .map_err(|source| zcomm::CommError::Compute {
-                op: "partials",
-                source,
-            })
     }
 
     fn broadcast(
@@ -325,75 +284,6 @@ fn a_step_failing_between_buckets_joins_the_issued_ones(#[case] capture: bool) {
     if !capture {
         assert!(r.is_err(), "the bucket's error: {calls:?}");
         assert_eq!(ops.len(), 3, "{calls:?}");
-    }
-}
-
-/// Beside the engine stream, where the buckets' collectives run: the scaled loss into its slot
-/// before the first bucket (which sums it), and each bucket's partial sums of squares right
-/// after its all-reduce, over its gradient elements (the slot left out); the last bucket's
-/// partials and the norm of them all come after its all-reduce on the engine stream. The norm
-/// the step reports is the flat gradient's (nothing left out, nothing twice). Eager and
-/// captured, at 256-byte buckets (one per parameter) and the default (one bucket).
-#[rstest]
-#[case::eager(false)]
-#[case::captured(true)]
-fn the_loss_product_and_each_buckets_partials_go_beside_the_engine_stream(#[case] capture: bool) {
-    for bucket_bytes in [256, zgrad::DEFAULT_BUCKET_BYTES] {
-        let b = CpuBackend;
-        let model = XAsset::init(&b, CFG, 3).expect("model");
-        let flat = model.flat_gradients().expect("flat buffer").numel();
-        let recorder = Rc::new(Recorder::default());
-        let config = TrainerConfig {
-            capture,
-            ..TrainerConfig::default()
-        };
-        let mut t = Trainer::new(b, model, config)
-            .and_then(|t| t.with_collective(recorder.clone()))
-            .and_then(|t| t.with_grad_sync(GradSync::Overlapped { bucket_bytes }))
-            .expect("trainer");
-        let batch = 4;
-        let x: Vec<f32> = (0..batch * 3 * 5)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
-        let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
-        for step in 0..2 {
-            recorder.sequence.borrow_mut().clear();
-            let report = t.train_batch(&x, &y, batch).expect("step");
-            let seq = recorder.sequence.borrow().clone();
-            let ops: Vec<&str> = seq.iter().map(|&(op, _)| op).collect();
-            assert_eq!(ops[0], "product", "{bucket_bytes}, step {step}: {seq:?}");
-            let tail = &ops[ops.len() - 2..];
-            assert_eq!(tail, ["join", "all_reduce"], "{bucket_bytes}: {seq:?}");
-            let between = &seq[1..seq.len() - 2];
-            assert_eq!(between.len() % 2, 0, "{seq:?}");
-            for (k, pair) in between.chunks(2).enumerate() {
-                let (bucket, partials) = (pair[0], pair[1]);
-                assert_eq!(bucket.0, "bucket", "{seq:?}");
-                assert_eq!(partials.0, "partials", "{seq:?}");
-                // The first bucket holds the slot after the gradients: one element more.
-                let slot = usize::from(k == 0);
-                assert_eq!(partials.1 + slot, bucket.1, "{bucket_bytes}: {seq:?}");
-            }
-            if bucket_bytes == 256 {
-                assert!(between.len() >= 4, "several buckets: {seq:?}");
-            }
-            let grads = t
-                .model()
-                .flat_gradients()
-                .map(|g| CpuBackend.download(&g).expect("download"))
-                .expect("flat gradients");
-            assert_eq!(grads.len(), flat);
-            let norm = grads
-                .iter()
-                .map(|&g| f64::from(g) * f64::from(g))
-                .sum::<f64>()
-                .sqrt();
-            assert!(
-                (report.grad_norm - norm).abs() <= 1e-5 * norm,
-                "{bucket_bytes}, step {step}: reported {} vs {norm}",
-                report.grad_norm
-            );
-        }
     }
 }
 
