@@ -95,15 +95,6 @@ impl<B: Ops<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
 }
 
 impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
-    /// The same moments reading `[lr, t, gate]` from `slot` (three elements) instead: a step
-    /// whose slot was uploaded with its other inputs.
-    pub(crate) fn with_slot(&self, slot: BTensor<B, T>) -> Self {
-        AdamWTensors {
-            slot,
-            ..self.clone()
-        }
-    }
-
     /// One fused update of every parameter from its gradient, reading lr, t and the gate from
     /// the slot. Launches kernels only (no host transfer): legal inside a capture.
     pub fn apply(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {
@@ -295,21 +286,13 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
     /// count the step: `commit` does, once its update was queued. Refuses while the state is
     /// unknown.
     pub fn prepare(&mut self, b: &B, lr: f64) -> Result<()> {
-        let slot = self.slot_values(lr)?;
-        b.upload_into(&slot, &self.tensors.slot)?;
-        Ok(())
-    }
-
-    /// What `prepare` writes, `[lr, t, 0]` for the next step, for a caller that uploads it
-    /// with other data into a slot of its own (`AdamWTensors::with_slot`). Refuses while the
-    /// state is unknown.
-    pub(crate) fn slot_values(&self, lr: f64) -> Result<[T; 3]> {
         self.check_state()?;
         let mut slot = [T::ZERO; 3];
         slot[ADAMW_SLOT_LR] = T::from_f64(lr);
         slot[ADAMW_SLOT_STEP] = T::from_f64((self.step + 1) as f64);
         slot[ADAMW_SLOT_GATE] = T::ZERO;
-        Ok(slot)
+        b.upload_into(&slot, &self.tensors.slot)?;
+        Ok(())
     }
 
     /// Counts the prepared step: call it once its update was queued (or replayed) without

@@ -1,14 +1,9 @@
 //! A data set resident on the device (issue 21): uploaded once by [`Trainer::load_data`], each
-//! step's samples then named by their indices and gathered on the device
+//! step's samples then named by their indices (one small upload) and gathered on the device
 //! (`Backend::gather_rows`), inside the captured step for the batched schedule
 //! (`queued.rs`), before the step for the per-sample one. The indices come from the caller's
 //! data-order generator, so a resumed run gathers exactly the rows the host path would have
 //! copied, and the losses are bitwise those of `train_batch` on the same rows.
-//!
-//! A batched step's indices travel in one upload with the optimiser's `[lr, t, gate]`: the
-//! index buffer follows a slot of three elements that the step's update reads instead of the
-//! optimiser's own (`DeviceData::adamw_slot`), so the host queues one copy between two steps,
-//! not two (each copy, with its launch, left the GPU idle a few microseconds between replays).
 //!
 //! Evaluation of a resident data set runs on the device too (`eval_device.rs`).
 
@@ -32,27 +27,20 @@ pub fn max_device_rows<T: Element>() -> usize {
     }
 }
 
-/// Elements before the indices in a resident data set's step inputs: the optimiser's
-/// `[lr, t, gate]` (`ADAMW_SLOT_*`).
-const SLOT: usize = 3;
-
 /// Device bytes a resident data set of `n` samples of `per` values takes in elements of
-/// `elem_bytes` bytes: features, labels and the step inputs (the optimiser's three-element
-/// slot, then `n` index slots: the largest batch).
+/// `elem_bytes` bytes: features, labels and the index buffer (`n` slots, the largest batch).
 #[must_use]
 pub fn device_data_bytes(n: usize, per: usize, elem_bytes: usize) -> u64 {
-    let values = (n as u64)
-        .saturating_mul(per as u64 + 2)
-        .saturating_add(SLOT as u64);
+    let values = (n as u64).saturating_mul(per as u64 + 2);
     values.saturating_mul(elem_bytes as u64)
 }
 
-/// The resident data set: features `[n, ..sample shape]`, labels `[n]`, and the step inputs a
-/// step's `[lr, t, gate]` and rows are uploaded into (`[3 + n]`: a step takes at most `n` rows).
+/// The resident data set: features `[n, ..sample shape]`, labels `[n]`, and the index buffer
+/// a step's rows are uploaded into (`[n]`: a step takes at most `n` rows).
 pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     pub(super) x: BTensor<B, T>,
     pub(super) y: BTensor<B, T>,
-    inputs: BTensor<B, T>,
+    pub(super) index: BTensor<B, T>,
     pub(super) sample: Vec<usize>,
     /// The labels on the host too: an evaluation sums them there (`evaluate_loaded`).
     pub(super) labels: Vec<T>,
@@ -69,10 +57,9 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
         self.sample.iter().product()
     }
 
-    /// Checks `rows` (1..=n of them, each below n) and queues one upload of `slot` (the
-    /// optimiser's `[lr, t, gate]` for the step, `AdamW::slot_values`) and the rows into the
-    /// step inputs (a host-to-device copy: outside a capture).
-    pub(super) fn upload_step(&mut self, b: &B, slot: [T; SLOT], rows: &[usize]) -> Result<()> {
+    /// Checks `rows` (1..=n of them, each below n) and queues their upload into the index
+    /// buffer's first slots (a host-to-device copy: outside a capture).
+    pub(super) fn upload_indices(&mut self, b: &B, rows: &[usize]) -> Result<()> {
         let n = self.rows();
         if rows.is_empty() || rows.len() > n {
             return Err(GradError::BadInput(format!(
@@ -86,22 +73,15 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
             )));
         }
         self.staging.clear();
-        self.staging.extend_from_slice(&slot);
         self.staging
             .extend(rows.iter().map(|&r| T::from_f64(r as f64)));
-        b.upload_into(&self.staging, &self.inputs.narrow(0, 0, SLOT + rows.len())?)?;
+        b.upload_into(&self.staging, &self.index.narrow(0, 0, rows.len())?)?;
         Ok(())
     }
 
     /// The uploaded indices of rows `rows` of the step.
     pub(super) fn indices(&self, rows: Range<usize>) -> Result<BTensor<B, T>> {
-        Ok(self.inputs.narrow(0, SLOT + rows.start, rows.len())?)
-    }
-
-    /// The `[lr, t, gate]` slot `upload_step` writes: what a step on these rows reads in place
-    /// of the optimiser's own (`AdamWTensors::with_slot`).
-    pub(super) fn adamw_slot(&self) -> Result<BTensor<B, T>> {
-        Ok(self.inputs.narrow(0, 0, SLOT)?)
+        Ok(self.index.narrow(0, rows.start, rows.len())?)
     }
 
     /// Gathers the step's rows `rows` into `x` and `y` (any views of their sizes: a strided
@@ -214,10 +194,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.data = Some(DeviceData {
             x,
             y,
-            inputs: b.zeros(&[SLOT + n])?,
+            index: b.zeros(&[n])?,
             sample,
             labels,
-            staging: Vec::with_capacity(SLOT + n),
+            staging: Vec::with_capacity(n),
         });
         Ok(())
     }

@@ -181,11 +181,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(data) = self.data.as_mut() else {
             return Err(no_data());
         };
-        // The step's `[lr, t, gate]` travels with its indices (one upload, not two).
-        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        let slot = self.optim.slot_values(lr)?;
         phases::timed(&mut self.phases.index_upload, || {
-            data.upload_step(&*b, slot, rows)
+            data.upload_indices(&*b, rows)
         })?;
         let sample = data.sample.clone();
         let pending = Pending {

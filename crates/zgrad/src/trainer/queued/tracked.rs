@@ -59,19 +59,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    /// The optimiser's tensors for a step on rows `from`: rows of the device data set read the
-    /// `[lr, t, gate]` uploaded with their indices (`DeviceData::upload_step`).
-    fn adamw_for(&self, from: Rows<'_, B, T>) -> Result<AdamWTensors<B, T>> {
-        let adamw = self.optim.tensors();
-        match from {
-            Rows::Pinned(_) => Ok(adamw),
-            Rows::Device => {
-                let data = self.data.as_ref().ok_or_else(no_data)?;
-                Ok(adamw.with_slot(data.adamw_slot()?))
-            }
-        }
-    }
-
     /// The gather of rows `local` of the device data set, for rows from it.
     fn gather_of(
         &self,
@@ -104,10 +91,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let want = self.config.capture && !self.graphs.disabled;
         let graph_shape = self.tracked_slot(from).as_ref().map(|g| g.shape.clone());
         let (queued, ended) = in_step_split(&*b, || {
-            if let Rows::Pinned(_) = from {
-                // Rows from the device data set: the slot went up with their indices.
-                self.optim.prepare(&*b, lr)?;
-            }
+            self.optim.prepare(&*b, lr)?;
             match (want, graph_shape) {
                 (true, Some(s)) if s == shape => {
                     let Some(g) = self.tracked_slot(from).as_mut() else {
@@ -159,7 +143,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             src.upload(b, local, x.value(), y.value())?;
         }
         let started = Cell::new(false);
-        let adamw = self.adamw_for(from)?;
+        let adamw = self.optim.tensors();
         self.parts
             .tracked(b, gather.as_ref(), &x, &y, &adamw, track, &started)
             .inspect_err(|_| {
@@ -193,7 +177,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             &self.parts,
             gather,
             (xv.clone(), yv.clone()),
-            self.adamw_for(from)?,
+            self.optim.tensors(),
             track.clone(),
             (errors.clone(), runs.clone(), Rc::clone(&started)),
         );

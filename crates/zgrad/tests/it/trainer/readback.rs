@@ -309,34 +309,3 @@ mod gpu {
         super::non_finite(&gpu(), TrainSchedule::Batched, true, found);
     }
 }
-
-/// A queued batched step on the device data set is one host-to-device copy: its row indices
-/// and the optimiser's `[lr, t, gate]` go up together (each copy, with its launch, left the GPU
-/// idle between two replays), captured and eager alike, and the steps stay those of
-/// `train_batch` on the same rows, bit for bit.
-#[rstest]
-#[case::captured(true)]
-#[case::eager(false)]
-fn a_queued_step_on_the_device_data_set_is_one_upload(#[case] capture: bool) {
-    let b = Engine::sim(256 << 20).expect("simulated backend");
-    let (x, y) = labelled(SMALL, N, 43);
-    let mut host = learner(&b, TrainSchedule::Batched, capture);
-    let mut dev = learner(&b, TrainSchedule::Batched, capture);
-    dev.load_data(&x, &y, N).expect("load");
-    let sim = b.device().driver();
-    let order = steps(6);
-    let (mut want, mut got) = (Vec::new(), Vec::new());
-    for (k, rows) in order.iter().enumerate() {
-        let (xs, ys) = rows_of(&x, &y, rows);
-        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
-        let before = sim.call_count(calls::MEMCPY_HTOD_ASYNC) + sim.call_count(calls::MEMCPY_HTOD);
-        got.extend(dev.queue_rows(rows, 1).expect("queued step"));
-        let copies =
-            sim.call_count(calls::MEMCPY_HTOD_ASYNC) + sim.call_count(calls::MEMCPY_HTOD) - before;
-        // The first step captures (its warm-up and capture upload nothing more).
-        assert_eq!(copies, 1, "step {}: host-to-device copies", k + 1);
-    }
-    got.extend(dev.drain().expect("drain"));
-    assert_eq!(bits(&got), bits(&want));
-    assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
-}
