@@ -41,6 +41,9 @@ pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     pub(super) x: BTensor<B, T>,
     pub(super) y: BTensor<B, T>,
     pub(super) index: BTensor<B, T>,
+    /// The rows of the step the index buffer holds, from its start: this rank's shard
+    /// (`upload_indices`).
+    uploaded: Range<usize>,
     pub(super) sample: Vec<usize>,
     /// The labels on the host too: an evaluation sums them there (`evaluate_loaded`).
     pub(super) labels: Vec<T>,
@@ -57,9 +60,17 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
         self.sample.iter().product()
     }
 
-    /// Checks `rows` (1..=n of them, each below n) and queues their upload into the index
-    /// buffer's first slots (a host-to-device copy: outside a capture).
-    pub(super) fn upload_indices(&mut self, b: &B, rows: &[usize]) -> Result<()> {
+    /// Checks `rows` (1..=n of them, each below n: the whole step's, so that every rank
+    /// refuses the same step) and queues the upload of those at `local` (this rank's shard)
+    /// into the index buffer's first slots (a host-to-device copy: outside a capture). Each
+    /// rank copies its shard's indices only: a copy of up to 1,024 bytes costs the stream
+    /// about 1 us, one above it several (docs/benchmarks.md, the seventeenth session).
+    pub(super) fn upload_indices(
+        &mut self,
+        b: &B,
+        rows: &[usize],
+        local: Range<usize>,
+    ) -> Result<()> {
         let n = self.rows();
         if rows.is_empty() || rows.len() > n {
             return Err(GradError::BadInput(format!(
@@ -72,16 +83,32 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
                 "row {bad} of a device data set of {n} rows"
             )));
         }
-        self.staging.clear();
-        self.staging
-            .extend(rows.iter().map(|&r| T::from_f64(r as f64)));
-        b.upload_into(&self.staging, &self.index.narrow(0, 0, rows.len())?)?;
+        let Some(mine) = rows.get(local.clone()) else {
+            return Err(GradError::BadInput(format!(
+                "internal: shard {local:?} of a step of {} rows",
+                rows.len()
+            )));
+        };
+        self.uploaded = local.start..local.start;
+        if !mine.is_empty() {
+            self.staging.clear();
+            self.staging
+                .extend(mine.iter().map(|&r| T::from_f64(r as f64)));
+            b.upload_into(&self.staging, &self.index.narrow(0, 0, mine.len())?)?;
+        }
+        self.uploaded = local;
         Ok(())
     }
 
-    /// The uploaded indices of rows `rows` of the step.
+    /// The uploaded indices of rows `rows` of the step (within the uploaded shard).
     pub(super) fn indices(&self, rows: Range<usize>) -> Result<BTensor<B, T>> {
-        Ok(self.index.narrow(0, rows.start, rows.len())?)
+        let held = &self.uploaded;
+        if rows.start < held.start || rows.end > held.end {
+            return Err(GradError::BadInput(format!(
+                "internal: rows {rows:?} of the step, its indices uploaded for {held:?}"
+            )));
+        }
+        Ok(self.index.narrow(0, rows.start - held.start, rows.len())?)
     }
 
     /// Gathers the step's rows `rows` into `x` and `y` (any views of their sizes: a strided
@@ -195,6 +222,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             x,
             y,
             index: b.zeros(&[n])?,
+            uploaded: 0..0,
             sample,
             labels,
             staging: Vec::with_capacity(n),
@@ -206,5 +234,45 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     #[must_use]
     pub fn loaded_rows(&self) -> Option<usize> {
         self.data.as_ref().map(DeviceData::rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceData;
+    use zcompute::{Backend, CpuBackend};
+
+    fn resident(b: &CpuBackend, n: usize) -> DeviceData<CpuBackend, f32> {
+        DeviceData {
+            x: b.zeros(&[n, 2]).expect("x"),
+            y: b.zeros(&[n]).expect("y"),
+            index: b.zeros(&[n]).expect("index"),
+            uploaded: 0..0,
+            sample: vec![2],
+            labels: vec![0.0; n],
+            staging: Vec::new(),
+        }
+    }
+
+    /// A rank copies its shard's indices only, to the index buffer's start, and reads them by
+    /// the step's row numbers; rows of other shards are not there to read. The whole step is
+    /// checked on every rank (each refuses the same step), and an empty shard copies nothing.
+    #[test]
+    fn a_rank_uploads_its_shards_indices_only() {
+        let b = CpuBackend;
+        let mut d = resident(&b, 8);
+        d.upload_indices(&b, &[5, 1, 7, 3, 0], 2..4)
+            .expect("upload");
+        assert_eq!(b.download(&d.index).expect("index")[..2], [7.0, 3.0]);
+        let read = |d: &DeviceData<CpuBackend, f32>, r| b.download(&d.indices(r).expect("rows"));
+        assert_eq!(read(&d, 2..4).expect("read"), [7.0, 3.0]);
+        assert_eq!(read(&d, 3..4).expect("read"), [3.0]);
+        assert!(d.indices(0..2).is_err(), "another rank's rows");
+        assert!(d.indices(3..5).is_err(), "past the shard");
+        let bad = d.upload_indices(&b, &[5, 9], 0..1);
+        assert!(bad.is_err(), "row 9 of 8, outside this rank's shard");
+        d.upload_indices(&b, &[1], 1..1).expect("an empty shard");
+        assert_eq!(d.indices(1..1).expect("no rows").numel(), 0);
+        assert_eq!(b.download(&d.index).expect("index")[..2], [7.0, 3.0]);
     }
 }

@@ -181,8 +181,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(data) = self.data.as_mut() else {
             return Err(no_data());
         };
+        let info = self.parts.dist.info();
+        let local = shard(info.rank, info.world, rows.len());
         phases::timed(&mut self.phases.index_upload, || {
-            data.upload_indices(&*b, rows)
+            data.upload_indices(&*b, rows, local)
         })?;
         let sample = data.sample.clone();
         let pending = Pending {
