@@ -64,7 +64,7 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
     /// refuses the same step) and queues the upload of those at `local` (this rank's shard)
     /// into the index buffer's first slots (a host-to-device copy: outside a capture). Each
     /// rank copies its shard's indices only: a copy of up to 1,024 bytes costs the stream
-    /// about 1 us, one above it several (docs/benchmarks.md, the seventeenth session).
+    /// about 1 us, one above it several more (docs/benchmarks.md, the gap between replays).
     pub(super) fn upload_indices(
         &mut self,
         b: &B,
