@@ -45,6 +45,8 @@ pub(crate) struct Graphs<B: Capture<T>, T: Element> {
     pub(super) tracked: Option<BatchedGraph<B, T>>,
     /// The queued batched step on a pinned batch (`Trainer::queue_pinned`).
     pub(super) tracked_pinned: Option<BatchedGraph<B, T>>,
+    /// The window's track (`Window::made`) the two graphs above were captured with.
+    pub(super) tracked_for: u64,
     /// The memory every graph of the trainer (these and the validation set's) is captured
     /// into: they replay one at a time on the engine stream and keep what outlives a replay
     /// (parameters, gradients, moments, the AdamW slot and gate, stats, history, inputs) in
@@ -60,6 +62,7 @@ impl<B: Capture<T>, T: Element> Default for Graphs<B, T> {
             samples: None,
             tracked: None,
             tracked_pinned: None,
+            tracked_for: 0,
             pool: GraphPool::new(),
         }
     }

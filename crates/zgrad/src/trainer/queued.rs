@@ -217,10 +217,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .collect();
         let t0 = std::time::Instant::now();
         let captured = match self.config.schedule {
-            TrainSchedule::Batched => self
-                .window
-                .track(&*b, every, 2)
-                .and_then(|track| self.queue_step(from, &track, local, &shape, lr, step)),
+            TrainSchedule::Batched => self.window.track(&*b, every, 2).and_then(|track| {
+                if self.graphs.tracked_for != self.window.made {
+                    // A graph captured with an earlier history would write its rows there.
+                    self.graphs.tracked = None;
+                    self.graphs.tracked_pinned = None;
+                    self.graphs.tracked_for = self.window.made;
+                }
+                self.queue_step(from, &track, local, &shape, lr, step)
+            }),
             TrainSchedule::PerSample => {
                 pending.record = Record::Samples {
                     local: local.len(),

@@ -129,6 +129,9 @@ pub(super) struct Copied<T> {
 /// read yet (`copied`).
 pub(crate) struct Window<B: Ops<T>, T: Element> {
     pub(super) track: Option<Track<B, T>>,
+    /// How many tracks were made: a graph captured with an earlier one writes into a history
+    /// the host no longer reads (`Graphs::tracked_for`).
+    pub(super) made: u64,
     pub(super) pending: Vec<Pending>,
     pub(super) copied: Option<Copied<T>>,
 }
@@ -137,6 +140,7 @@ impl<B: Ops<T>, T: Element> Default for Window<B, T> {
     fn default() -> Self {
         Window {
             track: None,
+            made: 0,
             pending: Vec::new(),
             copied: None,
         }
@@ -182,6 +186,7 @@ impl<B: Ops<T>, T: Element> Window<B, T> {
                     poison: persistent_zeros(b, &[1])?,
                 };
                 self.track = Some(t.clone());
+                self.made += 1;
                 Ok(t)
             }
         }

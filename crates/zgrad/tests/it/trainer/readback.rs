@@ -309,3 +309,28 @@ mod gpu {
         super::non_finite(&gpu(), TrainSchedule::Batched, true, found);
     }
 }
+
+/// A longer read-back window after captured steps makes the device history anew; the captured
+/// step must then write its rows there (not into the history it was captured with), so the
+/// reports stay `train_batch`'s, bit for bit (captured, it reported zeros and shifted steps).
+#[rstest]
+#[case::captured(true)]
+#[case::eager(false)]
+fn a_longer_window_after_captured_steps_reports_the_steps(#[case] capture: bool) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (x, y) = labelled(SMALL, N, 47);
+    let mut host = learner(&b, TrainSchedule::Batched, capture);
+    let mut dev = learner(&b, TrainSchedule::Batched, capture);
+    dev.load_data(&x, &y, N).expect("load");
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    for (k, rows) in steps(9).iter().enumerate() {
+        let (xs, ys) = rows_of(&x, &y, rows);
+        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+        // Windows of 1 for the first steps, then of 4.
+        let every = if k < 4 { 1 } else { 4 };
+        got.extend(dev.queue_rows(rows, every).expect("queued step"));
+    }
+    got.extend(dev.drain().expect("drain"));
+    assert_eq!(bits(&got), bits(&want));
+    assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
+}
