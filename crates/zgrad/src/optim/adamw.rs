@@ -95,6 +95,16 @@ impl<B: Ops<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
 }
 
 impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
+    /// The same moments reading `[lr, t, gate]` from `slot` (three elements) instead: a step
+    /// whose slot is written with its other inputs (the queued step's record on the device
+    /// data set).
+    pub(crate) fn with_slot(&self, slot: BTensor<B, T>) -> Self {
+        AdamWTensors {
+            slot,
+            ..self.clone()
+        }
+    }
+
     /// One fused update of every parameter from its gradient, reading lr, t and the gate from
     /// the slot. Launches kernels only (no host transfer): legal inside a capture.
     pub fn apply(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {

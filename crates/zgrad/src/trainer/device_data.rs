@@ -9,6 +9,7 @@
 
 use super::Trainer;
 use super::source::Source;
+use super::step_table::{RowPlan, StepTable};
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
@@ -49,6 +50,10 @@ pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     pub(super) labels: Vec<T>,
     /// Host staging of the indices, reused from step to step.
     staging: Vec<T>,
+    /// The queued batched steps' inputs (made at the first, `step_table.rs`) and the plan of
+    /// the rows to come (`Trainer::plan_rows`).
+    pub(super) steps: Option<StepTable<B, T>>,
+    pub(super) plan: Option<RowPlan>,
 }
 
 impl<B: Ops<T>, T: Element> DeviceData<B, T> {
@@ -60,17 +65,9 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
         self.sample.iter().product()
     }
 
-    /// Checks `rows` (1..=n of them, each below n: the whole step's, so that every rank
-    /// refuses the same step) and queues the upload of those at `local` (this rank's shard)
-    /// into the index buffer's first slots (a host-to-device copy: outside a capture). Each
-    /// rank copies its shard's indices only: a copy of up to 1,024 bytes costs the stream
-    /// about 1 us, one above it several more (docs/benchmarks.md, the gap between replays).
-    pub(super) fn upload_indices(
-        &mut self,
-        b: &B,
-        rows: &[usize],
-        local: Range<usize>,
-    ) -> Result<()> {
+    /// Refuses a step of no rows, of more than `n` or naming a row not below `n` (the whole
+    /// step's, so that every rank refuses the same step).
+    pub(super) fn check_rows(&self, rows: &[usize]) -> Result<()> {
         let n = self.rows();
         if rows.is_empty() || rows.len() > n {
             return Err(GradError::BadInput(format!(
@@ -83,6 +80,20 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
                 "row {bad} of a device data set of {n} rows"
             )));
         }
+        Ok(())
+    }
+
+    /// Checks `rows` (`check_rows`) and queues the upload of those at `local` (this rank's shard)
+    /// into the index buffer's first slots (a host-to-device copy: outside a capture). Each
+    /// rank copies its shard's indices only: a copy of up to 1,024 bytes costs the stream
+    /// about 1 us, one above it several more (docs/benchmarks.md, the gap between replays).
+    pub(super) fn upload_indices(
+        &mut self,
+        b: &B,
+        rows: &[usize],
+        local: Range<usize>,
+    ) -> Result<()> {
+        self.check_rows(rows)?;
         let Some(mine) = rows.get(local.clone()) else {
             return Err(GradError::BadInput(format!(
                 "internal: shard {local:?} of a step of {} rows",
@@ -226,7 +237,42 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             sample,
             labels,
             staging: Vec::with_capacity(n),
+            steps: None,
+            plan: None,
         });
+        Ok(())
+    }
+
+    /// Announces the rows the next [`Trainer::queue_rows`] calls will take: `order` in chunks
+    /// of `batch` rows (the last may be shorter), as a training loop walks an epoch's order
+    /// (`ztrain` at each epoch's start, and on resuming from its position). A batched step
+    /// that takes the plan's next chunk then finds its row indices and `[lr, t]` on the
+    /// device already: one host-to-device copy puts up those of the rest of a read-back
+    /// window at its first step, and the steps after it upload nothing (without a plan, each
+    /// step makes two small copies, and the GPU waits for them between two replays). A step
+    /// that takes other rows, or another step number or learning rate than planned (after
+    /// a non-finite step was read back), uploads its own and ends the plan: a plan never
+    /// changes what a step computes. Replaces the plan before; the per-sample schedule
+    /// ignores it. Refuses with `BadInput` before `load_data`, a `batch` of 0 and a row not
+    /// in the data set.
+    pub fn plan_rows(&mut self, order: &[usize], batch: usize) -> Result<()> {
+        let Some(data) = self.data.as_mut() else {
+            return Err(GradError::BadInput(
+                "no data set on the device: call load_data first".into(),
+            ));
+        };
+        let n = data.rows();
+        if let Some(bad) = order.iter().find(|&&r| r >= n) {
+            return Err(GradError::BadInput(format!(
+                "row {bad} of a device data set of {n} rows in the planned order"
+            )));
+        }
+        let plan = RowPlan::new(order, batch)?;
+        if let Some(table) = data.steps.as_mut() {
+            // Rows put up from the plan before name its chunks, not this one's.
+            table.forget_plan();
+        }
+        data.plan = Some(plan);
         Ok(())
     }
 
@@ -251,6 +297,8 @@ mod tests {
             sample: vec![2],
             labels: vec![0.0; n],
             staging: Vec::new(),
+            steps: None,
+            plan: None,
         }
     }
 

@@ -24,6 +24,7 @@ mod queued_samples;
 mod resident;
 mod source;
 mod staging;
+mod step_table;
 
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;

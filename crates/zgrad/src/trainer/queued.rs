@@ -39,6 +39,7 @@ pub(super) use window::{Track, Window};
 use super::device_data::Resident;
 use super::source::{PinnedBatch, Source};
 use super::staging::Staging;
+use super::step_table::{StepRow, StepTable};
 use super::{StepReport, TrainSchedule, Trainer, phases, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
@@ -84,6 +85,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let step = self.optim.step_count() + 1;
         let sample = self.data.as_ref().map(|d| d.sample.clone());
         let mut reports = self.drain_before(sample.as_deref(), rows.len(), every)?;
+        if self.window.pending() > 0 && !self.table_fits(rows.len(), every) {
+            // Steps queued read the table made anew below: they finish first.
+            reports.extend(self.drain()?);
+        }
         self.queue_inner(rows, every, step)
             .map_err(|e| self.settle(step, self.distributed_error(e)))?;
         if self.window.filling() >= every {
@@ -175,6 +180,19 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         queued.and(released)
     }
 
+    /// Whether a batched step of `batch` rows in windows of `every` finds a step table that
+    /// holds it (the per-sample schedule has none).
+    fn table_fits(&self, batch: usize, every: usize) -> bool {
+        let info = self.parts.dist.info();
+        let local = shard(info.rank, info.world, batch).len();
+        match (&self.config.schedule, self.data.as_ref()) {
+            (TrainSchedule::Batched, Some(d)) => {
+                d.steps.as_ref().is_some_and(|t| t.fits(every, local))
+            }
+            _ => true,
+        }
+    }
+
     fn queue_inner(&mut self, rows: &[usize], every: usize, step: u64) -> Result<()> {
         self.optim.check_state()?;
         let b = Rc::clone(&self.backend);
@@ -183,9 +201,41 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         };
         let info = self.parts.dist.info();
         let local = shard(info.rank, info.world, rows.len());
-        phases::timed(&mut self.phases.index_upload, || {
-            data.upload_indices(&*b, rows, local)
-        })?;
+        match self.config.schedule {
+            TrainSchedule::Batched => {
+                data.check_rows(rows)?;
+                if !data
+                    .steps
+                    .as_ref()
+                    .is_some_and(|t| t.fits(every, local.len()))
+                {
+                    // The graph captured with the old table would read it.
+                    self.graphs.tracked = None;
+                    data.steps = None;
+                    data.steps = Some(StepTable::new(&*b, every, local.len())?);
+                }
+                let (schedule, base) = (self.config.lr_schedule, self.config.lr);
+                let row = StepRow {
+                    window_row: self.window.filling(),
+                    rows,
+                    local: local.clone(),
+                    step,
+                    lr: schedule.lr_at(base, step),
+                    every,
+                    rank: info.rank,
+                    world: info.world,
+                };
+                let Some(table) = data.steps.as_mut() else {
+                    return Err(no_data());
+                };
+                phases::timed(&mut self.phases.index_upload, || {
+                    table.stage(&*b, &row, &mut data.plan, |s| schedule.lr_at(base, s))
+                })?;
+            }
+            TrainSchedule::PerSample => phases::timed(&mut self.phases.index_upload, || {
+                data.upload_indices(&*b, rows, local)
+            })?,
+        }
         let sample = data.sample.clone();
         let pending = Pending {
             step,

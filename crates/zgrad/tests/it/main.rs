@@ -38,6 +38,7 @@ mod trainer {
     mod per_sample;
     mod per_sample_queued;
     mod pinned;
+    mod planned;
     mod readback;
     mod replay;
     mod step_failures;

@@ -95,6 +95,21 @@ impl<B: TrainBackend> Feed<B> {
         }
     }
 
+    /// Tells the learner the rows the next steps take (`rest`, the epoch's order from the
+    /// position on, in steps of `batch`): on the device its steps then find their indices
+    /// there, put up once a read-back window (`Trainer::plan_rows`). From the host: nothing.
+    pub fn plan(
+        &self,
+        learner: &mut Trainer<B>,
+        rest: &[usize],
+        batch: usize,
+    ) -> zgrad::Result<()> {
+        match self {
+            Feed::Device { .. } => learner.plan_rows(rest, batch),
+            Feed::Host { .. } => Ok(()),
+        }
+    }
+
     /// Host time spent filling pinned batches since the last call.
     pub fn take_fill(&mut self) -> Duration {
         match self {

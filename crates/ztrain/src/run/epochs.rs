@@ -130,6 +130,10 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
             ctx.show_bar,
         );
         let mut tally = Tally::default();
+        let rest = &order[(self.progress.position as usize).min(n_train)..];
+        self.feed
+            .plan(&mut self.learner, rest, ctx.config.batch)
+            .map_err(|e| rank_error(ctx, e))?;
         while (self.progress.position as usize) < n_train {
             let start = self.progress.position as usize;
             let chunk = &order[start..(start + ctx.config.batch).min(n_train)];

@@ -14,10 +14,13 @@ use std::cell::Cell;
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
-/// What a queued step gathers: the resident features and labels, and its rows' indices.
+/// What a queued step gathers: the resident features and labels, the window's step table,
+/// the record its row is copied into and the record's indices of the step's rows.
 pub(super) struct Gather<B: Ops<T>, T: Element> {
     xs: BTensor<B, T>,
     ys: BTensor<B, T>,
+    table: BTensor<B, T>,
+    head: BTensor<B, T>,
     index: BTensor<B, T>,
 }
 
@@ -37,6 +40,9 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         started: &Cell<bool>,
     ) -> Result<()> {
         if let Some(data) = data {
+            // The step's row of the table (indices, lr, t), picked by the history cursor the
+            // tail advances: the host uploads nothing for a planned step.
+            b.gather_row(&data.table, &track.cursor, &data.head)?;
             b.gather_rows(&data.xs, &data.index, x.value())?;
             b.gather_rows(&data.ys, &data.index, y.value())?;
             x.bump_version();
@@ -69,11 +75,32 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             return Ok(None);
         }
         let data = self.data.as_ref().ok_or_else(no_data)?;
+        let views = data
+            .steps
+            .as_ref()
+            .ok_or_else(no_data)?
+            .views(local.len())?;
         Ok(Some(Gather {
             xs: data.x.clone(),
             ys: data.y.clone(),
-            index: data.indices(local)?,
+            table: views.table,
+            head: views.head,
+            index: views.index,
         }))
+    }
+
+    /// The optimiser's tensors for a step on rows `from`: rows of the device data set read
+    /// `[lr, t, gate]` from the step's record (`step_table.rs`).
+    fn adamw_for(&self, from: Rows<'_, B, T>, local: usize) -> Result<AdamWTensors<B, T>> {
+        let adamw = self.optim.tensors();
+        match from {
+            Rows::Pinned(_) => Ok(adamw),
+            Rows::Device => {
+                let data = self.data.as_ref().ok_or_else(no_data)?;
+                let views = data.steps.as_ref().ok_or_else(no_data)?.views(local)?;
+                Ok(adamw.with_slot(views.slot))
+            }
+        }
     }
 
     /// Queues the step's body: replayed when a graph of this shape exists, captured when
@@ -91,7 +118,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let want = self.config.capture && !self.graphs.disabled;
         let graph_shape = self.tracked_slot(from).as_ref().map(|g| g.shape.clone());
         let (queued, ended) = in_step_split(&*b, || {
-            self.optim.prepare(&*b, lr)?;
+            if let Rows::Pinned(_) = from {
+                // Rows of the device data set: `[lr, t]` is in the step table's row.
+                self.optim.prepare(&*b, lr)?;
+            }
             match (want, graph_shape) {
                 (true, Some(s)) if s == shape => {
                     let Some(g) = self.tracked_slot(from).as_mut() else {
@@ -140,10 +170,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             )
         };
         if let Rows::Pinned(src) = from {
-            src.upload(b, local, x.value(), y.value())?;
+            src.upload(b, local.clone(), x.value(), y.value())?;
         }
         let started = Cell::new(false);
-        let adamw = self.optim.tensors();
+        let adamw = self.adamw_for(from, local.len())?;
         self.parts
             .tracked(b, gather.as_ref(), &x, &y, &adamw, track, &started)
             .inspect_err(|_| {
@@ -177,7 +207,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             &self.parts,
             gather,
             (xv.clone(), yv.clone()),
-            self.optim.tensors(),
+            self.adamw_for(from, local.len())?,
             track.clone(),
             (errors.clone(), runs.clone(), Rc::clone(&started)),
         );

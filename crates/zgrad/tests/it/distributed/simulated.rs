@@ -473,7 +473,8 @@ fn own_model_on_two_ranks_equals_one(#[case] schedule: TrainSchedule, #[case] ca
 /// The data set on every rank's device (issue 21): each rank gathers its own shard of a step's
 /// rows by their indices, read back every 2 steps, and trains exactly as on its rows of the
 /// host-copied batch: every rank's losses and parameters bit for bit, with an empty shard for
-/// rank 2 at step 2.
+/// rank 2 at step 2; the same with steps 1, 3 and 4 planned (`plan_rows`: each rank puts up
+/// its shards of the planned steps, step 4's shorter than step 3's).
 #[rstest]
 #[case::batched_eager(TrainSchedule::Batched, false)]
 #[case::batched_captured(TrainSchedule::Batched, true)]
@@ -481,7 +482,7 @@ fn own_model_on_two_ranks_equals_one(#[case] schedule: TrainSchedule, #[case] ca
 #[case::per_sample_captured(TrainSchedule::PerSample, true)]
 fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capture: bool) {
     let cfg = config(schedule, capture);
-    let run = move |on_device: bool| {
+    let run = move |on_device: bool, planned: bool| {
         ranks(3, move |b, c| {
             let model = XAsset::init(b, CFG, 7).unwrap();
             let mut t = Trainer::new(b.clone(), model, cfg)
@@ -500,7 +501,13 @@ fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capt
                 &[14, 13, 12],
             ];
             let mut losses = Vec::new();
-            for rows in steps {
+            for (k, rows) in steps.into_iter().enumerate() {
+                if planned && k == 0 {
+                    t.plan_rows(rows, 7).unwrap();
+                }
+                if planned && k == 2 {
+                    t.plan_rows(&[steps[2], steps[3]].concat(), 7).unwrap();
+                }
                 if on_device {
                     losses.extend(
                         t.queue_rows(rows, 2)
@@ -528,9 +535,10 @@ fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capt
             (losses, params)
         })
     };
-    let (device, host) = (run(true), run(false));
+    let (device, host) = (run(true, false), run(false, false));
     assert_eq!(device[0].0.len(), 4);
     assert_eq!(device, host);
+    assert_eq!(run(true, true), host, "planned");
 }
 
 /// Nodes of the captured batched step's graph after one step of 7 samples, alone or as rank 0
