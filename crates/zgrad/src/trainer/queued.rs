@@ -84,13 +84,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
         let sample = self.data.as_ref().map(|d| d.sample.clone());
+        self.resync_cursor()?;
         let mut reports = self.drain_before(sample.as_deref(), rows.len(), every)?;
         if self.window.pending() > 0 && !self.table_fits(rows.len(), every) {
             // Steps queued read the table made anew below: they finish first.
             reports.extend(self.drain()?);
         }
-        self.queue_inner(rows, every, step)
-            .map_err(|e| self.settle(step, self.distributed_error(e)))?;
+        let queued = self.queue_inner(rows, every, step);
+        self.note_unsynced();
+        queued.map_err(|e| self.settle(step, self.distributed_error(e)))?;
         if self.window.filling() >= every {
             reports.extend(self.flip()?);
         }
@@ -118,12 +120,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
         let sample = [batch.scales(), batch.features()];
+        self.resync_cursor()?;
         let mut reports = self.drain_before(Some(&sample), n, every)?;
         let queued = self
             .optim
             .check_state()
             .and_then(|()| self.pinned_sample(batch, n))
             .and_then(|sample| self.queue_staged(batch, n, &sample, step, every));
+        self.note_unsynced();
         queued.map_err(|e| self.settle(step, self.distributed_error(e)))?;
         if self.window.filling() >= every {
             reports.extend(self.flip()?);
@@ -178,6 +182,30 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .as_ref()
             .map_or(Ok(()), |s| s.release(&*b, slot));
         queued.and(released)
+    }
+
+    /// A step that may have run in part (the optimiser's state unknown) may have moved the
+    /// window's cursor on the device past the rows the host counts: noted, so that the next
+    /// call sets it back (`resync_cursor`) before a step reads its inputs at it.
+    fn note_unsynced(&mut self) {
+        if self.optim.unknown_step().is_some() {
+            self.window.unsynced = true;
+        }
+    }
+
+    /// The device's window cursor set to the steps the host counts in the window, after a
+    /// step that may have run in part (`note_unsynced`): the next step's inputs and history
+    /// row are then the row the host puts up.
+    fn resync_cursor(&mut self) -> Result<()> {
+        if !self.window.unsynced {
+            return Ok(());
+        }
+        if let Some(track) = self.window.track.as_ref() {
+            let row = T::from_f64(self.window.filling() as f64);
+            self.backend.fill(&track.cursor, row)?;
+        }
+        self.window.unsynced = false;
+        Ok(())
     }
 
     /// Whether a batched step of `batch` rows in windows of `every` finds a step table that

@@ -64,6 +64,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             b.fill(&track.cursor, T::ZERO)?;
             Ok(read)
         })();
+        if queued.is_ok() {
+            // The cursor is at the first row, where the host puts the next step's.
+            self.window.unsynced = false;
+        }
         self.phases.readback += t0.elapsed();
         match queued {
             Ok(read) => {
@@ -143,6 +147,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let b = &*self.backend;
         b.fill(&track.cursor, T::ZERO)?;
         b.fill(&track.poison, T::ZERO)?;
+        self.window.unsynced = false;
         Ok(())
     }
 

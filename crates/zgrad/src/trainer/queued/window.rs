@@ -132,6 +132,9 @@ pub(crate) struct Window<B: Ops<T>, T: Element> {
     /// How many tracks were made: a graph captured with an earlier one writes into a history
     /// the host no longer reads (`Graphs::tracked_for`).
     pub(super) made: u64,
+    /// Whether a step that may have run in part left the device's cursor unknown
+    /// (`Trainer::resync_cursor`).
+    pub(super) unsynced: bool,
     pub(super) pending: Vec<Pending>,
     pub(super) copied: Option<Copied<T>>,
 }
@@ -141,6 +144,7 @@ impl<B: Ops<T>, T: Element> Default for Window<B, T> {
         Window {
             track: None,
             made: 0,
+            unsynced: false,
             pending: Vec::new(),
             copied: None,
         }

@@ -257,3 +257,68 @@ fn a_plan_is_refused_without_data_a_batch_or_its_rows() {
     }
     t.plan_rows(&[], 4).expect("an empty plan plans nothing");
 }
+
+/// A queued step whose update fails after its tail moved the window's cursor on the device
+/// (eager, the update's launch refused): the host did not count the step, so its next step
+/// must not read the row after the one it put up. After the state is restored from a
+/// checkpoint, the steps (planned or not) are `train_batch`'s on the same rows, bit for bit.
+#[rstest]
+fn a_step_failing_after_its_tail_leaves_the_cursor_where_the_host_puts_rows(
+    #[values(false, true)] planned: bool,
+) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let sim = b.device().driver();
+    let (x, y) = labelled(SMALL, N, 56);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("state.safetensors");
+    let order: Vec<usize> = (0..3).flat_map(epoch_order).collect();
+    let chunks: Vec<&[usize]> = order.chunks(BATCH).collect();
+    let mut host = learner(&b, false);
+    let mut dev = learner(&b, false);
+    dev.load_data(&x, &y, N).expect("load");
+    for rows in &chunks[..2] {
+        let (xs, ys) = rows_of(&x, &y, rows);
+        host.train_batch(&xs, &ys, rows.len()).expect("host step");
+        dev.queue_rows(rows, EVERY).expect("queued step");
+    }
+    dev.drain().expect("drain");
+    dev.save_checkpoint(&path, std::collections::HashMap::new())
+        .expect("save");
+    // Step 3 queued (the window's row 0), then step 4 with its last launch (the update,
+    // after the tail) refused.
+    dev.queue_rows(chunks[2], EVERY).expect("step 3");
+    let before = sim.call_count(calls::LAUNCH_KERNEL);
+    dev.queue_rows(chunks[2], EVERY)
+        .expect("a step to count the launches");
+    let launches = sim.call_count(calls::LAUNCH_KERNEL) - before;
+    sim.fail_nth(
+        calls::LAUNCH_KERNEL,
+        launches,
+        zdevice::CuCode::INVALID_VALUE,
+    );
+    dev.queue_rows(chunks[3], EVERY)
+        .expect_err("the update's launch fails");
+    assert!(dev.optimizer().unknown_step().is_some());
+    dev.load_checkpoint(&path).expect("restore step 2's state");
+    let rest = &order[2 * BATCH..];
+    if planned {
+        dev.plan_rows(rest, BATCH).expect("plan");
+    }
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    for rows in rest.chunks(BATCH).take(6) {
+        let (xs, ys) = rows_of(&x, &y, rows);
+        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+        got.extend(
+            dev.queue_rows(rows, EVERY)
+                .expect("queued after the restore"),
+        );
+    }
+    got.extend(dev.drain().expect("drain"));
+    // The two steps queued before the failure come back first (they ran).
+    assert_eq!(
+        got.iter().take(2).map(|r| r.step).collect::<Vec<_>>(),
+        [3, 4]
+    );
+    assert_eq!(bits(&got[2..]), bits(&want));
+    assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
+}
