@@ -43,7 +43,7 @@ pub use tape::Tape;
 pub use trainer::{
     DEFAULT_BUCKET_BYTES, EvalReport, GradSync, HostPhases, PinnedBatch, ReplayMark, StepReport,
     TrainSchedule, Trainer, TrainerConfig, device_data_bytes, max_device_rows, shard,
-    validation_data_bytes,
+    step_table_bytes, validation_data_bytes,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

@@ -126,6 +126,9 @@ pub struct PlanRequest<M = XAssetConfig> {
     /// [`crate::device_data_bytes`]) and runs the steps the run runs on it
     /// (`Trainer::queue_rows`, each step's rows gathered on the device).
     pub resident_rows: usize,
+    /// The read-back window of those queued steps (`every` of `Trainer::queue_rows`; 1, the
+    /// default): the window's device history and step table are its size.
+    pub readback_every: usize,
     /// Samples of a validation set evaluated after the steps, twice (two epochs: a captured
     /// pass is replayed the second time); 0, the default: none. On the device
     /// (`validation_on_device`) the plan holds the set ([`crate::validation_data_bytes`]) and
@@ -158,6 +161,7 @@ impl<M> PlanRequest<M> {
             blas_workspace_bytes: DeviceConfig::default().blas_workspace_bytes,
             steps: 2,
             resident_rows: 0,
+            readback_every: 1,
             validation_rows: 0,
             validation_on_device: false,
             train_eval_rows: 0,
@@ -330,7 +334,7 @@ fn resident_steps<M: PlanModel>(
     let rows: Vec<usize> = (0..request.batch.min(request.resident_rows)).collect();
     let mut captured = request.trainer.capture;
     for _ in 0..request.steps {
-        for r in trainer.queue_rows(&rows, 1)? {
+        for r in trainer.queue_rows(&rows, request.readback_every.max(1))? {
             captured &= r.captured;
         }
     }

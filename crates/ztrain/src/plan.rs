@@ -130,6 +130,7 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     } else {
         0
     };
+    request.readback_every = options.readback_every;
     request.validation_on_device = data.validation_on_device;
     // Each schedule on the arena its own run would have (sized from its own plan).
     let plans = schedules
@@ -218,7 +219,10 @@ fn data_plan(
 ) -> Result<DataPlan> {
     let split = split_samples(config);
     let per = config.model.scales * config.model.features;
-    let bytes = split.map_or(0, |(n, _)| zgrad::device_data_bytes(n, per, 4));
+    let every = options.readback_every;
+    let bytes = split.map_or(0, |(n, _)| {
+        resident_bytes(n, per, config.batch, world, every)
+    });
     let room = match (target, cap) {
         (Target::Device { .. }, Some(cap)) => Some(DeviceRoom {
             cap,
@@ -253,6 +257,16 @@ fn data_plan(
         validation_bytes,
         validation_on_device,
     })
+}
+
+/// Device bytes of a training set of `n` samples of `per` values on the device for a run of
+/// `batch` samples a step on `world` ranks read back every `every` steps: the set and its
+/// index buffer (`zgrad::device_data_bytes`) and the queued steps' table of a window's
+/// indices (`zgrad::step_table_bytes`, the largest shard's rows).
+#[must_use]
+pub fn resident_bytes(n: usize, per: usize, batch: usize, world: usize, every: usize) -> u64 {
+    let rows = zgrad::shard(0, world.max(1), batch.min(n)).len();
+    zgrad::device_data_bytes(n, per, 4).saturating_add(zgrad::step_table_bytes(every, rows, 4))
 }
 
 /// Largest device estimate (`budget::Estimate::device`) a run's arena is sized from its plan

@@ -234,7 +234,8 @@ fn the_plan_counts_a_training_set_on_the_device() {
     let host = make(&with(&["--data-on", "host"])).expect("plan");
     let dev = make(&with(&["--data-on", "device"])).expect("plan");
     let auto = make(&with(&[])).expect("plan");
-    let bytes = zgrad::device_data_bytes(4000, 18, 4);
+    // The set, its index buffer and the queued steps' table (windows of 32 steps).
+    let bytes = zgrad::device_data_bytes(4000, 18, 4) + zgrad::step_table_bytes(32, 64, 4);
     assert_eq!(
         dev.data,
         DataPlan {
@@ -259,7 +260,7 @@ fn the_plan_counts_a_training_set_on_the_device() {
     }
     let lines = to_lines(&dev).join("\n");
     assert!(
-        lines.contains("training set on the device: 4000 samples, 312.5 KiB"),
+        lines.contains("training set on the device: 4000 samples, 321.0 KiB"),
         "{lines}"
     );
     assert_eq!(to_json(&dev)["training_set"]["on_device"], true);

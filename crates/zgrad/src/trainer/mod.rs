@@ -45,6 +45,7 @@ pub use eval_device::validation_data_bytes;
 pub use phases::HostPhases;
 pub use resident::ReplayMark;
 pub use source::PinnedBatch;
+pub use step_table::step_table_bytes;
 
 /// How a batch becomes one optimiser step (XASSET.md, "Two training schedules").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

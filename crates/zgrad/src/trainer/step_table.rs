@@ -20,6 +20,19 @@ use crate::error::{GradError, Result};
 use std::ops::Range;
 use zcompute::{BTensor, Element, prelude::*};
 
+/// Device bytes of the step table of windows of `every` steps of `rows_a_rank` rows a rank in
+/// elements of `elem_bytes` bytes: a row of indices and `[lr, t]` a step of the window, and
+/// the step's record (made at the first queued batched step on the device data set, beside
+/// what [`crate::device_data_bytes`] counts).
+#[must_use]
+pub fn step_table_bytes(every: usize, rows_a_rank: usize, elem_bytes: usize) -> u64 {
+    let width = rows_a_rank as u64 + 2;
+    (every.max(1) as u64)
+        .saturating_mul(width)
+        .saturating_add(width + 1)
+        .saturating_mul(elem_bytes as u64)
+}
+
 /// The rows the caller will queue next: `order` in chunks of `batch` (the last may be
 /// shorter), from chunk `next` on.
 #[derive(Debug)]
@@ -242,4 +255,24 @@ pub(super) struct StepViews<B: Ops<T>, T: Element> {
     pub head: BTensor<B, T>,
     pub index: BTensor<B, T>,
     pub slot: BTensor<B, T>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{StepTable, step_table_bytes};
+    use zcompute::CpuBackend;
+
+    /// What `step_table_bytes` counts is what the table holds.
+    #[test]
+    fn the_table_holds_what_its_bytes_count() {
+        for (every, stride) in [(1, 0), (1, 256), (32, 128), (7, 3)] {
+            let t = StepTable::<CpuBackend, f32>::new(&CpuBackend, every, stride).expect("table");
+            let elems = t.table.numel() + t.record.numel();
+            assert_eq!(
+                step_table_bytes(every, stride, 4),
+                elems as u64 * 4,
+                "{every} x {stride}"
+            );
+        }
+    }
 }

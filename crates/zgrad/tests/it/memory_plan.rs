@@ -165,7 +165,10 @@ fn real_resident_run<D: Driver>(
     let rows: Vec<usize> = (0..req.batch).map(|i| (i * 7) % n).collect();
     let mut captured = req.trainer.capture;
     for _ in 0..req.steps {
-        for r in trainer.queue_rows(&rows, 1).expect("step") {
+        for r in trainer
+            .queue_rows(&rows, req.readback_every.max(1))
+            .expect("step")
+        {
             captured &= r.captured;
         }
     }
@@ -196,6 +199,35 @@ fn a_plan_of_a_resident_training_set_equals_the_run(
     assert!(
         planned.arena_bytes >= data + on_host.peak.get(AllocClass::Persistent),
         "{planned:?}"
+    );
+}
+
+/// A longer read-back window (ztrain's 32 steps): the plan runs the queued steps with it, so it
+/// holds the window's history and step table (`step_table_bytes`) as the run does.
+#[rstest]
+fn a_plan_holds_the_read_back_window_of_the_run(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+) {
+    let (n, batch) = (300, 16);
+    let mut req = request(tiny(), batch, true, small_arena());
+    req.resident_rows = n;
+    let one = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+    req.readback_every = 32;
+    let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
+    let real = real_resident_run(computing_sim(), &req, schedule);
+    assert_eq!(planned, real, "plan vs real run");
+    let grown = planned.peak.get(AllocClass::Persistent) - one.peak.get(AllocClass::Persistent);
+    // The history's 31 more rows of [loss, norm] and, batched, the table's 31 more rows of
+    // indices and [lr, t], each tensor in the arena's 256-byte blocks.
+    let up = |b: u64| b.div_ceil(256) * 256;
+    let mut least = up(32 * 2 * 4) - up(2 * 4);
+    if schedule == TrainSchedule::Batched {
+        let width = batch as u64 + 2;
+        least += up(32 * width * 4) - up(width * 4);
+    }
+    assert!(
+        grown >= least,
+        "{schedule:?}: persistent grew by {grown}, {least} at least"
     );
 }
 

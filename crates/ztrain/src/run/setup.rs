@@ -15,6 +15,7 @@ use crate::data::placement;
 use crate::data::{self, Dataset, epoch_order};
 use crate::error::{Result, TrainError};
 use crate::files;
+use crate::plan::resident_bytes;
 use crate::resume::{ResumeAt, resume};
 use crate::rng::Rng;
 use crate::step::{TrainBackend, trainer_config};
@@ -65,7 +66,8 @@ pub(super) fn feed_of<B: TrainBackend>(
     ctx: &Context<'_>,
     out: &mut Console<'_>,
 ) -> Result<Feed<B>> {
-    let bytes = zgrad::device_data_bytes(train_set.len(), train_set.sample_width(), 4);
+    let (per, every) = (train_set.sample_width(), ctx.options.readback_every);
+    let bytes = resident_bytes(train_set.len(), per, ctx.config.batch, ctx.world, every);
     let rows = zgrad::max_device_rows::<f32>();
     let on_device =
         placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?;
@@ -104,7 +106,13 @@ pub(super) fn validation_of<B: TrainBackend>(
     }
     let per = val_set.sample_width();
     let taken = match feed {
-        Feed::Device { .. } => zgrad::device_data_bytes(train_set.len(), per, 4),
+        Feed::Device { .. } => resident_bytes(
+            train_set.len(),
+            train_set.sample_width(),
+            ctx.config.batch,
+            ctx.world,
+            ctx.options.readback_every,
+        ),
         Feed::Host { .. } => 0,
     };
     let chunk = learner.config().eval_batch;
