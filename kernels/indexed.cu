@@ -56,6 +56,33 @@ extern "C" __global__ void zc_gather_rows_f32(float* dst, const float* src, cons
     }
 }
 
+// Rows of src named by row s = cursor[0] of the step table `steps` (dense [steps_rows, width]):
+// dst[i * row_len + j] = src[r_i * row_len + j] for i < n, r_i = steps[s * width + i]; and, with
+// `tail`, tail[t] = steps[s * width + width - tail_len + t] for t < tail_len. A cursor or an
+// index naming no row (zc_row_of) gives NaN. The queued training step's gather: its graph's
+// cursor picks the step's row of indices (and its [lr, t]) on each replay, with no upload.
+// Every output element is one copy: the result does not depend on the launch shape.
+extern "C" __global__ void zc_gather_rows_at_f32(float* dst, const float* src, const float* steps,
+                                                 const float* cursor, float* tail, u64 rows,
+                                                 u64 row_len, u64 n, u64 steps_rows, u64 width,
+                                                 u64 tail_len) {
+    u64 s = 0;
+    const bool at = zc_row_of(cursor[0], steps_rows, &s);
+    const float* row = steps + s * width;
+    GRID_STRIDE_LOOP(k, 0, n * row_len) {
+        u64 i = k / row_len;
+        u64 j = k - i * row_len;
+        u64 r = 0;
+        bool ok = at && zc_row_of(row[i], rows, &r);
+        dst[k] = ok ? src[r * row_len + j] : __int_as_float(0x7fffffff);
+    }
+    if (tail && blockIdx.x == 0) {
+        for (u64 t = threadIdx.x; t < tail_len; t += blockDim.x) {
+            tail[t] = at ? row[width - tail_len + t] : __int_as_float(0x7fffffff);
+        }
+    }
+}
+
 // A training step's tail in one launch (one thread): stats = [loss, norm]; the gate
 // 0 * loss + 0 * norm (zc_finite_gate_f32's expression); with `sticky`, gate += sticky and
 // sticky = gate (add_into then copy_into); with `history` (rows of two), the stats written to

@@ -289,6 +289,36 @@ pub trait Backend<T: Element> {
         Ok(())
     }
 
+    /// Copies the rows of `src` (dense `[rows, ...]`) named by the first `n` elements of row
+    /// `cursor[0]` of `steps` (dense `[k, width]`) into `dst` (dense, `n = dst.shape()[0]`
+    /// rows), and with `tail` (`m` elements, `n + m <= width`) the row's last `m` elements
+    /// into `tail`; the cursor and the indices are read from memory when the op runs (on
+    /// every replay of a captured graph). How a queued training step finds its samples and its
+    /// `[lr, t]` in the row of a step table that its graph's cursor picks, with no upload
+    /// between replays. A cursor or an index naming no row ([`Backend::gather_row`]'s rule)
+    /// gives NaN. No two operands may share storage. The provided body is `gather_row` of the
+    /// picked row into a temporary, then `gather_rows` and `copy_into` from it; a device
+    /// backend does it in one launch.
+    fn gather_rows_at_cursor(
+        &self,
+        src: &BTensor<Self, T>,
+        steps: &BTensor<Self, T>,
+        cursor: &BTensor<Self, T>,
+        dst: &BTensor<Self, T>,
+        tail: Option<&BTensor<Self, T>>,
+    ) -> Result<()> {
+        let at = crate::validate::indexed_rows_at_cursor(src, steps, cursor, dst, tail)?;
+        let width = at.steps.row_len;
+        let row = self.zeros(&[width])?;
+        self.gather_row(steps, cursor, &row)?;
+        self.gather_rows(src, &row.narrow(0, 0, at.n)?, dst)?;
+        if let Some(tail) = tail {
+            let part = row.narrow(0, width - at.tail, at.tail)?;
+            self.copy_into(&part.reshape(tail.shape())?, tail)?;
+        }
+        Ok(())
+    }
+
     /// Copies `src` (dense, one row's elements) into row `index` of `dst` (dense
     /// `[rows, ...]`), the index read from memory when the op runs; an index naming no row
     /// (see [`Backend::gather_row`]) writes nothing. With `advance`, the op then adds 1 to the

@@ -260,7 +260,7 @@ fn the_plan_counts_a_training_set_on_the_device() {
     }
     let lines = to_lines(&dev).join("\n");
     assert!(
-        lines.contains("training set on the device: 4000 samples, 321.0 KiB"),
+        lines.contains("training set on the device: 4000 samples, 320.8 KiB"),
         "{lines}"
     );
     assert_eq!(to_json(&dev)["training_set"]["on_device"], true);

@@ -7,7 +7,7 @@ use super::kernels::{self, Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaTensor};
 use crate::error::Result;
 use crate::validate;
-use zdevice::{Driver, KernelArg};
+use zdevice::{DevicePtr, Driver, KernelArg};
 
 impl<D: Driver> CudaBackend<D> {
     pub(crate) fn gather_row_at(
@@ -58,6 +58,44 @@ impl<D: Driver> CudaBackend<D> {
         .collect();
         let config = kernels::elementwise_config(total);
         self.launch(OP, Kernel::GatherRows, config, &args)
+    }
+
+    pub(crate) fn gather_rows_at_cursor_fused(
+        &self,
+        src: &CudaTensor,
+        steps: &CudaTensor,
+        cursor: &CudaTensor,
+        dst: &CudaTensor,
+        tail: Option<&CudaTensor>,
+    ) -> Result<()> {
+        const OP: &str = "gather_rows_at_cursor";
+        let at = validate::indexed_rows_at_cursor(src, steps, cursor, dst, tail)?;
+        let total = at.n.saturating_mul(at.src.row_len);
+        if total == 0 && at.tail == 0 {
+            return Ok(());
+        }
+        let tail_ptr = match tail {
+            Some(t) => self.ptr(OP, t)?,
+            None => DevicePtr::NULL,
+        };
+        let args: Args = [
+            ptr(self.ptr(OP, dst)?),
+            ptr(self.ptr(OP, src)?),
+            ptr(self.ptr(OP, steps)?),
+            ptr(self.ptr(OP, cursor)?),
+            ptr(tail_ptr),
+            u64a(at.src.rows),
+            u64a(at.src.row_len),
+            u64a(at.n),
+            u64a(at.steps.rows),
+            u64a(at.steps.row_len),
+            u64a(at.tail),
+        ]
+        .into_iter()
+        .collect();
+        // At least one block: the tail is written by the first.
+        let config = kernels::elementwise_config(total.max(at.tail).max(1));
+        self.launch(OP, Kernel::GatherRowsAt, config, &args)
     }
 
     pub(crate) fn scatter_row_at(

@@ -128,6 +128,8 @@ pub enum Kernel {
     ScatterRow,
     /// Rows of a dense table, picked by indices in device memory (`indexed.cu`).
     GatherRows,
+    /// The same, the indices a row of a step table picked by a cursor in device memory.
+    GatherRowsAt,
     /// Products with few rows (`linear.cu`, launched from `cuda/linear.rs`), by the order of
     /// `op(B)`: k-contiguous (a Linear weight read transposed) or n-contiguous.
     LinearRowsKMajor,
@@ -199,7 +201,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 60] = [
+    pub const ALL: [Kernel; 61] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -247,6 +249,7 @@ impl Kernel {
         Kernel::GatherRow,
         Kernel::ScatterRow,
         Kernel::GatherRows,
+        Kernel::GatherRowsAt,
         Kernel::LinearRowsKMajor,
         Kernel::LinearRowsNMajor,
         Kernel::LinearParamGrads,
@@ -469,6 +472,12 @@ impl Kernel {
             Kernel::GatherRow => s(6, "zc_gather_row_f32", &[Ptr, Ptr, Ptr, U64, U64], 0),
             Kernel::ScatterRow => s(6, "zc_scatter_row_f32", &[Ptr, Ptr, Ptr, U64, U64, U32], 0),
             Kernel::GatherRows => s(6, "zc_gather_rows_f32", &[Ptr, Ptr, Ptr, U64, U64, U64], 0),
+            Kernel::GatherRowsAt => s(
+                6,
+                "zc_gather_rows_at_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U64, U64, U64, U64],
+                0,
+            ),
             Kernel::StepTail => s(
                 6,
                 "zc_step_tail_f32",

@@ -401,6 +401,17 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.gather_rows_at(src, index, dst)
     }
 
+    fn gather_rows_at_cursor(
+        &self,
+        src: &CudaTensor,
+        steps: &CudaTensor,
+        cursor: &CudaTensor,
+        dst: &CudaTensor,
+        tail: Option<&CudaTensor>,
+    ) -> Result<()> {
+        self.gather_rows_at_cursor_fused(src, steps, cursor, dst, tail)
+    }
+
     fn scatter_row(
         &self,
         src: &CudaTensor,

@@ -116,6 +116,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::GatherRow => indexed::gather_row,
         Kernel::ScatterRow => indexed::scatter_row,
         Kernel::GatherRows => indexed::gather_rows,
+        Kernel::GatherRowsAt => indexed::gather_rows_at,
         Kernel::LinearRowsKMajor => linear::rows_kmajor,
         Kernel::LinearRowsNMajor => linear::rows_nmajor,
         Kernel::LinearParamGrads => linear::param_grads,

@@ -109,3 +109,100 @@ pub(crate) fn indexed_rows<S: Storage>(
         n,
     ))
 }
+
+/// The shapes `gather_rows_at_cursor` works on (see [`indexed_rows_at_cursor`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CursorRows {
+    /// The table the rows come from.
+    pub src: RowTable,
+    /// Rows gathered.
+    pub n: usize,
+    /// The step table's rows and their length.
+    pub steps: RowTable,
+    /// Elements copied from the end of the picked row into the tail (0 without one).
+    pub tail: usize,
+}
+
+/// `gather_rows_at_cursor`: `src` dense of rank >= 1; `steps` dense of rank 2 (`[k, width]`);
+/// `cursor` one element; `dst` dense of rank >= 1 holding `n = shape[0]` rows of `src`; `tail`
+/// (if any) dense; the indices and the tail fit a row of `steps` (`n + tail <= width`); no two
+/// of them sharing storage. (The cursor's and the indices' values are read when the op runs.)
+pub(crate) fn indexed_rows_at_cursor<S: Storage>(
+    src: &Tensor<S>,
+    steps: &Tensor<S>,
+    cursor: &Tensor<S>,
+    dst: &Tensor<S>,
+    tail: Option<&Tensor<S>>,
+) -> Result<CursorRows> {
+    const OP: &str = "gather_rows_at_cursor";
+    let (Some((&rows, rest)), Some(&n)) = (src.shape().split_first(), dst.shape().first()) else {
+        let shape = if src.shape().is_empty() { src } else { dst };
+        return Err(ComputeError::RankTooLow {
+            op: OP,
+            min: 1,
+            shape: shape.shape().into(),
+        });
+    };
+    let [steps_rows, width] = *steps.shape() else {
+        return Err(ComputeError::ShapeMismatch {
+            op: OP,
+            lhs: steps.shape().into(),
+            rhs: [0usize, 0][..].into(),
+        });
+    };
+    if cursor.numel() != 1 {
+        return Err(ComputeError::ShapeMismatch {
+            op: OP,
+            lhs: cursor.shape().into(),
+            rhs: [1usize][..].into(),
+        });
+    }
+    let row_len: usize = rest.iter().product();
+    let expected = n.saturating_mul(row_len);
+    if dst.numel() != expected {
+        return Err(ComputeError::LengthMismatch {
+            op: OP,
+            expected,
+            got: dst.numel(),
+        });
+    }
+    let tail_len = tail.map_or(0, Tensor::numel);
+    if n.saturating_add(tail_len) > width {
+        return Err(ComputeError::LengthMismatch {
+            op: OP,
+            expected: width,
+            got: n.saturating_add(tail_len),
+        });
+    }
+    for t in [Some(src), Some(steps), Some(dst), tail]
+        .into_iter()
+        .flatten()
+    {
+        if !t.is_contiguous() {
+            return Err(ComputeError::NotContiguous {
+                op: OP,
+                shape: t.shape().into(),
+                strides: t.layout().strides().into(),
+            });
+        }
+    }
+    let mut named = vec![
+        ("src", src),
+        ("steps", steps),
+        ("cursor", cursor),
+        ("dst", dst),
+    ];
+    if let Some(t) = tail {
+        named.push(("tail", t));
+    }
+    distinct(OP, &named)?;
+    Ok(CursorRows {
+        src: RowTable { rows, row_len },
+        n,
+        steps: RowTable {
+            rows: steps_rows,
+            row_len: width,
+        },
+        tail: tail_len,
+    })
+}

@@ -33,7 +33,7 @@ pub(crate) use accumulate::*;
 pub(crate) use attention::*;
 pub(crate) use flat::*;
 pub(crate) use fused::*;
-pub(crate) use indexed::{indexed_row, indexed_rows};
+pub(crate) use indexed::{indexed_row, indexed_rows, indexed_rows_at_cursor};
 pub(crate) use into::*;
 pub(crate) use linear::*;
 pub(crate) use norm_params::*;

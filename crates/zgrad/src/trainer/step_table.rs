@@ -1,10 +1,9 @@
 //! The queued batched step's inputs on the device data set (issue 21): a table with a row per
 //! step of a read-back window, `[indices.., lr, t]` (this rank's shard of the step's rows,
 //! padded to the table's stride, then the optimiser's learning rate and step number). The
-//! step's first launch copies its row, picked by the window's history cursor (which the step's
-//! tail advances), into the step's record `[indices.., lr, t, gate]`: the step gathers its
-//! samples by the record's indices and its update reads the record's `[lr, t, gate]` as the
-//! AdamW slot.
+//! step's gathers read its samples' indices in the row the window's history cursor picks
+//! (which the step's tail advances; `Backend::gather_rows_at_cursor`), the first also copying
+//! the row's `[lr, t]` into the step's AdamW slot `[lr, t, gate]`: no launch of its own.
 //!
 //! A step on its own uploads its row: the indices, then `[lr, t]` (two copies of at most a
 //! KiB at 256 rows a rank: the copy engine's short path). With a plan of the rows to come
@@ -29,7 +28,7 @@ pub fn step_table_bytes(every: usize, rows_a_rank: usize, elem_bytes: usize) -> 
     let width = rows_a_rank as u64 + 2;
     (every.max(1) as u64)
         .saturating_mul(width)
-        .saturating_add(width + 1)
+        .saturating_add(3)
         .saturating_mul(elem_bytes as u64)
 }
 
@@ -91,10 +90,10 @@ pub(super) struct StepRow<'a> {
     pub world: usize,
 }
 
-/// The table of a window's step inputs and the step's record (see the module's text).
+/// The table of a window's step inputs and the step's AdamW slot (see the module's text).
 pub(super) struct StepTable<B: Ops<T>, T: Element> {
     table: BTensor<B, T>,
-    record: BTensor<B, T>,
+    slot: BTensor<B, T>,
     stride: usize,
     /// What each row of the table holds from the plan in the current window (`None`: a row
     /// uploaded on its own, or not written in this window).
@@ -107,7 +106,7 @@ impl<B: Ops<T>, T: Element> StepTable<B, T> {
     pub(super) fn new(b: &B, rows: usize, stride: usize) -> Result<Self> {
         Ok(StepTable {
             table: persistent_zeros(b, &[rows.max(1), stride + 2])?,
-            record: persistent_zeros(b, &[stride + 3])?,
+            slot: persistent_zeros(b, &[3])?,
             stride,
             planned: vec![None; rows.max(1)],
             staging: Vec::new(),
@@ -124,14 +123,13 @@ impl<B: Ops<T>, T: Element> StepTable<B, T> {
         self.planned.len() >= every && self.stride >= local
     }
 
-    /// The table, the record's part a step's first launch copies its row into, the indices of
-    /// a step of `local` rows and the AdamW slot `[lr, t, gate]`.
-    pub(super) fn views(&self, local: usize) -> Result<StepViews<B, T>> {
+    /// The table, the AdamW slot `[lr, t, gate]` and its `[lr, t]` (what a step's first
+    /// gather copies the row's end into).
+    pub(super) fn views(&self) -> Result<StepViews<B, T>> {
         Ok(StepViews {
             table: self.table.clone(),
-            head: self.record.narrow(0, 0, self.stride + 2)?,
-            index: self.record.narrow(0, 0, local)?,
-            slot: self.record.narrow(0, self.stride, 3)?,
+            lr_t: self.slot.narrow(0, 0, 2)?,
+            slot: self.slot.clone(),
         })
     }
 
@@ -252,8 +250,7 @@ impl<B: Ops<T>, T: Element> StepTable<B, T> {
 /// A step's views of the table (see [`StepTable::views`]).
 pub(super) struct StepViews<B: Ops<T>, T: Element> {
     pub table: BTensor<B, T>,
-    pub head: BTensor<B, T>,
-    pub index: BTensor<B, T>,
+    pub lr_t: BTensor<B, T>,
     pub slot: BTensor<B, T>,
 }
 
@@ -267,7 +264,7 @@ mod tests {
     fn the_table_holds_what_its_bytes_count() {
         for (every, stride) in [(1, 0), (1, 256), (32, 128), (7, 3)] {
             let t = StepTable::<CpuBackend, f32>::new(&CpuBackend, every, stride).expect("table");
-            let elems = t.table.numel() + t.record.numel();
+            let elems = t.table.numel() + t.slot.numel();
             assert_eq!(
                 step_table_bytes(every, stride, 4),
                 elems as u64 * 4,

@@ -72,3 +72,37 @@ pub(super) fn gather_rows(
     }
     mem.write_f32(dst, &values)
 }
+
+pub(super) fn gather_rows_at(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::GatherRowsAt, args)?;
+    let (dst, src, steps, cursor, tail) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?, k.ptr(4)?);
+    let (rows, len, n) = (usize_of(k.u64(5)?, 5)?, k.u64(6)?, k.u64(7)?);
+    let (steps_rows, width, tail_len) = (k.u64(8)?, k.u64(9)?, k.u64(10)?);
+    // The picked row is read whole before anything is written (the operands are distinct).
+    let picked = match row(mem, cursor, steps_rows)? {
+        Some(s) => Some(mem.read_f32(steps.offset(s * width * 4), width)?),
+        None => None,
+    };
+    let mut values = Vec::with_capacity(usize_of(n.saturating_mul(len), 6)?);
+    for i in 0..usize_of(n, 7)? {
+        let r = picked.as_ref().and_then(|p| row_of(f64::from(p[i]), rows));
+        match r {
+            Some(r) => values.extend(mem.read_f32(src.offset(r as u64 * len * 4), len)?),
+            None => values.extend(std::iter::repeat_n(f32::NAN, usize_of(len, 6)?)),
+        }
+    }
+    mem.write_f32(dst, &values)?;
+    if tail != zdevice::DevicePtr::NULL {
+        let t = usize_of(tail_len, 10)?;
+        let end = match &picked {
+            Some(p) => p[p.len() - t..].to_vec(),
+            None => vec![f32::NAN; t],
+        };
+        mem.write_f32(tail, &end)?;
+    }
+    Ok(())
+}

@@ -285,7 +285,158 @@ pub fn gather_rows_refuses_bad_operands<D: Driver>(b: &CudaBackend<D>) {
     assert!(ours[2].contains("not contiguous"), "{}", ours[2]);
 }
 
+/// A step table of four rows of `[i0, i1, i2, lr, t]`: row 3's second index names no row.
+const STEPS: [f32; 20] = [
+    4.0, 0.0, 2.0, 0.5, 1.0, //
+    1.0, 1.0, 3.0, 0.25, 2.0, //
+    0.0, 4.0, 4.0, 0.125, 3.0, //
+    2.0, 9.0, 1.0, 0.0625, 4.0,
+];
+
+/// `gather_rows_at_cursor` on `be`: rows of a `[5, 3, 2]` table named by the first three
+/// indices of the step table's row at the cursor, and that row's `[lr, t]`, eagerly at each
+/// cursor of `cursors` and by a captured graph replayed at each again (the cursor rewritten
+/// between replays): (eager rows and tails, replayed rows and tails).
+fn at_cursor<B: Capture<f32> + Clone + 'static>(be: &B, cursors: &[f32]) -> (Vec<f32>, Vec<f32>)
+where
+    BTensor<B, f32>: 'static,
+{
+    let values: Vec<f32> = uniform(30, 7, -1.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let table = be.upload(&values, &[5, 3, 2]).expect("table");
+    let steps = be.upload(&STEPS, &[4, 5]).expect("steps");
+    let cursor = be.upload(&[0.0], &[1]).expect("cursor");
+    let rows = be.full(&[3, 3, 2], -9.0).expect("rows");
+    let tail = be.full(&[2], -9.0).expect("tail");
+    let mut eager = Vec::new();
+    for &c in cursors {
+        be.upload_into(&[c], &cursor).expect("cursor");
+        be.gather_rows_at_cursor(&table, &steps, &cursor, &rows, Some(&tail))
+            .expect("gather_rows_at_cursor");
+        eager.extend(be.download(&rows).expect("rows"));
+        eager.extend(be.download(&tail).expect("tail"));
+    }
+    let body = {
+        let (be, table, steps, cursor) = (be.clone(), table.clone(), steps.clone(), cursor.clone());
+        let (rows, tail) = (rows.clone(), tail.clone());
+        Box::new(move || be.gather_rows_at_cursor(&table, &steps, &cursor, &rows, Some(&tail)))
+    };
+    let mut graph = be.capture(body).expect("capture");
+    let mut replayed = Vec::new();
+    for &c in cursors {
+        be.upload_into(&[c], &cursor).expect("cursor");
+        be.replay(&mut graph).expect("replay");
+        replayed.extend(be.download(&rows).expect("rows"));
+        replayed.extend(be.download(&tail).expect("tail"));
+    }
+    (eager, replayed)
+}
+
+/// `gather_rows_at_cursor` (one launch on the device) gives the CPU's bits at every cursor,
+/// valid or not (NaN rows and tail), an index naming no row included; a captured graph reads
+/// the cursor when it runs, so the same graph walks the step table.
+pub fn gather_rows_at_cursor_matches_the_cpu<D: Driver>(b: &CudaBackend<D>) {
+    let cursors = [0.0f32, 2.0, 1.0, 3.0, 4.0, -1.0, 0.5];
+    let (eager, replayed) = at_cursor(b, &cursors);
+    let (eager_cpu, replayed_cpu) = at_cursor(&CPU, &cursors);
+    assert_eq!(nan_as_one(&eager), nan_as_one(&eager_cpu));
+    assert_eq!(nan_as_one(&replayed), nan_as_one(&replayed_cpu));
+    assert_eq!(nan_as_one(&eager), nan_as_one(&replayed));
+    let values: Vec<f32> = uniform(30, 7, -1.0, 1.0)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    // Cursor 2: rows 0, 4, 4 and [0.125, 3].
+    let at2 = &eager[20..40];
+    let want: Vec<f32> = [0usize, 4, 4]
+        .iter()
+        .flat_map(|&r| values[r * 6..(r + 1) * 6].to_vec())
+        .chain([0.125, 3.0])
+        .collect();
+    assert_eq!(bits(at2), bits(&want));
+    // Cursor 3: its second index names no row; cursors 4, -1 and 0.5 name no row of steps.
+    assert!(eager[66..72].iter().all(|v| v.is_nan()), "index 9: NaN");
+    assert!(eager[80..].iter().all(|v| v.is_nan()), "no step row: NaN");
+}
+
+/// Bad operands of `gather_rows_at_cursor` get the CPU's typed errors.
+pub fn gather_rows_at_cursor_refuses_bad_operands<D: Driver>(b: &CudaBackend<D>) {
+    fn errors<B: Backend<f32>>(be: &B) -> Vec<String> {
+        let table = be.zeros(&[4, 3]).expect("table");
+        let steps = be.zeros(&[2, 5]).expect("steps");
+        let cursor = be.zeros(&[1]).expect("cursor");
+        let rows = be.zeros(&[2, 3]).expect("rows");
+        let tail = be.zeros(&[2]).expect("tail");
+        let flat = be.zeros(&[10]).expect("flat");
+        [
+            be.gather_rows_at_cursor(&table, &flat, &cursor, &rows, None),
+            be.gather_rows_at_cursor(&table, &steps, &rows, &rows, None),
+            be.gather_rows_at_cursor(
+                &table,
+                &steps,
+                &cursor,
+                &be.zeros(&[2, 2]).expect("d"),
+                None,
+            ),
+            be.gather_rows_at_cursor(
+                &table,
+                &steps,
+                &cursor,
+                &be.zeros(&[4, 3]).expect("d"),
+                Some(&tail),
+            ),
+            be.gather_rows_at_cursor(
+                &table,
+                &steps,
+                &cursor,
+                &rows,
+                Some(&rows.narrow(0, 0, 1).expect("one row")),
+            ),
+            be.gather_rows_at_cursor(
+                &table,
+                &steps,
+                &steps
+                    .narrow(0, 0, 1)
+                    .expect("c")
+                    .narrow(1, 0, 1)
+                    .expect("c"),
+                &rows,
+                None,
+            ),
+        ]
+        .into_iter()
+        .map(|r| r.expect_err("refused").to_string())
+        .collect()
+    }
+    let ours = errors(b);
+    assert_eq!(ours, errors(&CPU));
+    assert!(
+        ours[2].contains("expected 6 elements, got 4"),
+        "{}",
+        ours[2]
+    );
+    assert!(
+        ours[3].contains("expected 5 elements, got 6"),
+        "{}",
+        ours[3]
+    );
+    assert!(ours[4].contains("share storage"), "{}", ours[4]);
+    assert!(ours[5].contains("share storage"), "{}", ours[5]);
+}
+
 mod mock {
+    #[test]
+    fn gather_rows_at_cursor_matches_the_cpu() {
+        super::gather_rows_at_cursor_matches_the_cpu(&super::super::mock());
+    }
+
+    #[test]
+    fn gather_rows_at_cursor_refuses_bad_operands() {
+        super::gather_rows_at_cursor_refuses_bad_operands(&super::super::mock());
+    }
+
     #[test]
     fn gather_rows_matches_the_cpu() {
         super::gather_rows_matches_the_cpu(&super::super::mock());
@@ -314,6 +465,16 @@ mod mock {
 
 #[cfg(feature = "gpu")]
 mod gpu {
+    #[test]
+    fn gather_rows_at_cursor_matches_the_cpu() {
+        super::gather_rows_at_cursor_matches_the_cpu(&super::super::gpu());
+    }
+
+    #[test]
+    fn gather_rows_at_cursor_refuses_bad_operands() {
+        super::gather_rows_at_cursor_refuses_bad_operands(&super::super::gpu());
+    }
+
     #[test]
     fn gather_rows_matches_the_cpu() {
         super::gather_rows_matches_the_cpu(&super::super::gpu());

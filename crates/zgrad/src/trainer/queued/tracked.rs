@@ -14,14 +14,13 @@ use std::cell::Cell;
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
-/// What a queued step gathers: the resident features and labels, the window's step table,
-/// the record its row is copied into and the record's indices of the step's rows.
+/// What a queued step gathers: the resident features and labels by the indices in the
+/// window's step table, and its `[lr, t]` there into the AdamW slot.
 pub(super) struct Gather<B: Ops<T>, T: Element> {
     xs: BTensor<B, T>,
     ys: BTensor<B, T>,
     table: BTensor<B, T>,
-    head: BTensor<B, T>,
-    index: BTensor<B, T>,
+    lr_t: BTensor<B, T>,
 }
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
@@ -42,9 +41,9 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         if let Some(data) = data {
             // The step's row of the table (indices, lr, t), picked by the history cursor the
             // tail advances: the host uploads nothing for a planned step.
-            b.gather_row(&data.table, &track.cursor, &data.head)?;
-            b.gather_rows(&data.xs, &data.index, x.value())?;
-            b.gather_rows(&data.ys, &data.index, y.value())?;
+            let (table, cursor) = (&data.table, &track.cursor);
+            b.gather_rows_at_cursor(&data.xs, table, cursor, x.value(), Some(&data.lr_t))?;
+            b.gather_rows_at_cursor(&data.ys, table, cursor, y.value(), None)?;
             x.bump_version();
             y.bump_version();
         }
@@ -65,39 +64,30 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    /// The gather of rows `local` of the device data set, for rows from it.
-    fn gather_of(
-        &self,
-        from: Rows<'_, B, T>,
-        local: std::ops::Range<usize>,
-    ) -> Result<Option<Gather<B, T>>> {
+    /// What a step on rows of the device data set gathers from (none for other rows).
+    fn gather_of(&self, from: Rows<'_, B, T>) -> Result<Option<Gather<B, T>>> {
         if let Rows::Pinned(_) = from {
             return Ok(None);
         }
         let data = self.data.as_ref().ok_or_else(no_data)?;
-        let views = data
-            .steps
-            .as_ref()
-            .ok_or_else(no_data)?
-            .views(local.len())?;
+        let views = data.steps.as_ref().ok_or_else(no_data)?.views()?;
         Ok(Some(Gather {
             xs: data.x.clone(),
             ys: data.y.clone(),
             table: views.table,
-            head: views.head,
-            index: views.index,
+            lr_t: views.lr_t,
         }))
     }
 
     /// The optimiser's tensors for a step on rows `from`: rows of the device data set read
-    /// `[lr, t, gate]` from the step's record (`step_table.rs`).
-    fn adamw_for(&self, from: Rows<'_, B, T>, local: usize) -> Result<AdamWTensors<B, T>> {
+    /// `[lr, t, gate]` from the step table's slot (`step_table.rs`).
+    fn adamw_for(&self, from: Rows<'_, B, T>) -> Result<AdamWTensors<B, T>> {
         let adamw = self.optim.tensors();
         match from {
             Rows::Pinned(_) => Ok(adamw),
             Rows::Device => {
                 let data = self.data.as_ref().ok_or_else(no_data)?;
-                let views = data.steps.as_ref().ok_or_else(no_data)?.views(local)?;
+                let views = data.steps.as_ref().ok_or_else(no_data)?.views()?;
                 Ok(adamw.with_slot(views.slot))
             }
         }
@@ -161,7 +151,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         shape: &[usize],
     ) -> Result<()> {
         let b = &*self.backend;
-        let gather = self.gather_of(from, local.clone())?;
+        let gather = self.gather_of(from)?;
         let (x, y) = {
             let _class = ClassGuard::new(b, AllocClass::Saved);
             (
@@ -173,7 +163,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             src.upload(b, local.clone(), x.value(), y.value())?;
         }
         let started = Cell::new(false);
-        let adamw = self.adamw_for(from, local.len())?;
+        let adamw = self.adamw_for(from)?;
         self.parts
             .tracked(b, gather.as_ref(), &x, &y, &adamw, track, &started)
             .inspect_err(|_| {
@@ -193,7 +183,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         step: u64,
     ) -> Result<bool> {
         let b = Rc::clone(&self.backend);
-        let gather = self.gather_of(from, local.clone())?;
+        let gather = self.gather_of(from)?;
         let (xv, yv) = (
             Var::constant(persistent_zeros(&*b, shape)?),
             Var::constant(persistent_zeros(&*b, &shape[..1])?),
@@ -207,7 +197,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             &self.parts,
             gather,
             (xv.clone(), yv.clone()),
-            self.adamw_for(from, local.len())?,
+            self.adamw_for(from)?,
             track.clone(),
             (errors.clone(), runs.clone(), Rc::clone(&started)),
         );
