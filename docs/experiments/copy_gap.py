@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What lies between two replays of a training loop's graph: reads the CSV files of
 kernel_trace.c (one a process) and, for the most replayed graph of each, prints the median gap
-from one replay's last node to the next one's first, the host-to-device copies queued between
+from one replay's last node to the next one's first (and, within an epoch, their mean and
+spread, and the replays' span), the host-to-device copies queued between
 them (count, and each size's median duration), and how long after the replay the first copy
 starts and before the next replay the last one ends.
 
@@ -54,6 +55,14 @@ def main(folder):
         name = path.split("/")[-1]
         print(f"{name}: graph {graph}, {len(spans)} replays")
         print(f"  gap between replays, median {statistics.median(gaps):.2f} us; copies between: {counts.most_common(3)}")
+        # Within an epoch (a gap above 1 ms is an epoch's end: evaluation, the epoch line).
+        near = [g for g in gaps if g < 1000]
+        widths = [(e - s) / 1e3 for s, e in spans[20:]]
+        print(
+            f"  gaps under 1 ms: mean {statistics.mean(near):.2f} us, 90th percentile "
+            f"{sorted(near)[int(len(near) * 0.9)]:.2f}, largest {max(near):.2f}; "
+            f"replay span median {statistics.median(widths):.2f} us"
+        )
         if before:
             print(
                 f"  replay end to first copy {statistics.median(before):.2f} us; "
