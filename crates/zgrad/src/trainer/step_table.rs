@@ -195,6 +195,11 @@ impl<B: Ops<T>, T: Element> StepTable<B, T> {
         for j in 0..m {
             let chunk = p.chunk(p.next + j);
             let mine = &chunk[shard(s.rank, s.world, chunk.len())];
+            if mine.len() > self.stride {
+                // Not after the step's own chunk (a plan's chunks shrink at most), but a row
+                // that does not fit is left to its step, which uploads its own.
+                break;
+            }
             let step = s.step + j as u64;
             let lr = lr_at(step);
             self.staging
@@ -211,6 +216,7 @@ impl<B: Ops<T>, T: Element> StepTable<B, T> {
                 lr_bits: lr.to_bits(),
             });
         }
+        let m = rows.len();
         if m == 0 {
             return Ok(());
         }
