@@ -15,8 +15,9 @@ use crate::run::Context;
 use crate::soak::{Sample, Soak};
 use crate::step::{Tally, TrainBackend};
 
-/// Samples trained and the time the trainer took for them: its own samples per second, without
-/// data loading, evaluation or checkpoints.
+/// Samples trained and the time the trainer took for them (its step calls and the waits for
+/// the steps they queued): its own samples per second, without data loading, evaluation or
+/// checkpoints.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct Throughput {
     pub(crate) samples: u64,

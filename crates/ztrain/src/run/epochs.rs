@@ -77,10 +77,14 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
 
     /// Reads back every step not read back yet into `tally`.
     fn flush(&mut self, tally: &mut Tally) -> Result<()> {
+        let t0 = Instant::now();
         let reports = self
             .feed
             .flush(&mut self.learner)
             .map_err(|e| rank_error(self.ctx, e))?;
+        // The wait for the steps queued and not read back is training time: the host queues
+        // up to a window ahead of the device, so the step calls alone would miss it.
+        self.training.add(0, t0.elapsed());
         absorb(tally, &reports);
         if let Some(t) = self.timeline.as_mut() {
             // The read-back waited for every step queued, their events included.

@@ -110,6 +110,42 @@ fn a_tiny_run_on_the_cpu_prints_epochs_and_a_summary() {
     assert!(stdout.contains("\narena: "), "{stdout}");
 }
 
+/// The summary's rate is the trainer's own, the waits for its queued steps included: with the
+/// training set on the (simulated) device the host queues a window of steps and then waits
+/// for them at the epoch's end, so a rate of the queueing alone would be far above the epoch
+/// lines' (it printed 2,825,032 samples/s beside epochs of 11,600).
+#[test]
+fn the_summary_rate_counts_the_wait_for_queued_steps() {
+    let o = tiny(&["--device", "sim", "--data-on", "device", "--capture"]);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let rate_in = |line: &str, before: &str| -> Option<f64> {
+        let head = line.split(before).next()?;
+        head.rsplit([' ', ','])
+            .find(|w| !w.is_empty())?
+            .parse()
+            .ok()
+    };
+    let epochs: Vec<f64> = stdout
+        .lines()
+        .filter(|l| l.starts_with("epoch "))
+        .filter_map(|l| rate_in(l, " samples/s,"))
+        .collect();
+    assert_eq!(epochs.len(), 2, "{stdout}");
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("summary:"))
+        .expect("summary");
+    let rate = rate_in(summary, " samples/s;").expect("the summary's rate");
+    let fastest = epochs.iter().copied().fold(0.0, f64::max);
+    // The same work timed two ways (the epoch lines with the loop's own bookkeeping): within
+    // a factor of 2 whatever the machine's speed.
+    assert!(
+        rate < 2.0 * fastest,
+        "{rate} samples/s against epochs at {epochs:?}: {summary}"
+    );
+}
+
 #[test]
 fn cuda_without_a_gpu_is_a_clear_error() {
     // No visible device: on this machine the driver library is missing as well; on a GPU
