@@ -238,7 +238,11 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {
             s.samples.push(sample_memory(self.b, self.progress.step));
         }
+        let t0 = Instant::now();
         let signal = self.signal()?;
+        // In a job of several the ranks agree once a window through a collective queued behind
+        // the window's steps, so this waits for them: training time, as the flush's wait.
+        self.training.add(0, t0.elapsed());
         let stop = options.stop_after.is_some_and(|s| self.progress.step >= s);
         let every = options
             .checkpoint_every

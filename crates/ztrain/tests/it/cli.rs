@@ -113,10 +113,15 @@ fn a_tiny_run_on_the_cpu_prints_epochs_and_a_summary() {
 /// The summary's rate is the trainer's own, the waits for its queued steps included: with the
 /// training set on the (simulated) device the host queues a window of steps and then waits
 /// for them at the epoch's end, so a rate of the queueing alone would be far above the epoch
-/// lines' (it printed 2,825,032 samples/s beside epochs of 11,600).
-#[test]
-fn the_summary_rate_counts_the_wait_for_queued_steps() {
-    let o = tiny(&["--device", "sim", "--data-on", "device", "--capture"]);
+/// lines' (it printed 2,825,032 samples/s beside epochs of 11,600). On two ranks the wait is
+/// where they agree on signals, once a read-back window (it printed 52,944 beside 5,700).
+#[rstest::rstest]
+#[case::one_process(&[])]
+#[case::two_ranks_window_of_two(&["--gpus", "2", "--readback-every", "2"])]
+fn the_summary_rate_counts_the_wait_for_queued_steps(#[case] extra: &[&str]) {
+    let mut args = vec!["--device", "sim", "--data-on", "device", "--capture"];
+    args.extend_from_slice(extra);
+    let o = tiny(&args);
     let (stdout, stderr) = text(&o);
     assert!(o.status.success(), "{stdout}\n{stderr}");
     let rate_in = |line: &str, before: &str| -> Option<f64> {
