@@ -193,8 +193,9 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
     let limit = checkpoint_limit(crate::config::parameters(&config.model)?, n_train);
     let mut learner = new_learner(&b, ctx, n_train, limit)?;
     let progress = start(&mut learner, ctx, &config_json, n_train, limit, out)?;
-    // The ranks agree on a stop signal where the steps are read back (one tiny all-reduce).
-    let agree = comm.clone();
+    // The ranks agree on a stop signal where the steps are read back (one tiny all-reduce,
+    // read at the next such point).
+    let agree = signals::Agreement::new(comm.clone());
     if let Some(c) = comm {
         // Every rank starts from rank 0's parameters (restored from the checkpoint alike).
         learner = learner

@@ -4,13 +4,14 @@
 //! handlers only store to atomics, so ztrain itself has no `unsafe`.
 //!
 //! In a data-parallel job the ranks stop together: a signal reaches them at slightly different
-//! moments (or one rank alone), so they all-reduce who received what ([`agreed`]) and all stop
+//! moments (or one rank alone), so they all-reduce who received what ([`Agreement`]) and all stop
 //! after that same step; rank 0 writes the checkpoint, every rank exits 128 + the signal. With
 //! the training set on the device the run asks only where every step has been read back (every
 //! `--readback-every` steps, and at checkpoints, `--stop-after` and epoch ends: the same steps
-//! on every rank, since they follow from the options alone), so the agreement costs no round
-//! trip of its own, and the stop is still after one step every rank names. A wait for the
-//! other ranks (the rendezvous) ends at once.
+//! on every rank, since they follow from the options alone), and reads each exchange at the
+//! next such point ([`Agreement`]), so it never waits for the steps just queued; the stop is
+//! still after one step every rank names. A wait for the other ranks (the rendezvous) ends
+//! at once.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -77,52 +78,91 @@ pub fn name(signal: i32) -> String {
     }
 }
 
-/// The stop every rank of the job agrees on after step `step`: the signal of the lowest rank
-/// that received one, if any did (each rank's own, in a job of one). Rank 0 says which ranks
-/// the signal reached when not all did (SIGINT to one rank names that rank).
-pub fn agreed<B: zcompute::Backend<f32>>(
-    stop: &StopSignal,
-    comm: Option<&Rc<dyn zcomm::Collective<B, f32>>>,
-    b: &B,
-    step: u64,
-) -> crate::Result<Option<i32>> {
-    let mine = stop.received();
-    let Some(comm) = comm.filter(|c| c.info().world > 1) else {
-        return Ok(mine);
-    };
-    let info = comm.info();
-    let mut slots = vec![0f32; info.world];
-    // Signal numbers are small (< 65): exact in an f32, and a sum of one.
-    slots[info.rank] = mine.unwrap_or(0) as f32;
-    let exchange = || -> Result<Vec<f32>, zgrad::GradError> {
-        let t = b.upload(&slots, &[info.world])?;
-        comm.all_reduce_sum(b, &t, step)?;
-        comm.synchronize(b)?;
-        Ok(b.download(&t)?)
-    };
-    // The agreement is the end of step `step`, whose update was applied: a peer lost here is
-    // reported as that step's failure, as one lost inside the step is.
-    let all = exchange().map_err(|e| e.at_step(step, zgrad::Applied::Yes))?;
-    let got: Vec<(usize, i32)> = all
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| **s >= 0.5)
-        .map(|(r, s)| (r, s.round() as i32))
-        .collect();
-    let Some(&(_, sig)) = got.first() else {
-        return Ok(None);
-    };
-    if info.rank == 0 && got.len() < info.world {
-        let ranks: Vec<String> = got.iter().map(|(r, _)| r.to_string()).collect();
-        tracing::warn!(
-            target: "ztrain.signals",
-            step,
-            "{} reached rank {} only (not the launcher): every rank stops after step {step}",
-            name(sig),
-            ranks.join(", ")
-        );
+/// The ranks' agreement on a stop, asked where every step has been read back: the signal of
+/// the lowest rank that received one, if any did (each rank's own, at once, in a job of one).
+/// Each ask reads the exchange the ask before queued, whose collective ran behind a window of
+/// steps long done, and queues its own: the host never waits there for the steps it has just
+/// queued. (Waiting for the current exchange drained the stream once a window, which cost two
+/// H100s 1.9% of their rate at a global batch of 256.) So a signal is acted on at the ask after
+/// the one where it was seen, after a step every rank names. Rank 0 says which ranks the
+/// signal reached when not all did (SIGINT to one rank names that rank).
+pub struct Agreement<B: zcompute::Backend<f32>> {
+    comm: Option<Rc<dyn zcomm::Collective<B, f32>>>,
+    /// The exchange queued at the last ask, read at the next.
+    pending: Option<zcompute::Readback<f32>>,
+}
+
+impl<B: zcompute::Backend<f32>> std::fmt::Debug for Agreement<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agreement")
+            .field("ranks", &self.comm.as_ref().map(|c| c.info().world))
+            .field("pending", &self.pending)
+            .finish()
     }
-    Ok(Some(sig))
+}
+
+impl<B: zcompute::Backend<f32>> Agreement<B> {
+    /// The agreement of the ranks of `comm` (none, or a job of one: each process's own).
+    #[must_use]
+    pub fn new(comm: Option<Rc<dyn zcomm::Collective<B, f32>>>) -> Self {
+        Agreement {
+            comm,
+            pending: None,
+        }
+    }
+
+    /// The stop the ranks agreed on, asked after step `step` (see [`Agreement`]). A peer lost
+    /// in the exchange fails step `step`, whose update was applied, as one lost inside the
+    /// step does.
+    pub fn after_step(
+        &mut self,
+        stop: &StopSignal,
+        b: &B,
+        step: u64,
+    ) -> crate::Result<Option<i32>> {
+        let mine = stop.received();
+        let Some(comm) = self.comm.as_ref().filter(|c| c.info().world > 1) else {
+            return Ok(mine);
+        };
+        let info = comm.info();
+        let mut slots = vec![0f32; info.world];
+        // Signal numbers are small (< 65): exact in an f32, and a sum of one.
+        slots[info.rank] = mine.unwrap_or(0) as f32;
+        let earlier = self.pending.take();
+        let exchange = || -> Result<zcompute::Readback<f32>, zgrad::GradError> {
+            let t = b.upload(&slots, &[info.world])?;
+            comm.all_reduce_sum(b, &t, step)?;
+            Ok(b.queue_download(&t)?)
+        };
+        let applied = |e: zgrad::GradError| e.at_step(step, zgrad::Applied::Yes);
+        self.pending = Some(exchange().map_err(applied)?);
+        let Some(read) = earlier else {
+            return Ok(None);
+        };
+        let all = read
+            .wait()
+            .map_err(|e| applied(zgrad::GradError::from(e)))?;
+        let got: Vec<(usize, i32)> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s >= 0.5)
+            .map(|(r, s)| (r, s.round() as i32))
+            .collect();
+        let Some(&(_, sig)) = got.first() else {
+            return Ok(None);
+        };
+        if info.rank == 0 && got.len() < info.world {
+            let ranks: Vec<String> = got.iter().map(|(r, _)| r.to_string()).collect();
+            tracing::warn!(
+                target: "ztrain.signals",
+                step,
+                "{} reached rank {} only (not the launcher): every rank stops after step {step}",
+                name(sig),
+                ranks.join(", ")
+            );
+        }
+        Ok(Some(sig))
+    }
 }
 
 #[cfg(test)]
@@ -168,12 +208,87 @@ mod tests {
         }
     }
 
+    /// Rank 0 of two whose peer (rank 1) received `peer`: the all-reduce adds its slot.
+    /// Counts the waits for the whole stream (the agreement must not make any).
+    #[derive(Default)]
+    struct Peer {
+        peer: std::cell::Cell<f32>,
+        synchronized: std::cell::Cell<u32>,
+    }
+
+    impl zcomm::Collective<CpuBackend, f32> for Peer {
+        fn info(&self) -> zcomm::RankInfo {
+            zcomm::RankInfo {
+                rank: 0,
+                world: 2,
+                local_rank: 0,
+            }
+        }
+        fn all_reduce_sum(
+            &self,
+            b: &CpuBackend,
+            x: &BTensor<CpuBackend, f32>,
+            _: u64,
+        ) -> zcomm::Result<()> {
+            let mut v = zcompute::Backend::download(b, x).expect("download");
+            v[1] += self.peer.get();
+            zcompute::Backend::upload_into(b, &v, x).expect("upload");
+            Ok(())
+        }
+        fn broadcast(
+            &self,
+            _: &CpuBackend,
+            _: &BTensor<CpuBackend, f32>,
+            _: usize,
+            _: u64,
+        ) -> zcomm::Result<()> {
+            Ok(())
+        }
+        fn synchronize(&self, _: &CpuBackend) -> zcomm::Result<()> {
+            self.synchronized.set(self.synchronized.get() + 1);
+            Ok(())
+        }
+    }
+
+    /// A signal the peer received before the ask after step 4 is acted on at the next ask
+    /// (after step 8, on every rank alike), and no ask waits for the whole stream: each reads
+    /// the exchange queued by the ask before.
+    #[test]
+    fn the_ranks_agree_one_ask_later_without_draining_the_stream() {
+        let peer = Rc::new(Peer::default());
+        let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
+        let mut agreement = Agreement::new(Some(comm));
+        let stop = StopSignal::never();
+        assert_eq!(agreement.after_step(&stop, &CpuBackend, 2).unwrap(), None);
+        peer.peer.set(SIGTERM as f32);
+        assert_eq!(agreement.after_step(&stop, &CpuBackend, 4).unwrap(), None);
+        assert_eq!(
+            agreement.after_step(&stop, &CpuBackend, 8).unwrap(),
+            Some(SIGTERM)
+        );
+        assert_eq!(peer.synchronized.get(), 0, "a wait for the whole stream");
+        // This rank's own signal goes the same way.
+        peer.peer.set(0.0);
+        stop.raise(SIGINT);
+        assert_eq!(
+            agreement.after_step(&stop, &CpuBackend, 12).unwrap(),
+            Some(SIGTERM),
+            "the exchange of step 8"
+        );
+        assert_eq!(
+            agreement.after_step(&stop, &CpuBackend, 16).unwrap(),
+            Some(SIGINT)
+        );
+    }
+
     /// A peer lost in the agreement after step 12 fails step 12, whose update was applied,
     /// exactly as one lost inside the step does (the launcher and the user read "step N").
     #[test]
     fn a_peer_lost_in_the_stop_agreement_fails_that_step_with_its_update_applied() {
         let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = Rc::new(LostPeer);
-        let e = agreed(&StopSignal::never(), Some(&comm), &CpuBackend, 12).unwrap_err();
+        let e = Agreement::new(Some(comm))
+            .after_step(&StopSignal::never(), &CpuBackend, 12)
+            .unwrap_err();
         let crate::error::TrainError::Grad(g) = &e else {
             panic!("not a step failure: {e:?}");
         };

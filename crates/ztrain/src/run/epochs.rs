@@ -1,10 +1,7 @@
 //! The epochs of a run: their steps, read-backs, checkpoints, stops and lines.
 
 use super::Context;
-use std::rc::Rc;
 use std::time::Instant;
-
-use zcomm::Collective;
 
 use zcompute::units::Bytes;
 use zgrad::{StepReport, Trainer};
@@ -48,7 +45,7 @@ pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
     pub(super) feed: Feed<B>,
     pub(super) train_set: &'a Dataset,
     pub(super) val_set: &'a Dataset,
-    pub(super) agree: Option<Rc<dyn Collective<B, f32>>>,
+    pub(super) agree: crate::signals::Agreement<B>,
     pub(super) ctx: &'a Context<'c>,
     pub(super) config_json: &'a serde_json::Value,
     pub(super) soak: Option<Soak>,
@@ -97,16 +94,12 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
     /// The stop signal after step `step`: this process's own in a job of one (a flag, read
     /// every step); in a job of several, the one the ranks agree on where a read-back
     /// window completes (the same steps on every rank, so they all stop after the same one).
-    fn signal(&self) -> Result<Option<i32>> {
+    fn signal(&mut self) -> Result<Option<i32>> {
         if self.ctx.world > 1 && !self.feed.settled(&self.learner) {
             return Ok(None);
         }
-        crate::signals::agreed(
-            self.ctx.stop,
-            self.agree.as_ref(),
-            self.b,
-            self.progress.step,
-        )
+        self.agree
+            .after_step(self.ctx.stop, self.b, self.progress.step)
     }
 
     /// Every epoch left, or until a stop.
