@@ -94,12 +94,14 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
     /// The stop signal after step `step`: this process's own in a job of one (a flag, read
     /// every step); in a job of several, the one the ranks agree on where a read-back
     /// window completes (the same steps on every rank, so they all stop after the same one).
-    fn signal(&mut self) -> Result<Option<i32>> {
+    /// `drained`: nothing of the run is queued (an epoch's end), so the agreement is read at
+    /// once.
+    fn signal(&mut self, drained: bool) -> Result<Option<i32>> {
         if self.ctx.world > 1 && !self.feed.settled(&self.learner) {
             return Ok(None);
         }
         self.agree
-            .after_step(self.ctx.stop, self.b, self.progress.step)
+            .after_step(self.ctx.stop, self.b, self.progress.step, drained)
     }
 
     /// Every epoch left, or until a stop.
@@ -162,7 +164,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         // The checkpoint first: a line that announces the epoch means its checkpoint is there.
         self.save()?;
         out.line(&line);
-        if let Some(sig) = self.signal()? {
+        if let Some(sig) = self.signal(true)? {
             return Ok(Some(Ended::Signal(sig)));
         }
         let stop = ctx
@@ -232,7 +234,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
             s.samples.push(sample_memory(self.b, self.progress.step));
         }
         let t0 = Instant::now();
-        let signal = self.signal()?;
+        let signal = self.signal(false)?;
         // In a job of several the ranks agree once a window through a collective queued behind
         // the window's steps, so this waits for them: training time, as the flush's wait.
         self.training.add(0, t0.elapsed());
