@@ -145,10 +145,11 @@ impl<B: zcompute::Backend<f32>> Agreement<B> {
             Some(r) => read(r)?,
             None => vec![0.0; info.world],
         };
-        if drained && all.iter().all(|s| *s < 0.5) {
-            if let Some(r) = self.pending.take() {
-                all = read(r)?;
-            }
+        if drained
+            && all.iter().all(|s| *s < 0.5)
+            && let Some(r) = self.pending.take()
+        {
+            all = read(r)?;
         }
         let got: Vec<(usize, i32)> = all
             .iter()
