@@ -21,7 +21,7 @@ use zcompute::{BTensor, Element, prelude::*};
 
 /// Device bytes of the step table of windows of `every` steps of `rows_a_rank` rows a rank in
 /// elements of `elem_bytes` bytes: a row of indices and `[lr, t]` a step of the window, and
-/// the step's record (made at the first queued batched step on the device data set, beside
+/// the step's AdamW slot (made at the first queued batched step on the device data set, beside
 /// what [`crate::device_data_bytes`] counts).
 #[must_use]
 pub fn step_table_bytes(every: usize, rows_a_rank: usize, elem_bytes: usize) -> u64 {
