@@ -179,49 +179,13 @@ mod tests {
     use super::*;
     use zcompute::{BTensor, CpuBackend};
 
-    /// A peer of a two-rank job that is gone: every collective fails as a stalled peer does.
-    struct LostPeer;
-
-    impl zcomm::Collective<CpuBackend, f32> for LostPeer {
-        fn info(&self) -> zcomm::RankInfo {
-            zcomm::RankInfo {
-                rank: 0,
-                world: 2,
-                local_rank: 0,
-            }
-        }
-        fn all_reduce_sum(
-            &self,
-            _: &CpuBackend,
-            _: &BTensor<CpuBackend, f32>,
-            step: u64,
-        ) -> zcomm::Result<()> {
-            Err(zcomm::CommError::PeerFailed {
-                rank: 0,
-                op: "all_reduce",
-                step,
-                detail: "rank 1 answered no one".into(),
-            })
-        }
-        fn broadcast(
-            &self,
-            _: &CpuBackend,
-            _: &BTensor<CpuBackend, f32>,
-            _: usize,
-            _: u64,
-        ) -> zcomm::Result<()> {
-            Ok(())
-        }
-        fn synchronize(&self, _: &CpuBackend) -> zcomm::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// Rank 0 of two whose peer (rank 1) received `peer`: the all-reduce adds its slot.
-    /// Counts the waits for the whole stream (the agreement must not make any).
+    /// Rank 0 of two whose peer (rank 1) received `peer`: the all-reduce adds its slot, or,
+    /// with `lost`, fails as a stalled peer does. Counts the waits for the whole stream (the
+    /// agreement must not make any).
     #[derive(Default)]
     struct Peer {
         peer: std::cell::Cell<f32>,
+        lost: bool,
         synchronized: std::cell::Cell<u32>,
     }
 
@@ -237,8 +201,16 @@ mod tests {
             &self,
             b: &CpuBackend,
             x: &BTensor<CpuBackend, f32>,
-            _: u64,
+            step: u64,
         ) -> zcomm::Result<()> {
+            if self.lost {
+                return Err(zcomm::CommError::PeerFailed {
+                    rank: 0,
+                    op: "all_reduce",
+                    step,
+                    detail: "rank 1 answered no one".into(),
+                });
+            }
             let mut v = zcompute::Backend::download(b, x).expect("download");
             v[1] += self.peer.get();
             zcompute::Backend::upload_into(b, &v, x).expect("upload");
@@ -331,7 +303,10 @@ mod tests {
     /// exactly as one lost inside the step does (the launcher and the user read "step N").
     #[test]
     fn a_peer_lost_in_the_stop_agreement_fails_that_step_with_its_update_applied() {
-        let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = Rc::new(LostPeer);
+        let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = Rc::new(Peer {
+            lost: true,
+            ..Peer::default()
+        });
         let e = Agreement::new(Some(comm))
             .after_step(&StopSignal::never(), &CpuBackend, 12, false)
             .unwrap_err();

@@ -96,8 +96,8 @@ impl<B: Ops<T>, T: Element> std::fmt::Debug for AdamWTensors<B, T> {
 
 impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
     /// The same moments reading `[lr, t, gate]` from `slot` (three elements) instead: a step
-    /// whose slot is written with its other inputs (the queued step's record on the device
-    /// data set).
+    /// whose slot is written with its other inputs (the step table's slot of a queued step on
+    /// the device data set).
     pub(crate) fn with_slot(&self, slot: BTensor<B, T>) -> Self {
         AdamWTensors {
             slot,

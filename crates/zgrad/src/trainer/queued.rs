@@ -224,6 +224,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     fn queue_inner(&mut self, rows: &[usize], every: usize, step: u64) -> Result<()> {
         self.optim.check_state()?;
         let b = Rc::clone(&self.backend);
+        let fits = self.table_fits(rows.len(), every);
         let Some(data) = self.data.as_mut() else {
             return Err(no_data());
         };
@@ -232,11 +233,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         match self.config.schedule {
             TrainSchedule::Batched => {
                 data.check_rows(rows)?;
-                if !data
-                    .steps
-                    .as_ref()
-                    .is_some_and(|t| t.fits(every, local.len()))
-                {
+                if !fits {
                     // The graph captured with the old table would read it.
                     self.graphs.tracked = None;
                     data.steps = None;

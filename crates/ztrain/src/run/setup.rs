@@ -59,6 +59,12 @@ pub(super) fn checkpoint_limit(params: u64, n_train: usize) -> u64 {
         .saturating_add(1 << 20)
 }
 
+/// Device bytes the training set takes there, its step table included (`resident_bytes`).
+fn train_set_bytes(train_set: &Dataset, ctx: &Context<'_>) -> u64 {
+    let (per, every) = (train_set.sample_width(), ctx.options.readback_every);
+    resident_bytes(train_set.len(), per, ctx.config.batch, ctx.world, every)
+}
+
 /// Where the training set lives (`--data-on`), loaded there, said in one line.
 pub(super) fn feed_of<B: TrainBackend>(
     learner: &mut Trainer<B>,
@@ -66,8 +72,7 @@ pub(super) fn feed_of<B: TrainBackend>(
     ctx: &Context<'_>,
     out: &mut Console<'_>,
 ) -> Result<Feed<B>> {
-    let (per, every) = (train_set.sample_width(), ctx.options.readback_every);
-    let bytes = resident_bytes(train_set.len(), per, ctx.config.batch, ctx.world, every);
+    let bytes = train_set_bytes(train_set, ctx);
     let rows = zgrad::max_device_rows::<f32>();
     let on_device =
         placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?;
@@ -106,13 +111,7 @@ pub(super) fn validation_of<B: TrainBackend>(
     }
     let per = val_set.sample_width();
     let taken = match feed {
-        Feed::Device { .. } => resident_bytes(
-            train_set.len(),
-            train_set.sample_width(),
-            ctx.config.batch,
-            ctx.world,
-            ctx.options.readback_every,
-        ),
+        Feed::Device { .. } => train_set_bytes(train_set, ctx),
         Feed::Host { .. } => 0,
     };
     let chunk = learner.config().eval_batch;
