@@ -72,6 +72,9 @@ const DRIVER_FUNCTIONS: &[&str] = &[
     "cuMemPoolGetAttribute",
     "cuMemPoolTrimTo",
     "cuMemAllocFromPoolAsync",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
     "cuMemcpyHtoD_v2",
     "cuMemcpyDtoH_v2",
     "cuMemcpyDtoD_v2",
@@ -109,6 +112,7 @@ const DRIVER_TYPES: &[&str] = &[
     "CUmemAllocationHandleType_enum",
     "CUmemPool_attribute_enum",
     "CUjit_option_enum",
+    "CUipcMem_flags_enum",
 ];
 
 const NVRTC_FUNCTIONS: &[&str] = &[

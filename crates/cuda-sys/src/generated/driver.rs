@@ -58,6 +58,24 @@ pub struct CUmemPoolHandle_st {
     _unused: [u8; 0],
 }
 pub type CUmemoryPool = *mut CUmemPoolHandle_st;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct CUipcMemHandle_st {
+    pub reserved: [::std::os::raw::c_char; 64usize],
+}
+impl Default for CUipcMemHandle_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub type CUipcMemHandle_v1 = CUipcMemHandle_st;
+pub type CUipcMemHandle = CUipcMemHandle_v1;
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: CUipcMem_flags_enum = 1;
+pub type CUipcMem_flags_enum = ::std::os::raw::c_uint;
 pub const CU_MEM_ATTACH_GLOBAL: CUmemAttach_flags_enum = 1;
 pub const CU_MEM_ATTACH_HOST: CUmemAttach_flags_enum = 2;
 pub const CU_MEM_ATTACH_SINGLE: CUmemAttach_flags_enum = 4;
@@ -521,6 +539,14 @@ pub struct Cuda {
         bytesize: usize,
         flags: ::std::os::raw::c_uint,
     ) -> CUresult,
+    pub cuIpcGetMemHandle:
+        unsafe extern "C" fn(pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult,
+    pub cuIpcOpenMemHandle_v2: unsafe extern "C" fn(
+        pdptr: *mut CUdeviceptr,
+        handle: CUipcMemHandle,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult,
+    pub cuIpcCloseMemHandle: unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult,
     pub cuMemcpyHtoD_v2: unsafe extern "C" fn(
         dstDevice: CUdeviceptr,
         srcHost: *const ::std::os::raw::c_void,
@@ -707,6 +733,11 @@ impl Cuda {
         let cuMemAllocHost_v2 = unsafe { __library.get(b"cuMemAllocHost_v2\0") }.map(|sym| *sym)?;
         let cuMemFreeHost = unsafe { __library.get(b"cuMemFreeHost\0") }.map(|sym| *sym)?;
         let cuMemAllocManaged = unsafe { __library.get(b"cuMemAllocManaged\0") }.map(|sym| *sym)?;
+        let cuIpcGetMemHandle = unsafe { __library.get(b"cuIpcGetMemHandle\0") }.map(|sym| *sym)?;
+        let cuIpcOpenMemHandle_v2 =
+            unsafe { __library.get(b"cuIpcOpenMemHandle_v2\0") }.map(|sym| *sym)?;
+        let cuIpcCloseMemHandle =
+            unsafe { __library.get(b"cuIpcCloseMemHandle\0") }.map(|sym| *sym)?;
         let cuMemcpyHtoD_v2 = unsafe { __library.get(b"cuMemcpyHtoD_v2\0") }.map(|sym| *sym)?;
         let cuMemcpyDtoH_v2 = unsafe { __library.get(b"cuMemcpyDtoH_v2\0") }.map(|sym| *sym)?;
         let cuMemcpyDtoD_v2 = unsafe { __library.get(b"cuMemcpyDtoD_v2\0") }.map(|sym| *sym)?;
@@ -789,6 +820,9 @@ impl Cuda {
             cuMemAllocHost_v2,
             cuMemFreeHost,
             cuMemAllocManaged,
+            cuIpcGetMemHandle,
+            cuIpcOpenMemHandle_v2,
+            cuIpcCloseMemHandle,
             cuMemcpyHtoD_v2,
             cuMemcpyDtoH_v2,
             cuMemcpyDtoD_v2,
@@ -955,6 +989,24 @@ impl Cuda {
         flags: ::std::os::raw::c_uint,
     ) -> CUresult {
         unsafe { (self.cuMemAllocManaged)(dptr, bytesize, flags) }
+    }
+    pub unsafe fn cuIpcGetMemHandle(
+        &self,
+        pHandle: *mut CUipcMemHandle,
+        dptr: CUdeviceptr,
+    ) -> CUresult {
+        unsafe { (self.cuIpcGetMemHandle)(pHandle, dptr) }
+    }
+    pub unsafe fn cuIpcOpenMemHandle_v2(
+        &self,
+        pdptr: *mut CUdeviceptr,
+        handle: CUipcMemHandle,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult {
+        unsafe { (self.cuIpcOpenMemHandle_v2)(pdptr, handle, Flags) }
+    }
+    pub unsafe fn cuIpcCloseMemHandle(&self, dptr: CUdeviceptr) -> CUresult {
+        unsafe { (self.cuIpcCloseMemHandle)(dptr) }
     }
     pub unsafe fn cuMemcpyHtoD_v2(
         &self,

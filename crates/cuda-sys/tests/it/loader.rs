@@ -84,6 +84,9 @@ fn every_kind_binds_the_calls_the_workspace_makes() {
         "cuMemAlloc_v2",
         "cuStreamBeginCapture_v2",
         "cuGraphInstantiateWithFlags",
+        "cuIpcGetMemHandle",
+        "cuIpcOpenMemHandle_v2",
+        "cuIpcCloseMemHandle",
     ] {
         assert!(driver.contains(&s), "{s} missing from the driver allowlist");
     }
@@ -98,4 +101,16 @@ fn every_kind_binds_the_calls_the_workspace_makes() {
             .contains(&"nvrtcCompileProgram")
     );
     assert!(LibraryKind::CublasLt.symbols().contains(&"cublasLtCreate"));
+}
+
+/// Legacy CUDA IPC: the handle is the header's 64 bytes, and the one open flag its value.
+#[test]
+fn ipc_types_match_the_header() {
+    use cuda_sys::driver::{CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, CUipcMemHandle};
+    assert_eq!(std::mem::size_of::<CUipcMemHandle>(), 64);
+    assert!(
+        CUipcMemHandle::default().reserved.iter().all(|&b| b == 0),
+        "a default handle is zeroed"
+    );
+    assert_eq!(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, 1);
 }
