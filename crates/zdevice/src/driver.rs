@@ -52,6 +52,8 @@ impl CuCode {
     pub const STREAM_CAPTURE_IMPLICIT: CuCode = CuCode(906);
     /// `CUDA_ERROR_ILLEGAL_STATE`.
     pub const ILLEGAL_STATE: CuCode = CuCode(401);
+    /// `CUDA_ERROR_NOT_SUPPORTED`: the operation is not supported on this system or device.
+    pub const NOT_SUPPORTED: CuCode = CuCode(801);
 
     /// The CUDA name of this code (`CUDA_ERROR_OUT_OF_MEMORY`), or `CUDA_ERROR_<unknown>`.
     #[must_use]
@@ -274,6 +276,24 @@ pub trait Driver: Send + Sync + 'static {
         pool: MemPool,
         stream: Stream,
     ) -> DriverResult<DevicePtr>;
+
+    // --- interprocess memory (legacy CUDA IPC) ----------------------------------------------
+
+    /// `cuIpcGetMemHandle`: a handle to an allocation made by [`Driver::mem_alloc`] that
+    /// another process on the same host can open. An address inside the allocation names all
+    /// of it (the handle is the base's); freed, pool and null addresses are
+    /// `CUDA_ERROR_INVALID_VALUE`. The allocation stays this process's (importers close their
+    /// mapping before it is freed with [`Driver::mem_free`]).
+    fn ipc_get_mem_handle(&self, ptr: DevicePtr) -> DriverResult<IpcMemHandle>;
+    /// `cuIpcOpenMemHandle_v2` with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, in the current
+    /// context: maps an allocation another process exported. The returned address is valid in
+    /// this process until [`Driver::ipc_close_mem_handle`]. Opening a handle twice in one
+    /// context returns the same address and counts one more open; CUDA refuses a handle that
+    /// the calling process exported itself (`CUDA_ERROR_INVALID_CONTEXT`).
+    fn ipc_open_mem_handle(&self, handle: &IpcMemHandle) -> DriverResult<DevicePtr>;
+    /// `cuIpcCloseMemHandle`: closes one open of an address from
+    /// [`Driver::ipc_open_mem_handle`] (the mapping goes with the last one).
+    fn ipc_close_mem_handle(&self, ptr: DevicePtr) -> DriverResult<()>;
 
     // --- copies and memsets -----------------------------------------------------------------
 

@@ -39,8 +39,9 @@ pub use driver::{CuCode, Driver, DriverError, DriverResult};
 pub use error::{DeviceError, DeviceResult};
 pub use types::{
     BlasHandle, CaptureMode, CaptureStatus, Context, DevicePtr, Event, Function, GemmF32, Graph,
-    GraphExec, HostPtr, InstantiateFlags, KernelArg, LaunchConfig, MemPool, Module, PoolProps,
-    PriorityRange, Readiness, Stream, StreamKind, StreamPriority, Transpose,
+    GraphExec, HostPtr, IPC_HANDLE_BYTES, InstantiateFlags, IpcMemHandle, KernelArg, LaunchConfig,
+    MemPool, Module, PoolProps, PriorityRange, Readiness, Stream, StreamKind, StreamPriority,
+    Transpose,
 };
 
 /// The README's example, compiled and run by `cargo test --doc` so that it stays true.

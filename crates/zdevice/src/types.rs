@@ -82,6 +82,17 @@ impl fmt::Debug for DevicePtr {
     }
 }
 
+/// Bytes of a legacy CUDA IPC memory handle (`CU_IPC_HANDLE_SIZE`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// An interprocess handle to a device allocation (`CUipcMemHandle`): 64 opaque bytes that
+/// another process on the same host opens with `cuIpcOpenMemHandle` to reach the allocation.
+/// Plain bytes, so it can travel over any channel between the ranks. Only the kind of driver
+/// that issued it can interpret it: the simulated driver's name its own allocation, which no
+/// other process can open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcMemHandle(pub [u8; IPC_HANDLE_BYTES]);
+
 /// Stream creation flags. The device only ever asks for non-blocking streams; the blocking kind
 /// exists so the simulated driver can reproduce the measured 906 rows of capture-rules.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

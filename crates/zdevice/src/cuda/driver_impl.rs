@@ -1,5 +1,5 @@
 //! `impl Driver for CudaDriver`: one checked CUDA call per method, each in the module of its
-//! kind as the inherent method `cu_<name>` (`context.rs`, `streams.rs`, `memory.rs`,
+//! kind as the inherent method `cu_<name>` (`context.rs`, `streams.rs`, `memory.rs`, `ipc.rs`,
 //! `copies.rs`, `kernels.rs`, `graphs.rs`; cuBLAS's in `blas.rs`). The few methods without a
 //! CUDA call are here.
 
@@ -201,6 +201,18 @@ impl Driver for CudaDriver {
         s: Stream,
     ) -> DriverResult<DevicePtr> {
         self.cu_mem_alloc_from_pool_async(bytes, pool, s)
+    }
+
+    fn ipc_get_mem_handle(&self, ptr: DevicePtr) -> DriverResult<IpcMemHandle> {
+        self.cu_ipc_get_mem_handle(ptr)
+    }
+
+    fn ipc_open_mem_handle(&self, handle: &IpcMemHandle) -> DriverResult<DevicePtr> {
+        self.cu_ipc_open_mem_handle(handle)
+    }
+
+    fn ipc_close_mem_handle(&self, ptr: DevicePtr) -> DriverResult<()> {
+        self.cu_ipc_close_mem_handle(ptr)
     }
 
     fn memcpy_htod(&self, dst: DevicePtr, src: &[u8]) -> DriverResult<()> {

@@ -12,6 +12,7 @@ mod context;
 mod copies;
 mod driver_impl;
 mod graphs;
+mod ipc;
 mod kernels;
 mod lend;
 mod memory;

@@ -11,6 +11,9 @@ use super::Device;
 const NO_SYNC_ALLOC: &str = "synchronous allocation is illegal during capture; allocate from a capture reservation made before it";
 const NO_SYNC_FREE: &str =
     "frees during capture invalidate it; free after the capture ends (or drop the graph first)";
+const NO_IPC_EXPORT: &str = "IPC export is not in capture-rules.md and is treated as cuMemAlloc, which capture refuses; export before the capture begins";
+const NO_IPC_OPEN: &str = "mapping peer memory is not in capture-rules.md and is treated as cuMemAlloc, which capture refuses; open handles before the capture begins";
+const NO_IPC_CLOSE: &str = "unmapping peer memory is not in capture-rules.md and is treated as cuMemFree, which invalidates a capture; close after the capture ends (or drop the graph first)";
 const SILENT: &str = "the driver would run it now and leave it out of the graph; use the async form on the capturing stream";
 
 /// Page-locked host memory for asynchronous transfers. Freed through [`Device::free_pinned`];
@@ -115,6 +118,42 @@ impl<D: Driver> Device<D> {
     pub fn free(&self, ptr: DevicePtr) -> DeviceResult<()> {
         self.refuse_during_capture("cuMemFree_v2", NO_SYNC_FREE)?;
         self.call(|d| d.mem_free(ptr))
+    }
+
+    // --- interprocess memory (legacy CUDA IPC) ----------------------------------------------
+
+    /// Exports an allocation from [`Device::alloc`] as a handle another process on this host
+    /// can open with [`Device::ipc_open`] (`cuIpcGetMemHandle`). An address inside the
+    /// allocation exports all of it (the importer gets the base). The allocation stays this
+    /// process's: free it only after every importer has closed it. Bounded by the allocation
+    /// deadline, as `alloc` is. Refused during capture.
+    pub fn ipc_export(&self, ptr: DevicePtr) -> DeviceResult<IpcMemHandle> {
+        let call = "cuIpcGetMemHandle";
+        self.refuse_during_capture(call, NO_IPC_EXPORT)?;
+        let deadline = self.inner.config.alloc_deadline;
+        self.call_watched(call, deadline, move |d| d.ipc_get_mem_handle(ptr))
+    }
+
+    /// Maps the allocation a peer process exported with [`Device::ipc_export`] into this
+    /// device's context (`cuIpcOpenMemHandle_v2` with `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`).
+    /// The address is valid in this process until [`Device::ipc_close`]; opening the same
+    /// handle again gives the same address and needs one more close. CUDA refuses a handle
+    /// this process exported itself (`CUDA_ERROR_INVALID_CONTEXT`); the simulated driver
+    /// refuses every handle (`CUDA_ERROR_NOT_SUPPORTED`: it has no peer process). Bounded by
+    /// the allocation deadline, as `alloc` is. Refused during capture.
+    pub fn ipc_open(&self, handle: &IpcMemHandle) -> DeviceResult<DevicePtr> {
+        let call = "cuIpcOpenMemHandle_v2";
+        self.refuse_during_capture(call, NO_IPC_OPEN)?;
+        let deadline = self.inner.config.alloc_deadline;
+        let handle = *handle;
+        self.call_watched(call, deadline, move |d| d.ipc_open_mem_handle(&handle))
+    }
+
+    /// Closes one open of an address from [`Device::ipc_open`] (`cuIpcCloseMemHandle`); the
+    /// mapping goes with the last one. Refused during capture.
+    pub fn ipc_close(&self, ptr: DevicePtr) -> DeviceResult<()> {
+        self.refuse_during_capture("cuIpcCloseMemHandle", NO_IPC_CLOSE)?;
+        self.call(|d| d.ipc_close_mem_handle(ptr))
     }
 
     /// Synchronous host-to-device copy. Refused during capture (a silent row).

@@ -299,6 +299,27 @@ impl<D: Driver> Driver for FaultyDriver<D> {
         Ok(p)
     }
 
+    // --- interprocess memory ---------------------------------------------------------------
+
+    fn ipc_get_mem_handle(&self, ptr: DevicePtr) -> DriverResult<IpcMemHandle> {
+        // Exporting acquires nothing: the allocation stays in the ledger as device memory.
+        self.sync_call(calls::IPC_GET_MEM_HANDLE, |d| d.ipc_get_mem_handle(ptr))
+    }
+
+    fn ipc_open_mem_handle(&self, handle: &IpcMemHandle) -> DriverResult<DevicePtr> {
+        let p = self.sync_call(calls::IPC_OPEN_MEM_HANDLE, |d| {
+            d.ipc_open_mem_handle(handle)
+        })?;
+        self.track_ipc(p.0, true);
+        Ok(p)
+    }
+
+    fn ipc_close_mem_handle(&self, ptr: DevicePtr) -> DriverResult<()> {
+        self.sync_call(calls::IPC_CLOSE_MEM_HANDLE, |d| d.ipc_close_mem_handle(ptr))?;
+        self.track_ipc(ptr.0, false);
+        Ok(())
+    }
+
     // --- copies and memsets -----------------------------------------------------------------
 
     fn memcpy_htod(&self, dst: DevicePtr, src: &[u8]) -> DriverResult<()> {

@@ -20,10 +20,10 @@
 //! - **missing driver**: every call fails as if `libcuda` could not be loaded.
 //!
 //! The wrapper also keeps a ledger of what the engine holds through it (device and pinned
-//! allocations, streams, events, modules, graphs, pools, cuBLAS handles), so a test can state
-//! that nothing leaked on any driver, and lists the calls made in first-call order (a
-//! recording run of a workload gives the calls a fault matrix must cover). Everything is
-//! reached through a [`FaultController`], which outlives the driver (the device owns the
+//! allocations, streams, events, modules, graphs, pools, cuBLAS handles, IPC mappings), so a
+//! test can state that nothing leaked on any driver, and lists the calls made in first-call
+//! order (a recording run of a workload gives the calls a fault matrix must cover). Everything
+//! is reached through a [`FaultController`], which outlives the driver (the device owns the
 //! driver; the test keeps the controller).
 
 mod driver_impl;
@@ -103,6 +103,8 @@ pub mod resource {
     pub const BLAS: &str = "cuBLAS handle";
     /// Retained primary contexts.
     pub const CONTEXT: &str = "primary context";
+    /// Peer memory opened through IPC (`cuIpcOpenMemHandle`), until its last open is closed.
+    pub const IPC_MAPPING: &str = "IPC mapping";
 }
 
 #[derive(Debug, Default)]
@@ -123,6 +125,10 @@ struct FaultState {
     seen: Vec<(&'static str, u64)>,
     /// Live resources by kind.
     live: HashMap<&'static str, HashSet<u64>>,
+    /// Opens of each IPC-mapped address not closed yet: CUDA counts a second open of a handle
+    /// in one context and returns the same address, so the mapping is live until the count
+    /// is back to zero.
+    ipc_opens: HashMap<u64, u64>,
     async_stall: AsyncStall,
 }
 
@@ -333,6 +339,28 @@ impl<D: Driver> FaultyDriver<D> {
     fn event_busy_for(&self, event: u64) -> Duration {
         let until = self.ctl.lock().busy_events.get(&event).copied();
         until.map_or(Duration::ZERO, |u| u.saturating_sub(self.inner.now()))
+    }
+
+    /// Counts one more open (`true`) or one close of an IPC-mapped address; the ledger holds
+    /// the mapping while any open is not closed.
+    fn track_ipc(&self, ptr: u64, open: bool) {
+        let mut st = self.ctl.lock();
+        let count = st.ipc_opens.entry(ptr).or_default();
+        if open {
+            *count += 1;
+        } else {
+            *count = count.saturating_sub(1);
+        }
+        let live = *count > 0;
+        if !live {
+            st.ipc_opens.remove(&ptr);
+        }
+        let set = st.live.entry(resource::IPC_MAPPING).or_default();
+        if live {
+            set.insert(ptr);
+        } else {
+            set.remove(&ptr);
+        }
     }
 
     /// Adds (`true`) or removes a resource of `kind` in the ledger.

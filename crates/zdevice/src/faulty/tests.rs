@@ -198,3 +198,56 @@ fn without_the_spinning_kernel_a_stall_is_emulated() {
     assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
     d.primary_ctx_release(0).unwrap();
 }
+
+/// CUDA maps a handle once per context and counts its opens: the ledger keeps the mapping
+/// until the last open is closed. (The simulator opens nothing; the GPU suite's peer-process
+/// test drives this through real opens.)
+#[test]
+fn an_ipc_mapping_is_live_until_its_last_open_is_closed() {
+    let d = wrapped();
+    let ctl = d.controller();
+    let mapping = || {
+        ctl.live_resources()
+            .into_iter()
+            .find(|(k, _)| *k == resource::IPC_MAPPING)
+            .map_or(0, |(_, n)| n)
+    };
+    d.track_ipc(0x7000, true);
+    d.track_ipc(0x7000, true);
+    d.track_ipc(0x9000, true);
+    assert_eq!(mapping(), 2);
+    d.track_ipc(0x7000, false);
+    assert_eq!(mapping(), 2, "one open of 0x7000 is left");
+    d.track_ipc(0x7000, false);
+    assert_eq!(mapping(), 1);
+    // A close the driver refused is never tracked; a stray one cannot go below zero.
+    d.track_ipc(0x7000, false);
+    d.track_ipc(0x9000, false);
+    assert_eq!(mapping(), 0);
+    d.track_ipc(0x7000, true);
+    assert_eq!(mapping(), 1, "a stray close left a debt behind");
+}
+
+/// Through the wrapper, the simulator's answers pass unchanged and nothing is tracked.
+#[test]
+fn ipc_calls_pass_through_to_the_simulator() {
+    let d = wrapped();
+    let p = d.mem_alloc(256).unwrap();
+    let h = d.ipc_get_mem_handle(p).unwrap();
+    assert_eq!(d.inner().call_count(calls::IPC_GET_MEM_HANDLE), 1);
+    assert_eq!(
+        d.ipc_open_mem_handle(&h).unwrap_err().cuda_code(),
+        Some(CuCode::NOT_SUPPORTED)
+    );
+    assert_eq!(
+        d.ipc_close_mem_handle(p).unwrap_err().cuda_code(),
+        Some(CuCode::INVALID_VALUE)
+    );
+    assert!(
+        !d.controller()
+            .live_resources()
+            .iter()
+            .any(|(k, _)| *k == resource::IPC_MAPPING)
+    );
+    d.mem_free(p).unwrap();
+}

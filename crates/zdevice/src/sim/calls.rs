@@ -81,6 +81,13 @@ pub const MEM_POOL_TRIM_TO: &str = "cuMemPoolTrimTo";
 /// `cuMemAllocFromPoolAsync`.
 pub const MEM_ALLOC_FROM_POOL_ASYNC: &str = "cuMemAllocFromPoolAsync";
 
+/// `cuIpcGetMemHandle`.
+pub const IPC_GET_MEM_HANDLE: &str = "cuIpcGetMemHandle";
+/// `cuIpcOpenMemHandle_v2`.
+pub const IPC_OPEN_MEM_HANDLE: &str = "cuIpcOpenMemHandle_v2";
+/// `cuIpcCloseMemHandle`.
+pub const IPC_CLOSE_MEM_HANDLE: &str = "cuIpcCloseMemHandle";
+
 /// `cuMemcpyHtoD_v2` (synchronous).
 pub const MEMCPY_HTOD: &str = "cuMemcpyHtoD_v2";
 /// `cuMemcpyDtoH_v2` (synchronous).

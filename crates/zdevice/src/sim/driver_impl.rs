@@ -319,6 +319,24 @@ impl Driver for SimDriver {
         })
     }
 
+    fn ipc_get_mem_handle(&self, ptr: DevicePtr) -> DriverResult<IpcMemHandle> {
+        self.call(c::IPC_GET_MEM_HANDLE, None, |st, cx| {
+            st.ipc_get_mem_handle(cx, ptr)
+        })
+    }
+
+    fn ipc_open_mem_handle(&self, handle: &IpcMemHandle) -> DriverResult<DevicePtr> {
+        self.call(c::IPC_OPEN_MEM_HANDLE, None, |st, cx| {
+            st.ipc_open_mem_handle(cx, handle)
+        })
+    }
+
+    fn ipc_close_mem_handle(&self, ptr: DevicePtr) -> DriverResult<()> {
+        self.call(c::IPC_CLOSE_MEM_HANDLE, None, |st, cx| {
+            st.ipc_close_mem_handle(cx, ptr)
+        })
+    }
+
     fn memcpy_htod(&self, dst: DevicePtr, src: &[u8]) -> DriverResult<()> {
         self.call(c::MEMCPY_HTOD, None, |st, cx| st.memcpy_htod(cx, dst, src))
     }

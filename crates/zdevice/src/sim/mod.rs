@@ -4,6 +4,8 @@
 //! What it models, and where:
 //! - memory (`memory`, `memcalls`): a capacity, 256-byte granularity, generation-stamped
 //!   addresses, poison, stream-ordered pools and frees, page-locked host memory;
+//! - interprocess memory (`ipc`): handles exported for live allocations; opening one is not
+//!   supported (there is no second process);
 //! - streams and events (`streams`): FIFO queues run only when observed, a virtual clock;
 //! - capture and graphs (`capture`, `graphs`): the capture-rules table in one `match`, graphs
 //!   that replay only what was recorded, memory nodes;
@@ -23,6 +25,7 @@ mod copies;
 mod driver_impl;
 mod gemm;
 mod graphs;
+mod ipc;
 mod kernels;
 mod launch;
 mod memcalls;

@@ -3,6 +3,7 @@
 //! and the op log.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -18,6 +19,9 @@ use super::streams::{EventState, StreamState};
 use crate::driver::{CuCode, DriverError, DriverResult};
 use crate::faults::{FaultAction, FaultPlan};
 use crate::types::{CaptureStatus, Stream, StreamKind};
+
+/// Numbers the simulators of this process (what an IPC handle names besides the address).
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 /// The legacy default stream (`CU_STREAM_LEGACY`, handle 0): blocking, never destroyed.
 pub(crate) const LEGACY: Stream = Stream(0);
@@ -91,6 +95,9 @@ pub(crate) fn blas_status_name(status: u32) -> &'static str {
 #[derive(Debug)]
 pub(crate) struct State {
     pub cfg: SimConfig,
+    /// This simulator's number, unique in the process: addresses repeat across simulators, so
+    /// an IPC handle names the simulator as well as the allocation.
+    pub instance: u64,
     pub now: Duration,
     pub initialized: bool,
     /// Once set, every call fails with it (a sticky error such as 700).
@@ -117,6 +124,7 @@ impl State {
         let mut streams = HashMap::new();
         streams.insert(LEGACY.0, StreamState::new(StreamKind::Blocking));
         State {
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             mem: Memory::new(cfg.capacity, cfg.poison_on_free),
             log: OpLog::new(cfg.op_log_capacity),
             cfg,

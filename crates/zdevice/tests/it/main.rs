@@ -4,6 +4,7 @@
 mod capture_end;
 mod conformance;
 mod faults;
+mod ipc;
 mod leaks;
 mod pinned;
 mod priority;
