@@ -1,7 +1,9 @@
 // Kernels over a model's flat parameter and gradient buffers: the global gradient norm in two
 // deterministic passes (a fixed grid of per-block partials, then one block sums them in a
-// fixed order; one launch where the last block does the second pass), clipping by that norm with the coefficient computed on the device,
-// and the finiteness gate of a captured AdamW step.
+// fixed order; one launch where the last block does the second pass), clipping by that norm
+// with the coefficient computed on the device, the finiteness gate of a captured AdamW step,
+// and the data-parallel step's last bucket summed over the ranks' peer memory with the norm in
+// the same launch.
 #include "common.cuh"
 
 #define FLAT_THREADS 256
@@ -80,4 +82,106 @@ extern "C" __global__ void zc_clip_scale_f32(float* x, const float* norm, float 
 // dst[0] = 0 * a[0] + 0 * b[0]: 0 when both are finite, NaN otherwise (AdamW's gate).
 extern "C" __global__ void zc_finite_gate_f32(float* dst, const float* a, const float* b) {
     if (blockIdx.x == 0 && threadIdx.x == 0) dst[0] = 0.0f * a[0] + 0.0f * b[0];
+}
+
+__device__ __forceinline__ void exchange_store(u64* p, u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 exchange_load(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The data-parallel step's tail in one launch, over NVLink peer memory (one process per GPU,
+// each rank's receive words mapped into every other's): x[0..last) (the last bucket of the
+// flat gradient buffer, which backward finished last) summed over the ranks, and out[0] the
+// Euclidean norm of all of x[0..n) (the rest summed before, by the overlapped all-reduces).
+//
+// Each element travels with the launch's epoch in one 8-byte word (value bits, epoch), as
+// NCCL's LL protocol does, so the exchange needs no fence and no flag round trip: every thread
+// stores its elements of x[0..last) into every peer's words, sums the squares of its share of
+// x[last..n) while they travel, then polls its elements' words from every peer until the epoch
+// is there and sums them in rank order (the same bits on every rank; for two ranks, NCCL's).
+// words[q] (device memory, one pointer a rank) are rank q's [2 halves][ranks][last], half =
+// epoch & 1: a peer one launch ahead
+// writes the other half, and none can be two ahead (it would need this rank's words of the
+// launch between). Epochs are kept per block on the device, so a captured graph replays the
+// launch as is; every rank must launch it the same number of times with the same grid.
+//
+// The norm's partials, ticket and finish are zc_sum_squares_norm_f32's (its summation order
+// over the partials), each block's partial its share of x[last..n) then its elements of
+// x[0..last). A wait longer than timeout_ns for a peer sets failed[0] and uses NaN for the
+// missing value (the norm is then NaN: the step's gate skips the update).
+extern "C" __global__ void zc_exchange_sum_norm_f32(
+    float* out, float* partial, unsigned* tickets, unsigned* epochs, unsigned* failed,
+    float* x, u64 n, u64 last, unsigned rank, unsigned ranks, u64 timeout_ns,
+    u64* const* words) {
+    __shared__ float shared[FLAT_THREADS];
+    __shared__ bool is_last;
+    const unsigned epoch = epochs[blockIdx.x] + 1u;
+    const u64 half = epoch & 1u;
+    const u64 stride = (u64)blockDim.x * gridDim.x;
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (u64 i = first; i < last; i += stride) {
+        const u64 word = (u64)__float_as_uint(x[i]) | ((u64)epoch << 32);
+        for (unsigned q = 0; q < ranks; ++q) {
+            if (q != rank) exchange_store(words[q] + (half * ranks + rank) * last + i, word);
+        }
+    }
+    float acc = 0.0f;
+    for (u64 i = last + first; i < n; i += stride) {
+        float v = x[i];
+        acc += v * v;
+    }
+    const u64* mine = words[rank] + half * ranks * last;
+    const u64 start = global_ns();
+    for (u64 i = first; i < last; i += stride) {
+        float s = 0.0f;
+        for (unsigned q = 0; q < ranks; ++q) {
+            float v;
+            if (q == rank) {
+                v = x[i];
+            } else {
+                u64 w;
+                unsigned spins = 0;
+                while (((w = exchange_load(mine + q * last + i)) >> 32) != epoch) {
+                    if ((++spins & 1023u) == 0u &&
+                        (*(volatile unsigned*)failed != 0u || global_ns() - start > timeout_ns)) {
+                        atomicExch(failed, 1u);
+                        w = 0x7fc00000ull;  // NaN
+                        break;
+                    }
+                }
+                v = __uint_as_float((unsigned)w);
+            }
+            s = q == 0 ? v : s + v;
+        }
+        x[i] = s;
+        acc += s * s;
+    }
+    float sum = block_sum(acc, shared);
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = sum;
+        epochs[blockIdx.x] = epoch;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(tickets, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    acc = 0.0f;
+    for (u64 i = threadIdx.x; i < gridDim.x; i += FLAT_THREADS) acc += __ldcg(partial + i);
+    sum = block_sum(acc, shared);
+    if (threadIdx.x == 0) {
+        out[0] = sqrtf(sum);
+        tickets[0] = 0u;
+    }
 }

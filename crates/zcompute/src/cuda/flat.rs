@@ -15,13 +15,13 @@ use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
 /// Threads per block of the norm passes (`FLAT_THREADS` in flat.cu: its shared-memory tree is
 /// that wide).
-const FLAT_THREADS: u32 = 256;
+pub(crate) const FLAT_THREADS: u32 = 256;
 /// Elements each thread of the first norm pass reads at least (so a block's partial is worth
 /// the second pass reading it).
 const NORM_PER_THREAD: u64 = 8;
 /// Most partial sums of the first norm pass (about 8 resident 256-thread blocks on each of an
 /// H100/H200's 132 SMs); the second pass's one block reads them all.
-const NORM_MAX_PARTS: u64 = 1024;
+pub(crate) const NORM_MAX_PARTS: u64 = 1024;
 
 /// One warp: the launch of the kernels whose single thread does the work (the gate, the step's
 /// tail).

@@ -166,6 +166,9 @@ pub enum Kernel {
     /// A training step's tail (stats, gate, sticky gate, history row) in one thread
     /// (`indexed.cu`).
     StepTail,
+    /// The data-parallel step's last bucket summed over the ranks' peer memory and the norm of
+    /// the whole gradient, in one launch (`flat.cu`; launched from `cuda/exchange.rs`).
+    ExchangeSumNorm,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -179,6 +182,10 @@ pub(crate) struct Spec {
 }
 
 use Param::{F32, Ptr, U32, U64};
+
+/// The exchange's parameters: out, partial, tickets, epochs, failed, x, n, last, rank, ranks,
+/// timeout in ns, the ranks' receive words (an array of pointers in device memory).
+const EXCHANGE: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U32, U32, U64, Ptr];
 
 /// Parameters of every softmax row kernel: out, in, rows, n.
 const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];
@@ -201,7 +208,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 61] = [
+    pub const ALL: [Kernel; 62] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -263,6 +270,7 @@ impl Kernel {
         Kernel::TanhBackwardCols,
         Kernel::BiasActAdd,
         Kernel::StepTail,
+        Kernel::ExchangeSumNorm,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -446,6 +454,7 @@ impl Kernel {
             Kernel::SumSquaresNorm => {
                 s(3, "zc_sum_squares_norm_f32", &[Ptr, Ptr, Ptr, Ptr, U64], 0)
             }
+            Kernel::ExchangeSumNorm => s(3, "zc_exchange_sum_norm_f32", EXCHANGE, 0),
             Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
             Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
             Kernel::QkNormAttention => s(4, "zc_qk_norm_attention_f32", ATTENTION, 0),

@@ -22,6 +22,7 @@ mod accumulate;
 mod attention;
 mod backward;
 mod capture;
+mod exchange;
 mod flat;
 pub(crate) mod fused;
 mod indexed;
@@ -41,6 +42,7 @@ mod transfer;
 pub mod twins;
 
 pub use capture::CudaGraph;
+pub use exchange::{EXCHANGE_MAX_RANKS, PeerExchange};
 pub use kernels::Kernel;
 pub use linear::LINEAR_ROW_LIMIT;
 pub use pinned::CudaPinned;

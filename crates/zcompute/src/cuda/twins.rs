@@ -128,6 +128,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::BiasActAdd => fused::bias_act_add,
         Kernel::StepTail => flat::step_tail,
         Kernel::SumSquaresNorm => flat::sum_squares_norm,
+        Kernel::ExchangeSumNorm => flat::exchange_sum_norm,
         Kernel::PoolHeadBceLast => fused::pool_head_bce_last,
         Kernel::PoolHeadBceBackwardLast => fused::pool_head_bce_backward_last,
     }

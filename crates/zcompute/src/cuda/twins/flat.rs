@@ -131,3 +131,107 @@ pub(super) fn step_tail(
     }
     Ok(())
 }
+
+/// The exchange of the data-parallel step's last bucket and the norm (`zc_exchange_sum_norm_f32`):
+/// this rank's elements of `x[..last]` stored into every peer's receive words with the epoch,
+/// then each peer's words of this epoch read from its own and added in rank order. The simulator
+/// runs one kernel at a time, so a peer's words are there only if its launch ran before: a peer
+/// whose words are missing is one that never came, and the twin does what the kernel does when
+/// its wait times out (NaN for the value, the failure flag set).
+pub(super) fn exchange_sum_norm(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::ExchangeSumNorm, args)?;
+    let (out, partial, ticket, epochs, failed) =
+        (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?, k.ptr(4)?);
+    let (x, n, last) = (k.ptr(5)?, k.u64(6)?, k.u64(7)?);
+    let (rank, ranks) = (k.u32(8)? as usize, k.u32(9)? as usize);
+    let words: Vec<DevicePtr> = mem
+        .read_bytes(k.ptr(11)?, 64)?
+        .chunks_exact(8)
+        .map(|c| DevicePtr(u64::from_le_bytes(c.try_into().unwrap_or_default())))
+        .collect();
+    if config.block.0 as usize != THREADS {
+        return Err(bad(0, "the exchange runs 256 threads per block"));
+    }
+    if ranks == 0 || ranks > words.len() || rank >= ranks || last > n {
+        return Err(bad(8, "rank, ranks or the bucket out of range"));
+    }
+    if mem.read_f32(ticket, 1)?[0].to_bits() != 0 {
+        return Err(bad(2, "the ticket was not left at 0"));
+    }
+    let blocks = config.grid.0 as usize;
+    // Every block keeps the same count; the first one's names the launch.
+    let epoch = mem.read_u32(epochs, 1)?[0].wrapping_add(1);
+    let half = u64::from(epoch & 1);
+    let (n_last, w) = (usize_of(last, 7)?, ranks as u64);
+    let mut data = mem.read_f32(x, n)?;
+    let word = |v: f32| u64::from(v.to_bits()) | (u64::from(epoch) << 32);
+    let mine: Vec<u8> = data[..n_last]
+        .iter()
+        .flat_map(|&v| word(v).to_le_bytes())
+        .collect();
+    for (q, &peer) in words.iter().enumerate().take(ranks) {
+        if q != rank {
+            mem.write_bytes(peer.offset((half * w + rank as u64) * last * 8), &mine)?;
+        }
+    }
+    let mut lost = mem.read_u32(failed, 1)?[0] != 0;
+    let mut sums = data[..n_last].to_vec();
+    for q in 0..ranks {
+        let values: Vec<f32> = if q == rank {
+            data[..n_last].to_vec()
+        } else {
+            let bytes = mem.read_bytes(
+                words[rank].offset((half * w + q as u64) * last * 8),
+                last * 8,
+            )?;
+            bytes
+                .chunks_exact(8)
+                .map(|c| {
+                    let v = u64::from_le_bytes(c.try_into().unwrap_or_default());
+                    if (v >> 32) as u32 == epoch && !lost {
+                        f32::from_bits(v as u32)
+                    } else {
+                        lost = true;
+                        f32::NAN
+                    }
+                })
+                .collect()
+        };
+        for (s, v) in sums.iter_mut().zip(values) {
+            *s = if q == 0 { v } else { *s + v };
+        }
+    }
+    data[..n_last].copy_from_slice(&sums);
+    mem.write_f32(x, &data[..n_last])?;
+    // Each block's partial: its share of x[last..n), then its elements of x[..last).
+    let stride = THREADS * blocks.max(1);
+    let mut part = vec![0.0f32; blocks];
+    for (b, p) in part.iter_mut().enumerate() {
+        for t in 0..THREADS {
+            let first = b * THREADS + t;
+            let mut i = n_last + first;
+            while i < data.len() {
+                *p += data[i] * data[i];
+                i += stride;
+            }
+        }
+        let mut i = b * THREADS;
+        while i < n_last {
+            for v in &data[i..(i + THREADS).min(n_last)] {
+                *p += v * v;
+            }
+            i += stride;
+        }
+    }
+    mem.write_f32(partial, &part)?;
+    mem.write_u32(epochs, &vec![epoch; blocks])?;
+    if lost {
+        mem.write_u32(failed, &[1])?;
+    }
+    let total: f32 = part.iter().sum();
+    mem.write_f32(out, &[total.sqrt()])
+}

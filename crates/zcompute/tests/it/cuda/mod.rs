@@ -11,6 +11,7 @@ pub mod capture_pool;
 mod chain;
 mod cols_once;
 pub mod errors;
+mod exchange;
 pub mod flat_bodies;
 mod fused;
 mod fused_launch;

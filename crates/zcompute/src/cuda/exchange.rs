@@ -1,0 +1,329 @@
+//! The data-parallel step's tail in one launch: the last gradient bucket summed over the ranks
+//! through each other's device memory, and the norm of the whole gradient, in
+//! `zc_exchange_sum_norm_f32` (`flat.cu`, whose comment gives the protocol).
+//!
+//! After backward the step waits for the all-reduce of the bucket backward finished last, then
+//! takes the norm of the whole buffer: two launches one after the other (NCCL's all-reduce costs
+//! about 6.4 us in a graph whatever its size here). Here one launch does both: every thread
+//! stores its elements of the bucket into the peers' receive words, sums the squares of its
+//! share of the rest of the buffer (summed long before by the overlapped all-reduces) while they
+//! travel over NVLink, then adds the peers' values in rank order.
+//!
+//! A [`PeerExchange`] owns this rank's receive words (a device allocation of its own, so it can
+//! be exported to the other processes with CUDA IPC), the kernel's per-block epochs and
+//! partials, and the peers' receive words mapped into this process ([`PeerExchange::connect`]);
+//! dropping it closes the mappings and frees the memory (after the work queued on them).
+
+use super::flat::{FLAT_THREADS, NORM_MAX_PARTS, norm_parts};
+use super::kernels::{Args, Kernel, ptr, u64a};
+use super::{CudaBackend, CudaTensor, device_error};
+use crate::error::{ComputeError, Result};
+use std::time::Duration;
+use zdevice::{Device, DevicePtr, Driver, IpcMemHandle, KernelArg, LaunchConfig};
+
+/// Most ranks one exchange addresses (the kernel's table of receive words has this many).
+pub const EXCHANGE_MAX_RANKS: usize = 8;
+
+/// Offsets in the kernel's state: per-block epochs (u32) and partials (f32), the ticket, the
+/// failure flag, then every rank's receive words' address (u64, null past the world).
+const PARTIALS_AT: u64 = NORM_MAX_PARTS * 4;
+const TICKET_AT: u64 = NORM_MAX_PARTS * 8;
+const FAILED_AT: u64 = TICKET_AT + 4;
+const WORDS_AT: u64 = TICKET_AT + 8;
+const STATE_BYTES: u64 = WORDS_AT + 8 * EXCHANGE_MAX_RANKS as u64;
+
+/// One rank's side of the exchange (see the module docs).
+pub struct PeerExchange<D: Driver> {
+    device: Device<D>,
+    rank: usize,
+    world: usize,
+    last: usize,
+    /// This rank's receive words: `[2 halves][world][last]` of (value bits, epoch).
+    words: DevicePtr,
+    /// `[epochs: NORM_MAX_PARTS u32][partials: NORM_MAX_PARTS f32][ticket u32][failed u32]`.
+    state: DevicePtr,
+    /// Every rank's receive words as this process addresses them (this rank's own at `rank`);
+    /// empty until connected.
+    peers: Vec<DevicePtr>,
+    /// The peers' words this exchange mapped (CUDA IPC), closed on drop.
+    opened: Vec<DevicePtr>,
+}
+
+impl<D: Driver> std::fmt::Debug for PeerExchange<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerExchange")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("last", &self.last)
+            .field("connected", &!self.peers.is_empty())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Driver> PeerExchange<D> {
+    /// Rank `rank` of `world`'s side of an exchange of a last bucket of `last` elements: its
+    /// receive words and the kernel's state, zeroed, on `b`'s device. Not connected yet.
+    ///
+    /// # Errors
+    /// `Unsupported` for a world of 0 or above [`EXCHANGE_MAX_RANKS`], a rank outside it or an
+    /// empty bucket; `Device` (`CaptureIllegal` while capturing, out of memory) from the
+    /// allocations.
+    pub fn new(b: &CudaBackend<D>, rank: usize, world: usize, last: usize) -> Result<Self> {
+        const OP: &str = "peer_exchange";
+        if world == 0 || world > EXCHANGE_MAX_RANKS || rank >= world || last == 0 {
+            return Err(ComputeError::Unsupported {
+                op: OP,
+                reason: format!(
+                    "an exchange takes 1 to {EXCHANGE_MAX_RANKS} ranks and a bucket of at least one element (rank {rank} of {world}, {last} elements)"
+                ),
+            });
+        }
+        let device = b.device().clone();
+        let words_bytes = (2 * world * last) as u64 * 8;
+        let words = device.alloc(words_bytes).map_err(|e| device_error(OP, e))?;
+        let state = match device.alloc(STATE_BYTES) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = device.free(words);
+                return Err(device_error(OP, e));
+            }
+        };
+        let exchange = PeerExchange {
+            device,
+            rank,
+            world,
+            last,
+            words,
+            state,
+            peers: Vec::new(),
+            opened: Vec::new(),
+        };
+        exchange
+            .device
+            .memset_d8(words, 0, words_bytes)
+            .and_then(|()| exchange.device.memset_d8(state, 0, STATE_BYTES))
+            .map_err(|e| device_error(OP, e))?;
+        tracing::debug!(target: "zcompute.cuda.exchange", rank, world, last, "peer exchange made");
+        Ok(exchange)
+    }
+
+    /// Elements of the bucket it sums.
+    #[must_use]
+    pub fn last(&self) -> usize {
+        self.last
+    }
+
+    /// This rank's receive words, for the other ranks to map ([`PeerExchange::connect`]).
+    ///
+    /// # Errors
+    /// `Device` from `cuIpcGetMemHandle` (`CaptureIllegal` while capturing).
+    pub fn handle(&self) -> Result<IpcMemHandle> {
+        self.device
+            .ipc_export(self.words)
+            .map_err(|e| device_error("peer_exchange", e))
+    }
+
+    /// Maps every other rank's receive words from its `handles[q]` (one per rank, in rank
+    /// order; this rank's own is not opened). On an error the ones already mapped are closed
+    /// and the exchange stays unconnected.
+    ///
+    /// # Errors
+    /// `Unsupported` for a count other than the world's or an exchange already connected;
+    /// `Device` from `cuIpcOpenMemHandle` (peers on another host or without peer access to
+    /// this device, the simulator).
+    pub fn connect(&mut self, handles: &[IpcMemHandle]) -> Result<()> {
+        const OP: &str = "peer_exchange";
+        self.check_unconnected(OP, handles.len())?;
+        let mut peers = Vec::with_capacity(self.world);
+        for (q, h) in handles.iter().enumerate() {
+            if q == self.rank {
+                peers.push(self.words);
+                continue;
+            }
+            match self.device.ipc_open(h) {
+                Ok(p) => {
+                    self.opened.push(p);
+                    peers.push(p);
+                }
+                Err(e) => {
+                    self.close_opened();
+                    return Err(device_error(OP, e));
+                }
+            }
+        }
+        if let Err(e) = self.publish(&peers) {
+            self.close_opened();
+            return Err(e);
+        }
+        self.peers = peers;
+        Ok(())
+    }
+
+    /// Writes the ranks' receive words' addresses where the kernel reads them.
+    fn publish(&self, peers: &[DevicePtr]) -> Result<()> {
+        let mut bytes = [0u8; 8 * EXCHANGE_MAX_RANKS];
+        for (chunk, p) in bytes.chunks_exact_mut(8).zip(peers) {
+            chunk.copy_from_slice(&p.0.to_le_bytes());
+        }
+        self.device
+            .copy_htod(self.state.offset(WORDS_AT), &bytes)
+            .map_err(|e| device_error("peer_exchange", e))
+    }
+
+    /// Connects to peers whose receive words this process already addresses (`words[q]`, from
+    /// [`PeerExchange::receive_words`] of exchanges on the same device, or on devices with peer
+    /// access enabled): ranks sharing one process.
+    ///
+    /// # Errors
+    /// `Unsupported` for a count other than the world's, an exchange already connected, or
+    /// this rank's entry not its own words.
+    pub fn connect_addressable(&mut self, words: &[DevicePtr]) -> Result<()> {
+        const OP: &str = "peer_exchange";
+        self.check_unconnected(OP, words.len())?;
+        if words[self.rank] != self.words {
+            return Err(ComputeError::Unsupported {
+                op: OP,
+                reason: format!("entry {} must be this rank's own receive words", self.rank),
+            });
+        }
+        self.publish(words)?;
+        self.peers = words.to_vec();
+        Ok(())
+    }
+
+    /// This rank's receive words' address in this process.
+    #[must_use]
+    pub fn receive_words(&self) -> DevicePtr {
+        self.words
+    }
+
+    fn check_unconnected(&self, op: &'static str, count: usize) -> Result<()> {
+        if !self.peers.is_empty() {
+            return Err(ComputeError::Unsupported {
+                op,
+                reason: "the exchange is already connected".into(),
+            });
+        }
+        if count != self.world {
+            return Err(ComputeError::Unsupported {
+                op,
+                reason: format!("{count} peers' words for a world of {}", self.world),
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues on `b`'s engine stream: `x[..last]` replaced by its sum over the ranks (in rank
+    /// order), and a new rank-0 tensor holding the Euclidean norm of all of `x` (dense, f32,
+    /// at least `last` elements; the rest already summed over the ranks). Every rank must queue
+    /// the same calls, with the same size of `x`. A peer that does not come within `timeout`
+    /// leaves the norm NaN and marks the exchange failed ([`PeerExchange::failed`]); so does
+    /// every later call. Legal inside a capture: the graph replays the launch as is.
+    ///
+    /// # Errors
+    /// `Unsupported` before [`PeerExchange::connect`], for an `x` on another device or of fewer
+    /// than `last` elements; `NotContiguous` for a view; the allocation's and the launch's
+    /// errors.
+    pub fn sum_and_norm(
+        &self,
+        b: &CudaBackend<D>,
+        x: &CudaTensor,
+        timeout: Duration,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "exchange_sum_norm";
+        if self.peers.is_empty() {
+            return Err(ComputeError::Unsupported {
+                op: OP,
+                reason: "the exchange is not connected to its peers".into(),
+            });
+        }
+        if b.device().context() != self.device.context() {
+            return Err(ComputeError::Unsupported {
+                op: OP,
+                reason: "the tensor's backend is on another device than the exchange".into(),
+            });
+        }
+        if !x.is_contiguous() {
+            return Err(ComputeError::NotContiguous {
+                op: OP,
+                shape: x.shape().into(),
+                strides: x.layout().strides().into(),
+            });
+        }
+        let n = x.numel();
+        if n < self.last {
+            return Err(ComputeError::Unsupported {
+                op: OP,
+                reason: format!(
+                    "{n} elements hold no bucket of {} (the exchange was made for it)",
+                    self.last
+                ),
+            });
+        }
+        let out = b.alloc(OP, &[])?;
+        let parts = norm_parts(n as u64);
+        let state = self.state;
+        let args: Args = [
+            ptr(b.ptr(OP, &out)?),
+            ptr(state.offset(PARTIALS_AT)),
+            ptr(state.offset(TICKET_AT)),
+            ptr(state),
+            ptr(state.offset(FAILED_AT)),
+            ptr(b.ptr(OP, x)?),
+            u64a(n),
+            u64a(self.last),
+            KernelArg::U32(self.rank as u32),
+            KernelArg::U32(self.world as u32),
+            KernelArg::U64(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
+            ptr(state.offset(WORDS_AT)),
+        ]
+        .into_iter()
+        .collect();
+        let grid = LaunchConfig {
+            grid: (parts as u32, 1, 1),
+            block: (FLAT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        b.launch(OP, Kernel::ExchangeSumNorm, grid, &args)?;
+        Ok(out)
+    }
+
+    /// Whether a launch gave up waiting for a peer (read from the device: waits for the work
+    /// queued on the engine stream first).
+    ///
+    /// # Errors
+    /// `Device` from the copy (`CaptureIllegal` while capturing).
+    pub fn failed(&self) -> Result<bool> {
+        let mut flag = [0u8; 4];
+        self.device
+            .synchronize(self.device.stream())
+            .map_err(|e| device_error("peer_exchange", e))?;
+        self.device
+            .copy_dtoh(&mut flag, self.state.offset(FAILED_AT))
+            .map_err(|e| device_error("peer_exchange", e))?;
+        Ok(u32::from_le_bytes(flag) != 0)
+    }
+
+    fn close_opened(&mut self) {
+        for p in self.opened.drain(..) {
+            if let Err(e) = self.device.ipc_close(p) {
+                tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "closing a peer's receive words failed");
+            }
+        }
+    }
+}
+
+impl<D: Driver> Drop for PeerExchange<D> {
+    fn drop(&mut self) {
+        // The kernels queued on these words must have run before they are unmapped or freed.
+        if let Err(e) = self.device.synchronize(self.device.stream()) {
+            tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "waiting for the exchange's last launch failed");
+        }
+        self.close_opened();
+        for p in [self.state, self.words] {
+            if let Err(e) = self.device.free(p) {
+                tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "freeing the exchange's memory failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The data-parallel tail's exchange (`zcompute::cuda::PeerExchange`, `zc_exchange_sum_norm_f32`):
+//! the last bucket `x[..last]` summed over the ranks in rank order and the norm of all of `x` in
+//! one launch; a peer that never comes leaves the norm NaN and the exchange failed; bad
+//! arguments are typed errors. The mock suite runs the bodies on the simulated device (which
+//! runs one kernel at a time: a rank's launch sees the words of the ranks launched before it);
+//! the gpu suite runs two ranks on two streams of CUDA device 0, concurrently, three rounds.
+
+use std::time::Duration;
+use zcompute::cuda::PeerExchange;
+use zcompute::{Backend, ComputeError, CudaBackend, CudaTensor};
+use zdevice::Driver;
+
+const N: usize = 5000;
+const LAST: usize = 1300;
+const WAIT: Duration = Duration::from_secs(10);
+
+fn grads(rank: usize, round: usize) -> Vec<f32> {
+    (0..N)
+        .map(|i| ((i * 31 + rank * 977 + round * 13) % 1009) as f32 / 503.0 - 1.0)
+        .collect()
+}
+
+/// What rank `rank` holds after the exchange of `all`: its bucket summed in rank order (f32,
+/// as the kernel), its rest as it was; and the norm of that, in f64.
+fn expected(all: &[Vec<f32>], rank: usize) -> (Vec<f32>, f64) {
+    let mut x = all[rank].clone();
+    for (i, v) in x.iter_mut().enumerate().take(LAST) {
+        let mut s = all[0][i];
+        for r in &all[1..] {
+            s += r[i];
+        }
+        *v = s;
+    }
+    let norm = x
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt();
+    (x, norm)
+}
+
+fn check<D: Driver>(b: &CudaBackend<D>, x: &CudaTensor, norm: &CudaTensor, want: &(Vec<f32>, f64)) {
+    let got = b.download(x).expect("x");
+    assert!(
+        got.iter()
+            .zip(&want.0)
+            .all(|(g, w)| g.to_bits() == w.to_bits()),
+        "the bucket summed in rank order, the rest untouched"
+    );
+    let n = f64::from(b.download(norm).expect("norm")[0]);
+    assert!(
+        (n - want.1).abs() <= 1e-5 * want.1,
+        "norm {n} against {}",
+        want.1
+    );
+}
+
+/// One rank: nothing to exchange; the launch is the norm, three times (the epochs advance).
+pub fn one_rank_is_the_norm<D: Driver>(b: &CudaBackend<D>) {
+    let mut e = PeerExchange::new(b, 0, 1, LAST).expect("exchange");
+    e.connect_addressable(&[e.receive_words()])
+        .expect("connect");
+    for round in 0..3 {
+        let data = grads(0, round);
+        let x = b.upload(&data, &[N]).expect("x");
+        let norm = e.sum_and_norm(b, &x, WAIT).expect("launch");
+        check(b, &x, &norm, &expected(&[data], 0));
+    }
+    assert!(!e.failed().expect("flag"));
+}
+
+/// Every refusal is typed, before anything is launched.
+pub fn bad_arguments_are_refused<D: Driver>(b: &CudaBackend<D>) {
+    for (rank, world, last) in [(0, 0, 10), (2, 2, 10), (0, 9, 10), (0, 2, 0)] {
+        let e = PeerExchange::new(b, rank, world, last);
+        assert!(
+            matches!(e, Err(ComputeError::Unsupported { .. })),
+            "rank {rank} of {world}, {last}: {e:?}"
+        );
+    }
+    let mut e = PeerExchange::new(b, 0, 2, LAST).expect("exchange");
+    let other = PeerExchange::new(b, 1, 2, LAST).expect("other");
+    let x = b.upload(&grads(0, 0), &[N]).expect("x");
+    let unconnected = e.sum_and_norm(b, &x, WAIT);
+    assert!(
+        matches!(unconnected, Err(ComputeError::Unsupported { .. })),
+        "{unconnected:?}"
+    );
+    let one = e.connect_addressable(&[e.receive_words()]);
+    assert!(
+        matches!(one, Err(ComputeError::Unsupported { .. })),
+        "{one:?}"
+    );
+    let not_own = e.connect_addressable(&[other.receive_words(), other.receive_words()]);
+    assert!(
+        matches!(not_own, Err(ComputeError::Unsupported { .. })),
+        "{not_own:?}"
+    );
+    e.connect_addressable(&[e.receive_words(), other.receive_words()])
+        .expect("connect");
+    let again = e.connect_addressable(&[e.receive_words(), other.receive_words()]);
+    assert!(
+        matches!(again, Err(ComputeError::Unsupported { .. })),
+        "{again:?}"
+    );
+    let short = b
+        .upload(&grads(0, 0)[..LAST - 1], &[LAST - 1])
+        .expect("short");
+    let short = e.sum_and_norm(b, &short, WAIT);
+    assert!(
+        matches!(short, Err(ComputeError::Unsupported { .. })),
+        "{short:?}"
+    );
+    let square = b
+        .upload(&grads(0, 0)[..100 * 50], &[100, 50])
+        .expect("square");
+    let view = e.sum_and_norm(b, &square.transpose(0, 1).expect("view"), WAIT);
+    assert!(
+        matches!(view, Err(ComputeError::NotContiguous { .. })),
+        "{view:?}"
+    );
+}
+
+/// Two ranks on one simulated device: rank 1 launched first finds no words of rank 0 (a peer
+/// that never came: NaN, failed), but leaves its own in rank 0's; rank 0 then sums both.
+pub fn simulated_ranks_see_the_ranks_launched_before<D: Driver>(b: &CudaBackend<D>) {
+    let mut e0 = PeerExchange::new(b, 0, 2, LAST).expect("rank 0");
+    let mut e1 = PeerExchange::new(b, 1, 2, LAST).expect("rank 1");
+    let words = [e0.receive_words(), e1.receive_words()];
+    e0.connect_addressable(&words).expect("connect 0");
+    e1.connect_addressable(&words).expect("connect 1");
+    let all = [grads(0, 0), grads(1, 0)];
+    let x0 = b.upload(&all[0], &[N]).expect("x0");
+    let x1 = b.upload(&all[1], &[N]).expect("x1");
+    let n1 = e1.sum_and_norm(b, &x1, WAIT).expect("rank 1");
+    let n0 = e0.sum_and_norm(b, &x0, WAIT).expect("rank 0");
+    check(b, &x0, &n0, &expected(&all, 0));
+    assert!(!e0.failed().expect("flag 0"));
+    assert!(b.download(&n1).expect("n1")[0].is_nan());
+    assert!(
+        e1.failed().expect("flag 1"),
+        "rank 1 waited for a rank that never came"
+    );
+}
+
+/// CUDA IPC needs a second process; the simulator has none: connecting by handles is a typed
+/// error and leaves the exchange unconnected.
+pub fn handles_do_not_connect_on_the_simulator<D: Driver>(b: &CudaBackend<D>) {
+    let mut e = PeerExchange::new(b, 0, 2, LAST).expect("exchange");
+    let other = PeerExchange::new(b, 1, 2, LAST).expect("other");
+    let handles = [
+        e.handle().expect("handle"),
+        other.handle().expect("other's handle"),
+    ];
+    assert_ne!(handles[0], handles[1]);
+    let r = e.connect(&handles);
+    assert!(matches!(r, Err(ComputeError::Device { .. })), "{r:?}");
+    let x = b.upload(&grads(0, 0), &[N]).expect("x");
+    let r = e.sum_and_norm(b, &x, WAIT);
+    assert!(matches!(r, Err(ComputeError::Unsupported { .. })), "{r:?}");
+}
+
+mod mock {
+    #[test]
+    fn one_rank_is_the_norm() {
+        super::one_rank_is_the_norm(&super::super::mock());
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        super::bad_arguments_are_refused(&super::super::mock());
+    }
+
+    #[test]
+    fn simulated_ranks_see_the_ranks_launched_before() {
+        super::simulated_ranks_see_the_ranks_launched_before(&super::super::mock());
+    }
+
+    #[test]
+    fn handles_do_not_connect_on_the_simulator() {
+        super::handles_do_not_connect_on_the_simulator(&super::super::mock());
+    }
+}
+
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::{LAST, N, check, expected, grads};
+    use std::time::Duration;
+    use zcompute::CudaBackend;
+    use zcompute::cuda::PeerExchange;
+    use zcompute::prelude::*;
+    use zdevice::{CudaDriver, Device, DeviceConfig};
+
+    /// A backend of its own on CUDA device 0: its own engine stream, so two ranks' launches
+    /// run side by side.
+    fn rank_backend() -> CudaBackend<CudaDriver> {
+        let driver = CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
+        let dev = Device::open(driver, DeviceConfig::default()).expect("CUDA device 0 opens");
+        super::super::backend_on(dev)
+    }
+
+    #[test]
+    fn gpu_one_rank_is_the_norm() {
+        super::one_rank_is_the_norm(&super::super::gpu());
+    }
+
+    #[test]
+    fn gpu_bad_arguments_are_refused() {
+        super::bad_arguments_are_refused(&super::super::gpu());
+    }
+
+    /// Two ranks on two streams of one GPU, three rounds (both halves of the words, epochs 1
+    /// to 3): each holds the bucket summed in rank order, bit for bit, and the norm.
+    #[test]
+    fn gpu_two_ranks_sum_in_rank_order() {
+        let bs = [rank_backend(), rank_backend()];
+        let mut es: Vec<_> = (0..2)
+            .map(|r| PeerExchange::new(&bs[r], r, 2, LAST).expect("exchange"))
+            .collect();
+        let words = [es[0].receive_words(), es[1].receive_words()];
+        for e in &mut es {
+            e.connect_addressable(&words).expect("connect");
+        }
+        for round in 0..3 {
+            let all = [grads(0, round), grads(1, round)];
+            let xs: Vec<_> = (0..2)
+                .map(|r| bs[r].upload(&all[r], &[N]).expect("x"))
+                .collect();
+            let norms: Vec<_> = (0..2)
+                .map(|r| {
+                    es[r]
+                        .sum_and_norm(&bs[r], &xs[r], super::WAIT)
+                        .expect("launch")
+                })
+                .collect();
+            for r in 0..2 {
+                check(&bs[r], &xs[r], &norms[r], &expected(&all, r));
+            }
+        }
+        assert!(!es[0].failed().expect("flag") && !es[1].failed().expect("flag"));
+    }
+
+    /// A rank whose peer never launches gives up after its timeout: NaN, failed.
+    #[test]
+    fn gpu_a_peer_that_never_comes_times_out() {
+        let b = rank_backend();
+        let mut e = PeerExchange::new(&b, 0, 2, LAST).expect("exchange");
+        let other = PeerExchange::new(&b, 1, 2, LAST).expect("other");
+        e.connect_addressable(&[e.receive_words(), other.receive_words()])
+            .expect("connect");
+        let x = b.upload(&grads(0, 0), &[N]).expect("x");
+        let norm = e
+            .sum_and_norm(&b, &x, Duration::from_millis(5))
+            .expect("launch");
+        assert!(b.download(&norm).expect("norm")[0].is_nan());
+        assert!(e.failed().expect("flag"));
+    }
+}
