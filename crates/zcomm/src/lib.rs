@@ -73,6 +73,36 @@ pub trait Collective<B: Backend<T>, T: Element> {
         Ok(())
     }
 
+    /// Prepares [`Collective::all_reduce_last_and_norm`] for a flat gradient buffer of `len`
+    /// elements whose last bucket (summed after backward) is its first `last` elements. A
+    /// collective: every rank calls it with the same sizes, outside a capture, before the
+    /// steps that use it. Returns whether the fused path is on (every rank gets the same
+    /// answer). The default has none: `false`.
+    ///
+    /// # Errors
+    /// `CaptureIllegal` while capturing; the collectives' errors.
+    fn prepare_last_and_norm(&self, _b: &B, _len: usize, _last: usize, _step: u64) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Once prepared for `grads`' size and `last`: queues `grads[..last]` summed over the
+    /// ranks and returns the Euclidean norm of all of `grads` (rank 0; the rest of `grads`
+    /// already summed on every rank and joined), in one launch on the engine stream. `None`
+    /// when not prepared for these sizes: the caller sums the bucket and takes the norm itself.
+    /// Legal inside a capture.
+    ///
+    /// # Errors
+    /// The launch's errors.
+    fn all_reduce_last_and_norm(
+        &self,
+        _b: &B,
+        _grads: &BTensor<B, T>,
+        _last: usize,
+        _step: u64,
+    ) -> Result<Option<BTensor<B, T>>> {
+        Ok(None)
+    }
+
     /// Replaces `x` (dense) on every rank by rank `root`'s `x`.
     fn broadcast(&self, b: &B, x: &BTensor<B, T>, root: usize, step: u64) -> Result<()>;
 

@@ -26,6 +26,7 @@
 //! NCCL needs the real CUDA driver: over the simulator `join` fails with
 //! [`CommError::NotCuda`] (after the capture and argument checks, which hold on every driver).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use zcompute::cuda::SideStream;
@@ -36,6 +37,7 @@ use zdevice::{CudaDriver, DeviceError, Driver, StreamPriority};
 use crate::{Collective, CommError, RankInfo, Result};
 
 mod errors;
+mod tail;
 
 /// Bytes of a unique id: what the rendezvous carries from rank 0 to the others.
 pub const UNIQUE_ID_BYTES: usize = nccl::UNIQUE_ID_BYTES;
@@ -53,6 +55,11 @@ pub struct NcclCollective<D: Driver = CudaDriver> {
     step: AtomicU64,
     /// Where overlapped all-reduces run.
     side: SideStream<D>,
+    /// The last bucket and the norm over peer memory, once the ranks agreed on it
+    /// ([`Collective::prepare_last_and_norm`]).
+    tail: Mutex<Option<tail::Tail<D>>>,
+    /// [`JoinOptions::last_bucket_on_nccl`].
+    last_bucket_on_nccl: bool,
 }
 
 /// How a rank joins ([`NcclCollective::join_with`]); the default is [`NcclCollective::join`]'s.
@@ -66,6 +73,10 @@ pub struct JoinOptions {
     /// on a second communicator split from the first with NCCL's `maxCTAs`, so a bucket's
     /// all-reduce takes fewer SMs from backward. `None`: the one communicator, NCCL's choice.
     pub overlap_ctas: Option<u32>,
+    /// Keep the last bucket on NCCL's all-reduce and the norm on its own launch, instead of
+    /// both in one launch over peer memory where every rank can map every other's
+    /// ([`Collective::prepare_last_and_norm`]). Every rank must pass the same.
+    pub last_bucket_on_nccl: bool,
 }
 
 impl NcclCollective<CudaDriver> {
@@ -167,6 +178,8 @@ impl<D: Driver> NcclCollective<D> {
             info,
             step: AtomicU64::new(0),
             side,
+            tail: Mutex::new(None),
+            last_bucket_on_nccl: options.last_bucket_on_nccl,
         })
     }
 
@@ -310,7 +323,40 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
         self.side_comm()
             .synchronize(self.side.stream())
             .and_then(|()| self.comm.synchronize(b.device().stream()))
-            .map_err(|e| self.failed(e, OP, step))
+            .map_err(|e| self.failed(e, OP, step))?;
+        self.check_tail(step)
+    }
+
+    fn prepare_last_and_norm(
+        &self,
+        b: &CudaBackend<D>,
+        len: usize,
+        last: usize,
+        step: u64,
+    ) -> Result<bool> {
+        self.prepare_tail(b, len, last, step)
+    }
+
+    fn all_reduce_last_and_norm(
+        &self,
+        b: &CudaBackend<D>,
+        grads: &BTensor<CudaBackend<D>, f32>,
+        last: usize,
+        step: u64,
+    ) -> Result<Option<BTensor<CudaBackend<D>, f32>>> {
+        const OP: &str = "all_reduce_last_and_norm";
+        self.step.store(step, Ordering::Relaxed);
+        let tail = tail::lock(&self.tail);
+        let Some(t) = tail
+            .as_ref()
+            .filter(|t| t.len == grads.numel() && t.exchange.last() == last)
+        else {
+            return Ok(None);
+        };
+        t.exchange
+            .sum_and_norm(b, grads, t.timeout)
+            .map(Some)
+            .map_err(|source| CommError::Compute { op: OP, source })
     }
 
     fn set_step(&self, step: u64) {

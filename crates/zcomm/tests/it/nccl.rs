@@ -231,6 +231,7 @@ mod gpu {
         let options = JoinOptions {
             side_priority: side,
             overlap_ctas: Some(2),
+            ..JoinOptions::default()
         };
         let comm = Arc::new(NcclCollective::join_with(&b, info, &id, options).expect("join"));
         let (w, n) = (info.world, 4099);
@@ -400,5 +401,114 @@ mod gpu {
             matches!(err, CommError::Timeout { rank: 0, op: "init", step: 0, waited_for } if waited_for == DEADLINE),
             "{err:?}"
         );
+    }
+
+    /// The last bucket and the norm over peer memory (`prepare_last_and_norm`,
+    /// `all_reduce_last_and_norm`): with two ranks or more on this host every rank says yes,
+    /// and three calls (both halves of the receive words) leave the bucket summed over the
+    /// ranks (exact: small integers), the rest as it was, and the norm of it all; a rank asked
+    /// to keep the last bucket on NCCL says no, and so does a world of one.
+    #[test]
+    fn gpu_the_last_bucket_and_the_norm_go_over_peer_memory() {
+        const NAME: &str = concat!(
+            module_path!(),
+            "::gpu_the_last_bucket_and_the_norm_go_over_peer_memory"
+        );
+        let Some((info, id)) = role() else {
+            let codes = run_ranks(NAME, world());
+            assert!(
+                codes.iter().all(|c| *c == Some(0)),
+                "rank exit codes {codes:?}"
+            );
+            return;
+        };
+        let b = open(info);
+        let comm = NcclCollective::join(&b, info, &id).expect("join");
+        let (w, n, last) = (info.world, 20_011, 3_001);
+        let on = comm.prepare_last_and_norm(&b, n, last, 0).expect("prepare");
+        assert_eq!(
+            on,
+            w > 1,
+            "rank {}: every rank of one host maps every other's",
+            info.rank
+        );
+        let s = (w * (w + 1) / 2) as f32;
+        for round in 0..3 {
+            // The rest is already summed (the same on every rank); the bucket is this rank's.
+            let mut grads: Vec<f32> = (0..n).map(|i| s * ((i + round) % 7 + 1) as f32).collect();
+            grads[..last].copy_from_slice(&contribution(info.rank, last));
+            let g = b.upload(&grads, &[n]).expect("grads");
+            let norm = comm
+                .all_reduce_last_and_norm(&b, &g, last, round as u64)
+                .expect("launch");
+            if w == 1 {
+                assert!(norm.is_none(), "a world of one has no exchange");
+                return;
+            }
+            let norm = norm.expect("prepared: the norm comes with the bucket");
+            comm.synchronize(&b).expect("no peer gave up");
+            let got = b.download(&g).expect("grads");
+            let want: Vec<f32> = (0..n)
+                .map(|i| {
+                    if i < last {
+                        s * (i % 7 + 1) as f32
+                    } else {
+                        grads[i]
+                    }
+                })
+                .collect();
+            assert_eq!(got, want, "rank {}, round {round}", info.rank);
+            let want_norm = want
+                .iter()
+                .map(|&v| f64::from(v).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let got_norm = f64::from(b.download(&norm).expect("norm")[0]);
+            assert!(
+                (got_norm - want_norm).abs() <= 1e-6 * want_norm,
+                "rank {}: norm {got_norm} against {want_norm}",
+                info.rank
+            );
+        }
+        let kept = NcclCollective::join_with(
+            &b,
+            info,
+            &id_again(&comm, &b, info),
+            JoinOptions {
+                last_bucket_on_nccl: true,
+                ..JoinOptions::default()
+            },
+        )
+        .expect("a second communicator");
+        assert!(!kept.prepare_last_and_norm(&b, n, last, 0).expect("prepare"));
+        let g = b.upload(&vec![1.0; n], &[n]).expect("grads");
+        assert!(
+            kept.all_reduce_last_and_norm(&b, &g, last, 0)
+                .expect("call")
+                .is_none()
+        );
+    }
+
+    /// A fresh unique id made by rank 0 and broadcast over `comm` (bit for bit: a broadcast
+    /// copies bytes), for a second communicator of the same ranks.
+    fn id_again(comm: &NcclCollective, b: &CudaBackend<CudaDriver>, info: RankInfo) -> Vec<u8> {
+        let mut words = vec![0.0f32; 32];
+        if info.rank == 0 {
+            let id = NcclCollective::unique_id().expect("an id");
+            for (w, c) in words.iter_mut().zip(id.chunks(4)) {
+                let mut bytes = [0u8; 4];
+                bytes[..c.len()].copy_from_slice(c);
+                *w = f32::from_bits(u32::from_le_bytes(bytes));
+            }
+        }
+        let t = b.upload(&words, &[32]).expect("id words");
+        comm.broadcast(b, &t, 0, 0).expect("broadcast");
+        comm.synchronize(b).expect("sync");
+        b.download(&t)
+            .expect("id words")
+            .iter()
+            .flat_map(|w| w.to_bits().to_le_bytes())
+            .take(zcomm::nccl::UNIQUE_ID_BYTES)
+            .collect()
     }
 }
