@@ -5,7 +5,8 @@
 //!
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]
 //! [--strong 256,512,1024] [--warmup-steps W] [--nccl-channels C]
-//! [--stream-priority same|engine|comm] [--overlap-ctas B]` starts N ranks of itself
+//! [--stream-priority same|engine|comm] [--overlap-ctas B]
+//! [--last-bucket peer|nccl]` starts N ranks of itself
 //! through zcomm's launcher (one process per GPU, `NCCL_NVLS_ENABLE=0`,
 //! `NCCL_GRAPH_MIXING_SUPPORT=0` unless the environment sets it, and with C > 0 NCCL's
 //! channels limited to C, as ztrain's `--nccl-channels`; 0, the default, leaves NCCL's own
@@ -41,6 +42,10 @@
 //! `stream_priority`). `--overlap-ctas B` runs the overlapped bucket all-reduces on a second
 //! communicator whose collectives take at most B thread blocks (NCCL's `maxCTAs`), the last
 //! bucket's on the first (JSON key `overlap_ctas`, 0 for one communicator).
+//! `--last-bucket nccl` keeps the bucket backward finishes last on NCCL's all-reduce and the
+//! norm on a launch of its own (the step before the peer-memory tail); `peer`, the default, sums
+//! it through the ranks' mapped device memory with the norm in one launch, where every rank can
+//! map every other's (JSON key `last_bucket`).
 //!
 //! Before the first timed row every rank replays the captured weak-scaling step `W` times
 //! (default 2000, about 1.5 s): the first process a freshly started GPU machine runs measured its
@@ -291,6 +296,8 @@ struct Args {
     priority: (&'static str, StreamPriority, StreamPriority),
     /// `--overlap-ctas`: 0 for one communicator.
     overlap_ctas: u32,
+    /// `--last-bucket nccl`: the last bucket on NCCL's all-reduce, the norm on its own launch.
+    last_bucket_on_nccl: bool,
 }
 
 fn args() -> Result<Args, Error> {
@@ -363,9 +370,15 @@ fn args() -> Result<Args, Error> {
         .map(|v| v.parse())
         .transpose()?
         .unwrap_or(0);
+    let last_bucket_on_nccl = match arg("--last-bucket").as_deref().unwrap_or("peer") {
+        "peer" => false,
+        "nccl" => true,
+        other => return Err(format!("--last-bucket {other}: expected peer or nccl").into()),
+    };
     Ok(Args {
         priority,
         overlap_ctas,
+        last_bucket_on_nccl,
         iters,
         rounds,
         warmup_steps,
@@ -399,6 +412,14 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     out.str("device", &gpu.device().info().name);
     out.str("stream_priority", priority);
     out.raw("overlap_ctas", args.overlap_ctas);
+    out.str(
+        "last_bucket",
+        if args.last_bucket_on_nccl {
+            "nccl"
+        } else {
+            "peer"
+        },
+    );
     out.raw("gpus", info.world);
     out.raw("iters", args.iters);
     out.raw("rounds", args.rounds);
@@ -435,6 +456,7 @@ fn rank_main(env: &LaunchEnv, args: &Args) -> Result<(), Error> {
     let options = JoinOptions {
         side_priority,
         overlap_ctas: (args.overlap_ctas > 0).then_some(args.overlap_ctas),
+        last_bucket_on_nccl: args.last_bucket_on_nccl,
     };
     let comm: Comm = Rc::new(NcclCollective::join_with(&gpu, info, &id, options)?);
     warm_up(&gpu, Some(&comm), info.world, args.warmup_steps)?;

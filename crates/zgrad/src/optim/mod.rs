@@ -51,6 +51,24 @@ pub fn grad_norm<B: Ops<T>, T: Element>(b: &B, params: &[Var<B, T>]) -> Result<B
     Ok(b.unary(UnaryOp::Sqrt, &total)?)
 }
 
+/// Scales every gradient by `min(1, max_norm / (norm + 1e-6))` for a `norm` already taken
+/// (rank 0; the data-parallel step's, taken with its last bucket): `clip_grad_norm` without
+/// the norm's launches. No host round trip: capturable.
+pub fn clip_by_norm<B: Ops<T>, T: Element>(
+    b: &B,
+    params: &[Var<B, T>],
+    norm: &BTensor<B, T>,
+    max_norm: T,
+) -> Result<()> {
+    if let Some(set) = ParameterSet::of(params) {
+        return Ok(b.clip_scale(set.grads(), norm, max_norm)?);
+    }
+    for g in params.iter().filter_map(Var::grad) {
+        b.clip_scale(g, norm, max_norm)?;
+    }
+    Ok(())
+}
+
 /// Scales every gradient by `min(1, max_norm / (norm + 1e-6))` (PyTorch's `clip_grad_norm_`)
 /// and returns the norm before clipping. No host round trip: capturable.
 pub fn clip_grad_norm<B: Ops<T>, T: Element>(

@@ -6,7 +6,7 @@
 use super::distributed::Dist;
 use crate::error::{GradError, Result};
 use crate::model::Model;
-use crate::optim::{AdamWTensors, clip_grad_norm, grad_norm, zero_grad};
+use crate::optim::{AdamWTensors, clip_by_norm, clip_grad_norm, grad_norm, zero_grad};
 use crate::tape::Tape;
 use crate::var::Var;
 use std::cell::{Cell, RefCell};
@@ -107,12 +107,21 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         y: &Var<B, T>,
     ) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
         zero_grad(b, &self.params)?;
-        let loss = if self.dist.single() {
-            self.forward_backward(b, x, y, None)?
+        let (loss, norm) = if self.dist.single() {
+            (self.forward_backward(b, x, y, None)?, None)
         } else {
             self.shard_forward_backward(b, x, y)?
         };
-        let norm = self.norm(b)?;
+        let norm = match norm {
+            // The collective took the norm with the last bucket: clip by it.
+            Some(norm) => {
+                if let Some(c) = self.clip {
+                    clip_by_norm(b, &self.params, &norm, c)?;
+                }
+                norm
+            }
+            None => self.norm(b)?,
+        };
         Ok((loss, norm))
     }
 

@@ -69,6 +69,9 @@ pub(crate) struct Dist<B: Ops<T>, T: Element> {
     pub sync: GradSync,
     /// The `(local, global)` the share tensor holds (it is uploaded only when they change).
     pub uploaded: Rc<Cell<Option<(usize, usize)>>>,
+    /// The flat buffer's length and last bucket the collective was asked to fuse with the norm
+    /// (`Collective::prepare_last_and_norm`), and its answer.
+    pub tail: Rc<Cell<Option<(usize, usize, bool)>>>,
 }
 
 impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
@@ -81,6 +84,7 @@ impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
             step: Rc::clone(&self.step),
             sync: self.sync,
             uploaded: Rc::clone(&self.uploaded),
+            tail: Rc::clone(&self.tail),
         }
     }
 }
@@ -97,6 +101,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             step: Rc::default(),
             sync: GradSync::default(),
             uploaded: Rc::default(),
+            tail: Rc::default(),
         })
     }
 
@@ -135,8 +140,18 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     }
 
     /// Before a step on a global batch of `global` rows with `local` of them here: the share
-    /// and the step number, read by eager and captured bodies alike.
-    pub fn prepare(&self, b: &B, local: usize, global: usize, step: u64) -> Result<()> {
+    /// and the step number, read by eager and captured bodies alike; and, once for the flat
+    /// buffer of `params`, the collective's fused tail (the last bucket and the norm in one
+    /// launch) asked for when the gradients go in buckets.
+    pub fn prepare(
+        &self,
+        b: &B,
+        params: &[Var<B, T>],
+        local: usize,
+        global: usize,
+        step: u64,
+    ) -> Result<()> {
+        self.prepare_tail(b, params, step)?;
         self.local.set(local);
         self.global.set(global);
         self.step.set(step);
@@ -147,6 +162,46 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             self.uploaded.set(Some((local, global)));
         }
         Ok(())
+    }
+
+    /// Asks the collective, once per flat layout, to fuse the last bucket's all-reduce with
+    /// the norm (`Collective::prepare_last_and_norm`: every rank asks at the same step, with
+    /// the same sizes). Only for bucketed sums whose last bucket holds gradients alone (the
+    /// loss slot goes with the first one).
+    fn prepare_tail(&self, b: &B, params: &[Var<B, T>], step: u64) -> Result<()> {
+        // Asked once: a trainer's parameters keep their buffer, and its `GradSync` is set
+        // before the first step (`with_grad_sync` forgets the answer). Every step comes here,
+        // so the steps after the first pay nothing (ztrain's two-GPU loop is host-bound
+        // enough that a plan made per step showed in its rate).
+        if self.single() || self.tail.get().is_some() {
+            return Ok(());
+        }
+        let Some(set) = ParameterSet::of(params) else {
+            self.tail.set(Some((0, 0, false)));
+            return Ok(());
+        };
+        let Some(last) = self.fusable_last(&set)? else {
+            self.tail.set(Some((set.len(), 0, false)));
+            return Ok(());
+        };
+        let on = self.comm.prepare_last_and_norm(b, set.len(), last, step)?;
+        self.tail.set(Some((set.len(), last, on)));
+        Ok(())
+    }
+
+    /// The elements of the last bucket of `set` when the gradients go in buckets and that
+    /// bucket could be fused with the norm: more than one bucket, the last one the buffer's
+    /// start, gradients only.
+    fn fusable_last(&self, set: &ParameterSet<B, T>) -> Result<Option<usize>> {
+        let Some((sizing, bucket_bytes)) = self.sync.buckets() else {
+            return Ok(None);
+        };
+        let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
+        let plan = BucketPlan::new(set.offsets(), set.reduced()?.numel(), elems, sizing);
+        Ok(match plan.ranges() {
+            [_, .., last] if last.start == 0 && last.end <= set.len() => Some(last.end),
+            _ => None,
+        })
     }
 
     /// Backward from `root` (an empty shard has none) seeded by the share, and the all-reduce
@@ -161,15 +216,22 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         set: &ParameterSet<B, T>,
         tape: &Tape<'_, B, T>,
         root: Option<&Var<B, T>>,
-    ) -> Result<()> {
+    ) -> Result<Option<BTensor<B, T>>> {
         let reduced = set.reduced()?;
         // d(loss * share)/d loss = share: the share is backward's seed (as `forward_backward`).
         let Some((sizing, bucket_bytes)) = self.sync.buckets() else {
             if let Some(root) = root {
                 tape.backward_with(root, self.share.clone())?;
             }
-            return Ok(self.comm.all_reduce_sum(b, &reduced, self.step.get())?);
+            self.comm.all_reduce_sum(b, &reduced, self.step.get())?;
+            return Ok(None);
         };
+        // The last bucket and the norm in one launch, where the ranks agreed on it.
+        let fused = match self.tail.get() {
+            Some((len, last, true)) if len == set.len() => Some(last),
+            _ => None,
+        };
+        let norm = std::cell::RefCell::new(None);
         let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
         let plan = BucketPlan::new(set.offsets(), reduced.numel(), elems, sizing);
         let last = plan.ranges().len().saturating_sub(1);
@@ -187,7 +249,17 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
                     if unjoined.replace(false) {
                         self.comm.join_overlapped(b)?;
                     }
-                    self.comm.all_reduce_sum(b, &bucket, self.step.get())?;
+                    let step = self.step.get();
+                    let tail = match fused {
+                        Some(n) if r.start == 0 && r.end == n => self
+                            .comm
+                            .all_reduce_last_and_norm(b, set.grads(), n, step)?,
+                        _ => None,
+                    };
+                    match tail {
+                        Some(t) => *norm.borrow_mut() = Some(t),
+                        None => self.comm.all_reduce_sum(b, &bucket, step)?,
+                    }
                 } else {
                     unjoined.set(true);
                     self.comm
@@ -206,7 +278,8 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
                 })?;
             }
             issue(cursor.rest())
-        })();
+        })()
+        .map(|()| norm.take());
         if issued.is_err() && unjoined.get() {
             // A step that fails between its buckets still leaves no collective on the second
             // stream unordered with the engine stream: the next work on the communicator (an
@@ -221,17 +294,21 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     }
 }
 
+/// The gradients' global norm when the collective took it with the last bucket.
+pub(crate) type NormIfTaken<B, T> = Option<BTensor<B, T>>;
+
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// This rank's forward and backward with the loss scaled by its share of the global batch
     /// (none for an empty shard: zero gradients, zero loss), then the gradients and the scaled
     /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor): a view of the
-    /// loss slot, valid until the next step writes it.
+    /// loss slot, valid until the next step writes it; and the gradients' global norm when the
+    /// collective took it with the last bucket (`Collective::all_reduce_last_and_norm`).
     pub fn shard_forward_backward(
         &self,
         b: &B,
         x: &Var<B, T>,
         y: &Var<B, T>,
-    ) -> Result<BTensor<B, T>> {
+    ) -> Result<(BTensor<B, T>, NormIfTaken<B, T>)> {
         let d = &self.dist;
         let empty = x.value().shape().first() == Some(&0);
         let Some(set) = ParameterSet::of(&self.params) else {
@@ -244,7 +321,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             };
             d.reduce_grads(b, &self.params)?;
             d.reduce(b, &loss)?;
-            return Ok(loss);
+            return Ok((loss, None));
         };
         let slot = set.loss_slot()?;
         let tape = self.tape(b);
@@ -260,8 +337,8 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             Some(local) => b.binary_into(BinaryOp::Mul, local.value(), &d.share, &loss)?,
             None => b.fill(&loss, T::ZERO)?,
         }
-        d.backward_and_reduce(b, &set, &tape, forward.as_ref())?;
-        Ok(loss)
+        let norm = d.backward_and_reduce(b, &set, &tape, forward.as_ref())?;
+        Ok((loss, norm))
     }
 
     /// The per-sample step's sum over the ranks, after its last sample: this rank's
@@ -335,6 +412,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             ));
         }
         self.parts.dist.sync = sync;
+        // The fused tail was asked for the old plan's last bucket: ask again at the next step.
+        self.parts.dist.tail.set(None);
         Ok(self)
     }
 

@@ -393,7 +393,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         };
         self.parts
             .dist
-            .prepare(&*self.backend, data.len(), batch, step)?;
+            .prepare(&*self.backend, &self.parts.params, data.len(), batch, step)?;
         // [rows, ..sample shape]: what the model's loss takes.
         let shape: Vec<usize> = std::iter::once(data.len())
             .chain(sample.iter().copied())

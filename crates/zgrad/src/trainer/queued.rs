@@ -286,7 +286,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         let info = self.parts.dist.info();
         let local = shard(info.rank, info.world, batch);
-        self.parts.dist.prepare(&*b, local.len(), batch, step)?;
+        self.parts
+            .dist
+            .prepare(&*b, &self.parts.params, local.len(), batch, step)?;
         let shape: Vec<usize> = std::iter::once(local.len())
             .chain(sample.iter().copied())
             .collect();

@@ -12,7 +12,7 @@ use rstest::rstest;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo};
-use zcompute::{BTensor, CpuBackend};
+use zcompute::{BTensor, Backend, CpuBackend};
 use zgrad::{GradSync, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Cpu = CpuBackend;
@@ -25,6 +25,10 @@ struct Recorder {
     /// The overlapped call (counted from 1) that fails, if any.
     fail_overlapped: Cell<Option<usize>>,
     overlapped: Cell<usize>,
+    /// Whether it takes the last bucket with the norm (`prepare_last_and_norm`'s answer), and
+    /// each `(len, last)` it was asked to prepare.
+    fuse: Cell<bool>,
+    prepared: RefCell<Vec<(usize, usize)>>,
 }
 
 impl Collective<Cpu, f32> for Recorder {
@@ -80,6 +84,35 @@ impl Collective<Cpu, f32> for Recorder {
 
     fn synchronize(&self, _b: &Cpu) -> zcomm::Result<()> {
         Ok(())
+    }
+
+    fn prepare_last_and_norm(
+        &self,
+        _b: &Cpu,
+        len: usize,
+        last: usize,
+        _step: u64,
+    ) -> zcomm::Result<bool> {
+        self.prepared.borrow_mut().push((len, last));
+        Ok(self.fuse.get())
+    }
+
+    /// Sums nothing (as every call here) and takes the norm as the trainer would.
+    fn all_reduce_last_and_norm(
+        &self,
+        b: &Cpu,
+        grads: &BTensor<Cpu, f32>,
+        last: usize,
+        _step: u64,
+    ) -> zcomm::Result<Option<BTensor<Cpu, f32>>> {
+        self.calls.borrow_mut().push(("last_and_norm", last));
+        self.offsets.borrow_mut().push(grads.layout().offset());
+        let norm =
+            zcompute::Backend::norm2(b, grads).map_err(|source| zcomm::CommError::Compute {
+                op: "all_reduce_last_and_norm",
+                source,
+            })?;
+        Ok(Some(norm))
     }
 }
 
@@ -368,4 +401,124 @@ fn a_bucket_of_zero_bytes_is_refused(#[case] zero: GradSync, #[case] one: GradSy
         other => panic!("{zero:?}: {other:?}"),
     }
     assert!(trainer().with_grad_sync(one).is_ok(), "{one:?}");
+}
+
+/// Where the collective takes the last bucket with the norm (`prepare_last_and_norm` answered
+/// yes), the step's last bucket is that one call, after the join, in place of its all-reduce;
+/// the trainer asks once, at the first step, with the buffer's length and the plan's last
+/// bucket; clipping uses the norm it returned, so the parameters are bitwise those of the
+/// steps that take the norm themselves. Asked nothing where the plan has one bucket or the sum
+/// is after backward. Eager and captured.
+#[rstest]
+#[case::eager(false)]
+#[case::captured(true)]
+fn the_last_bucket_goes_with_the_norm_where_the_collective_takes_it(#[case] capture: bool) {
+    let run = |fuse: bool, sync: GradSync| {
+        let b = CpuBackend;
+        let model = XAsset::init(&b, CFG, 3).expect("model");
+        let flat = model.flat_gradients().expect("flat buffer").numel();
+        let recorder = Rc::new(Recorder::default());
+        recorder.fuse.set(fuse);
+        let config = TrainerConfig {
+            schedule: TrainSchedule::Batched,
+            capture,
+            clip_grad: Some(0.05),
+            ..TrainerConfig::default()
+        };
+        let mut t = Trainer::new(b, model, config)
+            .and_then(|t| t.with_collective(recorder.clone()))
+            .and_then(|t| t.with_grad_sync(sync))
+            .expect("trainer");
+        recorder.calls.borrow_mut().clear();
+        recorder.offsets.borrow_mut().clear();
+        let batch = 4;
+        let x: Vec<f32> = (0..batch * 3 * 5)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+        for _ in 0..2 {
+            t.train_batch(&x, &y, batch).expect("step");
+        }
+        let params: Vec<u32> = t
+            .model()
+            .parameters()
+            .iter()
+            .flat_map(|p| CpuBackend.download(p.value()).expect("value"))
+            .map(f32::to_bits)
+            .collect();
+        let calls = recorder.calls.borrow().clone();
+        let prepared = recorder.prepared.borrow().clone();
+        (calls, prepared, params, flat)
+    };
+    let sync = GradSync::Overlapped { bucket_bytes: 256 };
+    let (plain, asked, plain_params, flat) = run(false, sync);
+    let (fused, asked_fused, fused_params, _) = run(true, sync);
+    let last = plain.last().expect("calls").1;
+    assert_eq!(plain.last(), Some(&("all_reduce", last)), "{plain:?}");
+    assert!(
+        last < flat,
+        "the last bucket holds gradients alone: {plain:?}"
+    );
+    assert_eq!(asked, [(flat, last)], "asked once, at the first step");
+    assert_eq!(asked_fused, [(flat, last)]);
+    let per_step = fused.len() / 2;
+    for step in fused.chunks(per_step) {
+        assert_eq!(
+            step[per_step - 2..],
+            [("join", 0), ("last_and_norm", last)],
+            "{fused:?}"
+        );
+        assert!(step.iter().all(|c| c.0 != "all_reduce"), "{fused:?}");
+    }
+    assert_eq!(fused.len(), plain.len(), "the same buckets before it");
+    assert_eq!(
+        fused_params, plain_params,
+        "clipped by the norm it returned, bitwise"
+    );
+    for sync in [
+        GradSync::AfterBackward,
+        GradSync::Overlapped {
+            bucket_bytes: zgrad::DEFAULT_BUCKET_BYTES,
+        },
+    ] {
+        let (calls, asked, _, _) = run(true, sync);
+        assert!(asked.is_empty(), "{sync:?}: nothing to fuse: {asked:?}");
+        assert!(
+            calls.iter().all(|c| c.0 != "last_and_norm"),
+            "{sync:?}: {calls:?}"
+        );
+    }
+}
+
+/// The trainer asks the collective once, not at every step; a new `GradSync` after steps (a
+/// new plan, a new last bucket) is asked for again at the next step.
+#[test]
+fn the_fused_tail_is_asked_for_again_after_a_new_grad_sync() {
+    let b = CpuBackend;
+    let model = XAsset::init(&b, CFG, 3).expect("model");
+    let flat = model.flat_gradients().expect("flat buffer").numel();
+    let recorder = Rc::new(Recorder::default());
+    recorder.fuse.set(true);
+    let mut t = Trainer::new(b, model, TrainerConfig::default())
+        .and_then(|t| t.with_collective(recorder.clone()))
+        .and_then(|t| t.with_grad_sync(GradSync::Overlapped { bucket_bytes: 256 }))
+        .expect("trainer");
+    let batch = 4;
+    let x: Vec<f32> = (0..batch * 3 * 5)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    for _ in 0..3 {
+        t.train_batch(&x, &y, batch).expect("step");
+    }
+    let first = recorder.prepared.borrow().clone();
+    assert_eq!(first.len(), 1, "asked once over three steps: {first:?}");
+    let mut t = t
+        .with_grad_sync(GradSync::OverlappedUniform { bucket_bytes: 2048 })
+        .expect("new plan");
+    t.train_batch(&x, &y, batch).expect("step");
+    let asked = recorder.prepared.borrow().clone();
+    assert_eq!(asked.len(), 2, "asked again for the new plan: {asked:?}");
+    assert_eq!(asked[1].0, flat);
+    assert_ne!(asked[1].1, asked[0].1, "another last bucket: {asked:?}");
 }
