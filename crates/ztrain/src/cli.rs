@@ -38,6 +38,17 @@ pub enum DataOn {
     Host,
 }
 
+/// How the ranks sum the gradient bucket backward finishes last (`--last-bucket`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LastBucket {
+    /// Through the ranks' device memory, mapped into each other (CUDA IPC over NVLink), with
+    /// the gradient norm in the same launch, where every rank can map every other's (one
+    /// host); NCCL's all-reduce otherwise, which every rank then keeps.
+    Peer,
+    /// NCCL's all-reduce, then the norm in a launch of its own.
+    Nccl,
+}
+
 /// Parses `--schedule` into zgrad's schedule (the command line spells it `batched` or
 /// `per-sample`).
 fn schedule_parser() -> impl clap::builder::TypedValueParser<Value = TrainSchedule> {
@@ -150,6 +161,14 @@ pub struct Options {
     /// long enough for few blocks (docs/benchmarks.md).
     #[arg(long, default_value_t = 0, value_name = "N", help_heading = "Device")]
     pub overlap_ctas: u32,
+
+    /// With several ranks on GPUs: how the gradient bucket backward finishes last is summed.
+    /// Every rank waits for that sum after backward, then takes the gradients' norm; `peer`
+    /// does both in one launch. On 2 H100s `peer` made the captured step itself faster (weak
+    /// scaling 97.6% against 96.4-96.7%) but this loop 2-2.5% slower, as did any step without
+    /// NCCL's all-reduce at its end (docs/benchmarks.md), hence the default.
+    #[arg(long, value_enum, default_value_t = LastBucket::Nccl, help_heading = "Device")]
+    pub last_bucket: LastBucket,
 
     /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
     /// feature columns (column = s·F + f) and a 0/1 label. See the README.

@@ -193,13 +193,14 @@ pub fn sim_collective(
 /// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
 /// rank 0 makes the unique id and hands it out over TCP at `MASTER_ADDR:MASTER_PORT`, every
 /// rank joins with it; both waits bounded by `timeout` (the join by the device's deadline).
-/// `overlap_ctas`: see [`overlap_ctas`].
+/// `overlap_ctas`: see [`overlap_ctas`]; `last_bucket`: `--last-bucket`.
 pub fn nccl_collective(
     b: &CudaBackend<CudaDriver>,
     env: &LaunchEnv,
     timeout: Duration,
     stop: &StopSignal,
     overlap_ctas: Option<u32>,
+    last_bucket: crate::cli::LastBucket,
 ) -> Result<Rc<dyn Collective<CudaBackend<CudaDriver>, f32>>> {
     let master = env.master.as_ref().ok_or_else(|| {
         TrainError::Options(format!(
@@ -213,13 +214,23 @@ pub fn nccl_collective(
         || Ok(NcclCollective::unique_id()?.to_vec()),
         rendezvous_config(env, timeout, stop)?,
     )?;
-    let options = zcomm::JoinOptions {
-        overlap_ctas,
-        ..zcomm::JoinOptions::default()
-    };
+    let options = join_options(overlap_ctas, last_bucket);
     Ok(Rc::new(NcclCollective::join_with(
         b, env.info, &id, options,
     )?))
+}
+
+/// How a rank joins the NCCL communicator: `--overlap-ctas` and `--last-bucket`.
+#[must_use]
+pub fn join_options(
+    overlap_ctas: Option<u32>,
+    last_bucket: crate::cli::LastBucket,
+) -> zcomm::JoinOptions {
+    zcomm::JoinOptions {
+        overlap_ctas,
+        last_bucket_on_nccl: last_bucket == crate::cli::LastBucket::Nccl,
+        ..zcomm::JoinOptions::default()
+    }
 }
 
 #[cfg(test)]
@@ -268,6 +279,34 @@ mod tests {
                 assert!(msg.contains("--overlap-ctas"), "{msg}");
             }
             (other, want) => panic!("{args:?}: got {other:?}, want {want:?}"),
+        }
+    }
+
+    /// `--last-bucket`: NCCL's all-reduce by default (the faster in ztrain's loop, measured),
+    /// the peer-memory tail when asked; anything else is refused by the parser.
+    #[rstest]
+    #[case::default_nccl(&[], Some(true))]
+    #[case::nccl(&["--last-bucket", "nccl"], Some(true))]
+    #[case::peer(&["--last-bucket", "peer"], Some(false))]
+    #[case::bogus(&["--last-bucket", "shared"], None)]
+    fn last_bucket_picks_how_the_last_bucket_is_summed(
+        #[case] args: &[&str],
+        #[case] want: Option<bool>,
+    ) {
+        let parsed = Options::try_parse_from(std::iter::once("ztrain").chain(args.iter().copied()));
+        match (parsed, want) {
+            (Ok(o), Some(want)) => {
+                assert_eq!(
+                    join_options(Some(4), o.last_bucket).last_bucket_on_nccl,
+                    want
+                );
+                assert_eq!(join_options(Some(4), o.last_bucket).overlap_ctas, Some(4));
+            }
+            (Err(e), None) => assert!(e.to_string().contains("--last-bucket"), "{e}"),
+            (other, want) => panic!(
+                "{args:?}: got {:?}, want {want:?}",
+                other.map(|o| o.last_bucket)
+            ),
         }
     }
 

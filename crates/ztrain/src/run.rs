@@ -120,7 +120,16 @@ pub fn run(
         AnyBackend::Cpu(b) => train(b, None, &ctx, &mut console),
         AnyBackend::Cuda(b) => {
             let comm = ranks
-                .map(|e| crate::distributed::nccl_collective(&b, e, timeout, stop, overlap_ctas))
+                .map(|e| {
+                    crate::distributed::nccl_collective(
+                        &b,
+                        e,
+                        timeout,
+                        stop,
+                        overlap_ctas,
+                        options.last_bucket,
+                    )
+                })
                 .transpose()?;
             train(b, comm, &ctx, &mut console)
         }
