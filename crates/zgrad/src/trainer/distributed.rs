@@ -169,10 +169,9 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     /// the same sizes). Only for bucketed sums whose last bucket holds gradients alone (the
     /// loss slot goes with the first one).
     fn prepare_tail(&self, b: &B, params: &[Var<B, T>], step: u64) -> Result<()> {
-        // Asked once: a trainer's parameters keep their buffer, and its `GradSync` is set
-        // before the first step (`with_grad_sync` forgets the answer). Every step comes here,
-        // so the steps after the first pay nothing (ztrain's two-GPU loop is host-bound
-        // enough that a plan made per step showed in its rate).
+        // Asked once: a trainer's parameters keep their buffer, and a new `GradSync` forgets
+        // the answer (`with_grad_sync`). Every step comes here, so the steps after the first
+        // pay nothing (no layout walk, no plan).
         if self.single() || self.tail.get().is_some() {
             return Ok(());
         }
