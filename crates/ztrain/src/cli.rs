@@ -165,8 +165,8 @@ pub struct Options {
     /// With several ranks on GPUs: how the gradient bucket backward finishes last is summed.
     /// Every rank waits for that sum after backward, then takes the gradients' norm; `peer`
     /// does both in one launch. On 2 H100s `peer` made the captured step itself faster (weak
-    /// scaling 97.6% against 96.4-96.7%) but this loop 2-2.5% slower, as did any step without
-    /// NCCL's all-reduce at its end (docs/benchmarks.md), hence the default.
+    /// scaling 97.6% against 96.4-96.7%) but this loop 2-2.5% slower, as did the exchange's
+    /// set-up alone with NCCL's tail (docs/benchmarks.md), hence the default.
     #[arg(long, value_enum, default_value_t = LastBucket::Nccl, help_heading = "Device")]
     pub last_bucket: LastBucket,
 
