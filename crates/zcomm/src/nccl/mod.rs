@@ -190,6 +190,12 @@ impl<D: Driver> NcclCollective<D> {
             o.abort();
         }
         self.comm.abort();
+        // The peer-memory tail's kernel waits on peers outside NCCL: tell it too.
+        if let Some(t) = tail::lock(&self.tail).as_ref()
+            && let Err(e) = t.exchange.give_up()
+        {
+            tracing::warn!(target: "zcomm.nccl.abort", error = %e, "telling the peer-memory tail to give up failed");
+        }
     }
 
     /// Whether the communicator was aborted (by a failure or by [`Self::abort`]).

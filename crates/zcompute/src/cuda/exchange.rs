@@ -304,6 +304,19 @@ impl<D: Driver> PeerExchange<D> {
         Ok(u32::from_le_bytes(flag) != 0)
     }
 
+    /// Makes the launches running or queued give up their waits for peers now, and every later
+    /// one at once (the failure flag, which the kernel polls, set from the host): what aborting
+    /// a communicator does to NCCL's kernels, so that a rank whose peer died does not wait for
+    /// the timeout. Not undone: an exchange given up stays failed.
+    ///
+    /// # Errors
+    /// `Device` from the copy (`CaptureIllegal` while capturing).
+    pub fn give_up(&self) -> Result<()> {
+        self.device
+            .copy_htod(self.state.offset(FAILED_AT), &1u32.to_le_bytes())
+            .map_err(|e| device_error("peer_exchange", e))
+    }
+
     fn close_opened(&mut self) {
         for p in self.opened.drain(..) {
             if let Err(e) = self.device.ipc_close(p) {

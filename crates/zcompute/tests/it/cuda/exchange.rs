@@ -143,6 +143,26 @@ pub fn simulated_ranks_see_the_ranks_launched_before<D: Driver>(b: &CudaBackend<
     );
 }
 
+/// An exchange given up (`give_up`, what aborting the communicator does) fails every launch at
+/// once, even one whose peer's words are there: NaN, failed. Rank 1 launched first leaves its
+/// words in rank 0's, as in the test above, where rank 0 then sums them.
+pub fn an_exchange_given_up_fails_its_launches<D: Driver>(b: &CudaBackend<D>) {
+    let mut e0 = PeerExchange::new(b, 0, 2, LAST).expect("rank 0");
+    let mut e1 = PeerExchange::new(b, 1, 2, LAST).expect("rank 1");
+    let words = [e0.receive_words(), e1.receive_words()];
+    e0.connect_addressable(&words).expect("connect 0");
+    e1.connect_addressable(&words).expect("connect 1");
+    let all = [grads(0, 0), grads(1, 0)];
+    let x0 = b.upload(&all[0], &[N]).expect("x0");
+    let x1 = b.upload(&all[1], &[N]).expect("x1");
+    e1.sum_and_norm(b, &x1, WAIT).expect("rank 1");
+    e0.give_up().expect("give up");
+    assert!(e0.failed().expect("flag"), "given up before any launch");
+    let n0 = e0.sum_and_norm(b, &x0, WAIT).expect("rank 0");
+    assert!(b.download(&n0).expect("n0")[0].is_nan());
+    assert!(e0.failed().expect("flag"));
+}
+
 /// CUDA IPC needs a second process; the simulator has none: connecting by handles is a typed
 /// error and leaves the exchange unconnected.
 pub fn handles_do_not_connect_on_the_simulator<D: Driver>(b: &CudaBackend<D>) {
@@ -174,6 +194,11 @@ mod mock {
     #[test]
     fn simulated_ranks_see_the_ranks_launched_before() {
         super::simulated_ranks_see_the_ranks_launched_before(&super::super::mock());
+    }
+
+    #[test]
+    fn an_exchange_given_up_fails_its_launches() {
+        super::an_exchange_given_up_fails_its_launches(&super::super::mock());
     }
 
     #[test]
