@@ -141,17 +141,20 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
 
     /// Before a step on a global batch of `global` rows with `local` of them here: the share
     /// and the step number, read by eager and captured bodies alike; and, once for the flat
-    /// buffer of `params`, the collective's fused tail (the last bucket and the norm in one
-    /// launch) asked for when the gradients go in buckets.
+    /// buffer of `batched` (a batched step's parameters; `None` for the per-sample step, whose
+    /// sum is one all-reduce after its last sample), the collective's fused tail (the last
+    /// bucket and the norm in one launch) asked for when the gradients go in buckets.
     pub fn prepare(
         &self,
         b: &B,
-        params: &[Var<B, T>],
+        batched: Option<&[Var<B, T>]>,
         local: usize,
         global: usize,
         step: u64,
     ) -> Result<()> {
-        self.prepare_tail(b, params, step)?;
+        if let Some(params) = batched {
+            self.prepare_tail(b, params, step)?;
+        }
         self.local.set(local);
         self.global.set(global);
         self.step.set(step);
@@ -414,6 +417,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         // The fused tail was asked for the old plan's last bucket: ask again at the next step.
         self.parts.dist.tail.set(None);
         Ok(self)
+    }
+
+    /// The parameters a batched step may fuse its last bucket for (`Dist::prepare`); `None`
+    /// under the per-sample schedule.
+    pub(super) fn batched_params(&self) -> Option<&[Var<B, T>]> {
+        (self.config.schedule == super::TrainSchedule::Batched).then_some(&self.parts.params[..])
     }
 
     /// This rank's place in the job (`RankInfo::SINGLE` without a collective).

@@ -391,9 +391,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             src,
             rows: shard(info.rank, info.world, batch),
         };
-        self.parts
-            .dist
-            .prepare(&*self.backend, &self.parts.params, data.len(), batch, step)?;
+        self.parts.dist.prepare(
+            &*self.backend,
+            self.batched_params(),
+            data.len(),
+            batch,
+            step,
+        )?;
         // [rows, ..sample shape]: what the model's loss takes.
         let shape: Vec<usize> = std::iter::once(data.len())
             .chain(sample.iter().copied())

@@ -288,7 +288,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let local = shard(info.rank, info.world, batch);
         self.parts
             .dist
-            .prepare(&*b, &self.parts.params, local.len(), batch, step)?;
+            .prepare(&*b, self.batched_params(), local.len(), batch, step)?;
         let shape: Vec<usize> = std::iter::once(local.len())
             .chain(sample.iter().copied())
             .collect();

@@ -522,3 +522,37 @@ fn the_fused_tail_is_asked_for_again_after_a_new_grad_sync() {
     assert_eq!(asked[1].0, flat);
     assert_ne!(asked[1].1, asked[0].1, "another last bucket: {asked:?}");
 }
+
+/// The per-sample step sums its gradients once after its last sample: the trainer never asks
+/// the collective to fuse a last bucket for it (no set-up, no memory), eager or captured.
+#[rstest]
+#[case::eager(false)]
+#[case::captured(true)]
+fn the_per_sample_step_asks_for_no_fused_tail(#[case] capture: bool) {
+    let b = CpuBackend;
+    let model = XAsset::init(&b, CFG, 3).expect("model");
+    let recorder = Rc::new(Recorder::default());
+    recorder.fuse.set(true);
+    let config = TrainerConfig {
+        schedule: TrainSchedule::PerSample,
+        capture,
+        ..TrainerConfig::default()
+    };
+    let mut t = Trainer::new(b, model, config)
+        .and_then(|t| t.with_collective(recorder.clone()))
+        .and_then(|t| t.with_grad_sync(GradSync::Overlapped { bucket_bytes: 256 }))
+        .expect("trainer");
+    let batch = 4;
+    let x: Vec<f32> = (0..batch * 3 * 5)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    for _ in 0..2 {
+        t.train_batch(&x, &y, batch).expect("step");
+    }
+    assert!(
+        recorder.prepared.borrow().is_empty(),
+        "{:?}",
+        recorder.prepared.borrow()
+    );
+}
