@@ -125,6 +125,32 @@ const CFG: XAssetConfig = XAssetConfig {
     layers: 1,
 };
 
+/// The rows every test here trains on: a batch of 4 samples of `CFG`'s shape, its labels.
+const ROWS: usize = 4;
+
+fn rows() -> (Vec<f32>, Vec<f32>) {
+    let x = (0..ROWS * 3 * 5).map(|i| (i as f32 * 0.37).sin()).collect();
+    let y = (0..ROWS).map(|i| (i % 2) as f32).collect();
+    (x, y)
+}
+
+/// A trainer of `CFG` (seed 3) over `recorder` with `config` and `sync`, and the length of its
+/// flat buffer.
+fn trainer_over(
+    recorder: &Rc<Recorder>,
+    config: TrainerConfig,
+    sync: GradSync,
+) -> (Trainer<Cpu>, usize) {
+    let b = CpuBackend;
+    let model = XAsset::init(&b, CFG, 3).expect("model");
+    let flat = model.flat_gradients().expect("flat buffer").numel();
+    let t = Trainer::new(b, model, config)
+        .and_then(|t| t.with_collective(recorder.clone()))
+        .and_then(|t| t.with_grad_sync(sync))
+        .expect("trainer");
+    (t, flat)
+}
+
 /// Two steps of a batch of 4 on a trainer over a recorder: the calls of the steps (the start's
 /// broadcast checked and left out), their offsets, and the flat buffer's length.
 fn two_steps(
@@ -132,29 +158,19 @@ fn two_steps(
     capture: bool,
     sync: GradSync,
 ) -> (Vec<(&'static str, usize)>, Vec<usize>, usize) {
-    let b = CpuBackend;
-    let model = XAsset::init(&b, CFG, 3).expect("model");
-    let flat = model.flat_gradients().expect("flat buffer").numel();
     let recorder = Rc::new(Recorder::default());
     let config = TrainerConfig {
         schedule,
         capture,
         ..TrainerConfig::default()
     };
-    let mut t = Trainer::new(b, model, config)
-        .and_then(|t| t.with_collective(recorder.clone()))
-        .and_then(|t| t.with_grad_sync(sync))
-        .expect("trainer");
+    let (mut t, flat) = trainer_over(&recorder, config, sync);
     assert_eq!(recorder.calls.borrow().as_slice(), &[("broadcast", flat)]);
     recorder.calls.borrow_mut().clear();
     recorder.offsets.borrow_mut().clear();
-    let batch = 4;
-    let x: Vec<f32> = (0..batch * 3 * 5)
-        .map(|i| (i as f32 * 0.37).sin())
-        .collect();
-    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    let (x, y) = rows();
     for _ in 0..2 {
-        t.train_batch(&x, &y, batch).expect("step");
+        t.train_batch(&x, &y, ROWS).expect("step");
     }
     let calls = recorder.calls.borrow().clone();
     let offsets = recorder.offsets.borrow().clone();
@@ -303,11 +319,7 @@ fn a_step_failing_between_buckets_joins_the_issued_ones(#[case] capture: bool) {
         .expect("trainer");
     recorder.calls.borrow_mut().clear();
     recorder.fail_overlapped.set(Some(2));
-    let batch = 4;
-    let x: Vec<f32> = (0..batch * 3 * 5)
-        .map(|i| (i as f32 * 0.37).sin())
-        .collect();
-    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    let (batch, (x, y)) = (ROWS, rows());
     let r = t.train_batch(&x, &y, batch);
     let calls = recorder.calls.borrow().clone();
     let ops: Vec<&str> = calls.iter().map(|&(op, _)| op).collect();
@@ -353,11 +365,7 @@ fn one_collective_over_the_flat_gradient_buffer_per_step(
         "the start broadcasts the flat parameter buffer once"
     );
     recorder.calls.borrow_mut().clear();
-    let batch = 4;
-    let x: Vec<f32> = (0..batch * 3 * 5)
-        .map(|i| (i as f32 * 0.37).sin())
-        .collect();
-    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    let (batch, (x, y)) = (ROWS, rows());
     for _ in 0..2 {
         t.train_batch(&x, &y, batch).expect("step");
     }
@@ -414,9 +422,6 @@ fn a_bucket_of_zero_bytes_is_refused(#[case] zero: GradSync, #[case] one: GradSy
 #[case::captured(true)]
 fn the_last_bucket_goes_with_the_norm_where_the_collective_takes_it(#[case] capture: bool) {
     let run = |fuse: bool, sync: GradSync| {
-        let b = CpuBackend;
-        let model = XAsset::init(&b, CFG, 3).expect("model");
-        let flat = model.flat_gradients().expect("flat buffer").numel();
         let recorder = Rc::new(Recorder::default());
         recorder.fuse.set(fuse);
         let config = TrainerConfig {
@@ -425,19 +430,12 @@ fn the_last_bucket_goes_with_the_norm_where_the_collective_takes_it(#[case] capt
             clip_grad: Some(0.05),
             ..TrainerConfig::default()
         };
-        let mut t = Trainer::new(b, model, config)
-            .and_then(|t| t.with_collective(recorder.clone()))
-            .and_then(|t| t.with_grad_sync(sync))
-            .expect("trainer");
+        let (mut t, flat) = trainer_over(&recorder, config, sync);
         recorder.calls.borrow_mut().clear();
         recorder.offsets.borrow_mut().clear();
-        let batch = 4;
-        let x: Vec<f32> = (0..batch * 3 * 5)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
-        let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+        let (x, y) = rows();
         for _ in 0..2 {
-            t.train_batch(&x, &y, batch).expect("step");
+            t.train_batch(&x, &y, ROWS).expect("step");
         }
         let params: Vec<u32> = t
             .model()
@@ -494,29 +492,20 @@ fn the_last_bucket_goes_with_the_norm_where_the_collective_takes_it(#[case] capt
 /// new plan, a new last bucket) is asked for again at the next step.
 #[test]
 fn the_fused_tail_is_asked_for_again_after_a_new_grad_sync() {
-    let b = CpuBackend;
-    let model = XAsset::init(&b, CFG, 3).expect("model");
-    let flat = model.flat_gradients().expect("flat buffer").numel();
     let recorder = Rc::new(Recorder::default());
     recorder.fuse.set(true);
-    let mut t = Trainer::new(b, model, TrainerConfig::default())
-        .and_then(|t| t.with_collective(recorder.clone()))
-        .and_then(|t| t.with_grad_sync(GradSync::Overlapped { bucket_bytes: 256 }))
-        .expect("trainer");
-    let batch = 4;
-    let x: Vec<f32> = (0..batch * 3 * 5)
-        .map(|i| (i as f32 * 0.37).sin())
-        .collect();
-    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    let sync = GradSync::Overlapped { bucket_bytes: 256 };
+    let (mut t, flat) = trainer_over(&recorder, TrainerConfig::default(), sync);
+    let (x, y) = rows();
     for _ in 0..3 {
-        t.train_batch(&x, &y, batch).expect("step");
+        t.train_batch(&x, &y, ROWS).expect("step");
     }
     let first = recorder.prepared.borrow().clone();
     assert_eq!(first.len(), 1, "asked once over three steps: {first:?}");
     let mut t = t
         .with_grad_sync(GradSync::OverlappedUniform { bucket_bytes: 2048 })
         .expect("new plan");
-    t.train_batch(&x, &y, batch).expect("step");
+    t.train_batch(&x, &y, ROWS).expect("step");
     let asked = recorder.prepared.borrow().clone();
     assert_eq!(asked.len(), 2, "asked again for the new plan: {asked:?}");
     assert_eq!(asked[1].0, flat);
@@ -529,8 +518,6 @@ fn the_fused_tail_is_asked_for_again_after_a_new_grad_sync() {
 #[case::eager(false)]
 #[case::captured(true)]
 fn the_per_sample_step_asks_for_no_fused_tail(#[case] capture: bool) {
-    let b = CpuBackend;
-    let model = XAsset::init(&b, CFG, 3).expect("model");
     let recorder = Rc::new(Recorder::default());
     recorder.fuse.set(true);
     let config = TrainerConfig {
@@ -538,17 +525,11 @@ fn the_per_sample_step_asks_for_no_fused_tail(#[case] capture: bool) {
         capture,
         ..TrainerConfig::default()
     };
-    let mut t = Trainer::new(b, model, config)
-        .and_then(|t| t.with_collective(recorder.clone()))
-        .and_then(|t| t.with_grad_sync(GradSync::Overlapped { bucket_bytes: 256 }))
-        .expect("trainer");
-    let batch = 4;
-    let x: Vec<f32> = (0..batch * 3 * 5)
-        .map(|i| (i as f32 * 0.37).sin())
-        .collect();
-    let y: Vec<f32> = (0..batch).map(|i| (i % 2) as f32).collect();
+    let sync = GradSync::Overlapped { bucket_bytes: 256 };
+    let (mut t, _) = trainer_over(&recorder, config, sync);
+    let (x, y) = rows();
     for _ in 0..2 {
-        t.train_batch(&x, &y, batch).expect("step");
+        t.train_batch(&x, &y, ROWS).expect("step");
     }
     assert!(
         recorder.prepared.borrow().is_empty(),
