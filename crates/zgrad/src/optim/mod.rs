@@ -76,12 +76,7 @@ pub fn clip_grad_norm<B: Ops<T>, T: Element>(
     params: &[Var<B, T>],
     max_norm: T,
 ) -> Result<BTensor<B, T>> {
-    if let Some(set) = ParameterSet::of(params) {
-        return set.clip_grad_norm(b, max_norm);
-    }
     let norm = grad_norm(b, params)?;
-    for g in params.iter().filter_map(Var::grad) {
-        b.clip_scale(g, &norm, max_norm)?;
-    }
+    clip_by_norm(b, params, &norm, max_norm)?;
     Ok(norm)
 }

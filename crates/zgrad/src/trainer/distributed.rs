@@ -182,7 +182,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             self.tail.set(Some((0, 0, false)));
             return Ok(());
         };
-        let Some(last) = self.fusable_last(&set)? else {
+        let Some(last) = self.fusable_last(&set) else {
             self.tail.set(Some((set.len(), 0, false)));
             return Ok(());
         };
@@ -194,16 +194,19 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     /// The elements of the last bucket of `set` when the gradients go in buckets and that
     /// bucket could be fused with the norm: more than one bucket, the last one the buffer's
     /// start, gradients only.
-    fn fusable_last(&self, set: &ParameterSet<B, T>) -> Result<Option<usize>> {
-        let Some((sizing, bucket_bytes)) = self.sync.buckets() else {
-            return Ok(None);
-        };
-        let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
-        let plan = BucketPlan::new(set.offsets(), set.reduced()?.numel(), elems, sizing);
-        Ok(match plan.ranges() {
+    fn fusable_last(&self, set: &ParameterSet<B, T>) -> Option<usize> {
+        match self.bucket_plan(set)?.ranges() {
             [_, .., last] if last.start == 0 && last.end <= set.len() => Some(last.end),
             _ => None,
-        })
+        }
+    }
+
+    /// The buckets `self.sync` cuts `set`'s gradients and loss slot into (`None`: one
+    /// all-reduce after backward).
+    fn bucket_plan(&self, set: &ParameterSet<B, T>) -> Option<BucketPlan> {
+        let (sizing, bucket_bytes) = self.sync.buckets()?;
+        let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
+        Some(BucketPlan::new(set.offsets(), set.len() + 1, elems, sizing))
     }
 
     /// Backward from `root` (an empty shard has none) seeded by the share, and the all-reduce
@@ -221,7 +224,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     ) -> Result<Option<BTensor<B, T>>> {
         let reduced = set.reduced()?;
         // d(loss * share)/d loss = share: the share is backward's seed (as `forward_backward`).
-        let Some((sizing, bucket_bytes)) = self.sync.buckets() else {
+        let Some(plan) = self.bucket_plan(set) else {
             if let Some(root) = root {
                 tape.backward_with(root, self.share.clone())?;
             }
@@ -234,8 +237,6 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
             _ => None,
         };
         let norm = std::cell::RefCell::new(None);
-        let elems = (bucket_bytes / std::mem::size_of::<T>()).max(1);
-        let plan = BucketPlan::new(set.offsets(), reduced.numel(), elems, sizing);
         let last = plan.ranges().len().saturating_sub(1);
         let mut cursor = BucketCursor::new(&plan);
         let grads = set.grads();

@@ -121,17 +121,25 @@ pub fn bad_arguments_are_refused<D: Driver>(b: &CudaBackend<D>) {
     );
 }
 
+/// Ranks 0 and 1 of an exchange on `b`'s device, connected by their addresses, and each one's
+/// round-0 gradients, on the host and uploaded.
+fn two_ranks_on_one_device<D: Driver>(
+    b: &CudaBackend<D>,
+) -> ([PeerExchange<D>; 2], [Vec<f32>; 2], [CudaTensor; 2]) {
+    let mut es = [0, 1].map(|r| PeerExchange::new(b, r, 2, LAST).expect("exchange"));
+    let words = [es[0].receive_words(), es[1].receive_words()];
+    for e in &mut es {
+        e.connect_addressable(&words).expect("connect");
+    }
+    let all = [grads(0, 0), grads(1, 0)];
+    let xs = [0, 1].map(|r| b.upload(&all[r], &[N]).expect("x"));
+    (es, all, xs)
+}
+
 /// Two ranks on one simulated device: rank 1 launched first finds no words of rank 0 (a peer
 /// that never came: NaN, failed), but leaves its own in rank 0's; rank 0 then sums both.
 pub fn simulated_ranks_see_the_ranks_launched_before<D: Driver>(b: &CudaBackend<D>) {
-    let mut e0 = PeerExchange::new(b, 0, 2, LAST).expect("rank 0");
-    let mut e1 = PeerExchange::new(b, 1, 2, LAST).expect("rank 1");
-    let words = [e0.receive_words(), e1.receive_words()];
-    e0.connect_addressable(&words).expect("connect 0");
-    e1.connect_addressable(&words).expect("connect 1");
-    let all = [grads(0, 0), grads(1, 0)];
-    let x0 = b.upload(&all[0], &[N]).expect("x0");
-    let x1 = b.upload(&all[1], &[N]).expect("x1");
+    let ([e0, e1], all, [x0, x1]) = two_ranks_on_one_device(b);
     let n1 = e1.sum_and_norm(b, &x1, WAIT).expect("rank 1");
     let n0 = e0.sum_and_norm(b, &x0, WAIT).expect("rank 0");
     check(b, &x0, &n0, &expected(&all, 0));
@@ -147,14 +155,7 @@ pub fn simulated_ranks_see_the_ranks_launched_before<D: Driver>(b: &CudaBackend<
 /// once, even one whose peer's words are there: NaN, failed. Rank 1 launched first leaves its
 /// words in rank 0's, as in the test above, where rank 0 then sums them.
 pub fn an_exchange_given_up_fails_its_launches<D: Driver>(b: &CudaBackend<D>) {
-    let mut e0 = PeerExchange::new(b, 0, 2, LAST).expect("rank 0");
-    let mut e1 = PeerExchange::new(b, 1, 2, LAST).expect("rank 1");
-    let words = [e0.receive_words(), e1.receive_words()];
-    e0.connect_addressable(&words).expect("connect 0");
-    e1.connect_addressable(&words).expect("connect 1");
-    let all = [grads(0, 0), grads(1, 0)];
-    let x0 = b.upload(&all[0], &[N]).expect("x0");
-    let x1 = b.upload(&all[1], &[N]).expect("x1");
+    let ([e0, e1], _, [x0, x1]) = two_ranks_on_one_device(b);
     e1.sum_and_norm(b, &x1, WAIT).expect("rank 1");
     e0.give_up().expect("give up");
     assert!(e0.failed().expect("flag"), "given up before any launch");
