@@ -52,6 +52,9 @@ impl CuCode {
     pub const STREAM_CAPTURE_IMPLICIT: CuCode = CuCode(906);
     /// `CUDA_ERROR_ILLEGAL_STATE`.
     pub const ILLEGAL_STATE: CuCode = CuCode(401);
+    /// `CUDA_ERROR_INVALID_CONTEXT`: no usable context for the call (CUDA's answer to opening,
+    /// in the process that exported it, an IPC handle of its own).
+    pub const INVALID_CONTEXT: CuCode = CuCode(201);
     /// `CUDA_ERROR_NOT_SUPPORTED`: the operation is not supported on this system or device.
     pub const NOT_SUPPORTED: CuCode = CuCode(801);
 

@@ -237,7 +237,15 @@ fn ipc_calls_pass_through_to_the_simulator() {
     assert_eq!(d.inner().call_count(calls::IPC_GET_MEM_HANDLE), 1);
     assert_eq!(
         d.ipc_open_mem_handle(&h).unwrap_err().cuda_code(),
-        Some(CuCode::NOT_SUPPORTED)
+        Some(CuCode::INVALID_CONTEXT),
+        "a handle of this process"
+    );
+    assert_eq!(
+        d.ipc_open_mem_handle(&IpcMemHandle([0x5a; IPC_HANDLE_BYTES]))
+            .unwrap_err()
+            .cuda_code(),
+        Some(CuCode::NOT_SUPPORTED),
+        "any other"
     );
     assert_eq!(
         d.ipc_close_mem_handle(p).unwrap_err().cuda_code(),

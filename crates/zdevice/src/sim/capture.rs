@@ -210,6 +210,14 @@ pub(crate) fn rule(call: &str, v: &View) -> Outcome {
         // or without a priority, and asking the context's priority range succeed in every mode
         // and leave the capture active with no node.
         STREAM_CREATE | STREAM_CREATE_WITH_PRIORITY | STREAM_PRIORITY_RANGE => Run,
+        // Not in the document: measured with the same harness on 2x NVIDIA H100 80GB HBM3,
+        // driver 580.159.04 (twentieth session; rules.rs `IpcExport`, `IpcOpenOwn`,
+        // `IpcCloseUnopened`, and a second process's `Foreign` rows): the three IPC calls
+        // answer as outside capture in every mode (export and a peer's open and close
+        // succeed; opening a handle of one's own is 201, closing an address never opened 1)
+        // and leave the capture active with no node. The device refuses them during capture
+        // all the same (they run now and are not replayed).
+        IPC_GET_MEM_HANDLE | IPC_OPEN_MEM_HANDLE | IPC_CLOSE_MEM_HANDLE => Run,
         // "cuMemAlloc | 900, invalidated, end 901 | same as global | success"; likewise
         // cuMemAllocManaged and cuMemAllocHost.
         MEM_ALLOC | MEM_ALLOC_MANAGED | MEM_ALLOC_HOST => unsafe_call,

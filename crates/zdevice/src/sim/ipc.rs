@@ -1,6 +1,7 @@
 //! Interprocess memory (legacy CUDA IPC). The simulator is one process with no peer to share
 //! memory with: it exports handles for its own allocations (so a caller's exchange of handles
-//! can be tested), and refuses to open any, as CUDA does on a system without IPC support.
+//! can be tested), and refuses to open any: its own process's as CUDA does
+//! (`CUDA_ERROR_INVALID_CONTEXT`), any other as CUDA does on a system without IPC support.
 //!
 //! A handle's bytes: the magic `zsimipc1`, the process id (u32), four zero bytes, the
 //! simulator's instance number (u64, unique in the process) and the allocation's base address
@@ -82,16 +83,22 @@ impl State {
         }
     }
 
-    /// Always `CUDA_ERROR_NOT_SUPPORTED`: no other process shares the simulated device.
+    /// A handle this process exported (from any simulator in it) is
+    /// `CUDA_ERROR_INVALID_CONTEXT`, as CUDA answers (measured on an H100); any other is
+    /// `CUDA_ERROR_NOT_SUPPORTED`: no other process shares the simulated device.
     pub(crate) fn ipc_open_mem_handle(
         &mut self,
         cx: &mut Cx,
         handle: &IpcMemHandle,
     ) -> DriverResult<DevicePtr> {
         self.gate(cx, Ask::none())?;
+        let names = decode(handle);
+        if names.is_some_and(|e| e.process == std::process::id()) {
+            return Err(cx.cuda(CuCode::INVALID_CONTEXT));
+        }
         tracing::debug!(
             call = cx.call,
-            names = ?decode(handle),
+            names = ?names,
             "the simulated driver has no peer process to open an IPC handle from"
         );
         Err(cx.cuda(CuCode::NOT_SUPPORTED))

@@ -240,8 +240,9 @@ fn export_of_a_foreign_pointer_is_invalid_value() {
     other.ipc_export(foreign).unwrap();
 }
 
-/// The simulator has no peer process: every open, of its own handles or anyone's, is the
-/// typed "not supported" driver error, and nothing is mapped.
+/// The simulator has no peer process: opening a handle of this process is CUDA's
+/// `CUDA_ERROR_INVALID_CONTEXT` (as on the GPU, `gpu::opening_its_own_handle_is_a_typed_error`),
+/// any other the typed "not supported" driver error; nothing is mapped.
 #[rstest]
 #[case::own_handle(true)]
 #[case::arbitrary_bytes(false)]
@@ -254,14 +255,19 @@ fn open_is_not_supported_on_the_simulator(#[case] own: bool) {
         IpcMemHandle([0xa5; IPC_HANDLE_BYTES])
     };
     let live = dev.driver().live_allocations();
+    let (want, name) = if own {
+        (CuCode::INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT")
+    } else {
+        (CuCode::NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED")
+    };
     match dev.ipc_open(&h) {
         Err(
             e @ DeviceError::Driver {
                 call: "cuIpcOpenMemHandle_v2",
-                code: CuCode::NOT_SUPPORTED,
+                code,
             },
-        ) => assert!(e.to_string().contains("CUDA_ERROR_NOT_SUPPORTED"), "{e}"),
-        other => panic!("expected CUDA_ERROR_NOT_SUPPORTED, got {other:?}"),
+        ) if code == want => assert!(e.to_string().contains(name), "{e}"),
+        other => panic!("expected {name}, got {other:?}"),
     }
     assert_eq!(
         dev.driver().live_allocations(),
@@ -500,6 +506,56 @@ mod gpu {
             back.iter().all(|&b| b == 0xc3),
             "the peer's write is not seen"
         );
+        dev.free(p).unwrap();
+        still_usable(&dev).unwrap();
+    }
+
+    /// Set in the peer process of the capture rows: the handle to open, as hex.
+    const CAPTURE_HANDLE_ENV: &str = "ZDEVICE_IPC_CAPTURE_HANDLE";
+
+    /// What the driver answers, during a capture in each mode, to opening another process's
+    /// handle and to closing a mapping of it (`rules::expected_foreign`); the peer process
+    /// runs every row and reports all that differ.
+    #[test]
+    fn a_peer_process_opens_and_closes_during_capture() {
+        use crate::rules::{Foreign, check_foreign};
+        if let Ok(text) = std::env::var(CAPTURE_HANDLE_ENV) {
+            let handle = unhex(&text);
+            let dev = open();
+            let mut wrong = Vec::new();
+            for call in [Foreign::Open, Foreign::CloseMapped] {
+                for mode in [
+                    CaptureMode::Global,
+                    CaptureMode::ThreadLocal,
+                    CaptureMode::Relaxed,
+                ] {
+                    if let Err(e) = check_foreign(&dev, call, mode, &handle) {
+                        wrong.push(e);
+                    }
+                }
+            }
+            still_usable(&dev).unwrap();
+            assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+            return;
+        }
+        let dev = open();
+        let p = dev.alloc(BYTES as u64).unwrap();
+        let h = dev.ipc_export(p).unwrap();
+        let exe = std::env::current_exe().expect("the test binary");
+        let out = Command::new(exe)
+            .args([
+                "--exact",
+                "ipc::gpu::a_peer_process_opens_and_closes_during_capture",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CAPTURE_HANDLE_ENV, hex(&h))
+            .output()
+            .expect("the peer process starts");
+        let log = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "the peer failed:\n{log}");
+        assert!(log.contains("1 passed"), "the peer ran no test:\n{log}");
         dev.free(p).unwrap();
         still_usable(&dev).unwrap();
     }

@@ -128,6 +128,20 @@ macro_rules! conformance_suite {
             c::still_usable(&dev).unwrap();
         }
 
+        /// The IPC calls a single process can make during a capture: exporting, opening its
+        /// own handle and closing an address never opened (measured on the GPU; the
+        /// simulator answers the same).
+        #[rstest]
+        fn capture_rules_ipc_row(
+            #[values(Row::IpcExport, Row::IpcOpenOwn, Row::IpcCloseUnopened)] row: Row,
+            #[values(CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed)]
+            mode: CaptureMode,
+        ) {
+            let dev = $open();
+            rules::check_row(&dev, row, mode, StreamKind::NonBlocking).unwrap();
+            c::still_usable(&dev).unwrap();
+        }
+
         /// The H100 rows: synchronous calls on a blocking vs non-blocking capturing stream,
         /// frees of live memory, and cuBLAS with and without a reserved workspace.
         #[rstest]
