@@ -98,10 +98,20 @@ impl<D: Driver> PeerExchange<D> {
             peers: Vec::new(),
             opened: Vec::new(),
         };
+        // Zeroed on the engine stream, never with the synchronous memset: work on the legacy
+        // default stream here made every node of ztrain's two-GPU step start about 0.3 us
+        // later (measured, docs/benchmarks.md, twentieth session). Waited for, so the words
+        // are zero before their handle can reach a peer.
+        let stream = b.device().stream();
         exchange
             .device
-            .memset_d8(words, 0, words_bytes)
-            .and_then(|()| exchange.device.memset_d8(state, 0, STATE_BYTES))
+            .memset_d8_async(words, 0, words_bytes, stream)
+            .and_then(|()| {
+                exchange
+                    .device
+                    .memset_d8_async(state, 0, STATE_BYTES, stream)
+            })
+            .and_then(|()| exchange.device.synchronize(stream))
             .map_err(|e| device_error(OP, e))?;
         tracing::debug!(target: "zcompute.cuda.exchange", rank, world, last, "peer exchange made");
         Ok(exchange)
@@ -165,8 +175,25 @@ impl<D: Driver> PeerExchange<D> {
         for (chunk, p) in bytes.chunks_exact_mut(8).zip(peers) {
             chunk.copy_from_slice(&p.0.to_le_bytes());
         }
-        self.device
-            .copy_htod(self.state.offset(WORDS_AT), &bytes)
+        // Through pinned memory on the engine stream, not the synchronous copy (see `new`).
+        let d = &self.device;
+        let pinned = d
+            .alloc_pinned(bytes.len() as u64)
+            .map_err(|e| device_error("peer_exchange", e))?;
+        let copied = d
+            .write_pinned(&pinned, &bytes)
+            .and_then(|()| {
+                d.upload_async(
+                    self.state.offset(WORDS_AT),
+                    &pinned,
+                    bytes.len() as u64,
+                    d.stream(),
+                )
+            })
+            .and_then(|()| d.synchronize(d.stream()));
+        let freed = d.free_pinned(pinned);
+        copied
+            .and(freed)
             .map_err(|e| device_error("peer_exchange", e))
     }
 

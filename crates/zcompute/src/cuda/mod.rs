@@ -210,8 +210,11 @@ impl<D: Driver> CudaBackend<D> {
             .map_err(|e| device_error(OP, e))?;
         // Set before anything can fail, so drop frees them.
         let _ = self.inner.tickets.set(p);
+        // On the engine stream, as all of the backend's work (none on the legacy default
+        // stream; see `PeerExchange::new`), and waited for before any kernel takes a ticket.
         device
-            .memset_d32(p, 0, kernels::TICKETS as u64)
+            .memset_d32_async(p, 0, kernels::TICKETS as u64, self.inner.stream)
+            .and_then(|()| device.synchronize(self.inner.stream))
             .map_err(|e| device_error(OP, e))
     }
 

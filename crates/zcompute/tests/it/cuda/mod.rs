@@ -76,6 +76,27 @@ pub fn mock() -> CudaBackend<SimDriver> {
     backend_on(dev)
 }
 
+/// A simulated backend behind the fault-injecting wrapper, whose controller counts the
+/// driver calls the backend makes.
+pub fn counted_mock() -> (
+    CudaBackend<zdevice::FaultyDriver<SimDriver>>,
+    zdevice::FaultController,
+) {
+    let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
+    zcompute::cuda::twins::register(&sim);
+    let driver = zdevice::FaultyDriver::new(sim);
+    let ctl = driver.controller();
+    let dev = Device::open(
+        driver,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .expect("the simulated device opens");
+    (backend_on(dev), ctl)
+}
+
 /// One backend on CUDA device 0 for the whole test binary (module loads and cuBLAS setup are
 /// paid once; the bundle runs tests on one thread).
 #[cfg(feature = "gpu")]
