@@ -119,7 +119,10 @@ __device__ __forceinline__ u64 global_ns() {
 // The norm's partials, ticket and finish are zc_sum_squares_norm_f32's (its summation order
 // over the partials), each block's partial its share of x[last..n) then its elements of
 // x[0..last). A wait longer than timeout_ns for a peer sets failed[0] and uses NaN for the
-// missing value (the norm is then NaN: the step's gate skips the update).
+// missing value (the norm is then NaN: the step's gate skips the update). Once failed[0] is
+// set (by a wait, or from the host when the communicator is aborted) every launch uses NaN
+// for every peer's value without waiting, whether or not the peer's words are there: read
+// once at the start, so a given-up exchange fails at once.
 extern "C" __global__ void zc_exchange_sum_norm_f32(
     float* out, float* partial, unsigned* tickets, unsigned* epochs, unsigned* failed,
     float* x, u64 n, u64 last, unsigned rank, unsigned ranks, u64 timeout_ns,
@@ -127,6 +130,7 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
     __shared__ float shared[FLAT_THREADS];
     __shared__ bool is_last;
     const unsigned epoch = epochs[blockIdx.x] + 1u;
+    const bool given_up = *(volatile unsigned*)failed != 0u;
     const u64 half = epoch & 1u;
     const u64 stride = (u64)blockDim.x * gridDim.x;
     const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -149,6 +153,8 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
             float v;
             if (q == rank) {
                 v = x[i];
+            } else if (given_up) {
+                v = __uint_as_float(0x7fc00000u);  // NaN
             } else {
                 u64 w;
                 unsigned spins = 0;
