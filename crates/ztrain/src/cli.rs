@@ -164,10 +164,10 @@ pub struct Options {
 
     /// With several ranks on GPUs: how the gradient bucket backward finishes last is summed.
     /// Every rank waits for that sum after backward, then takes the gradients' norm; `peer`
-    /// does both in one launch. On 2 H100s `peer` made the captured step itself faster (weak
-    /// scaling 97.6% against 96.4-96.7%) but this loop 2-2.5% slower, as did the exchange's
-    /// set-up alone with NCCL's tail (docs/benchmarks.md), hence the default.
-    #[arg(long, value_enum, default_value_t = LastBucket::Nccl, help_heading = "Device")]
+    /// does both in one launch (ranks of one host; every rank keeps NCCL if any cannot map
+    /// the others' memory). On 2 H100s `peer` makes the captured step faster (weak scaling
+    /// 97.3-97.6% against 96.4-96.7%) and this loop 1.2% faster (docs/benchmarks.md).
+    #[arg(long, value_enum, default_value_t = LastBucket::Peer, help_heading = "Device")]
     pub last_bucket: LastBucket,
 
     /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
