@@ -445,6 +445,21 @@ mod gpu {
             .map_or(0, |(_, n)| n)
     }
 
+    /// Runs `test` of this binary again in a second process, `env` set to `handle` (hex): the
+    /// peer's role; asserts that it ran and passed.
+    fn in_peer_process(test: &str, env: &str, handle: &IpcMemHandle) {
+        let exe = std::env::current_exe().expect("the test binary");
+        let out = Command::new(exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(env, hex(handle))
+            .output()
+            .expect("the peer process starts");
+        let log = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "the peer failed:\n{log}");
+        assert!(log.contains("1 passed"), "the peer ran no test:\n{log}");
+    }
+
     /// The peer's half: open the handle (twice: one mapping, counted twice), check what the
     /// exporter wrote, overwrite it, close both opens; the ledger follows the mapping.
     fn peer(handle: &IpcMemHandle) {
@@ -485,21 +500,11 @@ mod gpu {
         let p = dev.alloc(BYTES as u64).unwrap();
         dev.copy_htod(p, &vec![0x3c; BYTES]).unwrap();
         let h = dev.ipc_export(p).unwrap();
-        let exe = std::env::current_exe().expect("the test binary");
-        let out = Command::new(exe)
-            .args([
-                "--exact",
-                "ipc::gpu::a_peer_process_reads_and_writes_the_exported_allocation",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(HANDLE_ENV, hex(&h))
-            .output()
-            .expect("the peer process starts");
-        let log = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "the peer failed:\n{log}");
-        assert!(log.contains("1 passed"), "the peer ran no test:\n{log}");
+        in_peer_process(
+            "ipc::gpu::a_peer_process_reads_and_writes_the_exported_allocation",
+            HANDLE_ENV,
+            &h,
+        );
         let mut back = vec![0u8; BYTES];
         dev.copy_dtoh(&mut back, p).unwrap();
         assert!(
@@ -541,21 +546,11 @@ mod gpu {
         let dev = open();
         let p = dev.alloc(BYTES as u64).unwrap();
         let h = dev.ipc_export(p).unwrap();
-        let exe = std::env::current_exe().expect("the test binary");
-        let out = Command::new(exe)
-            .args([
-                "--exact",
-                "ipc::gpu::a_peer_process_opens_and_closes_during_capture",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CAPTURE_HANDLE_ENV, hex(&h))
-            .output()
-            .expect("the peer process starts");
-        let log = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "the peer failed:\n{log}");
-        assert!(log.contains("1 passed"), "the peer ran no test:\n{log}");
+        in_peer_process(
+            "ipc::gpu::a_peer_process_opens_and_closes_during_capture",
+            CAPTURE_HANDLE_ENV,
+            &h,
+        );
         dev.free(p).unwrap();
         still_usable(&dev).unwrap();
     }

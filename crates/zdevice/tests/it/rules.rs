@@ -127,21 +127,16 @@ pub fn check_row<D: Driver>(
     d.stream_synchronize(stream).map_err(s)?;
     d.stream_begin_capture(stream, mode).map_err(s)?;
     let (code, extra) = call(d, row, stream, &p);
-    let status = d.stream_is_capturing(stream).map_err(s)?;
-    let ended = d.stream_end_capture(stream);
-    let end_code = ended
-        .as_ref()
-        .err()
-        .and_then(DriverError::cuda_code)
-        .map(|c| c.0);
-    let nodes = match &ended {
-        Ok(g) => Some(d.graph_node_count(*g).map_err(s)?),
-        Err(_) => None,
-    };
+    let Ended {
+        status,
+        end_code,
+        nodes,
+        graph,
+    } = end_capture(d, stream)?;
     // What a silent call wrote, read after the capture has ended.
     let mut now = vec![0u8; N as usize];
     d.memcpy_dtoh(&mut now, p.a).map_err(s)?;
-    cleanup(d, stream, p, extra, ended.ok())?;
+    cleanup(d, stream, p, extra, graph)?;
     let got = format!("call {code:?}, status {status:?}, end {end_code:?}, nodes {nodes:?}");
     let want = expected(row, mode, kind);
     let ok = match want {
@@ -172,6 +167,38 @@ pub fn check_row<D: Driver>(
         ok,
         format!("{row:?} in {mode:?} on a {kind:?} stream: expected {want:?}, got {got}"),
     )
+}
+
+/// What ending a capture after a row's call found.
+struct Ended {
+    /// The capture's status before the end.
+    status: CaptureStatus,
+    /// The end's CUDA code (None: it made a graph).
+    end_code: Option<u32>,
+    /// The graph's node count, and the graph.
+    nodes: Option<usize>,
+    graph: Option<Graph>,
+}
+
+/// Ends the capture on `stream` after a row's call.
+fn end_capture<D: Driver>(d: &D, stream: Stream) -> Result<Ended, String> {
+    let status = d.stream_is_capturing(stream).map_err(s)?;
+    let ended = d.stream_end_capture(stream);
+    let end_code = ended
+        .as_ref()
+        .err()
+        .and_then(DriverError::cuda_code)
+        .map(|c| c.0);
+    let nodes = match &ended {
+        Ok(g) => Some(d.graph_node_count(*g).map_err(s)?),
+        Err(_) => None,
+    };
+    Ok(Ended {
+        status,
+        end_code,
+        nodes,
+        graph: ended.ok(),
+    })
 }
 
 fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, String> {
@@ -386,7 +413,9 @@ pub fn memory_node_relaunch<D: Driver>(dev: &Device<D>, auto_free: bool) -> Chec
 }
 
 /// The IPC calls that need a handle another process exported (the peer process of
-/// `ipc::gpu::a_peer_process_opens_and_closes_during_capture`).
+/// `ipc::gpu::a_peer_process_opens_and_closes_during_capture`; the simulator has no second
+/// process to open from).
+#[cfg(feature = "gpu")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Foreign {
     /// `cuIpcOpenMemHandle` during the capture.
@@ -398,6 +427,7 @@ pub enum Foreign {
 /// What the driver answers to `call` in `mode` (a non-blocking capturing stream), measured on
 /// 2x NVIDIA H100 80GB HBM3 (twentieth session): both succeed in every mode, the capture stays
 /// active with no node (the mapping is made or removed now, not replayed).
+#[cfg(feature = "gpu")]
 pub fn expected_foreign(call: Foreign, mode: CaptureMode) -> Outcome {
     let _ = (call, mode);
     Outcome::Succeeds
@@ -405,6 +435,7 @@ pub fn expected_foreign(call: Foreign, mode: CaptureMode) -> Outcome {
 
 /// One foreign row on `dev`'s driver, compared with [`expected_foreign`]; whatever happens,
 /// the mapping is closed before it returns.
+#[cfg(feature = "gpu")]
 pub fn check_foreign<D: Driver>(
     dev: &Device<D>,
     call: Foreign,
@@ -430,18 +461,13 @@ pub fn check_foreign<D: Driver>(
         },
         (Foreign::CloseMapped, None) => (Some(u32::MAX), None),
     };
-    let status = d.stream_is_capturing(stream).map_err(s)?;
-    let ended = d.stream_end_capture(stream);
-    let end_code = ended
-        .as_ref()
-        .err()
-        .and_then(DriverError::cuda_code)
-        .map(|c| c.0);
-    let nodes = match &ended {
-        Ok(g) => Some(d.graph_node_count(*g).map_err(s)?),
-        Err(_) => None,
-    };
-    if let Ok(g) = ended {
+    let Ended {
+        status,
+        end_code,
+        nodes,
+        graph,
+    } = end_capture(d, stream)?;
+    if let Some(g) = graph {
         d.graph_destroy(g).map_err(s)?;
     }
     if let Some(p) = mapped {

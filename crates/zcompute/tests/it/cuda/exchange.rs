@@ -239,6 +239,19 @@ mod gpu {
         super::super::backend_on(dev)
     }
 
+    /// Ranks 0 and 1, each on a backend of its own (two streams of device 0), connected.
+    fn two_ranks() -> ([CudaBackend<CudaDriver>; 2], Vec<PeerExchange<CudaDriver>>) {
+        let bs = [rank_backend(), rank_backend()];
+        let mut es: Vec<_> = (0..2)
+            .map(|r| PeerExchange::new(&bs[r], r, 2, LAST).expect("exchange"))
+            .collect();
+        let words = [es[0].receive_words(), es[1].receive_words()];
+        for e in &mut es {
+            e.connect_addressable(&words).expect("connect");
+        }
+        (bs, es)
+    }
+
     #[test]
     fn gpu_one_rank_is_the_norm() {
         super::one_rank_is_the_norm(&super::super::gpu());
@@ -253,14 +266,7 @@ mod gpu {
     /// to 3): each holds the bucket summed in rank order, bit for bit, and the norm.
     #[test]
     fn gpu_two_ranks_sum_in_rank_order() {
-        let bs = [rank_backend(), rank_backend()];
-        let mut es: Vec<_> = (0..2)
-            .map(|r| PeerExchange::new(&bs[r], r, 2, LAST).expect("exchange"))
-            .collect();
-        let words = [es[0].receive_words(), es[1].receive_words()];
-        for e in &mut es {
-            e.connect_addressable(&words).expect("connect");
-        }
+        let (bs, es) = two_ranks();
         for round in 0..3 {
             let all = [grads(0, round), grads(1, round)];
             let xs: Vec<_> = (0..2)
@@ -285,14 +291,7 @@ mod gpu {
     /// although its peer's words are there (without `give_up` it would sum them).
     #[test]
     fn gpu_an_exchange_given_up_fails_its_launches() {
-        let bs = [rank_backend(), rank_backend()];
-        let mut es: Vec<_> = (0..2)
-            .map(|r| PeerExchange::new(&bs[r], r, 2, LAST).expect("exchange"))
-            .collect();
-        let words = [es[0].receive_words(), es[1].receive_words()];
-        for e in &mut es {
-            e.connect_addressable(&words).expect("connect");
-        }
+        let (bs, es) = two_ranks();
         let xs: Vec<_> = (0..2)
             .map(|r| bs[r].upload(&grads(r, 0), &[N]).expect("x"))
             .collect();
