@@ -323,6 +323,61 @@ pub fn adamw<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {
     }
 }
 
+/// The kernel's two paths compute the same bits: four elements a thread where the operands are
+/// 16-byte aligned (and the scalar loop for the last `n % 4`), one where they are not (views
+/// one element into their buffers). Three steps, `p`, `m` and `v` compared bit for bit.
+pub fn adamw_aligned_and_unaligned_agree<D: Driver>(gpu: &CudaBackend<D>) {
+    const N: usize = 4099;
+    let cfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let values = |seed: u64, lo: f64, hi: f64| -> Vec<f32> {
+        let t = input(&CPU, &[N], View::Dense, seed, lo, hi);
+        Backend::<f32>::download(&CPU, &t).expect("values")
+    };
+    let (p0, m0, v0) = (
+        values(34, -1.0, 1.0),
+        values(35, -0.1, 0.1),
+        values(36, 0.0, 0.01),
+    );
+    let aligned = |x: &[f32]| gpu.upload(x, &[N]).expect("aligned");
+    let shifted = |x: &[f32]| {
+        let mut b = vec![f32::NAN];
+        b.extend_from_slice(x);
+        let whole = gpu.upload(&b, &[N + 1]).expect("buffer");
+        whole.narrow(0, 1, N).expect("one element in")
+    };
+    let a = [aligned(&p0), aligned(&m0), aligned(&v0)];
+    let u = [shifted(&p0), shifted(&m0), shifted(&v0)];
+    let slot = gpu.upload(&[0.0, 0.0], &[2]).expect("slot");
+    for t in 1..=3u64 {
+        let g = values(36 + t, -1.0, 1.0);
+        gpu.upload_into(&[1e-2 / t as f32, t as f32], &slot)
+            .expect("slot");
+        gpu.adamw_step(&a[0], &a[1], &a[2], &aligned(&g), &slot, &cfg)
+            .expect("aligned");
+        gpu.adamw_step(&u[0], &u[1], &u[2], &shifted(&g), &slot, &cfg)
+            .expect("unaligned");
+    }
+    for (name, x, y) in [
+        ("p", &a[0], &u[0]),
+        ("m", &a[1], &u[1]),
+        ("v", &a[2], &u[2]),
+    ] {
+        let (x, y) = (gpu.download(x).expect("x"), gpu.download(y).expect("y"));
+        let differ = x
+            .iter()
+            .zip(&y)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differ, 0, "adamw {name}: {differ} of {N} elements differ");
+        assert_ne!(x, p0, "nothing was updated");
+    }
+}
+
 /// The gate of a 3-element slot `[lr, t, gate]`: 0 updates exactly as the 2-element slot does;
 /// NaN, infinity or 1 leave `p`, `m` and `v` bitwise untouched (the kernel and its sim twin).
 pub fn adamw_gate<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View) {

@@ -186,6 +186,11 @@ macro_rules! op_suite {
             bodies::adamw(&$backend(), shape, view);
         }
 
+        #[test]
+        fn adamw_aligned_and_unaligned_agree() {
+            bodies::adamw_aligned_and_unaligned_agree(&$backend());
+        }
+
         #[rstest]
         fn adamw_gate(
             #[values(&[1][..], &[1025], &[7, 193])] shape: &[usize],
