@@ -19,7 +19,7 @@ use super::kernels::{Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaTensor, device_error};
 use crate::error::{ComputeError, Result};
 use std::time::Duration;
-use zdevice::{Device, DevicePtr, Driver, IpcMemHandle, KernelArg, LaunchConfig};
+use zdevice::{Device, DevicePtr, Driver, IpcMemHandle, KernelArg, LaunchConfig, PinnedBuffer};
 
 /// Most ranks one exchange addresses (the kernel's table of receive words has this many).
 pub const EXCHANGE_MAX_RANKS: usize = 8;
@@ -47,7 +47,13 @@ pub struct PeerExchange<D: Driver> {
     peers: Vec<DevicePtr>,
     /// The peers' words this exchange mapped (CUDA IPC), closed on drop.
     opened: Vec<DevicePtr>,
+    /// Page-locked host memory the peer table goes up through and the failure flag comes back
+    /// through, on the engine stream (`STAGING_BYTES`); freed on drop.
+    staging: Option<PinnedBuffer>,
 }
+
+/// The staging buffer's size: the peer table, the larger of what passes through it.
+const STAGING_BYTES: u64 = 8 * EXCHANGE_MAX_RANKS as u64;
 
 impl<D: Driver> std::fmt::Debug for PeerExchange<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -88,6 +94,14 @@ impl<D: Driver> PeerExchange<D> {
                 return Err(device_error(OP, e));
             }
         };
+        let staging = match device.alloc_pinned(STAGING_BYTES) {
+            Ok(buf) => buf,
+            Err(e) => {
+                let _ = device.free(state);
+                let _ = device.free(words);
+                return Err(device_error(OP, e));
+            }
+        };
         let exchange = PeerExchange {
             device,
             rank,
@@ -97,6 +111,7 @@ impl<D: Driver> PeerExchange<D> {
             state,
             peers: Vec::new(),
             opened: Vec::new(),
+            staging: Some(staging),
         };
         // Zeroed on the engine stream, never with the synchronous memset: work on the legacy
         // default stream here made every node of ztrain's two-GPU step start about 0.3 us
@@ -177,24 +192,28 @@ impl<D: Driver> PeerExchange<D> {
         }
         // Through pinned memory on the engine stream, not the synchronous copy (see `new`).
         let d = &self.device;
-        let pinned = d
-            .alloc_pinned(bytes.len() as u64)
-            .map_err(|e| device_error("peer_exchange", e))?;
-        let copied = d
-            .write_pinned(&pinned, &bytes)
+        let staging = self.staging()?;
+        d.write_pinned(staging, &bytes)
             .and_then(|()| {
                 d.upload_async(
                     self.state.offset(WORDS_AT),
-                    &pinned,
+                    staging,
                     bytes.len() as u64,
                     d.stream(),
                 )
             })
-            .and_then(|()| d.synchronize(d.stream()));
-        let freed = d.free_pinned(pinned);
-        copied
-            .and(freed)
+            .and_then(|()| d.synchronize(d.stream()))
             .map_err(|e| device_error("peer_exchange", e))
+    }
+
+    fn staging(&self) -> Result<&PinnedBuffer> {
+        // Taken only by drop.
+        self.staging
+            .as_ref()
+            .ok_or_else(|| ComputeError::Unsupported {
+                op: "peer_exchange",
+                reason: "the exchange's staging memory is gone".into(),
+            })
     }
 
     /// Connects to peers whose receive words this process already addresses (`words[q]`, from
@@ -315,18 +334,17 @@ impl<D: Driver> PeerExchange<D> {
         Ok(out)
     }
 
-    /// Whether a launch gave up waiting for a peer (read from the device: waits for the work
-    /// queued on the engine stream first).
+    /// Whether a launch gave up waiting for a peer (read from the device after the work
+    /// queued on the engine stream, through the staging buffer on that stream).
     ///
     /// # Errors
     /// `Device` from the copy (`CaptureIllegal` while capturing).
     pub fn failed(&self) -> Result<bool> {
         let mut flag = [0u8; 4];
-        self.device
-            .synchronize(self.device.stream())
-            .map_err(|e| device_error("peer_exchange", e))?;
-        self.device
-            .copy_dtoh(&mut flag, self.state.offset(FAILED_AT))
+        let d = &self.device;
+        let staging = self.staging()?;
+        d.download_async(staging, self.state.offset(FAILED_AT), 4, d.stream())
+            .and_then(|()| d.read_pinned(staging, &mut flag))
             .map_err(|e| device_error("peer_exchange", e))?;
         Ok(u32::from_le_bytes(flag) != 0)
     }
@@ -364,6 +382,11 @@ impl<D: Driver> Drop for PeerExchange<D> {
             if let Err(e) = self.device.free(p) {
                 tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "freeing the exchange's memory failed");
             }
+        }
+        if let Some(buf) = self.staging.take()
+            && let Err(e) = self.device.free_pinned(buf)
+        {
+            tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "freeing the exchange's staging memory failed");
         }
     }
 }
