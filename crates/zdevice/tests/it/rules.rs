@@ -127,42 +127,19 @@ pub fn check_row<D: Driver>(
     d.stream_synchronize(stream).map_err(s)?;
     d.stream_begin_capture(stream, mode).map_err(s)?;
     let (code, extra) = call(d, row, stream, &p);
-    let Ended {
-        status,
-        end_code,
-        nodes,
-        graph,
-    } = end_capture(d, stream)?;
+    let mut ended = end_capture(d, stream)?;
     // What a silent call wrote, read after the capture has ended.
     let mut now = vec![0u8; N as usize];
     d.memcpy_dtoh(&mut now, p.a).map_err(s)?;
-    cleanup(d, stream, p, extra, graph)?;
-    let got = format!("call {code:?}, status {status:?}, end {end_code:?}, nodes {nodes:?}");
-    let want = expected(row, mode, kind);
-    let ok = match want {
-        Outcome::Invalidates(c) => {
-            code == Some(c) && status == CaptureStatus::Invalidated && end_code == Some(901)
-        }
-        Outcome::Silent => {
-            let ran = match row {
-                Row::MemsetD8 => now.iter().all(|&x| x == 0x11),
-                Row::MemcpyHtoD => now.iter().all(|&x| x == 0x22),
-                Row::MemcpyDtoD => now.iter().all(|&x| x == 0x33),
-                _ => true,
-            };
-            code.is_none() && status == CaptureStatus::Active && nodes == Some(0) && ran
-        }
-        Outcome::Captured(n) => {
-            code.is_none()
-                && status == CaptureStatus::Active
-                && nodes.is_some()
-                && (n.is_none() || nodes == n)
-        }
-        Outcome::Succeeds => code.is_none() && status == CaptureStatus::Active && nodes == Some(0),
-        Outcome::FailsAsOutside(c) => {
-            code == Some(c) && status == CaptureStatus::Active && nodes == Some(0)
-        }
+    cleanup(d, stream, p, extra, ended.graph.take())?;
+    let ran = match row {
+        Row::MemsetD8 => now.iter().all(|&x| x == 0x11),
+        Row::MemcpyHtoD => now.iter().all(|&x| x == 0x22),
+        Row::MemcpyDtoD => now.iter().all(|&x| x == 0x33),
+        _ => true,
     };
+    let want = expected(row, mode, kind);
+    let (ok, got) = (ended.is(code, want, ran), ended.describe(code));
     ensure(
         ok,
         format!("{row:?} in {mode:?} on a {kind:?} stream: expected {want:?}, got {got}"),
@@ -178,6 +155,35 @@ struct Ended {
     /// The graph's node count, and the graph.
     nodes: Option<usize>,
     graph: Option<Graph>,
+}
+
+impl Ended {
+    /// Whether a call that answered `code` and left this capture behind is `want` (`ran`: what
+    /// a silent call writes is there).
+    fn is(&self, code: Option<u32>, want: Outcome, ran: bool) -> bool {
+        let active = self.status == CaptureStatus::Active;
+        let empty = active && self.nodes == Some(0);
+        match want {
+            Outcome::Invalidates(c) => {
+                code == Some(c)
+                    && self.status == CaptureStatus::Invalidated
+                    && self.end_code == Some(901)
+            }
+            Outcome::Silent => code.is_none() && empty && ran,
+            Outcome::Captured(n) => {
+                code.is_none() && active && self.nodes.is_some() && (n.is_none() || self.nodes == n)
+            }
+            Outcome::Succeeds => code.is_none() && empty,
+            Outcome::FailsAsOutside(c) => code == Some(c) && empty,
+        }
+    }
+
+    fn describe(&self, code: Option<u32>) -> String {
+        format!(
+            "call {code:?}, status {:?}, end {:?}, nodes {:?}",
+            self.status, self.end_code, self.nodes
+        )
+    }
 }
 
 /// Ends the capture on `stream` after a row's call.
@@ -461,31 +467,16 @@ pub fn check_foreign<D: Driver>(
         },
         (Foreign::CloseMapped, None) => (Some(u32::MAX), None),
     };
-    let Ended {
-        status,
-        end_code,
-        nodes,
-        graph,
-    } = end_capture(d, stream)?;
-    if let Some(g) = graph {
+    let mut ended = end_capture(d, stream)?;
+    if let Some(g) = ended.graph.take() {
         d.graph_destroy(g).map_err(s)?;
     }
     if let Some(p) = mapped {
         d.ipc_close_mem_handle(p).map_err(s)?;
     }
     d.stream_destroy(stream).map_err(s)?;
-    let got = format!("call {code:?}, status {status:?}, end {end_code:?}, nodes {nodes:?}");
     let want = expected_foreign(call, mode);
-    let ok = match want {
-        Outcome::Invalidates(c) => {
-            code == Some(c) && status == CaptureStatus::Invalidated && end_code == Some(901)
-        }
-        Outcome::Succeeds => code.is_none() && status == CaptureStatus::Active && nodes == Some(0),
-        Outcome::FailsAsOutside(c) => {
-            code == Some(c) && status == CaptureStatus::Active && nodes == Some(0)
-        }
-        Outcome::Silent | Outcome::Captured(_) => false,
-    };
+    let (ok, got) = (ended.is(code, want, true), ended.describe(code));
     ensure(
         ok,
         format!("foreign {call:?} in {mode:?}: expected {want:?}, got {got}"),
