@@ -165,8 +165,7 @@ pub struct Options {
     /// With several ranks on GPUs: how the gradient bucket backward finishes last is summed.
     /// Every rank waits for that sum after backward, then takes the gradients' norm; `peer`
     /// does both in one launch (ranks of one host; every rank keeps NCCL if any cannot map
-    /// the others' memory). On 2 H100s `peer` makes the captured step faster (weak scaling
-    /// 97.3-97.6% against 96.4-96.7%) and this loop 1.2% faster (docs/benchmarks.md).
+    /// the others' memory); measured faster than `nccl` on 2 H100s (docs/benchmarks.md).
     #[arg(long, value_enum, default_value_t = LastBucket::Peer, help_heading = "Device")]
     pub last_bucket: LastBucket,
 
