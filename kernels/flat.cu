@@ -41,6 +41,29 @@ extern "C" __global__ void zc_norm_finish_f32(float* out, const float* partial, 
     if (threadIdx.x == 0) out[0] = sqrtf(total);
 }
 
+// The end of a one-launch norm, in every block: writes the block's partial (`total`, its
+// thread 0's block_sum), takes the ticket tickets[0] after a fence, and in the last block to
+// finish sums the partials in zc_norm_finish_f32's order into out[0] = sqrt(sum), leaving the
+// ticket at 0 for the next launch on the stream.
+__device__ __forceinline__ void norm_finish_last(float* out, float* partial, unsigned* tickets,
+                                                 float total, float* shared) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(tickets, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    float acc = 0.0f;
+    // What other blocks just wrote: from L2, past this SM's L1.
+    for (u64 i = threadIdx.x; i < gridDim.x; i += FLAT_THREADS) acc += __ldcg(partial + i);
+    const float sum = block_sum(acc, shared);
+    if (threadIdx.x == 0) {
+        out[0] = sqrtf(sum);
+        tickets[0] = 0u;
+    }
+}
+
 // Both norm passes in one launch (a graph node fewer): every block writes its partial as
 // zc_sum_squares_partial_f32 does, and the last block to finish (ticket tickets[0], taken
 // with an atomic after a fence) sums the partials as zc_norm_finish_f32 does, so the bits
@@ -48,27 +71,12 @@ extern "C" __global__ void zc_norm_finish_f32(float* out, const float* partial, 
 extern "C" __global__ void zc_sum_squares_norm_f32(float* out, float* partial,
                                                    unsigned* tickets, const float* x, u64 n) {
     __shared__ float shared[FLAT_THREADS];
-    __shared__ bool last;
     float acc = 0.0f;
     GRID_STRIDE_LOOP(i, 0, n) {
         float v = x[i];
         acc += v * v;
     }
-    float total = block_sum(acc, shared);
-    if (threadIdx.x == 0) partial[blockIdx.x] = total;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(tickets, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    acc = 0.0f;
-    // What other blocks just wrote: from L2, past this SM's L1.
-    for (u64 i = threadIdx.x; i < gridDim.x; i += FLAT_THREADS) acc += __ldcg(partial + i);
-    total = block_sum(acc, shared);
-    if (threadIdx.x == 0) {
-        out[0] = sqrtf(total);
-        tickets[0] = 0u;
-    }
+    norm_finish_last(out, partial, tickets, block_sum(acc, shared), shared);
 }
 
 // x[i] *= min(1, max_norm / (norm[0] + 1e-6)) (PyTorch's clip_grad_norm_ coefficient). A NaN
@@ -116,10 +124,10 @@ __device__ __forceinline__ u64 global_ns() {
 // launch between). Epochs are kept per block on the device, so a captured graph replays the
 // launch as is; every rank must launch it the same number of times with the same grid.
 //
-// The norm's partials, ticket and finish are zc_sum_squares_norm_f32's (its summation order
-// over the partials), each block's partial its share of x[last..n) then its elements of
-// x[0..last). A wait longer than timeout_ns for a peer sets failed[0] and uses NaN for the
-// missing value (the norm is then NaN: the step's gate skips the update). Once failed[0] is
+// The norm's partials, ticket and finish are zc_sum_squares_norm_f32's (norm_finish_last: its
+// summation order over the partials), each block's partial its share of x[last..n) then its
+// elements of x[0..last). A wait longer than timeout_ns for a peer sets failed[0] and uses NaN
+// for the missing value (the norm is then NaN: the step's gate skips the update). Once failed[0] is
 // set (by a wait, or from the host when the communicator is aborted) every launch uses NaN
 // for every peer's value without waiting, whether or not the peer's words are there: read
 // once at the start, so a given-up exchange fails at once.
@@ -128,7 +136,6 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
     float* x, u64 n, u64 last, unsigned rank, unsigned ranks, u64 timeout_ns,
     u64* const* words) {
     __shared__ float shared[FLAT_THREADS];
-    __shared__ bool is_last;
     const unsigned epoch = epochs[blockIdx.x] + 1u;
     const bool given_up = *(volatile unsigned*)failed != 0u;
     const u64 half = epoch & 1u;
@@ -173,21 +180,7 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
         x[i] = s;
         acc += s * s;
     }
-    float sum = block_sum(acc, shared);
-    if (threadIdx.x == 0) {
-        partial[blockIdx.x] = sum;
-        epochs[blockIdx.x] = epoch;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(tickets, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    acc = 0.0f;
-    for (u64 i = threadIdx.x; i < gridDim.x; i += FLAT_THREADS) acc += __ldcg(partial + i);
-    sum = block_sum(acc, shared);
-    if (threadIdx.x == 0) {
-        out[0] = sqrtf(sum);
-        tickets[0] = 0u;
-    }
+    const float sum = block_sum(acc, shared);
+    if (threadIdx.x == 0) epochs[blockIdx.x] = epoch;
+    norm_finish_last(out, partial, tickets, sum, shared);
 }
