@@ -130,6 +130,23 @@ mod gpu {
         gpu_count().clamp(1, 4)
     }
 
+    /// In a rank, its role (`Some`); in the parent, runs every rank of test `name` on the
+    /// machine's GPUs, asserts that each exited with 0, says in the log how many ran, and
+    /// returns `None` (the test is over).
+    fn rank_or_run_all(name: &str) -> Option<(RankInfo, Vec<u8>)> {
+        if let Some(role) = role() {
+            return Some(role);
+        }
+        let world = world();
+        let codes = run_ranks(name, world);
+        assert!(
+            codes.iter().all(|c| *c == Some(0)),
+            "rank exit codes {codes:?}"
+        );
+        eprintln!("{name}: {world} rank(s) passed");
+        None
+    }
+
     /// Rank r holds (r + 1) * (i % 7 + 1): the sum over ranks is W(W+1)/2 * (i % 7 + 1), exact.
     fn contribution(rank: usize, n: usize) -> Vec<f32> {
         (0..n).map(|i| ((rank + 1) * (i % 7 + 1)) as f32).collect()
@@ -141,14 +158,7 @@ mod gpu {
             module_path!(),
             "::gpu_all_reduce_and_broadcast_agree_across_ranks"
         );
-        let Some((info, id)) = role() else {
-            let world = world();
-            let codes = run_ranks(NAME, world);
-            assert!(
-                codes.iter().all(|c| *c == Some(0)),
-                "rank exit codes {codes:?}"
-            );
-            eprintln!("all-reduce and broadcast checked on {world} rank(s)");
+        let Some((info, id)) = rank_or_run_all(NAME) else {
             return;
         };
         let b = open(info);
@@ -212,12 +222,7 @@ mod gpu {
             module_path!(),
             "::gpu_captured_overlapped_all_reduce_on_prioritized_streams_replays"
         );
-        let Some((info, id)) = role() else {
-            let codes = run_ranks(NAME, world());
-            assert!(
-                codes.iter().all(|c| *c == Some(0)),
-                "rank exit codes {codes:?}"
-            );
+        let Some((info, id)) = rank_or_run_all(NAME) else {
             return;
         };
         // Even ranks put the engine first, odd ranks the collectives (priorities are each
@@ -294,13 +299,7 @@ mod gpu {
     #[test]
     fn gpu_captured_all_reduce_replays() {
         const NAME: &str = concat!(module_path!(), "::gpu_captured_all_reduce_replays");
-        let Some((info, id)) = role() else {
-            let world = world();
-            let codes = run_ranks(NAME, world);
-            assert!(
-                codes.iter().all(|c| *c == Some(0)),
-                "rank exit codes {codes:?}"
-            );
+        let Some((info, id)) = rank_or_run_all(NAME) else {
             return;
         };
         let b = open(info);
@@ -414,12 +413,7 @@ mod gpu {
             module_path!(),
             "::gpu_the_last_bucket_and_the_norm_go_over_peer_memory"
         );
-        let Some((info, id)) = role() else {
-            let codes = run_ranks(NAME, world());
-            assert!(
-                codes.iter().all(|c| *c == Some(0)),
-                "rank exit codes {codes:?}"
-            );
+        let Some((info, id)) = rank_or_run_all(NAME) else {
             return;
         };
         let b = open(info);
