@@ -3,11 +3,13 @@
 # Usage: ./bench.sh [--reference FILE] [--xasset-only]
 #
 # First the XAsset comparison of issue 12, all in this one device call: our `xasset_bench`,
-# PyTorch's reference (`xasset_torch.py bench --compiled`: FILE, else $XASSET_TORCH, else
-# ../shared/reference/xasset_torch.py beside the bundle or the working directory), PyTorch's
-# end-to-end, first-step and reserved-memory rows (`xasset_e2e_torch.py --compiled`), a `ztrain`
-# run (its own samples/s), then `compare.py`'s one table (also comparison.md/.json). Then,
-# unless --xasset-only, every other bundled benchmark binary and Python reference.
+# PyTorch's reference (`xasset_torch.py bench --compiled`: FILE, else $XASSET_TORCH, else the
+# bundle's own bench/xasset_torch.py, from crates/zgrad/benches), PyTorch's end-to-end,
+# first-step and reserved-memory rows (`xasset_e2e_torch.py --compiled`), a `ztrain` run (its
+# own samples/s), then `compare.py`'s one table (also comparison.md/.json). Then, unless
+# --xasset-only, every other bundled benchmark binary and Python reference. The reference's
+# other jobs and its two companions are run by hand, with their own arguments: `torchrun
+# --nproc_per_node N bench/xasset_ddp_torch.py`, `python3 bench/xasset_user_loop_torch.py`.
 # Results go to ${OUT:-bundle}/bench-results. Exits 1 if any part failed.
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,10 +22,8 @@ while [ $# -gt 0 ]; do
     *) echo "bench.sh: unknown argument $1 (--reference FILE, --xasset-only)"; exit 2 ;;
   esac
 done
-if [ -z "$ref" ]; then
-  for c in "$here/../shared/reference/xasset_torch.py" "$PWD/../shared/reference/xasset_torch.py"; do
-    if [ -f "$c" ]; then ref="$c"; break; fi
-  done
+if [ -z "$ref" ] && [ -f "$here/bench/xasset_torch.py" ]; then
+  ref="$here/bench/xasset_torch.py"
 fi
 results="${OUT:-$here}/bench-results"
 mkdir -p "$results"
@@ -72,7 +72,10 @@ if [ "$only" -eq 0 ]; then
   done
   for py in "$here"/bench/*.py; do
     [ -f "$py" ] || continue
-    case "$(basename "$py")" in compare.py | xasset_e2e_torch.py) continue ;; esac
+    case "$(basename "$py")" in
+      # run above, or needing arguments (torchrun, a job name) or a whole epoch: by hand
+      compare.py | xasset_e2e_torch.py | xasset_torch.py | xasset_ddp_torch.py | xasset_user_loop_torch.py) continue ;;
+    esac
     echo "== $(basename "$py")"
     python3 "$py" || { echo "== $(basename "$py") failed"; bad=1; }
   done

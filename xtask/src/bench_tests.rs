@@ -11,9 +11,9 @@ const OURS: &str = r#"{"device":"GPU","batch":256,"batched_step_peak_live_MiB":1
 const TORCH: &str = r#"{"device": "GPU", "torch": "2.11", "batched_step_peak_MiB": 150.0, "batched_eager_ms": 3.492, "per_sample_eager_ms": 763.8, "batched_graph_ms": 1.179, "per_sample_graph_ms": 57.48, "compiled_batched_graph_ms": 0.975, "compiled_per_sample_graph_ms": 57.74}"#;
 const E2E: &str = r#"{"batched_step_peak_MiB": 150.0, "batched_step_peak_reserved_MiB": 176.0, "batched_first_step_ms": 900.0, "batched_graph_nodes": 167, "batched_graph_e2e_ms": 1.5, "compiled_batched_graph_e2e_ms": 1.15}"#;
 
-/// A fresh bundle-like folder: bench.sh, the real compare.py, stubs for the rest. It sits one
-/// level down in a folder of its own, so the `../shared/reference` bench.sh looks for is that
-/// folder's (absent), never one that happens to lie beside the system's temporary directory.
+/// A fresh bundle-like folder: bench.sh, the real compare.py, stubs for the rest, one level
+/// down in a folder of its own (removed whole by `remove`). Without `--reference`, bench.sh
+/// takes the bundle's own `bench/xasset_torch.py`, which only some tests write.
 fn bundle(name: &str) -> PathBuf {
     let root = std::env::temp_dir().join(format!("xtask-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
@@ -123,6 +123,37 @@ fn bench_sh_without_the_reference_fails_but_still_prints_our_side() {
     );
     let (out, text) = bench_sh(&dir, &["--bogus"]);
     assert_eq!(out.status.code(), Some(2), "{text}");
+    remove(&dir);
+}
+
+/// With no `--reference` and no `XASSET_TORCH`, bench.sh runs the bundle's own
+/// `bench/xasset_torch.py` (the bundle carries crates/zgrad/benches/*.py), and leaves the
+/// reference scripts that need arguments of their own (torchrun, a job name) to be run by hand.
+#[test]
+fn bench_sh_takes_the_bundled_reference_and_leaves_the_hand_run_scripts() {
+    let dir = bundle("bundled-ref");
+    let write = |rel: &str, text: &str| std::fs::write(dir.join(rel), text).unwrap();
+    let py = format!(
+        "import sys\nobj = '{TORCH}'\nprint(obj)\nif '--json' in sys.argv:\n    open(sys.argv[sys.argv.index('--json') + 1], 'w').write(obj)\n"
+    );
+    write("bench/xasset_torch.py", &py);
+    for hand_run in ["xasset_ddp_torch.py", "xasset_user_loop_torch.py"] {
+        write(
+            &format!("bench/{hand_run}"),
+            "print('hand-run script ran'); raise SystemExit(3)\n",
+        );
+    }
+    let (out, text) = bench_sh(&dir, &[]);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("| batched, whole step as one graph (ms, CUDA events, data on device) | 1.950 | 1.179 | 0.975 | 2.00 |"),
+        "{text}"
+    );
+    assert!(!text.contains("hand-run script ran"), "{text}");
     remove(&dir);
 }
 

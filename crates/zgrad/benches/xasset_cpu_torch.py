@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch eager on the CPU, the reference for `cargo run --release -p zgrad --example cpu_bench`:
-the default XAsset (F=193, S=12, D=256, H=4, FF=1024; XASSET.md), float32, AdamW (lr 1e-3,
+the default XAsset (F=193, S=12, D=256, H=4, FF=1024; docs/xasset.md), float32, AdamW (lr 1e-3,
 weight decay 0.01), timed the way the example times ours:
 
   batched:    zero_grad, forward and backward of the mean BCE over B samples, one AdamW step.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 
 class XAsset(nn.Module):
-    """XASSET.md steps 1-9 with one block (the names of reference/xasset_torch.py)."""
+    """docs/xasset.md steps 1-9 with one block (the names of xasset_torch.py beside this file)."""
 
     def __init__(s, F_=193, D=256, H=4, FF=1024):
         super().__init__()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's end-to-end, first-step and memory rows of the XAsset benchmark, beside
-`reference/xasset_torch.py bench` (which times the graphs with the data already on the device)
-and our `xasset_bench` (see docs/benchmarks.md). The model is XASSET.md's, written out here so
+`xasset_torch.py bench` (this folder's; it times the graphs with the data already on the device)
+and our `xasset_bench` (see docs/benchmarks.md). The model is docs/xasset.md's, written out here so
 that the bundle needs nothing else; it matches the reference script's.
 
   python3 xasset_e2e_torch.py [--json FILE] [--compiled] [--iters N]
