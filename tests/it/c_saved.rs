@@ -358,7 +358,7 @@ macro_rules! scenario_c {
     };
 }
 
-/// Scenario C on a deeper model (XASSET.md "Depth"): per-sample, poison on, the arena reset
+/// Scenario C on a deeper model (docs/xasset.md "Depth"): per-sample, poison on, the arena reset
 /// after every sample, 20 mini-batches, every batch's gradients against the CPU's.
 macro_rules! scenario_c_deep {
     ($backend:expr, $size:expr) => {

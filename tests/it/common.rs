@@ -1,5 +1,5 @@
 //! What the scenarios share: backends on each device, a deterministic data set, trainers that
-//! start from the same parameters, and the per-tensor error measure of XASSET.md.
+//! start from the same parameters, and the per-tensor error measure of docs/xasset.md.
 
 use std::sync::{Arc, Mutex};
 
@@ -143,7 +143,7 @@ pub fn parameters<B: Ops<f32>>(b: &B, model: &XAsset<B, f32>) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// A trainer on `b` whose model holds `params` (in XASSET.md order).
+/// A trainer on `b` whose model holds `params` (in docs/xasset.md order).
 pub fn trainer<B: Capture<f32> + 'static>(
     b: B,
     size: &Size,
@@ -207,7 +207,7 @@ pub fn norm(v: &[f32]) -> f64 {
 /// of its own tiny norm. Tensors of ordinary size (every weight) are unaffected.
 pub const CANCELLATION_FLOOR: f64 = 1e-2;
 
-/// Compares two gradient sets per tensor as XASSET.md says: ‖ours − ref‖ / ‖ref‖ at most `tol`
+/// Compares two gradient sets per tensor as docs/xasset.md says: ‖ours − ref‖ / ‖ref‖ at most `tol`
 /// (the denominator floored at `CANCELLATION_FLOOR`); kn.bias (zero in exact arithmetic) by its
 /// norm, below 1e-6. Returns the worst error.
 pub fn assert_gradients_agree(

@@ -2,7 +2,7 @@
 //!
 //! Two implementations: [`CudaDriver`](crate::CudaDriver) over `cuda-sys`, and
 //! [`SimDriver`](crate::SimDriver), a deterministic simulation measured against the real driver
-//! (`../shared/reference/capture-rules.md`). The trait does no checking of its own: guards live
+//! (`docs/capture-rules.md`). The trait does no checking of its own: guards live
 //! once, in [`Device`](crate::Device), so that they are tested over both drivers.
 
 use std::time::Duration;
@@ -112,9 +112,9 @@ pub enum DriverError {
     #[error(transparent)]
     Load(#[from] cuda_sys::LoadError),
     /// The simulated driver does not know what the real driver answers to this call while a
-    /// stream captures, so it refuses it rather than guess (see capture-rules.md).
+    /// stream captures, so it refuses it rather than guess (see docs/capture-rules.md).
     #[error(
-        "{call} during stream capture is not covered by capture-rules.md; the simulated driver refuses it"
+        "{call} during stream capture is not covered by docs/capture-rules.md; the simulated driver refuses it"
     )]
     NotModelled {
         /// The CUDA function that was refused.
@@ -154,7 +154,7 @@ pub type DriverResult<T> = Result<T, DriverError>;
 /// # Adding a method
 /// Whoever adds a method here adds it to every implementation in this crate in the same change:
 /// [`CudaDriver`](crate::CudaDriver), [`SimDriver`](crate::SimDriver) (with its answer during
-/// capture, from capture-rules.md) and the fault-injecting wrapper
+/// capture, from docs/capture-rules.md) and the fault-injecting wrapper
 /// [`FaultyDriver`](crate::FaultyDriver) (through its fault plan, with the call's name in
 /// [`sim::calls`](crate::sim::calls), and in its ledger if the call acquires or releases a
 /// resource), so that the fault matrix covers the new call on both drivers.

@@ -2,7 +2,7 @@
 //!
 //! Two layers. [`Driver`] is the narrow set of raw calls the workspace makes, implemented by
 //! `CudaDriver` (the real CUDA driver through `cuda-sys`) and `SimDriver` (a deterministic
-//! simulation that answers as the real driver was measured to, see capture-rules.md).
+//! simulation that answers as the real driver was measured to, see docs/capture-rules.md).
 //! [`Device`] sits over any driver and holds every guard exactly once: primary context,
 //! non-blocking streams, a cuBLAS workspace reserved before capture, deadlines on every wait,
 //! no polling during capture, refusal of the calls the driver would silently leave out of a

@@ -94,7 +94,7 @@ pub const IPC_HANDLE_BYTES: usize = 64;
 pub struct IpcMemHandle(pub [u8; IPC_HANDLE_BYTES]);
 
 /// Stream creation flags. The device only ever asks for non-blocking streams; the blocking kind
-/// exists so the simulated driver can reproduce the measured 906 rows of capture-rules.md.
+/// exists so the simulated driver can reproduce the measured 906 rows of docs/capture-rules.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamKind {
     /// `CU_STREAM_NON_BLOCKING`: no implicit ordering with the legacy default stream.

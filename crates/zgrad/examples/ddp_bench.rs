@@ -1,6 +1,6 @@
-//! Data-parallel XAsset training on N GPUs of this host: weak and strong scaling of the
-//! captured step, the gradient all-reduce overlapped with backward and not, against one GPU, in
-//! one call (issue 21 item 5; `torchrun --nproc_per_node N reference/xasset_ddp_torch.py` is
+//! Data-parallel XAsset training on N GPUs of this host: weak and strong scaling of the captured
+//! step, the gradient all-reduce overlapped with backward and not, against one GPU, in one call
+//! (issue 21 item 5; `torchrun --nproc_per_node N crates/zgrad/benches/xasset_ddp_torch.py` is
 //! PyTorch's side).
 //!
 //! `ddp_bench --gpus N [--iters I] [--grad-sync both|all|LIST] [--bucket-mib M] [--rounds R]

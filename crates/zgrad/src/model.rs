@@ -109,7 +109,7 @@ pub trait Model<B: Ops<T>, T: Element>: Clone + 'static {
     }
 }
 
-/// XAsset through its inherent methods (xasset.rs): parameter names of XASSET.md, the fused
+/// XAsset through its inherent methods (xasset.rs): parameter names of docs/xasset.md, the fused
 /// pool-head-BCE loss, samples `[S, F]` for any S.
 impl<B: Ops<T> + 'static, T: Element> Model<B, T> for XAsset<B, T> {
     fn named_parameters(&self) -> Vec<(String, Var<B, T>)> {

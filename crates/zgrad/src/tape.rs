@@ -1,13 +1,13 @@
 //! The tape: ops append nodes in execution order (so reverse order is a topological order) and
 //! backward walks them once from the root down.
 //!
-//! Memory policy (failure class C of the brief): while a tape records, the outputs of ops that
-//! need a gradient are allocated in zmem's `Saved` class, and an input an op saves that lives
-//! in `Scratch` (an uploaded batch, a no-grad result) is copied into `Saved` first. So every
-//! tensor a node keeps for backward owns memory that no step reset reclaims; the node drops it
-//! as soon as its backward ran, or when the tape is dropped. Backward's temporaries are
-//! `Scratch`. `Tape::unprotected` turns the policy off (saved tensors stay in `Scratch`): it
-//! exists only as the negative control of scenario C, with the `testing` feature.
+//! Memory policy (failure class C of ARCHITECTURE.md): while a tape records, the outputs of ops
+//! that need a gradient are allocated in zmem's `Saved` class, and an input an op saves that lives
+//! in `Scratch` (an uploaded batch, a no-grad result) is copied into `Saved` first. So every tensor
+//! a node keeps for backward owns memory that no step reset reclaims; the node drops it as soon as
+//! its backward ran, or when the tape is dropped. Backward's temporaries are `Scratch`.
+//! `Tape::unprotected` turns the policy off (saved tensors stay in `Scratch`): it exists only as
+//! the negative control of scenario C, with the `testing` feature.
 
 use crate::error::{GradError, Result};
 use crate::leaf_grads::{LeafGrad, accumulate_leaf, accumulate_leaves};
@@ -140,7 +140,7 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     }
 
     /// NEGATIVE CONTROL ONLY (scenario C): a recording tape that leaves saved tensors in the
-    /// `Scratch` class, as the engine of the brief did. A step reset between forward and
+    /// `Scratch` class, as the engine this project replaces did. A step reset between forward and
     /// backward on a device backend may then hand their memory out again. Only with the
     /// `testing` feature (tests enable it; a release build of `ztrain` has no such switch).
     #[cfg(any(test, feature = "testing"))]

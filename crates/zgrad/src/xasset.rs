@@ -1,7 +1,7 @@
-//! The XAsset model exactly as `reference/XASSET.md` specifies, at any size and depth: a
+//! The XAsset model exactly as `docs/xasset.md` specifies, at any size and depth: a
 //! Linear embedding, L encoder blocks (`nn::EncoderBlock`: LayerNorm, QK-normalised attention
 //! with a residual, a tanh feed-forward block with a residual) and the mean-pool + linear + BCE
-//! head (`nn::PoolHead`). Parameters load from and save to safetensors under XASSET.md's names
+//! head (`nn::PoolHead`). Parameters load from and save to safetensors under docs/xasset.md's names
 //! (`blocks.{i}.<name>` when L > 1), so a PyTorch `state_dict` with those names loads.
 
 use crate::error::{GradError, Result};
@@ -27,7 +27,7 @@ pub struct XAssetConfig {
     pub heads: usize,
     /// FF: feed-forward width.
     pub ff: usize,
-    /// L: encoder blocks (XASSET.md "Depth"; 1 is the reference model).
+    /// L: encoder blocks (docs/xasset.md "Depth"; 1 is the reference model).
     pub layers: usize,
 }
 
@@ -90,7 +90,7 @@ impl XAssetConfig {
         shapes
     }
 
-    /// The parameter names in order: XASSET.md's table when `layers` is 1, else `emb.*`,
+    /// The parameter names in order: docs/xasset.md's table when `layers` is 1, else `emb.*`,
     /// `blocks.{i}.<name>` for every block, `head.*` (PyTorch's `state_dict` names).
     #[must_use]
     pub fn parameter_names(&self) -> Vec<String> {
@@ -225,7 +225,7 @@ impl<B: Ops<T>, T: Element> std::fmt::Debug for XAsset<B, T> {
     }
 }
 
-/// The parameter names of the one-block model, in XASSET.md's order (also the order of
+/// The parameter names of the one-block model, in docs/xasset.md's order (also the order of
 /// `parameters()` at `layers` 1; [`XAssetConfig::parameter_names`] gives them at any depth).
 pub const PARAMETER_NAMES: [&str; 20] = [
     "emb.weight",
@@ -476,7 +476,7 @@ impl<B: Ops<T>, T: Element> XAsset<B, T> {
         })
     }
 
-    /// XASSET.md steps 1-7: `x [B, S, F]` to the residual stream `h [B, S, D]` before
+    /// docs/xasset.md steps 1-7: `x [B, S, F]` to the residual stream `h [B, S, D]` before
     /// pooling (the embedding, then every block on the stream the previous one left).
     fn trunk(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
         let &[_batch, _scales, features] = x.shape() else {
@@ -498,13 +498,13 @@ impl<B: Ops<T>, T: Element> XAsset<B, T> {
         Ok(h)
     }
 
-    /// `x [B, S, F] -> logits [B]` (XASSET.md steps 1-8).
+    /// `x [B, S, F] -> logits [B]` (docs/xasset.md steps 1-8).
     pub fn forward(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
         let h = self.trunk(tape, x)?;
         self.head.forward(tape, &h)
     }
 
-    /// Mean BCE-with-logits of the batch (XASSET.md step 9) and the logits. Pooling, the head
+    /// Mean BCE-with-logits of the batch (docs/xasset.md step 9) and the logits. Pooling, the head
     /// and the loss run as one fused op, whose logits are detached (for reporting); with
     /// targets that need a gradient, the unfused path (`nn::PoolHead::loss`).
     pub fn loss(

@@ -5,8 +5,8 @@
 //! Every size is computed with checked arithmetic in `u64`: a product that does not fit is
 //! the same typed error. The estimate:
 //!
-//! - parameters: XASSET.md's count × 4 bytes, and as much again for the gradients and twice for
-//!   AdamW's moments (16 bytes per parameter);
+//! - parameters: docs/xasset.md's count × 4 bytes, and as much again for the gradients and twice
+//!   for AdamW's moments (16 bytes per parameter);
 //! - activations: per sample `S·F + L·(12·S·D + 2·H·S² + 2·S·FF)` floats (the input, and per
 //!   block the width-`D` tensors, the attention scores and softmax, the feed-forward before and
 //!   after tanh), twice for their gradients, times the samples one forward holds at once (the batch

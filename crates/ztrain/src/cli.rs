@@ -85,13 +85,13 @@ fn lr_decay_parser() -> impl clap::builder::TypedValueParser<Value = LrDecay> {
     })
 }
 
-/// The exit statuses, in `--help` and the README.
+/// The exit statuses, in `--help` and docs/ztrain.md.
 pub const EXIT_CODES: &str = "Exit status: 0 the run finished (or stopped at --stop-after); 1 an \
 error (the message says what to do); 2 bad command-line usage; 130 stopped by SIGINT (Ctrl-C), \
 143 by SIGTERM: the current step finishes, the checkpoint is written if --checkpoint was \
 given, the summary is printed; a second signal exits at once with the same status.";
 
-/// Train the XAsset model (reference/XASSET.md) on a CSV file or on a deterministic synthetic
+/// Train the XAsset model (docs/xasset.md) on a CSV file or on a deterministic synthetic
 /// data set, and report loss, accuracy, speed and memory.
 ///
 /// With no options: the default model size on the synthetic data, on the GPU when one is usable
@@ -170,7 +170,7 @@ pub struct Options {
     pub last_bucket: LastBucket,
 
     /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
-    /// feature columns (column = s·F + f) and a 0/1 label. See the README.
+    /// feature columns (column = s·F + f) and a 0/1 label. See docs/ztrain.md.
     #[arg(long, value_name = "FILE.csv", help_heading = "Data")]
     pub data: Option<PathBuf>,
 
@@ -190,7 +190,7 @@ pub struct Options {
     #[arg(
         long,
         default_value_t = 12,
-        help_heading = "Model (XASSET.md; defaults are its size)"
+        help_heading = "Model (docs/xasset.md; defaults are its size)"
     )]
     pub scales: usize,
 
@@ -198,7 +198,7 @@ pub struct Options {
     #[arg(
         long,
         default_value_t = 193,
-        help_heading = "Model (XASSET.md; defaults are its size)"
+        help_heading = "Model (docs/xasset.md; defaults are its size)"
     )]
     pub features: usize,
 
@@ -206,7 +206,7 @@ pub struct Options {
     #[arg(
         long,
         default_value_t = 256,
-        help_heading = "Model (XASSET.md; defaults are its size)"
+        help_heading = "Model (docs/xasset.md; defaults are its size)"
     )]
     pub width: usize,
 
@@ -214,7 +214,7 @@ pub struct Options {
     #[arg(
         long,
         default_value_t = 4,
-        help_heading = "Model (XASSET.md; defaults are its size)"
+        help_heading = "Model (docs/xasset.md; defaults are its size)"
     )]
     pub heads: usize,
 
@@ -222,16 +222,16 @@ pub struct Options {
     #[arg(
         long,
         default_value_t = 1024,
-        help_heading = "Model (XASSET.md; defaults are its size)"
+        help_heading = "Model (docs/xasset.md; defaults are its size)"
     )]
     pub ff: usize,
 
-    /// Encoder blocks (L; XASSET.md "Depth"): 1 is the reference model, 3 the real
+    /// Encoder blocks (L; docs/xasset.md "Depth"): 1 is the reference model, 3 the real
     /// cross-asset one. Parameters are named blocks.{i}.* when L > 1.
     #[arg(
         long,
         default_value_t = 1,
-        help_heading = "Model (XASSET.md; defaults are its size)"
+        help_heading = "Model (docs/xasset.md; defaults are its size)"
     )]
     pub layers: usize,
 
@@ -255,7 +255,7 @@ pub struct Options {
     #[arg(long, default_value_t = 0, help_heading = "Training")]
     pub warmup_steps: u64,
 
-    /// AdamW weight decay (applied to every parameter, as XASSET.md).
+    /// AdamW weight decay (applied to every parameter, as docs/xasset.md).
     #[arg(long, default_value_t = 0.01, help_heading = "Training")]
     pub weight_decay: f64,
 
@@ -320,7 +320,7 @@ pub struct Options {
     pub resume: Option<PathBuf>,
 
     /// Start from the parameters in this safetensors file (a PyTorch state_dict under
-    /// XASSET.md's names, an oracle input, or a checkpoint's parameters) instead of a random
+    /// docs/xasset.md's names, an oracle input, or a checkpoint's parameters) instead of a random
     /// initialisation: zero optimiser moments, step 0, as fine-tuning does. Its sizes and depth
     /// must be the options' (missing, extra or misshapen tensors are named).
     #[arg(

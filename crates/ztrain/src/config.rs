@@ -59,7 +59,7 @@ pub fn check_model(m: &XAssetConfig) -> Result<()> {
     Ok(())
 }
 
-/// Parameter count (XASSET.md's table, with L blocks) in checked arithmetic: sizes whose
+/// Parameter count (docs/xasset.md's table, with L blocks) in checked arithmetic: sizes whose
 /// count does not fit in 64 bits are a typed error, not an overflow (zgrad's
 /// `parameter_count` is for sizes that were allocated).
 pub fn parameters(m: &XAssetConfig) -> Result<u64> {

@@ -1,4 +1,4 @@
-//! ztrain: trains the XAsset model (reference/XASSET.md) from the command line. The library
+//! ztrain: trains the XAsset model (docs/xasset.md) from the command line. The library
 //! holds the pieces (options, data, checkpoints, the memory report, the training run) so that
 //! tests reach them; `main.rs` is the thin command.
 

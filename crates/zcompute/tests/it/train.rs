@@ -44,7 +44,7 @@ fn bce_matches(
     assert_matches_formula("bce", &l32, &l64, &[total / n as f64]);
 }
 
-/// AdamW by the formula in reference/XASSET.md, one element at a time, in f64.
+/// AdamW by the formula in docs/xasset.md, one element at a time, in f64.
 fn adamw_formula(
     p: &mut [f64],
     m: &mut [f64],

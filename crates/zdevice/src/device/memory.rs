@@ -11,9 +11,9 @@ use super::Device;
 const NO_SYNC_ALLOC: &str = "synchronous allocation is illegal during capture; allocate from a capture reservation made before it";
 const NO_SYNC_FREE: &str =
     "frees during capture invalidate it; free after the capture ends (or drop the graph first)";
-const NO_IPC_EXPORT: &str = "IPC export is not in capture-rules.md and is treated as cuMemAlloc, which capture refuses; export before the capture begins";
-const NO_IPC_OPEN: &str = "mapping peer memory is not in capture-rules.md and is treated as cuMemAlloc, which capture refuses; open handles before the capture begins";
-const NO_IPC_CLOSE: &str = "unmapping peer memory is not in capture-rules.md and is treated as cuMemFree, which invalidates a capture; close after the capture ends (or drop the graph first)";
+const NO_IPC_EXPORT: &str = "IPC export is not in docs/capture-rules.md and is treated as cuMemAlloc, which capture refuses; export before the capture begins";
+const NO_IPC_OPEN: &str = "mapping peer memory is not in docs/capture-rules.md and is treated as cuMemAlloc, which capture refuses; open handles before the capture begins";
+const NO_IPC_CLOSE: &str = "unmapping peer memory is not in docs/capture-rules.md and is treated as cuMemFree, which invalidates a capture; close after the capture ends (or drop the graph first)";
 const SILENT: &str = "the driver would run it now and leave it out of the graph; use the async form on the capturing stream";
 
 /// Page-locked host memory for asynchronous transfers. Freed through [`Device::free_pinned`];

@@ -1,6 +1,6 @@
 //! cuBLAS handles and `cublasSgemmStridedBatched`.
 //!
-//! Node counts during capture mirror the measurement in capture-rules.md: a gemm captured on a
+//! Node counts during capture mirror the measurement in docs/capture-rules.md: a gemm captured on a
 //! handle with a workspace set by `cublasSetWorkspace_v2` adds 2 nodes, with cuBLAS's default
 //! workspace 4. One node does the product; the others stand for cuBLAS's auxiliary nodes
 //! (workspace handling) and do nothing.

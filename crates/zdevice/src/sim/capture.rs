@@ -1,5 +1,5 @@
 //! Stream capture: the per-stream state machine and THE TABLE of what each call does while a
-//! stream captures, transcribed from `shared/reference/capture-rules.md`.
+//! stream captures, transcribed from `docs/capture-rules.md`.
 //!
 //! State machine: a stream is not capturing → `cuStreamBeginCapture_v2` → Active (mode, owning
 //! thread, graph in progress) → an illegal call → Invalidated; `cuStreamEndCapture` ends either
@@ -177,7 +177,7 @@ const IMPLICIT: Outcome = Outcome::Fail {
 };
 
 /// THE TABLE: what `call` does while a stream captures. Each arm cites its row of
-/// capture-rules.md; anything not listed is refused as not modelled.
+/// docs/capture-rules.md; anything not listed is refused as not modelled.
 pub(crate) fn rule(call: &str, v: &View) -> Outcome {
     use CaptureMode::Global;
     use Outcome::*;

@@ -5,7 +5,7 @@
 //! were given at capture; that memory belongs to the graph (and its executables) until the last
 //! of them is destroyed, and counts against capacity until then.
 //!
-//! Relaunch rule (capture-rules.md, "Memory nodes"): a graph with an allocation node and no
+//! Relaunch rule (docs/capture-rules.md, "Memory nodes"): a graph with an allocation node and no
 //! matching free node launches once; the second `cuGraphLaunch` of the same executable returns
 //! 1 unless it was instantiated with auto-free-on-launch, or the memory was freed in between.
 

@@ -1,5 +1,5 @@
 //! `SimDriver`: a deterministic simulated CUDA driver, host-backed, answering every call the
-//! way the real driver was measured to (`shared/reference/capture-rules.md`).
+//! way the real driver was measured to (`docs/capture-rules.md`).
 //!
 //! What it models, and where:
 //! - memory (`memory`, `memcalls`): a capacity, 256-byte granularity, generation-stamped

@@ -23,7 +23,7 @@ pub enum Effect {
     /// Added to the capturing stream's graph as this many nodes.
     Captured(usize),
     /// A synchronous copy or memset during capture: ran now, succeeded, and is not in the graph
-    /// (a "silent" row of capture-rules.md).
+    /// (a "silent" row of docs/capture-rules.md).
     Silent,
     /// Refused by the capture rules (an error code, or `NotModelled`).
     Refused,

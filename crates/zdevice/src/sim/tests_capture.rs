@@ -1,4 +1,4 @@
-//! Every row of capture-rules.md through the `Driver` trait alone, plus graphs and replay.
+//! Every row of docs/capture-rules.md through the `Driver` trait alone, plus graphs and replay.
 //! Graphs and replay are in `tests_replay.rs`.
 
 use rstest::rstest;
@@ -157,7 +157,7 @@ fn ok(nodes: usize) -> Seen {
     }
 }
 
-/// The first table of capture-rules.md (H200), on a non-blocking stream, one column per mode.
+/// The first table of docs/capture-rules.md (H200), on a non-blocking stream, one column per mode.
 #[rstest]
 #[case::mem_alloc(Row::MemAlloc, invalidated(900), invalidated(900), ok(0))]
 #[case::mem_alloc_managed(Row::MemAllocManaged, invalidated(900), invalidated(900), ok(0))]

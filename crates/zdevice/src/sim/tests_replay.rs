@@ -8,8 +8,8 @@ use super::tests_capture::{N, sim};
 use crate::driver::{CuCode, Driver};
 use crate::types::*;
 
-/// The replay proof of capture-rules.md: a synchronous memset of `a` (0) and an async memset of
-/// `b` (5) give a 1-node graph; after setting `a` to 9 and replaying, `a` is 9 and `b` is 5.
+/// The replay proof of docs/capture-rules.md: a synchronous memset of `a` (0) and an async memset
+/// of `b` (5) give a 1-node graph; after setting `a` to 9 and replaying, `a` is 9 and `b` is 5.
 #[test]
 fn silent_rows_are_not_replayed() {
     let d = sim();

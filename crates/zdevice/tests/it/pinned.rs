@@ -115,7 +115,7 @@ fn a_range_from_the_middle_uploads_and_one_past_the_end_is_refused() {
 /// A loan while the device's stream is being captured. Lending is host memory only, so a
 /// buffer whose last transfer has finished is lent and the capture goes on, its graph without
 /// a node for it; a buffer whose upload is still queued would have to wait on that upload's
-/// event, which no capture allows (capture-rules.md: cuEventQuery during a global capture
+/// event, which no capture allows (docs/capture-rules.md: cuEventQuery during a global capture
 /// invalidates it), so the loan is refused with a typed error before the closure runs and the
 /// buffer keeps what the upload reads.
 pub fn lend_during_capture<D: Driver>(dev: &Device<D>) -> Check {

@@ -1,4 +1,4 @@
-//! Every row of `../shared/reference/capture-rules.md`, through the raw driver layer: one call
+//! Every row of `docs/capture-rules.md`, through the raw driver layer: one call
 //! during a capture, then what the call returned, the capture's state, what ending it returned
 //! and how many nodes the graph holds.
 

@@ -1,8 +1,8 @@
 //! Times XAsset training at the default size (F=193, S=12, D=256, H=4, FF=1024, B=256) on CUDA
 //! device 0, in both schedules, eager and captured (the batched graph holds zero_grad, forward,
 //! backward, norm and AdamW; the per-sample graph one sample's forward+backward), timed as
-//! `reference/xasset_torch.py bench` times PyTorch. Prints one JSON object (`benches/compare.py`
-//! puts it beside PyTorch's):
+//! `crates/zgrad/benches/xasset_torch.py bench` times PyTorch. Prints one JSON object
+//! (`benches/compare.py` puts it beside PyTorch's):
 //!
 //! - `batched_graph_ms`: CUDA events around the replay of the captured batched step with the
 //!   batch already on the device (`Trainer::replay_resident`; the update and the stats read

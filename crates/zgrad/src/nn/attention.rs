@@ -1,4 +1,4 @@
-//! QK-normalised multi-head self-attention (XASSET.md steps 3-6, without the residual add):
+//! QK-normalised multi-head self-attention (docs/xasset.md steps 3-6, without the residual add):
 //! `[q|k|v] = x·qkvᵀ + b` split as 3 x H x dh (q first; head-major within each), LayerNorm of
 //! q and k over dh, `softmax(q·kᵀ/sqrt(dh))·v` per batch and head, heads concatenated, `·oᵀ + b`.
 

@@ -1,4 +1,4 @@
-//! One encoder block (XASSET.md steps 2-7): `h + attention(LayerNorm(h))`, then
+//! One encoder block (docs/xasset.md steps 2-7): `h + attention(LayerNorm(h))`, then
 //! `h + ff(LayerNorm(h))`, with the fused forms the device runs: `ln1` as the residual-stream
 //! LayerNorm (its gradient joins the stream's in one kernel), the first residual add and `ln2`
 //! as one op, and the second add as the `f2` product's epilogue.

@@ -1,5 +1,5 @@
 //! The classification head: the mean over the sequence axis, a linear map to one logit, and
-//! the mean BCE-with-logits over the batch (XASSET.md steps 8-9). With labels that need no
+//! the mean BCE-with-logits over the batch (docs/xasset.md steps 8-9). With labels that need no
 //! gradient the three run as one fused op (`Tape::pool_head_bce`).
 
 use super::Linear;

@@ -1,7 +1,7 @@
 //! Building blocks: Linear and LayerNorm (this file), QK-normalised multi-head attention, the
 //! tanh feed-forward block, the encoder block composed of them, and the mean-pool + linear +
 //! BCE head. Each holds its parameters as leaves and runs its forward on a tape; parameters
-//! are initialised as PyTorch does (XASSET.md). `XAsset` is a Linear embedding, L encoder
+//! are initialised as PyTorch does (docs/xasset.md). `XAsset` is a Linear embedding, L encoder
 //! blocks and the head; a model of the user's own composes the same modules.
 
 mod attention;

@@ -1,7 +1,7 @@
 //! AdamW through the backend's fused `adamw_step`: one launch over the flat parameter,
 //! gradient and moment buffers when the parameters are a [`ParameterSet`]'s views (every
 //! `XAsset`'s), one per parameter otherwise (the CPU backend's loop is the reference). The
-//! weight decay applies to every parameter, as XASSET.md's AdamW does; the flat buffers'
+//! weight decay applies to every parameter, as docs/xasset.md's AdamW does; the flat buffers'
 //! padding stays zero under it (zero gradient, zero moments, zero parameter). The learning rate, step count and gate live in a
 //! persistent `[lr, t, gate]` slot tensor that the kernel reads from memory: `prepare` writes
 //! it before a step, `apply` only launches kernels, so a captured `apply` stays correct on
@@ -22,7 +22,7 @@ use zcompute::{
     prelude::*,
 };
 
-/// AdamW's constant hyper-parameters (XASSET.md's values by default).
+/// AdamW's constant hyper-parameters (docs/xasset.md's values by default).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWHyper {
     pub beta1: f64,

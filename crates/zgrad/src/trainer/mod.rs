@@ -1,4 +1,4 @@
-//! The trainer: any [`Model`] (XAsset by default) with AdamW in both schedules of XASSET.md
+//! The trainer: any [`Model`] (XAsset by default) with AdamW in both schedules of docs/xasset.md
 //! (batched, and per-sample gradient accumulation), eager or with graph capture, data parallel,
 //! and evaluation in no-grad mode. Nothing here knows one model: the input shape comes from
 //! `Model::sample_shape`, the loss from `Model::loss`, the parameters (and their flat buffers)
@@ -47,7 +47,7 @@ pub use resident::ReplayMark;
 pub use source::PinnedBatch;
 pub use step_table::step_table_bytes;
 
-/// How a batch becomes one optimiser step (XASSET.md, "Two training schedules").
+/// How a batch becomes one optimiser step (docs/xasset.md, "Two training schedules").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TrainSchedule {
     /// One forward and backward over the whole batch.

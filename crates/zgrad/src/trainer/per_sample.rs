@@ -1,4 +1,4 @@
-//! The per-sample schedule (XASSET.md): gradient accumulation over the batch, one step scope
+//! The per-sample schedule (docs/xasset.md): gradient accumulation over the batch, one step scope
 //! per sample, then one AdamW step.
 //!
 //! The batch goes to the device once per step, as a persistent table whose row `i` is sample

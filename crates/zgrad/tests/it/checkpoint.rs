@@ -164,7 +164,7 @@ fn deep() -> XAssetConfig {
     }
 }
 
-/// XASSET.md "Depth": 52 tensors and 2,419,969 parameters at the default size with three
+/// docs/xasset.md "Depth": 52 tensors and 2,419,969 parameters at the default size with three
 /// blocks, named emb.*, blocks.{i}.*, head.*.
 #[test]
 fn three_blocks_have_the_documented_names_and_count() {

@@ -1,11 +1,10 @@
-//! The PyTorch oracle (tests/fixtures, made by `reference/xasset_torch.py`): loss and every
-//! gradient of the XAsset model, and one AdamW step fed the oracle's gradients, on the CPU
-//! backend in float64 and float32, for every fixture configuration (one block: tiny, small;
-//! two and three blocks: deep2, deep3). With two and three blocks also one trainer step in
-//! both schedules, eager and captured, on the CPU backend (device.rs runs the same check,
-//! `support/oracle_step.rs`, on the simulated device and the GPU). Measured
-//! per tensor as ‖ours − oracle‖ / ‖oracle‖ (XASSET.md); each block's kn.bias gradient, zero
-//! in exact arithmetic, by its norm.
+//! The PyTorch oracle (tests/fixtures, made by `crates/zgrad/benches/xasset_torch.py`): loss and
+//! every gradient of the XAsset model, and one AdamW step fed the oracle's gradients, on the CPU
+//! backend in float64 and float32, for every fixture configuration (one block: tiny, small; two and
+//! three blocks: deep2, deep3). With two and three blocks also one trainer step in both schedules,
+//! eager and captured, on the CPU backend (device.rs runs the same check, `support/oracle_step.rs`,
+//! on the simulated device and the GPU). Measured per tensor as ‖ours − oracle‖ / ‖oracle‖
+//! (docs/xasset.md); each block's kn.bias gradient, zero in exact arithmetic, by its norm.
 
 use rstest::rstest;
 use std::path::PathBuf;
@@ -168,7 +167,7 @@ fn fixture_names_are_xasset_names() {
     assert_eq!(f.input.tensors.len(), PARAMETER_NAMES.len() + 2);
 }
 
-/// The deeper fixtures hold the names XASSET.md "Depth" gives (`blocks.{i}.<name>`), the
+/// The deeper fixtures hold the names docs/xasset.md "Depth" gives (`blocks.{i}.<name>`), the
 /// model reads its depth from them, and its names and shapes are the file's.
 #[rstest]
 #[case::deep2("deep2", 2, 36)]

@@ -94,7 +94,7 @@ fn gpu_two_runs_with_one_seed_end_bitwise_equal() {
 }
 
 /// A short soak on the GPU, eager and captured: the arena and the driver's device memory are
-/// flat after the warm-up (the 10,000-step soak is the README's command; twin:
+/// flat after the warm-up (the 10,000-step soak is docs/ztrain.md's command; twin:
 /// `reliability::soak::a_per_sample_soak_on_the_simulated_device_is_flat_after_warm_up`).
 #[test]
 fn gpu_per_sample_soak_is_flat_after_warm_up() {

@@ -171,8 +171,8 @@ fn two_layers(b: &SimBackend<f64>, protected: bool, reset_between: bool) -> Vec<
         .unwrap();
     let loss = tape.sum_all(&tape.mul(&h, &h).unwrap()).unwrap();
     if reset_between {
-        // The engine of the brief reclaimed the arena here: every scratch buffer of the step
-        // is handed out again (poisoned by the sim backend).
+        // The engine this project replaces reclaimed the arena here: every scratch buffer of the
+        // step is handed out again (poisoned by the sim backend).
         b.end_step().unwrap();
         b.begin_step().unwrap();
     }

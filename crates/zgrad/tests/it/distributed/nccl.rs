@@ -1,8 +1,8 @@
-//! Data-parallel training on the machine's GPUs through NCCL, one process per rank
-//! (`--features gpu`; the simulated twin is `tests/distributed.rs`): N ranks (every GPU present,
-//! at most 4; fewer than 2 GPUs fails the test) at global batch B give the gradients of one GPU
-//! at B within 1e-5 per tensor (kn.bias by its norm, XASSET.md) at steps 1 and 10, every rank
-//! the same bits, and parameters equal by XASSET.md's rule; both schedules, eager and captured.
+//! Data-parallel training on the machine's GPUs through NCCL, one process per rank (`--features
+//! gpu`; the simulated twin is `tests/distributed.rs`): N ranks (every GPU present, at most 4;
+//! fewer than 2 GPUs fails the test) at global batch B give the gradients of one GPU at B within
+//! 1e-5 per tensor (kn.bias by its norm, docs/xasset.md) at steps 1 and 10, every rank the same
+//! bits, and parameters equal by docs/xasset.md's rule; both schedules, eager and captured.
 //!
 //! The test re-runs its own binary once per rank with `ZGRAD_TEST_RANK` set; each rank joins the
 //! communicator from the id in `ZGRAD_TEST_ID`, trains every case and writes what it saw to
@@ -81,7 +81,7 @@ mod gpu {
     }
 
     /// Step-1 gradients, step-10 gradients, final parameters and the losses, flattened in
-    /// XASSET.md's parameter order.
+    /// docs/xasset.md's parameter order.
     #[derive(Debug, PartialEq)]
     struct Seen(Vec<Vec<f32>>);
 
@@ -171,7 +171,7 @@ mod gpu {
         (d / n.max(1e-30)).sqrt()
     }
 
-    /// XASSET.md's rule, as the simulated twin applies it.
+    /// docs/xasset.md's rule, as the simulated twin applies it.
     fn assert_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], grads: bool) {
         for ((name, g), w) in PARAMETER_NAMES.iter().zip(got).zip(want) {
             if *name == "kn.bias" {

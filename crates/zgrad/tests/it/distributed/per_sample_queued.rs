@@ -1,7 +1,7 @@
 //! The per-sample schedule in data parallel, queued on the device data set with nothing read
 //! back per step (issue 21 items 2, 4 and 5): on 2 and 3 simulated ranks each step is exactly
 //! one all-reduce (the flat gradient buffer, the loss riding in the slot after it),
-//! and the run matches one rank's (losses 1e-5, parameters by XASSET.md's rule, every rank
+//! and the run matches one rank's (losses 1e-5, parameters by docs/xasset.md's rule, every rank
 //! the same bits), eager and captured, an empty shard included.
 
 use super::simulated::{assert_close, ranks};

@@ -1,10 +1,9 @@
-//! Data-parallel training on simulated ranks (threads here, each over its own simulated
-//! device and joined through zcomm's TCP rendezvous; `ztrain`'s tests run ranks as
-//! processes): N = 2 and 3 ranks at global batch B give the gradients of one rank at B within
-//! 1e-5 per tensor (kn.bias by its norm, XASSET.md) at steps 1 and 10, every rank the same bits,
-//! and parameters equal by XASSET.md's rule; both schedules, eager and captured; unequal and
-//! empty shards; sharded evaluation; a non-finite value on one rank stops every rank with the
-//! same error.
+//! Data-parallel training on simulated ranks (threads here, each over its own simulated device and
+//! joined through zcomm's TCP rendezvous; `ztrain`'s tests run ranks as processes): N = 2 and 3
+//! ranks at global batch B give the gradients of one rank at B within 1e-5 per tensor (kn.bias by
+//! its norm, docs/xasset.md) at steps 1 and 10, every rank the same bits, and parameters equal by
+//! docs/xasset.md's rule; both schedules, eager and captured; unequal and empty shards; sharded
+//! evaluation; a non-finite value on one rank stops every rank with the same error.
 
 use crate::support::small::SMALL;
 use rstest::rstest;
@@ -190,7 +189,7 @@ fn norm(a: &[f32]) -> f64 {
     a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt()
 }
 
-/// XASSET.md's rule: 1e-5 relative per tensor; kn.bias's gradient by its norm (below 1e-6),
+/// docs/xasset.md's rule: 1e-5 relative per tensor; kn.bias's gradient by its norm (below 1e-6),
 /// its value within 2·lr per element per step.
 pub(super) fn assert_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], grads: bool) {
     for ((name, g), w) in zgrad::PARAMETER_NAMES.iter().zip(got).zip(want) {

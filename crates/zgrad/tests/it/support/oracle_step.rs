@@ -18,7 +18,7 @@ fn norm(v: &[f64]) -> f64 {
 /// deep2, deep3: two and three blocks), in each schedule, eager and captured: the loss, every
 /// gradient (each block's kn.bias by its norm) and every parameter after the AdamW update
 /// within 1e-5 of the oracle (kn.bias, whose update is the sign of rounding noise, within
-/// 2·lr per element: XASSET.md).
+/// 2·lr per element: docs/xasset.md).
 pub fn trainer_step_matches_the_oracle<B: Capture<f32> + Clone + 'static>(b: &B, config: &str) {
     let path = crate::support::fixtures::fixture(&format!("xasset_{config}_in.safetensors"));
     let input: TensorFile<f32> = read_tensors(&path).unwrap();
