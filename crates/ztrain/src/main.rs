@@ -19,6 +19,22 @@ fn main() -> ExitCode {
     if let Err(e) = zcomm::launch::die_with_launcher() {
         return fail(&format!("error: {e}"));
     }
+    if let Some(path) = &options.make_secret {
+        return match zcomm::secret::write_new_secret_file(path) {
+            Ok(_) => {
+                #[allow(clippy::print_stdout)]
+                {
+                    println!(
+                        "wrote a new job secret to {} (mode 0600); give every rank of the job ZCOMM_SECRET_FILE={}",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&format!("error: {e}")),
+        };
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let show_bar = std::io::stderr().is_terminal();
