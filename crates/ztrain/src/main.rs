@@ -46,7 +46,13 @@ fn main() -> ExitCode {
             ));
         }
     };
-    let rank = match ztrain::distributed::role(&options) {
+    let role = ztrain::distributed::role(&options);
+    if !matches!(role, Ok(ztrain::distributed::Role::Launcher(_)))
+        && let Err(e) = stop.exit_at_once_until_training()
+    {
+        return fail(&format!("error: starting the signal watcher: {e}"));
+    }
+    let rank = match role {
         Err(e) => return fail(&ztrain::error::report(&e)),
         Ok(ztrain::distributed::Role::Launcher(ranks)) => return launcher(&options, ranks, &stop),
         Ok(ztrain::distributed::Role::Rank(env)) => Some(env.info),
