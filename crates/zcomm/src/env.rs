@@ -4,6 +4,18 @@
 
 use crate::RankInfo;
 use crate::error::{CommError, Result};
+use std::ffi::OsString;
+
+/// `var` through `get` as text: None when unset, [`CommError::EnvNotUtf8`] when not UTF-8 (the
+/// value is never shown: it may be a secret).
+pub(crate) fn text_var(
+    get: &impl Fn(&str) -> Option<OsString>,
+    var: &'static str,
+) -> Result<Option<String>> {
+    get(var)
+        .map(|v| v.into_string().map_err(|_| CommError::EnvNotUtf8 { var }))
+        .transpose()
+}
 
 /// The variables, in the order they are checked.
 pub const VARS: [&str; 5] = [
@@ -54,7 +66,16 @@ impl LaunchEnv {
 
     /// Reads the process environment.
     pub fn from_env() -> Result<LaunchEnv> {
-        Self::from_vars(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+        Self::from_os_vars(|v| std::env::var_os(v))
+    }
+
+    /// Reads the variables through `get` as the operating system holds them: a value that is
+    /// not UTF-8 is [`CommError::EnvNotUtf8`], naming the variable, never showing the value.
+    pub fn from_os_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<LaunchEnv> {
+        for var in VARS {
+            text_var(&get, var)?;
+        }
+        Self::from_vars(|name| get(name).and_then(|v| v.into_string().ok()))
     }
 
     /// Reads the variables through `get` (the environment, or a table in tests).

@@ -1,6 +1,7 @@
 //! `CommError`: what went wrong with a collective, a rendezvous or the launch environment, and
 //! what the caller can do about it.
 
+use crate::secret::MIN_SECRET_HEX_DIGITS;
 use std::time::Duration;
 
 /// Errors of this crate. Operations name the collective (`"all_reduce"`, `"broadcast"`,
@@ -73,6 +74,11 @@ pub enum CommError {
         problem: String,
     },
 
+    /// An environment variable this crate reads holds bytes that are not UTF-8 (its value is
+    /// never shown: it may be the job secret).
+    #[error("environment: {var} is not valid UTF-8 (its value is not shown); set it to plain text")]
+    EnvNotUtf8 { var: &'static str },
+
     /// The rendezvous (rank 0 handing out the unique id over TCP) failed or passed its deadline.
     #[error("rendezvous at {addr} (rank {rank}): {detail}")]
     Rendezvous {
@@ -87,6 +93,13 @@ pub enum CommError {
     /// short or too long): fix it as the detail says.
     #[error("job secret: {detail}")]
     Secret { detail: String },
+
+    /// The job secret is not a key: fewer than 128 bits, or not hex digits. A phrase a person
+    /// chose can be guessed offline from one recorded handshake; a random key cannot.
+    #[error(
+        "{from}: the job secret is not a key ({problem}); a job secret is a random key of at least 128 bits written as {MIN_SECRET_HEX_DIGITS} or more hex digits: make one with `ztrain --make-secret FILE` (or `openssl rand -hex 32`)"
+    )]
+    WeakSecret { from: String, problem: String },
 
     /// No job secret for a rendezvous other hosts can reach: set `ZCOMM_SECRET` (or
     /// `ZCOMM_SECRET_FILE`) to the same secret on every rank, or `ZCOMM_ALLOW_UNAUTHENTICATED=1`

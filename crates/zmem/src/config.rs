@@ -80,11 +80,25 @@ static FORCED: OnceLock<Result<bool, MemError>> = OnceLock::new();
 /// variable; `0` or unset forces nothing (a config may still ask for the mode).
 pub fn sanitize_forced() -> Result<bool, MemError> {
     FORCED
-        .get_or_init(|| match std::env::var("ZMEM_SANITIZE") {
-            Ok(v) => parse_switch("ZMEM_SANITIZE", &v),
-            Err(_) => Ok(false),
+        .get_or_init(|| match env_text("ZMEM_SANITIZE") {
+            Ok(Some(v)) => parse_switch("ZMEM_SANITIZE", &v),
+            Ok(None) => Ok(false),
+            Err(e) => Err(e),
         })
         .clone()
+}
+
+/// The process environment's `var` as text: None when unset, a typed error naming the variable
+/// (never showing its bytes) when it is not UTF-8.
+fn env_text(var: &'static str) -> Result<Option<String>, MemError> {
+    match std::env::var_os(var) {
+        None => Ok(None),
+        Some(v) => v.into_string().map(Some).map_err(|_| MemError::Config {
+            var,
+            value: "(not shown)".into(),
+            reason: "not valid UTF-8; expected a number or a 1/0 switch".into(),
+        }),
+    }
 }
 
 /// A `1`/`0` switch (also `true`/`on`/`yes`, `false`/`off`/`no`, empty: off).
@@ -111,8 +125,19 @@ impl ArenaConfig {
     /// to the environment are not seen, so every arena of a run agrees). A malformed value is an
     /// error naming the variable, never a silent default.
     pub fn from_env() -> Result<ArenaConfig, MemError> {
-        ENV.get_or_init(|| ArenaConfig::default().with_vars(std::env::vars()))
-            .clone()
+        ENV.get_or_init(|| {
+            // Only the arena's own variables are read, each with `var_os`: another variable
+            // that is not UTF-8 is none of the arena's business (`std::env::vars` would panic
+            // on it, printing its value).
+            let mut vars = Vec::new();
+            for name in ENV_VARS {
+                if let Some(v) = env_text(name)? {
+                    vars.push((name.to_string(), v));
+                }
+            }
+            ArenaConfig::default().with_vars(vars)
+        })
+        .clone()
     }
 
     /// `self` overridden by the `ZMEM_*` entries of `vars` (others are ignored).

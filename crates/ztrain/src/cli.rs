@@ -123,6 +123,13 @@ pub struct Options {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=99), help_heading = "Device")]
     pub gpus: u16,
 
+    /// Writes a new random job secret (256 bits as hex digits) to FILE, created with mode 0600
+    /// and never overwritten, and exits: give it to every rank of a job started by another
+    /// launcher as ZCOMM_SECRET_FILE=FILE. One secret per job: two jobs that share one can
+    /// be spliced together.
+    #[arg(long, value_name = "FILE", help_heading = "Device")]
+    pub make_secret: Option<PathBuf>,
+
     /// Longest wait, in seconds, for the other ranks (the rendezvous, every collective): a
     /// rank that stalls or dies makes the others stop with an error naming it after this.
     #[arg(

@@ -19,6 +19,22 @@ fn main() -> ExitCode {
     if let Err(e) = zcomm::launch::die_with_launcher() {
         return fail(&format!("error: {e}"));
     }
+    if let Some(path) = &options.make_secret {
+        return match zcomm::secret::write_new_secret_file(path) {
+            Ok(_) => {
+                #[allow(clippy::print_stdout)]
+                {
+                    println!(
+                        "wrote a new job secret to {} (mode 0600); give every rank of the job ZCOMM_SECRET_FILE={}",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&format!("error: {e}")),
+        };
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let show_bar = std::io::stderr().is_terminal();
@@ -30,7 +46,13 @@ fn main() -> ExitCode {
             ));
         }
     };
-    let rank = match ztrain::distributed::role(&options) {
+    let role = ztrain::distributed::role(&options);
+    if !matches!(role, Ok(ztrain::distributed::Role::Launcher(_)))
+        && let Err(e) = stop.exit_at_once_until_training()
+    {
+        return fail(&format!("error: starting the signal watcher: {e}"));
+    }
+    let rank = match role {
         Err(e) => return fail(&ztrain::error::report(&e)),
         Ok(ztrain::distributed::Role::Launcher(ranks)) => return launcher(&options, ranks, &stop),
         Ok(ztrain::distributed::Role::Rank(env)) => Some(env.info),

@@ -244,6 +244,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         started,
         timeline: options.timeline.as_ref().map(|_| Timeline::default()),
     };
+    ctx.stop.training_starts();
     let ended = run.all(out)?;
     if let (Some(t), Some(path)) = (run.timeline.as_mut(), &options.timeline) {
         // Every step's events are behind this wait.

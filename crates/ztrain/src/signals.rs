@@ -3,6 +3,11 @@
 //! second one exits at once with that status. Built on `signal-hook`'s `flag` functions, whose
 //! handlers only store to atomics, so ztrain itself has no `unsafe`.
 //!
+//! Before training starts (opening the data, a named pipe waiting for its writer, the secret,
+//! the rendezvous, the plan) there is no step to finish and nothing to save: the first signal
+//! ends the process at once with 128 + the signal, whatever call the main thread is blocked in
+//! ([`StopSignal::exit_at_once_until_training`]).
+//!
 //! In a data-parallel job the ranks stop together: a signal reaches them at slightly different
 //! moments (or one rank alone), so they all-reduce who received what ([`Agreement`]) and all stop
 //! after that same step; rank 0 writes the checkpoint, every rank exits 128 + the signal. With
@@ -23,6 +28,8 @@ pub use signal_hook::consts::{SIGINT, SIGTERM};
 #[derive(Clone, Debug, Default)]
 pub struct StopSignal {
     which: Arc<AtomicUsize>,
+    /// Training has started: a signal now waits for the end of a step.
+    training: Arc<AtomicBool>,
 }
 
 impl StopSignal {
@@ -44,6 +51,38 @@ impl StopSignal {
             signal_hook::flag::register_usize(sig, Arc::clone(&stop.which), sig as usize)?;
         }
         Ok(stop)
+    }
+
+    /// Until [`StopSignal::training_starts`], a signal ends the process at once with 128 + the
+    /// signal, saying so on stderr: a watcher thread does it (polling every 20 ms), so the
+    /// main thread may be blocked anywhere (open(2) on a named pipe without a writer).
+    pub fn exit_at_once_until_training(&self) -> std::io::Result<()> {
+        let (which, training) = (Arc::clone(&self.which), Arc::clone(&self.training));
+        std::thread::Builder::new()
+            .name("ztrain-early-stop".into())
+            .spawn(move || {
+                while !training.load(Ordering::SeqCst) {
+                    let sig = which.load(Ordering::SeqCst);
+                    if sig != 0 {
+                        let sig = i32::try_from(sig).unwrap_or(SIGINT);
+                        #[allow(clippy::print_stderr)]
+                        {
+                            eprintln!(
+                                "ztrain: stopped by {} before training started; nothing was trained",
+                                name(sig)
+                            );
+                        }
+                        std::process::exit(128 + sig);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            })
+            .map(|_| ())
+    }
+
+    /// The first step is about to run: from now on a signal stops the run after a step.
+    pub fn training_starts(&self) {
+        self.training.store(true, Ordering::SeqCst);
     }
 
     /// Asks for a stop as `signal` would (tests).

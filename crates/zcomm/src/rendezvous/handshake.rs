@@ -1,19 +1,26 @@
-//! The rendezvous's frames and its mutual challenge-response (protocol version 2). Every
+//! The rendezvous's frames and its mutual challenge-response (protocol version 3). Every
 //! integer is a little-endian u64; every frame has a fixed length or a length checked against
 //! [`MAX_PAYLOAD`] before anything is allocated.
 //!
 //! ```text
 //! rank -> rank 0   hello:     "ZCRV" | version | rank | world | nonce_r[32]            (60 bytes)
-//! rank 0 -> rank   challenge: "ZCRV" | nonce_0[32] | HMAC(k, "rank 0" | hello | nonce_0) (68)
-//! rank -> rank 0   proof:     HMAC(k, "rank" | hello | nonce_0)                         (32)
-//! rank 0 -> rank   outcome:   status u8 | len | payload | HMAC(k, "outcome" | hello | nonce_0
-//!                             | status | payload)   (status 0: the id; 1: why refused)
+//! rank 0 -> rank   challenge: "ZCRV" | nonce_0[32] | job[16] | HMAC(k, "rank 0" | T)  (84)
+//! rank -> rank 0   proof:     HMAC(k, "rank" | T)                                       (32)
+//! rank 0 -> rank   outcome:   status u8 | len | payload | HMAC(k, "outcome" | T | status
+//!                             | payload)   (status 0: the id; 1: why refused)
+//!     T = hello | nonce_0 | job | the rendezvous address (`MASTER_ADDR:MASTER_PORT`)
 //! ```
 //!
 //! HMAC-SHA-256 (RustCrypto), tags compared in constant time. The secret never travels; each
 //! side's tag covers the other's fresh nonce, so a recorded exchange proves nothing later, and
 //! the two directions use different labels, so one side's tag is never the other's. Rank 0
 //! answers nothing about the job (its world, the id) before the rank's proof checks.
+//!
+//! The transcript binds the job: `job` is chosen at random by rank 0 for this rendezvous, and
+//! each side puts in the address as *it* was given it, so a rank relayed to another job's rank
+//! 0 (two jobs that share a secret) finds rank 0's proof wrong and stops. After the outcome,
+//! every byte either way is under a MAC with a key of its direction derived from `T`
+//! ([`Transcript::keys`], the `channel` module).
 
 use super::io::{read_exact, read_exact_until, write_all};
 use super::{Cancel, Who};
@@ -24,25 +31,48 @@ use std::net::TcpStream;
 use std::time::Instant;
 
 pub(crate) const MAGIC: &[u8; 4] = b"ZCRV";
-pub(crate) const VERSION: u64 = 2;
+pub(crate) const VERSION: u64 = 3;
 const NONCE: usize = 32;
 const TAG: usize = 32;
+/// Rank 0's random identity of one rendezvous.
+pub(crate) const JOB_ID: usize = 16;
 pub(crate) const HELLO_LEN: usize = 4 + 8 + 8 + 8 + NONCE;
-const CHALLENGE_LEN: usize = 4 + NONCE + TAG;
+const CHALLENGE_LEN: usize = 4 + NONCE + JOB_ID + TAG;
 /// Longest id or refusal on the wire (NCCL's id is 128 bytes).
 pub(crate) const MAX_PAYLOAD: u64 = 64 << 10;
 pub(crate) const WELCOME: u8 = 0;
 pub(crate) const REFUSED: u8 = 1;
 
-const LABEL_RANK0: &[u8] = b"zcomm rendezvous v2: rank 0";
-const LABEL_RANK: &[u8] = b"zcomm rendezvous v2: rank";
-const LABEL_OUTCOME: &[u8] = b"zcomm rendezvous v2: outcome";
+const LABEL_RANK0: &[u8] = b"zcomm rendezvous v3: rank 0";
+const LABEL_RANK: &[u8] = b"zcomm rendezvous v3: rank";
+const LABEL_OUTCOME: &[u8] = b"zcomm rendezvous v3: outcome";
+const LABEL_KEY_UP: &[u8] = b"zcomm channel v3: rank to rank 0";
+const LABEL_KEY_DOWN: &[u8] = b"zcomm channel v3: rank 0 to rank";
 
 /// What both ends of one handshake share once it is done: every later tag covers it.
 #[derive(Debug)]
 pub(crate) struct Transcript {
     hello: [u8; HELLO_LEN],
     nonce0: [u8; NONCE],
+    job: [u8; JOB_ID],
+    addr: String,
+}
+
+impl Transcript {
+    fn parts(&self) -> [&[u8]; 4] {
+        [&self.hello, &self.nonce0, &self.job, self.addr.as_bytes()]
+    }
+
+    /// The channel's keyed MACs: (rank to rank 0, rank 0 to rank), each under a key derived
+    /// from the secret and the whole transcript (HMAC as the PRF), so no two connections,
+    /// directions or jobs share one.
+    pub(crate) fn keys(&self, auth: &Auth) -> std::io::Result<(Hmac<Sha256>, Hmac<Sha256>)> {
+        let derive = |label: &[u8]| {
+            tag(&sign(auth.key(), label, &self.parts()), b"", &[])
+                .ok_or_else(|| std::io::Error::other("deriving the channel keys"))
+        };
+        Ok((derive(LABEL_KEY_UP)?, derive(LABEL_KEY_DOWN)?))
+    }
 }
 
 fn tag(key: &[u8], label: &[u8], parts: &[&[u8]]) -> Option<Hmac<Sha256>> {
@@ -87,6 +117,8 @@ pub(crate) fn greet(
     s: &mut TcpStream,
     auth: &Auth,
     deadline: Instant,
+    job: [u8; JOB_ID],
+    addr: &str,
 ) -> Result<(u64, u64, Transcript), String> {
     let mut hello = [0u8; HELLO_LEN];
     read_exact(s, &mut hello, deadline).map_err(|e| format!("no greeting: {e}"))?;
@@ -104,14 +136,20 @@ pub(crate) fn greet(
     }
     let (rank, world) = (word(&hello, 12), word(&hello, 20));
     let nonce0 = nonce().map_err(|e| e.to_string())?;
-    let t = Transcript { hello, nonce0 };
+    let t = Transcript {
+        hello,
+        nonce0,
+        job,
+        addr: addr.to_string(),
+    };
     let mut challenge = MAGIC.to_vec();
     challenge.extend_from_slice(&nonce0);
-    challenge.extend_from_slice(&sign(auth.key(), LABEL_RANK0, &[&t.hello, &t.nonce0]));
+    challenge.extend_from_slice(&job);
+    challenge.extend_from_slice(&sign(auth.key(), LABEL_RANK0, &t.parts()));
     write_all(s, &challenge, deadline).map_err(|e| format!("sending the challenge: {e}"))?;
     let mut proof = [0u8; TAG];
     read_exact(s, &mut proof, deadline).map_err(|e| format!("no proof: {e}"))?;
-    if !verify(auth.key(), LABEL_RANK, &[&t.hello, &t.nonce0], &proof) {
+    if !verify(auth.key(), LABEL_RANK, &t.parts(), &proof) {
         return Err("it does not hold the job secret (its proof failed)".into());
     }
     Ok((rank, world, t))
@@ -122,10 +160,11 @@ pub(crate) fn outcome(status: u8, payload: &[u8], t: &Transcript, auth: &Auth) -
     let mut msg = vec![status];
     msg.extend_from_slice(&(payload.len() as u64).to_le_bytes());
     msg.extend_from_slice(payload);
+    let [hello, nonce0, job, addr] = t.parts();
     let mac = sign(
         auth.key(),
         LABEL_OUTCOME,
-        &[&t.hello, &t.nonce0, &[status], payload],
+        &[hello, nonce0, job, addr, &[status], payload],
     );
     msg.extend_from_slice(&mac);
     msg
@@ -141,15 +180,17 @@ pub(crate) enum JoinFailure {
     Refused(String),
 }
 
-/// A rank's side, on a connection to rank 0: greets, checks rank 0's proof, proves itself,
-/// and waits (until `deadline`, or `cancel`) for the id.
+/// A rank's side, on a connection to rank 0 at `addr` (as this rank was given it): greets,
+/// checks rank 0's proof, proves itself, and waits (until `deadline`, or `cancel`) for the id.
+/// Returns the id and the transcript the channel's keys come from.
 pub(crate) fn join(
     s: &mut TcpStream,
     who: Who,
     auth: &Auth,
+    addr: &str,
     deadline: Instant,
     cancel: Option<&Cancel>,
-) -> Result<Vec<u8>, JoinFailure> {
+) -> Result<(Vec<u8>, Transcript), JoinFailure> {
     let mut hello = [0u8; HELLO_LEN];
     hello[..4].copy_from_slice(MAGIC);
     hello[4..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -168,20 +209,28 @@ pub(crate) fn join(
     }
     let mut nonce0 = [0u8; NONCE];
     nonce0.copy_from_slice(&challenge[4..4 + NONCE]);
-    let t = Transcript { hello, nonce0 };
+    let mut job = [0u8; JOB_ID];
+    job.copy_from_slice(&challenge[4 + NONCE..4 + NONCE + JOB_ID]);
+    let t = Transcript {
+        hello,
+        nonce0,
+        job,
+        addr: addr.to_string(),
+    };
     if !verify(
         auth.key(),
         LABEL_RANK0,
-        &[&t.hello, &t.nonce0],
-        &challenge[4 + NONCE..],
+        &t.parts(),
+        &challenge[4 + NONCE + JOB_ID..],
     ) {
-        return Err(JoinFailure::Bad(
-            "the process listening there did not prove it holds the job secret: another process squats rank 0's port, or rank 0 has another secret (ZCOMM_SECRET)".into(),
-        ));
+        return Err(JoinFailure::Bad(format!(
+            "the process listening there did not prove it holds the job secret for the rendezvous at {addr}: another process squats rank 0's port or relays another job, rank 0 has another secret (ZCOMM_SECRET), or its MASTER_ADDR:MASTER_PORT is not written as this rank's"
+        )));
     }
-    let proof = sign(auth.key(), LABEL_RANK, &[&t.hello, &t.nonce0]);
+    let proof = sign(auth.key(), LABEL_RANK, &t.parts());
     write_all(s, &proof, deadline).map_err(|e| JoinFailure::Io("proving the secret", e))?;
-    read_outcome(s, &t, auth, deadline, cancel)
+    let id = read_outcome(s, &t, auth, deadline, cancel)?;
+    Ok((id, t))
 }
 
 fn read_outcome(
@@ -206,10 +255,11 @@ fn read_outcome(
     read_exact_until(s, &mut payload, deadline, cancel)
         .map_err(|e| JoinFailure::Io("reading the id", e))?;
     let mac = payload.split_off(len as usize);
+    let [hello, nonce0, job, addr] = t.parts();
     if !verify(
         auth.key(),
         LABEL_OUTCOME,
-        &[&t.hello, &t.nonce0, &[status], &payload],
+        &[hello, nonce0, job, addr, &[status], &payload],
         &mac,
     ) {
         return Err(JoinFailure::Bad(

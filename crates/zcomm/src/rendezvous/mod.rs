@@ -4,36 +4,46 @@
 //! ([`crate::secret`]; the protocol is in `handshake.rs`) before the rank says anything of the
 //! job or rank 0 hands out anything. The id goes out once the whole world has checked in.
 //!
+//! Rank 0 listens on every address `MASTER_ADDR` resolves to, or refuses to start (it never
+//! falls back to some of them: another user could listen on the rest), and logs which
+//! (`zcomm.rendezvous.bind`).
+//!
 //! Rank 0's listener cannot be knocked over: each connection's greeting is read on a thread of
 //! its own under a short deadline ([`Config::greeting_timeout`]), so an idle, garbage,
 //! unauthenticated or duplicate connection is dropped and logged (`zcomm.rendezvous.serve`)
-//! while the others go on. Only a member that proved the secret and disagrees about the job (its
+//! while the others go on. At most [`MAX_PENDING_GREETINGS`] unproven connections are held; a
+//! new one evicts the oldest unproven, never one that proved the secret. A joining rank whose
+//! connection is dropped before rank 0 answers retries, backing off, until its deadline. Only a member that proved the secret and disagrees about the job (its
 //! world size, a rank outside it) fails the rendezvous, on both ends, with a typed
 //! [`CommError::Rendezvous`]. Every wait is bounded by [`Config::timeout`] and ends within
 //! 50 ms of a stop request ([`Config::cancel`]).
 //!
 //! The connections stay open for callers that want them (the simulated communicator exchanges
-//! its buffers over them); `exchange_id` drops them once the id is out.
+//! its buffers over them), as authenticated [`Channel`]s bound to the job; `exchange_id` drops
+//! them once the id is out.
 
+mod channel;
 mod handshake;
 mod io;
+
+pub use channel::{BadFrame, Channel, MAX_RECORD};
 
 use crate::RankInfo;
 use crate::env::Master;
 use crate::error::{CommError, Result};
 use crate::secret::Auth;
-use handshake::{JoinFailure, REFUSED, Transcript, WELCOME};
-use io::{is_cancelled, remaining};
-pub(crate) use io::{read_exact, write_all};
+use handshake::{JOB_ID, JoinFailure, REFUSED, Transcript, WELCOME};
+use io::{is_cancelled, remaining, write_all};
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// A stop request a rendezvous polls while it waits (SIGINT/SIGTERM in `ztrain`).
 pub type Cancel = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// Greetings read at once; a connection past these is dropped at once.
+/// Unproven connections held at once; one more evicts the oldest of them.
 pub const MAX_PENDING_GREETINGS: usize = 64;
 
 /// How a rendezvous runs.
@@ -101,17 +111,20 @@ impl From<Duration> for Config {
     }
 }
 
-/// Rank 0's listening socket.
+/// Rank 0's listening sockets: one on each address its name resolves to, all on one port.
 #[derive(Debug)]
 pub struct Server {
-    listener: TcpListener,
+    listeners: Vec<TcpListener>,
     addr: String,
+    /// The rendezvous address as the ranks are given it (the name, the bound port): part of
+    /// every handshake's transcript.
+    job_addr: String,
 }
 
 /// The connections rank 0 holds once everyone checked in: `peers[r - 1]` is rank `r`'s.
 #[derive(Debug)]
 pub struct Joined {
-    pub peers: Vec<TcpStream>,
+    pub peers: Vec<Channel>,
 }
 
 /// A joining rank as it says it is (only believed once it proved the secret).
@@ -129,26 +142,79 @@ struct Greeted {
     transcript: Transcript,
 }
 
-type Greeting = (SocketAddr, std::result::Result<Greeted, String>);
+/// Where a held connection's handshake stands: rank 0 evicts only `Greeting` ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Greeting,
+    Proven,
+    Evicted,
+}
+
+/// A connection whose greeting is being read.
+struct Pending {
+    id: u64,
+    from: SocketAddr,
+    /// A handle on the connection, to shut it down when evicted.
+    stream: TcpStream,
+    stage: Arc<Mutex<Stage>>,
+}
+
+type Greeting = (u64, SocketAddr, std::result::Result<Greeted, String>);
+
+/// The host part of `host:port` (an IPv6 literal keeps its brackets).
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
+}
 
 impl Server {
-    /// Listens on `addr` (`host:port`; port 0 picks a free one, see [`Server::local_addr`]).
+    /// Listens on every address `addr` (`host:port`; port 0 picks a free one, see
+    /// [`Server::local_addr`]) resolves to, all on one port, or fails naming the one it could
+    /// not take.
     pub fn bind(addr: &str) -> Result<Server> {
-        let listener = TcpListener::bind(addr).map_err(|e| err(addr, 0, "cannot listen", e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| err(addr, 0, "cannot listen", e))?;
+        let resolved: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| err(addr, 0, "cannot resolve the address to listen on", e))?
+            .collect();
+        let mut unique: Vec<SocketAddr> = Vec::new();
+        for a in resolved {
+            if !unique.contains(&a) {
+                unique.push(a);
+            }
+        }
+        let listeners = bind_all(addr, &unique)?;
+        let port = listeners[0]
+            .local_addr()
+            .map_err(|e| err(addr, 0, "cannot read the bound address", e))?
+            .port();
+        let bound: Vec<String> = listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .map(|a| a.to_string())
+            .collect();
+        tracing::info!(target: "zcomm.rendezvous.bind", %addr, bound = %bound.join(", "), "rank 0 listens on every address the name resolves to");
         Ok(Server {
-            listener,
+            listeners,
             addr: addr.to_string(),
+            job_addr: format!("{}:{port}", host_of(addr)),
         })
     }
 
-    /// The address actually bound.
+    /// The address actually bound (the first, when the name resolves to several).
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        self.listener
+        self.listeners[0]
             .local_addr()
             .map_err(|e| err(&self.addr, 0, "cannot read the bound address", e))
+    }
+
+    /// Every address bound.
+    pub fn local_addrs(&self) -> Result<Vec<SocketAddr>> {
+        self.listeners
+            .iter()
+            .map(|l| {
+                l.local_addr()
+                    .map_err(|e| err(&self.addr, 0, "cannot read the bound address", e))
+            })
+            .collect()
     }
 
     /// Waits (until the config's timeout) for ranks `1..world` to check in, then hands each
@@ -157,9 +223,18 @@ impl Server {
         let config = config.into();
         let deadline = Instant::now() + config.timeout;
         let auth = Arc::new(config.auth.clone());
+        let mut job = [0u8; JOB_ID];
+        getrandom::fill(&mut job).map_err(|e| {
+            fail(
+                &self.addr,
+                0,
+                format!("the operating system's random generator failed: {e}"),
+            )
+        })?;
         let (tx, rx) = mpsc::channel::<Greeting>();
         let mut slots: Vec<Option<Greeted>> = (1..world).map(|_| None).collect();
-        let mut pending = 0usize;
+        let mut pending: VecDeque<Pending> = VecDeque::new();
+        let mut next_id = 0u64;
         while slots.iter().any(Option::is_none) {
             if config.cancelled() {
                 return Err(CommError::Interrupted {
@@ -181,15 +256,23 @@ impl Server {
                     ),
                 ));
             }
-            self.accept_pending(&tx, &mut pending, &auth, &config, deadline);
+            let greeting = Greeting0 {
+                tx: &tx,
+                auth: &auth,
+                config: &config,
+                deadline,
+                job,
+            };
+            self.accept_pending(&greeting, &mut pending, &mut next_id);
             match rx.recv_timeout(Duration::from_millis(10)) {
-                Ok((from, Ok(g))) => {
-                    pending = pending.saturating_sub(1);
-                    self.admit(g, from, world, &mut slots, &auth, deadline)?;
-                }
-                Ok((from, Err(why))) => {
-                    pending = pending.saturating_sub(1);
-                    tracing::warn!(target: "zcomm.rendezvous.serve", %from, reason = %why, "connection dropped; the rendezvous goes on");
+                Ok((id_of, from, result)) => {
+                    pending.retain(|p| p.id != id_of);
+                    match result {
+                        Ok(g) => self.admit(g, from, world, &mut slots, &auth, deadline)?,
+                        Err(why) => {
+                            tracing::warn!(target: "zcomm.rendezvous.serve", %from, reason = %why, "connection dropped; the rendezvous goes on");
+                        }
+                    }
                 }
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
             }
@@ -203,56 +286,74 @@ impl Server {
                     format!("rank {} never checked in", i + 1),
                 ));
             };
+            let what = format!("sending the id to rank {}", i + 1);
             let msg = handshake::outcome(WELCOME, id, &g.transcript, &auth);
-            write_all(&mut g.stream, &msg, deadline).map_err(|e| {
-                err(
-                    &self.addr,
-                    0,
-                    &format!("sending the id to rank {}", i + 1),
-                    e,
-                )
-            })?;
-            peers.push(g.stream);
+            write_all(&mut g.stream, &msg, deadline).map_err(|e| err(&self.addr, 0, &what, e))?;
+            let (up, down) = g
+                .transcript
+                .keys(&auth)
+                .map_err(|e| err(&self.addr, 0, &what, e))?;
+            peers.push(Channel::new(g.stream, down, up));
         }
         Ok(Joined { peers })
     }
 
-    /// Takes every connection waiting on the listener and reads its greeting on a thread of
-    /// its own, bounded by the greeting timeout.
+    /// Takes every connection waiting on the listeners and reads its greeting on a thread of
+    /// its own, bounded by the greeting timeout. Past [`MAX_PENDING_GREETINGS`] unproven
+    /// connections, the oldest unproven one is evicted for the new one.
     fn accept_pending(
         &self,
-        tx: &mpsc::Sender<Greeting>,
-        pending: &mut usize,
-        auth: &Arc<Auth>,
-        config: &Config,
-        deadline: Instant,
+        g: &Greeting0<'_>,
+        pending: &mut VecDeque<Pending>,
+        next_id: &mut u64,
     ) {
-        loop {
-            let (s, from) = match self.listener.accept() {
-                Ok(c) => c,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                Err(e) => {
-                    // Out of descriptors, a connection reset before it was taken: not the
-                    // job's end.
-                    tracing::warn!(target: "zcomm.rendezvous.serve", error = %e, "accept failed; the rendezvous goes on");
-                    return;
+        for listener in &self.listeners {
+            loop {
+                let (s, from) = match listener.accept() {
+                    Ok(c) => c,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        // Out of descriptors, a connection reset before it was taken: not the
+                        // job's end.
+                        tracing::warn!(target: "zcomm.rendezvous.serve", error = %e, "accept failed; the rendezvous goes on");
+                        break;
+                    }
+                };
+                if pending.len() >= MAX_PENDING_GREETINGS && !evict_oldest_unproven(pending) {
+                    tracing::warn!(target: "zcomm.rendezvous.serve", %from, "every held connection proved the secret; connection dropped");
+                    continue;
                 }
-            };
-            if *pending >= MAX_PENDING_GREETINGS {
-                tracing::warn!(target: "zcomm.rendezvous.serve", %from, "too many greetings at once; connection dropped");
-                continue;
-            }
-            let until = deadline.min(Instant::now() + config.greeting_timeout);
-            let (tx, auth) = (tx.clone(), Arc::clone(auth));
-            let spawned = std::thread::Builder::new()
-                .name("zcomm-greeting".into())
-                .spawn(move || {
-                    let _ = tx.send((from, greet_connection(s, &auth, until)));
-                });
-            match spawned {
-                Ok(_) => *pending += 1,
-                Err(e) => {
-                    tracing::warn!(target: "zcomm.rendezvous.serve", %from, error = %e, "no thread for the greeting; connection dropped");
+                let Ok(handle) = s.try_clone() else {
+                    tracing::warn!(target: "zcomm.rendezvous.serve", %from, "no descriptor for the connection; dropped");
+                    continue;
+                };
+                let id = *next_id;
+                *next_id += 1;
+                let stage = Arc::new(Mutex::new(Stage::Greeting));
+                let until = g.deadline.min(Instant::now() + g.config.greeting_timeout);
+                let (tx, auth, job, addr) = (
+                    g.tx.clone(),
+                    Arc::clone(g.auth),
+                    g.job,
+                    self.job_addr.clone(),
+                );
+                let st = Arc::clone(&stage);
+                let spawned = std::thread::Builder::new()
+                    .name("zcomm-greeting".into())
+                    .spawn(move || {
+                        let got = greet_connection(s, &auth, until, job, &addr, &st);
+                        let _ = tx.send((id, from, got));
+                    });
+                match spawned {
+                    Ok(_) => pending.push_back(Pending {
+                        id,
+                        from,
+                        stream: handle,
+                        stage,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(target: "zcomm.rendezvous.serve", %from, error = %e, "no thread for the greeting; connection dropped");
+                    }
                 }
             }
         }
@@ -300,17 +401,85 @@ impl Server {
     }
 }
 
+/// What every greeting thread gets from the serving loop.
+struct Greeting0<'a> {
+    tx: &'a mpsc::Sender<Greeting>,
+    auth: &'a Arc<Auth>,
+    config: &'a Config,
+    deadline: Instant,
+    job: [u8; JOB_ID],
+}
+
+/// Listens on each of `addrs` on one port (the first's, when `addr` asks for port 0).
+fn bind_all(addr: &str, addrs: &[SocketAddr]) -> Result<Vec<TcpListener>> {
+    let Some(first) = addrs.first() else {
+        return Err(fail(addr, 0, "the name resolves to no address".into()));
+    };
+    let mut listeners: Vec<TcpListener> = Vec::with_capacity(addrs.len());
+    let mut port = first.port();
+    for a in addrs {
+        let at = SocketAddr::new(a.ip(), port);
+        let l = TcpListener::bind(at).map_err(|e| {
+            let what = if addrs.len() > 1 {
+                format!("cannot listen on {at}, one of the {} addresses the name resolves to (rank 0 listens on all of them or none: another process may hold that one; give MASTER_ADDR as one address)", addrs.len())
+            } else {
+                format!("cannot listen on {at}")
+            };
+            err(addr, 0, &what, e)
+        })?;
+        l.set_nonblocking(true)
+            .map_err(|e| err(addr, 0, "cannot listen", e))?;
+        if port == 0 {
+            port = l
+                .local_addr()
+                .map_err(|e| err(addr, 0, "cannot read the bound address", e))?
+                .port();
+        }
+        listeners.push(l);
+    }
+    Ok(listeners)
+}
+
+/// Shuts down the oldest connection that has not proved the secret; false when every held
+/// connection has.
+fn evict_oldest_unproven(pending: &mut VecDeque<Pending>) -> bool {
+    for i in 0..pending.len() {
+        let mut stage = pending[i]
+            .stage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *stage == Stage::Greeting {
+            *stage = Stage::Evicted;
+            drop(stage);
+            if let Some(p) = pending.remove(i) {
+                let _ = p.stream.shutdown(std::net::Shutdown::Both);
+                tracing::debug!(target: "zcomm.rendezvous.serve", from = %p.from, "the oldest unproven connection evicted for a new one");
+            }
+            return true;
+        }
+    }
+    false
+}
+
 /// Rank 0's side of one connection's handshake, on its own thread: the greeted peer, or why
 /// it is dropped.
 fn greet_connection(
     mut s: TcpStream,
     auth: &Auth,
     until: Instant,
+    job: [u8; JOB_ID],
+    addr: &str,
+    stage: &Mutex<Stage>,
 ) -> std::result::Result<Greeted, String> {
     s.set_nonblocking(false)
         .and_then(|()| s.set_nodelay(true))
         .map_err(|e| format!("setting up the connection: {e}"))?;
-    let (rank, world, transcript) = handshake::greet(&mut s, auth, until)?;
+    let (rank, world, transcript) = handshake::greet(&mut s, auth, until, job, addr)?;
+    let mut stage = stage.lock().unwrap_or_else(PoisonError::into_inner);
+    if *stage == Stage::Evicted {
+        return Err("evicted for a newer connection before it proved the secret".into());
+    }
+    *stage = Stage::Proven;
     Ok(Greeted {
         stream: s,
         rank,
@@ -320,28 +489,69 @@ fn greet_connection(
 }
 
 /// Rank `info.rank` (not 0) connects to rank 0 at `addr`, retrying (the name's resolution
-/// too) until the config's timeout (rank 0 may start later), proves the secret, checks rank
-/// 0's proof, and receives the id. Returns the id and the connection.
-pub fn join(addr: &str, info: RankInfo, config: impl Into<Config>) -> Result<(Vec<u8>, TcpStream)> {
+/// too) until the config's timeout (rank 0 may start later, or drop the connection before it
+/// answers: backing off from 20 ms to 1 s), proves the secret, checks rank 0's proof, and
+/// receives the id. Returns the id and the authenticated channel to rank 0.
+pub fn join(addr: &str, info: RankInfo, config: impl Into<Config>) -> Result<(Vec<u8>, Channel)> {
     let config = config.into();
     let deadline = Instant::now() + config.timeout;
     let rank = info.rank;
-    let mut s = connect(addr, rank, deadline, &config)?;
     let who = Who {
         rank,
         world: info.world,
     };
-    match handshake::join(&mut s, who, &config.auth, deadline, config.cancel.as_ref()) {
-        Ok(id) => Ok((id, s)),
-        // A stop was asked for: whatever ended the wait (rank 0 stopping too), that is why.
-        Err(JoinFailure::Io(_, e)) if is_cancelled(&e) || config.cancelled() => {
-            Err(CommError::Interrupted {
-                during: "the rendezvous",
-            })
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let mut s = connect(addr, rank, deadline, &config)?;
+        let failure = match handshake::join(
+            &mut s,
+            who,
+            &config.auth,
+            addr,
+            deadline,
+            config.cancel.as_ref(),
+        ) {
+            Ok((id, t)) => {
+                let (up, down) = t
+                    .keys(&config.auth)
+                    .map_err(|e| err(addr, rank, "deriving the channel keys", e))?;
+                return Ok((id, Channel::new(s, up, down)));
+            }
+            Err(f) => f,
+        };
+        match failure {
+            // A stop was asked for: whatever ended the wait (rank 0 stopping too), that is why.
+            JoinFailure::Io(_, e) if is_cancelled(&e) || config.cancelled() => {
+                return Err(CommError::Interrupted {
+                    during: "the rendezvous",
+                });
+            }
+            // Dropped before rank 0 answered (evicted among junk connections, rank 0
+            // restarting): again, until the deadline.
+            JoinFailure::Io(what, e) => {
+                let Some(left) = remaining(deadline) else {
+                    return Err(err(addr, rank, what, e));
+                };
+                tracing::info!(target: "zcomm.rendezvous.join", %addr, rank, error = %e, "{what}: the connection failed; retrying");
+                sleep_unless_cancelled(backoff.min(left), &config);
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            JoinFailure::Bad(detail) => return Err(fail(addr, rank, detail)),
+            JoinFailure::Refused(why) => {
+                return Err(fail(addr, rank, format!("rank 0 refused: {why}")));
+            }
         }
-        Err(JoinFailure::Io(what, e)) => Err(err(addr, rank, what, e)),
-        Err(JoinFailure::Bad(detail)) => Err(fail(addr, rank, detail)),
-        Err(JoinFailure::Refused(why)) => Err(fail(addr, rank, format!("rank 0 refused: {why}"))),
+    }
+}
+
+/// Sleeps `d`, waking every [`io::POLL`] to look at the stop request.
+fn sleep_unless_cancelled(d: Duration, config: &Config) {
+    let until = Instant::now() + d;
+    while let Some(left) = remaining(until) {
+        if config.cancelled() {
+            return;
+        }
+        std::thread::sleep(left.min(io::POLL));
     }
 }
 

@@ -5,8 +5,7 @@
 //! closed connection or a passed deadline is reported the same way, so every rank returns.
 
 use crate::error::CommError;
-use crate::rendezvous::{read_exact, write_all};
-use std::net::TcpStream;
+use crate::rendezvous::{BadFrame, Channel};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -42,9 +41,9 @@ pub(crate) struct Call {
 #[derive(Debug)]
 pub(crate) enum Star {
     /// Rank 0: `peers[r - 1]` is rank r's connection.
-    Hub(Vec<Mutex<TcpStream>>),
+    Hub(Vec<Mutex<Channel>>),
     /// Any other rank: its connection to rank 0.
-    Spoke(Mutex<TcpStream>),
+    Spoke(Mutex<Channel>),
 }
 
 struct Frame {
@@ -101,18 +100,18 @@ impl Star {
     pub fn abort(&self, rank: usize, why: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         let frame = encode(Kind::Abort, rank, u64::MAX, why.as_bytes());
-        let peers: Vec<&Mutex<TcpStream>> = match self {
+        let peers: Vec<&Mutex<Channel>> = match self {
             Star::Hub(p) => p.iter().collect(),
             Star::Spoke(s) => vec![s],
         };
         for p in peers {
-            let _ = write_all(&mut lock(p), &frame, deadline);
+            let _ = lock(p).write_all(&frame, deadline);
         }
     }
 }
 
 fn hub(
-    peers: &[Mutex<TcpStream>],
+    peers: &[Mutex<Channel>],
     world: usize,
     call: Call,
     data: &[f32],
@@ -184,13 +183,15 @@ fn hub(
     }
     let frame = encode(Kind::Result, 0, call.seq, &bytes(&acc));
     for (i, p) in peers.iter().enumerate() {
-        write_all(&mut lock(p), &frame, deadline).map_err(|e| io_failure(e, i + 1))?;
+        lock(p)
+            .write_all(&frame, deadline)
+            .map_err(|e| io_failure(e, i + 1))?;
     }
     Ok(acc)
 }
 
 fn spoke(
-    s: &Mutex<TcpStream>,
+    s: &Mutex<Channel>,
     rank: usize,
     call: Call,
     data: &[f32],
@@ -201,7 +202,9 @@ fn spoke(
         _ => bytes(data),
     };
     let frame = encode(Kind::Data, rank, call.seq, &mine);
-    write_all(&mut lock(s), &frame, deadline).map_err(|e| io_failure(e, 0))?;
+    lock(s)
+        .write_all(&frame, deadline)
+        .map_err(|e| io_failure(e, 0))?;
     let f = recv(s, 0, call, data.len() * 4, deadline)?;
     if f.kind != Kind::Result {
         return Err(Failure::Peer(format!(
@@ -224,7 +227,7 @@ fn spoke(
 /// Its length is checked before anything is allocated: `expect` bytes for a buffer (what this
 /// collective needs, nothing more), a short text for an abort.
 fn recv(
-    s: &Mutex<TcpStream>,
+    s: &Mutex<Channel>,
     from: usize,
     call: Call,
     expect: usize,
@@ -232,7 +235,8 @@ fn recv(
 ) -> Result<Frame, Failure> {
     let mut s = lock(s);
     let mut h = [0u8; HEADER];
-    read_exact(&mut s, &mut h, deadline).map_err(|e| io_failure(e, from))?;
+    s.read_exact(&mut h, deadline)
+        .map_err(|e| io_failure(e, from))?;
     if &h[..4] != MAGIC {
         return Err(Failure::Peer(format!(
             "garbage on the wire from rank {from}"
@@ -258,7 +262,8 @@ fn recv(
     }
     // n is at most `expect` (a buffer this rank holds) or MAX_ABORT_TEXT: it fits a usize.
     let mut payload = vec![0u8; n as usize];
-    read_exact(&mut s, &mut payload, deadline).map_err(|e| io_failure(e, from))?;
+    s.read_exact(&mut payload, deadline)
+        .map_err(|e| io_failure(e, from))?;
     let frame = Frame {
         kind,
         rank,
@@ -281,16 +286,20 @@ fn recv(
     Ok(frame)
 }
 
-fn abort_all(peers: &[Mutex<TcpStream>], why: &str, deadline: Instant) {
+fn abort_all(peers: &[Mutex<Channel>], why: &str, deadline: Instant) {
     // Bounded even when the deadline has passed: a peer that reads nothing must not hold us.
     let deadline = deadline.max(Instant::now() + Duration::from_millis(200));
     let frame = encode(Kind::Abort, 0, u64::MAX, abort_text(why));
     for p in peers {
-        let _ = write_all(&mut lock(p), &frame, deadline);
+        let _ = lock(p).write_all(&frame, deadline);
     }
 }
 
 fn io_failure(e: std::io::Error, peer: usize) -> Failure {
+    if let Some(bad) = BadFrame::of(&e) {
+        // Not the peer's doing: something between the two altered the stream.
+        return Failure::Peer(format!("from rank {peer}: {bad}"));
+    }
     if e.kind() == std::io::ErrorKind::TimedOut {
         Failure::Timeout
     } else {

@@ -90,9 +90,13 @@ pub fn parse_threads(value: &str) -> Result<usize, ThreadsError> {
 /// The thread count the team starts with: `ZGPU_CPU_THREADS` when set, else the processors
 /// this process may run on.
 pub fn default_threads() -> Result<usize, ThreadsError> {
-    match std::env::var(THREADS_VAR) {
-        Ok(v) => parse_threads(&v),
-        Err(_) => Ok(std::thread::available_parallelism().map_or(1, usize::from)),
+    match std::env::var_os(THREADS_VAR).map(std::ffi::OsString::into_string) {
+        Some(Ok(v)) => parse_threads(&v),
+        // Named, never shown nor taken as unset.
+        Some(Err(_)) => Err(ThreadsError::BadCount {
+            value: "(not UTF-8)".into(),
+        }),
+        None => Ok(std::thread::available_parallelism().map_or(1, usize::from)),
     }
 }
 

@@ -24,7 +24,7 @@ fn secret(text: &str) -> Auth {
 
 /// The job's rendezvous config: its secret, and a short greeting deadline.
 fn job() -> Config {
-    let mut c = Config::new(secret("0123456789abcdef-the-job-secret"), T);
+    let mut c = Config::new(secret("0123456789abcdef0123456789abcdef"), T);
     c.greeting_timeout = Duration::from_millis(500);
     c
 }
@@ -37,10 +37,10 @@ fn rank0(world: usize) -> (thread::JoinHandle<zcomm::Result<usize>>, String) {
     (h, addr)
 }
 
-/// A protocol-2 greeting: "ZCRV", version, rank, world (u64 each), a 32-byte nonce.
+/// A protocol-3 greeting: "ZCRV", version, rank, world (u64 each), a 32-byte nonce.
 fn hello(rank: u64, world: u64) -> Vec<u8> {
     let mut h = b"ZCRV".to_vec();
-    for w in [2u64, rank, world] {
+    for w in [3u64, rank, world] {
         h.extend_from_slice(&w.to_le_bytes());
     }
     h.extend_from_slice(&[7u8; 32]);
@@ -61,12 +61,12 @@ fn an_impostor_without_the_secret_gets_nothing_and_the_job_goes_on() {
     // Speaks the protocol, claims rank 1, answers the challenge with a guess.
     let mut impostor = TcpStream::connect(&addr).unwrap();
     impostor.write_all(&hello(1, 2)).unwrap();
-    let mut challenge = [0u8; 68];
+    let mut challenge = [0u8; 84];
     impostor.read_exact(&mut challenge).unwrap();
     impostor.write_all(&[0u8; 32]).unwrap();
     // Also one with another secret, through the real client: it refuses rank 0 (the proof
     // does not check under its key) before saying anything.
-    let mut other = Config::new(secret("not-the-job-secret-at-all"), T);
+    let mut other = Config::new(secret("fedcba9876543210fedcba9876543210"), T);
     other.greeting_timeout = Duration::from_millis(500);
     let e = join(&addr, info(1, 2), other).unwrap_err();
     assert!(
@@ -97,7 +97,7 @@ fn a_port_squatter_feeds_a_rank_nothing() {
         let mut h = [0u8; 60];
         c.read_exact(&mut h).unwrap();
         let mut answer = b"ZCRV".to_vec();
-        answer.extend_from_slice(&[1u8; 64]);
+        answer.extend_from_slice(&[1u8; 80]);
         answer.push(0);
         answer.extend_from_slice(&5u64.to_le_bytes());
         answer.extend_from_slice(b"FORGE");
@@ -187,7 +187,7 @@ fn a_frame_header_claiming_a_gigabyte_is_refused_before_anything_is_allocated() 
     for w in [1u64, 0, 1 << 30] {
         h.extend_from_slice(&w.to_le_bytes());
     }
-    s.write_all(&h).unwrap();
+    s.write_all(&h, Instant::now() + T).unwrap();
     let (e, took) = hub.join().unwrap();
     let text = e.to_string();
     assert!(matches!(e, CommError::PeerFailed { .. }), "{e:?}");

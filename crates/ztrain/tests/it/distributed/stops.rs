@@ -160,8 +160,10 @@ fn ctrl_c_during_the_rendezvous_is_honoured_at_once() {
     let (status, stderr) = finish(&mut rank0, at);
     assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
     assert_eq!(status.code(), Some(130), "{stderr}");
+    // Said by the rendezvous's own stop or the watcher of the time before training, whichever
+    // comes first.
     assert!(
-        stderr.contains("stopped by SIGINT while waiting for the other ranks"),
+        stderr.contains("stopped by SIGINT") && stderr.contains("nothing was trained"),
         "{stderr}"
     );
 }

@@ -142,3 +142,58 @@ fn arena_sizes_the_arena_would_change_are_refused() {
         "a whole number of segments is honoured: {stderr}"
     );
 }
+
+/// Issue 45: any environment variable that was not UTF-8 made every ztrain panic
+/// (`std::env::vars()`), printing the value: the secret itself when that was the variable.
+/// Now a variable ztrain does not read is ignored, and one it reads is named, never shown.
+#[test]
+fn an_environment_variable_that_is_not_utf8_is_named_never_shown_never_a_panic() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt as _;
+    let bad = OsStr::from_bytes(b"s3cr3t\xff\xfe");
+    let run = |extra: &[&str], env: &[(&str, &OsStr)]| {
+        let mut c = Command::new(ztrain_binary());
+        c.env_remove("ZMEM_ARENA_BYTES");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c
+            .args(TINY)
+            .args(["--epochs", "1"])
+            .args(extra)
+            .output()
+            .expect("runs ztrain");
+        (o.status.code(), text(&o).1)
+    };
+    let sim = ["--device", "sim", "--sim-memory", "256M"];
+    let (code, stderr) = run(&sim, &[("ZTRAIN_TEST_JUNK", bad)]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = run(&sim, &[("ZMEM_POISON", bad)]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ZMEM_POISON") && stderr.contains("not valid UTF-8"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("s3cr3t") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    let rank1 = [
+        ("RANK", OsStr::new("1")),
+        ("WORLD_SIZE", OsStr::new("2")),
+        ("LOCAL_RANK", OsStr::new("1")),
+        ("MASTER_ADDR", OsStr::new("127.0.0.1")),
+        ("MASTER_PORT", OsStr::new("9")),
+        ("ZCOMM_SECRET", bad),
+    ];
+    let (code, stderr) = run(&sim, &rank1);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ZCOMM_SECRET is not valid UTF-8"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("s3cr3t") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}

@@ -155,3 +155,91 @@ fn a_closed_stdout_stops_the_printing_not_the_training() {
     let saved = Checkpoint::load(&ck).expect("checkpoint");
     assert_eq!(saved.progress.epoch, 6, "every epoch trained and saved");
 }
+
+/// Whether `pid` has installed a handler for SIGINT (bit 1 of `SigCgt` in /proc/PID/status).
+fn catches_sigint(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1 << 1) != 0)
+    })
+}
+
+/// Issue 45: before training started, the first signal was not honoured while ztrain was
+/// blocked: with `--data FIFO` and no writer, ztrain still waited in open(2) 13 minutes later.
+/// Now the first signal before the first step ends the run at once with 128 + the signal.
+#[rstest]
+#[case("INT", 130)]
+#[case("TERM", 143)]
+fn before_training_the_first_signal_ends_the_run_at_once(#[case] signal: &str, #[case] code: i32) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("never-written.csv");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let args: Vec<&str> = TINY
+        .iter()
+        .copied()
+        .chain(["--device", "cpu", "--data", path_str(&fifo)])
+        .collect();
+    let mut child = spawn(&args);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !catches_sigint(child.id()) {
+        assert!(
+            std::time::Instant::now() < until,
+            "ztrain never installed its handlers"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    kill(&child, signal);
+    // Generous: it ends at once; the bug never ended.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            panic!("ztrain was still blocked 30 s after SIG{signal}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(code), "{stderr}");
+    assert!(stderr.contains("before training started"), "{stderr}");
+}
+
+/// Issue 45: a temporary checkpoint left by a killed run (`FILE.tmp`) is removed at the next
+/// start (the writability probe takes and removes it), and the run writes its checkpoint.
+#[test]
+fn a_stale_temporary_checkpoint_is_cleaned_at_the_next_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ckpt = dir.path().join("run.safetensors");
+    let stale = dir.path().join("run.safetensors.tmp");
+    std::fs::write(&stale, b"half a checkpoint from a killed run").expect("write");
+    let args: Vec<&str> = TINY
+        .iter()
+        .copied()
+        .chain([
+            "--device",
+            "cpu",
+            "--epochs",
+            "1",
+            "--checkpoint",
+            path_str(&ckpt),
+        ])
+        .collect();
+    let o = Command::new(ztrain_binary())
+        .args(&args)
+        .output()
+        .expect("run");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !stale.exists(),
+        "the stale temporary checkpoint is still there"
+    );
+    assert!(Checkpoint::load(&ckpt).is_ok());
+}
