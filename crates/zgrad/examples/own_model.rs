@@ -100,7 +100,7 @@ impl<B: Ops<f32> + Clone + 'static> Model<B, f32> for Mlp<B> {
 }
 
 /// Trains the MLP a few steps on `b` and saves a checkpoint into `dir`; the last step's loss.
-pub fn train<B: Capture<f32> + 'static>(b: B, dir: &std::path::Path) -> zgrad::Result<f64> {
+pub fn train<B: Capture<f32> + Clone + 'static>(b: B, dir: &std::path::Path) -> zgrad::Result<f64> {
     let model = Mlp::new(&b, 3, 4, 16, 7)?;
     let config = TrainerConfig {
         schedule: TrainSchedule::PerSample, // or Batched

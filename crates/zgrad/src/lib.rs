@@ -36,7 +36,8 @@ pub use loss::one_hot;
 pub use memory::in_step;
 pub use model::{Model, ParameterBuilder};
 pub use optim::{
-    AdamW, AdamWHyper, AdamWState, ParameterSet, Sgd, clip_grad_norm, grad_norm, zero_grad,
+    AdamW, AdamWHyper, AdamWState, DecayGroups, ParameterSet, Sgd, clip_grad_norm, grad_norm,
+    zero_grad,
 };
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use schedule::{LrDecay, LrSchedule};

@@ -10,11 +10,21 @@ use zgrad::{GradError, Model, Tape, Task, Var};
 
 /// `inputs -> hidden (tanh) -> hidden (tanh) -> outputs`, its loss the task's own
 /// (`Tape::task_loss`), its parameters one flat buffer.
-#[derive(Clone)]
 pub struct TaskMlp<B: Ops<f32>> {
     pub inputs: usize,
     pub task: Task,
     pub layers: Vec<Linear<B, f32>>,
+}
+
+// By hand: a derive would ask `B: Clone`; a clone shares the parameters (handles).
+impl<B: Ops<f32>> Clone for TaskMlp<B> {
+    fn clone(&self) -> Self {
+        TaskMlp {
+            inputs: self.inputs,
+            task: self.task,
+            layers: self.layers.clone(),
+        }
+    }
 }
 
 impl<B: Ops<f32>> TaskMlp<B> {

@@ -41,7 +41,8 @@ fn the_masked_regression_example_learns_on_the_cpu_and_the_simulated_device() {
         quiet: true,
         ..masked_regression::MaskedRegression::default()
     };
-    for device in [Device::Cpu, Device::Sim] {
+    use masked_regression::common::Device as D;
+    for device in [D::Cpu, D::Sim] {
         let out = masked_regression::common::on_device(device, &ex).expect("regression");
         // Missing targets hold 1e6: a loss that read one would be astronomical.
         assert!(out.first_loss < 10.0, "{device:?}: {out:?}");
@@ -83,4 +84,25 @@ fn the_guides_own_model_is_the_example_and_runs() {
         own_model::train(zcompute::Engine::sim(256 << 20).expect("sim"), dir.path()).expect("sim");
     assert!(cpu.is_finite() && (cpu - sim).abs() < 1e-4, "{cpu} {sim}");
     assert!(dir.path().join("mlp.safetensors").is_file());
+}
+
+#[allow(dead_code)]
+#[path = "../../examples/sequence.rs"]
+mod sequence;
+
+#[test]
+fn the_sequence_example_learns_on_the_cpu_and_the_simulated_device() {
+    let ex = sequence::Sequence {
+        train: 256,
+        batch: 32,
+        epochs: 3,
+        quiet: true,
+        ..sequence::Sequence::default()
+    };
+    use sequence::common::Device as D;
+    for device in [D::Cpu, D::Sim] {
+        let out = sequence::common::on_device(device, &ex).expect("sequence");
+        assert!(out.last_loss < out.first_loss, "{device:?}: {out:?}");
+        assert!(out.after.loss < out.before.loss, "{device:?}: {out:?}");
+    }
 }
