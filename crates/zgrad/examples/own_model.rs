@@ -5,6 +5,13 @@
 //! cargo run --release -p zgrad --example own_model
 //! ```
 
+// An example program: it prints its metrics; its types are the user's own.
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    missing_debug_implementations
+)]
+
 use std::collections::HashMap;
 use zcompute::{Activation, Capture, Engine, prelude::*};
 use zgrad::model::ParameterBuilder;

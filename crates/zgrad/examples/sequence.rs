@@ -14,6 +14,13 @@
 //! cargo run --release -p zgrad --features gpu --example sequence -- --device cuda
 //! ```
 
+// An example program: it prints its metrics; its types are the user's own.
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    missing_debug_implementations
+)]
+
 pub mod common;
 
 use common::{Example, device_from_args, fail, on_device, uniform};

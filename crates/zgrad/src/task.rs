@@ -22,6 +22,9 @@ use crate::error::{GradError, Result};
 use crate::var::Var;
 use zcompute::{Element, prelude::*};
 
+/// A batch's target values and, for a weighted task, their weights (`Task::split`).
+pub type ValuesAndWeights<B, T> = (Var<B, T>, Option<Var<B, T>>);
+
 /// What one sample's targets are (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -211,7 +214,7 @@ impl Task {
         &self,
         b: &B,
         y: &Var<B, T>,
-    ) -> Result<(Var<B, T>, Option<Var<B, T>>)> {
+    ) -> Result<ValuesAndWeights<B, T>> {
         let rows = y.shape().first().copied().unwrap_or(0);
         let want = Self::batched(rows, &self.target_shape());
         if y.shape() != want.as_slice() {

@@ -25,7 +25,9 @@ mod autograd {
     mod props;
     mod tape;
 }
-/// The examples, run small on the CPU and the simulated device.
+/// The examples, run small on the CPU and the simulated device (each example holds its own
+/// copy of the examples' `common` module, as its binary does).
+#[allow(clippy::duplicate_mod)]
 mod examples;
 /// Every loss and its gradient against the float64 oracle.
 mod losses;

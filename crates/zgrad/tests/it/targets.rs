@@ -331,7 +331,7 @@ fn predict_lengths_and_single_value_paths() {
         config(TrainSchedule::Batched, false),
     );
     let e = r
-        .load_data(&x, &vec![0.0; 2 * B], B)
+        .load_data(&x, &[0.0; 2 * B], B)
         .expect_err("load_data of 2 targets");
     assert!(
         matches!(&e, GradError::Config(m) if m.contains("load_data")),
