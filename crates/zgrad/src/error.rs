@@ -151,6 +151,16 @@ pub enum GradError {
     /// The training inputs do not match the model (lengths, batch size, labels).
     #[error("bad training input: {0}")]
     BadInput(String),
+    /// A shape does not fit the model's target contract (`Model::task`): its outputs, its
+    /// targets or its loss. Make the model's `task` say what it outputs, or give targets of
+    /// the shape it names.
+    #[error("{what} has shape {given:?}, the model's task ({task}) needs {expected:?}")]
+    Target {
+        what: String,
+        expected: Vec<usize>,
+        given: Vec<usize>,
+        task: crate::task::Task,
+    },
     /// An optimiser step (`AdamW::step`, `Trainer::train_batch`) failed; `applied` says whether
     /// its update reached the model, and so whether the batch may be retried. What failed is
     /// the `source()` (and [`GradError::cause`]).

@@ -23,6 +23,7 @@ pub mod plan;
 pub mod rng;
 pub mod schedule;
 mod tape;
+mod task;
 mod trainer;
 mod var;
 pub mod xasset;
@@ -35,15 +36,17 @@ pub use loss::one_hot;
 pub use memory::in_step;
 pub use model::{Model, ParameterBuilder};
 pub use optim::{
-    AdamW, AdamWHyper, AdamWState, ParameterSet, Sgd, clip_grad_norm, grad_norm, zero_grad,
+    AdamW, AdamWHyper, AdamWState, DecayGroups, ParameterSet, Sgd, clip_grad_norm, grad_norm,
+    zero_grad,
 };
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
+pub use task::{Target, Task};
 pub use trainer::{
-    DEFAULT_BUCKET_BYTES, EvalReport, GradSync, HostPhases, PinnedBatch, ReplayMark, StepReport,
-    TrainSchedule, Trainer, TrainerConfig, device_data_bytes, max_device_rows, shard,
-    step_table_bytes, validation_data_bytes,
+    DEFAULT_BUCKET_BYTES, EvalReport, GradSync, HostPhases, PinnedBatch, RegressionMetrics,
+    ReplayMark, StepReport, TrainSchedule, Trainer, TrainerConfig, device_data_bytes,
+    max_device_rows, shard, step_table_bytes, validation_data_bytes,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

@@ -4,9 +4,11 @@
 //! implements it here, delegating to its inherent methods; a model of your own does the same
 //! in a few lines (`docs/guide.md`, "A model of your own").
 //!
-//! Models are binary classifiers over labels `y [batch]` in {0, 1}: the loss is the model's
-//! own (the trainer differentiates it), and `Trainer::evaluate` reads the model's logits
-//! (`logit > 0` predicts 1) and reports their mean BCE-with-logits and accuracy.
+//! A model states its target contract ([`Model::task`], [`Task`]): what it outputs per
+//! sample and what its targets are (binary by default; XAsset is binary). The loss is the
+//! model's own (the trainer differentiates it; [`Tape::task_loss`] is the task's usual one);
+//! the trainer, `evaluate` and `predict` check every output and target shape against the
+//! task, and `Trainer::evaluate` reports the task's loss and metrics.
 //!
 //! [`ParameterBuilder`] makes a model's parameters as views of one flat buffer (one
 //! [`ParameterSet`]), which is what gives the trainer its fixed-cost whole-model work (one
@@ -17,6 +19,7 @@ use crate::io::{HostTensor, write_tensors};
 use crate::optim::ParameterSet;
 use crate::rng::SplitMix64;
 use crate::tape::Tape;
+use crate::task::Task;
 use crate::var::Var;
 use crate::xasset::XAsset;
 use std::collections::{HashMap, HashSet};
@@ -30,9 +33,18 @@ pub trait Model<B: Ops<T>, T: Element>: Clone + 'static {
     /// checkpoint's (safetensors) names, a PyTorch `state_dict`'s names.
     fn named_parameters(&self) -> Vec<(String, Var<B, T>)>;
 
-    /// Mean loss over the batch (rank 0) and the logits `[batch]` (detached is fine), for
-    /// inputs `x [batch, ..sample shape]` and labels `y [batch]`. The trainer calls it in
-    /// step scopes, eagerly and inside graph captures: use tape ops only (no host reads).
+    /// What the model outputs per sample and what its targets are (see [`Task`]). Binary
+    /// (one logit, a label in {0, 1}) unless the model says otherwise; every output, target
+    /// and loss shape is checked against it, so a model that outputs anything else must say
+    /// so here.
+    fn task(&self) -> Task {
+        Task::binary()
+    }
+
+    /// Mean loss over the batch (rank 0) and the outputs `[batch, ..Task::output_shape]`
+    /// (detached is fine), for inputs `x [batch, ..sample shape]` and targets
+    /// `y [batch, ..Task::target_shape]`. The trainer calls it in step scopes, eagerly and
+    /// inside graph captures: use tape ops only (no host reads).
     fn loss(
         &self,
         tape: &Tape<'_, B, T>,
@@ -45,11 +57,13 @@ pub trait Model<B: Ops<T>, T: Element>: Clone + 'static {
     /// `BadInput` error that says what it takes.
     fn sample_shape(&self, values_per_sample: usize) -> Result<Vec<usize>>;
 
-    /// The logits `[batch]` of `x` (evaluation, in no-grad mode). By default the logits
-    /// `loss` returns for all-zero labels; override it when the model can skip the loss.
+    /// The outputs `[batch, ..Task::output_shape]` of `x` (evaluation, in no-grad mode). By
+    /// default the outputs `loss` returns for all-zero targets; override it when the model
+    /// can skip the loss.
     fn logits(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
         let batch = x.shape().first().copied().unwrap_or(0);
-        let y = Var::constant(tape.backend().zeros(&[batch])?);
+        let shape = Task::batched(batch, &self.task().target_shape());
+        let y = Var::constant(tape.backend().zeros(&shape)?);
         Ok(self.loss(tape, x, &y)?.1)
     }
 

@@ -29,6 +29,31 @@ pub struct AdamWHyper {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
+    /// Which parameters the weight decay applies to (every one by default, as XASSET.md's).
+    pub decay: DecayGroups,
+}
+
+/// AdamW's parameter groups: which parameters get the weight decay (the others get 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecayGroups {
+    /// Every parameter (XASSET.md's AdamW).
+    #[default]
+    All,
+    /// Parameters of rank 2 or more only (linear layers' weights, embeddings): biases and
+    /// norms' scales and shifts (rank 1 or 0) get none, the common choice (as PyTorch users
+    /// group parameters by `p.ndim < 2`).
+    Matrices,
+}
+
+impl DecayGroups {
+    /// Whether a parameter of `shape` gets the weight decay.
+    #[must_use]
+    pub fn decays(self, shape: &[usize]) -> bool {
+        match self {
+            DecayGroups::All => true,
+            DecayGroups::Matrices => shape.len() >= 2,
+        }
+    }
 }
 
 impl Default for AdamWHyper {
@@ -38,6 +63,7 @@ impl Default for AdamWHyper {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.01,
+            decay: DecayGroups::All,
         }
     }
 }
@@ -53,6 +79,9 @@ pub struct AdamWTensors<B: Ops<T>, T: Element> {
     pub slot: BTensor<B, T>,
     pub config: AdamWConfig<T>,
     flat: Option<FlatMoments<B, T>>,
+    /// Parameter groups (`DecayGroups`), when some parameters get no weight decay: whether
+    /// each parameter does, in order (`None`: every one does).
+    decays: Option<Vec<bool>>,
 }
 
 /// The flat moment buffers beside the set they follow.
@@ -80,6 +109,7 @@ impl<B: Ops<T>, T: Element> Clone for AdamWTensors<B, T> {
             slot: self.slot.clone(),
             config: self.config,
             flat: self.flat.clone(),
+            decays: self.decays.clone(),
         }
     }
 }
@@ -133,6 +163,11 @@ impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
                 )),
             ));
         }
+        if let (Some(flat), Some(decays)) = (self.flat.as_ref(), self.decays.as_ref())
+            && flat.set.holds(params)
+        {
+            return self.apply_groups(b, flat, decays, params);
+        }
         if let Some(flat) = self.flat.as_ref().filter(|f| f.set.holds(params)) {
             let (set, cfg) = (&flat.set, &self.config);
             if let Err(e) =
@@ -153,9 +188,10 @@ impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
             return Ok(());
         }
         let mut queued = false;
-        for ((p, m), v) in params.iter().zip(&self.m).zip(&self.v) {
+        for (i, ((p, m), v)) in params.iter().zip(&self.m).zip(&self.v).enumerate() {
             let Some(g) = p.grad() else { continue };
-            if let Err(e) = b.adamw_step(p.value(), m, v, g, &self.slot, &self.config) {
+            let cfg = self.config_of(self.decays.as_ref().is_none_or(|d| d[i]));
+            if let Err(e) = b.adamw_step(p.value(), m, v, g, &self.slot, &cfg) {
                 // A device error may come from work already queued (this kernel's included,
                 // for a parameter view copied back after it): only a refusal of the first
                 // launch's inputs proves that nothing ran.
@@ -168,6 +204,68 @@ impl<B: Ops<T>, T: Element> AdamWTensors<B, T> {
                 return Err((applied, e.into()));
             }
             queued = true;
+            p.bump_version();
+        }
+        Ok(())
+    }
+
+    /// The constants of a parameter with (`decay`) or without weight decay.
+    fn config_of(&self, decay: bool) -> AdamWConfig<T> {
+        if decay {
+            self.config
+        } else {
+            AdamWConfig {
+                weight_decay: T::ZERO,
+                ..self.config
+            }
+        }
+    }
+
+    /// The update over the flat buffers in parameter groups: one launch per run of
+    /// consecutive parameters of one group (views of the flat buffers, padding included).
+    #[allow(clippy::result_large_err)]
+    fn apply_groups(
+        &self,
+        b: &B,
+        flat: &FlatMoments<B, T>,
+        decays: &[bool],
+        params: &[Var<B, T>],
+    ) -> std::result::Result<(), (Applied, GradError)> {
+        let set = &flat.set;
+        let offsets = set.offsets();
+        let mut queued = false;
+        let mut start = 0;
+        while start < decays.len() {
+            let mut end = start + 1;
+            while end < decays.len() && decays[end] == decays[start] {
+                end += 1;
+            }
+            let from = offsets[start];
+            let to = offsets.get(end).copied().unwrap_or(set.len());
+            let run = |x: &BTensor<B, T>| x.narrow(0, from, to - from);
+            let launched = (|| -> zcompute::Result<()> {
+                let grads = set.grads().narrow(0, 0, set.len())?;
+                b.adamw_step(
+                    &run(set.values())?,
+                    &run(&flat.m)?,
+                    &run(&flat.v)?,
+                    &run(&grads)?,
+                    &self.slot,
+                    &self.config_of(decays[start]),
+                )
+            })();
+            if let Err(e) = launched {
+                let applied = if queued || e.is_device_failure() {
+                    Applied::Maybe
+                } else {
+                    Applied::No
+                };
+                return Err((applied, e.into()));
+            }
+            queued = true;
+            start = end;
+        }
+        for p in params {
             p.bump_version();
         }
         Ok(())
@@ -246,6 +344,11 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
             }
         };
         let slot = b.zeros(&[3])?;
+        let flags: Vec<bool> = params
+            .iter()
+            .map(|p| hyper.decay.decays(p.shape()))
+            .collect();
+        let decays = (hyper.weight_decay != 0.0 && flags.iter().any(|d| !d)).then_some(flags);
         let config = AdamWConfig {
             beta1: T::from_f64(hyper.beta1),
             beta2: T::from_f64(hyper.beta2),
@@ -259,6 +362,7 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
                 slot,
                 config,
                 flat,
+                decays,
             },
             step: 0,
             unknown: None,

@@ -11,7 +11,7 @@ mod adamw;
 mod flat;
 mod sgd;
 
-pub use adamw::{AdamW, AdamWHyper, AdamWState, AdamWTensors, Moments};
+pub use adamw::{AdamW, AdamWHyper, AdamWState, AdamWTensors, DecayGroups, Moments};
 pub use flat::{FLAT_ALIGN, GRAD_TAIL, ParameterSet, flat_layout, padded};
 pub use sgd::Sgd;
 

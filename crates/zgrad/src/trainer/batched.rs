@@ -27,7 +27,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let _class = ClassGuard::new(b, class);
         Ok((
             Var::constant(b.upload(x, shape)?),
-            Var::constant(b.upload(y, &shape[..1])?),
+            Var::constant(b.upload(y, &self.targets_shape(shape[0]))?),
         ))
     }
 
@@ -48,7 +48,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             AllocClass::Saved
         };
         let _class = ClassGuard::new(b, class);
-        let (x, y) = (b.zeros(shape)?, b.zeros(&shape[..1])?);
+        let (x, y) = (b.zeros(shape)?, b.zeros(&self.targets_shape(shape[0]))?);
         data.upload(b, &x, &y)?;
         Ok((Var::constant(x), Var::constant(y)))
     }

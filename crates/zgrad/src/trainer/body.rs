@@ -63,7 +63,11 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         scale: Option<&BTensor<B, T>>,
     ) -> Result<BTensor<B, T>> {
         let tape = self.tape(b);
-        let (loss, _logits) = self.model.loss(&tape, x, y)?;
+        let (loss, out) = self.model.loss(&tape, x, y)?;
+        // The target contract (host-side shapes only: legal inside a capture), before backward.
+        let task = self.model.task();
+        task.check_output(out.shape(), x.shape().first().copied().unwrap_or(0))?;
+        task.check_loss(loss.shape())?;
         // d(loss * s)/d loss = s: the scale is the seed of backward itself, so scaling costs
         // no product forward, no seed fill and no product backward; unscaled, the seed is the
         // persistent 1.

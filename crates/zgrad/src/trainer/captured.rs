@@ -113,7 +113,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let step = self.optim.step_count() + 1;
         let b = Rc::clone(&self.backend);
         let xv = Var::constant(persistent_zeros(&*b, shape)?);
-        let yv = Var::constant(persistent_zeros(&*b, &shape[..1])?);
+        let yv = Var::constant(persistent_zeros(&*b, &self.targets_shape(shape[0]))?);
         let errors = ErrorSlot::default();
         let runs = Runs::default();
         let started = Rc::new(Cell::new(false));

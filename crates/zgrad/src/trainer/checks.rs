@@ -53,13 +53,14 @@ pub(crate) fn one_sample(shape: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// The first sample with a non-finite input value (feature or label), if any.
+/// The first sample with a non-finite input value (feature or target), if any.
 pub(crate) fn bad_input<T: Element>(x: &[T], y: &[T], batch: usize) -> Option<usize> {
     let per = x.len() / batch.max(1);
+    let ty = y.len() / batch.max(1);
     (0..batch).find(|&i| {
         x[i * per..(i + 1) * per]
             .iter()
-            .chain(&y[i..=i])
+            .chain(&y[i * ty..(i + 1) * ty])
             .any(|v| !v.to_f64().is_finite())
     })
 }
@@ -84,12 +85,16 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         let b = &*self.backend;
         let per: usize = shape[1..].iter().product();
+        let ty = self.target_len();
         let sample_shape = one_sample(shape);
         let mut found = None;
         for i in 0..shape[0] {
             let bad = in_step(b, || {
-                let (xs, ys) =
-                    self.upload_batch(&x[i * per..(i + 1) * per], &y[i..=i], &sample_shape)?;
+                let (xs, ys) = self.upload_batch(
+                    &x[i * per..(i + 1) * per],
+                    &y[i * ty..(i + 1) * ty],
+                    &sample_shape,
+                )?;
                 let value = match kind {
                     NonFiniteKind::Loss => {
                         let tape = Tape::no_grad(b);

@@ -186,6 +186,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// can name exactly ([`max_device_rows`]); out of device memory is the backend's error
     /// (`TooLarge` / `OutOfMemory`), nothing loaded.
     pub fn load_data(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
+        self.parts.model.task().single_value("load_data")?;
         let sample = self.shape_of(x, y, n)?;
         if n > max_device_rows::<T>() {
             return Err(GradError::BadInput(format!(

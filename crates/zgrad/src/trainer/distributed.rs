@@ -27,7 +27,7 @@ pub use buckets::{DEFAULT_BUCKET_BYTES, GradSync};
 
 use super::Trainer;
 use super::body::StepParts;
-use super::eval::EvalReport;
+use super::metrics::EvalReport;
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
@@ -459,6 +459,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Evaluation sharded over the ranks: each evaluates its shard, the sums are all-reduced.
     pub(super) fn evaluate_sharded(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
         let dist = &self.parts.dist;
+        Self::binary_only(&self.parts.model.task())?;
         let n = y.len();
         let info = dist.info();
         let rows = shard(info.rank, info.world, n);
@@ -481,6 +482,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         total: usize,
     ) -> Result<EvalReport> {
         let dist = &self.parts.dist;
+        Self::binary_only(&self.parts.model.task())?;
         let (mut loss, mut correct) = (0.0, 0.0);
         for (&l, &t) in logits.iter().zip(labels) {
             let (l, t) = (l.to_f64(), t.to_f64());
@@ -499,7 +501,19 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             loss: s[0].to_f64() / denom,
             accuracy: s[1].to_f64() / denom,
             samples: total,
+            regression: None,
         })
+    }
+
+    /// Data-parallel evaluation sums the binary report's two sums only: other tasks are
+    /// refused (evaluate them on one rank) rather than reported wrong.
+    fn binary_only(task: &crate::task::Task) -> Result<()> {
+        if *task == crate::task::Task::binary() {
+            return Ok(());
+        }
+        Err(GradError::Config(format!(
+            "evaluation in data parallel reports binary tasks only; the model's task is {task}: evaluate on one rank"
+        )))
     }
 }
 

@@ -1,73 +1,64 @@
-//! Evaluation in no-grad mode: loss and accuracy over a data set, in chunks, each in its own
-//! step scope (nothing is recorded, nothing saved).
+//! Evaluation in no-grad mode: the model's task loss and metrics over a data set, in chunks,
+//! each in its own step scope (nothing is recorded, nothing saved). Every chunk's outputs are
+//! checked against the model's task (`Model::task`) before they are used.
 
+use super::metrics::report_of;
 use super::{Trainer, in_step};
-use crate::error::Result;
+use crate::error::{GradError, Result};
 use crate::model::Model;
 use crate::tape::Tape;
+use crate::task::Task;
 use crate::var::Var;
 use zcompute::{Capture, Element};
 
-/// Loss and accuracy over a data set.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EvalReport {
-    /// Mean BCE-with-logits of the model's logits over every sample.
-    pub loss: f64,
-    /// Fraction of samples whose logit has the label's sign (logit > 0 predicts 1).
-    pub accuracy: f64,
-    pub samples: usize,
-}
+use super::metrics::EvalReport;
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// The model's logits for `n` samples `x` (`[n, ..sample shape]` row-major), in no-grad
-    /// mode (`Model::logits`).
+    /// The model's outputs for `n` samples `x` (`[n, ..sample shape]` row-major), in no-grad
+    /// mode (`Model::logits`): `n · Task::output_len` values, `[n, ..Task::output_shape]`
+    /// row-major. Outputs of another shape than the task's are a `Target` error naming both.
     pub fn predict(&self, x: &[T], n: usize) -> Result<Vec<T>> {
-        let y = vec![T::ZERO; n];
-        let sample = self.shape_of(x, &y, n)?;
+        let sample = self.sample_of(x, n)?;
+        let task = self.parts.model.task();
         let b = &*self.backend;
         let chunk = self.config.eval_batch.max(1);
         let per: usize = sample.iter().product();
-        let mut out = Vec::with_capacity(n);
+        let mut out = Vec::with_capacity(n * task.output_len());
         for start in (0..n).step_by(chunk) {
             let len = chunk.min(n - start);
-            let logits = in_step(b, || {
-                let shape: Vec<usize> =
-                    std::iter::once(len).chain(sample.iter().copied()).collect();
+            let outputs = in_step(b, || {
+                let shape = Task::batched(len, &sample);
                 let xs = Var::constant(b.upload(&x[start * per..(start + len) * per], &shape)?);
                 let tape = Tape::no_grad(b);
-                self.parts.model.logits(&tape, &xs)?.to_vec(b)
+                let o = self.parts.model.logits(&tape, &xs)?;
+                task.check_output(o.shape(), len)?;
+                o.to_vec(b)
             })?;
-            out.extend(logits);
+            out.extend(outputs);
         }
         Ok(out)
     }
 
-    /// Mean loss and accuracy over `y.len()` samples.
+    /// The task's mean loss and metrics (`EvalReport`) over the samples of `x` and `y`
+    /// (`y`: `Task::target_len` values per sample; binary: one label per sample).
     pub fn evaluate(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
+        let task = self.parts.model.task();
+        let per = task.target_len();
+        if y.is_empty() || !y.len().is_multiple_of(per) {
+            return Err(GradError::Target {
+                what: format!("the evaluation targets ({} values)", y.len()),
+                expected: task.target_shape(),
+                given: vec![y.len()],
+                task,
+            });
+        }
+        let n = y.len() / per;
+        self.sample_of(x, n)?;
+        task.check_targets(y, n)?;
         if !self.parts.dist.single() {
             return self.evaluate_sharded(x, y);
         }
-        let logits = self.predict(x, y.len())?;
-        Ok(report_of(&logits, y))
-    }
-}
-
-/// Mean BCE-with-logits and accuracy of `logits` against labels `y`, summed in sample order
-/// in `f64` (one formula for `evaluate` and `evaluate_loaded`, so their reports agree bitwise).
-pub(super) fn report_of<T: Element>(logits: &[T], y: &[T]) -> EvalReport {
-    let n = y.len();
-    let (mut loss, mut correct) = (0.0, 0usize);
-    for (&l, &t) in logits.iter().zip(y) {
-        let (l, t) = (l.to_f64(), t.to_f64());
-        loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
-        if (l > 0.0) == (t > 0.5) {
-            correct += 1;
-        }
-    }
-    let denom = n.max(1) as f64;
-    EvalReport {
-        loss: loss / denom,
-        accuracy: correct as f64 / denom,
-        samples: n,
+        let outputs = self.predict(x, n)?;
+        Ok(report_of(&task, &outputs, y))
     }
 }

@@ -20,7 +20,7 @@
 
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{Runs, warn_fallback};
-use super::eval::{EvalReport, report_of};
+use super::metrics::{EvalReport, report_of};
 use super::{Trainer, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
@@ -74,15 +74,17 @@ impl<B: Ops<T>, T: Element> Clone for ChunkIo<B, T> {
 }
 
 impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
-    /// One chunk: gather row `cursor`, the logits, scattered into row `cursor` (advancing it).
-    /// Legal inside a capture.
+    /// One chunk: gather row `cursor`, the outputs (checked against the model's task),
+    /// scattered into row `cursor` (advancing it). Legal inside a capture.
     fn run<M: Model<B, T>>(&self, b: &B, model: &M) -> Result<()> {
         b.gather_row(&self.table, &self.cursor, &self.input)?;
         let tape = Tape::no_grad(b);
         let logits = model.logits(&tape, &Var::constant(self.input.clone()))?;
         let len = self.input.shape()[0];
+        let task = model.task();
+        task.check_output(logits.shape(), len)?;
         b.scatter_row(
-            &logits.value().reshape(&[len])?,
+            &logits.value().reshape(&[len * task.output_len()])?,
             &self.cursor,
             &self.out,
             true,
@@ -112,7 +114,7 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
         x: Option<BTensor<B, T>>,
         labels: Vec<T>,
         (total, world): (usize, usize),
-        chunk: usize,
+        (chunk, outputs): (usize, usize),
     ) -> Result<Self> {
         let Some(x) = x else {
             return Ok(EvalSet {
@@ -126,7 +128,8 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
         let _class = ClassGuard::new(b, AllocClass::Persistent);
         let (rows, sample) = (x.shape()[0], x.shape()[1..].to_vec());
         let per: usize = sample.iter().product();
-        let logits = b.zeros(&[rows])?;
+        // `outputs` values per sample (`Task::output_len`).
+        let logits = b.zeros(&[rows * outputs])?;
         let chunk = chunk.max(1);
         let (full, tail) = (rows / chunk, rows % chunk);
         let mut groups = Vec::new();
@@ -141,7 +144,9 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
                 io: ChunkIo {
                     table: x.narrow(0, start, span)?.reshape(&[chunks, len * per])?,
                     input: b.zeros(&input_shape)?,
-                    out: logits.narrow(0, start, span)?.reshape(&[chunks, len])?,
+                    out: logits
+                        .narrow(0, start * outputs, span * outputs)?
+                        .reshape(&[chunks, len * outputs])?,
                     cursor: b.zeros(&[1])?,
                 },
                 chunks,
@@ -175,8 +180,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub fn load_validation(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
         let sample = self.shape_of(x, y, n)?;
         let per = x.len() / n;
+        let ty = self.target_len();
         if let Some(bad) = (0..n).find(|&i| {
-            !y[i].to_f64().is_finite()
+            y[i * ty..(i + 1) * ty]
+                .iter()
+                .any(|v| !v.to_f64().is_finite())
                 || x[i * per..(i + 1) * per]
                     .iter()
                     .any(|v| !v.to_f64().is_finite())
@@ -187,7 +195,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         let info = self.parts.dist.info();
         let rows = shard(info.rank, info.world, n);
-        let labels = y[rows.clone()].to_vec();
+        let labels = y[rows.start * ty..rows.end * ty].to_vec();
         self.load_validation_with(n, rows.len(), labels, sample, |b, shape| {
             Ok(b.upload(&x[rows.start * per..rows.end * per], shape)?)
         })
@@ -198,9 +206,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub(crate) fn load_validation_zeroed(&mut self, n: usize, sample: Vec<usize>) -> Result<()> {
         let info = self.parts.dist.info();
         let rows = shard(info.rank, info.world, n).len();
-        self.load_validation_with(n, rows, vec![T::ZERO; rows], sample, |b, shape| {
-            Ok(b.zeros(shape)?)
-        })
+        let zeros = vec![T::ZERO; rows * self.target_len()];
+        self.load_validation_with(n, rows, zeros, sample, |b, shape| Ok(b.zeros(shape)?))
     }
 
     fn load_validation_with(
@@ -222,7 +229,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             Some(make(b, &shape)?)
         };
         let world = self.parts.dist.info().world;
-        let set = EvalSet::over(b, x, labels, (total, world), self.config.eval_batch)?;
+        let outputs = self.parts.model.task().output_len();
+        let set = EvalSet::over(
+            b,
+            x,
+            labels,
+            (total, world),
+            (self.config.eval_batch, outputs),
+        )?;
         self.validation = Some(set);
         Ok(())
     }
@@ -292,7 +306,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         };
         let labels = data.labels[rows].to_vec();
         let shards = (n, info.world);
-        let mut set = EvalSet::over(&*self.backend, x, labels, shards, self.config.eval_batch)?;
+        let chunks = (self.config.eval_batch, self.parts.model.task().output_len());
+        let mut set = EvalSet::over(&*self.backend, x, labels, shards, chunks)?;
         let (logits, _) = self.eval_pass(&mut set, false)?;
         self.report_over(&logits, &set.labels, set.total)
     }
@@ -322,7 +337,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// `evaluate`'s sums, all-reduced in data parallel.
     fn report_over(&self, logits: &[T], labels: &[T], total: usize) -> Result<EvalReport> {
         if self.parts.dist.single() {
-            return Ok(report_of(logits, labels));
+            return Ok(report_of(&self.parts.model.task(), logits, labels));
         }
         self.all_reduce_report(logits, labels, total)
     }

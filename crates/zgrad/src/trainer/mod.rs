@@ -17,6 +17,7 @@ mod device_data;
 mod distributed;
 mod eval;
 mod eval_device;
+mod metrics;
 mod per_sample;
 mod phases;
 mod queued;
@@ -40,8 +41,8 @@ use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
 
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
-pub use eval::EvalReport;
 pub use eval_device::validation_data_bytes;
+pub use metrics::{EvalReport, RegressionMetrics};
 pub use phases::HostPhases;
 pub use resident::ReplayMark;
 pub use source::PinnedBatch;
@@ -253,16 +254,33 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.optim.step_count()
     }
 
-    /// Checks a batch and returns one sample's input shape (`Model::sample_shape`).
+    /// Checks a batch against the model (its inputs, and its targets against `Model::task`)
+    /// and returns one sample's input shape (`Model::sample_shape`).
     fn shape_of(&self, x: &[T], y: &[T], batch: usize) -> Result<Vec<usize>> {
-        if batch == 0 || y.len() != batch || x.is_empty() || !x.len().is_multiple_of(batch) {
+        let sample = self.sample_of(x, batch)?;
+        self.parts.model.task().check_targets(y, batch)?;
+        Ok(sample)
+    }
+
+    /// Checks `batch` samples' inputs `x` and returns one sample's shape.
+    fn sample_of(&self, x: &[T], batch: usize) -> Result<Vec<usize>> {
+        if batch == 0 || x.is_empty() || !x.len().is_multiple_of(batch) {
             return Err(GradError::BadInput(format!(
-                "batch {batch}: x has {} values, y {} (x must hold batch samples of equal size, y batch labels)",
+                "batch {batch}: x has {} values (x must hold batch samples of equal size)",
                 x.len(),
-                y.len()
             )));
         }
         self.parts.model.sample_shape(x.len() / batch)
+    }
+
+    /// The targets' shape `[rows, ..Task::target_shape]` of `rows` samples.
+    pub(crate) fn targets_shape(&self, rows: usize) -> Vec<usize> {
+        crate::task::Task::batched(rows, &self.parts.model.task().target_shape())
+    }
+
+    /// Target values per sample (`Task::target_len`).
+    pub(crate) fn target_len(&self) -> usize {
+        self.parts.model.task().target_len()
     }
 
     /// One optimiser step on `batch` samples: `x` is `[batch, ..sample shape]` row-major
@@ -325,6 +343,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     where
         B: PinnedHost<T>,
     {
+        self.parts.model.task().single_value("a pinned batch")?;
         let pinned = [batch.scales(), batch.features()];
         let sample = self.parts.model.sample_shape(pinned[0] * pinned[1]);
         if n == 0 || n > batch.capacity() || sample.as_deref().ok() != Some(&pinned[..]) {
@@ -366,7 +385,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.optim.check_state()?;
         let sample = self.shape_of(x, y, batch)?;
         let per = x.len() / batch;
-        self.train_source(&HostSlices { x, y, per }, batch, &sample, step)
+        let ty = self.target_len();
+        self.train_source(&HostSlices { x, y, per, ty }, batch, &sample, step)
     }
 
     /// The step on `batch` samples of `src` (each of shape `sample`), whichever memory holds

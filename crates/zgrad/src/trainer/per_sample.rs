@@ -52,20 +52,23 @@ pub(super) struct SampleSlots<B: Capture<T>, T: Element> {
     pub(super) record: BTensor<B, T>,
     /// `[1, ..sample shape]`.
     shape: Vec<usize>,
+    /// `[1, ..target shape]` (`Task::target_shape`): a row's last `ty` values.
+    target: Vec<usize>,
     graph: Option<B::Graph>,
     errors: ErrorSlot,
 }
 
 impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
-    fn new(b: &B, sample_shape: &[usize], capacity: usize) -> Result<Self> {
+    fn new(b: &B, sample_shape: &[usize], target: &[usize], capacity: usize) -> Result<Self> {
         let per: usize = sample_shape.iter().product();
-        let row = persistent_zeros(b, &[per + 1])?;
+        let ty: usize = target.iter().product();
+        let row = persistent_zeros(b, &[per + ty])?;
         let record = persistent_zeros(b, &[2 + capacity])?;
         Ok(SampleSlots {
-            table: persistent_zeros(b, &[capacity, per + 1])?,
+            table: persistent_zeros(b, &[capacity, per + ty])?,
             staging: Vec::new(),
             xs: Var::constant(row.narrow(0, 0, per)?.reshape(sample_shape)?),
-            ys: Var::constant(row.narrow(0, per, 1)?),
+            ys: Var::constant(row.narrow(0, per, ty)?.reshape(target)?),
             row,
             index: persistent_zeros(b, &[1])?,
             scale: persistent_zeros(b, &[])?,
@@ -73,6 +76,7 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
             losses: record.narrow(0, 2, capacity)?,
             record,
             shape: sample_shape.to_vec(),
+            target: target.to_vec(),
             graph: None,
             errors: ErrorSlot::default(),
         })
@@ -99,17 +103,19 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         match data.slices() {
             Some((x, y)) if batch > 0 => {
                 let per = x.len() / batch;
+                let ty = y.len() / batch;
                 self.staging.clear();
-                for (features, label) in x.chunks_exact(per).zip(y) {
+                for (features, targets) in x.chunks_exact(per).zip(y.chunks_exact(ty)) {
                     self.staging.extend_from_slice(features);
-                    self.staging.push(*label);
+                    self.staging.extend_from_slice(targets);
                 }
                 b.upload_into(&self.staging, &self.table.narrow(0, 0, batch)?)?;
             }
             None if batch > 0 => {
                 let per: usize = self.shape.iter().product();
+                let ty: usize = self.target.iter().product();
                 let rows = self.table.narrow(0, 0, batch)?;
-                data.upload(b, &rows.narrow(1, 0, per)?, &rows.narrow(1, per, 1)?)?;
+                data.upload(b, &rows.narrow(1, 0, per)?, &rows.narrow(1, per, ty)?)?;
             }
             _ => {}
         }
@@ -123,13 +129,15 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         Ok(())
     }
 
-    /// Sample `i`'s features `[1, ..sample shape]` and label `[1]`: views of the table's row `i`.
+    /// Sample `i`'s features `[1, ..sample shape]` and targets `[1, ..target shape]`: views
+    /// of the table's row `i`.
     fn sample(&self, i: usize) -> Result<(Var<B, T>, Var<B, T>)> {
         let per: usize = self.shape.iter().product();
+        let ty: usize = self.target.iter().product();
         let row = self.table.narrow(0, i, 1)?;
         Ok((
             Var::constant(row.narrow(1, 0, per)?.reshape(&self.shape)?),
-            Var::constant(row.narrow(1, per, 1)?.reshape(&[1])?),
+            Var::constant(row.narrow(1, per, ty)?.reshape(&self.target)?),
         ))
     }
 
@@ -192,16 +200,21 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         // Dropped before the new ones are made, so the two never hold memory together.
         self.graphs.samples = None;
-        self.graphs.samples = Some(SampleSlots::new(&*self.backend, sample_shape, batch)?);
+        let target = self.targets_shape(1);
+        self.graphs.samples = Some(SampleSlots::new(
+            &*self.backend,
+            sample_shape,
+            &target,
+            batch,
+        )?);
         Ok(())
     }
 
     /// Whether the slots made hold a batch of `batch` samples of `sample_shape`.
     pub(super) fn slots_fit(&self, sample_shape: &[usize], batch: usize) -> bool {
-        self.graphs
-            .samples
-            .as_ref()
-            .is_some_and(|s| s.shape == sample_shape && s.capacity() >= batch)
+        self.graphs.samples.as_ref().is_some_and(|s| {
+            s.shape == sample_shape && s.target == self.targets_shape(1) && s.capacity() >= batch
+        })
     }
 
     pub(super) fn wants_graph(&self) -> bool {

@@ -24,11 +24,13 @@ pub(super) trait Source<B: Ops<T>, T: Element> {
     fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)>;
 }
 
-/// A batch given as host slices: `x` `[n, S, F]`, `y` `[n]`.
+/// A batch given as host slices: `x` `[n, S, F]`, `y` `[n, ..target shape]`.
 pub(super) struct HostSlices<'a, T> {
     pub x: &'a [T],
     pub y: &'a [T],
     pub per: usize,
+    /// Target values per sample (`Task::target_len`).
+    pub ty: usize,
 }
 
 impl<B: Ops<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
@@ -39,7 +41,7 @@ impl<B: Ops<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
     fn slices(&self, rows: Range<usize>) -> Option<(&[T], &[T])> {
         Some((
             &self.x[rows.start * self.per..rows.end * self.per],
-            &self.y[rows],
+            &self.y[rows.start * self.ty..rows.end * self.ty],
         ))
     }
 

@@ -8,6 +8,7 @@ mod common;
 /// model of the user's own (`mlp`) and the small XAsset the trainer tests use (`small`).
 mod support {
     pub mod fixtures;
+    pub mod head;
     pub mod mlp;
     pub mod oracle_step;
     pub mod small;
@@ -24,10 +25,18 @@ mod autograd {
     mod props;
     mod tape;
 }
+/// The examples, run small on the CPU and the simulated device (each example holds its own
+/// copy of the examples' `common` module, as its binary does).
+#[allow(clippy::duplicate_mod)]
+mod examples;
+/// Every loss and its gradient against the float64 oracle.
+mod losses;
 /// zero_grad, the global norm, clipping, SGD, AdamW's device slot.
 mod optim;
 /// Loss, gradients and an AdamW step against the PyTorch oracle.
 mod oracle;
+/// The target contract: outputs, targets and losses checked against the model's task.
+mod targets;
 /// The trainer in both schedules, eager and captured: on a host backend, over flat parameter
 /// buffers, from pinned memory, per sample over a device-resident batch, replayed on a
 /// resident batch, through failing optimiser steps, and evaluating on the device.

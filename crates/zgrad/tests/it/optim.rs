@@ -99,3 +99,121 @@ fn adamw_reads_rate_and_step_from_its_slot() {
     fresh.import(&B, &state).unwrap();
     assert_eq!(fresh.export(&B, &["a".into(), "b".into()]).unwrap(), state);
 }
+
+/// AdamW's parameter groups (`DecayGroups::Matrices`): no weight decay on biases and norms
+/// (rank < 2), the decay on matrices, over the flat buffers (one launch per run of one group)
+/// and per parameter alike, bitwise.
+#[test]
+fn adamw_groups_leave_biases_and_norms_undecayed() {
+    use zgrad::DecayGroups;
+    use zgrad::model::{Init, ParameterBuilder};
+    let hyper = |decay| AdamWHyper {
+        weight_decay: 0.5,
+        decay,
+        ..AdamWHyper::default()
+    };
+    let mut p = ParameterBuilder::new(1);
+    p.add("w", &[2, 3], Init::Constant(1.0))
+        .add("b", &[2], Init::Constant(1.0))
+        .add("norm.weight", &[3], Init::Constant(1.0))
+        .add("w2", &[3, 1], Init::Constant(1.0));
+    let mut out = Vec::new();
+    for flat in [true, false] {
+        for decay in [DecayGroups::All, DecayGroups::Matrices] {
+            let ps: Vec<Var<CpuBackend, f64>> = if flat {
+                p.build(&B).unwrap().into_iter().map(|(_, v)| v).collect()
+            } else {
+                [&[2usize, 3][..], &[2], &[3], &[3, 1]]
+                    .iter()
+                    .map(|s| Var::parameter_from(&B, &vec![1.0; s.iter().product()], s).unwrap())
+                    .collect()
+            };
+            assert_eq!(zgrad::ParameterSet::of(&ps).is_some(), flat);
+            // Zero gradients: AdamW's own term is 0, only the decay moves a parameter.
+            let mut opt = AdamW::new(&B, &ps, hyper(decay)).unwrap();
+            opt.step(&B, &ps, 0.1).unwrap();
+            let values: Vec<Vec<f64>> = ps.iter().map(|p| p.to_vec(&B).unwrap()).collect();
+            let decayed = 1.0 - 0.1 * 0.5;
+            let want = |matrix: bool| {
+                if matrix || decay == DecayGroups::All {
+                    decayed
+                } else {
+                    1.0
+                }
+            };
+            for (v, matrix) in values.iter().zip([true, false, false, true]) {
+                assert!(
+                    v.iter().all(|&x| x == want(matrix)),
+                    "{decay:?} flat {flat}: {values:?}"
+                );
+            }
+            out.push(values);
+        }
+    }
+    assert_eq!(out[0..2], out[2..4], "flat and per-parameter differ");
+}
+
+/// A trainer with AdamW groups: captured equals eager bitwise in both schedules, and a run
+/// resumed from a checkpoint equals the run that went on, bitwise.
+#[test]
+fn adamw_groups_in_the_trainer_captured_and_resumed_bitwise() {
+    use crate::support::head::{Head, LossKind, classes};
+    use zgrad::{DecayGroups, Model, Task, TrainSchedule, Trainer, TrainerConfig};
+    let config = |schedule, capture| TrainerConfig {
+        schedule,
+        capture,
+        lr: 1e-2,
+        adamw: AdamWHyper {
+            weight_decay: 0.1,
+            decay: DecayGroups::Matrices,
+            ..AdamWHyper::default()
+        },
+        ..TrainerConfig::default()
+    };
+    let (x, y) = classes(9, 8, 12, 4);
+    let bits = |t: &Trainer<_, f32, Head<_, f32>>| -> Vec<u32> {
+        t.model()
+            .parameters()
+            .iter()
+            .flat_map(|p| p.to_vec(t.backend()).unwrap())
+            .map(f32::to_bits)
+            .collect()
+    };
+    let make = |schedule, capture| {
+        let b = zcompute::Engine::sim(256 << 20).unwrap();
+        let m = Head::new(&b, 12, 4, Some(Task::class_index(4)), LossKind::Task).unwrap();
+        Trainer::new(b, m, config(schedule, capture)).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
+        let mut runs = Vec::new();
+        for capture in [false, true] {
+            let mut t = make(schedule, capture);
+            for _ in 0..2 {
+                t.train_batch(&x, &y, 8).unwrap();
+            }
+            let path = dir
+                .path()
+                .join(format!("{schedule:?}{capture}.safetensors"));
+            t.save_checkpoint(&path, Default::default()).unwrap();
+            for _ in 0..2 {
+                t.train_batch(&x, &y, 8).unwrap();
+            }
+            let mut resumed = make(schedule, capture);
+            resumed.load_checkpoint(&path).unwrap();
+            for _ in 0..2 {
+                resumed.train_batch(&x, &y, 8).unwrap();
+            }
+            assert_eq!(
+                bits(&resumed),
+                bits(&t),
+                "{schedule:?} capture {capture}: resume differs"
+            );
+            runs.push(bits(&t));
+        }
+        assert_eq!(
+            runs[0], runs[1],
+            "{schedule:?}: captured differs from eager"
+        );
+    }
+}
