@@ -10,6 +10,8 @@ use ztrain::data::{csv, synthetic};
 
 /// Checkpoints: resume equals an uninterrupted run; corrupt or mismatched ones are refused.
 mod checkpoints;
+/// `--data` in every format, hostile files, `--window` (issue 43).
+mod data_files;
 /// `--data-on`: the training set on the device, each step's rows gathered there and read back
 /// every few steps, against the host path (issue 21).
 mod data_on;
