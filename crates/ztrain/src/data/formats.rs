@@ -44,6 +44,19 @@ impl Format {
         })
     }
 
+    /// How messages name it.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Format::Csv => "CSV",
+            Format::Parquet => super::parquet::FORMAT,
+            Format::Arrow => super::arrow::FORMAT,
+            Format::Npz => super::npy::NPZ,
+            Format::Npy => super::npy::NPY,
+            Format::Safetensors => super::tensors::FORMAT,
+        }
+    }
+
     /// How the run's configuration names it (`csv` as before formats were added).
     #[must_use]
     pub fn name(self) -> &'static str {

@@ -163,10 +163,13 @@ impl Normalization {
         }
     }
 
-    /// As JSON (stored in the checkpoint's configuration; f64 printed exactly).
+    /// As JSON (stored in the checkpoint's configuration): each number as the shortest text
+    /// that reads back as the same `f64`, in a string, so that the comparison on resume is
+    /// exact (serde_json's own float parsing may be off by an ulp).
     #[must_use]
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({"mean": self.mean, "std": self.std})
+        let text = |v: &[f64]| v.iter().map(|x| format!("{x:?}")).collect::<Vec<_>>();
+        serde_json::json!({"mean": text(&self.mean), "std": text(&self.std)})
     }
 }
 
@@ -238,6 +241,24 @@ mod tests {
         let mut x = [0.0; 2];
         let _ = v.copy(0, &mut x);
         assert_eq!(f64::from(x[0]), ((7.0 - 2.5) / n.std[0]) as f32 as f64);
+    }
+
+    #[test]
+    fn the_stored_statistics_survive_a_json_round_trip_exactly() {
+        // serde_json parses this f64 one ulp off; the statistics are stored as text.
+        let n = Normalization {
+            mean: vec![0.113_774_675_058_155_53],
+            std: vec![1.162_049_440_618_646_1],
+        };
+        let json = n.to_json();
+        let back: serde_json::Value = serde_json::from_str(&json.to_string()).expect("json");
+        assert_eq!(back, json);
+        let mean: f64 = back["mean"][0]
+            .as_str()
+            .expect("text")
+            .parse()
+            .expect("f64");
+        assert_eq!(mean.to_bits(), n.mean[0].to_bits());
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub(super) fn load_data(config: &RunConfig) -> Result<RunData> {
             ..
         } => {
             let (bars, digest) = formats::load_bars(path, m.features, limit)?;
-            let format = formats::Format::of(path)?.name();
+            let format = formats::Format::of(path)?.label();
             let (train, val, norm) = windows::split(
                 bars,
                 *window,

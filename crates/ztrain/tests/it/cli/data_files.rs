@@ -112,6 +112,10 @@ fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
     safetensors::serialize([("x", x), ("y", y)], None).expect("serialise")
 }
 
+fn tv(shape: Vec<usize>, b: &[u8]) -> safetensors::tensor::TensorView<'_> {
+    safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, b).expect("view")
+}
+
 /// The same data set in every format, in `dir`: the `--data` arguments of each.
 fn every_format(d: &Dataset, dir: &Path) -> Vec<Vec<String>> {
     let p = |n: &str| dir.join(n);
@@ -197,6 +201,11 @@ fn every_format_trains_to_the_same_validation_loss_bitwise() {
     }
 }
 
+/// A list of owned arguments from literals and paths.
+macro_rules! owned {
+    ($($a:expr),* $(,)?) => { vec![$(String::from($a)),*] };
+}
+
 /// One bad file of each kind: the run fails naming the file, the place and what was
 /// expected, and writes neither its checkpoint nor its metrics.
 #[test]
@@ -241,28 +250,26 @@ fn hostile_files_are_refused_by_name_and_place_and_nothing_is_written() {
     // Labels of 2 columns in safetensors.
     let xb: Vec<u8> = d.x.iter().flat_map(|v| v.to_le_bytes()).collect();
     let yb: Vec<u8> = [0.0f32; 40].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let tv = |shape: Vec<usize>, b: &[u8]| {
-        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, b).expect("view")
-    };
     let two = safetensors::serialize(
         [("x", tv(vec![20, 3, 6], &xb)), ("y", tv(vec![20, 2], &yb))],
         None,
     )
     .expect("serialise");
     std::fs::write(p("k2.safetensors"), two).expect("write");
-    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+    let s = |n: &str| path_str(&p(n)).to_string();
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
         (
-            vec!["--data", path_str(&p("csv.parquet"))],
+            owned!["--data", s("csv.parquet")],
             vec!["csv.parquet: Parquet", "not a Parquet file"],
         ),
         (
-            vec!["--data", path_str(&p("parquet.npz"))],
+            owned!["--data", s("parquet.npz")],
             vec!["parquet.npz: NumPy .npz", "not a NumPy .npz file"],
         ),
         (
-            vec![
+            owned![
                 "--data",
-                path_str(&p("short.arrow")),
+                s("short.arrow"),
                 "--scales",
                 "3",
                 "--features",
@@ -271,9 +278,9 @@ fn hostile_files_are_refused_by_name_and_place_and_nothing_is_written() {
             vec!["short.arrow: Arrow IPC", "expected 16 columns", "found 18"],
         ),
         (
-            vec![
+            owned![
                 "--data",
-                path_str(&p("short.arrow")),
+                s("short.arrow"),
                 "--scales",
                 "3",
                 "--features",
@@ -282,31 +289,26 @@ fn hostile_files_are_refused_by_name_and_place_and_nothing_is_written() {
             vec!["short.arrow: Arrow IPC", "the label column is missing"],
         ),
         (
-            vec!["--data", path_str(&p("nan.parquet"))],
+            owned!["--data", s("nan.parquet")],
             vec![
                 "nan.parquet: Parquet, row 4, column 7 (`x6`)",
                 "NaN where a finite number",
             ],
         ),
         (
-            vec!["--data", path_str(&p("corrupt.parquet"))],
+            owned!["--data", s("corrupt.parquet")],
             vec!["corrupt.parquet: Parquet", "corrupt"],
         ),
         (
-            vec![
-                "--data",
-                path_str(&p("cut.npy")),
-                "--labels",
-                path_str(&p("y.npy")),
-            ],
+            owned!["--data", s("cut.npy"), "--labels", s("y.npy"),],
             vec!["cut.npy: NumPy .npy, array `x`", "truncated", "1440 bytes"],
         ),
         (
-            vec!["--data", path_str(&p("noy.npz"))],
+            owned!["--data", s("noy.npz")],
             vec!["noy.npz: NumPy .npz", "no array `y`"],
         ),
         (
-            vec!["--data", path_str(&p("k2.safetensors"))],
+            owned!["--data", s("k2.safetensors")],
             vec![
                 "k2.safetensors: safetensors, array `y`",
                 "[N] or [N, 1]",
@@ -314,9 +316,9 @@ fn hostile_files_are_refused_by_name_and_place_and_nothing_is_written() {
             ],
         ),
         (
-            vec![
+            owned![
                 "--data",
-                path_str(&p("real.parquet")),
+                s("real.parquet"),
                 "--window",
                 "30",
                 "--features",
@@ -329,6 +331,7 @@ fn hostile_files_are_refused_by_name_and_place_and_nothing_is_written() {
         ),
     ];
     for (args, needles) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (ck, metrics) = (p("ck.st"), p("m.csv"));
         let o = tiny(
             &[
