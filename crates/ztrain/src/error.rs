@@ -167,6 +167,25 @@ impl fmt::Display for DataProblem {
     }
 }
 
+/// A data file that is not what the options ask for: the file, its format, the place and
+/// the problem, with the format reader's own error where it refused the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {format}{place}: {problem}", path.display())]
+pub struct DataError {
+    pub path: PathBuf,
+    pub format: &'static str,
+    pub place: DataPlace,
+    pub problem: DataProblem,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl From<DataError> for TrainError {
+    fn from(e: DataError) -> Self {
+        TrainError::Data(Box::new(e))
+    }
+}
+
 /// Everything that can stop a run.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -181,16 +200,9 @@ pub enum TrainError {
 
     /// A data file (Parquet, Arrow, NumPy, safetensors; or a bar table for `--window`) is
     /// not what the options ask for, at a known place. Nothing was trained or written.
-    #[error("{}: {format}{place}: {problem}", path.display())]
-    Data {
-        path: PathBuf,
-        format: &'static str,
-        place: DataPlace,
-        problem: DataProblem,
-        /// The format reader's own error, where it refused the file.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
+    /// (Boxed: it keeps `TrainError` small.)
+    #[error(transparent)]
+    Data(Box<DataError>),
 
     /// A file could not be read or written.
     #[error("{what} {}: {source}", path.display())]

@@ -11,12 +11,12 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
 
 use super::table::{Fault, Table};
-use crate::error::{DataPlace, DataProblem, TrainError};
+use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
 pub(crate) const FORMAT: &str = "Arrow IPC";
 
 fn corrupt(path: &Path, place: DataPlace, e: arrow_schema::ArrowError) -> TrainError {
-    TrainError::Data {
+    TrainError::from(DataError {
         path: path.to_path_buf(),
         format: FORMAT,
         place,
@@ -24,7 +24,7 @@ fn corrupt(path: &Path, place: DataPlace, e: arrow_schema::ArrowError) -> TrainE
             detail: e.to_string(),
         },
         source: Some(Box::new(e)),
-    }
+    })
 }
 
 /// The table of `width` feature columns and the label in the Arrow IPC file `bytes`.

@@ -146,14 +146,15 @@ impl Array {
     }
 }
 
+/// Features row-major and their labels.
+pub type Features = (Vec<f32>, Vec<f32>);
+
+/// A fault and the array it is in (`"x"` or `"y"`).
+pub type InArray = (Fault, &'static str);
+
 /// The samples of features `x` [N, S, F] and labels `y` [N] or [N, 1]: row-major features
 /// and 0/1 labels, checked as the CSV's. The error says which array (`"x"` or `"y"`).
-pub fn samples(
-    x: &Array,
-    y: &Array,
-    scales: usize,
-    features: usize,
-) -> Result<(Vec<f32>, Vec<f32>), (Fault, &'static str)> {
+pub fn samples(x: &Array, y: &Array, scales: usize, features: usize) -> Result<Features, InArray> {
     let shape_fault = |name: &'static str, expected: String, found: &[usize]| {
         (
             Fault::new(

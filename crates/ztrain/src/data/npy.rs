@@ -12,7 +12,7 @@ use std::path::Path;
 use super::Dataset;
 use super::elements::{Array, Elem};
 use super::table::Fault;
-use crate::error::{DataPlace, DataProblem, TrainError};
+use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 pub(crate) const NPY: &str = "NumPy .npy";
@@ -221,7 +221,7 @@ fn corrupt_with(
     place: DataPlace,
     e: impl std::error::Error + Send + Sync + 'static,
 ) -> TrainError {
-    TrainError::Data {
+    TrainError::from(DataError {
         path: path.to_path_buf(),
         format: NPZ,
         place,
@@ -229,7 +229,7 @@ fn corrupt_with(
             detail: e.to_string(),
         },
         source: Some(Box::new(e)),
-    }
+    })
 }
 
 /// `.npy` bytes of a C-order float32 array (what `np.save` writes): for tests and the

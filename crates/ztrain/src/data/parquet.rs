@@ -10,7 +10,7 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use super::table::{Fault, Table};
-use crate::error::{DataPlace, DataProblem, TrainError};
+use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
 pub(crate) const FORMAT: &str = "Parquet";
 
@@ -23,7 +23,7 @@ fn corrupt(
     what: String,
     e: parquet::errors::ParquetError,
 ) -> TrainError {
-    TrainError::Data {
+    TrainError::from(DataError {
         path: path.to_path_buf(),
         format: FORMAT,
         place,
@@ -31,7 +31,7 @@ fn corrupt(
             detail: format!("{what}: {e}"),
         },
         source: Some(Box::new(e)),
-    }
+    })
 }
 
 /// The table of `width` feature columns and the label in the Parquet `bytes` read from

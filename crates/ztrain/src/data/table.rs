@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::Dataset;
-use crate::error::{DataPlace, DataProblem, TrainError};
+use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
 /// A problem at a known place of a file (the caller adds the file and its format).
 #[derive(Clone, Debug, PartialEq)]
@@ -25,13 +25,13 @@ impl Fault {
     /// The run's error for this fault in the `format` file at `path`.
     #[must_use]
     pub fn in_file(self, path: &Path, format: &'static str) -> TrainError {
-        TrainError::Data {
+        TrainError::from(DataError {
             path: path.to_path_buf(),
             format,
             place: self.place,
             problem: self.problem,
             source: None,
-        }
+        })
     }
 }
 

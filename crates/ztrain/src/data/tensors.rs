@@ -8,7 +8,7 @@ use safetensors::SafeTensors;
 use super::Dataset;
 use super::elements::{Array, Elem, samples};
 use super::table::Fault;
-use crate::error::{DataPlace, DataProblem, TrainError};
+use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
 pub(crate) const FORMAT: &str = "safetensors";
 
@@ -36,14 +36,16 @@ pub fn load(
             DataProblem::NotThisFormat { expected: FORMAT },
         )));
     }
-    let file = SafeTensors::deserialize(bytes).map_err(|e| TrainError::Data {
-        path: path.to_path_buf(),
-        format: FORMAT,
-        place: DataPlace::File,
-        problem: DataProblem::Corrupt {
-            detail: e.to_string(),
-        },
-        source: Some(Box::new(e)),
+    let file = SafeTensors::deserialize(bytes).map_err(|e| {
+        TrainError::from(DataError {
+            path: path.to_path_buf(),
+            format: FORMAT,
+            place: DataPlace::File,
+            problem: DataProblem::Corrupt {
+                detail: e.to_string(),
+            },
+            source: Some(Box::new(e)),
+        })
     })?;
     let array = |name: &str| -> Result<Array, TrainError> {
         let t = file.tensor(name).map_err(|_| {

@@ -21,13 +21,16 @@ const BOTTOM: f64 = 40.0;
 /// Colours: step loss, epoch train loss, validation loss, validation accuracy.
 pub const COLOURS: [&str; 4] = ["#a0cbe8", "#4e79a7", "#e15759", "#59a14f"];
 
+/// An epoch's end: (step, running train loss, validation loss, validation accuracy).
+pub type EpochPoint = (u64, Option<f64>, Option<f64>, Option<f64>);
+
 /// What the curves show.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Curves {
     /// (step, loss) of every step read back.
     pub steps: Vec<(u64, f64)>,
     /// (step, running train loss, validation loss, validation accuracy) at each epoch's end.
-    pub epochs: Vec<(u64, Option<f64>, Option<f64>, Option<f64>)>,
+    pub epochs: Vec<EpochPoint>,
 }
 
 impl Curves {
