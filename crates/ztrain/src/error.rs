@@ -83,8 +83,6 @@ impl fmt::Display for DataPlace {
 /// What is wrong with a data file that is not a CSV (and, for `--window`, with any table).
 #[derive(Clone, Debug, PartialEq)]
 pub enum DataProblem {
-    /// The extension names no format ztrain reads.
-    UnknownFormat { extension: String },
     /// The bytes are not of the format the extension names.
     NotThisFormat { expected: &'static str },
     /// The file ends before the size its header announces.
@@ -116,10 +114,6 @@ pub enum DataProblem {
 impl fmt::Display for DataProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DataProblem::UnknownFormat { extension } => write!(
-                f,
-                "`.{extension}` is not a data format ztrain reads; use .csv, .parquet, .arrow (.feather, .ipc), .npz, .npy (with --labels) or .safetensors"
-            ),
             DataProblem::NotThisFormat { expected } => write!(
                 f,
                 "not a {expected} file (its first bytes are not {expected}'s); check the file or rename it to its format's extension"

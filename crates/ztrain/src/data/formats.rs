@@ -5,8 +5,7 @@
 use std::path::Path;
 
 use super::Dataset;
-use super::table::Fault;
-use crate::error::{DataPlace, DataProblem, Result, TrainError};
+use crate::error::{Result, TrainError};
 
 /// The formats `--data` reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,7 +19,9 @@ pub enum Format {
 }
 
 impl Format {
-    /// The format of `path`, from its extension (any case).
+    /// The format of `path`, from its extension (any case). Any other extension, or none (a
+    /// pipe, `/dev/stdin`), is CSV, as `--data` always read: a binary file there is refused
+    /// by the CSV reader (not text).
     pub fn of(path: &Path) -> Result<Format> {
         let ext = path
             .extension()
@@ -28,19 +29,12 @@ impl Format {
             .unwrap_or("")
             .to_ascii_lowercase();
         Ok(match ext.as_str() {
-            "csv" => Format::Csv,
             "parquet" | "pq" => Format::Parquet,
             "arrow" | "feather" | "ipc" => Format::Arrow,
             "npz" => Format::Npz,
             "npy" => Format::Npy,
             "safetensors" => Format::Safetensors,
-            _ => {
-                return Err(Fault::new(
-                    DataPlace::File,
-                    DataProblem::UnknownFormat { extension: ext },
-                )
-                .in_file(path, "data file"));
-            }
+            _ => Format::Csv,
         })
     }
 

@@ -282,6 +282,10 @@ fn memory_report_from_the_simulated_device() {
     assert!(html.contains("<svg") && html.contains("class=\"area persistent\""));
     assert!(html.contains("high-water"));
     assert!(html.contains("simulated driver"));
+    // The loss curves beside the memory timeline: one point per epoch's train and validation
+    // loss and validation accuracy.
+    assert!(html.contains("Loss and metrics"), "no curves");
+    assert_eq!(html.matches("<circle").count(), 3);
 }
 
 #[test]
