@@ -90,7 +90,7 @@ impl Estimate {
         )?;
         let samples = match &config.data {
             DataSource::Synthetic { samples, .. } => *samples as u64,
-            DataSource::Csv { .. } => 0,
+            DataSource::File { .. } => 0,
         };
         let batch = config.batch as u64;
         let batch = if samples > 0 {

@@ -176,10 +176,45 @@ pub struct Options {
     #[arg(long, value_enum, default_value_t = LastBucket::Peer, help_heading = "Device")]
     pub last_bucket: LastBucket,
 
-    /// Train on this CSV file instead of synthetic data: a header row, then per sample S·F
-    /// feature columns (column = s·F + f) and a 0/1 label. See docs/ztrain.md.
-    #[arg(long, value_name = "FILE.csv", help_heading = "Data")]
+    /// Train on this file instead of synthetic data, its format from its extension: .csv (a
+    /// header row, then per sample S·F feature columns, column = s·F + f, and a 0/1 label),
+    /// .parquet or .arrow/.feather (the same columns, names free), .npz (arrays x [N, S, F] and
+    /// y [N]), .npy (x; y with --labels) or .safetensors (tensors x and y). See docs/ztrain.md.
+    #[arg(long, value_name = "FILE", help_heading = "Data")]
     pub data: Option<PathBuf>,
+
+    /// With a features .npy as --data: the labels' .npy (y [N] or [N, 1], 0/1).
+    #[arg(
+        long,
+        value_name = "FILE.npy",
+        requires = "data",
+        help_heading = "Data"
+    )]
+    pub labels: Option<PathBuf>,
+
+    /// --data is a table of bars (one row per time step: F feature columns, then the label;
+    /// .csv, .parquet or .arrow): cut windows of this many bars (S, replacing --scales) as
+    /// training runs, each labelled by its last bar. The series is stored once. Validation
+    /// is the last --validate-fraction of the windows, every bar after the training bars.
+    #[arg(long, value_name = "S", requires = "data", help_heading = "Data")]
+    pub window: Option<usize>,
+
+    /// With --window: bars left out between the last training bar and the first validation
+    /// bar.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        requires = "window",
+        help_heading = "Data"
+    )]
+    pub gap: usize,
+
+    /// Normalise every feature by the mean and standard deviation of the training part only
+    /// (per feature column; with --window over the training bars), applied to the validation
+    /// part too; the statistics are stored in the checkpoint's configuration.
+    #[arg(long, help_heading = "Data")]
+    pub normalize: bool,
 
     /// Size of the synthetic data set (train and validation together).
     #[arg(long, default_value_t = 10_240, help_heading = "Data")]
@@ -355,6 +390,22 @@ pub struct Options {
     #[arg(long, value_name = "FILE.csv", help_heading = "Output")]
     pub timeline: Option<PathBuf>,
 
+    /// Write every reported metric here, one row per epoch (train loss, validation loss and
+    /// accuracy, rate, time): CSV, or JSON lines when the name ends in .jsonl; pandas reads
+    /// either. A resumed run appends.
+    #[arg(long, value_name = "FILE.csv", help_heading = "Output")]
+    pub metrics: Option<PathBuf>,
+
+    /// Also write a row every this many optimiser steps (the step's loss, gradient norm and
+    /// learning rate; steps are read back every --readback-every, so the rows come then).
+    #[arg(
+        long,
+        value_name = "STEPS",
+        requires = "metrics",
+        help_heading = "Output"
+    )]
+    pub metrics_every: Option<u64>,
+
     /// Soak test: sample memory (arena in use and high-water, device memory in use, host
     /// resident memory) every --soak-every steps and write them, with each one's slope per
     /// 1,000 steps after the warm-up (the first tenth of the steps), as JSON here.
@@ -396,7 +447,8 @@ impl Options {
     pub fn config(&self) -> Result<RunConfig> {
         let bad = |m: String| Err(TrainError::Options(m));
         let model = XAssetConfig {
-            scales: self.scales,
+            // A window of S bars is a sample of S scales.
+            scales: self.window.unwrap_or(self.scales),
             features: self.features,
             width: self.width,
             heads: self.heads,
@@ -439,14 +491,26 @@ impl Options {
         if self.readback_every == 0 {
             return bad("--readback-every must be at least 1".into());
         }
+        if self.metrics_every == Some(0) {
+            return bad("--metrics-every must be at least 1".into());
+        }
         if self.checkpoint_every == Some(0) {
             return bad("--checkpoint-every must be at least 1".into());
         }
         if self.stop_after.is_some() && self.checkpoint.is_none() {
             return bad("--stop-after needs --checkpoint (else the work is lost)".into());
         }
+        if self.window == Some(0) {
+            return bad("--window must be at least 1".into());
+        }
         let data = match &self.data {
-            Some(path) => DataSource::Csv { path: path.clone() },
+            Some(path) => DataSource::File {
+                path: path.clone(),
+                format: crate::data::formats::Format::of(path)?,
+                labels: self.labels.clone(),
+                window: self.window,
+                gap: self.gap,
+            },
             None if self.samples < 2 => {
                 return bad("--samples must be at least 2".into());
             }
@@ -469,6 +533,7 @@ impl Options {
             schedule: self.schedule,
             capture: self.capture,
             seed: self.seed,
+            normalize: self.normalize,
         })
     }
 }

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use zgrad::{LrDecay, TrainSchedule, XAssetConfig};
 
+use crate::data::formats::Format;
 use crate::error::{Result, TrainError};
 
 /// The command line's spelling of zgrad's learning-rate decays.
@@ -107,8 +108,20 @@ pub fn parameters(m: &XAssetConfig) -> Result<u64> {
 /// Where the samples come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum DataSource {
-    Synthetic { samples: usize, seed: u64 },
-    Csv { path: PathBuf },
+    Synthetic {
+        samples: usize,
+        seed: u64,
+    },
+    /// A data file (`crate::data::formats`): pre-cut samples, or with `window` a table of bars
+    /// cut into windows of that many bars as training runs, validated `gap` bars after.
+    File {
+        path: PathBuf,
+        format: Format,
+        /// The labels' `.npy` beside a features `.npy`.
+        labels: Option<PathBuf>,
+        window: Option<usize>,
+        gap: usize,
+    },
 }
 
 /// Everything that determines a run's result (the device does not: it is chosen at start).
@@ -127,6 +140,8 @@ pub struct RunConfig {
     pub schedule: TrainSchedule,
     pub capture: bool,
     pub seed: u64,
+    /// Features normalised by the training part's statistics (`--normalize`).
+    pub normalize: bool,
 }
 
 impl RunConfig {
@@ -140,13 +155,30 @@ impl RunConfig {
             DataSource::Synthetic { samples, seed } => {
                 json!({"kind": "synthetic", "samples": samples, "seed": seed})
             }
-            DataSource::Csv { path } => json!({
-                "kind": "csv",
-                "path": path.display().to_string(),
-                "digest": data_digest.map(|d| format!("{d:016x}")),
-            }),
+            DataSource::File {
+                path,
+                format,
+                labels,
+                window,
+                gap,
+            } => {
+                let mut d = json!({
+                    "kind": format.name(),
+                    "path": path.display().to_string(),
+                    "digest": data_digest.map(|d| format!("{d:016x}")),
+                });
+                // Keys only where set: checkpoints written before they existed still match.
+                if let Some(l) = labels {
+                    d["labels"] = json!(l.display().to_string());
+                }
+                if let Some(w) = window {
+                    d["window"] = json!(w);
+                    d["gap"] = json!(gap);
+                }
+                d
+            }
         };
-        json!({
+        let mut out = json!({
             "model": {"scales": m.scales, "features": m.features, "width": m.width,
                       "heads": m.heads, "ff": m.ff, "layers": m.layers},
             "data": data,
@@ -161,7 +193,11 @@ impl RunConfig {
             "schedule": schedule_name(self.schedule),
             "capture": self.capture,
             "seed": self.seed,
-        })
+        });
+        if self.normalize {
+            out["normalize"] = json!(true);
+        }
+        out
     }
 }
 
@@ -170,7 +206,7 @@ impl RunConfig {
 /// values) and the data file's path (it may move; its digest must match).
 fn may_differ(key: &str, saved: &Value) -> bool {
     match key {
-        "capture" | "data.path" => true,
+        "capture" | "data.path" | "data.labels" => true,
         "epochs" => saved.get("lr_schedule").and_then(Value::as_str) == Some("constant"),
         _ => false,
     }
@@ -266,6 +302,7 @@ mod tests {
             schedule: TrainSchedule::Batched,
             capture: false,
             seed: 0,
+            normalize: false,
         }
     }
 
@@ -356,13 +393,18 @@ mod tests {
     #[test]
     fn a_changed_data_file_is_a_difference_a_moved_one_is_not() {
         let mut a = base();
-        a.data = DataSource::Csv {
-            path: "a.csv".into(),
+        let file = |p: &str| DataSource::File {
+            path: p.into(),
+            format: Format::Csv,
+            labels: None,
+            window: None,
+            gap: 0,
         };
+        a.data = file("a.csv");
         let mut b = a.clone();
-        b.data = DataSource::Csv {
-            path: "b.csv".into(),
-        };
+        b.data = file("b.csv");
+        assert_eq!(a.to_json(Some(1))["data"]["kind"], "csv");
+        assert_eq!(a.to_json(Some(1))["data"].get("window"), None);
         assert!(differences(&a.to_json(Some(1)), &b.to_json(Some(1))).is_empty());
         assert_eq!(
             differences(&a.to_json(Some(1)), &b.to_json(Some(2))).len(),

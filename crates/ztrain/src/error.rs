@@ -43,6 +43,143 @@ impl fmt::Display for CsvProblem {
     }
 }
 
+/// Where in a data file (other than a CSV: [`CsvProblem`] has lines) a problem is. Rows and
+/// columns count from 1, as a CSV's lines do; array indices are NumPy's (from 0).
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataPlace {
+    /// The file as a whole.
+    File,
+    /// A data row (the header, where there is one, is not counted).
+    Row(usize),
+    /// A column, by position and name.
+    Column { index: usize, name: String },
+    /// One cell.
+    Cell {
+        row: usize,
+        column: usize,
+        name: String,
+    },
+    /// A named array or tensor (`x`, `y`).
+    Array(String),
+    /// One element of an array, by its index.
+    Element { array: String, index: Vec<usize> },
+}
+
+impl fmt::Display for DataPlace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataPlace::File => Ok(()),
+            DataPlace::Row(r) => write!(f, ", row {r}"),
+            DataPlace::Column { index, name } => write!(f, ", column {index} (`{name}`)"),
+            DataPlace::Cell { row, column, name } => {
+                write!(f, ", row {row}, column {column} (`{name}`)")
+            }
+            DataPlace::Array(a) => write!(f, ", array `{a}`"),
+            DataPlace::Element { array, index } => write!(f, ", array `{array}` at {index:?}"),
+        }
+    }
+}
+
+/// What is wrong with a data file that is not a CSV (and, for `--window`, with any table).
+#[derive(Clone, Debug, PartialEq)]
+pub enum DataProblem {
+    /// The bytes are not of the format the extension names.
+    NotThisFormat { expected: &'static str },
+    /// The file ends before the size its header announces.
+    Truncated { expected: u64, found: u64 },
+    /// The format's reader refused the file (a corrupt page, a bad header: the cause says).
+    Corrupt { detail: String },
+    /// The table does not have the columns the options ask for.
+    ColumnCount { expected: usize, found: usize },
+    /// One column fewer than the options ask for: the label (last column) is missing.
+    MissingLabel { features: usize },
+    /// A column or array of a type that is not a number.
+    NotNumeric { found: String },
+    /// A missing value (null) or NaN/infinity: never turned into a number.
+    Missing { value: String },
+    /// A label other than 0 or 1.
+    BadLabel { value: String },
+    /// An array or tensor the format needs is not in the file.
+    MissingArray { name: String, found: Vec<String> },
+    /// An array of another shape than the options ask for.
+    Shape { expected: String, found: Vec<usize> },
+    /// Features and labels for different numbers of samples.
+    SampleCounts { x: usize, y: usize },
+    /// No samples.
+    NoSamples,
+    /// `--window` longer than the series.
+    WindowTooLong { window: usize, rows: usize },
+}
+
+impl fmt::Display for DataProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataProblem::NotThisFormat { expected } => write!(
+                f,
+                "not a {expected} file (its first bytes are not {expected}'s); check the file or rename it to its format's extension"
+            ),
+            DataProblem::Truncated { expected, found } => write!(
+                f,
+                "truncated: the header announces {expected} bytes of data, the file has {found}; write the file again"
+            ),
+            DataProblem::Corrupt { detail } => {
+                write!(f, "corrupt ({detail}); write the file again")
+            }
+            DataProblem::ColumnCount { expected, found } => write!(
+                f,
+                "expected {expected} columns (the features, then the label), found {found}; check --scales, --features and --window"
+            ),
+            DataProblem::MissingLabel { features } => write!(
+                f,
+                "the label column is missing: {features} columns are all features; add the label (0 or 1) as the last column"
+            ),
+            DataProblem::NotNumeric { found } => {
+                write!(f, "expected numbers (float or integer), found {found}")
+            }
+            DataProblem::Missing { value } => write!(
+                f,
+                "{value} where a finite number is expected; missing values are refused, never turned into numbers: fill or drop them first"
+            ),
+            DataProblem::BadLabel { value } => write!(f, "label {value} must be 0 or 1"),
+            DataProblem::MissingArray { name, found } => write!(
+                f,
+                "no array `{name}` (the file has {found:?}); name the features `x` [N, S, F] and the labels `y` [N]"
+            ),
+            DataProblem::Shape { expected, found } => {
+                write!(f, "expected shape {expected}, found {found:?}")
+            }
+            DataProblem::SampleCounts { x, y } => write!(
+                f,
+                "{x} samples of features but {y} labels; both must have one per sample"
+            ),
+            DataProblem::NoSamples => f.write_str("no samples"),
+            DataProblem::WindowTooLong { window, rows } => write!(
+                f,
+                "--window {window} is longer than the series ({rows} rows); use a shorter window or a longer series"
+            ),
+        }
+    }
+}
+
+/// A data file that is not what the options ask for: the file, its format, the place and
+/// the problem, with the format reader's own error where it refused the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {format}{place}: {problem}", path.display())]
+pub struct DataError {
+    pub path: PathBuf,
+    pub format: &'static str,
+    pub place: DataPlace,
+    pub problem: DataProblem,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl From<DataError> for TrainError {
+    fn from(e: DataError) -> Self {
+        TrainError::Data(Box::new(e))
+    }
+}
+
 /// Everything that can stop a run.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -54,6 +191,12 @@ pub enum TrainError {
         column: usize,
         problem: CsvProblem,
     },
+
+    /// A data file (Parquet, Arrow, NumPy, safetensors; or a bar table for `--window`) is
+    /// not what the options ask for, at a known place. Nothing was trained or written.
+    /// (Boxed: it keeps `TrainError` small.)
+    #[error(transparent)]
+    Data(Box<DataError>),
 
     /// A file could not be read or written.
     #[error("{what} {}: {source}", path.display())]

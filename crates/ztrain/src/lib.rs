@@ -14,6 +14,7 @@ pub mod distributed;
 pub mod error;
 pub mod files;
 pub mod memory;
+pub mod metrics;
 pub mod plan;
 pub mod progress;
 pub mod report;

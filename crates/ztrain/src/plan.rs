@@ -169,7 +169,7 @@ fn split_samples(config: &crate::config::RunConfig) -> Option<(usize, usize)> {
             };
             Some((n - n_val, n_val)).filter(|&(t, _)| t > 0)
         }
-        crate::config::DataSource::Csv { .. } => None,
+        crate::config::DataSource::File { .. } => None,
     }
 }
 
@@ -297,7 +297,7 @@ pub fn sized_engine_and_plan(
     // A step never holds more samples than the data set has (the estimate's rule too).
     let samples = match &config.data {
         crate::config::DataSource::Synthetic { samples, .. } => *samples,
-        crate::config::DataSource::Csv { .. } => usize::MAX,
+        crate::config::DataSource::File { .. } => usize::MAX,
     };
     let batch = config.batch.min(samples).div_ceil(world.max(1));
     if check_sizes(config, batch).is_err() {

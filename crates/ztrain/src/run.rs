@@ -27,7 +27,7 @@ use crate::budget::Estimate;
 use crate::cli::Options;
 use crate::config::RunConfig;
 use crate::console::Console;
-use crate::data::Dataset;
+use crate::data::Samples;
 use crate::data::feed::Feed;
 use crate::data::placement::DeviceRoom;
 use crate::device::AnyBackend;
@@ -80,6 +80,7 @@ pub fn run(
             memory_report: None,
             soak_report: None,
             timeline: None,
+            metrics: None,
             ..options.clone()
         };
         (&quiet, &mut sink, false)
@@ -186,14 +187,18 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
 ) -> Result<Outcome> {
     let (config, options) = (ctx.config, ctx.options);
     let started = Instant::now();
-    let (dataset, digest) = load_data(config)?;
-    let (train_set, val_set) = dataset.split_validation(config.validate_fraction);
+    let data = load_data(config)?;
+    let (train_set, val_set) = (data.train, data.val);
     if train_set.is_empty() {
         return Err(TrainError::Options(
-            "no training samples left after the validation split".into(),
+            "no training samples left after the validation split (and --gap); lower --validate-fraction or --gap, or give more data".into(),
         ));
     }
-    let mut config_json = config.to_json(digest);
+    let mut config_json = config.to_json(data.digest);
+    if let Some(n) = &data.norm {
+        // In the checkpoint: a resume whose statistics differ is refused (`differences`).
+        config_json["normalization"] = n.to_json();
+    }
     if ctx.world > 1 {
         // Checkpoints record the job's ranks: a resume with another number is refused.
         config_json["world"] = serde_json::json!(ctx.world);
@@ -243,6 +248,11 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         training: Throughput::default(),
         started,
         timeline: options.timeline.as_ref().map(|_| Timeline::default()),
+        metrics: crate::metrics::Metrics::new(
+            options.metrics.as_deref(),
+            options.metrics_every,
+            options.resume.is_some(),
+        )?,
     };
     ctx.stop.training_starts();
     let ended = run.all(out)?;
@@ -261,6 +271,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         ended,
         soak: run.soak.as_ref(),
         config: &config_json,
+        metrics: &run.metrics,
     };
     conclude(
         &b,
@@ -284,7 +295,7 @@ fn conclude<B: TrainBackend + MemorySource>(
     ctx: &Context<'_>,
     out: &mut Console<'_>,
     end: &End<'_>,
-    train_set: &Dataset,
+    train_set: &Samples,
     validation: Option<Tally>,
 ) -> Result<Outcome> {
     match end.ended {

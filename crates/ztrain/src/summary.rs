@@ -73,6 +73,8 @@ pub(crate) struct End<'a> {
     pub(crate) ended: Ended,
     pub(crate) soak: Option<&'a Soak>,
     pub(crate) config: &'a serde_json::Value,
+    /// The run's metrics (the report's curves).
+    pub(crate) metrics: &'a crate::metrics::Metrics,
 }
 
 pub(crate) fn sample_memory<B: MemorySource>(b: &B, step: u64) -> Sample {
@@ -146,6 +148,7 @@ pub(crate) fn finish<B: TrainBackend + MemorySource>(
             ],
             steps: b.steps().unwrap_or_default(),
             diagnostics: b.diagnostics(),
+            curves: crate::report::curves::Curves::of(end.metrics),
         };
         report.write(path)?;
         out.line(&format!("memory report: {}", path.display()));

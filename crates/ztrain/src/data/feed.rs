@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use zgrad::{PinnedBatch, StepReport, Trainer};
 
-use super::Dataset;
+use super::Samples;
 use crate::step::TrainBackend;
 
 /// Where the rows come from.
@@ -41,18 +41,20 @@ impl<B: TrainBackend> Feed<B> {
     /// `batch` samples each; out of memory is the backend's error, nothing trained yet.
     pub fn new(
         learner: &mut Trainer<B>,
-        train_set: &Dataset,
+        train_set: &Samples,
         on_device: bool,
         batch: usize,
         every: usize,
     ) -> zgrad::Result<Feed<B>> {
         if on_device {
-            learner.load_data(&train_set.x, &train_set.y, train_set.len())?;
+            let rows = train_set.rows();
+            learner.load_data(&rows.x, &rows.y, train_set.len())?;
             return Ok(Feed::Device { every });
         }
         let b = learner.backend();
         let batch = batch.min(train_set.len()).max(1);
-        let one = || PinnedBatch::new(b, batch, train_set.scales, train_set.features);
+        let (scales, features) = train_set.shape();
+        let one = || PinnedBatch::new(b, batch, scales, features);
         Ok(Feed::Host {
             every,
             staging: Box::new([one()?, one()?]),
@@ -66,7 +68,7 @@ impl<B: TrainBackend> Feed<B> {
     pub fn step(
         &mut self,
         learner: &mut Trainer<B>,
-        train_set: &Dataset,
+        train_set: &Samples,
         rows: &[usize],
     ) -> zgrad::Result<Vec<StepReport>> {
         match self {
@@ -83,9 +85,7 @@ impl<B: TrainBackend> Feed<B> {
                 // Waits only for the copy that last read this batch (two steps ago).
                 batch.fill(|x, y| {
                     for (i, &r) in rows.iter().enumerate() {
-                        x[i * per..(i + 1) * per]
-                            .copy_from_slice(&train_set.x[r * per..(r + 1) * per]);
-                        y[i] = train_set.y[r];
+                        y[i] = train_set.copy(r, &mut x[i * per..(i + 1) * per]);
                     }
                 })?;
                 *filled += t0.elapsed();
@@ -136,11 +136,63 @@ impl<B: TrainBackend> Feed<B> {
     pub fn evaluate_train(
         &self,
         learner: &Trainer<B>,
-        train_set: &Dataset,
+        train_set: &Samples,
     ) -> zgrad::Result<zgrad::EvalReport> {
         match self {
             Feed::Device { .. } => learner.evaluate_loaded(),
-            Feed::Host { .. } => learner.evaluate(&train_set.x, &train_set.y),
+            Feed::Host { .. } => evaluate_samples(learner, train_set),
         }
+    }
+}
+
+/// Loss and accuracy over `samples` from the host: `evaluate` of the rows; windows cut a chunk
+/// at a time (`eval_batch` windows, the chunks `evaluate` itself takes, so the logits and the
+/// report are bitwise `evaluate`'s of the pre-cut windows), or all at once in a job of several
+/// ranks (each evaluates its shard of them).
+pub fn evaluate_samples<B: TrainBackend>(
+    learner: &Trainer<B>,
+    samples: &Samples,
+) -> zgrad::Result<zgrad::EvalReport> {
+    let windows = match samples {
+        Samples::Windows(w) if learner.rank_info().world == 1 => w,
+        _ => {
+            let rows = samples.rows();
+            return learner.evaluate(&rows.x, &rows.y);
+        }
+    };
+    let n = windows.len;
+    let chunk = learner.config().eval_batch.max(1);
+    let per = windows.sample_width();
+    let (mut x, mut labels, mut logits) = (
+        vec![0.0; chunk.min(n) * per],
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for start in (0..n).step_by(chunk) {
+        let len = chunk.min(n - start);
+        for i in 0..len {
+            labels.push(windows.copy(start + i, &mut x[i * per..(i + 1) * per]));
+        }
+        logits.extend(learner.predict(&x[..len * per], len)?);
+    }
+    Ok(report_of(&logits, &labels))
+}
+
+/// Mean BCE-with-logits and accuracy of `logits` against `y`, summed in sample order in `f64`:
+/// zgrad's formula for `evaluate` (`trainer/eval.rs`), term for term, so the two agree bitwise.
+fn report_of(logits: &[f32], y: &[f32]) -> zgrad::EvalReport {
+    let (mut loss, mut correct) = (0.0f64, 0usize);
+    for (&l, &t) in logits.iter().zip(y) {
+        let (l, t) = (f64::from(l), f64::from(t));
+        loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
+        if (l > 0.0) == (t > 0.5) {
+            correct += 1;
+        }
+    }
+    let denom = y.len().max(1) as f64;
+    zgrad::EvalReport {
+        loss: loss / denom,
+        accuracy: correct as f64 / denom,
+        samples: y.len(),
     }
 }

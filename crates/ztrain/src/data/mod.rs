@@ -1,10 +1,22 @@
-//! Data sets: samples of `S` scales × `F` features with a 0/1 label, from a CSV file
-//! ([`csv`]) or generated ([`synthetic`]); the train/validation split and the epoch order.
+//! Data sets: samples of `S` scales × `F` features with a 0/1 label, from a data file
+//! ([`formats`]: CSV, Parquet, Arrow IPC, NumPy, safetensors), cut from a series of bars as
+//! training runs ([`windows`]) or generated ([`synthetic`]); the train/validation split and
+//! the epoch order.
 
+pub mod arrow;
 pub mod csv;
+pub mod elements;
 pub mod feed;
+pub mod formats;
+pub mod npy;
+pub mod parquet;
 pub mod placement;
 pub mod synthetic;
+pub mod table;
+pub mod tensors;
+pub mod windows;
+
+use std::borrow::Cow;
 
 use crate::rng::Rng;
 
@@ -79,6 +91,71 @@ impl Dataset {
             return 0.0;
         }
         self.y.iter().filter(|&&v| v == 1.0).count() as f64 / self.len() as f64
+    }
+}
+
+/// The samples a run trains or validates on: rows in memory, or windows cut from a series of
+/// bars stored once.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Samples {
+    Rows(Dataset),
+    Windows(windows::Windows),
+}
+
+impl Samples {
+    /// Number of samples.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        match self {
+            Samples::Rows(d) => d.len(),
+            Samples::Windows(w) => w.len,
+        }
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Values per sample (`S·F`).
+    #[must_use]
+    pub fn sample_width(&self) -> usize {
+        match self {
+            Samples::Rows(d) => d.sample_width(),
+            Samples::Windows(w) => w.sample_width(),
+        }
+    }
+
+    /// A sample's shape `(S, F)`.
+    #[must_use]
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            Samples::Rows(d) => (d.scales, d.features),
+            Samples::Windows(w) => (w.window, w.series.features),
+        }
+    }
+
+    /// Copies sample `i`'s features into `x` (`S·F` values) and returns its label.
+    #[must_use]
+    pub fn copy(&self, i: usize, x: &mut [f32]) -> f32 {
+        match self {
+            Samples::Rows(d) => {
+                let w = d.sample_width();
+                x.copy_from_slice(&d.x[i * w..(i + 1) * w]);
+                d.y[i]
+            }
+            Samples::Windows(w) => w.copy(i, x),
+        }
+    }
+
+    /// The samples as rows in memory: the rows themselves, or the windows cut (a copy of
+    /// `S` times the bars: only where a whole set must be in one piece).
+    #[must_use]
+    pub fn rows(&self) -> Cow<'_, Dataset> {
+        match self {
+            Samples::Rows(d) => Cow::Borrowed(d),
+            Samples::Windows(w) => Cow::Owned(w.materialize()),
+        }
     }
 }
 

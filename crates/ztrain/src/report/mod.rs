@@ -3,6 +3,7 @@
 //! per-step aggregates (`Arena::timeline().steps`; a long run's cover ranges of steps).
 
 pub mod chart;
+pub mod curves;
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -23,6 +24,8 @@ pub struct MemoryReport {
     pub steps: Vec<StepRecord>,
     /// The arena's one-line diagnostics at the end of the run.
     pub diagnostics: String,
+    /// The loss and metric curves (drawn above the memory timeline when there are any).
+    pub curves: curves::Curves,
 }
 
 /// Escapes text for HTML and SVG.
@@ -117,6 +120,7 @@ impl MemoryReport {
             "<span><i class=\"sw\" style=\"background:{}\"></i>overflow (served by the pool in the step)</span></div>",
             chart::OVERFLOW_COLOUR
         );
+        s.push_str(&self.curves.html());
         s.push_str(&chart::svg(&self.steps));
         s.push_str(
             "<p class=\"note\">Each column is one arena step: a step scope of the trainer (one per batch; one per \

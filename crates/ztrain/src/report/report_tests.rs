@@ -23,6 +23,7 @@ fn report(steps: Vec<StepRecord>) -> MemoryReport {
         facts: vec![("device".into(), "sim <4 GiB>".into())],
         steps,
         diagnostics: "arena 64.0 MiB of cap <3 GiB>".into(),
+        curves: Default::default(),
     }
 }
 

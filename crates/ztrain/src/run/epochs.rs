@@ -9,9 +9,10 @@ use zgrad::{StepReport, Trainer};
 use crate::checkpoint::Progress;
 use crate::console::Console;
 use crate::data::feed::Feed;
-use crate::data::{Dataset, epoch_order};
+use crate::data::{Samples, epoch_order};
 use crate::error::{Result, TrainError};
 use crate::memory::MemorySource;
+use crate::metrics::{MetricRow, Metrics};
 use crate::progress::EpochBar;
 use crate::resume::checkpoint_of;
 use crate::rng::Rng;
@@ -43,8 +44,8 @@ pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
     pub(super) progress: Progress,
     pub(super) rng: Rng,
     pub(super) feed: Feed<B>,
-    pub(super) train_set: &'a Dataset,
-    pub(super) val_set: &'a Dataset,
+    pub(super) train_set: &'a Samples,
+    pub(super) val_set: &'a Samples,
     pub(super) agree: crate::signals::Agreement<B>,
     pub(super) ctx: &'a Context<'c>,
     pub(super) config_json: &'a serde_json::Value,
@@ -54,6 +55,8 @@ pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
     pub(super) started: Instant,
     /// `--timeline`: each step's host phases and GPU span.
     pub(super) timeline: Option<Timeline>,
+    /// The metrics rows (`--metrics`) and the losses of the report's curves.
+    pub(super) metrics: Metrics,
 }
 
 impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
@@ -72,6 +75,14 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         }
     }
 
+    /// The read-back steps into the metrics.
+    fn record(&mut self, reports: &[StepReport]) -> Result<()> {
+        for r in reports {
+            self.metrics.step(self.progress.epoch + 1, r)?;
+        }
+        Ok(())
+    }
+
     /// Reads back every step not read back yet into `tally`.
     fn flush(&mut self, tally: &mut Tally) -> Result<()> {
         let t0 = Instant::now();
@@ -83,6 +94,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         // up to a window ahead of the device, so the step calls alone would miss it.
         self.training.add(0, t0.elapsed());
         absorb(tally, &reports);
+        self.record(&reports)?;
         if let Some(t) = self.timeline.as_mut() {
             // The read-back waited for every step queued, their events included.
             t.add_readback(self.learner.take_host_phases().readback);
@@ -154,6 +166,18 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
             self.started,
             self.b,
         );
+        self.metrics.push(MetricRow {
+            kind: "epoch",
+            epoch: self.progress.epoch + 1,
+            step: self.progress.step,
+            train_loss: (tally.samples > 0).then(|| tally.mean_loss()),
+            val_loss: val.as_ref().map(Tally::mean_loss),
+            val_accuracy: val.as_ref().map(Tally::accuracy),
+            samples_per_second: Some(rate),
+            elapsed_s: Some(self.started.elapsed().as_secs_f64()),
+            samples: Some(tally.samples),
+            ..MetricRow::default()
+        })?;
         self.validation = val.or(self.validation);
         self.progress.epoch += 1;
         self.progress.position = 0;
@@ -228,6 +252,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
     ) -> Result<Option<Ended>> {
         let options = self.ctx.options;
         absorb(tally, reports);
+        self.record(reports)?;
         self.progress.step = self.learner.step();
         self.progress.position += chunk.len() as u64;
         if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {
@@ -295,7 +320,7 @@ fn epoch_line<B: MemorySource>(
 /// the validation set was put there (`validation_of`), else from the host.
 pub(crate) fn evaluate<B: TrainBackend>(
     learner: &mut Trainer<B>,
-    data: &Dataset,
+    data: &Samples,
 ) -> Result<Option<Tally>> {
     if data.is_empty() {
         return Ok(None);
@@ -303,7 +328,7 @@ pub(crate) fn evaluate<B: TrainBackend>(
     let e = if learner.validation_rows().is_some() {
         learner.evaluate_validation()?
     } else {
-        learner.evaluate(&data.x, &data.y)?
+        crate::data::feed::evaluate_samples(learner, data)?
     };
     Ok(Some(Tally::of(e.samples, e.loss, e.accuracy)))
 }

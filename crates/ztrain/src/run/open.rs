@@ -27,6 +27,7 @@ fn check_files(options: &Options) -> Result<()> {
         named("--memory-report", &options.memory_report),
         named("--soak-report", &options.soak_report),
         named("--timeline", &options.timeline),
+        named("--metrics", &options.metrics),
     ]
     .into_iter()
     .flatten()

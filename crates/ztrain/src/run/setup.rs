@@ -8,13 +8,14 @@ use zgrad::{Trainer, XAsset, XAssetConfig};
 
 use crate::budget::host_available;
 use crate::checkpoint::Progress;
-use crate::config::{DataSource, RunConfig, fnv1a};
+use crate::cli::DataOn;
+use crate::config::{DataSource, RunConfig};
 use crate::console::Console;
 use crate::data::feed::Feed;
 use crate::data::placement;
-use crate::data::{self, Dataset, epoch_order};
+use crate::data::windows::{self, Normalization};
+use crate::data::{self, Samples, epoch_order, formats};
 use crate::error::{Result, TrainError};
-use crate::files;
 use crate::plan::resident_bytes;
 use crate::resume::{ResumeAt, resume};
 use crate::rng::Rng;
@@ -23,31 +24,71 @@ use crate::step::{TrainBackend, trainer_config};
 /// Salt of the data-order generator, so it never equals the initialisation's stream.
 const ORDER_SALT: u64 = 0x6f72_6465_725f_7267;
 
-/// Loads or generates the data set; returns it with the CSV file's digest. The file is read
-/// once (a pipe works), bounded by the host's available memory.
-pub(super) fn load_data(config: &RunConfig) -> Result<(Dataset, Option<u64>)> {
+/// The data of a run: the training and validation samples, the normalisation statistics
+/// (`--normalize`) and the data file's fingerprint.
+pub(super) struct RunData {
+    pub(super) train: Samples,
+    pub(super) val: Samples,
+    pub(super) norm: Option<Normalization>,
+    pub(super) digest: Option<u64>,
+}
+
+/// Loads or generates the data set and splits it: pre-cut samples by their tail
+/// (`Dataset::split_validation`), bars into windows walk-forward (`windows::split`);
+/// normalised by the training part's statistics under `--normalize`. The file is read once,
+/// bounded by the host's available memory.
+pub(super) fn load_data(config: &RunConfig) -> Result<RunData> {
     let m = &config.model;
-    match &config.data {
-        DataSource::Synthetic { samples, seed } => Ok((
+    // Parsing holds the bytes and the values (about as large): a quarter of what is free.
+    let limit = host_available().map_or(u64::MAX, |a| a / 4);
+    let (dataset, digest) = match &config.data {
+        DataSource::Synthetic { samples, seed } => (
             data::synthetic::generate(*samples, m.scales, m.features, *seed),
             None,
-        )),
-        DataSource::Csv { path } => {
-            // Parsing holds the text and the values (about as large): a quarter of what is free.
-            let limit = host_available().map_or(u64::MAX, |a| a / 4);
-            let bytes = files::read_bounded(
-                path,
-                "reading the data file",
-                limit,
-                "a quarter of the host's available memory: the text and its values must fit",
-            )?;
-            let digest = fnv1a(&bytes);
-            Ok((
-                data::csv::load_bytes(path, &bytes, m.scales, m.features)?,
-                Some(digest),
-            ))
+        ),
+        DataSource::File {
+            path,
+            window: Some(window),
+            gap,
+            ..
+        } => {
+            let (bars, digest) = formats::load_bars(path, m.features, limit)?;
+            let format = formats::Format::of(path)?.label();
+            let (train, val, norm) = windows::split(
+                bars,
+                *window,
+                config.validate_fraction,
+                *gap,
+                config.normalize,
+            )
+            .map_err(|f| f.in_file(path, format))?;
+            return Ok(RunData {
+                train: Samples::Windows(train),
+                val: Samples::Windows(val),
+                norm,
+                digest: Some(digest),
+            });
         }
-    }
+        DataSource::File { path, labels, .. } => {
+            let (d, digest) = formats::load(path, labels.as_deref(), m.scales, m.features, limit)?;
+            (d, Some(digest))
+        }
+    };
+    let (mut train, mut val) = dataset.split_validation(config.validate_fraction);
+    let norm = (config.normalize && !train.is_empty()).then(|| {
+        // Every scale of every training sample is a row of F values.
+        let rows = train.len() * train.scales;
+        let n = Normalization::of_rows(&train.x, train.features, rows);
+        n.apply(&mut train.x);
+        n.apply(&mut val.x);
+        n
+    });
+    Ok(RunData {
+        train: Samples::Rows(train),
+        val: Samples::Rows(val),
+        norm,
+        digest,
+    })
 }
 
 /// The most bytes a checkpoint of `params` parameters and `n_train` samples can take: the
@@ -60,7 +101,7 @@ pub(super) fn checkpoint_limit(params: u64, n_train: usize) -> u64 {
 }
 
 /// Device bytes the training set takes there, its step table included (`resident_bytes`).
-fn train_set_bytes(train_set: &Dataset, ctx: &Context<'_>) -> u64 {
+fn train_set_bytes(train_set: &Samples, ctx: &Context<'_>) -> u64 {
     let (per, every) = (train_set.sample_width(), ctx.options.readback_every);
     resident_bytes(train_set.len(), per, ctx.config.batch, ctx.world, every)
 }
@@ -68,14 +109,24 @@ fn train_set_bytes(train_set: &Dataset, ctx: &Context<'_>) -> u64 {
 /// Where the training set lives (`--data-on`), loaded there, said in one line.
 pub(super) fn feed_of<B: TrainBackend>(
     learner: &mut Trainer<B>,
-    train_set: &Dataset,
+    train_set: &Samples,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
 ) -> Result<Feed<B>> {
     let bytes = train_set_bytes(train_set, ctx);
     let rows = zgrad::max_device_rows::<f32>();
-    let on_device =
-        placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?;
+    let on_device = match train_set {
+        // Windows are cut on the host as batches are staged: the series is stored once.
+        Samples::Windows(_) if ctx.options.data_on == DataOn::Device => {
+            return Err(TrainError::Options(
+                "--data-on device: windows (--window) are cut on the host as each batch is staged; use --data-on host or auto".into(),
+            ));
+        }
+        Samples::Windows(_) => false,
+        Samples::Rows(_) => {
+            placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?
+        }
+    };
     let every = ctx.options.readback_every;
     out.line(&if on_device {
         format!(
@@ -100,12 +151,16 @@ pub(super) fn feed_of<B: TrainBackend>(
 /// (`placement::validation_on_device`), said in one line; else it is evaluated from the host.
 pub(super) fn validation_of<B: TrainBackend>(
     learner: &mut Trainer<B>,
-    val_set: &Dataset,
-    train_set: &Dataset,
+    val_set: &Samples,
+    train_set: &Samples,
     feed: &Feed<B>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
 ) -> Result<()> {
+    // Validation windows are cut as they are evaluated, from the host.
+    let Samples::Rows(val_set) = val_set else {
+        return Ok(());
+    };
     if val_set.is_empty() {
         return Ok(());
     }

@@ -10,6 +10,8 @@ use ztrain::data::{csv, synthetic};
 
 /// Checkpoints: resume equals an uninterrupted run; corrupt or mismatched ones are refused.
 mod checkpoints;
+/// `--data` in every format, hostile files, `--window` (issue 43).
+mod data_files;
 /// `--data-on`: the training set on the device, each step's rows gathered there and read back
 /// every few steps, against the host path (issue 21).
 mod data_on;
@@ -280,6 +282,10 @@ fn memory_report_from_the_simulated_device() {
     assert!(html.contains("<svg") && html.contains("class=\"area persistent\""));
     assert!(html.contains("high-water"));
     assert!(html.contains("simulated driver"));
+    // The loss curves beside the memory timeline: one point per epoch's train and validation
+    // loss and validation accuracy.
+    assert!(html.contains("Loss and metrics"), "no curves");
+    assert_eq!(html.matches("<circle").count(), 3);
 }
 
 #[test]

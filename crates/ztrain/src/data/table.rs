@@ -1,0 +1,281 @@
+//! The one place values read from a data file become samples: every format (Parquet and Arrow
+//! column by column, NumPy and safetensors array by array) puts its values here, and the
+//! checks are the CSV's: a finite float32 for a feature, exactly 0 or 1 for a label, no
+//! missing value turned into a number. The result is the [`Dataset`] the CSV loader would
+//! produce from the same numbers, so training on it is bitwise the same.
+
+use std::path::Path;
+
+use super::Dataset;
+use crate::error::{DataError, DataPlace, DataProblem, TrainError};
+
+/// A problem at a known place of a file (the caller adds the file and its format).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fault {
+    pub place: DataPlace,
+    pub problem: DataProblem,
+}
+
+impl Fault {
+    #[must_use]
+    pub fn new(place: DataPlace, problem: DataProblem) -> Fault {
+        Fault { place, problem }
+    }
+
+    /// The run's error for this fault in the `format` file at `path`.
+    #[must_use]
+    pub fn in_file(self, path: &Path, format: &'static str) -> TrainError {
+        TrainError::from(DataError {
+            path: path.to_path_buf(),
+            format,
+            place: self.place,
+            problem: self.problem,
+            source: None,
+        })
+    }
+}
+
+/// How a missing or non-finite value is named in messages.
+fn missing(v: Option<f64>) -> Option<DataProblem> {
+    let value = match v {
+        None => "a missing value (null)".to_string(),
+        Some(v) if v.is_nan() => "NaN".to_string(),
+        Some(v) if v.is_infinite() => format!("{v}"),
+        Some(v) if !(v as f32).is_finite() => format!("{v} (beyond float32)"),
+        Some(_) => return None,
+    };
+    Some(DataProblem::Missing { value })
+}
+
+/// A feature value as the CSV would hold it: finite and within float32.
+pub fn feature(v: Option<f64>, place: impl FnOnce() -> DataPlace) -> Result<f32, Fault> {
+    match (v, missing(v)) {
+        (Some(v), None) => Ok(v as f32),
+        (_, problem) => Err(Fault::new(place(), problem_or_null(problem))),
+    }
+}
+
+fn problem_or_null(p: Option<DataProblem>) -> DataProblem {
+    p.unwrap_or(DataProblem::Missing {
+        value: "a missing value (null)".into(),
+    })
+}
+
+/// A label as the CSV would hold it: exactly 0 or 1.
+pub fn label(v: Option<f64>, place: impl FnOnce() -> DataPlace) -> Result<f32, Fault> {
+    match v {
+        Some(v) if v == 0.0 || v == 1.0 => Ok(v as f32),
+        Some(v) if v.is_finite() => Err(Fault::new(
+            place(),
+            DataProblem::BadLabel {
+                value: format!("{v}"),
+            },
+        )),
+        _ => Err(Fault::new(place(), problem_or_null(missing(v)))),
+    }
+}
+
+/// A table being filled: `width` feature columns, then the label, `rows` rows. Each format
+/// puts every cell once (in any order); `finish` checks that it did.
+#[derive(Debug)]
+pub struct Table {
+    names: Vec<String>,
+    width: usize,
+    rows: usize,
+    x: Vec<f32>,
+    y: Vec<f32>,
+    filled: Vec<usize>,
+}
+
+impl Table {
+    /// A table of `rows` rows with the columns `names` (the file's, in order), which must be
+    /// `width` features and the label.
+    pub fn new(names: Vec<String>, width: usize, rows: usize) -> Result<Table, Fault> {
+        let found = names.len();
+        if found == width {
+            return Err(Fault::new(
+                DataPlace::File,
+                DataProblem::MissingLabel { features: width },
+            ));
+        }
+        if found != width + 1 {
+            return Err(Fault::new(
+                DataPlace::File,
+                DataProblem::ColumnCount {
+                    expected: width + 1,
+                    found,
+                },
+            ));
+        }
+        if rows == 0 {
+            return Err(Fault::new(DataPlace::File, DataProblem::NoSamples));
+        }
+        let cells = rows.checked_mul(width).ok_or_else(|| {
+            Fault::new(
+                DataPlace::File,
+                DataProblem::Corrupt {
+                    detail: format!("{rows} rows of {width} columns do not fit in memory"),
+                },
+            )
+        })?;
+        Ok(Table {
+            names,
+            width,
+            rows,
+            x: vec![0.0; cells],
+            y: vec![0.0; rows],
+            filled: vec![0; width + 1],
+        })
+    }
+
+    /// Columns (features and the label).
+    #[must_use]
+    pub fn columns(&self) -> usize {
+        self.width + 1
+    }
+
+    /// The place of cell (`row`, `column`), both from 0, as messages name it (from 1).
+    #[must_use]
+    pub fn place(&self, row: usize, column: usize) -> DataPlace {
+        DataPlace::Cell {
+            row: row + 1,
+            column: column + 1,
+            name: self.names.get(column).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The place of `column` (from 0) as a whole.
+    #[must_use]
+    pub fn column_place(&self, column: usize) -> DataPlace {
+        DataPlace::Column {
+            index: column + 1,
+            name: self.names.get(column).cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Puts the values of `column` for rows `first..first + values.len()` (`None`: null).
+    pub fn put_column(
+        &mut self,
+        column: usize,
+        first: usize,
+        values: impl IntoIterator<Item = Option<f64>>,
+    ) -> Result<(), Fault> {
+        let mut row = first;
+        for v in values {
+            if row >= self.rows {
+                return Err(Fault::new(
+                    self.column_place(column),
+                    DataProblem::Corrupt {
+                        detail: format!("more than the {} rows the file announces", self.rows),
+                    },
+                ));
+            }
+            if column < self.width {
+                self.x[row * self.width + column] = feature(v, || self.place(row, column))?;
+            } else {
+                self.y[row] = label(v, || self.place(row, column))?;
+            }
+            row += 1;
+        }
+        self.filled[column] += row - first;
+        Ok(())
+    }
+
+    /// The rows, features row-major then the labels: every column must have every row.
+    pub fn finish(self) -> Result<(Vec<f32>, Vec<f32>), Fault> {
+        if let Some(c) = self.filled.iter().position(|&n| n != self.rows) {
+            return Err(Fault::new(
+                self.column_place(c),
+                DataProblem::Corrupt {
+                    detail: format!(
+                        "{} values in the column, {} rows in the file",
+                        self.filled[c], self.rows
+                    ),
+                },
+            ));
+        }
+        Ok((self.x, self.y))
+    }
+
+    /// The samples of `scales × features` (`scales · features` must be the width).
+    pub fn into_dataset(self, scales: usize, features: usize) -> Result<Dataset, Fault> {
+        debug_assert_eq!(scales * features, self.width);
+        let (x, y) = self.finish()?;
+        Ok(Dataset {
+            scales,
+            features,
+            x,
+            y,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("c{i}")).collect()
+    }
+
+    #[test]
+    fn a_filled_table_is_the_csv_data_set() {
+        let mut t = Table::new(names(3), 2, 2).expect("table");
+        t.put_column(2, 0, [Some(1.0), Some(0.0)]).expect("labels");
+        t.put_column(0, 0, [Some(0.5), Some(-1.0)]).expect("col 0");
+        t.put_column(1, 0, [Some(2.0)]).expect("col 1, row 1");
+        t.put_column(1, 1, [Some(3.0)]).expect("col 1, row 2");
+        let d = t.into_dataset(1, 2).expect("full");
+        assert_eq!(d.x, vec![0.5, 2.0, -1.0, 3.0]);
+        assert_eq!(d.y, vec![1.0, 0.0]);
+    }
+
+    #[test]
+    fn one_column_short_is_the_missing_label() {
+        let e = Table::new(names(4), 4, 3).unwrap_err();
+        assert_eq!(e.problem, DataProblem::MissingLabel { features: 4 });
+        let e = Table::new(names(7), 4, 3).unwrap_err();
+        assert_eq!(
+            e.problem,
+            DataProblem::ColumnCount {
+                expected: 5,
+                found: 7
+            }
+        );
+    }
+
+    #[test]
+    fn missing_values_and_bad_labels_name_the_cell() {
+        let mut t = Table::new(names(3), 2, 3).expect("table");
+        let e = t.put_column(1, 0, [Some(1.0), Some(f64::NAN)]).unwrap_err();
+        assert_eq!(t.place(1, 1), e.place);
+        assert_eq!(e.place.to_string(), ", row 2, column 2 (`c1`)");
+        assert!(matches!(e.problem, DataProblem::Missing { ref value } if value == "NaN"));
+        let e = t.put_column(0, 2, [None]).unwrap_err();
+        assert!(e.problem.to_string().contains("null"), "{}", e.problem);
+        let e = t.put_column(2, 0, [Some(0.5)]).unwrap_err();
+        assert_eq!(
+            e.problem,
+            DataProblem::BadLabel {
+                value: "0.5".into()
+            }
+        );
+        let e = t.put_column(0, 0, [Some(1e39)]).unwrap_err();
+        assert!(e.problem.to_string().contains("beyond float32"));
+    }
+
+    #[test]
+    fn a_column_with_rows_left_out_is_refused() {
+        let mut t = Table::new(names(2), 1, 2).expect("table");
+        t.put_column(0, 0, [Some(1.0), Some(2.0)]).expect("x");
+        t.put_column(1, 0, [Some(1.0)]).expect("y");
+        let e = t.finish().unwrap_err();
+        assert_eq!(
+            e.place,
+            DataPlace::Column {
+                index: 2,
+                name: "c1".into()
+            }
+        );
+    }
+}

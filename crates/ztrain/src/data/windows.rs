@@ -1,0 +1,278 @@
+//! `--window S`: a table of bars (one row per time step: `F` feature columns, then the label)
+//! cut into `[S, F]` windows as training runs. The series is stored once; a window is an
+//! index into it (sample `i` is bars `first + i .. first + i + S`, labelled with its last
+//! bar's label), and a batch's windows are copied out of it when the batch is staged.
+//!
+//! The split is walk-forward: the validation windows are the last `fraction` of the windows,
+//! and every bar of a training window comes strictly before every bar of a validation window,
+//! `gap` bars apart (`split`). Normalisation statistics, when asked for, come from the bars
+//! the training windows cover only (`Normalization::of_rows`).
+
+use std::sync::Arc;
+
+use super::Dataset;
+use super::table::Fault;
+use crate::error::{DataPlace, DataProblem};
+
+/// Windows of `window` consecutive bars of `series` (a [`Dataset`] of one scale: one bar a
+/// sample), starting at bars `first .. first + len`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Windows {
+    pub series: Arc<Dataset>,
+    pub window: usize,
+    pub first: usize,
+    pub len: usize,
+}
+
+impl Windows {
+    /// Values per window (`S·F`).
+    #[must_use]
+    pub fn sample_width(&self) -> usize {
+        self.window * self.series.features
+    }
+
+    /// Copies window `i`'s features into `x` (`S·F` values) and returns its label.
+    #[must_use]
+    pub fn copy(&self, i: usize, x: &mut [f32]) -> f32 {
+        let f = self.series.features;
+        let start = self.first + i;
+        x.copy_from_slice(&self.series.x[start * f..(start + self.window) * f]);
+        self.series.y[start + self.window - 1]
+    }
+
+    /// The windows as pre-cut samples (what a CSV of one window a row would hold).
+    #[must_use]
+    pub fn materialize(&self) -> Dataset {
+        let w = self.sample_width();
+        let mut x = vec![0.0; self.len * w];
+        let mut y = Vec::with_capacity(self.len);
+        for i in 0..self.len {
+            y.push(self.copy(i, &mut x[i * w..(i + 1) * w]));
+        }
+        Dataset {
+            scales: self.window,
+            features: self.series.features,
+            x,
+            y,
+        }
+    }
+}
+
+/// The training and validation windows of `series` (bars, one scale), validation the last
+/// `fraction` of the `rows - window + 1` windows (rounded up, as `Dataset::split_validation`),
+/// training the windows whose last bar lies more than `gap` bars before the first validation
+/// bar. `normalize`: the series normalised by the statistics of the bars the training
+/// windows cover (returned). A window longer than the series is a fault.
+pub fn split(
+    mut series: Dataset,
+    window: usize,
+    fraction: f64,
+    gap: usize,
+    normalize: bool,
+) -> Result<(Windows, Windows, Option<Normalization>), Fault> {
+    let rows = series.len();
+    if window == 0 || window > rows {
+        return Err(Fault::new(
+            DataPlace::File,
+            DataProblem::WindowTooLong { window, rows },
+        ));
+    }
+    let total = rows - window + 1;
+    let n_val = if fraction <= 0.0 {
+        0
+    } else {
+        ((total as f64 * fraction).ceil() as usize).clamp(1, total)
+    };
+    let val_first = total - n_val;
+    // The last training window ends at bar `n_train - 1 + window - 1`, `gap` bars before the
+    // first validation bar `val_first` (with no validation windows, every window trains).
+    let n_train = if n_val == 0 {
+        total
+    } else {
+        val_first.saturating_sub(window - 1 + gap)
+    };
+    let norm = (normalize && n_train > 0).then(|| {
+        let n = Normalization::of_rows(&series.x, series.features, n_train + window - 1);
+        n.apply(&mut series.x);
+        n
+    });
+    let series = Arc::new(series);
+    Ok((
+        Windows {
+            series: Arc::clone(&series),
+            window,
+            first: 0,
+            len: n_train,
+        },
+        Windows {
+            series,
+            window,
+            first: val_first,
+            len: n_val,
+        },
+        norm,
+    ))
+}
+
+/// Per-feature mean and standard deviation of the training part, applied to every value as
+/// `(v - mean) / std` (a constant feature's std counts as 1). Computed in `f64`, in row order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Normalization {
+    pub mean: Vec<f64>,
+    pub std: Vec<f64>,
+}
+
+impl Normalization {
+    /// The statistics of feature `f` over `rows` rows of `features` values each in `x`
+    /// (feature `f` of row `r` at `r·features + f`).
+    #[must_use]
+    pub fn of_rows(x: &[f32], features: usize, rows: usize) -> Normalization {
+        let mut mean = vec![0.0f64; features];
+        let mut sq = vec![0.0f64; features];
+        for r in 0..rows {
+            for (f, m) in mean.iter_mut().enumerate() {
+                *m += f64::from(x[r * features + f]);
+            }
+        }
+        let n = rows.max(1) as f64;
+        for m in &mut mean {
+            *m /= n;
+        }
+        for r in 0..rows {
+            for (f, s) in sq.iter_mut().enumerate() {
+                let d = f64::from(x[r * features + f]) - mean[f];
+                *s += d * d;
+            }
+        }
+        let std = sq
+            .iter()
+            .map(|s| {
+                let sd = (s / n).sqrt();
+                if sd > 0.0 && sd.is_finite() { sd } else { 1.0 }
+            })
+            .collect();
+        Normalization { mean, std }
+    }
+
+    /// Applies the statistics to every value of `x` (rows of `mean.len()` values).
+    pub fn apply(&self, x: &mut [f32]) {
+        let f = self.mean.len();
+        for (i, v) in x.iter_mut().enumerate() {
+            let k = i % f;
+            *v = ((f64::from(*v) - self.mean[k]) / self.std[k]) as f32;
+        }
+    }
+
+    /// As JSON (stored in the checkpoint's configuration): each number as the shortest text
+    /// that reads back as the same `f64`, in a string, so that the comparison on resume is
+    /// exact (serde_json's own float parsing may be off by an ulp).
+    #[must_use]
+    pub fn to_json(&self) -> serde_json::Value {
+        let text = |v: &[f64]| v.iter().map(|x| format!("{x:?}")).collect::<Vec<_>>();
+        serde_json::json!({"mean": text(&self.mean), "std": text(&self.std)})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn bars(rows: usize, features: usize) -> Dataset {
+        Dataset {
+            scales: 1,
+            features,
+            x: (0..rows * features).map(|v| v as f32).collect(),
+            y: (0..rows).map(|i| (i % 2) as f32).collect(),
+        }
+    }
+
+    #[test]
+    fn a_window_is_consecutive_bars_labelled_by_its_last() {
+        let (train, _, _) = split(bars(10, 2), 3, 0.0, 0, false).expect("fits");
+        assert_eq!(train.len, 8);
+        let mut x = [0.0; 6];
+        let y = train.copy(4, &mut x);
+        assert_eq!(x, [8.0, 9.0, 10.0, 11.0, 12.0, 13.0]);
+        assert_eq!(y, 0.0, "bar 6's label");
+        let d = train.materialize();
+        assert_eq!(&d.x[4 * 6..5 * 6], &x);
+        assert_eq!((d.scales, d.features, d.len()), (3, 2, 8));
+    }
+
+    #[rstest]
+    #[case(43, 4, 0.25, 0, 27, 30, 10)]
+    #[case(43, 4, 0.25, 5, 22, 30, 10)]
+    #[case(10, 10, 0.5, 0, 0, 0, 1)]
+    #[case(20, 1, 0.2, 2, 14, 16, 4)]
+    fn validation_bars_come_strictly_after_training_bars_and_the_gap(
+        #[case] rows: usize,
+        #[case] window: usize,
+        #[case] fraction: f64,
+        #[case] gap: usize,
+        #[case] n_train: usize,
+        #[case] val_first: usize,
+        #[case] n_val: usize,
+    ) {
+        let (t, v, _) = split(bars(rows, 1), window, fraction, gap, false).expect("fits");
+        assert_eq!((t.len, v.first, v.len), (n_train, val_first, n_val));
+        if t.len > 0 {
+            let last_train_bar = t.len - 1 + window - 1;
+            assert_eq!(last_train_bar + gap + 1, v.first);
+        }
+        assert_eq!(v.first + v.len + window - 1, rows);
+    }
+
+    #[test]
+    fn a_window_longer_than_the_series_is_refused() {
+        let e = split(bars(5, 2), 6, 0.2, 0, false).unwrap_err();
+        assert_eq!(e.problem, DataProblem::WindowTooLong { window: 6, rows: 5 });
+        assert!(e.problem.to_string().contains("--window 6"));
+    }
+
+    #[test]
+    fn the_statistics_are_the_training_bars_only() {
+        // Bars 0..10 of one feature valued 0..10; window 2, a fifth validation, gap 1:
+        // 9 windows, 2 validate (first bar 7), training windows end by bar 5: bars 0..=5.
+        let (t, v, n) = split(bars(10, 1), 2, 0.2, 1, true).expect("fits");
+        assert_eq!((t.len, v.first), (5, 7));
+        let n = n.expect("asked for");
+        assert_eq!(n.mean, vec![2.5]);
+        let mut x = [0.0; 2];
+        let _ = v.copy(0, &mut x);
+        assert_eq!(f64::from(x[0]), ((7.0 - 2.5) / n.std[0]) as f32 as f64);
+    }
+
+    #[test]
+    fn the_stored_statistics_survive_a_json_round_trip_exactly() {
+        // serde_json parses this f64 one ulp off; the statistics are stored as text.
+        let n = Normalization {
+            mean: vec![0.113_774_675_058_155_53],
+            std: vec![1.162_049_440_618_646_1],
+        };
+        let json = n.to_json();
+        let back: serde_json::Value = serde_json::from_str(&json.to_string()).expect("json");
+        assert_eq!(back, json);
+        let mean: f64 = back["mean"][0]
+            .as_str()
+            .expect("text")
+            .parse()
+            .expect("f64");
+        assert_eq!(mean.to_bits(), n.mean[0].to_bits());
+    }
+
+    #[test]
+    fn normalization_uses_the_rows_it_is_given() {
+        let x = [1.0, 10.0, 3.0, 10.0, 100.0, -5.0];
+        let n = Normalization::of_rows(&x, 2, 2);
+        assert_eq!(n.mean, vec![2.0, 10.0]);
+        assert_eq!(
+            n.std,
+            vec![1.0, 1.0],
+            "a constant feature's std counts as 1"
+        );
+        let mut y = x;
+        n.apply(&mut y);
+        assert_eq!(y, [-1.0, 0.0, 1.0, 0.0, 98.0, -15.0]);
+    }
+}
