@@ -36,7 +36,7 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for ConcatBackward {
 
 /// `where(cond, a, b)`: the gradient goes to `a` where the mask holds, to `b` elsewhere.
 struct SelectBackward<B: Ops<T>, T: Element> {
-    cond: BTensor<B, T>,
+    cond: Saved<B, T>,
     shapes: [Vec<usize>; 2],
     needs: [bool; 2],
 }
@@ -48,22 +48,15 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for SelectBackward<B, T> {
 
     fn backward(&self, b: &B, grads: &[Option<BTensor<B, T>>]) -> Result<Grads<B, T>> {
         let g = only(grads)?;
+        let cond = self.cond.get("select")?;
         let zero = b.zeros(&[])?;
         let ga = if self.needs[0] {
-            Some(sum_to_shape(
-                b,
-                b.select(&self.cond, g, &zero)?,
-                &self.shapes[0],
-            )?)
+            Some(sum_to_shape(b, b.select(cond, g, &zero)?, &self.shapes[0])?)
         } else {
             None
         };
         let gb = if self.needs[1] {
-            Some(sum_to_shape(
-                b,
-                b.select(&self.cond, &zero, g)?,
-                &self.shapes[1],
-            )?)
+            Some(sum_to_shape(b, b.select(cond, &zero, g)?, &self.shapes[1])?)
         } else {
             None
         };
@@ -95,7 +88,7 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for AbsBackward<B, T> {
 /// An embedding's table gradient: the output gradient's rows added at their indices, in index
 /// order (zcompute's deterministic `index_add_rows`).
 struct EmbeddingBackward<B: Ops<T>, T: Element> {
-    index: BTensor<B, T>,
+    index: Saved<B, T>,
     table_shape: Vec<usize>,
 }
 
@@ -134,7 +127,7 @@ impl<B: Ops<T>, T: Element> EmbeddingBackward<B, T> {
         } else {
             b.contiguous(g)?
         };
-        Ok(b.index_add_rows(&g, &self.index, dst)?)
+        Ok(b.index_add_rows(&g, self.index.get("embedding")?, dst)?)
     }
 }
 
@@ -162,7 +155,7 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
             return Ok(self.constant(y));
         }
         let node = SelectBackward {
-            cond: cond.value.clone(),
+            cond: self.save(cond, "mask")?,
             shapes: [a.shape().to_vec(), b.shape().to_vec()],
             needs: [a.requires_grad(), b.requires_grad()],
         };
@@ -271,7 +264,7 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
             return Ok(self.constant(y));
         }
         let node = EmbeddingBackward {
-            index,
+            index: self.save(&Var::constant(index), "index")?,
             table_shape: table.shape().to_vec(),
         };
         Ok(self.push1(Box::new(node), &[table], y, self.new_version()))

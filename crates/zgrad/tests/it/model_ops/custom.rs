@@ -9,6 +9,7 @@ use zcompute::{
 };
 use zgrad::{CustomOp, Tape, Var};
 
+// guide: begin custom-op
 /// Softplus from the op set: `relu(x) + log(1 + exp(-|x|))`, stable for any `x`; its
 /// derivative is `sigmoid(x)`.
 pub struct Softplus;
@@ -41,6 +42,7 @@ impl<B: Ops<T>, T: Element> CustomOp<B, T> for Softplus {
         )])
     }
 }
+// guide: end custom-op
 
 /// The same op for the CPU backend only, as host loops (`ln_1p`): a backend-specific form.
 pub struct HostSoftplus;
@@ -235,4 +237,30 @@ fn captured_equals_eager_on_the_cpu_and_the_simulated_device() {
 #[test]
 fn captured_equals_eager_on_the_gpu() {
     captured_equals_eager(&super::gpu());
+}
+
+/// The guide's "An op of your own" code block is this file's `Softplus`, as written here.
+#[test]
+fn the_guide_shows_this_softplus_as_tested() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let guide = std::fs::read_to_string(root.join("docs/guide.md")).expect("docs/guide.md");
+    let here = std::fs::read_to_string(root.join("crates/zgrad/tests/it/model_ops/custom.rs"))
+        .expect("custom.rs");
+    let between = |text: &str, begin: &str, end: &str| -> String {
+        let start = text.find(begin).expect(begin) + begin.len();
+        let len = text[start..].find(end).expect(end);
+        text[start..start + len].trim().to_string()
+    };
+    let tested = between(
+        &here,
+        "// guide: begin custom-op\n",
+        "// guide: end custom-op",
+    );
+    let marker = "<!-- guide: custom-op";
+    let after = &guide[guide.find(marker).expect("the guide's custom-op block")..];
+    let shown = between(after, "```rust\n", "```");
+    assert_eq!(
+        shown, tested,
+        "docs/guide.md shows another Softplus than the tested one"
+    );
 }
