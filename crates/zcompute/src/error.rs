@@ -95,6 +95,16 @@ pub enum ComputeError {
     /// A reduction with no identity (max) over an axis of size zero.
     #[error("{op}: reduction over empty axis {axis}")]
     EmptyReduction { op: &'static str, axis: usize },
+    /// An index names no row of its table (the CPU backend reads indices when the op runs
+    /// and refuses one that is not a whole number in `[0, rows)`): fix the index data, or
+    /// grow the table.
+    #[error("{op}: index {value} at position {position} names no row of a table of {rows} rows")]
+    IndexOutOfRange {
+        op: &'static str,
+        position: usize,
+        value: String,
+        rows: usize,
+    },
     /// A size computation overflowed usize (absurd shapes from untrusted input).
     #[error("{op}: size overflow for shape {shape:?}")]
     SizeOverflow { op: &'static str, shape: ErrDims },

@@ -1,6 +1,6 @@
 //! zcompute: tensors as strided views over pluggable storage, and the op set: the primitives
 //! behind the `Backend` trait and the fusion families (`LinearOps`, `NormOps`, `AttentionOps`,
-//! `PooledLossOps`), whose methods are provided as composites of the primitives; `Ops` is all
+//! `PooledLossOps`, `SelectOps`, `RandomOps`), whose methods are provided as composites of the primitives; `Ops` is all
 //! of them in one bound, and `prelude` imports them all. `CpuBackend` implements them in f32
 //! and f64 (the f64 run is the reference); `CudaBackend` in f32 over zmem blocks on any
 //! `zdevice::Driver` (the real GPU, or the simulated device in CI), with the one capture entry
@@ -26,7 +26,9 @@ pub mod ops;
 pub mod pinned;
 pub mod pooled_loss;
 pub mod prelude;
+pub mod random;
 pub mod readback;
+pub mod select;
 mod step_tail;
 pub mod storage;
 pub mod tensor;
@@ -52,7 +54,9 @@ pub use norm::{AddLayerNormOut, NormOps};
 pub use ops::Ops;
 pub use pinned::{CopyMark, HostVec, PinnedHost, PinnedSlice};
 pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
+pub use random::{RandomOps, philox4x32_10};
 pub use readback::Readback;
+pub use select::SelectOps;
 pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};
 /// zmem's items an engine's user reads (the arena's step records and errors, byte units), so

@@ -1,5 +1,6 @@
 //! The whole op set in one bound. [`Backend`] holds the primitives; each fusion family
-//! ([`LinearOps`], [`NormOps`], [`AttentionOps`], [`PooledLossOps`]) holds a layer's fused ops,
+//! ([`LinearOps`], [`NormOps`], [`AttentionOps`], [`PooledLossOps`]) holds a layer's fused ops
+//! and the model-level families ([`SelectOps`], [`RandomOps`]) the ops models reach for,
 //! every one provided as the composite of the primitives, which a backend overrides with its
 //! fused kernel. Code that runs models bounds its backend by [`Ops`] and calls anything;
 //! `use zcompute::prelude::*` brings every trait into scope for calls on a concrete backend.
@@ -13,15 +14,30 @@ use crate::element::Element;
 use crate::linear::LinearOps;
 use crate::norm::NormOps;
 use crate::pooled_loss::PooledLossOps;
+use crate::random::RandomOps;
+use crate::select::SelectOps;
 
 /// The primitives and every fusion family: the one bound for code that runs models.
 /// Implemented for every backend that implements them all (blanket impl).
 pub trait Ops<T: Element>:
-    Backend<T> + LinearOps<T> + NormOps<T> + AttentionOps<T> + PooledLossOps<T>
+    Backend<T>
+    + LinearOps<T>
+    + NormOps<T>
+    + AttentionOps<T>
+    + PooledLossOps<T>
+    + SelectOps<T>
+    + RandomOps<T>
 {
 }
 
 impl<T: Element, B> Ops<T> for B where
-    B: Backend<T> + LinearOps<T> + NormOps<T> + AttentionOps<T> + PooledLossOps<T> + ?Sized
+    B: Backend<T>
+        + LinearOps<T>
+        + NormOps<T>
+        + AttentionOps<T>
+        + PooledLossOps<T>
+        + SelectOps<T>
+        + RandomOps<T>
+        + ?Sized
 {
 }

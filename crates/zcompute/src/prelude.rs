@@ -8,3 +8,5 @@ pub use crate::linear::LinearOps;
 pub use crate::norm::NormOps;
 pub use crate::ops::Ops;
 pub use crate::pooled_loss::PooledLossOps;
+pub use crate::random::RandomOps;
+pub use crate::select::SelectOps;

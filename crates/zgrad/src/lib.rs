@@ -35,6 +35,7 @@ pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
 pub use loss::one_hot;
 pub use memory::in_step;
 pub use model::{Model, ParameterBuilder};
+pub use ops::CustomOp;
 pub use optim::{
     AdamW, AdamWHyper, AdamWState, DecayGroups, ParameterSet, Sgd, clip_grad_norm, grad_norm,
     zero_grad,

@@ -18,6 +18,7 @@ pub(crate) mod norm;
 mod par;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+pub(crate) mod select;
 pub(crate) mod train;
 
 use crate::backend::{

@@ -20,7 +20,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 11] = [
+pub(crate) const MODULES: [(&str, &str); 12] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -50,6 +50,7 @@ pub(crate) const MODULES: [(&str, &str); 11] = [
         "attention_short",
         include_str!("../../../../kernels/ptx/attention_short.ptx"),
     ),
+    ("select", include_str!("../../../../kernels/ptx/select.ptx")),
 ];
 
 /// Kinds of kernel parameters.
@@ -169,6 +170,13 @@ pub enum Kernel {
     /// The data-parallel step's last bucket summed over the ranks' peer memory and the norm of
     /// the whole gradient, in one launch (`flat.cu`; launched from `cuda/exchange.rs`).
     ExchangeSumNorm,
+    /// The selection family and the dropout mask (`select.cu`, launched from
+    /// `cuda/select.rs`): `cond ? a : b`, each row's argmax, the deterministic scatter-add of
+    /// rows by index, and the Philox mask at a step read from device memory.
+    Select,
+    ArgmaxRows,
+    IndexAddRows,
+    DropoutMask,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -208,7 +216,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 62] = [
+    pub const ALL: [Kernel; 66] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -271,6 +279,10 @@ impl Kernel {
         Kernel::BiasActAdd,
         Kernel::StepTail,
         Kernel::ExchangeSumNorm,
+        Kernel::Select,
+        Kernel::ArgmaxRows,
+        Kernel::IndexAddRows,
+        Kernel::DropoutMask,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -491,6 +503,20 @@ impl Kernel {
                 6,
                 "zc_step_tail_f32",
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64],
+                0,
+            ),
+            Kernel::Select => s(11, "zc_select_f32", &[Ptr, Ptr, Ptr, Ptr, U64], 0),
+            Kernel::ArgmaxRows => s(11, "zc_argmax_rows_f32", &[Ptr, Ptr, U64, U64], 0),
+            Kernel::IndexAddRows => s(
+                11,
+                "zc_index_add_rows_f32",
+                &[Ptr, Ptr, Ptr, U64, U64, U64],
+                0,
+            ),
+            Kernel::DropoutMask => s(
+                11,
+                "zc_dropout_mask_f32",
+                &[Ptr, Ptr, U64, U32, U32, U32, U32, F32],
                 0,
             ),
             Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),

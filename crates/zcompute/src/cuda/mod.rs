@@ -36,6 +36,7 @@ mod ops;
 mod pinned;
 mod readback;
 mod rows;
+mod select;
 mod side_stream;
 mod storage;
 mod transfer;

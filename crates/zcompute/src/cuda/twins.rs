@@ -19,6 +19,7 @@ mod linear;
 mod norm_params;
 mod reductions;
 mod rows;
+mod select;
 mod train;
 
 use super::kernels::Kernel;
@@ -131,6 +132,10 @@ fn twin(k: Kernel) -> Twin {
         Kernel::ExchangeSumNorm => flat::exchange_sum_norm,
         Kernel::PoolHeadBceLast => fused::pool_head_bce_last,
         Kernel::PoolHeadBceBackwardLast => fused::pool_head_bce_backward_last,
+        Kernel::Select => select::select,
+        Kernel::ArgmaxRows => select::argmax_rows,
+        Kernel::IndexAddRows => select::index_add_rows,
+        Kernel::DropoutMask => select::dropout_mask,
     }
 }
 

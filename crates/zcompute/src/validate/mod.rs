@@ -28,6 +28,7 @@ mod into;
 mod linear;
 mod norm_params;
 mod ops;
+mod select;
 
 pub(crate) use accumulate::*;
 pub(crate) use attention::*;
@@ -38,6 +39,7 @@ pub(crate) use into::*;
 pub(crate) use linear::*;
 pub(crate) use norm_params::*;
 pub(crate) use ops::*;
+pub(crate) use select::*;
 
 use crate::element::Element;
 use crate::error::{ComputeError, Result};

@@ -4,12 +4,16 @@
 //! optimisers, which bump versions instead of recording.
 
 mod attention;
+mod custom;
 mod elementwise;
 mod fused;
 mod linalg;
 mod linear;
 mod reduce;
+mod select;
 mod view;
+
+pub use custom::CustomOp;
 
 use crate::error::Result;
 use zcompute::{BTensor, BinaryOp, Element, ScalarSide, UnaryOp, prelude::*};

@@ -31,6 +31,9 @@ mod autograd {
 mod examples;
 /// Every loss and its gradient against the float64 oracle.
 mod losses;
+/// The ops models reach for and a user's own op (`CustomOp`), against PyTorch's float64
+/// oracle, captured against eager.
+mod model_ops;
 /// zero_grad, the global norm, clipping, SGD, AdamW's device slot.
 mod optim;
 /// Loss, gradients and an AdamW step against the PyTorch oracle.

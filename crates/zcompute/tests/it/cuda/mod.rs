@@ -24,6 +24,7 @@ mod norm_params;
 mod norm_params_launch;
 mod readback;
 mod reduce_launch;
+mod select;
 mod side_stream;
 #[macro_use]
 mod suite;

@@ -13,7 +13,9 @@ use zcompute::{
     AdamWConfig, AllocClass, BinaryOp, ComputeError, CpuBackend, CpuStorage, CpuTensor, Element,
     LayerNormOut, Layout, MatmulOpts, ReduceOp, ScalarSide, Storage, Tensor, UnaryOp,
 };
-use zcompute::{AttentionOps, Backend, Capture, LinearOps, NormOps, PooledLossOps};
+use zcompute::{
+    AttentionOps, Backend, Capture, LinearOps, NormOps, PooledLossOps, RandomOps, SelectOps,
+};
 
 #[derive(Clone, Debug)]
 pub struct Tagged<T: Element> {
@@ -270,6 +272,48 @@ impl<T: Element> AttentionOps<T> for SimBackend<T> where
 impl<T: Element> PooledLossOps<T> for SimBackend<T> where
     CpuBackend: Backend<T, Storage = CpuStorage<T>>
 {
+}
+
+// The selection and random families have no composite: the CPU's loops, on the same memory.
+impl<T: Element> SelectOps<T> for SimBackend<T>
+where
+    CpuBackend: Backend<T, Storage = CpuStorage<T>>,
+{
+    fn select(
+        &self,
+        cond: &TTensor<T>,
+        a: &TTensor<T>,
+        b: &TTensor<T>,
+    ) -> zcompute::Result<TTensor<T>> {
+        self.wrap("select", CPU.select(&inner(cond), &inner(a), &inner(b))?)
+    }
+    fn argmax(&self, x: &TTensor<T>) -> zcompute::Result<TTensor<T>> {
+        self.wrap("argmax", CPU.argmax(&inner(x))?)
+    }
+    fn index_add_rows(
+        &self,
+        src: &TTensor<T>,
+        index: &TTensor<T>,
+        dst: &TTensor<T>,
+    ) -> zcompute::Result<()> {
+        CPU.index_add_rows(&inner(src), &inner(index), &inner(dst))
+    }
+}
+impl<T: Element> RandomOps<T> for SimBackend<T>
+where
+    CpuBackend: Backend<T, Storage = CpuStorage<T>>,
+{
+    fn dropout_mask(
+        &self,
+        shape: &[usize],
+        p: f64,
+        seed: u64,
+        stream: u32,
+        step: &TTensor<T>,
+    ) -> zcompute::Result<TTensor<T>> {
+        let mask = CPU.dropout_mask(shape, p, seed, stream, &inner(step))?;
+        self.wrap("dropout_mask", mask)
+    }
 }
 
 impl<T: Element> Capture<T> for SimBackend<T>
