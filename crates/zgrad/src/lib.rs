@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 mod error;
+pub mod file_dtype;
 pub mod io;
 mod leaf_grads;
 pub mod loss;
@@ -30,7 +31,8 @@ mod xasset_init;
 
 pub use checkpoint::{CheckpointFile, STEP_KEY};
 pub use error::{Applied, GradError, NonFiniteKind, Result};
-pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
+pub use file_dtype::FileDtype;
+pub use io::{HostTensor, TensorFile, read_tensors, write_tensors, write_tensors_as};
 pub use loss::one_hot;
 pub use memory::in_step;
 pub use model::{Model, ParameterBuilder};
