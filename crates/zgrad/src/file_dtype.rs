@@ -104,11 +104,10 @@ mod tests {
     /// The correctly rounded bf16 of a finite `value` in bf16's normal range, found by
     /// comparing the distances to the two bf16 neighbours (exact in float64 there).
     fn nearest_bf16(value: f64) -> u16 {
-        let toward_zero = bf16::from_f32(f32::from_bits(
-            // Truncating a float32 to its top 16 bits rounds bf16 toward zero.
-            #[allow(clippy::cast_possible_truncation)]
-            ((value as f32).to_bits() & 0xFFFF_0000),
-        ));
+        #[allow(clippy::cast_possible_truncation)]
+        let single = value as f32;
+        // Truncating a float32 to its top 16 bits rounds bf16 toward zero.
+        let toward_zero = bf16::from_bits((single.to_bits() >> 16) as u16);
         // `value as f32` may have rounded up across a bf16 boundary: step back if so.
         let mut lo = toward_zero;
         if f64::from(lo.to_f32()).abs() > value.abs() {
