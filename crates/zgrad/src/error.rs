@@ -157,6 +157,14 @@ pub enum GradError {
         name: String,
         dtype: safetensors::Dtype,
     },
+    /// A precision policy that this backend cannot run as the policy says (TF32's input
+    /// rounding on the CPU): it is refused rather than run in float32 under the policy's name.
+    /// Use `Precision::F32` or `Precision::Bf16` there.
+    #[error("precision {precision}: {what} cannot run it (its rounding is not emulated there)")]
+    PrecisionNotEmulated {
+        precision: &'static str,
+        what: &'static str,
+    },
     /// A parameter file's tensors do not match the model: every tensor the model has and the
     /// file lacks, every tensor the file has and no parameter is named (beside `x`, `y` and
     /// `optim.*`), and every one of another shape, all named.

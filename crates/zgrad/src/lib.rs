@@ -21,6 +21,7 @@ pub mod nn;
 mod ops;
 pub mod optim;
 pub mod plan;
+pub mod precision;
 pub mod rng;
 pub mod schedule;
 mod tape;
@@ -40,6 +41,7 @@ pub use optim::{
     AdamW, AdamWHyper, AdamWState, ParameterSet, Sgd, clip_grad_norm, grad_norm, zero_grad,
 };
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
+pub use precision::Precision;
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use trainer::{
