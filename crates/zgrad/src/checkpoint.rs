@@ -9,7 +9,8 @@
 //! ([`CheckpointFile`]); the trainer's `save_checkpoint` / `load_checkpoint` are thin calls.
 
 use crate::error::{GradError, Result};
-use crate::io::{HostTensor, TensorFile, decode_bytes, encode, st_error};
+use crate::file_dtype::FileDtype;
+use crate::io::{HostTensor, TensorFile, decode_bytes, encode, st_error, write_tensors_as};
 use crate::model::Model;
 use crate::optim::{AdamWState, Moments};
 use crate::trainer::Trainer;
@@ -66,7 +67,7 @@ impl RawTensor {
     }
 
     fn is_float(&self) -> bool {
-        matches!(self.dtype, Dtype::F32 | Dtype::F64)
+        FileDtype::of(self.dtype).is_some()
     }
 }
 
@@ -126,7 +127,9 @@ impl<T: Element> CheckpointFile<T> {
     }
 
     /// Sorts stored tensors into parameters (floats outside `optim.`), optimiser state
-    /// (floats under `optim.`) and the others (any other dtype), decoding floats into `T`.
+    /// (floats under `optim.`) and the others (`U64`: a layer above's counters, the one other
+    /// dtype [`RawTensor`] writes), decoding floats (F32, F64, BF16, F16) into `T`. A tensor of
+    /// any other dtype (a PyTorch `int64` buffer, say) is an `UnsupportedDtype` naming it.
     pub fn from_entries(
         entries: BTreeMap<String, RawTensor>,
         metadata: HashMap<String, String>,
@@ -140,6 +143,13 @@ impl<T: Element> CheckpointFile<T> {
         };
         for (name, raw) in entries {
             if !raw.is_float() {
+                if raw.dtype != Dtype::U64 {
+                    return Err(GradError::UnsupportedDtype {
+                        file: path.display().to_string(),
+                        name,
+                        dtype: raw.dtype,
+                    });
+                }
                 file.other.insert(name, raw);
                 continue;
             }
@@ -169,6 +179,15 @@ impl<T: Element> CheckpointFile<T> {
     /// Reads the checkpoint at `path`.
     pub fn read(path: &Path) -> Result<Self> {
         Self::from_bytes(&read_file(path)?, path)
+    }
+
+    /// Reads the checkpoint at `path` to resume training from: as [`CheckpointFile::read`],
+    /// but a parameter or moment stored in bf16 or f16 is a `ReducedPrecisionResume` (see
+    /// [`refuse_reduced_precision`]).
+    pub fn read_for_resume(path: &Path) -> Result<Self> {
+        let (entries, metadata) = deserialize(&read_file(path)?, path)?;
+        refuse_reduced_precision(&entries, path)?;
+        Self::from_entries(entries, metadata, path)
     }
 
     /// Writes the checkpoint to `path`.
@@ -261,6 +280,23 @@ impl<T: Element> CheckpointFile<T> {
     }
 }
 
+/// Refuses tensors stored in bf16 or f16 (`ReducedPrecisionResume`, naming the first): a run
+/// resumes from float32 master parameters and moments, and widening 16-bit values would pass a
+/// rounded model off as the one that was saved (the run would not continue as it was).
+pub fn refuse_reduced_precision(entries: &BTreeMap<String, RawTensor>, path: &Path) -> Result<()> {
+    match entries
+        .iter()
+        .find(|(_, t)| FileDtype::of(t.dtype).is_some_and(FileDtype::is_reduced))
+    {
+        Some((name, t)) => Err(GradError::ReducedPrecisionResume {
+            file: path.display().to_string(),
+            name: name.clone(),
+            dtype: t.dtype,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The parameter name of an optimiser-state key (`m.<name>`, `v.<name>`).
 fn moment_of(key: &str) -> Option<&str> {
     key.strip_prefix("m.").or_else(|| key.strip_prefix("v."))
@@ -342,13 +378,24 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         file.write(path)
     }
 
+    /// Writes the model's parameters alone (no optimiser state, no step) to `path` with every
+    /// tensor stored as `dtype`: with `FileDtype::Bf16` the file of a PyTorch bf16
+    /// `state_dict` (rounded to nearest-even; a value not finite in bf16 is a
+    /// `NotRepresentable` and nothing is written). Such a file starts a model
+    /// (`XAsset::load`, `ztrain --init-from`), never resumes one (`load_checkpoint` refuses it).
+    pub fn export_parameters(&self, path: &Path, dtype: FileDtype) -> Result<()> {
+        let tensors = self.model().to_host(self.backend())?;
+        write_tensors_as(path, &tensors, None, dtype)
+    }
+
     /// Restores parameters and optimiser state saved by `save_checkpoint` into this trainer
-    /// (same model sizes) and returns the file's metadata. Captured graphs keep working: the
+    /// (same model sizes) and returns the file's metadata. A file whose tensors are bf16 or
+    /// f16 is refused (`ReducedPrecisionResume`): resuming needs float32 masters. Captured graphs keep working: the
     /// values are written into the existing tensors. A file that does not match changes
     /// nothing; a load that succeeds clears an unknown state left by a failed step
     /// (`Applied::Maybe`), and one that fails while writing leaves the state unknown.
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<HashMap<String, String>> {
-        let file = CheckpointFile::<T>::read(path)?;
+        let file = CheckpointFile::<T>::read_for_resume(path)?;
         let step = file.step(path)?;
         let params = self.model().named_parameters();
         let expected: Vec<(String, Vec<usize>)> = params

@@ -107,6 +107,64 @@ pub enum GradError {
         name: String,
         problem: String,
     },
+    /// A file holds a tensor in a dtype zgrad does not read as a float (it reads F32, F64, BF16
+    /// and F16; a checkpoint's counters are U64): convert it to one of those, or leave it out.
+    #[error(
+        "{file}: tensor `{name}` is {dtype:?}; tensors are read from F32, F64, BF16 or F16 only \
+         (convert it, or leave it out of the file)"
+    )]
+    UnsupportedDtype {
+        file: String,
+        name: String,
+        dtype: safetensors::Dtype,
+    },
+    /// A bf16 or f16 tensor of a file holds a NaN or an infinity (in f16 usually a value that
+    /// overflowed when the file was written): a model cannot start from it; write the file
+    /// again from finite values (f16 ends at 65,504: use bf16 or float32 for larger ones).
+    #[error(
+        "{file}: tensor `{name}` ({dtype:?}) holds {value} at element {index}; its values must be finite"
+    )]
+    NonFiniteInFile {
+        file: String,
+        name: String,
+        dtype: safetensors::Dtype,
+        index: usize,
+        value: f32,
+    },
+    /// Writing a tensor in a 16-bit format: a value is NaN or infinite, or too large for the
+    /// format (f16 ends at 65,504), so the file would not read back. Nothing was written; keep
+    /// float32, or bf16 for values beyond f16's range.
+    #[error(
+        "{file}: tensor `{name}`: element {index} ({value}) is not finite in {dtype:?}; nothing was written"
+    )]
+    NotRepresentable {
+        file: String,
+        name: String,
+        dtype: safetensors::Dtype,
+        index: usize,
+        value: f64,
+    },
+    /// Resuming from a file whose parameters or optimiser moments are bf16 or f16: resuming
+    /// needs the float32 master parameters and moments, which such a file does not hold. Start
+    /// from it as parameters instead (`XAsset::load`, `ztrain --init-from`: moments zero, step 0).
+    #[error(
+        "{file}: tensor `{name}` is {dtype:?}: resuming needs float32 master parameters and \
+         optimiser moments, which a {dtype:?} file does not hold; start from it as parameters \
+         instead (fresh moments, step 0)"
+    )]
+    ReducedPrecisionResume {
+        file: String,
+        name: String,
+        dtype: safetensors::Dtype,
+    },
+    /// A precision policy that this backend cannot run as the policy says (TF32's input
+    /// rounding on the CPU): it is refused rather than run in float32 under the policy's name.
+    /// Use `Precision::F32` or `Precision::Bf16` there.
+    #[error("precision {precision}: {what} cannot run it (its rounding is not emulated there)")]
+    PrecisionNotEmulated {
+        precision: &'static str,
+        what: &'static str,
+    },
     /// A parameter file's tensors do not match the model: every tensor the model has and the
     /// file lacks, every tensor the file has and no parameter is named (beside `x`, `y` and
     /// `optim.*`), and every one of another shape, all named.

@@ -1,8 +1,10 @@
-//! safetensors files on the host: read any F32/F64 tensor into the element type in use, write
-//! in the element type's own dtype. Parameter files, oracle fixtures and checkpoints all go
-//! through here.
+//! safetensors files on the host: read any F32/F64/BF16/F16 tensor into the element type in
+//! use (16-bit ones widened exactly and refused if not finite: `file_dtype`), write in the
+//! element type's own dtype or, asked, in another float format ([`write_tensors_as`]).
+//! Parameter files, oracle fixtures and checkpoints all go through here.
 
 use crate::error::{GradError, Result};
+use crate::file_dtype::{FileDtype, narrow, widen};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -34,20 +36,21 @@ fn decode<T: Element>(path: &Path, name: &str, view: &TensorView<'_>) -> Result<
     decode_bytes(path, name, view.dtype(), view.data())
 }
 
-/// Decodes little-endian F32 or F64 `bytes` of dtype `dtype` into `T` (other dtypes: a
-/// `BadTensorFile` naming the tensor).
+/// Decodes little-endian F32, F64, BF16 or F16 `bytes` of dtype `dtype` into `T`. Any other
+/// dtype is an `UnsupportedDtype`, a NaN or infinity in a 16-bit tensor a `NonFiniteInFile`,
+/// both naming the tensor.
 pub(crate) fn decode_bytes<T: Element>(
     path: &Path,
     name: &str,
     dtype: Dtype,
     bytes: &[u8],
 ) -> Result<Vec<T>> {
-    match dtype {
-        Dtype::F32 => Ok(bytes
+    match FileDtype::of(dtype) {
+        Some(FileDtype::F32) => Ok(bytes
             .chunks_exact(4)
             .map(|c| T::from_f64(f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))))
             .collect()),
-        Dtype::F64 => Ok(bytes
+        Some(FileDtype::F64) => Ok(bytes
             .chunks_exact(8)
             .map(|c| {
                 let mut a = [0u8; 8];
@@ -55,10 +58,28 @@ pub(crate) fn decode_bytes<T: Element>(
                 T::from_f64(f64::from_le_bytes(a))
             })
             .collect()),
-        other => Err(GradError::BadTensorFile {
+        Some(reduced) => bytes
+            .chunks_exact(2)
+            .enumerate()
+            .map(|(index, c)| {
+                let value = widen(reduced, u16::from_le_bytes([c[0], c[1]]));
+                if value.is_finite() {
+                    Ok(T::from_f64(f64::from(value)))
+                } else {
+                    Err(GradError::NonFiniteInFile {
+                        file: path.display().to_string(),
+                        name: name.to_string(),
+                        dtype,
+                        index,
+                        value,
+                    })
+                }
+            })
+            .collect(),
+        None => Err(GradError::UnsupportedDtype {
             file: path.display().to_string(),
             name: name.to_string(),
-            problem: format!("dtype {other:?} is not supported (F32 or F64 only)"),
+            dtype,
         }),
     }
 }
@@ -105,19 +126,79 @@ pub(crate) fn encode<T: Element>(data: &[T]) -> (Dtype, Vec<u8>) {
     }
 }
 
+/// `data` in the file format `dtype`: float32 and float64 as they are (float64 to float32
+/// rounded to nearest), bf16 and f16 rounded to nearest-even; a value that would not be finite
+/// there (NaN, infinity, or too large: f16 ends at 65,504) is a `NotRepresentable` naming the
+/// tensor, since reading the file back would refuse it.
+pub(crate) fn encode_as<T: Element>(
+    path: &Path,
+    name: &str,
+    data: &[T],
+    dtype: FileDtype,
+) -> Result<(Dtype, Vec<u8>)> {
+    match dtype {
+        // Rounding a float64 to float32 is the point of asking for float32; a float32 is
+        // exact through `to_f64`.
+        #[allow(clippy::cast_possible_truncation)]
+        FileDtype::F32 => {
+            let bytes = data
+                .iter()
+                .flat_map(|v| (v.to_f64() as f32).to_le_bytes())
+                .collect();
+            return Ok((Dtype::F32, bytes));
+        }
+        FileDtype::F64 => {
+            let bytes = data.iter().flat_map(|v| v.to_f64().to_le_bytes()).collect();
+            return Ok((Dtype::F64, bytes));
+        }
+        FileDtype::Bf16 | FileDtype::F16 => {}
+    }
+    let mut bytes = Vec::with_capacity(2 * data.len());
+    for (index, v) in data.iter().enumerate() {
+        let value = v.to_f64();
+        let bits = narrow(dtype, value);
+        if !widen(dtype, bits).is_finite() {
+            return Err(GradError::NotRepresentable {
+                file: path.display().to_string(),
+                name: name.to_string(),
+                dtype: dtype.safetensors(),
+                index,
+                value,
+            });
+        }
+        bytes.extend_from_slice(&bits.to_le_bytes());
+    }
+    Ok((dtype.safetensors(), bytes))
+}
+
 /// Writes tensors (in `T`'s dtype) and optional metadata to a safetensors file.
 pub fn write_tensors<T: Element>(
     path: &Path,
     tensors: &[(String, HostTensor<T>)],
     metadata: Option<HashMap<String, String>>,
 ) -> Result<()> {
-    let encoded: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let (dtype, bytes) = encode(&t.data);
-            (name.clone(), t.shape.clone(), dtype, bytes)
-        })
-        .collect();
+    let own = match T::DTYPE {
+        DType::F32 => FileDtype::F32,
+        DType::F64 => FileDtype::F64,
+    };
+    write_tensors_as(path, tensors, metadata, own)
+}
+
+/// Writes tensors and optional metadata to a safetensors file with every tensor stored as
+/// `dtype`: `FileDtype::Bf16` gives the file of a PyTorch bf16 `state_dict` (values rounded to
+/// nearest-even; `NotRepresentable` for a value that is not finite there, and then no file is
+/// written). Reading it back gives float32 masters of the rounded values.
+pub fn write_tensors_as<T: Element>(
+    path: &Path,
+    tensors: &[(String, HostTensor<T>)],
+    metadata: Option<HashMap<String, String>>,
+    dtype: FileDtype,
+) -> Result<()> {
+    let mut encoded: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let (dtype, bytes) = encode_as(path, name, &t.data, dtype)?;
+        encoded.push((name.clone(), t.shape.clone(), dtype, bytes));
+    }
     let mut views = Vec::with_capacity(encoded.len());
     for (name, shape, dtype, bytes) in &encoded {
         let view = TensorView::new(*dtype, shape.clone(), bytes).map_err(|e| st_error(path, e))?;

@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 mod error;
+pub mod file_dtype;
 pub mod io;
 mod leaf_grads;
 pub mod loss;
@@ -20,6 +21,7 @@ pub mod nn;
 mod ops;
 pub mod optim;
 pub mod plan;
+pub mod precision;
 pub mod rng;
 pub mod schedule;
 mod tape;
@@ -31,7 +33,8 @@ mod xasset_init;
 
 pub use checkpoint::{CheckpointFile, STEP_KEY};
 pub use error::{Applied, GradError, NonFiniteKind, Result};
-pub use io::{HostTensor, TensorFile, read_tensors, write_tensors};
+pub use file_dtype::FileDtype;
+pub use io::{HostTensor, TensorFile, read_tensors, write_tensors, write_tensors_as};
 pub use loss::one_hot;
 pub use memory::in_step;
 pub use model::{Model, ParameterBuilder};
@@ -41,6 +44,7 @@ pub use optim::{
     zero_grad,
 };
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
+pub use precision::Precision;
 pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use task::{Target, Task};

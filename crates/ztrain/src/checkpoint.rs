@@ -111,6 +111,13 @@ impl Checkpoint {
         };
         let (entries, meta) = deserialize(bytes, path)
             .map_err(|e| corrupt(format!("not a valid safetensors file: {e}")))?;
+        // Before the format check: a bf16 parameter file is not corrupt, just not resumable.
+        zgrad::checkpoint::refuse_reduced_precision(&entries, path).map_err(|source| {
+            TrainError::ResumeReducedPrecision {
+                path: path.to_path_buf(),
+                source: Box::new(source),
+            }
+        })?;
         let get = |k: &str| {
             meta.get(k)
                 .cloned()

@@ -215,6 +215,16 @@ pub enum TrainError {
     #[error("checkpoint {} is corrupt or not a ztrain checkpoint: {reason}", path.display())]
     CheckpointCorrupt { path: PathBuf, reason: String },
 
+    /// `--resume` names a file whose tensors are bf16 or f16 (an exported or PyTorch bf16
+    /// parameter file): a run resumes from float32 masters and moments only; the source names
+    /// the tensor. Start from it with --init-from instead.
+    #[error("--resume {}: a bf16/f16 file cannot resume a run; start from it with --init-from (optimiser moments zero, step 0)", path.display())]
+    ResumeReducedPrecision {
+        path: PathBuf,
+        #[source]
+        source: Box<zgrad::GradError>,
+    },
+
     /// The checkpoint was written by a run with another configuration.
     #[error(
         "checkpoint {} was written with a different configuration ({differences}); resume with the options it was written with, or start a new run without --resume",

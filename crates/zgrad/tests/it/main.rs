@@ -70,6 +70,10 @@ mod work_budget {
 mod checkpoint;
 /// Memory plans against real runs.
 mod memory_plan;
+/// Precision policies: the CPU's emulated bf16 matrix product.
+mod precision;
+/// bf16 and f16 parameter files: exact load, rounded export, typed refusals.
+mod reduced_precision_files;
 /// Data-parallel training: simulated ranks, the collectives a step makes, and (`gpu`) NCCL
 /// ranks as processes (the test re-runs this binary once per rank).
 mod distributed {

@@ -180,3 +180,78 @@ fn init_from_refuses_files_that_are_not_the_model() {
         "--init-from and --resume exclude each other"
     );
 }
+
+/// Issue 42: a bf16 parameter file (a PyTorch bf16 `state_dict`) starts a run from float32
+/// masters of its values: one step from the bf16 oracle input ends bitwise where one step from
+/// a float32 file of the same (bf16-rounded) values ends. The same file given to `--resume` is
+/// refused (resuming needs float32 masters and moments), naming a tensor and its dtype.
+#[test]
+fn a_bf16_file_starts_a_run_as_its_float32_values_and_never_resumes_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (input, data) = oracle_run_files(dir.path(), "tiny");
+    let file = zgrad::read_tensors::<f32>(&input).expect("fixture");
+    let tensors: Vec<(String, zgrad::HostTensor<f32>)> = file.tensors.into_iter().collect();
+    let bf16_file = dir.path().join("bf16.safetensors");
+    zgrad::write_tensors_as(&bf16_file, &tensors, None, zgrad::FileDtype::Bf16).expect("bf16");
+    // The float32 file of the values the bf16 file holds (their rounding is zgrad's test).
+    let rounded: Vec<(String, zgrad::HostTensor<f32>)> = zgrad::read_tensors::<f32>(&bf16_file)
+        .expect("bf16 read")
+        .tensors
+        .into_iter()
+        .collect();
+    assert_ne!(rounded, tensors, "the fixture is not already bf16");
+    let f32_file = dir.path().join("f32.safetensors");
+    zgrad::write_tensors(&f32_file, &rounded, None).expect("f32");
+    let run = |init: &std::path::Path, ck: &std::path::Path, how: &str| {
+        ztrain(&[
+            "--device",
+            "cpu",
+            how,
+            path_str(init),
+            "--data",
+            path_str(&data),
+            "--validate-fraction",
+            "0",
+            "--features",
+            "7",
+            "--scales",
+            "3",
+            "--width",
+            "8",
+            "--heads",
+            "2",
+            "--ff",
+            "16",
+            "--batch",
+            "4",
+            "--epochs",
+            "1",
+            "--checkpoint",
+            path_str(ck),
+        ])
+    };
+    let mut params = Vec::new();
+    for (init, name) in [(&bf16_file, "bf16"), (&f32_file, "f32")] {
+        let ck = dir.path().join(format!("ck_{name}.safetensors"));
+        let o = run(init, &ck, "--init-from");
+        let (stdout, stderr) = text(&o);
+        assert!(o.status.success(), "{name}:\n{stdout}\n{stderr}");
+        let c = ztrain::checkpoint::Checkpoint::load(&ck).expect("checkpoint");
+        assert_eq!(c.progress.step, 1);
+        params.push(c.params);
+    }
+    assert_eq!(
+        params[0], params[1],
+        "bitwise the run from the float32 values"
+    );
+    assert_fails_with(
+        &run(&bf16_file, &dir.path().join("ck.safetensors"), "--resume"),
+        &[
+            "--resume",
+            "bf16.safetensors",
+            "cannot resume a run",
+            "is BF16",
+            "--init-from",
+        ],
+    );
+}
