@@ -22,9 +22,12 @@ pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(100);
 /// How a wait paces its polls: none of them apart for its first `spin` (the thread yields
 /// between them), then sleeps doubling from 2 us up to [`MAX_POLL_SLEEP`]. The device's waits
 /// and the NCCL communicator's share it.
+///
+/// The spin window is measured on the clock the caller passes (the driver's): on a real
+/// driver that is real time, on the simulated one its virtual clock, so a simulated wait
+/// paces the same way however loaded the machine is.
 #[derive(Debug)]
 pub(crate) struct Pacing {
-    start: Instant,
     spin: Duration,
     sleep: Duration,
 }
@@ -32,16 +35,15 @@ pub(crate) struct Pacing {
 impl Pacing {
     pub(crate) fn new(spin: Duration) -> Self {
         Pacing {
-            start: Instant::now(),
             spin,
             sleep: Duration::from_micros(2),
         }
     }
 
-    /// Before the next poll: `None` to poll again at once (yield the thread first), or how
-    /// long to sleep.
-    pub(crate) fn next(&mut self) -> Option<Duration> {
-        if self.start.elapsed() < self.spin {
+    /// Before the next poll, `elapsed` into the wait on the driver's clock: `None` to poll
+    /// again at once (yield the thread first), or how long to sleep.
+    pub(crate) fn next(&mut self, elapsed: Duration) -> Option<Duration> {
+        if elapsed < self.spin {
             return None;
         }
         let sleep = self.sleep;
@@ -310,7 +312,7 @@ impl<D: Driver> Device<D> {
                     device_lost: false,
                 });
             }
-            match pacing.next() {
+            match pacing.next(elapsed) {
                 None => std::thread::yield_now(),
                 Some(sleep) => driver.pause(sleep.min(deadline - elapsed)),
             }
@@ -362,11 +364,11 @@ mod tests {
 
     #[test]
     fn pacing_spins_first_then_sleeps_doubling_to_its_cap() {
-        let mut spinning = Pacing::new(Duration::from_secs(3600));
-        assert!((0..1000).all(|_| spinning.next().is_none()));
+        let mut spinning = Pacing::new(Duration::from_millis(1));
+        assert!((0..1000).all(|us| spinning.next(Duration::from_micros(us)).is_none()));
         let mut sleeping = Pacing::new(Duration::ZERO);
         let sleeps: Vec<u64> = (0..9)
-            .map(|_| sleeping.next().expect("a sleep").as_micros() as u64)
+            .map(|_| sleeping.next(Duration::ZERO).expect("a sleep").as_micros() as u64)
             .collect();
         assert_eq!(sleeps, [2, 4, 8, 16, 32, 64, 100, 100, 100]);
     }
