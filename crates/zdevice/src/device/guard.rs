@@ -30,6 +30,7 @@ pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(100);
 pub(crate) struct Pacing {
     spin: Duration,
     sleep: Duration,
+    cap: Duration,
 }
 
 impl Pacing {
@@ -37,6 +38,17 @@ impl Pacing {
         Pacing {
             spin,
             sleep: Duration::from_micros(2),
+            cap: MAX_POLL_SLEEP,
+        }
+    }
+
+    /// On a virtual clock: sleeps double up to a thousandth of `deadline` (at least
+    /// [`MAX_POLL_SLEEP`]), so a wait that lasts to its deadline (work that never completes)
+    /// takes about a thousand polls, not a million, of real time.
+    pub(crate) fn virtual_time(deadline: Duration) -> Self {
+        Pacing {
+            cap: MAX_POLL_SLEEP.max(deadline / 1000),
+            ..Pacing::new(Duration::ZERO)
         }
     }
 
@@ -47,7 +59,7 @@ impl Pacing {
             return None;
         }
         let sleep = self.sleep;
-        self.sleep = (self.sleep * 2).min(MAX_POLL_SLEEP);
+        self.sleep = (self.sleep * 2).min(self.cap);
         Some(sleep)
     }
 }
@@ -291,11 +303,11 @@ impl<D: Driver> Device<D> {
         let start = driver.now();
         let real_deadline = Instant::now() + deadline;
         // Spinning would not move a virtual clock: such a driver sleeps from the start.
-        let mut pacing = Pacing::new(if driver.is_virtual_time() {
-            Duration::ZERO
+        let mut pacing = if driver.is_virtual_time() {
+            Pacing::virtual_time(deadline)
         } else {
-            SPIN_BEFORE_SLEEP
-        });
+            Pacing::new(SPIN_BEFORE_SLEEP)
+        };
         loop {
             let ticket = self.enter_poll(call, real_deadline)?;
             let state = self.checked(query(driver));
