@@ -244,7 +244,16 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         started,
         timeline: options.timeline.as_ref().map(|_| Timeline::default()),
     };
-    let ended = run.all(out)?;
+    // On an error, the job's collective is given up before the trainer is dropped: a
+    // collective whose peer stopped waits on the device until aborted, and the teardown would
+    // wait behind it (issue 44).
+    let ended = match run.all(out) {
+        Ok(ended) => ended,
+        Err(e) => {
+            run.learner.give_up(&e.to_string());
+            return Err(e);
+        }
+    };
     if let (Some(t), Some(path)) = (run.timeline.as_mut(), &options.timeline) {
         // Every step's events are behind this wait.
         b.synchronize()?;
@@ -261,7 +270,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         soak: run.soak.as_ref(),
         config: &config_json,
     };
-    conclude(
+    let concluded = conclude(
         &b,
         &run.learner,
         &run.feed,
@@ -270,7 +279,11 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         &end,
         &train_set,
         run.validation,
-    )
+    );
+    if let Err(e) = &concluded {
+        run.learner.give_up(&e.to_string());
+    }
+    concluded
 }
 
 /// The run's end as `end.ended` says: the final numbers over the training set when it
