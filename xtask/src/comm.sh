@@ -166,9 +166,10 @@ cell() {
   for r in $(seq 0 $((gpus - 1))); do
     local how took
     how=$(rank_end "$log" "$r"); how="${how:-no line from the launcher}"
-    if [ "$r" -eq 1 ]; then ends+="r1: ${how#rank 1 }; "; continue; fi
+    local short; short=$(sed -E "s/^rank $r( of [0-9]+)? //" <<<"$how")
+    if [ "$r" -eq 1 ]; then ends+="r1 $short; "; continue; fi
     took=$(secs "$t0" "${ended[$r]:-$t1}")
-    ends+="r$r: ${how#rank $r } (${took} s); "
+    ends+="r$r $short (${took} s); "
     echo "-- rank $r: $how, $took s after the SIG$sig; its error lines:"
     grep -E "ztrain.rank.*rank=$r|zcomm.*rank=$r|zdevice.nccl.abort.*rank=$r" "$log" | head -6
     grep -A3 "^ztrain rank $r of" "$log" | grep -E "^ztrain rank $r of|^  caused by"
@@ -226,13 +227,13 @@ launcher_cell() {
   local t0; t0=$(now)
   kill "-$sig" "$launcher"
   wait "$launcher"
-  local rc=$? ok=1
-  echo "launcher exit $rc, $(secs "$t0" "$(now)") s after the SIG$sig"
+  local rc=$? ok=1 t1; t1=$(now)
+  echo "launcher exit $rc, $(secs "$t0" "$t1") s after the SIG$sig"
   grep -E 'stopped by|ztrain: ' "$log" | tail -3
   if [ "$rc" -ne "$want" ]; then echo "FAIL: exit $rc, expected $want"; ok=0; fi
   left_behind "${pids[@]}" || ok=0
   [ "$ok" = 1 ] || bad=1
-  row "$name" "after epoch 1" "exit $rc after $(secs "$t0" "$(now)") s" "-" "$([ "$ok" = 1 ] && echo ok || echo FAIL)"
+  row "$name" "after epoch 1" "exit $rc after $(secs "$t0" "$t1") s" "-" "$([ "$ok" = 1 ] && echo ok || echo FAIL)"
 }
 
 for mode in "${modes[@]}"; do
