@@ -30,24 +30,29 @@ pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(100);
 pub(crate) struct Pacing {
     spin: Duration,
     sleep: Duration,
-    cap: Duration,
+    /// The longest sleep once the wait has lasted [`LONG_VIRTUAL_WAIT`] (a virtual clock's).
+    long_cap: Duration,
 }
+
+/// On a virtual clock, a wait this long is one for work that may never complete.
+const LONG_VIRTUAL_WAIT: Duration = Duration::from_millis(10);
 
 impl Pacing {
     pub(crate) fn new(spin: Duration) -> Self {
         Pacing {
             spin,
             sleep: Duration::from_micros(2),
-            cap: MAX_POLL_SLEEP,
+            long_cap: MAX_POLL_SLEEP,
         }
     }
 
-    /// On a virtual clock: sleeps double up to a thousandth of `deadline` (at least
-    /// [`MAX_POLL_SLEEP`]), so a wait that lasts to its deadline (work that never completes)
-    /// takes about a thousand polls, not a million, of real time.
+    /// On a virtual clock: sleeps from the start, as [`Pacing::new`]'s do; once the wait has
+    /// lasted [`LONG_VIRTUAL_WAIT`] they keep doubling up to a thousandth of `deadline`, so a
+    /// wait that lasts to its deadline (work that never completes) takes about a thousand
+    /// polls of real time, not a million.
     pub(crate) fn virtual_time(deadline: Duration) -> Self {
         Pacing {
-            cap: MAX_POLL_SLEEP.max(deadline / 1000),
+            long_cap: MAX_POLL_SLEEP.max(deadline / 1000),
             ..Pacing::new(Duration::ZERO)
         }
     }
@@ -59,7 +64,12 @@ impl Pacing {
             return None;
         }
         let sleep = self.sleep;
-        self.sleep = (self.sleep * 2).min(self.cap);
+        let cap = if elapsed >= LONG_VIRTUAL_WAIT {
+            self.long_cap
+        } else {
+            MAX_POLL_SLEEP
+        };
+        self.sleep = (self.sleep * 2).min(cap);
         Some(sleep)
     }
 }
@@ -383,5 +393,20 @@ mod tests {
             .map(|_| sleeping.next(Duration::ZERO).expect("a sleep").as_micros() as u64)
             .collect();
         assert_eq!(sleeps, [2, 4, 8, 16, 32, 64, 100, 100, 100]);
+    }
+
+    /// On a virtual clock a short wait paces as any other; one that lasts (work that never
+    /// completes) sleeps up to a thousandth of its deadline, so it costs few polls.
+    #[test]
+    fn a_long_virtual_wait_sleeps_up_to_a_thousandth_of_its_deadline() {
+        let mut p = Pacing::virtual_time(Duration::from_secs(60));
+        let short: Vec<u64> = (0..8)
+            .map(|_| p.next(Duration::ZERO).expect("a sleep").as_micros() as u64)
+            .collect();
+        assert_eq!(short, [2, 4, 8, 16, 32, 64, 100, 100]);
+        let long = (0..20)
+            .map(|_| p.next(LONG_VIRTUAL_WAIT).expect("a sleep"))
+            .last();
+        assert_eq!(long, Some(Duration::from_millis(60)));
     }
 }
