@@ -29,6 +29,14 @@ pub enum FaultAction {
     /// or query, context synchronize) fails with this code, as an error of asynchronous work
     /// queued earlier does; a sticky code then stays for every later call.
     FailAtNextSync(CuCode),
+    /// The call's work never completes until the plan's hangs are released: what a GPU does
+    /// when a kernel waits on the device for a peer that stopped. An asynchronous call's stream
+    /// never drains (its queries answer `NotReady`; events recorded behind it never complete;
+    /// a synchronize of it answers `CUDA_ERROR_NOT_READY`, where a GPU's would never return);
+    /// a synchronous call does not return (the calling thread blocks) until released, as an
+    /// `ncclCommAbort` behind such a kernel: the code must make it from a thread that can be
+    /// left behind, with a deadline.
+    Hang,
 }
 
 impl FaultAction {
@@ -40,6 +48,7 @@ impl FaultAction {
             FaultAction::Stall(d) => format!("stall {d:?}"),
             FaultAction::Sticky(c) => format!("sticky {}", c.0),
             FaultAction::FailAtNextSync(c) => format!("fail at next sync {}", c.0),
+            FaultAction::Hang => "hang".into(),
         }
     }
 }

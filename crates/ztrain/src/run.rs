@@ -255,7 +255,16 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         )?,
     };
     ctx.stop.training_starts();
-    let ended = run.all(out)?;
+    // On an error, the job's collective is given up before the trainer is dropped: a
+    // collective whose peer stopped waits on the device until aborted, and the teardown would
+    // wait behind it (issue 44).
+    let ended = match run.all(out) {
+        Ok(ended) => ended,
+        Err(e) => {
+            run.learner.give_up(&e.to_string());
+            return Err(e);
+        }
+    };
     if let (Some(t), Some(path)) = (run.timeline.as_mut(), &options.timeline) {
         // Every step's events are behind this wait.
         b.synchronize()?;
@@ -273,7 +282,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         config: &config_json,
         metrics: &run.metrics,
     };
-    conclude(
+    let concluded = conclude(
         &b,
         &run.learner,
         &run.feed,
@@ -282,7 +291,11 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         &end,
         &train_set,
         run.validation,
-    )
+    );
+    if let Err(e) = &concluded {
+        run.learner.give_up(&e.to_string());
+    }
+    concluded
 }
 
 /// The run's end as `end.ended` says: the final numbers over the training set when it

@@ -185,17 +185,21 @@ impl<D: Driver> NcclCollective<D> {
 
     /// Aborts the communicator now (a rank giving up aborts it so its peers fail fast):
     /// every later operation fails with [`CommError::PeerFailed`].
+    ///
+    /// The order holds on the GPU (issue 44): the peer-memory tail's kernel, which waits on
+    /// peers outside NCCL, is told to give up first, while the device still takes the flag and
+    /// before `ncclCommAbort` (which waits for the device) starts on its helper thread; then
+    /// the communicators are aborted, which marks the device lost.
     pub fn abort(&self) {
+        if let Some(t) = tail::lock(&self.tail).as_ref()
+            && let Err(e) = t.exchange.give_up()
+        {
+            tracing::warn!(target: "zcomm.nccl.abort", rank = self.info.rank, error = %e, "telling the peer-memory tail to give up failed");
+        }
         if let Some(o) = &self.overlap {
             o.abort();
         }
         self.comm.abort();
-        // The peer-memory tail's kernel waits on peers outside NCCL: tell it too.
-        if let Some(t) = tail::lock(&self.tail).as_ref()
-            && let Err(e) = t.exchange.give_up()
-        {
-            tracing::warn!(target: "zcomm.nccl.abort", error = %e, "telling the peer-memory tail to give up failed");
-        }
     }
 
     /// Whether the communicator was aborted (by a failure or by [`Self::abort`]).

@@ -10,6 +10,12 @@
 //! is connected. Only then does any rank take the path, so all of them launch the same kernels:
 //! a rank that could not map a peer (another host, no peer access, the simulator) makes every
 //! rank keep NCCL's all-reduce.
+//!
+//! A rank whose NCCL was told not to use peer-to-peer or shared memory (`NCCL_P2P_DISABLE=1`,
+//! `NCCL_SHM_DISABLE=1`: the socket transport, as between hosts) declines the path as well,
+//! although CUDA IPC may still map the peers' memory: its NCCL then moves the other buckets
+//! over sockets, and a kernel spinning on a peer's words next to NCCL's proxy threads is not
+//! what such a job asked for (measured on 2 H200s, issue 44: the captured step hung).
 
 use std::time::Duration;
 
@@ -61,13 +67,19 @@ impl<D: Driver> NcclCollective<D> {
             return Ok(false);
         }
         // Every rank goes through every collective below, whatever failed locally.
-        let made = PeerExchange::new(b, self.info.rank, world, last)
-            .and_then(|e| e.handle().map(|h| (e, h)));
+        let declined = declined_by_nccl_settings(|k| std::env::var(k).ok());
+        let made = match &declined {
+            Some(_) => Err(None),
+            None => PeerExchange::new(b, self.info.rank, world, last)
+                .and_then(|e| e.handle().map(|h| (e, h)))
+                .map_err(Some),
+        };
         let mine = record(made.as_ref().ok().map(|(_, h)| h));
         let records = self.gather_records(b, &mine, step)?;
         let host = mine[1..5].to_vec();
         let mut why = match &made {
-            Err(e) => Some(format!("this rank's side: {e}")),
+            Err(Some(e)) => Some(format!("this rank's side: {e}")),
+            Err(None) => declined,
             Ok(_) => records.iter().enumerate().find_map(|(q, r)| {
                 if r[0] != 1 {
                     Some(format!("rank {q} could not make its side"))
@@ -179,6 +191,16 @@ impl<D: Driver> NcclCollective<D> {
         }
         Ok(())
     }
+}
+
+/// Why this rank keeps the last bucket on NCCL because of how its NCCL was set up (`get`
+/// reads a variable of the environment): `NCCL_P2P_DISABLE` or `NCCL_SHM_DISABLE` set to a
+/// true value (NCCL reads any non-zero integer so), the socket transport.
+pub(super) fn declined_by_nccl_settings(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    ["NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"]
+        .into_iter()
+        .find(|k| get(k).is_some_and(|v| v.trim().parse::<i64>().is_ok_and(|n| n != 0)))
+        .map(|k| format!("{k} is set: NCCL is on its socket transport, so is the last bucket"))
 }
 
 /// The tail, a poisoned lock taken as it is (it holds no invariant a panic could break).

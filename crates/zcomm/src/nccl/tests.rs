@@ -231,3 +231,26 @@ fn join_refuses_overlapped_collectives_of_no_thread_block() {
         "{err:?}"
     );
 }
+
+/// Issue 44: on NCCL's socket transport the last bucket stays on NCCL (its captured step hung
+/// over peer memory on 2 H200s with `NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`).
+#[rstest]
+#[case(&[], None)]
+#[case(&[("NCCL_P2P_DISABLE", "0")], None)]
+#[case(&[("NCCL_P2P_DISABLE", "1")], Some("NCCL_P2P_DISABLE"))]
+#[case(&[("NCCL_SHM_DISABLE", " 1")], Some("NCCL_SHM_DISABLE"))]
+#[case(&[("NCCL_P2P_DISABLE", "yes")], None)]
+fn the_socket_transport_keeps_the_last_bucket_on_nccl(
+    #[case] vars: &[(&str, &str)],
+    #[case] named: Option<&str>,
+) {
+    let why = super::tail::declined_by_nccl_settings(|k| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_string())
+    });
+    match named {
+        None => assert_eq!(why, None),
+        Some(k) => assert!(why.as_deref().is_some_and(|w| w.contains(k)), "{why:?}"),
+    }
+}

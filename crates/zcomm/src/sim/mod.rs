@@ -14,6 +14,13 @@
 //! (zcompute's `SideStream`, forked from the engine stream before each call, joined back by
 //! `join_overlapped`): the simulator's cross-stream capture puts it in a captured graph too.
 //!
+//! A peer that stops answering (stopped, killed, or gone silent past the timeout) is modelled as
+//! on a GPU, where NCCL's kernel spins on the device for a peer it never hears from: the
+//! collective kernel does not complete (zdevice's `KernelFault::Waiting`), its stream and every
+//! stream or event behind it never drain, until the communicator is aborted; the host's waits
+//! end only at their own deadlines. A peer that aborts (its abort frame arrives) fails the
+//! collective at once, as before.
+//!
 //! As over NCCL, a synchronize that passes the device's deadline (a collective stuck on the
 //! stream) is a [`CommError::Timeout`] naming the rank and the step, and [`SimCollective::abort`]
 //! marks the device lost: its stream holds collectives that may never complete, so the
@@ -53,6 +60,9 @@ struct Link {
     /// The first failure; every later collective refuses at once.
     failure: Mutex<Option<CommError>>,
     failed: std::sync::atomic::AtomicBool,
+    /// Set when a peer stopped answering: the collective kernel then waits on the device
+    /// (never completes) until the communicator is aborted (`failed`), as on a GPU.
+    waiting_on: Mutex<Option<String>>,
 }
 
 /// A rank of a simulated job. See the module documentation. Clones share the communicator.
@@ -137,6 +147,7 @@ impl SimCollective {
             step: AtomicU64::new(0),
             failure: Mutex::new(None),
             failed: std::sync::atomic::AtomicBool::new(false),
+            waiting_on: Mutex::new(None),
         });
         let name = format!(
             "zcomm_sim_collective_{}",
@@ -289,15 +300,24 @@ impl Link {
     ) -> std::result::Result<(), KernelFault> {
         let a = KernelArgs(args);
         let (x, n, kind, root) = (a.ptr(0)?, a.u64(1)?, a.u64(2)?, a.u64(3)?);
+        if self.failed.load(Ordering::Acquire) {
+            return Err(fault("the communicator failed earlier".into()));
+        }
+        // Run again while it waits for a peer that does not answer (see `run`'s error arm).
+        if let Some(why) = self
+            .waiting_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            return Err(KernelFault::Waiting(why.clone()));
+        }
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let step = self.step.load(Ordering::Relaxed);
         let (op, root) = match kind {
             ALL_REDUCE => ("all_reduce", None),
             _ => ("broadcast", Some(root as usize)),
         };
-        if self.failed.load(Ordering::Acquire) {
-            return Err(fault(format!("{op}: the communicator failed earlier")));
-        }
         let data = mem.read_f32(x, n)?;
         let call = Call {
             op,
@@ -306,16 +326,37 @@ impl Link {
             root,
         };
         let (rank, world) = (self.info.rank, self.info.world);
+        if let Some(why) = self
+            .waiting_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            return Err(KernelFault::Waiting(why.clone()));
+        }
         match self.star.exchange(rank, world, call, &data, self.timeout) {
             Ok(out) => mem.write_f32(x, &out),
             Err(e) => {
                 let msg = e.to_string();
-                tracing::error!(target: "zcomm.sim.collective", rank, op, step, error = %msg, "collective failed");
-                self.failed.store(true, Ordering::Release);
                 let mut slot = self
                     .failure
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if wire::peer_went_silent(&e) {
+                    // As NCCL's kernel on a GPU: a peer that stopped or died is never noticed
+                    // on the device; the collective waits until the communicator is aborted,
+                    // and the stream behind it does not drain. The host's wait ends at its
+                    // deadline, and this error tells it which peer did not answer.
+                    tracing::error!(target: "zcomm.sim.collective", rank, op, step, error = %msg, "collective waiting for a peer that does not answer");
+                    *self
+                        .waiting_on
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(msg.clone());
+                    slot.get_or_insert(e);
+                    return Err(KernelFault::Waiting(msg));
+                }
+                tracing::error!(target: "zcomm.sim.collective", rank, op, step, error = %msg, "collective failed");
+                self.failed.store(true, Ordering::Release);
                 slot.get_or_insert(e);
                 Err(fault(msg))
             }
@@ -396,10 +437,17 @@ impl Collective<CudaBackend<SimDriver>, f32> for SimCollective {
         // The side stream first: an overlapped collective never joined (its step failed
         // before the join) runs, or fails, here.
         let synced = self.side.synchronize().and_then(|()| b.synchronize());
+        // As over NCCL, a failed wait aborts the communicator: a collective still waiting on
+        // the device for a peer then ends, and no later wait waits for it.
         if let Some(e) = self.take_failure() {
+            self.abort(&e.to_string());
             return Err(e);
         }
-        synced.map_err(|source| self.sync_error(source))
+        synced.map_err(|source| {
+            let e = self.sync_error(source);
+            self.abort(&e.to_string());
+            e
+        })
     }
 
     fn set_step(&self, step: u64) {

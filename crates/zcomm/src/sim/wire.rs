@@ -295,6 +295,19 @@ fn abort_all(peers: &[Mutex<Channel>], why: &str, deadline: Instant) {
     }
 }
 
+/// Whether `e`, from [`Star::exchange`], says a peer stopped answering (a timeout, or its
+/// connection gone: a process stopped or killed) rather than that it gave up and said so.
+pub(crate) fn peer_went_silent(e: &CommError) -> bool {
+    match e {
+        CommError::Timeout { .. } => true,
+        CommError::PeerFailed { detail, .. } => detail.contains(VANISHED),
+        _ => false,
+    }
+}
+
+/// How an exchange's error says a peer's connection is gone.
+const VANISHED: &str = " vanished: ";
+
 fn io_failure(e: std::io::Error, peer: usize) -> Failure {
     if let Some(bad) = BadFrame::of(&e) {
         // Not the peer's doing: something between the two altered the stream.
@@ -303,7 +316,7 @@ fn io_failure(e: std::io::Error, peer: usize) -> Failure {
     if e.kind() == std::io::ErrorKind::TimedOut {
         Failure::Timeout
     } else {
-        Failure::Peer(format!("rank {peer} vanished: {e}"))
+        Failure::Peer(format!("rank {peer}{VANISHED}{e}"))
     }
 }
 

@@ -354,11 +354,16 @@ impl<D: Driver> PeerExchange<D> {
     /// a communicator does to NCCL's kernels, so that a rank whose peer died does not wait for
     /// the timeout. Not undone: an exchange given up stays failed.
     ///
+    /// Works also after the device was marked lost (an aborted communicator marks it): a
+    /// kernel spinning on a peer is exactly what the teardown must stop first (issue 44: with
+    /// the flag refused as "device lost", the launch spun on and `ncclCommAbort`, which waits
+    /// for the device, never returned).
+    ///
     /// # Errors
-    /// `Device` from the copy (`CaptureIllegal` while capturing).
+    /// `Device` from the copy (`CaptureIllegal` while capturing, a sticky driver error).
     pub fn give_up(&self) -> Result<()> {
         self.device
-            .copy_htod(self.state.offset(FAILED_AT), &1u32.to_le_bytes())
+            .copy_htod_even_if_lost(self.state.offset(FAILED_AT), &1u32.to_le_bytes())
             .map_err(|e| device_error("peer_exchange", e))
     }
 

@@ -22,30 +22,54 @@ pub const MAX_POLL_SLEEP: Duration = Duration::from_micros(100);
 /// How a wait paces its polls: none of them apart for its first `spin` (the thread yields
 /// between them), then sleeps doubling from 2 us up to [`MAX_POLL_SLEEP`]. The device's waits
 /// and the NCCL communicator's share it.
+///
+/// The spin window is measured on the clock the caller passes (the driver's): on a real
+/// driver that is real time, on the simulated one its virtual clock, so a simulated wait
+/// paces the same way however loaded the machine is.
 #[derive(Debug)]
 pub(crate) struct Pacing {
-    start: Instant,
     spin: Duration,
     sleep: Duration,
+    /// The longest sleep once the wait has lasted [`LONG_VIRTUAL_WAIT`] (a virtual clock's).
+    long_cap: Duration,
 }
+
+/// On a virtual clock, a wait this long is one for work that may never complete.
+const LONG_VIRTUAL_WAIT: Duration = Duration::from_millis(10);
 
 impl Pacing {
     pub(crate) fn new(spin: Duration) -> Self {
         Pacing {
-            start: Instant::now(),
             spin,
             sleep: Duration::from_micros(2),
+            long_cap: MAX_POLL_SLEEP,
         }
     }
 
-    /// Before the next poll: `None` to poll again at once (yield the thread first), or how
-    /// long to sleep.
-    pub(crate) fn next(&mut self) -> Option<Duration> {
-        if self.start.elapsed() < self.spin {
+    /// On a virtual clock: sleeps from the start, as [`Pacing::new`]'s do; once the wait has
+    /// lasted [`LONG_VIRTUAL_WAIT`] they keep doubling up to a thousandth of `deadline`, so a
+    /// wait that lasts to its deadline (work that never completes) takes about a thousand
+    /// polls of real time, not a million.
+    pub(crate) fn virtual_time(deadline: Duration) -> Self {
+        Pacing {
+            long_cap: MAX_POLL_SLEEP.max(deadline / 1000),
+            ..Pacing::new(Duration::ZERO)
+        }
+    }
+
+    /// Before the next poll, `elapsed` into the wait on the driver's clock: `None` to poll
+    /// again at once (yield the thread first), or how long to sleep.
+    pub(crate) fn next(&mut self, elapsed: Duration) -> Option<Duration> {
+        if elapsed < self.spin {
             return None;
         }
         let sleep = self.sleep;
-        self.sleep = (self.sleep * 2).min(MAX_POLL_SLEEP);
+        let cap = if elapsed >= LONG_VIRTUAL_WAIT {
+            self.long_cap
+        } else {
+            MAX_POLL_SLEEP
+        };
+        self.sleep = (self.sleep * 2).min(cap);
         Some(sleep)
     }
 }
@@ -289,11 +313,11 @@ impl<D: Driver> Device<D> {
         let start = driver.now();
         let real_deadline = Instant::now() + deadline;
         // Spinning would not move a virtual clock: such a driver sleeps from the start.
-        let mut pacing = Pacing::new(if driver.is_virtual_time() {
-            Duration::ZERO
+        let mut pacing = if driver.is_virtual_time() {
+            Pacing::virtual_time(deadline)
         } else {
-            SPIN_BEFORE_SLEEP
-        });
+            Pacing::new(SPIN_BEFORE_SLEEP)
+        };
         loop {
             let ticket = self.enter_poll(call, real_deadline)?;
             let state = self.checked(query(driver));
@@ -310,7 +334,7 @@ impl<D: Driver> Device<D> {
                     device_lost: false,
                 });
             }
-            match pacing.next() {
+            match pacing.next(elapsed) {
                 None => std::thread::yield_now(),
                 Some(sleep) => driver.pause(sleep.min(deadline - elapsed)),
             }
@@ -362,12 +386,27 @@ mod tests {
 
     #[test]
     fn pacing_spins_first_then_sleeps_doubling_to_its_cap() {
-        let mut spinning = Pacing::new(Duration::from_secs(3600));
-        assert!((0..1000).all(|_| spinning.next().is_none()));
+        let mut spinning = Pacing::new(Duration::from_millis(1));
+        assert!((0..1000).all(|us| spinning.next(Duration::from_micros(us)).is_none()));
         let mut sleeping = Pacing::new(Duration::ZERO);
         let sleeps: Vec<u64> = (0..9)
-            .map(|_| sleeping.next().expect("a sleep").as_micros() as u64)
+            .map(|_| sleeping.next(Duration::ZERO).expect("a sleep").as_micros() as u64)
             .collect();
         assert_eq!(sleeps, [2, 4, 8, 16, 32, 64, 100, 100, 100]);
+    }
+
+    /// On a virtual clock a short wait paces as any other; one that lasts (work that never
+    /// completes) sleeps up to a thousandth of its deadline, so it costs few polls.
+    #[test]
+    fn a_long_virtual_wait_sleeps_up_to_a_thousandth_of_its_deadline() {
+        let mut p = Pacing::virtual_time(Duration::from_secs(60));
+        let short: Vec<u64> = (0..8)
+            .map(|_| p.next(Duration::ZERO).expect("a sleep").as_micros() as u64)
+            .collect();
+        assert_eq!(short, [2, 4, 8, 16, 32, 64, 100, 100]);
+        let long = (0..20)
+            .map(|_| p.next(LONG_VIRTUAL_WAIT).expect("a sleep"))
+            .last();
+        assert_eq!(long, Some(Duration::from_millis(60)));
     }
 }

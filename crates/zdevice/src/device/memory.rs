@@ -162,6 +162,17 @@ impl<D: Driver> Device<D> {
         self.call(|d| d.memcpy_htod(dst, src))
     }
 
+    /// As [`Device::copy_htod`], also after the device was marked lost ([`Device::abandon`],
+    /// an aborted communicator, a wait past its deadline): how the host tells a kernel still
+    /// spinning on the device (a peer exchange's wait for a peer that stopped) to give up, so
+    /// the teardown that follows does not wait behind it. A device whose driver latched a sticky
+    /// error still refuses: the driver answers the copy with it.
+    pub fn copy_htod_even_if_lost(&self, dst: DevicePtr, src: &[u8]) -> DeviceResult<()> {
+        self.refuse_during_capture("cuMemcpyHtoD_v2", SILENT)?;
+        let r = self.inner.driver.memcpy_htod(dst, src);
+        self.checked(r)
+    }
+
     /// Synchronous device-to-host copy. Refused during capture (a silent row). Ordered only
     /// after work the caller has synchronised: call [`Device::synchronize`] first.
     pub fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> DeviceResult<()> {

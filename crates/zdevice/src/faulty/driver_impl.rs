@@ -83,6 +83,8 @@ impl<D: Driver> Driver for FaultyDriver<D> {
         if let Some(until) = longest {
             self.inner.pause(until.saturating_sub(self.inner.now()));
         }
+        let hung = !self.ctl.lock().hung_streams.is_empty();
+        Self::refuse_hung(calls::CTX_SYNCHRONIZE, hung)?;
         self.surface(calls::CTX_SYNCHRONIZE, out)
     }
 
@@ -116,7 +118,9 @@ impl<D: Driver> Driver for FaultyDriver<D> {
     fn stream_query(&self, stream: Stream) -> DriverResult<Readiness> {
         let out = self.sync_call(calls::STREAM_QUERY, |d| d.stream_query(stream));
         let out = self.surface(calls::STREAM_QUERY, out)?;
-        if out == Readiness::Ready && !self.stream_busy_for(stream.0).is_zero() {
+        if out == Readiness::Ready
+            && (self.stream_hung(stream.0) || !self.stream_busy_for(stream.0).is_zero())
+        {
             return Ok(Readiness::NotReady);
         }
         Ok(out)
@@ -125,6 +129,7 @@ impl<D: Driver> Driver for FaultyDriver<D> {
     fn stream_synchronize(&self, stream: Stream) -> DriverResult<()> {
         let out = self.sync_call(calls::STREAM_SYNCHRONIZE, |d| d.stream_synchronize(stream));
         self.inner.pause(self.stream_busy_for(stream.0));
+        Self::refuse_hung(calls::STREAM_SYNCHRONIZE, self.stream_hung(stream.0))?;
         self.surface(calls::STREAM_SYNCHRONIZE, out)
     }
 
@@ -133,6 +138,9 @@ impl<D: Driver> Driver for FaultyDriver<D> {
             d.stream_wait_event(stream, event)
         })?;
         let mut st = self.ctl.lock();
+        if st.hung_events.contains(&event.0) {
+            st.hung_streams.insert(stream.0);
+        }
         if let Some(until) = st.busy_events.get(&event.0).copied() {
             let busy = st.busy_streams.entry(stream.0).or_default();
             *busy = (*busy).max(until);
@@ -159,6 +167,11 @@ impl<D: Driver> Driver for FaultyDriver<D> {
         })?;
         // The event completes when the stream's work before it does, stalls included.
         let mut st = self.ctl.lock();
+        if st.hung_streams.contains(&stream.0) {
+            st.hung_events.insert(event.0);
+        } else {
+            st.hung_events.remove(&event.0);
+        }
         match st.busy_streams.get(&stream.0).copied() {
             Some(until) => st.busy_events.insert(event.0, until),
             None => st.busy_events.remove(&event.0),
@@ -169,7 +182,9 @@ impl<D: Driver> Driver for FaultyDriver<D> {
     fn event_query(&self, event: Event) -> DriverResult<Readiness> {
         let out = self.sync_call(calls::EVENT_QUERY, |d| d.event_query(event));
         let out = self.surface(calls::EVENT_QUERY, out)?;
-        if out == Readiness::Ready && !self.event_busy_for(event.0).is_zero() {
+        if out == Readiness::Ready
+            && (self.event_hung(event.0) || !self.event_busy_for(event.0).is_zero())
+        {
             return Ok(Readiness::NotReady);
         }
         Ok(out)
@@ -178,6 +193,7 @@ impl<D: Driver> Driver for FaultyDriver<D> {
     fn event_synchronize(&self, event: Event) -> DriverResult<()> {
         let out = self.sync_call(calls::EVENT_SYNCHRONIZE, |d| d.event_synchronize(event));
         self.inner.pause(self.event_busy_for(event.0));
+        Self::refuse_hung(calls::EVENT_SYNCHRONIZE, self.event_hung(event.0))?;
         self.surface(calls::EVENT_SYNCHRONIZE, out)
     }
 

@@ -30,7 +30,7 @@ mod driver_impl;
 mod spin;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::driver::{CuCode, Driver, DriverError, DriverResult};
@@ -130,12 +130,20 @@ struct FaultState {
     /// is back to zero.
     ipc_opens: HashMap<u64, u64>,
     async_stall: AsyncStall,
+    /// Streams held by [`FaultAction::Hang`], and events recorded behind them, until the
+    /// hangs are released.
+    hung_streams: HashSet<u64>,
+    hung_events: HashSet<u64>,
+    /// How many times the hangs were released (a synchronous call held by one waits for it to
+    /// move).
+    releases: u64,
 }
 
 /// Schedules faults on a [`FaultyDriver`] and reads what it recorded. Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct FaultController {
     state: Arc<Mutex<FaultState>>,
+    released: Arc<Condvar>,
 }
 
 impl FaultController {
@@ -185,6 +193,29 @@ impl FaultController {
     }
 
     /// Drops every scheduled fault and a pending error (a sticky error already raised stays).
+    /// Releases every [`FaultAction::Hang`]: the streams and events it held complete (as
+    /// the driver underneath says), and the synchronous calls it held return.
+    pub fn release_hangs(&self) {
+        let mut st = self.lock();
+        st.hung_streams.clear();
+        st.hung_events.clear();
+        st.releases += 1;
+        self.released.notify_all();
+    }
+
+    /// Blocks the calling thread until the hangs are released (a synchronous call held by
+    /// [`FaultAction::Hang`]).
+    fn hold(&self) {
+        let mut st = self.lock();
+        let at = st.releases;
+        while st.releases == at {
+            st = self
+                .released
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     pub fn clear_faults(&self) {
         let mut st = self.lock();
         st.plan.clear();
@@ -229,6 +260,7 @@ impl FaultController {
 #[derive(Clone, Copy, Debug, Default)]
 struct Go {
     stall: Option<Duration>,
+    hang: bool,
 }
 
 /// The error every call returns while the driver is "missing".
@@ -276,7 +308,14 @@ impl<D: Driver> FaultyDriver<D> {
                 st.pending = Some(code);
                 Ok(Go::default())
             }
-            Some(FaultAction::Stall(d)) => Ok(Go { stall: Some(d) }),
+            Some(FaultAction::Stall(d)) => Ok(Go {
+                stall: Some(d),
+                hang: false,
+            }),
+            Some(FaultAction::Hang) => Ok(Go {
+                stall: None,
+                hang: true,
+            }),
         }
     }
 
@@ -291,6 +330,9 @@ impl<D: Driver> FaultyDriver<D> {
         if let Some(d) = go.stall {
             self.inner.pause(d);
         }
+        if go.hang {
+            self.ctl.hold();
+        }
         out
     }
 
@@ -303,6 +345,9 @@ impl<D: Driver> FaultyDriver<D> {
     ) -> DriverResult<T> {
         let go = self.enter(call)?;
         let out = f(&self.inner);
+        if go.hang && out.is_ok() {
+            self.ctl.lock().hung_streams.insert(stream);
+        }
         if let (Some(d), true) = (go.stall, out.is_ok())
             && !self.spin_on(stream, d)
         {
@@ -328,6 +373,28 @@ impl<D: Driver> FaultyDriver<D> {
             }
             None => Ok(value),
         }
+    }
+
+    /// Whether `stream` is held by a hang.
+    fn stream_hung(&self, stream: u64) -> bool {
+        self.ctl.lock().hung_streams.contains(&stream)
+    }
+
+    fn event_hung(&self, event: u64) -> bool {
+        self.ctl.lock().hung_events.contains(&event)
+    }
+
+    /// A synchronize's answer for work held by a hang: on a GPU the call never returns; the
+    /// wrapper answers `CUDA_ERROR_NOT_READY` (the device's own waits poll with deadlines and
+    /// never synchronize such a stream).
+    fn refuse_hung(call: &'static str, hung: bool) -> DriverResult<()> {
+        if hung {
+            return Err(DriverError::Cuda {
+                call,
+                code: CuCode::NOT_READY,
+            });
+        }
+        Ok(())
     }
 
     /// How long `stream` stays busy from now (zero when it is not).

@@ -259,3 +259,50 @@ fn ipc_calls_pass_through_to_the_simulator() {
     );
     d.mem_free(p).unwrap();
 }
+
+/// Issue 44: [`FaultAction::Hang`] over any driver. An asynchronous call's stream, an event
+/// recorded behind it and a stream made to wait for that event never complete (queries
+/// `NotReady`, synchronizes refused) until released; a synchronous call does not return until
+/// released (an abort behind a kernel that waits for a stopped peer).
+#[test]
+fn a_hang_holds_its_work_or_its_caller_until_released() {
+    use std::sync::mpsc;
+    let d = std::sync::Arc::new(wrapped());
+    let ctl = d.controller();
+    let ctx = d.primary_ctx_retain(0).unwrap();
+    d.ctx_set_current(ctx).unwrap();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let other = d.stream_create(StreamKind::NonBlocking).unwrap();
+    let p = d.mem_alloc(256).unwrap();
+    ctl.fault(calls::MEMSET_D8_ASYNC, 1, FaultAction::Hang);
+    d.memset_d8_async(p, 1, 256, s).unwrap();
+    let e = d.event_create(false).unwrap();
+    d.event_record(e, s).unwrap();
+    d.stream_wait_event(other, e).unwrap();
+    for _ in 0..3 {
+        assert_eq!(d.stream_query(s).unwrap(), Readiness::NotReady);
+        assert_eq!(d.event_query(e).unwrap(), Readiness::NotReady);
+        assert_eq!(d.stream_query(other).unwrap(), Readiness::NotReady);
+        assert!(d.stream_synchronize(s).is_err());
+        assert!(d.ctx_synchronize().is_err());
+    }
+    ctl.release_hangs();
+    assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
+    assert_eq!(d.event_query(e).unwrap(), Readiness::Ready);
+    d.stream_synchronize(other).unwrap();
+
+    ctl.fault(calls::MEM_GET_INFO, 1, FaultAction::Hang);
+    let (tx, rx) = mpsc::channel();
+    let caller = std::sync::Arc::clone(&d);
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(caller.mem_get_info());
+    });
+    // Not returned while held (it cannot return before the release, however slow the machine).
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_millis(50)),
+        Err(mpsc::RecvTimeoutError::Timeout)
+    ));
+    ctl.release_hangs();
+    assert!(rx.recv().unwrap().is_ok());
+    t.join().unwrap();
+}

@@ -51,6 +51,13 @@ pub enum KernelFault {
     /// Host memory of an asynchronous copy was freed before the copy ran.
     #[error("page-locked host memory at {0:#x} is not allocated")]
     HostUnmapped(u64),
+    /// The kernel waits on the device for something that has not come (a peer that stopped
+    /// or died, for a collective): not an error, and not done. The simulator leaves it at the
+    /// front of its stream and runs it again at the next query or wait, as a GPU keeps such a
+    /// kernel spinning: the stream, and every stream or event waiting behind it, never drains
+    /// until the kernel completes (say, once its communicator is aborted).
+    #[error("the kernel is waiting on the device: {0}")]
+    Waiting(String),
 }
 
 /// Checked access to simulated device memory, handed to kernel closures.

@@ -63,6 +63,10 @@ use state::{Cx, State};
 #[derive(Debug)]
 pub struct SimDriver {
     state: Mutex<State>,
+    /// How many times the fault plan's hangs were released; a synchronous call held by
+    /// [`FaultAction::Hang`] waits, without the state's lock, until it moves.
+    releases: Mutex<u64>,
+    released: std::sync::Condvar,
 }
 
 impl Default for SimDriver {
@@ -78,6 +82,8 @@ impl SimDriver {
     pub fn new(config: SimConfig) -> Self {
         SimDriver {
             state: Mutex::new(State::new(config)),
+            releases: Mutex::new(0),
+            released: std::sync::Condvar::new(),
         }
     }
 
@@ -100,10 +106,37 @@ impl SimDriver {
         let mut st = self.lock();
         let mut cx = Cx::new(call, stream);
         let snapshot = st.capture_snapshot();
+        let releases = *self.releases_lock();
         let result = st.prologue(&mut cx).and_then(|()| work(&mut st, &mut cx));
+        // A hang the call did not hand to a stream holds the calling thread itself.
+        let hang = std::mem::take(&mut cx.hang);
         let logged = result.as_ref().map(|_| ()).map_err(Clone::clone);
         st.epilogue(&mut cx, snapshot, logged);
+        drop(st);
+        if hang {
+            let mut n = self.releases_lock();
+            while *n == releases {
+                n = self
+                    .released
+                    .wait(n)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
         result
+    }
+
+    fn releases_lock(&self) -> MutexGuard<'_, u64> {
+        self.releases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Releases every [`FaultAction::Hang`]: the operations it held on streams complete (at
+    /// the next query or wait), and the synchronous calls it held return.
+    pub fn release_hangs(&self) {
+        self.lock().release_hangs();
+        *self.releases_lock() += 1;
+        self.released.notify_all();
     }
 
     /// The configuration the simulator was made with.

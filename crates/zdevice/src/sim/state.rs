@@ -37,6 +37,8 @@ pub(crate) struct Cx {
     /// An error the fault plan gave this call to leave for the next synchronising call (set
     /// after the call, so that a synchronising call itself succeeds).
     pub fail_next_sync: Option<CuCode>,
+    /// The fault plan's [`FaultAction::Hang`] for this call.
+    pub hang: bool,
 }
 
 impl Cx {
@@ -48,6 +50,7 @@ impl Cx {
             stall: Duration::ZERO,
             effect: Effect::Immediate,
             fail_next_sync: None,
+            hang: false,
         }
     }
 
@@ -178,6 +181,10 @@ impl State {
             }
             Some(FaultAction::FailAtNextSync(code)) => {
                 cx.fail_next_sync = Some(code);
+                Ok(())
+            }
+            Some(FaultAction::Hang) => {
+                cx.hang = true;
                 Ok(())
             }
             None => Ok(()),

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::access::KernelFault;
 use super::capture::{Ask, Gate, Joined};
 use super::oplog::Effect;
 use super::ops::Op;
@@ -21,6 +22,8 @@ pub(crate) struct Queued {
     pub seq: u64,
     pub ready_at: Duration,
     pub op: Op,
+    /// Held by the fault plan ([`crate::FaultAction::Hang`]) until its hangs are released.
+    pub hung: bool,
 }
 
 /// The simulated device's stream priorities (`cuCtxGetStreamPriorityRange`): 0, CUDA's
@@ -112,7 +115,12 @@ impl State {
             .max(after)
             .saturating_add(duration);
         s.busy_until = ready_at;
-        s.queue.push_back(Queued { seq, ready_at, op });
+        s.queue.push_back(Queued {
+            seq,
+            ready_at,
+            op,
+            hung: std::mem::take(&mut cx.hang),
+        });
         self.next_seq += 1;
         cx.effect = Effect::Enqueued;
         Ok(seq)
@@ -122,7 +130,9 @@ impl State {
         self.enqueue_after(cx, stream, op, Duration::ZERO)
     }
 
-    /// Runs queued operations of `stream` in order, as far as `upto` says.
+    /// Runs queued operations of `stream` in order, as far as `upto` says. Stops at an
+    /// operation that cannot complete yet (a kernel waiting on the device, a wait for such a
+    /// stream), which stays at the front.
     pub(crate) fn drain(&mut self, stream: Stream, upto: Upto) {
         loop {
             let Some(s) = self.streams.get_mut(&stream.0) else {
@@ -140,7 +150,40 @@ impl State {
             let Some(item) = s.queue.pop_front() else {
                 return;
             };
-            self.execute(item);
+            if let Some(item) = self.execute(item) {
+                if let Some(s) = self.streams.get_mut(&stream.0) {
+                    s.queue.push_front(item);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Whether `stream` holds an operation due by now that could not complete (a kernel
+    /// waiting on the device, or a wait behind one): a synchronize would never return.
+    pub(crate) fn stuck(&self, stream: Stream) -> bool {
+        self.streams
+            .get(&stream.0)
+            .and_then(|s| s.queue.front())
+            .is_some_and(|front| front.ready_at <= self.now)
+    }
+
+    /// A synchronize's answer for a stream that cannot drain: on a GPU the call never returns;
+    /// the simulator answers `CUDA_ERROR_NOT_READY` (600) instead (the device's own waits
+    /// poll with deadlines and never make this call on such a stream).
+    pub(crate) fn refuse_stuck(&self, cx: &Cx, streams: &[Stream]) -> DriverResult<()> {
+        if streams.iter().any(|&s| self.stuck(s)) {
+            return Err(cx.cuda(CuCode::NOT_READY));
+        }
+        Ok(())
+    }
+
+    /// Lets every operation held by [`crate::FaultAction::Hang`] complete.
+    pub(crate) fn release_hangs(&mut self) {
+        for s in self.streams.values_mut() {
+            for q in &mut s.queue {
+                q.hung = false;
+            }
         }
     }
 
@@ -171,10 +214,25 @@ impl State {
         }
     }
 
-    fn execute(&mut self, item: Queued) {
+    /// Runs one operation; hands it back when it could not complete (see [`Self::drain`]).
+    fn execute(&mut self, item: Queued) -> Option<Queued> {
+        if item.hung {
+            return Some(item);
+        }
         match &item.op {
             // Waits reference strictly earlier operations, so this recursion ends.
-            Op::Wait { stream, seq } => self.drain(*stream, Upto::Seq(*seq)),
+            Op::Wait { stream, seq } => {
+                let (stream, seq) = (*stream, *seq);
+                self.drain(stream, Upto::Seq(seq));
+                let behind = self
+                    .streams
+                    .get(&stream.0)
+                    .and_then(|s| s.queue.front())
+                    .is_some_and(|front| front.seq <= seq);
+                if behind {
+                    return Some(item);
+                }
+            }
             Op::EventRecord { event } => {
                 if let Some(e) = self.events.get_mut(&event.0)
                     && matches!(e.rec, Recorded::Pending { seq, .. } if seq == item.seq)
@@ -192,15 +250,21 @@ impl State {
                 }
             }
             op if self.faulted() => tracing::debug!(?op, "skipped: the context has faulted"),
-            op => {
-                if let Some(Err(fault)) = op.run_data(&mut self.mem, self.cfg.accounting_only) {
+            op => match op.run_data(&mut self.mem, self.cfg.accounting_only) {
+                Some(Err(KernelFault::Waiting(why))) => {
+                    tracing::debug!(%why, ?op, "simulated kernel waiting on the device");
+                    return Some(item);
+                }
+                Some(Err(fault)) => {
                     tracing::warn!(%fault, ?op, "simulated illegal address");
                     if self.pending.is_none_or(|c| !c.is_sticky()) {
                         self.pending = Some(CuCode::ILLEGAL_ADDRESS);
                     }
                 }
-            }
+                _ => {}
+            },
         }
+        None
     }
 
     // --- stream calls -------------------------------------------------------------------------
@@ -262,6 +326,7 @@ impl State {
             .busy_until;
         self.now = self.now.max(busy).saturating_add(cx.take_stall());
         self.drain(s, Upto::All);
+        self.refuse_stuck(cx, &[s])?;
         self.surface(cx)
     }
 
@@ -275,6 +340,8 @@ impl State {
             .unwrap_or_default();
         self.now = self.now.max(busy).saturating_add(cx.take_stall());
         self.drain_everything();
+        let all: Vec<Stream> = self.streams.keys().map(|&id| Stream(id)).collect();
+        self.refuse_stuck(cx, &all)?;
         self.surface(cx)
     }
 
@@ -480,7 +547,10 @@ impl State {
             self.now = self.now.max(ready_at);
         }
         self.now = self.now.saturating_add(cx.take_stall());
-        self.settle(e);
+        let done = matches!(rec, Recorded::Never | Recorded::InCapture) || self.settle(e).is_some();
+        if !done {
+            return Err(cx.cuda(CuCode::NOT_READY));
+        }
         self.surface(cx)
     }
 

@@ -391,3 +391,101 @@ fn watchdog_gives_up_on_a_driver_call_stuck_in_real_time() {
     );
     assert!(matches!(dev.alloc(16), Err(DeviceError::DeviceLost { .. })));
 }
+
+/// Issue 44: work held by [`FaultAction::Hang`] (a kernel waiting on the device for a peer
+/// that stopped) never completes: unlike a stall, every wait for its stream ends at its
+/// deadline however often it is made, and so does a wait on an event recorded behind it or on
+/// another stream made to wait for it; the device is not lost. Released, all of it drains.
+#[test]
+fn hung_stream_work_never_drains_until_released() {
+    let deadline = Duration::from_secs(5);
+    let dev = open_with(DeviceConfig {
+        sync_deadline: deadline,
+        ..DeviceConfig::default()
+    });
+    let sim = dev.driver();
+    let p = dev.alloc(1024).unwrap();
+    sim.fault(calls::MEMSET_D8_ASYNC, 1, FaultAction::Hang);
+    dev.memset_d8_async(p, 7, 1024, dev.stream()).unwrap();
+    let behind = dev.create_event(false).unwrap();
+    dev.record_event(behind, dev.stream()).unwrap();
+    let other = dev.create_stream().unwrap();
+    dev.stream_wait_event(other, behind).unwrap();
+    for _ in 0..3 {
+        for r in [
+            dev.synchronize(dev.stream()),
+            dev.wait_event(behind),
+            dev.synchronize(other),
+        ] {
+            assert!(
+                matches!(
+                    r,
+                    Err(DeviceError::Timeout {
+                        device_lost: false,
+                        ..
+                    })
+                ),
+                "{r:?}"
+            );
+        }
+    }
+    sim.release_hangs();
+    dev.synchronize(other).unwrap();
+    dev.wait_event(behind).unwrap();
+    let mut back = vec![0u8; 1024];
+    dev.copy_dtoh(&mut back, p).unwrap();
+    assert!(back.iter().all(|&b| b == 7));
+    dev.destroy_event(behind).unwrap();
+    still_usable(&dev).unwrap();
+}
+
+/// Issue 44: a simulated kernel that waits on the device (`KernelFault::Waiting`, what the
+/// simulated collective answers while a peer does not) holds its stream until it completes;
+/// waits end at their deadline meanwhile, and the device is not lost.
+#[test]
+fn a_kernel_waiting_on_the_device_holds_its_stream_until_it_completes() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dev = open_with(DeviceConfig {
+        sync_deadline: Duration::from_secs(5),
+        ..DeviceConfig::default()
+    });
+    let peer_came = Arc::new(AtomicBool::new(false));
+    let came = Arc::clone(&peer_came);
+    dev.driver()
+        .register_kernel("waits_for_a_peer", move |_, _, _| {
+            if came.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err(zdevice::sim::KernelFault::Waiting(
+                    "the peer has not come".into(),
+                ))
+            }
+        });
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry waits_for_a_peer()\n{\n\tret;\n}\n";
+    let module = dev.load_module(ptx).unwrap();
+    let f = module.function("waits_for_a_peer").unwrap();
+    let config = LaunchConfig {
+        grid: (1, 1, 1),
+        block: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel takes no arguments and touches no memory.
+    unsafe { dev.launch(f, config, &[], dev.stream()) }.unwrap();
+    for _ in 0..3 {
+        let r = dev.synchronize(dev.stream());
+        assert!(
+            matches!(
+                r,
+                Err(DeviceError::Timeout {
+                    device_lost: false,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+    peer_came.store(true, Ordering::Release);
+    dev.synchronize(dev.stream()).unwrap();
+    still_usable(&dev).unwrap();
+}

@@ -441,6 +441,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             return e;
         }
         if let Some(c) = dist.comm.take_failure() {
+            // Aborted here too: over NCCL a collective whose peer stopped waits on the device
+            // until its communicator is aborted, and the simulator's as well (issue 44); a
+            // failure that did not abort would leave the teardown waiting behind it.
+            dist.comm.abort(&c.to_string());
             return match e {
                 GradError::Step { step, applied, .. } => GradError::Step {
                     step,
@@ -450,10 +454,25 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 _ => GradError::from(c),
             };
         }
-        if !matches!(e.cause(), GradError::NonFinite { .. } | GradError::Comm(_)) {
+        // A collective's error too (a wait past its deadline did not always abort): aborting
+        // is idempotent. A non-finite step is every rank's alike; they stop together.
+        if !matches!(e.cause(), GradError::NonFinite { .. }) {
             dist.comm.abort(&e.to_string());
         }
         e
+    }
+
+    /// Gives up the job's collective, if any (idempotent): the communicator is aborted, so
+    /// work of it that waits on the device for a peer ends and the device's stream is not
+    /// waited for again; the peers stop at their next collective. The caller does this when
+    /// it stops on an error outside a step (evaluation, a checkpoint, an agreement), before
+    /// the trainer is dropped, so the teardown does not wait behind a collective whose peer
+    /// stopped (issue 44). A single process has nothing to give up.
+    pub fn give_up(&self, why: &str) {
+        let dist = &self.parts.dist;
+        if !dist.single() {
+            dist.comm.abort(why);
+        }
     }
 
     /// Evaluation sharded over the ranks: each evaluates its shard, the sums are all-reduced.

@@ -6,6 +6,8 @@
 //! the same number is bitwise, with another refused).
 
 use crate::common;
+#[path = "distributed/peer_faults.rs"]
+mod peer_faults;
 #[path = "distributed/stops.rs"]
 mod stops;
 

@@ -164,6 +164,17 @@ pub fn an_exchange_given_up_fails_its_launches<D: Driver>(b: &CudaBackend<D>) {
     assert!(e0.failed().expect("flag"));
 }
 
+/// Issue 44: an exchange is given up also after its device was marked lost (what aborting a
+/// communicator does first), and its next launch then fails at once. Before, `give_up` was
+/// refused as "device lost" and the kernel spun on for a peer that had stopped.
+pub fn an_exchange_is_given_up_after_its_device_was_abandoned<D: Driver>(b: &CudaBackend<D>) {
+    let ([e0, _e1], _, _) = two_ranks_on_one_device(b);
+    b.device()
+        .abandon("the communicator was aborted; its collectives may never complete");
+    e0.give_up()
+        .expect("give up although the device is marked lost");
+}
+
 /// CUDA IPC needs a second process; the simulator has none: connecting by handles is a typed
 /// error and leaves the exchange unconnected.
 pub fn handles_do_not_connect_on_the_simulator<D: Driver>(b: &CudaBackend<D>) {
@@ -216,6 +227,11 @@ mod mock {
         // Made, connected, launched and asked whether it failed.
         super::simulated_ranks_see_the_ranks_launched_before(&b);
         assert_eq!(legacy(), [0; 5], "the exchanges");
+    }
+
+    #[test]
+    fn an_exchange_is_given_up_after_its_device_was_abandoned() {
+        super::an_exchange_is_given_up_after_its_device_was_abandoned(&super::super::mock());
     }
 
     #[test]

@@ -356,7 +356,8 @@ impl<D: Driver> NcclComm<D> {
     pub fn synchronize(&self, stream: Stream) -> Result<(), NcclError> {
         const CALL: &str = "cuStreamQuery";
         let deadline = self.device.config().sync_deadline;
-        let until = Instant::now() + deadline;
+        let started = Instant::now();
+        let until = started + deadline;
         // As the device's own waits: a step queued on the stream is seen done as it ends.
         let mut pacing = Pacing::new(SPIN_BEFORE_SLEEP);
         loop {
@@ -376,7 +377,7 @@ impl<D: Driver> NcclComm<D> {
                     deadline,
                 });
             }
-            match pacing.next() {
+            match pacing.next(started.elapsed()) {
                 None => std::thread::yield_now(),
                 Some(sleep) => std::thread::sleep(sleep),
             }
