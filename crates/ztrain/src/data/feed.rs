@@ -194,5 +194,7 @@ fn report_of(logits: &[f32], y: &[f32]) -> zgrad::EvalReport {
         loss: loss / denom,
         accuracy: correct as f64 / denom,
         samples: y.len(),
+        // XAsset is a binary classifier (its `Model::task`): no regression metrics.
+        regression: None,
     }
 }
