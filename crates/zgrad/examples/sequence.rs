@@ -1,12 +1,12 @@
-//! A sequence model: an attention encoder over sequences of S tokens of F features, one
-//! logit per position, trained to name the position of the token whose first feature is the
-//! largest (`Task::class_index(S)`: S logits against the position's index). Built from
-//! zgrad's `nn` modules (a Linear token embedding, one `EncoderBlock` with QK-norm attention,
-//! a Linear head per token).
+//! A sequence model: token ids -> an embedding -> masked self-attention over sequences of
+//! varying length -> the mean over each sequence's own (unpadded) positions -> a class.
 //!
-//! Sequences here are all of length S with no padding: an embedding of token ids and a
-//! key-padding mask are ops being added beside this work (issue 40, item 3); this example
-//! uses only the ops there are.
+//! Each sample is `S` token ids (as whole numbers in `f32`), a sequence of 2..=S tokens from a
+//! vocabulary `1..V`, padded with id 0 to `S`. Each token belongs to one of `C` classes
+//! (`id % C`) and a sequence's label is the class most of its tokens belong to (the lowest on
+//! a tie): `Task::class_index(C)`. The padding never counts: the key-padding mask (1 on the
+//! sequence, 0 on padding, `min(id, 1)` on the device) keeps attention off padded keys
+//! (`Tape::masked_attention`) and the pooling averages the unpadded positions only.
 //!
 //! ```sh
 //! cargo run --release -p zgrad --example sequence                 # CPU
@@ -23,68 +23,118 @@
 
 pub mod common;
 
-use common::{Example, device_from_args, fail, on_device, uniform};
-use zcompute::{Capture, prelude::*};
-use zgrad::nn::{EncoderBlock, Linear};
+use common::{Example, device_from_args, fail, on_device};
+use zcompute::{Activation, Capture, prelude::*};
+use zgrad::nn::Linear;
 use zgrad::rng::SplitMix64;
 use zgrad::{EvalReport, GradError, Model, Tape, Task, TrainSchedule, Trainer, TrainerConfig, Var};
 
-/// Tokens `[S, F]` -> `Linear(F, D)` -> encoder block -> `Linear(D, 1)` per token: `[S]`
-/// logits over the positions.
-pub struct Encoder<B: Ops<f32>> {
+/// The id of padding (its row of the table is never read into a result).
+pub const PAD: usize = 0;
+
+/// `ids [B, S]` -> `embedding [V, D]` -> `x + attention(x)` (one head, key-padding mask) ->
+/// `tanh(Linear(D, D))` -> mean over the unpadded positions `[B, D]` -> `Linear(D, C)`.
+pub struct SequenceClassifier<B: Ops<f32>> {
     pub tokens: usize,
-    pub features: usize,
-    pub embed: Linear<B, f32>,
-    pub block: EncoderBlock<B, f32>,
+    pub classes: usize,
+    pub embedding: Var<B, f32>,
+    pub q: Linear<B, f32>,
+    pub k: Linear<B, f32>,
+    pub v: Linear<B, f32>,
+    pub mix: Linear<B, f32>,
     pub head: Linear<B, f32>,
 }
 
 // By hand: a derive would ask `B: Clone`; a clone shares the parameters.
-impl<B: Ops<f32>> Clone for Encoder<B> {
+impl<B: Ops<f32>> Clone for SequenceClassifier<B> {
     fn clone(&self) -> Self {
-        Encoder {
+        SequenceClassifier {
             tokens: self.tokens,
-            features: self.features,
-            embed: self.embed.clone(),
-            block: self.block.clone(),
+            classes: self.classes,
+            embedding: self.embedding.clone(),
+            q: self.q.clone(),
+            k: self.k.clone(),
+            v: self.v.clone(),
+            mix: self.mix.clone(),
             head: self.head.clone(),
         }
     }
 }
 
-impl<B: Ops<f32>> Encoder<B> {
+impl<B: Ops<f32>> SequenceClassifier<B> {
     pub fn new(
         b: &B,
+        vocab: usize,
         tokens: usize,
-        features: usize,
+        classes: usize,
         width: usize,
-        heads: usize,
         seed: u64,
     ) -> zgrad::Result<Self> {
         let mut rng = SplitMix64::new(seed);
-        Ok(Encoder {
+        let table: Vec<f32> = rng
+            .normal_vec(vocab * width)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        Ok(SequenceClassifier {
             tokens,
-            features,
-            embed: Linear::init(b, features, width, &mut rng)?,
-            block: EncoderBlock::init(b, width, heads, 2 * width, &mut rng)?,
-            head: Linear::init(b, width, 1, &mut rng)?,
+            classes,
+            embedding: Var::parameter_from(b, &table, &[vocab, width])?,
+            q: Linear::init(b, width, width, &mut rng)?,
+            k: Linear::init(b, width, width, &mut rng)?,
+            v: Linear::init(b, width, width, &mut rng)?,
+            mix: Linear::init(b, width, width, &mut rng)?,
+            head: Linear::init(b, width, classes, &mut rng)?,
         })
+    }
+
+    /// The logits `[B, C]` of the ids `[B, S]`.
+    pub fn forward(
+        &self,
+        tape: &Tape<'_, B, f32>,
+        ids: &Var<B, f32>,
+    ) -> zgrad::Result<Var<B, f32>> {
+        let (batch, s) = (ids.shape()[0], self.tokens);
+        let width = self.embedding.shape()[1];
+        // 1 on a token, 0 on padding (ids are whole numbers >= 0; PAD is 0).
+        let one = Var::constant(tape.backend().full(&[], 1.0)?);
+        let keep = tape.minimum(ids, &one)?;
+        let x = tape.embedding(&self.embedding, ids.value())?;
+        let (q, k, v) = (
+            self.q.forward(tape, &x)?,
+            self.k.forward(tape, &x)?,
+            self.v.forward(tape, &x)?,
+        );
+        let key_keep = tape.reshape(&keep, &[batch, 1, s])?;
+        let scale = 1.0 / (width as f32).sqrt();
+        let attended = tape.masked_attention(&q, &k, &v, &key_keep, scale)?;
+        let h = self
+            .mix
+            .forward_act(tape, &tape.add(&x, &attended)?, Activation::Tanh)?;
+        // The mean over each sequence's own positions: padded rows are multiplied by 0.
+        let kept = tape.mul(&h, &tape.reshape(&keep, &[batch, s, 1])?)?;
+        let pooled = tape.div(&tape.sum(&kept, 1, false)?, &tape.sum(&keep, 1, true)?)?;
+        self.head.forward(tape, &pooled)
     }
 }
 
-impl<B: Ops<f32> + 'static> Model<B, f32> for Encoder<B> {
+impl<B: Ops<f32> + 'static> Model<B, f32> for SequenceClassifier<B> {
     fn task(&self) -> Task {
-        Task::class_index(self.tokens)
+        Task::class_index(self.classes)
     }
 
     fn named_parameters(&self) -> Vec<(String, Var<B, f32>)> {
-        let mut out = vec![
-            ("embed.weight".to_string(), self.embed.weight.clone()),
-            ("embed.bias".to_string(), self.embed.bias.clone()),
-        ];
-        out.extend(self.block.named_parameters("block."));
-        out.push(("head.weight".to_string(), self.head.weight.clone()));
-        out.push(("head.bias".to_string(), self.head.bias.clone()));
+        let mut out = vec![("embedding.weight".to_string(), self.embedding.clone())];
+        for (name, l) in [
+            ("q", &self.q),
+            ("k", &self.k),
+            ("v", &self.v),
+            ("mix", &self.mix),
+            ("head", &self.head),
+        ] {
+            out.push((format!("{name}.weight"), l.weight.clone()));
+            out.push((format!("{name}.bias"), l.bias.clone()));
+        }
         out
     }
 
@@ -94,47 +144,52 @@ impl<B: Ops<f32> + 'static> Model<B, f32> for Encoder<B> {
         x: &Var<B, f32>,
         y: &Var<B, f32>,
     ) -> zgrad::Result<(Var<B, f32>, Var<B, f32>)> {
-        let batch = x.shape()[0];
-        let h = self.embed.forward(tape, x)?;
-        let h = self.block.forward(tape, &h)?;
-        let logits = tape.reshape(&self.head.forward(tape, &h)?, &[batch, self.tokens])?;
+        let logits = self.forward(tape, x)?;
         Ok((
             tape.task_loss(&Model::<B, f32>::task(self), &logits, y)?,
             logits,
         ))
     }
 
+    fn logits(&self, tape: &Tape<'_, B, f32>, x: &Var<B, f32>) -> zgrad::Result<Var<B, f32>> {
+        self.forward(tape, x)
+    }
+
     fn sample_shape(&self, values: usize) -> zgrad::Result<Vec<usize>> {
-        let (s, f) = (self.tokens, self.features);
-        if values != s * f {
+        if values != self.tokens {
             return Err(GradError::BadInput(format!(
-                "a sample of {values} values: the encoder takes [{s}, {f}]"
+                "a sample of {values} values: the model takes {} token ids",
+                self.tokens
             )));
         }
-        Ok(vec![s, f])
+        Ok(vec![self.tokens])
     }
 }
 
 /// The sizes of a run (`Sequence::default()` is the command's).
 pub struct Sequence {
+    pub vocab: usize,
     pub tokens: usize,
-    pub features: usize,
+    pub classes: usize,
     pub width: usize,
     pub train: usize,
     pub batch: usize,
     pub epochs: usize,
+    pub schedule: TrainSchedule,
     pub quiet: bool,
 }
 
 impl Default for Sequence {
     fn default() -> Self {
         Sequence {
-            tokens: 8,
-            features: 4,
+            vocab: 24,
+            tokens: 12,
+            classes: 4,
             width: 16,
             train: 2048,
             batch: 32,
-            epochs: 6,
+            epochs: 8,
+            schedule: TrainSchedule::Batched,
             quiet: false,
         }
     }
@@ -147,21 +202,28 @@ pub struct Outcome {
     pub last_loss: f64,
     pub before: EvalReport,
     pub after: EvalReport,
+    /// The mean sequence length (of `tokens`) in the validation set.
+    pub mean_length: f64,
 }
 
 impl Sequence {
-    fn data(&self, seed: u64, n: usize) -> (Vec<f32>, Vec<f32>) {
-        let (s, f) = (self.tokens, self.features);
-        let x = uniform(seed, n * s * f);
-        let y = x
-            .chunks_exact(s * f)
-            .map(|seq| {
-                (0..s).fold(
-                    0,
-                    |best, t| if seq[t * f] > seq[best * f] { t } else { best },
-                ) as f32
-            })
-            .collect();
+    /// `n` padded sequences `[n, S]` of ids and their labels.
+    pub fn data(&self, seed: u64, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let (s, c) = (self.tokens, self.classes);
+        let mut rng = SplitMix64::new(seed);
+        let mut x = vec![PAD as f32; n * s];
+        let mut y = Vec::with_capacity(n);
+        for seq in x.chunks_exact_mut(s) {
+            let len = 2 + (rng.next_u64() % (s as u64 - 1)) as usize;
+            let mut counts = vec![0usize; c];
+            for id in &mut seq[..len] {
+                let token = 1 + (rng.next_u64() % (self.vocab as u64 - 1)) as usize;
+                counts[token % c] += 1;
+                *id = token as f32;
+            }
+            let label = (0..c).fold(0, |best, k| if counts[k] > counts[best] { k } else { best });
+            y.push(label as f32);
+        }
         (x, y)
     }
 }
@@ -170,28 +232,31 @@ impl Example for Sequence {
     type Out = Outcome;
 
     fn run<B: Capture<f32> + 'static>(&self, b: B) -> zgrad::Result<Outcome> {
-        let model = Encoder::new(&b, self.tokens, self.features, self.width, 2, 5)?;
+        let model =
+            SequenceClassifier::new(&b, self.vocab, self.tokens, self.classes, self.width, 5)?;
         let config = TrainerConfig {
-            schedule: TrainSchedule::Batched,
+            schedule: self.schedule,
             capture: true,
-            lr: 3e-3,
+            lr: 1e-2,
             eval_batch: 256,
             ..TrainerConfig::default()
         };
         let mut trainer = Trainer::new(b, model, config)?;
         let (x, y) = self.data(1, self.train);
         let (vx, vy) = self.data(2, self.train / 4);
+        let mean_length =
+            vx.iter().filter(|&&id| id != PAD as f32).count() as f64 / vy.len() as f64;
         trainer.load_validation(&vx, &vy, vy.len())?;
         let before = trainer.evaluate_validation()?;
-        let per = self.tokens * self.features;
+        let s = self.tokens;
         let (mut first_loss, mut last_loss) = (None, 0.0);
         for epoch in 0..self.epochs {
             let steps = self.train / self.batch;
             let mut sum = 0.0;
-            for s in 0..steps {
-                let rows = s * self.batch..(s + 1) * self.batch;
+            for step in 0..steps {
+                let rows = step * self.batch..(step + 1) * self.batch;
                 let r = trainer.train_batch(
-                    &x[rows.start * per..rows.end * per],
+                    &x[rows.start * s..rows.end * s],
                     &y[rows.clone()],
                     self.batch,
                 )?;
@@ -206,14 +271,13 @@ impl Example for Sequence {
         let after = trainer.evaluate_validation()?;
         if !self.quiet {
             println!(
-                "validation ({} sequences of {}): cross-entropy {:.4} -> {:.4}, accuracy {:.3} -> {:.3} (chance {:.3})",
+                "validation ({} sequences of mean length {mean_length:.1}, padded to {s}): cross-entropy {:.4} -> {:.4}, accuracy {:.3} -> {:.3} (chance {:.3})",
                 after.samples,
-                self.tokens,
                 before.loss,
                 after.loss,
                 before.accuracy,
                 after.accuracy,
-                1.0 / self.tokens as f64
+                1.0 / self.classes as f64
             );
         }
         Ok(Outcome {
@@ -221,6 +285,7 @@ impl Example for Sequence {
             last_loss,
             before,
             after,
+            mean_length,
         })
     }
 }

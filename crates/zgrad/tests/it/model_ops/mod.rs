@@ -2,9 +2,11 @@
 //! variance, RMSNorm, embedding, attention with a key-padding mask, dropout) and a user's own
 //! op through `CustomOp`: against the PyTorch float64 oracle (`tests/fixtures/make_ops.py`) on
 //! the CPU backend (f64 and f32), on the simulated device and (`gpu`) on CUDA device 0; captured
-//! equals eager bitwise for dropout, embedding and the custom op.
+//! equals eager bitwise for dropout, embedding and the custom op; the custom op inside a model
+//! the `Trainer` trains, in both schedules, eager and captured (`custom_trainer`).
 
 mod custom;
+mod custom_trainer;
 mod oracle;
 mod replay;
 
