@@ -18,16 +18,16 @@ pub enum CommError {
     #[error("NCCL {found} is loaded but {needed} or newer is needed")]
     VersionTooOld { found: String, needed: String },
 
-    /// A wait passed its deadline: a peer is stalled or gone. The communicator was aborted; the
-    /// job cannot go on.
-    #[error(
-        "rank {rank}: {op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted"
-    )]
+    /// A wait passed its deadline: a peer is stalled or gone (`silent`: the peer that did not
+    /// answer, where the transport knows it). The communicator was aborted; the job cannot go
+    /// on.
+    #[error("rank {rank}: {}", timeout_text(op, *step, *waited_for, *silent))]
     Timeout {
         rank: usize,
         op: &'static str,
         step: u64,
         waited_for: Duration,
+        silent: Option<usize>,
     },
 
     /// A peer reported a failure or vanished (connection closed, asynchronous error).
@@ -156,3 +156,16 @@ pub enum CommError {
 
 /// This crate's result.
 pub type Result<T> = std::result::Result<T, CommError>;
+
+/// [`CommError::Timeout`]'s text after "rank R: ": the peer that did not answer first, where
+/// it is known (the launcher names the same rank in its last line).
+fn timeout_text(op: &str, step: u64, waited_for: Duration, silent: Option<usize>) -> String {
+    match silent {
+        Some(peer) => format!(
+            "rank {peer} did not answer within {waited_for:?} in {op} at step {step} (stopped, stalled or dead); the communicator was aborted"
+        ),
+        None => format!(
+            "{op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted"
+        ),
+    }
+}

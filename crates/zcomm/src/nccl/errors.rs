@@ -18,6 +18,8 @@ pub(super) fn convert(e: NcclError, rank: usize, op: &'static str, step: u64) ->
             op,
             step,
             waited_for: deadline,
+            // NCCL does not say which peer its kernel waits for.
+            silent: None,
         },
         NcclError::Async {
             call,

@@ -187,6 +187,8 @@ impl<D: Driver> NcclCollective<D> {
                 op: OP,
                 step,
                 waited_for,
+                // Of two ranks, the one waited for is the other.
+                silent: (self.info.world == 2).then(|| 1 - self.info.rank),
             });
         }
         Ok(())

@@ -99,7 +99,7 @@ fn a_timeout_names_rank_op_step_and_the_deadline() {
     assert!(
         matches!(
             err,
-            CommError::Timeout { rank: 1, op: "all_reduce", step: 10, waited_for } if waited_for == Duration::from_secs(3)
+            CommError::Timeout { rank: 1, op: "all_reduce", step: 10, waited_for, silent: None } if waited_for == Duration::from_secs(3)
         ),
         "{err:?}"
     );

@@ -209,11 +209,26 @@ impl SimCollective {
                 op: "synchronize",
                 step: self.link.step.load(Ordering::Relaxed),
                 waited_for,
+                silent: self.silent_peer(),
             },
             None => CommError::Compute {
                 op: "synchronize",
                 source,
             },
+        }
+    }
+
+    /// The peer a collective of this rank found silent, if one did (kept for `take_failure`).
+    fn silent_peer(&self) -> Option<usize> {
+        match self
+            .link
+            .failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            Some(CommError::Timeout { silent, .. }) => *silent,
+            _ => None,
         }
     }
 

@@ -55,7 +55,8 @@ struct Frame {
 
 /// Why an exchange failed, before it is turned into a `CommError`.
 enum Failure {
-    Timeout,
+    /// The peer (where one rank was waited for) did not answer by the deadline.
+    Timeout(Option<usize>),
     Peer(String),
 }
 
@@ -81,11 +82,12 @@ impl Star {
             Star::Spoke(s) => spoke(s, rank, call, data, deadline),
         };
         out.map_err(|f| match f {
-            Failure::Timeout => CommError::Timeout {
+            Failure::Timeout(silent) => CommError::Timeout {
                 rank,
                 op: call.op,
                 step: call.step,
                 waited_for: waited,
+                silent,
             },
             Failure::Peer(detail) => CommError::PeerFailed {
                 rank,
@@ -140,7 +142,7 @@ fn hub(
             Ok(g) => g,
             Err(f) => {
                 let why = match &f {
-                    Failure::Timeout => format!(
+                    Failure::Timeout(_) => format!(
                         "rank {r} did not join {} of step {} before the deadline",
                         call.op, call.step
                     ),
@@ -148,7 +150,7 @@ fn hub(
                 };
                 abort_all(peers, &why, deadline);
                 return Err(match f {
-                    Failure::Timeout => Failure::Timeout,
+                    Failure::Timeout(_) => Failure::Timeout(Some(r)),
                     Failure::Peer(_) => Failure::Peer(why),
                 });
             }
@@ -314,7 +316,7 @@ fn io_failure(e: std::io::Error, peer: usize) -> Failure {
         return Failure::Peer(format!("from rank {peer}: {bad}"));
     }
     if e.kind() == std::io::ErrorKind::TimedOut {
-        Failure::Timeout
+        Failure::Timeout(Some(peer))
     } else {
         Failure::Peer(format!("rank {peer}{VANISHED}{e}"))
     }

@@ -397,7 +397,7 @@ mod gpu {
         let b = open(info);
         let err = NcclCollective::join(&b, info, &id).unwrap_err();
         assert!(
-            matches!(err, CommError::Timeout { rank: 0, op: "init", step: 0, waited_for } if waited_for == DEADLINE),
+            matches!(err, CommError::Timeout { rank: 0, op: "init", step: 0, waited_for, .. } if waited_for == DEADLINE),
             "{err:?}"
         );
     }

@@ -172,12 +172,20 @@ fn a_rank_that_stalls_times_the_others_out() {
     });
     assert!(start.elapsed() < Duration::from_secs(5));
     match &got[0] {
-        Some(CommError::Timeout {
-            rank: 0,
-            op: "all_reduce",
-            step: 3,
-            ..
-        }) => {}
+        // Issue 44: rank 0 names the rank that did not answer.
+        Some(
+            e @ CommError::Timeout {
+                rank: 0,
+                op: "all_reduce",
+                step: 3,
+                silent: Some(1),
+                ..
+            },
+        ) => assert!(
+            e.to_string()
+                .contains("rank 1 did not answer within 400ms in all_reduce at step 3"),
+            "{e}"
+        ),
         other => panic!("rank 0: {other:?}"),
     }
     match &got[2] {
@@ -230,6 +238,7 @@ fn a_collective_stuck_on_the_stream_times_out_by_name_and_the_teardown_waits_no_
             op: "synchronize",
             step: 2,
             waited_for,
+            ..
         } => assert_eq!(waited_for, device.config().sync_deadline),
         other => panic!("rank 0: {other:?}"),
     }

@@ -91,5 +91,21 @@ fn a_peer_killed_or_stopped_after_the_first_epoch_never_hangs_the_job(
         stderr.contains("rank 0 exited with status 3"),
         "rank 0 did not exit on its own with status 3:\n{stderr}"
     );
+    // Issue 44: rank 0's own error names the peer that did not answer, as the launcher does.
+    if signal == "STOP" {
+        // The error line and its causes.
+        let error: Vec<&str> = stderr
+            .lines()
+            .skip_while(|l| !l.contains("ztrain rank 0 of 2: error: "))
+            .take_while(|l| {
+                l.contains("ztrain rank 0 of 2: error: ") || l.starts_with("  caused by: ")
+            })
+            .collect();
+        let error = error.join("\n");
+        assert!(
+            error.contains("rank 1 did not answer within"),
+            "rank 0's error does not name rank 1: {error}\n{stderr}"
+        );
+    }
     assert_gone(&ranks);
 }
