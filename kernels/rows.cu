@@ -255,7 +255,10 @@ extern "C" __global__ void zc_softmax_rows_f32(float* out, const float* in, u64 
             if (v > m) {
                 s = s * expf(m - v) + 1.0f;
                 m = v;
-            } else {
+            } else if (!(v == -INFINITY)) {
+                // A -inf (a masked score) adds nothing; skipping it also keeps a lane that has
+                // seen only -inf from computing expf(-inf - -inf) = NaN (found on an H200 by
+                // the masked-fill oracle test). A NaN still goes in and propagates.
                 s += expf(v - m);
             }
         }

@@ -10,7 +10,9 @@ extern "C" __global__ void zc_select_f32(float* out, const float* cond, const fl
                                          const float* b, u64 n) {
     GRID_STRIDE_LOOP(i, 0, n) {
         float c = cond[i];
-        out[i] = isnan(c) ? __int_as_float(0x7fffffff) : (c != 0.0f ? a[i] : b[i]);
+        // 0x7fc00000: the CPU's and the twin's NaN (f32::NAN), so the bits agree (an H200 showed
+        // 0x7fffffff against 0x7fc00000 before).
+        out[i] = isnan(c) ? __int_as_float(0x7fc00000) : (c != 0.0f ? a[i] : b[i]);
     }
 }
 
