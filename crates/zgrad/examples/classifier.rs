@@ -17,7 +17,7 @@
 
 pub mod common;
 
-use common::{Example, TaskMlp, device_from_args, fail, on_device, uniform};
+use common::{Example, TaskMlp, main_of, train_epochs, uniform};
 use zcompute::Capture;
 use zgrad::{EvalReport, Task, TrainSchedule, Trainer, TrainerConfig};
 
@@ -96,26 +96,16 @@ impl Example for Classifier {
         let (vx, vy) = self.data(2, self.train / 4);
         trainer.load_validation(&vx, &vy, vy.len())?;
         let before = trainer.evaluate_validation()?;
-        let (mut first_loss, mut last_loss) = (None, 0.0);
         let f = self.features;
-        for epoch in 0..self.epochs {
-            let mut sum = 0.0;
-            let steps = self.train / self.batch;
-            for s in 0..steps {
-                let rows = s * self.batch..(s + 1) * self.batch;
-                let r = trainer.train_batch(
-                    &x[rows.start * f..rows.end * f],
-                    &y[rows.clone()],
-                    self.batch,
-                )?;
-                first_loss.get_or_insert(r.loss);
-                sum += r.loss;
-            }
-            last_loss = sum / steps as f64;
-            if !self.quiet {
-                println!("epoch {epoch}: mean training loss {last_loss:.4}");
-            }
-        }
+        let (first_loss, last_loss) = train_epochs(
+            &mut trainer,
+            (&x, f),
+            (&y, 1),
+            self.train,
+            self.batch,
+            self.epochs,
+            self.quiet,
+        )?;
         let after = trainer.evaluate_validation()?;
         if !self.quiet {
             println!(
@@ -124,7 +114,7 @@ impl Example for Classifier {
             );
         }
         Ok(Outcome {
-            first_loss: first_loss.unwrap_or(f64::NAN),
+            first_loss,
             last_loss,
             before,
             after,
@@ -133,11 +123,5 @@ impl Example for Classifier {
 }
 
 fn main() {
-    let device = device_from_args().unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(2)
-    });
-    if let Err(e) = on_device(device, &Classifier::default()) {
-        fail(&e);
-    }
+    main_of(&Classifier::default());
 }

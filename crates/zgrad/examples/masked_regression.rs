@@ -20,7 +20,7 @@
 
 pub mod common;
 
-use common::{Example, TaskMlp, device_from_args, fail, on_device, uniform};
+use common::{Example, TaskMlp, main_of, train_epochs, uniform};
 use zcompute::Capture;
 use zgrad::{EvalReport, Task, TrainSchedule, Trainer, TrainerConfig};
 
@@ -112,25 +112,15 @@ impl Example for MaskedRegression {
         trainer.load_validation(&vx, &vy, n_val)?;
         let before = trainer.evaluate_validation()?;
         let (f, per) = (self.features, 2 * K);
-        let (mut first_loss, mut last_loss) = (None, 0.0);
-        for epoch in 0..self.epochs {
-            let steps = self.train / self.batch;
-            let mut sum = 0.0;
-            for s in 0..steps {
-                let rows = s * self.batch..(s + 1) * self.batch;
-                let r = trainer.train_batch(
-                    &x[rows.start * f..rows.end * f],
-                    &y[rows.start * per..rows.end * per],
-                    self.batch,
-                )?;
-                first_loss.get_or_insert(r.loss);
-                sum += r.loss;
-            }
-            last_loss = sum / steps as f64;
-            if !self.quiet {
-                println!("epoch {epoch}: mean training loss {last_loss:.4}");
-            }
-        }
+        let (first_loss, last_loss) = train_epochs(
+            &mut trainer,
+            (&x, f),
+            (&y, per),
+            self.train,
+            self.batch,
+            self.epochs,
+            self.quiet,
+        )?;
         let after = trainer.evaluate_validation()?;
         if !self.quiet {
             let (m0, m1) = (before.regression, after.regression);
@@ -149,7 +139,7 @@ impl Example for MaskedRegression {
             );
         }
         Ok(Outcome {
-            first_loss: first_loss.unwrap_or(f64::NAN),
+            first_loss,
             last_loss,
             before,
             after,
@@ -159,11 +149,5 @@ impl Example for MaskedRegression {
 }
 
 fn main() {
-    let device = device_from_args().unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(2)
-    });
-    if let Err(e) = on_device(device, &MaskedRegression::default()) {
-        fail(&e);
-    }
+    main_of(&MaskedRegression::default());
 }

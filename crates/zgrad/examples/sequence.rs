@@ -23,7 +23,7 @@
 
 pub mod common;
 
-use common::{Example, device_from_args, fail, on_device};
+use common::{Example, main_of, train_epochs};
 use zcompute::{Activation, Capture, prelude::*};
 use zgrad::nn::Linear;
 use zgrad::rng::SplitMix64;
@@ -249,25 +249,15 @@ impl Example for Sequence {
         trainer.load_validation(&vx, &vy, vy.len())?;
         let before = trainer.evaluate_validation()?;
         let s = self.tokens;
-        let (mut first_loss, mut last_loss) = (None, 0.0);
-        for epoch in 0..self.epochs {
-            let steps = self.train / self.batch;
-            let mut sum = 0.0;
-            for step in 0..steps {
-                let rows = step * self.batch..(step + 1) * self.batch;
-                let r = trainer.train_batch(
-                    &x[rows.start * s..rows.end * s],
-                    &y[rows.clone()],
-                    self.batch,
-                )?;
-                first_loss.get_or_insert(r.loss);
-                sum += r.loss;
-            }
-            last_loss = sum / steps as f64;
-            if !self.quiet {
-                println!("epoch {epoch}: mean training loss {last_loss:.4}");
-            }
-        }
+        let (first_loss, last_loss) = train_epochs(
+            &mut trainer,
+            (&x, s),
+            (&y, 1),
+            self.train,
+            self.batch,
+            self.epochs,
+            self.quiet,
+        )?;
         let after = trainer.evaluate_validation()?;
         if !self.quiet {
             println!(
@@ -281,7 +271,7 @@ impl Example for Sequence {
             );
         }
         Ok(Outcome {
-            first_loss: first_loss.unwrap_or(f64::NAN),
+            first_loss,
             last_loss,
             before,
             after,
@@ -291,11 +281,5 @@ impl Example for Sequence {
 }
 
 fn main() {
-    let device = device_from_args().unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(2)
-    });
-    if let Err(e) = on_device(device, &Sequence::default()) {
-        fail(&e);
-    }
+    main_of(&Sequence::default());
 }

@@ -148,6 +148,54 @@ pub fn uniform(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Trains `epochs` epochs over the whole batches of the first `samples` samples (`x_per` input
+/// values and `y_per` target values a sample), printing each epoch's mean loss unless `quiet`.
+/// Returns the first step's loss and the last epoch's mean loss.
+#[allow(dead_code)]
+pub fn train_epochs<B: Capture<f32> + 'static, M: Model<B, f32>>(
+    trainer: &mut zgrad::Trainer<B, f32, M>,
+    (x, x_per): (&[f32], usize),
+    (y, y_per): (&[f32], usize),
+    samples: usize,
+    batch: usize,
+    epochs: usize,
+    quiet: bool,
+) -> zgrad::Result<(f64, f64)> {
+    let (mut first_loss, mut last_loss) = (None, 0.0);
+    let steps = samples / batch;
+    for epoch in 0..epochs {
+        let mut sum = 0.0;
+        for s in 0..steps {
+            let rows = s * batch..(s + 1) * batch;
+            let r = trainer.train_batch(
+                &x[rows.start * x_per..rows.end * x_per],
+                &y[rows.start * y_per..rows.end * y_per],
+                batch,
+            )?;
+            first_loss.get_or_insert(r.loss);
+            sum += r.loss;
+        }
+        last_loss = sum / steps as f64;
+        if !quiet {
+            println!("epoch {epoch}: mean training loss {last_loss:.4}");
+        }
+    }
+    Ok((first_loss.unwrap_or(f64::NAN), last_loss))
+}
+
+/// An example program's `main`: `--device` from the command line, then `ex` on it; a bad
+/// option exits with status 2, an error with its causes and status 1.
+#[allow(dead_code)]
+pub fn main_of<E: Example>(ex: &E) {
+    let device = device_from_args().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    });
+    if let Err(e) = on_device(device, ex) {
+        fail(&e);
+    }
+}
+
 /// Prints an error with its chain of causes and exits with status 1.
 pub fn fail(e: &dyn std::error::Error) -> ! {
     eprintln!("error: {e}");
