@@ -222,8 +222,10 @@ fn build_test_binaries(dir: &Path, features: &str) -> Result<(usize, u64)> {
     Ok((count, total))
 }
 
-/// Release builds (with the GPU features) of the workspace's commands into `DIR/` and of every
-/// example named `*_bench` into `DIR/bench/`, the Python scripts `crates/*/benches/*.py`
+/// Release builds (with the GPU features) of the workspace's commands into `DIR/`, of every
+/// example named `*_bench` into `DIR/bench/` and of the other examples (the programs a user
+/// copies: `classifier`, `sequence`, ...) into `DIR/examples/`, so they run on the GPU machine
+/// with `--device cuda` as written in the guide; the Python scripts `crates/*/benches/*.py`
 /// (PyTorch references, `compare.py`) beside them, and `bench.sh`, which runs the benchmarks.
 /// Returns how many files it bundled.
 fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
@@ -244,6 +246,11 @@ fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
         std::fs::remove_dir_all(&bench).map_err(io("clearing", &bench))?;
     }
     std::fs::create_dir_all(&bench).map_err(io("creating", &bench))?;
+    let examples = dir.join("examples");
+    if examples.exists() {
+        std::fs::remove_dir_all(&examples).map_err(io("clearing", &examples))?;
+    }
+    std::fs::create_dir_all(&examples).map_err(io("creating", &examples))?;
     let mut count = 0usize;
     for line in out.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -261,11 +268,12 @@ fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
             }
             continue;
         }
-        if !name.ends_with("_bench") {
+        if msg["target"]["kind"][0] != "example" {
             continue;
         }
+        let into = if name.ends_with("_bench") { &bench } else { &examples };
         if let Some(exe) = msg["executable"].as_str() {
-            std::fs::copy(exe, bench.join(name)).map_err(io("copying", exe))?;
+            std::fs::copy(exe, into.join(name)).map_err(io("copying", exe))?;
             count += 1;
         }
     }
