@@ -1,6 +1,8 @@
 //! The launcher convention: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`
-//! (what torchrun, SLURM wrappers, mpirun scripts and `ztrain --gpus N` set). None of them set
-//! means a single-process job; a job of several ranks needs all five, each well formed.
+//! (what torchrun, SLURM wrappers and mpirun scripts set). None of them set means a
+//! single-process job; a job of several ranks needs all five, each well formed, or, instead of
+//! `MASTER_ADDR`/`MASTER_PORT`, [`RENDEZVOUS_SOCKET_VAR`]: the Unix socket `ztrain --gpus N`
+//! gives the ranks of one host, so that the job opens no port.
 
 use crate::RankInfo;
 use crate::error::{CommError, Result};
@@ -38,21 +40,32 @@ pub struct LaunchEnv {
     pub master: Option<Master>,
 }
 
+/// The path of rank 0's rendezvous socket on this host, in a directory only the user may
+/// enter (the launcher of `ztrain --gpus N` makes it): replaces `MASTER_ADDR`/`MASTER_PORT`.
+pub const RENDEZVOUS_SOCKET_VAR: &str = "ZCOMM_RENDEZVOUS_SOCKET";
+
 /// Rank 0's rendezvous address.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Master {
-    pub host: String,
-    pub port: u16,
+pub enum Master {
+    /// `MASTER_ADDR:MASTER_PORT`.
+    Tcp { host: String, port: u16 },
+    /// [`RENDEZVOUS_SOCKET_VAR`]: a Unix socket, ranks of one host.
+    Local { socket: std::path::PathBuf },
 }
 
 impl Master {
-    /// `host:port`, bracketing an IPv6 literal.
+    /// `host:port`, bracketing an IPv6 literal; `unix:PATH` for a Unix socket (what
+    /// `rendezvous::Server::bind` and `rendezvous::join` take).
     #[must_use]
     pub fn address(&self) -> String {
-        if self.host.contains(':') && !self.host.starts_with('[') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
+        match self {
+            Master::Tcp { host, port } if host.contains(':') && !host.starts_with('[') => {
+                format!("[{host}]:{port}")
+            }
+            Master::Tcp { host, port } => format!("{host}:{port}"),
+            Master::Local { socket } => {
+                format!("{}{}", crate::rendezvous::UNIX_PREFIX, socket.display())
+            }
         }
     }
 }
@@ -72,7 +85,7 @@ impl LaunchEnv {
     /// Reads the variables through `get` as the operating system holds them: a value that is
     /// not UTF-8 is [`CommError::EnvNotUtf8`], naming the variable, never showing the value.
     pub fn from_os_vars(get: impl Fn(&str) -> Option<OsString>) -> Result<LaunchEnv> {
-        for var in VARS {
+        for var in VARS.into_iter().chain([RENDEZVOUS_SOCKET_VAR]) {
             text_var(&get, var)?;
         }
         Self::from_vars(|name| get(name).and_then(|v| v.into_string().ok()))
@@ -80,7 +93,7 @@ impl LaunchEnv {
 
     /// Reads the variables through `get` (the environment, or a table in tests).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv> {
-        if VARS.iter().all(|v| get(v).is_none()) {
+        if VARS.iter().all(|v| get(v).is_none()) && get(RENDEZVOUS_SOCKET_VAR).is_none() {
             return Ok(LaunchEnv::SINGLE);
         }
         let world = number(&get, "WORLD_SIZE")?;
@@ -120,13 +133,41 @@ impl LaunchEnv {
             world,
             local_rank,
         };
-        let master = if world == 1 && get("MASTER_ADDR").is_none() && get("MASTER_PORT").is_none() {
+        let master = if let Some(socket) = get(RENDEZVOUS_SOCKET_VAR) {
+            Some(local_master(&get, &socket)?)
+        } else if world == 1 && get("MASTER_ADDR").is_none() && get("MASTER_PORT").is_none() {
             None
         } else {
             Some(master(&get)?)
         };
         Ok(LaunchEnv { info, master })
     }
+}
+
+/// The Unix socket the launcher named; a job given both it and a TCP address is refused (which
+/// one was meant cannot be told).
+fn local_master(get: &impl Fn(&str) -> Option<String>, socket: &str) -> Result<Master> {
+    for var in ["MASTER_ADDR", "MASTER_PORT"] {
+        if get(var).is_some() {
+            return Err(bad(
+                var,
+                &get(var).unwrap_or_default(),
+                &format!(
+                    "set together with {RENDEZVOUS_SOCKET_VAR}: give the ranks one rendezvous, a TCP address or the Unix socket"
+                ),
+            ));
+        }
+    }
+    if !socket.starts_with('/') {
+        return Err(bad(
+            RENDEZVOUS_SOCKET_VAR,
+            socket,
+            "expected the absolute path of a Unix socket",
+        ));
+    }
+    Ok(Master::Local {
+        socket: socket.into(),
+    })
 }
 
 fn master(get: &impl Fn(&str) -> Option<String>) -> Result<Master> {
@@ -147,7 +188,7 @@ fn master(get: &impl Fn(&str) -> Option<String>) -> Result<Master> {
     if port == 0 {
         return Err(bad("MASTER_PORT", &raw, "expected a TCP port, 1 to 65535"));
     }
-    Ok(Master {
+    Ok(Master::Tcp {
         host: host.to_string(),
         port,
     })

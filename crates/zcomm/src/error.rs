@@ -89,6 +89,18 @@ pub enum CommError {
         source: Option<std::io::Error>,
     },
 
+    /// A process of another user (root included) connected to the rendezvous's Unix socket,
+    /// or listens on it: refused, whatever it would say. Only the user's own processes take
+    /// part in a job of one host.
+    #[error(
+        "rendezvous socket {socket}: the process at the other end belongs to uid {peer_uid}, not to this user (uid {own_uid}); refused"
+    )]
+    ForeignPeer {
+        socket: String,
+        peer_uid: u32,
+        own_uid: u32,
+    },
+
     /// The job secret could not be made or read (a secret file others can read, one too
     /// short or too long): fix it as the detail says.
     #[error("job secret: {detail}")]

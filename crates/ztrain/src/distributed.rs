@@ -1,8 +1,9 @@
 //! ztrain as one rank of a data-parallel job, or as the launcher of one (`--gpus N`).
 //!
 //! `--gpus N` with no launcher variables set: this process is the launcher; it starts N copies
-//! of itself with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` (a
-//! free port), a fresh job secret (`ZCOMM_SECRET`) and `NCCL_NVLS_ENABLE=0` (zcomm's
+//! of itself with `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `ZCOMM_RENDEZVOUS_SOCKET` (a Unix socket
+//! in a directory only the user may enter: no port), a fresh job secret (`ZCOMM_SECRET`) and
+//! `NCCL_NVLS_ENABLE=0` (zcomm's
 //! `launch`), passes SIGINT/SIGTERM on to them, and trains nothing itself. With the variables
 //! set (by this launcher, torchrun, SLURM or mpirun) ztrain joins as that rank: `--device sim`
 //! through zcomm's simulated communicator, `--device cuda` through NCCL, after a rendezvous
@@ -191,7 +192,8 @@ pub fn sim_collective(
 }
 
 /// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
-/// rank 0 makes the unique id and hands it out over TCP at `MASTER_ADDR:MASTER_PORT`, every
+/// rank 0 makes the unique id and hands it out at `MASTER_ADDR:MASTER_PORT` (or the launcher's
+/// Unix socket), every
 /// rank joins with it; both waits bounded by `timeout` (the join by the device's deadline).
 /// `overlap_ctas`: see [`overlap_ctas`]; `last_bucket`: `--last-bucket`.
 pub fn nccl_collective(
@@ -204,7 +206,7 @@ pub fn nccl_collective(
 ) -> Result<Rc<dyn Collective<CudaBackend<CudaDriver>, f32>>> {
     let master = env.master.as_ref().ok_or_else(|| {
         TrainError::Options(format!(
-            "rank {} of {}: MASTER_ADDR/MASTER_PORT are not set; the ranks cannot meet",
+            "rank {} of {}: MASTER_ADDR/MASTER_PORT (or ZCOMM_RENDEZVOUS_SOCKET) are not set; the ranks cannot meet",
             env.info.rank, env.info.world
         ))
     })?;

@@ -96,6 +96,7 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     // the run puts them, its steps, its evaluations.
     let batch = rank_batch(options, config.batch);
     check_sizes(&config, batch)?;
+    refuse_beyond_any_machine(&config)?;
     let world = usize::from(options.gpus).max(1);
     let total = match &target {
         Target::Device { total, .. } => *total,
@@ -510,6 +511,100 @@ pub fn check_sizes(config: &crate::config::RunConfig, batch: usize) -> Result<()
             m.scales, m.features
         ))),
     }
+}
+
+/// A run whose device memory passes what any machine holds ([`SIZING_MAX_DEVICE_BYTES`]) is
+/// refused before it is planned (the plan's step on the accounting device would only give up
+/// on it, "timed out ... waiting for event"), naming the size option that makes the need: the
+/// one that, back at its default, shrinks the need the most.
+fn refuse_beyond_any_machine(config: &crate::config::RunConfig) -> Result<()> {
+    use crate::budget::Estimate;
+    use crate::config::RunConfig;
+    let estimate = Estimate::of(config)?;
+    let need = estimate.device()?;
+    if need <= SIZING_MAX_DEVICE_BYTES {
+        return Ok(());
+    }
+    let defaults = <Options as clap::Parser>::try_parse_from(["ztrain"])
+        .map_err(|e| crate::error::TrainError::Options(e.to_string()))?
+        .config()?;
+    type Reset = fn(&mut RunConfig, &RunConfig);
+    let sizes: [(&str, usize, usize, Reset); 7] = [
+        (
+            "--width",
+            config.model.width,
+            defaults.model.width,
+            |c, d| {
+                c.model.width = d.model.width;
+            },
+        ),
+        ("--ff", config.model.ff, defaults.model.ff, |c, d| {
+            c.model.ff = d.model.ff;
+        }),
+        (
+            "--layers",
+            config.model.layers,
+            defaults.model.layers,
+            |c, d| {
+                c.model.layers = d.model.layers;
+            },
+        ),
+        (
+            "--heads",
+            config.model.heads,
+            defaults.model.heads,
+            |c, d| {
+                c.model.heads = d.model.heads;
+            },
+        ),
+        (
+            "--scales",
+            config.model.scales,
+            defaults.model.scales,
+            |c, d| {
+                c.model.scales = d.model.scales;
+            },
+        ),
+        (
+            "--features",
+            config.model.features,
+            defaults.model.features,
+            |c, d| {
+                c.model.features = d.model.features;
+            },
+        ),
+        ("--batch", config.batch, defaults.batch, |c, d| {
+            c.batch = d.batch
+        }),
+    ];
+    let need_with_default = |reset: Reset| {
+        let mut c = config.clone();
+        reset(&mut c, &defaults);
+        Estimate::of(&c)
+            .and_then(|e| e.device())
+            .unwrap_or(u64::MAX)
+    };
+    let (name, value, default, reset) = sizes
+        .iter()
+        .copied()
+        .min_by_key(|&(_, _, _, reset)| need_with_default(reset))
+        .unwrap_or(sizes[0]);
+    Err(crate::error::TrainError::OutOfMemory {
+        needed: format!(
+            "about {} of device memory with {name} {value} (model and optimiser {}, activations {})",
+            Bytes(need),
+            Bytes(estimate.model),
+            Bytes(estimate.activations)
+        ),
+        available: format!(
+            "no device holds more than {}",
+            Bytes(SIZING_MAX_DEVICE_BYTES)
+        ),
+        advice: format!(
+            "lower {name} (at its default, {default}, the run needs about {})",
+            Bytes(need_with_default(reset))
+        ),
+    })
 }
 
 /// The batch one rank trains on: with `--gpus N` the global batch is split over the ranks,

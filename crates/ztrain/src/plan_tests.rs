@@ -356,3 +356,23 @@ fn the_plan_is_within_5_percent_of_ztrain_s_own_run(#[case] extra: &[&str]) {
 fn record(line: &str) {
     eprintln!("{line}");
 }
+
+/// Issue 45: `--plan` with a size beyond any machine said "timed out after 60 s waiting for
+/// event" (the accounting device's step gave up) and named no option. Now the option that
+/// makes the need, and the memory it would need, are named before anything is planned.
+#[rstest::rstest]
+#[case::width(&["--width", "1000000"], "--width 1000000")]
+#[case::ff(&["--ff", "100000000"], "--ff 100000000")]
+#[case::cpu(&["--device", "cpu", "--width", "1000000"], "--width 1000000")]
+fn a_plan_beyond_any_machine_names_the_option_and_the_size(
+    #[case] args: &[&str],
+    #[case] named: &str,
+) {
+    let mut argv = vec!["ztrain", "--device", "sim", "--plan"];
+    argv.extend_from_slice(args);
+    let o = Options::try_parse_from(argv).expect("parses");
+    let e = make(&o).expect_err("no machine holds it").to_string();
+    assert!(e.contains(named), "{e}");
+    assert!(e.contains("TiB"), "the size it would need: {e}");
+    assert!(!e.contains("timed out"), "{e}");
+}

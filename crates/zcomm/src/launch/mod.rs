@@ -1,6 +1,8 @@
 //! The launcher: one process per rank on this host. Starts `program` N times with the
-//! launcher variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR=127.0.0.1`,
-//! `MASTER_PORT` = a free port), a fresh job secret (`ZCOMM_SECRET`, in the environment, never
+//! launcher variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, and instead of a TCP address
+//! `ZCOMM_RENDEZVOUS_SOCKET`: a Unix socket in a directory made fresh for the job that only
+//! this user may enter, removed when the launch ends; see [`PrivateDir`]: the job opens no
+//! port), a fresh job secret (`ZCOMM_SECRET`, in the environment, never
 //! on the command line), its own pid (`ZCOMM_LAUNCHER_PID`, for [`die_with_launcher`]) and
 //! `NCCL_NVLS_ENABLE=0` added to the rest of the environment, `NCCL_GRAPH_MIXING_SUPPORT=0`
 //! unless the environment already says (see [`nccl_graph_mixing_setting`]), and, where the spec
@@ -22,10 +24,12 @@ mod outcome;
 
 pub use outcome::{Launched, RankEnd, signal_name, stop_signal_of};
 
+use crate::env::RENDEZVOUS_SOCKET_VAR;
 use crate::error::{CommError, Result};
 use crate::secret::{JobSecret, SECRET_FILE_VAR, SECRET_VAR};
 use std::ffi::OsString;
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -106,7 +110,8 @@ pub fn free_port() -> Result<u16> {
 /// down). `stop()` returns the signal the launcher got (SIGINT/SIGTERM), if any: it is passed
 /// on to every rank, which get `spec.grace` to finish before they are killed.
 pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> Option<i32>) -> Result<Launched> {
-    let port = free_port()?;
+    let dir = PrivateDir::create()?;
+    let socket = dir.path().join("rendezvous.sock");
     let secret = JobSecret::generate()?;
     let mut children: Vec<Child> = Vec::with_capacity(spec.ranks);
     for rank in 0..spec.ranks {
@@ -115,8 +120,9 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> Option<i32>) -> Result<Launc
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", spec.ranks.to_string())
             .env("LOCAL_RANK", rank.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
+            .env(RENDEZVOUS_SOCKET_VAR, &socket)
+            .env_remove("MASTER_ADDR")
+            .env_remove("MASTER_PORT")
             .env(SECRET_VAR, secret.as_env_value())
             .env_remove(SECRET_FILE_VAR)
             .env(LAUNCHER_PID_VAR, std::process::id().to_string())
@@ -143,8 +149,49 @@ pub fn launch(spec: &LaunchSpec, stop: &dyn Fn() -> Option<i32>) -> Result<Launc
             }
         }
     }
-    tracing::debug!(target: "zcomm.launch", ranks = spec.ranks, port, "ranks started");
+    tracing::debug!(target: "zcomm.launch", ranks = spec.ranks, socket = %socket.display(), "ranks started");
     watch(spec, &mut children, stop)
+}
+
+/// A directory made fresh for one job's rendezvous socket, that only this user may enter
+/// (mode 700, checked after it is made), removed with everything in it when dropped.
+#[derive(Debug)]
+pub struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    /// A new directory under the system's temporary directory, with a random name (a name
+    /// that exists, another user's squatter included, is never reused: creating fails).
+    pub fn create() -> Result<PrivateDir> {
+        use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+        let mut name = [0u8; 16];
+        getrandom::fill(&mut name).map_err(|e| CommError::Secret {
+            detail: format!("the operating system's random generator failed: {e}"),
+        })?;
+        let hex: String = name.iter().map(|b| format!("{b:02x}")).collect();
+        let path = std::env::temp_dir().join(format!("zcomm-{hex}"));
+        let what = "making the private directory of the rendezvous socket";
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|e| spawn_err(&format!("{what} {}", path.display()), e))?;
+        let dir = PrivateDir(path);
+        // The umask may only have taken bits away; the owner needs all three.
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| spawn_err(what, e))?;
+        crate::rendezvous::check_private_dir(&dir.0.join("x"), nix::unistd::geteuid().as_raw())?;
+        Ok(dir)
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// What the watch knows so far.

@@ -15,9 +15,9 @@
 //! cross it.
 
 use super::io::{read_exact, write_all};
+use super::stream::Stream;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use std::net::TcpStream;
 use std::time::Instant;
 
 /// Longest record payload: bounds what one unchecked length may make a rank allocate.
@@ -73,7 +73,7 @@ impl Direction {
 
 /// An authenticated connection to one peer (see the module docs).
 pub struct Channel {
-    stream: TcpStream,
+    stream: Stream,
     // Boxed: a keyed HMAC state is a few hundred bytes, and channels sit in enums and vectors.
     send: Box<Direction>,
     recv: Box<Direction>,
@@ -85,7 +85,7 @@ pub struct Channel {
 impl std::fmt::Debug for Channel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Channel")
-            .field("peer", &self.stream.peer_addr().ok())
+            .field("peer", &self.stream.peer())
             .field("sent", &self.send.seq)
             .field("received", &self.recv.seq)
             .finish_non_exhaustive()
@@ -93,7 +93,7 @@ impl std::fmt::Debug for Channel {
 }
 
 impl Channel {
-    pub(crate) fn new(stream: TcpStream, send: Hmac<Sha256>, recv: Hmac<Sha256>) -> Channel {
+    pub(crate) fn new(stream: Stream, send: Hmac<Sha256>, recv: Hmac<Sha256>) -> Channel {
         Channel {
             stream,
             send: Box::new(Direction {
@@ -109,10 +109,10 @@ impl Channel {
         }
     }
 
-    /// The TCP connection underneath (its addresses, its options; writing to it directly
-    /// breaks the channel).
+    /// The connection underneath (TCP or a Unix socket; writing to it directly breaks the
+    /// channel).
     #[must_use]
-    pub fn stream(&self) -> &TcpStream {
+    pub fn stream(&self) -> &Stream {
         &self.stream
     }
 
@@ -179,17 +179,17 @@ impl Channel {
 mod tests {
     use super::*;
     use std::io::{Read as _, Write as _};
-    use std::net::TcpListener;
+    use std::net::{TcpListener, TcpStream};
     use std::time::Duration;
 
     fn keyed(k: u8) -> Hmac<Sha256> {
         <Hmac<Sha256> as Mac>::new_from_slice(&[k; 32]).expect("any key length")
     }
 
-    fn pair() -> (TcpStream, TcpStream) {
+    fn pair() -> (Stream, Stream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        (a, l.accept().unwrap().0)
+        (Stream::Tcp(a), Stream::Tcp(l.accept().unwrap().0))
     }
 
     fn soon() -> Instant {

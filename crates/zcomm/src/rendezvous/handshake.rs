@@ -23,11 +23,11 @@
 //! ([`Transcript::keys`], the `channel` module).
 
 use super::io::{read_exact, read_exact_until, write_all};
+use super::stream::Stream;
 use super::{Cancel, Who};
 use crate::secret::Auth;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use std::net::TcpStream;
 use std::time::Instant;
 
 pub(crate) const MAGIC: &[u8; 4] = b"ZCRV";
@@ -114,7 +114,7 @@ fn word(b: &[u8], at: usize) -> u64 {
 /// Rank 0's side, up to the rank's proof: who the peer is, or why it is dropped (the peer is
 /// told nothing then).
 pub(crate) fn greet(
-    s: &mut TcpStream,
+    s: &mut Stream,
     auth: &Auth,
     deadline: Instant,
     job: [u8; JOB_ID],
@@ -184,7 +184,7 @@ pub(crate) enum JoinFailure {
 /// checks rank 0's proof, proves itself, and waits (until `deadline`, or `cancel`) for the id.
 /// Returns the id and the transcript the channel's keys come from.
 pub(crate) fn join(
-    s: &mut TcpStream,
+    s: &mut Stream,
     who: Who,
     auth: &Auth,
     addr: &str,
@@ -234,7 +234,7 @@ pub(crate) fn join(
 }
 
 fn read_outcome(
-    s: &mut TcpStream,
+    s: &mut Stream,
     t: &Transcript,
     auth: &Auth,
     deadline: Instant,

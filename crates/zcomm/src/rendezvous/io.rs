@@ -2,8 +2,8 @@
 //! stop request polled every [`POLL`].
 
 use super::Cancel;
+use super::stream::Stream;
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// How often a long wait looks at its stop request.
@@ -33,17 +33,13 @@ pub(crate) fn is_cancelled(e: &std::io::Error) -> bool {
 }
 
 /// `read_exact` with every read bounded by `deadline`.
-pub(crate) fn read_exact(
-    s: &mut TcpStream,
-    buf: &mut [u8],
-    deadline: Instant,
-) -> std::io::Result<()> {
+pub(crate) fn read_exact(s: &mut Stream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
     read_exact_until(s, buf, deadline, None)
 }
 
 /// `read_exact` bounded by `deadline`, giving up within [`POLL`] once `cancel` says so.
 pub(crate) fn read_exact_until(
-    s: &mut TcpStream,
+    s: &mut Stream,
     buf: &mut [u8],
     deadline: Instant,
     cancel: Option<&Cancel>,
@@ -86,7 +82,7 @@ pub(crate) fn read_exact_until(
 }
 
 /// `write_all` with every write bounded by `deadline`.
-pub(crate) fn write_all(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+pub(crate) fn write_all(s: &mut Stream, buf: &[u8], deadline: Instant) -> std::io::Result<()> {
     let mut at = 0;
     while at < buf.len() {
         s.set_write_timeout(Some(remaining(deadline).ok_or_else(timed_out)?))?;

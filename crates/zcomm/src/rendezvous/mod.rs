@@ -25,8 +25,10 @@
 mod channel;
 mod handshake;
 mod io;
+mod stream;
 
 pub use channel::{BadFrame, Channel, MAX_RECORD};
+pub use stream::{Stream, UNIX_PREFIX, check_peer_uid, check_private_dir, unix_path};
 
 use crate::RankInfo;
 use crate::env::Master;
@@ -36,9 +38,12 @@ use handshake::{JOB_ID, JoinFailure, REFUSED, Transcript, WELCOME};
 use io::{is_cancelled, remaining, write_all};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use stream::ConnectFailure;
 
 /// A stop request a rendezvous polls while it waits (SIGINT/SIGTERM in `ztrain`).
 pub type Cancel = Arc<dyn Fn() -> bool + Send + Sync>;
@@ -111,10 +116,21 @@ impl From<Duration> for Config {
     }
 }
 
-/// Rank 0's listening sockets: one on each address its name resolves to, all on one port.
+/// One of rank 0's listening sockets.
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener),
+    /// The socket and its path (removed when the server goes).
+    Unix(UnixListener, PathBuf),
+}
+
+/// Rank 0's listening sockets: one on each address its name resolves to, all on one port;
+/// or one Unix socket (`unix:PATH`, see [`UNIX_PREFIX`]).
 #[derive(Debug)]
 pub struct Server {
-    listeners: Vec<TcpListener>,
+    listeners: Vec<Listener>,
+    /// The only user whose processes may connect to a Unix socket (this process's).
+    uid: u32,
     addr: String,
     /// The rendezvous address as the ranks are given it (the name, the bound port): part of
     /// every handshake's transcript.
@@ -136,7 +152,7 @@ pub(crate) struct Who {
 
 /// A connection that proved the secret: its stream and what it claims.
 struct Greeted {
-    stream: TcpStream,
+    stream: Stream,
     rank: u64,
     world: u64,
     transcript: Transcript,
@@ -153,13 +169,13 @@ enum Stage {
 /// A connection whose greeting is being read.
 struct Pending {
     id: u64,
-    from: SocketAddr,
+    from: String,
     /// A handle on the connection, to shut it down when evicted.
-    stream: TcpStream,
+    stream: Stream,
     stage: Arc<Mutex<Stage>>,
 }
 
-type Greeting = (u64, SocketAddr, std::result::Result<Greeted, String>);
+type Greeting = (u64, String, std::result::Result<Greeted, String>);
 
 /// The host part of `host:port` (an IPv6 literal keeps its brackets).
 fn host_of(addr: &str) -> &str {
@@ -171,6 +187,16 @@ impl Server {
     /// [`Server::local_addr`]) resolves to, all on one port, or fails naming the one it could
     /// not take.
     pub fn bind(addr: &str) -> Result<Server> {
+        if let Some(socket) = unix_path(addr) {
+            let l = stream::bind_unix(socket)?;
+            tracing::info!(target: "zcomm.rendezvous.bind", %addr, "rank 0 listens on a Unix socket in a private directory (no port)");
+            return Ok(Server {
+                listeners: vec![Listener::Unix(l, socket.to_path_buf())],
+                uid: stream::own_uid(),
+                addr: addr.to_string(),
+                job_addr: addr.to_string(),
+            });
+        }
         let resolved: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| err(addr, 0, "cannot resolve the address to listen on", e))?
@@ -193,28 +219,44 @@ impl Server {
             .collect();
         tracing::info!(target: "zcomm.rendezvous.bind", %addr, bound = %bound.join(", "), "rank 0 listens on every address the name resolves to");
         Ok(Server {
-            listeners,
+            listeners: listeners.into_iter().map(Listener::Tcp).collect(),
+            uid: stream::own_uid(),
             addr: addr.to_string(),
             job_addr: format!("{}:{port}", host_of(addr)),
         })
     }
 
-    /// The address actually bound (the first, when the name resolves to several).
+    /// The TCP address actually bound (the first, when the name resolves to several).
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        self.listeners[0]
-            .local_addr()
-            .map_err(|e| err(&self.addr, 0, "cannot read the bound address", e))
+        self.local_addrs()?.into_iter().next().ok_or_else(|| {
+            fail(
+                &self.addr,
+                0,
+                "a Unix socket has no TCP address: give the ranks the `unix:` address".into(),
+            )
+        })
     }
 
-    /// Every address bound.
+    /// Every TCP address bound (none for a Unix socket).
     pub fn local_addrs(&self) -> Result<Vec<SocketAddr>> {
         self.listeners
             .iter()
+            .filter_map(|l| match l {
+                Listener::Tcp(l) => Some(l),
+                Listener::Unix(..) => None,
+            })
             .map(|l| {
                 l.local_addr()
                     .map_err(|e| err(&self.addr, 0, "cannot read the bound address", e))
             })
             .collect()
+    }
+
+    /// Only processes of `uid` may connect to the Unix socket (tests: another user's).
+    #[cfg(test)]
+    fn expecting_uid(mut self, uid: u32) -> Server {
+        self.uid = uid;
+        self
     }
 
     /// Waits (until the config's timeout) for ranks `1..world` to check in, then hands each
@@ -309,8 +351,9 @@ impl Server {
     ) {
         for listener in &self.listeners {
             loop {
-                let (s, from) = match listener.accept() {
-                    Ok(c) => c,
+                let (s, from) = match self.accept(listener) {
+                    Ok(Some(c)) => c,
+                    Ok(None) => continue,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                     Err(e) => {
                         // Out of descriptors, a connection reset before it was taken: not the
@@ -338,11 +381,12 @@ impl Server {
                     self.job_addr.clone(),
                 );
                 let st = Arc::clone(&stage);
+                let sent_from = from.clone();
                 let spawned = std::thread::Builder::new()
                     .name("zcomm-greeting".into())
                     .spawn(move || {
                         let got = greet_connection(s, &auth, until, job, &addr, &st);
-                        let _ = tx.send((id, from, got));
+                        let _ = tx.send((id, sent_from, got));
                     });
                 match spawned {
                     Ok(_) => pending.push_back(Pending {
@@ -359,12 +403,32 @@ impl Server {
         }
     }
 
+    /// The next connection waiting on `listener`, with who it is from; `Ok(None)` for a
+    /// process of another user on the Unix socket (refused: [`CommError::ForeignPeer`]).
+    fn accept(&self, listener: &Listener) -> std::io::Result<Option<(Stream, String)>> {
+        match listener {
+            Listener::Tcp(l) => {
+                let (s, from) = l.accept()?;
+                Ok(Some((Stream::Tcp(s), from.to_string())))
+            }
+            Listener::Unix(l, path) => {
+                let (s, _) = l.accept()?;
+                let uid = stream::peer_uid(&s)?;
+                if let Err(e) = check_peer_uid(path, uid, self.uid) {
+                    tracing::warn!(target: "zcomm.rendezvous.serve", error = %e, "connection refused; the rendezvous goes on");
+                    return Ok(None);
+                }
+                Ok(Some((Stream::Unix(s), format!("a process of uid {uid}"))))
+            }
+        }
+    }
+
     /// A connection that proved the secret: takes its rank's slot, or refuses it. A second
     /// claim of a rank is dropped (the first keeps it); a disagreement about the job fails.
     fn admit(
         &self,
         mut g: Greeted,
-        from: SocketAddr,
+        from: String,
         world: usize,
         slots: &mut [Option<Greeted>],
         auth: &Auth,
@@ -398,6 +462,17 @@ impl Server {
         tracing::debug!(target: "zcomm.rendezvous.serve", rank = g.rank, %from, "rank checked in");
         *slot = Some(g);
         Ok(())
+    }
+}
+
+impl Drop for Server {
+    /// A Unix socket's file goes with its listener (the launcher removes its directory).
+    fn drop(&mut self) {
+        for l in &self.listeners {
+            if let Listener::Unix(_, path) = l {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 }
 
@@ -452,7 +527,7 @@ fn evict_oldest_unproven(pending: &mut VecDeque<Pending>) -> bool {
             *stage = Stage::Evicted;
             drop(stage);
             if let Some(p) = pending.remove(i) {
-                let _ = p.stream.shutdown(std::net::Shutdown::Both);
+                let _ = p.stream.shutdown();
                 tracing::debug!(target: "zcomm.rendezvous.serve", from = %p.from, "the oldest unproven connection evicted for a new one");
             }
             return true;
@@ -464,7 +539,7 @@ fn evict_oldest_unproven(pending: &mut VecDeque<Pending>) -> bool {
 /// Rank 0's side of one connection's handshake, on its own thread: the greeted peer, or why
 /// it is dropped.
 fn greet_connection(
-    mut s: TcpStream,
+    mut s: Stream,
     auth: &Auth,
     until: Instant,
     job: [u8; JOB_ID],
@@ -472,7 +547,7 @@ fn greet_connection(
     stage: &Mutex<Stage>,
 ) -> std::result::Result<Greeted, String> {
     s.set_nonblocking(false)
-        .and_then(|()| s.set_nodelay(true))
+        .and_then(|()| s.set_nodelay())
         .map_err(|e| format!("setting up the connection: {e}"))?;
     let (rank, world, transcript) = handshake::greet(&mut s, auth, until, job, addr)?;
     let mut stage = stage.lock().unwrap_or_else(PoisonError::into_inner);
@@ -573,7 +648,7 @@ pub fn exchange_id(
     }
 }
 
-fn connect(addr: &str, rank: usize, deadline: Instant, config: &Config) -> Result<TcpStream> {
+fn connect(addr: &str, rank: usize, deadline: Instant, config: &Config) -> Result<Stream> {
     let mut last = None;
     loop {
         if config.cancelled() {
@@ -581,25 +656,19 @@ fn connect(addr: &str, rank: usize, deadline: Instant, config: &Config) -> Resul
                 during: "the rendezvous",
             });
         }
-        // Resolved anew every round: a name that does not resolve yet (a host still booting,
-        // a DNS record not yet there) may by the deadline.
-        match addr.to_socket_addrs() {
-            Ok(targets) => {
-                for t in targets {
-                    let Some(left) = remaining(deadline) else {
-                        break;
-                    };
-                    match TcpStream::connect_timeout(&t, left.min(Duration::from_secs(1))) {
-                        Ok(s) => {
-                            s.set_nodelay(true)
-                                .map_err(|e| err(addr, rank, "connecting to rank 0", e))?;
-                            return Ok(s);
-                        }
-                        Err(e) => last = Some(e),
-                    }
-                }
+        if let Some(socket) = unix_path(addr) {
+            // Not there yet (rank 0 still starting) is retried; rank 0 of another user is not.
+            match stream::connect_unix(socket) {
+                Ok(s) => return Ok(Stream::Unix(s)),
+                Err(ConnectFailure::Refused(e)) => return Err(e),
+                Err(ConnectFailure::Io(e)) => last = Some(e),
             }
-            Err(e) => last = Some(e),
+        } else {
+            match connect_tcp(addr, deadline) {
+                Ok(s) => return Ok(Stream::Tcp(s)),
+                Err(Some(e)) => last = Some(e),
+                Err(None) => {}
+            }
         }
         if remaining(deadline).is_none() {
             return Err(CommError::Rendezvous {
@@ -612,6 +681,33 @@ fn connect(addr: &str, rank: usize, deadline: Instant, config: &Config) -> Resul
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// One round of connecting to every address `addr` resolves to (resolved anew every round:
+/// a name that does not resolve yet, a host still booting, a DNS record not yet there, may
+/// by the deadline). The error of the last try, if any was made in time.
+fn connect_tcp(
+    addr: &str,
+    deadline: Instant,
+) -> std::result::Result<TcpStream, Option<std::io::Error>> {
+    let mut last = None;
+    match addr.to_socket_addrs() {
+        Ok(targets) => {
+            for t in targets {
+                let Some(left) = remaining(deadline) else {
+                    break;
+                };
+                match TcpStream::connect_timeout(&t, left.min(Duration::from_secs(1)))
+                    .and_then(|s| s.set_nodelay(true).map(|()| s))
+                {
+                    Ok(s) => return Ok(s),
+                    Err(e) => last = Some(e),
+                }
+            }
+        }
+        Err(e) => last = Some(e),
+    }
+    Err(last)
 }
 
 fn err(addr: &str, rank: usize, what: &str, e: std::io::Error) -> CommError {
@@ -629,5 +725,77 @@ fn fail(addr: &str, rank: usize, detail: String) -> CommError {
         rank,
         detail,
         source: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secret::JobSecret;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn private_socket() -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let addr = format!("{UNIX_PREFIX}{}", dir.path().join("rdv.sock").display());
+        (dir, addr)
+    }
+
+    fn rank1() -> RankInfo {
+        RankInfo {
+            rank: 1,
+            world: 2,
+            local_rank: 1,
+        }
+    }
+
+    /// Ranks of one host meet over the Unix socket, the handshake on top, and the channel
+    /// carries bytes both ways; the socket's file goes with rank 0's server.
+    #[test]
+    fn ranks_of_one_host_meet_on_a_unix_socket_with_the_secret() {
+        let (dir, addr) = private_socket();
+        let auth = Auth::Secret(JobSecret::generate().unwrap());
+        let server = Server::bind(&addr).unwrap();
+        assert!(server.local_addrs().unwrap().is_empty(), "no TCP address");
+        let (a, c) = (
+            addr.clone(),
+            Config::new(auth.clone(), Duration::from_secs(10)),
+        );
+        let joiner = std::thread::spawn(move || join(&a, rank1(), c));
+        let mut joined = server
+            .serve(2, b"the id", Config::new(auth, Duration::from_secs(10)))
+            .unwrap();
+        let (id, mut to0) = joiner.join().unwrap().unwrap();
+        assert_eq!(id, b"the id");
+        assert!(matches!(to0.stream(), Stream::Unix(_)));
+        let soon = Instant::now() + Duration::from_secs(5);
+        to0.write_all(b"gradients", soon).unwrap();
+        let mut got = [0u8; 9];
+        joined.peers[0].read_exact(&mut got, soon).unwrap();
+        assert_eq!(&got, b"gradients");
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "the socket file is removed"
+        );
+    }
+
+    /// Issue 45: a process of another user (here: rank 0 told to expect another uid than this
+    /// test's) is refused before it says anything; the rendezvous goes on without it.
+    #[test]
+    fn a_process_of_another_uid_is_refused_on_the_unix_socket() {
+        let (_dir, addr) = private_socket();
+        let other = stream::own_uid().wrapping_add(1);
+        let server = Server::bind(&addr).unwrap().expecting_uid(other);
+        let a = addr.clone();
+        let joiner = std::thread::spawn(move || {
+            join(&a, rank1(), Config::from(Duration::from_millis(1500)))
+        });
+        let served = server.serve(2, b"id", Config::from(Duration::from_secs(1)));
+        let e = served.unwrap_err();
+        assert!(e.to_string().contains("did not check in"), "{e}");
+        assert!(
+            joiner.join().unwrap().is_err(),
+            "the refused rank got nothing"
+        );
     }
 }

@@ -12,7 +12,7 @@ fn auth(host: &str, vars: &[(&str, &str)]) -> Result<Auth, CommError> {
         .iter()
         .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
         .collect();
-    let master = Master {
+    let master = Master::Tcp {
         host: host.into(),
         port: 29500,
     };
@@ -94,7 +94,7 @@ fn a_phrase_or_a_key_under_128_bits_is_refused_without_being_shown() {
 fn a_variable_that_is_not_utf8_is_named_and_never_shown() {
     use std::ffi::OsString;
     use std::os::unix::ffi::OsStringExt as _;
-    let master = Master {
+    let master = Master::Tcp {
         host: "10.0.0.7".into(),
         port: 29500,
     };
