@@ -475,7 +475,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    /// XAsset's binary evaluation sharded over the ranks (the logits way,
+    /// The unweighted binary evaluation (XAsset's) sharded over the ranks (the logits way,
     /// `eval_stats::stats_len`; other tasks sum their chunks' statistics,
     /// `evaluate_by_stats`): each evaluates its shard, the sums are all-reduced.
     pub(super) fn evaluate_sharded(&self, x: &[T], y: &[T]) -> Result<EvalReport> {

@@ -20,10 +20,10 @@
 //! moments) is computed by device ops inside the same work; the rows of the pass come back in
 //! one download and are merged in `f64`. In data parallel each rank writes its rows into its
 //! place among every rank's (`eval_stats::global_chunks`) and the buffer is all-reduced before
-//! the download: every rank merges the same rows. XAsset's binary task keeps its report bitwise
-//! as it was: the logits (one per sample) come back in one download and the loss and accuracy
-//! are `evaluate`'s sums in sample order in `f64` over the labels kept on the host, all-reduced
-//! in data parallel as `evaluate` does from the host.
+//! the download: every rank merges the same rows. The unweighted binary task (XAsset's) keeps
+//! its report bitwise as it was: the logits (one per sample) come back in one download and the
+//! loss and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
+//! host, all-reduced in data parallel as `evaluate` does from the host.
 
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{Runs, warn_fallback};
@@ -41,7 +41,9 @@ use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
 
 /// Device bytes a validation set of `n` samples of `per` values takes on one device, with
 /// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
-/// and the input of each chunk shape (a full chunk's and the last one's).
+/// and the input of each chunk shape (a full chunk's and the last one's). This is XAsset's
+/// binary task (one logit per sample read back); another task holds its targets and a
+/// statistics row per chunk instead of the logits (`eval_stats`), not counted here.
 #[must_use]
 pub fn validation_data_bytes(n: usize, per: usize, chunk: usize, elem_bytes: usize) -> u64 {
     let chunk = chunk.max(1) as u64;
@@ -224,8 +226,9 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Uploads a validation set to the device once, for [`Trainer::evaluate_validation`]:
-    /// `x` `[n, ..sample shape]` row-major, `y` `n` labels (kept on the host too: the report
-    /// sums there). In data parallel each rank keeps only its shard (load it after
+    /// `x` `[n, ..sample shape]` row-major, `y` `n` samples' targets (`Task::target_len`
+    /// each: on the device beside the features; the unweighted binary task's labels on the
+    /// host instead, where its report sums). In data parallel each rank keeps only its shard (load it after
     /// `with_collective`; `evaluate_validation` refuses a set sharded otherwise). Replaces a
     /// set loaded before. Refuses with `BadInput` shapes `evaluate` would refuse and a
     /// non-finite feature or label (naming the sample; the old set kept); out of device memory
@@ -314,11 +317,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.validation.iter().flat_map(EvalSet::graphs)
     }
 
-    /// Mean loss and accuracy over the validation set on the device ([`Trainer::load_validation`]):
-    /// every chunk captured once per chunk shape and replayed (eagerly with capture off or
-    /// after a failed capture), the logits read back once; the report is bitwise `evaluate`'s
-    /// on the same values (in data parallel, `evaluate`'s all-reduced sums). Refuses with
-    /// `BadInput` before `load_validation`.
+    /// The task's loss and metrics over the validation set on the device
+    /// ([`Trainer::load_validation`]): every chunk captured once per chunk shape and replayed
+    /// (eagerly with capture off or after a failed capture), the results read back once (the
+    /// logits of the unweighted binary task, XAsset's; each chunk's statistics otherwise); the
+    /// report is bitwise `evaluate`'s on the same values (in data parallel, `evaluate`'s
+    /// all-reduced sums). Refuses with `BadInput` before `load_validation`.
     pub fn evaluate_validation(&mut self) -> Result<EvalReport> {
         let Some(mut set) = self.validation.take() else {
             return Err(GradError::BadInput(
@@ -349,7 +353,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The training set loaded by `load_data` evaluated where it lies: this rank's rows
     /// (all of them in one process) in chunks of `eval_batch`, eagerly (it runs once, at the
     /// end of a run: a capture would cost a recording and a graph's memory for one pass), the
-    /// results read back once (XAsset's binary task: the logits, against the labels kept on
+    /// results read back once (the unweighted binary task, XAsset's: the logits, against the labels kept on
     /// the host at load time; other tasks: each chunk's statistics of its targets on the
     /// device). Bitwise `evaluate`'s report on the same values (in data parallel, its
     /// all-reduced sums). Refuses with `BadInput` before `load_data`.

@@ -224,7 +224,11 @@ fn a_class_index_model_gets_the_right_numbers_in_every_schedule() {
         let ev = t.evaluate(&x, &y).expect("evaluate");
         // Reduced on the device in f32 per chunk (issue 40 item 2): f32 rounding of the
         // chunk's sums (`trainer::eval_tasks` justifies the bound).
-        assert!((ev.loss - want).abs() < 1e-5 * want.max(1.0), "{} {want}", ev.loss);
+        assert!(
+            (ev.loss - want).abs() < 1e-5 * want.max(1.0),
+            "{} {want}",
+            ev.loss
+        );
         let mut losses = Vec::new();
         for _ in 0..3 {
             losses.push(t.train_batch(&x, &y, B).expect("step").loss);
