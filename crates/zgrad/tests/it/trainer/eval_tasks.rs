@@ -142,3 +142,21 @@ fn constant_targets_have_no_pearson() {
     let m = r.regression.expect("regression");
     assert!(m.pearson.is_nan() && m.mse.is_finite(), "{m:?}");
 }
+
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::*;
+
+    /// The simulated twin is `every_task_is_evaluated_on_the_simulated_device`.
+    #[rstest]
+    fn gpu_every_task_is_evaluated_on_the_device(#[values(0, 1, 2, 3, 4, 5, 6)] task: usize) {
+        let name = TASKS[task];
+        let runs: Vec<Vec<u64>> = [false, true]
+            .map(|capture| {
+                let b = Engine::cuda(0).expect("CUDA device 0 opens");
+                every_way(&b, name, capture)
+            })
+            .to_vec();
+        assert_eq!(runs[0], runs[1], "{name}: captured differs from eager");
+    }
+}
