@@ -475,12 +475,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    /// Evaluation sharded over the ranks: each evaluates its shard, the sums are all-reduced.
+    /// The unweighted binary evaluation (XAsset's) sharded over the ranks (the logits way,
+    /// `eval_stats::stats_len`; other tasks sum their chunks' statistics,
+    /// `evaluate_by_stats`): each evaluates its shard, the sums are all-reduced.
     pub(super) fn evaluate_sharded(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
-        let dist = &self.parts.dist;
-        Self::binary_only(&self.parts.model.task())?;
         let n = y.len();
-        let info = dist.info();
+        let info = self.parts.dist.info();
         let rows = shard(info.rank, info.world, n);
         let per = x.len().checked_div(n).unwrap_or(0);
         let logits = if rows.is_empty() {
@@ -491,7 +491,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.all_reduce_report(&logits, &y[rows], n)
     }
 
-    /// `evaluate`'s report in data parallel: this rank's loss and correct count over its
+    /// `evaluate`'s binary report in data parallel: this rank's loss and correct count over its
     /// `logits` against `labels`, summed in sample order in `f64`, all-reduced over the ranks
     /// and divided by the set's `total` samples (the host and the device evaluation alike).
     pub(super) fn all_reduce_report(
@@ -501,7 +501,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         total: usize,
     ) -> Result<EvalReport> {
         let dist = &self.parts.dist;
-        Self::binary_only(&self.parts.model.task())?;
         let (mut loss, mut correct) = (0.0, 0.0);
         for (&l, &t) in logits.iter().zip(labels) {
             let (l, t) = (l.to_f64(), t.to_f64());
@@ -522,17 +521,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             samples: total,
             regression: None,
         })
-    }
-
-    /// Data-parallel evaluation sums the binary report's two sums only: other tasks are
-    /// refused (evaluate them on one rank) rather than reported wrong.
-    fn binary_only(task: &crate::task::Task) -> Result<()> {
-        if *task == crate::task::Task::binary() {
-            return Ok(());
-        }
-        Err(GradError::Config(format!(
-            "evaluation in data parallel reports binary tasks only; the model's task is {task}: evaluate on one rank"
-        )))
     }
 }
 

@@ -2,8 +2,9 @@
 //! each in its own step scope (nothing is recorded, nothing saved). Every chunk's outputs are
 //! checked against the model's task (`Model::task`) before they are used.
 
+use super::eval_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
 use super::metrics::report_of;
-use super::{Trainer, in_step};
+use super::{Trainer, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use crate::tape::Tape;
@@ -55,10 +56,60 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let n = y.len() / per;
         self.sample_of(x, n)?;
         task.check_targets(y, n)?;
+        if stats_len(&task).is_some() {
+            return self.evaluate_by_stats(x, y, n);
+        }
         if !self.parts.dist.single() {
             return self.evaluate_sharded(x, y);
         }
         let outputs = self.predict(x, n)?;
         Ok(report_of(&task, &outputs, y))
+    }
+
+    /// `evaluate` of a task reported from statistics (`eval_stats`): this rank's shard (all
+    /// of `n` samples in one process) in chunks of `eval_batch`, each chunk's statistics
+    /// computed on the device by the work a device evaluation captures and read back (a row
+    /// of a few values per chunk), every rank's rows summed over the ranks, the report
+    /// combined in `f64`: bitwise `evaluate_validation`'s and `evaluate_loaded`'s.
+    fn evaluate_by_stats(&self, x: &[T], y: &[T], n: usize) -> Result<EvalReport> {
+        let task = self.parts.model.task();
+        let sample = self.sample_of(x, n)?;
+        let (per, per_target) = (x.len() / n, task.target_len());
+        let info = self.parts.dist.info();
+        let rows = shard(info.rank, info.world, n);
+        let b = &*self.backend;
+        let chunk = self.config.eval_batch.max(1);
+        let mut local = Vec::new();
+        for start in rows.clone().step_by(chunk) {
+            let len = chunk.min(rows.end - start);
+            let row = in_step(b, || {
+                let xs = b.upload(
+                    &x[start * per..(start + len) * per],
+                    &Task::batched(len, &sample),
+                )?;
+                let ys = b.upload(
+                    &y[start * per_target..(start + len) * per_target],
+                    &Task::batched(len, &task.target_shape()),
+                )?;
+                let tape = Tape::no_grad(b);
+                let o = self.parts.model.logits(&tape, &Var::constant(xs))?;
+                task.check_output(o.shape(), len)?;
+                Ok(b.download(&chunk_stats(b, &task, o.value(), &ys)?)?)
+            })?;
+            local.extend(row);
+        }
+        if self.parts.dist.single() {
+            return Ok(report_of_stats(&task, &local, n));
+        }
+        // Every rank's rows in rank order, each rank writing its own (the others' zero).
+        let (_, before, all) = global_chunks(info.rank, info.world, n, chunk);
+        let len = stats_len(&task).unwrap_or(0);
+        let mut rows_all = vec![T::ZERO; all.max(1) * len];
+        rows_all[before * len..before * len + local.len()].copy_from_slice(&local);
+        let dist = &self.parts.dist;
+        let sums = b.upload(&rows_all, &[rows_all.len()])?;
+        dist.reduce(b, &sums)?;
+        dist.comm.synchronize(b)?;
+        Ok(report_of_stats(&task, &b.download(&sums)?, n))
     }
 }

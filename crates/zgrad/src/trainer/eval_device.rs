@@ -6,33 +6,44 @@
 //! (full chunks, then the last, shorter one), so every logit is bitwise `evaluate`'s. Each
 //! group of equal chunks has a device cursor: one chunk's work copies row `cursor` of the
 //! chunked features (`[chunks, chunk · sample]`) into the group's input, runs the model in
-//! no-grad mode and scatters the logits into row `cursor` of the pass's logits buffer,
+//! no-grad mode and scatters its result into row `cursor` of the pass's results buffer,
 //! advancing the cursor. So the same work, captured once per chunk shape, replays chunk after
 //! chunk reading its offset from device memory; eagerly (capture off, or its capture failed)
 //! it is the same body. The chunk graphs of one set replay one after another on the engine
-//! stream and write only into the set's persistent tensors (input, logits, cursor), so they
+//! stream and write only into the set's persistent tensors (inputs, results, cursor), so they
 //! are captured into the trainer's graph pool, sharing one reservation with each other and
 //! with the training step's graph (`captured::Graphs::pool`).
-//! The logits of the whole pass come back in one download, and the loss
-//! and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
-//! host. In data parallel each rank holds and evaluates its shard of the set and the sums are
-//! all-reduced, as `evaluate` does from the host.
+//!
+//! A chunk's result (issue 40 item 2, `eval_stats`): for every task but XAsset's unweighted
+//! binary one, the chunk's targets are gathered too (kept on the device beside the features)
+//! and the chunk's statistics row (the task's loss sum, right count, error sums, centred
+//! moments) is computed by device ops inside the same work; the rows of the pass come back in
+//! one download and are merged in `f64`. In data parallel each rank writes its rows into its
+//! place among every rank's (`eval_stats::global_chunks`) and the buffer is all-reduced before
+//! the download: every rank merges the same rows. The unweighted binary task (XAsset's) keeps
+//! its report bitwise as it was: the logits (one per sample) come back in one download and the
+//! loss and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
+//! host, all-reduced in data parallel as `evaluate` does from the host.
 
 use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
 use super::captured::{Runs, warn_fallback};
+use super::eval_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
 use super::metrics::{EvalReport, report_of};
 use super::{Trainer, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
 use crate::tape::Tape;
+use crate::task::Task;
 use crate::var::Var;
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
 
 /// Device bytes a validation set of `n` samples of `per` values takes on one device, with
 /// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
-/// and the input of each chunk shape (a full chunk's and the last one's).
+/// and the input of each chunk shape (a full chunk's and the last one's). This is XAsset's
+/// binary task (one logit per sample read back); another task holds its targets and a
+/// statistics row per chunk instead of the logits (`eval_stats`), not counted here.
 #[must_use]
 pub fn validation_data_bytes(n: usize, per: usize, chunk: usize, elem_bytes: usize) -> u64 {
     let chunk = chunk.max(1) as u64;
@@ -45,8 +56,8 @@ pub fn validation_data_bytes(n: usize, per: usize, chunk: usize, elem_bytes: usi
 }
 
 /// Chunks of one shape: the features they read (`[chunks, len · sample]`), their input
-/// (`[len, ..sample]`), where their logits go (`[chunks, len]`) and the device cursor naming
-/// the chunk the next run works on; the graph once captured.
+/// (`[len, ..sample]`), where their results go (`[chunks, ..]`: logits or statistics rows)
+/// and the device cursor naming the chunk the next run works on; the graph once captured.
 struct ChunkGroup<B: Capture<T>, T: Element> {
     io: ChunkIo<B, T>,
     chunks: usize,
@@ -54,10 +65,13 @@ struct ChunkGroup<B: Capture<T>, T: Element> {
     errors: ErrorSlot,
 }
 
-/// The tensors one chunk's work reads and writes (clones share them).
+/// The tensors one chunk's work reads and writes (clones share them). With `targets` (the
+/// chunked targets `[chunks, len · target]` and their input `[len, ..target]`) a chunk
+/// writes its statistics row (`eval_stats::chunk_stats`) into `out`; without, its logits.
 struct ChunkIo<B: Ops<T>, T: Element> {
     table: BTensor<B, T>,
     input: BTensor<B, T>,
+    targets: Option<(BTensor<B, T>, BTensor<B, T>)>,
     out: BTensor<B, T>,
     cursor: BTensor<B, T>,
 }
@@ -67,6 +81,7 @@ impl<B: Ops<T>, T: Element> Clone for ChunkIo<B, T> {
         ChunkIo {
             table: self.table.clone(),
             input: self.input.clone(),
+            targets: self.targets.clone(),
             out: self.out.clone(),
             cursor: self.cursor.clone(),
         }
@@ -74,8 +89,9 @@ impl<B: Ops<T>, T: Element> Clone for ChunkIo<B, T> {
 }
 
 impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
-    /// One chunk: gather row `cursor`, the outputs (checked against the model's task),
-    /// scattered into row `cursor` (advancing it). Legal inside a capture.
+    /// One chunk: gather row `cursor` (and its targets'), the outputs (checked against the
+    /// model's task), their statistics or the outputs themselves scattered into row `cursor`
+    /// (advancing it). Legal inside a capture.
     fn run<M: Model<B, T>>(&self, b: &B, model: &M) -> Result<()> {
         b.gather_row(&self.table, &self.cursor, &self.input)?;
         let tape = Tape::no_grad(b);
@@ -83,70 +99,115 @@ impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
         let len = self.input.shape()[0];
         let task = model.task();
         task.check_output(logits.shape(), len)?;
-        b.scatter_row(
-            &logits.value().reshape(&[len * task.output_len()])?,
-            &self.cursor,
-            &self.out,
-            true,
-        )?;
+        let row = match &self.targets {
+            Some((table, input)) => {
+                b.gather_row(table, &self.cursor, input)?;
+                chunk_stats(b, &task, logits.value(), input)?
+            }
+            None => logits.value().reshape(&[len * task.output_len()])?,
+        };
+        b.scatter_row(&row, &self.cursor, &self.out, true)?;
         Ok(())
     }
 }
 
-/// A set evaluated on the device: the rank's rows of it, their labels on the host, the
-/// pass's logits buffer and its chunk groups.
+/// A set evaluated on the device: the rank's rows of it, the pass's results buffer and its
+/// chunk groups. Two ways to report (`eval_stats::stats_len`): XAsset's unweighted binary
+/// task reads back the logits (`[rows]`) and sums against `labels` kept on the host; every
+/// other task keeps its targets on the device and reads back a statistics row per chunk
+/// (`[all chunks, stats]`: every rank's chunks, this rank's rows written, the others' zero
+/// until the rows are all-reduced).
 pub(crate) struct EvalSet<B: Capture<T>, T: Element> {
     labels: Vec<T>,
     /// Samples of the whole set (every rank's).
     total: usize,
     /// The ranks it was sharded over (the shard is this rank's of so many).
     world: usize,
-    logits: Option<BTensor<B, T>>,
+    results: Option<BTensor<B, T>>,
     groups: Vec<ChunkGroup<B, T>>,
 }
 
+/// Where a set's rows come from: this rank's features (`None`: an empty shard) and, for a
+/// task reported from statistics, its targets `[rows, ..target]` on the device.
+struct Rows<B: Ops<T>, T: Element> {
+    x: Option<BTensor<B, T>>,
+    targets: Option<BTensor<B, T>>,
+}
+
 impl<B: Capture<T>, T: Element> EvalSet<B, T> {
-    /// The set of features `x` (`[rows, ..sample]` on the device, this rank's rows) with
-    /// `labels`, in chunks of `chunk`: its logits buffer, inputs and cursors allocated
-    /// (persistent memory).
+    /// The set of `rows` (`[rows, ..sample]` features on the device, this rank's) with
+    /// `labels` (the logits way) in chunks of `chunk`, a shard of `total` samples of rank
+    /// `rank` of `world`: its results buffer, inputs and cursors allocated (persistent memory).
     fn over(
         b: &B,
-        x: Option<BTensor<B, T>>,
+        rows: Rows<B, T>,
         labels: Vec<T>,
-        (total, world): (usize, usize),
-        (chunk, outputs): (usize, usize),
+        (total, rank, world): (usize, usize, usize),
+        (chunk, task): (usize, Task),
     ) -> Result<Self> {
-        let Some(x) = x else {
-            return Ok(EvalSet {
-                labels,
-                total,
-                world,
-                logits: None,
-                groups: Vec::new(),
-            });
-        };
         let _class = ClassGuard::new(b, AllocClass::Persistent);
-        let (rows, sample) = (x.shape()[0], x.shape()[1..].to_vec());
-        let per: usize = sample.iter().product();
-        // `outputs` values per sample (`Task::output_len`).
-        let logits = b.zeros(&[rows * outputs])?;
         let chunk = chunk.max(1);
-        let (full, tail) = (rows / chunk, rows % chunk);
-        let mut groups = Vec::new();
+        let stats = stats_len(&task);
+        let (_, before, all) = global_chunks(rank, world, total, chunk);
+        // Every rank holds the rows of all chunks (zero where others write) for the sum.
+        let results = match (stats, &rows.x) {
+            (Some(s), _) => Some(b.zeros(&[all.max(1) * s])?),
+            (None, Some(x)) => Some(b.zeros(&[x.shape()[0] * task.output_len()])?),
+            (None, None) => None,
+        };
+        let mut set = EvalSet {
+            labels,
+            total,
+            world,
+            results,
+            groups: Vec::new(),
+        };
+        let (Some(x), Some(results)) = (rows.x, set.results.clone()) else {
+            return Ok(set);
+        };
+        let (n, sample) = (x.shape()[0], x.shape()[1..].to_vec());
+        let per: usize = sample.iter().product();
+        let target_shape = task.target_shape();
+        let per_target = task.target_len();
+        let (full, tail) = (n / chunk, n % chunk);
         for (start, len, chunks) in [(0, chunk, full), (full * chunk, tail, 1)] {
             if chunks == 0 || len == 0 {
                 continue;
             }
             let span = chunks * len;
-            let input_shape: Vec<usize> =
-                std::iter::once(len).chain(sample.iter().copied()).collect();
-            groups.push(ChunkGroup {
+            let first = start / chunk;
+            let (targets, out) = match (stats, &rows.targets) {
+                (Some(s), Some(t)) => (
+                    Some((
+                        t.narrow(0, start, span)?
+                            .reshape(&[chunks, len * per_target])?,
+                        b.zeros(&Task::batched(len, &target_shape))?,
+                    )),
+                    results
+                        .narrow(0, (before + first) * s, chunks * s)?
+                        .reshape(&[chunks, s])?,
+                ),
+                (None, _) => {
+                    let o = task.output_len();
+                    (
+                        None,
+                        results
+                            .narrow(0, start * o, span * o)?
+                            .reshape(&[chunks, len * o])?,
+                    )
+                }
+                (Some(_), None) => {
+                    return Err(GradError::BadInput(
+                        "an evaluation set of this task needs its targets on the device".into(),
+                    ));
+                }
+            };
+            set.groups.push(ChunkGroup {
                 io: ChunkIo {
                     table: x.narrow(0, start, span)?.reshape(&[chunks, len * per])?,
-                    input: b.zeros(&input_shape)?,
-                    out: logits
-                        .narrow(0, start * outputs, span * outputs)?
-                        .reshape(&[chunks, len * outputs])?,
+                    input: b.zeros(&Task::batched(len, &sample))?,
+                    targets,
+                    out,
                     cursor: b.zeros(&[1])?,
                 },
                 chunks,
@@ -154,13 +215,7 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
                 errors: ErrorSlot::default(),
             });
         }
-        Ok(EvalSet {
-            labels,
-            total,
-            world,
-            logits: Some(logits),
-            groups,
-        })
+        Ok(set)
     }
 
     /// The captured chunk graphs (at most one per chunk shape).
@@ -171,8 +226,9 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Uploads a validation set to the device once, for [`Trainer::evaluate_validation`]:
-    /// `x` `[n, ..sample shape]` row-major, `y` `n` labels (kept on the host too: the report
-    /// sums there). In data parallel each rank keeps only its shard (load it after
+    /// `x` `[n, ..sample shape]` row-major, `y` `n` samples' targets (`Task::target_len`
+    /// each: on the device beside the features; the unweighted binary task's labels on the
+    /// host instead, where its report sums). In data parallel each rank keeps only its shard (load it after
     /// `with_collective`; `evaluate_validation` refuses a set sharded otherwise). Replaces a
     /// set loaded before. Refuses with `BadInput` shapes `evaluate` would refuse and a
     /// non-finite feature or label (naming the sample; the old set kept); out of device memory
@@ -210,6 +266,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.load_validation_with(n, rows, zeros, sample, |b, shape| Ok(b.zeros(shape)?))
     }
 
+    /// The set of `rows` of `total` samples (this rank's): the features made by `make` on the
+    /// device, the targets `labels` uploaded beside them (kept on the host instead for the
+    /// logits way, `eval_stats::stats_len`).
     fn load_validation_with(
         &mut self,
         total: usize,
@@ -221,21 +280,25 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         // The old set (and its graphs) go first, so the two never hold memory together.
         self.validation = None;
         let b = &*self.backend;
-        let x = if rows == 0 {
-            None
+        let task = self.parts.model.task();
+        let (x, targets) = if rows == 0 {
+            (None, None)
         } else {
-            let shape: Vec<usize> = std::iter::once(rows).chain(sample).collect();
             let _class = ClassGuard::new(b, AllocClass::Persistent);
-            Some(make(b, &shape)?)
+            let x = make(b, &Task::batched(rows, &sample))?;
+            let y = match stats_len(&task) {
+                Some(_) => Some(b.upload(&labels, &Task::batched(rows, &task.target_shape()))?),
+                None => None,
+            };
+            (Some(x), y)
         };
-        let world = self.parts.dist.info().world;
-        let outputs = self.parts.model.task().output_len();
+        let info = self.parts.dist.info();
         let set = EvalSet::over(
             b,
-            x,
+            Rows { x, targets },
             labels,
-            (total, world),
-            (self.config.eval_batch, outputs),
+            (total, info.rank, info.world),
+            (self.config.eval_batch, task),
         )?;
         self.validation = Some(set);
         Ok(())
@@ -254,11 +317,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.validation.iter().flat_map(EvalSet::graphs)
     }
 
-    /// Mean loss and accuracy over the validation set on the device ([`Trainer::load_validation`]):
-    /// every chunk captured once per chunk shape and replayed (eagerly with capture off or
-    /// after a failed capture), the logits read back once; the report is bitwise `evaluate`'s
-    /// on the same values (in data parallel, `evaluate`'s all-reduced sums). Refuses with
-    /// `BadInput` before `load_validation`.
+    /// The task's loss and metrics over the validation set on the device
+    /// ([`Trainer::load_validation`]): every chunk captured once per chunk shape and replayed
+    /// (eagerly with capture off or after a failed capture), the results read back once (the
+    /// logits of the unweighted binary task, XAsset's; each chunk's statistics otherwise); the
+    /// report is bitwise `evaluate`'s on the same values (in data parallel, `evaluate`'s
+    /// all-reduced sums). Refuses with `BadInput` before `load_validation`.
     pub fn evaluate_validation(&mut self) -> Result<EvalReport> {
         let Some(mut set) = self.validation.take() else {
             return Err(GradError::BadInput(
@@ -281,7 +345,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         if let Ok((_, true)) = pass {
             self.graphs.disabled = true;
         }
-        let report = pass.and_then(|(l, _)| self.report_over(&l, &set.labels, set.total));
+        let report = pass.and_then(|(l, _)| self.report_over(&l, &set));
         self.validation = Some(set);
         report
     }
@@ -289,9 +353,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The training set loaded by `load_data` evaluated where it lies: this rank's rows
     /// (all of them in one process) in chunks of `eval_batch`, eagerly (it runs once, at the
     /// end of a run: a capture would cost a recording and a graph's memory for one pass), the
-    /// logits read back once, the labels those kept on the host at load time. Bitwise
-    /// `evaluate`'s report on the same values (in data parallel, its all-reduced sums).
-    /// Refuses with `BadInput` before `load_data`.
+    /// results read back once (the unweighted binary task, XAsset's: the logits, against the labels kept on
+    /// the host at load time; other tasks: each chunk's statistics of its targets on the
+    /// device). Bitwise `evaluate`'s report on the same values (in data parallel, its
+    /// all-reduced sums). Refuses with `BadInput` before `load_data`.
     pub fn evaluate_loaded(&self) -> Result<EvalReport> {
         let Some(data) = self.data.as_ref() else {
             return Err(GradError::BadInput(
@@ -300,28 +365,43 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         };
         let n = data.rows();
         let info = self.parts.dist.info();
+        let task = self.parts.model.task();
         let rows = shard(info.rank, info.world, n);
-        let x = if rows.is_empty() {
-            None
+        let (x, targets) = if rows.is_empty() {
+            (None, None)
         } else {
-            Some(data.x.narrow(0, rows.start, rows.len())?)
+            let y = data.y.narrow(0, rows.start, rows.len())?;
+            (
+                Some(data.x.narrow(0, rows.start, rows.len())?),
+                // The data path carries one target value per sample (`Task::single_value`).
+                Some(y.reshape(&Task::batched(rows.len(), &task.target_shape()))?),
+            )
         };
-        let labels = data.labels[rows].to_vec();
-        let shards = (n, info.world);
-        let chunks = (self.config.eval_batch, self.parts.model.task().output_len());
-        let mut set = EvalSet::over(&*self.backend, x, labels, shards, chunks)?;
-        let (logits, _) = self.eval_pass(&mut set, false)?;
-        self.report_over(&logits, &set.labels, set.total)
+        let labels = match stats_len(&task) {
+            Some(_) => Vec::new(),
+            None => data.labels[rows].to_vec(),
+        };
+        let shards = (n, info.rank, info.world);
+        let chunks = (self.config.eval_batch, task);
+        let mut set = EvalSet::over(&*self.backend, Rows { x, targets }, labels, shards, chunks)?;
+        let (results, _) = self.eval_pass(&mut set, false)?;
+        self.report_over(&results, &set)
     }
 
     /// One pass over `set`: every group's cursor reset, its chunks run (replayed, captured or
-    /// eager), the logits read back. Also whether a capture failed (the caller turns capture
-    /// off for the rest of the run, as the training steps do).
+    /// eager), the results read back (statistics rows: summed over the ranks first, on the
+    /// device). Also whether a capture failed (the caller turns capture off for the rest of
+    /// the run, as the training steps do).
     fn eval_pass(&self, set: &mut EvalSet<B, T>, capture: bool) -> Result<(Vec<T>, bool)> {
-        let Some(logits) = set.logits.clone() else {
+        let Some(results) = set.results.clone() else {
             return Ok((Vec::new(), false));
         };
         let b = &self.backend;
+        let stats = stats_len(&self.parts.model.task()).is_some();
+        if stats {
+            // The other ranks' rows are summed in: zero here.
+            b.fill(&results, T::ZERO)?;
+        }
         let mut failed = false;
         for group in &mut set.groups {
             b.fill(&group.io.cursor, T::ZERO)?;
@@ -332,16 +412,26 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 })?;
             }
         }
-        Ok((b.download(&logits)?, failed))
+        if stats && !self.parts.dist.single() {
+            let dist = &self.parts.dist;
+            dist.reduce(&**b, &results)?;
+            dist.comm.synchronize(&**b)?;
+        }
+        Ok((b.download(&results)?, failed))
     }
 
-    /// The report of this rank's `logits` against `labels`, of a set of `total` samples:
-    /// `evaluate`'s sums, all-reduced in data parallel.
-    fn report_over(&self, logits: &[T], labels: &[T], total: usize) -> Result<EvalReport> {
-        if self.parts.dist.single() {
-            return Ok(report_of(&self.parts.model.task(), logits, labels));
+    /// The report of this rank's pass `results` over `set`: the statistics rows of every
+    /// rank's chunks (`report_of_stats`), or this rank's logits against its labels
+    /// (`evaluate`'s sums, all-reduced in data parallel).
+    fn report_over(&self, results: &[T], set: &EvalSet<B, T>) -> Result<EvalReport> {
+        let task = self.parts.model.task();
+        if stats_len(&task).is_some() {
+            return Ok(report_of_stats(&task, results, set.total));
         }
-        self.all_reduce_report(logits, labels, total)
+        if self.parts.dist.single() {
+            return Ok(report_of(&task, results, &set.labels));
+        }
+        self.all_reduce_report(results, &set.labels, set.total)
     }
 }
 

@@ -1,7 +1,9 @@
-//! The evaluation report of each task (`Model::task`): its loss (the formula of
-//! `Tape::task_loss`: weighted, the mean of `w · loss` over every target value) and its
-//! metrics, summed in sample order in `f64` from the outputs read back once (one formula for
-//! `evaluate`, `evaluate_validation` and `evaluate_loaded`, so their reports agree bitwise).
+//! The evaluation report (`EvalReport`) and the host's `f64` report of outputs read back
+//! (`report_of`): the loss of each task (`Model::task`; the formula of `Tape::task_loss`:
+//! weighted, the mean of `w · loss` over every target value) and its metrics, summed in sample
+//! order in `f64`. The unweighted binary task (XAsset's) is reported this way from its logits
+//! (one read-back a pass); every other task from statistics reduced on the device
+//! (`eval_stats`), which agree with this formula to f32 rounding (the tests hold them to it).
 //! Metrics count each target value by its weight (a weight of 0, a missing target, not at all).
 
 use crate::task::{Target, Task};

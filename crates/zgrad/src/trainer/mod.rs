@@ -17,6 +17,7 @@ mod device_data;
 mod distributed;
 mod eval;
 mod eval_device;
+mod eval_stats;
 mod metrics;
 mod per_sample;
 mod phases;

@@ -13,6 +13,7 @@ mod support {
     pub mod oracle_step;
     pub mod small;
     pub mod steps;
+    pub mod tasks;
 }
 
 /// The tape and every op's backward: finite differences, fused nodes against their
@@ -45,6 +46,7 @@ mod targets;
 /// resident batch, through failing optimiser steps, and evaluating on the device.
 mod trainer {
     mod eval_device;
+    mod eval_tasks;
     mod flat_params;
     mod on_host;
     mod per_sample;
@@ -78,6 +80,7 @@ mod reduced_precision_files;
 /// ranks as processes (the test re-runs this binary once per rank).
 mod distributed {
     mod collective_calls;
+    mod eval_tasks;
     #[cfg(feature = "gpu")]
     mod nccl;
     mod per_sample_queued;

@@ -222,7 +222,13 @@ fn a_class_index_model_gets_the_right_numbers_in_every_schedule() {
             .sum::<f64>()
             / B as f64;
         let ev = t.evaluate(&x, &y).expect("evaluate");
-        assert!((ev.loss - want).abs() < 1e-12, "{} {want}", ev.loss);
+        // Reduced on the device in f32 per chunk (issue 40 item 2): f32 rounding of the
+        // chunk's sums (`trainer::eval_tasks` justifies the bound).
+        assert!(
+            (ev.loss - want).abs() < 1e-5 * want.max(1.0),
+            "{} {want}",
+            ev.loss
+        );
         let mut losses = Vec::new();
         for _ in 0..3 {
             losses.push(t.train_batch(&x, &y, B).expect("step").loss);
@@ -284,8 +290,10 @@ fn a_weighted_regression_is_evaluated_as_a_regression() {
                 wsum += w;
             }
         }
-        assert!((m.mse - se / wsum).abs() < 1e-9 && (m.mae - ae / wsum).abs() < 1e-9);
-        assert!((ev.loss - se / (B * K) as f64).abs() < 1e-9);
+        // Reduced on the device in f32 per chunk (`trainer::eval_tasks` justifies the bound).
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-5 * b.abs().max(1.0);
+        assert!(close(m.mse, se / wsum) && close(m.mae, ae / wsum), "{m:?}");
+        assert!(close(ev.loss, se / (B * K) as f64), "{}", ev.loss);
         let r = t.train_batch(&x, &y, B).expect("step");
         assert!(
             (r.loss - ev.loss).abs() < 1e-4 * ev.loss,
