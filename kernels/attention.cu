@@ -241,3 +241,156 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Plain scaled dot-product attention with a key-padding mask (no QK-norm): q [B, Sq, dk],
+// k [B, Sk, dk], v [B, Sk, dv], keep [B, Sk] (1 keep, 0 padding; a null pointer: every key
+// kept) to out [B, Sq, dv]. A query whose keys are all padding gets zeros and zero gradients.
+// One block per query row (forward, backward of q) or per key row (backward of k and v); each
+// dot product runs in index order by one thread, the max and the sums of a row by thread 0 in
+// key order, dq over keys and dk, dv over queries in index order: no atomics, two runs give
+// the same bits (the host's `cpu::key_padding` is the same algorithm). Sq and Sk up to 4096
+// (the rows' probabilities live in shared memory); the host falls back to the composite
+// otherwise.
+
+__device__ __forceinline__ bool kpa_kept(const float* keep, unsigned j) {
+    return keep == nullptr || keep[j] != 0.0f;
+}
+
+__device__ __forceinline__ float kpa_dot(const float* a, const float* b, unsigned n) {
+    float s = 0.0f;
+    for (unsigned d = 0; d < n; ++d) s += a[d] * b[d];
+    return s;
+}
+
+// The probabilities of query row qi against batch b's keys kb into p[0, sk) (0 at padded keys,
+// all 0 when every key is padding); stat[0] = the row's max, stat[1] = 1 / its sum (0 when
+// no key is kept). Every thread of the block calls it; it ends with a barrier.
+__device__ void kpa_row_probs(float* p, float* stat, const float* qi, const float* kb,
+                              const float* keep, unsigned sk, unsigned dk, float scale) {
+    for (unsigned j = threadIdx.x; j < sk; j += blockDim.x)
+        p[j] = kpa_kept(keep, j) ? scale * kpa_dot(qi, kb + (u64)j * dk, dk) : 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bool any = false;
+        float m = 0.0f;
+        for (unsigned j = 0; j < sk; ++j) {
+            if (!kpa_kept(keep, j)) continue;
+            m = any ? fmaxf(m, p[j]) : p[j];
+            any = true;
+        }
+        float sum = 0.0f;
+        for (unsigned j = 0; j < sk; ++j)
+            if (kpa_kept(keep, j)) sum += expf(p[j] - m);
+        stat[0] = m;
+        stat[1] = any ? 1.0f / sum : 0.0f;
+    }
+    __syncthreads();
+    float m = stat[0], inv = stat[1];
+    for (unsigned j = threadIdx.x; j < sk; j += blockDim.x)
+        p[j] = kpa_kept(keep, j) ? expf(p[j] - m) * inv : 0.0f;
+    __syncthreads();
+}
+
+// Forward: one block per query row (grid B*Sq); shared memory sk + 2 floats.
+extern "C" __global__ void zc_key_padding_attention_f32(float* out, const float* q, const float* k,
+                                                        const float* v, const float* keep,
+                                                        unsigned batch, unsigned sq, unsigned sk,
+                                                        unsigned dk, unsigned dv, float scale) {
+    extern __shared__ float sm[];
+    float* p = sm;
+    float* stat = sm + sk;
+    unsigned row = blockIdx.x, b = row / sq;
+    const float* keep_b = keep ? keep + (u64)b * sk : nullptr;
+    const float* vb = v + (u64)b * sk * dv;
+    kpa_row_probs(p, stat, q + (u64)row * dk, k + (u64)b * sk * dk, keep_b, sk, dk, scale);
+    for (unsigned c = threadIdx.x; c < dv; c += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned j = 0; j < sk; ++j)
+            if (kpa_kept(keep_b, j)) acc += p[j] * vb[(u64)j * dv + c];
+        out[(u64)row * dv + c] = acc;
+    }
+}
+
+// Backward, queries: one block per query row (grid B*Sq); shared memory 2*sk + 2 floats. Writes
+// dq's row and the row's stats [max, 1/sum, Σ P·dP] for the key kernel.
+extern "C" __global__ void zc_key_padding_attention_backward_q_f32(
+    float* dq, float* stats, const float* g, const float* q, const float* k, const float* v,
+    const float* keep, unsigned batch, unsigned sq, unsigned sk, unsigned dk, unsigned dv,
+    float scale) {
+    extern __shared__ float sm[];
+    float* p = sm;
+    float* ds = sm + sk;
+    float* stat = sm + 2 * sk;
+    unsigned row = blockIdx.x, b = row / sq;
+    const float* keep_b = keep ? keep + (u64)b * sk : nullptr;
+    const float* kb = k + (u64)b * sk * dk;
+    const float* vb = v + (u64)b * sk * dv;
+    const float* gi = g + (u64)row * dv;
+    kpa_row_probs(p, stat, q + (u64)row * dk, kb, keep_b, sk, dk, scale);
+    for (unsigned j = threadIdx.x; j < sk; j += blockDim.x)
+        ds[j] = kpa_kept(keep_b, j) ? kpa_dot(gi, vb + (u64)j * dv, dv) : 0.0f;
+    __syncthreads();
+    __shared__ float total;
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (unsigned j = 0; j < sk; ++j)
+            if (kpa_kept(keep_b, j)) t += p[j] * ds[j];
+        total = t;
+        stats[(u64)row * 3] = stat[0];
+        stats[(u64)row * 3 + 1] = stat[1];
+        stats[(u64)row * 3 + 2] = t;
+    }
+    __syncthreads();
+    for (unsigned j = threadIdx.x; j < sk; j += blockDim.x)
+        ds[j] = kpa_kept(keep_b, j) ? p[j] * (ds[j] - total) * scale : 0.0f;
+    __syncthreads();
+    for (unsigned d = threadIdx.x; d < dk; d += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned j = 0; j < sk; ++j)
+            if (kpa_kept(keep_b, j)) acc += ds[j] * kb[(u64)j * dk + d];
+        dq[(u64)row * dk + d] = acc;
+    }
+}
+
+// Backward, keys and values: one block per key row (grid B*Sk); shared memory 2*sq floats.
+// Recomputes each query's probability of this key from the stats the query kernel wrote (the
+// same expressions, so the same bits), then dk = Σ_i dS·q_i and dv = Σ_i P·g_i in query
+// order; a padded key's rows are zeros.
+extern "C" __global__ void zc_key_padding_attention_backward_kv_f32(
+    float* dk_out, float* dv_out, const float* stats, const float* g, const float* q,
+    const float* k, const float* v, const float* keep, unsigned batch, unsigned sq, unsigned sk,
+    unsigned dk, unsigned dv, float scale) {
+    extern __shared__ float sm[];
+    float* p = sm;
+    float* ds = sm + sq;
+    unsigned row = blockIdx.x, b = row / sk;
+    if (keep && keep[row] == 0.0f) {
+        for (unsigned d = threadIdx.x; d < dk; d += blockDim.x) dk_out[(u64)row * dk + d] = 0.0f;
+        for (unsigned c = threadIdx.x; c < dv; c += blockDim.x) dv_out[(u64)row * dv + c] = 0.0f;
+        return;
+    }
+    const float* kj = k + (u64)row * dk;
+    const float* vj = v + (u64)row * dv;
+    const float* qb = q + (u64)b * sq * dk;
+    const float* gb = g + (u64)b * sq * dv;
+    const float* sb = stats + (u64)b * sq * 3;
+    for (unsigned i = threadIdx.x; i < sq; i += blockDim.x) {
+        float s = scale * kpa_dot(qb + (u64)i * dk, kj, dk);
+        float pi = expf(s - sb[i * 3]) * sb[i * 3 + 1];
+        float dp = kpa_dot(gb + (u64)i * dv, vj, dv);
+        p[i] = pi;
+        ds[i] = pi * (dp - sb[i * 3 + 2]) * scale;
+    }
+    __syncthreads();
+    for (unsigned d = threadIdx.x; d < dk; d += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned i = 0; i < sq; ++i) acc += ds[i] * qb[(u64)i * dk + d];
+        dk_out[(u64)row * dk + d] = acc;
+    }
+    for (unsigned c = threadIdx.x; c < dv; c += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned i = 0; i < sq; ++i) acc += p[i] * gb[(u64)i * dv + c];
+        dv_out[(u64)row * dv + c] = acc;
+    }
+}

@@ -16,13 +16,15 @@ __device__ __forceinline__ bool zc_row_of(float f, u64 rows, u64* row) {
 }
 
 // dst[j] = src[row * row_len + j] for j < row_len, row = index[0]; NaN if the index names no
-// row. src is dense [rows, row_len], dst dense [row_len].
+// row. src is dense [rows, row_len], dst dense [row_len]. Every "no row" NaN of this file is
+// 0x7fc00000, Rust's f32::NAN, so the device's bits are the CPU's (the GPU's canonical
+// 0x7fffffff was written before).
 extern "C" __global__ void zc_gather_row_f32(float* dst, const float* src, const float* index,
                                              u64 rows, u64 row_len) {
     u64 row = 0;
     bool ok = zc_row_of(index[0], rows, &row);
     GRID_STRIDE_LOOP(j, 0, row_len) {
-        dst[j] = ok ? src[row * row_len + j] : __int_as_float(0x7fffffff);
+        dst[j] = ok ? src[row * row_len + j] : __int_as_float(0x7fc00000);
     }
 }
 
@@ -52,7 +54,7 @@ extern "C" __global__ void zc_gather_rows_f32(float* dst, const float* src, cons
         u64 j = k - i * row_len;
         u64 row = 0;
         bool ok = zc_row_of(index[i], rows, &row);
-        dst[k] = ok ? src[row * row_len + j] : __int_as_float(0x7fffffff);
+        dst[k] = ok ? src[row * row_len + j] : __int_as_float(0x7fc00000);
     }
 }
 
@@ -74,11 +76,11 @@ extern "C" __global__ void zc_gather_rows_at_f32(float* dst, const float* src, c
         u64 j = k - i * row_len;
         u64 r = 0;
         bool ok = at && zc_row_of(row[i], rows, &r);
-        dst[k] = ok ? src[r * row_len + j] : __int_as_float(0x7fffffff);
+        dst[k] = ok ? src[r * row_len + j] : __int_as_float(0x7fc00000);
     }
     if (tail && blockIdx.x == 0) {
         for (u64 t = threadIdx.x; t < tail_len; t += blockDim.x) {
-            tail[t] = at ? row[width - tail_len + t] : __int_as_float(0x7fffffff);
+            tail[t] = at ? row[width - tail_len + t] : __int_as_float(0x7fc00000);
         }
     }
 }

@@ -86,7 +86,8 @@ extern "C" __global__ void zc_dropout_mask_f32(float* out, const float* step, u6
     unsigned st = ok ? (unsigned)s : 0u;
     GRID_STRIDE_LOOP(i, 0, n) {
         if (!ok) {
-            out[i] = __int_as_float(0x7fffffff);
+            // 0x7fc00000, the CPU's NaN (f32::NAN): the same bits on every backend.
+            out[i] = __int_as_float(0x7fc00000);
             continue;
         }
         uint4 r = zc_philox(make_uint4((unsigned)i, (unsigned)(i >> 32), st, stream),

@@ -17,6 +17,11 @@ use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::validate;
 
+mod key_padding;
+pub use key_padding::{
+    KeyPaddingAttentionGrads, key_padding_composite_backward, key_padding_composite_forward,
+};
+
 /// The QK-norm parameters and the head split of attention's core: LayerNorm weight and bias of
 /// q and of k (each `[dh]`), the head count `H` (dividing the width `D`) and LayerNorm's eps.
 #[derive(Debug)]
@@ -80,6 +85,38 @@ pub trait AttentionOps<T: Element>: Backend<T> {
         param_grads: [Option<&BTensor<Self, T>>; 4],
     ) -> Result<QkNormAttentionGradsInto<Self::Storage>> {
         backward_into(self, g, qkv, norm, param_grads)
+    }
+
+    /// Scaled dot-product attention with a key-padding mask: `q [B, Sq, dk]`, `k [B, Sk, dk]`,
+    /// `v [B, Sk, dv]` and `key_keep [B, Sk]` (1 keep, 0 padding; `None`: every key kept) to
+    /// `softmax(q·kᵀ·scale over the kept keys)·v`, `[B, Sq, dv]`. A query whose keys are all
+    /// padding gets zeros (never NaN). The CPU and CUDA backends run one fused pass per query
+    /// row; the provided body is the composite of the op set.
+    fn key_padding_attention(
+        &self,
+        q: &BTensor<Self, T>,
+        k: &BTensor<Self, T>,
+        v: &BTensor<Self, T>,
+        key_keep: Option<&BTensor<Self, T>>,
+        scale: T,
+    ) -> Result<BTensor<Self, T>> {
+        key_padding_composite_forward(self, q, k, v, key_keep, scale)
+    }
+
+    /// The backward of [`AttentionOps::key_padding_attention`] from the output gradient
+    /// `g [B, Sq, dv]`: the gradients of q, k and v (zero for padded keys and for queries whose
+    /// keys are all padding), recomputing the forward. Deterministic on every backend.
+    #[allow(clippy::too_many_arguments)]
+    fn key_padding_attention_backward(
+        &self,
+        g: &BTensor<Self, T>,
+        q: &BTensor<Self, T>,
+        k: &BTensor<Self, T>,
+        v: &BTensor<Self, T>,
+        key_keep: Option<&BTensor<Self, T>>,
+        scale: T,
+    ) -> Result<KeyPaddingAttentionGrads<Self::Storage>> {
+        key_padding_composite_backward(self, g, q, k, v, key_keep, scale)
     }
 }
 

@@ -34,7 +34,9 @@ pub mod storage;
 pub mod tensor;
 mod validate;
 
-pub use attention::{AttentionOps, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto};
+pub use attention::{
+    AttentionOps, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto,
+};
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
     BinaryOp, Capture, HistoryRows, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide,

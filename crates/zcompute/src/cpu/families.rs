@@ -1,8 +1,8 @@
 //! The fusion families on the host: the CPU backend's own loops where it has them
 //! (`attention.rs`, `fused.rs`), the provided composites for the rest.
 
-use super::{CpuBackend, accumulate, attention, fused};
-use crate::attention::{AttentionOps, QkNorm, QkNormAttentionGrads};
+use super::{CpuBackend, accumulate, attention, fused, key_padding};
+use crate::attention::{AttentionOps, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads};
 use crate::backend::LayerNormGrads;
 use crate::element::Element;
 use crate::error::Result;
@@ -91,6 +91,29 @@ impl<T: Element> AttentionOps<T> for CpuBackend {
         norm: &QkNorm<'_, CpuStorage<T>>,
     ) -> Result<QkNormAttentionGrads<CpuStorage<T>>> {
         attention::backward(g, qkv, norm)
+    }
+
+    fn key_padding_attention(
+        &self,
+        q: &CpuTensor<T>,
+        k: &CpuTensor<T>,
+        v: &CpuTensor<T>,
+        key_keep: Option<&CpuTensor<T>>,
+        scale: T,
+    ) -> Result<CpuTensor<T>> {
+        key_padding::forward(q, k, v, key_keep, scale)
+    }
+
+    fn key_padding_attention_backward(
+        &self,
+        g: &CpuTensor<T>,
+        q: &CpuTensor<T>,
+        k: &CpuTensor<T>,
+        v: &CpuTensor<T>,
+        key_keep: Option<&CpuTensor<T>>,
+        scale: T,
+    ) -> Result<KeyPaddingAttentionGrads<CpuStorage<T>>> {
+        key_padding::backward(g, q, k, v, key_keep, scale)
     }
 }
 

@@ -12,6 +12,7 @@ mod families;
 pub(crate) mod fastmath;
 pub(crate) mod fused;
 pub(crate) mod indexed;
+pub(crate) mod key_padding;
 pub(crate) mod math;
 mod matmul;
 pub(crate) mod norm;

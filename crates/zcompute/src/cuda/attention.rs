@@ -9,7 +9,8 @@ use super::kernels::{Args, Kernel, ptr};
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::attention::AttentionOps;
 use crate::attention::{
-    QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto, composite_backward, composite_forward,
+    KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto,
+    composite_backward, composite_forward,
 };
 use crate::backend::{Backend, ReduceOp};
 use crate::error::Result;
@@ -292,8 +293,8 @@ pub(super) fn adjacent_span(bufs: &[Option<&CudaTensor>], dh: usize) -> Result<O
     Ok(Some(Tensor::from_parts(first.storage().clone(), layout)?))
 }
 
-/// The attention family on the device: `attention.cu` for the shapes it takes (see above), the
-/// composite otherwise.
+/// The attention family on the device: `attention.cu` for the shapes it takes (see above and
+/// `cuda/key_padding.rs`), the composite otherwise.
 impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
     fn qk_norm_attention(
         &self,
@@ -320,6 +321,29 @@ impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
         param_grads: [Option<&CudaTensor>; 4],
     ) -> Result<QkNormAttentionGradsInto<CudaStorage>> {
         self.qk_norm_attention_backward_into_fused(g, qkv, norm, param_grads)
+    }
+
+    fn key_padding_attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        key_keep: Option<&CudaTensor>,
+        scale: f32,
+    ) -> Result<CudaTensor> {
+        self.key_padding_attention_fused(q, k, v, key_keep, scale)
+    }
+
+    fn key_padding_attention_backward(
+        &self,
+        g: &CudaTensor,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        key_keep: Option<&CudaTensor>,
+        scale: f32,
+    ) -> Result<KeyPaddingAttentionGrads<CudaStorage>> {
+        self.key_padding_attention_backward_fused(g, q, k, v, key_keep, scale)
     }
 }
 

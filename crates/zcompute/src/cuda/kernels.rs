@@ -112,6 +112,11 @@ pub enum Kernel {
     QkNormAttentionDh64,
     QkNormAttentionBackwardDh32,
     QkNormAttentionBackwardDh64,
+    /// Scaled dot-product attention with a key-padding mask (`attention.cu`; see
+    /// `cuda/key_padding.rs`): the forward and the backward's query and key/value passes.
+    KeyPaddingAttention,
+    KeyPaddingAttentionBackwardQ,
+    KeyPaddingAttentionBackwardKv,
     /// Fused epilogues and tail (`fused.cu`, launched from `cuda/fused.rs`).
     BiasAct,
     TanhBackward,
@@ -216,7 +221,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 66] = [
+    pub const ALL: [Kernel; 69] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -253,6 +258,9 @@ impl Kernel {
         Kernel::QkNormAttentionDh64,
         Kernel::QkNormAttentionBackwardDh32,
         Kernel::QkNormAttentionBackwardDh64,
+        Kernel::KeyPaddingAttention,
+        Kernel::KeyPaddingAttentionBackwardQ,
+        Kernel::KeyPaddingAttentionBackwardKv,
         Kernel::BiasAct,
         Kernel::TanhBackward,
         Kernel::AddLayerNormRows,
@@ -470,6 +478,28 @@ impl Kernel {
             Kernel::ClipScale => s(3, "zc_clip_scale_f32", &[Ptr, Ptr, F32, U64], 0),
             Kernel::FiniteGate => s(3, "zc_finite_gate_f32", &[Ptr, Ptr, Ptr], 0),
             Kernel::QkNormAttention => s(4, "zc_qk_norm_attention_f32", ATTENTION, 0),
+            Kernel::KeyPaddingAttention => s(
+                4,
+                "zc_key_padding_attention_f32",
+                &[Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32, F32],
+                0,
+            ),
+            Kernel::KeyPaddingAttentionBackwardQ => s(
+                4,
+                "zc_key_padding_attention_backward_q_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32, F32,
+                ],
+                0,
+            ),
+            Kernel::KeyPaddingAttentionBackwardKv => s(
+                4,
+                "zc_key_padding_attention_backward_kv_f32",
+                &[
+                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U32, U32, U32, U32, F32,
+                ],
+                0,
+            ),
             Kernel::QkNormAttentionDh32 => s(10, "zc_qk_norm_attention_dh32_f32", ATTENTION, 0),
             Kernel::QkNormAttentionDh64 => s(10, "zc_qk_norm_attention_dh64_f32", ATTENTION, 0),
             Kernel::QkNormAttentionBackwardDh32 => s(

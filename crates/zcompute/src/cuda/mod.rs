@@ -27,6 +27,7 @@ mod flat;
 pub(crate) mod fused;
 mod indexed;
 mod kernels;
+mod key_padding;
 mod launch;
 mod linear;
 mod linear_backward;

@@ -15,6 +15,7 @@ mod elementwise;
 mod flat;
 mod fused;
 mod indexed;
+mod key_padding;
 mod linear;
 mod norm_params;
 mod reductions;
@@ -106,6 +107,9 @@ fn twin(k: Kernel) -> Twin {
         Kernel::QkNormAttentionDh64 => attention::short_forward::<64>,
         Kernel::QkNormAttentionBackwardDh32 => attention::short_backward::<32>,
         Kernel::QkNormAttentionBackwardDh64 => attention::short_backward::<64>,
+        Kernel::KeyPaddingAttention => key_padding::forward,
+        Kernel::KeyPaddingAttentionBackwardQ => key_padding::backward_q,
+        Kernel::KeyPaddingAttentionBackwardKv => key_padding::backward_kv,
         Kernel::BiasAct => fused::bias_act,
         Kernel::TanhBackward => fused::tanh_backward,
         Kernel::AddLayerNormRows => fused::add_layer_norm,

@@ -115,3 +115,90 @@ fn attention<S: Storage>(
         dh,
     })
 }
+
+/// The sizes of key-padding attention: `q [batch, q_len, dk]`, `k [batch, k_len, dk]`,
+/// `v [batch, k_len, dv]`, the key mask `[batch, k_len]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyPadding {
+    pub(crate) batch: usize,
+    pub(crate) q_len: usize,
+    pub(crate) k_len: usize,
+    pub(crate) dk: usize,
+    pub(crate) dv: usize,
+}
+
+impl KeyPadding {
+    /// No score to compute (an empty batch, no query or no key): every output and gradient is
+    /// zero (a query with no key attends to nothing, as one whose keys are all padding).
+    pub(crate) fn is_empty(self) -> bool {
+        self.batch == 0 || self.q_len == 0 || self.k_len == 0
+    }
+}
+
+/// `key_padding_attention`: q, k, v of rank 3 with one batch, k and v one key length, q and k
+/// one width; the mask, when given, `[batch, k_len]`; the scale finite.
+pub(crate) fn key_padding_attention<S: Storage>(
+    op: &'static str,
+    q: &Tensor<S>,
+    k: &Tensor<S>,
+    v: &Tensor<S>,
+    key_keep: Option<&Tensor<S>>,
+    scale: S::Elem,
+) -> Result<KeyPadding> {
+    for t in [q, k, v] {
+        if t.rank() < 3 {
+            return Err(ComputeError::RankTooLow {
+                op,
+                min: 3,
+                shape: t.shape().into(),
+            });
+        }
+        if t.rank() > 3 {
+            // Rank 3 exactly: the leading axes folded into one batch is the shape it takes.
+            let r = t.rank();
+            let lead: usize = t.shape()[..r - 2].iter().product();
+            return Err(ComputeError::ShapeMismatch {
+                op,
+                lhs: t.shape().into(),
+                rhs: [lead, t.shape()[r - 2], t.shape()[r - 1]][..].into(),
+            });
+        }
+    }
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let a = KeyPadding {
+        batch: qs[0],
+        q_len: qs[1],
+        k_len: ks[1],
+        dk: qs[2],
+        dv: vs[2],
+    };
+    same_shape(op, ks, &[a.batch, a.k_len, a.dk])?;
+    same_shape(op, vs, &[a.batch, a.k_len, a.dv])?;
+    if let Some(m) = key_keep {
+        same_shape(op, m.shape(), &[a.batch, a.k_len])?;
+    }
+    scalar_in(
+        op,
+        "scale",
+        scale,
+        (f64::MIN, f64::MAX, false),
+        "a finite scale",
+    )?;
+    Ok(a)
+}
+
+/// `key_padding_attention_backward`: the forward's checks, and `g` shaped as the forward's
+/// output `[batch, q_len, dv]`.
+pub(crate) fn key_padding_attention_backward<S: Storage>(
+    g: &Tensor<S>,
+    q: &Tensor<S>,
+    k: &Tensor<S>,
+    v: &Tensor<S>,
+    key_keep: Option<&Tensor<S>>,
+    scale: S::Elem,
+) -> Result<KeyPadding> {
+    const OP: &str = "key_padding_attention_backward";
+    let a = key_padding_attention(OP, q, k, v, key_keep, scale)?;
+    same_shape(OP, g.shape(), &[a.batch, a.q_len, a.dv])?;
+    Ok(a)
+}

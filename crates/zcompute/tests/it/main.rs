@@ -8,6 +8,7 @@ mod common;
 mod cpu_threads;
 mod cuda;
 mod errors;
+mod key_padding_attention;
 mod layout_props;
 mod matmul;
 mod norm;

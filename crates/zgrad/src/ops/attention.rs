@@ -107,3 +107,71 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
         Ok(self.push1(Box::new(node), &inputs, out, self.new_version()))
     }
 }
+
+const KEY_PADDING: &str = "key_padding_attention";
+
+struct KeyPaddingAttentionBackward<B: Ops<T>, T: Element> {
+    /// q, k, v (the node's inputs, in order), then the mask when there is one.
+    saved: [Saved<B, T>; 3],
+    keep: Option<Saved<B, T>>,
+    scale: T,
+    needs: [bool; 3],
+}
+
+impl<B: Ops<T>, T: Element> BackwardOp<B, T> for KeyPaddingAttentionBackward<B, T> {
+    fn name(&self) -> &'static str {
+        KEY_PADDING
+    }
+
+    fn backward(
+        &self,
+        b: &B,
+        grads: &[Option<BTensor<B, T>>],
+    ) -> Result<Vec<Option<BTensor<B, T>>>> {
+        let g = only(grads)?;
+        let [q, k, v] = [0, 1, 2].map(|i| self.saved[i].get(KEY_PADDING));
+        let keep = self.keep.as_ref().map(|m| m.get(KEY_PADDING)).transpose()?;
+        let r = b.key_padding_attention_backward(g, q?, k?, v?, keep, self.scale)?;
+        Ok([r.q, r.k, r.v]
+            .into_iter()
+            .zip(self.needs)
+            .map(|(t, need)| need.then_some(t))
+            .collect())
+    }
+}
+
+impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
+    /// Scaled dot-product attention with a key-padding mask as one node
+    /// (`zcompute::AttentionOps::key_padding_attention`: fused on the CPU and CUDA backends):
+    /// `q [B, Sq, dk]`, `k [B, Sk, dk]`, `v [B, Sk, dv]`, `key_keep [B, Sk]` (1 keep, 0
+    /// padding; `None`: every key kept; it gets no gradient) to `[B, Sq, dv]`. A query whose keys
+    /// are all padding gets zeros and zero gradients. Its backward recomputes the forward from
+    /// the saved q, k, v. [`Tape::masked_attention`] takes it where its shapes fold to these.
+    pub fn key_padding_attention(
+        &self,
+        q: &Var<B, T>,
+        k: &Var<B, T>,
+        v: &Var<B, T>,
+        key_keep: Option<&BTensor<B, T>>,
+        scale: T,
+    ) -> Result<Var<B, T>> {
+        let inputs = [q, k, v];
+        let tracked = self.tracks(KEY_PADDING, &inputs)?;
+        let out = self.run(tracked, |b| {
+            b.key_padding_attention(&q.value, &k.value, &v.value, key_keep, scale)
+        })?;
+        if !tracked {
+            return Ok(self.constant(out));
+        }
+        let keep = key_keep
+            .map(|m| self.save(&Var::constant(m.clone()), "key_keep"))
+            .transpose()?;
+        let node = KeyPaddingAttentionBackward {
+            saved: [self.save(q, "q")?, self.save(k, "k")?, self.save(v, "v")?],
+            keep,
+            scale,
+            needs: inputs.map(Var::requires_grad),
+        };
+        Ok(self.push1(Box::new(node), &inputs, out, self.new_version()))
+    }
+}

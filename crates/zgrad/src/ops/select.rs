@@ -274,9 +274,14 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     /// key-padding mask `key_keep` (`[..., 1, s_k]` or anything broadcasting to the scores
     /// `[..., s_q, s_k]`; 1 = attend, 0 = padding). A query row whose keys are all padding
     /// gets an output of zeros and a zero gradient (PyTorch's math path gives NaN there).
-    /// The composite of the tape's ops: masked scores filled with a large negative finite
-    /// value, the softmax, then the probabilities times the mask (so an all-padding row,
-    /// whose softmax is uniform over padding, becomes zero; elsewhere the padding's
+    ///
+    /// Where the shapes are a key-padding mask's (`q [..., s_q, d]`, `k [..., s_k, d]`,
+    /// `v [..., s_k, d_v]` with the same leading axes, `key_keep [..., 1, s_k]` with them too,
+    /// not requiring a gradient), it is one fused node ([`Tape::key_padding_attention`]: one
+    /// pass per query row on the CPU and CUDA backends); the mask then holds 0 or 1. Otherwise
+    /// it is the composite of the tape's ops: masked scores filled with a large negative
+    /// finite value, the softmax, then the probabilities times the mask (so an all-padding
+    /// row, whose softmax is uniform over padding, becomes zero; elsewhere the padding's
     /// probabilities are exactly 0 already).
     pub fn masked_attention(
         &self,
@@ -286,6 +291,9 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
         key_keep: &Var<B, T>,
         scale: T,
     ) -> Result<Var<B, T>> {
+        if let Some(out) = self.masked_attention_fused(q, k, v, key_keep, scale)? {
+            return Ok(out);
+        }
         let trans_b = MatmulOpts {
             trans_a: false,
             trans_b: true,
@@ -301,6 +309,58 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
         let masked = self.masked_fill(&scores, &padding, T::from_f64(-1e30))?;
         let probs = self.mul(&self.softmax_last(&masked)?, key_keep)?;
         self.matmul(&probs, v, MatmulOpts::default())
+    }
+
+    /// [`Tape::masked_attention`] as one [`Tape::key_padding_attention`] node with the leading
+    /// axes folded into one batch, or `None` where the shapes are not a key-padding mask's.
+    fn masked_attention_fused(
+        &self,
+        q: &Var<B, T>,
+        k: &Var<B, T>,
+        v: &Var<B, T>,
+        key_keep: &Var<B, T>,
+        scale: T,
+    ) -> Result<Option<Var<B, T>>> {
+        let (qs, ks, vs, ms) = (q.shape(), k.shape(), v.shape(), key_keep.shape());
+        let rank = qs.len();
+        if rank < 2 || [ks.len(), vs.len(), ms.len()] != [rank; 3] || key_keep.requires_grad() {
+            return Ok(None);
+        }
+        let lead = &qs[..rank - 2];
+        let (s_q, d, s_k, d_v) = (qs[rank - 2], qs[rank - 1], ks[rank - 2], vs[rank - 1]);
+        let fits = [&ks[..rank - 2], &vs[..rank - 2], &ms[..rank - 2]]
+            .iter()
+            .all(|l| l == &lead)
+            && ks[rank - 1] == d
+            && vs[rank - 2] == s_k
+            && ms[rank - 2..] == [1, s_k];
+        // Folding the leading axes is a reshape: views that are not dense keep the composite.
+        let dense = rank == 3 || [q, k, v].iter().all(|x| x.value().is_contiguous());
+        if !fits || !dense {
+            return Ok(None);
+        }
+        let batch: usize = lead.iter().product();
+        let fold = |x: &Var<B, T>, s: usize, w: usize| match rank {
+            3 => Ok(x.clone()),
+            _ => self.reshape(x, &[batch, s, w]),
+        };
+        let keep = self
+            .backend()
+            .contiguous(key_keep.value())?
+            .reshape(&[batch, s_k])?;
+        let out = self.key_padding_attention(
+            &fold(q, s_q, d)?,
+            &fold(k, s_k, d)?,
+            &fold(v, s_k, d_v)?,
+            Some(&keep),
+            scale,
+        )?;
+        if rank == 3 {
+            return Ok(Some(out));
+        }
+        let mut shape = lead.to_vec();
+        shape.extend([s_q, d_v]);
+        self.reshape(&out, &shape).map(Some)
     }
 
     /// Inverted dropout: `x * mask`, the mask `1 / (1 - p)` where kept and 0 where dropped,

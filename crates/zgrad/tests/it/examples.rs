@@ -88,7 +88,7 @@ fn the_guides_own_model_is_the_example_and_runs() {
 
 #[allow(dead_code)]
 #[path = "../../examples/sequence.rs"]
-mod sequence;
+pub(crate) mod sequence;
 
 /// The sequence model (embedding, variable lengths under a key-padding mask, attention,
 /// pooling over the unpadded positions) learns the majority class of its tokens: accuracy

@@ -11,12 +11,81 @@ use crate::tensor::CpuTensor;
 use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
 
+/// `zc_softmax_rows_f32` as its 32 lanes compute it (`softmax_row_lanes`), not the CPU's
+/// softmax: the per-lane online max and sum are where the kernel can go wrong (a lane that sees
+/// only -inf once added `expf(-inf - -inf)` = NaN), so the twin runs the same arithmetic.
 pub(super) fn softmax_rows(
     _: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    softmax_body(Kernel::SoftmaxRows, args, mem)
+    let k = checked(Kernel::SoftmaxRows, args)?;
+    let (out, x, rows, n) = (k.ptr(0)?, k.ptr(1)?, k.u64(2)?, k.u64(3)?);
+    let x = mem.read_f32(x, rows.saturating_mul(n))?;
+    let mut y = vec![0.0f32; x.len()];
+    let n = usize_of(n, 3)?;
+    if n > 0 {
+        for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+            softmax_row_lanes(xr, yr);
+        }
+    }
+    mem.write_f32(out, &y)
+}
+
+/// The warp's lanes of `zc_softmax_rows_f32`.
+const LANES: usize = 32;
+
+/// `zc_maximum` (common.cuh): NaN wins, else the larger.
+fn maximum(a: f32, b: f32) -> f32 {
+    if a.is_nan() || a >= b { a } else { b }
+}
+
+/// `warp_sum` / `warp_max` (common.cuh): the xor butterfly, every lane combining with lane
+/// `l ^ o` at once for o = 16, 8, 4, 2, 1.
+fn butterfly(mut v: [f32; LANES], op: fn(f32, f32) -> f32) -> [f32; LANES] {
+    for o in [16, 8, 4, 2, 1] {
+        let prev = v;
+        for (l, x) in v.iter_mut().enumerate() {
+            *x = op(prev[l], prev[l ^ o]);
+        }
+    }
+    v
+}
+
+/// One row of `zc_softmax_rows_f32`, lane by lane: each lane's online max and rescaled sum over
+/// the columns `lane, lane + 32, ...` (a -inf adds nothing; a NaN goes in), the warp's max and
+/// the sum of the lanes' sums rescaled to it (a lane that saw nothing adds 0), then
+/// `exp(x - max) / sum` (NaN everywhere when the max is NaN).
+pub(crate) fn softmax_row_lanes(x: &[f32], y: &mut [f32]) {
+    let (mut m, mut s) = ([f32::NEG_INFINITY; LANES], [0.0f32; LANES]);
+    for (j, &v) in x.iter().enumerate() {
+        let lane = j % LANES;
+        if v > m[lane] {
+            s[lane] = s[lane] * (m[lane] - v).exp() + 1.0;
+            m[lane] = v;
+        } else if v != f32::NEG_INFINITY {
+            s[lane] += (v - m[lane]).exp();
+        }
+    }
+    let row_max = butterfly(m, maximum);
+    let mut scaled = [0.0f32; LANES];
+    for l in 0..LANES {
+        scaled[l] = if s[l] == 0.0 {
+            0.0
+        } else {
+            s[l] * (m[l] - row_max[l]).exp()
+        };
+    }
+    let sum = butterfly(scaled, |a, b| a + b);
+    for (j, (yj, &v)) in y.iter_mut().zip(x).enumerate() {
+        let lane = j % LANES;
+        let inv = if row_max[lane].is_nan() {
+            row_max[lane]
+        } else {
+            1.0 / sum[lane]
+        };
+        *yj = (v - row_max[lane]).exp() * inv;
+    }
 }
 
 /// The register-resident kernels' contract on top of the general one: rows a multiple of 4
@@ -158,4 +227,57 @@ pub(super) fn layer_norm_backward(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::softmax_row_lanes;
+    use crate::backend::Backend;
+    use crate::cpu::CpuBackend;
+
+    /// Columns 0 and 32 (both of lane 0) masked to -inf in a row of 64, and a row of 37 whose
+    /// lanes 5 and 6 see only -inf: each lane that saw only -inf adds nothing (the kernel's
+    /// arithmetic before the fix added expf(-inf - -inf) = NaN there, and the whole row was
+    /// NaN); the masked columns are 0, the rest the CPU's softmax within rounding.
+    #[rstest::rstest]
+    #[case::lane_zero_all_masked(64, &[0, 32])]
+    #[case::short_row(37, &[5, 6])]
+    fn a_lane_that_sees_only_minus_infinity_adds_nothing(
+        #[case] n: usize,
+        #[case] masked: &[usize],
+    ) {
+        let x: Vec<f32> = (0..n)
+            .map(|j| {
+                if masked.contains(&j) {
+                    f32::NEG_INFINITY
+                } else {
+                    ((j * 7 % 11) as f32 - 5.0) / 3.0
+                }
+            })
+            .collect();
+        let mut y = vec![0.0f32; n];
+        softmax_row_lanes(&x, &mut y);
+        assert!(y.iter().all(|v| v.is_finite()), "{y:?}");
+        let t = crate::tensor::CpuTensor::from_vec(x.clone(), &[1, n]).unwrap();
+        let want = CpuBackend.softmax_last(&t).unwrap().to_vec();
+        for (j, (a, b)) in y.iter().zip(&want).enumerate() {
+            if masked.contains(&j) {
+                assert_eq!(*a, 0.0, "column {j}");
+            }
+            assert!(
+                (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+                "column {j}: {a} vs {b}"
+            );
+        }
+    }
+
+    /// A NaN in the row makes the whole row NaN, as in the kernel (and the CPU).
+    #[test]
+    fn a_nan_propagates_to_the_row() {
+        let mut x = vec![0.5f32; 40];
+        x[3] = f32::NAN;
+        let mut y = vec![0.0f32; 40];
+        softmax_row_lanes(&x, &mut y);
+        assert!(y.iter().all(|v| v.is_nan()));
+    }
 }

@@ -7,6 +7,7 @@
 
 mod custom;
 mod custom_trainer;
+mod masked_attention;
 mod oracle;
 mod replay;
 

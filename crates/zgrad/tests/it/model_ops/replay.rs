@@ -162,3 +162,33 @@ fn the_dropout_mask_is_the_same_on_every_backend_and_keeps_one_minus_p() {
         "{e}"
     );
 }
+
+/// A step that is no whole number in [0, 2^24] makes the mask NaN with the CPU's bits
+/// (0x7fc00000, Rust's `f32::NAN`) on the device too: `zc_dropout_mask_f32` wrote 0x7fffffff.
+fn invalid_step_nan_bits<B: Ops<f32>>(b: &B) {
+    let n = 300;
+    for step in [0.5f32, -1.0, 2e7, f32::NAN] {
+        let cpu = CpuBackend;
+        let s = cpu.upload(&[step], &[1]).unwrap();
+        let want = cpu
+            .download(&cpu.dropout_mask(&[n], P, SEED, 0, &s).unwrap())
+            .unwrap();
+        let s = b.upload(&[step], &[1]).unwrap();
+        let got = b
+            .download(&b.dropout_mask(&[n], P, SEED, 0, &s).unwrap())
+            .unwrap();
+        assert_eq!(bits(&want), vec![f32::NAN.to_bits(); n], "step {step}: CPU");
+        assert_eq!(bits(&got), bits(&want), "step {step}: device");
+    }
+}
+
+#[test]
+fn an_invalid_steps_mask_has_the_cpus_nan_bits_on_the_simulated_device() {
+    invalid_step_nan_bits(&super::sim());
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn an_invalid_steps_mask_has_the_cpus_nan_bits_on_the_gpu() {
+    invalid_step_nan_bits(&super::gpu());
+}
