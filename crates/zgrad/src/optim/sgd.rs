@@ -86,11 +86,26 @@ pub struct SgdTensors<B: Ops<T>, T: Element> {
     pub buf: Vec<BTensor<B, T>>,
     pub slot: BTensor<B, T>,
     hyper: SgdHyper,
-    /// The set the buffers follow, and the flat buffer (`None` without momentum).
-    flat: Option<(ParameterSet<B, T>, Option<BTensor<B, T>>)>,
+    /// The set the parameters are views of, when they are.
+    flat: Option<FlatBuffer<B, T>>,
     /// Whether each parameter gets the weight decay (`DecayGroups`), in order.
     decays: Vec<bool>,
     params: usize,
+}
+
+/// A [`ParameterSet`] and the flat momentum buffer laid out as it (`None` without momentum).
+struct FlatBuffer<B: Ops<T>, T: Element> {
+    set: ParameterSet<B, T>,
+    buf: Option<BTensor<B, T>>,
+}
+
+impl<B: Ops<T>, T: Element> Clone for FlatBuffer<B, T> {
+    fn clone(&self) -> Self {
+        FlatBuffer {
+            set: self.set.clone(),
+            buf: self.buf.clone(),
+        }
+    }
 }
 
 impl<B: Ops<T>, T: Element> Clone for SgdTensors<B, T> {
@@ -158,8 +173,8 @@ impl<B: Ops<T>, T: Element> SgdTensors<B, T> {
                 )),
             ));
         }
-        if let Some((set, flat_buf)) = self.flat.as_ref().filter(|(s, _)| s.holds(params)) {
-            self.apply_flat(b, set, flat_buf.as_ref())?;
+        if let Some(flat) = self.flat.as_ref().filter(|f| f.set.holds(params)) {
+            self.apply_flat(b, &flat.set, flat.buf.as_ref())?;
             for p in params {
                 p.bump_version();
             }
@@ -262,9 +277,10 @@ impl<B: Ops<T>, T: Element> Sgd<B, T> {
         let (buf, flat) = match ParameterSet::of(params) {
             Some(set) if momentum => {
                 let fb = b.zeros(&[set.len()])?;
-                (set.views_of(&fb)?, Some((set, Some(fb))))
+                let views = set.views_of(&fb)?;
+                (views, Some(FlatBuffer { set, buf: Some(fb) }))
             }
-            Some(set) => (Vec::new(), Some((set, None))),
+            Some(set) => (Vec::new(), Some(FlatBuffer { set, buf: None })),
             None if momentum => (
                 params
                     .iter()
