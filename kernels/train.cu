@@ -85,3 +85,28 @@ extern "C" __global__ void zc_adamw_f32(float* p, float* m, float* v, const floa
         v[i] = vi;
     }
 }
+
+// SGD with momentum (torch.optim.SGD) over dense p, buf, g of n elements; slot = [lr, t] or
+// [lr, t, gate] read at run time, as AdamW's. d = g + wd * p; with momentum (buf not read
+// otherwise) buf = d at t = 1 and m * buf + (1 - dampening) * d after, then d + m * buf
+// (Nesterov) or buf; p = p - lr * d. Every product and sum rounded on its own (no FMA), the
+// CPU reference's roundings, so the two agree bitwise.
+extern "C" __global__ void zc_sgd_f32(float* p, float* buf, const float* g, const float* slot,
+                                      u64 n, float momentum, float dampening,
+                                      float weight_decay, unsigned nesterov, u64 slot_len) {
+    if (slot_len > 2 && !(slot[2] == 0.0f)) return;
+    const float lr = slot[0];
+    const bool first = slot[1] <= 1.0f;
+    const float keep = __fsub_rn(1.0f, dampening);
+    GRID_STRIDE_LOOP(i, 0, n) {
+        float pi = p[i];
+        float d = g[i];
+        if (weight_decay != 0.0f) d = __fadd_rn(d, __fmul_rn(weight_decay, pi));
+        if (momentum != 0.0f) {
+            float b = first ? d : __fadd_rn(__fmul_rn(momentum, buf[i]), __fmul_rn(keep, d));
+            buf[i] = b;
+            d = nesterov ? __fadd_rn(d, __fmul_rn(momentum, b)) : b;
+        }
+        p[i] = __fsub_rn(pi, __fmul_rn(lr, d));
+    }
+}

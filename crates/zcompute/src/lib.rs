@@ -1,6 +1,6 @@
 //! zcompute: tensors as strided views over pluggable storage, and the op set: the primitives
 //! behind the `Backend` trait and the fusion families (`LinearOps`, `NormOps`, `AttentionOps`,
-//! `PooledLossOps`, `SelectOps`, `RandomOps`), whose methods are provided as composites of the primitives; `Ops` is all
+//! `PooledLossOps`, `SelectOps`, `RandomOps`, `OptimOps`), whose methods are provided as composites of the primitives; `Ops` is all
 //! of them in one bound, and `prelude` imports them all. `CpuBackend` implements them in f32
 //! and f64 (the f64 run is the reference); `CudaBackend` in f32 over zmem blocks on any
 //! `zdevice::Driver` (the real GPU, or the simulated device in CI), with the one capture entry
@@ -23,6 +23,7 @@ pub mod layout;
 pub mod linear;
 pub mod norm;
 pub mod ops;
+pub mod optim;
 pub mod pinned;
 pub mod pooled_loss;
 pub mod prelude;
@@ -54,6 +55,7 @@ pub use layout::{Dims, Layout, Offsets, broadcast_shapes, checked_numel, contigu
 pub use linear::{Activation, LinearOps};
 pub use norm::{AddLayerNormOut, NormOps};
 pub use ops::Ops;
+pub use optim::{OptimOps, SgdConfig};
 pub use pinned::{CopyMark, HostVec, PinnedHost, PinnedSlice};
 pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
 pub use random::{RandomOps, philox4x32_10};

@@ -1,6 +1,7 @@
 //! The whole op set in one bound. [`Backend`] holds the primitives; each fusion family
 //! ([`LinearOps`], [`NormOps`], [`AttentionOps`], [`PooledLossOps`]) holds a layer's fused ops
-//! and the model-level families ([`SelectOps`], [`RandomOps`]) the ops models reach for,
+//! and the model-level families ([`SelectOps`], [`RandomOps`]) the ops models reach for
+//! (and [`OptimOps`] the optimisers' fused updates beside `Backend::adamw_step`),
 //! every one provided as the composite of the primitives, which a backend overrides with its
 //! fused kernel. Code that runs models bounds its backend by [`Ops`] and calls anything;
 //! `use zcompute::prelude::*` brings every trait into scope for calls on a concrete backend.
@@ -13,6 +14,7 @@ use crate::backend::Backend;
 use crate::element::Element;
 use crate::linear::LinearOps;
 use crate::norm::NormOps;
+use crate::optim::OptimOps;
 use crate::pooled_loss::PooledLossOps;
 use crate::random::RandomOps;
 use crate::select::SelectOps;
@@ -27,6 +29,7 @@ pub trait Ops<T: Element>:
     + PooledLossOps<T>
     + SelectOps<T>
     + RandomOps<T>
+    + OptimOps<T>
 {
 }
 
@@ -38,6 +41,7 @@ impl<T: Element, B> Ops<T> for B where
         + PooledLossOps<T>
         + SelectOps<T>
         + RandomOps<T>
+        + OptimOps<T>
         + ?Sized
 {
 }

@@ -7,6 +7,7 @@ pub use crate::backend::{Backend, Capture};
 pub use crate::linear::LinearOps;
 pub use crate::norm::NormOps;
 pub use crate::ops::Ops;
+pub use crate::optim::OptimOps;
 pub use crate::pooled_loss::PooledLossOps;
 pub use crate::random::RandomOps;
 pub use crate::select::SelectOps;

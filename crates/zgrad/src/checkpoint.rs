@@ -1,8 +1,10 @@
 //! Training checkpoints, one safetensors format for every model and for `ztrain`: the
 //! parameters under the model's names (so a checkpoint is also a parameter file that
 //! `XAsset::load` and PyTorch's `load_state_dict` read, and a PyTorch `state_dict` saved with
-//! safetensors loads as parameters), AdamW's moments as `optim.m.<name>` / `optim.v.<name>`,
-//! the step count in the metadata (`zgrad.step`) next to whatever metadata the caller adds, and
+//! safetensors loads as parameters), AdamW's moments as `optim.m.<name>` / `optim.v.<name>`
+//! or SGD's momentum buffers as `optim.momentum_buffer.<name>` (PyTorch's state names), the
+//! step count and the optimiser (`zgrad.step`, `zgrad.optimizer`) in the metadata next to
+//! whatever metadata the caller adds, and
 //! any tensors a layer above keeps beside them (`ztrain.*` counters, stored as they are).
 //!
 //! The reading and writing below are free functions over named host tensors
@@ -12,7 +14,7 @@ use crate::error::{GradError, Result};
 use crate::file_dtype::FileDtype;
 use crate::io::{HostTensor, TensorFile, decode_bytes, encode, st_error, write_tensors_as};
 use crate::model::Model;
-use crate::optim::{AdamWState, Moments};
+use crate::optim::{AdamWState, Moments, MomentumBuffer, OptimizerKind, OptimizerState, SgdState};
 use crate::trainer::Trainer;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use std::collections::{BTreeMap, HashMap};
@@ -21,6 +23,12 @@ use zcompute::{Capture, Element};
 
 /// Metadata key holding the optimiser's step count.
 pub const STEP_KEY: &str = "zgrad.step";
+
+/// Metadata key naming the optimiser whose state the file holds (`adamw`, `sgd`).
+pub const OPTIMIZER_KEY: &str = "zgrad.optimizer";
+
+/// The state slot of SGD's momentum buffers (`optim.momentum_buffer.<name>`).
+const MOMENTUM_SLOT: &str = "momentum_buffer";
 
 /// Prefix of the optimiser state's tensors (`optim.m.<name>`, `optim.v.<name>`).
 pub const OPTIM_PREFIX: &str = "optim.";
@@ -86,26 +94,67 @@ pub struct CheckpointFile<T> {
 
 impl<T: Element> CheckpointFile<T> {
     /// The checkpoint of a model's named parameters and its optimiser's state (the step in
-    /// the metadata under [`STEP_KEY`]).
+    /// the metadata under [`STEP_KEY`], the optimiser under [`OPTIMIZER_KEY`]).
     #[must_use]
-    pub fn of_state(parameters: Vec<(String, HostTensor<T>)>, state: AdamWState<T>) -> Self {
+    pub fn of_state(
+        parameters: Vec<(String, HostTensor<T>)>,
+        state: impl Into<OptimizerState<T>>,
+    ) -> Self {
+        let state = state.into();
         let mut optimizer = BTreeMap::new();
-        for m in state.moments {
-            let (shape, name) = (m.shape, m.name);
-            optimizer.insert(
-                format!("m.{name}"),
-                HostTensor {
-                    shape: shape.clone(),
-                    data: m.m,
-                },
-            );
-            optimizer.insert(format!("v.{name}"), HostTensor { shape, data: m.v });
+        let (step, kind) = (state.step(), state.kind());
+        match state {
+            OptimizerState::AdamW(s) => {
+                for m in s.moments {
+                    let (shape, name) = (m.shape, m.name);
+                    let m_tensor = HostTensor {
+                        shape: shape.clone(),
+                        data: m.m,
+                    };
+                    optimizer.insert(format!("m.{name}"), m_tensor);
+                    optimizer.insert(format!("v.{name}"), HostTensor { shape, data: m.v });
+                }
+            }
+            OptimizerState::Sgd(s) => {
+                for b in s.buffers {
+                    let t = HostTensor {
+                        shape: b.shape,
+                        data: b.buf,
+                    };
+                    optimizer.insert(format!("{MOMENTUM_SLOT}.{}", b.name), t);
+                }
+            }
         }
         CheckpointFile {
             parameters: parameters.into_iter().collect(),
             optimizer,
             other: BTreeMap::new(),
-            metadata: HashMap::from([(STEP_KEY.to_string(), state.step.to_string())]),
+            metadata: HashMap::from([
+                (STEP_KEY.to_string(), step.to_string()),
+                (OPTIMIZER_KEY.to_string(), kind.name().to_string()),
+            ]),
+        }
+    }
+
+    /// The optimiser whose state the file holds: its metadata's [`OPTIMIZER_KEY`], else (a
+    /// file written before the key, or by a layer above that keeps its own metadata) what its
+    /// state tensors are (`m.`/`v.`: AdamW; `momentum_buffer.`: SGD). `None` when neither says.
+    #[must_use]
+    pub fn optimizer_name(&self) -> Option<String> {
+        if let Some(name) = self.metadata.get(OPTIMIZER_KEY) {
+            return Some(name.clone());
+        }
+        let has = |slot: &str| {
+            self.optimizer
+                .keys()
+                .any(|k| k.starts_with(&format!("{slot}.")))
+        };
+        if has("m") || has("v") {
+            Some(OptimizerKind::AdamW.name().to_string())
+        } else if has(MOMENTUM_SLOT) {
+            Some(OptimizerKind::Sgd { momentum: true }.name().to_string())
+        } else {
+            None
         }
     }
 
@@ -212,7 +261,8 @@ impl<T: Element> CheckpointFile<T> {
     }
 
     /// The parameter values in the order of `expected` (name and shape of each of the
-    /// model's parameters) and the optimiser state at `step`, every tensor checked against
+    /// model's parameters) and the state at `step` of an optimiser of `kind` (the trainer's:
+    /// a file of another optimiser is an `OptimizerMismatch`), every tensor checked against
     /// its shape before anything is returned: the missing, misshapen and extra ones (a
     /// parameter or moment of no parameter of the model: a checkpoint of a deeper model),
     /// moments included, all named in one `ParameterMismatch`.
@@ -221,7 +271,17 @@ impl<T: Element> CheckpointFile<T> {
         expected: &[(String, Vec<usize>)],
         step: u64,
         path: &Path,
-    ) -> Result<(Vec<Vec<T>>, AdamWState<T>)> {
+        kind: OptimizerKind,
+    ) -> Result<(Vec<Vec<T>>, OptimizerState<T>)> {
+        if let Some(saved) = self.optimizer_name()
+            && saved != kind.name()
+        {
+            return Err(GradError::OptimizerMismatch {
+                file: path.display().to_string(),
+                saved,
+                now: kind.name().to_string(),
+            });
+        }
         let (mut missing, mut misshapen) = (Vec::new(), Vec::new());
         let mut check = |stored: &str, t: Option<&HostTensor<T>>, shape: &[usize]| match t {
             None => missing.push(stored.to_string()),
@@ -232,7 +292,7 @@ impl<T: Element> CheckpointFile<T> {
         };
         for (name, shape) in expected {
             check(name, self.parameters.get(name), shape);
-            for slot in ["m", "v"] {
+            for slot in kind.slots() {
                 let key = format!("{slot}.{name}");
                 check(
                     &format!("{OPTIM_PREFIX}{key}"),
@@ -252,7 +312,7 @@ impl<T: Element> CheckpointFile<T> {
         extra.extend(
             self.optimizer
                 .keys()
-                .filter(|k| !moment_of(k).is_some_and(|n| known.contains(n)))
+                .filter(|k| !state_of(k, kind).is_some_and(|n| known.contains(n)))
                 .map(|k| format!("{OPTIM_PREFIX}{k}")),
         );
         if !(missing.is_empty() && misshapen.is_empty() && extra.is_empty()) {
@@ -267,16 +327,37 @@ impl<T: Element> CheckpointFile<T> {
             .iter()
             .map(|(n, _)| self.parameters[n].data.clone())
             .collect();
-        let moments = expected
-            .iter()
-            .map(|(name, shape)| Moments {
-                name: name.clone(),
-                shape: shape.clone(),
-                m: self.optimizer[&format!("m.{name}")].data.clone(),
-                v: self.optimizer[&format!("v.{name}")].data.clone(),
-            })
-            .collect();
-        Ok((values, AdamWState { step, moments }))
+        let stored =
+            |slot: &str, name: &str| self.optimizer[&format!("{slot}.{name}")].data.clone();
+        let state = match kind {
+            OptimizerKind::AdamW => AdamWState {
+                step,
+                moments: expected
+                    .iter()
+                    .map(|(name, shape)| Moments {
+                        name: name.clone(),
+                        shape: shape.clone(),
+                        m: stored("m", name),
+                        v: stored("v", name),
+                    })
+                    .collect(),
+            }
+            .into(),
+            OptimizerKind::Sgd { momentum } => SgdState {
+                step,
+                buffers: expected
+                    .iter()
+                    .filter(|_| momentum)
+                    .map(|(name, shape)| MomentumBuffer {
+                        name: name.clone(),
+                        shape: shape.clone(),
+                        buf: stored(MOMENTUM_SLOT, name),
+                    })
+                    .collect(),
+            }
+            .into(),
+        };
+        Ok((values, state))
     }
 }
 
@@ -297,9 +378,10 @@ pub fn refuse_reduced_precision(entries: &BTreeMap<String, RawTensor>, path: &Pa
     }
 }
 
-/// The parameter name of an optimiser-state key (`m.<name>`, `v.<name>`).
-fn moment_of(key: &str) -> Option<&str> {
-    key.strip_prefix("m.").or_else(|| key.strip_prefix("v."))
+/// The parameter name of an optimiser-state key of one of `kind`'s slots (`m.<name>`, ...).
+fn state_of(key: &str, kind: OptimizerKind) -> Option<&str> {
+    let (slot, name) = key.split_once('.')?;
+    kind.slots().contains(&slot).then_some(name)
 }
 
 /// Serialises `entries` and `metadata` to safetensors bytes.
@@ -403,7 +485,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .map(|(n, p)| (n.clone(), p.shape().to_vec()))
             .collect();
         // Every tensor is checked before anything is written: a bad file changes nothing.
-        let (values, state) = file.training_state(&expected, step, path)?;
+        let kind = self.optimizer().kind();
+        let (values, state) = file.training_state(&expected, step, path, kind)?;
         let b = std::rc::Rc::clone(self.backend_rc());
         let written = params
             .iter()

@@ -185,6 +185,15 @@ pub enum GradError {
         file: String,
         differences: Vec<String>,
     },
+    /// A checkpoint (or an exported state) of one optimiser loaded into a trainer of another
+    /// (`saved` and `now` are `adamw` or `sgd`): train with the optimiser that wrote it, or
+    /// start from its parameters alone (`XAsset::load`, `ztrain --init-from`).
+    #[error("{file}: holds the optimiser state of {saved}, this trainer's optimiser is {now}")]
+    OptimizerMismatch {
+        file: String,
+        saved: String,
+        now: String,
+    },
     /// A model configuration that cannot be built (say, width not divisible by heads).
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -40,8 +40,8 @@ pub use memory::in_step;
 pub use model::{Model, ParameterBuilder};
 pub use ops::CustomOp;
 pub use optim::{
-    AdamW, AdamWHyper, AdamWState, DecayGroups, ParameterSet, Sgd, clip_grad_norm, grad_norm,
-    zero_grad,
+    AdamW, AdamWHyper, AdamWState, DecayGroups, MomentumBuffer, Optimizer, OptimizerKind,
+    OptimizerState, ParameterSet, Sgd, SgdHyper, SgdState, clip_grad_norm, grad_norm, zero_grad,
 };
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use precision::Precision;

@@ -297,9 +297,22 @@ pub struct Options {
     #[arg(long, default_value_t = 0, help_heading = "Training")]
     pub warmup_steps: u64,
 
-    /// AdamW weight decay (applied to every parameter, as docs/xasset.md).
+    /// AdamW weight decay (applied to every parameter, as docs/xasset.md); with --optimizer
+    /// sgd, SGD's (coupled, L2) weight decay.
     #[arg(long, default_value_t = 0.01, help_heading = "Training")]
     pub weight_decay: f64,
+
+    /// The optimiser: adamw, or sgd (torch.optim.SGD: --momentum, --nesterov).
+    #[arg(long, value_parser = ["adamw", "sgd"], default_value = "adamw", help_heading = "Training")]
+    pub optimizer: String,
+
+    /// SGD's momentum factor (0: plain SGD). Only with --optimizer sgd.
+    #[arg(long, default_value_t = 0.0, help_heading = "Training")]
+    pub momentum: f64,
+
+    /// SGD with Nesterov momentum (needs --momentum above 0). Only with --optimizer sgd.
+    #[arg(long, help_heading = "Training")]
+    pub nesterov: bool,
 
     /// Scale gradients down so their global L2 norm is at most this (off when absent).
     #[arg(long, value_name = "NORM", help_heading = "Training")]
@@ -443,6 +456,31 @@ pub(crate) fn parse_size(text: &str) -> std::result::Result<u64, String> {
 }
 
 impl Options {
+    /// SGD's settings with `--optimizer sgd` (`None`: AdamW); `--momentum` or `--nesterov`
+    /// without it, a momentum that is not a finite value >= 0, or Nesterov without momentum
+    /// are refused.
+    fn sgd(&self) -> Result<Option<zgrad::SgdHyper>> {
+        let bad = |m: String| Err(TrainError::Options(m));
+        if self.optimizer != "sgd" {
+            if self.momentum != 0.0 || self.nesterov {
+                return bad("--momentum and --nesterov need --optimizer sgd".into());
+            }
+            return Ok(None);
+        }
+        if !(self.momentum.is_finite() && self.momentum >= 0.0) {
+            return bad(format!("--momentum {} must be >= 0", self.momentum));
+        }
+        if self.nesterov && self.momentum == 0.0 {
+            return bad("--nesterov needs a --momentum above 0".into());
+        }
+        Ok(Some(zgrad::SgdHyper {
+            momentum: self.momentum,
+            nesterov: self.nesterov,
+            weight_decay: self.weight_decay,
+            ..zgrad::SgdHyper::default()
+        }))
+    }
+
     /// The checked run configuration.
     pub fn config(&self) -> Result<RunConfig> {
         let bad = |m: String| Err(TrainError::Options(m));
@@ -474,6 +512,7 @@ impl Options {
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return bad(format!("--weight-decay {} must be >= 0", self.weight_decay));
         }
+        let sgd = self.sgd()?;
         if let Some(c) = self.clip_grad
             && !(c.is_finite() && c > 0.0)
         {
@@ -529,6 +568,7 @@ impl Options {
             lr_schedule: self.lr_schedule,
             warmup_steps: self.warmup_steps,
             weight_decay: self.weight_decay,
+            sgd,
             clip_grad: self.clip_grad,
             schedule: self.schedule,
             capture: self.capture,

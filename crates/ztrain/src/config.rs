@@ -136,6 +136,8 @@ pub struct RunConfig {
     pub lr_schedule: LrDecay,
     pub warmup_steps: u64,
     pub weight_decay: f64,
+    /// `Some`: SGD (`--optimizer sgd`) instead of AdamW.
+    pub sgd: Option<zgrad::SgdHyper>,
     pub clip_grad: Option<f64>,
     pub schedule: TrainSchedule,
     pub capture: bool,
@@ -196,6 +198,12 @@ impl RunConfig {
         });
         if self.normalize {
             out["normalize"] = json!(true);
+        }
+        // Only when not AdamW: an AdamW run's configuration (and its checkpoints') stays as
+        // it was.
+        if let Some(s) = &self.sgd {
+            out["optimizer"] =
+                json!({"name": "sgd", "momentum": s.momentum, "nesterov": s.nesterov});
         }
         out
     }
@@ -298,6 +306,7 @@ mod tests {
             lr_schedule: LrDecay::Constant,
             warmup_steps: 0,
             weight_decay: 0.01,
+            sgd: None,
             clip_grad: None,
             schedule: TrainSchedule::Batched,
             capture: false,

@@ -26,7 +26,7 @@ pub fn checkpoint_of<B: TrainBackend>(
     let state = learner.optimizer().export(b, &names)?;
     let mut progress = progress.clone();
     // The optimiser counts its own steps; both must agree.
-    progress.step = state.step;
+    progress.step = state.step();
     let file = CheckpointFile::of_state(params, state);
     Ok(Checkpoint {
         config: config.clone(),
@@ -118,7 +118,12 @@ pub fn resume<B: TrainBackend>(
     };
     // Every tensor is checked (all problems named) before any is written.
     let (values, state) = file
-        .training_state(&expected, ck.progress.step, path)
+        .training_state(
+            &expected,
+            ck.progress.step,
+            path,
+            learner.optimizer().kind(),
+        )
         .map_err(|e| corrupt(e.to_string()))?;
     for ((_, var), value) in params.iter().zip(&values) {
         var.upload(b, value)?;

@@ -29,6 +29,7 @@ pub fn trainer_config(config: &RunConfig, total_steps: u64) -> TrainerConfig {
             weight_decay: config.weight_decay,
             ..zgrad::AdamWHyper::default()
         },
+        sgd: config.sgd,
         eval_batch: config.batch,
         ..TrainerConfig::default()
     }

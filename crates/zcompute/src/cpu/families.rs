@@ -8,6 +8,7 @@ use crate::element::Element;
 use crate::error::Result;
 use crate::linear::{Activation, LinearOps};
 use crate::norm::{AddLayerNormOut, NormOps};
+use crate::optim::{OptimOps, SgdConfig};
 use crate::pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
 use crate::storage::CpuStorage;
 use crate::tensor::CpuTensor;
@@ -137,5 +138,18 @@ impl<T: Element> PooledLossOps<T> for CpuBackend {
         targets: &CpuTensor<T>,
     ) -> Result<PoolHeadBceGrads<CpuStorage<T>>> {
         fused::pool_head_bce_backward(g, h, weight, logits, targets)
+    }
+}
+
+impl<T: Element> OptimOps<T> for CpuBackend {
+    fn sgd_step(
+        &self,
+        p: &CpuTensor<T>,
+        buf: Option<&CpuTensor<T>>,
+        g: &CpuTensor<T>,
+        slot: &CpuTensor<T>,
+        cfg: &SgdConfig<T>,
+    ) -> Result<()> {
+        super::train::sgd_step(p, buf, g, slot, cfg)
     }
 }

@@ -4,6 +4,7 @@ use super::{gather, math, par};
 use crate::backend::{ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
 use crate::element::Element;
 use crate::error::Result;
+use crate::optim::SgdConfig;
 use crate::tensor::CpuTensor;
 use crate::validate;
 
@@ -90,6 +91,67 @@ pub(crate) fn adamw_step<T: Element>(
         pd[po] = pi;
         md[mo] = mi;
         vd[vo] = vi;
+    }
+    Ok(())
+}
+
+/// `OptimOps::sgd_step` as a loop (the reference; the device twin runs it too). The roundings
+/// are the kernel's: `d = g + wd·p`, `buf = m·buf + (1 - dampening)·d`, `d + m·buf`,
+/// `p - lr·d`, each product and sum rounded on its own (no fused multiply-add).
+pub(crate) fn sgd_step<T: Element>(
+    p: &CpuTensor<T>,
+    buf: Option<&CpuTensor<T>>,
+    g: &CpuTensor<T>,
+    slot: &CpuTensor<T>,
+    cfg: &SgdConfig<T>,
+) -> Result<()> {
+    validate::sgd(p, buf, g, slot, cfg)?;
+    let s = gather(slot);
+    if s.get(ADAMW_SLOT_GATE).is_some_and(|&gate| gate != T::ZERO) {
+        tracing::trace!(numel = p.numel(), "cpu sgd skipped by its gate");
+        return Ok(());
+    }
+    let (lr, t) = (s[ADAMW_SLOT_LR], s[ADAMW_SLOT_STEP]);
+    let SgdConfig {
+        momentum,
+        dampening,
+        weight_decay: wd,
+        nesterov,
+    } = *cfg;
+    tracing::trace!(
+        lr = lr.to_f64(),
+        t = t.to_f64(),
+        numel = p.numel(),
+        "cpu sgd"
+    );
+    // PyTorch makes the buffer a copy of the first step's direction (no dampening on it).
+    let first = t <= T::ONE;
+    let keep = T::ONE - dampening;
+    let direction = |pi: T, gi: T| if wd == T::ZERO { gi } else { gi + wd * pi };
+    let grads = gather(g);
+    let mut pd = p.storage().write();
+    match buf.filter(|_| momentum != T::ZERO) {
+        Some(buf) => {
+            let mut bd = buf.storage().write();
+            let offsets = p.layout().offsets().zip(buf.layout().offsets());
+            for ((po, bo), &gi) in offsets.zip(&grads) {
+                let d = direction(pd[po], gi);
+                let b = if first {
+                    d
+                } else {
+                    momentum * bd[bo] + keep * d
+                };
+                bd[bo] = b;
+                let step = if nesterov { d + momentum * b } else { b };
+                pd[po] = pd[po] - lr * step;
+            }
+        }
+        None => {
+            for (po, &gi) in p.layout().offsets().zip(&grads) {
+                let d = direction(pd[po], gi);
+                pd[po] = pd[po] - lr * d;
+            }
+        }
     }
     Ok(())
 }

@@ -182,6 +182,9 @@ pub enum Kernel {
     ArgmaxRows,
     IndexAddRows,
     DropoutMask,
+    /// SGD with momentum and Nesterov, its rate, step and gate read from a slot (`train.cu`,
+    /// launched from `cuda/optim.rs`).
+    Sgd,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -221,7 +224,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 69] = [
+    pub const ALL: [Kernel; 70] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -291,6 +294,7 @@ impl Kernel {
         Kernel::ArgmaxRows,
         Kernel::IndexAddRows,
         Kernel::DropoutMask,
+        Kernel::Sgd,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -467,6 +471,12 @@ impl Kernel {
                 2,
                 "zc_adamw_f32",
                 &[Ptr, Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, F32, U64],
+                0,
+            ),
+            Kernel::Sgd => s(
+                2,
+                "zc_sgd_f32",
+                &[Ptr, Ptr, Ptr, Ptr, U64, F32, F32, F32, U32, U64],
                 0,
             ),
             Kernel::SumSquaresPartial => s(3, "zc_sum_squares_partial_f32", &[Ptr, Ptr, U64], 0),

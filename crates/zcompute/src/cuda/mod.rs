@@ -34,6 +34,7 @@ mod linear_backward;
 mod matmul;
 mod norm_params;
 mod ops;
+mod optim;
 mod pinned;
 mod readback;
 mod rows;

@@ -140,6 +140,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::ArgmaxRows => select::argmax_rows,
         Kernel::IndexAddRows => select::index_add_rows,
         Kernel::DropoutMask => select::dropout_mask,
+        Kernel::Sgd => train::sgd,
     }
 }
 

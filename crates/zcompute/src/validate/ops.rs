@@ -7,6 +7,7 @@ use crate::backend::{AdamWConfig, BinaryOp, MatmulOpts, ReduceOp};
 use crate::element::Element;
 use crate::error::{ComputeError, Result};
 use crate::layout::{Dims, broadcast_shapes};
+use crate::optim::SgdConfig;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 
@@ -297,6 +298,65 @@ pub(crate) fn bce<S: Storage>(logits: &Tensor<S>, targets: &Tensor<S>) -> Result
         return Err(ComputeError::EmptyReduction { op: OP, axis: 0 });
     }
     Ok(n)
+}
+
+/// `sgd_step`: `g` (and `buf`) shaped as `p`; `buf` present when momentum is non-zero;
+/// `slot` is `[lr, t]` or `[lr, t, gate]`; no two share storage; `p` and `buf` writable;
+/// momentum, dampening and weight decay finite and non-negative; Nesterov only with momentum
+/// and no dampening.
+pub(crate) fn sgd<S: Storage>(
+    p: &Tensor<S>,
+    buf: Option<&Tensor<S>>,
+    g: &Tensor<S>,
+    slot: &Tensor<S>,
+    cfg: &SgdConfig<S::Elem>,
+) -> Result<()> {
+    const OP: &str = "sgd";
+    same_shape(OP, g.shape(), p.shape())?;
+    if slot.shape() != [3] {
+        same_shape(OP, slot.shape(), &[2])?;
+    }
+    let non_negative = (0.0, f64::MAX, false);
+    let finite = |arg, value, expected| scalar_in(OP, arg, value, non_negative, expected);
+    finite("momentum", cfg.momentum, "a finite momentum >= 0")?;
+    finite("dampening", cfg.dampening, "a finite dampening >= 0")?;
+    finite(
+        "weight_decay",
+        cfg.weight_decay,
+        "a finite weight decay >= 0",
+    )?;
+    let (momentum, dampening) = (cfg.momentum.to_f64(), cfg.dampening.to_f64());
+    if cfg.nesterov && momentum <= 0.0 {
+        return Err(ComputeError::InvalidScalar {
+            op: OP,
+            arg: "momentum",
+            value: format!("{momentum:?}"),
+            expected: "a momentum > 0 with Nesterov",
+        });
+    }
+    if cfg.nesterov && dampening != 0.0 {
+        return Err(ComputeError::InvalidScalar {
+            op: OP,
+            arg: "dampening",
+            value: format!("{dampening:?}"),
+            expected: "a dampening of 0 with Nesterov",
+        });
+    }
+    writable(OP, p.layout())?;
+    match buf {
+        Some(buf) => {
+            same_shape(OP, buf.shape(), p.shape())?;
+            writable(OP, buf.layout())?;
+            distinct(OP, &[("p", p), ("buf", buf), ("g", g), ("slot", slot)])
+        }
+        None if momentum != 0.0 => Err(ComputeError::InvalidScalar {
+            op: OP,
+            arg: "momentum",
+            value: format!("{momentum:?}"),
+            expected: "a momentum buffer beside a non-zero momentum",
+        }),
+        None => distinct(OP, &[("p", p), ("g", g), ("slot", slot)]),
+    }
 }
 
 /// `adamw_step`: `m`, `v`, `g` shaped as `p`; `slot` is `[lr, t]` or `[lr, t, gate]`; no two

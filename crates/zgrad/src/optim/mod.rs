@@ -1,19 +1,22 @@
 //! Optimisers and the gradient utilities around them: zero_grad, the global gradient norm and
-//! clipping by it (computed on the device, so they can sit inside a captured step), SGD and
-//! AdamW (the backend's fused kernel, with the learning rate and step count in device memory).
+//! clipping by it (computed on the device, so they can sit inside a captured step), and AdamW
+//! and SGD with momentum (each a fused kernel, with the learning rate and step count in device
+//! memory), behind the trainer's one [`Optimizer`].
 //!
 //! Parameters made by a [`ParameterSet`] (every `XAsset`'s) live in one flat buffer and their
 //! gradients in another; given exactly such a list, each utility here works on the flat buffers
-//! in a fixed number of launches (zero_grad 1, grad_norm 2, clip_grad_norm 3, AdamW 1), and on
+//! in a fixed number of launches (zero_grad 1, grad_norm 2, clip_grad_norm 3, AdamW 1, SGD 1), and on
 //! any other list per tensor.
 
 mod adamw;
+mod choice;
 mod flat;
 mod sgd;
 
 pub use adamw::{AdamW, AdamWHyper, AdamWState, AdamWTensors, DecayGroups, Moments};
+pub use choice::{Optimizer, OptimizerKind, OptimizerState, OptimizerTensors};
 pub use flat::{FLAT_ALIGN, GRAD_TAIL, ParameterSet, flat_layout, padded};
-pub use sgd::Sgd;
+pub use sgd::{MomentumBuffer, Sgd, SgdHyper, SgdState, SgdTensors};
 
 use crate::error::Result;
 use crate::var::Var;

@@ -6,7 +6,7 @@
 use super::distributed::Dist;
 use crate::error::{GradError, Result};
 use crate::model::Model;
-use crate::optim::{AdamWTensors, clip_by_norm, clip_grad_norm, grad_norm, zero_grad};
+use crate::optim::{OptimizerTensors, clip_by_norm, clip_grad_norm, grad_norm, zero_grad};
 use crate::tape::Tape;
 use crate::var::Var;
 use std::cell::{Cell, RefCell};
@@ -129,7 +129,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         Ok((loss, norm))
     }
 
-    /// The captured batched step: `batched`, then the AdamW update gated on the device by the
+    /// The captured batched step: `batched`, then the optimiser's update gated on the device by the
     /// finiteness of the loss and the norm (a non-finite step leaves the model untouched).
     /// `started` is set just before the first update kernel.
     pub fn batched_gated(
@@ -137,15 +137,15 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         b: &B,
         x: &Var<B, T>,
         y: &Var<B, T>,
-        adamw: &AdamWTensors<B, T>,
+        optim: &OptimizerTensors<B, T>,
         started: &Cell<bool>,
     ) -> Result<()> {
         let (loss, norm) = self.loss_and_norm(b, x, y)?;
         // The stats and the gate in one launch on the device (`Backend::step_tail`).
-        let gate = adamw.gate()?;
+        let gate = optim.gate()?;
         b.step_tail([&loss, &norm], &self.stats, &gate, None, None)?;
         started.set(true);
-        adamw.apply(b, &self.params)
+        optim.apply(b, &self.params)
     }
 
     /// One sample of the per-sample schedule: forward and backward with the loss scaled by

@@ -9,7 +9,7 @@
 //! inside its update leaves the state unknown (`Applied::Maybe`).
 //!
 //! The captured batched step holds its AdamW update, gated on the device by the finiteness of
-//! the loss and the gradient norm (`AdamWTensors::write_gate`): a non-finite step leaves the
+//! the loss and the gradient norm (`OptimizerTensors::write_gate`): a non-finite step leaves the
 //! model untouched. The host counts the step (`AdamW::commit`) only after reading back finite
 //! stats.
 
@@ -122,11 +122,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             self.optim.prepare(&*b, lr)?;
             let body = {
                 let (b, parts, x, y) = (Rc::clone(&b), self.parts.clone(), xv.clone(), yv.clone());
-                let (adamw, errors, runs) = (self.optim.tensors(), errors.clone(), runs.clone());
+                let (optim, errors, runs) = (self.optim.tensors(), errors.clone(), runs.clone());
                 let started = Rc::clone(&started);
                 move || {
                     parts
-                        .batched_gated(&*b, &x, &y, &adamw, &started)
+                        .batched_gated(&*b, &x, &y, &optim, &started)
                         .map_err(|e| into_body_error(e, &errors))?;
                     runs.set(runs.get() + 1);
                     Ok(())

@@ -1,4 +1,5 @@
-//! The trainer: any [`Model`] (XAsset by default) with AdamW in both schedules of docs/xasset.md
+//! The trainer: any [`Model`] (XAsset by default) with AdamW (or SGD with momentum) in both
+//! schedules of docs/xasset.md
 //! (batched, and per-sample gradient accumulation), eager or with graph capture, data parallel,
 //! and evaluation in no-grad mode. Nothing here knows one model: the input shape comes from
 //! `Model::sample_shape`, the loss from `Model::loss`, the parameters (and their flat buffers)
@@ -32,7 +33,7 @@ use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
 use crate::model::{Model, unique_names};
-use crate::optim::{AdamW, AdamWHyper};
+use crate::optim::{AdamW, AdamWHyper, Optimizer, Sgd, SgdHyper};
 use crate::schedule::LrSchedule;
 use crate::xasset::XAsset;
 use body::StepParts;
@@ -72,6 +73,9 @@ pub struct TrainerConfig {
     /// Clip gradients to this global norm before the optimiser step.
     pub clip_grad: Option<f64>,
     pub adamw: AdamWHyper,
+    /// `Some`: train with SGD (`torch.optim.SGD`: momentum, dampening, Nesterov, weight decay
+    /// in AdamW's parameter groups) instead of AdamW, whose `adamw` settings are then unused.
+    pub sgd: Option<SgdHyper>,
     /// Samples per chunk in `evaluate`.
     pub eval_batch: usize,
     /// NEGATIVE CONTROL ONLY (scenario C): saved tensors stay in scratch memory. Only with the
@@ -103,6 +107,7 @@ impl Default for TrainerConfig {
             lr_schedule: LrSchedule::Constant,
             clip_grad: None,
             adamw: AdamWHyper::default(),
+            sgd: None,
             eval_batch: 256,
             #[cfg(any(test, feature = "testing"))]
             unprotected_saved_tensors: false,
@@ -126,11 +131,11 @@ pub struct StepReport {
     pub captured: bool,
 }
 
-/// Trains a model (any [`Model`]; `XAsset` by default) with AdamW on backend `B`.
+/// Trains a model (any [`Model`]; `XAsset` by default) with AdamW or SGD on backend `B`.
 pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = XAsset<B, T>> {
     backend: Rc<B>,
     parts: StepParts<B, T, M>,
-    optim: AdamW<B, T>,
+    optim: Optimizer<B, T>,
     config: TrainerConfig,
     graphs: captured::Graphs<B, T>,
     /// The data set on the device (`load_data`), and the steps queued on it.
@@ -170,7 +175,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             )));
         }
         let params: Vec<_> = named.into_iter().map(|(_, p)| p).collect();
-        let optim = AdamW::new(&*backend, &params, config.adamw)?;
+        let optim = match config.sgd {
+            Some(hyper) => Optimizer::Sgd(Sgd::new(&*backend, &params, hyper)?),
+            None => Optimizer::AdamW(AdamW::new(&*backend, &params, config.adamw)?),
+        };
         let (stats, one) = {
             let _class = ClassGuard::new(&*backend, AllocClass::Persistent);
             (backend.zeros(&[2])?, backend.full(&[], T::ONE)?)
@@ -234,12 +242,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     #[must_use]
-    pub fn optimizer(&self) -> &AdamW<B, T> {
+    pub fn optimizer(&self) -> &Optimizer<B, T> {
         &self.optim
     }
 
-    /// For restoring a checkpoint (`AdamW::import`).
-    pub fn optimizer_mut(&mut self) -> &mut AdamW<B, T> {
+    /// For restoring a checkpoint (`Optimizer::import`).
+    pub fn optimizer_mut(&mut self) -> &mut Optimizer<B, T> {
         &mut self.optim
     }
 

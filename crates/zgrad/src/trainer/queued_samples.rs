@@ -19,7 +19,7 @@ use super::source::{Shard, Source};
 use super::{Trainer, checks, in_step_split};
 use crate::error::{Applied, Result};
 use crate::model::Model;
-use crate::optim::AdamWTensors;
+use crate::optim::OptimizerTensors;
 use std::cell::Cell;
 use std::ops::Range;
 use std::rc::Rc;
@@ -43,7 +43,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         &self,
         b: &B,
         inputs: &TailInputs<B, T>,
-        adamw: &AdamWTensors<B, T>,
+        optim: &OptimizerTensors<B, T>,
         track: &Track<B, T>,
         started: &Cell<bool>,
     ) -> Result<()> {
@@ -61,14 +61,14 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             (Some(loss.clone()), loss)
         };
         let norm = self.norm(b)?;
-        adamw.write_gate(b, &gate_loss, &norm)?;
+        optim.write_gate(b, &gate_loss, &norm)?;
         if let Some(loss) = global {
             b.copy_into(&loss.reshape(&[1])?, &record.narrow(0, 0, 1)?)?;
         }
         b.copy_into(&norm.reshape(&[1])?, &record.narrow(0, 1, 1)?)?;
-        track.record(b, adamw, record)?;
+        track.record(b, optim, record)?;
         started.set(true);
-        adamw.apply(b, &self.params)
+        optim.apply(b, &self.params)
     }
 }
 
@@ -117,10 +117,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 record: s.record.clone(),
             }
         };
-        let (adamw, started) = (self.optim.tensors(), Cell::new(false));
+        let (optim, started) = (self.optim.tensors(), Cell::new(false));
         let (queued, ended) = in_step_split(&*b, || {
             self.optim.prepare(&*b, lr)?;
-            parts.sample_tail(&*b, &inputs, &adamw, &track, &started)
+            parts.sample_tail(&*b, &inputs, &optim, &track, &started)
         });
         if let Err(e) = queued {
             if started.get() {

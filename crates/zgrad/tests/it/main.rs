@@ -84,5 +84,6 @@ mod distributed {
     #[cfg(feature = "gpu")]
     mod nccl;
     mod per_sample_queued;
+    mod sgd;
     mod simulated;
 }

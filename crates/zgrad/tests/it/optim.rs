@@ -2,7 +2,7 @@
 //! [lr, t] slot (a schedule's rate reaches the kernel through device memory).
 
 use zcompute::{Backend, CpuBackend};
-use zgrad::{AdamW, AdamWHyper, Sgd, Var, clip_grad_norm, grad_norm, zero_grad};
+use zgrad::{AdamW, AdamWHyper, Sgd, SgdHyper, Var, clip_grad_norm, grad_norm, zero_grad};
 
 const B: CpuBackend = CpuBackend;
 
@@ -55,7 +55,14 @@ fn zero_grad_zeroes() {
 #[test]
 fn sgd_with_weight_decay() {
     let ps = params();
-    Sgd { weight_decay: 0.5 }.step(&B, &ps, 0.1).unwrap();
+    let hyper = SgdHyper {
+        weight_decay: 0.5,
+        ..SgdHyper::default()
+    };
+    Sgd::new(&B, &ps, hyper)
+        .unwrap()
+        .step(&B, &ps, 0.1)
+        .unwrap();
     // p - lr (g + wd p)
     assert_eq!(
         ps[0].to_vec(&B).unwrap(),
@@ -217,3 +224,6 @@ fn adamw_groups_in_the_trainer_captured_and_resumed_bitwise() {
         );
     }
 }
+
+/// SGD with momentum and Nesterov: the oracle, the trainer's paths, checkpoints.
+mod sgd;

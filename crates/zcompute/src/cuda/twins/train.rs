@@ -5,6 +5,7 @@ use super::{checked, cpu_err, rows_tensor};
 use crate::backend::AdamWConfig;
 use crate::cpu;
 use crate::cuda::kernels::Kernel;
+use crate::optim::SgdConfig;
 use crate::tensor::CpuTensor;
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{KernelArg, LaunchConfig};
@@ -46,4 +47,36 @@ pub(super) fn adamw(
     mem.write_f32(p, &tp.to_vec())?;
     mem.write_f32(m, &tm.to_vec())?;
     mem.write_f32(v, &tv.to_vec())
+}
+
+pub(super) fn sgd(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::Sgd, args)?;
+    let (p, buf, g, slot, n) = (k.ptr(0)?, k.ptr(1)?, k.ptr(2)?, k.ptr(3)?, k.u64(4)?);
+    let cfg = SgdConfig {
+        momentum: k.f32(5)?,
+        dampening: k.f32(6)?,
+        weight_decay: k.f32(7)?,
+        nesterov: k.u32(8)? != 0,
+    };
+    let slot_len = k.u64(9)?;
+    let t = |mem: &SimMemory<'_>, ptr| rows_tensor(mem, ptr, 1, n);
+    let (tp, tg) = (t(mem, p)?, t(mem, g)?);
+    // As the kernel: the buffer is read only with momentum (`p` stands in for it otherwise).
+    let tb = if cfg.momentum != 0.0 {
+        Some(t(mem, buf)?)
+    } else {
+        None
+    };
+    let s = mem.read_f32(slot, slot_len.min(3))?;
+    let ts = CpuTensor::from_vec(s, &[slot_len.min(3) as usize]).map_err(cpu_err)?;
+    cpu::train::sgd_step(&tp, tb.as_ref(), &tg, &ts, &cfg).map_err(cpu_err)?;
+    mem.write_f32(p, &tp.to_vec())?;
+    if let Some(tb) = tb {
+        mem.write_f32(buf, &tb.to_vec())?;
+    }
+    Ok(())
 }

@@ -22,6 +22,7 @@ mod linear_backward_errors;
 mod linear_launch;
 mod norm_params;
 mod norm_params_launch;
+mod optim;
 mod readback;
 mod reduce_launch;
 mod select;

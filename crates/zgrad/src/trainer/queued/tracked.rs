@@ -8,14 +8,14 @@ use super::{Queued, Rows, Track, no_data};
 use crate::error::{Applied, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
-use crate::optim::AdamWTensors;
+use crate::optim::OptimizerTensors;
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
 /// What a queued step gathers: the resident features and labels by the indices in the
-/// window's step table, and its `[lr, t]` there into the AdamW slot.
+/// window's step table, and its `[lr, t]` there into the optimiser's slot.
 pub(super) struct Gather<B: Ops<T>, T: Element> {
     xs: BTensor<B, T>,
     ys: BTensor<B, T>,
@@ -34,7 +34,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         data: Option<&Gather<B, T>>,
         x: &Var<B, T>,
         y: &Var<B, T>,
-        adamw: &AdamWTensors<B, T>,
+        optim: &OptimizerTensors<B, T>,
         track: &Track<B, T>,
         started: &Cell<bool>,
     ) -> Result<()> {
@@ -49,9 +49,9 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         }
         let (loss, norm) = self.loss_and_norm(b, x, y)?;
         // The stats, the gate, the sticky gate and the history row in one launch on the device.
-        track.record_step(b, adamw, [&loss, &norm], &self.stats)?;
+        track.record_step(b, optim, [&loss, &norm], &self.stats)?;
         started.set(true);
-        adamw.apply(b, &self.params)
+        optim.apply(b, &self.params)
     }
 }
 
@@ -81,14 +81,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// The optimiser's tensors for a step on rows `from`: rows of the device data set read
     /// `[lr, t, gate]` from the step table's slot (`step_table.rs`).
-    fn adamw_for(&self, from: Rows<'_, B, T>) -> Result<AdamWTensors<B, T>> {
-        let adamw = self.optim.tensors();
+    fn optim_for(&self, from: Rows<'_, B, T>) -> Result<OptimizerTensors<B, T>> {
+        let optim = self.optim.tensors();
         match from {
-            Rows::Pinned(_) => Ok(adamw),
+            Rows::Pinned(_) => Ok(optim),
             Rows::Device => {
                 let data = self.data.as_ref().ok_or_else(no_data)?;
                 let views = data.steps.as_ref().ok_or_else(no_data)?.views()?;
-                Ok(adamw.with_slot(views.slot))
+                Ok(optim.with_slot(views.slot))
             }
         }
     }
@@ -163,9 +163,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             src.upload(b, local.clone(), x.value(), y.value())?;
         }
         let started = Cell::new(false);
-        let adamw = self.adamw_for(from)?;
+        let optim = self.optim_for(from)?;
         self.parts
-            .tracked(b, gather.as_ref(), &x, &y, &adamw, track, &started)
+            .tracked(b, gather.as_ref(), &x, &y, &optim, track, &started)
             .inspect_err(|_| {
                 if started.get() {
                     self.optim.mark_unknown();
@@ -197,7 +197,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             &self.parts,
             gather,
             (xv.clone(), yv.clone()),
-            self.adamw_for(from)?,
+            self.optim_for(from)?,
             track.clone(),
             (errors.clone(), runs.clone(), Rc::clone(&started)),
         );
@@ -236,7 +236,7 @@ fn tracked_body<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     parts: &StepParts<B, T, M>,
     data: Option<Gather<B, T>>,
     inputs: (Var<B, T>, Var<B, T>),
-    adamw: AdamWTensors<B, T>,
+    optim: OptimizerTensors<B, T>,
     track: Track<B, T>,
     slots: (ErrorSlot, Runs, Rc<Cell<bool>>),
 ) -> impl FnMut() -> zcompute::Result<()> + 'static {
@@ -249,7 +249,7 @@ fn tracked_body<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
                 data.as_ref(),
                 &inputs.0,
                 &inputs.1,
-                &adamw,
+                &optim,
                 &track,
                 &started,
             )

@@ -4,7 +4,7 @@
 use super::super::captured::persistent_zeros;
 use super::super::checks;
 use crate::error::{GradError, NonFiniteKind, Result};
-use crate::optim::AdamWTensors;
+use crate::optim::OptimizerTensors;
 use zcompute::{ADAMW_SLOT_GATE, BTensor, Element, Readback, prelude::*};
 
 /// The device side of the window: every queued step's row (`[loss, norm]`; a per-sample
@@ -27,17 +27,17 @@ impl<B: Ops<T>, T: Element> Clone for Track<B, T> {
 }
 
 impl<B: Ops<T>, T: Element> Track<B, T> {
-    /// Folds the step's gate (written into AdamW's slot) into the sticky one, so the update
+    /// Folds the step's gate (written into the optimiser's slot) into the sticky one, so the update
     /// of this step and of every later queued one is skipped once one was not finite (until
     /// the host reads that step back and clears the gate: `drain.rs`),
     /// and writes `row` into the history's next row. Legal inside a capture.
     pub(in crate::trainer) fn record(
         &self,
         b: &B,
-        adamw: &AdamWTensors<B, T>,
+        optim: &OptimizerTensors<B, T>,
         row: &BTensor<B, T>,
     ) -> Result<()> {
-        let gate = adamw.slot.narrow(0, ADAMW_SLOT_GATE, 1)?;
+        let gate = optim.slot().narrow(0, ADAMW_SLOT_GATE, 1)?;
         // gate + poison is NaN once any step not read back yet was: later steps are skipped too.
         b.add_into(&self.poison, &gate)?;
         b.copy_into(&gate, &self.poison)?;
@@ -47,18 +47,18 @@ impl<B: Ops<T>, T: Element> Track<B, T> {
 }
 
 impl<B: Ops<T>, T: Element> Track<B, T> {
-    /// A batched step's tail: `stats = [loss, norm]`, the step's gate written into AdamW's slot
+    /// A batched step's tail: `stats = [loss, norm]`, the step's gate written into the optimiser's slot
     /// and folded into the sticky one, and `stats` into the history's next row, as
     /// `Backend::step_tail` does it (one launch on the CUDA backend; the same values as
     /// `write_stats`, `write_gate` and [`Track::record`]). Legal inside a capture.
     pub(in crate::trainer) fn record_step(
         &self,
         b: &B,
-        adamw: &AdamWTensors<B, T>,
+        optim: &OptimizerTensors<B, T>,
         loss_norm: [&BTensor<B, T>; 2],
         stats: &BTensor<B, T>,
     ) -> Result<()> {
-        let gate = adamw.gate()?;
+        let gate = optim.gate()?;
         let history = Some((&self.history, &self.cursor));
         b.step_tail(loss_norm, stats, &gate, Some(&self.poison), history)?;
         Ok(())

@@ -14,7 +14,8 @@ use zcompute::{
     LayerNormOut, Layout, MatmulOpts, ReduceOp, ScalarSide, Storage, Tensor, UnaryOp,
 };
 use zcompute::{
-    AttentionOps, Backend, Capture, LinearOps, NormOps, PooledLossOps, RandomOps, SelectOps,
+    AttentionOps, Backend, Capture, LinearOps, NormOps, OptimOps, PooledLossOps, RandomOps,
+    SelectOps, SgdConfig,
 };
 
 #[derive(Clone, Debug)]
@@ -313,6 +314,23 @@ where
     ) -> zcompute::Result<TTensor<T>> {
         let mask = CPU.dropout_mask(shape, p, seed, stream, &inner(step))?;
         self.wrap("dropout_mask", mask)
+    }
+}
+
+impl<T: Element> OptimOps<T> for SimBackend<T>
+where
+    CpuBackend: Backend<T, Storage = CpuStorage<T>>,
+{
+    fn sgd_step(
+        &self,
+        p: &TTensor<T>,
+        buf: Option<&TTensor<T>>,
+        g: &TTensor<T>,
+        slot: &TTensor<T>,
+        cfg: &SgdConfig<T>,
+    ) -> zcompute::Result<()> {
+        let buf = buf.map(inner);
+        CPU.sgd_step(&inner(p), buf.as_ref(), &inner(g), &inner(slot), cfg)
     }
 }
 
