@@ -5,7 +5,7 @@ use std::rc::Rc;
 
 use zcompute::CudaBackend;
 use zdevice::{Device, DeviceConfig, Driver, FaultController, FaultyDriver};
-use zgrad::{AdamWState, PARAMETER_NAMES, Trainer, XAsset};
+use zgrad::{OptimizerState, PARAMETER_NAMES, Trainer, XAsset};
 use zmem::Arena;
 
 use super::{CallList, CaseResult, Fault, MODES, Mode, Settings};
@@ -16,7 +16,7 @@ struct Run<D: Driver> {
     /// The trainer's backend, shared (to restore the optimiser while the trainer is borrowed).
     backend: Rc<CudaBackend<FaultyDriver<D>>>,
     device: Device<FaultyDriver<D>>,
-    adamw: AdamWState<f32>,
+    optimizer: OptimizerState<f32>,
 }
 
 /// `GradError::Compute(ComputeError::Device { .. })` → `Compute::Device`.
@@ -58,7 +58,7 @@ fn setup<D: Driver>(
     )
     .map_err(typed)?;
     let names: Vec<String> = PARAMETER_NAMES.iter().map(|n| (*n).to_string()).collect();
-    let adamw = trainer
+    let optimizer = trainer
         .optimizer()
         .export(trainer.backend(), &names)
         .map_err(typed)?;
@@ -66,7 +66,7 @@ fn setup<D: Driver>(
         trainer,
         backend,
         device,
-        adamw,
+        optimizer,
     })
 }
 
@@ -96,7 +96,7 @@ fn restore<D: Driver>(run: &mut Run<D>, params: &[Vec<f32>]) -> Result<(), Strin
     }
     run.trainer
         .optimizer_mut()
-        .import(b, &run.adamw)
+        .import(b, &run.optimizer)
         .map_err(typed)
 }
 
