@@ -271,7 +271,11 @@ fn bundle_benches(dir: &Path, features: &str) -> Result<usize> {
         if msg["target"]["kind"][0] != "example" {
             continue;
         }
-        let into = if name.ends_with("_bench") { &bench } else { &examples };
+        let into = if name.ends_with("_bench") {
+            &bench
+        } else {
+            &examples
+        };
         if let Some(exe) = msg["executable"].as_str() {
             std::fs::copy(exe, into.join(name)).map_err(io("copying", exe))?;
             count += 1;
