@@ -13,14 +13,12 @@
 //! queued leaves the state unknown; the optimiser then refuses to step until `import` restores
 //! it.
 
+use super::book::{StepBook, step_book_methods};
 use super::flat::ParameterSet;
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 use crate::var::Var;
-use zcompute::{
-    ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Element,
-    prelude::*,
-};
+use zcompute::{ADAMW_SLOT_GATE, AdamWConfig, AllocClass, BTensor, Element, prelude::*};
 
 /// AdamW's constant hyper-parameters (docs/xasset.md's values by default).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -305,17 +303,14 @@ pub struct Moments<T> {
 /// AdamW over a fixed list of parameters.
 pub struct AdamW<B: Ops<T>, T: Element> {
     tensors: AdamWTensors<B, T>,
-    step: u64,
-    /// Set to the step that failed after its update may have started: the state is unknown
-    /// until `import` restores it.
-    unknown: Option<u64>,
+    book: StepBook,
 }
 
 impl<B: Ops<T>, T: Element> std::fmt::Debug for AdamW<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdamW")
-            .field("step", &self.step)
-            .field("unknown", &self.unknown)
+            .field("step", &self.book.count())
+            .field("unknown", &self.book.unknown())
             .field("tensors", &self.tensors)
             .finish()
     }
@@ -364,15 +359,8 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
                 flat,
                 decays,
             },
-            step: 0,
-            unknown: None,
+            book: StepBook::default(),
         })
-    }
-
-    /// Steps taken so far (the next step is `step_count() + 1`).
-    #[must_use]
-    pub fn step_count(&self) -> u64 {
-        self.step
     }
 
     /// The device tensors (a clone sharing them), for a capture body.
@@ -381,74 +369,7 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
         self.tensors.clone()
     }
 
-    /// The step a failure left of unknown state, if any (cleared by `import`).
-    #[must_use]
-    pub fn unknown_step(&self) -> Option<u64> {
-        self.unknown
-    }
-
-    /// Refuses with `StateUnknown` while a failed step left the state unknown.
-    pub fn check_state(&self) -> Result<()> {
-        match self.unknown {
-            Some(step) => Err(GradError::StateUnknown { step }),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes `[lr, t, 0]` for the next step `t = step_count() + 1` into the slot (a
-    /// host-to-device copy: call it outside a capture, before `apply` or a replay). Does not
-    /// count the step: `commit` does, once its update was queued. Refuses while the state is
-    /// unknown.
-    pub fn prepare(&mut self, b: &B, lr: f64) -> Result<()> {
-        self.check_state()?;
-        let mut slot = [T::ZERO; 3];
-        slot[ADAMW_SLOT_LR] = T::from_f64(lr);
-        slot[ADAMW_SLOT_STEP] = T::from_f64((self.step + 1) as f64);
-        slot[ADAMW_SLOT_GATE] = T::ZERO;
-        b.upload_into(&slot, &self.tensors.slot)?;
-        Ok(())
-    }
-
-    /// Counts the prepared step: call it once its update was queued (or replayed) without
-    /// error and was not skipped by its gate.
-    pub fn commit(&mut self) {
-        self.step += 1;
-    }
-
-    /// Records that step `step_count() + 1` failed after its update may have started: the
-    /// optimiser refuses to step until `import` restores the state.
-    pub fn mark_unknown(&mut self) {
-        self.unknown = Some(self.step + 1);
-    }
-
-    /// Records that step `step` (queued, not yet read back) may have been applied in part:
-    /// the optimiser refuses to step until `import` restores the state.
-    pub(crate) fn mark_unknown_at(&mut self, step: u64) {
-        self.unknown = Some(step);
-    }
-
-    /// Takes the count back to `step` after queued steps beyond it were found skipped on the
-    /// device (their gate was closed: their updates never ran).
-    pub(crate) fn rewind(&mut self, step: u64) {
-        self.step = self.step.min(step);
-    }
-
-    /// `prepare`, `apply` and `commit`: one eager optimiser step. On failure the error is a
-    /// `GradError::Step` saying whether the update was applied: `No` leaves `t`, the moments
-    /// and the parameters bitwise unchanged (retry freely); `Maybe` marks the state unknown.
-    pub fn step(&mut self, b: &B, params: &[Var<B, T>], lr: f64) -> Result<()> {
-        let next = self.step + 1;
-        self.prepare(b, lr)
-            .map_err(|e| e.at_step(next, Applied::No))?;
-        if let Err((applied, e)) = self.tensors.apply_tracked(b, params) {
-            if applied == Applied::Maybe {
-                self.mark_unknown();
-            }
-            return Err(e.at_step(next, applied));
-        }
-        self.commit();
-        Ok(())
-    }
+    step_book_methods!();
 
     /// Copies the state to the host for a checkpoint; `names` label the parameters in order.
     pub fn export(&self, b: &B, names: &[String]) -> Result<AdamWState<T>> {
@@ -463,7 +384,7 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
             });
         }
         Ok(AdamWState {
-            step: self.step,
+            step: self.book.count(),
             moments,
         })
     }
@@ -492,12 +413,11 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
                 )));
             }
             if let Err(e) = b.upload_into(m, dm).and_then(|()| b.upload_into(v, dv)) {
-                self.unknown = Some(self.unknown.unwrap_or(self.step + 1));
+                self.book.import_failed();
                 return Err(e.into());
             }
         }
-        self.step = state.step;
-        self.unknown = None;
+        self.book.imported(state.step);
         Ok(())
     }
 }

@@ -9,6 +9,7 @@
 //! any other list per tensor.
 
 mod adamw;
+mod book;
 mod choice;
 mod flat;
 mod sgd;

@@ -8,19 +8,17 @@
 //! captured step follows a schedule on every replay and can skip itself with its gate; the
 //! step count also tells the kernel the first step (`t = 1`: the buffer starts as `d`).
 //!
-//! The step bookkeeping is AdamW's: the count moves only once an update was queued
+//! The step bookkeeping is AdamW's (`book::StepBook`): the count moves only once an update was queued
 //! (`commit`), and a failure after the first update kernel leaves the state unknown until
 //! `import` restores it.
 
 use super::adamw::DecayGroups;
+use super::book::{StepBook, step_book_methods};
 use super::flat::ParameterSet;
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 use crate::var::Var;
-use zcompute::{
-    ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AllocClass, BTensor, Element, SgdConfig,
-    prelude::*,
-};
+use zcompute::{AllocClass, BTensor, Element, SgdConfig, prelude::*};
 
 /// SGD's hyper-parameters (PyTorch's names; the learning rate is the trainer's).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -251,16 +249,14 @@ pub struct MomentumBuffer<T> {
 /// SGD over a fixed list of parameters.
 pub struct Sgd<B: Ops<T>, T: Element> {
     tensors: SgdTensors<B, T>,
-    step: u64,
-    /// The step that failed after its update may have started (until `import`).
-    unknown: Option<u64>,
+    book: StepBook,
 }
 
 impl<B: Ops<T>, T: Element> std::fmt::Debug for Sgd<B, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sgd")
-            .field("step", &self.step)
-            .field("unknown", &self.unknown)
+            .field("step", &self.book.count())
+            .field("unknown", &self.book.unknown())
             .field("tensors", &self.tensors)
             .finish()
     }
@@ -303,8 +299,7 @@ impl<B: Ops<T>, T: Element> Sgd<B, T> {
                 decays,
                 params: params.len(),
             },
-            step: 0,
-            unknown: None,
+            book: StepBook::default(),
         })
     }
 
@@ -314,76 +309,13 @@ impl<B: Ops<T>, T: Element> Sgd<B, T> {
         &self.tensors.hyper
     }
 
-    /// Steps taken so far.
-    #[must_use]
-    pub fn step_count(&self) -> u64 {
-        self.step
-    }
-
     /// The device tensors (a clone sharing them), for a capture body.
     #[must_use]
     pub fn tensors(&self) -> SgdTensors<B, T> {
         self.tensors.clone()
     }
 
-    /// The step a failure left of unknown state, if any (cleared by `import`).
-    #[must_use]
-    pub fn unknown_step(&self) -> Option<u64> {
-        self.unknown
-    }
-
-    /// Refuses with `StateUnknown` while a failed step left the state unknown.
-    pub fn check_state(&self) -> Result<()> {
-        match self.unknown {
-            Some(step) => Err(GradError::StateUnknown { step }),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes `[lr, t, 0]` for the next step into the slot (a host-to-device copy: outside a
-    /// capture). Refuses while the state is unknown.
-    pub fn prepare(&mut self, b: &B, lr: f64) -> Result<()> {
-        self.check_state()?;
-        let mut slot = [T::ZERO; 3];
-        slot[ADAMW_SLOT_LR] = T::from_f64(lr);
-        slot[ADAMW_SLOT_STEP] = T::from_f64((self.step + 1) as f64);
-        slot[ADAMW_SLOT_GATE] = T::ZERO;
-        b.upload_into(&slot, &self.tensors.slot)?;
-        Ok(())
-    }
-
-    /// Counts the prepared step once its update was queued (or replayed) and not skipped.
-    pub fn commit(&mut self) {
-        self.step += 1;
-    }
-
-    /// Records that step `step_count() + 1` failed after its update may have started.
-    pub fn mark_unknown(&mut self) {
-        self.unknown = Some(self.step + 1);
-    }
-
-    pub(crate) fn mark_unknown_at(&mut self, step: u64) {
-        self.unknown = Some(step);
-    }
-
-    pub(crate) fn rewind(&mut self, step: u64) {
-        self.step = self.step.min(step);
-    }
-
-    /// `prepare`, `apply` and `commit`: one eager step (errors as `AdamW::step`'s).
-    pub fn step(&mut self, b: &B, params: &[Var<B, T>], lr: f64) -> Result<()> {
-        let next = self.step + 1;
-        self.prepare(b, lr)
-            .map_err(|e| e.at_step(next, Applied::No))?;
-        if let Err((applied, e)) = self.tensors.apply_tracked(b, params) {
-            if applied == Applied::Maybe {
-                self.mark_unknown();
-            }
-            return Err(e.at_step(next, applied));
-        }
-        self.commit();
-        Ok(())
-    }
+    step_book_methods!();
 
     /// Copies the state to the host; `names` label the parameters in order.
     pub fn export(&self, b: &B, names: &[String]) -> Result<SgdState<T>> {
@@ -401,7 +333,7 @@ impl<B: Ops<T>, T: Element> Sgd<B, T> {
             })
             .collect::<Result<_>>()?;
         Ok(SgdState {
-            step: self.step,
+            step: self.book.count(),
             buffers,
         })
     }
@@ -429,12 +361,11 @@ impl<B: Ops<T>, T: Element> Sgd<B, T> {
         }
         for (saved, buf) in state.buffers.iter().zip(&self.tensors.buf) {
             if let Err(e) = b.upload_into(&saved.buf, buf) {
-                self.unknown = Some(self.unknown.unwrap_or(self.step + 1));
+                self.book.import_failed();
                 return Err(e.into());
             }
         }
-        self.step = state.step;
-        self.unknown = None;
+        self.book.imported(state.step);
         Ok(())
     }
 }
