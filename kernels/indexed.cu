@@ -39,7 +39,9 @@ extern "C" __global__ void zc_scatter_row_f32(float* dst, const float* src, floa
         for (u64 j = threadIdx.x; j < row_len; j += blockDim.x) dst[row * row_len + j] = src[j];
     }
     __syncthreads();
-    if (advance != 0 && threadIdx.x == 0) index[0] = f + 1.0f;
+    // A NaN index stays the bits it was (the CPU's NaN + 1 keeps its payload; the GPU's add
+    // would write its canonical 0x7fffffff, an H200 showed).
+    if (advance != 0 && threadIdx.x == 0) index[0] = f != f ? f : f + 1.0f;
 }
 
 // dst[i * row_len + j] = src[row_i * row_len + j] for i < n, j < row_len, row_i = index[i]; a row
@@ -111,6 +113,6 @@ extern "C" __global__ void zc_step_tail_f32(float* stats, float* gate, float* st
             history[row * 2] = l;
             history[row * 2 + 1] = n;
         }
-        cursor[0] = f + 1.0f;
+        cursor[0] = f != f ? f : f + 1.0f;  // NaN keeps its bits, as zc_scatter_row_f32's
     }
 }
