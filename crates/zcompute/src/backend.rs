@@ -8,8 +8,10 @@
 //! AdamW and the ops over a flat gradient buffer, row gather/scatter, memory classes, steps and
 //! sync. Fusions of several of these into one kernel for a layer live in the family traits
 //! ([`crate::LinearOps`], [`crate::NormOps`], [`crate::AttentionOps`],
-//! [`crate::PooledLossOps`]), each method provided as the composite of these primitives;
-//! [`crate::Ops`] is all of them in one bound.
+//! [`crate::PooledLossOps`]), a training step's own ops in [`crate::StepOps`] and queued
+//! downloads in [`crate::ReadbackOps`], each method provided as the composite of these
+//! primitives; [`crate::Ops`] is all of them in one bound. A new fused op joins its family,
+//! not this trait.
 
 use crate::element::Element;
 use crate::error::Result;
@@ -138,10 +140,6 @@ pub const ADAMW_SLOT_GATE: usize = 2;
 /// A tensor of backend `B` with elements `T`.
 pub type BTensor<B, T> = Tensor<<B as Backend<T>>::Storage>;
 
-/// A history table and its cursor (`Backend::step_tail`): rows to write, and the one-element
-/// index of the next one.
-pub type HistoryRows<'a, S> = (&'a crate::tensor::Tensor<S>, &'a crate::tensor::Tensor<S>);
-
 /// The op set. Every method checks shapes and returns `ComputeError` on bad input; outputs are
 /// fresh dense (row-major) tensors; the in-place ops (`fill`, `copy_into`, `adamw_step`) write
 /// through their destination views.
@@ -162,15 +160,6 @@ pub trait Backend<T: Element> {
 
     /// Downloads `x` in logical row-major order.
     fn download(&self, x: &BTensor<Self, T>) -> Result<Vec<T>>;
-
-    /// Queues a download of `x` (logical row-major order) behind the work queued so far and
-    /// returns at once: [`crate::Readback::wait`] waits for that copy only, so a host that
-    /// reads it after queueing more work never drains the stream. Refused while capturing.
-    /// The default downloads now, which is the same for a backend whose work runs in call
-    /// order (the CPU's).
-    fn queue_download(&self, x: &BTensor<Self, T>) -> Result<crate::Readback<T>> {
-        self.download(x).map(crate::Readback::done)
-    }
 
     /// A dense tensor with every element `value`.
     fn full(&self, shape: &[usize], value: T) -> Result<BTensor<Self, T>>;
@@ -267,57 +256,6 @@ pub trait Backend<T: Element> {
         index: &BTensor<Self, T>,
         dst: &BTensor<Self, T>,
     ) -> Result<()>;
-
-    /// Copies rows `index[0], index[1], ..` of `src` (dense `[rows, ...]`) into `dst` (dense,
-    /// `index.numel()` rows' elements, any shape), the indices read from memory when the op
-    /// runs (on every replay of a captured graph): how a trainer gathers a step's shuffled
-    /// samples from a device-resident data set. Each index follows [`Backend::gather_row`]'s
-    /// rule (a value naming no row gives a row of NaN). No two operands may share storage.
-    /// The provided body is one `gather_row` per row; a device backend does it in one launch.
-    fn gather_rows(
-        &self,
-        src: &BTensor<Self, T>,
-        index: &BTensor<Self, T>,
-        dst: &BTensor<Self, T>,
-    ) -> Result<()> {
-        let (table, n) = crate::validate::indexed_rows("gather_rows", src, dst, index)?;
-        let dst = dst.reshape(&[n, table.row_len])?;
-        let index = index.reshape(&[n])?;
-        for i in 0..n {
-            self.gather_row(src, &index.narrow(0, i, 1)?, &dst.narrow(0, i, 1)?)?;
-        }
-        Ok(())
-    }
-
-    /// Copies the rows of `src` (dense `[rows, ...]`) named by the first `n` elements of row
-    /// `cursor[0]` of `steps` (dense `[k, width]`) into `dst` (dense, `n = dst.shape()[0]`
-    /// rows), and with `tail` (`m` elements, `n + m <= width`) the row's last `m` elements
-    /// into `tail`; the cursor and the indices are read from memory when the op runs (on
-    /// every replay of a captured graph). How a queued training step finds its samples and its
-    /// `[lr, t]` in the row of a step table that its graph's cursor picks, with no upload
-    /// between replays. A cursor or an index naming no row ([`Backend::gather_row`]'s rule)
-    /// gives NaN. No two operands may share storage. The provided body is `gather_row` of the
-    /// picked row into a temporary, then `gather_rows` and `copy_into` from it; a device
-    /// backend does it in one launch.
-    fn gather_rows_at_cursor(
-        &self,
-        src: &BTensor<Self, T>,
-        steps: &BTensor<Self, T>,
-        cursor: &BTensor<Self, T>,
-        dst: &BTensor<Self, T>,
-        tail: Option<&BTensor<Self, T>>,
-    ) -> Result<()> {
-        let at = crate::validate::indexed_rows_at_cursor(src, steps, cursor, dst, tail)?;
-        let width = at.steps.row_len;
-        let row = self.zeros(&[width])?;
-        self.gather_row(steps, cursor, &row)?;
-        self.gather_rows(src, &row.narrow(0, 0, at.n)?, dst)?;
-        if let Some(tail) = tail {
-            let part = row.narrow(0, width - at.tail, at.tail)?;
-            self.copy_into(&part.reshape(tail.shape())?, tail)?;
-        }
-        Ok(())
-    }
 
     /// Copies `src` (dense, one row's elements) into row `index` of `dst` (dense
     /// `[rows, ...]`), the index read from memory when the op runs; an index naming no row
@@ -469,41 +407,6 @@ pub trait Backend<T: Element> {
         };
         let gate = self.add(&zero(a)?, &zero(b)?)?;
         self.copy_into(&gate.reshape(dst.shape())?, dst)
-    }
-
-    /// A training step's tail after its loss and gradient norm (each one element): `stats =
-    /// [loss, norm]` (dense, two elements), then [`Backend::finite_gate`] into `gate`; with
-    /// `sticky` (one element), the gate folded into it (`gate += sticky`, then `sticky = gate`:
-    /// once a step was not finite every later gate is NaN); with `history` (`(rows, cursor)`),
-    /// `stats` written to row `cursor` of `rows` and the cursor advanced
-    /// ([`Backend::scatter_row`]). The provided body runs those ops in that order; a device
-    /// backend may do it all in one launch (the same values).
-    fn step_tail(
-        &self,
-        [loss, norm]: [&BTensor<Self, T>; 2],
-        stats: &BTensor<Self, T>,
-        gate: &BTensor<Self, T>,
-        sticky: Option<&BTensor<Self, T>>,
-        history: Option<HistoryRows<'_, Self::Storage>>,
-    ) -> Result<()> {
-        crate::step_tail::step_tail(self, [loss, norm], stats, gate, sticky, history)
-    }
-
-    /// `dst = a op b` written into the view `dst` (shaped as the broadcast of `a` and `b`,
-    /// other memory than both): a result straight into a slot of a larger buffer, as the
-    /// data-parallel step's scaled loss into the gradient buffer's loss slot. The provided body
-    /// is [`Backend::binary`] then [`Backend::copy_into`]; a device backend may write `dst` in
-    /// the one launch.
-    fn binary_into(
-        &self,
-        op: BinaryOp,
-        a: &BTensor<Self, T>,
-        b: &BTensor<Self, T>,
-        dst: &BTensor<Self, T>,
-    ) -> Result<()> {
-        crate::validate::binary_into(op, a, b, dst)?;
-        let out = self.binary(op, a, b)?;
-        self.copy_into(&out, dst)
     }
 
     /// `dst += src` in place (same shapes, other memory): how backward adds a parameter's

@@ -1,7 +1,8 @@
 //! zcompute: tensors as strided views over pluggable storage, and the op set: the primitives
-//! behind the `Backend` trait and the fusion families (`LinearOps`, `NormOps`, `AttentionOps`,
-//! `PooledLossOps`, `SelectOps`, `RandomOps`, `OptimOps`), whose methods are provided as composites of the primitives; `Ops` is all
-//! of them in one bound, and `prelude` imports them all. `CpuBackend` implements them in f32
+//! behind the `Backend` trait and the families (`LinearOps`, `NormOps`, `AttentionOps`,
+//! `PooledLossOps`, `SelectOps`, `RandomOps`, `OptimOps`, the training step's `StepOps`, the
+//! queued downloads' `ReadbackOps`), whose methods are provided as composites of the
+//! primitives; `Ops` is all of them in one bound, and `prelude` imports them all. `CpuBackend` implements them in f32
 //! and f64 (the f64 run is the reference); `CudaBackend` in f32 over zmem blocks on any
 //! `zdevice::Driver` (the real GPU, or the simulated device in CI), with the one capture entry
 //! point (`Capture`).
@@ -30,7 +31,7 @@ pub mod prelude;
 pub mod random;
 pub mod readback;
 pub mod select;
-mod step_tail;
+pub mod step;
 pub mod storage;
 pub mod tensor;
 mod validate;
@@ -40,8 +41,7 @@ pub use attention::{
 };
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
-    BinaryOp, Capture, HistoryRows, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide,
-    UnaryOp,
+    BinaryOp, Capture, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
 };
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
@@ -59,8 +59,9 @@ pub use optim::{OptimOps, SgdConfig};
 pub use pinned::{CopyMark, HostVec, PinnedHost, PinnedSlice};
 pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
 pub use random::{RandomOps, philox4x32_10};
-pub use readback::Readback;
+pub use readback::{Readback, ReadbackOps};
 pub use select::SelectOps;
+pub use step::{HistoryRows, StepOps};
 pub use storage::{CpuStorage, Storage};
 pub use tensor::{CpuTensor, Tensor};
 /// zmem's items an engine's user reads (the arena's step records and errors, byte units), so

@@ -1,7 +1,8 @@
 //! The whole op set in one bound. [`Backend`] holds the primitives; each fusion family
 //! ([`LinearOps`], [`NormOps`], [`AttentionOps`], [`PooledLossOps`]) holds a layer's fused ops
 //! and the model-level families ([`SelectOps`], [`RandomOps`]) the ops models reach for
-//! (and [`OptimOps`] the optimisers' fused updates beside `Backend::adamw_step`),
+//! (and [`OptimOps`] the optimisers' fused updates beside `Backend::adamw_step`, [`StepOps`] a
+//! training step's own ops, [`ReadbackOps`] downloads queued for later),
 //! every one provided as the composite of the primitives, which a backend overrides with its
 //! fused kernel. Code that runs models bounds its backend by [`Ops`] and calls anything;
 //! `use zcompute::prelude::*` brings every trait into scope for calls on a concrete backend.
@@ -17,7 +18,9 @@ use crate::norm::NormOps;
 use crate::optim::OptimOps;
 use crate::pooled_loss::PooledLossOps;
 use crate::random::RandomOps;
+use crate::readback::ReadbackOps;
 use crate::select::SelectOps;
+use crate::step::StepOps;
 
 /// The primitives and every fusion family: the one bound for code that runs models.
 /// Implemented for every backend that implements them all (blanket impl).
@@ -30,6 +33,8 @@ pub trait Ops<T: Element>:
     + SelectOps<T>
     + RandomOps<T>
     + OptimOps<T>
+    + StepOps<T>
+    + ReadbackOps<T>
 {
 }
 
@@ -42,6 +47,8 @@ impl<T: Element, B> Ops<T> for B where
         + SelectOps<T>
         + RandomOps<T>
         + OptimOps<T>
+        + StepOps<T>
+        + ReadbackOps<T>
         + ?Sized
 {
 }

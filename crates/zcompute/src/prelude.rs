@@ -10,4 +10,6 @@ pub use crate::ops::Ops;
 pub use crate::optim::OptimOps;
 pub use crate::pooled_loss::PooledLossOps;
 pub use crate::random::RandomOps;
+pub use crate::readback::ReadbackOps;
 pub use crate::select::SelectOps;
+pub use crate::step::StepOps;

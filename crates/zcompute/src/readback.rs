@@ -1,11 +1,26 @@
-//! Device-to-host copies the host reads later ([`Backend::queue_download`]): the copy is
-//! queued on the backend's stream behind the work that writes its source, and the host waits
-//! for that copy alone when it wants the values, long after it finished in the steady state
-//! of a training loop that reads a window of steps back while the next window runs.
-//!
-//! [`Backend::queue_download`]: crate::Backend::queue_download
+//! The read-back family: [`ReadbackOps`], device-to-host copies the host reads later
+//! ([`ReadbackOps::queue_download`]): the copy is queued on the backend's stream behind the
+//! work that writes its source, and the host waits for that copy alone when it wants the
+//! values, long after it finished in the steady state of a training loop that reads a window
+//! of steps back while the next window runs.
 
+use crate::backend::{BTensor, Backend};
+use crate::element::Element;
 use crate::error::Result;
+
+/// Downloads queued for later. The provided `queue_download` downloads at once (right for a
+/// backend whose work runs in call order, the CPU's); a device backend queues the copy on its
+/// stream (the CUDA backend: `cuda/readback.rs`).
+pub trait ReadbackOps<T: Element>: Backend<T> {
+    /// Queues a download of `x` (logical row-major order) behind the work queued so far and
+    /// returns at once: [`Readback::wait`] waits for that copy only, so a host that reads it
+    /// after queueing more work never drains the stream. Refused while capturing. The default
+    /// downloads now, which is the same for a backend whose work runs in call order (the
+    /// CPU's).
+    fn queue_download(&self, x: &BTensor<Self, T>) -> Result<Readback<T>> {
+        self.download(x).map(Readback::done)
+    }
+}
 
 /// A backend's copy in flight: polled without waiting, or waited for (that copy only, not
 /// the rest of the stream) and read.

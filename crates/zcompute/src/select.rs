@@ -3,7 +3,7 @@
 //! joining tensors along an axis, the index of each row's maximum, and an embedding table's
 //! rows gathered by index with the deterministic scatter-add of their gradient.
 //!
-//! Indices are elements of the tensors' own type (as [`Backend::gather_rows`]'s): an index
+//! Indices are elements of the tensors' own type (as [`SelectOps::gather_rows`]'s): an index
 //! names a row only if it is a whole number in `[0, rows)`, exact in f32 below 2^24.
 //! `concat` is provided as the composite of the primitives (one strided copy per part);
 //! `select`, `argmax` and `index_add_rows` need a kernel of their own (`kernels/select.cu`).
@@ -13,7 +13,8 @@ use crate::element::Element;
 use crate::error::Result;
 use crate::validate;
 
-/// Selection, joining and indexed rows. `concat` and `embedding` are provided composites; a
+/// Selection, joining and indexed rows. `gather_rows`, `concat` and `embedding` are provided
+/// composites; a
 /// backend implements `select`, `argmax` and `index_add_rows` (the CPU backend as loops, the
 /// CUDA backend with one launch each).
 pub trait SelectOps<T: Element>: Backend<T> {
@@ -48,9 +49,31 @@ pub trait SelectOps<T: Element>: Backend<T> {
         dst: &BTensor<Self, T>,
     ) -> Result<()>;
 
+    /// Copies rows `index[0], index[1], ..` of `src` (dense `[rows, ...]`) into `dst` (dense,
+    /// `index.numel()` rows' elements, any shape), the indices read from memory when the op
+    /// runs (on every replay of a captured graph): how a trainer gathers a step's shuffled
+    /// samples from a device-resident data set, and [`SelectOps::embedding`]'s gather. Each
+    /// index follows [`Backend::gather_row`]'s rule (a value naming no row gives a row of
+    /// NaN). No two operands may share storage. The provided body is one `gather_row` per row;
+    /// a device backend does it in one launch.
+    fn gather_rows(
+        &self,
+        src: &BTensor<Self, T>,
+        index: &BTensor<Self, T>,
+        dst: &BTensor<Self, T>,
+    ) -> Result<()> {
+        let (table, n) = validate::indexed_rows("gather_rows", src, dst, index)?;
+        let dst = dst.reshape(&[n, table.row_len])?;
+        let index = index.reshape(&[n])?;
+        for i in 0..n {
+            self.gather_row(src, &index.narrow(0, i, 1)?, &dst.narrow(0, i, 1)?)?;
+        }
+        Ok(())
+    }
+
     /// Rows of `table` (`[rows, ...]`, dense) picked by `index` (any shape): the result has
     /// shape `index.shape() ++ table.shape()[1..]`. An index naming no row gives a row of NaN
-    /// on a device backend ([`Backend::gather_rows`]' rule: never a silent read of another
+    /// on a device backend ([`SelectOps::gather_rows`]' rule: never a silent read of another
     /// row); the CPU backend refuses it with `IndexOutOfRange`.
     fn embedding(
         &self,

@@ -141,7 +141,7 @@ impl<B: zcompute::Backend<f32>> std::fmt::Debug for Agreement<B> {
     }
 }
 
-impl<B: zcompute::Backend<f32>> Agreement<B> {
+impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
     /// The agreement of the ranks of `comm` (none, or a job of one: each process's own).
     #[must_use]
     pub fn new(comm: Option<Rc<dyn zcomm::Collective<B, f32>>>) -> Self {

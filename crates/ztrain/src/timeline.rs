@@ -228,7 +228,7 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zcompute::{Backend, CpuBackend, Engine};
+    use zcompute::{Backend, CpuBackend, Engine, ReadbackOps};
 
     fn times(step: u64, ms: u64) -> StepTimes {
         StepTimes {

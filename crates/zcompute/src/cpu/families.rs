@@ -10,6 +10,8 @@ use crate::linear::{Activation, LinearOps};
 use crate::norm::{AddLayerNormOut, NormOps};
 use crate::optim::{OptimOps, SgdConfig};
 use crate::pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
+use crate::readback::ReadbackOps;
+use crate::step::StepOps;
 use crate::storage::CpuStorage;
 use crate::tensor::CpuTensor;
 
@@ -153,3 +155,8 @@ impl<T: Element> OptimOps<T> for CpuBackend {
         super::train::sgd_step(p, buf, g, slot, cfg)
     }
 }
+
+// The step's ops and the read-back run as their composites: the CPU's work runs in call order,
+// so a download queued is a download done.
+impl<T: Element> StepOps<T> for CpuBackend {}
+impl<T: Element> ReadbackOps<T> for CpuBackend {}

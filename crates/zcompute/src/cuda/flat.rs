@@ -122,7 +122,7 @@ impl<D: Driver> CudaBackend<D> {
         Ok(())
     }
 
-    /// `Backend::step_tail` in one launch when the stats and the history are dense (a view
+    /// `StepOps::step_tail` in one launch when the stats and the history are dense (a view
     /// the kernel cannot address takes the composite).
     pub(crate) fn step_tail_fused(
         &self,
@@ -135,7 +135,7 @@ impl<D: Driver> CudaBackend<D> {
         const OP: &str = "step_tail";
         validate::step_tail([loss, norm], stats, gate, sticky, history)?;
         if !stats.is_contiguous() || history.is_some_and(|(rows, _)| !rows.is_contiguous()) {
-            return crate::step_tail::step_tail(self, [loss, norm], stats, gate, sticky, history);
+            return crate::step::step_tail(self, [loss, norm], stats, gate, sticky, history);
         }
         let opt = |t: Option<&CudaTensor>| t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t));
         let args: Args = [

@@ -1,5 +1,5 @@
-//! Row ops indexed from device memory (`Backend::gather_row`, `Backend::gather_rows`,
-//! `Backend::scatter_row`): one kernel each (`kernels/indexed.cu`) that reads the index when it runs, so a captured graph
+//! Row ops indexed from device memory (`Backend::gather_row`, `SelectOps::gather_rows`,
+//! `StepOps::gather_rows_at_cursor`, `Backend::scatter_row`): one kernel each (`kernels/indexed.cu`) that reads the index when it runs, so a captured graph
 //! walks a device-resident table on its replays with no host work. The operands are dense
 //! (checked by `validate::indexed_row`), so the kernels take plain pointers.
 

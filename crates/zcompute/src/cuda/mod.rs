@@ -40,6 +40,7 @@ mod readback;
 mod rows;
 mod select;
 mod side_stream;
+mod step;
 mod storage;
 mod transfer;
 pub mod twins;

@@ -154,10 +154,6 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.stage_download(OP, self.ptr(OP, &xc)?, xc.numel())
     }
 
-    fn queue_download(&self, x: &CudaTensor) -> Result<crate::Readback<f32>> {
-        self.queue_download_at(x)
-    }
-
     fn full(&self, shape: &[usize], value: f32) -> Result<CudaTensor> {
         validate::full::<f32>(shape)?;
         let out = self.alloc("full", shape)?;
@@ -238,21 +234,6 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         let out = self.alloc(name, &shape)?;
         self.binary_to(name, op, a, b, &out)?;
         Ok(out)
-    }
-
-    fn binary_into(
-        &self,
-        op: BinaryOp,
-        a: &CudaTensor,
-        b: &CudaTensor,
-        dst: &CudaTensor,
-    ) -> Result<()> {
-        validate::binary_into(op, a, b, dst)?;
-        if !dst.is_contiguous() {
-            let out = self.binary(op, a, b)?;
-            return self.copy_into(&out, dst);
-        }
-        self.binary_to(binary_name(op), op, a, b, dst)
     }
 
     fn binary_scalar(
@@ -340,17 +321,6 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
         self.finite_gate_fused(a, b, dst)
     }
 
-    fn step_tail(
-        &self,
-        loss_norm: [&CudaTensor; 2],
-        stats: &CudaTensor,
-        gate: &CudaTensor,
-        sticky: Option<&CudaTensor>,
-        history: Option<(&CudaTensor, &CudaTensor)>,
-    ) -> Result<()> {
-        self.step_tail_fused(loss_norm, stats, gate, sticky, history)
-    }
-
     fn add_into(&self, src: &CudaTensor, dst: &CudaTensor) -> Result<()> {
         self.add_into_fused(src, dst)
     }
@@ -395,21 +365,6 @@ impl<D: Driver> Backend<f32> for CudaBackend<D> {
 
     fn gather_row(&self, src: &CudaTensor, index: &CudaTensor, dst: &CudaTensor) -> Result<()> {
         self.gather_row_at(src, index, dst)
-    }
-
-    fn gather_rows(&self, src: &CudaTensor, index: &CudaTensor, dst: &CudaTensor) -> Result<()> {
-        self.gather_rows_at(src, index, dst)
-    }
-
-    fn gather_rows_at_cursor(
-        &self,
-        src: &CudaTensor,
-        steps: &CudaTensor,
-        cursor: &CudaTensor,
-        dst: &CudaTensor,
-        tail: Option<&CudaTensor>,
-    ) -> Result<()> {
-        self.gather_rows_at_cursor_fused(src, steps, cursor, dst, tail)
     }
 
     fn scatter_row(

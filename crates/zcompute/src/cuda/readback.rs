@@ -1,4 +1,4 @@
-//! The CUDA backend's queued downloads (`Backend::queue_download`): a copy into a page-locked
+//! The CUDA backend's queued downloads (`ReadbackOps::queue_download`): a copy into a page-locked
 //! buffer of the backend's own on its stream, with the event zdevice records after it; the
 //! host waits for that event alone when it reads the values (compare `stage_download`, which
 //! waits at once). Buffers come back to a small free list when read (or dropped unread), so
@@ -6,7 +6,7 @@
 
 use super::{CudaBackend, CudaTensor, device_error, lock};
 use crate::error::{ComputeError, Result};
-use crate::readback::{QueuedRead, Readback};
+use crate::readback::{QueuedRead, Readback, ReadbackOps};
 use zdevice::{Driver, PinnedBuffer};
 
 /// Free read-back buffers kept; more are freed (a loop keeps two copies in flight at most).
@@ -74,10 +74,10 @@ impl<D: Driver> Drop for QueuedCopy<D> {
     }
 }
 
-impl<D: Driver> CudaBackend<D> {
-    /// `Backend::queue_download`: `x` (made dense on the stream if it is a view) copied into
-    /// a free read-back buffer, or a new one.
-    pub(crate) fn queue_download_at(&self, x: &CudaTensor) -> Result<Readback<f32>> {
+impl<D: Driver> ReadbackOps<f32> for CudaBackend<D> {
+    /// `x` (made dense on the stream if it is a view) copied into a free read-back buffer, or
+    /// a new one.
+    fn queue_download(&self, x: &CudaTensor) -> Result<Readback<f32>> {
         const OP: &str = "queue_download";
         self.refuse_in_capture(OP, "queue downloads after the capture or after a replay")?;
         let n = x.numel();
@@ -118,7 +118,7 @@ impl<D: Driver> CudaBackend<D> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Backend, CpuBackend, Engine};
+    use crate::{Backend, CpuBackend, Engine, ReadbackOps};
 
     /// A queued download reads the values as the stream left them at the copy, in logical
     /// order (a strided view too), while the work queued after it stays queued: waiting for

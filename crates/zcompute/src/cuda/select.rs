@@ -1,6 +1,7 @@
 //! The selection and random families on the device (`kernels/select.cu`): one launch each over
-//! dense operands (a broadcast or strided operand is made dense first). `concat` and
-//! `embedding` keep their provided composites (strided copies; the one-launch row gather).
+//! dense operands (a broadcast or strided operand is made dense first); the row gather is
+//! `indexed.rs`'s one launch (`kernels/indexed.cu`). `concat` and `embedding` keep their
+//! provided composites (strided copies; the one-launch row gather).
 
 use super::kernels::{self, Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaTensor};
@@ -11,6 +12,10 @@ use crate::validate;
 use zdevice::{Driver, KernelArg};
 
 impl<D: Driver> SelectOps<f32> for CudaBackend<D> {
+    fn gather_rows(&self, src: &CudaTensor, index: &CudaTensor, dst: &CudaTensor) -> Result<()> {
+        self.gather_rows_at(src, index, dst)
+    }
+
     fn select(&self, cond: &CudaTensor, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
         const OP: &str = "select";
         let shape = validate::select(cond, a, b)?;

@@ -2,7 +2,7 @@
 //! driver: the CUDA backend's fused kernels against the CPU backend's composed ops.
 
 use super::bodies::{TOL, View, assert_close, input};
-use zcompute::{Backend, BinaryOp, CpuBackend, CpuTensor, CudaBackend};
+use zcompute::{Backend, BinaryOp, CpuBackend, CpuTensor, CudaBackend, StepOps};
 use zdevice::Driver;
 
 const CPU: CpuBackend = CpuBackend;
@@ -136,7 +136,7 @@ pub fn binary_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View)
             let dst = input(gpu, shape, view, 47, -1.0, 1.0);
             let dst_c = input(&CPU, shape, view, 47, -1.0, 1.0);
             gpu.binary_into(op, &a, &b, &dst).expect("binary_into");
-            Backend::<f32>::binary_into(&CPU, op, &a_c, &b_c, &dst_c).expect("cpu binary_into");
+            StepOps::<f32>::binary_into(&CPU, op, &a_c, &b_c, &dst_c).expect("cpu binary_into");
             let what = format!("binary_into {op:?} {shape:?} by {b_shape:?} into {view:?}");
             assert_close(&what, gpu, &dst, &dst_c, TOL);
             let fresh = gpu.binary(op, &a, &b).expect("binary");
@@ -176,7 +176,7 @@ pub fn binary_into<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: View)
         CpuTensor::from_vec(vec![0.0f32; n + 1], &[n + 1]).expect("zeros"),
     );
     assert!(
-        Backend::<f32>::binary_into(&CPU, BinaryOp::Mul, &a_c, &a_c, &w_c).is_err(),
+        StepOps::<f32>::binary_into(&CPU, BinaryOp::Mul, &a_c, &a_c, &w_c).is_err(),
         "the CPU refuses it too"
     );
 }
@@ -236,7 +236,7 @@ pub fn step_tail<D: Driver>(gpu: &CudaBackend<D>) {
         .expect("step_tail");
         let [stats_c, slot_c, sticky_c, history_c, cursor_c] = &cpu_state;
         let gate_c = slot_c.narrow(0, 1, 1).unwrap();
-        Backend::<f32>::step_tail(
+        StepOps::<f32>::step_tail(
             &CPU,
             [&cl, &cn],
             stats_c,

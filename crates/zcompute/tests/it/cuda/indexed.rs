@@ -4,7 +4,7 @@
 //! device 0 under `gpu`. Poison is on, so an element a kernel forgets to write reads NaN.
 
 use crate::common::uniform;
-use zcompute::{BTensor, Backend, Capture, CpuBackend, CudaBackend};
+use zcompute::{BTensor, Backend, Capture, CpuBackend, CudaBackend, SelectOps, StepOps};
 use zdevice::Driver;
 
 const CPU: CpuBackend = CpuBackend;
@@ -242,7 +242,7 @@ pub fn gather_rows_matches_the_cpu<D: Driver>(b: &CudaBackend<D>) {
 
 /// Bad operands of `gather_rows` get the CPU's typed errors.
 pub fn gather_rows_refuses_bad_operands<D: Driver>(b: &CudaBackend<D>) {
-    fn errors<B: Backend<f32>>(be: &B) -> Vec<String> {
+    fn errors<B: SelectOps<f32>>(be: &B) -> Vec<String> {
         let table = be.zeros(&[4, 3]).expect("table");
         let index = be.zeros(&[2]).expect("index");
         let rows = be.zeros(&[2, 3]).expect("rows");
@@ -348,7 +348,7 @@ pub fn gather_rows_at_cursor_matches_the_cpu<D: Driver>(b: &CudaBackend<D>) {
 
 /// Bad operands of `gather_rows_at_cursor` get the CPU's typed errors.
 pub fn gather_rows_at_cursor_refuses_bad_operands<D: Driver>(b: &CudaBackend<D>) {
-    fn errors<B: Backend<f32>>(be: &B) -> Vec<String> {
+    fn errors<B: StepOps<f32>>(be: &B) -> Vec<String> {
         let table = be.zeros(&[4, 3]).expect("table");
         let steps = be.zeros(&[2, 5]).expect("steps");
         let cursor = be.zeros(&[1]).expect("cursor");

@@ -1,9 +1,9 @@
-//! Queued downloads (`Backend::queue_download`): each reads its source as the stream left it
+//! Queued downloads (`ReadbackOps::queue_download`): each reads its source as the stream left it
 //! at the copy, in logical order (a strided view too), whatever is queued after it, and is
 //! ready once waited for. Bodies generic over the driver: the simulated device here, CUDA
 //! device 0 under `gpu`.
 
-use zcompute::{Backend, CudaBackend};
+use zcompute::{Backend, CudaBackend, ReadbackOps};
 use zdevice::Driver;
 
 fn queued_downloads_read_their_copy<D: Driver>(b: &CudaBackend<D>) {

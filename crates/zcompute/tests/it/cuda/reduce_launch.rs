@@ -3,7 +3,7 @@
 //! each column tile finishes the tile's partials (each launch is a dependent graph node of
 //! about 3 us on an H100). The sums themselves equal the CPU's.
 
-use zcompute::{Backend, CpuBackend, CudaBackend, SimDriver};
+use zcompute::{Backend, CpuBackend, CudaBackend, SimDriver, StepOps};
 use zdevice::sim::calls::LAUNCH_KERNEL;
 
 const CPU: CpuBackend = CpuBackend;

@@ -15,7 +15,7 @@ use zcompute::{
 };
 use zcompute::{
     AttentionOps, Backend, Capture, LinearOps, NormOps, OptimOps, PooledLossOps, RandomOps,
-    SelectOps, SgdConfig,
+    ReadbackOps, SelectOps, SgdConfig, StepOps,
 };
 
 #[derive(Clone, Debug)]
@@ -271,6 +271,11 @@ impl<T: Element> AttentionOps<T> for SimBackend<T> where
 {
 }
 impl<T: Element> PooledLossOps<T> for SimBackend<T> where
+    CpuBackend: Backend<T, Storage = CpuStorage<T>>
+{
+}
+impl<T: Element> StepOps<T> for SimBackend<T> where CpuBackend: Backend<T, Storage = CpuStorage<T>> {}
+impl<T: Element> ReadbackOps<T> for SimBackend<T> where
     CpuBackend: Backend<T, Storage = CpuStorage<T>>
 {
 }
