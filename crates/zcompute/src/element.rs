@@ -59,7 +59,7 @@ pub trait Element:
     fn powf(self, e: Self) -> Self;
     fn is_nan(self) -> bool;
     /// `tanh` of every element in place: the CPU backend's bulk form (f32: a vectorised tanh
-    /// within 2 ulp, `cpu::fastmath`; f64: `tanh` element by element, unchanged).
+    /// within 2 ulp, `fastmath`; f64: `tanh` element by element, unchanged).
     fn tanh_slice(xs: &mut [Self]);
 }
 
@@ -134,6 +134,6 @@ impl_element!(
     f32,
     DType::F32,
     libm::erff,
-    crate::cpu::fastmath::tanh_in_place
+    crate::fastmath::tanh_in_place
 );
 impl_element!(f64, DType::F64, libm::erf, tanh_each);

@@ -237,7 +237,7 @@ pub enum ComputeError {
     /// `reason` the valid range. Nothing was opened; change the setting.
     #[error("{name} {value}: {reason}")]
     ArenaSetting {
-        setting: crate::engine::ArenaSetting,
+        setting: zmem::ArenaSetting,
         name: &'static str,
         value: String,
         reason: String,

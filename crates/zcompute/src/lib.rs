@@ -15,11 +15,14 @@
 
 pub mod attention;
 pub mod backend;
+pub mod capture;
 pub mod cpu;
 pub mod cuda;
 pub mod element;
 pub mod engine;
 pub mod error;
+mod fastmath;
+mod host_pool;
 pub mod layout;
 pub mod linear;
 pub mod norm;
@@ -41,8 +44,9 @@ pub use attention::{
 };
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
-    BinaryOp, Capture, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+    BinaryOp, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
 };
+pub use capture::Capture;
 pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};

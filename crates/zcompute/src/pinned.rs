@@ -9,7 +9,7 @@
 //! and the engine stream's later work waits for the copy. Both orders are device events:
 //! the host waits for neither.
 
-use crate::backend::{BTensor, Backend};
+use crate::backend::BTensor;
 use crate::element::Element;
 use crate::error::{ComputeError, Result};
 
@@ -157,7 +157,7 @@ pub(crate) fn pinned_range(
 
 /// The CPU backend's "pinned" memory: a plain vector (the CPU has nothing to wait for).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct HostVec<T>(Vec<T>);
+pub struct HostVec<T>(pub(crate) Vec<T>);
 
 impl<T: Element> PinnedSlice<T> for HostVec<T> {
     fn len(&self) -> usize {
@@ -174,15 +174,3 @@ impl<T: Element> PinnedSlice<T> for HostVec<T> {
     }
 }
 
-impl<T: Element> PinnedHost<T> for crate::cpu::CpuBackend {
-    type Pinned = HostVec<T>;
-
-    fn alloc_pinned(&self, len: usize) -> Result<HostVec<T>> {
-        Ok(HostVec(vec![T::ZERO; len]))
-    }
-
-    fn upload_pinned(&self, src: &HostVec<T>, start: usize, dst: &BTensor<Self, T>) -> Result<()> {
-        let r = pinned_range("upload_pinned", src.0.len(), start, dst.numel())?;
-        self.upload_into(&src.0[r], dst)
-    }
-}

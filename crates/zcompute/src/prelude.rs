@@ -3,7 +3,8 @@
 //! this: a bound brings its traits' methods with it.
 
 pub use crate::attention::AttentionOps;
-pub use crate::backend::{Backend, Capture};
+pub use crate::backend::Backend;
+pub use crate::capture::Capture;
 pub use crate::linear::LinearOps;
 pub use crate::norm::NormOps;
 pub use crate::ops::Ops;

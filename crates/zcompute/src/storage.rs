@@ -26,7 +26,7 @@ pub trait Storage: Clone + Debug + Send + Sync {
 
 /// Host memory: a `Vec` behind an `Arc<RwLock>`. The lock is there for soundness of shared
 /// mutation without `unsafe`; ops take it once per call, never per element. The last handle
-/// to a large buffer hands it to the CPU backend's pool for reuse (`cpu::pool`).
+/// to a large buffer hands it to the host pool for reuse (`host_pool`).
 #[derive(Clone, Debug)]
 pub struct CpuStorage<T: Element> {
     data: Arc<RwLock<Vec<T>>>,
@@ -36,7 +36,7 @@ impl<T: Element> Drop for CpuStorage<T> {
     fn drop(&mut self) {
         if let Some(lock) = Arc::get_mut(&mut self.data) {
             let v = std::mem::take(lock.get_mut().unwrap_or_else(PoisonError::into_inner));
-            crate::cpu::pool::give(v);
+            crate::host_pool::give(v);
         }
     }
 }

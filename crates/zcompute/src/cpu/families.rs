@@ -3,12 +3,13 @@
 
 use super::{CpuBackend, accumulate, attention, fused, key_padding};
 use crate::attention::{AttentionOps, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads};
-use crate::backend::LayerNormGrads;
+use crate::backend::{BTensor, Backend, LayerNormGrads};
 use crate::element::Element;
 use crate::error::Result;
 use crate::linear::{Activation, LinearOps};
 use crate::norm::{AddLayerNormOut, NormOps};
 use crate::optim::{OptimOps, SgdConfig};
+use crate::pinned::{HostVec, PinnedHost, pinned_range};
 use crate::pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
 use crate::readback::ReadbackOps;
 use crate::step::StepOps;
@@ -160,3 +161,17 @@ impl<T: Element> OptimOps<T> for CpuBackend {
 // so a download queued is a download done.
 impl<T: Element> StepOps<T> for CpuBackend {}
 impl<T: Element> ReadbackOps<T> for CpuBackend {}
+
+// Host memory is its own staging: a plain vector, uploaded through `upload_into`.
+impl<T: Element> PinnedHost<T> for CpuBackend {
+    type Pinned = HostVec<T>;
+
+    fn alloc_pinned(&self, len: usize) -> Result<HostVec<T>> {
+        Ok(HostVec(vec![T::ZERO; len]))
+    }
+
+    fn upload_pinned(&self, src: &HostVec<T>, start: usize, dst: &BTensor<Self, T>) -> Result<()> {
+        let r = pinned_range("upload_pinned", src.0.len(), start, dst.numel())?;
+        self.upload_into(&src.0[r], dst)
+    }
+}

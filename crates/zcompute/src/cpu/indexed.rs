@@ -8,13 +8,8 @@ use crate::error::Result;
 use crate::tensor::CpuTensor;
 use crate::validate;
 
-/// The row `value` names among `rows`: a whole number in `[0, rows)`, else none (NaN,
-/// negative, fractional, too large). The kernels' `zc_row_of` applies the same rule.
-pub(crate) fn row_of(value: f64, rows: usize) -> Option<usize> {
-    let whole = value.is_finite() && value >= 0.0 && value.fract() == 0.0;
-    // `rows as f64` is exact for every row count a device can hold (below 2^53).
-    (whole && value < rows as f64).then_some(value as usize)
-}
+/// The index rule lives with the validation that shares it (`validate::indexed`).
+pub(crate) use crate::validate::row_of;
 
 pub(crate) fn gather_row<T: Element>(
     src: &CpuTensor<T>,

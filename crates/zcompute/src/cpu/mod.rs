@@ -9,7 +9,6 @@ pub(crate) mod attention;
 mod dense;
 mod elementwise;
 mod families;
-pub(crate) mod fastmath;
 pub(crate) mod fused;
 pub(crate) mod indexed;
 pub(crate) mod key_padding;
@@ -256,7 +255,7 @@ impl std::fmt::Debug for CpuGraph {
     }
 }
 
-impl<T: Element> crate::backend::Capture<T> for CpuBackend {
+impl<T: Element> crate::capture::Capture<T> for CpuBackend {
     type Graph = CpuGraph;
 
     fn capture(&self, mut body: Box<dyn FnMut() -> Result<()>>) -> Result<CpuGraph> {
@@ -296,7 +295,7 @@ mod tests {
 
     #[test]
     fn cpu_capture_runs_once_then_once_per_replay() {
-        use crate::backend::Capture;
+        use crate::capture::Capture;
         let b = CpuBackend;
         let x = CpuTensor::<f32>::from_vec(vec![1.0, 2.0], &[2]).unwrap();
         let acc = CpuTensor::<f32>::from_vec(vec![0.0, 0.0], &[2]).unwrap();

@@ -35,7 +35,7 @@
 use std::sync::Arc;
 
 use super::{CaptureLog, CudaBackend, CudaStorage, device_error, lock, mem_error};
-use crate::backend::Capture;
+use crate::capture::Capture;
 use crate::error::{ComputeError, Result};
 use zdevice::{
     CaptureSession, CapturedGraph, DeviceError, Driver, GraphInstance, InstantiateFlags,

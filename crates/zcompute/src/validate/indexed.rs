@@ -13,6 +13,14 @@ pub(crate) struct RowTable {
     pub row_len: usize,
 }
 
+/// The row `value` names among `rows`: a whole number in `[0, rows)`, else none (NaN,
+/// negative, fractional, too large). The kernels' `zc_row_of` applies the same rule.
+pub(crate) fn row_of(value: f64, rows: usize) -> Option<usize> {
+    let whole = value.is_finite() && value >= 0.0 && value.fract() == 0.0;
+    // `rows as f64` is exact for every row count a device can hold (below 2^53).
+    (whole && value < rows as f64).then_some(value as usize)
+}
+
 /// `gather_row` (`table` read, `row` written) and `scatter_row` (`row` read, `table` written,
 /// `index` written when it advances): `table` dense of rank >= 1, `row` dense with the
 /// element count of one row of `table` (`numel / shape[0]`, whatever its shape), `index` one

@@ -34,7 +34,7 @@ pub(crate) use accumulate::*;
 pub(crate) use attention::*;
 pub(crate) use flat::*;
 pub(crate) use fused::*;
-pub(crate) use indexed::{indexed_row, indexed_rows, indexed_rows_at_cursor};
+pub(crate) use indexed::{indexed_row, indexed_rows, indexed_rows_at_cursor, row_of};
 pub(crate) use into::*;
 pub(crate) use linear::*;
 pub(crate) use norm_params::*;

@@ -166,7 +166,7 @@ pub(crate) fn dropout_mask<S: Storage>(shape: &[usize], p: f64, step: &Tensor<S>
 /// The CPU backend's check of indices it can read: each a whole number in `[0, rows)`.
 pub(crate) fn indices_in_range(op: &'static str, values: &[f64], rows: usize) -> Result<()> {
     for (position, &v) in values.iter().enumerate() {
-        if crate::cpu::indexed::row_of(v, rows).is_none() {
+        if super::indexed::row_of(v, rows).is_none() {
             return Err(ComputeError::IndexOutOfRange {
                 op,
                 position,

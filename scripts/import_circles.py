@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The largest import circle of a crate: the largest strongly connected component of the
+graph of its files, an edge a -> b when a names a path into b (`crate::`, `super::`,
+`self::`, or a child module's name, in `use` items or inline paths; a re-export is followed
+to the file that defines the item, so `crate::Backend` is backend.rs, not lib.rs). A file's
+inline test module counts as part of the file.
+
+Usage: python3 scripts/import_circles.py crates/zcompute/src [--list] [--edges]
+"""
+import os, re, sys
+
+src = os.path.abspath(sys.argv[1])
+files = {}
+for root, _, names in os.walk(src):
+    for n in names:
+        if n.endswith('.rs'):
+            p = os.path.join(root, n)
+            files[os.path.relpath(p, src)] = p
+
+def module_of(rel):
+    parts = rel[:-3].split(os.sep)
+    if parts[-1] in ('mod', 'lib', 'main'):
+        parts = parts[:-1]
+    return parts
+
+mod_to_file = {tuple(module_of(r)): r for r in files}
+
+REEXPORTS = {}  # file -> {name: absolute segs}, from its `pub use` items
+
+
+def resolve(segs, depth=0):
+    """The file defining what segs names: the longest module prefix that is a file, followed
+    through that file's `pub use` re-exports (so `crate::Backend` is backend.rs, not lib.rs)."""
+    for k in range(len(segs), -1, -1):
+        if tuple(segs[:k]) in mod_to_file:
+            f = mod_to_file[tuple(segs[:k])]
+            if k < len(segs) and depth < 20 and segs[k] in REEXPORTS.get(f, {}):
+                return resolve(REEXPORTS[f][segs[k]] + segs[k + 1:], depth + 1)
+            return f
+    return None
+
+def strip_comments(text):
+    text = re.sub(r'/\*.*?\*/', '', text, flags=re.S)
+    return '\n'.join(l.split('//')[0] if '"' not in l else l for l in text.splitlines())
+
+def expand_use(tree):
+    """`a::{b, c::{d, e}}` -> [a::b, a::c::d, a::c::e]"""
+    tree = re.sub(r'\s+as\s+', '@', tree)
+    tree = re.sub(r'\s+', '', tree)
+    m = tree.find('{')
+    if m < 0:
+        return [tree]
+    prefix = tree[:m]
+    inner = tree[m + 1:tree.rfind('}')]
+    parts, depth, cur = [], 0, ''
+    for ch in inner:
+        if ch == ',' and depth == 0:
+            parts.append(cur); cur = ''
+            continue
+        depth += ch == '{'
+        depth -= ch == '}'
+        cur += ch
+    if cur:
+        parts.append(cur)
+    out = []
+    for p in parts:
+        for e in expand_use(p):
+            out.append(prefix + e)
+    return out
+
+def absolute_paths(rel, path, pub_only=False):
+    here = module_of(rel)
+    # A non-mod file's `super` is its parent module; mod.rs/lib.rs's `self` is its module.
+    text = strip_comments(open(path).read())
+    paths = []
+    pat = r'\bpub(?:\([a-z]+\))?\s+use\s+([^;]+);' if pub_only else r'\buse\s+([^;]+);'
+    for m in re.finditer(pat, text):
+        line_start = text.rfind('\n', 0, m.start()) + 1
+        nested = m.start() > line_start  # indented: a `use` inside an inline module
+        for e in expand_use(m.group(1)):
+            # An inline module's `super` is this file's module: one `super` fewer.
+            paths.append(e.replace('super::', 'self::', 1) if nested else e)
+    paths += re.findall(r'\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)', text)
+    children = {m[len(here)] for m in mod_to_file if len(m) == len(here) + 1 and list(m[:len(here)]) == here}
+    out = []
+    for p in paths:
+        p, _, alias = p.partition('@')
+        segs = [s for s in p.split('::') if s]
+        if not segs:
+            continue
+        if segs[0] == 'crate':
+            base, rest = [], segs[1:]
+        elif segs[0] in ('super', 'self'):
+            base = list(here)
+            while segs and segs[0] in ('super', 'self'):
+                if segs[0] == 'super':
+                    base = base[:-1]
+                segs = segs[1:]
+            rest = segs
+        elif segs[0] in children:
+            # A path relative to this module (`pub use attention::AttentionOps;` in lib.rs).
+            base, rest = list(here), segs
+        else:
+            continue
+        out.append((alias or None, base + rest))
+    return out
+
+
+for rel, path in files.items():
+    REEXPORTS[rel] = {
+        (alias or segs[-1]): segs for alias, segs in absolute_paths(rel, path, True) if segs
+    }
+edges = {r: set() for r in files}
+for rel, path in files.items():
+    for _, segs in absolute_paths(rel, path):
+        target = resolve(segs)
+        if target and target != rel:
+            edges[rel].add(target)
+
+# Tarjan
+index, low, on, stack, sccs, counter = {}, {}, set(), [], [], [0]
+sys.setrecursionlimit(10000)
+def visit(v):
+    index[v] = low[v] = counter[0]; counter[0] += 1
+    stack.append(v); on.add(v)
+    for w in edges[v]:
+        if w not in index:
+            visit(w); low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:  # v roots a component
+        comp = []
+        while True:
+            w = stack.pop(); on.discard(w); comp.append(w)
+            if w == v:
+                break
+        sccs.append(comp)
+for v in sorted(files):
+    if v not in index:
+        visit(v)
+big = max(sccs, key=len)
+print(f"{os.path.relpath(src)}: {len(files)} files, largest import circle {len(big)} files")
+if '--list' in sys.argv:
+    for f in sorted(big):
+        print('  ', f)
+if '--edges' in sys.argv:
+    bigset = set(big)
+    for f in sorted(big):
+        print(f, '->', sorted(e for e in edges[f] if e in bigset))
