@@ -130,10 +130,5 @@ macro_rules! impl_element {
     };
 }
 
-impl_element!(
-    f32,
-    DType::F32,
-    libm::erff,
-    crate::fastmath::tanh_in_place
-);
+impl_element!(f32, DType::F32, libm::erff, crate::fastmath::tanh_in_place);
 impl_element!(f64, DType::F64, libm::erf, tanh_each);

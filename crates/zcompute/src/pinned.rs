@@ -173,4 +173,3 @@ impl<T: Element> PinnedSlice<T> for HostVec<T> {
         Ok(self.0[r].to_vec())
     }
 }
-

@@ -1,9 +1,9 @@
 //! The CPU backend's side of the host pool (`crate::host_pool`, beside `storage`): its buffers
 //! handed out again, and a pooled copy split over the backend's threads.
 
-pub(crate) use crate::host_pool::{give, overwritten, zeroed};
 use crate::element::Element;
 use crate::host_pool::take;
+pub(crate) use crate::host_pool::{give, overwritten, zeroed};
 
 /// A copy of `src`, in a pooled buffer when one is free (copied by the pool's threads: a
 /// step copies tens of megabytes, which one thread alone would spend a tenth of the step on).
