@@ -21,7 +21,6 @@ use crate::rng::SplitMix64;
 use crate::tape::Tape;
 use crate::task::Task;
 use crate::var::Var;
-use crate::xasset::XAsset;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use zcompute::{BTensor, Element, prelude::*};
@@ -120,44 +119,6 @@ pub trait Model<B: Ops<T>, T: Element>: Clone + 'static {
     /// PyTorch `load_state_dict` of a module with the same names reads.
     fn save(&self, b: &B, path: &Path, metadata: Option<HashMap<String, String>>) -> Result<()> {
         write_tensors(path, &self.to_host(b)?, metadata)
-    }
-}
-
-/// XAsset through its inherent methods (xasset.rs): parameter names of docs/xasset.md, the fused
-/// pool-head-BCE loss, samples `[S, F]` for any S.
-impl<B: Ops<T> + 'static, T: Element> Model<B, T> for XAsset<B, T> {
-    fn named_parameters(&self) -> Vec<(String, Var<B, T>)> {
-        XAsset::named_parameters(self)
-            .into_iter()
-            .map(|(name, v)| (name.to_string(), v))
-            .collect()
-    }
-
-    fn loss(
-        &self,
-        tape: &Tape<'_, B, T>,
-        x: &Var<B, T>,
-        y: &Var<B, T>,
-    ) -> Result<(Var<B, T>, Var<B, T>)> {
-        XAsset::loss(self, tape, x, y)
-    }
-
-    fn sample_shape(&self, values_per_sample: usize) -> Result<Vec<usize>> {
-        let f = self.config.features;
-        if values_per_sample == 0 || !values_per_sample.is_multiple_of(f) {
-            return Err(GradError::BadInput(format!(
-                "a sample of {values_per_sample} values: XAsset takes S x {f} (S >= 1 scales of {f} features)"
-            )));
-        }
-        Ok(vec![values_per_sample / f, f])
-    }
-
-    fn logits(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
-        XAsset::forward(self, tape, x)
-    }
-
-    fn parameters(&self) -> Vec<Var<B, T>> {
-        XAsset::parameters(self)
     }
 }
 

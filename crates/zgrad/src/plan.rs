@@ -16,7 +16,6 @@
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use crate::trainer::{TrainSchedule, Trainer, TrainerConfig};
-use crate::xasset::{XAsset, XAssetConfig};
 use zcompute::{ArenaOverrides, ComputeError, CudaBackend, EngineConfig};
 use zdevice::{DeviceConfig, SimConfig, SimDriver};
 use zmem::{ArenaConfig, ClassBytes};
@@ -43,23 +42,6 @@ pub trait PlanModel: Clone {
     fn values_per_sample(&self) -> usize;
     /// The model, made on the plan's device.
     fn build(&self, b: &PlanBackend) -> Result<Self::Model>;
-}
-
-/// XAsset at these sizes, made with zero parameters on the device (`XAsset::zeroed`).
-impl PlanModel for XAssetConfig {
-    type Model = XAsset<PlanBackend, f32>;
-
-    fn validate(&self) -> Result<()> {
-        XAssetConfig::validate(self)
-    }
-
-    fn values_per_sample(&self) -> usize {
-        self.scales * self.features
-    }
-
-    fn build(&self, b: &PlanBackend) -> Result<Self::Model> {
-        XAsset::zeroed(b, *self)
-    }
 }
 
 /// Any model, by its constructor: `build` makes it on the plan's device, whose samples hold
@@ -103,10 +85,10 @@ where
     }
 }
 
-/// What to plan: the run's model (`XAssetConfig` by default, any [`PlanModel`]), batch,
+/// What to plan: the run's model (any [`PlanModel`]: `XAssetConfig`, a [`ModelFn`]), batch,
 /// trainer and arena settings.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PlanRequest<M = XAssetConfig> {
+pub struct PlanRequest<M> {
     pub model: M,
     /// Samples per optimiser step.
     pub batch: usize,
@@ -186,7 +168,7 @@ pub struct SchedulePlan {
 
 /// The plan of a run: both schedules, and what the device must hold beside the arena.
 #[derive(Clone, Debug, PartialEq)]
-pub struct MemoryPlan<M = XAssetConfig> {
+pub struct MemoryPlan<M> {
     pub request: PlanRequest<M>,
     /// `Batched` first, then `PerSample`.
     pub schedules: Vec<SchedulePlan>,

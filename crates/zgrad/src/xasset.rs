@@ -6,6 +6,7 @@
 
 use crate::error::{GradError, Result};
 use crate::io::{HostTensor, TensorFile, write_tensors};
+use crate::model::Model;
 use crate::nn::{BLOCK_PARAMETER_NAMES, EncoderBlock, Linear, PoolHead, block_shapes};
 use crate::optim::ParameterSet;
 use crate::tape::Tape;
@@ -515,5 +516,60 @@ impl<B: Ops<T>, T: Element> XAsset<B, T> {
     ) -> Result<(Var<B, T>, Var<B, T>)> {
         let h = self.trunk(tape, x)?;
         self.head.loss(tape, &h, y)
+    }
+}
+
+/// XAsset through its inherent methods: parameter names of docs/xasset.md, the fused
+/// pool-head-BCE loss, samples `[S, F]` for any S.
+impl<B: Ops<T> + 'static, T: Element> Model<B, T> for XAsset<B, T> {
+    fn named_parameters(&self) -> Vec<(String, Var<B, T>)> {
+        XAsset::named_parameters(self)
+            .into_iter()
+            .map(|(name, v)| (name.to_string(), v))
+            .collect()
+    }
+
+    fn loss(
+        &self,
+        tape: &Tape<'_, B, T>,
+        x: &Var<B, T>,
+        y: &Var<B, T>,
+    ) -> Result<(Var<B, T>, Var<B, T>)> {
+        XAsset::loss(self, tape, x, y)
+    }
+
+    fn sample_shape(&self, values_per_sample: usize) -> Result<Vec<usize>> {
+        let f = self.config.features;
+        if values_per_sample == 0 || !values_per_sample.is_multiple_of(f) {
+            return Err(GradError::BadInput(format!(
+                "a sample of {values_per_sample} values: XAsset takes S x {f} (S >= 1 scales of {f} features)"
+            )));
+        }
+        Ok(vec![values_per_sample / f, f])
+    }
+
+    fn logits(&self, tape: &Tape<'_, B, T>, x: &Var<B, T>) -> Result<Var<B, T>> {
+        XAsset::forward(self, tape, x)
+    }
+
+    fn parameters(&self) -> Vec<Var<B, T>> {
+        XAsset::parameters(self)
+    }
+}
+
+/// XAsset at these sizes, made with zero parameters on the device (`XAsset::zeroed`).
+impl crate::plan::PlanModel for XAssetConfig {
+    type Model = XAsset<crate::plan::PlanBackend, f32>;
+
+    fn validate(&self) -> Result<()> {
+        XAssetConfig::validate(self)
+    }
+
+    fn values_per_sample(&self) -> usize {
+        self.scales * self.features
+    }
+
+    fn build(&self, b: &crate::plan::PlanBackend) -> Result<Self::Model> {
+        XAsset::zeroed(b, *self)
     }
 }

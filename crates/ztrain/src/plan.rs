@@ -8,7 +8,7 @@ use serde_json::json;
 use zcompute::AllocClass;
 use zcompute::units::Bytes;
 use zcompute::{ArenaConfig, EngineConfig};
-use zgrad::{MemoryPlan, PlanRequest, SchedulePlan, TrainSchedule};
+use zgrad::{MemoryPlan, PlanRequest, SchedulePlan, TrainSchedule, XAssetConfig};
 
 use crate::cli::{DataOn, DeviceChoice, Options};
 use crate::console::Console;
@@ -30,7 +30,7 @@ pub enum Target {
 /// The plan and what it says about the chosen device.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanReport {
-    pub plan: MemoryPlan,
+    pub plan: MemoryPlan<XAssetConfig>,
     pub target: Target,
     /// The arena cap the run would have: `--arena-cap` (or its variable), else 3/4 of the
     /// device's memory; `None` when neither is known.
@@ -176,7 +176,7 @@ fn split_samples(config: &crate::config::RunConfig) -> Option<(usize, usize)> {
 
 /// The plan request a run's arena is sized from (`sized_engine`): a rank's steps (batch
 /// `batch`) on zmem's fixed arena defaults.
-fn sizing_request(config: &crate::config::RunConfig, batch: usize) -> PlanRequest {
+fn sizing_request(config: &crate::config::RunConfig, batch: usize) -> PlanRequest<XAssetConfig> {
     PlanRequest::new(
         config.model,
         batch,
@@ -196,7 +196,7 @@ pub fn run_request(
     batch: usize,
     world: usize,
     arena: ArenaConfig,
-) -> PlanRequest {
+) -> PlanRequest<XAssetConfig> {
     let mut request = PlanRequest::new(config.model, batch, trainer_config(config, 1), arena);
     let (train, val) = split_samples(config).unwrap_or((config.batch, config.batch));
     let world = world.max(1);
@@ -332,7 +332,7 @@ const CLASSES: [AllocClass; 4] = [
     AllocClass::Graph,
 ];
 
-fn schedule_json(plan: &MemoryPlan, s: &SchedulePlan) -> serde_json::Value {
+fn schedule_json(plan: &MemoryPlan<XAssetConfig>, s: &SchedulePlan) -> serde_json::Value {
     let peak: serde_json::Map<String, serde_json::Value> = CLASSES
         .iter()
         .map(|c| (c.name().to_string(), json!(s.peak.get(*c))))

@@ -12,7 +12,12 @@ use zgrad::{
 };
 use zmem::{AllocClass, Arena, ArenaConfig};
 
-fn request(model: XAssetConfig, batch: usize, capture: bool, arena: ArenaConfig) -> PlanRequest {
+fn request(
+    model: XAssetConfig,
+    batch: usize,
+    capture: bool,
+    arena: ArenaConfig,
+) -> PlanRequest<XAssetConfig> {
     PlanRequest::new(
         model,
         batch,
@@ -28,7 +33,7 @@ fn request(model: XAssetConfig, batch: usize, capture: bool, arena: ArenaConfig)
 /// batch, `req.steps` steps; the arena's per-class peaks, its segments and capture bytes.
 fn real_run<D: Driver>(
     device: Device<D>,
-    req: &PlanRequest,
+    req: &PlanRequest<XAssetConfig>,
     schedule: TrainSchedule,
 ) -> SchedulePlan {
     let arena = Arena::new(device, req.arena.clone()).expect("arena");
@@ -141,7 +146,7 @@ fn plan_equals_the_computing_simulators_run(
 /// (`load_data`), `req.steps` steps queued on its rows, read back every step.
 fn real_resident_run<D: Driver>(
     device: Device<D>,
-    req: &PlanRequest,
+    req: &PlanRequest<XAssetConfig>,
     schedule: TrainSchedule,
 ) -> SchedulePlan {
     let arena = Arena::new(device, req.arena.clone()).expect("arena");
@@ -247,7 +252,7 @@ enum Feed {
 /// once; its arena's peaks, segments and capture bytes.
 fn real_run_with_evaluations<D: Driver>(
     device: Device<D>,
-    req: &PlanRequest,
+    req: &PlanRequest<XAssetConfig>,
     schedule: TrainSchedule,
     feed: Feed,
 ) -> SchedulePlan {
