@@ -116,6 +116,28 @@ pub struct LayerNormGrads<S: Storage> {
     pub g_xhat: Option<Tensor<S>>,
 }
 
+/// What LayerNorm's backward reads, by name ([`crate::NormOps::layer_norm_backward_add`],
+/// [`crate::NormOps::layer_norm_backward_into`]): the output gradient `g`, the residual
+/// stream's gradient added to the input's (where given), the forward's input `x`, its `mean`
+/// and `rstd` (the input's shape with the last axis 1) and the weight (where there is one).
+#[derive(Debug)]
+pub struct LayerNormBackward<'a, S: Storage> {
+    pub g: &'a Tensor<S>,
+    pub residual: Option<&'a Tensor<S>>,
+    pub x: &'a Tensor<S>,
+    pub mean: &'a Tensor<S>,
+    pub rstd: &'a Tensor<S>,
+    pub weight: Option<&'a Tensor<S>>,
+}
+
+// Borrows only: copied whatever the storage (a derive would ask `S: Copy`).
+impl<S: Storage> Clone for LayerNormBackward<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S: Storage> Copy for LayerNormBackward<'_, S> {}
+
 /// The constant hyper-parameters of AdamW. The learning rate and step count are not here: they
 /// change every step, so they travel in a slot tensor (`[lr, t]` or `[lr, t, gate]`) that the
 /// op reads from memory, which keeps a captured optimiser step correct on replay.

@@ -44,7 +44,8 @@ pub use attention::{
 };
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,
-    BinaryOp, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+    BinaryOp, LayerNormBackward, LayerNormGrads, LayerNormOut, MatmulOpts, ReduceOp, ScalarSide,
+    UnaryOp,
 };
 pub use capture::Capture;
 pub use cpu::{CpuBackend, CpuGraph};

@@ -6,7 +6,7 @@
 //! with the residual stream's gradient when there is one, then one column sum per parameter
 //! into its buffer).
 
-use crate::backend::{BTensor, Backend, LayerNormGrads, LayerNormOut};
+use crate::backend::{BTensor, Backend, LayerNormBackward, LayerNormGrads, LayerNormOut};
 use crate::element::Element;
 use crate::error::Result;
 use crate::storage::Storage;
@@ -41,18 +41,12 @@ pub trait NormOps<T: Element>: Backend<T> {
     /// [`Backend::layer_norm_backward`] with the residual stream's gradient added to the
     /// input's: `input = LN'(g) + residual` (the gradient of `h` in `h = a + b; y = LN(h)`
     /// when `h` is used again).
-    #[allow(clippy::too_many_arguments)]
     fn layer_norm_backward_add(
         &self,
-        g: &BTensor<Self, T>,
-        residual: Option<&BTensor<Self, T>>,
-        x: &BTensor<Self, T>,
-        mean: &BTensor<Self, T>,
-        rstd: &BTensor<Self, T>,
-        weight: Option<&BTensor<Self, T>>,
+        ln: &LayerNormBackward<'_, Self::Storage>,
         want: [bool; 2],
     ) -> Result<LayerNormGrads<Self::Storage>> {
-        layer_norm_backward_add(self, g, residual, x, mean, rstd, weight, want)
+        layer_norm_backward_add(self, ln, want)
     }
 
     /// LayerNorm's backward (with the residual stream's gradient added to the input's, as
@@ -62,20 +56,14 @@ pub trait NormOps<T: Element>: Backend<T> {
     /// `want_input`. The provided body is `layer_norm_backward(_add)` then one
     /// [`Backend::sum_rows_into`] per buffer; the CUDA backend does it in one launch for few
     /// rows.
-    #[allow(clippy::too_many_arguments)]
     fn layer_norm_backward_into(
         &self,
-        g: &BTensor<Self, T>,
-        residual: Option<&BTensor<Self, T>>,
-        x: &BTensor<Self, T>,
-        mean: &BTensor<Self, T>,
-        rstd: &BTensor<Self, T>,
-        weight: Option<&BTensor<Self, T>>,
+        ln: &LayerNormBackward<'_, Self::Storage>,
         want_input: bool,
         dw: Option<&BTensor<Self, T>>,
         db: Option<&BTensor<Self, T>>,
     ) -> Result<Option<BTensor<Self, T>>> {
-        layer_norm_backward_into(self, g, residual, x, mean, rstd, weight, want_input, dw, db)
+        layer_norm_backward_into(self, ln, want_input, dw, db)
     }
 }
 
@@ -95,17 +83,19 @@ pub(crate) fn add_layer_norm<B: Backend<T> + ?Sized, T: Element>(
 }
 
 /// LayerNorm's backward, then the residual stream's gradient added to the input's.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm_backward_add<B: Backend<T> + ?Sized, T: Element>(
     b: &B,
-    g: &Tensor<B::Storage>,
-    residual: Option<&Tensor<B::Storage>>,
-    x: &Tensor<B::Storage>,
-    mean: &Tensor<B::Storage>,
-    rstd: &Tensor<B::Storage>,
-    weight: Option<&Tensor<B::Storage>>,
+    ln: &LayerNormBackward<'_, B::Storage>,
     want: [bool; 2],
 ) -> Result<LayerNormGrads<B::Storage>> {
+    let LayerNormBackward {
+        g,
+        residual,
+        x,
+        mean,
+        rstd,
+        weight,
+    } = *ln;
     validate::layer_norm_backward_add(g, residual, x, mean, rstd, weight)?;
     let mut grads = b.layer_norm_backward(g, x, mean, rstd, weight, want)?;
     if let (Some(gx), Some(res)) = (grads.input.as_ref(), residual) {
@@ -117,23 +107,25 @@ pub(crate) fn layer_norm_backward_add<B: Backend<T> + ?Sized, T: Element>(
 /// The input gradient (when `want_input`) of `layer_norm_backward_add`, then
 /// `dw += Σ_rows g * xhat` and `db += Σ_rows g` for the buffers given. Validated whole
 /// first, so a bad `db` leaves `dw` untouched.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm_backward_into<B: NormOps<T> + ?Sized, T: Element>(
     b: &B,
-    g: &Tensor<B::Storage>,
-    residual: Option<&Tensor<B::Storage>>,
-    x: &Tensor<B::Storage>,
-    mean: &Tensor<B::Storage>,
-    rstd: &Tensor<B::Storage>,
-    weight: Option<&Tensor<B::Storage>>,
+    ln: &LayerNormBackward<'_, B::Storage>,
     want_input: bool,
     dw: Option<&Tensor<B::Storage>>,
     db: Option<&Tensor<B::Storage>>,
 ) -> Result<Option<Tensor<B::Storage>>> {
-    validate::layer_norm_backward_into(g, residual, x, mean, rstd, weight, dw, db)?;
+    validate::layer_norm_backward_into(ln, dw, db)?;
+    let LayerNormBackward {
+        g,
+        residual,
+        x,
+        mean,
+        rstd,
+        weight,
+    } = *ln;
     let want = [want_input, dw.is_some()];
     let grads = match residual {
-        Some(_) => b.layer_norm_backward_add(g, residual, x, mean, rstd, weight, want)?,
+        Some(_) => b.layer_norm_backward_add(ln, want)?,
         None => b.layer_norm_backward(g, x, mean, rstd, weight, want)?,
     };
     if let (Some(dw), Some(g_xhat)) = (dw, grads.g_xhat.as_ref()) {

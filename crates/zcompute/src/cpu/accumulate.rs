@@ -9,7 +9,7 @@
 use super::dense::{with, with2};
 use super::matmul::product;
 use super::{dense, math, par, reduce};
-use crate::backend::{LayerNormGrads, MatmulOpts, ReduceOp};
+use crate::backend::{LayerNormBackward, LayerNormGrads, MatmulOpts, ReduceOp};
 use crate::element::Element;
 use crate::error::Result;
 use crate::storage::CpuStorage;
@@ -140,18 +140,20 @@ impl<T: Element> LnBackward<'_, T> {
     }
 }
 
-/// LayerNorm's backward (`Backend::layer_norm_backward_add`'s formula; `residual` added to
+/// LayerNorm's backward (`NormOps::layer_norm_backward_add`'s formula; `residual` added to
 /// the input gradient when given), validated by the caller.
-#[allow(clippy::too_many_arguments)]
 fn ln_backward<T: Element>(
-    g: &CpuTensor<T>,
-    residual: Option<&CpuTensor<T>>,
-    x: &CpuTensor<T>,
-    mean: &CpuTensor<T>,
-    rstd: &CpuTensor<T>,
-    weight: Option<&CpuTensor<T>>,
+    ln: &LayerNormBackward<'_, CpuStorage<T>>,
     want: [bool; 2],
 ) -> Result<LayerNormGrads<CpuStorage<T>>> {
+    let LayerNormBackward {
+        g,
+        residual,
+        x,
+        mean,
+        rstd,
+        weight,
+    } = *ln;
     let n = x.shape().last().copied().unwrap_or(1);
     let (mv, rv) = (mean.to_vec(), rstd.to_vec());
     let w = weight.map(CpuTensor::to_vec);
@@ -218,21 +220,31 @@ pub(crate) fn layer_norm_backward<T: Element>(
     want: [bool; 2],
 ) -> Result<LayerNormGrads<CpuStorage<T>>> {
     validate::layer_norm_backward(g, x, mean, rstd, weight)?;
-    ln_backward(g, None, x, mean, rstd, weight, want)
+    let ln = LayerNormBackward {
+        g,
+        residual: None,
+        x,
+        mean,
+        rstd,
+        weight,
+    };
+    ln_backward(&ln, want)
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm_backward_add<T: Element>(
-    g: &CpuTensor<T>,
-    residual: Option<&CpuTensor<T>>,
-    x: &CpuTensor<T>,
-    mean: &CpuTensor<T>,
-    rstd: &CpuTensor<T>,
-    weight: Option<&CpuTensor<T>>,
+    ln: &LayerNormBackward<'_, CpuStorage<T>>,
     want: [bool; 2],
 ) -> Result<LayerNormGrads<CpuStorage<T>>> {
+    let LayerNormBackward {
+        g,
+        residual,
+        x,
+        mean,
+        rstd,
+        weight,
+    } = *ln;
     validate::layer_norm_backward_add(g, residual, x, mean, rstd, weight)?;
-    ln_backward(g, residual, x, mean, rstd, weight, want)
+    ln_backward(ln, want)
 }
 
 /// `y * (g - sum(g * y))` over the last axis, the composite's terms row by row.

@@ -3,7 +3,7 @@
 
 use super::{CpuBackend, accumulate, attention, fused, key_padding};
 use crate::attention::{AttentionOps, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads};
-use crate::backend::{BTensor, Backend, LayerNormGrads};
+use crate::backend::{BTensor, Backend, LayerNormBackward, LayerNormGrads};
 use crate::element::Element;
 use crate::error::Result;
 use crate::linear::{Activation, LinearOps};
@@ -64,18 +64,12 @@ impl<T: Element> NormOps<T> for CpuBackend {
         fused::add_layer_norm(a, b, weight, bias, eps)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn layer_norm_backward_add(
         &self,
-        g: &CpuTensor<T>,
-        residual: Option<&CpuTensor<T>>,
-        x: &CpuTensor<T>,
-        mean: &CpuTensor<T>,
-        rstd: &CpuTensor<T>,
-        weight: Option<&CpuTensor<T>>,
+        ln: &LayerNormBackward<'_, CpuStorage<T>>,
         want: [bool; 2],
     ) -> Result<LayerNormGrads<CpuStorage<T>>> {
-        accumulate::layer_norm_backward_add(g, residual, x, mean, rstd, weight, want)
+        accumulate::layer_norm_backward_add(ln, want)
     }
 }
 

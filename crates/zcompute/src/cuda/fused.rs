@@ -6,7 +6,7 @@
 
 use super::kernels::{self, Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaStorage, CudaTensor};
-use crate::backend::{LayerNormGrads, LayerNormOut};
+use crate::backend::{LayerNormBackward, LayerNormGrads, LayerNormOut};
 use crate::error::Result;
 use crate::linear::Activation;
 use crate::norm::AddLayerNormOut;
@@ -224,18 +224,20 @@ impl<D: Driver> CudaBackend<D> {
         })
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn layer_norm_backward_add_fused(
         &self,
-        g: &CudaTensor,
-        residual: Option<&CudaTensor>,
-        x: &CudaTensor,
-        mean: &CudaTensor,
-        rstd: &CudaTensor,
-        weight: Option<&CudaTensor>,
+        ln: &LayerNormBackward<'_, CudaStorage>,
         want: [bool; 2],
     ) -> Result<LayerNormGrads<CudaStorage>> {
         const OP: &str = "layer_norm_backward_add";
+        let LayerNormBackward {
+            g,
+            residual,
+            x,
+            mean,
+            rstd,
+            weight,
+        } = *ln;
         let validate::Rows { rows, n } =
             validate::layer_norm_backward_add(g, residual, x, mean, rstd, weight)?;
         let fresh = |on: bool| on.then(|| self.alloc(OP, x.shape())).transpose();

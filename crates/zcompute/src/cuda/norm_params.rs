@@ -8,7 +8,7 @@
 use super::attention::adjacent_span;
 use super::kernels::{Args, Kernel, ptr, u64a};
 use super::{CudaBackend, CudaStorage, CudaTensor};
-use crate::backend::LayerNormGrads;
+use crate::backend::{LayerNormBackward, LayerNormGrads};
 use crate::error::Result;
 use crate::norm::{AddLayerNormOut, NormOps};
 use crate::validate;
@@ -51,22 +51,23 @@ pub(crate) fn ln_params_config(n: usize, chunks: usize) -> LaunchConfig {
 }
 
 impl<D: Driver> CudaBackend<D> {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn layer_norm_backward_params_fused(
         &self,
-        g: &CudaTensor,
-        residual: Option<&CudaTensor>,
-        x: &CudaTensor,
-        mean: &CudaTensor,
-        rstd: &CudaTensor,
-        weight: Option<&CudaTensor>,
+        ln: &LayerNormBackward<'_, CudaStorage>,
         want_input: bool,
         dw: Option<&CudaTensor>,
         db: Option<&CudaTensor>,
     ) -> Result<Option<CudaTensor>> {
         const OP: &str = "layer_norm_backward_into";
-        let validate::Rows { rows, n } =
-            validate::layer_norm_backward_into(g, residual, x, mean, rstd, weight, dw, db)?;
+        let validate::Rows { rows, n } = validate::layer_norm_backward_into(ln, dw, db)?;
+        let LayerNormBackward {
+            g,
+            residual,
+            x,
+            mean,
+            rstd,
+            weight,
+        } = *ln;
         // The kernel adds into dense `[n]` buffers; with neither given it would be the plain
         // row kernel, which the composite already is.
         let dense_dst = |t: Option<&CudaTensor>| t.is_none_or(CudaTensor::is_contiguous);
@@ -79,9 +80,7 @@ impl<D: Driver> CudaBackend<D> {
             && dense_dst(db);
         if !fits {
             tracing::trace!(target: "zcompute.cuda.norm_params", op = OP, rows, n, "layer_norm_backward + sum_rows_into");
-            return crate::norm::layer_norm_backward_into(
-                self, g, residual, x, mean, rstd, weight, want_input, dw, db,
-            );
+            return crate::norm::layer_norm_backward_into(self, ln, want_input, dw, db);
         }
         let input = want_input.then(|| self.alloc(OP, x.shape())).transpose()?;
         if chunks > 1 && n <= LN_PARTIALS_MAX_N {
@@ -234,31 +233,19 @@ impl<D: Driver> NormOps<f32> for CudaBackend<D> {
 
     fn layer_norm_backward_add(
         &self,
-        g: &CudaTensor,
-        residual: Option<&CudaTensor>,
-        x: &CudaTensor,
-        mean: &CudaTensor,
-        rstd: &CudaTensor,
-        weight: Option<&CudaTensor>,
+        ln: &LayerNormBackward<'_, CudaStorage>,
         want: [bool; 2],
     ) -> Result<LayerNormGrads<CudaStorage>> {
-        self.layer_norm_backward_add_fused(g, residual, x, mean, rstd, weight, want)
+        self.layer_norm_backward_add_fused(ln, want)
     }
 
     fn layer_norm_backward_into(
         &self,
-        g: &CudaTensor,
-        residual: Option<&CudaTensor>,
-        x: &CudaTensor,
-        mean: &CudaTensor,
-        rstd: &CudaTensor,
-        weight: Option<&CudaTensor>,
+        ln: &LayerNormBackward<'_, CudaStorage>,
         want_input: bool,
         dw: Option<&CudaTensor>,
         db: Option<&CudaTensor>,
     ) -> Result<Option<CudaTensor>> {
-        self.layer_norm_backward_params_fused(
-            g, residual, x, mean, rstd, weight, want_input, dw, db,
-        )
+        self.layer_norm_backward_params_fused(ln, want_input, dw, db)
     }
 }

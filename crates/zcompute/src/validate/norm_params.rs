@@ -3,6 +3,7 @@
 
 use super::ops::Rows;
 use super::{disjoint_views, distinct, layer_norm_backward_add, same_shape, writable};
+use crate::backend::LayerNormBackward;
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
@@ -10,18 +11,20 @@ use crate::tensor::Tensor;
 /// `layer_norm_backward_into`: `layer_norm_backward_add`'s checks; `dw` and `db`, where given,
 /// shaped `[n]`, writable (no broadcast view) and in other memory than every operand read;
 /// they may be disjoint views of one buffer (a flat gradient buffer), not overlapping ones.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm_backward_into<S: Storage>(
-    g: &Tensor<S>,
-    residual: Option<&Tensor<S>>,
-    x: &Tensor<S>,
-    mean: &Tensor<S>,
-    rstd: &Tensor<S>,
-    weight: Option<&Tensor<S>>,
+    ln: &LayerNormBackward<'_, S>,
     dw: Option<&Tensor<S>>,
     db: Option<&Tensor<S>>,
 ) -> Result<Rows> {
     const OP: &str = "layer_norm_backward_into";
+    let LayerNormBackward {
+        g,
+        residual,
+        x,
+        mean,
+        rstd,
+        weight,
+    } = *ln;
     let r = layer_norm_backward_add(g, residual, x, mean, rstd, weight)?;
     let mut read: smallvec::SmallVec<[(&'static str, &Tensor<S>); 6]> =
         smallvec::smallvec![("g", g), ("x", x), ("mean", mean), ("rstd", rstd)];

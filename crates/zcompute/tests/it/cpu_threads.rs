@@ -7,7 +7,8 @@
 use zcompute::cpu::with_threads;
 use zcompute::prelude::*;
 use zcompute::{
-    Activation, AdamWConfig, Backend, BinaryOp, CpuBackend, CpuTensor, MatmulOpts, QkNorm, UnaryOp,
+    Activation, AdamWConfig, Backend, BinaryOp, CpuBackend, CpuTensor, LayerNormBackward,
+    MatmulOpts, QkNorm, UnaryOp,
 };
 
 type R<T> = zcompute::Result<T>;
@@ -129,12 +130,14 @@ fn rows_and_fused_ops_are_bitwise_the_same_at_any_thread_count() {
         let bias = t(&[257], 15);
         let ln = b.layer_norm(&x, Some(&w), Some(&bias), 1e-5)?;
         let back = b.layer_norm_backward_add(
-            &g,
-            Some(&x),
-            &x,
-            &ln.mean,
-            &ln.rstd,
-            Some(&w),
+            &LayerNormBackward {
+                g: &g,
+                residual: Some(&x),
+                x: &x,
+                mean: &ln.mean,
+                rstd: &ln.rstd,
+                weight: Some(&w),
+            },
             [true, true],
         )?;
         let sm = b.softmax_last(&x)?;

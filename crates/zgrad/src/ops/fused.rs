@@ -183,12 +183,14 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> {
         let needs = [self.needs[1], self.needs[2]];
         if let Some([dw, db]) = layer_norm_param_buffers(into, 2, n, needs) {
             let input = b.layer_norm_backward_into(
-                g_y,
-                g_h,
-                sum,
-                mean,
-                rstd,
-                weight,
+                &zcompute::LayerNormBackward {
+                    g: g_y,
+                    residual: g_h,
+                    x: sum,
+                    mean,
+                    rstd,
+                    weight,
+                },
                 self.needs[0],
                 dw,
                 db,
@@ -196,12 +198,14 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for AddLayerNormBackward<B, T> {
             return Ok(vec![input.clone(), input, None, None]);
         }
         let grads = b.layer_norm_backward_add(
-            g_y,
-            g_h,
-            sum,
-            mean,
-            rstd,
-            weight,
+            &zcompute::LayerNormBackward {
+                g: g_y,
+                residual: g_h,
+                x: sum,
+                mean,
+                rstd,
+                weight,
+            },
             [self.needs[0], self.needs[1]],
         )?;
         let [gw, gb] = layer_norm_param_grads(b, grads.g_xhat, g_y, self.needs[2], into, 2)?;

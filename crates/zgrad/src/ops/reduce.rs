@@ -132,12 +132,14 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
         let needs = [self.needs[1], self.needs[2]];
         if let Some([dw, db]) = layer_norm_param_buffers(into, 1, n, needs) {
             let input = b.layer_norm_backward_into(
-                g,
-                g_stream,
-                x,
-                mean,
-                rstd,
-                weight,
+                &zcompute::LayerNormBackward {
+                    g,
+                    residual: g_stream,
+                    x,
+                    mean,
+                    rstd,
+                    weight,
+                },
                 self.needs[0],
                 dw,
                 db,
@@ -147,7 +149,17 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LayerNormBackward<B, T> {
         let want = [self.needs[0], self.needs[1]];
         // The stream's gradient is added to the input's in the backward kernel itself.
         let grads = match g_stream {
-            Some(r) => b.layer_norm_backward_add(g, Some(r), x, mean, rstd, weight, want)?,
+            Some(r) => b.layer_norm_backward_add(
+                &zcompute::LayerNormBackward {
+                    g,
+                    residual: Some(r),
+                    x,
+                    mean,
+                    rstd,
+                    weight,
+                },
+                want,
+            )?,
             None => b.layer_norm_backward(g, x, mean, rstd, weight, want)?,
         };
         let [gw, gb] = layer_norm_param_grads(b, grads.g_xhat, g, self.needs[2], into, 1)?;

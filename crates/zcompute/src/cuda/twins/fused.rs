@@ -4,6 +4,7 @@
 //! kernels rely on (32 x 8 blocks, enough column tiles), which the GPU would not report.
 
 use super::{bad, checked, cpu_err, rows_tensor, usize_of};
+use crate::backend::LayerNormBackward;
 use crate::cpu::{CpuBackend, fused, math};
 use crate::cuda::kernels::Kernel;
 use crate::linear::Activation;
@@ -138,12 +139,14 @@ pub(super) fn layer_norm_backward_add(
     let want = [k.u32(10)? != 0, k.u32(11)? != 0];
     let r = NormOps::<f32>::layer_norm_backward_add(
         &CpuBackend,
-        &g,
-        residual.as_ref(),
-        &x,
-        &mean,
-        &rstd,
-        weight.as_ref(),
+        &LayerNormBackward {
+            g: &g,
+            residual: residual.as_ref(),
+            x: &x,
+            mean: &mean,
+            rstd: &rstd,
+            weight: weight.as_ref(),
+        },
         want,
     )
     .map_err(cpu_err)?;

@@ -7,6 +7,7 @@
 //! that does not match the chunks), which the GPU would not report.
 
 use super::{KernelArgs, bad, checked, cpu_err, rows_tensor, usize_of};
+use crate::backend::LayerNormBackward;
 use crate::cpu::CpuBackend;
 use crate::cuda::kernels::Kernel;
 use crate::cuda::norm_params::{
@@ -111,12 +112,14 @@ fn cpu_backward(
     };
     let r = NormOps::<f32>::layer_norm_backward_add(
         &CpuBackend,
-        &g,
-        residual.as_ref(),
-        &x,
-        &mean,
-        &rstd,
-        weight.as_ref(),
+        &LayerNormBackward {
+            g: &g,
+            residual: residual.as_ref(),
+            x: &x,
+            mean: &mean,
+            rstd: &rstd,
+            weight: weight.as_ref(),
+        },
         [want_gx, true],
     )
     .map_err(cpu_err)?;

@@ -8,7 +8,9 @@
 
 use crate::common::{rel_err, uniform};
 use zcompute::prelude::*;
-use zcompute::{Activation, Backend, CpuBackend, CpuTensor, CudaBackend, CudaTensor};
+use zcompute::{
+    Activation, Backend, CpuBackend, CpuTensor, CudaBackend, CudaTensor, LayerNormBackward,
+};
 use zdevice::Driver;
 
 const TOL: f64 = 1e-5;
@@ -134,23 +136,27 @@ pub fn add_layer_norm<D: Driver>(gpu: &CudaBackend<D>, shape: &[usize], view: bo
         for want_flags in [[true, true], [true, false], [false, true]] {
             let ours = gpu
                 .layer_norm_backward_add(
-                    &g,
-                    residual.then_some(&r),
-                    &ours.sum,
-                    &ours.norm.mean,
-                    &ours.norm.rstd,
-                    Some(&w),
+                    &LayerNormBackward {
+                        g: &g,
+                        residual: residual.then_some(&r),
+                        x: &ours.sum,
+                        mean: &ours.norm.mean,
+                        rstd: &ours.norm.rstd,
+                        weight: Some(&w),
+                    },
                     want_flags,
                 )
                 .expect("fused backward");
             let cpu = CPU
                 .layer_norm_backward_add(
-                    &gc,
-                    residual.then_some(&rc),
-                    &want.sum,
-                    &want.norm.mean,
-                    &want.norm.rstd,
-                    Some(&wc),
+                    &LayerNormBackward {
+                        g: &gc,
+                        residual: residual.then_some(&rc),
+                        x: &want.sum,
+                        mean: &want.norm.mean,
+                        rstd: &want.norm.rstd,
+                        weight: Some(&wc),
+                    },
                     want_flags,
                 )
                 .expect("cpu");

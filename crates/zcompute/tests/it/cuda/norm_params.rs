@@ -10,7 +10,9 @@
 
 use super::fused::{close, pair};
 use zcompute::prelude::*;
-use zcompute::{Backend, Capture, CpuBackend, CpuTensor, CudaBackend, CudaTensor};
+use zcompute::{
+    Backend, Capture, CpuBackend, CpuTensor, CudaBackend, CudaTensor, LayerNormBackward,
+};
 use zdevice::Driver;
 
 const CPU: CpuBackend = CpuBackend;
@@ -99,12 +101,14 @@ fn run_device<D: Driver>(
     let (dw, db) = views(&flat, n, params);
     let input = gpu
         .layer_norm_backward_into(
-            &o.g.0,
-            o.residual.as_ref().map(|r| &r.0),
-            &o.x.0,
-            &o.mean.0,
-            &o.rstd.0,
-            o.weight.as_ref().map(|w| &w.0),
+            &LayerNormBackward {
+                g: &o.g.0,
+                residual: o.residual.as_ref().map(|r| &r.0),
+                x: &o.x.0,
+                mean: &o.mean.0,
+                rstd: &o.rstd.0,
+                weight: o.weight.as_ref().map(|w| &w.0),
+            },
             want_input,
             dw.as_ref(),
             db.as_ref(),
@@ -134,12 +138,14 @@ pub fn parity<D: Driver>(
             let (dwc, dbc) = views(&flatc, n, params);
             let inputc = CPU
                 .layer_norm_backward_into(
-                    &o.g.1,
-                    o.residual.as_ref().map(|r| &r.1),
-                    &o.x.1,
-                    &o.mean.1,
-                    &o.rstd.1,
-                    o.weight.as_ref().map(|w| &w.1),
+                    &LayerNormBackward {
+                        g: &o.g.1,
+                        residual: o.residual.as_ref().map(|r| &r.1),
+                        x: &o.x.1,
+                        mean: &o.mean.1,
+                        rstd: &o.rstd.1,
+                        weight: o.weight.as_ref().map(|w| &w.1),
+                    },
                     want_input,
                     dwc.as_ref(),
                     dbc.as_ref(),
@@ -184,12 +190,14 @@ fn step<D: Driver>(be: &CudaBackend<D>, o: &[CudaTensor; 6], gx: &CudaTensor, fl
     let (dw, db) = views(flat, n, [true, true]);
     let input = be
         .layer_norm_backward_into(
-            &o[0],
-            Some(&o[1]),
-            &o[2],
-            &o[3],
-            &o[4],
-            Some(&o[5]),
+            &LayerNormBackward {
+                g: &o[0],
+                residual: Some(&o[1]),
+                x: &o[2],
+                mean: &o[3],
+                rstd: &o[4],
+                weight: Some(&o[5]),
+            },
             true,
             dw.as_ref(),
             db.as_ref(),

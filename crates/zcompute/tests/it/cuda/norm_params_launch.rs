@@ -7,7 +7,7 @@
 
 use super::norm_params::operands;
 use zcompute::prelude::*;
-use zcompute::{Backend, CpuBackend, CudaBackend, CudaTensor, SimDriver};
+use zcompute::{Backend, CpuBackend, CudaBackend, CudaTensor, LayerNormBackward, SimDriver};
 use zdevice::sim::calls::LAUNCH_KERNEL;
 
 const CPU: CpuBackend = CpuBackend;
@@ -45,12 +45,14 @@ fn counts(rows: usize, n: usize, strided_db: bool) -> (usize, usize) {
     };
     let fused = launches(&gpu, &flat, || {
         gpu.layer_norm_backward_into(
-            &g,
-            Some(&res),
-            &x,
-            &mean,
-            &rstd,
-            Some(&w),
+            &LayerNormBackward {
+                g: &g,
+                residual: Some(&res),
+                x: &x,
+                mean: &mean,
+                rstd: &rstd,
+                weight: Some(&w),
+            },
             true,
             Some(&dw),
             Some(&db),
@@ -61,7 +63,17 @@ fn counts(rows: usize, n: usize, strided_db: bool) -> (usize, usize) {
     // What zgrad ran before: the backward kernel writing g * xhat, then a column sum each.
     let unfused = launches(&gpu, &flat, || {
         let r = gpu
-            .layer_norm_backward_add(&g, Some(&res), &x, &mean, &rstd, Some(&w), [true, true])
+            .layer_norm_backward_add(
+                &LayerNormBackward {
+                    g: &g,
+                    residual: Some(&res),
+                    x: &x,
+                    mean: &mean,
+                    rstd: &rstd,
+                    weight: Some(&w),
+                },
+                [true, true],
+            )
             .expect("backward");
         gpu.sum_rows_into(r.g_xhat.as_ref().unwrap(), &dw)
             .expect("dw");
@@ -122,12 +134,14 @@ fn the_one_launch_is_the_params_kernel() {
         let flat = gpu.zeros(&[2 * n]).unwrap();
         let (dw, db) = (flat.narrow(0, 0, n).unwrap(), flat.narrow(0, n, n).unwrap());
         gpu.layer_norm_backward_into(
-            &g,
-            None,
-            &x,
-            &mean,
-            &rstd,
-            Some(&w),
+            &LayerNormBackward {
+                g: &g,
+                residual: None,
+                x: &x,
+                mean: &mean,
+                rstd: &rstd,
+                weight: Some(&w),
+            },
             true,
             Some(&dw),
             Some(&db),
@@ -156,23 +170,27 @@ fn adjacent_gradient_views_of_one_buffer_are_accepted_on_both_backends() {
     let (gc, xc, mc) = (host(&[rows, n]), host(&[rows, n]), host(&[rows, 1]));
     let (flat, hflat) = (dev(&[3 * n]), host(&[3 * n]));
     let r = gpu.layer_norm_backward_into(
-        &g,
-        None,
-        &x,
-        &m,
-        &m,
-        None,
+        &LayerNormBackward {
+            g: &g,
+            residual: None,
+            x: &x,
+            mean: &m,
+            rstd: &m,
+            weight: None,
+        },
         true,
         Some(&flat.narrow(0, 0, n).unwrap()),
         Some(&flat.narrow(0, n, n).unwrap()),
     );
     let rc = CPU.layer_norm_backward_into(
-        &gc,
-        None,
-        &xc,
-        &mc,
-        &mc,
-        None,
+        &LayerNormBackward {
+            g: &gc,
+            residual: None,
+            x: &xc,
+            mean: &mc,
+            rstd: &mc,
+            weight: None,
+        },
         true,
         Some(&hflat.narrow(0, 0, n).unwrap()),
         Some(&hflat.narrow(0, n, n).unwrap()),

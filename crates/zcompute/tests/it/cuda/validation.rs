@@ -11,7 +11,7 @@
 use super::bodies::{View, input};
 use zcompute::{
     Activation, AdamWConfig, BTensor, Backend, BinaryOp, ComputeError, CpuBackend, CudaBackend,
-    MatmulOpts, ReduceOp,
+    LayerNormBackward, MatmulOpts, ReduceOp,
 };
 use zdevice::Driver;
 
@@ -172,10 +172,32 @@ fn run<B: zcompute::Ops<f32>>(
             .map(drop),
         Op::AddLayerNorm(eps) => b.add_layer_norm(t(0), t(1), opt(2), opt(3), eps).map(drop),
         Op::LayerNormBackwardAdd => b
-            .layer_norm_backward_add(t(0), opt(1), t(2), t(3), t(4), opt(5), [true, true])
+            .layer_norm_backward_add(
+                &LayerNormBackward {
+                    g: t(0),
+                    residual: opt(1),
+                    x: t(2),
+                    mean: t(3),
+                    rstd: t(4),
+                    weight: opt(5),
+                },
+                [true, true],
+            )
             .map(drop),
         Op::LayerNormBackwardInto => b
-            .layer_norm_backward_into(t(0), opt(1), t(2), t(3), t(4), opt(5), true, opt(6), opt(7))
+            .layer_norm_backward_into(
+                &LayerNormBackward {
+                    g: t(0),
+                    residual: opt(1),
+                    x: t(2),
+                    mean: t(3),
+                    rstd: t(4),
+                    weight: opt(5),
+                },
+                true,
+                opt(6),
+                opt(7),
+            )
             .map(drop),
         Op::PoolHeadBce => b.pool_head_bce(t(0), t(1), t(2), t(3)).map(drop),
         Op::PoolHeadBceBackward => b
