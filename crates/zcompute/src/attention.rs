@@ -19,7 +19,8 @@ use crate::validate;
 
 mod key_padding;
 pub use key_padding::{
-    KeyPaddingAttentionGrads, key_padding_composite_backward, key_padding_composite_forward,
+    KeyPaddingAttention, KeyPaddingAttentionGrads, key_padding_composite_backward,
+    key_padding_composite_forward,
 };
 
 /// The QK-norm parameters and the head split of attention's core: LayerNorm weight and bias of
@@ -94,28 +95,33 @@ pub trait AttentionOps<T: Element>: Backend<T> {
     /// row; the provided body is the composite of the op set.
     fn key_padding_attention(
         &self,
-        q: &BTensor<Self, T>,
-        k: &BTensor<Self, T>,
-        v: &BTensor<Self, T>,
-        key_keep: Option<&BTensor<Self, T>>,
-        scale: T,
+        att: &KeyPaddingAttention<'_, Self::Storage>,
     ) -> Result<BTensor<Self, T>> {
+        let KeyPaddingAttention {
+            q,
+            k,
+            v,
+            key_keep,
+            scale,
+        } = *att;
         key_padding_composite_forward(self, q, k, v, key_keep, scale)
     }
 
     /// The backward of [`AttentionOps::key_padding_attention`] from the output gradient
     /// `g [B, Sq, dv]`: the gradients of q, k and v (zero for padded keys and for queries whose
     /// keys are all padding), recomputing the forward. Deterministic on every backend.
-    #[allow(clippy::too_many_arguments)]
     fn key_padding_attention_backward(
         &self,
         g: &BTensor<Self, T>,
-        q: &BTensor<Self, T>,
-        k: &BTensor<Self, T>,
-        v: &BTensor<Self, T>,
-        key_keep: Option<&BTensor<Self, T>>,
-        scale: T,
+        att: &KeyPaddingAttention<'_, Self::Storage>,
     ) -> Result<KeyPaddingAttentionGrads<Self::Storage>> {
+        let KeyPaddingAttention {
+            q,
+            k,
+            v,
+            key_keep,
+            scale,
+        } = *att;
         key_padding_composite_backward(self, g, q, k, v, key_keep, scale)
     }
 }

@@ -40,7 +40,8 @@ pub mod tensor;
 mod validate;
 
 pub use attention::{
-    AttentionOps, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto,
+    AttentionOps, KeyPaddingAttention, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads,
+    QkNormAttentionGradsInto,
 };
 pub use backend::{
     ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, AllocClass, BTensor, Backend,

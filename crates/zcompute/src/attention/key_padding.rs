@@ -17,6 +17,26 @@ use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::validate::{self, KeyPadding};
 
+/// Key-padding attention's operands by name ([`super::AttentionOps::key_padding_attention`]
+/// and its backward): `q [B, Sq, dk]`, `k [B, Sk, dk]`, `v [B, Sk, dv]`, the key mask
+/// `key_keep [B, Sk]` (1 keep, 0 padding; `None`: every key kept) and the scores' scale.
+#[derive(Debug)]
+pub struct KeyPaddingAttention<'a, S: Storage> {
+    pub q: &'a Tensor<S>,
+    pub k: &'a Tensor<S>,
+    pub v: &'a Tensor<S>,
+    pub key_keep: Option<&'a Tensor<S>>,
+    pub scale: S::Elem,
+}
+
+// Borrows and a number: copied whatever the storage (a derive would ask `S: Copy`).
+impl<S: Storage> Clone for KeyPaddingAttention<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S: Storage> Copy for KeyPaddingAttention<'_, S> {}
+
 /// What [`super::AttentionOps::key_padding_attention_backward`] returns: the gradients of q, k
 /// and v, each of its input's shape.
 #[derive(Clone, Debug)]

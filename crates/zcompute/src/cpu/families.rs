@@ -2,7 +2,9 @@
 //! (`attention.rs`, `fused.rs`), the provided composites for the rest.
 
 use super::{CpuBackend, accumulate, attention, fused, key_padding};
-use crate::attention::{AttentionOps, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads};
+use crate::attention::{
+    AttentionOps, KeyPaddingAttention, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads,
+};
 use crate::backend::{BTensor, Backend, LayerNormBackward, LayerNormGrads};
 use crate::element::Element;
 use crate::error::Result;
@@ -93,24 +95,30 @@ impl<T: Element> AttentionOps<T> for CpuBackend {
 
     fn key_padding_attention(
         &self,
-        q: &CpuTensor<T>,
-        k: &CpuTensor<T>,
-        v: &CpuTensor<T>,
-        key_keep: Option<&CpuTensor<T>>,
-        scale: T,
+        att: &KeyPaddingAttention<'_, CpuStorage<T>>,
     ) -> Result<CpuTensor<T>> {
+        let KeyPaddingAttention {
+            q,
+            k,
+            v,
+            key_keep,
+            scale,
+        } = *att;
         key_padding::forward(q, k, v, key_keep, scale)
     }
 
     fn key_padding_attention_backward(
         &self,
         g: &CpuTensor<T>,
-        q: &CpuTensor<T>,
-        k: &CpuTensor<T>,
-        v: &CpuTensor<T>,
-        key_keep: Option<&CpuTensor<T>>,
-        scale: T,
+        att: &KeyPaddingAttention<'_, CpuStorage<T>>,
     ) -> Result<KeyPaddingAttentionGrads<CpuStorage<T>>> {
+        let KeyPaddingAttention {
+            q,
+            k,
+            v,
+            key_keep,
+            scale,
+        } = *att;
         key_padding::backward(g, q, k, v, key_keep, scale)
     }
 }

@@ -9,8 +9,8 @@ use super::kernels::{Args, Kernel, ptr};
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::attention::AttentionOps;
 use crate::attention::{
-    KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads, QkNormAttentionGradsInto,
-    composite_backward, composite_forward,
+    KeyPaddingAttention, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads,
+    QkNormAttentionGradsInto, composite_backward, composite_forward,
 };
 use crate::backend::{Backend, ReduceOp};
 use crate::error::Result;
@@ -325,25 +325,17 @@ impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
 
     fn key_padding_attention(
         &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        key_keep: Option<&CudaTensor>,
-        scale: f32,
+        att: &KeyPaddingAttention<'_, CudaStorage>,
     ) -> Result<CudaTensor> {
-        self.key_padding_attention_fused(q, k, v, key_keep, scale)
+        self.key_padding_attention_fused(att)
     }
 
     fn key_padding_attention_backward(
         &self,
         g: &CudaTensor,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        key_keep: Option<&CudaTensor>,
-        scale: f32,
+        att: &KeyPaddingAttention<'_, CudaStorage>,
     ) -> Result<KeyPaddingAttentionGrads<CudaStorage>> {
-        self.key_padding_attention_backward_fused(g, q, k, v, key_keep, scale)
+        self.key_padding_attention_backward_fused(g, att)
     }
 }
 

@@ -7,7 +7,8 @@
 use super::kernels::{Args, Kernel, ptr};
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::attention::{
-    KeyPaddingAttentionGrads, key_padding_composite_backward, key_padding_composite_forward,
+    KeyPaddingAttention, KeyPaddingAttentionGrads, key_padding_composite_backward,
+    key_padding_composite_forward,
 };
 use crate::error::Result;
 use crate::validate::{self, KeyPadding};
@@ -77,13 +78,16 @@ impl<D: Driver> CudaBackend<D> {
 
     pub(crate) fn key_padding_attention_fused(
         &self,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        key_keep: Option<&CudaTensor>,
-        scale: f32,
+        att: &KeyPaddingAttention<'_, CudaStorage>,
     ) -> Result<CudaTensor> {
         const OP: &str = "key_padding_attention";
+        let KeyPaddingAttention {
+            q,
+            k,
+            v,
+            key_keep,
+            scale,
+        } = *att;
         let a = validate::key_padding_attention(OP, q, k, v, key_keep, scale)?;
         let kernel = Kernel::KeyPaddingAttention;
         let Some(config) = launch_config(kernel, a) else {
@@ -98,17 +102,19 @@ impl<D: Driver> CudaBackend<D> {
         Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn key_padding_attention_backward_fused(
         &self,
         g: &CudaTensor,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        key_keep: Option<&CudaTensor>,
-        scale: f32,
+        att: &KeyPaddingAttention<'_, CudaStorage>,
     ) -> Result<KeyPaddingAttentionGrads<CudaStorage>> {
         const OP: &str = "key_padding_attention_backward";
+        let KeyPaddingAttention {
+            q,
+            k,
+            v,
+            key_keep,
+            scale,
+        } = *att;
         let a = validate::key_padding_attention_backward(g, q, k, v, key_keep, scale)?;
         let (query, key) = (
             Kernel::KeyPaddingAttentionBackwardQ,

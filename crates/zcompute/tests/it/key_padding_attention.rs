@@ -10,7 +10,7 @@
 use crate::common::{CPU, TOL, rel_err, rel_err64, uniform};
 use zcompute::attention::{key_padding_composite_backward, key_padding_composite_forward};
 use zcompute::prelude::*;
-use zcompute::{BTensor, Backend, CudaBackend, Driver, Element};
+use zcompute::{BTensor, Backend, CudaBackend, Driver, Element, KeyPaddingAttention};
 
 /// A shape: `q [batch, q_len, dk]`, `k [batch, k_len, dk]`, `v [batch, k_len, dv]`, and which
 /// mask (`Mask::None`: no mask).
@@ -102,8 +102,23 @@ pub fn run<B: Ops<T>, T: Element>(b: &B, c: Case, composite: bool) -> Results {
         )
     } else {
         (
-            b.key_padding_attention(&q, &k, &v, keep, scale),
-            b.key_padding_attention_backward(&g, &q, &k, &v, keep, scale),
+            b.key_padding_attention(&KeyPaddingAttention {
+                q: &q,
+                k: &k,
+                v: &v,
+                key_keep: keep,
+                scale,
+            }),
+            b.key_padding_attention_backward(
+                &g,
+                &KeyPaddingAttention {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    key_keep: keep,
+                    scale,
+                },
+            ),
         )
     };
     let (out, r) = (out.expect("forward"), grads.expect("backward"));
@@ -194,10 +209,25 @@ pub fn per_sample_equals_batched<B: Ops<f32>>(b: &B) {
             batched(&g, sq, dv),
         );
         let out = b
-            .key_padding_attention(&q, &k, &v, Some(&keep), scale)
+            .key_padding_attention(&KeyPaddingAttention {
+                q: &q,
+                k: &k,
+                v: &v,
+                key_keep: Some(&keep),
+                scale,
+            })
             .unwrap();
         let r = b
-            .key_padding_attention_backward(&g, &q, &k, &v, Some(&keep), scale)
+            .key_padding_attention_backward(
+                &g,
+                &KeyPaddingAttention {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    key_keep: Some(&keep),
+                    scale,
+                },
+            )
             .unwrap();
         [down(b, &out), down(b, &r.q), down(b, &r.k), down(b, &r.v)]
     };
@@ -213,10 +243,25 @@ pub fn per_sample_equals_batched<B: Ops<f32>>(b: &B) {
         );
         let m1 = one(&keep, 1, sk).reshape(&[1, sk]).unwrap();
         let out = b
-            .key_padding_attention(&q1, &k1, &v1, Some(&m1), scale)
+            .key_padding_attention(&KeyPaddingAttention {
+                q: &q1,
+                k: &k1,
+                v: &v1,
+                key_keep: Some(&m1),
+                scale,
+            })
             .unwrap();
         let r = b
-            .key_padding_attention_backward(&g1, &q1, &k1, &v1, Some(&m1), scale)
+            .key_padding_attention_backward(
+                &g1,
+                &KeyPaddingAttention {
+                    q: &q1,
+                    k: &k1,
+                    v: &v1,
+                    key_keep: Some(&m1),
+                    scale,
+                },
+            )
             .unwrap();
         let alone = [down(b, &out), down(b, &r.q), down(b, &r.k), down(b, &r.v)];
         for (i, (name, w)) in NAMES
@@ -247,8 +292,23 @@ fn into<B: Ops<f32>>(
 ) -> zcompute::Result<()> {
     let [q, k, v, g] = qkvg;
     let scale = 0.25;
-    let out = b.key_padding_attention(q, k, v, Some(keep), scale)?;
-    let r = b.key_padding_attention_backward(g, q, k, v, Some(keep), scale)?;
+    let out = b.key_padding_attention(&KeyPaddingAttention {
+        q,
+        k,
+        v,
+        key_keep: Some(keep),
+        scale,
+    })?;
+    let r = b.key_padding_attention_backward(
+        g,
+        &KeyPaddingAttention {
+            q,
+            k,
+            v,
+            key_keep: Some(keep),
+            scale,
+        },
+    )?;
     for (t, dst) in [out, r.q, r.k, r.v].iter().zip(outs) {
         b.copy_into(t, dst)?;
     }
@@ -306,8 +366,23 @@ pub fn errors<B: Ops<f32>>(b: &B) {
     fn first_error<B: Ops<f32>>(b: &B, shapes: [&[usize]; 5]) -> String {
         let t = |s: &[usize]| b.zeros(s).expect("zeros");
         let [q, k, v, keep, g] = shapes.map(t);
-        let fwd = b.key_padding_attention(&q, &k, &v, Some(&keep), 0.5);
-        let bwd = b.key_padding_attention_backward(&g, &q, &k, &v, Some(&keep), 0.5);
+        let fwd = b.key_padding_attention(&KeyPaddingAttention {
+            q: &q,
+            k: &k,
+            v: &v,
+            key_keep: Some(&keep),
+            scale: 0.5,
+        });
+        let bwd = b.key_padding_attention_backward(
+            &g,
+            &KeyPaddingAttention {
+                q: &q,
+                k: &k,
+                v: &v,
+                key_keep: Some(&keep),
+                scale: 0.5,
+            },
+        );
         let show = |r: Result<(), zcompute::ComputeError>| match r {
             Ok(()) => "ok".to_string(),
             Err(e) => format!("{e:?}"),
@@ -344,13 +419,13 @@ pub fn errors<B: Ops<f32>>(b: &B) {
     // A non-finite scale is refused.
     let t = |s: &[usize]| b.zeros(s).expect("zeros");
     let e = b
-        .key_padding_attention(
-            &t(&[1, 2, 2]),
-            &t(&[1, 2, 2]),
-            &t(&[1, 2, 2]),
-            None,
-            f32::NAN,
-        )
+        .key_padding_attention(&KeyPaddingAttention {
+            q: &t(&[1, 2, 2]),
+            k: &t(&[1, 2, 2]),
+            v: &t(&[1, 2, 2]),
+            key_keep: None,
+            scale: f32::NAN,
+        })
         .unwrap_err();
     assert!(format!("{e:?}").contains("scale"), "{e:?}");
 }

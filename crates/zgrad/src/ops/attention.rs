@@ -131,7 +131,16 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for KeyPaddingAttentionBackward<B, 
         let g = only(grads)?;
         let [q, k, v] = [0, 1, 2].map(|i| self.saved[i].get(KEY_PADDING));
         let keep = self.keep.as_ref().map(|m| m.get(KEY_PADDING)).transpose()?;
-        let r = b.key_padding_attention_backward(g, q?, k?, v?, keep, self.scale)?;
+        let r = b.key_padding_attention_backward(
+            g,
+            &zcompute::KeyPaddingAttention {
+                q: q?,
+                k: k?,
+                v: v?,
+                key_keep: keep,
+                scale: self.scale,
+            },
+        )?;
         Ok([r.q, r.k, r.v]
             .into_iter()
             .zip(self.needs)
@@ -158,7 +167,13 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
         let inputs = [q, k, v];
         let tracked = self.tracks(KEY_PADDING, &inputs)?;
         let out = self.run(tracked, |b| {
-            b.key_padding_attention(&q.value, &k.value, &v.value, key_keep, scale)
+            b.key_padding_attention(&zcompute::KeyPaddingAttention {
+                q: &q.value,
+                k: &k.value,
+                v: &v.value,
+                key_keep,
+                scale,
+            })
         })?;
         if !tracked {
             return Ok(self.constant(out));
