@@ -5,6 +5,7 @@
 //! reduction (no atomics): the same bits on every run.
 
 use super::kernels::{self, Args, Kernel, ptr, u64a};
+use super::rows::ColumnReduction;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::ReduceOp;
 use crate::error::Result;
@@ -23,10 +24,26 @@ impl<D: Driver> CudaBackend<D> {
         }
         let src = self.dense(OP, x)?;
         if dst.is_contiguous() {
-            return self.reduce_cols(OP, ReduceOp::Sum, dst, &src, (1, rows, n), rows, true);
+            return self.reduce_cols(ColumnReduction {
+                name: OP,
+                op: ReduceOp::Sum,
+                out: dst,
+                src: &src,
+                shape: (1, rows, n),
+                count: rows,
+                accumulate: true,
+            });
         }
         let sum = self.alloc(OP, &[n])?;
-        self.reduce_cols(OP, ReduceOp::Sum, &sum, &src, (1, rows, n), rows, false)?;
+        self.reduce_cols(ColumnReduction {
+            name: OP,
+            op: ReduceOp::Sum,
+            out: &sum,
+            src: &src,
+            shape: (1, rows, n),
+            count: rows,
+            accumulate: false,
+        })?;
         self.add_into_fused(&sum, dst)
     }
 }

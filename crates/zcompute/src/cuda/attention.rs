@@ -6,6 +6,7 @@
 //! `qk_norm_attention_backward_into`): no atomics, two runs give the same bits.
 
 use super::kernels::{Args, Kernel, ptr};
+use super::rows::ColumnReduction;
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::attention::AttentionOps;
 use crate::attention::{
@@ -211,15 +212,15 @@ impl<D: Driver> CudaBackend<D> {
         // [4, dh], then a view per parameter.
         let rows = a.batch * a.heads;
         let sums = self.alloc(OP, &[4, a.dh])?;
-        self.reduce_cols(
-            OP,
-            ReduceOp::Sum,
-            &sums,
-            &partials,
-            (4, rows, a.dh),
-            rows,
-            false,
-        )?;
+        self.reduce_cols(ColumnReduction {
+            name: OP,
+            op: ReduceOp::Sum,
+            out: &sums,
+            src: &partials,
+            shape: (4, rows, a.dh),
+            count: rows,
+            accumulate: false,
+        })?;
         let part = |k: usize| sums.narrow(0, k, 1)?.reshape(&[a.dh]);
         Ok(QkNormAttentionGrads {
             qkv: g_qkv,
@@ -247,15 +248,15 @@ impl<D: Driver> CudaBackend<D> {
         };
         let rows = a.batch * a.heads;
         if let Some(span) = adjacent_span(&param_grads, a.dh)? {
-            self.reduce_cols(
-                OP,
-                ReduceOp::Sum,
-                &span,
-                &partials,
-                (4, rows, a.dh),
-                rows,
-                true,
-            )?;
+            self.reduce_cols(ColumnReduction {
+                name: OP,
+                op: ReduceOp::Sum,
+                out: &span,
+                src: &partials,
+                shape: (4, rows, a.dh),
+                count: rows,
+                accumulate: true,
+            })?;
             return Ok(QkNormAttentionGradsInto {
                 qkv: g_qkv,
                 params: [None, None, None, None],

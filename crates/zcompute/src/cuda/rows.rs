@@ -11,6 +11,21 @@ use crate::error::Result;
 use crate::validate;
 use zdevice::{DevicePtr, Driver, KernelArg};
 
+/// A column reduction by name ([`CudaBackend::reduce_cols`]): the middle axis of the dense
+/// `[outer, n, inner]` tensor `src` (`shape`) reduced by `op` into `out` (`[outer, inner]`),
+/// a mean dividing by `count`, a sum added into `out` with `accumulate`; `name` is the op the
+/// launches are logged and refused under.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ColumnReduction<'a> {
+    pub(super) name: &'static str,
+    pub(super) op: ReduceOp,
+    pub(super) out: &'a CudaTensor,
+    pub(super) src: &'a CudaTensor,
+    pub(super) shape: (usize, usize, usize),
+    pub(super) count: usize,
+    pub(super) accumulate: bool,
+}
+
 impl<D: Driver> CudaBackend<D> {
     pub(crate) fn reduce_axis(
         &self,
@@ -33,7 +48,15 @@ impl<D: Driver> CudaBackend<D> {
         if inner > 1 {
             // A leading or middle axis: reduce the columns in place rather than transposing.
             let src = self.dense(name, x)?;
-            self.reduce_cols(name, op, &out, &src, (rows / inner, n, inner), n, false)?;
+            self.reduce_cols(ColumnReduction {
+                name,
+                op,
+                out: &out,
+                src: &src,
+                shape: (rows / inner, n, inner),
+                count: n,
+                accumulate: false,
+            })?;
             return Ok(out);
         }
         let src = self.dense(name, x)?;
@@ -53,15 +76,15 @@ impl<D: Driver> CudaBackend<D> {
             .collect();
             let config = kernels::rows_split_config(rows, parts);
             self.launch(name, Kernel::ReduceRowsSplit, config, &args)?;
-            self.reduce_cols(
+            self.reduce_cols(ColumnReduction {
                 name,
                 op,
-                &out,
-                &partial,
-                (1, parts as usize, rows),
-                n,
-                false,
-            )?;
+                out: &out,
+                src: &partial,
+                shape: (1, parts as usize, rows),
+                count: n,
+                accumulate: false,
+            })?;
             return Ok(out);
         }
         let args: Args = [
@@ -84,18 +107,8 @@ impl<D: Driver> CudaBackend<D> {
     /// A mean divides by `count` (the reduced axis's length, also when `src` holds partials).
     /// With `accumulate` (a sum into a dense `out`) the last pass adds into `out` instead of
     /// overwriting it.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn reduce_cols(
-        &self,
-        name: &'static str,
-        op: ReduceOp,
-        out: &CudaTensor,
-        src: &CudaTensor,
-        shape: (usize, usize, usize),
-        count: usize,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.reduce_cols_passes(name, op, out, src, shape, count, accumulate, false)
+    pub(super) fn reduce_cols(&self, r: ColumnReduction<'_>) -> Result<()> {
+        self.reduce_cols_passes(r, false)
     }
 
     /// Sums the `[outer, n, inner]` partials another kernel left (a chunk's sums per row of
@@ -109,35 +122,31 @@ impl<D: Driver> CudaBackend<D> {
         shape: (usize, usize, usize),
         accumulate: bool,
     ) -> Result<()> {
-        self.reduce_cols_passes(
+        let r = ColumnReduction {
             name,
-            ReduceOp::Sum,
+            op: ReduceOp::Sum,
             out,
             src,
             shape,
-            shape.1,
+            count: shape.1,
             accumulate,
-            true,
-        )
+        };
+        self.reduce_cols_passes(r, true)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_cols_passes(
-        &self,
-        name: &'static str,
-        op: ReduceOp,
-        out: &CudaTensor,
-        src: &CudaTensor,
-        (outer, n, inner): (usize, usize, usize),
-        count: usize,
-        accumulate: bool,
-        mut partials: bool,
-    ) -> Result<()> {
+    fn reduce_cols_passes(&self, r: ColumnReduction<'_>, mut partials: bool) -> Result<()> {
+        let ColumnReduction {
+            name,
+            op,
+            out,
+            src,
+            shape: (outer, n, inner),
+            count,
+            accumulate,
+        } = r;
         let code = if op == ReduceOp::Max { 2 } else { 0 };
         let total = count as f32;
-        if !partials
-            && self.reduce_cols_once(name, op, out, src, (outer, n, inner), count, accumulate)?
-        {
+        if !partials && self.reduce_cols_once(r)? {
             return Ok(());
         }
         let (mut src, mut outer, mut n, mut inner) = (src.clone(), outer, n, inner);
@@ -188,17 +197,16 @@ impl<D: Driver> CudaBackend<D> {
     /// would, so the bits are the two launches'), when its shape allows: more than one chunk,
     /// partials that one pass finishes, a ticket for every tile. `false` (nothing launched)
     /// otherwise.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_cols_once(
-        &self,
-        name: &'static str,
-        op: ReduceOp,
-        out: &CudaTensor,
-        src: &CudaTensor,
-        (outer, n, inner): (usize, usize, usize),
-        count: usize,
-        accumulate: bool,
-    ) -> Result<bool> {
+    fn reduce_cols_once(&self, r: ColumnReduction<'_>) -> Result<bool> {
+        let ColumnReduction {
+            name,
+            op,
+            out,
+            src,
+            shape: (outer, n, inner),
+            count,
+            accumulate,
+        } = r;
         let (chunk, chunks) = kernels::cols_chunking(outer, n, inner);
         let tiles = outer.saturating_mul(inner.div_ceil(32));
         let Some(tickets) = self.tickets() else {
