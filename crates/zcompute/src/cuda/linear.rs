@@ -123,20 +123,38 @@ fn act_code(act: Activation) -> u32 {
     }
 }
 
+/// One small-row launch by name ([`CudaBackend::launch_rows`]): `plan` for
+/// `out = act(op(a) · op(b) + bias) + residual + beta * out` at sizes `(m, k, n)`, `out` and
+/// `residual` dense `[m, n]`; `op` is the op the launch is logged and refused under.
+#[derive(Clone, Copy, Debug)]
+struct RowsLaunch<'a> {
+    op: &'static str,
+    plan: &'a RowsPlan,
+    dims: (usize, usize, usize),
+    a: &'a CudaTensor,
+    b: &'a CudaTensor,
+    bias: Option<&'a CudaTensor>,
+    act: Activation,
+    residual: Option<&'a CudaTensor>,
+    out: &'a CudaTensor,
+    beta: f32,
+}
+
 impl<D: Driver> CudaBackend<D> {
-    /// Launches `plan` for `out = act(op(a) · op(b) + bias) + residual + beta * out`, `out`
-    /// and `residual` dense `[m, n]`.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_rows(
-        &self,
-        op: &'static str,
-        plan: &RowsPlan,
-        (m, k, n): (usize, usize, usize),
-        (a, b): (&CudaTensor, &CudaTensor),
-        (bias, act, residual): (Option<&CudaTensor>, Activation, Option<&CudaTensor>),
-        out: &CudaTensor,
-        beta: f32,
-    ) -> Result<()> {
+    /// Launches the small-row kernel `l.plan` names (see [`RowsLaunch`]).
+    fn launch_rows(&self, l: RowsLaunch<'_>) -> Result<()> {
+        let RowsLaunch {
+            op,
+            plan,
+            dims: (m, k, n),
+            a,
+            b,
+            bias,
+            act,
+            residual,
+            out,
+            beta,
+        } = l;
         tracing::trace!(
             target: "zcompute.cuda.linear",
             op, m, k, n, beta, kernel = plan.kernel.spec().name, blocks = plan.config.grid.0,
@@ -168,7 +186,6 @@ impl<D: Driver> CudaBackend<D> {
     /// `out = op(a) · op(b) + beta * out` through the small-row kernel when one batch of
     /// `m <= LINEAR_ROW_LIMIT` rows in an order it reads; `false` (nothing queued) otherwise.
     /// Called by `gemm_to` before cuBLAS.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn small_rows_gemm(
         &self,
         (a, b): (&CudaTensor, &CudaTensor),
@@ -186,15 +203,18 @@ impl<D: Driver> CudaBackend<D> {
             tracing::trace!(target: "zcompute.cuda.linear", op = OP, count, m, k, n, "cublas");
             return Ok(false);
         };
-        self.launch_rows(
-            OP,
-            &plan,
-            (m, k, n),
-            (a, b),
-            (None, Activation::Identity, None),
+        self.launch_rows(RowsLaunch {
+            op: OP,
+            plan: &plan,
+            dims: (m, k, n),
+            a,
+            b,
+            bias: None,
+            act: Activation::Identity,
+            residual: None,
             out,
             beta,
-        )?;
+        })?;
         Ok(true)
     }
 
@@ -251,15 +271,18 @@ impl<D: Driver> CudaBackend<D> {
         }
         let out = self.alloc(op, &[rows, outputs])?;
         let bias = self.dense(op, bias)?;
-        self.launch_rows(
+        self.launch_rows(RowsLaunch {
             op,
-            &plan,
-            (rows, inputs, outputs),
-            (x, w),
-            (Some(&bias), act, residual),
-            &out,
-            0.0,
-        )?;
+            plan: &plan,
+            dims: (rows, inputs, outputs),
+            a: x,
+            b: w,
+            bias: Some(&bias),
+            act,
+            residual,
+            out: &out,
+            beta: 0.0,
+        })?;
         Ok(out)
     }
 

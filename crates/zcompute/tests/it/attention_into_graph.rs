@@ -66,7 +66,6 @@ type Bufs<B> = [Option<BTensor<B, f32>>; 4];
 /// The body a capture records: the buffers reset to their starting values, the backward
 /// adding into them, then qkv's gradient and every parameter's gradient (buffer or returned)
 /// copied into `outs`.
-#[allow(clippy::too_many_arguments)]
 fn into_body<B: Ops<f32>>(
     b: &B,
     (qkv, g): (&BTensor<B, f32>, &BTensor<B, f32>),
