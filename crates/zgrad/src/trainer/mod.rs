@@ -12,13 +12,13 @@
 
 mod batched;
 mod body;
-mod captured;
 mod checks;
 mod device_data;
 mod distributed;
 mod eval;
 mod eval_device;
 mod eval_stats;
+mod executor;
 mod metrics;
 mod per_sample;
 mod phases;
@@ -137,7 +137,10 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     parts: StepParts<B, T, M>,
     optim: Optimizer<B, T>,
     config: TrainerConfig,
-    graphs: captured::Graphs<B, T>,
+    /// The capture policy and every graph (`executor.rs`).
+    exec: executor::Executor<B, T>,
+    /// The per-sample schedule's slots (`per_sample.rs`).
+    samples: Option<per_sample::SampleSlots<B, T>>,
     /// The data set on the device (`load_data`), and the steps queued on it.
     data: Option<device_data::DeviceData<B, T>>,
     /// The validation set on the device (`load_validation`) and its chunk graphs.
@@ -196,7 +199,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             backend,
             optim,
             config,
-            graphs: captured::Graphs::default(),
+            exec: executor::Executor::new(config.capture),
+            samples: None,
             data: None,
             validation: None,
             window: queued::Window::default(),
@@ -432,10 +436,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .chain(sample.iter().copied())
             .collect();
         let mut report = match self.config.schedule {
-            TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
-                self.batched_captured(&data, &shape, lr)
-            }
-            TrainSchedule::Batched => self.batched_eager(&data, &shape, lr),
+            TrainSchedule::Batched => self.batched_step(&data, &shape, lr),
             TrainSchedule::PerSample => self.per_sample(&data, &shape, lr),
         }?;
         report.samples = batch;
@@ -457,9 +458,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Reads `[loss, norm]` back and refuses non-finite values.
     fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
-        let s = self.backend.download(&self.parts.stats)?;
-        let (loss, norm) = (s[0].to_f64(), s[1].to_f64());
-        checks::finite(step, loss, norm)?;
-        Ok((loss, norm))
+        batched::read_stats(&*self.backend, &self.parts, step)
     }
 }

@@ -37,6 +37,7 @@ use window::{Pending, Record};
 pub(super) use window::{Track, Window};
 
 use super::device_data::Resident;
+use super::executor::GraphKey;
 use super::source::{PinnedBatch, Source};
 use super::staging::Staging;
 use super::step_table::{StepRow, StepTable};
@@ -235,7 +236,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 data.check_rows(rows)?;
                 if !fits {
                     // The graph captured with the old table would read it.
-                    self.graphs.tracked = None;
+                    self.exec.forget(|k| k == GraphKey::QueuedDevice);
                     data.steps = None;
                     data.steps = Some(StepTable::new(&*b, every, local.len())?);
                 }
@@ -295,12 +296,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let t0 = std::time::Instant::now();
         let captured = match self.config.schedule {
             TrainSchedule::Batched => self.window.track(&*b, every, 2).and_then(|track| {
-                if self.graphs.tracked_for != self.window.made {
-                    // A graph captured with an earlier history would write its rows there.
-                    self.graphs.tracked = None;
-                    self.graphs.tracked_pinned = None;
-                    self.graphs.tracked_for = self.window.made;
-                }
+                // A graph captured with an earlier history would write its rows there.
+                self.exec.queued_track(self.window.made);
                 self.queue_step(from, &track, local, &shape, lr, step)
             }),
             TrainSchedule::PerSample => {
