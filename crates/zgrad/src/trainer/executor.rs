@@ -66,7 +66,7 @@ pub(super) struct StaticInputs<B: Ops<T>, T: Element> {
 
 impl<B: Ops<T>, T: Element> StaticInputs<B, T> {
     /// Zeros of `x` and `y` shapes in persistent memory (they outlive every step).
-    pub fn zeros(b: &B, x: &[usize], y: &[usize]) -> Result<Self> {
+    pub(super) fn zeros(b: &B, x: &[usize], y: &[usize]) -> Result<Self> {
         Ok(StaticInputs {
             x: Var::constant(persistent_zeros(b, x)?),
             y: Var::constant(persistent_zeros(b, y)?),
@@ -131,7 +131,7 @@ pub(super) enum Ran {
 
 impl Ran {
     /// Whether the work ran as (or was recorded into) a graph.
-    pub fn captured(self) -> bool {
+    pub(super) fn captured(self) -> bool {
         matches!(self, Ran::Replayed | Ran::Captured)
     }
 }
@@ -147,7 +147,7 @@ pub(super) enum DoorError {
 impl DoorError {
     /// The error to report, the optimiser's state marked unknown when the update may be
     /// applied in part.
-    pub fn settle<B: Ops<T>, T: Element>(self, optim: &mut Optimizer<B, T>) -> GradError {
+    pub(super) fn settle<B: Ops<T>, T: Element>(self, optim: &mut Optimizer<B, T>) -> GradError {
         match self {
             DoorError::Partial(e) => {
                 optim.mark_unknown();
@@ -160,7 +160,7 @@ impl DoorError {
 
 impl DoorError {
     /// The error of a body without an update (never `Partial`).
-    pub fn into_error(self) -> GradError {
+    pub(super) fn into_error(self) -> GradError {
         match self {
             DoorError::Partial(e) | DoorError::Other(e) => e,
         }
@@ -200,7 +200,7 @@ pub(super) struct Executor<B: Capture<T>, T: Element> {
 }
 
 impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
-    pub fn new(capture: bool) -> Self {
+    pub(super) fn new(capture: bool) -> Self {
         Executor {
             capture,
             disabled: false,
@@ -211,7 +211,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
     }
 
     /// Whether new work is captured (capture on, and no capture failed yet).
-    pub fn on(&self) -> bool {
+    pub(super) fn on(&self) -> bool {
         self.capture && !self.disabled
     }
 
@@ -220,18 +220,18 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
     }
 
     /// The graph held for `key`.
-    pub fn graph(&self, key: GraphKey) -> Option<&B::Graph> {
+    pub(super) fn graph(&self, key: GraphKey) -> Option<&B::Graph> {
         self.entry(key).map(|e| &e.graph)
     }
 
     /// The graph held for `key`, its static inputs and the row shape it was captured for.
-    pub fn inputs(&self, key: GraphKey) -> Option<(&StaticInputs<B, T>, &[usize])> {
+    pub(super) fn inputs(&self, key: GraphKey) -> Option<(&StaticInputs<B, T>, &[usize])> {
         let e = self.entry(key)?;
         Some((e.inputs.as_ref()?, &e.shape))
     }
 
     /// The graphs whose key `which` picks, in the order they were captured.
-    pub fn graphs(&self, which: impl Fn(GraphKey) -> bool) -> impl Iterator<Item = &B::Graph> {
+    pub(super) fn graphs(&self, which: impl Fn(GraphKey) -> bool) -> impl Iterator<Item = &B::Graph> {
         self.graphs
             .iter()
             .filter(move |e| which(e.key))
@@ -239,13 +239,13 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
     }
 
     /// Drops the graphs whose key `which` picks (what they read is about to go).
-    pub fn forget(&mut self, which: impl Fn(GraphKey) -> bool) {
+    pub(super) fn forget(&mut self, which: impl Fn(GraphKey) -> bool) {
         self.graphs.retain(|e| !which(e.key));
     }
 
     /// Drops the queued steps' graphs when the window's track changed since they were
     /// captured (they would write their history rows into the old one).
-    pub fn queued_track(&mut self, made: u64) {
+    pub(super) fn queued_track(&mut self, made: u64) {
         if self.queued_for != made {
             self.forget(|k| matches!(k, GraphKey::QueuedDevice | GraphKey::QueuedPinned));
             self.queued_for = made;
@@ -259,7 +259,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
     /// body did nothing.
     ///
     /// `cx` is what the three closures write (the optimiser, say): each gets it in turn.
-    pub fn run<C>(
+    pub(super) fn run<C>(
         &mut self,
         b: &B,
         cx: &mut C,
