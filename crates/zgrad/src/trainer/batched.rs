@@ -48,13 +48,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let step = self.optim.step_count() + 1;
         let b = Rc::clone(&self.backend);
         let target = self.targets_shape(shape[0]);
-        let req = Request {
-            key: GraphKey::Batched,
-            shape,
-            what: "batched step",
-            update: Some(step),
-            held_only: false,
-        };
+        let req = Request::new(GraphKey::Batched, shape, "batched step", Some(step));
         // The eager forms read their stats and take the step themselves.
         let mut eager_stats = None;
         let (ran, ended) = in_step_split(&*b, || {

@@ -437,13 +437,12 @@ fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     n: usize,
     group: &ChunkGroup<B, T>,
 ) -> Result<()> {
-    let req = Request {
-        key: GraphKey::EvalChunk(n),
-        shape: group.io.input.shape(),
-        what: "evaluation chunk",
-        update: None,
-        held_only: false,
-    };
+    let req = Request::new(
+        GraphKey::EvalChunk(n),
+        group.io.input.shape(),
+        "evaluation chunk",
+        None,
+    );
     exec.run(
         &**b,
         &mut (),

@@ -103,9 +103,26 @@ pub(super) struct Request<'a> {
     pub what: &'static str,
     /// The step whose update the body applies; `None` for a body without one.
     pub update: Option<u64>,
-    /// Replay the graph held, whatever the policy says (capture off after a failure
-    /// included), and nothing else: the resident replay (`Trainer::replay_resident`).
-    pub held_only: bool,
+    /// Replay the graph held, whatever the policy says, and nothing else
+    /// (`Executor::replay_held`).
+    held_only: bool,
+}
+
+impl<'a> Request<'a> {
+    pub(super) fn new(
+        key: GraphKey,
+        shape: &'a [usize],
+        what: &'static str,
+        update: Option<u64>,
+    ) -> Self {
+        Request {
+            key,
+            shape,
+            what,
+            update,
+            held_only: false,
+        }
+    }
 }
 
 /// Why the eager form of the work is asked for.
@@ -231,7 +248,10 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
     }
 
     /// The graphs whose key `which` picks, in the order they were captured.
-    pub(super) fn graphs(&self, which: impl Fn(GraphKey) -> bool) -> impl Iterator<Item = &B::Graph> {
+    pub(super) fn graphs(
+        &self,
+        which: impl Fn(GraphKey) -> bool,
+    ) -> impl Iterator<Item = &B::Graph> {
         self.graphs
             .iter()
             .filter(move |e| which(e.key))
@@ -298,6 +318,35 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
                 Ok(Ran::Eager)
             }
         }
+    }
+
+    /// The door of the resident replay (`Trainer::replay_resident`): the graph held for
+    /// `key`, holding step `step`'s update, replays whatever the policy says (capture off
+    /// after a failure included); nothing is captured or run eagerly.
+    pub(super) fn replay_held(
+        &mut self,
+        b: &B,
+        key: GraphKey,
+        what: &'static str,
+        step: u64,
+    ) -> std::result::Result<Ran, DoorError> {
+        let shape = self.entry(key).map(|e| e.shape.clone()).unwrap_or_default();
+        let req = Request {
+            key,
+            shape: &shape,
+            what,
+            update: Some(step),
+            held_only: true,
+        };
+        let refuse = || GradError::BadInput(format!("{what}: replayed only, never recorded"));
+        self.run(
+            b,
+            &mut (),
+            req,
+            |_, _| Ok(()),
+            |_, _| Err(refuse()),
+            |_, _| Err(refuse()),
+        )
     }
 
     fn capture<C>(

@@ -5,6 +5,16 @@
 //! `Model::sample_shape`, the loss from `Model::loss`, the parameters (and their flat buffers)
 //! from `Model::named_parameters`.
 //!
+//! A step is where its rows come from (host slices: `train_batch`; pinned memory:
+//! `train_batch_pinned`, `queue_pinned`; the data set on the device: `queue_rows`,
+//! `replay_resident`) x its schedule (`batched.rs`, `per_sample.rs`; queued: `queued/tracked.rs`,
+//! `queued_samples.rs`) x when it is read back (at once, or at `drain`: `queued/`). Whatever
+//! the path, the work that may run as a graph goes through one door, `executor.rs`, which
+//! owns the capture policy: the graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager
+//! execution, and the fallback after a failed capture (what was applied, capture off for the
+//! rest of the run). Evaluation's chunks on the device go through the same door
+//! (`eval_device.rs`). A new schedule or precision is a key there and a body in `body.rs`.
+//!
 //! Step scopes are the trainer's job: it opens a step before the work of every sample (or
 //! batch) and closes it after, so the backend's scratch memory is reclaimed every time
 //! without the caller doing anything. Parameters, gradients, optimiser state and the static

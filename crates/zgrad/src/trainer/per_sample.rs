@@ -213,13 +213,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(s) = self.samples.as_ref() else {
             return Err(GradError::BadInput("per-sample slots missing".into()));
         };
-        let req = Request {
-            key: GraphKey::Sample,
-            shape: &s.shape,
-            what: "per-sample forward+backward",
-            update: None,
-            held_only: false,
-        };
+        let req = Request::new(
+            GraphKey::Sample,
+            &s.shape,
+            "per-sample forward+backward",
+            None,
+        );
         let ran = self
             .exec
             .run(
@@ -249,7 +248,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Zeroes the gradients and runs samples `0..batch` of the loaded slots, each in its own
     /// step scope (a failed capture that left nothing done restarts the batch).
-    pub(super) fn run_samples(&mut self, parts: &StepParts<B, T, M>, batch: usize) -> Result<()> {
+    fn run_samples(&mut self, parts: &StepParts<B, T, M>, batch: usize) -> Result<()> {
         let b = Rc::clone(&self.backend);
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
@@ -264,6 +263,24 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
+    /// The samples of `data` loaded into the slots made for them and run, their gradients
+    /// accumulated (1 / global batch: the all-reduce sums the ranks' accumulations; one rank:
+    /// the batch): a per-sample step up to its tail, whenever it is read back. Returns the
+    /// global batch.
+    pub(super) fn accumulate(
+        &mut self,
+        data: &Shard<'_, B, T>,
+        parts: &StepParts<B, T, M>,
+    ) -> Result<usize> {
+        let b = Rc::clone(&self.backend);
+        let batch = data.len();
+        let indexed = self.exec.on();
+        let global = parts.dist.global.get().max(batch);
+        self.slots_mut()?.load(&*b, data, global, indexed)?;
+        self.run_samples(parts, batch)?;
+        Ok(global)
+    }
+
     /// Gradient accumulation over the batch, one step scope per sample, then one AdamW step.
     pub(super) fn per_sample(
         &mut self,
@@ -276,11 +293,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.sample_slots(&checks::one_sample(shape), batch)?;
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
-        let indexed = self.exec.on();
-        // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
-        let global = self.parts.dist.global.get().max(batch);
-        self.slots_mut()?.load(&*b, data, global, indexed)?;
-        self.run_samples(&parts, batch)?;
+        let global = self.accumulate(data, &parts)?;
         let checked = in_step(&*b, || {
             let (losses, scale) = {
                 let s = self.slots()?;

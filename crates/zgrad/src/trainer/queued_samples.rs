@@ -103,12 +103,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .window
             .track(&*b, every, 2 + self.slots()?.capacity())?;
         let parts = self.parts.clone();
-        let indexed = self.exec.on();
-        // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
-        let global = parts.dist.global.get().max(batch);
-        let data = Shard { src, rows: local };
-        self.slots_mut()?.load(&*b, &data, global, indexed)?;
-        self.run_samples(&parts, batch)?;
+        self.accumulate(&Shard { src, rows: local }, &parts)?;
         let inputs = {
             let s = self.slots()?;
             TailInputs {

@@ -4,7 +4,7 @@
 //! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
 
 use super::checks;
-use super::executor::{GraphKey, Recording, Request};
+use super::executor::GraphKey;
 use super::{StepReport, Trainer, in_step_split};
 use crate::error::{Applied, GradError, Result};
 use crate::model::Model;
@@ -66,26 +66,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             ));
         };
         let shape = shape.to_vec();
-        let req = Request {
-            key: GraphKey::Batched,
-            shape: &shape,
-            what: "batched step",
-            update: Some(step),
-            held_only: true,
-        };
         let (queued, ended) = in_step_split(&*b, || {
             self.optim.prepare(&*b, lr)?;
             mark(ReplayMark::Before);
-            let refuse = || GradError::BadInput("replay_resident replays only".into());
             self.exec
-                .run(
-                    &*b,
-                    &mut (),
-                    req,
-                    |_, _| Ok(()),
-                    |_, _| Err::<Recording<B, T>, _>(refuse()),
-                    |_, _| Err(refuse()),
-                )
+                .replay_held(&*b, GraphKey::Batched, "batched step", step)
                 .map_err(|e| e.settle(&mut self.optim))?;
             mark(ReplayMark::After);
             Ok(())

@@ -113,13 +113,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             Rows::Device => GraphKey::QueuedDevice,
             Rows::Pinned(_) => GraphKey::QueuedPinned,
         };
-        let req = Request {
-            key,
-            shape,
-            what: "queued batched step",
-            update: Some(step),
-            held_only: false,
-        };
+        let req = Request::new(key, shape, "queued batched step", Some(step));
         let (gather, tensors) = (self.gather_of(from)?, self.optim_for(from)?);
         let (queued, ended) = in_step_split(&*b, || {
             if let Rows::Pinned(_) = from {
