@@ -291,7 +291,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
         let on = self.on();
         let usable = on || req.held_only || !req.key.replays_only_while_on();
         let held = self.graphs.iter().position(|e| e.key == req.key);
-        if req.held_only && !held.is_some_and(|i| self.graphs[i].shape == req.shape) {
+        if req.held_only && held.is_none_or(|i| self.graphs[i].shape != req.shape) {
             return Err(DoorError::Other(GradError::BadInput(format!(
                 "no captured {} of rows {:?} to replay",
                 req.what, req.shape
