@@ -125,6 +125,14 @@ impl Default for TrainerConfig {
     }
 }
 
+/// A step's rows on this rank (`Trainer::step_rows`).
+struct StepRows {
+    lr: f64,
+    rows: std::ops::Range<usize>,
+    /// `[rows, ..sample shape]`.
+    shape: Vec<usize>,
+}
+
 /// What one optimiser step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepReport {
@@ -427,30 +435,31 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 self.window.pending()
             )));
         }
-        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        // This rank's shard of the global batch (all of it in a single process).
-        let info = self.parts.dist.info();
-        let data = Shard {
-            src,
-            rows: shard(info.rank, info.world, batch),
-        };
-        self.parts.dist.prepare(
-            &*self.backend,
-            self.batched_params(),
-            data.len(),
-            batch,
-            step,
-        )?;
-        // [rows, ..sample shape]: what the model's loss takes.
-        let shape: Vec<usize> = std::iter::once(data.len())
-            .chain(sample.iter().copied())
-            .collect();
+        let StepRows { lr, rows, shape } = self.step_rows(batch, sample, step)?;
+        let data = Shard { src, rows };
         let mut report = match self.config.schedule {
             TrainSchedule::Batched => self.batched_step(&data, &shape, lr),
             TrainSchedule::PerSample => self.per_sample(&data, &shape, lr),
         }?;
         report.samples = batch;
         Ok(report)
+    }
+
+    /// Step `step` on `batch` rows of samples `sample`, wherever they come from: its learning
+    /// rate, this rank's shard of the rows (all of them in a single process), the collective
+    /// prepared for it, and the shape `[rows, ..sample]` the model's loss takes.
+    fn step_rows(&mut self, batch: usize, sample: &[usize], step: u64) -> Result<StepRows> {
+        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
+        let info = self.parts.dist.info();
+        let rows = shard(info.rank, info.world, batch);
+        let params = self.batched_params();
+        self.parts
+            .dist
+            .prepare(&*self.backend, params, rows.len(), batch, step)?;
+        let shape = std::iter::once(rows.len())
+            .chain(sample.iter().copied())
+            .collect();
+        Ok(StepRows { lr, rows, shape })
     }
 
     /// The verdict on a failed step `step`: a `Step` error keeps its own; any other error is

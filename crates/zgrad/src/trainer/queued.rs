@@ -41,7 +41,7 @@ use super::executor::GraphKey;
 use super::source::{PinnedBatch, Source};
 use super::staging::Staging;
 use super::step_table::{StepRow, StepTable};
-use super::{StepReport, TrainSchedule, Trainer, phases, shard};
+use super::{StepReport, StepRows, TrainSchedule, Trainer, phases, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
@@ -284,15 +284,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         every: usize,
     ) -> Result<()> {
         let (b, step, batch) = (Rc::clone(&self.backend), pending.step, pending.samples);
-        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        let info = self.parts.dist.info();
-        let local = shard(info.rank, info.world, batch);
-        self.parts
-            .dist
-            .prepare(&*b, self.batched_params(), local.len(), batch, step)?;
-        let shape: Vec<usize> = std::iter::once(local.len())
-            .chain(sample.iter().copied())
-            .collect();
+        let StepRows {
+            lr,
+            rows: local,
+            shape,
+        } = self.step_rows(batch, sample, step)?;
         let t0 = std::time::Instant::now();
         let captured = match self.config.schedule {
             TrainSchedule::Batched => self.window.track(&*b, every, 2).and_then(|track| {
