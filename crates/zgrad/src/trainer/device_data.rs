@@ -225,7 +225,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         // The old one (and the graphs reading it) go first, so the two never hold memory
         // together.
         self.data = None;
-        self.graphs.tracked = None;
+        self.exec
+            .forget(|k| k == super::executor::GraphKey::QueuedDevice);
         let b = &*self.backend;
         let shape: Vec<usize> = std::iter::once(n).chain(sample.iter().copied()).collect();
         let _class = ClassGuard::new(b, AllocClass::Persistent);

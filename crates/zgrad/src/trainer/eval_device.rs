@@ -12,7 +12,8 @@
 //! it is the same body. The chunk graphs of one set replay one after another on the engine
 //! stream and write only into the set's persistent tensors (inputs, results, cursor), so they
 //! are captured into the trainer's graph pool, sharing one reservation with each other and
-//! with the training step's graph (`captured::Graphs::pool`).
+//! with the training step's graph: each chunk goes through the executor's door
+//! (`executor.rs`, [`GraphKey::EvalChunk`]).
 //!
 //! A chunk's result (issue 40 item 2, `eval_stats`): for every task but XAsset's unweighted
 //! binary one, the chunk's targets are gathered too (kept on the device beside the features)
@@ -25,9 +26,9 @@
 //! loss and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
 //! host, all-reduced in data parallel as `evaluate` does from the host.
 
-use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
-use super::captured::{Runs, warn_fallback};
+use super::body::StepParts;
 use super::eval_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
+use super::executor::{Executor, GraphKey, Recording, Request};
 use super::metrics::{EvalReport, report_of};
 use super::{Trainer, in_step, shard};
 use crate::error::{GradError, Result};
@@ -37,7 +38,7 @@ use crate::tape::Tape;
 use crate::task::Task;
 use crate::var::Var;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
+use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
 /// Device bytes a validation set of `n` samples of `per` values takes on one device, with
 /// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
@@ -57,12 +58,11 @@ pub fn validation_data_bytes(n: usize, per: usize, chunk: usize, elem_bytes: usi
 
 /// Chunks of one shape: the features they read (`[chunks, len · sample]`), their input
 /// (`[len, ..sample]`), where their results go (`[chunks, ..]`: logits or statistics rows)
-/// and the device cursor naming the chunk the next run works on; the graph once captured.
+/// and the device cursor naming the chunk the next run works on (its graph is the
+/// executor's, [`GraphKey::EvalChunk`] of its place in the set).
 struct ChunkGroup<B: Capture<T>, T: Element> {
     io: ChunkIo<B, T>,
     chunks: usize,
-    graph: Option<B::Graph>,
-    errors: ErrorSlot,
 }
 
 /// The tensors one chunk's work reads and writes (clones share them). With `targets` (the
@@ -211,16 +211,9 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
                     cursor: b.zeros(&[1])?,
                 },
                 chunks,
-                graph: None,
-                errors: ErrorSlot::default(),
             });
         }
         Ok(set)
-    }
-
-    /// The captured chunk graphs (at most one per chunk shape).
-    pub(super) fn graphs(&self) -> impl Iterator<Item = &B::Graph> {
-        self.groups.iter().filter_map(|g| g.graph.as_ref())
     }
 }
 
@@ -279,6 +272,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     ) -> Result<()> {
         // The old set (and its graphs) go first, so the two never hold memory together.
         self.validation = None;
+        self.exec.forget(|k| matches!(k, GraphKey::EvalChunk(_)));
         let b = &*self.backend;
         let task = self.parts.model.task();
         let (x, targets) = if rows == 0 {
@@ -314,7 +308,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The captured chunk graphs of the validation pass (one per chunk shape once captured;
     /// none eagerly): each `evaluate_validation` replays them.
     pub fn validation_graphs(&self) -> impl Iterator<Item = &B::Graph> {
-        self.validation.iter().flat_map(EvalSet::graphs)
+        self.exec.graphs(|k| matches!(k, GraphKey::EvalChunk(_)))
     }
 
     /// The task's loss and metrics over the validation set on the device
@@ -340,12 +334,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         // comm.sh signals a peer on this line, to test a fault during evaluation.
         tracing::info!(target: "zgrad.trainer.eval", rank = self.parts.dist.info().rank, "evaluating the validation set");
-        let capture = self.config.capture && !self.graphs.disabled;
-        let pass = self.eval_pass(&mut set, capture);
-        if let Ok((_, true)) = pass {
-            self.graphs.disabled = true;
-        }
-        let report = pass.and_then(|(l, _)| self.report_over(&l, &set));
+        let pass = eval_pass(&self.backend, &self.parts, Some(&mut self.exec), &mut set);
+        let report = pass.and_then(|l| self.report_over(&l, &set));
         self.validation = Some(set);
         report
     }
@@ -384,40 +374,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let shards = (n, info.rank, info.world);
         let chunks = (self.config.eval_batch, task);
         let mut set = EvalSet::over(&*self.backend, Rows { x, targets }, labels, shards, chunks)?;
-        let (results, _) = self.eval_pass(&mut set, false)?;
+        let results = eval_pass(&self.backend, &self.parts, None, &mut set)?;
         self.report_over(&results, &set)
-    }
-
-    /// One pass over `set`: every group's cursor reset, its chunks run (replayed, captured or
-    /// eager), the results read back (statistics rows: summed over the ranks first, on the
-    /// device). Also whether a capture failed (the caller turns capture off for the rest of
-    /// the run, as the training steps do).
-    fn eval_pass(&self, set: &mut EvalSet<B, T>, capture: bool) -> Result<(Vec<T>, bool)> {
-        let Some(results) = set.results.clone() else {
-            return Ok((Vec::new(), false));
-        };
-        let b = &self.backend;
-        let stats = stats_len(&self.parts.model.task()).is_some();
-        if stats {
-            // The other ranks' rows are summed in: zero here.
-            b.fill(&results, T::ZERO)?;
-        }
-        let mut failed = false;
-        for group in &mut set.groups {
-            b.fill(&group.io.cursor, T::ZERO)?;
-            for _ in 0..group.chunks {
-                let want = capture && !failed;
-                failed |= in_step(&**b, || {
-                    eval_chunk(b, &self.parts, group, &self.graphs.pool, want)
-                })?;
-            }
-        }
-        if stats && !self.parts.dist.single() {
-            let dist = &self.parts.dist;
-            dist.reduce(&**b, &results)?;
-            dist.comm.synchronize(&**b)?;
-        }
-        Ok((b.download(&results)?, failed))
     }
 
     /// The report of this rank's pass `results` over `set`: the statistics rows of every
@@ -435,48 +393,70 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 }
 
-/// Runs `group`'s next chunk: its graph replayed, or captured into `pool` (capture on and
-/// none yet; the capture's one real run does the chunk), or the body eagerly. Whether a
-/// capture failed (then the chunk ran eagerly unless the failed capture's run had done it).
+/// One pass over `set`: every group's cursor reset, its chunks run through `exec`'s door
+/// (replayed, captured or eager; every chunk eagerly without `exec`), the results read back
+/// (statistics rows: summed over the ranks first, on the device).
+fn eval_pass<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
+    b: &Rc<B>,
+    parts: &StepParts<B, T, M>,
+    mut exec: Option<&mut Executor<B, T>>,
+    set: &mut EvalSet<B, T>,
+) -> Result<Vec<T>> {
+    let Some(results) = set.results.clone() else {
+        return Ok(Vec::new());
+    };
+    let stats = stats_len(&parts.model.task()).is_some();
+    if stats {
+        // The other ranks' rows are summed in: zero here.
+        b.fill(&results, T::ZERO)?;
+    }
+    for (n, group) in set.groups.iter().enumerate() {
+        b.fill(&group.io.cursor, T::ZERO)?;
+        for _ in 0..group.chunks {
+            in_step(&**b, || match exec.as_deref_mut() {
+                Some(exec) => eval_chunk(b, parts, exec, n, group),
+                None => group.io.run(&**b, &parts.model),
+            })?;
+        }
+    }
+    if stats && !parts.dist.single() {
+        let dist = &parts.dist;
+        dist.reduce(&**b, &results)?;
+        dist.comm.synchronize(&**b)?;
+    }
+    Ok(b.download(&results)?)
+}
+
+/// Runs group `n`'s next chunk through the executor's door: its graph replayed, captured
+/// (capture on and none yet; the capture's one real run does the chunk), or the body eagerly
+/// (also after a failed capture that did nothing).
 fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
     b: &Rc<B>,
     parts: &StepParts<B, T, M>,
-    group: &mut ChunkGroup<B, T>,
-    pool: &GraphPool,
-    capture: bool,
-) -> Result<bool> {
-    if let Some(graph) = group.graph.as_mut() {
-        b.replay(graph)
-            .map_err(|e| take_body_error(e, &group.errors))?;
-        return Ok(false);
-    }
-    if !capture {
-        group.io.run(&**b, &parts.model)?;
-        return Ok(false);
-    }
-    let runs = Runs::default();
-    let body = {
-        let (b, model, io) = (Rc::clone(b), parts.model.clone(), group.io.clone());
-        let (errors, runs) = (group.errors.clone(), runs.clone());
-        move || {
-            io.run(&*b, &model)
-                .map_err(|e| into_body_error(e, &errors))?;
-            runs.set(runs.get() + 1);
-            Ok(())
-        }
-    };
-    match b.capture_in_pool(pool, Box::new(body)) {
-        Ok(graph) => {
-            group.graph = Some(graph);
-            Ok(false)
-        }
-        Err(e) => {
-            let e = take_body_error(e, &group.errors);
-            warn_fallback("evaluation chunk", &e);
-            if runs.get() == 0 {
-                group.io.run(&**b, &parts.model)?;
-            }
-            Ok(true)
-        }
-    }
+    exec: &mut Executor<B, T>,
+    n: usize,
+    group: &ChunkGroup<B, T>,
+) -> Result<()> {
+    let req = Request::new(
+        GraphKey::EvalChunk(n),
+        group.io.input.shape(),
+        "evaluation chunk",
+        None,
+    );
+    exec.run(
+        &**b,
+        &mut (),
+        req,
+        |_, _| Ok(()),
+        |_, _| {
+            let (b, model, io) = (Rc::clone(b), parts.model.clone(), group.io.clone());
+            Ok(Recording {
+                body: Box::new(move || io.run(&*b, &model)),
+                inputs: None,
+            })
+        },
+        |_, _| group.io.run(&**b, &parts.model),
+    )
+    .map(|_| ())
+    .map_err(|e| e.into_error())
 }

@@ -5,6 +5,16 @@
 //! `Model::sample_shape`, the loss from `Model::loss`, the parameters (and their flat buffers)
 //! from `Model::named_parameters`.
 //!
+//! A step is where its rows come from (host slices: `train_batch`; pinned memory:
+//! `train_batch_pinned`, `queue_pinned`; the data set on the device: `queue_rows`,
+//! `replay_resident`) x its schedule (`batched.rs`, `per_sample.rs`; queued: `queued/tracked.rs`,
+//! `queued_samples.rs`) x when it is read back (at once, or at `drain`: `queued/`). Whatever
+//! the path, the work that may run as a graph goes through one door, `executor.rs`, which
+//! owns the capture policy: the graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager
+//! execution, and the fallback after a failed capture (what was applied, capture off for the
+//! rest of the run). Evaluation's chunks on the device go through the same door
+//! (`eval_device.rs`). A new schedule or precision is a key there and a body in `body.rs`.
+//!
 //! Step scopes are the trainer's job: it opens a step before the work of every sample (or
 //! batch) and closes it after, so the backend's scratch memory is reclaimed every time
 //! without the caller doing anything. Parameters, gradients, optimiser state and the static
@@ -12,13 +22,13 @@
 
 mod batched;
 mod body;
-mod captured;
 mod checks;
 mod device_data;
 mod distributed;
 mod eval;
 mod eval_device;
 mod eval_stats;
+mod executor;
 mod metrics;
 mod per_sample;
 mod phases;
@@ -115,6 +125,14 @@ impl Default for TrainerConfig {
     }
 }
 
+/// A step's rows on this rank (`Trainer::step_rows`).
+struct StepRows {
+    lr: f64,
+    rows: std::ops::Range<usize>,
+    /// `[rows, ..sample shape]`.
+    shape: Vec<usize>,
+}
+
 /// What one optimiser step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepReport {
@@ -137,7 +155,10 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     parts: StepParts<B, T, M>,
     optim: Optimizer<B, T>,
     config: TrainerConfig,
-    graphs: captured::Graphs<B, T>,
+    /// The capture policy and every graph (`executor.rs`).
+    exec: executor::Executor<B, T>,
+    /// The per-sample schedule's slots (`per_sample.rs`).
+    samples: Option<per_sample::SampleSlots<B, T>>,
     /// The data set on the device (`load_data`), and the steps queued on it.
     data: Option<device_data::DeviceData<B, T>>,
     /// The validation set on the device (`load_validation`) and its chunk graphs.
@@ -196,7 +217,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             backend,
             optim,
             config,
-            graphs: captured::Graphs::default(),
+            exec: executor::Executor::new(config.capture),
+            samples: None,
             data: None,
             validation: None,
             window: queued::Window::default(),
@@ -413,33 +435,31 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 self.window.pending()
             )));
         }
-        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        // This rank's shard of the global batch (all of it in a single process).
-        let info = self.parts.dist.info();
-        let data = Shard {
-            src,
-            rows: shard(info.rank, info.world, batch),
-        };
-        self.parts.dist.prepare(
-            &*self.backend,
-            self.batched_params(),
-            data.len(),
-            batch,
-            step,
-        )?;
-        // [rows, ..sample shape]: what the model's loss takes.
-        let shape: Vec<usize> = std::iter::once(data.len())
-            .chain(sample.iter().copied())
-            .collect();
+        let StepRows { lr, rows, shape } = self.step_rows(batch, sample, step)?;
+        let data = Shard { src, rows };
         let mut report = match self.config.schedule {
-            TrainSchedule::Batched if self.config.capture && !self.graphs.disabled => {
-                self.batched_captured(&data, &shape, lr)
-            }
-            TrainSchedule::Batched => self.batched_eager(&data, &shape, lr),
+            TrainSchedule::Batched => self.batched_step(&data, &shape, lr),
             TrainSchedule::PerSample => self.per_sample(&data, &shape, lr),
         }?;
         report.samples = batch;
         Ok(report)
+    }
+
+    /// Step `step` on `batch` rows of samples `sample`, wherever they come from: its learning
+    /// rate, this rank's shard of the rows (all of them in a single process), the collective
+    /// prepared for it, and the shape `[rows, ..sample]` the model's loss takes.
+    fn step_rows(&mut self, batch: usize, sample: &[usize], step: u64) -> Result<StepRows> {
+        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
+        let info = self.parts.dist.info();
+        let rows = shard(info.rank, info.world, batch);
+        let params = self.batched_params();
+        self.parts
+            .dist
+            .prepare(&*self.backend, params, rows.len(), batch, step)?;
+        let shape = std::iter::once(rows.len())
+            .chain(sample.iter().copied())
+            .collect();
+        Ok(StepRows { lr, rows, shape })
     }
 
     /// The verdict on a failed step `step`: a `Step` error keeps its own; any other error is
@@ -457,9 +477,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Reads `[loss, norm]` back and refuses non-finite values.
     fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
-        let s = self.backend.download(&self.parts.stats)?;
-        let (loss, norm) = (s[0].to_f64(), s[1].to_f64());
-        checks::finite(step, loss, norm)?;
-        Ok((loss, norm))
+        batched::read_stats(&*self.backend, &self.parts, step)
     }
 }

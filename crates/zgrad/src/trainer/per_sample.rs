@@ -8,16 +8,17 @@
 //! a static slot, runs forward+backward on views of the slot, scatters the loss into
 //! `losses[index]` and advances the index, so each replay takes the next sample and the host's
 //! work per sample is one graph launch. Samples still run one after another, so the memory
-//! peak is one sample's whatever the batch. A failed capture falls back to eager execution as
-//! `captured.rs` describes; a capture that left nothing done restarts the batch.
+//! peak is one sample's whatever the batch. The sample goes through the executor's door
+//! (`executor.rs`, [`GraphKey::Sample`]); a failed capture that left nothing done restarts the
+//! batch eagerly.
 //!
 //! `train_batch` reads the step back at once (one rank sums the losses on the host in `f64`);
 //! `queue_rows` and `queue_pinned` queue the same samples with nothing read back
 //! (`queued_samples.rs`). In data parallel the loss rides in the gradient all-reduce
 //! (`StepParts::reduce_samples`): one collective a step.
 
-use super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
-use super::captured::{Runs, persistent_zeros, warn_fallback};
+use super::body::StepParts;
+use super::executor::{Eager, GraphKey, Ran, Recording, Request, persistent_zeros};
 use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step};
 use crate::error::{GradError, NonFiniteKind, Result};
@@ -27,8 +28,8 @@ use crate::var::Var;
 use std::rc::Rc;
 use zcompute::{BTensor, Capture, Element};
 
-/// The per-sample schedule's device-resident batch, static slots and outputs, and its graph
-/// once captured.
+/// The per-sample schedule's device-resident batch, static slots and outputs (its graph is
+/// the executor's, [`GraphKey::Sample`], dropped with the slots).
 pub(super) struct SampleSlots<B: Capture<T>, T: Element> {
     /// The batch, `[capacity, S*F + 1]`: row `i` is sample `i`'s features, then its label.
     /// Grown (and the graph dropped) only when a larger batch comes.
@@ -54,8 +55,6 @@ pub(super) struct SampleSlots<B: Capture<T>, T: Element> {
     shape: Vec<usize>,
     /// `[1, ..target shape]` (`Task::target_shape`): a row's last `ty` values.
     target: Vec<usize>,
-    graph: Option<B::Graph>,
-    errors: ErrorSlot,
 }
 
 impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
@@ -77,8 +76,6 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
             record,
             shape: sample_shape.to_vec(),
             target: target.to_vec(),
-            graph: None,
-            errors: ErrorSlot::default(),
         })
     }
 
@@ -147,31 +144,22 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
         &self,
         b: &Rc<B>,
         parts: &StepParts<B, T, M>,
-        runs: &Runs,
-    ) -> impl FnMut() -> zcompute::Result<()> + 'static
+    ) -> impl FnMut() -> Result<()> + 'static
     where
         B: 'static,
     {
-        let (b, parts, runs) = (Rc::clone(b), parts.clone(), Rc::clone(runs));
+        let (b, parts) = (Rc::clone(b), parts.clone());
         let (table, row, index, losses) = (
             self.table.clone(),
             self.row.clone(),
             self.index.clone(),
             self.losses.clone(),
         );
-        let (xs, ys, scale, errors) = (
-            self.xs.clone(),
-            self.ys.clone(),
-            self.scale.clone(),
-            self.errors.clone(),
-        );
+        let (xs, ys, scale) = (self.xs.clone(), self.ys.clone(), self.scale.clone());
         move || {
             b.gather_row(&table, &index, &row)?;
-            let loss = parts
-                .forward_backward(&*b, &xs, &ys, Some(&scale))
-                .map_err(|e| into_body_error(e, &errors))?;
+            let loss = parts.forward_backward(&*b, &xs, &ys, Some(&scale))?;
             b.scatter_row(&loss, &index, &losses, true)?;
-            runs.set(runs.get() + 1);
             Ok(())
         }
     }
@@ -179,15 +167,13 @@ impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub(super) fn slots(&self) -> Result<&SampleSlots<B, T>> {
-        self.graphs
-            .samples
+        self.samples
             .as_ref()
             .ok_or_else(|| GradError::BadInput("per-sample slots missing".into()))
     }
 
     pub(super) fn slots_mut(&mut self) -> Result<&mut SampleSlots<B, T>> {
-        self.graphs
-            .samples
+        self.samples
             .as_mut()
             .ok_or_else(|| GradError::BadInput("per-sample slots missing".into()))
     }
@@ -198,10 +184,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         if self.slots_fit(sample_shape, batch) {
             return Ok(());
         }
-        // Dropped before the new ones are made, so the two never hold memory together.
-        self.graphs.samples = None;
+        // Dropped (with the graph reading them) before the new ones are made, so the two never
+        // hold memory together.
+        self.samples = None;
+        self.exec.forget(|k| k == GraphKey::Sample);
         let target = self.targets_shape(1);
-        self.graphs.samples = Some(SampleSlots::new(
+        self.samples = Some(SampleSlots::new(
             &*self.backend,
             sample_shape,
             &target,
@@ -212,55 +200,55 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Whether the slots made hold a batch of `batch` samples of `sample_shape`.
     pub(super) fn slots_fit(&self, sample_shape: &[usize], batch: usize) -> bool {
-        self.graphs.samples.as_ref().is_some_and(|s| {
+        self.samples.as_ref().is_some_and(|s| {
             s.shape == sample_shape && s.target == self.targets_shape(1) && s.capacity() >= batch
         })
     }
 
-    pub(super) fn wants_graph(&self) -> bool {
-        self.config.capture && !self.graphs.disabled
-    }
-
-    /// Runs sample `i`: eagerly, by capturing (the capture's warm-up runs it), or by
-    /// replaying. Returns `false` when a failed capture left nothing done and the batch must
-    /// restart.
+    /// Runs sample `i` through the executor's door: eagerly (on views of row `i`), by
+    /// capturing (the capture's warm-up runs it), or by replaying. Returns `false` when a
+    /// failed capture left nothing done and the batch must restart.
     fn run_sample(&mut self, parts: &StepParts<B, T, M>, i: usize) -> Result<bool> {
         let b = Rc::clone(&self.backend);
-        let want = self.wants_graph();
-        let Some(s) = self.graphs.samples.as_mut() else {
+        let Some(s) = self.samples.as_ref() else {
             return Err(GradError::BadInput("per-sample slots missing".into()));
         };
-        if !want {
-            let (xs, ys) = s.sample(i)?;
-            let loss = s.losses.narrow(0, i, 1)?.reshape(&[])?;
-            parts.per_sample(&*b, &xs, &ys, &s.scale, &loss)?;
-            return Ok(true);
-        }
-        if let Some(graph) = s.graph.as_mut() {
-            b.replay(graph).map_err(|e| take_body_error(e, &s.errors))?;
-            return Ok(true);
-        }
-        let runs = Runs::default();
-        let body = s.indexed_body(&b, parts, &runs);
-        match b.capture_in_pool(&self.graphs.pool, Box::new(body)) {
-            Ok(graph) => {
-                s.graph = Some(graph);
-                Ok(true)
-            }
-            Err(e) => {
-                warn_fallback(
-                    "per-sample forward+backward",
-                    &take_body_error(e, &s.errors),
-                );
-                self.graphs.disabled = true;
-                Ok(runs.get() > 0)
-            }
-        }
+        let req = Request::new(
+            GraphKey::Sample,
+            &s.shape,
+            "per-sample forward+backward",
+            None,
+        );
+        let ran = self
+            .exec
+            .run(
+                &*b,
+                &mut (),
+                req,
+                |_, _| Ok(()),
+                |_, _| {
+                    Ok(Recording {
+                        body: Box::new(s.indexed_body(&b, parts)),
+                        inputs: None,
+                    })
+                },
+                |_, how| match how {
+                    Eager::Plain => {
+                        let (xs, ys) = s.sample(i)?;
+                        let loss = s.losses.narrow(0, i, 1)?.reshape(&[])?;
+                        parts.per_sample(&*b, &xs, &ys, &s.scale, &loss)
+                    }
+                    // The gradients may hold part of the failed run: the batch restarts.
+                    Eager::AfterFailedCapture(_) => Ok(()),
+                },
+            )
+            .map_err(|e| e.into_error())?;
+        Ok(ran != Ran::FellBack { done: false })
     }
 
     /// Zeroes the gradients and runs samples `0..batch` of the loaded slots, each in its own
     /// step scope (a failed capture that left nothing done restarts the batch).
-    pub(super) fn run_samples(&mut self, parts: &StepParts<B, T, M>, batch: usize) -> Result<()> {
+    fn run_samples(&mut self, parts: &StepParts<B, T, M>, batch: usize) -> Result<()> {
         let b = Rc::clone(&self.backend);
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
@@ -275,6 +263,24 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
+    /// The samples of `data` loaded into the slots made for them and run, their gradients
+    /// accumulated (1 / global batch: the all-reduce sums the ranks' accumulations; one rank:
+    /// the batch): a per-sample step up to its tail, whenever it is read back. Returns the
+    /// global batch.
+    pub(super) fn accumulate(
+        &mut self,
+        data: &Shard<'_, B, T>,
+        parts: &StepParts<B, T, M>,
+    ) -> Result<usize> {
+        let b = Rc::clone(&self.backend);
+        let batch = data.len();
+        let indexed = self.exec.on();
+        let global = parts.dist.global.get().max(batch);
+        self.slots_mut()?.load(&*b, data, global, indexed)?;
+        self.run_samples(parts, batch)?;
+        Ok(global)
+    }
+
     /// Gradient accumulation over the batch, one step scope per sample, then one AdamW step.
     pub(super) fn per_sample(
         &mut self,
@@ -287,11 +293,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.sample_slots(&checks::one_sample(shape), batch)?;
         let b = Rc::clone(&self.backend);
         let parts = self.parts.clone();
-        let indexed = self.wants_graph();
-        // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
-        let global = self.parts.dist.global.get().max(batch);
-        self.slots_mut()?.load(&*b, data, global, indexed)?;
-        self.run_samples(&parts, batch)?;
+        let global = self.accumulate(data, &parts)?;
         let checked = in_step(&*b, || {
             let (losses, scale) = {
                 let s = self.slots()?;
@@ -337,14 +339,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             grad_norm,
             lr,
             samples: batch,
-            captured: self.wants_graph(),
+            captured: self.exec.on(),
         })
-    }
-}
-
-impl<B: Capture<T>, T: Element> SampleSlots<B, T> {
-    /// The captured per-sample forward+backward, once captured (`Trainer::sample_graph`).
-    pub(super) fn graph(&self) -> Option<&B::Graph> {
-        self.graph.as_ref()
     }
 }

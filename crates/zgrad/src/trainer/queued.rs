@@ -37,10 +37,11 @@ use window::{Pending, Record};
 pub(super) use window::{Track, Window};
 
 use super::device_data::Resident;
+use super::executor::GraphKey;
 use super::source::{PinnedBatch, Source};
 use super::staging::Staging;
 use super::step_table::{StepRow, StepTable};
-use super::{StepReport, TrainSchedule, Trainer, phases, shard};
+use super::{StepReport, StepRows, TrainSchedule, Trainer, phases, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
@@ -235,7 +236,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 data.check_rows(rows)?;
                 if !fits {
                     // The graph captured with the old table would read it.
-                    self.graphs.tracked = None;
+                    self.exec.forget(|k| k == GraphKey::QueuedDevice);
                     data.steps = None;
                     data.steps = Some(StepTable::new(&*b, every, local.len())?);
                 }
@@ -283,24 +284,16 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         every: usize,
     ) -> Result<()> {
         let (b, step, batch) = (Rc::clone(&self.backend), pending.step, pending.samples);
-        let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        let info = self.parts.dist.info();
-        let local = shard(info.rank, info.world, batch);
-        self.parts
-            .dist
-            .prepare(&*b, self.batched_params(), local.len(), batch, step)?;
-        let shape: Vec<usize> = std::iter::once(local.len())
-            .chain(sample.iter().copied())
-            .collect();
+        let StepRows {
+            lr,
+            rows: local,
+            shape,
+        } = self.step_rows(batch, sample, step)?;
         let t0 = std::time::Instant::now();
         let captured = match self.config.schedule {
             TrainSchedule::Batched => self.window.track(&*b, every, 2).and_then(|track| {
-                if self.graphs.tracked_for != self.window.made {
-                    // A graph captured with an earlier history would write its rows there.
-                    self.graphs.tracked = None;
-                    self.graphs.tracked_pinned = None;
-                    self.graphs.tracked_for = self.window.made;
-                }
+                // A graph captured with an earlier history would write its rows there.
+                self.exec.queued_track(self.window.made);
                 self.queue_step(from, &track, local, &shape, lr, step)
             }),
             TrainSchedule::PerSample => {

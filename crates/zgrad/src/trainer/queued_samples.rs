@@ -77,7 +77,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// sample's shape) writes: 2 + the capacity of the slots it will use.
     pub(super) fn sample_width(&self, sample: &[usize], local: usize) -> usize {
         let one: Vec<usize> = std::iter::once(1).chain(sample.iter().copied()).collect();
-        match self.graphs.samples.as_ref() {
+        match self.samples.as_ref() {
             Some(s) if self.slots_fit(&one, local) => 2 + s.capacity(),
             _ => 2 + local,
         }
@@ -103,12 +103,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .window
             .track(&*b, every, 2 + self.slots()?.capacity())?;
         let parts = self.parts.clone();
-        let indexed = self.wants_graph();
-        // 1 / global batch: the all-reduce sums the ranks' accumulations (one rank: `batch`).
-        let global = parts.dist.global.get().max(batch);
-        let data = Shard { src, rows: local };
-        self.slots_mut()?.load(&*b, &data, global, indexed)?;
-        self.run_samples(&parts, batch)?;
+        self.accumulate(&Shard { src, rows: local }, &parts)?;
         let inputs = {
             let s = self.slots()?;
             TailInputs {
@@ -130,7 +125,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             return Err(e);
         }
         Ok((
-            self.wants_graph(),
+            self.exec.on(),
             ended.map_err(|e| e.at_step(step, Applied::Yes)),
         ))
     }

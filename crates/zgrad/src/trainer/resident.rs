@@ -4,6 +4,7 @@
 //! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
 
 use super::checks;
+use super::executor::GraphKey;
 use super::{StepReport, Trainer, in_step_split};
 use crate::error::{Applied, GradError, Result};
 use crate::model::Model;
@@ -25,13 +26,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// backend: `CudaGraph::nodes`).
     #[must_use]
     pub fn batched_graph(&self) -> Option<&B::Graph> {
-        self.graphs.batched.as_ref().map(|g| &g.graph)
+        self.exec.graph(GraphKey::Batched)
     }
 
     /// The captured per-sample forward+backward, once `train_batch` captured it.
     #[must_use]
     pub fn sample_graph(&self) -> Option<&B::Graph> {
-        self.graphs.samples.as_ref().and_then(|s| s.graph())
+        self.exec.graph(GraphKey::Sample)
     }
 
     /// One optimiser step replaying the captured batched step on the batch already on the
@@ -58,21 +59,19 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.optim.check_state()?;
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         let b = Rc::clone(&self.backend);
-        let Some(g) = self.graphs.batched.as_mut() else {
+        let Some((_, shape)) = self.exec.inputs(GraphKey::Batched) else {
             return Err(GradError::BadInput(
                 "replay_resident: no captured batched step yet (train_batch with capture on captures it)"
                     .into(),
             ));
         };
-        let shape = g.shape.clone();
+        let shape = shape.to_vec();
         let (queued, ended) = in_step_split(&*b, || {
             self.optim.prepare(&*b, lr)?;
             mark(ReplayMark::Before);
-            b.replay(&mut g.graph).map_err(|e| {
-                // The graph may have run in part, its update included.
-                self.optim.mark_unknown();
-                super::body::take_body_error(e, &g.errors).at_step(step, Applied::Maybe)
-            })?;
+            self.exec
+                .replay_held(&*b, GraphKey::Batched, "batched step", step)
+                .map_err(|e| e.settle(&mut self.optim))?;
             mark(ReplayMark::After);
             Ok(())
         });
@@ -82,8 +81,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             Err(e @ GradError::NonFinite { .. }) => {
                 // The gate skipped the update; the sample is looked for on the host copy of
                 // the device's batch.
-                let (x, y) = match self.graphs.batched.as_ref() {
-                    Some(g) => (g.x.to_vec(&b)?, g.y.to_vec(&b)?),
+                let (x, y) = match self.exec.inputs(GraphKey::Batched) {
+                    Some((i, _)) => (i.x.to_vec(&b)?, i.y.to_vec(&b)?),
                     None => return Err(e),
                 };
                 return checks::locate(Err(e), |k| self.find_sample(&x, &y, &shape, k));

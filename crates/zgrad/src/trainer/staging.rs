@@ -42,8 +42,8 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
         let slots = (0..2)
             .map(|_| {
                 let landing = Landing {
-                    x: super::captured::persistent_zeros(b, shape)?,
-                    y: super::captured::persistent_zeros(b, &shape[..1])?,
+                    x: super::executor::persistent_zeros(b, shape)?,
+                    y: super::executor::persistent_zeros(b, &shape[..1])?,
                     free: b.copy_mark()?,
                 };
                 b.mark_engine(&landing.free)?;

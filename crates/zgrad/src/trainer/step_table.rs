@@ -13,8 +13,8 @@
 //! number and learning rate are the planned ones; any other step uploads its own row and
 //! drops the plan. A plan never changes what a step computes.
 
-use super::captured::persistent_zeros;
 use super::distributed::shard;
+use super::executor::persistent_zeros;
 use crate::error::{GradError, Result};
 use std::ops::Range;
 use zcompute::{BTensor, Element, prelude::*};

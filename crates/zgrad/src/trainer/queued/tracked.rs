@@ -1,14 +1,15 @@
-//! The queued step's body (gather, step, gate, history row, gated update): replayed when a
-//! graph of its shape exists, captured when capture is on and none exists yet, else eagerly.
+//! The queued step's body (gather, step, gate, history row, gated update), through the
+//! executor's door (`executor.rs`): replayed when a graph of its shape exists, captured when
+//! capture is on and none exists yet, else eagerly.
 
-use super::super::body::{ErrorSlot, StepParts, into_body_error, take_body_error};
-use super::super::captured::{BatchedGraph, Runs, persistent_zeros, warn_fallback};
+use super::super::body::StepParts;
+use super::super::executor::{GraphKey, Recording, Request, StaticInputs};
 use super::super::{Trainer, in_step_split};
 use super::{Queued, Rows, Track, no_data};
 use crate::error::{Applied, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
-use crate::optim::OptimizerTensors;
+use crate::optim::{Optimizer, OptimizerTensors};
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -21,6 +22,17 @@ pub(super) struct Gather<B: Ops<T>, T: Element> {
     ys: BTensor<B, T>,
     table: BTensor<B, T>,
     lr_t: BTensor<B, T>,
+}
+
+impl<B: Ops<T>, T: Element> Clone for Gather<B, T> {
+    fn clone(&self) -> Self {
+        Gather {
+            xs: self.xs.clone(),
+            ys: self.ys.clone(),
+            table: self.table.clone(),
+            lr_t: self.lr_t.clone(),
+        }
+    }
 }
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
@@ -56,14 +68,6 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// The graph slot of rows from `from`.
-    fn tracked_slot(&mut self, from: Rows<'_, B, T>) -> &mut Option<BatchedGraph<B, T>> {
-        match from {
-            Rows::Device => &mut self.graphs.tracked,
-            Rows::Pinned(_) => &mut self.graphs.tracked_pinned,
-        }
-    }
-
     /// What a step on rows of the device data set gathers from (none for other rows).
     fn gather_of(&self, from: Rows<'_, B, T>) -> Result<Option<Gather<B, T>>> {
         if let Rows::Pinned(_) = from {
@@ -93,8 +97,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    /// Queues the step's body: replayed when a graph of this shape exists, captured when
-    /// capture is on and none exists yet, else run eagerly.
+    /// Queues the step's body through the executor's door: replayed when a graph of this
+    /// shape exists, captured when capture is on and none exists yet, else run eagerly.
     pub(super) fn queue_step(
         &mut self,
         from: Rows<'_, B, T>,
@@ -105,53 +109,89 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         step: u64,
     ) -> Result<Queued> {
         let b = Rc::clone(&self.backend);
-        let want = self.config.capture && !self.graphs.disabled;
-        let graph_shape = self.tracked_slot(from).as_ref().map(|g| g.shape.clone());
+        let key = match from {
+            Rows::Device => GraphKey::QueuedDevice,
+            Rows::Pinned(_) => GraphKey::QueuedPinned,
+        };
+        let req = Request::new(key, shape, "queued batched step", Some(step));
+        let (gather, tensors) = (self.gather_of(from)?, self.optim_for(from)?);
         let (queued, ended) = in_step_split(&*b, || {
             if let Rows::Pinned(_) = from {
                 // Rows of the device data set: `[lr, t]` is in the step table's row.
                 self.optim.prepare(&*b, lr)?;
             }
-            match (want, graph_shape) {
-                (true, Some(s)) if s == shape => {
-                    let Some(g) = self.tracked_slot(from).as_mut() else {
-                        return Err(no_data());
-                    };
-                    if let Rows::Pinned(src) = from {
-                        src.upload(&*b, local, g.x.value(), g.y.value())?;
-                        g.x.bump_version();
-                        g.y.bump_version();
-                    }
-                    let (graph, errors) = (&mut g.graph, g.errors.clone());
-                    b.replay(graph).map_err(|e| {
-                        // The graph may have run in part, its update included.
-                        self.optim.mark_unknown();
-                        take_body_error(e, &errors).at_step(step, Applied::Maybe)
-                    })?;
-                    Ok(true)
-                }
-                (true, None) => self.tracked_capture(from, track, local, shape, step),
-                // Capture off, or a batch of another shape (an epoch's last): eagerly.
-                _ => {
-                    self.tracked_eager(from, track, local, shape)?;
-                    Ok(false)
-                }
-            }
+            let parts = &self.parts;
+            let eager = Eager {
+                b: &*b,
+                parts,
+                gather: gather.as_ref(),
+                tensors: &tensors,
+                track,
+            };
+            self.exec
+                .run(
+                    &*b,
+                    &mut self.optim,
+                    req,
+                    |_, inputs| match (from, inputs) {
+                        (Rows::Pinned(src), Some(i)) => {
+                            src.upload(&*b, local.clone(), i.x.value(), i.y.value())?;
+                            i.x.bump_version();
+                            i.y.bump_version();
+                            Ok(())
+                        }
+                        _ => Ok(()),
+                    },
+                    |_, started| {
+                        let inputs = StaticInputs::zeros(&*b, shape, &shape[..1])?;
+                        if let Rows::Pinned(src) = from {
+                            src.upload(&*b, local.clone(), inputs.x.value(), inputs.y.value())?;
+                        }
+                        let (bc, parts, gather) = (Rc::clone(&b), parts.clone(), gather.clone());
+                        let (x, y) = (inputs.x.clone(), inputs.y.clone());
+                        let (optim, track, started) =
+                            (tensors.clone(), track.clone(), started.clone());
+                        let body = move || {
+                            parts.tracked(&*bc, gather.as_ref(), &x, &y, &optim, &track, &started)
+                        };
+                        Ok(Recording {
+                            body: Box::new(body),
+                            inputs: Some(inputs),
+                        })
+                    },
+                    // Capture off, a batch of another shape (an epoch's last), or a capture
+                    // that did nothing: the body eagerly on fresh inputs (its slot was
+                    // prepared, its gate unused).
+                    |optim, _| eager.run(optim, from, local.clone(), shape),
+                )
+                .map(|ran| ran.captured())
+                .map_err(|e| e.settle(&mut self.optim))
         });
         let captured = queued?;
         Ok((captured, ended.map_err(|e| e.at_step(step, Applied::Yes))))
     }
+}
 
-    /// The body run eagerly on fresh inputs (saved class: the first product keeps `x`).
-    fn tracked_eager(
-        &mut self,
+/// What the queued step's body reads, for its eager form.
+struct Eager<'a, B: Capture<T>, T: Element, M: Model<B, T>> {
+    b: &'a B,
+    parts: &'a StepParts<B, T, M>,
+    gather: Option<&'a Gather<B, T>>,
+    tensors: &'a OptimizerTensors<B, T>,
+    track: &'a Track<B, T>,
+}
+
+impl<B: Capture<T>, T: Element, M: Model<B, T>> Eager<'_, B, T, M> {
+    /// The body run eagerly on fresh inputs (saved class: the first product keeps `x`); a
+    /// failure inside the update leaves the optimiser's state unknown.
+    fn run(
+        &self,
+        optim: &mut Optimizer<B, T>,
         from: Rows<'_, B, T>,
-        track: &Track<B, T>,
         local: std::ops::Range<usize>,
         shape: &[usize],
     ) -> Result<()> {
-        let b = &*self.backend;
-        let gather = self.gather_of(from)?;
+        let b = self.b;
         let (x, y) = {
             let _class = ClassGuard::new(b, AllocClass::Saved);
             (
@@ -160,101 +200,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             )
         };
         if let Rows::Pinned(src) = from {
-            src.upload(b, local.clone(), x.value(), y.value())?;
+            src.upload(b, local, x.value(), y.value())?;
         }
         let started = Cell::new(false);
-        let optim = self.optim_for(from)?;
         self.parts
-            .tracked(b, gather.as_ref(), &x, &y, &optim, track, &started)
+            .tracked(b, self.gather, &x, &y, self.tensors, self.track, &started)
             .inspect_err(|_| {
                 if started.get() {
-                    self.optim.mark_unknown();
+                    optim.mark_unknown();
                 }
             })
-    }
-
-    /// Captures the body (its warm-up, or the CPU backend's recording, runs it for real).
-    fn tracked_capture(
-        &mut self,
-        from: Rows<'_, B, T>,
-        track: &Track<B, T>,
-        local: std::ops::Range<usize>,
-        shape: &[usize],
-        step: u64,
-    ) -> Result<bool> {
-        let b = Rc::clone(&self.backend);
-        let gather = self.gather_of(from)?;
-        let (xv, yv) = (
-            Var::constant(persistent_zeros(&*b, shape)?),
-            Var::constant(persistent_zeros(&*b, &shape[..1])?),
-        );
-        if let Rows::Pinned(src) = from {
-            src.upload(&*b, local.clone(), xv.value(), yv.value())?;
-        }
-        let (errors, runs, started) = (ErrorSlot::default(), Runs::default(), Rc::default());
-        let body = tracked_body(
-            &b,
-            &self.parts,
-            gather,
-            (xv.clone(), yv.clone()),
-            self.optim_for(from)?,
-            track.clone(),
-            (errors.clone(), runs.clone(), Rc::clone(&started)),
-        );
-        match b.capture_in_pool(&self.graphs.pool, Box::new(body)) {
-            Ok(graph) => {
-                *self.tracked_slot(from) = Some(BatchedGraph {
-                    graph,
-                    x: xv,
-                    y: yv,
-                    shape: shape.to_vec(),
-                    errors,
-                });
-                Ok(true)
-            }
-            Err(e) => {
-                let e = take_body_error(e, &errors);
-                if runs.get() == 0 && started.get() {
-                    self.optim.mark_unknown();
-                    return Err(e.at_step(step, Applied::Maybe));
-                }
-                warn_fallback("queued batched step", &e);
-                self.graphs.disabled = true;
-                if runs.get() == 0 {
-                    // Nothing ran: the step eagerly (its slot was prepared, its gate unused).
-                    self.tracked_eager(from, track, local, shape)?;
-                }
-                Ok(false)
-            }
-        }
-    }
-}
-
-/// The capture body of `StepParts::tracked`, a `'static` closure over clones.
-fn tracked_body<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
-    b: &Rc<B>,
-    parts: &StepParts<B, T, M>,
-    data: Option<Gather<B, T>>,
-    inputs: (Var<B, T>, Var<B, T>),
-    optim: OptimizerTensors<B, T>,
-    track: Track<B, T>,
-    slots: (ErrorSlot, Runs, Rc<Cell<bool>>),
-) -> impl FnMut() -> zcompute::Result<()> + 'static {
-    let (b, parts) = (Rc::clone(b), parts.clone());
-    let (errors, runs, started) = slots;
-    move || {
-        parts
-            .tracked(
-                &*b,
-                data.as_ref(),
-                &inputs.0,
-                &inputs.1,
-                &optim,
-                &track,
-                &started,
-            )
-            .map_err(|e| into_body_error(e, &errors))?;
-        runs.set(runs.get() + 1);
-        Ok(())
     }
 }

@@ -1,8 +1,8 @@
 //! The device side of the read-back window (its history, cursor and sticky gate) and the
 //! queued steps pending on it.
 
-use super::super::captured::persistent_zeros;
 use super::super::checks;
+use super::super::executor::persistent_zeros;
 use crate::error::{GradError, NonFiniteKind, Result};
 use crate::optim::OptimizerTensors;
 use zcompute::{ADAMW_SLOT_GATE, BTensor, Element, Readback, prelude::*};
@@ -130,7 +130,7 @@ pub(super) struct Copied<T> {
 pub(crate) struct Window<B: Ops<T>, T: Element> {
     pub(super) track: Option<Track<B, T>>,
     /// How many tracks were made: a graph captured with an earlier one writes into a history
-    /// the host no longer reads (`Graphs::tracked_for`).
+    /// the host no longer reads (`Executor::queued_track`).
     pub(super) made: u64,
     /// Whether a step that may have run in part left the device's cursor unknown
     /// (`Trainer::resync_cursor`).

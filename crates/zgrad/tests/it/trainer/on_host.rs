@@ -283,6 +283,88 @@ fn a_failed_capture_falls_back_to_eager(#[case] schedule: TrainSchedule, #[case]
     );
 }
 
+/// The trainer under the schedule's fallback test config, capture on, the tiny fixture's four
+/// samples loaded as its validation set.
+fn fallback_trainer(schedule: TrainSchedule) -> (Tiny<f32>, Sim<f32>, Trainer<SimBackend<f32>>) {
+    let f = tiny::<f32>();
+    let cfg = TrainerConfig {
+        clip_grad: Some(0.5),
+        lr_schedule: LrSchedule::LinearWarmup { warmup_steps: 2 },
+        lr: 1e-2,
+        ..config(schedule, true)
+    };
+    let (b, mut t) = trainer(&f, cfg);
+    let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+    t.load_validation(x, y, 4).unwrap();
+    (f, b, t)
+}
+
+/// The validation pass on the device against `evaluate` from the host: the same bits.
+fn validation_is_evaluate(f: &Tiny<f32>, t: &mut Trainer<SimBackend<f32>>) {
+    let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
+    let got = t.evaluate_validation().unwrap();
+    let want = t.evaluate(x, y).unwrap();
+    assert_eq!(
+        (got.loss.to_bits(), got.accuracy.to_bits(), got.samples),
+        (want.loss.to_bits(), want.accuracy.to_bits(), want.samples)
+    );
+}
+
+/// One capture policy for every graph: a capture that fails in the validation pass (after
+/// the step's graph was captured) turns capture off for the training steps too. The rest of
+/// the run is eager, the step's graph already held included, and it takes exactly the
+/// steps an eager run takes; the pass itself reports what `evaluate` reports.
+#[rstest]
+fn a_failed_evaluation_capture_turns_capture_off_for_the_steps(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] body_ran: bool,
+) {
+    let (eager, p_eager) = run_three(schedule, false);
+    let (f, b, mut t) = fallback_trainer(schedule);
+    let mut reports = Vec::new();
+    for (i, (x, y)) in batches(&f).iter().enumerate() {
+        if i == 1 {
+            b.fail_capture.set(Some(body_ran));
+            validation_is_evaluate(&f, &mut t);
+            b.fail_capture.set(None);
+            assert_eq!(t.validation_graphs().count(), 0, "the pass ran eagerly");
+        }
+        reports.push(t.train_batch(x, y, 4).unwrap());
+    }
+    validation_is_evaluate(&f, &mut t);
+    assert_eq!(b.captures.get(), 1, "the first step's graph only");
+    assert_eq!(t.validation_graphs().count(), 0);
+    let captured: Vec<bool> = reports.iter().map(|r| r.captured).collect();
+    assert_eq!(captured, [true, false, false]);
+    for (e, r) in eager.iter().zip(&reports) {
+        assert_eq!((e.step, e.loss, e.grad_norm), (r.step, r.loss, r.grad_norm));
+    }
+    let params: Vec<Vec<f64>> = t
+        .model()
+        .parameters()
+        .iter()
+        .map(|p| host(&b, p.value()))
+        .collect();
+    assert_eq!(p_eager, params);
+}
+
+/// The other way round: a capture that fails in a training step leaves the validation pass
+/// eager (no graph captured for it), reporting what `evaluate` reports.
+#[rstest]
+fn a_failed_step_capture_leaves_evaluation_eager(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] body_ran: bool,
+) {
+    let (f, b, mut t) = fallback_trainer(schedule);
+    b.fail_capture.set(Some(body_ran));
+    let (x, y) = &batches(&f)[0];
+    assert!(!t.train_batch(x, y, 4).unwrap().captured);
+    b.fail_capture.set(None);
+    validation_is_evaluate(&f, &mut t);
+    validation_is_evaluate(&f, &mut t);
+    assert_eq!((b.captures.get(), t.validation_graphs().count()), (0, 0));
+}
+
 #[test]
 fn evaluate_is_the_oracle_loss_without_recording() {
     let f = tiny::<f64>();
