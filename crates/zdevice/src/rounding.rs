@@ -100,6 +100,13 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// `half` (PyTorch's conversion too) on every pattern proptest draws, NaNs included.
+        #[test]
+        fn bf16_is_half_bit_for_bit(bits: u32) {
+            let x = f32::from_bits(bits);
+            proptest::prop_assert_eq!(bf16_bits(x), half::bf16::from_f32(x).to_bits());
+        }
+
         #[test]
         fn bf16_is_the_nearest_and_idempotent(bits: u32) {
             let x = f32::from_bits(bits);
