@@ -28,7 +28,9 @@ use crate::validate;
 /// The arithmetic of a matrix product. Every mode accumulates in float32 and returns float32.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum MathMode {
-    /// float32 operands and products: [`Backend::matmul`](crate::Backend::matmul) itself.
+    /// float32 operands and products: [`Backend::matmul`](crate::Backend::matmul) itself (on
+    /// the CUDA backend after `set_tf32(true)` that product is TF32, as the backend was told;
+    /// the reduced modes do not depend on that switch).
     #[default]
     F32,
     /// float32 operands read with 10 significand bits (TF32 tensor cores).
