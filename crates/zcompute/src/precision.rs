@@ -33,7 +33,10 @@ pub enum MathMode {
     /// the reduced modes do not depend on that switch).
     #[default]
     F32,
-    /// float32 operands read with 10 significand bits (TF32 tensor cores).
+    /// float32 operands read with 10 significand bits (TF32 tensor cores): at most TF32's
+    /// operand error. cuBLAS's `CUBLAS_COMPUTE_32F_FAST_TF32` allows TF32 rather than forcing
+    /// it, so a shape it runs without tensor cores comes out in float32 (more accurate, never
+    /// less); the CPU and the simulated device always round.
     Tf32,
     /// Operands rounded to bf16 (8 significand bits, nearest-even); a product of two bf16
     /// values is exact in float32, so only the float32 accumulation rounds.

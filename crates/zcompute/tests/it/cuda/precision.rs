@@ -142,20 +142,28 @@ pub fn matmul_mode<D: Driver>(gpu: &CudaBackend<D>, case: usize, mode: MathMode)
     );
 }
 
-/// Exact pins of each mode's operand rounding, on every backend: `(1 + 2⁻¹²)·1` summed over
-/// `k = 8` is `8·(1 + 2⁻¹²)` in float32 and exactly 8 under TF32 and bf16 (2⁻¹² is below half
-/// a TF32 ulp, so the operand reads as 1 whether the tensor cores round or truncate); bf16
-/// rounds the tie `1 + 3·2⁻⁸` to `1 + 2⁻⁶` (even), by the conversion kernel on every backend.
-/// A mode that ran in float32 fails the first pins.
+/// Exact pins of each mode's operand rounding, on every backend, in a 64³ product (a shape
+/// cuBLAS runs on tensor cores: `CUBLAS_COMPUTE_32F_FAST_TF32` allows TF32 rather than forcing
+/// it, so this pins that it is taken there): `(1 + 2⁻¹²)·1` summed over `k = 64` is
+/// `64·(1 + 2⁻¹²)` in float32 and exactly 64 under TF32 and bf16 (2⁻¹² is below half a TF32
+/// ulp, so the operand reads as 1 whether the tensor cores round or truncate); bf16 rounds the
+/// tie `1 + 3·2⁻⁸` to `1 + 2⁻⁶` (even), by the conversion kernel on every backend. A mode that
+/// ran in float32 fails the first pins.
 pub fn reduced_modes_round_their_operands<D: Driver>(gpu: &CudaBackend<D>) {
-    let k = 8usize;
+    let k = 64usize;
     let run = |x: f32, mode| {
-        let a = gpu.upload(&vec![x; k], &[1, k]).unwrap();
-        let b = gpu.upload(&vec![1.0f32; k], &[k, 1]).unwrap();
+        let a = gpu.upload(&vec![x; k * k], &[k, k]).unwrap();
+        let b = gpu.upload(&vec![1.0f32; k * k], &[k, k]).unwrap();
         let c = gpu
             .matmul_mode(&a, &b, MatmulOpts::default(), mode)
             .unwrap();
-        gpu.download(&c).unwrap()[0]
+        let c = gpu.download(&c).unwrap();
+        assert!(
+            c.iter().all(|v| v.to_bits() == c[0].to_bits()),
+            "{}",
+            mode.name()
+        );
+        c[0]
     };
     let x = 1.0 + 2f32.powi(-12);
     assert_eq!(run(x, MathMode::F32), k as f32 * x, "f32 keeps 2^-12");
