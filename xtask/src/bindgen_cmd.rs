@@ -134,10 +134,18 @@ const CUBLAS_FUNCTIONS: &[&str] = &[
     "cublasSetWorkspace_v2",
     "cublasSetMathMode",
     "cublasSgemmStridedBatched",
+    "cublasGemmStridedBatchedEx",
     "cublasGetVersion_v2",
 ];
 
-const CUBLAS_TYPES: &[&str] = &["cublasStatus_t", "cublasMath_t", "cublasOperation_t"];
+const CUBLAS_TYPES: &[&str] = &[
+    "cublasStatus_t",
+    "cublasMath_t",
+    "cublasOperation_t",
+    "cublasComputeType_t",
+    "cublasGemmAlgo_t",
+    "cudaDataType_t",
+];
 
 const CUBLASLT_FUNCTIONS: &[&str] = &["cublasLtCreate", "cublasLtDestroy", "cublasLtGetVersion"];
 

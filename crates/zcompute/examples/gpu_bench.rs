@@ -5,10 +5,18 @@
 //! in one device session and compare ratios.
 //!
 //! `cargo run --release -p zcompute --features gpu --example gpu_bench`
+//!
+//! With `--modes` (issue 42), only the products, each under `MathMode::F32`, `Tf32` and `Bf16`
+//! (`PrecisionOps::matmul_mode`; the `_tf32` and `_bf16` rows): a bf16 row includes converting
+//! both float32 operands to bf16 (`kernels/convert.cu`) on every call, as the op does today.
+//!
+//! `cargo run --release -p zcompute --features gpu --example gpu_bench -- --modes`
 #![allow(clippy::print_stdout)]
 
 use std::time::Duration;
-use zcompute::{Backend, CudaBackend, CudaTensor, MatmulOpts, Result, UnaryOp};
+use zcompute::{
+    Backend, CudaBackend, CudaTensor, MathMode, MatmulOpts, PrecisionOps, Result, UnaryOp,
+};
 use zdevice::{CudaDriver, Device, DeviceConfig};
 use zmem::{Arena, ArenaConfig};
 
@@ -213,8 +221,11 @@ fn product_cases() -> [Case; 10] {
     ]
 }
 
-fn products(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
-    for (name, sa, sb, opts, iters) in product_cases() {
+fn products(gpu: &Gpu, rows: &mut Vec<Row>, modes: &[MathMode]) -> Result<()> {
+    for ((name, sa, sb, opts, iters), mode) in product_cases()
+        .into_iter()
+        .flat_map(|case| modes.iter().map(move |m| (case.clone(), *m)))
+    {
         let fill = |shape: &[usize], seed: usize| -> Result<CudaTensor> {
             let n: usize = shape.iter().product();
             let data: Vec<f32> = (0..n)
@@ -223,7 +234,7 @@ fn products(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
             gpu.upload(&data, shape)
         };
         let (a, b) = (fill(&sa, 1)?, fill(&sb, 2)?);
-        let ms = time(gpu, iters, || gpu.matmul(&a, &b, opts).map(drop))?;
+        let ms = time(gpu, iters, || gpu.matmul_mode(&a, &b, opts, mode).map(drop))?;
         let (_, m, k) = dims(&sa, opts.trans_a);
         let n = if opts.trans_b {
             sb[sb.len() - 2]
@@ -232,8 +243,12 @@ fn products(gpu: &Gpu, rows: &mut Vec<Row>) -> Result<()> {
         };
         let batch: usize = sa[..sa.len() - 2].iter().product();
         let flops = 2.0 * (batch * m * n * k) as f64;
+        let name = match mode {
+            MathMode::F32 => name.to_string(),
+            other => format!("{name}_{}", other.name()),
+        };
         rows.push(Row {
-            name: name.into(),
+            name,
             ms,
             rate: flops / ms / 1e9,
             unit: "TFLOP/s",
@@ -278,8 +293,16 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     )?;
     let gpu = CudaBackend::new(arena)?;
     let mut rows = Vec::new();
-    memory_bound(&gpu, &mut rows)?;
-    products(&gpu, &mut rows)?;
+    if std::env::args().any(|a| a == "--modes") {
+        products(
+            &gpu,
+            &mut rows,
+            &[MathMode::F32, MathMode::Tf32, MathMode::Bf16],
+        )?;
+    } else {
+        memory_bound(&gpu, &mut rows)?;
+        products(&gpu, &mut rows, &[MathMode::F32])?;
+    }
     for r in &rows {
         print(r);
     }

@@ -250,6 +250,17 @@ pub enum ComputeError {
     /// axes, or a matrix product whose sizes exceed cuBLAS's 32-bit dimensions).
     #[error("{op}: unsupported on this backend: {reason}")]
     Unsupported { op: &'static str, reason: String },
+    /// A matrix product under a math mode (`PrecisionOps`: TF32, bf16) that this backend, or
+    /// these elements, cannot compute as the mode says. Nothing ran, and nothing ran in float32
+    /// instead. Use `MathMode::F32`, or a backend that has the mode (the CPU backend in f32
+    /// emulates TF32 and bf16; the CUDA backend and the simulated device run both).
+    #[error("{op}: math mode {mode} is not available on the {backend} backend: {reason}")]
+    MathModeUnsupported {
+        op: &'static str,
+        mode: &'static str,
+        backend: &'static str,
+        reason: String,
+    },
 }
 
 impl ComputeError {

@@ -10,6 +10,7 @@ pub use crate::norm::NormOps;
 pub use crate::ops::Ops;
 pub use crate::optim::OptimOps;
 pub use crate::pooled_loss::PooledLossOps;
+pub use crate::precision::PrecisionOps;
 pub use crate::random::RandomOps;
 pub use crate::readback::ReadbackOps;
 pub use crate::select::SelectOps;

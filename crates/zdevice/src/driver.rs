@@ -437,4 +437,23 @@ pub trait Driver: Send + Sync + 'static {
         handle: BlasHandle,
         gemm: &GemmF32,
     ) -> DriverResult<()>;
+
+    // --- mixed-precision gemm (issue 42) -----------------------------------------------------
+
+    /// `cublasGemmStridedBatchedEx` on the handle's stream: `gemm.gemm` under `gemm.math`
+    /// (float32, TF32 or bf16 operands; float32 accumulation and C in every mode). The
+    /// compute type comes from the mode, not from the handle's math mode
+    /// ([`Driver::blas_set_tf32`] does not change what this call computes).
+    ///
+    /// During stream capture it behaves as `cublasSgemmStridedBatched` does on a handle whose
+    /// workspace was set before the capture (docs/capture-rules.md): captured as the product's
+    /// nodes, allocating nothing. The simulated driver models exactly that (2 nodes with a set
+    /// workspace, 4 with cuBLAS's own); the node count of the Ex call on a GPU is measured by
+    /// zcompute's `gpu` capture test, not assumed here.
+    ///
+    /// # Safety
+    /// Every operand described by `gemm` must lie in live device memory, A and B holding
+    /// elements of `gemm.math.operand_bytes()` bytes and C float32 elements.
+    unsafe fn gemm_strided_batched_ex(&self, handle: BlasHandle, gemm: &GemmEx)
+    -> DriverResult<()>;
 }

@@ -17,6 +17,7 @@ pub mod error;
 pub mod faults;
 pub mod faulty;
 pub mod kernels;
+pub mod rounding;
 pub mod sim;
 pub mod types;
 
@@ -38,10 +39,10 @@ pub use device::{
 pub use driver::{CuCode, Driver, DriverError, DriverResult};
 pub use error::{DeviceError, DeviceResult};
 pub use types::{
-    BlasHandle, CaptureMode, CaptureStatus, Context, DevicePtr, Event, Function, GemmF32, Graph,
-    GraphExec, HostPtr, IPC_HANDLE_BYTES, InstantiateFlags, IpcMemHandle, KernelArg, LaunchConfig,
-    MemPool, Module, PoolProps, PriorityRange, Readiness, Stream, StreamKind, StreamPriority,
-    Transpose,
+    BlasHandle, CaptureMode, CaptureStatus, Context, DevicePtr, Event, Function, GemmEx, GemmF32,
+    GemmMath, Graph, GraphExec, HostPtr, IPC_HANDLE_BYTES, InstantiateFlags, IpcMemHandle,
+    KernelArg, LaunchConfig, MemPool, Module, PoolProps, PriorityRange, Readiness, Stream,
+    StreamKind, StreamPriority, Transpose,
 };
 
 /// The README's example, compiled and run by `cargo test --doc` so that it stays true.

@@ -265,3 +265,53 @@ pub struct PoolProps {
     /// Upper bound on the pool's size in bytes (`maxSize`; 0 = unlimited).
     pub max_size: u64,
 }
+
+// --- mixed-precision gemm (issue 42) ---------------------------------------------------------
+
+/// The arithmetic of a [`GemmEx`]: what A and B hold and how the product reads them. Every
+/// mode accumulates in float32 and reads and writes a float32 C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GemmMath {
+    /// float32 A and B, float32 products (`CUBLAS_COMPUTE_32F_PEDANTIC`: no TF32 whatever the
+    /// handle's math mode).
+    F32,
+    /// float32 A and B, read by TF32 tensor cores (10 significand bits) with float32
+    /// accumulation (`CUBLAS_COMPUTE_32F_FAST_TF32`).
+    Tf32,
+    /// bf16 A and B (`CUDA_R_16BF`, 2 bytes an element), float32 accumulation
+    /// (`CUBLAS_COMPUTE_32F`). Converting float32 operands to bf16 is the caller's (zcompute's
+    /// conversion kernel, round to nearest-even).
+    Bf16,
+}
+
+impl GemmMath {
+    /// Bytes of one element of A and B.
+    #[must_use]
+    pub fn operand_bytes(self) -> u64 {
+        match self {
+            GemmMath::F32 | GemmMath::Tf32 => 4,
+            GemmMath::Bf16 => 2,
+        }
+    }
+
+    /// The mode's name (`f32`, `tf32`, `bf16`).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmMath::F32 => "f32",
+            GemmMath::Tf32 => "tf32",
+            GemmMath::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `cublasGemmStridedBatchedEx`: the product `gemm` describes (its sizes, leading dimensions
+/// and batch strides, all counted in elements as cuBLAS counts them) under `math`. Under
+/// [`GemmMath::Bf16`] `gemm.a` and `gemm.b` address bf16 elements; C is float32 in every mode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmEx {
+    /// What A and B hold and how they are multiplied.
+    pub math: GemmMath,
+    /// The product's geometry and scalars (`alpha`, `beta` are float32 host scalars).
+    pub gemm: GemmF32,
+}

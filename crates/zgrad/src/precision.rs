@@ -33,6 +33,18 @@ impl Precision {
         }
     }
 
+    /// The arithmetic of this policy's matrix products on a backend
+    /// (`zcompute::PrecisionOps::matmul_mode` and the Linear forms beside it): the door the
+    /// trainer takes to run its products under the policy. Every other op stays float32.
+    #[must_use]
+    pub fn math_mode(self) -> zcompute::MathMode {
+        match self {
+            Precision::F32 => zcompute::MathMode::F32,
+            Precision::Tf32 => zcompute::MathMode::Tf32,
+            Precision::Bf16 => zcompute::MathMode::Bf16,
+        }
+    }
+
     /// A matrix product's input element as the product reads it: unchanged in float32, rounded
     /// to the nearest bf16 (ties to even, as PyTorch's `.to(torch.bfloat16)`) under bf16.
     /// `None` under TF32, whose input rounding is the tensor cores' own and not emulated.

@@ -6,6 +6,43 @@ pub struct CUstream_st {
     _unused: [u8; 0],
 }
 pub type cudaStream_t = *mut CUstream_st;
+pub const CUDA_R_16F: cudaDataType_t = 2;
+pub const CUDA_C_16F: cudaDataType_t = 6;
+pub const CUDA_R_16BF: cudaDataType_t = 14;
+pub const CUDA_C_16BF: cudaDataType_t = 15;
+pub const CUDA_R_32F: cudaDataType_t = 0;
+pub const CUDA_C_32F: cudaDataType_t = 4;
+pub const CUDA_R_64F: cudaDataType_t = 1;
+pub const CUDA_C_64F: cudaDataType_t = 5;
+pub const CUDA_R_4I: cudaDataType_t = 16;
+pub const CUDA_C_4I: cudaDataType_t = 17;
+pub const CUDA_R_4U: cudaDataType_t = 18;
+pub const CUDA_C_4U: cudaDataType_t = 19;
+pub const CUDA_R_8I: cudaDataType_t = 3;
+pub const CUDA_C_8I: cudaDataType_t = 7;
+pub const CUDA_R_8U: cudaDataType_t = 8;
+pub const CUDA_C_8U: cudaDataType_t = 9;
+pub const CUDA_R_16I: cudaDataType_t = 20;
+pub const CUDA_C_16I: cudaDataType_t = 21;
+pub const CUDA_R_16U: cudaDataType_t = 22;
+pub const CUDA_C_16U: cudaDataType_t = 23;
+pub const CUDA_R_32I: cudaDataType_t = 10;
+pub const CUDA_C_32I: cudaDataType_t = 11;
+pub const CUDA_R_32U: cudaDataType_t = 12;
+pub const CUDA_C_32U: cudaDataType_t = 13;
+pub const CUDA_R_64I: cudaDataType_t = 24;
+pub const CUDA_C_64I: cudaDataType_t = 25;
+pub const CUDA_R_64U: cudaDataType_t = 26;
+pub const CUDA_C_64U: cudaDataType_t = 27;
+pub const CUDA_R_8F_E4M3: cudaDataType_t = 28;
+pub const CUDA_R_8F_UE4M3: cudaDataType_t = 28;
+pub const CUDA_R_8F_E5M2: cudaDataType_t = 29;
+pub const CUDA_R_8F_UE8M0: cudaDataType_t = 30;
+pub const CUDA_R_6F_E2M3: cudaDataType_t = 31;
+pub const CUDA_R_6F_E3M2: cudaDataType_t = 32;
+pub const CUDA_R_4F_E2M1: cudaDataType_t = 33;
+pub type cudaDataType_t = ::std::os::raw::c_uint;
+pub use self::cudaDataType_t as cudaDataType;
 pub const CUBLAS_STATUS_SUCCESS: cublasStatus_t = 0;
 pub const CUBLAS_STATUS_NOT_INITIALIZED: cublasStatus_t = 1;
 pub const CUBLAS_STATUS_ALLOC_FAILED: cublasStatus_t = 3;
@@ -23,6 +60,52 @@ pub const CUBLAS_OP_C: cublasOperation_t = 2;
 pub const CUBLAS_OP_HERMITAN: cublasOperation_t = 2;
 pub const CUBLAS_OP_CONJG: cublasOperation_t = 3;
 pub type cublasOperation_t = ::std::os::raw::c_uint;
+pub const CUBLAS_GEMM_DFALT: cublasGemmAlgo_t = -1;
+pub const CUBLAS_GEMM_DEFAULT: cublasGemmAlgo_t = -1;
+pub const CUBLAS_GEMM_ALGO0: cublasGemmAlgo_t = 0;
+pub const CUBLAS_GEMM_ALGO1: cublasGemmAlgo_t = 1;
+pub const CUBLAS_GEMM_ALGO2: cublasGemmAlgo_t = 2;
+pub const CUBLAS_GEMM_ALGO3: cublasGemmAlgo_t = 3;
+pub const CUBLAS_GEMM_ALGO4: cublasGemmAlgo_t = 4;
+pub const CUBLAS_GEMM_ALGO5: cublasGemmAlgo_t = 5;
+pub const CUBLAS_GEMM_ALGO6: cublasGemmAlgo_t = 6;
+pub const CUBLAS_GEMM_ALGO7: cublasGemmAlgo_t = 7;
+pub const CUBLAS_GEMM_ALGO8: cublasGemmAlgo_t = 8;
+pub const CUBLAS_GEMM_ALGO9: cublasGemmAlgo_t = 9;
+pub const CUBLAS_GEMM_ALGO10: cublasGemmAlgo_t = 10;
+pub const CUBLAS_GEMM_ALGO11: cublasGemmAlgo_t = 11;
+pub const CUBLAS_GEMM_ALGO12: cublasGemmAlgo_t = 12;
+pub const CUBLAS_GEMM_ALGO13: cublasGemmAlgo_t = 13;
+pub const CUBLAS_GEMM_ALGO14: cublasGemmAlgo_t = 14;
+pub const CUBLAS_GEMM_ALGO15: cublasGemmAlgo_t = 15;
+pub const CUBLAS_GEMM_ALGO16: cublasGemmAlgo_t = 16;
+pub const CUBLAS_GEMM_ALGO17: cublasGemmAlgo_t = 17;
+pub const CUBLAS_GEMM_ALGO18: cublasGemmAlgo_t = 18;
+pub const CUBLAS_GEMM_ALGO19: cublasGemmAlgo_t = 19;
+pub const CUBLAS_GEMM_ALGO20: cublasGemmAlgo_t = 20;
+pub const CUBLAS_GEMM_ALGO21: cublasGemmAlgo_t = 21;
+pub const CUBLAS_GEMM_ALGO22: cublasGemmAlgo_t = 22;
+pub const CUBLAS_GEMM_ALGO23: cublasGemmAlgo_t = 23;
+pub const CUBLAS_GEMM_DEFAULT_TENSOR_OP: cublasGemmAlgo_t = 99;
+pub const CUBLAS_GEMM_DFALT_TENSOR_OP: cublasGemmAlgo_t = 99;
+pub const CUBLAS_GEMM_ALGO0_TENSOR_OP: cublasGemmAlgo_t = 100;
+pub const CUBLAS_GEMM_ALGO1_TENSOR_OP: cublasGemmAlgo_t = 101;
+pub const CUBLAS_GEMM_ALGO2_TENSOR_OP: cublasGemmAlgo_t = 102;
+pub const CUBLAS_GEMM_ALGO3_TENSOR_OP: cublasGemmAlgo_t = 103;
+pub const CUBLAS_GEMM_ALGO4_TENSOR_OP: cublasGemmAlgo_t = 104;
+pub const CUBLAS_GEMM_ALGO5_TENSOR_OP: cublasGemmAlgo_t = 105;
+pub const CUBLAS_GEMM_ALGO6_TENSOR_OP: cublasGemmAlgo_t = 106;
+pub const CUBLAS_GEMM_ALGO7_TENSOR_OP: cublasGemmAlgo_t = 107;
+pub const CUBLAS_GEMM_ALGO8_TENSOR_OP: cublasGemmAlgo_t = 108;
+pub const CUBLAS_GEMM_ALGO9_TENSOR_OP: cublasGemmAlgo_t = 109;
+pub const CUBLAS_GEMM_ALGO10_TENSOR_OP: cublasGemmAlgo_t = 110;
+pub const CUBLAS_GEMM_ALGO11_TENSOR_OP: cublasGemmAlgo_t = 111;
+pub const CUBLAS_GEMM_ALGO12_TENSOR_OP: cublasGemmAlgo_t = 112;
+pub const CUBLAS_GEMM_ALGO13_TENSOR_OP: cublasGemmAlgo_t = 113;
+pub const CUBLAS_GEMM_ALGO14_TENSOR_OP: cublasGemmAlgo_t = 114;
+pub const CUBLAS_GEMM_ALGO15_TENSOR_OP: cublasGemmAlgo_t = 115;
+pub const CUBLAS_GEMM_AUTOTUNE: cublasGemmAlgo_t = 999;
+pub type cublasGemmAlgo_t = ::std::os::raw::c_int;
 pub const CUBLAS_DEFAULT_MATH: cublasMath_t = 0;
 pub const CUBLAS_TENSOR_OP_MATH: cublasMath_t = 1;
 pub const CUBLAS_PEDANTIC_MATH: cublasMath_t = 2;
@@ -30,6 +113,19 @@ pub const CUBLAS_TF32_TENSOR_OP_MATH: cublasMath_t = 3;
 pub const CUBLAS_FP32_EMULATED_BF16X9_MATH: cublasMath_t = 4;
 pub const CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION: cublasMath_t = 16;
 pub type cublasMath_t = ::std::os::raw::c_uint;
+pub const CUBLAS_COMPUTE_16F: cublasComputeType_t = 64;
+pub const CUBLAS_COMPUTE_16F_PEDANTIC: cublasComputeType_t = 65;
+pub const CUBLAS_COMPUTE_32F: cublasComputeType_t = 68;
+pub const CUBLAS_COMPUTE_32F_PEDANTIC: cublasComputeType_t = 69;
+pub const CUBLAS_COMPUTE_32F_FAST_16F: cublasComputeType_t = 74;
+pub const CUBLAS_COMPUTE_32F_FAST_16BF: cublasComputeType_t = 75;
+pub const CUBLAS_COMPUTE_32F_FAST_TF32: cublasComputeType_t = 77;
+pub const CUBLAS_COMPUTE_32F_EMULATED_16BFX9: cublasComputeType_t = 78;
+pub const CUBLAS_COMPUTE_64F: cublasComputeType_t = 70;
+pub const CUBLAS_COMPUTE_64F_PEDANTIC: cublasComputeType_t = 71;
+pub const CUBLAS_COMPUTE_32I: cublasComputeType_t = 72;
+pub const CUBLAS_COMPUTE_32I_PEDANTIC: cublasComputeType_t = 73;
+pub type cublasComputeType_t = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct cublasContext {
@@ -73,6 +169,31 @@ pub struct Cublas {
         strideC: ::std::os::raw::c_longlong,
         batchCount: ::std::os::raw::c_int,
     ) -> cublasStatus_t,
+    pub cublasGemmStridedBatchedEx: unsafe extern "C" fn(
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: ::std::os::raw::c_int,
+        n: ::std::os::raw::c_int,
+        k: ::std::os::raw::c_int,
+        alpha: *const ::std::os::raw::c_void,
+        A: *const ::std::os::raw::c_void,
+        Atype: cudaDataType,
+        lda: ::std::os::raw::c_int,
+        strideA: ::std::os::raw::c_longlong,
+        B: *const ::std::os::raw::c_void,
+        Btype: cudaDataType,
+        ldb: ::std::os::raw::c_int,
+        strideB: ::std::os::raw::c_longlong,
+        beta: *const ::std::os::raw::c_void,
+        C: *mut ::std::os::raw::c_void,
+        Ctype: cudaDataType,
+        ldc: ::std::os::raw::c_int,
+        strideC: ::std::os::raw::c_longlong,
+        batchCount: ::std::os::raw::c_int,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) -> cublasStatus_t,
 }
 impl Cublas {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -98,6 +219,8 @@ impl Cublas {
         let cublasSetMathMode = unsafe { __library.get(b"cublasSetMathMode\0") }.map(|sym| *sym)?;
         let cublasSgemmStridedBatched =
             unsafe { __library.get(b"cublasSgemmStridedBatched\0") }.map(|sym| *sym)?;
+        let cublasGemmStridedBatchedEx =
+            unsafe { __library.get(b"cublasGemmStridedBatchedEx\0") }.map(|sym| *sym)?;
         Ok(Cublas {
             __library,
             cublasCreate_v2,
@@ -107,6 +230,7 @@ impl Cublas {
             cublasSetStream_v2,
             cublasSetMathMode,
             cublasSgemmStridedBatched,
+            cublasGemmStridedBatchedEx,
         })
     }
     pub unsafe fn cublasCreate_v2(&self, handle: *mut cublasHandle_t) -> cublasStatus_t {
@@ -169,6 +293,60 @@ impl Cublas {
             (self.cublasSgemmStridedBatched)(
                 handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C,
                 ldc, strideC, batchCount,
+            )
+        }
+    }
+    pub unsafe fn cublasGemmStridedBatchedEx(
+        &self,
+        handle: cublasHandle_t,
+        transa: cublasOperation_t,
+        transb: cublasOperation_t,
+        m: ::std::os::raw::c_int,
+        n: ::std::os::raw::c_int,
+        k: ::std::os::raw::c_int,
+        alpha: *const ::std::os::raw::c_void,
+        A: *const ::std::os::raw::c_void,
+        Atype: cudaDataType,
+        lda: ::std::os::raw::c_int,
+        strideA: ::std::os::raw::c_longlong,
+        B: *const ::std::os::raw::c_void,
+        Btype: cudaDataType,
+        ldb: ::std::os::raw::c_int,
+        strideB: ::std::os::raw::c_longlong,
+        beta: *const ::std::os::raw::c_void,
+        C: *mut ::std::os::raw::c_void,
+        Ctype: cudaDataType,
+        ldc: ::std::os::raw::c_int,
+        strideC: ::std::os::raw::c_longlong,
+        batchCount: ::std::os::raw::c_int,
+        computeType: cublasComputeType_t,
+        algo: cublasGemmAlgo_t,
+    ) -> cublasStatus_t {
+        unsafe {
+            (self.cublasGemmStridedBatchedEx)(
+                handle,
+                transa,
+                transb,
+                m,
+                n,
+                k,
+                alpha,
+                A,
+                Atype,
+                lda,
+                strideA,
+                B,
+                Btype,
+                ldb,
+                strideB,
+                beta,
+                C,
+                Ctype,
+                ldc,
+                strideC,
+                batchCount,
+                computeType,
+                algo,
             )
         }
     }

@@ -226,6 +226,7 @@ pub const CUBLAS_SYMBOLS: &[&str] = &[
     "cublasSetWorkspace_v2",
     "cublasSetMathMode",
     "cublasSgemmStridedBatched",
+    "cublasGemmStridedBatchedEx",
     "cublasGetVersion_v2",
 ];
 

@@ -17,6 +17,7 @@ mod matmul;
 pub(crate) mod norm;
 mod par;
 pub(crate) mod pool;
+mod precision;
 pub(crate) mod reduce;
 pub(crate) mod select;
 pub(crate) mod train;

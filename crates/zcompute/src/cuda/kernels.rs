@@ -20,7 +20,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 12] = [
+pub(crate) const MODULES: [(&str, &str); 13] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -51,6 +51,10 @@ pub(crate) const MODULES: [(&str, &str); 12] = [
         include_str!("../../../../kernels/ptx/attention_short.ptx"),
     ),
     ("select", include_str!("../../../../kernels/ptx/select.ptx")),
+    (
+        "convert",
+        include_str!("../../../../kernels/ptx/convert.ptx"),
+    ),
 ];
 
 /// Kinds of kernel parameters.
@@ -185,6 +189,10 @@ pub enum Kernel {
     /// SGD with momentum and Nesterov, its rate, step and gate read from a slot (`train.cu`,
     /// launched from `cuda/optim.rs`).
     Sgd,
+    /// float32 to bf16 (nearest, ties to even) and back, dense (`convert.cu`, launched from
+    /// `cuda/precision.rs`): the operands of a bf16 matrix product (issue 42).
+    F32ToBf16,
+    Bf16ToF32,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -224,7 +232,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 70] = [
+    pub const ALL: [Kernel; 72] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -295,6 +303,8 @@ impl Kernel {
         Kernel::IndexAddRows,
         Kernel::DropoutMask,
         Kernel::Sgd,
+        Kernel::F32ToBf16,
+        Kernel::Bf16ToF32,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -559,6 +569,8 @@ impl Kernel {
                 &[Ptr, Ptr, U64, U32, U32, U32, U32, F32],
                 0,
             ),
+            Kernel::F32ToBf16 => s(12, "zc_f32_to_bf16", &[Ptr, Ptr, U64], 0),
+            Kernel::Bf16ToF32 => s(12, "zc_bf16_to_f32", &[Ptr, Ptr, U64], 0),
             Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearRowsNMajor => s(7, "zc_linear_rows_nmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearParamGrads => s(

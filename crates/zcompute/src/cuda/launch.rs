@@ -5,7 +5,7 @@
 use super::kernels::{Args, Kernel};
 use super::{CudaBackend, device_error};
 use crate::error::{ComputeError, Result};
-use zdevice::{Driver, GemmF32, LaunchConfig};
+use zdevice::{Driver, GemmEx, GemmF32, LaunchConfig};
 
 impl<D: Driver> CudaBackend<D> {
     /// Launches `kernel` on the backend's stream.
@@ -49,6 +49,17 @@ impl<D: Driver> CudaBackend<D> {
         // within its storage, and the output is a fresh block of exactly batch*m*n floats.
         // Stream ordering keeps the memory valid until the gemm has run (as for launches).
         unsafe { self.inner.device.gemm_f32(gemm, self.inner.stream) }
+            .map_err(|e| device_error(op, e))
+    }
+
+    /// Runs a mixed-precision strided batched gemm (issue 42) on the backend's stream.
+    pub(crate) fn gemm_ex(&self, op: &'static str, gemm: &GemmEx) -> Result<()> {
+        // SAFETY: as `gemm`: `matmul` builds the descriptor from resolved blocks and layouts it
+        // checked. Under bf16, A and B are the dense bf16 copies `bf16_operand` made, each a
+        // block of at least 2 bytes per element the descriptor reaches (ld and batch stride
+        // those of the dense copy), kept alive by the caller's `Operand` until queued; C is the
+        // float32 output as for `gemm`. Stream ordering keeps the memory valid until it ran.
+        unsafe { self.inner.device.gemm_ex(gemm, self.inner.stream) }
             .map_err(|e| device_error(op, e))
     }
 }

@@ -11,21 +11,22 @@ use super::{CudaBackend, CudaTensor};
 use crate::backend::MatmulOpts;
 use crate::error::{ComputeError, Result};
 use crate::layout::{Dims, checked_numel};
+use crate::precision::MathMode;
 use crate::validate::{self, split_matrix as split};
-use zdevice::{DevicePtr, Driver, GemmF32, Transpose};
+use zdevice::{DevicePtr, Driver, GemmEx, GemmF32, Transpose};
 
 const OP: &str = "matmul";
 
 /// How cuBLAS reads one operand's matrices.
 #[derive(Debug)]
-struct Operand {
+pub(super) struct Operand {
     /// Keeps a dense copy alive until the gemm is queued (stream order covers the rest).
-    _keep: CudaTensor,
-    ptr: DevicePtr,
+    pub(super) _keep: CudaTensor,
+    pub(super) ptr: DevicePtr,
     /// Stored column-major (a transposed view of a row-major matrix).
-    col_major: bool,
-    ld: usize,
-    batch_stride: usize,
+    pub(super) col_major: bool,
+    pub(super) ld: usize,
+    pub(super) batch_stride: usize,
 }
 
 fn to_i32(what: &str, v: usize) -> Result<i32> {
@@ -85,6 +86,18 @@ impl<D: Driver> CudaBackend<D> {
         b: &CudaTensor,
         opts: MatmulOpts,
     ) -> Result<CudaTensor> {
+        self.matmul_gemm_mode(a, b, opts, MathMode::F32)
+    }
+
+    /// `op(a) · op(b)` under `mode` (`MathMode::F32`: the float32 path, small-row kernel
+    /// included; TF32 and bf16: `cublasGemmStridedBatchedEx`, see `gemm_to`).
+    pub(crate) fn matmul_gemm_mode(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        mode: MathMode,
+    ) -> Result<CudaTensor> {
         let shape = validate::matmul(a, b, opts)?;
         let out = self.alloc(OP, &shape.out)?;
         if out.numel() == 0 {
@@ -94,7 +107,7 @@ impl<D: Driver> CudaBackend<D> {
             self.fill_zero(&out)?;
             return Ok(out);
         }
-        self.gemm_to(a, b, opts, &shape, &out, 0.0)?;
+        self.gemm_to(a, b, opts, &shape, &out, 0.0, mode)?;
         Ok(out)
     }
 
@@ -108,18 +121,35 @@ impl<D: Driver> CudaBackend<D> {
         opts: MatmulOpts,
         dst: &CudaTensor,
     ) -> Result<()> {
+        self.matmul_into_gemm_mode(a, b, opts, dst, MathMode::F32)
+    }
+
+    /// `dst += op(a) · op(b)` under `mode`, as `matmul_into_gemm`.
+    pub(crate) fn matmul_into_gemm_mode(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        dst: &CudaTensor,
+        mode: MathMode,
+    ) -> Result<()> {
         let shape = validate::matmul_into(a, b, opts, dst)?;
         if dst.numel() == 0 || shape.k == 0 {
             return Ok(());
         }
         if dst.is_contiguous() {
-            return self.gemm_to(a, b, opts, &shape, dst, 1.0);
+            return self.gemm_to(a, b, opts, &shape, dst, 1.0, mode);
         }
-        let product = self.matmul_gemm(a, b, opts)?;
+        let product = self.matmul_gemm_mode(a, b, opts, mode)?;
         self.add_into_fused(&product, dst)
     }
 
-    /// `out = op(a) · op(b) + beta * out` for a dense `out` of the product's shape.
+    /// `out = op(a) · op(b) + beta * out` for a dense `out` of the product's shape, under
+    /// `mode`: float32 through the small-row kernel or `cublasSgemmStridedBatched`; TF32
+    /// through `cublasGemmStridedBatchedEx` on the operands in place; bf16 through it on bf16
+    /// copies of the operands (`cuda/precision.rs`). The small-row kernel computes in float32
+    /// only, so the reduced modes always take cuBLAS.
+    #[allow(clippy::too_many_arguments)]
     fn gemm_to(
         &self,
         a: &CudaTensor,
@@ -128,18 +158,24 @@ impl<D: Driver> CudaBackend<D> {
         shape: &validate::MatmulShape,
         out: &CudaTensor,
         beta: f32,
+        mode: MathMode,
     ) -> Result<()> {
         let validate::MatmulShape { batch, m, k, n, .. } = shape;
         let (m, k, n) = (*m, *k, *n);
         let count = checked_numel(OP, batch)?;
         // Few rows (one sample's): one small-row kernel over many CTAs (cuda/linear.rs).
         let trans = (opts.trans_a, opts.trans_b);
-        if self.small_rows_gemm((a, b), trans, (m, k, n), count, out, beta)? {
+        if mode == MathMode::F32
+            && self.small_rows_gemm((a, b), trans, (m, k, n), count, out, beta)?
+        {
             return Ok(());
         }
-        tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, beta, "gemm");
-        let oa = self.operand(a, batch)?;
-        let ob = self.operand(b, batch)?;
+        tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, beta, mode = mode.name(), "gemm");
+        let (oa, ob) = if mode == MathMode::Bf16 {
+            (self.bf16_operand(a, batch)?, self.bf16_operand(b, batch)?)
+        } else {
+            (self.operand(a, batch)?, self.operand(b, batch)?)
+        };
         let t = |yes: bool| if yes { Transpose::Yes } else { Transpose::No };
         let gemm = GemmF32 {
             transa: t(opts.trans_b != ob.col_major),
@@ -160,7 +196,16 @@ impl<D: Driver> CudaBackend<D> {
             stride_c: (m * n) as i64,
             batch: to_i32("batch", count)?,
         };
-        self.gemm(OP, &gemm)
+        match mode {
+            MathMode::F32 => self.gemm(OP, &gemm),
+            MathMode::Tf32 | MathMode::Bf16 => self.gemm_ex(
+                OP,
+                &GemmEx {
+                    math: mode.gemm_math(),
+                    gemm,
+                },
+            ),
+        }
     }
 
     fn fill_zero(&self, t: &CudaTensor) -> Result<()> {

@@ -36,6 +36,7 @@ mod norm_params;
 mod ops;
 mod optim;
 mod pinned;
+mod precision;
 mod readback;
 mod rows;
 mod select;

@@ -11,6 +11,7 @@
 //! `twins/train.rs` and `twins/flat.rs` (one per group of `kernels/*.cu` entries).
 
 mod attention;
+mod convert;
 mod elementwise;
 mod flat;
 mod fused;
@@ -141,6 +142,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::IndexAddRows => select::index_add_rows,
         Kernel::DropoutMask => select::dropout_mask,
         Kernel::Sgd => train::sgd,
+        Kernel::F32ToBf16 => convert::f32_to_bf16,
+        Kernel::Bf16ToF32 => convert::bf16_to_f32,
     }
 }
 

@@ -13,6 +13,7 @@ mod layout_props;
 mod matmul;
 mod norm;
 mod pool_head_into;
+mod precision;
 mod reduce;
 mod train;
 mod unary;

@@ -7,7 +7,7 @@ use cuda_sys::cublas::{self as cb, Cublas, cublasStatus_t};
 
 use super::{CudaDriver, size};
 use crate::driver::{DriverError, DriverResult};
-use crate::types::{BlasHandle, DevicePtr, GemmF32, Stream, Transpose};
+use crate::types::{BlasHandle, DevicePtr, GemmEx, GemmF32, GemmMath, Stream, Transpose};
 
 fn lib() -> DriverResult<&'static Cublas> {
     Ok(cuda_sys::cublas()?)
@@ -128,6 +128,62 @@ pub(super) unsafe fn sgemm_strided_batched(
             g.ldc,
             g.stride_c,
             g.batch,
+        )
+    })
+}
+
+// --- mixed-precision gemm (issue 42) ---------------------------------------------------------
+
+/// The operand type and compute type of a mode. C is float32 in every mode; the compute types
+/// are explicit, so the handle's math mode (pedantic unless `set_tf32`) changes none of them.
+fn ex_types(math: GemmMath) -> (cb::cudaDataType, cb::cublasComputeType_t) {
+    match math {
+        GemmMath::F32 => (cb::CUDA_R_32F, cb::CUBLAS_COMPUTE_32F_PEDANTIC),
+        GemmMath::Tf32 => (cb::CUDA_R_32F, cb::CUBLAS_COMPUTE_32F_FAST_TF32),
+        GemmMath::Bf16 => (cb::CUDA_R_16BF, cb::CUBLAS_COMPUTE_32F),
+    }
+}
+
+/// # Safety
+/// Every operand described by `g` lies in live device memory, A and B of the mode's element
+/// type (the trait method's contract).
+pub(super) unsafe fn gemm_strided_batched_ex(
+    drv: &CudaDriver,
+    h: BlasHandle,
+    ex: &GemmEx,
+) -> DriverResult<()> {
+    let blas = lib()?;
+    drv.bind()?;
+    let g = &ex.gemm;
+    let (ab_type, compute) = ex_types(ex.math);
+    // SAFETY: alpha and beta are float32 host scalars (the compute types are all 32F, whose
+    // scalars are float; the handle keeps cuBLAS's default host pointer mode), live for the
+    // call; the device operands and their element types are the caller's contract.
+    check("cublasGemmStridedBatchedEx", unsafe {
+        blas.cublasGemmStridedBatchedEx(
+            handle(h),
+            op(g.transa),
+            op(g.transb),
+            g.m,
+            g.n,
+            g.k,
+            std::ptr::from_ref(&g.alpha).cast::<c_void>(),
+            g.a.0 as *const c_void,
+            ab_type,
+            g.lda,
+            g.stride_a,
+            g.b.0 as *const c_void,
+            ab_type,
+            g.ldb,
+            g.stride_b,
+            std::ptr::from_ref(&g.beta).cast::<c_void>(),
+            g.c.0 as *mut c_void,
+            cb::CUDA_R_32F,
+            g.ldc,
+            g.stride_c,
+            g.batch,
+            compute,
+            cb::CUBLAS_GEMM_DEFAULT,
         )
     })
 }

@@ -385,4 +385,16 @@ impl Driver for CudaDriver {
         // SAFETY: forwarded contract: every operand lies in live device memory.
         unsafe { super::blas::sgemm_strided_batched(self, handle, gemm) }
     }
+
+    // --- mixed-precision gemm (issue 42) -----------------------------------------------------
+
+    unsafe fn gemm_strided_batched_ex(
+        &self,
+        handle: BlasHandle,
+        gemm: &GemmEx,
+    ) -> DriverResult<()> {
+        // SAFETY: forwarded contract: every operand lies in live device memory, of the mode's
+        // element types.
+        unsafe { super::blas::gemm_strided_batched_ex(self, handle, gemm) }
+    }
 }

@@ -148,6 +148,45 @@ impl<D: Driver> Device<D> {
     }
 }
 
+// --- mixed-precision gemm (issue 42) ---------------------------------------------------------
+
+impl<D: Driver> Device<D> {
+    /// Strided batched gemm under `gemm.math` (float32, TF32 or bf16 operands; float32
+    /// accumulation and C: [`Driver::gemm_strided_batched_ex`]) on `stream`, using the workspace
+    /// reserved at open, so it allocates nothing and is capturable as the float32 gemm is.
+    ///
+    /// # Safety
+    /// Every operand described by `gemm` must lie in live device memory, A and B holding
+    /// elements of the mode's type, until the gemm has run.
+    pub unsafe fn gemm_ex(&self, gemm: &GemmEx, stream: Stream) -> DeviceResult<()> {
+        const CALL: &str = "cublasGemmStridedBatchedEx";
+        let g = &gemm.gemm;
+        if g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0 {
+            return Err(DeviceError::InvalidArgument {
+                call: CALL,
+                reason: format!(
+                    "negative dimension: m={} n={} k={} batch={}",
+                    g.m, g.n, g.k, g.batch
+                ),
+            });
+        }
+        let blas = self.inner.blas;
+        {
+            let mut bound = self
+                .inner
+                .blas_stream
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *bound != stream {
+                self.call(|d| d.blas_set_stream(blas, stream))?;
+                *bound = stream;
+            }
+        }
+        // SAFETY: forwarded from this function's contract.
+        self.call_queued(CALL, |d| unsafe { d.gemm_strided_batched_ex(blas, gemm) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -571,4 +571,25 @@ impl<D: Driver> Driver for FaultyDriver<D> {
             unsafe { d.gemm_strided_batched_f32(handle, gemm) }
         })
     }
+
+    // --- mixed-precision gemm (issue 42) -----------------------------------------------------
+
+    unsafe fn gemm_strided_batched_ex(
+        &self,
+        handle: BlasHandle,
+        gemm: &GemmEx,
+    ) -> DriverResult<()> {
+        // Queued on the handle's stream, as the float32 gemm is.
+        let stream = self
+            .ctl
+            .lock()
+            .blas_streams
+            .get(&handle.0)
+            .copied()
+            .unwrap_or(0);
+        self.async_call(calls::GEMM_STRIDED_BATCHED_EX, stream, |d| {
+            // SAFETY: forwarded unchanged; the caller upholds the trait method's contract.
+            unsafe { d.gemm_strided_batched_ex(handle, gemm) }
+        })
+    }
 }

@@ -13,11 +13,11 @@ use super::state::{Cx, LEGACY, State};
 use crate::driver::DriverResult;
 use crate::types::{BlasHandle, DevicePtr, GemmF32, Stream};
 
-const NOT_INITIALIZED: u32 = 1;
-const INVALID_VALUE: u32 = 7;
+pub(super) const NOT_INITIALIZED: u32 = 1;
+pub(super) const INVALID_VALUE: u32 = 7;
 /// Captured nodes per gemm: with a user workspace, and with cuBLAS's own.
-const NODES_WITH_WORKSPACE: usize = 2;
-const NODES_DEFAULT_WORKSPACE: usize = 4;
+pub(super) const NODES_WITH_WORKSPACE: usize = 2;
+pub(super) const NODES_DEFAULT_WORKSPACE: usize = 4;
 
 #[derive(Debug)]
 pub(crate) struct BlasState {

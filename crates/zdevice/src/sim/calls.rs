@@ -147,6 +147,8 @@ pub const BLAS_SET_WORKSPACE: &str = "cublasSetWorkspace_v2";
 pub const BLAS_SET_MATH_MODE: &str = "cublasSetMathMode";
 /// `cublasSgemmStridedBatched`.
 pub const GEMM_STRIDED_BATCHED: &str = "cublasSgemmStridedBatched";
+/// `cublasGemmStridedBatchedEx` (issue 42: the mixed-precision gemm).
+pub const GEMM_STRIDED_BATCHED_EX: &str = "cublasGemmStridedBatchedEx";
 
 /// Whether `call` is a cuBLAS function (its failures are `DriverError::Cublas`).
 #[must_use]

@@ -243,9 +243,16 @@ pub(crate) fn rule(call: &str, v: &View) -> Outcome {
         // capturing stream | a memory-allocation node", cublasSgemm on a handle bound to the
         // capturing stream: captured (node counts in blas.rs); kernel launches and the other
         // asynchronous copies and memsets are captured the same way (issue text).
-        MEMCPY_HTOD_ASYNC | MEMCPY_DTOH_ASYNC | MEMCPY_DTOD_ASYNC | MEMSET_D8_ASYNC
-        | MEMSET_D32_ASYNC | LAUNCH_KERNEL | EVENT_RECORD | MEM_ALLOC_ASYNC
-        | GEMM_STRIDED_BATCHED => captured,
+        MEMCPY_HTOD_ASYNC
+        | MEMCPY_DTOH_ASYNC
+        | MEMCPY_DTOD_ASYNC
+        | MEMSET_D8_ASYNC
+        | MEMSET_D32_ASYNC
+        | LAUNCH_KERNEL
+        | EVENT_RECORD
+        | MEM_ALLOC_ASYNC
+        | GEMM_STRIDED_BATCHED
+        | GEMM_STRIDED_BATCHED_EX => captured,
         // The "matching free inside the graph" of the memory-node paragraph.
         MEM_FREE_ASYNC if v.free == FreeTarget::CapturedAlloc => captured,
         // "cuStreamSynchronize / cuCtxSynchronize / cuStreamQuery | 900, invalidated | same |

@@ -553,4 +553,18 @@ impl Driver for SimDriver {
             st.gemm(cx, handle, gemm)
         })
     }
+
+    // --- mixed-precision gemm (issue 42) -----------------------------------------------------
+
+    /// Emulated in `sim/gemm_ex.rs` (operands rounded as the mode says, float32 accumulation);
+    /// captured like `cublasSgemmStridedBatched`.
+    unsafe fn gemm_strided_batched_ex(
+        &self,
+        handle: BlasHandle,
+        gemm: &GemmEx,
+    ) -> DriverResult<()> {
+        self.call(c::GEMM_STRIDED_BATCHED_EX, None, |st, cx| {
+            st.gemm_ex(cx, handle, gemm)
+        })
+    }
 }

@@ -41,12 +41,7 @@ pub(crate) fn flops(g: &GemmF32) -> u64 {
 
 /// Rounds to TF32 (10 mantissa bits, round to nearest even), as tensor cores read operands.
 fn tf32(x: f32) -> f32 {
-    if !x.is_finite() {
-        return x;
-    }
-    let b = x.to_bits();
-    let rounded = b.wrapping_add(0xFFF + ((b >> 13) & 1)) & !0x1FFF;
-    f32::from_bits(rounded)
+    crate::rounding::round_to_tf32(x)
 }
 
 /// The address of element `index` (in floats) past `base`, or a fault if it leaves the address

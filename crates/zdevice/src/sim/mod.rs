@@ -24,6 +24,7 @@ mod config;
 mod copies;
 mod driver_impl;
 mod gemm;
+mod gemm_ex;
 mod graphs;
 mod ipc;
 mod kernels;

@@ -11,9 +11,10 @@ use std::time::Duration;
 use super::access::{KernelFault, SimMemory};
 use super::config::SimConfig;
 use super::gemm;
+use super::gemm_ex;
 use super::kernels::KernelFn;
 use super::memory::Memory;
-use crate::types::{DevicePtr, Event, GemmF32, HostPtr, KernelArg, LaunchConfig, Stream};
+use crate::types::{DevicePtr, Event, GemmEx, GemmF32, HostPtr, KernelArg, LaunchConfig, Stream};
 
 #[derive(Clone)]
 pub(crate) enum Op {
@@ -59,6 +60,10 @@ pub(crate) enum Op {
         gemm: GemmF32,
         tf32: bool,
     },
+    /// `cublasGemmStridedBatchedEx` (issue 42).
+    GemmEx {
+        gemm: GemmEx,
+    },
     /// One of cuBLAS's auxiliary graph nodes: counted, does nothing.
     Noop,
     EventRecord {
@@ -96,6 +101,7 @@ impl std::fmt::Debug for Op {
                 name, config, args, ..
             } => write!(f, "Kernel({name}, {config:?}, {args:?})"),
             Op::Gemm { gemm, tf32 } => write!(f, "Gemm({gemm:?}, tf32={tf32})"),
+            Op::GemmEx { gemm } => write!(f, "GemmEx({gemm:?})"),
             Op::Noop => write!(f, "Noop"),
             Op::EventRecord { event } => write!(f, "EventRecord({event:?})"),
             Op::Wait { stream, seq } => write!(f, "Wait({stream:?}, {seq})"),
@@ -125,7 +131,10 @@ impl Op {
             }
             Op::CopyBytesHtoD { data, .. } => data.len() as u64,
             Op::Set32 { count, .. } => count.saturating_mul(4),
-            Op::Gemm { gemm, .. } => {
+            Op::Gemm { gemm, .. }
+            | Op::GemmEx {
+                gemm: GemmEx { gemm, .. },
+            } => {
                 return cfg.op_time + micros(gemm::flops(gemm) / cfg.flops_per_us.max(1));
             }
             Op::Kernel { .. } => 0,
@@ -180,6 +189,7 @@ impl Op {
                 ..
             } => kernel(config, args, &mut SimMemory::new(mem)),
             Op::Gemm { gemm, tf32 } => gemm::run(mem, gemm, *tf32),
+            Op::GemmEx { gemm } => gemm_ex::run(mem, gemm),
             Op::Noop => Ok(()),
             Op::EventRecord { .. } | Op::Wait { .. } | Op::Free { .. } => return None,
             Op::AllocNode { .. } | Op::FreeNode { .. } => return None,

@@ -168,6 +168,22 @@ macro_rules! conformance_suite {
             c::still_usable(&dev).unwrap();
         }
 
+        /// `cublasGemmStridedBatchedEx` (issue 42) with the workspace set: captured, in every
+        /// mode. The node count is printed (`--nocapture`) for docs/capture-rules.md; the
+        /// simulator assumes the Sgemm row's 2.
+        #[rstest]
+        #[allow(clippy::print_stderr)] // the measured node count belongs in the run's log
+        fn capture_rules_gemm_ex_row(
+            #[values(Row::GemmExTf32WithWorkspace, Row::GemmExBf16WithWorkspace)] row: Row,
+            #[values(CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed)]
+            mode: CaptureMode,
+        ) {
+            let dev = $open();
+            let nodes = rules::check_row_nodes(&dev, row, mode, StreamKind::NonBlocking).unwrap();
+            eprintln!("{row:?} in {mode:?}: {nodes:?} nodes");
+            c::still_usable(&dev).unwrap();
+        }
+
         #[rstest]
         fn pinned_lend_fill_upload_refill(#[values(1, 1023, 600_001)] words: usize) {
             crate::pinned::lend_fill_upload_refill(&$open(), words).unwrap();

@@ -89,3 +89,27 @@ fn tf32_is_refused_on_the_cpu_not_run_in_float32() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The policy's products on any backend: `PrecisionOps` under `Precision::math_mode`. Under bf16
+/// on the CPU that is `matmul_cpu`'s product bit for bit (one rounding, zdevice's, equal to
+/// `half`'s); float32 is the backend's own.
+#[test]
+fn the_policy_runs_its_products_through_precision_ops() {
+    use zcompute::PrecisionOps;
+    let (a, b) = (values(6 * 40, 4), values(40 * 3, 5));
+    let ta = B.upload(&a, &[6, 40]).unwrap();
+    let tb = B.upload(&b, &[40, 3]).unwrap();
+    let opts = MatmulOpts::default();
+    for p in [Precision::F32, Precision::Bf16] {
+        let via_ops = B.matmul_mode(&ta, &tb, opts, p.math_mode()).unwrap();
+        let via_cpu = p.matmul_cpu(&B, &ta, &tb, opts).unwrap();
+        assert_eq!(
+            bits(&B.download(&via_ops).unwrap()),
+            bits(&B.download(&via_cpu).unwrap()),
+            "{}",
+            p.name()
+        );
+    }
+    assert_eq!(Precision::Tf32.math_mode(), zcompute::MathMode::Tf32);
+    assert_eq!(Precision::Tf32.math_mode().name(), Precision::Tf32.name());
+}

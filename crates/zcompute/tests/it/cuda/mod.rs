@@ -23,6 +23,7 @@ mod linear_launch;
 mod norm_params;
 mod norm_params_launch;
 mod optim;
+pub mod precision;
 mod readback;
 mod reduce_launch;
 mod select;

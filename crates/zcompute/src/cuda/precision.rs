@@ -1,0 +1,108 @@
+//! `PrecisionOps` on the device (issue 42): TF32 products as `cublasGemmStridedBatchedEx` on
+//! the float32 operands in place, bf16 products on bf16 copies of the operands made by
+//! `kernels/convert.cu` (`zc_f32_to_bf16`, nearest-even, one pass per operand), float32
+//! accumulation and output in both (the descriptor is built in `matmul.rs`'s `gemm_to`). A bf16
+//! copy lives in a temporary block of `ceil(n / 2)` floats (two bf16 elements a float), freed
+//! in stream order once the product is queued; in a capture it comes from the reservation as
+//! every temporary does, so the captured product allocates nothing at replay.
+
+use super::kernels::{self, Args, Kernel, ptr, u64a};
+use super::matmul::Operand;
+use super::{CudaBackend, CudaTensor};
+use crate::backend::{Backend, MatmulOpts};
+use crate::error::Result;
+use crate::layout::checked_numel;
+use crate::precision::{MathMode, PrecisionOps};
+use crate::validate::split_matrix;
+use zdevice::Driver;
+
+impl<D: Driver> CudaBackend<D> {
+    /// A temporary holding `x` (dense) as `x.numel()` bf16 elements, rounded to nearest-even.
+    fn to_bf16(&self, op: &'static str, x: &CudaTensor) -> Result<CudaTensor> {
+        let n = x.numel();
+        let holder = self.alloc_temp(op, &[n.div_ceil(2)])?;
+        if n > 0 {
+            let args: Args = [ptr(self.ptr(op, &holder)?), ptr(self.ptr(op, x)?), u64a(n)]
+                .into_iter()
+                .collect();
+            self.launch(op, Kernel::F32ToBf16, kernels::elementwise_config(n), &args)?;
+        }
+        Ok(holder)
+    }
+
+    /// One operand of a bf16 product, as cuBLAS reads it: a dense row-major bf16 copy of its
+    /// matrices. A single matrix broadcast over the batch is converted once (batch stride 0);
+    /// an operand already of the batch's size is converted as it is; any other broadcast is
+    /// materialised first.
+    pub(super) fn bf16_operand(&self, x: &CudaTensor, batch: &[usize]) -> Result<Operand> {
+        const OP: &str = "matmul";
+        let (_, r, c) = split_matrix(x)?;
+        let count = checked_numel(OP, batch)?;
+        let single = x.numel() == r * c;
+        let dense = if single || x.numel() == count * r * c {
+            // Broadcasting adds or widens axes of size 1 only: the same elements in the same
+            // order as the batch's.
+            self.dense(OP, x)?
+        } else {
+            let mut full: crate::layout::Dims = batch.into();
+            full.extend([r, c]);
+            self.dense(OP, &x.broadcast_to(&full)?)?
+        };
+        let holder = self.to_bf16(OP, &dense)?;
+        Ok(Operand {
+            ptr: self.ptr(OP, &holder)?,
+            _keep: holder,
+            col_major: false,
+            ld: c.max(1),
+            batch_stride: if single { 0 } else { r * c },
+        })
+    }
+}
+
+impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
+    fn matmul_mode(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        mode: MathMode,
+    ) -> Result<CudaTensor> {
+        match mode {
+            MathMode::F32 => self.matmul(a, b, opts),
+            MathMode::Tf32 | MathMode::Bf16 => self.matmul_gemm_mode(a, b, opts, mode),
+        }
+    }
+
+    fn matmul_into_mode(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        dst: &CudaTensor,
+        mode: MathMode,
+    ) -> Result<()> {
+        match mode {
+            MathMode::F32 => self.matmul_into(a, b, opts, dst),
+            MathMode::Tf32 | MathMode::Bf16 => self.matmul_into_gemm_mode(a, b, opts, dst, mode),
+        }
+    }
+
+    fn round_to_bf16(&self, x: &CudaTensor) -> Result<CudaTensor> {
+        const OP: &str = "round_to_bf16";
+        let out = self.alloc(OP, x.shape())?;
+        let n = x.numel();
+        if n == 0 {
+            return Ok(out);
+        }
+        let holder = self.to_bf16(OP, &self.dense(OP, x)?)?;
+        let args: Args = [
+            ptr(self.ptr(OP, &out)?),
+            ptr(self.ptr(OP, &holder)?),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::Bf16ToF32, kernels::elementwise_config(n), &args)?;
+        Ok(out)
+    }
+}

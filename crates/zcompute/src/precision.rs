@@ -1,0 +1,214 @@
+//! The precision family (issue 42): [`PrecisionOps`], matrix products under a [`MathMode`]
+//! (float32, TF32 or bf16 operands, float32 accumulation and output), the Linear layer's
+//! forward and backward built on them, and the bf16 rounding of a tensor.
+//!
+//! A mode is what the product computes, never a hint: a backend that cannot run a mode as it
+//! says refuses it with [`ComputeError::MathModeUnsupported`], never running float32 under
+//! the mode's name. The provided methods run [`MathMode::F32`] through
+//! [`Backend::matmul`](crate::Backend::matmul) and refuse the others; the CPU backend emulates
+//! TF32 and bf16 in f32 (operands rounded to nearest-even with `zdevice::rounding`, then its
+//! own float32 product), the CUDA backend runs them on tensor cores (`cublasGemmStridedBatchedEx`; bf16 operands converted by
+//! `kernels/convert.cu`), the simulated device emulates them as the CPU does.
+//!
+//! Comparing backends: the roundings of the operands are bit-exact everywhere (bf16: the
+//! conversion kernel, its twin and the CPU share one integer formula); the accumulation order
+//! is each backend's own (cuBLAS's tiles and split-K, the CPU's blocked kernels, the simulated
+//! device's sequential sum over `k`), so products agree within float32 accumulation error, not
+//! bit for bit. TF32 on the GPU reads float32 operands as the tensor cores do (not specified
+//! bit for bit; the emulation rounds to nearest-even), so TF32 products are compared within
+//! TF32 operand error.
+
+use crate::backend::{BTensor, MatmulOpts};
+use crate::element::{DType, Element};
+use crate::error::{ComputeError, Result};
+use crate::linear::{Activation, LinearOps};
+use crate::tensor::Tensor;
+use crate::validate;
+
+/// The arithmetic of a matrix product. Every mode accumulates in float32 and returns float32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MathMode {
+    /// float32 operands and products: [`Backend::matmul`](crate::Backend::matmul) itself (on
+    /// the CUDA backend after `set_tf32(true)` that product is TF32, as the backend was told;
+    /// the reduced modes do not depend on that switch).
+    #[default]
+    F32,
+    /// float32 operands read with 10 significand bits (TF32 tensor cores): at most TF32's
+    /// operand error. cuBLAS's `CUBLAS_COMPUTE_32F_FAST_TF32` allows TF32 rather than forcing
+    /// it, so a shape it runs without tensor cores comes out in float32 (more accurate, never
+    /// less); the CPU and the simulated device always round.
+    Tf32,
+    /// Operands rounded to bf16 (8 significand bits, nearest-even); a product of two bf16
+    /// values is exact in float32, so only the float32 accumulation rounds.
+    Bf16,
+}
+
+impl MathMode {
+    /// The mode's name (`f32`, `tf32`, `bf16`), as errors and logs write it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            MathMode::F32 => "f32",
+            MathMode::Tf32 => "tf32",
+            MathMode::Bf16 => "bf16",
+        }
+    }
+
+    /// An operand element as the mode's product reads it (float32 in, float32 out): unchanged,
+    /// rounded to TF32, or rounded to bf16, each to nearest-even (the emulation's rounding).
+    #[must_use]
+    pub fn round_operand(self, v: f32) -> f32 {
+        match self {
+            MathMode::F32 => v,
+            MathMode::Tf32 => zdevice::rounding::round_to_tf32(v),
+            MathMode::Bf16 => zdevice::rounding::round_to_bf16(v),
+        }
+    }
+
+    /// The driver's mode for the same arithmetic.
+    pub(crate) fn gemm_math(self) -> zdevice::GemmMath {
+        match self {
+            MathMode::F32 => zdevice::GemmMath::F32,
+            MathMode::Tf32 => zdevice::GemmMath::Tf32,
+            MathMode::Bf16 => zdevice::GemmMath::Bf16,
+        }
+    }
+}
+
+/// The typed refusal of `mode` for `op` on `backend`.
+pub(crate) fn unsupported<T: Element>(
+    op: &'static str,
+    mode: MathMode,
+    backend: &'static str,
+) -> ComputeError {
+    let reason = if T::DTYPE == DType::F32 {
+        "this backend has no reduced-precision products".to_string()
+    } else {
+        format!(
+            "reduced-precision products accumulate in float32; these elements are {:?}",
+            T::DTYPE
+        )
+    };
+    ComputeError::MathModeUnsupported {
+        op,
+        mode: mode.name(),
+        backend,
+        reason,
+    }
+}
+
+/// Matrix products under a [`MathMode`] and the Linear layer on them. Implemented by the CPU
+/// backend (f32: every mode, emulated; f64: [`MathMode::F32`] only) and the CUDA backend
+/// (every mode). A backend of your own gets float32 and a typed refusal of the other modes
+/// from an empty `impl` block.
+pub trait PrecisionOps<T: Element>: LinearOps<T> {
+    /// `op(a) · op(b)` under `mode` (shapes and broadcasting as
+    /// [`Backend::matmul`](crate::Backend::matmul)), float32 out. The provided body runs
+    /// [`MathMode::F32`] as that product and refuses the others
+    /// ([`ComputeError::MathModeUnsupported`]).
+    fn matmul_mode(
+        &self,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+        opts: MatmulOpts,
+        mode: MathMode,
+    ) -> Result<BTensor<Self, T>> {
+        match mode {
+            MathMode::F32 => self.matmul(a, b, opts),
+            _ => Err(unsupported::<T>("matmul_mode", mode, self.name())),
+        }
+    }
+
+    /// `dst += op(a) · op(b)` under `mode` (as
+    /// [`Backend::matmul_into`](crate::Backend::matmul_into)). The provided body runs
+    /// [`MathMode::F32`] as that product and refuses the others.
+    fn matmul_into_mode(
+        &self,
+        a: &BTensor<Self, T>,
+        b: &BTensor<Self, T>,
+        opts: MatmulOpts,
+        dst: &BTensor<Self, T>,
+        mode: MathMode,
+    ) -> Result<()> {
+        match mode {
+            MathMode::F32 => self.matmul_into(a, b, opts, dst),
+            _ => Err(unsupported::<T>("matmul_into_mode", mode, self.name())),
+        }
+    }
+
+    /// `x` rounded element by element to bf16 (nearest-even; a NaN stays a NaN of its sign, an
+    /// overflow becomes an infinity) and widened back: a fresh dense tensor of `x`'s shape.
+    /// Bit-identical on every backend that has it (the provided body refuses).
+    fn round_to_bf16(&self, x: &BTensor<Self, T>) -> Result<BTensor<Self, T>> {
+        let _ = x;
+        Err(unsupported::<T>(
+            "round_to_bf16",
+            MathMode::Bf16,
+            self.name(),
+        ))
+    }
+
+    /// A Linear layer's forward under `mode`, `act(x · wᵀ + bias)`: the product under `mode`,
+    /// then the bias epilogue in float32 ([`LinearOps::bias_act`]), as docs/precision.md's
+    /// table says.
+    fn linear_mode(
+        &self,
+        x: &BTensor<Self, T>,
+        w: &BTensor<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: Activation,
+        mode: MathMode,
+    ) -> Result<BTensor<Self, T>> {
+        validate::linear(x, w, bias)?;
+        let opts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        self.bias_act(&self.matmul_mode(x, w, opts, mode)?, bias, act)
+    }
+
+    /// A Linear layer's backward under `mode` (as [`LinearOps::linear_backward_into`], whose
+    /// checks apply): tanh's backward and the bias gradient in float32, both products
+    /// (`gz · w` and `dw += gzᵀ · x`) under `mode`. Validated whole first, so bad input leaves
+    /// `dw` and `db` untouched.
+    fn linear_backward_into_mode(
+        &self,
+        gy: &BTensor<Self, T>,
+        x: &BTensor<Self, T>,
+        w: Option<&BTensor<Self, T>>,
+        (act, y): (Activation, Option<&BTensor<Self, T>>),
+        (dw, db): (&BTensor<Self, T>, Option<&BTensor<Self, T>>),
+        mode: MathMode,
+    ) -> Result<Option<BTensor<Self, T>>> {
+        linear_backward_into_mode(self, gy, x, w, (act, y), (dw, db), mode)
+    }
+}
+
+/// The provided body of [`PrecisionOps::linear_backward_into_mode`].
+fn linear_backward_into_mode<B: PrecisionOps<T> + ?Sized, T: Element>(
+    b: &B,
+    gy: &Tensor<B::Storage>,
+    x: &Tensor<B::Storage>,
+    w: Option<&Tensor<B::Storage>>,
+    (act, y): (Activation, Option<&Tensor<B::Storage>>),
+    (dw, db): (&Tensor<B::Storage>, Option<&Tensor<B::Storage>>),
+    mode: MathMode,
+) -> Result<Option<Tensor<B::Storage>>> {
+    validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
+    let gz = match y {
+        Some(y) => b.tanh_backward(gy, y)?,
+        None => gy.clone(),
+    };
+    let gx = w
+        .map(|w| b.matmul_mode(&gz, w, MatmulOpts::default(), mode))
+        .transpose()?;
+    let opts = MatmulOpts {
+        trans_a: true,
+        trans_b: false,
+    };
+    b.matmul_into_mode(&gz, x, opts, dw, mode)?;
+    if let Some(db) = db {
+        b.sum_rows_into(&gz, db)?;
+    }
+    Ok(gx)
+}
