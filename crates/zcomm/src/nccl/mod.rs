@@ -187,9 +187,10 @@ impl<D: Driver> NcclCollective<D> {
     /// every later operation fails with [`CommError::PeerFailed`].
     ///
     /// The order holds on the GPU (issue 44): the peer-memory tail's kernel, which waits on
-    /// peers outside NCCL, is told to give up first, while the device still takes the flag and
-    /// before `ncclCommAbort` (which waits for the device) starts on its helper thread; then
-    /// the communicators are aborted, which marks the device lost.
+    /// peers outside NCCL, is told to give up first (one store from the host into the flag it
+    /// polls: no stream, no driver call, nothing that can block) before `ncclCommAbort` (which
+    /// waits for the device) starts on its helper thread; then the communicators are aborted,
+    /// which marks the device lost. Nothing here blocks the calling thread.
     pub fn abort(&self) {
         if let Some(t) = tail::lock(&self.tail).as_ref()
             && let Err(e) = t.exchange.give_up()

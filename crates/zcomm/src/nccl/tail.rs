@@ -172,23 +172,24 @@ impl<D: Driver> NcclCollective<D> {
     /// `Timeout` when a launch of the exchange gave up waiting for a peer.
     pub(super) fn check_tail(&self, step: u64) -> Result<()> {
         const OP: &str = "all_reduce_last_and_norm";
+        let compute = |source| CommError::Compute { op: OP, source };
         let failed = match lock(&self.tail).as_ref() {
             None => return Ok(()),
-            Some(t) => t
-                .exchange
-                .failed()
-                .map_err(|source| CommError::Compute { op: OP, source })?
-                .then_some(t.timeout),
+            Some(t) if t.exchange.failed().map_err(compute)? => {
+                // The peer the kernel found missing; of two ranks, the other one anyway.
+                let named = t.exchange.silent_peer().map_err(compute)?;
+                Some((t.timeout, named))
+            }
+            Some(_) => None,
         };
-        if let Some(waited_for) = failed {
+        if let Some((waited_for, named)) = failed {
             self.abort();
             return Err(CommError::Timeout {
                 rank: self.info.rank,
                 op: OP,
                 step,
                 waited_for,
-                // Of two ranks, the one waited for is the other.
-                silent: (self.info.world == 2).then(|| 1 - self.info.rank),
+                silent: named.or((self.info.world == 2).then(|| 1 - self.info.rank)),
             });
         }
         Ok(())

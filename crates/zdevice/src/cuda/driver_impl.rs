@@ -385,4 +385,14 @@ impl Driver for CudaDriver {
         // SAFETY: forwarded contract: every operand lies in live device memory.
         unsafe { super::blas::sgemm_strided_batched(self, handle, gemm) }
     }
+
+    // --- device-mapped host flags (issue 44) ---------------------------------------------
+
+    fn host_device_ptr(&self, p: HostPtr) -> DriverResult<DevicePtr> {
+        self.cu_host_device_ptr(p)
+    }
+
+    fn host_store_u32(&self, dst: HostPtr, value: u32) -> DriverResult<()> {
+        self.cu_host_store_u32(dst, value)
+    }
 }

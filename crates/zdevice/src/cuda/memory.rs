@@ -99,6 +99,43 @@ impl CudaDriver {
         Ok(())
     }
 
+    /// `Driver::host_device_ptr`. With unified addressing, `cuMemHostGetDevicePointer_v2`
+    /// answers the host address for memory from `cuMemAllocHost` (CUDA's unified addressing
+    /// section); the pinned cuda-sys bindings do not carry that call, so the answer is made
+    /// from the device attribute and this driver's own record of its page-locked allocations.
+    pub(super) fn cu_host_device_ptr(&self, p: HostPtr) -> DriverResult<DevicePtr> {
+        const CALL: &str = "cuMemHostGetDevicePointer_v2";
+        Self::host_range(&self.host_map(), CALL, p, 1)?;
+        if !self.cu_unified_addressing()? {
+            return Err(DriverError::Cuda {
+                call: CALL,
+                code: crate::driver::CuCode::NOT_SUPPORTED,
+            });
+        }
+        Ok(DevicePtr(p.0))
+    }
+
+    /// `Driver::host_store_u32`.
+    pub(super) fn cu_host_store_u32(&self, dst: HostPtr, value: u32) -> DriverResult<()> {
+        const CALL: &str = "host_store_u32";
+        if !dst.0.is_multiple_of(4) {
+            return Err(DriverError::InvalidArgument {
+                call: CALL,
+                reason: format!("{:#x} is not 4-byte aligned", dst.0),
+            });
+        }
+        let map = self.host_map();
+        let to = Self::host_range(&map, CALL, dst, 4)?;
+        self.refuse_lent(&map, CALL, dst)?;
+        // SAFETY: `to..to+4` lies inside a live page-locked allocation (checked above; the lock
+        // keeps it from being freed meanwhile), is 4-byte aligned and not lent out as a Rust
+        // slice (both checked above). The memory is shared with kernels and other host threads only through atomic or
+        // volatile accesses of the same word, so an atomic view of it is sound.
+        let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(to.cast::<u32>()) };
+        word.store(value, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
     pub(super) fn cu_mem_alloc_async(&self, bytes: u64, s: Stream) -> DriverResult<DevicePtr> {
         let n = size("cuMemAllocAsync", bytes)?;
         self.bind()?;
