@@ -40,6 +40,10 @@ pub enum Row {
     /// `cuIpcCloseMemHandle` of an address never opened (1, `CUDA_ERROR_INVALID_VALUE`, outside
     /// capture).
     IpcCloseUnopened,
+    /// `cuMemHostGetDevicePointer_v2` of page-locked memory allocated before the capture
+    /// (`Driver::host_device_ptr`), then a store into it from the host
+    /// (`Driver::host_store_u32`): how a kernel's give-up flag is reached (issue 44).
+    HostDevicePtr,
 }
 
 /// What the table says happens.
@@ -95,6 +99,9 @@ pub fn expected(row: Row, mode: CaptureMode, kind: StreamKind) -> Outcome {
         IpcExport => Succeeds,
         IpcOpenOwn => FailsAsOutside(201),
         IpcCloseUnopened => FailsAsOutside(1),
+        // Not in the document, not measured yet (issue 44): expected to answer as outside
+        // capture in every mode, with no node (it submits nothing); the store is host memory.
+        HostDevicePtr => Succeeds,
     }
 }
 
@@ -109,6 +116,8 @@ struct Prepared {
     host: Vec<u8>,
     /// `a`'s IPC handle, exported before the capture (the `IpcOpenOwn` row).
     handle: Option<IpcMemHandle>,
+    /// Page-locked memory allocated before the capture (the `HostDevicePtr` row).
+    pinned: Option<HostPtr>,
 }
 
 const N: u64 = 4096;
@@ -239,7 +248,13 @@ fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, Strin
     } else {
         None
     };
+    let pinned = if row == Row::HostDevicePtr {
+        Some(d.mem_alloc_host(256).map_err(s)?)
+    } else {
+        None
+    };
     Ok(Prepared {
+        pinned,
         handle,
         a,
         b,
@@ -319,6 +334,20 @@ fn call<D: Driver>(d: &D, row: Row, stream: Stream, p: &Prepared) -> (Option<u32
             None => Ok(()),
         },
         Row::IpcCloseUnopened => d.ipc_close_mem_handle(p.b),
+        Row::HostDevicePtr => match p.pinned {
+            Some(h) => d.host_device_ptr(h).and_then(|at| {
+                // Unified addressing: the host address itself, on the GPU as on the simulator.
+                if at.0 == h.0 {
+                    d.host_store_u32(h, 1)
+                } else {
+                    Err(DriverError::InvalidArgument {
+                        call: "host_device_ptr",
+                        reason: format!("{at:?} is not the host address {h:?}"),
+                    })
+                }
+            }),
+            None => Ok(()),
+        },
         Row::GemmWithWorkspace | Row::GemmDefaultWorkspace => match (p.blas, p.gemm_operands) {
             // SAFETY: as in the warm-up: operands within `gemm_operands`, live until cleanup.
             (Some(h), Some(ops)) => unsafe { d.gemm_strided_batched_f32(h, &gemm_row(ops)) },
@@ -366,6 +395,9 @@ fn cleanup<D: Driver>(
     }
     for buf in [p.workspace, p.gemm_operands].into_iter().flatten() {
         d.mem_free(buf).map_err(s)?;
+    }
+    if let Some(h) = p.pinned {
+        d.mem_free_host(h).map_err(s)?;
     }
     d.event_destroy(p.event).map_err(s)?;
     d.mem_free(p.a).map_err(s)?;
