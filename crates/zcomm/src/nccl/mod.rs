@@ -387,6 +387,22 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
     }
 }
 
+impl<D: Driver> Drop for NcclCollective<D> {
+    /// Gives up the peer-memory tail before the fields go (issue 44): the communicators are
+    /// dropped first (finalized, or aborted, and `ncclCommAbort` waits for the device), and a
+    /// launch of the tail still spinning on a peer that stopped would hold the engine stream,
+    /// and so the abort, until its own timeout. Giving up is one store from the host; the
+    /// tail's launches have all been waited for when a job ends normally, so it changes no
+    /// result then.
+    fn drop(&mut self) {
+        if let Some(t) = tail::lock(&self.tail).as_ref()
+            && let Err(e) = t.exchange.give_up()
+        {
+            tracing::warn!(target: "zcomm.nccl.drop", rank = self.info.rank, error = %e, "telling the peer-memory tail to give up failed");
+        }
+    }
+}
+
 /// Whether an error is a device refusal during capture (kept apart for the conversion).
 fn is_capture_refusal(e: &NcclError) -> Option<&'static str> {
     match e {

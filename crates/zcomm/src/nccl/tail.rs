@@ -24,7 +24,7 @@ use zcompute::{BTensor, CudaBackend, prelude::*};
 use zdevice::{Driver, IPC_HANDLE_BYTES, IpcMemHandle};
 
 use super::NcclCollective;
-use crate::{Collective, CommError, Result};
+use crate::{Collective, CommError, RankInfo, Result};
 
 /// u32 words of one rank's record: made (0/1), this host's digest (4 words), the handle.
 const RECORD_WORDS: usize = 1 + 4 + IPC_HANDLE_BYTES / 4;
@@ -169,31 +169,41 @@ impl<D: Driver> NcclCollective<D> {
         Ok(b.download(&t).map_err(compute)?[0])
     }
 
-    /// `Timeout` when a launch of the exchange gave up waiting for a peer.
+    /// `Timeout` when a launch of the exchange gave up waiting for a peer (the communicator is
+    /// aborted first).
     pub(super) fn check_tail(&self, step: u64) -> Result<()> {
-        const OP: &str = "all_reduce_last_and_norm";
-        let compute = |source| CommError::Compute { op: OP, source };
         let failed = match lock(&self.tail).as_ref() {
-            None => return Ok(()),
-            Some(t) if t.exchange.failed().map_err(compute)? => {
-                // The peer the kernel found missing; of two ranks, the other one anyway.
-                let named = t.exchange.silent_peer().map_err(compute)?;
-                Some((t.timeout, named))
-            }
-            Some(_) => None,
+            None => None,
+            Some(t) => failure(t, self.info, step)?,
         };
-        if let Some((waited_for, named)) = failed {
+        if let Some(e) = failed {
             self.abort();
-            return Err(CommError::Timeout {
-                rank: self.info.rank,
-                op: OP,
-                step,
-                waited_for,
-                silent: named.or((self.info.world == 2).then(|| 1 - self.info.rank)),
-            });
+            return Err(e);
         }
         Ok(())
     }
+}
+
+/// The error of a tail whose exchange failed, if it did: `Timeout` naming the peer a launch found
+/// missing ([`PeerExchange::silent_peer`]; of two ranks, the other one anyway).
+pub(super) fn failure<D: Driver>(
+    t: &Tail<D>,
+    info: RankInfo,
+    step: u64,
+) -> Result<Option<CommError>> {
+    const OP: &str = "all_reduce_last_and_norm";
+    let compute = |source| CommError::Compute { op: OP, source };
+    if !t.exchange.failed().map_err(compute)? {
+        return Ok(None);
+    }
+    let named = t.exchange.silent_peer().map_err(compute)?;
+    Ok(Some(CommError::Timeout {
+        rank: info.rank,
+        op: OP,
+        step,
+        waited_for: t.timeout,
+        silent: named.or((info.world == 2).then(|| 1 - info.rank)),
+    }))
 }
 
 /// Why this rank keeps the last bucket on NCCL because of how its NCCL was set up (`get`
