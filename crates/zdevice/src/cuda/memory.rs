@@ -68,16 +68,27 @@ impl CudaDriver {
 
     pub(super) fn cu_mem_free_host(&self, p: HostPtr) -> DriverResult<()> {
         self.bind()?;
-        // The map stays locked across the free so that no host_read/host_write can be copying
-        // from this allocation while it goes away.
-        let mut map = self.host_map();
-        self.refuse_lent(&map, "cuMemFreeHost", p)?;
+        // The entry leaves the map under its lock, so no host_read/host_write/host_store_u32
+        // can be copying from this allocation while it goes away (they find it gone: a typed
+        // error). The free itself runs outside the lock (issue 44): `cuMemFreeHost` may wait
+        // for the device, and a give-up flag stored by another thread (`host_store_u32`,
+        // which takes the lock) is what ends the kernel the device may be waiting for.
+        let size = {
+            let mut map = self.host_map();
+            self.refuse_lent(&map, "cuMemFreeHost", p)?;
+            map.remove(&p.0)
+        };
         // SAFETY: the driver validates the address; the status is checked.
-        check("cuMemFreeHost", unsafe {
+        let freed = check("cuMemFreeHost", unsafe {
             self.cu.cuMemFreeHost(p.0 as *mut c_void)
-        })?;
-        map.remove(&p.0);
-        Ok(())
+        });
+        if freed.is_err()
+            && let Some(size) = size
+        {
+            // Not freed: the allocation is still live, so it stays reachable.
+            self.host_map().insert(p.0, size);
+        }
+        freed
     }
 
     pub(super) fn cu_host_read(&self, src: HostPtr, dst: &mut [u8]) -> DriverResult<()> {

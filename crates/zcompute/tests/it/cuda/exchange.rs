@@ -284,6 +284,49 @@ pub fn dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it<D: Dr
     drop(stopped);
 }
 
+/// Issue 44: freeing pinned memory on one thread while a launch waits on a peer that stopped
+/// (`cuMemFreeHost` may wait for the device, which waits for the launch) does not hold up the
+/// give-up another thread stores, which is what ends that launch: both return. Before the fix
+/// the driver held its pinned-memory map locked across `cuMemFreeHost` and the store waited
+/// for the lock: a deadlock, reported here after a minute (the process aborts, since the
+/// threads cannot be joined). On the simulator the free does not wait for the device.
+pub fn a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up<D: Driver>(
+    b: &CudaBackend<D>,
+) {
+    let (e, _stopped, x) = rank_with_a_stopped_peer(b);
+    let dev = b.device();
+    let other = dev.alloc_pinned(64).expect("another pinned buffer");
+    let _norm = e.sum_and_norm(b, &x, FOREVER).expect("launch");
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let freeing = done.clone();
+        s.spawn(move || {
+            dev.free_pinned(other).expect("free");
+            freeing.send("free").ok();
+        });
+        // Lets the free start first where it can (if it has not, the give-up below is merely
+        // not behind it: the test cannot fail for that reason).
+        std::thread::sleep(Duration::from_millis(200));
+        let e = &e;
+        s.spawn(move || {
+            e.give_up().expect("give up");
+            done.send("give up").ok();
+        });
+        for _ in 0..2 {
+            if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+                eprintln!(
+                    "a pinned free and a give-up from another thread did not both return in 60 s: \
+                     the give-up's store waits behind the free (a deadlock)"
+                );
+                std::process::abort();
+            }
+        }
+    });
+    dev.synchronize(dev.stream())
+        .expect("the launch gave up: the stream drains");
+    assert!(e.failed().expect("flag"));
+}
+
 /// CUDA IPC needs a second process; the simulator has none: connecting by handles is a typed
 /// error and leaves the exchange unconnected.
 pub fn handles_do_not_connect_on_the_simulator<D: Driver>(b: &CudaBackend<D>) {
@@ -351,6 +394,13 @@ mod mock {
     #[test]
     fn dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it() {
         super::dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it(
+            &super::super::mock(),
+        );
+    }
+
+    #[test]
+    fn a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up() {
+        super::a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up(
             &super::super::mock(),
         );
     }
@@ -488,6 +538,16 @@ mod gpu {
     #[test]
     fn gpu_dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it() {
         super::dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it(
+            &short_deadline_backend(),
+        );
+    }
+
+    /// Issue 44 on one GPU: `cuMemFreeHost` on one thread while the launch spins on a peer
+    /// that never comes, and the give-up stored from another thread: both return (the free
+    /// once the launch gave up), no deadlock on the driver's pinned-memory map.
+    #[test]
+    fn gpu_a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up() {
+        super::a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up(
             &short_deadline_backend(),
         );
     }
