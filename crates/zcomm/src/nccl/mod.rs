@@ -57,7 +57,10 @@ pub struct NcclCollective<D: Driver = CudaDriver> {
     side: SideStream<D>,
     /// The last bucket and the norm over peer memory, once the ranks agreed on it
     /// ([`Collective::prepare_last_and_norm`]).
-    tail: Mutex<Option<tail::Tail<D>>>,
+    /// Shared (`Arc`) so that a launch holds no lock while it runs: a launch can block
+    /// behind a full queue, and an abort from another thread (the watchdog) takes the lock to
+    /// give the tail up (issue 44).
+    tail: Mutex<Option<std::sync::Arc<tail::Tail<D>>>>,
     /// [`JoinOptions::last_bucket_on_nccl`].
     last_bucket_on_nccl: bool,
 }
@@ -357,11 +360,8 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
     ) -> Result<Option<BTensor<CudaBackend<D>, f32>>> {
         const OP: &str = "all_reduce_last_and_norm";
         self.step.store(step, Ordering::Relaxed);
-        let tail = tail::lock(&self.tail);
-        let Some(t) = tail
-            .as_ref()
-            .filter(|t| t.len == grads.numel() && t.exchange.last() == last)
-        else {
+        let tail = tail::lock(&self.tail).clone();
+        let Some(t) = tail.filter(|t| t.len == grads.numel() && t.exchange.last() == last) else {
             return Ok(None);
         };
         t.exchange

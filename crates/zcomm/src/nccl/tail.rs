@@ -115,11 +115,11 @@ impl<D: Driver> NcclCollective<D> {
             return Ok(false);
         };
         tracing::info!(target: "zcomm.nccl.tail", rank = self.info.rank, world, last, "the last bucket and the norm go over peer memory in one launch");
-        *lock(&self.tail) = Some(Tail {
+        *lock(&self.tail) = Some(std::sync::Arc::new(Tail {
             exchange,
             len,
             timeout: b.device().config().sync_deadline,
-        });
+        }));
         Ok(true)
     }
 
@@ -218,8 +218,8 @@ pub(super) fn declined_by_nccl_settings(get: impl Fn(&str) -> Option<String>) ->
 
 /// The tail, a poisoned lock taken as it is (it holds no invariant a panic could break).
 pub(super) fn lock<D: Driver>(
-    m: &std::sync::Mutex<Option<Tail<D>>>,
-) -> std::sync::MutexGuard<'_, Option<Tail<D>>> {
+    m: &std::sync::Mutex<Option<std::sync::Arc<Tail<D>>>>,
+) -> std::sync::MutexGuard<'_, Option<std::sync::Arc<Tail<D>>>> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
