@@ -340,6 +340,22 @@ mod tests {
         }
     }
 
+    /// The watchdog waits past --comm-timeout (the waits with deadlines end first, with their
+    /// own errors) and stays within the launcher's grace of --comm-timeout + 5 s.
+    #[rstest]
+    #[case::short(0.4, 0.5)]
+    #[case::comm_sh(3.0, 3.75)]
+    #[case::ten(10.0, 12.0)]
+    #[case::default(120.0, 122.0)]
+    fn the_watchdog_waits_past_the_timeout_within_the_grace(
+        #[case] comm_timeout: f64,
+        #[case] want: f64,
+    ) {
+        let got = watchdog_timeout(Duration::from_secs_f64(comm_timeout));
+        assert_eq!(got, Duration::from_secs_f64(want));
+        assert!(got < Duration::from_secs_f64(comm_timeout + 5.0));
+    }
+
     #[rstest]
     #[case::default_nccls_choice(&[], Some(None))]
     #[case::nccls_choice(&["--nccl-channels", "0"], Some(None))]
