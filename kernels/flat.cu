@@ -102,6 +102,15 @@ __device__ __forceinline__ u64 exchange_load(const u64* p) {
     return v;
 }
 
+// A flag in page-locked host memory mapped into the device (the host stores it with one
+// atomic store, never through a stream): read at system scope, so each read sees the host's
+// latest store.
+__device__ __forceinline__ unsigned host_flag(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ u64 global_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -127,17 +136,26 @@ __device__ __forceinline__ u64 global_ns() {
 // The norm's partials, ticket and finish are zc_sum_squares_norm_f32's (norm_finish_last: its
 // summation order over the partials), each block's partial its share of x[last..n) then its
 // elements of x[0..last). A wait longer than timeout_ns for a peer sets failed[0] and uses NaN
-// for the missing value (the norm is then NaN: the step's gate skips the update). Once failed[0] is
-// set (by a wait, or from the host when the communicator is aborted) every launch uses NaN
-// for every peer's value without waiting, whether or not the peer's words are there: read
-// once at the start, so a given-up exchange fails at once.
+// for the missing value (the norm is then NaN: the step's gate skips the update).
+//
+// give_up[0] lives in page-locked host memory mapped into the device: the host sets it with a
+// plain store (aborting the communicator, tearing down), never through a stream, so a stream
+// stuck behind a launch spinning on a stopped peer cannot delay it (issue 44). Every wait
+// polls it with failed[0] and the clock. Once failed[0] or give_up[0] is set every launch uses
+// NaN for every peer's value without waiting, whether or not the peer's words are there (a
+// given-up exchange fails at once). failed[0] names the first peer found missing: 1 + q when
+// rank q's words were not there at a wait that timed out or was given up, or at a launch given
+// up (the host knows it gave up; it reads give_up[0] itself). Thread 0 of each block issues its
+// read of give_up[0] before the stores and the rest's norm, which hide its trip over PCIe.
+
 extern "C" __global__ void zc_exchange_sum_norm_f32(
     float* out, float* partial, unsigned* tickets, unsigned* epochs, unsigned* failed,
     float* x, u64 n, u64 last, unsigned rank, unsigned ranks, u64 timeout_ns,
-    u64* const* words) {
+    u64* const* words, const unsigned* give_up) {
     __shared__ float shared[FLAT_THREADS];
+    __shared__ unsigned block_given_up;
+    const unsigned host_said = threadIdx.x == 0u ? host_flag(give_up) : 0u;
     const unsigned epoch = epochs[blockIdx.x] + 1u;
-    const bool given_up = *(volatile unsigned*)failed != 0u;
     const u64 half = epoch & 1u;
     const u64 stride = (u64)blockDim.x * gridDim.x;
     const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -152,6 +170,9 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
         float v = x[i];
         acc += v * v;
     }
+    if (threadIdx.x == 0u) block_given_up = host_said;
+    __syncthreads();
+    const bool given_up = *(volatile unsigned*)failed != 0u || block_given_up != 0u;
     const u64* mine = words[rank] + half * ranks * last;
     const u64 start = global_ns();
     for (u64 i = first; i < last; i += stride) {
@@ -161,14 +182,18 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
             if (q == rank) {
                 v = x[i];
             } else if (given_up) {
+                if ((exchange_load(mine + q * last + i) >> 32) != epoch) {
+                    atomicCAS(failed, 0u, 1u + q);  // names a peer not heard
+                }
                 v = __uint_as_float(0x7fc00000u);  // NaN
             } else {
                 u64 w;
                 unsigned spins = 0;
                 while (((w = exchange_load(mine + q * last + i)) >> 32) != epoch) {
                     if ((++spins & 1023u) == 0u &&
-                        (*(volatile unsigned*)failed != 0u || global_ns() - start > timeout_ns)) {
-                        atomicExch(failed, 1u);
+                        (*(volatile unsigned*)failed != 0u || host_flag(give_up) != 0u ||
+                         global_ns() - start > timeout_ns)) {
+                        atomicCAS(failed, 0u, 1u + q);  // names a peer not heard
                         w = 0x7fc00000ull;  // NaN
                         break;
                     }

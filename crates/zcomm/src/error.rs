@@ -157,6 +157,31 @@ pub enum CommError {
     #[error("NCCL needs the real CUDA driver; {driver} cannot run it")]
     NotCuda { driver: String },
 
+    /// Nothing moved on this rank for `waited_for` (`--comm-timeout`): its training thread
+    /// was stuck in `op` (a peer stopped, or the device waits for one), so its watchdog
+    /// aborted the communicators from a thread of its own (issue 44). `detail` is the error
+    /// the stuck wait then returned, naming the silent peer where the transport knows it. The
+    /// job cannot go on; raise `--comm-timeout` if a step or the work between two steps
+    /// legitimately takes longer.
+    #[error(
+        "rank {rank}: no progress for {waited_for:.1?} in {op} at step {step}; the watchdog aborted the communicators: {detail}"
+    )]
+    NoProgress {
+        rank: usize,
+        op: &'static str,
+        step: u64,
+        waited_for: Duration,
+        detail: String,
+    },
+
+    /// A thread of this crate could not be started.
+    #[error("{op}: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The backend refused or failed an operation around a collective.
     #[error("{op}: the backend failed")]
     Compute {

@@ -14,12 +14,14 @@ pub mod nccl;
 pub mod rendezvous;
 pub mod secret;
 pub mod sim;
+pub mod watchdog;
 
 pub use env::{LaunchEnv, Master};
 pub use error::{CommError, Result};
 pub use nccl::{JoinOptions, NcclCollective};
 pub use secret::{Auth, JobSecret};
 pub use sim::SimCollective;
+pub use watchdog::{Watchdog, Watched};
 
 use zcompute::{BTensor, Backend, Element};
 

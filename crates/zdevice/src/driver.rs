@@ -456,4 +456,25 @@ pub trait Driver: Send + Sync + 'static {
     /// elements of `gemm.math.operand_bytes()` bytes and C float32 elements.
     unsafe fn gemm_strided_batched_ex(&self, handle: BlasHandle, gemm: &GemmEx)
     -> DriverResult<()>;
+
+    // --- device-mapped host flags (issue 44) ------------------------------------------------
+    // A flag a kernel polls while it waits on the device (a peer exchange's give-up flag):
+    // written by the host with a plain store, never through a stream, so a stream stuck
+    // behind the kernel that polls it cannot delay it.
+
+    /// The address kernels reach page-locked host memory at `ptr` (from `mem_alloc_host`)
+    /// through, as `cuMemHostGetDevicePointer_v2` answers: with unified addressing (every
+    /// 64-bit Linux system and every GPU this project targets) memory from `cuMemAllocHost`
+    /// is mapped into every context and the answer is the host address itself. No stream is
+    /// involved, so it is answered the same during a capture (expected on the GPU: the call
+    /// neither joins nor invalidates a capture; not measured yet, docs/capture-rules.md).
+    /// `InvalidArgument` for an address no page-locked allocation holds (the simulator) or a
+    /// null one; `NOT_SUPPORTED` on a device without unified addressing.
+    fn host_device_ptr(&self, ptr: HostPtr) -> DriverResult<DevicePtr>;
+    /// Stores `value` at `dst` (page-locked, 4-byte aligned) as one atomic 32-bit store with
+    /// release ordering, which a kernel polling the mapped address (`ld.relaxed.sys`) sees
+    /// within microseconds on the GPU. Not a driver call (plain host memory): no stream, no
+    /// capture rule, no sticky error, and it works after the device was marked lost, which is
+    /// when a teardown needs it.
+    fn host_store_u32(&self, dst: HostPtr, value: u32) -> DriverResult<()>;
 }

@@ -11,11 +11,12 @@
 //! checkpoints and reports.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use zcomm::launch::{LaunchSpec, Launched, launch};
 use zcomm::rendezvous;
-use zcomm::{Collective, LaunchEnv, NcclCollective, SimCollective};
+use zcomm::{Collective, LaunchEnv, NcclCollective, SimCollective, Watched};
 use zcompute::{CudaBackend, CudaDriver, SimDriver};
 use zgrad::GradSync;
 
@@ -180,7 +181,17 @@ pub fn rendezvous_config(
     Ok(config.with_cancel(stop.as_cancel()))
 }
 
-/// The simulated communicator of this rank, over its simulated device.
+/// How long a rank's watchdog (`zcomm::Watched`) lets its training thread make no progress
+/// before it aborts the communicators: `--comm-timeout` and a quarter more (at most 2 s
+/// more). Every wait with a deadline of its own ends at `--comm-timeout` with its own typed
+/// error, first; the watchdog ends the waits that have none (a launch blocked behind a full
+/// queue), still within the launcher's grace of `--comm-timeout` + 5 s (issue 44).
+#[must_use]
+pub fn watchdog_timeout(comm_timeout: Duration) -> Duration {
+    comm_timeout + (comm_timeout / 4).min(Duration::from_secs(2))
+}
+
+/// The simulated communicator of this rank, over its simulated device, under its watchdog.
 pub fn sim_collective(
     b: &CudaBackend<SimDriver>,
     env: &LaunchEnv,
@@ -188,13 +199,20 @@ pub fn sim_collective(
     stop: &StopSignal,
 ) -> Result<Rc<dyn Collective<CudaBackend<SimDriver>, f32>>> {
     let config = rendezvous_config(env, timeout, stop)?;
-    Ok(Rc::new(SimCollective::connect(b, env, config)?))
+    let comm = Arc::new(SimCollective::connect(b, env, config)?);
+    Ok(Rc::new(Watched::new(
+        comm,
+        env.info.rank,
+        watchdog_timeout(timeout),
+        |c: &SimCollective, why: &str| c.abort(why),
+    )?))
 }
 
 /// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
 /// rank 0 makes the unique id and hands it out at `MASTER_ADDR:MASTER_PORT` (or the launcher's
 /// Unix socket), every
 /// rank joins with it; both waits bounded by `timeout` (the join by the device's deadline).
+/// Under its watchdog ([`watchdog_timeout`]).
 /// `overlap_ctas`: see [`overlap_ctas`]; `last_bucket`: `--last-bucket`.
 pub fn nccl_collective(
     b: &CudaBackend<CudaDriver>,
@@ -217,8 +235,17 @@ pub fn nccl_collective(
         rendezvous_config(env, timeout, stop)?,
     )?;
     let options = join_options(overlap_ctas, last_bucket);
-    Ok(Rc::new(NcclCollective::join_with(
-        b, env.info, &id, options,
+    let comm = Arc::new(NcclCollective::join_with(b, env.info, &id, options)?);
+    // The abort that gives the peer-memory tail up (a store from the host) and runs
+    // `ncclCommAbort` on a helper thread: nothing that waits for the device.
+    Ok(Rc::new(Watched::new(
+        comm,
+        env.info.rank,
+        watchdog_timeout(timeout),
+        |c: &NcclCollective, why: &str| {
+            tracing::error!(target: "ztrain.rank.watchdog", why, "aborting the NCCL communicators");
+            c.abort();
+        },
     )?))
 }
 
@@ -311,6 +338,22 @@ mod tests {
                 other.map(|o| o.last_bucket)
             ),
         }
+    }
+
+    /// The watchdog waits past --comm-timeout (the waits with deadlines end first, with their
+    /// own errors) and stays within the launcher's grace of --comm-timeout + 5 s.
+    #[rstest]
+    #[case::short(0.4, 0.5)]
+    #[case::comm_sh(3.0, 3.75)]
+    #[case::ten(10.0, 12.0)]
+    #[case::default(120.0, 122.0)]
+    fn the_watchdog_waits_past_the_timeout_within_the_grace(
+        #[case] comm_timeout: f64,
+        #[case] want: f64,
+    ) {
+        let got = watchdog_timeout(Duration::from_secs_f64(comm_timeout));
+        assert_eq!(got, Duration::from_secs_f64(want));
+        assert!(got < Duration::from_secs_f64(comm_timeout + 5.0));
     }
 
     #[rstest]

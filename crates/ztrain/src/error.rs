@@ -355,6 +355,7 @@ impl TrainError {
             matches!(
                 c,
                 zcomm::CommError::Timeout { .. }
+                    | zcomm::CommError::NoProgress { .. }
                     | zcomm::CommError::PeerFailed { .. }
                     | zcomm::CommError::Rendezvous { .. }
             )

@@ -57,7 +57,10 @@ pub struct NcclCollective<D: Driver = CudaDriver> {
     side: SideStream<D>,
     /// The last bucket and the norm over peer memory, once the ranks agreed on it
     /// ([`Collective::prepare_last_and_norm`]).
-    tail: Mutex<Option<tail::Tail<D>>>,
+    /// Shared (`Arc`) so that a launch holds no lock while it runs: a launch can block
+    /// behind a full queue, and an abort from another thread (the watchdog) takes the lock to
+    /// give the tail up (issue 44).
+    tail: Mutex<Option<std::sync::Arc<tail::Tail<D>>>>,
     /// [`JoinOptions::last_bucket_on_nccl`].
     last_bucket_on_nccl: bool,
 }
@@ -187,9 +190,10 @@ impl<D: Driver> NcclCollective<D> {
     /// every later operation fails with [`CommError::PeerFailed`].
     ///
     /// The order holds on the GPU (issue 44): the peer-memory tail's kernel, which waits on
-    /// peers outside NCCL, is told to give up first, while the device still takes the flag and
-    /// before `ncclCommAbort` (which waits for the device) starts on its helper thread; then
-    /// the communicators are aborted, which marks the device lost.
+    /// peers outside NCCL, is told to give up first (one store from the host into the flag it
+    /// polls: no stream, no driver call, nothing that can block) before `ncclCommAbort` (which
+    /// waits for the device) starts on its helper thread; then the communicators are aborted,
+    /// which marks the device lost. Nothing here blocks the calling thread.
     pub fn abort(&self) {
         if let Some(t) = tail::lock(&self.tail).as_ref()
             && let Err(e) = t.exchange.give_up()
@@ -356,11 +360,8 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
     ) -> Result<Option<BTensor<CudaBackend<D>, f32>>> {
         const OP: &str = "all_reduce_last_and_norm";
         self.step.store(step, Ordering::Relaxed);
-        let tail = tail::lock(&self.tail);
-        let Some(t) = tail
-            .as_ref()
-            .filter(|t| t.len == grads.numel() && t.exchange.last() == last)
-        else {
+        let tail = tail::lock(&self.tail).clone();
+        let Some(t) = tail.filter(|t| t.len == grads.numel() && t.exchange.last() == last) else {
             return Ok(None);
         };
         t.exchange
@@ -383,6 +384,22 @@ impl<D: Driver> Collective<CudaBackend<D>, f32> for NcclCollective<D> {
             "aborting the NCCL communicator"
         );
         NcclCollective::abort(self);
+    }
+}
+
+impl<D: Driver> Drop for NcclCollective<D> {
+    /// Gives up the peer-memory tail before the fields go (issue 44): the communicators are
+    /// dropped first (finalized, or aborted, and `ncclCommAbort` waits for the device), and a
+    /// launch of the tail still spinning on a peer that stopped would hold the engine stream,
+    /// and so the abort, until its own timeout. Giving up is one store from the host; the
+    /// tail's launches have all been waited for when a job ends normally, so it changes no
+    /// result then.
+    fn drop(&mut self) {
+        if let Some(t) = tail::lock(&self.tail).as_ref()
+            && let Err(e) = t.exchange.give_up()
+        {
+            tracing::warn!(target: "zcomm.nccl.drop", rank = self.info.rank, error = %e, "telling the peer-memory tail to give up failed");
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use zcompute::{BTensor, CudaBackend, prelude::*};
 use zdevice::{Driver, IPC_HANDLE_BYTES, IpcMemHandle};
 
 use super::NcclCollective;
-use crate::{Collective, CommError, Result};
+use crate::{Collective, CommError, RankInfo, Result};
 
 /// u32 words of one rank's record: made (0/1), this host's digest (4 words), the handle.
 const RECORD_WORDS: usize = 1 + 4 + IPC_HANDLE_BYTES / 4;
@@ -115,11 +115,11 @@ impl<D: Driver> NcclCollective<D> {
             return Ok(false);
         };
         tracing::info!(target: "zcomm.nccl.tail", rank = self.info.rank, world, last, "the last bucket and the norm go over peer memory in one launch");
-        *lock(&self.tail) = Some(Tail {
+        *lock(&self.tail) = Some(std::sync::Arc::new(Tail {
             exchange,
             len,
             timeout: b.device().config().sync_deadline,
-        });
+        }));
         Ok(true)
     }
 
@@ -169,30 +169,41 @@ impl<D: Driver> NcclCollective<D> {
         Ok(b.download(&t).map_err(compute)?[0])
     }
 
-    /// `Timeout` when a launch of the exchange gave up waiting for a peer.
+    /// `Timeout` when a launch of the exchange gave up waiting for a peer (the communicator is
+    /// aborted first).
     pub(super) fn check_tail(&self, step: u64) -> Result<()> {
-        const OP: &str = "all_reduce_last_and_norm";
         let failed = match lock(&self.tail).as_ref() {
-            None => return Ok(()),
-            Some(t) => t
-                .exchange
-                .failed()
-                .map_err(|source| CommError::Compute { op: OP, source })?
-                .then_some(t.timeout),
+            None => None,
+            Some(t) => failure(t, self.info, step)?,
         };
-        if let Some(waited_for) = failed {
+        if let Some(e) = failed {
             self.abort();
-            return Err(CommError::Timeout {
-                rank: self.info.rank,
-                op: OP,
-                step,
-                waited_for,
-                // Of two ranks, the one waited for is the other.
-                silent: (self.info.world == 2).then(|| 1 - self.info.rank),
-            });
+            return Err(e);
         }
         Ok(())
     }
+}
+
+/// The error of a tail whose exchange failed, if it did: `Timeout` naming the peer a launch found
+/// missing ([`PeerExchange::silent_peer`]; of two ranks, the other one anyway).
+pub(super) fn failure<D: Driver>(
+    t: &Tail<D>,
+    info: RankInfo,
+    step: u64,
+) -> Result<Option<CommError>> {
+    const OP: &str = "all_reduce_last_and_norm";
+    let compute = |source| CommError::Compute { op: OP, source };
+    if !t.exchange.failed().map_err(compute)? {
+        return Ok(None);
+    }
+    let named = t.exchange.silent_peer().map_err(compute)?;
+    Ok(Some(CommError::Timeout {
+        rank: info.rank,
+        op: OP,
+        step,
+        waited_for: t.timeout,
+        silent: named.or((info.world == 2).then(|| 1 - info.rank)),
+    }))
 }
 
 /// Why this rank keeps the last bucket on NCCL because of how its NCCL was set up (`get`
@@ -207,8 +218,8 @@ pub(super) fn declined_by_nccl_settings(get: impl Fn(&str) -> Option<String>) ->
 
 /// The tail, a poisoned lock taken as it is (it holds no invariant a panic could break).
 pub(super) fn lock<D: Driver>(
-    m: &std::sync::Mutex<Option<Tail<D>>>,
-) -> std::sync::MutexGuard<'_, Option<Tail<D>>> {
+    m: &std::sync::Mutex<Option<std::sync::Arc<Tail<D>>>>,
+) -> std::sync::MutexGuard<'_, Option<std::sync::Arc<Tail<D>>>> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 

@@ -254,3 +254,58 @@ fn the_socket_transport_keeps_the_last_bucket_on_nccl(
         Some(k) => assert!(why.as_deref().is_some_and(|w| w.contains(k)), "{why:?}"),
     }
 }
+
+/// Issue 44, over the simulator: rank 0 of three runs the peer-memory tail; rank 1's words come,
+/// rank 2 stopped and never writes. The launch waits (its stream cannot drain), is given up
+/// from the host, and the error the tail reports names rank 2, the one that did not answer
+/// (before, only a world of two named a peer: "the other one").
+#[test]
+fn a_tail_given_up_on_a_stopped_peer_names_that_peer() {
+    use zcompute::Backend;
+    use zcompute::cuda::PeerExchange;
+    const LAST: usize = 300;
+    const N: usize = 1000;
+    let b = sim();
+    let side = |r| PeerExchange::new(&b, r, 3, LAST).expect("exchange");
+    let (mut e0, e1, e2) = (side(0), side(1), side(2));
+    e0.connect_addressable(&[e0.receive_words(), e1.receive_words(), e2.receive_words()])
+        .expect("connect");
+    // Rank 1's launch of epoch 1 stored its words into rank 0's (half 1, slot 1).
+    let words: Vec<u8> = (0..LAST)
+        .flat_map(|i| (u64::from((i as f32).to_bits()) | (1u64 << 32)).to_le_bytes())
+        .collect();
+    let d = b.device();
+    let staging = d.alloc_pinned(words.len() as u64).expect("staging");
+    d.write_pinned(&staging, &words).expect("write");
+    let at = e0.receive_words().offset(((3 + 1) * LAST * 8) as u64);
+    d.upload_async(at, &staging, words.len() as u64, d.stream())
+        .expect("upload");
+    let x = b.upload(&vec![1.0f32; N], &[N]).expect("x");
+    let waited_for = Duration::from_secs(3600);
+    let _norm = e0.sum_and_norm(&b, &x, waited_for).expect("launch");
+    assert!(
+        matches!(d.synchronize(d.stream()), Err(DeviceError::Timeout { .. })),
+        "the launch waits for rank 2"
+    );
+    e0.give_up().expect("give up");
+    d.synchronize(d.stream()).expect("the launch gave up");
+    d.free_pinned(staging).expect("free");
+    let tail = super::tail::Tail {
+        exchange: e0,
+        len: N,
+        timeout: waited_for,
+    };
+    let e = super::tail::failure(&tail, rank(0, 3), 5)
+        .expect("the flag reads")
+        .expect("the tail failed");
+    match &e {
+        CommError::Timeout {
+            rank: 0,
+            op: "all_reduce_last_and_norm",
+            step: 5,
+            silent: Some(2),
+            ..
+        } => assert!(e.to_string().contains("rank 2 did not answer"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}

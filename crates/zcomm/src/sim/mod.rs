@@ -187,6 +187,10 @@ impl SimCollective {
             "the simulated communicator of rank {rank} was aborted; its collectives on the stream may never complete"
         ));
         self.link.star.abort(rank, why, Duration::from_millis(500));
+        // As `ncclCommAbort` ends NCCL's kernels on a GPU, and with them every wait behind
+        // them (a launch blocked behind a full queue, a synchronize): the simulator's held
+        // calls (`FaultAction::Hang`, how its tests hold a thread in such a wait) return.
+        self.device.driver().release_hangs();
     }
 
     /// Whether the communicator failed or was aborted: every later collective is refused

@@ -410,3 +410,85 @@ fn a_peer_that_dies_mid_bucket_fails_the_others_in_time() {
         }
     }
 }
+
+/// Rank 1 has stopped after `a_rank_blocked_in_a_device_wait_is_ended_by_its_watchdog`'s
+/// first step; it leaves (drops its connection) once rank 0 is done.
+static RANK_0_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Issue 44, the GPU's worst case: rank 1 stops (alive, connected, silent) after step 1, and
+/// rank 0's training thread is blocked in a device wait that has no deadline of its own (the
+/// fault plan holds its `cuStreamQuery`, as a GPU holds `cuGraphLaunch` behind a full queue or
+/// a synchronize behind NCCL's kernel waiting for the stopped peer). Nothing on that thread can
+/// abort; the watchdog, on a thread of its own, aborts the communicator after 0.5 s without
+/// progress, which ends the wait (as `ncclCommAbort` ends NCCL's kernels), and the call
+/// returns the typed `NoProgress` naming where the thread was (rank 0's step-2 collective
+/// never reached rank 1, so no peer is known to be silent: the launcher names rank 1). Without the watchdog the thread stays blocked: the test's guard releases
+/// it after 60 s and fails.
+#[test]
+fn a_rank_blocked_in_a_device_wait_is_ended_by_its_watchdog() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use zcomm::Watched;
+    use zdevice::FaultAction;
+    let got = ranks(2, Duration::from_millis(300), |r, b, c| {
+        let x = b.upload(&rank_data(r, 8), &[8]).unwrap();
+        c.all_reduce_sum(b, &x, 1).unwrap();
+        c.synchronize(b).unwrap();
+        if r == 1 {
+            let until = Instant::now() + Duration::from_secs(90);
+            while !RANK_0_DONE.load(Ordering::SeqCst) && Instant::now() < until {
+                thread::sleep(Duration::from_millis(10));
+            }
+            return None;
+        }
+        let watched = Watched::new(
+            Arc::new(c.clone()),
+            0,
+            Duration::from_millis(500),
+            |c: &SimCollective, why: &str| c.abort(why),
+        )
+        .unwrap();
+        // The guard: releases the held wait after 60 s if nothing else did (the test fails).
+        let device = b.device().clone();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let guard = thread::spawn(move || {
+            let released = finished.recv_timeout(Duration::from_secs(60)).is_err();
+            if released {
+                device.driver().release_hangs();
+            }
+            released
+        });
+        let start = Instant::now();
+        watched.set_step(2);
+        b.device()
+            .driver()
+            .fault("cuStreamQuery", 1, FaultAction::Hang);
+        watched.all_reduce_sum(b, &x, 2).unwrap();
+        let e = watched.synchronize(b).unwrap_err();
+        let took = start.elapsed();
+        done.send(()).ok();
+        let released_by_the_guard = guard.join().unwrap();
+        RANK_0_DONE.store(true, Ordering::SeqCst);
+        Some((e, took, released_by_the_guard, watched.fired()))
+    });
+    let (e, took, released_by_the_guard, fired) = got.into_iter().next().flatten().unwrap();
+    assert!(
+        !released_by_the_guard,
+        "rank 0 was still blocked in its device wait 60 s after its peer stopped: nothing aborted the communicator ({e})"
+    );
+    assert!(fired.is_some(), "the watchdog did not fire: {e}");
+    match &e {
+        CommError::NoProgress {
+            rank: 0,
+            op: "synchronize",
+            step: 2,
+            detail,
+            ..
+        } => assert!(detail.contains("aborted"), "{e}"),
+        other => panic!("rank 0: {other:?}"),
+    }
+    assert!(
+        e.to_string().contains("no progress for"),
+        "{e} (after {took:?})"
+    );
+}

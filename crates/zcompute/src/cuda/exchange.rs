@@ -13,6 +13,14 @@
 //! be exported to the other processes with CUDA IPC), the kernel's per-block epochs and
 //! partials, and the peers' receive words mapped into this process ([`PeerExchange::connect`]);
 //! dropping it closes the mappings and frees the memory (after the work queued on them).
+//!
+//! A launch waiting for a peer that stopped spins on the device; so that the host can always end
+//! it (issue 44), the kernel also polls a give-up flag in page-locked host memory mapped into
+//! the device, which [`PeerExchange::give_up`] sets with one store from the host: no stream, so
+//! a stream stuck behind the spinning launch cannot delay it, and no driver call that a lost or
+//! busy device could refuse or block. Dropping an exchange gives up first, then waits (bounded)
+//! for its stream, and leaves its memory to the process rather than free it under a launch
+//! that did not end (freeing synchronizes the device on a GPU).
 
 use super::flat::{FLAT_THREADS, NORM_MAX_PARTS, norm_parts};
 use super::kernels::{Args, Kernel, ptr, u64a};
@@ -50,6 +58,10 @@ pub struct PeerExchange<D: Driver> {
     /// Page-locked host memory the peer table goes up through and the failure flag comes back
     /// through, on the engine stream (`STAGING_BYTES`); freed on drop.
     staging: Option<PinnedBuffer>,
+    /// The give-up flag (one u32, page-locked, mapped into the device at `give_up_at`): set by
+    /// [`PeerExchange::give_up`] with a plain store, polled by every wait; freed on drop.
+    give_up: Option<PinnedBuffer>,
+    give_up_at: DevicePtr,
 }
 
 /// The staging buffer's size: the peer table, the larger of what passes through it.
@@ -102,6 +114,27 @@ impl<D: Driver> PeerExchange<D> {
                 return Err(device_error(OP, e));
             }
         };
+        let flag = device.alloc_pinned(4).and_then(|buf| {
+            let mapped = device
+                .store_pinned_u32(&buf, 0, 0)
+                .and_then(|()| device.pinned_device_ptr(&buf));
+            match mapped {
+                Ok(at) => Ok((buf, at)),
+                Err(e) => {
+                    let _ = device.free_pinned(buf);
+                    Err(e)
+                }
+            }
+        });
+        let (give_up, give_up_at) = match flag {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = device.free_pinned(staging);
+                let _ = device.free(state);
+                let _ = device.free(words);
+                return Err(device_error(OP, e));
+            }
+        };
         let exchange = PeerExchange {
             device,
             rank,
@@ -112,6 +145,8 @@ impl<D: Driver> PeerExchange<D> {
             peers: Vec::new(),
             opened: Vec::new(),
             staging: Some(staging),
+            give_up: Some(give_up),
+            give_up_at,
         };
         // Zeroed on the engine stream, never with the synchronous memset: work on the legacy
         // default stream here made every node of ztrain's two-GPU step start about 0.3 us
@@ -322,6 +357,7 @@ impl<D: Driver> PeerExchange<D> {
             KernelArg::U32(self.world as u32),
             KernelArg::U64(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
             ptr(state.offset(WORDS_AT)),
+            ptr(self.give_up_at),
         ]
         .into_iter()
         .collect();
@@ -334,36 +370,70 @@ impl<D: Driver> PeerExchange<D> {
         Ok(out)
     }
 
-    /// Whether a launch gave up waiting for a peer (read from the device after the work
-    /// queued on the engine stream, through the staging buffer on that stream).
+    /// Whether the exchange failed: a launch gave up waiting for a peer (read from the device
+    /// after the work queued on the engine stream, through the staging buffer on that stream),
+    /// or it was given up ([`PeerExchange::give_up`]).
     ///
     /// # Errors
-    /// `Device` from the copy (`CaptureIllegal` while capturing).
+    /// `Device` from the copy (`CaptureIllegal` while capturing, a device marked lost).
     pub fn failed(&self) -> Result<bool> {
+        Ok(self.failure_word()? != 0 || self.given_up()?)
+    }
+
+    /// The rank a failed launch found missing (its words not there when its wait timed out or
+    /// was given up), if any: the peer that did not answer.
+    ///
+    /// # Errors
+    /// As [`PeerExchange::failed`].
+    pub fn silent_peer(&self) -> Result<Option<usize>> {
+        let word = self.failure_word()? as usize;
+        Ok((1..=self.world).contains(&word).then(|| word - 1))
+    }
+
+    /// The kernel's failure word: 0, or 1 + the first peer a failed launch found missing.
+    fn failure_word(&self) -> Result<u32> {
         let mut flag = [0u8; 4];
         let d = &self.device;
         let staging = self.staging()?;
         d.download_async(staging, self.state.offset(FAILED_AT), 4, d.stream())
             .and_then(|()| d.read_pinned(staging, &mut flag))
             .map_err(|e| device_error("peer_exchange", e))?;
+        Ok(u32::from_le_bytes(flag))
+    }
+
+    fn given_up(&self) -> Result<bool> {
+        let mut flag = [0u8; 4];
+        self.device
+            .read_pinned(self.give_up_flag()?, &mut flag)
+            .map_err(|e| device_error("peer_exchange", e))?;
         Ok(u32::from_le_bytes(flag) != 0)
     }
 
+    fn give_up_flag(&self) -> Result<&PinnedBuffer> {
+        // Taken only by drop.
+        self.give_up
+            .as_ref()
+            .ok_or_else(|| ComputeError::Unsupported {
+                op: "peer_exchange",
+                reason: "the exchange's give-up flag is gone".into(),
+            })
+    }
+
     /// Makes the launches running or queued give up their waits for peers now, and every later
-    /// one at once (the failure flag, which the kernel polls, set from the host): what aborting
-    /// a communicator does to NCCL's kernels, so that a rank whose peer died does not wait for
-    /// the timeout. Not undone: an exchange given up stays failed.
+    /// one at once: what aborting a communicator does to NCCL's kernels, so that a rank whose
+    /// peer died does not wait for the timeout. Not undone: an exchange given up stays failed.
     ///
-    /// Works also after the device was marked lost (an aborted communicator marks it): a
-    /// kernel spinning on a peer is exactly what the teardown must stop first (issue 44: with
-    /// the flag refused as "device lost", the launch spun on and `ncclCommAbort`, which waits
-    /// for the device, never returned).
+    /// One store from the host into the give-up flag the kernel polls (page-locked memory
+    /// mapped into the device): it goes through no stream and no driver call, so neither a
+    /// stream stuck behind the spinning launch nor a busy or lost device can delay or refuse
+    /// it; legal during a capture too (issue 44: the flag went up with a synchronous copy,
+    /// refused once the device was marked lost, and the launch spun on).
     ///
     /// # Errors
-    /// `Device` from the copy (`CaptureIllegal` while capturing, a sticky driver error).
+    /// `Device` only if the flag's memory is not the page-locked allocation it was made in.
     pub fn give_up(&self) -> Result<()> {
         self.device
-            .copy_htod_even_if_lost(self.state.offset(FAILED_AT), &1u32.to_le_bytes())
+            .store_pinned_u32(self.give_up_flag()?, 0, 1)
             .map_err(|e| device_error("peer_exchange", e))
     }
 
@@ -378,9 +448,19 @@ impl<D: Driver> PeerExchange<D> {
 
 impl<D: Driver> Drop for PeerExchange<D> {
     fn drop(&mut self) {
+        // Given up first, so a launch still waiting for a peer that stopped ends, and the wait
+        // for the stream below is not one behind it (issue 44). The results of launches still
+        // queued are nobody's once the exchange goes.
+        if let Err(e) = self.give_up() {
+            tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "giving up the exchange's launches failed");
+        }
         // The kernels queued on these words must have run before they are unmapped or freed.
+        // If they did not (a device marked lost, a stream stuck behind other work), the memory
+        // is left to the process: on a GPU, unmapping and freeing synchronize the device, and a
+        // launch still running would read freed memory.
         if let Err(e) = self.device.synchronize(self.device.stream()) {
-            tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "waiting for the exchange's last launch failed");
+            tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "the exchange's launches did not end; its memory is left to the process");
+            return;
         }
         self.close_opened();
         for p in [self.state, self.words] {
@@ -388,10 +468,13 @@ impl<D: Driver> Drop for PeerExchange<D> {
                 tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "freeing the exchange's memory failed");
             }
         }
-        if let Some(buf) = self.staging.take()
-            && let Err(e) = self.device.free_pinned(buf)
+        for buf in [self.staging.take(), self.give_up.take()]
+            .into_iter()
+            .flatten()
         {
-            tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "freeing the exchange's staging memory failed");
+            if let Err(e) = self.device.free_pinned(buf) {
+                tracing::warn!(target: "zcompute.cuda.exchange", error = %e, "freeing the exchange's page-locked memory failed");
+            }
         }
     }
 }

@@ -208,8 +208,11 @@ pub(crate) struct Spec {
 use Param::{F32, Ptr, U32, U64};
 
 /// The exchange's parameters: out, partial, tickets, epochs, failed, x, n, last, rank, ranks,
-/// timeout in ns, the ranks' receive words (an array of pointers in device memory).
-const EXCHANGE: &[Param] = &[Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U32, U32, U64, Ptr];
+/// timeout in ns, the ranks' receive words (an array of pointers in device memory), the give-up
+/// flag (page-locked host memory mapped into the device).
+const EXCHANGE: &[Param] = &[
+    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U32, U32, U64, Ptr, Ptr,
+];
 
 /// Parameters of every softmax row kernel: out, in, rows, n.
 const SOFTMAX: &[Param] = &[Ptr, Ptr, U64, U64];

@@ -148,3 +148,22 @@ impl CudaDriver {
         check("cuCtxSynchronize", unsafe { self.cu.cuCtxSynchronize() })
     }
 }
+
+impl CudaDriver {
+    /// Whether every device has unified addressing (`CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING`):
+    /// then page-locked host memory is mapped into every context at its host address.
+    pub(super) fn cu_unified_addressing(&self) -> DriverResult<bool> {
+        let mut count = 0i32;
+        // SAFETY: out-pointer to a local.
+        check("cuDeviceGetCount", unsafe {
+            self.cu.cuDeviceGetCount(&mut count)
+        })?;
+        for ordinal in 0..u32::try_from(count).unwrap_or(0) {
+            let dev = device_of(self, "cuDeviceGetAttribute", ordinal)?;
+            if attribute(self, cu::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, dev)? == 0 {
+                return Ok(false);
+            }
+        }
+        Ok(count > 0)
+    }
+}

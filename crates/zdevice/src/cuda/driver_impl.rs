@@ -397,4 +397,14 @@ impl Driver for CudaDriver {
         // element types.
         unsafe { super::blas::gemm_strided_batched_ex(self, handle, gemm) }
     }
+
+    // --- device-mapped host flags (issue 44) ---------------------------------------------
+
+    fn host_device_ptr(&self, p: HostPtr) -> DriverResult<DevicePtr> {
+        self.cu_host_device_ptr(p)
+    }
+
+    fn host_store_u32(&self, dst: HostPtr, value: u32) -> DriverResult<()> {
+        self.cu_host_store_u32(dst, value)
+    }
 }

@@ -68,16 +68,27 @@ impl CudaDriver {
 
     pub(super) fn cu_mem_free_host(&self, p: HostPtr) -> DriverResult<()> {
         self.bind()?;
-        // The map stays locked across the free so that no host_read/host_write can be copying
-        // from this allocation while it goes away.
-        let mut map = self.host_map();
-        self.refuse_lent(&map, "cuMemFreeHost", p)?;
+        // The entry leaves the map under its lock, so no host_read/host_write/host_store_u32
+        // can be copying from this allocation while it goes away (they find it gone: a typed
+        // error). The free itself runs outside the lock (issue 44): `cuMemFreeHost` may wait
+        // for the device, and a give-up flag stored by another thread (`host_store_u32`,
+        // which takes the lock) is what ends the kernel the device may be waiting for.
+        let size = {
+            let mut map = self.host_map();
+            self.refuse_lent(&map, "cuMemFreeHost", p)?;
+            map.remove(&p.0)
+        };
         // SAFETY: the driver validates the address; the status is checked.
-        check("cuMemFreeHost", unsafe {
+        let freed = check("cuMemFreeHost", unsafe {
             self.cu.cuMemFreeHost(p.0 as *mut c_void)
-        })?;
-        map.remove(&p.0);
-        Ok(())
+        });
+        if freed.is_err()
+            && let Some(size) = size
+        {
+            // Not freed: the allocation is still live, so it stays reachable.
+            self.host_map().insert(p.0, size);
+        }
+        freed
     }
 
     pub(super) fn cu_host_read(&self, src: HostPtr, dst: &mut [u8]) -> DriverResult<()> {
@@ -96,6 +107,43 @@ impl CudaDriver {
         self.refuse_lent(&map, "host_write", dst)?;
         // SAFETY: as in host_read, with the roles swapped.
         unsafe { ptr::copy_nonoverlapping(src.as_ptr(), to, src.len()) };
+        Ok(())
+    }
+
+    /// `Driver::host_device_ptr`. With unified addressing, `cuMemHostGetDevicePointer_v2`
+    /// answers the host address for memory from `cuMemAllocHost` (CUDA's unified addressing
+    /// section); the pinned cuda-sys bindings do not carry that call, so the answer is made
+    /// from the device attribute and this driver's own record of its page-locked allocations.
+    pub(super) fn cu_host_device_ptr(&self, p: HostPtr) -> DriverResult<DevicePtr> {
+        const CALL: &str = "cuMemHostGetDevicePointer_v2";
+        Self::host_range(&self.host_map(), CALL, p, 1)?;
+        if !self.cu_unified_addressing()? {
+            return Err(DriverError::Cuda {
+                call: CALL,
+                code: crate::driver::CuCode::NOT_SUPPORTED,
+            });
+        }
+        Ok(DevicePtr(p.0))
+    }
+
+    /// `Driver::host_store_u32`.
+    pub(super) fn cu_host_store_u32(&self, dst: HostPtr, value: u32) -> DriverResult<()> {
+        const CALL: &str = "host_store_u32";
+        if !dst.0.is_multiple_of(4) {
+            return Err(DriverError::InvalidArgument {
+                call: CALL,
+                reason: format!("{:#x} is not 4-byte aligned", dst.0),
+            });
+        }
+        let map = self.host_map();
+        let to = Self::host_range(&map, CALL, dst, 4)?;
+        self.refuse_lent(&map, CALL, dst)?;
+        // SAFETY: `to..to+4` lies inside a live page-locked allocation (checked above; the lock
+        // keeps it from being freed meanwhile), is 4-byte aligned and not lent out as a Rust
+        // slice (both checked above). The memory is shared with kernels and other host threads only through atomic or
+        // volatile accesses of the same word, so an atomic view of it is sound.
+        let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(to.cast::<u32>()) };
+        word.store(value, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 

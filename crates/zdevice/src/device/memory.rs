@@ -162,17 +162,6 @@ impl<D: Driver> Device<D> {
         self.call(|d| d.memcpy_htod(dst, src))
     }
 
-    /// As [`Device::copy_htod`], also after the device was marked lost ([`Device::abandon`],
-    /// an aborted communicator, a wait past its deadline): how the host tells a kernel still
-    /// spinning on the device (a peer exchange's wait for a peer that stopped) to give up, so
-    /// the teardown that follows does not wait behind it. A device whose driver latched a sticky
-    /// error still refuses: the driver answers the copy with it.
-    pub fn copy_htod_even_if_lost(&self, dst: DevicePtr, src: &[u8]) -> DeviceResult<()> {
-        self.refuse_during_capture("cuMemcpyHtoD_v2", SILENT)?;
-        let r = self.inner.driver.memcpy_htod(dst, src);
-        self.checked(r)
-    }
-
     /// Synchronous device-to-host copy. Refused during capture (a silent row). Ordered only
     /// after work the caller has synchronised: call [`Device::synchronize`] first.
     pub fn copy_dtoh(&self, dst: &mut [u8], src: DevicePtr) -> DeviceResult<()> {
@@ -415,6 +404,37 @@ impl<D: Driver> Device<D> {
         self.refuse_during_capture("cuMemFreeHost", NO_SYNC_FREE)?;
         self.settle(&buf)?;
         self.call(|d| d.mem_free_host(buf.ptr))
+    }
+
+    // --- device-mapped host flags (issue 44) -------------------------------------------------
+
+    /// Where kernels read `buf` (`cuMemHostGetDevicePointer_v2`; with unified addressing, the
+    /// host address): a flag the host sets there with [`Device::store_pinned_u32`] reaches a
+    /// kernel polling it without any stream. Answered during a capture as outside one (the
+    /// call submits nothing); a device marked lost still answers, as it does not touch the
+    /// device's work.
+    pub fn pinned_device_ptr(&self, buf: &PinnedBuffer) -> DeviceResult<DevicePtr> {
+        let r = self.inner.driver.host_device_ptr(buf.ptr);
+        self.checked(r)
+    }
+
+    /// Stores `value` as the u32 at byte `offset` of `buf` (4-byte aligned), one atomic store
+    /// with release ordering: no stream, no wait for a pending transfer of `buf`, no capture
+    /// rule, and it works after the device was marked lost. How the host tells a kernel that
+    /// polls the word (through [`Device::pinned_device_ptr`]) to stop waiting, whatever the
+    /// streams hold.
+    pub fn store_pinned_u32(
+        &self,
+        buf: &PinnedBuffer,
+        offset: u64,
+        value: u32,
+    ) -> DeviceResult<()> {
+        Self::check_range("store_pinned_u32", buf, offset.saturating_add(4))?;
+        let r = self
+            .inner
+            .driver
+            .host_store_u32(HostPtr(buf.ptr.0 + offset), value);
+        self.checked(r)
     }
 
     // --- stream-ordered memory ----------------------------------------------------------------

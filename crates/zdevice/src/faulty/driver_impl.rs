@@ -592,4 +592,17 @@ impl<D: Driver> Driver for FaultyDriver<D> {
             unsafe { d.gemm_strided_batched_ex(handle, gemm) }
         })
     }
+
+    // --- device-mapped host flags (issue 44) ---------------------------------------------
+
+    fn host_device_ptr(&self, ptr: HostPtr) -> DriverResult<DevicePtr> {
+        self.sync_call(calls::MEM_HOST_GET_DEVICE_POINTER, |d| {
+            d.host_device_ptr(ptr)
+        })
+    }
+
+    fn host_store_u32(&self, dst: HostPtr, value: u32) -> DriverResult<()> {
+        // Not a driver call (plain host memory): no fault applies, as for host_write.
+        self.inner.host_store_u32(dst, value)
+    }
 }

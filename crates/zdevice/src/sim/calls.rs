@@ -64,6 +64,8 @@ pub const MEM_FREE: &str = "cuMemFree_v2";
 pub const MEM_ALLOC_HOST: &str = "cuMemAllocHost_v2";
 /// `cuMemFreeHost`.
 pub const MEM_FREE_HOST: &str = "cuMemFreeHost";
+/// `cuMemHostGetDevicePointer_v2` (`Driver::host_device_ptr`).
+pub const MEM_HOST_GET_DEVICE_POINTER: &str = "cuMemHostGetDevicePointer_v2";
 /// `cuMemAllocAsync`.
 pub const MEM_ALLOC_ASYNC: &str = "cuMemAllocAsync";
 /// `cuMemFreeAsync`.

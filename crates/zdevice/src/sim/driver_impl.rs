@@ -567,4 +567,34 @@ impl Driver for SimDriver {
             st.gemm_ex(cx, handle, gemm)
         })
     }
+
+    // --- device-mapped host flags (issue 44) ---------------------------------------------
+
+    /// A driver call with no stream: logged, under the fault plan, answered during a capture
+    /// as outside one (`sim/capture.rs`'s row; expected of the GPU, not measured yet), and
+    /// `CUDA_ERROR_INVALID_VALUE` for an address outside page-locked memory. Kernels then read and
+    /// write the memory at that address (`SimMemory`), as over unified addressing.
+    fn host_device_ptr(&self, ptr: HostPtr) -> DriverResult<DevicePtr> {
+        self.call(c::MEM_HOST_GET_DEVICE_POINTER, None, |st, cx| {
+            st.mem_host_device_ptr(cx, ptr)
+        })
+    }
+
+    /// Plain host memory, as `host_write`: no driver call, so no capture rule, log entry or
+    /// sticky error; it lands whatever the streams hold.
+    fn host_store_u32(&self, dst: HostPtr, value: u32) -> DriverResult<()> {
+        if !dst.0.is_multiple_of(4) {
+            return Err(crate::driver::DriverError::InvalidArgument {
+                call: "host_store_u32",
+                reason: format!("{:#x} is not 4-byte aligned", dst.0),
+            });
+        }
+        self.lock()
+            .mem
+            .host_write(dst, &value.to_le_bytes())
+            .ok_or_else(|| crate::driver::DriverError::InvalidArgument {
+                call: "host_store_u32",
+                reason: format!("{dst:?} + 4 bytes is not page-locked memory"),
+            })
+    }
 }

@@ -89,6 +89,18 @@ impl State {
             .map_err(|e| self.alloc_error(cx, e, bytes))
     }
 
+    /// `cuMemHostGetDevicePointer_v2` over unified addressing: the host address itself.
+    pub(crate) fn mem_host_device_ptr(
+        &mut self,
+        cx: &mut Cx,
+        ptr: HostPtr,
+    ) -> DriverResult<DevicePtr> {
+        self.gate(cx, Ask::none())?;
+        self.mem
+            .host_device_ptr(ptr)
+            .ok_or_else(|| cx.cuda(CuCode::INVALID_VALUE))
+    }
+
     pub(crate) fn mem_free_host(&mut self, cx: &mut Cx, ptr: HostPtr) -> DriverResult<()> {
         self.gate(cx, Ask::none())?;
         if self.mem.free_host(ptr) {

@@ -258,6 +258,11 @@ impl Memory {
     }
 
     pub(crate) fn read(&self, ptr: DevicePtr, len: u64) -> Result<Vec<u8>, KernelFault> {
+        if let Some(host) = Self::mapped_host(ptr) {
+            return self
+                .host_read(host, len)
+                .ok_or(KernelFault::Unmapped { ptr });
+        }
         let (base, off) = self.resolve(ptr, len)?;
         let len = usize::try_from(len).map_err(|_| KernelFault::Unmapped { ptr })?;
         let mut out = vec![0u8; len];
@@ -268,6 +273,11 @@ impl Memory {
     }
 
     pub(crate) fn write(&mut self, ptr: DevicePtr, data: &[u8]) -> Result<(), KernelFault> {
+        if let Some(host) = Self::mapped_host(ptr) {
+            return self
+                .host_write(host, data)
+                .ok_or(KernelFault::Unmapped { ptr });
+        }
         let (base, off) = self.resolve(ptr, data.len() as u64)?;
         if let Some(a) = self.allocs.get_mut(&base) {
             a.data.write(off, data);
@@ -332,6 +342,20 @@ impl Memory {
         let within = ptr - base;
         let end = within.checked_add(len)?;
         (end <= *size).then_some((*base, usize::try_from(within).ok()?))
+    }
+
+    /// Page-locked host memory as kernels address it (`Driver::host_device_ptr`): as with
+    /// unified addressing on a GPU, at its host address, which lies above every device offset.
+    fn mapped_host(ptr: DevicePtr) -> Option<HostPtr> {
+        (HOST_BASE..=OFFSET_MASK)
+            .contains(&ptr.0)
+            .then_some(HostPtr(ptr.0))
+    }
+
+    /// `Driver::host_device_ptr`: the address kernels reach `ptr` through, when it lies in
+    /// live page-locked memory.
+    pub(crate) fn host_device_ptr(&self, ptr: HostPtr) -> Option<DevicePtr> {
+        self.host_range(ptr.0, 1).map(|_| DevicePtr(ptr.0))
     }
 
     pub(crate) fn host_valid(&self, ptr: HostPtr, len: u64) -> bool {

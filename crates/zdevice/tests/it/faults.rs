@@ -489,3 +489,92 @@ fn a_kernel_waiting_on_the_device_holds_its_stream_until_it_completes() {
     dev.synchronize(dev.stream()).unwrap();
     still_usable(&dev).unwrap();
 }
+
+/// Issue 44: a kernel waiting on the device for a flag in page-locked host memory mapped into
+/// it (`Device::pinned_device_ptr`) ends once the host stores the flag
+/// (`Device::store_pinned_u32`), with no stream: its own stream is stuck behind the kernel, and
+/// the device has been marked lost meanwhile (what an aborted communicator does), yet the
+/// store lands and the kernel reads it at the mapped address.
+#[test]
+fn a_flag_stored_from_the_host_ends_a_kernel_waiting_on_it_whatever_its_stream_holds() {
+    let dev = open_with(DeviceConfig {
+        sync_deadline: Duration::from_secs(5),
+        ..DeviceConfig::default()
+    });
+    dev.driver()
+        .register_kernel("waits_for_the_host", move |_, args, mem| {
+            let flag = zdevice::sim::KernelArgs(args).ptr(0)?;
+            if mem.read_u32(flag, 1)?[0] == 7 {
+                Ok(())
+            } else {
+                Err(zdevice::sim::KernelFault::Waiting(
+                    "the host has not given up".into(),
+                ))
+            }
+        });
+    let ptx = ".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry waits_for_the_host(\n\t.param .u64 waits_for_the_host_param_0\n)\n{\n\tret;\n}\n";
+    let module = dev.load_module(ptx).unwrap();
+    let f = module.function("waits_for_the_host").unwrap();
+    let flag = dev.alloc_pinned(64).unwrap();
+    dev.store_pinned_u32(&flag, 8, 0).unwrap();
+    let at = dev.pinned_device_ptr(&flag).unwrap();
+    let config = LaunchConfig {
+        grid: (1, 1, 1),
+        block: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel reads one u32 at its argument, inside the live pinned buffer.
+    unsafe { dev.launch(f, config, &[KernelArg::Ptr(at.offset(8))], dev.stream()) }.unwrap();
+    let r = dev.synchronize(dev.stream());
+    assert!(
+        matches!(r, Err(DeviceError::Timeout { .. })),
+        "the kernel waits, and its stream: {r:?}"
+    );
+    dev.abandon("a communicator was aborted");
+    dev.store_pinned_u32(&flag, 8, 7)
+        .expect("a store from the host works on a device marked lost");
+    let now = dev.driver().stream_query(dev.stream());
+    assert!(
+        matches!(now, Ok(Readiness::Ready)),
+        "the kernel read the flag and ended: {now:?}"
+    );
+    let misaligned = dev.store_pinned_u32(&flag, 2, 1);
+    assert!(
+        matches!(
+            misaligned,
+            Err(DeviceError::Driver { .. } | DeviceError::InvalidArgument { .. })
+        ),
+        "{misaligned:?}"
+    );
+    let outside = dev.store_pinned_u32(&flag, 64, 1);
+    assert!(
+        matches!(outside, Err(DeviceError::InvalidArgument { .. })),
+        "{outside:?}"
+    );
+}
+
+/// The mapped address goes through the fault plan as the call it is on the GPU
+/// (`cuMemHostGetDevicePointer_v2`); a failure there is a typed error that loses nothing.
+#[test]
+fn a_failed_mapping_of_host_memory_is_a_typed_error() {
+    let dev = open();
+    let flag = dev.alloc_pinned(4).unwrap();
+    dev.driver().fault(
+        calls::MEM_HOST_GET_DEVICE_POINTER,
+        1,
+        FaultAction::Fail(CuCode::NOT_SUPPORTED),
+    );
+    let r = dev.pinned_device_ptr(&flag);
+    assert!(
+        matches!(
+            r,
+            Err(DeviceError::Driver {
+                call: calls::MEM_HOST_GET_DEVICE_POINTER,
+                code: CuCode::NOT_SUPPORTED,
+            })
+        ),
+        "{r:?}"
+    );
+    dev.pinned_device_ptr(&flag).expect("the next call answers");
+    still_usable(&dev).unwrap();
+}

@@ -142,6 +142,20 @@ macro_rules! conformance_suite {
             c::still_usable(&dev).unwrap();
         }
 
+        /// Issue 44: where kernels see page-locked host memory, asked during a capture, and a
+        /// store into it from the host (a kernel's give-up flag). Expected to answer as
+        /// outside capture with no node; measured by the gpu suite's twin.
+        #[rstest]
+        fn capture_rules_host_flag_row(
+            #[values(Row::HostDevicePtr)] row: Row,
+            #[values(CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed)]
+            mode: CaptureMode,
+        ) {
+            let dev = $open();
+            rules::check_row(&dev, row, mode, StreamKind::NonBlocking).unwrap();
+            c::still_usable(&dev).unwrap();
+        }
+
         /// The H100 rows: synchronous calls on a blocking vs non-blocking capturing stream,
         /// frees of live memory, and cuBLAS with and without a reserved workspace.
         #[rstest]

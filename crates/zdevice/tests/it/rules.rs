@@ -44,6 +44,10 @@ pub enum Row {
     /// capturing stream with a 32 MiB workspace set, warmed up before the capture.
     GemmExTf32WithWorkspace,
     GemmExBf16WithWorkspace,
+    /// `cuMemHostGetDevicePointer_v2` of page-locked memory allocated before the capture
+    /// (`Driver::host_device_ptr`), then a store into it from the host
+    /// (`Driver::host_store_u32`): how a kernel's give-up flag is reached (issue 44).
+    HostDevicePtr,
 }
 
 /// What the table says happens.
@@ -102,6 +106,9 @@ pub fn expected(row: Row, mode: CaptureMode, kind: StreamKind) -> Outcome {
         // Not in the document yet: captured, node count not measured (the simulator assumes
         // the Sgemm row's 2); the gpu test `capture_rules_gemm_ex_row` prints what it finds.
         GemmExTf32WithWorkspace | GemmExBf16WithWorkspace => Captured(None),
+        // Not in the document, not measured yet (issue 44): expected to answer as outside
+        // capture in every mode, with no node (it submits nothing); the store is host memory.
+        HostDevicePtr => Succeeds,
     }
 }
 
@@ -116,6 +123,8 @@ struct Prepared {
     host: Vec<u8>,
     /// `a`'s IPC handle, exported before the capture (the `IpcOpenOwn` row).
     handle: Option<IpcMemHandle>,
+    /// Page-locked memory allocated before the capture (the `HostDevicePtr` row).
+    pinned: Option<HostPtr>,
 }
 
 const N: u64 = 4096;
@@ -259,7 +268,13 @@ fn prepare<D: Driver>(d: &D, row: Row, stream: Stream) -> Result<Prepared, Strin
     } else {
         None
     };
+    let pinned = if row == Row::HostDevicePtr {
+        Some(d.mem_alloc_host(256).map_err(s)?)
+    } else {
+        None
+    };
     Ok(Prepared {
+        pinned,
         handle,
         a,
         b,
@@ -368,6 +383,20 @@ fn call<D: Driver>(d: &D, row: Row, stream: Stream, p: &Prepared) -> (Option<u32
             None => Ok(()),
         },
         Row::IpcCloseUnopened => d.ipc_close_mem_handle(p.b),
+        Row::HostDevicePtr => match p.pinned {
+            Some(h) => d.host_device_ptr(h).and_then(|at| {
+                // Unified addressing: the host address itself, on the GPU as on the simulator.
+                if at.0 == h.0 {
+                    d.host_store_u32(h, 1)
+                } else {
+                    Err(DriverError::InvalidArgument {
+                        call: "host_device_ptr",
+                        reason: format!("{at:?} is not the host address {h:?}"),
+                    })
+                }
+            }),
+            None => Ok(()),
+        },
         Row::GemmWithWorkspace
         | Row::GemmDefaultWorkspace
         | Row::GemmExTf32WithWorkspace
@@ -418,6 +447,9 @@ fn cleanup<D: Driver>(
     }
     for buf in [p.workspace, p.gemm_operands].into_iter().flatten() {
         d.mem_free(buf).map_err(s)?;
+    }
+    if let Some(h) = p.pinned {
+        d.mem_free_host(h).map_err(s)?;
     }
     d.event_destroy(p.event).map_err(s)?;
     d.mem_free(p.a).map_err(s)?;

@@ -135,9 +135,15 @@ pub(super) fn step_tail(
 /// The exchange of the data-parallel step's last bucket and the norm (`zc_exchange_sum_norm_f32`):
 /// this rank's elements of `x[..last]` stored into every peer's receive words with the epoch,
 /// then each peer's words of this epoch read from its own and added in rank order. The simulator
-/// runs one kernel at a time, so a peer's words are there only if its launch ran before: a peer
-/// whose words are missing is one that never came, and the twin does what the kernel does when
-/// its wait times out (NaN for the value, the failure flag set).
+/// runs one kernel at a time, so a peer's words are there only if its launch ran before.
+///
+/// A peer whose words are missing is waited for as on the GPU (issue 44): the launch does not
+/// complete (`KernelFault::Waiting`: it stays at the front of its stream, which cannot drain,
+/// and runs again at the next query or wait) until the words come or the exchange is given up
+/// (the failure flag, or the give-up flag the host stores into mapped host memory); then it does
+/// what the kernel does (NaN for the missing values, the failure flag set). The kernel's own
+/// timeout is not modelled (the twin has no clock): the host's deadline, as long, ends first.
+/// Its stores into the peers' words are the same bits each time it runs again.
 pub(super) fn exchange_sum_norm(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -178,7 +184,29 @@ pub(super) fn exchange_sum_norm(
             mem.write_bytes(peer.offset((half * w + rank as u64) * last * 8), &mine)?;
         }
     }
-    let mut lost = mem.read_u32(failed, 1)?[0] != 0;
+    let give_up = k.ptr(12)?;
+    let failed_before = mem.read_u32(failed, 1)?[0];
+    let lost = failed_before != 0 || mem.read_u32(give_up, 1)?[0] != 0;
+    // The first peer whose words of this epoch are not all there.
+    let mut missing = None;
+    for q in (0..ranks).filter(|&q| q != rank) {
+        let bytes = mem.read_bytes(
+            words[rank].offset((half * w + q as u64) * last * 8),
+            last * 8,
+        )?;
+        if bytes
+            .chunks_exact(8)
+            .any(|c| (u64::from_le_bytes(c.try_into().unwrap_or_default()) >> 32) as u32 != epoch)
+        {
+            missing = Some(q);
+            break;
+        }
+    }
+    if let (Some(q), false) = (missing, lost) {
+        return Err(KernelFault::Waiting(format!(
+            "rank {rank} waits for rank {q}'s words of epoch {epoch} (peer exchange)"
+        )));
+    }
     let mut sums = data[..n_last].to_vec();
     for q in 0..ranks {
         let values: Vec<f32> = if q == rank {
@@ -192,11 +220,11 @@ pub(super) fn exchange_sum_norm(
                 .chunks_exact(8)
                 .map(|c| {
                     let v = u64::from_le_bytes(c.try_into().unwrap_or_default());
-                    if (v >> 32) as u32 == epoch && !lost {
-                        f32::from_bits(v as u32)
-                    } else {
-                        lost = true;
+                    // Not lost: every word is there (a missing one waits, above).
+                    if lost {
                         f32::NAN
+                    } else {
+                        f32::from_bits(v as u32)
                     }
                 })
                 .collect()
@@ -229,8 +257,9 @@ pub(super) fn exchange_sum_norm(
     }
     mem.write_f32(partial, &part)?;
     mem.write_u32(epochs, &vec![epoch; blocks])?;
-    if lost {
-        mem.write_u32(failed, &[1])?;
+    // The kernel's failure word: 1 + the peer found missing, kept once set.
+    if let (0, Some(q)) = (failed_before, missing) {
+        mem.write_u32(failed, &[1 + q as u32])?;
     }
     let total: f32 = part.iter().sum();
     mem.write_f32(out, &[total.sqrt()])

@@ -1,9 +1,11 @@
 //! The data-parallel tail's exchange (`zcompute::cuda::PeerExchange`, `zc_exchange_sum_norm_f32`):
 //! the last bucket `x[..last]` summed over the ranks in rank order and the norm of all of `x` in
 //! one launch; a peer that never comes leaves the norm NaN and the exchange failed; bad
-//! arguments are typed errors. The mock suite runs the bodies on the simulated device (which
-//! runs one kernel at a time: a rank's launch sees the words of the ranks launched before it);
-//! the gpu suite runs two ranks on two streams of CUDA device 0, concurrently, three rounds.
+//! arguments are typed errors; a launch waiting for a peer that stopped ends only when given up
+//! from the host, and then at once. The mock suite runs the bodies on the simulated device
+//! (which runs one kernel at a time, and keeps a launch whose peer's words are missing waiting,
+//! as a GPU does, until they come or it is given up); the gpu suite runs two ranks on two
+//! streams of CUDA device 0, concurrently, three rounds.
 
 use std::time::Duration;
 use zcompute::cuda::PeerExchange;
@@ -136,32 +138,63 @@ fn two_ranks_on_one_device<D: Driver>(
     (es, all, xs)
 }
 
-/// Two ranks on one simulated device: rank 1 launched first finds no words of rank 0 (a peer
-/// that never came: NaN, failed), but leaves its own in rank 0's; rank 0 then sums both.
+/// Writes into `to`'s receive words what rank `from`'s launch of epoch `epoch` stores there:
+/// each of `values` with the epoch, in that epoch's half (a peer whose launch ran beside this
+/// rank's, which one stream of the simulator cannot run).
+fn place_words<D: Driver>(
+    b: &CudaBackend<D>,
+    to: &PeerExchange<D>,
+    from: usize,
+    values: &[f32],
+    epoch: u32,
+) {
+    const WORLD: u64 = 2;
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|v| (u64::from(v.to_bits()) | (u64::from(epoch) << 32)).to_le_bytes())
+        .collect();
+    let at = (u64::from(epoch & 1) * WORLD + from as u64) * LAST as u64 * 8;
+    let d = b.device();
+    let staging = d.alloc_pinned(bytes.len() as u64).expect("staging");
+    d.write_pinned(&staging, &bytes).expect("write");
+    d.upload_async(
+        to.receive_words().offset(at),
+        &staging,
+        bytes.len() as u64,
+        d.stream(),
+    )
+    .expect("upload");
+    d.synchronize(d.stream()).expect("placed");
+    d.free_pinned(staging).expect("free");
+}
+
+/// Two ranks on one simulated device, one stream: rank 0's launch finds rank 1's words there
+/// (placed as rank 1's launch beside it would store them) and sums both; it leaves its own in
+/// rank 1's, so rank 1's launch after it sums both too. Neither failed.
 pub fn simulated_ranks_see_the_ranks_launched_before<D: Driver>(b: &CudaBackend<D>) {
     let ([e0, e1], all, [x0, x1]) = two_ranks_on_one_device(b);
-    let n1 = e1.sum_and_norm(b, &x1, WAIT).expect("rank 1");
+    place_words(b, &e0, 1, &all[1][..LAST], 1);
     let n0 = e0.sum_and_norm(b, &x0, WAIT).expect("rank 0");
+    let n1 = e1.sum_and_norm(b, &x1, WAIT).expect("rank 1");
     check(b, &x0, &n0, &expected(&all, 0));
+    check(b, &x1, &n1, &expected(&all, 1));
     assert!(!e0.failed().expect("flag 0"));
-    assert!(b.download(&n1).expect("n1")[0].is_nan());
-    assert!(
-        e1.failed().expect("flag 1"),
-        "rank 1 waited for a rank that never came"
-    );
+    assert!(!e1.failed().expect("flag 1"));
 }
 
 /// An exchange given up (`give_up`, what aborting the communicator does) fails every launch at
-/// once, even one whose peer's words are there: NaN, failed. Rank 1 launched first leaves its
-/// words in rank 0's, as in the test above, where rank 0 then sums them.
+/// once, even one whose peer's words are there: NaN, failed, and no peer named (none was
+/// missing). Rank 1's words are placed in rank 0's, as in the test above, where rank 0 then
+/// sums them.
 pub fn an_exchange_given_up_fails_its_launches<D: Driver>(b: &CudaBackend<D>) {
-    let ([e0, e1], _, [x0, x1]) = two_ranks_on_one_device(b);
-    e1.sum_and_norm(b, &x1, WAIT).expect("rank 1");
+    let ([e0, _e1], all, [x0, _x1]) = two_ranks_on_one_device(b);
+    place_words(b, &e0, 1, &all[1][..LAST], 1);
     e0.give_up().expect("give up");
     assert!(e0.failed().expect("flag"), "given up before any launch");
     let n0 = e0.sum_and_norm(b, &x0, WAIT).expect("rank 0");
     assert!(b.download(&n0).expect("n0")[0].is_nan());
     assert!(e0.failed().expect("flag"));
+    assert_eq!(e0.silent_peer().expect("flag"), None);
 }
 
 /// Issue 44: an exchange is given up also after its device was marked lost (what aborting a
@@ -173,6 +206,130 @@ pub fn an_exchange_is_given_up_after_its_device_was_abandoned<D: Driver>(b: &Cud
         .abandon("the communicator was aborted; its collectives may never complete");
     e0.give_up()
         .expect("give up although the device is marked lost");
+}
+
+/// A wait as long as an hour: only giving up ends it before the device's deadline.
+const FOREVER: Duration = Duration::from_secs(3600);
+
+/// Rank 0 of two, connected to a rank 1 that never launches (its receive words on the same
+/// device, which nobody writes: a peer that stopped), and rank 0's gradients uploaded.
+fn rank_with_a_stopped_peer<D: Driver>(
+    b: &CudaBackend<D>,
+) -> (PeerExchange<D>, PeerExchange<D>, CudaTensor) {
+    let mut e = PeerExchange::new(b, 0, 2, LAST).expect("exchange");
+    let stopped = PeerExchange::new(b, 1, 2, LAST).expect("the stopped peer's side");
+    e.connect_addressable(&[e.receive_words(), stopped.receive_words()])
+        .expect("connect");
+    let x = b.upload(&grads(0, 0), &[N]).expect("x");
+    (e, stopped, x)
+}
+
+/// Issue 44: a launch waiting on a peer that stopped does not end by itself (its wait is longer
+/// than the device's deadline), so the stream behind it cannot drain and the host's wait ends
+/// at its deadline with a typed `Timeout`. `give_up`, a store from the host that goes through no
+/// stream, ends the launch: the stream drains at once, the norm is NaN, and the exchange failed
+/// waiting for rank 1.
+pub fn a_peer_wait_gives_up_from_the_host<D: Driver>(b: &CudaBackend<D>) {
+    let (e, _stopped, x) = rank_with_a_stopped_peer(b);
+    let norm = e.sum_and_norm(b, &x, FOREVER).expect("launch");
+    let dev = b.device();
+    let r = dev.synchronize(dev.stream());
+    assert!(
+        matches!(
+            r,
+            Err(zdevice::DeviceError::Timeout {
+                device_lost: false,
+                ..
+            })
+        ),
+        "the launch waits for its peer, and the stream behind it: {r:?}"
+    );
+    let start = dev.driver().now();
+    e.give_up().expect("give up");
+    dev.synchronize(dev.stream())
+        .expect("the launch gave up: the stream drains");
+    let took = dev.driver().now().saturating_sub(start);
+    assert!(
+        took < dev.config().sync_deadline / 10,
+        "giving up took {took:?} on the device's clock"
+    );
+    assert!(b.download(&norm).expect("norm")[0].is_nan());
+    assert!(e.failed().expect("flag"));
+    assert_eq!(
+        e.silent_peer().expect("flag"),
+        Some(1),
+        "the peer that did not answer"
+    );
+}
+
+/// Issue 44: dropping an exchange whose launch waits on a peer that stopped (a rank's
+/// teardown) gives the launch up first and does not wait behind it: the drop returns within a
+/// tenth of the device's deadline on its clock, and the stream then drains.
+pub fn dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it<D: Driver>(
+    b: &CudaBackend<D>,
+) {
+    let (e, stopped, x) = rank_with_a_stopped_peer(b);
+    let _norm = e.sum_and_norm(b, &x, FOREVER).expect("launch");
+    let dev = b.device();
+    let start = dev.driver().now();
+    drop(e);
+    let took = dev.driver().now().saturating_sub(start);
+    assert!(
+        took < dev.config().sync_deadline / 10,
+        "dropping the exchange waited {took:?} on the device's clock"
+    );
+    dev.synchronize(dev.stream())
+        .expect("the launch gave up: the stream drains");
+    assert!(dev.lost_reason().is_none(), "{:?}", dev.lost_reason());
+    drop(stopped);
+}
+
+/// Issue 44: freeing pinned memory on one thread while a launch waits on a peer that stopped
+/// (`cuMemFreeHost` may wait for the device, which waits for the launch) does not hold up the
+/// give-up another thread stores, which is what ends that launch: both return. Before the fix
+/// the driver held its pinned-memory map locked across `cuMemFreeHost` and the store waited
+/// for the lock: a deadlock, reported here after a minute (the process aborts, since the
+/// threads cannot be joined). On the simulator the free does not wait for the device.
+pub fn a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up<D: Driver>(
+    b: &CudaBackend<D>,
+) {
+    let (e, _stopped, x) = rank_with_a_stopped_peer(b);
+    let dev = b.device();
+    let other = dev.alloc_pinned(64).expect("another pinned buffer");
+    let _norm = e.sum_and_norm(b, &x, FOREVER).expect("launch");
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let freeing = done.clone();
+        s.spawn(move || {
+            dev.free_pinned(other).expect("free");
+            freeing.send("free").ok();
+        });
+        // Lets the free start first where it can (if it has not, the give-up below is merely
+        // not behind it: the test cannot fail for that reason).
+        std::thread::sleep(Duration::from_millis(200));
+        let e = &e;
+        s.spawn(move || {
+            e.give_up().expect("give up");
+            done.send("give up").ok();
+        });
+        for _ in 0..2 {
+            if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+                // A panic here would wait for the deadlocked threads (the scope joins them):
+                // the message, then the process ends.
+                #[allow(clippy::print_stderr)]
+                {
+                    eprintln!(
+                        "a pinned free and a give-up from another thread did not both return in 60 s: \
+                         the give-up's store waits behind the free (a deadlock)"
+                    );
+                }
+                std::process::abort();
+            }
+        }
+    });
+    dev.synchronize(dev.stream())
+        .expect("the launch gave up: the stream drains");
+    assert!(e.failed().expect("flag"));
 }
 
 /// CUDA IPC needs a second process; the simulator has none: connecting by handles is a typed
@@ -216,7 +373,7 @@ mod mock {
     /// Neither the backend nor an exchange, made, connected, launched and asked whether it
     /// failed, queues work on the legacy default stream (synchronous memsets and copies):
     /// zeroing the exchange's fresh memory there made every node of ztrain's two-GPU step
-    /// start about 0.3 us later. (Only `give_up` writes its flag directly, by design.)
+    /// start about 0.3 us later. (`give_up` stores its flag from the host: no stream at all.)
     #[test]
     fn nothing_goes_on_the_legacy_default_stream() {
         use zdevice::sim::calls::{MEMCPY_DTOD, MEMCPY_DTOH, MEMCPY_HTOD, MEMSET_D8, MEMSET_D32};
@@ -232,6 +389,25 @@ mod mock {
     #[test]
     fn an_exchange_is_given_up_after_its_device_was_abandoned() {
         super::an_exchange_is_given_up_after_its_device_was_abandoned(&super::super::mock());
+    }
+
+    #[test]
+    fn a_peer_wait_gives_up_from_the_host() {
+        super::a_peer_wait_gives_up_from_the_host(&super::super::mock());
+    }
+
+    #[test]
+    fn dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it() {
+        super::dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it(
+            &super::super::mock(),
+        );
+    }
+
+    #[test]
+    fn a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up() {
+        super::a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up(
+            &super::super::mock(),
+        );
     }
 
     #[test]
@@ -339,5 +515,45 @@ mod gpu {
             .expect("launch");
         assert!(b.download(&norm).expect("norm")[0].is_nan());
         assert!(e.failed().expect("flag"));
+        assert_eq!(e.silent_peer().expect("flag"), Some(1));
+    }
+
+    /// A backend of its own on CUDA device 0 whose waits end after 2 s.
+    fn short_deadline_backend() -> CudaBackend<CudaDriver> {
+        let driver = CudaDriver::load().expect("the CUDA driver loads on a GPU machine");
+        let config = DeviceConfig {
+            sync_deadline: Duration::from_secs(2),
+            ..DeviceConfig::default()
+        };
+        let dev = Device::open(driver, config).expect("CUDA device 0 opens");
+        super::super::backend_on(dev)
+    }
+
+    /// Issue 44 on one GPU: the launch spins on a peer whose words never arrive (rank 1's
+    /// receive words on the same device, which nobody writes); the stream's wait ends at 2 s;
+    /// the give-up flag, stored from the host into mapped memory, ends the launch within
+    /// 0.2 s; NaN, failed, rank 1 named.
+    #[test]
+    fn gpu_a_peer_wait_gives_up_from_the_host() {
+        super::a_peer_wait_gives_up_from_the_host(&short_deadline_backend());
+    }
+
+    /// Issue 44 on one GPU: dropping the exchange while its launch spins on a peer that never
+    /// comes returns within 0.2 s, and the stream then drains.
+    #[test]
+    fn gpu_dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it() {
+        super::dropping_an_exchange_waiting_on_a_stopped_peer_does_not_wait_for_it(
+            &short_deadline_backend(),
+        );
+    }
+
+    /// Issue 44 on one GPU: `cuMemFreeHost` on one thread while the launch spins on a peer
+    /// that never comes, and the give-up stored from another thread: both return (the free
+    /// once the launch gave up), no deadlock on the driver's pinned-memory map.
+    #[test]
+    fn gpu_a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up() {
+        super::a_pinned_free_waiting_for_the_device_does_not_hold_up_giving_up(
+            &short_deadline_backend(),
+        );
     }
 }

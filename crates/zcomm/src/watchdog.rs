@@ -1,0 +1,342 @@
+//! A watchdog per rank that does not share the training thread (issue 44).
+//!
+//! Every abort used to be made from the training thread itself. On a GPU that thread can be
+//! the one that is stuck: in `cuGraphLaunch` or `cuLaunchKernel` behind a queue full of work
+//! that waits for a peer that stopped, or in a wait without a deadline. Then nothing ever
+//! aborts, and the launcher kills the rank when its grace runs out (measured on 2 H200s).
+//!
+//! [`Watched`] wraps a rank's collective: the training thread's progress (a step begun, a
+//! collective call returned) bumps a counter; a thread of its own (the watchdog) aborts the
+//! communicators when the counter has not moved for the timeout (`--comm-timeout`), so the
+//! stuck thread's wait returns with an error, which [`Watched`] reports as
+//! [`CommError::NoProgress`] (with the collective's own failure, which names the silent peer
+//! where the transport knows it). The abort given is the collective's own, callable from any
+//! thread without blocking it (`NcclCollective::abort` stores the peer exchange's give-up flag
+//! from the host and runs `ncclCommAbort` on its helper thread; the simulator's marks the
+//! device lost and ends the waits it holds).
+//!
+//! A stop signal (SIGTERM, SIGINT) needs nothing more: a training thread that can still stop
+//! stops after its step; one blocked in a wait makes no progress, and the watchdog ends it
+//! within the timeout, before the launcher's grace (the timeout plus 5 s) runs out.
+//!
+//! The watchdog arms at the first step ([`Collective::set_step`]): the set-up before it has
+//! deadlines of its own. Every phase between two steps (evaluation, a checkpoint) already had to
+//! fit in the timeout, since the other ranks' next collective waits that long for this one.
+
+use crate::error::{CommError, Result};
+use crate::{Collective, RankInfo};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use zcompute::{BTensor, Backend, Element};
+
+/// Aborts a rank's communicators from the watchdog's thread: must not block on the device.
+pub type AbortFn = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// What the watchdog found when it fired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stalled {
+    /// What the training thread was in: a collective call, or `"a step"` (outside the
+    /// collectives: a captured step's launch, a read-back).
+    pub op: &'static str,
+    /// The step it was in.
+    pub step: u64,
+    /// How long nothing moved.
+    pub waited_for: Duration,
+}
+
+/// The training thread's side: progress and where it is.
+#[derive(Debug, Default)]
+struct Shared {
+    ticks: AtomicU64,
+    armed: AtomicBool,
+    step: AtomicU64,
+    op: Mutex<Option<&'static str>>,
+    fired: Mutex<Option<Stalled>>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    fn tick(&self) {
+        self.ticks.fetch_add(1, Ordering::Release);
+    }
+
+    fn fired(&self) -> Option<Stalled> {
+        lock(&self.fired).clone()
+    }
+}
+
+/// The watchdog thread of one rank; dropping it stops the thread (at once) and joins it.
+#[derive(Debug)]
+pub struct Watchdog {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts the thread: once armed, `abort` is called (once) when no progress was made for
+    /// `timeout`.
+    ///
+    /// # Errors
+    /// The thread could not be started (`CommError::Io`).
+    pub fn spawn(rank: usize, timeout: Duration, abort: AbortFn) -> Result<Watchdog> {
+        let shared = Arc::new(Shared::default());
+        let seen = Arc::clone(&shared);
+        // Often enough to fire within a twentieth of the timeout, rarely enough to cost nothing.
+        let poll = (timeout / 20).clamp(Duration::from_millis(1), Duration::from_millis(100));
+        let thread = std::thread::Builder::new()
+            .name(format!("zcomm-watchdog-{rank}"))
+            .spawn(move || watch(&seen, rank, timeout, poll, &*abort))
+            .map_err(|source| CommError::Io {
+                op: "starting the watchdog thread",
+                source,
+            })?;
+        Ok(Watchdog {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// What the watchdog found, if it fired.
+    #[must_use]
+    pub fn fired(&self) -> Option<Stalled> {
+        self.shared.fired()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        *lock(&self.shared.stop) = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            tracing::warn!(target: "zcomm.watchdog.stop", "the watchdog thread panicked");
+        }
+    }
+}
+
+/// The watchdog's loop: see the module documentation.
+fn watch(shared: &Shared, rank: usize, timeout: Duration, poll: Duration, abort: &dyn Fn(&str)) {
+    let mut last = shared.ticks.load(Ordering::Acquire);
+    let mut since = Instant::now();
+    loop {
+        {
+            let stop = lock(&shared.stop);
+            let (stop, _) = shared
+                .wake
+                .wait_timeout_while(stop, poll, |stop| !*stop)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *stop {
+                return;
+            }
+        }
+        let now = shared.ticks.load(Ordering::Acquire);
+        if now != last || !shared.armed.load(Ordering::Acquire) {
+            last = now;
+            since = Instant::now();
+            continue;
+        }
+        let waited_for = since.elapsed();
+        if waited_for < timeout {
+            continue;
+        }
+        let stalled = Stalled {
+            op: lock(&shared.op).unwrap_or("a step"),
+            step: shared.step.load(Ordering::Acquire),
+            waited_for,
+        };
+        let why = format!(
+            "rank {rank}: no progress for {waited_for:.1?} in {} at step {}: the watchdog aborts the communicators",
+            stalled.op, stalled.step
+        );
+        tracing::error!(target: "zcomm.watchdog.fire", rank, op = stalled.op, step = stalled.step, ?waited_for, "no progress: aborting the communicators from the watchdog thread");
+        *lock(&shared.fired) = Some(stalled);
+        abort(&why);
+        return;
+    }
+}
+
+/// A rank's collective under a [`Watchdog`]: see the module documentation. Every call goes to
+/// the inner collective; the calls and the steps are the progress the watchdog sees.
+pub struct Watched<C> {
+    inner: Arc<C>,
+    dog: Watchdog,
+    /// The watchdog's error was handed out by `take_failure` (once, as every failure).
+    reported: AtomicBool,
+}
+
+impl<C> std::fmt::Debug for Watched<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched")
+            .field("dog", &self.dog)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Watched<C> {
+    /// `inner` under a watchdog that calls `abort` on it (from its own thread) after `timeout`
+    /// without progress.
+    ///
+    /// # Errors
+    /// The watchdog's thread could not be started.
+    pub fn new(
+        inner: Arc<C>,
+        rank: usize,
+        timeout: Duration,
+        abort: impl Fn(&C, &str) + Send + Sync + 'static,
+    ) -> Result<Self>
+    where
+        C: Send + Sync + 'static,
+    {
+        let target = Arc::clone(&inner);
+        let abort: AbortFn = Arc::new(move |why: &str| abort(&target, why));
+        Ok(Watched {
+            inner,
+            dog: Watchdog::spawn(rank, timeout, abort)?,
+            reported: AtomicBool::new(false),
+        })
+    }
+
+    /// The collective underneath.
+    #[must_use]
+    pub fn inner(&self) -> &C {
+        &self.inner
+    }
+
+    /// What the watchdog found, if it fired.
+    #[must_use]
+    pub fn fired(&self) -> Option<Stalled> {
+        self.dog.fired()
+    }
+
+    /// Runs one call of the inner collective as progress: where the thread is while it runs,
+    /// a tick when it returns; an error after the watchdog fired is its `NoProgress`.
+    fn call<R>(&self, op: &'static str, rank: usize, f: impl FnOnce(&C) -> Result<R>) -> Result<R> {
+        let shared = &self.dog.shared;
+        let outer = lock(&shared.op).replace(op);
+        let r = f(&self.inner);
+        *lock(&shared.op) = outer;
+        shared.tick();
+        r.map_err(|e| self.stalled_error(rank, e))
+    }
+
+    /// `e`, or the watchdog's error when it fired (with `e`, and the collective's own failure
+    /// which names the silent peer where one is known, as its detail).
+    fn stalled_error(&self, rank: usize, e: CommError) -> CommError {
+        let Some(s) = self.fired() else { return e };
+        if matches!(e, CommError::NoProgress { .. }) {
+            return e;
+        }
+        CommError::NoProgress {
+            rank,
+            op: s.op,
+            step: s.step,
+            waited_for: s.waited_for,
+            detail: chain(&e),
+        }
+    }
+}
+
+/// `e` and its sources, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+impl<B: Backend<T>, T: Element, C: Collective<B, T>> Collective<B, T> for Watched<C> {
+    fn info(&self) -> RankInfo {
+        self.inner.info()
+    }
+
+    fn all_reduce_sum(&self, b: &B, x: &BTensor<B, T>, step: u64) -> Result<()> {
+        let rank = self.info().rank;
+        self.call("all_reduce", rank, |c| c.all_reduce_sum(b, x, step))
+    }
+
+    fn all_reduce_sum_overlapped(&self, b: &B, x: &BTensor<B, T>, step: u64) -> Result<()> {
+        let rank = self.info().rank;
+        self.call("all_reduce", rank, |c| {
+            c.all_reduce_sum_overlapped(b, x, step)
+        })
+    }
+
+    fn join_overlapped(&self, b: &B) -> Result<()> {
+        let rank = self.info().rank;
+        self.call("join_overlapped", rank, |c| c.join_overlapped(b))
+    }
+
+    fn prepare_last_and_norm(&self, b: &B, len: usize, last: usize, step: u64) -> Result<bool> {
+        let rank = self.info().rank;
+        self.call("prepare_last_and_norm", rank, |c| {
+            c.prepare_last_and_norm(b, len, last, step)
+        })
+    }
+
+    fn all_reduce_last_and_norm(
+        &self,
+        b: &B,
+        grads: &BTensor<B, T>,
+        last: usize,
+        step: u64,
+    ) -> Result<Option<BTensor<B, T>>> {
+        let rank = self.info().rank;
+        self.call("all_reduce_last_and_norm", rank, |c| {
+            c.all_reduce_last_and_norm(b, grads, last, step)
+        })
+    }
+
+    fn broadcast(&self, b: &B, x: &BTensor<B, T>, root: usize, step: u64) -> Result<()> {
+        let rank = self.info().rank;
+        self.call("broadcast", rank, |c| c.broadcast(b, x, root, step))
+    }
+
+    fn synchronize(&self, b: &B) -> Result<()> {
+        let rank = self.info().rank;
+        self.call("synchronize", rank, |c| c.synchronize(b))
+    }
+
+    /// A step begins: progress, and the watchdog is armed from the first one.
+    fn set_step(&self, step: u64) {
+        let shared = &self.dog.shared;
+        shared.step.store(step, Ordering::Release);
+        shared.tick();
+        shared.armed.store(true, Ordering::Release);
+        self.inner.set_step(step);
+    }
+
+    fn take_failure(&self) -> Option<CommError> {
+        let inner = self.inner.take_failure();
+        match (self.fired(), inner) {
+            (None, inner) => inner,
+            (Some(_), Some(e)) => {
+                self.reported.store(true, Ordering::Release);
+                Some(self.stalled_error(self.info().rank, e))
+            }
+            (Some(_), None) if self.reported.swap(true, Ordering::AcqRel) => None,
+            (Some(s), None) => Some(CommError::NoProgress {
+                rank: self.info().rank,
+                op: s.op,
+                step: s.step,
+                waited_for: s.waited_for,
+                detail: "no collective failure was recorded".into(),
+            }),
+        }
+    }
+
+    fn abort(&self, why: &str) {
+        self.inner.abort(why);
+    }
+}
