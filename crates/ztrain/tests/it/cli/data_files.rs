@@ -527,8 +527,10 @@ fn a_window_run_holds_the_series_and_a_few_batches_of_windows_not_every_window()
         ]
         .concat(),
     );
-    eprintln!("windows cut on the fly: {on_the_fly:?}, bound {bound}");
-    assert_eq!(on_the_fly[1], series_bytes, "the series, stored once");
+    assert_eq!(
+        on_the_fly[1], series_bytes,
+        "the series, stored once: {on_the_fly:?}"
+    );
     assert!(on_the_fly[0] <= bound, "{on_the_fly:?} > {bound}");
 
     // The same windows pre-cut: held as N windows of S·F values; the bound refuses it.
@@ -539,7 +541,6 @@ fn a_window_run_holds_the_series_and_a_few_batches_of_windows_not_every_window()
         ]
         .concat(),
     );
-    eprintln!("pre-cut windows: {pre_cut_run:?}");
     let every_window = (cut.len() * window * features) as u64 * f32_bytes;
     assert!(pre_cut_run[0] >= every_window, "{pre_cut_run:?}");
     assert!(
