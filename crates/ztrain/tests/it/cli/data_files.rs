@@ -520,12 +520,21 @@ fn a_window_run_holds_the_series_and_a_few_batches_of_windows_not_every_window()
     let bound = series_bytes + 3 * batch_bytes;
     let common = ["--validate-fraction", "0.25"];
 
+    // On the simulated device, so that the memory report (which needs an arena) says it too.
+    let report = dir.path().join("m.html");
     let on_the_fly = held_by(
         &[
             &common[..],
             &["--data", path_str(&bars_path), "--window", "16"],
+            &["--device", "sim", "--sim-memory", "256M"],
+            &["--memory-report", path_str(&report)],
         ]
         .concat(),
+    );
+    let html = std::fs::read_to_string(&report).expect("report");
+    assert!(
+        html.contains("host data") && html.contains("series of bars (once)"),
+        "the memory report says the host's data bytes"
     );
     assert_eq!(
         on_the_fly[1], series_bytes,
