@@ -13,7 +13,9 @@ mod setup;
 
 use epochs::Epochs;
 use open::open_backend;
-use setup::{checkpoint_limit, feed_of, header, load_data, new_learner, start, validation_of};
+use setup::{
+    checkpoint_limit, feed_of, header, host_data_of, load_data, new_learner, start, validation_of,
+};
 
 use std::io::Write;
 use std::rc::Rc;
@@ -229,6 +231,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
     }
     let feed = feed_of(&mut learner, &train_set, ctx, out)?;
     validation_of(&mut learner, &val_set, &train_set, &feed, ctx, out)?;
+    let host_data = host_data_of(&learner, &train_set, &val_set, &feed, out);
     let mut run = Epochs {
         b: &b,
         learner,
@@ -281,6 +284,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         soak: run.soak.as_ref(),
         config: &config_json,
         metrics: &run.metrics,
+        host_data,
     };
     let concluded = conclude(
         &b,

@@ -75,6 +75,8 @@ pub(crate) struct End<'a> {
     pub(crate) config: &'a serde_json::Value,
     /// The run's metrics (the report's curves).
     pub(crate) metrics: &'a crate::metrics::Metrics,
+    /// What the run held on the host for its data.
+    pub(crate) host_data: crate::data::held::HostData,
 }
 
 pub(crate) fn sample_memory<B: MemorySource>(b: &B, step: u64) -> Sample {
@@ -99,6 +101,22 @@ fn model_line(c: &XAssetConfig) -> String {
     format!(
         "F={} S={} D={} H={} FF={} L={}",
         c.features, c.scales, c.width, c.heads, c.ff, c.layers
+    )
+}
+
+/// The memory report's line for the host's data bytes.
+fn host_data_fact(d: &crate::data::held::HostData) -> String {
+    format!(
+        "{} held: {} {}, pinned staging {}, evaluation chunk {}",
+        Bytes(d.held()),
+        if d.series {
+            "series of bars (once)"
+        } else {
+            "samples"
+        },
+        Bytes(d.samples),
+        Bytes(d.staging),
+        Bytes(d.eval_chunk)
     )
 }
 
@@ -145,6 +163,7 @@ pub(crate) fn finish<B: TrainBackend + MemorySource>(
                 ("model".into(), model_line(&learner.model().config)),
                 ("schedule".into(), schedule_line(learner.config())),
                 ("optimiser steps".into(), steps.to_string()),
+                ("host data".into(), host_data_fact(&end.host_data)),
             ],
             steps: b.steps().unwrap_or_default(),
             diagnostics: b.diagnostics(),

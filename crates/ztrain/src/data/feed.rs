@@ -110,6 +110,18 @@ impl<B: TrainBackend> Feed<B> {
         }
     }
 
+    /// Host bytes of the pinned batches (features and a label per sample; 0 on the device).
+    #[must_use]
+    pub fn staging_bytes(&self) -> u64 {
+        match self {
+            Feed::Host { staging, .. } => staging
+                .iter()
+                .map(|b| (b.capacity() * (b.scales() * b.features() + 1) * 4) as u64)
+                .sum(),
+            Feed::Device { .. } => 0,
+        }
+    }
+
     /// Host time spent filling pinned batches since the last call.
     pub fn take_fill(&mut self) -> Duration {
         match self {
@@ -163,38 +175,50 @@ pub fn evaluate_samples<B: TrainBackend>(
     let n = windows.len;
     let chunk = learner.config().eval_batch.max(1);
     let per = windows.sample_width();
-    let (mut x, mut labels, mut logits) = (
-        vec![0.0; chunk.min(n) * per],
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
+    // One chunk of windows, labels and logits at a time (`held::eval_chunk_bytes`).
+    let (mut x, mut labels) = (vec![0.0; chunk.min(n) * per], vec![0.0; chunk.min(n)]);
+    let mut sums = Sums::default();
     for start in (0..n).step_by(chunk) {
         let len = chunk.min(n - start);
-        for i in 0..len {
-            labels.push(windows.copy(start + i, &mut x[i * per..(i + 1) * per]));
+        for (i, label) in labels[..len].iter_mut().enumerate() {
+            *label = windows.copy(start + i, &mut x[i * per..(i + 1) * per]);
         }
-        logits.extend(learner.predict(&x[..len * per], len)?);
+        let logits = learner.predict(&x[..len * per], len)?;
+        sums.add(&logits, &labels[..len]);
     }
-    Ok(report_of(&logits, &labels))
+    Ok(sums.report())
 }
 
-/// Mean BCE-with-logits and accuracy of `logits` against `y`, summed in sample order in `f64`:
-/// zgrad's formula for `evaluate` (`trainer/eval.rs`), term for term, so the two agree bitwise.
-fn report_of(logits: &[f32], y: &[f32]) -> zgrad::EvalReport {
-    let (mut loss, mut correct) = (0.0f64, 0usize);
-    for (&l, &t) in logits.iter().zip(y) {
-        let (l, t) = (f64::from(l), f64::from(t));
-        loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
-        if (l > 0.0) == (t > 0.5) {
-            correct += 1;
+/// Running sums of BCE-with-logits and correct predictions, added in sample order in `f64`:
+/// zgrad's formula for `evaluate` (`trainer/eval.rs`), term for term, so the two agree bitwise
+/// however the samples are chunked.
+#[derive(Default)]
+struct Sums {
+    loss: f64,
+    correct: usize,
+    samples: usize,
+}
+
+impl Sums {
+    fn add(&mut self, logits: &[f32], y: &[f32]) {
+        for (&l, &t) in logits.iter().zip(y) {
+            let (l, t) = (f64::from(l), f64::from(t));
+            self.loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
+            if (l > 0.0) == (t > 0.5) {
+                self.correct += 1;
+            }
         }
+        self.samples += y.len();
     }
-    let denom = y.len().max(1) as f64;
-    zgrad::EvalReport {
-        loss: loss / denom,
-        accuracy: correct as f64 / denom,
-        samples: y.len(),
-        // XAsset is a binary classifier (its `Model::task`): no regression metrics.
-        regression: None,
+
+    fn report(&self) -> zgrad::EvalReport {
+        let denom = self.samples.max(1) as f64;
+        zgrad::EvalReport {
+            loss: self.loss / denom,
+            accuracy: self.correct as f64 / denom,
+            samples: self.samples,
+            // XAsset is a binary classifier (its `Model::task`): no regression metrics.
+            regression: None,
+        }
     }
 }

@@ -8,6 +8,7 @@ pub mod csv;
 pub mod elements;
 pub mod feed;
 pub mod formats;
+pub mod held;
 pub mod npy;
 pub mod parquet;
 pub mod placement;

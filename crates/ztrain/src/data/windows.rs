@@ -96,6 +96,9 @@ pub fn split(
         n.apply(&mut series.x);
         n
     });
+    // Held for the whole run: no more than its values (a loader's growth room goes).
+    series.x.shrink_to_fit();
+    series.y.shrink_to_fit();
     let series = Arc::new(series);
     Ok((
         Windows {
@@ -221,6 +224,15 @@ mod tests {
             assert_eq!(last_train_bar + gap + 1, v.first);
         }
         assert_eq!(v.first + v.len + window - 1, rows);
+    }
+
+    #[test]
+    fn the_series_holds_no_more_than_its_values() {
+        let mut b = bars(10, 2);
+        b.x.reserve(1000);
+        b.y.reserve(1000);
+        let (t, _, _) = split(b, 3, 0.2, 0, false).expect("fits");
+        assert_eq!((t.series.x.capacity(), t.series.y.capacity()), (20, 10));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::cli::DataOn;
 use crate::config::{DataSource, RunConfig};
 use crate::console::Console;
 use crate::data::feed::Feed;
+use crate::data::held::{self, HostData};
 use crate::data::placement;
 use crate::data::windows::{self, Normalization};
 use crate::data::{self, Samples, epoch_order, formats};
@@ -180,6 +181,26 @@ pub(super) fn validation_of<B: TrainBackend>(
         ));
     }
     Ok(())
+}
+
+/// What the run holds on the host for its data (`held`), said in one line.
+pub(super) fn host_data_of<B: TrainBackend>(
+    learner: &Trainer<B>,
+    train_set: &Samples,
+    val_set: &Samples,
+    feed: &Feed<B>,
+    out: &mut Console<'_>,
+) -> HostData {
+    let (chunk, world) = (learner.config().eval_batch, learner.rank_info().world);
+    let data = HostData {
+        samples: held::samples_bytes(train_set, val_set),
+        series: matches!(train_set, Samples::Windows(_)),
+        staging: feed.staging_bytes(),
+        eval_chunk: held::eval_chunk_bytes(train_set, chunk, world)
+            .max(held::eval_chunk_bytes(val_set, chunk, world)),
+    };
+    out.line(&data.line());
+    data
 }
 
 /// The run's trainer: XAsset from the `--init-from` file (read no further than `limit` bytes)

@@ -469,3 +469,91 @@ fn a_window_run_says_its_split_and_resumes_with_its_statistics() {
         "3",
     );
 }
+
+/// The numbers of a run's `host data held:` line: held, samples, staging, evaluation chunk.
+fn host_data(stdout: &str) -> [u64; 4] {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("ztrain: host data held:"))
+        .unwrap_or_else(|| panic!("no host data line in\n{stdout}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse().expect("number"))
+        .collect();
+    numbers
+        .try_into()
+        .unwrap_or_else(|n| panic!("{n:?} in `{line}`"))
+}
+
+/// The host bytes `ztrain` says a run of `args` held for its data.
+fn held_by(args: &[&str]) -> [u64; 4] {
+    let o = tiny(
+        &[
+            &["--device", "cpu", "--epochs", "1", "--batch", "8"][..],
+            args,
+        ]
+        .concat(),
+    );
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    host_data(&stdout)
+}
+
+#[test]
+fn a_window_run_holds_the_series_and_a_few_batches_of_windows_not_every_window() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rows, features, window, batch) = (400usize, 6usize, 16usize, 8usize);
+    let series = bars(rows, features);
+    let bars_path = dir.path().join("bars.parquet");
+    write_parquet(&series, &bars_path, 64);
+    // 385 windows: 97 validate (first at 288), training windows 0..273.
+    let cut = pre_cut(&series, window, 273, 288);
+    let cut_path = dir.path().join("windows.parquet");
+    write_parquet(&cut, &cut_path, 64);
+
+    let f32_bytes = 4u64;
+    let series_bytes = (rows * (features + 1)) as u64 * f32_bytes;
+    // A batch of windows with a label and a logit each; the run holds three: the two pinned
+    // batches steps are staged in, in turn, and the chunk an evaluation cuts.
+    let batch_bytes = (batch * (window * features + 2)) as u64 * f32_bytes;
+    let bound = series_bytes + 3 * batch_bytes;
+    let common = ["--validate-fraction", "0.25"];
+
+    // On the simulated device, so that the memory report (which needs an arena) says it too.
+    let report = dir.path().join("m.html");
+    let on_the_fly = held_by(
+        &[
+            &common[..],
+            &["--data", path_str(&bars_path), "--window", "16"],
+            &["--device", "sim", "--sim-memory", "256M"],
+            &["--memory-report", path_str(&report)],
+        ]
+        .concat(),
+    );
+    let html = std::fs::read_to_string(&report).expect("report");
+    assert!(
+        html.contains("host data") && html.contains("series of bars (once)"),
+        "the memory report says the host's data bytes"
+    );
+    assert_eq!(
+        on_the_fly[1], series_bytes,
+        "the series, stored once: {on_the_fly:?}"
+    );
+    assert!(on_the_fly[0] <= bound, "{on_the_fly:?} > {bound}");
+
+    // The same windows pre-cut: held as N windows of S·F values; the bound refuses it.
+    let pre_cut_run = held_by(
+        &[
+            &common[..],
+            &["--data", path_str(&cut_path), "--scales", "16"],
+        ]
+        .concat(),
+    );
+    let every_window = (cut.len() * window * features) as u64 * f32_bytes;
+    assert!(pre_cut_run[0] >= every_window, "{pre_cut_run:?}");
+    assert!(
+        pre_cut_run[0] > bound,
+        "the check would pass materialised windows"
+    );
+}

@@ -1,0 +1,83 @@
+//! What a run holds on the host for its data, in bytes, counted from the buffers themselves:
+//! the samples (pre-cut rows, or the series of bars windows are cut from, stored once however
+//! many windows index it), the pinned batches a host feed stages steps in, and the chunk of
+//! windows an evaluation from the host cuts at a time. A windowed run holds the series plus a
+//! few batches of windows, never all the windows; the run says so in one line and in the
+//! memory report, and the integration tests hold it to that.
+
+use std::sync::Arc;
+
+use super::Samples;
+
+const F32: u64 = std::mem::size_of::<f32>() as u64;
+
+/// Host bytes of a run's data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostData {
+    /// The samples: pre-cut rows (training and validation), or the series of bars (once).
+    pub samples: u64,
+    /// Whether `samples` is a series of bars windows are cut from.
+    pub series: bool,
+    /// The pinned batches steps are staged in from the host (two, used in turn; 0 when the
+    /// training set is on the device).
+    pub staging: u64,
+    /// Windows cut at a time by an evaluation from the host: one chunk of `eval_batch`
+    /// windows, their labels and logits (0 for pre-cut rows, evaluated where they lie).
+    pub eval_chunk: u64,
+}
+
+impl HostData {
+    /// Every byte above.
+    #[must_use]
+    pub fn held(&self) -> u64 {
+        self.samples + self.staging + self.eval_chunk
+    }
+
+    /// The run's line (`held` first, in bytes, so that a script can read it).
+    #[must_use]
+    pub fn line(&self) -> String {
+        format!(
+            "ztrain: host data held: {} bytes ({} {} bytes, staging {} bytes, evaluation chunk {} bytes)",
+            self.held(),
+            if self.series {
+                "series of bars, once:"
+            } else {
+                "samples"
+            },
+            self.samples,
+            self.staging,
+            self.eval_chunk
+        )
+    }
+}
+
+/// Bytes of the samples of `train` and `val`: each pre-cut set's values and labels, or the
+/// series the windows index, counted once when both index the same one.
+#[must_use]
+pub fn samples_bytes(train: &Samples, val: &Samples) -> u64 {
+    let rows = |d: &super::Dataset| (d.x.capacity() + d.y.capacity()) as u64 * F32;
+    match (train, val) {
+        (Samples::Windows(t), Samples::Windows(v)) if Arc::ptr_eq(&t.series, &v.series) => {
+            rows(&t.series)
+        }
+        _ => [train, val]
+            .iter()
+            .map(|s| match s {
+                Samples::Rows(d) => rows(d),
+                Samples::Windows(w) => rows(&w.series),
+            })
+            .sum(),
+    }
+}
+
+/// Bytes an evaluation of `samples` from the host cuts at a time (`feed::evaluate_samples`):
+/// a chunk of `chunk` windows with a label and a logit each; in a job of several ranks every
+/// window at once (each rank evaluates its shard of the whole set).
+#[must_use]
+pub fn eval_chunk_bytes(samples: &Samples, chunk: usize, world: usize) -> u64 {
+    match samples {
+        Samples::Rows(_) => 0,
+        Samples::Windows(w) if world > 1 => (w.len * (w.sample_width() + 1)) as u64 * F32,
+        Samples::Windows(w) => (chunk.max(1).min(w.len) * (w.sample_width() + 2)) as u64 * F32,
+    }
+}
