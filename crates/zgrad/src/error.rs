@@ -172,8 +172,9 @@ pub enum GradError {
     #[error("precision {precision} cannot run on this backend: {source}")]
     PrecisionUnsupported {
         precision: &'static str,
+        /// (Boxed: it keeps `GradError` small.)
         #[source]
-        source: ComputeError,
+        source: Box<ComputeError>,
     },
     /// A checkpoint written under one precision policy resumed under another: resuming
     /// bitwise needs the same products, so it is refused. Resume with the checkpoint's

@@ -510,6 +510,6 @@ fn refuse_unsupported_precision<B: zcompute::Ops<T>, T: Element>(
         .map(drop)
         .map_err(|source| GradError::PrecisionUnsupported {
             precision: precision.name(),
-            source,
+            source: Box::new(source),
         })
 }

@@ -47,7 +47,7 @@ fn a_reduced_policy_on_float64_is_refused_when_the_trainer_is_made() {
             Err(GradError::PrecisionUnsupported { precision, source }) => {
                 assert_eq!(precision, p.name());
                 assert!(
-                    matches!(source, zcompute::ComputeError::MathModeUnsupported { .. }),
+                    matches!(*source, zcompute::ComputeError::MathModeUnsupported { .. }),
                     "{source}"
                 );
             }

@@ -100,22 +100,17 @@ pub fn bf16_step_is_near_float32_and_not_equal<B: Capture<f32> + Clone + 'static
             loss_rel <= BF16_LOSS_REL,
             "{what}: loss {lb} vs {lf} ({loss_rel:e})"
         );
-        let mut worst = 0.0f64;
         for ((name, gf), (_, gb)) in f32_run.grads.iter().zip(&bf16_run.grads) {
             if name.ends_with("kn.bias") {
                 continue;
             }
             assert_ne!(bits(gf), bits(gb), "{what}: grad.{name} is float32's");
             let e = rel(gb, gf);
-            worst = worst.max(e);
             assert!(
                 e <= BF16_GRAD_REL,
                 "{what}: grad.{name}: {e:e} from float32"
             );
         }
-        eprintln!(
-            "{what}: bf16 loss {lb} vs f32 {lf} (rel {loss_rel:e}); worst gradient rel {worst:e}"
-        );
     }
 }
 
