@@ -2,7 +2,8 @@
 //! ([`LinearOps`], [`NormOps`], [`AttentionOps`], [`PooledLossOps`]) holds a layer's fused ops
 //! and the model-level families ([`SelectOps`], [`RandomOps`]) the ops models reach for
 //! (and [`OptimOps`] the optimisers' fused updates beside `Backend::adamw_step`, [`StepOps`] a
-//! training step's own ops, [`ReadbackOps`] downloads queued for later),
+//! training step's own ops, [`ReadbackOps`] downloads queued for later, [`PrecisionOps`] the
+//! products under a math mode the trainer's precision policy runs),
 //! every one provided as the composite of the primitives, which a backend overrides with its
 //! fused kernel. Code that runs models bounds its backend by [`Ops`] and calls anything;
 //! `use zcompute::prelude::*` brings every trait into scope for calls on a concrete backend.
@@ -17,6 +18,7 @@ use crate::linear::LinearOps;
 use crate::norm::NormOps;
 use crate::optim::OptimOps;
 use crate::pooled_loss::PooledLossOps;
+use crate::precision::PrecisionOps;
 use crate::random::RandomOps;
 use crate::readback::ReadbackOps;
 use crate::select::SelectOps;
@@ -35,6 +37,7 @@ pub trait Ops<T: Element>:
     + OptimOps<T>
     + StepOps<T>
     + ReadbackOps<T>
+    + PrecisionOps<T>
 {
 }
 
@@ -49,6 +52,7 @@ impl<T: Element, B> Ops<T> for B where
         + OptimOps<T>
         + StepOps<T>
         + ReadbackOps<T>
+        + PrecisionOps<T>
         + ?Sized
 {
 }

@@ -3,7 +3,8 @@
 //! `XAsset::load` and PyTorch's `load_state_dict` read, and a PyTorch `state_dict` saved with
 //! safetensors loads as parameters), AdamW's moments as `optim.m.<name>` / `optim.v.<name>`
 //! or SGD's momentum buffers as `optim.momentum_buffer.<name>` (PyTorch's state names), the
-//! step count and the optimiser (`zgrad.step`, `zgrad.optimizer`) in the metadata next to
+//! step count and the optimiser (`zgrad.step`, `zgrad.optimizer`; `zgrad.precision` when the
+//! run was not float32) in the metadata next to
 //! whatever metadata the caller adds, and
 //! any tensors a layer above keeps beside them (`ztrain.*` counters, stored as they are).
 //!
@@ -15,6 +16,7 @@ use crate::file_dtype::FileDtype;
 use crate::io::{HostTensor, TensorFile, decode_bytes, encode, st_error, write_tensors_as};
 use crate::model::Model;
 use crate::optim::{AdamWState, Moments, MomentumBuffer, OptimizerKind, OptimizerState, SgdState};
+use crate::precision::Precision;
 use crate::trainer::Trainer;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +28,38 @@ pub const STEP_KEY: &str = "zgrad.step";
 
 /// Metadata key naming the optimiser whose state the file holds (`adamw`, `sgd`).
 pub const OPTIMIZER_KEY: &str = "zgrad.optimizer";
+
+/// Metadata key naming the precision policy a checkpoint was trained under (`tf32`, `bf16`),
+/// written only when not float32 (a float32 checkpoint is as before; a file without the key
+/// was trained in float32).
+pub const PRECISION_KEY: &str = "zgrad.precision";
+
+/// Refuses to resume a checkpoint whose metadata names another precision policy than
+/// `requested` ([`PRECISION_KEY`]; absent: float32): the products of the steps to come would
+/// differ from the run that wrote it, so the resumed run could not continue bit for bit
+/// (`PrecisionMismatch`; its parameters can start a new run under any policy). An unknown
+/// name is a `BadTensorFile`.
+pub fn check_precision(
+    metadata: &HashMap<String, String>,
+    requested: Precision,
+    path: &Path,
+) -> Result<()> {
+    let saved = match metadata.get(PRECISION_KEY) {
+        None => Precision::F32,
+        Some(name) => Precision::from_name(name).ok_or_else(|| GradError::BadTensorFile {
+            file: path.display().to_string(),
+            name: PRECISION_KEY.to_string(),
+            problem: format!("metadata {name:?} is not a precision (f32, tf32, bf16)"),
+        })?,
+    };
+    if saved != requested {
+        return Err(GradError::PrecisionMismatch {
+            saved: saved.name(),
+            requested: requested.name(),
+        });
+    }
+    Ok(())
+}
 
 /// The state slot of SGD's momentum buffers (`optim.momentum_buffer.<name>`).
 const MOMENTUM_SLOT: &str = "momentum_buffer";
@@ -454,6 +488,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let tensors = self.model().to_host(b)?;
         let names: Vec<String> = tensors.iter().map(|(n, _)| n.clone()).collect();
         let mut file = CheckpointFile::of_state(tensors, self.optimizer().export(b, &names)?);
+        let precision = self.config().precision;
+        if precision != Precision::F32 {
+            file.metadata
+                .insert(PRECISION_KEY.to_string(), precision.name().to_string());
+        }
         for (k, v) in metadata {
             file.metadata.entry(k).or_insert(v);
         }
@@ -471,7 +510,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// Restores parameters and optimiser state saved by `save_checkpoint` into this trainer
-    /// (same model sizes) and returns the file's metadata. A file whose tensors are bf16 or
+    /// (same model sizes) and returns the file's metadata. A checkpoint trained under another
+    /// precision policy is refused (`PrecisionMismatch`, [`check_precision`]). A file whose tensors are bf16 or
     /// f16 is refused (`ReducedPrecisionResume`): resuming needs float32 masters. Captured graphs keep working: the
     /// values are written into the existing tensors. A file that does not match changes
     /// nothing; a load that succeeds clears an unknown state left by a failed step
@@ -479,6 +519,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub fn load_checkpoint(&mut self, path: &Path) -> Result<HashMap<String, String>> {
         let file = CheckpointFile::<T>::read_for_resume(path)?;
         let step = file.step(path)?;
+        check_precision(&file.metadata, self.config().precision, path)?;
         let params = self.model().named_parameters();
         let expected: Vec<(String, Vec<usize>)> = params
             .iter()

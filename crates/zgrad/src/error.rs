@@ -165,6 +165,28 @@ pub enum GradError {
         precision: &'static str,
         what: &'static str,
     },
+    /// The trainer's precision policy (`TrainerConfig::precision`) needs matrix products this
+    /// backend cannot run (float64 elements, a backend without reduced-precision products): the
+    /// trainer refuses it when made rather than train in float32 under the policy's name. Use
+    /// `Precision::F32` on this backend, or a float32 CPU or CUDA backend.
+    #[error("precision {precision} cannot run on this backend: {source}")]
+    PrecisionUnsupported {
+        precision: &'static str,
+        /// (Boxed: it keeps `GradError` small.)
+        #[source]
+        source: Box<ComputeError>,
+    },
+    /// A checkpoint written under one precision policy resumed under another: resuming
+    /// bitwise needs the same products, so it is refused. Resume with the checkpoint's
+    /// precision (`ztrain --precision`), or start a new run from its parameters
+    /// (`ztrain --init-from`).
+    #[error(
+        "the checkpoint was trained with precision {saved}, this run asks for {requested}: resume with --precision {saved}, or start a new run from its parameters (--init-from)"
+    )]
+    PrecisionMismatch {
+        saved: &'static str,
+        requested: &'static str,
+    },
     /// A parameter file's tensors do not match the model: every tensor the model has and the
     /// file lacks, every tensor the file has and no parameter is named (beside `x`, `y` and
     /// `optim.*`), and every one of another shape, all named.

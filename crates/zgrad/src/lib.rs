@@ -31,7 +31,7 @@ mod var;
 pub mod xasset;
 mod xasset_init;
 
-pub use checkpoint::{CheckpointFile, STEP_KEY};
+pub use checkpoint::{CheckpointFile, PRECISION_KEY, STEP_KEY, check_precision};
 pub use error::{Applied, GradError, NonFiniteKind, Result};
 pub use file_dtype::FileDtype;
 pub use io::{HostTensor, TensorFile, read_tensors, write_tensors, write_tensors_as};

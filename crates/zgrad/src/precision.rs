@@ -1,8 +1,9 @@
 //! Precision policies (issue 42): which format each op of a training step computes in. The
 //! per-op table is docs/precision.md. What exists so far is the policy type and, on the CPU
 //! backend, a matrix product under it with the rounding emulated ([`Precision::matmul_cpu`]):
-//! the reference a bf16 device product is checked against. The trainer does not take a policy
-//! yet and always runs float32.
+//! the reference a bf16 device product is checked against. The trainer takes a policy
+//! (`TrainerConfig::precision`) and runs its tapes' matrix products under
+//! [`Precision::math_mode`] (`Tape::with_math_mode`).
 
 use crate::error::{GradError, Result};
 use zcompute::{BTensor, Backend, CpuBackend, MatmulOpts};
@@ -31,6 +32,14 @@ impl Precision {
             Precision::Tf32 => "tf32",
             Precision::Bf16 => "bf16",
         }
+    }
+
+    /// The policy of a name as [`Precision::name`] writes it (`f32`, `tf32`, `bf16`).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Precision> {
+        [Precision::F32, Precision::Tf32, Precision::Bf16]
+            .into_iter()
+            .find(|p| p.name() == name)
     }
 
     /// The arithmetic of this policy's matrix products on a backend

@@ -16,7 +16,7 @@ use crate::var::{Origin, Var, Version, new_version};
 use smallvec::{SmallVec, smallvec};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use zcompute::{AllocClass, BTensor, Element, prelude::*};
+use zcompute::{AllocClass, BTensor, Element, MathMode, prelude::*};
 
 static NEXT_TAPE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -98,6 +98,9 @@ pub struct Tape<'b, B: Ops<T>, T: Element> {
     id: u64,
     recording: bool,
     saved_class: AllocClass,
+    /// The arithmetic of the matrix products recorded (`linear`, `linear_add`, `matmul`, and
+    /// their backward): the precision policy's (docs/precision.md); float32 unless set.
+    math_mode: MathMode,
     nodes: RefCell<Vec<Option<Node<'b, B, T>>>>,
     info: RefCell<Vec<NodeInfo>>,
 }
@@ -108,6 +111,7 @@ impl<B: Ops<T>, T: Element> std::fmt::Debug for Tape<'_, B, T> {
             .field("id", &self.id)
             .field("recording", &self.recording)
             .field("saved_class", &self.saved_class)
+            .field("math_mode", &self.math_mode)
             .field("nodes", &self.info.borrow().len())
             .field("pending", &self.pending_nodes())
             .finish()
@@ -121,6 +125,7 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
             id: NEXT_TAPE_ID.fetch_add(1, Ordering::Relaxed),
             recording,
             saved_class,
+            math_mode: MathMode::F32,
             nodes: RefCell::new(Vec::new()),
             info: RefCell::new(Vec::new()),
         }
@@ -130,6 +135,23 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     #[must_use]
     pub fn new(backend: &'b B) -> Self {
         Self::with(backend, true, AllocClass::Saved)
+    }
+
+    /// This tape with its matrix products (Linear layers forward and backward, `matmul`) run
+    /// under `mode` (`zcompute::PrecisionOps`; `Precision::math_mode` maps a policy to it).
+    /// Everything else stays float32. Under [`MathMode::F32`] the products are the backend's
+    /// float32 ones, bit for bit as without this call. A backend that cannot run `mode`
+    /// refuses the first product with a typed error.
+    #[must_use]
+    pub fn with_math_mode(mut self, mode: MathMode) -> Self {
+        self.math_mode = mode;
+        self
+    }
+
+    /// The arithmetic of this tape's matrix products ([`Tape::with_math_mode`]).
+    #[must_use]
+    pub fn math_mode(&self) -> MathMode {
+        self.math_mode
     }
 
     /// A tape that records nothing: ops only run (validation, inference). Outputs are allocated

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use zgrad::{LrDecay, TrainSchedule, XAssetConfig};
+use zgrad::{LrDecay, Precision, TrainSchedule, XAssetConfig};
 
 use crate::arena_options::ArenaOptions;
 use crate::config::{DataSource, LR_DECAY_NAMES, RunConfig, SCHEDULE_NAMES, check_model};
@@ -51,6 +51,19 @@ pub enum LastBucket {
 
 /// Parses `--schedule` into zgrad's schedule (the command line spells it `batched` or
 /// `per-sample`).
+/// The `--precision` values, in the order the help lists them.
+const PRECISIONS: [Precision; 3] = [Precision::F32, Precision::Tf32, Precision::Bf16];
+
+fn precision_parser() -> impl clap::builder::TypedValueParser<Value = Precision> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(PRECISIONS.map(Precision::name)).map(|name: String| {
+        PRECISIONS
+            .into_iter()
+            .find(|p| p.name() == name)
+            .unwrap_or_default()
+    })
+}
+
 fn schedule_parser() -> impl clap::builder::TypedValueParser<Value = TrainSchedule> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
     PossibleValuesParser::new([
@@ -328,6 +341,13 @@ pub struct Options {
     #[arg(long, help_heading = "Training")]
     pub capture: bool,
 
+    /// The training step's precision policy (docs/precision.md): f32 (everything float32),
+    /// tf32 (matrix products on TF32 tensor cores) or bf16 (matrix products with bf16 inputs
+    /// and float32 accumulation). Parameters, AdamW, norms, softmax, losses and evaluation stay
+    /// float32. A backend that cannot run the policy is refused, never run in float32.
+    #[arg(long, value_parser = precision_parser(), default_value = "f32", help_heading = "Training")]
+    pub precision: Precision,
+
     /// Where the data set lives: auto, device (uploaded once, each step's shuffled rows
     /// gathered on the device inside the step) or host (rows copied and uploaded every step).
     #[arg(long, value_enum, default_value_t = DataOn::Auto, help_heading = "Training")]
@@ -572,6 +592,7 @@ impl Options {
             clip_grad: self.clip_grad,
             schedule: self.schedule,
             capture: self.capture,
+            precision: self.precision,
             seed: self.seed,
             normalize: self.normalize,
         })

@@ -141,6 +141,8 @@ pub struct RunConfig {
     pub clip_grad: Option<f64>,
     pub schedule: TrainSchedule,
     pub capture: bool,
+    /// The step's precision policy (`--precision`).
+    pub precision: zgrad::Precision,
     pub seed: u64,
     /// Features normalised by the training part's statistics (`--normalize`).
     pub normalize: bool,
@@ -198,6 +200,12 @@ impl RunConfig {
         });
         if self.normalize {
             out["normalize"] = json!(true);
+        }
+        // Only when not float32: a float32 run's configuration (and its checkpoints') stays as
+        // it was. A resume under another precision is then a `CheckpointMismatch` naming
+        // `precision` (its products differ, so it could not continue bit for bit).
+        if self.precision != zgrad::Precision::F32 {
+            out["precision"] = json!(self.precision.name());
         }
         // Only when not AdamW: an AdamW run's configuration (and its checkpoints') stays as
         // it was.
@@ -310,6 +318,7 @@ mod tests {
             clip_grad: None,
             schedule: TrainSchedule::Batched,
             capture: false,
+            precision: zgrad::Precision::F32,
             seed: 0,
             normalize: false,
         }

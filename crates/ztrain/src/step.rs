@@ -31,6 +31,7 @@ pub fn trainer_config(config: &RunConfig, total_steps: u64) -> TrainerConfig {
         },
         sgd: config.sgd,
         eval_batch: config.batch,
+        precision: config.precision,
         ..TrainerConfig::default()
     }
 }

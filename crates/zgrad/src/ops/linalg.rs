@@ -4,7 +4,7 @@ use super::{only, sum_to_shape};
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{BTensor, BinaryOp, Element, MatmulOpts, ScalarSide, UnaryOp, prelude::*};
+use zcompute::{BTensor, BinaryOp, Element, MathMode, MatmulOpts, ScalarSide, UnaryOp, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
@@ -14,6 +14,8 @@ struct MatmulBackward<B: Ops<T>, T: Element> {
     a_shape: Vec<usize>,
     b_shape: Vec<usize>,
     opts: MatmulOpts,
+    /// The products' arithmetic, as the forward ran (`Tape::with_math_mode`).
+    mode: MathMode,
 }
 
 fn opts(trans_a: bool, trans_b: bool) -> MatmulOpts {
@@ -53,9 +55,7 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for MatmulBackward<B, T> {
                 };
                 product_grad(
                     be,
-                    x,
-                    y,
-                    o,
+                    (x, y, o, self.mode),
                     &self.a_shape,
                     batch,
                     into.first().copied().flatten(),
@@ -73,9 +73,7 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for MatmulBackward<B, T> {
                 };
                 product_grad(
                     be,
-                    x,
-                    y,
-                    o,
+                    (x, y, o, self.mode),
                     &self.b_shape,
                     batch,
                     into.get(1).copied().flatten(),
@@ -92,9 +90,7 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for MatmulBackward<B, T> {
 /// summed back to `shape`.
 fn product_grad<B: Ops<T>, T: Element>(
     be: &B,
-    x: &BTensor<B, T>,
-    y: &BTensor<B, T>,
-    o: MatmulOpts,
+    (x, y, o, mode): (&BTensor<B, T>, &BTensor<B, T>, MatmulOpts, MathMode),
     shape: &[usize],
     batch: &[usize],
     dst: Option<&BTensor<B, T>>,
@@ -103,10 +99,17 @@ fn product_grad<B: Ops<T>, T: Element>(
         && dst.shape() == shape
         && shape[..shape.len() - 2] == *batch
     {
-        be.matmul_into(x, y, o, dst)?;
+        match mode {
+            MathMode::F32 => be.matmul_into(x, y, o, dst)?,
+            mode => be.matmul_into_mode(x, y, o, dst, mode)?,
+        }
         return Ok(None);
     }
-    Ok(Some(sum_to_shape(be, be.matmul(x, y, o)?, shape)?))
+    let product = match mode {
+        MathMode::F32 => be.matmul(x, y, o)?,
+        mode => be.matmul_mode(x, y, o, mode)?,
+    };
+    Ok(Some(sum_to_shape(be, product, shape)?))
 }
 
 struct BceBackward<B: Ops<T>, T: Element> {
@@ -143,10 +146,15 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for BceBackward<B, T> {
 }
 
 impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
-    /// Batched matrix product (zcompute's `matmul`: transpose flags, broadcast batch axes).
+    /// Batched matrix product (zcompute's `matmul`: transpose flags, broadcast batch axes),
+    /// forward and backward under the tape's math mode ([`Tape::with_math_mode`]).
     pub fn matmul(&self, a: &Var<B, T>, b: &Var<B, T>, o: MatmulOpts) -> Result<Var<B, T>> {
         let tracked = self.tracks("matmul", &[a, b])?;
-        let y = self.run(tracked, |be| be.matmul(&a.value, &b.value, o))?;
+        let mode = self.math_mode();
+        let y = self.run(tracked, |be| match mode {
+            MathMode::F32 => be.matmul(&a.value, &b.value, o),
+            mode => be.matmul_mode(&a.value, &b.value, o, mode),
+        })?;
         if !tracked {
             return Ok(self.constant(y));
         }
@@ -157,6 +165,7 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
             a_shape: a.shape().to_vec(),
             b_shape: b.shape().to_vec(),
             opts: o,
+            mode,
         };
         Ok(self.push1(Box::new(node), &[a, b], y, self.new_version()))
     }

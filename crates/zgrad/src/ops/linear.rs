@@ -4,17 +4,28 @@
 //! device for few rows: tanh's backward, the input's gradient `gz · w`, and the weight's and
 //! bias's gradients added into their buffers); otherwise tanh's backward, the product and the
 //! parameter gradients one op each.
+//!
+//! Under a reduced math mode (`Tape::with_math_mode`: TF32, bf16) the products run through
+//! `PrecisionOps` (`linear_mode`, `linear_backward_into_mode`, `matmul_mode`,
+//! `matmul_into_mode`) and the bias, tanh, residual add and bias gradient stay float32
+//! (docs/precision.md); under float32 the calls are exactly the float32 ones above.
 
 use super::fused::{into_at, sum_rows_to};
 use super::only;
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{Activation, BTensor, Element, MatmulOpts, prelude::*};
+use zcompute::{Activation, BTensor, Element, MathMode, MatmulOpts, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
 const NAME: &str = "linear";
+
+/// `gzᵀ · x`: the weight's gradient.
+const TN: MatmulOpts = MatmulOpts {
+    trans_a: true,
+    trans_b: false,
+};
 
 struct LinearBackward<B: Ops<T>, T: Element> {
     /// The input, for the weight's gradient (none when the weight needs none).
@@ -28,6 +39,8 @@ struct LinearBackward<B: Ops<T>, T: Element> {
     /// Whether the node has a fourth input, a residual added after the activation
     /// (`Tape::linear_add`), whose gradient is the output's, unchanged.
     residual: bool,
+    /// The products' arithmetic, as the forward ran.
+    mode: MathMode,
 }
 
 impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
@@ -59,7 +72,13 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
             None => g.clone(),
         };
         let gx = match &self.w {
-            Some(w) if self.needs[0] => Some(b.matmul(&gz, w.get(NAME)?, MatmulOpts::default())?),
+            Some(w) if self.needs[0] => {
+                let w = w.get(NAME)?;
+                Some(match self.mode {
+                    MathMode::F32 => b.matmul(&gz, w, MatmulOpts::default())?,
+                    mode => b.matmul_mode(&gz, w, MatmulOpts::default(), mode)?,
+                })
+            }
             _ => None,
         };
         let [_, need_w, need_bias] = self.needs;
@@ -70,15 +89,21 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
             match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
                 Some(dw) => {
                     let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
-                    b.linear_param_grads_into(&gz, x, dw, db)?;
+                    if self.mode == MathMode::F32 {
+                        b.linear_param_grads_into(&gz, x, dw, db)?;
+                    } else {
+                        b.matmul_into_mode(&gz, x, TN, dw, self.mode)?;
+                        if let Some(db) = db {
+                            b.sum_rows_into(&gz, db)?;
+                        }
+                    }
                     bias_done = db.is_some();
                 }
                 None => {
-                    let tn = MatmulOpts {
-                        trans_a: true,
-                        trans_b: false,
-                    };
-                    gw = Some(b.matmul(&gz, x, tn)?);
+                    gw = Some(match self.mode {
+                        MathMode::F32 => b.matmul(&gz, x, TN)?,
+                        mode => b.matmul_mode(&gz, x, TN, mode)?,
+                    });
                 }
             }
         }
@@ -122,7 +147,10 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
             Some(y) => (Activation::Tanh, Some(y.get(NAME)?)),
             None => (Activation::Identity, None),
         };
-        let gx = b.linear_backward_into(g, x, w, (act, y), (dw, db))?;
+        let gx = match self.mode {
+            MathMode::F32 => b.linear_backward_into(g, x, w, (act, y), (dw, db))?,
+            mode => b.linear_backward_into_mode(g, x, w, (act, y), (dw, db), mode)?,
+        };
         Ok(Some(self.with_residual(g, vec![gx, None, None])))
     }
 
@@ -179,9 +207,18 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
         let mut inputs = vec![x, w, bias];
         inputs.extend(residual);
         let tracked = self.tracks(NAME, &inputs)?;
-        let y = self.run(tracked, |b| match residual {
-            Some(r) => b.linear_add(&x.value, &w.value, &bias.value, act, &r.value),
-            None => b.linear(&x.value, &w.value, &bias.value, act),
+        let mode = self.math_mode();
+        let y = self.run(tracked, |b| match (residual, mode) {
+            (Some(r), MathMode::F32) => {
+                b.linear_add(&x.value, &w.value, &bias.value, act, &r.value)
+            }
+            (None, MathMode::F32) => b.linear(&x.value, &w.value, &bias.value, act),
+            // The residual added in float32 after the product under the mode.
+            (Some(r), mode) => b.add(
+                &b.linear_mode(&x.value, &w.value, &bias.value, act, mode)?,
+                &r.value,
+            ),
+            (None, mode) => b.linear_mode(&x.value, &w.value, &bias.value, act, mode),
         })?;
         if !tracked {
             return Ok(self.constant(y));
@@ -194,6 +231,7 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
             y: (act == Activation::Tanh).then(|| self.save_output(&y, &version, "output")),
             needs,
             residual: residual.is_some(),
+            mode,
         };
         Ok(self.push1(Box::new(node), &inputs, y, version))
     }

@@ -25,6 +25,8 @@ pub(crate) struct StepParts<B: Ops<T>, T: Element, M: Model<B, T>> {
     /// Negative control: saved tensors stay in scratch (always `false` without the `testing`
     /// feature).
     pub unprotected: bool,
+    /// The products' arithmetic under `TrainerConfig::precision` (every training tape's).
+    pub math_mode: zcompute::MathMode,
     /// The collective and this rank's share of the batch (a single process by default).
     pub dist: Dist<B, T>,
 }
@@ -38,6 +40,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
             one: self.one.clone(),
             clip: self.clip,
             unprotected: self.unprotected,
+            math_mode: self.math_mode,
             dist: self.dist.clone(),
         }
     }
@@ -45,11 +48,12 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     pub(crate) fn tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
-        if self.unprotected {
+        let tape = if self.unprotected {
             Tape::unprotected_in_crate(b)
         } else {
             Tape::new(b)
-        }
+        };
+        tape.with_math_mode(self.math_mode)
     }
 
     /// Forward and backward of the model's mean loss over `x`'s samples, the loss multiplied by `scale`

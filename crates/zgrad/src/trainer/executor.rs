@@ -8,7 +8,9 @@
 //! The graphs are cached by [`GraphKey`] (which work, and where its rows come from), each
 //! with the row shape it was captured for: rows of another shape (an epoch's last, shorter
 //! batch) run eagerly beside the graph, which stays for the next full batch. A new schedule or
-//! a new precision is a new key (or a field of one) and a body; the policy stays here.
+//! a new precision is a new key (or a field of one) and a body; the policy stays here. The
+//! precision policy (`TrainerConfig::precision`) is fixed for a trainer's life, so every graph
+//! it holds was captured under it and the key needs no precision field.
 //!
 //! A failed capture logs a warning and turns capture off for the rest of the run (graphs
 //! already held by evaluation keep replaying; the training steps run eagerly). What the

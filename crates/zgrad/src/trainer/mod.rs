@@ -44,12 +44,13 @@ use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
 use crate::model::{Model, unique_names};
 use crate::optim::{AdamW, AdamWHyper, Optimizer, Sgd, SgdHyper};
+use crate::precision::Precision;
 use crate::schedule::LrSchedule;
 use crate::xasset::XAsset;
 use body::StepParts;
 use source::{HostSlices, Shard, Source};
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, PinnedHost};
+use zcompute::{AllocClass, BTensor, Capture, Element, MatmulOpts, PinnedHost};
 
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
@@ -88,6 +89,12 @@ pub struct TrainerConfig {
     pub sgd: Option<SgdHyper>,
     /// Samples per chunk in `evaluate`.
     pub eval_batch: usize,
+    /// The training step's precision policy (docs/precision.md): the matrix products of the
+    /// forward and backward (Linear layers, `Tape::matmul`) under `Precision::math_mode`;
+    /// parameters, gradients, AdamW, norms, softmax, losses and evaluation stay float32.
+    /// `F32` (the default) is the float32 step bit for bit. A backend that cannot run the
+    /// policy is refused by `Trainer::new` (`PrecisionUnsupported`).
+    pub precision: Precision,
     /// NEGATIVE CONTROL ONLY (scenario C): saved tensors stay in scratch memory. Only with the
     /// `testing` feature (tests enable it; a release build of `ztrain` has no such switch).
     #[cfg(any(test, feature = "testing"))]
@@ -119,6 +126,7 @@ impl Default for TrainerConfig {
             adamw: AdamWHyper::default(),
             sgd: None,
             eval_batch: 256,
+            precision: Precision::F32,
             #[cfg(any(test, feature = "testing"))]
             unprotected_saved_tensors: false,
         }
@@ -196,6 +204,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             )));
         }
         let params: Vec<_> = named.into_iter().map(|(_, p)| p).collect();
+        refuse_unsupported_precision(&*backend, config.precision)?;
         let optim = match config.sgd {
             Some(hyper) => Optimizer::Sgd(Sgd::new(&*backend, &params, hyper)?),
             None => Optimizer::AdamW(AdamW::new(&*backend, &params, config.adamw)?),
@@ -212,6 +221,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 one,
                 clip: config.clip_grad.map(T::from_f64),
                 unprotected: config.saved_tensors_unprotected(),
+                math_mode: config.precision.math_mode(),
                 dist: distributed::Dist::single_process(&*backend)?,
             },
             backend,
@@ -479,4 +489,27 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
         batched::read_stats(&*self.backend, &self.parts, step)
     }
+}
+
+/// Refuses a precision policy the backend cannot run, before any step: one 1x1 product under
+/// the policy's math mode (a reduced mode on float64 elements, or on a backend without
+/// `PrecisionOps` of its own, is refused by the backend with a typed error; the probe's two
+/// tiny tensors are freed at once). Float32 runs nothing.
+fn refuse_unsupported_precision<B: zcompute::Ops<T>, T: Element>(
+    b: &B,
+    precision: Precision,
+) -> Result<()> {
+    let mode = precision.math_mode();
+    if mode == zcompute::MathMode::F32 {
+        return Ok(());
+    }
+    // Persistent: the trainer is made outside any step, where scratch may not be allocated.
+    let _class = ClassGuard::new(b, AllocClass::Persistent);
+    let probe = b.zeros(&[1, 1])?;
+    b.matmul_mode(&probe, &probe, MatmulOpts::default(), mode)
+        .map(drop)
+        .map_err(|source| GradError::PrecisionUnsupported {
+            precision: precision.name(),
+            source: Box::new(source),
+        })
 }

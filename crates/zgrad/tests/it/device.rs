@@ -299,6 +299,23 @@ macro_rules! suite {
             super::saved_tensors_survive_the_reset(b);
         }
         #[test]
+        fn a_bf16_step_is_near_float32_and_not_equal() {
+            let (_guard, b) = $make();
+            for fixture in ["tiny", "deep2", "deep3"] {
+                crate::support::precision_step::bf16_step_is_near_float32_and_not_equal(
+                    &b, fixture,
+                );
+            }
+        }
+        #[test]
+        fn captured_bf16_steps_equal_eager_ones_bitwise() {
+            let (_guard, b) = $make();
+            crate::support::precision_step::captured_equals_eager_bitwise(
+                &b,
+                zgrad::Precision::Bf16,
+            );
+        }
+        #[test]
         fn negative_control_scratch_saved_tensors_break() {
             let (_guard, b) = $make();
             super::negative_control_scratch_saved_tensors_break(b);

@@ -11,6 +11,7 @@ mod support {
     pub mod head;
     pub mod mlp;
     pub mod oracle_step;
+    pub mod precision_step;
     pub mod small;
     pub mod steps;
     pub mod tasks;

@@ -113,3 +113,6 @@ fn the_policy_runs_its_products_through_precision_ops() {
     assert_eq!(Precision::Tf32.math_mode(), zcompute::MathMode::Tf32);
     assert_eq!(Precision::Tf32.math_mode().name(), Precision::Tf32.name());
 }
+
+/// The trainer under a policy on the CPU (the simulated device and the GPU: device.rs).
+mod trainer;

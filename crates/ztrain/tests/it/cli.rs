@@ -17,6 +17,8 @@ mod data_files;
 mod data_on;
 /// `--init-from`: a run started from a parameter file (the oracle's, or a refused one).
 mod init_from;
+/// `--precision`: bf16 and TF32 runs on the CPU and the simulated device, their checkpoints.
+mod precision;
 
 #[test]
 fn help_explains_every_option() {
@@ -28,6 +30,7 @@ fn help_explains_every_option() {
         "--data",
         "--schedule",
         "--capture",
+        "--precision",
         "--epochs",
         "--batch",
         "--lr",

@@ -14,8 +14,8 @@ use zcompute::{
     LayerNormOut, Layout, MatmulOpts, ReduceOp, ScalarSide, Storage, Tensor, UnaryOp,
 };
 use zcompute::{
-    AttentionOps, Backend, Capture, LinearOps, NormOps, OptimOps, PooledLossOps, RandomOps,
-    ReadbackOps, SelectOps, SgdConfig, StepOps,
+    AttentionOps, Backend, Capture, LinearOps, NormOps, OptimOps, PooledLossOps, PrecisionOps,
+    RandomOps, ReadbackOps, SelectOps, SgdConfig, StepOps,
 };
 
 #[derive(Clone, Debug)]
@@ -276,6 +276,11 @@ impl<T: Element> PooledLossOps<T> for SimBackend<T> where
 }
 impl<T: Element> StepOps<T> for SimBackend<T> where CpuBackend: Backend<T, Storage = CpuStorage<T>> {}
 impl<T: Element> ReadbackOps<T> for SimBackend<T> where
+    CpuBackend: Backend<T, Storage = CpuStorage<T>>
+{
+}
+// Float32 products only: the reduced math modes are refused (typed), never run as float32.
+impl<T: Element> PrecisionOps<T> for SimBackend<T> where
     CpuBackend: Backend<T, Storage = CpuStorage<T>>
 {
 }
