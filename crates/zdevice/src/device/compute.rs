@@ -120,9 +120,25 @@ impl<D: Driver> Device<D> {
     /// # Safety
     /// Every operand described by `gemm` must lie in live device memory until the gemm has run.
     pub unsafe fn gemm_f32(&self, gemm: &GemmF32, stream: Stream) -> DeviceResult<()> {
+        let blas = self.blas_for("cublasSgemmStridedBatched", gemm, stream)?;
+        // SAFETY: forwarded from this function's contract.
+        self.call_queued("cublasSgemmStridedBatched", |d| unsafe {
+            d.gemm_strided_batched_f32(blas, gemm)
+        })
+    }
+
+    /// The cuBLAS handle, bound to `stream`, for a product `gemm` describes: a negative size is
+    /// refused here (cuBLAS would take it as a huge one), and the handle is rebound only when
+    /// the stream changes.
+    fn blas_for(
+        &self,
+        call: &'static str,
+        gemm: &GemmF32,
+        stream: Stream,
+    ) -> DeviceResult<BlasHandle> {
         if gemm.m < 0 || gemm.n < 0 || gemm.k < 0 || gemm.batch < 0 {
             return Err(DeviceError::InvalidArgument {
-                call: "cublasSgemmStridedBatched",
+                call,
                 reason: format!(
                     "negative dimension: m={} n={} k={} batch={}",
                     gemm.m, gemm.n, gemm.k, gemm.batch
@@ -130,21 +146,16 @@ impl<D: Driver> Device<D> {
             });
         }
         let blas = self.inner.blas;
-        {
-            let mut bound = self
-                .inner
-                .blas_stream
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if *bound != stream {
-                self.call(|d| d.blas_set_stream(blas, stream))?;
-                *bound = stream;
-            }
+        let mut bound = self
+            .inner
+            .blas_stream
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *bound != stream {
+            self.call(|d| d.blas_set_stream(blas, stream))?;
+            *bound = stream;
         }
-        // SAFETY: forwarded from this function's contract.
-        self.call_queued("cublasSgemmStridedBatched", |d| unsafe {
-            d.gemm_strided_batched_f32(blas, gemm)
-        })
+        Ok(blas)
     }
 }
 
@@ -160,28 +171,7 @@ impl<D: Driver> Device<D> {
     /// elements of the mode's type, until the gemm has run.
     pub unsafe fn gemm_ex(&self, gemm: &GemmEx, stream: Stream) -> DeviceResult<()> {
         const CALL: &str = "cublasGemmStridedBatchedEx";
-        let g = &gemm.gemm;
-        if g.m < 0 || g.n < 0 || g.k < 0 || g.batch < 0 {
-            return Err(DeviceError::InvalidArgument {
-                call: CALL,
-                reason: format!(
-                    "negative dimension: m={} n={} k={} batch={}",
-                    g.m, g.n, g.k, g.batch
-                ),
-            });
-        }
-        let blas = self.inner.blas;
-        {
-            let mut bound = self
-                .inner
-                .blas_stream
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if *bound != stream {
-                self.call(|d| d.blas_set_stream(blas, stream))?;
-                *bound = stream;
-            }
-        }
+        let blas = self.blas_for(CALL, &gemm.gemm, stream)?;
         // SAFETY: forwarded from this function's contract.
         self.call_queued(CALL, |d| unsafe { d.gemm_strided_batched_ex(blas, gemm) })
     }

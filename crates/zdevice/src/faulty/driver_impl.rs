@@ -559,13 +559,7 @@ impl<D: Driver> Driver for FaultyDriver<D> {
         gemm: &GemmF32,
     ) -> DriverResult<()> {
         // cuBLAS queues on the handle's stream (the legacy stream until one is set).
-        let stream = self
-            .ctl
-            .lock()
-            .blas_streams
-            .get(&handle.0)
-            .copied()
-            .unwrap_or(0);
+        let stream = self.blas_stream(handle);
         self.async_call(calls::GEMM_STRIDED_BATCHED, stream, |d| {
             // SAFETY: forwarded unchanged; the caller upholds the trait method's contract.
             unsafe { d.gemm_strided_batched_f32(handle, gemm) }
@@ -580,13 +574,7 @@ impl<D: Driver> Driver for FaultyDriver<D> {
         gemm: &GemmEx,
     ) -> DriverResult<()> {
         // Queued on the handle's stream, as the float32 gemm is.
-        let stream = self
-            .ctl
-            .lock()
-            .blas_streams
-            .get(&handle.0)
-            .copied()
-            .unwrap_or(0);
+        let stream = self.blas_stream(handle);
         self.async_call(calls::GEMM_STRIDED_BATCHED_EX, stream, |d| {
             // SAFETY: forwarded unchanged; the caller upholds the trait method's contract.
             unsafe { d.gemm_strided_batched_ex(handle, gemm) }

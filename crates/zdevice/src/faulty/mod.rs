@@ -36,6 +36,7 @@ use std::time::Duration;
 use crate::driver::{CuCode, Driver, DriverError, DriverResult};
 use crate::faults::{FaultAction, FaultPlan};
 use crate::sim::calls;
+use crate::types::BlasHandle;
 
 /// A driver whose calls go through a fault plan first. See the module docs.
 #[derive(Debug)]
@@ -284,6 +285,13 @@ fn error_of(call: &'static str, code: CuCode) -> DriverError {
 }
 
 impl<D: Driver> FaultyDriver<D> {
+    /// The stream a cuBLAS handle queues on (the legacy stream until one is set), where its
+    /// products' faults are delivered.
+    fn blas_stream(&self, handle: BlasHandle) -> u64 {
+        let ctl = self.ctl.lock();
+        ctl.blas_streams.get(&handle.0).copied().unwrap_or(0)
+    }
+
     /// The prologue of every call: missing driver, sticky error, then the fault plan.
     fn enter(&self, call: &'static str) -> DriverResult<Go> {
         let mut st = self.ctl.lock();

@@ -107,7 +107,19 @@ impl State {
             tracing::debug!(reason, "gemm rejected");
             return Err(cx.blas(INVALID_VALUE));
         }
-        let op = Op::Gemm { gemm: *g, tf32 };
+        self.capture_or_queue_product(cx, stream, workspace, Op::Gemm { gemm: *g, tf32 })
+    }
+
+    /// A product (float32 or mixed precision) as cuBLAS submits it: during a capture, its node
+    /// plus cuBLAS's auxiliary ones (2 with a workspace set, 4 with cuBLAS's own); else queued
+    /// on the handle's stream.
+    pub(super) fn capture_or_queue_product(
+        &mut self,
+        cx: &mut Cx,
+        stream: Stream,
+        workspace: bool,
+        op: Op,
+    ) -> DriverResult<()> {
         if self.gate(cx, Ask::on(stream))? == Gate::Capture {
             let n = if workspace {
                 NODES_WITH_WORKSPACE

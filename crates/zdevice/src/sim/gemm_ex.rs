@@ -14,8 +14,7 @@
 //! auxiliary ones, 2 with a workspace set and 4 without.
 
 use super::access::KernelFault;
-use super::blas::{INVALID_VALUE, NODES_DEFAULT_WORKSPACE, NODES_WITH_WORKSPACE};
-use super::capture::{Ask, Gate};
+use super::blas::INVALID_VALUE;
 use super::gemm;
 use super::memory::Memory;
 use super::ops::Op;
@@ -38,19 +37,7 @@ impl State {
             tracing::debug!(reason, "gemm ex rejected");
             return Err(cx.blas(INVALID_VALUE));
         }
-        let op = Op::GemmEx { gemm: *g };
-        if self.gate(cx, Ask::on(stream))? == Gate::Capture {
-            let n = if workspace {
-                NODES_WITH_WORKSPACE
-            } else {
-                NODES_DEFAULT_WORKSPACE
-            };
-            let mut nodes = vec![op];
-            nodes.resize_with(n, || Op::Noop);
-            self.capture_nodes(cx, nodes);
-            return Ok(());
-        }
-        self.enqueue(cx, stream, op).map(|_| ())
+        self.capture_or_queue_product(cx, stream, workspace, Op::GemmEx { gemm: *g })
     }
 }
 
@@ -302,7 +289,10 @@ mod tests {
         // SAFETY: the simulator checks every operand access.
         unsafe { d.gemm_strided_batched_ex(h, &g) }.unwrap();
         let graph = d.stream_end_capture(s).unwrap();
-        assert_eq!(d.graph_node_count(graph).unwrap(), NODES_WITH_WORKSPACE);
+        assert_eq!(
+            d.graph_node_count(graph).unwrap(),
+            super::super::blas::NODES_WITH_WORKSPACE
+        );
         let exec = d
             .graph_instantiate(graph, InstantiateFlags::default())
             .unwrap();
