@@ -448,8 +448,8 @@ pub trait Driver: Send + Sync + 'static {
     /// During stream capture it behaves as `cublasSgemmStridedBatched` does on a handle whose
     /// workspace was set before the capture (docs/capture-rules.md): captured as the product's
     /// nodes, allocating nothing. The simulated driver models exactly that (2 nodes with a set
-    /// workspace, 4 with cuBLAS's own); the node count of the Ex call on a GPU is measured by
-    /// zcompute's `gpu` capture test, not assumed here.
+    /// workspace, 4 with cuBLAS's own); an H200 answered 2 nodes with a set workspace in every
+    /// capture mode (zdevice's `capture_rules_gemm_ex_row`).
     ///
     /// # Safety
     /// Every operand described by `gemm` must lie in live device memory, A and B holding
@@ -466,8 +466,8 @@ pub trait Driver: Send + Sync + 'static {
     /// through, as `cuMemHostGetDevicePointer_v2` answers: with unified addressing (every
     /// 64-bit Linux system and every GPU this project targets) memory from `cuMemAllocHost`
     /// is mapped into every context and the answer is the host address itself. No stream is
-    /// involved, so it is answered the same during a capture (expected on the GPU: the call
-    /// neither joins nor invalidates a capture; not measured yet, docs/capture-rules.md).
+    /// involved, so it is answered the same during a capture (measured on an H200: the call
+    /// neither joins nor invalidates a capture, docs/capture-rules.md).
     /// `InvalidArgument` for an address no page-locked allocation holds (the simulator) or a
     /// null one; `NOT_SUPPORTED` on a device without unified addressing.
     fn host_device_ptr(&self, ptr: HostPtr) -> DriverResult<DevicePtr>;

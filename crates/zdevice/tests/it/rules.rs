@@ -103,11 +103,10 @@ pub fn expected(row: Row, mode: CaptureMode, kind: StreamKind) -> Outcome {
         IpcExport => Succeeds,
         IpcOpenOwn => FailsAsOutside(201),
         IpcCloseUnopened => FailsAsOutside(1),
-        // Not in the document yet: captured, node count not measured (the simulator assumes
-        // the Sgemm row's 2); the gpu test `capture_rules_gemm_ex_row` prints what it finds.
-        GemmExTf32WithWorkspace | GemmExBf16WithWorkspace => Captured(None),
-        // Not in the document, not measured yet (issue 44): expected to answer as outside
-        // capture in every mode, with no node (it submits nothing); the store is host memory.
+        // Measured on an H200 (2026-11-29): 2 nodes in every mode, as the Sgemm row.
+        GemmExTf32WithWorkspace | GemmExBf16WithWorkspace => Captured(Some(2)),
+        // Measured on an H200 (2026-11-29): answered as outside capture in every mode, no
+        // node (it submits nothing); the store is host memory.
         HostDevicePtr => Succeeds,
     }
 }
