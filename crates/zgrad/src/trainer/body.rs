@@ -145,7 +145,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         started: &Cell<bool>,
     ) -> Result<()> {
         let (loss, norm) = self.loss_and_norm(b, x, y)?;
-        // The stats and the gate in one launch on the device (`Backend::step_tail`).
+        // The stats and the gate in one launch on the device (`StepOps::step_tail`).
         let gate = optim.gate()?;
         b.step_tail([&loss, &norm], &self.stats, &gate, None, None)?;
         started.set(true);

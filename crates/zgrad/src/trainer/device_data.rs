@@ -1,6 +1,6 @@
 //! A data set resident on the device (issue 21): uploaded once by [`Trainer::load_data`], each
 //! step's samples then named by their indices (one small upload) and gathered on the device
-//! (`Backend::gather_rows`), inside the captured step for the batched schedule
+//! (`SelectOps::gather_rows`), inside the captured step for the batched schedule
 //! (`queued.rs`), before the step for the per-sample one. The indices come from the caller's
 //! data-order generator, so a resumed run gathers exactly the rows the host path would have
 //! copied, and the losses are bitwise those of `train_batch` on the same rows.

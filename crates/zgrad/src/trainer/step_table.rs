@@ -2,7 +2,7 @@
 //! step of a read-back window, `[indices.., lr, t]` (this rank's shard of the step's rows,
 //! padded to the table's stride, then the optimiser's learning rate and step number). The
 //! step's gathers read its samples' indices in the row the window's history cursor picks
-//! (which the step's tail advances; `Backend::gather_rows_at_cursor`), the first also copying
+//! (which the step's tail advances; `StepOps::gather_rows_at_cursor`), the first also copying
 //! the row's `[lr, t]` into the step's AdamW slot `[lr, t, gate]`: no launch of its own.
 //!
 //! A step on its own uploads its row: the indices, then `[lr, t]` (two copies of at most a

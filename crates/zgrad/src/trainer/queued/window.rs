@@ -49,7 +49,7 @@ impl<B: Ops<T>, T: Element> Track<B, T> {
 impl<B: Ops<T>, T: Element> Track<B, T> {
     /// A batched step's tail: `stats = [loss, norm]`, the step's gate written into the optimiser's slot
     /// and folded into the sticky one, and `stats` into the history's next row, as
-    /// `Backend::step_tail` does it (one launch on the CUDA backend; the same values as
+    /// `StepOps::step_tail` does it (one launch on the CUDA backend; the same values as
     /// `write_stats`, `write_gate` and [`Track::record`]). Legal inside a capture.
     pub(in crate::trainer) fn record_step(
         &self,

@@ -38,7 +38,7 @@ use zmem::{Arena, ArenaConfig, ClassBytes};
 const PER_SAMPLE_NODE_BUDGET: usize = 21;
 /// The batched step (zero_grad, forward, backward, norm, gated AdamW): 82 nodes today (88
 /// before the reductions finished in their last block and the step's stats and gate became
-/// one launch, `Backend::step_tail`; 90 before attention's and the head's parameter gradients went straight into the flat buffer, 91
+/// one launch, `StepOps::step_tail`; 90 before attention's and the head's parameter gradients went straight into the flat buffer, 91
 /// before the head's adjacent gradients, 94 before adjacent parameter gradients were added by
 /// one launch, 95 before backward's seed was a persistent 1 instead of a fill, 96 before
 /// `layer_norm_stream`, 110 before the in-place accumulation).
