@@ -83,23 +83,82 @@ fn read_matrix(
         .collect())
 }
 
+/// A validated product's sizes in elements, its operands' stored shapes (rows x columns,
+/// column-major) and where `op(A)[r, p]` and `op(B)[p, j]` sit in them: what the float32 gemm
+/// and the mixed-precision one (`gemm_ex.rs`) share; only their accumulation differs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub lda: usize,
+    pub ldb: usize,
+    pub ldc: usize,
+    pub stored_a: (usize, usize),
+    pub stored_b: (usize, usize),
+    transa: bool,
+    transb: bool,
+}
+
+impl Dims {
+    pub(super) fn of(g: &GemmF32) -> Dims {
+        let [m, n, k, batch] = [g.m, g.n, g.k, g.batch].map(|d| usize::try_from(d).unwrap_or(0));
+        let [lda, ldb, ldc] = [g.lda, g.ldb, g.ldc].map(|d| usize::try_from(d).unwrap_or(0));
+        let (transa, transb) = (g.transa != Transpose::No, g.transb != Transpose::No);
+        Dims {
+            m,
+            n,
+            k,
+            batch,
+            lda,
+            ldb,
+            ldc,
+            stored_a: if transa { (k, m) } else { (m, k) },
+            stored_b: if transb { (n, k) } else { (k, n) },
+            transa,
+            transb,
+        }
+    }
+
+    /// `(op(A)[r, p], op(B)[p, j])` from the stored operands.
+    pub(super) fn pair(
+        &self,
+        a: &[f32],
+        b: &[f32],
+        (r, p, j): (usize, usize, usize),
+    ) -> (f32, f32) {
+        let av = if self.transa {
+            a[p + r * self.lda]
+        } else {
+            a[r + p * self.lda]
+        };
+        let bv = if self.transb {
+            b[j + p * self.ldb]
+        } else {
+            b[p + j * self.ldb]
+        };
+        (av, bv)
+    }
+}
+
 /// Runs the whole batched product against `mem`. `g` has been validated.
 pub(crate) fn run(mem: &mut Memory, g: &GemmF32, tf32_math: bool) -> Result<(), KernelFault> {
-    let [m, n, k, batch] = [g.m, g.n, g.k, g.batch].map(|d| usize::try_from(d).unwrap_or(0));
-    let [lda, ldb, ldc] = [g.lda, g.ldb, g.ldc].map(|d| usize::try_from(d).unwrap_or(0));
+    let d = Dims::of(g);
+    let Dims {
+        m,
+        n,
+        k,
+        batch,
+        lda,
+        ldb,
+        ldc,
+        ..
+    } = d;
+    let ((ra, ca), (rb, cb)) = (d.stored_a, d.stored_b);
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let (ra, ca) = if g.transa == Transpose::No {
-        (m, k)
-    } else {
-        (k, m)
-    };
-    let (rb, cb) = if g.transb == Transpose::No {
-        (k, n)
-    } else {
-        (n, k)
-    };
     let skip_ab = g.alpha == 0.0 || k == 0;
     for i in 0..batch as i128 {
         // i128: batch (< 2^31) times a stride (< 2^63) cannot overflow.
@@ -125,16 +184,7 @@ pub(crate) fn run(mem: &mut Memory, g: &GemmF32, tf32_math: bool) -> Result<(), 
                 let mut acc = 0.0f64;
                 if !skip_ab {
                     for p in 0..k {
-                        let av = if g.transa == Transpose::No {
-                            a[r + p * lda]
-                        } else {
-                            a[p + r * lda]
-                        };
-                        let bv = if g.transb == Transpose::No {
-                            b[p + j * ldb]
-                        } else {
-                            b[j + p * ldb]
-                        };
+                        let (av, bv) = d.pair(&a, &b, (r, p, j));
                         acc += f64::from(av) * f64::from(bv);
                     }
                 }

@@ -15,13 +15,13 @@
 
 use super::access::KernelFault;
 use super::blas::INVALID_VALUE;
-use super::gemm;
+use super::gemm::{self, Dims};
 use super::memory::Memory;
 use super::ops::Op;
 use super::state::{Cx, State};
 use crate::driver::DriverResult;
 use crate::rounding::{f32_from_bf16_bits, round_to_tf32};
-use crate::types::{BlasHandle, DevicePtr, GemmEx, GemmMath, Transpose};
+use crate::types::{BlasHandle, DevicePtr, GemmEx, GemmMath};
 
 impl State {
     /// Operands are not checked here (cuBLAS does not either): a bad address faults when the
@@ -102,21 +102,21 @@ fn read_c(
 pub(crate) fn run(mem: &mut Memory, ex: &GemmEx) -> Result<(), KernelFault> {
     let g = &ex.gemm;
     let size = ex.math.operand_bytes();
-    let [m, n, k, batch] = [g.m, g.n, g.k, g.batch].map(|d| usize::try_from(d).unwrap_or(0));
-    let [lda, ldb, ldc] = [g.lda, g.ldb, g.ldc].map(|d| usize::try_from(d).unwrap_or(0));
+    let d = Dims::of(g);
+    let Dims {
+        m,
+        n,
+        k,
+        batch,
+        lda,
+        ldb,
+        ldc,
+        ..
+    } = d;
+    let ((ra, ca), (rb, cb)) = (d.stored_a, d.stored_b);
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let (ra, ca) = if g.transa == Transpose::No {
-        (m, k)
-    } else {
-        (k, m)
-    };
-    let (rb, cb) = if g.transb == Transpose::No {
-        (k, n)
-    } else {
-        (n, k)
-    };
     let skip_ab = g.alpha == 0.0 || k == 0;
     for i in 0..batch as i128 {
         // i128: batch (< 2^31) times a stride (< 2^63) cannot overflow.
@@ -142,16 +142,7 @@ pub(crate) fn run(mem: &mut Memory, ex: &GemmEx) -> Result<(), KernelFault> {
                 let mut acc = 0.0f32;
                 if !skip_ab {
                     for p in 0..k {
-                        let av = if g.transa == Transpose::No {
-                            a[r + p * lda]
-                        } else {
-                            a[p + r * lda]
-                        };
-                        let bv = if g.transb == Transpose::No {
-                            b[p + j * ldb]
-                        } else {
-                            b[j + p * ldb]
-                        };
+                        let (av, bv) = d.pair(&a, &b, (r, p, j));
                         acc += av * bv;
                     }
                 }
@@ -174,7 +165,7 @@ mod tests {
     use crate::driver::Driver;
     use crate::rounding::bf16_bits;
     use crate::sim::memory::AllocKind;
-    use crate::types::GemmF32;
+    use crate::types::{GemmF32, Transpose};
 
     fn put(mem: &mut Memory, bytes: &[u8]) -> DevicePtr {
         let p = mem
