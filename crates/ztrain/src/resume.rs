@@ -5,17 +5,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use zgrad::{CheckpointFile, Trainer, XAsset, XAssetConfig};
+use zgrad::{CheckpointFile, Model, XAsset, XAssetConfig};
 
 use crate::checkpoint::{Checkpoint, Progress};
 use crate::config::{differences, model_differences, with_default_layers};
 use crate::console::Console;
 use crate::error::{Result, TrainError};
+use crate::fit::learner::Learner;
 use crate::step::TrainBackend;
 
 /// The checkpoint of the run as it is now.
-pub fn checkpoint_of<B: TrainBackend>(
-    learner: &Trainer<B>,
+pub fn checkpoint_of<B: TrainBackend, M: Model<B, f32>>(
+    learner: &Learner<B, M>,
     progress: &Progress,
     config: &serde_json::Value,
     backend: &str,
@@ -90,8 +91,8 @@ pub struct ResumeAt<'a> {
 /// Restores `learner` from the checkpoint at `path` and returns where the run was. Says so
 /// when the checkpoint's run is already finished; `--epochs` below the checkpoint's is an
 /// error.
-pub fn resume<B: TrainBackend>(
-    learner: &mut Trainer<B>,
+pub fn resume<B: TrainBackend, M: Model<B, f32>>(
+    learner: &mut Learner<B, M>,
     path: &Path,
     at: &ResumeAt<'_>,
     out: &mut Console<'_>,
