@@ -89,23 +89,28 @@ pub trait FitModel {
     }
 
     /// The run's memory, estimated before anything big is made: checked against the host and
-    /// the device. `None` (the default): no estimate, no check; the arena grows as the steps
-    /// need and the data stays on the host under `--data-on auto`.
+    /// the device. `None` (the default): no estimate, no check before the device opens (the
+    /// plan of [`FitModel::sized_engine`] then sizes the arena and the data's room).
     fn estimate(&self, config: &RunConfig) -> Result<Option<Estimate>> {
         let _ = config;
         Ok(None)
     }
 
     /// The engine of a run of `world` ranks with its arena sized from the run's memory plan,
-    /// and that plan (the default: `engine` as it is, no plan).
+    /// and that plan: by default zgrad's plan of the model's steps (made on the accounting
+    /// device with [`FitModel::init`]), which also says how much room the data sets have on
+    /// the device (`--data-on`).
     fn sized_engine(
         &self,
         engine: EngineConfig,
         config: &RunConfig,
         world: usize,
     ) -> Result<(EngineConfig, Option<SchedulePlan>)> {
-        let _ = (config, world);
-        Ok((engine, None))
+        let model = zgrad::plan::ModelFn {
+            values_per_sample: config.model.scales * config.model.features,
+            build: |b: &zgrad::plan::PlanBackend| self.init(b, config),
+        };
+        crate::plan::sized_engine_and_plan_of(engine, config, world, model)
     }
 
     /// `--plan`: prints the run's memory plan to `out` instead of training. By default

@@ -317,6 +317,32 @@ pub fn sized_engine_and_plan(
     Ok((engine.arena(overrides), Some(planned)))
 }
 
+/// [`sized_engine_and_plan`] for any model (`zgrad::plan::PlanModel`: a model's `FitModel`
+/// gives one by default): the run's schedule planned for a rank's batch on zmem's fixed arena
+/// defaults, the arena sized from its peaks.
+pub fn sized_engine_and_plan_of<M: zgrad::plan::PlanModel>(
+    engine: EngineConfig,
+    config: &crate::config::RunConfig,
+    world: usize,
+    model: M,
+) -> Result<(EngineConfig, Option<SchedulePlan>)> {
+    let samples = match &config.data {
+        crate::config::DataSource::Synthetic { samples, .. } => *samples,
+        crate::config::DataSource::File { .. } => usize::MAX,
+    };
+    let batch = config.batch.min(samples).div_ceil(world.max(1));
+    let request = PlanRequest::new(
+        model,
+        batch,
+        trainer_config(config, 1),
+        ArenaConfig::default(),
+    );
+    let planned = zgrad::plan::plan_schedule(&request, config.schedule)?;
+    tracing::debug!(target: "ztrain.plan", peaks = %planned.peak, "arena sized from the plan");
+    let overrides = engine.overrides().clone().planned(planned.peak);
+    Ok((engine.arena(overrides), Some(planned)))
+}
+
 fn schedule_name(s: TrainSchedule) -> &'static str {
     match s {
         TrainSchedule::Batched => "batched",

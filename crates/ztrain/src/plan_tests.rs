@@ -301,7 +301,14 @@ fn ztrain_run(args: &[&str]) -> zmem::Diagnostics {
         model_line: String::new(),
     };
     let mut out = Vec::new();
-    crate::run::train(&crate::xasset::XAssetFit, b.clone(), None, &ctx, &mut Console::new(&mut out)).expect("the run");
+    crate::run::train(
+        &crate::xasset::XAssetFit,
+        b.clone(),
+        None,
+        &ctx,
+        &mut Console::new(&mut out),
+    )
+    .expect("the run");
     let d = b.arena().diagnostics();
     assert_eq!(d.overflow.calls, 0, "{d}");
     d

@@ -135,7 +135,9 @@ pub(crate) fn run_model<S: FitModel>(
     let timeout = crate::distributed::comm_timeout(options)?;
     // The rendezvous: the caller's proof of membership, else the environment's secret.
     let rendezvous = |e: &LaunchEnv| match &auth {
-        Some(a) => Ok(zcomm::rendezvous::Config::new(a.clone(), timeout).with_cancel(stop.as_cancel())),
+        Some(a) => {
+            Ok(zcomm::rendezvous::Config::new(a.clone(), timeout).with_cancel(stop.as_cancel()))
+        }
         None => crate::distributed::rendezvous_config(e, timeout, stop),
     };
     let overlap_ctas = crate::distributed::overlap_ctas(options)?;

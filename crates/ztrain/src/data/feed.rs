@@ -132,7 +132,10 @@ impl<B: TrainBackend> Feed<B> {
     }
 
     /// Every step not read back yet.
-    pub fn flush<M: Model<B, f32>>(&self, learner: &mut Learner<B, M>) -> zgrad::Result<Vec<StepReport>> {
+    pub fn flush<M: Model<B, f32>>(
+        &self,
+        learner: &mut Learner<B, M>,
+    ) -> zgrad::Result<Vec<StepReport>> {
         learner.drain()
     }
 
@@ -169,7 +172,9 @@ pub fn evaluate_samples<B: TrainBackend, M: Model<B, f32>>(
     let windows = match samples {
         // The sums below are a binary classifier's (BCE, accuracy): another task's windows
         // are cut whole and evaluated by the model's own metrics.
-        Samples::Windows(w) if learner.world() == 1 && learner.model().task() == Task::binary() => w,
+        Samples::Windows(w) if learner.world() == 1 && learner.model().task() == Task::binary() => {
+            w
+        }
         _ => {
             let rows = samples.rows();
             return learner.evaluate(&rows.x, &rows.y);

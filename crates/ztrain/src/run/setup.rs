@@ -228,11 +228,7 @@ pub(super) fn new_learner<S: FitModel, B: TrainBackend>(
         Some(path) => spec.init_from(b, path, config, limit)?,
         None => spec.init(b, config)?,
     };
-    Ok(Learner::new(
-        b,
-        model,
-        trainer_config(config, total_steps),
-    )?)
+    Ok(Learner::new(b, model, trainer_config(config, total_steps))?)
 }
 
 /// Where the run starts: under `--resume`, the checkpoint's place (the learner restored from
