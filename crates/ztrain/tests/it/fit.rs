@@ -71,7 +71,7 @@ fn a_users_model_stopped_by_sigint_and_resumed_equals_the_uninterrupted_run(
         &StopSignal::never(),
     );
     assert!(
-        full_out.contains("ztrain: MLP F=6 S=3 H=8 (65 parameters)"),
+        full_out.contains("ztrain: MLP F=6 S=3 H=8 (161 parameters)"),
         "{full_out}"
     );
     assert_eq!(whole.interrupted, None);
@@ -112,6 +112,9 @@ fn a_users_model_stopped_by_sigint_and_resumed_equals_the_uninterrupted_run(
 /// device; rank 0's output and outcome.
 fn ranks_in_process(world: usize, extra: &[&str]) -> (String, Outcome) {
     let dir = tempfile::tempdir().expect("tempdir");
+    // zcomm's rule for a rendezvous socket: in a directory only the user may enter.
+    let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700);
+    std::fs::set_permissions(dir.path(), private).expect("mode 700");
     let socket = dir.path().join("rendezvous.sock");
     let runs: Vec<_> = (0..world)
         .map(|rank| {
