@@ -72,8 +72,10 @@ pub trait FitModel {
         self.describe(config)
     }
 
-    /// The model of `--init-from path` (a file read no further than `limit` bytes). By
-    /// default refused: a model says how its parameters are read.
+    /// The model of `--init-from path` (a safetensors file read no further than `limit`
+    /// bytes): by default [`FitModel::init`]'s model with every parameter from the file, by
+    /// name (`resume::init_parameters`: a PyTorch `state_dict` of the same names, or a
+    /// checkpoint; missing, extra or misshapen tensors are an error naming them).
     fn init_from<B: TrainBackend>(
         &self,
         b: &B,
@@ -81,11 +83,9 @@ pub trait FitModel {
         config: &RunConfig,
         limit: u64,
     ) -> Result<Self::Model<B>> {
-        let _ = (b, config, limit);
-        Err(TrainError::Options(format!(
-            "--init-from {}: this model does not read parameter files; start from its seed, or resume a checkpoint with --resume",
-            path.display()
-        )))
+        let model = self.init(b, config)?;
+        crate::resume::init_parameters(b, &model, path, limit)?;
+        Ok(model)
     }
 
     /// The run's memory, estimated before anything big is made: checked against the host and

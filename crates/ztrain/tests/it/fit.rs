@@ -108,6 +108,76 @@ fn a_users_model_stopped_by_sigint_and_resumed_equals_the_uninterrupted_run(
     assert_same_checkpoint(&full, &split);
 }
 
+#[test]
+fn a_users_model_starts_from_a_parameter_file_by_name_and_another_models_file_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let [trained, from_file, from_seed, xasset] =
+        ["trained.st", "from_file.st", "from_seed.st", "xasset.st"].map(|f| dir.path().join(f));
+    let never = StopSignal::never();
+    fit_run(
+        &MLP,
+        &["--device", "cpu", "--checkpoint", path_str(&trained)],
+        &never,
+    );
+    // A learning rate so small that no update moves a float32 parameter: a run's last
+    // parameters are the ones it started from.
+    let still = ["--device", "cpu", "--lr", "1e-30", "--weight-decay", "0"];
+    let (out, _) = fit_run(
+        &MLP,
+        &[
+            &still[..],
+            &[
+                "--init-from",
+                path_str(&trained),
+                "--checkpoint",
+                path_str(&from_file),
+            ],
+        ]
+        .concat(),
+        &never,
+    );
+    assert!(out.contains("ztrain: parameters from"), "{out}");
+    fit_run(
+        &MLP,
+        &[&still[..], &["--checkpoint", path_str(&from_seed)]].concat(),
+        &never,
+    );
+    let params = |p: &std::path::Path| {
+        let ck = Checkpoint::load(p).expect("checkpoint");
+        ck.params
+            .iter()
+            .map(|(n, t)| {
+                (
+                    n.clone(),
+                    t.data.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(params(&from_file), params(&trained));
+    assert_ne!(
+        params(&from_seed),
+        params(&trained),
+        "the seed's start is not the file's"
+    );
+    // XAsset's parameters into the MLP: every name of both named.
+    let o = tiny(&["--device", "cpu", "--checkpoint", path_str(&xasset)]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let options = options(&["--device", "cpu", "--init-from", path_str(&xasset)]);
+    let e = fit::run(&MLP, &options, &mut Vec::new(), false, &never).unwrap_err();
+    let report = ztrain::error::report(&e);
+    for needle in [
+        "--init-from",
+        "missing",
+        "l1.weight",
+        "l2.bias",
+        "extra",
+        "emb.weight",
+    ] {
+        assert!(report.contains(needle), "`{needle}` not in: {report}");
+    }
+}
+
 /// Ranks `0..world` of a job in this process, each on a thread of its own and a simulated
 /// device; rank 0's output and outcome.
 fn ranks_in_process(world: usize, extra: &[&str]) -> (String, Outcome) {
