@@ -35,7 +35,7 @@ use zgrad::{Model, SchedulePlan};
 use crate::budget::Estimate;
 use crate::cli::Options;
 use crate::config::RunConfig;
-use crate::error::{Result, TrainError};
+use crate::error::Result;
 use crate::signals::StopSignal;
 use crate::step::TrainBackend;
 
@@ -113,14 +113,21 @@ pub trait FitModel {
         crate::plan::sized_engine_and_plan_of(engine, config, world, model)
     }
 
-    /// `--plan`: prints the run's memory plan to `out` instead of training. By default
-    /// refused.
+    /// `--plan`: prints the run's memory plan to `out` instead of training: by default
+    /// zgrad's plan of the model's steps (made on the accounting device with
+    /// [`FitModel::init`]), named by [`FitModel::describe`] and [`FitModel::config_json`].
     fn print_plan(&self, options: &Options, out: &mut dyn Write) -> Result<()> {
-        let _ = (options, out);
-        Err(TrainError::Options(
-            "--plan: this model has no memory plan; train it with --memory-report to see its memory"
-                .into(),
-        ))
+        let config = options.config()?;
+        let model = zgrad::plan::ModelFn {
+            values_per_sample: config.model.scales * config.model.features,
+            build: |b: &zgrad::plan::PlanBackend| self.init(b, &config),
+        };
+        let named = crate::plan::PlannedModel {
+            line: self.describe(&config),
+            json: self.config_json(&config),
+        };
+        let report = crate::plan::make_of(options, &config, model, named, &|_, _| Ok(()))?;
+        crate::plan::print_report(options, &report, out)
     }
 }
 

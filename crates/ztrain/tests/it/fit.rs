@@ -178,6 +178,39 @@ fn a_users_model_starts_from_a_parameter_file_by_name_and_another_models_file_is
     }
 }
 
+#[test]
+fn a_users_model_has_its_memory_plan() {
+    let plan = |extra: &[&str]| {
+        let mut out = Vec::new();
+        let o = fit::run(
+            &MLP,
+            &options(&[&["--plan", "--device", "sim"], extra].concat()),
+            &mut out,
+            false,
+            &StopSignal::never(),
+        )
+        .expect("the plan");
+        assert_eq!(o.steps, 0);
+        String::from_utf8(out).expect("utf-8")
+    };
+    let lines = plan(&[]);
+    assert!(
+        lines.starts_with("ztrain --plan: MLP F=6 S=3 H=8, batch 16, eager"),
+        "{lines}"
+    );
+    assert!(lines.contains("\nbatched "), "{lines}");
+    assert!(
+        lines.contains("device: the simulated device (--sim-memory)"),
+        "{lines}"
+    );
+    let json: serde_json::Value = serde_json::from_str(plan(&["--json"]).trim()).expect("json");
+    assert_eq!(json["model"]["mlp"]["hidden"], 8);
+    assert!(
+        json["arena_bytes"].as_u64().is_some_and(|b| b > 0),
+        "{json}"
+    );
+}
+
 /// Ranks `0..world` of a job in this process, each on a thread of its own and a simulated
 /// device; rank 0's output and outcome.
 fn ranks_in_process(world: usize, extra: &[&str]) -> (String, Outcome) {
