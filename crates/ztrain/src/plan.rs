@@ -689,12 +689,12 @@ pub fn print_report<M>(
     let global = options.config()?.batch;
     let mut console = Console::new(out);
     if options.json {
-        let mut v = to_json(&report);
+        let mut v = to_json(report);
         v["ranks"] = json!(ranks);
         v["global_batch"] = json!(global);
         console.line(&v.to_string());
     } else {
-        for line in to_lines(&report) {
+        for line in to_lines(report) {
             console.line(&line);
         }
         if ranks > 1 {
