@@ -679,7 +679,7 @@ pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
     Ok(report)
 }
 
-/// Prints `report`, the plan of `options`' run, as [`print`] does.
+/// Prints `report`, the plan of `options`' run, as [`print()`] does.
 pub fn print_report<M>(
     options: &Options,
     report: &PlanReport<M>,
