@@ -67,6 +67,11 @@ pub trait FitModel {
     /// The model made on `b`, initialised from `config.seed`.
     fn init<B: TrainBackend>(&self, b: &B, config: &RunConfig) -> zgrad::Result<Self::Model<B>>;
 
+    /// What `--help` says the program trains (`None`, the default: `ztrain`'s own text).
+    fn about(&self) -> Option<&str> {
+        None
+    }
+
     /// The model's line in the memory report (by default [`FitModel::describe`]).
     fn report_line(&self, config: &RunConfig) -> String {
         self.describe(config)

@@ -115,6 +115,12 @@ impl FitModel for MlpFit {
         format!("MLP F={} S={} H={}", m.features, m.scales, self.hidden)
     }
 
+    fn about(&self) -> Option<&str> {
+        Some(
+            "Train a two-layer MLP over each sample's S x F values through ztrain's run loop: every ztrain option applies, XAsset's sizes (--width, --heads, --ff, --layers) aside.",
+        )
+    }
+
     fn parameters(&self, config: &RunConfig) -> ztrain::Result<u64> {
         let inputs = (config.model.scales * config.model.features) as u64;
         let h = self.hidden as u64;

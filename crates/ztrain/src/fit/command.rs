@@ -5,7 +5,7 @@
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser as _};
 use tracing_subscriber::filter::LevelFilter;
 
 use super::{FitModel, run};
@@ -19,7 +19,7 @@ use crate::signals::StopSignal;
 /// 128 + a signal that stopped the run; 3 for a rank whose peer failed; the launcher's codes).
 /// The `ztrain` command is `main(&XAssetFit)`.
 pub fn main<S: FitModel>(model: &S) -> ExitCode {
-    let options = Options::parse();
+    let options = options_of(model);
     let level: LevelFilter = options.log.parse().unwrap_or(LevelFilter::WARN);
     tracing_subscriber::fmt()
         .with_max_level(level)
@@ -128,4 +128,18 @@ fn fail(report: &str) -> ExitCode {
         eprintln!("{report}");
     }
     ExitCode::FAILURE
+}
+
+/// The command line's options; `--help` says what the program trains (`FitModel::about`;
+/// clap's usage line names the running program). Clap exits on `--help`, `--version` and bad
+/// usage, as `Options::parse` does.
+fn options_of<S: FitModel>(model: &S) -> Options {
+    let Some(about) = model.about() else {
+        return Options::parse();
+    };
+    let matches = Options::command()
+        .about(about.to_string())
+        .long_about(None)
+        .get_matches();
+    Options::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
