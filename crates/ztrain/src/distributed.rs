@@ -191,14 +191,14 @@ pub fn watchdog_timeout(comm_timeout: Duration) -> Duration {
     comm_timeout + (comm_timeout / 4).min(Duration::from_secs(2))
 }
 
-/// The simulated communicator of this rank, over its simulated device, under its watchdog.
+/// The simulated communicator of this rank, over its simulated device, under its watchdog;
+/// the ranks meet as `config` says (`rendezvous_config`), every wait bounded by its timeout.
 pub fn sim_collective(
     b: &CudaBackend<SimDriver>,
     env: &LaunchEnv,
-    timeout: Duration,
-    stop: &StopSignal,
+    config: rendezvous::Config,
 ) -> Result<Rc<dyn Collective<CudaBackend<SimDriver>, f32>>> {
-    let config = rendezvous_config(env, timeout, stop)?;
+    let timeout = config.timeout;
     let comm = Arc::new(SimCollective::connect(b, env, config)?);
     Ok(Rc::new(Watched::new(
         comm,
@@ -211,14 +211,13 @@ pub fn sim_collective(
 /// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
 /// rank 0 makes the unique id and hands it out at `MASTER_ADDR:MASTER_PORT` (or the launcher's
 /// Unix socket), every
-/// rank joins with it; both waits bounded by `timeout` (the join by the device's deadline).
-/// Under its watchdog ([`watchdog_timeout`]).
+/// rank joins with it; both waits bounded by the rendezvous `config`'s timeout (the join by the
+/// device's deadline). Under its watchdog ([`watchdog_timeout`]).
 /// `overlap_ctas`: see [`overlap_ctas`]; `last_bucket`: `--last-bucket`.
 pub fn nccl_collective(
     b: &CudaBackend<CudaDriver>,
     env: &LaunchEnv,
-    timeout: Duration,
-    stop: &StopSignal,
+    config: rendezvous::Config,
     overlap_ctas: Option<u32>,
     last_bucket: crate::cli::LastBucket,
 ) -> Result<Rc<dyn Collective<CudaBackend<CudaDriver>, f32>>> {
@@ -232,7 +231,7 @@ pub fn nccl_collective(
         master,
         env.info,
         || Ok(NcclCollective::unique_id()?.to_vec()),
-        rendezvous_config(env, timeout, stop)?,
+        config.clone(),
     )?;
     let options = join_options(overlap_ctas, last_bucket);
     let comm = Arc::new(NcclCollective::join_with(b, env.info, &id, options)?);
@@ -241,7 +240,7 @@ pub fn nccl_collective(
     Ok(Rc::new(Watched::new(
         comm,
         env.info.rank,
-        watchdog_timeout(timeout),
+        watchdog_timeout(config.timeout),
         |c: &NcclCollective, why: &str| {
             tracing::error!(target: "ztrain.rank.watchdog", why, "aborting the NCCL communicators");
             c.abort();

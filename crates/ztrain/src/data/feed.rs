@@ -7,9 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use zgrad::{PinnedBatch, StepReport, Trainer};
+use zgrad::{Model, PinnedBatch, StepReport, Task};
 
 use super::Samples;
+use crate::fit::learner::Learner;
 use crate::step::TrainBackend;
 
 /// Where the rows come from.
@@ -39,8 +40,8 @@ impl<B: TrainBackend> std::fmt::Debug for Feed<B> {
 impl<B: TrainBackend> Feed<B> {
     /// Puts `train_set` on the device (`on_device`), else makes the two pinned batches of
     /// `batch` samples each; out of memory is the backend's error, nothing trained yet.
-    pub fn new(
-        learner: &mut Trainer<B>,
+    pub fn new<M: Model<B, f32>>(
+        learner: &mut Learner<B, M>,
         train_set: &Samples,
         on_device: bool,
         batch: usize,
@@ -48,7 +49,7 @@ impl<B: TrainBackend> Feed<B> {
     ) -> zgrad::Result<Feed<B>> {
         if on_device {
             let rows = train_set.rows();
-            learner.load_data(&rows.x, &rows.y, train_set.len())?;
+            learner.load_training(&rows.x, &rows.y, train_set.len())?;
             return Ok(Feed::Device { every });
         }
         let b = learner.backend();
@@ -65,9 +66,9 @@ impl<B: TrainBackend> Feed<B> {
 
     /// One step on the samples `rows` of `train_set`: the reports that are known now (the
     /// window's, when this step fills it).
-    pub fn step(
+    pub fn step<M: Model<B, f32>>(
         &mut self,
-        learner: &mut Trainer<B>,
+        learner: &mut Learner<B, M>,
         train_set: &Samples,
         rows: &[usize],
     ) -> zgrad::Result<Vec<StepReport>> {
@@ -98,9 +99,9 @@ impl<B: TrainBackend> Feed<B> {
     /// Tells the learner the rows the next steps take (`rest`, the epoch's order from the
     /// position on, in steps of `batch`): on the device its steps then find their indices
     /// there, put up once a read-back window (`Trainer::plan_rows`). From the host: nothing.
-    pub fn plan(
+    pub fn plan<M: Model<B, f32>>(
         &self,
-        learner: &mut Trainer<B>,
+        learner: &mut Learner<B, M>,
         rest: &[usize],
         batch: usize,
     ) -> zgrad::Result<()> {
@@ -131,23 +132,26 @@ impl<B: TrainBackend> Feed<B> {
     }
 
     /// Every step not read back yet.
-    pub fn flush(&self, learner: &mut Trainer<B>) -> zgrad::Result<Vec<StepReport>> {
+    pub fn flush<M: Model<B, f32>>(
+        &self,
+        learner: &mut Learner<B, M>,
+    ) -> zgrad::Result<Vec<StepReport>> {
         learner.drain()
     }
 
     /// Whether the last step completed a read-back window (or nothing is queued): the same
     /// steps on every rank of a job, so the ranks agree on stops there, once a window.
     #[must_use]
-    pub fn settled(&self, learner: &Trainer<B>) -> bool {
+    pub fn settled<M: Model<B, f32>>(&self, learner: &Learner<B, M>) -> bool {
         learner.filling() == 0
     }
 
     /// Loss and accuracy over the training set: on the device from the loaded copy, with no
     /// second upload (bitwise `evaluate`'s; each rank its shard in data parallel), else
     /// `evaluate` of the host copy.
-    pub fn evaluate_train(
+    pub fn evaluate_train<M: Model<B, f32>>(
         &self,
-        learner: &Trainer<B>,
+        learner: &Learner<B, M>,
         train_set: &Samples,
     ) -> zgrad::Result<zgrad::EvalReport> {
         match self {
@@ -161,12 +165,16 @@ impl<B: TrainBackend> Feed<B> {
 /// at a time (`eval_batch` windows, the chunks `evaluate` itself takes, so the logits and the
 /// report are bitwise `evaluate`'s of the pre-cut windows), or all at once in a job of several
 /// ranks (each evaluates its shard of them).
-pub fn evaluate_samples<B: TrainBackend>(
-    learner: &Trainer<B>,
+pub fn evaluate_samples<B: TrainBackend, M: Model<B, f32>>(
+    learner: &Learner<B, M>,
     samples: &Samples,
 ) -> zgrad::Result<zgrad::EvalReport> {
     let windows = match samples {
-        Samples::Windows(w) if learner.rank_info().world == 1 => w,
+        // The sums below are a binary classifier's (BCE, accuracy): another task's windows
+        // are cut whole and evaluated by the model's own metrics.
+        Samples::Windows(w) if learner.world() == 1 && learner.model().task() == Task::binary() => {
+            w
+        }
         _ => {
             let rows = samples.rows();
             return learner.evaluate(&rows.x, &rows.y);
@@ -217,7 +225,7 @@ impl Sums {
             loss: self.loss / denom,
             accuracy: self.correct as f64 / denom,
             samples: self.samples,
-            // XAsset is a binary classifier (its `Model::task`): no regression metrics.
+            // A binary classifier (its `Model::task`): no regression metrics.
             regression: None,
         }
     }
