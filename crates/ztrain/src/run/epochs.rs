@@ -62,6 +62,7 @@ pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
 impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
     /// Rank 0 writes the checkpoint (when one was asked for) of the progress so far.
     fn save(&mut self) -> Result<()> {
+        let _local = crate::distributed::LocalPhase::enter(self.agree.comm(), "the checkpoint");
         self.progress.rng = self.rng.state();
         match &self.ctx.options.checkpoint {
             Some(path) if self.ctx.rank == 0 => checkpoint_of(
@@ -156,7 +157,9 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         self.flush(&mut tally)?;
         let rate = bar.samples_per_second(self.progress.position);
         bar.finish();
+        let local = crate::distributed::LocalPhase::enter(self.agree.comm(), "validation");
         let val = evaluate(&mut self.learner, self.val_set)?;
+        drop(local);
         let line = epoch_line(
             self.progress.epoch + 1,
             epochs,
