@@ -321,3 +321,80 @@ fn a_signal_stops_two_ranks_after_one_step_with_that_steps_checkpoint() {
         );
     }
 }
+
+/// Issue 45 item 6: a second signal ends the job at once, leaving the last good checkpoint.
+/// The ranks are frozen (SIGSTOP) so the first signal, passed on, cannot end the job first;
+/// once the launcher says it passed that one on, the second makes it exit 130 at once, its
+/// ranks die with it (frozen or not), and the checkpoint there is a whole one.
+#[test]
+fn a_second_signal_to_the_launcher_ends_the_job_at_once_leaving_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.st");
+    let stderr_path = dir.path().join("stderr");
+    let mut args: Vec<&str> = TINY.to_vec();
+    args.extend(["--epochs", "400", "--device", "sim", "--gpus", "2"]);
+    args.extend(["--checkpoint", path_str(&ck), "--checkpoint-every", "1"]);
+    args.extend(["--log", "warn"]);
+    let mut launcher = Command::new(ztrain_binary())
+        .args(&args)
+        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = launcher.id();
+    let wait_until = |what: &str, done: &dyn Fn() -> bool, launcher: &mut std::process::Child| {
+        let until = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < until, "{what}");
+            assert!(
+                launcher.try_wait().unwrap().is_none(),
+                "ended before: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_until(
+        "no checkpoint: the run did not start",
+        &|| ck.exists(),
+        &mut launcher,
+    );
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let ranks: Vec<String> = children.split_whitespace().map(String::from).collect();
+    assert_eq!(ranks.len(), 2, "{children}");
+    for r in &ranks {
+        kill("STOP", r);
+    }
+    kill("INT", &pid.to_string());
+    let passed_on = || {
+        std::fs::read_to_string(&stderr_path)
+            .unwrap_or_default()
+            .contains("passing it on to every rank")
+    };
+    wait_until(
+        "the first signal was not passed on",
+        &passed_on,
+        &mut launcher,
+    );
+    let at = Instant::now();
+    kill("INT", &pid.to_string());
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "the second signal did not end the launcher"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_gone(&ranks);
+    let stdout = std::fs::read_to_string(dir.path().join("stdout")).unwrap();
+    assert!(
+        !stdout.contains("stopped by SIGINT after step"),
+        "the job finished its stop: the second signal came too late to test: {stdout}"
+    );
+    let last = ztrain::checkpoint::Checkpoint::load(&ck).expect("the last good checkpoint");
+    assert!(last.progress.step >= 1);
+}
