@@ -245,7 +245,39 @@ pub fn nccl_collective(
             tracing::error!(target: "ztrain.rank.watchdog", why, "aborting the NCCL communicators");
             c.abort();
         },
-    )?))
+    )?
+    .polling(NcclCollective::poll_async_error)))
+}
+
+/// A phase of this rank's own, between drained steps (the checkpoint written, an evaluation):
+/// its watchdog does not take it for a stall however long it lasts
+/// ([`Collective::set_local_phase`], issue 44); left when dropped.
+pub struct LocalPhase<'a, B: zcompute::Backend<f32>>(Option<&'a dyn Collective<B, f32>>);
+
+impl<B: zcompute::Backend<f32>> std::fmt::Debug for LocalPhase<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalPhase")
+            .field("ranks", &self.0.map(|c| c.info().world))
+            .finish()
+    }
+}
+
+impl<'a, B: zcompute::Backend<f32>> LocalPhase<'a, B> {
+    /// Enters phase `what` on `comm` (none: a job of one, nothing to tell).
+    pub fn enter(comm: Option<&'a dyn Collective<B, f32>>, what: &'static str) -> Self {
+        if let Some(c) = comm {
+            c.set_local_phase(Some(what));
+        }
+        LocalPhase(comm)
+    }
+}
+
+impl<B: zcompute::Backend<f32>> Drop for LocalPhase<'_, B> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.set_local_phase(None);
+        }
+    }
 }
 
 /// How a rank joins the NCCL communicator: `--overlap-ctas` and `--last-bucket`.
@@ -353,6 +385,55 @@ mod tests {
         let got = watchdog_timeout(Duration::from_secs_f64(comm_timeout));
         assert_eq!(got, Duration::from_secs_f64(want));
         assert!(got < Duration::from_secs_f64(comm_timeout + 5.0));
+    }
+
+    /// A local phase is entered and left around its scope, on the collective it was given.
+    #[test]
+    fn a_local_phase_is_left_when_its_scope_ends() {
+        #[derive(Default)]
+        struct Phases(std::cell::RefCell<Vec<Option<&'static str>>>);
+        impl Collective<zcompute::CpuBackend, f32> for Phases {
+            fn info(&self) -> zcomm::RankInfo {
+                zcomm::RankInfo {
+                    rank: 0,
+                    world: 2,
+                    local_rank: 0,
+                }
+            }
+            fn all_reduce_sum(
+                &self,
+                _: &zcompute::CpuBackend,
+                _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
+                _: u64,
+            ) -> zcomm::Result<()> {
+                Ok(())
+            }
+            fn broadcast(
+                &self,
+                _: &zcompute::CpuBackend,
+                _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
+                _: usize,
+                _: u64,
+            ) -> zcomm::Result<()> {
+                Ok(())
+            }
+            fn synchronize(&self, _: &zcompute::CpuBackend) -> zcomm::Result<()> {
+                Ok(())
+            }
+            fn set_local_phase(&self, phase: Option<&'static str>) {
+                self.0.borrow_mut().push(phase);
+            }
+        }
+        let phases = Phases::default();
+        {
+            let _phase = LocalPhase::enter(Some(&phases), "writing the checkpoint");
+            assert_eq!(*phases.0.borrow(), [Some("writing the checkpoint")]);
+        }
+        assert_eq!(*phases.0.borrow(), [Some("writing the checkpoint"), None]);
+        drop(LocalPhase::<zcompute::CpuBackend>::enter(
+            None,
+            "nothing to tell",
+        ));
     }
 
     #[rstest]

@@ -63,6 +63,7 @@ pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource, M: Model<B, f32
 impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
     /// Rank 0 writes the checkpoint (when one was asked for) of the progress so far.
     fn save(&mut self) -> Result<()> {
+        let _local = crate::distributed::LocalPhase::enter(self.agree.comm(), "the checkpoint");
         self.progress.rng = self.rng.state();
         match &self.ctx.options.checkpoint {
             Some(path) if self.ctx.rank == 0 => checkpoint_of(
@@ -157,7 +158,9 @@ impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
         self.flush(&mut tally)?;
         let rate = bar.samples_per_second(self.progress.position);
         bar.finish();
+        let local = crate::distributed::LocalPhase::enter(self.agree.comm(), "validation");
         let val = evaluate(&mut self.learner, self.val_set)?;
+        drop(local);
         let line = epoch_line(
             self.progress.epoch + 1,
             epochs,
