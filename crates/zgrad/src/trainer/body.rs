@@ -62,6 +62,14 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             .with_weight_shadow(self.weight_shadow.clone())
     }
 
+    /// A no-grad tape whose products run under the policy, as training's do: evaluation and
+    /// `predict` see the model the policy trains. Its weights convert per call (evaluation
+    /// reads no copy, so it needs no refresh and can never read a stale one); under float32
+    /// it is `Tape::no_grad` itself.
+    pub fn eval_tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
+        Tape::no_grad(b).with_math_mode(self.math_mode)
+    }
+
     /// Converts the parameters into their bf16 copy (one launch; nothing without a copy).
     /// Every step does it before its first product, so the copy is never older than the
     /// parameters, whatever wrote them since the last step.

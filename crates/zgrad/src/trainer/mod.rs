@@ -90,8 +90,9 @@ pub struct TrainerConfig {
     /// Samples per chunk in `evaluate`.
     pub eval_batch: usize,
     /// The training step's precision policy (docs/precision.md): the matrix products of the
-    /// forward and backward (Linear layers, `Tape::matmul`) under `Precision::math_mode`;
-    /// parameters, gradients, AdamW, norms, softmax, losses and evaluation stay float32.
+    /// forward and backward (Linear layers, `Tape::matmul`) under `Precision::math_mode`, and
+    /// those of evaluation (`evaluate`, `predict`, the device evaluation) too; parameters,
+    /// gradients, AdamW, norms, softmax and losses stay float32.
     /// `F32` (the default) is the float32 step bit for bit. A backend that cannot run the
     /// policy is refused by `Trainer::new` (`PrecisionUnsupported`).
     pub precision: Precision,

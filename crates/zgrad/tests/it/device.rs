@@ -325,6 +325,15 @@ macro_rules! suite {
             }
         }
         #[test]
+        fn bf16_evaluation_is_near_float32_and_not_equal() {
+            let (_guard, b) = $make();
+            for capture in [false, true] {
+                crate::support::precision_step::bf16_evaluation_is_near_float32_and_not_equal(
+                    &b, capture,
+                );
+            }
+        }
+        #[test]
         fn the_bf16_weight_copy_follows_loaded_parameters() {
             let (_guard, b) = $make();
             crate::support::precision_step::bf16_weight_copy_follows_loaded_parameters(&b);

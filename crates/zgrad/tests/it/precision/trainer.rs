@@ -5,8 +5,9 @@
 
 use crate::common::SimBackend;
 use crate::support::precision_step::{
-    bf16_step_is_near_float32_and_not_equal, bf16_weight_copy_equals_per_call_bitwise,
-    bf16_weight_copy_follows_loaded_parameters, captured_equals_eager_bitwise,
+    bf16_evaluation_is_near_float32_and_not_equal, bf16_step_is_near_float32_and_not_equal,
+    bf16_weight_copy_equals_per_call_bitwise, bf16_weight_copy_follows_loaded_parameters,
+    captured_equals_eager_bitwise,
 };
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -35,6 +36,13 @@ fn the_bf16_weight_copy_on_the_cpu_equals_converting_per_call_bitwise() {
 #[test]
 fn the_bf16_weight_copy_on_the_cpu_follows_loaded_parameters() {
     bf16_weight_copy_follows_loaded_parameters(&CpuBackend);
+}
+
+#[test]
+fn bf16_evaluation_on_the_cpu_is_near_float32_and_not_equal() {
+    for capture in [false, true] {
+        bf16_evaluation_is_near_float32_and_not_equal(&CpuBackend, capture);
+    }
 }
 
 #[test]

@@ -255,3 +255,82 @@ pub fn captured_equals_eager_bitwise<B: Capture<f32> + Clone + 'static>(
         assert_bitwise(&what, &eager, &captured);
     }
 }
+
+/// The model's outputs under bf16 evaluation against float32's (‖Δ‖/‖o‖) within this: one
+/// forward of rounded products (measured: about 1e-3 on the fixtures).
+pub const BF16_OUTPUT_REL: f64 = 2e-2;
+
+/// Evaluation runs under the trainer's policy: on the fixture's batch, a bf16 trainer's
+/// `predict` and `evaluate` (host) and its device evaluation (`load_validation` then
+/// `evaluate_validation`, captured as the trainer captures) are near float32's and not equal
+/// to them (the products really ran in bf16), host and device agreeing bit for bit; a float32
+/// trainer's `predict` is a plain no-grad forward's bits (float32 evaluation unchanged).
+pub fn bf16_evaluation_is_near_float32_and_not_equal<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    capture: bool,
+) {
+    let (xs, ys, rows) = batch("tiny");
+    let make = |precision| {
+        let cfg = TrainerConfig {
+            capture,
+            precision,
+            ..TrainerConfig::default()
+        };
+        trainer(b, "tiny", cfg)
+    };
+    let (mut f32_t, mut bf16_t) = (make(Precision::F32), make(Precision::Bf16));
+    let (pf, pb) = (
+        f32_t.predict(&xs, rows).unwrap(),
+        bf16_t.predict(&xs, rows).unwrap(),
+    );
+    assert_ne!(bits(&pf), bits(&pb), "bf16 outputs are float32's");
+    let e = rel(&pb, &pf);
+    assert!(e <= BF16_OUTPUT_REL, "outputs {e:e} from float32");
+
+    let plain = zgrad::in_step(b, || {
+        let tape = zgrad::Tape::no_grad(b);
+        let shape = [rows, xs.len() / rows];
+        let sample = zgrad::Model::sample_shape(f32_t.model(), shape[1]).unwrap();
+        let mut full = vec![rows];
+        full.extend(sample);
+        let x = zgrad::Var::constant(b.upload(&xs, &full)?);
+        zgrad::Model::logits(f32_t.model(), &tape, &x)?.to_vec(b)
+    })
+    .unwrap();
+    assert_eq!(
+        bits(&pf),
+        bits(&plain),
+        "float32 predict is a plain forward"
+    );
+
+    let (ef, eb) = (
+        f32_t.evaluate(&xs, &ys).unwrap(),
+        bf16_t.evaluate(&xs, &ys).unwrap(),
+    );
+    assert_ne!(
+        ef.loss.to_bits(),
+        eb.loss.to_bits(),
+        "bf16 loss is float32's"
+    );
+    let loss_rel = ((eb.loss - ef.loss) / ef.loss).abs();
+    assert!(
+        loss_rel <= BF16_LOSS_REL,
+        "loss {} vs {} ({loss_rel:e})",
+        eb.loss,
+        ef.loss
+    );
+
+    for (t, host) in [(&mut f32_t, &ef), (&mut bf16_t, &eb)] {
+        t.load_validation(&xs, &ys, rows).unwrap();
+        for _ in 0..2 {
+            let on_device = t.evaluate_validation().unwrap();
+            assert_eq!(
+                on_device.loss.to_bits(),
+                host.loss.to_bits(),
+                "device evaluation vs host ({} vs {})",
+                on_device.loss,
+                host.loss
+            );
+        }
+    }
+}
