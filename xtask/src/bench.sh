@@ -6,7 +6,10 @@
 # PyTorch's reference (`xasset_torch.py bench --compiled`: FILE, else $XASSET_TORCH, else the
 # bundle's own bench/xasset_torch.py, from crates/zgrad/benches), PyTorch's end-to-end,
 # first-step and reserved-memory rows (`xasset_e2e_torch.py --compiled`), a `ztrain` run (its
-# own samples/s), then `compare.py`'s one table (also comparison.md/.json). Then, unless
+# own samples/s), then `compare.py`'s one table (also comparison.md/.json); then the same
+# under TF32 and bf16 (issue 42): `xasset_bench --precision P`, the reference with `--tf32` /
+# `--bf16` (autocast), `ztrain --precision P`, and a table of each with the ratios
+# (comparison_P.md/.json; the float32 files are as before). Then, unless
 # --xasset-only, every other bundled benchmark binary and Python reference. The reference's
 # other jobs and its two companions are run by hand, with their own arguments: `torchrun
 # --nproc_per_node N bench/xasset_ddp_torch.py`, `python3 bench/xasset_user_loop_torch.py`.
@@ -62,6 +65,22 @@ python3 "$here/bench/compare.py" --ours "$results/ours.json" --torch "$results/t
   --e2e "$results/torch_e2e.json" --ztrain "$results/ztrain.log" \
   --json "$results/comparison.json" >"$results/comparison.md" || bad=1
 cat "$results/comparison.md"
+
+for p in tf32 bf16; do
+  run "xasset_bench --precision $p" "$results/ours_$p.json" \
+    "$here/bench/xasset_bench" --precision "$p"
+  if [ -n "$ref" ] && [ -f "$ref" ]; then
+    run "xasset_torch.py bench --compiled --$p ($ref)" "$results/torch_$p.log" \
+      python3 "$ref" bench --compiled "--$p" --json "$results/torch_$p.json"
+  fi
+  run "ztrain --precision $p (synthetic data, batched, captured)" "$results/ztrain_$p.log" \
+    "$here/ztrain" --device cuda --capture --epochs 1 --samples 65536 --precision "$p"
+  echo "== comparison ($p)"
+  python3 "$here/bench/compare.py" --precision "$p" --ours "$results/ours_$p.json" \
+    --torch "$results/torch_$p.json" --ztrain "$results/ztrain_$p.log" \
+    --json "$results/comparison_$p.json" >"$results/comparison_$p.md" || bad=1
+  cat "$results/comparison_$p.md"
+done
 
 if [ "$only" -eq 0 ]; then
   for bin in "$here"/bench/*_bench; do

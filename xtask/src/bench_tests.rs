@@ -9,6 +9,13 @@ use std::process::{Command, Output};
 
 const OURS: &str = r#"{"device":"GPU","batch":256,"batched_step_peak_live_MiB":120.0,"batched_step_peak_reserved_MiB":352.0,"batched_eager_ms":2.251,"batched_first_step_ms":150.0,"batched_graph_captured":true,"batched_graph_nodes":420,"batched_graph_ms":1.950,"batched_graph_e2e_ms":2.300,"batched_graph_e2e_host_slice_ms":2.700,"per_sample_eager_ms":208.8,"per_sample_graph_nodes":250,"per_sample_graph_ms":88.0}"#;
 const TORCH: &str = r#"{"device": "GPU", "torch": "2.11", "batched_step_peak_MiB": 150.0, "batched_eager_ms": 3.492, "per_sample_eager_ms": 763.8, "batched_graph_ms": 1.179, "per_sample_graph_ms": 57.48, "compiled_batched_graph_ms": 0.975, "compiled_per_sample_graph_ms": 57.74}"#;
+/// Ours and PyTorch's batched graph under `--precision bf16` / `--bf16` and TF32.
+const OURS_BF16: &str =
+    r#"{"device":"GPU","batch":256,"precision":"bf16","batched_graph_ms":0.500}"#;
+const TORCH_BF16: &str = r#"{"device": "GPU", "torch": "2.11", "batched_graph_ms": 1.0, "compiled_batched_graph_ms": 0.625}"#;
+const OURS_TF32: &str =
+    r#"{"device":"GPU","batch":256,"precision":"tf32","batched_graph_ms":0.700}"#;
+const TORCH_TF32: &str = r#"{"device": "GPU", "torch": "2.11", "batched_graph_ms": 1.4, "compiled_batched_graph_ms": 0.875}"#;
 const E2E: &str = r#"{"batched_step_peak_MiB": 150.0, "batched_step_peak_reserved_MiB": 176.0, "batched_first_step_ms": 900.0, "batched_graph_nodes": 167, "batched_graph_e2e_ms": 1.5, "compiled_batched_graph_e2e_ms": 1.15}"#;
 
 /// A fresh bundle-like folder: bench.sh, the real compare.py, stubs for the rest, one level
@@ -30,18 +37,24 @@ fn bundle(name: &str) -> PathBuf {
         "bench/compare.py",
         &std::fs::read_to_string(compare).unwrap(),
     );
-    write("bench/xasset_bench", &format!("#!/bin/sh\necho '{OURS}'\n"));
-    // Python stand-ins: print the object and write it to the file after --json.
+    write(
+        "bench/xasset_bench",
+        &format!(
+            "#!/bin/sh\ncase \"$*\" in\n*'--precision bf16'*) echo '{OURS_BF16}' ;;\n*'--precision tf32'*) echo '{OURS_TF32}' ;;\n*) echo '{OURS}' ;;\nesac\n"
+        ),
+    );
+    // Python stand-ins: print the object (the reduced-precision one under --bf16 / --tf32)
+    // and write it to the file after --json.
     let py = |obj: &str| {
         format!(
-            "import sys\nobj = '{obj}'\nprint(obj)\nif '--json' in sys.argv:\n    open(sys.argv[sys.argv.index('--json') + 1], 'w').write(obj)\n"
+            "import sys\nobj = '{obj}'\nif '--bf16' in sys.argv:\n    obj = '{TORCH_BF16}'\nif '--tf32' in sys.argv:\n    obj = '{TORCH_TF32}'\nprint(obj)\nif '--json' in sys.argv:\n    open(sys.argv[sys.argv.index('--json') + 1], 'w').write(obj)\n"
         )
     };
     write("bench/xasset_e2e_torch.py", &py(E2E));
     write("reference.py", &py(TORCH));
     write(
         "ztrain",
-        "#!/bin/sh\necho 'epoch 1/1: 4000 samples/s'\necho 'summary: 205 steps in 9.0 s; 52428 samples trained at 5123 samples/s; peak gpu memory 1 MiB'\n",
+        "#!/bin/sh\ncase \"$*\" in *'--precision bf16'*) rate=7001 ;; *'--precision tf32'*) rate=6001 ;; *) rate=5123 ;; esac\necho 'epoch 1/1: 4000 samples/s'\necho \"summary: 205 steps in 9.0 s; 52428 samples trained at $rate samples/s; peak gpu memory 1 MiB\"\n",
     );
     write("bench/other_bench", "#!/bin/sh\necho other bench ran\n");
     write("bench/torch_ref.py", "print('torch_ref ran')\n");
@@ -100,6 +113,55 @@ fn bench_sh_prints_one_table_with_every_row_and_ratio() {
     let merged: serde_json::Value = serde_json::from_str(&merged).unwrap();
     assert_eq!(merged["batched_graph_ms"]["torch"], 1.179);
     assert_eq!(merged["ztrain_samples_per_s"], 5123.0);
+    remove(&dir);
+}
+
+/// After the float32 table, the same call prints a TF32 and a bf16 table: ours under
+/// `--precision P` beside the reference under `--tf32` / `--bf16`, with the ratios, and
+/// `ztrain --precision P`'s rate; rows neither side has are left out.
+#[test]
+fn bench_sh_prints_the_tf32_and_bf16_tables_beside_float32() {
+    let dir = bundle("precision");
+    let reference = dir.join("reference.py");
+    let (out, text) = bench_sh(&dir, &["--reference", reference.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let graph = "| batched, whole step as one graph (ms, CUDA events, data on device) |";
+    let f32_at = text.find("float32 TF32 off").expect("the float32 table");
+    let tf32_at = text.find(", TF32 products").expect("the TF32 table");
+    let bf16_at = text.find(", bf16 products").expect("the bf16 table");
+    assert!(f32_at < tf32_at && tf32_at < bf16_at, "{text}");
+    for (section, row) in [
+        (
+            &text[f32_at..tf32_at],
+            format!("{graph} 1.950 | 1.179 | 0.975 | 2.00 |"),
+        ),
+        (
+            &text[tf32_at..bf16_at],
+            format!("{graph} 0.700 | 1.400 | 0.875 | 0.80 |"),
+        ),
+        (
+            &text[bf16_at..],
+            format!("{graph} 0.500 | 1.000 | 0.625 | 0.80 |"),
+        ),
+        (
+            &text[tf32_at..bf16_at],
+            "| ztrain samples/s (its own summary) | 6001 |".into(),
+        ),
+        (
+            &text[bf16_at..],
+            "| ztrain samples/s (its own summary) | 7001 |".into(),
+        ),
+    ] {
+        assert!(section.contains(&row), "missing `{row}` in:\n{section}");
+    }
+    assert!(!text[bf16_at..].contains("per-sample, eager"), "{text}");
+    let merged = std::fs::read_to_string(dir.join("bench-results/comparison_bf16.json")).unwrap();
+    let merged: serde_json::Value = serde_json::from_str(&merged).unwrap();
+    assert_eq!(merged["batched_graph_ms"]["ours_over_best"], 0.8);
     remove(&dir);
 }
 

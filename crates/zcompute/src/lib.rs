@@ -65,7 +65,7 @@ pub use ops::Ops;
 pub use optim::{OptimOps, SgdConfig};
 pub use pinned::{CopyMark, HostVec, PinnedHost, PinnedSlice};
 pub use pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
-pub use precision::{MathMode, PrecisionOps};
+pub use precision::{BBf16, Bf16Copy, MathMode, PrecisionOps};
 pub use random::{RandomOps, philox4x32_10};
 pub use readback::{Readback, ReadbackOps};
 pub use select::SelectOps;

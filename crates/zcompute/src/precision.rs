@@ -21,7 +21,9 @@
 use crate::backend::{BTensor, MatmulOpts};
 use crate::element::{DType, Element};
 use crate::error::{ComputeError, Result};
+use crate::layout::{Dims, Layout};
 use crate::linear::{Activation, LinearOps};
+use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::validate;
 
@@ -97,6 +99,107 @@ pub(crate) fn unsupported<T: Element>(
     }
 }
 
+/// A float32 tensor's bf16 copy in a backend's own form, made by
+/// [`PrecisionOps::bf16_copy_into`]: a bf16 product takes it as its right-hand operand
+/// ([`PrecisionOps::matmul_bf16_rhs`]) instead of converting that operand on every call, with
+/// the same bits as [`PrecisionOps::matmul_mode`] under [`MathMode::Bf16`] on the float32
+/// tensor (the rounding is one deterministic formula). The CPU backend keeps each value
+/// rounded and widened (one element a value); the CUDA backend packs two bf16 values in a
+/// float, as cuBLAS reads them. A trainer keeps one of its weights, refreshed once a step.
+#[derive(Clone, Debug)]
+pub struct Bf16Copy<S: Storage> {
+    /// The backing elements, dense and 1-D: `numel.div_ceil(per_element)` of them.
+    backing: Tensor<S>,
+    shape: Dims,
+    /// bf16 values a backing element holds (1 on the CPU, 2 on the CUDA backend).
+    per_element: usize,
+}
+
+impl<S: Storage> Bf16Copy<S> {
+    /// A copy of `shape` over `backing` (dense, 1-D, of exactly the elements it needs).
+    pub(crate) fn new(backing: Tensor<S>, shape: &[usize], per_element: usize) -> Result<Self> {
+        let numel: usize = shape.iter().product();
+        let expected = numel.div_ceil(per_element);
+        if backing.rank() != 1 || !backing.is_contiguous() || backing.numel() != expected {
+            return Err(ComputeError::LengthMismatch {
+                op: "bf16_copy",
+                expected,
+                got: backing.numel(),
+            });
+        }
+        Ok(Bf16Copy {
+            backing,
+            shape: shape.into(),
+            per_element,
+        })
+    }
+
+    /// The shape of the tensor this is a copy of.
+    #[must_use]
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The values the copy holds.
+    #[must_use]
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The backend's elements holding the values (what the memory accounting sees).
+    #[must_use]
+    pub fn backing(&self) -> &Tensor<S> {
+        &self.backing
+    }
+
+    /// bf16 values one backing element holds (1 on the CPU, 2 on the CUDA backend).
+    #[must_use]
+    pub fn per_element(&self) -> usize {
+        self.per_element
+    }
+
+    /// The copy's values `offset .. offset + numel(shape)` (row-major) as a copy of `shape`: a
+    /// view, no data moves. `offset` must be a multiple of [`Bf16Copy::per_element`] (a packed
+    /// pair is never split; a flat parameter buffer's offsets are multiples of 64).
+    pub fn view(&self, offset: usize, shape: &[usize]) -> Result<Self> {
+        let numel: usize = shape.iter().product();
+        let whole = self.numel();
+        if !offset.is_multiple_of(self.per_element) || offset.saturating_add(numel) > whole {
+            return Err(ComputeError::NarrowOutOfRange {
+                axis: 0,
+                start: offset,
+                len: numel,
+                size: whole,
+            });
+        }
+        let start = offset / self.per_element;
+        // `offset` is a multiple of `per_element`, so the values end within the backing.
+        let len = numel.div_ceil(self.per_element);
+        Bf16Copy::new(self.backing.narrow(0, start, len)?, shape, self.per_element)
+    }
+
+    /// A tensor of the copy's shape for shape checks only: every element the backing's first
+    /// (zero strides), never read as data.
+    pub(crate) fn shape_stand_in(&self) -> Result<Tensor<S>> {
+        if self.shape.len() != 2 {
+            return Err(ComputeError::ShapeMismatch {
+                op: "matmul_bf16_rhs",
+                lhs: self.shape.as_slice().into(),
+                rhs: [0, 0][..].into(),
+            });
+        }
+        let strides = vec![0; self.shape.len()];
+        let offset = self.backing.layout().offset();
+        Tensor::from_parts(
+            self.backing.storage().clone(),
+            Layout::new(&self.shape, &strides, offset)?,
+        )
+    }
+}
+
+/// A backend's [`Bf16Copy`] of `T` elements.
+pub type BBf16<B, T> = Bf16Copy<<B as crate::backend::Backend<T>>::Storage>;
+
 /// Matrix products under a [`MathMode`] and the Linear layer on them. Implemented by the CPU
 /// backend (f32: every mode, emulated; f64: [`MathMode::F32`] only) and the CUDA backend
 /// (every mode). A backend of your own gets float32 and a typed refusal of the other modes
@@ -143,6 +246,48 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         let _ = x;
         Err(unsupported::<T>(
             "round_to_bf16",
+            MathMode::Bf16,
+            self.name(),
+        ))
+    }
+
+    /// A bf16 copy of a tensor of `shape`, uninitialised as far as the caller is concerned
+    /// (fill it with [`PrecisionOps::bf16_copy_into`]), allocated in the backend's current
+    /// allocation class. The provided body refuses (no bf16 products here).
+    fn bf16_copy_alloc(&self, shape: &[usize]) -> Result<BBf16<Self, T>> {
+        let _ = shape;
+        Err(unsupported::<T>(
+            "bf16_copy_alloc",
+            MathMode::Bf16,
+            self.name(),
+        ))
+    }
+
+    /// Writes `src` rounded to bf16 (nearest-even, as every bf16 product reads an operand)
+    /// into `dst`, of `src`'s element count. Allocates nothing: legal in a captured graph. The
+    /// provided body refuses.
+    fn bf16_copy_into(&self, src: &BTensor<Self, T>, dst: &BBf16<Self, T>) -> Result<()> {
+        let _ = (src, dst);
+        Err(unsupported::<T>(
+            "bf16_copy_into",
+            MathMode::Bf16,
+            self.name(),
+        ))
+    }
+
+    /// `op(a) · op(w)` under [`MathMode::Bf16`] with the right-hand operand given as its bf16
+    /// copy (one matrix, broadcast over `a`'s batch axes): bit for bit
+    /// `matmul_mode(a, w32, opts, MathMode::Bf16)` for the float32 `w32` the copy was made
+    /// from, without converting `w32` again. The provided body refuses.
+    fn matmul_bf16_rhs(
+        &self,
+        a: &BTensor<Self, T>,
+        w: &BBf16<Self, T>,
+        opts: MatmulOpts,
+    ) -> Result<BTensor<Self, T>> {
+        let _ = (a, w, opts);
+        Err(unsupported::<T>(
+            "matmul_bf16_rhs",
             MathMode::Bf16,
             self.name(),
         ))

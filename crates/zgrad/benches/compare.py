@@ -2,13 +2,16 @@
 """One table from the XAsset benchmark's three JSON objects of one device call (bench.sh):
 
   python3 compare.py --ours OURS.json --torch TORCH.json [--e2e E2E.json] [--ztrain LOG]
-                     [--json OUT.json]
+                     [--json OUT.json] [--precision f32|tf32|bf16]
 
 OURS is `xasset_bench`'s object, TORCH `xasset_torch.py bench --compiled --json`'s, E2E
 `xasset_e2e_torch.py --compiled --json`'s, LOG the output of a `ztrain` run (its samples/s).
 Prints a Markdown table: ours, PyTorch, torch.compile and ours / best for every row (best:
 the lower of PyTorch and torch.compile where both exist; every row is lower-is-better).
-A missing file or field shows as a dash; bad JSON is an error naming the file.
+A missing file or field shows as a dash; bad JSON is an error naming the file. With
+`--precision tf32` or `bf16` (OURS from `xasset_bench --precision P`, TORCH from
+`xasset_torch.py bench --compiled --tf32` / `--bf16`) the title names the policy and rows with
+no number on either side are left out; f32 (the default) prints the float32 table as before.
 Standard library only: runs wherever python3 does.
 """
 import argparse, json, math, re, sys
@@ -103,9 +106,18 @@ def table(ours, torch, e2e, ztrain=None):
     return out, merged
 
 
-def markdown(rows, ours, torch):
+PRECISIONS = {
+    "f32": "float32 TF32 off",
+    "tf32": "TF32 products (ours: --precision tf32; torch: allow_tf32)",
+    "bf16": "bf16 products, float32 accumulation (ours: --precision bf16; torch: autocast bf16)",
+}
+
+
+def markdown(rows, ours, torch, precision="f32"):
     head = f"{ours.get('device', '?')} / {torch.get('device', '?')}, torch {torch.get('torch', '?')}"
-    lines = [f"XAsset default size, batch {ours.get('batch', 256)}, float32 TF32 off ({head})", "",
+    if precision != "f32":
+        rows = [r for r in rows if r[1] != "-" or r[2] != "-" or r[3] != "-"]
+    lines = [f"XAsset default size, batch {ours.get('batch', 256)}, {PRECISIONS[precision]} ({head})", "",
              "| row | ours | PyTorch | torch.compile | ours / best |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {' | '.join(r)} |" for r in rows]
@@ -119,10 +131,12 @@ def main(argv=None):
     ap.add_argument("--e2e")
     ap.add_argument("--ztrain")
     ap.add_argument("--json", help="also write every row's numbers to this file")
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), default="f32",
+                    help="the policy both sides ran under (names the table)")
     a = ap.parse_args(argv)
     ours, torch, e2e = load(a.ours), load(a.torch), load(a.e2e)
     rows, merged = table(ours, torch, e2e, ztrain_rate(a.ztrain))
-    print(markdown(rows, ours, torch))
+    print(markdown(rows, ours, torch, a.precision))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(merged, f, indent=1)

@@ -13,7 +13,7 @@ Two jobs, both runnable wherever PyTorch is installed (the GPU machine has it):
   init:    python3 xasset_torch.py init OUT.safetensors --config F,S,D,H,FF[,L] --batch B --seed N
            writes a random parameter set plus x and y in the IN format above (L blocks,
            default 1: docs/xasset.md, "Depth"). The oracle reads L from the parameter names.
-  bench:   python3 xasset_torch.py bench [--json FILE] [--compiled] [--layers L] [--bf16]
+  bench:   python3 xasset_torch.py bench [--json FILE] [--compiled] [--layers L] [--bf16 | --tf32]
            times the default-size workload on the GPU: batched step (B=256) eager and as a
            CUDA graph, and the per-sample gradient-accumulation step (256 samples of B=1,
            one optimizer step) eager and with the per-sample forward+backward captured.
@@ -128,9 +128,10 @@ def init(out, cfg, batch, seed):
     save_file(t, out)
 
 
-def bench(json_path, compiled=False, layers=1, bf16=False):
+def bench(json_path, compiled=False, layers=1, bf16=False, tf32=False):
     dev = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False
+    # --tf32: float32 storage, matrix products on TF32 tensor cores (as `--precision tf32`).
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.manual_seed(0)
     model = XAsset(L=layers).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # default (foreach) eager implementation
@@ -166,7 +167,7 @@ def bench(json_path, compiled=False, layers=1, bf16=False):
         opt.step()
 
     r = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "layers": layers,
-         "precision": "bf16 autocast" if bf16 else "float32, TF32 off"}
+         "precision": "bf16 autocast" if bf16 else ("float32, TF32 on" if tf32 else "float32, TF32 off")}
     batched(); torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     batched(); torch.cuda.synchronize()
@@ -256,6 +257,8 @@ if __name__ == "__main__":
                     help="bench: XAsset blocks (docs/xasset.md, Depth)")
     ap.add_argument("--bf16", action="store_true",
                     help="bench: forward under torch.autocast(bfloat16), as mixed-precision users train")
+    ap.add_argument("--tf32", action="store_true",
+                    help="bench: float32 with TF32 matrix products (torch.backends.cuda.matmul.allow_tf32)")
     ap.add_argument("--compiled", action="store_true",
                     help="bench: also time both captured schedules with the model under torch.compile")
     a = ap.parse_args()
@@ -264,4 +267,6 @@ if __name__ == "__main__":
     elif a.job == "init":
         init(a.paths[0], [int(v) for v in a.config.split(",")], a.batch, a.seed)
     else:
-        bench(a.json, a.compiled, a.layers, a.bf16)
+        if a.bf16 and a.tf32:
+            ap.error("--bf16 and --tf32 exclude each other")
+        bench(a.json, a.compiled, a.layers, a.bf16, a.tf32)

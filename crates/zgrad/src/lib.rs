@@ -28,6 +28,7 @@ mod tape;
 mod task;
 mod trainer;
 mod var;
+mod weight_shadow;
 pub mod xasset;
 mod xasset_init;
 

@@ -13,10 +13,11 @@ use crate::error::{GradError, Result};
 use crate::leaf_grads::{LeafGrad, accumulate_leaf, accumulate_leaves};
 use crate::memory::ClassGuard;
 use crate::var::{Origin, Var, Version, new_version};
+use crate::weight_shadow::WeightShadow;
 use smallvec::{SmallVec, smallvec};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use zcompute::{AllocClass, BTensor, Element, MathMode, prelude::*};
+use zcompute::{AllocClass, BBf16, BTensor, Element, MathMode, prelude::*};
 
 static NEXT_TAPE_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -101,6 +102,9 @@ pub struct Tape<'b, B: Ops<T>, T: Element> {
     /// The arithmetic of the matrix products recorded (`linear`, `linear_add`, `matmul`, and
     /// their backward): the precision policy's (docs/precision.md); float32 unless set.
     math_mode: MathMode,
+    /// Under bf16, the step's bf16 copy of the weights (`crate::weight_shadow`): the Linear
+    /// products take a parameter's weight from it instead of converting it per call.
+    weight_shadow: Option<WeightShadow<B, T>>,
     nodes: RefCell<Vec<Option<Node<'b, B, T>>>>,
     info: RefCell<Vec<NodeInfo>>,
 }
@@ -126,6 +130,7 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
             recording,
             saved_class,
             math_mode: MathMode::F32,
+            weight_shadow: None,
             nodes: RefCell::new(Vec::new()),
             info: RefCell::new(Vec::new()),
         }
@@ -146,6 +151,23 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
     pub fn with_math_mode(mut self, mode: MathMode) -> Self {
         self.math_mode = mode;
         self
+    }
+
+    /// This tape with the Linear products' weights read from `shadow` under bf16 (the
+    /// trainer's, refreshed at the start of the step): bit for bit the per-call conversion.
+    #[must_use]
+    pub(crate) fn with_weight_shadow(mut self, shadow: Option<WeightShadow<B, T>>) -> Self {
+        self.weight_shadow = shadow;
+        self
+    }
+
+    /// `w`'s bf16 copy from the tape's shadow, when the products run under bf16 and `w` is a
+    /// parameter of the shadowed buffer.
+    pub(crate) fn bf16_weight(&self, w: &Var<B, T>) -> Option<BBf16<B, T>> {
+        if self.math_mode != MathMode::Bf16 {
+            return None;
+        }
+        self.weight_shadow.as_ref()?.of(w.value())
     }
 
     /// The arithmetic of this tape's matrix products ([`Tape::with_math_mode`]).

@@ -15,15 +15,20 @@ pub enum AllocClass {
     /// Owned by a captured graph: comes from the graph's capture reservation and lives until
     /// both the graph and the block are dropped.
     Graph,
+    /// Reduced-precision copies of persistent tensors (a bf16 step's copy of the weights its
+    /// products read, refreshed every step): lives as persistent memory does, counted apart so
+    /// a plan and a report show what mixed precision adds.
+    Shadow,
 }
 
 impl AllocClass {
     /// Every class, in index order.
-    pub const ALL: [AllocClass; 4] = [
+    pub const ALL: [AllocClass; 5] = [
         AllocClass::Scratch,
         AllocClass::Saved,
         AllocClass::Persistent,
         AllocClass::Graph,
+        AllocClass::Shadow,
     ];
 
     /// Lower-case name, as used in logs and JSON.
@@ -34,6 +39,7 @@ impl AllocClass {
             AllocClass::Saved => "saved",
             AllocClass::Persistent => "persistent",
             AllocClass::Graph => "graph",
+            AllocClass::Shadow => "shadow",
         }
     }
 
@@ -50,7 +56,7 @@ impl fmt::Display for AllocClass {
 
 /// Bytes per class.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClassBytes(pub [u64; 4]);
+pub struct ClassBytes(pub [u64; 5]);
 
 impl ClassBytes {
     /// Bytes of `class`.

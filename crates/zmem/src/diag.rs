@@ -153,7 +153,8 @@ impl Diagnostics {
         }
         let held = self.pinned_bytes
             + self.bytes_by_class.get(crate::AllocClass::Saved)
-            + self.bytes_by_class.get(crate::AllocClass::Persistent);
+            + self.bytes_by_class.get(crate::AllocClass::Persistent)
+            + self.bytes_by_class.get(crate::AllocClass::Shadow);
         if self.resets == 0 && self.allocations_since_reset > 0 && held * 2 < self.cap {
             return FillCause::NeverReset;
         }

@@ -391,11 +391,12 @@ fn schedule_name(s: TrainSchedule) -> &'static str {
 }
 
 /// The classes in the order of the table and the JSON.
-const CLASSES: [AllocClass; 4] = [
+const CLASSES: [AllocClass; 5] = [
     AllocClass::Persistent,
     AllocClass::Saved,
     AllocClass::Scratch,
     AllocClass::Graph,
+    AllocClass::Shadow,
 ];
 
 fn schedule_json<M>(plan: &MemoryPlan<M>, s: &SchedulePlan) -> serde_json::Value {
@@ -461,8 +462,8 @@ pub fn to_lines<M>(r: &PlanReport<M>) -> Vec<String> {
             req.steps
         ),
         format!(
-            "{:<11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
-            "schedule", "persistent", "saved", "scratch", "graph", "arena", "device"
+            "{:<11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+            "schedule", "persistent", "saved", "scratch", "graph", "shadow", "arena", "device"
         ),
     ];
     for s in &r.plan.schedules {

@@ -9,7 +9,8 @@ use super::CpuBackend;
 use crate::backend::{Backend, MatmulOpts};
 use crate::element::{DType, Element};
 use crate::error::Result;
-use crate::precision::{MathMode, PrecisionOps, unsupported};
+use crate::precision::{Bf16Copy, MathMode, PrecisionOps, unsupported};
+use crate::storage::CpuStorage;
 use crate::tensor::CpuTensor;
 
 /// `x` with every element rounded as `round` says: a fresh dense tensor of its shape.
@@ -69,6 +70,51 @@ impl<T: Element> PrecisionOps<T> for CpuBackend {
         crate::validate::matmul_into(a, b, opts, dst)?;
         let (a, b) = self.mode_operands("matmul_into_mode", (a, b), mode)?;
         self.matmul_into(&a, &b, opts, dst)
+    }
+
+    /// One element a value: the values rounded to bf16 and widened back.
+    fn bf16_copy_alloc(&self, shape: &[usize]) -> Result<Bf16Copy<CpuStorage<T>>> {
+        if T::DTYPE != DType::F32 {
+            return Err(unsupported::<T>(
+                "bf16_copy_alloc",
+                MathMode::Bf16,
+                Backend::<T>::name(self),
+            ));
+        }
+        let numel = crate::layout::checked_numel("bf16_copy_alloc", shape)?;
+        Bf16Copy::new(self.zeros(&[numel])?, shape, 1)
+    }
+
+    fn bf16_copy_into(&self, src: &CpuTensor<T>, dst: &Bf16Copy<CpuStorage<T>>) -> Result<()> {
+        if src.numel() != dst.numel() {
+            return Err(crate::error::ComputeError::LengthMismatch {
+                op: "bf16_copy_into",
+                expected: dst.numel(),
+                got: src.numel(),
+            });
+        }
+        let rounded = self.round_to_bf16(src)?;
+        self.copy_into(&rounded.reshape(&[src.numel()])?, dst.backing())
+    }
+
+    /// The left operand rounded as `matmul_mode` rounds it; the right one is the copy's
+    /// values, already rounded (rounding them again would change nothing).
+    fn matmul_bf16_rhs(
+        &self,
+        a: &CpuTensor<T>,
+        w: &Bf16Copy<CpuStorage<T>>,
+        opts: MatmulOpts,
+    ) -> Result<CpuTensor<T>> {
+        let w = w.backing().reshape(w.shape())?;
+        crate::validate::matmul(a, &w, opts)?;
+        if T::DTYPE != DType::F32 {
+            return Err(unsupported::<T>(
+                "matmul_bf16_rhs",
+                MathMode::Bf16,
+                Backend::<T>::name(self),
+            ));
+        }
+        self.matmul(&rounded(a, zdevice::rounding::round_to_bf16)?, &w, opts)
     }
 
     fn round_to_bf16(&self, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {

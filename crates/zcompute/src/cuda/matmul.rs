@@ -107,7 +107,7 @@ impl<D: Driver> CudaBackend<D> {
             self.fill_zero(&out)?;
             return Ok(out);
         }
-        self.gemm_to(a, b, opts, &shape, &out, 0.0, mode)?;
+        self.gemm_to(a, b, opts, &shape, &out, 0.0, mode, None)?;
         Ok(out)
     }
 
@@ -138,7 +138,7 @@ impl<D: Driver> CudaBackend<D> {
             return Ok(());
         }
         if dst.is_contiguous() {
-            return self.gemm_to(a, b, opts, &shape, dst, 1.0, mode);
+            return self.gemm_to(a, b, opts, &shape, dst, 1.0, mode, None);
         }
         let product = self.matmul_gemm_mode(a, b, opts, mode)?;
         self.add_into_fused(&product, dst)
@@ -148,9 +148,11 @@ impl<D: Driver> CudaBackend<D> {
     /// `mode`: float32 through the small-row kernel or `cublasSgemmStridedBatched`; TF32
     /// through `cublasGemmStridedBatchedEx` on the operands in place; bf16 through it on bf16
     /// copies of the operands (`cuda/precision.rs`). The small-row kernel computes in float32
-    /// only, so the reduced modes always take cuBLAS.
+    /// only, so the reduced modes always take cuBLAS. `rhs_bf16`, under bf16 only: `b` as
+    /// cuBLAS reads it, converted beforehand (`matmul_bf16_rhs`); `b` is then read for its
+    /// shape only.
     #[allow(clippy::too_many_arguments)]
-    fn gemm_to(
+    pub(super) fn gemm_to(
         &self,
         a: &CudaTensor,
         b: &CudaTensor,
@@ -159,6 +161,7 @@ impl<D: Driver> CudaBackend<D> {
         out: &CudaTensor,
         beta: f32,
         mode: MathMode,
+        rhs_bf16: Option<Operand>,
     ) -> Result<()> {
         let validate::MatmulShape { batch, m, k, n, .. } = shape;
         let (m, k, n) = (*m, *k, *n);
@@ -172,7 +175,12 @@ impl<D: Driver> CudaBackend<D> {
         }
         tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, beta, mode = mode.name(), "gemm");
         let (oa, ob) = if mode == MathMode::Bf16 {
-            (self.bf16_operand(a, batch)?, self.bf16_operand(b, batch)?)
+            let oa = self.bf16_operand(a, batch)?;
+            let ob = match rhs_bf16 {
+                Some(ob) => ob,
+                None => self.bf16_operand(b, batch)?,
+            };
+            (oa, ob)
         } else {
             (self.operand(a, batch)?, self.operand(b, batch)?)
         };
@@ -208,7 +216,7 @@ impl<D: Driver> CudaBackend<D> {
         }
     }
 
-    fn fill_zero(&self, t: &CudaTensor) -> Result<()> {
+    pub(super) fn fill_zero(&self, t: &CudaTensor) -> Result<()> {
         let p = self.ptr(OP, t)?;
         self.inner
             .device

@@ -301,6 +301,7 @@ impl<D: Driver> CudaBackend<D> {
             match class {
                 None | Some(AllocClass::Saved) => arena.alloc_saved(bytes),
                 Some(AllocClass::Persistent) => arena.alloc_persistent(bytes),
+                Some(AllocClass::Shadow) => arena.alloc_shadow(bytes),
                 Some(AllocClass::Scratch) => match lock(&self.inner.step).as_ref() {
                     Some(step) => step.alloc_scratch(bytes),
                     None => return Err(ComputeError::NoOpenStep { op }),

@@ -6,14 +6,15 @@
 //! in stream order once the product is queued; in a capture it comes from the reservation as
 //! every temporary does, so the captured product allocates nothing at replay.
 
+use super::CudaStorage;
 use super::kernels::{self, Args, Kernel, ptr, u64a};
 use super::matmul::Operand;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, MatmulOpts};
 use crate::error::Result;
 use crate::layout::checked_numel;
-use crate::precision::{MathMode, PrecisionOps};
-use crate::validate::split_matrix;
+use crate::precision::{Bf16Copy, MathMode, PrecisionOps};
+use crate::validate::{self, split_matrix};
 use zdevice::Driver;
 
 impl<D: Driver> CudaBackend<D> {
@@ -85,6 +86,78 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             MathMode::F32 => self.matmul_into(a, b, opts, dst),
             MathMode::Tf32 | MathMode::Bf16 => self.matmul_into_gemm_mode(a, b, opts, dst, mode),
         }
+    }
+
+    /// Two bf16 values a float, as `bf16_operand`'s temporaries hold them.
+    fn bf16_copy_alloc(&self, shape: &[usize]) -> Result<Bf16Copy<CudaStorage>> {
+        const OP: &str = "bf16_copy_alloc";
+        let n = checked_numel(OP, shape)?;
+        Bf16Copy::new(self.alloc(OP, &[n.div_ceil(2)])?, shape, 2)
+    }
+
+    /// One launch of the conversion `bf16_operand` runs, into the copy's backing instead of a
+    /// temporary: the same bits.
+    fn bf16_copy_into(&self, src: &CudaTensor, dst: &Bf16Copy<CudaStorage>) -> Result<()> {
+        const OP: &str = "bf16_copy_into";
+        let n = src.numel();
+        if n != dst.numel() {
+            return Err(crate::error::ComputeError::LengthMismatch {
+                op: OP,
+                expected: dst.numel(),
+                got: n,
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let src = self.dense(OP, src)?;
+        let args: Args = [
+            ptr(self.ptr(OP, dst.backing())?),
+            ptr(self.ptr(OP, &src)?),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(OP, Kernel::F32ToBf16, kernels::elementwise_config(n), &args)
+    }
+
+    /// `matmul_gemm_mode` under bf16 with `w`'s converted matrix as the right operand, read as
+    /// `bf16_operand` would have made it (row-major, one matrix: batch stride 0).
+    fn matmul_bf16_rhs(
+        &self,
+        a: &CudaTensor,
+        w: &Bf16Copy<CudaStorage>,
+        opts: MatmulOpts,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "matmul";
+        let stand_in = w.shape_stand_in()?;
+        let shape = validate::matmul(a, &stand_in, opts)?;
+        let out = self.alloc(OP, &shape.out)?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        if shape.k == 0 {
+            self.fill_zero(&out)?;
+            return Ok(out);
+        }
+        let rhs = Operand {
+            ptr: self.ptr(OP, w.backing())?,
+            _keep: w.backing().clone(),
+            col_major: false,
+            ld: w.shape()[1].max(1),
+            batch_stride: 0,
+        };
+        self.gemm_to(
+            a,
+            &stand_in,
+            opts,
+            &shape,
+            &out,
+            0.0,
+            MathMode::Bf16,
+            Some(rhs),
+        )?;
+        Ok(out)
     }
 
     fn round_to_bf16(&self, x: &CudaTensor) -> Result<CudaTensor> {

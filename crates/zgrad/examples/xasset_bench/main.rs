@@ -30,9 +30,12 @@
 //!   `reset_peak_memory_stats`); the cuBLAS workspace the device reserved at open is beside.
 //!
 //! `cargo run --release -p zgrad --features gpu --example xasset_bench [-- --iters N]
-//! [--runs R] [--only batched|per-sample] [--layers L]` (`--only` times one schedule, e.g. to
-//! profile it alone; the other's fields print as null; `--layers` the number of encoder
-//! blocks, default 1, as `xasset_torch.py bench --layers L`).
+//! [--runs R] [--only batched|per-sample] [--layers L] [--precision f32|tf32|bf16]` (`--only`
+//! times one schedule, e.g. to profile it alone; the other's fields print as null; `--layers`
+//! the number of encoder blocks, default 1, as `xasset_torch.py bench --layers L`;
+//! `--precision` every trainer's policy, `TrainerConfig::precision`, default f32: under
+//! `tf32` or `bf16` the object gains a `"precision"` field naming it, as
+//! `xasset_torch.py bench --tf32` / `--bf16` name theirs; under f32 it is as before).
 #![allow(clippy::print_stdout)]
 
 mod timing;
@@ -42,7 +45,9 @@ use timing::{Error, EventPair, Json, median, median_of, wall_ms};
 use zcompute::CudaBackend;
 use zdevice::{CudaDriver, Device, DeviceConfig, DeviceError};
 use zgrad::rng::SplitMix64;
-use zgrad::{PinnedBatch, ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{
+    PinnedBatch, Precision, ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+};
 use zmem::{Arena, ArenaConfig};
 
 type Gpu = CudaBackend<CudaDriver>;
@@ -57,6 +62,8 @@ struct Bench {
     y: Vec<f32>,
     iters: usize,
     runs: usize,
+    /// Every trainer's precision policy (`--precision`).
+    precision: Precision,
 }
 
 impl Bench {
@@ -74,6 +81,7 @@ impl Bench {
         let cfg = TrainerConfig {
             schedule,
             capture,
+            precision: self.precision,
             ..TrainerConfig::default()
         };
         Ok(Trainer::new(self.gpu.clone(), model, cfg)?)
@@ -272,6 +280,11 @@ fn main() -> Result<(), Error> {
         return Err(format!("--only takes batched or per-sample, not {o}").into());
     }
     let want = |s: &str| only.as_deref().is_none_or(|o| o == s);
+    let precision = match arg("--precision") {
+        None => Precision::F32,
+        Some(name) => Precision::from_name(&name)
+            .ok_or_else(|| format!("--precision takes f32, tf32 or bf16, not {name}"))?,
+    };
     let layers: usize = arg("--layers").map(|v| v.parse()).transpose()?.unwrap_or(1);
     if layers == 0 {
         return Err("--layers takes a positive count".into());
@@ -304,6 +317,9 @@ fn main() -> Result<(), Error> {
     out.raw("batch", BATCH);
     out.raw("iters", iters);
     out.raw("runs", runs);
+    if precision != Precision::F32 {
+        out.str("precision", precision.name());
+    }
     out.raw(
         "blas_workspace_MiB",
         format!(
@@ -318,6 +334,7 @@ fn main() -> Result<(), Error> {
         y,
         iters,
         runs,
+        precision,
     };
     if want("batched") {
         batched(&b, &mut out)?;

@@ -15,11 +15,17 @@ use super::only;
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{Activation, BTensor, Element, MathMode, MatmulOpts, prelude::*};
+use zcompute::{Activation, BBf16, BTensor, Element, MathMode, MatmulOpts, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
 const NAME: &str = "linear";
+
+/// `x · wᵀ`: the forward product.
+const NT: MatmulOpts = MatmulOpts {
+    trans_a: false,
+    trans_b: true,
+};
 
 /// `gzᵀ · x`: the weight's gradient.
 const TN: MatmulOpts = MatmulOpts {
@@ -41,6 +47,9 @@ struct LinearBackward<B: Ops<T>, T: Element> {
     residual: bool,
     /// The products' arithmetic, as the forward ran.
     mode: MathMode,
+    /// Under bf16, the weight's copy from the tape's shadow (when the input needs a gradient):
+    /// `gz · w` reads it instead of converting the weight again.
+    w_bf16: Option<BBf16<B, T>>,
 }
 
 impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
@@ -74,9 +83,10 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
         let gx = match &self.w {
             Some(w) if self.needs[0] => {
                 let w = w.get(NAME)?;
-                Some(match self.mode {
-                    MathMode::F32 => b.matmul(&gz, w, MatmulOpts::default())?,
-                    mode => b.matmul_mode(&gz, w, MatmulOpts::default(), mode)?,
+                Some(match (self.mode, &self.w_bf16) {
+                    (MathMode::F32, _) => b.matmul(&gz, w, MatmulOpts::default())?,
+                    (_, Some(copy)) => b.matmul_bf16_rhs(&gz, copy, MatmulOpts::default())?,
+                    (mode, None) => b.matmul_mode(&gz, w, MatmulOpts::default(), mode)?,
                 })
             }
             _ => None,
@@ -147,9 +157,23 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
             Some(y) => (Activation::Tanh, Some(y.get(NAME)?)),
             None => (Activation::Identity, None),
         };
-        let gx = match self.mode {
-            MathMode::F32 => b.linear_backward_into(g, x, w, (act, y), (dw, db))?,
-            mode => b.linear_backward_into_mode(g, x, w, (act, y), (dw, db), mode)?,
+        let gx = match (self.mode, &self.w_bf16, w) {
+            (MathMode::F32, ..) => b.linear_backward_into(g, x, w, (act, y), (dw, db))?,
+            // `PrecisionOps::linear_backward_into_mode`'s steps in its order, the input's
+            // gradient on the weight's copy.
+            (mode, Some(copy), Some(_)) => {
+                let gz = match y {
+                    Some(y) => b.tanh_backward(g, y)?,
+                    None => g.clone(),
+                };
+                let gx = b.matmul_bf16_rhs(&gz, copy, MatmulOpts::default())?;
+                b.matmul_into_mode(&gz, x, TN, dw, mode)?;
+                if let Some(db) = db {
+                    b.sum_rows_into(&gz, db)?;
+                }
+                Some(gx)
+            }
+            (mode, ..) => b.linear_backward_into_mode(g, x, w, (act, y), (dw, db), mode)?,
         };
         Ok(Some(self.with_residual(g, vec![gx, None, None])))
     }
@@ -208,17 +232,26 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
         inputs.extend(residual);
         let tracked = self.tracks(NAME, &inputs)?;
         let mode = self.math_mode();
-        let y = self.run(tracked, |b| match (residual, mode) {
-            (Some(r), MathMode::F32) => {
+        let w_bf16 = self.bf16_weight(w);
+        let y = self.run(tracked, |b| match (residual, mode, w_bf16.as_ref()) {
+            // Under bf16 with the weight's copy: `linear_mode`'s steps, the product on the copy.
+            (residual, MathMode::Bf16, Some(copy)) => {
+                let z = b.bias_act(&b.matmul_bf16_rhs(&x.value, copy, NT)?, &bias.value, act)?;
+                match residual {
+                    Some(r) => b.add(&z, &r.value),
+                    None => Ok(z),
+                }
+            }
+            (Some(r), MathMode::F32, _) => {
                 b.linear_add(&x.value, &w.value, &bias.value, act, &r.value)
             }
-            (None, MathMode::F32) => b.linear(&x.value, &w.value, &bias.value, act),
+            (None, MathMode::F32, _) => b.linear(&x.value, &w.value, &bias.value, act),
             // The residual added in float32 after the product under the mode.
-            (Some(r), mode) => b.add(
+            (Some(r), mode, _) => b.add(
                 &b.linear_mode(&x.value, &w.value, &bias.value, act, mode)?,
                 &r.value,
             ),
-            (None, mode) => b.linear_mode(&x.value, &w.value, &bias.value, act, mode),
+            (None, mode, _) => b.linear_mode(&x.value, &w.value, &bias.value, act, mode),
         })?;
         if !tracked {
             return Ok(self.constant(y));
@@ -232,6 +265,7 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
             needs,
             residual: residual.is_some(),
             mode,
+            w_bf16: w_bf16.filter(|_| needs[0]),
         };
         Ok(self.push1(Box::new(node), &inputs, y, version))
     }

@@ -9,6 +9,7 @@ use crate::model::Model;
 use crate::optim::{OptimizerTensors, clip_by_norm, clip_grad_norm, grad_norm, zero_grad};
 use crate::tape::Tape;
 use crate::var::Var;
+use crate::weight_shadow::WeightShadow;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use zcompute::{BTensor, ComputeError, Element, prelude::*};
@@ -27,6 +28,9 @@ pub(crate) struct StepParts<B: Ops<T>, T: Element, M: Model<B, T>> {
     pub unprotected: bool,
     /// The products' arithmetic under `TrainerConfig::precision` (every training tape's).
     pub math_mode: zcompute::MathMode,
+    /// Under bf16, the weights' bf16 copy the tapes' Linear products read (refreshed at the
+    /// start of every step: `refresh_weight_copy`); none under float32 and TF32.
+    pub weight_shadow: Option<WeightShadow<B, T>>,
     /// The collective and this rank's share of the batch (a single process by default).
     pub dist: Dist<B, T>,
 }
@@ -41,6 +45,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> Clone for StepParts<B, T, M> {
             clip: self.clip,
             unprotected: self.unprotected,
             math_mode: self.math_mode,
+            weight_shadow: self.weight_shadow.clone(),
             dist: self.dist.clone(),
         }
     }
@@ -54,6 +59,25 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             Tape::new(b)
         };
         tape.with_math_mode(self.math_mode)
+            .with_weight_shadow(self.weight_shadow.clone())
+    }
+
+    /// A no-grad tape whose products run under the policy, as training's do: evaluation and
+    /// `predict` see the model the policy trains. Its weights convert per call (evaluation
+    /// reads no copy, so it needs no refresh and can never read a stale one); under float32
+    /// it is `Tape::no_grad` itself.
+    pub fn eval_tape<'b>(&self, b: &'b B) -> Tape<'b, B, T> {
+        Tape::no_grad(b).with_math_mode(self.math_mode)
+    }
+
+    /// Converts the parameters into their bf16 copy (one launch; nothing without a copy).
+    /// Every step does it before its first product, so the copy is never older than the
+    /// parameters, whatever wrote them since the last step.
+    pub fn refresh_weight_copy(&self, b: &B) -> Result<()> {
+        match &self.weight_shadow {
+            Some(shadow) => shadow.refresh(b),
+            None => Ok(()),
+        }
     }
 
     /// Forward and backward of the model's mean loss over `x`'s samples, the loss multiplied by `scale`
@@ -114,6 +138,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         x: &Var<B, T>,
         y: &Var<B, T>,
     ) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
+        self.refresh_weight_copy(b)?;
         zero_grad(b, &self.params)?;
         let (loss, norm) = if self.dist.single() {
             (self.forward_backward(b, x, y, None)?, None)

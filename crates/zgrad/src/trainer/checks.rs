@@ -6,7 +6,6 @@ use super::{Trainer, in_step};
 use crate::error::{GradError, NonFiniteKind, Result};
 use crate::model::Model;
 use crate::optim::{grad_norm, zero_grad};
-use crate::tape::Tape;
 use zcompute::{Capture, Element};
 
 /// Refuses a non-finite loss (first) or gradient norm.
@@ -97,7 +96,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 )?;
                 let value = match kind {
                     NonFiniteKind::Loss => {
-                        let tape = Tape::no_grad(b);
+                        let tape = self.parts.eval_tape(b);
                         let (loss, _) = self.parts.model.loss(&tape, &xs, &ys)?;
                         loss.to_vec(b)?
                     }

@@ -7,7 +7,6 @@ use super::metrics::report_of;
 use super::{Trainer, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
-use crate::tape::Tape;
 use crate::task::Task;
 use crate::var::Var;
 use zcompute::{Capture, Element};
@@ -30,7 +29,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             let outputs = in_step(b, || {
                 let shape = Task::batched(len, &sample);
                 let xs = Var::constant(b.upload(&x[start * per..(start + len) * per], &shape)?);
-                let tape = Tape::no_grad(b);
+                let tape = self.parts.eval_tape(b);
                 let o = self.parts.model.logits(&tape, &xs)?;
                 task.check_output(o.shape(), len)?;
                 o.to_vec(b)
@@ -91,7 +90,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                     &y[start * per_target..(start + len) * per_target],
                     &Task::batched(len, &task.target_shape()),
                 )?;
-                let tape = Tape::no_grad(b);
+                let tape = self.parts.eval_tape(b);
                 let o = self.parts.model.logits(&tape, &Var::constant(xs))?;
                 task.check_output(o.shape(), len)?;
                 Ok(b.download(&chunk_stats(b, &task, o.value(), &ys)?)?)

@@ -92,9 +92,10 @@ impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
     /// One chunk: gather row `cursor` (and its targets'), the outputs (checked against the
     /// model's task), their statistics or the outputs themselves scattered into row `cursor`
     /// (advancing it). Legal inside a capture.
-    fn run<M: Model<B, T>>(&self, b: &B, model: &M) -> Result<()> {
+    fn run<M: Model<B, T>>(&self, b: &B, model: &M, mode: zcompute::MathMode) -> Result<()> {
         b.gather_row(&self.table, &self.cursor, &self.input)?;
-        let tape = Tape::no_grad(b);
+        // The products under the trainer's policy (`Trainer::eval_tape`'s rule).
+        let tape = Tape::no_grad(b).with_math_mode(mode);
         let logits = model.logits(&tape, &Var::constant(self.input.clone()))?;
         let len = self.input.shape()[0];
         let task = model.task();
@@ -415,7 +416,7 @@ fn eval_pass<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
         for _ in 0..group.chunks {
             in_step(&**b, || match exec.as_deref_mut() {
                 Some(exec) => eval_chunk(b, parts, exec, n, group),
-                None => group.io.run(&**b, &parts.model),
+                None => group.io.run(&**b, &parts.model, parts.math_mode),
             })?;
         }
     }
@@ -450,12 +451,13 @@ fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
         |_, _| Ok(()),
         |_, _| {
             let (b, model, io) = (Rc::clone(b), parts.model.clone(), group.io.clone());
+            let mode = parts.math_mode;
             Ok(Recording {
-                body: Box::new(move || io.run(&*b, &model)),
+                body: Box::new(move || io.run(&*b, &model, mode)),
                 inputs: None,
             })
         },
-        |_, _| group.io.run(&**b, &parts.model),
+        |_, _| group.io.run(&**b, &parts.model, parts.math_mode),
     )
     .map(|_| ())
     .map_err(|e| e.into_error())

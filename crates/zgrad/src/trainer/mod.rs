@@ -90,8 +90,9 @@ pub struct TrainerConfig {
     /// Samples per chunk in `evaluate`.
     pub eval_batch: usize,
     /// The training step's precision policy (docs/precision.md): the matrix products of the
-    /// forward and backward (Linear layers, `Tape::matmul`) under `Precision::math_mode`;
-    /// parameters, gradients, AdamW, norms, softmax, losses and evaluation stay float32.
+    /// forward and backward (Linear layers, `Tape::matmul`) under `Precision::math_mode`, and
+    /// those of evaluation (`evaluate`, `predict`, the device evaluation) too; parameters,
+    /// gradients, AdamW, norms, softmax and losses stay float32.
     /// `F32` (the default) is the float32 step bit for bit. A backend that cannot run the
     /// policy is refused by `Trainer::new` (`PrecisionUnsupported`).
     pub precision: Precision,
@@ -99,6 +100,11 @@ pub struct TrainerConfig {
     /// `testing` feature (tests enable it; a release build of `ztrain` has no such switch).
     #[cfg(any(test, feature = "testing"))]
     pub unprotected_saved_tensors: bool,
+    /// REFERENCE ONLY: under bf16, convert each Linear weight on every product call (the path
+    /// before the weights' bf16 copy, `crate::weight_shadow`), to check the copy against it
+    /// bit for bit. Only with the `testing` feature.
+    #[cfg(any(test, feature = "testing"))]
+    pub bf16_weights_per_call: bool,
 }
 
 impl TrainerConfig {
@@ -112,6 +118,18 @@ impl TrainerConfig {
     #[cfg(not(any(test, feature = "testing")))]
     fn saved_tensors_unprotected(&self) -> bool {
         false
+    }
+
+    /// Whether a bf16 step keeps a bf16 copy of the weights (always, but for the reference).
+    #[cfg(any(test, feature = "testing"))]
+    fn bf16_weight_copy(&self) -> bool {
+        self.precision == Precision::Bf16 && !self.bf16_weights_per_call
+    }
+
+    /// Whether a bf16 step keeps a bf16 copy of the weights: always under bf16.
+    #[cfg(not(any(test, feature = "testing")))]
+    fn bf16_weight_copy(&self) -> bool {
+        self.precision == Precision::Bf16
     }
 }
 
@@ -129,6 +147,8 @@ impl Default for TrainerConfig {
             precision: Precision::F32,
             #[cfg(any(test, feature = "testing"))]
             unprotected_saved_tensors: false,
+            #[cfg(any(test, feature = "testing"))]
+            bf16_weights_per_call: false,
         }
     }
 }
@@ -213,6 +233,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             let _class = ClassGuard::new(&*backend, AllocClass::Persistent);
             (backend.zeros(&[2])?, backend.full(&[], T::ONE)?)
         };
+        let weight_shadow = weight_shadow(&*backend, &model, &config)?;
         Ok(Trainer {
             parts: StepParts {
                 model,
@@ -222,6 +243,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 clip: config.clip_grad.map(T::from_f64),
                 unprotected: config.saved_tensors_unprotected(),
                 math_mode: config.precision.math_mode(),
+                weight_shadow,
                 dist: distributed::Dist::single_process(&*backend)?,
             },
             backend,
@@ -488,6 +510,26 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Reads `[loss, norm]` back and refuses non-finite values.
     fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
         batched::read_stats(&*self.backend, &self.parts, step)
+    }
+}
+
+/// Under bf16, the bf16 copy of the model's flat parameter buffer the step's Linear products
+/// read their weights from (`crate::weight_shadow`); none under float32 and TF32, and none
+/// for a model whose parameters are not one flat buffer (its products convert per call).
+fn weight_shadow<B: zcompute::Ops<T>, T: Element, M: Model<B, T>>(
+    b: &B,
+    model: &M,
+    config: &TrainerConfig,
+) -> Result<Option<crate::weight_shadow::WeightShadow<B, T>>> {
+    if !config.bf16_weight_copy() {
+        return Ok(None);
+    }
+    match model.parameter_set() {
+        Ok(set) => Ok(Some(crate::weight_shadow::WeightShadow::new(
+            b,
+            set.values(),
+        )?)),
+        Err(_) => Ok(None),
     }
 }
 

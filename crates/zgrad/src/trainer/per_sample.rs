@@ -250,6 +250,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// step scope (a failed capture that left nothing done restarts the batch).
     fn run_samples(&mut self, parts: &StepParts<B, T, M>, batch: usize) -> Result<()> {
         let b = Rc::clone(&self.backend);
+        // Once a step, before the samples' products (eager: the samples' graphs read it).
+        parts.refresh_weight_copy(&*b)?;
         zero_grad(&*b, &parts.params)?;
         let mut i = 0;
         while i < batch {

@@ -321,6 +321,29 @@ macro_rules! suite {
             );
         }
         #[test]
+        fn the_bf16_weight_copy_equals_converting_per_call_bitwise() {
+            let (_guard, b) = $make();
+            for fixture in ["tiny", "deep2", "deep3"] {
+                crate::support::precision_step::bf16_weight_copy_equals_per_call_bitwise(
+                    &b, fixture,
+                );
+            }
+        }
+        #[test]
+        fn bf16_evaluation_is_near_float32_and_not_equal() {
+            let (_guard, b) = $make();
+            for capture in [false, true] {
+                crate::support::precision_step::bf16_evaluation_is_near_float32_and_not_equal(
+                    &b, capture,
+                );
+            }
+        }
+        #[test]
+        fn the_bf16_weight_copy_follows_loaded_parameters() {
+            let (_guard, b) = $make();
+            crate::support::precision_step::bf16_weight_copy_follows_loaded_parameters(&b);
+        }
+        #[test]
         fn negative_control_scratch_saved_tensors_break() {
             let (_guard, b) = $make();
             super::negative_control_scratch_saved_tensors_break(b);

@@ -595,3 +595,54 @@ mod gpu {
         assert!(within_2_percent(planned.arena_bytes, real.arena_bytes));
     }
 }
+
+/// Under bf16 the weights' bf16 copy is planned in a class of its own (`shadow`): two bytes
+/// a value of the flat parameter buffer (rounded up to the arena's alignment), in both
+/// schedules, eager and captured, as the computing simulator's run holds it; float32 and TF32
+/// hold none, and bf16 adds nothing to the persistent class.
+#[rstest]
+fn a_bf16_plan_counts_the_weight_copy_in_its_own_class(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+) {
+    use zgrad::Precision;
+    let model = XAssetConfig {
+        layers: 2,
+        ..tiny()
+    };
+    let request_of = |precision| {
+        let mut req = request(model, 4, capture, small_arena());
+        req.trainer.precision = precision;
+        req
+    };
+    let planned = |precision| {
+        zgrad::plan(&request_of(precision))
+            .expect("plan")
+            .schedule(schedule)
+            .expect("both schedules are planned")
+            .clone()
+    };
+    let values = XAsset::<zcompute::CpuBackend, f32>::init(&zcompute::CpuBackend, model, 7)
+        .expect("model")
+        .flat_parameters()
+        .expect("one flat buffer")
+        .numel() as u64;
+    let (f32_plan, tf32_plan, bf16_plan) = (
+        planned(Precision::F32),
+        planned(Precision::Tf32),
+        planned(Precision::Bf16),
+    );
+    let shadow = bf16_plan.peak.get(AllocClass::Shadow);
+    assert!(
+        (2 * values..2 * values + 256).contains(&shadow),
+        "{shadow} bytes for {values} values: {bf16_plan:?}"
+    );
+    assert_eq!(f32_plan.peak.get(AllocClass::Shadow), 0, "{f32_plan:?}");
+    assert_eq!(tf32_plan.peak.get(AllocClass::Shadow), 0, "{tf32_plan:?}");
+    assert_eq!(
+        bf16_plan.peak.get(AllocClass::Persistent),
+        f32_plan.peak.get(AllocClass::Persistent)
+    );
+    let real = real_run(computing_sim(), &request_of(Precision::Bf16), schedule);
+    assert_eq!(bf16_plan, real, "plan vs real run under bf16");
+}

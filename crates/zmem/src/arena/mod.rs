@@ -201,6 +201,12 @@ impl<D: Driver> Arena<D> {
         self.shared.alloc(AllocClass::Persistent, bytes)
     }
 
+    /// Allocates a block of the shadow class (a reduced-precision copy of persistent
+    /// tensors): held as a persistent block is, counted apart.
+    pub fn alloc_shadow(&self, bytes: u64) -> MemResult<Block> {
+        self.shared.alloc(AllocClass::Shadow, bytes)
+    }
+
     /// The block's address, checked: `UseAfterReclaim` if its memory was reclaimed,
     /// `ForeignBlock` if another arena issued it.
     pub fn resolve(&self, block: &Block) -> MemResult<zdevice::DevicePtr> {

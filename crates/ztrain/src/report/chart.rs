@@ -15,8 +15,9 @@ use super::esc;
 pub const MAX_COLUMNS: usize = 1500;
 
 /// Classes stacked from the bottom, with their colours.
-pub const STACK: [(AllocClass, &str); 4] = [
+pub const STACK: [(AllocClass, &str); 5] = [
     (AllocClass::Persistent, "#4e79a7"),
+    (AllocClass::Shadow, "#76b7b2"),
     (AllocClass::Saved, "#f28e2b"),
     (AllocClass::Scratch, "#59a14f"),
     (AllocClass::Graph, "#b07aa1"),

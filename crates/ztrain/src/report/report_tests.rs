@@ -12,7 +12,7 @@ fn rec(step: u64, scratch: u64, saved: u64, persistent: u64, overflow: u64) -> S
         overflow_calls: u64::from(overflow > 0),
         ..StepRecord::default()
     };
-    r.peak_by_class.0 = [scratch, saved, persistent, 0];
+    r.peak_by_class.0 = [scratch, saved, persistent, 0, 0];
     r.peak_bytes = scratch + saved + persistent;
     r
 }

@@ -181,3 +181,42 @@ fn plan_counts_every_block() {
     ]);
     assert!(text(&o).0.contains("XAsset L=3 D=64"), "{:?}", text(&o));
 }
+
+/// Under `--precision bf16` the plan holds the weights' bf16 copy in a class of its own
+/// (`shadow`, two bytes a parameter value), in the table and the JSON; float32 holds none.
+#[test]
+fn a_bf16_plan_shows_the_weight_copy_as_its_own_class() {
+    let args = |precision: &'static str| {
+        [
+            "--plan",
+            "--json",
+            "--device",
+            "sim",
+            "--width",
+            "64",
+            "--ff",
+            "128",
+            "--batch",
+            "16",
+            "--precision",
+            precision,
+        ]
+    };
+    for (precision, holds_copy) in [("bf16", true), ("f32", false)] {
+        let plan = json_of(&args(precision));
+        let schedules = plan["schedules"].as_array().expect("schedules");
+        assert_eq!(schedules.len(), 2, "{plan}");
+        for s in schedules {
+            let shadow = s["peak_bytes"]["shadow"].as_u64().expect("a shadow class");
+            assert_eq!(shadow > 0, holds_copy, "{precision}: {s}");
+        }
+    }
+    let table: Vec<&str> = args("bf16")
+        .into_iter()
+        .filter(|a| *a != "--json")
+        .collect();
+    let o = ztrain(&table);
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("shadow"), "{stdout}");
+}

@@ -5,7 +5,9 @@
 
 use crate::common::SimBackend;
 use crate::support::precision_step::{
-    bf16_step_is_near_float32_and_not_equal, captured_equals_eager_bitwise,
+    bf16_evaluation_is_near_float32_and_not_equal, bf16_step_is_near_float32_and_not_equal,
+    bf16_weight_copy_equals_per_call_bitwise, bf16_weight_copy_follows_loaded_parameters,
+    captured_equals_eager_bitwise,
 };
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -22,6 +24,25 @@ fn a_bf16_step_on_the_cpu_is_near_float32_and_not_equal() {
 #[test]
 fn captured_bf16_steps_on_the_cpu_equal_eager_ones_bitwise() {
     captured_equals_eager_bitwise(&CpuBackend, Precision::Bf16);
+}
+
+#[test]
+fn the_bf16_weight_copy_on_the_cpu_equals_converting_per_call_bitwise() {
+    for fixture in ["tiny", "deep2", "deep3"] {
+        bf16_weight_copy_equals_per_call_bitwise(&CpuBackend, fixture);
+    }
+}
+
+#[test]
+fn the_bf16_weight_copy_on_the_cpu_follows_loaded_parameters() {
+    bf16_weight_copy_follows_loaded_parameters(&CpuBackend);
+}
+
+#[test]
+fn bf16_evaluation_on_the_cpu_is_near_float32_and_not_equal() {
+    for capture in [false, true] {
+        bf16_evaluation_is_near_float32_and_not_equal(&CpuBackend, capture);
+    }
 }
 
 #[test]

@@ -37,25 +37,50 @@ pub fn run<B: Capture<f32> + Clone + 'static>(
     (schedule, capture, precision): (TrainSchedule, bool, Precision),
     steps: usize,
 ) -> Run {
-    let path = crate::support::fixtures::fixture(&format!("xasset_{fixture}_in.safetensors"));
-    let input: TensorFile<f32> = read_tensors(&path).unwrap();
-    let x = &input.tensors["x"];
-    let (xs, ys) = (&x.data, &input.tensors["y"].data);
-    let model = XAsset::from_tensors(b, &input, &path).unwrap();
     let cfg = TrainerConfig {
         schedule,
         capture,
         precision,
         ..TrainerConfig::default()
     };
-    let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-    let mut losses = Vec::new();
-    for k in 0..steps {
-        let scaled: Vec<f32> = xs.iter().map(|v| v * (1.0 + 0.1 * k as f32)).collect();
-        let r = t.train_batch(&scaled, ys, x.shape[0]).unwrap();
-        assert_eq!(r.captured, capture, "capture works on this backend");
-        losses.push(r.loss.to_bits());
-    }
+    run_config(b, fixture, cfg, steps)
+}
+
+/// The fixture's batch (`x` values, `y` values, rows).
+fn batch(fixture: &str) -> (Vec<f32>, Vec<f32>, usize) {
+    let path = crate::support::fixtures::fixture(&format!("xasset_{fixture}_in.safetensors"));
+    let input: TensorFile<f32> = read_tensors(&path).unwrap();
+    let x = &input.tensors["x"];
+    (x.data.clone(), input.tensors["y"].data.clone(), x.shape[0])
+}
+
+/// A trainer of `cfg` on the fixture's parameters.
+fn trainer<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    fixture: &str,
+    cfg: TrainerConfig,
+) -> Trainer<B, f32> {
+    let path = crate::support::fixtures::fixture(&format!("xasset_{fixture}_in.safetensors"));
+    let input: TensorFile<f32> = read_tensors(&path).unwrap();
+    let model = XAsset::from_tensors(b, &input, &path).unwrap();
+    Trainer::new(b.clone(), model, cfg).unwrap()
+}
+
+/// One step on the fixture's batch scaled by `scale`; its loss's bits.
+fn step<B: Capture<f32> + Clone + 'static>(
+    t: &mut Trainer<B, f32>,
+    (xs, ys, rows): &(Vec<f32>, Vec<f32>, usize),
+    scale: f32,
+    capture: bool,
+) -> u64 {
+    let scaled: Vec<f32> = xs.iter().map(|v| v * scale).collect();
+    let r = t.train_batch(&scaled, ys, *rows).unwrap();
+    assert_eq!(r.captured, capture, "capture works on this backend");
+    r.loss.to_bits()
+}
+
+/// What the trainer's model holds now: `losses` as given, every gradient and parameter.
+fn state<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B, f32>, losses: Vec<u64>) -> Run {
     let named = t.model().named_parameters();
     Run {
         losses,
@@ -64,6 +89,109 @@ pub fn run<B: Capture<f32> + Clone + 'static>(
             .map(|(n, p)| (n.clone(), b.download(p.grad().unwrap()).unwrap()))
             .collect(),
         params: named.iter().map(|(_, p)| p.to_vec(b).unwrap()).collect(),
+    }
+}
+
+/// `run` under a whole trainer configuration.
+pub fn run_config<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    fixture: &str,
+    cfg: TrainerConfig,
+    steps: usize,
+) -> Run {
+    let data = batch(fixture);
+    let mut t = trainer(b, fixture, cfg);
+    let losses = (0..steps)
+        .map(|k| step(&mut t, &data, 1.0 + 0.1 * k as f32, cfg.capture))
+        .collect();
+    state(b, &t, losses)
+}
+
+/// Two runs equal bit for bit: losses, last gradients, parameters after.
+fn assert_bitwise(what: &str, a: &Run, b: &Run) {
+    assert_eq!(a.losses, b.losses, "{what}: losses");
+    for ((name, ga), (_, gb)) in a.grads.iter().zip(&b.grads) {
+        assert_eq!(bits(ga), bits(gb), "{what}: grad.{name}");
+    }
+    for (pa, pb) in a.params.iter().zip(&b.params) {
+        assert_eq!(bits(pa), bits(pb), "{what}: parameters");
+    }
+}
+
+/// Under bf16 the Linear products read their weights from the trainer's bf16 copy of the
+/// parameters (converted once a step); converting each weight on every product call instead
+/// (the reference, `bf16_weights_per_call`) gives the same bits: two steps (the second
+/// reads a copy refreshed from the updated parameters; captured, it replays the graph) of
+/// each schedule, eager and captured, on the fixture: losses, gradients, parameters after
+/// AdamW.
+pub fn bf16_weight_copy_equals_per_call_bitwise<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    fixture: &str,
+) {
+    for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
+        for capture in [false, true] {
+            let what = format!("{fixture} {schedule:?} captured {capture}");
+            let cfg = TrainerConfig {
+                schedule,
+                capture,
+                precision: Precision::Bf16,
+                ..TrainerConfig::default()
+            };
+            let copy = run_config(b, fixture, cfg, 2);
+            let per_call = TrainerConfig {
+                bf16_weights_per_call: true,
+                ..cfg
+            };
+            let reference = run_config(b, fixture, per_call, 2);
+            assert_bitwise(&what, &copy, &reference);
+        }
+    }
+}
+
+/// The bf16 copy is never older than the parameters: a bf16 trainer that took a step and
+/// then loaded a checkpoint another run wrote takes its next step exactly as a trainer made
+/// from that run's parameters (its copy made from them) that loaded the same checkpoint (loss,
+/// gradients, parameters after), both schedules, eager and captured (the first trainer's
+/// graph, captured before the load, replays after it). A copy refreshed only when the trainer
+/// is made, or only after its own updates, would still hold the first trainer's weights.
+pub fn bf16_weight_copy_follows_loaded_parameters<B: Capture<f32> + Clone + 'static>(b: &B) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = batch("tiny");
+    let fixture = crate::support::fixtures::fixture("xasset_tiny_in.safetensors");
+    for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
+        for capture in [false, true] {
+            let what = format!("{schedule:?} captured {capture}");
+            let cfg = TrainerConfig {
+                schedule,
+                capture,
+                precision: Precision::Bf16,
+                ..TrainerConfig::default()
+            };
+            let path = dir.path().join(format!("{schedule:?}-{capture}.st"));
+            let mut writer = trainer(b, "tiny", cfg);
+            step(&mut writer, &data, 1.0, capture);
+            step(&mut writer, &data, 1.3, capture);
+            writer
+                .save_checkpoint(&path, std::collections::HashMap::new())
+                .unwrap();
+
+            let mut resumed = trainer(b, "tiny", cfg);
+            step(&mut resumed, &data, 0.7, capture);
+            resumed.load_checkpoint(&path).unwrap();
+            let loss = step(&mut resumed, &data, 1.2, capture);
+            let resumed = state(b, &resumed, vec![loss]);
+
+            let written = TensorFile {
+                tensors: writer.model().to_host(b).unwrap().into_iter().collect(),
+                metadata: std::collections::HashMap::new(),
+            };
+            let model = XAsset::from_tensors(b, &written, &fixture).unwrap();
+            let mut fresh = Trainer::new(b.clone(), model, cfg).unwrap();
+            fresh.load_checkpoint(&path).unwrap();
+            let loss = step(&mut fresh, &data, 1.2, capture);
+            let fresh = state(b, &fresh, vec![loss]);
+            assert_bitwise(&what, &resumed, &fresh);
+        }
     }
 }
 
@@ -124,12 +252,85 @@ pub fn captured_equals_eager_bitwise<B: Capture<f32> + Clone + 'static>(
         let what = format!("{} {schedule:?}", precision.name());
         let eager = run(b, "tiny", (schedule, false, precision), 3);
         let captured = run(b, "tiny", (schedule, true, precision), 3);
-        assert_eq!(eager.losses, captured.losses, "{what}: losses");
-        for ((name, ge), (_, gc)) in eager.grads.iter().zip(&captured.grads) {
-            assert_eq!(bits(ge), bits(gc), "{what}: grad.{name}");
-        }
-        for (pe, pc) in eager.params.iter().zip(&captured.params) {
-            assert_eq!(bits(pe), bits(pc), "{what}: parameters");
+        assert_bitwise(&what, &eager, &captured);
+    }
+}
+
+/// The model's outputs under bf16 evaluation against float32's (‖Δ‖/‖o‖) within this: one
+/// forward of rounded products (measured: about 1e-3 on the fixtures).
+pub const BF16_OUTPUT_REL: f64 = 2e-2;
+
+/// Evaluation runs under the trainer's policy: on the fixture's batch, a bf16 trainer's
+/// `predict` and `evaluate` (host) and its device evaluation (`load_validation` then
+/// `evaluate_validation`, captured as the trainer captures) are near float32's and not equal
+/// to them (the products really ran in bf16), host and device agreeing bit for bit; a float32
+/// trainer's `predict` is a plain no-grad forward's bits (float32 evaluation unchanged).
+pub fn bf16_evaluation_is_near_float32_and_not_equal<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    capture: bool,
+) {
+    let (xs, ys, rows) = batch("tiny");
+    let make = |precision| {
+        let cfg = TrainerConfig {
+            capture,
+            precision,
+            ..TrainerConfig::default()
+        };
+        trainer(b, "tiny", cfg)
+    };
+    let (mut f32_t, mut bf16_t) = (make(Precision::F32), make(Precision::Bf16));
+    let (pf, pb) = (
+        f32_t.predict(&xs, rows).unwrap(),
+        bf16_t.predict(&xs, rows).unwrap(),
+    );
+    assert_ne!(bits(&pf), bits(&pb), "bf16 outputs are float32's");
+    let e = rel(&pb, &pf);
+    assert!(e <= BF16_OUTPUT_REL, "outputs {e:e} from float32");
+
+    let plain = zgrad::in_step(b, || {
+        let tape = zgrad::Tape::no_grad(b);
+        let shape = [rows, xs.len() / rows];
+        let sample = zgrad::Model::sample_shape(f32_t.model(), shape[1]).unwrap();
+        let mut full = vec![rows];
+        full.extend(sample);
+        let x = zgrad::Var::constant(b.upload(&xs, &full)?);
+        zgrad::Model::logits(f32_t.model(), &tape, &x)?.to_vec(b)
+    })
+    .unwrap();
+    assert_eq!(
+        bits(&pf),
+        bits(&plain),
+        "float32 predict is a plain forward"
+    );
+
+    let (ef, eb) = (
+        f32_t.evaluate(&xs, &ys).unwrap(),
+        bf16_t.evaluate(&xs, &ys).unwrap(),
+    );
+    assert_ne!(
+        ef.loss.to_bits(),
+        eb.loss.to_bits(),
+        "bf16 loss is float32's"
+    );
+    let loss_rel = ((eb.loss - ef.loss) / ef.loss).abs();
+    assert!(
+        loss_rel <= BF16_LOSS_REL,
+        "loss {} vs {} ({loss_rel:e})",
+        eb.loss,
+        ef.loss
+    );
+
+    for (t, host) in [(&mut f32_t, &ef), (&mut bf16_t, &eb)] {
+        t.load_validation(&xs, &ys, rows).unwrap();
+        for _ in 0..2 {
+            let on_device = t.evaluate_validation().unwrap();
+            assert_eq!(
+                on_device.loss.to_bits(),
+                host.loss.to_bits(),
+                "device evaluation vs host ({} vs {})",
+                on_device.loss,
+                host.loss
+            );
         }
     }
 }
