@@ -15,7 +15,7 @@ use crate::step::TrainBackend;
 
 /// The checkpoint of the run as it is now.
 pub fn checkpoint_of<B: TrainBackend>(
-    learner: &Trainer<B>,
+    learner: &Trainer<B, f32, XAsset<B>>,
     progress: &Progress,
     config: &serde_json::Value,
     backend: &str,
@@ -91,7 +91,7 @@ pub struct ResumeAt<'a> {
 /// when the checkpoint's run is already finished; `--epochs` below the checkpoint's is an
 /// error.
 pub fn resume<B: TrainBackend>(
-    learner: &mut Trainer<B>,
+    learner: &mut Trainer<B, f32, XAsset<B>>,
     path: &Path,
     at: &ResumeAt<'_>,
     out: &mut Console<'_>,

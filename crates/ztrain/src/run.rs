@@ -16,6 +16,7 @@ use open::open_backend;
 use setup::{
     checkpoint_limit, feed_of, header, host_data_of, load_data, new_learner, start, validation_of,
 };
+use zgrad::XAsset;
 
 use std::io::Write;
 use std::rc::Rc;
@@ -288,7 +289,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
     };
     let concluded = conclude(
         &b,
-        &run.learner,
+        &mut run.learner,
         &run.feed,
         ctx,
         out,
@@ -307,7 +308,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
 #[allow(clippy::too_many_arguments)]
 fn conclude<B: TrainBackend + MemorySource>(
     b: &B,
-    learner: &Trainer<B>,
+    learner: &mut Trainer<B, f32, XAsset<B>>,
     feed: &Feed<B>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use zcompute::units::Bytes;
-use zgrad::{Trainer, XAssetConfig};
+use zgrad::{Trainer, XAsset, XAssetConfig};
 
 use crate::console::Console;
 use crate::error::Result;
@@ -68,7 +68,7 @@ pub(crate) struct End<'a> {
     pub(crate) started: Instant,
     pub(crate) steps: u64,
     /// The samples this run trained on (resumed ones not counted) and the time spent in
-    /// `train_batch` on them.
+    /// a host `step` on them.
     pub(crate) training: Throughput,
     pub(crate) ended: Ended,
     pub(crate) soak: Option<&'a Soak>,
@@ -122,7 +122,7 @@ fn host_data_fact(d: &crate::data::held::HostData) -> String {
 
 pub(crate) fn finish<B: TrainBackend + MemorySource>(
     b: &B,
-    learner: &Trainer<B>,
+    learner: &Trainer<B, f32, XAsset<B>>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
     end: &End<'_>,

@@ -37,7 +37,7 @@ use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
 /// What a graph is of. With the row shape its entry records, what decides the graph's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum GraphKey {
-    /// `train_batch`'s batched step: rows from host slices or pinned memory alike (both refill
+    /// a host `step`'s batched step: rows from host slices or pinned memory alike (both refill
     /// its static inputs).
     Batched,
     /// One sample of the per-sample schedule, read from the slots' table through an index in
@@ -45,7 +45,7 @@ pub(super) enum GraphKey {
     Sample,
     /// A queued batched step on rows gathered from the device data set (`load_data`).
     QueuedDevice,
-    /// A queued batched step on rows copied from a pinned batch (`queue_pinned`).
+    /// A queued batched step on rows copied from a pinned batch (`queue` of a pinned batch).
     QueuedPinned,
     /// Chunk group `n` of the validation set on the device (a full chunk's, then the last's).
     EvalChunk(usize),
@@ -322,7 +322,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
         }
     }
 
-    /// The door of the resident replay (`Trainer::replay_resident`): the graph held for
+    /// The door of the resident replay (a step from the held batch): the graph held for
     /// `key`, holding step `step`'s update, replays whatever the policy says (capture off
     /// after a failure included); nothing is captured or run eagerly.
     pub(super) fn replay_held(

@@ -1,13 +1,13 @@
 //! How the run's steps get their rows: gathered on the device from the training set uploaded
-//! once (`queue_rows`), or, when it stays on the host, copied into one of two pinned batches
-//! in turn and queued from there (`queue_pinned`: the host stages step k + 1 while the device
+//! once (`queue` of loaded rows), or, when it stays on the host, copied into one of two pinned batches
+//! in turn and queued from there (`queue` of a pinned batch: the host stages step k + 1 while the device
 //! runs step k); either way read back every `--readback-every` steps. The rows are the
-//! data-order generator's, so both give the losses of `train_batch` on the same rows, bit for
+//! data-order generator's, so both give the losses of a host `step` on the same rows, bit for
 //! bit, and a checkpoint of one resumes in the other.
 
 use std::time::{Duration, Instant};
 
-use zgrad::{PinnedBatch, StepReport, Trainer};
+use zgrad::{EvalSource, PinnedBatch, StepReport, StepSource, Trainer, XAsset};
 
 use super::Samples;
 use crate::step::TrainBackend;
@@ -40,7 +40,7 @@ impl<B: TrainBackend> Feed<B> {
     /// Puts `train_set` on the device (`on_device`), else makes the two pinned batches of
     /// `batch` samples each; out of memory is the backend's error, nothing trained yet.
     pub fn new(
-        learner: &mut Trainer<B>,
+        learner: &mut Trainer<B, f32, XAsset<B>>,
         train_set: &Samples,
         on_device: bool,
         batch: usize,
@@ -67,7 +67,7 @@ impl<B: TrainBackend> Feed<B> {
     /// window's, when this step fills it).
     pub fn step(
         &mut self,
-        learner: &mut Trainer<B>,
+        learner: &mut Trainer<B, f32, XAsset<B>>,
         train_set: &Samples,
         rows: &[usize],
     ) -> zgrad::Result<Vec<StepReport>> {
@@ -89,9 +89,9 @@ impl<B: TrainBackend> Feed<B> {
                     }
                 })?;
                 *filled += t0.elapsed();
-                learner.queue_pinned(batch, rows.len(), *every)
+                learner.queue(StepSource::pinned(batch, rows.len()), *every)
             }
-            Feed::Device { every } => learner.queue_rows(rows, *every),
+            Feed::Device { every } => learner.queue(StepSource::loaded(rows), *every),
         }
     }
 
@@ -100,7 +100,7 @@ impl<B: TrainBackend> Feed<B> {
     /// there, put up once a read-back window (`Trainer::plan_rows`). From the host: nothing.
     pub fn plan(
         &self,
-        learner: &mut Trainer<B>,
+        learner: &mut Trainer<B, f32, XAsset<B>>,
         rest: &[usize],
         batch: usize,
     ) -> zgrad::Result<()> {
@@ -131,14 +131,17 @@ impl<B: TrainBackend> Feed<B> {
     }
 
     /// Every step not read back yet.
-    pub fn flush(&self, learner: &mut Trainer<B>) -> zgrad::Result<Vec<StepReport>> {
+    pub fn flush(
+        &self,
+        learner: &mut Trainer<B, f32, XAsset<B>>,
+    ) -> zgrad::Result<Vec<StepReport>> {
         learner.drain()
     }
 
     /// Whether the last step completed a read-back window (or nothing is queued): the same
     /// steps on every rank of a job, so the ranks agree on stops there, once a window.
     #[must_use]
-    pub fn settled(&self, learner: &Trainer<B>) -> bool {
+    pub fn settled(&self, learner: &Trainer<B, f32, XAsset<B>>) -> bool {
         learner.filling() == 0
     }
 
@@ -147,11 +150,11 @@ impl<B: TrainBackend> Feed<B> {
     /// `evaluate` of the host copy.
     pub fn evaluate_train(
         &self,
-        learner: &Trainer<B>,
+        learner: &mut Trainer<B, f32, XAsset<B>>,
         train_set: &Samples,
     ) -> zgrad::Result<zgrad::EvalReport> {
         match self {
-            Feed::Device { .. } => learner.evaluate_loaded(),
+            Feed::Device { .. } => learner.evaluate(EvalSource::Loaded),
             Feed::Host { .. } => evaluate_samples(learner, train_set),
         }
     }
@@ -162,14 +165,14 @@ impl<B: TrainBackend> Feed<B> {
 /// report are bitwise `evaluate`'s of the pre-cut windows), or all at once in a job of several
 /// ranks (each evaluates its shard of them).
 pub fn evaluate_samples<B: TrainBackend>(
-    learner: &Trainer<B>,
+    learner: &mut Trainer<B, f32, XAsset<B>>,
     samples: &Samples,
 ) -> zgrad::Result<zgrad::EvalReport> {
     let windows = match samples {
         Samples::Windows(w) if learner.rank_info().world == 1 => w,
         _ => {
             let rows = samples.rows();
-            return learner.evaluate(&rows.x, &rows.y);
+            return learner.evaluate(EvalSource::Host(&rows.x, &rows.y));
         }
     };
     let n = windows.len;

@@ -4,7 +4,7 @@ use super::Context;
 use std::time::Instant;
 
 use zcompute::units::Bytes;
-use zgrad::{StepReport, Trainer};
+use zgrad::{EvalSource, StepReport, Trainer, XAsset};
 
 use crate::checkpoint::Progress;
 use crate::console::Console;
@@ -40,7 +40,7 @@ fn rank_error(ctx: &Context<'_>, e: zgrad::GradError) -> TrainError {
 /// The epochs of a run and what they carry from step to step.
 pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
     pub(super) b: &'a B,
-    pub(super) learner: Trainer<B>,
+    pub(super) learner: Trainer<B, f32, XAsset<B>>,
     pub(super) progress: Progress,
     pub(super) rng: Rng,
     pub(super) feed: Feed<B>,
@@ -220,7 +220,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         self.training.add(chunk.len(), queued - t0);
         if let (Some(t), Some(start)) = (self.timeline.as_mut(), mark) {
             let times = StepTimes {
-                step: self.learner.step(),
+                step: self.learner.step_count(),
                 samples: chunk.len(),
                 host: queued - t0,
                 fill: self.feed.take_fill(),
@@ -253,7 +253,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         let options = self.ctx.options;
         absorb(tally, reports);
         self.record(reports)?;
-        self.progress.step = self.learner.step();
+        self.progress.step = self.learner.step_count();
         self.progress.position += chunk.len() as u64;
         if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {
             s.samples.push(sample_memory(self.b, self.progress.step));
@@ -319,14 +319,14 @@ fn epoch_line<B: MemorySource>(
 /// Loss and accuracy over `data` in no-grad mode (`None` for an empty set): on the device when
 /// the validation set was put there (`validation_of`), else from the host.
 pub(crate) fn evaluate<B: TrainBackend>(
-    learner: &mut Trainer<B>,
+    learner: &mut Trainer<B, f32, XAsset<B>>,
     data: &Samples,
 ) -> Result<Option<Tally>> {
     if data.is_empty() {
         return Ok(None);
     }
     let e = if learner.validation_rows().is_some() {
-        learner.evaluate_validation()?
+        learner.evaluate(EvalSource::Validation)?
     } else {
         crate::data::feed::evaluate_samples(learner, data)?
     };

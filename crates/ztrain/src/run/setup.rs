@@ -109,7 +109,7 @@ fn train_set_bytes(train_set: &Samples, ctx: &Context<'_>) -> u64 {
 
 /// Where the training set lives (`--data-on`), loaded there, said in one line.
 pub(super) fn feed_of<B: TrainBackend>(
-    learner: &mut Trainer<B>,
+    learner: &mut Trainer<B, f32, XAsset<B>>,
     train_set: &Samples,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
@@ -151,7 +151,7 @@ pub(super) fn feed_of<B: TrainBackend>(
 /// Puts the validation set on the device when it fits beside the training set
 /// (`placement::validation_on_device`), said in one line; else it is evaluated from the host.
 pub(super) fn validation_of<B: TrainBackend>(
-    learner: &mut Trainer<B>,
+    learner: &mut Trainer<B, f32, XAsset<B>>,
     val_set: &Samples,
     train_set: &Samples,
     feed: &Feed<B>,
@@ -185,7 +185,7 @@ pub(super) fn validation_of<B: TrainBackend>(
 
 /// What the run holds on the host for its data (`held`), said in one line.
 pub(super) fn host_data_of<B: TrainBackend>(
-    learner: &Trainer<B>,
+    learner: &Trainer<B, f32, XAsset<B>>,
     train_set: &Samples,
     val_set: &Samples,
     feed: &Feed<B>,
@@ -210,7 +210,7 @@ pub(super) fn new_learner<B: TrainBackend>(
     ctx: &Context<'_>,
     n_train: usize,
     limit: u64,
-) -> Result<Trainer<B>> {
+) -> Result<Trainer<B, f32, XAsset<B>>> {
     let config = ctx.config;
     let model_config: XAssetConfig = config.model;
     let steps_per_epoch = n_train.div_ceil(config.batch) as u64;
@@ -236,7 +236,7 @@ pub(super) fn new_learner<B: TrainBackend>(
 /// Where the run starts: under `--resume`, the checkpoint's place (the learner restored from
 /// it); else step 0 with the first epoch's order drawn from the seed.
 pub(super) fn start<B: TrainBackend>(
-    learner: &mut Trainer<B>,
+    learner: &mut Trainer<B, f32, XAsset<B>>,
     ctx: &Context<'_>,
     config_json: &serde_json::Value,
     n_train: usize,

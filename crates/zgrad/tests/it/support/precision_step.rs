@@ -3,7 +3,9 @@
 //! `fixtures` module.
 
 use zcompute::Capture;
-use zgrad::{Precision, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors};
+use zgrad::{
+    Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+};
 
 /// ‖got − want‖ / ‖want‖.
 fn rel(got: &[f32], want: &[f32]) -> f64 {
@@ -52,7 +54,7 @@ pub fn run<B: Capture<f32> + Clone + 'static>(
     let mut losses = Vec::new();
     for k in 0..steps {
         let scaled: Vec<f32> = xs.iter().map(|v| v * (1.0 + 0.1 * k as f32)).collect();
-        let r = t.train_batch(&scaled, ys, x.shape[0]).unwrap();
+        let r = t.step(StepSource::host(&scaled, ys, x.shape[0])).unwrap();
         assert_eq!(r.captured, capture, "capture works on this backend");
         losses.push(r.loss.to_bits());
     }
