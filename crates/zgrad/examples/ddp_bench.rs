@@ -285,7 +285,7 @@ fn rows(
 /// Events around one all-reduce of the flat gradient buffer (eager, on the engine stream).
 fn allreduce_ms(gpu: &Gpu, comm: &Comm, iters: usize) -> Result<f64, Error> {
     let t = trainer(gpu, Some(comm), false, GradSync::AfterBackward)?;
-    let grads = t.gradients()?;
+    let grads = t.model().flat_gradients()?;
     let ev = EventPair::new(gpu)?;
     median_of(5, iters, || {
         ev.start()?;

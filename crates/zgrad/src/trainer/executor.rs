@@ -27,12 +27,11 @@
 
 use super::body::{ErrorSlot, into_body_error, take_body_error};
 use crate::error::{Applied, GradError, Result};
-use crate::memory::ClassGuard;
 use crate::optim::Optimizer;
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
+use zcompute::{Capture, Element, GraphPool, prelude::*};
 
 /// What a graph is of. With the row shape its entry records, what decides the graph's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,18 +69,10 @@ impl<B: Ops<T>, T: Element> StaticInputs<B, T> {
     /// Zeros of `x` and `y` shapes in persistent memory (they outlive every step).
     pub(super) fn zeros(b: &B, x: &[usize], y: &[usize]) -> Result<Self> {
         Ok(StaticInputs {
-            x: Var::constant(persistent_zeros(b, x)?),
-            y: Var::constant(persistent_zeros(b, y)?),
+            x: Var::constant(crate::memory::persistent_zeros(b, x)?),
+            y: Var::constant(crate::memory::persistent_zeros(b, y)?),
         })
     }
-}
-
-pub(super) fn persistent_zeros<B: Ops<T>, T: Element>(
-    b: &B,
-    shape: &[usize],
-) -> Result<BTensor<B, T>> {
-    let _class = ClassGuard::new(b, AllocClass::Persistent);
-    Ok(b.zeros(shape)?)
 }
 
 /// Set by a body just before its first update kernel: a failure after it may have moved some

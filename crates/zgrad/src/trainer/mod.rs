@@ -50,15 +50,14 @@ use crate::schedule::LrSchedule;
 use body::StepParts;
 use source::{From, HostSlices, PinnedRows, Shard, Source};
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, MatmulOpts};
+use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
 pub use eval_device::validation_data_bytes;
 pub use metrics::{EvalReport, RegressionMetrics};
 pub use phases::HostPhases;
-pub use resident::ReplayMark;
-pub use source::{EvalSource, PinnedBatch, StepSource};
+pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};
 pub use step_table::step_table_bytes;
 
 /// How a batch becomes one optimiser step (docs/xasset.md, "Two training schedules").
@@ -249,23 +248,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     #[must_use]
     pub fn model(&self) -> &M {
         &self.parts.model
-    }
-
-    /// The model's flat parameter and gradient buffers (`Model::parameter_set`).
-    pub fn parameter_set(&self) -> Result<crate::optim::ParameterSet<B, T>> {
-        self.parts.model.parameter_set()
-    }
-
-    /// The flat gradient buffer every parameter's gradient is a view of: after a step's
-    /// backward it holds the whole model's gradient, and the data-parallel collective
-    /// all-reduces this one buffer (in place; the optimiser then reads it).
-    pub fn gradients(&self) -> Result<BTensor<B, T>> {
-        self.parts.model.flat_gradients()
-    }
-
-    /// The flat parameter buffer every parameter is a view of.
-    pub fn flat_parameters(&self) -> Result<BTensor<B, T>> {
-        self.parts.model.flat_parameters()
     }
 
     #[must_use]

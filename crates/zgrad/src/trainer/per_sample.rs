@@ -18,10 +18,11 @@
 //! (`StepParts::reduce_samples`): one collective a step.
 
 use super::body::StepParts;
-use super::executor::{Eager, GraphKey, Ran, Recording, Request, persistent_zeros};
+use super::executor::{Eager, GraphKey, Ran, Recording, Request};
 use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step};
 use crate::error::{GradError, NonFiniteKind, Result};
+use crate::memory::persistent_zeros;
 use crate::model::Model;
 use crate::optim::zero_grad;
 use crate::var::Var;

@@ -5,21 +5,12 @@
 
 use super::checks;
 use super::executor::GraphKey;
+use super::source::ReplayMark;
 use super::{StepReport, TrainSchedule, Trainer, in_step_split};
 use crate::error::{Applied, GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
 use zcompute::{Capture, Element};
-
-/// Where a step from the held batch (`StepSource::held`) is: just before or just after it queued the replay of
-/// the captured batched step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplayMark {
-    /// The learning rate and step count are in place; nothing of the step is queued yet.
-    Before,
-    /// The whole step (forward, backward, norm, gated AdamW) is queued; nothing was read back.
-    After,
-}
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The captured step of the configured schedule once a step captured it: the whole

@@ -5,13 +5,22 @@
 //! rows of a host-side batch, which they upload into their own tensors. Where an evaluation's
 //! samples come from is an [`EvalSource`].
 
-use super::ReplayMark;
 use super::staging::{Landed, Staging};
 use crate::error::{GradError, Result};
 use std::borrow::Cow;
 use std::ops::Range;
 use std::rc::Rc;
 use zcompute::{BTensor, Element, PinnedHost, PinnedSlice, prelude::*};
+
+/// Where a step from the held batch (`StepSource::held`) is: just before or just after it queued the replay of
+/// the captured batched step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayMark {
+    /// The learning rate and step count are in place; nothing of the step is queued yet.
+    Before,
+    /// The whole step (forward, backward, norm, gated AdamW) is queued; nothing was read back.
+    After,
+}
 
 /// Where the rows of one optimiser step come from (`Trainer::step`, `Trainer::queue`).
 pub struct StepSource<'a, B: Ops<T>, T: Element>(pub(super) From<'a, B, T>);

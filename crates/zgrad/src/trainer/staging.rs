@@ -49,8 +49,8 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
         let slots = (0..2)
             .map(|_| {
                 let landing = Landing {
-                    x: super::executor::persistent_zeros(b, shape)?,
-                    y: super::executor::persistent_zeros(b, &shape[..1])?,
+                    x: crate::memory::persistent_zeros(b, shape)?,
+                    y: crate::memory::persistent_zeros(b, &shape[..1])?,
                     free: b.copy_mark()?,
                 };
                 b.mark_engine(&landing.free)?;

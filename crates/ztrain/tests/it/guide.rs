@@ -320,7 +320,7 @@ mod own_model {
             assert_eq!(r.captured, capture, "the step ran captured when asked");
             losses.push(r.loss);
         }
-        Ok((losses, b.download(&trainer.flat_parameters()?)?))
+        Ok((losses, b.download(&trainer.model().flat_parameters()?)?))
     }
 
     fn two_ranks(schedule: TrainSchedule, capture: bool) -> Result<[Run; 2], AnyError> {

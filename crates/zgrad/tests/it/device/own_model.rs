@@ -45,7 +45,7 @@ fn values<B: Capture<f32> + 'static>(t: &Trainer<B, f32, Mlp<B, f32>>) -> Vec<u3
 
 fn grads<B: Capture<f32> + 'static>(t: &Trainer<B, f32, Mlp<B, f32>>) -> Vec<f32> {
     t.backend()
-        .download(&t.gradients().expect("flat gradients"))
+        .download(&t.model().flat_gradients().expect("flat gradients"))
         .expect("download")
 }
 
@@ -271,7 +271,7 @@ fn a_model_with_a_repeated_name_or_a_constant_is_refused() {
 #[test]
 fn own_model_parameters_are_one_flat_buffer() {
     let t = trainer(CpuBackend, TrainerConfig::default());
-    let set = t.parameter_set().expect("one flat set");
+    let set = t.model().parameter_set().expect("one flat set");
     let numel: usize = t
         .model()
         .parameters()
@@ -280,7 +280,10 @@ fn own_model_parameters_are_one_flat_buffer() {
         .sum();
     assert_eq!(numel, HIDDEN * S * F + HIDDEN + HIDDEN + 1);
     assert!(set.len() >= numel);
-    assert_eq!(t.flat_parameters().expect("flat").numel(), set.len());
+    assert_eq!(
+        t.model().flat_parameters().expect("flat").numel(),
+        set.len()
+    );
 }
 
 /// The other sources for the own model: a pinned batch and the captured step replayed on the

@@ -113,10 +113,16 @@ fn train<B: Capture<f32> + 'static>(b: B, schedule: TrainSchedule, capture: bool
         assert_eq!((r.captured, r.samples), (capture, BATCH), "step {k}");
         run.losses.push(r.loss);
         if k == 0 {
-            run.first_grad = t.backend().download(&t.gradients().unwrap()).unwrap();
+            run.first_grad = t
+                .backend()
+                .download(&t.model().flat_gradients().unwrap())
+                .unwrap();
         }
-        run.params
-            .push(t.backend().download(&t.flat_parameters().unwrap()).unwrap());
+        run.params.push(
+            t.backend()
+                .download(&t.model().flat_parameters().unwrap())
+                .unwrap(),
+        );
     }
     run
 }

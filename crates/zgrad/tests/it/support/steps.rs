@@ -32,7 +32,8 @@ pub fn param_bits<B: Capture<f32> + Clone + 'static>(
     b: &B,
     t: &Trainer<B, f32, XAsset<B>>,
 ) -> Vec<u32> {
-    t.flat_parameters()
+    t.model()
+        .flat_parameters()
         .and_then(|p| Ok(b.download(&p)?))
         .expect("parameters")
         .iter()

@@ -212,10 +212,10 @@ fn captured_runs_are_bitwise_identical_and_keep_the_padding_zero() {
             let r = t.step(StepSource::host(&x, &y, 4)).expect("step");
             assert!(r.captured || step == 0, "step {step} replayed a graph");
         }
-        let set = t.parameter_set().expect("flat");
+        let set = t.model().parameter_set().expect("flat");
         let params = t.model().parameters();
-        let values = b.download(&t.flat_parameters().unwrap()).unwrap();
-        let grads = b.download(&t.gradients().unwrap()).unwrap();
+        let values = b.download(&t.model().flat_parameters().unwrap()).unwrap();
+        let grads = b.download(&t.model().flat_gradients().unwrap()).unwrap();
         padding_is_zero(&values, &params, set.offsets());
         padding_is_zero(&grads, &params, set.offsets());
         for (p, &off) in params.iter().zip(set.offsets()) {

@@ -37,7 +37,7 @@ fn trainer<B: Capture<f32> + Clone + 'static>(
 }
 
 fn params<B: Capture<f32> + 'static>(b: &B, t: &Trainer<B, f32, XAsset<B>>) -> Vec<u32> {
-    let flat = t.flat_parameters().unwrap();
+    let flat = t.model().flat_parameters().unwrap();
     b.download(&flat)
         .unwrap()
         .iter()
