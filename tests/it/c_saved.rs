@@ -78,7 +78,7 @@ pub fn gradients_agree_at_every_batch<D: Driver>(dev: CudaBackend<D>, size: Size
         set_parameters(&runs.dev_bt, &params);
         set_parameters(&runs.cpu_ps, &params);
         set_parameters(&runs.cpu_bt, &params);
-        let [loss, ..] = runs.step(StepSource::host(x, y, size.batch));
+        let [loss, ..] = runs.train_batch(x, y, size.batch);
         let (g_dps, g_dbt) = (gradients(&runs.dev_ps), gradients(&runs.dev_bt));
         let (g_cps, g_cbt) = (gradients(&runs.cpu_ps), gradients(&runs.cpu_bt));
         let head = |g: &[(String, Vec<f32>)]| {
@@ -142,7 +142,7 @@ pub fn trajectories_agree<D: Driver>(dev: CudaBackend<D>, size: Size) {
     let (mut first, mut last) = (0.0, 0.0);
     for k in 0..size.batches {
         let (x, y) = batch(&size, &ds, k);
-        let losses = runs.step(StepSource::host(x, y, size.batch));
+        let losses = runs.train_batch(x, y, size.batch);
         for l in &losses[1..] {
             assert!(
                 (l - losses[0]).abs() <= 1e-3 * losses[0].abs(),
