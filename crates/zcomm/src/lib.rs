@@ -117,6 +117,13 @@ pub trait Collective<B: Backend<T>, T: Element> {
     /// which step each replay is).
     fn set_step(&self, _step: u64) {}
 
+    /// The training thread enters (`Some(what)`) or leaves (`None`) a phase of its own, with
+    /// no step and no collective in it (the checkpoint written, an evaluation on the host):
+    /// a watchdog does not take it for a stall however long it lasts ([`Watched`]), though a
+    /// collective called inside it is watched as anywhere. The caller drains its collectives
+    /// first, so nothing of another rank is left on its streams while the phase runs.
+    fn set_local_phase(&self, _phase: Option<&'static str>) {}
+
     /// The first failure of an asynchronous collective (a peer stalled, gave up or vanished),
     /// handed out once: the typed error to report instead of the device error it caused.
     fn take_failure(&self) -> Option<CommError> {

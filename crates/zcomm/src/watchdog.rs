@@ -20,8 +20,14 @@
 //! within the timeout, before the launcher's grace (the timeout plus 5 s) runs out.
 //!
 //! The watchdog arms at the first step ([`Collective::set_step`]): the set-up before it has
-//! deadlines of its own. Every phase between two steps (evaluation, a checkpoint) already had to
-//! fit in the timeout, since the other ranks' next collective waits that long for this one.
+//! deadlines of its own. A phase of the training thread's own, between drained steps (the
+//! checkpoint written, an evaluation on the host: [`Collective::set_local_phase`]), is not a
+//! stall however long it lasts, outside the collectives called in it; the other ranks' next
+//! collective still waits at most its own deadline for this one.
+//!
+//! With [`Watched::polling`] it also reads the transport's asynchronous error at every poll
+//! (NCCL's `ncclCommGetAsyncError`, never waiting for a call in progress), and aborts at once
+//! on one: a training thread blocked in a launch returns before the timeout, with that error.
 
 use crate::error::{CommError, Result};
 use crate::{Collective, RankInfo};
@@ -33,6 +39,16 @@ use zcompute::{BTensor, Backend, Element};
 
 /// Aborts a rank's communicators from the watchdog's thread: must not block on the device.
 pub type AbortFn = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Reads a transport's asynchronous error from the watchdog's thread (NCCL's
+/// `ncclCommGetAsyncError`): must never wait for the training thread.
+struct Poll(Box<dyn Fn() -> Option<CommError> + Send + Sync>);
+
+impl std::fmt::Debug for Poll {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Poll")
+    }
+}
 
 /// What the watchdog found when it fired.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,9 +67,19 @@ pub struct Stalled {
 struct Shared {
     ticks: AtomicU64,
     armed: AtomicBool,
+    /// The watchdog's polls so far (tests count them, never the clock).
+    polls: AtomicU64,
     step: AtomicU64,
     op: Mutex<Option<&'static str>>,
+    /// In a phase of its own (`set_local_phase`): not a stall while outside a collective.
+    local: AtomicBool,
     fired: Mutex<Option<Stalled>>,
+    /// The transport's asynchronous error reader ([`Watched::polling`]).
+    poll: Mutex<Option<Poll>>,
+    /// The asynchronous error the watchdog read (it aborted then), until handed out.
+    async_error: Mutex<Option<CommError>>,
+    /// An asynchronous error was read: no more reads.
+    async_seen: AtomicBool,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -69,6 +95,16 @@ impl Shared {
 
     fn fired(&self) -> Option<Stalled> {
         lock(&self.fired).clone()
+    }
+
+    /// One read of the transport's asynchronous error, until one is seen.
+    fn read_async_error(&self) -> Option<CommError> {
+        if self.async_seen.load(Ordering::Acquire) {
+            return None;
+        }
+        let e = lock(&self.poll).as_ref().and_then(|p| (p.0)())?;
+        self.async_seen.store(true, Ordering::Release);
+        Some(e)
     }
 }
 
@@ -137,8 +173,18 @@ fn watch(shared: &Shared, rank: usize, timeout: Duration, poll: Duration, abort:
                 return;
             }
         }
+        shared.polls.fetch_add(1, Ordering::AcqRel);
+        let armed = shared.armed.load(Ordering::Acquire);
+        if armed && let Some(e) = shared.read_async_error() {
+            let why = format!("rank {rank}: the transport failed on its own threads: {e}");
+            tracing::error!(target: "zcomm.watchdog.async", rank, error = %e, "asynchronous error: aborting the communicators from the watchdog thread");
+            *lock(&shared.async_error) = Some(e);
+            abort(&why);
+        }
+        // Outside a collective call, a phase of the thread's own is not a stall.
+        let local = shared.local.load(Ordering::Acquire) && lock(&shared.op).is_none();
         let now = shared.ticks.load(Ordering::Acquire);
-        if now != last || !shared.armed.load(Ordering::Acquire) {
+        if now != last || !armed || local {
             last = now;
             since = Instant::now();
             continue;
@@ -204,6 +250,21 @@ impl<C> Watched<C> {
         })
     }
 
+    /// Also reads the transport's asynchronous error (`poll`, NCCL's
+    /// `NcclCollective::poll_async_error`) at every poll once armed: an error aborts the
+    /// communicators at once, without waiting for the timeout, so a training thread blocked
+    /// in a launch returns; its calls then fail with that error (handed out once). `poll`
+    /// runs on the watchdog's thread and must never wait for the training thread.
+    #[must_use]
+    pub fn polling(self, poll: impl Fn(&C) -> Option<CommError> + Send + Sync + 'static) -> Self
+    where
+        C: Send + Sync + 'static,
+    {
+        let target = Arc::clone(&self.inner);
+        *lock(&self.dog.shared.poll) = Some(Poll(Box::new(move || poll(&target))));
+        self
+    }
+
     /// The collective underneath.
     #[must_use]
     pub fn inner(&self) -> &C {
@@ -230,7 +291,11 @@ impl<C> Watched<C> {
     /// `e`, or the watchdog's error when it fired (with `e`, and the collective's own failure
     /// which names the silent peer where one is known, as its detail).
     fn stalled_error(&self, rank: usize, e: CommError) -> CommError {
-        let Some(s) = self.fired() else { return e };
+        let Some(s) = self.fired() else {
+            // The asynchronous error the watchdog aborted on says why; the call's own error
+            // only that the communicator was aborted.
+            return lock(&self.dog.shared.async_error).take().unwrap_or(e);
+        };
         if matches!(e, CommError::NoProgress { .. }) {
             return e;
         }
@@ -320,7 +385,7 @@ impl<B: Backend<T>, T: Element, C: Collective<B, T>> Collective<B, T> for Watche
     fn take_failure(&self) -> Option<CommError> {
         let inner = self.inner.take_failure();
         match (self.fired(), inner) {
-            (None, inner) => inner,
+            (None, inner) => lock(&self.dog.shared.async_error).take().or(inner),
             (Some(_), Some(e)) => {
                 self.reported.store(true, Ordering::Release);
                 Some(self.stalled_error(self.info().rank, e))
@@ -336,7 +401,123 @@ impl<B: Backend<T>, T: Element, C: Collective<B, T>> Collective<B, T> for Watche
         }
     }
 
+    fn set_local_phase(&self, phase: Option<&'static str>) {
+        let shared = &self.dog.shared;
+        shared.local.store(phase.is_some(), Ordering::Release);
+        shared.tick();
+        self.inner.set_local_phase(phase);
+    }
+
     fn abort(&self, why: &str) {
         self.inner.abort(why);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SingleProcess;
+    use zcompute::CpuBackend;
+
+    /// A watched single process whose abort only says it was called.
+    fn watched(timeout: Duration) -> (Watched<SingleProcess>, Arc<AtomicBool>) {
+        let aborted = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&aborted);
+        let w = Watched::new(
+            Arc::new(SingleProcess),
+            0,
+            timeout,
+            move |_: &SingleProcess, _: &str| seen.store(true, Ordering::SeqCst),
+        )
+        .expect("the watchdog starts");
+        (w, aborted)
+    }
+
+    /// Waits (bounded by a minute, never reached when it holds) until the watchdog has polled
+    /// `n` more times: each poll waits its whole period, so `n` periods have passed.
+    fn polls(w: &Watched<SingleProcess>, n: u64) {
+        let shared = &w.dog.shared;
+        let from = shared.polls.load(Ordering::Acquire);
+        let until = Instant::now() + Duration::from_secs(60);
+        while shared.polls.load(Ordering::Acquire) < from + n && w.fired().is_none() {
+            assert!(Instant::now() < until, "the watchdog stopped polling");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Issue 44: a phase with no step and no collective (the last checkpoint written, an
+    /// evaluation on the host) longer than the timeout is not a stall; once it ends, a
+    /// training thread that makes no progress is one again.
+    #[test]
+    fn a_local_phase_longer_than_the_timeout_is_not_a_stall() {
+        // A 5 ms timeout polled every 1 ms: 40 polls are 40 ms or more, 8 timeouts.
+        let (w, aborted) = watched(Duration::from_millis(5));
+        let c: &dyn Collective<CpuBackend, f32> = &w;
+        c.set_step(1);
+        c.set_local_phase(Some("writing the checkpoint"));
+        polls(&w, 40);
+        assert_eq!(w.fired(), None, "fired inside the local phase");
+        assert!(!aborted.load(Ordering::SeqCst));
+        c.set_local_phase(None);
+        let until = Instant::now() + Duration::from_secs(60);
+        while w.fired().is_none() {
+            assert!(
+                Instant::now() < until,
+                "no stall seen after the phase ended"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(aborted.load(Ordering::SeqCst));
+        assert_eq!(w.fired().map(|s| (s.op, s.step)), Some(("a step", 1)));
+    }
+
+    /// Issue 44: the transport's asynchronous error (NCCL's `ncclCommGetAsyncError`), read by
+    /// the watchdog, aborts at once (the timeout here is an hour) and is what the training
+    /// thread's next call returns, once; it is read no more after that.
+    #[test]
+    fn an_asynchronous_error_aborts_at_once_and_is_the_calls_error() {
+        let reads = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&reads);
+        let (w, aborted) = watched(Duration::from_secs(3600));
+        let w = w.polling(move |_: &SingleProcess| {
+            // Fine for the first reads, then the error NCCL's threads found.
+            (counted.fetch_add(1, Ordering::SeqCst) >= 3).then(|| CommError::PeerFailed {
+                rank: 0,
+                op: "ncclCommGetAsyncError",
+                step: 0,
+                detail: "remote process exited".into(),
+            })
+        });
+        let c: &dyn Collective<CpuBackend, f32> = &w;
+        let b = CpuBackend;
+        polls(&w, 10);
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            0,
+            "read before the first step"
+        );
+        c.set_step(4);
+        let until = Instant::now() + Duration::from_secs(60);
+        while !aborted.load(Ordering::SeqCst) {
+            assert!(
+                Instant::now() < until,
+                "the asynchronous error did not abort"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(w.fired(), None, "not a stall");
+        polls(&w, 10);
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            4,
+            "read again after the error"
+        );
+        // SingleProcess's own calls never fail; the failure goes to `take_failure`.
+        let e = c.take_failure().expect("the asynchronous error");
+        assert!(e.to_string().contains("remote process exited"), "{e}");
+        assert!(c.take_failure().is_none(), "handed out twice");
+        let x = zcompute::Backend::upload(&b, &[1.0f32], &[1]).expect("upload");
+        c.all_reduce_sum(&b, &x, 4)
+            .expect("a call after the error was handed out");
     }
 }

@@ -259,12 +259,15 @@ fn diff_into(prefix: &str, a: &Value, b: &Value, root: &Value, out: &mut Vec<Str
     }
 }
 
-/// A checkpoint's configuration with `model.layers` filled in as 1 where it has none:
-/// checkpoints written before `--layers` existed are of one-block models.
+/// A checkpoint's configuration with `model.layers` filled in as 1 where an XAsset model (one
+/// with a `width`) has none: checkpoints written before `--layers` existed are of one-block
+/// models. Another model's sizes (`FitModel::config_json`) are left as they are.
 #[must_use]
 pub fn with_default_layers(saved: &Value) -> Value {
     let mut out = saved.clone();
-    if let Some(model) = out.get_mut("model").and_then(Value::as_object_mut) {
+    if let Some(model) = out.get_mut("model").and_then(Value::as_object_mut)
+        && model.contains_key("width")
+    {
         model.entry("layers").or_insert(json!(1));
     }
     out

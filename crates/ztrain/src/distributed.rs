@@ -191,14 +191,14 @@ pub fn watchdog_timeout(comm_timeout: Duration) -> Duration {
     comm_timeout + (comm_timeout / 4).min(Duration::from_secs(2))
 }
 
-/// The simulated communicator of this rank, over its simulated device, under its watchdog.
+/// The simulated communicator of this rank, over its simulated device, under its watchdog;
+/// the ranks meet as `config` says (`rendezvous_config`), every wait bounded by its timeout.
 pub fn sim_collective(
     b: &CudaBackend<SimDriver>,
     env: &LaunchEnv,
-    timeout: Duration,
-    stop: &StopSignal,
+    config: rendezvous::Config,
 ) -> Result<Rc<dyn Collective<CudaBackend<SimDriver>, f32>>> {
-    let config = rendezvous_config(env, timeout, stop)?;
+    let timeout = config.timeout;
     let comm = Arc::new(SimCollective::connect(b, env, config)?);
     Ok(Rc::new(Watched::new(
         comm,
@@ -211,14 +211,13 @@ pub fn sim_collective(
 /// The NCCL communicator of this rank, on the GPU `LOCAL_RANK` names (the caller opened it):
 /// rank 0 makes the unique id and hands it out at `MASTER_ADDR:MASTER_PORT` (or the launcher's
 /// Unix socket), every
-/// rank joins with it; both waits bounded by `timeout` (the join by the device's deadline).
-/// Under its watchdog ([`watchdog_timeout`]).
+/// rank joins with it; both waits bounded by the rendezvous `config`'s timeout (the join by the
+/// device's deadline). Under its watchdog ([`watchdog_timeout`]).
 /// `overlap_ctas`: see [`overlap_ctas`]; `last_bucket`: `--last-bucket`.
 pub fn nccl_collective(
     b: &CudaBackend<CudaDriver>,
     env: &LaunchEnv,
-    timeout: Duration,
-    stop: &StopSignal,
+    config: rendezvous::Config,
     overlap_ctas: Option<u32>,
     last_bucket: crate::cli::LastBucket,
 ) -> Result<Rc<dyn Collective<CudaBackend<CudaDriver>, f32>>> {
@@ -232,7 +231,7 @@ pub fn nccl_collective(
         master,
         env.info,
         || Ok(NcclCollective::unique_id()?.to_vec()),
-        rendezvous_config(env, timeout, stop)?,
+        config.clone(),
     )?;
     let options = join_options(overlap_ctas, last_bucket);
     let comm = Arc::new(NcclCollective::join_with(b, env.info, &id, options)?);
@@ -241,12 +240,44 @@ pub fn nccl_collective(
     Ok(Rc::new(Watched::new(
         comm,
         env.info.rank,
-        watchdog_timeout(timeout),
+        watchdog_timeout(config.timeout),
         |c: &NcclCollective, why: &str| {
             tracing::error!(target: "ztrain.rank.watchdog", why, "aborting the NCCL communicators");
             c.abort();
         },
-    )?))
+    )?
+    .polling(NcclCollective::poll_async_error)))
+}
+
+/// A phase of this rank's own, between drained steps (the checkpoint written, an evaluation):
+/// its watchdog does not take it for a stall however long it lasts
+/// ([`Collective::set_local_phase`], issue 44); left when dropped.
+pub struct LocalPhase<'a, B: zcompute::Backend<f32>>(Option<&'a dyn Collective<B, f32>>);
+
+impl<B: zcompute::Backend<f32>> std::fmt::Debug for LocalPhase<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalPhase")
+            .field("ranks", &self.0.map(|c| c.info().world))
+            .finish()
+    }
+}
+
+impl<'a, B: zcompute::Backend<f32>> LocalPhase<'a, B> {
+    /// Enters phase `what` on `comm` (none: a job of one, nothing to tell).
+    pub fn enter(comm: Option<&'a dyn Collective<B, f32>>, what: &'static str) -> Self {
+        if let Some(c) = comm {
+            c.set_local_phase(Some(what));
+        }
+        LocalPhase(comm)
+    }
+}
+
+impl<B: zcompute::Backend<f32>> Drop for LocalPhase<'_, B> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.set_local_phase(None);
+        }
+    }
 }
 
 /// How a rank joins the NCCL communicator: `--overlap-ctas` and `--last-bucket`.
@@ -354,6 +385,55 @@ mod tests {
         let got = watchdog_timeout(Duration::from_secs_f64(comm_timeout));
         assert_eq!(got, Duration::from_secs_f64(want));
         assert!(got < Duration::from_secs_f64(comm_timeout + 5.0));
+    }
+
+    /// A local phase is entered and left around its scope, on the collective it was given.
+    #[test]
+    fn a_local_phase_is_left_when_its_scope_ends() {
+        #[derive(Default)]
+        struct Phases(std::cell::RefCell<Vec<Option<&'static str>>>);
+        impl Collective<zcompute::CpuBackend, f32> for Phases {
+            fn info(&self) -> zcomm::RankInfo {
+                zcomm::RankInfo {
+                    rank: 0,
+                    world: 2,
+                    local_rank: 0,
+                }
+            }
+            fn all_reduce_sum(
+                &self,
+                _: &zcompute::CpuBackend,
+                _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
+                _: u64,
+            ) -> zcomm::Result<()> {
+                Ok(())
+            }
+            fn broadcast(
+                &self,
+                _: &zcompute::CpuBackend,
+                _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
+                _: usize,
+                _: u64,
+            ) -> zcomm::Result<()> {
+                Ok(())
+            }
+            fn synchronize(&self, _: &zcompute::CpuBackend) -> zcomm::Result<()> {
+                Ok(())
+            }
+            fn set_local_phase(&self, phase: Option<&'static str>) {
+                self.0.borrow_mut().push(phase);
+            }
+        }
+        let phases = Phases::default();
+        {
+            let _phase = LocalPhase::enter(Some(&phases), "writing the checkpoint");
+            assert_eq!(*phases.0.borrow(), [Some("writing the checkpoint")]);
+        }
+        assert_eq!(*phases.0.borrow(), [Some("writing the checkpoint"), None]);
+        drop(LocalPhase::<zcompute::CpuBackend>::enter(
+            None,
+            "nothing to tell",
+        ));
     }
 
     #[rstest]

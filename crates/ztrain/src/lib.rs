@@ -1,6 +1,8 @@
-//! ztrain: trains the XAsset model (docs/xasset.md) from the command line. The library
-//! holds the pieces (options, data, checkpoints, the memory report, the training run) so that
-//! tests reach them; `main.rs` is the thin command.
+//! ztrain: trains the XAsset model (docs/xasset.md) from the command line, through a run
+//! loop that trains any zgrad `Model` ([`fit`]: a user's binary gets the same options, data,
+//! checkpoints, signals and `--gpus N`). The library holds the pieces (options, data,
+//! checkpoints, the memory report, the training run) so that tests reach them; `main.rs` is
+//! the thin command, `fit::main` of [`xasset::XAssetFit`].
 
 pub mod arena_options;
 pub mod budget;
@@ -13,6 +15,7 @@ pub mod device;
 pub mod distributed;
 pub mod error;
 pub mod files;
+pub mod fit;
 pub mod memory;
 pub mod metrics;
 pub mod plan;
@@ -26,5 +29,6 @@ pub mod soak;
 pub mod step;
 pub mod summary;
 pub mod timeline;
+pub mod xasset;
 
 pub use error::{Result, TrainError};

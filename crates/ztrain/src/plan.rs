@@ -27,10 +27,21 @@ pub enum Target {
     Cpu,
 }
 
+/// The model a plan is of, as the report names it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedModel {
+    /// Its name and sizes (`XAsset L=1 D=256 ...`).
+    pub line: String,
+    /// Its sizes, the JSON's `model`.
+    pub json: serde_json::Value,
+}
+
 /// The plan and what it says about the chosen device.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PlanReport {
-    pub plan: MemoryPlan<XAssetConfig>,
+pub struct PlanReport<M = XAssetConfig> {
+    pub plan: MemoryPlan<M>,
+    /// The model planned, as the report names it.
+    pub model: PlannedModel,
     pub target: Target,
     /// The arena cap the run would have: `--arena-cap` (or its variable), else 3/4 of the
     /// device's memory; `None` when neither is known.
@@ -57,7 +68,7 @@ pub struct DataPlan {
     pub validation_on_device: bool,
 }
 
-impl PlanReport {
+impl<M> PlanReport<M> {
     /// Whether the device holds what the plan needs (`None`: no device to ask).
     #[must_use]
     pub fn fits(&self) -> Option<bool> {
@@ -74,9 +85,34 @@ impl PlanReport {
     }
 }
 
-/// Makes the plan of `options` and looks at the device they choose.
+/// Makes the plan of `options` (XAsset of their sizes) and looks at the device they choose.
 pub fn make(options: &Options) -> Result<PlanReport> {
     let config = options.config()?;
+    let m = config.model;
+    let model = PlannedModel {
+        line: format!(
+            "XAsset L={} D={} H={} FF={} S={} F={}",
+            m.layers, m.width, m.heads, m.ff, m.scales, m.features
+        ),
+        json: json!({"features": m.features, "scales": m.scales, "width": m.width,
+                     "heads": m.heads, "ff": m.ff, "layers": m.layers}),
+    };
+    make_of(options, &config, m, model, &|config, batch| {
+        check_sizes(config, batch)?;
+        refuse_beyond_any_machine(config)
+    })
+}
+
+/// [`make`] for any model (`zgrad::plan::PlanModel`) of the run `config`, named in the report
+/// as `named` says; `checks` refuses sizes before any plan is made (a rank's batch given).
+pub fn make_of<M: zgrad::plan::PlanModel>(
+    options: &Options,
+    config: &crate::config::RunConfig,
+    model: M,
+    named: PlannedModel,
+    checks: &dyn Fn(&crate::config::RunConfig, usize) -> Result<()>,
+) -> Result<PlanReport<M>> {
+    let config = config.clone();
     let engine = options.arena.engine_config()?;
     let target = match options.device {
         DeviceChoice::Cpu => Target::Cpu,
@@ -95,8 +131,7 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     // these settings is refused before it starts). Then the run on that arena: the sets where
     // the run puts them, its steps, its evaluations.
     let batch = rank_batch(options, config.batch);
-    check_sizes(&config, batch)?;
-    refuse_beyond_any_machine(&config)?;
+    checks(&config, batch)?;
     let world = usize::from(options.gpus).max(1);
     let total = match &target {
         Target::Device { total, .. } => *total,
@@ -105,7 +140,7 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     let schedules = [TrainSchedule::Batched, TrainSchedule::PerSample];
     let sizing = schedules
         .iter()
-        .map(|&s| zgrad::plan::plan_schedule(&sizing_request(&config, batch), s))
+        .map(|&s| zgrad::plan::plan_schedule(&sizing_request(model.clone(), &config, batch), s))
         .collect::<zgrad::Result<Vec<_>>>()?;
     let sized = |s: &SchedulePlan| engine.overrides().clone().planned(s.peak).merged(total);
     let run_sizing = sizing
@@ -125,7 +160,7 @@ pub fn make(options: &Options) -> Result<PlanReport> {
         run_sizing.arena_bytes,
         world,
     )?;
-    let mut request = run_request(&config, batch, world, arena);
+    let mut request = run_request(model, &config, batch, world, arena);
     request.resident_rows = if data.on_device {
         data.samples.unwrap_or(0)
     } else {
@@ -149,6 +184,7 @@ pub fn make(options: &Options) -> Result<PlanReport> {
     };
     Ok(PlanReport {
         plan,
+        model: named,
         target,
         cap,
         data,
@@ -176,9 +212,9 @@ fn split_samples(config: &crate::config::RunConfig) -> Option<(usize, usize)> {
 
 /// The plan request a run's arena is sized from (`sized_engine`): a rank's steps (batch
 /// `batch`) on zmem's fixed arena defaults.
-fn sizing_request(config: &crate::config::RunConfig, batch: usize) -> PlanRequest<XAssetConfig> {
+fn sizing_request<M>(model: M, config: &crate::config::RunConfig, batch: usize) -> PlanRequest<M> {
     PlanRequest::new(
-        config.model,
+        model,
         batch,
         trainer_config(config, 1),
         ArenaConfig::default(),
@@ -191,13 +227,14 @@ fn sizing_request(config: &crate::config::RunConfig, batch: usize) -> PlanReques
 /// sets are not counted yet: a chunk of `--batch` samples of each stands for them (a host
 /// evaluation holds one chunk at a time).
 #[must_use]
-pub fn run_request(
+pub fn run_request<M>(
+    model: M,
     config: &crate::config::RunConfig,
     batch: usize,
     world: usize,
     arena: ArenaConfig,
-) -> PlanRequest<XAssetConfig> {
-    let mut request = PlanRequest::new(config.model, batch, trainer_config(config, 1), arena);
+) -> PlanRequest<M> {
+    let mut request = PlanRequest::new(model, batch, trainer_config(config, 1), arena);
     let (train, val) = split_samples(config).unwrap_or((config.batch, config.batch));
     let world = world.max(1);
     request.validation_rows = val.div_ceil(world);
@@ -307,12 +344,41 @@ pub fn sized_engine_and_plan(
         tracing::debug!(target: "ztrain.plan", batch, "batch too large to plan; arena not sized");
         return Ok((engine, None));
     }
-    let planned = zgrad::plan::plan_schedule(&sizing_request(config, batch), config.schedule)?;
+    let planned = zgrad::plan::plan_schedule(
+        &sizing_request(config.model, config, batch),
+        config.schedule,
+    )?;
     tracing::debug!(
         target: "ztrain.plan",
         peaks = %planned.peak,
         "arena sized from the plan"
     );
+    let overrides = engine.overrides().clone().planned(planned.peak);
+    Ok((engine.arena(overrides), Some(planned)))
+}
+
+/// [`sized_engine_and_plan`] for any model (`zgrad::plan::PlanModel`: a model's `FitModel`
+/// gives one by default): the run's schedule planned for a rank's batch on zmem's fixed arena
+/// defaults, the arena sized from its peaks.
+pub fn sized_engine_and_plan_of<M: zgrad::plan::PlanModel>(
+    engine: EngineConfig,
+    config: &crate::config::RunConfig,
+    world: usize,
+    model: M,
+) -> Result<(EngineConfig, Option<SchedulePlan>)> {
+    let samples = match &config.data {
+        crate::config::DataSource::Synthetic { samples, .. } => *samples,
+        crate::config::DataSource::File { .. } => usize::MAX,
+    };
+    let batch = config.batch.min(samples).div_ceil(world.max(1));
+    let request = PlanRequest::new(
+        model,
+        batch,
+        trainer_config(config, 1),
+        ArenaConfig::default(),
+    );
+    let planned = zgrad::plan::plan_schedule(&request, config.schedule)?;
+    tracing::debug!(target: "ztrain.plan", peaks = %planned.peak, "arena sized from the plan");
     let overrides = engine.overrides().clone().planned(planned.peak);
     Ok((engine.arena(overrides), Some(planned)))
 }
@@ -332,7 +398,7 @@ const CLASSES: [AllocClass; 4] = [
     AllocClass::Graph,
 ];
 
-fn schedule_json(plan: &MemoryPlan<XAssetConfig>, s: &SchedulePlan) -> serde_json::Value {
+fn schedule_json<M>(plan: &MemoryPlan<M>, s: &SchedulePlan) -> serde_json::Value {
     let peak: serde_json::Map<String, serde_json::Value> = CLASSES
         .iter()
         .map(|c| (c.name().to_string(), json!(s.peak.get(*c))))
@@ -349,17 +415,15 @@ fn schedule_json(plan: &MemoryPlan<XAssetConfig>, s: &SchedulePlan) -> serde_jso
 
 /// The report as one JSON object (`--plan --json`).
 #[must_use]
-pub fn to_json(r: &PlanReport) -> serde_json::Value {
+pub fn to_json<M>(r: &PlanReport<M>) -> serde_json::Value {
     let req = &r.plan.request;
-    let m = req.model;
     let device = match &r.target {
         Target::Device { name, total } => json!({"name": name, "total_bytes": total}),
         Target::NoGpu { reason } => json!({"name": null, "no_gpu": reason}),
         Target::Cpu => json!({"name": "cpu"}),
     };
     json!({
-        "model": {"features": m.features, "scales": m.scales, "width": m.width,
-                  "heads": m.heads, "ff": m.ff, "layers": m.layers},
+        "model": r.model.json,
         "batch": req.batch,
         "capture": req.trainer.capture,
         "steps": req.steps,
@@ -382,18 +446,12 @@ pub fn to_json(r: &PlanReport) -> serde_json::Value {
 
 /// The report as the lines `ztrain --plan` prints.
 #[must_use]
-pub fn to_lines(r: &PlanReport) -> Vec<String> {
+pub fn to_lines<M>(r: &PlanReport<M>) -> Vec<String> {
     let req = &r.plan.request;
-    let m = req.model;
     let mut lines = vec![
         format!(
-            "ztrain --plan: XAsset L={} D={} H={} FF={} S={} F={}, batch {}, {} ({} steps per schedule on an accounting-only simulated device)",
-            m.layers,
-            m.width,
-            m.heads,
-            m.ff,
-            m.scales,
-            m.features,
+            "ztrain --plan: {}, batch {}, {} ({} steps per schedule on an accounting-only simulated device)",
+            r.model.line,
             req.batch,
             if req.trainer.capture {
                 "captured"
@@ -617,16 +675,26 @@ fn rank_batch(options: &Options, batch: usize) -> usize {
 /// (with `--gpus N`, every rank's shard is at most the one planned).
 pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
     let report = make(options)?;
+    print_report(options, &report, out)?;
+    Ok(report)
+}
+
+/// Prints `report`, the plan of `options`' run, as [`print()`] does.
+pub fn print_report<M>(
+    options: &Options,
+    report: &PlanReport<M>,
+    out: &mut dyn Write,
+) -> Result<()> {
     let ranks = usize::from(options.gpus);
     let global = options.config()?.batch;
     let mut console = Console::new(out);
     if options.json {
-        let mut v = to_json(&report);
+        let mut v = to_json(report);
         v["ranks"] = json!(ranks);
         v["global_batch"] = json!(global);
         console.line(&v.to_string());
     } else {
-        for line in to_lines(&report) {
+        for line in to_lines(report) {
             console.line(&line);
         }
         if ranks > 1 {
@@ -636,7 +704,7 @@ pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
             ));
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 #[cfg(test)]

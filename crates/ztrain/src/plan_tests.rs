@@ -289,7 +289,7 @@ fn ztrain_run(args: &[&str]) -> zmem::Diagnostics {
         .sim_driver(SimDriver::new(SimConfig::accounting(DEVICE)))
         .expect("engine opens");
     let estimate = crate::budget::Estimate::of(&config).expect("estimate");
-    let room = crate::run::device_room(&engine, planned.as_ref(), &estimate, DEVICE);
+    let room = crate::run::device_room(&engine, planned.as_ref(), Some(&estimate), DEVICE);
     let stop = crate::signals::StopSignal::never();
     let ctx = crate::run::Context {
         options: &o,
@@ -301,9 +301,17 @@ fn ztrain_run(args: &[&str]) -> zmem::Diagnostics {
         show_bar: false,
         stop: &stop,
         room: Some(room),
+        model_line: String::new(),
     };
     let mut out = Vec::new();
-    crate::run::train(b.clone(), None, &ctx, &mut Console::new(&mut out)).expect("the run");
+    crate::run::train(
+        &crate::xasset::XAssetFit,
+        b.clone(),
+        None,
+        &ctx,
+        &mut Console::new(&mut out),
+    )
+    .expect("the run");
     let d = b.arena().diagnostics();
     assert_eq!(d.overflow.calls, 0, "{d}");
     d

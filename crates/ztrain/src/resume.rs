@@ -5,17 +5,18 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use zgrad::{CheckpointFile, Trainer, XAsset, XAssetConfig};
+use zgrad::{CheckpointFile, Model, XAsset, XAssetConfig};
 
 use crate::checkpoint::{Checkpoint, Progress};
 use crate::config::{differences, model_differences, with_default_layers};
 use crate::console::Console;
 use crate::error::{Result, TrainError};
+use crate::fit::learner::Learner;
 use crate::step::TrainBackend;
 
 /// The checkpoint of the run as it is now.
-pub fn checkpoint_of<B: TrainBackend>(
-    learner: &Trainer<B, f32, XAsset<B>>,
+pub fn checkpoint_of<B: TrainBackend, M: Model<B, f32>>(
+    learner: &Learner<B, M>,
     progress: &Progress,
     config: &serde_json::Value,
     backend: &str,
@@ -47,10 +48,72 @@ pub fn init_from<B: TrainBackend>(
     model: &XAssetConfig,
     limit: u64,
 ) -> Result<XAsset<B>> {
-    let wrap = |source: zgrad::GradError| TrainError::InitFrom {
+    let file = parameter_file(path, limit)?;
+    XAsset::from_tensors_checked(b, &file, path, model).map_err(|e| init_error(path, e))
+}
+
+/// `--init-from` of any model: `model`'s parameters set from the safetensors file at `path`
+/// (read no further than `limit` bytes; a PyTorch `state_dict` of the same names, or a
+/// checkpoint, whose optimiser state is left out). Every name the model has must be there in
+/// its shape and nothing else: missing, extra and misshapen tensors are one `InitFrom` error
+/// (`ParameterMismatch`) naming all of them, before any parameter is written.
+pub fn init_parameters<B: TrainBackend, M: zgrad::Model<B, f32>>(
+    b: &B,
+    model: &M,
+    path: &Path,
+    limit: u64,
+) -> Result<()> {
+    let file = parameter_file(path, limit)?;
+    let params = model.named_parameters();
+    let (mut missing, mut misshapen) = (Vec::new(), Vec::new());
+    for (name, var) in &params {
+        match file.tensors.get(name) {
+            None => missing.push(name.clone()),
+            Some(t) if t.shape != var.shape() => {
+                misshapen.push(format!(
+                    "{name} {:?} (the model's {:?})",
+                    t.shape,
+                    var.shape()
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let extra: Vec<String> = file
+        .tensors
+        .keys()
+        .filter(|name| !params.iter().any(|(n, _)| n == *name))
+        .cloned()
+        .collect();
+    if !(missing.is_empty() && misshapen.is_empty() && extra.is_empty()) {
+        return Err(init_error(
+            path,
+            zgrad::GradError::ParameterMismatch {
+                file: path.display().to_string(),
+                missing,
+                extra,
+                misshapen,
+            },
+        ));
+    }
+    for (name, var) in &params {
+        var.upload(b, &file.tensors[name].data)?;
+    }
+    Ok(())
+}
+
+fn init_error(path: &Path, source: zgrad::GradError) -> TrainError {
+    TrainError::InitFrom {
         path: path.to_path_buf(),
         source: Box::new(source),
-    };
+    }
+}
+
+/// The parameters of the safetensors file at `path`, read no further than `limit` bytes.
+/// Every problem is an `InitFrom` error whose source names it: a file that is missing, a
+/// directory or not safetensors.
+fn parameter_file(path: &Path, limit: u64) -> Result<zgrad::TensorFile<f32>> {
+    let wrap = |source: zgrad::GradError| init_error(path, source);
     if path.is_dir() {
         return Err(wrap(zgrad::GradError::Io {
             path: path.display().to_string(),
@@ -72,8 +135,7 @@ pub fn init_from<B: TrainBackend>(
         "reading the --init-from file",
         &not_safetensors,
     )?;
-    let file = zgrad::checkpoint::parameter_file_from_bytes::<f32>(&bytes, path).map_err(wrap)?;
-    XAsset::from_tensors_checked(b, &file, path, model).map_err(wrap)
+    zgrad::checkpoint::parameter_file_from_bytes::<f32>(&bytes, path).map_err(wrap)
 }
 
 /// What a resumed run is: its configuration, backend, training samples and epochs, and the
@@ -90,8 +152,8 @@ pub struct ResumeAt<'a> {
 /// Restores `learner` from the checkpoint at `path` and returns where the run was. Says so
 /// when the checkpoint's run is already finished; `--epochs` below the checkpoint's is an
 /// error.
-pub fn resume<B: TrainBackend>(
-    learner: &mut Trainer<B, f32, XAsset<B>>,
+pub fn resume<B: TrainBackend, M: Model<B, f32>>(
+    learner: &mut Learner<B, M>,
     path: &Path,
     at: &ResumeAt<'_>,
     out: &mut Console<'_>,

@@ -16,7 +16,6 @@ use open::open_backend;
 use setup::{
     checkpoint_limit, feed_of, header, host_data_of, load_data, new_learner, start, validation_of,
 };
-use zgrad::XAsset;
 
 use std::io::Write;
 use std::rc::Rc;
@@ -24,7 +23,7 @@ use std::time::Instant;
 
 use zcomm::{Collective, LaunchEnv};
 
-use zgrad::Trainer;
+use zgrad::Model;
 
 use crate::budget::Estimate;
 use crate::cli::Options;
@@ -36,6 +35,8 @@ use crate::data::placement::DeviceRoom;
 use crate::device::AnyBackend;
 use crate::distributed::Role;
 use crate::error::{Result, TrainError};
+use crate::fit::learner::Learner;
+use crate::fit::{FitModel, Job};
 use crate::memory::MemorySource;
 use crate::rng::Rng;
 use crate::signals::{self, StopSignal};
@@ -46,18 +47,31 @@ pub use crate::summary::Outcome;
 use crate::summary::{End, Ended, Throughput, finish};
 use crate::timeline::Timeline;
 
-/// Parses nothing: runs what `options` say, writing progress lines to `out` (a closed `out`
-/// stops the printing, not the run). `show_bar`: draw the progress bar on stderr (when it is a
-/// terminal). `stop`: a signal asking the run to stop after the current step.
+/// Parses nothing: trains XAsset as `options` say (`crate::fit::run` of `XAssetFit`), writing
+/// progress lines to `out` (a closed `out` stops the printing, not the run). `show_bar`: draw
+/// the progress bar on stderr (when it is a terminal). `stop`: a signal asking the run to stop
+/// after the current step.
 pub fn run(
     options: &Options,
     out: &mut dyn Write,
     show_bar: bool,
     stop: &StopSignal,
 ) -> Result<Outcome> {
+    crate::fit::run(&crate::xasset::XAssetFit, options, out, show_bar, stop)
+}
+
+/// The run of `spec`'s model (`crate::fit::run`): as the rank `job` names, else as the
+/// launcher's variables say.
+pub(crate) fn run_model<S: FitModel>(
+    spec: &S,
+    options: &Options,
+    job: Option<&Job>,
+    out: &mut dyn Write,
+    show_bar: bool,
+    stop: &StopSignal,
+) -> Result<Outcome> {
     if options.plan {
-        let report = crate::plan::print(options, out)?;
-        tracing::debug!(target: "ztrain.plan", fits = ?report.fits(), "memory plan printed");
+        spec.print_plan(options, out)?;
         return Ok(Outcome {
             steps: 0,
             stopped_early: false,
@@ -66,14 +80,17 @@ pub fn run(
             validation: None,
         });
     }
-    let env = match crate::distributed::role(options)? {
-        Role::Rank(env) => env,
-        Role::Single => LaunchEnv::SINGLE,
-        Role::Launcher(n) => {
-            return Err(TrainError::Options(format!(
-                "--gpus {n}: the ranks are started by the ztrain command (or by a launcher that sets RANK and WORLD_SIZE)"
-            )));
-        }
+    let (env, auth) = match job {
+        Some(job) => (job.env.clone(), job.auth.clone()),
+        None => match crate::distributed::role(options)? {
+            Role::Rank(env) => (env, None),
+            Role::Single => (LaunchEnv::SINGLE, None),
+            Role::Launcher(n) => {
+                return Err(TrainError::Options(format!(
+                    "--gpus {n}: the ranks are started by the ztrain command (or by a launcher that sets RANK and WORLD_SIZE)"
+                )));
+            }
+        },
     };
     // Rank 0 alone prints, writes checkpoints (`save` in `train`) and reports.
     let mut sink = std::io::sink();
@@ -91,7 +108,7 @@ pub fn run(
         (options, out, show_bar)
     };
     let config = options.config()?;
-    let (opened, room) = open_backend(options, &env, &config)?;
+    let (opened, room) = open_backend(spec, options, &env, &config)?;
     let mut console = Console::new(out);
     console.line(&format!("ztrain: {}", opened.description));
     if env.info.world > 1 {
@@ -112,36 +129,43 @@ pub fn run(
         show_bar,
         stop,
         room,
+        model_line: spec.report_line(&config),
     };
     let ranks = (env.info.world > 1).then_some(&env);
     let timeout = crate::distributed::comm_timeout(options)?;
+    // The rendezvous: the caller's proof of membership, else the environment's secret.
+    let rendezvous = |e: &LaunchEnv| match &auth {
+        Some(a) => {
+            Ok(zcomm::rendezvous::Config::new(a.clone(), timeout).with_cancel(stop.as_cancel()))
+        }
+        None => crate::distributed::rendezvous_config(e, timeout, stop),
+    };
     let overlap_ctas = crate::distributed::overlap_ctas(options)?;
     match opened.backend {
         AnyBackend::Cpu(_) if ranks.is_some() => Err(TrainError::Options(format!(
             "rank {} of {}: the {} cannot be a rank of a job; use --device cuda or --device sim",
             env.info.rank, env.info.world, d
         ))),
-        AnyBackend::Cpu(b) => train(b, None, &ctx, &mut console),
+        AnyBackend::Cpu(b) => train(spec, b, None, &ctx, &mut console),
         AnyBackend::Cuda(b) => {
             let comm = ranks
                 .map(|e| {
                     crate::distributed::nccl_collective(
                         &b,
                         e,
-                        timeout,
-                        stop,
+                        rendezvous(e)?,
                         overlap_ctas,
                         options.last_bucket,
                     )
                 })
                 .transpose()?;
-            train(b, comm, &ctx, &mut console)
+            train(spec, b, comm, &ctx, &mut console)
         }
         AnyBackend::Sim(b) => {
             let comm = ranks
-                .map(|e| crate::distributed::sim_collective(&b, e, timeout, stop))
+                .map(|e| crate::distributed::sim_collective(&b, e, rendezvous(e)?))
                 .transpose()?;
-            train(b, comm, &ctx, &mut console)
+            train(spec, b, comm, &ctx, &mut console)
         }
     }
 }
@@ -151,7 +175,7 @@ pub fn run(
 pub(crate) fn device_room(
     engine: &zcompute::EngineConfig,
     planned: Option<&zgrad::SchedulePlan>,
-    estimate: &Estimate,
+    estimate: Option<&Estimate>,
     total: u64,
 ) -> DeviceRoom {
     DeviceRoom {
@@ -162,7 +186,7 @@ pub(crate) fn device_room(
             .unwrap_or(total / 4 * 3),
         plan: planned
             .map(|p| p.arena_bytes)
-            .unwrap_or_else(|| estimate.device().unwrap_or(u64::MAX)),
+            .unwrap_or_else(|| estimate.and_then(|e| e.device().ok()).unwrap_or(u64::MAX)),
     }
 }
 
@@ -180,9 +204,12 @@ pub(crate) struct Context<'a> {
     pub(crate) stop: &'a StopSignal,
     /// Device memory the training set may take (`None` on the CPU backend).
     pub(crate) room: Option<DeviceRoom>,
+    /// The model's line in the memory report (`FitModel::report_line`).
+    pub(crate) model_line: String,
 }
 
-pub(crate) fn train<B: TrainBackend + MemorySource>(
+pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
+    spec: &S,
     b: B,
     comm: Option<Rc<dyn Collective<B, f32>>>,
     ctx: &Context<'_>,
@@ -198,6 +225,7 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         ));
     }
     let mut config_json = config.to_json(data.digest);
+    config_json["model"] = spec.config_json(config);
     if let Some(n) = &data.norm {
         // In the checkpoint: a resume whose statistics differ is refused (`differences`).
         config_json["normalization"] = n.to_json();
@@ -207,23 +235,21 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
         config_json["world"] = serde_json::json!(ctx.world);
     }
     let n_train = train_set.len();
-    let limit = checkpoint_limit(crate::config::parameters(&config.model)?, n_train);
-    let mut learner = new_learner(&b, ctx, n_train, limit)?;
+    let limit = checkpoint_limit(spec.parameters(config)?, n_train);
+    let mut learner = new_learner(spec, &b, ctx, n_train, limit)?;
     let progress = start(&mut learner, ctx, &config_json, n_train, limit, out)?;
     // The ranks agree on a stop signal where the steps are read back (one tiny all-reduce,
     // read at the next such point).
     let agree = signals::Agreement::new(comm.clone());
     if let Some(c) = comm {
         // Every rank starts from rank 0's parameters (restored from the checkpoint alike).
-        learner = learner
-            .with_collective(c)?
-            .with_grad_sync(crate::distributed::grad_sync(options)?)?;
+        learner = learner.join(c, crate::distributed::grad_sync(options)?)?;
     }
     let rng = Rng::from_state(progress.rng).ok_or_else(|| TrainError::CheckpointCorrupt {
         path: options.resume.clone().unwrap_or_default(),
         reason: "generator state is all zero".into(),
     })?;
-    out.line(&header(config, n_train, val_set.len())?);
+    out.line(&header(spec, config, n_train, val_set.len())?);
     if let Some(path) = &options.init_from {
         out.line(&format!(
             "ztrain: parameters from {} (optimiser moments zero, step 0)",
@@ -306,9 +332,9 @@ pub(crate) fn train<B: TrainBackend + MemorySource>(
 /// The run's end as `end.ended` says: the final numbers over the training set when it
 /// finished, else the line that says why it stopped and how to go on; then the summary.
 #[allow(clippy::too_many_arguments)]
-fn conclude<B: TrainBackend + MemorySource>(
+fn conclude<B: TrainBackend + MemorySource, M: Model<B, f32>>(
     b: &B,
-    learner: &mut Trainer<B, f32, XAsset<B>>,
+    learner: &mut Learner<B, M>,
     feed: &Feed<B>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,

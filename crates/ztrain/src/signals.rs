@@ -124,12 +124,24 @@ pub fn name(signal: i32) -> String {
 /// queued. (Waiting for the current exchange drained the stream once a window, which cost two
 /// H100s 1.9% of their rate at a global batch of 256.) So a signal is acted on at the ask after
 /// the one where it was seen, after a step every rank names; where nothing is queued (an
-/// epoch's end, the run's last included) the ask reads its own exchange at once. Rank 0 says
-/// which ranks the signal reached when not all did (SIGINT to one rank names that rank).
+/// epoch's end, the run's last included) the ask reads its own exchange at once. A rank that
+/// received a signal itself reads its own exchange at once too (it is stopping: the wait costs
+/// nothing it would keep), and when every rank received one (a signal to the launcher, passed
+/// on to all: `docker stop`) the job stops at this ask, a window sooner; a rank without a
+/// signal knows that cannot be so without reading. Rank 0 says which ranks the signal reached
+/// when not all did (SIGINT to one rank names that rank).
 pub struct Agreement<B: zcompute::Backend<f32>> {
     comm: Option<Rc<dyn zcomm::Collective<B, f32>>>,
-    /// The exchange queued at the last ask, read at the next.
-    pending: Option<zcompute::Readback<f32>>,
+    /// The exchange of the last ask, read at the next (or already read by a rank that had a
+    /// signal).
+    pending: Option<Exchange>,
+}
+
+/// One ask's exchange: queued, or already read.
+#[derive(Debug)]
+enum Exchange {
+    Queued(zcompute::Readback<f32>),
+    Read(Vec<f32>),
 }
 
 impl<B: zcompute::Backend<f32>> std::fmt::Debug for Agreement<B> {
@@ -149,6 +161,12 @@ impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
             comm,
             pending: None,
         }
+    }
+
+    /// The ranks' collective (none in a job of one).
+    #[must_use]
+    pub fn comm(&self) -> Option<&dyn zcomm::Collective<B, f32>> {
+        self.comm.as_deref()
     }
 
     /// The stop the ranks agreed on, asked after step `step` (see [`Agreement`]); `drained`:
@@ -177,18 +195,29 @@ impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
             Ok(b.queue_download(&t)?)
         };
         let applied = |e: zgrad::GradError| e.at_step(step, zgrad::Applied::Yes);
-        self.pending = Some(exchange().map_err(applied)?);
-        let read = |r: zcompute::Readback<f32>| r.wait().map_err(|e| applied(e.into()));
+        let read = |x: Exchange| match x {
+            Exchange::Queued(r) => r.wait().map_err(|e| applied(e.into())),
+            Exchange::Read(v) => Ok(v),
+        };
+        let current = exchange().map_err(applied)?;
         // The earlier exchange first: a signal seen there was seen first.
         let mut all = match earlier {
-            Some(r) => read(r)?,
+            Some(x) => read(x)?,
             None => vec![0.0; info.world],
         };
-        if drained
-            && all.iter().all(|s| *s < 0.5)
-            && let Some(r) = self.pending.take()
-        {
-            all = read(r)?;
+        let set = |v: &[f32]| v.iter().filter(|s| **s >= 0.5).count();
+        if set(&all) == 0 && (drained || mine.is_some()) {
+            // Every rank reads this exchange now when drained; otherwise only the ranks with a
+            // signal do, so it counts now only if every rank had one (each reads it at the
+            // next ask anyway).
+            let now = read(Exchange::Queued(current))?;
+            if drained || set(&now) == info.world {
+                all = now;
+            } else {
+                self.pending = Some(Exchange::Read(now));
+            }
+        } else {
+            self.pending = Some(Exchange::Queued(current));
         }
         let got: Vec<(usize, i32)> = all
             .iter()
@@ -305,6 +334,38 @@ mod tests {
             agreement.after_step(&stop, &CpuBackend, 16, false).unwrap(),
             Some(SIGINT)
         );
+    }
+
+    /// Issue 45: a signal every rank received (one to the launcher, passed on) stops the job
+    /// at the ask that sees it, not a window later; a signal this rank alone received is read
+    /// at once but acted on at the next ask, as its peer (which has none, so reads nothing
+    /// now) will.
+    #[test]
+    fn a_signal_every_rank_received_stops_at_the_ask_that_sees_it() {
+        let peer = Rc::new(Peer::default());
+        let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
+        let mut agreement = Agreement::new(Some(comm));
+        let stop = StopSignal::never();
+        stop.raise(SIGINT);
+        assert_eq!(
+            agreement.after_step(&stop, &CpuBackend, 4, false).unwrap(),
+            None,
+            "rank 1 had none at this ask: it goes on, so this rank must too"
+        );
+        assert_eq!(
+            agreement.after_step(&stop, &CpuBackend, 8, false).unwrap(),
+            Some(SIGINT)
+        );
+        let mut agreement = Agreement::new(Some(
+            peer.clone() as Rc<dyn zcomm::Collective<CpuBackend, f32>>
+        ));
+        peer.peer.set(SIGINT as f32);
+        assert_eq!(
+            agreement.after_step(&stop, &CpuBackend, 12, false).unwrap(),
+            Some(SIGINT),
+            "both ranks had it: the job stops after step 12"
+        );
+        assert_eq!(peer.synchronized.get(), 0);
     }
 
     /// Where nothing is queued (an epoch's end, the run's last among them) the ask reads its

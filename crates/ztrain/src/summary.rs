@@ -3,11 +3,12 @@
 use std::time::{Duration, Instant};
 
 use zcompute::units::Bytes;
-use zgrad::{Trainer, XAsset, XAssetConfig};
+use zgrad::Model;
 
 use crate::console::Console;
 use crate::error::Result;
 use crate::files;
+use crate::fit::learner::Learner;
 use crate::memory::MemorySource;
 use crate::progress::host_memory;
 use crate::report::MemoryReport;
@@ -68,7 +69,7 @@ pub(crate) struct End<'a> {
     pub(crate) started: Instant,
     pub(crate) steps: u64,
     /// The samples this run trained on (resumed ones not counted) and the time spent in
-    /// a host `step` on them.
+    /// `train_batch` on them.
     pub(crate) training: Throughput,
     pub(crate) ended: Ended,
     pub(crate) soak: Option<&'a Soak>,
@@ -96,14 +97,6 @@ fn schedule_line(c: &zgrad::TrainerConfig) -> String {
     format!("{schedule}, capture {capture}")
 }
 
-/// `F=193 S=12 D=256 H=4 FF=1024 L=1`.
-fn model_line(c: &XAssetConfig) -> String {
-    format!(
-        "F={} S={} D={} H={} FF={} L={}",
-        c.features, c.scales, c.width, c.heads, c.ff, c.layers
-    )
-}
-
 /// The memory report's line for the host's data bytes.
 fn host_data_fact(d: &crate::data::held::HostData) -> String {
     format!(
@@ -120,9 +113,9 @@ fn host_data_fact(d: &crate::data::held::HostData) -> String {
     )
 }
 
-pub(crate) fn finish<B: TrainBackend + MemorySource>(
+pub(crate) fn finish<B: TrainBackend + MemorySource, M: Model<B, f32>>(
     b: &B,
-    learner: &Trainer<B, f32, XAsset<B>>,
+    learner: &Learner<B, M>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
     end: &End<'_>,
@@ -160,7 +153,7 @@ pub(crate) fn finish<B: TrainBackend + MemorySource>(
             title: "ztrain memory report".into(),
             facts: vec![
                 ("device".into(), description.to_string()),
-                ("model".into(), model_line(&learner.model().config)),
+                ("model".into(), ctx.model_line.clone()),
                 ("schedule".into(), schedule_line(learner.config())),
                 ("optimiser steps".into(), steps.to_string()),
                 ("host data".into(), host_data_fact(&end.host_data)),

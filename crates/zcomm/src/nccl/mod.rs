@@ -206,6 +206,26 @@ impl<D: Driver> NcclCollective<D> {
         self.comm.abort();
     }
 
+    /// One read of the communicators' asynchronous errors, from any thread (the watchdog's,
+    /// [`crate::Watched::polling`]), never waiting for a call in progress: an error (NCCL's
+    /// threads saw a peer's connection go, a remote failure) aborts everything as
+    /// [`Self::abort`] does and is returned, naming the step of the latest operation.
+    pub fn poll_async_error(&self) -> Option<CommError> {
+        let polled = self
+            .overlap
+            .iter()
+            .chain([&self.comm])
+            .try_for_each(NcclComm::poll_async_error);
+        let e = polled.err()?;
+        self.abort();
+        Some(errors::convert(
+            e,
+            self.info.rank,
+            "watchdog",
+            self.step.load(Ordering::Relaxed),
+        ))
+    }
+
     /// Whether the communicator was aborted (by a failure or by [`Self::abort`]).
     #[must_use]
     pub fn is_aborted(&self) -> bool {

@@ -63,6 +63,9 @@ struct Link {
     /// Set when a peer stopped answering: the collective kernel then waits on the device
     /// (never completes) until the communicator is aborted (`failed`), as on a GPU.
     waiting_on: Mutex<Option<String>>,
+    /// Second handles on the connections' sockets: an abort cuts a connection an exchange
+    /// holds with them (`Star::abort`).
+    cutters: Vec<rendezvous::Stream>,
 }
 
 /// A rank of a simulated job. See the module documentation. Clones share the communicator.
@@ -139,8 +142,13 @@ impl SimCollective {
         timeout: Duration,
     ) -> Result<Self> {
         refuse_in_capture(b)?;
+        let cutters = star.cutters().map_err(|source| CommError::Io {
+            op: "keeping a handle on the connections",
+            source,
+        })?;
         let link = Arc::new(Link {
             info,
+            cutters,
             star,
             timeout,
             seq: AtomicU64::new(0),
@@ -186,7 +194,9 @@ impl SimCollective {
         self.device.abandon(format!(
             "the simulated communicator of rank {rank} was aborted; its collectives on the stream may never complete"
         ));
-        self.link.star.abort(rank, why, Duration::from_millis(500));
+        self.link
+            .star
+            .abort(rank, why, Duration::from_millis(500), &self.link.cutters);
         // As `ncclCommAbort` ends NCCL's kernels on a GPU, and with them every wait behind
         // them (a launch blocked behind a full queue, a synchronize): the simulator's held
         // calls (`FaultAction::Hang`, how its tests hold a thread in such a wait) return.

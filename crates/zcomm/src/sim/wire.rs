@@ -5,7 +5,7 @@
 //! closed connection or a passed deadline is reported the same way, so every rank returns.
 
 use crate::error::CommError;
-use crate::rendezvous::{BadFrame, Channel};
+use crate::rendezvous::{BadFrame, Channel, Stream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -98,16 +98,56 @@ impl Star {
         })
     }
 
-    /// Tells the other side(s) this rank gives up (best effort, bounded by `timeout`).
-    pub fn abort(&self, rank: usize, why: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let frame = encode(Kind::Abort, rank, u64::MAX, why.as_bytes());
-        let peers: Vec<&Mutex<Channel>> = match self {
+    /// This rank's connections, in order (rank 0's: rank 1, 2, ...).
+    fn channels(&self) -> Vec<&Mutex<Channel>> {
+        match self {
             Star::Hub(p) => p.iter().collect(),
             Star::Spoke(s) => vec![s],
-        };
-        for p in peers {
-            let _ = lock(p).write_all(&frame, deadline);
+        }
+    }
+
+    /// A second handle on each connection's socket ([`Star::abort`] cuts with it, without
+    /// the connection's lock).
+    pub fn cutters(&self) -> std::io::Result<Vec<Stream>> {
+        self.channels()
+            .into_iter()
+            .map(|p| lock(p).stream().try_clone())
+            .collect()
+    }
+
+    /// Tells the other side(s) this rank gives up (best effort, bounded by `timeout`). A
+    /// connection held past `timeout` by an exchange (blocked on a silent peer, as an NCCL
+    /// enqueue behind a full queue: the abort may come from another thread, the watchdog's)
+    /// is cut through its handle in `cutters` instead, so the abort never waits for that
+    /// exchange's deadline and the exchange returns at once (issue 44).
+    pub fn abort(&self, rank: usize, why: &str, timeout: Duration, cutters: &[Stream]) {
+        let deadline = Instant::now() + timeout;
+        let frame = encode(Kind::Abort, rank, u64::MAX, why.as_bytes());
+        for (i, p) in self.channels().into_iter().enumerate() {
+            match lock_by(p, deadline) {
+                Some(mut c) => {
+                    let _ = c.write_all(&frame, deadline);
+                }
+                None => {
+                    if let Some(cut) = cutters.get(i) {
+                        let _ = cut.shutdown();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `m`'s lock if it comes by `deadline` (polled: a holder may be blocked until far later).
+fn lock_by<T>(m: &Mutex<T>, deadline: Instant) -> Option<std::sync::MutexGuard<'_, T>> {
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => return None,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 }

@@ -492,3 +492,53 @@ fn a_rank_blocked_in_a_device_wait_is_ended_by_its_watchdog() {
         "{e} (after {took:?})"
     );
 }
+
+/// Rank 1 of `an_abort_does_not_wait_for_an_exchange_blocked_on_a_silent_peer` stays silent
+/// (connected, calling nothing) until rank 0 is done.
+static SILENT_RANK_RELEASED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Issue 44, the simulator's twin of an NCCL enqueue blocked behind a full queue: rank 0's
+/// collective is blocked in its exchange with a silent rank 1, holding that connection, with
+/// a deadline (0.8 of 120 s) far off. An abort from another thread (the watchdog's) does not
+/// wait for the connection: it cuts it, and the blocked call returns. Before, the abort
+/// waited for the exchange's deadline to write its abort frame.
+#[test]
+fn an_abort_does_not_wait_for_an_exchange_blocked_on_a_silent_peer() {
+    use std::sync::atomic::Ordering;
+    let got = ranks(2, Duration::from_secs(120), |r, b, c| {
+        if r == 1 {
+            let until = Instant::now() + Duration::from_secs(150);
+            while !SILENT_RANK_RELEASED.load(Ordering::SeqCst) && Instant::now() < until {
+                thread::sleep(Duration::from_millis(10));
+            }
+            return None;
+        }
+        let x = b.upload(&rank_data(r, 8), &[8]).unwrap();
+        let watchdog = c.clone();
+        let aborter = thread::spawn(move || {
+            // Let the collective reach its exchange (were it not there yet, the abort comes
+            // first and the call is refused at once: the test passes either way after the fix).
+            thread::sleep(Duration::from_millis(300));
+            let t = Instant::now();
+            watchdog.abort("the watchdog: no progress");
+            t.elapsed()
+        });
+        let start = Instant::now();
+        let result = c.all_reduce_sum(b, &x, 1).and_then(|()| c.synchronize(b));
+        let took = start.elapsed();
+        let abort_took = aborter.join().unwrap();
+        SILENT_RANK_RELEASED.store(true, Ordering::SeqCst);
+        Some((result.is_err(), took, abort_took))
+    });
+    let (failed, took, abort_took) = got.into_iter().next().flatten().unwrap();
+    assert!(
+        abort_took < Duration::from_secs(30),
+        "the abort waited {abort_took:?} for the blocked exchange"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "the blocked call took {took:?}"
+    );
+    assert!(failed, "the aborted collective succeeded");
+}

@@ -1,15 +1,16 @@
 //! How the run's steps get their rows: gathered on the device from the training set uploaded
-//! once (`queue` of loaded rows), or, when it stays on the host, copied into one of two pinned batches
-//! in turn and queued from there (`queue` of a pinned batch: the host stages step k + 1 while the device
+//! once (`queue_rows`), or, when it stays on the host, copied into one of two pinned batches
+//! in turn and queued from there (`queue_pinned`: the host stages step k + 1 while the device
 //! runs step k); either way read back every `--readback-every` steps. The rows are the
-//! data-order generator's, so both give the losses of a host `step` on the same rows, bit for
+//! data-order generator's, so both give the losses of `train_batch` on the same rows, bit for
 //! bit, and a checkpoint of one resumes in the other.
 
 use std::time::{Duration, Instant};
 
-use zgrad::{EvalSource, PinnedBatch, StepReport, StepSource, Trainer, XAsset};
+use zgrad::{Model, PinnedBatch, StepReport, Task};
 
 use super::Samples;
+use crate::fit::learner::Learner;
 use crate::step::TrainBackend;
 
 /// Where the rows come from.
@@ -39,8 +40,8 @@ impl<B: TrainBackend> std::fmt::Debug for Feed<B> {
 impl<B: TrainBackend> Feed<B> {
     /// Puts `train_set` on the device (`on_device`), else makes the two pinned batches of
     /// `batch` samples each; out of memory is the backend's error, nothing trained yet.
-    pub fn new(
-        learner: &mut Trainer<B, f32, XAsset<B>>,
+    pub fn new<M: Model<B, f32>>(
+        learner: &mut Learner<B, M>,
         train_set: &Samples,
         on_device: bool,
         batch: usize,
@@ -48,7 +49,7 @@ impl<B: TrainBackend> Feed<B> {
     ) -> zgrad::Result<Feed<B>> {
         if on_device {
             let rows = train_set.rows();
-            learner.load_data(&rows.x, &rows.y, train_set.len())?;
+            learner.load_training(&rows.x, &rows.y, train_set.len())?;
             return Ok(Feed::Device { every });
         }
         let b = learner.backend();
@@ -65,9 +66,9 @@ impl<B: TrainBackend> Feed<B> {
 
     /// One step on the samples `rows` of `train_set`: the reports that are known now (the
     /// window's, when this step fills it).
-    pub fn step(
+    pub fn step<M: Model<B, f32>>(
         &mut self,
-        learner: &mut Trainer<B, f32, XAsset<B>>,
+        learner: &mut Learner<B, M>,
         train_set: &Samples,
         rows: &[usize],
     ) -> zgrad::Result<Vec<StepReport>> {
@@ -89,18 +90,18 @@ impl<B: TrainBackend> Feed<B> {
                     }
                 })?;
                 *filled += t0.elapsed();
-                learner.queue(StepSource::pinned(batch, rows.len()), *every)
+                learner.queue_pinned(batch, rows.len(), *every)
             }
-            Feed::Device { every } => learner.queue(StepSource::loaded(rows), *every),
+            Feed::Device { every } => learner.queue_rows(rows, *every),
         }
     }
 
     /// Tells the learner the rows the next steps take (`rest`, the epoch's order from the
     /// position on, in steps of `batch`): on the device its steps then find their indices
     /// there, put up once a read-back window (`Trainer::plan_rows`). From the host: nothing.
-    pub fn plan(
+    pub fn plan<M: Model<B, f32>>(
         &self,
-        learner: &mut Trainer<B, f32, XAsset<B>>,
+        learner: &mut Learner<B, M>,
         rest: &[usize],
         batch: usize,
     ) -> zgrad::Result<()> {
@@ -131,9 +132,9 @@ impl<B: TrainBackend> Feed<B> {
     }
 
     /// Every step not read back yet.
-    pub fn flush(
+    pub fn flush<M: Model<B, f32>>(
         &self,
-        learner: &mut Trainer<B, f32, XAsset<B>>,
+        learner: &mut Learner<B, M>,
     ) -> zgrad::Result<Vec<StepReport>> {
         learner.drain()
     }
@@ -141,20 +142,20 @@ impl<B: TrainBackend> Feed<B> {
     /// Whether the last step completed a read-back window (or nothing is queued): the same
     /// steps on every rank of a job, so the ranks agree on stops there, once a window.
     #[must_use]
-    pub fn settled(&self, learner: &Trainer<B, f32, XAsset<B>>) -> bool {
+    pub fn settled<M: Model<B, f32>>(&self, learner: &Learner<B, M>) -> bool {
         learner.filling() == 0
     }
 
     /// Loss and accuracy over the training set: on the device from the loaded copy, with no
     /// second upload (bitwise `evaluate`'s; each rank its shard in data parallel), else
     /// `evaluate` of the host copy.
-    pub fn evaluate_train(
+    pub fn evaluate_train<M: Model<B, f32>>(
         &self,
-        learner: &mut Trainer<B, f32, XAsset<B>>,
+        learner: &mut Learner<B, M>,
         train_set: &Samples,
     ) -> zgrad::Result<zgrad::EvalReport> {
         match self {
-            Feed::Device { .. } => learner.evaluate(EvalSource::Loaded),
+            Feed::Device { .. } => learner.evaluate_loaded(),
             Feed::Host { .. } => evaluate_samples(learner, train_set),
         }
     }
@@ -164,15 +165,19 @@ impl<B: TrainBackend> Feed<B> {
 /// at a time (`eval_batch` windows, the chunks `evaluate` itself takes, so the logits and the
 /// report are bitwise `evaluate`'s of the pre-cut windows), or all at once in a job of several
 /// ranks (each evaluates its shard of them).
-pub fn evaluate_samples<B: TrainBackend>(
-    learner: &mut Trainer<B, f32, XAsset<B>>,
+pub fn evaluate_samples<B: TrainBackend, M: Model<B, f32>>(
+    learner: &mut Learner<B, M>,
     samples: &Samples,
 ) -> zgrad::Result<zgrad::EvalReport> {
     let windows = match samples {
-        Samples::Windows(w) if learner.rank_info().world == 1 => w,
+        // The sums below are a binary classifier's (BCE, accuracy): another task's windows
+        // are cut whole and evaluated by the model's own metrics.
+        Samples::Windows(w) if learner.world() == 1 && learner.model().task() == Task::binary() => {
+            w
+        }
         _ => {
             let rows = samples.rows();
-            return learner.evaluate(EvalSource::Host(&rows.x, &rows.y));
+            return learner.evaluate(&rows.x, &rows.y);
         }
     };
     let n = windows.len;
@@ -220,7 +225,7 @@ impl Sums {
             loss: self.loss / denom,
             accuracy: self.correct as f64 / denom,
             samples: self.samples,
-            // XAsset is a binary classifier (its `Model::task`): no regression metrics.
+            // A binary classifier (its `Model::task`): no regression metrics.
             regression: None,
         }
     }

@@ -4,13 +4,14 @@ use super::Context;
 use std::time::Instant;
 
 use zcompute::units::Bytes;
-use zgrad::{EvalSource, StepReport, Trainer, XAsset};
+use zgrad::{Model, StepReport};
 
 use crate::checkpoint::Progress;
 use crate::console::Console;
 use crate::data::feed::Feed;
 use crate::data::{Samples, epoch_order};
 use crate::error::{Result, TrainError};
+use crate::fit::learner::Learner;
 use crate::memory::MemorySource;
 use crate::metrics::{MetricRow, Metrics};
 use crate::progress::EpochBar;
@@ -38,9 +39,9 @@ fn rank_error(ctx: &Context<'_>, e: zgrad::GradError) -> TrainError {
 }
 
 /// The epochs of a run and what they carry from step to step.
-pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
+pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource, M: Model<B, f32>> {
     pub(super) b: &'a B,
-    pub(super) learner: Trainer<B, f32, XAsset<B>>,
+    pub(super) learner: Learner<B, M>,
     pub(super) progress: Progress,
     pub(super) rng: Rng,
     pub(super) feed: Feed<B>,
@@ -59,9 +60,10 @@ pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource> {
     pub(super) metrics: Metrics,
 }
 
-impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
+impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
     /// Rank 0 writes the checkpoint (when one was asked for) of the progress so far.
     fn save(&mut self) -> Result<()> {
+        let _local = crate::distributed::LocalPhase::enter(self.agree.comm(), "the checkpoint");
         self.progress.rng = self.rng.state();
         match &self.ctx.options.checkpoint {
             Some(path) if self.ctx.rank == 0 => checkpoint_of(
@@ -156,7 +158,9 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         self.flush(&mut tally)?;
         let rate = bar.samples_per_second(self.progress.position);
         bar.finish();
+        let local = crate::distributed::LocalPhase::enter(self.agree.comm(), "validation");
         let val = evaluate(&mut self.learner, self.val_set)?;
+        drop(local);
         let line = epoch_line(
             self.progress.epoch + 1,
             epochs,
@@ -220,7 +224,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         self.training.add(chunk.len(), queued - t0);
         if let (Some(t), Some(start)) = (self.timeline.as_mut(), mark) {
             let times = StepTimes {
-                step: self.learner.step_count(),
+                step: self.learner.steps(),
                 samples: chunk.len(),
                 host: queued - t0,
                 fill: self.feed.take_fill(),
@@ -253,7 +257,7 @@ impl<B: TrainBackend + MemorySource> Epochs<'_, '_, B> {
         let options = self.ctx.options;
         absorb(tally, reports);
         self.record(reports)?;
-        self.progress.step = self.learner.step_count();
+        self.progress.step = self.learner.steps();
         self.progress.position += chunk.len() as u64;
         if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {
             s.samples.push(sample_memory(self.b, self.progress.step));
@@ -318,15 +322,15 @@ fn epoch_line<B: MemorySource>(
 
 /// Loss and accuracy over `data` in no-grad mode (`None` for an empty set): on the device when
 /// the validation set was put there (`validation_of`), else from the host.
-pub(crate) fn evaluate<B: TrainBackend>(
-    learner: &mut Trainer<B, f32, XAsset<B>>,
+pub(crate) fn evaluate<B: TrainBackend, M: Model<B, f32>>(
+    learner: &mut Learner<B, M>,
     data: &Samples,
 ) -> Result<Option<Tally>> {
     if data.is_empty() {
         return Ok(None);
     }
-    let e = if learner.validation_rows().is_some() {
-        learner.evaluate(EvalSource::Validation)?
+    let e = if learner.validation_on_device() {
+        learner.evaluate_validation()?
     } else {
         crate::data::feed::evaluate_samples(learner, data)?
     };

@@ -15,6 +15,7 @@ use crate::data::placement::DeviceRoom;
 use crate::device::{self, AnyBackend};
 use crate::error::{Result, TrainError};
 use crate::files::{self, Named};
+use crate::fit::FitModel;
 
 /// Checks every output against the inputs and each other, and that it can be written, before
 /// anything trains (`crate::files`).
@@ -57,7 +58,8 @@ fn rank_engine(engine: EngineConfig, options: &Options) -> Result<EngineConfig> 
 
 /// The checks before the device opens (outputs, the memory estimate against the host and the
 /// device), the arena's settings (options, the run's plan) and the backend itself.
-pub(super) fn open_backend(
+pub(super) fn open_backend<S: FitModel>(
+    spec: &S,
     options: &Options,
     env: &LaunchEnv,
     config: &RunConfig,
@@ -67,7 +69,9 @@ pub(super) fn open_backend(
         engine = rank_engine(engine, options)?;
     }
     check_files(options)?;
-    let estimate = Estimate::of(config)?;
+    // Without the model's estimate nothing is checked before the device opens.
+    let estimate = spec.estimate(config)?;
+    let device_estimate = estimate.as_ref().map(Estimate::device).transpose()?;
     let mut sim_arena = 0;
     if options.device == DeviceChoice::Sim {
         // The simulated device's memory is known now: its options first, before the host.
@@ -78,10 +82,12 @@ pub(super) fn open_backend(
             .initial_bytes
             .saturating_add(arena.overflow_reserve_bytes);
     }
-    match options.device {
-        DeviceChoice::Cpu => estimate.check_host(estimate.device()?)?,
-        DeviceChoice::Sim => estimate.check_host(estimate.device()?.max(sim_arena))?,
-        DeviceChoice::Auto | DeviceChoice::Cuda => estimate.check_host(0)?,
+    if let (Some(estimate), Some(device)) = (&estimate, device_estimate) {
+        match options.device {
+            DeviceChoice::Cpu => estimate.check_host(device)?,
+            DeviceChoice::Sim => estimate.check_host(device.max(sim_arena))?,
+            DeviceChoice::Auto | DeviceChoice::Cuda => estimate.check_host(0)?,
+        }
     }
     // The arena's sizes from the run's plan (after the checks above: the plan steps on a batch
     // in host memory), unless the user gave them. A run the device cannot hold is refused by
@@ -91,8 +97,8 @@ pub(super) fn open_backend(
         _ => crate::plan::SIZING_MAX_DEVICE_BYTES,
     };
     let mut planned = None;
-    if options.device != DeviceChoice::Cpu && estimate.device()? <= bound {
-        (engine, planned) = crate::plan::sized_engine_and_plan(engine, config, env.info.world)?;
+    if options.device != DeviceChoice::Cpu && device_estimate.is_none_or(|d| d <= bound) {
+        (engine, planned) = spec.sized_engine(engine, config, env.info.world)?;
     }
     let ordinal = u32::try_from(env.info.local_rank)
         .map_err(|_| TrainError::Options("LOCAL_RANK does not fit a device ordinal".into()))?;
@@ -105,7 +111,9 @@ pub(super) fn open_backend(
             ),
             _ => ("the GPU", ""),
         };
-        estimate.check_device(total, name, raise)?;
+        if let Some(estimate) = &estimate {
+            estimate.check_device(total, name, raise)?;
+        }
     }
     if options.memory_report.is_some() && matches!(opened.backend, AnyBackend::Cpu(_)) {
         return Err(TrainError::MemoryReport(format!(
@@ -113,13 +121,16 @@ pub(super) fn open_backend(
             opened.description
         )));
     }
-    if options.device == DeviceChoice::Auto && matches!(opened.backend, AnyBackend::Cpu(_)) {
-        estimate.check_host(estimate.device()?)?;
+    if let (Some(estimate), Some(device)) = (&estimate, device_estimate)
+        && options.device == DeviceChoice::Auto
+        && matches!(opened.backend, AnyBackend::Cpu(_))
+    {
+        estimate.check_host(device)?;
     }
     let room = opened
         .backend
         .device_memory()
-        .map(|total| device_room(&engine, planned.as_ref(), &estimate, total));
+        .map(|total| device_room(&engine, planned.as_ref(), estimate.as_ref(), total));
     Ok((opened, room))
 }
 

@@ -4,7 +4,7 @@
 use super::Context;
 
 use zcompute::units::Bytes;
-use zgrad::{Trainer, XAsset, XAssetConfig};
+use zgrad::Model;
 
 use crate::budget::host_available;
 use crate::checkpoint::Progress;
@@ -17,6 +17,8 @@ use crate::data::placement;
 use crate::data::windows::{self, Normalization};
 use crate::data::{self, Samples, epoch_order, formats};
 use crate::error::{Result, TrainError};
+use crate::fit::FitModel;
+use crate::fit::learner::Learner;
 use crate::plan::resident_bytes;
 use crate::resume::{ResumeAt, resume};
 use crate::rng::Rng;
@@ -108,8 +110,8 @@ fn train_set_bytes(train_set: &Samples, ctx: &Context<'_>) -> u64 {
 }
 
 /// Where the training set lives (`--data-on`), loaded there, said in one line.
-pub(super) fn feed_of<B: TrainBackend>(
-    learner: &mut Trainer<B, f32, XAsset<B>>,
+pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
+    learner: &mut Learner<B, M>,
     train_set: &Samples,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
@@ -150,8 +152,8 @@ pub(super) fn feed_of<B: TrainBackend>(
 
 /// Puts the validation set on the device when it fits beside the training set
 /// (`placement::validation_on_device`), said in one line; else it is evaluated from the host.
-pub(super) fn validation_of<B: TrainBackend>(
-    learner: &mut Trainer<B, f32, XAsset<B>>,
+pub(super) fn validation_of<B: TrainBackend, M: Model<B, f32>>(
+    learner: &mut Learner<B, M>,
     val_set: &Samples,
     train_set: &Samples,
     feed: &Feed<B>,
@@ -184,14 +186,14 @@ pub(super) fn validation_of<B: TrainBackend>(
 }
 
 /// What the run holds on the host for its data (`held`), said in one line.
-pub(super) fn host_data_of<B: TrainBackend>(
-    learner: &Trainer<B, f32, XAsset<B>>,
+pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
+    learner: &Learner<B, M>,
     train_set: &Samples,
     val_set: &Samples,
     feed: &Feed<B>,
     out: &mut Console<'_>,
 ) -> HostData {
-    let (chunk, world) = (learner.config().eval_batch, learner.rank_info().world);
+    let (chunk, world) = (learner.config().eval_batch, learner.world());
     let data = HostData {
         samples: held::samples_bytes(train_set, val_set),
         series: matches!(train_set, Samples::Windows(_)),
@@ -203,16 +205,16 @@ pub(super) fn host_data_of<B: TrainBackend>(
     data
 }
 
-/// The run's trainer: XAsset from the `--init-from` file (read no further than `limit` bytes)
-/// or from the seed, with AdamW's schedule over the run's steps.
-pub(super) fn new_learner<B: TrainBackend>(
+/// The run's trainer: the model from the `--init-from` file (read no further than `limit`
+/// bytes) or from the seed, with the optimiser's schedule over the run's steps.
+pub(super) fn new_learner<S: FitModel, B: TrainBackend>(
+    spec: &S,
     b: &B,
     ctx: &Context<'_>,
     n_train: usize,
     limit: u64,
-) -> Result<Trainer<B, f32, XAsset<B>>> {
+) -> Result<Learner<B, S::Model<B>>> {
     let config = ctx.config;
-    let model_config: XAssetConfig = config.model;
     let steps_per_epoch = n_train.div_ceil(config.batch) as u64;
     let total_steps = steps_per_epoch
         .checked_mul(config.epochs as u64)
@@ -223,20 +225,16 @@ pub(super) fn new_learner<B: TrainBackend>(
             ))
         })?;
     let model = match &ctx.options.init_from {
-        Some(path) => crate::resume::init_from(b, path, &model_config, limit)?,
-        None => XAsset::init(b, model_config, config.seed)?,
+        Some(path) => spec.init_from(b, path, config, limit)?,
+        None => spec.init(b, config)?,
     };
-    Ok(Trainer::new(
-        b.clone(),
-        model,
-        trainer_config(config, total_steps),
-    )?)
+    Ok(Learner::new(b, model, trainer_config(config, total_steps))?)
 }
 
 /// Where the run starts: under `--resume`, the checkpoint's place (the learner restored from
 /// it); else step 0 with the first epoch's order drawn from the seed.
-pub(super) fn start<B: TrainBackend>(
-    learner: &mut Trainer<B, f32, XAsset<B>>,
+pub(super) fn start<B: TrainBackend, M: Model<B, f32>>(
+    learner: &mut Learner<B, M>,
     ctx: &Context<'_>,
     config_json: &serde_json::Value,
     n_train: usize,
@@ -270,17 +268,16 @@ pub(super) fn start<B: TrainBackend>(
 }
 
 /// The run's first line: the model, the data split and the schedule.
-pub(super) fn header(config: &RunConfig, n_train: usize, n_val: usize) -> Result<String> {
-    let m = &config.model;
+pub(super) fn header<S: FitModel>(
+    spec: &S,
+    config: &RunConfig,
+    n_train: usize,
+    n_val: usize,
+) -> Result<String> {
     Ok(format!(
-        "ztrain: XAsset F={} S={} D={} H={} FF={} L={} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
-        m.features,
-        m.scales,
-        m.width,
-        m.heads,
-        m.ff,
-        m.layers,
-        crate::config::parameters(m)?,
+        "ztrain: {} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
+        spec.describe(config),
+        spec.parameters(config)?,
         n_train,
         n_val,
         config.batch,

@@ -10,6 +10,8 @@ mod cli;
 mod distributed;
 /// The whole cause chain of an error, each condition distinct.
 mod errors;
+/// `ztrain::fit`: the run loop for a model of a user's own (checkpoint, SIGINT, resume, ranks).
+mod fit;
 /// The examples of `docs/guide.md`, compiled and run.
 mod guide;
 /// `ztrain --plan`: the memory plan before the run.

@@ -39,6 +39,9 @@ use crate::types::{DevicePtr, Readiness, Stream};
 use crate::{CudaDriver, FaultyDriver};
 
 mod error;
+mod live;
+
+use live::Live;
 
 pub use error::NcclError;
 
@@ -116,11 +119,14 @@ pub fn unique_id() -> Result<[u8; UNIQUE_ID_BYTES], NcclError> {
     Ok(id.internal.map(|c| c as u8))
 }
 
-/// The raw communicator; only used under [`NcclComm`]'s mutex.
+/// The raw communicator; only used in its turn under [`NcclComm`]'s [`Live`], or taken out of
+/// it by an abort.
+#[derive(Clone, Copy)]
 struct RawComm(ncclComm_t);
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it do not overlap
-// (NCCL's thread-safety rule); `NcclComm` keeps it behind a mutex, so they never do.
+// (NCCL's thread-safety rule), which `Live` keeps to; the one exception is `ncclCommAbort`,
+// which NCCL allows while a call on the communicator hangs (see `live.rs`).
 unsafe impl Send for RawComm {}
 
 /// One rank's NCCL communicator on one device. Dropping it finalizes and destroys it
@@ -130,8 +136,8 @@ pub struct NcclComm<D: Driver> {
     device: Device<D>,
     rank: usize,
     world: usize,
-    /// `None` once aborted or destroyed.
-    comm: Mutex<Option<RawComm>>,
+    /// Taken once aborted or destroyed; an abort takes it without waiting for a call.
+    comm: Live<RawComm>,
     /// The helper thread's `ncclCommAbort` result, once an abort was started.
     aborting: Mutex<Option<Receiver<ncclResult_t>>>,
 }
@@ -196,7 +202,7 @@ impl<D: Driver> NcclComm<D> {
             device: device.clone(),
             rank,
             world,
-            comm: Mutex::new((!raw.is_null()).then_some(RawComm(raw))),
+            comm: Live::new((!raw.is_null()).then_some(RawComm(raw))),
             aborting: Mutex::new(None),
         };
         if r != ncclSuccess && r != ncclInProgress {
@@ -243,18 +249,17 @@ impl<D: Driver> NcclComm<D> {
         // its own thread after the call returns (non-blocking): it lives on the heap until the
         // parent reports the split done, and is leaked if it never does.
         let slot: *mut ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
-        let (r, detail) = {
-            let guard = lock(&self.comm);
-            let Some(RawComm(parent)) = guard.as_ref() else {
-                // SAFETY: `slot` came from `Box::into_raw` above and NCCL never saw it.
-                drop(unsafe { Box::from_raw(slot) });
-                return Err(NcclError::Aborted { call: CALL });
-            };
-            // SAFETY: `parent` is live under the mutex; `slot` stays valid until NCCL has
-            // written it (see above); `config` is a live local NCCL reads during the call.
-            let r = unsafe { self.nccl.ncclCommSplit(*parent, 0, key, slot, &mut config) };
+        let called = self.comm.call(|RawComm(parent)| {
+            // SAFETY: `parent` is live in its turn; `slot` stays valid until NCCL has written
+            // it (see above); `config` is a live local NCCL reads during the call.
+            let r = unsafe { self.nccl.ncclCommSplit(parent, 0, key, slot, &mut config) };
             let failed = r != ncclSuccess && r != ncclInProgress;
-            (r, failed.then(|| last_error(self.nccl, *parent)))
+            (r, failed.then(|| last_error(self.nccl, parent)))
+        });
+        let Some((r, detail)) = called else {
+            // SAFETY: `slot` came from `Box::into_raw` above and NCCL never saw it.
+            drop(unsafe { Box::from_raw(slot) });
+            return Err(NcclError::Aborted { call: CALL });
         };
         if let Some(detail) = detail {
             // The job was never launched (NCCL's failure path writes the slot before returning).
@@ -272,7 +277,7 @@ impl<D: Driver> NcclComm<D> {
             device: self.device.clone(),
             rank: self.rank,
             world: self.world,
-            comm: Mutex::new((!raw.is_null()).then_some(RawComm(raw))),
+            comm: Live::new((!raw.is_null()).then_some(RawComm(raw))),
             aborting: Mutex::new(None),
         };
         child.wait_async(CALL)?;
@@ -301,7 +306,7 @@ impl<D: Driver> NcclComm<D> {
     /// Whether an earlier failure aborted it.
     #[must_use]
     pub fn is_aborted(&self) -> bool {
-        lock(&self.comm).is_none()
+        self.comm.is_aborted()
     }
 
     /// Queues an in-place sum of `count` f32 at `data` over every rank on `stream` (legal
@@ -388,9 +393,11 @@ impl<D: Driver> NcclComm<D> {
     /// helper thread (it may block for long with a peer gone; see the module documentation),
     /// NCCL's kernels and threads give up, every later call is refused with
     /// [`NcclError::Aborted`], and the device is marked lost, so the teardown that follows
-    /// never waits on a stream that held the aborted collectives.
+    /// never waits on a stream that held the aborted collectives. It does not wait for a call
+    /// in progress on another thread (an enqueue blocked behind a full queue): that call is
+    /// what the abort ends (see `live.rs`).
     pub fn abort(&self) {
-        let Some(raw) = lock(&self.comm).take() else {
+        let Some(raw) = self.comm.take_for_abort() else {
             return;
         };
         self.device.mark_lost(format!(
@@ -404,8 +411,9 @@ impl<D: Driver> NcclComm<D> {
             // The whole `RawComm` (Send) moves in, not its raw pointer field alone.
             let raw: RawComm = raw;
             let comm = raw.0;
-            // SAFETY: `comm` is live and was taken out of the mutex, so nothing else uses it;
-            // it is aborted exactly once, here. NCCL selects the communicator's device itself.
+            // SAFETY: `comm` is live and was taken out of its `Live`, so no later call uses it;
+            // it is aborted exactly once, here; a call still in NCCL on another thread is the
+            // hang NCCL allows an abort to end. NCCL selects the communicator's device itself.
             let r = unsafe { nccl.ncclCommAbort(comm) };
             tracing::warn!(target: "zdevice.nccl.abort", rank, result = r, "communicator aborted");
             let _ = tx.send(r);
@@ -454,15 +462,14 @@ impl<D: Driver> NcclComm<D> {
             return Err(NcclError::Aborted { call });
         }
         self.device.bind_thread()?;
-        let (r, detail) = {
-            let guard = lock(&self.comm);
-            let Some(RawComm(comm)) = guard.as_ref() else {
-                return Err(NcclError::Aborted { call });
-            };
-            let r = f(self.nccl, *comm);
+        let called = self.comm.call(|RawComm(comm)| {
+            let r = f(self.nccl, comm);
             let detail =
-                (r != ncclSuccess && r != ncclInProgress).then(|| last_error(self.nccl, *comm));
+                (r != ncclSuccess && r != ncclInProgress).then(|| last_error(self.nccl, comm));
             (r, detail)
+        });
+        let Some((r, detail)) = called else {
+            return Err(NcclError::Aborted { call });
         };
         if let Some(detail) = detail {
             self.abort();
@@ -471,22 +478,45 @@ impl<D: Driver> NcclComm<D> {
         self.wait_async(call)
     }
 
+    /// One read of the asynchronous error from any thread (a watchdog's), skipped while a call
+    /// holds the communicator's turn (it may be blocked: this never waits for it) or once
+    /// aborted. An error (a peer's connection lost, a remote failure NCCL saw on its own
+    /// threads) aborts the communicator, as every failure does, and is returned, so a watcher
+    /// can end a training thread blocked in a launch before any deadline (issue 44).
+    pub fn poll_async_error(&self) -> Result<(), NcclError> {
+        match self.comm.try_call(|RawComm(comm)| self.read_async(comm)) {
+            None | Some((_, None)) => Ok(()),
+            Some((state, Some(detail))) => {
+                self.abort();
+                Err(NcclError::Async {
+                    call: "ncclCommGetAsyncError",
+                    code: state,
+                    name: cuda_sys::nccl_result_name(state),
+                    detail,
+                })
+            }
+        }
+    }
+
+    /// `ncclCommGetAsyncError` on `comm` (in its turn): the state, and NCCL's last error
+    /// text when it is a failure.
+    fn read_async(&self, comm: ncclComm_t) -> (ncclResult_t, Option<String>) {
+        let mut state: ncclResult_t = ncclInProgress;
+        // SAFETY: `comm` is live in its turn (the caller's); the out-pointer is a live local.
+        let r = unsafe { self.nccl.ncclCommGetAsyncError(comm, &mut state) };
+        if r != ncclSuccess {
+            state = r;
+        }
+        let failed = state != ncclSuccess && state != ncclInProgress;
+        (state, failed.then(|| last_error(self.nccl, comm)))
+    }
+
     /// One read of the asynchronous error: `Ok(true)` once it is `ncclSuccess`, `Ok(false)`
     /// while `ncclInProgress`; an error aborts.
     fn async_state(&self, call: &'static str) -> Result<bool, NcclError> {
-        let (state, detail) = {
-            let guard = lock(&self.comm);
-            let Some(RawComm(comm)) = guard.as_ref() else {
-                return Err(NcclError::Aborted { call });
-            };
-            let mut state: ncclResult_t = ncclInProgress;
-            // SAFETY: `comm` is live under the mutex; the out-pointer is a live local.
-            let r = unsafe { self.nccl.ncclCommGetAsyncError(*comm, &mut state) };
-            if r != ncclSuccess {
-                state = r;
-            }
-            let failed = state != ncclSuccess && state != ncclInProgress;
-            (state, failed.then(|| last_error(self.nccl, *comm)))
+        let read = self.comm.call(|RawComm(comm)| self.read_async(comm));
+        let Some((state, detail)) = read else {
+            return Err(NcclError::Aborted { call });
         };
         match detail {
             None => Ok(state == ncclSuccess),
@@ -526,13 +556,10 @@ impl<D: Driver> Drop for NcclComm<D> {
             self.wait_aborted(ABORT_GRACE);
             return;
         }
-        let finalized = {
-            let guard = lock(&self.comm);
-            guard.as_ref().map(|RawComm(comm)| {
-                // SAFETY: `comm` is live under the mutex; non-blocking, so this returns at once.
-                unsafe { self.nccl.ncclCommFinalize(*comm) }
-            })
-        };
+        let finalized = self.comm.call(|RawComm(comm)| {
+            // SAFETY: `comm` is live in its turn; non-blocking, so this returns at once.
+            unsafe { self.nccl.ncclCommFinalize(comm) }
+        });
         let finalized = matches!(finalized, Some(r) if r == ncclSuccess || r == ncclInProgress)
             && self.wait_async("ncclCommFinalize").is_ok();
         if !finalized {
@@ -540,8 +567,8 @@ impl<D: Driver> Drop for NcclComm<D> {
             self.wait_aborted(ABORT_GRACE);
             return;
         }
-        if let Some(RawComm(comm)) = lock(&self.comm).take() {
-            // SAFETY: finalized, live, and taken out of the mutex: destroyed exactly once.
+        if let Some(RawComm(comm)) = self.comm.take_after_calls() {
+            // SAFETY: finalized, live, and taken out of its `Live`: destroyed exactly once.
             let r = unsafe { self.nccl.ncclCommDestroy(comm) };
             tracing::debug!(target: "zdevice.nccl.destroy", rank = self.rank, result = r, "communicator destroyed");
         }

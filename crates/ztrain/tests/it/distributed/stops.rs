@@ -4,7 +4,7 @@
 //! Ctrl-C during the rendezvous wait is honoured at once.
 
 use super::{finish, start_three_ranks};
-use crate::common::{TINY, ztrain_binary};
+use crate::common::{TINY, path_str, ztrain_binary};
 use rstest::rstest;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -198,4 +198,203 @@ fn data_from_a_pipe_with_gpus_is_refused_before_any_rank_starts() {
         !stderr.contains("ztrain rank") && !stderr.contains("rank 0"),
         "a rank started: {stderr}"
     );
+}
+
+/// The highest step in a `--metrics` JSON-lines file (the steps read back so far).
+fn last_read_back(metrics: &std::path::Path) -> u64 {
+    std::fs::read_to_string(metrics)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|row| row["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Issue 45 item 6 for several ranks: SIGINT to the launcher of a 2-rank job whose steps are
+/// read back every 4 (the stop agreement then runs once a window). Both ranks stop after one
+/// same step S (had they not, the one that went on would wait in its next collective and exit
+/// 3, not 130), and rank 0's checkpoint is the state after step S, bit for bit that of the
+/// same job stopped by `--stop-after S`. The bound is counted in steps, never in seconds: the
+/// ranks are frozen (SIGSTOP) while the step read back last is taken and the signal is sent,
+/// then let go; S is at most six windows past it: the windows a rank may have queued past
+/// its last read-back (two), rank 1's lead on rank 0 (two more), and the asks until the ranks
+/// agree (one when every rank has the signal, two when one alone has it).
+#[test]
+fn a_signal_stops_two_ranks_after_one_step_with_that_steps_checkpoint() {
+    const EVERY: u64 = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, metrics) = (dir.path().join("ck.st"), dir.path().join("m.jsonl"));
+    let job = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = TINY.iter().map(|a| (*a).to_string()).collect();
+        args.extend(
+            [
+                "--epochs",
+                "400",
+                "--device",
+                "sim",
+                "--gpus",
+                "2",
+                "--readback-every",
+                "4",
+            ]
+            .map(String::from),
+        );
+        args.extend(extra.iter().map(|a| (*a).to_string()));
+        args
+    };
+    let mut launcher = Command::new(ztrain_binary())
+        .args(job(&[
+            "--checkpoint",
+            path_str(&ck),
+            "--metrics",
+            path_str(&metrics),
+            "--metrics-every",
+            "1",
+        ]))
+        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = launcher.id();
+    // Training: past the first epoch (whose end writes the first checkpoint).
+    let until = Instant::now() + Duration::from_secs(60);
+    while !ck.exists() || last_read_back(&metrics) < 24 {
+        assert!(Instant::now() < until, "the run did not start");
+        assert!(
+            launcher.try_wait().unwrap().is_none(),
+            "the job ended early"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let ranks: Vec<String> = children.split_whitespace().map(String::from).collect();
+    assert_eq!(ranks.len(), 2, "{children}");
+    for r in &ranks {
+        kill("STOP", r);
+    }
+    // Frozen: nothing is read back while the last step read back is taken.
+    let read_back = last_read_back(&metrics);
+    let at = Instant::now();
+    kill("INT", &pid.to_string());
+    for r in &ranks {
+        kill("CONT", r);
+    }
+    let (status, stderr) = finish(&mut launcher, at);
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    for r in 0..2 {
+        assert!(
+            stderr.contains(&format!("rank {r} exited with status 130")),
+            "{stderr}"
+        );
+    }
+    let step = stopped_after(dir.path(), "SIGINT");
+    assert!(
+        step >= read_back && step <= read_back + 6 * EVERY,
+        "stopped after step {step}, {read_back} read back when the signal came"
+    );
+    assert_gone(&ranks);
+    // The state after step `step`: the same job stopped there by --stop-after.
+    let reference = dir.path().join("reference.st");
+    let o = Command::new(ztrain_binary())
+        .args(job(&[
+            "--checkpoint",
+            path_str(&reference),
+            "--stop-after",
+            &step.to_string(),
+        ]))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (a, b) = (
+        ztrain::checkpoint::Checkpoint::load(&ck).unwrap(),
+        ztrain::checkpoint::Checkpoint::load(&reference).unwrap(),
+    );
+    assert_eq!(a.progress, b.progress);
+    assert_eq!(a.optim, b.optim);
+    for (name, t) in &a.params {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&t.data),
+            bits(&b.params[name].data),
+            "parameter {name} differs from the state after step {step}"
+        );
+    }
+}
+
+/// Issue 45 item 6: a second signal ends the job at once, leaving the last good checkpoint.
+/// The ranks are frozen (SIGSTOP) so the first signal, passed on, cannot end the job first;
+/// once the launcher says it passed that one on, the second makes it exit 130 at once, its
+/// ranks die with it (frozen or not), and the checkpoint there is a whole one.
+#[test]
+fn a_second_signal_to_the_launcher_ends_the_job_at_once_leaving_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck.st");
+    let stderr_path = dir.path().join("stderr");
+    let mut args: Vec<&str> = TINY.to_vec();
+    args.extend(["--epochs", "400", "--device", "sim", "--gpus", "2"]);
+    args.extend(["--checkpoint", path_str(&ck), "--checkpoint-every", "1"]);
+    args.extend(["--log", "warn"]);
+    let mut launcher = Command::new(ztrain_binary())
+        .args(&args)
+        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = launcher.id();
+    let wait_until = |what: &str, done: &dyn Fn() -> bool, launcher: &mut std::process::Child| {
+        let until = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < until, "{what}");
+            assert!(
+                launcher.try_wait().unwrap().is_none(),
+                "ended before: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_until(
+        "no checkpoint: the run did not start",
+        &|| ck.exists(),
+        &mut launcher,
+    );
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let ranks: Vec<String> = children.split_whitespace().map(String::from).collect();
+    assert_eq!(ranks.len(), 2, "{children}");
+    for r in &ranks {
+        kill("STOP", r);
+    }
+    kill("INT", &pid.to_string());
+    let passed_on = || {
+        std::fs::read_to_string(&stderr_path)
+            .unwrap_or_default()
+            .contains("passing it on to every rank")
+    };
+    wait_until(
+        "the first signal was not passed on",
+        &passed_on,
+        &mut launcher,
+    );
+    let at = Instant::now();
+    kill("INT", &pid.to_string());
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "the second signal did not end the launcher"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_gone(&ranks);
+    let stdout = std::fs::read_to_string(dir.path().join("stdout")).unwrap();
+    assert!(
+        !stdout.contains("stopped by SIGINT after step"),
+        "the job finished its stop: the second signal came too late to test: {stdout}"
+    );
+    let last = ztrain::checkpoint::Checkpoint::load(&ck).expect("the last good checkpoint");
+    assert!(last.progress.step >= 1);
 }

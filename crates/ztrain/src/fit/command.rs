@@ -1,0 +1,145 @@
+//! The entry of a training program (`main` of `ztrain`, and of a user's binary): the options,
+//! logging, signals, the launcher of `--gpus N` and the exit status. The one place of the
+//! library that prints: a failed run's error, on the user's terminal.
+
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+
+use clap::{CommandFactory as _, FromArgMatches as _, Parser as _};
+use tracing_subscriber::filter::LevelFilter;
+
+use super::{FitModel, run};
+use crate::cli::Options;
+use crate::signals::StopSignal;
+
+/// A training program's `main` for `model`: parses ztrain's options from the command line,
+/// sets up logging (`--log`), the SIGINT/SIGTERM handlers, and either starts `--gpus N` ranks
+/// (copies of this program) and watches them, or trains as one process or rank ([`run`]);
+/// prints an error with its causes and returns the exit status ztrain's are (0; 1 on an error;
+/// 128 + a signal that stopped the run; 3 for a rank whose peer failed; the launcher's codes).
+/// The `ztrain` command is `main(&XAssetFit)`.
+pub fn main<S: FitModel>(model: &S) -> ExitCode {
+    let options = options_of(model);
+    let level: LevelFilter = options.log.parse().unwrap_or(LevelFilter::WARN);
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .try_init()
+        .ok();
+    // A rank started by `ztrain --gpus N` dies with its launcher, however the launcher dies.
+    if let Err(e) = zcomm::launch::die_with_launcher() {
+        return fail(&format!("error: {e}"));
+    }
+    if let Some(path) = &options.make_secret {
+        return match zcomm::secret::write_new_secret_file(path) {
+            Ok(_) => {
+                #[allow(clippy::print_stdout)]
+                {
+                    println!(
+                        "wrote a new job secret to {} (mode 0600); give every rank of the job ZCOMM_SECRET_FILE={}",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&format!("error: {e}")),
+        };
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let show_bar = std::io::stderr().is_terminal();
+    let stop = match StopSignal::install() {
+        Ok(stop) => stop,
+        Err(e) => {
+            return fail(&format!(
+                "error: installing the SIGINT/SIGTERM handlers: {e}"
+            ));
+        }
+    };
+    let role = crate::distributed::role(&options);
+    if !matches!(role, Ok(crate::distributed::Role::Launcher(_)))
+        && let Err(e) = stop.exit_at_once_until_training()
+    {
+        return fail(&format!("error: starting the signal watcher: {e}"));
+    }
+    let rank = match role {
+        Err(e) => return fail(&crate::error::report(&e)),
+        Ok(crate::distributed::Role::Launcher(ranks)) => return launcher(&options, ranks, &stop),
+        Ok(crate::distributed::Role::Rank(env)) => Some(env.info),
+        Ok(crate::distributed::Role::Single) => None,
+    };
+    match run(model, &options, &mut out, show_bar, &stop) {
+        // 128 + the signal, as a shell reports a process the signal ended (130, 143).
+        Ok(outcome) => match outcome.interrupted {
+            Some(sig) => ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)),
+            None => ExitCode::SUCCESS,
+        },
+        // Ctrl-C while waiting for the other ranks: a stop like any other.
+        Err(e) if e.is_interrupted() && stop.received().is_some() => {
+            let sig = stop.received().unwrap_or(crate::signals::SIGINT);
+            let who = rank.map_or(String::new(), |i| {
+                format!(" rank {} of {}", i.rank, i.world)
+            });
+            let _ = fail(&format!(
+                "ztrain{who}: stopped by {} while waiting for the other ranks; nothing was trained",
+                crate::signals::name(sig)
+            ));
+            ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))
+        }
+        Err(e) => match rank {
+            // A rank names itself: the launcher interleaves every rank's stderr.
+            Some(info) => {
+                let _ = fail(&format!(
+                    "ztrain rank {} of {}: {}",
+                    info.rank,
+                    info.world,
+                    crate::error::report(&e)
+                ));
+                if e.is_peer_failure() {
+                    ExitCode::from(crate::error::EXIT_PEER_FAILED)
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            None => fail(&crate::error::report(&e)),
+        },
+    }
+}
+
+/// `--gpus N`: starts the ranks and exits with what they did: 0, `100 + r` when rank r failed
+/// first (the message says how), or 128 + the signal that stopped the job (the launcher's,
+/// passed on to every rank, every time).
+fn launcher(options: &Options, ranks: usize, stop: &StopSignal) -> ExitCode {
+    match crate::distributed::launch_ranks(options, ranks, &|| stop.received()) {
+        Err(e) => fail(&crate::error::report(&e)),
+        Ok(l) if l.exit_code() == 0 => ExitCode::SUCCESS,
+        Ok(l) => {
+            let _ = fail(&format!("ztrain: {}", l.message()));
+            ExitCode::from(l.exit_code())
+        }
+    }
+}
+
+/// The command's one place that prints an error, with its causes: the user's terminal.
+fn fail(report: &str) -> ExitCode {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{report}");
+    }
+    ExitCode::FAILURE
+}
+
+/// The command line's options; `--help` says what the program trains (`FitModel::about`;
+/// clap's usage line names the running program). Clap exits on `--help`, `--version` and bad
+/// usage, as `Options::parse` does.
+fn options_of<S: FitModel>(model: &S) -> Options {
+    let Some(about) = model.about() else {
+        return Options::parse();
+    };
+    let matches = Options::command()
+        .about(about.to_string())
+        .long_about(None)
+        .get_matches();
+    Options::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}

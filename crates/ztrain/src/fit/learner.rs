@@ -1,0 +1,157 @@
+//! The run loop's one door into zgrad's `Trainer`: every call the loop makes into it (make,
+//! join a job, queue and read back steps, evaluate, the optimiser for checkpoints) is a method
+//! here, so a change of the trainer's surface is met in this file alone.
+
+use std::rc::Rc;
+
+use zcomm::Collective;
+use zgrad::{
+    EvalReport, EvalSource, GradSync, HostPhases, Model, Optimizer, PinnedBatch, StepReport,
+    StepSource, Trainer, TrainerConfig,
+};
+
+use crate::step::TrainBackend;
+
+/// zgrad's trainer of a model `M` on `B`, as the run loop drives it.
+pub struct Learner<B: TrainBackend, M: Model<B, f32>> {
+    trainer: Trainer<B, f32, M>,
+}
+
+impl<B: TrainBackend, M: Model<B, f32>> std::fmt::Debug for Learner<B, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Learner")
+            .field("trainer", &self.trainer)
+            .finish()
+    }
+}
+
+impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
+    /// A trainer of `model` on `b` (zgrad's checks of the model and the configuration).
+    pub fn new(b: &B, model: M, config: TrainerConfig) -> zgrad::Result<Self> {
+        Ok(Learner {
+            trainer: Trainer::new(b.clone(), model, config)?,
+        })
+    }
+
+    /// The same trainer as a rank of `comm`'s job, its gradients synchronised as `sync` says
+    /// (every rank starts from rank 0's parameters).
+    pub fn join(self, comm: Rc<dyn Collective<B, f32>>, sync: GradSync) -> zgrad::Result<Self> {
+        Ok(Learner {
+            trainer: self.trainer.with_collective(comm)?.with_grad_sync(sync)?,
+        })
+    }
+
+    #[must_use]
+    pub fn backend(&self) -> &B {
+        self.trainer.backend()
+    }
+
+    #[must_use]
+    pub fn model(&self) -> &M {
+        self.trainer.model()
+    }
+
+    #[must_use]
+    pub fn config(&self) -> &TrainerConfig {
+        self.trainer.config()
+    }
+
+    /// Ranks of the job (1: a process of its own).
+    #[must_use]
+    pub fn world(&self) -> usize {
+        self.trainer.rank_info().world
+    }
+
+    /// Optimiser steps taken so far.
+    #[must_use]
+    pub fn steps(&self) -> u64 {
+        self.trainer.step_count()
+    }
+
+    #[must_use]
+    pub fn optimizer(&self) -> &Optimizer<B, f32> {
+        self.trainer.optimizer()
+    }
+
+    /// For restoring a checkpoint.
+    pub fn optimizer_mut(&mut self) -> &mut Optimizer<B, f32> {
+        self.trainer.optimizer_mut()
+    }
+
+    /// Host time of each phase of the queued steps since the last call.
+    pub fn take_host_phases(&mut self) -> HostPhases {
+        self.trainer.take_host_phases()
+    }
+
+    /// Puts the training set on the device (`n` samples).
+    pub fn load_training(&mut self, x: &[f32], y: &[f32], n: usize) -> zgrad::Result<()> {
+        self.trainer.load_data(x, y, n)
+    }
+
+    /// The rows the next steps on the device take, in steps of `batch`.
+    pub fn plan_rows(&mut self, order: &[usize], batch: usize) -> zgrad::Result<()> {
+        self.trainer.plan_rows(order, batch)
+    }
+
+    /// One step on rows of the training set on the device, read back every `every` steps.
+    pub fn queue_rows(&mut self, rows: &[usize], every: usize) -> zgrad::Result<Vec<StepReport>> {
+        self.trainer.queue(StepSource::loaded(rows), every)
+    }
+
+    /// One step on the first `n` samples of a pinned batch, read back every `every` steps.
+    pub fn queue_pinned(
+        &mut self,
+        batch: &PinnedBatch<B>,
+        n: usize,
+        every: usize,
+    ) -> zgrad::Result<Vec<StepReport>> {
+        self.trainer.queue(StepSource::pinned(batch, n), every)
+    }
+
+    /// Reads back every step queued and not read back yet.
+    pub fn drain(&mut self) -> zgrad::Result<Vec<StepReport>> {
+        self.trainer.drain()
+    }
+
+    /// Steps queued in the read-back window being filled (0: none).
+    #[must_use]
+    pub fn filling(&self) -> usize {
+        self.trainer.filling()
+    }
+
+    /// Puts the validation set on the device (`n` samples).
+    pub fn load_validation(&mut self, x: &[f32], y: &[f32], n: usize) -> zgrad::Result<()> {
+        self.trainer.load_validation(x, y, n)
+    }
+
+    /// Whether the validation set is on the device.
+    #[must_use]
+    pub fn validation_on_device(&self) -> bool {
+        self.trainer.validation_rows().is_some()
+    }
+
+    /// The model's loss and metrics over the validation set on the device.
+    pub fn evaluate_validation(&mut self) -> zgrad::Result<EvalReport> {
+        self.trainer.evaluate(EvalSource::Validation)
+    }
+
+    /// The model's loss and metrics over the training set on the device.
+    pub fn evaluate_loaded(&mut self) -> zgrad::Result<EvalReport> {
+        self.trainer.evaluate(EvalSource::Loaded)
+    }
+
+    /// The model's loss and metrics over samples on the host.
+    pub fn evaluate(&mut self, x: &[f32], y: &[f32]) -> zgrad::Result<EvalReport> {
+        self.trainer.evaluate(EvalSource::Host(x, y))
+    }
+
+    /// The outputs of `n` samples on the host.
+    pub fn predict(&self, x: &[f32], n: usize) -> zgrad::Result<Vec<f32>> {
+        self.trainer.predict(x, n)
+    }
+
+    /// Gives the job's collective up after an error (before the trainer is dropped).
+    pub fn give_up(&self, why: &str) {
+        self.trainer.give_up(why);
+    }
+}
