@@ -80,7 +80,8 @@ def absolute_paths(rel, path, pub_only=False):
         for e in expand_use(m.group(1)):
             # An inline module's `super` is this file's module: one `super` fewer.
             paths.append(e.replace('super::', 'self::', 1) if nested else e)
-    paths += re.findall(r'\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)', text)
+    if not pub_only:
+        paths += re.findall(r'\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)', text)
     children = {m[len(here)] for m in mod_to_file if len(m) == len(here) + 1 and list(m[:len(here)]) == here}
     out = []
     for p in paths:

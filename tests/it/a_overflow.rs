@@ -5,7 +5,7 @@
 
 use zcompute::{ComputeError, CpuBackend, CudaBackend};
 use zdevice::Driver;
-use zgrad::{Applied, GradError, TrainSchedule};
+use zgrad::{Applied, GradError, StepSource, TrainSchedule};
 use zmem::FillCause;
 
 use crate::common::{Size, batch, config, data, initial_parameters, trainer};
@@ -21,9 +21,11 @@ pub fn training_completes_through_overflow<D: Driver>(dev: CudaBackend<D>, size:
         for k in 0..size.batches {
             let (x, y) = batch(&size, &ds, k);
             let a = on_dev
-                .train_batch(x, y, size.batch)
+                .step(StepSource::host(x, y, size.batch))
                 .expect("training through overflow");
-            let b = on_cpu.train_batch(x, y, size.batch).expect("CPU step");
+            let b = on_cpu
+                .step(StepSource::host(x, y, size.batch))
+                .expect("CPU step");
             assert!(
                 (a.loss - b.loss).abs() <= 1e-5 * b.loss.abs(),
                 "{schedule:?} batch {k}: loss {} vs CPU {}",
@@ -64,7 +66,7 @@ pub fn without_overflow_it_is_out_of_memory<D: Driver>(dev: CudaBackend<D>, size
     );
     let (x, y) = batch(&size, &ds, 0);
     let err = t
-        .train_batch(x, y, size.batch)
+        .step(StepSource::host(x, y, size.batch))
         .expect_err("the step cannot fit");
     assert_eq!(err.applied(), Some(Applied::No), "{err}");
     match err.cause() {
@@ -85,7 +87,7 @@ pub fn without_overflow_it_is_out_of_memory<D: Driver>(dev: CudaBackend<D>, size
     );
     // Nothing is lost: with overflow back on, the same trainer takes the step.
     dev.arena().set_overflow_enabled(true);
-    t.train_batch(x, y, size.batch)
+    t.step(StepSource::host(x, y, size.batch))
         .expect("the step after overflow is allowed again");
 }
 

@@ -5,6 +5,7 @@
 
 use zcompute::CudaBackend;
 use zdevice::Driver;
+use zgrad::StepSource;
 use zgrad::TrainSchedule;
 use zmem::{EventKind, Source};
 
@@ -26,10 +27,12 @@ pub fn captured_step_matches_eager_inside_its_reservation<D: Driver>(
         let mut allocations_after_capture = 0usize;
         for k in 0..size.batches {
             let (x, y) = batch(&size, &ds, k);
-            let e = eager.train_batch(x, y, size.batch).expect("eager step");
+            let e = eager
+                .step(StepSource::host(x, y, size.batch))
+                .expect("eager step");
             let mark = events.lock().expect("events").len();
             let c = captured
-                .train_batch(x, y, size.batch)
+                .step(StepSource::host(x, y, size.batch))
                 .expect("captured step");
             assert!(c.captured, "{schedule:?} batch {k}: the step ran captured");
             assert!(

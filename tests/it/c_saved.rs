@@ -7,7 +7,7 @@
 
 use zcompute::{AllocClass, CpuBackend, CudaBackend, prelude::*};
 use zdevice::Driver;
-use zgrad::{Tape, TrainSchedule, Trainer, TrainerConfig, Var, XAsset};
+use zgrad::{StepSource, Tape, TrainSchedule, Trainer, TrainerConfig, Var, XAsset};
 use zmem::Protection;
 
 use crate::common::{
@@ -21,10 +21,10 @@ const GRAD_TOL: f64 = 1e-5;
 /// The four runs scenario C compares: each schedule on the device and on the CPU, all from
 /// the same initial parameters.
 struct FourRuns<D: Driver> {
-    dev_ps: Trainer<CudaBackend<D>, f32>,
-    dev_bt: Trainer<CudaBackend<D>, f32>,
-    cpu_ps: Trainer<CpuBackend, f32>,
-    cpu_bt: Trainer<CpuBackend, f32>,
+    dev_ps: Trainer<CudaBackend<D>, f32, XAsset<CudaBackend<D>>>,
+    dev_bt: Trainer<CudaBackend<D>, f32, XAsset<CudaBackend<D>>>,
+    cpu_ps: Trainer<CpuBackend, f32, XAsset<CpuBackend>>,
+    cpu_bt: Trainer<CpuBackend, f32, XAsset<CpuBackend>>,
 }
 
 impl<D: Driver> FourRuns<D> {
@@ -43,19 +43,19 @@ impl<D: Driver> FourRuns<D> {
     fn train_batch(&mut self, x: &[f32], y: &[f32], batch: usize) -> [f64; 4] {
         [
             self.dev_ps
-                .train_batch(x, y, batch)
+                .step(StepSource::host(x, y, batch))
                 .expect("device per-sample step")
                 .loss,
             self.dev_bt
-                .train_batch(x, y, batch)
+                .step(StepSource::host(x, y, batch))
                 .expect("device batched step")
                 .loss,
             self.cpu_ps
-                .train_batch(x, y, batch)
+                .step(StepSource::host(x, y, batch))
                 .expect("CPU per-sample step")
                 .loss,
             self.cpu_bt
-                .train_batch(x, y, batch)
+                .step(StepSource::host(x, y, batch))
                 .expect("CPU batched step")
                 .loss,
         ]

@@ -149,7 +149,7 @@ pub fn trainer<B: Capture<f32> + 'static>(
     size: &Size,
     params: &[Vec<f32>],
     config: TrainerConfig,
-) -> Trainer<B, f32> {
+) -> Trainer<B, f32, XAsset<B>> {
     let model = XAsset::<B, f32>::init(&b, size.model, 0).expect("init");
     for (p, data) in model.parameters().iter().zip(params) {
         p.upload(&b, data).expect("parameters upload");
@@ -166,7 +166,10 @@ pub fn config(schedule: TrainSchedule, capture: bool) -> TrainerConfig {
 }
 
 /// Overwrites a trainer's parameters (so several trainers compute gradients from the same ones).
-pub fn set_parameters<B: Capture<f32> + 'static>(t: &Trainer<B, f32>, params: &[Vec<f32>]) {
+pub fn set_parameters<B: Capture<f32> + 'static>(
+    t: &Trainer<B, f32, XAsset<B>>,
+    params: &[Vec<f32>],
+) {
     for (p, data) in t.model().parameters().iter().zip(params) {
         p.upload(t.backend(), data).expect("parameters upload");
     }
@@ -176,7 +179,7 @@ pub fn set_parameters<B: Capture<f32> + 'static>(t: &Trainer<B, f32>, params: &[
 pub type NamedGrads = Vec<(String, Vec<f32>)>;
 
 /// Every gradient of a trainer, by parameter name, after its last step.
-pub fn gradients<B: Capture<f32> + 'static>(t: &Trainer<B, f32>) -> NamedGrads {
+pub fn gradients<B: Capture<f32> + 'static>(t: &Trainer<B, f32, XAsset<B>>) -> NamedGrads {
     t.model()
         .named_parameters()
         .into_iter()

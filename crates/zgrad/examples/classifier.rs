@@ -19,7 +19,7 @@ pub mod common;
 
 use common::{Example, TaskMlp, main_of, train_epochs, uniform};
 use zcompute::Capture;
-use zgrad::{EvalReport, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{EvalReport, EvalSource, Task, TrainSchedule, Trainer, TrainerConfig};
 
 /// The sizes of a run (`Classifier::default()` is the command's).
 pub struct Classifier {
@@ -95,7 +95,7 @@ impl Example for Classifier {
         let (x, y) = self.data(1, self.train);
         let (vx, vy) = self.data(2, self.train / 4);
         trainer.load_validation(&vx, &vy, vy.len())?;
-        let before = trainer.evaluate_validation()?;
+        let before = trainer.evaluate(EvalSource::Validation)?;
         let f = self.features;
         let (first_loss, last_loss) = train_epochs(
             &mut trainer,
@@ -106,7 +106,7 @@ impl Example for Classifier {
             self.epochs,
             self.quiet,
         )?;
-        let after = trainer.evaluate_validation()?;
+        let after = trainer.evaluate(EvalSource::Validation)?;
         if !self.quiet {
             println!(
                 "validation ({} samples): cross-entropy {:.4} -> {:.4}, accuracy {:.3} -> {:.3}",

@@ -3,8 +3,8 @@
 //! PyTorch is installed (`benches/xasset_cpu_torch.py`, run with `$ZGPU_PYTHON`, else
 //! `python3`), with the ratios ours / PyTorch in samples per second:
 //!
-//! - batched: one `train_batch` of `--batch` samples (default 256): forward, backward, AdamW.
-//! - per-sample: one `train_batch` of `--per-sample` samples (default 32) in the per-sample
+//! - batched: one a host `step` of `--batch` samples (default 256): forward, backward, AdamW.
+//! - per-sample: one a host `step` of `--per-sample` samples (default 32) in the per-sample
 //!   schedule: each sample's forward and backward, then one AdamW step.
 //!
 //! Each figure is the median over `--iters` steps (default 10) after warm-up steps, at
@@ -27,7 +27,7 @@ use std::process::Command;
 use std::time::Instant;
 use zcompute::CpuBackend;
 use zgrad::rng::SplitMix64;
-use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -135,7 +135,7 @@ fn ours(s: Schedule, threads: usize, iters: usize) -> Result<Timing, Error> {
     };
     let mut t = Trainer::new(CpuBackend, model, tc)?;
     median_ms(2, iters, || {
-        t.train_batch(&x, &y, s.samples)?;
+        t.step(StepSource::host(&x, &y, s.samples))?;
         Ok(())
     })
 }

@@ -25,14 +25,14 @@
 //!
 //! - `captured_ms`: CUDA events around the replay of the captured batched step (zero_grad,
 //!   forward, backward, the gradient all-reduce, the global norm, AdamW), with the shard already
-//!   on the device (`Trainer::replay_resident`, whose stats are read back after every step), as
+//!   on the device (a step from the held batch, whose stats are read back after every step), as
 //!   PyTorch's events around `g.replay()`;
 //! - `pipelined_ms`: host wall-clock per step of 32 steps queued back to back on the data set
-//!   loaded on the device (`Trainer::queue_rows`, read back once at the end: ztrain's
+//!   loaded on the device (`queue` of loaded rows, read back once at the end: ztrain's
 //!   `--data-on device` loop), so that one rank's host never holds the others' GPUs;
-//! - `captured_e2e_ms`: host wall-clock of `train_batch` on the captured step (shard copied in,
+//! - `captured_e2e_ms`: host wall-clock of a host `step` on the captured step (shard copied in,
 //!   replay, loss read back);
-//! - `eager_ms`: host wall-clock of an eager `train_batch`;
+//! - `eager_ms`: host wall-clock of an eager a host `step`;
 //! - `samples_per_s`: the global batch over `pipelined_ms`;
 //!
 //! `--stream-priority` says which of a rank's two streams the device favours when both have
@@ -84,7 +84,9 @@ use zcomm::{Collective, JoinOptions, LaunchEnv, NcclCollective, rendezvous};
 use zcompute::CudaBackend;
 use zdevice::{CudaDriver, Device, DeviceConfig, StreamPriority};
 use zgrad::rng::SplitMix64;
-use zgrad::{GradSync, ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{
+    GradSync, ReplayMark, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+};
 use zmem::{Arena, ArenaConfig};
 
 type Gpu = CudaBackend<CudaDriver>;
@@ -142,7 +144,7 @@ fn trainer(
     comm: Option<&Comm>,
     capture: bool,
     sync: GradSync,
-) -> Result<Trainer<Gpu>, Error> {
+) -> Result<Trainer<Gpu, f32, XAsset<Gpu>>, Error> {
     let model = XAsset::init(gpu, XAssetConfig::default(), 0)?;
     let config = TrainerConfig {
         schedule: TrainSchedule::Batched,
@@ -161,7 +163,11 @@ const PIPELINED: usize = 32;
 
 /// Host milliseconds per step of `PIPELINED` steps queued on the loaded data set, read back
 /// once (median over `iters / 4 + 1` windows after two untimed ones).
-fn pipelined_ms(t: &mut Trainer<Gpu>, global: usize, iters: usize) -> Result<f64, Error> {
+fn pipelined_ms(
+    t: &mut Trainer<Gpu, f32, XAsset<Gpu>>,
+    global: usize,
+    iters: usize,
+) -> Result<f64, Error> {
     let rows: Vec<usize> = (0..global).collect();
     let planned = rows.repeat(PIPELINED);
     median_of(2, iters / 4 + 1, || {
@@ -169,19 +175,23 @@ fn pipelined_ms(t: &mut Trainer<Gpu>, global: usize, iters: usize) -> Result<f64
         // As ztrain: the window's rows planned, so its steps upload nothing between them.
         t.plan_rows(&planned, global)?;
         for _ in 0..PIPELINED {
-            t.queue_rows(&rows, PIPELINED)?;
+            t.queue(StepSource::loaded(&rows), PIPELINED)?;
         }
         t.drain()?;
         Ok(t0.elapsed().as_secs_f64() * 1e3 / PIPELINED as f64)
     })
 }
 
-/// Events around the replay of the captured step (`replay_resident`), median.
-fn captured_ms(gpu: &Gpu, t: &mut Trainer<Gpu>, iters: usize) -> Result<f64, Error> {
+/// Events around the replay of the captured step (a step from the held batch), median.
+fn captured_ms(
+    gpu: &Gpu,
+    t: &mut Trainer<Gpu, f32, XAsset<Gpu>>,
+    iters: usize,
+) -> Result<f64, Error> {
     let ev = EventPair::new(gpu)?;
     median_of(3, iters, || {
         let mut failed = None;
-        t.replay_resident(|mark| {
+        t.step(StepSource::held(|mark| {
             let r = match mark {
                 ReplayMark::Before => ev.start(),
                 ReplayMark::After => ev.end(),
@@ -189,7 +199,7 @@ fn captured_ms(gpu: &Gpu, t: &mut Trainer<Gpu>, iters: usize) -> Result<f64, Err
             if let Err(e) = r {
                 failed = Some(e);
             }
-        })?;
+        }))?;
         if let Some(e) = failed {
             return Err(e.into());
         }
@@ -207,9 +217,9 @@ fn warm_up(gpu: &Gpu, comm: Option<&Comm>, world: usize, steps: usize) -> Result
     let global = PER_RANK * world;
     let (x, y) = data(global);
     let mut t = trainer(gpu, comm, true, GradSync::AfterBackward)?;
-    t.train_batch(&x, &y, global)?;
+    t.step(StepSource::host(&x, &y, global))?;
     for _ in 0..steps {
-        t.replay_resident(|_| {})?;
+        t.step(StepSource::held(|_| {}))?;
     }
     Ok(())
 }
@@ -227,7 +237,7 @@ fn row(
     out.raw("global_batch", global);
     let mut t = trainer(gpu, comm, true, sync)?;
     let e2e = median_of(3, iters, || {
-        Ok(wall_ms(|| Ok(t.train_batch(&x, &y, global)?))?.0)
+        Ok(wall_ms(|| Ok(t.step(StepSource::host(&x, &y, global))?))?.0)
     })?;
     let captured = captured_ms(gpu, &mut t, iters)?;
     t.load_data(&x, &y, global)?;
@@ -235,7 +245,7 @@ fn row(
     drop(t);
     let mut t = trainer(gpu, comm, false, sync)?;
     let eager = median_of(3, iters, || {
-        Ok(wall_ms(|| Ok(t.train_batch(&x, &y, global)?))?.0)
+        Ok(wall_ms(|| Ok(t.step(StepSource::host(&x, &y, global))?))?.0)
     })?;
     out.ms("captured_ms", Some(captured));
     out.ms("pipelined_ms", Some(pipelined));
@@ -275,7 +285,7 @@ fn rows(
 /// Events around one all-reduce of the flat gradient buffer (eager, on the engine stream).
 fn allreduce_ms(gpu: &Gpu, comm: &Comm, iters: usize) -> Result<f64, Error> {
     let t = trainer(gpu, Some(comm), false, GradSync::AfterBackward)?;
-    let grads = t.gradients()?;
+    let grads = t.model().flat_gradients()?;
     let ev = EventPair::new(gpu)?;
     median_of(5, iters, || {
         ev.start()?;

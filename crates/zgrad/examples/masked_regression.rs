@@ -22,7 +22,7 @@ pub mod common;
 
 use common::{Example, TaskMlp, main_of, train_epochs, uniform};
 use zcompute::Capture;
-use zgrad::{EvalReport, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{EvalReport, EvalSource, Task, TrainSchedule, Trainer, TrainerConfig};
 
 /// The sizes of a run (`MaskedRegression::default()` is the command's).
 pub struct MaskedRegression {
@@ -110,7 +110,7 @@ impl Example for MaskedRegression {
         let n_val = self.train / 4;
         let (vx, vy, _) = self.data(2, n_val);
         trainer.load_validation(&vx, &vy, n_val)?;
-        let before = trainer.evaluate_validation()?;
+        let before = trainer.evaluate(EvalSource::Validation)?;
         let (f, per) = (self.features, 2 * K);
         let (first_loss, last_loss) = train_epochs(
             &mut trainer,
@@ -121,7 +121,7 @@ impl Example for MaskedRegression {
             self.epochs,
             self.quiet,
         )?;
-        let after = trainer.evaluate_validation()?;
+        let after = trainer.evaluate(EvalSource::Validation)?;
         if !self.quiet {
             let (m0, m1) = (before.regression, after.regression);
             let m0 = m0.ok_or_else(|| zgrad::GradError::Config("no regression metrics".into()))?;

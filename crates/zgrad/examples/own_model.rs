@@ -16,7 +16,10 @@ use std::collections::HashMap;
 use zcompute::{Activation, Capture, Engine, prelude::*};
 use zgrad::model::ParameterBuilder;
 use zgrad::nn::Linear;
-use zgrad::{GradError, Model, Tape, Task, TrainSchedule, Trainer, TrainerConfig, Var};
+use zgrad::{
+    EvalSource, GradError, Model, StepSource, Tape, Task, TrainSchedule, Trainer, TrainerConfig,
+    Var,
+};
 
 #[derive(Clone)] // a clone shares the parameters (a captured graph's body holds one)
 pub struct Mlp<B: Ops<f32>> {
@@ -126,9 +129,9 @@ pub fn train<B: Capture<f32> + Clone + 'static>(b: B, dir: &std::path::Path) -> 
         .collect();
     let mut loss = f64::NAN;
     for _ in 0..5 {
-        loss = trainer.train_batch(&x, &y, batch)?.loss; // x: [batch, 3, 4] row-major
+        loss = trainer.step(StepSource::host(&x, &y, batch))?.loss; // x: [batch, 3, 4] row-major
     }
-    let report = trainer.evaluate(&x, &y)?; // the task's loss and accuracy
+    let report = trainer.evaluate(EvalSource::Host(&x, &y))?; // the task's loss and accuracy
     println!(
         "loss {loss:.4}, evaluated: loss {:.4}, accuracy {:.2}",
         report.loss, report.accuracy

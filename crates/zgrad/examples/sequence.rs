@@ -27,7 +27,10 @@ use common::{Example, main_of, train_epochs};
 use zcompute::{Activation, Capture, prelude::*};
 use zgrad::nn::Linear;
 use zgrad::rng::SplitMix64;
-use zgrad::{EvalReport, GradError, Model, Tape, Task, TrainSchedule, Trainer, TrainerConfig, Var};
+use zgrad::{
+    EvalReport, EvalSource, GradError, Model, Tape, Task, TrainSchedule, Trainer, TrainerConfig,
+    Var,
+};
 
 /// The id of padding (its row of the table is never read into a result).
 pub const PAD: usize = 0;
@@ -247,7 +250,7 @@ impl Example for Sequence {
         let mean_length =
             vx.iter().filter(|&&id| id != PAD as f32).count() as f64 / vy.len() as f64;
         trainer.load_validation(&vx, &vy, vy.len())?;
-        let before = trainer.evaluate_validation()?;
+        let before = trainer.evaluate(EvalSource::Validation)?;
         let s = self.tokens;
         let (first_loss, last_loss) = train_epochs(
             &mut trainer,
@@ -258,7 +261,7 @@ impl Example for Sequence {
             self.epochs,
             self.quiet,
         )?;
-        let after = trainer.evaluate_validation()?;
+        let after = trainer.evaluate(EvalSource::Validation)?;
         if !self.quiet {
             println!(
                 "validation ({} sequences of mean length {mean_length:.1}, padded to {s}): cross-entropy {:.4} -> {:.4}, accuracy {:.3} -> {:.3} (chance {:.3})",

@@ -250,7 +250,7 @@ pub enum GradError {
         given: Vec<usize>,
         task: crate::task::Task,
     },
-    /// An optimiser step (`AdamW::step`, `Trainer::train_batch`) failed; `applied` says whether
+    /// An optimiser step (`AdamW::step`, a host `step`) failed; `applied` says whether
     /// its update reached the model, and so whether the batch may be retried. What failed is
     /// the `source()` (and [`GradError::cause`]).
     #[error("step {step} failed ({applied})")]

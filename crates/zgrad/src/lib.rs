@@ -50,9 +50,9 @@ pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use task::{Target, Task};
 pub use trainer::{
-    DEFAULT_BUCKET_BYTES, EvalReport, GradSync, HostPhases, PinnedBatch, RegressionMetrics,
-    ReplayMark, StepReport, TrainSchedule, Trainer, TrainerConfig, device_data_bytes,
-    max_device_rows, shard, step_table_bytes, validation_data_bytes,
+    DEFAULT_BUCKET_BYTES, EvalReport, EvalSource, GradSync, HostPhases, PinnedBatch,
+    RegressionMetrics, ReplayMark, StepReport, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    device_data_bytes, max_device_rows, shard, step_table_bytes, validation_data_bytes,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

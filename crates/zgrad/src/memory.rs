@@ -74,3 +74,13 @@ impl<B: Ops<T>, T: Element> Drop for ClassGuard<'_, B, T> {
         self.backend.set_alloc_class(self.previous);
     }
 }
+
+/// A tensor of zeros of `shape` in persistent memory (made outside or inside a step alike):
+/// the trainer's graph inputs, tables and landing buffers.
+pub(crate) fn persistent_zeros<B: Ops<T>, T: Element>(
+    b: &B,
+    shape: &[usize],
+) -> Result<zcompute::BTensor<B, T>> {
+    let _class = ClassGuard::new(b, AllocClass::Persistent);
+    Ok(b.zeros(shape)?)
+}

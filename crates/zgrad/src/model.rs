@@ -253,9 +253,8 @@ pub(crate) fn unique_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Resu
 
 #[cfg(test)]
 mod tests {
-    use super::{Init, Model, ParameterBuilder, unique_names};
+    use super::{Init, ParameterBuilder, unique_names};
     use crate::error::GradError;
-    use crate::xasset::{XAsset, XAssetConfig};
     use zcompute::CpuBackend;
 
     #[test]
@@ -300,30 +299,5 @@ mod tests {
         );
         assert!(unique_names(["a", "b", "a"]).is_err());
         assert!(unique_names(["a", "b"]).is_ok());
-    }
-
-    #[test]
-    fn xasset_through_the_trait_keeps_its_names_order_and_sample_shape() {
-        let c = XAssetConfig {
-            features: 3,
-            scales: 2,
-            width: 4,
-            heads: 2,
-            ff: 8,
-            layers: 1,
-        };
-        let m = XAsset::<_, f32>::init(&CpuBackend, c, 1).unwrap();
-        let named = Model::named_parameters(&m);
-        assert_eq!(named.len(), XAsset::named_parameters(&m).len());
-        for ((n, v), (want, w)) in named.iter().zip(XAsset::named_parameters(&m)) {
-            assert_eq!(n, &want);
-            assert!(v.value().shares_storage(w.value()));
-        }
-        assert_eq!(m.sample_shape(6).unwrap(), [2, 3]);
-        assert_eq!(m.sample_shape(15).unwrap(), [5, 3]);
-        for bad in [0, 4] {
-            assert!(matches!(m.sample_shape(bad), Err(GradError::BadInput(_))));
-        }
-        assert!(Model::parameter_set(&m).is_ok());
     }
 }

@@ -15,7 +15,7 @@
 
 use crate::error::{GradError, Result};
 use crate::model::Model;
-use crate::trainer::{TrainSchedule, Trainer, TrainerConfig};
+use crate::trainer::{EvalSource, StepSource, TrainSchedule, Trainer, TrainerConfig};
 use zcompute::{ArenaOverrides, ComputeError, CudaBackend, EngineConfig};
 use zdevice::{DeviceConfig, SimConfig, SimDriver};
 use zmem::{ArenaConfig, ClassBytes};
@@ -106,27 +106,27 @@ pub struct PlanRequest<M> {
     /// Samples of a training set kept on the device (`Trainer::load_data`; 0, the default:
     /// the data stays on the host). The plan then holds it (persistent memory,
     /// [`crate::device_data_bytes`]) and runs the steps the run runs on it
-    /// (`Trainer::queue_rows`, each step's rows gathered on the device).
+    /// (`queue` of loaded rows, each step's rows gathered on the device).
     pub resident_rows: usize,
-    /// The read-back window of those queued steps (`every` of `Trainer::queue_rows`; 1, the
+    /// The read-back window of those queued steps (`every` of `queue` of loaded rows; 1, the
     /// default): the window's device history and step table are its size.
     pub readback_every: usize,
     /// Samples of a validation set evaluated after the steps, twice (two epochs: a captured
     /// pass is replayed the second time); 0, the default: none. On the device
     /// (`validation_on_device`) the plan holds the set ([`crate::validation_data_bytes`]) and
-    /// evaluates it as `Trainer::evaluate_validation` does (captured chunks when `capture`);
+    /// evaluates it as `evaluate(EvalSource::Validation)` does (captured chunks when `capture`);
     /// from the host it evaluates one chunk of `min(eval_batch, rows)` zero samples with
     /// `Trainer::evaluate` (each chunk's memory is reclaimed before the next).
     pub validation_rows: usize,
     /// Whether the validation set lives on the device (`Trainer::load_validation`).
     pub validation_on_device: bool,
     /// Samples of the training set evaluated once after the steps (a run's final numbers;
-    /// 0, the default: none): the resident set with `Trainer::evaluate_loaded` when
+    /// 0, the default: none): the resident set with `evaluate(EvalSource::Loaded)` when
     /// `resident_rows > 0`, else one chunk from the host as for the validation set.
     pub train_eval_rows: usize,
     /// Whether the batched schedule's steps come from pinned batches through the two device
-    /// landing buffers (`Trainer::queue_pinned`, how `ztrain` feeds a training set on the
-    /// host), which the plan then holds; without it (the default) `Trainer::train_batch`.
+    /// landing buffers (`queue` of a pinned batch, how `ztrain` feeds a training set on the
+    /// host), which the plan then holds; without it (the default) a host `step`.
     /// Ignored with `resident_rows > 0` and for the per-sample schedule.
     pub pinned: bool,
 }
@@ -292,7 +292,9 @@ pub fn plan_schedule<M: PlanModel>(
         let y = vec![0.0f32; request.batch];
         let mut captured = request.trainer.capture;
         for _ in 0..request.steps {
-            captured &= trainer.train_batch(&x, &y, request.batch)?.captured;
+            captured &= trainer
+                .step(StepSource::host(&x, &y, request.batch))?
+                .captured;
         }
         captured
     };
@@ -316,7 +318,7 @@ fn resident_steps<M: PlanModel>(
     let rows: Vec<usize> = (0..request.batch.min(request.resident_rows)).collect();
     let mut captured = request.trainer.capture;
     for _ in 0..request.steps {
-        for r in trainer.queue_rows(&rows, request.readback_every.max(1))? {
+        for r in trainer.queue(StepSource::loaded(&rows), request.readback_every.max(1))? {
             captured &= r.captured;
         }
     }
@@ -326,7 +328,7 @@ fn resident_steps<M: PlanModel>(
     Ok(captured)
 }
 
-/// The steps of a run fed from the host through pinned batches (`queue_pinned`, two batches
+/// The steps of a run fed from the host through pinned batches (`queue` of a pinned batch, two batches
 /// in turn, as `ztrain` does): the two landing buffers are made on the device. Whether every
 /// step ran captured.
 fn pinned_steps<M: PlanModel>(
@@ -342,7 +344,7 @@ fn pinned_steps<M: PlanModel>(
     let mut captured = request.trainer.capture;
     for k in 0..request.steps {
         let batch = &batches[usize::try_from(k % 2).unwrap_or(0)];
-        for r in trainer.queue_pinned(batch, request.batch, 1)? {
+        for r in trainer.queue(StepSource::pinned(batch, request.batch), 1)? {
             captured &= r.captured;
         }
     }
@@ -363,13 +365,13 @@ fn evaluations<M: PlanModel>(
     // One chunk from the host: every chunk's memory is reclaimed before the next.
     let from_host = |t: &Trainer<PlanBackend, f32, M::Model>, rows: usize| {
         let n = rows.min(chunk);
-        t.evaluate(&vec![0.0f32; n * per], &vec![0.0f32; n])
+        t.evaluate_host(&vec![0.0f32; n * per], &vec![0.0f32; n])
             .map(|_| ())
     };
     if request.validation_rows > 0 {
         for _ in 0..2 {
             if request.validation_on_device {
-                trainer.evaluate_validation()?;
+                trainer.evaluate(EvalSource::Validation)?;
             } else {
                 from_host(trainer, request.validation_rows)?;
             }
@@ -377,7 +379,7 @@ fn evaluations<M: PlanModel>(
     }
     if request.train_eval_rows > 0 {
         if request.resident_rows > 0 {
-            trainer.evaluate_loaded()?;
+            trainer.evaluate(EvalSource::Loaded)?;
         } else {
             from_host(trainer, request.train_eval_rows)?;
         }

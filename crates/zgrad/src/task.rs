@@ -203,7 +203,7 @@ impl Task {
             return Ok(());
         }
         Err(GradError::Config(format!(
-            "{what} carries one target value per sample; the model's task is {self} ({} per sample): use train_batch / evaluate",
+            "{what} carries one target value per sample; the model's task is {self} ({} per sample): use host rows (StepSource::host, EvalSource::Host)",
             self.target_len()
         )))
     }

@@ -8,7 +8,7 @@ use crate::console::Console;
 use clap::Parser as _;
 use zcompute::{AllocClass, SimDriver};
 use zdevice::SimConfig;
-use zgrad::{Trainer, XAsset};
+use zgrad::{EvalSource, StepSource, Trainer, XAsset};
 
 const M: u64 = 1 << 20;
 /// An H100's memory, as the accounting device's.
@@ -52,12 +52,15 @@ fn peaks(args: &[&str], sized: bool) -> (u64, u64) {
     let y = vec![0.0f32; config.batch];
     for n in [config.batch, config.batch, config.batch / 2 + 1] {
         trainer
-            .train_batch(&x[..n * per], &y[..n], n)
+            .step(StepSource::host(&x[..n * per], &y[..n], n))
             .expect("step");
     }
     let val = 2048;
     trainer
-        .evaluate(&vec![0.0f32; val * per], &vec![0.0f32; val])
+        .evaluate(EvalSource::Host(
+            &vec![0.0f32; val * per],
+            &vec![0.0f32; val],
+        ))
         .expect("evaluation");
     let d = b.arena().diagnostics();
     assert_eq!(d.overflow.calls, 0, "{d}");

@@ -315,7 +315,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
     };
     let concluded = conclude(
         &b,
-        &run.learner,
+        &mut run.learner,
         &run.feed,
         ctx,
         out,
@@ -334,7 +334,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
 #[allow(clippy::too_many_arguments)]
 fn conclude<B: TrainBackend + MemorySource, M: Model<B, f32>>(
     b: &B,
-    learner: &Learner<B, M>,
+    learner: &mut Learner<B, M>,
     feed: &Feed<B>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,

@@ -5,14 +5,14 @@ use std::rc::Rc;
 
 use zcompute::CudaBackend;
 use zdevice::{Device, DeviceConfig, Driver, FaultController, FaultyDriver};
-use zgrad::{OptimizerState, PARAMETER_NAMES, Trainer, XAsset};
+use zgrad::{OptimizerState, PARAMETER_NAMES, StepSource, Trainer, XAsset};
 use zmem::Arena;
 
 use super::{CallList, CaseResult, Fault, MODES, Mode, Settings};
 use crate::common::{Size, batch, config, data, rel};
 
 struct Run<D: Driver> {
-    trainer: Trainer<CudaBackend<FaultyDriver<D>>, f32>,
+    trainer: Trainer<CudaBackend<FaultyDriver<D>>, f32, XAsset<CudaBackend<FaultyDriver<D>>>>,
     /// The trainer's backend, shared (to restore the optimiser while the trainer is borrowed).
     backend: Rc<CudaBackend<FaultyDriver<D>>>,
     device: Device<FaultyDriver<D>>,
@@ -76,7 +76,7 @@ fn train<D: Driver>(run: &mut Run<D>, size: &Size) -> Result<Vec<Vec<f32>>, Stri
     for k in 0..2 {
         let (x, y) = batch(size, &set, k);
         run.trainer
-            .train_batch(x, y, size.batch)
+            .step(StepSource::host(x, y, size.batch))
             .map_err(|e| format!("step {}: {}", k + 1, typed(e)))?;
     }
     let b = run.trainer.backend();

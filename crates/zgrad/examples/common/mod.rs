@@ -6,7 +6,7 @@
 use zcompute::{Activation, Capture, Engine, prelude::*};
 use zgrad::model::ParameterBuilder;
 use zgrad::nn::Linear;
-use zgrad::{GradError, Model, Tape, Task, Var};
+use zgrad::{GradError, Model, StepSource, Tape, Task, Var};
 
 /// `inputs -> hidden (tanh) -> hidden (tanh) -> outputs`, its loss the task's own
 /// (`Tape::task_loss`), its parameters one flat buffer.
@@ -167,11 +167,11 @@ pub fn train_epochs<B: Capture<f32> + 'static, M: Model<B, f32>>(
         let mut sum = 0.0;
         for s in 0..steps {
             let rows = s * batch..(s + 1) * batch;
-            let r = trainer.train_batch(
+            let r = trainer.step(StepSource::host(
                 &x[rows.start * x_per..rows.end * x_per],
                 &y[rows.start * y_per..rows.end * y_per],
                 batch,
-            )?;
+            ))?;
             first_loss.get_or_insert(r.loss);
             sum += r.loss;
         }

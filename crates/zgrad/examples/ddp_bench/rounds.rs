@@ -10,7 +10,7 @@
 use super::timing::{Error, Json};
 use super::{Comm, Gpu, PER_RANK, captured_ms, data, trainer};
 use zcompute::prelude::*;
-use zgrad::{GradSync, Trainer};
+use zgrad::{GradSync, StepSource, Trainer, XAsset};
 
 /// Every rank has queued and finished everything before this returns (a one-element
 /// all-reduce, then the communicator's bounded synchronize): the next timed replays start
@@ -28,11 +28,11 @@ fn captured(
     comm: Option<&Comm>,
     world: usize,
     sync: GradSync,
-) -> Result<Trainer<Gpu>, Error> {
+) -> Result<Trainer<Gpu, f32, XAsset<Gpu>>, Error> {
     let global = PER_RANK * world;
     let (x, y) = data(global);
     let mut t = trainer(gpu, comm, true, sync)?;
-    t.train_batch(&x, &y, global)?;
+    t.step(StepSource::host(&x, &y, global))?;
     Ok(t)
 }
 

@@ -5,24 +5,24 @@
 //! (`benches/compare.py` puts it beside PyTorch's):
 //!
 //! - `batched_graph_ms`: CUDA events around the replay of the captured batched step with the
-//!   batch already on the device (`Trainer::replay_resident`; the update and the stats read
+//!   batch already on the device (a step from the held batch; the update and the stats read
 //!   back are part of every step, outside the events): the GPU time per step, kernels and the
 //!   gaps between them, as PyTorch's events around `g.replay()`. `batched_graph_host_ms` is the
 //!   same call's host wall-clock, read-back included.
-//! - `batched_graph_e2e_ms`: host wall-clock of `train_batch_pinned` on the captured step,
+//! - `batched_graph_e2e_ms`: host wall-clock of a pinned `step` on the captured step,
 //!   as `xasset_e2e_torch.py` times PyTorch's (`X.copy_(pinned, non_blocking=True)`, replay,
 //!   `loss.item()`): the batch copied in from pinned host memory filled once before the loop
 //!   (`PinnedBatch`, as PyTorch's `Xp`/`Yp`), the `[lr, t]` slot written, the replay, the
 //!   loss (and gradient norm, one read) read back; median after 5 warm steps.
-//! - `batched_graph_e2e_host_slice_ms`: the same from a host slice (`train_batch`: the
+//! - `batched_graph_e2e_host_slice_ms`: the same from a host slice (a host `step`: the
 //!   backend copies the slice into its own pinned staging buffers, then the DMA).
-//! - `per_sample_graph_ms`: CUDA events around the per-sample schedule's `train_batch` (every
+//! - `per_sample_graph_ms`: CUDA events around the per-sample schedule's a host `step` (every
 //!   sample's forward+backward replayed, the AdamW step, the stats read back; the batch is
 //!   uploaded once per step and each replay reads its sample through a device-side index: see
 //!   `per_sample_timing`).
 //! - `*_first_step_ms`: host wall-clock of a fresh trainer's first captured step (warm-up run,
 //!   capture, instantiation); `*_nodes`: nodes of the captured graphs.
-//! - `*_eager_ms`: host wall-clock per `train_batch` (each ends by reading the loss back), the
+//! - `*_eager_ms`: host wall-clock per a host `step` (each ends by reading the loss back), the
 //!   median over `--runs` runs (default 3) of each run's median; the runs are listed.
 //! - `batched_step_peak_live_MiB` / `batched_step_peak_reserved_MiB`: the arena's peak live
 //!   bytes over all classes and its peak reserved bytes over one eager batched step after a
@@ -46,7 +46,8 @@ use zcompute::CudaBackend;
 use zdevice::{CudaDriver, Device, DeviceConfig, DeviceError};
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    PinnedBatch, Precision, ReplayMark, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    PinnedBatch, Precision, ReplayMark, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    XAssetConfig,
 };
 use zmem::{Arena, ArenaConfig};
 
@@ -67,7 +68,11 @@ struct Bench {
 }
 
 impl Bench {
-    fn trainer(&self, schedule: TrainSchedule, capture: bool) -> Result<Trainer<Gpu>, Error> {
+    fn trainer(
+        &self,
+        schedule: TrainSchedule,
+        capture: bool,
+    ) -> Result<Trainer<Gpu, f32, XAsset<Gpu>>, Error> {
         let model = XAsset::init(&self.gpu, self.config, 0)?;
         self.trainer_of(model, schedule, capture)
     }
@@ -77,7 +82,7 @@ impl Bench {
         model: XAsset<Gpu>,
         schedule: TrainSchedule,
         capture: bool,
-    ) -> Result<Trainer<Gpu>, Error> {
+    ) -> Result<Trainer<Gpu, f32, XAsset<Gpu>>, Error> {
         let cfg = TrainerConfig {
             schedule,
             capture,
@@ -87,8 +92,8 @@ impl Bench {
         Ok(Trainer::new(self.gpu.clone(), model, cfg)?)
     }
 
-    fn step(&self, t: &mut Trainer<Gpu>) -> Result<bool, Error> {
-        Ok(t.train_batch(&self.x, &self.y, BATCH)?.captured)
+    fn step(&self, t: &mut Trainer<Gpu, f32, XAsset<Gpu>>) -> Result<bool, Error> {
+        Ok(t.step(StepSource::host(&self.x, &self.y, BATCH))?.captured)
     }
 
     /// The batch in pinned host memory, written in place once (PyTorch's `Xp`, `Yp`).
@@ -102,7 +107,7 @@ impl Bench {
         Ok(p)
     }
 
-    /// Host wall-clock per eager `train_batch`: each run's median, `runs` fresh trainers.
+    /// Host wall-clock per eager a host `step`: each run's median, `runs` fresh trainers.
     fn eager_runs(&self, schedule: TrainSchedule) -> Result<Vec<f64>, Error> {
         let (warm, iters) = match schedule {
             TrainSchedule::Batched => (5, self.iters),
@@ -136,27 +141,27 @@ impl Bench {
     fn first_captured(
         &self,
         schedule: TrainSchedule,
-    ) -> Result<(Trainer<Gpu>, f64, bool, Option<usize>), Error> {
+    ) -> Result<(Trainer<Gpu, f32, XAsset<Gpu>>, f64, bool, Option<usize>), Error> {
         let model = XAsset::init(&self.gpu, self.config, 0)?;
         let (ms, (t, captured)) = wall_ms(|| {
             let mut t = self.trainer_of(model, schedule, true)?;
             let captured = self.step(&mut t)?;
             Ok((t, captured))
         })?;
-        let nodes = match schedule {
-            TrainSchedule::Batched => t.batched_graph().map(|g| g.nodes()),
-            TrainSchedule::PerSample => t.sample_graph().map(|g| g.nodes()),
-        };
+        let nodes = t.step_graph().map(|g| g.nodes());
         Ok((t, ms, captured, nodes))
     }
 }
 
 /// CUDA-event milliseconds of one resident replay of the captured batched step (the events
 /// enclose the replay only), and the call's host wall-clock.
-fn resident_ms(t: &mut Trainer<Gpu>, ev: &EventPair) -> Result<(f64, f64), Error> {
+fn resident_ms(
+    t: &mut Trainer<Gpu, f32, XAsset<Gpu>>,
+    ev: &EventPair,
+) -> Result<(f64, f64), Error> {
     let mut failed: Option<DeviceError> = None;
     let (host, _) = wall_ms(|| {
-        Ok(t.replay_resident(|mark| {
+        Ok(t.step(StepSource::held(|mark| {
             let r = match mark {
                 ReplayMark::Before => ev.start(),
                 ReplayMark::After => ev.end(),
@@ -164,7 +169,7 @@ fn resident_ms(t: &mut Trainer<Gpu>, ev: &EventPair) -> Result<(f64, f64), Error
             if let Err(e) = r {
                 failed.get_or_insert(e);
             }
-        })?)
+        }))?)
     })?;
     if let Some(e) = failed {
         return Err(e.into());
@@ -221,7 +226,7 @@ fn batched(b: &Bench, out: &mut Json) -> Result<(), Error> {
     out.opt("batched_graph_nodes", nodes);
     let pinned = b.pinned()?;
     let e2e = median_of(5, b.iters, || {
-        let (ms, replayed) = wall_ms(|| Ok(t.train_batch_pinned(&pinned, BATCH)?.captured))?;
+        let (ms, replayed) = wall_ms(|| Ok(t.step(StepSource::pinned(&pinned, BATCH))?.captured))?;
         if replayed == captured {
             Ok(ms)
         } else {

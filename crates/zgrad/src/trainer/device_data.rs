@@ -3,7 +3,7 @@
 //! (`SelectOps::gather_rows`), inside the captured step for the batched schedule
 //! (`queued.rs`), before the step for the per-sample one. The indices come from the caller's
 //! data-order generator, so a resumed run gathers exactly the rows the host path would have
-//! copied, and the losses are bitwise those of `train_batch` on the same rows.
+//! copied, and the losses are bitwise those of a host `step` on the same rows.
 //!
 //! Evaluation of a resident data set runs on the device too (`eval_device.rs`).
 
@@ -46,7 +46,7 @@ pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     /// (`upload_indices`).
     uploaded: Range<usize>,
     pub(super) sample: Vec<usize>,
-    /// The labels on the host too: an evaluation sums them there (`evaluate_loaded`).
+    /// The labels on the host too: an evaluation sums them there (`evaluate(EvalSource::Loaded)`).
     pub(super) labels: Vec<T>,
     /// Host staging of the indices, reused from step to step.
     staging: Vec<T>,
@@ -179,10 +179,10 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Uploads a data set to the device once, for [`Trainer::queue_rows`] and
-    /// [`Trainer::evaluate_loaded`]: `x` `[n, ..sample shape]` row-major, `y` `n` labels.
+    /// Uploads a data set to the device once, for `Trainer::queue` of loaded rows and
+    /// `evaluate(EvalSource::Loaded)`: `x` `[n, ..sample shape]` row-major, `y` `n` labels.
     /// Replaces a data set loaded before (dropping the captured steps that read it). Refuses
-    /// with `BadInput` shapes `train_batch` would refuse and more rows than indices of `T`
+    /// with `BadInput` shapes a host `step` would refuse and more rows than indices of `T`
     /// can name exactly ([`max_device_rows`]); out of device memory is the backend's error
     /// (`TooLarge` / `OutOfMemory`), nothing loaded.
     pub fn load_data(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
@@ -245,7 +245,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
-    /// Announces the rows the next [`Trainer::queue_rows`] calls will take: `order` in chunks
+    /// Announces the rows the next `Trainer::queue` of loaded rows calls will take: `order` in chunks
     /// of `batch` rows (the last may be shorter), as a training loop walks an epoch's order
     /// (`ztrain` at each epoch's start, and on resuming from its position). A batched step
     /// that takes the plan's next chunk then finds its row indices and `[lr, t]` on the

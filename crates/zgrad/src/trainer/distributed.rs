@@ -91,7 +91,7 @@ impl<B: Ops<T>, T: Element> Clone for Dist<B, T> {
 
 impl<B: Ops<T>, T: Element> Dist<B, T> {
     /// A single process's: `SingleProcess`, the share tensor persistent.
-    pub fn single_process(b: &B) -> Result<Self> {
+    pub(crate) fn single_process(b: &B) -> Result<Self> {
         let _class = ClassGuard::new(b, AllocClass::Persistent);
         Ok(Dist {
             comm: Rc::new(SingleProcess),
@@ -105,12 +105,12 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
         })
     }
 
-    pub fn info(&self) -> RankInfo {
+    pub(crate) fn info(&self) -> RankInfo {
         self.comm.info()
     }
 
     /// Whether this is a job of one rank (nothing to exchange).
-    pub fn single(&self) -> bool {
+    pub(crate) fn single(&self) -> bool {
         self.comm.info().world <= 1
     }
 
@@ -118,7 +118,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     /// all-reduced. Parameters that are views of one flat buffer (every model `XAsset` makes)
     /// take one collective over the flat gradient buffer (its zero padding sums to zero);
     /// others one collective per parameter, in order.
-    pub fn reduce_grads(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {
+    pub(crate) fn reduce_grads(&self, b: &B, params: &[Var<B, T>]) -> Result<()> {
         if self.single() {
             return Ok(());
         }
@@ -132,7 +132,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     }
 
     /// Sums a small tensor (a loss, a count) over the ranks.
-    pub fn reduce(&self, b: &B, x: &BTensor<B, T>) -> Result<()> {
+    pub(crate) fn reduce(&self, b: &B, x: &BTensor<B, T>) -> Result<()> {
         if self.single() {
             return Ok(());
         }
@@ -144,7 +144,7 @@ impl<B: Ops<T>, T: Element> Dist<B, T> {
     /// buffer of `batched` (a batched step's parameters; `None` for the per-sample step, whose
     /// sum is one all-reduce after its last sample), the collective's fused tail (the last
     /// bucket and the norm in one launch) asked for when the gradients go in buckets.
-    pub fn prepare(
+    pub(crate) fn prepare(
         &self,
         b: &B,
         batched: Option<&[Var<B, T>]>,
@@ -306,7 +306,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// loss summed over the ranks. Returns the global mean loss (rank 0 tensor): a view of the
     /// loss slot, valid until the next step writes it; and the gradients' global norm when the
     /// collective took it with the last bucket (`Collective::all_reduce_last_and_norm`).
-    pub fn shard_forward_backward(
+    pub(crate) fn shard_forward_backward(
         &self,
         b: &B,
         x: &Var<B, T>,
@@ -350,7 +350,7 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
     /// Without a flat buffer, the gradients and the loss are summed by collectives of their
     /// own. Returns the global mean loss (rank 0, on the device: nothing is read back), a view
     /// of the loss slot when there is one.
-    pub fn reduce_samples(
+    pub(crate) fn reduce_samples(
         &self,
         b: &B,
         losses: &BTensor<B, T>,
@@ -380,17 +380,17 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Makes this trainer one rank of a data-parallel job over `comm`: rank 0's parameters
-    /// are broadcast to every rank (so all start equal), then every `train_batch` takes this
+    /// are broadcast to every rank (so all start equal), then every a host `step` takes this
     /// rank's shard of the global batch it is given and all-reduces the gradients. Set it
     /// before training (and after loading a checkpoint on every rank, if resuming).
     pub fn with_collective(mut self, comm: Rc<dyn Collective<B, T>>) -> Result<Self> {
         let b = Rc::clone(&self.backend);
         // One collective over the flat parameter buffer when the parameters are views of one.
         match ParameterSet::of(&self.parts.params) {
-            Some(set) => comm.broadcast(&*b, set.values(), 0, self.step())?,
+            Some(set) => comm.broadcast(&*b, set.values(), 0, self.step_count())?,
             None => {
                 for p in &self.parts.params {
-                    comm.broadcast(&*b, p.value(), 0, self.step())?;
+                    comm.broadcast(&*b, p.value(), 0, self.step_count())?;
                 }
             }
         }
@@ -511,7 +511,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         let b = &*self.backend;
         let sums = b.upload(&[T::from_f64(loss), T::from_f64(correct)], &[2])?;
-        dist.comm.all_reduce_sum(b, &sums, self.step())?;
+        dist.comm.all_reduce_sum(b, &sums, self.step_count())?;
         dist.comm.synchronize(b)?;
         let s = b.download(&sums)?;
         let denom = total.max(1) as f64;

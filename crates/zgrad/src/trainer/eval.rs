@@ -4,7 +4,7 @@
 
 use super::eval_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
 use super::metrics::report_of;
-use super::{Trainer, in_step, shard};
+use super::{EvalSource, Trainer, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use crate::task::Task;
@@ -39,9 +39,24 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(out)
     }
 
-    /// The task's mean loss and metrics (`EvalReport`) over the samples of `x` and `y`
-    /// (`y`: `Task::target_len` values per sample; binary: one label per sample).
-    pub fn evaluate(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
+    /// The task's mean loss and metrics (`EvalReport`) over the samples of `src`, in no-grad
+    /// mode, in chunks of `eval_batch`. Every source gives the same report on the same values,
+    /// bit for bit (in data parallel, each rank evaluates its shard and the sums are
+    /// all-reduced): host rows are uploaded chunk by chunk; the sets on the device are
+    /// evaluated where they lie, the results read back once (the logits of the unweighted
+    /// binary task, XAsset's, against the labels kept on the host at load time; each chunk's
+    /// statistics otherwise). A set on the device not loaded yet is `BadInput`, as is a
+    /// validation set sharded over another number of ranks than the job's now.
+    pub fn evaluate(&mut self, src: EvalSource<'_, T>) -> Result<EvalReport> {
+        match src {
+            EvalSource::Host(x, y) => self.evaluate_host(x, y),
+            EvalSource::Validation => self.evaluate_validation(),
+            EvalSource::Loaded => self.evaluate_loaded(),
+        }
+    }
+
+    /// `evaluate` of samples `x` and `y` in host memory.
+    pub(crate) fn evaluate_host(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
         let task = self.parts.model.task();
         let per = task.target_len();
         if y.is_empty() || !y.len().is_multiple_of(per) {
@@ -69,7 +84,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// of `n` samples in one process) in chunks of `eval_batch`, each chunk's statistics
     /// computed on the device by the work a device evaluation captures and read back (a row
     /// of a few values per chunk), every rank's rows summed over the ranks, the report
-    /// combined in `f64`: bitwise `evaluate_validation`'s and `evaluate_loaded`'s.
+    /// combined in `f64`: bitwise the device sets' (`evaluate(EvalSource::Validation)`, `evaluate(EvalSource::Loaded)`).
     fn evaluate_by_stats(&self, x: &[T], y: &[T], n: usize) -> Result<EvalReport> {
         let task = self.parts.model.task();
         let sample = self.sample_of(x, n)?;

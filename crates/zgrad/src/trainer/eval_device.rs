@@ -1,6 +1,6 @@
 //! Evaluation on the device (issue 21 item 3): a validation set uploaded once
 //! ([`Trainer::load_validation`]) and evaluated every epoch with nothing moved per chunk, and
-//! the resident training set evaluated where it lies ([`Trainer::evaluate_loaded`]).
+//! the resident training set evaluated where it lies (`evaluate(EvalSource::Loaded)`).
 //!
 //! A pass walks the set in chunks of `eval_batch` samples, the chunk shapes `evaluate` uses
 //! (full chunks, then the last, shorter one), so every logit is bitwise `evaluate`'s. Each
@@ -219,11 +219,11 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Uploads a validation set to the device once, for [`Trainer::evaluate_validation`]:
+    /// Uploads a validation set to the device once, for `evaluate(EvalSource::Validation)`:
     /// `x` `[n, ..sample shape]` row-major, `y` `n` samples' targets (`Task::target_len`
     /// each: on the device beside the features; the unweighted binary task's labels on the
     /// host instead, where its report sums). In data parallel each rank keeps only its shard (load it after
-    /// `with_collective`; `evaluate_validation` refuses a set sharded otherwise). Replaces a
+    /// `with_collective`; `evaluate(EvalSource::Validation)` refuses a set sharded otherwise). Replaces a
     /// set loaded before. Refuses with `BadInput` shapes `evaluate` would refuse and a
     /// non-finite feature or label (naming the sample; the old set kept); out of device memory
     /// is the backend's error, nothing loaded.
@@ -307,7 +307,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// The captured chunk graphs of the validation pass (one per chunk shape once captured;
-    /// none eagerly): each `evaluate_validation` replays them.
+    /// none eagerly): each `evaluate(EvalSource::Validation)` replays them.
     pub fn validation_graphs(&self) -> impl Iterator<Item = &B::Graph> {
         self.exec.graphs(|k| matches!(k, GraphKey::EvalChunk(_)))
     }
@@ -318,10 +318,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// logits of the unweighted binary task, XAsset's; each chunk's statistics otherwise); the
     /// report is bitwise `evaluate`'s on the same values (in data parallel, `evaluate`'s
     /// all-reduced sums). Refuses with `BadInput` before `load_validation`.
-    pub fn evaluate_validation(&mut self) -> Result<EvalReport> {
+    pub(super) fn evaluate_validation(&mut self) -> Result<EvalReport> {
         let Some(mut set) = self.validation.take() else {
             return Err(GradError::BadInput(
-                "evaluate_validation: no validation set on the device (load_validation first)"
+                "evaluate(EvalSource::Validation): no validation set on the device (load_validation first)"
                     .into(),
             ));
         };
@@ -329,7 +329,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             let loaded = set.world;
             self.validation = Some(set);
             return Err(GradError::BadInput(format!(
-                "evaluate_validation: the set was sharded over {loaded} ranks and the job now has {} (load_validation after with_collective)",
+                "evaluate(EvalSource::Validation): the set was sharded over {loaded} ranks and the job now has {} (load_validation after with_collective)",
                 self.parts.dist.info().world
             )));
         }
@@ -348,10 +348,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// the host at load time; other tasks: each chunk's statistics of its targets on the
     /// device). Bitwise `evaluate`'s report on the same values (in data parallel, its
     /// all-reduced sums). Refuses with `BadInput` before `load_data`.
-    pub fn evaluate_loaded(&self) -> Result<EvalReport> {
+    pub(super) fn evaluate_loaded(&self) -> Result<EvalReport> {
         let Some(data) = self.data.as_ref() else {
             return Err(GradError::BadInput(
-                "evaluate_loaded: no data set on the device (load_data first)".into(),
+                "evaluate(EvalSource::Loaded): no data set on the device (load_data first)".into(),
             ));
         };
         let n = data.rows();

@@ -27,17 +27,16 @@
 
 use super::body::{ErrorSlot, into_body_error, take_body_error};
 use crate::error::{Applied, GradError, Result};
-use crate::memory::ClassGuard;
 use crate::optim::Optimizer;
 use crate::var::Var;
 use std::cell::Cell;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, GraphPool, prelude::*};
+use zcompute::{Capture, Element, GraphPool, prelude::*};
 
 /// What a graph is of. With the row shape its entry records, what decides the graph's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum GraphKey {
-    /// `train_batch`'s batched step: rows from host slices or pinned memory alike (both refill
+    /// a host `step`'s batched step: rows from host slices or pinned memory alike (both refill
     /// its static inputs).
     Batched,
     /// One sample of the per-sample schedule, read from the slots' table through an index in
@@ -45,7 +44,7 @@ pub(super) enum GraphKey {
     Sample,
     /// A queued batched step on rows gathered from the device data set (`load_data`).
     QueuedDevice,
-    /// A queued batched step on rows copied from a pinned batch (`queue_pinned`).
+    /// A queued batched step on rows copied from a pinned batch (`queue` of a pinned batch).
     QueuedPinned,
     /// Chunk group `n` of the validation set on the device (a full chunk's, then the last's).
     EvalChunk(usize),
@@ -70,18 +69,10 @@ impl<B: Ops<T>, T: Element> StaticInputs<B, T> {
     /// Zeros of `x` and `y` shapes in persistent memory (they outlive every step).
     pub(super) fn zeros(b: &B, x: &[usize], y: &[usize]) -> Result<Self> {
         Ok(StaticInputs {
-            x: Var::constant(persistent_zeros(b, x)?),
-            y: Var::constant(persistent_zeros(b, y)?),
+            x: Var::constant(crate::memory::persistent_zeros(b, x)?),
+            y: Var::constant(crate::memory::persistent_zeros(b, y)?),
         })
     }
-}
-
-pub(super) fn persistent_zeros<B: Ops<T>, T: Element>(
-    b: &B,
-    shape: &[usize],
-) -> Result<BTensor<B, T>> {
-    let _class = ClassGuard::new(b, AllocClass::Persistent);
-    Ok(b.zeros(shape)?)
 }
 
 /// Set by a body just before its first update kernel: a failure after it may have moved some
@@ -322,7 +313,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
         }
     }
 
-    /// The door of the resident replay (`Trainer::replay_resident`): the graph held for
+    /// The door of the resident replay (a step from the held batch): the graph held for
     /// `key`, holding step `step`'s update, replays whatever the policy says (capture off
     /// after a failure included); nothing is captured or run eagerly.
     pub(super) fn replay_held(

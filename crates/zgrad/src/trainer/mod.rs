@@ -1,19 +1,20 @@
-//! The trainer: any [`Model`] (XAsset by default) with AdamW (or SGD with momentum) in both
-//! schedules of docs/xasset.md
-//! (batched, and per-sample gradient accumulation), eager or with graph capture, data parallel,
-//! and evaluation in no-grad mode. Nothing here knows one model: the input shape comes from
-//! `Model::sample_shape`, the loss from `Model::loss`, the parameters (and their flat buffers)
-//! from `Model::named_parameters`.
+//! The trainer: any [`Model`] with AdamW (or SGD with momentum) in both schedules of
+//! docs/xasset.md (batched, and per-sample gradient accumulation), eager or with graph
+//! capture, data parallel, and evaluation in no-grad mode. Nothing here knows one model: the
+//! input shape comes from `Model::sample_shape`, the loss from `Model::loss`, the parameters
+//! (and their flat buffers) from `Model::named_parameters`.
 //!
-//! A step is where its rows come from (host slices: `train_batch`; pinned memory:
-//! `train_batch_pinned`, `queue_pinned`; the data set on the device: `queue_rows`,
-//! `replay_resident`) x its schedule (`batched.rs`, `per_sample.rs`; queued: `queued/tracked.rs`,
-//! `queued_samples.rs`) x when it is read back (at once, or at `drain`: `queued/`). Whatever
-//! the path, the work that may run as a graph goes through one door, `executor.rs`, which
-//! owns the capture policy: the graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager
-//! execution, and the fallback after a failed capture (what was applied, capture off for the
-//! rest of the run). Evaluation's chunks on the device go through the same door
-//! (`eval_device.rs`). A new schedule or precision is a key there and a body in `body.rs`.
+//! The verbs: `step` (one step read back at once) and `queue` (read back a window later, or
+//! at `drain`) from a [`StepSource`]; `evaluate` from an [`EvalSource`]; `predict`. A step
+//! is where its rows come from (`source.rs`: host slices, pinned memory, the data set loaded
+//! on the device, the batch a captured step holds) x its schedule (in the config:
+//! `batched.rs`, `per_sample.rs`; queued: `queued/tracked.rs`, `queued_samples.rs`) x when
+//! it is read back (at once, or at `drain`: `queued/`). Whatever the path, the work that may
+//! run as a graph goes through one door, `executor.rs`, which owns the capture policy: the
+//! graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager execution, and
+//! the fallback after a failed capture (what was applied, capture off for the rest of the
+//! run). Evaluation's chunks on the device go through the same door (`eval_device.rs`). A new
+//! schedule or precision is a key there and a body in `body.rs`.
 //!
 //! Step scopes are the trainer's job: it opens a step before the work of every sample (or
 //! batch) and closes it after, so the backend's scratch memory is reclaimed every time
@@ -46,19 +47,17 @@ use crate::model::{Model, unique_names};
 use crate::optim::{AdamW, AdamWHyper, Optimizer, Sgd, SgdHyper};
 use crate::precision::Precision;
 use crate::schedule::LrSchedule;
-use crate::xasset::XAsset;
 use body::StepParts;
-use source::{HostSlices, Shard, Source};
+use source::{From, HostSlices, PinnedRows, Shard, Source};
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, MatmulOpts, PinnedHost};
+use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
 pub use eval_device::validation_data_bytes;
 pub use metrics::{EvalReport, RegressionMetrics};
 pub use phases::HostPhases;
-pub use resident::ReplayMark;
-pub use source::PinnedBatch;
+pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};
 pub use step_table::step_table_bytes;
 
 /// How a batch becomes one optimiser step (docs/xasset.md, "Two training schedules").
@@ -177,8 +176,8 @@ pub struct StepReport {
     pub captured: bool,
 }
 
-/// Trains a model (any [`Model`]; `XAsset` by default) with AdamW or SGD on backend `B`.
-pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = XAsset<B, T>> {
+/// Trains a model `M` (any [`Model`]) of elements `T` with AdamW or SGD on backend `B`.
+pub struct Trainer<B: Capture<T> + 'static, T: Element, M: Model<B, T>> {
     backend: Rc<B>,
     parts: StepParts<B, T, M>,
     optim: Optimizer<B, T>,
@@ -192,7 +191,7 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element = f32, M: Model<B, T> = X
     /// The validation set on the device (`load_validation`) and its chunk graphs.
     validation: Option<eval_device::EvalSet<B, T>>,
     window: queued::Window<B, T>,
-    /// The landing buffers of `queue_pinned`'s copy stream, made at its first call.
+    /// The landing buffers of `queue` of a pinned batch's copy stream, made at its first call.
     staging: Option<staging::Staging<B, T>>,
     /// Host time of the queued steps' phases, until taken.
     phases: HostPhases,
@@ -273,23 +272,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         &self.parts.model
     }
 
-    /// The model's flat parameter and gradient buffers (`Model::parameter_set`).
-    pub fn parameter_set(&self) -> Result<crate::optim::ParameterSet<B, T>> {
-        self.parts.model.parameter_set()
-    }
-
-    /// The flat gradient buffer every parameter's gradient is a view of: after a step's
-    /// backward it holds the whole model's gradient, and the data-parallel collective
-    /// all-reduces this one buffer (in place; the optimiser then reads it).
-    pub fn gradients(&self) -> Result<BTensor<B, T>> {
-        self.parts.model.flat_gradients()
-    }
-
-    /// The flat parameter buffer every parameter is a view of.
-    pub fn flat_parameters(&self) -> Result<BTensor<B, T>> {
-        self.parts.model.flat_parameters()
-    }
-
     #[must_use]
     pub fn config(&self) -> &TrainerConfig {
         &self.config
@@ -313,7 +295,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Optimiser steps taken so far.
     #[must_use]
-    pub fn step(&self) -> u64 {
+    pub fn step_count(&self) -> u64 {
         self.optim.step_count()
     }
 
@@ -346,73 +328,114 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.parts.model.task().target_len()
     }
 
-    /// One optimiser step on `batch` samples: `x` is `[batch, ..sample shape]` row-major
-    /// (`[batch, S, F]` for XAsset; a sample the model cannot take, `Model::sample_shape`, is
-    /// `BadInput`), `y` holds `batch` labels in {0, 1}. A non-finite loss or gradient skips the update (on the device
-    /// for a captured batched step) and is reported as `NonFinite`, naming the step and, where
-    /// it can be found, the sample.
+    /// One optimiser step on the rows of `src`, in the configured schedule, eager or captured,
+    /// read back before it returns. Whatever the source, the step is the same device work
+    /// and the same result, bit for bit. A non-finite loss or gradient skips the update (on
+    /// the device for a captured batched step) and is reported as `NonFinite`, naming the
+    /// step and, where it can be found, the sample. Rows of the loaded data set are queued
+    /// and read back at once (`queue` with a window of one, then `drain`); a step while
+    /// queued steps are not read back yet is refused (`BadInput`: `drain` first).
     ///
     /// Every error is a `GradError::Step` whose `applied` says what happened to the model:
     /// `No`: nothing changed, retrying the batch is safe; `Yes`: the update was applied and
-    /// counted (`step()` moved) and what failed came after it, so go on with the next batch;
-    /// `Maybe`: the update may have been applied in part, and every later call refuses with
-    /// `StateUnknown` until `load_checkpoint` restores the state. A retry after any error thus
-    /// never applies an update twice.
-    pub fn train_batch(&mut self, x: &[T], y: &[T], batch: usize) -> Result<StepReport> {
+    /// counted (`step_count()` moved) and what failed came after it, so go on with the next
+    /// batch; `Maybe`: the update may have been applied in part, and every later call refuses
+    /// with `StateUnknown` until `load_checkpoint` restores the state. A retry after any error
+    /// thus never applies an update twice.
+    pub fn step(&mut self, src: StepSource<'_, B, T>) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
-        let report = self
-            .train_batch_inner(x, y, batch, step)
-            .map_err(|e| self.settle(step, self.distributed_error(e)))?;
+        let report = match src.0 {
+            From::Host { x, y, batch } => self.train_batch_inner(x, y, batch, step),
+            From::Pinned { batch, n } => self.train_pinned_inner(batch, n, step),
+            From::Held(mark) => return self.replay_held(step, mark),
+            From::Loaded(rows) => return self.step_loaded(rows, step),
+        }
+        .map_err(|e| self.settle(step, self.distributed_error(e)))?;
         Self::log_step(&report);
         Ok(report)
     }
 
-    /// One optimiser step on the first `n` samples of `batch`, uploaded straight from its
-    /// pinned memory (no host copy: fill it in place with [`PinnedBatch::fill`]). Otherwise
-    /// exactly `train_batch` on the same values: the same device work and results, bit for
-    /// bit, in every schedule, eager or captured, and the same errors (`BadInput` for an `n`
-    /// of 0 or above the batch's capacity, or samples `[S, F]` the model does not take as
-    /// they are (`Model::sample_shape` of S·F values must be `[S, F]`); `NonFinite`
-    /// naming the sample). The upload is queued on the backend's stream; the batch can be
-    /// refilled as soon as this returns (a refill waits for the copy).
-    pub fn train_batch_pinned(&mut self, batch: &PinnedBatch<B, T>, n: usize) -> Result<StepReport>
-    where
-        B: PinnedHost<T>,
-    {
-        let step = self.optim.step_count() + 1;
-        let report = self
-            .train_pinned_inner(batch, n, step)
-            .map_err(|e| self.settle(step, self.distributed_error(e)))?;
-        Self::log_step(&report);
-        Ok(report)
+    /// `step` on rows of the loaded data set: one step queued in a window of its own and
+    /// read back.
+    fn step_loaded(&mut self, rows: &[usize], step: u64) -> Result<StepReport> {
+        self.refuse_pending()
+            .map_err(|e| e.at_step(step, Applied::No))?;
+        let mut reports = self.queue_rows(rows, 1)?;
+        reports.extend(self.drain()?);
+        match reports.pop() {
+            Some(report) if reports.is_empty() => Ok(report),
+            _ => Err(GradError::BadInput(format!(
+                "internal: {} reports read back for one step",
+                reports.len() + 1
+            ))
+            .at_step(step, Applied::Maybe)),
+        }
+    }
+
+    /// Queues one optimiser step on the rows of `src`, reading nothing back: the reports of
+    /// a window of `every` steps come back, in step order, from the call that fills the
+    /// next window (a window late, so the host never waits for the steps it just queued) or
+    /// from [`Trainer::drain`]; other calls return none. The step is `step`'s on the same
+    /// rows, bit for bit, eager or captured, in either schedule (a per-sample step keeps its
+    /// samples' losses in the window, summed on the host in `f64` when it is read back).
+    ///
+    /// The sources queued: rows of the loaded data set (`StepSource::loaded`), and a pinned
+    /// batch (`StepSource::pinned`: copied on the backend's copy stream into one of two
+    /// device landing buffers while the engine stream still runs the steps before; refill
+    /// the *other* of two batches while this one's copy and step run, so the host stages
+    /// batch k+1 while the device runs step k). Host slices and the held batch are stepped
+    /// at once (`step`): queueing them is `BadInput`, nothing applied.
+    ///
+    /// Errors are `GradError::Step`s as for `step`: `BadInput` (nothing loaded, no rows, a row
+    /// out of range) applies nothing; a non-finite step found by the read-back is `NonFinite`
+    /// naming its step and sample (a pinned step's sample is no longer there: the step is
+    /// named), with the model and step count as that step's predecessor left them
+    /// (`Applied::No`: every later queued step was skipped on the device and is dropped).
+    pub fn queue(&mut self, src: StepSource<'_, B, T>, every: usize) -> Result<Vec<StepReport>> {
+        match src.0 {
+            From::Loaded(rows) => self.queue_rows(rows, every),
+            From::Pinned { batch, n } => self.queue_pinned(batch, n, every),
+            From::Host { .. } | From::Held(_) => {
+                let step = self.optim.step_count() + 1;
+                Err(GradError::BadInput(
+                    "queue: host slices and the held batch are stepped at once (step); queue rows of the loaded data set or a pinned batch".into(),
+                )
+                .at_step(step, Applied::No))
+            }
+        }
+    }
+
+    /// Refuses a step read back at once while queued steps are not read back yet.
+    fn refuse_pending(&self) -> Result<()> {
+        match self.window.pending() {
+            0 => Ok(()),
+            n => Err(GradError::BadInput(format!(
+                "{n} queued steps are not read back yet: call drain first"
+            ))),
+        }
     }
 
     fn train_pinned_inner(
         &mut self,
-        batch: &PinnedBatch<B, T>,
+        batch: &dyn PinnedRows<B, T>,
         n: usize,
         step: u64,
-    ) -> Result<StepReport>
-    where
-        B: PinnedHost<T>,
-    {
+    ) -> Result<StepReport> {
         self.optim.check_state()?;
         let pinned = self.pinned_sample(batch, n)?;
-        self.train_source(batch, n, &pinned, step)
+        self.train_source(batch.source(), n, &pinned, step)
     }
 
     /// One sample's shape `[S, F]` of `batch`, checking `n` and that the model takes it.
-    fn pinned_sample(&self, batch: &PinnedBatch<B, T>, n: usize) -> Result<[usize; 2]>
-    where
-        B: PinnedHost<T>,
-    {
+    fn pinned_sample(&self, batch: &dyn PinnedRows<B, T>, n: usize) -> Result<[usize; 2]> {
         self.parts.model.task().single_value("a pinned batch")?;
-        let pinned = [batch.scales(), batch.features()];
+        let [capacity, scales, features] = batch.dims();
+        let pinned = [scales, features];
         let sample = self.parts.model.sample_shape(pinned[0] * pinned[1]);
-        if n == 0 || n > batch.capacity() || sample.as_deref().ok() != Some(&pinned[..]) {
+        if n == 0 || n > capacity || sample.as_deref().ok() != Some(&pinned[..]) {
             return Err(GradError::BadInput(format!(
                 "batch {n} of a pinned batch of {} x {} x {} (n must be 1..=capacity, and the model take samples [{}, {}]: {})",
-                batch.capacity(),
+                capacity,
                 pinned[0],
                 pinned[1],
                 pinned[0],
@@ -461,12 +484,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         sample: &[usize],
         step: u64,
     ) -> Result<StepReport> {
-        if self.window.pending() > 0 {
-            return Err(GradError::BadInput(format!(
-                "{} queued steps are not read back yet: call drain first",
-                self.window.pending()
-            )));
-        }
+        self.refuse_pending()?;
         let StepRows { lr, rows, shape } = self.step_rows(batch, sample, step)?;
         let data = Shard { src, rows };
         let mut report = match self.config.schedule {

@@ -12,16 +12,17 @@
 //! (`executor.rs`, [`GraphKey::Sample`]); a failed capture that left nothing done restarts the
 //! batch eagerly.
 //!
-//! `train_batch` reads the step back at once (one rank sums the losses on the host in `f64`);
-//! `queue_rows` and `queue_pinned` queue the same samples with nothing read back
+//! a host `step` reads the step back at once (one rank sums the losses on the host in `f64`);
+//! `queue` of loaded rows and `queue` of a pinned batch queue the same samples with nothing read back
 //! (`queued_samples.rs`). In data parallel the loss rides in the gradient all-reduce
 //! (`StepParts::reduce_samples`): one collective a step.
 
 use super::body::StepParts;
-use super::executor::{Eager, GraphKey, Ran, Recording, Request, persistent_zeros};
+use super::executor::{Eager, GraphKey, Ran, Recording, Request};
 use super::source::Shard;
 use super::{StepReport, Trainer, checks, in_step};
 use crate::error::{GradError, NonFiniteKind, Result};
+use crate::memory::persistent_zeros;
 use crate::model::Model;
 use crate::optim::zero_grad;
 use crate::var::Var;

@@ -1,4 +1,4 @@
-//! Where the host's time goes in the queued steps (`queue_rows`, `queue_pinned`, `drain`),
+//! Where the host's time goes in the queued steps (`queue` of loaded rows, `queue` of a pinned batch, `drain`),
 //! for a per-step timeline (`ztrain --timeline`): the trainer adds each phase's wall time as it
 //! runs; the caller takes the sums when it likes.
 

@@ -1,6 +1,6 @@
 //! Steps queued on the device data set with nothing read back per step (issue 21 item 2).
 //!
-//! [`Trainer::queue_rows`] uploads a step's indices and its `[lr, t, gate]` slot, then runs
+//! `Trainer::queue` of rows of the loaded data set uploads a step's indices and its `[lr, t, gate]` slot, then runs
 //! one body, captured once per batch shape and replayed: the rows gathered from the resident
 //! data set, zero_grad, forward, backward, norm, the finiteness gate, the update. Each step
 //! also scatters its `[loss, norm]` into a device history row (a cursor the graph advances)
@@ -38,14 +38,13 @@ pub(super) use window::{Track, Window};
 
 use super::device_data::Resident;
 use super::executor::GraphKey;
-use super::source::{PinnedBatch, Source};
-use super::staging::Staging;
+use super::source::{PinnedRows, Source};
 use super::step_table::{StepRow, StepTable};
 use super::{StepReport, StepRows, TrainSchedule, Trainer, phases, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
-use zcompute::{Capture, Element, PinnedHost, prelude::*};
+use zcompute::{Capture, Element, prelude::*};
 
 /// Where a queued step's rows come from.
 enum Rows<'a, B: Ops<T>, T: Element> {
@@ -68,20 +67,9 @@ impl<B: Ops<T>, T: Element> Copy for Rows<'_, B, T> {}
 pub(super) type Queued = (bool, Result<()>);
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Queues one optimiser step on rows `rows` of the data set [`Trainer::load_data`] put on
-    /// the device (the global batch: each rank of a data-parallel job gathers its shard),
-    /// reading nothing back: the reports of a window come back, in step order, from the call
-    /// that fills the next window (a window late, so the host never waits for the steps it
-    /// just queued) or from [`Trainer::drain`]; other calls return none. The step is `train_batch`'s on the same rows, bit for bit, eager or captured, in
-    /// either schedule (a per-sample step keeps its samples' losses in the window, summed on
-    /// the host in `f64` when it is read back: `queued_samples.rs`).
-    ///
-    /// Errors are `GradError::Step`s as for `train_batch`: `BadInput` (nothing loaded, no
-    /// rows, a row out of range) applies nothing; a non-finite step found by the read-back
-    /// is `NonFinite` naming its step and sample, with the model and step count as that
-    /// step's predecessor left them (`Applied::No`: every later queued step was skipped on
-    /// the device and is dropped).
-    pub fn queue_rows(&mut self, rows: &[usize], every: usize) -> Result<Vec<StepReport>> {
+    /// `queue` of rows `rows` of the loaded data set (the global batch: each rank of a
+    /// data-parallel job gathers its shard).
+    pub(super) fn queue_rows(&mut self, rows: &[usize], every: usize) -> Result<Vec<StepReport>> {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
         let sample = self.data.as_ref().map(|d| d.sample.clone());
@@ -100,27 +88,17 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(reports)
     }
 
-    /// [`Trainer::queue_rows`] for a batch the caller stages in pinned memory (when the data
-    /// set does not fit the device): the first `n` samples of `batch` are copied on the
-    /// backend's copy stream into one of two device landing buffers while the engine stream
-    /// still runs the steps before (ordered by events, `staging.rs`), the step queued behind
-    /// the copy, nothing read back. Refill the *other* of two batches while this one's copy
-    /// and step run (`PinnedBatch::fill` waits only for the copy that last read a batch, never
-    /// for a step), so the host stages batch k+1 while the device runs step k. The same errors as `train_batch_pinned`; a
-    /// non-finite step read back later is named by its step (its sample is no longer there;
-    /// a per-sample step's non-finite loss still names its sample).
-    pub fn queue_pinned(
+    /// `queue` of the first `n` samples of `batch`, staged on the copy stream (`staging.rs`).
+    pub(super) fn queue_pinned(
         &mut self,
-        batch: &PinnedBatch<B, T>,
+        batch: &dyn PinnedRows<B, T>,
         n: usize,
         every: usize,
-    ) -> Result<Vec<StepReport>>
-    where
-        B: PinnedHost<T>,
-    {
+    ) -> Result<Vec<StepReport>> {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
-        let sample = [batch.scales(), batch.features()];
+        let [_, scales, features] = batch.dims();
+        let sample = [scales, features];
         self.resync_cursor()?;
         let mut reports = self.drain_before(Some(&sample), n, every)?;
         let queued = self
@@ -140,15 +118,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// (`staging.rs`), queues the step on them and marks their landing buffer free after it.
     fn queue_staged(
         &mut self,
-        batch: &PinnedBatch<B, T>,
+        batch: &dyn PinnedRows<B, T>,
         n: usize,
         sample: &[usize],
         step: u64,
         every: usize,
-    ) -> Result<()>
-    where
-        B: PinnedHost<T>,
-    {
+    ) -> Result<()> {
         let b = Rc::clone(&self.backend);
         let info = self.parts.dist.info();
         let local = shard(info.rank, info.world, n);
@@ -157,17 +132,17 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             .collect();
         if !self.staging.as_ref().is_some_and(|s| s.holds(&shape)) {
             // Room for the largest shard of a full batch, so the landing buffers are made once.
-            let rows = shard(info.rank, info.world, batch.capacity()).len();
+            let rows = shard(info.rank, info.world, batch.dims()[0]).len();
             let mut room = shape.clone();
             room[0] = rows.max(local.len());
             self.staging = None;
-            self.staging = Some(Staging::new(&*b, &room)?);
+            self.staging = Some(batch.staging(&*b, &room)?);
         }
         let Some(staging) = self.staging.as_mut() else {
             return Err(GradError::BadInput("internal: no landing buffers".into()));
         };
         let (landed, slot) =
-            phases::timed(&mut self.phases.staging, || staging.stage(&b, batch, local))?;
+            phases::timed(&mut self.phases.staging, || batch.stage(staging, &b, local))?;
         let pending = Pending {
             step,
             lr: 0.0,
@@ -181,7 +156,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let released = self
             .staging
             .as_ref()
-            .map_or(Ok(()), |s| s.release(&*b, slot));
+            .map_or(Ok(()), |s| batch.release(s, &*b, slot));
         queued.and(released)
     }
 

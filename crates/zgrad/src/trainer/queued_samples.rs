@@ -1,5 +1,5 @@
 //! The per-sample schedule queued with nothing read back per step (issue 21 items 2, 4, 5):
-//! [`Trainer::queue_rows`] and [`Trainer::queue_pinned`] load a step's rows into the
+//! `Trainer::queue` of loaded rows and `Trainer::queue` of a pinned batch load a step's rows into the
 //! per-sample slots' table (gathered from the device data set, or copied from a landing
 //! buffer), run every sample (eagerly, or replaying the one-sample graph once per sample), then
 //! queue the tail: the norm, the finiteness gate (folded into the window's sticky one), the

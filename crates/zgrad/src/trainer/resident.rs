@@ -5,63 +5,49 @@
 
 use super::checks;
 use super::executor::GraphKey;
-use super::{StepReport, Trainer, in_step_split};
+use super::source::ReplayMark;
+use super::{StepReport, TrainSchedule, Trainer, in_step_split};
 use crate::error::{Applied, GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
 use zcompute::{Capture, Element};
 
-/// Where [`Trainer::replay_resident`] is: just before or just after it queued the replay of
-/// the captured batched step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplayMark {
-    /// The learning rate and step count are in place; nothing of the step is queued yet.
-    Before,
-    /// The whole step (forward, backward, norm, gated AdamW) is queued; nothing was read back.
-    After,
-}
-
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// The captured batched step, once `train_batch` captured it (its node count on the CUDA
-    /// backend: `CudaGraph::nodes`).
+    /// The captured step of the configured schedule once a step captured it: the whole
+    /// batched step, or the per-sample forward+backward (its node count on the CUDA backend:
+    /// `CudaGraph::nodes`).
     #[must_use]
-    pub fn batched_graph(&self) -> Option<&B::Graph> {
-        self.exec.graph(GraphKey::Batched)
+    pub fn step_graph(&self) -> Option<&B::Graph> {
+        self.exec.graph(match self.config.schedule {
+            TrainSchedule::Batched => GraphKey::Batched,
+            TrainSchedule::PerSample => GraphKey::Sample,
+        })
     }
 
-    /// The captured per-sample forward+backward, once `train_batch` captured it.
-    #[must_use]
-    pub fn sample_graph(&self) -> Option<&B::Graph> {
-        self.exec.graph(GraphKey::Sample)
-    }
-
-    /// One optimiser step replaying the captured batched step on the batch already on the
-    /// device: the graph's static inputs as the last `train_batch` filled them (nothing is
-    /// uploaded but the `[lr, t, gate]` slot, before `ReplayMark::Before`). The step is whole:
-    /// the update, gated on the device by finite stats, and the stats read back and the step
-    /// counted as `train_batch` does, with the same errors (`NonFinite` names the sample, read
-    /// from the device's copy of the batch). `mark` is called just before and just after the
-    /// replay is queued (record timing events on the engine stream there).
-    ///
-    /// Refuses with `BadInput` (nothing applied) before a batched step was captured: call
-    /// `train_batch` with `capture` on and the batched schedule first.
-    pub fn replay_resident(&mut self, mark: impl FnMut(ReplayMark)) -> Result<StepReport> {
-        let step = self.optim.step_count() + 1;
-        self.replay_resident_inner(step, mark)
+    /// `step` from the held batch (`StepSource::held`): the captured batched step replayed
+    /// on the static inputs as the last step filled them, the stats read back and the step
+    /// counted as for any step, with the same errors (`NonFinite` names the sample, read from
+    /// the device's copy of the batch). Errors come back settled for step `step`.
+    pub(super) fn replay_held(
+        &mut self,
+        step: u64,
+        mark: Box<dyn FnMut(ReplayMark) + '_>,
+    ) -> Result<StepReport> {
+        self.replay_held_inner(step, mark)
             .map_err(|e| self.settle(step, e))
     }
 
-    fn replay_resident_inner(
+    fn replay_held_inner(
         &mut self,
         step: u64,
-        mut mark: impl FnMut(ReplayMark),
+        mut mark: Box<dyn FnMut(ReplayMark) + '_>,
     ) -> Result<StepReport> {
         self.optim.check_state()?;
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
         let b = Rc::clone(&self.backend);
         let Some((_, shape)) = self.exec.inputs(GraphKey::Batched) else {
             return Err(GradError::BadInput(
-                "replay_resident: no captured batched step yet (train_batch with capture on captures it)"
+                "a step from the held batch: no captured batched step yet (a host or pinned step with capture on captures it)"
                     .into(),
             ));
         };

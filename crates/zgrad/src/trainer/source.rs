@@ -1,12 +1,154 @@
-//! Where a step's batch comes from: host slices (`train_batch`; the backend stages them
-//! through its own pinned buffers) or a [`PinnedBatch`] (`train_batch_pinned`; uploaded
-//! straight from the page-locked memory the caller filled in place). The step paths see a
-//! [`Shard`]: this rank's rows of either, which they upload into their own tensors.
+//! Where a step's batch comes from ([`StepSource`]): host slices (the backend stages them
+//! through its own pinned buffers), a [`PinnedBatch`] (uploaded straight from the
+//! page-locked memory the caller filled in place), rows of the data set loaded on the device,
+//! or the batch a captured step already holds. The step paths see a [`Shard`]: this rank's
+//! rows of a host-side batch, which they upload into their own tensors. Where an evaluation's
+//! samples come from is an [`EvalSource`].
 
+use super::staging::{Landed, Staging};
 use crate::error::{GradError, Result};
 use std::borrow::Cow;
 use std::ops::Range;
+use std::rc::Rc;
 use zcompute::{BTensor, Element, PinnedHost, PinnedSlice, prelude::*};
+
+/// Where a step from the held batch (`StepSource::held`) is: just before or just after it queued the replay of
+/// the captured batched step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayMark {
+    /// The learning rate and step count are in place; nothing of the step is queued yet.
+    Before,
+    /// The whole step (forward, backward, norm, gated AdamW) is queued; nothing was read back.
+    After,
+}
+
+/// Where the rows of one optimiser step come from (`Trainer::step`, `Trainer::queue`).
+pub struct StepSource<'a, B: Ops<T>, T: Element>(pub(super) From<'a, B, T>);
+
+impl<B: Ops<T>, T: Element> std::fmt::Debug for StepSource<'_, B, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            From::Host { batch, .. } => write!(f, "StepSource::host({batch} rows)"),
+            From::Pinned { n, .. } => write!(f, "StepSource::pinned({n} rows)"),
+            From::Loaded(rows) => write!(f, "StepSource::loaded({} rows)", rows.len()),
+            From::Held(_) => write!(f, "StepSource::held"),
+        }
+    }
+}
+
+/// The sources, as the trainer dispatches them.
+pub(super) enum From<'a, B: Ops<T>, T: Element> {
+    Host {
+        x: &'a [T],
+        y: &'a [T],
+        batch: usize,
+    },
+    Pinned {
+        batch: &'a dyn PinnedRows<B, T>,
+        n: usize,
+    },
+    Loaded(&'a [usize]),
+    Held(Box<dyn FnMut(ReplayMark) + 'a>),
+}
+
+impl<'a, B: Ops<T>, T: Element> StepSource<'a, B, T> {
+    /// `batch` samples in host memory: `x` `[batch, ..sample shape]` row-major (`[batch, S, F]`
+    /// for XAsset; a sample the model cannot take, `Model::sample_shape`, is `BadInput`), `y`
+    /// their targets (`Task::target_len` values each; binary: labels in {0, 1}).
+    #[must_use]
+    pub fn host(x: &'a [T], y: &'a [T], batch: usize) -> Self {
+        StepSource(From::Host { x, y, batch })
+    }
+
+    /// Rows `rows` (the global batch) of the data set `Trainer::load_data` put on the device:
+    /// each rank of a data-parallel job gathers its shard there.
+    #[must_use]
+    pub fn loaded(rows: &'a [usize]) -> Self {
+        StepSource(From::Loaded(rows))
+    }
+
+    /// The batch the captured batched step already holds on the device (the static inputs as
+    /// the last host or pinned step filled them): nothing is uploaded but the `[lr, t, gate]`
+    /// slot, before `ReplayMark::Before`. `mark` is called just before and just after the
+    /// replay is queued (record timing events on the engine stream there). Refused with
+    /// `BadInput` (nothing applied) before a batched step was captured.
+    #[must_use]
+    pub fn held(mark: impl FnMut(ReplayMark) + 'a) -> Self {
+        StepSource(From::Held(Box::new(mark)))
+    }
+}
+
+impl<'a, B: PinnedHost<T>, T: Element> StepSource<'a, B, T> {
+    /// The first `n` samples of `batch`, uploaded straight from its pinned memory (no host
+    /// copy: fill it in place with [`PinnedBatch::fill`]): the same device work and results
+    /// as `host` on the same values, bit for bit. An `n` of 0 or above the batch's capacity,
+    /// or samples `[S, F]` the model does not take as they are, is `BadInput`.
+    #[must_use]
+    pub fn pinned(batch: &'a PinnedBatch<B, T>, n: usize) -> Self {
+        StepSource(From::Pinned { batch, n })
+    }
+}
+
+/// Where the samples of an evaluation come from (`Trainer::evaluate`).
+#[derive(Clone, Copy, Debug)]
+pub enum EvalSource<'a, T> {
+    /// Samples in host memory: `x` `[n, ..sample shape]` row-major, `y` their targets
+    /// (`Task::target_len` values per sample; binary: one label per sample).
+    Host(&'a [T], &'a [T]),
+    /// The validation set `Trainer::load_validation` put on the device: every chunk captured
+    /// once per chunk shape and replayed (eagerly with capture off or after a failed capture).
+    Validation,
+    /// The training set `Trainer::load_data` put on the device, evaluated where it lies,
+    /// eagerly (it runs once, at the end of a run).
+    Loaded,
+}
+
+/// A pinned batch as the trainer uses it whatever its backend: its sizes, its rows as a
+/// source, and its copies into the landing buffers of the copy stream (`staging.rs`), which
+/// need the backend's pinned memory (`PinnedHost`).
+pub(super) trait PinnedRows<B: Ops<T>, T: Element> {
+    /// `[capacity, S, F]`.
+    fn dims(&self) -> [usize; 3];
+    fn source(&self) -> &dyn Source<B, T>;
+    /// Two landing buffers of `shape`.
+    fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>>;
+    /// `Staging::stage` of rows `rows` of this batch.
+    fn stage(
+        &self,
+        staging: &mut Staging<B, T>,
+        b: &Rc<B>,
+        rows: Range<usize>,
+    ) -> Result<(Landed<B, T>, usize)>;
+    /// `Staging::release` of slot `slot`.
+    fn release(&self, staging: &Staging<B, T>, b: &B, slot: usize) -> Result<()>;
+}
+
+impl<B: PinnedHost<T>, T: Element> PinnedRows<B, T> for PinnedBatch<B, T> {
+    fn dims(&self) -> [usize; 3] {
+        [self.capacity, self.scales, self.features]
+    }
+
+    fn source(&self) -> &dyn Source<B, T> {
+        self
+    }
+
+    fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>> {
+        Staging::new(b, shape)
+    }
+
+    fn stage(
+        &self,
+        staging: &mut Staging<B, T>,
+        b: &Rc<B>,
+        rows: Range<usize>,
+    ) -> Result<(Landed<B, T>, usize)> {
+        staging.stage(b, self, rows)
+    }
+
+    fn release(&self, staging: &Staging<B, T>, b: &B, slot: usize) -> Result<()> {
+        staging.release(b, slot)
+    }
+}
 
 /// A batch in host memory that a step uploads rows of.
 pub(super) trait Source<B: Ops<T>, T: Element> {
@@ -75,22 +217,22 @@ pub(super) struct Shard<'a, B: Ops<T>, T: Element> {
 
 impl<'a, B: Ops<T>, T: Element> Shard<'a, B, T> {
     /// Rows held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.rows.len()
     }
 
     /// The rows as host slices, if the batch lies in ordinary memory.
-    pub fn slices(&self) -> Option<(&'a [T], &'a [T])> {
+    pub(crate) fn slices(&self) -> Option<(&'a [T], &'a [T])> {
         self.src.slices(self.rows.clone())
     }
 
     /// Queues the rows into `x` (`[rows, S, F]` or a view of that size) and `y`.
-    pub fn upload(&self, b: &B, x: &BTensor<B, T>, y: &BTensor<B, T>) -> Result<()> {
+    pub(crate) fn upload(&self, b: &B, x: &BTensor<B, T>, y: &BTensor<B, T>) -> Result<()> {
         self.src.upload(b, self.rows.clone(), x, y)
     }
 
     /// The rows on the host: borrowed host slices, or a copy out of pinned memory.
-    pub fn host(&self) -> Result<HostRows<'a, T>> {
+    pub(crate) fn host(&self) -> Result<HostRows<'a, T>> {
         match self.slices() {
             Some((x, y)) => Ok((Cow::Borrowed(x), Cow::Borrowed(y))),
             None => {
@@ -102,7 +244,7 @@ impl<'a, B: Ops<T>, T: Element> Shard<'a, B, T> {
 }
 
 /// A batch held in the backend's pinned host memory, filled in place and uploaded from there
-/// by [`Trainer::train_batch_pinned`](super::Trainer::train_batch_pinned) with no host copy:
+/// by a step from [`StepSource::pinned`] with no host copy:
 /// `x` is `[capacity, S, F]`, `y` `[capacity]` labels, both row-major; a step trains on the
 /// first `n` samples. Refilling it waits for the upload that last read it (bounded by the
 /// device's sync deadline), so a batch in flight is never changed under the copy.

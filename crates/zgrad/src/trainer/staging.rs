@@ -34,6 +34,13 @@ pub(super) struct Staging<B: Ops<T>, T: Element> {
     next: usize,
 }
 
+impl<B: Ops<T>, T: Element> Staging<B, T> {
+    /// Whether it holds batches of up to `shape[0]` samples of `shape[1..]`.
+    pub(super) fn holds(&self, shape: &[usize]) -> bool {
+        self.shape[1..] == shape[1..] && self.shape[0] >= shape[0]
+    }
+}
+
 impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
     /// Two landing buffers of `shape` (`[rows, ..sample]`, persistent). Each one's free mark is
     /// recorded at once: memory just allocated may have been read by engine-stream work still
@@ -42,8 +49,8 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
         let slots = (0..2)
             .map(|_| {
                 let landing = Landing {
-                    x: super::executor::persistent_zeros(b, shape)?,
-                    y: super::executor::persistent_zeros(b, &shape[..1])?,
+                    x: crate::memory::persistent_zeros(b, shape)?,
+                    y: crate::memory::persistent_zeros(b, &shape[..1])?,
                     free: b.copy_mark()?,
                 };
                 b.mark_engine(&landing.free)?;
@@ -55,11 +62,6 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
             shape: shape.to_vec(),
             next: 0,
         })
-    }
-
-    /// Whether it holds batches of up to `shape[0]` samples of `shape[1..]`.
-    pub(super) fn holds(&self, shape: &[usize]) -> bool {
-        self.shape[1..] == shape[1..] && self.shape[0] >= shape[0]
     }
 
     /// Queues the copy of rows `rows` of `batch` into the next landing buffer on the copy

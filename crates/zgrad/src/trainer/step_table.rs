@@ -14,8 +14,8 @@
 //! drops the plan. A plan never changes what a step computes.
 
 use super::distributed::shard;
-use super::executor::persistent_zeros;
 use crate::error::{GradError, Result};
+use crate::memory::persistent_zeros;
 use std::ops::Range;
 use zcompute::{BTensor, Element, prelude::*};
 

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use zcompute::CpuBackend;
 use zgrad::{
-    GradError, PARAMETER_NAMES, STEP_KEY, TrainSchedule, Trainer, TrainerConfig, XAsset,
-    XAssetConfig, read_tensors,
+    GradError, PARAMETER_NAMES, STEP_KEY, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    XAsset, XAssetConfig, read_tensors,
 };
 
 const B: CpuBackend = CpuBackend;
@@ -113,7 +113,7 @@ fn a_missing_tensor_is_named() {
     assert!(err.to_string().contains("o.bias"), "{err}");
 }
 
-fn trainer(seed: u64) -> Trainer<CpuBackend, f32> {
+fn trainer(seed: u64) -> Trainer<CpuBackend, f32, XAsset<CpuBackend>> {
     let m = XAsset::init(&B, small(), seed).unwrap();
     let cfg = TrainerConfig {
         schedule: TrainSchedule::PerSample,
@@ -130,8 +130,8 @@ fn resuming_from_a_checkpoint_continues_exactly() {
     let mut first = trainer(5);
     for step in 0..2 {
         let (x, y) = data(step);
-        straight.train_batch(&x, &y, 4).unwrap();
-        first.train_batch(&x, &y, 4).unwrap();
+        straight.step(StepSource::host(&x, &y, 4)).unwrap();
+        first.step(StepSource::host(&x, &y, 4)).unwrap();
     }
     let meta = HashMap::from([("run".to_string(), "test".to_string())]);
     first.save_checkpoint(&path, meta).unwrap();
@@ -140,11 +140,11 @@ fn resuming_from_a_checkpoint_continues_exactly() {
     let meta = resumed.load_checkpoint(&path).unwrap();
     assert_eq!(meta.get("run").map(String::as_str), Some("test"));
     assert_eq!(meta.get(STEP_KEY).map(String::as_str), Some("2"));
-    assert_eq!(resumed.step(), 2);
+    assert_eq!(resumed.step_count(), 2);
     for step in 2..4 {
         let (x, y) = data(step);
-        let a = straight.train_batch(&x, &y, 4).unwrap();
-        let b = resumed.train_batch(&x, &y, 4).unwrap();
+        let a = straight.step(StepSource::host(&x, &y, 4)).unwrap();
+        let b = resumed.step(StepSource::host(&x, &y, 4)).unwrap();
         assert_eq!((a.step, a.loss, a.grad_norm), (b.step, b.loss, b.grad_norm));
     }
     for (a, b) in straight
@@ -310,14 +310,14 @@ fn a_deep_checkpoint_resumes_and_is_a_parameter_file() {
     };
     let mut first = make(5, deep());
     let (x, y) = data(0);
-    first.train_batch(&x, &y, 4).unwrap();
+    first.step(StepSource::host(&x, &y, 4)).unwrap();
     first.save_checkpoint(&path, HashMap::new()).unwrap();
     let mut resumed = make(9, deep());
     resumed.load_checkpoint(&path).unwrap();
-    assert_eq!(resumed.step(), 1);
+    assert_eq!(resumed.step_count(), 1);
     let (x, y) = data(1);
-    let a = first.train_batch(&x, &y, 4).unwrap();
-    let b = resumed.train_batch(&x, &y, 4).unwrap();
+    let a = first.step(StepSource::host(&x, &y, 4)).unwrap();
+    let b = resumed.step(StepSource::host(&x, &y, 4)).unwrap();
     assert_eq!((a.loss, a.grad_norm), (b.loss, b.grad_norm));
     let params = XAsset::<CpuBackend, f32>::load(&B, &path).unwrap();
     assert_eq!(params.config.layers, 3);
@@ -348,8 +348,8 @@ fn own_model_resumes<B: zcompute::Capture<f32> + Clone + 'static>(b: B, cfg: Tra
     let (mut straight, mut first) = (make(5), make(5));
     for step in 0..2 {
         let (x, y) = mlp::data(step, 5, 6);
-        straight.train_batch(&x, &y, 5).unwrap();
-        first.train_batch(&x, &y, 5).unwrap();
+        straight.step(StepSource::host(&x, &y, 5)).unwrap();
+        first.step(StepSource::host(&x, &y, 5)).unwrap();
     }
     first.save_checkpoint(&path, HashMap::new()).unwrap();
     let file = read_tensors::<f32>(&path).unwrap();
@@ -365,11 +365,11 @@ fn own_model_resumes<B: zcompute::Capture<f32> + Clone + 'static>(b: B, cfg: Tra
     assert_eq!(file.tensors.len(), 12);
     let mut resumed = make(99);
     resumed.load_checkpoint(&path).unwrap();
-    assert_eq!(resumed.step(), 2);
+    assert_eq!(resumed.step_count(), 2);
     for step in 2..4 {
         let (x, y) = mlp::data(step, 5, 6);
-        let a = straight.train_batch(&x, &y, 5).unwrap();
-        let r = resumed.train_batch(&x, &y, 5).unwrap();
+        let a = straight.step(StepSource::host(&x, &y, 5)).unwrap();
+        let r = resumed.step(StepSource::host(&x, &y, 5)).unwrap();
         assert_eq!(
             (a.step, a.loss.to_bits(), a.grad_norm.to_bits()),
             (r.step, r.loss.to_bits(), r.grad_norm.to_bits())

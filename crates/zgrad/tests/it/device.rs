@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use zcompute::{AllocClass, Backend, CudaBackend, MatmulOpts};
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
+use zgrad::StepSource;
 use zgrad::{
     AdamW, AdamWHyper, Applied, GradError, LrSchedule, Tape, TensorFile, TrainSchedule, Trainer,
     TrainerConfig, Var, XAsset, read_tensors,
@@ -135,7 +136,7 @@ fn captured_steps_equal_eager_steps<D: Driver>(b: CudaBackend<D>) {
         let mut losses = Vec::new();
         for k in 0..3 {
             let xs: Vec<f32> = x.iter().map(|v| v * (1.0 + 0.1 * k as f32)).collect();
-            losses.push(t.train_batch(&xs, y, 4).unwrap().loss);
+            losses.push(t.step(StepSource::host(&xs, y, 4)).unwrap().loss);
         }
         let params: Vec<Vec<f32>> = t
             .model()
@@ -175,8 +176,8 @@ fn a_captured_non_finite_step_is_skipped<D: Driver>(b: CudaBackend<D>) {
         ..TrainerConfig::default()
     };
     let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-    assert!(t.train_batch(x, y, 4).unwrap().captured);
-    let params = |t: &Trainer<CudaBackend<D>, f32>| -> Vec<Vec<u32>> {
+    assert!(t.step(StepSource::host(x, y, 4)).unwrap().captured);
+    let params = |t: &Trainer<CudaBackend<D>, f32, XAsset<CudaBackend<D>>>| -> Vec<Vec<u32>> {
         let ps = t.model().parameters();
         let bits = |p: &Var<CudaBackend<D>, f32>| p.to_vec(&b).unwrap();
         ps.iter()
@@ -186,7 +187,7 @@ fn a_captured_non_finite_step_is_skipped<D: Driver>(b: CudaBackend<D>) {
     let before = params(&t);
     let mut bad = x.clone();
     bad[0] = f32::NAN;
-    let err = t.train_batch(&bad, y, 4).unwrap_err();
+    let err = t.step(StepSource::host(&bad, y, 4)).unwrap_err();
     assert_eq!(err.applied(), Some(Applied::No), "{err}");
     assert!(
         matches!(err.cause(), GradError::NonFinite { step: 2, .. }),
@@ -197,8 +198,8 @@ fn a_captured_non_finite_step_is_skipped<D: Driver>(b: CudaBackend<D>) {
         before,
         "the gated update left the parameters alone"
     );
-    assert_eq!(t.step(), 1);
-    let r = t.train_batch(x, y, 4).unwrap();
+    assert_eq!(t.step_count(), 1);
+    let r = t.step(StepSource::host(x, y, 4)).unwrap();
     assert!(r.captured && r.step == 2 && r.loss.is_finite(), "{r:?}");
     assert_ne!(params(&t), before);
 }
@@ -365,7 +366,7 @@ mod mock {
     #[test]
     fn failed_end_of_capture_falls_back_to_eager() {
         use zdevice::{CuCode, FaultAction, sim::calls};
-        use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset};
+        use zgrad::{StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset};
         let f = super::tiny();
         let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
         for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
@@ -389,7 +390,7 @@ mod mock {
                 let losses: Vec<f64> = (0..3)
                     .map(|k| {
                         let xs: Vec<f32> = x.iter().map(|v| v * (1.0 + 0.1 * k as f32)).collect();
-                        t.train_batch(&xs, y, 4)
+                        t.step(StepSource::host(&xs, y, 4))
                             .unwrap_or_else(|e| panic!("{schedule:?} step {k}: {e}"))
                             .loss
                     })

@@ -58,6 +58,7 @@ mod trainer {
     mod readback;
     mod replay;
     mod step_failures;
+    mod verbs;
 }
 /// The trainer and the tape on the CUDA backend (simulated device; `gpu`: CUDA device 0),
 /// and a model of the user's own through the trainer.

@@ -8,7 +8,8 @@ use zcompute::CudaBackend;
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    PlanRequest, SchedulePlan, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    EvalSource, PlanRequest, SchedulePlan, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    XAsset, XAssetConfig,
 };
 use zmem::{AllocClass, Arena, ArenaConfig};
 
@@ -56,7 +57,7 @@ fn real_run<D: Driver>(
     let mut captured = req.trainer.capture;
     for _ in 0..req.steps {
         captured &= trainer
-            .train_batch(&x, &y, req.batch)
+            .step(StepSource::host(&x, &y, req.batch))
             .expect("step")
             .captured;
     }
@@ -171,7 +172,7 @@ fn real_resident_run<D: Driver>(
     let mut captured = req.trainer.capture;
     for _ in 0..req.steps {
         for r in trainer
-            .queue_rows(&rows, req.readback_every.max(1))
+            .queue(StepSource::loaded(&rows), req.readback_every.max(1))
             .expect("step")
         {
             captured &= r.captured;
@@ -239,11 +240,11 @@ fn a_plan_holds_the_read_back_window_of_the_run(
 /// Where a run's sets live and how its steps are fed, for the plan-with-evaluations tests.
 #[derive(Clone, Copy, Debug)]
 enum Feed {
-    /// `train_batch` from host slices.
+    /// a host `step` from host slices.
     Slices,
-    /// `queue_pinned` from two pinned batches in turn (ztrain's host path).
+    /// `queue` of a pinned batch from two pinned batches in turn (ztrain's host path).
     Pinned,
-    /// `queue_rows` on the training set uploaded once.
+    /// `queue` of loaded rows on the training set uploaded once.
     Resident,
 }
 
@@ -303,11 +304,13 @@ fn real_run_with_evaluations<D: Driver>(
     });
     for k in 0..req.steps {
         let reports = match feed {
-            Feed::Resident => trainer.queue_rows(&rows, 1),
+            Feed::Resident => trainer.queue(StepSource::loaded(&rows), 1),
             Feed::Pinned if schedule == TrainSchedule::Batched => {
-                trainer.queue_pinned(&pinned[(k % 2) as usize], req.batch, 1)
+                trainer.queue(StepSource::pinned(&pinned[(k % 2) as usize], req.batch), 1)
             }
-            _ => trainer.train_batch(&bx, &by, req.batch).map(|r| vec![r]),
+            _ => trainer
+                .step(StepSource::host(&bx, &by, req.batch))
+                .map(|r| vec![r]),
         };
         for r in reports.expect("step") {
             captured &= r.captured;
@@ -319,20 +322,20 @@ fn real_run_with_evaluations<D: Driver>(
     for _ in 0..2 {
         if req.validation_on_device {
             trainer
-                .evaluate_validation()
+                .evaluate(EvalSource::Validation)
                 .expect("validation on the device");
         } else {
             trainer
-                .evaluate(&vx, &vy)
+                .evaluate(EvalSource::Host(&vx, &vy))
                 .expect("validation from the host");
         }
     }
     match feed {
         Feed::Resident => trainer
-            .evaluate_loaded()
+            .evaluate(EvalSource::Loaded)
             .expect("training set on the device"),
         _ => trainer
-            .evaluate(&x, &y)
+            .evaluate(EvalSource::Host(&x, &y))
             .expect("training set from the host"),
     };
     measured(&arena, schedule, captured)
@@ -459,7 +462,10 @@ fn own_model_plan_equals_the_computing_simulators_run(
     let (x, y) = mlp::data(0, batch, scales * features);
     let mut captured = capture;
     for _ in 0..req.steps {
-        captured &= trainer.train_batch(&x, &y, batch).expect("step").captured;
+        captured &= trainer
+            .step(StepSource::host(&x, &y, batch))
+            .expect("step")
+            .captured;
     }
     let d = arena.diagnostics();
     let real = SchedulePlan {

@@ -2,6 +2,7 @@
 //! [lr, t] slot (a schedule's rate reaches the kernel through device memory).
 
 use zcompute::{Backend, CpuBackend};
+use zgrad::StepSource;
 use zgrad::{AdamW, AdamWHyper, Sgd, SgdHyper, Var, clip_grad_norm, grad_norm, zero_grad};
 
 const B: CpuBackend = CpuBackend;
@@ -197,19 +198,19 @@ fn adamw_groups_in_the_trainer_captured_and_resumed_bitwise() {
         for capture in [false, true] {
             let mut t = make(schedule, capture);
             for _ in 0..2 {
-                t.train_batch(&x, &y, 8).unwrap();
+                t.step(StepSource::host(&x, &y, 8)).unwrap();
             }
             let path = dir
                 .path()
                 .join(format!("{schedule:?}{capture}.safetensors"));
             t.save_checkpoint(&path, Default::default()).unwrap();
             for _ in 0..2 {
-                t.train_batch(&x, &y, 8).unwrap();
+                t.step(StepSource::host(&x, &y, 8)).unwrap();
             }
             let mut resumed = make(schedule, capture);
             resumed.load_checkpoint(&path).unwrap();
             for _ in 0..2 {
-                resumed.train_batch(&x, &y, 8).unwrap();
+                resumed.step(StepSource::host(&x, &y, 8)).unwrap();
             }
             assert_eq!(
                 bits(&resumed),

@@ -7,8 +7,8 @@ use safetensors::{Dtype, tensor::TensorView};
 use std::path::Path;
 use zcompute::CpuBackend;
 use zgrad::{
-    FileDtype, GradError, HostTensor, Trainer, TrainerConfig, XAsset, XAssetConfig, read_tensors,
-    write_tensors_as,
+    FileDtype, GradError, HostTensor, StepSource, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    read_tensors, write_tensors_as,
 };
 
 const B: CpuBackend = CpuBackend;
@@ -24,20 +24,21 @@ fn small() -> XAssetConfig {
     }
 }
 
-fn trainer(seed: u64) -> Trainer<CpuBackend> {
+fn trainer(seed: u64) -> Trainer<CpuBackend, f32, XAsset<CpuBackend>> {
     let model = XAsset::<CpuBackend, f32>::init(&B, small(), seed).unwrap();
     Trainer::new(B, model, TrainerConfig::default()).unwrap()
 }
 
 /// One step on a fixed batch, so parameters and moments are not their initial values.
-fn step(t: &mut Trainer<CpuBackend>) {
+fn step(t: &mut Trainer<CpuBackend, f32, XAsset<CpuBackend>>) {
     let mut rng = zgrad::rng::SplitMix64::new(5);
     let x: Vec<f32> = rng
         .normal_vec(4 * 3 * 5)
         .into_iter()
         .map(|v| v as f32)
         .collect();
-    t.train_batch(&x, &[0.0, 1.0, 1.0, 0.0], 4).unwrap();
+    t.step(StepSource::host(&x, &[0.0, 1.0, 1.0, 0.0], 4))
+        .unwrap();
 }
 
 /// A safetensors file of raw tensors (name, dtype, shape, bytes) as PyTorch would write them.

@@ -7,6 +7,8 @@
 use crate::support::head::{Head, LossKind, classes};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
+use zgrad::EvalSource;
+use zgrad::StepSource;
 use zgrad::{Applied, GradError, Model, Task, TrainSchedule, Trainer, TrainerConfig};
 
 const F: usize = 12;
@@ -80,7 +82,7 @@ fn class_indices_against_the_distribution_loss<B2: Capture<f32> + 'static>(make:
             );
             let before = bits(&t);
             let e = t
-                .train_batch(&x, &y, B)
+                .step(StepSource::host(&x, &y, B))
                 .expect_err("class indices against soft targets");
             let rows = if schedule == TrainSchedule::Batched {
                 B
@@ -107,7 +109,7 @@ fn class_indices_against_the_distribution_loss<B2: Capture<f32> + 'static>(make:
                 before,
                 "{schedule:?} capture {capture}: the model changed"
             );
-            assert_eq!(t.step(), 0);
+            assert_eq!(t.step_count(), 0);
         }
     }
 }
@@ -137,14 +139,18 @@ fn outputs_the_task_does_not_state_are_refused_everywhere(#[values(false, true)]
     );
     let (x, y) = classes(2, B, F, C);
     let labels: Vec<f32> = y.iter().map(|&c| f32::from(c > 4.0)).collect();
-    let e = t.train_batch(&x, &labels, B).expect_err("train");
+    let e = t.step(StepSource::host(&x, &labels, B)).expect_err("train");
     assert_eq!(target_shapes(&e), Some((vec![B], vec![B, C])), "{e}");
     let e = t.predict(&x, B).expect_err("predict");
     assert_eq!(target_shapes(&e), Some((vec![5], vec![5, C])), "{e}");
-    let e = t.evaluate(&x, &labels).expect_err("evaluate");
+    let e = t
+        .evaluate(EvalSource::Host(&x, &labels))
+        .expect_err("evaluate");
     assert_eq!(target_shapes(&e), Some((vec![5], vec![5, C])), "{e}");
     t.load_validation(&x, &labels, B).expect("load");
-    let e = t.evaluate_validation().expect_err("evaluate_validation");
+    let e = t
+        .evaluate(EvalSource::Validation)
+        .expect_err("evaluate_validation");
     assert_eq!(target_shapes(&e), Some((vec![5], vec![5, C])), "{e}");
 }
 
@@ -163,11 +169,13 @@ fn targets_of_the_wrong_length_are_refused_naming_both_shapes() {
     let hot = zgrad::one_hot::<f32>(&y.iter().map(|&c| c as usize).collect::<Vec<_>>(), C)
         .expect("one hot");
     let e = t
-        .train_batch(&x, &hot, B)
+        .step(StepSource::host(&x, &hot, B))
         .expect_err("one-hot to a class-index task");
     assert_eq!(target_shapes(&e), Some((vec![B], vec![B * C])), "{e}");
     let bad: Vec<f32> = y.iter().map(|&c| c + 0.5).collect();
-    let e = t.train_batch(&x, &bad, B).expect_err("fractional class");
+    let e = t
+        .step(StepSource::host(&x, &bad, B))
+        .expect_err("fractional class");
     assert!(
         matches!(e.cause(), GradError::BadInput(m) if m.contains("class index")),
         "{e}"
@@ -180,10 +188,10 @@ fn targets_of_the_wrong_length_are_refused_naming_both_shapes() {
         config(TrainSchedule::PerSample, false),
     );
     let e = d
-        .train_batch(&x, &y, B)
+        .step(StepSource::host(&x, &y, B))
         .expect_err("indices to a distribution task");
     assert_eq!(target_shapes(&e), Some((vec![B, C], vec![B])), "{e}");
-    assert!(d.train_batch(&x, &hot, B).is_ok());
+    assert!(d.step(StepSource::host(&x, &hot, B)).is_ok());
 }
 
 /// A class-index model trains with the right numbers: its first loss is the softmax
@@ -221,7 +229,7 @@ fn a_class_index_model_gets_the_right_numbers_in_every_schedule() {
             })
             .sum::<f64>()
             / B as f64;
-        let ev = t.evaluate(&x, &y).expect("evaluate");
+        let ev = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
         // Reduced on the device in f32 per chunk (issue 40 item 2): f32 rounding of the
         // chunk's sums (`trainer::eval_tasks` justifies the bound).
         assert!(
@@ -231,16 +239,20 @@ fn a_class_index_model_gets_the_right_numbers_in_every_schedule() {
         );
         let mut losses = Vec::new();
         for _ in 0..3 {
-            losses.push(t.train_batch(&x, &y, B).expect("step").loss);
+            losses.push(t.step(StepSource::host(&x, &y, B)).expect("step").loss);
         }
         assert!(
             (losses[0] - want).abs() < 1e-5 * want.max(1.0),
             "{schedule:?}: {} {want}",
             losses[0]
         );
-        let ev = t.evaluate(&x, &y).expect("evaluate");
+        let ev = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
         t.load_validation(&x, &y, B).expect("load");
-        assert_eq!(t.evaluate_validation().expect("device evaluation"), ev);
+        assert_eq!(
+            t.evaluate(EvalSource::Validation)
+                .expect("device evaluation"),
+            ev
+        );
         assert!(ev.regression.is_none() && (0.0..=1.0).contains(&ev.accuracy));
         runs.push((losses, bits(&t)));
     }
@@ -277,7 +289,7 @@ fn a_weighted_regression_is_evaluated_as_a_regression() {
             config(schedule, capture),
         );
         let out = t.predict(&x, B).expect("predict");
-        let ev = t.evaluate(&x, &y).expect("evaluate");
+        let ev = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
         let m = ev.regression.expect("regression metrics");
         assert!(ev.accuracy.is_nan());
         let (mut se, mut ae, mut wsum) = (0.0, 0.0, 0.0);
@@ -294,7 +306,7 @@ fn a_weighted_regression_is_evaluated_as_a_regression() {
         let close = |a: f64, b: f64| (a - b).abs() < 1e-5 * b.abs().max(1.0);
         assert!(close(m.mse, se / wsum) && close(m.mae, ae / wsum), "{m:?}");
         assert!(close(ev.loss, se / (B * K) as f64), "{}", ev.loss);
-        let r = t.train_batch(&x, &y, B).expect("step");
+        let r = t.step(StepSource::host(&x, &y, B)).expect("step");
         assert!(
             (r.loss - ev.loss).abs() < 1e-4 * ev.loss,
             "{schedule:?}: {} {}",

@@ -151,7 +151,7 @@ impl<B: TrainBackend> Feed<B> {
     /// `evaluate` of the host copy.
     pub fn evaluate_train<M: Model<B, f32>>(
         &self,
-        learner: &Learner<B, M>,
+        learner: &mut Learner<B, M>,
         train_set: &Samples,
     ) -> zgrad::Result<zgrad::EvalReport> {
         match self {
@@ -166,7 +166,7 @@ impl<B: TrainBackend> Feed<B> {
 /// report are bitwise `evaluate`'s of the pre-cut windows), or all at once in a job of several
 /// ranks (each evaluates its shard of them).
 pub fn evaluate_samples<B: TrainBackend, M: Model<B, f32>>(
-    learner: &Learner<B, M>,
+    learner: &mut Learner<B, M>,
     samples: &Samples,
 ) -> zgrad::Result<zgrad::EvalReport> {
     let windows = match samples {

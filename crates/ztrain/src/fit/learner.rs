@@ -6,8 +6,8 @@ use std::rc::Rc;
 
 use zcomm::Collective;
 use zgrad::{
-    EvalReport, GradSync, HostPhases, Model, Optimizer, PinnedBatch, StepReport, Trainer,
-    TrainerConfig,
+    EvalReport, EvalSource, GradSync, HostPhases, Model, Optimizer, PinnedBatch, StepReport,
+    StepSource, Trainer, TrainerConfig,
 };
 
 use crate::step::TrainBackend;
@@ -65,7 +65,7 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     /// Optimiser steps taken so far.
     #[must_use]
     pub fn steps(&self) -> u64 {
-        self.trainer.step()
+        self.trainer.step_count()
     }
 
     #[must_use]
@@ -95,7 +95,7 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
 
     /// One step on rows of the training set on the device, read back every `every` steps.
     pub fn queue_rows(&mut self, rows: &[usize], every: usize) -> zgrad::Result<Vec<StepReport>> {
-        self.trainer.queue_rows(rows, every)
+        self.trainer.queue(StepSource::loaded(rows), every)
     }
 
     /// One step on the first `n` samples of a pinned batch, read back every `every` steps.
@@ -105,7 +105,7 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
         n: usize,
         every: usize,
     ) -> zgrad::Result<Vec<StepReport>> {
-        self.trainer.queue_pinned(batch, n, every)
+        self.trainer.queue(StepSource::pinned(batch, n), every)
     }
 
     /// Reads back every step queued and not read back yet.
@@ -132,17 +132,17 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
 
     /// The model's loss and metrics over the validation set on the device.
     pub fn evaluate_validation(&mut self) -> zgrad::Result<EvalReport> {
-        self.trainer.evaluate_validation()
+        self.trainer.evaluate(EvalSource::Validation)
     }
 
     /// The model's loss and metrics over the training set on the device.
-    pub fn evaluate_loaded(&self) -> zgrad::Result<EvalReport> {
-        self.trainer.evaluate_loaded()
+    pub fn evaluate_loaded(&mut self) -> zgrad::Result<EvalReport> {
+        self.trainer.evaluate(EvalSource::Loaded)
     }
 
     /// The model's loss and metrics over samples on the host.
-    pub fn evaluate(&self, x: &[f32], y: &[f32]) -> zgrad::Result<EvalReport> {
-        self.trainer.evaluate(x, y)
+    pub fn evaluate(&mut self, x: &[f32], y: &[f32]) -> zgrad::Result<EvalReport> {
+        self.trainer.evaluate(EvalSource::Host(x, y))
     }
 
     /// The outputs of `n` samples on the host.

@@ -9,6 +9,8 @@ use zcompute::{
     ArenaSetting, Capture, ComputeError, CudaBackend, Engine, EngineConfig, MatmulOpts, SimDriver,
     UnaryOp, prelude::*,
 };
+use zgrad::EvalSource;
+use zgrad::StepSource;
 use zgrad::{
     AdamW, AdamWHyper, Tape, Trainer, TrainerConfig, Var, XAsset, XAssetConfig, in_step, zero_grad,
 };
@@ -116,12 +118,12 @@ fn xasset_trainer<B: Capture<f32> + 'static>(b: B) -> Result<(f64, f64), AnyErro
     let model = XAsset::<B, f32>::init(&b, config, 7)?;
     let mut trainer = Trainer::new(b, model, TrainerConfig::default())?;
     let data = ztrain::data::synthetic::generate(64, 3, 4, 1);
-    let first = trainer.train_batch(&data.x, &data.y, 64)?;
+    let first = trainer.step(StepSource::host(&data.x, &data.y, 64))?;
     let mut last = first;
     for _ in 0..30 {
-        last = trainer.train_batch(&data.x, &data.y, 64)?;
+        last = trainer.step(StepSource::host(&data.x, &data.y, 64))?;
     }
-    let eval = trainer.evaluate(&data.x, &data.y)?; // no-grad: loss, accuracy
+    let eval = trainer.evaluate(EvalSource::Host(&data.x, &data.y))?; // no-grad: loss, accuracy
     assert!(eval.accuracy > 0.5);
     Ok((first.loss, last.loss))
 }
@@ -200,7 +202,7 @@ mod own_model {
     use zcompute::{Activation, Capture, Engine, prelude::*};
     use zgrad::model::ParameterBuilder;
     use zgrad::nn::Linear;
-    use zgrad::{GradError, Model, Tape, TrainSchedule, Trainer, TrainerConfig, Var};
+    use zgrad::{GradError, Model, StepSource, Tape, TrainSchedule, Trainer, TrainerConfig, Var};
 
     #[derive(Clone)]
     struct Mlp<B: Ops<f32>> {
@@ -304,7 +306,7 @@ mod own_model {
         let mut trainer = Trainer::new(b.clone(), model, config)?;
         let data = ztrain::data::synthetic::generate(33, 3, 4, 1);
         // Samples of 16 values: the MLP takes [3, 4]; nothing is applied.
-        let wrong = trainer.train_batch(&data.x[..32], &data.y[..2], 2);
+        let wrong = trainer.step(StepSource::host(&data.x[..32], &data.y[..2], 2));
         assert!(matches!(
             wrong.map_err(|e| e.applied()),
             Err(Some(zgrad::Applied::No))
@@ -314,11 +316,11 @@ mod own_model {
         }
         let mut losses = Vec::new();
         for _ in 0..6 {
-            let r = trainer.train_batch(&data.x, &data.y, 33)?;
+            let r = trainer.step(StepSource::host(&data.x, &data.y, 33))?;
             assert_eq!(r.captured, capture, "the step ran captured when asked");
             losses.push(r.loss);
         }
-        Ok((losses, b.download(&trainer.flat_parameters()?)?))
+        Ok((losses, b.download(&trainer.model().flat_parameters()?)?))
     }
 
     fn two_ranks(schedule: TrainSchedule, capture: bool) -> Result<[Run; 2], AnyError> {

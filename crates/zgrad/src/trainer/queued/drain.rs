@@ -10,7 +10,7 @@ use std::rc::Rc;
 use zcompute::{Capture, Element, prelude::*};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Steps queued by `queue_rows` and not read back yet (the window being filled and the
+    /// Steps queued by `queue` of loaded rows and not read back yet (the window being filled and the
     /// one whose copy to the host is in flight).
     #[must_use]
     pub fn queued(&self) -> usize {
@@ -26,7 +26,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Reads every queued step back, in step order (the window in flight, then the one being
     /// filled, whose copy is queued and waited for: the one wait on the device); see
-    /// [`Trainer::queue_rows`] for a non-finite step (the clean reports read before it in
+    /// `Trainer::queue` of loaded rows for a non-finite step (the clean reports read before it in
     /// the same call are not returned: the caller stops or restarts from the error's state).
     /// A read-back that fails leaves the queued steps' updates unknown (`Applied::Maybe`
     /// naming the first unread).

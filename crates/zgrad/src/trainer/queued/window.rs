@@ -2,8 +2,8 @@
 //! queued steps pending on it.
 
 use super::super::checks;
-use super::super::executor::persistent_zeros;
 use crate::error::{GradError, NonFiniteKind, Result};
+use crate::memory::persistent_zeros;
 use crate::optim::OptimizerTensors;
 use zcompute::{ADAMW_SLOT_GATE, BTensor, Element, Readback, prelude::*};
 

@@ -9,7 +9,10 @@ use mlp::{Mlp, data};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend};
 use zdevice::SimDriver;
-use zgrad::{Applied, GradError, Model, NonFiniteKind, TrainSchedule, Trainer, TrainerConfig, Var};
+use zgrad::{
+    Applied, EvalSource, GradError, Model, NonFiniteKind, StepSource, TrainSchedule, Trainer,
+    TrainerConfig, Var,
+};
 
 const S: usize = 3;
 const F: usize = 4;
@@ -42,7 +45,7 @@ fn values<B: Capture<f32> + 'static>(t: &Trainer<B, f32, Mlp<B, f32>>) -> Vec<u3
 
 fn grads<B: Capture<f32> + 'static>(t: &Trainer<B, f32, Mlp<B, f32>>) -> Vec<f32> {
     t.backend()
-        .download(&t.gradients().expect("flat gradients"))
+        .download(&t.model().flat_gradients().expect("flat gradients"))
         .expect("download")
 }
 
@@ -57,15 +60,12 @@ fn run(
     let mut captured = true;
     for step in 0..4 {
         let (x, y) = data(step, BATCH, S * F);
-        let r = t.train_batch(&x, &y, BATCH).expect("step");
+        let r = t.step(StepSource::host(&x, &y, BATCH)).expect("step");
         assert_eq!(r.step, step + 1);
         losses.push(r.loss.to_bits());
         captured &= r.captured;
     }
-    let graph = match schedule {
-        TrainSchedule::Batched => t.batched_graph().is_some(),
-        TrainSchedule::PerSample => t.sample_graph().is_some(),
-    };
+    let graph = t.step_graph().is_some();
     assert_eq!(
         graph, capture,
         "{schedule:?}: a graph exactly when captured"
@@ -106,7 +106,7 @@ fn own_model_batched_and_per_sample_gradients_agree_to_rounding() {
     let (x, y) = data(0, BATCH, S * F);
     let step = |schedule| {
         let mut t = trainer(super::mock(), config(schedule, false));
-        let r = t.train_batch(&x, &y, BATCH).expect("step");
+        let r = t.step(StepSource::host(&x, &y, BATCH)).expect("step");
         let params: Vec<f32> = t
             .model()
             .parameters()
@@ -137,15 +137,15 @@ fn own_model_batched_and_per_sample_gradients_agree_to_rounding() {
 fn own_model_learns_on_the_cpu_backend(#[case] schedule: TrainSchedule) {
     let mut t = trainer(CpuBackend, config(schedule, true));
     let (x, y) = data(1, 64, S * F);
-    let before = t.evaluate(&x, &y).expect("evaluate");
+    let before = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
     let mut first = None;
     let mut last = 0.0;
     for _ in 0..60 {
-        let r = t.train_batch(&x, &y, 64).expect("step");
+        let r = t.step(StepSource::host(&x, &y, 64)).expect("step");
         first.get_or_insert(r.loss);
         last = r.loss;
     }
-    let after = t.evaluate(&x, &y).expect("evaluate");
+    let after = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
     assert!(
         last < 0.5 * first.unwrap(),
         "{schedule:?}: loss {first:?} -> {last}"
@@ -168,12 +168,12 @@ fn own_model_non_finite_step_is_refused_naming_the_sample(
 ) {
     let mut t = trainer(super::mock(), config(schedule, capture));
     let (x, y) = data(0, BATCH, S * F);
-    t.train_batch(&x, &y, BATCH)
+    t.step(StepSource::host(&x, &y, BATCH))
         .expect("a healthy first step (captures)");
     let before = values(&t);
     let (mut x, y) = data(1, BATCH, S * F);
     x[4 * S * F + 2] = f32::NAN;
-    let e = t.train_batch(&x, &y, BATCH).unwrap_err();
+    let e = t.step(StepSource::host(&x, &y, BATCH)).unwrap_err();
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
         matches!(
@@ -187,7 +187,7 @@ fn own_model_non_finite_step_is_refused_naming_the_sample(
         "{e}"
     );
     assert_eq!(values(&t), before, "nothing applied");
-    assert_eq!(t.step(), 1);
+    assert_eq!(t.step_count(), 1);
 }
 
 #[test]
@@ -196,7 +196,7 @@ fn own_model_bad_input_shape_is_a_typed_error_that_changes_nothing() {
     let before = values(&t);
     // One value too many per sample: the model takes [S, F] only.
     let (x, y) = data(0, BATCH, S * F + 1);
-    let e = t.train_batch(&x, &y, BATCH).unwrap_err();
+    let e = t.step(StepSource::host(&x, &y, BATCH)).unwrap_err();
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
         matches!(e.cause(), GradError::BadInput(m) if m.contains("the MLP takes [3, 4]")),
@@ -205,16 +205,20 @@ fn own_model_bad_input_shape_is_a_typed_error_that_changes_nothing() {
     assert!(matches!(t.predict(&x, BATCH), Err(GradError::BadInput(_))));
     // A pinned batch of another sample shape, though of as many values: refused.
     let p = zgrad::PinnedBatch::new(t.backend(), BATCH, F, S).expect("pinned");
-    let e = t.train_batch_pinned(&p, BATCH).unwrap_err();
+    let e = t.step(StepSource::pinned(&p, BATCH)).unwrap_err();
     assert!(
         matches!(e.cause(), GradError::BadInput(m) if m.contains("[3, 4]")),
         "{e}"
     );
     assert_eq!(values(&t), before);
-    assert_eq!(t.step(), 0);
+    assert_eq!(t.step_count(), 0);
     // The trainer goes on with good input.
     let (x, y) = data(0, BATCH, S * F);
-    assert!(t.train_batch(&x, &y, BATCH).expect("step").captured);
+    assert!(
+        t.step(StepSource::host(&x, &y, BATCH))
+            .expect("step")
+            .captured
+    );
 }
 
 /// A model naming two parameters alike (a checkpoint could not hold both) or holding a
@@ -267,7 +271,7 @@ fn a_model_with_a_repeated_name_or_a_constant_is_refused() {
 #[test]
 fn own_model_parameters_are_one_flat_buffer() {
     let t = trainer(CpuBackend, TrainerConfig::default());
-    let set = t.parameter_set().expect("one flat set");
+    let set = t.model().parameter_set().expect("one flat set");
     let numel: usize = t
         .model()
         .parameters()
@@ -276,11 +280,14 @@ fn own_model_parameters_are_one_flat_buffer() {
         .sum();
     assert_eq!(numel, HIDDEN * S * F + HIDDEN + HIDDEN + 1);
     assert!(set.len() >= numel);
-    assert_eq!(t.flat_parameters().expect("flat").numel(), set.len());
+    assert_eq!(
+        t.model().flat_parameters().expect("flat").numel(),
+        set.len()
+    );
 }
 
 /// The other sources for the own model: a pinned batch and the captured step replayed on the
-/// batch already on the device give `train_batch`'s bits.
+/// batch already on the device give a host `step`'s bits.
 #[test]
 fn own_model_pinned_and_resident_steps_equal_train_batch() {
     let cfg = config(TrainSchedule::Batched, true);
@@ -296,12 +303,22 @@ fn own_model_pinned_and_resident_steps_equal_train_batch() {
     .expect("fill");
     let mut losses = [Vec::new(), Vec::new(), Vec::new()];
     for step in 0..3 {
-        losses[0].push(slices.train_batch(&x, &y, BATCH).expect("slices").loss);
-        losses[1].push(pinned.train_batch_pinned(&p, BATCH).expect("pinned").loss);
+        losses[0].push(
+            slices
+                .step(StepSource::host(&x, &y, BATCH))
+                .expect("slices")
+                .loss,
+        );
+        losses[1].push(
+            pinned
+                .step(StepSource::pinned(&p, BATCH))
+                .expect("pinned")
+                .loss,
+        );
         let r = if step == 0 {
-            resident.train_batch(&x, &y, BATCH)
+            resident.step(StepSource::host(&x, &y, BATCH))
         } else {
-            resident.replay_resident(|_| {})
+            resident.step(StepSource::held(|_| {}))
         };
         losses[2].push(r.expect("resident").loss);
     }
@@ -309,5 +326,5 @@ fn own_model_pinned_and_resident_steps_equal_train_batch() {
     assert_eq!(losses[2], losses[0]);
     assert_eq!(values(&pinned), values(&slices));
     assert_eq!(values(&resident), values(&slices));
-    assert_eq!(resident.step(), 3);
+    assert_eq!(resident.step_count(), 3);
 }

@@ -13,7 +13,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo};
 use zcompute::{BTensor, Backend, CpuBackend};
-use zgrad::{GradSync, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{GradSync, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Cpu = CpuBackend;
 
@@ -140,7 +140,7 @@ fn trainer_over(
     recorder: &Rc<Recorder>,
     config: TrainerConfig,
     sync: GradSync,
-) -> (Trainer<Cpu>, usize) {
+) -> (Trainer<Cpu, f32, XAsset<Cpu>>, usize) {
     let b = CpuBackend;
     let model = XAsset::init(&b, CFG, 3).expect("model");
     let flat = model.flat_gradients().expect("flat buffer").numel();
@@ -170,7 +170,7 @@ fn two_steps(
     recorder.offsets.borrow_mut().clear();
     let (x, y) = rows();
     for _ in 0..2 {
-        t.train_batch(&x, &y, ROWS).expect("step");
+        t.step(StepSource::host(&x, &y, ROWS)).expect("step");
     }
     let calls = recorder.calls.borrow().clone();
     let offsets = recorder.offsets.borrow().clone();
@@ -320,7 +320,7 @@ fn a_step_failing_between_buckets_joins_the_issued_ones(#[case] capture: bool) {
     recorder.calls.borrow_mut().clear();
     recorder.fail_overlapped.set(Some(2));
     let (batch, (x, y)) = (ROWS, rows());
-    let r = t.train_batch(&x, &y, batch);
+    let r = t.step(StepSource::host(&x, &y, batch));
     let calls = recorder.calls.borrow().clone();
     let ops: Vec<&str> = calls.iter().map(|&(op, _)| op).collect();
     // The failed capture is over (the trainer then steps as it does when a capture fails):
@@ -367,7 +367,7 @@ fn one_collective_over_the_flat_gradient_buffer_per_step(
     recorder.calls.borrow_mut().clear();
     let (batch, (x, y)) = (ROWS, rows());
     for _ in 0..2 {
-        t.train_batch(&x, &y, batch).expect("step");
+        t.step(StepSource::host(&x, &y, batch)).expect("step");
     }
     let grads = recorder
         .calls
@@ -435,7 +435,7 @@ fn the_last_bucket_goes_with_the_norm_where_the_collective_takes_it(#[case] capt
         recorder.offsets.borrow_mut().clear();
         let (x, y) = rows();
         for _ in 0..2 {
-            t.train_batch(&x, &y, ROWS).expect("step");
+            t.step(StepSource::host(&x, &y, ROWS)).expect("step");
         }
         let params: Vec<u32> = t
             .model()
@@ -498,14 +498,14 @@ fn the_fused_tail_is_asked_for_again_after_a_new_grad_sync() {
     let (mut t, flat) = trainer_over(&recorder, TrainerConfig::default(), sync);
     let (x, y) = rows();
     for _ in 0..3 {
-        t.train_batch(&x, &y, ROWS).expect("step");
+        t.step(StepSource::host(&x, &y, ROWS)).expect("step");
     }
     let first = recorder.prepared.borrow().clone();
     assert_eq!(first.len(), 1, "asked once over three steps: {first:?}");
     let mut t = t
         .with_grad_sync(GradSync::OverlappedUniform { bucket_bytes: 2048 })
         .expect("new plan");
-    t.train_batch(&x, &y, ROWS).expect("step");
+    t.step(StepSource::host(&x, &y, ROWS)).expect("step");
     let asked = recorder.prepared.borrow().clone();
     assert_eq!(asked.len(), 2, "asked again for the new plan: {asked:?}");
     assert_eq!(asked[1].0, flat);
@@ -529,7 +529,7 @@ fn the_per_sample_step_asks_for_no_fused_tail(#[case] capture: bool) {
     let (mut t, _) = trainer_over(&recorder, config, sync);
     let (x, y) = rows();
     for _ in 0..2 {
-        t.train_batch(&x, &y, ROWS).expect("step");
+        t.step(StepSource::host(&x, &y, ROWS)).expect("step");
     }
     assert!(
         recorder.prepared.borrow().is_empty(),

@@ -2,7 +2,7 @@
 //! reduces its shard's chunks to statistics rows on its device, the rows of every rank are
 //! summed over the ranks (each rank's own, zero elsewhere: a gather) and merged in f64. Every
 //! rank reports the same bits from the host (`evaluate`) and the device
-//! (`evaluate_validation`, captured; `evaluate_loaded`), within the single-rank report's
+//! (`evaluate(EvalSource::Validation)`, captured; `evaluate(EvalSource::Loaded)`), within the single-rank report's
 //! tolerance (`trainer::eval_tasks`: the chunks fall elsewhere, so the f32 sums differ).
 
 use super::simulated::ranks;
@@ -10,6 +10,7 @@ use crate::support::tasks::{TASKS, assert_report_close, report_bits, task_data, 
 use rstest::rstest;
 use std::rc::Rc;
 use zcompute::Engine;
+use zgrad::EvalSource;
 
 const CHUNK: usize = 5;
 
@@ -25,14 +26,17 @@ fn reports(
     if let Some(c) = comm {
         t = t.with_collective(Rc::new(c)).expect("collective");
     }
-    let mut out = vec![t.evaluate(&x, &y).expect("evaluate")];
+    let mut out = vec![t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate")];
     t.load_validation(&x, &y, n).expect("validation set");
     for _ in 0..2 {
-        out.push(t.evaluate_validation().expect("device evaluation"));
+        out.push(
+            t.evaluate(EvalSource::Validation)
+                .expect("device evaluation"),
+        );
     }
     if task.target_len() == 1 {
         t.load_data(&x, &y, n).expect("training set");
-        out.push(t.evaluate_loaded().expect("resident evaluation"));
+        out.push(t.evaluate(EvalSource::Loaded).expect("resident evaluation"));
     }
     out
 }

@@ -21,7 +21,8 @@ mod gpu {
     use zcompute::{Backend, CudaBackend, CudaDriver, EngineConfig};
     use zdevice::{Device, DeviceConfig, Driver};
     use zgrad::{
-        GradSync, PARAMETER_NAMES, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+        GradSync, PARAMETER_NAMES, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+        XAssetConfig,
     };
 
     const RANK_VAR: &str = "ZGRAD_TEST_RANK";
@@ -101,7 +102,7 @@ mod gpu {
                 .and_then(|t| t.with_grad_sync(sync))
                 .expect("broadcast from rank 0");
         }
-        let tensors = |t: &Trainer<Gpu>, grads: bool| -> Vec<Vec<f32>> {
+        let tensors = |t: &Trainer<Gpu, f32, XAsset<Gpu>>, grads: bool| -> Vec<Vec<f32>> {
             t.model()
                 .parameters()
                 .iter()
@@ -119,7 +120,7 @@ mod gpu {
         let mut losses = Vec::new();
         for (i, &n) in BATCHES.iter().enumerate() {
             let (x, y) = data(i, n);
-            let r = t.train_batch(&x, &y, n).expect("step");
+            let r = t.step(StepSource::host(&x, &y, n)).expect("step");
             if i == 0 {
                 // The first step is captured when asked (a later batch of another size runs
                 // eager; the replays of the batch-29 graph carry the all-reduce).

@@ -11,7 +11,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use zcomm::{Collective, CommError, RankInfo, SimCollective};
 use zcompute::{BTensor, Backend, CudaBackend, Engine, SimDriver};
-use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Sim = CudaBackend<SimDriver>;
 
@@ -124,7 +124,7 @@ fn train(b: &Sim, comm: Option<SimCollective>, capture: bool) -> Seen {
     t.load_data(&x, &y, 16).unwrap();
     let mut reports = Vec::new();
     for rows in STEPS {
-        reports.extend(t.queue_rows(rows, 3).unwrap());
+        reports.extend(t.queue(StepSource::loaded(rows), 3).unwrap());
     }
     reports.extend(t.drain().unwrap());
     assert_eq!(

@@ -9,7 +9,9 @@ use rstest::rstest;
 use std::rc::Rc;
 use zcomm::SimCollective;
 use zcompute::{CudaBackend, Engine, SimDriver};
-use zgrad::{DecayGroups, Model, SgdHyper, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{
+    DecayGroups, Model, SgdHyper, StepSource, Task, TrainSchedule, Trainer, TrainerConfig,
+};
 
 fn config(schedule: TrainSchedule, capture: bool) -> TrainerConfig {
     TrainerConfig {
@@ -37,9 +39,9 @@ fn train(b: &CudaBackend<SimDriver>, comm: Option<SimCollective>, cfg: TrainerCo
     }
     for step in 0..6 {
         let (x, y) = classes(20 + step, 7, 12, 4);
-        t.train_batch(&x, &y, 7).unwrap();
+        t.step(StepSource::host(&x, &y, 7)).unwrap();
     }
-    assert_eq!(t.step(), 6);
+    assert_eq!(t.step_count(), 6);
     t.model()
         .parameters()
         .iter()

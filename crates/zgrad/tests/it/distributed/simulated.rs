@@ -13,7 +13,9 @@ use std::time::Duration;
 use zcomm::rendezvous::Server;
 use zcomm::{Collective, RankInfo, SimCollective};
 use zcompute::{CudaBackend, Engine, SimDriver};
-use zgrad::{GradSync, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{
+    EvalSource, GradSync, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+};
 
 const T: Duration = Duration::from_secs(20);
 /// The trainer tests' small XAsset.
@@ -82,7 +84,7 @@ fn train_with(
             .with_collective(Rc::new(c))
             .and_then(|t| t.with_grad_sync(sync))
             .unwrap();
-        match t.evaluate_validation() {
+        match t.evaluate(EvalSource::Validation) {
             Err(zgrad::GradError::BadInput(m)) if world > 1 => {
                 assert!(m.contains("load_validation after with_collective"), "{m}");
             }
@@ -90,7 +92,7 @@ fn train_with(
             other => panic!("{world} ranks: {other:?}"),
         }
     }
-    let grads = |t: &Trainer<CudaBackend<SimDriver>>| -> Vec<Vec<f32>> {
+    let grads = |t: &Trainer<CudaBackend<SimDriver>, f32, XAsset<CudaBackend<SimDriver>>>| -> Vec<Vec<f32>> {
         t.model()
             .parameters()
             .iter()
@@ -105,7 +107,7 @@ fn train_with(
     };
     for (i, &n) in BATCHES.iter().enumerate() {
         let (x, y) = data(i, n);
-        let r = t.train_batch(&x, &y, n).unwrap();
+        let r = t.step(StepSource::host(&x, &y, n)).unwrap();
         assert_eq!(r.samples, n);
         if i == 0 {
             // The first step is captured when asked (later replays hold the all-reduce: their
@@ -125,16 +127,16 @@ fn train_with(
         .map(|p| t.backend_download(p.value()))
         .collect();
     let (x, y) = data(99, 11);
-    let e = t.evaluate(&x, &y).unwrap();
+    let e = t.evaluate(EvalSource::Host(&x, &y)).unwrap();
     seen.eval = (e.loss, e.accuracy);
     // The same set evaluated on the device (issue 21 item 3), as a validation set and as the
     // resident training set: each rank its shard, the same all-reduced sums, bit for bit.
     let want = (e.loss.to_bits(), e.accuracy.to_bits(), e.samples);
     t.load_validation(&x, &y, 11).unwrap();
-    let v = t.evaluate_validation().unwrap();
+    let v = t.evaluate(EvalSource::Validation).unwrap();
     assert_eq!((v.loss.to_bits(), v.accuracy.to_bits(), v.samples), want);
     t.load_data(&x, &y, 11).unwrap();
-    let l = t.evaluate_loaded().unwrap();
+    let l = t.evaluate(EvalSource::Loaded).unwrap();
     assert_eq!((l.loss.to_bits(), l.accuracy.to_bits(), l.samples), want);
     seen
 }
@@ -143,7 +145,7 @@ trait Download {
     fn backend_download(&self, x: &zcompute::CudaTensor) -> Vec<f32>;
 }
 
-impl Download for Trainer<CudaBackend<SimDriver>> {
+impl Download for Trainer<CudaBackend<SimDriver>, f32, XAsset<CudaBackend<SimDriver>>> {
     fn backend_download(&self, x: &zcompute::CudaTensor) -> Vec<f32> {
         use zcompute::Backend;
         self.backend().download(x).unwrap()
@@ -312,7 +314,7 @@ fn a_non_finite_value_on_one_rank_stops_every_rank_with_the_same_error() {
             let (mut x, y) = data(0, 7);
             // Sample 6 lies in rank 2's shard only.
             x[6 * CFG.scales * CFG.features] = f32::NAN;
-            let e = t.train_batch(&x, &y, 7).unwrap_err();
+            let e = t.step(StepSource::host(&x, &y, 7)).unwrap_err();
             e.cause().to_string()
         });
         for e in &errors {
@@ -343,7 +345,7 @@ fn a_rank_whose_device_fails_stops_the_others_with_an_error_naming_it() {
         let mut t = t.with_collective(Rc::new(c)).unwrap();
         for step in 0..50 {
             let (x, y) = data(step, 7);
-            if let Err(e) = t.train_batch(&x, &y, 7) {
+            if let Err(e) = t.step(StepSource::host(&x, &y, 7)) {
                 return (
                     matches!(e.cause(), zgrad::GradError::Comm(_)),
                     e.cause().to_string(),
@@ -393,9 +395,9 @@ fn a_pinned_batch_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] c
                         py[..n].copy_from_slice(&y);
                     })
                     .unwrap();
-                    t.train_batch_pinned(&p, n).unwrap()
+                    t.step(StepSource::pinned(&p, n)).unwrap()
                 } else {
-                    t.train_batch(&x, &y, n).unwrap()
+                    t.step(StepSource::host(&x, &y, n)).unwrap()
                 };
                 losses.push(r.loss.to_bits());
             }
@@ -435,7 +437,7 @@ fn own_model_on_two_ranks_equals_one(#[case] schedule: TrainSchedule, #[case] ca
         let mut losses = Vec::new();
         for step in 0..3 {
             let (x, y) = mlp::data(step, 7, 6);
-            let r = t.train_batch(&x, &y, 7).unwrap();
+            let r = t.step(StepSource::host(&x, &y, 7)).unwrap();
             assert_eq!(r.captured, capture);
             losses.push(r.loss);
         }
@@ -509,7 +511,7 @@ fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capt
                 }
                 if on_device {
                     losses.extend(
-                        t.queue_rows(rows, 2)
+                        t.queue(StepSource::loaded(rows), 2)
                             .unwrap()
                             .iter()
                             .map(|r| r.loss.to_bits()),
@@ -520,7 +522,12 @@ fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capt
                         .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
                         .collect();
                     let ys: Vec<f32> = rows.iter().map(|&r| y[r]).collect();
-                    losses.push(t.train_batch(&xs, &ys, rows.len()).unwrap().loss.to_bits());
+                    losses.push(
+                        t.step(StepSource::host(&xs, &ys, rows.len()))
+                            .unwrap()
+                            .loss
+                            .to_bits(),
+                    );
                 }
             }
             losses.extend(t.drain().unwrap().iter().map(|r| r.loss.to_bits()));
@@ -553,8 +560,8 @@ fn batched_graph_nodes(sync: Option<GradSync>) -> usize {
         .with_grad_sync(sync)
         .unwrap();
         let (x, y) = data(0, 7);
-        assert!(t.train_batch(&x, &y, 7).unwrap().captured);
-        t.batched_graph().expect("a captured graph").nodes()
+        assert!(t.step(StepSource::host(&x, &y, 7)).unwrap().captured);
+        t.step_graph().expect("a captured graph").nodes()
     };
     match sync {
         None => nodes(&Engine::sim(256 << 20).unwrap(), None, GradSync::default()),

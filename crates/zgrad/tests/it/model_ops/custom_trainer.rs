@@ -8,7 +8,7 @@ use super::custom::{Softplus, bits};
 use zcompute::{Capture, CpuBackend, prelude::*};
 use zgrad::model::ParameterBuilder;
 use zgrad::nn::Linear;
-use zgrad::{Model, Tape, TrainSchedule, Trainer, TrainerConfig, Var};
+use zgrad::{Model, StepSource, Tape, TrainSchedule, Trainer, TrainerConfig, Var};
 
 const FEATURES: usize = 5;
 const HIDDEN: usize = 8;
@@ -109,14 +109,20 @@ fn train<B: Capture<f32> + 'static>(b: B, schedule: TrainSchedule, capture: bool
             .map(|i| ((i * 7 + k * 3) % 13) as f32 / 2.0 - 3.0)
             .collect();
         let y: Vec<f32> = (0..BATCH).map(|i| ((i + k) % 2) as f32).collect();
-        let r = t.train_batch(&x, &y, BATCH).unwrap();
+        let r = t.step(StepSource::host(&x, &y, BATCH)).unwrap();
         assert_eq!((r.captured, r.samples), (capture, BATCH), "step {k}");
         run.losses.push(r.loss);
         if k == 0 {
-            run.first_grad = t.backend().download(&t.gradients().unwrap()).unwrap();
+            run.first_grad = t
+                .backend()
+                .download(&t.model().flat_gradients().unwrap())
+                .unwrap();
         }
-        run.params
-            .push(t.backend().download(&t.flat_parameters().unwrap()).unwrap());
+        run.params.push(
+            t.backend()
+                .download(&t.model().flat_parameters().unwrap())
+                .unwrap(),
+        );
     }
     run
 }

@@ -8,7 +8,7 @@
 
 use crate::examples::sequence::{Sequence, SequenceClassifier};
 use zcompute::{BTensor, Capture, prelude::*};
-use zgrad::{Tape, TrainSchedule, Trainer, TrainerConfig, Var};
+use zgrad::{StepSource, Tape, TrainSchedule, Trainer, TrainerConfig, Var};
 
 /// Leading axes `[2, 3]`, 4 queries, 5 keys, width 8: sample (1, *) keeps no key, the others
 /// some.
@@ -146,7 +146,7 @@ fn steps<B: Capture<f32> + 'static>(
     let (mut losses, mut captured) = (Vec::new(), true);
     for step in 0..3 {
         let (x, y) = example().data(step, BATCH);
-        let r = t.train_batch(&x, &y, BATCH).expect("step");
+        let r = t.step(StepSource::host(&x, &y, BATCH)).expect("step");
         losses.push(r.loss.to_bits());
         captured &= r.captured;
     }
@@ -186,7 +186,7 @@ fn the_sequence_model_per_sample_equals_batched_on_the_simulated_device() {
     let step = |schedule| {
         use zgrad::Model;
         let mut t = trainer(super::sim(), schedule, false);
-        let r = t.train_batch(&x, &y, BATCH).expect("step");
+        let r = t.step(StepSource::host(&x, &y, BATCH)).expect("step");
         let grads: Vec<f32> = t
             .model()
             .parameters()

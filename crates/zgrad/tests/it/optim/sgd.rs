@@ -13,7 +13,7 @@ use rstest::rstest;
 use zcompute::{CpuBackend, Element, Engine, prelude::*};
 use zgrad::{
     AdamWHyper, DecayGroups, GradError, HostTensor, Model, OptimizerKind, ParameterSet, Sgd,
-    SgdHyper, Task, TrainSchedule, Trainer, TrainerConfig, Var, read_tensors,
+    SgdHyper, StepSource, Task, TrainSchedule, Trainer, TrainerConfig, Var, read_tensors,
 };
 
 type Oracle = std::collections::HashMap<String, HostTensor<f64>>;
@@ -215,7 +215,7 @@ fn sgd_in_the_trainer_captured_equals_eager_and_resumes_bitwise() {
             let make = || sim_head(sgd_config(schedule, capture, nesterov()));
             let mut t = make();
             for _ in 0..2 {
-                t.train_batch(&x, &y, 8).unwrap();
+                t.step(StepSource::host(&x, &y, 8)).unwrap();
             }
             let path = dir
                 .path()
@@ -226,13 +226,13 @@ fn sgd_in_the_trainer_captured_equals_eager_and_resumes_bitwise() {
             assert_eq!(file.optimizer.len(), 4, "one buffer per parameter");
             assert_eq!(file.optimizer_name().as_deref(), Some("sgd"));
             for _ in 0..3 {
-                t.train_batch(&x, &y, 8).unwrap();
+                t.step(StepSource::host(&x, &y, 8)).unwrap();
             }
             let mut resumed = make();
             resumed.load_checkpoint(&path).unwrap();
-            assert_eq!(resumed.step(), 2);
+            assert_eq!(resumed.step_count(), 2);
             for _ in 0..3 {
-                resumed.train_batch(&x, &y, 8).unwrap();
+                resumed.step(StepSource::host(&x, &y, 8)).unwrap();
             }
             assert_eq!(
                 bits(&resumed),
@@ -257,7 +257,7 @@ fn sgd_per_sample_equals_batched_within_rounding() {
     for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
         let mut t = sim_head(sgd_config(schedule, true, nesterov()));
         for _ in 0..5 {
-            t.train_batch(&x, &y, 8).unwrap();
+            t.step(StepSource::host(&x, &y, 8)).unwrap();
         }
         out.push(
             t.model()
@@ -302,29 +302,29 @@ fn queued_sgd_equals_the_per_step_path(
     let mut dev = sim_head(sgd_config(schedule, capture, hyper));
     dev.load_data(&x, &y, n + 1).unwrap();
     for r in &rows_bad[..7] {
-        assert!(dev.queue_rows(r, 4).unwrap().is_empty());
+        assert!(dev.queue(StepSource::loaded(r), 4).unwrap().is_empty());
     }
     let e = dev
-        .queue_rows(&rows_bad[7], 4)
+        .queue(StepSource::loaded(&rows_bad[7]), 4)
         .expect_err("the read-back finds the NaN");
     assert!(
         matches!(e.cause(), GradError::NonFinite { step: 1, .. }),
         "{e:?}"
     );
-    assert_eq!(dev.step(), 0);
+    assert_eq!(dev.step_count(), 0);
     assert_eq!(bits(&dev), bits(&host), "nothing was applied");
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for r in &rows[8..] {
         let (xs, ys) = rows_of(&x, &y, r);
-        want.push(host.train_batch(&xs, &ys, r.len()).unwrap());
-        got.extend(dev.queue_rows(r, 4).unwrap());
+        want.push(host.step(StepSource::host(&xs, &ys, r.len())).unwrap());
+        got.extend(dev.queue(StepSource::loaded(r), 4).unwrap());
     }
     got.extend(dev.drain().unwrap());
     let report_bits = |r: &[zgrad::StepReport]| -> Vec<_> {
         r.iter().map(crate::support::steps::step_bits).collect()
     };
     assert_eq!(report_bits(&got), report_bits(&want));
-    assert_eq!(dev.step(), 8);
+    assert_eq!(dev.step_count(), 8);
     assert_eq!(bits(&dev), bits(&host), "{schedule:?} capture {capture}");
 }
 
@@ -347,7 +347,7 @@ fn a_checkpoint_of_one_optimizer_is_refused_by_the_other() {
             adamw: AdamWHyper::default(),
             ..TrainerConfig::default()
         });
-        t.train_batch(&x, &y, 8).unwrap();
+        t.step(StepSource::host(&x, &y, 8)).unwrap();
         let path = dir.path().join(format!("{name}.safetensors"));
         t.save_checkpoint(&path, Default::default()).unwrap();
         path
@@ -376,7 +376,7 @@ fn a_checkpoint_of_one_optimizer_is_refused_by_the_other() {
                 other => panic!("{i} <- {j}: {other:?}"),
             }
             assert_eq!(bits(&t), before);
-            assert_eq!(t.step(), 0);
+            assert_eq!(t.step_count(), 0);
         }
     }
     // SGD with momentum from a file of SGD without: the buffers are missing, all named.
@@ -404,10 +404,10 @@ fn sgd_training_lowers_the_loss() {
     let b = CpuBackend;
     let m = Head::<_, f32>::new(&b, 12, 4, Some(Task::class_index(4)), LossKind::Task).unwrap();
     let mut t = Trainer::new(b, m, sgd_config(TrainSchedule::Batched, false, nesterov())).unwrap();
-    let first = t.train_batch(&x, &y, 64).unwrap().loss;
+    let first = t.step(StepSource::host(&x, &y, 64)).unwrap().loss;
     let mut last = first;
     for _ in 0..60 {
-        last = t.train_batch(&x, &y, 64).unwrap().loss;
+        last = t.step(StepSource::host(&x, &y, 64)).unwrap().loss;
     }
     assert!(last < 0.6 * first, "loss {first} -> {last}");
 }

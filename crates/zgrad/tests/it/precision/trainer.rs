@@ -12,7 +12,9 @@ use crate::support::precision_step::{
 use std::collections::HashMap;
 use std::rc::Rc;
 use zcompute::CpuBackend;
-use zgrad::{GradError, PRECISION_KEY, Precision, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{
+    GradError, PRECISION_KEY, Precision, StepSource, Trainer, TrainerConfig, XAsset, XAssetConfig,
+};
 
 #[test]
 fn a_bf16_step_on_the_cpu_is_near_float32_and_not_equal() {
@@ -98,7 +100,7 @@ fn a_backend_without_reduced_products_is_refused() {
     );
 }
 
-fn trained(precision: Precision) -> Trainer<CpuBackend, f32> {
+fn trained(precision: Precision) -> Trainer<CpuBackend, f32, XAsset<CpuBackend>> {
     let model = XAsset::init(&CpuBackend, XAssetConfig::default(), 7).unwrap();
     let mut t = Trainer::new(CpuBackend, model, config(precision)).unwrap();
     let c = XAssetConfig::default();
@@ -106,7 +108,8 @@ fn trained(precision: Precision) -> Trainer<CpuBackend, f32> {
     let x: Vec<f32> = (0..4 * n)
         .map(|i| ((i * 7 % 11) as f32 - 5.0) / 5.0)
         .collect();
-    t.train_batch(&x, &[0.0, 1.0, 1.0, 0.0], 4).unwrap();
+    t.step(StepSource::host(&x, &[0.0, 1.0, 1.0, 0.0], 4))
+        .unwrap();
     t
 }
 

@@ -10,7 +10,9 @@
 
 use serde_json::Value;
 use zcompute::Capture;
-use zgrad::{Precision, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors};
+use zgrad::{
+    Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+};
 
 /// PyTorch autocast's error, measured on the H200 by the script beside the benches.
 const AUTOCAST_H200: &str = include_str!("../../../benches/xasset_autocast_error.h200.json");
@@ -66,7 +68,11 @@ pub fn measure<B: Capture<f32> + Clone + 'static>(
     };
     let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
     let r = t
-        .train_batch(&x.data, &input.tensors["y"].data, x.shape[0])
+        .step(StepSource::host(
+            &x.data,
+            &input.tensors["y"].data,
+            x.shape[0],
+        ))
         .unwrap();
     let to_f64 = |v: Vec<f32>| -> Vec<f64> { v.into_iter().map(f64::from).collect() };
     let mut ours = vec![(

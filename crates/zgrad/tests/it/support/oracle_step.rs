@@ -2,7 +2,7 @@
 //! the simulated device and the GPU (device.rs) share. Needs the binary's `fixtures` module.
 
 use zcompute::Capture;
-use zgrad::{TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors};
+use zgrad::{StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors};
 
 fn rel(got: &[f64], want: &[f64]) -> f64 {
     let d: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
@@ -39,7 +39,7 @@ pub fn trainer_step_matches_the_oracle<B: Capture<f32> + Clone + 'static>(b: &B,
                 ..TrainerConfig::default()
             };
             let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-            let r = t.train_batch(xs, ys, batch).unwrap();
+            let r = t.step(StepSource::host(xs, ys, batch)).unwrap();
             assert_eq!(r.captured, capture, "{what}: capture works on this backend");
             let want = oracle.tensors["loss"].data[0];
             assert!(

@@ -3,7 +3,9 @@
 //! `fixtures` module.
 
 use zcompute::Capture;
-use zgrad::{Precision, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors};
+use zgrad::{
+    EvalSource, Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+};
 
 /// ‖got − want‖ / ‖want‖.
 fn rel(got: &[f32], want: &[f32]) -> f64 {
@@ -59,7 +61,7 @@ fn trainer<B: Capture<f32> + Clone + 'static>(
     b: &B,
     fixture: &str,
     cfg: TrainerConfig,
-) -> Trainer<B, f32> {
+) -> Trainer<B, f32, XAsset<B>> {
     let path = crate::support::fixtures::fixture(&format!("xasset_{fixture}_in.safetensors"));
     let input: TensorFile<f32> = read_tensors(&path).unwrap();
     let model = XAsset::from_tensors(b, &input, &path).unwrap();
@@ -68,19 +70,19 @@ fn trainer<B: Capture<f32> + Clone + 'static>(
 
 /// One step on the fixture's batch scaled by `scale`; its loss's bits.
 fn step<B: Capture<f32> + Clone + 'static>(
-    t: &mut Trainer<B, f32>,
+    t: &mut Trainer<B, f32, XAsset<B>>,
     (xs, ys, rows): &(Vec<f32>, Vec<f32>, usize),
     scale: f32,
     capture: bool,
 ) -> u64 {
     let scaled: Vec<f32> = xs.iter().map(|v| v * scale).collect();
-    let r = t.train_batch(&scaled, ys, *rows).unwrap();
+    let r = t.step(StepSource::host(&scaled, ys, *rows)).unwrap();
     assert_eq!(r.captured, capture, "capture works on this backend");
     r.loss.to_bits()
 }
 
 /// What the trainer's model holds now: `losses` as given, every gradient and parameter.
-fn state<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B, f32>, losses: Vec<u64>) -> Run {
+fn state<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B, f32, XAsset<B>>, losses: Vec<u64>) -> Run {
     let named = t.model().named_parameters();
     Run {
         losses,
@@ -304,8 +306,8 @@ pub fn bf16_evaluation_is_near_float32_and_not_equal<B: Capture<f32> + Clone + '
     );
 
     let (ef, eb) = (
-        f32_t.evaluate(&xs, &ys).unwrap(),
-        bf16_t.evaluate(&xs, &ys).unwrap(),
+        f32_t.evaluate(EvalSource::Host(&xs, &ys)).unwrap(),
+        bf16_t.evaluate(EvalSource::Host(&xs, &ys)).unwrap(),
     );
     assert_ne!(
         ef.loss.to_bits(),
@@ -323,7 +325,7 @@ pub fn bf16_evaluation_is_near_float32_and_not_equal<B: Capture<f32> + Clone + '
     for (t, host) in [(&mut f32_t, &ef), (&mut bf16_t, &eb)] {
         t.load_validation(&xs, &ys, rows).unwrap();
         for _ in 0..2 {
-            let on_device = t.evaluate_validation().unwrap();
+            let on_device = t.evaluate(EvalSource::Validation).unwrap();
             assert_eq!(
                 on_device.loss.to_bits(),
                 host.loss.to_bits(),

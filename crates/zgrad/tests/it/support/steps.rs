@@ -3,7 +3,7 @@
 //! on.
 
 use zcompute::Capture;
-use zgrad::{StepReport, Trainer};
+use zgrad::{StepReport, Trainer, XAsset};
 
 /// Rows `rows` of the data set `x` (`y.len()` samples) and their labels.
 pub fn rows_of(x: &[f32], y: &[f32], rows: &[usize]) -> (Vec<f32>, Vec<f32>) {
@@ -28,8 +28,12 @@ pub fn step_bits(r: &StepReport) -> (u64, u64, u64, u64, usize, bool) {
 }
 
 /// The trainer's parameters as bits.
-pub fn param_bits<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B>) -> Vec<u32> {
-    t.flat_parameters()
+pub fn param_bits<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    t: &Trainer<B, f32, XAsset<B>>,
+) -> Vec<u32> {
+    t.model()
+        .flat_parameters()
         .and_then(|p| Ok(b.download(&p)?))
         .expect("parameters")
         .iter()

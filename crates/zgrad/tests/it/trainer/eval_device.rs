@@ -8,7 +8,9 @@ use crate::support::small::{SMALL, labelled};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine};
 use zdevice::SimDriver;
-use zgrad::{EvalReport, GradError, TrainSchedule, Trainer, TrainerConfig, XAsset};
+use zgrad::{
+    EvalReport, EvalSource, GradError, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+};
 
 /// `n` samples, labels 0 and 1.
 fn set(n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
@@ -20,7 +22,7 @@ fn learner<B: Capture<f32> + Clone + 'static>(
     schedule: TrainSchedule,
     capture: bool,
     eval_batch: usize,
-) -> Trainer<B> {
+) -> Trainer<B, f32, XAsset<B>> {
     let model = XAsset::init(b, SMALL, 3).expect("model");
     let config = TrainerConfig {
         schedule,
@@ -53,20 +55,24 @@ fn same_as_evaluate<B: Capture<f32> + Clone + 'static>(
     assert_eq!(t.validation_rows(), Some(n_val));
     for epoch in 0..3 {
         for rows in [[0, 5, 9, 11, 2, 23], [3, 3, 17, 8, 1, 20]] {
-            t.queue_rows(&rows, 1).expect("step");
+            t.queue(StepSource::loaded(&rows), 1).expect("step");
         }
         t.drain().expect("drained");
         let says =
             format!("{schedule:?} capture {capture} n {n_val} chunk {eval_batch} epoch {epoch}");
-        let want = t.evaluate(&vx, &vy).expect("host evaluation");
+        let want = t
+            .evaluate(EvalSource::Host(&vx, &vy))
+            .expect("host evaluation");
         assert_eq!(
-            bits(&t.evaluate_validation().expect("device")),
+            bits(&t.evaluate(EvalSource::Validation).expect("device")),
             bits(&want),
             "{says}"
         );
-        let want = t.evaluate(&x, &y).expect("host evaluation");
+        let want = t
+            .evaluate(EvalSource::Host(&x, &y))
+            .expect("host evaluation");
         assert_eq!(
-            bits(&t.evaluate_loaded().expect("device")),
+            bits(&t.evaluate(EvalSource::Loaded).expect("device")),
             bits(&want),
             "{says}"
         );
@@ -107,7 +113,7 @@ const UPLOADS: [&str; 2] = ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoD_v2"];
 
 /// One download per evaluation and no upload, however many chunks (23 samples in chunks of
 /// 4: five full chunks and one of 3), eager and captured; `evaluate` from the host makes one
-/// upload and one download per chunk. (`evaluate_loaded` read the logits and the labels
+/// upload and one download per chunk. (`evaluate(EvalSource::Loaded)` read the logits and the labels
 /// back before: 2 downloads.)
 #[rstest]
 fn a_device_evaluation_reads_back_once_and_uploads_nothing(#[values(false, true)] capture: bool) {
@@ -117,14 +123,22 @@ fn a_device_evaluation_reads_back_once_and_uploads_nothing(#[values(false, true)
     t.load_validation(&vx, &vy, 23).expect("validation set");
     t.load_data(&vx, &vy, 23).expect("training set");
     for epoch in 0..2 {
-        let (r, down) = calls(&b, &DOWNLOADS, || t.evaluate_validation().expect("device"));
+        let (r, down) = calls(&b, &DOWNLOADS, || {
+            t.evaluate(EvalSource::Validation).expect("device")
+        });
         assert_eq!((r.samples, down), (23, 1), "epoch {epoch}: downloads");
-        let (_, up) = calls(&b, &UPLOADS, || t.evaluate_validation().expect("device"));
+        let (_, up) = calls(&b, &UPLOADS, || {
+            t.evaluate(EvalSource::Validation).expect("device")
+        });
         assert_eq!(up, 0, "epoch {epoch}: uploads");
-        let (_, down) = calls(&b, &DOWNLOADS, || t.evaluate_loaded().expect("device"));
+        let (_, down) = calls(&b, &DOWNLOADS, || {
+            t.evaluate(EvalSource::Loaded).expect("device")
+        });
         assert_eq!(down, 1, "epoch {epoch}: evaluate_loaded's downloads");
     }
-    let (_, down) = calls(&b, &DOWNLOADS, || t.evaluate(&vx, &vy).expect("host"));
+    let (_, down) = calls(&b, &DOWNLOADS, || {
+        t.evaluate(EvalSource::Host(&vx, &vy)).expect("host")
+    });
     assert_eq!(down, 6, "the host path: one per chunk");
 }
 
@@ -139,15 +153,15 @@ fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
     t.load_data(&x, &y, 24).expect("training set");
     t.load_validation(&vx, &vy, 23).expect("validation set");
     let (_, captures) = calls(&b, &["cuStreamBeginCapture_v2"], || {
-        t.evaluate_validation().expect("first")
+        t.evaluate(EvalSource::Validation).expect("first")
     });
     assert_eq!(captures, 2, "one capture per chunk shape");
     assert_eq!(t.validation_graphs().count(), 2);
     for epoch in 1..4 {
-        t.queue_rows(&[1, 2, 3, 4], 1).expect("step");
+        t.queue(StepSource::loaded(&[1, 2, 3, 4]), 1).expect("step");
         t.drain().expect("drained");
         let (_, launched) = calls(&b, &["cuStreamBeginCapture_v2", "cuGraphLaunch"], || {
-            t.evaluate_validation().expect("again")
+            t.evaluate(EvalSource::Validation).expect("again")
         });
         assert_eq!(
             launched, 6,
@@ -176,7 +190,8 @@ fn the_chunk_graphs_share_one_reservation_the_size_of_the_largest() {
     let (vx, vy) = set(24, 36);
     let mut t = learner(&b, TrainSchedule::Batched, true, 4);
     t.load_validation(&vx, &vy, 24).expect("validation set");
-    t.evaluate_validation().expect("full chunks only");
+    t.evaluate(EvalSource::Validation)
+        .expect("full chunks only");
     let (full_alone, n) = graph_memory(&b);
     assert_eq!((t.validation_graphs().count(), n), (1, 1));
     // 23 samples: the full chunks' graph and the last chunk's (3 samples).
@@ -187,9 +202,9 @@ fn the_chunk_graphs_share_one_reservation_the_size_of_the_largest() {
         (0, 0),
         "the old set's graphs went with it"
     );
-    let want = t.evaluate(&vx, &vy).expect("host");
+    let want = t.evaluate(EvalSource::Host(&vx, &vy)).expect("host");
     for pass in 0..3 {
-        let got = t.evaluate_validation().expect("device");
+        let got = t.evaluate(EvalSource::Validation).expect("device");
         assert_eq!(bits(&got), bits(&want), "pass {pass}");
         assert_eq!(t.validation_graphs().count(), 2);
         assert_eq!(
@@ -225,15 +240,17 @@ fn step_and_evaluation_share<D: zdevice::Driver + 'static>(
     let mut t = learner(b, schedule, true, 4);
     t.load_data(&x, &y, 24).expect("training set");
     t.load_validation(&vx, &vy, 23).expect("validation set");
-    t.queue_rows(&[0, 5, 9, 11, 2, 23], 1).expect("step");
+    t.queue(StepSource::loaded(&[0, 5, 9, 11, 2, 23]), 1)
+        .expect("step");
     t.drain().expect("drained");
     let (step_alone, n) = graph_memory(b);
     assert_eq!(n, 1, "the step graph");
     for epoch in 0..2 {
-        let want = t.evaluate(&vx, &vy).expect("host");
-        let got = t.evaluate_validation().expect("device");
+        let want = t.evaluate(EvalSource::Host(&vx, &vy)).expect("host");
+        let got = t.evaluate(EvalSource::Validation).expect("device");
         assert_eq!(bits(&got), bits(&want), "epoch {epoch}");
-        t.queue_rows(&[3, 3, 17, 8, 1, 20], 1).expect("step");
+        t.queue(StepSource::loaded(&[3, 3, 17, 8, 1, 20]), 1)
+            .expect("step");
         t.drain().expect("drained");
     }
     let (reserved, n) = graph_memory(b);
@@ -259,7 +276,9 @@ fn bad_validation_sets_are_refused_by_name_and_load_nothing() {
         GradError::BadInput(m) => m,
         other => panic!("{other:?}"),
     };
-    assert!(cause(t.evaluate_validation().unwrap_err()).contains("load_validation first"));
+    assert!(
+        cause(t.evaluate(EvalSource::Validation).unwrap_err()).contains("load_validation first")
+    );
     // Labels of the wrong length: the target contract's error, naming both shapes.
     assert!(matches!(
         t.load_validation(&vx, &vy[..5], 6),
@@ -278,7 +297,7 @@ fn bad_validation_sets_are_refused_by_name_and_load_nothing() {
     let m = cause(t.load_validation(&vx, &bad_label, 6).unwrap_err());
     assert!(m.contains("validation sample 1 of 6"), "{m}");
     assert_eq!(t.validation_rows(), None, "nothing loaded");
-    assert!(cause(t.evaluate_loaded().unwrap_err()).contains("load_data first"));
+    assert!(cause(t.evaluate(EvalSource::Loaded).unwrap_err()).contains("load_data first"));
 }
 
 #[cfg(feature = "gpu")]

@@ -16,6 +16,7 @@ use crate::support::tasks::{
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine};
 use zdevice::SimDriver;
+use zgrad::EvalSource;
 
 const N: usize = 23;
 const CHUNK: usize = 5;
@@ -30,13 +31,15 @@ fn every_way<B: Capture<f32> + Clone + 'static>(b: &B, name: &str, capture: bool
     let mut t = task_trainer(b.clone(), task, outputs, capture, CHUNK);
     let out = t.predict(&x, N).expect("predict");
     let want = reference(&task, &out, &y);
-    let got = t.evaluate(&x, &y).expect("evaluate");
+    let got = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
     let what = format!("{name} capture {capture}");
     assert_report_close(&what, &got, &want, TOL);
     assert!((got.accuracy - want.accuracy).abs() < 1e-12 || got.accuracy.is_nan());
     t.load_validation(&x, &y, N).expect("validation set");
     for pass in 0..2 {
-        let v = t.evaluate_validation().expect("device evaluation");
+        let v = t
+            .evaluate(EvalSource::Validation)
+            .expect("device evaluation");
         assert_eq!(report_bits(&v), report_bits(&got), "{what} pass {pass}");
     }
     assert_eq!(
@@ -46,7 +49,7 @@ fn every_way<B: Capture<f32> + Clone + 'static>(b: &B, name: &str, capture: bool
     );
     if task.target_len() == 1 {
         t.load_data(&x, &y, N).expect("training set");
-        let l = t.evaluate_loaded().expect("resident evaluation");
+        let l = t.evaluate(EvalSource::Loaded).expect("resident evaluation");
         assert_eq!(
             report_bits(&l),
             report_bits(&got),
@@ -97,7 +100,7 @@ fn a_pass_reads_back_its_statistics_once(#[values(false, true)] capture: bool) {
     let mut t = task_trainer(b.clone(), task, outputs, capture, CHUNK);
     t.load_validation(&x, &y, N).expect("validation set");
     for pass in 0..2 {
-        let (r, n) = downloads(&b, || t.evaluate_validation().expect("device"));
+        let (r, n) = downloads(&b, || t.evaluate(EvalSource::Validation).expect("device"));
         assert_eq!((r.samples, n), (N, 1), "pass {pass}");
     }
 }
@@ -111,10 +114,10 @@ fn pearson_far_from_zero_keeps_its_digits() {
     let b = Engine::sim(256 << 20).expect("sim");
     let (task, outputs, x, y) = task_data("regression", M, 47);
     let y: Vec<f32> = y.iter().map(|v| v + 1e4).collect();
-    let t = task_trainer(b, task, outputs, false, 256);
+    let mut t = task_trainer(b, task, outputs, false, 256);
     let out = t.predict(&x, M).expect("predict");
     let want = reference(&task, &out, &y);
-    let got = t.evaluate(&x, &y).expect("evaluate");
+    let got = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
     let (g, w) = (got.regression.unwrap(), want.regression.unwrap());
     assert!(
         w.pearson.abs() > 0.01,
@@ -137,8 +140,8 @@ fn constant_targets_have_no_pearson() {
     let b = Engine::sim(256 << 20).expect("sim");
     let (task, outputs, x, mut y) = task_data("regression", N, 53);
     y.iter_mut().for_each(|v| *v = 0.3);
-    let t = task_trainer(b, task, outputs, false, CHUNK);
-    let r = t.evaluate(&x, &y).expect("evaluate");
+    let mut t = task_trainer(b, task, outputs, false, CHUNK);
+    let r = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
     let m = r.regression.expect("regression");
     assert!(m.pearson.is_nan() && m.mse.is_finite(), "{m:?}");
 }

@@ -8,7 +8,9 @@ use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
 use zgrad::nn::{FeedForward, LayerNorm, Linear, QkNormAttention};
 use zgrad::optim::{FLAT_ALIGN, padded};
 use zgrad::rng::SplitMix64;
-use zgrad::{GradError, TrainSchedule, Trainer, TrainerConfig, Var, XAsset, XAssetConfig};
+use zgrad::{
+    GradError, StepSource, TrainSchedule, Trainer, TrainerConfig, Var, XAsset, XAssetConfig,
+};
 use zmem::{Arena, ArenaConfig};
 
 const CPU: CpuBackend = CpuBackend;
@@ -207,13 +209,13 @@ fn captured_runs_are_bitwise_identical_and_keep_the_padding_zero() {
             let (x, y) = batch(&c, 4, step);
             let x: Vec<f32> = x.iter().map(|&v| v as f32).collect();
             let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
-            let r = t.train_batch(&x, &y, 4).expect("step");
+            let r = t.step(StepSource::host(&x, &y, 4)).expect("step");
             assert!(r.captured || step == 0, "step {step} replayed a graph");
         }
-        let set = t.parameter_set().expect("flat");
+        let set = t.model().parameter_set().expect("flat");
         let params = t.model().parameters();
-        let values = b.download(&t.flat_parameters().unwrap()).unwrap();
-        let grads = b.download(&t.gradients().unwrap()).unwrap();
+        let values = b.download(&t.model().flat_parameters().unwrap()).unwrap();
+        let grads = b.download(&t.model().flat_gradients().unwrap()).unwrap();
         padding_is_zero(&values, &params, set.offsets());
         padding_is_zero(&grads, &params, set.offsets());
         for (p, &off) in params.iter().zip(set.offsets()) {
@@ -279,8 +281,8 @@ fn flat_training_matches_per_tensor_training() {
         for step in 0..3 {
             let (x, y) = batch(&c, 4, step);
             let (ra, rb) = (
-                a.train_batch(&x, &y, 4).unwrap(),
-                b.train_batch(&x, &y, 4).unwrap(),
+                a.step(StepSource::host(&x, &y, 4)).unwrap(),
+                b.step(StepSource::host(&x, &y, 4)).unwrap(),
             );
             assert!((ra.grad_norm - rb.grad_norm).abs() <= 1e-12 * rb.grad_norm);
         }

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use zcompute::{AllocClass, Backend, CpuBackend, CpuStorage, Element};
 use zgrad::{
-    Applied, GradError, LrSchedule, NonFiniteKind, StepReport, TensorFile, TrainSchedule, Trainer,
-    TrainerConfig, XAsset, read_tensors,
+    Applied, EvalSource, GradError, LrSchedule, NonFiniteKind, StepReport, StepSource, TensorFile,
+    TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
 };
 
 use crate::support::fixtures;
@@ -33,8 +33,9 @@ fn tiny<T: Element>() -> Tiny<T> {
 }
 
 type Sim<T> = Rc<SimBackend<T>>;
+type SimTrainer<T> = Trainer<SimBackend<T>, T, XAsset<SimBackend<T>, T>>;
 
-fn trainer<T: Element>(f: &Tiny<T>, config: TrainerConfig) -> (Sim<T>, Trainer<SimBackend<T>, T>)
+fn trainer<T: Element>(f: &Tiny<T>, config: TrainerConfig) -> (Sim<T>, SimTrainer<T>)
 where
     CpuBackend: Backend<T, Storage = CpuStorage<T>>,
 {
@@ -74,7 +75,7 @@ fn one_step_matches_the_oracle(#[case] schedule: TrainSchedule, #[case] capture:
     let f = tiny::<f64>();
     let (b, mut t) = trainer(&f, config(schedule, capture));
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
-    let r = t.train_batch(x, y, 4).unwrap();
+    let r = t.step(StepSource::host(x, y, 4)).unwrap();
     assert_eq!((r.step, r.samples, r.captured), (1, 4, capture));
     let want_loss = f.oracle.tensors["loss"].data[0];
     assert!(
@@ -136,7 +137,7 @@ fn run_three(schedule: TrainSchedule, capture: bool) -> (Vec<StepReport>, Vec<Ve
     let (b, mut t) = trainer(&f, cfg);
     let reports = batches(&f)
         .iter()
-        .map(|(x, y)| t.train_batch(x, y, 4).unwrap())
+        .map(|(x, y)| t.step(StepSource::host(x, y, 4)).unwrap())
         .collect();
     let params = t
         .model()
@@ -173,7 +174,7 @@ fn per_sample_opens_a_step_per_sample_and_keeps_saved_tensors_out_of_scratch() {
     let (b, mut t) = trainer(&f, config(TrainSchedule::PerSample, false));
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
     let persistent_before = b.allocs(AllocClass::Persistent);
-    t.train_batch(x, y, 4).unwrap();
+    t.step(StepSource::host(x, y, 4)).unwrap();
     assert_eq!(
         b.log.steps_begun.get(),
         5,
@@ -187,7 +188,7 @@ fn per_sample_opens_a_step_per_sample_and_keeps_saved_tensors_out_of_scratch() {
     );
     // The per-sample input/output slots and the loss vector once, then nothing per step.
     let first = b.allocs(AllocClass::Persistent) - persistent_before;
-    t.train_batch(x, y, 4).unwrap();
+    t.step(StepSource::host(x, y, 4)).unwrap();
     let second = b.allocs(AllocClass::Persistent) - persistent_before - first;
     assert_eq!(second, 0, "no persistent allocation per step");
 }
@@ -208,14 +209,16 @@ fn a_non_finite_loss_names_step_and_sample(#[case] schedule: TrainSchedule, #[ca
     let f = tiny::<f32>();
     let (b, mut t) = trainer(&f, config(schedule, capture));
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
-    t.train_batch(x, y, 4).unwrap();
+    t.step(StepSource::host(x, y, 4)).unwrap();
     let before: Vec<Vec<f64>> = t
         .model()
         .parameters()
         .iter()
         .map(|p| host(&b, p.value()))
         .collect();
-    let err = t.train_batch(&nan_in_sample(x, 2), y, 4).unwrap_err();
+    let err = t
+        .step(StepSource::host(&nan_in_sample(x, 2), y, 4))
+        .unwrap_err();
     assert_eq!(err.applied(), Some(Applied::No), "{err}");
     assert!(
         matches!(
@@ -240,10 +243,10 @@ fn a_non_finite_loss_names_step_and_sample(#[case] schedule: TrainSchedule, #[ca
         .collect();
     // Captured batched steps included: the update in the graph is gated on the device.
     assert_eq!(before, after, "no update after a non-finite loss");
-    assert_eq!(t.step(), 1, "the skipped step is not counted");
+    assert_eq!(t.step_count(), 1, "the skipped step is not counted");
     assert_eq!(b.log.steps_begun.get(), b.log.steps_ended.get());
     // The step that was skipped is taken again, as step 2.
-    assert_eq!(t.train_batch(x, y, 4).unwrap().step, 2);
+    assert_eq!(t.step(StepSource::host(x, y, 4)).unwrap().step, 2);
 }
 
 #[rstest]
@@ -264,7 +267,7 @@ fn a_failed_capture_falls_back_to_eager(#[case] schedule: TrainSchedule, #[case]
     b.fail_capture.set(Some(body_ran));
     let reports: Vec<StepReport> = batches(&f)
         .iter()
-        .map(|(x, y)| t.train_batch(x, y, 4).unwrap())
+        .map(|(x, y)| t.step(StepSource::host(x, y, 4)).unwrap())
         .collect();
     let params: Vec<Vec<f64>> = t
         .model()
@@ -285,7 +288,7 @@ fn a_failed_capture_falls_back_to_eager(#[case] schedule: TrainSchedule, #[case]
 
 /// The trainer under the schedule's fallback test config, capture on, the tiny fixture's four
 /// samples loaded as its validation set.
-fn fallback_trainer(schedule: TrainSchedule) -> (Tiny<f32>, Sim<f32>, Trainer<SimBackend<f32>>) {
+fn fallback_trainer(schedule: TrainSchedule) -> (Tiny<f32>, Sim<f32>, SimTrainer<f32>) {
     let f = tiny::<f32>();
     let cfg = TrainerConfig {
         clip_grad: Some(0.5),
@@ -300,10 +303,10 @@ fn fallback_trainer(schedule: TrainSchedule) -> (Tiny<f32>, Sim<f32>, Trainer<Si
 }
 
 /// The validation pass on the device against `evaluate` from the host: the same bits.
-fn validation_is_evaluate(f: &Tiny<f32>, t: &mut Trainer<SimBackend<f32>>) {
+fn validation_is_evaluate(f: &Tiny<f32>, t: &mut SimTrainer<f32>) {
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
-    let got = t.evaluate_validation().unwrap();
-    let want = t.evaluate(x, y).unwrap();
+    let got = t.evaluate(EvalSource::Validation).unwrap();
+    let want = t.evaluate(EvalSource::Host(x, y)).unwrap();
     assert_eq!(
         (got.loss.to_bits(), got.accuracy.to_bits(), got.samples),
         (want.loss.to_bits(), want.accuracy.to_bits(), want.samples)
@@ -329,7 +332,7 @@ fn a_failed_evaluation_capture_turns_capture_off_for_the_steps(
             b.fail_capture.set(None);
             assert_eq!(t.validation_graphs().count(), 0, "the pass ran eagerly");
         }
-        reports.push(t.train_batch(x, y, 4).unwrap());
+        reports.push(t.step(StepSource::host(x, y, 4)).unwrap());
     }
     validation_is_evaluate(&f, &mut t);
     assert_eq!(b.captures.get(), 1, "the first step's graph only");
@@ -358,7 +361,7 @@ fn a_failed_step_capture_leaves_evaluation_eager(
     let (f, b, mut t) = fallback_trainer(schedule);
     b.fail_capture.set(Some(body_ran));
     let (x, y) = &batches(&f)[0];
-    assert!(!t.train_batch(x, y, 4).unwrap().captured);
+    assert!(!t.step(StepSource::host(x, y, 4)).unwrap().captured);
     b.fail_capture.set(None);
     validation_is_evaluate(&f, &mut t);
     validation_is_evaluate(&f, &mut t);
@@ -368,10 +371,10 @@ fn a_failed_step_capture_leaves_evaluation_eager(
 #[test]
 fn evaluate_is_the_oracle_loss_without_recording() {
     let f = tiny::<f64>();
-    let (b, t) = trainer(&f, config(TrainSchedule::Batched, false));
+    let (b, mut t) = trainer(&f, config(TrainSchedule::Batched, false));
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
     let saved_before = b.allocs(AllocClass::Saved);
-    let r = t.evaluate(x, y).unwrap();
+    let r = t.evaluate(EvalSource::Host(x, y)).unwrap();
     assert_eq!(
         b.allocs(AllocClass::Saved),
         saved_before,
@@ -393,16 +396,16 @@ fn bad_batches_are_refused() {
     let f = tiny::<f32>();
     let (_b, mut t) = trainer(&f, config(TrainSchedule::Batched, false));
     let x = &f.input.tensors["x"].data;
-    let err = t.train_batch(x, &[0.0; 3], 4).unwrap_err();
+    let err = t.step(StepSource::host(x, &[0.0; 3], 4)).unwrap_err();
     assert!(
         matches!(err.cause(), GradError::Target { expected, given, .. } if expected == &[4] && given == &[3]),
         "{err}"
     );
     assert_eq!(err.applied(), Some(Applied::No));
-    let err = t.train_batch(&x[1..], &[0.0; 4], 4).unwrap_err();
+    let err = t.step(StepSource::host(&x[1..], &[0.0; 4], 4)).unwrap_err();
     assert!(matches!(err.cause(), GradError::BadInput(_)), "{err}");
     assert_eq!(err.applied(), Some(Applied::No));
-    let err = t.train_batch(x, &[], 0).unwrap_err();
+    let err = t.step(StepSource::host(x, &[], 0)).unwrap_err();
     assert!(matches!(err.cause(), GradError::BadInput(_)), "{err}");
     assert_eq!(err.applied(), Some(Applied::No));
 }
@@ -435,7 +438,7 @@ fn a_non_finite_gradient_with_a_finite_loss_names_the_sample(
         .iter()
         .map(|p| host(&b, p.value()))
         .collect();
-    let err = t.train_batch(&x, y, 4).unwrap_err();
+    let err = t.step(StepSource::host(&x, y, 4)).unwrap_err();
     assert_eq!(err.applied(), Some(Applied::No), "{err}");
     assert!(
         matches!(

@@ -5,7 +5,9 @@
 
 use zcompute::{Capture, CpuBackend, CudaBackend, CudaGraph};
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
-use zgrad::{LrSchedule, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors};
+use zgrad::{
+    LrSchedule, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+};
 use zmem::{Arena, ArenaConfig};
 
 use crate::support::fixtures;
@@ -53,7 +55,7 @@ struct Outcome {
 fn train<B: Capture<f32> + 'static>(
     b: B,
     capture: bool,
-    mut check: impl FnMut(&Trainer<B, f32>, usize),
+    mut check: impl FnMut(&Trainer<B, f32, XAsset<B>>, usize),
 ) -> Outcome {
     let path = fixtures::fixture("xasset_tiny_in.safetensors");
     let input: TensorFile<f32> = read_tensors(&path).unwrap();
@@ -76,7 +78,7 @@ fn train<B: Capture<f32> + 'static>(
             .iter()
             .map(|v| v * (1.0 + 0.1 * k as f32))
             .collect();
-        let r = t.train_batch(&xs, &y[..n], n).unwrap();
+        let r = t.step(StepSource::host(&xs, &y[..n], n)).unwrap();
         assert_eq!((r.captured, r.samples), (capture, n), "step {k}");
         losses.push(r.loss);
         norms.push(r.grad_norm);
@@ -134,10 +136,10 @@ fn assert_close(what: &str, got: &Outcome, want: &Outcome, tol: f64, params: boo
 /// the graph is made again only when the batch grows past the table.
 fn captured_equals_eager_equals_cpu<D: Driver>(make: impl Fn() -> CudaBackend<D>) {
     let cpu = train(CpuBackend, false, |_, _| {});
-    let eager = train(make(), false, |t, _| assert!(t.sample_graph().is_none()));
+    let eager = train(make(), false, |t, _| assert!(t.step_graph().is_none()));
     let mut graphs: Vec<(usize, u64)> = Vec::new();
     let captured = train(make(), true, |t, _| {
-        let g: &CudaGraph<D> = t.sample_graph().expect("a graph");
+        let g: &CudaGraph<D> = t.step_graph().expect("a graph");
         graphs.push((g.nodes(), g.replays()));
     });
     // Replays per step: n - 1 after a capture (its warm-up ran sample 0), n after.

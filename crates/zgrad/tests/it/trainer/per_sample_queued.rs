@@ -1,7 +1,7 @@
 //! The per-sample schedule queued with nothing read back per step (issue 21 items 2 and 4):
-//! `queue_rows` (rows gathered from the device data set) and `queue_pinned` (rows staged from
+//! `queue` of loaded rows (rows gathered from the device data set) and `queue` of a pinned batch (rows staged from
 //! pinned batches) queue each per-sample step, eager or captured (one sample's graph replayed
-//! per sample), and read the window back every `every` steps. Against `train_batch` on the
+//! per sample), and read the window back every `every` steps. Against a host `step` on the
 //! same rows, step by step: every report (the loss summed on the host in `f64` from the
 //! per-sample losses) and the parameters, bit for bit; no download or wait between drains; a
 //! non-finite sample at step k of a window named as step k, with the model as step k - 1
@@ -14,7 +14,7 @@ use zcompute::{Capture, CpuBackend, Engine, PinnedHost};
 use zdevice::CuCode;
 use zdevice::sim::calls;
 use zgrad::{
-    Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, TrainSchedule, Trainer,
+    Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, StepSource, TrainSchedule, Trainer,
     TrainerConfig, XAsset,
 };
 
@@ -24,7 +24,7 @@ fn data(seed: u64) -> (Vec<f32>, Vec<f32>) {
     labelled(SMALL, N, seed)
 }
 
-fn learner<B: Capture<f32> + Clone + 'static>(b: &B, capture: bool) -> Trainer<B> {
+fn learner<B: Capture<f32> + Clone + 'static>(b: &B, capture: bool) -> Trainer<B, f32, XAsset<B>> {
     learner_of(b, TrainSchedule::PerSample, capture)
 }
 
@@ -32,7 +32,7 @@ fn learner_of<B: Capture<f32> + Clone + 'static>(
     b: &B,
     schedule: TrainSchedule,
     capture: bool,
-) -> Trainer<B> {
+) -> Trainer<B, f32, XAsset<B>> {
     let model = XAsset::init(b, SMALL, 3).expect("model");
     let config = TrainerConfig {
         schedule,
@@ -73,7 +73,7 @@ struct Queue<B: PinnedHost<f32>> {
 }
 
 impl<B: Capture<f32> + PinnedHost<f32> + Clone + 'static> Queue<B> {
-    fn new(b: &B, t: &mut Trainer<B>, from: From, x: &[f32], y: &[f32]) -> Self {
+    fn new(b: &B, t: &mut Trainer<B, f32, XAsset<B>>, from: From, x: &[f32], y: &[f32]) -> Self {
         let bufs = match from {
             From::Device => {
                 t.load_data(x, y, N).expect("load");
@@ -88,14 +88,14 @@ impl<B: Capture<f32> + PinnedHost<f32> + Clone + 'static> Queue<B> {
 
     fn step(
         &mut self,
-        t: &mut Trainer<B>,
+        t: &mut Trainer<B, f32, XAsset<B>>,
         x: &[f32],
         y: &[f32],
         rows: &[usize],
         every: usize,
     ) -> zgrad::Result<Vec<StepReport>> {
         match self.from {
-            From::Device => t.queue_rows(rows, every),
+            From::Device => t.queue(StepSource::loaded(rows), every),
             From::Pinned => {
                 let buf = &mut self.bufs[self.k % 2];
                 self.k += 1;
@@ -105,7 +105,7 @@ impl<B: Capture<f32> + PinnedHost<f32> + Clone + 'static> Queue<B> {
                     py[..ys.len()].copy_from_slice(&ys);
                 })
                 .expect("fill");
-                t.queue_pinned(buf, rows.len(), every)
+                t.queue(StepSource::pinned(buf, rows.len()), every)
             }
         }
     }
@@ -125,7 +125,10 @@ where
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for (k, rows) in steps().iter().enumerate() {
         let (xs, ys) = rows_of(&x, &y, rows);
-        want.push(host.train_batch(&xs, &ys, rows.len()).expect("per-step"));
+        want.push(
+            host.step(StepSource::host(&xs, &ys, rows.len()))
+                .expect("per-step"),
+        );
         let back = queue.step(&mut dev, &x, &y, rows, every).expect("queued");
         // A full window's copy is queued; the window before it comes back.
         let expect = if (k + 1) % every == 0 && k + 1 > every {
@@ -145,7 +148,7 @@ where
     let w: Vec<_> = want.iter().map(step_bits).collect();
     let g: Vec<_> = got.iter().map(step_bits).collect();
     assert_eq!(g, w, "{at}");
-    assert_eq!(dev.step(), host.step(), "{at}");
+    assert_eq!(dev.step_count(), host.step_count(), "{at}");
     assert_eq!(param_bits(b, &dev), param_bits(b, &host), "{at}");
 }
 
@@ -248,7 +251,7 @@ where
     x[bad_row * per + 2] = f32::NAN;
     let mut host = learner(b, capture);
     let (xs, ys) = rows_of(&x, &y, &rows[0]);
-    host.train_batch(&xs, &ys, 8).expect("step 1");
+    host.step(StepSource::host(&xs, &ys, 8)).expect("step 1");
     let mut dev = learner(b, capture);
     let mut queue = Queue::new(b, &mut dev, from, &x, &y);
     for r in &rows[..4] {
@@ -256,7 +259,7 @@ where
         let back = queue.step(&mut dev, &x, &y, r, 4).expect("queued");
         assert!(back.is_empty());
     }
-    assert_eq!(dev.step(), 4, "counted as queued");
+    assert_eq!(dev.step_count(), 4, "counted as queued");
     let e = dev.drain().expect_err("the window holds a NaN");
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
@@ -270,13 +273,15 @@ where
         ),
         "{e:?}"
     );
-    assert_eq!(dev.step(), 1);
+    assert_eq!(dev.step_count(), 1);
     assert_eq!(dev.queued(), 0);
     assert_eq!(param_bits(b, &dev), param_bits(b, &host));
     // Going on past the bad step (rows without the NaN) matches the per-step path again.
     let clean = &rows[2];
     let (xs, ys) = rows_of(&x, &y, clean);
-    let want = host.train_batch(&xs, &ys, clean.len()).expect("step 2");
+    let want = host
+        .step(StepSource::host(&xs, &ys, clean.len()))
+        .expect("step 2");
     queue.step(&mut dev, &x, &y, clean, 4).expect("queued");
     let got = dev.drain().expect("drain");
     assert_eq!(
@@ -341,20 +346,24 @@ fn a_failed_reclaim_after_a_queued_update_counts_the_step(
         // The same step on the twin says how many poison memsets it makes; the last is that
         // of the step's last reclaim, after its update was queued.
         let before = poison_memsets(&clean_b);
-        clean.queue_rows(rows, 8).expect("clean step");
+        clean
+            .queue(StepSource::loaded(rows), 8)
+            .expect("clean step");
         let poisons = poison_memsets(&clean_b) - before;
         assert!(poisons > 0, "poison is on");
         if k == 2 {
             b.device()
                 .driver()
                 .fail_nth(calls::MEMSET_D8_ASYNC, poisons, CuCode::INVALID_VALUE);
-            let err = t.queue_rows(rows, 8).expect_err("the reclaim fails");
+            let err = t
+                .queue(StepSource::loaded(rows), 8)
+                .expect_err("the reclaim fails");
             assert_eq!(err.applied(), Some(Applied::Yes), "{err}");
             assert!(matches!(err, GradError::Step { step: 3, .. }), "{err}");
-            assert_eq!(t.step(), 3, "the applied step is counted");
+            assert_eq!(t.step_count(), 3, "the applied step is counted");
             continue;
         }
-        t.queue_rows(rows, 8).expect("queued");
+        t.queue(StepSource::loaded(rows), 8).expect("queued");
     }
     let (got, want) = (t.drain().expect("drain"), clean.drain().expect("drain"));
     let bits = |r: &[StepReport]| r.iter().map(step_bits).collect::<Vec<_>>();

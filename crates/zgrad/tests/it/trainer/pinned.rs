@@ -1,5 +1,5 @@
-//! `Trainer::train_batch_pinned`: a batch written in place into pinned host memory and
-//! uploaded straight from it trains exactly as the same values given to `train_batch` as
+//! a pinned `step`: a batch written in place into pinned host memory and
+//! uploaded straight from it trains exactly as the same values given to a host `step` as
 //! slices (bitwise: loss, norm, parameters), in both schedules, eager and captured, on the
 //! CUDA backend over the simulated driver and on the CPU backend; bad sizes and non-finite
 //! values get the same errors.
@@ -9,7 +9,7 @@ use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine, PinnedHost};
 use zdevice::SimDriver;
 use zgrad::{
-    Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, TrainSchedule, Trainer,
+    Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, StepSource, TrainSchedule, Trainer,
     TrainerConfig, XAsset,
 };
 
@@ -25,7 +25,7 @@ fn trainer<B: Capture<f32> + Clone + 'static>(
     b: &B,
     schedule: TrainSchedule,
     capture: bool,
-) -> Trainer<B> {
+) -> Trainer<B, f32, XAsset<B>> {
     let model = XAsset::init(b, SMALL, 3).expect("model");
     let config = TrainerConfig {
         schedule,
@@ -36,8 +36,8 @@ fn trainer<B: Capture<f32> + Clone + 'static>(
     Trainer::new(b.clone(), model, config).expect("trainer")
 }
 
-fn params<B: Capture<f32> + 'static>(b: &B, t: &Trainer<B>) -> Vec<u32> {
-    let flat = t.flat_parameters().unwrap();
+fn params<B: Capture<f32> + 'static>(b: &B, t: &Trainer<B, f32, XAsset<B>>) -> Vec<u32> {
+    let flat = t.model().flat_parameters().unwrap();
     b.download(&flat)
         .unwrap()
         .iter()
@@ -77,13 +77,13 @@ fn same_as_slices<B: Capture<f32> + PinnedHost<f32> + Clone + 'static>(
     let mut p = PinnedBatch::new(b, CAPACITY, SMALL.scales, SMALL.features).unwrap();
     for (k, n) in [CAPACITY, CAPACITY, 4, CAPACITY].into_iter().enumerate() {
         let (x, y) = batch(n, 10 + k as u64);
-        let want = slices.train_batch(&x, &y, n).unwrap();
+        let want = slices.step(StepSource::host(&x, &y, n)).unwrap();
         fill(&mut p, &x, &y);
-        let got = pinned.train_batch_pinned(&p, n).unwrap();
+        let got = pinned.step(StepSource::pinned(&p, n)).unwrap();
         assert_eq!(bits(&got), bits(&want), "step {k}");
         assert_eq!(params(b, &pinned), params(b, &slices), "step {k}");
     }
-    assert_eq!(pinned.step(), 4);
+    assert_eq!(pinned.step_count(), 4);
 }
 
 #[rstest]
@@ -121,11 +121,11 @@ fn captured_replays_read_each_refill() {
     for k in 0..3 {
         let (x, y) = batch(CAPACITY, 40 + k);
         fill(&mut p, &x, &y);
-        let r = t.train_batch_pinned(&p, CAPACITY).unwrap();
+        let r = t.step(StepSource::pinned(&p, CAPACITY)).unwrap();
         assert!(r.captured, "step {k}");
         losses.push(r.loss.to_bits());
     }
-    assert!(t.batched_graph().is_some());
+    assert!(t.step_graph().is_some());
     losses.dedup();
     assert_eq!(losses.len(), 3, "every step saw its own batch");
 }
@@ -137,14 +137,14 @@ fn bad_sizes_are_refused_as_train_batch_refuses_them() {
     let p = PinnedBatch::new(&b, CAPACITY, SMALL.scales, SMALL.features).unwrap();
     let other = PinnedBatch::new(&b, CAPACITY, SMALL.scales, SMALL.features + 1).unwrap();
     for (what, err) in [
-        ("n = 0", t.train_batch_pinned(&p, 0).unwrap_err()),
+        ("n = 0", t.step(StepSource::pinned(&p, 0)).unwrap_err()),
         (
             "n > capacity",
-            t.train_batch_pinned(&p, CAPACITY + 1).unwrap_err(),
+            t.step(StepSource::pinned(&p, CAPACITY + 1)).unwrap_err(),
         ),
         (
             "other features",
-            t.train_batch_pinned(&other, CAPACITY).unwrap_err(),
+            t.step(StepSource::pinned(&other, CAPACITY)).unwrap_err(),
         ),
     ] {
         assert!(
@@ -153,14 +153,14 @@ fn bad_sizes_are_refused_as_train_batch_refuses_them() {
         );
         assert_eq!(err.applied(), Some(Applied::No), "{what}");
     }
-    assert_eq!(t.step(), 0);
+    assert_eq!(t.step_count(), 0);
     assert!(matches!(
         PinnedBatch::<Sim>::new(&b, 0, SMALL.scales, SMALL.features),
         Err(GradError::BadInput(_))
     ));
 }
 
-/// A NaN feature in sample 2 is reported as `train_batch` reports it (the sample located on
+/// A NaN feature in sample 2 is reported as a host `step` reports it (the sample located on
 /// a host copy of the pinned rows), nothing applied, in every schedule.
 #[rstest]
 #[case::batched(TrainSchedule::Batched, false)]
@@ -176,10 +176,10 @@ fn a_non_finite_value_names_its_sample_as_train_batch_does(
     x[2 * SMALL.scales * SMALL.features + 1] = f32::NAN;
     let mut slices = trainer(&b, schedule, capture);
     let mut pinned = trainer(&b, schedule, capture);
-    let want = slices.train_batch(&x, &y, CAPACITY).unwrap_err();
+    let want = slices.step(StepSource::host(&x, &y, CAPACITY)).unwrap_err();
     let mut p = PinnedBatch::new(&b, CAPACITY, SMALL.scales, SMALL.features).unwrap();
     fill(&mut p, &x, &y);
-    let got = pinned.train_batch_pinned(&p, CAPACITY).unwrap_err();
+    let got = pinned.step(StepSource::pinned(&p, CAPACITY)).unwrap_err();
     assert!(
         matches!(
             got.cause(),

@@ -2,7 +2,7 @@
 //! device data set that takes the plan's next chunk finds its indices and `[lr, t]` on the
 //! device, put up with the rest of its read-back window by one copy at the window's first
 //! planned step; every other step uploads its own (two copies) and ends the plan. Whatever
-//! the plan, the steps are `train_batch`'s on the same rows, bit for bit: across windows and
+//! the plan, the steps are a host `step`'s on the same rows, bit for bit: across windows and
 //! epochs, an epoch's short last batch, a step off the plan, and a non-finite step read back
 //! after later planned steps were queued (the step count wound back, the plan made again).
 
@@ -14,7 +14,7 @@ use zcompute::{Capture, CpuBackend, CudaBackend, Engine, SimDriver};
 type Sim = CudaBackend<SimDriver>;
 use zdevice::sim::calls;
 use zgrad::{
-    Applied, GradError, LrSchedule, NonFiniteKind, StepReport, TrainSchedule, Trainer,
+    Applied, GradError, LrSchedule, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
     TrainerConfig, XAsset,
 };
 
@@ -22,7 +22,7 @@ const N: usize = 20;
 const BATCH: usize = 8;
 const EVERY: usize = 4;
 
-fn learner<B: Capture<f32> + Clone + 'static>(b: &B, capture: bool) -> Trainer<B> {
+fn learner<B: Capture<f32> + Clone + 'static>(b: &B, capture: bool) -> Trainer<B, f32, XAsset<B>> {
     let model = XAsset::init(b, SMALL, 5).expect("model");
     let config = TrainerConfig {
         schedule: TrainSchedule::Batched,
@@ -57,7 +57,7 @@ fn htod(b: &Sim) -> u64 {
 }
 
 /// Four epochs of three steps (8, 8 and 4 rows) in windows of 4, planned at each epoch's
-/// start: the same reports and parameters as `train_batch`, and host-to-device copies only
+/// start: the same reports and parameters as a host `step`, and host-to-device copies only
 /// where a window or an epoch's plan starts (one there); without a plan, two a step.
 fn planned_run(b: &Sim, capture: bool, planned: bool) -> Vec<u64> {
     let (x, y) = labelled(SMALL, N, 51);
@@ -72,9 +72,15 @@ fn planned_run(b: &Sim, capture: bool, planned: bool) -> Vec<u64> {
         }
         for rows in order.chunks(BATCH) {
             let (xs, ys) = rows_of(&x, &y, rows);
-            want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+            want.push(
+                host.step(StepSource::host(&xs, &ys, rows.len()))
+                    .expect("host step"),
+            );
             let before = htod(b);
-            got.extend(dev.queue_rows(rows, EVERY).expect("queued step"));
+            got.extend(
+                dev.queue(StepSource::loaded(rows), EVERY)
+                    .expect("queued step"),
+            );
             copies.push(htod(b) - before);
         }
     }
@@ -106,7 +112,7 @@ fn planned_steps_upload_once_a_window(#[values(false, true)] capture: bool) {
     );
 }
 
-/// Three planned epochs against `train_batch`, bit for bit (the CPU backend, the GPU).
+/// Three planned epochs against a host `step`, bit for bit (the CPU backend, the GPU).
 fn planned_equal_train_batch<B: Capture<f32> + Clone + 'static>(b: &B) {
     let (x, y) = labelled(SMALL, N, 52);
     let mut host = learner(b, true);
@@ -118,8 +124,14 @@ fn planned_equal_train_batch<B: Capture<f32> + Clone + 'static>(b: &B) {
         dev.plan_rows(&order, BATCH).expect("plan");
         for rows in order.chunks(BATCH) {
             let (xs, ys) = rows_of(&x, &y, rows);
-            want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
-            got.extend(dev.queue_rows(rows, EVERY).expect("queued step"));
+            want.push(
+                host.step(StepSource::host(&xs, &ys, rows.len()))
+                    .expect("host step"),
+            );
+            got.extend(
+                dev.queue(StepSource::loaded(rows), EVERY)
+                    .expect("queued step"),
+            );
         }
     }
     got.extend(dev.drain().expect("drain"));
@@ -151,7 +163,7 @@ mod gpu {
 }
 
 /// A step that takes other rows than the plan's next uploads its own and ends the plan: the
-/// steps after it upload theirs too, and all stay `train_batch`'s.
+/// steps after it upload theirs too, and all stay a host `step`'s.
 #[rstest]
 fn a_step_off_the_plan_uploads_its_own(#[values(false, true)] capture: bool) {
     let b = Engine::sim(256 << 20).expect("simulated backend");
@@ -172,9 +184,15 @@ fn a_step_off_the_plan_uploads_its_own(#[values(false, true)] capture: bool) {
     let (mut want, mut got, mut copies) = (Vec::new(), Vec::new(), Vec::new());
     for rows in steps {
         let (xs, ys) = rows_of(&x, &y, rows);
-        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+        want.push(
+            host.step(StepSource::host(&xs, &ys, rows.len()))
+                .expect("host step"),
+        );
         let before = htod(&b);
-        got.extend(dev.queue_rows(rows, EVERY).expect("queued step"));
+        got.extend(
+            dev.queue(StepSource::loaded(rows), EVERY)
+                .expect("queued step"),
+        );
         copies.push(htod(&b) - before);
     }
     got.extend(dev.drain().expect("drain"));
@@ -186,7 +204,7 @@ fn a_step_off_the_plan_uploads_its_own(#[values(false, true)] capture: bool) {
 /// A NaN in step 6 (second window), read back when step 12 fills the third: the error names
 /// step 6 with the model as step 5 left it; planned again from step 6's successor's rows,
 /// the steps (their step numbers and learning rates those of the wound-back count) are
-/// `train_batch`'s.
+/// a host `step`'s.
 #[rstest]
 fn a_non_finite_planned_step_rewinds_and_plans_again(#[values(false, true)] capture: bool) {
     let b = Engine::sim(256 << 20).expect("simulated backend");
@@ -200,17 +218,18 @@ fn a_non_finite_planned_step_rewinds_and_plans_again(#[values(false, true)] capt
     let mut host = learner(&b, capture);
     for rows in &chunks[..5] {
         let (xs, ys) = rows_of(&x, &y, rows);
-        host.train_batch(&xs, &ys, rows.len()).expect("host step");
+        host.step(StepSource::host(&xs, &ys, rows.len()))
+            .expect("host step");
     }
     let mut dev = learner(&b, capture);
     dev.load_data(&x, &y, N + 1).expect("load");
     dev.plan_rows(&order, BATCH).expect("plan");
     for rows in &chunks[..11] {
-        dev.queue_rows(rows, EVERY)
+        dev.queue(StepSource::loaded(rows), EVERY)
             .expect("nothing read yet is bad");
     }
     let e = dev
-        .queue_rows(chunks[11], EVERY)
+        .queue(StepSource::loaded(chunks[11]), EVERY)
         .expect_err("the read-back finds the NaN");
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
@@ -224,7 +243,7 @@ fn a_non_finite_planned_step_rewinds_and_plans_again(#[values(false, true)] capt
         ),
         "{e:?}"
     );
-    assert_eq!(dev.step(), 5);
+    assert_eq!(dev.step_count(), 5);
     assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
     // Step 6 again on the chunks after the bad one, planned anew.
     let rest = &order[6 * BATCH..];
@@ -232,9 +251,15 @@ fn a_non_finite_planned_step_rewinds_and_plans_again(#[values(false, true)] capt
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for rows in rest.chunks(BATCH).take(7) {
         let (xs, ys) = rows_of(&x, &y, rows);
-        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+        want.push(
+            host.step(StepSource::host(&xs, &ys, rows.len()))
+                .expect("host step"),
+        );
         let before = htod(&b);
-        got.extend(dev.queue_rows(rows, EVERY).expect("queued after the error"));
+        got.extend(
+            dev.queue(StepSource::loaded(rows), EVERY)
+                .expect("queued after the error"),
+        );
         assert!(htod(&b) - before <= 1, "planned: one copy a window at most");
     }
     got.extend(dev.drain().expect("drain"));
@@ -261,7 +286,7 @@ fn a_plan_is_refused_without_data_a_batch_or_its_rows() {
 /// A queued step whose update fails after its tail moved the window's cursor on the device
 /// (eager, the update's launch refused): the host did not count the step, so its next step
 /// must not read the row after the one it put up. After the state is restored from a
-/// checkpoint, the steps (planned or not) are `train_batch`'s on the same rows, bit for bit.
+/// checkpoint, the steps (planned or not) are a host `step`'s on the same rows, bit for bit.
 #[rstest]
 fn a_step_failing_after_its_tail_leaves_the_cursor_where_the_host_puts_rows(
     #[values(false, true)] planned: bool,
@@ -278,17 +303,20 @@ fn a_step_failing_after_its_tail_leaves_the_cursor_where_the_host_puts_rows(
     dev.load_data(&x, &y, N).expect("load");
     for rows in &chunks[..2] {
         let (xs, ys) = rows_of(&x, &y, rows);
-        host.train_batch(&xs, &ys, rows.len()).expect("host step");
-        dev.queue_rows(rows, EVERY).expect("queued step");
+        host.step(StepSource::host(&xs, &ys, rows.len()))
+            .expect("host step");
+        dev.queue(StepSource::loaded(rows), EVERY)
+            .expect("queued step");
     }
     dev.drain().expect("drain");
     dev.save_checkpoint(&path, std::collections::HashMap::new())
         .expect("save");
     // Step 3 queued (the window's row 0), then step 4 with its last launch (the update,
     // after the tail) refused.
-    dev.queue_rows(chunks[2], EVERY).expect("step 3");
+    dev.queue(StepSource::loaded(chunks[2]), EVERY)
+        .expect("step 3");
     let before = sim.call_count(calls::LAUNCH_KERNEL);
-    dev.queue_rows(chunks[2], EVERY)
+    dev.queue(StepSource::loaded(chunks[2]), EVERY)
         .expect("a step to count the launches");
     let launches = sim.call_count(calls::LAUNCH_KERNEL) - before;
     sim.fail_nth(
@@ -296,7 +324,7 @@ fn a_step_failing_after_its_tail_leaves_the_cursor_where_the_host_puts_rows(
         launches,
         zdevice::CuCode::INVALID_VALUE,
     );
-    dev.queue_rows(chunks[3], EVERY)
+    dev.queue(StepSource::loaded(chunks[3]), EVERY)
         .expect_err("the update's launch fails");
     assert!(dev.optimizer().unknown_step().is_some());
     dev.load_checkpoint(&path).expect("restore step 2's state");
@@ -307,9 +335,12 @@ fn a_step_failing_after_its_tail_leaves_the_cursor_where_the_host_puts_rows(
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for rows in rest.chunks(BATCH).take(6) {
         let (xs, ys) = rows_of(&x, &y, rows);
-        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+        want.push(
+            host.step(StepSource::host(&xs, &ys, rows.len()))
+                .expect("host step"),
+        );
         got.extend(
-            dev.queue_rows(rows, EVERY)
+            dev.queue(StepSource::loaded(rows), EVERY)
                 .expect("queued after the restore"),
         );
     }

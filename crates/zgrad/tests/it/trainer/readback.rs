@@ -12,7 +12,8 @@ use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
 use zdevice::sim::calls;
 use zgrad::{
-    Applied, GradError, NonFiniteKind, StepReport, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    Applied, GradError, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
+    TrainerConfig, XAsset,
 };
 
 const N: usize = 20;
@@ -21,7 +22,7 @@ fn learner<B: Capture<f32> + Clone + 'static>(
     b: &B,
     schedule: TrainSchedule,
     capture: bool,
-) -> Trainer<B> {
+) -> Trainer<B, f32, XAsset<B>> {
     let model = XAsset::init(b, SMALL, 5).expect("model");
     let config = TrainerConfig {
         schedule,
@@ -54,7 +55,7 @@ fn bits(r: &[StepReport]) -> Vec<(u64, u64, u64, u64, usize, bool)> {
     r.iter().map(step_bits).collect()
 }
 
-/// 100 queued steps, every 8, against `train_batch` on the same rows: a call returns the
+/// 100 queued steps, every 8, against a host `step` on the same rows: a call returns the
 /// window completed one window before (steps s - 15..=s - 8 at step s, a multiple of 8), the
 /// drain the 12 left; the same reports, parameters and count, bit for bit.
 fn same_reports<B: Capture<f32> + Clone + 'static>(b: &B, schedule: TrainSchedule, capture: bool) {
@@ -65,8 +66,11 @@ fn same_reports<B: Capture<f32> + Clone + 'static>(b: &B, schedule: TrainSchedul
     for (k, rows) in steps(100).iter().enumerate() {
         let s = k as u64 + 1;
         let (xs, ys) = rows_of(&x, &y, rows);
-        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
-        let back = dev.queue_rows(rows, 8).expect("queued step");
+        want.push(
+            host.step(StepSource::host(&xs, &ys, rows.len()))
+                .expect("host step"),
+        );
+        let back = dev.queue(StepSource::loaded(rows), 8).expect("queued step");
         let expect: Vec<u64> = if s.is_multiple_of(8) && s >= 16 {
             (s - 15..=s - 8).collect()
         } else {
@@ -86,7 +90,7 @@ fn same_reports<B: Capture<f32> + Clone + 'static>(b: &B, schedule: TrainSchedul
     got.extend(rest);
     assert_eq!(dev.queued(), 0);
     assert_eq!(bits(&got), bits(&want), "{schedule:?} capture {capture}");
-    assert_eq!(dev.step(), 100);
+    assert_eq!(dev.step_count(), 100);
     assert_eq!(param_bits(b, &dev), param_bits(b, &host));
 }
 
@@ -144,24 +148,28 @@ fn non_finite<B: Capture<f32> + Clone + 'static>(
     let mut host = learner(b, schedule, capture);
     for r in &rows[..bad - 1] {
         let (xs, ys) = rows_of(&x, &y, r);
-        host.train_batch(&xs, &ys, r.len()).expect("host step");
+        host.step(StepSource::host(&xs, &ys, r.len()))
+            .expect("host step");
     }
     let mut dev = learner(b, schedule, capture);
     dev.load_data(&x, &y, N + 1).expect("load");
     let mut back = Vec::new();
     for r in &rows[..queue - 1] {
         back.extend(
-            dev.queue_rows(r, 4)
+            dev.queue(StepSource::loaded(r), 4)
                 .expect("queued: nothing read yet is bad"),
         );
     }
     let e = match found {
         Found::Drain => {
-            back.extend(dev.queue_rows(&rows[queue - 1], 4).expect("queued"));
+            back.extend(
+                dev.queue(StepSource::loaded(&rows[queue - 1]), 4)
+                    .expect("queued"),
+            );
             dev.drain().expect_err("the drain reads the NaN")
         }
         _ => dev
-            .queue_rows(&rows[queue - 1], 4)
+            .queue(StepSource::loaded(&rows[queue - 1]), 4)
             .expect_err("the read-back finds the NaN"),
     };
     let clean = ((bad - 1) / 4 * 4) as u64;
@@ -172,15 +180,21 @@ fn non_finite<B: Capture<f32> + Clone + 'static>(
         matches!(e.cause(), GradError::NonFinite { step: s, sample: Some(1), kind: NonFiniteKind::Loss } if *s == step),
         "{found:?}: {e:?}"
     );
-    assert_eq!(dev.step(), step - 1);
+    assert_eq!(dev.step_count(), step - 1);
     assert_eq!(dev.queued(), 0, "the later steps are dropped");
     assert_eq!(param_bits(b, &dev), param_bits(b, &host), "{found:?}");
     // Going on (rows without the NaN) matches the per-step path, across a window boundary.
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for r in rows.iter().skip(bad).take(9) {
         let (xs, ys) = rows_of(&x, &y, r);
-        want.push(host.train_batch(&xs, &ys, r.len()).expect("host step"));
-        got.extend(dev.queue_rows(r, 4).expect("queued after the error"));
+        want.push(
+            host.step(StepSource::host(&xs, &ys, r.len()))
+                .expect("host step"),
+        );
+        got.extend(
+            dev.queue(StepSource::loaded(r), 4)
+                .expect("queued after the error"),
+        );
     }
     got.extend(dev.drain().expect("drain"));
     assert_eq!(bits(&got), bits(&want), "{found:?}");
@@ -218,11 +232,12 @@ fn a_window_boundary_does_not_drain_the_stream(
     let mut t = learner(&b, schedule, true);
     t.load_data(&x, &y, N).expect("load");
     let rows: Vec<Vec<usize>> = steps(24).into_iter().filter(|r| r.len() == 8).collect();
-    t.queue_rows(&rows[0], 4).expect("step 1 (the capture)");
+    t.queue(StepSource::loaded(&rows[0]), 4)
+        .expect("step 1 (the capture)");
     for (k, r) in rows[1..13].iter().enumerate() {
         let s = k + 2;
         dev.driver().clear_op_log();
-        let back = t.queue_rows(r, 4).expect("queued");
+        let back = t.queue(StepSource::loaded(r), 4).expect("queued");
         let log = dev.driver().op_log();
         let count = |call: &str| log.iter().filter(|op| op.call == call).count();
         for call in [
@@ -268,16 +283,20 @@ fn a_failed_read_back_leaves_the_window_unknown() {
     t.load_data(&x, &y, N).expect("load");
     let rows = steps(8);
     for r in &rows[..7] {
-        t.queue_rows(r, 4).expect("queued");
+        t.queue(StepSource::loaded(r), 4).expect("queued");
     }
     b.device()
         .driver()
         .fail_nth(calls::MEMCPY_DTOH_ASYNC, 1, zdevice::CuCode::INVALID_VALUE);
-    let e = t.queue_rows(&rows[7], 4).expect_err("the copy fails");
+    let e = t
+        .queue(StepSource::loaded(&rows[7]), 4)
+        .expect_err("the copy fails");
     assert_eq!(e.applied(), Some(Applied::Maybe), "{e}");
     assert!(matches!(e, GradError::Step { step: 5, .. }), "{e:?}");
     assert_eq!(t.queued(), 0);
-    let refused = t.queue_rows(&rows[0], 4).expect_err("state unknown");
+    let refused = t
+        .queue(StepSource::loaded(&rows[0]), 4)
+        .expect_err("state unknown");
     assert!(
         matches!(refused.cause(), GradError::StateUnknown { step: 5 }),
         "{refused:?}"
@@ -312,7 +331,7 @@ mod gpu {
 
 /// A longer read-back window after captured steps makes the device history anew; the captured
 /// step must then write its rows there (not into the history it was captured with), so the
-/// reports stay `train_batch`'s, bit for bit (captured, it reported zeros and shifted steps).
+/// reports stay a host `step`'s, bit for bit (captured, it reported zeros and shifted steps).
 #[rstest]
 #[case::captured(true)]
 #[case::eager(false)]
@@ -325,10 +344,16 @@ fn a_longer_window_after_captured_steps_reports_the_steps(#[case] capture: bool)
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for (k, rows) in steps(9).iter().enumerate() {
         let (xs, ys) = rows_of(&x, &y, rows);
-        want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+        want.push(
+            host.step(StepSource::host(&xs, &ys, rows.len()))
+                .expect("host step"),
+        );
         // Windows of 1 for the first steps, then of 4.
         let every = if k < 4 { 1 } else { 4 };
-        got.extend(dev.queue_rows(rows, every).expect("queued step"));
+        got.extend(
+            dev.queue(StepSource::loaded(rows), every)
+                .expect("queued step"),
+        );
     }
     got.extend(dev.drain().expect("drain"));
     assert_eq!(bits(&got), bits(&want));

@@ -1,5 +1,5 @@
 //! The captured batched step replayed on the batch already on the device
-//! (`Trainer::replay_resident`, what the benchmark times with CUDA events) and the captured
+//! (a step from the held batch, what the benchmark times with CUDA events) and the captured
 //! graphs' node counts, on the CUDA backend over the simulated driver. The node report at the
 //! default size runs on the accounting-only simulator (the graphs are the same; no kernel runs).
 
@@ -9,8 +9,8 @@ use crate::support::small::{SMALL, labelled};
 use zcompute::{CudaBackend, Engine};
 use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
 use zgrad::{
-    Applied, GradError, ReplayMark, StepReport, TrainSchedule, Trainer, TrainerConfig, XAsset,
-    XAssetConfig,
+    Applied, GradError, ReplayMark, StepReport, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    XAsset, XAssetConfig,
 };
 use zmem::{Arena, ArenaConfig};
 
@@ -20,7 +20,7 @@ fn batch(c: XAssetConfig, n: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
     labelled(c, n, seed)
 }
 
-fn trainer(schedule: TrainSchedule, capture: bool) -> (Sim, Trainer<Sim>) {
+fn trainer(schedule: TrainSchedule, capture: bool) -> (Sim, Trainer<Sim, f32, XAsset<Sim>>) {
     let b = Engine::sim(256 << 20).expect("simulated backend");
     b.set_poison(true);
     let model = XAsset::init(&b, SMALL, 3).expect("model");
@@ -33,7 +33,7 @@ fn trainer(schedule: TrainSchedule, capture: bool) -> (Sim, Trainer<Sim>) {
     (b, t)
 }
 
-fn params(b: &Sim, t: &Trainer<Sim>) -> Vec<Vec<u32>> {
+fn params(b: &Sim, t: &Trainer<Sim, f32, XAsset<Sim>>) -> Vec<Vec<u32>> {
     t.model()
         .parameters()
         .iter()
@@ -50,18 +50,18 @@ fn replaying_the_resident_batch_equals_train_batch_of_that_batch() {
     let (x, y) = batch(SMALL, 4, 11);
     let (b1, mut uploads) = trainer(TrainSchedule::Batched, true);
     let (b2, mut resident) = trainer(TrainSchedule::Batched, true);
-    assert!(uploads.train_batch(&x, &y, 4).unwrap().captured);
-    assert!(resident.train_batch(&x, &y, 4).unwrap().captured);
+    assert!(uploads.step(StepSource::host(&x, &y, 4)).unwrap().captured);
+    assert!(resident.step(StepSource::host(&x, &y, 4)).unwrap().captured);
     for _ in 0..3 {
-        let want = uploads.train_batch(&x, &y, 4).unwrap();
+        let want = uploads.step(StepSource::host(&x, &y, 4)).unwrap();
         let mut marks = Vec::new();
-        let got = resident.replay_resident(|m| marks.push(m)).unwrap();
+        let got = resident.step(StepSource::held(|m| marks.push(m))).unwrap();
         assert_eq!(marks, [ReplayMark::Before, ReplayMark::After]);
         assert_eq!(bits(&got), bits(&want));
     }
-    assert_eq!(resident.step(), 4);
+    assert_eq!(resident.step_count(), 4);
     assert_eq!(params(&b2, &resident), params(&b1, &uploads));
-    assert_eq!(resident.batched_graph().map(|g| g.replays()), Some(3));
+    assert_eq!(resident.step_graph().map(|g| g.replays()), Some(3));
 }
 
 #[test]
@@ -70,18 +70,18 @@ fn replay_resident_without_a_captured_step_is_refused_and_applies_nothing() {
     for capture in [true, false] {
         let (b, mut t) = trainer(TrainSchedule::Batched, capture);
         if !capture {
-            t.train_batch(&x, &y, 4).unwrap();
+            t.step(StepSource::host(&x, &y, 4)).unwrap();
         }
         let before = params(&b, &t);
         let mut marks = 0;
-        let e = t.replay_resident(|_| marks += 1).unwrap_err();
+        let e = t.step(StepSource::held(|_| marks += 1)).unwrap_err();
         assert_eq!(e.applied(), Some(Applied::No), "{e}");
         assert!(
             matches!(e.cause(), GradError::BadInput(m) if m.contains("no captured batched step")),
             "{e:?}"
         );
         assert_eq!(
-            (marks, t.step(), params(&b, &t)),
+            (marks, t.step_count(), params(&b, &t)),
             (0, u64::from(!capture), before)
         );
     }
@@ -91,13 +91,13 @@ fn replay_resident_without_a_captured_step_is_refused_and_applies_nothing() {
 fn a_non_finite_resident_step_names_its_sample_and_applies_nothing() {
     let (mut x, y) = batch(SMALL, 4, 13);
     let (b, mut t) = trainer(TrainSchedule::Batched, true);
-    t.train_batch(&x, &y, 4).unwrap();
+    t.step(StepSource::host(&x, &y, 4)).unwrap();
     // A NaN in sample 2 of the batch on the device, as the last upload left it.
     x[2 * SMALL.scales * SMALL.features] = f32::NAN;
-    let e = t.train_batch(&x, &y, 4).unwrap_err();
+    let e = t.step(StepSource::host(&x, &y, 4)).unwrap_err();
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     let before = params(&b, &t);
-    let e = t.replay_resident(|_| {}).unwrap_err();
+    let e = t.step(StepSource::held(|_| {})).unwrap_err();
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
         matches!(
@@ -109,7 +109,7 @@ fn a_non_finite_resident_step_names_its_sample_and_applies_nothing() {
         ),
         "{e:?}"
     );
-    assert_eq!((t.step(), params(&b, &t)), (1, before));
+    assert_eq!((t.step_count(), params(&b, &t)), (1, before));
 }
 
 /// Nodes per captured batched step and per captured per-sample step at the default size
@@ -141,11 +141,11 @@ fn nodes_per_captured_step_at_the_default_size() {
         let mut t = Trainer::new(b, model, config).expect("trainer");
         let x = vec![0.0f32; 256 * c.scales * c.features];
         let y = vec![0.0f32; 256];
-        assert!(t.train_batch(&x, &y, 256).unwrap().captured, "{schedule:?}");
-        let graph = match schedule {
-            TrainSchedule::Batched => t.batched_graph(),
-            TrainSchedule::PerSample => t.sample_graph(),
-        };
+        assert!(
+            t.step(StepSource::host(&x, &y, 256)).unwrap().captured,
+            "{schedule:?}"
+        );
+        let graph = t.step_graph();
         let n = graph.expect("a captured graph").nodes();
         assert!(n > 0, "{schedule:?}: an empty graph");
         nodes.push(n);
@@ -158,7 +158,7 @@ fn nodes_per_captured_step_at_the_default_size() {
 
 /// The data set on the device (issue 21): steps queued by their rows' indices, gathered on the
 /// device inside the (captured) step, read back every few steps. The new path's losses,
-/// norms and parameters against `train_batch` on the same rows copied on the host, bit for
+/// norms and parameters against a host `step` on the same rows copied on the host, bit for
 /// bit, on the simulated device and on the CPU backend, in both schedules, eager and captured.
 mod device_data {
     use super::{SMALL, batch};
@@ -169,6 +169,7 @@ mod device_data {
         Applied, GradError, NonFiniteKind, StepReport, TrainSchedule, Trainer, TrainerConfig,
         XAsset,
     };
+    use zgrad::{EvalSource, StepSource};
 
     const N: usize = 20;
 
@@ -176,7 +177,7 @@ mod device_data {
         b: &B,
         schedule: TrainSchedule,
         capture: bool,
-    ) -> Trainer<B> {
+    ) -> Trainer<B, f32, XAsset<B>> {
         let model = XAsset::init(b, SMALL, 3).expect("model");
         let config = TrainerConfig {
             schedule,
@@ -230,8 +231,14 @@ mod device_data {
         let (mut want, mut got) = (Vec::new(), Vec::new());
         for rows in steps() {
             let (xs, ys) = rows_of(&x, &y, &rows);
-            want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
-            got.extend(dev.queue_rows(&rows, every).expect("queued step"));
+            want.push(
+                host.step(StepSource::host(&xs, &ys, rows.len()))
+                    .expect("host step"),
+            );
+            got.extend(
+                dev.queue(StepSource::loaded(&rows), every)
+                    .expect("queued step"),
+            );
             // The window being filled and, at most, the one whose copy is in flight.
             assert!(dev.filling() < every && dev.queued() < 2 * every);
         }
@@ -240,14 +247,14 @@ mod device_data {
         let w: Vec<_> = want.iter().map(report_bits).collect();
         let g: Vec<_> = got.iter().map(report_bits).collect();
         assert_eq!(g, w, "{schedule:?} capture {capture} every {every}");
-        assert_eq!(dev.step(), host.step());
+        assert_eq!(dev.step_count(), host.step_count());
         assert_eq!(param_bits(b, &dev), param_bits(b, &host));
         if capture && schedule == TrainSchedule::Batched {
             assert!(got[0].captured && got[1].captured && !got[2].captured);
         }
         let (e_host, e_dev) = (
-            host.evaluate(&x, &y).expect("eval"),
-            dev.evaluate_loaded().expect("eval"),
+            host.evaluate(EvalSource::Host(&x, &y)).expect("eval"),
+            dev.evaluate(EvalSource::Loaded).expect("eval"),
         );
         assert_eq!(e_dev.loss.to_bits(), e_host.loss.to_bits());
         assert_eq!(e_dev.accuracy.to_bits(), e_host.accuracy.to_bits());
@@ -286,14 +293,18 @@ mod device_data {
         x[bad_row * per + 2] = f32::NAN;
         let mut host = learner(&b, TrainSchedule::Batched, capture);
         let (xs, ys) = rows_of(&x, &y, &rows[0]);
-        host.train_batch(&xs, &ys, 8).expect("step 1");
+        host.step(StepSource::host(&xs, &ys, 8)).expect("step 1");
         let mut dev = learner(&b, TrainSchedule::Batched, capture);
         dev.load_data(&x, &y, N).expect("load");
         for r in &rows[..4] {
             // The fourth fills the window: its copy is queued, nothing read yet.
-            assert!(dev.queue_rows(r, 4).expect("queued").is_empty());
+            assert!(
+                dev.queue(StepSource::loaded(r), 4)
+                    .expect("queued")
+                    .is_empty()
+            );
         }
-        assert_eq!(dev.step(), 4, "counted as queued");
+        assert_eq!(dev.step_count(), 4, "counted as queued");
         let e = dev.drain().expect_err("the window holds a NaN");
         assert_eq!(e.applied(), Some(Applied::No), "{e}");
         assert!(
@@ -307,15 +318,15 @@ mod device_data {
             ),
             "{e:?}"
         );
-        assert_eq!(dev.step(), 1);
+        assert_eq!(dev.step_count(), 1);
         assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
         // Going on past the bad step (rows without the NaN) matches the host path again.
         let clean = &rows[2];
         let (xs, ys) = rows_of(&x, &y, clean);
         let want = host
-            .train_batch(&xs, &ys, clean.len())
+            .step(StepSource::host(&xs, &ys, clean.len()))
             .expect("host step 2");
-        dev.queue_rows(clean, 4).expect("queued");
+        dev.queue(StepSource::loaded(clean), 4).expect("queued");
         let got = dev.drain().expect("drain");
         assert_eq!(
             got.iter().map(report_bits).collect::<Vec<_>>(),
@@ -340,14 +351,20 @@ mod device_data {
         let (mut want, mut got) = (Vec::new(), Vec::new());
         for (k, rows) in steps().into_iter().enumerate() {
             let (xs, ys) = rows_of(&x, &y, &rows);
-            want.push(host.train_batch(&xs, &ys, rows.len()).expect("host step"));
+            want.push(
+                host.step(StepSource::host(&xs, &ys, rows.len()))
+                    .expect("host step"),
+            );
             let buf = &mut bufs[k % 2];
             buf.fill(|px, py| {
                 px[..xs.len()].copy_from_slice(&xs);
                 py[..ys.len()].copy_from_slice(&ys);
             })
             .expect("fill");
-            got.extend(dev.queue_pinned(buf, rows.len(), 3).expect("queued"));
+            got.extend(
+                dev.queue(StepSource::pinned(buf, rows.len()), 3)
+                    .expect("queued"),
+            );
         }
         got.extend(dev.drain().expect("drain"));
         let w: Vec<_> = want.iter().map(report_bits).collect();
@@ -380,7 +397,7 @@ mod device_data {
     /// copied on a stream other than the engine's, after a wait on that stream (the landing
     /// buffer's free mark) and after the host filled the batch; the engine stream waits for the
     /// copy's event before the step's work (its graph launch once captured) and marks the
-    /// buffer free after it. When `queue_pinned` returns, the copy and the step are still
+    /// buffer free after it. When `queue` of a pinned batch returns, the copy and the step are still
     /// queued (the host waited for neither), and the refill of the batch two steps later
     /// waits only for its copy: the results are the host path's, bit for bit
     /// (`pinned_double_buffered_steps_equal_the_host_path`).
@@ -405,7 +422,8 @@ mod device_data {
                 })
                 .expect("fill");
             let filled = dev.driver().op_log().len();
-            t.queue_pinned(&bufs[k % 2], rows.len(), 8).expect("queued");
+            t.queue(StepSource::pinned(&bufs[k % 2], rows.len()), 8)
+                .expect("queued");
             let log = dev.driver().op_log();
             let copy = find(&log, filled, "cuMemcpyHtoDAsync_v2", |s| s != engine)
                 .unwrap_or_else(|| panic!("step {k}: no copy beside the engine stream"));
@@ -465,22 +483,30 @@ mod device_data {
             GradError::BadInput(m) => m.clone(),
             other => panic!("{other:?}"),
         };
-        let e = t.queue_rows(&[0, 1], 2).expect_err("nothing loaded");
+        let e = t
+            .queue(StepSource::loaded(&[0, 1]), 2)
+            .expect_err("nothing loaded");
         assert_eq!(e.applied(), Some(Applied::No));
         assert!(cause(e).contains("load_data first"));
-        assert!(t.evaluate_loaded().is_err());
+        assert!(t.evaluate(EvalSource::Loaded).is_err());
         assert!(t.load_data(&x, &y[..N - 1], N).is_err(), "labels short");
         t.load_data(&x, &y, N).expect("load");
-        assert!(cause(t.queue_rows(&[0, N], 2).unwrap_err()).contains(&format!("row {N} of")));
-        assert!(cause(t.queue_rows(&[], 2).unwrap_err()).contains("0 rows"));
-        assert!(cause(t.queue_rows(&[0; N + 1], 2).unwrap_err()).contains("1 to 20 rows"));
-        assert_eq!(t.step(), 0);
-        t.queue_rows(&[0, 1], 2).expect("queued");
+        assert!(
+            cause(t.queue(StepSource::loaded(&[0, N]), 2).unwrap_err())
+                .contains(&format!("row {N} of"))
+        );
+        assert!(cause(t.queue(StepSource::loaded(&[]), 2).unwrap_err()).contains("0 rows"));
+        assert!(
+            cause(t.queue(StepSource::loaded(&[0; N + 1]), 2).unwrap_err())
+                .contains("1 to 20 rows")
+        );
+        assert_eq!(t.step_count(), 0);
+        t.queue(StepSource::loaded(&[0, 1]), 2).expect("queued");
         let e = t
-            .train_batch(&x[..2 * x.len() / N], &y[..2], 2)
+            .step(StepSource::host(&x[..2 * x.len() / N], &y[..2], 2))
             .expect_err("queued first");
         assert!(cause(e).contains("drain first"));
         assert_eq!(t.drain().expect("drain").len(), 1);
-        assert_eq!(t.step(), 1);
+        assert_eq!(t.step_count(), 1);
     }
 }

@@ -9,8 +9,8 @@ use zcompute::{CpuBackend, CudaBackend, prelude::*};
 use zdevice::sim::calls::{LAUNCH_KERNEL, MEMCPY_HTOD, MEMCPY_HTOD_ASYNC, MEMSET_D8_ASYNC};
 use zdevice::{CuCode, Device, DeviceConfig, SimConfig, SimDriver};
 use zgrad::{
-    AdamW, AdamWHyper, Applied, GradError, LrSchedule, TensorFile, TrainSchedule, Trainer,
-    TrainerConfig, Var, XAsset, read_tensors,
+    AdamW, AdamWHyper, Applied, GradError, LrSchedule, StepSource, TensorFile, TrainSchedule,
+    Trainer, TrainerConfig, Var, XAsset, read_tensors,
 };
 use zmem::{Arena, ArenaConfig};
 
@@ -193,7 +193,7 @@ fn trainer_on<B: zcompute::Capture<f32> + 'static>(
     f: &Tiny,
     schedule: TrainSchedule,
     capture: bool,
-) -> Trainer<B, f32> {
+) -> Trainer<B, f32, XAsset<B>> {
     let model = XAsset::from_tensors(&b, &f.input, &f.path).unwrap();
     let config = TrainerConfig {
         schedule,
@@ -211,7 +211,9 @@ fn batch(f: &Tiny, k: usize) -> (Vec<f32>, Vec<f32>) {
     (x, f.input.tensors["y"].data.clone())
 }
 
-fn parameters<B: zcompute::Capture<f32> + 'static>(t: &Trainer<B, f32>) -> Vec<Vec<f32>> {
+fn parameters<B: zcompute::Capture<f32> + 'static>(
+    t: &Trainer<B, f32, XAsset<B>>,
+) -> Vec<Vec<f32>> {
     let b = t.backend();
     let ps = t.model().parameters();
     ps.iter().map(|p| p.to_vec(b).unwrap()).collect()
@@ -246,16 +248,19 @@ fn a_failed_slot_upload_in_a_captured_step_is_not_counted(#[case] failing_step: 
         if k + 1 == failing_step {
             sim(&b).fail_nth(call, 3, CuCode::INVALID_VALUE);
             let before = parameters(&t);
-            let err = t.train_batch(&x, &y, 4).unwrap_err();
+            let err = t.step(StepSource::host(&x, &y, 4)).unwrap_err();
             assert_eq!(err.applied(), Some(Applied::No), "{err}");
-            assert_eq!(t.step(), k as u64, "the failed step is not counted");
+            assert_eq!(t.step_count(), k as u64, "the failed step is not counted");
             assert_eq!(parameters(&t), before);
         }
         let (_, n) = upload_call_during(&b, || {
-            assert_eq!(t.train_batch(&x, &y, 4).unwrap().step, k as u64 + 1);
+            assert_eq!(
+                t.step(StepSource::host(&x, &y, 4)).unwrap().step,
+                k as u64 + 1
+            );
         });
         assert_eq!(n, 3, "step {}: x, y and the slot", k + 1);
-        clean.train_batch(&x, &y, 4).unwrap();
+        clean.step(StepSource::host(&x, &y, 4)).unwrap();
     }
     let err = rel(&parameters(&t), &parameters(&clean));
     assert!(err == 0.0, "a retried step vs none failed: {err:e}");
@@ -284,20 +289,20 @@ fn a_failed_reclaim_after_the_update_reports_it_applied(
         // The same step on the twin device says how many poison memsets it makes; the last
         // is that of the step's last reclaim, after the update.
         let poisons = calls_during(&clean_b, MEMSET_D8_ASYNC, || {
-            clean.train_batch(&x, &y, 4).unwrap();
+            clean.step(StepSource::host(&x, &y, 4)).unwrap();
         });
         assert!(poisons > 0, "poison is on");
         if k == 2 {
             sim(&b).fail_nth(MEMSET_D8_ASYNC, poisons, CuCode::INVALID_VALUE);
-            let err = t.train_batch(&x, &y, 4).unwrap_err();
+            let err = t.step(StepSource::host(&x, &y, 4)).unwrap_err();
             assert_eq!(err.applied(), Some(Applied::Yes), "{err}");
             assert!(matches!(err, GradError::Step { step: 3, .. }), "{err}");
-            assert_eq!(t.step(), 3, "the applied step is counted");
+            assert_eq!(t.step_count(), 3, "the applied step is counted");
             continue;
         }
-        t.train_batch(&x, &y, 4).unwrap();
+        t.step(StepSource::host(&x, &y, 4)).unwrap();
     }
-    assert_eq!(t.step(), 4);
+    assert_eq!(t.step_count(), 4);
     assert_eq!(
         parameters(&t),
         parameters(&clean),
@@ -318,23 +323,23 @@ fn the_trainer_refuses_to_step_on_an_unknown_state_until_a_checkpoint_is_loaded(
     let ckpt = dir.path().join("step1.safetensors");
     let (x, y) = batch(&f, 0);
     let launches = calls_during(&b, LAUNCH_KERNEL, || {
-        t.train_batch(&x, &y, 4).unwrap();
+        t.step(StepSource::host(&x, &y, 4)).unwrap();
     });
-    clean.train_batch(&x, &y, 4).unwrap();
+    clean.step(StepSource::host(&x, &y, 4)).unwrap();
     t.save_checkpoint(&ckpt, Default::default()).unwrap();
 
     // An eager step ends with one AdamW kernel per parameter: fail the last one.
     let (x, y) = batch(&f, 1);
     sim(&b).fail_nth(LAUNCH_KERNEL, launches, CuCode::INVALID_VALUE);
-    let err = t.train_batch(&x, &y, 4).unwrap_err();
+    let err = t.step(StepSource::host(&x, &y, 4)).unwrap_err();
     assert_eq!(err.applied(), Some(Applied::Maybe), "{err}");
-    let refused = t.train_batch(&x, &y, 4).unwrap_err();
+    let refused = t.step(StepSource::host(&x, &y, 4)).unwrap_err();
     assert!(
         matches!(refused.cause(), GradError::StateUnknown { step: 2 }),
         "{refused}"
     );
     assert_eq!(refused.applied(), Some(Applied::No));
-    assert_eq!(t.step(), 1);
+    assert_eq!(t.step_count(), 1);
     let unknown = dir.path().join("unknown.safetensors");
     let not_saved = t.save_checkpoint(&unknown, Default::default()).unwrap_err();
     assert!(
@@ -346,8 +351,8 @@ fn the_trainer_refuses_to_step_on_an_unknown_state_until_a_checkpoint_is_loaded(
     t.load_checkpoint(&ckpt).unwrap();
     for k in 1..3 {
         let (x, y) = batch(&f, k);
-        t.train_batch(&x, &y, 4).unwrap();
-        clean.train_batch(&x, &y, 4).unwrap();
+        t.step(StepSource::host(&x, &y, 4)).unwrap();
+        clean.step(StepSource::host(&x, &y, 4)).unwrap();
     }
     assert_eq!(parameters(&t), parameters(&clean));
 }

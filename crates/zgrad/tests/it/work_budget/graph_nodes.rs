@@ -10,7 +10,7 @@
 use zcompute::{AllocClass, CudaBackend, CudaGraph};
 use zdevice::sim::{OpRecord, calls};
 use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
-use zgrad::{TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 use zmem::{Arena, ArenaConfig, ClassBytes};
 
 /// Node budgets of the captured graphs at the default XAsset size, in one place: lowered as
@@ -47,7 +47,7 @@ const BATCHED_NODE_BUDGET: usize = 82;
 type Sim = CudaBackend<SimDriver>;
 
 struct Run {
-    trainer: Trainer<Sim, f32>,
+    trainer: Trainer<Sim, f32, XAsset<Sim>>,
     arena: Arena<SimDriver>,
 }
 
@@ -89,7 +89,10 @@ fn batch(n: usize) -> (Vec<f32>, Vec<f32>) {
 impl Run {
     fn step(&mut self, n: usize) {
         let (x, y) = batch(n);
-        let report = self.trainer.train_batch(&x, &y, n).expect("step");
+        let report = self
+            .trainer
+            .step(StepSource::host(&x, &y, n))
+            .expect("step");
         assert_eq!(report.captured, self.trainer.config().capture);
     }
 
@@ -116,10 +119,10 @@ fn count(log: &[OpRecord], call: &str) -> usize {
 fn captured_graphs_stay_within_their_node_budgets() {
     let mut per_sample = run(TrainSchedule::PerSample, true);
     per_sample.step(4);
-    let n = nodes(per_sample.trainer.sample_graph());
+    let n = nodes(per_sample.trainer.step_graph());
     let mut batched = run(TrainSchedule::Batched, true);
     batched.step(4);
-    let m = nodes(batched.trainer.batched_graph());
+    let m = nodes(batched.trainer.step_graph());
     eprintln!("nodes: per-sample graph {n} (nodes per sample), batched graph {m} (per step)");
     assert!(
         n <= PER_SAMPLE_NODE_BUDGET,
@@ -194,7 +197,7 @@ fn per_sample_peaks(n: usize) -> (ClassBytes, u64) {
     let mut r = run(TrainSchedule::PerSample, true);
     r.step(n);
     r.step(n);
-    let reserved = r.trainer.sample_graph().expect("graph").reserved_bytes();
+    let reserved = r.trainer.step_graph().expect("graph").reserved_bytes();
     (r.arena.diagnostics().peak_bytes_by_class, reserved)
 }
 

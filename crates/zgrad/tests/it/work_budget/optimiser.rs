@@ -13,8 +13,8 @@ use zdevice::sim::calls;
 use zdevice::sim::{Effect, OpRecord};
 use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
 use zgrad::{
-    AdamW, AdamWHyper, Tape, TrainSchedule, Trainer, TrainerConfig, Var, XAsset, XAssetConfig,
-    clip_grad_norm, grad_norm, zero_grad,
+    AdamW, AdamWHyper, StepSource, Tape, TrainSchedule, Trainer, TrainerConfig, Var, XAsset,
+    XAssetConfig, clip_grad_norm, grad_norm, zero_grad,
 };
 use zmem::{Arena, ArenaConfig};
 
@@ -160,7 +160,7 @@ fn a_batched_step_adds_a_fixed_handful_of_launches_to_forward_and_backward() {
         ..TrainerConfig::default()
     };
     let mut t = Trainer::new(b.clone(), model, cfg).expect("trainer");
-    let (step, _) = launches(&b, || t.train_batch(&x, &y, 4).expect("step"));
+    let (step, _) = launches(&b, || t.step(StepSource::host(&x, &y, 4)).expect("step"));
     eprintln!(
         "eager batched step: {step} launches, forward+backward {fwd_bwd}, optimiser tail {}",
         step - fwd_bwd
@@ -190,7 +190,7 @@ fn a_captured_batched_step_adds_a_fixed_handful_of_nodes_to_forward_and_backward
     let mut t = Trainer::new(b.clone(), model, cfg).expect("trainer");
     let driver = b.device().driver();
     driver.clear_op_log();
-    let report = t.train_batch(&x, &y, 4).expect("step");
+    let report = t.step(StepSource::host(&x, &y, 4)).expect("step");
     assert!(report.captured, "the step was captured");
     let nodes: usize = driver
         .op_log()

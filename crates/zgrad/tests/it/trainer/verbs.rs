@@ -1,0 +1,116 @@
+//! The trainer's verbs over every source: a step on rows of the loaded data set read back at
+//! once is the host step on the same rows, bit for bit; sources that `queue` does not take,
+//! and a step read back at once while queued steps are unread, are refused with nothing
+//! applied.
+
+use crate::support::small::{SMALL, labelled};
+use crate::support::steps::{param_bits, rows_of, step_bits};
+use rstest::rstest;
+use zcompute::{Capture, CpuBackend, Engine};
+use zgrad::{Applied, GradError, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset};
+
+const N: usize = 12;
+
+fn learner<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    schedule: TrainSchedule,
+    capture: bool,
+) -> Trainer<B, f32, XAsset<B>> {
+    let model = XAsset::init(b, SMALL, 9).expect("model");
+    let config = TrainerConfig {
+        schedule,
+        capture,
+        ..TrainerConfig::default()
+    };
+    Trainer::new(b.clone(), model, config).expect("trainer")
+}
+
+/// Six steps of 4, 4 and 3 rows (a short batch beside a captured step), from the host and
+/// from the loaded set: the same reports and parameters, nothing left queued.
+fn loaded_equals_host<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    schedule: TrainSchedule,
+    capture: bool,
+) {
+    let (x, y) = labelled(SMALL, N, 17);
+    let (mut host, mut dev) = (learner(b, schedule, capture), learner(b, schedule, capture));
+    dev.load_data(&x, &y, N).expect("load");
+    let batches: [&[usize]; 6] = [
+        &[0, 5, 2, 7],
+        &[1, 3, 9, 11],
+        &[4, 6, 8],
+        &[10, 0, 1, 2],
+        &[3, 4, 5, 6],
+        &[7, 8, 9],
+    ];
+    for rows in batches {
+        let (xs, ys) = rows_of(&x, &y, rows);
+        let want = host
+            .step(StepSource::host(&xs, &ys, rows.len()))
+            .expect("host step");
+        let got = dev.step(StepSource::loaded(rows)).expect("loaded step");
+        assert_eq!(
+            step_bits(&got),
+            step_bits(&want),
+            "{schedule:?} capture {capture}"
+        );
+        assert_eq!(dev.queued(), 0, "read back at once");
+    }
+    assert_eq!(dev.step_count(), 6);
+    assert_eq!(param_bits(b, &dev), param_bits(b, &host));
+}
+
+#[rstest]
+fn a_step_on_loaded_rows_is_the_host_step(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+) {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    loaded_equals_host(&b, schedule, capture);
+    loaded_equals_host(&CpuBackend, schedule, capture);
+}
+
+fn refused_with_nothing_applied(e: &GradError, what: &str) {
+    assert_eq!(e.applied(), Some(Applied::No), "{what}: {e}");
+    assert!(matches!(e.cause(), GradError::BadInput(_)), "{what}: {e}");
+}
+
+#[test]
+fn queueing_host_rows_or_the_held_batch_is_refused() {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (x, y) = labelled(SMALL, 4, 3);
+    let mut t = learner(&b, TrainSchedule::Batched, true);
+    t.step(StepSource::host(&x, &y, 4)).expect("captured step");
+    let before = param_bits(&b, &t);
+    let e = t.queue(StepSource::host(&x, &y, 4), 2).unwrap_err();
+    refused_with_nothing_applied(&e, "host rows");
+    let e = t.queue(StepSource::held(|_| {}), 2).unwrap_err();
+    refused_with_nothing_applied(&e, "the held batch");
+    assert_eq!((t.step_count(), t.queued()), (1, 0));
+    assert_eq!(param_bits(&b, &t), before);
+}
+
+/// A step read back at once while queued steps are not read back yet would return before
+/// them: refused until `drain`, then taken.
+#[test]
+fn a_step_with_queued_steps_unread_waits_for_the_drain() {
+    let b = Engine::sim(256 << 20).expect("simulated backend");
+    let (x, y) = labelled(SMALL, N, 5);
+    let mut t = learner(&b, TrainSchedule::Batched, false);
+    t.load_data(&x, &y, N).expect("load");
+    assert!(
+        t.queue(StepSource::loaded(&[0, 1, 2]), 4)
+            .expect("queued")
+            .is_empty()
+    );
+    let (xs, ys) = rows_of(&x, &y, &[3, 4]);
+    for e in [
+        t.step(StepSource::loaded(&[3, 4])).unwrap_err(),
+        t.step(StepSource::host(&xs, &ys, 2)).unwrap_err(),
+    ] {
+        refused_with_nothing_applied(&e, "queued steps unread");
+    }
+    assert_eq!((t.step_count(), t.queued()), (1, 1));
+    assert_eq!(t.drain().expect("drain").len(), 1);
+    assert_eq!(t.step(StepSource::loaded(&[3, 4])).expect("step").step, 2);
+}
