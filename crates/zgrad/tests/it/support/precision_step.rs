@@ -4,7 +4,8 @@
 
 use zcompute::Capture;
 use zgrad::{
-    EvalSource, Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+    EvalSource, Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    read_tensors,
 };
 
 /// ‖got − want‖ / ‖want‖.
@@ -82,7 +83,11 @@ fn step<B: Capture<f32> + Clone + 'static>(
 }
 
 /// What the trainer's model holds now: `losses` as given, every gradient and parameter.
-fn state<B: Capture<f32> + Clone + 'static>(b: &B, t: &Trainer<B, f32, XAsset<B>>, losses: Vec<u64>) -> Run {
+fn state<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    t: &Trainer<B, f32, XAsset<B>>,
+    losses: Vec<u64>,
+) -> Run {
     let named = t.model().named_parameters();
     Run {
         losses,
