@@ -11,10 +11,13 @@ use zmem::Arena;
 use super::{CallList, CaseResult, Fault, MODES, Mode, Settings};
 use crate::common::{Size, batch, config, data, rel};
 
+/// The backend every case trains on: CUDA over the fault-injecting driver.
+type Faulty<D> = CudaBackend<FaultyDriver<D>>;
+
 struct Run<D: Driver> {
-    trainer: Trainer<CudaBackend<FaultyDriver<D>>, f32, XAsset<CudaBackend<FaultyDriver<D>>>>,
+    trainer: Trainer<Faulty<D>, f32, XAsset<Faulty<D>>>,
     /// The trainer's backend, shared (to restore the optimiser while the trainer is borrowed).
-    backend: Rc<CudaBackend<FaultyDriver<D>>>,
+    backend: Rc<Faulty<D>>,
     device: Device<FaultyDriver<D>>,
     optimizer: OptimizerState<f32>,
 }
