@@ -130,6 +130,7 @@ fn autocast_summary(fixture: &str, schedule: &str) -> (f64, f64, f64) {
 /// PyTorch autocast's on the same fixture and schedule (the script's `summary`). Printed
 /// (`--nocapture`): each run's three pairs, and how many single tensors are over twice
 /// autocast's error on that same tensor (the stricter reading; closing notes report it).
+#[allow(clippy::print_stderr)] // each run's errors beside autocast's belong in the run's log
 pub fn bf16_step_is_within_twice_autocast_error<B: Capture<f32> + Clone + 'static>(b: &B) {
     let mut over = Vec::new();
     let (mut tensors, mut tensors_over) = (0, Vec::new());
@@ -149,7 +150,6 @@ pub fn bf16_step_is_within_twice_autocast_error<B: Capture<f32> + Clone + 'stati
             };
             let ours = (worst("loss"), worst("grad."), worst("adamw."));
             let theirs = autocast_summary(fixture, key);
-            #[allow(clippy::print_stderr)] // each run's errors beside autocast's belong in the log
             eprintln!(
                 "{fixture} {key}: loss {:.2e} (autocast {:.2e}), gradients {:.2e} ({:.2e}), after AdamW {:.2e} ({:.2e})",
                 ours.0, theirs.0, ours.1, theirs.1, ours.2, theirs.2
@@ -179,7 +179,6 @@ pub fn bf16_step_is_within_twice_autocast_error<B: Capture<f32> + Clone + 'stati
         }
     }
     assert!(tensors > 300, "measured {tensors} tensors");
-    #[allow(clippy::print_stderr)] // the stricter reading, for the closing note
     eprintln!(
         "tensor by tensor: {} of {tensors} over {TIMES_AUTOCAST}x autocast's error on that tensor: {}",
         tensors_over.len(),
