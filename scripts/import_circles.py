@@ -81,7 +81,9 @@ def absolute_paths(rel, path, pub_only=False):
             # An inline module's `super` is this file's module: one `super` fewer.
             paths.append(e.replace('super::', 'self::', 1) if nested else e)
     if not pub_only:
-        paths += re.findall(r'\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)', text)
+        # Inline paths outside `use` items (those were read above, with their nesting).
+        bodies = re.sub(r'\buse\s+[^;]+;', '', text)
+        paths += re.findall(r'\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)', bodies)
     children = {m[len(here)] for m in mod_to_file if len(m) == len(here) + 1 and list(m[:len(here)]) == here}
     out = []
     for p in paths:
