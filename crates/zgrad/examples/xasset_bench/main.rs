@@ -52,6 +52,8 @@ use zgrad::{
 use zmem::{Arena, ArenaConfig};
 
 type Gpu = CudaBackend<CudaDriver>;
+/// XAsset's trainer on the GPU.
+type GpuTrainer = Trainer<Gpu, f32, XAsset<Gpu>>;
 const BATCH: usize = 256;
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -68,11 +70,7 @@ struct Bench {
 }
 
 impl Bench {
-    fn trainer(
-        &self,
-        schedule: TrainSchedule,
-        capture: bool,
-    ) -> Result<Trainer<Gpu, f32, XAsset<Gpu>>, Error> {
+    fn trainer(&self, schedule: TrainSchedule, capture: bool) -> Result<GpuTrainer, Error> {
         let model = XAsset::init(&self.gpu, self.config, 0)?;
         self.trainer_of(model, schedule, capture)
     }
@@ -82,7 +80,7 @@ impl Bench {
         model: XAsset<Gpu>,
         schedule: TrainSchedule,
         capture: bool,
-    ) -> Result<Trainer<Gpu, f32, XAsset<Gpu>>, Error> {
+    ) -> Result<GpuTrainer, Error> {
         let cfg = TrainerConfig {
             schedule,
             capture,
@@ -92,7 +90,7 @@ impl Bench {
         Ok(Trainer::new(self.gpu.clone(), model, cfg)?)
     }
 
-    fn step(&self, t: &mut Trainer<Gpu, f32, XAsset<Gpu>>) -> Result<bool, Error> {
+    fn step(&self, t: &mut GpuTrainer) -> Result<bool, Error> {
         Ok(t.step(StepSource::host(&self.x, &self.y, BATCH))?.captured)
     }
 
@@ -141,7 +139,7 @@ impl Bench {
     fn first_captured(
         &self,
         schedule: TrainSchedule,
-    ) -> Result<(Trainer<Gpu, f32, XAsset<Gpu>>, f64, bool, Option<usize>), Error> {
+    ) -> Result<(GpuTrainer, f64, bool, Option<usize>), Error> {
         let model = XAsset::init(&self.gpu, self.config, 0)?;
         let (ms, (t, captured)) = wall_ms(|| {
             let mut t = self.trainer_of(model, schedule, true)?;
@@ -155,10 +153,7 @@ impl Bench {
 
 /// CUDA-event milliseconds of one resident replay of the captured batched step (the events
 /// enclose the replay only), and the call's host wall-clock.
-fn resident_ms(
-    t: &mut Trainer<Gpu, f32, XAsset<Gpu>>,
-    ev: &EventPair,
-) -> Result<(f64, f64), Error> {
+fn resident_ms(t: &mut GpuTrainer, ev: &EventPair) -> Result<(f64, f64), Error> {
     let mut failed: Option<DeviceError> = None;
     let (host, _) = wall_ms(|| {
         Ok(t.step(StepSource::held(|mark| {
