@@ -93,8 +93,25 @@ impl<H: Copy> Live<H> {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::sync::mpsc::channel;
+    use std::sync::mpsc::{Sender, channel};
+    use std::thread::JoinHandle;
     use std::time::Duration;
+
+    /// A thread whose call on `live` blocks inside its turn (as an enqueue behind a full queue)
+    /// until `release` is sent; returned once the call has begun, with the handle it was given.
+    fn blocked_call(live: &Arc<Live<u32>>) -> (u32, Sender<()>, JoinHandle<Option<u32>>) {
+        let (entered, in_call) = channel();
+        let (release, released) = channel::<()>();
+        let live = Arc::clone(live);
+        let caller = std::thread::spawn(move || {
+            live.call(|h| {
+                entered.send(h).expect("the test waits");
+                released.recv().ok();
+                h
+            })
+        });
+        (in_call.recv().expect("the call began"), release, caller)
+    }
 
     /// Issue 44: a call blocked inside NCCL (an enqueue behind a full queue) holds its turn;
     /// the watchdog's abort takes the handle at once all the same, and the blocked call's
@@ -103,20 +120,8 @@ mod tests {
     #[test]
     fn an_abort_does_not_wait_for_a_call_blocked_in_its_turn() {
         let live = Arc::new(Live::new(Some(7u32)));
-        let (entered, in_call) = channel();
-        let (release, released) = channel::<()>();
-        let caller = {
-            let live = Arc::clone(&live);
-            std::thread::spawn(move || {
-                live.call(|h| {
-                    entered.send(h).expect("the test waits");
-                    // Blocked as an enqueue behind a full queue, until the abort ends it.
-                    released.recv().ok();
-                    h
-                })
-            })
-        };
-        assert_eq!(in_call.recv().expect("the call began"), 7);
+        let (seen, release, caller) = blocked_call(&live);
+        assert_eq!(seen, 7);
         let (took, taken) = channel();
         let aborter = {
             let live = Arc::clone(&live);
@@ -143,19 +148,7 @@ mod tests {
     #[test]
     fn a_try_skips_a_turn_held_by_a_call() {
         let live = Arc::new(Live::new(Some(5u32)));
-        let (entered, in_call) = channel();
-        let (release, released) = channel::<()>();
-        let caller = {
-            let live = Arc::clone(&live);
-            std::thread::spawn(move || {
-                live.call(|h| {
-                    entered.send(()).expect("the test waits");
-                    released.recv().ok();
-                    h
-                })
-            })
-        };
-        in_call.recv().expect("the call began");
+        let (_, release, caller) = blocked_call(&live);
         assert_eq!(live.try_call(|h| h), None, "ran during another call's turn");
         release.send(()).ok();
         assert_eq!(caller.join().expect("caller"), Some(5));
