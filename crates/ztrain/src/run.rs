@@ -256,7 +256,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
             path.display()
         ));
     }
-    let feed = feed_of(&mut learner, &train_set, ctx, out)?;
+    let feed = feed_of(&mut learner, &train_set, &val_set, ctx, out)?;
     validation_of(&mut learner, &val_set, &train_set, &feed, ctx, out)?;
     let host_data = host_data_of(&learner, &train_set, &val_set, &feed, out);
     let mut run = Epochs {
@@ -316,7 +316,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
     let concluded = conclude(
         &b,
         &mut run.learner,
-        &run.feed,
+        &mut run.feed,
         ctx,
         out,
         &end,
@@ -335,7 +335,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
 fn conclude<B: TrainBackend + MemorySource, M: Model<B, f32>>(
     b: &B,
     learner: &mut Learner<B, M>,
-    feed: &Feed<B>,
+    feed: &mut Feed<B>,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
     end: &End<'_>,

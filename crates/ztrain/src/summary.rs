@@ -100,7 +100,7 @@ fn schedule_line(c: &zgrad::TrainerConfig) -> String {
 /// The memory report's line for the host's data bytes.
 fn host_data_fact(d: &crate::data::held::HostData) -> String {
     format!(
-        "{} held: {} {}, pinned staging {}, evaluation chunk {}",
+        "{} held: {} {}, pinned staging {}, evaluation beside it {}",
         Bytes(d.held()),
         if d.series {
             "series of bars (once)"
@@ -109,7 +109,7 @@ fn host_data_fact(d: &crate::data::held::HostData) -> String {
         },
         Bytes(d.samples),
         Bytes(d.staging),
-        Bytes(d.eval_chunk)
+        Bytes(d.evaluation)
     )
 }
 

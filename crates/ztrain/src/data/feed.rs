@@ -1,25 +1,31 @@
 //! How the run's steps get their rows: gathered on the device from the training set uploaded
-//! once (`queue_rows`), or, when it stays on the host, copied into one of two pinned batches
-//! in turn and queued from there (`queue_pinned`: the host stages step k + 1 while the device
-//! runs step k); either way read back every `--readback-every` steps. The rows are the
-//! data-order generator's, so both give the losses of `train_batch` on the same rows, bit for
-//! bit, and a checkpoint of one resumes in the other.
+//! once (`queue_rows`), or, when it stays on the host, copied into a pinned batch and queued
+//! from there (`queue_pinned`); either way read back every `--readback-every` steps. Rows held
+//! in memory go through two pinned batches in turn (the host stages step k + 1 while step k's
+//! copy is in flight; the rows dwarf a batch, so the second costs nothing that counts).
+//! Windows cut on the fly go through one, which the next step refills once the copy that read
+//! it is done (an event wait) and an evaluation cuts its chunks into, so that the run holds
+//! the series and one batch of windows (`held`). The rows are the data-order generator's, so
+//! every path gives the losses of `train_batch` on the same rows, bit for bit, and a
+//! checkpoint of one resumes in the other.
 
 use std::time::{Duration, Instant};
 
 use zgrad::{Model, PinnedBatch, StepReport, Task};
 
 use super::Samples;
+use crate::error::Result;
 use crate::fit::learner::Learner;
 use crate::step::TrainBackend;
 
 /// Where the rows come from.
 pub enum Feed<B: TrainBackend> {
-    /// The training set on the host, staged in two pinned batches used in turn (`next` is
-    /// the one the next step fills); reports read back every `every` steps.
+    /// The training set on the host, staged in pinned batches (`staging_batches` of them,
+    /// used in turn; `next` is the one the next step fills); reports read back every
+    /// `every` steps.
     Host {
         every: usize,
-        staging: Box<[PinnedBatch<B>; 2]>,
+        staging: Vec<PinnedBatch<B>>,
         next: usize,
         /// Host time spent filling the pinned batches, until taken (`take_fill`).
         filled: Duration,
@@ -38,11 +44,14 @@ impl<B: TrainBackend> std::fmt::Debug for Feed<B> {
 }
 
 impl<B: TrainBackend> Feed<B> {
-    /// Puts `train_set` on the device (`on_device`), else makes the two pinned batches of
-    /// `batch` samples each; out of memory is the backend's error, nothing trained yet.
+    /// Puts `train_set` on the device (`on_device`), else makes the pinned batches
+    /// (`staging_batches`) of `batch` samples each, or of an evaluation chunk of `val_set`
+    /// where that is more and is cut into them (`chunked`); out of memory is the backend's
+    /// error, nothing trained yet.
     pub fn new<M: Model<B, f32>>(
         learner: &mut Learner<B, M>,
         train_set: &Samples,
+        val_set: &Samples,
         on_device: bool,
         batch: usize,
         every: usize,
@@ -52,13 +61,21 @@ impl<B: TrainBackend> Feed<B> {
             learner.load_training(&rows.x, &rows.y, train_set.len())?;
             return Ok(Feed::Device { every });
         }
+        let chunk = learner.config().eval_batch.max(1);
+        let mut capacity = batch.min(train_set.len());
+        for set in [train_set, val_set] {
+            if chunked(learner, set) {
+                capacity = capacity.max(chunk.min(set.len()));
+            }
+        }
         let b = learner.backend();
-        let batch = batch.min(train_set.len()).max(1);
         let (scales, features) = train_set.shape();
-        let one = || PinnedBatch::new(b, batch, scales, features);
+        let staging = (0..staging_batches(train_set))
+            .map(|_| PinnedBatch::new(b, capacity.max(1), scales, features))
+            .collect::<zgrad::Result<Vec<_>>>()?;
         Ok(Feed::Host {
             every,
-            staging: Box::new([one()?, one()?]),
+            staging,
             next: 0,
             filled: Duration::ZERO,
         })
@@ -71,7 +88,7 @@ impl<B: TrainBackend> Feed<B> {
         learner: &mut Learner<B, M>,
         train_set: &Samples,
         rows: &[usize],
-    ) -> zgrad::Result<Vec<StepReport>> {
+    ) -> Result<Vec<StepReport>> {
         match self {
             Feed::Host {
                 every,
@@ -80,19 +97,20 @@ impl<B: TrainBackend> Feed<B> {
                 filled,
             } => {
                 let t0 = Instant::now();
+                let turns = staging.len();
                 let batch = &mut staging[*next];
-                *next = 1 - *next;
+                *next = (*next + 1) % turns;
                 let per = train_set.sample_width();
-                // Waits only for the copy that last read this batch (two steps ago).
+                // Waits only for the copy that last read this batch (`turns` steps ago).
                 batch.fill(|x, y| {
                     for (i, &r) in rows.iter().enumerate() {
                         y[i] = train_set.copy(r, &mut x[i * per..(i + 1) * per]);
                     }
                 })?;
                 *filled += t0.elapsed();
-                learner.queue_pinned(batch, rows.len(), *every)
+                Ok(learner.queue_pinned(batch, rows.len(), *every)?)
             }
-            Feed::Device { every } => learner.queue_rows(rows, *every),
+            Feed::Device { every } => Ok(learner.queue_rows(rows, *every)?),
         }
     }
 
@@ -150,51 +168,82 @@ impl<B: TrainBackend> Feed<B> {
     /// second upload (bitwise `evaluate`'s; each rank its shard in data parallel), else
     /// `evaluate` of the host copy.
     pub fn evaluate_train<M: Model<B, f32>>(
-        &self,
+        &mut self,
         learner: &mut Learner<B, M>,
         train_set: &Samples,
-    ) -> zgrad::Result<zgrad::EvalReport> {
+    ) -> Result<zgrad::EvalReport> {
         match self {
-            Feed::Device { .. } => learner.evaluate_loaded(),
-            Feed::Host { .. } => evaluate_samples(learner, train_set),
+            Feed::Device { .. } => Ok(learner.evaluate_loaded()?),
+            Feed::Host { .. } => self.evaluate(learner, train_set),
         }
+    }
+
+    /// Loss and accuracy over `samples` from the host: `evaluate` of rows in memory; windows
+    /// cut a chunk at a time (`eval_batch` windows, the chunks `evaluate` itself takes, so the
+    /// logits and the report are bitwise `evaluate`'s of the pre-cut windows) into the first
+    /// pinned staging batch once the copy that last read it is done; all at once where they
+    /// are not evaluated in chunks (`chunked`).
+    pub fn evaluate<M: Model<B, f32>>(
+        &mut self,
+        learner: &mut Learner<B, M>,
+        samples: &Samples,
+    ) -> Result<zgrad::EvalReport> {
+        if !chunked(learner, samples) {
+            let rows = samples.rows();
+            return Ok(learner.evaluate(&rows.x, &rows.y)?);
+        }
+        let (n, per) = (samples.len(), samples.sample_width());
+        let chunk = learner.config().eval_batch.max(1);
+        let mut spare;
+        let batch = match self {
+            Feed::Host { staging, .. } if staging[0].capacity() >= chunk.min(n) => &mut staging[0],
+            // Windows always train from the host (`feed_of`): a batch of their own otherwise.
+            _ => {
+                let (scales, features) = samples.shape();
+                spare = PinnedBatch::new(learner.backend(), chunk.min(n), scales, features)?;
+                &mut spare
+            }
+        };
+        let mut sums = Sums::default();
+        for start in (0..n).step_by(chunk) {
+            let len = chunk.min(n - start);
+            batch.fill(|x, y| -> Result<()> {
+                for (i, label) in y[..len].iter_mut().enumerate() {
+                    *label = samples.copy(start + i, &mut x[i * per..(i + 1) * per]);
+                }
+                let logits = learner.predict(&x[..len * per], len)?;
+                sums.add(&logits, &y[..len]);
+                Ok(())
+            })??;
+        }
+        Ok(sums.report())
     }
 }
 
-/// Loss and accuracy over `samples` from the host: `evaluate` of the rows; windows cut a chunk
-/// at a time (`eval_batch` windows, the chunks `evaluate` itself takes, so the logits and the
-/// report are bitwise `evaluate`'s of the pre-cut windows), or all at once in a job of several
-/// ranks (each evaluates its shard of them).
-pub fn evaluate_samples<B: TrainBackend, M: Model<B, f32>>(
-    learner: &mut Learner<B, M>,
-    samples: &Samples,
-) -> zgrad::Result<zgrad::EvalReport> {
-    let windows = match samples {
-        // The sums below are a binary classifier's (BCE, accuracy): another task's windows
-        // are cut whole and evaluated by the model's own metrics.
-        Samples::Windows(w) if learner.world() == 1 && learner.model().task() == Task::binary() => {
-            w
-        }
-        _ => {
-            let rows = samples.rows();
-            return learner.evaluate(&rows.x, &rows.y);
-        }
-    };
-    let n = windows.len;
-    let chunk = learner.config().eval_batch.max(1);
-    let per = windows.sample_width();
-    // One chunk of windows, labels and logits at a time (`held::eval_chunk_bytes`).
-    let (mut x, mut labels) = (vec![0.0; chunk.min(n) * per], vec![0.0; chunk.min(n)]);
-    let mut sums = Sums::default();
-    for start in (0..n).step_by(chunk) {
-        let len = chunk.min(n - start);
-        for (i, label) in labels[..len].iter_mut().enumerate() {
-            *label = windows.copy(start + i, &mut x[i * per..(i + 1) * per]);
-        }
-        let logits = learner.predict(&x[..len * per], len)?;
-        sums.add(&logits, &labels[..len]);
+/// Pinned batches a host feed of `train_set` stages its steps in: two used in turn for rows
+/// in memory (the set itself dwarfs them), one for windows cut as they are staged, so that the
+/// run holds one batch of them beside the series.
+#[must_use]
+pub fn staging_batches(train_set: &Samples) -> usize {
+    match train_set {
+        Samples::Rows(_) => 2,
+        Samples::Windows(_) => 1,
     }
-    Ok(sums.report())
+}
+
+/// Whether an evaluation of `samples` cuts them a chunk at a time into the staging batch
+/// (`Feed::evaluate`): windows evaluated by a binary classifier in one process, whose report
+/// this module sums itself. Another task's windows are cut whole and evaluated by the model's
+/// own metrics; in a job of several ranks each rank evaluates its shard of all of them.
+#[must_use]
+pub fn chunked<B: TrainBackend, M: Model<B, f32>>(
+    learner: &Learner<B, M>,
+    samples: &Samples,
+) -> bool {
+    matches!(samples, Samples::Windows(_))
+        && !samples.is_empty()
+        && learner.world() == 1
+        && learner.model().task() == Task::binary()
 }
 
 /// Running sums of BCE-with-logits and correct predictions, added in sample order in `f64`:

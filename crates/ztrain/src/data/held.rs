@@ -1,9 +1,10 @@
 //! What a run holds on the host for its data, in bytes, counted from the buffers themselves:
 //! the samples (pre-cut rows, or the series of bars windows are cut from, stored once however
-//! many windows index it), the pinned batches a host feed stages steps in, and the chunk of
-//! windows an evaluation from the host cuts at a time. A windowed run holds the series plus a
-//! few batches of windows, never all the windows; the run says so in one line and in the
-//! memory report, and the integration tests hold it to that.
+//! many windows index it), the pinned batches a host feed stages steps in, and what an
+//! evaluation from the host holds beside them. A windowed run holds the series plus one batch
+//! of windows (the pinned batch its steps and its evaluation chunks are cut into, and one
+//! chunk's logits), never all the windows; the run says so in one line and in the memory
+//! report, and the integration tests hold it to that.
 
 use std::sync::Arc;
 
@@ -18,26 +19,27 @@ pub struct HostData {
     pub samples: u64,
     /// Whether `samples` is a series of bars windows are cut from.
     pub series: bool,
-    /// The pinned batches steps are staged in from the host (two, used in turn; 0 when the
-    /// training set is on the device).
+    /// The pinned batches steps are staged in from the host (`feed::staging_batches`; 0 when
+    /// the training set is on the device).
     pub staging: u64,
-    /// Windows cut at a time by an evaluation from the host: one chunk of `eval_batch`
-    /// windows, their labels and logits (0 for pre-cut rows, evaluated where they lie).
-    pub eval_chunk: u64,
+    /// What an evaluation from the host holds beside the staging: the logits of one chunk of
+    /// windows cut into the staging batch, or every window cut at once where they are not
+    /// evaluated in chunks (`feed::chunked`); 0 for pre-cut rows, evaluated where they lie.
+    pub evaluation: u64,
 }
 
 impl HostData {
     /// Every byte above.
     #[must_use]
     pub fn held(&self) -> u64 {
-        self.samples + self.staging + self.eval_chunk
+        self.samples + self.staging + self.evaluation
     }
 
     /// The run's line (`held` first, in bytes, so that a script can read it).
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "ztrain: host data held: {} bytes ({} {} bytes, staging {} bytes, evaluation chunk {} bytes)",
+            "ztrain: host data held: {} bytes ({} {} bytes, pinned staging {} bytes, evaluation beside it {} bytes)",
             self.held(),
             if self.series {
                 "series of bars, once:"
@@ -46,7 +48,7 @@ impl HostData {
             },
             self.samples,
             self.staging,
-            self.eval_chunk
+            self.evaluation
         )
     }
 }
@@ -70,14 +72,15 @@ pub fn samples_bytes(train: &Samples, val: &Samples) -> u64 {
     }
 }
 
-/// Bytes an evaluation of `samples` from the host cuts at a time (`feed::evaluate_samples`):
-/// a chunk of `chunk` windows with a label and a logit each; in a job of several ranks every
-/// window at once (each rank evaluates its shard of the whole set).
+/// Bytes an evaluation of `samples` from the host holds beside the staging batch
+/// (`Feed::evaluate`): windows evaluated in chunks (`chunked`) of `chunk` are cut into the
+/// staging batch, leaving one chunk's logits; other windows are cut whole, a label each;
+/// pre-cut rows are evaluated where they lie.
 #[must_use]
-pub fn eval_chunk_bytes(samples: &Samples, chunk: usize, world: usize) -> u64 {
+pub fn evaluation_bytes(samples: &Samples, chunk: usize, chunked: bool) -> u64 {
     match samples {
         Samples::Rows(_) => 0,
-        Samples::Windows(w) if world > 1 => (w.len * (w.sample_width() + 1)) as u64 * F32,
-        Samples::Windows(w) => (chunk.max(1).min(w.len) * (w.sample_width() + 2)) as u64 * F32,
+        Samples::Windows(w) if chunked => chunk.max(1).min(w.len) as u64 * F32,
+        Samples::Windows(w) => (w.len * (w.sample_width() + 1)) as u64 * F32,
     }
 }

@@ -25,8 +25,8 @@ use crate::timeline::{StepTimes, Timeline};
 
 /// Says a rank's failure at once (tearing the rank down after a dead peer may wait on the
 /// device up to its deadline, and the launcher may take the rank down first).
-fn rank_error(ctx: &Context<'_>, e: zgrad::GradError) -> TrainError {
-    let e = TrainError::from(e);
+fn rank_error(ctx: &Context<'_>, e: impl Into<TrainError>) -> TrainError {
+    let e = e.into();
     if ctx.world > 1 {
         tracing::error!(
             target: "ztrain.rank",
@@ -159,7 +159,7 @@ impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
         let rate = bar.samples_per_second(self.progress.position);
         bar.finish();
         let local = crate::distributed::LocalPhase::enter(self.agree.comm(), "validation");
-        let val = evaluate(&mut self.learner, self.val_set)?;
+        let val = evaluate(&mut self.learner, &mut self.feed, self.val_set)?;
         drop(local);
         let line = epoch_line(
             self.progress.epoch + 1,
@@ -324,6 +324,7 @@ fn epoch_line<B: MemorySource>(
 /// the validation set was put there (`validation_of`), else from the host.
 pub(crate) fn evaluate<B: TrainBackend, M: Model<B, f32>>(
     learner: &mut Learner<B, M>,
+    feed: &mut Feed<B>,
     data: &Samples,
 ) -> Result<Option<Tally>> {
     if data.is_empty() {
@@ -332,7 +333,7 @@ pub(crate) fn evaluate<B: TrainBackend, M: Model<B, f32>>(
     let e = if learner.validation_on_device() {
         learner.evaluate_validation()?
     } else {
-        crate::data::feed::evaluate_samples(learner, data)?
+        feed.evaluate(learner, data)?
     };
     Ok(Some(Tally::of(e.samples, e.loss, e.accuracy)))
 }

@@ -11,7 +11,7 @@ use crate::checkpoint::Progress;
 use crate::cli::DataOn;
 use crate::config::{DataSource, RunConfig};
 use crate::console::Console;
-use crate::data::feed::Feed;
+use crate::data::feed::{self, Feed};
 use crate::data::held::{self, HostData};
 use crate::data::placement;
 use crate::data::windows::{self, Normalization};
@@ -113,6 +113,7 @@ fn train_set_bytes(train_set: &Samples, ctx: &Context<'_>) -> u64 {
 pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
     learner: &mut Learner<B, M>,
     train_set: &Samples,
+    val_set: &Samples,
     ctx: &Context<'_>,
     out: &mut Console<'_>,
 ) -> Result<Feed<B>> {
@@ -136,6 +137,10 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
             "ztrain: training set on the device ({}; each step's rows gathered there), read back every {every} steps",
             Bytes(bytes)
         )
+    } else if feed::staging_batches(train_set) == 1 {
+        format!(
+            "ztrain: training set on the host (each step's windows cut into one pinned batch once the last copy from it is done), read back every {every} steps"
+        )
     } else {
         format!(
             "ztrain: training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
@@ -144,6 +149,7 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
     Ok(Feed::new(
         learner,
         train_set,
+        val_set,
         on_device,
         ctx.config.batch,
         every,
@@ -193,13 +199,14 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
     feed: &Feed<B>,
     out: &mut Console<'_>,
 ) -> HostData {
-    let (chunk, world) = (learner.config().eval_batch, learner.world());
+    let chunk = learner.config().eval_batch;
+    let evaluation =
+        |set: &Samples| held::evaluation_bytes(set, chunk, feed::chunked(learner, set));
     let data = HostData {
         samples: held::samples_bytes(train_set, val_set),
         series: matches!(train_set, Samples::Windows(_)),
         staging: feed.staging_bytes(),
-        eval_chunk: held::eval_chunk_bytes(train_set, chunk, world)
-            .max(held::eval_chunk_bytes(val_set, chunk, world)),
+        evaluation: evaluation(train_set).max(evaluation(val_set)),
     };
     out.line(&data.line());
     data
