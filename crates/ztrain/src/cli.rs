@@ -191,12 +191,12 @@ pub struct Options {
 
     /// Train on this file instead of synthetic data, its format from its extension: .csv (a
     /// header row, then per sample S·F feature columns, column = s·F + f, and a 0/1 label),
-    /// .parquet or .arrow/.feather (the same columns, names free), .npz (arrays x [N, S, F] and
-    /// y [N]), .npy (x; y with --labels) or .safetensors (tensors x and y). See docs/ztrain.md.
+    /// .parquet or .arrow/.feather (the same columns, names free), .npz (arrays x of shape (N, S, F)
+    /// and y of (N,)), .npy (x; y with --labels) or .safetensors (tensors x and y). See docs/ztrain.md.
     #[arg(long, value_name = "FILE", help_heading = "Data")]
     pub data: Option<PathBuf>,
 
-    /// With a features .npy as --data: the labels' .npy (y [N] or [N, 1], 0/1).
+    /// With a features .npy as --data: the labels' .npy (y of shape (N,) or (N, 1), 0/1).
     #[arg(
         long,
         value_name = "FILE.npy",

@@ -1,6 +1,6 @@
 //! Typed arrays from NumPy and safetensors files: their element types, read as `f64` in C
-//! order whatever order they are stored in, and the samples of an `x` [N, S, F] and a `y` [N]
-//! or [N, 1] (the checks of [`super::table`]).
+//! order whatever order they are stored in, and the samples of an `x` `[N, S, F]` and a `y`
+//! `[N]` or `[N, 1]` (the checks of [`super::table`]).
 
 use super::table::{self, Fault};
 use crate::error::{DataPlace, DataProblem};
@@ -152,7 +152,7 @@ pub type Features = (Vec<f32>, Vec<f32>);
 /// A fault and the array it is in (`"x"` or `"y"`).
 pub type InArray = (Fault, &'static str);
 
-/// The samples of features `x` [N, S, F] and labels `y` [N] or [N, 1]: row-major features
+/// The samples of features `x` `[N, S, F]` and labels `y` `[N]` or `[N, 1]`: row-major features
 /// and 0/1 labels, checked as the CSV's. The error says which array (`"x"` or `"y"`).
 pub fn samples(x: &Array, y: &Array, scales: usize, features: usize) -> Result<Features, InArray> {
     let shape_fault = |name: &'static str, expected: String, found: &[usize]| {

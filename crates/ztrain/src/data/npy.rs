@@ -1,5 +1,5 @@
 //! NumPy's `.npy` (one array) and `.npz` (a zip of them, as `np.savez` and
-//! `np.savez_compressed` write): the features `x` [N, S, F] and the labels `y` [N] or [N, 1].
+//! `np.savez_compressed` write): the features `x` `[N, S, F]` and the labels `y` `[N]` or `[N, 1]`.
 //!
 //! The `.npy` header is read here (a magic string, a version, and a Python dict literal with
 //! `descr`, `fortran_order` and `shape`): a small, fully checked reader rather than a crate
