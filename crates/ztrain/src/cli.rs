@@ -205,6 +205,18 @@ pub struct Options {
     )]
     pub labels: Option<PathBuf>,
 
+    /// Leave the --data samples in their file and read each batch's rows by position as it is
+    /// staged (a .npy pair or .safetensors in C order): the host holds one batch, whatever the
+    /// file's size; bitwise the run that reads the file whole. A binary classifier in one
+    /// process, the training set on the host, no --normalize or --window.
+    #[arg(
+        long,
+        requires = "data",
+        conflicts_with = "window",
+        help_heading = "Data"
+    )]
+    pub stream: bool,
+
     /// --data is a table of bars (one row per time step: F feature columns, then the label;
     /// .csv, .parquet or .arrow): cut windows of this many bars (S, replacing --scales) as
     /// training runs, each labelled by its last bar. The series is stored once. Validation

@@ -294,7 +294,16 @@ pub fn model_differences(saved: &Value, now: &Value) -> Vec<String> {
 /// FNV-1a over `bytes`: a cheap fingerprint of the data file (not a security measure).
 #[must_use]
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+    fnv1a_from(FNV1A_START, bytes)
+}
+
+/// FNV-1a's state before any byte.
+pub const FNV1A_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a from the state `h` over `bytes`: `fnv1a` of bytes read in pieces, piece by piece.
+#[must_use]
+pub fn fnv1a_from(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }

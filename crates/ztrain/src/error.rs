@@ -109,6 +109,11 @@ pub enum DataProblem {
     NoSamples,
     /// `--window` longer than the series.
     WindowTooLong { window: usize, rows: usize },
+    /// A file streamed from (`--stream`) changed under the run: another length or time of
+    /// last modification than when the run opened it.
+    Changed { detail: String },
+    /// A file streamed from could not be read (the system's error is the source).
+    Unreadable,
 }
 
 impl fmt::Display for DataProblem {
@@ -156,6 +161,13 @@ impl fmt::Display for DataProblem {
             DataProblem::WindowTooLong { window, rows } => write!(
                 f,
                 "--window {window} is longer than the series ({rows} rows); use a shorter window or a longer series"
+            ),
+            DataProblem::Changed { detail } => write!(
+                f,
+                "changed while the run streamed it ({detail}); leave the file as it is while training (or drop --stream to read it once), then run again"
+            ),
+            DataProblem::Unreadable => f.write_str(
+                "could not be read while the run streamed it; check the file and its disk, then run again",
             ),
         }
     }

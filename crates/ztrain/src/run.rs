@@ -217,7 +217,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
 ) -> Result<Outcome> {
     let (config, options) = (ctx.config, ctx.options);
     let started = Instant::now();
-    let data = load_data(config)?;
+    let data = load_data(config, options.stream)?;
     let (train_set, val_set) = (data.train, data.val);
     if train_set.is_empty() {
         return Err(TrainError::Options(

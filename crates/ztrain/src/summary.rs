@@ -102,10 +102,10 @@ fn host_data_fact(d: &crate::data::held::HostData) -> String {
     format!(
         "{} held: {} {}, pinned staging {}, evaluation beside it {}",
         Bytes(d.held()),
-        if d.series {
-            "series of bars (once)"
-        } else {
-            "samples"
+        match d.kind {
+            crate::data::held::Kind::Rows => "samples",
+            crate::data::held::Kind::Series => "series of bars (once)",
+            crate::data::held::Kind::Streamed => "samples left in the file (--stream)",
         },
         Bytes(d.samples),
         Bytes(d.staging),

@@ -67,7 +67,7 @@ impl Elem {
 
     /// The element in `b` (exactly `size()` bytes) as `f64` (exact for every float32, and
     /// for integers up to 2^53).
-    fn read(self, b: &[u8]) -> f64 {
+    pub(crate) fn read(self, b: &[u8]) -> f64 {
         let mut w = [0u8; 8];
         let big = matches!(
             self,
@@ -155,49 +155,7 @@ pub type InArray = (Fault, &'static str);
 /// The samples of features `x` `[N, S, F]` and labels `y` `[N]` or `[N, 1]`: row-major features
 /// and 0/1 labels, checked as the CSV's. The error says which array (`"x"` or `"y"`).
 pub fn samples(x: &Array, y: &Array, scales: usize, features: usize) -> Result<Features, InArray> {
-    let shape_fault = |name: &'static str, expected: String, found: &[usize]| {
-        (
-            Fault::new(
-                DataPlace::Array(name.into()),
-                DataProblem::Shape {
-                    expected,
-                    found: found.to_vec(),
-                },
-            ),
-            name,
-        )
-    };
-    if x.shape.len() != 3 || x.shape[1] != scales || x.shape[2] != features {
-        return Err(shape_fault(
-            "x",
-            format!("[N, S, F] = [N, {scales}, {features}] (--scales, --features)"),
-            &x.shape,
-        ));
-    }
-    let n = x.shape[0];
-    let labels_ok = matches!(y.shape.as_slice(), [_] | [_, 1]);
-    if !labels_ok {
-        return Err(shape_fault(
-            "y",
-            "[N] or [N, 1]: one 0/1 label per sample (the model has one output)".into(),
-            &y.shape,
-        ));
-    }
-    if y.shape[0] != n {
-        return Err((
-            Fault::new(
-                DataPlace::File,
-                DataProblem::SampleCounts {
-                    x: n,
-                    y: y.shape[0],
-                },
-            ),
-            "y",
-        ));
-    }
-    if n == 0 {
-        return Err((Fault::new(DataPlace::File, DataProblem::NoSamples), "x"));
-    }
+    let n = sample_count(&x.shape, &y.shape, scales, features)?;
     let total = n * scales * features;
     let mut xs = Vec::with_capacity(total);
     for i in 0..total {
@@ -221,6 +179,54 @@ pub fn samples(x: &Array, y: &Array, scales: usize, features: usize) -> Result<F
         );
     }
     Ok((xs, ys))
+}
+
+/// The samples `N` of features of shape `x` `[N, S, F]` and labels of shape `y` `[N]` or
+/// `[N, 1]`, checked against `--scales` and `--features`; none is a fault.
+pub fn sample_count(
+    x: &[usize],
+    y: &[usize],
+    scales: usize,
+    features: usize,
+) -> Result<usize, InArray> {
+    let shape_fault = |name: &'static str, expected: String, found: &[usize]| {
+        (
+            Fault::new(
+                DataPlace::Array(name.into()),
+                DataProblem::Shape {
+                    expected,
+                    found: found.to_vec(),
+                },
+            ),
+            name,
+        )
+    };
+    if x.len() != 3 || x[1] != scales || x[2] != features {
+        return Err(shape_fault(
+            "x",
+            format!("[N, S, F] = [N, {scales}, {features}] (--scales, --features)"),
+            x,
+        ));
+    }
+    let n = x[0];
+    let labels_ok = matches!(y, [_] | [_, 1]);
+    if !labels_ok {
+        return Err(shape_fault(
+            "y",
+            "[N] or [N, 1]: one 0/1 label per sample (the model has one output)".into(),
+            y,
+        ));
+    }
+    if y[0] != n {
+        return Err((
+            Fault::new(DataPlace::File, DataProblem::SampleCounts { x: n, y: y[0] }),
+            "y",
+        ));
+    }
+    if n == 0 {
+        return Err((Fault::new(DataPlace::File, DataProblem::NoSamples), "x"));
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

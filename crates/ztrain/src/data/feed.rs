@@ -55,9 +55,9 @@ impl<B: TrainBackend> Feed<B> {
         on_device: bool,
         batch: usize,
         every: usize,
-    ) -> zgrad::Result<Feed<B>> {
+    ) -> Result<Feed<B>> {
         if on_device {
-            let rows = train_set.rows();
+            let rows = train_set.rows()?;
             learner.load_training(&rows.x, &rows.y, train_set.len())?;
             return Ok(Feed::Device { every });
         }
@@ -102,11 +102,12 @@ impl<B: TrainBackend> Feed<B> {
                 *next = (*next + 1) % turns;
                 let per = train_set.sample_width();
                 // Waits only for the copy that last read this batch (`turns` steps ago).
-                batch.fill(|x, y| {
+                batch.fill(|x, y| -> Result<()> {
                     for (i, &r) in rows.iter().enumerate() {
-                        y[i] = train_set.copy(r, &mut x[i * per..(i + 1) * per]);
+                        y[i] = train_set.copy(r, &mut x[i * per..(i + 1) * per])?;
                     }
-                })?;
+                    Ok(())
+                })??;
                 *filled += t0.elapsed();
                 Ok(learner.queue_pinned(batch, rows.len(), *every)?)
             }
@@ -189,7 +190,7 @@ impl<B: TrainBackend> Feed<B> {
         samples: &Samples,
     ) -> Result<zgrad::EvalReport> {
         if !chunked(learner, samples) {
-            let rows = samples.rows();
+            let rows = samples.rows()?;
             return Ok(learner.evaluate(&rows.x, &rows.y)?);
         }
         let (n, per) = (samples.len(), samples.sample_width());
@@ -209,7 +210,7 @@ impl<B: TrainBackend> Feed<B> {
             let len = chunk.min(n - start);
             batch.fill(|x, y| -> Result<()> {
                 for (i, label) in y[..len].iter_mut().enumerate() {
-                    *label = samples.copy(start + i, &mut x[i * per..(i + 1) * per]);
+                    *label = samples.copy(start + i, &mut x[i * per..(i + 1) * per])?;
                 }
                 let logits = learner.predict(&x[..len * per], len)?;
                 sums.add(&logits, &y[..len]);
@@ -221,26 +222,28 @@ impl<B: TrainBackend> Feed<B> {
 }
 
 /// Pinned batches a host feed of `train_set` stages its steps in: two used in turn for rows
-/// in memory (the set itself dwarfs them), one for windows cut as they are staged, so that the
-/// run holds one batch of them beside the series.
+/// in memory (the set itself dwarfs them), one for windows cut and rows streamed as they are
+/// staged, so that the run holds one batch of them (beside the series).
 #[must_use]
 pub fn staging_batches(train_set: &Samples) -> usize {
-    match train_set {
-        Samples::Rows(_) => 2,
-        Samples::Windows(_) => 1,
+    if train_set.staged_one_batch_at_a_time() {
+        1
+    } else {
+        2
     }
 }
 
-/// Whether an evaluation of `samples` cuts them a chunk at a time into the staging batch
-/// (`Feed::evaluate`): windows evaluated by a binary classifier in one process, whose report
-/// this module sums itself. Another task's windows are cut whole and evaluated by the model's
-/// own metrics; in a job of several ranks each rank evaluates its shard of all of them.
+/// Whether an evaluation of `samples` cuts or reads them a chunk at a time into the staging
+/// batch (`Feed::evaluate`): windows or streamed rows evaluated by a binary classifier in one
+/// process, whose report this module sums itself. Another task's windows are cut whole and
+/// evaluated by the model's own metrics; in a job of several ranks each rank evaluates its
+/// shard of all of them (`--stream` refuses both: `setup::check_stream`).
 #[must_use]
 pub fn chunked<B: TrainBackend, M: Model<B, f32>>(
     learner: &Learner<B, M>,
     samples: &Samples,
 ) -> bool {
-    matches!(samples, Samples::Windows(_))
+    samples.staged_one_batch_at_a_time()
         && !samples.is_empty()
         && learner.world() == 1
         && learner.model().task() == Task::binary()

@@ -12,13 +12,37 @@ use super::Samples;
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
 
+/// What a run's samples are on the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Kind {
+    /// Pre-cut rows in memory.
+    #[default]
+    Rows,
+    /// A series of bars windows are cut from.
+    Series,
+    /// Rows left in their file, read as batches are staged.
+    Streamed,
+}
+
+impl Kind {
+    /// The kind of `samples`.
+    #[must_use]
+    pub fn of(samples: &Samples) -> Kind {
+        match samples {
+            Samples::Rows(_) => Kind::Rows,
+            Samples::Windows(_) => Kind::Series,
+            Samples::Stream(_) => Kind::Streamed,
+        }
+    }
+}
+
 /// Host bytes of a run's data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostData {
     /// The samples: pre-cut rows (training and validation), or the series of bars (once).
     pub samples: u64,
-    /// Whether `samples` is a series of bars windows are cut from.
-    pub series: bool,
+    /// What `samples` are.
+    pub kind: Kind,
     /// The pinned batches steps are staged in from the host (`feed::staging_batches`; 0 when
     /// the training set is on the device).
     pub staging: u64,
@@ -41,10 +65,10 @@ impl HostData {
         format!(
             "ztrain: host data held: {} bytes ({} {} bytes, pinned staging {} bytes, evaluation beside it {} bytes)",
             self.held(),
-            if self.series {
-                "series of bars, once:"
-            } else {
-                "samples"
+            match self.kind {
+                Kind::Rows => "samples",
+                Kind::Series => "series of bars, once:",
+                Kind::Streamed => "samples left in the file (--stream):",
             },
             self.samples,
             self.staging,
@@ -67,6 +91,8 @@ pub fn samples_bytes(train: &Samples, val: &Samples) -> u64 {
             .map(|s| match s {
                 Samples::Rows(d) => rows(d),
                 Samples::Windows(w) => rows(&w.series),
+                // Left in the file, read a batch at a time into the staging.
+                Samples::Stream(_) => 0,
             })
             .sum(),
     }
@@ -80,7 +106,7 @@ pub fn samples_bytes(train: &Samples, val: &Samples) -> u64 {
 pub fn evaluation_bytes(samples: &Samples, chunk: usize, chunked: bool) -> u64 {
     match samples {
         Samples::Rows(_) => 0,
-        Samples::Windows(w) if chunked => chunk.max(1).min(w.len) as u64 * F32,
-        Samples::Windows(w) => (w.len * (w.sample_width() + 1)) as u64 * F32,
+        s if chunked => chunk.max(1).min(s.len()) as u64 * F32,
+        s => (s.len() * (s.sample_width() + 1)) as u64 * F32,
     }
 }

@@ -12,6 +12,7 @@ pub mod held;
 pub mod npy;
 pub mod parquet;
 pub mod placement;
+pub mod stream;
 pub mod synthetic;
 pub mod table;
 pub mod tensors;
@@ -19,6 +20,7 @@ pub mod windows;
 
 use std::borrow::Cow;
 
+use crate::error::Result;
 use crate::rng::Rng;
 
 /// Samples in memory, row-major: sample `i`'s features are `x[i·S·F .. (i+1)·S·F]`, feature `f`
@@ -69,11 +71,7 @@ impl Dataset {
     #[must_use]
     pub fn split_validation(mut self, fraction: f64) -> (Dataset, Dataset) {
         let n = self.len();
-        let n_val = if fraction <= 0.0 {
-            0
-        } else {
-            ((n as f64 * fraction).ceil() as usize).clamp(1, n)
-        };
+        let n_val = validation_len(n, fraction);
         let n_train = n - n_val;
         let w = self.sample_width();
         let val = Dataset {
@@ -95,12 +93,24 @@ impl Dataset {
     }
 }
 
-/// The samples a run trains or validates on: rows in memory, or windows cut from a series of
-/// bars stored once.
+/// Samples in the validation set of `n` split by `fraction`: the last `fraction` of them,
+/// rounded up, at least one when `fraction > 0`.
+#[must_use]
+pub fn validation_len(n: usize, fraction: f64) -> usize {
+    if fraction <= 0.0 {
+        0
+    } else {
+        ((n as f64 * fraction).ceil() as usize).clamp(1, n)
+    }
+}
+
+/// The samples a run trains or validates on: rows in memory, windows cut from a series of
+/// bars stored once, or rows read from their file as they are staged (`--stream`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Samples {
     Rows(Dataset),
     Windows(windows::Windows),
+    Stream(stream::Streamed),
 }
 
 impl Samples {
@@ -110,6 +120,7 @@ impl Samples {
         match self {
             Samples::Rows(d) => d.len(),
             Samples::Windows(w) => w.len,
+            Samples::Stream(s) => s.len,
         }
     }
 
@@ -124,6 +135,7 @@ impl Samples {
         match self {
             Samples::Rows(d) => d.sample_width(),
             Samples::Windows(w) => w.sample_width(),
+            Samples::Stream(s) => s.sample_width(),
         }
     }
 
@@ -133,29 +145,51 @@ impl Samples {
         match self {
             Samples::Rows(d) => (d.scales, d.features),
             Samples::Windows(w) => (w.window, w.series.features),
+            Samples::Stream(s) => (s.scales, s.features),
         }
     }
 
-    /// Copies sample `i`'s features into `x` (`S·F` values) and returns its label.
-    #[must_use]
-    pub fn copy(&self, i: usize, x: &mut [f32]) -> f32 {
-        match self {
+    /// Copies sample `i`'s features into `x` (`S·F` values) and returns its label; a
+    /// streamed sample is read from its file (an error names the file and the row).
+    pub fn copy(&self, i: usize, x: &mut [f32]) -> Result<f32> {
+        Ok(match self {
             Samples::Rows(d) => {
                 let w = d.sample_width();
                 x.copy_from_slice(&d.x[i * w..(i + 1) * w]);
                 d.y[i]
             }
             Samples::Windows(w) => w.copy(i, x),
-        }
+            Samples::Stream(s) => s.copy(i, x)?,
+        })
+    }
+
+    /// Whether the samples are cut or read as each batch is staged (windows, streamed rows)
+    /// rather than held as rows: the run then holds one batch of them (`feed`).
+    #[must_use]
+    pub fn staged_one_batch_at_a_time(&self) -> bool {
+        !matches!(self, Samples::Rows(_))
     }
 
     /// The samples as rows in memory: the rows themselves, or the windows cut (a copy of
-    /// `S` times the bars: only where a whole set must be in one piece).
-    #[must_use]
-    pub fn rows(&self) -> Cow<'_, Dataset> {
+    /// `S` times the bars) or the streamed rows read (all of them): only where a whole set
+    /// must be in one piece.
+    pub fn rows(&self) -> Result<Cow<'_, Dataset>> {
         match self {
-            Samples::Rows(d) => Cow::Borrowed(d),
-            Samples::Windows(w) => Cow::Owned(w.materialize()),
+            Samples::Rows(d) => Ok(Cow::Borrowed(d)),
+            Samples::Windows(w) => Ok(Cow::Owned(w.materialize())),
+            Samples::Stream(s) => {
+                let (n, per) = (s.len, s.sample_width());
+                let mut x = vec![0.0; n * per];
+                let y = (0..n)
+                    .map(|i| s.copy(i, &mut x[i * per..(i + 1) * per]))
+                    .collect::<Result<Vec<f32>>>()?;
+                Ok(Cow::Owned(Dataset {
+                    scales: s.scales,
+                    features: s.features,
+                    x,
+                    y,
+                }))
+            }
         }
     }
 }

@@ -18,8 +18,18 @@ const MAGIC: &[u8] = b"\x93NUMPY";
 pub(crate) const NPY: &str = "NumPy .npy";
 pub(crate) const NPZ: &str = "NumPy .npz";
 
-/// One array read from `.npy` bytes: its element type, shape, order and data.
-fn parse(bytes: &[u8], name: &str) -> Result<Array, Fault> {
+/// What a `.npy` header says: the element type, shape and order, where the data starts and
+/// how many bytes of it the shape holds.
+pub(crate) struct Header {
+    pub elem: Elem,
+    pub shape: Vec<usize>,
+    pub fortran: bool,
+    pub start: usize,
+    pub bytes: usize,
+}
+
+/// The header at the start of `bytes` (of array `name`): the header alone need be there.
+pub(crate) fn header(bytes: &[u8], name: &str) -> Result<Header, Fault> {
     let at = || DataPlace::Array(name.to_string());
     let corrupt = |detail: String| Fault::new(at(), DataProblem::Corrupt { detail });
     if !bytes.starts_with(MAGIC) {
@@ -73,12 +83,32 @@ fn parse(bytes: &[u8], name: &str) -> Result<Array, Fault> {
     let shape = dict_value(header, "shape")
         .and_then(tuple)
         .ok_or_else(|| corrupt(format!("no `shape` tuple in the header {header:?}")))?;
-    let data = &bytes[start + len..];
     let count = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
         .and_then(|n| n.checked_mul(elem.size()))
         .ok_or_else(|| corrupt(format!("shape {shape:?} is too large")))?;
+    Ok(Header {
+        elem,
+        shape,
+        fortran,
+        start: start + len,
+        bytes: count,
+    })
+}
+
+/// One array read from `.npy` bytes: its element type, shape, order and data.
+fn parse(bytes: &[u8], name: &str) -> Result<Array, Fault> {
+    let at = || DataPlace::Array(name.to_string());
+    let corrupt = |detail: String| Fault::new(at(), DataProblem::Corrupt { detail });
+    let Header {
+        elem,
+        shape,
+        fortran,
+        start,
+        bytes: count,
+    } = header(bytes, name)?;
+    let data = &bytes[start..];
     if data.len() < count {
         return Err(truncated(at(), count as u64, data.len()));
     }
@@ -96,7 +126,7 @@ fn parse(bytes: &[u8], name: &str) -> Result<Array, Fault> {
     })
 }
 
-fn truncated(place: DataPlace, expected: u64, found: usize) -> Fault {
+pub(crate) fn truncated(place: DataPlace, expected: u64, found: usize) -> Fault {
     Fault::new(
         place,
         DataProblem::Truncated {

@@ -39,8 +39,9 @@ pub(super) struct RunData {
 /// Loads or generates the data set and splits it: pre-cut samples by their tail
 /// (`Dataset::split_validation`), bars into windows walk-forward (`windows::split`);
 /// normalised by the training part's statistics under `--normalize`. The file is read once,
-/// bounded by the host's available memory.
-pub(super) fn load_data(config: &RunConfig) -> Result<RunData> {
+/// bounded by the host's available memory; under `stream` (`--stream`) left in the file, its
+/// rows read as batches are staged (`data::stream`).
+pub(super) fn load_data(config: &RunConfig, stream: bool) -> Result<RunData> {
     let m = &config.model;
     // Parsing holds the bytes and the values (about as large): a quarter of what is free.
     let limit = host_available().map_or(u64::MAX, |a| a / 4);
@@ -72,6 +73,9 @@ pub(super) fn load_data(config: &RunConfig) -> Result<RunData> {
                 digest: Some(digest),
             });
         }
+        DataSource::File { path, labels, .. } if stream => {
+            return load_streamed(config, path, labels.as_deref());
+        }
         DataSource::File { path, labels, .. } => {
             let (d, digest) = formats::load(path, labels.as_deref(), m.scales, m.features, limit)?;
             (d, Some(digest))
@@ -91,6 +95,43 @@ pub(super) fn load_data(config: &RunConfig) -> Result<RunData> {
         val: Samples::Rows(val),
         norm,
         digest,
+    })
+}
+
+/// `load_data` of the pre-cut samples in `path` (and `labels`) under `--stream`: the file is
+/// opened and checked (header, shapes, length), its fingerprint taken a MiB at a time, and
+/// split as `Dataset::split_validation` splits the rows read whole.
+fn load_streamed(
+    config: &RunConfig,
+    path: &std::path::Path,
+    labels: Option<&std::path::Path>,
+) -> Result<RunData> {
+    let m = &config.model;
+    if config.normalize {
+        return Err(TrainError::Options(
+            "--stream with --normalize: a streamed file is not read ahead for statistics; normalise the file beforehand, or drop --stream".into(),
+        ));
+    }
+    let (all, digest) = match (formats::Format::of(path)?, labels) {
+        (formats::Format::Npy, Some(y)) => data::stream::npy_pair(path, y, m.scales, m.features)?,
+        (formats::Format::Safetensors, None) => {
+            data::stream::safetensors(path, m.scales, m.features)?
+        }
+        (format, _) => {
+            return Err(TrainError::Options(format!(
+                "--stream reads rows by position: --data x.npy --labels y.npy, or a .safetensors file; {} is a {} file: drop --stream (or write it as .npy or safetensors)",
+                path.display(),
+                format.name()
+            )));
+        }
+    };
+    let n_val = data::validation_len(all.len, config.validate_fraction);
+    let (train, val) = all.split(n_val);
+    Ok(RunData {
+        train: Samples::Stream(train),
+        val: Samples::Stream(val),
+        norm: None,
+        digest: Some(digest),
     })
 }
 
@@ -127,6 +168,19 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
             ));
         }
         Samples::Windows(_) => false,
+        Samples::Stream(_) if ctx.options.data_on == DataOn::Device => {
+            return Err(TrainError::Options(
+                "--data-on device with --stream: streamed rows are read into the host's staging batch step by step; use --data-on host or auto, or drop --stream".into(),
+            ));
+        }
+        // Evaluated chunk by chunk through the staging batch (a binary classifier in one
+        // process): anything else would read the whole file into memory.
+        Samples::Stream(_) if !feed::chunked(learner, train_set) => {
+            return Err(TrainError::Options(
+                "--stream evaluates a binary classifier's samples chunk by chunk in one process; this run (another task, or several ranks) would read the whole file: drop --stream".into(),
+            ));
+        }
+        Samples::Stream(_) => false,
         Samples::Rows(_) => {
             placement::on_device(ctx.options.data_on, ctx.room, bytes, train_set.len(), rows)?
         }
@@ -139,21 +193,26 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
         )
     } else if feed::staging_batches(train_set) == 1 {
         format!(
-            "ztrain: training set on the host (each step's windows cut into one pinned batch once the last copy from it is done), read back every {every} steps"
+            "ztrain: training set on the host (each step's {} into one pinned batch once the last copy from it is done), read back every {every} steps",
+            if matches!(train_set, Samples::Stream(_)) {
+                "rows read from the file"
+            } else {
+                "windows cut"
+            }
         )
     } else {
         format!(
             "ztrain: training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
         )
     });
-    Ok(Feed::new(
+    Feed::new(
         learner,
         train_set,
         val_set,
         on_device,
         ctx.config.batch,
         every,
-    )?)
+    )
 }
 
 /// Puts the validation set on the device when it fits beside the training set
@@ -204,7 +263,7 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
         |set: &Samples| held::evaluation_bytes(set, chunk, feed::chunked(learner, set));
     let data = HostData {
         samples: held::samples_bytes(train_set, val_set),
-        series: matches!(train_set, Samples::Windows(_)),
+        kind: held::Kind::of(train_set),
         staging: feed.staging_bytes(),
         evaluation: evaluation(train_set).max(evaluation(val_set)),
     };

@@ -19,6 +19,8 @@ mod data_on;
 mod init_from;
 /// `--precision`: bf16 and TF32 runs on the CPU and the simulated device, their checkpoints.
 mod precision;
+/// `--stream`: pre-cut samples read from their file batch by batch (issue 43).
+mod streamed;
 
 #[test]
 fn help_explains_every_option() {

@@ -77,11 +77,11 @@ fn write_arrow(d: &Dataset, path: &Path) {
     w.finish().expect("finish");
 }
 
-fn npy_x(d: &Dataset) -> Vec<u8> {
+pub(super) fn npy_x(d: &Dataset) -> Vec<u8> {
     npy::npy_f32(&[d.len(), d.scales, d.features], &d.x)
 }
 
-fn npy_y(d: &Dataset) -> Vec<u8> {
+pub(super) fn npy_y(d: &Dataset) -> Vec<u8> {
     npy::npy_f32(&[d.len()], &d.y)
 }
 
@@ -98,7 +98,7 @@ fn write_npz(d: &Dataset, path: &Path) {
     z.finish().expect("finish");
 }
 
-fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
+pub(super) fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
     let xb: Vec<u8> = d.x.iter().flat_map(|v| v.to_le_bytes()).collect();
     let yb: Vec<u8> = d.y.iter().flat_map(|v| v.to_le_bytes()).collect();
     let x = safetensors::tensor::TensorView::new(
@@ -149,7 +149,10 @@ fn run_result(extra: &[&str]) -> (Vec<String>, Vec<(String, Vec<u32>)>) {
 }
 
 /// `run_result` on the device `device` names (`--device` and its options).
-fn run_result_on(device: &[&str], extra: &[&str]) -> (Vec<String>, Vec<(String, Vec<u32>)>) {
+pub(super) fn run_result_on(
+    device: &[&str],
+    extra: &[&str],
+) -> (Vec<String>, Vec<(String, Vec<u32>)>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (metrics, ck) = (dir.path().join("m.csv"), dir.path().join("ck.st"));
     let o = tiny(
@@ -481,7 +484,7 @@ fn a_window_run_says_its_split_and_resumes_with_its_statistics() {
 }
 
 /// The numbers of a run's `host data held:` line: held, samples, staging, evaluation chunk.
-fn host_data(stdout: &str) -> [u64; 4] {
+pub(super) fn host_data(stdout: &str) -> [u64; 4] {
     let line = stdout
         .lines()
         .find(|l| l.starts_with("ztrain: host data held:"))
@@ -497,7 +500,7 @@ fn host_data(stdout: &str) -> [u64; 4] {
 }
 
 /// The host bytes `ztrain` says a run of `args` held for its data.
-fn held_by(args: &[&str]) -> [u64; 4] {
+pub(super) fn held_by(args: &[&str]) -> [u64; 4] {
     let o = tiny(
         &[
             &["--device", "cpu", "--epochs", "1", "--batch", "8"][..],

@@ -1,0 +1,517 @@
+//! `--stream`: pre-cut samples left in their file and read by position as each batch is
+//! staged, so that the host holds one batch of them whatever the file's size. The formats
+//! whose rows lie at known offsets: a pair of `.npy` files and safetensors (`x` `[N, S, F]`,
+//! `y` `[N]` or `[N, 1]`, C order). Each row is read with `pread` (`FileExt::read_exact_at`,
+//! no mmap: a file changed under a mapping would change the run's memory) and checked as the
+//! loaders check it, so a streamed run trains bitwise as the same file read whole. A file
+//! truncated or changed under the run (another length or modification time than at open) is
+//! a typed error naming the file and the row.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::elements::{Elem, sample_count};
+use super::table::{self, Fault};
+use crate::error::{DataError, DataPlace, DataProblem, Result, TrainError};
+
+/// The largest header read to find where the rows start.
+const MAX_HEADER: u64 = 100 << 20;
+
+/// One array in a file: where its rows start and what each holds.
+#[derive(Debug)]
+struct Column {
+    path: PathBuf,
+    file: File,
+    format: &'static str,
+    elem: Elem,
+    /// Byte offset of row 0, and elements per row.
+    offset: u64,
+    per: usize,
+    /// The file's length and modification time when opened.
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Column {
+    /// Row `row`'s elements as `f64`, after checking that the file is as opened.
+    fn read(&self, row: usize, out: &mut Vec<f64>) -> Result<()> {
+        let fail = |problem: DataProblem, source: Option<std::io::Error>| {
+            TrainError::from(DataError {
+                path: self.path.clone(),
+                format: self.format,
+                place: DataPlace::Row(row),
+                problem,
+                source: source.map(|e| Box::new(e) as _),
+            })
+        };
+        let meta = self
+            .file
+            .metadata()
+            .map_err(|e| fail(DataProblem::Unreadable, Some(e)))?;
+        if meta.len() < self.len {
+            return Err(fail(
+                DataProblem::Truncated {
+                    expected: self.len,
+                    found: meta.len(),
+                },
+                None,
+            ));
+        }
+        if meta.len() != self.len || meta.modified().ok() != self.modified {
+            return Err(fail(
+                DataProblem::Changed {
+                    detail: format!(
+                        "{} bytes at the start, {} now, or written to since",
+                        self.len,
+                        meta.len()
+                    ),
+                },
+                None,
+            ));
+        }
+        let size = self.elem.size();
+        let mut bytes = vec![0u8; self.per * size];
+        let at = self.offset + (row * self.per * size) as u64;
+        self.file
+            .read_exact_at(&mut bytes, at)
+            .map_err(|e| fail(DataProblem::Unreadable, Some(e)))?;
+        out.clear();
+        out.extend(bytes.chunks_exact(size).map(|b| self.elem.read(b)));
+        Ok(())
+    }
+
+    /// A fault at element `index` of this array, as the run's error.
+    fn fault(&self, f: Fault) -> TrainError {
+        f.in_file(&self.path, self.format)
+    }
+}
+
+/// Samples `first .. first + len` of a file's `x` and `y`, read as they are staged.
+#[derive(Clone, Debug)]
+pub struct Streamed {
+    x: Arc<Column>,
+    y: Arc<Column>,
+    pub scales: usize,
+    pub features: usize,
+    pub first: usize,
+    pub len: usize,
+}
+
+impl PartialEq for Streamed {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.x, &other.x)
+            && Arc::ptr_eq(&self.y, &other.y)
+            && (self.first, self.len) == (other.first, other.len)
+    }
+}
+
+impl Streamed {
+    /// Values per sample (`S·F`).
+    #[must_use]
+    pub fn sample_width(&self) -> usize {
+        self.scales * self.features
+    }
+
+    /// Reads sample `i`'s features into `x` (`S·F` values) and returns its label, each value
+    /// checked as the loaders check it.
+    pub fn copy(&self, i: usize, x: &mut [f32]) -> Result<f32> {
+        let row = self.first + i;
+        let mut values = Vec::with_capacity(self.sample_width());
+        self.x.read(row, &mut values)?;
+        for (k, (out, &v)) in x.iter_mut().zip(&values).enumerate() {
+            *out = table::feature(Some(v), || DataPlace::Element {
+                array: "x".into(),
+                index: vec![row, k / self.features, k % self.features],
+            })
+            .map_err(|f| self.x.fault(f))?;
+        }
+        self.y.read(row, &mut values)?;
+        table::label(values.first().copied(), || DataPlace::Element {
+            array: "y".into(),
+            index: vec![row],
+        })
+        .map_err(|f| self.y.fault(f))
+    }
+
+    /// The first `n - n_val` samples and the last `n_val`.
+    #[must_use]
+    pub fn split(self, n_val: usize) -> (Streamed, Streamed) {
+        let n_train = self.len - n_val.min(self.len);
+        let val = Streamed {
+            first: self.first + n_train,
+            len: self.len - n_train,
+            ..self.clone()
+        };
+        (
+            Streamed {
+                len: n_train,
+                ..self
+            },
+            val,
+        )
+    }
+}
+
+/// An array's place in its file: element type, shape, order, and the byte range of its data.
+struct Found {
+    elem: Elem,
+    shape: Vec<usize>,
+    fortran: bool,
+    start: u64,
+    bytes: u64,
+}
+
+/// Opens `path` for streaming: the file, its length and modification time.
+fn open(path: &Path) -> Result<(File, u64, Option<SystemTime>)> {
+    let io = |source| TrainError::Io {
+        what: "opening the data file to stream it (--stream)",
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    Ok((file, meta.len(), meta.modified().ok()))
+}
+
+/// Bytes `at .. at + len` of `file` (at most what is there).
+fn prefix(file: &File, path: &Path, at: u64, len: u64) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; len.min(MAX_HEADER) as usize];
+    let n = read_up_to(file, &mut buf, at).map_err(|source| TrainError::Io {
+        what: "reading the header of the data file",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    out.extend_from_slice(&buf[..n]);
+    Ok(out)
+}
+
+/// Reads into `buf` from `at` until it is full or the file ends; the bytes read.
+fn read_up_to(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], at + done as u64)? {
+            0 => break,
+            n => done += n,
+        }
+    }
+    Ok(done)
+}
+
+/// The column of `found` in `file` (named `name`), its rows in C order and all there.
+fn column(
+    path: &Path,
+    format: &'static str,
+    name: &'static str,
+    (file, len, modified): (File, u64, Option<SystemTime>),
+    found: Found,
+) -> Result<Column> {
+    if found.fortran && found.shape.iter().filter(|&&d| d > 1).count() > 1 {
+        return Err(TrainError::Options(format!(
+            "--stream reads rows in C order; array `{name}` of {} is in Fortran order: save it in C order (np.ascontiguousarray) or drop --stream",
+            path.display()
+        )));
+    }
+    let end = found.start + found.bytes;
+    if len < end {
+        return Err(Fault::new(
+            DataPlace::Array(name.into()),
+            DataProblem::Truncated {
+                expected: found.bytes,
+                found: len.saturating_sub(found.start),
+            },
+        )
+        .in_file(path, format));
+    }
+    Ok(Column {
+        path: path.to_path_buf(),
+        file,
+        format,
+        elem: found.elem,
+        offset: found.start,
+        per: found.shape.iter().skip(1).product::<usize>(),
+        len,
+        modified,
+    })
+}
+
+/// The samples of a features `.npy` and a labels `.npy`, streamed; with the FNV-1a
+/// fingerprint of both files' bytes (the one reading them whole gives).
+pub fn npy_pair(
+    x_path: &Path,
+    y_path: &Path,
+    scales: usize,
+    features: usize,
+) -> Result<(Streamed, u64)> {
+    let npy = super::npy::NPY;
+    let one = |path: &Path, name: &'static str| -> Result<(Found, (File, u64, _))> {
+        let opened = open(path)?;
+        let head = prefix(&opened.0, path, 0, 12)?;
+        let len = match head.get(6) {
+            Some(1) => head
+                .get(8..10)
+                .map(|b| u64::from(u16::from_le_bytes([b[0], b[1]])) + 10),
+            _ => head
+                .get(8..12)
+                .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])) + 12),
+        }
+        .unwrap_or(12);
+        let head = prefix(&opened.0, path, 0, len)?;
+        let h = super::npy::header(&head, name).map_err(|f| f.in_file(path, npy))?;
+        if (opened.1 as usize).saturating_sub(h.start) > h.bytes {
+            return Err(Fault::new(
+                DataPlace::Array(name.into()),
+                DataProblem::Corrupt {
+                    detail: format!(
+                        "{} bytes after the {} bytes of data its shape {:?} holds",
+                        opened.1 as usize - h.start - h.bytes,
+                        h.bytes,
+                        h.shape
+                    ),
+                },
+            )
+            .in_file(path, npy));
+        }
+        let found = Found {
+            elem: h.elem,
+            shape: h.shape,
+            fortran: h.fortran,
+            start: h.start as u64,
+            bytes: h.bytes as u64,
+        };
+        Ok((found, opened))
+    };
+    let (xf, xo) = one(x_path, "x")?;
+    let (yf, yo) = one(y_path, "y")?;
+    let n = sample_count(&xf.shape, &yf.shape, scales, features)
+        .map_err(|(f, which)| f.in_file(if which == "y" { y_path } else { x_path }, npy))?;
+    let digest = fingerprint(&[x_path, y_path])?;
+    let x = column(x_path, npy, "x", xo, xf)?;
+    let y = column(y_path, npy, "y", yo, yf)?;
+    Ok((streamed(x, y, scales, features, n), digest))
+}
+
+/// The samples of a safetensors file's `x` and `y`, streamed; with the file's FNV-1a
+/// fingerprint.
+pub fn safetensors(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
+    let format = super::tensors::FORMAT;
+    let fail = |f: Fault| f.in_file(path, format);
+    let not_this = || {
+        fail(Fault::new(
+            DataPlace::File,
+            DataProblem::NotThisFormat { expected: format },
+        ))
+    };
+    let opened = open(path)?;
+    let head = prefix(&opened.0, path, 0, 8)?;
+    let n = head
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0xff; 8])))
+        .filter(|&n| n >= 2 && n <= opened.1.saturating_sub(8) && n <= MAX_HEADER)
+        .ok_or_else(not_this)?;
+    let head = prefix(&opened.0, path, 8, n)?;
+    let corrupt =
+        |detail: String| fail(Fault::new(DataPlace::File, DataProblem::Corrupt { detail }));
+    let meta: serde_json::Map<String, serde_json::Value> = match serde_json::from_slice(&head) {
+        Ok(m) => m,
+        Err(_) if head.first() != Some(&b'{') => return Err(not_this()),
+        Err(e) => return Err(corrupt(format!("the header is not JSON: {e}"))),
+    };
+    let data_start = 8 + n;
+    let find = |name: &str| -> Result<Found> {
+        let Some(t) = meta.get(name) else {
+            let mut found: Vec<String> = meta
+                .keys()
+                .filter(|k| *k != "__metadata__")
+                .cloned()
+                .collect();
+            found.sort();
+            return Err(fail(Fault::new(
+                DataPlace::File,
+                DataProblem::MissingArray {
+                    name: name.into(),
+                    found,
+                },
+            )));
+        };
+        let bad = || {
+            corrupt(format!(
+                "tensor `{name}`'s entry {t} is not dtype, shape and data_offsets"
+            ))
+        };
+        let dtype: safetensors::Dtype =
+            serde_json::from_value(t["dtype"].clone()).map_err(|_| bad())?;
+        let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).map_err(|_| bad())?;
+        let offsets: [u64; 2] =
+            serde_json::from_value(t["data_offsets"].clone()).map_err(|_| bad())?;
+        let elem = Elem::from_safetensors(dtype).ok_or_else(|| {
+            fail(Fault::new(
+                DataPlace::Array(name.into()),
+                DataProblem::NotNumeric {
+                    found: format!("dtype {dtype:?}"),
+                },
+            ))
+        })?;
+        let count = shape
+            .iter()
+            .try_fold(elem.size() as u64, |a, &d| a.checked_mul(d as u64));
+        if offsets[1] < offsets[0] || count != Some(offsets[1] - offsets[0]) {
+            return Err(corrupt(format!(
+                "tensor `{name}`: data_offsets {offsets:?} do not hold its shape {shape:?}"
+            )));
+        }
+        Ok(Found {
+            elem,
+            shape,
+            fortran: false,
+            start: data_start + offsets[0],
+            bytes: offsets[1] - offsets[0],
+        })
+    };
+    let (xf, yf) = (find("x")?, find("y")?);
+    let rows = sample_count(&xf.shape, &yf.shape, scales, features).map_err(|(f, _)| fail(f))?;
+    let digest = fingerprint(&[path])?;
+    let y_file = open(path)?;
+    let x = column(path, format, "x", opened, xf)?;
+    let y = column(path, format, "y", y_file, yf)?;
+    Ok((streamed(x, y, scales, features, rows), digest))
+}
+
+fn streamed(x: Column, y: Column, scales: usize, features: usize, len: usize) -> Streamed {
+    Streamed {
+        x: Arc::new(x),
+        y: Arc::new(y),
+        scales,
+        features,
+        first: 0,
+        len,
+    }
+}
+
+/// FNV-1a of the files' bytes one after the other (`config::fnv1a` of them read whole),
+/// read a MiB at a time.
+fn fingerprint(paths: &[&Path]) -> Result<u64> {
+    let mut h = crate::config::FNV1A_START;
+    let mut buf = vec![0u8; 1 << 20];
+    for path in paths {
+        let io = |source| TrainError::Io {
+            what: "reading the data file",
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let mut at = 0u64;
+        loop {
+            let n = read_up_to(&file, &mut buf, at).map_err(io)?;
+            h = crate::config::fnv1a_from(h, &buf[..n]);
+            at += n as u64;
+            if n < buf.len() {
+                break;
+            }
+        }
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{npy::npy_f32, synthetic};
+
+    /// A `.npy` pair of 9 samples of 2 × 3 in `dir`, streamed.
+    fn pair(dir: &Path) -> (Streamed, crate::data::Dataset) {
+        let d = synthetic::generate(9, 2, 3, 4);
+        std::fs::write(dir.join("x.npy"), npy_f32(&[9, 2, 3], &d.x)).expect("x");
+        std::fs::write(dir.join("y.npy"), npy_f32(&[9], &d.y)).expect("y");
+        let (s, _) = npy_pair(&dir.join("x.npy"), &dir.join("y.npy"), 2, 3).expect("opens");
+        (s, d)
+    }
+
+    #[test]
+    fn streamed_rows_are_the_rows_read_whole_and_the_fingerprint_theirs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (s, d) = pair(dir.path());
+        let (train, val) = s.split(3);
+        assert_eq!((train.len, val.first, val.len), (6, 6, 3));
+        let mut x = [0.0; 6];
+        assert_eq!(val.copy(1, &mut x).expect("reads"), d.y[7]);
+        assert_eq!(&x[..], &d.x[7 * 6..8 * 6]);
+        let mut bytes = std::fs::read(dir.path().join("x.npy")).expect("x");
+        bytes.extend(std::fs::read(dir.path().join("y.npy")).expect("y"));
+        let (_, digest) =
+            npy_pair(&dir.path().join("x.npy"), &dir.path().join("y.npy"), 2, 3).expect("opens");
+        assert_eq!(digest, crate::config::fnv1a(&bytes));
+    }
+
+    #[test]
+    fn a_file_truncated_under_the_run_names_the_file_and_the_row() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (s, _) = pair(dir.path());
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("x.npy"))
+            .expect("open");
+        let len = file.metadata().expect("meta").len();
+        file.set_len(len - 10).expect("truncate");
+        let mut x = [0.0; 6];
+        let e = s.copy(4, &mut x).unwrap_err();
+        let TrainError::Data(d) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(d.place, DataPlace::Row(4));
+        assert_eq!(
+            d.problem,
+            DataProblem::Truncated {
+                expected: len,
+                found: len - 10
+            }
+        );
+        assert!(e.to_string().contains("x.npy"), "{e}");
+    }
+
+    #[test]
+    fn a_file_written_to_under_the_run_is_refused_not_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (s, _) = pair(dir.path());
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("y.npy"))
+            .expect("open");
+        // Same length, another modification time (set, so no clock is involved).
+        file.set_modified(SystemTime::UNIX_EPOCH)
+            .expect("set mtime");
+        let mut x = [0.0; 6];
+        let e = s.copy(2, &mut x).unwrap_err();
+        let TrainError::Data(d) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(d.place, DataPlace::Row(2));
+        assert!(matches!(d.problem, DataProblem::Changed { .. }), "{e}");
+        assert!(e.to_string().contains("y.npy"), "{e}");
+    }
+
+    #[test]
+    fn a_nan_read_from_the_file_is_refused_by_element() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut v = vec![0.5f32; 4 * 6];
+        v[2 * 6 + 4] = f32::NAN;
+        std::fs::write(dir.path().join("x.npy"), npy_f32(&[4, 2, 3], &v)).expect("x");
+        std::fs::write(dir.path().join("y.npy"), npy_f32(&[4], &[0.0; 4])).expect("y");
+        let (s, _) =
+            npy_pair(&dir.path().join("x.npy"), &dir.path().join("y.npy"), 2, 3).expect("opens");
+        let e = s.copy(2, &mut [0.0; 6]).unwrap_err();
+        let TrainError::Data(d) = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(
+            d.place,
+            DataPlace::Element {
+                array: "x".into(),
+                index: vec![2, 1, 1]
+            }
+        );
+    }
+}
