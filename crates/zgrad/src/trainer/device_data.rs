@@ -278,7 +278,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
-    /// Samples of the data set on the device (`None` before `load_data`).
+    /// Samples of the data set on the device (`None` before `load_data`). Test-only.
+    #[cfg(any(test, feature = "testing"))]
     #[must_use]
     pub fn loaded_rows(&self) -> Option<usize> {
         self.data.as_ref().map(DeviceData::rows)

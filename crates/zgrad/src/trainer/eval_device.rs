@@ -307,7 +307,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// The captured chunk graphs of the validation pass (one per chunk shape once captured;
-    /// none eagerly): each `evaluate(EvalSource::Validation)` replays them.
+    /// none eagerly): each `evaluate(EvalSource::Validation)` replays them. Test-only.
+    #[cfg(any(test, feature = "testing"))]
     pub fn validation_graphs(&self) -> impl Iterator<Item = &B::Graph> {
         self.exec.graphs(|k| matches!(k, GraphKey::EvalChunk(_)))
     }
@@ -457,7 +458,7 @@ fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
                 inputs: None,
             })
         },
-        |_, _| group.io.run(&**b, &parts.model, parts.math_mode),
+        |_, _, _| group.io.run(&**b, &parts.model, parts.math_mode),
     )
     .map(|_| ())
     .map_err(|e| e.into_error())

@@ -3,11 +3,10 @@
 //! the batch already on the device, with hooks just before and after the replay is queued so
 //! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
 
-use super::checks;
 use super::executor::GraphKey;
 use super::source::ReplayMark;
 use super::{StepReport, TrainSchedule, Trainer, in_step_split};
-use crate::error::{Applied, GradError, Result};
+use crate::error::{GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
 use zcompute::{Capture, Element};
@@ -62,24 +61,16 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             Ok(())
         });
         queued?;
-        let (loss, grad_norm) = match self.read_stats(step) {
-            Ok(stats) => stats,
-            Err(e @ GradError::NonFinite { .. }) => {
-                // The gate skipped the update; the sample is looked for on the host copy of
-                // the device's batch.
-                let (x, y) = match self.exec.inputs(GraphKey::Batched) {
-                    Some((i, _)) => (i.x.to_vec(&b)?, i.y.to_vec(&b)?),
-                    None => return Err(e),
-                };
-                return checks::locate(Err(e), |k| self.find_sample(&x, &y, &shape, k));
-            }
-            Err(e) => {
-                self.optim.mark_unknown();
-                return Err(e.at_step(step, Applied::Maybe));
-            }
-        };
-        self.optim.commit();
-        ended.map_err(|e| e.at_step(step, Applied::Yes))?;
+        // A non-finite step: the gate skipped the update; the sample is looked for on the
+        // host copy of the device's batch.
+        let read = |t: &Self| t.read_stats(step);
+        let (loss, grad_norm) = self.after_gated(step, ended, read, |t, k| {
+            let Some((i, _)) = t.exec.inputs(GraphKey::Batched) else {
+                return Ok(None);
+            };
+            let (x, y) = (i.x.to_vec(&t.backend)?, i.y.to_vec(&t.backend)?);
+            t.find_sample(&x, &y, &shape, k)
+        })?;
         Ok(self.report(step, loss, grad_norm, lr, shape[0], true))
     }
 }
