@@ -16,7 +16,7 @@
 use super::body::{Gather, StepParts};
 use super::executor::{Eager, GraphKey, Ran, Recording, Request, StaticInputs};
 use super::queued::Track;
-use super::source::Shard;
+use super::source::{ReplayMark, Shard};
 use super::{StepReport, Trainer, checks, in_step_split};
 use crate::error::{Applied, GradError, NonFiniteKind, Result};
 use crate::memory::ClassGuard;
@@ -58,6 +58,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             step,
             lr: Some(lr),
             rows: GatedRows::Shard(data),
+            mark: None,
             track: None,
             shape,
             target: &target,
@@ -79,13 +80,17 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// that may have applied the update in part leaves the optimiser's state unknown.
     pub(super) fn gated_step(&mut self, s: GatedStep<'_, B, T>) -> (Result<Ran>, Result<()>) {
         let b = Rc::clone(&self.backend);
-        let req = Request::new(s.key, s.shape, s.what, Some(s.step));
+        let req = match s.rows {
+            GatedRows::Held => Request::held(s.key, s.shape, s.what, s.step),
+            _ => Request::new(s.key, s.shape, s.what, Some(s.step)),
+        };
         let (shape, target, track, rows) = (s.shape, s.target, s.track, &s.rows);
+        let mut mark = s.mark;
         // What each run reads: the optimiser's tensors (a step on the device data set reads
         // `[lr, t, gate]` from its table's slot) and the rows it gathers.
         let (slot, gather) = match rows {
             GatedRows::Gathered(g) => (Some(g.slot.clone()), Some(&g.gather)),
-            GatedRows::Shard(_) => (None, None),
+            GatedRows::Shard(_) | GatedRows::Held => (None, None),
         };
         let tensors = move |optim: &Optimizer<B, T>| match &slot {
             Some(slot) => optim.tensors().with_slot(slot.clone()),
@@ -93,19 +98,25 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         };
         let refill = |inputs: &StaticInputs<B, T>| match rows {
             GatedRows::Shard(data) => inputs.refill(&*b, data),
-            GatedRows::Gathered(_) => Ok(()),
+            GatedRows::Gathered(_) | GatedRows::Held => Ok(()),
         };
         in_step_split(&*b, || {
             if let Some(lr) = s.lr {
                 self.optim.prepare(&*b, lr)?;
             }
             let parts = &self.parts;
-            self.exec
+            let ran = self
+                .exec
                 .run(
                     &*b,
                     &mut self.optim,
                     req,
-                    |_, inputs| inputs.map_or(Ok(()), &refill),
+                    |_, inputs| {
+                        if let Some(mark) = mark.as_deref_mut() {
+                            mark(ReplayMark::Before);
+                        }
+                        inputs.map_or(Ok(()), &refill)
+                    },
                     |optim, started| {
                         let inputs = StaticInputs::zeros(&*b, shape, target)?;
                         refill(&inputs)?;
@@ -132,7 +143,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                         parts.gated_step(&*b, (&x, &y), gather, &optim, track, started)
                     },
                 )
-                .map_err(|e| e.settle(&mut self.optim))
+                .map_err(|e| e.settle(&mut self.optim))?;
+            if let Some(mark) = mark {
+                mark(ReplayMark::After);
+            }
+            Ok(ran)
         })
     }
 
@@ -193,6 +208,8 @@ pub(super) struct GatedStep<'a, B: Ops<T>, T: Element> {
     /// writes it (a step on the device data set).
     pub lr: Option<f64>,
     pub rows: GatedRows<'a, B, T>,
+    /// Called just before and just after the replay is queued (`StepSource::held`).
+    pub mark: Option<&'a mut dyn FnMut(ReplayMark)>,
     /// A queued step's window (the history row and the sticky gate); `None`: read back at once.
     pub track: Option<&'a Track<B, T>>,
     /// `[rows, ..sample]` and the targets' shape.
@@ -207,6 +224,8 @@ pub(super) enum GatedRows<'a, B: Ops<T>, T: Element> {
     Shard(&'a Shard<'a, B, T>),
     /// Gathered on the device by the body itself.
     Gathered(&'a GatheredRows<B, T>),
+    /// The static inputs as the last step filled them (`StepSource::held`): replayed only.
+    Held,
 }
 
 /// Rows gathered from the device data set, and the step table's `[lr, t, gate]` slot.

@@ -2,8 +2,6 @@
 //! each in its own step scope (nothing is recorded, nothing saved). Every chunk's outputs are
 //! checked against the model's task (`Model::task`) before they are used.
 
-use super::eval_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
-use super::metrics::report_of;
 use super::{EvalSource, Trainer, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
@@ -11,7 +9,9 @@ use crate::task::Task;
 use crate::var::Var;
 use zcompute::{Capture, Element};
 
-use super::metrics::EvalReport;
+use crate::metrics::{
+    EvalReport, chunk_stats, global_chunks, report_of, report_of_stats, stats_len,
+};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The model's outputs for `n` samples `x` (`[n, ..sample shape]` row-major), in no-grad
@@ -80,7 +80,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(report_of(&task, &outputs, y))
     }
 
-    /// `evaluate` of a task reported from statistics (`eval_stats`): this rank's shard (all
+    /// `evaluate` of a task reported from statistics (`metrics::chunk_stats`): this rank's shard (all
     /// of `n` samples in one process) in chunks of `eval_batch`, each chunk's statistics
     /// computed on the device by the work a device evaluation captures and read back (a row
     /// of a few values per chunk), every rank's rows summed over the ranks, the report

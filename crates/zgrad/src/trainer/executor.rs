@@ -107,8 +107,7 @@ pub(super) struct Request<'a> {
     pub what: &'static str,
     /// The step whose update the body applies; `None` for a body without one.
     pub update: Option<u64>,
-    /// Replay the graph held, whatever the policy says, and nothing else
-    /// (`Executor::replay_held`).
+    /// Replay the graph held, whatever the policy says, and nothing else (`Request::held`).
     held_only: bool,
 }
 
@@ -125,6 +124,17 @@ impl<'a> Request<'a> {
             what,
             update,
             held_only: false,
+        }
+    }
+
+    /// The resident replay (a step from the held batch): the graph held for `key`, holding
+    /// step `step`'s update, replays whatever the policy says (capture off after a failure
+    /// included); nothing is captured or run eagerly, and without a graph of `shape` the
+    /// request is refused.
+    pub(super) fn held(key: GraphKey, shape: &'a [usize], what: &'static str, step: u64) -> Self {
+        Request {
+            held_only: true,
+            ..Request::new(key, shape, what, Some(step))
         }
     }
 }
@@ -324,35 +334,6 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
                 Ok(Ran::Eager)
             }
         }
-    }
-
-    /// The door of the resident replay (a step from the held batch): the graph held for
-    /// `key`, holding step `step`'s update, replays whatever the policy says (capture off
-    /// after a failure included); nothing is captured or run eagerly.
-    pub(super) fn replay_held(
-        &mut self,
-        b: &B,
-        key: GraphKey,
-        what: &'static str,
-        step: u64,
-    ) -> std::result::Result<Ran, DoorError> {
-        let shape = self.entry(key).map(|e| e.shape.clone()).unwrap_or_default();
-        let req = Request {
-            key,
-            shape: &shape,
-            what,
-            update: Some(step),
-            held_only: true,
-        };
-        let refuse = || GradError::BadInput(format!("{what}: replayed only, never recorded"));
-        self.run(
-            b,
-            &mut (),
-            req,
-            |_, _| Ok(()),
-            |_, _| Err(refuse()),
-            |_, _, _| Err(refuse()),
-        )
     }
 
     fn capture<C>(

@@ -7,14 +7,15 @@
 //! The verbs: `step` (one step read back at once) and `queue` (read back a window later, or
 //! at `drain`) from a [`StepSource`]; `evaluate` from an [`EvalSource`]; `predict`. A step
 //! is where its rows come from (`source.rs`: host slices, pinned memory, the data set loaded
-//! on the device, the batch a captured step holds) x its schedule (in the config:
-//! `batched.rs`, `per_sample.rs`; queued: `queued/tracked.rs`, `queued_samples.rs`) x when
-//! it is read back (at once, or at `drain`: `queued/`). Whatever the path, the work that may
-//! run as a graph goes through one door, `executor.rs`, which owns the capture policy: the
-//! graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager execution, and
-//! the fallback after a failed capture (what was applied, capture off for the rest of the
-//! run). Evaluation's chunks on the device go through the same door (`eval_device.rs`). A new
-//! schedule or precision is a key there and a body in `body.rs`.
+//! on the device, the batch a captured step holds) x its schedule (in the config: batched,
+//! one gated body and one door call for every source, `batched.rs`; per-sample, its samples
+//! in `per_sample.rs` and its tail in `queued_samples.rs`) x when it is read back (at once,
+//! or at `drain`: `queued/`, the same body writing a history row). Whatever the path, the
+//! work that may run as a graph goes through one door, `executor.rs`, which owns the capture
+//! policy: the graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager
+//! execution, and the fallback after a failed capture (what was applied, capture off for the
+//! rest of the run). Evaluation's chunks on the device go through the same door
+//! (`eval_device.rs`). A new schedule or precision is a key there and a body in `body.rs`.
 //!
 //! Step scopes are the trainer's job: it opens a step before the work of every sample (or
 //! batch) and closes it after, so the backend's scratch memory is reclaimed every time
@@ -28,9 +29,7 @@ mod device_data;
 mod distributed;
 mod eval;
 mod eval_device;
-mod eval_stats;
 mod executor;
-mod metrics;
 mod per_sample;
 mod phases;
 mod queued;
@@ -55,7 +54,6 @@ use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
 pub use eval_device::validation_data_bytes;
-pub use metrics::{EvalReport, RegressionMetrics};
 pub use phases::HostPhases;
 pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};
 pub use step_table::step_table_bytes;

@@ -400,6 +400,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             step,
             lr,
             rows,
+            mark: None,
             track: Some(track),
             shape,
             target: &shape[..1],

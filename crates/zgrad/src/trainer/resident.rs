@@ -3,12 +3,12 @@
 //! the batch already on the device, with hooks just before and after the replay is queued so
 //! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
 
+use super::batched::{GatedRows, GatedStep};
 use super::executor::GraphKey;
 use super::source::ReplayMark;
-use super::{StepReport, TrainSchedule, Trainer, in_step_split};
+use super::{StepReport, TrainSchedule, Trainer};
 use crate::error::{GradError, Result};
 use crate::model::Model;
-use std::rc::Rc;
 use zcompute::{Capture, Element};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
@@ -43,7 +43,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     ) -> Result<StepReport> {
         self.optim.check_state()?;
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        let b = Rc::clone(&self.backend);
         let Some((_, shape)) = self.exec.inputs(GraphKey::Batched) else {
             return Err(GradError::BadInput(
                 "a step from the held batch: no captured batched step yet (a host or pinned step with capture on captures it)"
@@ -51,16 +50,19 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             ));
         };
         let shape = shape.to_vec();
-        let (queued, ended) = in_step_split(&*b, || {
-            self.optim.prepare(&*b, lr)?;
-            mark(ReplayMark::Before);
-            self.exec
-                .replay_held(&*b, GraphKey::Batched, "batched step", step)
-                .map_err(|e| e.settle(&mut self.optim))?;
-            mark(ReplayMark::After);
-            Ok(())
+        let target = self.targets_shape(shape[0]);
+        let (ran, ended) = self.gated_step(GatedStep {
+            key: GraphKey::Batched,
+            what: "batched step",
+            step,
+            lr: Some(lr),
+            rows: GatedRows::Held,
+            mark: Some(&mut *mark),
+            track: None,
+            shape: &shape,
+            target: &target,
         });
-        queued?;
+        ran?;
         // A non-finite step: the gate skipped the update; the sample is looked for on the
         // host copy of the device's batch.
         let read = |t: &Self| t.read_stats(step);
