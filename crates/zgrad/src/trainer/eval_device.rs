@@ -28,7 +28,7 @@
 
 use super::body::StepParts;
 use super::executor::{Executor, GraphKey, Recording, Request};
-use super::{Trainer, in_step, shard};
+use super::{Trainer, checks, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::metrics::{
@@ -230,16 +230,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// is the backend's error, nothing loaded.
     pub fn load_validation(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
         let sample = self.shape_of(x, y, n)?;
-        let per = x.len() / n;
-        let ty = self.target_len();
-        if let Some(bad) = (0..n).find(|&i| {
-            y[i * ty..(i + 1) * ty]
-                .iter()
-                .any(|v| !v.to_f64().is_finite())
-                || x[i * per..(i + 1) * per]
-                    .iter()
-                    .any(|v| !v.to_f64().is_finite())
-        }) {
+        let (per, ty) = (x.len() / n, self.target_len());
+        if let Some(bad) = checks::bad_input(x, y, n) {
             return Err(GradError::BadInput(format!(
                 "validation sample {bad} of {n}: a non-finite feature or label"
             )));

@@ -343,8 +343,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub fn step(&mut self, src: StepSource<'_, B, T>) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
         let report = match src.0 {
-            From::Host { x, y, batch } => self.train_batch_inner(x, y, batch, step),
-            From::Pinned { batch, n } => self.train_pinned_inner(batch, n, step),
+            From::Host { x, y, batch } => self.optim.check_state().and_then(|()| {
+                let sample = self.shape_of(x, y, batch)?;
+                let (per, ty) = (x.len() / batch, self.target_len());
+                self.train_source(&HostSlices { x, y, per, ty }, batch, &sample, step)
+            }),
+            From::Pinned { batch, n } => self.optim.check_state().and_then(|()| {
+                let sample = self.pinned_sample(batch, n)?;
+                self.train_source(batch.source(), n, &sample, step)
+            }),
             From::Held(mark) => return self.replay_held(step, mark),
             From::Loaded(rows) => return self.step_loaded(rows, step),
         }
@@ -413,17 +420,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    fn train_pinned_inner(
-        &mut self,
-        batch: &dyn PinnedRows<B, T>,
-        n: usize,
-        step: u64,
-    ) -> Result<StepReport> {
-        self.optim.check_state()?;
-        let pinned = self.pinned_sample(batch, n)?;
-        self.train_source(batch.source(), n, &pinned, step)
-    }
-
     /// One sample's shape `[S, F]` of `batch`, checking `n` and that the model takes it.
     fn pinned_sample(&self, batch: &dyn PinnedRows<B, T>, n: usize) -> Result<[usize; 2]> {
         self.parts.model.task().single_value("a pinned batch")?;
@@ -457,20 +453,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             captured = report.captured,
             "step"
         );
-    }
-
-    fn train_batch_inner(
-        &mut self,
-        x: &[T],
-        y: &[T],
-        batch: usize,
-        step: u64,
-    ) -> Result<StepReport> {
-        self.optim.check_state()?;
-        let sample = self.shape_of(x, y, batch)?;
-        let per = x.len() / batch;
-        let ty = self.target_len();
-        self.train_source(&HostSlices { x, y, per, ty }, batch, &sample, step)
     }
 
     /// The step on `batch` samples of `src` (each of shape `sample`), whichever memory holds

@@ -161,15 +161,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         };
         let (landed, slot) =
             phases::timed(&mut self.phases.staging, || batch.stage(staging, &b, local))?;
-        let pending = Pending {
-            step,
-            lr: 0.0,
-            samples: n,
-            rows: Vec::new(),
-            captured: false,
-            record: Record::Stats,
-        };
-        let queued = self.queue_from(Rows::Pinned(&landed), pending, sample, every);
+        let from = Rows::Pinned(&landed);
+        let queued = self.queue_from(from, (step, n, Vec::new()), sample, every);
         // Released whatever became of the step: the next copy into it follows what was queued.
         let released = self
             .staging
@@ -256,27 +249,29 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             })?,
         }
         let sample = data.sample.clone();
-        let pending = Pending {
-            step,
-            lr: 0.0,
-            samples: rows.len(),
-            rows: rows.to_vec(),
-            captured: false,
-            record: Record::Stats,
-        };
+        let pending = (step, rows.len(), rows.to_vec());
         self.queue_from(Rows::Device, pending, &sample, every)
     }
 
-    /// Queues step `pending.step` on `pending.samples` rows of samples `sample` from `from`,
-    /// counts it and records it as pending.
+    /// Queues step `step` on `batch` rows of samples `sample` from `from` (`rows`: their
+    /// indices in the device data set, to locate a non-finite sample), counts it and records
+    /// it as pending.
     fn queue_from(
         &mut self,
         from: Rows<'_, B, T>,
-        mut pending: Pending,
+        (step, batch, rows): (u64, usize, Vec<usize>),
         sample: &[usize],
         every: usize,
     ) -> Result<()> {
-        let (b, step, batch) = (Rc::clone(&self.backend), pending.step, pending.samples);
+        let b = Rc::clone(&self.backend);
+        let mut pending = Pending {
+            step,
+            lr: 0.0,
+            samples: batch,
+            rows,
+            captured: false,
+            record: Record::Stats,
+        };
         let StepRows {
             lr,
             rows: local,
