@@ -66,7 +66,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let ran = ran?;
         let read = |t: &Self| t.read_stats(step);
         let (loss, grad_norm) = self.after_gated(step, ended, read, |t, k| {
-            let (x, y) = data.host()?;
+            let (x, y) = data.host(&t.backend)?;
             t.find_sample(&x, &y, shape, k)
         })?;
         Ok(self.report(step, loss, grad_norm, lr, shape[0], ran.captured()))

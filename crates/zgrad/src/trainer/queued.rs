@@ -159,8 +159,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(staging) = self.staging.as_mut() else {
             return Err(GradError::BadInput("internal: no landing buffers".into()));
         };
-        let (landed, slot) =
-            phases::timed(&mut self.phases.staging, || batch.stage(staging, &b, local))?;
+        let (landed, slot) = phases::timed(&mut self.phases.staging, || {
+            batch.stage(staging, &*b, local)
+        })?;
         let from = Rows::Pinned(&landed);
         let queued = self.queue_from(from, (step, n, Vec::new()), sample, every);
         // Released whatever became of the step: the next copy into it follows what was queued.
@@ -344,11 +345,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     ) -> Result<Queued> {
         let Rows::Pinned(src) = from else {
             let data = self.data.take().ok_or_else(no_data)?;
-            let b = Rc::clone(&self.backend);
-            let resident = Resident {
-                data: &data,
-                b: &*b,
-            };
+            let resident = Resident { data: &data };
             let queued = self.queue_samples(&resident, local, shape, lr, step, every);
             self.data = Some(data);
             return queued;

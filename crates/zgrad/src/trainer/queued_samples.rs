@@ -108,7 +108,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             record.stats(step, &t.backend.download(&row)?, single)
         };
         let (loss, grad_norm) = self.after_gated(step, ended, read, |t, k| {
-            let (x, y) = data.host()?;
+            let (x, y) = data.host(&t.backend)?;
             t.find_sample(&x, &y, shape, k)
         })?;
         let captured = self.exec.on();
