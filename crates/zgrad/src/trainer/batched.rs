@@ -42,13 +42,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         ))
     }
 
-    /// One optimiser step of the batched schedule on `data` (`shape`: `[rows, ..sample]`),
-    /// read back at once.
+    /// One optimiser step of the batched schedule on `rows` (`shape`: `[rows, ..sample]`; the
+    /// held batch: `mark` called around its replay), read back at once; `find` looks for the
+    /// sample of a non-finite step.
     pub(super) fn batched_step(
         &mut self,
-        data: &Shard<'_, B, T>,
+        (rows, mark): (GatedRows<'_, B, T>, Mark<'_>),
         shape: &[usize],
         lr: f64,
+        find: impl FnOnce(&Self, NonFiniteKind) -> Result<Option<usize>>,
     ) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
         let target = self.targets_shape(shape[0]);
@@ -57,18 +59,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             what: "batched step",
             step,
             lr: Some(lr),
-            rows: GatedRows::Shard(data),
-            mark: None,
+            rows,
+            mark,
             track: None,
             shape,
             target: &target,
         });
         let ran = ran?;
         let read = |t: &Self| t.read_stats(step);
-        let (loss, grad_norm) = self.after_gated(step, ended, read, |t, k| {
-            let (x, y) = data.host(&t.backend)?;
-            t.find_sample(&x, &y, shape, k)
-        })?;
+        let (loss, grad_norm) = self.after_gated(step, ended, read, find)?;
         Ok(self.report(step, loss, grad_norm, lr, shape[0], ran.captured()))
     }
 
@@ -78,7 +77,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// nothing). Nothing is read back. Returns how it ran and the closing of its step scope
     /// (an error there comes after the update: `Applied::Yes` once it is counted); a failure
     /// that may have applied the update in part leaves the optimiser's state unknown.
-    pub(super) fn gated_step(&mut self, s: GatedStep<'_, B, T>) -> (Result<Ran>, Result<()>) {
+    pub(super) fn gated_step(&mut self, s: GatedStep<'_, '_, B, T>) -> (Result<Ran>, Result<()>) {
         let b = Rc::clone(&self.backend);
         let req = match s.rows {
             GatedRows::Held => Request::held(s.key, s.shape, s.what, s.step),
@@ -199,7 +198,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 }
 
 /// A gated step as the door runs it.
-pub(super) struct GatedStep<'a, B: Ops<T>, T: Element> {
+pub(super) struct GatedStep<'a, 'm, B: Ops<T>, T: Element> {
     pub key: GraphKey,
     /// Names the step in the fallback's warning.
     pub what: &'static str,
@@ -209,13 +208,16 @@ pub(super) struct GatedStep<'a, B: Ops<T>, T: Element> {
     pub lr: Option<f64>,
     pub rows: GatedRows<'a, B, T>,
     /// Called just before and just after the replay is queued (`StepSource::held`).
-    pub mark: Option<&'a mut dyn FnMut(ReplayMark)>,
+    pub mark: Mark<'m>,
     /// A queued step's window (the history row and the sticky gate); `None`: read back at once.
     pub track: Option<&'a Track<B, T>>,
     /// `[rows, ..sample]` and the targets' shape.
     pub shape: &'a [usize],
     pub target: &'a [usize],
 }
+
+/// Called just before and just after a held step's replay is queued (`StepSource::held`).
+pub(super) type Mark<'m> = Option<&'m mut dyn FnMut(ReplayMark)>;
 
 /// Where a gated step's rows come from.
 pub(super) enum GatedRows<'a, B: Ops<T>, T: Element> {

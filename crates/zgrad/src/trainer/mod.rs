@@ -46,6 +46,7 @@ use crate::model::{Model, unique_names};
 use crate::optim::{AdamW, AdamWHyper, Optimizer, Sgd, SgdHyper};
 use crate::precision::Precision;
 use crate::schedule::LrSchedule;
+use batched::GatedRows;
 use body::StepParts;
 use source::{From, HostSlices, PinnedRows, Shard, Source};
 use std::rc::Rc;
@@ -468,7 +469,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let StepRows { lr, rows, shape } = self.step_rows(batch, sample, step)?;
         let data = Shard { src, rows };
         let mut report = match self.config.schedule {
-            TrainSchedule::Batched => self.batched_step(&data, &shape, lr),
+            TrainSchedule::Batched => {
+                let rows = (GatedRows::Shard(&data), None);
+                self.batched_step(rows, &shape, lr, |t, k| {
+                    let (x, y) = data.host(&t.backend)?;
+                    t.find_sample(&x, &y, &shape, k)
+                })
+            }
             TrainSchedule::PerSample => self.per_sample(&data, &shape, lr),
         }?;
         report.samples = batch;

@@ -343,14 +343,21 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         step: u64,
         every: usize,
     ) -> Result<Queued> {
-        let Rows::Pinned(src) = from else {
-            let data = self.data.take().ok_or_else(no_data)?;
-            let resident = Resident { data: &data };
-            let queued = self.queue_samples(&resident, local, shape, lr, step, every);
-            self.data = Some(data);
-            return queued;
+        let queued = match from {
+            Rows::Pinned(src) => self.sample_step(src, local, shape, lr, step, Some(every)),
+            Rows::Device => {
+                let data = self.data.take().ok_or_else(no_data)?;
+                let resident = Resident { data: &data };
+                let queued = self.sample_step(&resident, local, shape, lr, step, Some(every));
+                self.data = Some(data);
+                queued
+            }
         };
-        self.queue_samples(src, local, shape, lr, step, every)
+        let (_, ended) = queued?;
+        Ok((
+            self.exec.on(),
+            ended.map_err(|e| e.at_step(step, Applied::Yes)),
+        ))
     }
 
     /// Queues a batched step on rows `local` from `from` through the door (`gated_step`), its

@@ -15,7 +15,7 @@
 //! `StepParts::reduce_samples`) and the report is that global sum.
 
 use super::body::StepParts;
-use super::queued::{Queued, Record, Track};
+use super::queued::{Record, Track};
 use super::source::{Shard, Source};
 use super::{StepReport, Trainer, checks, in_step_split};
 use crate::error::{Applied, Result};
@@ -115,30 +115,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(self.report(step, loss, grad_norm, lr, batch, captured))
     }
 
-    /// Queues per-sample step `step` on rows `local` of `src` (`shape`: `[local, ..sample]`),
-    /// its row in a window of `every` steps. Returns whether its samples ran captured and the
-    /// closing of the tail's step scope.
-    pub(super) fn queue_samples(
-        &mut self,
-        src: &dyn Source<B, T>,
-        local: Range<usize>,
-        shape: &[usize],
-        lr: f64,
-        step: u64,
-        every: usize,
-    ) -> Result<Queued> {
-        let (_, ended) = self.sample_step(src, local, shape, lr, step, Some(every))?;
-        Ok((
-            self.exec.on(),
-            ended.map_err(|e| e.at_step(step, Applied::Yes)),
-        ))
-    }
-
     /// Per-sample step `step` on rows `local` of `src` up to its queued tail (queued: its row
     /// in a window of `every` steps). Returns the global batch and the closing of the tail's
     /// step scope. Errors before the update leave the model as it was (the step is not
     /// counted); one inside the update leaves it unknown (`Applied::Maybe`).
-    fn sample_step(
+    pub(super) fn sample_step(
         &mut self,
         src: &dyn Source<B, T>,
         local: Range<usize>,

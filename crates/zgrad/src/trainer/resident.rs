@@ -3,7 +3,7 @@
 //! the batch already on the device, with hooks just before and after the replay is queued so
 //! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
 
-use super::batched::{GatedRows, GatedStep};
+use super::batched::GatedRows;
 use super::executor::GraphKey;
 use super::source::ReplayMark;
 use super::{StepReport, TrainSchedule, Trainer};
@@ -50,29 +50,18 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             ));
         };
         let shape = shape.to_vec();
-        let target = self.targets_shape(shape[0]);
-        let (ran, ended) = self.gated_step(GatedStep {
-            key: GraphKey::Batched,
-            what: "batched step",
-            step,
-            lr: Some(lr),
-            rows: GatedRows::Held,
-            mark: Some(&mut *mark),
-            track: None,
-            shape: &shape,
-            target: &target,
-        });
-        ran?;
         // A non-finite step: the gate skipped the update; the sample is looked for on the
         // host copy of the device's batch.
-        let read = |t: &Self| t.read_stats(step);
-        let (loss, grad_norm) = self.after_gated(step, ended, read, |t, k| {
+        let held = (
+            GatedRows::Held,
+            Some(&mut *mark as &mut dyn FnMut(ReplayMark)),
+        );
+        self.batched_step(held, &shape, lr, |t, k| {
             let Some((i, _)) = t.exec.inputs(GraphKey::Batched) else {
                 return Ok(None);
             };
             let (x, y) = (i.x.to_vec(&t.backend)?, i.y.to_vec(&t.backend)?);
             t.find_sample(&x, &y, &shape, k)
-        })?;
-        Ok(self.report(step, loss, grad_norm, lr, shape[0], true))
+        })
     }
 }
