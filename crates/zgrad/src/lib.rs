@@ -16,6 +16,7 @@ pub mod io;
 mod leaf_grads;
 pub mod loss;
 mod memory;
+mod metrics;
 pub mod model;
 pub mod nn;
 mod ops;
@@ -38,6 +39,7 @@ pub use file_dtype::FileDtype;
 pub use io::{HostTensor, TensorFile, read_tensors, write_tensors, write_tensors_as};
 pub use loss::one_hot;
 pub use memory::in_step;
+pub use metrics::{EvalReport, RegressionMetrics};
 pub use model::{Model, ParameterBuilder};
 pub use ops::CustomOp;
 pub use optim::{
@@ -50,9 +52,9 @@ pub use schedule::{LrDecay, LrSchedule};
 pub use tape::Tape;
 pub use task::{Target, Task};
 pub use trainer::{
-    DEFAULT_BUCKET_BYTES, EvalReport, EvalSource, GradSync, HostPhases, PinnedBatch,
-    RegressionMetrics, ReplayMark, StepReport, StepSource, TrainSchedule, Trainer, TrainerConfig,
-    device_data_bytes, max_device_rows, shard, step_table_bytes, validation_data_bytes,
+    DEFAULT_BUCKET_BYTES, EvalSource, GradSync, HostPhases, PinnedBatch, ReplayMark, StepReport,
+    StepSource, TrainSchedule, Trainer, TrainerConfig, device_data_bytes, max_device_rows, shard,
+    step_table_bytes, validation_data_bytes,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

@@ -1,5 +1,8 @@
 //! The batched schedule: one forward and backward over the whole batch, then the optimiser's
-//! step, through the executor's door (`executor.rs`) under [`GraphKey::Batched`].
+//! step, through the executor's door (`executor.rs`). One body, `StepParts::gated_step`, is
+//! every batched step, eager or captured, read back at once (`step`, [`GraphKey::Batched`])
+//! or queued (`queued.rs`: rows gathered from the device data set or copied from a landing
+//! buffer, the history row written too).
 //!
 //! Captured, the whole step (zero_grad, forward, backward, norm and the update) is one graph
 //! reading static persistent inputs that are refilled before each replay; the learning rate
@@ -7,19 +10,21 @@
 //! gated on the device by the finiteness of the loss and the gradient norm
 //! (`OptimizerTensors::write_gate`): a non-finite step leaves the model untouched, and the host
 //! counts the step (`commit`) only after reading back finite stats. Eagerly (capture off, a
-//! batch of another shape than the graph's, or after a capture that did nothing) the batch is
-//! uploaded as constants, the stats read back and the update applied only when they are finite.
+//! batch of another shape than the graph's, or after a capture that did nothing) the same
+//! body runs on the batch uploaded as constants.
 
-use super::body::StepParts;
-use super::executor::{Eager, GraphKey, Recording, Request, StaticInputs};
-use super::source::Shard;
+use super::body::{Gather, StepParts};
+use super::executor::{Eager, GraphKey, Ran, Recording, Request, StaticInputs};
+use super::queued::Track;
+use super::source::{ReplayMark, Shard};
 use super::{StepReport, Trainer, checks, in_step_split};
-use crate::error::{Applied, GradError, Result};
+use crate::error::{Applied, GradError, NonFiniteKind, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
+use crate::optim::Optimizer;
 use crate::var::Var;
 use std::rc::Rc;
-use zcompute::{AllocClass, Capture, Element, prelude::*};
+use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Uploads a batch as constants (in the saved class: the first matmul keeps `x`).
@@ -37,102 +42,134 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         ))
     }
 
-    /// One optimiser step of the batched schedule on `data` (`shape`: `[rows, ..sample]`):
-    /// the graph replayed, captured, or the step run eagerly (`executor.rs` decides).
+    /// One optimiser step of the batched schedule on `rows` (`shape`: `[rows, ..sample]`; the
+    /// held batch: `mark` called around its replay), read back at once; `find` looks for the
+    /// sample of a non-finite step.
     pub(super) fn batched_step(
         &mut self,
-        data: &Shard<'_, B, T>,
+        (rows, mark): (GatedRows<'_, B, T>, Mark<'_>),
         shape: &[usize],
         lr: f64,
+        find: impl FnOnce(&Self, NonFiniteKind) -> Result<Option<usize>>,
     ) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
-        let b = Rc::clone(&self.backend);
         let target = self.targets_shape(shape[0]);
-        let req = Request::new(GraphKey::Batched, shape, "batched step", Some(step));
-        // The eager forms read their stats and take the step themselves.
-        let mut eager_stats = None;
-        let (ran, ended) = in_step_split(&*b, || {
-            let (parts, stats) = (&self.parts, &mut eager_stats);
-            self.exec
+        let (ran, ended) = self.gated_step(GatedStep {
+            key: GraphKey::Batched,
+            what: "batched step",
+            step,
+            lr: Some(lr),
+            rows,
+            mark,
+            track: None,
+            shape,
+            target: &target,
+        });
+        let ran = ran?;
+        let read = |t: &Self| t.read_stats(step);
+        let (loss, grad_norm) = self.after_gated(step, ended, read, find)?;
+        Ok(self.report(step, loss, grad_norm, lr, shape[0], ran.captured()))
+    }
+
+    /// A gated step (`StepParts::gated_step`) through the executor's door (`executor.rs`):
+    /// its graph replayed on its static inputs refilled from the rows, captured, or the same
+    /// body run eagerly on fresh inputs (or on the recording's, after a capture that did
+    /// nothing). Nothing is read back. Returns how it ran and the closing of its step scope
+    /// (an error there comes after the update: `Applied::Yes` once it is counted); a failure
+    /// that may have applied the update in part leaves the optimiser's state unknown.
+    pub(super) fn gated_step(&mut self, s: GatedStep<'_, '_, B, T>) -> (Result<Ran>, Result<()>) {
+        let b = Rc::clone(&self.backend);
+        let req = match s.rows {
+            GatedRows::Held => Request::held(s.key, s.shape, s.what, s.step),
+            _ => Request::new(s.key, s.shape, s.what, Some(s.step)),
+        };
+        let (shape, target, track, rows) = (s.shape, s.target, s.track, &s.rows);
+        let mut mark = s.mark;
+        // What each run reads: the optimiser's tensors (a step on the device data set reads
+        // `[lr, t, gate]` from its table's slot) and the rows it gathers.
+        let (slot, gather) = match rows {
+            GatedRows::Gathered(g) => (Some(g.slot.clone()), Some(&g.gather)),
+            GatedRows::Shard(_) | GatedRows::Held => (None, None),
+        };
+        let tensors = move |optim: &Optimizer<B, T>| match &slot {
+            Some(slot) => optim.tensors().with_slot(slot.clone()),
+            None => optim.tensors(),
+        };
+        let refill = |inputs: &StaticInputs<B, T>| match rows {
+            GatedRows::Shard(data) => inputs.refill(&*b, data),
+            GatedRows::Gathered(_) | GatedRows::Held => Ok(()),
+        };
+        in_step_split(&*b, || {
+            if let Some(lr) = s.lr {
+                self.optim.prepare(&*b, lr)?;
+            }
+            let parts = &self.parts;
+            let ran = self
+                .exec
                 .run(
                     &*b,
                     &mut self.optim,
                     req,
-                    |optim, inputs| {
-                        if let Some(inputs) = inputs {
-                            upload_inputs(&*b, data, inputs)?;
+                    |_, inputs| {
+                        if let Some(mark) = mark.as_deref_mut() {
+                            mark(ReplayMark::Before);
                         }
-                        optim.prepare(&*b, lr)
+                        inputs.map_or(Ok(()), &refill)
                     },
                     |optim, started| {
-                        let inputs = StaticInputs::zeros(&*b, shape, &target)?;
-                        upload_inputs(&*b, data, &inputs)?;
-                        optim.prepare(&*b, lr)?;
-                        let (b, parts, optim) = (Rc::clone(&b), parts.clone(), optim.tensors());
+                        let inputs = StaticInputs::zeros(&*b, shape, target)?;
+                        refill(&inputs)?;
+                        let (bc, parts, gather) = (Rc::clone(&b), parts.clone(), gather.cloned());
+                        let (optim, track) = (tensors(optim), track.cloned());
                         let (x, y, started) = (inputs.x.clone(), inputs.y.clone(), started.clone());
+                        let body = move || {
+                            let (gather, track) = (gather.as_ref(), track.as_ref());
+                            parts.gated_step(&*bc, (&x, &y), gather, &optim, track, &started)
+                        };
                         Ok(Recording {
-                            body: Box::new(move || {
-                                parts.batched_gated(&*b, &x, &y, &optim, &started)
-                            }),
+                            body: Box::new(body),
                             inputs: Some(inputs),
                         })
                     },
-                    |optim, how| {
+                    // Capture off, rows of another shape than the graph's (an epoch's last), or
+                    // a capture that did nothing: the body eagerly.
+                    |optim, how, started| {
                         let (x, y) = match how {
-                            Eager::Plain => upload_shard(&*b, parts, data, shape, &target)?,
-                            // Nothing was applied: the eager step on the recording's inputs,
-                            // which prepares its slot again (the failed body may have written
-                            // the gate).
                             Eager::AfterFailedCapture(Some(i)) => (i.x.clone(), i.y.clone()),
-                            Eager::AfterFailedCapture(None) => {
-                                return Err(GradError::BadInput(
-                                    "the batched step's recording has no inputs".into(),
-                                ));
-                            }
+                            _ => fresh_inputs(&*b, parts, rows, shape, target)?,
                         };
-                        parts.batched(&*b, &x, &y)?;
-                        *stats = Some(read_stats(&*b, parts, step)?);
-                        optim.step(&*b, &parts.params, lr)
+                        let optim = tensors(optim);
+                        parts.gated_step(&*b, (&x, &y), gather, &optim, track, started)
                     },
                 )
-                .map_err(|e| e.settle(&mut self.optim))
-        });
-        let ran = checks::locate(ran, |k| {
-            let (x, y) = data.host()?;
-            self.find_sample(&x, &y, shape, k)
-        })?;
-        let (loss, grad_norm) = match eager_stats {
-            Some(stats) => {
-                ended?;
-                stats
+                .map_err(|e| e.settle(&mut self.optim))?;
+            if let Some(mark) = mark {
+                mark(ReplayMark::After);
             }
-            None => self.after_gated(data, shape, step, ended)?,
-        };
-        Ok(self.report(step, loss, grad_norm, lr, shape[0], ran.captured()))
+            Ok(ran)
+        })
     }
 
-    /// After a gated update was queued without error: reads the stats and counts the step when
-    /// they are finite. Non-finite stats mean the gate skipped the update (`NonFinite`, not
-    /// applied, the sample located on the unchanged parameters); stats that cannot be read
-    /// leave the update unknown. `ended` is the closing of the step scope, which, failing
-    /// after a counted update, is reported as applied.
+    /// After a gated update was queued without error: reads the step's loss and norm (`read`,
+    /// refusing non-finite ones) and counts the step when they are finite. Non-finite ones
+    /// mean the gate skipped the update (`NonFinite`, not applied, the sample located by
+    /// `find` on the unchanged parameters); values that cannot be read leave the update
+    /// unknown. `ended` is the closing of the step scope, which, failing after a counted
+    /// update, is reported as applied.
     pub(super) fn after_gated(
         &mut self,
-        data: &Shard<'_, B, T>,
-        shape: &[usize],
         step: u64,
         ended: Result<()>,
+        read: impl FnOnce(&Self) -> Result<(f64, f64)>,
+        find: impl FnOnce(&Self, NonFiniteKind) -> Result<Option<usize>>,
     ) -> Result<(f64, f64)> {
-        match self.read_stats(step) {
+        match read(self) {
             Ok(stats) => {
                 self.optim.commit();
                 ended.map_err(|e| e.at_step(step, Applied::Yes))?;
                 Ok(stats)
             }
-            Err(e @ GradError::NonFinite { .. }) => checks::locate(Err(e), |k| {
-                let (x, y) = data.host()?;
-                self.find_sample(&x, &y, shape, k)
-            }),
+            Err(e @ GradError::NonFinite { .. }) => checks::locate(Err(e), |k| find(self, k)),
             Err(e) => {
                 self.optim.mark_unknown();
                 Err(e.at_step(step, Applied::Maybe))
@@ -160,6 +197,45 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 }
 
+/// A gated step as the door runs it.
+pub(super) struct GatedStep<'a, 'm, B: Ops<T>, T: Element> {
+    pub key: GraphKey,
+    /// Names the step in the fallback's warning.
+    pub what: &'static str,
+    pub step: u64,
+    /// `Some(lr)`: the optimiser's slot `[lr, t]` is written first; `None`: the rows' gather
+    /// writes it (a step on the device data set).
+    pub lr: Option<f64>,
+    pub rows: GatedRows<'a, B, T>,
+    /// Called just before and just after the replay is queued (`StepSource::held`).
+    pub mark: Mark<'m>,
+    /// A queued step's window (the history row and the sticky gate); `None`: read back at once.
+    pub track: Option<&'a Track<B, T>>,
+    /// `[rows, ..sample]` and the targets' shape.
+    pub shape: &'a [usize],
+    pub target: &'a [usize],
+}
+
+/// Called just before and just after a held step's replay is queued (`StepSource::held`).
+pub(super) type Mark<'m> = Option<&'m mut dyn FnMut(ReplayMark)>;
+
+/// Where a gated step's rows come from.
+pub(super) enum GatedRows<'a, B: Ops<T>, T: Element> {
+    /// This rank's rows of a batch (host slices, pinned memory, a landing buffer), uploaded
+    /// into the step's inputs.
+    Shard(&'a Shard<'a, B, T>),
+    /// Gathered on the device by the body itself.
+    Gathered(&'a GatheredRows<B, T>),
+    /// The static inputs as the last step filled them (`StepSource::held`): replayed only.
+    Held,
+}
+
+/// Rows gathered from the device data set, and the step table's `[lr, t, gate]` slot.
+pub(super) struct GatheredRows<B: Ops<T>, T: Element> {
+    pub gather: Gather<B, T>,
+    pub slot: BTensor<B, T>,
+}
+
 /// Where an eager batch lives: the saved class (the first matmul keeps `x`), or scratch for
 /// the negative control.
 fn batch_class<B: Ops<T>, T: Element, M: Model<B, T>>(parts: &StepParts<B, T, M>) -> AllocClass {
@@ -170,24 +246,29 @@ fn batch_class<B: Ops<T>, T: Element, M: Model<B, T>>(parts: &StepParts<B, T, M>
     }
 }
 
-/// Uploads a shard as constants (`target`: the targets' shape), as `upload_batch` does host
-/// slices (pinned memory is copied straight into fresh tensors).
-fn upload_shard<B: Capture<T>, T: Element, M: Model<B, T>>(
+/// Fresh inputs of an eager step (`target`: the targets' shape): a shard uploaded as
+/// constants, as `upload_batch` does host slices (pinned memory and landing buffers are copied
+/// straight into fresh tensors); zeros for rows the body gathers.
+fn fresh_inputs<B: Capture<T>, T: Element, M: Model<B, T>>(
     b: &B,
     parts: &StepParts<B, T, M>,
-    data: &Shard<'_, B, T>,
+    rows: &GatedRows<'_, B, T>,
     shape: &[usize],
     target: &[usize],
 ) -> Result<(Var<B, T>, Var<B, T>)> {
     let _class = ClassGuard::new(b, batch_class(parts));
-    if let Some((x, y)) = data.slices() {
+    if let GatedRows::Shard(data) = rows
+        && let Some((x, y)) = data.slices()
+    {
         return Ok((
             Var::constant(b.upload(x, shape)?),
             Var::constant(b.upload(y, target)?),
         ));
     }
     let (x, y) = (b.zeros(shape)?, b.zeros(target)?);
-    data.upload(b, &x, &y)?;
+    if let GatedRows::Shard(data) = rows {
+        data.upload(b, &x, &y)?;
+    }
     Ok((Var::constant(x), Var::constant(y)))
 }
 
@@ -201,17 +282,4 @@ pub(super) fn read_stats<B: Ops<T>, T: Element, M: Model<B, T>>(
     let (loss, norm) = (s[0].to_f64(), s[1].to_f64());
     checks::finite(step, loss, norm)?;
     Ok((loss, norm))
-}
-
-/// Refills the graph's static inputs from the shard (written outside zgrad's ops: their
-/// versions move, as `Var::upload` moves them).
-fn upload_inputs<B: Capture<T>, T: Element>(
-    b: &B,
-    data: &Shard<'_, B, T>,
-    inputs: &StaticInputs<B, T>,
-) -> Result<()> {
-    data.upload(b, inputs.x.value(), inputs.y.value())?;
-    inputs.x.bump_version();
-    inputs.y.bump_version();
-    Ok(())
 }

@@ -4,6 +4,7 @@
 //! inside a capture.
 
 use super::distributed::Dist;
+use super::queued::Track;
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use crate::optim::{OptimizerTensors, clip_by_norm, clip_grad_norm, grad_norm, zero_grad};
@@ -111,27 +112,8 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         }
     }
 
-    /// Writes `[loss, norm]` into the persistent stats tensor.
-    pub fn write_stats(&self, b: &B, loss: &BTensor<B, T>, norm: &BTensor<B, T>) -> Result<()> {
-        b.copy_into(&loss.reshape(&[1])?, &self.stats.narrow(0, 0, 1)?)?;
-        b.copy_into(&norm.reshape(&[1])?, &self.stats.narrow(0, 1, 1)?)?;
-        Ok(())
-    }
-
-    /// The batched step up to the update: zero_grad, forward, backward, norm (and clipping)
-    /// and stats. Returns the loss and the norm (rank 0).
-    pub fn batched(
-        &self,
-        b: &B,
-        x: &Var<B, T>,
-        y: &Var<B, T>,
-    ) -> Result<(BTensor<B, T>, BTensor<B, T>)> {
-        let (loss, norm) = self.loss_and_norm(b, x, y)?;
-        self.write_stats(b, &loss, &norm)?;
-        Ok((loss, norm))
-    }
-
-    /// `batched` without writing the stats (the caller's step tail writes them).
+    /// The step up to the update: zero_grad, forward, backward (and in data parallel the
+    /// gradients' all-reduce), norm (and clipping). Returns the loss and the norm (rank 0).
     pub fn loss_and_norm(
         &self,
         b: &B,
@@ -158,21 +140,39 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         Ok((loss, norm))
     }
 
-    /// The captured batched step: `batched`, then the optimiser's update gated on the device by the
-    /// finiteness of the loss and the norm (a non-finite step leaves the model untouched).
-    /// `started` is set just before the first update kernel.
-    pub fn batched_gated(
+    /// A whole batched step, the same body eager and captured: the step's rows gathered
+    /// into `x` and `y` when they come from the device data set (`gather`), `loss_and_norm`,
+    /// then in one launch (`StepOps::step_tail`) the stats, the optimiser's gate (open while
+    /// loss and norm are finite) and, for a queued step (`track`), the sticky gate and the
+    /// history row; then the update, skipped on the device when the gate is closed (a
+    /// non-finite step leaves the model untouched). `started` is set just before the first
+    /// update kernel.
+    pub fn gated_step(
         &self,
         b: &B,
-        x: &Var<B, T>,
-        y: &Var<B, T>,
+        (x, y): (&Var<B, T>, &Var<B, T>),
+        gather: Option<&Gather<B, T>>,
         optim: &OptimizerTensors<B, T>,
+        track: Option<&Track<B, T>>,
         started: &Cell<bool>,
     ) -> Result<()> {
+        if let Some(data) = gather {
+            // The step's row of the table (indices, lr, t), picked by the history cursor the
+            // tail advances: the host uploads nothing for a planned step.
+            let (table, cursor) = (&data.table, &data.cursor);
+            b.gather_rows_at_cursor(&data.xs, table, cursor, x.value(), Some(&data.lr_t))?;
+            b.gather_rows_at_cursor(&data.ys, table, cursor, y.value(), None)?;
+            x.bump_version();
+            y.bump_version();
+        }
         let (loss, norm) = self.loss_and_norm(b, x, y)?;
-        // The stats and the gate in one launch on the device (`StepOps::step_tail`).
-        let gate = optim.gate()?;
-        b.step_tail([&loss, &norm], &self.stats, &gate, None, None)?;
+        match track {
+            Some(track) => track.record_step(b, optim, [&loss, &norm], &self.stats)?,
+            None => {
+                let gate = optim.gate()?;
+                b.step_tail([&loss, &norm], &self.stats, &gate, None, None)?;
+            }
+        }
         started.set(true);
         optim.apply(b, &self.params)
     }
@@ -190,6 +190,29 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
         let loss = self.forward_backward(b, xs, ys, Some(scale))?;
         b.copy_into(&loss, sample_loss)?;
         Ok(())
+    }
+}
+
+/// What a queued step on the device data set gathers: the resident features and labels by
+/// the indices in the window's step table (the row the history cursor picks), and its
+/// `[lr, t]` there into the optimiser's slot.
+pub(crate) struct Gather<B: Ops<T>, T: Element> {
+    pub xs: BTensor<B, T>,
+    pub ys: BTensor<B, T>,
+    pub table: BTensor<B, T>,
+    pub lr_t: BTensor<B, T>,
+    pub cursor: BTensor<B, T>,
+}
+
+impl<B: Ops<T>, T: Element> Clone for Gather<B, T> {
+    fn clone(&self) -> Self {
+        Gather {
+            xs: self.xs.clone(),
+            ys: self.ys.clone(),
+            table: self.table.clone(),
+            lr_t: self.lr_t.clone(),
+            cursor: self.cursor.clone(),
+        }
     }
 }
 

@@ -24,6 +24,19 @@ pub(crate) fn finite(step: u64, loss: f64, norm: f64) -> Result<()> {
     })
 }
 
+/// A per-sample step's loss on one rank: its samples' losses summed on the host in `f64`, in
+/// sample order, over the global batch `global`; the first non-finite one is refused, named.
+pub(crate) fn sample_losses<T: Element>(step: u64, losses: &[T], global: usize) -> Result<f64> {
+    if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite()) {
+        return Err(GradError::NonFinite {
+            step,
+            sample: Some(bad),
+            kind: NonFiniteKind::Loss,
+        });
+    }
+    Ok(losses.iter().map(|l| l.to_f64()).sum::<f64>() / global as f64)
+}
+
 /// Fills in the sample of a `NonFinite` error that lacks one, using `find`.
 pub(crate) fn locate<R>(
     result: Result<R>,

@@ -148,8 +148,6 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
 /// A step's rows of the resident data set, as the step paths see a batch.
 pub(super) struct Resident<'a, B: Ops<T>, T: Element> {
     pub data: &'a DeviceData<B, T>,
-    /// The backend it lives on (the error path's host copy gathers there).
-    pub b: &'a B,
 }
 
 impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
@@ -165,16 +163,6 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
         y: &BTensor<B, T>,
     ) -> Result<()> {
         self.data.gather(b, rows, x, y)
-    }
-
-    fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
-        let b = self.b;
-        let shape: Vec<usize> = std::iter::once(rows.len())
-            .chain(self.data.sample.iter().copied())
-            .collect();
-        let (x, y) = (b.zeros(&shape)?, b.zeros(&shape[..1])?);
-        self.data.gather(b, rows, &x, &y)?;
-        Ok((b.download(&x)?, b.download(&y)?))
     }
 }
 
@@ -278,7 +266,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
-    /// Samples of the data set on the device (`None` before `load_data`).
+    /// Samples of the data set on the device (`None` before `load_data`). Test-only.
+    #[cfg(any(test, feature = "testing"))]
     #[must_use]
     pub fn loaded_rows(&self) -> Option<usize> {
         self.data.as_ref().map(DeviceData::rows)

@@ -27,9 +27,9 @@ pub use buckets::{DEFAULT_BUCKET_BYTES, GradSync};
 
 use super::Trainer;
 use super::body::StepParts;
-use super::metrics::EvalReport;
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
+use crate::metrics::EvalReport;
 use crate::model::Model;
 use crate::optim::ParameterSet;
 use crate::tape::Tape;
@@ -476,7 +476,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// The unweighted binary evaluation (XAsset's) sharded over the ranks (the logits way,
-    /// `eval_stats::stats_len`; other tasks sum their chunks' statistics,
+    /// `metrics::stats_len`; other tasks sum their chunks' statistics,
     /// `evaluate_by_stats`): each evaluates its shard, the sums are all-reduced.
     pub(super) fn evaluate_sharded(&self, x: &[T], y: &[T]) -> Result<EvalReport> {
         let n = y.len();

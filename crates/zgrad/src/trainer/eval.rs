@@ -2,16 +2,16 @@
 //! each in its own step scope (nothing is recorded, nothing saved). Every chunk's outputs are
 //! checked against the model's task (`Model::task`) before they are used.
 
-use super::eval_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
-use super::metrics::report_of;
 use super::{EvalSource, Trainer, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use crate::task::Task;
 use crate::var::Var;
-use zcompute::{Capture, Element};
+use zcompute::{BTensor, Capture, Element};
 
-use super::metrics::EvalReport;
+use crate::metrics::{
+    EvalReport, chunk_stats, global_chunks, report_of, report_of_stats, stats_len,
+};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// The model's outputs for `n` samples `x` (`[n, ..sample shape]` row-major), in no-grad
@@ -19,22 +19,35 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// row-major. Outputs of another shape than the task's are a `Target` error naming both.
     pub fn predict(&self, x: &[T], n: usize) -> Result<Vec<T>> {
         let sample = self.sample_of(x, n)?;
-        let task = self.parts.model.task();
         let b = &*self.backend;
+        self.host_chunks(x, 0..n, &sample, |_, _, o| Ok(b.download(o)?))
+    }
+
+    /// The model's outputs over rows `rows` of `x` (samples of `sample`) in chunks of
+    /// `eval_batch`, in no-grad mode, each chunk in its own step scope, checked against the
+    /// task: `keep(start, len, outputs)` of every chunk, concatenated.
+    fn host_chunks(
+        &self,
+        x: &[T],
+        rows: std::ops::Range<usize>,
+        sample: &[usize],
+        mut keep: impl FnMut(usize, usize, &BTensor<B, T>) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let (b, task) = (&*self.backend, self.parts.model.task());
         let chunk = self.config.eval_batch.max(1);
         let per: usize = sample.iter().product();
-        let mut out = Vec::with_capacity(n * task.output_len());
-        for start in (0..n).step_by(chunk) {
-            let len = chunk.min(n - start);
-            let outputs = in_step(b, || {
-                let shape = Task::batched(len, &sample);
+        let mut out = Vec::with_capacity(rows.len() * task.output_len());
+        for start in rows.clone().step_by(chunk) {
+            let len = chunk.min(rows.end - start);
+            let kept = in_step(b, || {
+                let shape = Task::batched(len, sample);
                 let xs = Var::constant(b.upload(&x[start * per..(start + len) * per], &shape)?);
                 let tape = self.parts.eval_tape(b);
                 let o = self.parts.model.logits(&tape, &xs)?;
                 task.check_output(o.shape(), len)?;
-                o.to_vec(b)
+                keep(start, len, o.value())
             })?;
-            out.extend(outputs);
+            out.extend(kept);
         }
         Ok(out)
     }
@@ -80,7 +93,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(report_of(&task, &outputs, y))
     }
 
-    /// `evaluate` of a task reported from statistics (`eval_stats`): this rank's shard (all
+    /// `evaluate` of a task reported from statistics (`metrics::chunk_stats`): this rank's shard (all
     /// of `n` samples in one process) in chunks of `eval_batch`, each chunk's statistics
     /// computed on the device by the work a device evaluation captures and read back (a row
     /// of a few values per chunk), every rank's rows summed over the ranks, the report
@@ -88,30 +101,18 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     fn evaluate_by_stats(&self, x: &[T], y: &[T], n: usize) -> Result<EvalReport> {
         let task = self.parts.model.task();
         let sample = self.sample_of(x, n)?;
-        let (per, per_target) = (x.len() / n, task.target_len());
+        let per_target = task.target_len();
         let info = self.parts.dist.info();
-        let rows = shard(info.rank, info.world, n);
         let b = &*self.backend;
         let chunk = self.config.eval_batch.max(1);
-        let mut local = Vec::new();
-        for start in rows.clone().step_by(chunk) {
-            let len = chunk.min(rows.end - start);
-            let row = in_step(b, || {
-                let xs = b.upload(
-                    &x[start * per..(start + len) * per],
-                    &Task::batched(len, &sample),
-                )?;
-                let ys = b.upload(
-                    &y[start * per_target..(start + len) * per_target],
-                    &Task::batched(len, &task.target_shape()),
-                )?;
-                let tape = self.parts.eval_tape(b);
-                let o = self.parts.model.logits(&tape, &Var::constant(xs))?;
-                task.check_output(o.shape(), len)?;
-                Ok(b.download(&chunk_stats(b, &task, o.value(), &ys)?)?)
-            })?;
-            local.extend(row);
-        }
+        let rows = shard(info.rank, info.world, n);
+        let local = self.host_chunks(x, rows, &sample, |start, len, o| {
+            let ys = b.upload(
+                &y[start * per_target..(start + len) * per_target],
+                &Task::batched(len, &task.target_shape()),
+            )?;
+            Ok(b.download(&chunk_stats(b, &task, o, &ys)?)?)
+        })?;
         if self.parts.dist.single() {
             return Ok(report_of_stats(&task, &local, n));
         }

@@ -15,24 +15,25 @@
 //! with the training step's graph: each chunk goes through the executor's door
 //! (`executor.rs`, [`GraphKey::EvalChunk`]).
 //!
-//! A chunk's result (issue 40 item 2, `eval_stats`): for every task but XAsset's unweighted
+//! A chunk's result (issue 40 item 2, `metrics::chunk_stats`): for every task but XAsset's unweighted
 //! binary one, the chunk's targets are gathered too (kept on the device beside the features)
 //! and the chunk's statistics row (the task's loss sum, right count, error sums, centred
 //! moments) is computed by device ops inside the same work; the rows of the pass come back in
 //! one download and are merged in `f64`. In data parallel each rank writes its rows into its
-//! place among every rank's (`eval_stats::global_chunks`) and the buffer is all-reduced before
+//! place among every rank's (`metrics::global_chunks`) and the buffer is all-reduced before
 //! the download: every rank merges the same rows. The unweighted binary task (XAsset's) keeps
 //! its report bitwise as it was: the logits (one per sample) come back in one download and the
 //! loss and accuracy are `evaluate`'s sums in sample order in `f64` over the labels kept on the
 //! host, all-reduced in data parallel as `evaluate` does from the host.
 
 use super::body::StepParts;
-use super::eval_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
 use super::executor::{Executor, GraphKey, Recording, Request};
-use super::metrics::{EvalReport, report_of};
-use super::{Trainer, in_step, shard};
+use super::{Trainer, checks, in_step, shard};
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
+use crate::metrics::{
+    EvalReport, chunk_stats, global_chunks, report_of, report_of_stats, stats_len,
+};
 use crate::model::Model;
 use crate::tape::Tape;
 use crate::task::Task;
@@ -44,7 +45,7 @@ use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 /// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
 /// and the input of each chunk shape (a full chunk's and the last one's). This is XAsset's
 /// binary task (one logit per sample read back); another task holds its targets and a
-/// statistics row per chunk instead of the logits (`eval_stats`), not counted here.
+/// statistics row per chunk instead of the logits (`metrics::chunk_stats`), not counted here.
 #[must_use]
 pub fn validation_data_bytes(n: usize, per: usize, chunk: usize, elem_bytes: usize) -> u64 {
     let chunk = chunk.max(1) as u64;
@@ -67,7 +68,7 @@ struct ChunkGroup<B: Capture<T>, T: Element> {
 
 /// The tensors one chunk's work reads and writes (clones share them). With `targets` (the
 /// chunked targets `[chunks, len · target]` and their input `[len, ..target]`) a chunk
-/// writes its statistics row (`eval_stats::chunk_stats`) into `out`; without, its logits.
+/// writes its statistics row (`metrics::chunk_stats`) into `out`; without, its logits.
 struct ChunkIo<B: Ops<T>, T: Element> {
     table: BTensor<B, T>,
     input: BTensor<B, T>,
@@ -113,7 +114,7 @@ impl<B: Ops<T>, T: Element> ChunkIo<B, T> {
 }
 
 /// A set evaluated on the device: the rank's rows of it, the pass's results buffer and its
-/// chunk groups. Two ways to report (`eval_stats::stats_len`): XAsset's unweighted binary
+/// chunk groups. Two ways to report (`metrics::stats_len`): XAsset's unweighted binary
 /// task reads back the logits (`[rows]`) and sums against `labels` kept on the host; every
 /// other task keeps its targets on the device and reads back a statistics row per chunk
 /// (`[all chunks, stats]`: every rank's chunks, this rank's rows written, the others' zero
@@ -229,16 +230,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// is the backend's error, nothing loaded.
     pub fn load_validation(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
         let sample = self.shape_of(x, y, n)?;
-        let per = x.len() / n;
-        let ty = self.target_len();
-        if let Some(bad) = (0..n).find(|&i| {
-            y[i * ty..(i + 1) * ty]
-                .iter()
-                .any(|v| !v.to_f64().is_finite())
-                || x[i * per..(i + 1) * per]
-                    .iter()
-                    .any(|v| !v.to_f64().is_finite())
-        }) {
+        let (per, ty) = (x.len() / n, self.target_len());
+        if let Some(bad) = checks::bad_input(x, y, n) {
             return Err(GradError::BadInput(format!(
                 "validation sample {bad} of {n}: a non-finite feature or label"
             )));
@@ -262,7 +255,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// The set of `rows` of `total` samples (this rank's): the features made by `make` on the
     /// device, the targets `labels` uploaded beside them (kept on the host instead for the
-    /// logits way, `eval_stats::stats_len`).
+    /// logits way, `metrics::stats_len`).
     fn load_validation_with(
         &mut self,
         total: usize,
@@ -307,7 +300,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// The captured chunk graphs of the validation pass (one per chunk shape once captured;
-    /// none eagerly): each `evaluate(EvalSource::Validation)` replays them.
+    /// none eagerly): each `evaluate(EvalSource::Validation)` replays them. Test-only.
+    #[cfg(any(test, feature = "testing"))]
     pub fn validation_graphs(&self) -> impl Iterator<Item = &B::Graph> {
         self.exec.graphs(|k| matches!(k, GraphKey::EvalChunk(_)))
     }
@@ -457,7 +451,7 @@ fn eval_chunk<B: Capture<T> + 'static, T: Element, M: Model<B, T>>(
                 inputs: None,
             })
         },
-        |_, _| group.io.run(&**b, &parts.model, parts.math_mode),
+        |_, _, _| group.io.run(&**b, &parts.model, parts.math_mode),
     )
     .map(|_| ())
     .map_err(|e| e.into_error())

@@ -23,9 +23,11 @@
 //! - nothing ran: the work runs eagerly ([`Eager::AfterFailedCapture`]).
 //!
 //! A failed replay of a body holding an update is [`DoorError::Partial`] too (the graph may
-//! have run in part); of any other body, the body's own error.
+//! have run in part), and so is an eager run that failed after its update started; of any
+//! other body, the body's own error.
 
 use super::body::{ErrorSlot, into_body_error, take_body_error};
+use super::source::Shard;
 use crate::error::{Applied, GradError, Result};
 use crate::optim::Optimizer;
 use crate::var::Var;
@@ -73,6 +75,15 @@ impl<B: Ops<T>, T: Element> StaticInputs<B, T> {
             y: Var::constant(crate::memory::persistent_zeros(b, y)?),
         })
     }
+
+    /// Refills them from `data` (written outside zgrad's ops: their versions move, as
+    /// `Var::upload` moves them).
+    pub(super) fn refill(&self, b: &B, data: &Shard<'_, B, T>) -> Result<()> {
+        data.upload(b, self.x.value(), self.y.value())?;
+        self.x.bump_version();
+        self.y.bump_version();
+        Ok(())
+    }
 }
 
 /// Set by a body just before its first update kernel: a failure after it may have moved some
@@ -96,8 +107,7 @@ pub(super) struct Request<'a> {
     pub what: &'static str,
     /// The step whose update the body applies; `None` for a body without one.
     pub update: Option<u64>,
-    /// Replay the graph held, whatever the policy says, and nothing else
-    /// (`Executor::replay_held`).
+    /// Replay the graph held, whatever the policy says, and nothing else (`Request::held`).
     held_only: bool,
 }
 
@@ -114,6 +124,17 @@ impl<'a> Request<'a> {
             what,
             update,
             held_only: false,
+        }
+    }
+
+    /// The resident replay (a step from the held batch): the graph held for `key`, holding
+    /// step `step`'s update, replays whatever the policy says (capture off after a failure
+    /// included); nothing is captured or run eagerly, and without a graph of `shape` the
+    /// request is refused.
+    pub(super) fn held(key: GraphKey, shape: &'a [usize], what: &'static str, step: u64) -> Self {
+        Request {
+            held_only: true,
+            ..Request::new(key, shape, what, Some(step))
         }
     }
 }
@@ -240,7 +261,8 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
         Some((e.inputs.as_ref()?, &e.shape))
     }
 
-    /// The graphs whose key `which` picks, in the order they were captured.
+    /// The graphs whose key `which` picks, in the order they were captured (tests count them).
+    #[cfg(any(test, feature = "testing"))]
     pub(super) fn graphs(
         &self,
         which: impl Fn(GraphKey) -> bool,
@@ -272,6 +294,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
     /// body did nothing.
     ///
     /// `cx` is what the three closures write (the optimiser, say): each gets it in turn.
+    /// `record` and `eager` set [`Started`] just before their first update kernel.
     pub(super) fn run<C>(
         &mut self,
         b: &B,
@@ -279,7 +302,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
         req: Request<'_>,
         refill: impl FnOnce(&mut C, Option<&StaticInputs<B, T>>) -> Result<()>,
         record: impl FnOnce(&mut C, &Started) -> Result<Recording<B, T>>,
-        eager: impl FnOnce(&mut C, Eager<'_, B, T>) -> Result<()>,
+        eager: impl FnOnce(&mut C, Eager<'_, B, T>, &Started) -> Result<()>,
     ) -> std::result::Result<Ran, DoorError> {
         let on = self.on();
         let usable = on || req.held_only || !req.key.replays_only_while_on();
@@ -307,39 +330,10 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
             None if on => self.capture(b, cx, req, record, eager),
             // Capture off, or rows of another shape than the graph's: eagerly.
             _ => {
-                eager(cx, Eager::Plain)?;
+                run_eager(cx, req, Eager::Plain, eager)?;
                 Ok(Ran::Eager)
             }
         }
-    }
-
-    /// The door of the resident replay (a step from the held batch): the graph held for
-    /// `key`, holding step `step`'s update, replays whatever the policy says (capture off
-    /// after a failure included); nothing is captured or run eagerly.
-    pub(super) fn replay_held(
-        &mut self,
-        b: &B,
-        key: GraphKey,
-        what: &'static str,
-        step: u64,
-    ) -> std::result::Result<Ran, DoorError> {
-        let shape = self.entry(key).map(|e| e.shape.clone()).unwrap_or_default();
-        let req = Request {
-            key,
-            shape: &shape,
-            what,
-            update: Some(step),
-            held_only: true,
-        };
-        let refuse = || GradError::BadInput(format!("{what}: replayed only, never recorded"));
-        self.run(
-            b,
-            &mut (),
-            req,
-            |_, _| Ok(()),
-            |_, _| Err(refuse()),
-            |_, _| Err(refuse()),
-        )
     }
 
     fn capture<C>(
@@ -348,7 +342,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
         cx: &mut C,
         req: Request<'_>,
         record: impl FnOnce(&mut C, &Started) -> Result<Recording<B, T>>,
-        eager: impl FnOnce(&mut C, Eager<'_, B, T>) -> Result<()>,
+        eager: impl FnOnce(&mut C, Eager<'_, B, T>, &Started) -> Result<()>,
     ) -> std::result::Result<Ran, DoorError> {
         let started = Started::default();
         let Recording { mut body, inputs } = record(cx, &started)?;
@@ -387,10 +381,25 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
                 );
                 self.disabled = true;
                 if !done {
-                    eager(cx, Eager::AfterFailedCapture(inputs.as_ref()))?;
+                    run_eager(cx, req, Eager::AfterFailedCapture(inputs.as_ref()), eager)?;
                 }
                 Ok(Ran::FellBack { done })
             }
         }
     }
+}
+
+/// Runs the eager form of `req`'s work: a failure after its update started may have applied
+/// it in part ([`DoorError::Partial`]), as in a capture.
+fn run_eager<B: Ops<T>, T: Element, C>(
+    cx: &mut C,
+    req: Request<'_>,
+    how: Eager<'_, B, T>,
+    eager: impl FnOnce(&mut C, Eager<'_, B, T>, &Started) -> Result<()>,
+) -> std::result::Result<(), DoorError> {
+    let started = Started::default();
+    eager(cx, how, &started).map_err(|e| match (started.get(), req.update) {
+        (true, Some(step)) => DoorError::Partial(e.at_step(step, Applied::Maybe)),
+        _ => DoorError::Other(e),
+    })
 }

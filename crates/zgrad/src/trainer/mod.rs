@@ -7,14 +7,15 @@
 //! The verbs: `step` (one step read back at once) and `queue` (read back a window later, or
 //! at `drain`) from a [`StepSource`]; `evaluate` from an [`EvalSource`]; `predict`. A step
 //! is where its rows come from (`source.rs`: host slices, pinned memory, the data set loaded
-//! on the device, the batch a captured step holds) x its schedule (in the config:
-//! `batched.rs`, `per_sample.rs`; queued: `queued/tracked.rs`, `queued_samples.rs`) x when
-//! it is read back (at once, or at `drain`: `queued/`). Whatever the path, the work that may
-//! run as a graph goes through one door, `executor.rs`, which owns the capture policy: the
-//! graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager execution, and
-//! the fallback after a failed capture (what was applied, capture off for the rest of the
-//! run). Evaluation's chunks on the device go through the same door (`eval_device.rs`). A new
-//! schedule or precision is a key there and a body in `body.rs`.
+//! on the device, the batch a captured step holds) x its schedule (in the config: batched,
+//! one gated body and one door call for every source, `batched.rs`; per-sample, its samples
+//! in `per_sample.rs` and its tail in `queued_samples.rs`) x when it is read back (at once,
+//! or at `drain`: `queued/`, the same body writing a history row). Whatever the path, the
+//! work that may run as a graph goes through one door, `executor.rs`, which owns the capture
+//! policy: the graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager
+//! execution, and the fallback after a failed capture (what was applied, capture off for the
+//! rest of the run). Evaluation's chunks on the device go through the same door
+//! (`eval_device.rs`). A new schedule or precision is a key there and a body in `body.rs`.
 //!
 //! Step scopes are the trainer's job: it opens a step before the work of every sample (or
 //! batch) and closes it after, so the backend's scratch memory is reclaimed every time
@@ -28,9 +29,7 @@ mod device_data;
 mod distributed;
 mod eval;
 mod eval_device;
-mod eval_stats;
 mod executor;
-mod metrics;
 mod per_sample;
 mod phases;
 mod queued;
@@ -47,6 +46,7 @@ use crate::model::{Model, unique_names};
 use crate::optim::{AdamW, AdamWHyper, Optimizer, Sgd, SgdHyper};
 use crate::precision::Precision;
 use crate::schedule::LrSchedule;
+use batched::GatedRows;
 use body::StepParts;
 use source::{From, HostSlices, PinnedRows, Shard, Source};
 use std::rc::Rc;
@@ -55,7 +55,6 @@ use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 pub use device_data::{device_data_bytes, max_device_rows};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
 pub use eval_device::validation_data_bytes;
-pub use metrics::{EvalReport, RegressionMetrics};
 pub use phases::HostPhases;
 pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};
 pub use step_table::step_table_bytes;
@@ -345,8 +344,15 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub fn step(&mut self, src: StepSource<'_, B, T>) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;
         let report = match src.0 {
-            From::Host { x, y, batch } => self.train_batch_inner(x, y, batch, step),
-            From::Pinned { batch, n } => self.train_pinned_inner(batch, n, step),
+            From::Host { x, y, batch } => self.optim.check_state().and_then(|()| {
+                let sample = self.shape_of(x, y, batch)?;
+                let (per, ty) = (x.len() / batch, self.target_len());
+                self.train_source(&HostSlices { x, y, per, ty }, batch, &sample, step)
+            }),
+            From::Pinned { batch, n } => self.optim.check_state().and_then(|()| {
+                let sample = self.pinned_sample(batch, n)?;
+                self.train_source(batch.source(), n, &sample, step)
+            }),
             From::Held(mark) => return self.replay_held(step, mark),
             From::Loaded(rows) => return self.step_loaded(rows, step),
         }
@@ -415,17 +421,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    fn train_pinned_inner(
-        &mut self,
-        batch: &dyn PinnedRows<B, T>,
-        n: usize,
-        step: u64,
-    ) -> Result<StepReport> {
-        self.optim.check_state()?;
-        let pinned = self.pinned_sample(batch, n)?;
-        self.train_source(batch.source(), n, &pinned, step)
-    }
-
     /// One sample's shape `[S, F]` of `batch`, checking `n` and that the model takes it.
     fn pinned_sample(&self, batch: &dyn PinnedRows<B, T>, n: usize) -> Result<[usize; 2]> {
         self.parts.model.task().single_value("a pinned batch")?;
@@ -461,20 +456,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         );
     }
 
-    fn train_batch_inner(
-        &mut self,
-        x: &[T],
-        y: &[T],
-        batch: usize,
-        step: u64,
-    ) -> Result<StepReport> {
-        self.optim.check_state()?;
-        let sample = self.shape_of(x, y, batch)?;
-        let per = x.len() / batch;
-        let ty = self.target_len();
-        self.train_source(&HostSlices { x, y, per, ty }, batch, &sample, step)
-    }
-
     /// The step on `batch` samples of `src` (each of shape `sample`), whichever memory holds
     /// them.
     fn train_source(
@@ -488,7 +469,13 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let StepRows { lr, rows, shape } = self.step_rows(batch, sample, step)?;
         let data = Shard { src, rows };
         let mut report = match self.config.schedule {
-            TrainSchedule::Batched => self.batched_step(&data, &shape, lr),
+            TrainSchedule::Batched => {
+                let rows = (GatedRows::Shard(&data), None);
+                self.batched_step(rows, &shape, lr, |t, k| {
+                    let (x, y) = data.host(&t.backend)?;
+                    t.find_sample(&x, &y, &shape, k)
+                })
+            }
             TrainSchedule::PerSample => self.per_sample(&data, &shape, lr),
         }?;
         report.samples = batch;

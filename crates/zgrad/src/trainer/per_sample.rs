@@ -20,8 +20,8 @@
 use super::body::StepParts;
 use super::executor::{Eager, GraphKey, Ran, Recording, Request};
 use super::source::Shard;
-use super::{StepReport, Trainer, checks, in_step};
-use crate::error::{GradError, NonFiniteKind, Result};
+use super::{Trainer, in_step};
+use crate::error::{GradError, Result};
 use crate::memory::persistent_zeros;
 use crate::model::Model;
 use crate::optim::zero_grad;
@@ -233,7 +233,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                         inputs: None,
                     })
                 },
-                |_, how| match how {
+                |_, how, _| match how {
                     Eager::Plain => {
                         let (xs, ys) = s.sample(i)?;
                         let loss = s.losses.narrow(0, i, 1)?.reshape(&[])?;
@@ -282,67 +282,5 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         self.slots_mut()?.load(&*b, data, global, indexed)?;
         self.run_samples(parts, batch)?;
         Ok(global)
-    }
-
-    /// Gradient accumulation over the batch, one step scope per sample, then one AdamW step.
-    pub(super) fn per_sample(
-        &mut self,
-        data: &Shard<'_, B, T>,
-        shape: &[usize],
-        lr: f64,
-    ) -> Result<StepReport> {
-        let step = self.optim.step_count() + 1;
-        let batch = shape[0];
-        self.sample_slots(&checks::one_sample(shape), batch)?;
-        let b = Rc::clone(&self.backend);
-        let parts = self.parts.clone();
-        let global = self.accumulate(data, &parts)?;
-        let checked = in_step(&*b, || {
-            let (losses, scale) = {
-                let s = self.slots()?;
-                (s.losses.narrow(0, 0, batch)?, s.scale.clone())
-            };
-            // One rank: the losses read back (summed on the host in f64, sample by sample).
-            // Several: gradients and loss summed over the ranks first, in one collective (a
-            // non-finite value on one rank reaches every rank's loss and norm).
-            let (host, summed) = if parts.dist.single() {
-                (b.download(&losses)?, None)
-            } else {
-                (
-                    Vec::new(),
-                    Some(parts.reduce_samples(&*b, &losses, &scale)?),
-                )
-            };
-            let norm = parts.norm(&*b)?;
-            let norm = b.download(&norm)?[0].to_f64();
-            let loss = match summed {
-                Some(loss) => b.download(&loss)?[0].to_f64(),
-                None => {
-                    if let Some(bad) = host.iter().position(|l| !l.to_f64().is_finite()) {
-                        return Err(GradError::NonFinite {
-                            step,
-                            sample: Some(bad),
-                            kind: NonFiniteKind::Loss,
-                        });
-                    }
-                    host.iter().map(|l| l.to_f64()).sum::<f64>() / global as f64
-                }
-            };
-            checks::finite(step, loss, norm)?;
-            self.optim.step(&*b, &parts.params, lr)?;
-            Ok((loss, norm))
-        });
-        let (loss, grad_norm) = checks::locate(checked, |k| {
-            let (x, y) = data.host()?;
-            self.find_sample(&x, &y, shape, k)
-        })?;
-        Ok(StepReport {
-            step,
-            loss,
-            grad_norm,
-            lr,
-            samples: batch,
-            captured: self.exec.on(),
-        })
     }
 }

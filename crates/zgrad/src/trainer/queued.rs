@@ -26,22 +26,24 @@
 //! The optimiser counts a queued step as soon as its update is queued (the `t` of the next
 //! step's slot); a non-finite step read back takes the count back.
 //!
-//! The modules: `window.rs` (the device history and the steps pending on it), `tracked.rs`
-//! (the step's body: replayed, captured or run eagerly), `drain.rs` (the read-back).
+//! The modules: `window.rs` (the device history and the steps pending on it), `drain.rs`
+//! (the read-back). The step's body is the batched one (`batched.rs`, `gated_step`), writing
+//! its history row too.
 
 mod drain;
-mod tracked;
 mod window;
 
-use window::{Pending, Record};
-pub(super) use window::{Track, Window};
+use window::Pending;
+pub(super) use window::{Record, Track, Window};
 
+use super::batched::{GatedRows, GatedStep, GatheredRows};
+use super::body::Gather;
 use super::device_data::Resident;
 use super::executor::GraphKey;
-use super::source::{PinnedRows, Source};
+use super::source::{PinnedRows, Shard, Source};
 use super::step_table::{StepRow, StepTable};
 use super::{StepReport, StepRows, TrainSchedule, Trainer, phases, shard};
-use crate::error::{GradError, Result};
+use crate::error::{Applied, GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
 use zcompute::{Capture, Element, prelude::*};
@@ -70,22 +72,14 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// `queue` of rows `rows` of the loaded data set (the global batch: each rank of a
     /// data-parallel job gathers its shard).
     pub(super) fn queue_rows(&mut self, rows: &[usize], every: usize) -> Result<Vec<StepReport>> {
-        let every = every.max(1);
-        let step = self.optim.step_count() + 1;
         let sample = self.data.as_ref().map(|d| d.sample.clone());
-        self.resync_cursor()?;
-        let mut reports = self.drain_before(sample.as_deref(), rows.len(), every)?;
-        if self.window.pending() > 0 && !self.table_fits(rows.len(), every) {
-            // Steps queued read the table made anew below: they finish first.
-            reports.extend(self.drain()?);
-        }
-        let queued = self.queue_inner(rows, every, step);
-        self.note_unsynced();
-        queued.map_err(|e| self.settle(step, self.distributed_error(e)))?;
-        if self.window.filling() >= every {
-            reports.extend(self.flip()?);
-        }
-        Ok(reports)
+        self.queue_with(
+            sample.as_deref(),
+            rows.len(),
+            every,
+            true,
+            |t, step, every| t.queue_inner(rows, every, step),
+        )
     }
 
     /// `queue` of the first `n` samples of `batch`, staged on the copy stream (`staging.rs`).
@@ -95,17 +89,41 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         n: usize,
         every: usize,
     ) -> Result<Vec<StepReport>> {
+        let [_, scales, features] = batch.dims();
+        self.queue_with(
+            Some(&[scales, features][..]),
+            n,
+            every,
+            false,
+            |t, step, every| {
+                t.optim.check_state()?;
+                let sample = t.pinned_sample(batch, n)?;
+                t.queue_staged(batch, n, &sample, step, every)
+            },
+        )
+    }
+
+    /// A step of `batch` rows of samples `sample` queued by `queue` in windows of `every`
+    /// (`device`: rows of the loaded data set, read through its step table): the window read
+    /// back first where the step needs it (`drain_before`), then the step, then the window
+    /// flipped when it is full. Returns the reports read back.
+    fn queue_with(
+        &mut self,
+        sample: Option<&[usize]>,
+        batch: usize,
+        every: usize,
+        device: bool,
+        queue: impl FnOnce(&mut Self, u64, usize) -> Result<()>,
+    ) -> Result<Vec<StepReport>> {
         let every = every.max(1);
         let step = self.optim.step_count() + 1;
-        let [_, scales, features] = batch.dims();
-        let sample = [scales, features];
         self.resync_cursor()?;
-        let mut reports = self.drain_before(Some(&sample), n, every)?;
-        let queued = self
-            .optim
-            .check_state()
-            .and_then(|()| self.pinned_sample(batch, n))
-            .and_then(|sample| self.queue_staged(batch, n, &sample, step, every));
+        let mut reports = self.drain_before(sample, batch, every)?;
+        if device && self.window.pending() > 0 && !self.table_fits(batch, every) {
+            // Steps queued read the table made anew below: they finish first.
+            reports.extend(self.drain()?);
+        }
+        let queued = queue(self, step, every);
         self.note_unsynced();
         queued.map_err(|e| self.settle(step, self.distributed_error(e)))?;
         if self.window.filling() >= every {
@@ -141,17 +159,11 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let Some(staging) = self.staging.as_mut() else {
             return Err(GradError::BadInput("internal: no landing buffers".into()));
         };
-        let (landed, slot) =
-            phases::timed(&mut self.phases.staging, || batch.stage(staging, &b, local))?;
-        let pending = Pending {
-            step,
-            lr: 0.0,
-            samples: n,
-            rows: Vec::new(),
-            captured: false,
-            record: Record::Stats,
-        };
-        let queued = self.queue_from(Rows::Pinned(&landed), pending, sample, every);
+        let (landed, slot) = phases::timed(&mut self.phases.staging, || {
+            batch.stage(staging, &*b, local)
+        })?;
+        let from = Rows::Pinned(&landed);
+        let queued = self.queue_from(from, (step, n, Vec::new()), sample, every);
         // Released whatever became of the step: the next copy into it follows what was queued.
         let released = self
             .staging
@@ -238,27 +250,29 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             })?,
         }
         let sample = data.sample.clone();
-        let pending = Pending {
-            step,
-            lr: 0.0,
-            samples: rows.len(),
-            rows: rows.to_vec(),
-            captured: false,
-            record: Record::Stats,
-        };
+        let pending = (step, rows.len(), rows.to_vec());
         self.queue_from(Rows::Device, pending, &sample, every)
     }
 
-    /// Queues step `pending.step` on `pending.samples` rows of samples `sample` from `from`,
-    /// counts it and records it as pending.
+    /// Queues step `step` on `batch` rows of samples `sample` from `from` (`rows`: their
+    /// indices in the device data set, to locate a non-finite sample), counts it and records
+    /// it as pending.
     fn queue_from(
         &mut self,
         from: Rows<'_, B, T>,
-        mut pending: Pending,
+        (step, batch, rows): (u64, usize, Vec<usize>),
         sample: &[usize],
         every: usize,
     ) -> Result<()> {
-        let (b, step, batch) = (Rc::clone(&self.backend), pending.step, pending.samples);
+        let b = Rc::clone(&self.backend);
+        let mut pending = Pending {
+            step,
+            lr: 0.0,
+            samples: batch,
+            rows,
+            captured: false,
+            record: Record::Stats,
+        };
         let StepRows {
             lr,
             rows: local,
@@ -329,18 +343,71 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         step: u64,
         every: usize,
     ) -> Result<Queued> {
-        let Rows::Pinned(src) = from else {
-            let data = self.data.take().ok_or_else(no_data)?;
-            let b = Rc::clone(&self.backend);
-            let resident = Resident {
-                data: &data,
-                b: &*b,
-            };
-            let queued = self.queue_samples(&resident, local, shape, lr, step, every);
-            self.data = Some(data);
-            return queued;
+        let queued = match from {
+            Rows::Pinned(src) => self.sample_step(src, local, shape, lr, step, Some(every)),
+            Rows::Device => {
+                let data = self.data.take().ok_or_else(no_data)?;
+                let resident = Resident { data: &data };
+                let queued = self.sample_step(&resident, local, shape, lr, step, Some(every));
+                self.data = Some(data);
+                queued
+            }
         };
-        self.queue_samples(src, local, shape, lr, step, every)
+        let (_, ended) = queued?;
+        Ok((
+            self.exec.on(),
+            ended.map_err(|e| e.at_step(step, Applied::Yes)),
+        ))
+    }
+
+    /// Queues a batched step on rows `local` from `from` through the door (`gated_step`), its
+    /// history row written into `track`.
+    fn queue_step(
+        &mut self,
+        from: Rows<'_, B, T>,
+        track: &Track<B, T>,
+        local: std::ops::Range<usize>,
+        shape: &[usize],
+        lr: f64,
+        step: u64,
+    ) -> Result<Queued> {
+        let (shard, gathered);
+        let (key, rows, lr) = match from {
+            Rows::Pinned(src) => {
+                shard = Shard { src, rows: local };
+                (GraphKey::QueuedPinned, GatedRows::Shard(&shard), Some(lr))
+            }
+            Rows::Device => {
+                // `[lr, t]` is in the step table's row, gathered with the rows.
+                let data = self.data.as_ref().ok_or_else(no_data)?;
+                let views = data.steps.as_ref().ok_or_else(no_data)?.views()?;
+                let gather = Gather {
+                    xs: data.x.clone(),
+                    ys: data.y.clone(),
+                    table: views.table,
+                    lr_t: views.lr_t,
+                    cursor: track.cursor.clone(),
+                };
+                let slot = views.slot;
+                gathered = GatheredRows { gather, slot };
+                (GraphKey::QueuedDevice, GatedRows::Gathered(&gathered), None)
+            }
+        };
+        let (queued, ended) = self.gated_step(GatedStep {
+            key,
+            what: "queued batched step",
+            step,
+            lr,
+            rows,
+            mark: None,
+            track: Some(track),
+            shape,
+            target: &shape[..1],
+        });
+        Ok((
+            queued?.captured(),
+            ended.map_err(|e| e.at_step(step, Applied::Yes)),
+        ))
     }
 }
 

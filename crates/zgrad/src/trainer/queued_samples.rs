@@ -1,12 +1,13 @@
-//! The per-sample schedule queued with nothing read back per step (issue 21 items 2, 4, 5):
-//! `Trainer::queue` of loaded rows and `Trainer::queue` of a pinned batch load a step's rows into the
-//! per-sample slots' table (gathered from the device data set, or copied from a landing
-//! buffer), run every sample (eagerly, or replaying the one-sample graph once per sample), then
-//! queue the tail: the norm, the finiteness gate (folded into the window's sticky one), the
-//! step's row of the window's history and the gated update.
+//! The per-sample step after its samples (issue 21 items 2, 4, 5), read back at once or
+//! queued: a step's rows loaded into the per-sample slots' table (host slices, pinned memory,
+//! gathered from the device data set, or copied from a landing buffer), every sample run
+//! (eagerly, or replaying the one-sample graph once per sample), then the tail: the norm, the
+//! finiteness gate (queued: folded into the window's sticky one), the step's record and the
+//! gated update. `step` reads the record back at once; `queue` writes it into the window's
+//! history.
 //!
-//! The history row is `[global loss, norm, the samples' losses..]` (`SampleSlots::record`). At
-//! the drain one rank sums the samples' losses on the host in `f64`, in sample order, exactly
+//! The record is `[global loss, norm, the samples' losses..]` (`SampleSlots::record`). At
+//! the read-back one rank sums the samples' losses on the host in `f64`, in sample order, exactly
 //! as the per-step path does, and refuses a non-finite one naming its sample; the gate on the
 //! device is `sum(losses * 0)`, NaN exactly when one of them is not finite (an `f64` sum of
 //! finite values is finite), so the device skips exactly the steps the host refuses. In data
@@ -14,9 +15,9 @@
 //! `StepParts::reduce_samples`) and the report is that global sum.
 
 use super::body::StepParts;
-use super::queued::{Queued, Track};
+use super::queued::{Record, Track};
 use super::source::{Shard, Source};
-use super::{Trainer, checks, in_step_split};
+use super::{StepReport, Trainer, checks, in_step_split};
 use crate::error::{Applied, Result};
 use crate::model::Model;
 use crate::optim::OptimizerTensors;
@@ -36,15 +37,16 @@ struct TailInputs<B: Ops<T>, T: Element> {
 }
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
-    /// A queued per-sample step after its last sample: the gradients (and loss) summed over the
-    /// ranks, the norm (and clipping), the gate, the history row, the gated update. Reads
-    /// nothing back. `started` is set just before the first update kernel.
+    /// A per-sample step after its last sample: the gradients (and loss) summed over the
+    /// ranks, the norm (and clipping), the gate, the record (queued: into the window's history,
+    /// the gate folded into the sticky one), the gated update. Reads nothing back. `started`
+    /// is set just before the first update kernel.
     fn sample_tail(
         &self,
         b: &B,
         inputs: &TailInputs<B, T>,
         optim: &OptimizerTensors<B, T>,
-        track: &Track<B, T>,
+        track: Option<&Track<B, T>>,
         started: &Cell<bool>,
     ) -> Result<()> {
         let TailInputs {
@@ -66,7 +68,9 @@ impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
             b.copy_into(&loss.reshape(&[1])?, &record.narrow(0, 0, 1)?)?;
         }
         b.copy_into(&norm.reshape(&[1])?, &record.narrow(0, 1, 1)?)?;
-        track.record(b, optim, record)?;
+        if let Some(track) = track {
+            track.record(b, optim, record)?;
+        }
         started.set(true);
         optim.apply(b, &self.params)
     }
@@ -83,27 +87,59 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    /// Queues per-sample step `step` on rows `local` of `src` (`shape`: `[local, ..sample]`),
-    /// its row in a window of `every` steps. Returns whether its samples ran captured and the
-    /// closing of the tail's step scope. Errors before the update leave the model as it was
-    /// (the step is not counted); one inside the update leaves it unknown (`Applied::Maybe`).
-    pub(super) fn queue_samples(
+    /// One per-sample step on `data` (`shape`: `[rows, ..sample]`), read back at once: its
+    /// record read and refused as a queued step's is, the step counted when it is finite.
+    pub(super) fn per_sample(
+        &mut self,
+        data: &Shard<'_, B, T>,
+        shape: &[usize],
+        lr: f64,
+    ) -> Result<StepReport> {
+        let (step, batch) = (self.optim.step_count() + 1, shape[0]);
+        let rows = data.rows.clone();
+        let (global, ended) = self.sample_step(data.src, rows, shape, lr, step, None)?;
+        let single = self.parts.dist.single();
+        let record = Record::Samples {
+            local: batch,
+            global,
+        };
+        let read = |t: &Self| {
+            let row = t.slots()?.record.narrow(0, 0, 2 + batch)?;
+            record.stats(step, &t.backend.download(&row)?, single)
+        };
+        let (loss, grad_norm) = self.after_gated(step, ended, read, |t, k| {
+            let (x, y) = data.host(&t.backend)?;
+            t.find_sample(&x, &y, shape, k)
+        })?;
+        let captured = self.exec.on();
+        Ok(self.report(step, loss, grad_norm, lr, batch, captured))
+    }
+
+    /// Per-sample step `step` on rows `local` of `src` up to its queued tail (queued: its row
+    /// in a window of `every` steps). Returns the global batch and the closing of the tail's
+    /// step scope. Errors before the update leave the model as it was (the step is not
+    /// counted); one inside the update leaves it unknown (`Applied::Maybe`).
+    pub(super) fn sample_step(
         &mut self,
         src: &dyn Source<B, T>,
         local: Range<usize>,
         shape: &[usize],
         lr: f64,
         step: u64,
-        every: usize,
-    ) -> Result<Queued> {
+        every: Option<usize>,
+    ) -> Result<(usize, Result<()>)> {
         let b = Rc::clone(&self.backend);
         let batch = local.len();
         self.sample_slots(&checks::one_sample(shape), batch)?;
-        let track = self
-            .window
-            .track(&*b, every, 2 + self.slots()?.capacity())?;
+        let track = match every {
+            Some(every) => {
+                let width = 2 + self.slots()?.capacity();
+                Some(self.window.track(&*b, every, width)?)
+            }
+            None => None,
+        };
         let parts = self.parts.clone();
-        self.accumulate(&Shard { src, rows: local }, &parts)?;
+        let global = self.accumulate(&Shard { src, rows: local }, &parts)?;
         let inputs = {
             let s = self.slots()?;
             TailInputs {
@@ -115,7 +151,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let (optim, started) = (self.optim.tensors(), Cell::new(false));
         let (queued, ended) = in_step_split(&*b, || {
             self.optim.prepare(&*b, lr)?;
-            parts.sample_tail(&*b, &inputs, &optim, &track, &started)
+            parts.sample_tail(&*b, &inputs, &optim, track.as_ref(), &started)
         });
         if let Err(e) = queued {
             if started.get() {
@@ -124,9 +160,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             }
             return Err(e);
         }
-        Ok((
-            self.exec.on(),
-            ended.map_err(|e| e.at_step(step, Applied::Yes)),
-        ))
+        Ok((global, ended))
     }
 }

@@ -3,13 +3,12 @@
 //! the batch already on the device, with hooks just before and after the replay is queued so
 //! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
 
-use super::checks;
+use super::batched::GatedRows;
 use super::executor::GraphKey;
 use super::source::ReplayMark;
-use super::{StepReport, TrainSchedule, Trainer, in_step_split};
-use crate::error::{Applied, GradError, Result};
+use super::{StepReport, TrainSchedule, Trainer};
+use crate::error::{GradError, Result};
 use crate::model::Model;
-use std::rc::Rc;
 use zcompute::{Capture, Element};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
@@ -44,7 +43,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     ) -> Result<StepReport> {
         self.optim.check_state()?;
         let lr = self.config.lr_schedule.lr_at(self.config.lr, step);
-        let b = Rc::clone(&self.backend);
         let Some((_, shape)) = self.exec.inputs(GraphKey::Batched) else {
             return Err(GradError::BadInput(
                 "a step from the held batch: no captured batched step yet (a host or pinned step with capture on captures it)"
@@ -52,34 +50,18 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             ));
         };
         let shape = shape.to_vec();
-        let (queued, ended) = in_step_split(&*b, || {
-            self.optim.prepare(&*b, lr)?;
-            mark(ReplayMark::Before);
-            self.exec
-                .replay_held(&*b, GraphKey::Batched, "batched step", step)
-                .map_err(|e| e.settle(&mut self.optim))?;
-            mark(ReplayMark::After);
-            Ok(())
-        });
-        queued?;
-        let (loss, grad_norm) = match self.read_stats(step) {
-            Ok(stats) => stats,
-            Err(e @ GradError::NonFinite { .. }) => {
-                // The gate skipped the update; the sample is looked for on the host copy of
-                // the device's batch.
-                let (x, y) = match self.exec.inputs(GraphKey::Batched) {
-                    Some((i, _)) => (i.x.to_vec(&b)?, i.y.to_vec(&b)?),
-                    None => return Err(e),
-                };
-                return checks::locate(Err(e), |k| self.find_sample(&x, &y, &shape, k));
-            }
-            Err(e) => {
-                self.optim.mark_unknown();
-                return Err(e.at_step(step, Applied::Maybe));
-            }
-        };
-        self.optim.commit();
-        ended.map_err(|e| e.at_step(step, Applied::Yes))?;
-        Ok(self.report(step, loss, grad_norm, lr, shape[0], true))
+        // A non-finite step: the gate skipped the update; the sample is looked for on the
+        // host copy of the device's batch.
+        let held = (
+            GatedRows::Held,
+            Some(&mut *mark as &mut dyn FnMut(ReplayMark)),
+        );
+        self.batched_step(held, &shape, lr, |t, k| {
+            let Some((i, _)) = t.exec.inputs(GraphKey::Batched) else {
+                return Ok(None);
+            };
+            let (x, y) = (i.x.to_vec(&t.backend)?, i.y.to_vec(&t.backend)?);
+            t.find_sample(&x, &y, &shape, k)
+        })
     }
 }

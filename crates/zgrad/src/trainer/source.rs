@@ -9,7 +9,6 @@ use super::staging::{Landed, Staging};
 use crate::error::{GradError, Result};
 use std::borrow::Cow;
 use std::ops::Range;
-use std::rc::Rc;
 use zcompute::{BTensor, Element, PinnedHost, PinnedSlice, prelude::*};
 
 /// Where a step from the held batch (`StepSource::held`) is: just before or just after it queued the replay of
@@ -116,7 +115,7 @@ pub(super) trait PinnedRows<B: Ops<T>, T: Element> {
     fn stage(
         &self,
         staging: &mut Staging<B, T>,
-        b: &Rc<B>,
+        b: &B,
         rows: Range<usize>,
     ) -> Result<(Landed<B, T>, usize)>;
     /// `Staging::release` of slot `slot`.
@@ -139,7 +138,7 @@ impl<B: PinnedHost<T>, T: Element> PinnedRows<B, T> for PinnedBatch<B, T> {
     fn stage(
         &self,
         staging: &mut Staging<B, T>,
-        b: &Rc<B>,
+        b: &B,
         rows: Range<usize>,
     ) -> Result<(Landed<B, T>, usize)> {
         staging.stage(b, self, rows)
@@ -162,8 +161,13 @@ pub(super) trait Source<B: Ops<T>, T: Element> {
     /// Queues rows `rows` of x into `x` and of y into `y` (views of the rows' sizes).
     fn upload(&self, b: &B, rows: Range<usize>, x: &BTensor<B, T>, y: &BTensor<B, T>)
     -> Result<()>;
-    /// A host copy of rows `rows` (error paths: locating a non-finite sample).
-    fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)>;
+    /// A host copy of rows `rows` (error paths: locating a non-finite sample): by default
+    /// the rows put into fresh device tensors (`[rows, S*F]`, one target each) and read back.
+    fn copy(&self, b: &B, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
+        let (x, y) = (b.zeros(&[rows.len(), self.per()])?, b.zeros(&[rows.len()])?);
+        self.upload(b, rows, &x, &y)?;
+        Ok((b.download(&x)?, b.download(&y)?))
+    }
 }
 
 /// A batch given as host slices: `x` `[n, S, F]`, `y` `[n, ..target shape]`.
@@ -200,7 +204,7 @@ impl<B: Ops<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
         Ok(())
     }
 
-    fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
+    fn copy(&self, _: &B, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
         let (xs, ys) = <Self as Source<B, T>>::slices(self, rows).unwrap_or_default();
         Ok((xs.to_vec(), ys.to_vec()))
     }
@@ -231,12 +235,12 @@ impl<'a, B: Ops<T>, T: Element> Shard<'a, B, T> {
         self.src.upload(b, self.rows.clone(), x, y)
     }
 
-    /// The rows on the host: borrowed host slices, or a copy out of pinned memory.
-    pub(crate) fn host(&self) -> Result<HostRows<'a, T>> {
+    /// The rows on the host: borrowed host slices, or a copy out of pinned or device memory.
+    pub(crate) fn host(&self, b: &B) -> Result<HostRows<'a, T>> {
         match self.slices() {
             Some((x, y)) => Ok((Cow::Borrowed(x), Cow::Borrowed(y))),
             None => {
-                let (x, y) = self.src.copy(self.rows.clone())?;
+                let (x, y) = self.src.copy(b, self.rows.clone())?;
                 Ok((Cow::Owned(x), Cow::Owned(y)))
             }
         }
@@ -345,7 +349,7 @@ impl<B: PinnedHost<T>, T: Element> Source<B, T> for PinnedBatch<B, T> {
         Ok(())
     }
 
-    fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
+    fn copy(&self, _: &B, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
         let per = Source::<B, T>::per(self);
         Ok((
             self.x.read(rows.start * per, rows.len() * per)?,
@@ -388,6 +392,6 @@ mod tests {
         let (x2, y2) = (b.zeros(&[2, 2, 3]).unwrap(), b.zeros(&[2]).unwrap());
         p.upload(&b, 2..4, &x2, &y2).unwrap();
         assert_eq!(b.download(&x2).unwrap(), vec![2.0; 12]);
-        assert_eq!(p.copy(1..2).unwrap(), (vec![2.0; 6], vec![2.0]));
+        assert_eq!(p.copy(&b, 1..2).unwrap(), (vec![2.0; 6], vec![2.0]));
     }
 }

@@ -15,7 +15,6 @@
 use super::source::{PinnedBatch, Source};
 use crate::error::Result;
 use std::ops::Range;
-use std::rc::Rc;
 use zcompute::{BTensor, CopyMark, Element, PinnedHost, prelude::*};
 
 /// One landing buffer: room for `rows` samples of `sample`, and the engine-stream mark after
@@ -69,7 +68,7 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
     /// and returns the buffer as a step's source, and the slot to release after the step.
     pub(super) fn stage(
         &mut self,
-        b: &Rc<B>,
+        b: &B,
         batch: &PinnedBatch<B, T>,
         rows: Range<usize>,
     ) -> Result<(Landed<B, T>, usize)> {
@@ -80,13 +79,12 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
             landing.x.narrow(0, 0, rows.len())?,
             landing.y.narrow(0, 0, rows.len())?,
         );
-        batch.stage(&**b, rows.clone(), &x, &y, &landing.free)?;
+        batch.stage(b, rows.clone(), &x, &y, &landing.free)?;
         let landed = Landed {
             x,
             y,
             first: rows.start,
             per: Source::<B, T>::per(batch),
-            b: Rc::clone(b),
         };
         Ok((landed, slot))
     }
@@ -103,8 +101,6 @@ pub(super) struct Landed<B: Ops<T>, T: Element> {
     y: BTensor<B, T>,
     first: usize,
     per: usize,
-    /// The backend it lives on (the error path's host copy downloads there).
-    b: Rc<B>,
 }
 
 impl<B: Ops<T>, T: Element> Landed<B, T> {
@@ -136,10 +132,5 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
         b.copy_into(&lx.reshape(x.shape())?, x)?;
         b.copy_into(&ly.reshape(y.shape())?, y)?;
         Ok(())
-    }
-
-    fn copy(&self, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
-        let (lx, ly) = self.rows(&rows)?;
-        Ok((self.b.download(&lx)?, self.b.download(&ly)?))
     }
 }

@@ -11,7 +11,8 @@ use zcompute::{Capture, Element, prelude::*};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Steps queued by `queue` of loaded rows and not read back yet (the window being filled and the
-    /// one whose copy to the host is in flight).
+    /// one whose copy to the host is in flight). Test-only: `drain` reads them all back.
+    #[cfg(any(test, feature = "testing"))]
     #[must_use]
     pub fn queued(&self) -> usize {
         self.window.pending()

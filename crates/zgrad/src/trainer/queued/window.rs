@@ -2,7 +2,7 @@
 //! queued steps pending on it.
 
 use super::super::checks;
-use crate::error::{GradError, NonFiniteKind, Result};
+use crate::error::{GradError, Result};
 use crate::memory::persistent_zeros;
 use crate::optim::OptimizerTensors;
 use zcompute::{ADAMW_SLOT_GATE, BTensor, Element, Readback, prelude::*};
@@ -67,7 +67,7 @@ impl<B: Ops<T>, T: Element> Track<B, T> {
 
 /// What a queued step's history row holds.
 #[derive(Clone, Copy, Debug)]
-pub(super) enum Record {
+pub(in crate::trainer) enum Record {
     /// `[loss, norm]` (the batched schedule).
     Stats,
     /// `[global loss, norm, the losses of this rank's `local` samples..]` of a per-sample
@@ -79,7 +79,7 @@ impl Record {
     /// The step's loss and norm from its history row, refused as the per-step path refuses
     /// them: one rank sums its samples' losses on the host in `f64` in sample order (and names
     /// the first non-finite one); several take the global loss the all-reduce summed.
-    pub(super) fn stats<T: Element>(
+    pub(in crate::trainer) fn stats<T: Element>(
         self,
         step: u64,
         row: &[T],
@@ -88,15 +88,7 @@ impl Record {
         let norm = row[1].to_f64();
         let loss = match self {
             Record::Samples { local, global } if single => {
-                let losses = &row[2..2 + local];
-                if let Some(bad) = losses.iter().position(|l| !l.to_f64().is_finite()) {
-                    return Err(GradError::NonFinite {
-                        step,
-                        sample: Some(bad),
-                        kind: NonFiniteKind::Loss,
-                    });
-                }
-                losses.iter().map(|l| l.to_f64()).sum::<f64>() / global as f64
+                checks::sample_losses(step, &row[2..2 + local], global)?
             }
             Record::Stats | Record::Samples { .. } => row[0].to_f64(),
         };

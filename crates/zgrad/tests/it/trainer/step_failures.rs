@@ -239,7 +239,7 @@ fn a_failed_slot_upload_in_a_captured_step_is_not_counted(#[case] failing_step: 
     let mut t = trainer_on(b.clone(), &f, TrainSchedule::Batched, true);
     // The same run on a device that never fails.
     let mut clean = trainer_on(mock(), &f, TrainSchedule::Batched, true);
-    // Every step of the captured path uploads x, y, then the `[lr, t]` slot, one copy each.
+    // Every step of the captured path uploads the `[lr, t]` slot, then x and y, one copy each.
     let (call, _) = upload_call_during(&b, || {
         Var::parameter_from(&b, &[1.0f32], &[1]).unwrap();
     });

@@ -3,8 +3,12 @@
 //! weighted, the mean of `w · loss` over every target value) and its metrics, summed in sample
 //! order in `f64`. The unweighted binary task (XAsset's) is reported this way from its logits
 //! (one read-back a pass); every other task from statistics reduced on the device
-//! (`eval_stats`), which agree with this formula to f32 rounding (the tests hold them to it).
+//! (`chunk_stats.rs`), which agree with this formula to f32 rounding (the tests hold them to it).
 //! Metrics count each target value by its weight (a weight of 0, a missing target, not at all).
+
+mod chunk_stats;
+
+pub(crate) use chunk_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
 
 use crate::task::{Target, Task};
 use zcompute::Element;

@@ -24,7 +24,7 @@
 //! contribute their chunks' rows in rank order ([`global_chunks`]), so every rank merges the
 //! same rows the same way.
 
-use super::metrics::{EvalReport, RegressionMetrics};
+use super::{EvalReport, RegressionMetrics};
 use crate::error::Result;
 use crate::tape::Tape;
 use crate::task::{Target, Task};
@@ -57,7 +57,7 @@ pub(crate) fn global_chunks(
     chunk: usize,
 ) -> (usize, usize, usize) {
     let chunk = chunk.max(1);
-    let of = |r: usize| super::shard(r, world, total).len().div_ceil(chunk);
+    let of = |r: usize| crate::shard(r, world, total).len().div_ceil(chunk);
     let before = (0..rank).map(of).sum();
     let all = (0..world.max(1)).map(of).sum();
     (of(rank), before, all)
@@ -371,9 +371,9 @@ impl Moments {
 #[cfg(test)]
 mod tests {
     use super::{chunk_stats, global_chunks, report_of_stats, stats_len};
+    use crate::metrics::report_of;
     use crate::rng::SplitMix64;
     use crate::task::Task;
-    use crate::trainer::metrics::report_of;
     use proptest::prelude::*;
     use zcompute::{Backend, CpuBackend};
 
