@@ -178,12 +178,13 @@ impl<S: Storage> Bf16Copy<S> {
         Bf16Copy::new(self.backing.narrow(0, start, len)?, shape, self.per_element)
     }
 
-    /// A tensor of the copy's shape for shape checks only: every element the backing's first
-    /// (zero strides), never read as data.
-    pub(crate) fn shape_stand_in(&self) -> Result<Tensor<S>> {
+    /// A tensor of the copy's shape for `op`'s shape checks only: every element the
+    /// backing's first (zero strides), never read as data. Refused unless the copy is a
+    /// matrix (what `op`'s product reads).
+    pub(crate) fn shape_stand_in(&self, op: &'static str) -> Result<Tensor<S>> {
         if self.shape.len() != 2 {
             return Err(ComputeError::ShapeMismatch {
-                op: "matmul_bf16_rhs",
+                op,
                 lhs: self.shape.as_slice().into(),
                 rhs: [0, 0][..].into(),
             });
@@ -288,6 +289,50 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         let _ = (a, w, opts);
         Err(unsupported::<T>(
             "matmul_bf16_rhs",
+            MathMode::Bf16,
+            self.name(),
+        ))
+    }
+
+    /// `x`'s bf16 copy, allocated in the backend's current allocation class
+    /// ([`PrecisionOps::bf16_copy_alloc`]) and filled ([`PrecisionOps::bf16_copy_into`]): one
+    /// conversion, which every product that then reads the copy
+    /// ([`PrecisionOps::matmul_bf16`], [`PrecisionOps::matmul_into_bf16`]) skips. A Linear
+    /// layer under bf16 keeps its input's copy for its backward and converts its output's
+    /// gradient once for both of its products. The provided body is those two calls.
+    fn bf16_copy_of(&self, x: &BTensor<Self, T>) -> Result<BBf16<Self, T>> {
+        let copy = self.bf16_copy_alloc(x.shape())?;
+        self.bf16_copy_into(x, &copy)?;
+        Ok(copy)
+    }
+
+    /// `op(a) · op(b)` under [`MathMode::Bf16`] with both operands given as their bf16 copies
+    /// (matrices): bit for bit `matmul_mode(a32, b32, opts, MathMode::Bf16)` for the float32
+    /// tensors the copies were made from, converting nothing. The provided body refuses.
+    fn matmul_bf16(
+        &self,
+        a: &BBf16<Self, T>,
+        b: &BBf16<Self, T>,
+        opts: MatmulOpts,
+    ) -> Result<BTensor<Self, T>> {
+        let _ = (a, b, opts);
+        Err(unsupported::<T>("matmul_bf16", MathMode::Bf16, self.name()))
+    }
+
+    /// `dst += op(a) · op(b)` under [`MathMode::Bf16`] on two bf16 copies (as
+    /// [`PrecisionOps::matmul_bf16`]): bit for bit
+    /// `matmul_into_mode(a32, b32, opts, dst, MathMode::Bf16)`. Validated first, so bad
+    /// input leaves `dst` untouched. The provided body refuses.
+    fn matmul_into_bf16(
+        &self,
+        a: &BBf16<Self, T>,
+        b: &BBf16<Self, T>,
+        opts: MatmulOpts,
+        dst: &BTensor<Self, T>,
+    ) -> Result<()> {
+        let _ = (a, b, opts, dst);
+        Err(unsupported::<T>(
+            "matmul_into_bf16",
             MathMode::Bf16,
             self.name(),
         ))

@@ -32,17 +32,43 @@ pub(crate) struct Saved<B: Ops<T>, T: Element> {
 impl<B: Ops<T>, T: Element> Saved<B, T> {
     /// The saved tensor, refused if it was written in place since it was saved.
     pub(crate) fn get(&self, op: &'static str) -> Result<&BTensor<B, T>> {
-        let now = self.version.get();
-        if now != self.at {
-            return Err(GradError::ModifiedInPlace {
-                op,
-                saved: self.name,
-                then: self.at,
-                now,
-            });
-        }
+        unchanged(op, self.name, &self.version, self.at)?;
         Ok(&self.tensor)
     }
+}
+
+/// A tensor's bf16 copy a node keeps for its backward in place of the tensor (under bf16 the
+/// backward reads it only as a bf16 product's operand), with the tensor's version when the
+/// copy was made.
+pub(crate) struct SavedBf16<B: Ops<T>, T: Element> {
+    copy: BBf16<B, T>,
+    version: Version,
+    at: u64,
+    name: &'static str,
+}
+
+impl<B: Ops<T>, T: Element> SavedBf16<B, T> {
+    /// The copy, refused if the tensor was written in place since (as [`Saved::get`]: the
+    /// copy itself would still hold the old values, but the product converting per call would
+    /// have been refused).
+    pub(crate) fn get(&self, op: &'static str) -> Result<&BBf16<B, T>> {
+        unchanged(op, self.name, &self.version, self.at)?;
+        Ok(&self.copy)
+    }
+}
+
+/// Refuses a saved value whose tensor was written in place since version `at`.
+fn unchanged(op: &'static str, saved: &'static str, version: &Version, at: u64) -> Result<()> {
+    let now = version.get();
+    if now != at {
+        return Err(GradError::ModifiedInPlace {
+            op,
+            saved,
+            then: at,
+            now,
+        });
+    }
+    Ok(())
 }
 
 /// Gradients per output slot of a node (`None`: no gradient reached that output).
@@ -170,6 +196,16 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
         self.weight_shadow.as_ref()?.of(w.value())
     }
 
+    /// Whether the Linear layers convert each activation and gradient to bf16 once (the
+    /// input's copy kept for the weight's gradient, the output's gradient converted once for
+    /// both backward products: `crate::ops::linear`) rather than on every product call: a
+    /// recording tape under bf16 with the step's weight copy (the trainer's tapes). Without
+    /// the copy (a tape of your own, the trainer's per-call reference) every operand converts
+    /// per call; the bits are the same either way.
+    pub(crate) fn bf16_operands_once(&self) -> bool {
+        self.recording && self.math_mode == MathMode::Bf16 && self.weight_shadow.is_some()
+    }
+
     /// The arithmetic of this tape's matrix products ([`Tape::with_math_mode`]).
     #[must_use]
     pub fn math_mode(&self) -> MathMode {
@@ -262,6 +298,21 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
         };
         Ok(Saved {
             tensor,
+            version: v.version.clone(),
+            at: v.version.get(),
+            name,
+        })
+    }
+
+    /// Saves `v`'s bf16 copy for backward in place of `v` (`Tape::bf16_operands_once`): made
+    /// in the saved class, so no step reset reclaims it; `v` itself is not kept.
+    pub(crate) fn save_bf16(&self, v: &Var<B, T>, name: &'static str) -> Result<SavedBf16<B, T>> {
+        let copy = {
+            let _class = ClassGuard::new(self.backend, self.saved_class);
+            self.backend.bf16_copy_of(&v.value)?
+        };
+        Ok(SavedBf16 {
+            copy,
             version: v.version.clone(),
             at: v.version.get(),
             name,

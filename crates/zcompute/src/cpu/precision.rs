@@ -40,6 +40,26 @@ impl CpuBackend {
     }
 }
 
+impl CpuBackend {
+    /// A bf16 copy's values (rounded, one element a value) as a dense matrix of its shape, or
+    /// the typed refusal (not a matrix; f64 elements, which no copy is made of).
+    fn widened<T: Element>(
+        &self,
+        op: &'static str,
+        copy: &Bf16Copy<CpuStorage<T>>,
+    ) -> Result<CpuTensor<T>> {
+        if T::DTYPE != DType::F32 {
+            return Err(unsupported::<T>(
+                op,
+                MathMode::Bf16,
+                Backend::<T>::name(self),
+            ));
+        }
+        copy.shape_stand_in(op)?;
+        copy.backing().reshape(copy.shape())
+    }
+}
+
 impl<T: Element> PrecisionOps<T> for CpuBackend {
     fn matmul_mode(
         &self,
@@ -115,6 +135,35 @@ impl<T: Element> PrecisionOps<T> for CpuBackend {
             ));
         }
         self.matmul(&rounded(a, zdevice::rounding::round_to_bf16)?, &w, opts)
+    }
+
+    /// The copies' values, already rounded, through the backend's own float32 product: the
+    /// operands `matmul_mode` would have rounded, in the same dense layout.
+    fn matmul_bf16(
+        &self,
+        a: &Bf16Copy<CpuStorage<T>>,
+        b: &Bf16Copy<CpuStorage<T>>,
+        opts: MatmulOpts,
+    ) -> Result<CpuTensor<T>> {
+        let (a, b) = (
+            self.widened("matmul_bf16", a)?,
+            self.widened("matmul_bf16", b)?,
+        );
+        crate::validate::matmul(&a, &b, opts)?;
+        self.matmul(&a, &b, opts)
+    }
+
+    fn matmul_into_bf16(
+        &self,
+        a: &Bf16Copy<CpuStorage<T>>,
+        b: &Bf16Copy<CpuStorage<T>>,
+        opts: MatmulOpts,
+        dst: &CpuTensor<T>,
+    ) -> Result<()> {
+        const OP: &str = "matmul_into_bf16";
+        let (a, b) = (self.widened(OP, a)?, self.widened(OP, b)?);
+        crate::validate::matmul_into(&a, &b, opts, dst)?;
+        self.matmul_into(&a, &b, opts, dst)
     }
 
     fn round_to_bf16(&self, x: &CpuTensor<T>) -> Result<CpuTensor<T>> {

@@ -29,6 +29,10 @@ pub(super) struct Operand {
     pub(super) batch_stride: usize,
 }
 
+/// The operands of a bf16 product converted beforehand (`cuda/precision.rs`: a bf16 copy),
+/// left then right, each as cuBLAS reads it; `None` has `gemm_to` convert that operand.
+pub(super) type Bf16Given = (Option<Operand>, Option<Operand>);
+
 fn to_i32(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| ComputeError::Unsupported {
         op: OP,
@@ -107,7 +111,7 @@ impl<D: Driver> CudaBackend<D> {
             self.fill_zero(&out)?;
             return Ok(out);
         }
-        self.gemm_to(a, b, opts, &shape, &out, 0.0, mode, None)?;
+        self.gemm_to(a, b, opts, &shape, &out, 0.0, mode, (None, None))?;
         Ok(out)
     }
 
@@ -138,7 +142,7 @@ impl<D: Driver> CudaBackend<D> {
             return Ok(());
         }
         if dst.is_contiguous() {
-            return self.gemm_to(a, b, opts, &shape, dst, 1.0, mode, None);
+            return self.gemm_to(a, b, opts, &shape, dst, 1.0, mode, (None, None));
         }
         let product = self.matmul_gemm_mode(a, b, opts, mode)?;
         self.add_into_fused(&product, dst)
@@ -148,9 +152,9 @@ impl<D: Driver> CudaBackend<D> {
     /// `mode`: float32 through the small-row kernel or `cublasSgemmStridedBatched`; TF32
     /// through `cublasGemmStridedBatchedEx` on the operands in place; bf16 through it on bf16
     /// copies of the operands (`cuda/precision.rs`). The small-row kernel computes in float32
-    /// only, so the reduced modes always take cuBLAS. `rhs_bf16`, under bf16 only: `b` as
-    /// cuBLAS reads it, converted beforehand (`matmul_bf16_rhs`); `b` is then read for its
-    /// shape only.
+    /// only, so the reduced modes always take cuBLAS. `given`, under bf16 only: the operands
+    /// converted beforehand (`matmul_bf16_rhs`, `matmul_bf16`, `matmul_into_bf16`); an
+    /// operand given is then read for its shape only.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm_to(
         &self,
@@ -161,7 +165,7 @@ impl<D: Driver> CudaBackend<D> {
         out: &CudaTensor,
         beta: f32,
         mode: MathMode,
-        rhs_bf16: Option<Operand>,
+        given: Bf16Given,
     ) -> Result<()> {
         let validate::MatmulShape { batch, m, k, n, .. } = shape;
         let (m, k, n) = (*m, *k, *n);
@@ -175,8 +179,12 @@ impl<D: Driver> CudaBackend<D> {
         }
         tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, beta, mode = mode.name(), "gemm");
         let (oa, ob) = if mode == MathMode::Bf16 {
-            let oa = self.bf16_operand(a, batch)?;
-            let ob = match rhs_bf16 {
+            let (lhs, rhs) = given;
+            let oa = match lhs {
+                Some(oa) => oa,
+                None => self.bf16_operand(a, batch)?,
+            };
+            let ob = match rhs {
                 Some(ob) => ob,
                 None => self.bf16_operand(b, batch)?,
             };

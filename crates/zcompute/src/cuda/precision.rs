@@ -31,6 +31,19 @@ impl<D: Driver> CudaBackend<D> {
         Ok(holder)
     }
 
+    /// A bf16 copy (a matrix: `shape_stand_in` checked it) as cuBLAS reads it: what
+    /// `bf16_operand` would have made of the tensor it was converted from (row-major, one
+    /// matrix: batch stride 0).
+    fn copy_operand(&self, op: &'static str, copy: &Bf16Copy<CudaStorage>) -> Result<Operand> {
+        Ok(Operand {
+            ptr: self.ptr(op, copy.backing())?,
+            _keep: copy.backing().clone(),
+            col_major: false,
+            ld: copy.shape()[1].max(1),
+            batch_stride: 0,
+        })
+    }
+
     /// One operand of a bf16 product, as cuBLAS reads it: a dense row-major bf16 copy of its
     /// matrices. A single matrix broadcast over the batch is converted once (batch stride 0);
     /// an operand already of the batch's size is converted as it is; any other broadcast is
@@ -130,7 +143,7 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
         opts: MatmulOpts,
     ) -> Result<CudaTensor> {
         const OP: &str = "matmul";
-        let stand_in = w.shape_stand_in()?;
+        let stand_in = w.shape_stand_in("matmul_bf16_rhs")?;
         let shape = validate::matmul(a, &stand_in, opts)?;
         let out = self.alloc(OP, &shape.out)?;
         if out.numel() == 0 {
@@ -140,24 +153,69 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             self.fill_zero(&out)?;
             return Ok(out);
         }
-        let rhs = Operand {
-            ptr: self.ptr(OP, w.backing())?,
-            _keep: w.backing().clone(),
-            col_major: false,
-            ld: w.shape()[1].max(1),
-            batch_stride: 0,
-        };
-        self.gemm_to(
-            a,
-            &stand_in,
-            opts,
-            &shape,
-            &out,
-            0.0,
-            MathMode::Bf16,
-            Some(rhs),
-        )?;
+        let rhs = self.copy_operand(OP, w)?;
+        let given = (None, Some(rhs));
+        self.gemm_to(a, &stand_in, opts, &shape, &out, 0.0, MathMode::Bf16, given)?;
         Ok(out)
+    }
+
+    /// `gemm_to` under bf16 with both operands read from their copies, as `bf16_operand` would
+    /// have made them: the same cuBLAS call as `matmul_mode` on the float32 tensors.
+    fn matmul_bf16(
+        &self,
+        a: &Bf16Copy<CudaStorage>,
+        b: &Bf16Copy<CudaStorage>,
+        opts: MatmulOpts,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "matmul";
+        let (sa, sb) = (
+            a.shape_stand_in("matmul_bf16")?,
+            b.shape_stand_in("matmul_bf16")?,
+        );
+        let shape = validate::matmul(&sa, &sb, opts)?;
+        let out = self.alloc(OP, &shape.out)?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        if shape.k == 0 {
+            self.fill_zero(&out)?;
+            return Ok(out);
+        }
+        let given = (
+            Some(self.copy_operand(OP, a)?),
+            Some(self.copy_operand(OP, b)?),
+        );
+        self.gemm_to(&sa, &sb, opts, &shape, &out, 0.0, MathMode::Bf16, given)?;
+        Ok(out)
+    }
+
+    /// `matmul_into_gemm_mode`'s steps under bf16 on the copies: one gemm with `beta = 1`
+    /// into a dense `dst`, otherwise the product and one `add_into`.
+    fn matmul_into_bf16(
+        &self,
+        a: &Bf16Copy<CudaStorage>,
+        b: &Bf16Copy<CudaStorage>,
+        opts: MatmulOpts,
+        dst: &CudaTensor,
+    ) -> Result<()> {
+        const OP: &str = "matmul";
+        let (sa, sb) = (
+            a.shape_stand_in("matmul_into_bf16")?,
+            b.shape_stand_in("matmul_into_bf16")?,
+        );
+        let shape = validate::matmul_into(&sa, &sb, opts, dst)?;
+        if dst.numel() == 0 || shape.k == 0 {
+            return Ok(());
+        }
+        if !dst.is_contiguous() {
+            let product = self.matmul_bf16(a, b, opts)?;
+            return self.add_into_fused(&product, dst);
+        }
+        let given = (
+            Some(self.copy_operand(OP, a)?),
+            Some(self.copy_operand(OP, b)?),
+        );
+        self.gemm_to(&sa, &sb, opts, &shape, dst, 1.0, MathMode::Bf16, given)
     }
 
     fn round_to_bf16(&self, x: &CudaTensor) -> Result<CudaTensor> {

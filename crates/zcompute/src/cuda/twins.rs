@@ -70,6 +70,21 @@ pub fn register(sim: &SimDriver) {
     }
 }
 
+/// Registers every twin as [`register`] does, each run of a kernel (an eager launch, or a
+/// graph node replayed) first told to `observe`: a test counts the launches of one kernel
+/// through a whole training step, e.g. the bf16 conversions (`Kernel::F32ToBf16`) a step
+/// makes.
+pub fn register_observed(sim: &SimDriver, observe: impl Fn(Kernel) + Send + Sync + 'static) {
+    let observe = std::sync::Arc::new(observe);
+    for k in Kernel::ALL {
+        let (run, observe) = (twin(k), observe.clone());
+        sim.register_kernel(k.spec().name, move |config, args, mem| {
+            observe(k);
+            run(config, args, mem)
+        });
+    }
+}
+
 fn twin(k: Kernel) -> Twin {
     match k {
         Kernel::Unary => elementwise::unary,

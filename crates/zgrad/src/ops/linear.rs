@@ -8,14 +8,20 @@
 //! Under a reduced math mode (`Tape::with_math_mode`: TF32, bf16) the products run through
 //! `PrecisionOps` (`linear_mode`, `linear_backward_into_mode`, `matmul_mode`,
 //! `matmul_into_mode`) and the bias, tanh, residual add and bias gradient stay float32
-//! (docs/precision.md); under float32 the calls are exactly the float32 ones above.
+//! (docs/precision.md); under float32 the calls are exactly the float32 ones above. Under bf16
+//! on a training tape (`Tape::bf16_operands_once`) each operand is converted once: the weight
+//! read from the step's copy, the input converted in the forward and its bf16 copy kept for
+//! the weight's gradient (instead of the float32 input: that product is its only reader), the
+//! output's gradient converted once for both backward products. The conversion is one
+//! deterministic formula, so the bits are those of converting on every call.
 
 use super::fused::{into_at, sum_rows_to};
 use super::only;
 use crate::error::Result;
-use crate::tape::{BackwardOp, Saved, Tape};
+use crate::memory::ClassGuard;
+use crate::tape::{BackwardOp, Saved, SavedBf16, Tape};
 use crate::var::Var;
-use zcompute::{Activation, BBf16, BTensor, Element, MathMode, MatmulOpts, prelude::*};
+use zcompute::{Activation, AllocClass, BBf16, BTensor, Element, MathMode, MatmulOpts, prelude::*};
 
 type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
@@ -34,8 +40,12 @@ const TN: MatmulOpts = MatmulOpts {
 };
 
 struct LinearBackward<B: Ops<T>, T: Element> {
-    /// The input, for the weight's gradient (none when the weight needs none).
+    /// The input, for the weight's gradient (none when the weight needs none, or when its
+    /// bf16 copy is kept instead).
     x: Option<Saved<B, T>>,
+    /// Under bf16 on a training tape, the input's copy made by the forward's product, for the
+    /// weight's gradient (`Tape::bf16_operands_once`).
+    x_bf16: Option<SavedBf16<B, T>>,
     /// The weight, for the input's gradient (none when the input needs none).
     w: Option<Saved<B, T>>,
     /// The output, for tanh's backward (none for the identity).
@@ -73,6 +83,9 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
         into: &[Option<&BTensor<B, T>>],
     ) -> Result<Grads<B, T>> {
         let g = only(grads)?;
+        if let Some(x) = &self.x_bf16 {
+            return self.backward_bf16(b, g, x.get(NAME)?, into);
+        }
         if let Some(done) = self.fused_into(b, g, into)? {
             return Ok(done);
         }
@@ -127,6 +140,58 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
 }
 
 impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
+    /// The backward under bf16 with the input's copy `x` from the forward: the output's
+    /// gradient converted once, and both products read copies (`gz · w` the weight's from the
+    /// step's copy, `gzᵀ · x` the input's), each added into its buffer when the tape gives it,
+    /// as the per-call paths do (`backward_into`, `fused_into`), in their order.
+    fn backward_bf16(
+        &self,
+        b: &B,
+        g: &BTensor<B, T>,
+        x: &BBf16<B, T>,
+        into: &[Option<&BTensor<B, T>>],
+    ) -> Result<Grads<B, T>> {
+        let [need_x, _, need_bias] = self.needs;
+        let gz = match &self.y {
+            Some(y) => b.tanh_backward(g, y.get(NAME)?)?,
+            None => g.clone(),
+        };
+        // Freed when the node's backward returns, as a per-call conversion's temporary is
+        // (a scratch block would live to the step's end).
+        let gz_bf16 = {
+            let _class = ClassGuard::new(b, AllocClass::Saved);
+            b.bf16_copy_of(&gz)?
+        };
+        let gx = match (&self.w, &self.w_bf16) {
+            (Some(_), Some(w)) if need_x => {
+                Some(b.matmul_bf16(&gz_bf16, w, MatmulOpts::default())?)
+            }
+            (Some(w), None) if need_x => {
+                Some(b.matmul_mode(&gz, w.get(NAME)?, MatmulOpts::default(), self.mode)?)
+            }
+            _ => None,
+        };
+        let out_in = [gz.shape()[1], x.shape()[1]];
+        let (mut gw, mut bias_done) = (None, false);
+        match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
+            Some(dw) => {
+                let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
+                b.matmul_into_bf16(&gz_bf16, x, TN, dw)?;
+                if let Some(db) = db {
+                    b.sum_rows_into(&gz, db)?;
+                }
+                bias_done = db.is_some();
+            }
+            None => gw = Some(b.matmul_bf16(&gz_bf16, x, TN)?),
+        }
+        let gbias = if need_bias && !bias_done {
+            sum_rows_to(b, &gz, into_at(into, 2))?
+        } else {
+            None
+        };
+        Ok(self.with_residual(g, vec![gx, gw, gbias]))
+    }
+
     /// The whole backward as one `LinearOps::linear_backward_into` when the tape gives the
     /// weight's buffer (and the bias's, when the bias needs a gradient); `None` (nothing run)
     /// otherwise.
@@ -233,10 +298,24 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
         let tracked = self.tracks(NAME, &inputs)?;
         let mode = self.math_mode();
         let w_bf16 = self.bf16_weight(w);
+        let needs = [x.requires_grad(), w.requires_grad(), bias.requires_grad()];
+        // The input's copy, made once: the product below reads it, the backward keeps it.
+        let x_bf16 = match &w_bf16 {
+            Some(_) if tracked && needs[1] && self.bf16_operands_once() => {
+                Some(self.save_bf16(x, "input")?)
+            }
+            _ => None,
+        };
+        let x_copy = x_bf16.as_ref().map(|x| x.get(NAME)).transpose()?;
         let y = self.run(tracked, |b| match (residual, mode, w_bf16.as_ref()) {
-            // Under bf16 with the weight's copy: `linear_mode`'s steps, the product on the copy.
+            // Under bf16 with the weight's copy: `linear_mode`'s steps, the product on the copy
+            // (and on the input's, when made).
             (residual, MathMode::Bf16, Some(copy)) => {
-                let z = b.bias_act(&b.matmul_bf16_rhs(&x.value, copy, NT)?, &bias.value, act)?;
+                let product = match x_copy {
+                    Some(x) => b.matmul_bf16(x, copy, NT)?,
+                    None => b.matmul_bf16_rhs(&x.value, copy, NT)?,
+                };
+                let z = b.bias_act(&product, &bias.value, act)?;
                 match residual {
                     Some(r) => b.add(&z, &r.value),
                     None => Ok(z),
@@ -257,9 +336,11 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
             return Ok(self.constant(y));
         }
         let version = self.new_version();
-        let needs = [x.requires_grad(), w.requires_grad(), bias.requires_grad()];
         let node = LinearBackward {
-            x: needs[1].then(|| self.save(x, "input")).transpose()?,
+            x: (needs[1] && x_bf16.is_none())
+                .then(|| self.save(x, "input"))
+                .transpose()?,
+            x_bf16,
             w: needs[0].then(|| self.save(w, "weight")).transpose()?,
             y: (act == Activation::Tanh).then(|| self.save_output(&y, &version, "output")),
             needs,

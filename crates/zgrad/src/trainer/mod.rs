@@ -98,9 +98,10 @@ pub struct TrainerConfig {
     /// `testing` feature (tests enable it; a release build of `ztrain` has no such switch).
     #[cfg(any(test, feature = "testing"))]
     pub unprotected_saved_tensors: bool,
-    /// REFERENCE ONLY: under bf16, convert each Linear weight on every product call (the path
-    /// before the weights' bf16 copy, `crate::weight_shadow`), to check the copy against it
-    /// bit for bit. Only with the `testing` feature.
+    /// REFERENCE ONLY: under bf16, convert every Linear operand (weight, input, output
+    /// gradient) on every product call (the path before the weights' bf16 copy,
+    /// `crate::weight_shadow`, and the inputs' saved copies), to check both against it bit for
+    /// bit. Only with the `testing` feature.
     #[cfg(any(test, feature = "testing"))]
     pub bf16_weights_per_call: bool,
 }

@@ -652,3 +652,70 @@ fn a_bf16_plan_counts_the_weight_copy_in_its_own_class(
     let real = real_run(computing_sim(), &request_of(Precision::Bf16), schedule);
     assert_eq!(bf16_plan, real, "plan vs real run under bf16");
 }
+
+/// Under bf16 each Linear layer keeps its input's bf16 copy for the weight's gradient (made
+/// once in the forward; issue 42): new bytes of the saved class, which the plan holds as the
+/// computing simulator's run does (every class equal, both schedules, eager and captured), as
+/// it does for the per-call reference (`bf16_weights_per_call`, which keeps none). Eager, the
+/// saved peak grows, by no more than the copies themselves: two bytes a value of every Linear
+/// input a pass holds (rounded up to the arena's alignment each).
+#[rstest]
+fn a_bf16_plan_counts_the_saved_input_copies(
+    #[values(TrainSchedule::Batched, TrainSchedule::PerSample)] schedule: TrainSchedule,
+    #[values(false, true)] capture: bool,
+) {
+    use zgrad::Precision;
+    let (model, batch) = (
+        XAssetConfig {
+            layers: 2,
+            ..tiny()
+        },
+        4,
+    );
+    let request_of = |per_call| {
+        let mut req = request(model, batch, capture, small_arena());
+        req.trainer.precision = Precision::Bf16;
+        req.trainer.bf16_weights_per_call = per_call;
+        req
+    };
+    let planned = |req: &PlanRequest<XAssetConfig>| {
+        zgrad::plan(req)
+            .expect("plan")
+            .schedule(schedule)
+            .expect("both schedules are planned")
+            .clone()
+    };
+    let (once, per_call) = (request_of(false), request_of(true));
+    let (once_plan, per_call_plan) = (planned(&once), planned(&per_call));
+    assert_eq!(
+        once_plan,
+        real_run(computing_sim(), &once, schedule),
+        "once"
+    );
+    assert_eq!(
+        per_call_plan,
+        real_run(computing_sim(), &per_call, schedule),
+        "per call"
+    );
+    if capture {
+        return;
+    }
+    let rows = model.scales
+        * match schedule {
+            TrainSchedule::Batched => batch,
+            TrainSchedule::PerSample => 1,
+        };
+    let aligned =
+        |values: usize| (2 * values as u64).div_ceil(zmem::units::ALIGN) * zmem::units::ALIGN;
+    let block = [model.width, model.width, model.width, model.ff];
+    let copies = aligned(rows * model.features)
+        + (model.layers as u64) * block.iter().map(|&i| aligned(rows * i)).sum::<u64>();
+    let (saved_once, saved_per_call) = (
+        once_plan.peak.get(AllocClass::Saved),
+        per_call_plan.peak.get(AllocClass::Saved),
+    );
+    assert!(
+        saved_once > saved_per_call && saved_once - saved_per_call <= copies,
+        "saved {saved_once} once vs {saved_per_call} per call; copies {copies}"
+    );
+}

@@ -117,4 +117,6 @@ fn the_policy_runs_its_products_through_precision_ops() {
 /// The trainer under a policy on the CPU (the simulated device and the GPU: device.rs).
 /// One bf16 step against the float64 oracle, judged by PyTorch autocast's own error.
 mod autocast;
+/// The bf16 conversions a step makes, counted on the simulated device.
+mod conversions;
 mod trainer;

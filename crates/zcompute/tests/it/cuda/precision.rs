@@ -405,6 +405,100 @@ pub fn captured_mode_products_replay_as_eager<D: Driver>(gpu: &CudaBackend<D>, m
     }
 }
 
+/// Products on bf16 copies (`bf16_copy_of` once, then `matmul_bf16`, `matmul_into_bf16`)
+/// equal converting both operands per call (`matmul_mode`, `matmul_into_mode` under bf16) bit
+/// for bit, on the device and on the CPU, for every matrix case (into zeros and into a
+/// transposed view, which takes the product-then-add path); a copy that is not a matrix is
+/// refused with the destination untouched.
+pub fn products_of_copies_equal_converting_per_call_bitwise<D: Driver>(gpu: &CudaBackend<D>) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let matrices = CASES
+        .iter()
+        .enumerate()
+        .filter(|(_, (a, b, _))| a.len() == 2 && b.len() == 2);
+    for (case, &(a_shape, b_shape, o)) in matrices {
+        let what = format!("{a_shape:?} x {b_shape:?} {o:?}");
+        let a = values(a_shape.iter().product(), 7 + case as u64, -2.0, 2.0);
+        let b = values(b_shape.iter().product(), 70 + case as u64, -1.0, 1.0);
+        let (da, db) = (
+            gpu.upload(&a, a_shape).unwrap(),
+            gpu.upload(&b, b_shape).unwrap(),
+        );
+        let (ca, cb) = (
+            gpu.bf16_copy_of(&da).unwrap(),
+            gpu.bf16_copy_of(&db).unwrap(),
+        );
+        let per_call = gpu.matmul_mode(&da, &db, o, MathMode::Bf16).unwrap();
+        let per_call = bits(&gpu.download(&per_call).unwrap());
+        let copies = gpu.matmul_bf16(&ca, &cb, o).unwrap();
+        assert_eq!(bits(&gpu.download(&copies).unwrap()), per_call, "{what}");
+        let shape = copies.shape().to_vec();
+        let (into_per_call, into_copies) = (gpu.zeros(&shape).unwrap(), gpu.zeros(&shape).unwrap());
+        gpu.matmul_into_mode(&da, &db, o, &into_per_call, MathMode::Bf16)
+            .unwrap();
+        gpu.matmul_into_bf16(&ca, &cb, o, &into_copies).unwrap();
+        assert_eq!(
+            bits(&gpu.download(&into_copies).unwrap()),
+            bits(&gpu.download(&into_per_call).unwrap()),
+            "{what} into"
+        );
+        let stored = [shape[1], shape[0]];
+        let views = [0, 1].map(|_| gpu.zeros(&stored).unwrap().transpose(0, 1).unwrap());
+        gpu.matmul_into_mode(&da, &db, o, &views[0], MathMode::Bf16)
+            .unwrap();
+        gpu.matmul_into_bf16(&ca, &cb, o, &views[1]).unwrap();
+        assert_eq!(
+            bits(&gpu.download(&views[1]).unwrap()),
+            bits(&gpu.download(&views[0]).unwrap()),
+            "{what} into view"
+        );
+        let (ha, hb) = (
+            CpuTensor::from_vec(a.clone(), a_shape).unwrap(),
+            CpuTensor::from_vec(b.clone(), b_shape).unwrap(),
+        );
+        let (hca, hcb) = (
+            CPU.bf16_copy_of(&ha).unwrap(),
+            CPU.bf16_copy_of(&hb).unwrap(),
+        );
+        assert_eq!(
+            bits(&CPU.matmul_bf16(&hca, &hcb, o).unwrap().to_vec()),
+            bits(
+                &CPU.matmul_mode(&ha, &hb, o, MathMode::Bf16)
+                    .unwrap()
+                    .to_vec()
+            ),
+            "{what} cpu"
+        );
+        let (h_per_call, h_copies) = (CPU.zeros(&shape).unwrap(), CPU.zeros(&shape).unwrap());
+        CPU.matmul_into_mode(&ha, &hb, o, &h_per_call, MathMode::Bf16)
+            .unwrap();
+        CPU.matmul_into_bf16(&hca, &hcb, o, &h_copies).unwrap();
+        assert_eq!(
+            bits(&h_copies.to_vec()),
+            bits(&h_per_call.to_vec()),
+            "{what} cpu into"
+        );
+    }
+    let batched = gpu
+        .bf16_copy_of(&gpu.upload(&values(24, 3, -1.0, 1.0), &[2, 3, 4]).unwrap())
+        .unwrap();
+    let w = gpu
+        .bf16_copy_of(&gpu.upload(&values(8, 4, -1.0, 1.0), &[4, 2]).unwrap())
+        .unwrap();
+    let dst = gpu.zeros(&[3, 2]).unwrap();
+    for err in [
+        gpu.matmul_bf16(&batched, &w, MatmulOpts::default())
+            .map(|_| ()),
+        gpu.matmul_into_bf16(&batched, &w, MatmulOpts::default(), &dst),
+    ] {
+        assert!(
+            matches!(err, Err(zcompute::ComputeError::ShapeMismatch { .. })),
+            "{err:?}"
+        );
+    }
+    assert_eq!(gpu.download(&dst).unwrap(), [0.0; 6], "nothing ran");
+}
+
 macro_rules! precision_suite {
     ($backend:path) => {
         use rstest::rstest;
@@ -426,6 +520,11 @@ macro_rules! precision_suite {
         #[test]
         fn exact_operands_give_the_f32_product() {
             super::exact_operands_give_the_f32_product(&$backend());
+        }
+
+        #[test]
+        fn products_of_copies_equal_converting_per_call_bitwise() {
+            super::products_of_copies_equal_converting_per_call_bitwise(&$backend());
         }
 
         #[test]

@@ -126,8 +126,10 @@ fn assert_bitwise(what: &str, a: &Run, b: &Run) {
 }
 
 /// Under bf16 the Linear products read their weights from the trainer's bf16 copy of the
-/// parameters (converted once a step); converting each weight on every product call instead
-/// (the reference, `bf16_weights_per_call`) gives the same bits: two steps (the second
+/// parameters (converted once a step), and each layer's input and output gradient are
+/// converted once (the input's copy kept for the weight's gradient); converting both operands
+/// on every product call instead (the reference, `bf16_weights_per_call`, whose tapes have no
+/// weight copy) gives the same bits: two steps (the second
 /// reads a copy refreshed from the updated parameters; captured, it replays the graph) of
 /// each schedule, eager and captured, on the fixture: losses, gradients, parameters after
 /// AdamW.

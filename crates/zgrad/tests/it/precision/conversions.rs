@@ -1,0 +1,131 @@
+//! The bf16 conversions a training step makes (issue 42), counted on the simulated device:
+//! every run of the conversion kernel (`Kernel::F32ToBf16`), eager or replayed from a captured
+//! graph. Under bf16 each operand of a Linear layer's products is converted once a step: the
+//! weights once for all (the step's copy), each layer's input once in its forward (its copy
+//! kept for the weight's gradient) and the gradient of its output once for both backward
+//! products. The per-call reference (`bf16_weights_per_call`) converts both operands of every
+//! product. The bits are the same (`trainer.rs`, `device.rs`: the bf16 copy's bitwise tests).
+
+// The counts belong in the test's output (reported before/after in issue 42).
+#![allow(clippy::print_stderr)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use zcompute::CudaBackend;
+use zcompute::cuda::Kernel;
+use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
+use zgrad::{Precision, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zmem::{Arena, ArenaConfig};
+
+/// A simulated device whose conversion-kernel runs are counted in the returned counter.
+fn counting_device() -> (CudaBackend<SimDriver>, Arc<AtomicUsize>) {
+    let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    zcompute::cuda::twins::register_observed(&sim, move |k| {
+        if k == Kernel::F32ToBf16 {
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let dev = Device::open(
+        sim,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .expect("the simulated device opens");
+    let arena = Arena::new(dev, ArenaConfig::default()).expect("arena");
+    (CudaBackend::new(arena).expect("backend"), count)
+}
+
+fn config(layers: usize) -> XAssetConfig {
+    XAssetConfig {
+        features: 7,
+        scales: 3,
+        width: 8,
+        heads: 2,
+        ff: 12,
+        layers,
+    }
+}
+
+/// Samples of the step.
+const ROWS: usize = 4;
+
+/// Linear layers of XAsset with `layers` blocks that run as `Tape::linear` nodes in training:
+/// the embedding and each block's `qkv`, `o`, `f1` and `f2` (the head's product is part of
+/// the fused pooled loss, `Tape::pool_head_bce`, in float32).
+fn linears(layers: usize) -> usize {
+    1 + 4 * layers
+}
+
+/// Conversions of the third step of a bf16 trainer (the first two record and replay a
+/// captured graph), `per_call`: the reference that converts every operand on every call.
+fn conversions_per_step(
+    layers: usize,
+    schedule: TrainSchedule,
+    capture: bool,
+    per_call: bool,
+) -> usize {
+    let (b, count) = counting_device();
+    let c = config(layers);
+    let model = XAsset::init(&b, c, 5).expect("model");
+    let cfg = TrainerConfig {
+        schedule,
+        capture,
+        precision: Precision::Bf16,
+        bf16_weights_per_call: per_call,
+        ..TrainerConfig::default()
+    };
+    let mut t = Trainer::new(b, model, cfg).expect("trainer");
+    let x: Vec<f32> = (0..ROWS * c.scales * c.features)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let y: Vec<f32> = (0..ROWS).map(|i| (i % 2) as f32).collect();
+    let mut step = || {
+        let r = t.step(StepSource::host(&x, &y, ROWS)).expect("step");
+        assert_eq!(r.captured, capture);
+    };
+    step();
+    step();
+    count.store(0, Ordering::Relaxed);
+    step();
+    count.load(Ordering::Relaxed)
+}
+
+/// Each Linear layer converts two tensors a step (its input in the forward, its output's
+/// gradient in the backward; per sample in the per-sample schedule), and the weights convert
+/// once: `1 + 2·linears` conversions a batched step, `1 + 2·linears·rows` a per-sample one,
+/// eager and captured alike. Converting per call costs `6·linears − 2` a product pass: both
+/// operands of the forward product and of the two backward products (the embedding's input
+/// needs no gradient, so it has one backward product fewer).
+#[test]
+fn a_bf16_step_converts_each_operand_once() {
+    for layers in [1, 3] {
+        let n = linears(layers);
+        for (schedule, passes) in [
+            (TrainSchedule::Batched, 1),
+            (TrainSchedule::PerSample, ROWS),
+        ] {
+            for capture in [false, true] {
+                let once = conversions_per_step(layers, schedule, capture, false);
+                let per_call = conversions_per_step(layers, schedule, capture, true);
+                eprintln!(
+                    "L = {layers} {schedule:?} captured {capture}: {once} conversions a step \
+                     (per call: {per_call})"
+                );
+                assert_eq!(
+                    once,
+                    1 + 2 * n * passes,
+                    "L = {layers} {schedule:?} {capture}"
+                );
+                assert_eq!(
+                    per_call,
+                    (6 * n - 2) * passes,
+                    "L = {layers} {schedule:?} {capture}"
+                );
+            }
+        }
+    }
+}
