@@ -128,10 +128,10 @@ pub struct Options {
     #[arg(long, default_value = "4G", value_parser = parse_size, help_heading = "Device")]
     pub sim_memory: u64,
 
-    /// Data-parallel ranks on this host: ztrain starts itself N times, one process per GPU
+    /// Data-parallel ranks on this host: the program starts itself N times, one process per GPU
     /// (LOCAL_RANK picks the GPU), or per simulated device with --device sim; --batch stays
     /// the global batch, split over the ranks. Started by torchrun, SLURM or mpirun instead
-    /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), ztrain joins as that rank.
+    /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), it joins as that rank.
     /// Exit status 100 + r when rank r failed (the message says why).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=99), help_heading = "Device")]
     pub gpus: u16,

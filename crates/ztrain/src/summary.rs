@@ -150,7 +150,7 @@ pub(crate) fn finish<B: TrainBackend + MemorySource, M: Model<B, f32>>(
     }
     if let Some(path) = &options.memory_report {
         let report = MemoryReport {
-            title: "ztrain memory report".into(),
+            title: format!("{} memory report", out.program()),
             facts: vec![
                 ("device".into(), description.to_string()),
                 ("model".into(), ctx.model_line.clone()),

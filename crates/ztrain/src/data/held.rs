@@ -59,11 +59,12 @@ impl HostData {
         self.samples + self.staging + self.evaluation
     }
 
-    /// The run's line (`held` first, in bytes, so that a script can read it).
+    /// The run's line, after the program's name (`held` first, in bytes, so that a script can
+    /// read it).
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "ztrain: host data held: {} bytes ({} {} bytes, pinned staging {} bytes, evaluation beside it {} bytes)",
+            "host data held: {} bytes ({} {} bytes, pinned staging {} bytes, evaluation beside it {} bytes)",
             self.held(),
             match self.kind {
                 Kind::Rows => "samples",

@@ -186,14 +186,14 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
         }
     };
     let every = ctx.options.readback_every;
-    out.line(&if on_device {
+    out.say(&if on_device {
         format!(
-            "ztrain: training set on the device ({}; each step's rows gathered there), read back every {every} steps",
+            "training set on the device ({}; each step's rows gathered there), read back every {every} steps",
             Bytes(bytes)
         )
     } else if feed::staging_batches(train_set) == 1 {
         format!(
-            "ztrain: training set on the host (each step's {} into one pinned batch once the last copy from it is done), read back every {every} steps",
+            "training set on the host (each step's {} into one pinned batch once the last copy from it is done), read back every {every} steps",
             if matches!(train_set, Samples::Stream(_)) {
                 "rows read from the file"
             } else {
@@ -202,7 +202,7 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
         )
     } else {
         format!(
-            "ztrain: training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
+            "training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
         )
     });
     Feed::new(
@@ -241,8 +241,8 @@ pub(super) fn validation_of<B: TrainBackend, M: Model<B, f32>>(
     let bytes = zgrad::validation_data_bytes(val_set.len(), per, chunk, 4);
     if placement::validation_on_device(ctx.options.data_on, ctx.room, taken, bytes) {
         learner.load_validation(&val_set.x, &val_set.y, val_set.len())?;
-        out.line(&format!(
-            "ztrain: validation set on the device ({}; evaluated in chunks of {chunk}{}, read back once an epoch)",
+        out.say(&format!(
+            "validation set on the device ({}; evaluated in chunks of {chunk}{}, read back once an epoch)",
             Bytes(bytes),
             if ctx.config.capture { ", captured" } else { "" }
         ));
@@ -267,7 +267,7 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
         staging: feed.staging_bytes(),
         evaluation: evaluation(train_set).max(evaluation(val_set)),
     };
-    out.line(&data.line());
+    out.say(&data.line());
     data
 }
 
@@ -333,7 +333,8 @@ pub(super) fn start<B: TrainBackend, M: Model<B, f32>>(
     }
 }
 
-/// The run's first line: the model, the data split and the schedule.
+/// The run's first line (without the program's name): the model, the data split and the
+/// schedule.
 pub(super) fn header<S: FitModel>(
     spec: &S,
     config: &RunConfig,
@@ -341,7 +342,7 @@ pub(super) fn header<S: FitModel>(
     n_val: usize,
 ) -> Result<String> {
     Ok(format!(
-        "ztrain: {} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
+        "{} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
         spec.describe(config),
         spec.parameters(config)?,
         n_train,
