@@ -205,10 +205,11 @@ pub struct Options {
     )]
     pub labels: Option<PathBuf>,
 
-    /// Leave the --data samples in their file and read each batch's rows by position as it is
-    /// staged (a .npy pair or .safetensors in C order): the host holds one batch, whatever the
-    /// file's size; bitwise the run that reads the file whole. A binary classifier in one
-    /// process, the training set on the host, no --normalize or --window.
+    /// Leave the --data samples in their file and read each batch's rows as it is staged: by
+    /// position (a .npy pair or .safetensors in C order) or by row group (.parquet, a column
+    /// chunk's pages at a time): the host holds one batch, whatever the file's size; bitwise
+    /// the run that reads the file whole. A binary classifier in one process, the training
+    /// set on the host, no --normalize or --window.
     #[arg(
         long,
         requires = "data",

@@ -100,7 +100,7 @@ fn schedule_line(c: &zgrad::TrainerConfig) -> String {
 /// The memory report's line for the host's data bytes.
 fn host_data_fact(d: &crate::data::held::HostData) -> String {
     format!(
-        "{} held: {} {}, pinned staging {}, evaluation beside it {}",
+        "{} held: {} {}, pinned staging {}, evaluation beside it {}{}",
         Bytes(d.held()),
         match d.kind {
             crate::data::held::Kind::Rows => "samples",
@@ -109,7 +109,12 @@ fn host_data_fact(d: &crate::data::held::HostData) -> String {
         },
         Bytes(d.samples),
         Bytes(d.staging),
-        Bytes(d.evaluation)
+        Bytes(d.evaluation),
+        if d.reader > 0 {
+            format!(", Parquet reader at most {}", Bytes(d.reader))
+        } else {
+            String::new()
+        }
     )
 }
 

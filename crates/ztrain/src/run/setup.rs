@@ -117,9 +117,10 @@ fn load_streamed(
         (formats::Format::Safetensors, None) => {
             data::stream::safetensors(path, m.scales, m.features)?
         }
+        (formats::Format::Parquet, None) => data::stream::parquet(path, m.scales, m.features)?,
         (format, _) => {
             return Err(TrainError::Options(format!(
-                "--stream reads rows by position: --data x.npy --labels y.npy, or a .safetensors file; {} is a {} file: drop --stream (or write it as .npy or safetensors)",
+                "--stream reads rows by position (--data x.npy --labels y.npy, or a .safetensors file) or by row group (a .parquet file); {} is a {} file: drop --stream (or write it as one of those)",
                 path.display(),
                 format.name()
             )));
@@ -266,6 +267,7 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
         kind: held::Kind::of(train_set),
         staging: feed.staging_bytes(),
         evaluation: evaluation(train_set).max(evaluation(val_set)),
+        reader: held::reader_bytes(train_set).max(held::reader_bytes(val_set)),
     };
     out.say(&data.line());
     data
