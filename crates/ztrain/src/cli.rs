@@ -209,7 +209,7 @@ pub struct Options {
     /// position (a .npy pair or .safetensors in C order) or by row group (.parquet, a column
     /// chunk's pages at a time): the host holds one batch, whatever the file's size; bitwise
     /// the run that reads the file whole. A binary classifier in one process, the training
-    /// set on the host, no --normalize or --window.
+    /// set on the host, no --window; --normalize reads the training rows through once first.
     #[arg(
         long,
         requires = "data",

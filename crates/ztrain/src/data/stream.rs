@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use super::elements::{Elem, sample_count};
 use super::parquet_stream::ParquetRows;
 use super::table::{self, Fault};
+use super::windows::Normalization;
 use crate::error::{DataError, DataPlace, DataProblem, Result, TrainError};
 
 /// The largest header read to find where the rows start.
@@ -111,10 +112,12 @@ impl PartialEq for Source {
     }
 }
 
-/// Samples `first .. first + len` of a file, read as they are staged.
+/// Samples `first .. first + len` of a file, read as they are staged (and normalised, under
+/// `--normalize`, by the training part's statistics: [`Streamed::statistics`]).
 #[derive(Clone, Debug)]
 pub struct Streamed {
     source: Source,
+    norm: Option<Arc<Normalization>>,
     pub scales: usize,
     pub features: usize,
     pub first: usize,
@@ -123,7 +126,9 @@ pub struct Streamed {
 
 impl PartialEq for Streamed {
     fn eq(&self, other: &Self) -> bool {
-        self.source == other.source && (self.first, self.len) == (other.first, other.len)
+        self.source == other.source
+            && self.norm == other.norm
+            && (self.first, self.len) == (other.first, other.len)
     }
 }
 
@@ -143,6 +148,7 @@ impl Streamed {
             Source::Parquet(p) => {
                 let mut label = [0.0];
                 p.read(&[row], x, &mut label)?;
+                self.normalize(x);
                 return Ok(label[0]);
             }
         };
@@ -155,6 +161,7 @@ impl Streamed {
             })
             .map_err(|f| xs.fault(f))?;
         }
+        self.normalize(x);
         ys.read(row, &mut values)?;
         table::label(values.first().copied(), || DataPlace::Element {
             array: "y".into(),
@@ -171,7 +178,10 @@ impl Streamed {
         match &self.source {
             Source::Parquet(p) => {
                 let file_rows: Vec<usize> = rows.iter().map(|&r| self.first + r).collect();
-                p.read(&file_rows, &mut x[..rows.len() * per], &mut y[..rows.len()])
+                let x = &mut x[..rows.len() * per];
+                p.read(&file_rows, x, &mut y[..rows.len()])?;
+                self.normalize(x);
+                Ok(())
             }
             Source::Arrays { .. } => {
                 for (i, &r) in rows.iter().enumerate() {
@@ -180,6 +190,40 @@ impl Streamed {
                 Ok(())
             }
         }
+    }
+
+    /// Applies the statistics the samples are normalised by, if any, to features read.
+    fn normalize(&self, x: &mut [f32]) {
+        if let Some(n) = &self.norm {
+            n.apply(x);
+        }
+    }
+
+    /// The same samples, normalised by `norm` as they are read.
+    #[must_use]
+    pub fn normalized(self, norm: Arc<Normalization>) -> Streamed {
+        Streamed {
+            norm: Some(norm),
+            ..self
+        }
+    }
+
+    /// The per-feature statistics of these samples (every scale of every sample a row of `F`
+    /// values), read from the file in two passes of `chunk` samples at a time, in order:
+    /// bitwise `Normalization::of_rows` of them read whole (`Normalization::of_chunks`).
+    pub fn statistics(&self, chunk: usize) -> Result<Normalization> {
+        let per = self.sample_width();
+        let chunk = chunk.clamp(1, self.len.max(1));
+        let (mut x, mut y) = (vec![0.0; chunk * per], vec![0.0; chunk]);
+        Normalization::of_chunks(self.features, |visit| -> Result<()> {
+            for start in (0..self.len).step_by(chunk) {
+                let len = chunk.min(self.len - start);
+                let rows: Vec<usize> = (start..start + len).collect();
+                self.copy_rows(&rows, &mut x[..len * per], &mut y[..len])?;
+                visit(&x[..len * per]);
+            }
+            Ok(())
+        })
     }
 
     /// The most bytes the file's reader holds at a time (a Parquet table's
@@ -445,6 +489,7 @@ pub fn parquet(path: &Path, scales: usize, features: usize) -> Result<(Streamed,
     Ok((
         Streamed {
             source: Source::Parquet(Arc::new(rows)),
+            norm: None,
             scales,
             features,
             first: 0,
@@ -460,6 +505,7 @@ fn streamed(x: Column, y: Column, scales: usize, features: usize, len: usize) ->
             x: Arc::new(x),
             y: Arc::new(y),
         },
+        norm: None,
         scales,
         features,
         first: 0,

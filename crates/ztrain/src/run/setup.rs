@@ -100,18 +100,14 @@ pub(super) fn load_data(config: &RunConfig, stream: bool) -> Result<RunData> {
 
 /// `load_data` of the pre-cut samples in `path` (and `labels`) under `--stream`: the file is
 /// opened and checked (header, shapes, length), its fingerprint taken a MiB at a time, and
-/// split as `Dataset::split_validation` splits the rows read whole.
+/// split as `Dataset::split_validation` splits the rows read whole; under `--normalize` the
+/// training rows are read through first for their statistics (`Streamed::statistics`).
 fn load_streamed(
     config: &RunConfig,
     path: &std::path::Path,
     labels: Option<&std::path::Path>,
 ) -> Result<RunData> {
     let m = &config.model;
-    if config.normalize {
-        return Err(TrainError::Options(
-            "--stream with --normalize: a streamed file is not read ahead for statistics; normalise the file beforehand, or drop --stream".into(),
-        ));
-    }
     let (all, digest) = match (formats::Format::of(path)?, labels) {
         (formats::Format::Npy, Some(y)) => data::stream::npy_pair(path, y, m.scales, m.features)?,
         (formats::Format::Safetensors, None) => {
@@ -127,11 +123,22 @@ fn load_streamed(
         }
     };
     let n_val = data::validation_len(all.len, config.validate_fraction);
-    let (train, val) = all.split(n_val);
+    let (mut train, mut val) = all.split(n_val);
+    // `--normalize`: a first pass over the training rows in the file (two, in fact: the mean,
+    // then the deviations), a batch at a time, for the statistics the rows read whole give.
+    let norm = if config.normalize && train.len > 0 {
+        let n = train.statistics(config.batch)?;
+        let shared = std::sync::Arc::new(n.clone());
+        train = train.normalized(std::sync::Arc::clone(&shared));
+        val = val.normalized(shared);
+        Some(n)
+    } else {
+        None
+    };
     Ok(RunData {
         train: Samples::Stream(train),
         val: Samples::Stream(val),
-        norm: None,
+        norm,
         digest: Some(digest),
     })
 }
