@@ -128,10 +128,10 @@ pub struct Options {
     #[arg(long, default_value = "4G", value_parser = parse_size, help_heading = "Device")]
     pub sim_memory: u64,
 
-    /// Data-parallel ranks on this host: ztrain starts itself N times, one process per GPU
+    /// Data-parallel ranks on this host: the program starts itself N times, one process per GPU
     /// (LOCAL_RANK picks the GPU), or per simulated device with --device sim; --batch stays
     /// the global batch, split over the ranks. Started by torchrun, SLURM or mpirun instead
-    /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), ztrain joins as that rank.
+    /// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), it joins as that rank.
     /// Exit status 100 + r when rank r failed (the message says why).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=99), help_heading = "Device")]
     pub gpus: u16,
@@ -205,10 +205,11 @@ pub struct Options {
     )]
     pub labels: Option<PathBuf>,
 
-    /// Leave the --data samples in their file and read each batch's rows by position as it is
-    /// staged (a .npy pair or .safetensors in C order): the host holds one batch, whatever the
-    /// file's size; bitwise the run that reads the file whole. A binary classifier in one
-    /// process, the training set on the host, no --normalize or --window.
+    /// Leave the --data samples in their file and read each batch's rows as it is staged: by
+    /// position (a .npy pair or .safetensors in C order) or by row group (.parquet, a column
+    /// chunk's pages at a time): the host holds one batch, whatever the file's size; bitwise
+    /// the run that reads the file whole. A binary classifier in one process, the training
+    /// set on the host, no --window; --normalize reads the training rows through once first.
     #[arg(
         long,
         requires = "data",

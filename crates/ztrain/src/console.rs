@@ -4,24 +4,44 @@
 
 use std::io::Write;
 
-/// Where progress lines go.
+/// Where progress lines go, and the program's name that starts its own lines
+/// (`ztrain: resumed from ...`; a user's binary's name in its, `FitModel::program`).
 pub struct Console<'a> {
     out: &'a mut dyn Write,
+    program: String,
     closed: bool,
 }
 
 impl std::fmt::Debug for Console<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Console")
+            .field("program", &self.program)
             .field("closed", &self.closed)
             .finish()
     }
 }
 
 impl<'a> Console<'a> {
+    /// Lines to `out`, the program's own (see [`Console::say`]) named `program`.
     #[must_use]
-    pub fn new(out: &'a mut dyn Write) -> Console<'a> {
-        Console { out, closed: false }
+    pub fn new(out: &'a mut dyn Write, program: &str) -> Console<'a> {
+        Console {
+            out,
+            program: program.to_string(),
+            closed: false,
+        }
+    }
+
+    /// The program's name, as its lines give it.
+    #[must_use]
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+
+    /// Prints `text` as the program's own line: `program: text`.
+    pub fn say(&mut self, text: &str) {
+        let line = format!("{}: {text}", self.program);
+        self.line(&line);
     }
 
     /// Prints `text` and a newline (and flushes, so a reader sees each line when it happens).
@@ -75,12 +95,12 @@ mod tests {
             room: 1,
             lines: Vec::new(),
         };
-        let mut c = Console::new(&mut pipe);
-        c.line("one");
+        let mut c = Console::new(&mut pipe, "prog");
+        c.say("one");
         assert!(!c.is_closed());
         c.line("two");
         c.line("three");
         assert!(c.is_closed());
-        assert_eq!(pipe.lines, b"one\n");
+        assert_eq!(pipe.lines, b"prog: one\n");
     }
 }

@@ -123,8 +123,8 @@ pub fn launch_ranks(
     nccl_channels(options)?;
     overlap_ctas(options)?;
     let program = std::env::current_exe().map_err(|source| TrainError::Io {
-        what: "finding the ztrain executable to start the ranks",
-        path: "ztrain".into(),
+        what: "finding the running executable, to start the ranks as copies of it",
+        path: std::env::args_os().next().unwrap_or_default().into(),
         source,
     })?;
     let spec = LaunchSpec {

@@ -63,6 +63,14 @@ pub enum DataPlace {
     Array(String),
     /// One element of an array, by its index.
     Element { array: String, index: Vec<usize> },
+    /// A Parquet row group (numbered from 0, as Parquet's tools number them), as a whole.
+    RowGroup { group: usize },
+    /// One column (from 1, by name) of a Parquet row group (from 0).
+    RowGroupColumn {
+        group: usize,
+        index: usize,
+        name: String,
+    },
 }
 
 impl fmt::Display for DataPlace {
@@ -76,6 +84,10 @@ impl fmt::Display for DataPlace {
             }
             DataPlace::Array(a) => write!(f, ", array `{a}`"),
             DataPlace::Element { array, index } => write!(f, ", array `{array}` at {index:?}"),
+            DataPlace::RowGroup { group } => write!(f, ", row group {group}"),
+            DataPlace::RowGroupColumn { group, index, name } => {
+                write!(f, ", row group {group}, column {index} (`{name}`)")
+            }
         }
     }
 }

@@ -18,7 +18,7 @@
 //! ```
 //!
 //! The `ztrain` command is XAsset's use of it (`crate::xasset::XAssetFit`); the example
-//! `crates/ztrain/examples/fit_mlp.rs` trains a model of its own. Every call the loop makes
+//! `crates/ztrain/examples/fit_mlp/` trains a model of its own. Every call the loop makes
 //! into zgrad's `Trainer` is in [`learner`].
 
 mod command;
@@ -40,7 +40,7 @@ use crate::signals::StopSignal;
 use crate::step::TrainBackend;
 
 pub use crate::summary::Outcome;
-pub use command::main;
+pub use command::{main, options_from};
 
 /// What the run loop needs to know of a model: how to make it on a backend, and how to name
 /// it. The rest (the memory estimate, the arena sized from a plan, `--plan`, `--init-from`) has
@@ -67,9 +67,28 @@ pub trait FitModel {
     /// The model made on `b`, initialised from `config.seed`.
     fn init<B: TrainBackend>(&self, b: &B, config: &RunConfig) -> zgrad::Result<Self::Model<B>>;
 
-    /// What `--help` says the program trains (`None`, the default: `ztrain`'s own text).
+    /// The program's name in its lines and errors (`fit_mlp: host data held ...`, a rank's
+    /// failure, the launcher's report), its `--help` usage and `--version`: by default the
+    /// file name of the running executable (`argv[0]`); the `ztrain` command's is `ztrain`.
+    fn program(&self) -> String {
+        running_program()
+    }
+
+    /// What `--help` says the program trains (`None`: the `ztrain` command's own text, about
+    /// XAsset). The default says it trains a model through ztrain's run loop.
     fn about(&self) -> Option<&str> {
-        None
+        Some(
+            "Train a model through ztrain's run loop on --data (or a synthetic data set), and report loss, metrics, speed and memory.",
+        )
+    }
+
+    /// Whether the model's sizes are XAsset's options (`--width`, `--heads`, `--ff`,
+    /// `--layers`, the fields of those names of `config.model`). `false`, the default: the
+    /// program refuses them as unknown options and leaves them out of `--help` (they would
+    /// change nothing but the checkpoint's configuration); `config.model` keeps XAsset's
+    /// defaults there. The data's shape (`--scales`/`--window`, `--features`) is every model's.
+    fn reads_xasset_sizes(&self) -> bool {
+        false
     }
 
     /// The model's line in the memory report (by default [`FitModel::describe`]).
@@ -132,7 +151,7 @@ pub trait FitModel {
             json: self.config_json(&config),
         };
         let report = crate::plan::make_of(options, &config, model, named, &|_, _| Ok(()))?;
-        crate::plan::print_report(options, &report, out)
+        crate::plan::print_report(&self.program(), options, &report, out)
     }
 }
 
@@ -172,4 +191,17 @@ pub fn run_rank<S: FitModel>(
     stop: &StopSignal,
 ) -> Result<Outcome> {
     crate::run::run_model(model, options, Some(job), out, show_bar, stop)
+}
+
+/// The running executable's file name (`argv[0]`'s last component), else `ztrain::fit`.
+fn running_program() -> String {
+    std::env::args_os()
+        .next()
+        .and_then(|argv0| {
+            Path::new(&argv0)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "ztrain::fit".into())
 }

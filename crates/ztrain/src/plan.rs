@@ -445,13 +445,13 @@ pub fn to_json<M>(r: &PlanReport<M>) -> serde_json::Value {
     })
 }
 
-/// The report as the lines `ztrain --plan` prints.
+/// The report as the lines `program --plan` prints (`ztrain --plan: ...`).
 #[must_use]
-pub fn to_lines<M>(r: &PlanReport<M>) -> Vec<String> {
+pub fn to_lines<M>(r: &PlanReport<M>, program: &str) -> Vec<String> {
     let req = &r.plan.request;
     let mut lines = vec![
         format!(
-            "ztrain --plan: {}, batch {}, {} ({} steps per schedule on an accounting-only simulated device)",
+            "{program} --plan: {}, batch {}, {} ({} steps per schedule on an accounting-only simulated device)",
             r.model.line,
             req.batch,
             if req.trainer.capture {
@@ -676,26 +676,27 @@ fn rank_batch(options: &Options, batch: usize) -> usize {
 /// (with `--gpus N`, every rank's shard is at most the one planned).
 pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
     let report = make(options)?;
-    print_report(options, &report, out)?;
+    print_report("ztrain", options, &report, out)?;
     Ok(report)
 }
 
 /// Prints `report`, the plan of `options`' run, as [`print()`] does.
 pub fn print_report<M>(
+    program: &str,
     options: &Options,
     report: &PlanReport<M>,
     out: &mut dyn Write,
 ) -> Result<()> {
     let ranks = usize::from(options.gpus);
     let global = options.config()?.batch;
-    let mut console = Console::new(out);
+    let mut console = Console::new(out, program);
     if options.json {
         let mut v = to_json(report);
         v["ranks"] = json!(ranks);
         v["global_batch"] = json!(global);
         console.line(&v.to_string());
     } else {
-        for line in to_lines(report) {
+        for line in to_lines(report, program) {
             console.line(&line);
         }
         if ranks > 1 {

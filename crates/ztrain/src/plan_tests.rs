@@ -261,7 +261,7 @@ fn the_plan_counts_a_training_set_on_the_device() {
             d.schedule
         );
     }
-    let lines = to_lines(&dev).join("\n");
+    let lines = to_lines(&dev, "ztrain").join("\n");
     assert!(
         lines.contains("training set on the device: 4000 samples, 320.8 KiB"),
         "{lines}"
@@ -270,7 +270,7 @@ fn the_plan_counts_a_training_set_on_the_device() {
     let cramped = make(&with(&["--sim-memory", "80M"])).expect("plan");
     assert!(!cramped.data.on_device, "{cramped:?}");
     assert!(
-        to_lines(&cramped)
+        to_lines(&cramped, "ztrain")
             .join("\n")
             .contains("training set on the host: 4000 samples")
     );
@@ -309,7 +309,7 @@ fn ztrain_run(args: &[&str]) -> zmem::Diagnostics {
         b.clone(),
         None,
         &ctx,
-        &mut Console::new(&mut out),
+        &mut Console::new(&mut out, "ztrain"),
     )
     .expect("the run");
     let d = b.arena().diagnostics();

@@ -203,11 +203,11 @@ pub fn resume<B: TrainBackend, M: Model<B, f32>>(
         )));
     }
     if !ck.backend.is_empty() && ck.backend != backend {
-        out.line(&format!("ztrain: note: checkpoint written by the {} backend, continuing on {backend} (not bitwise equal to an uninterrupted run)", ck.backend));
+        out.say(&format!("note: checkpoint written by the {} backend, continuing on {backend} (not bitwise equal to an uninterrupted run)", ck.backend));
     }
     if p.epoch >= at.epochs {
-        out.line(&format!(
-            "ztrain: the run in {} is already finished ({} of {} epochs, step {}): nothing to train; raise --epochs (with --lr-schedule constant) to train further",
+        out.say(&format!(
+            "the run in {} is already finished ({} of {} epochs, step {}): nothing to train; raise --epochs (with --lr-schedule constant) to train further",
             path.display(),
             p.epoch,
             at.epochs,
@@ -215,8 +215,8 @@ pub fn resume<B: TrainBackend, M: Model<B, f32>>(
         ));
         return Ok(p);
     }
-    out.line(&format!(
-        "ztrain: resumed from {} at step {} (epoch {}, sample {} of it)",
+    out.say(&format!(
+        "resumed from {} at step {} (epoch {}, sample {} of it)",
         path.display(),
         p.step,
         p.epoch + 1,

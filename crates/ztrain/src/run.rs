@@ -87,7 +87,8 @@ pub(crate) fn run_model<S: FitModel>(
             Role::Single => (LaunchEnv::SINGLE, None),
             Role::Launcher(n) => {
                 return Err(TrainError::Options(format!(
-                    "--gpus {n}: the ranks are started by the ztrain command (or by a launcher that sets RANK and WORLD_SIZE)"
+                    "--gpus {n}: the ranks are started by {}'s main (ztrain::fit::main), or by a launcher that sets RANK and WORLD_SIZE",
+                    spec.program()
                 )));
             }
         },
@@ -109,11 +110,11 @@ pub(crate) fn run_model<S: FitModel>(
     };
     let config = options.config()?;
     let (opened, room) = open_backend(spec, options, &env, &config)?;
-    let mut console = Console::new(out);
-    console.line(&format!("ztrain: {}", opened.description));
+    let mut console = Console::new(out, &spec.program());
+    console.say(&opened.description);
     if env.info.world > 1 {
-        console.line(&format!(
-            "ztrain: rank 0 of a data-parallel job of {} ranks (one process each); --batch {} is the global batch, split over them",
+        console.say(&format!(
+            "rank 0 of a data-parallel job of {} ranks (one process each); --batch {} is the global batch, split over them",
             env.info.world, config.batch
         ));
     }
@@ -249,10 +250,10 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
         path: options.resume.clone().unwrap_or_default(),
         reason: "generator state is all zero".into(),
     })?;
-    out.line(&header(spec, config, n_train, val_set.len())?);
+    out.say(&header(spec, config, n_train, val_set.len())?);
     if let Some(path) = &options.init_from {
-        out.line(&format!(
-            "ztrain: parameters from {} (optimiser moments zero, step 0)",
+        out.say(&format!(
+            "parameters from {} (optimiser moments zero, step 0)",
             path.display()
         ));
     }
@@ -350,8 +351,8 @@ fn conclude<B: TrainBackend + MemorySource, M: Model<B, f32>>(
             finish(b, learner, ctx, out, end, train_final, validation)
         }
         Ended::StopAfter => {
-            out.line(&format!(
-                "ztrain: stopped after step {} (--stop-after); resume with --resume",
+            out.say(&format!(
+                "stopped after step {} (--stop-after); resume with --resume",
                 end.steps
             ));
             finish(b, learner, ctx, out, end, None, validation)
@@ -365,8 +366,8 @@ fn conclude<B: TrainBackend + MemorySource, M: Model<B, f32>>(
                 ),
                 None => "no --checkpoint was given, so the progress is not saved".into(),
             };
-            out.line(&format!(
-                "ztrain: stopped by {} after step {}; {saved}",
+            out.say(&format!(
+                "stopped by {} after step {}; {saved}",
                 signals::name(sig),
                 end.steps
             ));

@@ -54,10 +54,11 @@ impl StopSignal {
     }
 
     /// Until [`StopSignal::training_starts`], a signal ends the process at once with 128 + the
-    /// signal, saying so on stderr: a watcher thread does it (polling every 20 ms), so the
+    /// signal, saying so on stderr as `program`: a watcher thread does it (polling every 20 ms), so the
     /// main thread may be blocked anywhere (open(2) on a named pipe without a writer).
-    pub fn exit_at_once_until_training(&self) -> std::io::Result<()> {
+    pub fn exit_at_once_until_training(&self, program: &str) -> std::io::Result<()> {
         let (which, training) = (Arc::clone(&self.which), Arc::clone(&self.training));
+        let program = program.to_string();
         std::thread::Builder::new()
             .name("ztrain-early-stop".into())
             .spawn(move || {
@@ -68,7 +69,7 @@ impl StopSignal {
                         #[allow(clippy::print_stderr)]
                         {
                             eprintln!(
-                                "ztrain: stopped by {} before training started; nothing was trained",
+                                "{program}: stopped by {} before training started; nothing was trained",
                                 name(sig)
                             );
                         }

@@ -100,7 +100,7 @@ fn schedule_line(c: &zgrad::TrainerConfig) -> String {
 /// The memory report's line for the host's data bytes.
 fn host_data_fact(d: &crate::data::held::HostData) -> String {
     format!(
-        "{} held: {} {}, pinned staging {}, evaluation beside it {}",
+        "{} held: {} {}, pinned staging {}, evaluation beside it {}{}",
         Bytes(d.held()),
         match d.kind {
             crate::data::held::Kind::Rows => "samples",
@@ -109,7 +109,12 @@ fn host_data_fact(d: &crate::data::held::HostData) -> String {
         },
         Bytes(d.samples),
         Bytes(d.staging),
-        Bytes(d.evaluation)
+        Bytes(d.evaluation),
+        if d.reader > 0 {
+            format!(", Parquet reader at most {}", Bytes(d.reader))
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -150,7 +155,7 @@ pub(crate) fn finish<B: TrainBackend + MemorySource, M: Model<B, f32>>(
     }
     if let Some(path) = &options.memory_report {
         let report = MemoryReport {
-            title: "ztrain memory report".into(),
+            title: format!("{} memory report", out.program()),
             facts: vec![
                 ("device".into(), description.to_string()),
                 ("model".into(), ctx.model_line.clone()),

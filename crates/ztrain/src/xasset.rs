@@ -36,6 +36,20 @@ impl FitModel for XAssetFit {
         )
     }
 
+    /// `ztrain`, whatever the executable's file is called.
+    fn program(&self) -> String {
+        "ztrain".into()
+    }
+
+    /// The command's own `--help` text (its doc comment).
+    fn about(&self) -> Option<&str> {
+        None
+    }
+
+    fn reads_xasset_sizes(&self) -> bool {
+        true
+    }
+
     fn parameters(&self, config: &RunConfig) -> Result<u64> {
         crate::config::parameters(&config.model)
     }

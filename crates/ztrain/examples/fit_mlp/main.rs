@@ -2,8 +2,9 @@
 //! program is `ztrain::fit::main` of the model, so it takes every option of `ztrain` (the data
 //! files, `--epochs`, `--checkpoint`/`--resume`, `--data-on`, `--metrics`, `--memory-report`,
 //! `--timeline`, SIGINT/SIGTERM) and `--gpus N` (it starts N copies of itself as ranks). The
-//! options of XAsset's sizes (`--width`, `--heads`, `--ff`, `--layers`) are not this model's
-//! and are ignored.
+//! options of XAsset's sizes (`--width`, `--heads`, `--ff`, `--layers`) are not this model's:
+//! it refuses them as unknown options. Its lines and errors say `fit_mlp`, the executable's
+//! name (`FitModel::program`).
 //!
 //! ```sh
 //! cargo run --release -p ztrain --example fit_mlp                            # CPU

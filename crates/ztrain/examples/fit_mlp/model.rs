@@ -117,7 +117,7 @@ impl FitModel for MlpFit {
 
     fn about(&self) -> Option<&str> {
         Some(
-            "Train a two-layer MLP over each sample's S x F values through ztrain's run loop: every ztrain option applies, XAsset's sizes (--width, --heads, --ff, --layers) aside.",
+            "Train a two-layer MLP over each sample's S x F values through ztrain's run loop (the data, epochs, checkpoints, --gpus: every option below).",
         )
     }
 

@@ -102,11 +102,8 @@ impl<B: TrainBackend> Feed<B> {
                 *next = (*next + 1) % turns;
                 let per = train_set.sample_width();
                 // Waits only for the copy that last read this batch (`turns` steps ago).
-                batch.fill(|x, y| -> Result<()> {
-                    for (i, &r) in rows.iter().enumerate() {
-                        y[i] = train_set.copy(r, &mut x[i * per..(i + 1) * per])?;
-                    }
-                    Ok(())
+                batch.fill(|x, y| {
+                    train_set.copy_rows(rows, &mut x[..rows.len() * per], &mut y[..rows.len()])
                 })??;
                 *filled += t0.elapsed();
                 Ok(learner.queue_pinned(batch, rows.len(), *every)?)
@@ -209,9 +206,8 @@ impl<B: TrainBackend> Feed<B> {
         for start in (0..n).step_by(chunk) {
             let len = chunk.min(n - start);
             batch.fill(|x, y| -> Result<()> {
-                for (i, label) in y[..len].iter_mut().enumerate() {
-                    *label = samples.copy(start + i, &mut x[i * per..(i + 1) * per])?;
-                }
+                let rows: Vec<usize> = (start..start + len).collect();
+                samples.copy_rows(&rows, &mut x[..len * per], &mut y[..len])?;
                 let logits = learner.predict(&x[..len * per], len)?;
                 sums.add(&logits, &y[..len]);
                 Ok(())

@@ -50,20 +50,25 @@ pub struct HostData {
     /// windows cut into the staging batch, or every window cut at once where they are not
     /// evaluated in chunks (`feed::chunked`); 0 for pre-cut rows, evaluated where they lie.
     pub evaluation: u64,
+    /// The most a streamed file's reader holds at a time (a Parquet table's pages of one
+    /// column chunk and their read buffer: a bound from the file's footer, not a count); 0
+    /// for the other sources, read straight into the staging.
+    pub reader: u64,
 }
 
 impl HostData {
     /// Every byte above.
     #[must_use]
     pub fn held(&self) -> u64 {
-        self.samples + self.staging + self.evaluation
+        self.samples + self.staging + self.evaluation + self.reader
     }
 
-    /// The run's line (`held` first, in bytes, so that a script can read it).
+    /// The run's line, after the program's name (`held` first, in bytes, so that a script can
+    /// read it).
     #[must_use]
     pub fn line(&self) -> String {
         format!(
-            "ztrain: host data held: {} bytes ({} {} bytes, pinned staging {} bytes, evaluation beside it {} bytes)",
+            "host data held: {} bytes ({} {} bytes, pinned staging {} bytes, evaluation beside it {} bytes{})",
             self.held(),
             match self.kind {
                 Kind::Rows => "samples",
@@ -72,7 +77,15 @@ impl HostData {
             },
             self.samples,
             self.staging,
-            self.evaluation
+            self.evaluation,
+            if self.reader > 0 {
+                format!(
+                    ", Parquet reader at most {} bytes (one column chunk's pages)",
+                    self.reader
+                )
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -95,6 +108,16 @@ pub fn samples_bytes(train: &Samples, val: &Samples) -> u64 {
                 Samples::Stream(_) => 0,
             })
             .sum(),
+    }
+}
+
+/// The most bytes the reader of streamed `samples` holds at a time
+/// (`Streamed::reader_bytes`; 0 for samples in memory).
+#[must_use]
+pub fn reader_bytes(samples: &Samples) -> u64 {
+    match samples {
+        Samples::Stream(s) => s.reader_bytes(),
+        _ => 0,
     }
 }
 

@@ -11,6 +11,7 @@ pub mod formats;
 pub mod held;
 pub mod npy;
 pub mod parquet;
+pub mod parquet_stream;
 pub mod placement;
 pub mod stream;
 pub mod synthetic;
@@ -163,6 +164,20 @@ impl Samples {
         })
     }
 
+    /// Copies samples `rows` (any order) into `x` (sample `rows[i]`'s `S·F` values at
+    /// `x[i·S·F..]`) and `y` (its label at `y[i]`): a streamed file read once for them all
+    /// (a Parquet table a row group at a time), else sample by sample.
+    pub fn copy_rows(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
+        if let Samples::Stream(s) = self {
+            return s.copy_rows(rows, x, y);
+        }
+        let per = self.sample_width();
+        for (i, &r) in rows.iter().enumerate() {
+            y[i] = self.copy(r, &mut x[i * per..(i + 1) * per])?;
+        }
+        Ok(())
+    }
+
     /// Whether the samples are cut or read as each batch is staged (windows, streamed rows)
     /// rather than held as rows: the run then holds one batch of them (`feed`).
     #[must_use]
@@ -179,10 +194,8 @@ impl Samples {
             Samples::Windows(w) => Ok(Cow::Owned(w.materialize())),
             Samples::Stream(s) => {
                 let (n, per) = (s.len, s.sample_width());
-                let mut x = vec![0.0; n * per];
-                let y = (0..n)
-                    .map(|i| s.copy(i, &mut x[i * per..(i + 1) * per]))
-                    .collect::<Result<Vec<f32>>>()?;
+                let (mut x, mut y) = (vec![0.0; n * per], vec![0.0; n]);
+                s.copy_rows(&(0..n).collect::<Vec<_>>(), &mut x, &mut y)?;
                 Ok(Cow::Owned(Dataset {
                     scales: s.scales,
                     features: s.features,

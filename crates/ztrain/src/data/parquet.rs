@@ -8,6 +8,7 @@ use parquet::basic::Type as Physical;
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
 use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::schema::types::SchemaDescriptor;
 
 use super::table::{Fault, Table};
 use crate::error::{DataError, DataPlace, DataProblem, TrainError};
@@ -50,30 +51,9 @@ pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainEr
     let schema = meta.file_metadata().schema_descr();
     let names: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
     let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(0);
+    super::table::check_columns(names.len(), width, rows).map_err(fail)?;
+    check_numeric(schema, &names).map_err(fail)?;
     let mut table = Table::new(names, width, rows).map_err(fail)?;
-    for c in 0..table.columns() {
-        let col = schema.column(c);
-        let numeric = matches!(
-            col.physical_type(),
-            Physical::FLOAT
-                | Physical::DOUBLE
-                | Physical::INT32
-                | Physical::INT64
-                | Physical::BOOLEAN
-        );
-        if !numeric || col.max_rep_level() > 0 {
-            return Err(fail(Fault::new(
-                table.column_place(c),
-                DataProblem::NotNumeric {
-                    found: if numeric {
-                        "a nested (repeated) column".into()
-                    } else {
-                        format!("{} values", col.physical_type())
-                    },
-                },
-            )));
-        }
-    }
     let mut first = 0;
     for g in 0..meta.num_row_groups() {
         let group = reader
@@ -114,6 +94,38 @@ pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainEr
         first += n;
     }
     Ok(table)
+}
+
+/// Every column of `schema` (named `names`) must hold flat numbers (float, double, int32,
+/// int64 or boolean): the fault names the first that does not.
+pub(crate) fn check_numeric(schema: &SchemaDescriptor, names: &[String]) -> Result<(), Fault> {
+    for (c, name) in names.iter().enumerate() {
+        let col = schema.column(c);
+        let numeric = matches!(
+            col.physical_type(),
+            Physical::FLOAT
+                | Physical::DOUBLE
+                | Physical::INT32
+                | Physical::INT64
+                | Physical::BOOLEAN
+        );
+        if !numeric || col.max_rep_level() > 0 {
+            return Err(Fault::new(
+                DataPlace::Column {
+                    index: c + 1,
+                    name: name.clone(),
+                },
+                DataProblem::NotNumeric {
+                    found: if numeric {
+                        "a nested (repeated) column".into()
+                    } else {
+                        format!("{} values", col.physical_type())
+                    },
+                },
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads the `n` rows of column `c` in one row group (rows `first..`) into `table`: the

@@ -1,7 +1,7 @@
-//! `--stream`: pre-cut samples left in their file and read by position as each batch is
-//! staged, so that the host holds one batch of them whatever the file's size. The formats
-//! whose rows lie at known offsets: a pair of `.npy` files and safetensors (`x` `[N, S, F]`,
-//! `y` `[N]` or `[N, 1]`, C order). Each row is read with `pread` (`FileExt::read_exact_at`,
+//! `--stream`: pre-cut samples left in their file and read as each batch is staged, so that
+//! the host holds one batch of them whatever the file's size: by position in the formats
+//! whose rows lie at known offsets, a pair of `.npy` files and safetensors (`x` `[N, S, F]`,
+//! `y` `[N]` or `[N, 1]`, C order), and by row group in Parquet (`parquet_stream`). Each row is read with `pread` (`FileExt::read_exact_at`,
 //! no mmap: a file changed under a mapping would change the run's memory) and checked as the
 //! loaders check it, so a streamed run trains bitwise as the same file read whole. A file
 //! truncated or changed under the run (another length or modification time than at open) is
@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::elements::{Elem, sample_count};
+use super::parquet_stream::ParquetRows;
 use super::table::{self, Fault};
+use super::windows::Normalization;
 use crate::error::{DataError, DataPlace, DataProblem, Result, TrainError};
 
 /// The largest header read to find where the rows start.
@@ -89,11 +91,33 @@ impl Column {
     }
 }
 
-/// Samples `first .. first + len` of a file's `x` and `y`, read as they are staged.
+/// Where streamed samples are read from.
+#[derive(Clone, Debug)]
+enum Source {
+    /// Arrays `x` and `y`, each row at a known offset.
+    Arrays { x: Arc<Column>, y: Arc<Column> },
+    /// A Parquet table, read by row group.
+    Parquet(Arc<ParquetRows>),
+}
+
+impl PartialEq for Source {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Source::Arrays { x, y }, Source::Arrays { x: x2, y: y2 }) => {
+                Arc::ptr_eq(x, x2) && Arc::ptr_eq(y, y2)
+            }
+            (Source::Parquet(a), Source::Parquet(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// Samples `first .. first + len` of a file, read as they are staged (and normalised, under
+/// `--normalize`, by the training part's statistics: [`Streamed::statistics`]).
 #[derive(Clone, Debug)]
 pub struct Streamed {
-    x: Arc<Column>,
-    y: Arc<Column>,
+    source: Source,
+    norm: Option<Arc<Normalization>>,
     pub scales: usize,
     pub features: usize,
     pub first: usize,
@@ -102,8 +126,8 @@ pub struct Streamed {
 
 impl PartialEq for Streamed {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.x, &other.x)
-            && Arc::ptr_eq(&self.y, &other.y)
+        self.source == other.source
+            && self.norm == other.norm
             && (self.first, self.len) == (other.first, other.len)
     }
 }
@@ -119,21 +143,97 @@ impl Streamed {
     /// checked as the loaders check it.
     pub fn copy(&self, i: usize, x: &mut [f32]) -> Result<f32> {
         let row = self.first + i;
+        let (xs, ys) = match &self.source {
+            Source::Arrays { x, y } => (x, y),
+            Source::Parquet(p) => {
+                let mut label = [0.0];
+                p.read(&[row], x, &mut label)?;
+                self.normalize(x);
+                return Ok(label[0]);
+            }
+        };
         let mut values = Vec::with_capacity(self.sample_width());
-        self.x.read(row, &mut values)?;
+        xs.read(row, &mut values)?;
         for (k, (out, &v)) in x.iter_mut().zip(&values).enumerate() {
             *out = table::feature(Some(v), || DataPlace::Element {
                 array: "x".into(),
                 index: vec![row, k / self.features, k % self.features],
             })
-            .map_err(|f| self.x.fault(f))?;
+            .map_err(|f| xs.fault(f))?;
         }
-        self.y.read(row, &mut values)?;
+        self.normalize(x);
+        ys.read(row, &mut values)?;
         table::label(values.first().copied(), || DataPlace::Element {
             array: "y".into(),
             index: vec![row],
         })
-        .map_err(|f| self.y.fault(f))
+        .map_err(|f| ys.fault(f))
+    }
+
+    /// Reads samples `rows` (any order) into `x` (sample `rows[i]`'s `S·F` values at
+    /// `x[i·S·F..]`) and `y` (its label at `y[i]`): a Parquet table a row group at a time,
+    /// arrays row by row.
+    pub fn copy_rows(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
+        let per = self.sample_width();
+        match &self.source {
+            Source::Parquet(p) => {
+                let file_rows: Vec<usize> = rows.iter().map(|&r| self.first + r).collect();
+                let x = &mut x[..rows.len() * per];
+                p.read(&file_rows, x, &mut y[..rows.len()])?;
+                self.normalize(x);
+                Ok(())
+            }
+            Source::Arrays { .. } => {
+                for (i, &r) in rows.iter().enumerate() {
+                    y[i] = self.copy(r, &mut x[i * per..(i + 1) * per])?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Applies the statistics the samples are normalised by, if any, to features read.
+    fn normalize(&self, x: &mut [f32]) {
+        if let Some(n) = &self.norm {
+            n.apply(x);
+        }
+    }
+
+    /// The same samples, normalised by `norm` as they are read.
+    #[must_use]
+    pub fn normalized(self, norm: Arc<Normalization>) -> Streamed {
+        Streamed {
+            norm: Some(norm),
+            ..self
+        }
+    }
+
+    /// The per-feature statistics of these samples (every scale of every sample a row of `F`
+    /// values), read from the file in two passes of `chunk` samples at a time, in order:
+    /// bitwise `Normalization::of_rows` of them read whole (`Normalization::of_chunks`).
+    pub fn statistics(&self, chunk: usize) -> Result<Normalization> {
+        let per = self.sample_width();
+        let chunk = chunk.clamp(1, self.len.max(1));
+        let (mut x, mut y) = (vec![0.0; chunk * per], vec![0.0; chunk]);
+        Normalization::of_chunks(self.features, |visit| -> Result<()> {
+            for start in (0..self.len).step_by(chunk) {
+                let len = chunk.min(self.len - start);
+                let rows: Vec<usize> = (start..start + len).collect();
+                self.copy_rows(&rows, &mut x[..len * per], &mut y[..len])?;
+                visit(&x[..len * per]);
+            }
+            Ok(())
+        })
+    }
+
+    /// The most bytes the file's reader holds at a time (a Parquet table's
+    /// [`ParquetRows::reader_bound`]; arrays are read straight into the batch: 0).
+    #[must_use]
+    pub fn reader_bytes(&self) -> u64 {
+        match &self.source {
+            Source::Parquet(p) => p.reader_bound(),
+            Source::Arrays { .. } => 0,
+        }
     }
 
     /// The first `n - n_val` samples and the last `n_val`.
@@ -380,10 +480,32 @@ pub fn safetensors(path: &Path, scales: usize, features: usize) -> Result<(Strea
     Ok((streamed(x, y, scales, features, rows), digest))
 }
 
+/// The samples of the Parquet table `path` (`S·F` feature columns, then the label), streamed
+/// by row group; with the file's FNV-1a fingerprint.
+pub fn parquet(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
+    let rows = ParquetRows::open(path, scales * features)?;
+    let digest = fingerprint(&[path])?;
+    let len = rows.rows();
+    Ok((
+        Streamed {
+            source: Source::Parquet(Arc::new(rows)),
+            norm: None,
+            scales,
+            features,
+            first: 0,
+            len,
+        },
+        digest,
+    ))
+}
+
 fn streamed(x: Column, y: Column, scales: usize, features: usize, len: usize) -> Streamed {
     Streamed {
-        x: Arc::new(x),
-        y: Arc::new(y),
+        source: Source::Arrays {
+            x: Arc::new(x),
+            y: Arc::new(y),
+        },
+        norm: None,
         scales,
         features,
         first: 0,

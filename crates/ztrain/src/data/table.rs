@@ -75,6 +75,41 @@ pub fn label(v: Option<f64>, place: impl FnOnce() -> DataPlace) -> Result<f32, F
     }
 }
 
+/// A table of `found` columns and `rows` rows must be `width` features and the label, and
+/// hold a sample: the checks of [`Table::new`], for a reader that holds no table (`--stream`).
+pub fn check_columns(found: usize, width: usize, rows: usize) -> Result<(), Fault> {
+    if found == width {
+        return Err(Fault::new(
+            DataPlace::File,
+            DataProblem::MissingLabel { features: width },
+        ));
+    }
+    if found != width + 1 {
+        return Err(Fault::new(
+            DataPlace::File,
+            DataProblem::ColumnCount {
+                expected: width + 1,
+                found,
+            },
+        ));
+    }
+    if rows == 0 {
+        return Err(Fault::new(DataPlace::File, DataProblem::NoSamples));
+    }
+    Ok(())
+}
+
+/// The place of cell (`row`, `column`) of a table whose columns are `names`, both from 0, as
+/// messages name it (from 1).
+#[must_use]
+pub fn cell_place(names: &[String], row: usize, column: usize) -> DataPlace {
+    DataPlace::Cell {
+        row: row + 1,
+        column: column + 1,
+        name: names.get(column).cloned().unwrap_or_default(),
+    }
+}
+
 /// A table being filled: `width` feature columns, then the label, `rows` rows. Each format
 /// puts every cell once (in any order); `finish` checks that it did.
 #[derive(Debug)]
@@ -91,25 +126,7 @@ impl Table {
     /// A table of `rows` rows with the columns `names` (the file's, in order), which must be
     /// `width` features and the label.
     pub fn new(names: Vec<String>, width: usize, rows: usize) -> Result<Table, Fault> {
-        let found = names.len();
-        if found == width {
-            return Err(Fault::new(
-                DataPlace::File,
-                DataProblem::MissingLabel { features: width },
-            ));
-        }
-        if found != width + 1 {
-            return Err(Fault::new(
-                DataPlace::File,
-                DataProblem::ColumnCount {
-                    expected: width + 1,
-                    found,
-                },
-            ));
-        }
-        if rows == 0 {
-            return Err(Fault::new(DataPlace::File, DataProblem::NoSamples));
-        }
+        check_columns(names.len(), width, rows)?;
         let cells = rows.checked_mul(width).ok_or_else(|| {
             Fault::new(
                 DataPlace::File,
@@ -137,11 +154,7 @@ impl Table {
     /// The place of cell (`row`, `column`), both from 0, as messages name it (from 1).
     #[must_use]
     pub fn place(&self, row: usize, column: usize) -> DataPlace {
-        DataPlace::Cell {
-            row: row + 1,
-            column: column + 1,
-            name: self.names.get(column).cloned().unwrap_or_default(),
-        }
+        cell_place(&self.names, row, column)
     }
 
     /// The place of `column` (from 0) as a whole.

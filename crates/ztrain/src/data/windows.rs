@@ -130,23 +130,49 @@ impl Normalization {
     /// (feature `f` of row `r` at `r·features + f`).
     #[must_use]
     pub fn of_rows(x: &[f32], features: usize, rows: usize) -> Normalization {
-        let mut mean = vec![0.0f64; features];
-        let mut sq = vec![0.0f64; features];
-        for r in 0..rows {
-            for (f, m) in mean.iter_mut().enumerate() {
-                *m += f64::from(x[r * features + f]);
-            }
+        let x = x.get(..rows * features).unwrap_or(x);
+        let whole: Result<_, std::convert::Infallible> =
+            Normalization::of_chunks(features, |visit| {
+                visit(x);
+                Ok(())
+            });
+        match whole {
+            Ok(n) => n,
+            Err(never) => match never {},
         }
+    }
+
+    /// [`Normalization::of_rows`] of rows given a chunk at a time: `pass(visit)` gives every
+    /// row in order, in chunks of whole rows (`visit(values)`), and is called twice (the mean,
+    /// then the deviations from it). The same sums in the same order as `of_rows` of the rows
+    /// in one piece, so bitwise its statistics: a streamed file's (`--stream --normalize`).
+    pub fn of_chunks<E>(
+        features: usize,
+        mut pass: impl FnMut(&mut dyn FnMut(&[f32])) -> Result<(), E>,
+    ) -> Result<Normalization, E> {
+        let mut mean = vec![0.0f64; features];
+        let mut rows = 0usize;
+        pass(&mut |x: &[f32]| {
+            for row in x.chunks_exact(features.max(1)) {
+                for (m, &v) in mean.iter_mut().zip(row) {
+                    *m += f64::from(v);
+                }
+                rows += 1;
+            }
+        })?;
         let n = rows.max(1) as f64;
         for m in &mut mean {
             *m /= n;
         }
-        for r in 0..rows {
-            for (f, s) in sq.iter_mut().enumerate() {
-                let d = f64::from(x[r * features + f]) - mean[f];
-                *s += d * d;
+        let mut sq = vec![0.0f64; features];
+        pass(&mut |x: &[f32]| {
+            for row in x.chunks_exact(features.max(1)) {
+                for ((s, &v), m) in sq.iter_mut().zip(row).zip(&mean) {
+                    let d = f64::from(v) - m;
+                    *s += d * d;
+                }
             }
-        }
+        })?;
         let std = sq
             .iter()
             .map(|s| {
@@ -154,7 +180,7 @@ impl Normalization {
                 if sd > 0.0 && sd.is_finite() { sd } else { 1.0 }
             })
             .collect();
-        Normalization { mean, std }
+        Ok(Normalization { mean, std })
     }
 
     /// Applies the statistics to every value of `x` (rows of `mean.len()` values).
@@ -286,5 +312,36 @@ mod tests {
         let mut y = x;
         n.apply(&mut y);
         assert_eq!(y, [-1.0, 0.0, 1.0, 0.0, 98.0, -15.0]);
+    }
+
+    proptest::proptest! {
+        /// Rows given in chunks of any sizes (`--stream --normalize`) give the statistics of
+        /// the rows in one piece, bit for bit.
+        #[test]
+        fn statistics_of_chunks_are_the_statistics_of_the_rows_bitwise(
+            values in proptest::collection::vec(-1e6f32..1e6, 3..120),
+            cuts in proptest::collection::vec(1usize..9, 1..20),
+        ) {
+            let features = 3;
+            let rows = values.len() / features;
+            let x = &values[..rows * features];
+            let whole = Normalization::of_rows(x, features, rows);
+            let chunked: Result<_, ()> = Normalization::of_chunks(features, |visit| {
+                let mut at = 0;
+                for &c in cuts.iter().cycle() {
+                    if at == rows {
+                        break;
+                    }
+                    let end = (at + c).min(rows);
+                    visit(&x[at * features..end * features]);
+                    at = end;
+                }
+                Ok(())
+            });
+            let chunked = chunked.expect("no error");
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            proptest::prop_assert_eq!(bits(&chunked.mean), bits(&whole.mean));
+            proptest::prop_assert_eq!(bits(&chunked.std), bits(&whole.std));
+        }
     }
 }

@@ -2,10 +2,12 @@
 //! logging, signals, the launcher of `--gpus N` and the exit status. The one place of the
 //! library that prints: a failed run's error, on the user's terminal.
 
+use std::ffi::OsString;
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
-use clap::{CommandFactory as _, FromArgMatches as _, Parser as _};
+use clap::parser::ValueSource;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use tracing_subscriber::filter::LevelFilter;
 
 use super::{FitModel, run};
@@ -19,7 +21,9 @@ use crate::signals::StopSignal;
 /// 128 + a signal that stopped the run; 3 for a rank whose peer failed; the launcher's codes).
 /// The `ztrain` command is `main(&XAssetFit)`.
 pub fn main<S: FitModel>(model: &S) -> ExitCode {
-    let options = options_of(model);
+    let program = model.program();
+    // Clap exits on `--help`, `--version` and bad usage (status 2), as `Parser::parse` does.
+    let options = options_from(model, std::env::args_os()).unwrap_or_else(|e| e.exit());
     let level: LevelFilter = options.log.parse().unwrap_or(LevelFilter::WARN);
     tracing_subscriber::fmt()
         .with_max_level(level)
@@ -59,13 +63,15 @@ pub fn main<S: FitModel>(model: &S) -> ExitCode {
     };
     let role = crate::distributed::role(&options);
     if !matches!(role, Ok(crate::distributed::Role::Launcher(_)))
-        && let Err(e) = stop.exit_at_once_until_training()
+        && let Err(e) = stop.exit_at_once_until_training(&program)
     {
         return fail(&format!("error: starting the signal watcher: {e}"));
     }
     let rank = match role {
         Err(e) => return fail(&crate::error::report(&e)),
-        Ok(crate::distributed::Role::Launcher(ranks)) => return launcher(&options, ranks, &stop),
+        Ok(crate::distributed::Role::Launcher(ranks)) => {
+            return launcher(&program, &options, ranks, &stop);
+        }
         Ok(crate::distributed::Role::Rank(env)) => Some(env.info),
         Ok(crate::distributed::Role::Single) => None,
     };
@@ -82,7 +88,7 @@ pub fn main<S: FitModel>(model: &S) -> ExitCode {
                 format!(" rank {} of {}", i.rank, i.world)
             });
             let _ = fail(&format!(
-                "ztrain{who}: stopped by {} while waiting for the other ranks; nothing was trained",
+                "{program}{who}: stopped by {} while waiting for the other ranks; nothing was trained",
                 crate::signals::name(sig)
             ));
             ExitCode::from(u8::try_from(128 + sig).unwrap_or(1))
@@ -91,7 +97,7 @@ pub fn main<S: FitModel>(model: &S) -> ExitCode {
             // A rank names itself: the launcher interleaves every rank's stderr.
             Some(info) => {
                 let _ = fail(&format!(
-                    "ztrain rank {} of {}: {}",
+                    "{program} rank {} of {}: {}",
                     info.rank,
                     info.world,
                     crate::error::report(&e)
@@ -110,12 +116,12 @@ pub fn main<S: FitModel>(model: &S) -> ExitCode {
 /// `--gpus N`: starts the ranks and exits with what they did: 0, `100 + r` when rank r failed
 /// first (the message says how), or 128 + the signal that stopped the job (the launcher's,
 /// passed on to every rank, every time).
-fn launcher(options: &Options, ranks: usize, stop: &StopSignal) -> ExitCode {
+fn launcher(program: &str, options: &Options, ranks: usize, stop: &StopSignal) -> ExitCode {
     match crate::distributed::launch_ranks(options, ranks, &|| stop.received()) {
         Err(e) => fail(&crate::error::report(&e)),
         Ok(l) if l.exit_code() == 0 => ExitCode::SUCCESS,
         Ok(l) => {
-            let _ = fail(&format!("ztrain: {}", l.message()));
+            let _ = fail(&format!("{program}: {}", l.message()));
             ExitCode::from(l.exit_code())
         }
     }
@@ -130,16 +136,50 @@ fn fail(report: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// The command line's options; `--help` says what the program trains (`FitModel::about`;
-/// clap's usage line names the running program). Clap exits on `--help`, `--version` and bad
-/// usage, as `Options::parse` does.
-fn options_of<S: FitModel>(model: &S) -> Options {
-    let Some(about) = model.about() else {
-        return Options::parse();
-    };
-    let matches = Options::command()
-        .about(about.to_string())
-        .long_about(None)
-        .get_matches();
-    Options::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+/// The options of `model`'s program from `args` (`args[0]`: the program as started): ztrain's,
+/// less XAsset's sizes (`--width`, `--heads`, `--ff`, `--layers`) where the model does not read
+/// them ([`FitModel::reads_xasset_sizes`]: they are refused as unknown options and left out of
+/// `--help`). `--help` says what the program trains ([`FitModel::about`]), its usage line and
+/// `--version` name it ([`FitModel::program`], as its lines do, whatever `args[0]` says). The
+/// error is clap's: `--help` and `--version` as well as bad usage, for `clap::Error::exit` to
+/// print.
+pub fn options_from<S, I, T>(model: &S, args: I) -> Result<Options, clap::Error>
+where
+    S: FitModel,
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let program = model.program();
+    let mut command = Options::command()
+        .name(program.clone())
+        .bin_name(program.clone());
+    if let Some(about) = model.about() {
+        command = command.about(about.to_string()).long_about(None);
+    }
+    if !model.reads_xasset_sizes() {
+        for id in XASSET_SIZES {
+            command = command.mut_arg(id, |a| a.hide(true));
+        }
+        for id in ["scales", "features"] {
+            command = command.mut_arg(id, |a| a.help_heading("Samples"));
+        }
+    }
+    let matches = command.clone().try_get_matches_from(args)?;
+    if !model.reads_xasset_sizes()
+        && let Some(id) = XASSET_SIZES
+            .into_iter()
+            .find(|id| matches.value_source(id) == Some(ValueSource::CommandLine))
+    {
+        let mut command = command;
+        return Err(command.error(
+            clap::error::ErrorKind::UnknownArgument,
+            format!(
+                "unexpected argument '--{id}' found: --width, --heads, --ff and --layers are XAsset's sizes (the ztrain command's), not {program}'s model's"
+            ),
+        ));
+    }
+    Options::from_arg_matches(&matches)
 }
+
+/// The options of XAsset's sizes (their clap ids), offered only where the model reads them.
+const XASSET_SIZES: [&str; 4] = ["width", "heads", "ff", "layers"];

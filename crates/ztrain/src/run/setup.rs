@@ -100,37 +100,45 @@ pub(super) fn load_data(config: &RunConfig, stream: bool) -> Result<RunData> {
 
 /// `load_data` of the pre-cut samples in `path` (and `labels`) under `--stream`: the file is
 /// opened and checked (header, shapes, length), its fingerprint taken a MiB at a time, and
-/// split as `Dataset::split_validation` splits the rows read whole.
+/// split as `Dataset::split_validation` splits the rows read whole; under `--normalize` the
+/// training rows are read through first for their statistics (`Streamed::statistics`).
 fn load_streamed(
     config: &RunConfig,
     path: &std::path::Path,
     labels: Option<&std::path::Path>,
 ) -> Result<RunData> {
     let m = &config.model;
-    if config.normalize {
-        return Err(TrainError::Options(
-            "--stream with --normalize: a streamed file is not read ahead for statistics; normalise the file beforehand, or drop --stream".into(),
-        ));
-    }
     let (all, digest) = match (formats::Format::of(path)?, labels) {
         (formats::Format::Npy, Some(y)) => data::stream::npy_pair(path, y, m.scales, m.features)?,
         (formats::Format::Safetensors, None) => {
             data::stream::safetensors(path, m.scales, m.features)?
         }
+        (formats::Format::Parquet, None) => data::stream::parquet(path, m.scales, m.features)?,
         (format, _) => {
             return Err(TrainError::Options(format!(
-                "--stream reads rows by position: --data x.npy --labels y.npy, or a .safetensors file; {} is a {} file: drop --stream (or write it as .npy or safetensors)",
+                "--stream reads rows by position (--data x.npy --labels y.npy, or a .safetensors file) or by row group (a .parquet file); {} is a {} file: drop --stream (or write it as one of those)",
                 path.display(),
                 format.name()
             )));
         }
     };
     let n_val = data::validation_len(all.len, config.validate_fraction);
-    let (train, val) = all.split(n_val);
+    let (mut train, mut val) = all.split(n_val);
+    // `--normalize`: a first pass over the training rows in the file (two, in fact: the mean,
+    // then the deviations), a batch at a time, for the statistics the rows read whole give.
+    let norm = if config.normalize && train.len > 0 {
+        let n = train.statistics(config.batch)?;
+        let shared = std::sync::Arc::new(n.clone());
+        train = train.normalized(std::sync::Arc::clone(&shared));
+        val = val.normalized(shared);
+        Some(n)
+    } else {
+        None
+    };
     Ok(RunData {
         train: Samples::Stream(train),
         val: Samples::Stream(val),
-        norm: None,
+        norm,
         digest: Some(digest),
     })
 }
@@ -186,14 +194,14 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
         }
     };
     let every = ctx.options.readback_every;
-    out.line(&if on_device {
+    out.say(&if on_device {
         format!(
-            "ztrain: training set on the device ({}; each step's rows gathered there), read back every {every} steps",
+            "training set on the device ({}; each step's rows gathered there), read back every {every} steps",
             Bytes(bytes)
         )
     } else if feed::staging_batches(train_set) == 1 {
         format!(
-            "ztrain: training set on the host (each step's {} into one pinned batch once the last copy from it is done), read back every {every} steps",
+            "training set on the host (each step's {} into one pinned batch once the last copy from it is done), read back every {every} steps",
             if matches!(train_set, Samples::Stream(_)) {
                 "rows read from the file"
             } else {
@@ -202,7 +210,7 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
         )
     } else {
         format!(
-            "ztrain: training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
+            "training set on the host (each step's rows staged in pinned memory, two batches in turn), read back every {every} steps"
         )
     });
     Feed::new(
@@ -241,8 +249,8 @@ pub(super) fn validation_of<B: TrainBackend, M: Model<B, f32>>(
     let bytes = zgrad::validation_data_bytes(val_set.len(), per, chunk, 4);
     if placement::validation_on_device(ctx.options.data_on, ctx.room, taken, bytes) {
         learner.load_validation(&val_set.x, &val_set.y, val_set.len())?;
-        out.line(&format!(
-            "ztrain: validation set on the device ({}; evaluated in chunks of {chunk}{}, read back once an epoch)",
+        out.say(&format!(
+            "validation set on the device ({}; evaluated in chunks of {chunk}{}, read back once an epoch)",
             Bytes(bytes),
             if ctx.config.capture { ", captured" } else { "" }
         ));
@@ -266,8 +274,9 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
         kind: held::Kind::of(train_set),
         staging: feed.staging_bytes(),
         evaluation: evaluation(train_set).max(evaluation(val_set)),
+        reader: held::reader_bytes(train_set).max(held::reader_bytes(val_set)),
     };
-    out.line(&data.line());
+    out.say(&data.line());
     data
 }
 
@@ -333,7 +342,8 @@ pub(super) fn start<B: TrainBackend, M: Model<B, f32>>(
     }
 }
 
-/// The run's first line: the model, the data split and the schedule.
+/// The run's first line (without the program's name): the model, the data split and the
+/// schedule.
 pub(super) fn header<S: FitModel>(
     spec: &S,
     config: &RunConfig,
@@ -341,7 +351,7 @@ pub(super) fn header<S: FitModel>(
     n_val: usize,
 ) -> Result<String> {
     Ok(format!(
-        "ztrain: {} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
+        "{} ({} parameters); {} train / {} validation samples; batch {}, {} epochs, {} schedule",
         spec.describe(config),
         spec.parameters(config)?,
         n_train,

@@ -33,6 +33,25 @@ fn fit_run<S: FitModel>(model: &S, extra: &[&str], stop: &StopSignal) -> (String
     (String::from_utf8(out).expect("utf-8"), outcome)
 }
 
+/// The file name of the running executable: a user's model's name in its lines by default.
+fn running_program() -> String {
+    let argv0 = std::env::args_os().next().expect("argv[0]");
+    let name = std::path::Path::new(&argv0)
+        .file_name()
+        .expect("a file name");
+    name.to_string_lossy().into_owned()
+}
+
+/// No line of a user's program's output says it is `ztrain`.
+fn assert_no_ztrain_lines(out: &str) {
+    for line in out.lines() {
+        assert!(
+            !line.starts_with("ztrain"),
+            "a line names ztrain: {line}\n{out}"
+        );
+    }
+}
+
 fn bits(t: Option<Tally>) -> Option<(u64, u64, u64)> {
     t.map(|t| (t.loss_sum.to_bits(), t.correct.to_bits(), t.samples))
 }
@@ -70,10 +89,13 @@ fn a_users_model_stopped_by_sigint_and_resumed_equals_the_uninterrupted_run(
         &[device, &["--checkpoint", path_str(&full)]].concat(),
         &StopSignal::never(),
     );
+    // The user's program names itself (by default the running executable's file name).
+    let me = running_program();
     assert!(
-        full_out.contains("ztrain: MLP F=6 S=3 H=8 (161 parameters)"),
+        full_out.contains(&format!("{me}: MLP F=6 S=3 H=8 (161 parameters)")),
         "{full_out}"
     );
+    assert_no_ztrain_lines(&full_out);
     assert_eq!(whole.interrupted, None);
     // The stop request SIGINT's handler makes, there before the first step: the run stops
     // after it, writes the checkpoint and says how to go on.
@@ -86,7 +108,10 @@ fn a_users_model_stopped_by_sigint_and_resumed_equals_the_uninterrupted_run(
     );
     assert_eq!(stopped.interrupted, Some(SIGINT), "{first}");
     assert!(stopped.steps >= 1 && stopped.steps < whole.steps, "{first}");
-    assert!(first.contains("stopped by SIGINT after step"), "{first}");
+    assert!(
+        first.contains(&format!("{me}: stopped by SIGINT after step")),
+        "{first}"
+    );
     let (second, resumed) = fit_run(
         &MLP,
         &[
@@ -101,7 +126,8 @@ fn a_users_model_stopped_by_sigint_and_resumed_equals_the_uninterrupted_run(
         .concat(),
         &StopSignal::never(),
     );
-    assert!(second.contains("resumed from"), "{second}");
+    assert!(second.contains(&format!("{me}: resumed from")), "{second}");
+    assert_no_ztrain_lines(&second);
     assert_eq!(resumed.steps, whole.steps);
     assert_eq!(bits(resumed.validation), bits(whole.validation));
     assert_eq!(bits(resumed.train), bits(whole.train));
@@ -136,7 +162,10 @@ fn a_users_model_starts_from_a_parameter_file_by_name_and_another_models_file_is
         .concat(),
         &never,
     );
-    assert!(out.contains("ztrain: parameters from"), "{out}");
+    assert!(
+        out.contains(&format!("{}: parameters from", running_program())),
+        "{out}"
+    );
     fit_run(
         &MLP,
         &[&still[..], &["--checkpoint", path_str(&from_seed)]].concat(),
@@ -195,7 +224,10 @@ fn a_users_model_has_its_memory_plan() {
     };
     let lines = plan(&[]);
     assert!(
-        lines.starts_with("ztrain --plan: MLP F=6 S=3 H=8, batch 16, eager"),
+        lines.starts_with(&format!(
+            "{} --plan: MLP F=6 S=3 H=8, batch 16, eager",
+            running_program()
+        )),
         "{lines}"
     );
     assert!(lines.contains("\nbatched "), "{lines}");
@@ -299,6 +331,14 @@ impl FitModel for UsersXAsset {
     fn init<B: TrainBackend>(&self, b: &B, config: &RunConfig) -> zgrad::Result<zgrad::XAsset<B>> {
         zgrad::XAsset::init(b, config.model, config.seed)
     }
+
+    fn program(&self) -> String {
+        "my-xasset".into()
+    }
+
+    fn reads_xasset_sizes(&self) -> bool {
+        true
+    }
 }
 
 /// The numbers of every epoch's line and of the summary (the rates and times left out).
@@ -328,7 +368,8 @@ fn xasset_through_the_library_equals_the_ztrain_command_bitwise(#[case] device: 
         &[device, &["--checkpoint", path_str(&library)]].concat(),
         &StopSignal::never(),
     );
-    assert!(out.contains("ztrain: XAsset of my own"), "{out}");
+    assert!(out.contains("my-xasset: XAsset of my own"), "{out}");
+    assert_no_ztrain_lines(&out);
     let expected = numbers(&text(&o).0);
     assert_eq!(
         expected.len(),
@@ -337,4 +378,49 @@ fn xasset_through_the_library_equals_the_ztrain_command_bitwise(#[case] device: 
     );
     assert_eq!(numbers(&out), expected);
     assert_same_checkpoint(&command, &library);
+}
+
+#[test]
+fn a_users_binary_refuses_xassets_sizes_and_names_itself_in_help() {
+    // Named as its lines are (`FitModel::program`: the running executable's file name).
+    let me = running_program();
+    fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        let mut a = vec!["fit_mlp", "--device", "cpu"];
+        a.extend_from_slice(extra);
+        a
+    }
+    for size in ["--width", "--heads", "--ff", "--layers"] {
+        let e = fit::options_from(&MLP, args(&[size, "2"])).expect_err("refused");
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{size}");
+        let text = e.render().to_string();
+        assert!(text.contains(size), "{text}");
+        assert!(text.contains(&format!("Usage: {me}")), "{text}");
+    }
+    // The data's shape and every option of the run loop are the user's.
+    let o = fit::options_from(&MLP, args(&["--scales", "3", "--epochs", "1"])).expect("parses");
+    assert_eq!((o.scales, o.epochs), (3, 1));
+    let help = fit::options_from(&MLP, args(&["--help"])).expect_err("help");
+    assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
+    let help = help.render().to_string();
+    assert!(help.contains(&format!("Usage: {me} [OPTIONS]")), "{help}");
+    assert!(help.contains("two-layer MLP"), "{help}");
+    for absent in ["--width", "--heads", "--ff ", "--layers", "XAsset model"] {
+        assert!(
+            !help.contains(absent),
+            "`{absent}` in the user's --help:\n{help}"
+        );
+    }
+    let version = fit::options_from(&MLP, args(&["--version"])).expect_err("version");
+    assert!(
+        version.render().to_string().starts_with(&format!("{me} ")),
+        "{}",
+        version.render()
+    );
+    // XAsset's sizes are the ztrain command's, and a model's that reads them.
+    let xasset = ztrain::xasset::XAssetFit;
+    let o =
+        fit::options_from(&xasset, ["ztrain", "--width", "64", "--layers", "2"]).expect("ztrain");
+    assert_eq!((o.width, o.layers), (64, 2));
+    let o = fit::options_from(&UsersXAsset, ["mine", "--heads", "2"]).expect("a user's XAsset");
+    assert_eq!(o.heads, 2);
 }

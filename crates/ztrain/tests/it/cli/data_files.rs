@@ -489,14 +489,17 @@ pub(super) fn host_data(stdout: &str) -> [u64; 4] {
         .lines()
         .find(|l| l.starts_with("ztrain: host data held:"))
         .unwrap_or_else(|| panic!("no host data line in\n{stdout}"));
-    let numbers: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|t| !t.is_empty())
-        .map(|t| t.parse().expect("number"))
-        .collect();
-    numbers
+    host_data_numbers(line)
         .try_into()
         .unwrap_or_else(|n| panic!("{n:?} in `{line}`"))
+}
+
+/// The numbers of a `host data held` line, in order.
+pub(super) fn host_data_numbers(line: &str) -> Vec<u64> {
+    line.split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse().expect("number"))
+        .collect()
 }
 
 /// The host bytes `ztrain` says a run of `args` held for its data.
