@@ -102,6 +102,20 @@ impl<D: Driver> CudaBackend<D> {
         opts: MatmulOpts,
         mode: MathMode,
     ) -> Result<CudaTensor> {
+        self.gemm_product(a, b, opts, mode, || Ok((None, None)))
+    }
+
+    /// `op(a) · op(b)` under `mode` into a new tensor, the operands' shapes read from `a` and
+    /// `b` (stand-ins for bf16 copies); `given` makes the converted operands only when a
+    /// product is computed (an empty output is returned as is, an empty `k` gives zeros).
+    pub(super) fn gemm_product(
+        &self,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        opts: MatmulOpts,
+        mode: MathMode,
+        given: impl FnOnce() -> Result<Bf16Given>,
+    ) -> Result<CudaTensor> {
         let shape = validate::matmul(a, b, opts)?;
         let out = self.alloc(OP, &shape.out)?;
         if out.numel() == 0 {
@@ -111,7 +125,7 @@ impl<D: Driver> CudaBackend<D> {
             self.fill_zero(&out)?;
             return Ok(out);
         }
-        self.gemm_to(a, b, opts, &shape, &out, 0.0, mode, (None, None))?;
+        self.gemm_to(a, b, opts, &shape, &out, 0.0, mode, given()?)?;
         Ok(out)
     }
 

@@ -144,19 +144,9 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
     ) -> Result<CudaTensor> {
         const OP: &str = "matmul";
         let stand_in = w.shape_stand_in("matmul_bf16_rhs")?;
-        let shape = validate::matmul(a, &stand_in, opts)?;
-        let out = self.alloc(OP, &shape.out)?;
-        if out.numel() == 0 {
-            return Ok(out);
-        }
-        if shape.k == 0 {
-            self.fill_zero(&out)?;
-            return Ok(out);
-        }
-        let rhs = self.copy_operand(OP, w)?;
-        let given = (None, Some(rhs));
-        self.gemm_to(a, &stand_in, opts, &shape, &out, 0.0, MathMode::Bf16, given)?;
-        Ok(out)
+        self.gemm_product(a, &stand_in, opts, MathMode::Bf16, || {
+            Ok((None, Some(self.copy_operand(OP, w)?)))
+        })
     }
 
     /// `gemm_to` under bf16 with both operands read from their copies, as `bf16_operand` would
@@ -172,21 +162,12 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             a.shape_stand_in("matmul_bf16")?,
             b.shape_stand_in("matmul_bf16")?,
         );
-        let shape = validate::matmul(&sa, &sb, opts)?;
-        let out = self.alloc(OP, &shape.out)?;
-        if out.numel() == 0 {
-            return Ok(out);
-        }
-        if shape.k == 0 {
-            self.fill_zero(&out)?;
-            return Ok(out);
-        }
-        let given = (
-            Some(self.copy_operand(OP, a)?),
-            Some(self.copy_operand(OP, b)?),
-        );
-        self.gemm_to(&sa, &sb, opts, &shape, &out, 0.0, MathMode::Bf16, given)?;
-        Ok(out)
+        self.gemm_product(&sa, &sb, opts, MathMode::Bf16, || {
+            Ok((
+                Some(self.copy_operand(OP, a)?),
+                Some(self.copy_operand(OP, b)?),
+            ))
+        })
     }
 
     /// `matmul_into_gemm_mode`'s steps under bf16 on the copies: one gemm with `beta = 1`

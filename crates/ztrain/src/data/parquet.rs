@@ -18,10 +18,11 @@ pub(crate) const FORMAT: &str = "Parquet";
 /// Records read per call: bounds the buffers, not the result.
 const CHUNK: usize = 64 * 1024;
 
-fn corrupt(
+/// The Parquet reader's refusal of `path` at `place`, while `what` (whole or streamed).
+pub(super) fn corrupt(
     path: &Path,
     place: DataPlace,
-    what: String,
+    what: impl std::fmt::Display,
     e: parquet::errors::ParquetError,
 ) -> TrainError {
     TrainError::from(DataError {
@@ -46,7 +47,7 @@ pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainEr
         )));
     }
     let reader = SerializedFileReader::new(bytes::Bytes::from(bytes))
-        .map_err(|e| corrupt(path, DataPlace::File, "its footer".into(), e))?;
+        .map_err(|e| corrupt(path, DataPlace::File, "its footer", e))?;
     let meta = reader.metadata();
     let schema = meta.file_metadata().schema_descr();
     let names: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
@@ -66,7 +67,7 @@ pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainEr
             let what = format!("row group {g}");
             let reader = group
                 .get_column_reader(c)
-                .map_err(|e| corrupt(path, place.clone(), what.clone(), e))?;
+                .map_err(|e| corrupt(path, place.clone(), &what, e))?;
             let read = match reader {
                 ColumnReader::FloatColumnReader(r) => {
                     column(r, &mut table, c, first, n, max_def, f64::from)

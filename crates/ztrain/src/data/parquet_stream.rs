@@ -27,7 +27,7 @@ use parquet::data_type::DataType;
 use parquet::errors::ParquetError;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
-use super::parquet::{FORMAT, check_numeric};
+use super::parquet::{FORMAT, check_numeric, corrupt};
 use super::table::{self, Fault};
 use crate::error::{DataError, DataPlace, DataProblem, Result, TrainError};
 
@@ -191,32 +191,7 @@ impl ParquetRows {
                 source: source.map(|e| Box::new(e) as _),
             })
         };
-        let meta = self
-            .file
-            .metadata()
-            .map_err(|e| fail(DataProblem::Unreadable, Some(e)))?;
-        if meta.len() < self.len {
-            return Err(fail(
-                DataProblem::Truncated {
-                    expected: self.len,
-                    found: meta.len(),
-                },
-                None,
-            ));
-        }
-        if meta.len() != self.len || meta.modified().ok() != self.modified {
-            return Err(fail(
-                DataProblem::Changed {
-                    detail: format!(
-                        "{} bytes at the start, {} now, or written to since",
-                        self.len,
-                        meta.len()
-                    ),
-                },
-                None,
-            ));
-        }
-        Ok(())
+        super::stream::unchanged(&self.file, self.len, self.modified).map_err(|(p, e)| fail(p, e))
     }
 
     /// Reads the rows `wanted` (file rows sorted, with their places in the batch) of row
@@ -341,19 +316,6 @@ fn short(rows: usize, wanted: usize) -> ParquetError {
     ParquetError::General(format!(
         "the column chunk ends after {rows} rows, before its row {wanted} that the footer announces"
     ))
-}
-
-/// The reader's refusal of `path` at `place`, while `what`.
-fn corrupt(path: &Path, place: DataPlace, what: &str, e: ParquetError) -> TrainError {
-    TrainError::from(DataError {
-        path: path.to_path_buf(),
-        format: FORMAT,
-        place,
-        problem: DataProblem::Corrupt {
-            detail: format!("{what}: {e}"),
-        },
-        source: Some(Box::new(e)),
-    })
 }
 
 #[cfg(test)]

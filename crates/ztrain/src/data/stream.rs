@@ -49,31 +49,7 @@ impl Column {
                 source: source.map(|e| Box::new(e) as _),
             })
         };
-        let meta = self
-            .file
-            .metadata()
-            .map_err(|e| fail(DataProblem::Unreadable, Some(e)))?;
-        if meta.len() < self.len {
-            return Err(fail(
-                DataProblem::Truncated {
-                    expected: self.len,
-                    found: meta.len(),
-                },
-                None,
-            ));
-        }
-        if meta.len() != self.len || meta.modified().ok() != self.modified {
-            return Err(fail(
-                DataProblem::Changed {
-                    detail: format!(
-                        "{} bytes at the start, {} now, or written to since",
-                        self.len,
-                        meta.len()
-                    ),
-                },
-                None,
-            ));
-        }
+        unchanged(&self.file, self.len, self.modified).map_err(|(p, e)| fail(p, e))?;
         let size = self.elem.size();
         let mut bytes = vec![0u8; self.per * size];
         let at = self.offset + (row * self.per * size) as u64;
@@ -262,6 +238,39 @@ struct Found {
     fortran: bool,
     start: u64,
     bytes: u64,
+}
+
+/// Whether `file` is as a streamed reader opened it (`len` bytes, modified at `modified`):
+/// the problem (and the I/O error, if any) when it is not, for the caller to name its place.
+pub(super) fn unchanged(
+    file: &File,
+    len: u64,
+    modified: Option<SystemTime>,
+) -> std::result::Result<(), (DataProblem, Option<std::io::Error>)> {
+    let meta = file
+        .metadata()
+        .map_err(|e| (DataProblem::Unreadable, Some(e)))?;
+    if meta.len() < len {
+        return Err((
+            DataProblem::Truncated {
+                expected: len,
+                found: meta.len(),
+            },
+            None,
+        ));
+    }
+    if meta.len() != len || meta.modified().ok() != modified {
+        return Err((
+            DataProblem::Changed {
+                detail: format!(
+                    "{len} bytes at the start, {} now, or written to since",
+                    meta.len()
+                ),
+            },
+            None,
+        ));
+    }
+    Ok(())
 }
 
 /// Opens `path` for streaming: the file, its length and modification time.
