@@ -25,6 +25,7 @@ pub mod plan;
 pub mod precision;
 pub mod rng;
 pub mod schedule;
+mod shard;
 mod tape;
 mod task;
 mod trainer;
@@ -49,11 +50,12 @@ pub use optim::{
 pub use plan::{MemoryPlan, PlanRequest, SchedulePlan, plan};
 pub use precision::Precision;
 pub use schedule::{LrDecay, LrSchedule};
+pub use shard::shard;
 pub use tape::Tape;
 pub use task::{Target, Task};
 pub use trainer::{
     DEFAULT_BUCKET_BYTES, EvalSource, GradSync, HostPhases, PinnedBatch, ReplayMark, StepReport,
-    StepSource, TrainSchedule, Trainer, TrainerConfig, device_data_bytes, max_device_rows, shard,
+    StepSource, TrainSchedule, Trainer, TrainerConfig, device_data_bytes, max_device_rows,
     step_table_bytes, validation_data_bytes,
 };
 pub use var::Var;

@@ -575,6 +575,9 @@ impl crate::plan::PlanModel for XAssetConfig {
 }
 
 #[cfg(test)]
+mod bucket_tests;
+
+#[cfg(test)]
 mod tests {
     use super::{XAsset, XAssetConfig};
     use crate::error::GradError;

@@ -21,7 +21,7 @@
 //! [`GradSync::AfterBackward`] is one all-reduce after backward on the engine stream, as the
 //! per-sample step always does (after its last sample).
 
-mod buckets;
+pub(crate) mod buckets;
 
 pub use buckets::{DEFAULT_BUCKET_BYTES, GradSync};
 
@@ -32,6 +32,7 @@ use crate::memory::ClassGuard;
 use crate::metrics::EvalReport;
 use crate::model::Model;
 use crate::optim::ParameterSet;
+use crate::shard;
 use crate::tape::Tape;
 use crate::var::Var;
 use buckets::{BucketCursor, BucketPlan};
@@ -40,18 +41,6 @@ use std::ops::Range;
 use std::rc::Rc;
 use zcomm::{Collective, RankInfo, SingleProcess};
 use zcompute::{AllocClass, BTensor, BinaryOp, Capture, Element, prelude::*};
-
-/// The rows of a global batch of `batch` that rank `rank` of `world` takes: contiguous,
-/// disjoint, covering the batch, sizes differing by at most one (the first `batch % world`
-/// ranks take one more).
-#[must_use]
-pub fn shard(rank: usize, world: usize, batch: usize) -> Range<usize> {
-    let world = world.max(1);
-    let (base, extra) = (batch / world, batch % world);
-    let start = rank * base + rank.min(extra);
-    let len = base + usize::from(rank < extra);
-    start.min(batch)..(start + len).min(batch)
-}
 
 /// The collective and the per-step values the step bodies read (cloning shares them).
 pub(crate) struct Dist<B: Ops<T>, T: Element> {
@@ -521,34 +510,5 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             samples: total,
             regression: None,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shard;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn shards_are_disjoint_contiguous_and_balanced(world in 1usize..9, batch in 0usize..100) {
-            let mut next = 0;
-            let mut sizes = Vec::new();
-            for r in 0..world {
-                let s = shard(r, world, batch);
-                prop_assert_eq!(s.start, next);
-                next = s.end;
-                sizes.push(s.len());
-            }
-            prop_assert_eq!(next, batch);
-            let (lo, hi) = (sizes.iter().min().copied().unwrap_or(0), sizes.iter().max().copied().unwrap_or(0));
-            prop_assert!(hi - lo <= 1);
-        }
-    }
-
-    #[test]
-    fn three_ranks_of_seven() {
-        assert_eq!([0, 1, 2].map(|r| shard(r, 3, 7)), [0..3, 3..5, 5..7]);
-        assert_eq!([0, 1, 2].map(|r| shard(r, 3, 2)), [0..1, 1..2, 2..2]);
     }
 }

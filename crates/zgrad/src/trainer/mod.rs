@@ -52,8 +52,12 @@ use source::{From, HostSlices, PinnedRows, Shard, Source};
 use std::rc::Rc;
 use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 
+use crate::shard;
 pub use device_data::{device_data_bytes, max_device_rows};
-pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync, shard};
+/// The bucket plan, for XAsset's tests of it (`xasset/bucket_tests.rs`).
+#[cfg(test)]
+pub(crate) use distributed::buckets::{BucketPlan, Sizing};
+pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync};
 pub use eval_device::validation_data_bytes;
 pub use phases::HostPhases;
 pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};
