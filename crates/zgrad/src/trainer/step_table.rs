@@ -13,7 +13,7 @@
 //! number and learning rate are the planned ones; any other step uploads its own row and
 //! drops the plan. A plan never changes what a step computes.
 
-use super::distributed::shard;
+use crate::shard;
 use crate::error::{GradError, Result};
 use crate::memory::persistent_zeros;
 use std::ops::Range;
