@@ -13,9 +13,9 @@
 //! number and learning rate are the planned ones; any other step uploads its own row and
 //! drops the plan. A plan never changes what a step computes.
 
-use crate::shard;
 use crate::error::{GradError, Result};
 use crate::memory::persistent_zeros;
+use crate::shard;
 use std::ops::Range;
 use zcompute::{BTensor, Element, prelude::*};
 
