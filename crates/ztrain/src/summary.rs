@@ -69,7 +69,7 @@ pub(crate) struct End<'a> {
     pub(crate) started: Instant,
     pub(crate) steps: u64,
     /// The samples this run trained on (resumed ones not counted) and the time spent in
-    /// `train_batch` on them.
+    /// `Trainer::step` on them.
     pub(crate) training: Throughput,
     pub(crate) ended: Ended,
     pub(crate) soak: Option<&'a Soak>,

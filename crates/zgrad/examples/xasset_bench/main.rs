@@ -261,7 +261,7 @@ fn per_sample(b: &Bench, out: &mut Json) -> Result<(), Error> {
     out.ms("per_sample_graph_ms", Some(ms));
     out.str(
         "per_sample_timing",
-        "CUDA events around train_batch: the batch copied in once (one host-to-device upload), then one graph launch per sample reading its sample through a device-side index, the AdamW step and the stats read back",
+        "CUDA events around `Trainer::step` from a host slice: the batch copied in once (one host-to-device upload), then one graph launch per sample reading its sample through a device-side index, the AdamW step and the stats read back",
     );
     Ok(())
 }

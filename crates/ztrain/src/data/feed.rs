@@ -6,7 +6,7 @@
 //! Windows cut on the fly go through one, which the next step refills once the copy that read
 //! it is done (an event wait) and an evaluation cuts its chunks into, so that the run holds
 //! the series and one batch of windows (`held`). The rows are the data-order generator's, so
-//! every path gives the losses of `train_batch` on the same rows, bit for bit, and a
+//! every path gives the losses of a step from a host slice on the same rows, bit for bit, and a
 //! checkpoint of one resumes in the other.
 
 use std::time::{Duration, Instant};
