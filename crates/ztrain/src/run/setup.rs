@@ -181,12 +181,14 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
                 "--data-on device with --stream: streamed rows are read into the host's staging batch step by step; use --data-on host or auto, or drop --stream".into(),
             ));
         }
-        // Evaluated chunk by chunk through the staging batch (a binary classifier in one
-        // process): anything else would read the whole file into memory.
-        Samples::Stream(_) if !feed::chunked(learner, train_set) => {
-            return Err(TrainError::Options(
-                "--stream evaluates a binary classifier's samples chunk by chunk in one process; this run (another task, or several ranks) would read the whole file: drop --stream".into(),
-            ));
+        // Staged and evaluated chunk by chunk through the staging batch, a target value a
+        // sample: a model of more would read the whole file into memory.
+        Samples::Stream(_) if learner.model().task().target_len() != 1 => {
+            let task = learner.model().task();
+            return Err(TrainError::Options(format!(
+                "--stream stages one target value per sample; the model's task is {task} ({} values per sample): drop --stream",
+                task.target_len()
+            )));
         }
         Samples::Stream(_) => false,
         Samples::Rows(_) => {

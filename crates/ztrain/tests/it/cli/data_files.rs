@@ -77,11 +77,11 @@ fn write_arrow(d: &Dataset, path: &Path) {
     w.finish().expect("finish");
 }
 
-pub(super) fn npy_x(d: &Dataset) -> Vec<u8> {
+pub(crate) fn npy_x(d: &Dataset) -> Vec<u8> {
     npy::npy_f32(&[d.len(), d.scales, d.features], &d.x)
 }
 
-pub(super) fn npy_y(d: &Dataset) -> Vec<u8> {
+pub(crate) fn npy_y(d: &Dataset) -> Vec<u8> {
     npy::npy_f32(&[d.len()], &d.y)
 }
 
@@ -98,7 +98,7 @@ fn write_npz(d: &Dataset, path: &Path) {
     z.finish().expect("finish");
 }
 
-pub(super) fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
+pub(crate) fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
     let xb: Vec<u8> = d.x.iter().flat_map(|v| v.to_le_bytes()).collect();
     let yb: Vec<u8> = d.y.iter().flat_map(|v| v.to_le_bytes()).collect();
     let x = safetensors::tensor::TensorView::new(

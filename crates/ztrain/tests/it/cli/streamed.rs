@@ -11,7 +11,7 @@ use ztrain::data::synthetic;
 
 /// The `--data` arguments of the same samples as a `.npy` pair, as safetensors and as Parquet
 /// (row groups of 50 rows: 50, 50, 20), in `dir`.
-fn files(dir: &std::path::Path) -> [Vec<String>; 3] {
+pub(crate) fn files(dir: &std::path::Path) -> [Vec<String>; 3] {
     let d = synthetic::generate(120, 3, 6, 5);
     let p = |n: &str| path_str(&dir.join(n)).to_string();
     std::fs::write(dir.join("x.npy"), npy_x(&d)).expect("x.npy");
