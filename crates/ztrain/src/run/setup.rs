@@ -114,11 +114,16 @@ fn load_streamed(
             data::stream::safetensors(path, m.scales, m.features)?
         }
         (formats::Format::Parquet, None) => data::stream::parquet(path, m.scales, m.features)?,
-        (format, _) => {
+        (formats::Format::Arrow, None) => data::stream::arrow(path, m.scales, m.features)?,
+        (formats::Format::Csv, None) => data::stream::csv(path, m.scales, m.features)?,
+        (formats::Format::Npz, None) => data::stream_npz::npz(path, m.scales, m.features)?,
+        // A features `.npy` without its labels, or `--labels` beside another format: the
+        // loader's own refusal.
+        _ => {
+            formats::load(path, labels, m.scales, m.features, 0)?;
             return Err(TrainError::Options(format!(
-                "--stream reads rows by position (--data x.npy --labels y.npy, or a .safetensors file) or by row group (a .parquet file); {} is a {} file: drop --stream (or write it as one of those)",
-                path.display(),
-                format.name()
+                "--stream: {} cannot be streamed with these options",
+                path.display()
             )));
         }
     };
@@ -277,6 +282,7 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
         staging: feed.staging_bytes(),
         evaluation: evaluation(train_set).max(evaluation(val_set)),
         reader: held::reader_bytes(train_set).max(held::reader_bytes(val_set)),
+        reader_holds: held::reader_holds(train_set),
     };
     out.say(&data.line());
     data

@@ -60,7 +60,7 @@ pub fn write_parquet(d: &Dataset, path: &Path, group: usize) {
 }
 
 /// Writes `d` as an Arrow IPC file of float32 columns.
-fn write_arrow(d: &Dataset, path: &Path) {
+pub(crate) fn write_arrow(d: &Dataset, path: &Path) {
     let fields: Vec<Field> = names(d)
         .iter()
         .map(|n| Field::new(n, DataType::Float32, false))
@@ -87,10 +87,15 @@ pub(crate) fn npy_y(d: &Dataset) -> Vec<u8> {
 
 /// Writes `d` as `np.savez_compressed` would: `x.npy` and `y.npy`, deflated, in a zip.
 fn write_npz(d: &Dataset, path: &Path) {
+    write_npz_as(d, path, zip::CompressionMethod::Deflated);
+}
+
+/// Writes `d` as `x.npy` and `y.npy` in a zip, each member `method` (`Stored`: `np.savez`;
+/// `Deflated`: `np.savez_compressed`).
+pub(crate) fn write_npz_as(d: &Dataset, path: &Path, method: zip::CompressionMethod) {
     use std::io::Write as _;
     let mut z = zip::ZipWriter::new(std::fs::File::create(path).expect("create"));
-    let options = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Deflated);
+    let options = zip::write::SimpleFileOptions::default().compression_method(method);
     for (name, bytes) in [("x.npy", npy_x(d)), ("y.npy", npy_y(d))] {
         z.start_file(name, options).expect("entry");
         z.write_all(&bytes).expect("bytes");
