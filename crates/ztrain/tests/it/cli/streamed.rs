@@ -123,7 +123,7 @@ fn a_streamed_run_holds_one_batch_not_the_file() {
                 // One record batch of 120 rows of 19 float columns, and its buffers' padding.
                 assert!(line.contains("Arrow IPC reader at most"), "{line}");
                 assert!(
-                    reader >= 120 * 19 * 4 && reader < 120 * 19 * 4 + 19 * 256,
+                    (120 * 19 * 4..120 * 19 * 4 + 19 * 256).contains(&reader),
                     "{line}"
                 );
                 continue;
