@@ -55,6 +55,7 @@ fn run(
 #[rstest]
 #[case::binary(Task::binary())]
 #[case::class_index(Task::class_index(2))]
+#[case::regression(Task::regression(1))]
 fn every_task_streams_bitwise_as_the_file_read_whole_on_one_rank_and_two(#[case] task: Task) {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = MlpFit { task, ..MLP };
