@@ -1,5 +1,6 @@
 //! `--stream` for every task the run loop trains (one target value a sample, a label in
-//! {0, 1} as every loader reads it: a binary classifier's, or a class index of two classes),
+//! {0, 1} as every loader reads it: a binary classifier's, a class index of two classes, or
+//! one regression value),
 //! in one process and on two simulated ranks (each rank reading its shard of the rows):
 //! the same file in each streamed format (a `.npy` pair, safetensors, Parquet) trains and
 //! evaluates as the run that reads it whole, bit for bit: every epoch's losses and metrics,
