@@ -138,21 +138,43 @@ struct Sums {
 /// The binary report of XAsset (unweighted), exactly as before tasks existed: the mean BCE
 /// with logits and the fraction of logits with the label's sign.
 fn binary<T: Element>(logits: &[T], y: &[T]) -> EvalReport {
-    let n = y.len();
-    let (mut loss, mut correct) = (0.0, 0usize);
-    for (&l, &t) in logits.iter().zip(y) {
-        let (l, t) = (l.to_f64(), t.to_f64());
-        loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
-        if (l > 0.0) == (t > 0.5) {
-            correct += 1;
+    let mut sums = BinarySums::default();
+    sums.add(logits, y);
+    sums.report()
+}
+
+/// The unweighted binary task's running sums: BCE with logits and the logits with the
+/// label's sign, added in sample order in `f64`, so that a set summed chunk by chunk in
+/// order gives the sums of it whole, bit for bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct BinarySums {
+    pub(crate) loss: f64,
+    pub(crate) correct: usize,
+    pub(crate) samples: usize,
+}
+
+impl BinarySums {
+    /// Adds the samples of `logits` against labels `y`, in order.
+    pub(crate) fn add<T: Element>(&mut self, logits: &[T], y: &[T]) {
+        for (&l, &t) in logits.iter().zip(y) {
+            let (l, t) = (l.to_f64(), t.to_f64());
+            self.loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
+            if (l > 0.0) == (t > 0.5) {
+                self.correct += 1;
+            }
         }
+        self.samples += y.len();
     }
-    let denom = n.max(1) as f64;
-    EvalReport {
-        loss: loss / denom,
-        accuracy: correct as f64 / denom,
-        samples: n,
-        regression: None,
+
+    /// The mean loss and the fraction right of the samples added.
+    pub(crate) fn report(&self) -> EvalReport {
+        let denom = self.samples.max(1) as f64;
+        EvalReport {
+            loss: self.loss / denom,
+            accuracy: self.correct as f64 / denom,
+            samples: self.samples,
+            regression: None,
+        }
     }
 }
 

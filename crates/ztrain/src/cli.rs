@@ -206,10 +206,12 @@ pub struct Options {
     pub labels: Option<PathBuf>,
 
     /// Leave the --data samples in their file and read each batch's rows as it is staged: by
-    /// position (a .npy pair or .safetensors in C order) or by row group (.parquet, a column
-    /// chunk's pages at a time): the host holds one batch, whatever the file's size; bitwise
-    /// the run that reads the file whole. A binary classifier in one process, the training
-    /// set on the host, no --window; --normalize reads the training rows through once first.
+    /// position (a .npy pair, .safetensors or an .npz of stored members, C order), by row
+    /// group (.parquet, a column chunk's pages at a time), by record batch (.arrow) or by a
+    /// row index built in one pass (.csv): the host holds one batch (and the reader's bound),
+    /// whatever the file's size; bitwise the run that reads the file whole. Any model of one
+    /// target value a sample, with --gpus N each rank reading its shard; the training set on
+    /// the host, no --window; --normalize reads the training rows through once first.
     #[arg(
         long,
         requires = "data",

@@ -65,6 +65,8 @@ pub enum DataPlace {
     Element { array: String, index: Vec<usize> },
     /// A Parquet row group (numbered from 0, as Parquet's tools number them), as a whole.
     RowGroup { group: usize },
+    /// An Arrow IPC record batch (numbered from 0, in the file's order), as a whole.
+    RecordBatch { batch: usize },
     /// One column (from 1, by name) of a Parquet row group (from 0).
     RowGroupColumn {
         group: usize,
@@ -85,6 +87,7 @@ impl fmt::Display for DataPlace {
             DataPlace::Array(a) => write!(f, ", array `{a}`"),
             DataPlace::Element { array, index } => write!(f, ", array `{array}` at {index:?}"),
             DataPlace::RowGroup { group } => write!(f, ", row group {group}"),
+            DataPlace::RecordBatch { batch } => write!(f, ", record batch {batch}"),
             DataPlace::RowGroupColumn { group, index, name } => {
                 write!(f, ", row group {group}, column {index} (`{name}`)")
             }

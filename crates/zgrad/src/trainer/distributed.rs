@@ -489,15 +489,20 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         labels: &[T],
         total: usize,
     ) -> Result<EvalReport> {
+        let mut sums = crate::metrics::BinarySums::default();
+        sums.add(logits, labels);
+        self.all_reduce_binary(&sums, total)
+    }
+
+    /// The binary report of a set of `total` samples from this rank's sums over its shard
+    /// (`all_reduce_report`), all-reduced over the ranks.
+    pub(super) fn all_reduce_binary(
+        &self,
+        sums: &crate::metrics::BinarySums,
+        total: usize,
+    ) -> Result<EvalReport> {
         let dist = &self.parts.dist;
-        let (mut loss, mut correct) = (0.0, 0.0);
-        for (&l, &t) in logits.iter().zip(labels) {
-            let (l, t) = (l.to_f64(), t.to_f64());
-            loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
-            if (l > 0.0) == (t > 0.5) {
-                correct += 1.0;
-            }
-        }
+        let (loss, correct) = (sums.loss, sums.correct as f64);
         let b = &*self.backend;
         let sums = b.upload(&[T::from_f64(loss), T::from_f64(correct)], &[2])?;
         dist.comm.all_reduce_sum(b, &sums, self.step_count())?;

@@ -33,23 +33,37 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         sample: &[usize],
         mut keep: impl FnMut(usize, usize, &BTensor<B, T>) -> Result<Vec<T>>,
     ) -> Result<Vec<T>> {
-        let (b, task) = (&*self.backend, self.parts.model.task());
         let chunk = self.config.eval_batch.max(1);
         let per: usize = sample.iter().product();
-        let mut out = Vec::with_capacity(rows.len() * task.output_len());
+        let mut out = Vec::with_capacity(rows.len() * self.parts.model.task().output_len());
         for start in rows.clone().step_by(chunk) {
             let len = chunk.min(rows.end - start);
-            let kept = in_step(b, || {
-                let shape = Task::batched(len, sample);
-                let xs = Var::constant(b.upload(&x[start * per..(start + len) * per], &shape)?);
-                let tape = self.parts.eval_tape(b);
-                let o = self.parts.model.logits(&tape, &xs)?;
-                task.check_output(o.shape(), len)?;
-                keep(start, len, o.value())
-            })?;
-            out.extend(kept);
+            let xs = &x[start * per..(start + len) * per];
+            out.extend(self.chunk_outputs(xs, len, sample, |o| keep(start, len, o))?);
         }
         Ok(out)
+    }
+
+    /// One chunk of an evaluation: the model's outputs for the `len` samples `x` (of
+    /// `sample`) in no-grad mode in a step scope of their own, checked against the task, and
+    /// `keep` of them. Every host evaluation's chunk is this call, whoever holds the set
+    /// (`host_chunks`, `eval_chunks.rs`).
+    pub(super) fn chunk_outputs(
+        &self,
+        x: &[T],
+        len: usize,
+        sample: &[usize],
+        keep: impl FnOnce(&BTensor<B, T>) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let (b, task) = (&*self.backend, self.parts.model.task());
+        in_step(b, || {
+            let shape = Task::batched(len, sample);
+            let xs = Var::constant(b.upload(x, &shape)?);
+            let tape = self.parts.eval_tape(b);
+            let o = self.parts.model.logits(&tape, &xs)?;
+            task.check_output(o.shape(), len)?;
+            keep(o.value())
+        })
     }
 
     /// The task's mean loss and metrics (`EvalReport`) over the samples of `src`, in no-grad
@@ -104,7 +118,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let per_target = task.target_len();
         let info = self.parts.dist.info();
         let b = &*self.backend;
-        let chunk = self.config.eval_batch.max(1);
         let rows = shard(info.rank, info.world, n);
         let local = self.host_chunks(x, rows, &sample, |start, len, o| {
             let ys = b.upload(
@@ -113,14 +126,24 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             )?;
             Ok(b.download(&chunk_stats(b, &task, o, &ys)?)?)
         })?;
+        self.report_of_local_stats(&local, n)
+    }
+
+    /// The report of a set of `n` samples from this rank's chunks' statistics rows `local`
+    /// (its shard's, in chunks of `eval_batch`): in one process of them alone; in a job every
+    /// rank's rows in rank order, each rank writing its own (the others' zero), summed over
+    /// the ranks. The report is combined in `f64`.
+    pub(super) fn report_of_local_stats(&self, local: &[T], n: usize) -> Result<EvalReport> {
+        let task = self.parts.model.task();
         if self.parts.dist.single() {
-            return Ok(report_of_stats(&task, &local, n));
+            return Ok(report_of_stats(&task, local, n));
         }
-        // Every rank's rows in rank order, each rank writing its own (the others' zero).
+        let (b, info) = (&*self.backend, self.parts.dist.info());
+        let chunk = self.config.eval_batch.max(1);
         let (_, before, all) = global_chunks(info.rank, info.world, n, chunk);
         let len = stats_len(&task).unwrap_or(0);
         let mut rows_all = vec![T::ZERO; all.max(1) * len];
-        rows_all[before * len..before * len + local.len()].copy_from_slice(&local);
+        rows_all[before * len..before * len + local.len()].copy_from_slice(local);
         let dist = &self.parts.dist;
         let sums = b.upload(&rows_all, &[rows_all.len()])?;
         dist.reduce(b, &sums)?;

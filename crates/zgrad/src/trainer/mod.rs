@@ -28,6 +28,7 @@ mod checks;
 mod device_data;
 mod distributed;
 mod eval;
+mod eval_chunks;
 mod eval_device;
 mod executor;
 mod per_sample;
@@ -58,6 +59,7 @@ pub use device_data::{device_data_bytes, max_device_rows};
 #[cfg(test)]
 pub(crate) use distributed::buckets::{BucketPlan, Sizing};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync};
+pub use eval_chunks::ChunkedEval;
 pub use eval_device::validation_data_bytes;
 pub use phases::HostPhases;
 pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};

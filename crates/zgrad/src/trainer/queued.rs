@@ -393,6 +393,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 (GraphKey::QueuedDevice, GatedRows::Gathered(&gathered), None)
             }
         };
+        // The targets as the model's loss takes them (`[rows, 1]` for one regression value).
+        let target = self.targets_shape(shape[0]);
         let (queued, ended) = self.gated_step(GatedStep {
             key,
             what: "queued batched step",
@@ -402,7 +404,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             mark: None,
             track: Some(track),
             shape,
-            target: &shape[..1],
+            target: &target,
         });
         Ok((
             queued?.captured(),

@@ -383,3 +383,36 @@ fn losses_never_broadcast_a_target() {
         assert!(target_shapes(&e).is_some(), "case {i}: {e}");
     }
 }
+
+/// One regression value a sample (targets `[B, 1]`, `Task::regression(1)`) queued on rows of
+/// the loaded data set trains as the step from host slices, bit for bit: the queued step
+/// gave its loss the targets as `[B]` (a `Target` error naming `[B, 1]` and `[B]`).
+#[test]
+fn a_one_value_regression_queued_on_the_loaded_set_trains_as_the_host_step() {
+    let (x, _) = classes(4, B, F, C);
+    let y: Vec<f32> = (0..B).map(|i| x[i * F] - x[i * F + 1]).collect();
+    let run = |queued: bool| {
+        let b = Engine::sim(256 << 20).expect("sim");
+        let cfg = config(TrainSchedule::Batched, false);
+        let task = Some(Task::regression(1));
+        let mut t = head_trainer(b, 1, task, LossKind::Task, cfg);
+        let mut losses = Vec::new();
+        if queued {
+            t.load_data(&x, &y, B).expect("load");
+            let rows: Vec<usize> = (0..B).collect();
+            for _ in 0..3 {
+                let reports = t.queue(StepSource::loaded(&rows), 2).expect("queue");
+                losses.extend(reports.iter().map(|r| r.loss));
+            }
+            losses.extend(t.drain().expect("drain").iter().map(|r| r.loss));
+        } else {
+            for _ in 0..3 {
+                losses.push(t.step(StepSource::host(&x, &y, B)).expect("step").loss);
+            }
+        }
+        (losses, bits(&t))
+    };
+    let (host, queued) = (run(false), run(true));
+    assert_eq!(host.0.len(), 3);
+    assert_eq!(queued, host);
+}

@@ -17,5 +17,8 @@ mod model;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    ztrain::fit::main(&model::MlpFit { hidden: 32 })
+    ztrain::fit::main(&model::MlpFit {
+        hidden: 32,
+        task: zgrad::Task::binary(),
+    })
 }

@@ -24,12 +24,20 @@ pub struct CsvFault {
     pub problem: CsvProblem,
 }
 
-fn fault(line: usize, column: usize, problem: CsvProblem) -> CsvFault {
-    CsvFault {
-        line,
-        column,
-        problem,
+impl CsvFault {
+    /// `problem` at `line` and `column` (both from 1).
+    #[must_use]
+    pub fn at(line: usize, column: usize, problem: CsvProblem) -> CsvFault {
+        CsvFault {
+            line,
+            column,
+            problem,
+        }
     }
+}
+
+fn fault(line: usize, column: usize, problem: CsvProblem) -> CsvFault {
+    CsvFault::at(line, column, problem)
 }
 
 /// Parses CSV `text` holding samples of `scales × features`.
@@ -54,55 +62,8 @@ pub fn parse(text: &str, scales: usize, features: usize) -> Result<Dataset, CsvF
     }
     let mut x = Vec::new();
     let mut y = Vec::new();
-    for (line, row) in lines {
-        if row.trim().is_empty() {
-            return Err(fault(line, 1, CsvProblem::BlankRow));
-        }
-        let cells: Vec<&str> = row.split(',').collect();
-        if cells.len() != columns {
-            return Err(fault(
-                line,
-                cells.len().min(columns) + 1,
-                CsvProblem::ColumnCount {
-                    expected: columns,
-                    found: cells.len(),
-                },
-            ));
-        }
-        for (i, cell) in cells.into_iter().enumerate() {
-            let cell = cell.trim();
-            let value: f32 = cell.parse().map_err(|_| {
-                fault(
-                    line,
-                    i + 1,
-                    CsvProblem::NotANumber {
-                        cell: cell.to_string(),
-                    },
-                )
-            })?;
-            if !value.is_finite() {
-                return Err(fault(
-                    line,
-                    i + 1,
-                    CsvProblem::NotFinite {
-                        cell: cell.to_string(),
-                    },
-                ));
-            }
-            if i < width {
-                x.push(value);
-            } else if value == 0.0 || value == 1.0 {
-                y.push(value);
-            } else {
-                return Err(fault(
-                    line,
-                    i + 1,
-                    CsvProblem::BadLabel {
-                        cell: cell.to_string(),
-                    },
-                ));
-            }
-        }
+    for (line, text) in lines {
+        y.push(row(line, text, width, &mut x)?);
     }
     if y.is_empty() {
         return Err(fault(2, 1, CsvProblem::NoSamples));
@@ -113,6 +74,68 @@ pub fn parse(text: &str, scales: usize, features: usize) -> Result<Dataset, CsvF
         x,
         y,
     })
+}
+
+/// The data row `text` (line `line`, from 1) of `width` features and the label: its features
+/// pushed onto `x`, its label returned, every cell checked (the one check of a row, read whole
+/// or streamed: `stream_csv`).
+pub(super) fn row(
+    line: usize,
+    text: &str,
+    width: usize,
+    x: &mut Vec<f32>,
+) -> Result<f32, CsvFault> {
+    let columns = width + 1;
+    if text.trim().is_empty() {
+        return Err(fault(line, 1, CsvProblem::BlankRow));
+    }
+    let cells: Vec<&str> = text.split(',').collect();
+    if cells.len() != columns {
+        return Err(fault(
+            line,
+            cells.len().min(columns) + 1,
+            CsvProblem::ColumnCount {
+                expected: columns,
+                found: cells.len(),
+            },
+        ));
+    }
+    let mut label = 0.0;
+    for (i, cell) in cells.into_iter().enumerate() {
+        let cell = cell.trim();
+        let value: f32 = cell.parse().map_err(|_| {
+            fault(
+                line,
+                i + 1,
+                CsvProblem::NotANumber {
+                    cell: cell.to_string(),
+                },
+            )
+        })?;
+        if !value.is_finite() {
+            return Err(fault(
+                line,
+                i + 1,
+                CsvProblem::NotFinite {
+                    cell: cell.to_string(),
+                },
+            ));
+        }
+        if i < width {
+            x.push(value);
+        } else if value == 0.0 || value == 1.0 {
+            label = value;
+        } else {
+            return Err(fault(
+                line,
+                i + 1,
+                CsvProblem::BadLabel {
+                    cell: cell.to_string(),
+                },
+            ));
+        }
+    }
+    Ok(label)
 }
 
 /// Reads and parses the CSV file at `path` (once, through one open file, so a pipe works).

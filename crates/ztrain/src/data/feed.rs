@@ -3,15 +3,17 @@
 //! from there (`queue_pinned`); either way read back every `--readback-every` steps. Rows held
 //! in memory go through two pinned batches in turn (the host stages step k + 1 while step k's
 //! copy is in flight; the rows dwarf a batch, so the second costs nothing that counts).
-//! Windows cut on the fly go through one, which the next step refills once the copy that read
-//! it is done (an event wait) and an evaluation cuts its chunks into, so that the run holds
-//! the series and one batch of windows (`held`). The rows are the data-order generator's, so
-//! every path gives the losses of a step from a host slice on the same rows, bit for bit, and a
+//! Windows cut on the fly and rows streamed from their file go through one, which the next
+//! step refills once the copy that read it is done (an event wait) and an evaluation cuts or
+//! reads its chunks into, so that the run holds the series (or nothing of the file) and one
+//! batch of samples (`held`); in a job of several ranks each rank cuts or reads only its
+//! shard of a step's rows and of an evaluated set. The rows are the data-order generator's,
+//! so every path gives the losses of a step from a host slice on the same rows, bit for bit, and a
 //! checkpoint of one resumes in the other.
 
 use std::time::{Duration, Instant};
 
-use zgrad::{Model, PinnedBatch, StepReport, Task};
+use zgrad::{Model, PinnedBatch, StepReport};
 
 use super::Samples;
 use crate::error::Result;
@@ -101,9 +103,20 @@ impl<B: TrainBackend> Feed<B> {
                 let batch = &mut staging[*next];
                 *next = (*next + 1) % turns;
                 let per = train_set.sample_width();
+                // Samples cut or read as they are staged: this rank's shard of the rows only,
+                // the only rows of the batch its step copies to the device (`Trainer::queue`).
+                let mine = if train_set.staged_one_batch_at_a_time() {
+                    zgrad::shard(learner.rank(), learner.world(), rows.len())
+                } else {
+                    0..rows.len()
+                };
                 // Waits only for the copy that last read this batch (`turns` steps ago).
                 batch.fill(|x, y| {
-                    train_set.copy_rows(rows, &mut x[..rows.len() * per], &mut y[..rows.len()])
+                    train_set.copy_rows(
+                        &rows[mine.clone()],
+                        &mut x[mine.start * per..mine.end * per],
+                        &mut y[mine.clone()],
+                    )
                 })??;
                 *filled += t0.elapsed();
                 Ok(learner.queue_pinned(batch, rows.len(), *every)?)
@@ -176,11 +189,12 @@ impl<B: TrainBackend> Feed<B> {
         }
     }
 
-    /// Loss and accuracy over `samples` from the host: `evaluate` of rows in memory; windows
-    /// cut a chunk at a time (`eval_batch` windows, the chunks `evaluate` itself takes, so the
-    /// logits and the report are bitwise `evaluate`'s of the pre-cut windows) into the first
-    /// pinned staging batch once the copy that last read it is done; all at once where they
-    /// are not evaluated in chunks (`chunked`).
+    /// The model's loss and metrics over `samples` from the host: `evaluate` of rows in
+    /// memory; windows cut and streamed rows read a chunk at a time (this rank's shard of
+    /// them, in the chunks `evaluate` itself takes: `Learner::chunked_evaluation`, so the
+    /// report is bitwise `evaluate`'s of the samples held whole) into the first pinned staging
+    /// batch once the copy that last read it is done; all at once where they are not
+    /// evaluated in chunks (`chunked`).
     pub fn evaluate<M: Model<B, f32>>(
         &mut self,
         learner: &mut Learner<B, M>,
@@ -202,18 +216,17 @@ impl<B: TrainBackend> Feed<B> {
                 &mut spare
             }
         };
-        let mut sums = Sums::default();
-        for start in (0..n).step_by(chunk) {
-            let len = chunk.min(n - start);
+        let mut eval = learner.chunked_evaluation(n)?;
+        while let Some(next) = eval.next_chunk() {
+            let len = next.len();
+            let rows: Vec<usize> = next.collect();
             batch.fill(|x, y| -> Result<()> {
-                let rows: Vec<usize> = (start..start + len).collect();
                 samples.copy_rows(&rows, &mut x[..len * per], &mut y[..len])?;
-                let logits = learner.predict(&x[..len * per], len)?;
-                sums.add(&logits, &y[..len]);
+                learner.evaluate_chunk(&mut eval, &x[..len * per], &y[..len])?;
                 Ok(())
             })??;
         }
-        Ok(sums.report())
+        Ok(learner.finish_evaluation(eval)?)
     }
 }
 
@@ -230,10 +243,10 @@ pub fn staging_batches(train_set: &Samples) -> usize {
 }
 
 /// Whether an evaluation of `samples` cuts or reads them a chunk at a time into the staging
-/// batch (`Feed::evaluate`): windows or streamed rows evaluated by a binary classifier in one
-/// process, whose report this module sums itself. Another task's windows are cut whole and
-/// evaluated by the model's own metrics; in a job of several ranks each rank evaluates its
-/// shard of all of them (`--stream` refuses both: `setup::check_stream`).
+/// batch (`Feed::evaluate`): windows or streamed rows of a model whose targets are one value a
+/// sample (the staging batch's label: a binary label, a class index, one regression value),
+/// in one process or each rank its shard. A model of more target values a sample cannot be
+/// staged at all (`--stream` refuses it: `setup::feed_of`).
 #[must_use]
 pub fn chunked<B: TrainBackend, M: Model<B, f32>>(
     learner: &Learner<B, M>,
@@ -241,40 +254,5 @@ pub fn chunked<B: TrainBackend, M: Model<B, f32>>(
 ) -> bool {
     samples.staged_one_batch_at_a_time()
         && !samples.is_empty()
-        && learner.world() == 1
-        && learner.model().task() == Task::binary()
-}
-
-/// Running sums of BCE-with-logits and correct predictions, added in sample order in `f64`:
-/// zgrad's formula for `evaluate` (`trainer/eval.rs`), term for term, so the two agree bitwise
-/// however the samples are chunked.
-#[derive(Default)]
-struct Sums {
-    loss: f64,
-    correct: usize,
-    samples: usize,
-}
-
-impl Sums {
-    fn add(&mut self, logits: &[f32], y: &[f32]) {
-        for (&l, &t) in logits.iter().zip(y) {
-            let (l, t) = (f64::from(l), f64::from(t));
-            self.loss += l.max(0.0) - l * t + (-l.abs()).exp().ln_1p();
-            if (l > 0.0) == (t > 0.5) {
-                self.correct += 1;
-            }
-        }
-        self.samples += y.len();
-    }
-
-    fn report(&self) -> zgrad::EvalReport {
-        let denom = self.samples.max(1) as f64;
-        zgrad::EvalReport {
-            loss: self.loss / denom,
-            accuracy: self.correct as f64 / denom,
-            samples: self.samples,
-            // A binary classifier (its `Model::task`): no regression metrics.
-            regression: None,
-        }
-    }
+        && learner.model().task().target_len() == 1
 }

@@ -65,15 +65,14 @@ impl Format {
     }
 }
 
+/// Why a data file read whole is bounded (`load`'s `limit`).
+pub(super) const LIMIT_REASON: &str =
+    "a quarter of the host's available memory: the file and its values must fit";
+
 /// Reads `path` whole, no larger than `limit` bytes (a quarter of the host's available
 /// memory: the bytes and the values must fit).
 fn read(path: &Path, limit: u64) -> Result<Vec<u8>> {
-    crate::files::read_bounded(
-        path,
-        "reading the data file",
-        limit,
-        "a quarter of the host's available memory: the file and its values must fit",
-    )
+    crate::files::read_bounded(path, "reading the data file", limit, LIMIT_REASON)
 }
 
 /// The samples of `scales × features` in the data file `path` (`labels`: the labels' `.npy`
@@ -89,7 +88,7 @@ pub fn load(
     match (format, labels) {
         (Format::Npy, None) => return needs_labels(path),
         (Format::Npy, Some(y)) => {
-            let (d, bytes) = super::npy::load_pair(path, y, scales, features)?;
+            let (d, bytes) = super::npy::load_pair(path, y, (scales, features), limit)?;
             return Ok((d, crate::config::fnv1a(&bytes)));
         }
         (_, Some(_)) => {

@@ -54,6 +54,8 @@ pub struct HostData {
     /// column chunk and their read buffer: a bound from the file's footer, not a count); 0
     /// for the other sources, read straight into the staging.
     pub reader: u64,
+    /// What that reader holds, `{}` standing for `reader` (`Streamed::reader_holds`).
+    pub reader_holds: &'static str,
 }
 
 impl HostData {
@@ -80,8 +82,8 @@ impl HostData {
             self.evaluation,
             if self.reader > 0 {
                 format!(
-                    ", Parquet reader at most {} bytes (one column chunk's pages)",
-                    self.reader
+                    ", {}",
+                    self.reader_holds.replace("{}", &self.reader.to_string())
                 )
             } else {
                 String::new()
@@ -108,6 +110,16 @@ pub fn samples_bytes(train: &Samples, val: &Samples) -> u64 {
                 Samples::Stream(_) => 0,
             })
             .sum(),
+    }
+}
+
+/// What the reader of streamed `samples` holds (`Streamed::reader_holds`; "" for samples in
+/// memory, or arrays read straight into the staging).
+#[must_use]
+pub fn reader_holds(samples: &Samples) -> &'static str {
+    match samples {
+        Samples::Stream(s) => s.reader_holds().unwrap_or(""),
+        _ => "",
     }
 }
 

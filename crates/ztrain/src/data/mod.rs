@@ -4,6 +4,7 @@
 //! the epoch order.
 
 pub mod arrow;
+pub mod arrow_stream;
 pub mod csv;
 pub mod elements;
 pub mod feed;
@@ -14,6 +15,8 @@ pub mod parquet;
 pub mod parquet_stream;
 pub mod placement;
 pub mod stream;
+pub mod stream_csv;
+pub mod stream_npz;
 pub mod synthetic;
 pub mod table;
 pub mod tensors;

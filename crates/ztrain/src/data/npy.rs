@@ -164,23 +164,31 @@ fn tuple(text: &str) -> Option<Vec<usize>> {
         .collect()
 }
 
-/// Reads the `.npy` array at `path` (named `name` in messages).
-fn read_npy(path: &Path, name: &str) -> Result<(Array, Vec<u8>), TrainError> {
-    let bytes = crate::files::read_bounded(path, "reading the data file", u64::MAX, "")?;
+/// Reads the `.npy` array at `path` (named `name` in messages), no larger than `limit` bytes.
+fn read_npy(path: &Path, name: &str, limit: u64) -> Result<(Array, Vec<u8>), TrainError> {
+    let bytes = crate::files::read_bounded(
+        path,
+        "reading the data file",
+        limit,
+        super::formats::LIMIT_REASON,
+    )?;
     let a = parse(&bytes, name).map_err(|f| f.in_file(path, NPY))?;
     Ok((a, bytes))
 }
 
-/// The data set of a pair of `.npy` files: features `x` and labels `y`. Returns it with the
-/// bytes of both (for the run's fingerprint).
+/// The data set of a pair of `.npy` files: features `x` and labels `y`, samples of `(scales,
+/// features)`, both files together no larger than `limit` bytes (the bound of every format
+/// read whole: `formats::load`). Returns it with the bytes of both (for the run's
+/// fingerprint).
 pub fn load_pair(
     x_path: &Path,
     y_path: &Path,
-    scales: usize,
-    features: usize,
+    (scales, features): (usize, usize),
+    limit: u64,
 ) -> Result<(Dataset, Vec<u8>), TrainError> {
-    let (x, mut bytes) = read_npy(x_path, "x")?;
-    let (y, y_bytes) = read_npy(y_path, "y")?;
+    let (x, mut bytes) = read_npy(x_path, "x", limit)?;
+    let left = limit.saturating_sub(bytes.len() as u64);
+    let (y, y_bytes) = read_npy(y_path, "y", left)?;
     let (xs, ys) = super::elements::samples(&x, &y, scales, features)
         .map_err(|(f, which)| f.in_file(if which == "y" { y_path } else { x_path }, NPY))?;
     bytes.extend_from_slice(&y_bytes);
@@ -305,9 +313,40 @@ mod tests {
         let (x, y) = pair(&d);
         std::fs::write(dir.path().join("x.npy"), x).expect("x");
         std::fs::write(dir.path().join("y.npy"), y).expect("y");
-        let (back, _) =
-            load_pair(&dir.path().join("x.npy"), &dir.path().join("y.npy"), 2, 3).expect("loads");
+        let (back, _) = load_pair(
+            &dir.path().join("x.npy"),
+            &dir.path().join("y.npy"),
+            (2, 3),
+            u64::MAX,
+        )
+        .expect("loads");
         assert_eq!(back, d);
+    }
+
+    /// The pair is bounded as every format read whole is: both files together, the file
+    /// that passes the bound named.
+    #[test]
+    fn a_pair_larger_than_the_limit_is_refused_naming_the_file() {
+        let d = synthetic::generate(9, 2, 3, 4);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (x, y) = pair(&d);
+        let (xn, yn) = (x.len() as u64, y.len() as u64);
+        let (xp, yp) = (dir.path().join("x.npy"), dir.path().join("y.npy"));
+        std::fs::write(&xp, x).expect("x");
+        std::fs::write(&yp, y).expect("y");
+        assert!(
+            load_pair(&xp, &yp, (2, 3), xn + yn).is_ok(),
+            "exactly the limit"
+        );
+        // (the limit, the file refused, the bound it was read under: what the first left)
+        for (limit, named, bound) in [(xn - 1, &xp, xn - 1), (xn + yn - 1, &yp, yn - 1)] {
+            let e = load_pair(&xp, &yp, (2, 3), limit).unwrap_err();
+            let TrainError::TooLarge { path, limit: l, .. } = &e else {
+                panic!("{e:?}")
+            };
+            assert_eq!((path, *l), (named, bound), "{e}");
+            assert!(e.to_string().contains("available memory"), "{e}");
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `--stream`: pre-cut samples left in their file and read as each batch is staged, so that
 //! the host holds one batch of them whatever the file's size: by position in the formats
-//! whose rows lie at known offsets, a pair of `.npy` files and safetensors (`x` `[N, S, F]`,
-//! `y` `[N]` or `[N, 1]`, C order), and by row group in Parquet (`parquet_stream`). Each row is read with `pread` (`FileExt::read_exact_at`,
+//! whose rows lie at known offsets, a pair of `.npy` files, an `.npz` of stored members
+//! (`stream_npz`) and safetensors (`x` `[N, S, F]`, `y` `[N]` or `[N, 1]`, C order); by row
+//! group in Parquet (`parquet_stream`), by record batch in Arrow IPC (`arrow_stream`), and by
+//! a row index in CSV (`stream_csv`). Each row is read with `pread` (`FileExt::read_exact_at`,
 //! no mmap: a file changed under a mapping would change the run's memory) and checked as the
 //! loaders check it, so a streamed run trains bitwise as the same file read whole. A file
 //! truncated or changed under the run (another length or modification time than at open) is
@@ -13,8 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use super::arrow_stream::ArrowRows;
 use super::elements::{Elem, sample_count};
 use super::parquet_stream::ParquetRows;
+use super::stream_csv::CsvRows;
 use super::table::{self, Fault};
 use super::windows::Normalization;
 use crate::error::{DataError, DataPlace, DataProblem, Result, TrainError};
@@ -24,7 +28,7 @@ const MAX_HEADER: u64 = 100 << 20;
 
 /// One array in a file: where its rows start and what each holds.
 #[derive(Debug)]
-struct Column {
+pub(super) struct Column {
     path: PathBuf,
     file: File,
     format: &'static str,
@@ -67,13 +71,65 @@ impl Column {
     }
 }
 
+/// A table of rows (features, then the label) left in its file, read a batch's rows at a
+/// time: Parquet by row group, Arrow IPC by record batch, CSV row by row.
+pub(super) trait TableRows: std::fmt::Debug {
+    /// Rows `rows` (any order) into `x` (row `rows[i]`'s features at `x[i·width..]`) and `y`
+    /// (its label at `y[i]`), each value checked as the whole-file loader checks it.
+    fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()>;
+    /// The most bytes the reader holds at a time.
+    fn reader_bound(&self) -> u64;
+    /// What the reader holds, for the `host data held` line.
+    fn reader_holds(&self) -> &'static str;
+}
+
+impl TableRows for ParquetRows {
+    fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
+        ParquetRows::read(self, rows, x, y)
+    }
+    fn reader_bound(&self) -> u64 {
+        ParquetRows::reader_bound(self)
+    }
+    fn reader_holds(&self) -> &'static str {
+        "Parquet reader at most {} bytes (one column chunk's pages)"
+    }
+}
+
+impl TableRows for ArrowRows {
+    fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
+        ArrowRows::read(self, rows, x, y)
+    }
+    fn reader_bound(&self) -> u64 {
+        ArrowRows::reader_bound(self)
+    }
+    fn reader_holds(&self) -> &'static str {
+        "Arrow IPC reader at most {} bytes (one record batch)"
+    }
+}
+
+impl TableRows for CsvRows {
+    fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
+        let width = x.len() / rows.len().max(1);
+        for (i, &r) in rows.iter().enumerate() {
+            y[i] = CsvRows::read(self, r, &mut x[i * width..(i + 1) * width])?;
+        }
+        Ok(())
+    }
+    fn reader_bound(&self) -> u64 {
+        CsvRows::reader_bound(self)
+    }
+    fn reader_holds(&self) -> &'static str {
+        "CSV reader at most {} bytes (the row index and one row)"
+    }
+}
+
 /// Where streamed samples are read from.
 #[derive(Clone, Debug)]
 enum Source {
     /// Arrays `x` and `y`, each row at a known offset.
     Arrays { x: Arc<Column>, y: Arc<Column> },
-    /// A Parquet table, read by row group.
-    Parquet(Arc<ParquetRows>),
+    /// A table, read a batch's rows at a time.
+    Table(Arc<dyn TableRows>),
 }
 
 impl PartialEq for Source {
@@ -82,7 +138,7 @@ impl PartialEq for Source {
             (Source::Arrays { x, y }, Source::Arrays { x: x2, y: y2 }) => {
                 Arc::ptr_eq(x, x2) && Arc::ptr_eq(y, y2)
             }
-            (Source::Parquet(a), Source::Parquet(b)) => Arc::ptr_eq(a, b),
+            (Source::Table(a), Source::Table(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
     }
@@ -121,7 +177,7 @@ impl Streamed {
         let row = self.first + i;
         let (xs, ys) = match &self.source {
             Source::Arrays { x, y } => (x, y),
-            Source::Parquet(p) => {
+            Source::Table(p) => {
                 let mut label = [0.0];
                 p.read(&[row], x, &mut label)?;
                 self.normalize(x);
@@ -147,12 +203,12 @@ impl Streamed {
     }
 
     /// Reads samples `rows` (any order) into `x` (sample `rows[i]`'s `S·F` values at
-    /// `x[i·S·F..]`) and `y` (its label at `y[i]`): a Parquet table a row group at a time,
-    /// arrays row by row.
+    /// `x[i·S·F..]`) and `y` (its label at `y[i]`): a table as it reads rows (a Parquet
+    /// table a row group at a time, Arrow IPC a record batch), arrays row by row.
     pub fn copy_rows(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
         let per = self.sample_width();
         match &self.source {
-            Source::Parquet(p) => {
+            Source::Table(p) => {
                 let file_rows: Vec<usize> = rows.iter().map(|&r| self.first + r).collect();
                 let x = &mut x[..rows.len() * per];
                 p.read(&file_rows, x, &mut y[..rows.len()])?;
@@ -202,13 +258,23 @@ impl Streamed {
         })
     }
 
-    /// The most bytes the file's reader holds at a time (a Parquet table's
+    /// The most bytes the file's reader holds at a time (a table's bound, such as
     /// [`ParquetRows::reader_bound`]; arrays are read straight into the batch: 0).
     #[must_use]
     pub fn reader_bytes(&self) -> u64 {
         match &self.source {
-            Source::Parquet(p) => p.reader_bound(),
+            Source::Table(p) => p.reader_bound(),
             Source::Arrays { .. } => 0,
+        }
+    }
+
+    /// What the file's reader holds, `{}` standing for its bytes (`None`: arrays, read
+    /// straight into the batch).
+    #[must_use]
+    pub fn reader_holds(&self) -> Option<&'static str> {
+        match &self.source {
+            Source::Table(p) => Some(p.reader_holds()),
+            Source::Arrays { .. } => None,
         }
     }
 
@@ -232,9 +298,9 @@ impl Streamed {
 }
 
 /// An array's place in its file: element type, shape, order, and the byte range of its data.
-struct Found {
+pub(super) struct Found {
     elem: Elem,
-    shape: Vec<usize>,
+    pub(super) shape: Vec<usize>,
     fortran: bool,
     start: u64,
     bytes: u64,
@@ -274,7 +340,7 @@ pub(super) fn unchanged(
 }
 
 /// Opens `path` for streaming: the file, its length and modification time.
-fn open(path: &Path) -> Result<(File, u64, Option<SystemTime>)> {
+pub(super) fn open(path: &Path) -> Result<(File, u64, Option<SystemTime>)> {
     let io = |source| TrainError::Io {
         what: "opening the data file to stream it (--stream)",
         path: path.to_path_buf(),
@@ -311,7 +377,7 @@ fn read_up_to(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
 }
 
 /// The column of `found` in `file` (named `name`), its rows in C order and all there.
-fn column(
+pub(super) fn column(
     path: &Path,
     format: &'static str,
     name: &'static str,
@@ -358,39 +424,7 @@ pub fn npy_pair(
     let npy = super::npy::NPY;
     let one = |path: &Path, name: &'static str| -> Result<(Found, (File, u64, _))> {
         let opened = open(path)?;
-        let head = prefix(&opened.0, path, 0, 12)?;
-        let len = match head.get(6) {
-            Some(1) => head
-                .get(8..10)
-                .map(|b| u64::from(u16::from_le_bytes([b[0], b[1]])) + 10),
-            _ => head
-                .get(8..12)
-                .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])) + 12),
-        }
-        .unwrap_or(12);
-        let head = prefix(&opened.0, path, 0, len)?;
-        let h = super::npy::header(&head, name).map_err(|f| f.in_file(path, npy))?;
-        if (opened.1 as usize).saturating_sub(h.start) > h.bytes {
-            return Err(Fault::new(
-                DataPlace::Array(name.into()),
-                DataProblem::Corrupt {
-                    detail: format!(
-                        "{} bytes after the {} bytes of data its shape {:?} holds",
-                        opened.1 as usize - h.start - h.bytes,
-                        h.bytes,
-                        h.shape
-                    ),
-                },
-            )
-            .in_file(path, npy));
-        }
-        let found = Found {
-            elem: h.elem,
-            shape: h.shape,
-            fortran: h.fortran,
-            start: h.start as u64,
-            bytes: h.bytes as u64,
-        };
+        let found = npy_found(&opened.0, path, npy, name, (0, opened.1))?;
         Ok((found, opened))
     };
     let (xf, xo) = one(x_path, "x")?;
@@ -401,6 +435,62 @@ pub fn npy_pair(
     let x = column(x_path, npy, "x", xo, xf)?;
     let y = column(y_path, npy, "y", yo, yf)?;
     Ok((streamed(x, y, scales, features, n), digest))
+}
+
+/// The `.npy` array `name` whose bytes are `at.1` bytes from offset `at.0` of `file` (a
+/// `.npy` file: all of it; an `.npz` member stored as it is): its header read and checked,
+/// and nothing after the data its shape holds.
+pub(super) fn npy_found(
+    file: &File,
+    path: &Path,
+    format: &'static str,
+    name: &'static str,
+    (base, avail): (u64, u64),
+) -> Result<Found> {
+    let head = prefix(file, path, base, 12.min(avail))?;
+    let len = match head.get(6) {
+        Some(1) => head
+            .get(8..10)
+            .map(|b| u64::from(u16::from_le_bytes([b[0], b[1]])) + 10),
+        _ => head
+            .get(8..12)
+            .map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])) + 12),
+    }
+    .unwrap_or(12);
+    let head = prefix(file, path, base, len.min(avail))?;
+    let h = super::npy::header(&head, name).map_err(|f| f.in_file(path, format))?;
+    let there = (avail as usize).saturating_sub(h.start);
+    if there < h.bytes {
+        return Err(Fault::new(
+            DataPlace::Array(name.into()),
+            DataProblem::Truncated {
+                expected: h.bytes as u64,
+                found: there as u64,
+            },
+        )
+        .in_file(path, format));
+    }
+    if there > h.bytes {
+        return Err(Fault::new(
+            DataPlace::Array(name.into()),
+            DataProblem::Corrupt {
+                detail: format!(
+                    "{} bytes after the {} bytes of data its shape {:?} holds",
+                    avail as usize - h.start - h.bytes,
+                    h.bytes,
+                    h.shape
+                ),
+            },
+        )
+        .in_file(path, format));
+    }
+    Ok(Found {
+        elem: h.elem,
+        shape: h.shape,
+        fortran: h.fortran,
+        start: base + h.start as u64,
+        bytes: h.bytes as u64,
+    })
 }
 
 /// The samples of a safetensors file's `x` and `y`, streamed; with the file's FNV-1a
@@ -493,11 +583,37 @@ pub fn safetensors(path: &Path, scales: usize, features: usize) -> Result<(Strea
 /// by row group; with the file's FNV-1a fingerprint.
 pub fn parquet(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
     let rows = ParquetRows::open(path, scales * features)?;
-    let digest = fingerprint(&[path])?;
     let len = rows.rows();
+    table(path, Arc::new(rows), len, (scales, features))
+}
+
+/// The samples of the Arrow IPC table `path` (the Parquet table's columns), streamed by
+/// record batch; with the file's FNV-1a fingerprint.
+pub fn arrow(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
+    let rows = ArrowRows::open(path, scales * features)?;
+    let len = rows.rows();
+    table(path, Arc::new(rows), len, (scales, features))
+}
+
+/// The samples of the CSV file `path`, streamed row by row through an index of where each
+/// starts; with the file's FNV-1a fingerprint.
+pub fn csv(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
+    let rows = CsvRows::open(path, scales * features)?;
+    let len = rows.rows();
+    table(path, Arc::new(rows), len, (scales, features))
+}
+
+/// The `len` samples of the table `rows` in `path`, with the file's fingerprint.
+fn table(
+    path: &Path,
+    rows: Arc<dyn TableRows>,
+    len: usize,
+    (scales, features): (usize, usize),
+) -> Result<(Streamed, u64)> {
+    let digest = fingerprint(&[path])?;
     Ok((
         Streamed {
-            source: Source::Parquet(Arc::new(rows)),
+            source: Source::Table(rows),
             norm: None,
             scales,
             features,
@@ -508,7 +624,13 @@ pub fn parquet(path: &Path, scales: usize, features: usize) -> Result<(Streamed,
     ))
 }
 
-fn streamed(x: Column, y: Column, scales: usize, features: usize, len: usize) -> Streamed {
+pub(super) fn streamed(
+    x: Column,
+    y: Column,
+    scales: usize,
+    features: usize,
+    len: usize,
+) -> Streamed {
     Streamed {
         source: Source::Arrays {
             x: Arc::new(x),
@@ -524,7 +646,7 @@ fn streamed(x: Column, y: Column, scales: usize, features: usize, len: usize) ->
 
 /// FNV-1a of the files' bytes one after the other (`config::fnv1a` of them read whole),
 /// read a MiB at a time.
-fn fingerprint(paths: &[&Path]) -> Result<u64> {
+pub(super) fn fingerprint(paths: &[&Path]) -> Result<u64> {
     let mut h = crate::config::FNV1A_START;
     let mut buf = vec![0u8; 1 << 20];
     for path in paths {

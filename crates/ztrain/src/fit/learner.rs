@@ -6,8 +6,8 @@ use std::rc::Rc;
 
 use zcomm::Collective;
 use zgrad::{
-    EvalReport, EvalSource, GradSync, HostPhases, Model, Optimizer, PinnedBatch, StepReport,
-    StepSource, Trainer, TrainerConfig,
+    ChunkedEval, EvalReport, EvalSource, GradSync, HostPhases, Model, Optimizer, PinnedBatch,
+    StepReport, StepSource, Trainer, TrainerConfig,
 };
 
 use crate::step::TrainBackend;
@@ -60,6 +60,12 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     #[must_use]
     pub fn world(&self) -> usize {
         self.trainer.rank_info().world
+    }
+
+    /// This process's rank in its job (0: a process of its own).
+    #[must_use]
+    pub fn rank(&self) -> usize {
+        self.trainer.rank_info().rank
     }
 
     /// Optimiser steps taken so far.
@@ -143,6 +149,28 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     /// The model's loss and metrics over samples on the host.
     pub fn evaluate(&mut self, x: &[f32], y: &[f32]) -> zgrad::Result<EvalReport> {
         self.trainer.evaluate(EvalSource::Host(x, y))
+    }
+
+    /// Starts the model's evaluation of a set of `total` samples that the loop gives a chunk
+    /// at a time (this rank's shard of them: `ChunkedEval::next_chunk`).
+    pub fn chunked_evaluation(&self, total: usize) -> zgrad::Result<ChunkedEval<f32>> {
+        self.trainer.chunked_evaluation(total)
+    }
+
+    /// Evaluates the next chunk of `eval` (its samples' inputs `x` and targets `y`).
+    pub fn evaluate_chunk(
+        &self,
+        eval: &mut ChunkedEval<f32>,
+        x: &[f32],
+        y: &[f32],
+    ) -> zgrad::Result<()> {
+        self.trainer.evaluate_chunk(eval, x, y)
+    }
+
+    /// The loss and metrics of `eval`'s set once every chunk is given (`evaluate`'s of the
+    /// set, bit for bit; every rank of a job calls it).
+    pub fn finish_evaluation(&self, eval: ChunkedEval<f32>) -> zgrad::Result<EvalReport> {
+        self.trainer.finish_evaluation(eval)
     }
 
     /// The outputs of `n` samples on the host.

@@ -114,11 +114,16 @@ fn load_streamed(
             data::stream::safetensors(path, m.scales, m.features)?
         }
         (formats::Format::Parquet, None) => data::stream::parquet(path, m.scales, m.features)?,
-        (format, _) => {
+        (formats::Format::Arrow, None) => data::stream::arrow(path, m.scales, m.features)?,
+        (formats::Format::Csv, None) => data::stream::csv(path, m.scales, m.features)?,
+        (formats::Format::Npz, None) => data::stream_npz::npz(path, m.scales, m.features)?,
+        // A features `.npy` without its labels, or `--labels` beside another format: the
+        // loader's own refusal.
+        _ => {
+            formats::load(path, labels, m.scales, m.features, 0)?;
             return Err(TrainError::Options(format!(
-                "--stream reads rows by position (--data x.npy --labels y.npy, or a .safetensors file) or by row group (a .parquet file); {} is a {} file: drop --stream (or write it as one of those)",
-                path.display(),
-                format.name()
+                "--stream: {} cannot be streamed with these options",
+                path.display()
             )));
         }
     };
@@ -181,12 +186,14 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
                 "--data-on device with --stream: streamed rows are read into the host's staging batch step by step; use --data-on host or auto, or drop --stream".into(),
             ));
         }
-        // Evaluated chunk by chunk through the staging batch (a binary classifier in one
-        // process): anything else would read the whole file into memory.
-        Samples::Stream(_) if !feed::chunked(learner, train_set) => {
-            return Err(TrainError::Options(
-                "--stream evaluates a binary classifier's samples chunk by chunk in one process; this run (another task, or several ranks) would read the whole file: drop --stream".into(),
-            ));
+        // Staged and evaluated chunk by chunk through the staging batch, a target value a
+        // sample: a model of more would read the whole file into memory.
+        Samples::Stream(_) if learner.model().task().target_len() != 1 => {
+            let task = learner.model().task();
+            return Err(TrainError::Options(format!(
+                "--stream stages one target value per sample; the model's task is {task} ({} values per sample): drop --stream",
+                task.target_len()
+            )));
         }
         Samples::Stream(_) => false,
         Samples::Rows(_) => {
@@ -275,6 +282,7 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
         staging: feed.staging_bytes(),
         evaluation: evaluation(train_set).max(evaluation(val_set)),
         reader: held::reader_bytes(train_set).max(held::reader_bytes(val_set)),
+        reader_holds: held::reader_holds(train_set),
     };
     out.say(&data.line());
     data

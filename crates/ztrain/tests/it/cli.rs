@@ -11,7 +11,7 @@ use ztrain::data::{csv, synthetic};
 /// Checkpoints: resume equals an uninterrupted run; corrupt or mismatched ones are refused.
 mod checkpoints;
 /// `--data` in every format, hostile files, `--window` (issue 43).
-mod data_files;
+pub(crate) mod data_files;
 /// `--data-on`: the training set on the device, each step's rows gathered there and read back
 /// every few steps, against the host path (issue 21).
 mod data_on;
@@ -20,7 +20,7 @@ mod init_from;
 /// `--precision`: bf16 and TF32 runs on the CPU and the simulated device, their checkpoints.
 mod precision;
 /// `--stream`: pre-cut samples read from their file batch by batch (issue 43).
-mod streamed;
+pub(crate) mod streamed;
 
 #[test]
 fn help_explains_every_option() {

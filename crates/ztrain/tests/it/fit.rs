@@ -7,6 +7,8 @@
 
 #[path = "../../examples/fit_mlp/model.rs"]
 mod model;
+/// `--stream` for every task the run loop's data carries, in one process and on two ranks.
+mod streamed;
 
 use crate::common::{TINY, path_str, text, tiny};
 use clap::Parser as _;
@@ -19,7 +21,13 @@ use ztrain::fit::{self, FitModel, Job, Outcome};
 use ztrain::signals::{SIGINT, StopSignal};
 use ztrain::step::{Tally, TrainBackend};
 
-const MLP: MlpFit = MlpFit { hidden: 8 };
+const MLP: MlpFit = MlpFit {
+    hidden: 8,
+    task: zgrad::Task {
+        target: zgrad::Target::Binary,
+        weighted: false,
+    },
+};
 
 fn options(extra: &[&str]) -> Options {
     let args = ["fit-test"].iter().chain(TINY).chain(extra).copied();
@@ -244,8 +252,8 @@ fn a_users_model_has_its_memory_plan() {
 }
 
 /// Ranks `0..world` of a job in this process, each on a thread of its own and a simulated
-/// device; rank 0's output and outcome.
-fn ranks_in_process(world: usize, extra: &[&str]) -> (String, Outcome) {
+/// device, training `model`; rank 0's output and outcome.
+fn ranks_in_process(model: MlpFit, world: usize, extra: &[&str]) -> (String, Outcome) {
     let dir = tempfile::tempdir().expect("tempdir");
     // zcomm's rule for a rendezvous socket: in a directory only the user may enter.
     let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700);
@@ -270,7 +278,7 @@ fn ranks_in_process(world: usize, extra: &[&str]) -> (String, Outcome) {
             std::thread::spawn(move || {
                 let mut out = Vec::new();
                 let stop = StopSignal::never();
-                let outcome = fit::run_rank(&MLP, &options, &job, &mut out, false, &stop)
+                let outcome = fit::run_rank(&model, &options, &job, &mut out, false, &stop)
                     .unwrap_or_else(|e| panic!("rank {rank}: {}", ztrain::error::report(&e)));
                 (String::from_utf8(out).expect("utf-8"), outcome)
             })
@@ -291,7 +299,7 @@ fn printed(t: Option<Tally>) -> Option<String> {
 #[case::per_sample_captured(&["--device", "sim", "--schedule", "per-sample", "--capture"])]
 fn a_users_model_on_two_simulated_ranks_gives_the_numbers_of_one_process(#[case] extra: &[&str]) {
     let (one_out, one) = fit_run(&MLP, extra, &StopSignal::never());
-    let (two_out, two) = ranks_in_process(2, extra);
+    let (two_out, two) = ranks_in_process(MLP, 2, extra);
     assert!(
         two_out.contains("data-parallel job of 2 ranks"),
         "{two_out}"

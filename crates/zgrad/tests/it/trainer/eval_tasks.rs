@@ -163,3 +163,42 @@ mod gpu {
         assert_eq!(runs[0], runs[1], "{name}: captured differs from eager");
     }
 }
+
+/// Every task's set given a chunk at a time (`chunked_evaluation`, as a caller that holds it
+/// nowhere whole gives it: each `next_chunk`'s rows) is `evaluate`'s report of the set held
+/// whole, bit for bit; a chunk too many, or a finish before the last, is `BadInput`.
+#[rstest]
+fn a_set_given_chunk_by_chunk_is_evaluated_as_the_set_held_whole(
+    #[values(0, 1, 2, 3, 4, 5, 6)] task: usize,
+) {
+    let name = TASKS[task];
+    let b = Engine::sim(256 << 20).expect("sim");
+    let (task, outputs, x, y) = task_data(name, N, 41);
+    let mut t = task_trainer(b.clone(), task, outputs, false, CHUNK);
+    let whole = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
+    let (per, ty) = (x.len() / N, task.target_len());
+    let mut eval = t.chunked_evaluation(N).expect("starts");
+    assert_eq!(eval.rows(), 0..N);
+    let early = t.chunked_evaluation(N).expect("starts");
+    assert!(matches!(
+        t.finish_evaluation(early),
+        Err(zgrad::GradError::BadInput(_))
+    ));
+    let mut chunks = 0;
+    while let Some(rows) = eval.next_chunk() {
+        assert!(rows.len() <= CHUNK, "{rows:?}");
+        let (xs, ys) = (
+            &x[rows.start * per..rows.end * per],
+            &y[rows.start * ty..rows.end * ty],
+        );
+        t.evaluate_chunk(&mut eval, xs, ys).expect("a chunk");
+        chunks += 1;
+    }
+    assert_eq!(chunks, N.div_ceil(CHUNK));
+    assert!(matches!(
+        t.evaluate_chunk(&mut eval, &x[..per], &y[..ty]),
+        Err(zgrad::GradError::BadInput(_))
+    ));
+    let chunked = t.finish_evaluation(eval).expect("finishes");
+    assert_eq!(report_bits(&chunked), report_bits(&whole), "{name}");
+}

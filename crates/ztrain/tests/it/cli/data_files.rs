@@ -60,7 +60,7 @@ pub fn write_parquet(d: &Dataset, path: &Path, group: usize) {
 }
 
 /// Writes `d` as an Arrow IPC file of float32 columns.
-fn write_arrow(d: &Dataset, path: &Path) {
+pub(crate) fn write_arrow(d: &Dataset, path: &Path) {
     let fields: Vec<Field> = names(d)
         .iter()
         .map(|n| Field::new(n, DataType::Float32, false))
@@ -77,20 +77,25 @@ fn write_arrow(d: &Dataset, path: &Path) {
     w.finish().expect("finish");
 }
 
-pub(super) fn npy_x(d: &Dataset) -> Vec<u8> {
+pub(crate) fn npy_x(d: &Dataset) -> Vec<u8> {
     npy::npy_f32(&[d.len(), d.scales, d.features], &d.x)
 }
 
-pub(super) fn npy_y(d: &Dataset) -> Vec<u8> {
+pub(crate) fn npy_y(d: &Dataset) -> Vec<u8> {
     npy::npy_f32(&[d.len()], &d.y)
 }
 
 /// Writes `d` as `np.savez_compressed` would: `x.npy` and `y.npy`, deflated, in a zip.
 fn write_npz(d: &Dataset, path: &Path) {
+    write_npz_as(d, path, zip::CompressionMethod::Deflated);
+}
+
+/// Writes `d` as `x.npy` and `y.npy` in a zip, each member `method` (`Stored`: `np.savez`;
+/// `Deflated`: `np.savez_compressed`).
+pub(crate) fn write_npz_as(d: &Dataset, path: &Path, method: zip::CompressionMethod) {
     use std::io::Write as _;
     let mut z = zip::ZipWriter::new(std::fs::File::create(path).expect("create"));
-    let options = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Deflated);
+    let options = zip::write::SimpleFileOptions::default().compression_method(method);
     for (name, bytes) in [("x.npy", npy_x(d)), ("y.npy", npy_y(d))] {
         z.start_file(name, options).expect("entry");
         z.write_all(&bytes).expect("bytes");
@@ -98,7 +103,7 @@ fn write_npz(d: &Dataset, path: &Path) {
     z.finish().expect("finish");
 }
 
-pub(super) fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
+pub(crate) fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
     let xb: Vec<u8> = d.x.iter().flat_map(|v| v.to_le_bytes()).collect();
     let yb: Vec<u8> = d.y.iter().flat_map(|v| v.to_le_bytes()).collect();
     let x = safetensors::tensor::TensorView::new(

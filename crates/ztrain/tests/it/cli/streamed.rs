@@ -1,27 +1,36 @@
-//! `--stream`: a `.npy` pair or a safetensors file left on disk, each batch's rows read by
-//! position into the one pinned staging batch, or a Parquet file read by row group, a column
-//! chunk's pages at a time: the run equals the one that reads the file whole, bit for bit, and
-//! holds one batch of samples (and, for Parquet, the pages of one column chunk), not the file.
+//! `--stream`: a `.npy` pair, an `.npz` of stored members or a safetensors file left on disk,
+//! each batch's rows read by position into the one pinned staging batch; a Parquet file read
+//! by row group, a column chunk's pages at a time; an Arrow IPC file by record batch; a CSV
+//! file by a row index built in one pass: the run equals the one that reads the file whole,
+//! bit for bit, and holds one batch of samples (and the table reader's bound), not the file.
 
 use super::data_files::{
-    held_by, host_data_numbers, npy_x, npy_y, run_result_on, safetensors_bytes, write_parquet,
+    held_by, host_data_numbers, npy_x, npy_y, run_result_on, safetensors_bytes, write_arrow,
+    write_npz_as, write_parquet,
 };
 use super::{assert_fails_with, path_str, tiny};
 use ztrain::data::synthetic;
 
-/// The `--data` arguments of the same samples as a `.npy` pair, as safetensors and as Parquet
-/// (row groups of 50 rows: 50, 50, 20), in `dir`.
-fn files(dir: &std::path::Path) -> [Vec<String>; 3] {
+/// The `--data` arguments of the same samples as a `.npy` pair, as safetensors, as Parquet
+/// (row groups of 50 rows: 50, 50, 20), as Arrow IPC, as an `.npz` of stored members and as
+/// CSV, in `dir`.
+pub(crate) fn files(dir: &std::path::Path) -> [Vec<String>; 6] {
     let d = synthetic::generate(120, 3, 6, 5);
     let p = |n: &str| path_str(&dir.join(n)).to_string();
     std::fs::write(dir.join("x.npy"), npy_x(&d)).expect("x.npy");
     std::fs::write(dir.join("y.npy"), npy_y(&d)).expect("y.npy");
     std::fs::write(dir.join("d.safetensors"), safetensors_bytes(&d)).expect("safetensors");
     write_parquet(&d, &dir.join("d.parquet"), 50);
+    write_arrow(&d, &dir.join("d.arrow"));
+    write_npz_as(&d, &dir.join("d.npz"), zip::CompressionMethod::Stored);
+    std::fs::write(dir.join("d.csv"), ztrain::data::csv::to_csv(&d)).expect("csv");
     [
         vec!["--data".into(), p("x.npy"), "--labels".into(), p("y.npy")],
         vec!["--data".into(), p("d.safetensors")],
         vec!["--data".into(), p("d.parquet")],
+        vec!["--data".into(), p("d.arrow")],
+        vec!["--data".into(), p("d.npz")],
+        vec!["--data".into(), p("d.csv")],
     ]
 }
 
@@ -93,21 +102,39 @@ fn a_streamed_run_holds_one_batch_not_the_file() {
             whole[1] >= 120 * (width + 1) * 4,
             "the file read whole: {whole:?}"
         );
-        if data[1].ends_with(".parquet") {
-            // Parquet's pages are read one at a time from one column chunk: the line adds
-            // the bound of what the reader holds (the largest chunk, compressed and decoded,
-            // and its read buffer), counted in the total.
+        if [".parquet", ".arrow", ".csv"]
+            .iter()
+            .any(|e| data[1].ends_with(e))
+        {
+            // A table's reader holds a bound of its own: Parquet's pages of one column chunk
+            // (the largest chunk, compressed and decoded, and its read buffer), Arrow's one
+            // record batch, CSV's row index and one row; counted in the total.
             let line = parquet_line(&data);
             let numbers = host_data_numbers(&line);
             let [held, samples, staging, evaluation, reader] = numbers[..] else {
                 panic!("five numbers in `{line}`")
             };
-            assert!(line.contains("Parquet reader at most"), "{line}");
             assert_eq!(
                 (samples, staging, evaluation),
                 (0, batch * (width + 1) * 4, batch * 4)
             );
             assert_eq!(held, one_batch + reader, "{line}");
+            if data[1].ends_with(".arrow") {
+                // One record batch of 120 rows of 19 float columns, and its buffers' padding.
+                assert!(line.contains("Arrow IPC reader at most"), "{line}");
+                assert!(
+                    (120 * 19 * 4..120 * 19 * 4 + 19 * 256).contains(&reader),
+                    "{line}"
+                );
+                continue;
+            }
+            if data[1].ends_with(".csv") {
+                // An 8-byte start a row (121 with the file's end) and the longest row.
+                assert!(line.contains("CSV reader at most"), "{line}");
+                assert!(reader > 121 * 8 && reader < 121 * 8 + 1024, "{line}");
+                continue;
+            }
+            assert!(line.contains("Parquet reader at most"), "{line}");
             // The 8 KiB read buffer and a column chunk of at most 50 float rows (a few hundred
             // bytes each way, headers and dictionary included).
             assert!(
@@ -155,15 +182,16 @@ fn parquet_line(data: &[&str]) -> String {
 #[test]
 fn stream_refuses_what_it_cannot_read_by_position() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let [_, tensors, _] = files(dir.path());
-    let csv = dir.path().join("d.csv");
-    std::fs::write(
-        &csv,
-        ztrain::data::csv::to_csv(&synthetic::generate(20, 3, 6, 5)),
-    )
-    .expect("csv");
-    let o = tiny(&["--device", "cpu", "--data", path_str(&csv), "--stream"]);
-    assert_fails_with(&o, &["--stream reads rows by position", "d.csv"]);
+    let [_, tensors, ..] = files(dir.path());
+    // An .npz of deflated members (np.savez_compressed) has no row at a known offset.
+    let packed = dir.path().join("packed.npz");
+    let d = synthetic::generate(20, 3, 6, 5);
+    super::data_files::write_npz_as(&d, &packed, zip::CompressionMethod::Deflated);
+    let o = tiny(&["--device", "cpu", "--data", path_str(&packed), "--stream"]);
+    assert_fails_with(
+        &o,
+        &["packed.npz", "compressed", "np.savez", "drop --stream"],
+    );
     let o = tiny(&[
         "--device",
         "cpu",
