@@ -554,7 +554,7 @@ mod tests {
         let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
         let mut agreement = Agreement::new(Some(comm), 32);
         let stop = StopSignal::never();
-        let mut ask = |a: &mut Agreement<CpuBackend>, step| {
+        let ask = |a: &mut Agreement<CpuBackend>, step| {
             assert_eq!(a.after_step(&stop, &CpuBackend, step, false).unwrap(), None);
             a.next_window()
         };

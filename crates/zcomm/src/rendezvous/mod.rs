@@ -817,6 +817,8 @@ mod tests {
     /// rank 0's accept with the expected uid injected instead (the connection is this
     /// process's), so it never passes without a refusal checked.
     #[test]
+    // It says which path ran (the real uid or the injected one), and the child what it saw.
+    #[allow(clippy::print_stdout, clippy::print_stderr)]
     fn a_process_of_another_real_uid_is_refused_on_the_unix_socket() {
         if let Some(addr) = std::env::var_os(FOREIGN_CHILD) {
             return connect_as_nobody(&addr.to_string_lossy());
@@ -888,6 +890,7 @@ mod tests {
 
     /// The child's side: `nobody` by its effective uid, reaching the socket only with root's
     /// filesystem uid, refused both ways (see the test above).
+    #[allow(clippy::print_stdout)]
     fn connect_as_nobody(addr: &str) {
         use nix::unistd::{Uid, seteuid, setfsuid};
         use std::io::Read as _;

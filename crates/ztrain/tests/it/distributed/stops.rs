@@ -410,6 +410,8 @@ fn a_second_signal_to_the_launcher_ends_the_job_at_once_leaving_the_last_checkpo
 /// `--stop-after` on a fast device (whole windows of 16: the window changes no result).
 /// Before: the asks came once a window, 16 or more steps (minutes of such steps) later.
 #[test]
+// It says where the stop came (with --nocapture), for the attack table.
+#[allow(clippy::print_stderr)]
 fn with_steps_of_seconds_a_signal_stops_two_ranks_within_a_step_or_two() {
     let dir = tempfile::tempdir().unwrap();
     let (ck, metrics) = (dir.path().join("ck.st"), dir.path().join("m.jsonl"));
