@@ -54,7 +54,7 @@ pub use cpu::{CpuBackend, CpuGraph};
 pub use cuda::{CudaBackend, CudaGraph, CudaStorage, CudaTensor};
 pub use element::{DType, Element};
 pub use engine::{
-    ArenaOverrides, ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimDriver,
+    ArenaOverrides, ArenaSetting, CudaDriver, Driver, Engine, EngineConfig, SimConfig, SimDriver,
     StreamPriority,
 };
 pub use error::{ComputeError, Result};

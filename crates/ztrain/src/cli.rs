@@ -128,6 +128,17 @@ pub struct Options {
     #[arg(long, default_value = "4G", value_parser = parse_size, help_heading = "Device")]
     pub sim_memory: u64,
 
+    /// Virtual time, in seconds, that every operation queued on the simulated device takes
+    /// (--device sim): larger makes a slower device, whose steps take seconds of its clock
+    /// (what paces the read-backs of several ranks) while the host runs at full speed.
+    #[arg(
+        long,
+        default_value_t = 0.000_005,
+        value_name = "SECONDS",
+        help_heading = "Device"
+    )]
+    pub sim_op_time: f64,
+
     /// Data-parallel ranks on this host: the program starts itself N times, one process per GPU
     /// (LOCAL_RANK picks the GPU), or per simulated device with --device sim; --batch stays
     /// the global batch, split over the ranks. Started by torchrun, SLURM or mpirun instead
@@ -491,6 +502,16 @@ pub(crate) fn parse_size(text: &str) -> std::result::Result<u64, String> {
 }
 
 impl Options {
+    /// The simulated device --device sim opens: --sim-memory, --sim-op-time.
+    #[must_use]
+    pub fn sim_config(&self) -> zcompute::SimConfig {
+        zcompute::SimConfig {
+            op_time: std::time::Duration::try_from_secs_f64(self.sim_op_time)
+                .unwrap_or(zcompute::SimConfig::default().op_time),
+            ..zcompute::SimConfig::with_capacity(self.sim_memory)
+        }
+    }
+
     /// SGD's settings with `--optimizer sgd` (`None`: AdamW); `--momentum` or `--nesterov`
     /// without it, a momentum that is not a finite value >= 0, or Nesterov without momentum
     /// are refused.
@@ -557,6 +578,12 @@ impl Options {
             return bad(format!(
                 "--sim-memory {} must be at least 1M",
                 zcompute::units::Bytes(self.sim_memory)
+            ));
+        }
+        if !(self.sim_op_time.is_finite() && self.sim_op_time > 0.0 && self.sim_op_time <= 60.0) {
+            return bad(format!(
+                "--sim-op-time {}: expected a positive number of seconds, at most 60",
+                self.sim_op_time
             ));
         }
         if self.soak_every == 0 {

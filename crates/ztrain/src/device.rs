@@ -4,7 +4,7 @@
 //! a GPU that is there but refuses the arena options is its error, not a fallback.
 
 use zcompute::{
-    ComputeError, CpuBackend, CudaBackend, CudaDriver, Driver, EngineConfig, SimDriver,
+    ComputeError, CpuBackend, CudaBackend, CudaDriver, Driver, EngineConfig, SimConfig, SimDriver,
 };
 
 use crate::arena_options::refused;
@@ -84,14 +84,19 @@ fn cpu(description: String) -> Result<Opened> {
 /// Opens the backend `choice` asks for, its arena sized by `engine` (checked against the
 /// device as it opens). `sim_memory` sizes the simulated device.
 pub fn open(choice: DeviceChoice, engine: &EngineConfig, sim_memory: u64) -> Result<Opened> {
-    open_on(choice, engine, sim_memory, GPU_ORDINAL)
+    open_on(
+        choice,
+        engine,
+        &SimConfig::with_capacity(sim_memory),
+        GPU_ORDINAL,
+    )
 }
 
-/// As [`open`], on GPU `ordinal` (a rank's `LOCAL_RANK`).
+/// As [`open`], on GPU `ordinal` (a rank's `LOCAL_RANK`), a simulated device being `sim`.
 pub fn open_on(
     choice: DeviceChoice,
     engine: &EngineConfig,
-    sim_memory: u64,
+    sim: &SimConfig,
     ordinal: u32,
 ) -> Result<Opened> {
     let gpu = |b: CudaBackend<CudaDriver>| Opened {
@@ -116,7 +121,9 @@ pub fn open_on(
             Err(e) => Err(refused(e)),
         },
         DeviceChoice::Sim => {
-            let b = engine.sim(sim_memory).map_err(refused)?;
+            let b = engine
+                .sim_driver(SimDriver::new(sim.clone()))
+                .map_err(refused)?;
             Ok(Opened {
                 description: describe("CUDA backend over the simulated driver", &b),
                 backend: AnyBackend::Sim(b),

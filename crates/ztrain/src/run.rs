@@ -240,8 +240,8 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
     let mut learner = new_learner(spec, &b, ctx, n_train, limit)?;
     let progress = start(&mut learner, ctx, &config_json, n_train, limit, out)?;
     // The ranks agree on a stop signal where the steps are read back (one tiny all-reduce,
-    // read at the next such point).
-    let agree = signals::Agreement::new(comm.clone());
+    // read at the next such point), and on the read-back window from their step times.
+    let agree = signals::Agreement::new(comm.clone(), options.readback_every);
     if let Some(c) = comm {
         // Every rank starts from rank 0's parameters (restored from the checkpoint alike).
         learner = learner.join(c, crate::distributed::grad_sync(options)?)?;

@@ -15,12 +15,19 @@
 //! `--readback-every` steps, and at checkpoints, `--stop-after` and epoch ends: the same steps
 //! on every rank, since they follow from the options alone), and reads each exchange at the
 //! next such point ([`Agreement`]), so it never waits for the steps just queued; the stop is
-//! still after one step every rank names. A wait for the other ranks (the rendezvous) ends
-//! at once.
+//! still after one step every rank names. The read-back window is sized by the device's time
+//! ([`Agreement::next_window`]): the ranks exchange their step times in the same all-reduce and
+//! all take the window that asks about once a second (at most `--readback-every` steps), so a
+//! job of 5 s steps asks after every step and stops after the step that follows the signal,
+//! while fast steps keep the whole window. A wait for the other ranks (the rendezvous) ends at
+//! once.
 
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use zcompute::{CopyMark, PinnedHost};
 
 pub use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -118,6 +125,11 @@ pub fn name(signal: i32) -> String {
     }
 }
 
+/// The device time between two asks of the ranks' agreement that the read-back window aims
+/// at ([`Agreement::next_window`]): a stop comes within about this much of the device's time
+/// plus a step, and a window of fast steps asks no more often than this.
+pub const ASK_EVERY: Duration = Duration::from_secs(1);
+
 /// The ranks' agreement on a stop, asked where every step has been read back: the signal of
 /// the lowest rank that received one, if any did (each rank's own, at once, in a job of one).
 /// Each ask reads the exchange the ask before queued, whose collective ran behind a window of
@@ -131,11 +143,16 @@ pub fn name(signal: i32) -> String {
 /// on to all: `docker stop`) the job stops at this ask, a window sooner; a rank without a
 /// signal knows that cannot be so without reading. Rank 0 says which ranks the signal reached
 /// when not all did (SIGINT to one rank names that rank).
+///
+/// The same exchange carries each rank's time a step (its device's clock between two asks,
+/// [`Pace`]), and every rank takes the next read-back window from the slowest, read at the same
+/// ask: the windows, and so the asks, stay on the same steps on every rank.
 pub struct Agreement<B: zcompute::Backend<f32>> {
     comm: Option<Rc<dyn zcomm::Collective<B, f32>>>,
     /// The exchange of the last ask, read at the next (or already read by a rank that had a
     /// signal).
     pending: Option<Exchange>,
+    pace: Pace,
 }
 
 /// One ask's exchange: queued, or already read.
@@ -150,17 +167,106 @@ impl<B: zcompute::Backend<f32>> std::fmt::Debug for Agreement<B> {
         f.debug_struct("Agreement")
             .field("ranks", &self.comm.as_ref().map(|c| c.info().world))
             .field("pending", &self.pending)
-            .finish()
+            .field("window", &self.pace.window)
+            .finish_non_exhaustive()
     }
 }
 
-impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
-    /// The agreement of the ranks of `comm` (none, or a job of one: each process's own).
+/// Where an ask was: a timing mark recorded on the engine stream before its exchange, the
+/// host's clock then, and the step.
+struct Mark {
+    at: CopyMark,
+    host: Instant,
+    step: u64,
+}
+
+/// The read-back window of a job of several: `--readback-every` (`bound`) for the first step a
+/// process queues (the trainer makes the window's device history that long, so no later window
+/// makes it anew), then one step until the ranks have a step time, then the steps that take
+/// [`ASK_EVERY`] of the slowest rank's device time, from 1 to `bound`. A rank's step time is
+/// the device time between the timing marks of its two asks before (both passed once the
+/// exchange of the later one is read), over the steps between them; the host's clock where the
+/// backend keeps no device time (the CPU, whose work runs as it is queued). An interval that
+/// holds an epoch's validation counts it: the window is smaller for an ask, never larger.
+struct Pace {
+    bound: usize,
+    window: usize,
+    /// Whether a step was queued in this process (the first one takes `bound`).
+    queued: bool,
+    /// The marks of the ask before the last and of the last.
+    before: Option<Mark>,
+    last: Option<Mark>,
+}
+
+impl Pace {
+    /// This rank's milliseconds a step between its two asks before, if known (both marks
+    /// passed: the caller has read the later one's exchange).
+    fn step_ms<B: PinnedHost<f32>>(&self, b: &B) -> Option<f64> {
+        let (before, last) = (self.before.as_ref()?, self.last.as_ref()?);
+        let steps = last.step.checked_sub(before.step).filter(|n| *n > 0)?;
+        let ms = match b.elapsed_ms(&before.at, &last.at) {
+            Ok(Some(ms)) => ms,
+            Ok(None) => last.host.duration_since(before.host).as_secs_f64() * 1e3,
+            Err(e) => {
+                // Not a step time: the window stays as it is (a device error surfaces at the
+                // next step's own call).
+                tracing::debug!(target: "ztrain.signals.pace", error = %e, "no step time");
+                return None;
+            }
+        };
+        Some(ms / steps as f64)
+    }
+
+    /// Records this ask's mark (before its exchange), reusing the oldest one's event.
+    fn mark<B: PinnedHost<f32>>(&mut self, b: &B, step: u64) -> zcompute::Result<()> {
+        let at = match self.before.take() {
+            Some(m) => m.at,
+            None => b.timing_mark()?,
+        };
+        b.mark_engine(&at)?;
+        self.before = self.last.take();
+        self.last = Some(Mark {
+            at,
+            host: Instant::now(),
+            step,
+        });
+        Ok(())
+    }
+
+    /// The window from the slowest rank's milliseconds a step (`times`, 0 where unknown).
+    fn agree(&mut self, times: &[f32]) {
+        let slowest = times.iter().copied().fold(0f32, f32::max);
+        if slowest > 0.0 {
+            let fit = (ASK_EVERY.as_secs_f64() * 1e3 / f64::from(slowest)).floor();
+            let window = (fit as usize).clamp(1, self.bound);
+            if window != self.window {
+                tracing::debug!(
+                    target: "ztrain.signals.pace",
+                    window,
+                    slowest_ms = f64::from(slowest),
+                    "read-back window"
+                );
+            }
+            self.window = window;
+        }
+    }
+}
+
+impl<B: zcompute::ReadbackOps<f32> + PinnedHost<f32>> Agreement<B> {
+    /// The agreement of the ranks of `comm` (none, or a job of one: each process's own), whose
+    /// read-back windows are at most `bound` steps (`--readback-every`).
     #[must_use]
-    pub fn new(comm: Option<Rc<dyn zcomm::Collective<B, f32>>>) -> Self {
+    pub fn new(comm: Option<Rc<dyn zcomm::Collective<B, f32>>>, bound: usize) -> Self {
         Agreement {
             comm,
             pending: None,
+            pace: Pace {
+                bound: bound.max(1),
+                window: 1,
+                queued: false,
+                before: None,
+                last: None,
+            },
         }
     }
 
@@ -168,6 +274,18 @@ impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
     #[must_use]
     pub fn comm(&self) -> Option<&dyn zcomm::Collective<B, f32>> {
         self.comm.as_deref()
+    }
+
+    /// The read-back window of the step about to be queued: `--readback-every` in a job of one
+    /// (its stop flag is read every step) and for a process's first step; then as [`Pace`]
+    /// says, changed only at asks (where nothing is left in a window), the same on every rank.
+    pub fn next_window(&mut self) -> usize {
+        let several = self.comm.as_ref().is_some_and(|c| c.info().world > 1);
+        if !several || !self.pace.queued {
+            self.pace.queued = true;
+            return self.pace.bound;
+        }
+        self.pace.window
     }
 
     /// The stop the ranks agreed on, asked after step `step` (see [`Agreement`]); `drained`:
@@ -182,37 +300,56 @@ impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
         drained: bool,
     ) -> crate::Result<Option<i32>> {
         let mine = stop.received();
-        let Some(comm) = self.comm.as_ref().filter(|c| c.info().world > 1) else {
+        let Some(comm) = self.comm.clone().filter(|c| c.info().world > 1) else {
             return Ok(mine);
         };
         let info = comm.info();
-        let mut slots = vec![0f32; info.world];
-        // Signal numbers are small (< 65): exact in an f32, and a sum of one.
-        slots[info.rank] = mine.unwrap_or(0) as f32;
-        let earlier = self.pending.take();
-        let exchange = || -> Result<zcompute::Readback<f32>, zgrad::GradError> {
-            let t = b.upload(&slots, &[info.world])?;
-            comm.all_reduce_sum(b, &t, step)?;
-            Ok(b.queue_download(&t)?)
+        let world = info.world;
+        // A failed exchange is the peer's failure that caused it when the collective has one
+        // (a device error of the read-back otherwise: exit 1, not the peer-failure status),
+        // and the communicator is aborted either way, as zgrad does for a step's collective.
+        let applied = |e: zgrad::GradError| {
+            let e = match comm.take_failure() {
+                Some(c) => {
+                    comm.abort(&c.to_string());
+                    zgrad::GradError::from(c)
+                }
+                None => {
+                    comm.abort(&e.to_string());
+                    e
+                }
+            };
+            e.at_step(step, zgrad::Applied::Yes)
         };
-        let applied = |e: zgrad::GradError| e.at_step(step, zgrad::Applied::Yes);
         let read = |x: Exchange| match x {
             Exchange::Queued(r) => r.wait().map_err(|e| applied(e.into())),
             Exchange::Read(v) => Ok(v),
         };
-        let current = exchange().map_err(applied)?;
-        // The earlier exchange first: a signal seen there was seen first.
-        let mut all = match earlier {
+        // The earlier exchange first: a signal seen there was seen first, and once it is read
+        // the marks before it have passed, so this rank's step time is known.
+        let mut all = match self.pending.take() {
             Some(x) => read(x)?,
-            None => vec![0.0; info.world],
+            None => vec![0.0; 2 * world],
         };
-        let set = |v: &[f32]| v.iter().filter(|s| **s >= 0.5).count();
+        let mut slots = vec![0f32; 2 * world];
+        // Signal numbers are small (< 65): exact in an f32, and a sum of one.
+        slots[info.rank] = mine.unwrap_or(0) as f32;
+        slots[world + info.rank] = self.pace.step_ms(b).unwrap_or(0.0) as f32;
+        let pace = &mut self.pace;
+        let mut exchange = || -> Result<zcompute::Readback<f32>, zgrad::GradError> {
+            pace.mark(b, step)?;
+            let t = b.upload(&slots, &[2 * world])?;
+            comm.all_reduce_sum(b, &t, step)?;
+            Ok(b.queue_download(&t)?)
+        };
+        let current = exchange().map_err(applied)?;
+        let set = |v: &[f32]| v[..world].iter().filter(|s| **s >= 0.5).count();
         if set(&all) == 0 && (drained || mine.is_some()) {
             // Every rank reads this exchange now when drained; otherwise only the ranks with a
             // signal do, so it counts now only if every rank had one (each reads it at the
             // next ask anyway).
             let now = read(Exchange::Queued(current))?;
-            if drained || set(&now) == info.world {
+            if drained || set(&now) == world {
                 all = now;
             } else {
                 self.pending = Some(Exchange::Read(now));
@@ -220,7 +357,9 @@ impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
         } else {
             self.pending = Some(Exchange::Queued(current));
         }
-        let got: Vec<(usize, i32)> = all
+        // Every rank reads the same `all` at this ask: the same window on every rank.
+        self.pace.agree(&all[world..]);
+        let got: Vec<(usize, i32)> = all[..world]
             .iter()
             .enumerate()
             .filter(|(_, s)| **s >= 0.5)
@@ -229,7 +368,7 @@ impl<B: zcompute::ReadbackOps<f32>> Agreement<B> {
         let Some(&(_, sig)) = got.first() else {
             return Ok(None);
         };
-        if info.rank == 0 && got.len() < info.world {
+        if info.rank == 0 && got.len() < world {
             let ranks: Vec<String> = got.iter().map(|(r, _)| r.to_string()).collect();
             tracing::warn!(
                 target: "ztrain.signals",
@@ -248,12 +387,13 @@ mod tests {
     use super::*;
     use zcompute::{BTensor, CpuBackend};
 
-    /// Rank 0 of two whose peer (rank 1) received `peer`: the all-reduce adds its slot, or,
-    /// with `lost`, fails as a stalled peer does. Counts the waits for the whole stream (the
-    /// agreement must not make any).
+    /// Rank 0 of two whose peer (rank 1) received `peer` and takes `ms` a step: the all-reduce
+    /// adds its slots, or, with `lost`, fails as a stalled peer does. Counts the waits for the
+    /// whole stream (the agreement must not make any).
     #[derive(Default)]
     struct Peer {
         peer: std::cell::Cell<f32>,
+        ms: std::cell::Cell<f32>,
         lost: bool,
         synchronized: std::cell::Cell<u32>,
     }
@@ -282,6 +422,7 @@ mod tests {
             }
             let mut v = zcompute::Backend::download(b, x).expect("download");
             v[1] += self.peer.get();
+            v[3] += self.ms.get();
             zcompute::Backend::upload_into(b, &v, x).expect("upload");
             Ok(())
         }
@@ -307,7 +448,7 @@ mod tests {
     fn the_ranks_agree_one_ask_later_without_draining_the_stream() {
         let peer = Rc::new(Peer::default());
         let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
-        let mut agreement = Agreement::new(Some(comm));
+        let mut agreement = Agreement::new(Some(comm), 32);
         let stop = StopSignal::never();
         assert_eq!(
             agreement.after_step(&stop, &CpuBackend, 2, false).unwrap(),
@@ -345,7 +486,7 @@ mod tests {
     fn a_signal_every_rank_received_stops_at_the_ask_that_sees_it() {
         let peer = Rc::new(Peer::default());
         let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
-        let mut agreement = Agreement::new(Some(comm));
+        let mut agreement = Agreement::new(Some(comm), 32);
         let stop = StopSignal::never();
         stop.raise(SIGINT);
         assert_eq!(
@@ -357,9 +498,10 @@ mod tests {
             agreement.after_step(&stop, &CpuBackend, 8, false).unwrap(),
             Some(SIGINT)
         );
-        let mut agreement = Agreement::new(Some(
-            peer.clone() as Rc<dyn zcomm::Collective<CpuBackend, f32>>
-        ));
+        let mut agreement = Agreement::new(
+            Some(peer.clone() as Rc<dyn zcomm::Collective<CpuBackend, f32>>),
+            32,
+        );
         peer.peer.set(SIGINT as f32);
         assert_eq!(
             agreement.after_step(&stop, &CpuBackend, 12, false).unwrap(),
@@ -376,7 +518,7 @@ mod tests {
     fn a_drained_ask_reads_its_own_exchange() {
         let peer = Rc::new(Peer::default());
         let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
-        let mut agreement = Agreement::new(Some(comm));
+        let mut agreement = Agreement::new(Some(comm), 32);
         let stop = StopSignal::never();
         assert_eq!(
             agreement.after_step(&stop, &CpuBackend, 10, true).unwrap(),
@@ -400,6 +542,51 @@ mod tests {
         assert_eq!(peer.synchronized.get(), 0);
     }
 
+    /// Issue 45: the read-back window of several ranks is the whole `--readback-every` for
+    /// the first step, one step until a step time is known, then what takes about a second of
+    /// the slowest rank's time (its milliseconds a step come in the exchange, read an ask
+    /// later): a 5 s step asks after every step, a 200 ms one every 5, a fast one (this
+    /// rank's own, on the host's clock over a thousand steps) the whole window. A job of one
+    /// always takes the whole window.
+    #[test]
+    fn the_window_is_sized_by_the_slowest_ranks_step_time() {
+        let peer = Rc::new(Peer::default());
+        let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
+        let mut agreement = Agreement::new(Some(comm), 32);
+        let stop = StopSignal::never();
+        let ask = |a: &mut Agreement<CpuBackend>, step| {
+            assert_eq!(a.after_step(&stop, &CpuBackend, step, false).unwrap(), None);
+            a.next_window()
+        };
+        assert_eq!(
+            agreement.next_window(),
+            32,
+            "the first step makes the history"
+        );
+        assert_eq!(agreement.next_window(), 1, "no step time yet");
+        // Asks a thousand steps apart: this rank's own time a step, on the host's clock, is
+        // then far below any the peer reports, whatever the load.
+        peer.ms.set(5000.0);
+        assert_eq!(ask(&mut agreement, 1000), 1);
+        assert_eq!(
+            ask(&mut agreement, 2000),
+            1,
+            "5 s a step: one step a window"
+        );
+        peer.ms.set(200.0);
+        assert_eq!(
+            ask(&mut agreement, 3000),
+            1,
+            "the exchange of step 2000 said 5 s"
+        );
+        peer.ms.set(0.0);
+        assert_eq!(ask(&mut agreement, 4000), 5, "200 ms a step");
+        assert_eq!(ask(&mut agreement, 5000), 32, "this rank's own time, fast");
+        assert_eq!(peer.synchronized.get(), 0);
+        let mut one = Agreement::<CpuBackend>::new(None, 8);
+        assert_eq!((one.next_window(), one.next_window()), (8, 8));
+    }
+
     /// A peer lost in the agreement after step 12 fails step 12, whose update was applied,
     /// exactly as one lost inside the step does (the launcher and the user read "step N").
     #[test]
@@ -408,7 +595,7 @@ mod tests {
             lost: true,
             ..Peer::default()
         });
-        let e = Agreement::new(Some(comm))
+        let e = Agreement::new(Some(comm), 32)
             .after_step(&StopSignal::never(), &CpuBackend, 12, false)
             .unwrap_err();
         let crate::error::TrainError::Grad(g) = &e else {

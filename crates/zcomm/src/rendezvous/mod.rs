@@ -798,4 +798,130 @@ mod tests {
             "the refused rank got nothing"
         );
     }
+
+    /// Set in the child that [`a_process_of_another_real_uid_is_refused_on_the_unix_socket`]
+    /// starts: the rendezvous address it connects to as another user.
+    const FOREIGN_CHILD: &str = "ZCOMM_TEST_FOREIGN_CHILD";
+    /// The user the child becomes: `nobody`.
+    const NOBODY: u32 = 65534;
+
+    /// Issue 45: a process of another real uid is refused on the Unix socket of `--gpus N`.
+    /// It needs root (to become another user), which CI and this machine's tests have: rank 0
+    /// listens, and a child (this test binary run again for this test alone) takes `nobody`'s
+    /// effective uid and connects. With `nobody`'s filesystem uid too, the socket's directory
+    /// (mode 700) refuses it: it cannot reach the socket (EACCES). With root's filesystem uid
+    /// kept (`setfsuid`, one thread), it reaches the socket while `SO_PEERCRED` carries its
+    /// effective uid: rank 0's accept refuses it (`ForeignPeer`, logged; `accept` gives
+    /// nothing) and its own join refuses rank 0 (`ForeignPeer` naming uid 0). Not root, there
+    /// is no other uid to become: the test says so on stderr and checks the same refusal by
+    /// rank 0's accept with the expected uid injected instead (the connection is this
+    /// process's), so it never passes without a refusal checked.
+    #[test]
+    // It says which path ran (the real uid or the injected one), and the child what it saw.
+    #[allow(clippy::print_stdout, clippy::print_stderr)]
+    fn a_process_of_another_real_uid_is_refused_on_the_unix_socket() {
+        if let Some(addr) = std::env::var_os(FOREIGN_CHILD) {
+            return connect_as_nobody(&addr.to_string_lossy());
+        }
+        let (_dir, addr) = private_socket();
+        let root = stream::own_uid() == 0;
+        let server = if root {
+            Server::bind(&addr).unwrap()
+        } else {
+            Server::bind(&addr)
+                .unwrap()
+                .expecting_uid(stream::own_uid().wrapping_add(1))
+        };
+        let path = unix_path(&addr).unwrap().to_path_buf();
+        let mut child = None;
+        let mut own = None;
+        if root {
+            eprintln!("as root: a child process of uid {NOBODY} connects (the real path)");
+            let name =
+                "rendezvous::tests::a_process_of_another_real_uid_is_refused_on_the_unix_socket";
+            child = Some(
+                std::process::Command::new(std::env::current_exe().unwrap())
+                    .args([name, "--exact", "--nocapture", "--test-threads=1"])
+                    .env(FOREIGN_CHILD, &addr)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+        } else {
+            eprintln!(
+                "not root (uid {}): no other uid to become; rank 0 expects another uid instead (the injected path)",
+                stream::own_uid()
+            );
+            own = Some(std::os::unix::net::UnixStream::connect(&path).unwrap());
+        }
+        // Rank 0's accept, until the child is done (its join connects after its first try).
+        let (mut refused, deadline) = (0, Instant::now() + Duration::from_secs(20));
+        loop {
+            match server.accept(&server.listeners[0]) {
+                Ok(Some((_, from))) => panic!("accepted {from}"),
+                Ok(None) => refused += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let done = match child.as_mut() {
+                        Some(c) => c.try_wait().unwrap().is_some(),
+                        None => refused > 0,
+                    };
+                    if done {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "no connection came");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+        drop(own);
+        if let Some(c) = child {
+            let out = c.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "the child failed:\n{text}");
+            assert!(text.contains("the directory refused uid 65534"), "{text}");
+            assert!(text.contains("the join refused rank 0"), "{text}");
+            eprintln!("{text}");
+        }
+        assert!(refused >= 1, "rank 0 refused nothing");
+    }
+
+    /// The child's side: `nobody` by its effective uid, reaching the socket only with root's
+    /// filesystem uid, refused both ways (see the test above).
+    #[allow(clippy::print_stdout)]
+    fn connect_as_nobody(addr: &str) {
+        use nix::unistd::{Uid, seteuid, setfsuid};
+        use std::io::Read as _;
+        let path = unix_path(addr).unwrap();
+        // glibc applies seteuid to every thread of the process (and the filesystem uid with it).
+        seteuid(Uid::from_raw(NOBODY)).unwrap();
+        assert_eq!(stream::own_uid(), NOBODY);
+        let e = std::os::unix::net::UnixStream::connect(path).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        println!("the directory refused uid {NOBODY}: {e}");
+        // This thread alone keeps root's filesystem uid: it reaches the socket, as nobody.
+        setfsuid(Uid::from_raw(0));
+        let mut held = std::os::unix::net::UnixStream::connect(path)
+            .expect("root's filesystem uid reaches the socket");
+        assert_eq!(stream::peer_uid(&held).unwrap(), 0, "rank 0 is root");
+        let e = join(addr, rank1(), Config::from(Duration::from_secs(5))).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CommError::ForeignPeer {
+                    peer_uid: 0,
+                    own_uid: NOBODY,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        println!("the join refused rank 0: {e}");
+        // Until rank 0 has accepted and dropped the held connection.
+        held.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let _ = held.read(&mut [0u8; 1]);
+    }
 }

@@ -19,10 +19,10 @@ mod settings;
 pub use settings::{ArenaSetting, EngineConfig, Labels};
 /// The drivers an engine's backend is generic over (so a user names `CudaBackend<SimDriver>`
 /// without depending on zdevice).
-pub use zdevice::{CudaDriver, Driver, SimDriver, StreamPriority};
+pub use zdevice::{CudaDriver, Driver, SimConfig, SimDriver, StreamPriority};
 pub use zmem::ArenaOverrides;
 
-use zdevice::{Device, DeviceConfig, SimConfig};
+use zdevice::{Device, DeviceConfig};
 use zmem::Arena;
 
 use crate::cpu::CpuBackend;

@@ -125,6 +125,14 @@ impl<B: TrainBackend> Feed<B> {
         }
     }
 
+    /// Reads the next steps back every `every` steps (the ranks' agreed window,
+    /// `signals::Agreement::next_window`; never more than the first step's).
+    pub fn set_window(&mut self, every: usize) {
+        match self {
+            Feed::Host { every: e, .. } | Feed::Device { every: e } => *e = every.max(1),
+        }
+    }
+
     /// Tells the learner the rows the next steps take (`rest`, the epoch's order from the
     /// position on, in steps of `batch`): on the device its steps then find their indices
     /// there, put up once a read-back window (`Trainer::plan_rows`). From the host: nothing.

@@ -61,8 +61,27 @@ pub(super) struct Epochs<'a, 'c, B: TrainBackend + MemorySource, M: Model<B, f32
 }
 
 impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
-    /// Rank 0 writes the checkpoint (when one was asked for) of the progress so far.
+    /// Rank 0 writes the checkpoint (when one was asked for) of the progress so far. Its
+    /// reads wait behind the step's collectives: when a peer's failure stopped those, that
+    /// failure is the error, as the step's (not the read's timeout).
     fn save(&mut self) -> Result<()> {
+        self.save_progress().map_err(|e| {
+            match self
+                .agree
+                .comm()
+                .and_then(|c| c.take_failure().map(|f| (c, f)))
+            {
+                Some((c, f)) => {
+                    c.abort(&f.to_string());
+                    let step = self.progress.step;
+                    TrainError::Grad(zgrad::GradError::from(f).at_step(step, zgrad::Applied::Yes))
+                }
+                None => e,
+            }
+        })
+    }
+
+    fn save_progress(&mut self) -> Result<()> {
         let _local = crate::distributed::LocalPhase::enter(self.agree.comm(), "the checkpoint");
         self.progress.rng = self.rng.state();
         match &self.ctx.options.checkpoint {
@@ -216,6 +235,8 @@ impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
             Some(t) => Some(t.before(self.b)?),
             None => None,
         };
+        // The read-back window the ranks agreed on (the whole of it in a job of one).
+        self.feed.set_window(self.agree.next_window());
         let reports = self
             .feed
             .step(&mut self.learner, self.train_set, chunk)

@@ -102,7 +102,7 @@ pub(super) fn open_backend<S: FitModel>(
     }
     let ordinal = u32::try_from(env.info.local_rank)
         .map_err(|_| TrainError::Options("LOCAL_RANK does not fit a device ordinal".into()))?;
-    let opened = device::open_on(options.device, &engine, options.sim_memory, ordinal)?;
+    let opened = device::open_on(options.device, &engine, &options.sim_config(), ordinal)?;
     if let Some(total) = opened.backend.device_memory() {
         let (name, raise) = match opened.backend {
             AnyBackend::Sim(_) => (

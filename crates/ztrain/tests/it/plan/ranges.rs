@@ -84,6 +84,7 @@ fn value() -> impl Strategy<Value = String> {
 
 const NUMERIC: &[&str] = &[
     "--sim-memory",
+    "--sim-op-time",
     "--gpus",
     "--comm-timeout",
     "--samples",
@@ -130,6 +131,7 @@ proptest! {
         if let Ok(engine) = options.arena.engine_config() {
             let _ = engine.arena_config(options.sim_memory);
         }
+        let _ = options.sim_config();
         let Ok(config) = options.config() else {
             return Ok(());
         };

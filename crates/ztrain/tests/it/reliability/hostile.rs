@@ -63,6 +63,15 @@ fn no_option_value_panics_or_aborts() {
             "more than 2^64 steps",
         ),
         (&["--device", "sim", "--sim-memory", "0"], "--sim-memory"),
+        (&["--device", "sim", "--sim-op-time", "0"], "--sim-op-time"),
+        (
+            &["--device", "sim", "--sim-op-time", "1e300"],
+            "--sim-op-time",
+        ),
+        (
+            &["--device", "sim", "--sim-op-time", "NaN"],
+            "--sim-op-time",
+        ),
         (
             &[
                 "--device",
