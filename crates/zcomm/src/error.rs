@@ -174,6 +174,23 @@ pub enum CommError {
         detail: String,
     },
 
+    /// This rank gave the job up (`cause`: why its communicators were aborted) but the process
+    /// did not end within `within` after that: a thread stayed blocked on the device (a launch
+    /// behind work that waits for a dead peer, a teardown behind an abort that does not
+    /// return), as measured on 2 H200s with a peer killed in a captured run. The application's
+    /// last resort ([`crate::Watched::with_last_resort`]) ends the process with this error,
+    /// running no teardown. `peer`: the rank that stopped answering, where known.
+    #[error(
+        "rank {rank}: {}gave up the job ({cause}) and did not end within {within:.1?} after that (a thread stayed blocked on the device); the process ends without its teardown",
+        peer.map_or(String::new(), |p| format!("rank {p} stopped answering; "))
+    )]
+    TeardownStuck {
+        rank: usize,
+        peer: Option<usize>,
+        within: Duration,
+        cause: String,
+    },
+
     /// A thread of this crate could not be started.
     #[error("{op}: {source}")]
     Io {
@@ -193,6 +210,18 @@ pub enum CommError {
 
 /// This crate's result.
 pub type Result<T> = std::result::Result<T, CommError>;
+
+impl CommError {
+    /// The peer this error names as the one that did not answer, where it names one.
+    #[must_use]
+    pub fn silent_peer(&self) -> Option<usize> {
+        match self {
+            CommError::Timeout { silent, .. } => *silent,
+            CommError::TeardownStuck { peer, .. } => *peer,
+            _ => None,
+        }
+    }
+}
 
 /// [`CommError::Timeout`]'s text after "rank R: ": the peer that did not answer first, where
 /// it is known (the launcher names the same rank in its last line).

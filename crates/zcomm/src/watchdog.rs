@@ -28,6 +28,16 @@
 //! With [`Watched::polling`] it also reads the transport's asynchronous error at every poll
 //! (NCCL's `ncclCommGetAsyncError`, never waiting for a call in progress), and aborts at once
 //! on one: a training thread blocked in a launch returns before the timeout, with that error.
+//!
+//! An abort is not always enough: on 2 H200s a rank whose peer was killed (SIGKILL) in a
+//! captured run never exited on its own after the abort (a thread stayed blocked on the
+//! device, in a launch behind work that waits for the dead peer or in a teardown behind an
+//! `ncclCommAbort` that does not return). With [`Watched::with_last_resort`], the first time
+//! the rank gives the job up (an abort, from any thread, the watchdog's included) arms a
+//! deadline that nothing disarms: if the process still runs when it passes, the application's
+//! hook gets [`CommError::TeardownStuck`] (naming the silent peer where one is known) and ends
+//! the process itself (ztrain prints its error line and exits 3 without running destructors).
+//! The thread that keeps that deadline outlives the `Watched`: dropping it does not wait for it.
 
 use crate::error::{CommError, Result};
 use crate::{Collective, RankInfo};
@@ -39,6 +49,30 @@ use zcompute::{BTensor, Backend, Element};
 
 /// Aborts a rank's communicators from the watchdog's thread: must not block on the device.
 pub type AbortFn = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The application's last resort ([`Watched::with_last_resort`]): called on the watchdog's
+/// thread with [`CommError::TeardownStuck`] when the process still runs `after` the rank gave
+/// the job up. Meant to end the process (it must not wait for the device); if it returns, the
+/// watchdog logs that and stops.
+struct LastResort {
+    after: Duration,
+    hook: Box<dyn Fn(&CommError) + Send + Sync>,
+}
+
+impl std::fmt::Debug for LastResort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LastResort")
+            .field("after", &self.after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// When and why the rank first gave the job up (an abort), and the peer found silent, if any.
+#[derive(Debug, Default)]
+struct GaveUp {
+    at: Option<(Instant, String)>,
+    silent: Option<usize>,
+}
 
 /// Reads a transport's asynchronous error from the watchdog's thread (NCCL's
 /// `ncclCommGetAsyncError`): must never wait for the training thread.
@@ -80,6 +114,13 @@ struct Shared {
     async_error: Mutex<Option<CommError>>,
     /// An asynchronous error was read: no more reads.
     async_seen: AtomicBool,
+    /// The rank's place in the job (for the last resort's error).
+    rank: usize,
+    world: usize,
+    /// [`Watched::with_last_resort`]'s hook.
+    last_resort: Mutex<Option<LastResort>>,
+    /// Set by the first abort: arms the last resort.
+    gave_up: Mutex<GaveUp>,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -95,6 +136,61 @@ impl Shared {
 
     fn fired(&self) -> Option<Stalled> {
         lock(&self.fired).clone()
+    }
+
+    /// The rank gives the job up (`why`): the first call arms the last resort's deadline,
+    /// which nothing disarms.
+    fn give_up(&self, why: &str) {
+        let mut g = lock(&self.gave_up);
+        if g.at.is_none() {
+            g.at = Some((Instant::now(), why.to_string()));
+            drop(g);
+            self.wake.notify_all();
+        }
+    }
+
+    /// Remembers the peer `e` names as silent (the first one known).
+    fn note_silent(&self, e: &CommError) {
+        if let Some(peer) = e.silent_peer() {
+            lock(&self.gave_up).silent.get_or_insert(peer);
+        }
+    }
+
+    /// When the last resort is due, if the rank gave up and a hook is installed.
+    fn last_resort_due(&self) -> Option<Instant> {
+        let after = lock(&self.last_resort).as_ref()?.after;
+        let at = lock(&self.gave_up).at.as_ref()?.0;
+        Some(at + after)
+    }
+
+    /// The last resort's error: why the rank gave up, the silent peer (a job of two ranks has
+    /// only one peer to wait for), and how long the process has run on since.
+    fn teardown_stuck(&self) -> CommError {
+        let g = lock(&self.gave_up);
+        let (at, cause) =
+            g.at.clone()
+                .unwrap_or_else(|| (Instant::now(), "unknown".into()));
+        let only_peer = (self.world == 2).then_some(1 - self.rank.min(1));
+        CommError::TeardownStuck {
+            rank: self.rank,
+            peer: g.silent.or(only_peer),
+            within: at.elapsed(),
+            cause,
+        }
+    }
+
+    /// Calls the last resort's hook (it should end the process); false when there is none.
+    fn run_last_resort(&self) -> bool {
+        let e = self.teardown_stuck();
+        tracing::error!(target: "zcomm.watchdog.last_resort", rank = self.rank, error = %e, "the rank gave up but did not end: its last resort ends it");
+        let hook = lock(&self.last_resort);
+        match hook.as_ref() {
+            Some(h) => {
+                (h.hook)(&e);
+                true
+            }
+            None => false,
+        }
     }
 
     /// One read of the transport's asynchronous error, until one is seen.
@@ -122,7 +218,16 @@ impl Watchdog {
     /// # Errors
     /// The thread could not be started (`CommError::Io`).
     pub fn spawn(rank: usize, timeout: Duration, abort: AbortFn) -> Result<Watchdog> {
-        let shared = Arc::new(Shared::default());
+        Self::spawn_in(rank, 0, timeout, abort)
+    }
+
+    /// As [`Watchdog::spawn`], for rank `rank` of `world` (named by the last resort's error).
+    fn spawn_in(rank: usize, world: usize, timeout: Duration, abort: AbortFn) -> Result<Watchdog> {
+        let shared = Arc::new(Shared {
+            rank,
+            world,
+            ..Shared::default()
+        });
         let seen = Arc::clone(&shared);
         // Often enough to fire within a twentieth of the timeout, rarely enough to cost nothing.
         let poll = (timeout / 20).clamp(Duration::from_millis(1), Duration::from_millis(100));
@@ -150,6 +255,12 @@ impl Drop for Watchdog {
     fn drop(&mut self) {
         *lock(&self.shared.stop) = true;
         self.shared.wake.notify_all();
+        // A rank that gave up keeps its last resort's deadline through the teardown that
+        // follows (which is what may block): the thread is left to run until then, or until
+        // the process ends.
+        if self.shared.last_resort_due().is_some() {
+            return;
+        }
         if let Some(t) = self.thread.take()
             && t.join().is_err()
         {
@@ -163,22 +274,42 @@ fn watch(shared: &Shared, rank: usize, timeout: Duration, poll: Duration, abort:
     let mut last = shared.ticks.load(Ordering::Acquire);
     let mut since = Instant::now();
     loop {
-        {
+        let stopped = {
             let stop = lock(&shared.stop);
             let (stop, _) = shared
                 .wake
                 .wait_timeout_while(stop, poll, |stop| !*stop)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if *stop {
+            *stop
+        };
+        // The last resort first: it holds whatever else happens, the end of the watch included.
+        if let Some(due) = shared.last_resort_due() {
+            let now = Instant::now();
+            if now >= due {
+                if !shared.run_last_resort() {
+                    tracing::error!(target: "zcomm.watchdog.last_resort", rank, "the last resort returned; the watchdog stops");
+                }
                 return;
             }
+            if stopped {
+                // Dropped: nothing else to watch, only the deadline.
+                std::thread::sleep(due - now);
+                continue;
+            }
+        } else if stopped {
+            return;
         }
         shared.polls.fetch_add(1, Ordering::AcqRel);
+        if lock(&shared.fired).is_some() {
+            continue;
+        }
         let armed = shared.armed.load(Ordering::Acquire);
         if armed && let Some(e) = shared.read_async_error() {
             let why = format!("rank {rank}: the transport failed on its own threads: {e}");
             tracing::error!(target: "zcomm.watchdog.async", rank, error = %e, "asynchronous error: aborting the communicators from the watchdog thread");
+            shared.note_silent(&e);
             *lock(&shared.async_error) = Some(e);
+            shared.give_up(&why);
             abort(&why);
         }
         // Outside a collective call, a phase of the thread's own is not a stall.
@@ -204,8 +335,9 @@ fn watch(shared: &Shared, rank: usize, timeout: Duration, poll: Duration, abort:
         );
         tracing::error!(target: "zcomm.watchdog.fire", rank, op = stalled.op, step = stalled.step, ?waited_for, "no progress: aborting the communicators from the watchdog thread");
         *lock(&shared.fired) = Some(stalled);
+        // Armed before the abort: an abort can itself block.
+        shared.give_up(&why);
         abort(&why);
-        return;
     }
 }
 
@@ -241,13 +373,56 @@ impl<C> Watched<C> {
     where
         C: Send + Sync + 'static,
     {
+        Self::new_in(
+            inner,
+            RankInfo {
+                rank,
+                world: 0,
+                local_rank: 0,
+            },
+            timeout,
+            abort,
+        )
+    }
+
+    /// As [`Watched::new`], for the rank `info` says (the last resort's error names the only
+    /// peer of a job of two ranks).
+    ///
+    /// # Errors
+    /// The watchdog's thread could not be started.
+    pub fn new_in(
+        inner: Arc<C>,
+        info: RankInfo,
+        timeout: Duration,
+        abort: impl Fn(&C, &str) + Send + Sync + 'static,
+    ) -> Result<Self>
+    where
+        C: Send + Sync + 'static,
+    {
         let target = Arc::clone(&inner);
         let abort: AbortFn = Arc::new(move |why: &str| abort(&target, why));
         Ok(Watched {
             inner,
-            dog: Watchdog::spawn(rank, timeout, abort)?,
+            dog: Watchdog::spawn_in(info.rank, info.world, timeout, abort)?,
             reported: AtomicBool::new(false),
         })
+    }
+
+    /// The last resort (see the module documentation): once the rank gives the job up, if the
+    /// process still runs `after` that, `hook` is called on the watchdog's thread with
+    /// [`CommError::TeardownStuck`]; it is to end the process without waiting for anything on
+    /// the device (ztrain prints its error line and exits 3, running no destructors).
+    #[must_use]
+    pub fn with_last_resort(
+        self,
+        after: Duration,
+        hook: impl Fn(&CommError) + Send + Sync + 'static,
+    ) -> Self {
+        *lock(&self.dog.shared.last_resort) = Some(LastResort {
+            after,
+            hook: Box::new(hook),
+        });
+        self
     }
 
     /// Also reads the transport's asynchronous error (`poll`, NCCL's
@@ -285,7 +460,10 @@ impl<C> Watched<C> {
         let r = f(&self.inner);
         *lock(&shared.op) = outer;
         shared.tick();
-        r.map_err(|e| self.stalled_error(rank, e))
+        r.map_err(|e| {
+            shared.note_silent(&e);
+            self.stalled_error(rank, e)
+        })
     }
 
     /// `e`, or the watchdog's error when it fired (with `e`, and the collective's own failure
@@ -384,6 +562,9 @@ impl<B: Backend<T>, T: Element, C: Collective<B, T>> Collective<B, T> for Watche
 
     fn take_failure(&self) -> Option<CommError> {
         let inner = self.inner.take_failure();
+        if let Some(e) = &inner {
+            self.dog.shared.note_silent(e);
+        }
         match (self.fired(), inner) {
             (None, inner) => lock(&self.dog.shared.async_error).take().or(inner),
             (Some(_), Some(e)) => {
@@ -408,7 +589,10 @@ impl<B: Backend<T>, T: Element, C: Collective<B, T>> Collective<B, T> for Watche
         self.inner.set_local_phase(phase);
     }
 
+    /// Gives the job up: arms the last resort (first: the abort can itself block), then
+    /// aborts the inner collective.
     fn abort(&self, why: &str) {
+        self.dog.shared.give_up(why);
         self.inner.abort(why);
     }
 }
@@ -519,5 +703,43 @@ mod tests {
         let x = zcompute::Backend::upload(&b, &[1.0f32], &[1]).expect("upload");
         c.all_reduce_sum(&b, &x, 4)
             .expect("a call after the error was handed out");
+    }
+
+    /// Issue 44: a rank that gave the job up (its abort did not unblock it: here the abort
+    /// does nothing at all, as one that does not return) is ended by its last resort, which
+    /// holds through the drop of its `Watched` (the teardown that may block), and whose error
+    /// names the only peer of a job of two and why the rank gave up. Nothing is due before the
+    /// rank gives up.
+    #[test]
+    fn a_rank_that_gave_up_but_does_not_end_is_ended_by_its_last_resort_after_the_drop() {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let tx = Mutex::new(tx);
+        let info = RankInfo {
+            rank: 0,
+            world: 2,
+            local_rank: 0,
+        };
+        let w = Watched::new_in(
+            Arc::new(SingleProcess),
+            info,
+            Duration::from_secs(3600),
+            |_: &SingleProcess, _: &str| {},
+        )
+        .expect("the watchdog starts")
+        .with_last_resort(Duration::from_millis(20), move |e: &CommError| {
+            lock(&tx).send(e.to_string()).ok();
+        });
+        let c: &dyn Collective<CpuBackend, f32> = &w;
+        c.set_step(7);
+        polls(&w, 3);
+        assert!(rx.try_recv().is_err(), "a last resort before any abort");
+        c.abort("rank 0: all_reduce of step 7 failed: rank 1 vanished: connection reset");
+        drop(w);
+        let e = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the last resort did not run after the drop");
+        assert!(e.contains("rank 1 stopped answering"), "{e}");
+        assert!(e.contains("rank 1 vanished"), "{e}");
+        assert!(e.contains("did not end within"), "{e}");
     }
 }

@@ -191,6 +191,51 @@ pub fn watchdog_timeout(comm_timeout: Duration) -> Duration {
     comm_timeout + (comm_timeout / 4).min(Duration::from_secs(2))
 }
 
+/// How long a rank that gave its job up (aborted its communicators) may go on before its last
+/// resort ends the process (zcomm's `Watched::with_last_resort`; ztrain's
+/// `fit::end_rank_now`): a quarter of `--comm-timeout`, from half a second to 2 s. The
+/// teardown after an abort takes no device wait (the device is marked lost), so it ends well
+/// within that; a thread blocked on the device past it never would (issue 44). The latest
+/// abort is the watchdog's, at [`watchdog_timeout`]: the rank ends within `--comm-timeout` +
+/// 4 s, inside the launcher's grace of `--comm-timeout` + 5 s.
+#[must_use]
+pub fn last_resort_after(comm_timeout: Duration) -> Duration {
+    (comm_timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(2))
+}
+
+/// `inner` under its watchdog ([`watchdog_timeout`]) with ztrain's last resort
+/// ([`last_resort_after`]).
+fn watched<C: Send + Sync + 'static>(
+    inner: Arc<C>,
+    info: zcomm::RankInfo,
+    timeout: Duration,
+    abort: impl Fn(&C, &str) + Send + Sync + 'static,
+) -> Result<Watched<C>> {
+    Ok(
+        Watched::new_in(inner, info, watchdog_timeout(timeout), abort)?
+            .with_last_resort(last_resort_after(timeout), move |e| {
+                crate::fit::end_rank_now(info, e)
+            }),
+    )
+}
+
+/// Whether a rank's steps are captured (`--capture`) over NCCL's `transport` (zcomm's
+/// `nccl::transport::transport`): the one owner of that policy (issue 44, item 3). Over NCCL's
+/// network transport (sockets as between hosts, or peer-to-peer and shared memory off) a
+/// captured step never completed on 2 H200s while eager steps trained at 49,290 samples/s, and
+/// nothing this side can make NCCL's proxy progress a replayed graph's collectives: the steps
+/// run eagerly there, and the log says why (`ztrain.distributed.capture`).
+#[must_use]
+pub fn captured_steps(capture: bool, transport: &zcomm::nccl::transport::Transport) -> bool {
+    match transport {
+        zcomm::nccl::transport::Transport::Network { why } if capture => {
+            tracing::warn!(target: "ztrain.distributed.capture", %why, "NCCL moves data over its network transport, where a captured step was measured to hang: the steps run eagerly (--capture is not used)");
+            false
+        }
+        _ => capture,
+    }
+}
+
 /// The simulated communicator of this rank, over its simulated device, under its watchdog;
 /// the ranks meet as `config` says (`rendezvous_config`), every wait bounded by its timeout.
 pub fn sim_collective(
@@ -200,10 +245,10 @@ pub fn sim_collective(
 ) -> Result<Rc<dyn Collective<CudaBackend<SimDriver>, f32>>> {
     let timeout = config.timeout;
     let comm = Arc::new(SimCollective::connect(b, env, config)?);
-    Ok(Rc::new(Watched::new(
+    Ok(Rc::new(watched(
         comm,
-        env.info.rank,
-        watchdog_timeout(timeout),
+        env.info,
+        timeout,
         |c: &SimCollective, why: &str| c.abort(why),
     )?))
 }
@@ -237,16 +282,18 @@ pub fn nccl_collective(
     let comm = Arc::new(NcclCollective::join_with(b, env.info, &id, options)?);
     // The abort that gives the peer-memory tail up (a store from the host) and runs
     // `ncclCommAbort` on a helper thread: nothing that waits for the device.
-    Ok(Rc::new(Watched::new(
-        comm,
-        env.info.rank,
-        watchdog_timeout(config.timeout),
-        |c: &NcclCollective, why: &str| {
-            tracing::error!(target: "ztrain.rank.watchdog", why, "aborting the NCCL communicators");
-            c.abort();
-        },
-    )?
-    .polling(NcclCollective::poll_async_error)))
+    Ok(Rc::new(
+        watched(
+            comm,
+            env.info,
+            config.timeout,
+            |c: &NcclCollective, why: &str| {
+                tracing::error!(target: "ztrain.rank.watchdog", why, "aborting the NCCL communicators");
+                c.abort();
+            },
+        )?
+        .polling(NcclCollective::poll_async_error),
+    ))
 }
 
 /// A phase of this rank's own, between drained steps (the checkpoint written, an evaluation):
@@ -372,7 +419,8 @@ mod tests {
     }
 
     /// The watchdog waits past --comm-timeout (the waits with deadlines end first, with their
-    /// own errors) and stays within the launcher's grace of --comm-timeout + 5 s.
+    /// own errors) and stays within the launcher's grace of --comm-timeout + 5 s, its last
+    /// resort included.
     #[rstest]
     #[case::short(0.4, 0.5)]
     #[case::comm_sh(3.0, 3.75)]
@@ -385,6 +433,37 @@ mod tests {
         let got = watchdog_timeout(Duration::from_secs_f64(comm_timeout));
         assert_eq!(got, Duration::from_secs_f64(want));
         assert!(got < Duration::from_secs_f64(comm_timeout + 5.0));
+        // Issue 44: the latest abort is the watchdog's; the last resort ends the rank after
+        // it, still within the launcher's grace, a second to spare.
+        let last = last_resort_after(Duration::from_secs_f64(comm_timeout));
+        assert!(last >= Duration::from_millis(500), "{last:?}");
+        assert!(
+            got + last <= Duration::from_secs_f64(comm_timeout + 4.0),
+            "{got:?} + {last:?}"
+        );
+    }
+
+    /// Issue 44: a captured run over NCCL's network transport runs its steps eagerly; any
+    /// other transport keeps what was asked.
+    #[rstest]
+    #[case::local_captured(false, true, true)]
+    #[case::local_eager(false, false, false)]
+    #[case::network_captured(true, true, false)]
+    #[case::network_eager(true, false, false)]
+    fn captured_steps_run_eagerly_over_the_network_transport(
+        #[case] network: bool,
+        #[case] asked: bool,
+        #[case] want: bool,
+    ) {
+        use zcomm::nccl::transport::Transport;
+        let t = if network {
+            Transport::Network {
+                why: "NCCL_P2P_DISABLE is set and NCCL_SHM_DISABLE is set".into(),
+            }
+        } else {
+            Transport::Local
+        };
+        assert_eq!(captured_steps(asked, &t), want);
     }
 
     /// A local phase is entered and left around its scope, on the collective it was given.

@@ -24,6 +24,8 @@
 mod command;
 pub mod learner;
 
+pub(crate) use command::end_rank_now;
+
 use std::io::Write;
 use std::path::Path;
 

@@ -108,7 +108,12 @@ pub(crate) fn run_model<S: FitModel>(
     } else {
         (options, out, show_bar)
     };
-    let config = options.config()?;
+    let mut config = options.config()?;
+    if env.info.world > 1 && options.device != crate::cli::DeviceChoice::Sim {
+        // NCCL's transport decides whether the steps can be captured (issue 44).
+        let transport = zcomm::nccl::transport::transport(|k| std::env::var(k).ok(), env.info);
+        config.capture = crate::distributed::captured_steps(config.capture, &transport);
+    }
     let (opened, room) = open_backend(spec, options, &env, &config)?;
     let mut console = Console::new(out, &spec.program());
     console.say(&opened.description);

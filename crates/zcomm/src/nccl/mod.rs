@@ -38,6 +38,7 @@ use crate::{Collective, CommError, RankInfo, Result};
 
 mod errors;
 mod tail;
+pub mod transport;
 
 /// Bytes of a unique id: what the rendezvous carries from rank 0 to the others.
 pub const UNIQUE_ID_BYTES: usize = nccl::UNIQUE_ID_BYTES;

@@ -12,7 +12,8 @@
 //! rank keep NCCL's all-reduce.
 //!
 //! A rank whose NCCL was told not to use peer-to-peer or shared memory (`NCCL_P2P_DISABLE=1`,
-//! `NCCL_SHM_DISABLE=1`: the socket transport, as between hosts) declines the path as well,
+//! `NCCL_P2P_LEVEL=LOC`, `NCCL_SHM_DISABLE=1`: `transport::peer_memory_declined`; with both,
+//! the socket transport, as between hosts) declines the path as well,
 //! although CUDA IPC may still map the peers' memory: its NCCL then moves the other buckets
 //! over sockets, and a kernel spinning on a peer's words next to NCCL's proxy threads is not
 //! what such a job asked for (measured on 2 H200s, issue 44: the captured step hung).
@@ -67,7 +68,7 @@ impl<D: Driver> NcclCollective<D> {
             return Ok(false);
         }
         // Every rank goes through every collective below, whatever failed locally.
-        let declined = declined_by_nccl_settings(|k| std::env::var(k).ok());
+        let declined = super::transport::peer_memory_declined(|k| std::env::var(k).ok());
         let made = match &declined {
             Some(_) => Err(None),
             None => PeerExchange::new(b, self.info.rank, world, last)
@@ -204,16 +205,6 @@ pub(super) fn failure<D: Driver>(
         waited_for: t.timeout,
         silent: named.or((info.world == 2).then(|| 1 - info.rank)),
     }))
-}
-
-/// Why this rank keeps the last bucket on NCCL because of how its NCCL was set up (`get`
-/// reads a variable of the environment): `NCCL_P2P_DISABLE` or `NCCL_SHM_DISABLE` set to a
-/// true value (NCCL reads any non-zero integer so), the socket transport.
-pub(super) fn declined_by_nccl_settings(get: impl Fn(&str) -> Option<String>) -> Option<String> {
-    ["NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE"]
-        .into_iter()
-        .find(|k| get(k).is_some_and(|v| v.trim().parse::<i64>().is_ok_and(|n| n != 0)))
-        .map(|k| format!("{k} is set: NCCL is on its socket transport, so is the last bucket"))
 }
 
 /// The tail, a poisoned lock taken as it is (it holds no invariant a panic could break).

@@ -232,29 +232,6 @@ fn join_refuses_overlapped_collectives_of_no_thread_block() {
     );
 }
 
-/// Issue 44: on NCCL's socket transport the last bucket stays on NCCL (its captured step hung
-/// over peer memory on 2 H200s with `NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1`).
-#[rstest]
-#[case(&[], None)]
-#[case(&[("NCCL_P2P_DISABLE", "0")], None)]
-#[case(&[("NCCL_P2P_DISABLE", "1")], Some("NCCL_P2P_DISABLE"))]
-#[case(&[("NCCL_SHM_DISABLE", " 1")], Some("NCCL_SHM_DISABLE"))]
-#[case(&[("NCCL_P2P_DISABLE", "yes")], None)]
-fn the_socket_transport_keeps_the_last_bucket_on_nccl(
-    #[case] vars: &[(&str, &str)],
-    #[case] named: Option<&str>,
-) {
-    let why = super::tail::declined_by_nccl_settings(|k| {
-        vars.iter()
-            .find(|(n, _)| *n == k)
-            .map(|(_, v)| (*v).to_string())
-    });
-    match named {
-        None => assert_eq!(why, None),
-        Some(k) => assert!(why.as_deref().is_some_and(|w| w.contains(k)), "{why:?}"),
-    }
-}
-
 /// Issue 44, over the simulator: rank 0 of three runs the peer-memory tail; rank 1's words come,
 /// rank 2 stopped and never writes. The launch waits (its stream cannot drain), is given up
 /// from the host, and the error the tail reports names rank 2, the one that did not answer

@@ -19,7 +19,13 @@
 //! collective kernel does not complete (zdevice's `KernelFault::Waiting`), its stream and every
 //! stream or event behind it never drain, until the communicator is aborted; the host's waits
 //! end only at their own deadlines. A peer that aborts (its abort frame arrives) fails the
-//! collective at once, as before.
+//! collective at once, as before. A peer that died (its connection closed: the process was
+//! killed) while a replayed graph's collective waits for it is worse, as measured on 2 H200s
+//! in captured runs (issue 44; eager runs ended in time): the host is not told (no error before
+//! a deadline), the collective never completes, even after the abort, so its stream never
+//! drains, and a launch behind it blocks for good once the stream's queue is full (zdevice's
+//! `SimConfig::launch_queue_depth`). Only the process's end ends such a rank: its watchdog's
+//! last resort (`crate::Watched::with_last_resort`).
 //!
 //! As over NCCL, a synchronize that passes the device's deadline (a collective stuck on the
 //! stream) is a [`CommError::Timeout`] naming the rank and the step, and [`SimCollective::abort`]
@@ -63,6 +69,9 @@ struct Link {
     /// Set when a peer stopped answering: the collective kernel then waits on the device
     /// (never completes) until the communicator is aborted (`failed`), as on a GPU.
     waiting_on: Mutex<Option<String>>,
+    /// Set when the peer it waits for died (its connection closed): the collective then
+    /// waits for good, the abort notwithstanding (see the module documentation).
+    dead: std::sync::atomic::AtomicBool,
     /// Second handles on the connections' sockets: an abort cuts a connection an exchange
     /// holds with them (`Star::abort`).
     cutters: Vec<rendezvous::Stream>,
@@ -156,6 +165,7 @@ impl SimCollective {
             failure: Mutex::new(None),
             failed: std::sync::atomic::AtomicBool::new(false),
             waiting_on: Mutex::new(None),
+            dead: std::sync::atomic::AtomicBool::new(false),
         });
         let name = format!(
             "zcomm_sim_collective_{}",
@@ -166,7 +176,7 @@ impl SimCollective {
             .driver()
             .register_kernel(&name, move |_, args, mem| kernel_link.run(args, mem));
         let ptx = format!(
-            ".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry {name}(\n\t.param .u64 p0,\n\t.param .u64 p1,\n\t.param .u64 p2,\n\t.param .u64 p3\n)\n{{\n\tret;\n}}\n"
+            ".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry {name}(\n\t.param .u64 p0,\n\t.param .u64 p1,\n\t.param .u64 p2,\n\t.param .u64 p3,\n\t.param .u64 p4\n)\n{{\n\tret;\n}}\n"
         );
         let device_err = |source| CommError::Device { op: "init", source };
         let module = b.device().load_module(&ptx).map_err(device_err)?;
@@ -293,6 +303,8 @@ impl SimCollective {
             KernelArg::U64(x.numel() as u64),
             KernelArg::U64(kind),
             KernelArg::U64(root),
+            // Captured (replayed from a graph): a dead peer is then waited for unseen.
+            KernelArg::U64(u64::from(b.device().is_capturing())),
         ];
         let launched = if overlapped {
             self.side.fork().and_then(|()| {
@@ -321,7 +333,7 @@ impl SimCollective {
 }
 
 impl Link {
-    /// The collective kernel: `(float* x, u64 n, u64 kind, u64 root)`.
+    /// The collective kernel: `(float* x, u64 n, u64 kind, u64 root, u64 captured)`.
     fn run(
         &self,
         args: &[KernelArg],
@@ -329,6 +341,17 @@ impl Link {
     ) -> std::result::Result<(), KernelFault> {
         let a = KernelArgs(args);
         let (x, n, kind, root) = (a.ptr(0)?, a.u64(1)?, a.u64(2)?, a.u64(3)?);
+        let captured = a.u64(4)? != 0;
+        // Waiting for a peer that died: for good, aborted or not (the GPU's measured case).
+        if self.dead.load(Ordering::Acquire)
+            && let Some(why) = self
+                .waiting_on
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .as_ref()
+        {
+            return Err(KernelFault::Waiting(why.clone()));
+        }
         if self.failed.load(Ordering::Acquire) {
             return Err(fault("the communicator failed earlier".into()));
         }
@@ -381,6 +404,14 @@ impl Link {
                         .waiting_on
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(msg.clone());
+                    // A peer that died, waited for by a replayed graph: as measured on 2 H200s
+                    // (issue 44), nothing tells the host (no error until a deadline) and the
+                    // abort does not end the wait. Not when this rank's own abort cut the
+                    // connection (it marks `failed` first).
+                    if captured && wire::peer_died(&e) && !self.failed.load(Ordering::Acquire) {
+                        self.dead.store(true, Ordering::Release);
+                        return Err(KernelFault::Waiting(msg));
+                    }
                     slot.get_or_insert(e);
                     return Err(KernelFault::Waiting(msg));
                 }

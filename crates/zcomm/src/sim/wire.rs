@@ -347,6 +347,12 @@ pub(crate) fn peer_went_silent(e: &CommError) -> bool {
     }
 }
 
+/// Whether an exchange's error says a peer's connection is gone (its process died), rather
+/// than that it stopped answering.
+pub(crate) fn peer_died(e: &CommError) -> bool {
+    matches!(e, CommError::PeerFailed { detail, .. } if detail.contains(VANISHED))
+}
+
 /// How an exchange's error says a peer's connection is gone.
 const VANISHED: &str = " vanished: ";
 

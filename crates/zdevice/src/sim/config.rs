@@ -43,7 +43,19 @@ pub struct SimConfig {
     /// not run, and device memory reads as zeros (a download yields zeros; poison is off). Any
     /// model size can then be walked through for its sizes and lifetimes in seconds.
     pub accounting_only: bool,
+    /// Operations a stream may hold not yet run before a launch onto it (`cuLaunchKernel`,
+    /// `cuGraphLaunch`) blocks the calling thread, as a GPU's launch queue does when the host
+    /// runs ahead of the device: the host then waits for the device to run the oldest (the
+    /// clock moves to its end). Behind an operation that never completes (a kernel waiting on
+    /// the device for a peer that died, a wait behind one) the launch blocks until that
+    /// operation can complete, re-checked whenever the fault plan's hangs are released (an
+    /// abort) and every few milliseconds: with a dead peer that never happens, as measured on
+    /// 2 H200s (issue 44). A GPU's queue holds about a thousand launches.
+    pub launch_queue_depth: usize,
 }
+
+/// [`SimConfig::launch_queue_depth`]'s default.
+pub const DEFAULT_LAUNCH_QUEUE_DEPTH: usize = 1024;
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -62,6 +74,7 @@ impl Default for SimConfig {
             flops_per_us: 50_000_000,
             op_log_capacity: super::DEFAULT_OP_LOG_CAPACITY,
             accounting_only: false,
+            launch_queue_depth: DEFAULT_LAUNCH_QUEUE_DEPTH,
         }
     }
 }

@@ -461,7 +461,7 @@ impl Driver for SimDriver {
         args: &[KernelArg],
         stream: Stream,
     ) -> DriverResult<()> {
-        self.call(c::LAUNCH_KERNEL, Some(stream), |st, cx| {
+        self.launching(c::LAUNCH_KERNEL, stream, |st, cx| {
             st.launch_kernel(cx, function, config, args, stream)
         })
     }
@@ -501,7 +501,7 @@ impl Driver for SimDriver {
     }
 
     fn graph_launch(&self, exec: GraphExec, stream: Stream) -> DriverResult<()> {
-        self.call(c::GRAPH_LAUNCH, Some(stream), |st, cx| {
+        self.launching(c::GRAPH_LAUNCH, stream, |st, cx| {
             st.graph_launch(cx, exec, stream)
         })
     }

@@ -51,7 +51,7 @@ use std::time::Duration;
 
 pub use crate::faults::FaultAction;
 pub use access::{KernelArgs, KernelFault, SimMemory};
-pub use config::SimConfig;
+pub use config::{DEFAULT_LAUNCH_QUEUE_DEPTH, SimConfig};
 pub use kernels::{BUILTIN_PTX, KernelFn};
 pub use oplog::{CaptureSnapshot, DEFAULT_OP_LOG_CAPACITY, Effect, OpRecord};
 
@@ -124,6 +124,36 @@ impl SimDriver {
             }
         }
         result
+    }
+
+    /// A launch onto `stream` ([`SimConfig::launch_queue_depth`]): waits, holding the calling
+    /// thread but not the driver, while the stream's queue is full behind an operation that
+    /// cannot complete, re-checking at every release of the fault plan's hangs (an abort
+    /// makes one) and every 10 ms of real time; then makes the call.
+    fn launching<T>(
+        &self,
+        call: &'static str,
+        stream: Stream,
+        work: impl FnOnce(&mut State, &mut Cx) -> DriverResult<T>,
+    ) -> DriverResult<T> {
+        let mut logged = false;
+        loop {
+            let releases = *self.releases_lock();
+            if self.lock().launch_room(stream) {
+                return self.call(call, Some(stream), work);
+            }
+            if !logged {
+                tracing::warn!(target: "zdevice.sim.launch", call, ?stream, "launch blocked: the stream's queue is full behind work that does not complete");
+                logged = true;
+            }
+            let n = self.releases_lock();
+            if *n == releases {
+                let _ = self
+                    .released
+                    .wait_timeout(n, Duration::from_millis(10))
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
     }
 
     fn releases_lock(&self) -> MutexGuard<'_, u64> {

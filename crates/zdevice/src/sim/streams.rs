@@ -178,6 +178,38 @@ impl State {
         Ok(())
     }
 
+    /// Whether a launch onto `stream` finds room in its queue ([`SimConfig::launch_queue_depth`]
+    /// operations not yet run): while the queue is full the host waits for the device, so the
+    /// clock moves to the end of the oldest operation and it runs; false when that operation
+    /// cannot complete (a kernel waiting on the device, a wait behind one, an operation the
+    /// fault plan holds): the launch blocks. A stream that captures queues nothing.
+    ///
+    /// [`SimConfig::launch_queue_depth`]: super::SimConfig::launch_queue_depth
+    pub(crate) fn launch_room(&mut self, stream: Stream) -> bool {
+        if self.capture.as_ref().is_some_and(|c| c.holds(stream)) {
+            return true;
+        }
+        let depth = self.cfg.launch_queue_depth.max(1);
+        loop {
+            let Some(s) = self.streams.get(&stream.0) else {
+                return true;
+            };
+            let held = s.queue.len();
+            let Some(front) = s.queue.front() else {
+                return true;
+            };
+            if held < depth {
+                return true;
+            }
+            self.now = self.now.max(front.ready_at);
+            self.drain(stream, Upto::Time(self.now));
+            let left = self.streams.get(&stream.0).map_or(0, |s| s.queue.len());
+            if left >= held {
+                return false;
+            }
+        }
+    }
+
     /// Lets every operation held by [`crate::FaultAction::Hang`] complete.
     pub(crate) fn release_hangs(&mut self) {
         for s in self.streams.values_mut() {

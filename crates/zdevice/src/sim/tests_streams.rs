@@ -438,3 +438,71 @@ fn a_call_failing_at_the_next_sync_itself_succeeds_even_when_it_syncs() {
     );
     assert_eq!(d.stream_query(s).unwrap(), Readiness::Ready);
 }
+
+/// Issue 44: a GPU's launch queue is bounded. Past [`SimConfig::launch_queue_depth`] ordinary
+/// work only makes the host wait for the device (the clock moves, the oldest work runs); behind
+/// a kernel that never completes (one waiting for a peer that died) the launch blocks the
+/// calling thread, a release of the fault plan's hangs (an abort) does not end it while the
+/// kernel still waits, and it returns once the kernel can complete.
+#[test]
+fn a_launch_onto_a_queue_full_behind_a_kernel_that_never_completes_blocks_until_it_does() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let d = Arc::new(SimDriver::new(SimConfig {
+        launch_queue_depth: 4,
+        ..SimConfig::default()
+    }));
+    d.init().expect("init");
+    let f = fill_fn(&d);
+    let out = d.mem_alloc(64).unwrap();
+    let s = d.stream_create(StreamKind::NonBlocking).unwrap();
+    for v in 0..10 {
+        launch_fill(&d, f, out, v as f32, 16, s).expect("ordinary work never blocks");
+    }
+    assert!(d.pending_ops(s) <= 4, "{} queued", d.pending_ops(s));
+    d.stream_synchronize(s).unwrap();
+    let came = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&came);
+    d.register_kernel("waits_for_a_dead_peer", move |_, _, _| {
+        if seen.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(KernelFault::Waiting("the peer died".into()))
+        }
+    });
+    let m = d
+        .module_load_ptx(".version 8.0\n.target sm_80\n.address_size 64\n\n.visible .entry waits_for_a_dead_peer()\n{\n\tret;\n}\n")
+        .unwrap();
+    let waits = d.module_get_function(m, "waits_for_a_dead_peer").unwrap();
+    // SAFETY: the kernel takes no arguments.
+    unsafe { d.launch_kernel(waits, LaunchConfig::linear(1, 1, 1), &[], s) }.unwrap();
+    for v in 0..3 {
+        launch_fill(&d, f, out, v as f32, 16, s).expect("room left");
+    }
+    let (done, returned) = std::sync::mpsc::channel();
+    let blocked = {
+        let d = Arc::clone(&d);
+        std::thread::spawn(move || {
+            let r = launch_fill(&d, f, out, 9.0, 16, s);
+            done.send(()).ok();
+            r
+        })
+    };
+    // It cannot have returned: the kernel in front never completes until `came` is set. (A
+    // wrong return shows up here unless the machine is slow; it never fails a correct one.)
+    assert!(
+        returned.recv_timeout(Duration::from_millis(100)).is_err(),
+        "the launch behind a kernel that never completes returned"
+    );
+    d.release_hangs();
+    assert!(
+        returned.recv_timeout(Duration::from_millis(100)).is_err(),
+        "a release (an abort) ended a launch behind a kernel that still waits"
+    );
+    came.store(true, Ordering::Release);
+    returned
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the launch did not return once the kernel could complete");
+    blocked.join().unwrap().unwrap();
+    d.stream_synchronize(s).unwrap();
+}

@@ -3,8 +3,10 @@
 //! library that prints: a failed run's error, on the user's terminal.
 
 use std::ffi::OsString;
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory as _, FromArgMatches as _};
@@ -22,6 +24,7 @@ use crate::signals::StopSignal;
 /// The `ztrain` command is `main(&XAssetFit)`.
 pub fn main<S: FitModel>(model: &S) -> ExitCode {
     let program = model.program();
+    PROGRAM.get_or_init(|| program.clone());
     // Clap exits on `--help`, `--version` and bad usage (status 2), as `Parser::parse` does.
     let options = options_from(model, std::env::args_os()).unwrap_or_else(|e| e.exit());
     let level: LevelFilter = options.log.parse().unwrap_or(LevelFilter::WARN);
@@ -96,21 +99,83 @@ pub fn main<S: FitModel>(model: &S) -> ExitCode {
         Err(e) => match rank {
             // A rank names itself: the launcher interleaves every rank's stderr.
             Some(info) => {
-                let _ = fail(&format!(
+                let code = if e.is_peer_failure() {
+                    crate::error::EXIT_PEER_FAILED
+                } else {
+                    1
+                };
+                let line = format!(
                     "{program} rank {} of {}: {}",
                     info.rank,
                     info.world,
                     crate::error::report(&e)
-                ));
+                );
+                let _ = out.flush();
+                // A rank whose peer failed ends here, running no destructor and no atexit
+                // handler: its communicators were aborted, and the library teardown at exit
+                // (NCCL's, the driver's) can wait for an abort that does not return (issue
+                // 44: on 2 H200s such a rank never exited on its own).
+                report_rank_once(&line, code);
                 if e.is_peer_failure() {
-                    ExitCode::from(crate::error::EXIT_PEER_FAILED)
-                } else {
-                    ExitCode::FAILURE
+                    exit_now(code);
                 }
+                ExitCode::from(code)
             }
             None => fail(&crate::error::report(&e)),
         },
     }
+}
+
+/// The program's name, for a rank's last-resort line ([`end_rank_now`]).
+static PROGRAM: OnceLock<String> = OnceLock::new();
+
+/// A rank's error line was printed (by `main` or by [`end_rank_now`]): once only.
+static REPORTED: AtomicBool = AtomicBool::new(false);
+
+/// The status the rank exits with once its error line is printed.
+static EXIT_CODE: AtomicU8 = AtomicU8::new(crate::error::EXIT_PEER_FAILED);
+
+/// Prints a rank's error `line` unless one was printed already, and records `code` as its exit
+/// status. Written to the standard error's descriptor directly, without its lock: the last
+/// resort runs while another thread may hold it, blocked.
+fn report_rank_once(line: &str, code: u8) {
+    if REPORTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    EXIT_CODE.store(code, Ordering::Release);
+    let fd = std::os::fd::AsFd::as_fd(&std::io::stderr()).try_clone_to_owned();
+    match fd {
+        Ok(fd) => {
+            let _ = std::fs::File::from(fd).write_all(format!("{line}\n").as_bytes());
+        }
+        Err(_) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// Ends the process with `code` at once: `_exit`, so no destructor, atexit handler or driver
+/// teardown runs (each of which can wait for a device that waits for a dead peer).
+fn exit_now(code: u8) -> ! {
+    signal_hook::low_level::exit(i32::from(code))
+}
+
+/// A rank's last resort (zcomm's `Watched::with_last_resort`, issue 44): it gave the job up
+/// (aborted its communicators) and still runs, a thread blocked on the device. Prints its
+/// error line (the error names the peer that stopped answering) unless the rank printed one
+/// already, and ends the process with the status that line goes with (3 for a peer's
+/// failure), running no teardown. Runs on the watchdog's thread; never touches the standard
+/// output (the training thread holds its lock).
+pub(crate) fn end_rank_now(info: zcomm::RankInfo, e: &zcomm::CommError) -> ! {
+    let program = PROGRAM.get().map_or("ztrain", String::as_str);
+    report_rank_once(
+        &format!("{program} rank {} of {}: error: {e}", info.rank, info.world),
+        crate::error::EXIT_PEER_FAILED,
+    );
+    exit_now(EXIT_CODE.load(Ordering::Acquire))
 }
 
 /// `--gpus N`: starts the ranks and exits with what they did: 0, `100 + r` when rank r failed
