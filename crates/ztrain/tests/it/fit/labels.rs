@@ -10,9 +10,11 @@ use crate::cli::data_files::{npy_x, npy_y};
 use crate::common::path_str;
 use rstest::rstest;
 use zgrad::Task;
+use ztrain::config::RunConfig;
 use ztrain::data::{Dataset, csv, synthetic};
-use ztrain::fit::{self, Outcome};
+use ztrain::fit::{self, FitModel, Outcome};
 use ztrain::signals::StopSignal;
+use ztrain::step::TrainBackend;
 
 /// 120 samples of 3 x 6 features whose labels are `label(i, first feature)`.
 fn data(label: impl Fn(usize, f32) -> f32) -> Dataset {
@@ -107,4 +109,53 @@ fn a_label_the_task_cannot_take_names_file_row_and_problem(
             }
         }
     }
+}
+
+/// A program whose `FitModel::task` is left at its default (binary) while its model is a
+/// 10-class classifier: its labels would be checked by the wrong task.
+struct Undeclared(MlpFit);
+
+impl FitModel for Undeclared {
+    type Model<B: TrainBackend> = super::model::WindowMlp<B>;
+
+    fn describe(&self, config: &RunConfig) -> String {
+        self.0.describe(config)
+    }
+
+    fn parameters(&self, config: &RunConfig) -> ztrain::Result<u64> {
+        self.0.parameters(config)
+    }
+
+    fn config_json(&self, config: &RunConfig) -> serde_json::Value {
+        self.0.config_json(config)
+    }
+
+    fn init<B: TrainBackend>(&self, b: &B, config: &RunConfig) -> zgrad::Result<Self::Model<B>> {
+        self.0.init(b, config)
+    }
+}
+
+#[test]
+fn a_model_whose_task_is_not_the_declared_one_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = Undeclared(MlpFit {
+        task: Task::class_index(10),
+        ..MLP
+    });
+    let [csv_args, _] = write(&data(|i, _| (i % 2) as f32), dir.path());
+    let data: Vec<&str> = csv_args.iter().map(String::as_str).collect();
+    let args = [&data[..], &["--device", "sim", "--epochs", "1"]].concat();
+    let ck = dir.path().join("ck.st");
+    let args = [&args[..], &["--checkpoint", path_str(&ck)]].concat();
+    let mut out = Vec::new();
+    let e = fit::run(
+        &model,
+        &options(&args),
+        &mut out,
+        false,
+        &StopSignal::never(),
+    )
+    .expect_err("the declared task is not the model's")
+    .to_string();
+    assert!(e.contains("FitModel::task"), "{e}");
 }
