@@ -22,6 +22,8 @@ pub enum CsvProblem {
     NotFinite { cell: String },
     /// The label column holds something other than 0 or 1.
     BadLabel { cell: String },
+    /// A label that is not a class index of the model's `classes`.
+    BadClass { cell: String, classes: usize },
 }
 
 impl fmt::Display for CsvProblem {
@@ -39,6 +41,10 @@ impl fmt::Display for CsvProblem {
             CsvProblem::NotANumber { cell } => write!(f, "`{cell}` is not a number"),
             CsvProblem::NotFinite { cell } => write!(f, "`{cell}` is not a finite float32"),
             CsvProblem::BadLabel { cell } => write!(f, "label `{cell}` must be 0 or 1"),
+            CsvProblem::BadClass { cell, classes } => write!(
+                f,
+                "label `{cell}` must be a class index of the model's {classes} classes: an integer in 0..{classes}"
+            ),
         }
     }
 }
@@ -114,6 +120,8 @@ pub enum DataProblem {
     Missing { value: String },
     /// A label other than 0 or 1.
     BadLabel { value: String },
+    /// A label that is not a class index of the model's `classes`.
+    BadClass { value: String, classes: usize },
     /// An array or tensor the format needs is not in the file.
     MissingArray { name: String, found: Vec<String> },
     /// An array of another shape than the options ask for.
@@ -161,6 +169,10 @@ impl fmt::Display for DataProblem {
                 "{value} where a finite number is expected; missing values are refused, never turned into numbers: fill or drop them first"
             ),
             DataProblem::BadLabel { value } => write!(f, "label {value} must be 0 or 1"),
+            DataProblem::BadClass { value, classes } => write!(
+                f,
+                "label {value} must be a class index of the model's {classes} classes: an integer in 0..{classes}"
+            ),
             DataProblem::MissingArray { name, found } => write!(
                 f,
                 "no array `{name}` (the file has {found:?}); name the features `x` [N, S, F] and the labels `y` [N]"

@@ -56,6 +56,16 @@ pub trait FitModel {
     /// The model on backend `B` (a clone shares its parameters, as zgrad's `Model` asks).
     type Model<B: TrainBackend>: Model<B, f32>;
 
+    /// The model's target contract: the [`zgrad::Model::task`] of the model
+    /// [`FitModel::init`] makes, known before it is made, since a data file's labels are
+    /// checked as they are read (0 or 1 for a binary model, a class index in `0..C` for
+    /// `Task::class_index(C)`, any finite value for `Task::regression(1)`). By default
+    /// XAsset's, `Task::binary()`; a run whose model's task differs from this is refused.
+    fn task(&self, config: &RunConfig) -> zgrad::Task {
+        let _ = config;
+        zgrad::Task::binary()
+    }
+
     /// The model's name and sizes, for the run's first line (`XAsset F=8 S=16 ...`).
     fn describe(&self, config: &RunConfig) -> String;
 

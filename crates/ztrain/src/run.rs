@@ -31,6 +31,7 @@ use crate::config::RunConfig;
 use crate::console::Console;
 use crate::data::Samples;
 use crate::data::feed::Feed;
+use crate::data::labels::Labels;
 use crate::data::placement::DeviceRoom;
 use crate::device::AnyBackend;
 use crate::distributed::Role;
@@ -223,7 +224,13 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
 ) -> Result<Outcome> {
     let (config, options) = (ctx.config, ctx.options);
     let started = Instant::now();
-    let data = load_data(config, options.stream)?;
+    let task = spec.task(config);
+    // A file's labels are checked as the model takes them; the synthetic set's are 0/1.
+    let labels = match config.data {
+        crate::config::DataSource::File { .. } => Labels::of(&task)?,
+        crate::config::DataSource::Synthetic { .. } => Labels::Binary,
+    };
+    let data = load_data(config, options.stream, labels)?;
     let (train_set, val_set) = (data.train, data.val);
     if train_set.is_empty() {
         return Err(TrainError::Options(
@@ -243,6 +250,12 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
     let n_train = train_set.len();
     let limit = checkpoint_limit(spec.parameters(config)?, n_train);
     let mut learner = new_learner(spec, &b, ctx, n_train, limit)?;
+    if learner.model().task() != task {
+        return Err(TrainError::Options(format!(
+            "the model's task is {} but its FitModel::task says {task}: return the model's task from FitModel::task (the data's labels are checked by it)",
+            learner.model().task()
+        )));
+    }
     let progress = start(&mut learner, ctx, &config_json, n_train, limit, out)?;
     // The ranks agree on a stop signal where the steps are read back (one tiny all-reduce,
     // read at the next such point), and on the read-back window from their step times.

@@ -120,6 +120,10 @@ pub struct MlpFit {
 impl FitModel for MlpFit {
     type Model<B: TrainBackend> = WindowMlp<B>;
 
+    fn task(&self, _config: &RunConfig) -> Task {
+        self.task
+    }
+
     fn describe(&self, config: &RunConfig) -> String {
         let m = &config.model;
         format!("MLP F={} S={} H={}", m.features, m.scales, self.hidden)

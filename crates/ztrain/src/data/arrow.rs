@@ -10,6 +10,7 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
 
+use super::labels::Labels;
 use super::table::{Fault, Table};
 use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
@@ -28,7 +29,12 @@ fn corrupt(path: &Path, place: DataPlace, e: arrow_schema::ArrowError) -> TrainE
 }
 
 /// The table of `width` feature columns and the label in the Arrow IPC file `bytes`.
-pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainError> {
+pub fn table(
+    path: &Path,
+    bytes: Vec<u8>,
+    width: usize,
+    labels: Labels,
+) -> Result<Table, TrainError> {
     let fail = |f: Fault| f.in_file(path, FORMAT);
     if !bytes.starts_with(b"ARROW1") {
         return Err(fail(Fault::new(
@@ -48,7 +54,7 @@ pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainEr
         .collect::<Result<_, _>>()
         .map_err(|e| corrupt(path, DataPlace::File, e))?;
     let rows = batches.iter().map(RecordBatch::num_rows).sum();
-    let mut table = Table::new(names, width, rows).map_err(fail)?;
+    let mut table = Table::new(names, width, rows, labels).map_err(fail)?;
     let mut first = 0;
     for batch in &batches {
         for c in 0..table.columns() {

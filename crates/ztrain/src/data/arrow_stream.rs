@@ -23,6 +23,7 @@ use arrow_ipc::reader::FileReader;
 use arrow_schema::DataType;
 
 use super::arrow::FORMAT;
+use super::labels::Labels;
 use super::table::{self, Fault};
 use crate::error::{DataError, DataPlace, DataProblem, Result, TrainError};
 
@@ -37,6 +38,8 @@ pub struct ArrowRows {
     reader: Mutex<Reader>,
     names: Vec<String>,
     width: usize,
+    /// What a label may be (the model's task's).
+    labels: Labels,
     /// Record batch `b` holds rows `starts[b]..starts[b + 1]`.
     starts: Vec<usize>,
     len: u64,
@@ -76,7 +79,7 @@ fn numeric(t: &DataType) -> bool {
 impl ArrowRows {
     /// Opens the Arrow IPC file `path` of `width` feature columns and the label: its footer
     /// and schema read and checked, and each record batch's rows counted.
-    pub fn open(path: &Path, width: usize) -> Result<ArrowRows> {
+    pub fn open(path: &Path, width: usize, labels: Labels) -> Result<ArrowRows> {
         let fail = |f: Fault| f.in_file(path, FORMAT);
         let io = |source| TrainError::Io {
             what: "opening the data file to stream it (--stream)",
@@ -129,6 +132,7 @@ impl ArrowRows {
             reader: Mutex::new((reader, None)),
             names,
             width,
+            labels,
             starts,
             len: meta.len(),
             modified: meta.modified().ok(),
@@ -234,7 +238,7 @@ impl ArrowRows {
             if c < width {
                 x[slot * width + c] = table::feature(v, at)?;
             } else {
-                y[slot] = table::label(v, at)?;
+                y[slot] = table::label(self.labels, v, at)?;
             }
         }
         Ok(())
@@ -336,7 +340,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("d.arrow");
         write(&path, 10, 4);
-        let t = ArrowRows::open(&path, 2).expect("opens");
+        let t = ArrowRows::open(&path, 2, crate::data::labels::Labels::Binary).expect("opens");
         assert_eq!(t.rows(), 10);
         let (mut x, mut y) = ([0.0; 6], [0.0; 3]);
         t.read(&[9, 0, 5], &mut x, &mut y).expect("reads");
@@ -349,7 +353,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("d.arrow");
         write(&path, 10, 4);
-        let t = ArrowRows::open(&path, 2).expect("opens");
+        let t = ArrowRows::open(&path, 2, crate::data::labels::Labels::Binary).expect("opens");
         write(&path, 12, 4);
         let e = t.read(&[5], &mut [0.0; 2], &mut [0.0]).unwrap_err();
         let TrainError::Data(d) = &e else {

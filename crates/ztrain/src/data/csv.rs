@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::Dataset;
+use super::labels::{LabelFault, Labels};
 use crate::error::{CsvProblem, TrainError};
 
 /// A CSV problem located in the text (the caller adds the file name).
@@ -41,7 +42,12 @@ fn fault(line: usize, column: usize, problem: CsvProblem) -> CsvFault {
 }
 
 /// Parses CSV `text` holding samples of `scales × features`.
-pub fn parse(text: &str, scales: usize, features: usize) -> Result<Dataset, CsvFault> {
+pub fn parse(
+    text: &str,
+    scales: usize,
+    features: usize,
+    labels: Labels,
+) -> Result<Dataset, CsvFault> {
     let width = scales * features;
     let columns = width + 1;
     // `lines()` drops one trailing newline and strips `\r` before `\n`.
@@ -63,7 +69,7 @@ pub fn parse(text: &str, scales: usize, features: usize) -> Result<Dataset, CsvF
     let mut x = Vec::new();
     let mut y = Vec::new();
     for (line, text) in lines {
-        y.push(row(line, text, width, &mut x)?);
+        y.push(row(line, text, width, &mut x, labels)?);
     }
     if y.is_empty() {
         return Err(fault(2, 1, CsvProblem::NoSamples));
@@ -84,6 +90,7 @@ pub(super) fn row(
     text: &str,
     width: usize,
     x: &mut Vec<f32>,
+    labels: Labels,
 ) -> Result<f32, CsvFault> {
     let columns = width + 1;
     if text.trim().is_empty() {
@@ -123,25 +130,29 @@ pub(super) fn row(
         }
         if i < width {
             x.push(value);
-        } else if value == 0.0 || value == 1.0 {
-            label = value;
-        } else {
-            return Err(fault(
-                line,
-                i + 1,
-                CsvProblem::BadLabel {
-                    cell: cell.to_string(),
-                },
-            ));
+            continue;
         }
+        let cell = cell.to_string();
+        label = labels.check(f64::from(value)).map_err(|why| {
+            let problem = match why {
+                LabelFault::NotBinary => CsvProblem::BadLabel { cell },
+                LabelFault::NotAClass { classes } => CsvProblem::BadClass { cell, classes },
+            };
+            fault(line, i + 1, problem)
+        })?;
     }
     Ok(label)
 }
 
 /// Reads and parses the CSV file at `path` (once, through one open file, so a pipe works).
-pub fn load(path: &Path, scales: usize, features: usize) -> Result<Dataset, TrainError> {
+pub fn load(
+    path: &Path,
+    scales: usize,
+    features: usize,
+    labels: Labels,
+) -> Result<Dataset, TrainError> {
     let bytes = crate::files::read_bounded(path, "reading the data file", u64::MAX, "")?;
-    load_bytes(path, &bytes, scales, features)
+    load_bytes(path, &bytes, scales, features, labels)
 }
 
 /// Parses the CSV `bytes` read from `path` (named in errors).
@@ -150,13 +161,14 @@ pub fn load_bytes(
     bytes: &[u8],
     scales: usize,
     features: usize,
+    labels: Labels,
 ) -> Result<Dataset, TrainError> {
     let text = std::str::from_utf8(bytes).map_err(|e| TrainError::Io {
         what: "reading the data file",
         path: path.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     })?;
-    parse(text, scales, features).map_err(|f| TrainError::Csv {
+    parse(text, scales, features, labels).map_err(|f| TrainError::Csv {
         path: path.to_path_buf(),
         line: f.line,
         column: f.column,
@@ -196,13 +208,16 @@ mod tests {
     #[test]
     fn round_trips_a_data_set_exactly() {
         let d = synthetic::generate(17, 3, 4, 9);
-        assert_eq!(parse(&to_csv(&d), 3, 4), Ok(d));
+        assert_eq!(
+            parse(&to_csv(&d), 3, 4, crate::data::labels::Labels::Binary),
+            Ok(d)
+        );
     }
 
     #[test]
     fn accepts_spaces_crlf_and_no_final_newline() {
         let text = "a,b,c,d,label\r\n 1, -2.5 ,3e-2,4,1\r\n0,0,0,0,0";
-        let d = parse(text, 2, 2).expect("valid");
+        let d = parse(text, 2, 2, crate::data::labels::Labels::Binary).expect("valid");
         assert_eq!(d.x, vec![1.0, -2.5, 0.03, 4.0, 0.0, 0.0, 0.0, 0.0]);
         assert_eq!(d.y, vec![1.0, 0.0]);
     }
@@ -230,7 +245,7 @@ mod tests {
         #[case] problem: CsvProblem,
     ) {
         assert_eq!(
-            parse(text, 2, 2),
+            parse(text, 2, 2, crate::data::labels::Labels::Binary),
             Err(CsvFault {
                 line,
                 column,
@@ -244,7 +259,7 @@ mod tests {
         /// row dropped (every parsed data set has one label per data row).
         #[test]
         fn arbitrary_text_never_panics(text in "[0-9a-z.,\\- \n]{0,200}") {
-            match parse(&text, 1, 2) {
+            match parse(&text, 1, 2, crate::data::labels::Labels::Binary) {
                 Ok(d) => {
                     proptest::prop_assert_eq!(d.x.len(), d.y.len() * 2);
                     proptest::prop_assert_eq!(d.y.len() + 1, text.lines().count());
@@ -259,13 +274,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.csv");
         std::fs::write(&path, "a,b,c,d,label\n1,2,3,4,7\n").expect("write");
-        let err = load(&path, 2, 2).expect_err("bad label");
+        let err = load(&path, 2, 2, crate::data::labels::Labels::Binary).expect_err("bad label");
         let msg = err.to_string();
         assert!(
             msg.contains("bad.csv") && msg.contains("line 2, column 5"),
             "{msg}"
         );
-        let missing = load(&dir.path().join("none.csv"), 2, 2).expect_err("missing");
+        let missing = load(
+            &dir.path().join("none.csv"),
+            2,
+            2,
+            crate::data::labels::Labels::Binary,
+        )
+        .expect_err("missing");
         assert!(missing.to_string().contains("none.csv"), "{missing}");
     }
 }

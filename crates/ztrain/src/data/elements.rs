@@ -2,6 +2,7 @@
 //! order whatever order they are stored in, and the samples of an `x` `[N, S, F]` and a `y`
 //! `[N]` or `[N, 1]` (the checks of [`super::table`]).
 
+use super::labels::Labels;
 use super::table::{self, Fault};
 use crate::error::{DataPlace, DataProblem};
 
@@ -153,8 +154,14 @@ pub type Features = (Vec<f32>, Vec<f32>);
 pub type InArray = (Fault, &'static str);
 
 /// The samples of features `x` `[N, S, F]` and labels `y` `[N]` or `[N, 1]`: row-major features
-/// and 0/1 labels, checked as the CSV's. The error says which array (`"x"` or `"y"`).
-pub fn samples(x: &Array, y: &Array, scales: usize, features: usize) -> Result<Features, InArray> {
+/// and labels `labels` takes, checked as the CSV's. The error says which array (`"x"` or `"y"`).
+pub fn samples(
+    x: &Array,
+    y: &Array,
+    scales: usize,
+    features: usize,
+    labels: Labels,
+) -> Result<Features, InArray> {
     let n = sample_count(&x.shape, &y.shape, scales, features)?;
     let total = n * scales * features;
     let mut xs = Vec::with_capacity(total);
@@ -171,7 +178,7 @@ pub fn samples(x: &Array, y: &Array, scales: usize, features: usize) -> Result<F
     let mut ys = Vec::with_capacity(n);
     for i in 0..n {
         ys.push(
-            table::label(y.get_c(i), || DataPlace::Element {
+            table::label(labels, y.get_c(i), || DataPlace::Element {
                 array: "y".into(),
                 index: y.index_of(i),
             })
@@ -277,13 +284,27 @@ mod tests {
     fn shapes_are_checked_against_the_options() {
         let x = f32_array(&[2, 3, 2], &[0.0; 12]);
         let y = f32_array(&[2, 2], &[0.0; 4]);
-        let (f, which) = samples(&x, &y, 3, 2).unwrap_err();
+        let (f, which) = samples(&x, &y, 3, 2, crate::data::labels::Labels::Binary).unwrap_err();
         assert_eq!(which, "y");
         assert!(f.problem.to_string().contains("[N] or [N, 1]"));
-        let (f, which) = samples(&x, &f32_array(&[2], &[0.0; 2]), 2, 3).unwrap_err();
+        let (f, which) = samples(
+            &x,
+            &f32_array(&[2], &[0.0; 2]),
+            2,
+            3,
+            crate::data::labels::Labels::Binary,
+        )
+        .unwrap_err();
         assert_eq!(which, "x");
         assert!(f.problem.to_string().contains("[N, 2, 3]"), "{}", f.problem);
-        let (f, _) = samples(&x, &f32_array(&[3], &[0.0; 3]), 3, 2).unwrap_err();
+        let (f, _) = samples(
+            &x,
+            &f32_array(&[3], &[0.0; 3]),
+            3,
+            2,
+            crate::data::labels::Labels::Binary,
+        )
+        .unwrap_err();
         assert_eq!(f.problem, DataProblem::SampleCounts { x: 2, y: 3 });
     }
 
@@ -292,7 +313,14 @@ mod tests {
         let mut v = [0.0f32; 12];
         v[7] = f32::NAN;
         let x = f32_array(&[2, 3, 2], &v);
-        let (f, _) = samples(&x, &f32_array(&[2, 1], &[0.0, 1.0]), 3, 2).unwrap_err();
+        let (f, _) = samples(
+            &x,
+            &f32_array(&[2, 1], &[0.0, 1.0]),
+            3,
+            2,
+            crate::data::labels::Labels::Binary,
+        )
+        .unwrap_err();
         assert_eq!(
             f.place,
             DataPlace::Element {

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use super::Dataset;
+use super::labels::Labels;
 use crate::error::{Result, TrainError};
 
 /// The formats `--data` reads.
@@ -75,20 +76,22 @@ fn read(path: &Path, limit: u64) -> Result<Vec<u8>> {
     crate::files::read_bounded(path, "reading the data file", limit, LIMIT_REASON)
 }
 
-/// The samples of `scales × features` in the data file `path` (`labels`: the labels' `.npy`
-/// beside a features `.npy`), with an FNV-1a fingerprint of the bytes read.
+/// The samples of `scales × features` in the data file `path` (`y_path`: the labels' `.npy`
+/// beside a features `.npy`), each label one `labels` takes, with an FNV-1a fingerprint of
+/// the bytes read.
 pub fn load(
     path: &Path,
-    labels: Option<&Path>,
+    y_path: Option<&Path>,
     scales: usize,
     features: usize,
     limit: u64,
+    labels: Labels,
 ) -> Result<(Dataset, u64)> {
     let format = Format::of(path)?;
-    match (format, labels) {
+    match (format, y_path) {
         (Format::Npy, None) => return needs_labels(path),
         (Format::Npy, Some(y)) => {
-            let (d, bytes) = super::npy::load_pair(path, y, (scales, features), limit)?;
+            let (d, bytes) = super::npy::load_pair(path, y, (scales, features), limit, labels)?;
             return Ok((d, crate::config::fnv1a(&bytes)));
         }
         (_, Some(_)) => {
@@ -102,15 +105,15 @@ pub fn load(
     let digest = crate::config::fnv1a(&bytes);
     let width = scales * features;
     let data = match format {
-        Format::Csv => super::csv::load_bytes(path, &bytes, scales, features)?,
-        Format::Parquet => super::parquet::table(path, bytes, width)?
+        Format::Csv => super::csv::load_bytes(path, &bytes, scales, features, labels)?,
+        Format::Parquet => super::parquet::table(path, bytes, width, labels)?
             .into_dataset(scales, features)
             .map_err(|f| f.in_file(path, super::parquet::FORMAT))?,
-        Format::Arrow => super::arrow::table(path, bytes, width)?
+        Format::Arrow => super::arrow::table(path, bytes, width, labels)?
             .into_dataset(scales, features)
             .map_err(|f| f.in_file(path, super::arrow::FORMAT))?,
-        Format::Npz => super::npy::load_npz(path, &bytes, scales, features)?,
-        Format::Safetensors => super::tensors::load(path, &bytes, scales, features)?,
+        Format::Npz => super::npy::load_npz(path, &bytes, scales, features, labels)?,
+        Format::Safetensors => super::tensors::load(path, &bytes, scales, features, labels)?,
         Format::Npy => needs_labels(path)?,
     };
     Ok((data, digest))
@@ -126,7 +129,12 @@ fn needs_labels<T>(path: &Path) -> Result<T> {
 
 /// The bars of a table for `--window` (CSV, Parquet or Arrow: `features` columns and the
 /// label, one row per time step) as a data set of one scale, with the bytes' fingerprint.
-pub fn load_bars(path: &Path, features: usize, limit: u64) -> Result<(Dataset, u64)> {
+pub fn load_bars(
+    path: &Path,
+    features: usize,
+    limit: u64,
+    labels: Labels,
+) -> Result<(Dataset, u64)> {
     let format = Format::of(path)?;
     if !matches!(format, Format::Csv | Format::Parquet | Format::Arrow) {
         return Err(TrainError::Options(format!(
@@ -135,5 +143,5 @@ pub fn load_bars(path: &Path, features: usize, limit: u64) -> Result<(Dataset, u
             format.name()
         )));
     }
-    load(path, None, 1, features, limit)
+    load(path, None, 1, features, limit, labels)
 }

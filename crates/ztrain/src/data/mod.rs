@@ -10,6 +10,7 @@ pub mod elements;
 pub mod feed;
 pub mod formats;
 pub mod held;
+pub mod labels;
 pub mod npy;
 pub mod parquet;
 pub mod parquet_stream;

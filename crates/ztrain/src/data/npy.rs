@@ -11,6 +11,7 @@ use std::path::Path;
 
 use super::Dataset;
 use super::elements::{Array, Elem};
+use super::labels::Labels;
 use super::table::Fault;
 use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
@@ -185,11 +186,12 @@ pub fn load_pair(
     y_path: &Path,
     (scales, features): (usize, usize),
     limit: u64,
+    labels: Labels,
 ) -> Result<(Dataset, Vec<u8>), TrainError> {
     let (x, mut bytes) = read_npy(x_path, "x", limit)?;
     let left = limit.saturating_sub(bytes.len() as u64);
     let (y, y_bytes) = read_npy(y_path, "y", left)?;
-    let (xs, ys) = super::elements::samples(&x, &y, scales, features)
+    let (xs, ys) = super::elements::samples(&x, &y, scales, features, labels)
         .map_err(|(f, which)| f.in_file(if which == "y" { y_path } else { x_path }, NPY))?;
     bytes.extend_from_slice(&y_bytes);
     Ok((
@@ -209,6 +211,7 @@ pub fn load_npz(
     bytes: &[u8],
     scales: usize,
     features: usize,
+    labels: Labels,
 ) -> Result<Dataset, TrainError> {
     let fail = |f: Fault| f.in_file(path, NPZ);
     if !(bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06")) {
@@ -245,7 +248,8 @@ pub fn load_npz(
     };
     let x = array("x")?;
     let y = array("y")?;
-    let (xs, ys) = super::elements::samples(&x, &y, scales, features).map_err(|(f, _)| fail(f))?;
+    let (xs, ys) =
+        super::elements::samples(&x, &y, scales, features, labels).map_err(|(f, _)| fail(f))?;
     Ok(Dataset {
         scales,
         features,
@@ -318,6 +322,7 @@ mod tests {
             &dir.path().join("y.npy"),
             (2, 3),
             u64::MAX,
+            crate::data::labels::Labels::Binary,
         )
         .expect("loads");
         assert_eq!(back, d);
@@ -335,12 +340,20 @@ mod tests {
         std::fs::write(&xp, x).expect("x");
         std::fs::write(&yp, y).expect("y");
         assert!(
-            load_pair(&xp, &yp, (2, 3), xn + yn).is_ok(),
+            load_pair(
+                &xp,
+                &yp,
+                (2, 3),
+                xn + yn,
+                crate::data::labels::Labels::Binary
+            )
+            .is_ok(),
             "exactly the limit"
         );
         // (the limit, the file refused, the bound it was read under: what the first left)
         for (limit, named, bound) in [(xn - 1, &xp, xn - 1), (xn + yn - 1, &yp, yn - 1)] {
-            let e = load_pair(&xp, &yp, (2, 3), limit).unwrap_err();
+            let e = load_pair(&xp, &yp, (2, 3), limit, crate::data::labels::Labels::Binary)
+                .unwrap_err();
             let TrainError::TooLarge { path, limit: l, .. } = &e else {
                 panic!("{e:?}")
             };

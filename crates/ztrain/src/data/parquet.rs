@@ -10,6 +10,7 @@ use parquet::data_type::DataType;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::SchemaDescriptor;
 
+use super::labels::Labels;
 use super::table::{Fault, Table};
 use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
@@ -37,8 +38,13 @@ pub(super) fn corrupt(
 }
 
 /// The table of `width` feature columns and the label in the Parquet `bytes` read from
-/// `path`.
-pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainError> {
+/// `path`, each label one `labels` takes.
+pub fn table(
+    path: &Path,
+    bytes: Vec<u8>,
+    width: usize,
+    labels: Labels,
+) -> Result<Table, TrainError> {
     let fail = |f: Fault| f.in_file(path, FORMAT);
     if !(bytes.len() >= 12 && bytes.starts_with(b"PAR1") && bytes.ends_with(b"PAR1")) {
         return Err(fail(Fault::new(
@@ -54,7 +60,7 @@ pub fn table(path: &Path, bytes: Vec<u8>, width: usize) -> Result<Table, TrainEr
     let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(0);
     super::table::check_columns(names.len(), width, rows).map_err(fail)?;
     check_numeric(schema, &names).map_err(fail)?;
-    let mut table = Table::new(names, width, rows).map_err(fail)?;
+    let mut table = Table::new(names, width, rows, labels).map_err(fail)?;
     let mut first = 0;
     for g in 0..meta.num_row_groups() {
         let group = reader

@@ -27,6 +27,7 @@ use parquet::data_type::DataType;
 use parquet::errors::ParquetError;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
+use super::labels::Labels;
 use super::parquet::{FORMAT, check_numeric, corrupt};
 use super::table::{self, Fault};
 use crate::error::{DataError, DataPlace, DataProblem, Result, TrainError};
@@ -43,6 +44,8 @@ pub struct ParquetRows {
     reader: SerializedFileReader<File>,
     names: Vec<String>,
     width: usize,
+    /// What a label may be (the model's task's).
+    labels: Labels,
     /// Row group `g` holds rows `starts[g]..starts[g + 1]`.
     starts: Vec<usize>,
     /// The file's length and modification time when opened.
@@ -74,7 +77,7 @@ fn io<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(std::io::Error) -> 
 impl ParquetRows {
     /// Opens the Parquet file `path` of `width` feature columns and the label: its footer
     /// read and checked (the columns, their types, the row groups' rows), no row read.
-    pub fn open(path: &Path, width: usize) -> Result<ParquetRows> {
+    pub fn open(path: &Path, width: usize, labels: Labels) -> Result<ParquetRows> {
         let fail = |f: Fault| f.in_file(path, FORMAT);
         let what = "opening the data file to stream it (--stream)";
         let file = File::open(path).map_err(io(path, what))?;
@@ -127,6 +130,7 @@ impl ParquetRows {
             reader,
             names,
             width,
+            labels,
             starts,
             len,
             modified: meta.modified().ok(),
@@ -226,7 +230,7 @@ impl ParquetRows {
                     if c < width {
                         x[slot * width + c] = table::feature(v, at)?;
                     } else {
-                        y[slot] = table::label(v, at)?;
+                        y[slot] = table::label(self.labels, v, at)?;
                     }
                     Ok(())
                 };
@@ -378,11 +382,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
         write(&path, 23, 4, 5, cell);
-        let whole = crate::data::parquet::table(&path, std::fs::read(&path).expect("read"), 3)
-            .expect("whole")
-            .into_dataset(1, 3)
-            .expect("data set");
-        let p = ParquetRows::open(&path, 3).expect("opens");
+        let whole = crate::data::parquet::table(
+            &path,
+            std::fs::read(&path).expect("read"),
+            3,
+            Labels::Binary,
+        )
+        .expect("whole")
+        .into_dataset(1, 3)
+        .expect("data set");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
         assert_eq!(p.rows(), 23);
         // Shuffled, across every row group, one row twice, the last row of a group and the
         // first of the next.
@@ -401,14 +410,19 @@ mod tests {
         write(&path, 12, 4, 5, |r, c| {
             if (r, c) == (7, 1) { None } else { cell(r, c) }
         });
-        let p = ParquetRows::open(&path, 3).expect("opens");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
         let (mut x, mut y) = (vec![0.0; 6], vec![0.0; 2]);
         p.read(&[1, 6], &mut x, &mut y)
             .expect("rows without the null");
         let e = p.read(&[7, 1], &mut x, &mut y).unwrap_err();
-        let whole = crate::data::parquet::table(&path, std::fs::read(&path).expect("read"), 3)
-            .and_then(|t| t.into_dataset(1, 3).map_err(|f| f.in_file(&path, FORMAT)))
-            .unwrap_err();
+        let whole = crate::data::parquet::table(
+            &path,
+            std::fs::read(&path).expect("read"),
+            3,
+            Labels::Binary,
+        )
+        .and_then(|t| t.into_dataset(1, 3).map_err(|f| f.in_file(&path, FORMAT)))
+        .unwrap_err();
         let (TrainError::Data(streamed), TrainError::Data(whole)) = (&e, &whole) else {
             panic!("{e:?} / {whole:?}")
         };
@@ -440,7 +454,8 @@ mod tests {
         file.write_all_at(&[0xff; 16], first_page(&path, 1, 2))
             .expect("corrupt");
         drop(file);
-        let p = ParquetRows::open(&path, 3).expect("the footer is intact");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary)
+            .expect("the footer is intact");
         let (mut x, mut y) = (vec![0.0; 6], vec![0.0; 2]);
         p.read(&[0, 14], &mut x, &mut y)
             .expect("row groups 0 and 2 read");
@@ -469,7 +484,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
         write(&path, 15, 4, 5, cell);
-        let p = ParquetRows::open(&path, 3).expect("opens");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -501,7 +516,7 @@ mod tests {
             .map(|c| c.compressed_size() + c.uncompressed_size())
             .max()
             .expect("chunks");
-        let p = ParquetRows::open(&path, 3).expect("opens");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
         assert_eq!(p.reader_bound(), largest as u64 + HEADER_BUFFER);
         // Less than the file's data: a column chunk, not a row group nor the table.
         let all: i64 = r
@@ -518,11 +533,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
         write(&path, 6, 4, 5, cell);
-        let e = ParquetRows::open(&path, 4).unwrap_err();
+        let e = ParquetRows::open(&path, 4, crate::data::labels::Labels::Binary).unwrap_err();
         assert!(e.to_string().contains("label column is missing"), "{e}");
         let not = dir.path().join("not.parquet");
         std::fs::write(&not, b"a,b,label\n1,2,0\n").expect("csv");
-        let e = ParquetRows::open(&not, 2).unwrap_err();
+        let e = ParquetRows::open(&not, 2, crate::data::labels::Labels::Binary).unwrap_err();
         assert!(e.to_string().contains("not a Parquet file"), "{e}");
     }
 }

@@ -17,6 +17,7 @@ use std::time::SystemTime;
 
 use super::arrow_stream::ArrowRows;
 use super::elements::{Elem, sample_count};
+use super::labels::Labels;
 use super::parquet_stream::ParquetRows;
 use super::stream_csv::CsvRows;
 use super::table::{self, Fault};
@@ -150,6 +151,8 @@ impl PartialEq for Source {
 pub struct Streamed {
     source: Source,
     norm: Option<Arc<Normalization>>,
+    /// What a label may be (the model's task's; a table's reader checks its own).
+    labels: Labels,
     pub scales: usize,
     pub features: usize,
     pub first: usize,
@@ -195,9 +198,11 @@ impl Streamed {
         }
         self.normalize(x);
         ys.read(row, &mut values)?;
-        table::label(values.first().copied(), || DataPlace::Element {
-            array: "y".into(),
-            index: vec![row],
+        table::label(self.labels, values.first().copied(), || {
+            DataPlace::Element {
+                array: "y".into(),
+                index: vec![row],
+            }
         })
         .map_err(|f| ys.fault(f))
     }
@@ -420,6 +425,7 @@ pub fn npy_pair(
     y_path: &Path,
     scales: usize,
     features: usize,
+    labels: Labels,
 ) -> Result<(Streamed, u64)> {
     let npy = super::npy::NPY;
     let one = |path: &Path, name: &'static str| -> Result<(Found, (File, u64, _))> {
@@ -434,7 +440,7 @@ pub fn npy_pair(
     let digest = fingerprint(&[x_path, y_path])?;
     let x = column(x_path, npy, "x", xo, xf)?;
     let y = column(y_path, npy, "y", yo, yf)?;
-    Ok((streamed(x, y, scales, features, n), digest))
+    Ok((streamed(x, y, (scales, features), n, labels), digest))
 }
 
 /// The `.npy` array `name` whose bytes are `at.1` bytes from offset `at.0` of `file` (a
@@ -495,7 +501,12 @@ pub(super) fn npy_found(
 
 /// The samples of a safetensors file's `x` and `y`, streamed; with the file's FNV-1a
 /// fingerprint.
-pub fn safetensors(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
+pub fn safetensors(
+    path: &Path,
+    scales: usize,
+    features: usize,
+    labels: Labels,
+) -> Result<(Streamed, u64)> {
     let format = super::tensors::FORMAT;
     let fail = |f: Fault| f.in_file(path, format);
     let not_this = || {
@@ -576,31 +587,41 @@ pub fn safetensors(path: &Path, scales: usize, features: usize) -> Result<(Strea
     let y_file = open(path)?;
     let x = column(path, format, "x", opened, xf)?;
     let y = column(path, format, "y", y_file, yf)?;
-    Ok((streamed(x, y, scales, features, rows), digest))
+    Ok((streamed(x, y, (scales, features), rows, labels), digest))
 }
 
 /// The samples of the Parquet table `path` (`S·F` feature columns, then the label), streamed
 /// by row group; with the file's FNV-1a fingerprint.
-pub fn parquet(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
-    let rows = ParquetRows::open(path, scales * features)?;
+pub fn parquet(
+    path: &Path,
+    scales: usize,
+    features: usize,
+    labels: Labels,
+) -> Result<(Streamed, u64)> {
+    let rows = ParquetRows::open(path, scales * features, labels)?;
     let len = rows.rows();
-    table(path, Arc::new(rows), len, (scales, features))
+    table(path, Arc::new(rows), len, (scales, features), labels)
 }
 
 /// The samples of the Arrow IPC table `path` (the Parquet table's columns), streamed by
 /// record batch; with the file's FNV-1a fingerprint.
-pub fn arrow(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
-    let rows = ArrowRows::open(path, scales * features)?;
+pub fn arrow(
+    path: &Path,
+    scales: usize,
+    features: usize,
+    labels: Labels,
+) -> Result<(Streamed, u64)> {
+    let rows = ArrowRows::open(path, scales * features, labels)?;
     let len = rows.rows();
-    table(path, Arc::new(rows), len, (scales, features))
+    table(path, Arc::new(rows), len, (scales, features), labels)
 }
 
 /// The samples of the CSV file `path`, streamed row by row through an index of where each
 /// starts; with the file's FNV-1a fingerprint.
-pub fn csv(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
-    let rows = CsvRows::open(path, scales * features)?;
+pub fn csv(path: &Path, scales: usize, features: usize, labels: Labels) -> Result<(Streamed, u64)> {
+    let rows = CsvRows::open(path, scales * features, labels)?;
     let len = rows.rows();
-    table(path, Arc::new(rows), len, (scales, features))
+    table(path, Arc::new(rows), len, (scales, features), labels)
 }
 
 /// The `len` samples of the table `rows` in `path`, with the file's fingerprint.
@@ -609,12 +630,14 @@ fn table(
     rows: Arc<dyn TableRows>,
     len: usize,
     (scales, features): (usize, usize),
+    labels: Labels,
 ) -> Result<(Streamed, u64)> {
     let digest = fingerprint(&[path])?;
     Ok((
         Streamed {
             source: Source::Table(rows),
             norm: None,
+            labels,
             scales,
             features,
             first: 0,
@@ -627,9 +650,9 @@ fn table(
 pub(super) fn streamed(
     x: Column,
     y: Column,
-    scales: usize,
-    features: usize,
+    (scales, features): (usize, usize),
     len: usize,
+    labels: Labels,
 ) -> Streamed {
     Streamed {
         source: Source::Arrays {
@@ -637,6 +660,7 @@ pub(super) fn streamed(
             y: Arc::new(y),
         },
         norm: None,
+        labels,
         scales,
         features,
         first: 0,
@@ -679,7 +703,14 @@ mod tests {
         let d = synthetic::generate(9, 2, 3, 4);
         std::fs::write(dir.join("x.npy"), npy_f32(&[9, 2, 3], &d.x)).expect("x");
         std::fs::write(dir.join("y.npy"), npy_f32(&[9], &d.y)).expect("y");
-        let (s, _) = npy_pair(&dir.join("x.npy"), &dir.join("y.npy"), 2, 3).expect("opens");
+        let (s, _) = npy_pair(
+            &dir.join("x.npy"),
+            &dir.join("y.npy"),
+            2,
+            3,
+            crate::data::labels::Labels::Binary,
+        )
+        .expect("opens");
         (s, d)
     }
 
@@ -694,8 +725,14 @@ mod tests {
         assert_eq!(&x[..], &d.x[7 * 6..8 * 6]);
         let mut bytes = std::fs::read(dir.path().join("x.npy")).expect("x");
         bytes.extend(std::fs::read(dir.path().join("y.npy")).expect("y"));
-        let (_, digest) =
-            npy_pair(&dir.path().join("x.npy"), &dir.path().join("y.npy"), 2, 3).expect("opens");
+        let (_, digest) = npy_pair(
+            &dir.path().join("x.npy"),
+            &dir.path().join("y.npy"),
+            2,
+            3,
+            crate::data::labels::Labels::Binary,
+        )
+        .expect("opens");
         assert_eq!(digest, crate::config::fnv1a(&bytes));
     }
 
@@ -753,8 +790,14 @@ mod tests {
         v[2 * 6 + 4] = f32::NAN;
         std::fs::write(dir.path().join("x.npy"), npy_f32(&[4, 2, 3], &v)).expect("x");
         std::fs::write(dir.path().join("y.npy"), npy_f32(&[4], &[0.0; 4])).expect("y");
-        let (s, _) =
-            npy_pair(&dir.path().join("x.npy"), &dir.path().join("y.npy"), 2, 3).expect("opens");
+        let (s, _) = npy_pair(
+            &dir.path().join("x.npy"),
+            &dir.path().join("y.npy"),
+            2,
+            3,
+            crate::data::labels::Labels::Binary,
+        )
+        .expect("opens");
         let e = s.copy(2, &mut [0.0; 6]).unwrap_err();
         let TrainError::Data(d) = &e else {
             panic!("{e:?}")

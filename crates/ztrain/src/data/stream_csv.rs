@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use super::csv::{CsvFault, row};
+use super::labels::Labels;
 use crate::error::{CsvProblem, DataError, DataPlace, Result, TrainError};
 
 /// A CSV file of `width` feature columns and the label, left on disk.
@@ -18,6 +19,8 @@ pub struct CsvRows {
     path: PathBuf,
     file: File,
     width: usize,
+    /// What a label may be (the model's task's).
+    labels: Labels,
     /// Data row `i` is the bytes `starts[i]..starts[i + 1]` (its line end included).
     starts: Vec<u64>,
     /// The longest row's bytes.
@@ -30,7 +33,7 @@ pub struct CsvRows {
 impl CsvRows {
     /// Opens the CSV file `path` of `width` features and the label: its header checked, and
     /// where each row starts found (each row is checked as it is read).
-    pub fn open(path: &Path, width: usize) -> Result<CsvRows> {
+    pub fn open(path: &Path, width: usize, labels: Labels) -> Result<CsvRows> {
         let io = |source| TrainError::Io {
             what: "opening the data file to stream it (--stream)",
             path: path.to_path_buf(),
@@ -60,6 +63,7 @@ impl CsvRows {
             path: path.to_path_buf(),
             file,
             width,
+            labels,
             longest: lines.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0),
             starts: lines,
             len: at,
@@ -117,7 +121,8 @@ impl CsvRows {
     pub fn read(&self, i: usize, x: &mut [f32]) -> Result<f32> {
         let text = self.line(i, i + 2)?;
         let mut values = Vec::with_capacity(self.width);
-        let label = row(i + 2, &text, self.width, &mut values).map_err(|f| self.fault(f))?;
+        let label =
+            row(i + 2, &text, self.width, &mut values, self.labels).map_err(|f| self.fault(f))?;
         x.copy_from_slice(&values);
         Ok(label)
     }
@@ -179,7 +184,7 @@ mod tests {
         // CRLF line ends and no final newline: the whole-file parser's `str::lines`.
         let text = csv::to_csv(&d).replace('\n', "\r\n");
         std::fs::write(&path, text.trim_end()).expect("write");
-        let rows = CsvRows::open(&path, 6).expect("opens");
+        let rows = CsvRows::open(&path, 6, crate::data::labels::Labels::Binary).expect("opens");
         assert_eq!(rows.rows(), 7);
         let mut x = [0.0; 6];
         for i in 0..7 {
@@ -188,9 +193,16 @@ mod tests {
         }
         let bad = "a,b,c,label\n1,2,3,0\n1,x,3,1\n";
         std::fs::write(&path, bad).expect("write");
-        let rows = CsvRows::open(&path, 3).expect("opens");
+        let rows = CsvRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
         let e = rows.read(1, &mut [0.0; 3]).unwrap_err();
-        let whole = csv::load_bytes(&path, bad.as_bytes(), 1, 3).unwrap_err();
+        let whole = csv::load_bytes(
+            &path,
+            bad.as_bytes(),
+            1,
+            3,
+            crate::data::labels::Labels::Binary,
+        )
+        .unwrap_err();
         assert_eq!(e.to_string(), whole.to_string());
         assert!(e.to_string().contains("d.csv"), "{e}");
     }
@@ -200,7 +212,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("d.csv");
         std::fs::write(&path, "a,b,c,label\n").expect("write");
-        let e = CsvRows::open(&path, 3).unwrap_err();
+        let e = CsvRows::open(&path, 3, crate::data::labels::Labels::Binary).unwrap_err();
         assert!(
             matches!(
                 &e,
@@ -212,7 +224,7 @@ mod tests {
             "{e}"
         );
         std::fs::write(&path, "a,b,c,label\n1,2,3,0\n").expect("write");
-        let rows = CsvRows::open(&path, 3).expect("opens");
+        let rows = CsvRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
         std::fs::write(&path, "a,b,c,label\n1,2,3,0\n4,5,6,1\n").expect("rewrite");
         let e = rows.read(0, &mut [0.0; 3]).unwrap_err();
         let TrainError::Data(d) = &e else {

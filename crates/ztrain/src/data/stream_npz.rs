@@ -9,6 +9,7 @@ use std::path::Path;
 use zip::CompressionMethod;
 
 use super::elements::sample_count;
+use super::labels::Labels;
 use super::npy::NPZ;
 use super::stream::{Streamed, column, fingerprint, npy_found, open, streamed};
 use super::table::Fault;
@@ -29,7 +30,7 @@ fn corrupt(path: &Path, place: DataPlace, e: zip::result::ZipError) -> TrainErro
 
 /// The samples of the `.npz` file `path`'s `x` and `y`, streamed; with the file's FNV-1a
 /// fingerprint (the one reading it whole gives).
-pub fn npz(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64)> {
+pub fn npz(path: &Path, scales: usize, features: usize, labels: Labels) -> Result<(Streamed, u64)> {
     let fail = |f: Fault| f.in_file(path, NPZ);
     let opened = open(path)?;
     let mut magic = [0u8; 4];
@@ -91,7 +92,7 @@ pub fn npz(path: &Path, scales: usize, features: usize) -> Result<(Streamed, u64
     let y_file = open(path)?;
     let x = column(path, NPZ, "x", opened, xf)?;
     let y = column(path, NPZ, "y", y_file, yf)?;
-    Ok((streamed(x, y, scales, features, n), digest))
+    Ok((streamed(x, y, (scales, features), n, labels), digest))
 }
 
 #[cfg(test)]
@@ -119,10 +120,12 @@ mod tests {
         let d = synthetic::generate(9, 2, 3, 4);
         let path = dir.path().join("d.npz");
         savez(&d, &path);
-        let (s, digest) = npz(&path, 2, 3).expect("opens");
+        let (s, digest) = npz(&path, 2, 3, crate::data::labels::Labels::Binary).expect("opens");
         let bytes = std::fs::read(&path).expect("read");
         assert_eq!(digest, crate::config::fnv1a(&bytes));
-        let whole = crate::data::npy::load_npz(&path, &bytes, 2, 3).expect("loads");
+        let whole =
+            crate::data::npy::load_npz(&path, &bytes, 2, 3, crate::data::labels::Labels::Binary)
+                .expect("loads");
         let (mut x, mut y) = (vec![0.0; 9 * 6], vec![0.0; 9]);
         s.copy_rows(&(0..9).rev().collect::<Vec<_>>(), &mut x, &mut y)
             .expect("reads");
@@ -136,9 +139,9 @@ mod tests {
         let d = synthetic::generate(9, 2, 3, 4);
         let path = dir.path().join("d.npz");
         savez(&d, &path);
-        let e = npz(&path, 3, 3).unwrap_err();
+        let e = npz(&path, 3, 3, crate::data::labels::Labels::Binary).unwrap_err();
         assert!(e.to_string().contains("d.npz"), "{e}");
-        let (s, _) = npz(&path, 2, 3).expect("opens");
+        let (s, _) = npz(&path, 2, 3, crate::data::labels::Labels::Binary).expect("opens");
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&path)

@@ -7,6 +7,7 @@
 use std::path::Path;
 
 use super::Dataset;
+use super::labels::{LabelFault, Labels};
 use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
 /// A problem at a known place of a file (the caller adds the file and its format).
@@ -61,17 +62,28 @@ fn problem_or_null(p: Option<DataProblem>) -> DataProblem {
     })
 }
 
-/// A label as the CSV would hold it: exactly 0 or 1.
-pub fn label(v: Option<f64>, place: impl FnOnce() -> DataPlace) -> Result<f32, Fault> {
-    match v {
-        Some(v) if v == 0.0 || v == 1.0 => Ok(v as f32),
-        Some(v) if v.is_finite() => Err(Fault::new(
-            place(),
-            DataProblem::BadLabel {
-                value: format!("{v}"),
-            },
-        )),
-        _ => Err(Fault::new(place(), problem_or_null(missing(v)))),
+/// A label as the model's task takes it (`labels`: 0 or 1 for a binary model, XAsset's).
+pub fn label(
+    labels: Labels,
+    v: Option<f64>,
+    place: impl FnOnce() -> DataPlace,
+) -> Result<f32, Fault> {
+    let value = match v {
+        Some(v) if v.is_finite() => v,
+        _ => return Err(Fault::new(place(), problem_or_null(missing(v)))),
+    };
+    match labels.check(value) {
+        // A regression value beyond float32 is refused as a feature is.
+        Ok(y) if y.is_finite() => Ok(y),
+        Ok(_) => Err(Fault::new(place(), problem_or_null(missing(v)))),
+        Err(why) => {
+            let value = format!("{value}");
+            let problem = match why {
+                LabelFault::NotBinary => DataProblem::BadLabel { value },
+                LabelFault::NotAClass { classes } => DataProblem::BadClass { value, classes },
+            };
+            Err(Fault::new(place(), problem))
+        }
     }
 }
 
@@ -120,12 +132,19 @@ pub struct Table {
     x: Vec<f32>,
     y: Vec<f32>,
     filled: Vec<usize>,
+    /// What a label may be (the model's task's).
+    labels: Labels,
 }
 
 impl Table {
     /// A table of `rows` rows with the columns `names` (the file's, in order), which must be
-    /// `width` features and the label.
-    pub fn new(names: Vec<String>, width: usize, rows: usize) -> Result<Table, Fault> {
+    /// `width` features and the label, each label one `labels` takes.
+    pub fn new(
+        names: Vec<String>,
+        width: usize,
+        rows: usize,
+        labels: Labels,
+    ) -> Result<Table, Fault> {
         check_columns(names.len(), width, rows)?;
         let cells = rows.checked_mul(width).ok_or_else(|| {
             Fault::new(
@@ -142,6 +161,7 @@ impl Table {
             x: vec![0.0; cells],
             y: vec![0.0; rows],
             filled: vec![0; width + 1],
+            labels,
         })
     }
 
@@ -186,7 +206,7 @@ impl Table {
             if column < self.width {
                 self.x[row * self.width + column] = feature(v, || self.place(row, column))?;
             } else {
-                self.y[row] = label(v, || self.place(row, column))?;
+                self.y[row] = label(self.labels, v, || self.place(row, column))?;
             }
             row += 1;
         }
@@ -233,7 +253,7 @@ mod tests {
 
     #[test]
     fn a_filled_table_is_the_csv_data_set() {
-        let mut t = Table::new(names(3), 2, 2).expect("table");
+        let mut t = Table::new(names(3), 2, 2, Labels::Binary).expect("table");
         t.put_column(2, 0, [Some(1.0), Some(0.0)]).expect("labels");
         t.put_column(0, 0, [Some(0.5), Some(-1.0)]).expect("col 0");
         t.put_column(1, 0, [Some(2.0)]).expect("col 1, row 1");
@@ -245,9 +265,9 @@ mod tests {
 
     #[test]
     fn one_column_short_is_the_missing_label() {
-        let e = Table::new(names(4), 4, 3).unwrap_err();
+        let e = Table::new(names(4), 4, 3, Labels::Binary).unwrap_err();
         assert_eq!(e.problem, DataProblem::MissingLabel { features: 4 });
-        let e = Table::new(names(7), 4, 3).unwrap_err();
+        let e = Table::new(names(7), 4, 3, Labels::Binary).unwrap_err();
         assert_eq!(
             e.problem,
             DataProblem::ColumnCount {
@@ -259,7 +279,7 @@ mod tests {
 
     #[test]
     fn missing_values_and_bad_labels_name_the_cell() {
-        let mut t = Table::new(names(3), 2, 3).expect("table");
+        let mut t = Table::new(names(3), 2, 3, Labels::Binary).expect("table");
         let e = t.put_column(1, 0, [Some(1.0), Some(f64::NAN)]).unwrap_err();
         assert_eq!(t.place(1, 1), e.place);
         assert_eq!(e.place.to_string(), ", row 2, column 2 (`c1`)");
@@ -279,7 +299,7 @@ mod tests {
 
     #[test]
     fn a_column_with_rows_left_out_is_refused() {
-        let mut t = Table::new(names(2), 1, 2).expect("table");
+        let mut t = Table::new(names(2), 1, 2, Labels::Binary).expect("table");
         t.put_column(0, 0, [Some(1.0), Some(2.0)]).expect("x");
         t.put_column(1, 0, [Some(1.0)]).expect("y");
         let e = t.finish().unwrap_err();

@@ -7,6 +7,7 @@ use safetensors::SafeTensors;
 
 use super::Dataset;
 use super::elements::{Array, Elem, samples};
+use super::labels::Labels;
 use super::table::Fault;
 use crate::error::{DataError, DataPlace, DataProblem, TrainError};
 
@@ -28,6 +29,7 @@ pub fn load(
     bytes: &[u8],
     scales: usize,
     features: usize,
+    labels: Labels,
 ) -> Result<Dataset, TrainError> {
     let fail = |f: Fault| f.in_file(path, FORMAT);
     if !looks_like(bytes) {
@@ -75,7 +77,7 @@ pub fn load(
         })
     };
     let (x, y) = (array("x")?, array("y")?);
-    let (xs, ys) = samples(&x, &y, scales, features).map_err(|(f, _)| fail(f))?;
+    let (xs, ys) = samples(&x, &y, scales, features, labels).map_err(|(f, _)| fail(f))?;
     Ok(Dataset {
         scales,
         features,

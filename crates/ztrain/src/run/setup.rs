@@ -13,6 +13,7 @@ use crate::config::{DataSource, RunConfig};
 use crate::console::Console;
 use crate::data::feed::{self, Feed};
 use crate::data::held::{self, HostData};
+use crate::data::labels::Labels;
 use crate::data::placement;
 use crate::data::windows::{self, Normalization};
 use crate::data::{self, Samples, epoch_order, formats};
@@ -40,8 +41,9 @@ pub(super) struct RunData {
 /// (`Dataset::split_validation`), bars into windows walk-forward (`windows::split`);
 /// normalised by the training part's statistics under `--normalize`. The file is read once,
 /// bounded by the host's available memory; under `stream` (`--stream`) left in the file, its
-/// rows read as batches are staged (`data::stream`).
-pub(super) fn load_data(config: &RunConfig, stream: bool) -> Result<RunData> {
+/// rows read as batches are staged (`data::stream`). Each label is checked as `labels` (the
+/// model's task's) takes it.
+pub(super) fn load_data(config: &RunConfig, stream: bool, labels: Labels) -> Result<RunData> {
     let m = &config.model;
     // Parsing holds the bytes and the values (about as large): a quarter of what is free.
     let limit = host_available().map_or(u64::MAX, |a| a / 4);
@@ -56,7 +58,7 @@ pub(super) fn load_data(config: &RunConfig, stream: bool) -> Result<RunData> {
             gap,
             ..
         } => {
-            let (bars, digest) = formats::load_bars(path, m.features, limit)?;
+            let (bars, digest) = formats::load_bars(path, m.features, limit, labels)?;
             let format = formats::Format::of(path)?.label();
             let (train, val, norm) = windows::split(
                 bars,
@@ -73,11 +75,20 @@ pub(super) fn load_data(config: &RunConfig, stream: bool) -> Result<RunData> {
                 digest: Some(digest),
             });
         }
-        DataSource::File { path, labels, .. } if stream => {
-            return load_streamed(config, path, labels.as_deref());
+        DataSource::File {
+            path,
+            labels: y_path,
+            ..
+        } if stream => {
+            return load_streamed(config, path, y_path.as_deref(), labels);
         }
-        DataSource::File { path, labels, .. } => {
-            let (d, digest) = formats::load(path, labels.as_deref(), m.scales, m.features, limit)?;
+        DataSource::File {
+            path,
+            labels: y_path,
+            ..
+        } => {
+            let (d, digest) =
+                formats::load(path, y_path.as_deref(), m.scales, m.features, limit, labels)?;
             (d, Some(digest))
         }
     };
@@ -105,22 +116,27 @@ pub(super) fn load_data(config: &RunConfig, stream: bool) -> Result<RunData> {
 fn load_streamed(
     config: &RunConfig,
     path: &std::path::Path,
-    labels: Option<&std::path::Path>,
+    y_path: Option<&std::path::Path>,
+    labels: Labels,
 ) -> Result<RunData> {
     let m = &config.model;
-    let (all, digest) = match (formats::Format::of(path)?, labels) {
-        (formats::Format::Npy, Some(y)) => data::stream::npy_pair(path, y, m.scales, m.features)?,
-        (formats::Format::Safetensors, None) => {
-            data::stream::safetensors(path, m.scales, m.features)?
+    let (all, digest) = match (formats::Format::of(path)?, y_path) {
+        (formats::Format::Npy, Some(y)) => {
+            data::stream::npy_pair(path, y, m.scales, m.features, labels)?
         }
-        (formats::Format::Parquet, None) => data::stream::parquet(path, m.scales, m.features)?,
-        (formats::Format::Arrow, None) => data::stream::arrow(path, m.scales, m.features)?,
-        (formats::Format::Csv, None) => data::stream::csv(path, m.scales, m.features)?,
-        (formats::Format::Npz, None) => data::stream_npz::npz(path, m.scales, m.features)?,
+        (formats::Format::Safetensors, None) => {
+            data::stream::safetensors(path, m.scales, m.features, labels)?
+        }
+        (formats::Format::Parquet, None) => {
+            data::stream::parquet(path, m.scales, m.features, labels)?
+        }
+        (formats::Format::Arrow, None) => data::stream::arrow(path, m.scales, m.features, labels)?,
+        (formats::Format::Csv, None) => data::stream::csv(path, m.scales, m.features, labels)?,
+        (formats::Format::Npz, None) => data::stream_npz::npz(path, m.scales, m.features, labels)?,
         // A features `.npy` without its labels, or `--labels` beside another format: the
         // loader's own refusal.
         _ => {
-            formats::load(path, labels, m.scales, m.features, 0)?;
+            formats::load(path, y_path, m.scales, m.features, 0, labels)?;
             return Err(TrainError::Options(format!(
                 "--stream: {} cannot be streamed with these options",
                 path.display()

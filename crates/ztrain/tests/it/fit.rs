@@ -5,6 +5,8 @@
 //! XAsset given as a user would give it trains through the library to `ztrain`'s own result,
 //! bit for bit.
 
+/// Labels as the model's task takes them: class indices, real values; bad ones refused.
+mod labels;
 #[path = "../../examples/fit_mlp/model.rs"]
 mod model;
 /// `--stream` for every task the run loop's data carries, in one process and on two ranks.
