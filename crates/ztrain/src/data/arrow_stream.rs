@@ -86,8 +86,7 @@ impl ArrowRows {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
+        let (file, len, modified) = super::stream::open(path)?;
         let mut magic = [0u8; 6];
         let is_arrow = std::os::unix::fs::FileExt::read_exact_at(&file, &mut magic, 0).is_ok()
             && &magic == b"ARROW1";
@@ -134,8 +133,8 @@ impl ArrowRows {
             width,
             labels,
             starts,
-            len: meta.len(),
-            modified: meta.modified().ok(),
+            len,
+            modified,
             bound,
         })
     }

@@ -39,9 +39,7 @@ impl CsvRows {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        let len = meta.len();
+        let (file, len, modified) = super::stream::open(path)?;
         // Every line's start (and the file's end, closing the last line).
         let mut lines = vec![0u64];
         let mut buf = vec![0u8; 1 << 20];
@@ -67,7 +65,7 @@ impl CsvRows {
             longest: lines.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0),
             starts: lines,
             len: at,
-            modified: meta.modified().ok(),
+            modified,
         };
         rows.check_header()?;
         Ok(CsvRows {
