@@ -140,21 +140,42 @@ __device__ __forceinline__ u64 global_ns() {
 //
 // give_up[0] lives in page-locked host memory mapped into the device: the host sets it with a
 // plain store (aborting the communicator, tearing down), never through a stream, so a stream
-// stuck behind a launch spinning on a stopped peer cannot delay it (issue 44). Every wait
-// polls it with failed[0] and the clock. Once failed[0] or give_up[0] is set every launch uses
-// NaN for every peer's value without waiting, whether or not the peer's words are there (a
-// given-up exchange fails at once). failed[0] names the first peer found missing: 1 + q when
-// rank q's words were not there at a wait that timed out or was given up, or at a launch given
-// up (the host knows it gave up; it reads give_up[0] itself). Thread 0 of each block issues its
-// read of give_up[0] before the stores and the rest's norm, which hide its trip over PCIe.
+// stuck behind a launch spinning on a stopped peer cannot delay it (issue 44). A read of it is
+// a trip over PCIe that the host answers one at a time, about 1 us each on an H200: one read a
+// block (410 blocks for XAsset) made every launch 8.8 -> 422 us and the two-GPU step 0.68 ->
+// 1.09 ms (docs/benchmarks.md, twenty-eighth session). So it is read by one thread of block 0
+// at the start (hidden behind its stores), and in a wait by at most one thread of the grid
+// every HOST_POLL_NS: the thread whose poll comes due takes the turn with an atomic on
+// next_poll[0] (device memory, 0 at first).
+//
+// Once failed[0] is set every launch uses NaN for every peer's value without waiting, whether
+// or not the peer's words are there. A launch that finds give_up[0] set at its start gives its
+// norm up (block 0's peer values NaN, so the norm is NaN and the step's gate skips the update);
+// other blocks whose peers' words are there may sum them, which no one reads. A wait that finds
+// give_up[0] set (or times out) sets failed[0], so every other wait ends at its next poll.
+// failed[0] names the first peer found missing: 1 + q when rank q's words were not there at a
+// wait that timed out or was given up (the host knows when it gave up; it reads give_up[0]
+// itself).
+
+#define HOST_POLL_NS 20000ull
+
+// Whether the host gave up, read by at most one thread of the grid every HOST_POLL_NS.
+__device__ __forceinline__ bool host_gave_up(const unsigned* give_up, u64* next_poll) {
+    const u64 now = global_ns();
+    const u64 due = *(volatile u64*)next_poll;
+    if (now < due) return false;
+    if (atomicCAS((unsigned long long*)next_poll, due, now + HOST_POLL_NS) != due) return false;
+    return host_flag(give_up) != 0u;
+}
 
 extern "C" __global__ void zc_exchange_sum_norm_f32(
     float* out, float* partial, unsigned* tickets, unsigned* epochs, unsigned* failed,
     float* x, u64 n, u64 last, unsigned rank, unsigned ranks, u64 timeout_ns,
-    u64* const* words, const unsigned* give_up) {
+    u64* const* words, const unsigned* give_up, u64* next_poll) {
     __shared__ float shared[FLAT_THREADS];
     __shared__ unsigned block_given_up;
-    const unsigned host_said = threadIdx.x == 0u ? host_flag(give_up) : 0u;
+    const bool reads_host = blockIdx.x == 0u && threadIdx.x == 0u;
+    const unsigned host_said = reads_host ? host_flag(give_up) : 0u;
     const unsigned epoch = epochs[blockIdx.x] + 1u;
     const u64 half = epoch & 1u;
     const u64 stride = (u64)blockDim.x * gridDim.x;
@@ -191,8 +212,8 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
                 unsigned spins = 0;
                 while (((w = exchange_load(mine + q * last + i)) >> 32) != epoch) {
                     if ((++spins & 1023u) == 0u &&
-                        (*(volatile unsigned*)failed != 0u || host_flag(give_up) != 0u ||
-                         global_ns() - start > timeout_ns)) {
+                        (*(volatile unsigned*)failed != 0u || global_ns() - start > timeout_ns ||
+                         host_gave_up(give_up, next_poll))) {
                         atomicCAS(failed, 0u, 1u + q);  // names a peer not heard
                         w = 0x7fc00000ull;  // NaN
                         break;
@@ -205,6 +226,7 @@ extern "C" __global__ void zc_exchange_sum_norm_f32(
         x[i] = s;
         acc += s * s;
     }
+    if (reads_host && host_said != 0u) acc = __uint_as_float(0x7fc00000u);  // no bucket: still NaN
     const float sum = block_sum(acc, shared);
     if (threadIdx.x == 0) epochs[blockIdx.x] = epoch;
     norm_finish_last(out, partial, tickets, sum, shared);

@@ -18,7 +18,9 @@
 //! it (issue 44), the kernel also polls a give-up flag in page-locked host memory mapped into
 //! the device, which [`PeerExchange::give_up`] sets with one store from the host: no stream, so
 //! a stream stuck behind the spinning launch cannot delay it, and no driver call that a lost or
-//! busy device could refuse or block. Dropping an exchange gives up first, then waits (bounded)
+//! busy device could refuse or block. A read of host memory from the device is a trip over PCIe
+//! that the host answers one at a time (about 1 us on an H200), so the grid keeps at most one in
+//! flight (`flat.cu` says how). Dropping an exchange gives up first, then waits (bounded)
 //! for its stream, and leaves its memory to the process rather than free it under a launch
 //! that did not end (freeing synchronizes the device on a GPU).
 
@@ -33,12 +35,15 @@ use zdevice::{Device, DevicePtr, Driver, IpcMemHandle, KernelArg, LaunchConfig, 
 pub const EXCHANGE_MAX_RANKS: usize = 8;
 
 /// Offsets in the kernel's state: per-block epochs (u32) and partials (f32), the ticket, the
-/// failure flag, then every rank's receive words' address (u64, null past the world).
+/// failure flag, every rank's receive words' address (u64, null past the world), then the
+/// grid's next time to read the give-up flag (u64 ns, so at most one read of host memory is in
+/// flight: see `kernels/flat.cu`).
 const PARTIALS_AT: u64 = NORM_MAX_PARTS * 4;
 const TICKET_AT: u64 = NORM_MAX_PARTS * 8;
 const FAILED_AT: u64 = TICKET_AT + 4;
 const WORDS_AT: u64 = TICKET_AT + 8;
-const STATE_BYTES: u64 = WORDS_AT + 8 * EXCHANGE_MAX_RANKS as u64;
+const NEXT_POLL_AT: u64 = WORDS_AT + 8 * EXCHANGE_MAX_RANKS as u64;
+const STATE_BYTES: u64 = NEXT_POLL_AT + 8;
 
 /// One rank's side of the exchange (see the module docs).
 pub struct PeerExchange<D: Driver> {
@@ -48,7 +53,8 @@ pub struct PeerExchange<D: Driver> {
     last: usize,
     /// This rank's receive words: `[2 halves][world][last]` of (value bits, epoch).
     words: DevicePtr,
-    /// `[epochs: NORM_MAX_PARTS u32][partials: NORM_MAX_PARTS f32][ticket u32][failed u32]`.
+    /// `[epochs: NORM_MAX_PARTS u32][partials: NORM_MAX_PARTS f32][ticket u32][failed u32]`
+    /// `[words' addresses: EXCHANGE_MAX_RANKS u64][next poll u64]`.
     state: DevicePtr,
     /// Every rank's receive words as this process addresses them (this rank's own at `rank`);
     /// empty until connected.
@@ -358,6 +364,7 @@ impl<D: Driver> PeerExchange<D> {
             KernelArg::U64(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
             ptr(state.offset(WORDS_AT)),
             ptr(self.give_up_at),
+            ptr(state.offset(NEXT_POLL_AT)),
         ]
         .into_iter()
         .collect();

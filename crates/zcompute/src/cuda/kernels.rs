@@ -209,9 +209,10 @@ use Param::{F32, Ptr, U32, U64};
 
 /// The exchange's parameters: out, partial, tickets, epochs, failed, x, n, last, rank, ranks,
 /// timeout in ns, the ranks' receive words (an array of pointers in device memory), the give-up
-/// flag (page-locked host memory mapped into the device).
+/// flag (page-locked host memory mapped into the device), the grid's next time to read it (a
+/// u64 in device memory).
 const EXCHANGE: &[Param] = &[
-    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U32, U32, U64, Ptr, Ptr,
+    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U64, U64, U32, U32, U64, Ptr, Ptr, Ptr,
 ];
 
 /// Parameters of every softmax row kernel: out, in, rows, n.

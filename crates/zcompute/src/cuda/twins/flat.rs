@@ -185,8 +185,9 @@ pub(super) fn exchange_sum_norm(
         }
     }
     let give_up = k.ptr(12)?;
+    k.ptr(13)?; // the grid's next poll of give_up: the twin reads the flag at once
     let failed_before = mem.read_u32(failed, 1)?[0];
-    let lost = failed_before != 0 || mem.read_u32(give_up, 1)?[0] != 0;
+    let host_gave_up = mem.read_u32(give_up, 1)?[0] != 0;
     // The first peer whose words of this epoch are not all there.
     let mut missing = None;
     for q in (0..ranks).filter(|&q| q != rank) {
@@ -202,11 +203,18 @@ pub(super) fn exchange_sum_norm(
             break;
         }
     }
+    // Every wait ends once failed[0] is set, or once a poll finds give_up[0] set.
+    let lost = failed_before != 0 || (host_gave_up && missing.is_some());
     if let (Some(q), false) = (missing, lost) {
         return Err(KernelFault::Waiting(format!(
             "rank {rank} waits for rank {q}'s words of epoch {epoch} (peer exchange)"
         )));
     }
+    // Given up with every word there: block 0 (which read give_up[0] at its start) uses NaN for
+    // its peer values and its partial; the other blocks sum.
+    let stride = THREADS * blocks.max(1);
+    let block_zero_gave_up = host_gave_up && !lost;
+    let nan_at = |i: usize| lost || (block_zero_gave_up && i % stride < THREADS);
     let mut sums = data[..n_last].to_vec();
     for q in 0..ranks {
         let values: Vec<f32> = if q == rank {
@@ -218,10 +226,11 @@ pub(super) fn exchange_sum_norm(
             )?;
             bytes
                 .chunks_exact(8)
-                .map(|c| {
+                .enumerate()
+                .map(|(i, c)| {
                     let v = u64::from_le_bytes(c.try_into().unwrap_or_default());
                     // Not lost: every word is there (a missing one waits, above).
-                    if lost {
+                    if nan_at(i) {
                         f32::NAN
                     } else {
                         f32::from_bits(v as u32)
@@ -236,7 +245,6 @@ pub(super) fn exchange_sum_norm(
     data[..n_last].copy_from_slice(&sums);
     mem.write_f32(x, &data[..n_last])?;
     // Each block's partial: its share of x[last..n), then its elements of x[..last).
-    let stride = THREADS * blocks.max(1);
     let mut part = vec![0.0f32; blocks];
     for (b, p) in part.iter_mut().enumerate() {
         for t in 0..THREADS {
@@ -254,6 +262,9 @@ pub(super) fn exchange_sum_norm(
             }
             i += stride;
         }
+    }
+    if block_zero_gave_up && let Some(p) = part.first_mut() {
+        *p = f32::NAN; // no bucket in block 0: its norm is given up all the same
     }
     mem.write_f32(partial, &part)?;
     mem.write_u32(epochs, &vec![epoch; blocks])?;
