@@ -19,8 +19,10 @@
 //! ([`Agreement::next_window`]): the ranks exchange their step times in the same all-reduce and
 //! all take the window that asks about once a second (at most `--readback-every` steps), so a
 //! job of 5 s steps asks after every step and stops after the step that follows the signal,
-//! while fast steps keep the whole window. A wait for the other ranks (the rendezvous) ends at
-//! once.
+//! while fast steps keep the whole window. A job of one sizes its window the same way from its
+//! own device time: a stop finishes the steps already queued, which are then about a second of
+//! device time and a step or two, not a window or two. A wait for the other ranks (the
+//! rendezvous) ends at once.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -180,7 +182,8 @@ struct Mark {
     step: u64,
 }
 
-/// The read-back window of a job of several: `--readback-every` (`bound`) for the first step a
+/// The read-back window (of a job of several, and of a job of one from its own marks:
+/// `Agreement::pace_alone`): `--readback-every` (`bound`) for the first step a
 /// process queues (the trainer makes the window's device history that long, so no later window
 /// makes it anew), then one step until the ranks have a step time, then the steps that take
 /// [`ASK_EVERY`] of the slowest rank's device time, from 1 to `bound`. A rank's step time is
@@ -276,16 +279,41 @@ impl<B: zcompute::ReadbackOps<f32> + PinnedHost<f32>> Agreement<B> {
         self.comm.as_deref()
     }
 
-    /// The read-back window of the step about to be queued: `--readback-every` in a job of one
-    /// (its stop flag is read every step) and for a process's first step; then as [`Pace`]
-    /// says, changed only at asks (where nothing is left in a window), the same on every rank.
+    /// The read-back window of the step about to be queued: `--readback-every` for a
+    /// process's first step; then as [`Pace`] says. In a job of several it changes only at
+    /// asks (where nothing is left in a window), the same on every rank; in a job of one at any
+    /// step (its own device time, [`Agreement::after_step`]).
     pub fn next_window(&mut self) -> usize {
-        let several = self.comm.as_ref().is_some_and(|c| c.info().world > 1);
-        if !several || !self.pace.queued {
+        if !self.pace.queued {
             self.pace.queued = true;
             return self.pace.bound;
         }
         self.pace.window
+    }
+
+    /// A job of one: its window from its own device time, read from its marks once the
+    /// device has passed them (asked without waiting; a mark not passed yet is asked again
+    /// at the next step). Its stop flag is read every step, but the host queues up to about
+    /// two windows ahead of the device (the window read back is the one before), and a stop
+    /// finishes every queued step: with whole windows of 5 s steps a stop came 20 steps and
+    /// more after the signal. Sized to about [`ASK_EVERY`] of device time, the queued steps
+    /// are a few seconds of it.
+    fn pace_alone(&mut self, b: &B, step: u64) -> crate::Result<()> {
+        let passed = match self.pace.last.as_ref() {
+            Some(m) => b.mark_passed(&m.at),
+            None => Ok(true),
+        };
+        let failed = |e: zcompute::ComputeError| {
+            zgrad::GradError::from(e).at_step(step, zgrad::Applied::Yes)
+        };
+        if !passed.map_err(failed)? {
+            return Ok(());
+        }
+        if let Some(ms) = self.pace.step_ms(b) {
+            self.pace.agree(&[ms as f32]);
+        }
+        self.pace.mark(b, step).map_err(failed)?;
+        Ok(())
     }
 
     /// The stop the ranks agreed on, asked after step `step` (see [`Agreement`]); `drained`:
@@ -301,6 +329,7 @@ impl<B: zcompute::ReadbackOps<f32> + PinnedHost<f32>> Agreement<B> {
     ) -> crate::Result<Option<i32>> {
         let mine = stop.received();
         let Some(comm) = self.comm.clone().filter(|c| c.info().world > 1) else {
+            self.pace_alone(b, step)?;
             return Ok(mine);
         };
         let info = comm.info();
@@ -583,8 +612,40 @@ mod tests {
         assert_eq!(ask(&mut agreement, 4000), 5, "200 ms a step");
         assert_eq!(ask(&mut agreement, 5000), 32, "this rank's own time, fast");
         assert_eq!(peer.synchronized.get(), 0);
+    }
+
+    /// Issue 45: a job of one sizes its window by its own time a step too (here the host's
+    /// clock, the CPU keeping no device time): the whole `--readback-every` while its steps
+    /// are fast, one step once a step takes a second or more (a sleep: the clock is
+    /// monotonic, so the step is at least that long whatever the load). Before, a job of one
+    /// always took the whole window, and with steps of seconds its stop came a window or two
+    /// of steps after the signal.
+    #[test]
+    fn a_job_of_one_sizes_its_window_by_its_own_step_time() {
         let mut one = Agreement::<CpuBackend>::new(None, 8);
-        assert_eq!((one.next_window(), one.next_window()), (8, 8));
+        let stop = StopSignal::never();
+        let ask = |a: &mut Agreement<CpuBackend>, step| {
+            assert_eq!(a.after_step(&stop, &CpuBackend, step, false).unwrap(), None);
+            a.next_window()
+        };
+        assert_eq!(one.next_window(), 8, "the first step makes the history");
+        assert_eq!(one.next_window(), 1, "no step time yet");
+        assert_eq!(ask(&mut one, 1), 1);
+        assert_eq!(ask(&mut one, 1001), 1, "one mark is no time yet");
+        assert_eq!(ask(&mut one, 2001), 8, "a thousand steps at once: fast");
+        std::thread::sleep(ASK_EVERY + Duration::from_millis(50));
+        assert_eq!(
+            ask(&mut one, 2002),
+            8,
+            "the marks of steps 1001 and 2001: fast"
+        );
+        assert_eq!(ask(&mut one, 2003), 1, "step 2002 took a second and more");
+        stop.raise(SIGTERM);
+        assert_eq!(
+            one.after_step(&stop, &CpuBackend, 2004, false).unwrap(),
+            Some(SIGTERM),
+            "its own flag, at once"
+        );
     }
 
     /// A peer lost in the agreement after step 12 fails step 12, whose update was applied,

@@ -1,12 +1,15 @@
 //! Rank 0 hands out the id over TCP: every rank gets it; a wrong world size, a rank that never
 //! comes and a rank 0 that is not there are typed `Rendezvous` errors within the deadline; a
 //! second claim of a rank is dropped and the job goes on. `attacks` tries what a hostile or
-//! careless process would (issue 23); `guard` what issue 45 found around the handshake.
+//! careless process would (issue 23); `guard` what issue 45 found around the handshake; `relay` its relay
+//! on the second address of a name (a hosts file in a private mount namespace).
 
 #[path = "rendezvous/attacks.rs"]
 mod attacks;
 #[path = "rendezvous/guard.rs"]
 mod guard;
+#[path = "rendezvous/relay.rs"]
+mod relay;
 
 use std::thread;
 use std::time::{Duration, Instant};

@@ -243,3 +243,83 @@ fn a_stale_temporary_checkpoint_is_cleaned_at_the_next_start() {
     );
     assert!(Checkpoint::load(&ckpt).is_ok());
 }
+
+/// The highest step in the metrics file: the last step read back.
+fn last_read_back(metrics: &std::path::Path) -> u64 {
+    std::fs::read_to_string(metrics)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|row| row["step"].as_u64())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Issue 45 item 6, one rank, slow steps: the simulated device takes 0.13 s of its clock an
+/// operation (`--sim-op-time`), about 5 s a step of it (the host runs at full speed, so
+/// nothing here depends on the machine's speed), with `--readback-every 16`. The stop flag
+/// is read every step, but a stop finishes the steps queued, and the host queues up to about
+/// two read-back windows ahead of the device. Its window is now sized by its own device time
+/// (one step at 5 s), so SIGINT stops it within a few steps of the last one read back when
+/// the signal came (the process frozen meanwhile: the step read back, the step queued and
+/// the one behind its read-back), with that step's checkpoint. Before: whole windows of 16;
+/// at 5 s a step the window's read-back waited past the device's 60 s deadline and the run
+/// failed ("timed out waiting for the device"), and at 2 s a step (`--sim-op-time 0.05`) the
+/// stop came 20-21 steps after the last step read back.
+#[test]
+// It says where the stop came (with --nocapture), for the attack table.
+#[allow(clippy::print_stderr)]
+fn with_steps_of_seconds_a_signal_stops_one_rank_within_a_step_or_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, metrics) = (dir.path().join("ck.st"), dir.path().join("m.jsonl"));
+    let mut args: Vec<&str> = TINY.to_vec();
+    args.extend(["--samples", "4000", "--epochs", "40", "--device", "sim"]);
+    args.extend(["--readback-every", "16", "--sim-op-time", "0.13"]);
+    args.extend([
+        "--checkpoint",
+        path_str(&ck),
+        "--metrics",
+        path_str(&metrics),
+    ]);
+    args.extend(["--metrics-every", "1"]);
+    let mut child = Command::new(ztrain_binary())
+        .args(&args)
+        .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while last_read_back(&metrics) < 24 {
+        assert!(std::time::Instant::now() < until, "the run did not start");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended early: {}",
+            std::fs::read_to_string(dir.path().join("stderr")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    kill(&child, "STOP");
+    let read_back = last_read_back(&metrics);
+    kill(&child, "INT");
+    kill(&child, "CONT");
+    let status = child.wait().unwrap();
+    let stdout = std::fs::read_to_string(dir.path().join("stdout")).unwrap();
+    let stderr = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert_eq!(status.code(), Some(130), "{stdout}\n{stderr}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("stopped by SIGINT after step"))
+        .unwrap_or_else(|| panic!("no stop line:\n{stdout}"));
+    let step: u64 = line
+        .split("after step ")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .and_then(|n| n.parse().ok())
+        .expect("step number");
+    eprintln!("one rank stopped after step {step}, {read_back} read back when the signal came");
+    assert!(
+        step >= read_back && step <= read_back + 3,
+        "stopped after step {step}, {read_back} read back when the signal came"
+    );
+    assert_eq!(Checkpoint::load(&ck).unwrap().progress.step, step);
+}
