@@ -264,8 +264,9 @@ impl<'a, B: Ops<T>, T: Element> Shard<'a, B, T> {
 /// by a step from [`StepSource::pinned`] with no host copy:
 /// `x` is `[capacity, S, F]`, `y` `[capacity, targets]` (a sample's `Task::target_len` values:
 /// one label, or `K` regression values, then a weighted task's weights), both row-major; a
-/// step trains on the first `n` samples. Refilling it waits for the upload that last read it (bounded by the
-/// device's sync deadline), so a batch in flight is never changed under the copy.
+/// step trains on the first `n` samples. Refilling it waits for the upload that last read it
+/// (bounded by the device's sync deadline), so a batch in flight is never changed under the
+/// copy.
 pub struct PinnedBatch<B: PinnedHost<T>, T: Element = f32> {
     x: B::Pinned,
     y: B::Pinned,
@@ -346,8 +347,8 @@ impl<B: PinnedHost<T>, T: Element> PinnedBatch<B, T> {
         self.targets
     }
 
-    /// Lends `x` (`[capacity, S, F]`) and `y` (`[capacity, targets]`) to `f` to write in place, after
-    /// the upload that last read them; returns what `f` returns.
+    /// Lends `x` (`[capacity, S, F]`) and `y` (`[capacity, targets]`) to `f` to write in place,
+    /// after the upload that last read them; returns what `f` returns.
     pub fn fill<R>(&mut self, f: impl FnOnce(&mut [T], &mut [T]) -> R) -> Result<R> {
         let y = &mut self.y;
         Ok(self.x.with_mut(|x| y.with_mut(|y| f(x, y)))??)

@@ -1,9 +1,9 @@
 //! `--stream`: pre-cut samples left in their file and read as each batch is staged, so that
 //! the host holds one batch of them whatever the file's size: by position in the formats
 //! whose rows lie at known offsets, a pair of `.npy` files, an `.npz` of stored members
-//! (`stream_npz`) and safetensors (`x` `[N, S, F]`, `y` `[N]` or `[N, 1]`, C order); by row
-//! group in Parquet (`parquet_stream`), by record batch in Arrow IPC (`arrow_stream`), and by
-//! a row index in CSV (`stream_csv`). Each row is read with `pread` (`FileExt::read_exact_at`,
+//! (`stream_npz`) and safetensors (`x` `[N, S, F]`, `y` `[N]`, `[N, 1]` or `[N, K]`, C
+//! order); by row group in Parquet (`parquet_stream`), by record batch in Arrow IPC
+//! (`arrow_stream`), and by a row index in CSV (`stream_csv`). Each row is read with `pread` (`FileExt::read_exact_at`,
 //! no mmap: a file changed under a mapping would change the run's memory) and checked as the
 //! loaders check it, so a streamed run trains bitwise as the same file read whole. A file
 //! truncated or changed under the run (another length or modification time than at open) is
@@ -213,7 +213,7 @@ impl Streamed {
         let values = values.iter().map(|&v| Some(v));
         table::targets(self.labels, values, y, |k| DataPlace::Element {
             array: "y".into(),
-            // `y` `[N]` or `[N, 1]` names the row alone, as the loader does.
+            // One label a sample: the row alone (as it always named it); K: the row and value.
             index: if one { vec![row] } else { vec![row, k] },
         })
         .map_err(|f| ys.fault(f))

@@ -216,6 +216,21 @@ mod tests {
         }
     }
 
+    /// Bars of `K` targets each (a table's last `K` columns): a window's targets are its last
+    /// bar's `K`.
+    #[test]
+    fn a_window_takes_its_last_bars_k_targets() {
+        let mut series = bars(10, 2);
+        series.y = (0..20).map(|v| v as f32).collect();
+        let (train, _, _) = split(series, 3, 0.0, 0, false).expect("fits");
+        let (mut x, mut y) = ([0.0; 6], [0.0; 2]);
+        train.copy(4, &mut x, &mut y);
+        assert_eq!(y, [12.0, 13.0], "bar 6's two targets");
+        let d = train.materialize();
+        assert_eq!((d.len(), d.targets()), (8, 2));
+        assert_eq!(&d.y[8..10], &y);
+    }
+
     #[test]
     fn a_window_is_consecutive_bars_labelled_by_its_last() {
         let (train, _, _) = split(bars(10, 2), 3, 0.0, 0, false).expect("fits");
