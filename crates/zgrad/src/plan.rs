@@ -289,7 +289,7 @@ pub fn plan_schedule<M: PlanModel>(
         pinned_steps(request, &mut trainer, &sample)?
     } else {
         let x = vec![0.0f32; request.batch * request.model.values_per_sample()];
-        let y = vec![0.0f32; request.batch];
+        let y = vec![0.0f32; request.batch * trainer.model().task().target_len()];
         let mut captured = request.trainer.capture;
         for _ in 0..request.steps {
             captured &= trainer
@@ -338,7 +338,10 @@ fn pinned_steps<M: PlanModel>(
 ) -> Result<bool> {
     let b = trainer.backend_rc().clone();
     let batches = [0, 1]
-        .map(|_| crate::PinnedBatch::new(&*b, request.batch, sample[0], sample[1]))
+        .map(|_| {
+            let targets = trainer.model().task().target_len();
+            crate::PinnedBatch::with_targets(&*b, request.batch, sample[0], sample[1], targets)
+        })
         .into_iter()
         .collect::<Result<Vec<_>>>()?;
     let mut captured = request.trainer.capture;
@@ -365,7 +368,8 @@ fn evaluations<M: PlanModel>(
     // One chunk from the host: every chunk's memory is reclaimed before the next.
     let from_host = |t: &Trainer<PlanBackend, f32, M::Model>, rows: usize| {
         let n = rows.min(chunk);
-        t.evaluate_host(&vec![0.0f32; n * per], &vec![0.0f32; n])
+        let targets = t.model().task().target_len();
+        t.evaluate_host(&vec![0.0f32; n * per], &vec![0.0f32; n * targets])
             .map(|_| ())
     };
     if request.validation_rows > 0 {

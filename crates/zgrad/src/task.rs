@@ -197,17 +197,6 @@ impl Task {
         Ok(())
     }
 
-    /// Refuses a task the data path `what` cannot carry (one target value per sample only).
-    pub(crate) fn single_value(&self, what: &str) -> Result<()> {
-        if self.target_len() == 1 {
-            return Ok(());
-        }
-        Err(GradError::Config(format!(
-            "{what} carries one target value per sample; the model's task is {self} ({} per sample): use host rows (StepSource::host, EvalSource::Host)",
-            self.target_len()
-        )))
-    }
-
     /// The target values and (weighted) the weights of a batch's targets `y` as the loss gets
     /// them (`[rows, ..target_shape]`), both `[rows, ..value_shape]`, as constants.
     pub fn split<B: Ops<T>, T: Element>(

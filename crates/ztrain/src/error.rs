@@ -15,7 +15,12 @@ pub enum CsvProblem {
     /// An empty line between rows.
     BlankRow,
     /// The row (or header) does not have `S·F + 1` columns.
-    ColumnCount { expected: usize, found: usize },
+    ColumnCount {
+        expected: usize,
+        found: usize,
+        /// Label columns (the model's task's target values a sample).
+        labels: usize,
+    },
     /// The cell does not parse as a number.
     NotANumber { cell: String },
     /// NaN or infinity (or a value too large for float32).
@@ -26,6 +31,15 @@ pub enum CsvProblem {
     BadClass { cell: String, classes: usize },
 }
 
+/// How a column-count message names the label columns: `the label`, `the 3 label columns`.
+fn label_columns(labels: usize) -> String {
+    if labels == 1 {
+        "the label".into()
+    } else {
+        format!("the {labels} label columns of the model's {labels} target values")
+    }
+}
+
 impl fmt::Display for CsvProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -34,9 +48,14 @@ impl fmt::Display for CsvProblem {
             }
             CsvProblem::NoSamples => f.write_str("a header row but no samples"),
             CsvProblem::BlankRow => f.write_str("blank row (remove it; rows are never skipped)"),
-            CsvProblem::ColumnCount { expected, found } => write!(
+            CsvProblem::ColumnCount {
+                expected,
+                found,
+                labels,
+            } => write!(
                 f,
-                "expected {expected} columns (scales × features, then the label), found {found}; check --scales and --features"
+                "expected {expected} columns (scales × features, then {}), found {found}; check --scales and --features",
+                label_columns(*labels)
             ),
             CsvProblem::NotANumber { cell } => write!(f, "`{cell}` is not a number"),
             CsvProblem::NotFinite { cell } => write!(f, "`{cell}` is not a finite float32"),
@@ -111,7 +130,12 @@ pub enum DataProblem {
     /// The format's reader refused the file (a corrupt page, a bad header: the cause says).
     Corrupt { detail: String },
     /// The table does not have the columns the options ask for.
-    ColumnCount { expected: usize, found: usize },
+    ColumnCount {
+        expected: usize,
+        found: usize,
+        /// Label columns (the model's task's target values a sample).
+        labels: usize,
+    },
     /// One column fewer than the options ask for: the label (last column) is missing.
     MissingLabel { features: usize },
     /// A column or array of a type that is not a number.
@@ -153,9 +177,14 @@ impl fmt::Display for DataProblem {
             DataProblem::Corrupt { detail } => {
                 write!(f, "corrupt ({detail}); write the file again")
             }
-            DataProblem::ColumnCount { expected, found } => write!(
+            DataProblem::ColumnCount {
+                expected,
+                found,
+                labels,
+            } => write!(
                 f,
-                "expected {expected} columns (the features, then the label), found {found}; check --scales, --features and --window"
+                "expected {expected} columns (the features, then {}), found {found}; check --scales, --features and --window",
+                label_columns(*labels)
             ),
             DataProblem::MissingLabel { features } => write!(
                 f,

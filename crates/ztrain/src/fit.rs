@@ -50,7 +50,8 @@ pub use command::{main, options_from};
 ///
 /// The run's configuration ([`RunConfig`], from the command line) gives the data's shape:
 /// a sample is `config.model.scales` x `config.model.features` values (a window of
-/// `--window` bars with `--window`) and one target value; the model's `sample_shape` of that
+/// `--window` bars with `--window`) and its targets (`FitModel::task`'s: one label, or `K`
+/// regression values); the model's `sample_shape` of that
 /// many values must be `[scales, features]` (the training set on the host is staged as such).
 pub trait FitModel {
     /// The model on backend `B` (a clone shares its parameters, as zgrad's `Model` asks).
@@ -59,7 +60,8 @@ pub trait FitModel {
     /// The model's target contract: the [`zgrad::Model::task`] of the model
     /// [`FitModel::init`] makes, known before it is made, since a data file's labels are
     /// checked as they are read (0 or 1 for a binary model, a class index in `0..C` for
-    /// `Task::class_index(C)`, any finite value for `Task::regression(1)`). By default
+    /// `Task::class_index(C)`, `K` finite values for `Task::regression(K)`: `K` label columns,
+    /// `y` `[N, K]`; a weighted task's missing labels masked). By default
     /// XAsset's, `Task::binary()`; a run whose model's task differs from this is refused.
     fn task(&self, config: &RunConfig) -> zgrad::Task {
         let _ = config;
@@ -161,6 +163,7 @@ pub trait FitModel {
         let named = crate::plan::PlannedModel {
             line: self.describe(&config),
             json: self.config_json(&config),
+            targets: self.task(&config).target_len(),
         };
         let report = crate::plan::make_of(options, &config, model, named, &|_, _| Ok(()))?;
         crate::plan::print_report(&self.program(), options, &report, out)

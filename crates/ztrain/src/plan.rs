@@ -34,6 +34,8 @@ pub struct PlannedModel {
     pub line: String,
     /// Its sizes, the JSON's `model`.
     pub json: serde_json::Value,
+    /// Target values per sample (`Task::target_len`): the training set's device bytes.
+    pub targets: usize,
 }
 
 /// The plan and what it says about the chosen device.
@@ -96,6 +98,7 @@ pub fn make(options: &Options) -> Result<PlanReport> {
         ),
         json: json!({"features": m.features, "scales": m.scales, "width": m.width,
                      "heads": m.heads, "ff": m.ff, "layers": m.layers}),
+        targets: 1,
     };
     make_of(options, &config, m, model, &|config, batch| {
         check_sizes(config, batch)?;
@@ -155,7 +158,7 @@ pub fn make_of<M: zgrad::plan::PlanModel>(
     let data = data_plan(
         options,
         &config,
-        &target,
+        (&target, named.targets),
         cap,
         run_sizing.arena_bytes,
         world,
@@ -250,7 +253,7 @@ pub fn run_request<M>(
 fn data_plan(
     options: &Options,
     config: &crate::config::RunConfig,
-    target: &Target,
+    (target, targets): (&Target, usize),
     cap: Option<u64>,
     plan_arena: u64,
     world: usize,
@@ -259,7 +262,7 @@ fn data_plan(
     let per = config.model.scales * config.model.features;
     let every = options.readback_every;
     let bytes = split.map_or(0, |(n, _)| {
-        resident_bytes(n, per, config.batch, world, every)
+        resident_bytes((n, per, targets), config.batch, world, every)
     });
     let room = match (target, cap) {
         (Target::Device { .. }, Some(cap)) => Some(DeviceRoom {
@@ -297,14 +300,21 @@ fn data_plan(
     })
 }
 
-/// Device bytes of a training set of `n` samples of `per` values on the device for a run of
+/// Device bytes of a training set of `n` samples of `per` values and `targets` target values
+/// on the device for a run of
 /// `batch` samples a step on `world` ranks read back every `every` steps: the set and its
 /// index buffer (`zgrad::device_data_bytes`) and the queued steps' table of a window's
 /// indices (`zgrad::step_table_bytes`, the largest shard's rows).
 #[must_use]
-pub fn resident_bytes(n: usize, per: usize, batch: usize, world: usize, every: usize) -> u64 {
+pub fn resident_bytes(
+    (n, per, targets): (usize, usize, usize),
+    batch: usize,
+    world: usize,
+    every: usize,
+) -> u64 {
     let rows = zgrad::shard(0, world.max(1), batch.min(n)).len();
-    zgrad::device_data_bytes(n, per, 4).saturating_add(zgrad::step_table_bytes(every, rows, 4))
+    zgrad::device_data_bytes(n, per, targets, 4)
+        .saturating_add(zgrad::step_table_bytes(every, rows, 4))
 }
 
 /// Largest device estimate (`budget::Estimate::device`) a run's arena is sized from its plan

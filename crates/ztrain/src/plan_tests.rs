@@ -238,7 +238,7 @@ fn the_plan_counts_a_training_set_on_the_device() {
     let dev = make(&with(&["--data-on", "device"])).expect("plan");
     let auto = make(&with(&[])).expect("plan");
     // The set, its index buffer and the queued steps' table (windows of 32 steps).
-    let bytes = zgrad::device_data_bytes(4000, 18, 4) + zgrad::step_table_bytes(32, 64, 4);
+    let bytes = zgrad::device_data_bytes(4000, 18, 1, 4) + zgrad::step_table_bytes(32, 64, 4);
     assert_eq!(
         dev.data,
         DataPlan {

@@ -228,7 +228,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
     // A file's labels are checked as the model takes them; the synthetic set's are 0/1.
     let labels = match config.data {
         crate::config::DataSource::File { .. } => Labels::of(&task)?,
-        crate::config::DataSource::Synthetic { .. } => Labels::Binary,
+        crate::config::DataSource::Synthetic { .. } => Labels::BINARY,
     };
     let data = load_data(config, options.stream, labels)?;
     let (train_set, val_set) = (data.train, data.val);

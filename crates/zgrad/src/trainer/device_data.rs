@@ -28,15 +28,17 @@ pub fn max_device_rows<T: Element>() -> usize {
     }
 }
 
-/// Device bytes a resident data set of `n` samples of `per` values takes in elements of
-/// `elem_bytes` bytes: features, labels and the index buffer (`n` slots, the largest batch).
+/// Device bytes a resident data set of `n` samples of `per` values and `targets` target values
+/// each (`Task::target_len`) takes in elements of `elem_bytes` bytes: features, targets and the
+/// index buffer (`n` slots, the largest batch).
 #[must_use]
-pub fn device_data_bytes(n: usize, per: usize, elem_bytes: usize) -> u64 {
-    let values = (n as u64).saturating_mul(per as u64 + 2);
+pub fn device_data_bytes(n: usize, per: usize, targets: usize, elem_bytes: usize) -> u64 {
+    let values = (n as u64).saturating_mul(per as u64 + targets as u64 + 1);
     values.saturating_mul(elem_bytes as u64)
 }
 
-/// The resident data set: features `[n, ..sample shape]`, labels `[n]`, and the index buffer
+/// The resident data set: features `[n, ..sample shape]`, targets `[n, ..Task::target_shape]`
+/// (`[n]` for one value a sample), and the index buffer
 /// a step's rows are uploaded into (`[n]`: a step takes at most `n` rows).
 pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     pub(super) x: BTensor<B, T>,
@@ -46,7 +48,8 @@ pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     /// (`upload_indices`).
     uploaded: Range<usize>,
     pub(super) sample: Vec<usize>,
-    /// The labels on the host too: an evaluation sums them there (`evaluate(EvalSource::Loaded)`).
+    /// The targets on the host too (`Task::target_len` a sample): the unweighted binary
+    /// task's evaluation sums them there (`evaluate(EvalSource::Loaded)`).
     pub(super) labels: Vec<T>,
     /// Host staging of the indices, reused from step to step.
     staging: Vec<T>,
@@ -63,6 +66,11 @@ impl<B: Ops<T>, T: Element> DeviceData<B, T> {
 
     pub(super) fn per(&self) -> usize {
         self.sample.iter().product()
+    }
+
+    /// Target values per sample.
+    pub(super) fn targets(&self) -> usize {
+        self.y.numel() / self.rows().max(1)
     }
 
     /// Refuses a step of no rows, of more than `n` or naming a row not below `n` (the whole
@@ -155,6 +163,10 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
         self.data.per()
     }
 
+    fn targets(&self) -> usize {
+        self.data.targets()
+    }
+
     fn upload(
         &self,
         b: &B,
@@ -168,13 +180,14 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Uploads a data set to the device once, for `Trainer::queue` of loaded rows and
-    /// `evaluate(EvalSource::Loaded)`: `x` `[n, ..sample shape]` row-major, `y` `n` labels.
+    /// `evaluate(EvalSource::Loaded)`: `x` `[n, ..sample shape]` row-major, `y` `n` samples'
+    /// targets (`Task::target_len` values each, row-major: one label, a class index, `K`
+    /// regression values, then the weights of a weighted task).
     /// Replaces a data set loaded before (dropping the captured steps that read it). Refuses
     /// with `BadInput` shapes a host `step` would refuse and more rows than indices of `T`
     /// can name exactly ([`max_device_rows`]); out of device memory is the backend's error
     /// (`TooLarge` / `OutOfMemory`), nothing loaded.
     pub fn load_data(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
-        self.parts.model.task().single_value("load_data")?;
         let sample = self.shape_of(x, y, n)?;
         if n > max_device_rows::<T>() {
             return Err(GradError::BadInput(format!(
@@ -182,8 +195,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 max_device_rows::<T>()
             )));
         }
+        let targets = self.targets_shape(n);
         self.load_with(n, sample, y.to_vec(), |b, shape| {
-            Ok((b.upload(x, shape)?, b.upload(y, &shape[..1])?))
+            Ok((b.upload(x, shape)?, b.upload(y, &targets)?))
         })
     }
 
@@ -196,8 +210,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 max_device_rows::<T>()
             )));
         }
-        self.load_with(n, sample, vec![T::ZERO; n], |b, shape| {
-            Ok((b.zeros(shape)?, b.zeros(&shape[..1])?))
+        let targets = self.targets_shape(n);
+        let zeros = vec![T::ZERO; n * self.target_len()];
+        self.load_with(n, sample, zeros, |b, shape| {
+            Ok((b.zeros(shape)?, b.zeros(&targets)?))
         })
     }
 

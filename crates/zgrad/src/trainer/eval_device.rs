@@ -358,7 +358,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             let y = data.y.narrow(0, rows.start, rows.len())?;
             (
                 Some(data.x.narrow(0, rows.start, rows.len())?),
-                // The data path carries one target value per sample (`Task::single_value`).
+                // Loaded as `[n, ..target_shape]` already: the reshape keeps it.
                 Some(y.reshape(&Task::batched(rows.len(), &task.target_shape()))?),
             )
         };

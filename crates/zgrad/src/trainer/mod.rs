@@ -428,9 +428,17 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
     }
 
-    /// One sample's shape `[S, F]` of `batch`, checking `n` and that the model takes it.
+    /// One sample's shape `[S, F]` of `batch`, checking `n`, that the model takes it and
+    /// that the batch holds the model's target values per sample.
     fn pinned_sample(&self, batch: &dyn PinnedRows<B, T>, n: usize) -> Result<[usize; 2]> {
-        self.parts.model.task().single_value("a pinned batch")?;
+        let task = self.parts.model.task();
+        if batch.targets() != task.target_len() {
+            return Err(GradError::BadInput(format!(
+                "a pinned batch of {} target values a sample; the model's task is {task} ({} a sample): make it with PinnedBatch::with_targets",
+                batch.targets(),
+                task.target_len()
+            )));
+        }
         let [capacity, scales, features] = batch.dims();
         let pinned = [scales, features];
         let sample = self.parts.model.sample_shape(pinned[0] * pinned[1]);

@@ -148,7 +148,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let shape: Vec<usize> = std::iter::once(local.len())
             .chain(sample.iter().copied())
             .collect();
-        if !self.staging.as_ref().is_some_and(|s| s.holds(&shape)) {
+        let targets = batch.targets();
+        if !self
+            .staging
+            .as_ref()
+            .is_some_and(|s| s.holds(&shape, targets))
+        {
             // Room for the largest shard of a full batch, so the landing buffers are made once.
             let rows = shard(info.rank, info.world, batch.dims()[0]).len();
             let mut room = shape.clone();

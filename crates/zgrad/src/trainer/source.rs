@@ -108,6 +108,8 @@ pub enum EvalSource<'a, T> {
 pub(super) trait PinnedRows<B: Ops<T>, T: Element> {
     /// `[capacity, S, F]`.
     fn dims(&self) -> [usize; 3];
+    /// Target values per sample.
+    fn targets(&self) -> usize;
     fn source(&self) -> &dyn Source<B, T>;
     /// Two landing buffers of `shape`.
     fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>>;
@@ -127,12 +129,16 @@ impl<B: PinnedHost<T>, T: Element> PinnedRows<B, T> for PinnedBatch<B, T> {
         [self.capacity, self.scales, self.features]
     }
 
+    fn targets(&self) -> usize {
+        self.targets
+    }
+
     fn source(&self) -> &dyn Source<B, T> {
         self
     }
 
     fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>> {
-        Staging::new(b, shape)
+        Staging::new(b, shape, self.targets)
     }
 
     fn stage(
@@ -153,6 +159,8 @@ impl<B: PinnedHost<T>, T: Element> PinnedRows<B, T> for PinnedBatch<B, T> {
 pub(super) trait Source<B: Ops<T>, T: Element> {
     /// Values per sample (S x F).
     fn per(&self) -> usize;
+    /// Target values per sample (`Task::target_len`).
+    fn targets(&self) -> usize;
     /// Rows `rows` as host slices, when the batch lies in ordinary memory (only host slices
     /// do; pinned, landed and resident rows are device-bound).
     fn slices(&self, _rows: Range<usize>) -> Option<(&[T], &[T])> {
@@ -162,9 +170,10 @@ pub(super) trait Source<B: Ops<T>, T: Element> {
     fn upload(&self, b: &B, rows: Range<usize>, x: &BTensor<B, T>, y: &BTensor<B, T>)
     -> Result<()>;
     /// A host copy of rows `rows` (error paths: locating a non-finite sample): by default
-    /// the rows put into fresh device tensors (`[rows, S*F]`, one target each) and read back.
+    /// the rows put into fresh device tensors (`[rows, S*F]`, `[rows, targets]`) and read back.
     fn copy(&self, b: &B, rows: Range<usize>) -> Result<(Vec<T>, Vec<T>)> {
-        let (x, y) = (b.zeros(&[rows.len(), self.per()])?, b.zeros(&[rows.len()])?);
+        let n = rows.len();
+        let (x, y) = (b.zeros(&[n, self.per()])?, b.zeros(&[n, self.targets()])?);
         self.upload(b, rows, &x, &y)?;
         Ok((b.download(&x)?, b.download(&y)?))
     }
@@ -182,6 +191,10 @@ pub(super) struct HostSlices<'a, T> {
 impl<B: Ops<T>, T: Element> Source<B, T> for HostSlices<'_, T> {
     fn per(&self) -> usize {
         self.per
+    }
+
+    fn targets(&self) -> usize {
+        self.ty
     }
 
     fn slices(&self, rows: Range<usize>) -> Option<(&[T], &[T])> {
@@ -249,15 +262,18 @@ impl<'a, B: Ops<T>, T: Element> Shard<'a, B, T> {
 
 /// A batch held in the backend's pinned host memory, filled in place and uploaded from there
 /// by a step from [`StepSource::pinned`] with no host copy:
-/// `x` is `[capacity, S, F]`, `y` `[capacity]` labels, both row-major; a step trains on the
-/// first `n` samples. Refilling it waits for the upload that last read it (bounded by the
-/// device's sync deadline), so a batch in flight is never changed under the copy.
+/// `x` is `[capacity, S, F]`, `y` `[capacity, targets]` (a sample's `Task::target_len` values:
+/// one label, or `K` regression values, then a weighted task's weights), both row-major; a
+/// step trains on the first `n` samples. Refilling it waits for the upload that last read it
+/// (bounded by the device's sync deadline), so a batch in flight is never changed under the
+/// copy.
 pub struct PinnedBatch<B: PinnedHost<T>, T: Element = f32> {
     x: B::Pinned,
     y: B::Pinned,
     capacity: usize,
     scales: usize,
     features: usize,
+    targets: usize,
 }
 
 impl<B: PinnedHost<T>, T: Element> std::fmt::Debug for PinnedBatch<B, T> {
@@ -266,27 +282,44 @@ impl<B: PinnedHost<T>, T: Element> std::fmt::Debug for PinnedBatch<B, T> {
             .field("capacity", &self.capacity)
             .field("scales", &self.scales)
             .field("features", &self.features)
+            .field("targets", &self.targets)
             .finish_non_exhaustive()
     }
 }
 
 impl<B: PinnedHost<T>, T: Element> PinnedBatch<B, T> {
-    /// Pinned room for `capacity` samples of `scales` x `features` values (zeroed). Refuses
-    /// an empty shape with `BadInput`; allocation failures come from the backend.
+    /// Pinned room for `capacity` samples of `scales` x `features` values and one target
+    /// value each (zeroed): `with_targets` of 1.
     pub fn new(b: &B, capacity: usize, scales: usize, features: usize) -> Result<Self> {
+        Self::with_targets(b, capacity, scales, features, 1)
+    }
+
+    /// Pinned room for `capacity` samples of `scales` x `features` values and `targets` target
+    /// values each (the model's `Task::target_len`; a step of a model of another count is
+    /// `BadInput`), zeroed. Refuses an empty shape with `BadInput`; allocation failures come
+    /// from the backend.
+    pub fn with_targets(
+        b: &B,
+        capacity: usize,
+        scales: usize,
+        features: usize,
+        targets: usize,
+    ) -> Result<Self> {
         let per = scales.checked_mul(features);
         let len = per.and_then(|p| p.checked_mul(capacity));
-        let Some(len) = len.filter(|&l| l > 0) else {
+        let ys = capacity.checked_mul(targets).filter(|&l| l > 0);
+        let (Some(len), Some(ys)) = (len.filter(|&l| l > 0), ys) else {
             return Err(GradError::BadInput(format!(
-                "a pinned batch of {capacity} x {scales} x {features}: every size must be positive (and the product fit in memory)"
+                "a pinned batch of {capacity} x {scales} x {features} with {targets} target values a sample: every size must be positive (and the product fit in memory)"
             )));
         };
         Ok(PinnedBatch {
             x: b.alloc_pinned(len)?,
-            y: b.alloc_pinned(capacity)?,
+            y: b.alloc_pinned(ys)?,
             capacity,
             scales,
             features,
+            targets,
         })
     }
 
@@ -308,8 +341,14 @@ impl<B: PinnedHost<T>, T: Element> PinnedBatch<B, T> {
         self.features
     }
 
-    /// Lends `x` (`[capacity, S, F]`) and `y` (`[capacity]`) to `f` to write in place, after
-    /// the upload that last read them; returns what `f` returns.
+    /// Target values per sample.
+    #[must_use]
+    pub fn targets(&self) -> usize {
+        self.targets
+    }
+
+    /// Lends `x` (`[capacity, S, F]`) and `y` (`[capacity, targets]`) to `f` to write in place,
+    /// after the upload that last read them; returns what `f` returns.
     pub fn fill<R>(&mut self, f: impl FnOnce(&mut [T], &mut [T]) -> R) -> Result<R> {
         let y = &mut self.y;
         Ok(self.x.with_mut(|x| y.with_mut(|y| f(x, y)))??)
@@ -327,7 +366,7 @@ impl<B: PinnedHost<T>, T: Element> PinnedBatch<B, T> {
     ) -> Result<()> {
         let per = Source::<B, T>::per(self);
         b.upload_pinned_beside(&self.x, rows.start * per, x, after)?;
-        b.upload_pinned_beside(&self.y, rows.start, y, after)?;
+        b.upload_pinned_beside(&self.y, rows.start * self.targets, y, after)?;
         Ok(())
     }
 }
@@ -335,6 +374,10 @@ impl<B: PinnedHost<T>, T: Element> PinnedBatch<B, T> {
 impl<B: PinnedHost<T>, T: Element> Source<B, T> for PinnedBatch<B, T> {
     fn per(&self) -> usize {
         self.scales * self.features
+    }
+
+    fn targets(&self) -> usize {
+        self.targets
     }
 
     fn upload(
@@ -345,7 +388,7 @@ impl<B: PinnedHost<T>, T: Element> Source<B, T> for PinnedBatch<B, T> {
         y: &BTensor<B, T>,
     ) -> Result<()> {
         b.upload_pinned(&self.x, rows.start * Source::<B, T>::per(self), x)?;
-        b.upload_pinned(&self.y, rows.start, y)?;
+        b.upload_pinned(&self.y, rows.start * self.targets, y)?;
         Ok(())
     }
 
@@ -353,7 +396,8 @@ impl<B: PinnedHost<T>, T: Element> Source<B, T> for PinnedBatch<B, T> {
         let per = Source::<B, T>::per(self);
         Ok((
             self.x.read(rows.start * per, rows.len() * per)?,
-            self.y.read(rows.start, rows.len())?,
+            self.y
+                .read(rows.start * self.targets, rows.len() * self.targets)?,
         ))
     }
 }

@@ -30,26 +30,30 @@ pub(super) struct Staging<B: Ops<T>, T: Element> {
     slots: Vec<Landing<B, T>>,
     /// `[rows, ..sample]` each slot holds.
     shape: Vec<usize>,
+    /// Target values per sample each slot holds (`[rows, targets]`).
+    targets: usize,
     next: usize,
 }
 
 impl<B: Ops<T>, T: Element> Staging<B, T> {
-    /// Whether it holds batches of up to `shape[0]` samples of `shape[1..]`.
-    pub(super) fn holds(&self, shape: &[usize]) -> bool {
-        self.shape[1..] == shape[1..] && self.shape[0] >= shape[0]
+    /// Whether it holds batches of up to `shape[0]` samples of `shape[1..]` and `targets`
+    /// target values each.
+    pub(super) fn holds(&self, shape: &[usize], targets: usize) -> bool {
+        self.shape[1..] == shape[1..] && self.shape[0] >= shape[0] && self.targets == targets
     }
 }
 
 impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
-    /// Two landing buffers of `shape` (`[rows, ..sample]`, persistent). Each one's free mark is
+    /// Two landing buffers of `shape` (`[rows, ..sample]`, persistent) and `[rows, targets]`
+    /// target values. Each one's free mark is
     /// recorded at once: memory just allocated may have been read by engine-stream work still
     /// queued, which the first copy into it must follow.
-    pub(super) fn new(b: &B, shape: &[usize]) -> Result<Self> {
+    pub(super) fn new(b: &B, shape: &[usize], targets: usize) -> Result<Self> {
         let slots = (0..2)
             .map(|_| {
                 let landing = Landing {
                     x: crate::memory::persistent_zeros(b, shape)?,
-                    y: crate::memory::persistent_zeros(b, &shape[..1])?,
+                    y: crate::memory::persistent_zeros(b, &[shape[0], targets])?,
                     free: b.copy_mark()?,
                 };
                 b.mark_engine(&landing.free)?;
@@ -59,6 +63,7 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
         Ok(Staging {
             slots,
             shape: shape.to_vec(),
+            targets,
             next: 0,
         })
     }
@@ -85,6 +90,7 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
             y,
             first: rows.start,
             per: Source::<B, T>::per(batch),
+            targets: self.targets,
         };
         Ok((landed, slot))
     }
@@ -101,6 +107,7 @@ pub(super) struct Landed<B: Ops<T>, T: Element> {
     y: BTensor<B, T>,
     first: usize,
     per: usize,
+    targets: usize,
 }
 
 impl<B: Ops<T>, T: Element> Landed<B, T> {
@@ -116,6 +123,10 @@ impl<B: Ops<T>, T: Element> Landed<B, T> {
 impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
     fn per(&self) -> usize {
         self.per
+    }
+
+    fn targets(&self) -> usize {
+        self.targets
     }
 
     /// A device-to-device copy on the engine stream (which already waits for the landing

@@ -196,7 +196,7 @@ fn a_plan_of_a_resident_training_set_equals_the_run(
     let planned = zgrad::plan::plan_schedule(&req, schedule).expect("plan");
     let real = real_resident_run(computing_sim(), &req, schedule);
     assert_eq!(planned, real, "plan vs real run");
-    let data = zgrad::device_data_bytes(n, tiny().scales * tiny().features, 4);
+    let data = zgrad::device_data_bytes(n, tiny().scales * tiny().features, 1, 4);
     let grown = planned.peak.get(AllocClass::Persistent) - on_host.peak.get(AllocClass::Persistent);
     assert!(
         grown >= data && grown < data + data / 20,

@@ -326,10 +326,10 @@ fn a_weighted_regression_is_evaluated_as_a_regression() {
 }
 
 /// `predict` of a wrong length is a typed error; of a class model it gives `C` values per
-/// sample; the paths that carry one target per sample refuse wider targets by name.
+/// sample.
 #[test]
-fn predict_lengths_and_single_value_paths() {
-    let mut t = head_trainer(
+fn predict_lengths() {
+    let t = head_trainer(
         CpuBackend,
         C,
         Some(Task::class_index(C)),
@@ -343,21 +343,65 @@ fn predict_lengths_and_single_value_paths() {
     ));
     assert!(matches!(t.predict(&x, B + 1), Err(GradError::BadInput(_))));
     assert_eq!(t.predict(&x, B).expect("predict").len(), B * C);
-    let mut r = head_trainer(
-        CpuBackend,
-        2,
-        Some(Task::regression(2)),
-        LossKind::Task,
-        config(TrainSchedule::Batched, false),
-    );
-    let e = r
-        .load_data(&x, &[0.0; 2 * B], B)
-        .expect_err("load_data of 2 targets");
-    assert!(
-        matches!(&e, GradError::Config(m) if m.contains("load_data")),
-        "{e}"
-    );
-    let _ = &mut t;
+}
+
+/// `K` target values a sample (`Task::regression(3)`, and masked: values then weights, some
+/// 0) on the data set loaded on the device: queued steps on its rows train as steps from host
+/// slices, bit for bit, in every schedule, and its evaluation where it lies is the host
+/// evaluation of the same samples (`load_data` refused every task of more than one target
+/// value a sample).
+#[rstest]
+fn k_targets_a_sample_on_the_loaded_set_train_and_evaluate_as_from_the_host(
+    #[values("regression", "regression_masked")] name: &str,
+    #[values(0, 1, 2, 3)] schedule: usize,
+) {
+    let n = 12;
+    let (task, outputs, x, y) = crate::support::tasks::task_data(name, n, 7);
+    assert!(task.target_len() > 1, "{task}");
+    let rows: Vec<usize> = (0..n).rev().collect();
+    let (hx, hy): (Vec<f32>, Vec<f32>) = {
+        let ty = task.target_len();
+        let (mut hx, mut hy) = (Vec::new(), Vec::new());
+        for &r in &rows {
+            hx.extend_from_slice(&x[r * F..(r + 1) * F]);
+            hy.extend_from_slice(&y[r * ty..(r + 1) * ty]);
+        }
+        (hx, hy)
+    };
+    let (sched, capture) = schedules()[schedule];
+    let run = |loaded: bool| {
+        let b = Engine::sim(256 << 20).expect("sim");
+        let mut t = head_trainer(
+            b,
+            outputs,
+            Some(task),
+            LossKind::Task,
+            config(sched, capture),
+        );
+        let mut losses = Vec::new();
+        if loaded {
+            t.load_data(&x, &y, n).expect("load");
+            for _ in 0..3 {
+                let reports = t.queue(StepSource::loaded(&rows), 2).expect("queue");
+                losses.extend(reports.iter().map(|r| r.loss));
+            }
+            losses.extend(t.drain().expect("drain").iter().map(|r| r.loss));
+        } else {
+            for _ in 0..3 {
+                losses.push(t.step(StepSource::host(&hx, &hy, n)).expect("step").loss);
+            }
+        }
+        let report = if loaded {
+            t.evaluate(EvalSource::Loaded).expect("evaluate loaded")
+        } else {
+            t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate host")
+        };
+        (losses, bits(&t), format!("{report:?}"))
+    };
+    let (host, loaded) = (run(false), run(true));
+    assert_eq!(host.0.len(), 3);
+    assert!(host.0.iter().all(|l| l.is_finite()), "{host:?}");
+    assert_eq!(loaded, host, "{task}");
 }
 
 /// The losses refuse targets they were not given the shape for (no broadcast), with the

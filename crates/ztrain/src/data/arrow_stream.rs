@@ -111,7 +111,7 @@ impl ArrowRows {
             bound = bound.max(batch_bytes(&batch));
         }
         let rows = starts.last().copied().unwrap_or(0);
-        table::check_columns(names.len(), width, rows).map_err(fail)?;
+        table::check_columns(names.len(), width, labels, rows).map_err(fail)?;
         for (c, f) in schema.fields().iter().enumerate() {
             if !numeric(f.data_type()) {
                 return Err(fail(Fault::new(
@@ -152,7 +152,7 @@ impl ArrowRows {
     }
 
     /// Reads the rows `rows` of the table (any order) into `x` (row `rows[i]`'s features at
-    /// `x[i·width..]`) and `y` (its label at `y[i]`), a record batch at a time, each value
+    /// `x[i·width..]`) and `y` (its targets at `y[i·t..]`), a record batch at a time, each value
     /// checked as the whole-file loader checks it.
     pub fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
         let mut order: Vec<(usize, usize)> = rows.iter().copied().zip(0..).collect();
@@ -220,8 +220,8 @@ impl ArrowRows {
         x: &mut [f32],
         y: &mut [f32],
     ) -> std::result::Result<(), Fault> {
-        let width = self.width;
-        for c in 0..=width {
+        let (width, t) = (self.width, self.labels.targets());
+        for c in 0..width + self.labels.values {
             let at = || table::cell_place(&self.names, row, c);
             let v = cell(batch.column(c).as_ref(), local).ok_or_else(|| {
                 Fault::new(
@@ -237,7 +237,8 @@ impl ArrowRows {
             if c < width {
                 x[slot * width + c] = table::feature(v, at)?;
             } else {
-                y[slot] = table::label(self.labels, v, at)?;
+                let out = &mut y[slot * t..(slot + 1) * t];
+                table::put_label(self.labels, (c - width, v), out, at)?;
             }
         }
         Ok(())
@@ -339,7 +340,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("d.arrow");
         write(&path, 10, 4);
-        let t = ArrowRows::open(&path, 2, crate::data::labels::Labels::Binary).expect("opens");
+        let t = ArrowRows::open(&path, 2, crate::data::labels::Labels::BINARY).expect("opens");
         assert_eq!(t.rows(), 10);
         let (mut x, mut y) = ([0.0; 6], [0.0; 3]);
         t.read(&[9, 0, 5], &mut x, &mut y).expect("reads");
@@ -352,7 +353,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("d.arrow");
         write(&path, 10, 4);
-        let t = ArrowRows::open(&path, 2, crate::data::labels::Labels::Binary).expect("opens");
+        let t = ArrowRows::open(&path, 2, crate::data::labels::Labels::BINARY).expect("opens");
         write(&path, 12, 4);
         let e = t.read(&[5], &mut [0.0; 2], &mut [0.0]).unwrap_err();
         let TrainError::Data(d) = &e else {

@@ -1,6 +1,7 @@
 //! Typed arrays from NumPy and safetensors files: their element types, read as `f64` in C
 //! order whatever order they are stored in, and the samples of an `x` `[N, S, F]` and a `y`
-//! `[N]` or `[N, 1]` (the checks of [`super::table`]).
+//! `[N]` or `[N, 1]` (one label a sample), or `[N, K]` (a task of `K` target values), checked
+//! as [`super::table`] checks a table's.
 
 use super::labels::Labels;
 use super::table::{self, Fault};
@@ -147,14 +148,15 @@ impl Array {
     }
 }
 
-/// Features row-major and their labels.
+/// Features row-major and their targets (`Labels::targets` a sample).
 pub type Features = (Vec<f32>, Vec<f32>);
 
 /// A fault and the array it is in (`"x"` or `"y"`).
 pub type InArray = (Fault, &'static str);
 
-/// The samples of features `x` `[N, S, F]` and labels `y` `[N]` or `[N, 1]`: row-major features
-/// and labels `labels` takes, checked as the CSV's. The error says which array (`"x"` or `"y"`).
+/// The samples of features `x` `[N, S, F]` and labels `y` (`sample_count`'s shapes): row-major
+/// features and the targets of labels `labels` takes, checked as the CSV's. The error says
+/// which array (`"x"` or `"y"`).
 pub fn samples(
     x: &Array,
     y: &Array,
@@ -162,7 +164,7 @@ pub fn samples(
     features: usize,
     labels: Labels,
 ) -> Result<Features, InArray> {
-    let n = sample_count(&x.shape, &y.shape, scales, features)?;
+    let n = sample_count(&x.shape, &y.shape, (scales, features), labels)?;
     let total = n * scales * features;
     let mut xs = Vec::with_capacity(total);
     for i in 0..total {
@@ -175,26 +177,28 @@ pub fn samples(
             .map_err(|f| (f, "x"))?,
         );
     }
-    let mut ys = Vec::with_capacity(n);
-    for i in 0..n {
-        ys.push(
-            table::label(labels, y.get_c(i), || DataPlace::Element {
-                array: "y".into(),
-                index: y.index_of(i),
-            })
-            .map_err(|f| (f, "y"))?,
-        );
+    let (k, t) = (labels.values, labels.targets());
+    let mut ys = vec![0.0; n * t];
+    for (i, out) in ys.chunks_exact_mut(t).enumerate() {
+        let values = (0..k).map(|j| y.get_c(i * k + j));
+        table::targets(labels, values, out, |j| DataPlace::Element {
+            array: "y".into(),
+            index: y.index_of(i * k + j),
+        })
+        .map_err(|f| (f, "y"))?;
     }
     Ok((xs, ys))
 }
 
 /// The samples `N` of features of shape `x` `[N, S, F]` and labels of shape `y` `[N]` or
-/// `[N, 1]`, checked against `--scales` and `--features`; none is a fault.
+/// `[N, 1]` (one label a sample) or `[N, K]` (`labels.values` = `K` > 1: the model's task's
+/// `K` target values), checked against `--scales`, `--features` and the model's task; none is
+/// a fault.
 pub fn sample_count(
     x: &[usize],
     y: &[usize],
-    scales: usize,
-    features: usize,
+    (scales, features): (usize, usize),
+    labels: Labels,
 ) -> Result<usize, InArray> {
     let shape_fault = |name: &'static str, expected: String, found: &[usize]| {
         (
@@ -216,13 +220,19 @@ pub fn sample_count(
         ));
     }
     let n = x[0];
-    let labels_ok = matches!(y, [_] | [_, 1]);
+    let k = labels.values;
+    let labels_ok = match y {
+        [_] => k == 1,
+        [_, c] => *c == k,
+        _ => false,
+    };
     if !labels_ok {
-        return Err(shape_fault(
-            "y",
-            "[N] or [N, 1]: one 0/1 label per sample (the model has one output)".into(),
-            y,
-        ));
+        let expected = if k == 1 {
+            "[N] or [N, 1]: one label a sample (the model's task has one target value)".into()
+        } else {
+            format!("[N, {k}]: the model's task has {k} target values a sample")
+        };
+        return Err(shape_fault("y", expected, y));
     }
     if y[0] != n {
         return Err((
@@ -284,7 +294,7 @@ mod tests {
     fn shapes_are_checked_against_the_options() {
         let x = f32_array(&[2, 3, 2], &[0.0; 12]);
         let y = f32_array(&[2, 2], &[0.0; 4]);
-        let (f, which) = samples(&x, &y, 3, 2, crate::data::labels::Labels::Binary).unwrap_err();
+        let (f, which) = samples(&x, &y, 3, 2, crate::data::labels::Labels::BINARY).unwrap_err();
         assert_eq!(which, "y");
         assert!(f.problem.to_string().contains("[N] or [N, 1]"));
         let (f, which) = samples(
@@ -292,7 +302,7 @@ mod tests {
             &f32_array(&[2], &[0.0; 2]),
             2,
             3,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .unwrap_err();
         assert_eq!(which, "x");
@@ -302,10 +312,50 @@ mod tests {
             &f32_array(&[3], &[0.0; 3]),
             3,
             2,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .unwrap_err();
         assert_eq!(f.problem, DataProblem::SampleCounts { x: 2, y: 3 });
+    }
+
+    /// `y` `[N, K]` for a task of `K` target values: row-major targets, masked where a weighted
+    /// task's value is NaN; `[N]` or `[N, 2]` for `K = 3`, and `[N, 3]` for a binary task, are
+    /// shape faults saying what was expected.
+    #[test]
+    fn k_targets_come_from_y_of_n_by_k() {
+        use zgrad::Task;
+        let x = f32_array(&[2, 1, 2], &[0.0; 4]);
+        let k3 = Labels::of(&Task::regression(3)).expect("labels");
+        let y = f32_array(&[2, 3], &[1.0, 2.0, 3.0, 4.0, f32::NAN, 6.0]);
+        let e = samples(&x, &y, 1, 2, k3).unwrap_err();
+        assert_eq!(
+            e.0.place,
+            DataPlace::Element {
+                array: "y".into(),
+                index: vec![1, 1]
+            }
+        );
+        let masked = Labels::of(&Task::regression(3).weighted()).expect("labels");
+        let (_, ys) = samples(&x, &y, 1, 2, masked).expect("masked");
+        assert_eq!(
+            ys,
+            [1.0, 2.0, 3.0, 1.0, 1.0, 1.0, 4.0, 0.0, 6.0, 1.0, 0.0, 1.0]
+        );
+        for (shape, labels, expected) in [
+            (vec![2], k3, "[N, 3]"),
+            (vec![2, 2], k3, "[N, 3]"),
+            (vec![2, 3], Labels::BINARY, "[N] or [N, 1]"),
+        ] {
+            let n: usize = shape.iter().product();
+            let (f, which) = samples(&x, &f32_array(&shape, &vec![0.0; n]), 1, 2, labels)
+                .expect_err("another shape");
+            assert_eq!(which, "y");
+            let text = f.problem.to_string();
+            assert!(
+                text.contains(expected) && text.contains(&format!("{shape:?}")),
+                "{text}"
+            );
+        }
     }
 
     #[test]
@@ -318,7 +368,7 @@ mod tests {
             &f32_array(&[2, 1], &[0.0, 1.0]),
             3,
             2,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .unwrap_err();
         assert_eq!(

@@ -66,14 +66,15 @@ impl<B: TrainBackend> Feed<B> {
         let chunk = learner.config().eval_batch.max(1);
         let mut capacity = batch.min(train_set.len());
         for set in [train_set, val_set] {
-            if chunked(learner, set) {
+            if chunked(set) {
                 capacity = capacity.max(chunk.min(set.len()));
             }
         }
         let b = learner.backend();
         let (scales, features) = train_set.shape();
+        let targets = train_set.targets();
         let staging = (0..staging_batches(train_set))
-            .map(|_| PinnedBatch::new(b, capacity.max(1), scales, features))
+            .map(|_| PinnedBatch::with_targets(b, capacity.max(1), scales, features, targets))
             .collect::<zgrad::Result<Vec<_>>>()?;
         Ok(Feed::Host {
             every,
@@ -102,7 +103,7 @@ impl<B: TrainBackend> Feed<B> {
                 let turns = staging.len();
                 let batch = &mut staging[*next];
                 *next = (*next + 1) % turns;
-                let per = train_set.sample_width();
+                let (per, t) = (train_set.sample_width(), train_set.targets());
                 // Samples cut or read as they are staged: this rank's shard of the rows only,
                 // the only rows of the batch its step copies to the device (`Trainer::queue`).
                 let mine = if train_set.staged_one_batch_at_a_time() {
@@ -115,7 +116,7 @@ impl<B: TrainBackend> Feed<B> {
                     train_set.copy_rows(
                         &rows[mine.clone()],
                         &mut x[mine.start * per..mine.end * per],
-                        &mut y[mine.clone()],
+                        &mut y[mine.start * t..mine.end * t],
                     )
                 })??;
                 *filled += t0.elapsed();
@@ -148,13 +149,13 @@ impl<B: TrainBackend> Feed<B> {
         }
     }
 
-    /// Host bytes of the pinned batches (features and a label per sample; 0 on the device).
+    /// Host bytes of the pinned batches (features and targets per sample; 0 on the device).
     #[must_use]
     pub fn staging_bytes(&self) -> u64 {
         match self {
             Feed::Host { staging, .. } => staging
                 .iter()
-                .map(|b| (b.capacity() * (b.scales() * b.features() + 1) * 4) as u64)
+                .map(|b| (b.capacity() * (b.scales() * b.features() + b.targets()) * 4) as u64)
                 .sum(),
             Feed::Device { .. } => 0,
         }
@@ -208,11 +209,11 @@ impl<B: TrainBackend> Feed<B> {
         learner: &mut Learner<B, M>,
         samples: &Samples,
     ) -> Result<zgrad::EvalReport> {
-        if !chunked(learner, samples) {
+        if !chunked(samples) {
             let rows = samples.rows()?;
             return Ok(learner.evaluate(&rows.x, &rows.y)?);
         }
-        let (n, per) = (samples.len(), samples.sample_width());
+        let (n, per, t) = (samples.len(), samples.sample_width(), samples.targets());
         let chunk = learner.config().eval_batch.max(1);
         let mut spare;
         let batch = match self {
@@ -220,7 +221,8 @@ impl<B: TrainBackend> Feed<B> {
             // Windows always train from the host (`feed_of`): a batch of their own otherwise.
             _ => {
                 let (scales, features) = samples.shape();
-                spare = PinnedBatch::new(learner.backend(), chunk.min(n), scales, features)?;
+                let b = learner.backend();
+                spare = PinnedBatch::with_targets(b, chunk.min(n), scales, features, t)?;
                 &mut spare
             }
         };
@@ -229,8 +231,8 @@ impl<B: TrainBackend> Feed<B> {
             let len = next.len();
             let rows: Vec<usize> = next.collect();
             batch.fill(|x, y| -> Result<()> {
-                samples.copy_rows(&rows, &mut x[..len * per], &mut y[..len])?;
-                learner.evaluate_chunk(&mut eval, &x[..len * per], &y[..len])?;
+                samples.copy_rows(&rows, &mut x[..len * per], &mut y[..len * t])?;
+                learner.evaluate_chunk(&mut eval, &x[..len * per], &y[..len * t])?;
                 Ok(())
             })??;
         }
@@ -251,16 +253,9 @@ pub fn staging_batches(train_set: &Samples) -> usize {
 }
 
 /// Whether an evaluation of `samples` cuts or reads them a chunk at a time into the staging
-/// batch (`Feed::evaluate`): windows or streamed rows of a model whose targets are one value a
-/// sample (the staging batch's label: a binary label, a class index, one regression value),
-/// in one process or each rank its shard. A model of more target values a sample cannot be
-/// staged at all (`--stream` refuses it: `setup::feed_of`).
+/// batch (`Feed::evaluate`): windows or streamed rows (the staging batch holds the model's
+/// targets a sample, one value or `K`), in one process or each rank its shard.
 #[must_use]
-pub fn chunked<B: TrainBackend, M: Model<B, f32>>(
-    learner: &Learner<B, M>,
-    samples: &Samples,
-) -> bool {
-    samples.staged_one_batch_at_a_time()
-        && !samples.is_empty()
-        && learner.model().task().target_len() == 1
+pub fn chunked(samples: &Samples) -> bool {
+    samples.staged_one_batch_at_a_time() && !samples.is_empty()
 }

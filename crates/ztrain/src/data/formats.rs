@@ -122,7 +122,7 @@ pub fn load(
 /// A features `.npy` without `--labels`.
 fn needs_labels<T>(path: &Path) -> Result<T> {
     Err(TrainError::Options(format!(
-        "--data {}: a .npy file holds one array (the features x [N, S, F]); give the labels' .npy (y [N]) with --labels, or both in one .npz",
+        "--data {}: a .npy file holds one array (the features x [N, S, F]); give the labels' .npy (y [N], or [N, K] for K target values) with --labels, or both in one .npz",
         path.display()
     )))
 }

@@ -135,13 +135,13 @@ pub fn reader_bytes(samples: &Samples) -> u64 {
 
 /// Bytes an evaluation of `samples` from the host holds beside the staging batch
 /// (`Feed::evaluate`): windows evaluated in chunks (`chunked`) of `chunk` are cut into the
-/// staging batch, leaving one chunk's logits; other windows are cut whole, a label each;
+/// staging batch, leaving one chunk's logits; other windows are cut whole, their targets each;
 /// pre-cut rows are evaluated where they lie.
 #[must_use]
 pub fn evaluation_bytes(samples: &Samples, chunk: usize, chunked: bool) -> u64 {
     match samples {
         Samples::Rows(_) => 0,
         s if chunked => chunk.max(1).min(s.len()) as u64 * F32,
-        s => (s.len() * (s.sample_width() + 1)) as u64 * F32,
+        s => (s.len() * (s.sample_width() + s.targets())) as u64 * F32,
     }
 }

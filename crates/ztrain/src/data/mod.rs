@@ -1,4 +1,5 @@
-//! Data sets: samples of `S` scales × `F` features with a 0/1 label, from a data file
+//! Data sets: samples of `S` scales × `F` features with their targets (a 0/1 label, a class
+//! index or `K` regression values, as the model's task takes them: [`labels`]), from a data file
 //! ([`formats`]: CSV, Parquet, Arrow IPC, NumPy, safetensors), cut from a series of bars as
 //! training runs ([`windows`]) or generated ([`synthetic`]); the train/validation split and
 //! the epoch order.
@@ -29,7 +30,9 @@ use crate::error::Result;
 use crate::rng::Rng;
 
 /// Samples in memory, row-major: sample `i`'s features are `x[i·S·F .. (i+1)·S·F]`, feature `f`
-/// of scale `s` at offset `s·F + f` (the CSV column order), its label `y[i]` (0.0 or 1.0).
+/// of scale `s` at offset `s·F + f` (the CSV column order), its targets `y[i·T .. (i+1)·T]`
+/// (`T = targets()`, the model's `Task::target_len`: one label, 0.0 or 1.0 for XAsset; `K`
+/// regression values; then a weighted task's weights).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dataset {
     pub scales: usize,
@@ -42,12 +45,21 @@ impl Dataset {
     /// Number of samples.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.y.len()
+        self.x.len() / self.sample_width().max(1)
     }
 
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.y.is_empty()
+        self.len() == 0
+    }
+
+    /// Target values per sample (`y.len() / len()`; 1 for an empty set).
+    #[must_use]
+    pub fn targets(&self) -> usize {
+        match self.len() {
+            0 => 1,
+            n => self.y.len() / n,
+        }
     }
 
     /// Values per sample (`S·F`).
@@ -57,15 +69,15 @@ impl Dataset {
     }
 
     /// The samples at `indices`, in that order: `x` as `[indices.len(), S, F]` row-major and the
-    /// labels. Indices must be below `len()`.
+    /// targets. Indices must be below `len()`.
     #[must_use]
     pub fn gather(&self, indices: &[usize]) -> (Vec<f32>, Vec<f32>) {
-        let w = self.sample_width();
+        let (w, t) = (self.sample_width(), self.targets());
         let mut x = Vec::with_capacity(indices.len() * w);
-        let mut y = Vec::with_capacity(indices.len());
+        let mut y = Vec::with_capacity(indices.len() * t);
         for &i in indices {
             x.extend_from_slice(&self.x[i * w..(i + 1) * w]);
-            y.push(self.y[i]);
+            y.extend_from_slice(&self.y[i * t..(i + 1) * t]);
         }
         (x, y)
     }
@@ -78,17 +90,17 @@ impl Dataset {
         let n = self.len();
         let n_val = validation_len(n, fraction);
         let n_train = n - n_val;
-        let w = self.sample_width();
+        let (w, t) = (self.sample_width(), self.targets());
         let val = Dataset {
             scales: self.scales,
             features: self.features,
             x: self.x.split_off(n_train * w),
-            y: self.y.split_off(n_train),
+            y: self.y.split_off(n_train * t),
         };
         (self, val)
     }
 
-    /// Fraction of labels equal to 1.
+    /// Fraction of labels equal to 1 (of one-label samples: XAsset's 0/1 labels).
     #[must_use]
     pub fn positive_fraction(&self) -> f64 {
         if self.is_empty() {
@@ -144,6 +156,16 @@ impl Samples {
         }
     }
 
+    /// Target values per sample (`Task::target_len`).
+    #[must_use]
+    pub fn targets(&self) -> usize {
+        match self {
+            Samples::Rows(d) => d.targets(),
+            Samples::Windows(w) => w.series.targets(),
+            Samples::Stream(s) => s.targets(),
+        }
+    }
+
     /// A sample's shape `(S, F)`.
     #[must_use]
     pub fn shape(&self) -> (usize, usize) {
@@ -154,30 +176,33 @@ impl Samples {
         }
     }
 
-    /// Copies sample `i`'s features into `x` (`S·F` values) and returns its label; a
-    /// streamed sample is read from its file (an error names the file and the row).
-    pub fn copy(&self, i: usize, x: &mut [f32]) -> Result<f32> {
-        Ok(match self {
+    /// Copies sample `i`'s features into `x` (`S·F` values) and its targets into `y`
+    /// (`targets()` values); a streamed sample is read from its file (an error names the file
+    /// and the row).
+    pub fn copy(&self, i: usize, x: &mut [f32], y: &mut [f32]) -> Result<()> {
+        match self {
             Samples::Rows(d) => {
-                let w = d.sample_width();
+                let (w, t) = (d.sample_width(), d.targets());
                 x.copy_from_slice(&d.x[i * w..(i + 1) * w]);
-                d.y[i]
+                y.copy_from_slice(&d.y[i * t..(i + 1) * t]);
             }
-            Samples::Windows(w) => w.copy(i, x),
-            Samples::Stream(s) => s.copy(i, x)?,
-        })
+            Samples::Windows(w) => w.copy(i, x, y),
+            Samples::Stream(s) => s.copy(i, x, y)?,
+        }
+        Ok(())
     }
 
     /// Copies samples `rows` (any order) into `x` (sample `rows[i]`'s `S·F` values at
-    /// `x[i·S·F..]`) and `y` (its label at `y[i]`): a streamed file read once for them all
-    /// (a Parquet table a row group at a time), else sample by sample.
+    /// `x[i·S·F..]`) and `y` (its targets at `y[i·T..]`, `T = targets()`): a streamed file
+    /// read once for them all (a Parquet table a row group at a time), else sample by sample.
     pub fn copy_rows(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
         if let Samples::Stream(s) = self {
             return s.copy_rows(rows, x, y);
         }
-        let per = self.sample_width();
+        let (per, t) = (self.sample_width(), self.targets());
         for (i, &r) in rows.iter().enumerate() {
-            y[i] = self.copy(r, &mut x[i * per..(i + 1) * per])?;
+            let (x, y) = (&mut x[i * per..(i + 1) * per], &mut y[i * t..(i + 1) * t]);
+            self.copy(r, x, y)?;
         }
         Ok(())
     }
@@ -198,7 +223,7 @@ impl Samples {
             Samples::Windows(w) => Ok(Cow::Owned(w.materialize())),
             Samples::Stream(s) => {
                 let (n, per) = (s.len, s.sample_width());
-                let (mut x, mut y) = (vec![0.0; n * per], vec![0.0; n]);
+                let (mut x, mut y) = (vec![0.0; n * per], vec![0.0; n * s.targets()]);
                 s.copy_rows(&(0..n).collect::<Vec<_>>(), &mut x, &mut y)?;
                 Ok(Cow::Owned(Dataset {
                     scales: s.scales,

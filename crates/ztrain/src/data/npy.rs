@@ -1,5 +1,6 @@
 //! NumPy's `.npy` (one array) and `.npz` (a zip of them, as `np.savez` and
-//! `np.savez_compressed` write): the features `x` `[N, S, F]` and the labels `y` `[N]` or `[N, 1]`.
+//! `np.savez_compressed` write): the features `x` `[N, S, F]` and the labels `y` `[N]` or `[N, 1]`
+//! (`[N, K]` for a task of `K` target values).
 //!
 //! The `.npy` header is read here (a magic string, a version, and a Python dict literal with
 //! `descr`, `fortran_order` and `shape`): a small, fully checked reader rather than a crate
@@ -322,7 +323,7 @@ mod tests {
             &dir.path().join("y.npy"),
             (2, 3),
             u64::MAX,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .expect("loads");
         assert_eq!(back, d);
@@ -345,14 +346,14 @@ mod tests {
                 &yp,
                 (2, 3),
                 xn + yn,
-                crate::data::labels::Labels::Binary
+                crate::data::labels::Labels::BINARY
             )
             .is_ok(),
             "exactly the limit"
         );
         // (the limit, the file refused, the bound it was read under: what the first left)
         for (limit, named, bound) in [(xn - 1, &xp, xn - 1), (xn + yn - 1, &yp, yn - 1)] {
-            let e = load_pair(&xp, &yp, (2, 3), limit, crate::data::labels::Labels::Binary)
+            let e = load_pair(&xp, &yp, (2, 3), limit, crate::data::labels::Labels::BINARY)
                 .unwrap_err();
             let TrainError::TooLarge { path, limit: l, .. } = &e else {
                 panic!("{e:?}")

@@ -58,7 +58,7 @@ pub fn table(
     let schema = meta.file_metadata().schema_descr();
     let names: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
     let rows = usize::try_from(meta.file_metadata().num_rows()).unwrap_or(0);
-    super::table::check_columns(names.len(), width, rows).map_err(fail)?;
+    super::table::check_columns(names.len(), width, labels, rows).map_err(fail)?;
     check_numeric(schema, &names).map_err(fail)?;
     let mut table = Table::new(names, width, rows, labels).map_err(fail)?;
     let mut first = 0;

@@ -101,7 +101,7 @@ impl ParquetRows {
         let schema = m.file_metadata().schema_descr();
         let names: Vec<String> = schema.columns().iter().map(|c| c.path().string()).collect();
         let rows = usize::try_from(m.file_metadata().num_rows()).unwrap_or(0);
-        table::check_columns(names.len(), width, rows).map_err(fail)?;
+        table::check_columns(names.len(), width, labels, rows).map_err(fail)?;
         check_numeric(schema, &names).map_err(fail)?;
         let mut starts = vec![0];
         let mut bound = 0u64;
@@ -153,8 +153,8 @@ impl ParquetRows {
     }
 
     /// Reads the rows `rows` of the table (any order) into `x` (row `rows[i]`'s features at
-    /// `x[i·width..]`) and `y` (its label at `y[i]`), each value checked as the whole-file
-    /// loader checks it.
+    /// `x[i·width..]`) and `y` (its targets at `y[i·t..]`, `t = Labels::targets`), each value
+    /// checked as the whole-file loader checks it.
     pub fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
         let mut order: Vec<(usize, usize)> = rows.iter().copied().zip(0..).collect();
         order.sort_unstable();
@@ -213,8 +213,8 @@ impl ParquetRows {
             .map_err(|e| corrupt(&self.path, DataPlace::RowGroup { group: g }, "reading", e))?;
         let schema = self.reader.metadata().file_metadata().schema_descr();
         let first = self.starts[g];
-        let width = self.width;
-        for c in 0..=width {
+        let (width, t) = (self.width, self.labels.targets());
+        for c in 0..width + self.labels.values {
             let place = DataPlace::RowGroupColumn {
                 group: g,
                 index: c + 1,
@@ -230,7 +230,8 @@ impl ParquetRows {
                     if c < width {
                         x[slot * width + c] = table::feature(v, at)?;
                     } else {
-                        y[slot] = table::label(self.labels, v, at)?;
+                        let out = &mut y[slot * t..(slot + 1) * t];
+                        table::put_label(self.labels, (c - width, v), out, at)?;
                     }
                     Ok(())
                 };
@@ -386,12 +387,12 @@ mod tests {
             &path,
             std::fs::read(&path).expect("read"),
             3,
-            Labels::Binary,
+            Labels::BINARY,
         )
         .expect("whole")
         .into_dataset(1, 3)
         .expect("data set");
-        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::BINARY).expect("opens");
         assert_eq!(p.rows(), 23);
         // Shuffled, across every row group, one row twice, the last row of a group and the
         // first of the next.
@@ -410,7 +411,7 @@ mod tests {
         write(&path, 12, 4, 5, |r, c| {
             if (r, c) == (7, 1) { None } else { cell(r, c) }
         });
-        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::BINARY).expect("opens");
         let (mut x, mut y) = (vec![0.0; 6], vec![0.0; 2]);
         p.read(&[1, 6], &mut x, &mut y)
             .expect("rows without the null");
@@ -419,7 +420,7 @@ mod tests {
             &path,
             std::fs::read(&path).expect("read"),
             3,
-            Labels::Binary,
+            Labels::BINARY,
         )
         .and_then(|t| t.into_dataset(1, 3).map_err(|f| f.in_file(&path, FORMAT)))
         .unwrap_err();
@@ -454,7 +455,7 @@ mod tests {
         file.write_all_at(&[0xff; 16], first_page(&path, 1, 2))
             .expect("corrupt");
         drop(file);
-        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary)
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::BINARY)
             .expect("the footer is intact");
         let (mut x, mut y) = (vec![0.0; 6], vec![0.0; 2]);
         p.read(&[0, 14], &mut x, &mut y)
@@ -484,7 +485,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
         write(&path, 15, 4, 5, cell);
-        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::BINARY).expect("opens");
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -516,7 +517,7 @@ mod tests {
             .map(|c| c.compressed_size() + c.uncompressed_size())
             .max()
             .expect("chunks");
-        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
+        let p = ParquetRows::open(&path, 3, crate::data::labels::Labels::BINARY).expect("opens");
         assert_eq!(p.reader_bound(), largest as u64 + HEADER_BUFFER);
         // Less than the file's data: a column chunk, not a row group nor the table.
         let all: i64 = r
@@ -533,11 +534,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
         write(&path, 6, 4, 5, cell);
-        let e = ParquetRows::open(&path, 4, crate::data::labels::Labels::Binary).unwrap_err();
+        let e = ParquetRows::open(&path, 4, crate::data::labels::Labels::BINARY).unwrap_err();
         assert!(e.to_string().contains("label column is missing"), "{e}");
         let not = dir.path().join("not.parquet");
         std::fs::write(&not, b"a,b,label\n1,2,0\n").expect("csv");
-        let e = ParquetRows::open(&not, 2, crate::data::labels::Labels::Binary).unwrap_err();
+        let e = ParquetRows::open(&not, 2, crate::data::labels::Labels::BINARY).unwrap_err();
         assert!(e.to_string().contains("not a Parquet file"), "{e}");
     }
 }

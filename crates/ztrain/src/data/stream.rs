@@ -1,9 +1,9 @@
 //! `--stream`: pre-cut samples left in their file and read as each batch is staged, so that
 //! the host holds one batch of them whatever the file's size: by position in the formats
 //! whose rows lie at known offsets, a pair of `.npy` files, an `.npz` of stored members
-//! (`stream_npz`) and safetensors (`x` `[N, S, F]`, `y` `[N]` or `[N, 1]`, C order); by row
-//! group in Parquet (`parquet_stream`), by record batch in Arrow IPC (`arrow_stream`), and by
-//! a row index in CSV (`stream_csv`). Each row is read with `pread` (`FileExt::read_exact_at`,
+//! (`stream_npz`) and safetensors (`x` `[N, S, F]`, `y` `[N]`, `[N, 1]` or `[N, K]`, C
+//! order); by row group in Parquet (`parquet_stream`), by record batch in Arrow IPC
+//! (`arrow_stream`), and by a row index in CSV (`stream_csv`). Each row is read with `pread` (`FileExt::read_exact_at`,
 //! no mmap: a file changed under a mapping would change the run's memory) and checked as the
 //! loaders check it, so a streamed run trains bitwise as the same file read whole. A file
 //! truncated or changed under the run (another length or modification time than at open) is
@@ -76,7 +76,8 @@ impl Column {
 /// time: Parquet by row group, Arrow IPC by record batch, CSV row by row.
 pub(super) trait TableRows: std::fmt::Debug {
     /// Rows `rows` (any order) into `x` (row `rows[i]`'s features at `x[i·width..]`) and `y`
-    /// (its label at `y[i]`), each value checked as the whole-file loader checks it.
+    /// (its targets at `y[i·t..]`, `t = Labels::targets`), each value checked as the
+    /// whole-file loader checks it.
     fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()>;
     /// The most bytes the reader holds at a time.
     fn reader_bound(&self) -> u64;
@@ -111,8 +112,13 @@ impl TableRows for ArrowRows {
 impl TableRows for CsvRows {
     fn read(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
         let width = x.len() / rows.len().max(1);
+        let t = y.len() / rows.len().max(1);
         for (i, &r) in rows.iter().enumerate() {
-            y[i] = CsvRows::read(self, r, &mut x[i * width..(i + 1) * width])?;
+            let (x, y) = (
+                &mut x[i * width..(i + 1) * width],
+                &mut y[i * t..(i + 1) * t],
+            );
+            CsvRows::read(self, r, x, y)?;
         }
         Ok(())
     }
@@ -174,17 +180,22 @@ impl Streamed {
         self.scales * self.features
     }
 
-    /// Reads sample `i`'s features into `x` (`S·F` values) and returns its label, each value
-    /// checked as the loaders check it.
-    pub fn copy(&self, i: usize, x: &mut [f32]) -> Result<f32> {
+    /// Target values a sample (`Labels::targets`).
+    #[must_use]
+    pub fn targets(&self) -> usize {
+        self.labels.targets()
+    }
+
+    /// Reads sample `i`'s features into `x` (`S·F` values) and its targets into `y`
+    /// (`targets()` values), each value checked as the loaders check it.
+    pub fn copy(&self, i: usize, x: &mut [f32], y: &mut [f32]) -> Result<()> {
         let row = self.first + i;
         let (xs, ys) = match &self.source {
             Source::Arrays { x, y } => (x, y),
             Source::Table(p) => {
-                let mut label = [0.0];
-                p.read(&[row], x, &mut label)?;
+                p.read(&[row], x, y)?;
                 self.normalize(x);
-                return Ok(label[0]);
+                return Ok(());
             }
         };
         let mut values = Vec::with_capacity(self.sample_width());
@@ -198,31 +209,34 @@ impl Streamed {
         }
         self.normalize(x);
         ys.read(row, &mut values)?;
-        table::label(self.labels, values.first().copied(), || {
-            DataPlace::Element {
-                array: "y".into(),
-                index: vec![row],
-            }
+        let one = self.labels.values == 1;
+        let values = values.iter().map(|&v| Some(v));
+        table::targets(self.labels, values, y, |k| DataPlace::Element {
+            array: "y".into(),
+            // One label a sample: the row alone (as it always named it); K: the row and value.
+            index: if one { vec![row] } else { vec![row, k] },
         })
         .map_err(|f| ys.fault(f))
     }
 
     /// Reads samples `rows` (any order) into `x` (sample `rows[i]`'s `S·F` values at
-    /// `x[i·S·F..]`) and `y` (its label at `y[i]`): a table as it reads rows (a Parquet
-    /// table a row group at a time, Arrow IPC a record batch), arrays row by row.
+    /// `x[i·S·F..]`) and `y` (its targets at `y[i·t..]`, `t = targets()`): a table as it
+    /// reads rows (a Parquet table a row group at a time, Arrow IPC a record batch), arrays
+    /// row by row.
     pub fn copy_rows(&self, rows: &[usize], x: &mut [f32], y: &mut [f32]) -> Result<()> {
-        let per = self.sample_width();
+        let (per, t) = (self.sample_width(), self.targets());
         match &self.source {
             Source::Table(p) => {
                 let file_rows: Vec<usize> = rows.iter().map(|&r| self.first + r).collect();
                 let x = &mut x[..rows.len() * per];
-                p.read(&file_rows, x, &mut y[..rows.len()])?;
+                p.read(&file_rows, x, &mut y[..rows.len() * t])?;
                 self.normalize(x);
                 Ok(())
             }
             Source::Arrays { .. } => {
                 for (i, &r) in rows.iter().enumerate() {
-                    y[i] = self.copy(r, &mut x[i * per..(i + 1) * per])?;
+                    let (x, y) = (&mut x[i * per..(i + 1) * per], &mut y[i * t..(i + 1) * t]);
+                    self.copy(r, x, y)?;
                 }
                 Ok(())
             }
@@ -251,12 +265,13 @@ impl Streamed {
     pub fn statistics(&self, chunk: usize) -> Result<Normalization> {
         let per = self.sample_width();
         let chunk = chunk.clamp(1, self.len.max(1));
-        let (mut x, mut y) = (vec![0.0; chunk * per], vec![0.0; chunk]);
+        let t = self.targets();
+        let (mut x, mut y) = (vec![0.0; chunk * per], vec![0.0; chunk * t]);
         Normalization::of_chunks(self.features, |visit| -> Result<()> {
             for start in (0..self.len).step_by(chunk) {
                 let len = chunk.min(self.len - start);
                 let rows: Vec<usize> = (start..start + len).collect();
-                self.copy_rows(&rows, &mut x[..len * per], &mut y[..len])?;
+                self.copy_rows(&rows, &mut x[..len * per], &mut y[..len * t])?;
                 visit(&x[..len * per]);
             }
             Ok(())
@@ -435,7 +450,7 @@ pub fn npy_pair(
     };
     let (xf, xo) = one(x_path, "x")?;
     let (yf, yo) = one(y_path, "y")?;
-    let n = sample_count(&xf.shape, &yf.shape, scales, features)
+    let n = sample_count(&xf.shape, &yf.shape, (scales, features), labels)
         .map_err(|(f, which)| f.in_file(if which == "y" { y_path } else { x_path }, npy))?;
     let digest = fingerprint(&[x_path, y_path])?;
     let x = column(x_path, npy, "x", xo, xf)?;
@@ -582,7 +597,8 @@ pub fn safetensors(
         })
     };
     let (xf, yf) = (find("x")?, find("y")?);
-    let rows = sample_count(&xf.shape, &yf.shape, scales, features).map_err(|(f, _)| fail(f))?;
+    let rows =
+        sample_count(&xf.shape, &yf.shape, (scales, features), labels).map_err(|(f, _)| fail(f))?;
     let digest = fingerprint(&[path])?;
     let y_file = open(path)?;
     let x = column(path, format, "x", opened, xf)?;
@@ -708,7 +724,7 @@ mod tests {
             &dir.join("y.npy"),
             2,
             3,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .expect("opens");
         (s, d)
@@ -721,7 +737,9 @@ mod tests {
         let (train, val) = s.split(3);
         assert_eq!((train.len, val.first, val.len), (6, 6, 3));
         let mut x = [0.0; 6];
-        assert_eq!(val.copy(1, &mut x).expect("reads"), d.y[7]);
+        let mut y = [0.0];
+        val.copy(1, &mut x, &mut y).expect("reads");
+        assert_eq!(y[0], d.y[7]);
         assert_eq!(&x[..], &d.x[7 * 6..8 * 6]);
         let mut bytes = std::fs::read(dir.path().join("x.npy")).expect("x");
         bytes.extend(std::fs::read(dir.path().join("y.npy")).expect("y"));
@@ -730,7 +748,7 @@ mod tests {
             &dir.path().join("y.npy"),
             2,
             3,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .expect("opens");
         assert_eq!(digest, crate::config::fnv1a(&bytes));
@@ -747,7 +765,7 @@ mod tests {
         let len = file.metadata().expect("meta").len();
         file.set_len(len - 10).expect("truncate");
         let mut x = [0.0; 6];
-        let e = s.copy(4, &mut x).unwrap_err();
+        let e = s.copy(4, &mut x, &mut [0.0]).unwrap_err();
         let TrainError::Data(d) = &e else {
             panic!("{e:?}")
         };
@@ -774,7 +792,7 @@ mod tests {
         file.set_modified(SystemTime::UNIX_EPOCH)
             .expect("set mtime");
         let mut x = [0.0; 6];
-        let e = s.copy(2, &mut x).unwrap_err();
+        let e = s.copy(2, &mut x, &mut [0.0]).unwrap_err();
         let TrainError::Data(d) = &e else {
             panic!("{e:?}")
         };
@@ -795,10 +813,10 @@ mod tests {
             &dir.path().join("y.npy"),
             2,
             3,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .expect("opens");
-        let e = s.copy(2, &mut [0.0; 6]).unwrap_err();
+        let e = s.copy(2, &mut [0.0; 6], &mut [0.0]).unwrap_err();
         let TrainError::Data(d) = &e else {
             panic!("{e:?}")
         };

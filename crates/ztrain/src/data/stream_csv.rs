@@ -13,7 +13,7 @@ use super::csv::{CsvFault, row};
 use super::labels::Labels;
 use crate::error::{CsvProblem, DataError, DataPlace, Result, TrainError};
 
-/// A CSV file of `width` feature columns and the label, left on disk.
+/// A CSV file of `width` feature columns and the labels, left on disk.
 #[derive(Debug)]
 pub struct CsvRows {
     path: PathBuf,
@@ -31,7 +31,7 @@ pub struct CsvRows {
 }
 
 impl CsvRows {
-    /// Opens the CSV file `path` of `width` features and the label: its header checked, and
+    /// Opens the CSV file `path` of `width` features and the labels: its header checked, and
     /// where each row starts found (each row is checked as it is read).
     pub fn open(path: &Path, width: usize, labels: Labels) -> Result<CsvRows> {
         let io = |source| TrainError::Io {
@@ -75,13 +75,13 @@ impl CsvRows {
     }
 
     /// The header (the first line, `starts[0]..starts[1]` before `open` drops it): not blank,
-    /// `width + 1` columns; and at least one row after it.
+    /// `width` and the labels' columns; and at least one row after it.
     fn check_header(&self) -> Result<()> {
         let text = match self.starts.get(1) {
             Some(_) => self.line(0, 1)?,
             None => String::new(),
         };
-        let columns = self.width + 1;
+        let columns = self.width + self.labels.values;
         if text.trim().is_empty() {
             return Err(self.fault(CsvFault::at(1, 1, CsvProblem::Empty)));
         }
@@ -93,6 +93,7 @@ impl CsvRows {
                 CsvProblem::ColumnCount {
                     expected: columns,
                     found,
+                    labels: self.labels.values,
                 },
             )));
         }
@@ -114,15 +115,23 @@ impl CsvRows {
         self.starts.len() as u64 * 8 + self.longest
     }
 
-    /// Reads data row `i`'s features into `x` (`width` values) and returns its label, each
-    /// cell checked as the whole-file parser checks it.
-    pub fn read(&self, i: usize, x: &mut [f32]) -> Result<f32> {
+    /// Reads data row `i`'s features into `x` (`width` values) and its targets into `y`
+    /// (`Labels::targets` values), each cell checked as the whole-file parser checks it.
+    pub fn read(&self, i: usize, x: &mut [f32], y: &mut [f32]) -> Result<()> {
         let text = self.line(i, i + 2)?;
         let mut values = Vec::with_capacity(self.width);
-        let label =
-            row(i + 2, &text, self.width, &mut values, self.labels).map_err(|f| self.fault(f))?;
+        let mut targets = Vec::with_capacity(self.labels.targets());
+        row(
+            i + 2,
+            &text,
+            self.width,
+            (&mut values, &mut targets),
+            self.labels,
+        )
+        .map_err(|f| self.fault(f))?;
         x.copy_from_slice(&values);
-        Ok(label)
+        y.copy_from_slice(&targets);
+        Ok(())
     }
 
     /// The text of the line from `starts[i]` (line `line` of the file, for messages), its
@@ -182,23 +191,24 @@ mod tests {
         // CRLF line ends and no final newline: the whole-file parser's `str::lines`.
         let text = csv::to_csv(&d).replace('\n', "\r\n");
         std::fs::write(&path, text.trim_end()).expect("write");
-        let rows = CsvRows::open(&path, 6, crate::data::labels::Labels::Binary).expect("opens");
+        let rows = CsvRows::open(&path, 6, crate::data::labels::Labels::BINARY).expect("opens");
         assert_eq!(rows.rows(), 7);
-        let mut x = [0.0; 6];
+        let (mut x, mut y) = ([0.0; 6], [0.0]);
         for i in 0..7 {
-            assert_eq!(rows.read(i, &mut x).expect("reads"), d.y[i]);
+            rows.read(i, &mut x, &mut y).expect("reads");
+            assert_eq!(y[0], d.y[i]);
             assert_eq!(&x[..], &d.x[i * 6..(i + 1) * 6]);
         }
         let bad = "a,b,c,label\n1,2,3,0\n1,x,3,1\n";
         std::fs::write(&path, bad).expect("write");
-        let rows = CsvRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
-        let e = rows.read(1, &mut [0.0; 3]).unwrap_err();
+        let rows = CsvRows::open(&path, 3, crate::data::labels::Labels::BINARY).expect("opens");
+        let e = rows.read(1, &mut [0.0; 3], &mut [0.0]).unwrap_err();
         let whole = csv::load_bytes(
             &path,
             bad.as_bytes(),
             1,
             3,
-            crate::data::labels::Labels::Binary,
+            crate::data::labels::Labels::BINARY,
         )
         .unwrap_err();
         assert_eq!(e.to_string(), whole.to_string());
@@ -210,7 +220,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("d.csv");
         std::fs::write(&path, "a,b,c,label\n").expect("write");
-        let e = CsvRows::open(&path, 3, crate::data::labels::Labels::Binary).unwrap_err();
+        let e = CsvRows::open(&path, 3, crate::data::labels::Labels::BINARY).unwrap_err();
         assert!(
             matches!(
                 &e,
@@ -222,9 +232,9 @@ mod tests {
             "{e}"
         );
         std::fs::write(&path, "a,b,c,label\n1,2,3,0\n").expect("write");
-        let rows = CsvRows::open(&path, 3, crate::data::labels::Labels::Binary).expect("opens");
+        let rows = CsvRows::open(&path, 3, crate::data::labels::Labels::BINARY).expect("opens");
         std::fs::write(&path, "a,b,c,label\n1,2,3,0\n4,5,6,1\n").expect("rewrite");
-        let e = rows.read(0, &mut [0.0; 3]).unwrap_err();
+        let e = rows.read(0, &mut [0.0; 3], &mut [0.0]).unwrap_err();
         let TrainError::Data(d) = &e else {
             panic!("{e:?}")
         };

@@ -87,7 +87,8 @@ pub fn npz(path: &Path, scales: usize, features: usize, labels: Labels) -> Resul
     drop(zip);
     let xf = npy_found(&opened.0, path, NPZ, "x", x_at)?;
     let yf = npy_found(&opened.0, path, NPZ, "y", y_at)?;
-    let n = sample_count(&xf.shape, &yf.shape, scales, features).map_err(|(f, _)| fail(f))?;
+    let n =
+        sample_count(&xf.shape, &yf.shape, (scales, features), labels).map_err(|(f, _)| fail(f))?;
     let digest = fingerprint(&[path])?;
     let y_file = open(path)?;
     let x = column(path, NPZ, "x", opened, xf)?;
@@ -120,11 +121,11 @@ mod tests {
         let d = synthetic::generate(9, 2, 3, 4);
         let path = dir.path().join("d.npz");
         savez(&d, &path);
-        let (s, digest) = npz(&path, 2, 3, crate::data::labels::Labels::Binary).expect("opens");
+        let (s, digest) = npz(&path, 2, 3, crate::data::labels::Labels::BINARY).expect("opens");
         let bytes = std::fs::read(&path).expect("read");
         assert_eq!(digest, crate::config::fnv1a(&bytes));
         let whole =
-            crate::data::npy::load_npz(&path, &bytes, 2, 3, crate::data::labels::Labels::Binary)
+            crate::data::npy::load_npz(&path, &bytes, 2, 3, crate::data::labels::Labels::BINARY)
                 .expect("loads");
         let (mut x, mut y) = (vec![0.0; 9 * 6], vec![0.0; 9]);
         s.copy_rows(&(0..9).rev().collect::<Vec<_>>(), &mut x, &mut y)
@@ -139,16 +140,16 @@ mod tests {
         let d = synthetic::generate(9, 2, 3, 4);
         let path = dir.path().join("d.npz");
         savez(&d, &path);
-        let e = npz(&path, 3, 3, crate::data::labels::Labels::Binary).unwrap_err();
+        let e = npz(&path, 3, 3, crate::data::labels::Labels::BINARY).unwrap_err();
         assert!(e.to_string().contains("d.npz"), "{e}");
-        let (s, _) = npz(&path, 2, 3, crate::data::labels::Labels::Binary).expect("opens");
+        let (s, _) = npz(&path, 2, 3, crate::data::labels::Labels::BINARY).expect("opens");
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
             .expect("open");
         file.set_modified(std::time::SystemTime::UNIX_EPOCH)
             .expect("set mtime");
-        let e = s.copy(3, &mut [0.0; 6]).unwrap_err();
+        let e = s.copy(3, &mut [0.0; 6], &mut [0.0]).unwrap_err();
         let TrainError::Data(data) = &e else {
             panic!("{e:?}")
         };

@@ -1,7 +1,8 @@
 //! The one place values read from a data file become samples: every format (Parquet and Arrow
 //! column by column, NumPy and safetensors array by array) puts its values here, and the
-//! checks are the CSV's: a finite float32 for a feature, exactly 0 or 1 for a label, no
-//! missing value turned into a number. The result is the [`Dataset`] the CSV loader would
+//! checks are the CSV's: a finite float32 for a feature, a label as the model's task takes it
+//! (`Labels`), no missing value turned into a number (a weighted task's missing label is a
+//! masked target, weight 0). The result is the [`Dataset`] the CSV loader would
 //! produce from the same numbers, so training on it is bitwise the same.
 
 use std::path::Path;
@@ -62,46 +63,62 @@ fn problem_or_null(p: Option<DataProblem>) -> DataProblem {
     })
 }
 
-/// A label as the model's task takes it (`labels`: 0 or 1 for a binary model, XAsset's).
-pub fn label(
+/// Label value `k` of a sample as the model's task takes it (`labels`: 0 or 1 for a binary
+/// model, XAsset's), written into the sample's targets `out` (`Labels::put`: a weighted
+/// task's missing value masked).
+pub fn put_label(
     labels: Labels,
-    v: Option<f64>,
+    (k, v): (usize, Option<f64>),
+    out: &mut [f32],
     place: impl FnOnce() -> DataPlace,
-) -> Result<f32, Fault> {
-    let value = match v {
-        Some(v) if v.is_finite() => v,
-        _ => return Err(Fault::new(place(), problem_or_null(missing(v)))),
-    };
-    match labels.check(value) {
-        // A regression value beyond float32 is refused as a feature is.
-        Ok(y) if y.is_finite() => Ok(y),
-        Ok(_) => Err(Fault::new(place(), problem_or_null(missing(v)))),
-        Err(why) => {
-            let value = format!("{value}");
-            let problem = match why {
-                LabelFault::NotBinary => DataProblem::BadLabel { value },
-                LabelFault::NotAClass { classes } => DataProblem::BadClass { value, classes },
-            };
-            Err(Fault::new(place(), problem))
-        }
-    }
+) -> Result<(), Fault> {
+    labels.put(k, v, out).map_err(|why| {
+        let problem = match (why, v) {
+            (Some(LabelFault::NotBinary), Some(value)) => DataProblem::BadLabel {
+                value: format!("{value}"),
+            },
+            (Some(LabelFault::NotAClass { classes }), Some(value)) => DataProblem::BadClass {
+                value: format!("{value}"),
+                classes,
+            },
+            // Missing, infinite or beyond float32: refused as a feature is.
+            _ => problem_or_null(missing(v)),
+        };
+        Fault::new(place(), problem)
+    })
 }
 
-/// A table of `found` columns and `rows` rows must be `width` features and the label, and
-/// hold a sample: the checks of [`Table::new`], for a reader that holds no table (`--stream`).
-pub fn check_columns(found: usize, width: usize, rows: usize) -> Result<(), Fault> {
+/// A sample's label values `values` (`labels.values` of them) as its targets
+/// (`labels.targets()` values), each checked by `put_label`; `place(k)` names value `k`.
+pub fn targets(
+    labels: Labels,
+    values: impl IntoIterator<Item = Option<f64>>,
+    out: &mut [f32],
+    place: impl Fn(usize) -> DataPlace,
+) -> Result<(), Fault> {
+    for (k, v) in values.into_iter().enumerate().take(labels.values) {
+        put_label(labels, (k, v), out, || place(k))?;
+    }
+    Ok(())
+}
+
+/// A table of `found` columns and `rows` rows must be `width` features and the labels
+/// (`labels.values` columns), and hold a sample: the checks of [`Table::new`], for a reader
+/// that holds no table (`--stream`).
+pub fn check_columns(found: usize, width: usize, labels: Labels, rows: usize) -> Result<(), Fault> {
     if found == width {
         return Err(Fault::new(
             DataPlace::File,
             DataProblem::MissingLabel { features: width },
         ));
     }
-    if found != width + 1 {
+    if found != width + labels.values {
         return Err(Fault::new(
             DataPlace::File,
             DataProblem::ColumnCount {
-                expected: width + 1,
+                expected: width + labels.values,
                 found,
+                labels: labels.values,
             },
         ));
     }
@@ -122,7 +139,7 @@ pub fn cell_place(names: &[String], row: usize, column: usize) -> DataPlace {
     }
 }
 
-/// A table being filled: `width` feature columns, then the label, `rows` rows. Each format
+/// A table being filled: `width` feature columns, then the labels, `rows` rows. Each format
 /// puts every cell once (in any order); `finish` checks that it did.
 #[derive(Debug)]
 pub struct Table {
@@ -138,14 +155,14 @@ pub struct Table {
 
 impl Table {
     /// A table of `rows` rows with the columns `names` (the file's, in order), which must be
-    /// `width` features and the label, each label one `labels` takes.
+    /// `width` features and `labels.values` labels, each label one `labels` takes.
     pub fn new(
         names: Vec<String>,
         width: usize,
         rows: usize,
         labels: Labels,
     ) -> Result<Table, Fault> {
-        check_columns(names.len(), width, rows)?;
+        check_columns(names.len(), width, labels, rows)?;
         let cells = rows.checked_mul(width).ok_or_else(|| {
             Fault::new(
                 DataPlace::File,
@@ -159,16 +176,16 @@ impl Table {
             width,
             rows,
             x: vec![0.0; cells],
-            y: vec![0.0; rows],
-            filled: vec![0; width + 1],
+            y: vec![0.0; rows * labels.targets()],
+            filled: vec![0; width + labels.values],
             labels,
         })
     }
 
-    /// Columns (features and the label).
+    /// Columns (features and the labels).
     #[must_use]
     pub fn columns(&self) -> usize {
-        self.width + 1
+        self.width + self.labels.values
     }
 
     /// The place of cell (`row`, `column`), both from 0, as messages name it (from 1).
@@ -206,7 +223,11 @@ impl Table {
             if column < self.width {
                 self.x[row * self.width + column] = feature(v, || self.place(row, column))?;
             } else {
-                self.y[row] = label(self.labels, v, || self.place(row, column))?;
+                let t = self.labels.targets();
+                let (names, out) = (&self.names, &mut self.y[row * t..(row + 1) * t]);
+                put_label(self.labels, (column - self.width, v), out, || {
+                    cell_place(names, row, column)
+                })?;
             }
             row += 1;
         }
@@ -214,7 +235,8 @@ impl Table {
         Ok(())
     }
 
-    /// The rows, features row-major then the labels: every column must have every row.
+    /// The rows, features row-major then the targets (`Labels::targets` a row): every column
+    /// must have every row.
     pub fn finish(self) -> Result<(Vec<f32>, Vec<f32>), Fault> {
         if let Some(c) = self.filled.iter().position(|&n| n != self.rows) {
             return Err(Fault::new(
@@ -253,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_filled_table_is_the_csv_data_set() {
-        let mut t = Table::new(names(3), 2, 2, Labels::Binary).expect("table");
+        let mut t = Table::new(names(3), 2, 2, Labels::BINARY).expect("table");
         t.put_column(2, 0, [Some(1.0), Some(0.0)]).expect("labels");
         t.put_column(0, 0, [Some(0.5), Some(-1.0)]).expect("col 0");
         t.put_column(1, 0, [Some(2.0)]).expect("col 1, row 1");
@@ -265,21 +287,22 @@ mod tests {
 
     #[test]
     fn one_column_short_is_the_missing_label() {
-        let e = Table::new(names(4), 4, 3, Labels::Binary).unwrap_err();
+        let e = Table::new(names(4), 4, 3, Labels::BINARY).unwrap_err();
         assert_eq!(e.problem, DataProblem::MissingLabel { features: 4 });
-        let e = Table::new(names(7), 4, 3, Labels::Binary).unwrap_err();
+        let e = Table::new(names(7), 4, 3, Labels::BINARY).unwrap_err();
         assert_eq!(
             e.problem,
             DataProblem::ColumnCount {
                 expected: 5,
-                found: 7
+                found: 7,
+                labels: 1,
             }
         );
     }
 
     #[test]
     fn missing_values_and_bad_labels_name_the_cell() {
-        let mut t = Table::new(names(3), 2, 3, Labels::Binary).expect("table");
+        let mut t = Table::new(names(3), 2, 3, Labels::BINARY).expect("table");
         let e = t.put_column(1, 0, [Some(1.0), Some(f64::NAN)]).unwrap_err();
         assert_eq!(t.place(1, 1), e.place);
         assert_eq!(e.place.to_string(), ", row 2, column 2 (`c1`)");
@@ -299,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_column_with_rows_left_out_is_refused() {
-        let mut t = Table::new(names(2), 1, 2, Labels::Binary).expect("table");
+        let mut t = Table::new(names(2), 1, 2, Labels::BINARY).expect("table");
         t.put_column(0, 0, [Some(1.0), Some(2.0)]).expect("x");
         t.put_column(1, 0, [Some(1.0)]).expect("y");
         let e = t.finish().unwrap_err();

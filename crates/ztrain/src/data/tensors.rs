@@ -1,5 +1,6 @@
 //! safetensors files (`safetensors.numpy.save_file`, `safetensors.torch.save_file`): tensors
-//! `x` `[N, S, F]` and `y` `[N]` or `[N, 1]`, of any integer or float32/64 type.
+//! `x` `[N, S, F]` and `y` `[N]` or `[N, 1]` (`[N, K]` for a task of `K` target values), of any
+//! integer or float32/64 type.
 
 use std::path::Path;
 

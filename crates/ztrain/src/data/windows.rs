@@ -31,23 +31,23 @@ impl Windows {
         self.window * self.series.features
     }
 
-    /// Copies window `i`'s features into `x` (`S·F` values) and returns its label.
-    #[must_use]
-    pub fn copy(&self, i: usize, x: &mut [f32]) -> f32 {
-        let f = self.series.features;
+    /// Copies window `i`'s features into `x` (`S·F` values) and its targets (its last bar's:
+    /// the series' targets a bar) into `y`.
+    pub fn copy(&self, i: usize, x: &mut [f32], y: &mut [f32]) {
+        let (f, t) = (self.series.features, self.series.targets());
         let start = self.first + i;
         x.copy_from_slice(&self.series.x[start * f..(start + self.window) * f]);
-        self.series.y[start + self.window - 1]
+        let last = start + self.window - 1;
+        y.copy_from_slice(&self.series.y[last * t..(last + 1) * t]);
     }
 
     /// The windows as pre-cut samples (what a CSV of one window a row would hold).
     #[must_use]
     pub fn materialize(&self) -> Dataset {
-        let w = self.sample_width();
-        let mut x = vec![0.0; self.len * w];
-        let mut y = Vec::with_capacity(self.len);
+        let (w, t) = (self.sample_width(), self.series.targets());
+        let (mut x, mut y) = (vec![0.0; self.len * w], vec![0.0; self.len * t]);
         for i in 0..self.len {
-            y.push(self.copy(i, &mut x[i * w..(i + 1) * w]));
+            self.copy(i, &mut x[i * w..(i + 1) * w], &mut y[i * t..(i + 1) * t]);
         }
         Dataset {
             scales: self.window,
@@ -216,14 +216,30 @@ mod tests {
         }
     }
 
+    /// Bars of `K` targets each (a table's last `K` columns): a window's targets are its last
+    /// bar's `K`.
+    #[test]
+    fn a_window_takes_its_last_bars_k_targets() {
+        let mut series = bars(10, 2);
+        series.y = (0..20).map(|v| v as f32).collect();
+        let (train, _, _) = split(series, 3, 0.0, 0, false).expect("fits");
+        let (mut x, mut y) = ([0.0; 6], [0.0; 2]);
+        train.copy(4, &mut x, &mut y);
+        assert_eq!(y, [12.0, 13.0], "bar 6's two targets");
+        let d = train.materialize();
+        assert_eq!((d.len(), d.targets()), (8, 2));
+        assert_eq!(&d.y[8..10], &y);
+    }
+
     #[test]
     fn a_window_is_consecutive_bars_labelled_by_its_last() {
         let (train, _, _) = split(bars(10, 2), 3, 0.0, 0, false).expect("fits");
         assert_eq!(train.len, 8);
         let mut x = [0.0; 6];
-        let y = train.copy(4, &mut x);
+        let mut y = [9.0];
+        train.copy(4, &mut x, &mut y);
         assert_eq!(x, [8.0, 9.0, 10.0, 11.0, 12.0, 13.0]);
-        assert_eq!(y, 0.0, "bar 6's label");
+        assert_eq!(y, [0.0], "bar 6's label");
         let d = train.materialize();
         assert_eq!(&d.x[4 * 6..5 * 6], &x);
         assert_eq!((d.scales, d.features, d.len()), (3, 2, 8));
@@ -277,7 +293,7 @@ mod tests {
         let n = n.expect("asked for");
         assert_eq!(n.mean, vec![2.5]);
         let mut x = [0.0; 2];
-        let _ = v.copy(0, &mut x);
+        v.copy(0, &mut x, &mut [0.0]);
         assert_eq!(f64::from(x[0]), ((7.0 - 2.5) / n.std[0]) as f32 as f64);
     }
 

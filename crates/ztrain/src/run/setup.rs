@@ -176,7 +176,13 @@ pub(super) fn checkpoint_limit(params: u64, n_train: usize) -> u64 {
 /// Device bytes the training set takes there, its step table included (`resident_bytes`).
 fn train_set_bytes(train_set: &Samples, ctx: &Context<'_>) -> u64 {
     let (per, every) = (train_set.sample_width(), ctx.options.readback_every);
-    resident_bytes(train_set.len(), per, ctx.config.batch, ctx.world, every)
+    let n = train_set.len();
+    resident_bytes(
+        (n, per, train_set.targets()),
+        ctx.config.batch,
+        ctx.world,
+        every,
+    )
 }
 
 /// Where the training set lives (`--data-on`), loaded there, said in one line.
@@ -201,15 +207,6 @@ pub(super) fn feed_of<B: TrainBackend, M: Model<B, f32>>(
             return Err(TrainError::Options(
                 "--data-on device with --stream: streamed rows are read into the host's staging batch step by step; use --data-on host or auto, or drop --stream".into(),
             ));
-        }
-        // Staged and evaluated chunk by chunk through the staging batch, a target value a
-        // sample: a model of more would read the whole file into memory.
-        Samples::Stream(_) if learner.model().task().target_len() != 1 => {
-            let task = learner.model().task();
-            return Err(TrainError::Options(format!(
-                "--stream stages one target value per sample; the model's task is {task} ({} values per sample): drop --stream",
-                task.target_len()
-            )));
         }
         Samples::Stream(_) => false,
         Samples::Rows(_) => {
@@ -290,8 +287,7 @@ pub(super) fn host_data_of<B: TrainBackend, M: Model<B, f32>>(
     out: &mut Console<'_>,
 ) -> HostData {
     let chunk = learner.config().eval_batch;
-    let evaluation =
-        |set: &Samples| held::evaluation_bytes(set, chunk, feed::chunked(learner, set));
+    let evaluation = |set: &Samples| held::evaluation_bytes(set, chunk, feed::chunked(set));
     let data = HostData {
         samples: held::samples_bytes(train_set, val_set),
         kind: held::Kind::of(train_set),

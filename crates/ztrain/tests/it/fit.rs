@@ -11,6 +11,8 @@ mod labels;
 mod model;
 /// `--stream` for every task the run loop's data carries, in one process and on two ranks.
 mod streamed;
+/// `K` target values a sample (`y` `[N, K]`, `K` label columns), and masked labels.
+mod targets;
 
 use crate::common::{TINY, path_str, text, tiny};
 use clap::Parser as _;

@@ -210,6 +210,18 @@ fn own_model_bad_input_shape_is_a_typed_error_that_changes_nothing() {
         matches!(e.cause(), GradError::BadInput(m) if m.contains("[3, 4]")),
         "{e}"
     );
+    // A pinned batch of 3 target values a sample for a binary model: refused, by both counts.
+    let p = zgrad::PinnedBatch::with_targets(t.backend(), BATCH, S, F, 3).expect("pinned");
+    for e in [
+        t.step(StepSource::pinned(&p, BATCH)).unwrap_err(),
+        t.queue(StepSource::pinned(&p, BATCH), 2).unwrap_err(),
+    ] {
+        assert_eq!(e.applied(), Some(Applied::No), "{e}");
+        assert!(
+            matches!(e.cause(), GradError::BadInput(m) if m.contains("3 target values") && m.contains("(1 a sample)")),
+            "{e}"
+        );
+    }
     assert_eq!(values(&t), before);
     assert_eq!(t.step_count(), 0);
     // The trainer goes on with good input.

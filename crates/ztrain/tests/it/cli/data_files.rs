@@ -14,21 +14,33 @@ use parquet::file::writer::SerializedFileWriter;
 use super::{assert_fails_with, path_str, text, tiny};
 use ztrain::data::{Dataset, csv, npy, synthetic};
 
-/// Column names of a data set's table (the CSV's header).
+/// Column names of a data set's table (the CSV's header): the features, then `label` or
+/// `y_0 .. y_{K-1}` for `K` target values a sample.
 fn names(d: &Dataset) -> Vec<String> {
     let mut n: Vec<String> = (0..d.sample_width()).map(|i| format!("x{i}")).collect();
-    n.push("label".into());
+    match d.targets() {
+        1 => n.push("label".into()),
+        t => n.extend((0..t).map(|k| format!("y_{k}"))),
+    }
     n
 }
 
-/// The table's columns: each feature column, then the labels.
+/// The table's columns: each feature column, then each label column.
 fn columns(d: &Dataset) -> Vec<Vec<f32>> {
-    let w = d.sample_width();
+    let (w, t) = (d.sample_width(), d.targets());
     let mut cols: Vec<Vec<f32>> = (0..w)
         .map(|c| (0..d.len()).map(|r| d.x[r * w + c]).collect())
         .collect();
-    cols.push(d.y.clone());
+    cols.extend((0..t).map(|k| (0..d.len()).map(|r| d.y[r * t + k]).collect()));
     cols
+}
+
+/// The shape of `y` for `d`: `[N]`, or `[N, K]` for `K` target values a sample.
+fn y_shape(d: &Dataset) -> Vec<usize> {
+    match d.targets() {
+        1 => vec![d.len()],
+        t => vec![d.len(), t],
+    }
 }
 
 /// Writes `d` as a Parquet table of float columns in row groups of `group` rows.
@@ -82,7 +94,7 @@ pub(crate) fn npy_x(d: &Dataset) -> Vec<u8> {
 }
 
 pub(crate) fn npy_y(d: &Dataset) -> Vec<u8> {
-    npy::npy_f32(&[d.len()], &d.y)
+    npy::npy_f32(&y_shape(d), &d.y)
 }
 
 /// Writes `d` as `np.savez_compressed` would: `x.npy` and `y.npy`, deflated, in a zip.
@@ -112,8 +124,8 @@ pub(crate) fn safetensors_bytes(d: &Dataset) -> Vec<u8> {
         &xb,
     )
     .expect("x");
-    let y = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![d.len()], &yb)
-        .expect("y");
+    let y =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, y_shape(d), &yb).expect("y");
     safetensors::serialize([("x", x), ("y", y)], None).expect("serialise")
 }
 
@@ -122,7 +134,7 @@ fn tv(shape: Vec<usize>, b: &[u8]) -> safetensors::tensor::TensorView<'_> {
 }
 
 /// The same data set in every format, in `dir`: the `--data` arguments of each.
-fn every_format(d: &Dataset, dir: &Path) -> Vec<Vec<String>> {
+pub(crate) fn every_format(d: &Dataset, dir: &Path) -> Vec<Vec<String>> {
     let p = |n: &str| dir.join(n);
     std::fs::write(p("d.csv"), csv::to_csv(d)).expect("csv");
     write_parquet(d, &p("d.parquet"), 50);
