@@ -178,7 +178,7 @@ cell() {
       echo "FAIL: rank $r did not exit on its own with status 3"; ok=0
     fi
     # Its typed error names the peer that did not answer, or lists it among the candidates.
-    if ! grep -A3 "^ztrain rank $r of" "$log" | grep -qE "rank 1 (did not answer|vanished|stopped answering)|a peer of ranks ([0-9]+, )*1([^0-9]|$)"; then
+    if ! grep -A3 "^ztrain rank $r of" "$log" | grep -qE "rank 1 (did not answer|vanished|may have vanished|stopped answering)|a peer of ranks ([0-9]+, )*1([^0-9]|$)"; then
       echo "FAIL: rank $r's error does not name rank 1, the peer that did not answer"; ok=0
     fi
     if less_than "$took" "$grace"; then

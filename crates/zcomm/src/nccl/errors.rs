@@ -37,16 +37,18 @@ pub(super) fn convert(e: NcclError, info: RankInfo, op: &'static str, step: u64)
                 "ncclRemoteError" | "ncclSystemError" | "ncclUnhandledCudaError"
             );
             if peer {
-                // NCCL does not say which peer: the candidates (of two ranks, the other one).
+                // NCCL does not say which peer: the candidates (of two ranks, the other one). A
+                // remote error is a peer's; a system error may be this rank's own as well.
                 let silent = Silent::of(info, None, "NCCL does not say which peer");
+                let who = match name {
+                    "ncclRemoteError" => format!("{silent} vanished or failed"),
+                    _ => format!("{silent} may have vanished or failed (or this rank's system)"),
+                };
                 CommError::PeerFailed {
                     rank,
                     op,
                     step,
-                    detail: with_detail(
-                        &format!("{silent} vanished or failed: {call}: {name} ({code})"),
-                        &detail,
-                    ),
+                    detail: with_detail(&format!("{who}: {call}: {name} ({code})"), &detail),
                 }
             } else {
                 CommError::Nccl {
