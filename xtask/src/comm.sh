@@ -24,7 +24,8 @@
 #               `ztrain.checkpoint.save`, --log info: every step writes one, so the signal
 #               lands while the next is written or its step runs).
 # A cell FAILs when the run ended before the signal, when a surviving rank did not exit on
-# its own with status 3 within --comm-timeout + 5 s (the launcher's grace), when the launcher
+# its own with status 3 within --comm-timeout + 5 s (the launcher's grace), when its error
+# does not name rank 1 (or list it among the peers it may be), when the launcher
 # did not name rank 1 (SIGSTOP: exit 101, "rank 1 of N was stopped"), when a rank died of a
 # signal it was not sent (SIGSEGV in teardown), or when any rank's pid is left. The socket
 # cells run with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 (NCCL's transport
@@ -175,6 +176,10 @@ cell() {
     grep -A3 "^ztrain rank $r of" "$log" | grep -E "^ztrain rank $r of|^  caused by"
     if ! grep -qE "rank $r( of $gpus)? exited with status 3" "$log"; then
       echo "FAIL: rank $r did not exit on its own with status 3"; ok=0
+    fi
+    # Its typed error names the peer that did not answer, or lists it among the candidates.
+    if ! grep -A3 "^ztrain rank $r of" "$log" | grep -qE "rank 1 (did not answer|vanished|may have vanished|stopped answering)|a peer of ranks ([0-9]+, )*1([^0-9]|$)"; then
+      echo "FAIL: rank $r's error does not name rank 1, the peer that did not answer"; ok=0
     fi
     if less_than "$took" "$grace"; then
       echo "ok: rank $r ended within the grace ($grace s)"

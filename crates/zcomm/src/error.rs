@@ -19,15 +19,33 @@ pub enum CommError {
     VersionTooOld { found: String, needed: String },
 
     /// A wait passed its deadline: a peer is stalled or gone (`silent`: the peer that did not
-    /// answer, where the transport knows it). The communicator was aborted; the job cannot go
-    /// on.
-    #[error("rank {rank}: {}", timeout_text(op, *step, *waited_for, *silent))]
+    /// answer, or the ranks it may be when the transport cannot tell). The communicator was
+    /// aborted; the job cannot go on.
+    #[error(
+        "rank {rank}: {silent} did not answer within {waited_for:?} in {op} at step {step} (stopped, stalled or dead); the communicator was aborted"
+    )]
     Timeout {
         rank: usize,
         op: &'static str,
         step: u64,
         waited_for: Duration,
-        silent: Option<usize>,
+        silent: Silent,
+    },
+
+    /// A wait of this rank on its device (a read-back, a drain) passed its deadline
+    /// (`--comm-timeout`) in a job of several ranks with no failure from the collectives: the
+    /// device waits behind a collective whose peer stopped or died, which nothing tells the
+    /// host of on a GPU (NCCL's kernel spins on the device until aborted). `silent`: that peer,
+    /// or the ranks it may be. The communicator was aborted; the job cannot go on.
+    #[error(
+        "rank {rank}: a wait on the device passed its deadline behind the job's collectives: {silent} did not answer (stopped, stalled or dead); the communicator was aborted"
+    )]
+    DeviceWait {
+        rank: usize,
+        silent: Silent,
+        /// (Boxed: it keeps `CommError` small.)
+        #[source]
+        source: Box<zcompute::ComputeError>,
     },
 
     /// A peer reported a failure or vanished (connection closed, asynchronous error).
@@ -162,15 +180,16 @@ pub enum CommError {
     /// aborted the communicators from a thread of its own (issue 44). `detail` is the error
     /// the stuck wait then returned, naming the silent peer where the transport knows it. The
     /// job cannot go on; raise `--comm-timeout` if a step or the work between two steps
-    /// legitimately takes longer.
+    /// legitimately takes longer. `silent`: the peer waited for, or the ranks it may be.
     #[error(
-        "rank {rank}: no progress for {waited_for:.1?} in {op} at step {step}; the watchdog aborted the communicators: {detail}"
+        "rank {rank}: no progress for {waited_for:.1?} in {op} at step {step} ({silent} did not answer); the watchdog aborted the communicators: {detail}"
     )]
     NoProgress {
         rank: usize,
         op: &'static str,
         step: u64,
         waited_for: Duration,
+        silent: Silent,
         detail: String,
     },
 
@@ -179,14 +198,13 @@ pub enum CommError {
     /// behind work that waits for a dead peer, a teardown behind an abort that does not
     /// return), as measured on 2 H200s with a peer killed in a captured run. The application's
     /// last resort ([`crate::Watched::with_last_resort`]) ends the process with this error,
-    /// running no teardown. `peer`: the rank that stopped answering, where known.
+    /// running no teardown. `silent`: the rank that stopped answering, or the ranks it may be.
     #[error(
-        "rank {rank}: {}gave up the job ({cause}) and did not end within {within:.1?} after that (a thread stayed blocked on the device); the process ends without its teardown",
-        peer.map_or(String::new(), |p| format!("rank {p} stopped answering; "))
+        "rank {rank}: {silent} stopped answering; gave up the job ({cause}) and did not end within {within:.1?} after that (a thread stayed blocked on the device); the process ends without its teardown"
     )]
     TeardownStuck {
         rank: usize,
-        peer: Option<usize>,
+        silent: Silent,
         within: Duration,
         cause: String,
     },
@@ -216,22 +234,116 @@ impl CommError {
     #[must_use]
     pub fn silent_peer(&self) -> Option<usize> {
         match self {
-            CommError::Timeout { silent, .. } => *silent,
-            CommError::TeardownStuck { peer, .. } => *peer,
+            CommError::Timeout { silent, .. }
+            | CommError::DeviceWait { silent, .. }
+            | CommError::NoProgress { silent, .. }
+            | CommError::TeardownStuck { silent, .. } => silent.rank(),
             _ => None,
         }
     }
 }
 
-/// [`CommError::Timeout`]'s text after "rank R: ": the peer that did not answer first, where
-/// it is known (the launcher names the same rank in its last line).
-fn timeout_text(op: &str, step: u64, waited_for: Duration, silent: Option<usize>) -> String {
-    match silent {
-        Some(peer) => format!(
-            "rank {peer} did not answer within {waited_for:?} in {op} at step {step} (stopped, stalled or dead); the communicator was aborted"
-        ),
-        None => format!(
-            "{op} of step {step} did not complete within {waited_for:?} (a peer stalled or died); the communicator was aborted"
-        ),
+/// Which peer a rank waited for in vain, as far as it can tell: every error of a wait that
+/// passed its deadline names one (issue 44).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Silent {
+    /// This rank did not answer (the transport saw it, or the job has no other peer).
+    Rank(usize),
+    /// One of `ranks` did not answer; this rank cannot tell which, for the reason `why`.
+    OneOf {
+        ranks: Vec<usize>,
+        why: &'static str,
+    },
+}
+
+impl Silent {
+    /// The peer `known` where the transport found one silent; else what the job's shape tells
+    /// rank `info.rank`: of two ranks, the other one; of more, one of the others (`why`: what
+    /// kept the transport from saying which).
+    #[must_use]
+    pub fn of(info: crate::RankInfo, known: Option<usize>, why: &'static str) -> Silent {
+        if let Some(peer) = known {
+            return Silent::Rank(peer);
+        }
+        let ranks: Vec<usize> = (0..info.world).filter(|r| *r != info.rank).collect();
+        match ranks[..] {
+            [only] => Silent::Rank(only),
+            _ => Silent::OneOf { ranks, why },
+        }
+    }
+
+    /// The one rank named, if one is.
+    #[must_use]
+    pub fn rank(&self) -> Option<usize> {
+        match self {
+            Silent::Rank(r) => Some(*r),
+            Silent::OneOf { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Silent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Silent::Rank(r) => write!(f, "rank {r}"),
+            Silent::OneOf { ranks, why } if ranks.is_empty() => write!(f, "a peer ({why})"),
+            Silent::OneOf { ranks, why } => {
+                let list: Vec<String> = ranks.iter().map(usize::to_string).collect();
+                write!(f, "a peer of ranks {} ({why})", list.join(", "))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RankInfo;
+    use rstest::rstest;
+
+    fn info(rank: usize, world: usize) -> RankInfo {
+        RankInfo {
+            rank,
+            world,
+            local_rank: rank,
+        }
+    }
+
+    /// Issue 44: a wait past its deadline always says who did not answer: the peer the
+    /// transport saw, else the only other rank of two, else the candidates and why.
+    #[rstest]
+    #[case::known(info(0, 4), Some(2), "rank 2")]
+    #[case::the_only_peer_of_rank_0(info(0, 2), None, "rank 1")]
+    #[case::the_only_peer_of_rank_1(info(1, 2), None, "rank 0")]
+    #[case::one_of_three(
+        info(1, 4),
+        None,
+        "a peer of ranks 0, 2, 3 (the transport does not say)"
+    )]
+    #[case::no_world_known(info(0, 0), None, "a peer (the transport does not say)")]
+    fn a_silent_peer_is_named_or_its_candidates_are(
+        #[case] who: RankInfo,
+        #[case] known: Option<usize>,
+        #[case] want: &str,
+    ) {
+        let silent = Silent::of(who, known, "the transport does not say");
+        assert_eq!(silent.to_string(), want);
+        let e = CommError::Timeout {
+            rank: who.rank,
+            op: "synchronize",
+            step: 4,
+            waited_for: Duration::from_secs(3),
+            silent,
+        };
+        assert!(
+            e.to_string().contains(&format!(
+                "{want} did not answer within 3s in synchronize at step 4"
+            )),
+            "{e}"
+        );
+        assert_eq!(
+            e.silent_peer(),
+            known.or((who.world == 2).then(|| 1 - who.rank))
+        );
     }
 }

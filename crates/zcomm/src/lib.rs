@@ -17,7 +17,7 @@ pub mod sim;
 pub mod watchdog;
 
 pub use env::{LaunchEnv, Master};
-pub use error::{CommError, Result};
+pub use error::{CommError, Result, Silent};
 pub use nccl::{JoinOptions, NcclCollective};
 pub use secret::{Auth, JobSecret};
 pub use sim::SimCollective;
@@ -133,6 +133,38 @@ pub trait Collective<B: Backend<T>, T: Element> {
     /// Tells the other ranks this one gives up (after an error of its own), so they stop at
     /// their next collective instead of waiting for the deadline. Best effort.
     fn abort(&self, _why: &str) {}
+
+    /// The peer this rank waits for in vain, as far as the collective can tell: the one its
+    /// transport found silent, else what the job's shape says ([`Silent::of`]: of two ranks,
+    /// the other one). Never waits.
+    fn silent(&self) -> Silent {
+        Silent::of(
+            self.info(),
+            None,
+            "the transport does not say which peer its collectives wait for",
+        )
+    }
+
+    /// `source`, a wait of this rank on its device that passed its deadline, as the job's
+    /// error when it is one of several ranks: [`CommError::DeviceWait`] naming the peer the
+    /// device waits behind ([`Collective::silent`], issue 44). `None` for a job of one rank, or
+    /// an error that is not a wait past its deadline (`source` comes back).
+    ///
+    /// # Errors
+    /// `source` itself, when it is not the peers' doing.
+    fn device_wait_error(
+        &self,
+        source: zcompute::ComputeError,
+    ) -> std::result::Result<CommError, zcompute::ComputeError> {
+        if self.info().world <= 1 || !source.is_timeout() {
+            return Err(source);
+        }
+        Ok(CommError::DeviceWait {
+            rank: self.info().rank,
+            silent: self.silent(),
+            source: Box::new(source),
+        })
+    }
 }
 
 /// The collective of a single-process job: world 1, every operation leaves `x` as it is.

@@ -39,7 +39,7 @@
 //! the process itself (ztrain prints its error line and exits 3 without running destructors).
 //! The thread that keeps that deadline outlives the `Watched`: dropping it does not wait for it.
 
-use crate::error::{CommError, Result};
+use crate::error::{CommError, Result, Silent};
 use crate::{Collective, RankInfo};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -163,17 +163,31 @@ impl Shared {
         Some(at + after)
     }
 
-    /// The last resort's error: why the rank gave up, the silent peer (a job of two ranks has
-    /// only one peer to wait for), and how long the process has run on since.
+    /// The peer a collective's error named silent, else what the job's shape says (a job of
+    /// two ranks has only one peer to wait for).
+    fn silent(&self) -> Silent {
+        let info = RankInfo {
+            rank: self.rank,
+            world: self.world,
+            local_rank: 0,
+        };
+        Silent::of(
+            info,
+            lock(&self.gave_up).silent,
+            "no error of the collectives named the peer",
+        )
+    }
+
+    /// The last resort's error: why the rank gave up, the silent peer, and how long the
+    /// process has run on since.
     fn teardown_stuck(&self) -> CommError {
-        let g = lock(&self.gave_up);
-        let (at, cause) =
-            g.at.clone()
-                .unwrap_or_else(|| (Instant::now(), "unknown".into()));
-        let only_peer = (self.world == 2).then_some(1 - self.rank.min(1));
+        let (at, cause) = lock(&self.gave_up)
+            .at
+            .clone()
+            .unwrap_or_else(|| (Instant::now(), "unknown".into()));
         CommError::TeardownStuck {
             rank: self.rank,
-            peer: g.silent.or(only_peer),
+            silent: self.silent(),
             within: at.elapsed(),
             cause,
         }
@@ -482,6 +496,7 @@ impl<C> Watched<C> {
             op: s.op,
             step: s.step,
             waited_for: s.waited_for,
+            silent: self.dog.shared.silent(),
             detail: chain(&e),
         }
     }
@@ -577,6 +592,7 @@ impl<B: Backend<T>, T: Element, C: Collective<B, T>> Collective<B, T> for Watche
                 op: s.op,
                 step: s.step,
                 waited_for: s.waited_for,
+                silent: Collective::silent(self),
                 detail: "no collective failure was recorded".into(),
             }),
         }
@@ -594,6 +610,14 @@ impl<B: Backend<T>, T: Element, C: Collective<B, T>> Collective<B, T> for Watche
     fn abort(&self, why: &str) {
         self.dog.shared.give_up(why);
         self.inner.abort(why);
+    }
+
+    /// The peer an error of the collective named silent, else the inner collective's answer.
+    fn silent(&self) -> Silent {
+        match lock(&self.dog.shared.gave_up).silent {
+            Some(peer) => Silent::Rank(peer),
+            None => self.inner.silent(),
+        }
     }
 }
 
@@ -741,5 +765,64 @@ mod tests {
         assert!(e.contains("rank 1 stopped answering"), "{e}");
         assert!(e.contains("rank 1 vanished"), "{e}");
         assert!(e.contains("did not end within"), "{e}");
+    }
+
+    /// Rank 0 of two, whose collective calls never fail (the watchdog's own error is tested).
+    struct Pair;
+
+    impl Collective<CpuBackend, f32> for Pair {
+        fn info(&self) -> RankInfo {
+            RankInfo {
+                rank: 0,
+                world: 2,
+                local_rank: 0,
+            }
+        }
+        fn all_reduce_sum(
+            &self,
+            _: &CpuBackend,
+            _: &BTensor<CpuBackend, f32>,
+            _: u64,
+        ) -> Result<()> {
+            Ok(())
+        }
+        fn broadcast(
+            &self,
+            _: &CpuBackend,
+            _: &BTensor<CpuBackend, f32>,
+            _: usize,
+            _: u64,
+        ) -> Result<()> {
+            Ok(())
+        }
+        fn synchronize(&self, _: &CpuBackend) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Issue 44: a watchdog that fired with no failure of the collectives recorded (the
+    /// training thread blocked outside them, in a launch behind a collective whose peer
+    /// stopped) still names the peer: of two ranks, the other one.
+    #[test]
+    fn a_stall_with_no_collective_failure_names_the_only_peer() {
+        let info = Pair.info();
+        let w = Watched::new_in(
+            Arc::new(Pair),
+            info,
+            Duration::from_millis(5),
+            |_: &Pair, _: &str| {},
+        )
+        .expect("the watchdog starts");
+        let c: &dyn Collective<CpuBackend, f32> = &w;
+        c.set_step(3);
+        let until = Instant::now() + Duration::from_secs(60);
+        while w.fired().is_none() {
+            assert!(Instant::now() < until, "the watchdog did not fire");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let e = c.take_failure().expect("the watchdog's error");
+        assert!(matches!(e, CommError::NoProgress { .. }), "{e:?}");
+        assert_eq!(e.silent_peer(), Some(1), "{e}");
+        assert!(e.to_string().contains("(rank 1 did not answer)"), "{e}");
     }
 }

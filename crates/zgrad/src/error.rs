@@ -324,6 +324,24 @@ impl GradError {
         }
     }
 
+    /// `self` with the error under any `Step` wrapper replaced by `f` of it (the wrappers,
+    /// their step and whether the update was applied, kept).
+    #[must_use]
+    pub fn map_cause(self, f: impl FnOnce(GradError) -> GradError) -> GradError {
+        match self {
+            GradError::Step {
+                step,
+                applied,
+                source,
+            } => GradError::Step {
+                step,
+                applied,
+                source: Box::new(source.map_cause(f)),
+            },
+            e => f(e),
+        }
+    }
+
     /// The backend's error under any `Step` wrapper, if an op or the device failed (its
     /// [`ComputeError::mem_error`] and [`ComputeError::device_error`] reach the layers below).
     #[must_use]

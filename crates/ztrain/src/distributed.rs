@@ -296,6 +296,36 @@ pub fn nccl_collective(
     ))
 }
 
+/// `e`, the error a rank of a job stops on, with a wait on its device that passed its deadline
+/// (the read-back window's, the stop agreement's, an evaluation's or a checkpoint's download)
+/// made the collective's error naming the peer the device waits behind
+/// ([`Collective::device_wait_error`]; a step's wrapper kept). Issue 44: on a GPU nothing
+/// tells the host when a collective's peer died; the device wait that ends first named none.
+/// Anything else, and every error of a job of one, comes back as it was.
+#[must_use]
+pub fn name_the_silent_peer<B: zcompute::Backend<f32>>(
+    comm: Option<&dyn Collective<B, f32>>,
+    e: TrainError,
+) -> TrainError {
+    let Some(comm) = comm.filter(|c| c.info().world > 1) else {
+        return e;
+    };
+    match e {
+        TrainError::Compute(c) => match comm.device_wait_error(c) {
+            Ok(named) => TrainError::from(named),
+            Err(c) => TrainError::Compute(c),
+        },
+        TrainError::Grad(g) => TrainError::Grad(g.map_cause(|cause| match cause {
+            zgrad::GradError::Compute(c) => match comm.device_wait_error(c) {
+                Ok(named) => zgrad::GradError::from(named),
+                Err(c) => zgrad::GradError::Compute(c),
+            },
+            other => other,
+        })),
+        other => other,
+    }
+}
+
 /// A phase of this rank's own, between drained steps (the checkpoint written, an evaluation):
 /// its watchdog does not take it for a stall however long it lasts
 /// ([`Collective::set_local_phase`], issue 44); left when dropped.
@@ -513,6 +543,96 @@ mod tests {
             None,
             "nothing to tell",
         ));
+    }
+
+    /// A rank of `world` ranks (rank 0) whose collectives do nothing.
+    struct RankOf(usize);
+
+    impl Collective<zcompute::CpuBackend, f32> for RankOf {
+        fn info(&self) -> zcomm::RankInfo {
+            zcomm::RankInfo {
+                rank: 0,
+                world: self.0,
+                local_rank: 0,
+            }
+        }
+        fn all_reduce_sum(
+            &self,
+            _: &zcompute::CpuBackend,
+            _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
+            _: u64,
+        ) -> zcomm::Result<()> {
+            Ok(())
+        }
+        fn broadcast(
+            &self,
+            _: &zcompute::CpuBackend,
+            _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
+            _: usize,
+            _: u64,
+        ) -> zcomm::Result<()> {
+            Ok(())
+        }
+        fn synchronize(&self, _: &zcompute::CpuBackend) -> zcomm::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Issue 44: a step whose read-back passed its deadline (how rank 0 of 2 stopped after its
+    /// peer was killed under a replayed graph: "readback_wait: timed out waiting for the
+    /// device", no peer named) names the peer the device waits behind: of two ranks the other
+    /// one, of more the candidates and why; the step's wrapper and the device's error stay.
+    /// Not a wait past its deadline, or a job of one: unchanged.
+    #[rstest]
+    #[case::two_ranks(Some(2), true, Some("rank 1 did not answer"))]
+    #[case::three_ranks(
+        Some(3),
+        true,
+        Some(
+            "a peer of ranks 1, 2 (the transport does not say which peer its collectives wait for) did not answer"
+        )
+    )]
+    #[case::not_a_timeout(Some(2), false, None)]
+    #[case::one_rank(Some(1), true, None)]
+    #[case::no_collective(None, true, None)]
+    fn a_device_wait_past_its_deadline_names_the_silent_peer(
+        #[case] world: Option<usize>,
+        #[case] timeout: bool,
+        #[case] named: Option<&str>,
+    ) {
+        let device = if timeout {
+            zdevice::DeviceError::Timeout {
+                waited_for: "event Event(0xc1e) to complete".into(),
+                deadline: Duration::from_secs(3),
+                elapsed: Duration::from_secs(3),
+                device_lost: false,
+            }
+        } else {
+            zdevice::DeviceError::DeviceLost {
+                reason: "the device was lost".into(),
+            }
+        };
+        let wait = zcompute::ComputeError::Timeout {
+            op: "readback_wait",
+            source: device,
+        };
+        let e = TrainError::Grad(zgrad::GradError::Step {
+            step: 44,
+            applied: zgrad::Applied::Maybe,
+            source: Box::new(zgrad::GradError::Compute(wait)),
+        });
+        let comm = world.map(RankOf);
+        let got = name_the_silent_peer(comm.as_ref().map(|c| c as &dyn Collective<_, f32>), e);
+        let report = crate::error::report(&got);
+        assert!(report.starts_with("error: step 44 failed"), "{report}");
+        assert!(report.contains("readback_wait"), "{report}");
+        match named {
+            Some(peer) => {
+                assert!(report.contains(&format!("rank 0: a wait on the device passed its deadline behind the job's collectives: {peer}")), "{report}");
+                assert!(got.is_peer_failure(), "{report}");
+            }
+            None => assert!(!report.contains("did not answer"), "{report}"),
+        }
     }
 
     #[rstest]

@@ -423,6 +423,7 @@ impl TrainError {
             matches!(
                 c,
                 zcomm::CommError::Timeout { .. }
+                    | zcomm::CommError::DeviceWait { .. }
                     | zcomm::CommError::NoProgress { .. }
                     | zcomm::CommError::PeerFailed { .. }
                     | zcomm::CommError::Rendezvous { .. }

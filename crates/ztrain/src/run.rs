@@ -215,7 +215,22 @@ pub(crate) struct Context<'a> {
     pub(crate) model_line: String,
 }
 
+/// Trains as [`train_rank`] does; a wait on the device that passed its deadline in a job of
+/// several ranks (in the set-up, the steps, an evaluation, a checkpoint) is the collective's
+/// error naming the peer the device waits behind (issue 44).
 pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
+    spec: &S,
+    b: B,
+    comm: Option<Rc<dyn Collective<B, f32>>>,
+    ctx: &Context<'_>,
+    out: &mut Console<'_>,
+) -> Result<Outcome> {
+    let named = comm.clone();
+    train_rank(spec, b, comm, ctx, out)
+        .map_err(|e| crate::distributed::name_the_silent_peer(named.as_deref(), e))
+}
+
+fn train_rank<S: FitModel, B: TrainBackend + MemorySource>(
     spec: &S,
     b: B,
     comm: Option<Rc<dyn Collective<B, f32>>>,
@@ -310,6 +325,7 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
     let ended = match run.all(out) {
         Ok(ended) => ended,
         Err(e) => {
+            let e = crate::distributed::name_the_silent_peer(run.agree.comm(), e);
             run.learner.give_up(&e.to_string());
             return Err(e);
         }
@@ -342,6 +358,8 @@ pub(crate) fn train<S: FitModel, B: TrainBackend + MemorySource>(
         &train_set,
         run.validation,
     );
+    let concluded =
+        concluded.map_err(|e| crate::distributed::name_the_silent_peer(run.agree.comm(), e));
     if let Err(e) = &concluded {
         run.learner.give_up(&e.to_string());
     }

@@ -3,10 +3,11 @@
 use zdevice::cuda::nccl::NcclError;
 
 use super::is_capture_refusal;
-use crate::CommError;
+use crate::{CommError, RankInfo, Silent};
 
-/// Converts a zdevice NCCL error met by `rank` in `op` of `step`.
-pub(super) fn convert(e: NcclError, rank: usize, op: &'static str, step: u64) -> CommError {
+/// Converts a zdevice NCCL error met by rank `info.rank` in `op` of `step`.
+pub(super) fn convert(e: NcclError, info: RankInfo, op: &'static str, step: u64) -> CommError {
+    let rank = info.rank;
     if let Some(call) = is_capture_refusal(&e) {
         return CommError::CaptureIllegal { call };
     }
@@ -18,8 +19,11 @@ pub(super) fn convert(e: NcclError, rank: usize, op: &'static str, step: u64) ->
             op,
             step,
             waited_for: deadline,
-            // NCCL does not say which peer its kernel waits for.
-            silent: None,
+            silent: Silent::of(
+                info,
+                None,
+                "NCCL does not say which peer its kernel waits for",
+            ),
         },
         NcclError::Async {
             call,
@@ -33,11 +37,18 @@ pub(super) fn convert(e: NcclError, rank: usize, op: &'static str, step: u64) ->
                 "ncclRemoteError" | "ncclSystemError" | "ncclUnhandledCudaError"
             );
             if peer {
+                // NCCL does not say which peer: the candidates (of two ranks, the other one). A
+                // remote error is a peer's; a system error may be this rank's own as well.
+                let silent = Silent::of(info, None, "NCCL does not say which peer");
+                let who = match name {
+                    "ncclRemoteError" => format!("{silent} vanished or failed"),
+                    _ => format!("{silent} may have vanished or failed (or this rank's system)"),
+                };
                 CommError::PeerFailed {
                     rank,
                     op,
                     step,
-                    detail: with_detail(&format!("{call}: {name} ({code})"), &detail),
+                    detail: with_detail(&format!("{who}: {call}: {name} ({code})"), &detail),
                 }
             } else {
                 CommError::Nccl {

@@ -91,7 +91,7 @@ impl NcclCollective<CudaDriver> {
     /// [`CommError::Library`], [`CommError::VersionTooOld`], or [`CommError::Nccl`] from
     /// `ncclGetUniqueId`.
     pub fn unique_id() -> Result<[u8; UNIQUE_ID_BYTES]> {
-        nccl::unique_id().map_err(|e| errors::convert(e, 0, "unique_id", 0))
+        nccl::unique_id().map_err(|e| errors::convert(e, RankInfo::SINGLE, "unique_id", 0))
     }
 
     /// The loaded NCCL's version (`2.28.3`), after the same checks as [`Self::unique_id`].
@@ -101,7 +101,7 @@ impl NcclCollective<CudaDriver> {
     pub fn library_version() -> Result<String> {
         nccl::version()
             .map(nccl::version_string)
-            .map_err(|e| errors::convert(e, 0, "version", 0))
+            .map_err(|e| errors::convert(e, RankInfo::SINGLE, "version", 0))
     }
 }
 
@@ -162,12 +162,12 @@ impl<D: Driver> NcclCollective<D> {
         let side = SideStream::with_priority(backend, options.side_priority)
             .map_err(|source| CommError::Compute { op: OP, source })?;
         let comm = NcclComm::init(device, info.rank, info.world, id)
-            .map_err(|e| errors::convert(e, info.rank, OP, 0))?;
+            .map_err(|e| errors::convert(e, info, OP, 0))?;
         let overlap = match options.overlap_ctas {
             None => None,
             Some(n) => Some(
                 comm.split(Some(n))
-                    .map_err(|e| errors::convert(e, info.rank, OP, 0))?,
+                    .map_err(|e| errors::convert(e, info, OP, 0))?,
             ),
         };
         tracing::info!(
@@ -221,7 +221,7 @@ impl<D: Driver> NcclCollective<D> {
         self.abort();
         Some(errors::convert(
             e,
-            self.info.rank,
+            self.info,
             "watchdog",
             self.step.load(Ordering::Relaxed),
         ))
@@ -244,7 +244,7 @@ impl<D: Driver> NcclCollective<D> {
         if self.is_aborted() {
             self.abort();
         }
-        errors::convert(e, self.info.rank, op, step)
+        errors::convert(e, self.info, op, step)
     }
 
     /// The device pointer and element count of `x`, after checking it is dense and lives on

@@ -203,7 +203,11 @@ pub(super) fn failure<D: Driver>(
         op: OP,
         step,
         waited_for: t.timeout,
-        silent: named.or((info.world == 2).then(|| 1 - info.rank)),
+        silent: crate::Silent::of(
+            info,
+            named,
+            "the peer-memory exchange found no peer's flag missing",
+        ),
     }))
 }
 

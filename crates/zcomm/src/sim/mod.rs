@@ -69,6 +69,8 @@ struct Link {
     /// Set when a peer stopped answering: the collective kernel then waits on the device
     /// (never completes) until the communicator is aborted (`failed`), as on a GPU.
     waiting_on: Mutex<Option<String>>,
+    /// The peer an exchange found silent (timed out or vanished), the first one.
+    silent: Mutex<Option<usize>>,
     /// Set when the peer it waits for died (its connection closed): the collective then
     /// waits for good, the abort notwithstanding (see the module documentation).
     dead: std::sync::atomic::AtomicBool,
@@ -165,6 +167,7 @@ impl SimCollective {
             failure: Mutex::new(None),
             failed: std::sync::atomic::AtomicBool::new(false),
             waiting_on: Mutex::new(None),
+            silent: Mutex::new(None),
             dead: std::sync::atomic::AtomicBool::new(false),
         });
         let name = format!(
@@ -233,26 +236,12 @@ impl SimCollective {
                 op: "synchronize",
                 step: self.link.step.load(Ordering::Relaxed),
                 waited_for,
-                silent: self.silent_peer(),
+                silent: Collective::<CudaBackend<SimDriver>, f32>::silent(self),
             },
             None => CommError::Compute {
                 op: "synchronize",
                 source,
             },
-        }
-    }
-
-    /// The peer a collective of this rank found silent, if one did (kept for `take_failure`).
-    fn silent_peer(&self) -> Option<usize> {
-        match self
-            .link
-            .failure
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-        {
-            Some(CommError::Timeout { silent, .. }) => *silent,
-            _ => None,
         }
     }
 
@@ -388,7 +377,18 @@ impl Link {
         }
         match self.star.exchange(rank, world, call, &data, self.timeout) {
             Ok(out) => mem.write_f32(x, &out),
-            Err(e) => {
+            Err(wire::ExchangeError { error, silent }) => {
+                let e = *error;
+                // The peer found silent, kept where the host is told of the failure (not for a
+                // dead peer under a replayed graph, of which a GPU's host hears nothing).
+                let keep_silent = || {
+                    if let Some(peer) = silent {
+                        self.silent
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .get_or_insert(peer);
+                    }
+                };
                 let msg = e.to_string();
                 let mut slot = self
                     .failure
@@ -412,11 +412,13 @@ impl Link {
                         self.dead.store(true, Ordering::Release);
                         return Err(KernelFault::Waiting(msg));
                     }
+                    keep_silent();
                     slot.get_or_insert(e);
                     return Err(KernelFault::Waiting(msg));
                 }
                 tracing::error!(target: "zcomm.sim.collective", rank, op, step, error = %msg, "collective failed");
                 self.failed.store(true, Ordering::Release);
+                keep_silent();
                 slot.get_or_insert(e);
                 Err(fault(msg))
             }
@@ -524,5 +526,21 @@ impl Collective<CudaBackend<SimDriver>, f32> for SimCollective {
 
     fn abort(&self, why: &str) {
         SimCollective::abort(self, why);
+    }
+
+    /// The peer an exchange found silent (it timed out, or its connection closed) and told the
+    /// host of; else of two ranks the other one, of more the others (as over NCCL: the host of
+    /// a replayed graph waiting for a dead peer hears nothing).
+    fn silent(&self) -> crate::Silent {
+        let known = *self
+            .link
+            .silent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        crate::Silent::of(
+            self.link.info,
+            known,
+            "no exchange of this rank has failed yet",
+        )
     }
 }

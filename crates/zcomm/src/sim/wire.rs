@@ -4,7 +4,8 @@
 //! result back. A rank that fails tells rank 0 (an abort frame), and rank 0 tells the rest; a
 //! closed connection or a passed deadline is reported the same way, so every rank returns.
 
-use crate::error::CommError;
+use crate::RankInfo;
+use crate::error::{CommError, Silent};
 use crate::rendezvous::{BadFrame, Channel, Stream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -58,6 +59,15 @@ enum Failure {
     /// The peer (where one rank was waited for) did not answer by the deadline.
     Timeout(Option<usize>),
     Peer(String),
+    /// The peer's connection is gone (its process died): the detail.
+    Vanished(usize, String),
+}
+
+/// An exchange's error and the peer it found silent (timed out or vanished), if it did.
+pub(crate) struct ExchangeError {
+    /// (Boxed: it keeps the exchange's result small.)
+    pub error: Box<CommError>,
+    pub silent: Option<usize>,
 }
 
 impl Star {
@@ -69,7 +79,7 @@ impl Star {
         call: Call,
         data: &[f32],
         timeout: Duration,
-    ) -> Result<Vec<f32>, CommError> {
+    ) -> Result<Vec<f32>, ExchangeError> {
         // Rank 0 gives up on a silent peer at 4/5 of the deadline, so that the others, waiting
         // the whole of it, learn which rank stalled (rather than all timing out at once).
         let waited = match self {
@@ -81,19 +91,37 @@ impl Star {
             Star::Hub(peers) => hub(peers, world, call, data, deadline),
             Star::Spoke(s) => spoke(s, rank, call, data, deadline),
         };
-        out.map_err(|f| match f {
-            Failure::Timeout(silent) => CommError::Timeout {
-                rank,
-                op: call.op,
-                step: call.step,
-                waited_for: waited,
-                silent,
-            },
-            Failure::Peer(detail) => CommError::PeerFailed {
+        let info = RankInfo {
+            rank,
+            world,
+            local_rank: 0,
+        };
+        let failed = |detail| {
+            Box::new(CommError::PeerFailed {
                 rank,
                 op: call.op,
                 step: call.step,
                 detail,
+            })
+        };
+        out.map_err(|f| match f {
+            Failure::Timeout(silent) => ExchangeError {
+                error: Box::new(CommError::Timeout {
+                    rank,
+                    op: call.op,
+                    step: call.step,
+                    waited_for: waited,
+                    silent: Silent::of(info, silent, "rank 0 relays every exchange"),
+                }),
+                silent,
+            },
+            Failure::Peer(detail) => ExchangeError {
+                error: failed(detail),
+                silent: None,
+            },
+            Failure::Vanished(peer, detail) => ExchangeError {
+                error: failed(detail),
+                silent: Some(peer),
             },
         })
     }
@@ -186,12 +214,13 @@ fn hub(
                         "rank {r} did not join {} of step {} before the deadline",
                         call.op, call.step
                     ),
-                    Failure::Peer(d) => d.clone(),
+                    Failure::Peer(d) | Failure::Vanished(_, d) => d.clone(),
                 };
                 abort_all(peers, &why, deadline);
                 return Err(match f {
                     Failure::Timeout(_) => Failure::Timeout(Some(r)),
                     Failure::Peer(_) => Failure::Peer(why),
+                    Failure::Vanished(..) => Failure::Vanished(r, why),
                 });
             }
         };
@@ -364,7 +393,7 @@ fn io_failure(e: std::io::Error, peer: usize) -> Failure {
     if e.kind() == std::io::ErrorKind::TimedOut {
         Failure::Timeout(Some(peer))
     } else {
-        Failure::Peer(format!("rank {peer}{VANISHED}{e}"))
+        Failure::Vanished(peer, format!("rank {peer}{VANISHED}{e}"))
     }
 }
 

@@ -178,7 +178,7 @@ fn a_rank_that_stalls_times_the_others_out() {
                 rank: 0,
                 op: "all_reduce",
                 step: 3,
-                silent: Some(1),
+                silent: zcomm::Silent::Rank(1),
                 ..
             },
         ) => assert!(
@@ -421,9 +421,10 @@ static RANK_0_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 /// a synchronize behind NCCL's kernel waiting for the stopped peer). Nothing on that thread can
 /// abort; the watchdog, on a thread of its own, aborts the communicator after 0.5 s without
 /// progress, which ends the wait (as `ncclCommAbort` ends NCCL's kernels), and the call
-/// returns the typed `NoProgress` naming where the thread was (rank 0's step-2 collective
-/// never reached rank 1, so no peer is known to be silent: the launcher names rank 1). Without the watchdog the thread stays blocked: the test's guard releases
-/// it after 60 s and fails.
+/// returns the typed `NoProgress` naming where the thread was and the peer (rank 0's step-2
+/// collective never reached rank 1, so no exchange found it silent: of two ranks, the other
+/// one). Without the watchdog the thread stays blocked: the test's guard releases it after
+/// 60 s and fails.
 #[test]
 fn a_rank_blocked_in_a_device_wait_is_ended_by_its_watchdog() {
     use std::sync::Arc;
@@ -441,9 +442,9 @@ fn a_rank_blocked_in_a_device_wait_is_ended_by_its_watchdog() {
             }
             return None;
         }
-        let watched = Watched::new(
+        let watched = Watched::new_in(
             Arc::new(c.clone()),
-            0,
+            c.info(),
             Duration::from_millis(500),
             |c: &SimCollective, why: &str| c.abort(why),
         )
@@ -489,6 +490,10 @@ fn a_rank_blocked_in_a_device_wait_is_ended_by_its_watchdog() {
     }
     assert!(
         e.to_string().contains("no progress for"),
+        "{e} (after {took:?})"
+    );
+    assert!(
+        e.to_string().contains("(rank 1 did not answer)"),
         "{e} (after {took:?})"
     );
 }
