@@ -3,7 +3,12 @@
 //! running train loss, the validation loss and accuracy, the rate, the time) and, with
 //! `--metrics-every N`, one row every N optimiser steps (`kind` = `step`: the step's loss,
 //! gradient norm and learning rate). A metric a row does not have is an empty cell (NaN to
-//! pandas) or `null`. Each row is written when it is known (a run that stops keeps its rows);
+//! pandas) or `null`. The columns are the same for every task, so one header serves every
+//! file: a classification task (binary, classes) fills `val_accuracy` and leaves `val_mse`,
+//! `val_mae` and `val_pearson` empty; a regression fills those three and leaves
+//! `val_accuracy` empty (a regression has no accuracy; zgrad's `NaN` is not written). The
+//! regression columns come last, so a reader of the first columns of older files reads
+//! these alike. Each row is written when it is known (a run that stops keeps its rows);
 //! a resumed run appends to the file. The rows also feed the report's curves.
 
 use std::fs::{File, OpenOptions};
@@ -15,7 +20,7 @@ use serde_json::json;
 use crate::error::{Result, TrainError};
 
 /// The file's columns, in order.
-pub const COLUMNS: [&str; 11] = [
+pub const COLUMNS: [&str; 14] = [
     "kind",
     "epoch",
     "step",
@@ -27,6 +32,9 @@ pub const COLUMNS: [&str; 11] = [
     "samples_per_second",
     "elapsed_s",
     "samples",
+    "val_mse",
+    "val_mae",
+    "val_pearson",
 ];
 
 /// One row: an epoch's end or a step.
@@ -47,10 +55,14 @@ pub struct MetricRow {
     pub elapsed_s: Option<f64>,
     /// Samples behind `train_loss` (the batch, or the epoch's).
     pub samples: Option<u64>,
+    /// A regression's validation metrics (`zgrad::RegressionMetrics`).
+    pub val_mse: Option<f64>,
+    pub val_mae: Option<f64>,
+    pub val_pearson: Option<f64>,
 }
 
 impl MetricRow {
-    fn cells(&self) -> [Option<String>; 11] {
+    fn cells(&self) -> [Option<String>; 14] {
         let f = |v: Option<f64>| v.map(|v| format!("{v}"));
         [
             Some(self.kind.to_string()),
@@ -64,6 +76,9 @@ impl MetricRow {
             f(self.samples_per_second),
             f(self.elapsed_s),
             self.samples.map(|s| s.to_string()),
+            f(self.val_mse),
+            f(self.val_mae),
+            f(self.val_pearson),
         ]
     }
 
@@ -86,6 +101,7 @@ impl MetricRow {
             "val_loss": self.val_loss, "val_accuracy": self.val_accuracy,
             "samples_per_second": self.samples_per_second, "elapsed_s": self.elapsed_s,
             "samples": self.samples,
+            "val_mse": self.val_mse, "val_mae": self.val_mae, "val_pearson": self.val_pearson,
         })
     }
 }
@@ -199,8 +215,45 @@ mod tests {
     #[test]
     fn csv_rows_have_every_column_and_empty_cells_where_absent() {
         let line = epoch_row().csv();
-        assert_eq!(line, "epoch,2,8,0.5,,,0.25,0.75,,,");
+        assert_eq!(line, "epoch,2,8,0.5,,,0.25,0.75,,,,,,");
         assert_eq!(line.split(',').count(), COLUMNS.len());
+    }
+
+    fn regression_row() -> MetricRow {
+        MetricRow {
+            val_accuracy: None,
+            val_mse: Some(0.25),
+            val_mae: Some(0.375),
+            val_pearson: Some(0.875),
+            ..epoch_row()
+        }
+    }
+
+    #[test]
+    fn a_regressions_row_has_its_metrics_and_no_accuracy() {
+        let line = regression_row().csv();
+        assert_eq!(line, "epoch,2,8,0.5,,,0.25,,,,,0.25,0.375,0.875");
+        let cells: Vec<&str> = line.split(',').collect();
+        let col = |name: &str| COLUMNS.iter().position(|c| *c == name).expect(name);
+        assert_eq!(cells[col("val_accuracy")], "");
+        assert_eq!(cells[col("val_pearson")], "0.875");
+        let v = regression_row().json();
+        assert_eq!(v["val_accuracy"], serde_json::Value::Null);
+        assert_eq!(v["val_mse"], 0.25);
+        assert_eq!(v["val_mae"], 0.375);
+        assert_eq!(v["val_pearson"], 0.875);
+        // The JSON object has every column, no more.
+        let keys: Vec<&str> = v
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut columns = COLUMNS.to_vec();
+        columns.sort_unstable();
+        let mut keys = keys;
+        keys.sort_unstable();
+        assert_eq!(keys, columns);
     }
 
     #[test]
@@ -222,7 +275,7 @@ mod tests {
         let text = std::fs::read_to_string(&path).expect("read");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], COLUMNS.join(","));
-        assert_eq!(lines[1], "step,1,2,0.125,1,0.001,,,,,4");
+        assert_eq!(lines[1], "step,1,2,0.125,1,0.001,,,,,4,,,");
         assert_eq!(lines.len(), 3);
         assert_eq!(m.step_losses.len(), 2);
         // A resumed run appends, without a second header.

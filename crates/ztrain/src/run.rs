@@ -383,7 +383,7 @@ fn conclude<B: TrainBackend + MemorySource, M: Model<B, f32>>(
         Ended::Finished => {
             // The final numbers: the whole training set in no-grad mode, like the validation set.
             let e = feed.evaluate_train(learner, train_set)?;
-            let train_final = Some(Tally::of(e.samples, e.loss, e.accuracy));
+            let train_final = Some(Tally::of_report(&e));
             finish(b, learner, ctx, out, end, train_final, validation)
         }
         Ended::StopAfter => {

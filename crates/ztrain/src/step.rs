@@ -36,12 +36,17 @@ pub fn trainer_config(config: &RunConfig, total_steps: u64) -> TrainerConfig {
     }
 }
 
-/// Sum of losses and of correct predictions over some samples.
+/// Sum of losses and of correct predictions over some samples, and a regression's metrics
+/// where an evaluation reported them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Tally {
     pub loss_sum: f64,
     pub correct: f64,
     pub samples: u64,
+    /// A regression task's evaluation (`zgrad::EvalReport::regression`): its metrics stand
+    /// for the task's, and `correct` (NaN) is not one. `None` for a classification task and
+    /// for a running tally of training steps.
+    pub regression: Option<zgrad::RegressionMetrics>,
 }
 
 impl Tally {
@@ -52,13 +57,46 @@ impl Tally {
             loss_sum: loss * samples as f64,
             correct: accuracy * samples as f64,
             samples: samples as u64,
+            regression: None,
         }
     }
 
+    /// The tally of an evaluation: its loss and accuracy, and a regression's metrics.
+    #[must_use]
+    pub fn of_report(e: &zgrad::EvalReport) -> Tally {
+        Tally {
+            regression: e.regression,
+            ..Tally::of(e.samples, e.loss, e.accuracy)
+        }
+    }
+
+    /// Adds `other`'s samples. A regression's metrics do not add up from two tallies', so
+    /// the sum has them only when one side has no samples.
     pub fn add(&mut self, other: Tally) {
+        self.regression = match (self.samples, other.samples) {
+            (0, _) => other.regression,
+            (_, 0) => self.regression,
+            _ => None,
+        };
         self.loss_sum += other.loss_sum;
         self.correct += other.correct;
         self.samples += other.samples;
+    }
+
+    /// The task's metrics as a line prints them: `acc 0.9404` for a classification,
+    /// `mse 0.0123 mae 0.0890 pearson 0.987` for a regression.
+    #[must_use]
+    pub fn metrics_text(&self) -> String {
+        match self.regression {
+            Some(r) => format!("mse {:.4} mae {:.4} pearson {:.3}", r.mse, r.mae, r.pearson),
+            None => format!("acc {:.4}", self.accuracy()),
+        }
+    }
+
+    /// The accuracy where the task reports one (`None` for a regression).
+    #[must_use]
+    pub fn reported_accuracy(&self) -> Option<f64> {
+        self.regression.is_none().then(|| self.accuracy())
     }
 
     #[must_use]
@@ -83,5 +121,31 @@ mod tests {
         assert!((t.mean_loss() - 0.4).abs() < 1e-12);
         assert!((t.accuracy() - 7.0 / 8.0).abs() < 1e-12);
         assert_eq!(Tally::default().mean_loss(), 0.0);
+    }
+
+    #[test]
+    fn a_regressions_tally_prints_its_metrics_and_no_accuracy() {
+        let report = zgrad::EvalReport {
+            loss: 0.0123,
+            accuracy: f64::NAN,
+            samples: 24,
+            regression: Some(zgrad::RegressionMetrics {
+                mse: 0.0123,
+                mae: 0.089,
+                pearson: 0.9871,
+            }),
+        };
+        let t = Tally::of_report(&report);
+        assert_eq!(t.metrics_text(), "mse 0.0123 mae 0.0890 pearson 0.987");
+        assert_eq!(t.reported_accuracy(), None);
+        let c = Tally::of(4, 0.5, 0.75);
+        assert_eq!(c.metrics_text(), "acc 0.7500");
+        assert_eq!(c.reported_accuracy(), Some(0.75));
+        // Two regressions' metrics do not add up: the sum has none rather than a wrong one.
+        let mut sum = Tally::default();
+        sum.add(t);
+        assert_eq!(sum.regression, t.regression);
+        sum.add(t);
+        assert_eq!(sum.regression, None);
     }
 }

@@ -50,9 +50,9 @@ pub struct Outcome {
     pub stopped_early: bool,
     /// The signal that stopped it (`main` exits with 128 + it).
     pub interrupted: Option<i32>,
-    /// Last epoch's running training loss and accuracy (`None` if no epoch finished here).
+    /// The training set's loss and metrics at the end (`None` if the run stopped early).
     pub train: Option<Tally>,
-    /// Validation loss and accuracy at the end (`None` without a validation set).
+    /// Validation loss and metrics at the end (`None` without a validation set).
     pub validation: Option<Tally>,
 }
 
@@ -135,13 +135,13 @@ pub(crate) fn finish<B: TrainBackend + MemorySource, M: Model<B, f32>>(
     );
     summary += &end.training.summary_part();
     if let Some(t) = &train {
-        summary += &format!("; train loss {:.4} acc {:.4}", t.mean_loss(), t.accuracy());
+        summary += &format!("; train loss {:.4} {}", t.mean_loss(), t.metrics_text());
     }
     if let Some(v) = &validation {
         summary += &format!(
-            "; validation loss {:.4} acc {:.4}",
+            "; validation loss {:.4} {}",
             v.mean_loss(),
-            v.accuracy()
+            v.metrics_text()
         );
     }
     summary += &format!("; peak {} memory {}", b.kind(), Bytes(b.peak()));

@@ -195,7 +195,10 @@ impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
             step: self.progress.step,
             train_loss: (tally.samples > 0).then(|| tally.mean_loss()),
             val_loss: val.as_ref().map(Tally::mean_loss),
-            val_accuracy: val.as_ref().map(Tally::accuracy),
+            val_accuracy: val.as_ref().and_then(Tally::reported_accuracy),
+            val_mse: val.and_then(|v| v.regression).map(|r| r.mse),
+            val_mae: val.and_then(|v| v.regression).map(|r| r.mae),
+            val_pearson: val.and_then(|v| v.regression).map(|r| r.pearson),
             samples_per_second: Some(rate),
             elapsed_s: Some(self.started.elapsed().as_secs_f64()),
             samples: Some(tally.samples),
@@ -330,7 +333,7 @@ fn epoch_line<B: MemorySource>(
         line += &format!("train loss {:.4} (running)", tally.mean_loss());
     }
     if let Some(v) = val {
-        line += &format!(", val loss {:.4} acc {:.4}", v.mean_loss(), v.accuracy());
+        line += &format!(", val loss {:.4} {}", v.mean_loss(), v.metrics_text());
     }
     line += &format!(
         ", {rate:.0} samples/s, {:.1} s, {} memory {}",
@@ -356,5 +359,5 @@ pub(crate) fn evaluate<B: TrainBackend, M: Model<B, f32>>(
     } else {
         feed.evaluate(learner, data)?
     };
-    Ok(Some(Tally::of(e.samples, e.loss, e.accuracy)))
+    Ok(Some(Tally::of_report(&e)))
 }

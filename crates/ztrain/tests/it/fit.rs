@@ -295,7 +295,7 @@ fn ranks_in_process(model: MlpFit, world: usize, extra: &[&str]) -> (String, Out
 
 /// The numbers a run's summary prints (4 decimals): what one process and a job agree on.
 fn printed(t: Option<Tally>) -> Option<String> {
-    t.map(|t| format!("{:.4} {:.4}", t.mean_loss(), t.accuracy()))
+    t.map(|t| format!("{:.4} {}", t.mean_loss(), t.metrics_text()))
 }
 
 #[rstest]

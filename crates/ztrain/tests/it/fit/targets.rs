@@ -322,3 +322,77 @@ fn a_masked_tasks_missing_labels_are_masked_and_an_unmasked_task_refuses_them() 
     let with_zeros = fit_result(&masked, &args, &ck("zeros")).expect("zeros");
     assert_ne!(first, Some(bits(with_zeros.validation)));
 }
+
+/// A regression's metrics (`zgrad::EvalReport::regression`) are what a run reports of it:
+/// the metrics file's epoch rows (CSV and JSON lines) carry `val_mse`, `val_mae` and
+/// `val_pearson`, finite and consistent with each other and the validation loss, and leave
+/// `val_accuracy` empty (`null`); the epoch lines and the summary print them, and no NaN.
+#[rstest]
+#[case::plain(Task::regression(3))]
+#[case::masked(Task::regression(3).weighted())]
+fn a_regressions_metrics_are_its_mse_mae_and_pearson_in_the_file_and_the_lines(#[case] task: Task) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = MlpFit { task, ..MLP };
+    let formats = every_format(&data(3), dir.path());
+    for file in ["m.csv", "m.jsonl"] {
+        let metrics = dir.path().join(file);
+        let args = [
+            &strs(&formats[0])[..],
+            &["--epochs", "2", "--batch", "16", "--device", "cpu"],
+            &["--metrics", path_str(&metrics)],
+        ]
+        .concat();
+        let (out, outcome) = fit_run(&model, &args, &StopSignal::never());
+        assert!(outcome.validation.is_some(), "{out}");
+        assert!(!out.contains("NaN"), "a NaN printed:\n{out}");
+        let lines: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("epoch ") || l.starts_with("summary:"))
+            .collect();
+        assert_eq!(lines.len(), 3, "two epoch lines and the summary:\n{out}");
+        for l in &lines {
+            for part in ["mse ", "mae ", "pearson "] {
+                assert!(l.contains(part), "`{part}` not in: {l}");
+            }
+            assert!(!l.contains(" acc "), "an accuracy for a regression: {l}");
+        }
+        let text = std::fs::read_to_string(&metrics).expect("metrics");
+        // Each epoch row: (val_loss, val_mse, val_mae, val_pearson, val_accuracy present).
+        let epochs: Vec<[f64; 4]> = if file.ends_with(".csv") {
+            let header: Vec<&str> = text.lines().next().expect("header").split(',').collect();
+            let col = |name: &str| header.iter().position(|c| *c == name).expect(name);
+            text.lines()
+                .skip(1)
+                .map(|l| l.split(',').collect::<Vec<_>>())
+                .filter(|r| r[col("kind")] == "epoch")
+                .map(|r| {
+                    assert_eq!(r[col("val_accuracy")], "", "{text}");
+                    ["val_loss", "val_mse", "val_mae", "val_pearson"]
+                        .map(|c| r[col(c)].parse::<f64>().expect(c))
+                })
+                .collect()
+        } else {
+            text.lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json"))
+                .filter(|v| v["kind"] == "epoch")
+                .map(|v| {
+                    assert!(v["val_accuracy"].is_null(), "{text}");
+                    ["val_loss", "val_mse", "val_mae", "val_pearson"]
+                        .map(|c| v[c].as_f64().expect(c))
+                })
+                .collect()
+        };
+        assert_eq!(epochs.len(), 2, "{text}");
+        for [loss, mse, mae, pearson] in epochs {
+            assert!(
+                [loss, mse, mae, pearson].iter().all(|v| v.is_finite()),
+                "{text}"
+            );
+            // Unmasked, every target counts once: the loss is the mean squared error.
+            assert!((mse - loss).abs() <= 1e-9 * loss, "{text}");
+            // |e| averaged is at most the root of e² averaged, and more than 0.
+            assert!(mae > 0.0 && mae * mae <= mse * (1.0 + 1e-12), "{text}");
+            assert!((-1.0..=1.0).contains(&pearson), "{text}");
+        }
+    }
+}
