@@ -450,8 +450,9 @@ pub struct Options {
     pub timeline: Option<PathBuf>,
 
     /// Write every reported metric here, one row per epoch (train loss, validation loss and
-    /// accuracy, rate, time): CSV, or JSON lines when the name ends in .jsonl; pandas reads
-    /// either. A resumed run appends.
+    /// the task's metrics: accuracy, or a regression's MSE, MAE and Pearson r; rate, time):
+    /// CSV, or JSON lines when the name ends in .jsonl; pandas reads either. A resumed run
+    /// appends.
     #[arg(long, value_name = "FILE.csv", help_heading = "Output")]
     pub metrics: Option<PathBuf>,
 

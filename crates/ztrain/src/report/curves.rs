@@ -29,7 +29,7 @@ pub const COLOURS: [&str; 7] = [
 
 /// The epoch series, after the step loss: legend name, whether on the right axis, and the
 /// value of an epoch row.
-const SERIES: [(&str, bool, fn(&EpochPoint) -> Option<f64>); 6] = [
+const SERIES: [(&str, bool, Value); 6] = [
     ("train loss (epoch, running)", false, |e| e.train_loss),
     ("validation loss", false, |e| e.val_loss),
     ("validation accuracy (right axis)", true, |e| e.val_accuracy),
@@ -37,6 +37,9 @@ const SERIES: [(&str, bool, fn(&EpochPoint) -> Option<f64>); 6] = [
     ("validation MAE", false, |e| e.val_mae),
     ("validation Pearson r (right axis)", true, |e| e.val_pearson),
 ];
+
+/// A series' value at an epoch's end (`None` where the row has none).
+type Value = fn(&EpochPoint) -> Option<f64>;
 
 /// An epoch's end: its step and the metrics its row has.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

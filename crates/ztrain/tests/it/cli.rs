@@ -115,6 +115,18 @@ fn a_tiny_run_on_the_cpu_prints_epochs_and_a_summary() {
     assert_eq!(trained, 2 * n_train, "{summary}");
     assert!(rate > 0.0, "{summary}");
     assert!(stdout.contains("\narena: "), "{stdout}");
+    // XAsset (binary) prints its accuracy, as it always has, and no regression's metrics.
+    for line in stdout.lines().filter(|l| l.starts_with("epoch ")) {
+        let val = line.split(", val loss ").nth(1).expect("val loss");
+        let (loss, rest) = val.split_once(" acc ").expect("`val loss L acc A`");
+        assert!(loss.parse::<f64>().is_ok(), "{line}");
+        let acc = rest.split(',').next().expect("acc");
+        assert!(
+            (0.0..=1.0).contains(&acc.parse::<f64>().expect(acc)),
+            "{line}"
+        );
+        assert!(!line.contains("mse") && !line.contains("NaN"), "{line}");
+    }
 }
 
 /// The summary's rate is the trainer's own, the waits for its queued steps included: with the
