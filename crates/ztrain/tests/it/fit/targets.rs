@@ -395,4 +395,18 @@ fn a_regressions_metrics_are_its_mse_mae_and_pearson_in_the_file_and_the_lines(#
             assert!((-1.0..=1.0).contains(&pearson), "{text}");
         }
     }
+    // The report's curves draw them (the report needs a device arena: the simulated one).
+    let report = dir.path().join("r.html");
+    let args = [
+        &strs(&formats[0])[..],
+        &["--epochs", "2", "--batch", "16", "--device", "sim"],
+        &["--memory-report", path_str(&report)],
+    ]
+    .concat();
+    let (out, _) = fit_run(&model, &args, &StopSignal::never());
+    let html = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{e}: {out}"));
+    for name in ["validation MSE", "validation MAE", "validation Pearson r"] {
+        assert!(html.contains(name), "{name} not in the report");
+    }
+    assert!(!html.contains("validation accuracy"), "an accuracy curve");
 }
