@@ -499,60 +499,42 @@ mod tests {
     /// A local phase is entered and left around its scope, on the collective it was given.
     #[test]
     fn a_local_phase_is_left_when_its_scope_ends() {
-        #[derive(Default)]
-        struct Phases(std::cell::RefCell<Vec<Option<&'static str>>>);
-        impl Collective<zcompute::CpuBackend, f32> for Phases {
-            fn info(&self) -> zcomm::RankInfo {
-                zcomm::RankInfo {
-                    rank: 0,
-                    world: 2,
-                    local_rank: 0,
-                }
-            }
-            fn all_reduce_sum(
-                &self,
-                _: &zcompute::CpuBackend,
-                _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
-                _: u64,
-            ) -> zcomm::Result<()> {
-                Ok(())
-            }
-            fn broadcast(
-                &self,
-                _: &zcompute::CpuBackend,
-                _: &zcompute::BTensor<zcompute::CpuBackend, f32>,
-                _: usize,
-                _: u64,
-            ) -> zcomm::Result<()> {
-                Ok(())
-            }
-            fn synchronize(&self, _: &zcompute::CpuBackend) -> zcomm::Result<()> {
-                Ok(())
-            }
-            fn set_local_phase(&self, phase: Option<&'static str>) {
-                self.0.borrow_mut().push(phase);
-            }
-        }
-        let phases = Phases::default();
+        let rank = RankOf::new(2);
         {
-            let _phase = LocalPhase::enter(Some(&phases), "writing the checkpoint");
-            assert_eq!(*phases.0.borrow(), [Some("writing the checkpoint")]);
+            let _phase = LocalPhase::enter(Some(&rank), "writing the checkpoint");
+            assert_eq!(*rank.phases.borrow(), [Some("writing the checkpoint")]);
         }
-        assert_eq!(*phases.0.borrow(), [Some("writing the checkpoint"), None]);
+        assert_eq!(
+            *rank.phases.borrow(),
+            [Some("writing the checkpoint"), None]
+        );
         drop(LocalPhase::<zcompute::CpuBackend>::enter(
             None,
             "nothing to tell",
         ));
     }
 
-    /// A rank of `world` ranks (rank 0) whose collectives do nothing.
-    struct RankOf(usize);
+    /// A rank of `world` ranks (rank 0) whose collectives do nothing; it keeps the local
+    /// phases it is told of.
+    struct RankOf {
+        world: usize,
+        phases: std::cell::RefCell<Vec<Option<&'static str>>>,
+    }
+
+    impl RankOf {
+        fn new(world: usize) -> Self {
+            RankOf {
+                world,
+                phases: std::cell::RefCell::default(),
+            }
+        }
+    }
 
     impl Collective<zcompute::CpuBackend, f32> for RankOf {
         fn info(&self) -> zcomm::RankInfo {
             zcomm::RankInfo {
                 rank: 0,
-                world: self.0,
+                world: self.world,
                 local_rank: 0,
             }
         }
@@ -575,6 +557,9 @@ mod tests {
         }
         fn synchronize(&self, _: &zcompute::CpuBackend) -> zcomm::Result<()> {
             Ok(())
+        }
+        fn set_local_phase(&self, phase: Option<&'static str>) {
+            self.phases.borrow_mut().push(phase);
         }
     }
 
@@ -621,7 +606,7 @@ mod tests {
             applied: zgrad::Applied::Maybe,
             source: Box::new(zgrad::GradError::Compute(wait)),
         });
-        let comm = world.map(RankOf);
+        let comm = world.map(RankOf::new);
         let got = name_the_silent_peer(comm.as_ref().map(|c| c as &dyn Collective<_, f32>), e);
         let report = crate::error::report(&got);
         assert!(report.starts_with("error: step 44 failed"), "{report}");
