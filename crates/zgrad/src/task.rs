@@ -15,8 +15,10 @@
 //!
 //! A weighted task ([`Task::weighted`]) carries one weight per target value after the values
 //! (targets `[2, ..]`: row 0 the values, row 1 the weights; a weight of 0 marks a missing
-//! target): the loss is the weighted mean over the values of weight > 0, and evaluation counts
-//! only those.
+//! target): the loss is the mean of `weight · loss` over every target value, PyTorch's
+//! `reduction="mean"` with `weight=` (`loss.rs` says why: a missing target adds nothing, and the
+//! per-sample schedule's sum of per-sample means over B stays the batched mean), not a mean over
+//! the values of weight > 0 only; evaluation counts only those.
 
 use crate::error::{GradError, Result};
 use crate::var::Var;
