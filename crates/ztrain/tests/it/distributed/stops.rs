@@ -277,17 +277,6 @@ fn a_signal_stops_two_ranks_after_one_step_with_that_steps_checkpoint() {
     let read_back = last_read_back(&metrics);
     let at = Instant::now();
     kill("INT", &pid.to_string());
-    // The ranks go on only once the launcher has passed the signal on (pending while they are
-    // frozen): the launcher polls every few milliseconds, in which they could run steps.
-    let stderr_path = dir.path().join("stderr");
-    let until = Instant::now() + Duration::from_secs(60);
-    while !std::fs::read_to_string(&stderr_path)
-        .unwrap_or_default()
-        .contains("passing it on to every rank")
-    {
-        assert!(Instant::now() < until, "the signal was not passed on");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     for r in &ranks {
         kill("CONT", r);
     }
@@ -487,6 +476,17 @@ fn with_steps_of_seconds_a_signal_stops_two_ranks_within_a_step_or_two() {
     let read_back = last_read_back(&metrics);
     let at = Instant::now();
     kill("INT", &pid.to_string());
+    // The ranks go on only once the launcher has passed the signal on (pending while they are
+    // frozen): the launcher polls every few milliseconds, in which they could run steps.
+    let stderr_path = dir.path().join("stderr");
+    let until = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&stderr_path)
+        .unwrap_or_default()
+        .contains("passing it on to every rank")
+    {
+        assert!(Instant::now() < until, "the signal was not passed on");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     for r in &ranks {
         kill("CONT", r);
     }
