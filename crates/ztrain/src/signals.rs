@@ -709,7 +709,7 @@ mod tests {
         peer.peer.set(SIGTERM as f32);
         assert_eq!(
             agreement
-                .after_step(&stop, &CpuBackend, 6_000_001, true)
+                .after_step(&stop, &CpuBackend, 6_500_000, true)
                 .unwrap(),
             Some(SIGTERM),
             "lock-step: the peer's signal stops the job at the ask that sees it"
