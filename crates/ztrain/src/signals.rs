@@ -17,12 +17,14 @@
 //! next such point ([`Agreement`]), so it never waits for the steps just queued; the stop is
 //! still after one step every rank names. The read-back window is sized by the device's time
 //! ([`Agreement::next_window`]): the ranks exchange their step times in the same all-reduce and
-//! all take the window that asks about once a second (at most `--readback-every` steps), so a
-//! job of 5 s steps asks after every step and stops after the step that follows the signal,
+//! all take the window that asks about once a second (at most `--readback-every` steps),
 //! while fast steps keep the whole window. A job of one sizes its window the same way from its
 //! own device time: a stop finishes the steps already queued, which are then about a second of
-//! device time and a step or two, not a window or two. A wait for the other ranks (the
-//! rendezvous) ends at once.
+//! device time and a step or two, not a window or two. Steps of [`LOCK_STEP_FROM`] (500 ms)
+//! and more go lock-step ([`Agreement::lock_step`]): each step is read back, and the stop asked
+//! with the flags as of then, before the next is queued, so a signal stops the run after the
+//! step the device is running (a job of 5 s steps writes its checkpoint within that step's
+//! remaining time of the signal). A wait for the other ranks (the rendezvous) ends at once.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -132,6 +134,23 @@ pub fn name(signal: i32) -> String {
 /// plus a step, and a window of fast steps asks no more often than this.
 pub const ASK_EVERY: Duration = Duration::from_secs(1);
 
+/// The slowest rank's device time a step from which the run goes lock-step
+/// ([`Agreement::lock_step`]): the host reads each step back, and asks about a stop, before it
+/// queues the next, so a signal stops the run after the running step instead of after the one
+/// queued behind it (or, in a job of several, the one queued behind the agreement's collective).
+///
+/// Why 500 ms: lock-step costs one host turn-around a step with the device idle (the step's
+/// read-back seen by the host, in a job of several the agreement's all-reduce of two floats a
+/// rank and its read, the next step's first launch), which is less than a whole step of a
+/// small model: `ztrain --gpus 2` at a global batch of 256 queues, runs and reads back a step
+/// in about 0.4 ms. At 500 ms a step that is under 0.1%, below what a rate measurement
+/// resolves; queueing ahead is what makes short steps fast, and they keep it. Below 500 ms the
+/// steps a stop still finishes without lock-step (the window of about [`ASK_EVERY`] of device
+/// time and the step or window queued behind it) are about two seconds of device time, so a
+/// stop comes within a few seconds either way; from 500 ms on two queued steps alone would
+/// take a second or more (10 s and more at 5 s a step, past `docker stop`'s SIGKILL).
+pub const LOCK_STEP_FROM: Duration = Duration::from_millis(500);
+
 /// The ranks' agreement on a stop, asked where every step has been read back: the signal of
 /// the lowest rank that received one, if any did (each rank's own, at once, in a job of one).
 /// Each ask reads the exchange the ask before queued, whose collective ran behind a window of
@@ -149,6 +168,14 @@ pub const ASK_EVERY: Duration = Duration::from_secs(1);
 /// The same exchange carries each rank's time a step (its device's clock between two asks,
 /// [`Pace`]), and every rank takes the next read-back window from the slowest, read at the same
 /// ask: the windows, and so the asks, stay on the same steps on every rank.
+///
+/// From [`LOCK_STEP_FROM`] a step the run goes lock-step ([`Agreement::lock_step`], decided at
+/// an ask from the same numbers on every rank, so on the same step everywhere): the caller
+/// reads back the step it has just queued before asking (`drained`), and each ask reads its
+/// own exchange at once, so the host queues no step until the one before has finished on
+/// the device and every rank's flag as of then is known. A signal then stops the run after
+/// the running step (any rank's signal in the exchange counts at once); one that lands
+/// during the ask itself, after every rank has put in its flag, stops it a step later.
 pub struct Agreement<B: zcompute::Backend<f32>> {
     comm: Option<Rc<dyn zcomm::Collective<B, f32>>>,
     /// The exchange of the last ask, read at the next (or already read by a rank that had a
@@ -199,6 +226,9 @@ struct Pace {
     /// The marks of the ask before the last and of the last.
     before: Option<Mark>,
     last: Option<Mark>,
+    /// The slowest rank's step takes [`LOCK_STEP_FROM`] or more: read back every step before
+    /// the next is queued.
+    lock_step: bool,
 }
 
 impl Pace {
@@ -240,17 +270,24 @@ impl Pace {
     fn agree(&mut self, times: &[f32]) {
         let slowest = times.iter().copied().fold(0f32, f32::max);
         if slowest > 0.0 {
+            let lock_step = f64::from(slowest) >= LOCK_STEP_FROM.as_secs_f64() * 1e3;
             let fit = (ASK_EVERY.as_secs_f64() * 1e3 / f64::from(slowest)).floor();
-            let window = (fit as usize).clamp(1, self.bound);
-            if window != self.window {
+            let window = if lock_step {
+                1
+            } else {
+                (fit as usize).clamp(1, self.bound)
+            };
+            if window != self.window || lock_step != self.lock_step {
                 tracing::debug!(
                     target: "ztrain.signals.pace",
                     window,
+                    lock_step,
                     slowest_ms = f64::from(slowest),
                     "read-back window"
                 );
             }
             self.window = window;
+            self.lock_step = lock_step;
         }
     }
 }
@@ -269,8 +306,18 @@ impl<B: zcompute::ReadbackOps<f32> + PinnedHost<f32>> Agreement<B> {
                 queued: false,
                 before: None,
                 last: None,
+                lock_step: false,
             },
         }
+    }
+
+    /// Whether the run is lock-step (the slowest rank's step takes [`LOCK_STEP_FROM`] or
+    /// more): the caller reads back every step queued before asking [`Agreement::after_step`]
+    /// (and says so, `drained`), so a signal stops the run after the running step. It changes
+    /// only at asks, from what every rank reads there: the same steps on every rank.
+    #[must_use]
+    pub fn lock_step(&self) -> bool {
+        self.pace.lock_step
     }
 
     /// The ranks' collective (none in a job of one).
@@ -297,7 +344,8 @@ impl<B: zcompute::ReadbackOps<f32> + PinnedHost<f32>> Agreement<B> {
     /// two windows ahead of the device (the window read back is the one before), and a stop
     /// finishes every queued step: with whole windows of 5 s steps a stop came 20 steps and
     /// more after the signal. Sized to about [`ASK_EVERY`] of device time, the queued steps
-    /// are a few seconds of it.
+    /// are a few seconds of it; from [`LOCK_STEP_FROM`] a step none are queued ahead
+    /// (lock-step: the caller reads each step back before asking, so its marks have passed).
     fn pace_alone(&mut self, b: &B, step: u64) -> crate::Result<()> {
         let passed = match self.pace.last.as_ref() {
             Some(m) => b.mark_passed(&m.at),
@@ -614,6 +662,68 @@ mod tests {
         assert_eq!(peer.synchronized.get(), 0);
     }
 
+    /// Issue 45 item 6: the run goes lock-step from [`LOCK_STEP_FROM`] of the slowest rank's
+    /// step and not below it. Fast steps (0.4 ms, `ztrain --gpus 2` at batch 256) keep the
+    /// whole window and queue ahead; 5 s steps read back and ask every step, each ask reading
+    /// its own exchange (the caller drained the step first), so the peer's signal stops the
+    /// job at the ask that sees it; back to fast steps, the window comes back. The asks are a
+    /// million steps apart: this rank's own time a step, on the host's clock, is far below
+    /// any the peer reports, whatever the load.
+    #[test]
+    fn short_steps_keep_their_window_and_long_ones_go_lock_step() {
+        let peer = Rc::new(Peer::default());
+        let comm: Rc<dyn zcomm::Collective<CpuBackend, f32>> = peer.clone();
+        let mut agreement = Agreement::new(Some(comm), 32);
+        let stop = StopSignal::never();
+        let ask = |a: &mut Agreement<CpuBackend>, step, drained| {
+            assert_eq!(
+                a.after_step(&stop, &CpuBackend, step, drained).unwrap(),
+                None
+            );
+            (a.next_window(), a.lock_step())
+        };
+        assert_eq!(agreement.next_window(), 32);
+        assert!(!agreement.lock_step(), "no step time yet");
+        peer.ms.set(0.4);
+        assert_eq!(ask(&mut agreement, 1_000_000, false), (1, false));
+        assert_eq!(
+            ask(&mut agreement, 2_000_000, false),
+            (32, false),
+            "0.4 ms a step: the whole window, queued ahead"
+        );
+        peer.ms.set(5000.0);
+        assert_eq!(ask(&mut agreement, 3_000_000, false), (32, false));
+        assert_eq!(
+            ask(&mut agreement, 4_000_000, false),
+            (1, true),
+            "5 s a step: lock-step"
+        );
+        peer.ms.set(499.0);
+        assert_eq!(
+            ask(&mut agreement, 5_000_000, true),
+            (2, false),
+            "just under the threshold (the drained ask reads its own exchange)"
+        );
+        peer.ms.set(500.0);
+        assert_eq!(ask(&mut agreement, 6_000_000, true), (1, true));
+        peer.peer.set(SIGTERM as f32);
+        assert_eq!(
+            agreement
+                .after_step(&stop, &CpuBackend, 6_500_000, true)
+                .unwrap(),
+            Some(SIGTERM),
+            "lock-step: the peer's signal stops the job at the ask that sees it"
+        );
+        peer.peer.set(0.0);
+        peer.ms.set(0.4);
+        assert_eq!(
+            ask(&mut agreement, 7_000_000, true),
+            (32, false),
+            "fast again: the window is back"
+        );
+        assert_eq!(peer.synchronized.get(), 0);
+    }
+
     /// Issue 45: a job of one sizes its window by its own time a step too (here the host's
     /// clock, the CPU keeping no device time): the whole `--readback-every` while its steps
     /// are fast, one step once a step takes a second or more (a sleep: the clock is
@@ -639,7 +749,9 @@ mod tests {
             8,
             "the marks of steps 1001 and 2001: fast"
         );
+        assert!(!one.lock_step());
         assert_eq!(ask(&mut one, 2003), 1, "step 2002 took a second and more");
+        assert!(one.lock_step(), "a second a step: lock-step");
         stop.raise(SIGTERM);
         assert_eq!(
             one.after_step(&stop, &CpuBackend, 2004, false).unwrap(),

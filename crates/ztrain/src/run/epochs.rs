@@ -127,8 +127,8 @@ impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
     /// The stop signal after step `step`: this process's own in a job of one (a flag, read
     /// every step); in a job of several, the one the ranks agree on where a read-back
     /// window completes (the same steps on every rank, so they all stop after the same one).
-    /// `drained`: nothing of the run is queued (an epoch's end), so the agreement is read at
-    /// once.
+    /// `drained`: nothing of the run is queued (an epoch's end, or every step in lock-step),
+    /// so the agreement is read at once.
     fn signal(&mut self, drained: bool) -> Result<Option<i32>> {
         if self.ctx.world > 1 && !self.feed.settled(&self.learner) {
             return Ok(None);
@@ -286,8 +286,15 @@ impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
         if let Some(s) = self.soak.as_mut().filter(|s| s.due(self.progress.step)) {
             s.samples.push(sample_memory(self.b, self.progress.step));
         }
+        // Long steps go lock-step (`signals::Agreement::lock_step`, on the same step on every
+        // rank): the step just queued is read back before the stop is asked, so a signal stops
+        // the run after the step the device was running, not after one queued behind it.
+        let lock_step = self.agree.lock_step();
+        if lock_step {
+            self.flush(tally)?;
+        }
         let t0 = Instant::now();
-        let signal = self.signal(false)?;
+        let signal = self.signal(lock_step)?;
         // In a job of several the ranks agree once a window through a collective queued behind
         // the window's steps, so this waits for them: training time, as the flush's wait.
         self.training.add(0, t0.elapsed());
@@ -299,7 +306,7 @@ impl<B: TrainBackend + MemorySource, M: Model<B, f32>> Epochs<'_, '_, B, M> {
             self.flush(tally)?;
             self.save()?;
         }
-        if !reports.is_empty() || stop || every || signal.is_some() {
+        if !reports.is_empty() || lock_step || stop || every || signal.is_some() {
             bar.update(self.progress.position, tally.mean_loss(), self.b.in_use());
         }
         if let Some(sig) = signal {
