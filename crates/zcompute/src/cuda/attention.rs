@@ -459,6 +459,28 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// Under bf16 every shape takes its float32 kernel's bf16 form with the same launch; the
+    /// shapes of the composite stay the composite's.
+    #[rstest::rstest]
+    #[case::short_dh64(shape(256, 12, 4, 64), Kernel::QkNormAttentionDh64Bf16)]
+    #[case::short_dh32(shape(3, 5, 2, 32), Kernel::QkNormAttentionDh32Bf16)]
+    #[case::general(shape(2, 17, 4, 24), Kernel::QkNormAttentionBf16)]
+    fn bf16_takes_the_bf16_form_with_the_same_launch(#[case] a: Attention, #[case] want: Kernel) {
+        for backward in [false, true] {
+            let (k32, c32) = pick(a, backward, false).expect("fused");
+            let (k16, c16) = pick(a, backward, true).expect("fused");
+            assert_eq!(k16, form(k32, true));
+            assert_ne!(k16, k32);
+            let launch = |c: LaunchConfig| (c.grid, c.block, c.shared_mem_bytes);
+            assert_eq!(launch(c16), launch(c32));
+            if !backward {
+                assert_eq!(k16, want);
+            }
+        }
+        assert!(pick(shape(1, 70, 2, 8), false, true).is_none());
+        assert!(pick(shape(1, 70, 2, 8), true, true).is_none());
+    }
+
     #[test]
     fn the_backward_takes_the_matching_short_kernel_and_its_shared_memory() {
         let a = shape(256, 12, 4, 64);
