@@ -164,16 +164,19 @@ const fn case(batch: usize, seq: usize, heads: usize, dh: usize) -> Case {
 #[case::narrow_heads(case(2, 7, 2, 32))]
 #[case::other_width(case(2, 17, 2, 24))]
 #[case::long_sequence(case(1, 70, 2, 8))]
-#[allow(clippy::print_stdout)] // the measured errors belong in the test's output
 fn cpu_bf16_matches_the_composite_with_bf16_products(#[case] c: Case) {
     let fused = run_mode(&CPU, c, MathMode::Bf16, false);
     let composite = run_mode(&CPU, c, MathMode::Bf16, true);
     let f32 = run_mode(&CPU, c, MathMode::F32, false);
-    println!(
-        "{c:?}: fused bf16 vs composite bf16 {:.1e}, vs float32 {:.1e}",
-        Errs(errors(&fused, &composite)),
-        Errs(errors(&fused, &f32))
-    );
+    // The measured errors belong in the test's output.
+    #[allow(clippy::print_stdout)]
+    {
+        println!(
+            "{c:?}: fused bf16 vs composite bf16 {:.1e}, vs float32 {:.1e}",
+            Errs(errors(&fused, &composite)),
+            Errs(errors(&fused, &f32))
+        );
+    }
     assert_bf16_close(c, "CPU", CPU_TOL, (&fused, &composite, &f32));
 }
 
