@@ -295,13 +295,16 @@ macro_rules! bf16_suite {
         use super::{case, device_matches_cpu};
 
         /// The short kernels (heads of 64 and 32, one warp a row and four warps a block),
-        /// attention.cu's kernel (another head width, a longer sequence).
+        /// attention.cu's kernel (another head width, a longer sequence). (On the CPU the
+        /// composite with bf16 products gives the fused core's output and qkv gradient bits, so
+        /// a composite backward on the simulator is exact too.)
         #[rstest::rstest]
         #[case::xasset(case(3, 12, 4, 64))]
         #[case::xasset_many_heads(case(160, 12, 4, 64))]
         #[case::narrow_heads(case(2, 7, 2, 32))]
         #[case::general_kernel(case(2, 17, 2, 24))]
-        #[case::general_kernel_wide(case(1, 40, 1, 64))]
+        // attention.cu's forward; its backward's shared memory does not fit: the composite's.
+        #[case::general_forward_composite_backward(case(1, 40, 1, 64))]
         fn fused_bf16_matches_the_cpu(#[case] c: crate::attention::Case) {
             device_matches_cpu(&$backend(), c, $exact);
         }
