@@ -6,6 +6,12 @@
 // runs in a fixed order (warp trees or plain loops): two runs give the same bits. Rows of
 // [S, dh] arrays in shared memory are ld = dh | 1 floats apart (odd), so the lanes of a warp
 // reading one column of different rows hit different banks.
+//
+// Each kernel is a template over BF16 with two entries: `_f32` (float32 products) and `_bf16`
+// (issue 42's bf16 policy: every operand of the products Q·Kᵀ, P·V, dO·Vᵀ, Pᵀ·dO, dS·K and
+// dSᵀ·Q rounded to bf16, nearest-even, where it is made; float32 accumulation; LayerNorm, the
+// softmax and its backward, which read the float32 P, and every other sum in float32). The
+// CPU backend (crates/zcompute/src/cpu/attention.rs) rounds the same values.
 #include "common.cuh"
 
 // Warps per block: one per query row at S = 12 (the per-sample step), so no warp walks two
@@ -13,7 +19,9 @@
 #define ATTN_WARPS 16
 
 // LayerNorm of one dh-wide row by one warp: src -> dst (xhat * w + b when w is not null, else
-// xhat); returns rstd. Two passes (mean, then squared deviations), as the CPU reference.
+// xhat); returns rstd. Two passes (mean, then squared deviations), as the CPU reference. In the
+// bf16 form the affine result (a product's operand) is rounded to bf16.
+template <bool BF16>
 __device__ __forceinline__ float attn_norm_row(float* dst, const float* src, const float* w,
                                                const float* b, unsigned dh, float eps,
                                                unsigned lane) {
@@ -32,7 +40,7 @@ __device__ __forceinline__ float attn_norm_row(float* dst, const float* src, con
     float rstd = 1.0f / sqrtf(warp_sum(sq) / (float)dh + eps);
     for (unsigned d = lane; d < dh; d += 32) {
         float xhat = (dst[d] - mean) * rstd;
-        dst[d] = w ? xhat * w[d] + b[d] : xhat;
+        dst[d] = w ? zc_operand<BF16>(xhat * w[d] + b[d]) : xhat;
     }
     return rstd;
 }
@@ -57,12 +65,12 @@ __device__ __forceinline__ void attn_softmax_row(float* p, unsigned seq, unsigne
 
 // Forward. Grid: batch * heads blocks of ATTN_WARPS warps. Shared memory (floats):
 // kn [S*ld], v [S*ld], one q row [dh] and one probability row [S] per warp.
-extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv,
-                                                   const float* qw, const float* qb,
-                                                   const float* kw, const float* kb,
-                                                   unsigned batch, unsigned seq,
-                                                   unsigned heads, unsigned dh, float eps) {
-    extern __shared__ float sm[];
+// `sm`: the block's dynamic shared memory (declared by the entries).
+template <bool BF16>
+__device__ __forceinline__ void attn_forward(float* sm, float* out, const float* qkv,
+                                             const float* qw, const float* qb, const float* kw,
+                                             const float* kb, unsigned batch, unsigned seq,
+                                             unsigned heads, unsigned dh, float eps) {
     const unsigned bh = blockIdx.x;
     if (bh >= batch * heads) return;
     const unsigned b = bh / heads, h = bh % heads;
@@ -77,13 +85,14 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
     const float* base = qkv + (u64)b * seq * row_stride + (u64)h * dh;
     for (unsigned r = warp; r < seq; r += ATTN_WARPS) {
         const float* src = base + (u64)r * row_stride;
-        attn_norm_row(kn + r * ld, src + width, kw, kb, dh, eps, lane);
-        for (unsigned d = lane; d < dh; d += 32) vs[r * ld + d] = src[2 * width + d];
+        attn_norm_row<BF16>(kn + r * ld, src + width, kw, kb, dh, eps, lane);
+        for (unsigned d = lane; d < dh; d += 32)
+            vs[r * ld + d] = zc_operand<BF16>(src[2 * width + d]);
     }
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)dh);
     for (unsigned i = warp; i < seq; i += ATTN_WARPS) {
-        attn_norm_row(qrow, base + (u64)i * row_stride, qw, qb, dh, eps, lane);
+        attn_norm_row<BF16>(qrow, base + (u64)i * row_stride, qw, qb, dh, eps, lane);
         __syncwarp();
         for (unsigned j = lane; j < seq; j += 32) {
             float s = 0.0f;
@@ -95,11 +104,28 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
         float* dst = out + ((u64)b * seq + i) * width + (u64)h * dh;
         for (unsigned d = lane; d < dh; d += 32) {
             float acc = 0.0f;
-            for (unsigned j = 0; j < seq; ++j) acc += prow[j] * vs[j * ld + d];
+            for (unsigned j = 0; j < seq; ++j)
+                acc += zc_operand<BF16>(prow[j]) * vs[j * ld + d];
             dst[d] = acc;
         }
         __syncwarp();
     }
+}
+extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv,
+                                                   const float* qw, const float* qb,
+                                                   const float* kw, const float* kb,
+                                                   unsigned batch, unsigned seq,
+                                                   unsigned heads, unsigned dh, float eps) {
+    extern __shared__ float sm[];
+    attn_forward<false>(sm, out, qkv, qw, qb, kw, kb, batch, seq, heads, dh, eps);
+}
+extern "C" __global__ void zc_qk_norm_attention_bf16(float* out, const float* qkv,
+                                                    const float* qw, const float* qb,
+                                                    const float* kw, const float* kb,
+                                                    unsigned batch, unsigned seq,
+                                                    unsigned heads, unsigned dh, float eps) {
+    extern __shared__ float sm[];
+    attn_forward<true>(sm, out, qkv, qw, qb, kw, kb, batch, seq, heads, dh, eps);
 }
 
 // Backward, recomputing the forward. Grid: batch * heads blocks of ATTN_WARPS warps. Writes
@@ -109,11 +135,11 @@ extern "C" __global__ void zc_qk_norm_attention_f32(float* out, const float* qkv
 // reduction can add straight into that parameter's gradient buffer).
 // Shared memory (floats): qhat, khat, v (later dkn), go (later dqn) [S*ld each], P and dS
 // [S*S each], q and k rstd [S each], qn and kn [S*ld each].
-extern "C" __global__ void zc_qk_norm_attention_backward_f32(
-    float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,
+template <bool BF16>
+__device__ __forceinline__ void attn_backward(
+    float* sm, float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,
     const float* qb, const float* kw, const float* kb, unsigned batch, unsigned seq,
     unsigned heads, unsigned dh, float eps) {
-    extern __shared__ float sm[];
     const unsigned bh = blockIdx.x;
     if (bh >= batch * heads) return;
     const unsigned b = bh / heads, h = bh % heads;
@@ -139,17 +165,19 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     const float* gin = g + (u64)b * seq * width + (u64)h * dh;
     for (unsigned r = warp; r < seq; r += ATTN_WARPS) {
         const float* src = base + (u64)r * row_stride;
-        float rq = attn_norm_row(qhat + r * ld, src, nullptr, nullptr, dh, eps, lane);
-        float rk = attn_norm_row(khat + r * ld, src + width, nullptr, nullptr, dh, eps, lane);
+        float rq = attn_norm_row<BF16>(qhat + r * ld, src, nullptr, nullptr, dh, eps, lane);
+        float rk =
+            attn_norm_row<BF16>(khat + r * ld, src + width, nullptr, nullptr, dh, eps, lane);
         if (lane == 0) {
             qrstd[r] = rq;
             krstd[r] = rk;
         }
         for (unsigned d = lane; d < dh; d += 32) {
-            qn[r * ld + d] = qhat[r * ld + d] * qw[d] + qb[d];
-            kn[r * ld + d] = khat[r * ld + d] * kw[d] + kb[d];
-            vs[r * ld + d] = src[2 * width + d];
-            go[r * ld + d] = gin[(u64)r * width + d];
+            // The products' operands (qn, kn, v, go): rounded in the bf16 form.
+            qn[r * ld + d] = zc_operand<BF16>(qhat[r * ld + d] * qw[d] + qb[d]);
+            kn[r * ld + d] = zc_operand<BF16>(khat[r * ld + d] * kw[d] + kb[d]);
+            vs[r * ld + d] = zc_operand<BF16>(src[2 * width + d]);
+            go[r * ld + d] = zc_operand<BF16>(gin[(u64)r * width + d]);
         }
     }
     __syncthreads();
@@ -169,7 +197,8 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
     for (unsigned e = threadIdx.x; e < sd; e += blockDim.x) {
         unsigned j = e / dh, d = e % dh;
         float acc = 0.0f;
-        for (unsigned i = 0; i < seq; ++i) acc += p[i * seq + j] * go[i * ld + d];
+        for (unsigned i = 0; i < seq; ++i)
+            acc += zc_operand<BF16>(p[i * seq + j]) * go[i * ld + d];
         gbase[(u64)j * row_stride + 2 * width + d] = acc;
     }
     for (unsigned e = threadIdx.x; e < ss; e += blockDim.x) {
@@ -179,14 +208,15 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
         ds[e] = acc;
     }
     __syncthreads();
-    // dS = P * (dP - rowsum(P * dP)) * scale, one warp per row.
+    // dS = P * (dP - rowsum(P * dP)) * scale, one warp per row (the float32 P; dS, the
+    // operand of the two products below, rounded in the bf16 form).
     for (unsigned i = warp; i < seq; i += ATTN_WARPS) {
         float dot = 0.0f;
         for (unsigned j = lane; j < seq; j += 32) dot += p[i * seq + j] * ds[i * seq + j];
         dot = warp_sum(dot);
         for (unsigned j = lane; j < seq; j += 32) {
             float pj = p[i * seq + j];
-            ds[i * seq + j] = pj * (ds[i * seq + j] - dot) * scale;
+            ds[i * seq + j] = zc_operand<BF16>(pj * (ds[i * seq + j] - dot) * scale);
         }
     }
     __syncthreads();
@@ -240,6 +270,22 @@ extern "C" __global__ void zc_qk_norm_attention_backward_f32(
             dst[d] = rstd * (dn[d] * w[d] - m1 - xh[d] * m2);
         }
     }
+}
+extern "C" __global__ void zc_qk_norm_attention_backward_f32(
+    float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,
+    const float* qb, const float* kw, const float* kb, unsigned batch, unsigned seq,
+    unsigned heads, unsigned dh, float eps) {
+    extern __shared__ float sm[];
+    attn_backward<false>(sm, g_qkv, partials, g, qkv, qw, qb, kw, kb, batch, seq, heads, dh,
+                        eps);
+}
+extern "C" __global__ void zc_qk_norm_attention_backward_bf16(
+    float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,
+    const float* qb, const float* kw, const float* kb, unsigned batch, unsigned seq,
+    unsigned heads, unsigned dh, float eps) {
+    extern __shared__ float sm[];
+    attn_backward<true>(sm, g_qkv, partials, g, qkv, qw, qb, kw, kb, batch, seq, heads, dh,
+                        eps);
 }
 
 // ---------------------------------------------------------------------------------------------

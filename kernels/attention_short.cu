@@ -8,7 +8,9 @@
 // w takes rows r with r % W == w, and a row's arithmetic does not depend on W, so the bits do
 // not either. Every sum has a fixed order: two runs give the same bits. Against attention.cu
 // only the order of the d-sums of the scores and of dP differs (the others run in the same
-// order), so the results agree to float32 rounding, not bit for bit.
+// order), so the results agree to float32 rounding, not bit for bit. Each kernel has a float32
+// entry (`_f32`) and a bf16 one (`_bf16`): the products' operands rounded to bf16 where they
+// are made, as attention.cu's bf16 forms do (template parameter BF16).
 #include "common.cuh"
 
 #define ATTN_SHORT_MAX_SEQ 16
@@ -77,7 +79,7 @@ __device__ __forceinline__ float attn_softmax_keys(float s, bool valid) {
 // all warps; then each warp's query rows: q normalised in registers, scores, softmax, P·v.
 // The block's key rows into shared memory, a warp a row: kn = LayerNorm(k) * w + b and v, and,
 // where the pointers are given (the backward), xhat of k and its rstd.
-template <int DPL>
+template <int DPL, bool BF16>
 __device__ __forceinline__ void attn_short_keys(float* kn_s, float* v_s, float* khat_s,
                                                 float* krs_s, const float* base, u64 row_stride,
                                                 unsigned width, const float (&w_k)[DPL],
@@ -103,8 +105,8 @@ __device__ __forceinline__ void attn_short_keys(float* kn_s, float* v_s, float* 
 #pragma unroll
         for (int t = 0; t < DPL; ++t) {
             if (khat_s) khat_s[j * dh + lane + 32 * t] = k[t];
-            kn_s[j * dh + lane + 32 * t] = k[t] * w_k[t] + b_k[t];
-            v_s[j * dh + lane + 32 * t] = v[t];
+            kn_s[j * dh + lane + 32 * t] = zc_operand<BF16>(k[t] * w_k[t] + b_k[t]);
+            v_s[j * dh + lane + 32 * t] = zc_operand<BF16>(v[t]);
             k[t] = k_next[t];
             v[t] = v_next[t];
         }
@@ -131,7 +133,7 @@ __device__ __forceinline__ void attn_norm_backward_lanes(float* dst, const float
     for (int t = 0; t < DPL; ++t) dst[lane + 32 * t] = rstd * (dn[t] * w[t] - m1 - xh[t] * m2);
 }
 
-template <int DPL>
+template <int DPL, bool BF16>
 __device__ __forceinline__ void attn_short_forward(float* out, const float* qkv, const float* qw,
                                                    const float* qb, const float* kw,
                                                    const float* kb, unsigned batch, unsigned seq,
@@ -152,7 +154,8 @@ __device__ __forceinline__ void attn_short_forward(float* out, const float* qkv,
     extern __shared__ float sm[];
     float* kn_s = sm;
     float* v_s = kn_s + seq * dh;
-    attn_short_keys<DPL>(kn_s, v_s, nullptr, nullptr, base, row_stride, width, w_k, b_k, seq, eps);
+    attn_short_keys<DPL, BF16>(kn_s, v_s, nullptr, nullptr, base, row_stride, width, w_k, b_k,
+                               seq, eps);
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)dh);
     const bool valid = (lane >> 1) < seq;
@@ -161,7 +164,7 @@ __device__ __forceinline__ void attn_short_forward(float* out, const float* qkv,
         attn_lanes_load(q, base + (u64)i * row_stride, lane);
         attn_norm_lanes(q, dh, eps);
 #pragma unroll
-        for (int t = 0; t < DPL; ++t) q[t] = q[t] * w_q[t] + b_q[t];
+        for (int t = 0; t < DPL; ++t) q[t] = zc_operand<BF16>(q[t] * w_q[t] + b_q[t]);
         float part[ATTN_SHORT_MAX_SEQ];
 #pragma unroll
         for (int j = 0; j < ATTN_SHORT_MAX_SEQ; ++j) {
@@ -172,7 +175,8 @@ __device__ __forceinline__ void attn_short_forward(float* out, const float* qkv,
             }
             part[j] = s;
         }
-        float p = attn_softmax_keys(attn_keys_sum(part, lane) * scale, valid);
+        // The probability as P·v reads it.
+        float p = zc_operand<BF16>(attn_softmax_keys(attn_keys_sum(part, lane) * scale, valid));
         float acc[DPL];
 #pragma unroll
         for (int t = 0; t < DPL; ++t) acc[t] = 0.0f;
@@ -194,7 +198,7 @@ __device__ __forceinline__ void attn_short_forward(float* out, const float* qkv,
 // [S*dh each], P and dS [S*S], k's rstd [S]. Query rows first (P, dP, dS in the key lanes,
 // dqn = dS·kn, q's LayerNorm input gradient), then key rows (dv = Pᵀ·go, dkn = dSᵀ·qn, k's
 // input gradient), then the parameter partials as attention.cu writes them.
-template <int DPL>
+template <int DPL, bool BF16>
 __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partials, const float* g,
                                                     const float* qkv, const float* qw,
                                                     const float* qb, const float* kw,
@@ -235,7 +239,8 @@ __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partial
         attn_lanes_load(qh, base + (u64)warp * row_stride, lane);
         attn_lanes_load(go, gin + (u64)warp * width, lane);
     }
-    attn_short_keys<DPL>(kn_s, v_s, khat_s, krs_s, base, row_stride, width, w_k, b_k, seq, eps);
+    attn_short_keys<DPL, BF16>(kn_s, v_s, khat_s, krs_s, base, row_stride, width, w_k, b_k,
+                               seq, eps);
     __syncthreads();
     const float scale = 1.0f / sqrtf((float)dh);
     const bool valid = (lane >> 1) < seq;
@@ -249,7 +254,9 @@ __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partial
         float rq = attn_norm_lanes(qh, dh, eps);
 #pragma unroll
         for (int t = 0; t < DPL; ++t) {
-            qn[t] = qh[t] * w_q[t] + b_q[t];
+            // qn and go are read only as products' operands: rounded in the bf16 form.
+            qn[t] = zc_operand<BF16>(qh[t] * w_q[t] + b_q[t]);
+            go[t] = zc_operand<BF16>(go[t]);
             qn_s[i * dh + lane + 32 * t] = qn[t];
             go_s[i * dh + lane + 32 * t] = go[t];
             qhat_s[i * dh + lane + 32 * t] = qh[t];
@@ -271,9 +278,11 @@ __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partial
         float p = attn_softmax_keys(attn_keys_sum(ps, lane) * scale, valid);
         float dp = attn_keys_sum(pd, lane);
         float dot = attn_distinct_sum(valid ? p * dp : 0.0f);
-        float ds = p * (dp - dot) * scale;
+        // The softmax backward reads the float32 P; P (for dv = Pᵀ·go) and dS (for dq and dk)
+        // are stored as the products read them.
+        float ds = zc_operand<BF16>(p * (dp - dot) * scale);
         if (valid && !(lane & 1)) {
-            p_s[i * seq + jo] = p;
+            p_s[i * seq + jo] = zc_operand<BF16>(p);
             ds_s[i * seq + jo] = ds;
         }
         float dq[DPL];
@@ -341,22 +350,24 @@ __device__ __forceinline__ void attn_short_backward(float* g_qkv, float* partial
 }
 
 // The entries take attention.cu's parameter lists (dh included, which must be 32 * DPL: the
-// host launches these only for such heads).
-#define ATTN_SHORT_ENTRY(DH, DPL)                                                              \
-    extern "C" __global__ void zc_qk_norm_attention_dh##DH##_f32(                              \
+// host launches these only for such heads); SUFFIX names the form (f32 or bf16).
+#define ATTN_SHORT_ENTRY(DH, DPL, SUFFIX, BF16)                                                \
+    extern "C" __global__ void zc_qk_norm_attention_dh##DH##_##SUFFIX(                         \
         float* out, const float* qkv, const float* qw, const float* qb, const float* kw,      \
         const float* kb, unsigned batch, unsigned seq, unsigned heads, unsigned dh,           \
         float eps) {                                                                           \
         if (dh != DH || seq > ATTN_SHORT_MAX_SEQ) return;                                      \
-        attn_short_forward<DPL>(out, qkv, qw, qb, kw, kb, batch, seq, heads, eps);             \
+        attn_short_forward<DPL, BF16>(out, qkv, qw, qb, kw, kb, batch, seq, heads, eps);       \
     }                                                                                          \
-    extern "C" __global__ void zc_qk_norm_attention_backward_dh##DH##_f32(                     \
+    extern "C" __global__ void zc_qk_norm_attention_backward_dh##DH##_##SUFFIX(                \
         float* g_qkv, float* partials, const float* g, const float* qkv, const float* qw,     \
         const float* qb, const float* kw, const float* kb, unsigned batch, unsigned seq,      \
         unsigned heads, unsigned dh, float eps) {                                              \
         if (dh != DH || seq > ATTN_SHORT_MAX_SEQ) return;                                      \
-        attn_short_backward<DPL>(g_qkv, partials, g, qkv, qw, qb, kw, kb, batch, seq, heads,   \
-                                 eps);                                                         \
+        attn_short_backward<DPL, BF16>(g_qkv, partials, g, qkv, qw, qb, kw, kb, batch, seq,    \
+                                       heads, eps);                                            \
     }
-ATTN_SHORT_ENTRY(32, 1)
-ATTN_SHORT_ENTRY(64, 2)
+ATTN_SHORT_ENTRY(32, 1, f32, false)
+ATTN_SHORT_ENTRY(64, 2, f32, false)
+ATTN_SHORT_ENTRY(32, 1, bf16, true)
+ATTN_SHORT_ENTRY(64, 2, bf16, true)

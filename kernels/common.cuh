@@ -157,3 +157,19 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ bool aligned16(const void* p) {
     return (((unsigned long long)p) & 15ull) == 0;
 }
+
+// x rounded to bf16 (nearest, ties to even) and widened back to float: convert.cu's integer
+// formula (and zdevice's `rounding::bf16_bits`), so a kernel's bf16 operands have the CPU
+// emulation's bits. A NaN stays a quiet NaN of its sign; past bf16's largest, an infinity.
+__device__ __forceinline__ float zc_round_bf16(float x) {
+    unsigned int b = __float_as_uint(x);
+    unsigned int r = (b & 0x7fffffffu) > 0x7f800000u ? ((b >> 16) | 0x0040u)
+                                                      : ((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    return __uint_as_float(r << 16);
+}
+
+// A product's operand under a kernel's precision: rounded to bf16 in its bf16 form, else as is.
+template <bool BF16>
+__device__ __forceinline__ float zc_operand(float x) {
+    return BF16 ? zc_round_bf16(x) : x;
+}

@@ -13,6 +13,7 @@
 use crate::backend::{BTensor, Backend, MatmulOpts};
 use crate::element::Element;
 use crate::error::Result;
+use crate::precision::{MathMode, unsupported};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::validate;
@@ -88,6 +89,73 @@ pub trait AttentionOps<T: Element>: Backend<T> {
         backward_into(self, g, qkv, norm, param_grads)
     }
 
+    /// [`AttentionOps::qk_norm_attention`] with its two products (`Q·Kᵀ`, `P·V`) under `mode`
+    /// (the trainer's precision policy, `zgrad::Precision::math_mode`): under
+    /// [`MathMode::Bf16`] their operands rounded to bf16 (nearest-even) with float32
+    /// accumulation, the LayerNorms and the softmax in float32; under [`MathMode::F32`] and
+    /// [`MathMode::Tf32`] the float32 op itself, bit for bit (no backend has a TF32 form of
+    /// the fused core; float32 products are within TF32's error, which the mode allows, as
+    /// cuBLAS's `FAST_TF32` does). The provided body refuses bf16
+    /// ([`crate::ComputeError::MathModeUnsupported`]): never float32 under its name. The CPU
+    /// backend (f32) emulates it; the CUDA backend runs the bf16 kernels (the simulated
+    /// device: the CPU's code, bit for bit).
+    fn qk_norm_attention_mode(
+        &self,
+        qkv: &BTensor<Self, T>,
+        norm: &QkNorm<'_, Self::Storage>,
+        mode: MathMode,
+    ) -> Result<BTensor<Self, T>> {
+        match mode {
+            MathMode::F32 | MathMode::Tf32 => self.qk_norm_attention(qkv, norm),
+            MathMode::Bf16 => Err(unsupported::<T>(
+                "qk_norm_attention_mode",
+                mode,
+                self.name(),
+            )),
+        }
+    }
+
+    /// [`AttentionOps::qk_norm_attention_backward`] with its four products (`dP = dO·Vᵀ`,
+    /// `dV = Pᵀ·dO`, `dQ = dS·K`, `dK = dSᵀ·Q`) and the recomputed forward's under `mode`,
+    /// as [`AttentionOps::qk_norm_attention_mode`] says (the softmax backward reads the float32
+    /// `P`). The provided body refuses bf16.
+    fn qk_norm_attention_backward_mode(
+        &self,
+        g: &BTensor<Self, T>,
+        qkv: &BTensor<Self, T>,
+        norm: &QkNorm<'_, Self::Storage>,
+        mode: MathMode,
+    ) -> Result<QkNormAttentionGrads<Self::Storage>> {
+        match mode {
+            MathMode::F32 | MathMode::Tf32 => self.qk_norm_attention_backward(g, qkv, norm),
+            MathMode::Bf16 => Err(unsupported::<T>(
+                "qk_norm_attention_backward_mode",
+                mode,
+                self.name(),
+            )),
+        }
+    }
+
+    /// [`AttentionOps::qk_norm_attention_backward_into`] under `mode`
+    /// ([`AttentionOps::qk_norm_attention_backward_mode`]). The provided body: float32 and
+    /// TF32 as `qk_norm_attention_backward_into`; bf16 the backward under the mode, then each
+    /// parameter's gradient added into its buffer.
+    fn qk_norm_attention_backward_into_mode(
+        &self,
+        g: &BTensor<Self, T>,
+        qkv: &BTensor<Self, T>,
+        norm: &QkNorm<'_, Self::Storage>,
+        param_grads: [Option<&BTensor<Self, T>>; 4],
+        mode: MathMode,
+    ) -> Result<QkNormAttentionGradsInto<Self::Storage>> {
+        match mode {
+            MathMode::F32 | MathMode::Tf32 => {
+                self.qk_norm_attention_backward_into(g, qkv, norm, param_grads)
+            }
+            MathMode::Bf16 => backward_into_mode(self, g, qkv, norm, param_grads, mode),
+        }
+    }
+
     /// Scaled dot-product attention with a key-padding mask: `q [B, Sq, dk]`, `k [B, Sk, dk]`,
     /// `v [B, Sk, dv]` and `key_keep [B, Sk]` (1 keep, 0 padding; `None`: every key kept) to
     /// `softmax(q·kᵀ·scale over the kept keys)·v`, `[B, Sq, dv]`. A query whose keys are all
@@ -146,11 +214,16 @@ const TN: MatmulOpts = MatmulOpts {
     trans_b: false,
 };
 
+/// A batched matrix product of the composite: the float32 [`Backend::matmul`], or a product
+/// under a [`MathMode`] ([`PrecisionOps::matmul_mode`](crate::PrecisionOps::matmul_mode)).
+type Product<'a, S> = &'a dyn Fn(&Tensor<S>, &Tensor<S>, MatmulOpts) -> Result<Tensor<S>>;
+
 fn heads_forward<B: Backend<T> + ?Sized, T: Element>(
     b: &B,
     qkv: &Tensor<B::Storage>,
     norm: &QkNorm<'_, B::Storage>,
     a: validate::Attention,
+    mm: Product<'_, B::Storage>,
 ) -> Result<Heads<B::Storage>> {
     // [B, S, 3, H, dh] -> [3, B, H, S, dh]; a narrow of the first axis gives q, k, v.
     let split = qkv
@@ -163,7 +236,7 @@ fn heads_forward<B: Backend<T> + ?Sized, T: Element>(
     let (q, k, v) = (part(0)?, part(1)?, part(2)?);
     let qn = b.layer_norm(&q, Some(norm.q_weight), Some(norm.q_bias), norm.eps)?;
     let kn = b.layer_norm(&k, Some(norm.k_weight), Some(norm.k_bias), norm.eps)?;
-    let scores = b.matmul(&qn.out, &kn.out, NT)?;
+    let scores = mm(&qn.out, &kn.out, NT)?;
     let scores = b.binary_scalar(
         crate::backend::BinaryOp::Mul,
         &scores,
@@ -197,12 +270,33 @@ pub fn composite_forward<B: Backend<T> + ?Sized, T: Element>(
     qkv: &Tensor<B::Storage>,
     norm: &QkNorm<'_, B::Storage>,
 ) -> Result<Tensor<B::Storage>> {
+    forward_with(b, qkv, norm, &|x, y, o| b.matmul(x, y, o))
+}
+
+/// [`composite_forward`] with its two products under `mode`
+/// ([`PrecisionOps::matmul_mode`](crate::PrecisionOps::matmul_mode)): a device backend's
+/// fallback for the shapes its fused kernels do not take.
+pub fn composite_forward_mode<B: crate::PrecisionOps<T> + ?Sized, T: Element>(
+    b: &B,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+    mode: MathMode,
+) -> Result<Tensor<B::Storage>> {
+    forward_with(b, qkv, norm, &|x, y, o| b.matmul_mode(x, y, o, mode))
+}
+
+fn forward_with<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+    mm: Product<'_, B::Storage>,
+) -> Result<Tensor<B::Storage>> {
     let a = validate::qk_norm_attention(qkv, norm)?;
     if a.is_empty() {
         return b.zeros(&[a.batch, a.seq, a.heads * a.dh]);
     }
-    let h = heads_forward(b, qkv, norm, a)?;
-    let out = b.matmul(&h.probs, &h.v, MatmulOpts::default())?;
+    let h = heads_forward(b, qkv, norm, a, mm)?;
+    let out = mm(&h.probs, &h.v, MatmulOpts::default())?;
     concat_heads(b, &out, a)
 }
 
@@ -213,6 +307,28 @@ pub fn composite_backward<B: Backend<T> + ?Sized, T: Element>(
     g: &Tensor<B::Storage>,
     qkv: &Tensor<B::Storage>,
     norm: &QkNorm<'_, B::Storage>,
+) -> Result<QkNormAttentionGrads<B::Storage>> {
+    backward_with(b, g, qkv, norm, &|x, y, o| b.matmul(x, y, o))
+}
+
+/// [`composite_backward`] with every product (the recomputed forward's and the four of the
+/// backward) under `mode`, as [`composite_forward_mode`].
+pub fn composite_backward_mode<B: crate::PrecisionOps<T> + ?Sized, T: Element>(
+    b: &B,
+    g: &Tensor<B::Storage>,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+    mode: MathMode,
+) -> Result<QkNormAttentionGrads<B::Storage>> {
+    backward_with(b, g, qkv, norm, &|x, y, o| b.matmul_mode(x, y, o, mode))
+}
+
+fn backward_with<B: Backend<T> + ?Sized, T: Element>(
+    b: &B,
+    g: &Tensor<B::Storage>,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+    mm: Product<'_, B::Storage>,
 ) -> Result<QkNormAttentionGrads<B::Storage>> {
     let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
     if a.is_empty() {
@@ -225,14 +341,14 @@ pub fn composite_backward<B: Backend<T> + ?Sized, T: Element>(
             k_bias: b.zeros(&dh)?,
         });
     }
-    let h = heads_forward(b, qkv, norm, a)?;
+    let h = heads_forward(b, qkv, norm, a, mm)?;
     // g [B, S, D] -> [B, H, S, dh]
     let go = b.contiguous(
         &g.reshape(&[a.batch, a.seq, a.heads, a.dh])?
             .permute(&[0, 2, 1, 3])?,
     )?;
-    let dv = b.matmul(&h.probs, &go, TN)?;
-    let dp = b.matmul(&go, &h.v, NT)?;
+    let dv = mm(&h.probs, &go, TN)?;
+    let dp = mm(&go, &h.v, NT)?;
     let ds = b.softmax_backward(&dp, &h.probs)?;
     let ds = b.binary_scalar(
         crate::backend::BinaryOp::Mul,
@@ -240,8 +356,8 @@ pub fn composite_backward<B: Backend<T> + ?Sized, T: Element>(
         a.scale::<T>(),
         crate::backend::ScalarSide::Rhs,
     )?;
-    let dqn = b.matmul(&ds, &h.kn.out, MatmulOpts::default())?;
-    let dkn = b.matmul(&ds, &h.qn.out, TN)?;
+    let dqn = mm(&ds, &h.kn.out, MatmulOpts::default())?;
+    let dkn = mm(&ds, &h.qn.out, TN)?;
     let rows = [a.batch * a.heads * a.seq, a.dh];
     let ln = |g: &Tensor<B::Storage>,
               x: &Tensor<B::Storage>,
@@ -297,8 +413,24 @@ pub(crate) fn backward_into<B: AttentionOps<T> + ?Sized, T: Element>(
     norm: &QkNorm<'_, B::Storage>,
     param_grads: [Option<&Tensor<B::Storage>>; 4],
 ) -> Result<QkNormAttentionGradsInto<B::Storage>> {
+    backward_into_mode(b, g, qkv, norm, param_grads, MathMode::F32)
+}
+
+/// [`backward_into`] with the backward under `mode`
+/// ([`AttentionOps::qk_norm_attention_backward_mode`]; float32: the plain backward).
+pub(crate) fn backward_into_mode<B: AttentionOps<T> + ?Sized, T: Element>(
+    b: &B,
+    g: &Tensor<B::Storage>,
+    qkv: &Tensor<B::Storage>,
+    norm: &QkNorm<'_, B::Storage>,
+    param_grads: [Option<&Tensor<B::Storage>>; 4],
+    mode: MathMode,
+) -> Result<QkNormAttentionGradsInto<B::Storage>> {
     validate::qk_norm_attention_backward_into(g, qkv, norm, param_grads)?;
-    let r = b.qk_norm_attention_backward(g, qkv, norm)?;
+    let r = match mode {
+        MathMode::F32 => b.qk_norm_attention_backward(g, qkv, norm)?,
+        _ => b.qk_norm_attention_backward_mode(g, qkv, norm, mode)?,
+    };
     let grads = [r.q_weight, r.q_bias, r.k_weight, r.k_bias];
     let mut params = [None, None, None, None];
     for ((grad, dst), out) in grads.into_iter().zip(param_grads).zip(&mut params) {

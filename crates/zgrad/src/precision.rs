@@ -44,7 +44,8 @@ impl Precision {
 
     /// The arithmetic of this policy's matrix products on a backend
     /// (`zcompute::PrecisionOps::matmul_mode` and the Linear forms beside it): the door the
-    /// trainer takes to run its products under the policy. Every other op stays float32.
+    /// trainer takes to run its products under the policy, attention's fused core's included
+    /// (`zcompute::AttentionOps::qk_norm_attention_mode`). Every other op stays float32.
     #[must_use]
     pub fn math_mode(self) -> zcompute::MathMode {
         match self {

@@ -168,8 +168,10 @@ impl<'b, B: Ops<T>, T: Element> Tape<'b, B, T> {
         Self::with(backend, true, AllocClass::Saved)
     }
 
-    /// This tape with its matrix products (Linear layers forward and backward, `matmul`) run
-    /// under `mode` (`zcompute::PrecisionOps`; `Precision::math_mode` maps a policy to it).
+    /// This tape with its matrix products (Linear layers forward and backward, `matmul`, the
+    /// products inside attention's fused core) run under `mode` (`zcompute::PrecisionOps`,
+    /// `zcompute::AttentionOps::qk_norm_attention_mode`; `Precision::math_mode` maps a policy
+    /// to it).
     /// Everything else stays float32. Under [`MathMode::F32`] the products are the backend's
     /// float32 ones, bit for bit as without this call. A backend that cannot run `mode`
     /// refuses the first product with a typed error.

@@ -6,6 +6,13 @@
 //! order. Written over slices so the kernels' simulated twins run the same code on device
 //! memory. The per-head functions are inlined into each task's body, which `par::simd_op`
 //! compiles for AVX2.
+//!
+//! Under bf16 products (`Params::bf16`, issue 42) every operand of the six products (`qn·knᵀ`,
+//! `P·v`; `go·vᵀ`, `Pᵀ·go`, `dS·kn`, `dSᵀ·qn`) is rounded to bf16 (nearest-even, the formula
+//! every bf16 product of the crate uses) and the products accumulate in float32 as before; the
+//! LayerNorm statistics, the softmax and its backward (which read the float32 `P`) and every
+//! sum stay float32. The operands are rounded where they are made, each once: the rounding
+//! costs the float32 path one branch a head.
 
 use super::math::{LANES, lanes_total, pairwise_sum, row_max};
 use super::{dense, gather, par};
@@ -23,6 +30,26 @@ pub(crate) struct Params<T> {
     pub(crate) k_weight: Vec<T>,
     pub(crate) k_bias: Vec<T>,
     pub(crate) eps: T,
+    /// The products' operands rounded to bf16 (the bf16 kernels); float32 otherwise.
+    pub(crate) bf16: bool,
+}
+
+/// `v` rounded to bf16 (nearest-even) and widened back. Only f32 elements reach it (the
+/// backends refuse bf16 products of other elements), for which the round trip through f64 is
+/// exact.
+#[inline(always)]
+fn to_bf16<T: Element>(v: T) -> T {
+    T::from_f64(f64::from(zdevice::rounding::round_to_bf16(
+        v.to_f64() as f32
+    )))
+}
+
+/// Rounds every element of `xs` to bf16 in place.
+#[inline(always)]
+fn round_all<T: Element>(xs: &mut [T]) {
+    for x in xs {
+        *x = to_bf16(*x);
+    }
 }
 
 /// Index of element 0 of row `s`, part `part` (0 q, 1 k, 2 v), head `h` of batch `b` in qkv.
@@ -57,15 +84,19 @@ struct Head<T> {
     kn: Vec<T>,
     v: Vec<T>,
     probs: Vec<T>,
+    /// `probs` rounded to bf16, the products' operand under bf16 (empty under float32, whose
+    /// products read `probs`).
+    probs_bf16: Vec<T>,
     /// Scratch: squared deviations of one row.
     sq: Vec<T>,
 }
 
 impl<T: Element> Head<T> {
-    fn new(a: Attention) -> Self {
+    fn new(a: Attention, bf16: bool) -> Self {
         let (s, dh) = (a.seq, a.dh);
         let z = |n: usize| vec![T::ZERO; n];
         Head {
+            probs_bf16: z(if bf16 { s * s } else { 0 }),
             qhat: z(s * dh),
             khat: z(s * dh),
             qrstd: z(s),
@@ -76,6 +107,12 @@ impl<T: Element> Head<T> {
             probs: z(s * s),
             sq: z(dh),
         }
+    }
+
+    /// The probabilities as the products `P·v` and `Pᵀ·go` read them.
+    #[inline(always)]
+    fn probs_operand(&self, bf16: bool) -> &[T] {
+        if bf16 { &self.probs_bf16 } else { &self.probs }
     }
 }
 
@@ -153,6 +190,13 @@ fn head<T: Element>(hd: &mut Head<T>, qkv: &[T], a: Attention, p: &Params<T>, b:
         let v = at(a, b, s, 2, h);
         hd.v[row].copy_from_slice(&qkv[v..v + dh]);
     }
+    if p.bf16 {
+        // qn, kn and v are read only as products' operands (qhat and khat, LayerNorm's
+        // backward inputs, stay float32).
+        round_all(&mut hd.qn);
+        round_all(&mut hd.kn);
+        round_all(&mut hd.v);
+    }
     let scale = a.scale::<T>();
     for (i, row) in hd.probs.chunks_exact_mut(s_len).enumerate() {
         dots(&hd.qn[i * dh..(i + 1) * dh], &hd.kn, row);
@@ -166,6 +210,11 @@ fn head<T: Element>(hd: &mut Head<T>, qkv: &[T], a: Attention, p: &Params<T>, b:
         let sum = pairwise_sum(row);
         for x in row.iter_mut() {
             *x = *x / sum;
+        }
+    }
+    if p.bf16 {
+        for (r, &x) in hd.probs_bf16.iter_mut().zip(&hd.probs) {
+            *r = to_bf16(x);
         }
     }
 }
@@ -261,13 +310,14 @@ fn forward_block<T: Element>(
     block: &mut [T],
 ) {
     let (s_len, dh, width) = (a.seq, a.dh, a.heads * a.dh);
-    let mut hd = Head::new(a);
+    let mut hd = Head::new(a, p.bf16);
     for (i, out) in block.chunks_exact_mut(s_len * width).enumerate() {
         let b = first + i;
         for h in 0..a.heads {
             head(&mut hd, qkv, a, p, b, h);
+            let probs = hd.probs_operand(p.bf16);
             for i in 0..s_len {
-                let prow = hd.probs[i * s_len..(i + 1) * s_len].iter().copied();
+                let prow = probs[i * s_len..(i + 1) * s_len].iter().copied();
                 let at = i * width + h * dh;
                 combine(prow, &hd.v, &mut out[at..at + dh]);
             }
@@ -361,7 +411,7 @@ fn backward_block<T: Element>(
 ) {
     let dh = a.dh;
     let per_batch = a.seq * 3 * a.heads * dh;
-    let (mut hd, mut sc) = (Head::new(a), Scratch::new(a));
+    let (mut hd, mut sc) = (Head::new(a, p.bf16), Scratch::new(a));
     for (i, (gq, part)) in gq
         .chunks_exact_mut(per_batch)
         .zip(part.chunks_exact_mut(a.heads * 4 * dh))
@@ -394,10 +444,16 @@ fn backward_head<T: Element>(
     for (i, go) in sc.go.chunks_exact_mut(dh).enumerate() {
         let start = (b * s_len + i) * width + h * dh;
         go.copy_from_slice(&g[start..start + dh]);
+        if p.bf16 {
+            // go is read only by the products dv = Pᵀ·go and dP = go·vᵀ.
+            round_all(go);
+        }
     }
-    // dv = Pᵀ·go, dP = go·vᵀ, dS = P * (dP - rowsum(P * dP)) * scale.
+    // dv = Pᵀ·go, dP = go·vᵀ, dS = P * (dP - rowsum(P * dP)) * scale (the softmax backward
+    // on the float32 P; under bf16 dS rounded, an operand of the two products below).
+    let probs = hd.probs_operand(p.bf16);
     for j in 0..s_len {
-        let pcol = (0..s_len).map(|i| hd.probs[i * s_len + j]);
+        let pcol = (0..s_len).map(|i| probs[i * s_len + j]);
         let start = at(a, b, j, 2, h) - base;
         combine(pcol, &sc.go, &mut gq[start..start + dh]);
     }
@@ -408,6 +464,9 @@ fn backward_head<T: Element>(
         let ds = &mut sc.ds[i * s_len..(i + 1) * s_len];
         for ((d, &p), &dp) in ds.iter_mut().zip(prow).zip(&sc.dp) {
             *d = p * (dp - row_dot) * scale;
+        }
+        if p.bf16 {
+            round_all(ds);
         }
     }
     // dqn = dS·kn, dkn = dSᵀ·qn.
@@ -472,8 +531,9 @@ pub(crate) fn sum_partials<T: Element>(partials: &[T], dh: usize) -> [Vec<T>; 4]
     sums
 }
 
-fn params<T: Element>(norm: &QkNorm<'_, CpuStorage<T>>) -> Params<T> {
+fn params<T: Element>(norm: &QkNorm<'_, CpuStorage<T>>, bf16: bool) -> Params<T> {
     Params {
+        bf16,
         q_weight: gather(norm.q_weight),
         q_bias: gather(norm.q_bias),
         k_weight: gather(norm.k_weight),
@@ -482,22 +542,27 @@ fn params<T: Element>(norm: &QkNorm<'_, CpuStorage<T>>) -> Params<T> {
     }
 }
 
+/// The forward; `bf16`: the products' operands rounded to bf16 (f32 elements only: the
+/// caller refuses the others).
 pub(crate) fn forward<T: Element>(
     qkv: &CpuTensor<T>,
     norm: &QkNorm<'_, CpuStorage<T>>,
+    bf16: bool,
 ) -> Result<CpuTensor<T>> {
     let a = validate::qk_norm_attention(qkv, norm)?;
-    let out = super::dense::with(qkv, |q| forward_slices(q, a, &params(norm)));
+    let out = super::dense::with(qkv, |q| forward_slices(q, a, &params(norm, bf16)));
     dense(out, &[a.batch, a.seq, a.heads * a.dh])
 }
 
+/// The backward; `bf16` as for [`forward`].
 pub(crate) fn backward<T: Element>(
     g: &CpuTensor<T>,
     qkv: &CpuTensor<T>,
     norm: &QkNorm<'_, CpuStorage<T>>,
+    bf16: bool,
 ) -> Result<QkNormAttentionGrads<CpuStorage<T>>> {
     let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
-    let p = params(norm);
+    let p = params(norm, bf16);
     let (g_qkv, partials) = super::dense::with2(g, qkv, |g, q| backward_slices(g, q, a, &p));
     let [qw, qb, kw, kb] = sum_partials(&partials, a.dh);
     Ok(QkNormAttentionGrads {

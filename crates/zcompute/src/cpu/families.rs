@@ -6,13 +6,14 @@ use crate::attention::{
     AttentionOps, KeyPaddingAttention, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads,
 };
 use crate::backend::{BTensor, Backend, LayerNormBackward, LayerNormGrads};
-use crate::element::Element;
+use crate::element::{DType, Element};
 use crate::error::Result;
 use crate::linear::{Activation, LinearOps};
 use crate::norm::{AddLayerNormOut, NormOps};
 use crate::optim::{OptimOps, SgdConfig};
 use crate::pinned::{HostVec, PinnedHost, pinned_range};
 use crate::pooled_loss::{PoolHeadBceGrads, PoolHeadBceOut, PooledLossOps};
+use crate::precision::{MathMode, unsupported};
 use crate::readback::ReadbackOps;
 use crate::step::StepOps;
 use crate::storage::CpuStorage;
@@ -75,13 +76,45 @@ impl<T: Element> NormOps<T> for CpuBackend {
     }
 }
 
+/// Whether attention's core runs its products' operands rounded to bf16 under `mode`: float32
+/// and TF32 run the float32 core (see `AttentionOps::qk_norm_attention_mode`), bf16 the
+/// emulation, on f32 elements only (f64 refuses it, as its other bf16 products).
+fn attention_bf16<T: Element>(cpu: &CpuBackend, op: &'static str, mode: MathMode) -> Result<bool> {
+    match mode {
+        MathMode::F32 | MathMode::Tf32 => Ok(false),
+        MathMode::Bf16 if T::DTYPE == DType::F32 => Ok(true),
+        MathMode::Bf16 => Err(unsupported::<T>(op, mode, Backend::<T>::name(cpu))),
+    }
+}
+
 impl<T: Element> AttentionOps<T> for CpuBackend {
     fn qk_norm_attention(
         &self,
         qkv: &CpuTensor<T>,
         norm: &QkNorm<'_, CpuStorage<T>>,
     ) -> Result<CpuTensor<T>> {
-        attention::forward(qkv, norm)
+        attention::forward(qkv, norm, false)
+    }
+
+    fn qk_norm_attention_mode(
+        &self,
+        qkv: &CpuTensor<T>,
+        norm: &QkNorm<'_, CpuStorage<T>>,
+        mode: MathMode,
+    ) -> Result<CpuTensor<T>> {
+        let bf16 = attention_bf16::<T>(self, "qk_norm_attention_mode", mode)?;
+        attention::forward(qkv, norm, bf16)
+    }
+
+    fn qk_norm_attention_backward_mode(
+        &self,
+        g: &CpuTensor<T>,
+        qkv: &CpuTensor<T>,
+        norm: &QkNorm<'_, CpuStorage<T>>,
+        mode: MathMode,
+    ) -> Result<QkNormAttentionGrads<CpuStorage<T>>> {
+        let bf16 = attention_bf16::<T>(self, "qk_norm_attention_backward_mode", mode)?;
+        attention::backward(g, qkv, norm, bf16)
     }
 
     fn qk_norm_attention_backward(
@@ -90,7 +123,7 @@ impl<T: Element> AttentionOps<T> for CpuBackend {
         qkv: &CpuTensor<T>,
         norm: &QkNorm<'_, CpuStorage<T>>,
     ) -> Result<QkNormAttentionGrads<CpuStorage<T>>> {
-        attention::backward(g, qkv, norm)
+        attention::backward(g, qkv, norm, false)
     }
 
     fn key_padding_attention(

@@ -3,7 +3,10 @@
 //! in the projection's layout) for the short sequences they are built for, and the composite of the op set (`crate::attention`) for every other shape. The
 //! backward kernel writes per-(batch, head) rows of LayerNorm parameter partials that one
 //! column reduction sums in a fixed order (adding into the parameters' gradient buffers for
-//! `qk_norm_attention_backward_into`): no atomics, two runs give the same bits.
+//! `qk_norm_attention_backward_into`): no atomics, two runs give the same bits. Under
+//! `MathMode::Bf16` the same launches take each kernel's bf16 form (its products' operands
+//! rounded to bf16, float32 accumulation; softmax and LayerNorm in float32), and the
+//! composite fallback runs its products under the mode.
 
 use super::kernels::{Args, Kernel, ptr};
 use super::rows::ColumnReduction;
@@ -13,9 +16,11 @@ use crate::attention::{
     KeyPaddingAttention, KeyPaddingAttentionGrads, QkNorm, QkNormAttentionGrads,
     QkNormAttentionGradsInto, composite_backward, composite_forward,
 };
+use crate::attention::{composite_backward_mode, composite_forward_mode};
 use crate::backend::{Backend, ReduceOp};
 use crate::error::Result;
 use crate::layout::Layout;
+use crate::precision::MathMode;
 use crate::tensor::Tensor;
 use crate::validate::{self, Attention};
 use zdevice::{Driver, KernelArg, LaunchConfig};
@@ -48,6 +53,29 @@ pub(crate) fn short_forward_shared_bytes(a: Attention) -> usize {
 /// P and dS `[S, S]`, k's rstd.
 pub(crate) fn short_backward_shared_bytes(a: Attention) -> usize {
     4 * (8 * a.seq * a.dh + 2 * a.seq * a.seq + a.seq)
+}
+
+/// A kernel's bf16 form (the same launch and parameters; its products' operands rounded to
+/// bf16) where `bf16`, else the kernel itself.
+fn form(kernel: Kernel, bf16: bool) -> Kernel {
+    if !bf16 {
+        return kernel;
+    }
+    match kernel {
+        Kernel::QkNormAttention => Kernel::QkNormAttentionBf16,
+        Kernel::QkNormAttentionBackward => Kernel::QkNormAttentionBackwardBf16,
+        Kernel::QkNormAttentionDh32 => Kernel::QkNormAttentionDh32Bf16,
+        Kernel::QkNormAttentionDh64 => Kernel::QkNormAttentionDh64Bf16,
+        Kernel::QkNormAttentionBackwardDh32 => Kernel::QkNormAttentionBackwardDh32Bf16,
+        Kernel::QkNormAttentionBackwardDh64 => Kernel::QkNormAttentionBackwardDh64Bf16,
+        other => other,
+    }
+}
+
+/// Whether attention's core runs its bf16 forms under `mode`: float32 and TF32 run the
+/// float32 kernels (`AttentionOps::qk_norm_attention_mode` says why TF32 may).
+fn is_bf16(mode: MathMode) -> bool {
+    mode == MathMode::Bf16
 }
 
 /// The short kernel for this shape and its launch (one block per (batch, head), the warps as
@@ -85,16 +113,19 @@ pub(crate) fn short_launch(a: Attention, backward: bool) -> Option<(Kernel, Laun
 }
 
 /// The kernel and launch for a shape: the short kernel where it applies, else attention.cu's
-/// where the shape fits it, else `None` (the caller runs the composite).
-fn pick(a: Attention, backward: bool) -> Option<(Kernel, LaunchConfig)> {
-    short_launch(a, backward).or_else(|| {
-        let (kernel, shared) = if backward {
-            (Kernel::QkNormAttentionBackward, backward_shared_bytes(a))
-        } else {
-            (Kernel::QkNormAttention, forward_shared_bytes(a))
-        };
-        fused_config(a, shared).map(|c| (kernel, c))
-    })
+/// where the shape fits it, else `None` (the caller runs the composite); in its bf16 form
+/// where `bf16`.
+fn pick(a: Attention, backward: bool, bf16: bool) -> Option<(Kernel, LaunchConfig)> {
+    short_launch(a, backward)
+        .or_else(|| {
+            let (kernel, shared) = if backward {
+                (Kernel::QkNormAttentionBackward, backward_shared_bytes(a))
+            } else {
+                (Kernel::QkNormAttention, forward_shared_bytes(a))
+            };
+            fused_config(a, shared).map(|c| (kernel, c))
+        })
+        .map(|(kernel, config)| (form(kernel, bf16), config))
 }
 
 /// Floats between rows of a `[S, dh]` array in the kernels' shared memory (`ld` in
@@ -151,11 +182,16 @@ impl<D: Driver> CudaBackend<D> {
         &self,
         qkv: &CudaTensor,
         norm: &QkNorm<'_, CudaStorage>,
+        mode: MathMode,
     ) -> Result<CudaTensor> {
         const OP: &str = "qk_norm_attention";
         let a = validate::qk_norm_attention(qkv, norm)?;
-        let Some((kernel, config)) = pick(a, false) else {
-            return composite_forward(self, qkv, norm);
+        let Some((kernel, config)) = pick(a, false, is_bf16(mode)) else {
+            return if is_bf16(mode) {
+                composite_forward_mode(self, qkv, norm, mode)
+            } else {
+                composite_forward(self, qkv, norm)
+            };
         };
         let out = self.alloc(OP, &[a.batch, a.seq, a.heads * a.dh])?;
         let src = self.dense(OP, qkv)?;
@@ -179,8 +215,9 @@ impl<D: Driver> CudaBackend<D> {
         qkv: &CudaTensor,
         norm: &QkNorm<'_, CudaStorage>,
         a: Attention,
+        mode: MathMode,
     ) -> Result<Option<(CudaTensor, CudaTensor)>> {
-        let Some((kernel, config)) = pick(a, true) else {
+        let Some((kernel, config)) = pick(a, true, is_bf16(mode)) else {
             return Ok(None);
         };
         let g_qkv = self.alloc(op, qkv.shape())?;
@@ -202,11 +239,17 @@ impl<D: Driver> CudaBackend<D> {
         g: &CudaTensor,
         qkv: &CudaTensor,
         norm: &QkNorm<'_, CudaStorage>,
+        mode: MathMode,
     ) -> Result<QkNormAttentionGrads<CudaStorage>> {
         const OP: &str = "qk_norm_attention_backward";
         let a = validate::qk_norm_attention_backward(g, qkv, norm)?;
-        let Some((g_qkv, partials)) = self.attention_backward_kernel(OP, g, qkv, norm, a)? else {
-            return composite_backward(self, g, qkv, norm);
+        let kernel = self.attention_backward_kernel(OP, g, qkv, norm, a, mode)?;
+        let Some((g_qkv, partials)) = kernel else {
+            return if is_bf16(mode) {
+                composite_backward_mode(self, g, qkv, norm, mode)
+            } else {
+                composite_backward(self, g, qkv, norm)
+            };
         };
         // One fixed-order column reduction over the (batch, head) rows of each parameter:
         // [4, dh], then a view per parameter.
@@ -240,11 +283,13 @@ impl<D: Driver> CudaBackend<D> {
         qkv: &CudaTensor,
         norm: &QkNorm<'_, CudaStorage>,
         param_grads: [Option<&CudaTensor>; 4],
+        mode: MathMode,
     ) -> Result<QkNormAttentionGradsInto<CudaStorage>> {
         const OP: &str = "qk_norm_attention_backward_into";
         let a = validate::qk_norm_attention_backward_into(g, qkv, norm, param_grads)?;
-        let Some((g_qkv, partials)) = self.attention_backward_kernel(OP, g, qkv, norm, a)? else {
-            return crate::attention::backward_into(self, g, qkv, norm, param_grads);
+        let kernel = self.attention_backward_kernel(OP, g, qkv, norm, a, mode)?;
+        let Some((g_qkv, partials)) = kernel else {
+            return crate::attention::backward_into_mode(self, g, qkv, norm, param_grads, mode);
         };
         let rows = a.batch * a.heads;
         if let Some(span) = adjacent_span(&param_grads, a.dh)? {
@@ -302,7 +347,37 @@ impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
         qkv: &CudaTensor,
         norm: &QkNorm<'_, CudaStorage>,
     ) -> Result<CudaTensor> {
-        self.qk_norm_attention_fused(qkv, norm)
+        self.qk_norm_attention_fused(qkv, norm, MathMode::F32)
+    }
+
+    fn qk_norm_attention_mode(
+        &self,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+        mode: MathMode,
+    ) -> Result<CudaTensor> {
+        self.qk_norm_attention_fused(qkv, norm, mode)
+    }
+
+    fn qk_norm_attention_backward_mode(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+        mode: MathMode,
+    ) -> Result<QkNormAttentionGrads<CudaStorage>> {
+        self.qk_norm_attention_backward_fused(g, qkv, norm, mode)
+    }
+
+    fn qk_norm_attention_backward_into_mode(
+        &self,
+        g: &CudaTensor,
+        qkv: &CudaTensor,
+        norm: &QkNorm<'_, CudaStorage>,
+        param_grads: [Option<&CudaTensor>; 4],
+        mode: MathMode,
+    ) -> Result<QkNormAttentionGradsInto<CudaStorage>> {
+        self.qk_norm_attention_backward_into_fused(g, qkv, norm, param_grads, mode)
     }
 
     fn qk_norm_attention_backward(
@@ -311,7 +386,7 @@ impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
         qkv: &CudaTensor,
         norm: &QkNorm<'_, CudaStorage>,
     ) -> Result<QkNormAttentionGrads<CudaStorage>> {
-        self.qk_norm_attention_backward_fused(g, qkv, norm)
+        self.qk_norm_attention_backward_fused(g, qkv, norm, MathMode::F32)
     }
 
     fn qk_norm_attention_backward_into(
@@ -321,7 +396,7 @@ impl<D: Driver> AttentionOps<f32> for CudaBackend<D> {
         norm: &QkNorm<'_, CudaStorage>,
         param_grads: [Option<&CudaTensor>; 4],
     ) -> Result<QkNormAttentionGradsInto<CudaStorage>> {
-        self.qk_norm_attention_backward_into_fused(g, qkv, norm, param_grads)
+        self.qk_norm_attention_backward_into_fused(g, qkv, norm, param_grads, MathMode::F32)
     }
 
     fn key_padding_attention(
@@ -373,7 +448,7 @@ mod tests {
         #[case] want: Option<(Kernel, usize)>,
     ) {
         let a = shape(batch, seq, heads, dh);
-        let got = pick(a, false).map(|(k, c)| {
+        let got = pick(a, false, false).map(|(k, c)| {
             assert_eq!(
                 c.grid.0 as usize,
                 batch * heads,
@@ -384,14 +459,36 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// Under bf16 every shape takes its float32 kernel's bf16 form with the same launch; the
+    /// shapes of the composite stay the composite's.
+    #[rstest::rstest]
+    #[case::short_dh64(shape(256, 12, 4, 64), Kernel::QkNormAttentionDh64Bf16)]
+    #[case::short_dh32(shape(3, 5, 2, 32), Kernel::QkNormAttentionDh32Bf16)]
+    #[case::general(shape(2, 17, 4, 24), Kernel::QkNormAttentionBf16)]
+    fn bf16_takes_the_bf16_form_with_the_same_launch(#[case] a: Attention, #[case] want: Kernel) {
+        for backward in [false, true] {
+            let (k32, c32) = pick(a, backward, false).expect("fused");
+            let (k16, c16) = pick(a, backward, true).expect("fused");
+            assert_eq!(k16, form(k32, true));
+            assert_ne!(k16, k32);
+            let launch = |c: LaunchConfig| (c.grid, c.block, c.shared_mem_bytes);
+            assert_eq!(launch(c16), launch(c32));
+            if !backward {
+                assert_eq!(k16, want);
+            }
+        }
+        assert!(pick(shape(1, 70, 2, 8), false, true).is_none());
+        assert!(pick(shape(1, 70, 2, 8), true, true).is_none());
+    }
+
     #[test]
     fn the_backward_takes_the_matching_short_kernel_and_its_shared_memory() {
         let a = shape(256, 12, 4, 64);
-        let (k, c) = pick(a, true).expect("short backward");
+        let (k, c) = pick(a, true, false).expect("short backward");
         assert_eq!(k, Kernel::QkNormAttentionBackwardDh64);
         assert_eq!(c.shared_mem_bytes as usize, short_backward_shared_bytes(a));
         assert_eq!(short_backward_shared_bytes(a), 4 * (8 * 768 + 2 * 144 + 12));
-        let (k, _) = pick(shape(2, 3, 1, 32), true).expect("short backward");
+        let (k, _) = pick(shape(2, 3, 1, 32), true, false).expect("short backward");
         assert_eq!(k, Kernel::QkNormAttentionBackwardDh32);
         // Every shape the short kernels take fits the 48 KiB a launch may use without opt-in.
         assert!(short_backward_shared_bytes(shape(1, SHORT_MAX_SEQ, 1, 64)) <= FUSED_MAX_SHARED);

@@ -116,6 +116,14 @@ pub enum Kernel {
     QkNormAttentionDh64,
     QkNormAttentionBackwardDh32,
     QkNormAttentionBackwardDh64,
+    /// The six above with their products' operands rounded to bf16, float32 accumulation
+    /// (issue 42's bf16 policy; the same parameters).
+    QkNormAttentionBf16,
+    QkNormAttentionBackwardBf16,
+    QkNormAttentionDh32Bf16,
+    QkNormAttentionDh64Bf16,
+    QkNormAttentionBackwardDh32Bf16,
+    QkNormAttentionBackwardDh64Bf16,
     /// Scaled dot-product attention with a key-padding mask (`attention.cu`; see
     /// `cuda/key_padding.rs`): the forward and the backward's query and key/value passes.
     KeyPaddingAttention,
@@ -236,7 +244,7 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 72] = [
+    pub const ALL: [Kernel; 78] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -273,6 +281,12 @@ impl Kernel {
         Kernel::QkNormAttentionDh64,
         Kernel::QkNormAttentionBackwardDh32,
         Kernel::QkNormAttentionBackwardDh64,
+        Kernel::QkNormAttentionBf16,
+        Kernel::QkNormAttentionBackwardBf16,
+        Kernel::QkNormAttentionDh32Bf16,
+        Kernel::QkNormAttentionDh64Bf16,
+        Kernel::QkNormAttentionBackwardDh32Bf16,
+        Kernel::QkNormAttentionBackwardDh64Bf16,
         Kernel::KeyPaddingAttention,
         Kernel::KeyPaddingAttentionBackwardQ,
         Kernel::KeyPaddingAttentionBackwardKv,
@@ -541,6 +555,31 @@ impl Kernel {
             Kernel::QkNormAttentionBackward => s(
                 4,
                 "zc_qk_norm_attention_backward_f32",
+                ATTENTION_BACKWARD,
+                0,
+            ),
+            Kernel::QkNormAttentionBf16 => s(4, "zc_qk_norm_attention_bf16", ATTENTION, 0),
+            Kernel::QkNormAttentionBackwardBf16 => s(
+                4,
+                "zc_qk_norm_attention_backward_bf16",
+                ATTENTION_BACKWARD,
+                0,
+            ),
+            Kernel::QkNormAttentionDh32Bf16 => {
+                s(10, "zc_qk_norm_attention_dh32_bf16", ATTENTION, 0)
+            }
+            Kernel::QkNormAttentionDh64Bf16 => {
+                s(10, "zc_qk_norm_attention_dh64_bf16", ATTENTION, 0)
+            }
+            Kernel::QkNormAttentionBackwardDh32Bf16 => s(
+                10,
+                "zc_qk_norm_attention_backward_dh32_bf16",
+                ATTENTION_BACKWARD,
+                0,
+            ),
+            Kernel::QkNormAttentionBackwardDh64Bf16 => s(
+                10,
+                "zc_qk_norm_attention_backward_dh64_bf16",
                 ATTENTION_BACKWARD,
                 0,
             ),

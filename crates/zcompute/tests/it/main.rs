@@ -1,6 +1,7 @@
 //! zcompute integration tests: one binary, one module per area.
 
 mod attention;
+mod attention_bf16;
 mod attention_into;
 mod attention_into_graph;
 mod binary;

@@ -1,12 +1,15 @@
 //! Attention's core as one tape node: the backend's `qk_norm_attention` forward, and its
-//! backward op for the gradients of qkv and the four QK-norm LayerNorm parameters.
+//! backward op for the gradients of qkv and the four QK-norm LayerNorm parameters. Both run
+//! their products under the tape's math mode (`Tape::with_math_mode`, the trainer's precision
+//! policy: under bf16 the core's products take bf16 operands with float32 accumulation, its
+//! LayerNorms and softmax stay float32; under float32 the float32 op, bit for bit).
 
 use super::fused::into_at;
 use super::only;
 use crate::error::Result;
 use crate::tape::{BackwardOp, Saved, Tape};
 use crate::var::Var;
-use zcompute::{BTensor, Element, QkNorm, prelude::*};
+use zcompute::{BTensor, Element, MathMode, QkNorm, prelude::*};
 
 struct QkNormAttentionBackward<B: Ops<T>, T: Element> {
     /// qkv, then q weight, q bias, k weight, k bias (the node's inputs, in order).
@@ -14,6 +17,8 @@ struct QkNormAttentionBackward<B: Ops<T>, T: Element> {
     heads: usize,
     eps: T,
     needs: [bool; 5],
+    /// The products' arithmetic, as the forward ran.
+    mode: MathMode,
 }
 
 const NAME: &str = "qk_norm_attention";
@@ -50,7 +55,7 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for QkNormAttentionBackward<B, T> {
             eps: self.eps,
         };
         let param_grads = [1, 2, 3, 4].map(|i| into_at(into, i).filter(|_| self.needs[i]));
-        let r = b.qk_norm_attention_backward_into(g, qkv?, &norm, param_grads)?;
+        let r = b.qk_norm_attention_backward_into_mode(g, qkv?, &norm, param_grads, self.mode)?;
         let [gqw, gqb, gkw, gkb] = r.params;
         let all = [Some(r.qkv), gqw, gqb, gkw, gkb];
         Ok(all
@@ -87,7 +92,10 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
             heads,
             eps,
         };
-        let out = self.run(tracked, |b| b.qk_norm_attention(&qkv.value, &norm))?;
+        let mode = self.math_mode();
+        let out = self.run(tracked, |b| {
+            b.qk_norm_attention_mode(&qkv.value, &norm, mode)
+        })?;
         if !tracked {
             return Ok(self.constant(out));
         }
@@ -103,6 +111,7 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
             heads,
             eps,
             needs: inputs.map(Var::requires_grad),
+            mode,
         };
         Ok(self.push1(Box::new(node), &inputs, out, self.new_version()))
     }

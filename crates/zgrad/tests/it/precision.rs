@@ -114,6 +114,8 @@ fn the_policy_runs_its_products_through_precision_ops() {
     assert_eq!(Precision::Tf32.math_mode().name(), Precision::Tf32.name());
 }
 
+/// Attention's fused core on a tape under a math mode.
+mod attention;
 /// The trainer under a policy on the CPU (the simulated device and the GPU: device.rs).
 /// One bf16 step against the float64 oracle, judged by PyTorch autocast's own error.
 mod autocast;

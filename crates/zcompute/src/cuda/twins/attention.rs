@@ -3,7 +3,9 @@
 //! the launch contract the GPU relies on: one block per (batch, head) (of `WARPS` warps for
 //! attention.cu's kernels, of 1 to 32 for attention_short.cu's), the shapes the kernels take
 //! and enough dynamic shared memory for them. The short kernels sum the scores' and dP's
-//! products in another order than the CPU; the twins give the CPU's bits.
+//! products in another order than the CPU; the twins give the CPU's bits. The bf16 kernels'
+//! twins run the CPU's bf16 emulation (`Params::bf16`), so the simulated device and the CPU
+//! backend agree bit for bit under bf16 as under float32.
 
 use super::{bad, checked};
 use crate::cpu::attention::{Params, backward_slices, forward_slices};
@@ -85,6 +87,7 @@ fn params(
     first: usize,
     a: Attention,
     eps: f32,
+    bf16: bool,
 ) -> Result<Params<f32>, KernelFault> {
     let read = |i: usize| mem.read_f32(k.ptr(i)?, a.dh as u64);
     Ok(Params {
@@ -93,6 +96,7 @@ fn params(
         k_weight: read(first + 2)?,
         k_bias: read(first + 3)?,
         eps,
+        bf16,
     })
 }
 
@@ -112,7 +116,7 @@ fn run_forward(
 ) -> Result<(), KernelFault> {
     let k = checked(kernel, args)?;
     let a = launch_shape(contract, config, &k, 6, shared)?;
-    let p = params(&k, mem, 2, a, k.f32(10)?)?;
+    let p = params(&k, mem, 2, a, k.f32(10)?, is_bf16(kernel))?;
     let qkv = mem.read_f32(k.ptr(1)?, qkv_len(a))?;
     mem.write_f32(k.ptr(0)?, &forward_slices(&qkv, a, &p))
 }
@@ -129,12 +133,89 @@ fn run_backward(
 ) -> Result<(), KernelFault> {
     let k = checked(kernel, args)?;
     let a = launch_shape(contract, config, &k, 8, shared)?;
-    let p = params(&k, mem, 4, a, k.f32(12)?)?;
+    let p = params(&k, mem, 4, a, k.f32(12)?, is_bf16(kernel))?;
     let g = mem.read_f32(k.ptr(2)?, (a.batch * a.seq * a.heads * a.dh) as u64)?;
     let qkv = mem.read_f32(k.ptr(3)?, qkv_len(a))?;
     let (g_qkv, partials) = backward_slices(&g, &qkv, a, &p);
     mem.write_f32(k.ptr(0)?, &g_qkv)?;
     mem.write_f32(k.ptr(1)?, &partials)
+}
+
+/// Whether `kernel` is one of the bf16 forms (its products' operands rounded to bf16).
+fn is_bf16(kernel: Kernel) -> bool {
+    matches!(
+        kernel,
+        Kernel::QkNormAttentionBf16
+            | Kernel::QkNormAttentionBackwardBf16
+            | Kernel::QkNormAttentionDh32Bf16
+            | Kernel::QkNormAttentionDh64Bf16
+            | Kernel::QkNormAttentionBackwardDh32Bf16
+            | Kernel::QkNormAttentionBackwardDh64Bf16
+    )
+}
+
+/// attention.cu's bf16 forward.
+pub(super) fn forward_bf16(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let shared = crate::cuda::attention::forward_shared_bytes;
+    run_forward(
+        Kernel::QkNormAttentionBf16,
+        &GENERAL,
+        shared,
+        config,
+        args,
+        mem,
+    )
+}
+
+/// attention.cu's bf16 backward.
+pub(super) fn backward_bf16(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let shared = crate::cuda::attention::backward_shared_bytes;
+    run_backward(
+        Kernel::QkNormAttentionBackwardBf16,
+        &GENERAL,
+        shared,
+        config,
+        args,
+        mem,
+    )
+}
+
+/// attention_short.cu's bf16 forward for heads of `DH`.
+pub(super) fn short_forward_bf16<const DH: usize>(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let kernel = if DH == 32 {
+        Kernel::QkNormAttentionDh32Bf16
+    } else {
+        Kernel::QkNormAttentionDh64Bf16
+    };
+    let shared = crate::cuda::attention::short_forward_shared_bytes;
+    run_forward(kernel, &short(DH), shared, config, args, mem)
+}
+
+/// attention_short.cu's bf16 backward for heads of `DH`.
+pub(super) fn short_backward_bf16<const DH: usize>(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let kernel = if DH == 32 {
+        Kernel::QkNormAttentionBackwardDh32Bf16
+    } else {
+        Kernel::QkNormAttentionBackwardDh64Bf16
+    };
+    let shared = crate::cuda::attention::short_backward_shared_bytes;
+    run_backward(kernel, &short(DH), shared, config, args, mem)
 }
 
 /// attention.cu's forward.

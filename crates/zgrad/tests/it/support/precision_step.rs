@@ -205,7 +205,7 @@ pub fn bf16_weight_copy_follows_loaded_parameters<B: Capture<f32> + Clone + 'sta
 }
 
 /// Loss relative to float32 within this under bf16: each product's operands are rounded by
-/// at most 2⁻⁹ relative; the fixtures (L = 1..3) measure 1e-6..3e-4 on the CPU (PyTorch
+/// at most 2⁻⁹ relative; the fixtures (L = 1..3) measure 2.0e-4..4.5e-4 on the CPU (PyTorch
 /// autocast's loss error on them is 3e-4..9e-4: docs/precision.md).
 pub const BF16_LOSS_REL: f64 = 2e-3;
 /// Each gradient tensor relative to float32 (‖Δ‖/‖g‖) within this under bf16: the backward's
@@ -237,6 +237,7 @@ pub fn bf16_step_is_near_float32_and_not_equal<B: Capture<f32> + Clone + 'static
             loss_rel <= BF16_LOSS_REL,
             "{what}: loss {lb} vs {lf} ({loss_rel:e})"
         );
+        let mut largest = (0.0f64, String::new());
         for ((name, gf), (_, gb)) in f32_run.grads.iter().zip(&bf16_run.grads) {
             if name.ends_with("kn.bias") {
                 continue;
@@ -246,6 +247,17 @@ pub fn bf16_step_is_near_float32_and_not_equal<B: Capture<f32> + Clone + 'static
             assert!(
                 e <= BF16_GRAD_REL,
                 "{what}: grad.{name}: {e:e} from float32"
+            );
+            if e > largest.0 {
+                largest = (e, name.clone());
+            }
+        }
+        // The measured distances belong in the test's output (docs/precision.md quotes them).
+        #[allow(clippy::print_stdout)]
+        {
+            println!(
+                "{what}: bf16 loss {loss_rel:.1e} from float32, largest gradient {:.1e} (grad.{})",
+                largest.0, largest.1
             );
         }
     }
