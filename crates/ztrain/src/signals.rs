@@ -226,8 +226,8 @@ struct Pace {
     /// The marks of the ask before the last and of the last.
     before: Option<Mark>,
     last: Option<Mark>,
-    /// The slowest rank's step takes [`LOCK_STEP_FROM`] or more: read back every step before
-    /// the next is queued.
+    /// The slowest rank's step takes [`LOCK_STEP_FROM`] or more, or no step time is known
+    /// yet: read back every step before the next is queued.
     lock_step: bool,
 }
 
@@ -306,7 +306,11 @@ impl<B: zcompute::ReadbackOps<f32> + PinnedHost<f32>> Agreement<B> {
                 queued: false,
                 before: None,
                 last: None,
-                lock_step: false,
+                // Lock-step until a step time is known: a run's first steps may be its
+                // longest (5 s steps and a signal in the first seconds would otherwise stop
+                // two or three steps later), and reading back a few fast steps one at a time
+                // costs milliseconds once.
+                lock_step: true,
             },
         }
     }
@@ -683,9 +687,13 @@ mod tests {
             (a.next_window(), a.lock_step())
         };
         assert_eq!(agreement.next_window(), 32);
-        assert!(!agreement.lock_step(), "no step time yet");
+        assert!(agreement.lock_step(), "no step time yet: lock-step");
         peer.ms.set(0.4);
-        assert_eq!(ask(&mut agreement, 1_000_000, false), (1, false));
+        assert_eq!(
+            ask(&mut agreement, 1_000_000, true),
+            (32, false),
+            "the first ask reads its own exchange (drained): 0.4 ms a step, not lock-step"
+        );
         assert_eq!(
             ask(&mut agreement, 2_000_000, false),
             (32, false),
@@ -740,9 +748,12 @@ mod tests {
         };
         assert_eq!(one.next_window(), 8, "the first step makes the history");
         assert_eq!(one.next_window(), 1, "no step time yet");
+        assert!(one.lock_step(), "no step time yet: lock-step");
         assert_eq!(ask(&mut one, 1), 1);
         assert_eq!(ask(&mut one, 1001), 1, "one mark is no time yet");
+        assert!(one.lock_step(), "one mark is no time yet: still lock-step");
         assert_eq!(ask(&mut one, 2001), 8, "a thousand steps at once: fast");
+        assert!(!one.lock_step(), "fast steps leave lock-step");
         std::thread::sleep(ASK_EVERY + Duration::from_millis(50));
         assert_eq!(
             ask(&mut one, 2002),
