@@ -154,122 +154,63 @@ fn is_bf16(kernel: Kernel) -> bool {
     )
 }
 
-/// attention.cu's bf16 forward.
-pub(super) fn forward_bf16(
+/// attention.cu's forward (`BF16`: its bf16 form).
+pub(super) fn forward<const BF16: bool>(
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let shared = crate::cuda::attention::forward_shared_bytes;
-    run_forward(
-        Kernel::QkNormAttentionBf16,
-        &GENERAL,
-        shared,
-        config,
-        args,
-        mem,
-    )
-}
-
-/// attention.cu's bf16 backward.
-pub(super) fn backward_bf16(
-    config: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let shared = crate::cuda::attention::backward_shared_bytes;
-    run_backward(
-        Kernel::QkNormAttentionBackwardBf16,
-        &GENERAL,
-        shared,
-        config,
-        args,
-        mem,
-    )
-}
-
-/// attention_short.cu's bf16 forward for heads of `DH`.
-pub(super) fn short_forward_bf16<const DH: usize>(
-    config: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let kernel = if DH == 32 {
-        Kernel::QkNormAttentionDh32Bf16
+    let kernel = if BF16 {
+        Kernel::QkNormAttentionBf16
     } else {
-        Kernel::QkNormAttentionDh64Bf16
+        Kernel::QkNormAttention
+    };
+    let shared = crate::cuda::attention::forward_shared_bytes;
+    run_forward(kernel, &GENERAL, shared, config, args, mem)
+}
+
+/// attention.cu's backward (`BF16`: its bf16 form).
+pub(super) fn backward<const BF16: bool>(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let kernel = if BF16 {
+        Kernel::QkNormAttentionBackwardBf16
+    } else {
+        Kernel::QkNormAttentionBackward
+    };
+    let shared = crate::cuda::attention::backward_shared_bytes;
+    run_backward(kernel, &GENERAL, shared, config, args, mem)
+}
+
+/// attention_short.cu's forward for heads of `DH` (`BF16`: its bf16 form).
+pub(super) fn short_forward<const DH: usize, const BF16: bool>(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let kernel = match (DH == 32, BF16) {
+        (true, false) => Kernel::QkNormAttentionDh32,
+        (false, false) => Kernel::QkNormAttentionDh64,
+        (true, true) => Kernel::QkNormAttentionDh32Bf16,
+        (false, true) => Kernel::QkNormAttentionDh64Bf16,
     };
     let shared = crate::cuda::attention::short_forward_shared_bytes;
     run_forward(kernel, &short(DH), shared, config, args, mem)
 }
 
-/// attention_short.cu's bf16 backward for heads of `DH`.
-pub(super) fn short_backward_bf16<const DH: usize>(
+/// attention_short.cu's backward for heads of `DH` (`BF16`: its bf16 form).
+pub(super) fn short_backward<const DH: usize, const BF16: bool>(
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let kernel = if DH == 32 {
-        Kernel::QkNormAttentionBackwardDh32Bf16
-    } else {
-        Kernel::QkNormAttentionBackwardDh64Bf16
-    };
-    let shared = crate::cuda::attention::short_backward_shared_bytes;
-    run_backward(kernel, &short(DH), shared, config, args, mem)
-}
-
-/// attention.cu's forward.
-pub(super) fn forward(
-    config: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let shared = crate::cuda::attention::forward_shared_bytes;
-    run_forward(Kernel::QkNormAttention, &GENERAL, shared, config, args, mem)
-}
-
-/// attention.cu's backward.
-pub(super) fn backward(
-    config: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let shared = crate::cuda::attention::backward_shared_bytes;
-    run_backward(
-        Kernel::QkNormAttentionBackward,
-        &GENERAL,
-        shared,
-        config,
-        args,
-        mem,
-    )
-}
-
-/// attention_short.cu's forward for heads of `DH`.
-pub(super) fn short_forward<const DH: usize>(
-    config: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let kernel = if DH == 32 {
-        Kernel::QkNormAttentionDh32
-    } else {
-        Kernel::QkNormAttentionDh64
-    };
-    let shared = crate::cuda::attention::short_forward_shared_bytes;
-    run_forward(kernel, &short(DH), shared, config, args, mem)
-}
-
-/// attention_short.cu's backward for heads of `DH`.
-pub(super) fn short_backward<const DH: usize>(
-    config: &LaunchConfig,
-    args: &[KernelArg],
-    mem: &mut SimMemory<'_>,
-) -> Result<(), KernelFault> {
-    let kernel = if DH == 32 {
-        Kernel::QkNormAttentionBackwardDh32
-    } else {
-        Kernel::QkNormAttentionBackwardDh64
+    let kernel = match (DH == 32, BF16) {
+        (true, false) => Kernel::QkNormAttentionBackwardDh32,
+        (false, false) => Kernel::QkNormAttentionBackwardDh64,
+        (true, true) => Kernel::QkNormAttentionBackwardDh32Bf16,
+        (false, true) => Kernel::QkNormAttentionBackwardDh64Bf16,
     };
     let shared = crate::cuda::attention::short_backward_shared_bytes;
     run_backward(kernel, &short(DH), shared, config, args, mem)
