@@ -120,9 +120,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// How the batched step sums the gradients over the ranks: by default
-    /// [`GradSync::Overlapped`] with [`DEFAULT_BUCKET_BYTES`]. Set it before the first step (a
-    /// captured step keeps the way it was captured with). Refuses a bucket of 0 bytes
-    /// (`BadInput`).
+    /// [`GradSync::Overlapped`] with [`DEFAULT_BUCKET_BYTES`](super::DEFAULT_BUCKET_BYTES).
+    /// Set it before the first step (a captured step keeps the way it was captured with).
+    /// Refuses a bucket of 0 bytes (`BadInput`).
     pub fn with_grad_sync(mut self, sync: GradSync) -> Result<Self> {
         if matches!(sync.buckets(), Some((_, 0))) {
             return Err(GradError::BadInput(
