@@ -83,6 +83,8 @@ def absolute_paths(rel, path, pub_only=False):
     if not pub_only:
         # Inline paths outside `use` items (those were read above, with their nesting).
         bodies = re.sub(r'\buse\s+[^;]+;', '', text)
+        # A visibility (`pub(in crate::trainer)`) names a module, not an item of its file.
+        bodies = re.sub(r'\bpub\s*\(\s*in\s+[^)]*\)', 'pub', bodies)
         paths += re.findall(r'\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)', bodies)
     children = {m[len(here)] for m in mod_to_file if len(m) == len(here) + 1 and list(m[:len(here)]) == here}
     out = []

@@ -11,6 +11,8 @@
 //! its fused kernels do not take.
 
 use crate::backend::{BTensor, Backend, MatmulOpts};
+pub use crate::descriptors::QkNorm;
+use crate::descriptors::{NT, TN};
 use crate::element::Element;
 use crate::error::Result;
 use crate::precision::{MathMode, unsupported};
@@ -23,18 +25,6 @@ pub use key_padding::{
     KeyPaddingAttention, KeyPaddingAttentionGrads, key_padding_composite_backward,
     key_padding_composite_forward,
 };
-
-/// The QK-norm parameters and the head split of attention's core: LayerNorm weight and bias of
-/// q and of k (each `[dh]`), the head count `H` (dividing the width `D`) and LayerNorm's eps.
-#[derive(Debug)]
-pub struct QkNorm<'a, S: Storage> {
-    pub q_weight: &'a Tensor<S>,
-    pub q_bias: &'a Tensor<S>,
-    pub k_weight: &'a Tensor<S>,
-    pub k_bias: &'a Tensor<S>,
-    pub heads: usize,
-    pub eps: S::Elem,
-}
 
 /// What [`AttentionOps::qk_norm_attention_backward`] returns: the gradient of `qkv` (`[B, S, 3D]`)
 /// and of the four LayerNorm parameters (each `[dh]`).
@@ -204,15 +194,6 @@ struct Heads<S: Storage> {
     kn: crate::backend::LayerNormOut<S>,
     probs: Tensor<S>,
 }
-
-const NT: MatmulOpts = MatmulOpts {
-    trans_a: false,
-    trans_b: true,
-};
-const TN: MatmulOpts = MatmulOpts {
-    trans_a: true,
-    trans_b: false,
-};
 
 /// A batched matrix product of the composite: the float32 [`Backend::matmul`], or a product
 /// under a [`MathMode`] ([`PrecisionOps::matmul_mode`](crate::PrecisionOps::matmul_mode)).

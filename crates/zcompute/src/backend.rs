@@ -13,89 +13,15 @@
 //! primitives; [`crate::Ops`] is all of them in one bound. A new fused op joins its family,
 //! not this trait.
 
+pub use crate::descriptors::{
+    ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig, BinaryOp, LayerNormBackward,
+    MatmulOpts, ReduceOp, ScalarSide, UnaryOp,
+};
 use crate::element::Element;
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 pub use zmem::AllocClass;
-
-/// Elementwise functions of one tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    /// `1 / sqrt(x)`.
-    Rsqrt,
-    Tanh,
-    /// `1 / (1 + exp(-x))`, evaluated without overflow for large `|x|`.
-    Sigmoid,
-    Relu,
-    /// Exact GELU: `x/2 * (1 + erf(x / sqrt 2))` (PyTorch's default, not the tanh approximation).
-    Gelu,
-}
-
-impl UnaryOp {
-    pub const ALL: [UnaryOp; 9] = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Gelu,
-    ];
-}
-
-/// Elementwise functions of two tensors, broadcast as NumPy does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    /// Elementwise maximum; a NaN in either operand gives NaN (as `torch.maximum`).
-    Maximum,
-}
-
-impl BinaryOp {
-    pub const ALL: [BinaryOp; 5] = [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Maximum,
-    ];
-}
-
-/// Which side of a binary op the scalar stands on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScalarSide {
-    /// `x op s`
-    Rhs,
-    /// `s op x`
-    Lhs,
-}
-
-/// Reductions over one axis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    Sum,
-    Mean,
-    /// Maximum; NaN propagates. Refused over an empty axis (no identity).
-    Max,
-}
-
-/// Transpose flags of a matrix product: `trans_a` reads `a` as `[..., k, m]`, `trans_b` reads
-/// `b` as `[..., n, k]` (so `x · Wᵀ` for a PyTorch `[out, in]` weight is `trans_b`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct MatmulOpts {
-    pub trans_a: bool,
-    pub trans_b: bool,
-}
 
 /// LayerNorm's forward results. `mean` and `rstd` have the input's shape with the last axis
 /// kept as 1, ready to broadcast against the input in backward.
@@ -115,49 +41,6 @@ pub struct LayerNormGrads<S: Storage> {
     /// the last it is the weight's gradient (the bias's is the same sum of `g`).
     pub g_xhat: Option<Tensor<S>>,
 }
-
-/// What LayerNorm's backward reads, by name ([`crate::NormOps::layer_norm_backward_add`],
-/// [`crate::NormOps::layer_norm_backward_into`]): the output gradient `g`, the residual
-/// stream's gradient added to the input's (where given), the forward's input `x`, its `mean`
-/// and `rstd` (the input's shape with the last axis 1) and the weight (where there is one).
-#[derive(Debug)]
-pub struct LayerNormBackward<'a, S: Storage> {
-    pub g: &'a Tensor<S>,
-    pub residual: Option<&'a Tensor<S>>,
-    pub x: &'a Tensor<S>,
-    pub mean: &'a Tensor<S>,
-    pub rstd: &'a Tensor<S>,
-    pub weight: Option<&'a Tensor<S>>,
-}
-
-// Borrows only: copied whatever the storage (a derive would ask `S: Copy`).
-impl<S: Storage> Clone for LayerNormBackward<'_, S> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<S: Storage> Copy for LayerNormBackward<'_, S> {}
-
-/// The constant hyper-parameters of AdamW. The learning rate and step count are not here: they
-/// change every step, so they travel in a slot tensor (`[lr, t]` or `[lr, t, gate]`) that the
-/// op reads from memory, which keeps a captured optimiser step correct on replay.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamWConfig<T> {
-    pub beta1: T,
-    pub beta2: T,
-    pub eps: T,
-    pub weight_decay: T,
-}
-
-/// Index of the learning rate in the AdamW slot tensor.
-pub const ADAMW_SLOT_LR: usize = 0;
-/// Index of the step count `t` (counted from 1) in the AdamW slot tensor.
-pub const ADAMW_SLOT_STEP: usize = 1;
-/// Index of the optional gate in a 3-element AdamW slot: the update runs only when the gate is
-/// exactly zero (NaN or any other value skips it, leaving `p`, `m` and `v` untouched). A
-/// captured step writes `0 * loss + 0 * grad_norm` there, so a non-finite loss or gradient
-/// skips the update on the device, with no host round trip.
-pub const ADAMW_SLOT_GATE: usize = 2;
 
 /// A tensor of backend `B` with elements `T`.
 pub type BTensor<B, T> = Tensor<<B as Backend<T>>::Storage>;

@@ -18,6 +18,7 @@ pub mod backend;
 pub mod capture;
 pub mod cpu;
 pub mod cuda;
+mod descriptors;
 pub mod element;
 pub mod engine;
 pub mod error;

@@ -5,19 +5,11 @@
 //! where the shapes allow (the CUDA backend: one kernel each for few rows).
 
 use crate::backend::{BTensor, Backend, BinaryOp, MatmulOpts, ScalarSide, UnaryOp};
+pub use crate::descriptors::Activation;
 use crate::element::Element;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::validate;
-
-/// The activation of a bias epilogue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Activation {
-    /// `x + bias`.
-    Identity,
-    /// `tanh(x + bias)`.
-    Tanh,
-}
 
 /// A Linear layer's fused ops (PyTorch's `[out, in]` weight layout). Every method is provided
 /// as the composite of [`Backend`]'s primitives; a backend overrides a method with its fused

@@ -12,22 +12,9 @@
 //! [`ADAMW_SLOT_GATE`]: crate::backend::ADAMW_SLOT_GATE
 
 use crate::backend::{BTensor, Backend};
+pub use crate::descriptors::SgdConfig;
 use crate::element::Element;
 use crate::error::Result;
-
-/// SGD's constant hyper-parameters (PyTorch's names and meaning). The learning rate and the
-/// step count travel in the slot.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SgdConfig<T> {
-    /// Momentum factor (0: plain SGD, no buffer).
-    pub momentum: T,
-    /// Dampening of the gradient's share in the buffer, from the second step on.
-    pub dampening: T,
-    /// Coupled weight decay (L2): `d = g + weight_decay * p`.
-    pub weight_decay: T,
-    /// Nesterov momentum: the step is `d + momentum * buf` (needs momentum > 0 and dampening 0).
-    pub nesterov: bool,
-}
 
 /// Fused optimiser updates. A backend implements `sgd_step` (the CPU backend as a loop, the
 /// CUDA backend with one launch, `kernels/train.cu`).

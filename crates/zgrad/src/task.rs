@@ -20,33 +20,15 @@
 //! per-sample schedule's sum of per-sample means over B stays the batched mean), not a mean over
 //! the values of weight > 0 only; evaluation counts only those.
 
+mod target;
+pub use target::{Target, Task};
+
 use crate::error::{GradError, Result};
 use crate::var::Var;
 use zcompute::{Element, prelude::*};
 
 /// A batch's target values and, for a weighted task, their weights (`Task::split`).
 pub type ValuesAndWeights<B, T> = (Var<B, T>, Option<Var<B, T>>);
-
-/// What one sample's targets are (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Target {
-    /// One logit per sample, a label in {0, 1} (XAsset).
-    Binary,
-    /// `classes` logits per sample, the target a class index.
-    ClassIndex { classes: usize },
-    /// `classes` logits per sample, the target a distribution over the classes.
-    Distribution { classes: usize },
-    /// `outputs` values per sample, as many target values.
-    Regression { outputs: usize },
-}
-
-/// A model's target contract: its targets and whether each value carries a weight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Task {
-    pub target: Target,
-    /// Targets carry one weight per value after the values (0: missing).
-    pub weighted: bool,
-}
 
 impl Task {
     /// One logit per sample against a label in {0, 1}.

@@ -9,8 +9,8 @@
 //! the reference the fused kernels are checked against; the CPU backend and the CUDA backend
 //! override it with one pass per query row (`cpu::key_padding`, `kernels/attention.cu`).
 
-use super::{NT, TN};
 use crate::backend::{BTensor, Backend, BinaryOp, MatmulOpts, ScalarSide};
+use crate::descriptors::{NT, TN};
 use crate::element::Element;
 use crate::error::Result;
 use crate::storage::Storage;

@@ -1,8 +1,9 @@
 //! Checks of the accumulating ops (`matmul_into`, `sum_rows_into`): they add into a caller's buffer, so the
 //! buffer must have the result's shape, be writable and share no memory with an operand.
 
-use super::{MatmulShape, Rows, distinct, matmul, rows, same_shape, writable};
-use crate::backend::MatmulOpts;
+use super::common::{distinct, same_shape, writable};
+use super::ops::{MatmulShape, Rows, matmul, rows};
+use crate::descriptors::MatmulOpts;
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;

@@ -1,7 +1,7 @@
 //! Argument checks of attention's core (`AttentionOps::qk_norm_attention` and its backward).
 
-use super::{same_shape, scalar_in};
-use crate::attention::QkNorm;
+use super::common::{same_shape, scalar_in};
+use crate::descriptors::QkNorm;
 use crate::element::Element;
 use crate::error::{ComputeError, Result};
 use crate::storage::Storage;

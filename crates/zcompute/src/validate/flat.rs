@@ -1,7 +1,7 @@
 //! Checks of the ops over flat buffers (`Backend::norm2`, `clip_scale`, `finite_gate`,
 //! `add_into`).
 
-use super::{distinct, same_shape, scalar_in, writable};
+use super::common::{distinct, same_shape, scalar_in, writable};
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
@@ -74,7 +74,7 @@ pub(crate) fn step_tail<S: Storage>(
         distinct(OP, &[("gate", gate), ("sticky", sticky)])?;
     }
     if let Some((rows, cursor)) = history {
-        super::indexed_row(OP, rows, stats, cursor)?;
+        super::indexed::indexed_row(OP, rows, stats, cursor)?;
     }
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! Argument checks of the fusion families' ops (`crate::linear`, `crate::norm`,
 //! `crate::pooled_loss`), in the order every backend reports them.
 
+use super::common::same_shape;
 use super::ops::{Rows, layer_norm, layer_norm_backward};
-use super::same_shape;
 use crate::error::{ComputeError, Result};
 use crate::storage::Storage;
 use crate::tensor::Tensor;

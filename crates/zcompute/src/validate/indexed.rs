@@ -1,7 +1,7 @@
 //! Checks of the row ops indexed from device memory (`Backend::gather_row`,
 //! `Backend::scatter_row`), shared by every backend.
 
-use super::distinct;
+use super::common::distinct;
 use crate::error::{ComputeError, Result};
 use crate::storage::Storage;
 use crate::tensor::Tensor;

@@ -4,11 +4,10 @@
 //! the op reads, and overlapping no other buffer or parameter the op touches (gradient buffers
 //! are usually views of one flat buffer, so sharing storage alone is allowed).
 
-use super::{
-    Attention, PoolDims, distinct, pool_head_bce_backward, qk_norm_attention_backward, same_shape,
-    writable,
-};
-use crate::attention::QkNorm;
+use super::attention::{Attention, qk_norm_attention_backward};
+use super::common::{distinct, same_shape, writable};
+use super::fused::{PoolDims, pool_head_bce_backward};
+use crate::descriptors::QkNorm;
 use crate::error::{ComputeError, Result};
 use crate::storage::Storage;
 use crate::tensor::Tensor;

@@ -2,9 +2,9 @@
 //! `LinearOps::linear_param_grads_into`): a matrix of rows in, `[out, in]` weights, an `[out]`
 //! bias.
 
-use super::{distinct, same_shape, writable};
+use super::common::{distinct, same_shape, writable};
+use crate::descriptors::Activation;
 use crate::error::{ComputeError, Result};
-use crate::linear::Activation;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 

@@ -1,9 +1,11 @@
 //! Checks of `NormOps::layer_norm_backward_into`: LayerNorm backward's (with the residual
 //! stream's gradient), plus the weight's and bias's gradient buffers it adds into.
 
+use super::common::{distinct, same_shape, writable};
+use super::fused::layer_norm_backward_add;
+use super::linear::disjoint_views;
 use super::ops::Rows;
-use super::{disjoint_views, distinct, layer_norm_backward_add, same_shape, writable};
-use crate::backend::LayerNormBackward;
+use crate::descriptors::LayerNormBackward;
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::tensor::Tensor;

@@ -2,12 +2,11 @@
 //! them, returning what the op needs to know about its output (shape inference), so that a
 //! backend has nothing left to decide about its inputs.
 
-use super::{distinct, output_numel, same_shape, scalar_in, writable};
-use crate::backend::{AdamWConfig, BinaryOp, MatmulOpts, ReduceOp};
+use super::common::{distinct, output_numel, same_shape, scalar_in, writable};
+use crate::descriptors::{AdamWConfig, BinaryOp, MatmulOpts, ReduceOp, SgdConfig};
 use crate::element::Element;
 use crate::error::{ComputeError, Result};
 use crate::layout::{Dims, broadcast_shapes};
-use crate::optim::SgdConfig;
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 

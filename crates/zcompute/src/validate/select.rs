@@ -1,8 +1,9 @@
 //! Checks of the selection and random families (`SelectOps`, `RandomOps`), shared by every
 //! backend.
 
+use super::common::{distinct, output_numel};
 use super::indexed::RowTable;
-use super::{Rows, distinct, output_numel, rows};
+use super::ops::{Rows, rows};
 use crate::error::{ComputeError, Result};
 use crate::layout::{Dims, broadcast_shapes};
 use crate::storage::Storage;

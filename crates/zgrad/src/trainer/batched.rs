@@ -13,10 +13,10 @@
 //! batch of another shape than the graph's, or after a capture that did nothing) the same
 //! body runs on the batch uploaded as constants.
 
-use super::body::{Gather, StepParts};
+use super::body::StepParts;
 use super::executor::{Eager, GraphKey, Ran, Recording, Request, StaticInputs};
-use super::queued::Track;
-use super::source::{ReplayMark, Shard};
+use super::gated::{GatedRows, GatedStep, Mark};
+use super::source::ReplayMark;
 use super::{StepReport, Trainer, checks, in_step_split};
 use crate::error::{Applied, GradError, NonFiniteKind, Result};
 use crate::memory::ClassGuard;
@@ -24,7 +24,7 @@ use crate::model::Model;
 use crate::optim::Optimizer;
 use crate::var::Var;
 use std::rc::Rc;
-use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+use zcompute::{AllocClass, Capture, Element, prelude::*};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Uploads a batch as constants (in the saved class: the first matmul keeps `x`).
@@ -197,45 +197,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 }
 
-/// A gated step as the door runs it.
-pub(super) struct GatedStep<'a, 'm, B: Ops<T>, T: Element> {
-    pub key: GraphKey,
-    /// Names the step in the fallback's warning.
-    pub what: &'static str,
-    pub step: u64,
-    /// `Some(lr)`: the optimiser's slot `[lr, t]` is written first; `None`: the rows' gather
-    /// writes it (a step on the device data set).
-    pub lr: Option<f64>,
-    pub rows: GatedRows<'a, B, T>,
-    /// Called just before and just after the replay is queued (`StepSource::held`).
-    pub mark: Mark<'m>,
-    /// A queued step's window (the history row and the sticky gate); `None`: read back at once.
-    pub track: Option<&'a Track<B, T>>,
-    /// `[rows, ..sample]` and the targets' shape.
-    pub shape: &'a [usize],
-    pub target: &'a [usize],
-}
-
-/// Called just before and just after a held step's replay is queued (`StepSource::held`).
-pub(super) type Mark<'m> = Option<&'m mut dyn FnMut(ReplayMark)>;
-
-/// Where a gated step's rows come from.
-pub(super) enum GatedRows<'a, B: Ops<T>, T: Element> {
-    /// This rank's rows of a batch (host slices, pinned memory, a landing buffer), uploaded
-    /// into the step's inputs.
-    Shard(&'a Shard<'a, B, T>),
-    /// Gathered on the device by the body itself.
-    Gathered(&'a GatheredRows<B, T>),
-    /// The static inputs as the last step filled them (`StepSource::held`): replayed only.
-    Held,
-}
-
-/// Rows gathered from the device data set, and the step table's `[lr, t, gate]` slot.
-pub(super) struct GatheredRows<B: Ops<T>, T: Element> {
-    pub gather: Gather<B, T>,
-    pub slot: BTensor<B, T>,
-}
-
 /// Where an eager batch lives: the saved class (the first matmul keeps `x`), or scratch for
 /// the negative control.
 fn batch_class<B: Ops<T>, T: Element, M: Model<B, T>>(parts: &StepParts<B, T, M>) -> AllocClass {
@@ -270,16 +231,4 @@ fn fresh_inputs<B: Capture<T>, T: Element, M: Model<B, T>>(
         data.upload(b, &x, &y)?;
     }
     Ok((Var::constant(x), Var::constant(y)))
-}
-
-/// Reads `[loss, norm]` back and refuses non-finite values.
-pub(super) fn read_stats<B: Ops<T>, T: Element, M: Model<B, T>>(
-    b: &B,
-    parts: &StepParts<B, T, M>,
-    step: u64,
-) -> Result<(f64, f64)> {
-    let s = b.download(&parts.stats)?;
-    let (loss, norm) = (s[0].to_f64(), s[1].to_f64());
-    checks::finite(step, loss, norm)?;
-    Ok((loss, norm))
 }

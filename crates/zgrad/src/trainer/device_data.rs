@@ -8,6 +8,7 @@
 //! Evaluation of a resident data set runs on the device too (`eval_device.rs`).
 
 use super::Trainer;
+use super::sizes::max_device_rows;
 use super::source::Source;
 use super::step_table::{RowPlan, StepTable};
 use crate::error::{GradError, Result};
@@ -15,27 +16,6 @@ use crate::memory::ClassGuard;
 use crate::model::Model;
 use std::ops::Range;
 use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
-
-/// The most rows a resident data set of element `T` may hold: indices travel as `T` values,
-/// exact up to 2^24 in `f32` (2^53 in `f64`).
-#[must_use]
-pub fn max_device_rows<T: Element>() -> usize {
-    let probe = f64::from((1u32 << 24) + 1);
-    if T::from_f64(probe).to_f64() == probe {
-        1usize << 53.min(usize::BITS - 1)
-    } else {
-        1 << 24
-    }
-}
-
-/// Device bytes a resident data set of `n` samples of `per` values and `targets` target values
-/// each (`Task::target_len`) takes in elements of `elem_bytes` bytes: features, targets and the
-/// index buffer (`n` slots, the largest batch).
-#[must_use]
-pub fn device_data_bytes(n: usize, per: usize, targets: usize, elem_bytes: usize) -> u64 {
-    let values = (n as u64).saturating_mul(per as u64 + targets as u64 + 1);
-    values.saturating_mul(elem_bytes as u64)
-}
 
 /// The resident data set: features `[n, ..sample shape]`, targets `[n, ..Task::target_shape]`
 /// (`[n]` for one value a sample), and the index buffer

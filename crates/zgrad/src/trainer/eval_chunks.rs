@@ -9,43 +9,13 @@
 
 use std::ops::Range;
 
+use super::chunked_eval::ChunkedEval;
 use super::{Trainer, shard};
 use crate::error::{GradError, Result};
 use crate::metrics::{BinarySums, EvalReport, chunk_stats, stats_len};
 use crate::model::Model;
 use crate::task::Task;
 use zcompute::{Capture, Element};
-
-/// An evaluation under way (`Trainer::chunked_evaluation`): the rows the caller gives next,
-/// and the sums of the chunks given so far.
-#[derive(Debug)]
-pub struct ChunkedEval<T: Element> {
-    /// Samples of the whole set (every rank's).
-    total: usize,
-    /// This rank's shard of the set.
-    rows: Range<usize>,
-    /// The first row of the next chunk.
-    next: usize,
-    chunk: usize,
-    /// The unweighted binary task's sums (`None`: the task is reported from statistics).
-    binary: Option<BinarySums>,
-    /// Every other task's chunks' statistics rows, in order.
-    stats: Vec<T>,
-}
-
-impl<T: Element> ChunkedEval<T> {
-    /// This rank's rows of the set (all of them in one process).
-    #[must_use]
-    pub fn rows(&self) -> Range<usize> {
-        self.rows.clone()
-    }
-
-    /// The rows of the set the next chunk holds (`None`: every chunk is given; finish it).
-    #[must_use]
-    pub fn next_chunk(&self) -> Option<Range<usize>> {
-        (self.next < self.rows.end).then(|| self.next..(self.next + self.chunk).min(self.rows.end))
-    }
-}
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Starts the evaluation of a set of `total` samples given a chunk at a time

@@ -41,22 +41,6 @@ use crate::var::Var;
 use std::rc::Rc;
 use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
 
-/// Device bytes a validation set of `n` samples of `per` values takes on one device, with
-/// chunks of `chunk` samples, in elements of `elem_bytes` bytes: features, the logits buffer,
-/// and the input of each chunk shape (a full chunk's and the last one's). This is XAsset's
-/// binary task (one logit per sample read back); another task holds its targets and a
-/// statistics row per chunk instead of the logits (`metrics::chunk_stats`), not counted here.
-#[must_use]
-pub fn validation_data_bytes(n: usize, per: usize, chunk: usize, elem_bytes: usize) -> u64 {
-    let chunk = chunk.max(1) as u64;
-    let (n, per) = (n as u64, per as u64);
-    let inputs = n.min(chunk) + if n > chunk { n % chunk } else { 0 };
-    let values = n
-        .saturating_mul(per + 1)
-        .saturating_add(inputs.saturating_mul(per));
-    values.saturating_mul(elem_bytes as u64)
-}
-
 /// Chunks of one shape: the features they read (`[chunks, len · sample]`), their input
 /// (`[len, ..sample]`), where their results go (`[chunks, ..]`: logits or statistics rows)
 /// and the device cursor naming the chunk the next run works on (its graph is the

@@ -25,17 +25,21 @@
 mod batched;
 mod body;
 mod checks;
+mod chunked_eval;
 mod device_data;
 mod distributed;
 mod eval;
 mod eval_chunks;
 mod eval_device;
 mod executor;
+mod gated;
+mod locate;
 mod per_sample;
 mod phases;
 mod queued;
 mod queued_samples;
 mod resident;
+mod sizes;
 mod source;
 mod staging;
 mod step_table;
@@ -47,21 +51,20 @@ use crate::model::{Model, unique_names};
 use crate::optim::{AdamW, AdamWHyper, Optimizer, Sgd, SgdHyper};
 use crate::precision::Precision;
 use crate::schedule::LrSchedule;
-use batched::GatedRows;
 use body::StepParts;
+use gated::GatedRows;
 use source::{From, HostSlices, PinnedRows, Shard, Source};
 use std::rc::Rc;
 use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 
 use crate::shard;
-pub use device_data::{device_data_bytes, max_device_rows};
+pub use chunked_eval::ChunkedEval;
 /// The bucket plan, for XAsset's tests of it (`xasset/bucket_tests.rs`).
 #[cfg(test)]
 pub(crate) use distributed::buckets::{BucketPlan, Sizing};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync};
-pub use eval_chunks::ChunkedEval;
-pub use eval_device::validation_data_bytes;
 pub use phases::HostPhases;
+pub use sizes::{device_data_bytes, max_device_rows, validation_data_bytes};
 pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};
 pub use step_table::step_table_bytes;
 
@@ -529,7 +532,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 
     /// Reads `[loss, norm]` back and refuses non-finite values.
     fn read_stats(&self, step: u64) -> Result<(f64, f64)> {
-        batched::read_stats(&*self.backend, &self.parts, step)
+        gated::read_stats(&*self.backend, &self.parts, step)
     }
 }
 

@@ -36,10 +36,10 @@ mod window;
 use window::Pending;
 pub(super) use window::{Record, Track, Window};
 
-use super::batched::{GatedRows, GatedStep, GatheredRows};
 use super::body::Gather;
 use super::device_data::Resident;
 use super::executor::GraphKey;
+use super::gated::{GatedRows, GatedStep, GatheredRows};
 use super::source::{PinnedRows, Shard, Source};
 use super::step_table::{StepRow, StepTable};
 use super::{StepReport, StepRows, TrainSchedule, Trainer, phases, shard};

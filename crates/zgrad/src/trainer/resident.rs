@@ -3,8 +3,8 @@
 //! the batch already on the device, with hooks just before and after the replay is queued so
 //! that CUDA events enclose exactly the graph's work (as PyTorch's `g.replay()` is timed).
 
-use super::batched::GatedRows;
 use super::executor::GraphKey;
+use super::gated::GatedRows;
 use super::source::ReplayMark;
 use super::{StepReport, TrainSchedule, Trainer};
 use crate::error::{GradError, Result};
