@@ -151,3 +151,30 @@ extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
     ZC_ROW_CLASSES(nmajor_rows_bf16, s_a, out, a, b, bias, m, k, n, a_rs, a_cs, ldb, beta,
                    has_bias, act, residual, packed);
 }
+
+// The bf16 form of zc_linear_param_grads_f32's weight gradient, for a product `dw += op(A) ·
+// op(B)` of few rows (k <= ZC_LINEAR_ROWS) and many columns of op(A) (m, a Linear layer's
+// outputs, past the row kernels' limit): dw[o, i] += Σ_r g'[r, o] · x'[r, i], r in row order,
+// g[r, o] = op(A)[o, r] and x = op(B) through their strides, each element rounded to bf16 as
+// it is read or read from a bf16 copy where `packed` says (bit 0: g, bit 1: x). One element of
+// dw a thread (the float32 kernel's float4 path sums each element in the same order), grid
+// (ceil(ins / blockDim.x), ceil(outs / blockDim.y)); dw's rows ldw apart, last axis dense. No
+// bias gradient: under bf16 it is a float32 sum of the unrounded gradient, which the host
+// runs apart (PrecisionOps::linear_backward_into_mode).
+extern "C" __global__ void zc_linear_param_grads_bf16(float* dw, const float* g, const float* x,
+                                                      unsigned rows, u64 outs, u64 ins,
+                                                      u64 g_rs, u64 g_cs, u64 x_rs, u64 x_cs,
+                                                      u64 ldw, unsigned packed) {
+    const u64 o = (u64)blockIdx.y * blockDim.y + threadIdx.y;
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= outs || i >= ins) return;
+    const bool copy_g = packed & 1, copy_x = packed & 2;
+    const float d = dw[o * ldw + i];
+    float acc = 0.0f;
+#pragma unroll 8
+    for (unsigned r = 0; r < rows; ++r) {
+        acc = fmaf(bf16_in(g, copy_g, r * g_rs + o * g_cs), bf16_in(x, copy_x, r * x_rs + i * x_cs),
+                   acc);
+    }
+    dw[o * ldw + i] = d + acc;
+}

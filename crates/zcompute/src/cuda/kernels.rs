@@ -210,6 +210,10 @@ pub enum Kernel {
     /// float32 sums in the float32 forms' order and the same epilogue.
     LinearRowsKMajorBf16,
     LinearRowsNMajorBf16,
+    /// The parameter-gradient kernel's weight gradient in bf16 (`linear_bf16.cu`): a product
+    /// `dw += op(a) · op(b)` of few rows `k` and many columns of `op(a)`, its operands rounded
+    /// (or copies), float32 sums in row order.
+    LinearParamGradsBf16,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -258,7 +262,7 @@ const LINEAR_ROWS_BF16: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 80] = [
+    pub const ALL: [Kernel; 81] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -339,6 +343,7 @@ impl Kernel {
         Kernel::Bf16ToF32,
         Kernel::LinearRowsKMajorBf16,
         Kernel::LinearRowsNMajorBf16,
+        Kernel::LinearParamGradsBf16,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -638,6 +643,12 @@ impl Kernel {
             Kernel::LinearRowsNMajorBf16 => {
                 s(13, "zc_linear_rows_nmajor_bf16", LINEAR_ROWS_BF16, 0)
             }
+            Kernel::LinearParamGradsBf16 => s(
+                13,
+                "zc_linear_param_grads_bf16",
+                &[Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U32],
+                0,
+            ),
             Kernel::LinearParamGrads => s(
                 7,
                 "zc_linear_param_grads_f32",

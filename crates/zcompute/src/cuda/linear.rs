@@ -34,8 +34,8 @@ pub(crate) const KMAJOR_SPLIT: u32 = 2;
 /// n-contiguous `op(B)`: columns per block and k slices (`NMAJOR_COLS`, `NMAJOR_SLICES`).
 pub(crate) const NMAJOR_COLS: u32 = 8;
 pub(crate) const NMAJOR_SLICES: u32 = 64;
-/// The parameter-gradient kernel's blocks: x along the inputs, y along the outputs.
-const GRADS_BLOCK: (u32, u32) = (64, 4);
+/// The parameter-gradient kernels' blocks: x along the inputs, y along the outputs.
+pub(crate) const GRADS_BLOCK: (u32, u32) = (64, 4);
 /// Most blocks along a grid axis these launches use.
 pub(super) const MAX_GRID: u64 = 65_535;
 
@@ -262,13 +262,61 @@ impl<D: Driver> CudaBackend<D> {
             })
             .flatten()
             .map(|p| if bf16 { p.bf16() } else { p });
-        let Some(plan) = plan else {
-            tracing::trace!(target: "zcompute.cuda.linear", op = OP, count, m, k, n, "cublas");
-            return Ok(false);
-        };
         let operand = |t: &CudaTensor, copy: Option<&Operand>| match copy {
             Some(c) => Ok(c.ptr),
             None => self.ptr(OP, t),
+        };
+        let packed = u32::from(given.0.is_some()) | (u32::from(given.1.is_some()) << 1);
+        let Some(plan) = plan else {
+            // Under bf16, a weight gradient of few rows added into its buffer (`dw += gᵀ · x`:
+            // m a layer's outputs, k one sample's rows): the parameter-gradient kernel's bf16
+            // form, where float32's Linear backward runs its float32 form.
+            let grads_grid = (
+                (n as u64).div_ceil(u64::from(GRADS_BLOCK.0)),
+                (m as u64).div_ceil(u64::from(GRADS_BLOCK.1)),
+            );
+            if bf16
+                && count == 1
+                && beta == 1.0
+                && (1..=LINEAR_ROW_LIMIT).contains(&k)
+                && m > 0
+                && n > 0
+                && grads_grid.0 <= MAX_GRID
+                && grads_grid.1 <= MAX_GRID
+            {
+                let (g_cs, g_rs) = strides(a, given.0, trans_a);
+                let (x_rs, x_cs) = strides(b, given.1, trans_b);
+                tracing::trace!(
+                    target: "zcompute.cuda.linear",
+                    op = OP, m, k, n, packed, blocks = grads_grid.0 * grads_grid.1,
+                    "bf16 parameter-gradient kernel"
+                );
+                let args: Args = [
+                    ptr(self.ptr(OP, out)?),
+                    ptr(operand(a, given.0)?),
+                    ptr(operand(b, given.1)?),
+                    KernelArg::U32(k as u32),
+                    u64a(m),
+                    u64a(n),
+                    u64a(g_rs),
+                    u64a(g_cs),
+                    u64a(x_rs),
+                    u64a(x_cs),
+                    u64a(n),
+                    KernelArg::U32(packed),
+                ]
+                .into_iter()
+                .collect();
+                let config = LaunchConfig {
+                    grid: (grads_grid.0 as u32, grads_grid.1 as u32, 1),
+                    block: (GRADS_BLOCK.0, GRADS_BLOCK.1, 1),
+                    shared_mem_bytes: 0,
+                };
+                self.launch(OP, Kernel::LinearParamGradsBf16, config, &args)?;
+                return Ok(true);
+            }
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, count, m, k, n, "cublas");
+            return Ok(false);
         };
         self.launch_rows(RowsLaunch {
             op: OP,
@@ -276,7 +324,7 @@ impl<D: Driver> CudaBackend<D> {
             dims: (m, k, n),
             a: operand(a, given.0)?,
             b: operand(b, given.1)?,
-            packed: u32::from(given.0.is_some()) | (u32::from(given.1.is_some()) << 1),
+            packed,
             bias: None,
             act: Activation::Identity,
             residual: None,

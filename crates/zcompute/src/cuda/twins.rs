@@ -167,6 +167,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::Bf16ToF32 => convert::bf16_to_f32,
         Kernel::LinearRowsKMajorBf16 => linear::rows_kmajor::<true>,
         Kernel::LinearRowsNMajorBf16 => linear::rows_nmajor::<true>,
+        Kernel::LinearParamGradsBf16 => linear::param_grads_bf16,
     }
 }
 

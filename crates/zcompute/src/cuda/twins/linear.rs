@@ -10,7 +10,8 @@
 use super::{bad, checked, usize_of};
 use crate::cuda::kernels::Kernel;
 use crate::cuda::linear::{
-    KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4,
+    GRADS_BLOCK, KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES,
+    linear_grads_vec4,
 };
 use crate::cuda::linear_backward::{BACKWARD_THREADS, BackwardGrid};
 use crate::element::Element;
@@ -254,6 +255,61 @@ pub(super) fn param_grads(
             let old = mem.read_f32(p, 1)?[0];
             mem.write_f32(p, &[old + sum])?;
         }
+    }
+    Ok(())
+}
+
+/// `zc_linear_param_grads_bf16`: dw += g'ᵀ · x', every element of g and x rounded to bf16 (or
+/// read from a bf16 copy, as `packed` says), each element's sum in row order. Checks the
+/// grid covers dw with the host's blocks.
+pub(super) fn param_grads_bf16(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let a = checked(Kernel::LinearParamGradsBf16, args)?;
+    let rows = a.u32(3)? as usize;
+    let (outs, ins) = (usize_of(a.u64(4)?, 4)?, usize_of(a.u64(5)?, 5)?);
+    let (dw_ptr, g_ptr, x_ptr) = (a.ptr(0)?, a.ptr(1)?, a.ptr(2)?);
+    let packed = a.u32(11)?;
+    if packed > 3 {
+        return Err(bad(11, "packed has bits other than 0 (g) and 1 (x)"));
+    }
+    if config.block != (GRADS_BLOCK.0, GRADS_BLOCK.1, 1)
+        || (config.grid.0 as usize) * (GRADS_BLOCK.0 as usize) < ins
+        || (config.grid.1 as usize) * (GRADS_BLOCK.1 as usize) < outs
+    {
+        return Err(bad(
+            0,
+            "zc_linear_param_grads_bf16's grid does not cover dw",
+        ));
+    }
+    let g = Strided::read_bf16(
+        mem,
+        g_ptr,
+        (rows, outs),
+        (a.u64(6)?, a.u64(7)?),
+        packed & 1 != 0,
+    )?;
+    let x = Strided::read_bf16(
+        mem,
+        x_ptr,
+        (rows, ins),
+        (a.u64(8)?, a.u64(9)?),
+        packed & 2 != 0,
+    )?;
+    let ldw = usize_of(a.u64(10)?, 10)?;
+    for o in 0..outs {
+        let row_ptr = dw_ptr.offset((o * ldw * 4) as u64);
+        let mut dw = mem.read_f32(row_ptr, ins as u64)?;
+        for (i, d) in dw.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for r in 0..rows {
+                acc = g.at(r, o).mul_add(x.at(r, i), acc);
+            }
+            *d += acc;
+        }
+        mem.write_f32(row_ptr, &dw)?;
     }
     Ok(())
 }

@@ -29,14 +29,19 @@ const NT: MatmulOpts = opts(false, true);
 
 /// Few-row products by the order of `op(B)`: k-contiguous (a Linear weight read transposed;
 /// k a multiple of 4, the float4 runs, and not, one element a lane), n-contiguous (`dX = g ·
-/// W`), and a transposed, strided `op(A)`.
-const CASES: [(&[usize], &[usize], MatmulOpts); 5] = [
+/// W`), a transposed, strided `op(A)`, and a weight gradient `gᵀ · x` of one sample's rows
+/// (added into a buffer: the parameter-gradient kernel's bf16 form).
+const CASES: [(&[usize], &[usize], MatmulOpts); 6] = [
     (&[12, 256], &[96, 256], NT),
     (&[12, 193], &[40, 193], NT),
     (&[1, 64], &[24, 64], NT),
     (&[12, 96], &[96, 70], opts(false, false)),
     (&[40, 7], &[40, 33], opts(true, false)),
+    (&[12, 96], &[12, 256], TN),
 ];
+
+/// `gᵀ · x`: a Linear weight's gradient.
+const TN: MatmulOpts = opts(true, false);
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
@@ -213,6 +218,15 @@ pub fn products_on_copies_equal_rounding_as_read_bitwise<D: Driver>(gpu: &CudaBa
         gpu.matmul_into_bf16(&cx, &cw, NT, &b).unwrap();
         assert_eq!(down(&a), down(&b), "{name} into");
     }
+    // The weight's gradient added into its buffer, dw += gᵀ · x.
+    let start = values(outs * ins, 27, -1.0, 1.0);
+    let (a, b) = (
+        gpu.upload(&start, &[outs, ins]).unwrap(),
+        gpu.upload(&start, &[outs, ins]).unwrap(),
+    );
+    gpu.matmul_into_mode(&g, &x, TN, &a, BF16).unwrap();
+    gpu.matmul_into_bf16(&cg, &cx, TN, &b).unwrap();
+    assert_eq!(down(&a), down(&b), "dw += gᵀ · x");
 }
 
 macro_rules! linear_bf16_suite {
@@ -248,7 +262,7 @@ mod gpu {
 /// with no conversion and no cuBLAS call; more rows keep the conversions and cuBLAS, TF32
 /// keeps cuBLAS, float32 its own form.
 mod launches {
-    use super::{BF16, NT, values};
+    use super::{BF16, NT, TN, values};
     use std::sync::{Arc, Mutex};
     use zcompute::cuda::Kernel;
     use zcompute::prelude::*;
@@ -343,8 +357,24 @@ mod launches {
             nmajor,
             "g · w added (beta = 1)"
         );
-        // Unchanged: more rows than the limit (a conversion per operand, then cuBLAS), TF32
+        let dw = up(96 * 256, 6, &[96, 256]);
+        let grads = (vec![Kernel::LinearParamGradsBf16], 0, 0);
+        gpu.matmul_into_mode(&g, &x, TN, &dw, BF16).unwrap();
+        assert_eq!(ran(&gpu, &dw, &log, &mut seen), grads, "dw += gᵀ · x");
+        gpu.matmul_into_bf16(&cg, &cx, TN, &dw).unwrap();
+        assert_eq!(
+            ran(&gpu, &dw, &log, &mut seen),
+            grads,
+            "dw += gᵀ · x on copies"
+        );
+        // Unchanged: the weight's gradient into a fresh tensor, more rows than the limit (a conversion per operand, then cuBLAS), TF32
         // (cuBLAS on the operands in place), float32 (its own form).
+        let y = gpu.matmul_mode(&g, &x, TN, BF16).unwrap();
+        assert_eq!(
+            ran(&gpu, &y, &log, &mut seen),
+            (vec![Kernel::F32ToBf16, Kernel::F32ToBf16], 0, 1),
+            "gᵀ · x"
+        );
         let many = up(33 * 256, 5, &[33, 256]);
         let y = gpu.matmul_mode(&many, &w, NT, BF16).unwrap();
         assert_eq!(
