@@ -11,7 +11,9 @@
 //! rounded to bf16 as it is read, or read from a bf16 copy (`PrecisionOps::matmul_bf16` and
 //! friends), float32 sums in the float32 forms' order, and the Linear forward's epilogue inside
 //! (`PrecisionOps::linear_mode`): one launch where the composite ran a conversion per operand,
-//! cuBLAS and the epilogue.
+//! cuBLAS and the epilogue (`kernels/linear_bf16.cu`). A weight's gradient from one sample's
+//! rows added into its buffer (`dw += gzᵀ · x`, more outputs than the row limit) runs the
+//! parameter-gradient kernel's bf16 form. TF32 keeps cuBLAS.
 
 use super::kernels::{Args, Kernel, ptr, u64a};
 use super::matmul::Operand;
@@ -268,52 +270,10 @@ impl<D: Driver> CudaBackend<D> {
         };
         let packed = u32::from(given.0.is_some()) | (u32::from(given.1.is_some()) << 1);
         let Some(plan) = plan else {
-            // Under bf16, a weight gradient of few rows added into its buffer (`dw += gᵀ · x`:
-            // m a layer's outputs, k one sample's rows): the parameter-gradient kernel's bf16
-            // form, where float32's Linear backward runs its float32 form.
-            let grads_grid = (
-                (n as u64).div_ceil(u64::from(GRADS_BLOCK.0)),
-                (m as u64).div_ceil(u64::from(GRADS_BLOCK.1)),
-            );
-            if bf16
-                && count == 1
-                && beta == 1.0
-                && (1..=LINEAR_ROW_LIMIT).contains(&k)
-                && m > 0
-                && n > 0
-                && grads_grid.0 <= MAX_GRID
-                && grads_grid.1 <= MAX_GRID
-            {
-                let (g_cs, g_rs) = strides(a, given.0, trans_a);
-                let (x_rs, x_cs) = strides(b, given.1, trans_b);
-                tracing::trace!(
-                    target: "zcompute.cuda.linear",
-                    op = OP, m, k, n, packed, blocks = grads_grid.0 * grads_grid.1,
-                    "bf16 parameter-gradient kernel"
-                );
-                let args: Args = [
-                    ptr(self.ptr(OP, out)?),
-                    ptr(operand(a, given.0)?),
-                    ptr(operand(b, given.1)?),
-                    KernelArg::U32(k as u32),
-                    u64a(m),
-                    u64a(n),
-                    u64a(g_rs),
-                    u64a(g_cs),
-                    u64a(x_rs),
-                    u64a(x_cs),
-                    u64a(n),
-                    KernelArg::U32(packed),
-                ]
-                .into_iter()
-                .collect();
-                let config = LaunchConfig {
-                    grid: (grads_grid.0 as u32, grads_grid.1 as u32, 1),
-                    block: (GRADS_BLOCK.0, GRADS_BLOCK.1, 1),
-                    shared_mem_bytes: 0,
-                };
-                self.launch(OP, Kernel::LinearParamGradsBf16, config, &args)?;
-                return Ok(true);
+            if bf16 && count == 1 && beta == 1.0 {
+                let g = (operand(a, given.0)?, strides(a, given.0, trans_a));
+                let x = (operand(b, given.1)?, strides(b, given.1, trans_b));
+                return self.grads_bf16((m, k, n), g, x, out, packed);
             }
             tracing::trace!(target: "zcompute.cuda.linear", op = OP, count, m, k, n, "cublas");
             return Ok(false);
@@ -331,6 +291,64 @@ impl<D: Driver> CudaBackend<D> {
             out,
             beta,
         })?;
+        Ok(true)
+    }
+
+    /// Under bf16, `out += op(g) · op(x)` of few rows `k` (at most `LINEAR_ROW_LIMIT`: a
+    /// weight's gradient `dw += gzᵀ · x` from one sample's rows, `m` the layer's outputs, past
+    /// the row kernels' limit) through `zc_linear_param_grads_bf16`, where float32's Linear
+    /// backward runs the float32 parameter-gradient kernel: one launch where cuBLAS needed a
+    /// conversion per operand. `g` and `x`: first element and `op()`'s strides; `packed` says
+    /// which are bf16 copies. `false` (nothing queued) for other sizes.
+    fn grads_bf16(
+        &self,
+        (m, k, n): (usize, usize, usize),
+        (g, (g_cs, g_rs)): (DevicePtr, (usize, usize)),
+        (x, (x_rs, x_cs)): (DevicePtr, (usize, usize)),
+        out: &CudaTensor,
+        packed: u32,
+    ) -> Result<bool> {
+        const OP: &str = "matmul";
+        let grid = (
+            (n as u64).div_ceil(u64::from(GRADS_BLOCK.0)),
+            (m as u64).div_ceil(u64::from(GRADS_BLOCK.1)),
+        );
+        if !(1..=LINEAR_ROW_LIMIT).contains(&k)
+            || m == 0
+            || n == 0
+            || grid.0 > MAX_GRID
+            || grid.1 > MAX_GRID
+        {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, m, k, n, "cublas");
+            return Ok(false);
+        }
+        tracing::trace!(
+            target: "zcompute.cuda.linear",
+            op = OP, m, k, n, packed, blocks = grid.0 * grid.1, "bf16 parameter-gradient kernel"
+        );
+        let args: Args = [
+            ptr(self.ptr(OP, out)?),
+            ptr(g),
+            ptr(x),
+            KernelArg::U32(k as u32),
+            u64a(m),
+            u64a(n),
+            u64a(g_rs),
+            u64a(g_cs),
+            u64a(x_rs),
+            u64a(x_cs),
+            // `out` is dense [m, n].
+            u64a(n),
+            KernelArg::U32(packed),
+        ]
+        .into_iter()
+        .collect();
+        let config = LaunchConfig {
+            grid: (grid.0 as u32, grid.1 as u32, 1),
+            block: (GRADS_BLOCK.0, GRADS_BLOCK.1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.launch(OP, Kernel::LinearParamGradsBf16, config, &args)?;
         Ok(true)
     }
 
