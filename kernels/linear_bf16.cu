@@ -1,5 +1,6 @@
-// The bf16 forms of linear.cu's small-row products (issue 42's bf16 policy; launched from
-// crates/zcompute/src/cuda/linear.rs under MathMode::Bf16): every element of op(A) and op(B)
+// The bf16 forms of linear.cu's small-row products and of its weight gradient (issue 42's
+// bf16 policy; launched from crates/zcompute/src/cuda/linear.rs under MathMode::Bf16, each
+// with a simulated twin in cuda/twins/linear.rs): every element of op(A) and op(B)
 // rounded to bf16 (nearest-even, zc_round_bf16) as it is read, or read from a bf16 copy where
 // `packed` says (bit 0: A, bit 1: B; kernels/convert.cu's packing, as PrecisionOps' copies
 // hold it), float32 products and sums in the float32 forms' order, and the same float32
