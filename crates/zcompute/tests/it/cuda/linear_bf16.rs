@@ -146,6 +146,97 @@ pub fn linear_forward_is_a_bf16_product<D: Driver>(gpu: &CudaBackend<D>) {
     }
 }
 
+/// A Linear layer's backward under bf16 for one sample's rows (`linear_backward_into_mode`:
+/// `gx = gz · w` on the n-contiguous bf16 form, `dw += gzᵀ · x` on the parameter-gradient
+/// kernel's, `db` a float32 sum), identity and tanh, each backend against the float64
+/// products of its own rounded operands within twice the accumulation budget, `db` within
+/// float32 rounding of the CPU's.
+pub fn linear_backward_is_a_bf16_product<D: Driver>(gpu: &CudaBackend<D>) {
+    let (rows, ins, outs) = (12, 256, 96);
+    let x = values(rows * ins, 41, -1.0, 1.0);
+    let w = values(outs * ins, 42, -0.3, 0.3);
+    let gy = values(rows * outs, 43, -1.0, 1.0);
+    let y = values(rows * outs, 44, -0.9, 0.9);
+    let dev = |v: &[f32], s: &[usize]| gpu.upload(v, s).unwrap();
+    let host = |v: &[f32], s: &[usize]| CpuTensor::from_vec(v.to_vec(), s).unwrap();
+    for act in [Activation::Identity, Activation::Tanh] {
+        let tanh = act == Activation::Tanh;
+        // The gradient before the activation as each backend forms it (tanh's backward in
+        // float32; the GPU may contract `1 - y²` into a fused multiply-add, and a gradient one
+        // float32 ulp apart can round to another bf16 value).
+        let (yd, yh) = (dev(&y, &[rows, outs]), host(&y, &[rows, outs]));
+        let (gz, gz_cpu) = if tanh {
+            let d = gpu.tanh_backward(&dev(&gy, &[rows, outs]), &yd).unwrap();
+            let h = CPU.tanh_backward(&host(&gy, &[rows, outs]), &yh).unwrap();
+            (gpu.download(&d).unwrap(), h.to_vec())
+        } else {
+            (gy.clone(), gy.clone())
+        };
+        let plain = MatmulOpts::default();
+        let (gx_want, gx_scale) = reference((&gz, &[rows, outs]), (&w, &[outs, ins]), plain, BF16);
+        let (dw_want, dw_scale) = reference((&gz, &[rows, outs]), (&x, &[rows, ins]), TN, BF16);
+        let cpu_want = reference((&gz_cpu, &[rows, outs]), (&x, &[rows, ins]), TN, BF16);
+        let (dw, db) = (
+            gpu.zeros(&[outs, ins]).unwrap(),
+            gpu.zeros(&[outs]).unwrap(),
+        );
+        let gx = gpu
+            .linear_backward_into_mode(
+                &dev(&gy, &[rows, outs]),
+                &dev(&x, &[rows, ins]),
+                Some(&dev(&w, &[outs, ins])),
+                (act, tanh.then_some(&yd)),
+                (&dw, Some(&db)),
+                BF16,
+            )
+            .unwrap()
+            .expect("gx");
+        let what = format!("{act:?}");
+        let loose = |v: f64| 2.0 * v;
+        within(
+            &format!("{what} gx"),
+            &gpu.download(&gx).unwrap(),
+            (&gx_want, &gx_scale),
+            loose(budget(BF16, outs)),
+        );
+        within(
+            &format!("{what} dw"),
+            &gpu.download(&dw).unwrap(),
+            (&dw_want, &dw_scale),
+            loose(budget(BF16, rows)),
+        );
+        let (dwc, dbc) = (
+            CPU.zeros(&[outs, ins]).unwrap(),
+            CPU.zeros(&[outs]).unwrap(),
+        );
+        CPU.linear_backward_into_mode(
+            &host(&gy, &[rows, outs]),
+            &host(&x, &[rows, ins]),
+            Some(&host(&w, &[outs, ins])),
+            (act, tanh.then_some(&yh)),
+            (&dwc, Some(&dbc)),
+            BF16,
+        )
+        .unwrap();
+        within(
+            &format!("{what} dw cpu"),
+            &dwc.to_vec(),
+            (&cpu_want.0, &cpu_want.1),
+            loose(budget(BF16, rows)),
+        );
+        for (i, (g, c)) in gpu
+            .download(&db)
+            .unwrap()
+            .iter()
+            .zip(dbc.to_vec())
+            .enumerate()
+        {
+            let err = (f64::from(*g) - f64::from(c)).abs();
+            assert!(err <= 1e-4, "{what} db: element {i}: {g:e} against {c:e}");
+        }
+    }
+}
+
 /// The same few-row products on bf16 copies (`matmul_bf16_rhs`, `matmul_bf16`,
 /// `matmul_into_bf16`, and the forward as the trainer runs it: the product on copies, then
 /// `bias_act`) equal the products on the float32 operands (`matmul_mode`,
@@ -239,6 +330,11 @@ macro_rules! linear_bf16_suite {
         #[test]
         fn linear_forward_is_a_bf16_product() {
             super::linear_forward_is_a_bf16_product(&$backend());
+        }
+
+        #[test]
+        fn linear_backward_is_a_bf16_product() {
+            super::linear_backward_is_a_bf16_product(&$backend());
         }
 
         #[test]
