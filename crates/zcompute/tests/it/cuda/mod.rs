@@ -19,7 +19,6 @@ mod indexed;
 mod linear;
 mod linear_backward;
 mod linear_backward_errors;
-mod linear_bf16;
 mod linear_launch;
 mod norm_params;
 mod norm_params_launch;
