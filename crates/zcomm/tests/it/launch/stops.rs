@@ -55,8 +55,21 @@ fn ranks_that_all_stopped_on_one_signal_end_the_job_with_it() {
     assert_eq!(out.exit_code(), 143);
 }
 
+/// Installs handlers for SIGINT and SIGTERM that do the default action, so that the ranks
+/// this process starts get both at their default (an exec resets a handled signal, but keeps
+/// an ignored one). A test binary started with SIGINT ignored (`cargo test &` in a
+/// non-interactive shell) would hand that on, and sh cannot trap a signal ignored at its
+/// start: every rank then ran its loop to the end and exited 0.
+fn stop_signals_at_their_default_in_the_ranks() {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let default = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        signal_hook::flag::register_conditional_default(sig, default).unwrap();
+    }
+}
+
 #[test]
 fn a_stop_is_passed_on_and_the_ranks_exit_on_their_own() {
+    stop_signals_at_their_default_in_the_ranks();
     // Each rank traps the signal, "finishes its step" and exits 128 + it, as ztrain does.
     let script = "trap 'sleep 0.2; exit 130' INT; i=0; while [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; exit 0";
     for (sig, code) in [(2, 130), (15, 143)] {
