@@ -40,7 +40,7 @@ pub struct PlannedModel {
 
 /// The plan and what it says about the chosen device.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PlanReport<M = XAssetConfig> {
+pub struct PlanReport<M> {
     pub plan: MemoryPlan<M>,
     /// The model planned, as the report names it.
     pub model: PlannedModel,
@@ -88,7 +88,7 @@ impl<M> PlanReport<M> {
 }
 
 /// Makes the plan of `options` (XAsset of their sizes) and looks at the device they choose.
-pub fn make(options: &Options) -> Result<PlanReport> {
+pub fn make(options: &Options) -> Result<PlanReport<XAssetConfig>> {
     let config = options.config()?;
     let m = config.model;
     let model = PlannedModel {
@@ -684,7 +684,7 @@ fn rank_batch(options: &Options, batch: usize) -> usize {
 
 /// Makes and prints the plan of `options` (`--json`: one JSON object): one plan, a rank's
 /// (with `--gpus N`, every rank's shard is at most the one planned).
-pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport> {
+pub fn print(options: &Options, out: &mut dyn Write) -> Result<PlanReport<XAssetConfig>> {
     let report = make(options)?;
     print_report("ztrain", options, &report, out)?;
     Ok(report)
