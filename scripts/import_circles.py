@@ -11,8 +11,32 @@ char literals are blanked first, and a visibility `pub(in crate::x)` names no it
 neither makes an edge.
 
 Usage: python3 scripts/import_circles.py crates/zcompute/src [--list] [--edges]
+       python3 scripts/import_circles.py --self-test
 """
 import os, re, sys
+
+if sys.argv[1:] == ['--self-test']:
+    # p.rs names its child in a field (`kid::K`) and the child names `super::P`: a circle of
+    # 2. q.rs names its children r and s; they mention `super::Q` only in a comment, a string
+    # and after a `'"'` char literal, so they form no circle with q (else one of 3).
+    import subprocess, tempfile
+    crate = {
+        'lib.rs': 'mod p;\nmod q;\n',
+        'p.rs': 'mod kid;\npub struct P {\n    k: kid::K,\n}\n',
+        'p/kid.rs': 'pub struct K;\npub fn f(_: super::P) {}\n',
+        'q.rs': 'mod r;\nmod s;\npub struct Q;\npub(in crate::q) fn g(_: self::r::R, _: s::S) {}\n',
+        'q/r.rs': 'pub struct R; // super::Q\nconst D: &str = "super::Q"; /* super::Q */\n',
+        'q/s.rs': "pub struct S;\nconst C: char = '\"'; // super::Q \"\n",
+    }
+    with tempfile.TemporaryDirectory() as d:
+        for rel, text in crate.items():
+            os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+            open(os.path.join(d, rel), 'w').write(text)
+        out = subprocess.run([sys.executable, __file__, d, '--list'], capture_output=True, text=True, check=True).stdout
+    got = [l.strip() for l in out.splitlines()[1:]]
+    assert 'largest import circle 2 files' in out and got == ['p.rs', os.path.join('p', 'kid.rs')], out
+    print('self-test ok')
+    sys.exit(0)
 
 src = os.path.abspath(sys.argv[1])
 files = {}
