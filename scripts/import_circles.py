@@ -5,9 +5,38 @@ graph of its files, an edge a -> b when a names a path into b (`crate::`, `super
 to the file that defines the item, so `crate::Backend` is backend.rs, not lib.rs). A file's
 inline test module counts as part of the file.
 
+Inline paths count wherever code names them: a field `device_data::DeviceData<B, T>` (a
+child module's name, then `::`), `super::foo::Bar` in a signature. Comments and string or
+char literals are blanked first, and a visibility `pub(in crate::x)` names no item, so
+neither makes an edge.
+
 Usage: python3 scripts/import_circles.py crates/zcompute/src [--list] [--edges]
+       python3 scripts/import_circles.py --self-test
 """
 import os, re, sys
+
+if sys.argv[1:] == ['--self-test']:
+    # p.rs names its child in a field (`kid::K`) and the child names `super::P`: a circle of
+    # 2. q.rs names its children r and s; they mention `super::Q` only in a comment, a string
+    # and after a `'"'` char literal, so they form no circle with q (else one of 3).
+    import subprocess, tempfile
+    crate = {
+        'lib.rs': 'mod p;\nmod q;\n',
+        'p.rs': 'mod kid;\npub struct P {\n    k: kid::K,\n}\n',
+        'p/kid.rs': 'pub struct K;\npub fn f(_: super::P) {}\n',
+        'q.rs': 'mod r;\nmod s;\npub struct Q;\npub(in crate::q) fn g(_: self::r::R, _: s::S) {}\n',
+        'q/r.rs': 'pub struct R; // super::Q\nconst D: &str = "super::Q"; /* super::Q */\n',
+        'q/s.rs': "pub struct S;\nconst C: char = '\"'; // super::Q \"\n",
+    }
+    with tempfile.TemporaryDirectory() as d:
+        for rel, text in crate.items():
+            os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+            open(os.path.join(d, rel), 'w').write(text)
+        out = subprocess.run([sys.executable, __file__, d, '--list'], capture_output=True, text=True, check=True).stdout
+    got = [l.strip() for l in out.splitlines()[1:]]
+    assert 'largest import circle 2 files' in out and got == ['p.rs', os.path.join('p', 'kid.rs')], out
+    print('self-test ok')
+    sys.exit(0)
 
 src = os.path.abspath(sys.argv[1])
 files = {}
@@ -40,8 +69,42 @@ def resolve(segs, depth=0):
     return None
 
 def strip_comments(text):
-    text = re.sub(r'/\*.*?\*/', '', text, flags=re.S)
-    return '\n'.join(l.split('//')[0] if '"' not in l else l for l in text.splitlines())
+    """text with comments and string/char literals blanked (newlines kept, so a `use`
+    keeps its indentation); a lifetime (`'a`) is not a char literal."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith('//', i):
+            j = text.find('\n', i)
+            i = n if j < 0 else j
+        elif text.startswith('/*', i):  # block comments nest in Rust
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith('/*', i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith('*/', i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    out.append('\n' if text[i] == '\n' else '')
+                    i += 1
+        elif (m := re.match(r'b?r(#*)"', text[i:])) and not (i and (text[i - 1].isalnum() or text[i - 1] == '_')):
+            end = text.find('"' + m.group(1), i + m.end())
+            end = n if end < 0 else end + 1 + len(m.group(1))
+            out.append('""' + '\n' * text.count('\n', i, end))
+            i = end
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == '\\' else 1
+            out.append('""' + '\n' * text.count('\n', i, j))
+            i = j + 1
+        elif c == "'" and (m := re.match(r"'(\\.[^']*|[^\\'])'", text[i:])):
+            out.append("' '")
+            i += m.end()
+        else:
+            out.append(c)
+            i += 1
+    return ''.join(out)
 
 def expand_use(tree):
     """`a::{b, c::{d, e}}` -> [a::b, a::c::d, a::c::e]"""
@@ -85,8 +148,12 @@ def absolute_paths(rel, path, pub_only=False):
         bodies = re.sub(r'\buse\s+[^;]+;', '', text)
         # A visibility (`pub(in crate::trainer)`) names a module, not an item of its file.
         bodies = re.sub(r'\bpub\s*\(\s*in\s+[^)]*\)', 'pub', bodies)
-        paths += re.findall(r'\b((?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+)', bodies)
     children = {m[len(here)] for m in mod_to_file if len(m) == len(here) + 1 and list(m[:len(here)]) == here}
+    if not pub_only:
+        # A path's first segment: not after `::`, `.` or `$` (`std::ops::X`, `$crate::X`
+        # and a method's turbofish `.f::<T>()` name no module of this crate).
+        heads = ['crate', 'super', 'self'] + sorted(children)
+        paths += re.findall(r'(?<![\w:.$])((?:' + '|'.join(heads) + r')(?:::[A-Za-z_]\w*)+)', bodies)
     out = []
     for p in paths:
         p, _, alias = p.partition('@')

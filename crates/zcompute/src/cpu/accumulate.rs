@@ -6,9 +6,10 @@
 //! product into `dst` block by block of `k` (matrixmultiply's `beta = 1`) where the composite
 //! adds the finished product once: a difference of rounding only.
 
+use super::common::{dense, gather};
 use super::dense::{with, with2};
 use super::matmul::product;
-use super::{dense, math, par, reduce};
+use super::{math, par, reduce};
 use crate::backend::{LayerNormBackward, LayerNormGrads, MatmulOpts, ReduceOp};
 use crate::element::Element;
 use crate::error::Result;
@@ -157,7 +158,7 @@ fn ln_backward<T: Element>(
     let n = x.shape().last().copied().unwrap_or(1);
     let (mv, rv) = (mean.to_vec(), rstd.to_vec());
     let w = weight.map(CpuTensor::to_vec);
-    let res = residual.map(super::gather);
+    let res = residual.map(gather);
     let spec = LnBackward {
         w: w.as_deref(),
         want,

@@ -2,7 +2,7 @@
 //! read when the op runs, as the device kernels (`kernels/indexed.cu`) read it on each replay
 //! of a captured graph, so the CPU backend's recorded graphs behave alike.
 
-use super::{gather, scatter};
+use super::common::{gather, scatter};
 use crate::element::Element;
 use crate::error::Result;
 use crate::tensor::CpuTensor;

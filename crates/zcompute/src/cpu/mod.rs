@@ -6,6 +6,7 @@
 
 mod accumulate;
 pub(crate) mod attention;
+mod common;
 mod dense;
 mod elementwise;
 mod families;
@@ -32,6 +33,9 @@ use crate::storage::CpuStorage;
 use crate::tensor::CpuTensor;
 use crate::validate;
 
+use common::scatter;
+pub(crate) use common::{dense, gather};
+
 pub use par::{
     THREADS_VAR, ThreadsError, default_threads, parse_threads, set_threads, threads, with_threads,
 };
@@ -39,25 +43,6 @@ pub use par::{
 /// The host backend. Stateless: tensors own their storage.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
-
-/// Elements of `x` in logical row-major order.
-pub(crate) fn gather<T: Element>(x: &CpuTensor<T>) -> Vec<T> {
-    if x.is_contiguous() && x.numel() > 0 {
-        dense::with(x, pool::copied)
-    } else {
-        x.to_vec()
-    }
-}
-
-/// A fresh dense tensor; `data.len()` must match `shape` (callers build it from the shape).
-pub(crate) fn dense<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<CpuTensor<T>> {
-    CpuTensor::from_vec(data, shape)
-}
-
-/// Writes `values` (logical order) through the view `dst`.
-fn scatter<T: Element>(values: &[T], dst: &CpuTensor<T>) {
-    dense::write(values, dst);
-}
 
 impl<T: Element> Backend<T> for CpuBackend {
     type Storage = CpuStorage<T>;

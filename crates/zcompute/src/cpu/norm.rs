@@ -1,6 +1,7 @@
 //! Row-wise ops over the last axis: softmax and LayerNorm, rows split over the pool.
 
-use super::{dense, gather, math, par};
+use super::common::{dense, gather};
+use super::{math, par};
 use crate::backend::LayerNormOut;
 use crate::element::Element;
 use crate::error::Result;

@@ -1,6 +1,7 @@
 //! The loss and the optimiser step.
 
-use super::{gather, math, par};
+use super::common::gather;
+use super::{math, par};
 use crate::backend::{ADAMW_SLOT_GATE, ADAMW_SLOT_LR, ADAMW_SLOT_STEP, AdamWConfig};
 use crate::element::Element;
 use crate::error::Result;

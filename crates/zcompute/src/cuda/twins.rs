@@ -6,11 +6,13 @@
 //! backend's formulas; the host code around it (layouts, strides, launches, gemm descriptors,
 //! allocation, capture) is the same code that drives the GPU.
 //!
-//! This file holds the twin table and the argument helpers every twin shares; the twins live
-//! by kernel family in `twins/elementwise.rs`, `twins/reductions.rs`, `twins/rows.rs`,
-//! `twins/train.rs` and `twins/flat.rs` (one per group of `kernels/*.cu` entries).
+//! This file holds the twin table (the registry that names every twin); the twins live by
+//! kernel family in `twins/elementwise.rs`, `twins/reductions.rs`, `twins/rows.rs`,
+//! `twins/train.rs`, `twins/flat.rs` and their siblings (one per group of `kernels/*.cu`
+//! entries), and the argument helpers they share in `twins/common.rs`, below them all.
 
 mod attention;
+mod common;
 mod convert;
 mod elementwise;
 mod flat;
@@ -25,9 +27,8 @@ mod select;
 mod train;
 
 use super::kernels::Kernel;
-use crate::tensor::CpuTensor;
-use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
-use zdevice::{DevicePtr, KernelArg, LaunchConfig, SimDriver};
+use zdevice::sim::{KernelFault, SimMemory};
+use zdevice::{KernelArg, LaunchConfig, SimDriver};
 
 /// Launches `function`, a simulated kernel that a caller outside this crate registered on the
 /// simulator and resolved from a module it loaded (zcomm's simulated collectives), on
@@ -166,39 +167,4 @@ fn twin(k: Kernel) -> Twin {
         Kernel::F32ToBf16 => convert::f32_to_bf16,
         Kernel::Bf16ToF32 => convert::bf16_to_f32,
     }
-}
-
-fn bad(index: usize, reason: &str) -> KernelFault {
-    KernelFault::BadArgument {
-        index,
-        reason: reason.to_string(),
-    }
-}
-
-fn checked(k: Kernel, args: &[KernelArg]) -> Result<KernelArgs<'_>, KernelFault> {
-    if k.accepts(args) {
-        Ok(KernelArgs(args))
-    } else {
-        Err(bad(0, &format!("arguments do not match {}", k.spec().name)))
-    }
-}
-
-fn usize_of(v: u64, index: usize) -> Result<usize, KernelFault> {
-    usize::try_from(v).map_err(|_| bad(index, "size does not fit usize"))
-}
-
-/// Reads a dense `[rows, n]` matrix as a CPU tensor.
-fn rows_tensor(
-    mem: &SimMemory<'_>,
-    p: DevicePtr,
-    rows: u64,
-    n: u64,
-) -> Result<CpuTensor<f32>, KernelFault> {
-    let data = mem.read_f32(p, rows.saturating_mul(n))?;
-    let shape = [usize_of(rows, 2)?, usize_of(n, 3)?];
-    CpuTensor::from_vec(data, &shape).map_err(|e| bad(2, &e.to_string()))
-}
-
-fn cpu_err(e: crate::error::ComputeError) -> KernelFault {
-    bad(0, &e.to_string())
 }

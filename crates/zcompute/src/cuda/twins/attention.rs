@@ -7,7 +7,7 @@
 //! twins run the CPU's bf16 emulation (`Params::bf16`), so the simulated device and the CPU
 //! backend agree bit for bit under bf16 as under float32.
 
-use super::{bad, checked};
+use super::common::{bad, checked};
 use crate::cpu::attention::{Params, backward_slices, forward_slices};
 use crate::cuda::attention::{FUSED_MAX_DH, FUSED_MAX_SEQ, SHORT_MAX_SEQ, WARPS};
 use crate::cuda::kernels::Kernel;

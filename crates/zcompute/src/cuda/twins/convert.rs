@@ -1,7 +1,7 @@
 //! Simulated twins of `convert.cu`: zdevice's `rounding` functions over simulated memory, the
 //! same integer arithmetic as the kernels (bit for bit on every input).
 
-use super::checked;
+use super::common::checked;
 use crate::cuda::kernels::Kernel;
 use zdevice::rounding::{bf16_bits, f32_from_bf16_bits};
 use zdevice::sim::{KernelFault, SimMemory};

@@ -2,7 +2,7 @@
 //! scalar-binary maps, strided copies and fills. Strided operands are decoded from the same
 //! tail the host encodes and walked element by element in logical order.
 
-use super::{bad, checked};
+use super::common::{bad, checked};
 use crate::backend::{BinaryOp, UnaryOp};
 use crate::cpu::math;
 use crate::cuda::kernels::{Kernel, read_strided};

@@ -3,7 +3,7 @@
 //! gives each block the elements the kernel's grid-stride walk gives it, so the partials mean
 //! what the kernel's do.
 
-use super::{bad, checked, usize_of};
+use super::common::{bad, checked, usize_of};
 use crate::cuda::kernels::Kernel;
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{DevicePtr, KernelArg, LaunchConfig};

@@ -3,7 +3,7 @@
 //! plus the residual) and writes what the kernel writes. They also check the launch shape the
 //! kernels rely on (32 x 8 blocks, enough column tiles), which the GPU would not report.
 
-use super::{bad, checked, cpu_err, rows_tensor, usize_of};
+use super::common::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::backend::LayerNormBackward;
 use crate::cpu::{CpuBackend, fused, math};
 use crate::cuda::kernels::Kernel;

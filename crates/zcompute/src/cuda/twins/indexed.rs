@@ -2,7 +2,7 @@
 //! is read from simulated memory when the kernel runs, under the CPU backend's rule
 //! (`cpu::indexed::row_of`).
 
-use super::{checked, usize_of};
+use super::common::{checked, usize_of};
 use crate::cpu::indexed::row_of;
 use crate::cuda::kernels::Kernel;
 use zdevice::sim::{KernelFault, SimMemory};

@@ -5,7 +5,7 @@
 //! key pass), sequences of 1 to `MAX_SEQ`, enough dynamic shared memory. A null mask pointer is
 //! "every key kept", as in the kernels.
 
-use super::{bad, checked};
+use super::common::{bad, checked};
 use crate::cpu::key_padding::{Operands, forward_slices, key_pass, query_pass};
 use crate::cuda::kernels::Kernel;
 use crate::cuda::key_padding::{MAX_SEQ, THREADS, shared_bytes};

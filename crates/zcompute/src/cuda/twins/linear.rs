@@ -4,7 +4,7 @@
 //! launch shapes the kernels rely on (block sizes, a grid covering every column), which the
 //! GPU would not report.
 
-use super::{bad, checked, usize_of};
+use super::common::{bad, checked, usize_of};
 use crate::cuda::kernels::Kernel;
 use crate::cuda::linear::{
     KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4,

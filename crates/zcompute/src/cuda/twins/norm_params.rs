@@ -6,7 +6,7 @@
 //! take (another block size, more rows than its shared memory holds without partials, a grid
 //! that does not match the chunks), which the GPU would not report.
 
-use super::{KernelArgs, bad, checked, cpu_err, rows_tensor, usize_of};
+use super::common::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::backend::LayerNormBackward;
 use crate::cpu::CpuBackend;
 use crate::cuda::kernels::Kernel;
@@ -14,7 +14,7 @@ use crate::cuda::norm_params::{
     LN_PARAMS_MAX_ROWS, LN_PARAMS_THREADS, LN_PARTIALS_MAX_N, LN_PARTIALS_THREADS,
 };
 use crate::norm::NormOps;
-use zdevice::sim::{KernelFault, SimMemory};
+use zdevice::sim::{KernelArgs, KernelFault, SimMemory};
 use zdevice::{DevicePtr, KernelArg, LaunchConfig};
 
 pub(super) fn layer_norm_backward_params(

@@ -2,7 +2,7 @@
 //! first pass of a split long-row reduction, and chunked column reductions. Each returns the
 //! partials the GPU kernel would, so the host's second passes run unchanged.
 
-use super::{bad, checked, cpu_err, rows_tensor, usize_of};
+use super::common::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::backend::ReduceOp;
 use crate::cpu::{self, math};
 use crate::cuda::kernels::Kernel;

@@ -3,7 +3,7 @@
 //! relies on), and the fused backward kernels, which run the CPU backend's composite formulas
 //! (`Backend`'s provided bodies) on the rows read from device memory.
 
-use super::{bad, checked, cpu_err, rows_tensor, usize_of};
+use super::common::{bad, checked, cpu_err, rows_tensor, usize_of};
 use crate::backend::Backend;
 use crate::cpu::{self, CpuBackend};
 use crate::cuda::kernels::Kernel;

@@ -1,7 +1,7 @@
 //! Simulated twins of `select.cu`: the CPU backend's loops (`cpu/select.rs`) over simulated
 //! memory, reading indices and the step when the kernel runs.
 
-use super::{checked, usize_of};
+use super::common::{checked, usize_of};
 use crate::cpu::indexed::row_of;
 use crate::cpu::select::argmax_row;
 use crate::cuda::kernels::Kernel;

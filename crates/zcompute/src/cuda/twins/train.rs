@@ -1,7 +1,7 @@
 //! Simulated twins of the training kernels (`train.cu`): the mean BCE-with-logits loss and
 //! the fused AdamW step, which reads its learning rate, step count and gate from a device slot.
 
-use super::{checked, cpu_err, rows_tensor};
+use super::common::{checked, cpu_err, rows_tensor};
 use crate::backend::AdamWConfig;
 use crate::cpu;
 use crate::cuda::kernels::Kernel;
