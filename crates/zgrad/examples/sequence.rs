@@ -25,6 +25,7 @@ pub mod common;
 
 use common::{Example, main_of, train_epochs};
 use zcompute::{Activation, Capture, prelude::*};
+use zgrad::Load;
 use zgrad::nn::Linear;
 use zgrad::rng::SplitMix64;
 use zgrad::{
@@ -249,7 +250,11 @@ impl Example for Sequence {
         let (vx, vy) = self.data(2, self.train / 4);
         let mean_length =
             vx.iter().filter(|&&id| id != PAD as f32).count() as f64 / vy.len() as f64;
-        trainer.load_validation(&vx, &vy, vy.len())?;
+        trainer.load(Load::Validation {
+            x: &vx,
+            y: &vy,
+            n: vy.len(),
+        })?;
         let before = trainer.evaluate(EvalSource::Validation)?;
         let s = self.tokens;
         let (first_loss, last_loss) = train_epochs(

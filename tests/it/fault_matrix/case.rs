@@ -93,14 +93,7 @@ fn train<D: Driver>(run: &mut Run<D>, size: &Size) -> Result<Vec<Vec<f32>>, Stri
 
 /// Puts back the initial parameters and optimiser state.
 fn restore<D: Driver>(run: &mut Run<D>, params: &[Vec<f32>]) -> Result<(), String> {
-    let b = &*run.backend;
-    for (p, data) in run.trainer.model().parameters().iter().zip(params) {
-        p.upload(b, data).map_err(typed)?;
-    }
-    run.trainer
-        .optimizer_mut()
-        .import(b, &run.optimizer)
-        .map_err(typed)
+    run.trainer.restore(params, &run.optimizer).map_err(typed)
 }
 
 /// Whether every tensor is within `tolerance` of the clean run's.

@@ -1,4 +1,4 @@
-//! A data set resident on the device (issue 21): uploaded once by [`Trainer::load_data`], each
+//! A data set resident on the device (issue 21): uploaded once by `Trainer::load(Load::Training)`, each
 //! step's samples then named by their indices (one small upload) and gathered on the device
 //! (`SelectOps::gather_rows`), inside the captured step for the batched schedule
 //! (`queued.rs`), before the step for the per-sample one. The indices come from the caller's
@@ -34,7 +34,7 @@ pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     /// Host staging of the indices, reused from step to step.
     staging: Vec<T>,
     /// The queued batched steps' inputs (made at the first, `step_table.rs`) and the plan of
-    /// the rows to come (`Trainer::plan_rows`).
+    /// the rows to come (`Load::Order`, `Trainer::plan_rows`).
     pub(super) steps: Option<StepTable<B, T>>,
     pub(super) plan: Option<RowPlan>,
 }
@@ -159,15 +159,15 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Uploads a data set to the device once, for `Trainer::queue` of loaded rows and
-    /// `evaluate(EvalSource::Loaded)`: `x` `[n, ..sample shape]` row-major, `y` `n` samples'
+    /// `load(Load::Training)`: uploads a data set to the device once, for `Trainer::queue`
+    /// of loaded rows and `evaluate(EvalSource::Loaded)`: `x` `[n, ..sample shape]` row-major, `y` `n` samples'
     /// targets (`Task::target_len` values each, row-major: one label, a class index, `K`
     /// regression values, then the weights of a weighted task).
     /// Replaces a data set loaded before (dropping the captured steps that read it). Refuses
     /// with `BadInput` shapes a host `step` would refuse and more rows than indices of `T`
     /// can name exactly ([`max_device_rows`]); out of device memory is the backend's error
     /// (`TooLarge` / `OutOfMemory`), nothing loaded.
-    pub fn load_data(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
+    pub(super) fn load_training(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
         let sample = self.shape_of(x, y, n)?;
         if n > max_device_rows::<T>() {
             return Err(GradError::BadInput(format!(
@@ -229,7 +229,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
-    /// Announces the rows the next `Trainer::queue` of loaded rows calls will take: `order` in chunks
+    /// `load(Load::Order)`: announces the rows the next `Trainer::queue` of loaded rows calls will take: `order` in chunks
     /// of `batch` rows (the last may be shorter), as a training loop walks an epoch's order
     /// (`ztrain` at each epoch's start, and on resuming from its position). A batched step
     /// that takes the plan's next chunk then finds its row indices and `[lr, t]` on the
@@ -239,12 +239,12 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// that takes other rows, or another step number or learning rate than planned (after
     /// a non-finite step was read back), uploads its own and ends the plan: a plan never
     /// changes what a step computes. Replaces the plan before; the per-sample schedule
-    /// ignores it. Refuses with `BadInput` before `load_data`, a `batch` of 0 and a row not
-    /// in the data set.
-    pub fn plan_rows(&mut self, order: &[usize], batch: usize) -> Result<()> {
+    /// ignores it. Refuses with `BadInput` before `load(Load::Training)`, a `batch` of 0 and
+    /// a row not in the data set.
+    pub(super) fn plan_rows(&mut self, order: &[usize], batch: usize) -> Result<()> {
         let Some(data) = self.data.as_mut() else {
             return Err(GradError::BadInput(
-                "no data set on the device: call load_data first".into(),
+                "no data set on the device: call load with Load::Training first".into(),
             ));
         };
         let n = data.rows();
@@ -260,13 +260,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         data.plan = Some(plan);
         Ok(())
-    }
-
-    /// Samples of the data set on the device (`None` before `load_data`). Test-only.
-    #[cfg(any(test, feature = "testing"))]
-    #[must_use]
-    pub fn loaded_rows(&self) -> Option<usize> {
-        self.data.as_ref().map(DeviceData::rows)
     }
 }
 

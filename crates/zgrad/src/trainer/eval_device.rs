@@ -1,5 +1,5 @@
 //! Evaluation on the device (issue 21 item 3): a validation set uploaded once
-//! ([`Trainer::load_validation`]) and evaluated every epoch with nothing moved per chunk, and
+//! (`Trainer::load(Load::Validation)`) and evaluated every epoch with nothing moved per chunk, and
 //! the resident training set evaluated where it lies (`evaluate(EvalSource::Loaded)`).
 //!
 //! A pass walks the set in chunks of `eval_batch` samples, the chunk shapes `evaluate` uses
@@ -121,6 +121,11 @@ struct Rows<B: Ops<T>, T: Element> {
 }
 
 impl<B: Capture<T>, T: Element> EvalSet<B, T> {
+    /// Samples of the whole set (every rank's).
+    pub(super) fn total(&self) -> usize {
+        self.total
+    }
+
     /// The set of `rows` (`[rows, ..sample]` features on the device, this rank's) with
     /// `labels` (the logits way) in chunks of `chunk`, a shard of `total` samples of rank
     /// `rank` of `world`: its results buffer, inputs and cursors allocated (persistent memory).
@@ -204,7 +209,8 @@ impl<B: Capture<T>, T: Element> EvalSet<B, T> {
 }
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Uploads a validation set to the device once, for `evaluate(EvalSource::Validation)`:
+    /// `load(Load::Validation)`: uploads a validation set to the device once, for
+    /// `evaluate(EvalSource::Validation)`:
     /// `x` `[n, ..sample shape]` row-major, `y` `n` samples' targets (`Task::target_len`
     /// each: on the device beside the features; the unweighted binary task's labels on the
     /// host instead, where its report sums). In data parallel each rank keeps only its shard (load it after
@@ -212,7 +218,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// set loaded before. Refuses with `BadInput` shapes `evaluate` would refuse and a
     /// non-finite feature or label (naming the sample; the old set kept); out of device memory
     /// is the backend's error, nothing loaded.
-    pub fn load_validation(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
+    pub(super) fn load_validation(&mut self, x: &[T], y: &[T], n: usize) -> Result<()> {
         let sample = self.shape_of(x, y, n)?;
         let (per, ty) = (x.len() / n, self.target_len());
         if let Some(bad) = checks::bad_input(x, y, n) {
@@ -276,22 +282,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         Ok(())
     }
 
-    /// Samples of the validation set on the device (`None` before `load_validation`; in data
-    /// parallel the whole set's, of which this rank holds its shard).
-    #[must_use]
-    pub fn validation_rows(&self) -> Option<usize> {
-        self.validation.as_ref().map(|v| v.total)
-    }
-
-    /// The captured chunk graphs of the validation pass (one per chunk shape once captured;
-    /// none eagerly): each `evaluate(EvalSource::Validation)` replays them. Test-only.
-    #[cfg(any(test, feature = "testing"))]
-    pub fn validation_graphs(&self) -> impl Iterator<Item = &B::Graph> {
-        self.exec.graphs(|k| matches!(k, GraphKey::EvalChunk(_)))
-    }
-
     /// The task's loss and metrics over the validation set on the device
-    /// ([`Trainer::load_validation`]): every chunk captured once per chunk shape and replayed
+    /// (`load(Load::Validation)`): every chunk captured once per chunk shape and replayed
     /// (eagerly with capture off or after a failed capture), the results read back once (the
     /// logits of the unweighted binary task, XAsset's; each chunk's statistics otherwise); the
     /// report is bitwise `evaluate`'s on the same values (in data parallel, `evaluate`'s
@@ -299,7 +291,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub(super) fn evaluate_validation(&mut self) -> Result<EvalReport> {
         let Some(mut set) = self.validation.take() else {
             return Err(GradError::BadInput(
-                "evaluate(EvalSource::Validation): no validation set on the device (load_validation first)"
+                "evaluate(EvalSource::Validation): no validation set on the device (Load::Validation first)"
                     .into(),
             ));
         };
@@ -307,7 +299,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
             let loaded = set.world;
             self.validation = Some(set);
             return Err(GradError::BadInput(format!(
-                "evaluate(EvalSource::Validation): the set was sharded over {loaded} ranks and the job now has {} (load_validation after with_collective)",
+                "evaluate(EvalSource::Validation): the set was sharded over {loaded} ranks and the job now has {} (Load::Validation after with_collective)",
                 self.parts.dist.info().world
             )));
         }
@@ -319,17 +311,18 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         report
     }
 
-    /// The training set loaded by `load_data` evaluated where it lies: this rank's rows
+    /// The training set loaded by `Load::Training` evaluated where it lies: this rank's rows
     /// (all of them in one process) in chunks of `eval_batch`, eagerly (it runs once, at the
     /// end of a run: a capture would cost a recording and a graph's memory for one pass), the
     /// results read back once (the unweighted binary task, XAsset's: the logits, against the labels kept on
     /// the host at load time; other tasks: each chunk's statistics of its targets on the
     /// device). Bitwise `evaluate`'s report on the same values (in data parallel, its
-    /// all-reduced sums). Refuses with `BadInput` before `load_data`.
+    /// all-reduced sums). Refuses with `BadInput` before `Load::Training`.
     pub(super) fn evaluate_loaded(&self) -> Result<EvalReport> {
         let Some(data) = self.data.as_ref() else {
             return Err(GradError::BadInput(
-                "evaluate(EvalSource::Loaded): no data set on the device (load_data first)".into(),
+                "evaluate(EvalSource::Loaded): no data set on the device (Load::Training first)"
+                    .into(),
             ));
         };
         let n = data.rows();

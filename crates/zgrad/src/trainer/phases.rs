@@ -1,11 +1,12 @@
 //! Where the host's time goes in the queued steps (`queue` of loaded rows, `queue` of a pinned batch, `drain`),
 //! for a per-step timeline (`ztrain --timeline`): the trainer adds each phase's wall time as it
-//! runs; the caller takes the sums when it likes.
+//! runs; the caller reads the sums (`TrainerStatus::host_phases`) when it likes.
 
 use std::time::{Duration, Instant};
 
-/// Host wall time the trainer spent in each phase of its queued steps since the last
-/// [`Trainer::take_host_phases`](super::Trainer::take_host_phases).
+/// Host wall time the trainer spent in each phase of its queued steps since it was made
+/// ([`TrainerStatus::host_phases`](super::TrainerStatus)), or between two such snapshots
+/// ([`HostPhases::since`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostPhases {
     /// Uploading the step's row indices (data on the device).
@@ -24,6 +25,18 @@ impl HostPhases {
     #[must_use]
     pub fn total(&self) -> Duration {
         self.index_upload + self.staging + self.launch + self.readback
+    }
+
+    /// The time of each phase since `earlier`, a snapshot of the same trainer's sums taken
+    /// before this one (the sums only grow; a phase that did not is zero).
+    #[must_use]
+    pub fn since(&self, earlier: &HostPhases) -> HostPhases {
+        HostPhases {
+            index_upload: self.index_upload.saturating_sub(earlier.index_upload),
+            staging: self.staging.saturating_sub(earlier.staging),
+            launch: self.launch.saturating_sub(earlier.launch),
+            readback: self.readback.saturating_sub(earlier.readback),
+        }
     }
 }
 

@@ -419,5 +419,5 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 }
 
 fn no_data() -> GradError {
-    GradError::BadInput("no data set on the device: call load_data first".into())
+    GradError::BadInput("no data set on the device: call load with Load::Training first".into())
 }

@@ -59,7 +59,7 @@ impl<'a, B: Ops<T>, T: Element> StepSource<'a, B, T> {
         StepSource(From::Host { x, y, batch })
     }
 
-    /// Rows `rows` (the global batch) of the data set `Trainer::load_data` put on the device:
+    /// Rows `rows` (the global batch) of the data set `Trainer::load(Load::Training)` put on the device:
     /// each rank of a data-parallel job gathers its shard there.
     #[must_use]
     pub fn loaded(rows: &'a [usize]) -> Self {
@@ -94,12 +94,30 @@ pub enum EvalSource<'a, T> {
     /// Samples in host memory: `x` `[n, ..sample shape]` row-major, `y` their targets
     /// (`Task::target_len` values per sample; binary: one label per sample).
     Host(&'a [T], &'a [T]),
-    /// The validation set `Trainer::load_validation` put on the device: every chunk captured
-    /// once per chunk shape and replayed (eagerly with capture off or after a failed capture).
+    /// The validation set `Trainer::load(Load::Validation)` put on the device: every chunk
+    /// captured once per chunk shape and replayed (eagerly with capture off or after a failed
+    /// capture).
     Validation,
-    /// The training set `Trainer::load_data` put on the device, evaluated where it lies,
-    /// eagerly (it runs once, at the end of a run).
+    /// The training set `Trainer::load(Load::Training)` put on the device, evaluated where
+    /// it lies, eagerly (it runs once, at the end of a run).
     Loaded,
+}
+
+/// What `Trainer::load` puts on the device: a data set (the training set the loaded steps
+/// and `EvalSource::Loaded` read, or the validation set of `EvalSource::Validation`), each
+/// `x` `[n, ..sample shape]` row-major and `y` its `n` samples' targets (`Task::target_len`
+/// values each), or the order of the training set's rows the next queued steps take.
+#[derive(Clone, Copy, Debug)]
+pub enum Load<'a, T> {
+    /// The training set, uploaded once for `StepSource::loaded` and `EvalSource::Loaded`.
+    Training { x: &'a [T], y: &'a [T], n: usize },
+    /// The validation set, uploaded once (in data parallel, this rank's shard of it) for
+    /// `EvalSource::Validation`.
+    Validation { x: &'a [T], y: &'a [T], n: usize },
+    /// The rows the next queued steps of the loaded training set will take: `order` in
+    /// chunks of `batch` rows (the last may be shorter), as a training loop walks an epoch's
+    /// order; see `Trainer::load`.
+    Order { order: &'a [usize], batch: usize },
 }
 
 /// A pinned batch as the trainer uses it whatever its backend: its sizes, its rows as a

@@ -7,6 +7,7 @@ use crate::support::small::{SMALL, labelled};
 use crate::support::steps::{param_bits, rows_of, step_bits};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
+use zgrad::Load;
 use zgrad::{Applied, GradError, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset};
 
 const N: usize = 12;
@@ -34,7 +35,8 @@ fn loaded_equals_host<B: Capture<f32> + Clone + 'static>(
 ) {
     let (x, y) = labelled(SMALL, N, 17);
     let (mut host, mut dev) = (learner(b, schedule, capture), learner(b, schedule, capture));
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let batches: [&[usize]; 6] = [
         &[0, 5, 2, 7],
         &[1, 3, 9, 11],
@@ -54,9 +56,9 @@ fn loaded_equals_host<B: Capture<f32> + Clone + 'static>(
             step_bits(&want),
             "{schedule:?} capture {capture}"
         );
-        assert_eq!(dev.queued(), 0, "read back at once");
+        assert_eq!(dev.status().queued, 0, "read back at once");
     }
-    assert_eq!(dev.step_count(), 6);
+    assert_eq!(dev.status().step, 6);
     assert_eq!(param_bits(b, &dev), param_bits(b, &host));
 }
 
@@ -86,7 +88,7 @@ fn queueing_host_rows_or_the_held_batch_is_refused() {
     refused_with_nothing_applied(&e, "host rows");
     let e = t.queue(StepSource::held(|_| {}), 2).unwrap_err();
     refused_with_nothing_applied(&e, "the held batch");
-    assert_eq!((t.step_count(), t.queued()), (1, 0));
+    assert_eq!((t.status().step, t.status().queued), (1, 0));
     assert_eq!(param_bits(&b, &t), before);
 }
 
@@ -97,7 +99,7 @@ fn a_step_with_queued_steps_unread_waits_for_the_drain() {
     let b = Engine::sim(256 << 20).expect("simulated backend");
     let (x, y) = labelled(SMALL, N, 5);
     let mut t = learner(&b, TrainSchedule::Batched, false);
-    t.load_data(&x, &y, N).expect("load");
+    t.load(Load::Training { x: &x, y: &y, n: N }).expect("load");
     assert!(
         t.queue(StepSource::loaded(&[0, 1, 2]), 4)
             .expect("queued")
@@ -110,7 +112,7 @@ fn a_step_with_queued_steps_unread_waits_for_the_drain() {
     ] {
         refused_with_nothing_applied(&e, "queued steps unread");
     }
-    assert_eq!((t.step_count(), t.queued()), (1, 1));
+    assert_eq!((t.status().step, t.status().queued), (1, 1));
     assert_eq!(t.drain().expect("drain").len(), 1);
     assert_eq!(t.step(StepSource::loaded(&[3, 4])).expect("step").step, 2);
 }
