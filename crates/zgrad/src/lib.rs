@@ -9,6 +9,7 @@
 //! user doing anything.
 #![forbid(unsafe_code)]
 
+mod batch;
 pub mod checkpoint;
 mod error;
 pub mod file_dtype;

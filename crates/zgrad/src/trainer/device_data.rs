@@ -9,154 +9,14 @@
 
 use super::Trainer;
 use super::sizes::max_device_rows;
-use super::source::Source;
-use super::step_table::{RowPlan, StepTable};
+use super::step_table::RowPlan;
 use crate::error::{GradError, Result};
 use crate::memory::ClassGuard;
 use crate::model::Model;
-use std::ops::Range;
-use zcompute::{AllocClass, BTensor, Capture, Element, prelude::*};
+use zcompute::{AllocClass, BTensor, Capture, Element};
 
-/// The resident data set: features `[n, ..sample shape]`, targets `[n, ..Task::target_shape]`
-/// (`[n]` for one value a sample), and the index buffer
-/// a step's rows are uploaded into (`[n]`: a step takes at most `n` rows).
-pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
-    pub(super) x: BTensor<B, T>,
-    pub(super) y: BTensor<B, T>,
-    pub(super) index: BTensor<B, T>,
-    /// The rows of the step the index buffer holds, from its start: this rank's shard
-    /// (`upload_indices`).
-    uploaded: Range<usize>,
-    pub(super) sample: Vec<usize>,
-    /// The targets on the host too (`Task::target_len` a sample): the unweighted binary
-    /// task's evaluation sums them there (`evaluate(EvalSource::Loaded)`).
-    pub(super) labels: Vec<T>,
-    /// Host staging of the indices, reused from step to step.
-    staging: Vec<T>,
-    /// The queued batched steps' inputs (made at the first, `step_table.rs`) and the plan of
-    /// the rows to come (`Load::Order`, `Trainer::plan_rows`).
-    pub(super) steps: Option<StepTable<B, T>>,
-    pub(super) plan: Option<RowPlan>,
-}
-
-impl<B: Ops<T>, T: Element> DeviceData<B, T> {
-    pub(super) fn rows(&self) -> usize {
-        self.y.shape()[0]
-    }
-
-    pub(super) fn per(&self) -> usize {
-        self.sample.iter().product()
-    }
-
-    /// Target values per sample.
-    pub(super) fn targets(&self) -> usize {
-        self.y.numel() / self.rows().max(1)
-    }
-
-    /// Refuses a step of no rows, of more than `n` or naming a row not below `n` (the whole
-    /// step's, so that every rank refuses the same step).
-    pub(super) fn check_rows(&self, rows: &[usize]) -> Result<()> {
-        let n = self.rows();
-        if rows.is_empty() || rows.len() > n {
-            return Err(GradError::BadInput(format!(
-                "a step of {} rows from a device data set of {n} (1 to {n} rows per step)",
-                rows.len()
-            )));
-        }
-        if let Some(bad) = rows.iter().find(|&&r| r >= n) {
-            return Err(GradError::BadInput(format!(
-                "row {bad} of a device data set of {n} rows"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Checks `rows` (`check_rows`) and queues the upload of those at `local` (this rank's shard)
-    /// into the index buffer's first slots (a host-to-device copy: outside a capture). Each
-    /// rank copies its shard's indices only: a copy of up to 1,024 bytes costs the stream
-    /// about 1 us, one above it several more (docs/benchmarks.md, the gap between replays).
-    pub(super) fn upload_indices(
-        &mut self,
-        b: &B,
-        rows: &[usize],
-        local: Range<usize>,
-    ) -> Result<()> {
-        self.check_rows(rows)?;
-        let Some(mine) = rows.get(local.clone()) else {
-            return Err(GradError::BadInput(format!(
-                "internal: shard {local:?} of a step of {} rows",
-                rows.len()
-            )));
-        };
-        self.uploaded = local.start..local.start;
-        if !mine.is_empty() {
-            self.staging.clear();
-            self.staging
-                .extend(mine.iter().map(|&r| T::from_f64(r as f64)));
-            b.upload_into(&self.staging, &self.index.narrow(0, 0, mine.len())?)?;
-        }
-        self.uploaded = local;
-        Ok(())
-    }
-
-    /// The uploaded indices of rows `rows` of the step (within the uploaded shard).
-    pub(super) fn indices(&self, rows: Range<usize>) -> Result<BTensor<B, T>> {
-        let held = &self.uploaded;
-        if rows.start < held.start || rows.end > held.end {
-            return Err(GradError::BadInput(format!(
-                "internal: rows {rows:?} of the step, its indices uploaded for {held:?}"
-            )));
-        }
-        Ok(self.index.narrow(0, rows.start - held.start, rows.len())?)
-    }
-
-    /// Gathers the step's rows `rows` into `x` and `y` (any views of their sizes: a strided
-    /// one gets the rows through a dense copy). Legal inside a capture.
-    pub(super) fn gather(
-        &self,
-        b: &B,
-        rows: Range<usize>,
-        x: &BTensor<B, T>,
-        y: &BTensor<B, T>,
-    ) -> Result<()> {
-        let index = self.indices(rows)?;
-        for (table, dst) in [(&self.x, x), (&self.y, y)] {
-            if dst.is_contiguous() {
-                b.gather_rows(table, &index, dst)?;
-            } else {
-                let dense = b.zeros(dst.shape())?;
-                b.gather_rows(table, &index, &dense)?;
-                b.copy_into(&dense, dst)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A step's rows of the resident data set, as the step paths see a batch.
-pub(super) struct Resident<'a, B: Ops<T>, T: Element> {
-    pub data: &'a DeviceData<B, T>,
-}
-
-impl<B: Ops<T>, T: Element> Source<B, T> for Resident<'_, B, T> {
-    fn per(&self) -> usize {
-        self.data.per()
-    }
-
-    fn targets(&self) -> usize {
-        self.data.targets()
-    }
-
-    fn upload(
-        &self,
-        b: &B,
-        rows: Range<usize>,
-        x: &BTensor<B, T>,
-        y: &BTensor<B, T>,
-    ) -> Result<()> {
-        self.data.gather(b, rows, x, y)
-    }
-}
+mod set;
+pub(super) use set::{DeviceData, Resident};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// `load(Load::Training)`: uploads a data set to the device once, for `Trainer::queue`
@@ -215,17 +75,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let shape: Vec<usize> = std::iter::once(n).chain(sample.iter().copied()).collect();
         let _class = ClassGuard::new(b, AllocClass::Persistent);
         let (x, y) = make(b, &shape)?;
-        self.data = Some(DeviceData {
-            x,
-            y,
-            index: b.zeros(&[n])?,
-            uploaded: 0..0,
-            sample,
-            labels,
-            staging: Vec::with_capacity(n),
-            steps: None,
-            plan: None,
-        });
+        self.data = Some(DeviceData::new(x, y, b.zeros(&[n])?, sample, labels));
         Ok(())
     }
 
@@ -260,47 +110,5 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         }
         data.plan = Some(plan);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::DeviceData;
-    use zcompute::{Backend, CpuBackend};
-
-    fn resident(b: &CpuBackend, n: usize) -> DeviceData<CpuBackend, f32> {
-        DeviceData {
-            x: b.zeros(&[n, 2]).expect("x"),
-            y: b.zeros(&[n]).expect("y"),
-            index: b.zeros(&[n]).expect("index"),
-            uploaded: 0..0,
-            sample: vec![2],
-            labels: vec![0.0; n],
-            staging: Vec::new(),
-            steps: None,
-            plan: None,
-        }
-    }
-
-    /// A rank copies its shard's indices only, to the index buffer's start, and reads them by
-    /// the step's row numbers; rows of other shards are not there to read. The whole step is
-    /// checked on every rank (each refuses the same step), and an empty shard copies nothing.
-    #[test]
-    fn a_rank_uploads_its_shards_indices_only() {
-        let b = CpuBackend;
-        let mut d = resident(&b, 8);
-        d.upload_indices(&b, &[5, 1, 7, 3, 0], 2..4)
-            .expect("upload");
-        assert_eq!(b.download(&d.index).expect("index")[..2], [7.0, 3.0]);
-        let read = |d: &DeviceData<CpuBackend, f32>, r| b.download(&d.indices(r).expect("rows"));
-        assert_eq!(read(&d, 2..4).expect("read"), [7.0, 3.0]);
-        assert_eq!(read(&d, 3..4).expect("read"), [3.0]);
-        assert!(d.indices(0..2).is_err(), "another rank's rows");
-        assert!(d.indices(3..5).is_err(), "past the shard");
-        let bad = d.upload_indices(&b, &[5, 9], 0..1);
-        assert!(bad.is_err(), "row 9 of 8, outside this rank's shard");
-        d.upload_indices(&b, &[1], 1..1).expect("an empty shard");
-        assert_eq!(d.indices(1..1).expect("no rows").numel(), 0);
-        assert_eq!(b.download(&d.index).expect("index")[..2], [7.0, 3.0]);
     }
 }

@@ -27,7 +27,7 @@
 //! other body, the body's own error.
 
 use super::body::{ErrorSlot, into_body_error, take_body_error};
-use super::source::Shard;
+use crate::batch::Shard;
 use crate::error::{Applied, GradError, Result};
 use crate::optim::Optimizer;
 use crate::var::Var;

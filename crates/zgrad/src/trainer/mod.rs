@@ -61,6 +61,7 @@ mod staging;
 mod status;
 mod step_table;
 
+use crate::batch::{HostSlices, Shard, Source};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
@@ -70,10 +71,12 @@ use crate::precision::Precision;
 use crate::schedule::LrSchedule;
 use body::StepParts;
 use gated::GatedRows;
-use source::{From, HostSlices, PinnedRows, Shard, Source};
+use source::From;
+use staging::PinnedRows;
 use std::rc::Rc;
 use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 
+pub use crate::batch::PinnedBatch;
 use crate::shard;
 pub use chunked_eval::ChunkedEval;
 /// The bucket plan, for XAsset's tests of it (`xasset/bucket_tests.rs`).
@@ -82,7 +85,7 @@ pub(crate) use distributed::buckets::{BucketPlan, Sizing};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync};
 pub use phases::HostPhases;
 pub use sizes::{device_data_bytes, max_device_rows, validation_data_bytes};
-pub use source::{EvalSource, Load, PinnedBatch, ReplayMark, StepSource};
+pub use source::{EvalSource, Load, ReplayMark, StepSource};
 pub use status::{CapturedGraphs, TrainerStatus};
 pub use step_table::step_table_bytes;
 

@@ -12,7 +12,7 @@
 //!
 //! So the host never waits on a step, and step k + 1's rows are on the device when it starts.
 
-use super::source::{PinnedBatch, Source};
+use crate::batch::{PinnedBatch, Source};
 use crate::error::Result;
 use std::ops::Range;
 use zcompute::{BTensor, CopyMark, Element, PinnedHost, prelude::*};
@@ -143,5 +143,58 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
         b.copy_into(&lx.reshape(x.shape())?, x)?;
         b.copy_into(&ly.reshape(y.shape())?, y)?;
         Ok(())
+    }
+}
+
+/// A pinned batch as the trainer uses it whatever its backend: its sizes, its rows as a
+/// source, and its copies into the landing buffers of the copy stream (below), which
+/// need the backend's pinned memory (`PinnedHost`).
+pub(super) trait PinnedRows<B: Ops<T>, T: Element> {
+    /// `[capacity, S, F]`.
+    fn dims(&self) -> [usize; 3];
+    /// Target values per sample.
+    fn targets(&self) -> usize;
+    fn source(&self) -> &dyn Source<B, T>;
+    /// Two landing buffers of `shape`.
+    fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>>;
+    /// `Staging::stage` of rows `rows` of this batch.
+    fn stage(
+        &self,
+        staging: &mut Staging<B, T>,
+        b: &B,
+        rows: Range<usize>,
+    ) -> Result<(Landed<B, T>, usize)>;
+    /// `Staging::release` of slot `slot`.
+    fn release(&self, staging: &Staging<B, T>, b: &B, slot: usize) -> Result<()>;
+}
+
+impl<B: PinnedHost<T>, T: Element> PinnedRows<B, T> for PinnedBatch<B, T> {
+    fn dims(&self) -> [usize; 3] {
+        [self.capacity(), self.scales(), self.features()]
+    }
+
+    fn targets(&self) -> usize {
+        PinnedBatch::targets(self)
+    }
+
+    fn source(&self) -> &dyn Source<B, T> {
+        self
+    }
+
+    fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>> {
+        Staging::new(b, shape, PinnedBatch::targets(self))
+    }
+
+    fn stage(
+        &self,
+        staging: &mut Staging<B, T>,
+        b: &B,
+        rows: Range<usize>,
+    ) -> Result<(Landed<B, T>, usize)> {
+        staging.stage(b, self, rows)
+    }
+
+    fn release(&self, staging: &Staging<B, T>, b: &B, slot: usize) -> Result<()> {
+        staging.release(b, slot)
     }
 }
