@@ -16,8 +16,6 @@ type Faulty<D> = CudaBackend<FaultyDriver<D>>;
 
 struct Run<D: Driver> {
     trainer: Trainer<Faulty<D>, f32, XAsset<Faulty<D>>>,
-    /// The trainer's backend, shared (to restore the optimiser while the trainer is borrowed).
-    backend: Rc<Faulty<D>>,
     device: Device<FaultyDriver<D>>,
     optimizer: OptimizerState<f32>,
 }
@@ -53,13 +51,8 @@ fn setup<D: Driver>(
     for (p, data) in model.parameters().iter().zip(params) {
         p.upload(&b, data).map_err(typed)?;
     }
-    let backend = Rc::new(b);
-    let trainer = Trainer::new(
-        Rc::clone(&backend),
-        model,
-        config(mode.schedule, mode.capture),
-    )
-    .map_err(typed)?;
+    let trainer =
+        Trainer::new(Rc::new(b), model, config(mode.schedule, mode.capture)).map_err(typed)?;
     let names: Vec<String> = PARAMETER_NAMES.iter().map(|n| (*n).to_string()).collect();
     let optimizer = trainer
         .optimizer()
@@ -67,7 +60,6 @@ fn setup<D: Driver>(
         .map_err(typed)?;
     Ok(Run {
         trainer,
-        backend,
         device,
         optimizer,
     })
