@@ -13,6 +13,7 @@ mod batch;
 pub mod checkpoint;
 mod error;
 pub mod file_dtype;
+mod grad_sync;
 pub mod io;
 mod leaf_grads;
 pub mod loss;

@@ -21,12 +21,12 @@
 //!   [`TrainerStatus`]: step count, rank, queued steps, sets loaded, host time) and `graphs`
 //!   (the [`CapturedGraphs`]).
 //!
-//! A step
-//! is where its rows come from (`source.rs`: host slices, pinned memory, the data set loaded
-//! on the device, the batch a captured step holds) x its schedule (in the config: batched,
-//! one gated body and one door call for every source, `batched.rs`; per-sample, its samples
-//! in `per_sample.rs` and its tail in `queued_samples.rs`) x when it is read back (at once,
-//! or at `drain`: `queued/`, the same body writing a history row). Whatever the path, the
+//! A step is where its rows come from (`source.rs`: host slices and pinned memory, whose
+//! batch is `crate::batch`'s; the data set loaded on the device, `device_data.rs`; the batch a
+//! captured step holds) x its schedule (in the config: batched, one gated body and one door
+//! call for every source, `batched.rs`; per-sample, its samples in `per_sample.rs` and its
+//! tail in `queued_samples.rs`) x when it is read back (at once, or at `drain`: `queued/`, the
+//! same body writing a history row). Whatever the path, the
 //! work that may run as a graph goes through one door, `executor.rs`, which owns the capture
 //! policy: the graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager
 //! execution, and the fallback after a failed capture (what was applied, capture off for the
@@ -57,11 +57,10 @@ mod queued_samples;
 mod resident;
 mod sizes;
 mod source;
-mod staging;
 mod status;
 mod step_table;
 
-use crate::batch::{HostSlices, Shard, Source};
+use crate::batch::{HostSlices, PinnedRows, Shard, Source, Staging};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
@@ -72,16 +71,12 @@ use crate::schedule::LrSchedule;
 use body::StepParts;
 use gated::GatedRows;
 use source::From;
-use staging::PinnedRows;
 use std::rc::Rc;
 use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 
 pub use crate::batch::PinnedBatch;
 use crate::shard;
 pub use chunked_eval::ChunkedEval;
-/// The bucket plan, for XAsset's tests of it (`xasset/bucket_tests.rs`).
-#[cfg(test)]
-pub(crate) use distributed::buckets::{BucketPlan, Sizing};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync};
 pub use phases::HostPhases;
 pub use sizes::{device_data_bytes, max_device_rows, validation_data_bytes};
@@ -222,7 +217,7 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element, M: Model<B, T>> {
     validation: Option<eval_device::EvalSet<B, T>>,
     window: queued::Window<B, T>,
     /// The landing buffers of `queue` of a pinned batch's copy stream, made at its first call.
-    staging: Option<staging::Staging<B, T>>,
+    staging: Option<Staging<B, T>>,
     /// Host time of the queued steps' phases, summed since the trainer was made.
     phases: HostPhases,
 }

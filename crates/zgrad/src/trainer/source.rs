@@ -6,8 +6,7 @@
 //! evaluation's samples come from is an [`EvalSource`]; what `Trainer::load` puts on the device
 //! is a [`Load`].
 
-use super::staging::PinnedRows;
-use crate::batch::PinnedBatch;
+use crate::batch::{PinnedBatch, PinnedRows};
 use zcompute::{Element, PinnedHost, prelude::*};
 
 /// Where a step from the held batch (`StepSource::held`) is: just before or just after it queued the replay of
