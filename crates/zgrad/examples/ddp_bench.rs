@@ -83,10 +83,10 @@ use zcomm::launch::{LaunchSpec, launch};
 use zcomm::{Collective, JoinOptions, LaunchEnv, NcclCollective, rendezvous};
 use zcompute::CudaBackend;
 use zdevice::{CudaDriver, Device, DeviceConfig, StreamPriority};
-use zgrad::Load;
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    GradSync, ReplayMark, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    GradSync, Load, ReplayMark, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    XAssetConfig,
 };
 use zmem::{Arena, ArenaConfig};
 

@@ -22,8 +22,7 @@ pub mod common;
 
 use common::{Example, TaskMlp, main_of, train_epochs, uniform};
 use zcompute::Capture;
-use zgrad::Load;
-use zgrad::{EvalReport, EvalSource, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{EvalReport, EvalSource, Load, Task, TrainSchedule, Trainer, TrainerConfig};
 
 /// The sizes of a run (`MaskedRegression::default()` is the command's).
 pub struct MaskedRegression {

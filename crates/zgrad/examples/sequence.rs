@@ -25,12 +25,11 @@ pub mod common;
 
 use common::{Example, main_of, train_epochs};
 use zcompute::{Activation, Capture, prelude::*};
-use zgrad::Load;
 use zgrad::nn::Linear;
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    EvalReport, EvalSource, GradError, Model, Tape, Task, TrainSchedule, Trainer, TrainerConfig,
-    Var,
+    EvalReport, EvalSource, GradError, Load, Model, Tape, Task, TrainSchedule, Trainer,
+    TrainerConfig, Var,
 };
 
 /// The id of padding (its row of the table is never read into a result).

@@ -47,3 +47,37 @@ pub(super) fn timed<R>(into: &mut Duration, f: impl FnOnce() -> R) -> R {
     *into += t0.elapsed();
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HostPhases;
+    use std::time::Duration;
+
+    /// The time of each phase between two snapshots; an earlier snapshot given as the later
+    /// one is zero, not an underflow.
+    #[test]
+    fn since_is_each_phases_time_between_two_snapshots() {
+        let ms = Duration::from_millis;
+        let earlier = HostPhases {
+            index_upload: ms(1),
+            staging: ms(2),
+            launch: ms(3),
+            readback: ms(4),
+        };
+        let later = HostPhases {
+            index_upload: ms(1),
+            staging: ms(5),
+            launch: ms(10),
+            readback: ms(4),
+        };
+        let between = HostPhases {
+            index_upload: ms(0),
+            staging: ms(3),
+            launch: ms(7),
+            readback: ms(0),
+        };
+        assert_eq!(later.since(&earlier), between);
+        assert_eq!(later.since(&later), HostPhases::default());
+        assert_eq!(earlier.since(&later).total(), Duration::ZERO);
+    }
+}

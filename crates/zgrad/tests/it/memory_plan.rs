@@ -6,10 +6,9 @@
 use rstest::rstest;
 use zcompute::CudaBackend;
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
-use zgrad::Load;
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    EvalSource, PlanRequest, SchedulePlan, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    EvalSource, Load, PlanRequest, SchedulePlan, StepSource, TrainSchedule, Trainer, TrainerConfig,
     XAsset, XAssetConfig,
 };
 use zmem::{AllocClass, Arena, ArenaConfig};

@@ -8,9 +8,8 @@ use crate::support::head::{Head, LossKind, classes};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
 use zgrad::EvalSource;
-use zgrad::Load;
 use zgrad::StepSource;
-use zgrad::{Applied, GradError, Model, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{Applied, GradError, Load, Model, Task, TrainSchedule, Trainer, TrainerConfig};
 
 const F: usize = 12;
 const C: usize = 10;

@@ -11,8 +11,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use zcomm::{Collective, CommError, RankInfo, SimCollective};
 use zcompute::{BTensor, Backend, CudaBackend, Engine, SimDriver};
-use zgrad::Load;
-use zgrad::{StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{Load, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Sim = CudaBackend<SimDriver>;
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 use zcomm::rendezvous::Server;
 use zcomm::{Collective, RankInfo, SimCollective};
 use zcompute::{CudaBackend, Engine, SimDriver};
-use zgrad::Load;
 use zgrad::{
-    EvalSource, GradSync, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    EvalSource, GradSync, Load, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    XAssetConfig,
 };
 
 const T: Duration = Duration::from_secs(20);

@@ -11,9 +11,8 @@ use crate::support::head::{Head, LossKind, classes};
 use crate::support::steps::rows_of;
 use rstest::rstest;
 use zcompute::{CpuBackend, Element, Engine, prelude::*};
-use zgrad::Load;
 use zgrad::{
-    AdamWHyper, DecayGroups, GradError, HostTensor, Model, OptimizerKind, ParameterSet, Sgd,
+    AdamWHyper, DecayGroups, GradError, HostTensor, Load, Model, OptimizerKind, ParameterSet, Sgd,
     SgdHyper, StepSource, Task, TrainSchedule, Trainer, TrainerConfig, Var, read_tensors,
 };
 

@@ -3,10 +3,9 @@
 //! `fixtures` module.
 
 use zcompute::Capture;
-use zgrad::Load;
 use zgrad::{
-    EvalSource, Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset,
-    read_tensors,
+    EvalSource, Load, Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig,
+    XAsset, read_tensors,
 };
 
 /// ‖got − want‖ / ‖want‖.

@@ -8,9 +8,9 @@ use crate::support::small::{SMALL, labelled};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine};
 use zdevice::SimDriver;
-use zgrad::Load;
 use zgrad::{
-    EvalReport, EvalSource, GradError, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    EvalReport, EvalSource, GradError, Load, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    XAsset,
 };
 
 /// `n` samples, labels 0 and 1.

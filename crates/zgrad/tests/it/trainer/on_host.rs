@@ -9,10 +9,9 @@ use rstest::rstest;
 use std::path::PathBuf;
 use std::rc::Rc;
 use zcompute::{AllocClass, Backend, CpuBackend, CpuStorage, Element};
-use zgrad::Load;
 use zgrad::{
-    Applied, EvalSource, GradError, LrSchedule, NonFiniteKind, StepReport, StepSource, TensorFile,
-    TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+    Applied, EvalSource, GradError, Load, LrSchedule, NonFiniteKind, StepReport, StepSource,
+    TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
 };
 
 use crate::support::fixtures;

@@ -13,10 +13,9 @@ use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine, PinnedHost};
 use zdevice::CuCode;
 use zdevice::sim::calls;
-use zgrad::Load;
 use zgrad::{
-    Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, StepSource, TrainSchedule, Trainer,
-    TrainerConfig, XAsset,
+    Applied, GradError, Load, NonFiniteKind, PinnedBatch, StepReport, StepSource, TrainSchedule,
+    Trainer, TrainerConfig, XAsset,
 };
 
 const N: usize = 20;

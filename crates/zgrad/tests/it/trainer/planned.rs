@@ -13,10 +13,9 @@ use zcompute::{Capture, CpuBackend, CudaBackend, Engine, SimDriver};
 
 type Sim = CudaBackend<SimDriver>;
 use zdevice::sim::calls;
-use zgrad::Load;
 use zgrad::{
-    Applied, GradError, LrSchedule, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
-    TrainerConfig, XAsset,
+    Applied, GradError, Load, LrSchedule, NonFiniteKind, StepReport, StepSource, TrainSchedule,
+    Trainer, TrainerConfig, XAsset,
 };
 
 const N: usize = 20;

@@ -11,9 +11,8 @@ use crate::support::steps::{param_bits, rows_of, step_bits};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
 use zdevice::sim::calls;
-use zgrad::Load;
 use zgrad::{
-    Applied, GradError, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
+    Applied, GradError, Load, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
     TrainerConfig, XAsset,
 };
 
