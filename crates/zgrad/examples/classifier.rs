@@ -19,7 +19,7 @@ pub mod common;
 
 use common::{Example, TaskMlp, main_of, train_epochs, uniform};
 use zcompute::Capture;
-use zgrad::{EvalReport, EvalSource, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{EvalReport, EvalSource, Load, Task, TrainSchedule, Trainer, TrainerConfig};
 
 /// The sizes of a run (`Classifier::default()` is the command's).
 pub struct Classifier {
@@ -94,7 +94,11 @@ impl Example for Classifier {
         let mut trainer = Trainer::new(b, model, config)?;
         let (x, y) = self.data(1, self.train);
         let (vx, vy) = self.data(2, self.train / 4);
-        trainer.load_validation(&vx, &vy, vy.len())?;
+        trainer.load(Load::Validation {
+            x: &vx,
+            y: &vy,
+            n: vy.len(),
+        })?;
         let before = trainer.evaluate(EvalSource::Validation)?;
         let f = self.features;
         let (first_loss, last_loss) = train_epochs(

@@ -85,7 +85,8 @@ use zcompute::CudaBackend;
 use zdevice::{CudaDriver, Device, DeviceConfig, StreamPriority};
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    GradSync, ReplayMark, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    GradSync, Load, ReplayMark, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    XAssetConfig,
 };
 use zmem::{Arena, ArenaConfig};
 
@@ -173,7 +174,10 @@ fn pipelined_ms(
     median_of(2, iters / 4 + 1, || {
         let t0 = Instant::now();
         // As ztrain: the window's rows planned, so its steps upload nothing between them.
-        t.plan_rows(&planned, global)?;
+        t.load(Load::Order {
+            order: &planned,
+            batch: global,
+        })?;
         for _ in 0..PIPELINED {
             t.queue(StepSource::loaded(&rows), PIPELINED)?;
         }
@@ -240,7 +244,11 @@ fn row(
         Ok(wall_ms(|| Ok(t.step(StepSource::host(&x, &y, global))?))?.0)
     })?;
     let captured = captured_ms(gpu, &mut t, iters)?;
-    t.load_data(&x, &y, global)?;
+    t.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: global,
+    })?;
     let pipelined = pipelined_ms(&mut t, global, iters)?;
     drop(t);
     let mut t = trainer(gpu, comm, false, sync)?;

@@ -22,7 +22,7 @@ pub mod common;
 
 use common::{Example, TaskMlp, main_of, train_epochs, uniform};
 use zcompute::Capture;
-use zgrad::{EvalReport, EvalSource, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{EvalReport, EvalSource, Load, Task, TrainSchedule, Trainer, TrainerConfig};
 
 /// The sizes of a run (`MaskedRegression::default()` is the command's).
 pub struct MaskedRegression {
@@ -109,7 +109,11 @@ impl Example for MaskedRegression {
         let (x, y, missing) = self.data(1, self.train);
         let n_val = self.train / 4;
         let (vx, vy, _) = self.data(2, n_val);
-        trainer.load_validation(&vx, &vy, n_val)?;
+        trainer.load(Load::Validation {
+            x: &vx,
+            y: &vy,
+            n: n_val,
+        })?;
         let before = trainer.evaluate(EvalSource::Validation)?;
         let (f, per) = (self.features, 2 * K);
         let (first_loss, last_loss) = train_epochs(

@@ -28,8 +28,8 @@ use zcompute::{Activation, Capture, prelude::*};
 use zgrad::nn::Linear;
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    EvalReport, EvalSource, GradError, Model, Tape, Task, TrainSchedule, Trainer, TrainerConfig,
-    Var,
+    EvalReport, EvalSource, GradError, Load, Model, Tape, Task, TrainSchedule, Trainer,
+    TrainerConfig, Var,
 };
 
 /// The id of padding (its row of the table is never read into a result).
@@ -249,7 +249,11 @@ impl Example for Sequence {
         let (vx, vy) = self.data(2, self.train / 4);
         let mean_length =
             vx.iter().filter(|&&id| id != PAD as f32).count() as f64 / vy.len() as f64;
-        trainer.load_validation(&vx, &vy, vy.len())?;
+        trainer.load(Load::Validation {
+            x: &vx,
+            y: &vy,
+            n: vy.len(),
+        })?;
         let before = trainer.evaluate(EvalSource::Validation)?;
         let s = self.tokens;
         let (first_loss, last_loss) = train_epochs(

@@ -528,18 +528,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         // Every tensor is checked before anything is written: a bad file changes nothing.
         let kind = self.optimizer().kind();
         let (values, state) = file.training_state(&expected, step, path, kind)?;
-        let b = std::rc::Rc::clone(self.backend_rc());
-        let written = params
-            .iter()
-            .zip(&values)
-            .try_for_each(|((_, p), value)| p.upload(&*b, value));
-        if let Err(e) = written {
-            // Some parameters may already hold the file's values: neither the old state nor
-            // the checkpoint's, until a load succeeds.
-            self.optimizer_mut().mark_unknown();
-            return Err(e);
-        }
-        self.optimizer_mut().import(&b, &state)?;
+        self.restore(&values, &state)?;
         Ok(file.metadata)
     }
 }

@@ -9,9 +9,11 @@
 //! user doing anything.
 #![forbid(unsafe_code)]
 
+mod batch;
 pub mod checkpoint;
 mod error;
 pub mod file_dtype;
+mod grad_sync;
 pub mod io;
 mod leaf_grads;
 pub mod loss;
@@ -54,9 +56,9 @@ pub use shard::shard;
 pub use tape::Tape;
 pub use task::{Target, Task};
 pub use trainer::{
-    ChunkedEval, DEFAULT_BUCKET_BYTES, EvalSource, GradSync, HostPhases, PinnedBatch, ReplayMark,
-    StepReport, StepSource, TrainSchedule, Trainer, TrainerConfig, device_data_bytes,
-    max_device_rows, step_table_bytes, validation_data_bytes,
+    CapturedGraphs, ChunkedEval, DEFAULT_BUCKET_BYTES, EvalSource, GradSync, HostPhases, Load,
+    PinnedBatch, ReplayMark, StepReport, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    TrainerStatus, device_data_bytes, max_device_rows, step_table_bytes, validation_data_bytes,
 };
 pub use var::Var;
 pub use xasset::{PARAMETER_NAMES, XAsset, XAssetConfig};

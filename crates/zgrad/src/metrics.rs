@@ -7,37 +7,13 @@
 //! Metrics count each target value by its weight (a weight of 0, a missing target, not at all).
 
 mod chunk_stats;
+mod report;
 
 pub(crate) use chunk_stats::{chunk_stats, global_chunks, report_of_stats, stats_len};
+pub use report::{EvalReport, RegressionMetrics};
 
 use crate::task::{Target, Task};
 use zcompute::Element;
-
-/// A model's loss and metrics over a data set.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EvalReport {
-    /// The task's mean loss (`Tape::task_loss`'s formula): BCE with logits, softmax
-    /// cross-entropy, or MSE.
-    pub loss: f64,
-    /// Classification tasks (binary: `logit > 0` predicts 1; classes: the first largest
-    /// logit, against the class index or the target distribution's first largest value): the
-    /// weighted fraction right. Regression: `NaN` (see `mse`, `mae`, `pearson`).
-    pub accuracy: f64,
-    /// Samples evaluated.
-    pub samples: usize,
-    /// Regression: the weighted mean squared error, mean absolute error and Pearson
-    /// correlation over every target value (all outputs together); `None` otherwise.
-    pub regression: Option<RegressionMetrics>,
-}
-
-/// A regression's metrics (`EvalReport::regression`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RegressionMetrics {
-    pub mse: f64,
-    pub mae: f64,
-    /// `NaN` when the predictions or the targets do not vary.
-    pub pearson: f64,
-}
 
 /// The report of `outputs` (`[n, ..Task::output_shape]`) against targets `y`
 /// (`[n, ..Task::target_shape]`), both already checked against `task`.

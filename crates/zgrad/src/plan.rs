@@ -103,7 +103,7 @@ pub struct PlanRequest<M> {
     /// Optimiser steps to run (at least 1). The default 2 covers the first step (a capture's
     /// warm-up and recording) and a steady one (its replay).
     pub steps: u64,
-    /// Samples of a training set kept on the device (`Trainer::load_data`; 0, the default:
+    /// Samples of a training set kept on the device (`Trainer::load(Load::Training)`; 0, the default:
     /// the data stays on the host). The plan then holds it (persistent memory,
     /// [`crate::device_data_bytes`]) and runs the steps the run runs on it
     /// (`queue` of loaded rows, each step's rows gathered on the device).
@@ -118,7 +118,7 @@ pub struct PlanRequest<M> {
     /// from the host it evaluates one chunk of `min(eval_batch, rows)` zero samples with
     /// `Trainer::evaluate` (each chunk's memory is reclaimed before the next).
     pub validation_rows: usize,
-    /// Whether the validation set lives on the device (`Trainer::load_validation`).
+    /// Whether the validation set lives on the device (`Trainer::load(Load::Validation)`).
     pub validation_on_device: bool,
     /// Samples of the training set evaluated once after the steps (a run's final numbers;
     /// 0, the default: none): the resident set with `evaluate(EvalSource::Loaded)` when

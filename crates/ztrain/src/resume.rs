@@ -165,8 +165,6 @@ pub fn resume<B: TrainBackend, M: Model<B, f32>>(
         path: path.to_path_buf(),
         reason,
     };
-    let b = learner.backend().clone();
-    let b = &b;
     let params = learner.model().named_parameters();
     let expected: Vec<(String, Vec<usize>)> = params
         .iter()
@@ -187,10 +185,7 @@ pub fn resume<B: TrainBackend, M: Model<B, f32>>(
             learner.optimizer().kind(),
         )
         .map_err(|e| corrupt(e.to_string()))?;
-    for ((_, var), value) in params.iter().zip(&values) {
-        var.upload(b, value)?;
-    }
-    learner.optimizer_mut().import(b, &state)?;
+    learner.restore(&values, &state)?;
     let p = ck.progress;
     let mut seen = vec![false; n_train];
     let valid_order = p.order.len() == n_train

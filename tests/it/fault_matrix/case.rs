@@ -16,8 +16,6 @@ type Faulty<D> = CudaBackend<FaultyDriver<D>>;
 
 struct Run<D: Driver> {
     trainer: Trainer<Faulty<D>, f32, XAsset<Faulty<D>>>,
-    /// The trainer's backend, shared (to restore the optimiser while the trainer is borrowed).
-    backend: Rc<Faulty<D>>,
     device: Device<FaultyDriver<D>>,
     optimizer: OptimizerState<f32>,
 }
@@ -53,13 +51,8 @@ fn setup<D: Driver>(
     for (p, data) in model.parameters().iter().zip(params) {
         p.upload(&b, data).map_err(typed)?;
     }
-    let backend = Rc::new(b);
-    let trainer = Trainer::new(
-        Rc::clone(&backend),
-        model,
-        config(mode.schedule, mode.capture),
-    )
-    .map_err(typed)?;
+    let trainer =
+        Trainer::new(Rc::new(b), model, config(mode.schedule, mode.capture)).map_err(typed)?;
     let names: Vec<String> = PARAMETER_NAMES.iter().map(|n| (*n).to_string()).collect();
     let optimizer = trainer
         .optimizer()
@@ -67,7 +60,6 @@ fn setup<D: Driver>(
         .map_err(typed)?;
     Ok(Run {
         trainer,
-        backend,
         device,
         optimizer,
     })
@@ -93,14 +85,7 @@ fn train<D: Driver>(run: &mut Run<D>, size: &Size) -> Result<Vec<Vec<f32>>, Stri
 
 /// Puts back the initial parameters and optimiser state.
 fn restore<D: Driver>(run: &mut Run<D>, params: &[Vec<f32>]) -> Result<(), String> {
-    let b = &*run.backend;
-    for (p, data) in run.trainer.model().parameters().iter().zip(params) {
-        p.upload(b, data).map_err(typed)?;
-    }
-    run.trainer
-        .optimizer_mut()
-        .import(b, &run.optimizer)
-        .map_err(typed)
+    run.trainer.restore(params, &run.optimizer).map_err(typed)
 }
 
 /// Whether every tensor is within `tolerance` of the clean run's.

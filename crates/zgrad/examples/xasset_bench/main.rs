@@ -146,7 +146,7 @@ impl Bench {
             let captured = self.step(&mut t)?;
             Ok((t, captured))
         })?;
-        let nodes = t.step_graph().map(|g| g.nodes());
+        let nodes = t.graphs().step.map(|g| g.nodes());
         Ok((t, ms, captured, nodes))
     }
 }

@@ -7,6 +7,7 @@ mod attention;
 mod custom;
 mod elementwise;
 mod fused;
+mod grads;
 mod linalg;
 mod linear;
 mod reduce;
@@ -14,6 +15,7 @@ mod select;
 mod view;
 
 pub use custom::CustomOp;
+pub(crate) use grads::only;
 
 use crate::error::Result;
 use zcompute::{BTensor, BinaryOp, Element, ScalarSide, UnaryOp, prelude::*};
@@ -84,18 +86,4 @@ pub(crate) fn reshape_any<B: Ops<T>, T: Element>(
     } else {
         Ok(b.contiguous(x)?.reshape(shape)?)
     }
-}
-
-/// The single output gradient of a one-output op (the engine calls backward only with one).
-pub(crate) fn only<S: zcompute::Storage>(
-    grads: &[Option<zcompute::Tensor<S>>],
-) -> Result<&zcompute::Tensor<S>> {
-    grads.first().and_then(Option::as_ref).ok_or_else(|| {
-        zcompute::ComputeError::LengthMismatch {
-            op: "backward (output gradient)",
-            expected: 1,
-            got: 0,
-        }
-        .into()
-    })
 }

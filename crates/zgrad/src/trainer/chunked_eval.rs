@@ -1,12 +1,12 @@
 //! The state of an evaluation the caller feeds a chunk at a time ([`ChunkedEval`]): a plain
-//! value the trainer's side (`eval_chunks.rs`: `Trainer::chunked_evaluation` and what takes
-//! its chunks) creates and advances.
+//! value whose methods taking the trainer (`eval_chunks.rs`: `ChunkedEval::new`, `add`,
+//! `finish`) create and advance it.
 
 use crate::metrics::BinarySums;
 use std::ops::Range;
 use zcompute::Element;
 
-/// An evaluation under way (`Trainer::chunked_evaluation`): the rows the caller gives next,
+/// An evaluation under way (`ChunkedEval::new`): the rows the caller gives next,
 /// and the sums of the chunks given so far.
 #[derive(Debug)]
 pub struct ChunkedEval<T: Element> {

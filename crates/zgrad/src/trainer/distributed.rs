@@ -17,21 +17,20 @@
 //! the sum (the norm, clipping and AdamW never read the slot: `ParameterSet::loss_slot`). By
 //! default ([`GradSync::Overlapped`]) a batched step's buffer is
 //! all-reduced in buckets, tapering toward the buffer's start (what backward finishes last),
-//! on a second stream while backward goes on (`buckets.rs`);
+//! on a second stream while backward goes on (`crate::grad_sync`);
 //! [`GradSync::AfterBackward`] is one all-reduce after backward on the engine stream, as the
 //! per-sample step always does (after its last sample).
 
-pub(crate) mod buckets;
 mod rank;
 
-pub use buckets::{DEFAULT_BUCKET_BYTES, GradSync};
+pub use crate::grad_sync::{DEFAULT_BUCKET_BYTES, GradSync};
 
 use crate::error::Result;
+use crate::grad_sync::{BucketCursor, BucketPlan};
 use crate::memory::ClassGuard;
 use crate::optim::ParameterSet;
 use crate::tape::Tape;
 use crate::var::Var;
-use buckets::{BucketCursor, BucketPlan};
 use std::cell::Cell;
 use std::ops::Range;
 use std::rc::Rc;

@@ -17,73 +17,85 @@ use crate::model::Model;
 use crate::task::Task;
 use zcompute::{Capture, Element};
 
-impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Starts the evaluation of a set of `total` samples given a chunk at a time
-    /// ([`Trainer::evaluate_chunk`] of each `next_chunk`, then [`Trainer::finish_evaluation`],
-    /// which every rank of a job calls). An empty set is `BadInput`, as `evaluate`'s is.
-    pub fn chunked_evaluation(&self, total: usize) -> Result<ChunkedEval<T>> {
+impl<T: Element> ChunkedEval<T> {
+    /// Starts the evaluation by `trainer` of a set of `total` samples given a chunk at a time
+    /// ([`ChunkedEval::add`] of each [`ChunkedEval::next_chunk`], then
+    /// [`ChunkedEval::finish`], which every rank of a job calls). An empty set is `BadInput`,
+    /// as `evaluate`'s is.
+    pub fn new<B: Capture<T> + 'static, M: Model<B, T>>(
+        trainer: &Trainer<B, T, M>,
+        total: usize,
+    ) -> Result<Self> {
         if total == 0 {
             return Err(GradError::BadInput(
                 "an evaluation of no samples (give at least one)".into(),
             ));
         }
-        let info = self.parts.dist.info();
+        let info = trainer.parts.dist.info();
         let rows = shard(info.rank, info.world, total);
-        let binary = stats_len(&self.parts.model.task())
+        let binary = stats_len(&trainer.parts.model.task())
             .is_none()
             .then(BinarySums::default);
         Ok(ChunkedEval {
             total,
             next: rows.start,
             rows,
-            chunk: self.config.eval_batch.max(1),
+            chunk: trainer.config.eval_batch.max(1),
             binary,
             stats: Vec::new(),
         })
     }
 
-    /// Evaluates the next chunk of `eval`: `x` and `y` hold the samples of its `next_chunk`
-    /// (their inputs and their targets, `Task::target_len` values each), checked as
-    /// `evaluate` checks a set.
-    pub fn evaluate_chunk(&self, eval: &mut ChunkedEval<T>, x: &[T], y: &[T]) -> Result<()> {
-        let Some(rows) = eval.next_chunk() else {
+    /// Evaluates the next chunk by `trainer` (the one that started the evaluation): `x` and
+    /// `y` hold the samples of its `next_chunk` (their inputs and their targets,
+    /// `Task::target_len` values each), checked as `evaluate` checks a set.
+    pub fn add<B: Capture<T> + 'static, M: Model<B, T>>(
+        &mut self,
+        trainer: &Trainer<B, T, M>,
+        x: &[T],
+        y: &[T],
+    ) -> Result<()> {
+        let Some(rows) = self.next_chunk() else {
             return Err(GradError::BadInput(format!(
                 "every chunk of this rank's rows {:?} is evaluated already: finish the evaluation",
-                eval.rows
+                self.rows
             )));
         };
-        let (len, task) = (rows.len(), self.parts.model.task());
-        let sample = self.sample_of(x, len)?;
+        let (len, task) = (rows.len(), trainer.parts.model.task());
+        let sample = trainer.sample_of(x, len)?;
         task.check_targets(y, len).map_err(|e| in_chunk(e, &rows))?;
-        let b = &*self.backend;
-        let kept = self.chunk_outputs(x, len, &sample, |o| match eval.binary {
+        let b = &*trainer.backend;
+        let kept = trainer.chunk_outputs(x, len, &sample, |o| match self.binary {
             Some(_) => Ok(b.download(o)?),
             None => {
                 let ys = b.upload(y, &Task::batched(len, &task.target_shape()))?;
                 Ok(b.download(&chunk_stats(b, &task, o, &ys)?)?)
             }
         })?;
-        match eval.binary.as_mut() {
+        match self.binary.as_mut() {
             Some(sums) => sums.add(&kept, y),
-            None => eval.stats.extend(kept),
+            None => self.stats.extend(kept),
         }
-        eval.next = rows.end;
+        self.next = rows.end;
         Ok(())
     }
 
-    /// The report of `eval`'s set, once every chunk of it is given: `evaluate`'s of the
-    /// whole set, bit for bit (in a job, every rank calls it: the sums are all-reduced).
-    pub fn finish_evaluation(&self, eval: ChunkedEval<T>) -> Result<EvalReport> {
-        if let Some(rows) = eval.next_chunk() {
+    /// The report of the set by `trainer`, once every chunk of it is given: `evaluate`'s of
+    /// the whole set, bit for bit (in a job, every rank calls it: the sums are all-reduced).
+    pub fn finish<B: Capture<T> + 'static, M: Model<B, T>>(
+        self,
+        trainer: &Trainer<B, T, M>,
+    ) -> Result<EvalReport> {
+        if let Some(rows) = self.next_chunk() {
             return Err(GradError::BadInput(format!(
-                "rows {rows:?} of this rank's {:?} are not evaluated yet (evaluate_chunk each next_chunk first)",
-                eval.rows
+                "rows {rows:?} of this rank's {:?} are not evaluated yet (add each next_chunk first)",
+                self.rows
             )));
         }
-        match eval.binary {
-            Some(sums) if self.parts.dist.single() => Ok(sums.report()),
-            Some(sums) => self.all_reduce_binary(&sums, eval.total),
-            None => self.report_of_local_stats(&eval.stats, eval.total),
+        match self.binary {
+            Some(sums) if trainer.parts.dist.single() => Ok(sums.report()),
+            Some(sums) => trainer.all_reduce_binary(&sums, self.total),
+            None => trainer.report_of_local_stats(&self.stats, self.total),
         }
     }
 }

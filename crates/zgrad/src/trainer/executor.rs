@@ -27,7 +27,7 @@
 //! other body, the body's own error.
 
 use super::body::{ErrorSlot, into_body_error, take_body_error};
-use super::source::Shard;
+use crate::batch::Shard;
 use crate::error::{Applied, GradError, Result};
 use crate::optim::Optimizer;
 use crate::var::Var;
@@ -44,7 +44,7 @@ pub(super) enum GraphKey {
     /// One sample of the per-sample schedule, read from the slots' table through an index in
     /// device memory.
     Sample,
-    /// A queued batched step on rows gathered from the device data set (`load_data`).
+    /// A queued batched step on rows gathered from the device data set (`Load::Training`).
     QueuedDevice,
     /// A queued batched step on rows copied from a pinned batch (`queue` of a pinned batch).
     QueuedPinned,
@@ -261,8 +261,7 @@ impl<B: Capture<T> + 'static, T: Element> Executor<B, T> {
         Some((e.inputs.as_ref()?, &e.shape))
     }
 
-    /// The graphs whose key `which` picks, in the order they were captured (tests count them).
-    #[cfg(any(test, feature = "testing"))]
+    /// The graphs whose key `which` picks, in the order they were captured.
     pub(super) fn graphs(
         &self,
         which: impl Fn(GraphKey) -> bool,

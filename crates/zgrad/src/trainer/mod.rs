@@ -4,13 +4,29 @@
 //! input shape comes from `Model::sample_shape`, the loss from `Model::loss`, the parameters
 //! (and their flat buffers) from `Model::named_parameters`.
 //!
-//! The verbs: `step` (one step read back at once) and `queue` (read back a window later, or
-//! at `drain`) from a [`StepSource`]; `evaluate` from an [`EvalSource`]; `predict`. A step
-//! is where its rows come from (`source.rs`: host slices, pinned memory, the data set loaded
-//! on the device, the batch a captured step holds) x its schedule (in the config: batched,
-//! one gated body and one door call for every source, `batched.rs`; per-sample, its samples
-//! in `per_sample.rs` and its tail in `queued_samples.rs`) x when it is read back (at once,
-//! or at `drain`: `queued/`, the same body writing a history row). Whatever the path, the
+//! The trainer's public surface, all of it:
+//!
+//! - made by `new`, and made one rank of a data-parallel job by `with_collective` (and
+//!   `with_grad_sync`, how the gradients are summed);
+//! - `load` a [`Load`]: a data set onto the device (the training set, the validation set) or
+//!   the order the loaded rows will be stepped in;
+//! - `step` (one step read back at once) and `queue` (read back a window later, or at
+//!   `drain`) from a [`StepSource`]; `drain`;
+//! - `evaluate` from an [`EvalSource`] (a set the caller holds nowhere whole is a
+//!   [`ChunkedEval`], fed a chunk at a time); `predict`;
+//! - `save_checkpoint`, `load_checkpoint` and `export_parameters` (`crate::checkpoint`), and
+//!   `restore` (parameters and optimiser state from values the caller holds);
+//! - `give_up` a job's collective after an error outside a step;
+//! - and to look at: `backend`, `model`, `config`, `optimizer`, `status` (a
+//!   [`TrainerStatus`]: step count, rank, queued steps, sets loaded, host time) and `graphs`
+//!   (the [`CapturedGraphs`]).
+//!
+//! A step is where its rows come from (`source.rs`: host slices and pinned memory, whose
+//! batch is `crate::batch`'s; the data set loaded on the device, `device_data.rs`; the batch a
+//! captured step holds) x its schedule (in the config: batched, one gated body and one door
+//! call for every source, `batched.rs`; per-sample, its samples in `per_sample.rs` and its
+//! tail in `queued_samples.rs`) x when it is read back (at once, or at `drain`: `queued/`, the
+//! same body writing a history row). Whatever the path, the
 //! work that may run as a graph goes through one door, `executor.rs`, which owns the capture
 //! policy: the graphs (keyed by `GraphKey` and the rows' shape), replay, capture, eager
 //! execution, and the fallback after a failed capture (what was applied, capture off for the
@@ -41,31 +57,31 @@ mod queued_samples;
 mod resident;
 mod sizes;
 mod source;
-mod staging;
+mod status;
 mod step_table;
 
+use crate::batch::{HostSlices, PinnedRows, Shard, Source, Staging};
 use crate::error::{Applied, GradError, Result};
 use crate::memory::ClassGuard;
 pub(crate) use crate::memory::{in_step, in_step_split};
 use crate::model::{Model, unique_names};
-use crate::optim::{AdamW, AdamWHyper, Optimizer, Sgd, SgdHyper};
+use crate::optim::{AdamW, AdamWHyper, Optimizer, OptimizerState, Sgd, SgdHyper};
 use crate::precision::Precision;
 use crate::schedule::LrSchedule;
 use body::StepParts;
 use gated::GatedRows;
-use source::{From, HostSlices, PinnedRows, Shard, Source};
+use source::From;
 use std::rc::Rc;
 use zcompute::{AllocClass, Capture, Element, MatmulOpts};
 
+pub use crate::batch::PinnedBatch;
 use crate::shard;
 pub use chunked_eval::ChunkedEval;
-/// The bucket plan, for XAsset's tests of it (`xasset/bucket_tests.rs`).
-#[cfg(test)]
-pub(crate) use distributed::buckets::{BucketPlan, Sizing};
 pub use distributed::{DEFAULT_BUCKET_BYTES, GradSync};
 pub use phases::HostPhases;
 pub use sizes::{device_data_bytes, max_device_rows, validation_data_bytes};
-pub use source::{EvalSource, PinnedBatch, ReplayMark, StepSource};
+pub use source::{EvalSource, Load, ReplayMark, StepSource};
+pub use status::{CapturedGraphs, TrainerStatus};
 pub use step_table::step_table_bytes;
 
 /// How a batch becomes one optimiser step (docs/xasset.md, "Two training schedules").
@@ -195,14 +211,14 @@ pub struct Trainer<B: Capture<T> + 'static, T: Element, M: Model<B, T>> {
     exec: executor::Executor<B, T>,
     /// The per-sample schedule's slots (`per_sample.rs`).
     samples: Option<per_sample::SampleSlots<B, T>>,
-    /// The data set on the device (`load_data`), and the steps queued on it.
+    /// The training set on the device (`Load::Training`), and the steps queued on it.
     data: Option<device_data::DeviceData<B, T>>,
-    /// The validation set on the device (`load_validation`) and its chunk graphs.
+    /// The validation set on the device (`Load::Validation`) and its chunk graphs.
     validation: Option<eval_device::EvalSet<B, T>>,
     window: queued::Window<B, T>,
     /// The landing buffers of `queue` of a pinned batch's copy stream, made at its first call.
-    staging: Option<staging::Staging<B, T>>,
-    /// Host time of the queued steps' phases, until taken.
+    staging: Option<Staging<B, T>>,
+    /// Host time of the queued steps' phases, summed since the trainer was made.
     phases: HostPhases,
 }
 
@@ -291,21 +307,111 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         &self.optim
     }
 
-    /// For restoring a checkpoint (`Optimizer::import`).
-    pub fn optimizer_mut(&mut self) -> &mut Optimizer<B, T> {
-        &mut self.optim
-    }
-
-    /// The host time of each phase of the queued steps since the last call (`HostPhases`),
-    /// and starts the next sums from zero.
-    pub fn take_host_phases(&mut self) -> HostPhases {
-        std::mem::take(&mut self.phases)
-    }
-
-    /// Optimiser steps taken so far.
+    /// Where the trainer stands now: steps taken, its rank, the queued steps not read back,
+    /// the sets on the device and the host time of the queued steps' phases.
     #[must_use]
-    pub fn step_count(&self) -> u64 {
-        self.optim.step_count()
+    pub fn status(&self) -> TrainerStatus {
+        TrainerStatus {
+            step: self.optim.step_count(),
+            rank: self.parts.dist.info(),
+            queued: self.window.pending(),
+            filling: self.window.filling(),
+            loaded_rows: self.data.as_ref().map(device_data::DeviceData::rows),
+            validation_rows: self.validation.as_ref().map(eval_device::EvalSet::total),
+            host_phases: self.phases,
+        }
+    }
+
+    /// The graphs captured so far: the step of the configured schedule (the whole batched
+    /// step, or the per-sample forward+backward) and the validation pass's chunks.
+    #[must_use]
+    pub fn graphs(&self) -> CapturedGraphs<'_, B::Graph> {
+        use executor::GraphKey;
+        CapturedGraphs {
+            step: self.exec.graph(match self.config.schedule {
+                TrainSchedule::Batched => GraphKey::Batched,
+                TrainSchedule::PerSample => GraphKey::Sample,
+            }),
+            validation: self
+                .exec
+                .graphs(|k| matches!(k, GraphKey::EvalChunk(_)))
+                .collect(),
+        }
+    }
+
+    /// Puts `what` on the device ([`Load`]):
+    ///
+    /// - `Training`: the training set, uploaded once for the queued steps of its rows
+    ///   (`StepSource::loaded`) and `evaluate(EvalSource::Loaded)`; it replaces a set loaded
+    ///   before (dropping the captured steps that read it). Refuses with `BadInput` shapes a
+    ///   host `step` would refuse and more rows than indices of `T` can name exactly
+    ///   ([`max_device_rows`]).
+    /// - `Validation`: the validation set, uploaded once for `evaluate(EvalSource::Validation)`
+    ///   (the targets on the device beside the features; the unweighted binary task's labels
+    ///   on the host instead, where its report sums). In data parallel each rank keeps only
+    ///   its shard (load it after `with_collective`; `evaluate(EvalSource::Validation)`
+    ///   refuses a set sharded otherwise). Replaces a set loaded before. Refuses with
+    ///   `BadInput` shapes `evaluate` would refuse and a non-finite feature or label (naming
+    ///   the sample; the old set kept).
+    /// - `Order`: announces the rows the next queued steps of the loaded set will take:
+    ///   `order` in chunks of `batch` rows (the last may be shorter), as a training loop
+    ///   walks an epoch's order (`ztrain` at each epoch's start, and on resuming from its
+    ///   position). A batched step that takes the plan's next chunk then finds its row
+    ///   indices and `[lr, t]` on the device already: one host-to-device copy puts up those
+    ///   of the rest of a read-back window at its first step, and the steps after it upload
+    ///   nothing (without a plan, each step makes two small copies, and the GPU waits for
+    ///   them between two replays). A step that takes other rows, or another step number or
+    ///   learning rate than planned (after a non-finite step was read back), uploads its own
+    ///   and ends the plan: a plan never changes what a step computes. Replaces the plan
+    ///   before; the per-sample schedule ignores it. Refuses with `BadInput` before the
+    ///   training set is loaded, a `batch` of 0 and a row not in the data set.
+    ///
+    /// Out of device memory is the backend's error (`TooLarge` / `OutOfMemory`), nothing
+    /// loaded.
+    pub fn load(&mut self, what: Load<'_, T>) -> Result<()> {
+        match what {
+            Load::Training { x, y, n } => self.load_training(x, y, n),
+            Load::Validation { x, y, n } => self.load_validation(x, y, n),
+            Load::Order { order, batch } => self.plan_rows(order, batch),
+        }
+    }
+
+    /// Sets the parameters to `values` (one a parameter, in `Model::named_parameters`'
+    /// order, each its values row-major) and the optimiser's state to `state`
+    /// (`Optimizer::export` of a trainer of this model): what `load_checkpoint` does with a
+    /// file's, for a caller that keeps them its own way. Values of another count or size
+    /// are refused (`BadInput`) before anything is written; a restore that fails while
+    /// writing the parameters leaves the state unknown (`StateUnknown` until one succeeds),
+    /// and one that succeeds clears an unknown state left by a failed step. Captured graphs
+    /// keep working: the values are written into the existing tensors.
+    pub fn restore(&mut self, values: &[Vec<T>], state: &OptimizerState<T>) -> Result<()> {
+        let params = &self.parts.params;
+        let sizes_match = values.len() == params.len()
+            && params
+                .iter()
+                .zip(values)
+                .all(|(p, v)| p.value().numel() == v.len());
+        if !sizes_match {
+            return Err(GradError::BadInput(format!(
+                "restore: {} parameter values of sizes {:?} for the model's {} of sizes {:?}",
+                values.len(),
+                values.iter().map(Vec::len).collect::<Vec<_>>(),
+                params.len(),
+                params.iter().map(|p| p.value().numel()).collect::<Vec<_>>(),
+            )));
+        }
+        let b = Rc::clone(&self.backend);
+        let written = params
+            .iter()
+            .zip(values)
+            .try_for_each(|(p, value)| p.upload(&*b, value));
+        if let Err(e) = written {
+            // Some parameters may already hold the new values: neither the old state nor
+            // the restored one, until a restore succeeds.
+            self.optim.mark_unknown();
+            return Err(e);
+        }
+        self.optim.import(&b, state)
     }
 
     /// Checks a batch against the model (its inputs, and its targets against `Model::task`)
@@ -347,9 +453,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     ///
     /// Every error is a `GradError::Step` whose `applied` says what happened to the model:
     /// `No`: nothing changed, retrying the batch is safe; `Yes`: the update was applied and
-    /// counted (`step_count()` moved) and what failed came after it, so go on with the next
+    /// counted (`status().step` moved) and what failed came after it, so go on with the next
     /// batch; `Maybe`: the update may have been applied in part, and every later call refuses
-    /// with `StateUnknown` until `load_checkpoint` restores the state. A retry after any error
+    /// with `StateUnknown` until `load_checkpoint` (or `restore`) restores the state. A retry after any error
     /// thus never applies an update twice.
     pub fn step(&mut self, src: StepSource<'_, B, T>) -> Result<StepReport> {
         let step = self.optim.step_count() + 1;

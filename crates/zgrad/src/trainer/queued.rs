@@ -40,9 +40,9 @@ use super::body::Gather;
 use super::device_data::Resident;
 use super::executor::GraphKey;
 use super::gated::{GatedRows, GatedStep, GatheredRows};
-use super::source::{PinnedRows, Shard, Source};
 use super::step_table::{StepRow, StepTable};
 use super::{StepReport, StepRows, TrainSchedule, Trainer, phases, shard};
+use crate::batch::{PinnedRows, Shard, Source};
 use crate::error::{Applied, GradError, Result};
 use crate::model::Model;
 use std::rc::Rc;
@@ -82,7 +82,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         )
     }
 
-    /// `queue` of the first `n` samples of `batch`, staged on the copy stream (`staging.rs`).
+    /// `queue` of the first `n` samples of `batch`, staged on the copy stream (`batch/staging.rs`).
     pub(super) fn queue_pinned(
         &mut self,
         batch: &dyn PinnedRows<B, T>,
@@ -133,7 +133,7 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     }
 
     /// Stages this rank's rows of the first `n` samples of `batch` on the copy stream
-    /// (`staging.rs`), queues the step on them and marks their landing buffer free after it.
+    /// (`batch/staging.rs`), queues the step on them and marks their landing buffer free after it.
     fn queue_staged(
         &mut self,
         batch: &dyn PinnedRows<B, T>,
@@ -419,5 +419,5 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
 }
 
 fn no_data() -> GradError {
-    GradError::BadInput("no data set on the device: call load_data first".into())
+    GradError::BadInput("no data set on the device: call load with Load::Training first".into())
 }

@@ -16,8 +16,8 @@
 
 use super::body::StepParts;
 use super::queued::{Record, Track};
-use super::source::{Shard, Source};
 use super::{StepReport, Trainer, checks, in_step_split};
+use crate::batch::{Shard, Source};
 use crate::error::{Applied, Result};
 use crate::model::Model;
 use crate::optim::OptimizerTensors;

@@ -6,23 +6,12 @@
 use super::executor::GraphKey;
 use super::gated::GatedRows;
 use super::source::ReplayMark;
-use super::{StepReport, TrainSchedule, Trainer};
+use super::{StepReport, Trainer};
 use crate::error::{GradError, Result};
 use crate::model::Model;
 use zcompute::{Capture, Element};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// The captured step of the configured schedule once a step captured it: the whole
-    /// batched step, or the per-sample forward+backward (its node count on the CUDA backend:
-    /// `CudaGraph::nodes`).
-    #[must_use]
-    pub fn step_graph(&self) -> Option<&B::Graph> {
-        self.exec.graph(match self.config.schedule {
-            TrainSchedule::Batched => GraphKey::Batched,
-            TrainSchedule::PerSample => GraphKey::Sample,
-        })
-    }
-
     /// `step` from the held batch (`StepSource::held`): the captured batched step replayed
     /// on the static inputs as the last step filled them, the stats read back and the step
     /// counted as for any step, with the same errors (`NonFinite` names the sample, read from

@@ -7,7 +7,7 @@
 //!
 //! A step on its own uploads its row: the indices, then `[lr, t]` (two copies of at most a
 //! KiB at 256 rows a rank: the copy engine's short path). With a plan of the rows to come
-//! ([`Trainer::plan_rows`](super::Trainer::plan_rows)) one copy puts up the rows of the rest of
+//! (`Trainer::load(Load::Order)`) one copy puts up the rows of the rest of
 //! the window at its first planned step, and the steps after it upload nothing, so the GPU
 //! waits for no copy between two replays. A step takes a planned row only if its rows, step
 //! number and learning rate are the planned ones; any other step uploads its own row and

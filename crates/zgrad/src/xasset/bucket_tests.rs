@@ -1,9 +1,9 @@
-//! XAsset's gradients in the data-parallel bucket plan (`trainer/distributed/buckets.rs`):
+//! XAsset's gradients in the data-parallel bucket plan (`grad_sync.rs`):
 //! where the default plans cut XAsset's flat buffer. Here, beside the model, so that the
 //! bucket plan's own module names no model.
 
 use crate::DEFAULT_BUCKET_BYTES;
-use crate::trainer::{BucketPlan, Sizing};
+use crate::grad_sync::{BucketPlan, Sizing};
 
 /// XAsset's default size at L blocks: its flat layout, the offset of `name`'s parameter.
 fn xasset(layers: usize) -> (Vec<usize>, usize, impl Fn(&str) -> usize) {

@@ -140,7 +140,7 @@ fn resuming_from_a_checkpoint_continues_exactly() {
     let meta = resumed.load_checkpoint(&path).unwrap();
     assert_eq!(meta.get("run").map(String::as_str), Some("test"));
     assert_eq!(meta.get(STEP_KEY).map(String::as_str), Some("2"));
-    assert_eq!(resumed.step_count(), 2);
+    assert_eq!(resumed.status().step, 2);
     for step in 2..4 {
         let (x, y) = data(step);
         let a = straight.step(StepSource::host(&x, &y, 4)).unwrap();
@@ -314,7 +314,7 @@ fn a_deep_checkpoint_resumes_and_is_a_parameter_file() {
     first.save_checkpoint(&path, HashMap::new()).unwrap();
     let mut resumed = make(9, deep());
     resumed.load_checkpoint(&path).unwrap();
-    assert_eq!(resumed.step_count(), 1);
+    assert_eq!(resumed.status().step, 1);
     let (x, y) = data(1);
     let a = first.step(StepSource::host(&x, &y, 4)).unwrap();
     let b = resumed.step(StepSource::host(&x, &y, 4)).unwrap();
@@ -365,7 +365,7 @@ fn own_model_resumes<B: zcompute::Capture<f32> + Clone + 'static>(b: B, cfg: Tra
     assert_eq!(file.tensors.len(), 12);
     let mut resumed = make(99);
     resumed.load_checkpoint(&path).unwrap();
-    assert_eq!(resumed.step_count(), 2);
+    assert_eq!(resumed.status().step, 2);
     for step in 2..4 {
         let (x, y) = mlp::data(step, 5, 6);
         let a = straight.step(StepSource::host(&x, &y, 5)).unwrap();

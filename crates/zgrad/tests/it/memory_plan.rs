@@ -8,7 +8,7 @@ use zcompute::CudaBackend;
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
 use zgrad::rng::SplitMix64;
 use zgrad::{
-    EvalSource, PlanRequest, SchedulePlan, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    EvalSource, Load, PlanRequest, SchedulePlan, StepSource, TrainSchedule, Trainer, TrainerConfig,
     XAsset, XAssetConfig,
 };
 use zmem::{AllocClass, Arena, ArenaConfig};
@@ -144,7 +144,7 @@ fn plan_equals_the_computing_simulators_run(
 }
 
 /// The run a plan of a training set on the device predicts, computing: the set uploaded
-/// (`load_data`), `req.steps` steps queued on its rows, read back every step.
+/// (`Load::Training`), `req.steps` steps queued on its rows, read back every step.
 fn real_resident_run<D: Driver>(
     device: Device<D>,
     req: &PlanRequest<XAssetConfig>,
@@ -167,7 +167,9 @@ fn real_resident_run<D: Driver>(
         .map(|v| v as f32)
         .collect();
     let y: Vec<f32> = (0..n).map(|i| (i % 2) as f32).collect();
-    trainer.load_data(&x, &y, n).expect("load");
+    trainer
+        .load(Load::Training { x: &x, y: &y, n })
+        .expect("load");
     let rows: Vec<usize> = (0..req.batch).map(|i| (i * 7) % n).collect();
     let mut captured = req.trainer.capture;
     for _ in 0..req.steps {
@@ -277,11 +279,21 @@ fn real_run_with_evaluations<D: Driver>(
     let (x, y) = set(req.train_eval_rows);
     let (vx, vy) = set(req.validation_rows);
     if let Feed::Resident = feed {
-        trainer.load_data(&x, &y, x.len() / per).expect("load");
+        trainer
+            .load(Load::Training {
+                x: &x,
+                y: &y,
+                n: x.len() / per,
+            })
+            .expect("load");
     }
     if req.validation_on_device {
         trainer
-            .load_validation(&vx, &vy, vy.len())
+            .load(Load::Validation {
+                x: &vx,
+                y: &vy,
+                n: vy.len(),
+            })
             .expect("validation set");
     }
     let mut captured = req.trainer.capture;

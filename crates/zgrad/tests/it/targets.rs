@@ -9,7 +9,7 @@ use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
 use zgrad::EvalSource;
 use zgrad::StepSource;
-use zgrad::{Applied, GradError, Model, Task, TrainSchedule, Trainer, TrainerConfig};
+use zgrad::{Applied, GradError, Load, Model, Task, TrainSchedule, Trainer, TrainerConfig};
 
 const F: usize = 12;
 const C: usize = 10;
@@ -109,7 +109,7 @@ fn class_indices_against_the_distribution_loss<B2: Capture<f32> + 'static>(make:
                 before,
                 "{schedule:?} capture {capture}: the model changed"
             );
-            assert_eq!(t.step_count(), 0);
+            assert_eq!(t.status().step, 0);
         }
     }
 }
@@ -147,7 +147,12 @@ fn outputs_the_task_does_not_state_are_refused_everywhere(#[values(false, true)]
         .evaluate(EvalSource::Host(&x, &labels))
         .expect_err("evaluate");
     assert_eq!(target_shapes(&e), Some((vec![5], vec![5, C])), "{e}");
-    t.load_validation(&x, &labels, B).expect("load");
+    t.load(Load::Validation {
+        x: &x,
+        y: &labels,
+        n: B,
+    })
+    .expect("load");
     let e = t
         .evaluate(EvalSource::Validation)
         .expect_err("evaluate_validation");
@@ -247,7 +252,8 @@ fn a_class_index_model_gets_the_right_numbers_in_every_schedule() {
             losses[0]
         );
         let ev = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
-        t.load_validation(&x, &y, B).expect("load");
+        t.load(Load::Validation { x: &x, y: &y, n: B })
+            .expect("load");
         assert_eq!(
             t.evaluate(EvalSource::Validation)
                 .expect("device evaluation"),
@@ -348,7 +354,7 @@ fn predict_lengths() {
 /// `K` target values a sample (`Task::regression(3)`, and masked: values then weights, some
 /// 0) on the data set loaded on the device: queued steps on its rows train as steps from host
 /// slices, bit for bit, in every schedule, and its evaluation where it lies is the host
-/// evaluation of the same samples (`load_data` refused every task of more than one target
+/// evaluation of the same samples (`Load::Training` refused every task of more than one target
 /// value a sample).
 #[rstest]
 fn k_targets_a_sample_on_the_loaded_set_train_and_evaluate_as_from_the_host(
@@ -380,7 +386,7 @@ fn k_targets_a_sample_on_the_loaded_set_train_and_evaluate_as_from_the_host(
         );
         let mut losses = Vec::new();
         if loaded {
-            t.load_data(&x, &y, n).expect("load");
+            t.load(Load::Training { x: &x, y: &y, n }).expect("load");
             for _ in 0..3 {
                 let reports = t.queue(StepSource::loaded(&rows), 2).expect("queue");
                 losses.extend(reports.iter().map(|r| r.loss));
@@ -442,7 +448,7 @@ fn a_one_value_regression_queued_on_the_loaded_set_trains_as_the_host_step() {
         let mut t = head_trainer(b, 1, task, LossKind::Task, cfg);
         let mut losses = Vec::new();
         if queued {
-            t.load_data(&x, &y, B).expect("load");
+            t.load(Load::Training { x: &x, y: &y, n: B }).expect("load");
             let rows: Vec<usize> = (0..B).collect();
             for _ in 0..3 {
                 let reports = t.queue(StepSource::loaded(&rows), 2).expect("queue");

@@ -136,7 +136,7 @@ impl<B: TrainBackend> Feed<B> {
 
     /// Tells the learner the rows the next steps take (`rest`, the epoch's order from the
     /// position on, in steps of `batch`): on the device its steps then find their indices
-    /// there, put up once a read-back window (`Trainer::plan_rows`). From the host: nothing.
+    /// there, put up once a read-back window (`Load::Order`). From the host: nothing.
     pub fn plan<M: Model<B, f32>>(
         &self,
         learner: &mut Learner<B, M>,
@@ -200,7 +200,7 @@ impl<B: TrainBackend> Feed<B> {
 
     /// The model's loss and metrics over `samples` from the host: `evaluate` of rows in
     /// memory; windows cut and streamed rows read a chunk at a time (this rank's shard of
-    /// them, in the chunks `evaluate` itself takes: `Learner::chunked_evaluation`, so the
+    /// them, in the chunks `evaluate` itself takes: `Learner::chunked_evaluation` (`ChunkedEval`), so the
     /// report is bitwise `evaluate`'s of the samples held whole) into the first pinned staging
     /// batch once the copy that last read it is done; all at once where they are not
     /// evaluated in chunks (`chunked`).

@@ -6,8 +6,8 @@ use std::rc::Rc;
 
 use zcomm::Collective;
 use zgrad::{
-    ChunkedEval, EvalReport, EvalSource, GradSync, HostPhases, Model, Optimizer, PinnedBatch,
-    StepReport, StepSource, Trainer, TrainerConfig,
+    ChunkedEval, EvalReport, EvalSource, GradSync, HostPhases, Load, Model, Optimizer,
+    OptimizerState, PinnedBatch, StepReport, StepSource, Trainer, TrainerConfig,
 };
 
 use crate::step::TrainBackend;
@@ -15,6 +15,8 @@ use crate::step::TrainBackend;
 /// zgrad's trainer of a model `M` on `B`, as the run loop drives it.
 pub struct Learner<B: TrainBackend, M: Model<B, f32>> {
     trainer: Trainer<B, f32, M>,
+    /// The trainer's host phase sums at the last `take_host_phases`.
+    phases_taken: HostPhases,
 }
 
 impl<B: TrainBackend, M: Model<B, f32>> std::fmt::Debug for Learner<B, M> {
@@ -30,6 +32,7 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     pub fn new(b: &B, model: M, config: TrainerConfig) -> zgrad::Result<Self> {
         Ok(Learner {
             trainer: Trainer::new(b.clone(), model, config)?,
+            phases_taken: HostPhases::default(),
         })
     }
 
@@ -38,6 +41,7 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     pub fn join(self, comm: Rc<dyn Collective<B, f32>>, sync: GradSync) -> zgrad::Result<Self> {
         Ok(Learner {
             trainer: self.trainer.with_collective(comm)?.with_grad_sync(sync)?,
+            phases_taken: self.phases_taken,
         })
     }
 
@@ -59,19 +63,19 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     /// Ranks of the job (1: a process of its own).
     #[must_use]
     pub fn world(&self) -> usize {
-        self.trainer.rank_info().world
+        self.trainer.status().rank.world
     }
 
     /// This process's rank in its job (0: a process of its own).
     #[must_use]
     pub fn rank(&self) -> usize {
-        self.trainer.rank_info().rank
+        self.trainer.status().rank.rank
     }
 
     /// Optimiser steps taken so far.
     #[must_use]
     pub fn steps(&self) -> u64 {
-        self.trainer.step_count()
+        self.trainer.status().step
     }
 
     #[must_use]
@@ -79,24 +83,30 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
         self.trainer.optimizer()
     }
 
-    /// For restoring a checkpoint.
-    pub fn optimizer_mut(&mut self) -> &mut Optimizer<B, f32> {
-        self.trainer.optimizer_mut()
+    /// Restores a checkpoint: the parameters' `values` (in `Model::named_parameters`'
+    /// order) and the optimiser's `state`.
+    pub fn restore(
+        &mut self,
+        values: &[Vec<f32>],
+        state: &OptimizerState<f32>,
+    ) -> zgrad::Result<()> {
+        self.trainer.restore(values, state)
     }
 
     /// Host time of each phase of the queued steps since the last call.
     pub fn take_host_phases(&mut self) -> HostPhases {
-        self.trainer.take_host_phases()
+        let now = self.trainer.status().host_phases;
+        now.since(&std::mem::replace(&mut self.phases_taken, now))
     }
 
     /// Puts the training set on the device (`n` samples).
     pub fn load_training(&mut self, x: &[f32], y: &[f32], n: usize) -> zgrad::Result<()> {
-        self.trainer.load_data(x, y, n)
+        self.trainer.load(Load::Training { x, y, n })
     }
 
     /// The rows the next steps on the device take, in steps of `batch`.
     pub fn plan_rows(&mut self, order: &[usize], batch: usize) -> zgrad::Result<()> {
-        self.trainer.plan_rows(order, batch)
+        self.trainer.load(Load::Order { order, batch })
     }
 
     /// One step on rows of the training set on the device, read back every `every` steps.
@@ -122,18 +132,18 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     /// Steps queued in the read-back window being filled (0: none).
     #[must_use]
     pub fn filling(&self) -> usize {
-        self.trainer.filling()
+        self.trainer.status().filling
     }
 
     /// Puts the validation set on the device (`n` samples).
     pub fn load_validation(&mut self, x: &[f32], y: &[f32], n: usize) -> zgrad::Result<()> {
-        self.trainer.load_validation(x, y, n)
+        self.trainer.load(Load::Validation { x, y, n })
     }
 
     /// Whether the validation set is on the device.
     #[must_use]
     pub fn validation_on_device(&self) -> bool {
-        self.trainer.validation_rows().is_some()
+        self.trainer.status().validation_rows.is_some()
     }
 
     /// The model's loss and metrics over the validation set on the device.
@@ -154,7 +164,7 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
     /// Starts the model's evaluation of a set of `total` samples that the loop gives a chunk
     /// at a time (this rank's shard of them: `ChunkedEval::next_chunk`).
     pub fn chunked_evaluation(&self, total: usize) -> zgrad::Result<ChunkedEval<f32>> {
-        self.trainer.chunked_evaluation(total)
+        ChunkedEval::new(&self.trainer, total)
     }
 
     /// Evaluates the next chunk of `eval` (its samples' inputs `x` and targets `y`).
@@ -164,13 +174,13 @@ impl<B: TrainBackend, M: Model<B, f32>> Learner<B, M> {
         x: &[f32],
         y: &[f32],
     ) -> zgrad::Result<()> {
-        self.trainer.evaluate_chunk(eval, x, y)
+        eval.add(&self.trainer, x, y)
     }
 
     /// The loss and metrics of `eval`'s set once every chunk is given (`evaluate`'s of the
     /// set, bit for bit; every rank of a job calls it).
     pub fn finish_evaluation(&self, eval: ChunkedEval<f32>) -> zgrad::Result<EvalReport> {
-        self.trainer.finish_evaluation(eval)
+        eval.finish(&self.trainer)
     }
 
     /// The outputs of `n` samples on the host.

@@ -13,7 +13,7 @@ use crate::optim::ParameterSet;
 use crate::shard;
 use crate::var::Var;
 use std::rc::Rc;
-use zcomm::{Collective, RankInfo};
+use zcomm::Collective;
 use zcompute::{BTensor, BinaryOp, Capture, Element, prelude::*};
 
 impl<B: Ops<T>, T: Element, M: Model<B, T>> StepParts<B, T, M> {
@@ -103,10 +103,10 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let b = Rc::clone(&self.backend);
         // One collective over the flat parameter buffer when the parameters are views of one.
         match ParameterSet::of(&self.parts.params) {
-            Some(set) => comm.broadcast(&*b, set.values(), 0, self.step_count())?,
+            Some(set) => comm.broadcast(&*b, set.values(), 0, self.optim.step_count())?,
             None => {
                 for p in &self.parts.params {
-                    comm.broadcast(&*b, p.value(), 0, self.step_count())?;
+                    comm.broadcast(&*b, p.value(), 0, self.optim.step_count())?;
                 }
             }
         }
@@ -141,12 +141,6 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     pub(in crate::trainer) fn batched_params(&self) -> Option<&[Var<B, T>]> {
         (self.config.schedule == super::super::TrainSchedule::Batched)
             .then_some(&self.parts.params[..])
-    }
-
-    /// This rank's place in the job (`RankInfo::SINGLE` without a collective).
-    #[must_use]
-    pub fn rank_info(&self) -> RankInfo {
-        self.parts.dist.info()
     }
 
     /// The error to report for a failed step: a collective's own failure (a peer stalled,
@@ -233,7 +227,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
         let (loss, correct) = (sums.loss, sums.correct as f64);
         let b = &*self.backend;
         let sums = b.upload(&[T::from_f64(loss), T::from_f64(correct)], &[2])?;
-        dist.comm.all_reduce_sum(b, &sums, self.step_count())?;
+        dist.comm
+            .all_reduce_sum(b, &sums, self.optim.step_count())?;
         dist.comm.synchronize(b)?;
         let s = b.download(&sums)?;
         let denom = total.max(1) as f64;

@@ -10,21 +10,6 @@ use std::rc::Rc;
 use zcompute::{Capture, Element, prelude::*};
 
 impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
-    /// Steps queued by `queue` of loaded rows and not read back yet (the window being filled and the
-    /// one whose copy to the host is in flight). Test-only: `drain` reads them all back.
-    #[cfg(any(test, feature = "testing"))]
-    #[must_use]
-    pub fn queued(&self) -> usize {
-        self.window.pending()
-    }
-
-    /// Steps of the window being filled: 0 right after a call that completed a window (the
-    /// same step on every rank of a job), though that window's read-back is still in flight.
-    #[must_use]
-    pub fn filling(&self) -> usize {
-        self.window.filling()
-    }
-
     /// Reads every queued step back, in step order (the window in flight, then the one being
     /// filled, whose copy is queued and waited for: the one wait on the device); see
     /// `Trainer::queue` of loaded rows for a non-finite step (the clean reports read before it in

@@ -65,7 +65,7 @@ fn run(
         losses.push(r.loss.to_bits());
         captured &= r.captured;
     }
-    let graph = t.step_graph().is_some();
+    let graph = t.graphs().step.is_some();
     assert_eq!(
         graph, capture,
         "{schedule:?}: a graph exactly when captured"
@@ -187,7 +187,7 @@ fn own_model_non_finite_step_is_refused_naming_the_sample(
         "{e}"
     );
     assert_eq!(values(&t), before, "nothing applied");
-    assert_eq!(t.step_count(), 1);
+    assert_eq!(t.status().step, 1);
 }
 
 #[test]
@@ -223,7 +223,7 @@ fn own_model_bad_input_shape_is_a_typed_error_that_changes_nothing() {
         );
     }
     assert_eq!(values(&t), before);
-    assert_eq!(t.step_count(), 0);
+    assert_eq!(t.status().step, 0);
     // The trainer goes on with good input.
     let (x, y) = data(0, BATCH, S * F);
     assert!(
@@ -338,5 +338,5 @@ fn own_model_pinned_and_resident_steps_equal_train_batch() {
     assert_eq!(losses[2], losses[0]);
     assert_eq!(values(&pinned), values(&slices));
     assert_eq!(values(&resident), values(&slices));
-    assert_eq!(resident.step_count(), 3);
+    assert_eq!(resident.status().step, 3);
 }

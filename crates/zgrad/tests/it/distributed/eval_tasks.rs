@@ -11,6 +11,7 @@ use rstest::rstest;
 use std::rc::Rc;
 use zcompute::Engine;
 use zgrad::EvalSource;
+use zgrad::Load;
 
 const CHUNK: usize = 5;
 
@@ -27,7 +28,8 @@ fn reports(
         t = t.with_collective(Rc::new(c)).expect("collective");
     }
     let mut out = vec![t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate")];
-    t.load_validation(&x, &y, n).expect("validation set");
+    t.load(Load::Validation { x: &x, y: &y, n })
+        .expect("validation set");
     for _ in 0..2 {
         out.push(
             t.evaluate(EvalSource::Validation)
@@ -35,7 +37,8 @@ fn reports(
         );
     }
     if task.target_len() == 1 {
-        t.load_data(&x, &y, n).expect("training set");
+        t.load(Load::Training { x: &x, y: &y, n })
+            .expect("training set");
         out.push(t.evaluate(EvalSource::Loaded).expect("resident evaluation"));
     }
     out

@@ -11,7 +11,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use zcomm::{Collective, CommError, RankInfo, SimCollective};
 use zcompute::{BTensor, Backend, CudaBackend, Engine, SimDriver};
-use zgrad::{StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
+use zgrad::{Load, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 
 type Sim = CudaBackend<SimDriver>;
 
@@ -121,7 +121,12 @@ fn train(b: &Sim, comm: Option<SimCollective>, capture: bool) -> Seen {
     // The start's broadcast is not a step's.
     others.set(0);
     let (x, y) = data();
-    t.load_data(&x, &y, 16).unwrap();
+    t.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: 16,
+    })
+    .unwrap();
     let mut reports = Vec::new();
     for rows in STEPS {
         reports.extend(t.queue(StepSource::loaded(rows), 3).unwrap());

@@ -41,7 +41,7 @@ fn train(b: &CudaBackend<SimDriver>, comm: Option<SimCollective>, cfg: TrainerCo
         let (x, y) = classes(20 + step, 7, 12, 4);
         t.step(StepSource::host(&x, &y, 7)).unwrap();
     }
-    assert_eq!(t.step_count(), 6);
+    assert_eq!(t.status().step, 6);
     t.model()
         .parameters()
         .iter()

@@ -14,7 +14,8 @@ use zcomm::rendezvous::Server;
 use zcomm::{Collective, RankInfo, SimCollective};
 use zcompute::{CudaBackend, Engine, SimDriver};
 use zgrad::{
-    EvalSource, GradSync, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig,
+    EvalSource, GradSync, Load, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    XAssetConfig,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -77,7 +78,12 @@ fn train_with(
     // A validation set loaded before the job's ranks are known is all of it on every rank:
     // refused once they are, not evaluated as if it were a shard.
     let (vx, vy) = data(98, 5);
-    t.load_validation(&vx, &vy, 5).unwrap();
+    t.load(Load::Validation {
+        x: &vx,
+        y: &vy,
+        n: 5,
+    })
+    .unwrap();
     if let Some(c) = comm {
         let world = c.info().world;
         t = t
@@ -86,7 +92,7 @@ fn train_with(
             .unwrap();
         match t.evaluate(EvalSource::Validation) {
             Err(zgrad::GradError::BadInput(m)) if world > 1 => {
-                assert!(m.contains("load_validation after with_collective"), "{m}");
+                assert!(m.contains("Load::Validation after with_collective"), "{m}");
             }
             Ok(_) if world == 1 => {}
             other => panic!("{world} ranks: {other:?}"),
@@ -132,10 +138,20 @@ fn train_with(
     // The same set evaluated on the device (issue 21 item 3), as a validation set and as the
     // resident training set: each rank its shard, the same all-reduced sums, bit for bit.
     let want = (e.loss.to_bits(), e.accuracy.to_bits(), e.samples);
-    t.load_validation(&x, &y, 11).unwrap();
+    t.load(Load::Validation {
+        x: &x,
+        y: &y,
+        n: 11,
+    })
+    .unwrap();
     let v = t.evaluate(EvalSource::Validation).unwrap();
     assert_eq!((v.loss.to_bits(), v.accuracy.to_bits(), v.samples), want);
-    t.load_data(&x, &y, 11).unwrap();
+    t.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: 11,
+    })
+    .unwrap();
     let l = t.evaluate(EvalSource::Loaded).unwrap();
     assert_eq!((l.loss.to_bits(), l.accuracy.to_bits(), l.samples), want);
     seen
@@ -493,7 +509,12 @@ fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capt
             let (x, y) = data(5, 16);
             let per = CFG.scales * CFG.features;
             if on_device {
-                t.load_data(&x, &y, 16).unwrap();
+                t.load(Load::Training {
+                    x: &x,
+                    y: &y,
+                    n: 16,
+                })
+                .unwrap();
             }
             let steps: [&[usize]; 4] = [
                 &[3, 9, 0, 15, 7, 7, 2],
@@ -504,10 +525,18 @@ fn device_data_shards_as_slices_do(#[case] schedule: TrainSchedule, #[case] capt
             let mut losses = Vec::new();
             for (k, rows) in steps.into_iter().enumerate() {
                 if planned && k == 0 {
-                    t.plan_rows(rows, 7).unwrap();
+                    t.load(Load::Order {
+                        order: rows,
+                        batch: 7,
+                    })
+                    .unwrap();
                 }
                 if planned && k == 2 {
-                    t.plan_rows(&[steps[2], steps[3]].concat(), 7).unwrap();
+                    t.load(Load::Order {
+                        order: &[steps[2], steps[3]].concat(),
+                        batch: 7,
+                    })
+                    .unwrap();
                 }
                 if on_device {
                     losses.extend(
@@ -561,7 +590,7 @@ fn batched_graph_nodes(sync: Option<GradSync>) -> usize {
         .unwrap();
         let (x, y) = data(0, 7);
         assert!(t.step(StepSource::host(&x, &y, 7)).unwrap().captured);
-        t.step_graph().expect("a captured graph").nodes()
+        t.graphs().step.expect("a captured graph").nodes()
     };
     match sync {
         None => nodes(&Engine::sim(256 << 20).unwrap(), None, GradSync::default()),

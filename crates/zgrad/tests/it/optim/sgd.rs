@@ -12,7 +12,7 @@ use crate::support::steps::rows_of;
 use rstest::rstest;
 use zcompute::{CpuBackend, Element, Engine, prelude::*};
 use zgrad::{
-    AdamWHyper, DecayGroups, GradError, HostTensor, Model, OptimizerKind, ParameterSet, Sgd,
+    AdamWHyper, DecayGroups, GradError, HostTensor, Load, Model, OptimizerKind, ParameterSet, Sgd,
     SgdHyper, StepSource, Task, TrainSchedule, Trainer, TrainerConfig, Var, read_tensors,
 };
 
@@ -230,7 +230,7 @@ fn sgd_in_the_trainer_captured_equals_eager_and_resumes_bitwise() {
             }
             let mut resumed = make();
             resumed.load_checkpoint(&path).unwrap();
-            assert_eq!(resumed.step_count(), 2);
+            assert_eq!(resumed.status().step, 2);
             for _ in 0..3 {
                 resumed.step(StepSource::host(&x, &y, 8)).unwrap();
             }
@@ -300,7 +300,12 @@ fn queued_sgd_equals_the_per_step_path(
     rows_bad[0][1] = n;
     let mut host = sim_head(sgd_config(schedule, capture, hyper));
     let mut dev = sim_head(sgd_config(schedule, capture, hyper));
-    dev.load_data(&x, &y, n + 1).unwrap();
+    dev.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: n + 1,
+    })
+    .unwrap();
     for r in &rows_bad[..7] {
         assert!(dev.queue(StepSource::loaded(r), 4).unwrap().is_empty());
     }
@@ -311,7 +316,7 @@ fn queued_sgd_equals_the_per_step_path(
         matches!(e.cause(), GradError::NonFinite { step: 1, .. }),
         "{e:?}"
     );
-    assert_eq!(dev.step_count(), 0);
+    assert_eq!(dev.status().step, 0);
     assert_eq!(bits(&dev), bits(&host), "nothing was applied");
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for r in &rows[8..] {
@@ -324,7 +329,7 @@ fn queued_sgd_equals_the_per_step_path(
         r.iter().map(crate::support::steps::step_bits).collect()
     };
     assert_eq!(report_bits(&got), report_bits(&want));
-    assert_eq!(dev.step_count(), 8);
+    assert_eq!(dev.status().step, 8);
     assert_eq!(bits(&dev), bits(&host), "{schedule:?} capture {capture}");
 }
 
@@ -376,7 +381,7 @@ fn a_checkpoint_of_one_optimizer_is_refused_by_the_other() {
                 other => panic!("{i} <- {j}: {other:?}"),
             }
             assert_eq!(bits(&t), before);
-            assert_eq!(t.step_count(), 0);
+            assert_eq!(t.status().step, 0);
         }
     }
     // SGD with momentum from a file of SGD without: the buffers are missing, all named.

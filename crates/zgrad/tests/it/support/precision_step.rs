@@ -4,8 +4,8 @@
 
 use zcompute::Capture;
 use zgrad::{
-    EvalSource, Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset,
-    read_tensors,
+    EvalSource, Load, Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig,
+    XAsset, read_tensors,
 };
 
 /// ‖got − want‖ / ‖want‖.
@@ -342,7 +342,12 @@ pub fn bf16_evaluation_is_near_float32_and_not_equal<B: Capture<f32> + Clone + '
     );
 
     for (t, host) in [(&mut f32_t, &ef), (&mut bf16_t, &eb)] {
-        t.load_validation(&xs, &ys, rows).unwrap();
+        t.load(Load::Validation {
+            x: &xs,
+            y: &ys,
+            n: rows,
+        })
+        .unwrap();
         for _ in 0..2 {
             let on_device = t.evaluate(EvalSource::Validation).unwrap();
             assert_eq!(

@@ -9,7 +9,8 @@ use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine};
 use zdevice::SimDriver;
 use zgrad::{
-    EvalReport, EvalSource, GradError, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    EvalReport, EvalSource, GradError, Load, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    XAsset,
 };
 
 /// `n` samples, labels 0 and 1.
@@ -50,9 +51,19 @@ fn same_as_evaluate<B: Capture<f32> + Clone + 'static>(
     let (x, y) = set(24, 31);
     let (vx, vy) = set(n_val, 32);
     let mut t = learner(b, schedule, capture, eval_batch);
-    t.load_data(&x, &y, 24).expect("training set");
-    t.load_validation(&vx, &vy, n_val).expect("validation set");
-    assert_eq!(t.validation_rows(), Some(n_val));
+    t.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: 24,
+    })
+    .expect("training set");
+    t.load(Load::Validation {
+        x: &vx,
+        y: &vy,
+        n: n_val,
+    })
+    .expect("validation set");
+    assert_eq!(t.status().validation_rows, Some(n_val));
     for epoch in 0..3 {
         for rows in [[0, 5, 9, 11, 2, 23], [3, 3, 17, 8, 1, 20]] {
             t.queue(StepSource::loaded(&rows), 1).expect("step");
@@ -120,8 +131,18 @@ fn a_device_evaluation_reads_back_once_and_uploads_nothing(#[values(false, true)
     let b = Engine::sim(256 << 20).expect("simulated backend");
     let (vx, vy) = set(23, 33);
     let mut t = learner(&b, TrainSchedule::Batched, capture, 4);
-    t.load_validation(&vx, &vy, 23).expect("validation set");
-    t.load_data(&vx, &vy, 23).expect("training set");
+    t.load(Load::Validation {
+        x: &vx,
+        y: &vy,
+        n: 23,
+    })
+    .expect("validation set");
+    t.load(Load::Training {
+        x: &vx,
+        y: &vy,
+        n: 23,
+    })
+    .expect("training set");
     for epoch in 0..2 {
         let (r, down) = calls(&b, &DOWNLOADS, || {
             t.evaluate(EvalSource::Validation).expect("device")
@@ -150,13 +171,23 @@ fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
     let (x, y) = set(24, 34);
     let (vx, vy) = set(23, 35);
     let mut t = learner(&b, TrainSchedule::Batched, true, 4);
-    t.load_data(&x, &y, 24).expect("training set");
-    t.load_validation(&vx, &vy, 23).expect("validation set");
+    t.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: 24,
+    })
+    .expect("training set");
+    t.load(Load::Validation {
+        x: &vx,
+        y: &vy,
+        n: 23,
+    })
+    .expect("validation set");
     let (_, captures) = calls(&b, &["cuStreamBeginCapture_v2"], || {
         t.evaluate(EvalSource::Validation).expect("first")
     });
     assert_eq!(captures, 2, "one capture per chunk shape");
-    assert_eq!(t.validation_graphs().count(), 2);
+    assert_eq!(t.graphs().validation.len(), 2);
     for epoch in 1..4 {
         t.queue(StepSource::loaded(&[1, 2, 3, 4]), 1).expect("step");
         t.drain().expect("drained");
@@ -168,7 +199,12 @@ fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
             "epoch {epoch}: six chunk graphs launched, none captured"
         );
     }
-    let mut replays: Vec<u64> = t.validation_graphs().map(|g| g.replays()).collect();
+    let mut replays: Vec<u64> = t
+        .graphs()
+        .validation
+        .into_iter()
+        .map(|g| g.replays())
+        .collect();
     replays.sort_unstable();
     // The last chunk: 3 replays; the five full ones: 4 the first time (the capture ran one),
     // then 5 an epoch.
@@ -189,14 +225,24 @@ fn the_chunk_graphs_share_one_reservation_the_size_of_the_largest() {
     // 24 samples in chunks of 4: one chunk shape, so one graph, alone.
     let (vx, vy) = set(24, 36);
     let mut t = learner(&b, TrainSchedule::Batched, true, 4);
-    t.load_validation(&vx, &vy, 24).expect("validation set");
+    t.load(Load::Validation {
+        x: &vx,
+        y: &vy,
+        n: 24,
+    })
+    .expect("validation set");
     t.evaluate(EvalSource::Validation)
         .expect("full chunks only");
     let (full_alone, n) = graph_memory(&b);
-    assert_eq!((t.validation_graphs().count(), n), (1, 1));
+    assert_eq!((t.graphs().validation.len(), n), (1, 1));
     // 23 samples: the full chunks' graph and the last chunk's (3 samples).
     let (vx, vy) = set(23, 35);
-    t.load_validation(&vx, &vy, 23).expect("validation set");
+    t.load(Load::Validation {
+        x: &vx,
+        y: &vy,
+        n: 23,
+    })
+    .expect("validation set");
     assert_eq!(
         graph_memory(&b),
         (0, 0),
@@ -206,7 +252,7 @@ fn the_chunk_graphs_share_one_reservation_the_size_of_the_largest() {
     for pass in 0..3 {
         let got = t.evaluate(EvalSource::Validation).expect("device");
         assert_eq!(bits(&got), bits(&want), "pass {pass}");
-        assert_eq!(t.validation_graphs().count(), 2);
+        assert_eq!(t.graphs().validation.len(), 2);
         assert_eq!(
             graph_memory(&b),
             (full_alone, 1),
@@ -238,8 +284,18 @@ fn step_and_evaluation_share<D: zdevice::Driver + 'static>(
     let (x, y) = set(24, 37);
     let (vx, vy) = set(23, 38);
     let mut t = learner(b, schedule, true, 4);
-    t.load_data(&x, &y, 24).expect("training set");
-    t.load_validation(&vx, &vy, 23).expect("validation set");
+    t.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: 24,
+    })
+    .expect("training set");
+    t.load(Load::Validation {
+        x: &vx,
+        y: &vy,
+        n: 23,
+    })
+    .expect("validation set");
     t.queue(StepSource::loaded(&[0, 5, 9, 11, 2, 23]), 1)
         .expect("step");
     t.drain().expect("drained");
@@ -277,27 +333,45 @@ fn bad_validation_sets_are_refused_by_name_and_load_nothing() {
         other => panic!("{other:?}"),
     };
     assert!(
-        cause(t.evaluate(EvalSource::Validation).unwrap_err()).contains("load_validation first")
+        cause(t.evaluate(EvalSource::Validation).unwrap_err()).contains("Load::Validation first")
     );
     // Labels of the wrong length: the target contract's error, naming both shapes.
     assert!(matches!(
-        t.load_validation(&vx, &vy[..5], 6),
+        t.load(Load::Validation { x: &vx, y: &vy[..5], n: 6 }),
         Err(GradError::Target { expected, given, .. }) if expected == [6] && given == [5]
     ));
     assert!(matches!(
-        t.load_validation(&vx[..vx.len() - 1], &vy, 6),
+        t.load(Load::Validation {
+            x: &vx[..vx.len() - 1],
+            y: &vy,
+            n: 6
+        }),
         Err(GradError::BadInput(_))
     ));
     vx[4 * SMALL.scales * SMALL.features + 2] = f32::INFINITY;
-    let m = cause(t.load_validation(&vx, &vy, 6).unwrap_err());
+    let m = cause(
+        t.load(Load::Validation {
+            x: &vx,
+            y: &vy,
+            n: 6,
+        })
+        .unwrap_err(),
+    );
     assert!(m.contains("validation sample 4 of 6"), "{m}");
     let mut bad_label = vy.clone();
     bad_label[1] = f32::NAN;
     vx[4 * SMALL.scales * SMALL.features + 2] = 0.5;
-    let m = cause(t.load_validation(&vx, &bad_label, 6).unwrap_err());
+    let m = cause(
+        t.load(Load::Validation {
+            x: &vx,
+            y: &bad_label,
+            n: 6,
+        })
+        .unwrap_err(),
+    );
     assert!(m.contains("validation sample 1 of 6"), "{m}");
-    assert_eq!(t.validation_rows(), None, "nothing loaded");
-    assert!(cause(t.evaluate(EvalSource::Loaded).unwrap_err()).contains("load_data first"));
+    assert_eq!(t.status().validation_rows, None, "nothing loaded");
+    assert!(cause(t.evaluate(EvalSource::Loaded).unwrap_err()).contains("Load::Training first"));
 }
 
 #[cfg(feature = "gpu")]

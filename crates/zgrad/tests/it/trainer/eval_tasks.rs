@@ -16,7 +16,9 @@ use crate::support::tasks::{
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, CudaBackend, Engine};
 use zdevice::SimDriver;
+use zgrad::ChunkedEval;
 use zgrad::EvalSource;
+use zgrad::Load;
 
 const N: usize = 23;
 const CHUNK: usize = 5;
@@ -35,7 +37,8 @@ fn every_way<B: Capture<f32> + Clone + 'static>(b: &B, name: &str, capture: bool
     let what = format!("{name} capture {capture}");
     assert_report_close(&what, &got, &want, TOL);
     assert!((got.accuracy - want.accuracy).abs() < 1e-12 || got.accuracy.is_nan());
-    t.load_validation(&x, &y, N).expect("validation set");
+    t.load(Load::Validation { x: &x, y: &y, n: N })
+        .expect("validation set");
     for pass in 0..2 {
         let v = t
             .evaluate(EvalSource::Validation)
@@ -43,12 +46,13 @@ fn every_way<B: Capture<f32> + Clone + 'static>(b: &B, name: &str, capture: bool
         assert_eq!(report_bits(&v), report_bits(&got), "{what} pass {pass}");
     }
     assert_eq!(
-        t.validation_graphs().count(),
+        t.graphs().validation.len(),
         if capture { 2 } else { 0 },
         "{what}"
     );
     if task.target_len() == 1 {
-        t.load_data(&x, &y, N).expect("training set");
+        t.load(Load::Training { x: &x, y: &y, n: N })
+            .expect("training set");
         let l = t.evaluate(EvalSource::Loaded).expect("resident evaluation");
         assert_eq!(
             report_bits(&l),
@@ -98,7 +102,8 @@ fn a_pass_reads_back_its_statistics_once(#[values(false, true)] capture: bool) {
     let b = Engine::sim(256 << 20).expect("sim");
     let (task, outputs, x, y) = task_data("class_index", N, 43);
     let mut t = task_trainer(b.clone(), task, outputs, capture, CHUNK);
-    t.load_validation(&x, &y, N).expect("validation set");
+    t.load(Load::Validation { x: &x, y: &y, n: N })
+        .expect("validation set");
     for pass in 0..2 {
         let (r, n) = downloads(&b, || t.evaluate(EvalSource::Validation).expect("device"));
         assert_eq!((r.samples, n), (N, 1), "pass {pass}");
@@ -164,7 +169,7 @@ mod gpu {
     }
 }
 
-/// Every task's set given a chunk at a time (`chunked_evaluation`, as a caller that holds it
+/// Every task's set given a chunk at a time (`ChunkedEval`, as a caller that holds it
 /// nowhere whole gives it: each `next_chunk`'s rows) is `evaluate`'s report of the set held
 /// whole, bit for bit; a chunk too many, or a finish before the last, is `BadInput`.
 #[rstest]
@@ -177,11 +182,11 @@ fn a_set_given_chunk_by_chunk_is_evaluated_as_the_set_held_whole(
     let mut t = task_trainer(b.clone(), task, outputs, false, CHUNK);
     let whole = t.evaluate(EvalSource::Host(&x, &y)).expect("evaluate");
     let (per, ty) = (x.len() / N, task.target_len());
-    let mut eval = t.chunked_evaluation(N).expect("starts");
+    let mut eval = ChunkedEval::new(&t, N).expect("starts");
     assert_eq!(eval.rows(), 0..N);
-    let early = t.chunked_evaluation(N).expect("starts");
+    let early = ChunkedEval::new(&t, N).expect("starts");
     assert!(matches!(
-        t.finish_evaluation(early),
+        early.finish(&t),
         Err(zgrad::GradError::BadInput(_))
     ));
     let mut chunks = 0;
@@ -191,14 +196,14 @@ fn a_set_given_chunk_by_chunk_is_evaluated_as_the_set_held_whole(
             &x[rows.start * per..rows.end * per],
             &y[rows.start * ty..rows.end * ty],
         );
-        t.evaluate_chunk(&mut eval, xs, ys).expect("a chunk");
+        eval.add(&t, xs, ys).expect("a chunk");
         chunks += 1;
     }
     assert_eq!(chunks, N.div_ceil(CHUNK));
     assert!(matches!(
-        t.evaluate_chunk(&mut eval, &x[..per], &y[..ty]),
+        eval.add(&t, &x[..per], &y[..ty]),
         Err(zgrad::GradError::BadInput(_))
     ));
-    let chunked = t.finish_evaluation(eval).expect("finishes");
+    let chunked = eval.finish(&t).expect("finishes");
     assert_eq!(report_bits(&chunked), report_bits(&whole), "{name}");
 }

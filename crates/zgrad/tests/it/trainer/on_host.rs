@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use zcompute::{AllocClass, Backend, CpuBackend, CpuStorage, Element};
 use zgrad::{
-    Applied, EvalSource, GradError, LrSchedule, NonFiniteKind, StepReport, StepSource, TensorFile,
-    TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+    Applied, EvalSource, GradError, Load, LrSchedule, NonFiniteKind, StepReport, StepSource,
+    TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
 };
 
 use crate::support::fixtures;
@@ -243,7 +243,7 @@ fn a_non_finite_loss_names_step_and_sample(#[case] schedule: TrainSchedule, #[ca
         .collect();
     // Captured batched steps included: the update in the graph is gated on the device.
     assert_eq!(before, after, "no update after a non-finite loss");
-    assert_eq!(t.step_count(), 1, "the skipped step is not counted");
+    assert_eq!(t.status().step, 1, "the skipped step is not counted");
     assert_eq!(b.log.steps_begun.get(), b.log.steps_ended.get());
     // The step that was skipped is taken again, as step 2.
     assert_eq!(t.step(StepSource::host(x, y, 4)).unwrap().step, 2);
@@ -298,7 +298,7 @@ fn fallback_trainer(schedule: TrainSchedule) -> (Tiny<f32>, Sim<f32>, SimTrainer
     };
     let (b, mut t) = trainer(&f, cfg);
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
-    t.load_validation(x, y, 4).unwrap();
+    t.load(Load::Validation { x, y, n: 4 }).unwrap();
     (f, b, t)
 }
 
@@ -330,13 +330,13 @@ fn a_failed_evaluation_capture_turns_capture_off_for_the_steps(
             b.fail_capture.set(Some(body_ran));
             validation_is_evaluate(&f, &mut t);
             b.fail_capture.set(None);
-            assert_eq!(t.validation_graphs().count(), 0, "the pass ran eagerly");
+            assert_eq!(t.graphs().validation.len(), 0, "the pass ran eagerly");
         }
         reports.push(t.step(StepSource::host(x, y, 4)).unwrap());
     }
     validation_is_evaluate(&f, &mut t);
     assert_eq!(b.captures.get(), 1, "the first step's graph only");
-    assert_eq!(t.validation_graphs().count(), 0);
+    assert_eq!(t.graphs().validation.len(), 0);
     let captured: Vec<bool> = reports.iter().map(|r| r.captured).collect();
     assert_eq!(captured, [true, false, false]);
     for (e, r) in eager.iter().zip(&reports) {
@@ -365,7 +365,7 @@ fn a_failed_step_capture_leaves_evaluation_eager(
     b.fail_capture.set(None);
     validation_is_evaluate(&f, &mut t);
     validation_is_evaluate(&f, &mut t);
-    assert_eq!((b.captures.get(), t.validation_graphs().count()), (0, 0));
+    assert_eq!((b.captures.get(), t.graphs().validation.len()), (0, 0));
 }
 
 #[test]

@@ -136,10 +136,10 @@ fn assert_close(what: &str, got: &Outcome, want: &Outcome, tol: f64, params: boo
 /// the graph is made again only when the batch grows past the table.
 fn captured_equals_eager_equals_cpu<D: Driver>(make: impl Fn() -> CudaBackend<D>) {
     let cpu = train(CpuBackend, false, |_, _| {});
-    let eager = train(make(), false, |t, _| assert!(t.step_graph().is_none()));
+    let eager = train(make(), false, |t, _| assert!(t.graphs().step.is_none()));
     let mut graphs: Vec<(usize, u64)> = Vec::new();
     let captured = train(make(), true, |t, _| {
-        let g: &CudaGraph<D> = t.step_graph().expect("a graph");
+        let g: &CudaGraph<D> = t.graphs().step.expect("a graph");
         graphs.push((g.nodes(), g.replays()));
     });
     // Replays per step: n - 1 after a capture (its warm-up ran sample 0), n after.

@@ -14,8 +14,8 @@ use zcompute::{Capture, CpuBackend, Engine, PinnedHost};
 use zdevice::CuCode;
 use zdevice::sim::calls;
 use zgrad::{
-    Applied, GradError, NonFiniteKind, PinnedBatch, StepReport, StepSource, TrainSchedule, Trainer,
-    TrainerConfig, XAsset,
+    Applied, GradError, Load, NonFiniteKind, PinnedBatch, StepReport, StepSource, TrainSchedule,
+    Trainer, TrainerConfig, XAsset,
 };
 
 const N: usize = 20;
@@ -76,7 +76,7 @@ impl<B: Capture<f32> + PinnedHost<f32> + Clone + 'static> Queue<B> {
     fn new(b: &B, t: &mut Trainer<B, f32, XAsset<B>>, from: From, x: &[f32], y: &[f32]) -> Self {
         let bufs = match from {
             From::Device => {
-                t.load_data(x, y, N).expect("load");
+                t.load(Load::Training { x, y, n: N }).expect("load");
                 Vec::new()
             }
             From::Pinned => (0..2)
@@ -139,16 +139,16 @@ where
         assert_eq!(back.len(), expect, "step {}: reports back", k + 1);
         let copied = if k + 1 >= every { every } else { 0 };
         let queued = (k + 1) % every + copied;
-        assert_eq!(dev.queued(), queued, "step {}: queued", k + 1);
+        assert_eq!(dev.status().queued, queued, "step {}: queued", k + 1);
         got.extend(back);
     }
     got.extend(dev.drain().expect("drain"));
-    assert_eq!(dev.queued(), 0);
+    assert_eq!(dev.status().queued, 0);
     let at = format!("capture {capture} {from:?} every {every}");
     let w: Vec<_> = want.iter().map(step_bits).collect();
     let g: Vec<_> = got.iter().map(step_bits).collect();
     assert_eq!(g, w, "{at}");
-    assert_eq!(dev.step_count(), host.step_count(), "{at}");
+    assert_eq!(dev.status().step, host.status().step, "{at}");
     assert_eq!(param_bits(b, &dev), param_bits(b, &host), "{at}");
 }
 
@@ -219,7 +219,7 @@ fn queued_per_sample_steps_read_nothing_back_between_drains(
             k + 2
         );
     }
-    assert_eq!(t.queued(), 4);
+    assert_eq!(t.status().queued, 4);
     dev.driver().clear_op_log();
     let reports = t.drain().expect("drain");
     assert_eq!(
@@ -259,7 +259,7 @@ where
         let back = queue.step(&mut dev, &x, &y, r, 4).expect("queued");
         assert!(back.is_empty());
     }
-    assert_eq!(dev.step_count(), 4, "counted as queued");
+    assert_eq!(dev.status().step, 4, "counted as queued");
     let e = dev.drain().expect_err("the window holds a NaN");
     assert_eq!(e.applied(), Some(Applied::No), "{e}");
     assert!(
@@ -273,8 +273,8 @@ where
         ),
         "{e:?}"
     );
-    assert_eq!(dev.step_count(), 1);
-    assert_eq!(dev.queued(), 0);
+    assert_eq!(dev.status().step, 1);
+    assert_eq!(dev.status().queued, 0);
     assert_eq!(param_bits(b, &dev), param_bits(b, &host));
     // Going on past the bad step (rows without the NaN) matches the per-step path again.
     let clean = &rows[2];
@@ -337,8 +337,10 @@ fn a_failed_reclaim_after_a_queued_update_counts_the_step(
     let (x, y) = data(34);
     let mut t = learner_of(&b, schedule, capture);
     let mut clean = learner_of(&clean_b, schedule, capture);
-    t.load_data(&x, &y, N).expect("load");
-    clean.load_data(&x, &y, N).expect("load");
+    t.load(Load::Training { x: &x, y: &y, n: N }).expect("load");
+    clean
+        .load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let poison_memsets = |b: &zcompute::CudaBackend<zdevice::SimDriver>| {
         b.device().driver().call_count(calls::MEMSET_D8_ASYNC)
     };
@@ -360,7 +362,7 @@ fn a_failed_reclaim_after_a_queued_update_counts_the_step(
                 .expect_err("the reclaim fails");
             assert_eq!(err.applied(), Some(Applied::Yes), "{err}");
             assert!(matches!(err, GradError::Step { step: 3, .. }), "{err}");
-            assert_eq!(t.step_count(), 3, "the applied step is counted");
+            assert_eq!(t.status().step, 3, "the applied step is counted");
             continue;
         }
         t.queue(StepSource::loaded(rows), 8).expect("queued");

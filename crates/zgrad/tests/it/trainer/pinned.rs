@@ -83,7 +83,7 @@ fn same_as_slices<B: Capture<f32> + PinnedHost<f32> + Clone + 'static>(
         assert_eq!(bits(&got), bits(&want), "step {k}");
         assert_eq!(params(b, &pinned), params(b, &slices), "step {k}");
     }
-    assert_eq!(pinned.step_count(), 4);
+    assert_eq!(pinned.status().step, 4);
 }
 
 #[rstest]
@@ -125,7 +125,7 @@ fn captured_replays_read_each_refill() {
         assert!(r.captured, "step {k}");
         losses.push(r.loss.to_bits());
     }
-    assert!(t.step_graph().is_some());
+    assert!(t.graphs().step.is_some());
     losses.dedup();
     assert_eq!(losses.len(), 3, "every step saw its own batch");
 }
@@ -153,7 +153,7 @@ fn bad_sizes_are_refused_as_train_batch_refuses_them() {
         );
         assert_eq!(err.applied(), Some(Applied::No), "{what}");
     }
-    assert_eq!(t.step_count(), 0);
+    assert_eq!(t.status().step, 0);
     assert!(matches!(
         PinnedBatch::<Sim>::new(&b, 0, SMALL.scales, SMALL.features),
         Err(GradError::BadInput(_))

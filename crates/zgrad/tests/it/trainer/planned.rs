@@ -14,8 +14,8 @@ use zcompute::{Capture, CpuBackend, CudaBackend, Engine, SimDriver};
 type Sim = CudaBackend<SimDriver>;
 use zdevice::sim::calls;
 use zgrad::{
-    Applied, GradError, LrSchedule, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
-    TrainerConfig, XAsset,
+    Applied, GradError, Load, LrSchedule, NonFiniteKind, StepReport, StepSource, TrainSchedule,
+    Trainer, TrainerConfig, XAsset,
 };
 
 const N: usize = 20;
@@ -63,12 +63,17 @@ fn planned_run(b: &Sim, capture: bool, planned: bool) -> Vec<u64> {
     let (x, y) = labelled(SMALL, N, 51);
     let mut host = learner(b, capture);
     let mut dev = learner(b, capture);
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let (mut want, mut got, mut copies) = (Vec::new(), Vec::new(), Vec::new());
     for e in 0..4 {
         let order = epoch_order(e);
         if planned {
-            dev.plan_rows(&order, BATCH).expect("plan");
+            dev.load(Load::Order {
+                order: &order,
+                batch: BATCH,
+            })
+            .expect("plan");
         }
         for rows in order.chunks(BATCH) {
             let (xs, ys) = rows_of(&x, &y, rows);
@@ -117,11 +122,16 @@ fn planned_equal_train_batch<B: Capture<f32> + Clone + 'static>(b: &B) {
     let (x, y) = labelled(SMALL, N, 52);
     let mut host = learner(b, true);
     let mut dev = learner(b, true);
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for e in 0..3 {
         let order = epoch_order(e);
-        dev.plan_rows(&order, BATCH).expect("plan");
+        dev.load(Load::Order {
+            order: &order,
+            batch: BATCH,
+        })
+        .expect("plan");
         for rows in order.chunks(BATCH) {
             let (xs, ys) = rows_of(&x, &y, rows);
             want.push(
@@ -170,9 +180,14 @@ fn a_step_off_the_plan_uploads_its_own(#[values(false, true)] capture: bool) {
     let (x, y) = labelled(SMALL, N, 53);
     let mut host = learner(&b, capture);
     let mut dev = learner(&b, capture);
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let order = epoch_order(1);
-    dev.plan_rows(&order, BATCH).expect("plan");
+    dev.load(Load::Order {
+        order: &order,
+        batch: BATCH,
+    })
+    .expect("plan");
     let mut other = order[BATCH..2 * BATCH].to_vec();
     other.swap(0, 1);
     let steps = [
@@ -222,8 +237,17 @@ fn a_non_finite_planned_step_rewinds_and_plans_again(#[values(false, true)] capt
             .expect("host step");
     }
     let mut dev = learner(&b, capture);
-    dev.load_data(&x, &y, N + 1).expect("load");
-    dev.plan_rows(&order, BATCH).expect("plan");
+    dev.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: N + 1,
+    })
+    .expect("load");
+    dev.load(Load::Order {
+        order: &order,
+        batch: BATCH,
+    })
+    .expect("plan");
     for rows in &chunks[..11] {
         dev.queue(StepSource::loaded(rows), EVERY)
             .expect("nothing read yet is bad");
@@ -243,11 +267,15 @@ fn a_non_finite_planned_step_rewinds_and_plans_again(#[values(false, true)] capt
         ),
         "{e:?}"
     );
-    assert_eq!(dev.step_count(), 5);
+    assert_eq!(dev.status().step, 5);
     assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
     // Step 6 again on the chunks after the bad one, planned anew.
     let rest = &order[6 * BATCH..];
-    dev.plan_rows(rest, BATCH).expect("plan again");
+    dev.load(Load::Order {
+        order: rest,
+        batch: BATCH,
+    })
+    .expect("plan again");
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for rows in rest.chunks(BATCH).take(7) {
         let (xs, ys) = rows_of(&x, &y, rows);
@@ -272,15 +300,29 @@ fn a_non_finite_planned_step_rewinds_and_plans_again(#[values(false, true)] capt
 fn a_plan_is_refused_without_data_a_batch_or_its_rows() {
     let b = Engine::sim(256 << 20).expect("simulated backend");
     let mut t = learner(&b, false);
-    let no_data = t.plan_rows(&[0, 1], 2).expect_err("nothing loaded");
+    let no_data = t
+        .load(Load::Order {
+            order: &[0, 1],
+            batch: 2,
+        })
+        .expect_err("nothing loaded");
     assert!(matches!(no_data, GradError::BadInput(_)), "{no_data:?}");
     let (x, y) = labelled(SMALL, N, 55);
-    t.load_data(&x, &y, N).expect("load");
+    t.load(Load::Training { x: &x, y: &y, n: N }).expect("load");
     for (order, batch) in [(vec![0, 1], 0), (vec![0, N], 2)] {
-        let e = t.plan_rows(&order, batch).expect_err("refused");
+        let e = t
+            .load(Load::Order {
+                order: &order,
+                batch,
+            })
+            .expect_err("refused");
         assert!(matches!(e, GradError::BadInput(_)), "{e:?}");
     }
-    t.plan_rows(&[], 4).expect("an empty plan plans nothing");
+    t.load(Load::Order {
+        order: &[],
+        batch: 4,
+    })
+    .expect("an empty plan plans nothing");
 }
 
 /// A queued step whose update fails after its tail moved the window's cursor on the device
@@ -300,7 +342,8 @@ fn a_step_failing_after_its_tail_leaves_the_cursor_where_the_host_puts_rows(
     let chunks: Vec<&[usize]> = order.chunks(BATCH).collect();
     let mut host = learner(&b, false);
     let mut dev = learner(&b, false);
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     for rows in &chunks[..2] {
         let (xs, ys) = rows_of(&x, &y, rows);
         host.step(StepSource::host(&xs, &ys, rows.len()))
@@ -330,7 +373,11 @@ fn a_step_failing_after_its_tail_leaves_the_cursor_where_the_host_puts_rows(
     dev.load_checkpoint(&path).expect("restore step 2's state");
     let rest = &order[2 * BATCH..];
     if planned {
-        dev.plan_rows(rest, BATCH).expect("plan");
+        dev.load(Load::Order {
+            order: rest,
+            batch: BATCH,
+        })
+        .expect("plan");
     }
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for rows in rest.chunks(BATCH).take(6) {

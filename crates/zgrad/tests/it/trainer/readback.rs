@@ -12,7 +12,7 @@ use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
 use zdevice::sim::calls;
 use zgrad::{
-    Applied, GradError, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
+    Applied, GradError, Load, NonFiniteKind, StepReport, StepSource, TrainSchedule, Trainer,
     TrainerConfig, XAsset,
 };
 
@@ -61,7 +61,8 @@ fn bits(r: &[StepReport]) -> Vec<(u64, u64, u64, u64, usize, bool)> {
 fn same_reports<B: Capture<f32> + Clone + 'static>(b: &B, schedule: TrainSchedule, capture: bool) {
     let (x, y) = labelled(SMALL, N, 41);
     let (mut host, mut dev) = (learner(b, schedule, capture), learner(b, schedule, capture));
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for (k, rows) in steps(100).iter().enumerate() {
         let s = k as u64 + 1;
@@ -81,16 +82,16 @@ fn same_reports<B: Capture<f32> + Clone + 'static>(b: &B, schedule: TrainSchedul
         got.extend(back);
     }
     assert_eq!(
-        dev.queued(),
+        dev.status().queued,
         12,
         "the window in flight (89..=96) and 97..=100"
     );
     let rest = dev.drain().expect("drain");
     assert_eq!(rest.first().map(|r| r.step), Some(89));
     got.extend(rest);
-    assert_eq!(dev.queued(), 0);
+    assert_eq!(dev.status().queued, 0);
     assert_eq!(bits(&got), bits(&want), "{schedule:?} capture {capture}");
-    assert_eq!(dev.step_count(), 100);
+    assert_eq!(dev.status().step, 100);
     assert_eq!(param_bits(b, &dev), param_bits(b, &host));
 }
 
@@ -152,7 +153,12 @@ fn non_finite<B: Capture<f32> + Clone + 'static>(
             .expect("host step");
     }
     let mut dev = learner(b, schedule, capture);
-    dev.load_data(&x, &y, N + 1).expect("load");
+    dev.load(Load::Training {
+        x: &x,
+        y: &y,
+        n: N + 1,
+    })
+    .expect("load");
     let mut back = Vec::new();
     for r in &rows[..queue - 1] {
         back.extend(
@@ -180,8 +186,8 @@ fn non_finite<B: Capture<f32> + Clone + 'static>(
         matches!(e.cause(), GradError::NonFinite { step: s, sample: Some(1), kind: NonFiniteKind::Loss } if *s == step),
         "{found:?}: {e:?}"
     );
-    assert_eq!(dev.step_count(), step - 1);
-    assert_eq!(dev.queued(), 0, "the later steps are dropped");
+    assert_eq!(dev.status().step, step - 1);
+    assert_eq!(dev.status().queued, 0, "the later steps are dropped");
     assert_eq!(param_bits(b, &dev), param_bits(b, &host), "{found:?}");
     // Going on (rows without the NaN) matches the per-step path, across a window boundary.
     let (mut want, mut got) = (Vec::new(), Vec::new());
@@ -230,7 +236,7 @@ fn a_window_boundary_does_not_drain_the_stream(
     let (dev, engine) = (b.device(), b.device().stream());
     let (x, y) = labelled(SMALL, N, 43);
     let mut t = learner(&b, schedule, true);
-    t.load_data(&x, &y, N).expect("load");
+    t.load(Load::Training { x: &x, y: &y, n: N }).expect("load");
     let rows: Vec<Vec<usize>> = steps(24).into_iter().filter(|r| r.len() == 8).collect();
     t.queue(StepSource::loaded(&rows[0]), 4)
         .expect("step 1 (the capture)");
@@ -280,7 +286,7 @@ fn a_failed_read_back_leaves_the_window_unknown() {
     let b = Engine::sim(256 << 20).expect("simulated backend");
     let (x, y) = labelled(SMALL, N, 44);
     let mut t = learner(&b, TrainSchedule::Batched, true);
-    t.load_data(&x, &y, N).expect("load");
+    t.load(Load::Training { x: &x, y: &y, n: N }).expect("load");
     let rows = steps(8);
     for r in &rows[..7] {
         t.queue(StepSource::loaded(r), 4).expect("queued");
@@ -293,7 +299,7 @@ fn a_failed_read_back_leaves_the_window_unknown() {
         .expect_err("the copy fails");
     assert_eq!(e.applied(), Some(Applied::Maybe), "{e}");
     assert!(matches!(e, GradError::Step { step: 5, .. }), "{e:?}");
-    assert_eq!(t.queued(), 0);
+    assert_eq!(t.status().queued, 0);
     let refused = t
         .queue(StepSource::loaded(&rows[0]), 4)
         .expect_err("state unknown");
@@ -340,7 +346,8 @@ fn a_longer_window_after_captured_steps_reports_the_steps(#[case] capture: bool)
     let (x, y) = labelled(SMALL, N, 47);
     let mut host = learner(&b, TrainSchedule::Batched, capture);
     let mut dev = learner(&b, TrainSchedule::Batched, capture);
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let (mut want, mut got) = (Vec::new(), Vec::new());
     for (k, rows) in steps(9).iter().enumerate() {
         let (xs, ys) = rows_of(&x, &y, rows);

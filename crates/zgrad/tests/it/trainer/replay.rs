@@ -59,9 +59,9 @@ fn replaying_the_resident_batch_equals_train_batch_of_that_batch() {
         assert_eq!(marks, [ReplayMark::Before, ReplayMark::After]);
         assert_eq!(bits(&got), bits(&want));
     }
-    assert_eq!(resident.step_count(), 4);
+    assert_eq!(resident.status().step, 4);
     assert_eq!(params(&b2, &resident), params(&b1, &uploads));
-    assert_eq!(resident.step_graph().map(|g| g.replays()), Some(3));
+    assert_eq!(resident.graphs().step.map(|g| g.replays()), Some(3));
 }
 
 #[test]
@@ -81,7 +81,7 @@ fn replay_resident_without_a_captured_step_is_refused_and_applies_nothing() {
             "{e:?}"
         );
         assert_eq!(
-            (marks, t.step_count(), params(&b, &t)),
+            (marks, t.status().step, params(&b, &t)),
             (0, u64::from(!capture), before)
         );
     }
@@ -109,7 +109,7 @@ fn a_non_finite_resident_step_names_its_sample_and_applies_nothing() {
         ),
         "{e:?}"
     );
-    assert_eq!((t.step_count(), params(&b, &t)), (1, before));
+    assert_eq!((t.status().step, params(&b, &t)), (1, before));
 }
 
 /// Nodes per captured batched step and per captured per-sample step at the default size
@@ -145,7 +145,7 @@ fn nodes_per_captured_step_at_the_default_size() {
             t.step(StepSource::host(&x, &y, 256)).unwrap().captured,
             "{schedule:?}"
         );
-        let graph = t.step_graph();
+        let graph = t.graphs().step;
         let n = graph.expect("a captured graph").nodes();
         assert!(n > 0, "{schedule:?}: an empty graph");
         nodes.push(n);
@@ -169,7 +169,7 @@ mod device_data {
         Applied, GradError, NonFiniteKind, StepReport, TrainSchedule, Trainer, TrainerConfig,
         XAsset,
     };
-    use zgrad::{EvalSource, StepSource};
+    use zgrad::{EvalSource, Load, StepSource};
 
     const N: usize = 20;
 
@@ -226,8 +226,9 @@ mod device_data {
         let (x, y) = batch(SMALL, N, 21);
         let mut host = learner(b, schedule, capture);
         let mut dev = learner(b, schedule, capture);
-        dev.load_data(&x, &y, N).expect("load");
-        assert_eq!(dev.loaded_rows(), Some(N));
+        dev.load(Load::Training { x: &x, y: &y, n: N })
+            .expect("load");
+        assert_eq!(dev.status().loaded_rows, Some(N));
         let (mut want, mut got) = (Vec::new(), Vec::new());
         for rows in steps() {
             let (xs, ys) = rows_of(&x, &y, &rows);
@@ -240,14 +241,14 @@ mod device_data {
                     .expect("queued step"),
             );
             // The window being filled and, at most, the one whose copy is in flight.
-            assert!(dev.filling() < every && dev.queued() < 2 * every);
+            assert!(dev.status().filling < every && dev.status().queued < 2 * every);
         }
         got.extend(dev.drain().expect("drain"));
-        assert_eq!(dev.queued(), 0);
+        assert_eq!(dev.status().queued, 0);
         let w: Vec<_> = want.iter().map(report_bits).collect();
         let g: Vec<_> = got.iter().map(report_bits).collect();
         assert_eq!(g, w, "{schedule:?} capture {capture} every {every}");
-        assert_eq!(dev.step_count(), host.step_count());
+        assert_eq!(dev.status().step, host.status().step);
         assert_eq!(param_bits(b, &dev), param_bits(b, &host));
         if capture && schedule == TrainSchedule::Batched {
             assert!(got[0].captured && got[1].captured && !got[2].captured);
@@ -295,7 +296,8 @@ mod device_data {
         let (xs, ys) = rows_of(&x, &y, &rows[0]);
         host.step(StepSource::host(&xs, &ys, 8)).expect("step 1");
         let mut dev = learner(&b, TrainSchedule::Batched, capture);
-        dev.load_data(&x, &y, N).expect("load");
+        dev.load(Load::Training { x: &x, y: &y, n: N })
+            .expect("load");
         for r in &rows[..4] {
             // The fourth fills the window: its copy is queued, nothing read yet.
             assert!(
@@ -304,7 +306,7 @@ mod device_data {
                     .is_empty()
             );
         }
-        assert_eq!(dev.step_count(), 4, "counted as queued");
+        assert_eq!(dev.status().step, 4, "counted as queued");
         let e = dev.drain().expect_err("the window holds a NaN");
         assert_eq!(e.applied(), Some(Applied::No), "{e}");
         assert!(
@@ -318,7 +320,7 @@ mod device_data {
             ),
             "{e:?}"
         );
-        assert_eq!(dev.step_count(), 1);
+        assert_eq!(dev.status().step, 1);
         assert_eq!(param_bits(&b, &dev), param_bits(&b, &host));
         // Going on past the bad step (rows without the NaN) matches the host path again.
         let clean = &rows[2];
@@ -487,10 +489,18 @@ mod device_data {
             .queue(StepSource::loaded(&[0, 1]), 2)
             .expect_err("nothing loaded");
         assert_eq!(e.applied(), Some(Applied::No));
-        assert!(cause(e).contains("load_data first"));
+        assert!(cause(e).contains("Load::Training first"));
         assert!(t.evaluate(EvalSource::Loaded).is_err());
-        assert!(t.load_data(&x, &y[..N - 1], N).is_err(), "labels short");
-        t.load_data(&x, &y, N).expect("load");
+        assert!(
+            t.load(Load::Training {
+                x: &x,
+                y: &y[..N - 1],
+                n: N
+            })
+            .is_err(),
+            "labels short"
+        );
+        t.load(Load::Training { x: &x, y: &y, n: N }).expect("load");
         assert!(
             cause(t.queue(StepSource::loaded(&[0, N]), 2).unwrap_err())
                 .contains(&format!("row {N} of"))
@@ -500,13 +510,13 @@ mod device_data {
             cause(t.queue(StepSource::loaded(&[0; N + 1]), 2).unwrap_err())
                 .contains("1 to 20 rows")
         );
-        assert_eq!(t.step_count(), 0);
+        assert_eq!(t.status().step, 0);
         t.queue(StepSource::loaded(&[0, 1]), 2).expect("queued");
         let e = t
             .step(StepSource::host(&x[..2 * x.len() / N], &y[..2], 2))
             .expect_err("queued first");
         assert!(cause(e).contains("drain first"));
         assert_eq!(t.drain().expect("drain").len(), 1);
-        assert_eq!(t.step_count(), 1);
+        assert_eq!(t.status().step, 1);
     }
 }

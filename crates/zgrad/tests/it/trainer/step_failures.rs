@@ -250,7 +250,7 @@ fn a_failed_slot_upload_in_a_captured_step_is_not_counted(#[case] failing_step: 
             let before = parameters(&t);
             let err = t.step(StepSource::host(&x, &y, 4)).unwrap_err();
             assert_eq!(err.applied(), Some(Applied::No), "{err}");
-            assert_eq!(t.step_count(), k as u64, "the failed step is not counted");
+            assert_eq!(t.status().step, k as u64, "the failed step is not counted");
             assert_eq!(parameters(&t), before);
         }
         let (_, n) = upload_call_during(&b, || {
@@ -297,12 +297,12 @@ fn a_failed_reclaim_after_the_update_reports_it_applied(
             let err = t.step(StepSource::host(&x, &y, 4)).unwrap_err();
             assert_eq!(err.applied(), Some(Applied::Yes), "{err}");
             assert!(matches!(err, GradError::Step { step: 3, .. }), "{err}");
-            assert_eq!(t.step_count(), 3, "the applied step is counted");
+            assert_eq!(t.status().step, 3, "the applied step is counted");
             continue;
         }
         t.step(StepSource::host(&x, &y, 4)).unwrap();
     }
-    assert_eq!(t.step_count(), 4);
+    assert_eq!(t.status().step, 4);
     assert_eq!(
         parameters(&t),
         parameters(&clean),
@@ -339,7 +339,7 @@ fn the_trainer_refuses_to_step_on_an_unknown_state_until_a_checkpoint_is_loaded(
         "{refused}"
     );
     assert_eq!(refused.applied(), Some(Applied::No));
-    assert_eq!(t.step_count(), 1);
+    assert_eq!(t.status().step, 1);
     let unknown = dir.path().join("unknown.safetensors");
     let not_saved = t.save_checkpoint(&unknown, Default::default()).unwrap_err();
     assert!(

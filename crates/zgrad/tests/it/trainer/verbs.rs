@@ -7,7 +7,7 @@ use crate::support::small::{SMALL, labelled};
 use crate::support::steps::{param_bits, rows_of, step_bits};
 use rstest::rstest;
 use zcompute::{Capture, CpuBackend, Engine};
-use zgrad::{Applied, GradError, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset};
+use zgrad::{Applied, GradError, Load, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset};
 
 const N: usize = 12;
 
@@ -34,7 +34,8 @@ fn loaded_equals_host<B: Capture<f32> + Clone + 'static>(
 ) {
     let (x, y) = labelled(SMALL, N, 17);
     let (mut host, mut dev) = (learner(b, schedule, capture), learner(b, schedule, capture));
-    dev.load_data(&x, &y, N).expect("load");
+    dev.load(Load::Training { x: &x, y: &y, n: N })
+        .expect("load");
     let batches: [&[usize]; 6] = [
         &[0, 5, 2, 7],
         &[1, 3, 9, 11],
@@ -54,9 +55,9 @@ fn loaded_equals_host<B: Capture<f32> + Clone + 'static>(
             step_bits(&want),
             "{schedule:?} capture {capture}"
         );
-        assert_eq!(dev.queued(), 0, "read back at once");
+        assert_eq!(dev.status().queued, 0, "read back at once");
     }
-    assert_eq!(dev.step_count(), 6);
+    assert_eq!(dev.status().step, 6);
     assert_eq!(param_bits(b, &dev), param_bits(b, &host));
 }
 
@@ -86,7 +87,7 @@ fn queueing_host_rows_or_the_held_batch_is_refused() {
     refused_with_nothing_applied(&e, "host rows");
     let e = t.queue(StepSource::held(|_| {}), 2).unwrap_err();
     refused_with_nothing_applied(&e, "the held batch");
-    assert_eq!((t.step_count(), t.queued()), (1, 0));
+    assert_eq!((t.status().step, t.status().queued), (1, 0));
     assert_eq!(param_bits(&b, &t), before);
 }
 
@@ -97,7 +98,7 @@ fn a_step_with_queued_steps_unread_waits_for_the_drain() {
     let b = Engine::sim(256 << 20).expect("simulated backend");
     let (x, y) = labelled(SMALL, N, 5);
     let mut t = learner(&b, TrainSchedule::Batched, false);
-    t.load_data(&x, &y, N).expect("load");
+    t.load(Load::Training { x: &x, y: &y, n: N }).expect("load");
     assert!(
         t.queue(StepSource::loaded(&[0, 1, 2]), 4)
             .expect("queued")
@@ -110,7 +111,47 @@ fn a_step_with_queued_steps_unread_waits_for_the_drain() {
     ] {
         refused_with_nothing_applied(&e, "queued steps unread");
     }
-    assert_eq!((t.step_count(), t.queued()), (1, 1));
+    assert_eq!((t.status().step, t.status().queued), (1, 1));
     assert_eq!(t.drain().expect("drain").len(), 1);
     assert_eq!(t.step(StepSource::loaded(&[3, 4])).expect("step").step, 2);
+}
+
+/// `restore` puts back the parameters and optimiser state it is given: the step after a
+/// restore to the state before it repeats it bit for bit. Values of another count or size are
+/// refused (`BadInput`) with nothing written and the step count as it was.
+#[test]
+fn restore_rewinds_the_trainer_and_refuses_values_of_other_sizes() {
+    let b = CpuBackend;
+    let mut t = learner(&b, TrainSchedule::Batched, false);
+    let (x, y) = labelled(SMALL, N, 5);
+    let names: Vec<String> = t
+        .model()
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let values = |t: &Trainer<CpuBackend, f32, XAsset<CpuBackend>>| -> Vec<Vec<f32>> {
+        let ps = t.model().named_parameters();
+        ps.iter()
+            .map(|(_, p)| p.to_vec(&b).expect("values"))
+            .collect()
+    };
+    let (start, state) = (values(&t), t.optimizer().export(&b, &names).expect("state"));
+    let first = t.step(StepSource::host(&x, &y, N)).expect("step");
+    let after = param_bits(&b, &t);
+
+    let mut short = start.clone();
+    short[0].pop();
+    for bad in [&short[..], &start[1..]] {
+        let e = t.restore(bad, &state).expect_err("refused");
+        assert!(matches!(e, GradError::BadInput(_)), "{e}");
+        assert_eq!(param_bits(&b, &t), after, "nothing written");
+        assert_eq!(t.status().step, 1);
+    }
+
+    t.restore(&start, &state).expect("restore");
+    assert_eq!(t.status().step, 0);
+    let again = t.step(StepSource::host(&x, &y, N)).expect("step again");
+    assert_eq!(step_bits(&again), step_bits(&first));
+    assert_eq!(param_bits(&b, &t), after);
 }

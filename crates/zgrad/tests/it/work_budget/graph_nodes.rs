@@ -119,10 +119,10 @@ fn count(log: &[OpRecord], call: &str) -> usize {
 fn captured_graphs_stay_within_their_node_budgets() {
     let mut per_sample = run(TrainSchedule::PerSample, true);
     per_sample.step(4);
-    let n = nodes(per_sample.trainer.step_graph());
+    let n = nodes(per_sample.trainer.graphs().step);
     let mut batched = run(TrainSchedule::Batched, true);
     batched.step(4);
-    let m = nodes(batched.trainer.step_graph());
+    let m = nodes(batched.trainer.graphs().step);
     eprintln!("nodes: per-sample graph {n} (nodes per sample), batched graph {m} (per step)");
     assert!(
         n <= PER_SAMPLE_NODE_BUDGET,
@@ -197,7 +197,7 @@ fn per_sample_peaks(n: usize) -> (ClassBytes, u64) {
     let mut r = run(TrainSchedule::PerSample, true);
     r.step(n);
     r.step(n);
-    let reserved = r.trainer.step_graph().expect("graph").reserved_bytes();
+    let reserved = r.trainer.graphs().step.expect("graph").reserved_bytes();
     (r.arena.diagnostics().peak_bytes_by_class, reserved)
 }
 

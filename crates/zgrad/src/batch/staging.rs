@@ -12,7 +12,8 @@
 //!
 //! So the host never waits on a step, and step k + 1's rows are on the device when it starts.
 
-use super::source::{PinnedBatch, Source};
+use super::pinned::PinnedBatch;
+use super::rows::Source;
 use crate::error::Result;
 use std::ops::Range;
 use zcompute::{BTensor, CopyMark, Element, PinnedHost, prelude::*};
@@ -26,7 +27,7 @@ struct Landing<B: Ops<T>, T: Element> {
 }
 
 /// The two landing buffers, used in turn.
-pub(super) struct Staging<B: Ops<T>, T: Element> {
+pub(crate) struct Staging<B: Ops<T>, T: Element> {
     slots: Vec<Landing<B, T>>,
     /// `[rows, ..sample]` each slot holds.
     shape: Vec<usize>,
@@ -38,7 +39,7 @@ pub(super) struct Staging<B: Ops<T>, T: Element> {
 impl<B: Ops<T>, T: Element> Staging<B, T> {
     /// Whether it holds batches of up to `shape[0]` samples of `shape[1..]` and `targets`
     /// target values each.
-    pub(super) fn holds(&self, shape: &[usize], targets: usize) -> bool {
+    pub(crate) fn holds(&self, shape: &[usize], targets: usize) -> bool {
         self.shape[1..] == shape[1..] && self.shape[0] >= shape[0] && self.targets == targets
     }
 }
@@ -48,7 +49,7 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
     /// target values. Each one's free mark is
     /// recorded at once: memory just allocated may have been read by engine-stream work still
     /// queued, which the first copy into it must follow.
-    pub(super) fn new(b: &B, shape: &[usize], targets: usize) -> Result<Self> {
+    pub(crate) fn new(b: &B, shape: &[usize], targets: usize) -> Result<Self> {
         let slots = (0..2)
             .map(|_| {
                 let landing = Landing {
@@ -71,7 +72,7 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
     /// Queues the copy of rows `rows` of `batch` into the next landing buffer on the copy
     /// stream (after that buffer's free mark; the engine stream's later work waits for it),
     /// and returns the buffer as a step's source, and the slot to release after the step.
-    pub(super) fn stage(
+    pub(crate) fn stage(
         &mut self,
         b: &B,
         batch: &PinnedBatch<B, T>,
@@ -96,13 +97,13 @@ impl<B: PinnedHost<T>, T: Element> Staging<B, T> {
     }
 
     /// Records slot `slot`'s free mark on the engine stream, after the step that read it.
-    pub(super) fn release(&self, b: &B, slot: usize) -> Result<()> {
+    pub(crate) fn release(&self, b: &B, slot: usize) -> Result<()> {
         Ok(b.mark_engine(&self.slots[slot].free)?)
     }
 }
 
 /// A step's rows in a landing buffer: rows `first..` of the batch, on the device.
-pub(super) struct Landed<B: Ops<T>, T: Element> {
+pub(crate) struct Landed<B: Ops<T>, T: Element> {
     x: BTensor<B, T>,
     y: BTensor<B, T>,
     first: usize,
@@ -143,5 +144,58 @@ impl<B: Ops<T>, T: Element> Source<B, T> for Landed<B, T> {
         b.copy_into(&lx.reshape(x.shape())?, x)?;
         b.copy_into(&ly.reshape(y.shape())?, y)?;
         Ok(())
+    }
+}
+
+/// A pinned batch as the trainer uses it whatever its backend: its sizes, its rows as a
+/// source, and its copies into the landing buffers of the copy stream (below), which
+/// need the backend's pinned memory (`PinnedHost`).
+pub(crate) trait PinnedRows<B: Ops<T>, T: Element> {
+    /// `[capacity, S, F]`.
+    fn dims(&self) -> [usize; 3];
+    /// Target values per sample.
+    fn targets(&self) -> usize;
+    fn source(&self) -> &dyn Source<B, T>;
+    /// Two landing buffers of `shape`.
+    fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>>;
+    /// `Staging::stage` of rows `rows` of this batch.
+    fn stage(
+        &self,
+        staging: &mut Staging<B, T>,
+        b: &B,
+        rows: Range<usize>,
+    ) -> Result<(Landed<B, T>, usize)>;
+    /// `Staging::release` of slot `slot`.
+    fn release(&self, staging: &Staging<B, T>, b: &B, slot: usize) -> Result<()>;
+}
+
+impl<B: PinnedHost<T>, T: Element> PinnedRows<B, T> for PinnedBatch<B, T> {
+    fn dims(&self) -> [usize; 3] {
+        [self.capacity(), self.scales(), self.features()]
+    }
+
+    fn targets(&self) -> usize {
+        PinnedBatch::targets(self)
+    }
+
+    fn source(&self) -> &dyn Source<B, T> {
+        self
+    }
+
+    fn staging(&self, b: &B, shape: &[usize]) -> Result<Staging<B, T>> {
+        Staging::new(b, shape, PinnedBatch::targets(self))
+    }
+
+    fn stage(
+        &self,
+        staging: &mut Staging<B, T>,
+        b: &B,
+        rows: Range<usize>,
+    ) -> Result<(Landed<B, T>, usize)> {
+        staging.stage(b, self, rows)
+    }
+
+    fn release(&self, staging: &Staging<B, T>, b: &B, slot: usize) -> Result<()> {
+        staging.release(b, slot)
     }
 }
