@@ -25,7 +25,7 @@ pub(crate) struct DeviceData<B: Ops<T>, T: Element> {
     /// Host staging of the indices, reused from step to step.
     staging: Vec<T>,
     /// The queued batched steps' inputs (made at the first, `step_table.rs`) and the plan of
-    /// the rows to come (`Load::Order`, `Trainer::plan_rows`).
+    /// the rows to come (`Load::Order`).
     pub(in crate::trainer) steps: Option<StepTable<B, T>>,
     pub(in crate::trainer) plan: Option<RowPlan>,
 }

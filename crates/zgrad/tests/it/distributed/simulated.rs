@@ -490,7 +490,7 @@ fn own_model_on_two_ranks_equals_one(#[case] schedule: TrainSchedule, #[case] ca
 /// The data set on every rank's device (issue 21): each rank gathers its own shard of a step's
 /// rows by their indices, read back every 2 steps, and trains exactly as on its rows of the
 /// host-copied batch: every rank's losses and parameters bit for bit, with an empty shard for
-/// rank 2 at step 2; the same with steps 1, 3 and 4 planned (`plan_rows`: each rank puts up
+/// rank 2 at step 2; the same with steps 1, 3 and 4 planned (`Load::Order`: each rank puts up
 /// its shards of the planned steps, step 4's shorter than step 3's).
 #[rstest]
 #[case::batched_eager(TrainSchedule::Batched, false)]

@@ -282,7 +282,7 @@ pub fn captured_equals_eager_bitwise<B: Capture<f32> + Clone + 'static>(
 pub const BF16_OUTPUT_REL: f64 = 2e-2;
 
 /// Evaluation runs under the trainer's policy: on the fixture's batch, a bf16 trainer's
-/// `predict` and `evaluate` (host) and its device evaluation (`load_validation` then
+/// `predict` and `evaluate` (host) and its device evaluation (`Load::Validation` then
 /// `evaluate_validation`, captured as the trainer captures) are near float32's and not equal
 /// to them (the products really ran in bf16), host and device agreeing bit for bit; a float32
 /// trainer's `predict` is a plain no-grad forward's bits (float32 evaluation unchanged).

@@ -1,4 +1,4 @@
-//! A plan of the rows to come (`Trainer::plan_rows`, issue 21): a queued batched step on the
+//! A plan of the rows to come (`Load::Order`, issue 21): a queued batched step on the
 //! device data set that takes the plan's next chunk finds its indices and `[lr, t]` on the
 //! device, put up with the rest of its read-back window by one copy at the window's first
 //! planned step; every other step uploads its own (two copies) and ends the plan. Whatever
