@@ -7,7 +7,7 @@
 mod args;
 mod config;
 
-pub(crate) use args::{Args, coalesce, ptr, push_strided, read_strided, u64a};
+pub(crate) use args::{Args, Param, coalesce, ptr, push_strided, read_strided, u64a};
 pub(crate) use config::{
     COLS_FINISH_MAX_ROWS, TICKETS, cols_chunking, cols_config, elementwise_config, row_tiles,
     rows_config, rows_split, rows_split_config, rows_vec_config, single_block, vec_aligned,
@@ -15,9 +15,7 @@ pub(crate) use config::{
 };
 
 use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
-
-/// Most axes a strided kernel takes (`ZC_MAX_RANK` in `kernels/common.cuh`).
-pub(crate) const MAX_RANK: usize = 6;
+use zdevice::KernelArg;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
 pub(crate) const MODULES: [(&str, &str); 13] = [
@@ -56,15 +54,6 @@ pub(crate) const MODULES: [(&str, &str); 13] = [
         include_str!("../../../../kernels/ptx/convert.ptx"),
     ),
 ];
-
-/// Kinds of kernel parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Param {
-    Ptr,
-    U32,
-    U64,
-    F32,
-}
 
 /// Every kernel the backend launches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -244,6 +233,12 @@ const LINEAR_ROWS: &[Param] = &[
 ];
 
 impl Kernel {
+    /// Whether `args` match the parameter list exactly (count and kinds).
+    pub(crate) fn accepts(self, args: &[KernelArg]) -> bool {
+        let spec = self.spec();
+        args::accepts(spec.params, spec.strided, args)
+    }
+
     pub const ALL: [Kernel; 78] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
@@ -688,7 +683,9 @@ pub(crate) fn reduce_code(op: ReduceOp) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Kernel, MODULES};
+    use super::{Args, Kernel, MODULES, ptr, push_strided, read_strided, u64a};
+    use crate::error::ComputeError;
+    use zdevice::{DevicePtr, KernelArg};
 
     /// Every kernel names an entry of the module it is looked up in. Module indices are
     /// positions in `MODULES`; a kernel family added beside another once pointed at the wrong
@@ -703,6 +700,33 @@ mod tests {
                 "{k:?}: {} is not an entry of {module}.ptx",
                 spec.name
             );
+        }
+    }
+
+    #[test]
+    fn strided_tail_round_trips_and_specs_accept_their_arguments() {
+        let mut args = Args::new();
+        args.extend([
+            ptr(DevicePtr(256)),
+            ptr(DevicePtr(512)),
+            KernelArg::U32(0),
+            u64a(6),
+        ]);
+        push_strided("t", &mut args, &[3, 2], &[&[1, 3]]).unwrap();
+        assert!(Kernel::UnaryStrided.accepts(&args));
+        assert!(!Kernel::Unary.accepts(&args));
+        let (shape, strides) = read_strided(&args[4..], 1).unwrap();
+        assert_eq!((shape, strides), (vec![3, 2], vec![vec![1, 3]]));
+        let err = push_strided("t", &mut Args::new(), &[2; 7], &[&[0, 1, 0, 1, 0, 1, 0]]);
+        assert!(matches!(err, Err(ComputeError::Unsupported { .. })));
+    }
+
+    /// Every lane count `vec_lanes` picks has its softmax and LayerNorm kernels.
+    #[test]
+    fn every_vector_lane_count_has_its_row_kernels() {
+        for l in [1, 2, 4, 8] {
+            assert!(Kernel::softmax_vec(l).and_then(Kernel::vec_lanes) == Some(l));
+            assert!(Kernel::layer_norm_vec(l).and_then(Kernel::vec_lanes) == Some(l));
         }
     }
 }

@@ -3,41 +3,48 @@
 //! kernels) and the check that a launch's arguments match its kernel's parameter list. Split
 //! from the kernel-id table so the encoding and its tests read on their own.
 
-use super::{Kernel, MAX_RANK, Param};
 use crate::error::{ComputeError, Result};
 use smallvec::SmallVec;
 use zdevice::{DevicePtr, KernelArg};
 
 use Param::{F32, Ptr, U32, U64};
 
-impl Kernel {
-    /// Whether `args` match the parameter list exactly (count and kinds).
-    pub(crate) fn accepts(self, args: &[KernelArg]) -> bool {
-        let spec = self.spec();
-        let tail = if spec.strided > 0 {
-            1 + MAX_RANK * (1 + spec.strided)
-        } else {
-            0
-        };
-        if args.len() != spec.params.len() + tail {
-            return false;
-        }
-        let kind = |a: &KernelArg| match a {
-            KernelArg::Ptr(_) => Some(Ptr),
-            KernelArg::U32(_) => Some(U32),
-            KernelArg::U64(_) => Some(U64),
-            KernelArg::F32(_) => Some(F32),
-            _ => None,
-        };
-        let (head, rest) = args.split_at(spec.params.len());
-        head.iter()
-            .zip(spec.params)
-            .all(|(a, p)| kind(a) == Some(*p))
-            && rest
-                .iter()
-                .enumerate()
-                .all(|(i, a)| kind(a) == Some(if i == 0 { U32 } else { U64 }))
+/// Kinds of kernel parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Param {
+    Ptr,
+    U32,
+    U64,
+    F32,
+}
+
+/// Most axes a strided kernel takes (`ZC_MAX_RANK` in `kernels/common.cuh`).
+pub(crate) const MAX_RANK: usize = 6;
+
+/// Whether `args` match a kernel's parameter list `params` (count and kinds), with the
+/// strided tail of `strided` operands after them.
+pub(crate) fn accepts(params: &[Param], strided: usize, args: &[KernelArg]) -> bool {
+    let tail = if strided > 0 {
+        1 + MAX_RANK * (1 + strided)
+    } else {
+        0
+    };
+    if args.len() != params.len() + tail {
+        return false;
     }
+    let kind = |a: &KernelArg| match a {
+        KernelArg::Ptr(_) => Some(Ptr),
+        KernelArg::U32(_) => Some(U32),
+        KernelArg::U64(_) => Some(U64),
+        KernelArg::F32(_) => Some(F32),
+        _ => None,
+    };
+    let (head, rest) = args.split_at(params.len());
+    head.iter().zip(params).all(|(a, p)| kind(a) == Some(*p))
+        && rest
+            .iter()
+            .enumerate()
+            .all(|(i, a)| kind(a) == Some(if i == 0 { U32 } else { U64 }))
 }
 
 /// A kernel argument list (strided kernels take up to 28).
@@ -171,23 +178,5 @@ mod tests {
         assert_eq!((s, st), (vec![2, 3], vec![vec![3, 1], vec![0, 1]]));
         let (s, st) = coalesce(&[], &[&[]]);
         assert_eq!((s, st), (vec![1], vec![vec![0]]));
-    }
-
-    #[test]
-    fn strided_tail_round_trips_and_specs_accept_their_arguments() {
-        let mut args = Args::new();
-        args.extend([
-            ptr(DevicePtr(256)),
-            ptr(DevicePtr(512)),
-            KernelArg::U32(0),
-            u64a(6),
-        ]);
-        push_strided("t", &mut args, &[3, 2], &[&[1, 3]]).unwrap();
-        assert!(Kernel::UnaryStrided.accepts(&args));
-        assert!(!Kernel::Unary.accepts(&args));
-        let (shape, strides) = read_strided(&args[4..], 1).unwrap();
-        assert_eq!((shape, strides), (vec![3, 2], vec![vec![1, 3]]));
-        let err = push_strided("t", &mut Args::new(), &[2; 7], &[&[0, 1, 0, 1, 0, 1, 0]]);
-        assert!(matches!(err, Err(ComputeError::Unsupported { .. })));
     }
 }
