@@ -14,28 +14,14 @@
 //! The stream and its two events are made when the side stream is (never during a capture); the
 //! events are reused by every fork and join: a wait uses the record made just before it.
 
-use super::{CudaBackend, device_error};
+pub(super) mod stream;
+
+pub use stream::SideStream;
+
+use super::CudaBackend;
+use super::support::device_error;
 use crate::error::Result;
-use zdevice::{Device, Driver, Event, Stream, StreamPriority};
-
-/// The side stream of one backend's device (see the module docs). Dropping it destroys its
-/// events; the stream itself lives as long as the device.
-pub struct SideStream<D: Driver> {
-    device: Device<D>,
-    engine: Stream,
-    stream: Stream,
-    forked: Event,
-    joined: Event,
-}
-
-impl<D: Driver> std::fmt::Debug for SideStream<D> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SideStream")
-            .field("engine", &self.engine)
-            .field("stream", &self.stream)
-            .finish_non_exhaustive()
-    }
-}
+use zdevice::{Driver, StreamPriority};
 
 impl<D: Driver> SideStream<D> {
     /// A new non-blocking stream on `b`'s device, of CUDA's default priority, and its fork and
@@ -78,56 +64,6 @@ impl<D: Driver> SideStream<D> {
             joined,
         })
     }
-
-    /// The side stream's handle (to queue work on it: an NCCL collective).
-    #[must_use]
-    pub fn stream(&self) -> Stream {
-        self.stream
-    }
-
-    /// The device it belongs to.
-    #[must_use]
-    pub fn device(&self) -> &Device<D> {
-        &self.device
-    }
-
-    /// Orders the side stream after everything queued on the engine stream so far.
-    ///
-    /// # Errors
-    /// `Device` from recording or waiting.
-    pub fn fork(&self) -> Result<()> {
-        const OP: &str = "side_stream.fork";
-        self.device
-            .record_event(self.forked, self.engine)
-            .map_err(|e| device_error(OP, e))?;
-        self.device
-            .stream_wait_event(self.stream, self.forked)
-            .map_err(|e| device_error(OP, e))
-    }
-
-    /// Orders the engine stream after everything queued on the side stream so far.
-    ///
-    /// # Errors
-    /// `Device` from recording or waiting.
-    pub fn join(&self) -> Result<()> {
-        const OP: &str = "side_stream.join";
-        self.device
-            .record_event(self.joined, self.stream)
-            .map_err(|e| device_error(OP, e))?;
-        self.device
-            .stream_wait_event(self.engine, self.joined)
-            .map_err(|e| device_error(OP, e))
-    }
-
-    /// Waits, bounded by the device's deadline, until the side stream's work has run.
-    ///
-    /// # Errors
-    /// `Timeout` past the deadline, `Device` for a failure the stream reports.
-    pub fn synchronize(&self) -> Result<()> {
-        self.device
-            .synchronize(self.stream)
-            .map_err(|e| device_error("side_stream.synchronize", e))
-    }
 }
 
 impl SideStream<zdevice::SimDriver> {
@@ -152,15 +88,5 @@ impl SideStream<zdevice::SimDriver> {
         }
         args.extend_from_slice(scalars);
         b.launch_on_simulator_stream(op, function, config, &args, self.stream)
-    }
-}
-
-impl<D: Driver> Drop for SideStream<D> {
-    fn drop(&mut self) {
-        for e in [self.forked, self.joined] {
-            if let Err(err) = self.device.destroy_event(e) {
-                tracing::debug!(target: "zcompute.cuda.side_stream", error = %err, "event not destroyed");
-            }
-        }
     }
 }

@@ -4,10 +4,10 @@
 //! op of the sibling modules builds.
 
 use super::kernels::{self, Kernel};
-use super::side_stream::SideStream;
+use super::side_stream::stream::SideStream;
 use super::storage::{CudaStorage, CudaTensor};
 use super::support::{device_error, lock, mem_error};
-use super::transfer::Staging;
+use super::transfer::staging::Staging;
 use crate::backend::AllocClass;
 use crate::error::{ComputeError, Result};
 use crate::layout::{Layout, checked_numel};

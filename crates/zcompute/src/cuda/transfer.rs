@@ -13,40 +13,9 @@ use super::{CudaBackend, device_error, lock};
 use crate::error::{ComputeError, Result};
 use zdevice::{Device, DevicePtr, Driver, PinnedBuffer};
 
-/// Bytes per staged piece.
-pub(crate) const CHUNK: usize = 8 << 20;
-/// Uploads up to this many bytes (a graph's per-sample inputs) go through the small ring.
-pub(crate) const SMALL: usize = 64 << 10;
-/// Buffers in the small ring: a per-sample loop refills two inputs per replay, so the host
-/// can queue up to 8 samples before it waits for the GPU to finish reading a buffer (with
-/// the two large buffers alone it waited on every sample, one replay behind, and the GPU
-/// idled while the host woke up).
-pub(crate) const SMALL_SLOTS: usize = 16;
+pub(super) mod staging;
 
-/// The backend's pinned buffers, allocated on first use.
-#[derive(Debug, Default)]
-pub(crate) struct Staging {
-    up: [Option<PinnedBuffer>; 2],
-    next_up: usize,
-    small: [Option<PinnedBuffer>; SMALL_SLOTS],
-    next_small: usize,
-    down: Option<PinnedBuffer>,
-    /// Buffers of finished queued downloads (`readback.rs`), kept for the next ones.
-    pub(crate) reads: Vec<PinnedBuffer>,
-}
-
-impl Staging {
-    /// Frees the buffers (each after its last transfer).
-    pub(crate) fn release<D: Driver>(self, device: &Device<D>) {
-        let [a, b] = self.up;
-        let bufs = [a, b, self.down].into_iter().chain(self.small).flatten();
-        for buf in bufs.chain(self.reads) {
-            if let Err(e) = device.free_pinned(buf) {
-                tracing::warn!(target: "zcompute.cuda.transfer", error = %e, "freeing a staging buffer");
-            }
-        }
-    }
-}
+use staging::{CHUNK, SMALL, SMALL_SLOTS};
 
 fn ensure<'a, D: Driver>(
     slot: &'a mut Option<PinnedBuffer>,
