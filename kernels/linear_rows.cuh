@@ -1,6 +1,7 @@
-// Device helpers shared by the small-row product kernels (linear.cu) and a Linear layer's
-// fused backward (linear_backward.cu): staging of A in shared memory, the n-contiguous
-// product at a compile-time row class, and the parameter-gradient sums. Every sum runs in
+// Device helpers shared by the small-row product kernels (linear.cu, their bf16 forms in
+// linear_bf16.cu) and a Linear layer's fused backward (linear_backward.cu): staging of A in
+// shared memory, the n-contiguous product at a compile-time row class, and the
+// parameter-gradient sums. Every sum runs in
 // an order fixed by the shape (no atomics), so the kernels that share them agree bitwise.
 #pragma once
 #include "common.cuh"
@@ -32,6 +33,18 @@
 // The partial sums reuse the staged A's memory.
 static_assert(NMAJOR_WARPS * ZC_LINEAR_ROWS * NMAJOR_COLS <= ZC_A_SMEM, "partials fit s_a");
 
+// k-contiguous B (linear.cu, linear_bf16.cu): columns per block, and warps per column (each
+// takes every KMAJOR_SPLIT-th run of 32 lanes x 4 k, so a column's k is spread over
+// KMAJOR_SPLIT warps and an SM has enough warps to hide latency); loads of B a lane issues
+// before using any.
+#define KMAJOR_COLS 8
+#define KMAJOR_SPLIT 2
+#define KMAJOR_BATCH 4
+
+// The k-contiguous partial sums reuse the staged A's memory too.
+static_assert(KMAJOR_SPLIT * ZC_LINEAR_ROWS * KMAJOR_COLS <= ZC_A_SMEM, "partials fit s_a");
+static_assert(ZC_LINEAR_ROWS * KMAJOR_COLS <= KMAJOR_COLS * KMAJOR_SPLIT * 32, "a thread per output");
+
 // idx / d for the small operands of the staging loops (idx < 2^20, d >= 1), from d's
 // reciprocal `inv` and one correction each way: a 32-bit division is tens of instructions,
 // and the staging loops did eight a thread (ncu: the products were instruction-bound).
@@ -40,6 +53,90 @@ __device__ __forceinline__ unsigned div_small(unsigned idx, unsigned d, float in
     if (q * d > idx) --q;
     if ((q + 1) * d <= idx) ++q;
     return q;
+}
+
+// A bf16 form's operand (the `_bf16` entries, issue 42): float32 elements rounded to bf16
+// (nearest-even, zc_round_bf16) as they are read, or, when `copy`, a bf16 copy (two bf16 a
+// float, as kernels/convert.cu packs them). The values are the same either way, so a product
+// on copies equals the one that rounds as it reads, bit for bit, where the order of the sums
+// is the same: the bf16 forms choose it from the shape alone, never from an address.
+__device__ __forceinline__ float bf16_in(const float* p, bool copy, u64 i) {
+    if (copy) {
+        return __uint_as_float((unsigned)__ldg(reinterpret_cast<const unsigned short*>(p) + i)
+                               << 16);
+    }
+    return zc_round_bf16(__ldg(p + i));
+}
+
+// Elements i .. i + 3 of an operand read as bf16_in does, in one load (the caller checks
+// bf16_in4_aligned at the operand's base and keeps i a multiple of 4).
+__device__ __forceinline__ float4 bf16_in4(const float* p, bool copy, u64 i) {
+    if (copy) {
+        const uint2 u =
+            __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned short*>(p) + i));
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    }
+    const float4 v = __ldg(reinterpret_cast<const float4*>(p + i));
+    return make_float4(zc_round_bf16(v.x), zc_round_bf16(v.y), zc_round_bf16(v.z),
+                       zc_round_bf16(v.w));
+}
+
+// Whether bf16_in4 may read from `p` (16 bytes of float32, or 8 of bf16).
+__device__ __forceinline__ bool bf16_in4_aligned(const float* p, bool copy) {
+    return ((u64)p & (copy ? 7 : 15)) == 0;
+}
+
+// `p` advanced by `off` elements of its form.
+__device__ __forceinline__ const float* bf16_at(const float* p, bool copy, u64 off) {
+    return copy ? reinterpret_cast<const float*>(reinterpret_cast<const unsigned short*>(p) + off)
+                : p + off;
+}
+
+// stage_a for a bf16 form: op(A) read through bf16_in (A a bf16 copy when `copy`). Staging
+// moves values only, so its float4 path (an aligned A) and scalar path stage the same.
+template <int MR>
+__device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, bool copy, unsigned m,
+                                             u64 k0, unsigned kn, u64 a_rs, u64 a_cs) {
+    const unsigned nt = blockDim.x, tid = threadIdx.x;
+    const bool vec = a_cs == 1 && kn % 4 == 0 && a_rs % 4 == 0 && k0 % 4 == 0 &&
+                     bf16_in4_aligned(a, copy);
+    if (vec) {
+        const unsigned kn4 = kn / 4, total = MR * kn4;
+        const float inv4 = 1.0f / (float)kn4;
+        for (unsigned base = tid; base < total; base += nt * STAGE_BATCH) {
+            float4 v[STAGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < STAGE_BATCH; ++u) {
+                const unsigned idx = base + u * nt;
+                const unsigned r = div_small(idx, kn4, inv4), c = idx - r * kn4;
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (idx < total && r < m) v[u] = bf16_in4(a, copy, r * a_rs + k0 + 4 * c);
+            }
+#pragma unroll
+            for (int u = 0; u < STAGE_BATCH; ++u) {
+                const unsigned idx = base + u * nt;
+                if (idx < total) reinterpret_cast<float4*>(s_a)[idx] = v[u];
+            }
+        }
+    } else {
+        const unsigned total = MR * kn;
+        const float inv = 1.0f / (float)kn;
+        for (unsigned base = tid; base < total; base += nt * STAGE_BATCH) {
+            float v[STAGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < STAGE_BATCH; ++u) {
+                const unsigned idx = base + u * nt;
+                const unsigned r = div_small(idx, kn, inv), c = idx - r * kn;
+                v[u] = idx < total && r < m ? bf16_in(a, copy, r * a_rs + (k0 + c) * a_cs) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < STAGE_BATCH; ++u) {
+                const unsigned idx = base + u * nt;
+                if (idx < total) s_a[idx] = v[u];
+            }
+        }
+    }
 }
 
 // s_a[r * kn + c] = op(A)[r, k0 + c] for r < m, c < kn, and 0 for m <= r < MR (row pitch
@@ -117,15 +214,17 @@ __device__ __forceinline__ float linear_epilogue(float acc, const float* bias, u
 
 // The n-contiguous product at MR rows (see zc_linear_rows_nmajor_f32); TANH: A staged as
 // tanh's backward from y (see stage_a). `residual` (dense [m, n], or null) is added after the
-// activation.
-template <int MR, bool TANH = false>
+// activation. BF16: the bf16 form (no TANH), A and B read through bf16_in, each a bf16 copy
+// where `packed` says (bit 0: A, bit 1: B); B's loads are scalar either way, so the order of
+// the sums is the float32 form's.
+template <int MR, bool TANH = false, bool BF16 = false>
 __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float* a,
                                             const float* __restrict__ b, const float* bias,
                                             unsigned m, u64 k, u64 n, u64 a_rs, u64 a_cs,
                                             u64 ldb, float beta, unsigned has_bias,
                                             unsigned act, const float* residual,
                                             const float* y = nullptr, u64 y_rs = 0,
-                                            u64 y_cs = 0) {
+                                            u64 y_cs = 0, unsigned packed = 0) {
     const unsigned c = threadIdx.x % NMAJOR_COLS;
     const unsigned slice = threadIdx.x / NMAJOR_COLS;
     const u64 j = (u64)blockIdx.x * NMAJOR_COLS + c;
@@ -137,14 +236,22 @@ __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float*
     for (u64 k0 = 0; k0 < k; k0 += kcap) {
         const unsigned kn = (unsigned)(k - k0 < kcap ? k - k0 : kcap);
         __syncthreads();
-        stage_a<MR, TANH>(s_a, a, m, k0, kn, a_rs, a_cs, y, y_rs, y_cs);
+        if constexpr (BF16) {
+            stage_a_bf16<MR>(s_a, a, packed & 1, m, k0, kn, a_rs, a_cs);
+        } else {
+            stage_a<MR, TANH>(s_a, a, m, k0, kn, a_rs, a_cs, y, y_rs, y_cs);
+        }
         __syncthreads();
         for (unsigned kb = 0; live && kb < kn; kb += NMAJOR_SLICES * NMAJOR_BATCH) {
             float bv[NMAJOR_BATCH];
 #pragma unroll
             for (int u = 0; u < NMAJOR_BATCH; ++u) {
                 const unsigned kk = kb + u * NMAJOR_SLICES + slice;
-                bv[u] = kk < kn ? __ldg(b + (k0 + kk) * ldb + j) : 0.0f;
+                if constexpr (BF16) {
+                    bv[u] = kk < kn ? bf16_in(b, packed & 2, (k0 + kk) * ldb + j) : 0.0f;
+                } else {
+                    bv[u] = kk < kn ? __ldg(b + (k0 + kk) * ldb + j) : 0.0f;
+                }
             }
 #pragma unroll
             for (int u = 0; u < NMAJOR_BATCH; ++u) {

@@ -8,7 +8,10 @@
 //! [`Backend::matmul`](crate::Backend::matmul) and refuse the others; the CPU backend emulates
 //! TF32 and bf16 in f32 (operands rounded to nearest-even with `zdevice::rounding`, then its
 //! own float32 product), the CUDA backend runs them on tensor cores (`cublasGemmStridedBatchedEx`; bf16 operands converted by
-//! `kernels/convert.cu`), the simulated device emulates them as the CPU does.
+//! `kernels/convert.cu`), except bf16 products with few rows (one sample's: at most
+//! `cuda::LINEAR_ROW_LIMIT`), which the small-row kernels' bf16 forms run in one launch
+//! (`kernels/linear_bf16.cu`: each operand rounded as it is read, or read from its copy, and a
+//! Linear forward's epilogue inside), the simulated device emulates them as the CPU does.
 //!
 //! Comparing backends: the roundings of the operands are bit-exact everywhere (bf16: the
 //! conversion kernel, its twin and the CPU share one integer formula); the accumulation order

@@ -20,7 +20,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 pub(crate) const MAX_RANK: usize = 6;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 13] = [
+pub(crate) const MODULES: [(&str, &str); 14] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -54,6 +54,10 @@ pub(crate) const MODULES: [(&str, &str); 13] = [
     (
         "convert",
         include_str!("../../../../kernels/ptx/convert.ptx"),
+    ),
+    (
+        "linear_bf16",
+        include_str!("../../../../kernels/ptx/linear_bf16.ptx"),
     ),
 ];
 
@@ -201,6 +205,15 @@ pub enum Kernel {
     /// `cuda/precision.rs`): the operands of a bf16 matrix product (issue 42).
     F32ToBf16,
     Bf16ToF32,
+    /// The small-row products' bf16 forms (`linear_bf16.cu`, issue 42): every operand element
+    /// rounded to bf16 as it is read, or read from a bf16 copy (`LINEAR_ROWS_BF16`'s `packed`),
+    /// float32 sums in the float32 forms' order and the same epilogue.
+    LinearRowsKMajorBf16,
+    LinearRowsNMajorBf16,
+    /// The parameter-gradient kernel's weight gradient in bf16 (`linear_bf16.cu`): a product
+    /// `dw += op(a) · op(b)` of few rows `k` and many columns of `op(a)`, its operands rounded
+    /// (or copies), float32 sums in row order.
+    LinearParamGradsBf16,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -242,9 +255,14 @@ const ATTENTION_BACKWARD: &[Param] = &[
 const LINEAR_ROWS: &[Param] = &[
     Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32, Ptr,
 ];
+/// The bf16 forms' parameters: `LINEAR_ROWS`, then which operands are bf16 copies (bit 0: a,
+/// bit 1: b).
+const LINEAR_ROWS_BF16: &[Param] = &[
+    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32, Ptr, U32,
+];
 
 impl Kernel {
-    pub const ALL: [Kernel; 78] = [
+    pub const ALL: [Kernel; 81] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -323,6 +341,9 @@ impl Kernel {
         Kernel::Sgd,
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
+        Kernel::LinearRowsKMajorBf16,
+        Kernel::LinearRowsNMajorBf16,
+        Kernel::LinearParamGradsBf16,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -616,6 +637,18 @@ impl Kernel {
             Kernel::Bf16ToF32 => s(12, "zc_bf16_to_f32", &[Ptr, Ptr, U64], 0),
             Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearRowsNMajor => s(7, "zc_linear_rows_nmajor_f32", LINEAR_ROWS, 0),
+            Kernel::LinearRowsKMajorBf16 => {
+                s(13, "zc_linear_rows_kmajor_bf16", LINEAR_ROWS_BF16, 0)
+            }
+            Kernel::LinearRowsNMajorBf16 => {
+                s(13, "zc_linear_rows_nmajor_bf16", LINEAR_ROWS_BF16, 0)
+            }
+            Kernel::LinearParamGradsBf16 => s(
+                13,
+                "zc_linear_param_grads_bf16",
+                &[Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U32],
+                0,
+            ),
             Kernel::LinearParamGrads => s(
                 7,
                 "zc_linear_param_grads_f32",

@@ -1,7 +1,10 @@
 //! `PrecisionOps` on the device (issue 42): TF32 products as `cublasGemmStridedBatchedEx` on
 //! the float32 operands in place, bf16 products on bf16 copies of the operands made by
 //! `kernels/convert.cu` (`zc_f32_to_bf16`, nearest-even, one pass per operand), float32
-//! accumulation and output in both (the descriptor is built in `matmul.rs`'s `gemm_to`). A bf16
+//! accumulation and output in both (the descriptor is built in `matmul.rs`'s `gemm_to`).
+//! Few rows under bf16 (one sample's) take the small-row kernels' bf16 forms instead
+//! (`cuda/linear.rs`), which round as they read or read a copy in place, and a Linear
+//! forward's bias epilogue with them. A bf16
 //! copy lives in a temporary block of `ceil(n / 2)` floats (two bf16 elements a float), freed
 //! in stream order once the product is queued; in a capture it comes from the reservation as
 //! every temporary does, so the captured product allocates nothing at replay.
@@ -13,6 +16,7 @@ use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, MatmulOpts};
 use crate::error::Result;
 use crate::layout::checked_numel;
+use crate::linear::{Activation, LinearOps};
 use crate::precision::{Bf16Copy, MathMode, PrecisionOps};
 use crate::validate::{self, split_matrix};
 use zdevice::Driver;
@@ -99,6 +103,28 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             MathMode::F32 => self.matmul_into(a, b, opts, dst),
             MathMode::Tf32 | MathMode::Bf16 => self.matmul_into_gemm_mode(a, b, opts, dst, mode),
         }
+    }
+
+    /// Under bf16, one small-row launch with the bias epilogue inside for few rows
+    /// (`linear_fused`: the kernel's bf16 form, the same bits as the product then
+    /// `bias_act`), else the provided steps: the product under the mode, then `bias_act`.
+    fn linear_mode(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: Activation,
+        mode: MathMode,
+    ) -> Result<CudaTensor> {
+        if mode == MathMode::Bf16 {
+            return self.linear_fused(x, w, bias, act, None, mode);
+        }
+        validate::linear(x, w, bias)?;
+        let opts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        self.bias_act(&self.matmul_mode(x, w, opts, mode)?, bias, act)
     }
 
     /// Two bf16 values a float, as `bf16_operand`'s temporaries hold them.

@@ -145,8 +145,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::ScatterRow => indexed::scatter_row,
         Kernel::GatherRows => indexed::gather_rows,
         Kernel::GatherRowsAt => indexed::gather_rows_at,
-        Kernel::LinearRowsKMajor => linear::rows_kmajor,
-        Kernel::LinearRowsNMajor => linear::rows_nmajor,
+        Kernel::LinearRowsKMajor => linear::rows_kmajor::<false>,
+        Kernel::LinearRowsNMajor => linear::rows_nmajor::<false>,
         Kernel::LinearParamGrads => linear::param_grads,
         Kernel::LayerNormBackwardParams => norm_params::layer_norm_backward_params,
         Kernel::LayerNormBackwardPartials => norm_params::layer_norm_backward_partials,
@@ -166,5 +166,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::Sgd => train::sgd,
         Kernel::F32ToBf16 => convert::f32_to_bf16,
         Kernel::Bf16ToF32 => convert::bf16_to_f32,
+        Kernel::LinearRowsKMajorBf16 => linear::rows_kmajor::<true>,
+        Kernel::LinearRowsNMajorBf16 => linear::rows_nmajor::<true>,
+        Kernel::LinearParamGradsBf16 => linear::param_grads_bf16,
     }
 }
