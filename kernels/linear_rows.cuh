@@ -55,89 +55,67 @@ __device__ __forceinline__ unsigned div_small(unsigned idx, unsigned d, float in
     return q;
 }
 
-// A bf16 form's operand (the `_bf16` entries, issue 42): float32 elements rounded to bf16
-// (nearest-even, zc_round_bf16) as they are read, or, when `copy`, a bf16 copy (two bf16 a
-// float, as kernels/convert.cu packs them). The values are the same either way, so a product
-// on copies equals the one that rounds as it reads, bit for bit, where the order of the sums
-// is the same: the bf16 forms choose it from the shape alone, never from an address.
-__device__ __forceinline__ float bf16_in(const float* p, bool copy, u64 i) {
-    if (copy) {
-        return __uint_as_float((unsigned)__ldg(reinterpret_cast<const unsigned short*>(p) + i)
-                               << 16);
-    }
-    return zc_round_bf16(__ldg(p + i));
-}
+// A bf16 form's operand (the `_bf16` entries, issue 42), its form a compile-time choice:
+// Bf16Op<false> reads float32 elements and rounds them to bf16 (nearest-even, zc_round_bf16),
+// Bf16Op<true> reads a bf16 copy (two bf16 a float, as kernels/convert.cu packs them) and
+// widens it. The values are the same either way, so a product on copies equals the one that
+// rounds as it reads, bit for bit, where the order of the sums is the same: the bf16 forms
+// choose it from the shape alone, never from an address. Loads return the raw bits (`raw`,
+// `raw4`) and `cvt` converts them, so a kernel issues a batch of loads before it converts any
+// (the float32 kernels' shape: a runtime choice of form inside the batch made ptxas wait on
+// each load before issuing the next).
+template <bool COPY>
+struct Bf16Op;
 
-// Elements i .. i + 3 of an operand read as bf16_in does, in one load (the caller checks
-// bf16_in4_aligned at the operand's base and keeps i a multiple of 4).
-__device__ __forceinline__ float4 bf16_in4(const float* p, bool copy, u64 i) {
-    if (copy) {
-        const uint2 u =
-            __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned short*>(p) + i));
+template <>
+struct Bf16Op<false> {
+    using raw = float;
+    using raw4 = float4;
+    static __device__ __forceinline__ raw load(const float* p, u64 i) { return __ldg(p + i); }
+    // Elements i .. i + 3 in one load (p 16-byte aligned, i a multiple of 4).
+    static __device__ __forceinline__ raw4 load4(const float* p, u64 i) {
+        return __ldg(reinterpret_cast<const float4*>(p + i));
+    }
+    static __device__ __forceinline__ raw4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    static __device__ __forceinline__ float cvt(raw v) { return zc_round_bf16(v); }
+    static __device__ __forceinline__ float4 cvt4(raw4 v) {
+        return make_float4(zc_round_bf16(v.x), zc_round_bf16(v.y), zc_round_bf16(v.z),
+                           zc_round_bf16(v.w));
+    }
+    // Whether load4 may read from `p`.
+    static __device__ __forceinline__ bool aligned(const float* p) { return ((u64)p & 15) == 0; }
+    // `p` advanced by `off` elements.
+    static __device__ __forceinline__ const float* at(const float* p, u64 off) { return p + off; }
+};
+
+template <>
+struct Bf16Op<true> {
+    using raw = unsigned;
+    using raw4 = uint2;
+    static __device__ __forceinline__ raw load(const float* p, u64 i) {
+        return __ldg(reinterpret_cast<const unsigned short*>(p) + i);
+    }
+    static __device__ __forceinline__ raw4 load4(const float* p, u64 i) {
+        return __ldg(
+            reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned short*>(p) + i));
+    }
+    static __device__ __forceinline__ raw4 zero4() { return make_uint2(0u, 0u); }
+    static __device__ __forceinline__ float cvt(raw v) { return __uint_as_float(v << 16); }
+    static __device__ __forceinline__ float4 cvt4(raw4 u) {
         return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                            __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
     }
-    const float4 v = __ldg(reinterpret_cast<const float4*>(p + i));
-    return make_float4(zc_round_bf16(v.x), zc_round_bf16(v.y), zc_round_bf16(v.z),
-                       zc_round_bf16(v.w));
-}
-
-// Whether bf16_in4 may read from `p` (16 bytes of float32, or 8 of bf16).
-__device__ __forceinline__ bool bf16_in4_aligned(const float* p, bool copy) {
-    return ((u64)p & (copy ? 7 : 15)) == 0;
-}
-
-// `p` advanced by `off` elements of its form.
-__device__ __forceinline__ const float* bf16_at(const float* p, bool copy, u64 off) {
-    return copy ? reinterpret_cast<const float*>(reinterpret_cast<const unsigned short*>(p) + off)
-                : p + off;
-}
-
-// stage_a for a bf16 form: op(A) read through bf16_in (A a bf16 copy when `copy`). Staging
-// moves values only, so its float4 path (an aligned A) and scalar path stage the same.
-template <int MR>
-__device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, bool copy, unsigned m,
-                                             u64 k0, unsigned kn, u64 a_rs, u64 a_cs) {
-    const unsigned nt = blockDim.x, tid = threadIdx.x;
-    const bool vec = a_cs == 1 && kn % 4 == 0 && a_rs % 4 == 0 && k0 % 4 == 0 &&
-                     bf16_in4_aligned(a, copy);
-    if (vec) {
-        const unsigned kn4 = kn / 4, total = MR * kn4;
-        const float inv4 = 1.0f / (float)kn4;
-        for (unsigned base = tid; base < total; base += nt * STAGE_BATCH) {
-            float4 v[STAGE_BATCH];
-#pragma unroll
-            for (int u = 0; u < STAGE_BATCH; ++u) {
-                const unsigned idx = base + u * nt;
-                const unsigned r = div_small(idx, kn4, inv4), c = idx - r * kn4;
-                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (idx < total && r < m) v[u] = bf16_in4(a, copy, r * a_rs + k0 + 4 * c);
-            }
-#pragma unroll
-            for (int u = 0; u < STAGE_BATCH; ++u) {
-                const unsigned idx = base + u * nt;
-                if (idx < total) reinterpret_cast<float4*>(s_a)[idx] = v[u];
-            }
-        }
-    } else {
-        const unsigned total = MR * kn;
-        const float inv = 1.0f / (float)kn;
-        for (unsigned base = tid; base < total; base += nt * STAGE_BATCH) {
-            float v[STAGE_BATCH];
-#pragma unroll
-            for (int u = 0; u < STAGE_BATCH; ++u) {
-                const unsigned idx = base + u * nt;
-                const unsigned r = div_small(idx, kn, inv), c = idx - r * kn;
-                v[u] = idx < total && r < m ? bf16_in(a, copy, r * a_rs + (k0 + c) * a_cs) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < STAGE_BATCH; ++u) {
-                const unsigned idx = base + u * nt;
-                if (idx < total) s_a[idx] = v[u];
-            }
-        }
+    static __device__ __forceinline__ bool aligned(const float* p) { return ((u64)p & 7) == 0; }
+    static __device__ __forceinline__ const float* at(const float* p, u64 off) {
+        return reinterpret_cast<const float*>(reinterpret_cast<const unsigned short*>(p) + off);
     }
-}
+};
+
+// stage_a for a bf16 form (defined in linear_bf16.cu: with its body here, nvcc numbered
+// linear.cu's PTX registers differently, though linear.cu never instantiates it).
+template <int MR, bool COPY>
+__device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, unsigned m, u64 k0,
+                                             unsigned kn, u64 a_rs, u64 a_cs);
 
 // s_a[r * kn + c] = op(A)[r, k0 + c] for r < m, c < kn, and 0 for m <= r < MR (row pitch
 // kn). Every thread of the block takes part; the caller synchronises before (the previous
@@ -214,17 +192,17 @@ __device__ __forceinline__ float linear_epilogue(float acc, const float* bias, u
 
 // The n-contiguous product at MR rows (see zc_linear_rows_nmajor_f32); TANH: A staged as
 // tanh's backward from y (see stage_a). `residual` (dense [m, n], or null) is added after the
-// activation. BF16: the bf16 form (no TANH), A and B read through bf16_in, each a bf16 copy
-// where `packed` says (bit 0: A, bit 1: B); B's loads are scalar either way, so the order of
-// the sums is the float32 form's.
-template <int MR, bool TANH = false, bool BF16 = false>
+// activation. BF16: the bf16 form (no TANH), A read through Bf16Op<COPY_A> and B through
+// Bf16Op<COPY_B> (a bf16 copy when set); B's loads are scalar either way, so the order of the
+// sums is the float32 form's.
+template <int MR, bool TANH = false, bool BF16 = false, bool COPY_A = false, bool COPY_B = false>
 __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float* a,
                                             const float* __restrict__ b, const float* bias,
                                             unsigned m, u64 k, u64 n, u64 a_rs, u64 a_cs,
                                             u64 ldb, float beta, unsigned has_bias,
                                             unsigned act, const float* residual,
                                             const float* y = nullptr, u64 y_rs = 0,
-                                            u64 y_cs = 0, unsigned packed = 0) {
+                                            u64 y_cs = 0) {
     const unsigned c = threadIdx.x % NMAJOR_COLS;
     const unsigned slice = threadIdx.x / NMAJOR_COLS;
     const u64 j = (u64)blockIdx.x * NMAJOR_COLS + c;
@@ -237,28 +215,45 @@ __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float*
         const unsigned kn = (unsigned)(k - k0 < kcap ? k - k0 : kcap);
         __syncthreads();
         if constexpr (BF16) {
-            stage_a_bf16<MR>(s_a, a, packed & 1, m, k0, kn, a_rs, a_cs);
+            stage_a_bf16<MR, COPY_A>(s_a, a, m, k0, kn, a_rs, a_cs);
         } else {
             stage_a<MR, TANH>(s_a, a, m, k0, kn, a_rs, a_cs, y, y_rs, y_cs);
         }
         __syncthreads();
-        for (unsigned kb = 0; live && kb < kn; kb += NMAJOR_SLICES * NMAJOR_BATCH) {
-            float bv[NMAJOR_BATCH];
+        if constexpr (BF16) {
+            // The float32 loop's shape: the batch's raw loads, then conversions and FFMAs.
+            using Op = Bf16Op<COPY_B>;
+            for (unsigned kb = 0; live && kb < kn; kb += NMAJOR_SLICES * NMAJOR_BATCH) {
+                typename Op::raw bv[NMAJOR_BATCH];
 #pragma unroll
-            for (int u = 0; u < NMAJOR_BATCH; ++u) {
-                const unsigned kk = kb + u * NMAJOR_SLICES + slice;
-                if constexpr (BF16) {
-                    bv[u] = kk < kn ? bf16_in(b, packed & 2, (k0 + kk) * ldb + j) : 0.0f;
-                } else {
-                    bv[u] = kk < kn ? __ldg(b + (k0 + kk) * ldb + j) : 0.0f;
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    bv[u] = kk < kn ? Op::load(b, (k0 + kk) * ldb + j) : (typename Op::raw)0;
+                }
+#pragma unroll
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    if (kk >= kn) break;
+                    const float bf = Op::cvt(bv[u]);
+#pragma unroll
+                    for (int r = 0; r < MR; ++r) acc[r] = fmaf(s_a[r * kn + kk], bf, acc[r]);
                 }
             }
+        } else {
+            for (unsigned kb = 0; live && kb < kn; kb += NMAJOR_SLICES * NMAJOR_BATCH) {
+                float bv[NMAJOR_BATCH];
 #pragma unroll
-            for (int u = 0; u < NMAJOR_BATCH; ++u) {
-                const unsigned kk = kb + u * NMAJOR_SLICES + slice;
-                if (kk >= kn) break;
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    bv[u] = kk < kn ? __ldg(b + (k0 + kk) * ldb + j) : 0.0f;
+                }
 #pragma unroll
-                for (int r = 0; r < MR; ++r) acc[r] = fmaf(s_a[r * kn + kk], bv[u], acc[r]);
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    if (kk >= kn) break;
+#pragma unroll
+                    for (int r = 0; r < MR; ++r) acc[r] = fmaf(s_a[r * kn + kk], bv[u], acc[r]);
+                }
             }
         }
     }

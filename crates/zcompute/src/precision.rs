@@ -360,6 +360,55 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         self.bias_act(&self.matmul_mode(x, w, opts, mode)?, bias, act)
     }
 
+    /// A Linear layer's forward under [`MathMode::Bf16`] on bf16 copies of its input and
+    /// weight, `act(x · wᵀ + bias)`, plus `residual` when given (a skip connection, added in
+    /// float32 after the activation): bit for bit `linear_mode(x32, w32, bias, act,
+    /// MathMode::Bf16)` (then [`Backend::add`](crate::Backend::add)) for the float32 tensors
+    /// the copies were made from. The provided body is that product on the copies
+    /// ([`PrecisionOps::matmul_bf16`]), the bias epilogue, then the add; the device runs them
+    /// in one launch for few rows.
+    fn linear_bf16(
+        &self,
+        x: &BBf16<Self, T>,
+        w: &BBf16<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: Activation,
+        residual: Option<&BTensor<Self, T>>,
+    ) -> Result<BTensor<Self, T>> {
+        const NT: MatmulOpts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        let z = self.bias_act(&self.matmul_bf16(x, w, NT)?, bias, act)?;
+        match residual {
+            Some(r) => self.add(&z, r),
+            None => Ok(z),
+        }
+    }
+
+    /// As [`PrecisionOps::linear_bf16`] with the input in float32 (rounded to bf16 as the
+    /// product reads it) and the weight's copy: bit for bit `linear_mode(x, w32, bias, act,
+    /// MathMode::Bf16)` (then the add). The provided body is
+    /// [`PrecisionOps::matmul_bf16_rhs`], the bias epilogue, then the add.
+    fn linear_bf16_rhs(
+        &self,
+        x: &BTensor<Self, T>,
+        w: &BBf16<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: Activation,
+        residual: Option<&BTensor<Self, T>>,
+    ) -> Result<BTensor<Self, T>> {
+        const NT: MatmulOpts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        let z = self.bias_act(&self.matmul_bf16_rhs(x, w, NT)?, bias, act)?;
+        match residual {
+            Some(r) => self.add(&z, r),
+            None => Ok(z),
+        }
+    }
+
     /// A Linear layer's backward under `mode` (as [`LinearOps::linear_backward_into`], whose
     /// checks apply): tanh's backward and the bias gradient in float32, both products
     /// (`gz · w` and `dw += gzᵀ · x`) under `mode`. Validated whole first, so bad input leaves

@@ -57,6 +57,31 @@ pub(crate) fn linear_grads_vec4(
         && ptrs.iter().all(|p| p.0.is_multiple_of(16))
 }
 
+/// Whether the bf16 parameter-gradient kernel takes its float4 path (four `i` a thread, x
+/// read four elements a load): `linear_grads_vec4`'s test with x's alignment that of its form
+/// (8 bytes for a bf16 copy, 16 for float32). The kernel makes the same test.
+pub(crate) fn linear_grads_bf16_vec4(
+    ins: usize,
+    ldw: u64,
+    (x_rs, x_cs): (u64, u64),
+    (dw, x): (DevicePtr, DevicePtr),
+    x_copy: bool,
+) -> bool {
+    ins.is_multiple_of(4)
+        && ldw.is_multiple_of(4)
+        && x_cs == 1
+        && x_rs.is_multiple_of(4)
+        && dw.0.is_multiple_of(16)
+        && x.0.is_multiple_of(if x_copy { 8 } else { 16 })
+}
+
+/// The operand forms the bf16 row kernels are built for (`packed`: bit 0, a is a bf16 copy;
+/// bit 1, b is): float32 both, b's copy only, both copies (`ZC_BF16_FORMS` in
+/// kernels/linear_bf16.cu). Another combination takes cuBLAS.
+pub(crate) const ROWS_BF16_FORMS: [u32; 3] = [0, 2, 3];
+/// The forms the bf16 parameter-gradient kernel is built for: float32 both, both copies.
+pub(crate) const GRADS_BF16_FORMS: [u32; 2] = [0, 3];
+
 /// How the small-row kernel reads one product `op(A)[m,k] · op(B)[k,n]`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RowsPlan {
@@ -269,6 +294,8 @@ impl<D: Driver> CudaBackend<D> {
             None => self.ptr(OP, t),
         };
         let packed = u32::from(given.0.is_some()) | (u32::from(given.1.is_some()) << 1);
+        // A form the kernels are not built for (never asked for today) takes cuBLAS.
+        let plan = plan.filter(|_| !bf16 || ROWS_BF16_FORMS.contains(&packed));
         let Some(plan) = plan else {
             if bf16 && count == 1 && beta == 1.0 {
                 let g = (operand(a, given.0)?, strides(a, given.0, trans_a));
@@ -299,7 +326,9 @@ impl<D: Driver> CudaBackend<D> {
     /// the row kernels' limit) through `zc_linear_param_grads_bf16`, where float32's Linear
     /// backward runs the float32 parameter-gradient kernel: one launch where cuBLAS needed a
     /// conversion per operand. `g` and `x`: first element and `op()`'s strides; `packed` says
-    /// which are bf16 copies. `false` (nothing queued) for other sizes.
+    /// which are bf16 copies. A float4 of dw a thread where `linear_grads_bf16_vec4` holds
+    /// (the grid sized to it), else one element. `false` (nothing queued) for other sizes and
+    /// for forms the kernel is not built for (`GRADS_BF16_FORMS`).
     fn grads_bf16(
         &self,
         (m, k, n): (usize, usize, usize),
@@ -309,11 +338,21 @@ impl<D: Driver> CudaBackend<D> {
         packed: u32,
     ) -> Result<bool> {
         const OP: &str = "matmul";
+        let out_ptr = self.ptr(OP, out)?;
+        let vec4 = linear_grads_bf16_vec4(
+            n,
+            n as u64,
+            (x_rs as u64, x_cs as u64),
+            (out_ptr, x),
+            packed & 2 != 0,
+        );
+        let cols = if vec4 { n / 4 } else { n } as u64;
         let grid = (
-            (n as u64).div_ceil(u64::from(GRADS_BLOCK.0)),
+            cols.div_ceil(u64::from(GRADS_BLOCK.0)),
             (m as u64).div_ceil(u64::from(GRADS_BLOCK.1)),
         );
-        if !(1..=LINEAR_ROW_LIMIT).contains(&k)
+        if !GRADS_BF16_FORMS.contains(&packed)
+            || !(1..=LINEAR_ROW_LIMIT).contains(&k)
             || m == 0
             || n == 0
             || grid.0 > MAX_GRID
@@ -324,10 +363,10 @@ impl<D: Driver> CudaBackend<D> {
         }
         tracing::trace!(
             target: "zcompute.cuda.linear",
-            op = OP, m, k, n, packed, blocks = grid.0 * grid.1, "bf16 parameter-gradient kernel"
+            op = OP, m, k, n, packed, vec4, blocks = grid.0 * grid.1, "bf16 parameter-gradient kernel"
         );
         let args: Args = [
-            ptr(self.ptr(OP, out)?),
+            ptr(out_ptr),
             ptr(g),
             ptr(x),
             KernelArg::U32(k as u32),
@@ -438,6 +477,63 @@ impl<D: Driver> CudaBackend<D> {
             beta: 0.0,
         })?;
         Ok(out)
+    }
+
+    /// Under bf16, a Linear forward `act(x · wᵀ + bias)` (+ `residual`) with the operands
+    /// given as bf16 copies (`given`: x's, w's; `x` and `w` shape stand-ins where given): one
+    /// launch of the row kernel's bf16 form with the epilogue inside, the bits of the product
+    /// on the copies then `bias_act` (then `add`) (`PrecisionOps::linear_bf16`,
+    /// `linear_bf16_rhs`). `None` (nothing queued) where the row kernel does not take the
+    /// product or the residual is not dense.
+    pub(super) fn linear_rows_bf16(
+        &self,
+        (x, w): (&CudaTensor, &CudaTensor),
+        bias: &CudaTensor,
+        act: Activation,
+        residual: Option<&CudaTensor>,
+        given: (Option<&Operand>, Option<&Operand>),
+    ) -> Result<Option<CudaTensor>> {
+        const OP: &str = "linear";
+        let LinearShape {
+            rows,
+            inputs,
+            outputs,
+        } = match residual {
+            Some(r) => validate::linear_add(x, w, bias, r)?,
+            None => validate::linear(x, w, bias)?,
+        };
+        // A copy is one dense row-major matrix (`copy_operand`); w is read transposed.
+        let x_strides = given.0.map_or_else(|| op_strides(x, false), |c| (c.ld, 1));
+        let w_strides = given.1.map_or_else(|| op_strides(w, true), |c| (1, c.ld));
+        let packed = u32::from(given.0.is_some()) | (u32::from(given.1.is_some()) << 1);
+        let plan = rows_plan(rows, inputs, outputs, x_strides, w_strides)
+            .map(RowsPlan::bf16)
+            .filter(|_| ROWS_BF16_FORMS.contains(&packed))
+            .filter(|_| residual.is_none_or(CudaTensor::is_contiguous));
+        let Some(plan) = plan else {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, rows, inputs, outputs, packed, "bf16 product + bias_act");
+            return Ok(None);
+        };
+        let operand = |t: &CudaTensor, copy: Option<&Operand>| match copy {
+            Some(c) => Ok(c.ptr),
+            None => self.ptr(OP, t),
+        };
+        let out = self.alloc(OP, &[rows, outputs])?;
+        let bias = self.dense(OP, bias)?;
+        self.launch_rows(RowsLaunch {
+            op: OP,
+            plan: &plan,
+            dims: (rows, inputs, outputs),
+            a: operand(x, given.0)?,
+            b: operand(w, given.1)?,
+            packed,
+            bias: Some(&bias),
+            act,
+            residual,
+            out: &out,
+            beta: 0.0,
+        })?;
+        Ok(Some(out))
     }
 
     /// `LinearOps::linear_param_grads_into`: one kernel for few rows when `dw`'s last axis is

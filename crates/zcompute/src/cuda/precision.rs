@@ -77,6 +77,12 @@ impl<D: Driver> CudaBackend<D> {
     }
 }
 
+/// `x · wᵀ`: a Linear forward's product.
+const LINEAR_NT: MatmulOpts = MatmulOpts {
+    trans_a: false,
+    trans_b: true,
+};
+
 impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
     fn matmul_mode(
         &self,
@@ -125,6 +131,62 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             trans_b: true,
         };
         self.bias_act(&self.matmul_mode(x, w, opts, mode)?, bias, act)
+    }
+
+    /// One small-row launch on the copies with the bias epilogue (and a dense residual)
+    /// inside for few rows (`linear_rows_bf16`), else the provided steps.
+    fn linear_bf16(
+        &self,
+        x: &Bf16Copy<CudaStorage>,
+        w: &Bf16Copy<CudaStorage>,
+        bias: &CudaTensor,
+        act: Activation,
+        residual: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let (sx, sw) = (
+            x.shape_stand_in("linear_bf16")?,
+            w.shape_stand_in("linear_bf16")?,
+        );
+        let given = (
+            Some(self.copy_operand(OP, x)?),
+            Some(self.copy_operand(OP, w)?),
+        );
+        let given = (given.0.as_ref(), given.1.as_ref());
+        match self.linear_rows_bf16((&sx, &sw), bias, act, residual, given)? {
+            Some(out) => Ok(out),
+            None => {
+                let z = self.bias_act(&self.matmul_bf16(x, w, LINEAR_NT)?, bias, act)?;
+                match residual {
+                    Some(r) => self.add(&z, r),
+                    None => Ok(z),
+                }
+            }
+        }
+    }
+
+    /// As `linear_bf16`, the input in float32 (rounded as the kernel reads it).
+    fn linear_bf16_rhs(
+        &self,
+        x: &CudaTensor,
+        w: &Bf16Copy<CudaStorage>,
+        bias: &CudaTensor,
+        act: Activation,
+        residual: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let sw = w.shape_stand_in("linear_bf16_rhs")?;
+        let given = Some(self.copy_operand(OP, w)?);
+        match self.linear_rows_bf16((x, &sw), bias, act, residual, (None, given.as_ref()))? {
+            Some(out) => Ok(out),
+            None => {
+                let z = self.bias_act(&self.matmul_bf16_rhs(x, w, LINEAR_NT)?, bias, act)?;
+                match residual {
+                    Some(r) => self.add(&z, r),
+                    None => Ok(z),
+                }
+            }
+        }
     }
 
     /// Two bf16 values a float, as `bf16_operand`'s temporaries hold them.

@@ -76,11 +76,19 @@ pub fn register(sim: &SimDriver) {
 /// through a whole training step, e.g. the bf16 conversions (`Kernel::F32ToBf16`) a step
 /// makes.
 pub fn register_observed(sim: &SimDriver, observe: impl Fn(Kernel) + Send + Sync + 'static) {
+    register_observed_launches(sim, move |k, _| observe(k));
+}
+
+/// [`register_observed`] with each run's launch shape: a test checks the grid a host sized.
+pub fn register_observed_launches(
+    sim: &SimDriver,
+    observe: impl Fn(Kernel, &LaunchConfig) + Send + Sync + 'static,
+) {
     let observe = std::sync::Arc::new(observe);
     for k in Kernel::ALL {
         let (run, observe) = (twin(k), observe.clone());
         sim.register_kernel(k.spec().name, move |config, args, mem| {
-            observe(k);
+            observe(k, config);
             run(config, args, mem)
         });
     }

@@ -27,12 +27,6 @@ type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
 const NAME: &str = "linear";
 
-/// `x · wᵀ`: the forward product.
-const NT: MatmulOpts = MatmulOpts {
-    trans_a: false,
-    trans_b: true,
-};
-
 /// `gzᵀ · x`: the weight's gradient.
 const TN: MatmulOpts = MatmulOpts {
     trans_a: true,
@@ -308,17 +302,14 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
         };
         let x_copy = x_bf16.as_ref().map(|x| x.get(NAME)).transpose()?;
         let y = self.run(tracked, |b| match (residual, mode, w_bf16.as_ref()) {
-            // Under bf16 with the weight's copy: `linear_mode`'s steps, the product on the copy
-            // (and on the input's, when made).
+            // Under bf16 with the weight's copy: `linear_mode` on the copy (and on the input's,
+            // when made), then the residual added in float32; the bias epilogue and the add
+            // inside the product on the device.
             (residual, MathMode::Bf16, Some(copy)) => {
-                let product = match x_copy {
-                    Some(x) => b.matmul_bf16(x, copy, NT)?,
-                    None => b.matmul_bf16_rhs(&x.value, copy, NT)?,
-                };
-                let z = b.bias_act(&product, &bias.value, act)?;
-                match residual {
-                    Some(r) => b.add(&z, &r.value),
-                    None => Ok(z),
+                let r = residual.map(|r| &r.value);
+                match x_copy {
+                    Some(x) => b.linear_bf16(x, copy, &bias.value, act, r),
+                    None => b.linear_bf16_rhs(&x.value, copy, &bias.value, act, r),
                 }
             }
             (Some(r), MathMode::F32, _) => {

@@ -10,8 +10,8 @@
 use super::common::{bad, checked, usize_of};
 use crate::cuda::kernels::Kernel;
 use crate::cuda::linear::{
-    GRADS_BLOCK, KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES,
-    linear_grads_vec4,
+    GRADS_BF16_FORMS, GRADS_BLOCK, KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS,
+    NMAJOR_SLICES, ROWS_BF16_FORMS, linear_grads_bf16_vec4, linear_grads_vec4,
 };
 use crate::cuda::linear_backward::{BACKWARD_THREADS, BackwardGrid};
 use crate::element::Element;
@@ -132,8 +132,11 @@ fn rows_product(
     }
     let ldb = a.u64(9)?;
     let packed = if bf16 { a.u32(14)? } else { 0 };
-    if packed > 3 {
-        return Err(bad(14, "packed has bits other than 0 (a) and 1 (b)"));
+    if bf16 && !ROWS_BF16_FORMS.contains(&packed) {
+        return Err(bad(
+            14,
+            "packed is not a form the kernel is built for (0, 2 or 3)",
+        ));
     }
     let operand = |p, dims, strides, copy| {
         if bf16 {
@@ -261,7 +264,9 @@ pub(super) fn param_grads(
 
 /// `zc_linear_param_grads_bf16`: dw += g'ᵀ · x', every element of g and x rounded to bf16 (or
 /// read from a bf16 copy, as `packed` says), each element's sum in row order. Checks the
-/// grid covers dw with the host's blocks.
+/// grid covers dw with the host's blocks (a float4 of dw a thread where
+/// `linear_grads_bf16_vec4` holds, as the kernel decides), and refuses the forms the kernel
+/// is not built for.
 pub(super) fn param_grads_bf16(
     config: &LaunchConfig,
     args: &[KernelArg],
@@ -272,11 +277,17 @@ pub(super) fn param_grads_bf16(
     let (outs, ins) = (usize_of(a.u64(4)?, 4)?, usize_of(a.u64(5)?, 5)?);
     let (dw_ptr, g_ptr, x_ptr) = (a.ptr(0)?, a.ptr(1)?, a.ptr(2)?);
     let packed = a.u32(11)?;
-    if packed > 3 {
-        return Err(bad(11, "packed has bits other than 0 (g) and 1 (x)"));
+    if !GRADS_BF16_FORMS.contains(&packed) {
+        return Err(bad(
+            11,
+            "packed is not a form the kernel is built for (0 or 3)",
+        ));
     }
+    let (x_rs, x_cs, ldw) = (a.u64(8)?, a.u64(9)?, a.u64(10)?);
+    let vec4 = linear_grads_bf16_vec4(ins, ldw, (x_rs, x_cs), (dw_ptr, x_ptr), packed & 2 != 0);
+    let cols = if vec4 { ins / 4 } else { ins };
     if config.block != (GRADS_BLOCK.0, GRADS_BLOCK.1, 1)
-        || (config.grid.0 as usize) * (GRADS_BLOCK.0 as usize) < ins
+        || (config.grid.0 as usize) * (GRADS_BLOCK.0 as usize) < cols
         || (config.grid.1 as usize) * (GRADS_BLOCK.1 as usize) < outs
     {
         return Err(bad(
@@ -291,14 +302,8 @@ pub(super) fn param_grads_bf16(
         (a.u64(6)?, a.u64(7)?),
         packed & 1 != 0,
     )?;
-    let x = Strided::read_bf16(
-        mem,
-        x_ptr,
-        (rows, ins),
-        (a.u64(8)?, a.u64(9)?),
-        packed & 2 != 0,
-    )?;
-    let ldw = usize_of(a.u64(10)?, 10)?;
+    let x = Strided::read_bf16(mem, x_ptr, (rows, ins), (x_rs, x_cs), packed & 2 != 0)?;
+    let ldw = usize_of(ldw, 10)?;
     for o in 0..outs {
         let row_ptr = dw_ptr.offset((o * ldw * 4) as u64);
         let mut dw = mem.read_f32(row_ptr, ins as u64)?;

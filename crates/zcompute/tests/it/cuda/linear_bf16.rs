@@ -30,14 +30,16 @@ const NT: MatmulOpts = opts(false, true);
 /// Few-row products by the order of `op(B)`: k-contiguous (a Linear weight read transposed;
 /// k a multiple of 4, the float4 runs, and not, one element a lane), n-contiguous (`dX = g ·
 /// W`), a transposed, strided `op(A)`, and a weight gradient `gᵀ · x` of one sample's rows
-/// (added into a buffer: the parameter-gradient kernel's bf16 form).
-const CASES: [(&[usize], &[usize], MatmulOpts); 6] = [
+/// (added into a buffer: the parameter-gradient kernel's bf16 form, four inputs a thread at
+/// 256 inputs, one at 193).
+const CASES: [(&[usize], &[usize], MatmulOpts); 7] = [
     (&[12, 256], &[96, 256], NT),
     (&[12, 193], &[40, 193], NT),
     (&[1, 64], &[24, 64], NT),
     (&[12, 96], &[96, 70], opts(false, false)),
     (&[40, 7], &[40, 33], opts(true, false)),
     (&[12, 96], &[12, 256], TN),
+    (&[12, 96], &[12, 193], TN),
 ];
 
 /// `gᵀ · x`: a Linear weight's gradient.
@@ -285,7 +287,37 @@ pub fn products_on_copies_equal_rounding_as_read_bitwise<D: Driver>(gpu: &CudaBa
             let product = gpu.matmul_bf16(&cx, &cw, NT).unwrap();
             let composite = down(&gpu.bias_act(&product, &bias, act).unwrap());
             assert_eq!(fused, composite, "{name} {act:?} forward");
+            // The forward on copies with the epilogue inside (the trainer's).
+            assert_eq!(
+                down(&gpu.linear_bf16(&cx, &cw, &bias, act, None).unwrap()),
+                fused,
+                "{name} {act:?} forward on copies"
+            );
+            assert_eq!(
+                down(&gpu.linear_bf16_rhs(&x, &cw, &bias, act, None).unwrap()),
+                fused,
+                "{name} {act:?} forward on the weight's copy"
+            );
         }
+        // A skip connection: the residual added after the epilogue, in the same launch.
+        let r = gpu
+            .upload(&values(rows * outs, 30, -1.0, 1.0), &[rows, outs])
+            .unwrap();
+        let z = gpu
+            .linear_mode(&x, w, &bias, Activation::Identity, BF16)
+            .unwrap();
+        let want = down(&gpu.add(&z, &r).unwrap());
+        let id = Activation::Identity;
+        assert_eq!(
+            down(&gpu.linear_bf16(&cx, &cw, &bias, id, Some(&r)).unwrap()),
+            want,
+            "{name} forward on copies with a residual"
+        );
+        assert_eq!(
+            down(&gpu.linear_bf16_rhs(&x, &cw, &bias, id, Some(&r)).unwrap()),
+            want,
+            "{name} forward on the weight's copy with a residual"
+        );
         // dX = g · W, n-contiguous.
         let plain = MatmulOpts::default();
         let per_call = down(&gpu.matmul_mode(&g, w, plain, BF16).unwrap());
@@ -318,6 +350,19 @@ pub fn products_on_copies_equal_rounding_as_read_bitwise<D: Driver>(gpu: &CudaBa
     gpu.matmul_into_mode(&g, &x, TN, &a, BF16).unwrap();
     gpu.matmul_into_bf16(&cg, &cx, TN, &b).unwrap();
     assert_eq!(down(&a), down(&b), "dw += gᵀ · x");
+    // 193 inputs: one element of dw a thread.
+    let x193 = gpu
+        .upload(&values(rows * 193, 28, -1.0, 1.0), &[rows, 193])
+        .unwrap();
+    let start = values(outs * 193, 29, -1.0, 1.0);
+    let (a, b) = (
+        gpu.upload(&start, &[outs, 193]).unwrap(),
+        gpu.upload(&start, &[outs, 193]).unwrap(),
+    );
+    gpu.matmul_into_mode(&g, &x193, TN, &a, BF16).unwrap();
+    let c193 = gpu.bf16_copy_of(&x193).unwrap();
+    gpu.matmul_into_bf16(&cg, &c193, TN, &b).unwrap();
+    assert_eq!(down(&a), down(&b), "dw += gᵀ · x, 193 inputs");
 }
 
 macro_rules! linear_bf16_suite {
@@ -367,6 +412,7 @@ mod launches {
     use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
 
     type Log = Arc<Mutex<Vec<Kernel>>>;
+    type Grid = (u32, u32, u32);
 
     fn observed() -> (CudaBackend<SimDriver>, Log) {
         let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
@@ -442,6 +488,31 @@ mod launches {
         );
         let y = gpu.matmul_bf16(&cx, &cw, NT).unwrap();
         assert_eq!(ran(&gpu, &y, &log, &mut seen), kmajor, "x · wᵀ on copies");
+        let y = gpu
+            .linear_bf16(&cx, &cw, &b, Activation::Tanh, None)
+            .unwrap();
+        assert_eq!(
+            ran(&gpu, &y, &log, &mut seen),
+            kmajor,
+            "the forward on copies, its epilogue inside"
+        );
+        let y = gpu
+            .linear_bf16_rhs(&x, &cw, &b, Activation::Identity, None)
+            .unwrap();
+        assert_eq!(
+            ran(&gpu, &y, &log, &mut seen),
+            kmajor,
+            "the forward on the weight's copy, its epilogue inside"
+        );
+        let r = up(12 * 96, 7, &[12, 96]);
+        let y = gpu
+            .linear_bf16(&cx, &cw, &b, Activation::Identity, Some(&r))
+            .unwrap();
+        assert_eq!(
+            ran(&gpu, &y, &log, &mut seen),
+            kmajor,
+            "the forward on copies with a residual, the add inside"
+        );
         let plain = MatmulOpts::default();
         let y = gpu.matmul_mode(&g, &w, plain, BF16).unwrap();
         assert_eq!(ran(&gpu, &y, &log, &mut seen), nmajor, "g · w");
@@ -486,5 +557,41 @@ mod launches {
             (vec![Kernel::LinearRowsKMajor], 0, 0),
             "f32"
         );
+    }
+
+    /// The bf16 weight gradient takes a float4 of dw a thread where the float32 kernel does
+    /// (its grid a quarter as wide; x's copy needs 8-byte alignment only), and one element a
+    /// thread where the inputs are not a multiple of 4; on copies and on float32 operands.
+    #[test]
+    fn the_bf16_weight_gradient_takes_four_inputs_a_thread() {
+        use zcompute::cuda::twins::register_observed_launches;
+        let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
+        let grids: Arc<Mutex<Vec<(Kernel, Grid)>>> = Arc::default();
+        let seen = Arc::clone(&grids);
+        register_observed_launches(&sim, move |k, c| seen.lock().unwrap().push((k, c.grid)));
+        let dev = Device::open(
+            sim,
+            DeviceConfig {
+                blas_workspace_bytes: 0,
+                ..DeviceConfig::default()
+            },
+        )
+        .expect("the simulated device opens");
+        let gpu = super::super::backend_on(dev);
+        for (ins, blocks_x) in [(256, 1), (1024, 4), (193, 4)] {
+            let up = |n: usize, seed, shape: &[usize]| {
+                gpu.upload(&values(n, seed, -1.0, 1.0), shape).unwrap()
+            };
+            let (g, x) = (up(12 * 96, 1, &[12, 96]), up(12 * ins, 2, &[12, ins]));
+            let dw = up(96 * ins, 3, &[96, ins]);
+            let (cg, cx) = (gpu.bf16_copy_of(&g).unwrap(), gpu.bf16_copy_of(&x).unwrap());
+            gpu.download(&cx.backing().clone()).unwrap();
+            grids.lock().unwrap().clear();
+            gpu.matmul_into_bf16(&cg, &cx, TN, &dw).unwrap();
+            gpu.matmul_into_mode(&g, &x, TN, &dw, BF16).unwrap();
+            gpu.download(&dw).unwrap();
+            let want = (Kernel::LinearParamGradsBf16, (blocks_x, 96 / 4, 1));
+            assert_eq!(*grids.lock().unwrap(), [want, want], "{ins} inputs");
+        }
     }
 }

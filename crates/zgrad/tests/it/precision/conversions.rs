@@ -135,3 +135,77 @@ fn a_bf16_step_converts_each_operand_once() {
         }
     }
 }
+
+/// Kernel runs of the third step by kernel (a captured per-sample step), for `precision`.
+fn launches_per_step(layers: usize, precision: Precision) -> Vec<(Kernel, usize)> {
+    let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
+    let log: Arc<std::sync::Mutex<Vec<Kernel>>> = Arc::default();
+    let seen = log.clone();
+    zcompute::cuda::twins::register_observed(&sim, move |k| seen.lock().unwrap().push(k));
+    let dev = Device::open(
+        sim,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .expect("the simulated device opens");
+    let arena = Arena::new(dev, ArenaConfig::default()).expect("arena");
+    let b = CudaBackend::new(arena).expect("backend");
+    let c = config(layers);
+    let model = XAsset::init(&b, c, 5).expect("model");
+    let cfg = TrainerConfig {
+        schedule: TrainSchedule::PerSample,
+        capture: true,
+        precision,
+        ..TrainerConfig::default()
+    };
+    let mut t = Trainer::new(b, model, cfg).expect("trainer");
+    let x: Vec<f32> = (0..ROWS * c.scales * c.features)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let y: Vec<f32> = (0..ROWS).map(|i| (i % 2) as f32).collect();
+    for _ in 0..2 {
+        t.step(StepSource::host(&x, &y, ROWS)).expect("step");
+    }
+    log.lock().unwrap().clear();
+    t.step(StepSource::host(&x, &y, ROWS)).expect("step");
+    let mut counts: Vec<(Kernel, usize)> = Vec::new();
+    for &k in log.lock().unwrap().iter() {
+        match counts.iter_mut().find(|(c, _)| *c == k) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((k, 1)),
+        }
+    }
+    counts
+}
+
+/// A per-sample step's Linear forwards under bf16 are one product launch each (on the input's
+/// and the weight's copies), the bias epilogue and a skip connection's add inside, as under
+/// float32: no bias epilogue or add of their own. Printed: the step's launches by kernel, for
+/// the record (issue 42's launch counts).
+#[test]
+fn a_bf16_per_sample_forward_is_one_launch_a_layer() {
+    for layers in [1, 3] {
+        let n = linears(layers);
+        let count = |v: &[(Kernel, usize)], k: Kernel| {
+            v.iter().find(|(c, _)| *c == k).map_or(0, |&(_, n)| n)
+        };
+        let total = |v: &[(Kernel, usize)]| v.iter().map(|x| x.1).sum::<usize>();
+        let f32 = launches_per_step(layers, Precision::F32);
+        let bf16 = launches_per_step(layers, Precision::Bf16);
+        eprintln!(
+            "L = {layers}: float32 {} launches a step {f32:?}",
+            total(&f32)
+        );
+        eprintln!(
+            "L = {layers}: bf16 {} launches a step {bf16:?}",
+            total(&bf16)
+        );
+        assert_eq!(count(&bf16, Kernel::LinearRowsKMajorBf16), n * ROWS);
+        assert_eq!(count(&f32, Kernel::LinearRowsKMajor), n * ROWS);
+        for k in [Kernel::BiasAct, Kernel::BiasActAdd, Kernel::Binary] {
+            assert_eq!(count(&bf16, k), 0, "L = {layers}: {k:?}");
+        }
+    }
+}
