@@ -258,11 +258,20 @@ extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
 template <bool COPY_G, bool COPY_X>
 __device__ __forceinline__ void param_grads_bf16(float* dw, const float* g, const float* x,
                                                  unsigned rows, u64 outs, u64 ins, u64 g_rs,
-                                                 u64 g_cs, u64 x_rs, u64 x_cs, u64 ldw) {
+                                                 u64 g_cs, u64 x_rs, u64 x_cs, u64 ldw,
+                                                 float* db, const float* gf, u64 gf_rs,
+                                                 u64 gf_cs, u64 db_stride, unsigned has_db) {
     using GOp = Bf16Op<COPY_G>;
     using XOp = Bf16Op<COPY_X>;
     const u64 o = (u64)blockIdx.y * blockDim.y + threadIdx.y;
     if (o >= outs) return;
+    // The bias gradient, float32 and unrounded: param_grads_block's sum (row order, one
+    // fixed writer a column).
+    if (has_db && blockIdx.x == 0 && threadIdx.x == 0) {
+        float s = 0.0f;
+        for (unsigned r = 0; r < rows; ++r) s += gf[r * gf_rs + o * gf_cs];
+        db[o * db_stride] += s;
+    }
     const float* gcol = GOp::at(g, o * g_cs);
     const bool vec4 = ins % 4 == 0 && ldw % 4 == 0 && x_cs == 1 && x_rs % 4 == 0 &&
                       (((u64)dw & 15) == 0) && XOp::aligned(x);
@@ -327,15 +336,20 @@ __device__ __forceinline__ void param_grads_bf16(float* dw, const float* g, cons
 // it is read or read from a bf16 copy where `packed` says (bit 0: g, bit 1: x; the host issues
 // 0 and 3 only, the others do nothing and the twin refuses them). Grid (ceil(cols /
 // blockDim.x), ceil(outs / blockDim.y)), cols = ins / 4 on the float4 path, else ins; dw's
-// rows ldw apart, last axis dense. No bias gradient: under bf16 it is a float32 sum of the
-// unrounded gradient, which the host runs apart (PrecisionOps::linear_backward_into_mode).
+// rows ldw apart, last axis dense. When has_db, the bias gradient too, db[o] += Σ_r gf[r, o]
+// (r in row order) from `gf`, the float32 gradient g was rounded from (strides gf_rs, gf_cs),
+// as zc_linear_param_grads_f32 sums it (PrecisionOps::linear_param_grads_into_bf16).
 extern "C" __global__ void zc_linear_param_grads_bf16(float* dw, const float* g, const float* x,
                                                       unsigned rows, u64 outs, u64 ins,
                                                       u64 g_rs, u64 g_cs, u64 x_rs, u64 x_cs,
-                                                      u64 ldw, unsigned packed) {
+                                                      u64 ldw, unsigned packed, float* db,
+                                                      const float* gf, u64 gf_rs, u64 gf_cs,
+                                                      u64 db_stride, unsigned has_db) {
     if (packed == 3) {
-        param_grads_bf16<true, true>(dw, g, x, rows, outs, ins, g_rs, g_cs, x_rs, x_cs, ldw);
+        param_grads_bf16<true, true>(dw, g, x, rows, outs, ins, g_rs, g_cs, x_rs, x_cs, ldw, db,
+                                     gf, gf_rs, gf_cs, db_stride, has_db);
     } else if (packed == 0) {
-        param_grads_bf16<false, false>(dw, g, x, rows, outs, ins, g_rs, g_cs, x_rs, x_cs, ldw);
+        param_grads_bf16<false, false>(dw, g, x, rows, outs, ins, g_rs, g_cs, x_rs, x_cs, ldw,
+                                       db, gf, gf_rs, gf_cs, db_stride, has_db);
     }
 }

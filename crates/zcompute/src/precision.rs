@@ -409,6 +409,34 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         }
     }
 
+    /// A Linear layer's parameter gradients under [`MathMode::Bf16`] added into their buffers
+    /// (as [`LinearOps::linear_param_grads_into`], whose checks apply): `dw += gᵀ · x` on
+    /// the bf16 copies `g_copy` (of `g`) and `x`, bit for bit
+    /// [`PrecisionOps::matmul_into_bf16`], and `db += Σ_rows g` in float32 on the unrounded
+    /// `g`. Validated whole first, so bad input leaves `dw` and `db` untouched. The provided
+    /// body is those two calls (the bias's [`Backend::sum_rows_into`](crate::Backend::sum_rows_into));
+    /// the device runs both in one launch for few rows.
+    fn linear_param_grads_into_bf16(
+        &self,
+        g: &BTensor<Self, T>,
+        g_copy: &BBf16<Self, T>,
+        x: &BBf16<Self, T>,
+        dw: &BTensor<Self, T>,
+        db: Option<&BTensor<Self, T>>,
+    ) -> Result<()> {
+        const OP: &str = "linear_param_grads_into_bf16";
+        const TN: MatmulOpts = MatmulOpts {
+            trans_a: true,
+            trans_b: false,
+        };
+        validate::linear_param_grads_into_bf16(g, g_copy.shape(), &x.shape_stand_in(OP)?, dw, db)?;
+        self.matmul_into_bf16(g_copy, x, TN, dw)?;
+        match db {
+            Some(db) => self.sum_rows_into(g, db),
+            None => Ok(()),
+        }
+    }
+
     /// A Linear layer's backward under `mode` (as [`LinearOps::linear_backward_into`], whose
     /// checks apply): tanh's backward and the bias gradient in float32, both products
     /// (`gz · w` and `dw += gzᵀ · x`) under `mode`. Validated whole first, so bad input leaves

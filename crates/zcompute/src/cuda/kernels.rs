@@ -212,7 +212,8 @@ pub enum Kernel {
     LinearRowsNMajorBf16,
     /// The parameter-gradient kernel's weight gradient in bf16 (`linear_bf16.cu`): a product
     /// `dw += op(a) · op(b)` of few rows `k` and many columns of `op(a)`, its operands rounded
-    /// (or copies), float32 sums in row order.
+    /// (or copies), float32 sums in row order; and, when asked, the bias gradient from the
+    /// float32 `op(a)` the copy was made from.
     LinearParamGradsBf16,
 }
 
@@ -646,7 +647,10 @@ impl Kernel {
             Kernel::LinearParamGradsBf16 => s(
                 13,
                 "zc_linear_param_grads_bf16",
-                &[Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U32],
+                &[
+                    Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U32, Ptr, Ptr, U64, U64,
+                    U64, U32,
+                ],
                 0,
             ),
             Kernel::LinearParamGrads => s(

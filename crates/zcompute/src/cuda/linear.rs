@@ -82,6 +82,17 @@ pub(crate) const ROWS_BF16_FORMS: [u32; 3] = [0, 2, 3];
 /// The forms the bf16 parameter-gradient kernel is built for: float32 both, both copies.
 pub(crate) const GRADS_BF16_FORMS: [u32; 2] = [0, 3];
 
+/// The bias gradient the bf16 weight-gradient kernel sums alongside
+/// ([`CudaBackend::grads_bf16`]): `db[o * db_stride] += Σ_r gf[r * gf_strides.0 + o *
+/// gf_strides.1]`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BiasGrad<'a> {
+    pub(super) db: &'a CudaTensor,
+    pub(super) db_stride: usize,
+    pub(super) gf: DevicePtr,
+    pub(super) gf_strides: (usize, usize),
+}
+
 /// How the small-row kernel reads one product `op(A)[m,k] · op(B)[k,n]`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RowsPlan {
@@ -300,7 +311,7 @@ impl<D: Driver> CudaBackend<D> {
             if bf16 && count == 1 && beta == 1.0 {
                 let g = (operand(a, given.0)?, strides(a, given.0, trans_a));
                 let x = (operand(b, given.1)?, strides(b, given.1, trans_b));
-                return self.grads_bf16((m, k, n), g, x, out, packed);
+                return self.grads_bf16((m, k, n), g, x, (out, None), packed);
             }
             tracing::trace!(target: "zcompute.cuda.linear", op = OP, count, m, k, n, "cublas");
             return Ok(false);
@@ -329,12 +340,15 @@ impl<D: Driver> CudaBackend<D> {
     /// which are bf16 copies. A float4 of dw a thread where `linear_grads_bf16_vec4` holds
     /// (the grid sized to it), else one element. `false` (nothing queued) for other sizes and
     /// for forms the kernel is not built for (`GRADS_BF16_FORMS`).
-    fn grads_bf16(
+    ///
+    /// `db`: the bias gradient `db[o] += Σ_r gf[r, o]` in the same launch, from the float32
+    /// gradient `gf` (first element, `[rows, outputs]` strides) the copy `g` was made from.
+    pub(super) fn grads_bf16(
         &self,
         (m, k, n): (usize, usize, usize),
         (g, (g_cs, g_rs)): (DevicePtr, (usize, usize)),
         (x, (x_rs, x_cs)): (DevicePtr, (usize, usize)),
-        out: &CudaTensor,
+        (out, db): (&CudaTensor, Option<BiasGrad<'_>>),
         packed: u32,
     ) -> Result<bool> {
         const OP: &str = "matmul";
@@ -379,6 +393,12 @@ impl<D: Driver> CudaBackend<D> {
             // `out` is dense [m, n].
             u64a(n),
             KernelArg::U32(packed),
+            ptr(db.map_or(Ok(DevicePtr::NULL), |d| self.ptr(OP, d.db))?),
+            ptr(db.map_or(DevicePtr::NULL, |d| d.gf)),
+            u64a(db.map_or(0, |d| d.gf_strides.0)),
+            u64a(db.map_or(0, |d| d.gf_strides.1)),
+            u64a(db.map_or(0, |d| d.db_stride)),
+            KernelArg::U32(u32::from(db.is_some())),
         ]
         .into_iter()
         .collect();

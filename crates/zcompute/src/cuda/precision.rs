@@ -11,6 +11,7 @@
 
 use super::CudaStorage;
 use super::kernels::{self, Args, Kernel, ptr, u64a};
+use super::linear::{BiasGrad, LINEAR_ROW_LIMIT, op_strides};
 use super::matmul::Operand;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, MatmulOpts};
@@ -187,6 +188,58 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
                 }
             }
         }
+    }
+
+    /// Both gradients in one launch of the bf16 weight-gradient kernel where it takes the
+    /// product (few rows, more outputs than the row kernels take, a dense dw), else the
+    /// provided steps.
+    fn linear_param_grads_into_bf16(
+        &self,
+        g: &CudaTensor,
+        g_copy: &Bf16Copy<CudaStorage>,
+        x: &Bf16Copy<CudaStorage>,
+        dw: &CudaTensor,
+        db: Option<&CudaTensor>,
+    ) -> Result<()> {
+        const OP: &str = "linear_param_grads_into_bf16";
+        let sx = x.shape_stand_in(OP)?;
+        let shape = validate::linear_param_grads_into_bf16(g, g_copy.shape(), &sx, dw, db)?;
+        let (rows, ins, outs) = (shape.rows, shape.inputs, shape.outputs);
+        let provided = || {
+            let tn = MatmulOpts {
+                trans_a: true,
+                trans_b: false,
+            };
+            self.matmul_into_bf16(g_copy, x, tn, dw)?;
+            match db {
+                Some(db) => self.sum_rows_into(g, db),
+                None => Ok(()),
+            }
+        };
+        // The row kernels take outputs up to their limit: the product is theirs then.
+        if rows == 0 || ins == 0 || outs <= LINEAR_ROW_LIMIT || !dw.is_contiguous() {
+            return provided();
+        }
+        let bias = match db {
+            Some(db) => Some(BiasGrad {
+                db,
+                db_stride: db.layout().strides()[0],
+                gf: self.ptr(OP, g)?,
+                gf_strides: op_strides(g, false),
+            }),
+            None => None,
+        };
+        let (gp, xp) = (self.copy_operand(OP, g_copy)?, self.copy_operand(OP, x)?);
+        if self.grads_bf16(
+            (outs, rows, ins),
+            (gp.ptr, (1, gp.ld)),
+            (xp.ptr, (xp.ld, 1)),
+            (dw, bias),
+            3,
+        )? {
+            return Ok(());
+        }
+        provided()
     }
 
     /// Two bf16 values a float, as `bf16_operand`'s temporaries hold them.

@@ -170,10 +170,9 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
         match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
             Some(dw) => {
                 let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
-                b.matmul_into_bf16(&gz_bf16, x, TN, dw)?;
-                if let Some(db) = db {
-                    b.sum_rows_into(&gz, db)?;
-                }
+                // Both gradients, one launch on the device where the product takes the
+                // weight-gradient kernel.
+                b.linear_param_grads_into_bf16(&gz, &gz_bf16, x, dw, db)?;
                 bias_done = db.is_some();
             }
             None => gw = Some(b.matmul_bf16(&gz_bf16, x, TN)?),

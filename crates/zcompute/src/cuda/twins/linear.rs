@@ -316,6 +316,20 @@ pub(super) fn param_grads_bf16(
         }
         mem.write_f32(row_ptr, &dw)?;
     }
+    if a.u32(17)? != 0 {
+        let gf = Strided::read(mem, a.ptr(13)?, (rows, outs), (a.u64(14)?, a.u64(15)?))?;
+        let db_stride = usize_of(a.u64(16)?, 16)?;
+        let db_ptr = a.ptr(12)?;
+        for o in 0..outs {
+            let p = db_ptr.offset((o * db_stride * 4) as u64);
+            let mut sum = 0.0f32;
+            for r in 0..rows {
+                sum += gf.at(r, o);
+            }
+            let old = mem.read_f32(p, 1)?[0];
+            mem.write_f32(p, &[old + sum])?;
+        }
+    }
     Ok(())
 }
 

@@ -363,6 +363,19 @@ pub fn products_on_copies_equal_rounding_as_read_bitwise<D: Driver>(gpu: &CudaBa
     let c193 = gpu.bf16_copy_of(&x193).unwrap();
     gpu.matmul_into_bf16(&cg, &c193, TN, &b).unwrap();
     assert_eq!(down(&a), down(&b), "dw += gᵀ · x, 193 inputs");
+    // Both parameter gradients at once: dw as above, db the float32 column sum of g in row
+    // order (the weight-gradient kernel's, at 96 outputs).
+    let c = gpu.upload(&start, &[outs, 193]).unwrap();
+    let db0 = values(outs, 31, -1.0, 1.0);
+    let db = gpu.upload(&db0, &[outs]).unwrap();
+    gpu.linear_param_grads_into_bf16(&g, &cg, &c193, &c, Some(&db))
+        .unwrap();
+    assert_eq!(down(&c), down(&b), "linear_param_grads_into_bf16's dw");
+    let gv = gpu.download(&g).unwrap();
+    let want: Vec<u32> = (0..outs)
+        .map(|o| (db0[o] + (0..rows).fold(0.0f32, |s, r| s + gv[r * outs + o])).to_bits())
+        .collect();
+    assert_eq!(down(&db), want, "linear_param_grads_into_bf16's db");
 }
 
 macro_rules! linear_bf16_suite {
@@ -592,6 +605,62 @@ mod launches {
             gpu.download(&dw).unwrap();
             let want = (Kernel::LinearParamGradsBf16, (blocks_x, 96 / 4, 1));
             assert_eq!(*grids.lock().unwrap(), [want, want], "{ins} inputs");
+        }
+    }
+
+    /// A Linear layer's parameter gradients under bf16 from one sample's rows: one launch of
+    /// the weight-gradient kernel with the bias's column sum inside (float32, row order, on
+    /// the unrounded gradient) where the product takes that kernel (more outputs than the row
+    /// kernels' limit), dw bit for bit `matmul_into_bf16`'s; the product and the column sum
+    /// otherwise.
+    #[test]
+    fn bf16_parameter_gradients_are_one_launch() {
+        let (gpu, log) = observed();
+        let mut seen = (0, 0);
+        for (outs, one_launch) in [(96, true), (24, false)] {
+            let ins = 256;
+            let up = |n: usize, seed, shape: &[usize]| {
+                gpu.upload(&values(n, seed, -1.0, 1.0), shape).unwrap()
+            };
+            let (g, x) = (up(12 * outs, 1, &[12, outs]), up(12 * ins, 2, &[12, ins]));
+            let (cg, cx) = (gpu.bf16_copy_of(&g).unwrap(), gpu.bf16_copy_of(&x).unwrap());
+            let start = values(outs * ins, 3, -1.0, 1.0);
+            let (dw, want_dw) = (
+                gpu.upload(&start, &[outs, ins]).unwrap(),
+                gpu.upload(&start, &[outs, ins]).unwrap(),
+            );
+            let db0 = values(outs, 4, -1.0, 1.0);
+            let db = gpu.upload(&db0, &[outs]).unwrap();
+            ran(&gpu, &db, &log, &mut seen);
+            gpu.linear_param_grads_into_bf16(&g, &cg, &cx, &dw, Some(&db))
+                .unwrap();
+            let (kernels, _, _) = ran(&gpu, &db, &log, &mut seen);
+            let want = if one_launch {
+                vec![Kernel::LinearParamGradsBf16]
+            } else {
+                vec![Kernel::LinearRowsNMajorBf16, Kernel::ReduceCols]
+            };
+            assert_eq!(kernels, want, "{outs} outputs");
+            gpu.matmul_into_bf16(&cg, &cx, TN, &want_dw).unwrap();
+            let bits = |t: &CudaTensor| {
+                gpu.download(t)
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&dw), bits(&want_dw), "{outs} outputs: dw");
+            if one_launch {
+                // The kernel's sum: row order, from 0, then added.
+                let gv = gpu.download(&g).unwrap();
+                let want: Vec<u32> = (0..outs)
+                    .map(|o| {
+                        let s = (0..12).fold(0.0f32, |s, r| s + gv[r * outs + o]);
+                        (db0[o] + s).to_bits()
+                    })
+                    .collect();
+                assert_eq!(bits(&db), want, "{outs} outputs: db");
+            }
         }
     }
 }

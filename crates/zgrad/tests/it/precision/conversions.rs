@@ -137,7 +137,7 @@ fn a_bf16_step_converts_each_operand_once() {
 }
 
 /// Kernel runs of the third step by kernel (a captured per-sample step), for `precision`.
-fn launches_per_step(layers: usize, precision: Precision) -> Vec<(Kernel, usize)> {
+fn launches_per_step(c: XAssetConfig, precision: Precision) -> Vec<(Kernel, usize)> {
     let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
     let log: Arc<std::sync::Mutex<Vec<Kernel>>> = Arc::default();
     let seen = log.clone();
@@ -152,7 +152,6 @@ fn launches_per_step(layers: usize, precision: Precision) -> Vec<(Kernel, usize)
     .expect("the simulated device opens");
     let arena = Arena::new(dev, ArenaConfig::default()).expect("arena");
     let b = CudaBackend::new(arena).expect("backend");
-    let c = config(layers);
     let model = XAsset::init(&b, c, 5).expect("model");
     let cfg = TrainerConfig {
         schedule: TrainSchedule::PerSample,
@@ -182,30 +181,47 @@ fn launches_per_step(layers: usize, precision: Precision) -> Vec<(Kernel, usize)
 
 /// A per-sample step's Linear forwards under bf16 are one product launch each (on the input's
 /// and the weight's copies), the bias epilogue and a skip connection's add inside, as under
-/// float32: no bias epilogue or add of their own. Printed: the step's launches by kernel, for
-/// the record (issue 42's launch counts).
+/// float32: no bias epilogue or add of their own. Where every layer has more outputs than the
+/// row kernels take (`wide`), the weight's gradient and the bias's are one launch of the
+/// weight-gradient kernel: no column sums beyond float32's (the layer norms'). Printed: the
+/// step's launches by kernel, for the record (issue 42's launch counts).
 #[test]
 fn a_bf16_per_sample_forward_is_one_launch_a_layer() {
-    for layers in [1, 3] {
-        let n = linears(layers);
-        let count = |v: &[(Kernel, usize)], k: Kernel| {
-            v.iter().find(|(c, _)| *c == k).map_or(0, |&(_, n)| n)
-        };
-        let total = |v: &[(Kernel, usize)]| v.iter().map(|x| x.1).sum::<usize>();
-        let f32 = launches_per_step(layers, Precision::F32);
-        let bf16 = launches_per_step(layers, Precision::Bf16);
-        eprintln!(
-            "L = {layers}: float32 {} launches a step {f32:?}",
-            total(&f32)
+    let count =
+        |v: &[(Kernel, usize)], k: Kernel| v.iter().find(|(c, _)| *c == k).map_or(0, |&(_, n)| n);
+    let total = |v: &[(Kernel, usize)]| v.iter().map(|x| x.1).sum::<usize>();
+    let wide = XAssetConfig {
+        width: 48,
+        ff: 64,
+        ..config(1)
+    };
+    for (c, is_wide) in [(config(1), false), (config(3), false), (wide, true)] {
+        let n = linears(c.layers);
+        let f32 = launches_per_step(c, Precision::F32);
+        let bf16 = launches_per_step(c, Precision::Bf16);
+        let what = format!("L = {} width {}", c.layers, c.width);
+        eprintln!("{what}: float32 {} launches a step {f32:?}", total(&f32));
+        eprintln!("{what}: bf16 {} launches a step {bf16:?}", total(&bf16));
+        assert_eq!(
+            count(&bf16, Kernel::LinearRowsKMajorBf16),
+            n * ROWS,
+            "{what}"
         );
-        eprintln!(
-            "L = {layers}: bf16 {} launches a step {bf16:?}",
-            total(&bf16)
-        );
-        assert_eq!(count(&bf16, Kernel::LinearRowsKMajorBf16), n * ROWS);
-        assert_eq!(count(&f32, Kernel::LinearRowsKMajor), n * ROWS);
+        assert_eq!(count(&f32, Kernel::LinearRowsKMajor), n * ROWS, "{what}");
         for k in [Kernel::BiasAct, Kernel::BiasActAdd, Kernel::Binary] {
-            assert_eq!(count(&bf16, k), 0, "L = {layers}: {k:?}");
+            assert_eq!(count(&bf16, k), 0, "{what}: {k:?}");
+        }
+        if is_wide {
+            assert_eq!(
+                count(&bf16, Kernel::LinearParamGradsBf16),
+                n * ROWS,
+                "{what}"
+            );
+            assert_eq!(
+                count(&bf16, Kernel::ReduceCols),
+                count(&f32, Kernel::ReduceCols),
+                "{what}"
+            );
         }
     }
 }
