@@ -409,6 +409,21 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         }
     }
 
+    /// Tanh's backward `g · (1 - y²)` ([`LinearOps::tanh_backward`]) and its bf16 copy
+    /// ([`PrecisionOps::bf16_copy_of`]), both allocated in the current allocation class: a
+    /// Linear layer's backward under bf16 reads the copy in both products and the float32
+    /// result in the bias gradient. The provided body is those two calls; the device runs them
+    /// as one launch.
+    fn tanh_backward_bf16(
+        &self,
+        g: &BTensor<Self, T>,
+        y: &BTensor<Self, T>,
+    ) -> Result<(BTensor<Self, T>, BBf16<Self, T>)> {
+        let gz = self.tanh_backward(g, y)?;
+        let copy = self.bf16_copy_of(&gz)?;
+        Ok((gz, copy))
+    }
+
     /// A Linear layer's parameter gradients under [`MathMode::Bf16`] added into their buffers
     /// (as [`LinearOps::linear_param_grads_into`], whose checks apply): `dw += gᵀ · x` on
     /// the bf16 copies `g_copy` (of `g`) and `x`, bit for bit

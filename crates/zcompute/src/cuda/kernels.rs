@@ -215,6 +215,9 @@ pub enum Kernel {
     /// (or copies), float32 sums in row order; and, when asked, the bias gradient from the
     /// float32 `op(a)` the copy was made from.
     LinearParamGradsBf16,
+    /// Tanh's backward and its result's bf16 copy in one pass (`convert.cu`): a Linear
+    /// layer's backward under bf16 (`PrecisionOps::tanh_backward_bf16`).
+    TanhBackwardBf16,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -263,7 +266,7 @@ const LINEAR_ROWS_BF16: &[Param] = &[
 ];
 
 impl Kernel {
-    pub const ALL: [Kernel; 81] = [
+    pub const ALL: [Kernel; 82] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -345,6 +348,7 @@ impl Kernel {
         Kernel::LinearRowsKMajorBf16,
         Kernel::LinearRowsNMajorBf16,
         Kernel::LinearParamGradsBf16,
+        Kernel::TanhBackwardBf16,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -636,6 +640,9 @@ impl Kernel {
             ),
             Kernel::F32ToBf16 => s(12, "zc_f32_to_bf16", &[Ptr, Ptr, U64], 0),
             Kernel::Bf16ToF32 => s(12, "zc_bf16_to_f32", &[Ptr, Ptr, U64], 0),
+            Kernel::TanhBackwardBf16 => {
+                s(12, "zc_tanh_backward_bf16", &[Ptr, Ptr, Ptr, Ptr, U64], 0)
+            }
             Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearRowsNMajor => s(7, "zc_linear_rows_nmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearRowsKMajorBf16 => {

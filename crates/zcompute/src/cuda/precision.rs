@@ -242,6 +242,38 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
         provided()
     }
 
+    /// One launch (`zc_tanh_backward_bf16`): tanh's backward and its bf16 copy.
+    fn tanh_backward_bf16(
+        &self,
+        g: &CudaTensor,
+        y: &CudaTensor,
+    ) -> Result<(CudaTensor, Bf16Copy<CudaStorage>)> {
+        const OP: &str = "tanh_backward_bf16";
+        let n = validate::tanh_backward(g, y)?;
+        let gz = self.alloc(OP, y.shape())?;
+        let copy = self.bf16_copy_alloc(y.shape())?;
+        if n == 0 {
+            return Ok((gz, copy));
+        }
+        let (gc, yc) = (self.dense(OP, g)?, self.dense(OP, y)?);
+        let args: Args = [
+            ptr(self.ptr(OP, &gz)?),
+            ptr(self.ptr(OP, copy.backing())?),
+            ptr(self.ptr(OP, &gc)?),
+            ptr(self.ptr(OP, &yc)?),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(
+            OP,
+            Kernel::TanhBackwardBf16,
+            kernels::elementwise_config(n),
+            &args,
+        )?;
+        Ok((gz, copy))
+    }
+
     /// Two bf16 values a float, as `bf16_operand`'s temporaries hold them.
     fn bf16_copy_alloc(&self, shape: &[usize]) -> Result<Bf16Copy<CudaStorage>> {
         const OP: &str = "bf16_copy_alloc";

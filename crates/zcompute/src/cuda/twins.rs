@@ -174,6 +174,7 @@ fn twin(k: Kernel) -> Twin {
         Kernel::Sgd => train::sgd,
         Kernel::F32ToBf16 => convert::f32_to_bf16,
         Kernel::Bf16ToF32 => convert::bf16_to_f32,
+        Kernel::TanhBackwardBf16 => convert::tanh_backward_bf16,
         Kernel::LinearRowsKMajorBf16 => linear::rows_kmajor::<true>,
         Kernel::LinearRowsNMajorBf16 => linear::rows_nmajor::<true>,
         Kernel::LinearParamGradsBf16 => linear::param_grads_bf16,

@@ -146,15 +146,15 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
         into: &[Option<&BTensor<B, T>>],
     ) -> Result<Grads<B, T>> {
         let [need_x, _, need_bias] = self.needs;
-        let gz = match &self.y {
-            Some(y) => b.tanh_backward(g, y.get(NAME)?)?,
-            None => g.clone(),
-        };
-        // Freed when the node's backward returns, as a per-call conversion's temporary is
-        // (a scratch block would live to the step's end).
-        let gz_bf16 = {
+        // The copy is freed when the node's backward returns, as a per-call conversion's
+        // temporary is (a scratch block would live to the step's end); tanh's backward and the
+        // copy are one launch on the device, so its result is made in that class too.
+        let (gz, gz_bf16) = {
             let _class = ClassGuard::new(b, AllocClass::Saved);
-            b.bf16_copy_of(&gz)?
+            match &self.y {
+                Some(y) => b.tanh_backward_bf16(g, y.get(NAME)?)?,
+                None => (g.clone(), b.bf16_copy_of(g)?),
+            }
         };
         let gx = match (&self.w, &self.w_bf16) {
             (Some(_), Some(w)) if need_x => {

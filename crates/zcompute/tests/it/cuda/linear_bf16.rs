@@ -378,6 +378,25 @@ pub fn products_on_copies_equal_rounding_as_read_bitwise<D: Driver>(gpu: &CudaBa
     assert_eq!(down(&db), want, "linear_param_grads_into_bf16's db");
 }
 
+/// Tanh's backward with its bf16 copy in one launch equals `tanh_backward` then
+/// `bf16_copy_of`, bit for bit (the result and every bf16 of the copy).
+pub fn tanh_backward_bf16_is_tanh_backward_then_its_copy<D: Driver>(gpu: &CudaBackend<D>) {
+    let (rows, outs) = (12, 96);
+    let g = gpu
+        .upload(&values(rows * outs, 40, -2.0, 2.0), &[rows, outs])
+        .unwrap();
+    let y = gpu
+        .upload(&values(rows * outs, 41, -1.0, 1.0), &[rows, outs])
+        .unwrap();
+    let down = |t: &CudaTensor| bits(&gpu.download(t).unwrap());
+    let (gz, copy) = gpu.tanh_backward_bf16(&g, &y).unwrap();
+    let want = gpu.tanh_backward(&g, &y).unwrap();
+    assert_eq!(down(&gz), down(&want), "tanh's backward");
+    let want_copy = gpu.bf16_copy_of(&want).unwrap();
+    assert_eq!(copy.shape(), want_copy.shape());
+    assert_eq!(down(copy.backing()), down(want_copy.backing()), "the copy");
+}
+
 macro_rules! linear_bf16_suite {
     ($backend:path) => {
         #[test]
@@ -393,6 +412,11 @@ macro_rules! linear_bf16_suite {
         #[test]
         fn linear_backward_is_a_bf16_product() {
             super::linear_backward_is_a_bf16_product(&$backend());
+        }
+
+        #[test]
+        fn tanh_backward_bf16_is_tanh_backward_then_its_copy() {
+            super::tanh_backward_bf16_is_tanh_backward_then_its_copy(&$backend());
         }
 
         #[test]
@@ -483,6 +507,13 @@ mod launches {
         );
         let mut seen = (0, 0);
         ran(&gpu, &x, &log, &mut seen);
+        let y = up(12 * 96, 8, &[12, 96]);
+        let (gz, _copy) = gpu.tanh_backward_bf16(&g, &y).unwrap();
+        assert_eq!(
+            ran(&gpu, &gz, &log, &mut seen),
+            (vec![Kernel::TanhBackwardBf16], 0, 0),
+            "tanh's backward and its copy"
+        );
         let kmajor = (vec![Kernel::LinearRowsKMajorBf16], 0, 0);
         let nmajor = (vec![Kernel::LinearRowsNMajorBf16], 0, 0);
         let y = gpu.matmul_mode(&x, &w, NT, BF16).unwrap();

@@ -20,13 +20,15 @@ use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
 use zgrad::{Precision, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset, XAssetConfig};
 use zmem::{Arena, ArenaConfig};
 
-/// A simulated device whose conversion-kernel runs are counted in the returned counter.
+/// A simulated device whose conversion-kernel runs (`F32ToBf16`, and `TanhBackwardBf16`,
+/// which writes its result's copy) are counted in the returned counter.
 fn counting_device() -> (CudaBackend<SimDriver>, Arc<AtomicUsize>) {
     let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
     let count = Arc::new(AtomicUsize::new(0));
     let seen = count.clone();
     zcompute::cuda::twins::register_observed(&sim, move |k| {
-        if k == Kernel::F32ToBf16 {
+        // Tanh's backward with its result's copy converts too.
+        if matches!(k, Kernel::F32ToBf16 | Kernel::TanhBackwardBf16) {
             seen.fetch_add(1, Ordering::Relaxed);
         }
     });
@@ -211,6 +213,7 @@ fn a_bf16_per_sample_forward_is_one_launch_a_layer() {
         for k in [Kernel::BiasAct, Kernel::BiasActAdd, Kernel::Binary] {
             assert_eq!(count(&bf16, k), 0, "{what}: {k:?}");
         }
+        assert_eq!(count(&bf16, Kernel::TanhBackward), 0, "{what}");
         if is_wide {
             assert_eq!(
                 count(&bf16, Kernel::LinearParamGradsBf16),
