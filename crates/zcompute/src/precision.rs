@@ -430,7 +430,9 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
     /// [`PrecisionOps::matmul_into_bf16`], and `db += Σ_rows g` in float32 on the unrounded
     /// `g`. Validated whole first, so bad input leaves `dw` and `db` untouched. The provided
     /// body is those two calls (the bias's [`Backend::sum_rows_into`](crate::Backend::sum_rows_into));
-    /// the device runs both in one launch for few rows.
+    /// the device runs both in one launch for few rows and more outputs than its row kernels
+    /// take, dw with the bits of `matmul_into_bf16`, db summed in row order (which need not be
+    /// `sum_rows_into`'s order: the bits of db may differ from the provided body's).
     fn linear_param_grads_into_bf16(
         &self,
         g: &BTensor<Self, T>,

@@ -170,9 +170,13 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
         match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
             Some(dw) => {
                 let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
-                // Both gradients, one launch on the device where the product takes the
-                // weight-gradient kernel.
-                b.linear_param_grads_into_bf16(&gz, &gz_bf16, x, dw, db)?;
+                // Not `linear_param_grads_into_bf16` (dw and db in one launch): its bias sum is
+                // in row order, the per-call path's (`sum_rows_into`) pairwise, and the two
+                // paths promise the same bits.
+                b.matmul_into_bf16(&gz_bf16, x, TN, dw)?;
+                if let Some(db) = db {
+                    b.sum_rows_into(&gz, db)?;
+                }
                 bias_done = db.is_some();
             }
             None => gw = Some(b.matmul_bf16(&gz_bf16, x, TN)?),
