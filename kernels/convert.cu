@@ -27,3 +27,23 @@ extern "C" __global__ void zc_bf16_to_f32(float* out, const unsigned short* in, 
         out[i] = __uint_as_float(((unsigned int)in[i]) << 16);
     }
 }
+
+// zc_tanh_backward_f32 (fused.cu) and zc_f32_to_bf16 in one pass, for a Linear layer's
+// backward under bf16: gz[i] = g[i] * (1 - y[i]²), tanh's backward with that kernel's
+// expression, and out[i] its bf16 copy (zc_f32_to_bf16's formula).
+extern "C" __global__ void zc_tanh_backward_bf16(float* gz, unsigned short* out, const float* g,
+                                                 const float* y, u64 n) {
+    GRID_STRIDE_LOOP(i, 0, n) {
+        float v = y[i];
+        float r = g[i] * (1.0f - v * v);
+        gz[i] = r;
+        unsigned int b = __float_as_uint(r);
+        unsigned int h;
+        if ((b & 0x7fffffffu) > 0x7f800000u) {
+            h = (b >> 16) | 0x0040u;
+        } else {
+            h = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+        }
+        out[i] = (unsigned short)h;
+    }
+}

@@ -6,19 +6,9 @@
 // and a Linear layer's parameter gradients, dw[o,i] += Σ_r g[r,o]·x[r,i], db[o] += Σ_r g[r,o].
 // op(A) and op(B) are read through their strides (element (r,k) of A at a[r*a_rs + k*a_cs]);
 // C is dense [m,n]. Deterministic: no atomics, every sum in an order fixed by the shape, so
-// reruns are bitwise equal. Launch shapes: crates/zcompute/src/cuda/linear.rs.
+// reruns are bitwise equal. Launch shapes: crates/zcompute/src/cuda/linear.rs. The products'
+// bf16 forms are linear_bf16.cu.
 #include "linear_rows.cuh"
-
-// k-contiguous B: columns per block, and warps per column (each takes every
-// KMAJOR_SPLIT-th run of 32 lanes x 4 k, so a column's k is spread over KMAJOR_SPLIT warps
-// and an SM has enough warps to hide latency); loads of B a lane issues before using any.
-#define KMAJOR_COLS 8
-#define KMAJOR_SPLIT 2
-#define KMAJOR_BATCH 4
-
-// The partial sums reuse the staged A's memory.
-static_assert(KMAJOR_SPLIT * ZC_LINEAR_ROWS * KMAJOR_COLS <= ZC_A_SMEM, "partials fit s_a");
-static_assert(ZC_LINEAR_ROWS * KMAJOR_COLS <= KMAJOR_COLS * KMAJOR_SPLIT * 32, "a thread per output");
 
 // One lane's partial sums of the staged chunk (kn columns of A in s_a, MR rows) against
 // `col`, the chunk's part of a k-contiguous column of B: warp `part` of the column takes the

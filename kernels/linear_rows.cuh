@@ -1,6 +1,7 @@
-// Device helpers shared by the small-row product kernels (linear.cu) and a Linear layer's
-// fused backward (linear_backward.cu): staging of A in shared memory, the n-contiguous
-// product at a compile-time row class, and the parameter-gradient sums. Every sum runs in
+// Device helpers shared by the small-row product kernels (linear.cu, their bf16 forms in
+// linear_bf16.cu) and a Linear layer's fused backward (linear_backward.cu): staging of A in
+// shared memory, the n-contiguous product at a compile-time row class, and the
+// parameter-gradient sums. Every sum runs in
 // an order fixed by the shape (no atomics), so the kernels that share them agree bitwise.
 #pragma once
 #include "common.cuh"
@@ -32,6 +33,18 @@
 // The partial sums reuse the staged A's memory.
 static_assert(NMAJOR_WARPS * ZC_LINEAR_ROWS * NMAJOR_COLS <= ZC_A_SMEM, "partials fit s_a");
 
+// k-contiguous B (linear.cu, linear_bf16.cu): columns per block, and warps per column (each
+// takes every KMAJOR_SPLIT-th run of 32 lanes x 4 k, so a column's k is spread over
+// KMAJOR_SPLIT warps and an SM has enough warps to hide latency); loads of B a lane issues
+// before using any.
+#define KMAJOR_COLS 8
+#define KMAJOR_SPLIT 2
+#define KMAJOR_BATCH 4
+
+// The k-contiguous partial sums reuse the staged A's memory too.
+static_assert(KMAJOR_SPLIT * ZC_LINEAR_ROWS * KMAJOR_COLS <= ZC_A_SMEM, "partials fit s_a");
+static_assert(ZC_LINEAR_ROWS * KMAJOR_COLS <= KMAJOR_COLS * KMAJOR_SPLIT * 32, "a thread per output");
+
 // idx / d for the small operands of the staging loops (idx < 2^20, d >= 1), from d's
 // reciprocal `inv` and one correction each way: a 32-bit division is tens of instructions,
 // and the staging loops did eight a thread (ncu: the products were instruction-bound).
@@ -41,6 +54,68 @@ __device__ __forceinline__ unsigned div_small(unsigned idx, unsigned d, float in
     if ((q + 1) * d <= idx) ++q;
     return q;
 }
+
+// A bf16 form's operand (the `_bf16` entries, issue 42), its form a compile-time choice:
+// Bf16Op<false> reads float32 elements and rounds them to bf16 (nearest-even, zc_round_bf16),
+// Bf16Op<true> reads a bf16 copy (two bf16 a float, as kernels/convert.cu packs them) and
+// widens it. The values are the same either way, so a product on copies equals the one that
+// rounds as it reads, bit for bit, where the order of the sums is the same: the bf16 forms
+// choose it from the shape alone, never from an address. Loads return the raw bits (`raw`,
+// `raw4`) and `cvt` converts them, so a kernel issues a batch of loads before it converts any
+// (the float32 kernels' shape: a runtime choice of form inside the batch made ptxas wait on
+// each load before issuing the next).
+template <bool COPY>
+struct Bf16Op;
+
+template <>
+struct Bf16Op<false> {
+    using raw = float;
+    using raw4 = float4;
+    static __device__ __forceinline__ raw load(const float* p, u64 i) { return __ldg(p + i); }
+    // Elements i .. i + 3 in one load (p 16-byte aligned, i a multiple of 4).
+    static __device__ __forceinline__ raw4 load4(const float* p, u64 i) {
+        return __ldg(reinterpret_cast<const float4*>(p + i));
+    }
+    static __device__ __forceinline__ raw4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    static __device__ __forceinline__ float cvt(raw v) { return zc_round_bf16(v); }
+    static __device__ __forceinline__ float4 cvt4(raw4 v) {
+        return make_float4(zc_round_bf16(v.x), zc_round_bf16(v.y), zc_round_bf16(v.z),
+                           zc_round_bf16(v.w));
+    }
+    // Whether load4 may read from `p`.
+    static __device__ __forceinline__ bool aligned(const float* p) { return ((u64)p & 15) == 0; }
+    // `p` advanced by `off` elements.
+    static __device__ __forceinline__ const float* at(const float* p, u64 off) { return p + off; }
+};
+
+template <>
+struct Bf16Op<true> {
+    using raw = unsigned;
+    using raw4 = uint2;
+    static __device__ __forceinline__ raw load(const float* p, u64 i) {
+        return __ldg(reinterpret_cast<const unsigned short*>(p) + i);
+    }
+    static __device__ __forceinline__ raw4 load4(const float* p, u64 i) {
+        return __ldg(
+            reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned short*>(p) + i));
+    }
+    static __device__ __forceinline__ raw4 zero4() { return make_uint2(0u, 0u); }
+    static __device__ __forceinline__ float cvt(raw v) { return __uint_as_float(v << 16); }
+    static __device__ __forceinline__ float4 cvt4(raw4 u) {
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    }
+    static __device__ __forceinline__ bool aligned(const float* p) { return ((u64)p & 7) == 0; }
+    static __device__ __forceinline__ const float* at(const float* p, u64 off) {
+        return reinterpret_cast<const float*>(reinterpret_cast<const unsigned short*>(p) + off);
+    }
+};
+
+// stage_a for a bf16 form (defined in linear_bf16.cu: with its body here, nvcc numbered
+// linear.cu's PTX registers differently, though linear.cu never instantiates it).
+template <int MR, bool COPY>
+__device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, unsigned m, u64 k0,
+                                             unsigned kn, u64 a_rs, u64 a_cs);
 
 // s_a[r * kn + c] = op(A)[r, k0 + c] for r < m, c < kn, and 0 for m <= r < MR (row pitch
 // kn). Every thread of the block takes part; the caller synchronises before (the previous
@@ -117,8 +192,10 @@ __device__ __forceinline__ float linear_epilogue(float acc, const float* bias, u
 
 // The n-contiguous product at MR rows (see zc_linear_rows_nmajor_f32); TANH: A staged as
 // tanh's backward from y (see stage_a). `residual` (dense [m, n], or null) is added after the
-// activation.
-template <int MR, bool TANH = false>
+// activation. BF16: the bf16 form (no TANH), A read through Bf16Op<COPY_A> and B through
+// Bf16Op<COPY_B> (a bf16 copy when set); B's loads are scalar either way, so the order of the
+// sums is the float32 form's.
+template <int MR, bool TANH = false, bool BF16 = false, bool COPY_A = false, bool COPY_B = false>
 __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float* a,
                                             const float* __restrict__ b, const float* bias,
                                             unsigned m, u64 k, u64 n, u64 a_rs, u64 a_cs,
@@ -137,21 +214,46 @@ __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float*
     for (u64 k0 = 0; k0 < k; k0 += kcap) {
         const unsigned kn = (unsigned)(k - k0 < kcap ? k - k0 : kcap);
         __syncthreads();
-        stage_a<MR, TANH>(s_a, a, m, k0, kn, a_rs, a_cs, y, y_rs, y_cs);
+        if constexpr (BF16) {
+            stage_a_bf16<MR, COPY_A>(s_a, a, m, k0, kn, a_rs, a_cs);
+        } else {
+            stage_a<MR, TANH>(s_a, a, m, k0, kn, a_rs, a_cs, y, y_rs, y_cs);
+        }
         __syncthreads();
-        for (unsigned kb = 0; live && kb < kn; kb += NMAJOR_SLICES * NMAJOR_BATCH) {
-            float bv[NMAJOR_BATCH];
+        if constexpr (BF16) {
+            // The float32 loop's shape: the batch's raw loads, then conversions and FFMAs.
+            using Op = Bf16Op<COPY_B>;
+            for (unsigned kb = 0; live && kb < kn; kb += NMAJOR_SLICES * NMAJOR_BATCH) {
+                typename Op::raw bv[NMAJOR_BATCH];
 #pragma unroll
-            for (int u = 0; u < NMAJOR_BATCH; ++u) {
-                const unsigned kk = kb + u * NMAJOR_SLICES + slice;
-                bv[u] = kk < kn ? __ldg(b + (k0 + kk) * ldb + j) : 0.0f;
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    bv[u] = kk < kn ? Op::load(b, (k0 + kk) * ldb + j) : (typename Op::raw)0;
+                }
+#pragma unroll
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    if (kk >= kn) break;
+                    const float bf = Op::cvt(bv[u]);
+#pragma unroll
+                    for (int r = 0; r < MR; ++r) acc[r] = fmaf(s_a[r * kn + kk], bf, acc[r]);
+                }
             }
+        } else {
+            for (unsigned kb = 0; live && kb < kn; kb += NMAJOR_SLICES * NMAJOR_BATCH) {
+                float bv[NMAJOR_BATCH];
 #pragma unroll
-            for (int u = 0; u < NMAJOR_BATCH; ++u) {
-                const unsigned kk = kb + u * NMAJOR_SLICES + slice;
-                if (kk >= kn) break;
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    bv[u] = kk < kn ? __ldg(b + (k0 + kk) * ldb + j) : 0.0f;
+                }
 #pragma unroll
-                for (int r = 0; r < MR; ++r) acc[r] = fmaf(s_a[r * kn + kk], bv[u], acc[r]);
+                for (int u = 0; u < NMAJOR_BATCH; ++u) {
+                    const unsigned kk = kb + u * NMAJOR_SLICES + slice;
+                    if (kk >= kn) break;
+#pragma unroll
+                    for (int r = 0; r < MR; ++r) acc[r] = fmaf(s_a[r * kn + kk], bv[u], acc[r]);
+                }
             }
         }
     }

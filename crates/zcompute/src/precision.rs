@@ -8,7 +8,10 @@
 //! [`Backend::matmul`](crate::Backend::matmul) and refuse the others; the CPU backend emulates
 //! TF32 and bf16 in f32 (operands rounded to nearest-even with `zdevice::rounding`, then its
 //! own float32 product), the CUDA backend runs them on tensor cores (`cublasGemmStridedBatchedEx`; bf16 operands converted by
-//! `kernels/convert.cu`), the simulated device emulates them as the CPU does.
+//! `kernels/convert.cu`), except bf16 products with few rows (one sample's: at most
+//! `cuda::LINEAR_ROW_LIMIT`), which the small-row kernels' bf16 forms run in one launch
+//! (`kernels/linear_bf16.cu`: each operand rounded as it is read, or read from its copy, and a
+//! Linear forward's epilogue inside), the simulated device emulates them as the CPU does.
 //!
 //! Comparing backends: the roundings of the operands are bit-exact everywhere (bf16: the
 //! conversion kernel, its twin and the CPU share one integer formula); the accumulation order
@@ -355,6 +358,100 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
             trans_b: true,
         };
         self.bias_act(&self.matmul_mode(x, w, opts, mode)?, bias, act)
+    }
+
+    /// A Linear layer's forward under [`MathMode::Bf16`] on bf16 copies of its input and
+    /// weight, `act(x · wᵀ + bias)`, plus `residual` when given (a skip connection, added in
+    /// float32 after the activation): bit for bit `linear_mode(x32, w32, bias, act,
+    /// MathMode::Bf16)` (then [`Backend::add`](crate::Backend::add)) for the float32 tensors
+    /// the copies were made from. The provided body is that product on the copies
+    /// ([`PrecisionOps::matmul_bf16`]), the bias epilogue, then the add; the device runs them
+    /// in one launch for few rows.
+    fn linear_bf16(
+        &self,
+        x: &BBf16<Self, T>,
+        w: &BBf16<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: Activation,
+        residual: Option<&BTensor<Self, T>>,
+    ) -> Result<BTensor<Self, T>> {
+        const NT: MatmulOpts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        let z = self.bias_act(&self.matmul_bf16(x, w, NT)?, bias, act)?;
+        match residual {
+            Some(r) => self.add(&z, r),
+            None => Ok(z),
+        }
+    }
+
+    /// As [`PrecisionOps::linear_bf16`] with the input in float32 (rounded to bf16 as the
+    /// product reads it) and the weight's copy: bit for bit `linear_mode(x, w32, bias, act,
+    /// MathMode::Bf16)` (then the add). The provided body is
+    /// [`PrecisionOps::matmul_bf16_rhs`], the bias epilogue, then the add.
+    fn linear_bf16_rhs(
+        &self,
+        x: &BTensor<Self, T>,
+        w: &BBf16<Self, T>,
+        bias: &BTensor<Self, T>,
+        act: Activation,
+        residual: Option<&BTensor<Self, T>>,
+    ) -> Result<BTensor<Self, T>> {
+        const NT: MatmulOpts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        let z = self.bias_act(&self.matmul_bf16_rhs(x, w, NT)?, bias, act)?;
+        match residual {
+            Some(r) => self.add(&z, r),
+            None => Ok(z),
+        }
+    }
+
+    /// Tanh's backward `g · (1 - y²)` ([`LinearOps::tanh_backward`]) and its bf16 copy
+    /// ([`PrecisionOps::bf16_copy_of`]), both allocated in the current allocation class: a
+    /// Linear layer's backward under bf16 reads the copy in both products and the float32
+    /// result in the bias gradient. The provided body is those two calls; the device runs them
+    /// as one launch.
+    fn tanh_backward_bf16(
+        &self,
+        g: &BTensor<Self, T>,
+        y: &BTensor<Self, T>,
+    ) -> Result<(BTensor<Self, T>, BBf16<Self, T>)> {
+        let gz = self.tanh_backward(g, y)?;
+        let copy = self.bf16_copy_of(&gz)?;
+        Ok((gz, copy))
+    }
+
+    /// A Linear layer's parameter gradients under [`MathMode::Bf16`] added into their buffers
+    /// (as [`LinearOps::linear_param_grads_into`], whose checks apply): `dw += gᵀ · x` on
+    /// the bf16 copies `g_copy` (of `g`) and `x`, bit for bit
+    /// [`PrecisionOps::matmul_into_bf16`], and `db += Σ_rows g` in float32 on the unrounded
+    /// `g`. Validated whole first, so bad input leaves `dw` and `db` untouched. The provided
+    /// body is those two calls (the bias's [`Backend::sum_rows_into`](crate::Backend::sum_rows_into));
+    /// the device runs both in one launch for few rows and more outputs than its row kernels
+    /// take, dw with the bits of `matmul_into_bf16`, db summed in row order (which need not be
+    /// `sum_rows_into`'s order: the bits of db may differ from the provided body's).
+    fn linear_param_grads_into_bf16(
+        &self,
+        g: &BTensor<Self, T>,
+        g_copy: &BBf16<Self, T>,
+        x: &BBf16<Self, T>,
+        dw: &BTensor<Self, T>,
+        db: Option<&BTensor<Self, T>>,
+    ) -> Result<()> {
+        const OP: &str = "linear_param_grads_into_bf16";
+        const TN: MatmulOpts = MatmulOpts {
+            trans_a: true,
+            trans_b: false,
+        };
+        validate::linear_param_grads_into_bf16(g, g_copy.shape(), &x.shape_stand_in(OP)?, dw, db)?;
+        self.matmul_into_bf16(g_copy, x, TN, dw)?;
+        match db {
+            Some(db) => self.sum_rows_into(g, db),
+            None => Ok(()),
+        }
     }
 
     /// A Linear layer's backward under `mode` (as [`LinearOps::linear_backward_into`], whose

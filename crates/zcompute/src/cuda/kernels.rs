@@ -18,7 +18,7 @@ use crate::backend::{BinaryOp, ReduceOp, UnaryOp};
 use zdevice::KernelArg;
 
 /// The PTX modules, embedded at compile time and loaded once per backend.
-pub(crate) const MODULES: [(&str, &str); 13] = [
+pub(crate) const MODULES: [(&str, &str); 14] = [
     (
         "elementwise",
         include_str!("../../../../kernels/ptx/elementwise.ptx"),
@@ -52,6 +52,10 @@ pub(crate) const MODULES: [(&str, &str); 13] = [
     (
         "convert",
         include_str!("../../../../kernels/ptx/convert.ptx"),
+    ),
+    (
+        "linear_bf16",
+        include_str!("../../../../kernels/ptx/linear_bf16.ptx"),
     ),
 ];
 
@@ -190,6 +194,19 @@ pub enum Kernel {
     /// `cuda/precision.rs`): the operands of a bf16 matrix product (issue 42).
     F32ToBf16,
     Bf16ToF32,
+    /// The small-row products' bf16 forms (`linear_bf16.cu`, issue 42): every operand element
+    /// rounded to bf16 as it is read, or read from a bf16 copy (`LINEAR_ROWS_BF16`'s `packed`),
+    /// float32 sums in the float32 forms' order and the same epilogue.
+    LinearRowsKMajorBf16,
+    LinearRowsNMajorBf16,
+    /// The parameter-gradient kernel's weight gradient in bf16 (`linear_bf16.cu`): a product
+    /// `dw += op(a) · op(b)` of few rows `k` and many columns of `op(a)`, its operands rounded
+    /// (or copies), float32 sums in row order; and, when asked, the bias gradient from the
+    /// float32 `op(a)` the copy was made from.
+    LinearParamGradsBf16,
+    /// Tanh's backward and its result's bf16 copy in one pass (`convert.cu`): a Linear
+    /// layer's backward under bf16 (`PrecisionOps::tanh_backward_bf16`).
+    TanhBackwardBf16,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -231,6 +248,11 @@ const ATTENTION_BACKWARD: &[Param] = &[
 const LINEAR_ROWS: &[Param] = &[
     Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32, Ptr,
 ];
+/// The bf16 forms' parameters: `LINEAR_ROWS`, then which operands are bf16 copies (bit 0: a,
+/// bit 1: b).
+const LINEAR_ROWS_BF16: &[Param] = &[
+    Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32, Ptr, U32,
+];
 
 impl Kernel {
     /// Whether `args` match the parameter list exactly (count and kinds).
@@ -239,7 +261,7 @@ impl Kernel {
         args::accepts(spec.params, spec.strided, args)
     }
 
-    pub const ALL: [Kernel; 78] = [
+    pub const ALL: [Kernel; 82] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -318,6 +340,10 @@ impl Kernel {
         Kernel::Sgd,
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
+        Kernel::LinearRowsKMajorBf16,
+        Kernel::LinearRowsNMajorBf16,
+        Kernel::LinearParamGradsBf16,
+        Kernel::TanhBackwardBf16,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -609,8 +635,26 @@ impl Kernel {
             ),
             Kernel::F32ToBf16 => s(12, "zc_f32_to_bf16", &[Ptr, Ptr, U64], 0),
             Kernel::Bf16ToF32 => s(12, "zc_bf16_to_f32", &[Ptr, Ptr, U64], 0),
+            Kernel::TanhBackwardBf16 => {
+                s(12, "zc_tanh_backward_bf16", &[Ptr, Ptr, Ptr, Ptr, U64], 0)
+            }
             Kernel::LinearRowsKMajor => s(7, "zc_linear_rows_kmajor_f32", LINEAR_ROWS, 0),
             Kernel::LinearRowsNMajor => s(7, "zc_linear_rows_nmajor_f32", LINEAR_ROWS, 0),
+            Kernel::LinearRowsKMajorBf16 => {
+                s(13, "zc_linear_rows_kmajor_bf16", LINEAR_ROWS_BF16, 0)
+            }
+            Kernel::LinearRowsNMajorBf16 => {
+                s(13, "zc_linear_rows_nmajor_bf16", LINEAR_ROWS_BF16, 0)
+            }
+            Kernel::LinearParamGradsBf16 => s(
+                13,
+                "zc_linear_param_grads_bf16",
+                &[
+                    Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U32, Ptr, Ptr, U64, U64,
+                    U64, U32,
+                ],
+                0,
+            ),
             Kernel::LinearParamGrads => s(
                 7,
                 "zc_linear_param_grads_f32",

@@ -94,7 +94,8 @@ impl<D: Driver> CudaBackend<D> {
     }
 
     /// `op(a) · op(b)` under `mode` (`MathMode::F32`: the float32 path, small-row kernel
-    /// included; TF32 and bf16: `cublasGemmStridedBatchedEx`, see `gemm_to`).
+    /// included; bf16: the small-row kernel's bf16 form for few rows, else
+    /// `cublasGemmStridedBatchedEx`, as TF32; see `gemm_to`).
     pub(crate) fn matmul_gemm_mode(
         &self,
         a: &CudaTensor,
@@ -164,11 +165,15 @@ impl<D: Driver> CudaBackend<D> {
 
     /// `out = op(a) · op(b) + beta * out` for a dense `out` of the product's shape, under
     /// `mode`: float32 through the small-row kernel or `cublasSgemmStridedBatched`; TF32
-    /// through `cublasGemmStridedBatchedEx` on the operands in place; bf16 through it on bf16
-    /// copies of the operands (`cuda/precision.rs`). The small-row kernel computes in float32
-    /// only, so the reduced modes always take cuBLAS. `given`, under bf16 only: the operands
-    /// converted beforehand (`matmul_bf16_rhs`, `matmul_bf16`, `matmul_into_bf16`); an
-    /// operand given is then read for its shape only.
+    /// through `cublasGemmStridedBatchedEx` on the operands in place; bf16 through the
+    /// small-row kernel's bf16 form for few rows (each operand rounded as it is read, or read
+    /// from its copy: one launch, no conversion), else `cublasGemmStridedBatchedEx` on bf16
+    /// copies of the operands (`cuda/precision.rs`). TF32 has no small-row form (the kernels
+    /// would have to guess how the tensor cores read an operand), so it always takes cuBLAS.
+    /// `given`, under bf16 only: the operands converted beforehand (`matmul_bf16_rhs`,
+    /// `matmul_bf16`, `matmul_into_bf16`); an operand given is then read for its shape only.
+    /// A product on copies takes the path, and so the order of sums, the product on the
+    /// float32 operands takes (the choice reads shapes and orders, which a copy keeps).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gemm_to(
         &self,
@@ -186,9 +191,8 @@ impl<D: Driver> CudaBackend<D> {
         let count = checked_numel(OP, batch)?;
         // Few rows (one sample's): one small-row kernel over many CTAs (cuda/linear.rs).
         let trans = (opts.trans_a, opts.trans_b);
-        if mode == MathMode::F32
-            && self.small_rows_gemm((a, b), trans, (m, k, n), count, out, beta)?
-        {
+        let copies = (given.0.as_ref(), given.1.as_ref());
+        if self.small_rows_gemm((a, b), trans, (m, k, n), count, out, beta, mode, copies)? {
             return Ok(());
         }
         tracing::trace!(target: "zcompute.cuda.matmul", ?batch, m, k, n, ?opts, beta, mode = mode.name(), "gemm");

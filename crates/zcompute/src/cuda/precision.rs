@@ -1,18 +1,23 @@
 //! `PrecisionOps` on the device (issue 42): TF32 products as `cublasGemmStridedBatchedEx` on
 //! the float32 operands in place, bf16 products on bf16 copies of the operands made by
 //! `kernels/convert.cu` (`zc_f32_to_bf16`, nearest-even, one pass per operand), float32
-//! accumulation and output in both (the descriptor is built in `matmul.rs`'s `gemm_to`). A bf16
+//! accumulation and output in both (the descriptor is built in `matmul.rs`'s `gemm_to`).
+//! Few rows under bf16 (one sample's) take the small-row kernels' bf16 forms instead
+//! (`cuda/linear.rs`), which round as they read or read a copy in place, and a Linear
+//! forward's bias epilogue with them. A bf16
 //! copy lives in a temporary block of `ceil(n / 2)` floats (two bf16 elements a float), freed
 //! in stream order once the product is queued; in a capture it comes from the reservation as
 //! every temporary does, so the captured product allocates nothing at replay.
 
 use super::CudaStorage;
 use super::kernels::{self, Args, Kernel, ptr, u64a};
+use super::linear::{BiasGrad, LINEAR_ROW_LIMIT, op_strides};
 use super::matmul::Operand;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, MatmulOpts};
 use crate::error::Result;
 use crate::layout::checked_numel;
+use crate::linear::{Activation, LinearOps};
 use crate::precision::{Bf16Copy, MathMode, PrecisionOps};
 use crate::validate::{self, split_matrix};
 use zdevice::Driver;
@@ -73,6 +78,12 @@ impl<D: Driver> CudaBackend<D> {
     }
 }
 
+/// `x · wᵀ`: a Linear forward's product.
+const LINEAR_NT: MatmulOpts = MatmulOpts {
+    trans_a: false,
+    trans_b: true,
+};
+
 impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
     fn matmul_mode(
         &self,
@@ -99,6 +110,168 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             MathMode::F32 => self.matmul_into(a, b, opts, dst),
             MathMode::Tf32 | MathMode::Bf16 => self.matmul_into_gemm_mode(a, b, opts, dst, mode),
         }
+    }
+
+    /// Under bf16, one small-row launch with the bias epilogue inside for few rows
+    /// (`linear_fused`: the kernel's bf16 form, the same bits as the product then
+    /// `bias_act`), else the provided steps: the product under the mode, then `bias_act`.
+    fn linear_mode(
+        &self,
+        x: &CudaTensor,
+        w: &CudaTensor,
+        bias: &CudaTensor,
+        act: Activation,
+        mode: MathMode,
+    ) -> Result<CudaTensor> {
+        if mode == MathMode::Bf16 {
+            return self.linear_fused(x, w, bias, act, None, mode);
+        }
+        validate::linear(x, w, bias)?;
+        let opts = MatmulOpts {
+            trans_a: false,
+            trans_b: true,
+        };
+        self.bias_act(&self.matmul_mode(x, w, opts, mode)?, bias, act)
+    }
+
+    /// One small-row launch on the copies with the bias epilogue (and a dense residual)
+    /// inside for few rows (`linear_rows_bf16`), else the provided steps.
+    fn linear_bf16(
+        &self,
+        x: &Bf16Copy<CudaStorage>,
+        w: &Bf16Copy<CudaStorage>,
+        bias: &CudaTensor,
+        act: Activation,
+        residual: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let (sx, sw) = (
+            x.shape_stand_in("linear_bf16")?,
+            w.shape_stand_in("linear_bf16")?,
+        );
+        let given = (
+            Some(self.copy_operand(OP, x)?),
+            Some(self.copy_operand(OP, w)?),
+        );
+        let given = (given.0.as_ref(), given.1.as_ref());
+        match self.linear_rows_bf16((&sx, &sw), bias, act, residual, given)? {
+            Some(out) => Ok(out),
+            None => {
+                let z = self.bias_act(&self.matmul_bf16(x, w, LINEAR_NT)?, bias, act)?;
+                match residual {
+                    Some(r) => self.add(&z, r),
+                    None => Ok(z),
+                }
+            }
+        }
+    }
+
+    /// As `linear_bf16`, the input in float32 (rounded as the kernel reads it).
+    fn linear_bf16_rhs(
+        &self,
+        x: &CudaTensor,
+        w: &Bf16Copy<CudaStorage>,
+        bias: &CudaTensor,
+        act: Activation,
+        residual: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        const OP: &str = "linear";
+        let sw = w.shape_stand_in("linear_bf16_rhs")?;
+        let given = Some(self.copy_operand(OP, w)?);
+        match self.linear_rows_bf16((x, &sw), bias, act, residual, (None, given.as_ref()))? {
+            Some(out) => Ok(out),
+            None => {
+                let z = self.bias_act(&self.matmul_bf16_rhs(x, w, LINEAR_NT)?, bias, act)?;
+                match residual {
+                    Some(r) => self.add(&z, r),
+                    None => Ok(z),
+                }
+            }
+        }
+    }
+
+    /// Both gradients in one launch of the bf16 weight-gradient kernel where it takes the
+    /// product (few rows, more outputs than the row kernels take, a dense dw), else the
+    /// provided steps.
+    fn linear_param_grads_into_bf16(
+        &self,
+        g: &CudaTensor,
+        g_copy: &Bf16Copy<CudaStorage>,
+        x: &Bf16Copy<CudaStorage>,
+        dw: &CudaTensor,
+        db: Option<&CudaTensor>,
+    ) -> Result<()> {
+        const OP: &str = "linear_param_grads_into_bf16";
+        let sx = x.shape_stand_in(OP)?;
+        let shape = validate::linear_param_grads_into_bf16(g, g_copy.shape(), &sx, dw, db)?;
+        let (rows, ins, outs) = (shape.rows, shape.inputs, shape.outputs);
+        let provided = || {
+            let tn = MatmulOpts {
+                trans_a: true,
+                trans_b: false,
+            };
+            self.matmul_into_bf16(g_copy, x, tn, dw)?;
+            match db {
+                Some(db) => self.sum_rows_into(g, db),
+                None => Ok(()),
+            }
+        };
+        // The row kernels take outputs up to their limit: the product is theirs then.
+        if rows == 0 || ins == 0 || outs <= LINEAR_ROW_LIMIT || !dw.is_contiguous() {
+            return provided();
+        }
+        let bias = match db {
+            Some(db) => Some(BiasGrad {
+                db,
+                db_stride: db.layout().strides()[0],
+                gf: self.ptr(OP, g)?,
+                gf_strides: op_strides(g, false),
+            }),
+            None => None,
+        };
+        let (gp, xp) = (self.copy_operand(OP, g_copy)?, self.copy_operand(OP, x)?);
+        if self.grads_bf16(
+            (outs, rows, ins),
+            (gp.ptr, (1, gp.ld)),
+            (xp.ptr, (xp.ld, 1)),
+            (dw, bias),
+            3,
+        )? {
+            return Ok(());
+        }
+        provided()
+    }
+
+    /// One launch (`zc_tanh_backward_bf16`): tanh's backward and its bf16 copy.
+    fn tanh_backward_bf16(
+        &self,
+        g: &CudaTensor,
+        y: &CudaTensor,
+    ) -> Result<(CudaTensor, Bf16Copy<CudaStorage>)> {
+        const OP: &str = "tanh_backward_bf16";
+        let n = validate::tanh_backward(g, y)?;
+        let gz = self.alloc(OP, y.shape())?;
+        let copy = self.bf16_copy_alloc(y.shape())?;
+        if n == 0 {
+            return Ok((gz, copy));
+        }
+        let (gc, yc) = (self.dense(OP, g)?, self.dense(OP, y)?);
+        let args: Args = [
+            ptr(self.ptr(OP, &gz)?),
+            ptr(self.ptr(OP, copy.backing())?),
+            ptr(self.ptr(OP, &gc)?),
+            ptr(self.ptr(OP, &yc)?),
+            u64a(n),
+        ]
+        .into_iter()
+        .collect();
+        self.launch(
+            OP,
+            Kernel::TanhBackwardBf16,
+            kernels::elementwise_config(n),
+            &args,
+        )?;
+        Ok((gz, copy))
     }
 
     /// Two bf16 values a float, as `bf16_operand`'s temporaries hold them.

@@ -76,11 +76,19 @@ pub fn register(sim: &SimDriver) {
 /// through a whole training step, e.g. the bf16 conversions (`Kernel::F32ToBf16`) a step
 /// makes.
 pub fn register_observed(sim: &SimDriver, observe: impl Fn(Kernel) + Send + Sync + 'static) {
+    register_observed_launches(sim, move |k, _| observe(k));
+}
+
+/// [`register_observed`] with each run's launch shape: a test checks the grid a host sized.
+pub fn register_observed_launches(
+    sim: &SimDriver,
+    observe: impl Fn(Kernel, &LaunchConfig) + Send + Sync + 'static,
+) {
     let observe = std::sync::Arc::new(observe);
     for k in Kernel::ALL {
         let (run, observe) = (twin(k), observe.clone());
         sim.register_kernel(k.spec().name, move |config, args, mem| {
-            observe(k);
+            observe(k, config);
             run(config, args, mem)
         });
     }
@@ -145,8 +153,8 @@ fn twin(k: Kernel) -> Twin {
         Kernel::ScatterRow => indexed::scatter_row,
         Kernel::GatherRows => indexed::gather_rows,
         Kernel::GatherRowsAt => indexed::gather_rows_at,
-        Kernel::LinearRowsKMajor => linear::rows_kmajor,
-        Kernel::LinearRowsNMajor => linear::rows_nmajor,
+        Kernel::LinearRowsKMajor => linear::rows_kmajor::<false>,
+        Kernel::LinearRowsNMajor => linear::rows_nmajor::<false>,
         Kernel::LinearParamGrads => linear::param_grads,
         Kernel::LayerNormBackwardParams => norm_params::layer_norm_backward_params,
         Kernel::LayerNormBackwardPartials => norm_params::layer_norm_backward_partials,
@@ -166,5 +174,9 @@ fn twin(k: Kernel) -> Twin {
         Kernel::Sgd => train::sgd,
         Kernel::F32ToBf16 => convert::f32_to_bf16,
         Kernel::Bf16ToF32 => convert::bf16_to_f32,
+        Kernel::TanhBackwardBf16 => convert::tanh_backward_bf16,
+        Kernel::LinearRowsKMajorBf16 => linear::rows_kmajor::<true>,
+        Kernel::LinearRowsNMajorBf16 => linear::rows_nmajor::<true>,
+        Kernel::LinearParamGradsBf16 => linear::param_grads_bf16,
     }
 }

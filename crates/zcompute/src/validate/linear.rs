@@ -102,6 +102,21 @@ pub(crate) fn linear_param_grads_into<S: Storage>(
     param_grads("linear_param_grads_into", g, x, dw, db)
 }
 
+/// `PrecisionOps::linear_param_grads_into_bf16`: `linear_param_grads_into`'s checks on `g`,
+/// `x` (a shape stand-in of its copy), `dw` and `db`, and `g`'s copy of `g`'s shape.
+pub(crate) fn linear_param_grads_into_bf16<S: Storage>(
+    g: &Tensor<S>,
+    g_copy: &[usize],
+    x: &Tensor<S>,
+    dw: &Tensor<S>,
+    db: Option<&Tensor<S>>,
+) -> Result<LinearShape> {
+    const OP: &str = "linear_param_grads_into_bf16";
+    let shape = param_grads(OP, g, x, dw, db)?;
+    same_shape(OP, g_copy, g.shape())?;
+    Ok(shape)
+}
+
 fn param_grads<S: Storage>(
     op: &'static str,
     g: &Tensor<S>,

@@ -27,12 +27,6 @@ type Grads<B, T> = Vec<Option<BTensor<B, T>>>;
 
 const NAME: &str = "linear";
 
-/// `x · wᵀ`: the forward product.
-const NT: MatmulOpts = MatmulOpts {
-    trans_a: false,
-    trans_b: true,
-};
-
 /// `gzᵀ · x`: the weight's gradient.
 const TN: MatmulOpts = MatmulOpts {
     trans_a: true,
@@ -152,15 +146,15 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
         into: &[Option<&BTensor<B, T>>],
     ) -> Result<Grads<B, T>> {
         let [need_x, _, need_bias] = self.needs;
-        let gz = match &self.y {
-            Some(y) => b.tanh_backward(g, y.get(NAME)?)?,
-            None => g.clone(),
-        };
-        // Freed when the node's backward returns, as a per-call conversion's temporary is
-        // (a scratch block would live to the step's end).
-        let gz_bf16 = {
+        // The copy is freed when the node's backward returns, as a per-call conversion's
+        // temporary is (a scratch block would live to the step's end); tanh's backward and the
+        // copy are one launch on the device, so its result is made in that class too.
+        let (gz, gz_bf16) = {
             let _class = ClassGuard::new(b, AllocClass::Saved);
-            b.bf16_copy_of(&gz)?
+            match &self.y {
+                Some(y) => b.tanh_backward_bf16(g, y.get(NAME)?)?,
+                None => (g.clone(), b.bf16_copy_of(g)?),
+            }
         };
         let gx = match (&self.w, &self.w_bf16) {
             (Some(_), Some(w)) if need_x => {
@@ -176,6 +170,9 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
         match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
             Some(dw) => {
                 let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
+                // Not `linear_param_grads_into_bf16` (dw and db in one launch): its bias sum is
+                // in row order, the per-call path's (`sum_rows_into`) pairwise, and the two
+                // paths promise the same bits.
                 b.matmul_into_bf16(&gz_bf16, x, TN, dw)?;
                 if let Some(db) = db {
                     b.sum_rows_into(&gz, db)?;
@@ -308,17 +305,14 @@ impl<B: Ops<T>, T: Element> Tape<'_, B, T> {
         };
         let x_copy = x_bf16.as_ref().map(|x| x.get(NAME)).transpose()?;
         let y = self.run(tracked, |b| match (residual, mode, w_bf16.as_ref()) {
-            // Under bf16 with the weight's copy: `linear_mode`'s steps, the product on the copy
-            // (and on the input's, when made).
+            // Under bf16 with the weight's copy: `linear_mode` on the copy (and on the input's,
+            // when made), then the residual added in float32; the bias epilogue and the add
+            // inside the product on the device.
             (residual, MathMode::Bf16, Some(copy)) => {
-                let product = match x_copy {
-                    Some(x) => b.matmul_bf16(x, copy, NT)?,
-                    None => b.matmul_bf16_rhs(&x.value, copy, NT)?,
-                };
-                let z = b.bias_act(&product, &bias.value, act)?;
-                match residual {
-                    Some(r) => b.add(&z, &r.value),
-                    None => Ok(z),
+                let r = residual.map(|r| &r.value);
+                match x_copy {
+                    Some(x) => b.linear_bf16(x, copy, &bias.value, act, r),
+                    None => b.linear_bf16_rhs(&x.value, copy, &bias.value, act, r),
                 }
             }
             (Some(r), MathMode::F32, _) => {

@@ -1,7 +1,7 @@
 //! Simulated twins of `convert.cu`: zdevice's `rounding` functions over simulated memory, the
 //! same integer arithmetic as the kernels (bit for bit on every input).
 
-use super::common::checked;
+use super::common::{checked, cpu_err, rows_tensor};
 use crate::cuda::kernels::Kernel;
 use zdevice::rounding::{bf16_bits, f32_from_bf16_bits};
 use zdevice::sim::{KernelFault, SimMemory};
@@ -45,4 +45,27 @@ pub(super) fn bf16_to_f32(
         .map(|c| f32_from_bf16_bits(u16::from_le_bytes([c[0], c[1]])))
         .collect();
     mem.write_f32(out, &values)
+}
+
+/// `zc_tanh_backward_bf16`: tanh's backward as its own twin computes it (the CPU's
+/// `tanh_backward`), and that result's bf16 copy (`bf16_bits`).
+pub(super) fn tanh_backward_bf16(
+    _: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let k = checked(Kernel::TanhBackwardBf16, args)?;
+    let (gz_ptr, out, n) = (k.ptr(0)?, k.ptr(1)?, k.u64(4)?);
+    let g = rows_tensor(mem, k.ptr(2)?, 1, n)?;
+    let y = rows_tensor(mem, k.ptr(3)?, 1, n)?;
+    let gz = crate::cpu::fused::tanh_backward(&g, &y)
+        .map_err(cpu_err)?
+        .to_vec();
+    let bytes: Vec<u8> = gz
+        .iter()
+        .flat_map(|&v| bf16_bits(v).to_le_bytes())
+        .collect();
+    mem.check(out, bf16_len(n, out)?)?;
+    mem.write_f32(gz_ptr, &gz)?;
+    mem.write_bytes(out, &bytes)
 }

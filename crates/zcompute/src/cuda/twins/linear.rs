@@ -2,14 +2,20 @@
 //! reads its operands through the strides it is given, sums in f32 in row/k order and writes
 //! what the kernel writes (never reading `out` when `beta` is 0, as the kernel does not). They also check the
 //! launch shapes the kernels rely on (block sizes, a grid covering every column), which the
-//! GPU would not report.
+//! GPU would not report. The products' bf16 forms round every operand element as
+//! `zdevice::rounding` does (the kernel's formula), or read it from a bf16 copy, and take tanh
+//! from the CPU backend, as the bias epilogue's twin does, so a bf16 Linear forward in one
+//! launch equals its product then `bias_act` here as on the GPU.
 
 use super::common::{bad, checked, usize_of};
 use crate::cuda::kernels::Kernel;
 use crate::cuda::linear::{
-    KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4,
+    GRADS_BF16_FORMS, GRADS_BLOCK, KMAJOR_COLS, KMAJOR_SPLIT, LINEAR_ROW_LIMIT, NMAJOR_COLS,
+    NMAJOR_SLICES, ROWS_BF16_FORMS, linear_grads_bf16_vec4, linear_grads_vec4,
 };
 use crate::cuda::linear_backward::{BACKWARD_THREADS, BackwardGrid};
+use crate::element::Element;
+use zdevice::rounding::{f32_from_bf16_bits, round_to_bf16};
 use zdevice::sim::{KernelFault, SimMemory};
 use zdevice::{DevicePtr, KernelArg, LaunchConfig};
 
@@ -27,25 +33,60 @@ impl Strided {
         (rows, cols): (usize, usize),
         (row_stride, col_stride): (u64, u64),
     ) -> Result<Self, KernelFault> {
-        let (row_stride, col_stride) = (usize_of(row_stride, 7)?, usize_of(col_stride, 8)?);
-        let span = if rows == 0 || cols == 0 {
-            0
-        } else {
-            (rows - 1)
-                .checked_mul(row_stride)
-                .and_then(|a| {
-                    (cols - 1)
-                        .checked_mul(col_stride)
-                        .and_then(|b| a.checked_add(b))
-                })
-                .and_then(|x| x.checked_add(1))
-                .ok_or_else(|| bad(7, "strided span overflows"))?
-        };
+        let span = Strided::span((rows, cols), (row_stride, col_stride))?;
         Ok(Strided {
-            data: mem.read_f32(p, span as u64)?,
-            row_stride,
-            col_stride,
+            data: mem.read_f32(p, span)?,
+            row_stride: usize_of(row_stride, 7)?,
+            col_stride: usize_of(col_stride, 8)?,
         })
+    }
+
+    /// `read` for a bf16 form's operand: each element rounded to bf16, or (`copy`) read from
+    /// a bf16 copy, two bytes an element.
+    fn read_bf16(
+        mem: &SimMemory<'_>,
+        p: DevicePtr,
+        dims: (usize, usize),
+        strides: (u64, u64),
+        copy: bool,
+    ) -> Result<Self, KernelFault> {
+        if !copy {
+            let mut s = Strided::read(mem, p, dims, strides)?;
+            s.data.iter_mut().for_each(|v| *v = round_to_bf16(*v));
+            return Ok(s);
+        }
+        // The span in elements, as `read` finds it, read as bf16.
+        let span = Strided::span(dims, strides)?;
+        let bytes = mem.read_bytes(p, span * 2)?;
+        Ok(Strided {
+            data: bytes
+                .chunks_exact(2)
+                .map(|c| f32_from_bf16_bits(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+            row_stride: usize_of(strides.0, 7)?,
+            col_stride: usize_of(strides.1, 8)?,
+        })
+    }
+
+    /// Elements from the first to the last one a `[rows, cols]` view reaches, inclusive.
+    fn span(
+        (rows, cols): (usize, usize),
+        (row_stride, col_stride): (u64, u64),
+    ) -> Result<u64, KernelFault> {
+        let (row_stride, col_stride) = (usize_of(row_stride, 7)?, usize_of(col_stride, 8)?);
+        if rows == 0 || cols == 0 {
+            return Ok(0);
+        }
+        (rows - 1)
+            .checked_mul(row_stride)
+            .and_then(|a| {
+                (cols - 1)
+                    .checked_mul(col_stride)
+                    .and_then(|b| a.checked_add(b))
+            })
+            .and_then(|x| x.checked_add(1))
+            .map(|x| x as u64)
+            .ok_or_else(|| bad(7, "strided span overflows"))
     }
 
     fn at(&self, r: usize, c: usize) -> f32 {
@@ -54,15 +95,16 @@ impl Strided {
 }
 
 fn rows_product(
-    k_major: bool,
+    (k_major, bf16): (bool, bool),
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let kernel = if k_major {
-        Kernel::LinearRowsKMajor
-    } else {
-        Kernel::LinearRowsNMajor
+    let kernel = match (k_major, bf16) {
+        (true, false) => Kernel::LinearRowsKMajor,
+        (false, false) => Kernel::LinearRowsNMajor,
+        (true, true) => Kernel::LinearRowsKMajorBf16,
+        (false, true) => Kernel::LinearRowsNMajorBf16,
     };
     let name = kernel.spec().name;
     let a = checked(kernel, args)?;
@@ -89,12 +131,23 @@ fn rows_product(
         ));
     }
     let ldb = a.u64(9)?;
-    let lhs = Strided::read(mem, a.ptr(1)?, (m, k), (a.u64(7)?, a.u64(8)?))?;
-    let rhs = if k_major {
-        Strided::read(mem, a.ptr(2)?, (k, n), (1, ldb))?
-    } else {
-        Strided::read(mem, a.ptr(2)?, (k, n), (ldb, 1))?
+    let packed = if bf16 { a.u32(14)? } else { 0 };
+    if bf16 && !ROWS_BF16_FORMS.contains(&packed) {
+        return Err(bad(
+            14,
+            "packed is not a form the kernel is built for (0, 2 or 3)",
+        ));
+    }
+    let operand = |p, dims, strides, copy| {
+        if bf16 {
+            Strided::read_bf16(mem, p, dims, strides, copy)
+        } else {
+            Strided::read(mem, p, dims, strides)
+        }
     };
+    let lhs = operand(a.ptr(1)?, (m, k), (a.u64(7)?, a.u64(8)?), packed & 1 != 0)?;
+    let b_strides = if k_major { (1, ldb) } else { (ldb, 1) };
+    let rhs = operand(a.ptr(2)?, (k, n), b_strides, packed & 2 != 0)?;
     let (beta, has_bias, act) = (a.f32(10)?, a.u32(11)? != 0, a.u32(12)?);
     if act > 1 {
         return Err(bad(12, "activation code is not 0 (identity) or 1 (tanh)"));
@@ -118,13 +171,21 @@ fn rows_product(
     };
     let mut out = vec![0.0f32; m * n];
     for r in 0..m {
-        for j in 0..n {
-            let mut acc = 0.0f32;
-            for kk in 0..k {
-                acc = lhs.at(r, kk).mul_add(rhs.at(kk, j), acc);
-            }
-            let mut v = if has_bias { acc + bias[j] } else { acc };
-            if act == 1 {
+        let mut row: Vec<f32> = (0..n)
+            .map(|j| {
+                let mut acc = 0.0f32;
+                for kk in 0..k {
+                    acc = lhs.at(r, kk).mul_add(rhs.at(kk, j), acc);
+                }
+                if has_bias { acc + bias[j] } else { acc }
+            })
+            .collect();
+        if act == 1 && bf16 {
+            f32::tanh_slice(&mut row);
+        }
+        for (j, &z) in row.iter().enumerate() {
+            let mut v = z;
+            if act == 1 && !bf16 {
                 v = v.tanh();
             }
             if let Some(res) = &residual {
@@ -139,20 +200,22 @@ fn rows_product(
     mem.write_f32(out_ptr, &out)
 }
 
-pub(super) fn rows_kmajor(
+/// `zc_linear_rows_kmajor_f32` (BF16 = false) and its bf16 form.
+pub(super) fn rows_kmajor<const BF16: bool>(
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    rows_product(true, config, args, mem)
+    rows_product((true, BF16), config, args, mem)
 }
 
-pub(super) fn rows_nmajor(
+/// `zc_linear_rows_nmajor_f32` (BF16 = false) and its bf16 form.
+pub(super) fn rows_nmajor<const BF16: bool>(
     config: &LaunchConfig,
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    rows_product(false, config, args, mem)
+    rows_product((false, BF16), config, args, mem)
 }
 
 pub(super) fn param_grads(
@@ -192,6 +255,77 @@ pub(super) fn param_grads(
         for o in 0..outs {
             let p = db_ptr.offset((o * db_stride * 4) as u64);
             let sum: f32 = (0..rows).map(|r| g.at(r, o)).sum();
+            let old = mem.read_f32(p, 1)?[0];
+            mem.write_f32(p, &[old + sum])?;
+        }
+    }
+    Ok(())
+}
+
+/// `zc_linear_param_grads_bf16`: dw += g'ᵀ · x', every element of g and x rounded to bf16 (or
+/// read from a bf16 copy, as `packed` says), each element's sum in row order. Checks the
+/// grid covers dw with the host's blocks (a float4 of dw a thread where
+/// `linear_grads_bf16_vec4` holds, as the kernel decides), and refuses the forms the kernel
+/// is not built for.
+pub(super) fn param_grads_bf16(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let a = checked(Kernel::LinearParamGradsBf16, args)?;
+    let rows = a.u32(3)? as usize;
+    let (outs, ins) = (usize_of(a.u64(4)?, 4)?, usize_of(a.u64(5)?, 5)?);
+    let (dw_ptr, g_ptr, x_ptr) = (a.ptr(0)?, a.ptr(1)?, a.ptr(2)?);
+    let packed = a.u32(11)?;
+    if !GRADS_BF16_FORMS.contains(&packed) {
+        return Err(bad(
+            11,
+            "packed is not a form the kernel is built for (0 or 3)",
+        ));
+    }
+    let (x_rs, x_cs, ldw) = (a.u64(8)?, a.u64(9)?, a.u64(10)?);
+    let vec4 = linear_grads_bf16_vec4(ins, ldw, (x_rs, x_cs), (dw_ptr, x_ptr), packed & 2 != 0);
+    let cols = if vec4 { ins / 4 } else { ins };
+    if config.block != (GRADS_BLOCK.0, GRADS_BLOCK.1, 1)
+        || (config.grid.0 as usize) * (GRADS_BLOCK.0 as usize) < cols
+        || (config.grid.1 as usize) * (GRADS_BLOCK.1 as usize) < outs
+    {
+        return Err(bad(
+            0,
+            "zc_linear_param_grads_bf16's grid does not cover dw",
+        ));
+    }
+    let g = Strided::read_bf16(
+        mem,
+        g_ptr,
+        (rows, outs),
+        (a.u64(6)?, a.u64(7)?),
+        packed & 1 != 0,
+    )?;
+    let x = Strided::read_bf16(mem, x_ptr, (rows, ins), (x_rs, x_cs), packed & 2 != 0)?;
+    let ldw = usize_of(ldw, 10)?;
+    for o in 0..outs {
+        let row_ptr = dw_ptr.offset((o * ldw * 4) as u64);
+        let mut dw = mem.read_f32(row_ptr, ins as u64)?;
+        for (i, d) in dw.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for r in 0..rows {
+                acc = g.at(r, o).mul_add(x.at(r, i), acc);
+            }
+            *d += acc;
+        }
+        mem.write_f32(row_ptr, &dw)?;
+    }
+    if a.u32(17)? != 0 {
+        let gf = Strided::read(mem, a.ptr(13)?, (rows, outs), (a.u64(14)?, a.u64(15)?))?;
+        let db_stride = usize_of(a.u64(16)?, 16)?;
+        let db_ptr = a.ptr(12)?;
+        for o in 0..outs {
+            let p = db_ptr.offset((o * db_stride * 4) as u64);
+            let mut sum = 0.0f32;
+            for r in 0..rows {
+                sum += gf.at(r, o);
+            }
             let old = mem.read_f32(p, 1)?[0];
             mem.write_f32(p, &[old + sum])?;
         }

@@ -77,9 +77,9 @@ fn kernels_load_once_and_the_sim_runs_the_real_ptx_entries() {
     let sim = gpu.device().driver();
     // One load per PTX module of the kernel-id table: elementwise, rows, train, flat,
     // attention, fused, indexed, linear, norm_params, linear_backward, attention_short, select,
-    // convert.
-    assert_eq!(sim.call_count("cuModuleLoadData"), 13);
+    // convert, linear_bf16.
+    assert_eq!(sim.call_count("cuModuleLoadData"), 14);
     let x = gpu.upload(&[1.0, -1.0], &[2]).expect("upload");
     let _ = gpu.unary(UnaryOp::Relu, &x).expect("relu");
-    assert_eq!(sim.call_count("cuModuleLoadData"), 13);
+    assert_eq!(sim.call_count("cuModuleLoadData"), 14);
 }

@@ -19,6 +19,7 @@ mod indexed;
 mod linear;
 mod linear_backward;
 mod linear_backward_errors;
+mod linear_bf16;
 mod linear_launch;
 mod norm_params;
 mod norm_params_launch;

@@ -30,12 +30,12 @@ pub fn budget(mode: MathMode, k: usize) -> f64 {
 }
 
 /// Deterministic float32 values in `[lo, hi)`.
-fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f32> {
+pub fn values(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f32> {
     uniform(n, seed, lo, hi).iter().map(|&v| v as f32).collect()
 }
 
 /// `op(a') · op(b')` in f64 and `Σ|a'||b'|`, for the rounded operands `a'`, `b'`.
-fn reference(
+pub fn reference(
     (a, a_shape): (&[f32], &[usize]),
     (b, b_shape): (&[f32], &[usize]),
     opts: MatmulOpts,
