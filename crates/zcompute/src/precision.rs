@@ -204,6 +204,28 @@ impl<S: Storage> Bf16Copy<S> {
 /// A backend's [`Bf16Copy`] of `T` elements.
 pub type BBf16<B, T> = Bf16Copy<<B as crate::backend::Backend<T>>::Storage>;
 
+/// A Linear layer's product `x · wᵀ` (the weight stored `[out, in]`).
+const LINEAR_NT: MatmulOpts = MatmulOpts {
+    trans_a: false,
+    trans_b: true,
+};
+
+/// A Linear layer's float32 epilogue on its product `z`: `act(z + bias)`, plus `residual`
+/// when given (the provided bodies of [`PrecisionOps::linear_bf16`] and `linear_bf16_rhs`).
+fn linear_epilogue<B: LinearOps<T> + ?Sized, T: Element>(
+    b: &B,
+    z: &BTensor<B, T>,
+    bias: &BTensor<B, T>,
+    act: Activation,
+    residual: Option<&BTensor<B, T>>,
+) -> Result<BTensor<B, T>> {
+    let z = b.bias_act(z, bias, act)?;
+    match residual {
+        Some(r) => b.add(&z, r),
+        None => Ok(z),
+    }
+}
+
 /// Matrix products under a [`MathMode`] and the Linear layer on them. Implemented by the CPU
 /// backend (f32: every mode, emulated; f64: [`MathMode::F32`] only) and the CUDA backend
 /// (every mode). A backend of your own gets float32 and a typed refusal of the other modes
@@ -375,15 +397,8 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         act: Activation,
         residual: Option<&BTensor<Self, T>>,
     ) -> Result<BTensor<Self, T>> {
-        const NT: MatmulOpts = MatmulOpts {
-            trans_a: false,
-            trans_b: true,
-        };
-        let z = self.bias_act(&self.matmul_bf16(x, w, NT)?, bias, act)?;
-        match residual {
-            Some(r) => self.add(&z, r),
-            None => Ok(z),
-        }
+        let z = self.matmul_bf16(x, w, LINEAR_NT)?;
+        linear_epilogue(self, &z, bias, act, residual)
     }
 
     /// As [`PrecisionOps::linear_bf16`] with the input in float32 (rounded to bf16 as the
@@ -398,15 +413,8 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         act: Activation,
         residual: Option<&BTensor<Self, T>>,
     ) -> Result<BTensor<Self, T>> {
-        const NT: MatmulOpts = MatmulOpts {
-            trans_a: false,
-            trans_b: true,
-        };
-        let z = self.bias_act(&self.matmul_bf16_rhs(x, w, NT)?, bias, act)?;
-        match residual {
-            Some(r) => self.add(&z, r),
-            None => Ok(z),
-        }
+        let z = self.matmul_bf16_rhs(x, w, LINEAR_NT)?;
+        linear_epilogue(self, &z, bias, act, residual)
     }
 
     /// Tanh's backward `g · (1 - y²)` ([`LinearOps::tanh_backward`]) and its bf16 copy
