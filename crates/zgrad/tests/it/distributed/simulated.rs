@@ -14,8 +14,8 @@ use zcomm::rendezvous::Server;
 use zcomm::{Collective, RankInfo, SimCollective};
 use zcompute::{CudaBackend, Engine, SimDriver};
 use zgrad::{
-    EvalSource, GradSync, Load, StepSource, TrainSchedule, Trainer, TrainerConfig, XAsset,
-    XAssetConfig,
+    EvalSource, GradSync, Load, Precision, StepSource, TrainSchedule, Trainer, TrainerConfig,
+    XAsset, XAssetConfig,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -210,9 +210,30 @@ fn norm(a: &[f32]) -> f64 {
 /// docs/xasset.md's rule: 1e-5 relative per tensor; kn.bias's gradient by its norm (below 1e-6),
 /// its value within 2·lr per element per step.
 pub(super) fn assert_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], grads: bool) {
+    assert_close_in(what, got, want, grads, Precision::F32);
+}
+
+/// [`assert_close`] under `precision`. kn.bias's gradient is rounding noise around zero: under
+/// bf16 that noise is bf16's (1.4e-5 on SMALL, over the float32 bound), made of the same
+/// per-row roundings on every shard, so there it is held to the one-rank noise (difference
+/// below 1e-6) instead of to zero.
+fn assert_close_in(
+    what: &str,
+    got: &[Vec<f32>],
+    want: &[Vec<f32>],
+    grads: bool,
+    precision: Precision,
+) {
     for ((name, g), w) in zgrad::PARAMETER_NAMES.iter().zip(got).zip(want) {
         if *name == "kn.bias" {
-            if grads {
+            if grads && precision == Precision::Bf16 {
+                let d: Vec<f32> = g.iter().zip(w).map(|(a, b)| a - b).collect();
+                assert!(
+                    norm(&d) < 1e-6,
+                    "{what} {name}: |g - one rank's| = {}",
+                    norm(&d)
+                );
+            } else if grads {
                 assert!(norm(g) < 1e-6, "{what} {name}: |g| = {}", norm(g));
             } else {
                 let worst = g
@@ -230,30 +251,52 @@ pub(super) fn assert_close(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], grad
 }
 
 #[rstest]
-#[case::batched_eager(TrainSchedule::Batched, false)]
-#[case::batched_captured(TrainSchedule::Batched, true)]
-#[case::per_sample_eager(TrainSchedule::PerSample, false)]
-#[case::per_sample_captured(TrainSchedule::PerSample, true)]
-fn n_ranks_match_one_rank(#[case] schedule: TrainSchedule, #[case] capture: bool) {
-    let cfg = config(schedule, capture);
+#[case::batched_eager(TrainSchedule::Batched, false, Precision::F32)]
+#[case::batched_captured(TrainSchedule::Batched, true, Precision::F32)]
+#[case::per_sample_eager(TrainSchedule::PerSample, false, Precision::F32)]
+#[case::per_sample_captured(TrainSchedule::PerSample, true, Precision::F32)]
+// Issue 42: data parallel under bf16. A shard's rows are rounded and multiplied as the whole
+// batch's are (every bf16 rounding is of one row's values), and the gradients are reduced in
+// float32, so N ranks stay within the float32 rule of one rank at B.
+#[case::bf16_batched_eager(TrainSchedule::Batched, false, Precision::Bf16)]
+#[case::bf16_batched_captured(TrainSchedule::Batched, true, Precision::Bf16)]
+#[case::bf16_per_sample_eager(TrainSchedule::PerSample, false, Precision::Bf16)]
+#[case::bf16_per_sample_captured(TrainSchedule::PerSample, true, Precision::Bf16)]
+fn n_ranks_match_one_rank(
+    #[case] schedule: TrainSchedule,
+    #[case] capture: bool,
+    #[case] precision: Precision,
+) {
+    let cfg = TrainerConfig {
+        precision,
+        ..config(schedule, capture)
+    };
     let one = train(&Engine::sim(256 << 20).unwrap(), None, cfg);
     for world in [2, 3] {
         let seen = ranks(world, move |b, c| train(b, Some(c), cfg));
         for (r, s) in seen.iter().enumerate() {
-            let at = format!("{schedule:?} capture={capture} N={world} rank {r}");
-            assert_close(
+            let at = format!("{schedule:?} capture={capture} {precision:?} N={world} rank {r}");
+            assert_close_in(
                 &format!("{at} step 1 grads"),
                 &s.grads[0],
                 &one.grads[0],
                 true,
+                precision,
             );
-            assert_close(
+            assert_close_in(
                 &format!("{at} step 10 grads"),
                 &s.grads[1],
                 &one.grads[1],
                 true,
+                precision,
             );
-            assert_close(&format!("{at} params"), &s.params, &one.params, false);
+            assert_close_in(
+                &format!("{at} params"),
+                &s.params,
+                &one.params,
+                false,
+                precision,
+            );
             for (l, w) in s.losses.iter().zip(&one.losses) {
                 assert!(
                     (l - w).abs() <= 1e-5 * w.abs().max(1.0),
