@@ -234,17 +234,23 @@ fn a_rank_that_stalls_mid_run_times_the_others_out_and_is_the_one_named() {
         "{stderr}"
     );
     for r in [0, 2] {
-        assert!(
-            stderr.contains(&format!("ztrain rank {r} of 3: error: step ")),
-            "rank {r}'s final error line missing:\n{stderr}"
-        );
+        let head = format!("ztrain rank {r} of 3: error: ");
+        let Some(line) = stderr.lines().find(|l| l.starts_with(&head)) else {
+            panic!("rank {r}'s final error line missing:\n{stderr}");
+        };
         // Rank 0, which waited for rank 1, names it (issue 44); rank 2 hears of it from rank 0.
         let cause = match r {
-            0 => "caused by: rank 0: rank 1 did not answer within ".to_string(),
-            _ => format!("caused by: rank {r}: all_reduce of step "),
+            0 => "rank 0: rank 1 did not answer within ".to_string(),
+            _ => format!("rank {r}: all_reduce of step "),
         };
+        // A stall that lands in a step ends it (`step N failed ...`, caused by the collective's
+        // error); one that lands between steps (the epoch's evaluation or checkpoint, which a
+        // loaded machine makes longer: CI saw it) ends with that typed error itself, which
+        // names the rank and the step too.
+        let said = &line[head.len()..];
+        let in_step = said.starts_with("step ") && stderr.contains(&format!("caused by: {cause}"));
         assert!(
-            stderr.contains(&cause),
+            in_step || said.starts_with(&cause),
             "rank {r}'s typed error missing:\n{stderr}"
         );
         assert!(
