@@ -205,14 +205,15 @@ impl<S: Storage> Bf16Copy<S> {
 pub type BBf16<B, T> = Bf16Copy<<B as crate::backend::Backend<T>>::Storage>;
 
 /// A Linear layer's product `x · wᵀ` (the weight stored `[out, in]`).
-const LINEAR_NT: MatmulOpts = MatmulOpts {
+pub(crate) const LINEAR_NT: MatmulOpts = MatmulOpts {
     trans_a: false,
     trans_b: true,
 };
 
 /// A Linear layer's float32 epilogue on its product `z`: `act(z + bias)`, plus `residual`
-/// when given (the provided bodies of [`PrecisionOps::linear_bf16`] and `linear_bf16_rhs`).
-fn linear_epilogue<B: LinearOps<T> + ?Sized, T: Element>(
+/// when given (the provided bodies of [`PrecisionOps::linear_bf16`] and `linear_bf16_rhs`, and
+/// the CUDA backend's steps where its one-launch form does not take the product).
+pub(crate) fn linear_epilogue<B: LinearOps<T> + ?Sized, T: Element>(
     b: &B,
     z: &BTensor<B, T>,
     bias: &BTensor<B, T>,

@@ -18,7 +18,7 @@ use crate::backend::{Backend, MatmulOpts};
 use crate::error::Result;
 use crate::layout::checked_numel;
 use crate::linear::{Activation, LinearOps};
-use crate::precision::{Bf16Copy, MathMode, PrecisionOps};
+use crate::precision::{Bf16Copy, LINEAR_NT, MathMode, PrecisionOps, linear_epilogue};
 use crate::validate::{self, split_matrix};
 use zdevice::Driver;
 
@@ -78,12 +78,6 @@ impl<D: Driver> CudaBackend<D> {
     }
 }
 
-/// `x · wᵀ`: a Linear forward's product.
-const LINEAR_NT: MatmulOpts = MatmulOpts {
-    trans_a: false,
-    trans_b: true,
-};
-
 impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
     fn matmul_mode(
         &self,
@@ -127,11 +121,7 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             return self.linear_fused(x, w, bias, act, None, mode);
         }
         validate::linear(x, w, bias)?;
-        let opts = MatmulOpts {
-            trans_a: false,
-            trans_b: true,
-        };
-        self.bias_act(&self.matmul_mode(x, w, opts, mode)?, bias, act)
+        self.bias_act(&self.matmul_mode(x, w, LINEAR_NT, mode)?, bias, act)
     }
 
     /// One small-row launch on the copies with the bias epilogue (and a dense residual)
@@ -157,11 +147,8 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
         match self.linear_rows_bf16((&sx, &sw), bias, act, residual, given)? {
             Some(out) => Ok(out),
             None => {
-                let z = self.bias_act(&self.matmul_bf16(x, w, LINEAR_NT)?, bias, act)?;
-                match residual {
-                    Some(r) => self.add(&z, r),
-                    None => Ok(z),
-                }
+                let z = self.matmul_bf16(x, w, LINEAR_NT)?;
+                linear_epilogue(self, &z, bias, act, residual)
             }
         }
     }
@@ -181,11 +168,8 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
         match self.linear_rows_bf16((x, &sw), bias, act, residual, (None, given.as_ref()))? {
             Some(out) => Ok(out),
             None => {
-                let z = self.bias_act(&self.matmul_bf16_rhs(x, w, LINEAR_NT)?, bias, act)?;
-                match residual {
-                    Some(r) => self.add(&z, r),
-                    None => Ok(z),
-                }
+                let z = self.matmul_bf16_rhs(x, w, LINEAR_NT)?;
+                linear_epilogue(self, &z, bias, act, residual)
             }
         }
     }
