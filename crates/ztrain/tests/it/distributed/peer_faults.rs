@@ -190,9 +190,12 @@ fn a_peer_killed_or_stopped_after_the_first_epoch_never_hangs_the_job(
     // Issue 44, the GPU's worst case: a peer killed while replayed graphs wait for it. The
     // host hears nothing, its launches block behind the wait, which the abort does not end
     // (the simulator models it so, `zcomm::sim`); rank 0's last resort ends it, naming rank 1.
+    // On a loaded machine the read-back's own deadline can end that wait first (CI saw it):
+    // its error names rank 1 too ("rank 1 did not answer").
     if signal == "KILL" && captured && at == "train" {
         assert!(
-            stderr.contains("ztrain rank 0 of 2: error: rank 0: rank 1 stopped answering"),
+            stderr.contains("ztrain rank 0 of 2: error: rank 0: rank 1 stopped answering")
+                || stderr.contains("rank 0: a wait on the device passed its deadline behind the job's collectives: rank 1 did not answer"),
             "rank 0's last resort did not name rank 1:\n{stderr}"
         );
     }
