@@ -30,6 +30,14 @@ Runs wherever PyTorch and safetensors are installed, from a fresh clone (no othe
 
   python3 crates/zgrad/benches/xasset_autocast_error.py [--device auto|cuda|cpu]
       [--fixtures DIR] [--configs tiny,small,deep2,deep3] [--json OUT.json]
+      [--draws K --draws-out DIR]
+
+--draws K also runs, per fixture, K draws of its batch (each element of x times 1 + 0.05 r, r
+from splitmix64 seeded with the draw number: `drawn_x`), each draw's float64 oracle (loss and
+gradients, written to DIR/xasset_<fixture>_draws.safetensors) and bf16 autocast's `rel` per
+tensor in both schedules (the fixture's `draws` entry). One fixture is one draw of the rounding:
+zgrad's test `a_bf16_step_is_within_twice_autocast_mean_error_over_draws` compares our mean
+error over the same draws with autocast's (docs/precision.md).
 
 --device auto takes the GPU when there is one (autocast "cuda"), else the CPU (autocast "cpu",
 whose op lists differ: see the `autocast` entry of the output). Prints one JSON object.
@@ -41,7 +49,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # no __pycache__ left in the source tree
@@ -114,12 +122,85 @@ def compare(oracle, loss, grads, after):
     return summary, tensors
 
 
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """Yields splitmix64's outputs from `state` (the generator zgrad's draws test repeats)."""
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        yield z ^ (z >> 31)
+
+
+def drawn_x(x, draw):
+    """Draw `draw` (1, 2, ...) of the fixture's batch: each element of x times (1 + 0.05 r),
+    r uniform in [-1, 1) from splitmix64 seeded with the draw number, in row-major order; the
+    product in float64, rounded once to float32."""
+    gen = splitmix64(draw)
+    flat = x.double().reshape(-1).tolist()
+    r = [((next(gen) >> 11) * 2.0 ** -53) * 2.0 - 1.0 for _ in flat]
+    out = torch.tensor([a * (1.0 + 0.05 * b) for a, b in zip(flat, r)], dtype=torch.float64)
+    return out.float().reshape(x.shape)
+
+
+def f64_oracle(t, cfg):
+    """The float64 step's loss and gradients on the CPU (xasset_torch.py's oracle, no AdamW)."""
+    model = XAsset(*cfg).double()
+    names = [n for n, _ in model.named_parameters()]
+    model.load_state_dict({n: t[n].double() for n in names})
+    loss = F.binary_cross_entropy_with_logits(model(t["x"].double()), t["y"].double())
+    loss.backward()
+    res = {"loss": loss.detach().reshape(1)}
+    for n, p in model.named_parameters():
+        res["grad." + n] = p.grad.detach().clone()
+    return res
+
+
+def draws(name, t, cfg, count, dev, out_dir):
+    """`count` draws of the fixture's batch (`drawn_x`): each one's float64 oracle (loss and
+    gradients, written to `out_dir/xasset_<name>_draws.safetensors` as `<draw>.loss` (float64),
+    `<draw>.grad.<param>` (float32), with `xsum` [count], each draw's batch summed in float64 so the reader
+    can check it drew the same numbers) and autocast's `rel` per tensor in both schedules."""
+    oracle_file, xsums, rels = {}, [], {}
+    for draw in range(1, count + 1):
+        td = dict(t)
+        td["x"] = drawn_x(t["x"], draw)
+        xsums.append(td["x"].double().sum().item())
+        # Gradients stored as float32 (6e-8 relative, far below any bf16 error; the file is
+        # half the size) and compared in that form here and in zgrad's test alike.
+        oracle = {k: v if k == "loss" else v.float().double()
+                  for k, v in f64_oracle(td, cfg).items()}
+        for k, v in oracle.items():
+            oracle_file[f"{draw}.{k}"] = (v if k == "loss" else v.float()).contiguous()
+        for schedule in ["batched", "per_sample"]:
+            loss, grads, _ = one_step(td, cfg, schedule, "bf16", dev)
+            run = rels.setdefault(f"bf16/{schedule}", {})
+            ours = {"loss": loss, **{"grad." + n: g for n, g in grads.items()}}
+            for k, v in ours.items():
+                e = error(v, oracle[k])["rel"]
+                if e is not None:
+                    run.setdefault(k, []).append(e)
+    oracle_file["xsum"] = torch.tensor(xsums, dtype=torch.float64)
+    save_file(oracle_file, os.path.join(out_dir, f"xasset_{name}_draws.safetensors"))
+    summary = {}
+    for run, tensors in rels.items():
+        summary[run] = {k: {"mean": sum(v) / len(v), "rels": [float(f"{e:.4g}") for e in v]}
+                        for k, v in tensors.items()}
+    return summary
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     ap.add_argument("--fixtures", default=FIXTURES, help="folder of xasset_*_{in,oracle}.safetensors")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--json", help="also write the JSON object here")
+    ap.add_argument("--draws", type=int, default=0,
+                    help="also run K perturbed draws of each fixture's batch (bf16 only)")
+    ap.add_argument("--draws-out", default=".", help="folder for the draws' float64 oracles")
     a = ap.parse_args()
     if a.device == "auto":
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -154,6 +235,8 @@ def main():
             "batch": t["x"].shape[0],
             "runs": runs,
         }
+        if a.draws:
+            out["fixtures"][name]["draws"] = draws(name, t, cfg, a.draws, dev, a.draws_out)
     text = json.dumps(out, indent=1)
     if a.json:
         with open(a.json, "w") as f:

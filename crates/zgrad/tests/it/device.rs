@@ -314,6 +314,11 @@ macro_rules! suite {
             crate::support::autocast_error::bf16_step_is_within_twice_autocast_error(&b);
         }
         #[test]
+        fn a_bf16_step_is_within_twice_autocast_mean_error_over_draws() {
+            let (_guard, b) = $make();
+            crate::support::autocast_draws::bf16_mean_error_over_draws_is_within_twice_autocast(&b);
+        }
+        #[test]
         fn captured_bf16_steps_equal_eager_ones_bitwise() {
             let (_guard, b) = $make();
             crate::support::precision_step::captured_equals_eager_bitwise(

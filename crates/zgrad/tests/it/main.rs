@@ -7,6 +7,7 @@ mod common;
 /// Shared by several features: the PyTorch fixtures, one trainer step against the oracle, a
 /// model of the user's own (`mlp`) and the small XAsset the trainer tests use (`small`).
 mod support {
+    pub mod autocast_draws;
     pub mod autocast_error;
     pub mod fixtures;
     pub mod head;

@@ -9,3 +9,12 @@ use zcompute::CpuBackend;
 fn a_bf16_step_on_the_cpu_is_within_twice_autocast_error() {
     bf16_step_is_within_twice_autocast_error(&CpuBackend);
 }
+
+/// The same over 32 draws of each fixture's batch, per tensor by its mean error
+/// (support/autocast_draws.rs).
+#[test]
+fn a_bf16_step_on_the_cpu_is_within_twice_autocast_mean_error_over_draws() {
+    crate::support::autocast_draws::bf16_mean_error_over_draws_is_within_twice_autocast(
+        &CpuBackend,
+    );
+}
