@@ -314,6 +314,11 @@ macro_rules! suite {
             crate::support::autocast_error::bf16_step_is_within_twice_autocast_error(&b);
         }
         #[test]
+        fn bf16_on_a_model_of_the_users_own_is_near_float64_for_every_task() {
+            let (_guard, b) = $make();
+            crate::support::own_model_bf16::bf16_on_a_model_of_the_users_own_is_near_float64_for_every_task(&b);
+        }
+        #[test]
         fn a_bf16_step_is_within_twice_autocast_mean_error_over_draws() {
             let (_guard, b) = $make();
             crate::support::autocast_draws::bf16_mean_error_over_draws_is_within_twice_autocast(&b);

@@ -13,6 +13,7 @@ mod support {
     pub mod head;
     pub mod mlp;
     pub mod oracle_step;
+    pub mod own_model_bf16;
     pub mod precision_step;
     pub mod small;
     pub mod steps;

@@ -152,3 +152,12 @@ fn a_checkpoint_resumes_only_under_its_own_precision() {
     bf16_trainer.load_checkpoint(&bf16_path).unwrap();
     f32_trainer.load_checkpoint(&f32_path).unwrap();
 }
+
+/// bf16 on a model of the user's own under every task (support/own_model_bf16.rs; device.rs
+/// runs it on the simulated device and the GPU).
+#[test]
+fn bf16_on_a_model_of_the_users_own_on_the_cpu_is_near_float64_for_every_task() {
+    crate::support::own_model_bf16::bf16_on_a_model_of_the_users_own_is_near_float64_for_every_task(
+        &CpuBackend,
+    );
+}
