@@ -7,8 +7,8 @@ use zcompute::{AllocClass, Backend, CudaBackend, MatmulOpts};
 use zdevice::{Device, DeviceConfig, Driver, SimConfig, SimDriver};
 use zgrad::StepSource;
 use zgrad::{
-    AdamW, AdamWHyper, Applied, GradError, LrSchedule, Tape, TensorFile, TrainSchedule, Trainer,
-    TrainerConfig, Var, XAsset, read_tensors,
+    AdamW, AdamWHyper, Applied, GradError, LrSchedule, Precision, Tape, TensorFile, TrainSchedule,
+    Trainer, TrainerConfig, Var, XAsset, read_tensors,
 };
 use zmem::{Arena, ArenaConfig, Protection};
 
@@ -166,13 +166,14 @@ fn captured_steps_equal_eager_steps<D: Driver>(b: CudaBackend<D>) {
 /// Issue 10 item 4: a replayed batched step whose loss is NaN skips its update on the device
 /// (the AdamW kernels' gate): parameters bitwise unchanged, the step not counted, the error
 /// "not applied"; the next finite step is counted as the one that was skipped.
-fn a_captured_non_finite_step_is_skipped<D: Driver>(b: CudaBackend<D>) {
+fn a_captured_non_finite_step_is_skipped<D: Driver>(b: CudaBackend<D>, precision: Precision) {
     let f = tiny();
     let (x, y) = (&f.input.tensors["x"].data, &f.input.tensors["y"].data);
     let model = XAsset::from_tensors(&b, &f.input, &f.path).unwrap();
     let cfg = TrainerConfig {
         capture: true,
         lr: 1e-2,
+        precision,
         ..TrainerConfig::default()
     };
     let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
@@ -292,7 +293,10 @@ macro_rules! suite {
         #[test]
         fn a_captured_non_finite_step_is_skipped() {
             let (_guard, b) = $make();
-            super::a_captured_non_finite_step_is_skipped(b);
+            // Under bf16 too: a NaN rounded to bf16 stays a NaN (the gate must still see it).
+            for precision in [zgrad::Precision::F32, zgrad::Precision::Bf16] {
+                super::a_captured_non_finite_step_is_skipped(b.clone(), precision);
+            }
         }
         #[test]
         fn saved_tensors_survive_the_reset() {
