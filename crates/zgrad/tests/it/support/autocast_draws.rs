@@ -11,11 +11,9 @@
 
 use serde_json::Value;
 use zcompute::Capture;
-use zgrad::{
-    Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
-};
+use zgrad::{TensorFile, TrainSchedule, read_tensors};
 
-use super::autocast_error::TIMES_AUTOCAST;
+use super::autocast_error::{TIMES_AUTOCAST, bf16_step, rel};
 
 const AUTOCAST_H200: &str = include_str!("../../../benches/xasset_autocast_error.h200.json");
 
@@ -46,13 +44,6 @@ pub fn drawn_x(x: &[f32], draw: u64) -> Vec<f32> {
             y
         })
         .collect()
-}
-
-/// ‖got − want‖ / ‖want‖ in float64.
-fn rel(got: &[f64], want: &[f64]) -> f64 {
-    let d: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
-    let n: f64 = want.iter().map(|b| b * b).sum();
-    d.sqrt() / n.sqrt()
 }
 
 /// Autocast on the draws of `fixture` in `schedule`: per tensor its name, mean `rel` and `rel`
@@ -102,16 +93,7 @@ fn ours_over_draws<B: Capture<f32> + Clone + 'static>(
             "{fixture} draw {draw}: the batch summed {sum}, the script's {}: not the same draw",
             xsums[draw - 1]
         );
-        let model = XAsset::from_tensors(b, &input, &path).unwrap();
-        let cfg = TrainerConfig {
-            schedule,
-            precision: Precision::Bf16,
-            ..TrainerConfig::default()
-        };
-        let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-        let r = t
-            .step(StepSource::host(&xd, &input.tensors["y"].data, x.shape[0]))
-            .unwrap();
+        let (r, t) = bf16_step(b, (&input, &path), schedule, &xd);
         let want = &oracle.tensors[&format!("{draw}.loss")].data;
         record("loss".into(), rel(&[r.loss], want));
         for (name, p) in t.model().named_parameters() {

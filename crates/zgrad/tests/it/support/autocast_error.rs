@@ -11,7 +11,8 @@
 use serde_json::Value;
 use zcompute::Capture;
 use zgrad::{
-    Precision, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset, read_tensors,
+    Precision, StepReport, StepSource, TensorFile, TrainSchedule, Trainer, TrainerConfig, XAsset,
+    read_tensors,
 };
 
 /// PyTorch autocast's error, measured on the H200 by the script beside the benches.
@@ -21,7 +22,7 @@ const AUTOCAST_H200: &str = include_str!("../../../benches/xasset_autocast_error
 pub const TIMES_AUTOCAST: f64 = 2.0;
 
 /// ‖got − want‖ / ‖want‖ in float64.
-fn rel(got: &[f64], want: &[f64]) -> f64 {
+pub fn rel(got: &[f64], want: &[f64]) -> f64 {
     let d: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
     let n: f64 = want.iter().map(|b| b * b).sum();
     d.sqrt() / n.sqrt()
@@ -47,6 +48,28 @@ fn autocast_rels(fixture: &str, schedule: &str) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// One bf16 trainer step (eager, `schedule`) on `b` from the fixture file `input` (at `path`)
+/// with the batch `x` in place of the file's: its report and the trainer after it.
+pub fn bf16_step<B: Capture<f32> + Clone + 'static>(
+    b: &B,
+    (input, path): (&TensorFile<f32>, &std::path::Path),
+    schedule: TrainSchedule,
+    x: &[f32],
+) -> (StepReport, Trainer<B, f32, XAsset<B>>) {
+    let model = XAsset::from_tensors(b, input, path).unwrap();
+    let cfg = TrainerConfig {
+        schedule,
+        precision: Precision::Bf16,
+        ..TrainerConfig::default()
+    };
+    let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
+    let y = &input.tensors["y"].data;
+    let r = t
+        .step(StepSource::host(x, y, input.tensors["x"].shape[0]))
+        .unwrap();
+    (r, t)
+}
+
 /// One bf16 trainer step (eager, `schedule`) on `b` from `fixture`, each tensor's error
 /// against the oracle beside PyTorch autocast's on the same tensor.
 pub fn measure<B: Capture<f32> + Clone + 'static>(
@@ -59,21 +82,7 @@ pub fn measure<B: Capture<f32> + Clone + 'static>(
     let oracle_path =
         crate::support::fixtures::fixture(&format!("xasset_{fixture}_oracle.safetensors"));
     let oracle: TensorFile<f64> = read_tensors(&oracle_path).unwrap();
-    let x = &input.tensors["x"];
-    let model = XAsset::from_tensors(b, &input, &path).unwrap();
-    let cfg = TrainerConfig {
-        schedule,
-        precision: Precision::Bf16,
-        ..TrainerConfig::default()
-    };
-    let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
-    let r = t
-        .step(StepSource::host(
-            &x.data,
-            &input.tensors["y"].data,
-            x.shape[0],
-        ))
-        .unwrap();
+    let (r, t) = bf16_step(b, (&input, &path), schedule, &input.tensors["x"].data);
     let to_f64 = |v: Vec<f32>| -> Vec<f64> { v.into_iter().map(f64::from).collect() };
     let mut ours = vec![(
         "loss".to_string(),
