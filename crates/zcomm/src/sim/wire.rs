@@ -273,9 +273,10 @@ fn spoke(
         _ => bytes(data),
     };
     let frame = encode(Kind::Data, rank, call.seq, &mine);
-    lock(s)
-        .write_all(&frame, deadline)
-        .map_err(|e| io_failure(e, 0))?;
+    let sent = lock(s).write_all(&frame, deadline);
+    if let Err(e) = sent {
+        return Err(relayed_reason(s, call, io_failure(e, 0)));
+    }
     let f = recv(s, 0, call, data.len() * 4, deadline)?;
     if f.kind != Kind::Result {
         return Err(Failure::Peer(format!(
@@ -292,6 +293,25 @@ fn spoke(
         )));
     }
     Ok(out)
+}
+
+/// What to report when this rank's write to rank 0 failed with `failed`. When rank 0's
+/// connection is gone, rank 0 may have given up first (a peer died), said why in an abort frame
+/// and exited before this rank's buffer reached it: that frame is still in this connection's
+/// receive queue, and it names the rank that failed, where `failed` would name rank 0, which
+/// only relayed it. Anything else (nothing queued, another frame) leaves `failed` as it is.
+fn relayed_reason(s: &Mutex<Channel>, call: Call, failed: Failure) -> Failure {
+    if !matches!(failed, Failure::Vanished(..)) {
+        return failed;
+    }
+    // Queued bytes read at once; a connection with nothing queued is at its end (rank 0
+    // exited), so the wait is bounded by this short deadline only in the unlikely case that
+    // the write failed while rank 0 still lives.
+    let deadline = Instant::now() + Duration::from_millis(100);
+    match recv(s, 0, call, 0, deadline) {
+        Err(Failure::Peer(why)) if why.starts_with("rank 0 gave up: ") => Failure::Peer(why),
+        _ => failed,
+    }
 }
 
 /// Reads one frame from rank `from`; an abort or a frame of another collective is a failure.

@@ -157,6 +157,60 @@ fn a_rank_that_vanishes_fails_the_others_by_name() {
     }
 }
 
+/// Rank 1 dies, rank 0 finds it gone in step 9, tells rank 2 why (an abort frame) and exits
+/// before rank 2 has begun step 9. Rank 2's buffer is larger than the connection holds, so its
+/// write meets rank 0's closed socket (EPIPE or a reset) before it reads anything. Its error
+/// still names rank 1, from rank 0's abort waiting in the connection, not "rank 0 vanished":
+/// rank 0 only relayed the failure. (Seen under CI load with three ztrain ranks: rank 2
+/// reported "rank 0 vanished: Broken pipe".)
+#[test]
+fn a_rank_whose_write_meets_the_exited_hub_still_names_the_rank_that_died() {
+    use std::sync::mpsc;
+    const BIG: usize = 8 << 20; // 32 MiB of f32: more than a loopback socket buffers
+    let server = Server::bind("127.0.0.1:0").unwrap();
+    let addr = server.local_addr().unwrap().to_string();
+    let (hub_done, hub_gone) = mpsc::channel::<()>();
+    let rank1 = {
+        let addr = addr.clone();
+        thread::spawn(move || {
+            let b = Engine::sim(256 << 20).unwrap();
+            let c = SimCollective::join(&b, &addr, info(1, 3), T).unwrap();
+            drop(c); // dies: its connection closes
+        })
+    };
+    let rank0 = thread::spawn(move || {
+        let b = Engine::sim(256 << 20).unwrap();
+        let c = SimCollective::serve(&b, server, 3, T).unwrap();
+        let x = b.upload(&vec![1.0; BIG], &[BIG]).unwrap();
+        rank1.join().unwrap();
+        c.all_reduce_sum(&b, &x, 9).unwrap();
+        let e = c.synchronize(&b).unwrap_err();
+        drop((x, c, b)); // exits: its sockets close
+        hub_done.send(()).unwrap();
+        e
+    });
+    let b = Engine::sim(256 << 20).unwrap();
+    let c = SimCollective::join(&b, &addr, info(2, 3), T).unwrap();
+    let x = b.upload(&vec![1.0; BIG], &[BIG]).unwrap();
+    hub_gone.recv_timeout(T).expect("rank 0 ended");
+    c.all_reduce_sum(&b, &x, 9).unwrap();
+    let e = c.synchronize(&b).unwrap_err();
+    let hub = rank0.join().unwrap();
+    assert!(hub.to_string().contains("rank 1"), "rank 0: {hub}");
+    match &e {
+        CommError::PeerFailed {
+            rank: 2,
+            op: "all_reduce",
+            step: 9,
+            detail,
+        } => assert!(
+            detail.contains("rank 0 gave up") && detail.contains("rank 1"),
+            "rank 2: {detail}"
+        ),
+        other => panic!("rank 2: {other:?}"),
+    }
+}
+
 #[test]
 fn a_rank_that_stalls_times_the_others_out() {
     let deadline = Duration::from_millis(500);
