@@ -177,8 +177,10 @@ cell() {
     if ! grep -qE "rank $r( of $gpus)? exited with status 3" "$log"; then
       echo "FAIL: rank $r did not exit on its own with status 3"; ok=0
     fi
-    # Its typed error names the peer that did not answer, or lists it among the candidates.
-    if ! grep -A3 "^ztrain rank $r of" "$log" | grep -qE "rank 1 (did not answer|vanished|may have vanished|stopped answering)|a peer of ranks ([0-9]+, )*1([^0-9]|$)"; then
+    # Its typed error names the peer that did not answer, or lists it among the candidates;
+    # with more than two ranks a rank other than 0 may name it through rank 0's relayed
+    # reason ("rank 0 gave up: rank 1 did not join ... before the deadline").
+    if ! grep -A3 "^ztrain rank $r of" "$log" | grep -qE "rank 1 (did not answer|did not join|vanished|may have vanished|stopped answering)|a peer of ranks ([0-9]+, )*1([^0-9]|$)"; then
       echo "FAIL: rank $r's error does not name rank 1, the peer that did not answer"; ok=0
     fi
     if less_than "$took" "$grace"; then
