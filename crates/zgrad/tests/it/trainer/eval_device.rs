@@ -34,6 +34,21 @@ fn learner<B: Capture<f32> + Clone + 'static>(
     Trainer::new(b.clone(), model, config).expect("trainer")
 }
 
+/// Loads the training set, then the validation set (`x`, `y`, samples each).
+fn load_sets<B: Capture<f32> + Clone + 'static>(
+    t: &mut Trainer<B, f32, XAsset<B>>,
+    (x, y, n): (&[f32], &[f32], usize),
+    (vx, vy, n_val): (&[f32], &[f32], usize),
+) {
+    t.load(Load::Training { x, y, n }).expect("training set");
+    t.load(Load::Validation {
+        x: vx,
+        y: vy,
+        n: n_val,
+    })
+    .expect("validation set");
+}
+
 fn bits(r: &EvalReport) -> (u64, u64, usize) {
     (r.loss.to_bits(), r.accuracy.to_bits(), r.samples)
 }
@@ -51,18 +66,7 @@ fn same_as_evaluate<B: Capture<f32> + Clone + 'static>(
     let (x, y) = set(24, 31);
     let (vx, vy) = set(n_val, 32);
     let mut t = learner(b, schedule, capture, eval_batch);
-    t.load(Load::Training {
-        x: &x,
-        y: &y,
-        n: 24,
-    })
-    .expect("training set");
-    t.load(Load::Validation {
-        x: &vx,
-        y: &vy,
-        n: n_val,
-    })
-    .expect("validation set");
+    load_sets(&mut t, (&x, &y, 24), (&vx, &vy, n_val));
     assert_eq!(t.status().validation_rows, Some(n_val));
     for epoch in 0..3 {
         for rows in [[0, 5, 9, 11, 2, 23], [3, 3, 17, 8, 1, 20]] {
@@ -171,18 +175,7 @@ fn the_chunk_graphs_are_replayed_not_recaptured_across_epochs() {
     let (x, y) = set(24, 34);
     let (vx, vy) = set(23, 35);
     let mut t = learner(&b, TrainSchedule::Batched, true, 4);
-    t.load(Load::Training {
-        x: &x,
-        y: &y,
-        n: 24,
-    })
-    .expect("training set");
-    t.load(Load::Validation {
-        x: &vx,
-        y: &vy,
-        n: 23,
-    })
-    .expect("validation set");
+    load_sets(&mut t, (&x, &y, 24), (&vx, &vy, 23));
     let (_, captures) = calls(&b, &["cuStreamBeginCapture_v2"], || {
         t.evaluate(EvalSource::Validation).expect("first")
     });
@@ -284,18 +277,7 @@ fn step_and_evaluation_share<D: zdevice::Driver + 'static>(
     let (x, y) = set(24, 37);
     let (vx, vy) = set(23, 38);
     let mut t = learner(b, schedule, true, 4);
-    t.load(Load::Training {
-        x: &x,
-        y: &y,
-        n: 24,
-    })
-    .expect("training set");
-    t.load(Load::Validation {
-        x: &vx,
-        y: &vy,
-        n: 23,
-    })
-    .expect("validation set");
+    load_sets(&mut t, (&x, &y, 24), (&vx, &vy, 23));
     t.queue(StepSource::loaded(&[0, 5, 9, 11, 2, 23]), 1)
         .expect("step");
     t.drain().expect("drained");
