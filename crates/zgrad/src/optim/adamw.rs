@@ -389,11 +389,9 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
         })
     }
 
-    /// Restores a state exported by `export` (shapes must match, in parameter order). Clears
-    /// an unknown state left by a failed step once every moment is written (the caller
-    /// restores the parameters; `Trainer::load_checkpoint` does both); a failure while writing
-    /// leaves the state unknown.
-    pub fn import(&mut self, b: &B, state: &AdamWState<T>) -> Result<()> {
+    /// Whether `state` fits this optimiser (one moment pair per parameter, shapes in parameter
+    /// order): `BadInput` naming the first that does not. Writes nothing.
+    pub fn check(&self, state: &AdamWState<T>) -> Result<()> {
         if state.moments.len() != self.tensors.m.len() {
             return Err(GradError::BadInput(format!(
                 "optimiser state has {} parameters, the model {}",
@@ -401,17 +399,32 @@ impl<B: Ops<T>, T: Element> AdamW<B, T> {
                 self.tensors.m.len()
             )));
         }
-        for (Moments { name, shape, m, v }, (dm, dv)) in state
+        for (Moments { name, shape, m, v }, dm) in state.moments.iter().zip(&self.tensors.m) {
+            let numel = dm.shape().iter().product::<usize>();
+            if shape.as_slice() != dm.shape() || m.len() != numel || v.len() != numel {
+                return Err(GradError::BadInput(format!(
+                    "optimiser state for `{name}` has shape {shape:?} ({} and {} values), the parameter {:?}",
+                    m.len(),
+                    v.len(),
+                    dm.shape()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Restores a state exported by `export` (shapes must match, in parameter order; checked
+    /// whole before anything is written). Clears
+    /// an unknown state left by a failed step once every moment is written (the caller
+    /// restores the parameters; `Trainer::load_checkpoint` does both); a failure while writing
+    /// leaves the state unknown.
+    pub fn import(&mut self, b: &B, state: &AdamWState<T>) -> Result<()> {
+        self.check(state)?;
+        for (Moments { m, v, .. }, (dm, dv)) in state
             .moments
             .iter()
             .zip(self.tensors.m.iter().zip(&self.tensors.v))
         {
-            if shape.as_slice() != dm.shape() {
-                return Err(GradError::BadInput(format!(
-                    "optimiser state for `{name}` has shape {shape:?}, the parameter {:?}",
-                    dm.shape()
-                )));
-            }
             if let Err(e) = b.upload_into(m, dm).and_then(|()| b.upload_into(v, dv)) {
                 self.book.import_failed();
                 return Err(e.into());

@@ -246,17 +246,28 @@ impl<B: Ops<T>, T: Element> Optimizer<B, T> {
         })
     }
 
-    /// Restores a state exported by `export` of the same optimiser; another optimiser's
-    /// state is an `OptimizerMismatch` and changes nothing.
-    pub fn import(&mut self, b: &B, state: &OptimizerState<T>) -> Result<()> {
+    /// Whether `state` fits this optimiser (`import` would take it): another optimiser's state
+    /// is an `OptimizerMismatch`, a buffer of another count or shape a `BadInput`. Writes
+    /// nothing.
+    pub fn check(&self, state: &OptimizerState<T>) -> Result<()> {
         match (self, state) {
-            (Optimizer::AdamW(o), OptimizerState::AdamW(s)) => o.import(b, s),
-            (Optimizer::Sgd(o), OptimizerState::Sgd(s)) => o.import(b, s),
+            (Optimizer::AdamW(o), OptimizerState::AdamW(s)) => o.check(s),
+            (Optimizer::Sgd(o), OptimizerState::Sgd(s)) => o.check(s),
             (me, _) => Err(GradError::OptimizerMismatch {
                 file: "an optimiser state".to_string(),
                 saved: state.kind().name().to_string(),
                 now: me.kind().name().to_string(),
             }),
+        }
+    }
+
+    /// Restores a state exported by `export` of the same optimiser; one that does not fit
+    /// (`check`) changes nothing.
+    pub fn import(&mut self, b: &B, state: &OptimizerState<T>) -> Result<()> {
+        match (self, state) {
+            (Optimizer::AdamW(o), OptimizerState::AdamW(s)) => o.import(b, s),
+            (Optimizer::Sgd(o), OptimizerState::Sgd(s)) => o.import(b, s),
+            (me, _) => me.check(state),
         }
     }
 }

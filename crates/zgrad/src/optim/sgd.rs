@@ -338,9 +338,10 @@ impl<B: Ops<T>, T: Element> Sgd<B, T> {
         })
     }
 
-    /// Restores a state exported by `export` (one buffer per parameter with momentum, none
-    /// without; shapes in parameter order). A failure while writing leaves the state unknown.
-    pub fn import(&mut self, b: &B, state: &SgdState<T>) -> Result<()> {
+    /// Whether `state` fits this optimiser (one buffer per parameter with momentum, none
+    /// without; shapes in parameter order): `BadInput` naming the first that does not. Writes
+    /// nothing.
+    pub fn check(&self, state: &SgdState<T>) -> Result<()> {
         if state.buffers.len() != self.tensors.buf.len() {
             return Err(GradError::BadInput(format!(
                 "SGD state has {} momentum buffers, this optimiser {} (momentum {})",
@@ -350,15 +351,24 @@ impl<B: Ops<T>, T: Element> Sgd<B, T> {
             )));
         }
         for (saved, buf) in state.buffers.iter().zip(&self.tensors.buf) {
-            if saved.shape.as_slice() != buf.shape() {
+            let numel = buf.shape().iter().product::<usize>();
+            if saved.shape.as_slice() != buf.shape() || saved.buf.len() != numel {
                 return Err(GradError::BadInput(format!(
-                    "momentum buffer of `{}` has shape {:?}, the parameter {:?}",
+                    "momentum buffer of `{}` has shape {:?} ({} values), the parameter {:?}",
                     saved.name,
                     saved.shape,
+                    saved.buf.len(),
                     buf.shape()
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Restores a state exported by `export` (checked whole by `check` before anything is
+    /// written). A failure while writing leaves the state unknown.
+    pub fn import(&mut self, b: &B, state: &SgdState<T>) -> Result<()> {
+        self.check(state)?;
         for (saved, buf) in state.buffers.iter().zip(&self.tensors.buf) {
             if let Err(e) = b.upload_into(&saved.buf, buf) {
                 self.book.import_failed();

@@ -379,8 +379,9 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
     /// Sets the parameters to `values` (one a parameter, in `Model::named_parameters`'
     /// order, each its values row-major) and the optimiser's state to `state`
     /// (`Optimizer::export` of a trainer of this model): what `load_checkpoint` does with a
-    /// file's, for a caller that keeps them its own way. Values of another count or size
-    /// are refused (`BadInput`) before anything is written; a restore that fails while
+    /// file's, for a caller that keeps them its own way. Values of another count or size,
+    /// and a state that does not fit (`BadInput`; another optimiser's: `OptimizerMismatch`),
+    /// are refused before anything is written; a restore that fails while
     /// writing the parameters leaves the state unknown (`StateUnknown` until one succeeds),
     /// and one that succeeds clears an unknown state left by a failed step. Captured graphs
     /// keep working: the values are written into the existing tensors.
@@ -400,6 +401,8 @@ impl<B: Capture<T> + 'static, T: Element, M: Model<B, T>> Trainer<B, T, M> {
                 params.iter().map(|p| p.value().numel()).collect::<Vec<_>>(),
             )));
         }
+        // The state too, before a parameter is written: one that does not fit leaves both.
+        self.optim.check(state)?;
         let b = Rc::clone(&self.backend);
         let written = params
             .iter()

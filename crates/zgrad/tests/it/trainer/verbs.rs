@@ -155,3 +155,58 @@ fn restore_rewinds_the_trainer_and_refuses_values_of_other_sizes() {
     assert_eq!(step_bits(&again), step_bits(&first));
     assert_eq!(param_bits(&b, &t), after);
 }
+
+/// An optimiser state that does not fit (a moment of another shape; another optimiser's
+/// state) is refused before anything is written, as values of another size are: the
+/// parameters and the step count as they were, and the next step trains as it would have.
+#[test]
+fn restore_refuses_a_state_that_does_not_fit_before_writing_anything() {
+    let b = CpuBackend;
+    let (x, y) = labelled(SMALL, N, 5);
+    let names: Vec<String> = learner(&b, TrainSchedule::Batched, false)
+        .model()
+        .named_parameters()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let fresh = || learner(&b, TrainSchedule::Batched, false);
+    // What an untouched trainer does in its second step: the reference.
+    let mut reference = fresh();
+    reference.step(StepSource::host(&x, &y, N)).expect("step");
+    let second = reference.step(StepSource::host(&x, &y, N)).expect("step");
+
+    let mut t = fresh();
+    let start: Vec<Vec<f32>> = t
+        .model()
+        .named_parameters()
+        .iter()
+        .map(|(_, p)| p.to_vec(&b).expect("values"))
+        .collect();
+    let zgrad::OptimizerState::AdamW(good) = t.optimizer().export(&b, &names).expect("state")
+    else {
+        panic!("the default optimiser is AdamW")
+    };
+    t.step(StepSource::host(&x, &y, N)).expect("step");
+    let after = param_bits(&b, &t);
+    let mut misshapen = good.clone();
+    let last = misshapen.moments.last_mut().expect("a moment");
+    last.shape.push(1);
+    let other = zgrad::OptimizerState::Sgd(zgrad::SgdState {
+        step: 0,
+        buffers: Vec::new(),
+    });
+    for bad in [zgrad::OptimizerState::AdamW(misshapen), other] {
+        let e = t.restore(&start, &bad).expect_err("refused");
+        assert!(
+            matches!(
+                e,
+                GradError::BadInput(_) | GradError::OptimizerMismatch { .. }
+            ),
+            "{e}"
+        );
+        assert_eq!(param_bits(&b, &t), after, "nothing written: {e}");
+        assert_eq!(t.status().step, 1);
+    }
+    let r = t.step(StepSource::host(&x, &y, N)).expect("the next step");
+    assert_eq!(step_bits(&r), step_bits(&second));
+}
