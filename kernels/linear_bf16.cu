@@ -9,31 +9,52 @@
 // load of the float32 k-contiguous entry differently).
 #include "linear_rows.cuh"
 
+// tanh's backward g · (1 - y²), zc_tanh_backward_bf16's formula (kernels/convert.cu), before
+// it is rounded: the fused backward stages what the composite's copy holds.
+__device__ __forceinline__ float tanh_grad(float g, float y) { return g * (1.0f - y * y); }
+
 // stage_a for a bf16 form: op(A) read through Bf16Op<COPY>, every load of a batch issued
 // before any is converted. Staging moves values only, so its vector path (an aligned A) and
-// scalar path stage the same.
-template <int MR, bool COPY>
+// scalar path stage the same. TANH (A in float32): y's element is loaded beside A's and the
+// staged value is tanh_grad(a, y) rounded, as zc_tanh_backward_bf16 writes the copy.
+template <int MR, bool COPY, bool TANH>
 __device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, unsigned m, u64 k0,
-                                             unsigned kn, u64 a_rs, u64 a_cs) {
+                                             unsigned kn, u64 a_rs, u64 a_cs, const float* y,
+                                             u64 y_rs, u64 y_cs) {
+    static_assert(!(TANH && COPY), "tanh's backward reads a float32 gradient");
     using Op = Bf16Op<COPY>;
     const unsigned nt = blockDim.x, tid = threadIdx.x;
-    const bool vec = a_cs == 1 && kn % 4 == 0 && a_rs % 4 == 0 && k0 % 4 == 0 && Op::aligned(a);
+    const bool vec = a_cs == 1 && kn % 4 == 0 && a_rs % 4 == 0 && k0 % 4 == 0 && Op::aligned(a) &&
+                     (!TANH || (y_cs == 1 && y_rs % 4 == 0 && Op::aligned(y)));
     if (vec) {
         const unsigned kn4 = kn / 4, total = MR * kn4;
         const float inv4 = 1.0f / (float)kn4;
         for (unsigned base = tid; base < total; base += nt * STAGE_BATCH) {
             typename Op::raw4 v[STAGE_BATCH];
+            float4 t[TANH ? STAGE_BATCH : 1];
 #pragma unroll
             for (int u = 0; u < STAGE_BATCH; ++u) {
                 const unsigned idx = base + u * nt;
                 const unsigned r = div_small(idx, kn4, inv4), c = idx - r * kn4;
                 v[u] = Op::zero4();
-                if (idx < total && r < m) v[u] = Op::load4(a, r * a_rs + k0 + 4 * c);
+                if constexpr (TANH) t[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (idx < total && r < m) {
+                    v[u] = Op::load4(a, r * a_rs + k0 + 4 * c);
+                    if constexpr (TANH) t[u] = Bf16Op<false>::load4(y, r * y_rs + k0 + 4 * c);
+                }
             }
 #pragma unroll
             for (int u = 0; u < STAGE_BATCH; ++u) {
                 const unsigned idx = base + u * nt;
-                if (idx < total) reinterpret_cast<float4*>(s_a)[idx] = Op::cvt4(v[u]);
+                if (idx >= total) continue;
+                float4 staged;
+                if constexpr (TANH) {
+                    staged = Op::cvt4(make_float4(tanh_grad(v[u].x, t[u].x), tanh_grad(v[u].y, t[u].y),
+                                                  tanh_grad(v[u].z, t[u].z), tanh_grad(v[u].w, t[u].w)));
+                } else {
+                    staged = Op::cvt4(v[u]);
+                }
+                reinterpret_cast<float4*>(s_a)[idx] = staged;
             }
         }
     } else {
@@ -41,17 +62,24 @@ __device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, unsigne
         const float inv = 1.0f / (float)kn;
         for (unsigned base = tid; base < total; base += nt * STAGE_BATCH) {
             typename Op::raw v[STAGE_BATCH];
+            float t[TANH ? STAGE_BATCH : 1];
 #pragma unroll
             for (int u = 0; u < STAGE_BATCH; ++u) {
                 const unsigned idx = base + u * nt;
                 const unsigned r = div_small(idx, kn, inv), c = idx - r * kn;
-                v[u] = idx < total && r < m ? Op::load(a, r * a_rs + (k0 + c) * a_cs)
-                                            : (typename Op::raw)0;
+                const bool in = idx < total && r < m;
+                v[u] = in ? Op::load(a, r * a_rs + (k0 + c) * a_cs) : (typename Op::raw)0;
+                if constexpr (TANH) t[u] = in ? __ldg(y + r * y_rs + (k0 + c) * y_cs) : 0.0f;
             }
 #pragma unroll
             for (int u = 0; u < STAGE_BATCH; ++u) {
                 const unsigned idx = base + u * nt;
-                if (idx < total) s_a[idx] = Op::cvt(v[u]);
+                if (idx >= total) continue;
+                if constexpr (TANH) {
+                    s_a[idx] = Op::cvt(tanh_grad(v[u], t[u]));
+                } else {
+                    s_a[idx] = Op::cvt(v[u]);
+                }
             }
         }
     }
@@ -249,33 +277,53 @@ extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
                   has_bias, act, residual);
 }
 
-// The bf16 weight gradient on param_grads_block's structure (linear_rows.cuh): a float4 of
-// `i` a thread where the float4 test below holds (the host's: linear_grads_bf16_vec4 in
-// cuda/linear.rs), x read as four bf16 in one load (a copy: a uint2) or a float4 rounded after
-// the loads, g's column read through Bf16Op<COPY_G>, GRADS_GROUP rows of loads issued before
-// any is converted, sums in row order; else one element a thread, the same group shape with
-// scalar loads of x.
-template <bool COPY_G, bool COPY_X>
+// The bf16 weight gradient on param_grads_block's structure (linear_rows.cuh), for block `blk`
+// of a 2-D grid of `bdim` blocks (x along i, y along o), thread `tid`: a float4 of `i` a thread
+// where the float4 test below holds (the host's: linear_grads_bf16_vec4 in cuda/linear.rs), x
+// read as four bf16 in one load (a copy: a uint2) or a float4 rounded after the loads, g's
+// column read through Bf16Op<COPY_G>, GRADS_GROUP rows of loads issued before any is
+// converted, sums in row order; else one element a thread, the same group shape with scalar
+// loads of x. TANH (g in float32): y's column is loaded beside g's and the product reads
+// tanh_grad(g, y) rounded, the bias gradient sums tanh_grad(gf, y) unrounded (gf is g then),
+// so the values are those of the composite's zc_tanh_backward_bf16 and its copy.
+template <bool COPY_G, bool COPY_X, bool TANH = false>
 __device__ __forceinline__ void param_grads_bf16(float* dw, const float* g, const float* x,
                                                  unsigned rows, u64 outs, u64 ins, u64 g_rs,
                                                  u64 g_cs, u64 x_rs, u64 x_cs, u64 ldw,
                                                  float* db, const float* gf, u64 gf_rs,
-                                                 u64 gf_cs, u64 db_stride, unsigned has_db) {
+                                                 u64 gf_cs, u64 db_stride, unsigned has_db,
+                                                 dim3 blk, dim3 tid, dim3 bdim,
+                                                 const float* y = nullptr, u64 y_rs = 0,
+                                                 u64 y_cs = 0) {
+    static_assert(!(TANH && COPY_G), "tanh's backward reads a float32 gradient");
     using GOp = Bf16Op<COPY_G>;
     using XOp = Bf16Op<COPY_X>;
-    const u64 o = (u64)blockIdx.y * blockDim.y + threadIdx.y;
+    const u64 o = (u64)blk.y * bdim.y + tid.y;
     if (o >= outs) return;
+    const float* ycol = TANH ? y + o * y_cs : nullptr;
     // The bias gradient, float32 and unrounded: param_grads_block's sum (row order, one
     // fixed writer a column).
-    if (has_db && blockIdx.x == 0 && threadIdx.x == 0) {
+    if (has_db && blk.x == 0 && tid.x == 0) {
         float s = 0.0f;
-        for (unsigned r = 0; r < rows; ++r) s += gf[r * gf_rs + o * gf_cs];
+        for (unsigned r = 0; r < rows; ++r) {
+            const float v = gf[r * gf_rs + o * gf_cs];
+            s += TANH ? tanh_grad(v, ycol[r * y_rs]) : v;
+        }
         db[o * db_stride] += s;
     }
     const float* gcol = GOp::at(g, o * g_cs);
+    // Row r's raw load of g, y's beside it under TANH, and the rounded gradient they give.
+    float yv[GRADS_GROUP];
+    auto g_of = [](typename GOp::raw v, float t) {
+        if constexpr (TANH) {
+            return zc_round_bf16(tanh_grad(v, t));
+        } else {
+            return GOp::cvt(v);
+        }
+    };
     const bool vec4 = ins % 4 == 0 && ldw % 4 == 0 && x_cs == 1 && x_rs % 4 == 0 &&
                       (((u64)dw & 15) == 0) && XOp::aligned(x);
-    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 i = (u64)blk.x * bdim.x + tid.x;
     if (vec4) {
         if (i >= ins / 4) return;
         float4* dst = reinterpret_cast<float4*>(dw + o * ldw) + i;
@@ -288,17 +336,18 @@ __device__ __forceinline__ void param_grads_bf16(float* dw, const float* g, cons
             for (int u = 0; u < GRADS_GROUP; ++u) {
                 const unsigned r = r0 + u;
                 gv[u] = r < rows ? GOp::load(gcol, r * g_rs) : (typename GOp::raw)0;
+                yv[u] = TANH && r < rows ? __ldg(ycol + r * y_rs) : 0.0f;
                 xv[u] = r < rows ? XOp::load4(x, r * x_rs + 4 * i) : XOp::zero4();
             }
 #pragma unroll
             for (int u = 0; u < GRADS_GROUP; ++u) {
                 if (r0 + u >= rows) break;
-                const float gf = GOp::cvt(gv[u]);
+                const float gr = g_of(gv[u], yv[u]);
                 const float4 xf = XOp::cvt4(xv[u]);
-                acc.x = fmaf(gf, xf.x, acc.x);
-                acc.y = fmaf(gf, xf.y, acc.y);
-                acc.z = fmaf(gf, xf.z, acc.z);
-                acc.w = fmaf(gf, xf.w, acc.w);
+                acc.x = fmaf(gr, xf.x, acc.x);
+                acc.y = fmaf(gr, xf.y, acc.y);
+                acc.z = fmaf(gr, xf.z, acc.z);
+                acc.w = fmaf(gr, xf.w, acc.w);
             }
         }
         d.x += acc.x;
@@ -317,12 +366,13 @@ __device__ __forceinline__ void param_grads_bf16(float* dw, const float* g, cons
             for (int u = 0; u < GRADS_GROUP; ++u) {
                 const unsigned r = r0 + u;
                 gv[u] = r < rows ? GOp::load(gcol, r * g_rs) : (typename GOp::raw)0;
+                yv[u] = TANH && r < rows ? __ldg(ycol + r * y_rs) : 0.0f;
                 xv[u] = r < rows ? XOp::load(x, r * x_rs + i * x_cs) : (typename XOp::raw)0;
             }
 #pragma unroll
             for (int u = 0; u < GRADS_GROUP; ++u) {
                 if (r0 + u >= rows) break;
-                acc = fmaf(GOp::cvt(gv[u]), XOp::cvt(xv[u]), acc);
+                acc = fmaf(g_of(gv[u], yv[u]), XOp::cvt(xv[u]), acc);
             }
         }
         dw[o * ldw + i] = d + acc;
@@ -345,11 +395,83 @@ extern "C" __global__ void zc_linear_param_grads_bf16(float* dw, const float* g,
                                                       u64 ldw, unsigned packed, float* db,
                                                       const float* gf, u64 gf_rs, u64 gf_cs,
                                                       u64 db_stride, unsigned has_db) {
+    const dim3 blk(blockIdx.x, blockIdx.y), tid(threadIdx.x, threadIdx.y);
+    const dim3 bdim(blockDim.x, blockDim.y);
     if (packed == 3) {
         param_grads_bf16<true, true>(dw, g, x, rows, outs, ins, g_rs, g_cs, x_rs, x_cs, ldw, db,
-                                     gf, gf_rs, gf_cs, db_stride, has_db);
+                                     gf, gf_rs, gf_cs, db_stride, has_db, blk, tid, bdim);
     } else if (packed == 0) {
         param_grads_bf16<false, false>(dw, g, x, rows, outs, ins, g_rs, g_cs, x_rs, x_cs, ldw,
-                                       db, gf, gf_rs, gf_cs, db_stride, has_db);
+                                       db, gf, gf_rs, gf_cs, db_stride, has_db, blk, tid, bdim);
+    }
+}
+
+// The parameter-gradient blocks' threads along the inputs in the fused backward below
+// (linear_backward.cu's BACKWARD_GRADS_X; the rest of the block lies along the outputs).
+#define BACKWARD_BF16_GRADS_X 64
+
+// The input's gradient of the fused backward: gx = round(gz) · w' on the n-contiguous product
+// (zc_linear_rows_nmajor_bf16's sums), gz staged from gy (and y under TANH) as the composite's
+// copy holds it, w' read through Bf16Op<COPY_W>.
+template <int MR, bool TANH, bool COPY_W>
+__device__ __forceinline__ void backward_gx_bf16(float* s_a, float* gx, const float* gy,
+                                                 const float* y, const float* w, unsigned m,
+                                                 u64 outs, u64 ins, u64 gy_rs, u64 gy_cs,
+                                                 u64 y_rs, u64 y_cs, u64 ldb) {
+    nmajor_rows<MR, TANH, true, false, COPY_W>(s_a, gx, gy, w, nullptr, m, outs, ins, gy_rs,
+                                                gy_cs, ldb, 0.0f, 0, 0, nullptr, y, y_rs, y_cs);
+}
+
+// The parameter gradients' blocks of the fused backward, block p of the grads grid.
+template <bool TANH, bool COPY_X>
+__device__ __forceinline__ void backward_grads_bf16(float* dw, float* db, const float* gy,
+                                                    const float* y, const float* x,
+                                                    unsigned rows, u64 outs, u64 ins,
+                                                    u64 gy_rs, u64 gy_cs, u64 y_rs, u64 y_cs,
+                                                    u64 x_rs, u64 x_cs, u64 ldw, u64 db_stride,
+                                                    unsigned has_db, unsigned p,
+                                                    unsigned grads_cols) {
+    const dim3 blk(p % grads_cols, p / grads_cols);
+    const dim3 bdim(BACKWARD_BF16_GRADS_X, blockDim.x / BACKWARD_BF16_GRADS_X);
+    const dim3 tid(threadIdx.x % BACKWARD_BF16_GRADS_X, threadIdx.x / BACKWARD_BF16_GRADS_X);
+    param_grads_bf16<false, COPY_X, TANH>(dw, gy, x, rows, outs, ins, gy_rs, gy_cs, x_rs, x_cs,
+                                          ldw, db, gy, gy_rs, gy_cs, db_stride, has_db, blk,
+                                          tid, bdim, y, y_rs, y_cs);
+}
+
+// zc_linear_backward_f32's bf16 form (linear_backward.cu: the same parameters, grid split and
+// blocks, then `packed`) on the trainer's bf16 copies of w and x (packed = 3, the only form
+// the host issues; the kernel does nothing for another and the twin refuses it): gz = gy, or
+// tanh_grad(gy, y); gx = round(gz) · w' (when dx_blocks > 0), dw += round(gz)ᵀ · x', db +=
+// Σ_rows gz (float32, unrounded), w' and x' the copies. Each half sums in its composite
+// kernel's order (gx: zc_linear_rows_nmajor_bf16; dw and db: zc_linear_param_grads_bf16, row
+// order), so it equals zc_tanh_backward_bf16 (or the copy of gy), the product and the
+// parameter-gradient kernel bit for bit, in one launch where the composite ran three.
+extern "C" __global__ void __launch_bounds__(NMAJOR_COLS * NMAJOR_SLICES)
+    zc_linear_backward_bf16(float* gx, float* dw, float* db, const float* gy, const float* y,
+                            const float* w, const float* x, unsigned rows, u64 outs, u64 ins,
+                            u64 gy_rs, u64 gy_cs, u64 y_rs, u64 y_cs, u64 ldb, u64 x_rs,
+                            u64 x_cs, u64 ldw, u64 db_stride, unsigned has_db, unsigned tanh,
+                            unsigned dx_blocks, unsigned grads_cols, unsigned packed) {
+    __shared__ __align__(16) float s_a[ZC_A_SMEM];
+    const unsigned m = rows;
+    if (packed != 3) return;
+    if (blockIdx.x < dx_blocks) {
+        if (tanh) {
+            ZC_ROW_CLASSES_FORM(backward_gx_bf16, true, true, s_a, gx, gy, y, w, m, outs, ins,
+                                gy_rs, gy_cs, y_rs, y_cs, ldb);
+        } else {
+            ZC_ROW_CLASSES_FORM(backward_gx_bf16, false, true, s_a, gx, gy, y, w, m, outs, ins,
+                                gy_rs, gy_cs, y_rs, y_cs, ldb);
+        }
+        return;
+    }
+    const unsigned p = blockIdx.x - dx_blocks;
+    if (tanh) {
+        backward_grads_bf16<true, true>(dw, db, gy, y, x, rows, outs, ins, gy_rs, gy_cs, y_rs,
+                                        y_cs, x_rs, x_cs, ldw, db_stride, has_db, p, grads_cols);
+    } else {
+        backward_grads_bf16<false, true>(dw, db, gy, y, x, rows, outs, ins, gy_rs, gy_cs, y_rs,
+                                         y_cs, x_rs, x_cs, ldw, db_stride, has_db, p, grads_cols);
     }
 }

@@ -112,10 +112,13 @@ struct Bf16Op<true> {
 };
 
 // stage_a for a bf16 form (defined in linear_bf16.cu: with its body here, nvcc numbered
-// linear.cu's PTX registers differently, though linear.cu never instantiates it).
-template <int MR, bool COPY>
+// linear.cu's PTX registers differently, though linear.cu never instantiates it). TANH (A in
+// float32 only): tanh's backward of A from y, rounded after the product g · (1 - y²).
+template <int MR, bool COPY, bool TANH = false>
 __device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, unsigned m, u64 k0,
-                                             unsigned kn, u64 a_rs, u64 a_cs);
+                                             unsigned kn, u64 a_rs, u64 a_cs,
+                                             const float* y = nullptr, u64 y_rs = 0,
+                                             u64 y_cs = 0);
 
 // s_a[r * kn + c] = op(A)[r, k0 + c] for r < m, c < kn, and 0 for m <= r < MR (row pitch
 // kn). Every thread of the block takes part; the caller synchronises before (the previous
@@ -192,9 +195,9 @@ __device__ __forceinline__ float linear_epilogue(float acc, const float* bias, u
 
 // The n-contiguous product at MR rows (see zc_linear_rows_nmajor_f32); TANH: A staged as
 // tanh's backward from y (see stage_a). `residual` (dense [m, n], or null) is added after the
-// activation. BF16: the bf16 form (no TANH), A read through Bf16Op<COPY_A> and B through
-// Bf16Op<COPY_B> (a bf16 copy when set); B's loads are scalar either way, so the order of the
-// sums is the float32 form's.
+// activation. BF16: the bf16 form, A read through Bf16Op<COPY_A> (TANH: staged as tanh's
+// backward, then rounded) and B through Bf16Op<COPY_B> (a bf16 copy when set); B's loads are
+// scalar either way, so the order of the sums is the float32 form's.
 template <int MR, bool TANH = false, bool BF16 = false, bool COPY_A = false, bool COPY_B = false>
 __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float* a,
                                             const float* __restrict__ b, const float* bias,
@@ -215,7 +218,7 @@ __device__ __forceinline__ void nmajor_rows(float* s_a, float* out, const float*
         const unsigned kn = (unsigned)(k - k0 < kcap ? k - k0 : kcap);
         __syncthreads();
         if constexpr (BF16) {
-            stage_a_bf16<MR, COPY_A>(s_a, a, m, k0, kn, a_rs, a_cs);
+            stage_a_bf16<MR, COPY_A, TANH>(s_a, a, m, k0, kn, a_rs, a_cs, y, y_rs, y_cs);
         } else {
             stage_a<MR, TANH>(s_a, a, m, k0, kn, a_rs, a_cs, y, y_rs, y_cs);
         }

@@ -29,6 +29,7 @@ use crate::linear::{Activation, LinearOps};
 use crate::storage::Storage;
 use crate::tensor::Tensor;
 use crate::validate;
+use zmem::AllocClass;
 
 /// The arithmetic of a matrix product. Every mode accumulates in float32 and returns float32.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -463,6 +464,28 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
         }
     }
 
+    /// A Linear layer's backward under [`MathMode::Bf16`] on the trainer's copies, the
+    /// parameter gradients added into their buffers (as [`LinearOps::linear_backward_into`],
+    /// whose checks apply): `x` the input's bf16 copy (the forward's), `w` the weight's (when
+    /// the input needs a gradient). `gz` is `gy`, or tanh's backward from `y`; `gx =
+    /// round(gz) · w`, `dw += round(gz)ᵀ · x`, `db += Σ_rows gz` in float32. Validated whole
+    /// first, so bad input leaves `dw` and `db` untouched. The provided body is
+    /// [`PrecisionOps::tanh_backward_bf16`] (or `gy` and [`PrecisionOps::bf16_copy_of`]), with
+    /// `gz` and its copy in the [`AllocClass::Saved`] class (temporaries of this call, freed
+    /// when it returns, where a scratch block would live to the step's end), then
+    /// [`PrecisionOps::matmul_bf16`] and [`PrecisionOps::linear_param_grads_into_bf16`]; the
+    /// device runs them as one launch where that kernel applies, with the same bits.
+    fn linear_backward_into_bf16(
+        &self,
+        gy: &BTensor<Self, T>,
+        x: &BBf16<Self, T>,
+        w: Option<&BBf16<Self, T>>,
+        (act, y): (Activation, Option<&BTensor<Self, T>>),
+        (dw, db): (&BTensor<Self, T>, Option<&BTensor<Self, T>>),
+    ) -> Result<Option<BTensor<Self, T>>> {
+        linear_backward_into_bf16(self, gy, x, w, (act, y), (dw, db))
+    }
+
     /// A Linear layer's backward under `mode` (as [`LinearOps::linear_backward_into`], whose
     /// checks apply): tanh's backward and the bias gradient in float32, both products
     /// (`gz · w` and `dw += gzᵀ · x`) under `mode`. Validated whole first, so bad input leaves
@@ -480,8 +503,35 @@ pub trait PrecisionOps<T: Element>: LinearOps<T> {
     }
 }
 
+/// The provided body of [`PrecisionOps::linear_backward_into_bf16`] (the device's composite
+/// too).
+pub(crate) fn linear_backward_into_bf16<B: PrecisionOps<T> + ?Sized, T: Element>(
+    b: &B,
+    gy: &Tensor<B::Storage>,
+    x: &BBf16<B, T>,
+    w: Option<&BBf16<B, T>>,
+    (act, y): (Activation, Option<&Tensor<B::Storage>>),
+    (dw, db): (&Tensor<B::Storage>, Option<&Tensor<B::Storage>>),
+) -> Result<Option<Tensor<B::Storage>>> {
+    const OP: &str = "linear_backward_into_bf16";
+    let sw = w.map(|w| w.shape_stand_in(OP)).transpose()?;
+    validate::linear_backward_into(gy, &x.shape_stand_in(OP)?, sw.as_ref(), (act, y), dw, db)?;
+    let previous = b.set_alloc_class(AllocClass::Saved);
+    let gz = match y {
+        Some(y) => b.tanh_backward_bf16(gy, y),
+        None => b.bf16_copy_of(gy).map(|copy| (gy.clone(), copy)),
+    };
+    b.set_alloc_class(previous);
+    let (gz, gz_copy) = gz?;
+    let gx = w
+        .map(|w| b.matmul_bf16(&gz_copy, w, MatmulOpts::default()))
+        .transpose()?;
+    b.linear_param_grads_into_bf16(&gz, &gz_copy, x, dw, db)?;
+    Ok(gx)
+}
+
 /// The provided body of [`PrecisionOps::linear_backward_into_mode`].
-fn linear_backward_into_mode<B: PrecisionOps<T> + ?Sized, T: Element>(
+pub(crate) fn linear_backward_into_mode<B: PrecisionOps<T> + ?Sized, T: Element>(
     b: &B,
     gy: &Tensor<B::Storage>,
     x: &Tensor<B::Storage>,

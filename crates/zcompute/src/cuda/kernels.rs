@@ -207,6 +207,9 @@ pub enum Kernel {
     /// Tanh's backward and its result's bf16 copy in one pass (`convert.cu`): a Linear
     /// layer's backward under bf16 (`PrecisionOps::tanh_backward_bf16`).
     TanhBackwardBf16,
+    /// A Linear layer's backward in one launch on the trainer's bf16 copies
+    /// (`linear_bf16.cu`: `zc_linear_backward_f32`'s parameters, then `packed`).
+    LinearBackwardBf16,
 }
 
 /// A kernel's module, entry and parameters: `params`, then (if `strided > 0`) the rank, six
@@ -254,6 +257,13 @@ const LINEAR_ROWS_BF16: &[Param] = &[
     Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, F32, U32, U32, Ptr, U32,
 ];
 
+/// The fused Linear backward's parameters (`zc_linear_backward_bf16`): the float32 form's 23
+/// (`zc_linear_backward_f32`), then `packed` (3: w and x are bf16 copies).
+const LINEAR_BACKWARD: &[Param] = &[
+    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U64, U64, U64, U64,
+    U32, U32, U32, U32, U32,
+];
+
 impl Kernel {
     /// Whether `args` match the parameter list exactly (count and kinds).
     pub(crate) fn accepts(self, args: &[KernelArg]) -> bool {
@@ -261,7 +271,7 @@ impl Kernel {
         args::accepts(spec.params, spec.strided, args)
     }
 
-    pub const ALL: [Kernel; 82] = [
+    pub const ALL: [Kernel; 83] = [
         Kernel::Unary,
         Kernel::UnaryStrided,
         Kernel::Binary,
@@ -344,6 +354,7 @@ impl Kernel {
         Kernel::LinearRowsNMajorBf16,
         Kernel::LinearParamGradsBf16,
         Kernel::TanhBackwardBf16,
+        Kernel::LinearBackwardBf16,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -680,15 +691,8 @@ impl Kernel {
                 ],
                 0,
             ),
-            Kernel::LinearBackward => s(
-                9,
-                "zc_linear_backward_f32",
-                &[
-                    Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, Ptr, U32, U64, U64, U64, U64, U64, U64, U64, U64,
-                    U64, U64, U64, U32, U32, U32, U32,
-                ],
-                0,
-            ),
+            Kernel::LinearBackward => s(9, "zc_linear_backward_f32", &LINEAR_BACKWARD[..23], 0),
+            Kernel::LinearBackwardBf16 => s(13, "zc_linear_backward_bf16", LINEAR_BACKWARD, 0),
         }
     }
 }

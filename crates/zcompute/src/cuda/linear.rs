@@ -82,6 +82,10 @@ pub(crate) const ROWS_BF16_FORMS: [u32; 3] = [0, 2, 3];
 /// The forms the bf16 parameter-gradient kernel is built for: float32 both, both copies.
 pub(crate) const GRADS_BF16_FORMS: [u32; 2] = [0, 3];
 
+/// An operand as a kernel reads it: its first element and two strides (which two, each use
+/// says).
+pub(super) type StridedRead = (DevicePtr, (usize, usize));
+
 /// The bias gradient the bf16 weight-gradient kernel sums alongside
 /// ([`CudaBackend::grads_bf16`]): `db[o * db_stride] += Σ_r gf[r * gf_strides.0 + o *
 /// gf_strides.1]`.
@@ -346,8 +350,8 @@ impl<D: Driver> CudaBackend<D> {
     pub(super) fn grads_bf16(
         &self,
         (m, k, n): (usize, usize, usize),
-        (g, (g_cs, g_rs)): (DevicePtr, (usize, usize)),
-        (x, (x_rs, x_cs)): (DevicePtr, (usize, usize)),
+        (g, (g_cs, g_rs)): StridedRead,
+        (x, (x_rs, x_cs)): StridedRead,
         (out, db): (&CudaTensor, Option<BiasGrad<'_>>),
         packed: u32,
     ) -> Result<bool> {

@@ -10,12 +10,13 @@
 
 use super::kernels::{Args, Kernel, ptr, u64a};
 use super::linear::{
-    LINEAR_ROW_LIMIT, MAX_GRID, NMAJOR_COLS, NMAJOR_SLICES, linear_grads_vec4, op_strides,
-    rows_plan,
+    LINEAR_ROW_LIMIT, MAX_GRID, NMAJOR_COLS, NMAJOR_SLICES, StridedRead, linear_grads_bf16_vec4,
+    linear_grads_vec4, op_strides, rows_plan,
 };
-use super::{CudaBackend, CudaTensor};
+use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::error::Result;
 use crate::linear::Activation;
+use crate::precision::Bf16Copy;
 use crate::validate::{self, LinearShape};
 use zdevice::{DevicePtr, Driver, KernelArg, LaunchConfig};
 
@@ -86,64 +87,155 @@ impl<D: Driver> CudaBackend<D> {
         (dw, db): (&CudaTensor, Option<&CudaTensor>),
     ) -> Result<Option<CudaTensor>> {
         const OP: &str = "linear_backward_into";
+        let shape = validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
+        let composite = |why: &'static str| {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, ?shape, why, "composite");
+            self.linear_backward_composite(gy, x, w, (act, y), (dw, db))
+        };
+        if let Err(why) = small_rows(shape) {
+            return composite(why);
+        }
+        let (ldw, dw_cs) = op_strides(dw, false);
+        if dw_cs != 1 && shape.inputs != 1 {
+            return composite("dw's last axis is not dense");
+        }
+        let x_read = (self.ptr(OP, x)?, op_strides(x, false));
+        let w_read = match w {
+            Some(w) => Some((self.ptr(OP, w)?, op_strides(w, false))),
+            None => None,
+        };
+        let vec4 = linear_grads_vec4(
+            shape.inputs,
+            ldw as u64,
+            x_read.1.0 as u64,
+            x_read.1.1 as u64,
+            [self.ptr(OP, dw)?, x_read.0],
+        );
+        let launch = FusedBackward {
+            op: OP,
+            kernel: Kernel::LinearBackward,
+            shape,
+            x: x_read,
+            w: w_read,
+            vec4,
+            packed: None,
+        };
+        match self.launch_backward(&launch, gy, y, (dw, db))? {
+            Ok(gx) => Ok(gx),
+            Err(why) => composite(why),
+        }
+    }
+
+    /// `PrecisionOps::linear_backward_into_bf16`: one launch of `zc_linear_backward_bf16` on
+    /// the copies where its composite's kernels are the small-row ones it fuses (few rows,
+    /// more outputs than the row kernels take, so dw and db are the bf16 parameter-gradient
+    /// kernel's; a dense dw; the input's gradient n-contiguous), else `None` (nothing queued,
+    /// validated only).
+    pub(crate) fn linear_backward_bf16_fused(
+        &self,
+        gy: &CudaTensor,
+        x: &Bf16Copy<CudaStorage>,
+        w: Option<&Bf16Copy<CudaStorage>>,
+        (act, y): (Activation, Option<&CudaTensor>),
+        (dw, db): (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<Option<Option<CudaTensor>>> {
+        const OP: &str = "linear_backward_into_bf16";
+        let sw = w.map(|w| w.shape_stand_in(OP)).transpose()?;
+        let sx = x.shape_stand_in(OP)?;
+        let shape = validate::linear_backward_into(gy, &sx, sw.as_ref(), (act, y), dw, db)?;
+        let why = small_rows(shape).err().or_else(|| {
+            if shape.outputs <= LINEAR_ROW_LIMIT {
+                Some("the row kernels take dw")
+            } else if !dw.is_contiguous() {
+                Some("dw is not dense")
+            } else {
+                None
+            }
+        });
+        if let Some(why) = why {
+            tracing::trace!(target: "zcompute.cuda.linear", op = OP, ?shape, why, "composite");
+            return Ok(None);
+        }
+        // A copy is one dense row-major matrix (`copy_operand`).
+        let x_read = (self.ptr(OP, x.backing())?, (shape.inputs.max(1), 1));
+        let w_read = match w {
+            Some(w) => Some((self.ptr(OP, w.backing())?, (shape.inputs.max(1), 1))),
+            None => None,
+        };
+        let vec4 = linear_grads_bf16_vec4(
+            shape.inputs,
+            shape.inputs as u64,
+            (x_read.1.0 as u64, 1),
+            (self.ptr(OP, dw)?, x_read.0),
+            true,
+        );
+        let launch = FusedBackward {
+            op: OP,
+            kernel: Kernel::LinearBackwardBf16,
+            shape,
+            x: x_read,
+            w: w_read,
+            vec4,
+            packed: Some(3),
+        };
+        match self.launch_backward(&launch, gy, y, (dw, db))? {
+            Ok(gx) => Ok(Some(gx)),
+            Err(why) => {
+                tracing::trace!(target: "zcompute.cuda.linear", op = OP, ?shape, why, "composite");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Queues `l`'s launch and returns the input's gradient, or (`Err`, nothing queued) why
+    /// the kernel does not take it: the weight not read n-contiguous, too many blocks.
+    fn launch_backward(
+        &self,
+        l: &FusedBackward,
+        gy: &CudaTensor,
+        y: Option<&CudaTensor>,
+        (dw, db): (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<std::result::Result<Option<CudaTensor>, &'static str>> {
+        let op = l.op;
         let LinearShape {
             rows,
             inputs,
             outputs,
-        } = validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
-        let composite = |why: &'static str| {
-            tracing::trace!(target: "zcompute.cuda.linear", op = OP, rows, inputs, outputs, why, "composite");
-            self.linear_backward_composite(gy, x, w, (act, y), (dw, db))
-        };
-        if !(1..=LINEAR_ROW_LIMIT).contains(&rows) || inputs == 0 || outputs == 0 {
-            return composite("sizes outside the small-row kernel");
-        }
-        let (ldw, dw_cs) = op_strides(dw, false);
-        if dw_cs != 1 && inputs != 1 {
-            return composite("dw's last axis is not dense");
-        }
+        } = l.shape;
         let (gy_rs, gy_cs) = op_strides(gy, false);
         // The input's gradient gz [rows, outputs] · w [outputs, inputs], read as stored.
-        let dx = match w {
+        let dx = match l.w {
             None => None,
-            Some(w) => match rows_plan(rows, outputs, inputs, (gy_rs, gy_cs), op_strides(w, false))
-            {
+            Some((w, strides)) => match rows_plan(rows, outputs, inputs, (gy_rs, gy_cs), strides) {
                 Some(plan) if plan.kernel == Kernel::LinearRowsNMajor => Some((w, plan)),
-                _ => return composite("w is not read n-contiguous"),
+                _ => return Ok(Err("w is not read n-contiguous")),
             },
         };
-        let (x_rs, x_cs) = op_strides(x, false);
-        let (dw_ptr, x_ptr) = (self.ptr(OP, dw)?, self.ptr(OP, x)?);
-        let vec4 = linear_grads_vec4(
-            inputs,
-            ldw as u64,
-            x_rs as u64,
-            x_cs as u64,
-            [dw_ptr, x_ptr],
-        );
-        let cols = if vec4 { inputs / 4 } else { inputs } as u64;
+        let cols = if l.vec4 { inputs / 4 } else { inputs } as u64;
         let dx_blocks = dx.map_or(0, |(_, plan)| u64::from(plan.config.grid.0));
         let grid = BackwardGrid::new(dx_blocks, cols, outputs as u64);
         if grid.blocks() > MAX_GRID {
-            return composite("too many blocks");
+            return Ok(Err("too many blocks"));
         }
         tracing::trace!(
             target: "zcompute.cuda.linear",
-            op = OP, rows, inputs, outputs, ?act, dx_blocks, blocks = grid.blocks(), vec4,
-            "one launch"
+            op, rows, inputs, outputs, tanh = y.is_some(), dx_blocks, blocks = grid.blocks(),
+            vec4 = l.vec4, kernel = l.kernel.spec().name, "one launch"
         );
-        let gx = dx.map(|_| self.alloc(OP, &[rows, inputs])).transpose()?;
-        let opt_ptr = |t: Option<&CudaTensor>| t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(OP, t));
+        let gx = dx.map(|_| self.alloc(op, &[rows, inputs])).transpose()?;
+        let opt_ptr = |t: Option<&CudaTensor>| t.map_or(Ok(DevicePtr::NULL), |t| self.ptr(op, t));
         let (y_rs, y_cs) = y.map_or((0, 0), |y| op_strides(y, false));
+        let (ldw, _) = op_strides(dw, false);
         let db_stride = db.map_or(0, |t| t.layout().strides()[0]);
-        let args: Args = [
+        let (x, (x_rs, x_cs)) = l.x;
+        let mut args: Args = [
             ptr(opt_ptr(gx.as_ref())?),
-            ptr(dw_ptr),
+            ptr(self.ptr(op, dw)?),
             ptr(opt_ptr(db)?),
-            ptr(self.ptr(OP, gy)?),
+            ptr(self.ptr(op, gy)?),
             ptr(opt_ptr(y)?),
-            ptr(opt_ptr(dx.map(|(w, _)| w))?),
-            ptr(x_ptr),
+            ptr(dx.map_or(DevicePtr::NULL, |(w, _)| w)),
+            ptr(x),
             KernelArg::U32(rows as u32),
             u64a(outputs),
             u64a(inputs),
@@ -163,12 +255,38 @@ impl<D: Driver> CudaBackend<D> {
         ]
         .into_iter()
         .collect();
+        if let Some(packed) = l.packed {
+            args.push(KernelArg::U32(packed));
+        }
         let config = LaunchConfig {
             grid: (grid.blocks() as u32, 1, 1),
             block: (BACKWARD_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.launch(OP, Kernel::LinearBackward, config, &args)?;
-        Ok(gx)
+        self.launch(op, l.kernel, config, &args)?;
+        Ok(Ok(gx))
+    }
+}
+
+/// One fused backward launch's own inputs ([`CudaBackend::launch_backward`]): x and w as the
+/// kernel reads them (first element, row and column strides), whether the parameter
+/// gradients take the float4 path (the kernel makes the same test), and the bf16 form's
+/// `packed`.
+struct FusedBackward {
+    op: &'static str,
+    kernel: Kernel,
+    shape: LinearShape,
+    x: StridedRead,
+    w: Option<StridedRead>,
+    vec4: bool,
+    packed: Option<u32>,
+}
+
+/// Why the fused kernels do not take `shape` (more rows than they hold, an empty axis).
+fn small_rows(shape: LinearShape) -> std::result::Result<(), &'static str> {
+    if (1..=LINEAR_ROW_LIMIT).contains(&shape.rows) && shape.inputs > 0 && shape.outputs > 0 {
+        Ok(())
+    } else {
+        Err("sizes outside the small-row kernel")
     }
 }

@@ -11,7 +11,7 @@
 
 use super::CudaStorage;
 use super::kernels::{self, Args, Kernel, ptr, u64a};
-use super::linear::{BiasGrad, LINEAR_ROW_LIMIT, op_strides};
+use super::linear::{BiasGrad, LINEAR_ROW_LIMIT, StridedRead, op_strides};
 use super::matmul::Operand;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, MatmulOpts};
@@ -19,8 +19,14 @@ use crate::error::Result;
 use crate::layout::checked_numel;
 use crate::linear::{Activation, LinearOps};
 use crate::precision::{Bf16Copy, LINEAR_NT, MathMode, PrecisionOps, linear_epilogue};
-use crate::validate::{self, split_matrix};
+use crate::validate::{self, LinearShape, split_matrix};
 use zdevice::Driver;
+
+/// `op(a)` transposed: a weight's gradient `gᵀ · x`.
+const TN: MatmulOpts = MatmulOpts {
+    trans_a: true,
+    trans_b: false,
+};
 
 impl<D: Driver> CudaBackend<D> {
     /// A temporary holding `x` (dense) as `x.numel()` bf16 elements, rounded to nearest-even.
@@ -47,6 +53,42 @@ impl<D: Driver> CudaBackend<D> {
             ld: copy.shape()[1].max(1),
             batch_stride: 0,
         })
+    }
+
+    /// A Linear layer's bf16 parameter gradients `dw += round(g)ᵀ · x'`, `db += Σ_rows g`
+    /// (float32, row order) in one launch of the bf16 parameter-gradient kernel, where it
+    /// takes the product: few rows, more outputs than the row kernels take (they take dw's
+    /// product below that, so the choice follows `matmul_into_bf16`'s), a dense dw. `g` is the
+    /// float32 gradient `[rows, outputs]` (the bias's summand); `reads` are g's and x's
+    /// operands as the kernel reads them (first element, `(g_cs, g_rs)` and `(x_rs, x_cs)`),
+    /// of the form `packed` says (`GRADS_BF16_FORMS`). `false`: nothing queued.
+    fn param_grads_bf16_launch(
+        &self,
+        shape: LinearShape,
+        g: &CudaTensor,
+        (g_read, x_read): (StridedRead, StridedRead),
+        (dw, db): (&CudaTensor, Option<&CudaTensor>),
+        packed: u32,
+    ) -> Result<bool> {
+        const OP: &str = "linear_param_grads_into_bf16";
+        let LinearShape {
+            rows,
+            inputs,
+            outputs,
+        } = shape;
+        if rows == 0 || inputs == 0 || outputs <= LINEAR_ROW_LIMIT || !dw.is_contiguous() {
+            return Ok(false);
+        }
+        let bias = match db {
+            Some(db) => Some(BiasGrad {
+                db,
+                db_stride: db.layout().strides()[0],
+                gf: self.ptr(OP, g)?,
+                gf_strides: op_strides(g, false),
+            }),
+            None => None,
+        };
+        self.grads_bf16((outputs, rows, inputs), g_read, x_read, (dw, bias), packed)
     }
 
     /// One operand of a bf16 product, as cuBLAS reads it: a dense row-major bf16 copy of its
@@ -175,8 +217,7 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
     }
 
     /// Both gradients in one launch of the bf16 weight-gradient kernel where it takes the
-    /// product (few rows, more outputs than the row kernels take, a dense dw), else the
-    /// provided steps.
+    /// product (`param_grads_bf16_launch`), else the provided steps.
     fn linear_param_grads_into_bf16(
         &self,
         g: &CudaTensor,
@@ -188,42 +229,81 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
         const OP: &str = "linear_param_grads_into_bf16";
         let sx = x.shape_stand_in(OP)?;
         let shape = validate::linear_param_grads_into_bf16(g, g_copy.shape(), &sx, dw, db)?;
-        let (rows, ins, outs) = (shape.rows, shape.inputs, shape.outputs);
-        let provided = || {
-            let tn = MatmulOpts {
-                trans_a: true,
-                trans_b: false,
-            };
-            self.matmul_into_bf16(g_copy, x, tn, dw)?;
-            match db {
-                Some(db) => self.sum_rows_into(g, db),
-                None => Ok(()),
-            }
-        };
-        // The row kernels take outputs up to their limit: the product is theirs then.
-        if rows == 0 || ins == 0 || outs <= LINEAR_ROW_LIMIT || !dw.is_contiguous() {
-            return provided();
-        }
-        let bias = match db {
-            Some(db) => Some(BiasGrad {
-                db,
-                db_stride: db.layout().strides()[0],
-                gf: self.ptr(OP, g)?,
-                gf_strides: op_strides(g, false),
-            }),
-            None => None,
-        };
         let (gp, xp) = (self.copy_operand(OP, g_copy)?, self.copy_operand(OP, x)?);
-        if self.grads_bf16(
-            (outs, rows, ins),
-            (gp.ptr, (1, gp.ld)),
-            (xp.ptr, (xp.ld, 1)),
-            (dw, bias),
-            3,
-        )? {
+        let reads = ((gp.ptr, (1, gp.ld)), (xp.ptr, (xp.ld, 1)));
+        if self.param_grads_bf16_launch(shape, g, reads, (dw, db), 3)? {
             return Ok(());
         }
-        provided()
+        self.matmul_into_bf16(g_copy, x, TN, dw)?;
+        match db {
+            Some(db) => self.sum_rows_into(g, db),
+            None => Ok(()),
+        }
+    }
+
+    /// One launch of `zc_linear_backward_bf16` where it takes the backward
+    /// (`linear_backward_bf16_fused`), else the provided steps (which the fused kernel equals
+    /// bit for bit).
+    fn linear_backward_into_bf16(
+        &self,
+        gy: &CudaTensor,
+        x: &Bf16Copy<CudaStorage>,
+        w: Option<&Bf16Copy<CudaStorage>>,
+        (act, y): (Activation, Option<&CudaTensor>),
+        (dw, db): (&CudaTensor, Option<&CudaTensor>),
+    ) -> Result<Option<CudaTensor>> {
+        match self.linear_backward_bf16_fused(gy, x, w, (act, y), (dw, db))? {
+            Some(gx) => Ok(gx),
+            None => crate::precision::linear_backward_into_bf16(self, gy, x, w, (act, y), (dw, db)),
+        }
+    }
+
+    /// Under bf16, the provided steps with the parameter gradients as
+    /// `linear_param_grads_into_bf16` runs them on the copies (one launch of the bf16
+    /// parameter-gradient kernel, the bias summed in row order, where that kernel takes the
+    /// product), so converting per call gives the bits of the trainer's copies
+    /// (`linear_backward_into_bf16`); other modes the provided steps.
+    fn linear_backward_into_mode(
+        &self,
+        gy: &CudaTensor,
+        x: &CudaTensor,
+        w: Option<&CudaTensor>,
+        (act, y): (Activation, Option<&CudaTensor>),
+        (dw, db): (&CudaTensor, Option<&CudaTensor>),
+        mode: MathMode,
+    ) -> Result<Option<CudaTensor>> {
+        const OP: &str = "linear_backward_into_mode";
+        if mode != MathMode::Bf16 {
+            return crate::precision::linear_backward_into_mode(
+                self,
+                gy,
+                x,
+                w,
+                (act, y),
+                (dw, db),
+                mode,
+            );
+        }
+        let shape = validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
+        let gz = match y {
+            Some(y) => self.tanh_backward(gy, y)?,
+            None => gy.clone(),
+        };
+        let gx = w
+            .map(|w| self.matmul_mode(&gz, w, MatmulOpts::default(), mode))
+            .transpose()?;
+        let (g_rs, g_cs) = op_strides(&gz, false);
+        let reads = (
+            (self.ptr(OP, &gz)?, (g_cs, g_rs)),
+            (self.ptr(OP, x)?, op_strides(x, false)),
+        );
+        if !self.param_grads_bf16_launch(shape, &gz, reads, (dw, db), 0)? {
+            self.matmul_into_mode(&gz, x, TN, dw, mode)?;
+            if let Some(db) = db {
+                self.sum_rows_into(&gz, db)?;
+            }
+        }
+        Ok(gx)
     }
 
     /// One launch (`zc_tanh_backward_bf16`): tanh's backward and its bf16 copy.

@@ -178,5 +178,6 @@ fn twin(k: Kernel) -> Twin {
         Kernel::LinearRowsKMajorBf16 => linear::rows_kmajor::<true>,
         Kernel::LinearRowsNMajorBf16 => linear::rows_nmajor::<true>,
         Kernel::LinearParamGradsBf16 => linear::param_grads_bf16,
+        Kernel::LinearBackwardBf16 => linear::backward_bf16,
     }
 }

@@ -136,8 +136,10 @@ impl<B: Ops<T>, T: Element> BackwardOp<B, T> for LinearBackward<B, T> {
 impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
     /// The backward under bf16 with the input's copy `x` from the forward: the output's
     /// gradient converted once, and both products read copies (`gz · w` the weight's from the
-    /// step's copy, `gzᵀ · x` the input's), each added into its buffer when the tape gives it,
-    /// as the per-call paths do (`backward_into`, `fused_into`), in their order.
+    /// step's copy, `gzᵀ · x` the input's). When the tape gives the parameters' buffers, the
+    /// whole backward is one `linear_backward_into_bf16`, as the per-call path's `fused_into`
+    /// is one `linear_backward_into_mode` (the two give the same bits); otherwise the steps
+    /// one by one, as `backward_into` takes them.
     fn backward_bf16(
         &self,
         b: &B,
@@ -146,6 +148,21 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
         into: &[Option<&BTensor<B, T>>],
     ) -> Result<Grads<B, T>> {
         let [need_x, _, need_bias] = self.needs;
+        let out_in = [g.shape()[1], x.shape()[1]];
+        let w_copy = self.w_bf16.as_ref().filter(|_| need_x && self.w.is_some());
+        if let Some(dw) = into_at(into, 1).filter(|dw| dw.shape() == out_in) {
+            let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
+            // The whole backward as one `PrecisionOps::linear_backward_into_bf16` (one launch on
+            // the device for one sample's rows), where it takes every gradient asked for.
+            if need_bias == db.is_some() && need_x == w_copy.is_some() {
+                let (act, y) = match &self.y {
+                    Some(y) => (Activation::Tanh, Some(y.get(NAME)?)),
+                    None => (Activation::Identity, None),
+                };
+                let gx = b.linear_backward_into_bf16(g, x, w_copy, (act, y), (dw, db))?;
+                return Ok(self.with_residual(g, vec![gx, None, None]));
+            }
+        }
         // The copy is freed when the node's backward returns, as a per-call conversion's
         // temporary is (a scratch block would live to the step's end); tanh's backward and the
         // copy are one launch on the device, so its result is made in that class too.
@@ -165,23 +182,14 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
             }
             _ => None,
         };
-        let out_in = [gz.shape()[1], x.shape()[1]];
-        let (mut gw, mut bias_done) = (None, false);
-        match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
+        let gw = match into_at(into, 1).filter(|dw| dw.shape() == out_in) {
             Some(dw) => {
-                let db = into_at(into, 2).filter(|db| need_bias && db.shape() == [out_in[0]]);
-                // Not `linear_param_grads_into_bf16` (dw and db in one launch): its bias sum is
-                // in row order, the per-call path's (`sum_rows_into`) pairwise, and the two
-                // paths promise the same bits.
                 b.matmul_into_bf16(&gz_bf16, x, TN, dw)?;
-                if let Some(db) = db {
-                    b.sum_rows_into(&gz, db)?;
-                }
-                bias_done = db.is_some();
+                None
             }
-            None => gw = Some(b.matmul_bf16(&gz_bf16, x, TN)?),
-        }
-        let gbias = if need_bias && !bias_done {
+            None => Some(b.matmul_bf16(&gz_bf16, x, TN)?),
+        };
+        let gbias = if need_bias {
             sum_rows_to(b, &gz, into_at(into, 2))?
         } else {
             None
@@ -219,23 +227,12 @@ impl<B: Ops<T>, T: Element> LinearBackward<B, T> {
             Some(y) => (Activation::Tanh, Some(y.get(NAME)?)),
             None => (Activation::Identity, None),
         };
-        let gx = match (self.mode, &self.w_bf16, w) {
-            (MathMode::F32, ..) => b.linear_backward_into(g, x, w, (act, y), (dw, db))?,
-            // `PrecisionOps::linear_backward_into_mode`'s steps in its order, the input's
-            // gradient on the weight's copy.
-            (mode, Some(copy), Some(_)) => {
-                let gz = match y {
-                    Some(y) => b.tanh_backward(g, y)?,
-                    None => g.clone(),
-                };
-                let gx = b.matmul_bf16_rhs(&gz, copy, MatmulOpts::default())?;
-                b.matmul_into_mode(&gz, x, TN, dw, mode)?;
-                if let Some(db) = db {
-                    b.sum_rows_into(&gz, db)?;
-                }
-                Some(gx)
-            }
-            (mode, ..) => b.linear_backward_into_mode(g, x, w, (act, y), (dw, db), mode)?,
+        // Under a reduced mode this is the per-call path (a tape without the trainer's
+        // copies: a node with the weight's copy saves the input's too and takes
+        // `backward_bf16`).
+        let gx = match self.mode {
+            MathMode::F32 => b.linear_backward_into(g, x, w, (act, y), (dw, db))?,
+            mode => b.linear_backward_into_mode(g, x, w, (act, y), (dw, db), mode)?,
         };
         Ok(Some(self.with_residual(g, vec![gx, None, None])))
     }

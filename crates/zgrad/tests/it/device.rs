@@ -345,6 +345,11 @@ macro_rules! suite {
             }
         }
         #[test]
+        fn the_bf16_weight_copy_of_a_wide_model_equals_converting_per_call_bitwise() {
+            let (_guard, b) = $make();
+            crate::support::precision_step::bf16_weight_copy_equals_per_call_bitwise_wide(&b);
+        }
+        #[test]
         fn bf16_evaluation_is_near_float32_and_not_equal() {
             let (_guard, b) = $make();
             for capture in [false, true] {

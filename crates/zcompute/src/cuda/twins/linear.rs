@@ -342,13 +342,40 @@ pub(super) fn backward(
     args: &[KernelArg],
     mem: &mut SimMemory<'_>,
 ) -> Result<(), KernelFault> {
-    let a = checked(Kernel::LinearBackward, args)?;
+    backward_form(Kernel::LinearBackward, config, args, mem)
+}
+
+/// `zc_linear_backward_bf16`: `backward` with both products on bf16 operands, gz rounded as
+/// the composite's copy holds it (`zc_tanh_backward_bf16`'s formula, then the rounding) and w
+/// and x read from their bf16 copies (`packed` = 3, the only form the kernel is built for);
+/// db sums the unrounded gz. The float4 test of its parameter-gradient blocks is the bf16
+/// kernel's (`linear_grads_bf16_vec4` on a copy).
+pub(super) fn backward_bf16(
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    backward_form(Kernel::LinearBackwardBf16, config, args, mem)
+}
+
+fn backward_form(
+    kernel: Kernel,
+    config: &LaunchConfig,
+    args: &[KernelArg],
+    mem: &mut SimMemory<'_>,
+) -> Result<(), KernelFault> {
+    let name = kernel.spec().name;
+    let a = checked(kernel, args)?;
+    let bf16 = kernel == Kernel::LinearBackwardBf16;
+    if bf16 && a.u32(23)? != 3 {
+        return Err(bad(23, "packed is not a form the kernel is built for (3)"));
+    }
     let rows = a.u32(7)? as usize;
     let (outs, ins) = (usize_of(a.u64(8)?, 8)?, usize_of(a.u64(9)?, 9)?);
     if rows == 0 || rows > LINEAR_ROW_LIMIT {
         return Err(bad(
             7,
-            &format!("zc_linear_backward_f32 takes 1 to {LINEAR_ROW_LIMIT} rows"),
+            &format!("{name} takes 1 to {LINEAR_ROW_LIMIT} rows"),
         ));
     }
     let (gx_ptr, dw_ptr, db_ptr, g_ptr, y_ptr, w_ptr, x_ptr) = (
@@ -363,18 +390,20 @@ pub(super) fn backward(
     let (ldb, x_rs, x_cs, ldw) = (a.u64(14)?, a.u64(15)?, a.u64(16)?, a.u64(17)?);
     let (has_db, tanh) = (a.u32(19)? != 0, a.u32(20)? != 0);
     let (dx_blocks, grads_cols) = (u64::from(a.u32(21)?), u64::from(a.u32(22)?));
-    let vec4 = linear_grads_vec4(ins, ldw, x_rs, x_cs, [dw_ptr, x_ptr]);
+    let vec4 = if bf16 {
+        linear_grads_bf16_vec4(ins, ldw, (x_rs, x_cs), (dw_ptr, x_ptr), true)
+    } else {
+        linear_grads_vec4(ins, ldw, x_rs, x_cs, [dw_ptr, x_ptr])
+    };
     let cols = if vec4 { ins / 4 } else { ins };
     check_backward_grid(
+        name,
         config,
         BackwardGrid::new(dx_blocks, cols as u64, outs as u64),
         grads_cols,
     )?;
     if dx_blocks > 0 && dx_blocks * u64::from(NMAJOR_COLS) < ins as u64 {
-        return Err(bad(
-            21,
-            "zc_linear_backward_f32's product blocks do not cover gx",
-        ));
+        return Err(bad(21, &format!("{name}'s product blocks do not cover gx")));
     }
     let g = Strided::read(mem, g_ptr, (rows, outs), (a.u64(10)?, a.u64(11)?))?;
     let y = if tanh {
@@ -396,12 +425,33 @@ pub(super) fn backward(
                 .map_or(v, |y| v * (1.0 - y.at(r, o) * y.at(r, o)))
         })
         .collect();
-    let x = Strided::read(mem, x_ptr, (rows, ins), (x_rs, x_cs))?;
+    // What the products read: gz, or its bf16 copy's values.
+    let gz_product: Vec<f32> = if bf16 {
+        gz.iter().map(|v| round_to_bf16(*v)).collect()
+    } else {
+        gz.clone()
+    };
+    let x = if bf16 {
+        Strided::read_bf16(mem, x_ptr, (rows, ins), (x_rs, x_cs), true)?
+    } else {
+        Strided::read(mem, x_ptr, (rows, ins), (x_rs, x_cs))?
+    };
     if dx_blocks > 0 {
-        let w = Strided::read(mem, w_ptr, (outs, ins), (ldb, 1))?;
-        mem.write_f32(gx_ptr, &input_gradient(&gz, &w, (rows, outs, ins)))?;
+        let w = if bf16 {
+            Strided::read_bf16(mem, w_ptr, (outs, ins), (ldb, 1), true)?
+        } else {
+            Strided::read(mem, w_ptr, (outs, ins), (ldb, 1))?
+        };
+        mem.write_f32(gx_ptr, &input_gradient(&gz_product, &w, (rows, outs, ins)))?;
     }
-    add_weight_gradient(mem, dw_ptr, usize_of(ldw, 17)?, &gz, &x, (rows, outs, ins))?;
+    add_weight_gradient(
+        mem,
+        dw_ptr,
+        usize_of(ldw, 17)?,
+        &gz_product,
+        &x,
+        (rows, outs, ins),
+    )?;
     if has_db {
         add_bias_gradient(mem, db_ptr, usize_of(a.u64(18)?, 18)?, &gz, (rows, outs))?;
     }
@@ -411,12 +461,13 @@ pub(super) fn backward(
 /// Refuses a backward launch whose blocks are not 512 threads or whose grid is not exactly
 /// `want`'s product and parameter-gradient blocks (`grads_cols` as the host sized them).
 fn check_backward_grid(
+    name: &str,
     config: &LaunchConfig,
     want: BackwardGrid,
     grads_cols: u64,
 ) -> Result<(), KernelFault> {
     if config.block != (BACKWARD_THREADS, 1, 1) {
-        return Err(bad(0, "zc_linear_backward_f32 needs blocks of 512 threads"));
+        return Err(bad(0, &format!("{name} needs blocks of 512 threads")));
     }
     if grads_cols != want.grads_cols
         || u64::from(config.grid.0) != want.blocks()
@@ -425,7 +476,7 @@ fn check_backward_grid(
     {
         return Err(bad(
             0,
-            "zc_linear_backward_f32's grid is not its product and gradient blocks",
+            &format!("{name}'s grid is not its product and gradient blocks"),
         ));
     }
     Ok(())

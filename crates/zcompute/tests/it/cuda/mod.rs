@@ -18,6 +18,7 @@ mod fused_launch;
 mod indexed;
 mod linear;
 mod linear_backward;
+mod linear_backward_bf16;
 mod linear_backward_errors;
 mod linear_bf16;
 mod linear_launch;

@@ -184,11 +184,12 @@ fn launches_per_step(c: XAssetConfig, precision: Precision) -> Vec<(Kernel, usiz
 /// A per-sample step's Linear forwards under bf16 are one product launch each (on the input's
 /// and the weight's copies), the bias epilogue and a skip connection's add inside, as under
 /// float32: no bias epilogue or add of their own, and tanh's backward writes gz's copy (no
-/// TanhBackward). Where every layer has more outputs than the row kernels take (`wide`), the
-/// weight's gradient is the weight-gradient kernel's. Printed: the step's launches by kernel,
-/// for the record (issue 42's launch counts).
+/// TanhBackward). Where every layer has more outputs than the row kernels take (`wide`), each
+/// layer's backward is one launch too (`zc_linear_backward_bf16`, as float32's is one
+/// `zc_linear_backward_f32`): no tanh backward, weight-gradient kernel or bias column sum of
+/// its own. Printed: the step's launches by kernel, for the record (issue 42's launch counts).
 #[test]
-fn a_bf16_per_sample_forward_is_one_launch_a_layer() {
+fn a_bf16_per_sample_layer_is_one_launch_each_way() {
     let count =
         |v: &[(Kernel, usize)], k: Kernel| v.iter().find(|(c, _)| *c == k).map_or(0, |&(_, n)| n);
     let total = |v: &[(Kernel, usize)]| v.iter().map(|x| x.1).sum::<usize>();
@@ -215,16 +216,19 @@ fn a_bf16_per_sample_forward_is_one_launch_a_layer() {
         }
         assert_eq!(count(&bf16, Kernel::TanhBackward), 0, "{what}");
         if is_wide {
-            assert_eq!(
-                count(&bf16, Kernel::LinearParamGradsBf16),
-                n * ROWS,
-                "{what}"
-            );
-            // The bias gradient's column sum stays a launch of its own (in ReduceCols'
-            // order, the per-call path's: `linear_param_grads_into_bf16` is not used here).
+            assert_eq!(count(&bf16, Kernel::LinearBackwardBf16), n * ROWS, "{what}");
+            assert_eq!(count(&f32, Kernel::LinearBackward), n * ROWS, "{what}");
+            for k in [
+                Kernel::LinearParamGradsBf16,
+                Kernel::TanhBackwardBf16,
+                Kernel::LinearRowsNMajorBf16,
+            ] {
+                assert_eq!(count(&bf16, k), 0, "{what}: {k:?}");
+            }
+            // The bias gradient is summed inside: no column sums beyond float32's.
             assert_eq!(
                 count(&bf16, Kernel::ReduceCols),
-                count(&f32, Kernel::ReduceCols) + n * ROWS,
+                count(&f32, Kernel::ReduceCols),
                 "{what}"
             );
         }

@@ -6,8 +6,8 @@
 use crate::common::SimBackend;
 use crate::support::precision_step::{
     bf16_evaluation_is_near_float32_and_not_equal, bf16_step_is_near_float32_and_not_equal,
-    bf16_weight_copy_equals_per_call_bitwise, bf16_weight_copy_follows_loaded_parameters,
-    captured_equals_eager_bitwise,
+    bf16_weight_copy_equals_per_call_bitwise, bf16_weight_copy_equals_per_call_bitwise_wide,
+    bf16_weight_copy_follows_loaded_parameters, captured_equals_eager_bitwise,
 };
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -33,6 +33,7 @@ fn the_bf16_weight_copy_on_the_cpu_equals_converting_per_call_bitwise() {
     for fixture in ["tiny", "deep2", "deep3"] {
         bf16_weight_copy_equals_per_call_bitwise(&CpuBackend, fixture);
     }
+    bf16_weight_copy_equals_per_call_bitwise_wide(&CpuBackend);
 }
 
 #[test]

@@ -137,21 +137,56 @@ pub fn bf16_weight_copy_equals_per_call_bitwise<B: Capture<f32> + Clone + 'stati
     b: &B,
     fixture: &str,
 ) {
+    copy_equals_per_call(fixture, |cfg| run_config(b, fixture, cfg, 2));
+}
+
+/// `bf16_weight_copy_equals_per_call_bitwise` on a model whose every Linear layer has more
+/// outputs than the small-row kernels take (48 and 64; the fixtures' have at most 32), so
+/// each sample's Linear backward on the copies is one launch of `zc_linear_backward_bf16`
+/// on the device while converting per call runs tanh's backward, the input's gradient and
+/// the parameter gradients: the same bits, the bias's sums included.
+pub fn bf16_weight_copy_equals_per_call_bitwise_wide<B: Capture<f32> + Clone + 'static>(b: &B) {
+    let c = zgrad::XAssetConfig {
+        features: 7,
+        scales: 12,
+        width: 48,
+        heads: 2,
+        ff: 64,
+        layers: 2,
+    };
+    let rows = 4;
+    let x: Vec<f32> = (0..rows * c.scales * c.features)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let y: Vec<f32> = (0..rows).map(|i| (i % 2) as f32).collect();
+    let data = (x, y, rows);
+    copy_equals_per_call("wide", |cfg| {
+        let model = XAsset::init(b, c, 5).unwrap();
+        let mut t = Trainer::new(b.clone(), model, cfg).unwrap();
+        let losses = (0..2)
+            .map(|k| step(&mut t, &data, 1.0 + 0.1 * k as f32, cfg.capture))
+            .collect();
+        state(b, &t, losses)
+    });
+}
+
+/// Each schedule, eager and captured: `run` of the bf16 configuration with the trainer's
+/// copies equals `run` of the per-call reference bit for bit.
+fn copy_equals_per_call(what: &str, run: impl Fn(TrainerConfig) -> Run) {
     for schedule in [TrainSchedule::Batched, TrainSchedule::PerSample] {
         for capture in [false, true] {
-            let what = format!("{fixture} {schedule:?} captured {capture}");
+            let what = format!("{what} {schedule:?} captured {capture}");
             let cfg = TrainerConfig {
                 schedule,
                 capture,
                 precision: Precision::Bf16,
                 ..TrainerConfig::default()
             };
-            let copy = run_config(b, fixture, cfg, 2);
-            let per_call = TrainerConfig {
+            let copy = run(cfg);
+            let reference = run(TrainerConfig {
                 bf16_weights_per_call: true,
                 ..cfg
-            };
-            let reference = run_config(b, fixture, per_call, 2);
+            });
             assert_bitwise(&what, &copy, &reference);
         }
     }
