@@ -9,9 +9,15 @@
 // load of the float32 k-contiguous entry differently).
 #include "linear_rows.cuh"
 
-// tanh's backward g · (1 - y²), zc_tanh_backward_bf16's formula (kernels/convert.cu), before
-// it is rounded: the fused backward stages what the composite's copy holds.
-__device__ __forceinline__ float tanh_grad(float g, float y) { return g * (1.0f - y * y); }
+// tanh's backward g · (1 - y²) as zc_tanh_backward_bf16 (kernels/convert.cu) and
+// zc_tanh_backward_f32 compute it: ptxas contracts their `1.0f - v * v` into one fused
+// multiply-add, then multiplies (FFMA, FMUL in their SASS on sm_90). Written with explicit
+// roundings here, so nothing is contracted further: a plain `s += g * d` in the bias's sum
+// became one fused multiply-add with the sum, and 39 of 96 bias gradients differed from the
+// composite's in their last bits (H200, session 33).
+__device__ __forceinline__ float tanh_grad(float g, float y) {
+    return __fmul_rn(g, __fmaf_rn(-y, y, 1.0f));
+}
 
 // stage_a for a bf16 form: op(A) read through Bf16Op<COPY>, every load of a batch issued
 // before any is converted. Staging moves values only, so its vector path (an aligned A) and
