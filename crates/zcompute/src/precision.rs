@@ -530,6 +530,26 @@ pub(crate) fn linear_backward_into_bf16<B: PrecisionOps<T> + ?Sized, T: Element>
     Ok(gx)
 }
 
+/// The first steps of [`PrecisionOps::linear_backward_into_mode`] (validated already): the
+/// gradient before the activation `gz` (tanh's backward from `y`, in float32, or `gy`) and the
+/// input's gradient `gz · w` under `mode` when `w` is given.
+pub(crate) fn gz_and_gx_mode<B: PrecisionOps<T> + ?Sized, T: Element>(
+    b: &B,
+    gy: &Tensor<B::Storage>,
+    w: Option<&Tensor<B::Storage>>,
+    y: Option<&Tensor<B::Storage>>,
+    mode: MathMode,
+) -> Result<(Tensor<B::Storage>, Option<Tensor<B::Storage>>)> {
+    let gz = match y {
+        Some(y) => b.tanh_backward(gy, y)?,
+        None => gy.clone(),
+    };
+    let gx = w
+        .map(|w| b.matmul_mode(&gz, w, MatmulOpts::default(), mode))
+        .transpose()?;
+    Ok((gz, gx))
+}
+
 /// The provided body of [`PrecisionOps::linear_backward_into_mode`].
 pub(crate) fn linear_backward_into_mode<B: PrecisionOps<T> + ?Sized, T: Element>(
     b: &B,
@@ -541,13 +561,7 @@ pub(crate) fn linear_backward_into_mode<B: PrecisionOps<T> + ?Sized, T: Element>
     mode: MathMode,
 ) -> Result<Option<Tensor<B::Storage>>> {
     validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
-    let gz = match y {
-        Some(y) => b.tanh_backward(gy, y)?,
-        None => gy.clone(),
-    };
-    let gx = w
-        .map(|w| b.matmul_mode(&gz, w, MatmulOpts::default(), mode))
-        .transpose()?;
+    let (gz, gx) = gz_and_gx_mode(b, gy, w, y, mode)?;
     let opts = MatmulOpts {
         trans_a: true,
         trans_b: false,

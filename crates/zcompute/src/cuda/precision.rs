@@ -285,13 +285,7 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
             );
         }
         let shape = validate::linear_backward_into(gy, x, w, (act, y), dw, db)?;
-        let gz = match y {
-            Some(y) => self.tanh_backward(gy, y)?,
-            None => gy.clone(),
-        };
-        let gx = w
-            .map(|w| self.matmul_mode(&gz, w, MatmulOpts::default(), mode))
-            .transpose()?;
+        let (gz, gx) = crate::precision::gz_and_gx_mode(self, gy, w, y, mode)?;
         let (g_rs, g_cs) = op_strides(&gz, false);
         let reads = (
             (self.ptr(OP, &gz)?, (g_cs, g_rs)),

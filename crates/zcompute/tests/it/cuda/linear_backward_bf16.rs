@@ -235,29 +235,12 @@ mod gpu {
 /// bias's sum inside (the sum the one launch makes).
 mod launches {
     use super::{Case, case};
-    use std::sync::{Arc, Mutex};
     use zcompute::cuda::Kernel;
     use zcompute::prelude::*;
     use zcompute::{Activation, CudaBackend, MathMode};
-    use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
+    use zdevice::SimDriver;
 
-    type Log = Arc<Mutex<Vec<Kernel>>>;
-
-    fn observed() -> (CudaBackend<SimDriver>, Log) {
-        let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
-        let log: Log = Arc::default();
-        let seen = Arc::clone(&log);
-        zcompute::cuda::twins::register_observed(&sim, move |k| seen.lock().unwrap().push(k));
-        let dev = Device::open(
-            sim,
-            DeviceConfig {
-                blas_workspace_bytes: 0,
-                ..DeviceConfig::default()
-            },
-        )
-        .expect("the simulated device opens");
-        (super::super::backend_on(dev), log)
-    }
+    use super::super::{KernelLog as Log, observed};
 
     fn ran(
         gpu: &CudaBackend<SimDriver>,

@@ -448,24 +448,8 @@ mod launches {
     use zdevice::sim::calls::{GEMM_STRIDED_BATCHED, GEMM_STRIDED_BATCHED_EX};
     use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
 
-    type Log = Arc<Mutex<Vec<Kernel>>>;
+    use super::super::{KernelLog as Log, observed};
     type Grid = (u32, u32, u32);
-
-    fn observed() -> (CudaBackend<SimDriver>, Log) {
-        let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
-        let log: Log = Arc::default();
-        let seen = Arc::clone(&log);
-        zcompute::cuda::twins::register_observed(&sim, move |k| seen.lock().unwrap().push(k));
-        let dev = Device::open(
-            sim,
-            DeviceConfig {
-                blas_workspace_bytes: 0,
-                ..DeviceConfig::default()
-            },
-        )
-        .expect("the simulated device opens");
-        (super::super::backend_on(dev), log)
-    }
 
     /// The kernels run and the cuBLAS calls made (float32, mixed) since the last call
     /// (`seen`: the call counts then), after `settle` (a download: the simulator runs queued

@@ -81,6 +81,27 @@ pub fn mock() -> CudaBackend<SimDriver> {
     backend_on(dev)
 }
 
+/// The kernels a backend ran, in launch order (`observed`).
+pub type KernelLog = std::sync::Arc<std::sync::Mutex<Vec<zcompute::cuda::Kernel>>>;
+
+/// A fresh simulated device and backend whose every kernel launch is logged (after the twin
+/// ran), for tests that pin which kernels an op runs.
+pub fn observed() -> (CudaBackend<SimDriver>, KernelLog) {
+    let sim = SimDriver::new(SimConfig::with_capacity(512 << 20));
+    let log = KernelLog::default();
+    let seen = std::sync::Arc::clone(&log);
+    zcompute::cuda::twins::register_observed(&sim, move |k| seen.lock().unwrap().push(k));
+    let dev = Device::open(
+        sim,
+        DeviceConfig {
+            blas_workspace_bytes: 0,
+            ..DeviceConfig::default()
+        },
+    )
+    .expect("the simulated device opens");
+    (backend_on(dev), log)
+}
+
 /// A simulated backend behind the fault-injecting wrapper, whose controller counts the
 /// driver calls the backend makes.
 pub fn counted_mock() -> (
