@@ -530,6 +530,9 @@ pub(crate) fn linear_backward_into_bf16<B: PrecisionOps<T> + ?Sized, T: Element>
     Ok(gx)
 }
 
+/// The gradient before a Linear layer's activation and its input's gradient, when asked for.
+pub(crate) type GzAndGx<S> = (Tensor<S>, Option<Tensor<S>>);
+
 /// The first steps of [`PrecisionOps::linear_backward_into_mode`] (validated already): the
 /// gradient before the activation `gz` (tanh's backward from `y`, in float32, or `gy`) and the
 /// input's gradient `gz · w` under `mode` when `w` is given.
@@ -539,7 +542,7 @@ pub(crate) fn gz_and_gx_mode<B: PrecisionOps<T> + ?Sized, T: Element>(
     w: Option<&Tensor<B::Storage>>,
     y: Option<&Tensor<B::Storage>>,
     mode: MathMode,
-) -> Result<(Tensor<B::Storage>, Option<Tensor<B::Storage>>)> {
+) -> Result<GzAndGx<B::Storage>> {
     let gz = match y {
         Some(y) => b.tanh_backward(gy, y)?,
         None => gy.clone(),
