@@ -40,7 +40,7 @@ __device__ __forceinline__ void kmajor_sums(float (&acc)[MR], const float* s_a,
 #pragma unroll
             for (int r = 0; r < MR; ++r) {
                 if (VEC) {
-                    const float4 av = *reinterpret_cast<const float4*>(s_a + r * kn + kk);
+                    const float4 av = lds4(s_a + r * kn + kk);
                     acc[r] = fmaf(av.x, bv[u].x, acc[r]);
                     acc[r] = fmaf(av.y, bv[u].y, acc[r]);
                     acc[r] = fmaf(av.z, bv[u].z, acc[r]);

@@ -91,17 +91,6 @@ __device__ __forceinline__ void stage_a_bf16(float* s_a, const float* a, unsigne
     }
 }
 
-// A float4 of shared memory in one ld.shared.v4.f32 (volatile: kept in place across the
-// barriers that restage s_a). A plain float4 read here let nvcc split some of these loads
-// into v4 + v2 at random from one run to the next (the PTX was not reproducible).
-__device__ __forceinline__ float4 lds4(const float* p) {
-    float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-        : "r"((unsigned)__cvta_generic_to_shared(p)));
-    return v;
-}
-
 // kmajor_sums for the bf16 forms: B read through Bf16Op<COPY> (a bf16 copy when set), the
 // float32 loop's shape (a batch of KMAJOR_BATCH raw loads, then conversions and FFMAs). VEC:
 // runs of four k a lane, read in one load when ALIGNED, else as four loads along the same

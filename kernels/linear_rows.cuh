@@ -45,6 +45,19 @@ static_assert(NMAJOR_WARPS * ZC_LINEAR_ROWS * NMAJOR_COLS <= ZC_A_SMEM, "partial
 static_assert(KMAJOR_SPLIT * ZC_LINEAR_ROWS * KMAJOR_COLS <= ZC_A_SMEM, "partials fit s_a");
 static_assert(ZC_LINEAR_ROWS * KMAJOR_COLS <= KMAJOR_COLS * KMAJOR_SPLIT * 32, "a thread per output");
 
+// A float4 of shared memory in one ld.shared.v4.f32 (volatile: kept in place across the
+// barriers that restage s_a), for the k-contiguous products' reads of the staged A. A plain
+// float4 read let nvcc split some of these loads into v4 + v2 at random from one run to the
+// next: the PTX was not reproducible (linear_bf16.cu's form, session 31; linear.cu's float32
+// form after an edit of this header, session 33: 6 of 24 compilations differed).
+__device__ __forceinline__ float4 lds4(const float* p) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        : "r"((unsigned)__cvta_generic_to_shared(p)));
+    return v;
+}
+
 // idx / d for the small operands of the staging loops (idx < 2^20, d >= 1), from d's
 // reciprocal `inv` and one correction each way: a 32-bit division is tens of instructions,
 // and the staging loops did eight a thread (ncu: the products were instruction-bound).
