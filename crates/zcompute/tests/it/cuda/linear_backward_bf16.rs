@@ -44,13 +44,28 @@ struct Case<B: Backend<f32>> {
     db: BTensor<B, f32>,
 }
 
-fn case<B: Backend<f32>>(b: &B, (rows, ins, outs): (usize, usize, usize), seed: u64) -> Case<B> {
+/// `unaligned`: gy and y are views one element into their buffers (as a slice of a wider
+/// gradient is), so the device stages them on its scalar path.
+fn case<B: Backend<f32>>(
+    b: &B,
+    (rows, ins, outs): (usize, usize, usize),
+    seed: u64,
+    unaligned: bool,
+) -> Case<B> {
     let up = |n: usize, s: u64, lo, hi, shape: &[usize]| {
         b.upload(&values(n, seed + s, lo, hi), shape).unwrap()
     };
+    let view = |s: u64, lo, hi| {
+        let skip = usize::from(unaligned);
+        up(skip + rows * outs, s, lo, hi, &[skip + rows * outs])
+            .narrow(0, skip, rows * outs)
+            .unwrap()
+            .reshape(&[rows, outs])
+            .unwrap()
+    };
     Case {
-        gy: up(rows * outs, 1, -2.0, 2.0, &[rows, outs]),
-        y: up(rows * outs, 2, -0.99, 0.99, &[rows, outs]),
+        gy: view(1, -2.0, 2.0),
+        y: view(2, -0.99, 0.99),
         x: up(rows * ins, 3, -1.0, 1.0, &[rows, ins]),
         w: up(outs * ins, 4, -0.3, 0.3, &[outs, ins]),
         dw: up(outs * ins, 5, -1.0, 1.0, &[outs, ins]),
@@ -125,12 +140,17 @@ fn run<B: PrecisionOps<f32>>(
 pub fn the_bf16_backward_on_copies_equals_its_steps_and_per_call_bitwise<D: Driver>(
     gpu: &CudaBackend<D>,
 ) {
-    for (s, &shape) in SHAPES.iter().enumerate() {
+    let cases = SHAPES
+        .iter()
+        .enumerate()
+        .flat_map(|c| [(c, false), (c, true)]);
+    for ((s, &shape), unaligned) in cases {
         for act in [Activation::Identity, Activation::Tanh] {
             for with_gx in [true, false] {
-                let what = format!("{shape:?} {act:?} gx {with_gx}");
+                let what = format!("{shape:?} {act:?} gx {with_gx} unaligned {unaligned}");
                 let seed = 10 * s as u64;
-                let on_device = |path| run(gpu, &case(gpu, shape, seed), act, with_gx, path);
+                let on_device =
+                    |path| run(gpu, &case(gpu, shape, seed, unaligned), act, with_gx, path);
                 let copies = on_device(Path::Copies);
                 assert_eq!(
                     copies,
@@ -139,7 +159,15 @@ pub fn the_bf16_backward_on_copies_equals_its_steps_and_per_call_bitwise<D: Driv
                 );
                 assert_eq!(copies, on_device(Path::PerCall), "{what}: device, per call");
                 let cpu = CpuBackend;
-                let on_cpu = |path| run(&cpu, &case(&cpu, shape, seed), act, with_gx, path);
+                let on_cpu = |path| {
+                    run(
+                        &cpu,
+                        &case(&cpu, shape, seed, unaligned),
+                        act,
+                        with_gx,
+                        path,
+                    )
+                };
                 let cpu_copies = on_cpu(Path::Copies);
                 assert_eq!(
                     cpu_copies,
@@ -150,7 +178,7 @@ pub fn the_bf16_backward_on_copies_equals_its_steps_and_per_call_bitwise<D: Driv
                 // The device's bf16 dw is near the CPU's bf16 emulation and far from float32's.
                 let dw_dev: Vec<f32> = copies.dw.iter().map(|b| f32::from_bits(*b)).collect();
                 let dw_cpu: Vec<f32> = cpu_copies.dw.iter().map(|b| f32::from_bits(*b)).collect();
-                let c = case(&cpu, shape, seed);
+                let c = case(&cpu, shape, seed, unaligned);
                 let y = (act == Activation::Tanh).then_some(&c.y);
                 cpu.linear_backward_into(&c.gy, &c.x, None, (act, y), (&c.dw, None))
                     .unwrap();
@@ -174,7 +202,7 @@ pub fn the_bf16_backward_on_copies_equals_its_steps_and_per_call_bitwise<D: Driv
 /// Bad input to the one call leaves the buffers untouched: a copy of another shape, a tanh
 /// without its saved output.
 pub fn a_refused_bf16_backward_writes_nothing<D: Driver>(gpu: &CudaBackend<D>) {
-    let c = case(gpu, (12, 256, 96), 70);
+    let c = case(gpu, (12, 256, 96), 70, false);
     let (dw0, db0) = (bits(gpu, &c.dw), bits(gpu, &c.db));
     let wrong_x = gpu
         .bf16_copy_of(
@@ -267,7 +295,7 @@ mod launches {
                 ],
             ),
         ] {
-            let c = case(&gpu, (12, 256, outs), 1);
+            let c = case(&gpu, (12, 256, outs), 1, false);
             let (x, w) = (
                 gpu.bf16_copy_of(&c.x).unwrap(),
                 gpu.bf16_copy_of(&c.w).unwrap(),
@@ -288,7 +316,7 @@ mod launches {
     #[test]
     fn a_bf16_backward_per_call_sums_the_bias_with_the_weight() {
         let (gpu, log) = observed();
-        let c = case(&gpu, (12, 256, 96), 2);
+        let c = case(&gpu, (12, 256, 96), 2, false);
         ran(&gpu, &c, &log);
         gpu.linear_backward_into_mode(
             &c.gy,
