@@ -516,6 +516,18 @@ pub(crate) fn linear_backward_into_bf16<B: PrecisionOps<T> + ?Sized, T: Element>
     const OP: &str = "linear_backward_into_bf16";
     let sw = w.map(|w| w.shape_stand_in(OP)).transpose()?;
     validate::linear_backward_into(gy, &x.shape_stand_in(OP)?, sw.as_ref(), (act, y), dw, db)?;
+    linear_backward_bf16_steps(b, gy, x, w, y, (dw, db))
+}
+
+/// [`linear_backward_into_bf16`]'s steps, its input validated already.
+pub(crate) fn linear_backward_bf16_steps<B: PrecisionOps<T> + ?Sized, T: Element>(
+    b: &B,
+    gy: &Tensor<B::Storage>,
+    x: &BBf16<B, T>,
+    w: Option<&BBf16<B, T>>,
+    y: Option<&Tensor<B::Storage>>,
+    (dw, db): (&Tensor<B::Storage>, Option<&Tensor<B::Storage>>),
+) -> Result<Option<Tensor<B::Storage>>> {
     let previous = b.set_alloc_class(AllocClass::Saved);
     let gz = match y {
         Some(y) => b.tanh_backward_bf16(gy, y),

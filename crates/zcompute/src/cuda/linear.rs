@@ -86,6 +86,24 @@ pub(crate) const GRADS_BF16_FORMS: [u32; 2] = [0, 3];
 /// says).
 pub(super) type StridedRead = (DevicePtr, (usize, usize));
 
+/// Why a Linear layer's bf16 weight gradient `dw += round(g)ᵀ · x'` of `shape` is not the
+/// bf16 parameter-gradient kernel's (with the bias's row-order sum beside it), or `None` where
+/// it is: few rows, more outputs than the row kernels take (they take dw's product below that,
+/// as `matmul_into_bf16` chooses), a dense dw. One test for every path that sums dw and db
+/// (the copies' `linear_param_grads_into_bf16`, the per-call `linear_backward_into_mode`, the
+/// fused `zc_linear_backward_bf16`), so they keep one set of bits.
+pub(super) fn bf16_grads_refused(shape: LinearShape, dw: &CudaTensor) -> Option<&'static str> {
+    if !(1..=LINEAR_ROW_LIMIT).contains(&shape.rows) || shape.inputs == 0 {
+        Some("sizes outside the small-row kernel")
+    } else if shape.outputs <= LINEAR_ROW_LIMIT {
+        Some("the row kernels take dw")
+    } else if !dw.is_contiguous() {
+        Some("dw is not dense")
+    } else {
+        None
+    }
+}
+
 /// The bias gradient the bf16 weight-gradient kernel sums alongside
 /// ([`CudaBackend::grads_bf16`]): `db[o * db_stride] += Σ_r gf[r * gf_strides.0 + o *
 /// gf_strides.1]`.

@@ -10,8 +10,8 @@
 
 use super::kernels::{Args, Kernel, ptr, u64a};
 use super::linear::{
-    LINEAR_ROW_LIMIT, MAX_GRID, NMAJOR_COLS, NMAJOR_SLICES, StridedRead, linear_grads_bf16_vec4,
-    linear_grads_vec4, op_strides, rows_plan,
+    LINEAR_ROW_LIMIT, MAX_GRID, NMAJOR_COLS, NMAJOR_SLICES, StridedRead, bf16_grads_refused,
+    linear_grads_bf16_vec4, linear_grads_vec4, op_strides, rows_plan,
 };
 use super::{CudaBackend, CudaStorage, CudaTensor};
 use crate::error::Result;
@@ -130,7 +130,7 @@ impl<D: Driver> CudaBackend<D> {
     /// the copies where its composite's kernels are the small-row ones it fuses (few rows,
     /// more outputs than the row kernels take, so dw and db are the bf16 parameter-gradient
     /// kernel's; a dense dw; the input's gradient n-contiguous), else `None` (nothing queued,
-    /// validated only).
+    /// the input validated).
     pub(crate) fn linear_backward_bf16_fused(
         &self,
         gy: &CudaTensor,
@@ -143,16 +143,9 @@ impl<D: Driver> CudaBackend<D> {
         let sw = w.map(|w| w.shape_stand_in(OP)).transpose()?;
         let sx = x.shape_stand_in(OP)?;
         let shape = validate::linear_backward_into(gy, &sx, sw.as_ref(), (act, y), dw, db)?;
-        let why = small_rows(shape).err().or_else(|| {
-            if shape.outputs <= LINEAR_ROW_LIMIT {
-                Some("the row kernels take dw")
-            } else if !dw.is_contiguous() {
-                Some("dw is not dense")
-            } else {
-                None
-            }
-        });
-        if let Some(why) = why {
+        // The composite's dw and db must be the bf16 parameter-gradient kernel's, whose sums
+        // this launch repeats.
+        if let Some(why) = bf16_grads_refused(shape, dw) {
             tracing::trace!(target: "zcompute.cuda.linear", op = OP, ?shape, why, "composite");
             return Ok(None);
         }

@@ -11,7 +11,7 @@
 
 use super::CudaStorage;
 use super::kernels::{self, Args, Kernel, ptr, u64a};
-use super::linear::{BiasGrad, LINEAR_ROW_LIMIT, StridedRead, op_strides};
+use super::linear::{BiasGrad, StridedRead, bf16_grads_refused, op_strides};
 use super::matmul::Operand;
 use super::{CudaBackend, CudaTensor};
 use crate::backend::{Backend, MatmulOpts};
@@ -57,8 +57,7 @@ impl<D: Driver> CudaBackend<D> {
 
     /// A Linear layer's bf16 parameter gradients `dw += round(g)ᵀ · x'`, `db += Σ_rows g`
     /// (float32, row order) in one launch of the bf16 parameter-gradient kernel, where it
-    /// takes the product: few rows, more outputs than the row kernels take (they take dw's
-    /// product below that, so the choice follows `matmul_into_bf16`'s), a dense dw. `g` is the
+    /// takes the product (`bf16_grads_refused`). `g` is the
     /// float32 gradient `[rows, outputs]` (the bias's summand); `reads` are g's and x's
     /// operands as the kernel reads them (first element, `(g_cs, g_rs)` and `(x_rs, x_cs)`),
     /// of the form `packed` says (`GRADS_BF16_FORMS`). `false`: nothing queued.
@@ -71,14 +70,14 @@ impl<D: Driver> CudaBackend<D> {
         packed: u32,
     ) -> Result<bool> {
         const OP: &str = "linear_param_grads_into_bf16";
+        if bf16_grads_refused(shape, dw).is_some() {
+            return Ok(false);
+        }
         let LinearShape {
             rows,
             inputs,
             outputs,
         } = shape;
-        if rows == 0 || inputs == 0 || outputs <= LINEAR_ROW_LIMIT || !dw.is_contiguous() {
-            return Ok(false);
-        }
         let bias = match db {
             Some(db) => Some(BiasGrad {
                 db,
@@ -242,8 +241,8 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
     }
 
     /// One launch of `zc_linear_backward_bf16` where it takes the backward
-    /// (`linear_backward_bf16_fused`), else the provided steps (which the fused kernel equals
-    /// bit for bit).
+    /// (`linear_backward_bf16_fused`, which validates), else the provided steps (which the
+    /// fused kernel equals bit for bit).
     fn linear_backward_into_bf16(
         &self,
         gy: &CudaTensor,
@@ -254,7 +253,7 @@ impl<D: Driver> PrecisionOps<f32> for CudaBackend<D> {
     ) -> Result<Option<CudaTensor>> {
         match self.linear_backward_bf16_fused(gy, x, w, (act, y), (dw, db))? {
             Some(gx) => Ok(gx),
-            None => crate::precision::linear_backward_into_bf16(self, gy, x, w, (act, y), (dw, db)),
+            None => crate::precision::linear_backward_bf16_steps(self, gy, x, w, y, (dw, db)),
         }
     }
 

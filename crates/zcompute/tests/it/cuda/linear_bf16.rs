@@ -446,7 +446,7 @@ mod launches {
     use zcompute::prelude::*;
     use zcompute::{Activation, CudaBackend, CudaTensor, MathMode, MatmulOpts};
     use zdevice::sim::calls::{GEMM_STRIDED_BATCHED, GEMM_STRIDED_BATCHED_EX};
-    use zdevice::{Device, DeviceConfig, SimConfig, SimDriver};
+    use zdevice::{SimConfig, SimDriver};
 
     use super::super::{KernelLog as Log, observed};
     type Grid = (u32, u32, u32);
@@ -597,15 +597,7 @@ mod launches {
         let grids: Arc<Mutex<Vec<(Kernel, Grid)>>> = Arc::default();
         let seen = Arc::clone(&grids);
         register_observed_launches(&sim, move |k, c| seen.lock().unwrap().push((k, c.grid)));
-        let dev = Device::open(
-            sim,
-            DeviceConfig {
-                blas_workspace_bytes: 0,
-                ..DeviceConfig::default()
-            },
-        )
-        .expect("the simulated device opens");
-        let gpu = super::super::backend_on(dev);
+        let gpu = super::super::on_sim(sim);
         for (ins, blocks_x) in [(256, 1), (1024, 4), (193, 4)] {
             let up = |n: usize, seed, shape: &[usize]| {
                 gpu.upload(&values(n, seed, -1.0, 1.0), shape).unwrap()

@@ -70,6 +70,11 @@ pub fn mock() -> CudaBackend<SimDriver> {
     });
     // The kernels' Rust twins: registered explicitly, as `Engine::sim` does.
     zcompute::cuda::twins::register(&sim);
+    on_sim(sim)
+}
+
+/// A backend on `sim` (its kernels registered by the caller), with no cuBLAS workspace.
+pub fn on_sim(sim: SimDriver) -> CudaBackend<SimDriver> {
     let dev = Device::open(
         sim,
         DeviceConfig {
@@ -91,15 +96,7 @@ pub fn observed() -> (CudaBackend<SimDriver>, KernelLog) {
     let log = KernelLog::default();
     let seen = std::sync::Arc::clone(&log);
     zcompute::cuda::twins::register_observed(&sim, move |k| seen.lock().unwrap().push(k));
-    let dev = Device::open(
-        sim,
-        DeviceConfig {
-            blas_workspace_bytes: 0,
-            ..DeviceConfig::default()
-        },
-    )
-    .expect("the simulated device opens");
-    (backend_on(dev), log)
+    (on_sim(sim), log)
 }
 
 /// A simulated backend behind the fault-injecting wrapper, whose controller counts the
